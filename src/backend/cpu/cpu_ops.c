@@ -1,0 +1,358 @@
+/* The CPU backend: every matmul through OpenBLAS sgemm, everything else as
+ * OpenMP-parallel loops that the compiler vectorises. Semantics match the
+ * reference backend (ref/ref_ops.c) op for op; tests/test_ops.c holds them to
+ * it. */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/ops.h"
+#include "core/check.h"
+
+/* Below this many elements a parallel region costs more than it saves. */
+#define PAR_MIN 16384
+
+static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+                               const float *bias, int N, int C, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
+              out, OC);
+  if (!bias) return;
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    float *row = out + (size_t)n * OC;
+#pragma omp simd
+    for (int o = 0; o < OC; o++) row[o] += bias[o];
+  }
+}
+
+static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC) {
+  if (dinp) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+              dweight, C);
+  if (!dbias) return;
+  /* Column sums, blocked over output features so each thread owns its slice. */
+#pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
+  for (int o0 = 0; o0 < OC; o0 += 64) {
+    const int o1 = o0 + 64 < OC ? o0 + 64 : OC;
+    float acc[64] = {0};
+    for (int n = 0; n < N; n++) {
+      const float *row = dout + (size_t)n * OC;
+      for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+    }
+    for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+  }
+}
+
+static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    float m = 0.0f, var = 0.0f;
+#pragma omp simd reduction(+ : m)
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= (float)C;
+#pragma omp simd reduction(+ : var)
+    for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+    var /= (float)C;
+    const float s = 1.0f / sqrtf(var + eps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) y[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+static void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const float *mean,
+                                   const float *rstd, int N, int C) {
+  const int nthreads = omp_get_max_threads();
+  /* Per-thread partial sums of dweight and dbias, reduced at the end. */
+  float *partial = loom_xcalloc((size_t)nthreads * 2 * C, sizeof(float), "layernorm grads");
+#pragma omp parallel if ((size_t)N * C > PAR_MIN)
+  {
+    float *pw = partial + (size_t)omp_get_thread_num() * 2 * C, *pb = pw + C;
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+      float *dx = dinp + (size_t)n * C;
+      const float mu = mean[n], rs = rstd[n];
+      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int c = 0; c < C; c++) {
+        const float dnorm = weight[c] * dy[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (x[c] - mu) * rs;
+      }
+      dnorm_mean /= (float)C;
+      dnorm_norm_mean /= (float)C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        const float norm = (x[c] - mu) * rs;
+        pb[c] += dy[c];
+        pw[c] += norm * dy[c];
+        dx[c] += (weight[c] * dy[c] - dnorm_mean - norm * dnorm_norm_mean) * rs;
+      }
+    }
+  }
+  for (int t = 0; t < nthreads; t++) {
+    const float *pw = partial + (size_t)t * 2 * C, *pb = pw + C;
+    for (int c = 0; c < C; c++) {
+      dweight[c] += pw[c];
+      dbias[c] += pb[c];
+    }
+  }
+  free(partial);
+}
+
+static void cpu_gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) out[i] = loom_gelu_value(inp[i]);
+}
+
+static void cpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) dinp[i] += loom_gelu_grad(inp[i]) * dout[i];
+}
+
+static inline float dot(const float *a, const float *b, int n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int i = 0; i < n; i++) acc += a[i] * b[i];
+  return acc;
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {
+#pragma omp simd
+  for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* Multiplier of probability (b,h,tq,tk) on v: 1 without dropout, else mask/(1-p). */
+static inline float keep_scale(const loom_dropout *d, const loom_attn_shape *s, int b, int h,
+                               int tq, int tk) {
+  if (!d || d->p <= 0.0f) return 1.0f;
+  return loom_dropout_keep(d, loom_attn_dropout_index(d, s, b, h, tq, tk)) ? 1.0f / (1.0f - d->p)
+                                                                            : 0.0f;
+}
+
+static void cpu_attention_forward(float *out, float *att, const float *qkv,
+                                  const loom_attn_shape *s, const loom_dropout *drop) {
+  const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
+  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
+  const float scale = 1.0f / sqrtf((float)D);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++) {
+      const float *base = qkv + (size_t)b * 3 * width + (size_t)h * D;
+      for (int tq = 0; tq < T; tq++) {
+        const float *q = base + tq * row3;
+        float *p = att + (((size_t)b * H + h) * T + tq) * T;
+        float maxv = -INFINITY;
+        for (int tk = 0; tk <= tq; tk++) {
+          p[tk] = dot(q, base + tk * row3 + width, D) * scale;
+          maxv = p[tk] > maxv ? p[tk] : maxv;
+        }
+        float sum = 0.0f;
+        for (int tk = 0; tk <= tq; tk++) {
+          p[tk] = expf(p[tk] - maxv);
+          sum += p[tk];
+        }
+        const float inv = 1.0f / sum;
+        for (int tk = 0; tk <= tq; tk++) p[tk] *= inv;
+        for (int tk = tq + 1; tk < T; tk++) p[tk] = 0.0f;
+        float *o = out + tq * row + (size_t)b * width + (size_t)h * D;
+        memset(o, 0, (size_t)D * sizeof(float));
+        for (int tk = 0; tk <= tq; tk++)
+          axpy(o, p[tk] * keep_scale(drop, s, b, h, tq, tk), base + tk * row3 + 2 * width, D);
+      }
+    }
+}
+
+static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                                   const float *att, const loom_attn_shape *s,
+                                   const loom_dropout *drop) {
+  const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
+  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
+  const float scale = 1.0f / sqrtf((float)D);
+  /* Each (b, h) touches only its own columns of dqkv, so threads never collide. */
+#pragma omp parallel for collapse(2) schedule(dynamic)
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < H; h++) {
+      const size_t head = (size_t)b * 3 * width + (size_t)h * D;
+      for (int tq = 0; tq < T; tq++) {
+        const float *p = att + (((size_t)b * H + h) * T + tq) * T;
+        float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
+        const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
+        float dot_pdp = 0.0f;
+        for (int tk = 0; tk <= tq; tk++) {
+          const float keep = keep_scale(drop, s, b, h, tq, tk);
+          dp[tk] = dot(dy, qkv + head + tk * row3 + 2 * width, D) * keep;
+          axpy(dqkv + head + tk * row3 + 2 * width, p[tk] * keep, dy, D);
+          dot_pdp += p[tk] * dp[tk];
+        }
+        const float *q = qkv + head + tq * row3;
+        float *dq = dqkv + head + tq * row3;
+        for (int tk = 0; tk <= tq; tk++) {
+          const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
+          axpy(dq, ds, qkv + head + tk * row3 + width, D);
+          axpy(dqkv + head + tk * row3 + width, ds, q, D);
+        }
+      }
+    }
+}
+
+static void cpu_embedding_forward(float *out, const int *tokens, const float *wte,
+                                  const float *wpe, int T, int B, int C, int pos_offset) {
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++) {
+      const float *e = wte + (size_t)tokens[t * B + b] * C, *p = wpe + (size_t)(pos_offset + t) * C;
+      float *o = out + ((size_t)t * B + b) * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+static void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                                   int T, int B, int C, int pos_offset) {
+  /* Tokens repeat, so threads split the feature dimension, never the rows. */
+#pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int c0 = 0; c0 < C; c0 += 64) {
+    const int c1 = c0 + 64 < C ? c0 + 64 : C;
+    for (int t = 0; t < T; t++)
+      for (int b = 0; b < B; b++) {
+        const float *d = dout + ((size_t)t * B + b) * C;
+        float *e = dwte + (size_t)tokens[t * B + b] * C, *p = dwpe + (size_t)(pos_offset + t) * C;
+        for (int c = c0; c < c1; c++) {
+          e[c] += d[c];
+          p[c] += d[c];
+        }
+      }
+  }
+}
+
+/* Max and log-sum-exp of one row's first V logits. */
+static void row_logsumexp(const float *z, int V, float *maxv, float *lse) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int v = 0; v < V; v++) sum += expf(z[v] - m);
+  *maxv = m;
+  *lse = m + logf(sum);
+}
+
+static void cpu_crossentropy_forward(float *losses, const float *logits, const int *targets,
+                                     int N, int V, int Vp) {
+#pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * Vp;
+    float maxv, lse;
+    if (targets[n] < 0) { losses[n] = 0.0f; continue; }
+    row_logsumexp(z, V, &maxv, &lse);
+    losses[n] = lse - z[targets[n]];
+  }
+}
+
+static void cpu_crossentropy_backward(float *dlogits, const float *logits, const int *targets,
+                                      float dloss, int N, int V, int Vp) {
+#pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * Vp;
+    float *dz = dlogits + (size_t)n * Vp;
+    const int target = targets[n];
+    if (target < 0) {
+      memset(dz, 0, (size_t)Vp * sizeof(float));
+      continue;
+    }
+    float maxv, lse;
+    row_logsumexp(z, V, &maxv, &lse);
+    const float zt = z[target];
+#pragma omp simd
+    for (int v = 0; v < V; v++) dz[v] = dloss * expf(z[v] - lse);
+    dz[target] = dloss * (expf(zt - lse) - 1.0f);
+    for (int v = V; v < Vp; v++) dz[v] = 0.0f;
+  }
+}
+
+static void cpu_add(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_accumulate(float *acc, const float *x, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) acc[i] += x[i];
+}
+
+static void cpu_scale(float *x, float s, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static double cpu_sumsq(const float *x, size_t n) {
+  double acc = 0.0;
+#pragma omp parallel for simd reduction(+ : acc) schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+  return acc;
+}
+
+static void cpu_dropout_apply(float *x, int T, int B, int C, const loom_dropout *d) {
+  if (!d || d->p <= 0.0f) return;
+  const float inv = 1.0f / (1.0f - d->p);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++) {
+      float *row = x + ((size_t)t * B + b) * C;
+      for (int c = 0; c < C; c++)
+        row[c] = loom_dropout_keep(d, loom_dropout_index(d, t, b, c, T, C)) ? row[c] * inv : 0.0f;
+    }
+}
+
+static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
+                      const loom_adamw_args *a) {
+  const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps;
+  const float c1 = 1.0f / (float)(1.0 - pow(a->beta1, a->step));
+  const float c2 = 1.0f / (float)(1.0 - pow(a->beta2, a->step));
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) {
+    const float g = grad[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] -= lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * param[i]);
+  }
+}
+
+static const loom_ops CPU_OPS = {
+    .name = "cpu",
+    .matmul_forward = cpu_matmul_forward,
+    .matmul_backward = cpu_matmul_backward,
+    .layernorm_forward = cpu_layernorm_forward,
+    .layernorm_backward = cpu_layernorm_backward,
+    .gelu_forward = cpu_gelu_forward,
+    .gelu_backward = cpu_gelu_backward,
+    .attention_forward = cpu_attention_forward,
+    .attention_backward = cpu_attention_backward,
+    .embedding_forward = cpu_embedding_forward,
+    .embedding_backward = cpu_embedding_backward,
+    .crossentropy_forward = cpu_crossentropy_forward,
+    .crossentropy_backward = cpu_crossentropy_backward,
+    .add = cpu_add,
+    .accumulate = cpu_accumulate,
+    .scale = cpu_scale,
+    .sumsq = cpu_sumsq,
+    .dropout_forward = cpu_dropout_apply,
+    .dropout_backward = cpu_dropout_apply,
+    .adamw = cpu_adamw,
+};
+
+const loom_ops *loom_ops_cpu(void) { return &CPU_OPS; }

@@ -1,0 +1,34 @@
+/* sgemm peak measurement and thread control for the CPU backend. */
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include "backend/cpu/cpu_peak.h"
+#include "core/check.h"
+#include "core/rng.h"
+#include "core/timer.h"
+
+
+double loom_cpu_sgemm_gflops(int n, double min_seconds) {
+  const size_t nn = (size_t)n * n;
+  float *a = loom_xmalloc(3 * nn * sizeof(float), "sgemm peak"), *b = a + nn, *c = b + nn;
+  loom_rng_fill_uniform(a, 2 * nn, 1, 0xBE, 0);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+  double best = 0.0;
+  const double start = loom_now_s();
+  for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
+    const double t0 = loom_now_s();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+    const double gflops = 2.0 * n * nn / (loom_now_s() - t0) * 1e-9;
+    if (gflops > best) best = gflops;
+  }
+  free(a);
+  return best;
+}
+
+void loom_cpu_set_threads(int n) {
+  if (n <= 0) return;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int loom_cpu_threads(void) { return omp_get_max_threads(); }

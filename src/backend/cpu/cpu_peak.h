@@ -1,0 +1,12 @@
+/* Measures this machine's OpenBLAS sgemm throughput, the peak that loom's
+ * speed is reported against ("% of GEMM peak"), in the same run. */
+#ifndef LOOM_CPU_PEAK_H
+#define LOOM_CPU_PEAK_H
+
+/* Best GFLOP/s of n x n x n sgemm over repeats lasting at least min_seconds. */
+double loom_cpu_sgemm_gflops(int n, double min_seconds);
+/* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
+void loom_cpu_set_threads(int n);
+int loom_cpu_threads(void);
+
+#endif

@@ -1,0 +1,122 @@
+/* The op interface: every compute op a layer calls, as one table per backend.
+ *
+ * Layers never call BLAS or loops directly; they call through a loom_ops
+ * table. The CPU backend (cpu/) is fast: OpenBLAS sgemm and OpenMP loops. The
+ * reference backend (ref/) is naive loops written for clarity; it is the
+ * oracle the tests compare every backend against.
+ *
+ * Conventions (as llm.c): rows are tokens in [s, b] order (sequence-major),
+ * linear weights are [out, in], and every backward op ADDS into its gradient
+ * outputs (dinp, dweight, dbias), so micro-batch accumulation is free. The one
+ * exception is crossentropy_backward, which writes dlogits (in place is
+ * allowed) because it starts the backward pass. */
+#ifndef LOOM_OPS_H
+#define LOOM_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Keyed dropout: element index i of a site is kept iff
+ * uniform(seed, stream, i) >= p; kept values are scaled by 1/(1-p). The
+ * caller builds index from global coordinates (sample, position, feature), so
+ * masks do not depend on the partition plan. p == 0 disables it. */
+typedef struct {
+  float p;
+  uint64_t seed;
+  uint64_t stream;        /* hash of (step, layer, site) */
+  int64_t sample_offset;  /* global index of local sample b = 0 */
+} loom_dropout;
+
+/* Shapes of a causal self-attention call on the local heads. */
+typedef struct {
+  int T, B;          /* sequence length, micro-batch */
+  int heads;         /* local heads in this call */
+  int head_dim;
+  int head_offset;   /* global index of local head 0 (dropout keys) */
+  int total_heads;   /* global heads (dropout keys) */
+} loom_attn_shape;
+
+typedef struct {
+  float lr, beta1, beta2, eps, weight_decay;
+  int step; /* 1-based, for bias correction */
+} loom_adamw_args;
+
+typedef struct loom_ops {
+  const char *name;
+
+  /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL) */
+  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+                         int N, int C, int OC);
+  /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum dout.
+   * dinp and dbias may be NULL. */
+  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                          const float *inp, const float *weight, int N, int C, int OC);
+
+  /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N] */
+  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                            const float *weight, const float *bias, int N, int C, float eps);
+  void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, const float *mean,
+                             const float *rstd, int N, int C);
+
+  /* GELU, tanh approximation, elementwise over n */
+  void (*gelu_forward)(float *out, const float *inp, size_t n);
+  void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
+
+  /* Causal softmax attention. qkv[T,B,3*H*D] rows are q|k|v of the local heads;
+   * out[T,B,H*D]; att[B,H,T,T] saves the softmax probabilities (pre-dropout). */
+  void (*attention_forward)(float *out, float *att, const float *qkv, const loom_attn_shape *s,
+                            const loom_dropout *drop);
+  /* dqkv += ...; datt[B,H,T,T] is scratch (overwritten). */
+  void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
+                             const float *att, const loom_attn_shape *s, const loom_dropout *drop);
+
+  /* out[T,B,C] = wte[tokens[t,b]] + wpe[pos_offset + t] */
+  void (*embedding_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+                            int T, int B, int C, int pos_offset);
+  void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int T, int B, int C, int pos_offset);
+
+  /* losses[N] = -log softmax(logits[N, :V])[target]; columns V..Vp-1 are
+   * padding and never enter the softmax. A target < 0 is masked: loss 0. */
+  void (*crossentropy_forward)(float *losses, const float *logits, const int *targets,
+                               int N, int V, int Vp);
+  /* dlogits[N,Vp] = dloss * (softmax - onehot); padding and masked rows get 0.
+   * dlogits may alias logits. */
+  void (*crossentropy_backward)(float *dlogits, const float *logits, const int *targets,
+                                float dloss, int N, int V, int Vp);
+
+  /* out = a + b */
+  void (*add)(float *out, const float *a, const float *b, size_t n);
+  /* acc += x */
+  void (*accumulate)(float *acc, const float *x, size_t n);
+  /* x *= s */
+  void (*scale)(float *x, float s, size_t n);
+  /* sum of squares in double */
+  double (*sumsq)(const float *x, size_t n);
+
+  /* In-place keyed dropout on x[T,B,C]: element (t,b,c) has index
+   * ((sample_offset+b)*T + t)*C + c. Backward applies the same mask to dx. */
+  void (*dropout_forward)(float *x, int T, int B, int C, const loom_dropout *drop);
+  void (*dropout_backward)(float *dx, int T, int B, int C, const loom_dropout *drop);
+
+  /* AdamW with decoupled weight decay, over n elements. */
+  void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
+                const loom_adamw_args *args);
+} loom_ops;
+
+const loom_ops *loom_ops_cpu(void);
+const loom_ops *loom_ops_ref(void);
+
+/* Shared pieces both backends use (one definition, no duplicated logic). */
+float loom_gelu_value(float x);
+float loom_gelu_grad(float x);
+/* 1 if dropout element `index` survives, 0 if dropped. */
+int loom_dropout_keep(const loom_dropout *d, uint64_t index);
+/* Global dropout index of element (t, b, c) of a [T,B,C] site. */
+uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C);
+/* Dropout index of attention element (b, h, tq, tk). */
+uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,
+                                 int tq, int tk);
+
+#endif

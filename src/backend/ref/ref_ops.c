@@ -1,0 +1,276 @@
+/* The reference backend: naive loops, written to be obviously right. It is
+ * the oracle every other backend is tested against, never the fast path. */
+#include <math.h>
+#include <string.h>
+#include "backend/ops.h"
+
+static void ref_matmul_forward(float *out, const float *inp, const float *weight,
+                               const float *bias, int N, int C, int OC) {
+  for (int n = 0; n < N; n++) {
+    for (int o = 0; o < OC; o++) {
+      double acc = bias ? bias[o] : 0.0;
+      for (int c = 0; c < C; c++) acc += (double)inp[(size_t)n * C + c] * weight[(size_t)o * C + c];
+      out[(size_t)n * OC + o] = (float)acc;
+    }
+  }
+}
+
+static void ref_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC) {
+  for (int n = 0; n < N; n++) {
+    for (int o = 0; o < OC; o++) {
+      const float d = dout[(size_t)n * OC + o];
+      if (dbias) dbias[o] += d;
+      for (int c = 0; c < C; c++) {
+        if (dinp) dinp[(size_t)n * C + c] += d * weight[(size_t)o * C + c];
+        dweight[(size_t)o * C + c] += d * inp[(size_t)n * C + c];
+      }
+    }
+  }
+}
+
+static void ref_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                  const float *weight, const float *bias, int N, int C, float eps) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    double m = 0.0, var = 0.0;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+    var /= C;
+    const double s = 1.0 / sqrt(var + eps);
+    for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (float)((x[c] - m) * s) * weight[c] + bias[c];
+    mean[n] = (float)m;
+    rstd[n] = (float)s;
+  }
+}
+
+static void ref_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *weight, const float *mean,
+                                   const float *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    double dnorm_mean = 0.0, dnorm_norm_mean = 0.0;
+    for (int c = 0; c < C; c++) {
+      const double norm = (x[c] - mean[n]) * rstd[n];
+      const double dnorm = (double)weight[c] * dy[c];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean /= C;
+    dnorm_norm_mean /= C;
+    for (int c = 0; c < C; c++) {
+      const double norm = (x[c] - mean[n]) * rstd[n];
+      const double dnorm = (double)weight[c] * dy[c];
+      dbias[c] += dy[c];
+      dweight[c] += (float)(norm * dy[c]);
+      dinp[(size_t)n * C + c] += (float)((dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n]);
+    }
+  }
+}
+
+static void ref_gelu_forward(float *out, const float *inp, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = loom_gelu_value(inp[i]);
+}
+
+static void ref_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+  for (size_t i = 0; i < n; i++) dinp[i] += loom_gelu_grad(inp[i]) * dout[i];
+}
+
+/* Offsets of head h's q, k, v (and output) for token (t, b). */
+static size_t qkv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
+  const size_t width = (size_t)s->heads * s->head_dim;
+  return ((size_t)t * s->B + b) * 3 * width + part * width + (size_t)h * s->head_dim;
+}
+static size_t out_at(const loom_attn_shape *s, int t, int b, int h) {
+  return ((size_t)t * s->B + b) * s->heads * s->head_dim + (size_t)h * s->head_dim;
+}
+static size_t att_at(const loom_attn_shape *s, int b, int h, int tq, int tk) {
+  return (((size_t)b * s->heads + h) * s->T + tq) * s->T + tk;
+}
+/* Probability after dropout (what multiplies v). */
+static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, int b, int h,
+                     int tq, int tk) {
+  if (!d || d->p <= 0.0f) return p;
+  return loom_dropout_keep(d, loom_attn_dropout_index(d, s, b, h, tq, tk)) ? p / (1.0f - d->p) : 0.0f;
+}
+
+static void ref_attention_forward(float *out, float *att, const float *qkv,
+                                  const loom_attn_shape *s, const loom_dropout *drop) {
+  const int T = s->T, D = s->head_dim;
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int b = 0; b < s->B; b++)
+    for (int h = 0; h < s->heads; h++)
+      for (int tq = 0; tq < T; tq++) {
+        const float *q = qkv + qkv_at(s, tq, b, 0, h);
+        float *p = att + att_at(s, b, h, tq, 0);
+        double maxv = -INFINITY, sum = 0.0;
+        for (int tk = 0; tk < T; tk++) {
+          p[tk] = 0.0f;
+          if (tk > tq) continue;
+          const float *k = qkv + qkv_at(s, tk, b, 1, h);
+          double dot = 0.0;
+          for (int d = 0; d < D; d++) dot += (double)q[d] * k[d];
+          p[tk] = (float)(dot * scale);
+          if (p[tk] > maxv) maxv = p[tk];
+        }
+        for (int tk = 0; tk <= tq; tk++) sum += exp(p[tk] - maxv);
+        for (int tk = 0; tk <= tq; tk++) p[tk] = (float)(exp(p[tk] - maxv) / sum);
+        float *o = out + out_at(s, tq, b, h);
+        for (int d = 0; d < D; d++) {
+          double acc = 0.0;
+          for (int tk = 0; tk <= tq; tk++)
+            acc += (double)dropped(drop, s, p[tk], b, h, tq, tk) * qkv[qkv_at(s, tk, b, 2, h) + d];
+          o[d] = (float)acc;
+        }
+      }
+}
+
+static void ref_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+                                   const float *att, const loom_attn_shape *s,
+                                   const loom_dropout *drop) {
+  const int T = s->T, D = s->head_dim;
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int b = 0; b < s->B; b++)
+    for (int h = 0; h < s->heads; h++)
+      for (int tq = 0; tq < T; tq++) {
+        const float *p = att + att_at(s, b, h, tq, 0);
+        float *dp = datt + att_at(s, b, h, tq, 0);
+        const float *dy = dout + out_at(s, tq, b, h);
+        double dot_pdp = 0.0;
+        for (int tk = 0; tk <= tq; tk++) {
+          const float *v = qkv + qkv_at(s, tk, b, 2, h);
+          float *dv = dqkv + qkv_at(s, tk, b, 2, h);
+          const float keep = dropped(drop, s, 1.0f, b, h, tq, tk);
+          double g = 0.0;
+          for (int d = 0; d < D; d++) {
+            g += (double)dy[d] * v[d];
+            dv[d] += p[tk] * keep * dy[d];
+          }
+          dp[tk] = (float)(g * keep);
+          dot_pdp += (double)p[tk] * dp[tk];
+        }
+        const float *q = qkv + qkv_at(s, tq, b, 0, h);
+        float *dq = dqkv + qkv_at(s, tq, b, 0, h);
+        for (int tk = 0; tk <= tq; tk++) {
+          const float ds = (float)(p[tk] * (dp[tk] - dot_pdp)) * scale;
+          const float *k = qkv + qkv_at(s, tk, b, 1, h);
+          float *dk = dqkv + qkv_at(s, tk, b, 1, h);
+          for (int d = 0; d < D; d++) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+          }
+        }
+      }
+}
+
+static void ref_embedding_forward(float *out, const int *tokens, const float *wte,
+                                  const float *wpe, int T, int B, int C, int pos_offset) {
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < C; c++)
+        out[((size_t)t * B + b) * C + c] =
+            wte[(size_t)tokens[t * B + b] * C + c] + wpe[(size_t)(pos_offset + t) * C + c];
+}
+
+static void ref_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                                   int T, int B, int C, int pos_offset) {
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < C; c++) {
+        const float d = dout[((size_t)t * B + b) * C + c];
+        dwte[(size_t)tokens[t * B + b] * C + c] += d;
+        dwpe[(size_t)(pos_offset + t) * C + c] += d;
+      }
+}
+
+static void ref_crossentropy_forward(float *losses, const float *logits, const int *targets,
+                                     int N, int V, int Vp) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * Vp;
+    if (targets[n] < 0) { losses[n] = 0.0f; continue; }
+    double maxv = -INFINITY, sum = 0.0;
+    for (int v = 0; v < V; v++) if (z[v] > maxv) maxv = z[v];
+    for (int v = 0; v < V; v++) sum += exp(z[v] - maxv);
+    losses[n] = (float)(log(sum) + maxv - z[targets[n]]);
+  }
+}
+
+static void ref_crossentropy_backward(float *dlogits, const float *logits, const int *targets,
+                                      float dloss, int N, int V, int Vp) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * Vp;
+    float *dz = dlogits + (size_t)n * Vp;
+    double maxv = -INFINITY, sum = 0.0;
+    for (int v = 0; v < V; v++) if (z[v] > maxv) maxv = z[v];
+    for (int v = 0; v < V; v++) sum += exp(z[v] - maxv);
+    const int target = targets[n];
+    for (int v = 0; v < Vp; v++) {
+      const double prob = v < V ? exp(z[v] - maxv) / sum : 0.0;
+      const double onehot = v == target ? 1.0 : 0.0;
+      dz[v] = (target < 0 || v >= V) ? 0.0f : (float)(dloss * (prob - onehot));
+    }
+  }
+}
+
+static void ref_add(float *out, const float *a, const float *b, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+static void ref_accumulate(float *acc, const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) acc[i] += x[i];
+}
+static void ref_scale(float *x, float s, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+static double ref_sumsq(const float *x, size_t n) {
+  double acc = 0.0;
+  for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
+  return acc;
+}
+
+static void ref_dropout_apply(float *x, int T, int B, int C, const loom_dropout *d) {
+  if (!d || d->p <= 0.0f) return;
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < C; c++) {
+        const int keep = loom_dropout_keep(d, loom_dropout_index(d, t, b, c, T, C));
+        float *e = x + ((size_t)t * B + b) * C + c;
+        *e = keep ? *e / (1.0f - d->p) : 0.0f;
+      }
+}
+
+static void ref_adamw(float *param, const float *grad, float *m, float *v, size_t n,
+                      const loom_adamw_args *a) {
+  const double c1 = 1.0 - pow(a->beta1, a->step), c2 = 1.0 - pow(a->beta2, a->step);
+  for (size_t i = 0; i < n; i++) {
+    m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * grad[i];
+    v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * grad[i] * grad[i];
+    const double mhat = m[i] / c1, vhat = v[i] / c2;
+    param[i] -= (float)(a->lr * (mhat / (sqrt(vhat) + a->eps) + a->weight_decay * param[i]));
+  }
+}
+
+static const loom_ops REF_OPS = {
+    .name = "ref",
+    .matmul_forward = ref_matmul_forward,
+    .matmul_backward = ref_matmul_backward,
+    .layernorm_forward = ref_layernorm_forward,
+    .layernorm_backward = ref_layernorm_backward,
+    .gelu_forward = ref_gelu_forward,
+    .gelu_backward = ref_gelu_backward,
+    .attention_forward = ref_attention_forward,
+    .attention_backward = ref_attention_backward,
+    .embedding_forward = ref_embedding_forward,
+    .embedding_backward = ref_embedding_backward,
+    .crossentropy_forward = ref_crossentropy_forward,
+    .crossentropy_backward = ref_crossentropy_backward,
+    .add = ref_add,
+    .accumulate = ref_accumulate,
+    .scale = ref_scale,
+    .sumsq = ref_sumsq,
+    .dropout_forward = ref_dropout_apply,
+    .dropout_backward = ref_dropout_apply,
+    .adamw = ref_adamw,
+};
+
+const loom_ops *loom_ops_ref(void) { return &REF_OPS; }

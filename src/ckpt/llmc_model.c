@@ -1,0 +1,122 @@
+/* llm.c model file reader and writer. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ckpt/llmc_model.h"
+#include "core/write_file.h"
+
+enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED_VOCAB, H_INTS = 256 };
+
+/* The tensors of p in llm.c's order: wte, wpe, then each block tensor kind
+ * across all layers, then ln_f. Our per-block order matches llm.c's kinds. */
+static int llmc_order(const loom_gpt_params *p, int *order) {
+  const int L = p->cfg.layers;
+  int n = 0;
+  order[n++] = 0;
+  order[n++] = 1;
+  for (int j = 0; j < LOOM_BLOCK_TENSORS; j++)
+    for (int l = 0; l < L; l++) order[n++] = 2 + l * LOOM_BLOCK_TENSORS + j;
+  order[n++] = 2 + L * LOOM_BLOCK_TENSORS;
+  order[n++] = 3 + L * LOOM_BLOCK_TENSORS;
+  return n;
+}
+
+static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_config *cfg, loom_error *err) {
+  if (fread(h, sizeof(int32_t), H_INTS, fp) != H_INTS)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated model file: shorter than its 1024-byte header", path);
+  if (h[H_MAGIC] != LOOM_LLMC_MAGIC)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad magic %d in model header (expected %d, llm.c's GPT-2 format)",
+                     path, h[H_MAGIC], LOOM_LLMC_MAGIC);
+  if (h[H_VERSION] != LOOM_LLMC_VERSION)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: unsupported model version %d (expected %d: fp32 with padded vocab)",
+                     path, h[H_VERSION], LOOM_LLMC_VERSION);
+  memset(cfg, 0, sizeof *cfg);
+  cfg->seq = h[H_SEQ];
+  cfg->vocab = h[H_VOCAB];
+  cfg->layers = h[H_LAYERS];
+  cfg->heads = h[H_HEADS];
+  cfg->hidden = h[H_HIDDEN];
+  cfg->norm_eps = 1e-5f;
+  loom_gpt_config_finish(cfg);
+  char why[256];
+  if (loom_gpt_config_check(cfg, why, sizeof why))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: %s", path, why);
+  if (h[H_PADDED_VOCAB] < cfg->vocab || h[H_PADDED_VOCAB] % LOOM_VOCAB_ALIGN != 0)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: padded vocab %d must be a multiple of %d and at least vocab %d",
+                     path, h[H_PADDED_VOCAB], LOOM_VOCAB_ALIGN, cfg->vocab);
+  cfg->padded_vocab = h[H_PADDED_VOCAB];
+  return LOOM_OK;
+}
+
+loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+  int32_t h[H_INTS];
+  const loom_status st = read_header(fp, path, h, cfg, err);
+  fclose(fp);
+  return st;
+}
+
+static int same_shape(const loom_gpt_config *a, const loom_gpt_config *b) {
+  return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
+         a->vocab == b->vocab && a->padded_vocab == b->padded_vocab && a->seq == b->seq &&
+         a->ffn == b->ffn;
+}
+
+loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+  int32_t h[H_INTS];
+  loom_gpt_config cfg;
+  loom_status st = read_header(fp, path, h, &cfg, err);
+  if (st == LOOM_OK && !same_shape(&cfg, &p->cfg))
+    st = loom_fail(err, LOOM_ERR_FORMAT,
+                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
+                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, cfg.layers, cfg.hidden, cfg.heads,
+                   cfg.vocab, cfg.seq, p->cfg.layers, p->cfg.hidden, p->cfg.heads, p->cfg.vocab, p->cfg.seq);
+  int *order = malloc((size_t)p->params.count * sizeof(int));
+  const int n = st == LOOM_OK ? llmc_order(p, order) : 0;
+  for (int i = 0; i < n && st == LOOM_OK; i++) {
+    loom_tensor *t = &p->params.views[order[i]];
+    if (fread(t->data, sizeof(float), loom_tensor_numel(t), fp) != loom_tensor_numel(t))
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated model file: ends inside %s", path, t->name);
+  }
+  if (st == LOOM_OK && fgetc(fp) != EOF)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: model file has trailing bytes after ln_f.bias", path);
+  free(order);
+  fclose(fp);
+  return st;
+}
+
+loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err) {
+  const loom_gpt_config *c = &p->cfg;
+  if (c->ffn != 4 * c->hidden)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format needs ffn = 4 * hidden (got ffn %d, hidden %d)",
+                     path, c->ffn, c->hidden);
+  int32_t h[H_INTS] = {0};
+  h[H_MAGIC] = LOOM_LLMC_MAGIC;
+  h[H_VERSION] = LOOM_LLMC_VERSION;
+  h[H_SEQ] = c->seq;
+  h[H_VOCAB] = c->vocab;
+  h[H_LAYERS] = c->layers;
+  h[H_HEADS] = c->heads;
+  h[H_HIDDEN] = c->hidden;
+  h[H_PADDED_VOCAB] = c->padded_vocab;
+  const int count = p->params.count + 1;
+  loom_chunk *chunks = malloc((size_t)count * sizeof *chunks);
+  int *order = malloc((size_t)p->params.count * sizeof(int));
+  if (!chunks || !order) {
+    free(chunks);
+    free(order);
+    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  }
+  chunks[0] = (loom_chunk){h, sizeof h};
+  llmc_order(p, order);
+  for (int i = 0; i < p->params.count; i++)
+    chunks[i + 1] = (loom_chunk){p->params.views[order[i]].data, loom_tensor_bytes(&p->params.views[order[i]])};
+  const loom_status st = loom_write_file_atomic(path, chunks, count, err);
+  free(order);
+  free(chunks);
+  return st;
+}

@@ -1,0 +1,21 @@
+/* GPT-2 weights in llm.c's checkpoint format, so models move between loom,
+ * llm.c and PyTorch: an int32[256] header (magic 20240326, version 3, max
+ * seq, vocab, layers, heads, hidden, padded vocab) then every parameter as
+ * fp32, grouped by kind across layers in llm.c's order. */
+#ifndef LOOM_LLMC_MODEL_H
+#define LOOM_LLMC_MODEL_H
+
+#include "core/status.h"
+#include "layers/gpt_params.h"
+
+#define LOOM_LLMC_MAGIC 20240326
+#define LOOM_LLMC_VERSION 3
+
+/* Reads and checks the header of an llm.c model file into cfg. */
+loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err);
+/* Loads the weights; the file's shape must equal p->cfg. */
+loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err);
+/* Writes p's weights atomically. */
+loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err);
+
+#endif

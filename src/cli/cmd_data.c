@@ -1,0 +1,31 @@
+/* `loom data prepare IN.txt -o OUT.bin`: byte-tokenize a text file into an
+ * llm.c token file. */
+#include <string.h>
+#include "cli/commands.h"
+#include "cli/flags.h"
+#include "core/log.h"
+#include "data/byte_tokenizer.h"
+
+int loom_cmd_data(int argc, char **argv) {
+  const char *out = NULL;
+  loom_flag table[] = {
+      {"-o", FLAG_STRING, &out, "output token file (required)", LOOM_NO_RANGE, NULL, false},
+  };
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[2];
+  int npos;
+  loom_status st = loom_flags_parse("loom data", table, 1, argc, argv, pos, 2, &npos, &help, &err);
+  if (st == LOOM_OK && help) {
+    loom_flags_print_help(stdout, "loom data prepare IN.txt -o OUT.bin", table, 1);
+    return 0;
+  }
+  if (st == LOOM_OK && (npos < 1 || strcmp(pos[0], "prepare") != 0))
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom data: expected 'prepare IN.txt -o OUT.bin'");
+  else if (st == LOOM_OK && npos != 2) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one input text file");
+  else if (st == LOOM_OK && !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: -o OUT.bin is required");
+  size_t count = 0;
+  if (st == LOOM_OK) st = loom_byte_prepare(pos[1], out, &count, &err);
+  if (st == LOOM_OK) loom_log_info("wrote %zu byte tokens to %s", count, out);
+  return loom_report(st, &err);
+}

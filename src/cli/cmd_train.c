@@ -1,0 +1,199 @@
+/* `loom train`: builds the model, data and optimizer from flags, then runs
+ * the training loop with per-step logs, held-out evals and metrics. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/cpu/cpu_peak.h"
+#include "ckpt/llmc_model.h"
+#include "cli/commands.h"
+#include "cli/metrics.h"
+#include "cli/model_flags.h"
+#include "cli/trainer.h"
+#include "core/log.h"
+#include "core/timer.h"
+#include "data/addition.h"
+#include "data/byte_tokenizer.h"
+
+typedef struct {
+  loom_model_flags model;
+  int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every;
+  int64_t seed;
+  float lr, min_lr_frac, weight_decay, grad_clip;
+  const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
+} train_flags;
+
+static const char *const ORDER_CHOICES[] = {"sequential", "shuffled", NULL};
+static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
+
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 22)
+
+static void train_table(train_flags *f, loom_flag *t) {
+  loom_model_flags_table(&f->model, t);
+  const loom_flag rest[TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT] = {
+      {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, 1 << 20, NULL, false},
+      {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: the micro-batch)", 0, 1 << 24, NULL, false},
+      {"--steps", FLAG_INT, &f->steps, "optimizer steps", 1, 1e9, NULL, false},
+      {"--lr", FLAG_FLOAT, &f->lr, "peak learning rate", 0, 10, NULL, false},
+      {"--min-lr-frac", FLAG_FLOAT, &f->min_lr_frac, "final cosine LR as a fraction of --lr", 0, 1, NULL, false},
+      {"--warmup", FLAG_INT, &f->warmup, "linear warmup steps", 0, 1e9, NULL, false},
+      {"--weight-decay", FLAG_FLOAT, &f->weight_decay, "AdamW decoupled weight decay", 0, 10, NULL, false},
+      {"--grad-clip", FLAG_FLOAT, &f->grad_clip, "max global grad norm (0: off)", 0, 1e9, NULL, false},
+      {"--seed", FLAG_INT64, &f->seed, "seed of init, data order and dropout", 0, 9007199254740991.0, NULL, false},
+      {"--data", FLAG_STRING, &f->data, "train on an llm.c token file", LOOM_NO_RANGE, NULL, false},
+      {"--eval-data", FLAG_STRING, &f->eval_data, "held-out token file (default: the tail of --data)", LOOM_NO_RANGE, NULL, false},
+      {"--data-order", FLAG_STRING, &f->data_order, "order of --data windows", LOOM_NO_RANGE, ORDER_CHOICES, false},
+      {"--synthetic", FLAG_STRING, &f->synthetic, "train on a built-in task (used when --data is absent)", LOOM_NO_RANGE, SYNTHETIC_CHOICES, false},
+      {"--digits", FLAG_INT, &f->digits, "operand digits of the addition task", 1, 9, NULL, false},
+      {"--eval-every", FLAG_INT, &f->eval_every, "held-out evaluation every N steps (0: off)", 0, 1e9, NULL, false},
+      {"--eval-batches", FLAG_INT, &f->eval_batches, "micro-batches per evaluation", 1, 1e6, NULL, false},
+      {"--log-every", FLAG_INT, &f->log_every, "print a progress line every N steps", 1, 1e9, NULL, false},
+      {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false},
+      {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false},
+      {"--threads", FLAG_INT, &f->threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
+  };
+  memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
+}
+
+static train_flags train_defaults(void) {
+  return (train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
+                       .steps = 600, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
+                       .eval_every = 100, .eval_batches = 4, .threads = 0, .log_every = 1,
+                       .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
+                       .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
+}
+
+/* Cross-flag checks the table cannot express. */
+static loom_status check_flags(const train_flags *f, const loom_flag *t, const loom_gpt_config *cfg, loom_error *err) {
+  if (f->global_batch % f->micro_batch != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d is not a multiple of --micro-batch %d",
+                     f->global_batch, f->micro_batch);
+  if (f->data && loom_flags_find(t, TRAIN_FLAG_COUNT, "--synthetic")->set)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: give --data or --synthetic, not both");
+  if (f->eval_data && !f->data)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
+  if (!f->data && cfg->vocab < LOOM_BYTE_VOCAB)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
+                     f->synthetic, LOOM_BYTE_VOCAB, cfg->vocab);
+  return LOOM_OK;
+}
+
+typedef struct {
+  loom_gpt model;
+  loom_adamw opt;
+  loom_dataset *data;
+  loom_trainer trainer;
+  loom_metrics metrics;
+} train_run;
+
+static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
+  loom_status st;
+  if (f->data) {
+    const loom_data_order order = strcmp(f->data_order, "shuffled") == 0 ? LOOM_ORDER_SHUFFLED : LOOM_ORDER_SEQUENTIAL;
+    st = loom_dataset_open_tokens(&r->data, f->data, f->eval_data, cfg->vocab, T, order, (uint64_t)f->seed, true, err);
+    if (st != LOOM_OK) return st;
+  } else {
+    r->data = loom_dataset_addition(f->digits, (uint64_t)f->seed);
+  }
+  st = loom_metrics_open(&r->metrics, f->metrics, err);
+  if (st != LOOM_OK) return st;
+  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed);
+  if (st == LOOM_OK && f->model.init_from) st = loom_llmc_load(f->model.init_from, &r->model.p, err);
+  if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&r->model, T, f->micro_batch);
+  loom_adamw_config oc = loom_adamw_defaults();
+  oc.weight_decay = f->weight_decay;
+  oc.grad_clip = f->grad_clip;
+  if (st == LOOM_OK) st = loom_adamw_init(&r->opt, &r->model.p, &oc);
+  if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "loom train: out of memory building the model and optimizer");
+  if (st != LOOM_OK) return st;
+  const loom_lr_schedule lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac,
+                               .warmup_steps = f->warmup, .total_steps = f->steps};
+  loom_trainer_init(&r->trainer, &r->model, &r->opt, r->data, T, f->micro_batch, f->global_batch, lr);
+  return LOOM_OK;
+}
+
+static void run_eval(train_run *r, const train_flags *f, int step) {
+  const int digits = f->data ? 0 : f->digits;
+  const loom_eval_stats e = loom_trainer_eval(&r->trainer, f->eval_batches, digits);
+  loom_metrics_num(&r->metrics, "eval_loss", e.loss);
+  if (digits > 0 && e.problems > 0) {
+    const double acc = (double)e.correct / e.problems;
+    loom_log_info("eval  step %5d | held-out loss %.4f | exact match %5.1f%% (%d/%d held-out sums)", step,
+                  (double)e.loss, 100.0 * acc, e.correct, e.problems);
+    loom_metrics_num(&r->metrics, "eval_accuracy", acc);
+  } else {
+    loom_log_info("eval  step %5d | held-out loss %.4f", step, (double)e.loss);
+  }
+}
+
+static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_error *err) {
+  const loom_gpt_config *cfg = &r->model.p.cfg;
+  const double peak = loom_cpu_sgemm_gflops(1024, 0.3);
+  const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(cfg, T, tokens);
+  loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters",
+                cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq, r->model.p.params.numel);
+  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads | sgemm peak %.1f GFLOP/s",
+                f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
+                loom_cpu_threads(), peak);
+  if (f->eval_every > 0) run_eval(r, f, 0);
+  for (int step = 0; step < f->steps; step++) {
+    const double t0 = loom_now_s();
+    const loom_step_stats s = loom_trainer_step(&r->trainer, step);
+    const double dt = loom_now_s() - t0, gflops = flops / dt * 1e-9;
+    if (!isfinite(s.loss))
+      return loom_fail(err, LOOM_ERR_RUNTIME, "loom train: loss became %g at step %d; lower --lr or check the data",
+                       (double)s.loss, step + 1);
+    if ((step + 1) % f->log_every == 0 || step == 0 || step + 1 == f->steps)
+      loom_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %6.1f GFLOP/s | %4.1f%% peak",
+                    step + 1, f->steps, (double)s.loss, (double)s.lr, s.grad_norm, dt * 1e3, tokens / dt, gflops,
+                    100.0 * gflops / peak);
+    loom_metrics_begin(&r->metrics, step + 1);
+    loom_metrics_num(&r->metrics, "loss", s.loss);
+    loom_metrics_num(&r->metrics, "lr", s.lr);
+    loom_metrics_num(&r->metrics, "grad_norm", s.grad_norm);
+    loom_metrics_num(&r->metrics, "ms", dt * 1e3);
+    loom_metrics_num(&r->metrics, "tokens_per_s", tokens / dt);
+    loom_metrics_num(&r->metrics, "gflops", gflops);
+    loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
+    if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1);
+    loom_metrics_end(&r->metrics);
+  }
+  if (f->save) {
+    loom_status st = loom_llmc_save(f->save, &r->model.p, err);
+    if (st != LOOM_OK) return st;
+    loom_log_info("saved %s (llm.c format)", f->save);
+  }
+  return LOOM_OK;
+}
+
+int loom_cmd_train(int argc, char **argv) {
+  train_flags f = train_defaults();
+  loom_flag table[TRAIN_FLAG_COUNT];
+  train_table(&f, table);
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[1];
+  int npos;
+  loom_status st = loom_flags_parse("loom train", table, TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  if (help) {
+    loom_flags_print_help(stdout, "loom train [flags]", table, TRAIN_FLAG_COUNT);
+    return 0;
+  }
+  if (f.global_batch == 0) f.global_batch = f.micro_batch;
+  loom_gpt_config cfg;
+  int T;
+  st = loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
+  if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  loom_cpu_set_threads(f.threads);
+  train_run r;
+  memset(&r, 0, sizeof r);
+  st = setup(&r, &f, &cfg, T, &err);
+  if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
+  loom_trainer_free(&r.trainer);
+  loom_adamw_free(&r.opt);
+  loom_gpt_free(&r.model);
+  loom_dataset_free(r.data);
+  loom_metrics_close(&r.metrics);
+  return loom_report(st, &err);
+}

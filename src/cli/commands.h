@@ -1,0 +1,18 @@
+/* The loom subcommands. Each returns the process exit code: 0 ok, 1 a run or
+ * check failed, 2 bad usage or unreadable input. */
+#ifndef LOOM_COMMANDS_H
+#define LOOM_COMMANDS_H
+
+#include "core/status.h"
+
+int loom_cmd_train(int argc, char **argv);
+int loom_cmd_eval(int argc, char **argv);
+int loom_cmd_sample(int argc, char **argv);
+int loom_cmd_bench(int argc, char **argv);
+int loom_cmd_data(int argc, char **argv);
+int loom_cmd_ckpt(int argc, char **argv);
+
+/* Prints err's message as one "loom: ..." line and returns st's exit code. */
+int loom_report(loom_status st, const loom_error *err);
+
+#endif

@@ -1,0 +1,117 @@
+/* The flag parser and help printer. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/flags.h"
+
+static loom_status parse_number(const char *cmd, const loom_flag *f, const char *text, double *out,
+                                loom_error *err) {
+  char *end;
+  errno = 0;
+  const double v = strtod(text, &end);
+  if (*text == '\0' || *end != '\0' || errno == ERANGE)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a number, got '%s'", cmd, f->name, text);
+  if (f->kind != FLAG_FLOAT && v != (double)(int64_t)v)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects an integer, got '%s'", cmd, f->name, text);
+  if (f->min <= f->max && (v < f->min || v > f->max))
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%g, %g], got %s", cmd, f->name, f->min, f->max, text);
+  *out = v;
+  return LOOM_OK;
+}
+
+static loom_status check_choice(const char *cmd, const loom_flag *f, const char *text, loom_error *err) {
+  if (!f->choices) return LOOM_OK;
+  char list[256] = "";
+  for (const char *const *c = f->choices; *c; c++) {
+    if (strcmp(*c, text) == 0) return LOOM_OK;
+    if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);
+    strncat(list, *c, sizeof list - strlen(list) - 1);
+  }
+  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be one of %s, got '%s'", cmd, f->name, list, text);
+}
+
+static loom_status assign(const char *cmd, loom_flag *f, const char *text, loom_error *err) {
+  double v = 0.0;
+  loom_status st = LOOM_OK;
+  switch (f->kind) {
+  case FLAG_STRING:
+    st = check_choice(cmd, f, text, err);
+    if (st == LOOM_OK) *(const char **)f->dst = text;
+    break;
+  case FLAG_INT:
+  case FLAG_INT64:
+  case FLAG_FLOAT:
+    st = parse_number(cmd, f, text, &v, err);
+    if (st != LOOM_OK) break;
+    if (f->kind == FLAG_INT && (v < -2147483648.0 || v > 2147483647.0))
+      st = loom_fail(err, LOOM_ERR_USAGE, "%s: %s is out of range, got %s", cmd, f->name, text);
+    else if (f->kind == FLAG_INT) *(int *)f->dst = (int)v;
+    else if (f->kind == FLAG_INT64) *(int64_t *)f->dst = (int64_t)v;
+    else *(float *)f->dst = (float)v;
+    break;
+  case FLAG_BOOL: *(bool *)f->dst = true; break;
+  }
+  return st;
+}
+
+loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int argc, char **argv,
+                             const char **positional, int max_positional, int *npositional,
+                             bool *help, loom_error *err) {
+  *npositional = 0;
+  *help = false;
+  for (int i = 0; i < argc; i++) {
+    const char *arg = argv[i];
+    if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+      *help = true;
+      return LOOM_OK;
+    }
+    if (arg[0] != '-' || arg[1] == '\0') {
+      if (*npositional >= max_positional)
+        return loom_fail(err, LOOM_ERR_USAGE, "%s: unexpected argument '%s' (see %s --help)", cmd, arg, cmd);
+      positional[(*npositional)++] = arg;
+      continue;
+    }
+    loom_flag *f = NULL;
+    for (int k = 0; k < nflags && !f; k++)
+      if (strcmp(flags[k].name, arg) == 0) f = &flags[k];
+    if (!f) return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %s (see %s --help)", cmd, arg, cmd);
+    if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, arg);
+    const char *value = "";
+    if (f->kind != FLAG_BOOL) {
+      if (i + 1 >= argc) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s needs a value", cmd, arg);
+      value = argv[++i];
+    }
+    loom_status st = assign(cmd, f, value, err);
+    if (st != LOOM_OK) return st;
+    f->set = true;
+  }
+  return LOOM_OK;
+}
+
+void loom_flags_print_help(FILE *fp, const char *usage, const loom_flag *flags, int nflags) {
+  fprintf(fp, "usage: %s\n\nflags:\n", usage);
+  for (int i = 0; i < nflags; i++) {
+    const loom_flag *f = &flags[i];
+    const char *arg = f->kind == FLAG_BOOL ? "" : f->kind == FLAG_STRING ? " S" : " N";
+    char left[64];
+    snprintf(left, sizeof left, "%s%s", f->name, arg);
+    fprintf(fp, "  %-22s %s", left, f->help);
+    switch (f->kind) {
+    case FLAG_INT: fprintf(fp, " (default %d)", *(int *)f->dst); break;
+    case FLAG_INT64: fprintf(fp, " (default %" PRId64 ")", *(int64_t *)f->dst); break;
+    case FLAG_FLOAT: fprintf(fp, " (default %g)", (double)*(float *)f->dst); break;
+    case FLAG_STRING:
+      if (*(const char **)f->dst) fprintf(fp, " (default %s)", *(const char **)f->dst);
+      break;
+    case FLAG_BOOL: break;
+    }
+    fputc('\n', fp);
+  }
+}
+
+const loom_flag *loom_flags_find(const loom_flag *flags, int nflags, const char *name) {
+  for (int i = 0; i < nflags; i++)
+    if (strcmp(flags[i].name, name) == 0) return &flags[i];
+  return NULL;
+}

@@ -1,0 +1,47 @@
+/* The loom program: dispatches to its subcommands. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/commands.h"
+#include "core/log.h"
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *help;
+} command;
+
+static const command COMMANDS[] = {
+    {"train", loom_cmd_train, "train a GPT (default: gpt-tiny on the addition task)"},
+    {"eval", loom_cmd_eval, "mean loss of a model file over a token file"},
+    {"sample", loom_cmd_sample, "generate text from a model file"},
+    {"bench", loom_cmd_bench, "benchmarks: `loom bench step`"},
+    {"data", loom_cmd_data, "datasets: `loom data prepare IN.txt -o OUT.bin`"},
+    {"ckpt", loom_cmd_ckpt, "checkpoints: `loom ckpt export --format llmc -o OUT`"},
+};
+#define NCOMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
+
+static void usage(FILE *fp) {
+  fprintf(fp, "usage: loom COMMAND [flags]   (loom COMMAND --help for its flags)\n\ncommands:\n");
+  for (int i = 0; i < NCOMMANDS; i++) fprintf(fp, "  %-8s %s\n", COMMANDS[i].name, COMMANDS[i].help);
+}
+
+int loom_report(loom_status st, const loom_error *err) {
+  if (st == LOOM_OK) return 0;
+  loom_log_error("%s", err->msg[0] ? err->msg : loom_status_str(st));
+  return loom_status_exit_code(st);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  for (int i = 0; i < NCOMMANDS; i++)
+    if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
+  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt)", argv[1]);
+  return 2;
+}

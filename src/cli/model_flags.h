@@ -1,0 +1,25 @@
+/* The flags that shape the model, shared by every subcommand that builds one
+ * (train, ckpt export), and their one resolution into a loom_gpt_config. */
+#ifndef LOOM_MODEL_FLAGS_H
+#define LOOM_MODEL_FLAGS_H
+
+#include "cli/flags.h"
+#include "layers/gpt_config.h"
+
+typedef struct {
+  const char *preset;
+  const char *init_from;
+  int layers, hidden, heads, vocab, seq, ffn;
+  float dropout;
+} loom_model_flags;
+
+#define LOOM_MODEL_FLAG_COUNT 9
+/* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
+void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
+/* Builds the config: a preset (default gpt-tiny) or the --init-from file's
+ * header, then any size flags. Size flags cannot change an --init-from
+ * model's shape. *T gets the training sequence length (--seq, else cfg.seq). */
+loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
+                                     loom_gpt_config *cfg, int *T, loom_error *err);
+
+#endif

@@ -1,0 +1,44 @@
+/* One rank's training loop pieces: a step over the micro-batches of one
+ * global batch (grad accumulation, clipping, AdamW), and held-out evaluation.
+ * Sample g of step s is s * global_batch + g, so the data is the same for any
+ * split of the global batch into micro-batches. */
+#ifndef LOOM_TRAINER_H
+#define LOOM_TRAINER_H
+
+#include "data/dataset.h"
+#include "layers/gpt.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+
+typedef struct {
+  loom_gpt *model;
+  loom_adamw *opt;
+  loom_lr_schedule lr;
+  loom_dataset *data;
+  int T, micro_batch, global_batch;
+  int *tokens, *targets; /* [T * micro_batch] */
+} loom_trainer;
+
+typedef struct {
+  float loss;       /* mean over the global batch */
+  float lr;
+  double grad_norm; /* before clipping */
+} loom_step_stats;
+
+typedef struct {
+  float loss;
+  int problems, correct; /* exact match, when the data is the addition task */
+} loom_eval_stats;
+
+void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_dataset *data,
+                       int T, int micro_batch, int global_batch, loom_lr_schedule lr);
+void loom_trainer_free(loom_trainer *tr);
+/* Trains on global batch `step` (0-based). */
+loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
+/* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
+loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits);
+
+/* argmax over the first V logits of each of n rows of width Vp. */
+void loom_argmax_rows(const float *logits, int n, int V, int Vp, int *out);
+
+#endif

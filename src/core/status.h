@@ -1,0 +1,31 @@
+/* Status codes for operations that can legitimately fail (I/O, allocation,
+ * user input). Broken invariants use the check macros in check.h instead. */
+#ifndef LOOM_STATUS_H
+#define LOOM_STATUS_H
+
+typedef enum {
+  LOOM_OK = 0,
+  LOOM_ERR_USAGE,   /* bad flag or value given by the user */
+  LOOM_ERR_IO,      /* a file could not be opened, read or written */
+  LOOM_ERR_FORMAT,  /* a file's contents are malformed */
+  LOOM_ERR_NOMEM,   /* an allocation failed */
+  LOOM_ERR_RUNTIME, /* a run failed (NaN loss, ...) */
+} loom_status;
+
+const char *loom_status_str(loom_status s);
+
+/* A failure's one-line message, filled by whoever detects it and printed by
+ * the CLI. Messages name what is wrong and why, e.g. "data.bin: bad magic". */
+typedef struct {
+  char msg[512];
+} loom_error;
+
+/* Writes the message into err (if non-NULL) and returns st, so callers can
+ * `return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated", path);`. */
+loom_status loom_fail(loom_error *err, loom_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Exit code for the CLI, as DESIGN.md fixes them: 1 run failed, 2 bad input. */
+int loom_status_exit_code(loom_status s);
+
+#endif

@@ -1,0 +1,83 @@
+/* Tensor specs and contiguous buffers of named views. */
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "core/tensor.h"
+
+size_t loom_dtype_size(loom_dtype dtype) {
+  switch (dtype) {
+  case LOOM_DTYPE_F32: return 4;
+  case LOOM_DTYPE_I32: return 4;
+  case LOOM_DTYPE_BF16: return 2;
+  }
+  return 0;
+}
+
+size_t loom_tensor_numel(const loom_tensor *t) {
+  size_t n = 1;
+  for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+  return n;
+}
+
+size_t loom_tensor_bytes(const loom_tensor *t) {
+  return loom_tensor_numel(t) * loom_dtype_size(t->dtype);
+}
+
+loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const int64_t *shape) {
+  LOOM_CHECK(ndim >= 0 && ndim <= LOOM_MAX_DIMS, "tensor rank out of range");
+  LOOM_CHECK(strlen(name) < LOOM_NAME_LEN, "tensor name too long");
+  loom_tensor t;
+  memset(&t, 0, sizeof t);
+  strcpy(t.name, name);
+  t.dtype = dtype;
+  t.device = LOOM_DEVICE_CPU;
+  t.ndim = ndim;
+  for (int d = 0; d < ndim; d++) t.shape[d] = shape[d];
+  return t;
+}
+
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count) {
+  memset(buf, 0, sizeof *buf);
+  if (count <= 0) return LOOM_OK;
+  buf->dtype = specs[0].dtype;
+  size_t total = 0;
+  for (int i = 0; i < count; i++) {
+    LOOM_CHECK(specs[i].dtype == buf->dtype, "a buffer holds one dtype");
+    total += loom_tensor_numel(&specs[i]);
+  }
+  const size_t esize = loom_dtype_size(buf->dtype);
+  buf->views = malloc((size_t)count * sizeof *buf->views);
+  buf->base = calloc(total ? total : 1, esize);
+  if (!buf->views || !buf->base) {
+    free(buf->views);
+    free(buf->base);
+    memset(buf, 0, sizeof *buf);
+    return LOOM_ERR_NOMEM;
+  }
+  buf->numel = total;
+  buf->count = count;
+  size_t offset = 0;
+  for (int i = 0; i < count; i++) {
+    buf->views[i] = specs[i];
+    buf->views[i].data = (char *)buf->base + offset * esize;
+    offset += loom_tensor_numel(&specs[i]);
+  }
+  return LOOM_OK;
+}
+
+void loom_buffer_free(loom_buffer *buf) {
+  free(buf->views);
+  free(buf->base);
+  memset(buf, 0, sizeof *buf);
+}
+
+loom_tensor *loom_buffer_find(const loom_buffer *buf, const char *name) {
+  for (int i = 0; i < buf->count; i++) {
+    if (strcmp(buf->views[i].name, name) == 0) return &buf->views[i];
+  }
+  return NULL;
+}
+
+size_t loom_buffer_offset(const loom_buffer *buf, int i) {
+  return (size_t)((char *)buf->views[i].data - (char *)buf->base) / loom_dtype_size(buf->dtype);
+}

@@ -1,0 +1,43 @@
+/* Datasets: a source of token windows addressed by (split, global sample).
+ *
+ * Sample g of a split is a pure function of (seed, g), so the data a run
+ * sees depends only on the seed and the global batch, never on how the batch
+ * is split across micro-batches or ranks. A window holds T+1 tokens: inputs
+ * are its first T, targets its last T. */
+#ifndef LOOM_DATASET_H
+#define LOOM_DATASET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "core/status.h"
+
+typedef enum { LOOM_SPLIT_TRAIN = 0, LOOM_SPLIT_HELDOUT = 1 } loom_split;
+typedef enum { LOOM_ORDER_SEQUENTIAL = 0, LOOM_ORDER_SHUFFLED = 1 } loom_data_order;
+
+typedef struct loom_dataset loom_dataset;
+struct loom_dataset {
+  const char *name;
+  /* Writes window[T+1] of global sample g of the split. */
+  void (*window)(loom_dataset *ds, loom_split split, int64_t g, int T, int *window);
+  void (*free)(loom_dataset *ds);
+  void *impl;
+};
+
+/* Fills tokens[T,B] and targets[T,B] (sequence-major) with samples
+ * first_sample .. first_sample+B-1 of the split. */
+void loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sample, int T, int B,
+                        int *tokens, int *targets);
+void loom_dataset_free(loom_dataset *ds);
+
+/* A dataset over an llm.c token file. Train uses windows of T+1 tokens at
+ * stride T from the start (as llm.c does), in file order or shuffled per
+ * epoch. The held-out split is heldout_path if given, else (with
+ * hold_out_tail) the last 1/20 of the windows, at least one; without either
+ * every window is train and there is no held-out split. */
+loom_status loom_dataset_open_tokens(loom_dataset **out, const char *path, const char *heldout_path,
+                                     int vocab, int T, loom_data_order order, uint64_t seed,
+                                     bool hold_out_tail, loom_error *err);
+/* Windows in the train split (tokens datasets only). */
+int64_t loom_dataset_train_windows(const loom_dataset *ds);
+
+#endif

@@ -1,0 +1,190 @@
+/* GPT forward and backward over the blocks, plus the activation buffer. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "layers/gpt.h"
+
+loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed) {
+  memset(m, 0, sizeof *m);
+  m->ops = ops;
+  m->seed = seed;
+  loom_status st = loom_gpt_params_init(&m->p, cfg);
+  if (st != LOOM_OK) return st;
+  loom_gpt_params_randomize(&m->p, seed);
+  return LOOM_OK;
+}
+
+static void acts_free(loom_gpt_acts *a) {
+  loom_buffer_free(&a->mem);
+  free(a->blocks);
+  free(a->tokens);
+  free(a->targets);
+  memset(a, 0, sizeof *a);
+}
+
+void loom_gpt_free(loom_gpt *m) {
+  acts_free(&m->a);
+  loom_gpt_params_free(&m->p);
+}
+
+/* Builder for the activation table: specs are appended, then pointers bound. */
+typedef struct {
+  loom_tensor specs[32];
+  float **slots[32];
+  int count;
+} act_list;
+
+static void want(act_list *l, float **slot, const char *name, int64_t numel) {
+  LOOM_CHECK(l->count < 32, "too many activation views");
+  l->specs[l->count] = loom_tensor_spec(name, LOOM_DTYPE_F32, 1, &numel);
+  l->slots[l->count++] = slot;
+}
+
+loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) {
+  const loom_gpt_config *c = &m->p.cfg;
+  LOOM_CHECK(T >= 1 && T <= c->seq && B >= 1, "micro-batch shape out of range");
+  if (m->a.T == T && m->a.B == B) return LOOM_OK;
+  acts_free(&m->a);
+  loom_gpt_acts *a = &m->a;
+  const int64_t N = (int64_t)T * B, h = c->hidden, f = c->ffn, att = (int64_t)B * c->heads * T * T;
+  const int L = c->layers;
+  a->blocks = loom_xcalloc((size_t)L, sizeof *a->blocks, "block activations");
+  a->tokens = loom_xcalloc((size_t)N, sizeof(int), "tokens");
+  a->targets = loom_xcalloc((size_t)N, sizeof(int), "targets");
+  /* Per-layer activations share one view per kind, [L * size], split below. */
+  float *ln1, *ln1m, *ln1r, *qkv, *attp, *atty, *resa, *ln2, *ln2m, *ln2r, *fc, *fcg, *out;
+  act_list l = {.count = 0};
+  want(&l, &a->encoded, "encoded", N * h);
+  want(&l, &ln1, "ln_1", L * N * h);
+  want(&l, &ln1m, "ln_1_mean", L * N);
+  want(&l, &ln1r, "ln_1_rstd", L * N);
+  want(&l, &qkv, "qkv", L * N * 3 * h);
+  want(&l, &attp, "att", L * att);
+  want(&l, &atty, "atty", L * N * h);
+  want(&l, &resa, "res_attn", L * N * h);
+  want(&l, &ln2, "ln_2", L * N * h);
+  want(&l, &ln2m, "ln_2_mean", L * N);
+  want(&l, &ln2r, "ln_2_rstd", L * N);
+  want(&l, &fc, "fc", L * N * f);
+  want(&l, &fcg, "fc_gelu", L * N * f);
+  want(&l, &out, "out", L * N * h);
+  want(&l, &a->ln_f, "ln_f", N * h);
+  want(&l, &a->ln_f_mean, "ln_f_mean", N);
+  want(&l, &a->ln_f_rstd, "ln_f_rstd", N);
+  want(&l, &a->logits, "logits", N * c->padded_vocab);
+  want(&l, &a->losses, "losses", N);
+  want(&l, &a->dres, "dres", N * h);
+  want(&l, &a->d_ln_f, "d_ln_f", N * h);
+  loom_block_scratch *s = &a->scratch;
+  want(&l, &s->branch, "branch", N * h);
+  want(&l, &s->d_ln, "d_ln", N * h);
+  want(&l, &s->d_atty, "d_atty", N * h);
+  want(&l, &s->d_qkv, "d_qkv", N * 3 * h);
+  want(&l, &s->d_att, "d_att", att);
+  want(&l, &s->d_fc, "d_fc", N * f);
+  want(&l, &s->d_fc2, "d_fc2", N * f);
+  loom_status st = loom_buffer_init(&a->mem, l.specs, l.count);
+  if (st != LOOM_OK) {
+    acts_free(a);
+    return st;
+  }
+  for (int i = 0; i < l.count; i++) *l.slots[i] = a->mem.views[i].data;
+  for (int i = 0; i < L; i++) {
+    loom_block_acts *b = &a->blocks[i];
+    b->ln_1 = ln1 + i * N * h;
+    b->ln_1_mean = ln1m + i * N;
+    b->ln_1_rstd = ln1r + i * N;
+    b->qkv = qkv + i * N * 3 * h;
+    b->att = attp + i * att;
+    b->atty = atty + i * N * h;
+    b->res_attn = resa + i * N * h;
+    b->ln_2 = ln2 + i * N * h;
+    b->ln_2_mean = ln2m + i * N;
+    b->ln_2_rstd = ln2r + i * N;
+    b->fc = fc + i * N * f;
+    b->fc_gelu = fcg + i * N * f;
+    b->out = out + i * N * h;
+  }
+  a->T = T;
+  a->B = B;
+  return LOOM_OK;
+}
+
+static loom_block_shape block_shape(const loom_gpt *m) {
+  const loom_gpt_config *c = &m->p.cfg;
+  return (loom_block_shape){.T = m->a.T, .B = m->a.B, .hidden = c->hidden, .heads = c->heads,
+                            .head_dim = c->hidden / c->heads, .ffn = c->ffn, .norm_eps = c->norm_eps};
+}
+
+static loom_block_dropout block_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int layer) {
+  return (loom_block_dropout){.p = batch->train ? m->p.cfg.dropout : 0.0f, .seed = m->seed,
+                              .step = batch->step, .layer = layer,
+                              .sample_offset = batch->sample_offset};
+}
+
+/* The block input: the embedding for layer 0, else the previous block's output. */
+static const float *block_input(const loom_gpt *m, int layer) {
+  return layer == 0 ? m->a.encoded : m->a.blocks[layer - 1].out;
+}
+
+float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
+  const loom_gpt_config *c = &m->p.cfg;
+  loom_gpt_acts *a = &m->a;
+  const loom_ops *ops = m->ops;
+  const int T = a->T, B = a->B, N = T * B, h = c->hidden;
+  LOOM_CHECK(T > 0, "call loom_gpt_set_batch_shape before forward");
+  memcpy(a->tokens, batch->tokens, (size_t)N * sizeof(int));
+  for (int i = 0; i < N; i++) a->targets[i] = batch->targets ? batch->targets[i] : -1;
+
+  ops->embedding_forward(a->encoded, a->tokens, m->p.w.wte, m->p.w.wpe, T, B, h, 0);
+  const loom_block_dropout d0 = block_dropout(m, batch, -1);
+  const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED);
+  ops->dropout_forward(a->encoded, T, B, h, &d_embed);
+  const loom_block_shape shape = block_shape(m);
+  for (int l = 0; l < c->layers; l++) {
+    const loom_block_dropout d = block_dropout(m, batch, l);
+    loom_block_forward(&a->blocks[l], &a->scratch, block_input(m, l), &m->p.w.h[l], &shape, &d, ops);
+  }
+  ops->layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, block_input(m, c->layers),
+                         m->p.w.ln_f_w, m->p.w.ln_f_b, N, h, c->norm_eps);
+  ops->matmul_forward(a->logits, a->ln_f, m->p.w.wte, NULL, N, h, c->padded_vocab);
+  ops->crossentropy_forward(a->losses, a->logits, a->targets, N, c->vocab, c->padded_vocab);
+  double sum = 0.0;
+  int counted = 0;
+  for (int i = 0; i < N; i++) {
+    if (a->targets[i] < 0) continue;
+    sum += a->losses[i];
+    counted++;
+  }
+  return counted ? (float)(sum / counted) : 0.0f;
+}
+
+void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
+  const loom_gpt_config *c = &m->p.cfg;
+  loom_gpt_acts *a = &m->a;
+  const loom_ops *ops = m->ops;
+  const int T = a->T, B = a->B, N = T * B, h = c->hidden;
+  const size_t nh = (size_t)N * h;
+
+  ops->crossentropy_backward(a->logits, a->logits, a->targets, dloss, N, c->vocab, c->padded_vocab);
+  memset(a->d_ln_f, 0, nh * sizeof(float));
+  ops->matmul_backward(a->d_ln_f, m->p.g.wte, NULL, a->logits, a->ln_f, m->p.w.wte, N, h, c->padded_vocab);
+  memset(a->dres, 0, nh * sizeof(float));
+  ops->layernorm_backward(a->dres, m->p.g.ln_f_w, m->p.g.ln_f_b, a->d_ln_f, block_input(m, c->layers),
+                          m->p.w.ln_f_w, a->ln_f_mean, a->ln_f_rstd, N, h);
+  const loom_block_shape shape = block_shape(m);
+  for (int l = c->layers - 1; l >= 0; l--) {
+    const loom_block_dropout d = block_dropout(m, batch, l);
+    loom_block_backward(a->dres, &m->p.g.h[l], &a->scratch, &a->blocks[l], block_input(m, l),
+                        &m->p.w.h[l], &shape, &d, ops);
+  }
+  const loom_block_dropout d0 = block_dropout(m, batch, -1);
+  const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED);
+  ops->dropout_backward(a->dres, T, B, h, &d_embed);
+  ops->embedding_backward(m->p.g.wte, m->p.g.wpe, a->dres, a->tokens, T, B, h, 0);
+}
+
+void loom_gpt_zero_grad(loom_gpt *m) {
+  memset(m->p.grads.base, 0, m->p.grads.numel * sizeof(float));
+}

@@ -1,0 +1,59 @@
+/* GPT presets and shape checks. */
+#include <stdio.h>
+#include <string.h>
+#include "layers/gpt_config.h"
+
+typedef struct {
+  const char *name;
+  loom_gpt_config cfg;
+} preset;
+
+/* gpt-tiny is the default: small enough to learn the addition task on 2 cores. */
+static const preset PRESETS[] = {
+    {"gpt-tiny", {.layers = 4, .hidden = 128, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f}},
+    {"gpt2-small", {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f}},
+};
+
+int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
+  for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+    if (strcmp(PRESETS[i].name, name) == 0) {
+      *cfg = PRESETS[i].cfg;
+      loom_gpt_config_finish(cfg);
+      return 0;
+    }
+  }
+  return -1;
+}
+
+const char *loom_gpt_config_preset_names(void) { return "gpt-tiny, gpt2-small"; }
+
+void loom_gpt_config_finish(loom_gpt_config *cfg) {
+  if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
+  if (cfg->vocab > 0) {
+    cfg->padded_vocab = (cfg->vocab + LOOM_VOCAB_ALIGN - 1) / LOOM_VOCAB_ALIGN * LOOM_VOCAB_ALIGN;
+  }
+}
+
+const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len) {
+  if (cfg->layers < 1) snprintf(msg, msg_len, "--layers must be at least 1 (got %d)", cfg->layers);
+  else if (cfg->hidden < 1) snprintf(msg, msg_len, "--hidden must be at least 1 (got %d)", cfg->hidden);
+  else if (cfg->heads < 1) snprintf(msg, msg_len, "--heads must be at least 1 (got %d)", cfg->heads);
+  else if (cfg->hidden % cfg->heads != 0)
+    snprintf(msg, msg_len, "--hidden %d is not divisible by --heads %d; pick heads that divide hidden",
+             cfg->hidden, cfg->heads);
+  else if (cfg->vocab < 2) snprintf(msg, msg_len, "--vocab must be at least 2 (got %d)", cfg->vocab);
+  else if (cfg->seq < 1) snprintf(msg, msg_len, "--seq must be at least 1 (got %d)", cfg->seq);
+  else if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
+    snprintf(msg, msg_len, "--dropout must be in [0, 1) (got %g)", (double)cfg->dropout);
+  else return NULL;
+  return msg;
+}
+
+double loom_gpt_matmul_params(const loom_gpt_config *cfg) {
+  const double h = cfg->hidden, f = cfg->ffn;
+  return cfg->layers * (4.0 * h * h + 2.0 * h * f) + (double)cfg->vocab * h;
+}
+
+double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens) {
+  return 6.0 * loom_gpt_matmul_params(cfg) * tokens + 12.0 * cfg->layers * cfg->hidden * (double)T * tokens;
+}

@@ -1,0 +1,36 @@
+/* GPT model shape: presets, derived sizes and validation. */
+#ifndef LOOM_GPT_CONFIG_H
+#define LOOM_GPT_CONFIG_H
+
+#include <stddef.h>
+
+typedef struct {
+  int layers;
+  int hidden;
+  int heads;
+  int ffn;          /* MLP inner width, 4*hidden for GPT-2 */
+  int vocab;        /* real vocabulary size V */
+  int padded_vocab; /* V rounded up to a multiple of 128 (Megatron, llm.c) */
+  int seq;          /* maximum sequence length = rows of wpe */
+  float dropout;
+  float norm_eps;
+} loom_gpt_config;
+
+#define LOOM_VOCAB_ALIGN 128
+
+/* Fills cfg from a preset name ("gpt-tiny", "gpt2-small"); 0 on success, -1 if unknown. */
+int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name);
+/* Comma-separated list of preset names, for help and error messages. */
+const char *loom_gpt_config_preset_names(void);
+/* Recomputes derived fields (ffn if 0, padded_vocab). */
+void loom_gpt_config_finish(loom_gpt_config *cfg);
+/* NULL if valid, else a one-line reason naming the field. */
+const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len);
+
+/* Parameters that go through matmuls (per-token multiply-adds / 2), for FLOP counts. */
+double loom_gpt_matmul_params(const loom_gpt_config *cfg);
+/* Model FLOPs of one training step on `tokens` tokens of length T:
+ * 6 * matmul params * tokens + 12 * layers * hidden * T * tokens (attention). */
+double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens);
+
+#endif

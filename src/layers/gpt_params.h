@@ -1,0 +1,63 @@
+/* GPT parameters: the canonical table (GPT-2 names and full shapes, with
+ * per-parameter metadata), the contiguous buffers and their named views, and
+ * partition-invariant initialisation from the keyed RNG. */
+#ifndef LOOM_GPT_PARAMS_H
+#define LOOM_GPT_PARAMS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "core/tensor.h"
+#include "layers/gpt_config.h"
+
+typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
+
+/* Metadata one place decides and everything else reads (grad norm, grad
+ * reduction, weight decay, checkpoint sharding). */
+typedef struct {
+  loom_init_kind init;
+  float init_std;
+  int init_rows;       /* rows drawn from the RNG; rows past it start at 0 (vocab padding) */
+  bool weight_decay;   /* decoupled AdamW decay applies */
+  int partition_dim;   /* dim split across tensor parallel ranks, -1 if none */
+  bool tp_replicated;  /* identical on every TP rank (norms, row-parallel biases) */
+  bool shared;         /* lives on more than one pipeline stage (tied wte) */
+} loom_param_meta;
+
+/* Views of one transformer block's parameters (or grads). */
+typedef struct {
+  float *ln_1_w, *ln_1_b;           /* [h], [h] */
+  float *c_attn_w, *c_attn_b;       /* [3h, h] rows q|k|v, [3h] */
+  float *attn_proj_w, *attn_proj_b; /* [h, h], [h] */
+  float *ln_2_w, *ln_2_b;           /* [h], [h] */
+  float *c_fc_w, *c_fc_b;           /* [f, h], [f] */
+  float *mlp_proj_w, *mlp_proj_b;   /* [h, f], [h] */
+} loom_block_weights;
+
+#define LOOM_BLOCK_TENSORS 12
+_Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_TENSORS * sizeof(float *),
+               "loom_block_weights must be exactly its tensor views, in table order");
+
+/* Views of the whole model's parameters (or grads). */
+typedef struct {
+  float *wte;             /* [Vp, h], tied with the LM head */
+  float *wpe;             /* [S, h] */
+  loom_block_weights *h;  /* [layers] */
+  float *ln_f_w, *ln_f_b; /* [h], [h] */
+} loom_gpt_weights;
+
+typedef struct {
+  loom_gpt_config cfg;
+  loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* */
+  loom_buffer grads;      /* same layout as params */
+  loom_param_meta *meta;  /* [params.count] */
+  loom_gpt_weights w, g;  /* named views into params and grads */
+} loom_gpt_params;
+
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg);
+void loom_gpt_params_free(loom_gpt_params *p);
+/* Draws every parameter from (seed, canonical name, global element index). */
+void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
+/* Index of the view named `name`, or -1. */
+int loom_gpt_params_find(const loom_gpt_params *p, const char *name);
+
+#endif

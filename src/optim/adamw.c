@@ -1,0 +1,43 @@
+/* AdamW step and global grad norm over the flat parameter buffers. */
+#include <math.h>
+#include "core/tensor.h"
+#include "optim/adamw.h"
+
+loom_adamw_config loom_adamw_defaults(void) {
+  return (loom_adamw_config){.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                             .grad_clip = 1.0f};
+}
+
+loom_status loom_adamw_init(loom_adamw *opt, const loom_gpt_params *p, const loom_adamw_config *cfg) {
+  opt->cfg = *cfg;
+  opt->step = 0;
+  loom_status st = loom_buffer_init(&opt->m, p->params.views, p->params.count);
+  if (st != LOOM_OK) return st;
+  st = loom_buffer_init(&opt->v, p->params.views, p->params.count);
+  if (st != LOOM_OK) loom_buffer_free(&opt->m);
+  return st;
+}
+
+void loom_adamw_free(loom_adamw *opt) {
+  loom_buffer_free(&opt->m);
+  loom_buffer_free(&opt->v);
+}
+
+double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops) {
+  return sqrt(ops->sumsq(p->grads.base, p->grads.numel));
+}
+
+void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {
+  if (opt->cfg.grad_clip > 0.0f && grad_norm > opt->cfg.grad_clip) {
+    ops->scale(p->grads.base, (float)(opt->cfg.grad_clip / grad_norm), p->grads.numel);
+  }
+  opt->step++;
+  for (int i = 0; i < p->params.count; i++) {
+    const loom_adamw_args args = {.lr = lr, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
+                                  .eps = opt->cfg.eps,
+                                  .weight_decay = p->meta[i].weight_decay ? opt->cfg.weight_decay : 0.0f,
+                                  .step = opt->step};
+    ops->adamw(p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data,
+               opt->v.views[i].data, loom_tensor_numel(&p->params.views[i]), &args);
+  }
+}
