@@ -1,0 +1,27 @@
+#!/bin/sh
+# Installs the Debian packages loom needs (only those missing), then
+# configures and builds loom into build/. Safe to run any number of times.
+# Usage: scripts/setup.sh [extra cmake -D options]
+set -eu
+cd "$(dirname "$0")/.."
+
+PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin \
+libprotobuf-c-dev protobuf-c-compiler protobuf-compiler check"
+
+missing=""
+for p in $PACKAGES; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+if [ -n "$missing" ]; then
+  echo "setup: installing$missing"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON "$@" >/dev/null
+cmake --build build -j "$(nproc)"
+echo "setup: built build/loom"

@@ -1,0 +1,69 @@
+/* Test helpers: deterministic fills, error norms, temp files. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "core/rng.h"
+#include "test_util.h"
+
+void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi) {
+  for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * loom_rng_uniform(42, stream, i);
+}
+
+double tu_nmse(const float *a, const float *b, size_t n) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    den += (double)b[i] * b[i];
+  }
+  return den > 0.0 ? num / den : num;
+}
+
+double tu_max_abs_diff(const float *a, const float *b, size_t n) {
+  double m = 0.0;
+  for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+  return m;
+}
+
+int tu_all_finite(const float *x, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(x[i])) return 0;
+  return 1;
+}
+
+const char *tu_tmp_path(const char *name) {
+  static char paths[16][512];
+  static int next;
+  char *p = paths[next++ % 16];
+  const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(p, 512, "%s/loom_test_%d_%s", dir, (int)getpid(), name);
+  return p;
+}
+
+void tu_write_bytes(const char *path, const void *data, size_t n) {
+  FILE *fp = fopen(path, "wb");
+  ck_assert_msg(fp != NULL, "cannot create %s", path);
+  ck_assert_uint_eq(fwrite(data, 1, n, fp), n);
+  fclose(fp);
+}
+
+void *tu_read_bytes(const char *path, size_t *n) {
+  FILE *fp = fopen(path, "rb");
+  ck_assert_msg(fp != NULL, "cannot open %s", path);
+  fseek(fp, 0, SEEK_END);
+  *n = (size_t)ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  void *buf = malloc(*n ? *n : 1);
+  ck_assert_uint_eq(fread(buf, 1, *n, fp), *n);
+  fclose(fp);
+  return buf;
+}
+
+int tu_run(Suite *s) {
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  const int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed == 0 ? 0 : 1;
+}

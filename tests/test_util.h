@@ -1,0 +1,26 @@
+/* Helpers shared by loom's Check tests. */
+#ifndef LOOM_TEST_UTIL_H
+#define LOOM_TEST_UTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Fills x[n] with uniform values in [lo, hi) from a fixed-seed stream. */
+void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi);
+/* Normalised mean squared error ||a - b||^2 / ||b||^2 (0 if both zero). */
+double tu_nmse(const float *a, const float *b, size_t n);
+/* Largest |a - b|. */
+double tu_max_abs_diff(const float *a, const float *b, size_t n);
+/* 1 if every element is finite. */
+int tu_all_finite(const float *x, size_t n);
+/* A path under the test's temporary directory, unique per name. */
+const char *tu_tmp_path(const char *name);
+/* Writes bytes to path; aborts the test on failure. */
+void tu_write_bytes(const char *path, const void *data, size_t n);
+/* Reads a whole file; *n gets its size. Caller frees. */
+void *tu_read_bytes(const char *path, size_t *n);
+/* Runs a suite and returns the process exit code. */
+int tu_run(Suite *s);
+
+#endif
