@@ -94,11 +94,8 @@ int loom_cmd_bench(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_flags_parse("loom bench", table, n, argc, argv, pos, 1, &npos, &help, &err);
-  if (st == LOOM_OK && help) {
-    loom_flags_print_help(stdout, "loom bench step [flags]", table, n);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom bench", "loom bench step [flags]", table, n, argc, argv, pos, 1, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (npos != 1 || strcmp(pos[0], "step") != 0))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom bench: expected the benchmark name 'step'%s%s%s",
                    npos ? ", got '" : "", npos ? pos[0] : "", npos ? "'" : "");

@@ -39,11 +39,8 @@ int loom_cmd_ckpt(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_flags_parse("loom ckpt", table, n, argc, argv, pos, 1, &npos, &help, &err);
-  if (st == LOOM_OK && help) {
-    loom_flags_print_help(stdout, "loom ckpt export --format llmc -o OUT [model flags]", table, n);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom ckpt", "loom ckpt export --format llmc -o OUT [model flags]", table, n, argc, argv, pos, 1, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (npos != 1 || strcmp(pos[0], "export") != 0))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt: expected 'export --format llmc -o OUT'");
   else if (st == LOOM_OK && (!format || !out))

@@ -15,11 +15,8 @@ int loom_cmd_data(int argc, char **argv) {
   bool help;
   const char *pos[2];
   int npos;
-  loom_status st = loom_flags_parse("loom data", table, 1, argc, argv, pos, 2, &npos, &help, &err);
-  if (st == LOOM_OK && help) {
-    loom_flags_print_help(stdout, "loom data prepare IN.txt -o OUT.bin", table, 1);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom data", "loom data prepare IN.txt -o OUT.bin", table, 1, argc, argv, pos, 2, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (npos < 1 || strcmp(pos[0], "prepare") != 0))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom data: expected 'prepare IN.txt -o OUT.bin'");
   else if (st == LOOM_OK && npos != 2) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one input text file");

@@ -69,11 +69,8 @@ int loom_cmd_eval(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_flags_parse("loom eval", table, n, argc, argv, pos, 0, &npos, &help, &err);
-  if (st == LOOM_OK && help) {
-    loom_flags_print_help(stdout, "loom eval --init-from MODEL --data TOKENS [flags]", table, n);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom eval", "loom eval --init-from MODEL --data TOKENS [flags]", table, n, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (!f.init_from || !f.data))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom eval: %s is required", f.init_from ? "--data" : "--init-from");
   if (st == LOOM_OK) st = eval_run(&f, &err);

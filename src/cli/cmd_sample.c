@@ -89,11 +89,8 @@ int loom_cmd_sample(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_flags_parse("loom sample", table, n, argc, argv, pos, 0, &npos, &help, &err);
-  if (st == LOOM_OK && help) {
-    loom_flags_print_help(stdout, "loom sample --init-from MODEL --prompt TEXT [flags]", table, n);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom sample", "loom sample --init-from MODEL --prompt TEXT [flags]", table, n, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (!f.init_from || !f.prompt))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom sample: %s is required", f.init_from ? "--prompt" : "--init-from");
   if (st == LOOM_OK && f.prompt[0] == '\0')

@@ -173,12 +173,8 @@ int loom_cmd_train(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_flags_parse("loom train", table, TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
-  if (st != LOOM_OK) return loom_report(st, &err);
-  if (help) {
-    loom_flags_print_help(stdout, "loom train [flags]", table, TRAIN_FLAG_COUNT);
-    return 0;
-  }
+  loom_status st = loom_cli_parse("loom train", "loom train [flags]", table, TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
   if (f.global_batch == 0) f.global_batch = f.micro_batch;
   loom_gpt_config cfg;
   int T;

@@ -3,6 +3,7 @@
 #ifndef LOOM_COMMANDS_H
 #define LOOM_COMMANDS_H
 
+#include "cli/flags.h"
 #include "core/status.h"
 
 int loom_cmd_train(int argc, char **argv);
@@ -14,5 +15,11 @@ int loom_cmd_ckpt(int argc, char **argv);
 
 /* Prints err's message as one "loom: ..." line and returns st's exit code. */
 int loom_report(loom_status st, const loom_error *err);
+
+/* Parses a subcommand's flags; with -h/--help prints usage and the table and
+ * sets *done. Returns LOOM_ERR_USAGE with err filled on bad input. */
+loom_status loom_cli_parse(const char *cmd, const char *usage, loom_flag *table, int n, int argc, char **argv,
+                           const char **positional, int max_positional, int *npositional, bool *done,
+                           loom_error *err);
 
 #endif

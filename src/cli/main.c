@@ -25,12 +25,6 @@ static void usage(FILE *fp) {
   for (int i = 0; i < NCOMMANDS; i++) fprintf(fp, "  %-8s %s\n", COMMANDS[i].name, COMMANDS[i].help);
 }
 
-int loom_report(loom_status st, const loom_error *err) {
-  if (st == LOOM_OK) return 0;
-  loom_log_error("%s", err->msg[0] ? err->msg : loom_status_str(st));
-  return loom_status_exit_code(st);
-}
-
 int main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
