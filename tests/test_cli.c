@@ -1,1 +1,174 @@
-int main(void){return 0;}
+/* The loom program end to end: every bad-input case gives its one-line
+ * message and exit code, and the subcommands work together (data prepare,
+ * train with metrics and save, eval, sample, ckpt export, init-from). */
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "test_util.h"
+
+static const char *g_loom;
+
+typedef struct {
+  int code;
+  char out[65536], err[4096];
+} result;
+
+static void slurp(const char *path, char *buf, size_t cap) {
+  FILE *fp = fopen(path, "rb");
+  size_t n = fp ? fread(buf, 1, cap - 1, fp) : 0;
+  buf[n] = '\0';
+  if (fp) fclose(fp);
+}
+
+/* Runs loom with a NULL-terminated argument list. */
+static result *run(const char *first, ...) {
+  static result r;
+  const char *argv[64] = {g_loom, first};
+  int argc = 2;
+  va_list ap;
+  va_start(ap, first);
+  while (argc < 63 && (argv[argc] = va_arg(ap, const char *)) != NULL) argc++;
+  va_end(ap);
+  argv[argc] = NULL;
+  const char *out = tu_tmp_path("stdout"), *err = tu_tmp_path("stderr");
+  const pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), 1);
+    dup2(open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
+    setenv("OMP_NUM_THREADS", "1", 1);
+    execv(g_loom, (char *const *)argv);
+    _exit(127);
+  }
+  int status;
+  waitpid(pid, &status, 0);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  slurp(out, r.out, sizeof r.out);
+  slurp(err, r.err, sizeof r.err);
+  return &r;
+}
+
+/* stderr must be exactly one line, `line`, and the exit code `code`. */
+static void expect_fail(const result *r, int code, const char *line) {
+  char want[1024];
+  snprintf(want, sizeof want, "%s\n", line);
+  ck_assert_str_eq(r->err, want);
+  ck_assert_int_eq(r->code, code);
+}
+
+static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--micro-batch", "2"};
+
+START_TEST(bad_flags) {
+  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt)");
+  expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
+  expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
+  expect_fail(run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
+  expect_fail(run("train", "--steps", "1.5", NULL), 2, "loom train: --steps expects an integer, got '1.5'");
+  expect_fail(run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
+  expect_fail(run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
+  expect_fail(run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
+  expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, got 'gpt-huge'");
+  expect_fail(run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
+  expect_fail(run("train", "--hidden", "100", "--heads", "3", NULL), 2,
+              "loom train: --hidden 100 is not divisible by --heads 3; pick heads that divide hidden");
+  expect_fail(run("train", "--micro-batch", "4", "--global-batch", "10", NULL), 2,
+              "loom train: --global-batch 10 is not a multiple of --micro-batch 4");
+  expect_fail(run("train", "--data", "x.bin", "--synthetic", "addition", NULL), 2, "loom train: give --data or --synthetic, not both");
+  expect_fail(run("train", "--eval-data", "x.bin", NULL), 2, "loom train: --eval-data needs --data");
+  expect_fail(run("train", "--vocab", "100", NULL), 2, "loom train: --synthetic addition needs --vocab of at least 256 (byte tokens), got 100");
+  expect_fail(run("train", "--dropout", "1", NULL), 2, "loom train: --dropout must be in [0, 0.99], got 1");
+  expect_fail(run("train", "--data", "/nonexistent.bin", NULL), 2, "loom: /nonexistent.bin: cannot open token file: No such file or directory");
+  expect_fail(run("train", "--metrics", "/nonexistent/m.jsonl", "--steps", "1", NULL), 2,
+              "loom: --metrics /nonexistent/m.jsonl: cannot open for writing: No such file or directory");
+  expect_fail(run("eval", "--data", "x.bin", NULL), 2, "loom eval: --init-from is required");
+  expect_fail(run("sample", "--init-from", "m.bin", NULL), 2, "loom sample: --prompt is required");
+  expect_fail(run("data", "prepare", NULL), 2, "loom data prepare: expected one input text file");
+  expect_fail(run("data", "prepare", "in.txt", NULL), 2, "loom data prepare: -o OUT.bin is required");
+  expect_fail(run("data", NULL), 2, "loom data: expected 'prepare IN.txt -o OUT.bin'");
+  expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
+  expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
+  expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
+  const result *r = run("train", "--help", NULL);
+  ck_assert_int_eq(r->code, 0);
+  ck_assert_ptr_nonnull(strstr(r->out, "--micro-batch N"));
+}
+END_TEST
+
+/* Counts lines of a file that contain every given key. */
+static int lines_with(const char *path, const char *key1, const char *key2) {
+  char buf[65536];
+  slurp(path, buf, sizeof buf);
+  int n = 0;
+  for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) n += strstr(line, key1) && strstr(line, key2);
+  return n;
+}
+
+START_TEST(subcommands_work_together) {
+  const char *txt = tu_tmp_path("corpus.txt"), *tokens = tu_tmp_path("corpus.bin");
+  char corpus[4000];
+  for (int i = 0; i < 3999; i++) corpus[i] = "the quick brown fox jumps over the lazy dog. "[i % 45];
+  tu_write_bytes(txt, corpus, 3999);
+  result *r = run("data", "prepare", txt, "-o", tokens, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+
+  /* Train on the synthetic task with metrics, eval and save. */
+  const char *metrics = tu_tmp_path("m.jsonl"), *model = tu_tmp_path("model.bin");
+  r = run("train", TINY[0], TINY[1], TINY[2], TINY[3], TINY[4], TINY[5], TINY[6], TINY[7], TINY[8], TINY[9],
+          "--steps", "3", "--eval-every", "2", "--metrics", metrics, "--save", model, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  ck_assert_ptr_nonnull(strstr(r->out, "step     3/3 | loss"));
+  ck_assert_ptr_nonnull(strstr(r->out, "% peak"));
+  ck_assert_int_eq(lines_with(metrics, "\"step\"", "\"loss\""), 3);
+  ck_assert_int_eq(lines_with(metrics, "\"tokens_per_s\"", "\"grad_norm\""), 3);
+  ck_assert_int_eq(lines_with(metrics, "\"eval_loss\"", "\"eval_accuracy\""), 2);
+
+  /* Train on the token file, starting from the saved model. */
+  r = run("train", "--init-from", model, "--data", tokens, "--data-order", "shuffled", "--micro-batch", "2",
+          "--steps", "2", "--eval-every", "0", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  expect_fail(run("train", "--init-from", model, "--layers", "3", NULL), 2,
+              "loom train: --layers cannot be combined with --init-from: the model file fixes the shape");
+
+  r = run("eval", "--init-from", model, "--data", tokens, "--micro-batch", "2", "--seq", "16", "--batches", "3", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  ck_assert_ptr_nonnull(strstr(r->out, "eval: mean loss "));
+  char line[512];
+  snprintf(line, sizeof line, "loom eval: --batches 1000 x --micro-batch 2 needs 2000 windows of seq+1 tokens; %s has 249", tokens);
+  expect_fail(run("eval", "--init-from", model, "--data", tokens, "--micro-batch", "2", "--seq", "16", "--batches", "1000", NULL), 2, line);
+  expect_fail(run("eval", "--init-from", model, "--data", tokens, "--seq", "17", NULL), 2,
+              "loom eval: --seq 17 exceeds the model's maximum sequence length 16");
+
+  r = run("sample", "--init-from", model, "--prompt", "12+34=", "--max-tokens", "5", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  ck_assert_int_eq(strncmp(r->out, "12+34=", 6), 0);
+
+  /* A model file that is not one is refused with the file's name. */
+  snprintf(line, sizeof line, "loom: %s: bad magic 20240520 in model header (expected 20240326, llm.c's GPT-2 format)", tokens);
+  expect_fail(run("sample", "--init-from", tokens, "--prompt", "x", NULL), 2, line);
+
+  const char *exported = tu_tmp_path("exported.bin");
+  r = run("ckpt", "export", "--format", "llmc", "-o", exported, TINY[0], TINY[1], TINY[2], TINY[3], TINY[4], TINY[5], NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  r = run("train", "--init-from", exported, "--micro-batch", "2", "--steps", "1", "--eval-every", "0", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_cli PATH_TO_LOOM\n");
+    return 2;
+  }
+  g_loom = argv[1];
+  Suite *s = suite_create("cli");
+  TCase *tc = tcase_create("cli");
+  tcase_set_timeout(tc, 300);
+  tcase_add_test(tc, bad_flags);
+  tcase_add_test(tc, subcommands_work_together);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}

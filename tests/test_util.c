@@ -33,9 +33,9 @@ int tu_all_finite(const float *x, size_t n) {
 }
 
 const char *tu_tmp_path(const char *name) {
-  static char paths[16][512];
+  static char paths[64][512];
   static int next;
-  char *p = paths[next++ % 16];
+  char *p = paths[next++ % 64];
   const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   snprintf(p, 512, "%s/loom_test_%d_%s", dir, (int)getpid(), name);
   return p;

@@ -25,11 +25,11 @@ typedef struct {
 static const char *const ORDER_CHOICES[] = {"sequential", "shuffled", NULL};
 static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
 
-#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 22)
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 20)
 
 static void train_table(train_flags *f, loom_flag *t) {
   loom_model_flags_table(&f->model, t);
-  const loom_flag rest[TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT] = {
+  const loom_flag rest[] = {
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, 1 << 20, NULL, false},
       {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: the micro-batch)", 0, 1 << 24, NULL, false},
       {"--steps", FLAG_INT, &f->steps, "optimizer steps", 1, 1e9, NULL, false},
@@ -51,6 +51,7 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false},
       {"--threads", FLAG_INT, &f->threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
   };
+  _Static_assert(sizeof rest / sizeof rest[0] == TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "TRAIN_FLAG_COUNT");
   memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
 }
 
@@ -111,15 +112,16 @@ static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_conf
   return LOOM_OK;
 }
 
-static void run_eval(train_run *r, const train_flags *f, int step) {
+/* Logs a held-out evaluation; adds it to the current metrics line if `record`. */
+static void run_eval(train_run *r, const train_flags *f, int step, bool record) {
   const int digits = f->data ? 0 : f->digits;
   const loom_eval_stats e = loom_trainer_eval(&r->trainer, f->eval_batches, digits);
-  loom_metrics_num(&r->metrics, "eval_loss", e.loss);
+  if (record) loom_metrics_num(&r->metrics, "eval_loss", e.loss);
   if (digits > 0 && e.problems > 0) {
     const double acc = (double)e.correct / e.problems;
     loom_log_info("eval  step %5d | held-out loss %.4f | exact match %5.1f%% (%d/%d held-out sums)", step,
                   (double)e.loss, 100.0 * acc, e.correct, e.problems);
-    loom_metrics_num(&r->metrics, "eval_accuracy", acc);
+    if (record) loom_metrics_num(&r->metrics, "eval_accuracy", acc);
   } else {
     loom_log_info("eval  step %5d | held-out loss %.4f", step, (double)e.loss);
   }
@@ -134,7 +136,7 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
                 loom_cpu_threads(), peak);
-  if (f->eval_every > 0) run_eval(r, f, 0);
+  if (f->eval_every > 0) run_eval(r, f, 0, false);
   for (int step = 0; step < f->steps; step++) {
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
@@ -154,7 +156,7 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
     loom_metrics_num(&r->metrics, "tokens_per_s", tokens / dt);
     loom_metrics_num(&r->metrics, "gflops", gflops);
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
-    if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1);
+    if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
   }
   if (f->save) {
