@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin \
+PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin \
 libprotobuf-c-dev protobuf-c-compiler protobuf-compiler check"
 
 missing=""

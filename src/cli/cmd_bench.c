@@ -13,7 +13,7 @@
 #include "core/timer.h"
 
 typedef struct {
-  int micro_batch, steps, layers, threads;
+  int micro_batch, steps, layers, threads, seq;
 } bench_flags;
 
 /* Uniform random tokens: the step's cost does not depend on the data. */
@@ -63,8 +63,9 @@ static loom_status bench_step(const bench_flags *f, loom_error *err) {
          cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch, loom_cpu_threads());
   printf("sgemm peak (2048^3, best of >= 1 s): %.1f GFLOP/s\n", peak_before);
   const int seqs[] = {64, 256};
-  double frac[2];
+  double frac[2] = {0.0, 0.0};
   for (int i = 0; i < 2; i++) {
+    if (f->seq && f->seq != seqs[i]) continue;
     loom_status st;
     const double dt = time_steps(&cfg, seqs[i], f, &st);
     if (st != LOOM_OK) return loom_fail(err, st, "loom bench step: out of memory at seq %d", seqs[i]);
@@ -82,12 +83,13 @@ static loom_status bench_step(const bench_flags *f, loom_error *err) {
 }
 
 int loom_cmd_bench(int argc, char **argv) {
-  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0};
+  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0};
   loom_flag table[] = {
       {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false},
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false},
       {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false},
       {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
+      {"--seq", FLAG_INT, &f.seq, "run only this sequence length, 64 or 256 (0: both)", 0, 256, NULL, false},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};
