@@ -91,15 +91,17 @@ START_TEST(window_orders) {
   ck_assert_int_eq(loom_dataset_open_tokens(&shuf, path, NULL, 256, T, LOOM_ORDER_SHUFFLED, 1, true, &err), LOOM_OK);
   ck_assert_int_eq(loom_dataset_train_windows(seq), 38);
   int w[T + 1], seen[38] = {0};
+  unsigned char scored[T + 1];
   for (int g = 0; g < 38 * 2; g++) {
-    seq->window(seq, LOOM_SPLIT_TRAIN, g, T, w);
+    seq->window(seq, LOOM_SPLIT_TRAIN, g, T, w, scored);
+    for (int t = 0; t <= T; t++) ck_assert_int_eq(scored[t], 1);
     for (int t = 0; t <= T; t++) ck_assert_int_eq(w[t], (g % 38) * T + t);
-    shuf->window(shuf, LOOM_SPLIT_TRAIN, g, T, w);
+    shuf->window(shuf, LOOM_SPLIT_TRAIN, g, T, w, scored);
     ck_assert_int_eq(w[0] % T, 0);
     if (g < 38) seen[w[0] / T]++;
   }
   for (int k = 0; k < 38; k++) ck_assert_int_eq(seen[k], 1);
-  seq->window(seq, LOOM_SPLIT_HELDOUT, 1, T, w);
+  seq->window(seq, LOOM_SPLIT_HELDOUT, 1, T, w, scored);
   ck_assert_int_eq(w[0], 39 * T);
   /* Batches are sequence-major: tokens[t * B + b]. */
   int tok[T * 3], tgt[T * 3];
@@ -150,12 +152,16 @@ START_TEST(addition_task) {
   enum { T = 64, DIGITS = 3, LINE = 3 * DIGITS + 4 };
   loom_dataset *ds = loom_dataset_addition(DIGITS, 9);
   int w[T + 1], again[T + 1];
+  unsigned char scored[T + 1], scored2[T + 1];
   char *heldout = calloc(1000 * 1000, 1);
   for (int split = 0; split < 2; split++)
     for (int g = 0; g < 300; g++) {
-      ds->window(ds, (loom_split)split, g, T, w);
-      ds->window(ds, (loom_split)split, g, T, again);
+      ds->window(ds, (loom_split)split, g, T, w, scored);
+      ds->window(ds, (loom_split)split, g, T, again, scored2);
       ck_assert_mem_eq(w, again, sizeof w); /* a pure function of (seed, g) */
+      ck_assert_mem_eq(scored, scored2, sizeof scored);
+      /* Only the sum's digits and its newline are targets. */
+      for (int t = 0; t <= T; t++) ck_assert_int_eq(scored[t], t % LINE >= 2 * DIGITS + 2);
       for (int start = 0; start + LINE <= T + 1; start += LINE) {
         long a, b, s;
         ck_assert(parse_line(w + start, DIGITS, &a, &b, &s));
@@ -165,7 +171,7 @@ START_TEST(addition_task) {
       }
     }
   /* Scoring: every answer digit must be predicted for a problem to count. */
-  ds->window(ds, LOOM_SPLIT_HELDOUT, 0, T, w);
+  ds->window(ds, LOOM_SPLIT_HELDOUT, 0, T, w, scored);
   int pred[T], problems, correct;
   for (int t = 0; t < T; t++) pred[t] = w[t + 1]; /* a perfect model */
   loom_addition_score(w, pred, T, DIGITS, &problems, &correct);

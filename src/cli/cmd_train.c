@@ -57,8 +57,8 @@ static void train_table(train_flags *f, loom_flag *t) {
 
 static train_flags train_defaults(void) {
   return (train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
-                       .steps = 600, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
-                       .eval_every = 100, .eval_batches = 4, .threads = 0, .log_every = 1,
+                       .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
+                       .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1,
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }

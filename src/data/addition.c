@@ -47,15 +47,19 @@ static int write_line(int *out, int64_t a, int64_t b, int digits) {
   return n;
 }
 
-static void addition_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window) {
+static void addition_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window,
+                            unsigned char *scored) {
   const addition_ds *d = ds->impl;
-  const int len = line_length(d->digits);
+  const int len = line_length(d->digits), answer = 2 * d->digits + 2; /* offset of the sum's first digit */
   int line[64];
   for (int pos = 0, k = 0; pos <= T; k++) {
     int64_t a, b;
     draw_pair(d, split, g, k, &a, &b);
     write_line(line, a, b, d->digits);
-    for (int i = 0; i < len && pos <= T; i++) window[pos++] = line[i];
+    for (int i = 0; i < len && pos <= T; i++, pos++) {
+      window[pos] = line[i];
+      scored[pos] = i >= answer; /* the sum and its newline; the operands are random */
+    }
   }
 }
 

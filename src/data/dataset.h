@@ -3,7 +3,9 @@
  * Sample g of a split is a pure function of (seed, g), so the data a run
  * sees depends only on the seed and the global batch, never on how the batch
  * is split across micro-batches or ranks. A window holds T+1 tokens: inputs
- * are its first T, targets its last T. */
+ * are its first T, targets its last T. A task may mark some tokens as not
+ * worth predicting (the random operands of a sum): they get target -1 and
+ * stay out of the loss. */
 #ifndef LOOM_DATASET_H
 #define LOOM_DATASET_H
 
@@ -17,16 +19,18 @@ typedef enum { LOOM_ORDER_SEQUENTIAL = 0, LOOM_ORDER_SHUFFLED = 1 } loom_data_or
 typedef struct loom_dataset loom_dataset;
 struct loom_dataset {
   const char *name;
-  /* Writes window[T+1] of global sample g of the split. */
-  void (*window)(loom_dataset *ds, loom_split split, int64_t g, int T, int *window);
+  /* Writes window[T+1] of global sample g of the split, and scored[T+1]:
+   * 1 where the token is a training target, 0 where it is masked out. */
+  void (*window)(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored);
   void (*free)(loom_dataset *ds);
   void *impl;
 };
 
 /* Fills tokens[T,B] and targets[T,B] (sequence-major) with samples
- * first_sample .. first_sample+B-1 of the split. */
-void loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sample, int T, int B,
-                        int *tokens, int *targets);
+ * first_sample .. first_sample+B-1 of the split; masked targets are -1.
+ * Returns the number of unmasked targets. */
+int64_t loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sample, int T, int B,
+                           int *tokens, int *targets);
 void loom_dataset_free(loom_dataset *ds);
 
 /* A dataset over an llm.c token file. Train uses windows of T+1 tokens at

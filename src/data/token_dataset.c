@@ -33,7 +33,7 @@ static void shuffle_epoch(token_ds *d, int64_t epoch) {
   d->perm_epoch = epoch;
 }
 
-static void token_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window) {
+static void token_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored) {
   token_ds *d = ds->impl;
   LOOM_CHECK(T == d->T, "token dataset opened for another sequence length");
   const loom_token_file *src;
@@ -50,6 +50,7 @@ static void token_window(loom_dataset *ds, loom_split split, int64_t g, int T, i
   }
   const uint16_t *start = src->tokens + w * T;
   for (int t = 0; t <= T; t++) window[t] = start[t];
+  memset(scored, 1, (size_t)T + 1);
 }
 
 static void token_free(loom_dataset *ds) {
