@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/cpu_math.h"
 #include "backend/ops.h"
 #include "core/rng.h"
 #include "test_util.h"
@@ -284,6 +285,25 @@ START_TEST(crossentropy) {
 }
 END_TEST
 
+/* The CPU backend's vectorisable exp and GELU against libm. */
+START_TEST(fast_math) {
+  double worst = 0.0;
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f) {
+    const double want = exp((double)x), got = loom_fast_expf(x);
+    worst = fmax(worst, fabs(got - want) / want);
+  }
+  ck_assert_msg(worst < 3e-7, "fast expf relative error %g", worst);
+  ck_assert_float_eq(loom_fast_expf(0.0f), 1.0f);
+  ck_assert(loom_fast_expf(-1000.0f) < 1e-37f);
+  ck_assert(isnan(loom_fast_expf(NAN)));
+  ck_assert(isnan(loom_fast_gelu(NAN)));
+  for (float x = -10.0f; x <= 10.0f; x += 0.01f) {
+    ck_assert_float_eq_tol(loom_fast_gelu(x), loom_gelu_value(x), 2e-6);
+    ck_assert_float_eq_tol(loom_fast_gelu_grad(x), loom_gelu_grad(x), 5e-6);
+  }
+}
+END_TEST
+
 /* ---- elementwise, dropout, adamw ---- */
 
 START_TEST(elementwise) {
@@ -363,6 +383,7 @@ int main(void) {
   tcase_add_test(tc, attention_with_dropout);
   tcase_add_test(tc, embedding);
   tcase_add_test(tc, crossentropy);
+  tcase_add_test(tc, fast_math);
   tcase_add_test(tc, elementwise);
   tcase_add_test(tc, dropout);
   tcase_add_test(tc, adamw);

@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/cpu_math.h"
 #include "backend/ops.h"
 #include "core/check.h"
 
@@ -113,12 +114,12 @@ static void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, co
 
 static void cpu_gelu_forward(float *out, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-  for (size_t i = 0; i < n; i++) out[i] = loom_gelu_value(inp[i]);
+  for (size_t i = 0; i < n; i++) out[i] = loom_fast_gelu(inp[i]);
 }
 
 static void cpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-  for (size_t i = 0; i < n; i++) dinp[i] += loom_gelu_grad(inp[i]) * dout[i];
+  for (size_t i = 0; i < n; i++) dinp[i] += loom_fast_gelu_grad(inp[i]) * dout[i];
 }
 
 static inline float dot(const float *a, const float *b, int n) {
@@ -160,7 +161,7 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv,
         }
         float sum = 0.0f;
         for (int tk = 0; tk <= tq; tk++) {
-          p[tk] = expf(p[tk] - maxv);
+          p[tk] = loom_fast_expf(p[tk] - maxv);
           sum += p[tk];
         }
         const float inv = 1.0f / sum;
@@ -244,7 +245,7 @@ static void row_logsumexp(const float *z, int V, float *maxv, float *lse) {
   for (int v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int v = 0; v < V; v++) sum += expf(z[v] - m);
+  for (int v = 0; v < V; v++) sum += loom_fast_expf(z[v] - m);
   *maxv = m;
   *lse = m + logf(sum);
 }
@@ -276,8 +277,8 @@ static void cpu_crossentropy_backward(float *dlogits, const float *logits, const
     row_logsumexp(z, V, &maxv, &lse);
     const float zt = z[target];
 #pragma omp simd
-    for (int v = 0; v < V; v++) dz[v] = dloss * expf(z[v] - lse);
-    dz[target] = dloss * (expf(zt - lse) - 1.0f);
+    for (int v = 0; v < V; v++) dz[v] = dloss * loom_fast_expf(z[v] - lse);
+    dz[target] = dloss * (loom_fast_expf(zt - lse) - 1.0f);
     for (int v = V; v < Vp; v++) dz[v] = 0.0f;
   }
 }
