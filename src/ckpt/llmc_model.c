@@ -120,3 +120,15 @@ loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_erro
   free(chunks);
   return st;
 }
+
+loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err) {
+  loom_gpt_config cfg;
+  memset(m, 0, sizeof *m);
+  loom_status st = loom_llmc_read_config(path, &cfg, err);
+  if (st != LOOM_OK) return st;
+  st = loom_gpt_init(m, &cfg, ops, 0);
+  if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory building a model of this shape", path);
+  st = loom_llmc_load(path, &m->p, err);
+  if (st != LOOM_OK) loom_gpt_free(m);
+  return st;
+}

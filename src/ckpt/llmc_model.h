@@ -6,7 +6,7 @@
 #define LOOM_LLMC_MODEL_H
 
 #include "core/status.h"
-#include "layers/gpt_params.h"
+#include "layers/gpt.h"
 
 #define LOOM_LLMC_MAGIC 20240326
 #define LOOM_LLMC_VERSION 3
@@ -15,6 +15,9 @@
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err);
 /* Loads the weights; the file's shape must equal p->cfg. */
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err);
+/* Builds a whole model from an llm.c file: its shape from the header, its
+ * weights from the body. On failure m is freed and err says why. */
+loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err);
 /* Writes p's weights atomically. */
 loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err);
 

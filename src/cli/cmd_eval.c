@@ -15,43 +15,45 @@ typedef struct {
   int micro_batch, seq, batches;
 } eval_flags;
 
+/* Mean loss of `model` over the first f->batches sequential batches of data. */
+static void eval_batches(loom_gpt *model, loom_dataset *data, const eval_flags *f, int T) {
+  const size_t n = (size_t)T * f->micro_batch;
+  int *tokens = loom_xmalloc(n * sizeof(int), "tokens"), *targets = loom_xmalloc(n * sizeof(int), "targets");
+  double sum = 0.0;
+  int64_t scored = 0;
+  for (int k = 0; k < f->batches; k++) {
+    const int64_t first = (int64_t)k * f->micro_batch;
+    const int64_t counted = loom_dataset_batch(data, LOOM_SPLIT_TRAIN, first, T, f->micro_batch, tokens, targets);
+    const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = first};
+    sum += (double)loom_gpt_forward(model, &batch) * (double)counted;
+    scored += counted;
+  }
+  printf("eval: mean loss %.6f over %d batches of %d x %d tokens\n", sum / (double)scored, f->batches,
+         f->micro_batch, T);
+  free(tokens);
+  free(targets);
+}
+
 static loom_status eval_run(const eval_flags *f, loom_error *err) {
-  loom_gpt_config cfg;
-  loom_status st = loom_llmc_read_config(f->init_from, &cfg, err);
-  if (st != LOOM_OK) return st;
-  const int T = f->seq ? f->seq : cfg.seq;
-  if (T > cfg.seq)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom eval: --seq %d exceeds the model's maximum sequence length %d", T, cfg.seq);
-  loom_dataset *data = NULL;
-  st = loom_dataset_open_tokens(&data, f->data, NULL, cfg.vocab, T, LOOM_ORDER_SEQUENTIAL, 0, false, err);
-  if (st != LOOM_OK) return st;
-  const int64_t windows = loom_dataset_train_windows(data);
-  if ((int64_t)f->batches * f->micro_batch > windows) {
-    loom_dataset_free(data);
-    return loom_fail(err, LOOM_ERR_USAGE, "loom eval: --batches %d x --micro-batch %d needs %lld windows of seq+1 tokens; %s has %lld",
-                     f->batches, f->micro_batch, (long long)f->batches * f->micro_batch, f->data, (long long)windows);
-  }
   loom_gpt model;
-  st = loom_gpt_init(&model, &cfg, loom_ops_cpu(), 0);
-  if (st == LOOM_OK) st = loom_llmc_load(f->init_from, &model.p, err);
+  loom_status st = loom_llmc_open_model(&model, f->init_from, loom_ops_cpu(), err);
+  if (st != LOOM_OK) return st;
+  const loom_gpt_config *cfg = &model.p.cfg;
+  const int T = f->seq ? f->seq : cfg->seq;
+  loom_dataset *data = NULL;
+  if (T > cfg->seq)
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom eval: --seq %d exceeds the model's maximum sequence length %d", T, cfg->seq);
+  if (st == LOOM_OK)
+    st = loom_dataset_open_tokens(&data, f->data, NULL, cfg->vocab, T, LOOM_ORDER_SEQUENTIAL, 0, false, err);
+  if (st == LOOM_OK && (int64_t)f->batches * f->micro_batch > loom_dataset_train_windows(data))
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom eval: --batches %d x --micro-batch %d needs %lld windows of seq+1 tokens; %s has %lld",
+                   f->batches, f->micro_batch, (long long)f->batches * f->micro_batch, f->data,
+                   (long long)loom_dataset_train_windows(data));
   if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
-  if (st == LOOM_OK) {
-    const size_t n = (size_t)T * f->micro_batch;
-    int *tokens = loom_xmalloc(n * sizeof(int), "tokens"), *targets = loom_xmalloc(n * sizeof(int), "targets");
-    double sum = 0.0;
-    for (int k = 0; k < f->batches; k++) {
-      loom_dataset_batch(data, LOOM_SPLIT_TRAIN, (int64_t)k * f->micro_batch, T, f->micro_batch, tokens, targets);
-      const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = (int64_t)k * f->micro_batch};
-      sum += loom_gpt_forward(&model, &batch);
-    }
-    printf("eval: mean loss %.6f over %d batches of %d x %d tokens\n", sum / f->batches, f->batches, f->micro_batch, T);
-    free(tokens);
-    free(targets);
-  } else if (st == LOOM_ERR_NOMEM) {
-    loom_fail(err, st, "loom eval: out of memory building the model");
-  }
-  loom_gpt_free(&model);
+  if (st == LOOM_ERR_NOMEM) loom_fail(err, st, "loom eval: out of memory for activations");
+  if (st == LOOM_OK) eval_batches(&model, data, f, T);
   loom_dataset_free(data);
+  loom_gpt_free(&model);
   return st;
 }
 

@@ -34,21 +34,20 @@ static int draw(const float *row, int V, float temperature, uint64_t seed, uint6
 }
 
 static loom_status sample_run(const sample_flags *f, loom_error *err) {
-  loom_gpt_config cfg;
-  loom_status st = loom_llmc_read_config(f->init_from, &cfg, err);
-  if (st != LOOM_OK) return st;
-  if (cfg.vocab < LOOM_BYTE_VOCAB)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom sample: %s has vocab %d; the byte tokenizer needs at least %d",
-                     f->init_from, cfg.vocab, LOOM_BYTE_VOCAB);
-  const int len = (int)strlen(f->prompt), T = cfg.seq, total = len + f->max_tokens;
   loom_gpt model;
-  st = loom_gpt_init(&model, &cfg, loom_ops_cpu(), 0);
-  if (st == LOOM_OK) st = loom_llmc_load(f->init_from, &model.p, err);
-  if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&model, T, 1);
+  loom_status st = loom_llmc_open_model(&model, f->init_from, loom_ops_cpu(), err);
+  if (st != LOOM_OK) return st;
+  const loom_gpt_config cfg = model.p.cfg;
+  if (cfg.vocab < LOOM_BYTE_VOCAB)
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom sample: %s has vocab %d; the byte tokenizer needs at least %d",
+                   f->init_from, cfg.vocab, LOOM_BYTE_VOCAB);
+  else if ((st = loom_gpt_set_batch_shape(&model, cfg.seq, 1)) != LOOM_OK)
+    loom_fail(err, st, "loom sample: out of memory for activations");
   if (st != LOOM_OK) {
     loom_gpt_free(&model);
-    return st == LOOM_ERR_NOMEM ? loom_fail(err, st, "loom sample: out of memory building the model") : st;
+    return st;
   }
+  const int len = (int)strlen(f->prompt), T = cfg.seq, total = len + f->max_tokens;
   int *text = loom_xcalloc((size_t)total, sizeof(int), "sample text");
   int *window = loom_xcalloc((size_t)T, sizeof(int), "sample window");
   for (int i = 0; i < len; i++) text[i] = (unsigned char)f->prompt[i];
