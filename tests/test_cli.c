@@ -2,6 +2,7 @@
  * message and exit code, and the subcommands work together (data prepare,
  * train with metrics and save, eval, sample, ckpt export, init-from). */
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,7 +93,13 @@ START_TEST(bad_flags) {
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
   expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
-  const result *r = run("train", "--help", NULL);
+  /* Too big for this machine: refused before allocating (numbers depend on the machine). */
+  const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
+  ck_assert_int_eq(r->code, 2);
+  ck_assert_msg(strncmp(r->err, "loom train: this run needs ", 27) == 0, "%s", r->err);
+  ck_assert_ptr_nonnull(strstr(r->err, "for micro-batch 1024 x seq 1024) but "));
+  ck_assert_ptr_nonnull(strstr(r->err, " GiB is available; lower --micro-batch or --seq\n"));
+  r = run("train", "--help", NULL);
   ck_assert_int_eq(r->code, 0);
   ck_assert_ptr_nonnull(strstr(r->out, "--micro-batch N"));
 }
@@ -149,6 +156,17 @@ START_TEST(subcommands_work_together) {
   /* A model file that is not one is refused with the file's name. */
   snprintf(line, sizeof line, "loom: %s: bad magic 20240520 in model header (expected 20240326, llm.c's GPT-2 format)", tokens);
   expect_fail(run("sample", "--init-from", tokens, "--prompt", "x", NULL), 2, line);
+
+  /* A model whose weights are NaN fails the run (exit 1), naming the step. */
+  size_t n;
+  char *bytes = tu_read_bytes(model, &n);
+  float *weights = (float *)(bytes + 1024);
+  for (size_t i = 0; i < (n - 1024) / 4; i++) weights[i] = NAN;
+  const char *poisoned = tu_tmp_path("nan.bin");
+  tu_write_bytes(poisoned, bytes, n);
+  free(bytes);
+  expect_fail(run("train", "--init-from", poisoned, "--micro-batch", "2", "--steps", "3", "--eval-every", "0", NULL), 1,
+              "loom train: loss became nan at step 1; lower --lr or check the data");
 
   const char *exported = tu_tmp_path("exported.bin");
   r = run("ckpt", "export", "--format", "llmc", "-o", exported, TINY[0], TINY[1], TINY[2], TINY[3], TINY[4], TINY[5], NULL);

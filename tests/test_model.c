@@ -121,6 +121,7 @@ START_TEST(initial_loss_is_log_vocab) {
   int tokens[T * B], targets[T * B];
   make_batch(tokens, targets, T, B, cfg.vocab, 3);
   const loom_gpt_batch batch = {.tokens = tokens, .targets = targets};
+  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B), m.a.mem.numel * sizeof(float));
   const float loss = loom_gpt_forward(&m, &batch);
   ck_assert_msg(fabs(loss - log(cfg.vocab)) < 0.05, "initial loss %g vs ln V %g", (double)loss, log(cfg.vocab));
   loom_gpt_free(&m);
@@ -178,6 +179,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   ck_assert_int_eq(pa.params.views[k].shape[0], 3 * a.hidden);
   ck_assert_int_eq(pa.params.views[k].shape[1], a.hidden);
   ck_assert_int_ge(loom_gpt_params_find(&pa, "ln_f.bias"), 0);
+  ck_assert_uint_eq(loom_gpt_param_count(&a), pa.params.numel);
+  ck_assert_uint_eq(loom_gpt_param_count(&b), pb.params.numel);
   loom_gpt_params_free(&pa);
   loom_gpt_params_free(&pb);
 }

@@ -10,6 +10,7 @@
 #include "cli/model_flags.h"
 #include "cli/trainer.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
 #include "core/timer.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
@@ -76,6 +77,19 @@ static loom_status check_flags(const train_flags *f, const loom_flag *t, const l
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, cfg->vocab);
   return LOOM_OK;
+}
+
+/* Refuses a run that cannot fit in memory before allocating any of it. */
+static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, loom_error *err) {
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg); /* params, grads, Adam m and v */
+  const double acts = (double)loom_gpt_activation_bytes(cfg, T, B);
+  const double avail = (double)loom_mem_available_bytes();
+  if (state + acts <= avail) return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_USAGE,
+                   "loom train: this run needs %.1f GiB (parameters, grads and Adam state %.1f GiB, activations "
+                   "%.1f GiB for micro-batch %d x seq %d) but %.1f GiB is available; lower --micro-batch or --seq",
+                   (state + acts) / gib, state / gib, acts / gib, B, T, avail / gib);
 }
 
 typedef struct {
@@ -182,6 +196,7 @@ int loom_cmd_train(int argc, char **argv) {
   int T;
   st = loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
   if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
+  if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(f.threads);
   train_run r;

@@ -41,6 +41,57 @@ static void want(act_list *l, float **slot, const char *name, int64_t numel) {
   l->slots[l->count++] = slot;
 }
 
+/* Per-layer activation kinds: one view each, [L * per-layer size]. */
+typedef struct {
+  float *ln1, *ln1m, *ln1r, *qkv, *att, *atty, *resa, *ln2, *ln2m, *ln2r, *fc, *fcg, *out;
+} layer_views;
+
+/* Lists every activation and scratch view of a (T, B) micro-batch; the slots
+ * are filled once the buffer exists. */
+static void list_activations(act_list *l, loom_gpt_acts *a, layer_views *v, const loom_gpt_config *c, int T, int B) {
+  const int64_t N = (int64_t)T * B, h = c->hidden, f = c->ffn, att = (int64_t)B * c->heads * T * T, L = c->layers;
+  l->count = 0;
+  want(l, &a->encoded, "encoded", N * h);
+  want(l, &v->ln1, "ln_1", L * N * h);
+  want(l, &v->ln1m, "ln_1_mean", L * N);
+  want(l, &v->ln1r, "ln_1_rstd", L * N);
+  want(l, &v->qkv, "qkv", L * N * 3 * h);
+  want(l, &v->att, "att", L * att);
+  want(l, &v->atty, "atty", L * N * h);
+  want(l, &v->resa, "res_attn", L * N * h);
+  want(l, &v->ln2, "ln_2", L * N * h);
+  want(l, &v->ln2m, "ln_2_mean", L * N);
+  want(l, &v->ln2r, "ln_2_rstd", L * N);
+  want(l, &v->fc, "fc", L * N * f);
+  want(l, &v->fcg, "fc_gelu", L * N * f);
+  want(l, &v->out, "out", L * N * h);
+  want(l, &a->ln_f, "ln_f", N * h);
+  want(l, &a->ln_f_mean, "ln_f_mean", N);
+  want(l, &a->ln_f_rstd, "ln_f_rstd", N);
+  want(l, &a->logits, "logits", N * c->padded_vocab);
+  want(l, &a->losses, "losses", N);
+  want(l, &a->dres, "dres", N * h);
+  want(l, &a->d_ln_f, "d_ln_f", N * h);
+  loom_block_scratch *s = &a->scratch;
+  want(l, &s->branch, "branch", N * h);
+  want(l, &s->d_ln, "d_ln", N * h);
+  want(l, &s->d_atty, "d_atty", N * h);
+  want(l, &s->d_qkv, "d_qkv", N * 3 * h);
+  want(l, &s->d_att, "d_att", att);
+  want(l, &s->d_fc, "d_fc", N * f);
+  want(l, &s->d_fc2, "d_fc2", N * f);
+}
+
+size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B) {
+  act_list l;
+  loom_gpt_acts a;
+  layer_views v;
+  list_activations(&l, &a, &v, cfg, T, B);
+  size_t bytes = 0;
+  for (int i = 0; i < l.count; i++) bytes += loom_tensor_bytes(&l.specs[i]);
+  return bytes;
+}
+
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) {
   const loom_gpt_config *c = &m->p.cfg;
   LOOM_CHECK(T >= 1 && T <= c->seq && B >= 1, "micro-batch shape out of range");
@@ -52,38 +103,9 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) {
   a->blocks = loom_xcalloc((size_t)L, sizeof *a->blocks, "block activations");
   a->tokens = loom_xcalloc((size_t)N, sizeof(int), "tokens");
   a->targets = loom_xcalloc((size_t)N, sizeof(int), "targets");
-  /* Per-layer activations share one view per kind, [L * size], split below. */
-  float *ln1, *ln1m, *ln1r, *qkv, *attp, *atty, *resa, *ln2, *ln2m, *ln2r, *fc, *fcg, *out;
-  act_list l = {.count = 0};
-  want(&l, &a->encoded, "encoded", N * h);
-  want(&l, &ln1, "ln_1", L * N * h);
-  want(&l, &ln1m, "ln_1_mean", L * N);
-  want(&l, &ln1r, "ln_1_rstd", L * N);
-  want(&l, &qkv, "qkv", L * N * 3 * h);
-  want(&l, &attp, "att", L * att);
-  want(&l, &atty, "atty", L * N * h);
-  want(&l, &resa, "res_attn", L * N * h);
-  want(&l, &ln2, "ln_2", L * N * h);
-  want(&l, &ln2m, "ln_2_mean", L * N);
-  want(&l, &ln2r, "ln_2_rstd", L * N);
-  want(&l, &fc, "fc", L * N * f);
-  want(&l, &fcg, "fc_gelu", L * N * f);
-  want(&l, &out, "out", L * N * h);
-  want(&l, &a->ln_f, "ln_f", N * h);
-  want(&l, &a->ln_f_mean, "ln_f_mean", N);
-  want(&l, &a->ln_f_rstd, "ln_f_rstd", N);
-  want(&l, &a->logits, "logits", N * c->padded_vocab);
-  want(&l, &a->losses, "losses", N);
-  want(&l, &a->dres, "dres", N * h);
-  want(&l, &a->d_ln_f, "d_ln_f", N * h);
-  loom_block_scratch *s = &a->scratch;
-  want(&l, &s->branch, "branch", N * h);
-  want(&l, &s->d_ln, "d_ln", N * h);
-  want(&l, &s->d_atty, "d_atty", N * h);
-  want(&l, &s->d_qkv, "d_qkv", N * 3 * h);
-  want(&l, &s->d_att, "d_att", att);
-  want(&l, &s->d_fc, "d_fc", N * f);
-  want(&l, &s->d_fc2, "d_fc2", N * f);
+  act_list l;
+  layer_views v;
+  list_activations(&l, a, &v, c, T, B);
   loom_status st = loom_buffer_init(&a->mem, l.specs, l.count);
   if (st != LOOM_OK) {
     acts_free(a);
@@ -92,19 +114,19 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) {
   for (int i = 0; i < l.count; i++) *l.slots[i] = a->mem.views[i].data;
   for (int i = 0; i < L; i++) {
     loom_block_acts *b = &a->blocks[i];
-    b->ln_1 = ln1 + i * N * h;
-    b->ln_1_mean = ln1m + i * N;
-    b->ln_1_rstd = ln1r + i * N;
-    b->qkv = qkv + i * N * 3 * h;
-    b->att = attp + i * att;
-    b->atty = atty + i * N * h;
-    b->res_attn = resa + i * N * h;
-    b->ln_2 = ln2 + i * N * h;
-    b->ln_2_mean = ln2m + i * N;
-    b->ln_2_rstd = ln2r + i * N;
-    b->fc = fc + i * N * f;
-    b->fc_gelu = fcg + i * N * f;
-    b->out = out + i * N * h;
+    b->ln_1 = v.ln1 + i * N * h;
+    b->ln_1_mean = v.ln1m + i * N;
+    b->ln_1_rstd = v.ln1r + i * N;
+    b->qkv = v.qkv + i * N * 3 * h;
+    b->att = v.att + i * att;
+    b->atty = v.atty + i * N * h;
+    b->res_attn = v.resa + i * N * h;
+    b->ln_2 = v.ln2 + i * N * h;
+    b->ln_2_mean = v.ln2m + i * N;
+    b->ln_2_rstd = v.ln2r + i * N;
+    b->fc = v.fc + i * N * f;
+    b->fc_gelu = v.fcg + i * N * f;
+    b->out = v.out + i * N * h;
   }
   a->T = T;
   a->B = B;

@@ -45,6 +45,9 @@ void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for micro-batch (T, B); T must not exceed cfg.seq. */
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
 
+/* Bytes of activations and scratch that a (T, B) micro-batch allocates. */
+size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B);
+
 /* Runs forward; returns the mean loss over unmasked targets (0 if none). */
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch);
 /* Backward of the last forward; adds into m->p.grads with each token's loss

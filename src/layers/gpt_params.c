@@ -128,3 +128,9 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
     if (strcmp(p->params.views[i].name, name) == 0) return i;
   return -1;
 }
+
+size_t loom_gpt_param_count(const loom_gpt_config *c) {
+  const size_t h = (size_t)c->hidden, f = (size_t)c->ffn;
+  const size_t block = 4 * h /* norms */ + 3 * h * h + 3 * h + h * h + h + f * h + f + h * f + h;
+  return (size_t)c->padded_vocab * h + (size_t)c->seq * h + (size_t)c->layers * block + 2 * h;
+}

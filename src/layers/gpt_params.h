@@ -57,6 +57,8 @@ loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg)
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
+/* Parameter elements of a model of this shape, without allocating it. */
+size_t loom_gpt_param_count(const loom_gpt_config *cfg);
 /* Index of the view named `name`, or -1. */
 int loom_gpt_params_find(const loom_gpt_params *p, const char *name);
 
