@@ -217,7 +217,7 @@ END_TEST
 START_TEST(attention_with_dropout) { attention_case(0.3f); }
 END_TEST
 
-/* ---- embedding ---- */
+/* ---- embedding, positions, bias ---- */
 
 enum { ET = 4, EB = 3, EC = 8, EV = 11, ES = 6 };
 START_TEST(embedding) {
@@ -225,59 +225,101 @@ START_TEST(embedding) {
   const int tokens[ET * EB] = {1, 5, 5, 0, 10, 3, 5, 5, 2, 9, 1, 0}; /* repeats on purpose */
   float *wte = random_buf(EV * EC, 40, -1, 1), *wpe = random_buf(ES * EC, 41, -1, 1);
   float *out_r = guarded(ET * EB * EC), *out_c = guarded(ET * EB * EC);
-  ref->embedding_forward(out_r, tokens, wte, wpe, ET, EB, EC, 2);
-  cpu->embedding_forward(out_c, tokens, wte, wpe, ET, EB, EC, 2);
-  expect_close(out_c, out_r, ET * EB * EC, "embedding_forward");
+  /* A vocab shard: rows 3..8 of the table, as one TP rank holds them. */
+  for (int shard = 0; shard < 2; shard++) {
+    const int start = shard ? 3 : 0, rows = shard ? 6 : EV;
+    ref->embedding_forward(out_r, tokens, wte + start * EC, start, rows, ET, EB, EC);
+    cpu->embedding_forward(out_c, tokens, wte + start * EC, start, rows, ET, EB, EC);
+    expect_close(out_c, out_r, ET * EB * EC, "embedding_forward");
+    for (int i = 0; i < ET * EB; i++) {
+      const int mine = tokens[i] >= start && tokens[i] < start + rows;
+      for (int c = 0; c < EC; c++) ck_assert_float_eq(out_r[i * EC + c], mine ? wte[tokens[i] * EC + c] : 0.0f);
+    }
+  }
+  ref->position_forward(out_r, wpe, ET, EB, EC, 2);
+  cpu->position_forward(out_c, wpe, ET, EB, EC, 2);
+  expect_close(out_c, out_r, ET * EB * EC, "position_forward");
   /* Row (t=1, b=2) is token 3 at position 2 + 1. */
   for (int c = 0; c < EC; c++) ck_assert_float_eq(out_r[(1 * EB + 2) * EC + c], wte[3 * EC + c] + wpe[3 * EC + c]);
   float *dout = random_buf(ET * EB * EC, 42, -1, 1);
   float *dte_r = random_buf(EV * EC, 43, -1, 1), *dpe_r = random_buf(ES * EC, 44, -1, 1);
   float *dte_c = copy_buf(dte_r, EV * EC), *dpe_c = copy_buf(dpe_r, ES * EC);
-  ref->embedding_backward(dte_r, dpe_r, dout, tokens, ET, EB, EC, 2);
-  cpu->embedding_backward(dte_c, dpe_c, dout, tokens, ET, EB, EC, 2);
-  expect_close(dte_c, dte_r, EV * EC, "embedding_backward dwte");
-  expect_close(dpe_c, dpe_r, ES * EC, "embedding_backward dwpe");
-  /* Token 5 appears 4 times: its grad row is the sum of those 4 rows. */
-  float *d = guarded(EV * EC), *dp = guarded(ES * EC);
-  ref->embedding_backward(d, dp, dout, tokens, ET, EB, EC, 2);
+  ref->embedding_backward(dte_r, dout, tokens, 0, EV, ET, EB, EC);
+  cpu->embedding_backward(dte_c, dout, tokens, 0, EV, ET, EB, EC);
+  ref->position_backward(dpe_r, dout, ET, EB, EC, 2);
+  cpu->position_backward(dpe_c, dout, ET, EB, EC, 2);
+  expect_close(dte_c, dte_r, EV * EC, "embedding_backward");
+  expect_close(dpe_c, dpe_r, ES * EC, "position_backward");
+  /* Token 5 appears 4 times: its grad row is the sum of those 4 rows; a shard
+   * without token 5 leaves its rows alone. */
+  float *d = guarded(EV * EC);
+  ref->embedding_backward(d, dout, tokens, 0, EV, ET, EB, EC);
   for (int c = 0; c < EC; c++) {
     const float want = dout[1 * EC + c] + dout[2 * EC + c] + dout[6 * EC + c] + dout[7 * EC + c];
     ck_assert_float_eq_tol(d[5 * EC + c], want, 1e-6);
   }
+  float *shard = guarded(2 * EC);
+  cpu->embedding_backward(shard, dout, tokens, 6, 2, ET, EB, EC); /* tokens 6, 7: absent */
+  for (int k = 0; k < 2 * EC; k++) ck_assert_float_eq(shard[k], 0.0f);
+}
+END_TEST
+
+START_TEST(bias) {
+  const loom_ops *cpu = loom_ops_cpu(), *ref = loom_ops_ref();
+  enum { N = 70, OC = 130 }; /* not multiples of the CPU's 64-column blocks */
+  float *out_r = random_buf(N * OC, 45, -1, 1), *out_c = copy_buf(out_r, N * OC), *b = random_buf(OC, 46, -1, 1);
+  ref->bias_forward(out_r, b, N, OC);
+  cpu->bias_forward(out_c, b, N, OC);
+  expect_close(out_c, out_r, N * OC, "bias_forward");
+  float *db_r = random_buf(OC, 47, -1, 1), *db_c = copy_buf(db_r, OC);
+  ref->bias_backward(db_r, out_r, N, OC);
+  cpu->bias_backward(db_c, out_r, N, OC);
+  expect_close(db_c, db_r, OC, "bias_backward");
 }
 END_TEST
 
 /* ---- cross-entropy ---- */
 
 enum { XN = 4, XV = 7, XVP = 9 };
-typedef struct { float *losses, *logits, *w; int targets[XN]; } xe_ctx;
+typedef struct { float *losses, *logits, *w, *lse, *picked; int targets[XN]; } xe_ctx;
+/* The loss the model builds from the pieces: lse - picked, 0 where masked. */
+static void xe_losses(const loom_ops *ops, xe_ctx *c) {
+  ops->logsumexp(c->lse, c->logits, XN, XV, XVP);
+  ops->pick_targets(c->picked, c->logits, c->targets, 0, XN, XV, XVP);
+  for (int n = 0; n < XN; n++) c->losses[n] = c->targets[n] < 0 ? 0.0f : c->lse[n] - c->picked[n];
+}
 static double xe_loss(void *p) {
   xe_ctx *c = p;
-  loom_ops_ref()->crossentropy_forward(c->losses, c->logits, c->targets, XN, XV, XVP);
+  xe_losses(loom_ops_ref(), c);
   return dot_loss(c->losses, c->w, XN);
 }
 
 START_TEST(crossentropy) {
   const loom_ops *cpu = loom_ops_cpu(), *ref = loom_ops_ref();
-  xe_ctx c = {guarded(XN), random_buf(XN * XVP, 50, -3, 3), NULL, {2, 6, -1, 0}};
   float w[XN] = {0.5f, 0.5f, 0.5f, 0.5f};
-  c.w = w;
+  xe_ctx c = {guarded(XN), random_buf(XN * XVP, 50, -3, 3), w, guarded(XN), guarded(XN), {2, 6, -1, 0}};
+  xe_ctx f = {guarded(XN), c.logits, w, guarded(XN), guarded(XN), {2, 6, -1, 0}};
   /* Huge padding logits must not change anything: they are not part of the vocab. */
   for (int n = 0; n < XN; n++) c.logits[n * XVP + 7] = c.logits[n * XVP + 8] = 1e4f;
-  float *losses = guarded(XN);
-  cpu->crossentropy_forward(losses, c.logits, c.targets, XN, XV, XVP);
+  xe_losses(cpu, &f);
   xe_loss(&c);
-  expect_close(losses, c.losses, XN, "crossentropy_forward");
+  expect_close(f.lse, c.lse, XN, "logsumexp");
+  expect_close(f.picked, c.picked, XN, "pick_targets");
   ck_assert_float_eq(c.losses[2], 0.0f); /* masked target */
   /* Uniform logits give exactly ln V. */
-  float flat[XVP] = {0};
-  int target = 3;
-  ref->crossentropy_forward(losses, flat, &target, 1, XV, XVP);
-  ck_assert_double_eq_tol(losses[0], log(XV), 1e-6);
+  float flat[XVP] = {0}, lse;
+  ref->logsumexp(&lse, flat, 1, XV, XVP);
+  ck_assert_double_eq_tol(lse, log(XV), 1e-6);
+  /* A vocab shard sees only its columns: targets elsewhere pick 0. */
+  float picked[XN];
+  ref->pick_targets(picked, c.logits + 2, c.targets, 2, XN, 3, XVP);
+  ck_assert_float_eq(picked[0], c.logits[0 * XVP + 2]);
+  ck_assert_float_eq(picked[1], 0.0f); /* target 6 is past columns 2..4 */
+  ck_assert_float_eq(picked[3], 0.0f); /* target 0 is before them */
   float *d_r = guarded(XN * XVP), *d_c = guarded(XN * XVP);
-  ref->crossentropy_backward(d_r, c.logits, c.targets, 0.5f, XN, XV, XVP);
+  ref->crossentropy_backward(d_r, c.logits, c.lse, c.targets, 0, 0.5f, XN, XV, XVP);
   float *inplace = copy_buf(c.logits, XN * XVP);
-  cpu->crossentropy_backward(inplace, inplace, c.targets, 0.5f, XN, XV, XVP); /* aliasing allowed */
+  cpu->crossentropy_backward(inplace, inplace, c.lse, c.targets, 0, 0.5f, XN, XV, XVP); /* aliasing allowed */
   memcpy(d_c, inplace, XN * XVP * sizeof(float));
   expect_close(d_c, d_r, XN * XVP, "crossentropy_backward");
   for (int n = 0; n < XN; n++) ck_assert_float_eq(d_r[n * XVP + 8], 0.0f);
@@ -382,6 +424,7 @@ int main(void) {
   tcase_add_test(tc, attention);
   tcase_add_test(tc, attention_with_dropout);
   tcase_add_test(tc, embedding);
+  tcase_add_test(tc, bias);
   tcase_add_test(tc, crossentropy);
   tcase_add_test(tc, fast_math);
   tcase_add_test(tc, elementwise);

@@ -25,6 +25,8 @@ typedef struct {
   uint64_t seed;
   uint64_t stream;        /* hash of (step, layer, site) */
   int64_t sample_offset;  /* global index of local sample b = 0 */
+  int seq_offset;         /* global position of local row t = 0 (sequence parallelism) */
+  int seq_total;          /* global sequence length; 0 means the call's T */
 } loom_dropout;
 
 /* Shapes of a causal self-attention call on the local heads. */
@@ -71,20 +73,33 @@ typedef struct loom_ops {
   void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
                              const float *att, const loom_attn_shape *s, const loom_dropout *drop);
 
-  /* out[T,B,C] = wte[tokens[t,b]] + wpe[pos_offset + t] */
-  void (*embedding_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
-                            int T, int B, int C, int pos_offset);
-  void (*embedding_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                             int T, int B, int C, int pos_offset);
+  /* out[T,B,C] = wte[tokens[t,b] - vocab_start] for tokens this call owns
+   * (vocab_start <= token < vocab_start + rows), 0 for the rest: under
+   * tensor parallelism each rank holds one vocab range. */
+  void (*embedding_forward)(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+                            int T, int B, int C);
+  void (*embedding_backward)(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+                             int T, int B, int C);
+  /* out[t,b,:] += wpe[pos_offset + t] */
+  void (*position_forward)(float *out, const float *wpe, int T, int B, int C, int pos_offset);
+  void (*position_backward)(float *dwpe, const float *dout, int T, int B, int C, int pos_offset);
+  /* out[N,OC] += bias[OC] on every row; backward: dbias += column sums of dout */
+  void (*bias_forward)(float *out, const float *bias, int N, int OC);
+  void (*bias_backward)(float *dbias, const float *dout, int N, int OC);
 
-  /* losses[N] = -log softmax(logits[N, :V])[target]; columns V..Vp-1 are
-   * padding and never enter the softmax. A target < 0 is masked: loss 0. */
-  void (*crossentropy_forward)(float *losses, const float *logits, const int *targets,
-                               int N, int V, int Vp);
-  /* dlogits[N,Vp] = dloss * (softmax - onehot); padding and masked rows get 0.
-   * dlogits may alias logits. */
-  void (*crossentropy_backward)(float *dlogits, const float *logits, const int *targets,
-                                float dloss, int N, int V, int Vp);
+  /* Cross-entropy in pieces, so that a vocab split across ranks only needs
+   * N-sized reductions between them. Rows are `width` wide; only the first V
+   * columns are vocabulary (the rest is padding that never enters the loss).
+   * lse[n] = log sum_{v<V} exp(logits[n,v]). */
+  void (*logsumexp)(float *lse, const float *logits, int N, int V, int width);
+  /* picked[n] = logits[n, targets[n] - vocab_start] when that column is one
+   * of the first V, else 0 (another rank's column, or a masked target < 0). */
+  void (*pick_targets)(float *picked, const float *logits, const int *targets, int vocab_start,
+                       int N, int V, int width);
+  /* dlogits[n,v] = dloss * (exp(logits[n,v] - lse[n]) - [vocab_start + v == targets[n]])
+   * for v < V; 0 for padding columns and masked rows. dlogits may alias logits. */
+  void (*crossentropy_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                int vocab_start, float dloss, int N, int V, int width);
 
   /* out = a + b */
   void (*add)(float *out, const float *a, const float *b, size_t n);

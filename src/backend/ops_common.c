@@ -24,7 +24,8 @@ int loom_dropout_keep(const loom_dropout *d, uint64_t index) {
 
 uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C) {
   const uint64_t sample = (uint64_t)(d->sample_offset + b);
-  return (sample * (uint64_t)T + (uint64_t)t) * (uint64_t)C + (uint64_t)c;
+  const uint64_t total = (uint64_t)(d->seq_total ? d->seq_total : T);
+  return (sample * total + (uint64_t)(d->seq_offset + t)) * (uint64_t)C + (uint64_t)c;
 }
 
 uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,

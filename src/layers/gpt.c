@@ -30,13 +30,13 @@ void loom_gpt_free(loom_gpt *m) {
 
 /* Builder for the activation table: specs are appended, then pointers bound. */
 typedef struct {
-  loom_tensor specs[32];
-  float **slots[32];
+  loom_tensor specs[48];
+  float **slots[48];
   int count;
 } act_list;
 
 static void want(act_list *l, float **slot, const char *name, int64_t numel) {
-  LOOM_CHECK(l->count < 32, "too many activation views");
+  LOOM_CHECK(l->count < 48, "too many activation views");
   l->specs[l->count] = loom_tensor_spec(name, LOOM_DTYPE_F32, 1, &numel);
   l->slots[l->count++] = slot;
 }
@@ -70,6 +70,8 @@ static void list_activations(act_list *l, loom_gpt_acts *a, layer_views *v, cons
   want(l, &a->ln_f_rstd, "ln_f_rstd", N);
   want(l, &a->logits, "logits", N * c->padded_vocab);
   want(l, &a->losses, "losses", N);
+  want(l, &a->lse, "lse", N);
+  want(l, &a->picked, "picked", N);
   want(l, &a->dres, "dres", N * h);
   want(l, &a->d_ln_f, "d_ln_f", N * h);
   loom_block_scratch *s = &a->scratch;
@@ -159,7 +161,8 @@ float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
   memcpy(a->tokens, batch->tokens, (size_t)N * sizeof(int));
   for (int i = 0; i < N; i++) a->targets[i] = batch->targets ? batch->targets[i] : -1;
 
-  ops->embedding_forward(a->encoded, a->tokens, m->p.w.wte, m->p.w.wpe, T, B, h, 0);
+  ops->embedding_forward(a->encoded, a->tokens, m->p.w.wte, 0, c->padded_vocab, T, B, h);
+  ops->position_forward(a->encoded, m->p.w.wpe, T, B, h, 0);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED);
   ops->dropout_forward(a->encoded, T, B, h, &d_embed);
@@ -171,10 +174,12 @@ float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
   ops->layernorm_forward(a->ln_f, a->ln_f_mean, a->ln_f_rstd, block_input(m, c->layers),
                          m->p.w.ln_f_w, m->p.w.ln_f_b, N, h, c->norm_eps);
   ops->matmul_forward(a->logits, a->ln_f, m->p.w.wte, NULL, N, h, c->padded_vocab);
-  ops->crossentropy_forward(a->losses, a->logits, a->targets, N, c->vocab, c->padded_vocab);
+  ops->logsumexp(a->lse, a->logits, N, c->vocab, c->padded_vocab);
+  ops->pick_targets(a->picked, a->logits, a->targets, 0, N, c->vocab, c->padded_vocab);
   double sum = 0.0;
   int counted = 0;
   for (int i = 0; i < N; i++) {
+    a->losses[i] = a->targets[i] < 0 ? 0.0f : a->lse[i] - a->picked[i];
     if (a->targets[i] < 0) continue;
     sum += a->losses[i];
     counted++;
@@ -189,7 +194,7 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
   const int T = a->T, B = a->B, N = T * B, h = c->hidden;
   const size_t nh = (size_t)N * h;
 
-  ops->crossentropy_backward(a->logits, a->logits, a->targets, dloss, N, c->vocab, c->padded_vocab);
+  ops->crossentropy_backward(a->logits, a->logits, a->lse, a->targets, 0, dloss, N, c->vocab, c->padded_vocab);
   memset(a->d_ln_f, 0, nh * sizeof(float));
   ops->matmul_backward(a->d_ln_f, m->p.g.wte, NULL, a->logits, a->ln_f, m->p.w.wte, N, h, c->padded_vocab);
   memset(a->dres, 0, nh * sizeof(float));
@@ -204,7 +209,8 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED);
   ops->dropout_backward(a->dres, T, B, h, &d_embed);
-  ops->embedding_backward(m->p.g.wte, m->p.g.wpe, a->dres, a->tokens, T, B, h, 0);
+  ops->embedding_backward(m->p.g.wte, a->dres, a->tokens, 0, c->padded_vocab, T, B, h);
+  ops->position_backward(m->p.g.wpe, a->dres, T, B, h, 0);
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {

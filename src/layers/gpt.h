@@ -18,6 +18,7 @@ typedef struct {
   float *ln_f, *ln_f_mean, *ln_f_rstd; /* [N, h], [N], [N] */
   float *logits;            /* [N, Vp]; backward overwrites it with dlogits */
   float *losses;            /* [N] per-token loss */
+  float *lse, *picked;      /* [N] log-sum-exp of each row's logits, and its target's logit */
   float *dres;              /* [N, h] running residual grad */
   float *d_ln_f;            /* [N, h] */
   loom_block_scratch scratch;

@@ -14,11 +14,7 @@
 /* Below this many elements a parallel region costs more than it saves. */
 #define PAR_MIN 16384
 
-static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
-                               const float *bias, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
-              out, OC);
-  if (!bias) return;
+static void cpu_bias_forward(float *out, const float *bias, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
   for (int n = 0; n < N; n++) {
     float *row = out + (size_t)n * OC;
@@ -27,16 +23,8 @@ static void cpu_matmul_forward(float *out, const float *inp, const float *weight
   }
 }
 
-static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, int N, int C, int OC) {
-  if (dinp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
-  }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
-  if (!dbias) return;
-  /* Column sums, blocked over output features so each thread owns its slice. */
+/* Column sums, blocked over output features so each thread owns its slice. */
+static void cpu_bias_backward(float *dbias, const float *dout, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
   for (int o0 = 0; o0 < OC; o0 += 64) {
     const int o1 = o0 + 64 < OC ? o0 + 64 : OC;
@@ -47,6 +35,24 @@ static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const
     }
     for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
   }
+}
+
+static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+                               const float *bias, int N, int C, int OC) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
+              out, OC);
+  if (bias) cpu_bias_forward(out, bias, N, OC);
+}
+
+static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, int N, int C, int OC) {
+  if (dinp) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+  }
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+              dweight, C);
+  if (dbias) cpu_bias_backward(dbias, dout, N, OC);
 }
 
 static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -208,78 +214,101 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
     }
 }
 
-static void cpu_embedding_forward(float *out, const int *tokens, const float *wte,
-                                  const float *wpe, int T, int B, int C, int pos_offset) {
-#pragma omp parallel for collapse(2) schedule(static) if ((size_t)T * B * C > PAR_MIN)
-  for (int t = 0; t < T; t++)
-    for (int b = 0; b < B; b++) {
-      const float *e = wte + (size_t)tokens[t * B + b] * C, *p = wpe + (size_t)(pos_offset + t) * C;
-      float *o = out + ((size_t)t * B + b) * C;
-#pragma omp simd
-      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+static void cpu_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+                                  int T, int B, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int i = 0; i < T * B; i++) {
+    float *o = out + (size_t)i * C;
+    const int row = tokens[i] - vocab_start;
+    if (row < 0 || row >= rows) {
+      memset(o, 0, (size_t)C * sizeof(float));
+      continue;
     }
+    memcpy(o, wte + (size_t)row * C, (size_t)C * sizeof(float));
+  }
 }
 
-static void cpu_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                                   int T, int B, int C, int pos_offset) {
+static void cpu_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+                                   int T, int B, int C) {
   /* Tokens repeat, so threads split the feature dimension, never the rows. */
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int c0 = 0; c0 < C; c0 += 64) {
     const int c1 = c0 + 64 < C ? c0 + 64 : C;
-    for (int t = 0; t < T; t++)
-      for (int b = 0; b < B; b++) {
-        const float *d = dout + ((size_t)t * B + b) * C;
-        float *e = dwte + (size_t)tokens[t * B + b] * C, *p = dwpe + (size_t)(pos_offset + t) * C;
-        for (int c = c0; c < c1; c++) {
-          e[c] += d[c];
-          p[c] += d[c];
-        }
-      }
+    for (int i = 0; i < T * B; i++) {
+      const int row = tokens[i] - vocab_start;
+      if (row < 0 || row >= rows) continue;
+      const float *d = dout + (size_t)i * C;
+      float *e = dwte + (size_t)row * C;
+      for (int c = c0; c < c1; c++) e[c] += d[c];
+    }
   }
 }
 
-/* Max and log-sum-exp of one row's first V logits. */
-static void row_logsumexp(const float *z, int V, float *maxv, float *lse) {
+static void cpu_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++) {
+      const float *p = wpe + (size_t)(pos_offset + t) * C;
+      float *o = out + ((size_t)t * B + b) * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] += p[c];
+    }
+}
+
+static void cpu_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  /* Position t gathers its B rows; threads own positions. */
+#pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int t = 0; t < T; t++) {
+    float *p = dwpe + (size_t)(pos_offset + t) * C;
+    for (int b = 0; b < B; b++) {
+      const float *d = dout + ((size_t)t * B + b) * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) p[c] += d[c];
+    }
+  }
+}
+
+/* log sum exp of one row's first V logits (-inf for an empty range). */
+static float row_logsumexp(const float *z, int V) {
+  if (V <= 0) return -INFINITY;
   float m = -INFINITY;
 #pragma omp simd reduction(max : m)
   for (int v = 0; v < V; v++) m = z[v] > m ? z[v] : m;
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int v = 0; v < V; v++) sum += loom_fast_expf(z[v] - m);
-  *maxv = m;
-  *lse = m + logf(sum);
+  return m + logf(sum);
 }
 
-static void cpu_crossentropy_forward(float *losses, const float *logits, const int *targets,
-                                     int N, int V, int Vp) {
+static void cpu_logsumexp(float *lse, const float *logits, int N, int V, int width) {
 #pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
+  for (int n = 0; n < N; n++) lse[n] = row_logsumexp(logits + (size_t)n * width, V);
+}
+
+static void cpu_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start,
+                             int N, int V, int width) {
   for (int n = 0; n < N; n++) {
-    const float *z = logits + (size_t)n * Vp;
-    float maxv, lse;
-    if (targets[n] < 0) { losses[n] = 0.0f; continue; }
-    row_logsumexp(z, V, &maxv, &lse);
-    losses[n] = lse - z[targets[n]];
+    const int col = targets[n] - vocab_start;
+    picked[n] = targets[n] >= 0 && col >= 0 && col < V ? logits[(size_t)n * width + col] : 0.0f;
   }
 }
 
-static void cpu_crossentropy_backward(float *dlogits, const float *logits, const int *targets,
-                                      float dloss, int N, int V, int Vp) {
-#pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
+static void cpu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                      int vocab_start, float dloss, int N, int V, int width) {
+#pragma omp parallel for schedule(static) if ((size_t)N * width > PAR_MIN)
   for (int n = 0; n < N; n++) {
-    const float *z = logits + (size_t)n * Vp;
-    float *dz = dlogits + (size_t)n * Vp;
-    const int target = targets[n];
-    if (target < 0) {
-      memset(dz, 0, (size_t)Vp * sizeof(float));
+    const float *z = logits + (size_t)n * width;
+    float *dz = dlogits + (size_t)n * width;
+    const int col = targets[n] - vocab_start;
+    if (targets[n] < 0) {
+      memset(dz, 0, (size_t)width * sizeof(float));
       continue;
     }
-    float maxv, lse;
-    row_logsumexp(z, V, &maxv, &lse);
-    const float zt = z[target];
+    const float zt = col >= 0 && col < V ? z[col] : 0.0f, l = lse[n];
 #pragma omp simd
-    for (int v = 0; v < V; v++) dz[v] = dloss * loom_fast_expf(z[v] - lse);
-    dz[target] = dloss * (loom_fast_expf(zt - lse) - 1.0f);
-    for (int v = V; v < Vp; v++) dz[v] = 0.0f;
+    for (int v = 0; v < V; v++) dz[v] = dloss * loom_fast_expf(z[v] - l);
+    if (col >= 0 && col < V) dz[col] = dloss * (loom_fast_expf(zt - l) - 1.0f);
+    for (int v = V; v < width; v++) dz[v] = 0.0f;
   }
 }
 
@@ -345,7 +374,12 @@ static const loom_ops CPU_OPS = {
     .attention_backward = cpu_attention_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_backward = cpu_embedding_backward,
-    .crossentropy_forward = cpu_crossentropy_forward,
+    .position_forward = cpu_position_forward,
+    .position_backward = cpu_position_backward,
+    .bias_forward = cpu_bias_forward,
+    .bias_backward = cpu_bias_backward,
+    .logsumexp = cpu_logsumexp,
+    .pick_targets = cpu_pick_targets,
     .crossentropy_backward = cpu_crossentropy_backward,
     .add = cpu_add,
     .accumulate = cpu_accumulate,

@@ -164,51 +164,71 @@ static void ref_attention_backward(float *dqkv, float *datt, const float *dout, 
       }
 }
 
-static void ref_embedding_forward(float *out, const int *tokens, const float *wte,
-                                  const float *wpe, int T, int B, int C, int pos_offset) {
-  for (int t = 0; t < T; t++)
-    for (int b = 0; b < B; b++)
-      for (int c = 0; c < C; c++)
-        out[((size_t)t * B + b) * C + c] =
-            wte[(size_t)tokens[t * B + b] * C + c] + wpe[(size_t)(pos_offset + t) * C + c];
+static int owned(int token, int vocab_start, int rows) { return token >= vocab_start && token < vocab_start + rows; }
+
+static void ref_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+                                  int T, int B, int C) {
+  for (int i = 0; i < T * B; i++)
+    for (int c = 0; c < C; c++)
+      out[(size_t)i * C + c] = owned(tokens[i], vocab_start, rows) ? wte[(size_t)(tokens[i] - vocab_start) * C + c] : 0.0f;
 }
 
-static void ref_embedding_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                                   int T, int B, int C, int pos_offset) {
-  for (int t = 0; t < T; t++)
-    for (int b = 0; b < B; b++)
-      for (int c = 0; c < C; c++) {
-        const float d = dout[((size_t)t * B + b) * C + c];
-        dwte[(size_t)tokens[t * B + b] * C + c] += d;
-        dwpe[(size_t)(pos_offset + t) * C + c] += d;
-      }
+static void ref_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+                                   int T, int B, int C) {
+  for (int i = 0; i < T * B; i++)
+    if (owned(tokens[i], vocab_start, rows))
+      for (int c = 0; c < C; c++) dwte[(size_t)(tokens[i] - vocab_start) * C + c] += dout[(size_t)i * C + c];
 }
 
-static void ref_crossentropy_forward(float *losses, const float *logits, const int *targets,
-                                     int N, int V, int Vp) {
+static void ref_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < C; c++) out[((size_t)t * B + b) * C + c] += wpe[(size_t)(pos_offset + t) * C + c];
+}
+
+static void ref_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  for (int t = 0; t < T; t++)
+    for (int b = 0; b < B; b++)
+      for (int c = 0; c < C; c++) dwpe[(size_t)(pos_offset + t) * C + c] += dout[((size_t)t * B + b) * C + c];
+}
+
+static void ref_bias_forward(float *out, const float *bias, int N, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
+}
+
+static void ref_bias_backward(float *dbias, const float *dout, int N, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
+}
+
+static void ref_logsumexp(float *lse, const float *logits, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
-    const float *z = logits + (size_t)n * Vp;
-    if (targets[n] < 0) { losses[n] = 0.0f; continue; }
+    const float *z = logits + (size_t)n * width;
     double maxv = -INFINITY, sum = 0.0;
     for (int v = 0; v < V; v++) if (z[v] > maxv) maxv = z[v];
     for (int v = 0; v < V; v++) sum += exp(z[v] - maxv);
-    losses[n] = (float)(log(sum) + maxv - z[targets[n]]);
+    lse[n] = V > 0 ? (float)(maxv + log(sum)) : -INFINITY;
   }
 }
 
-static void ref_crossentropy_backward(float *dlogits, const float *logits, const int *targets,
-                                      float dloss, int N, int V, int Vp) {
+static void ref_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start,
+                             int N, int V, int width) {
   for (int n = 0; n < N; n++) {
-    const float *z = logits + (size_t)n * Vp;
-    float *dz = dlogits + (size_t)n * Vp;
-    double maxv = -INFINITY, sum = 0.0;
-    for (int v = 0; v < V; v++) if (z[v] > maxv) maxv = z[v];
-    for (int v = 0; v < V; v++) sum += exp(z[v] - maxv);
-    const int target = targets[n];
-    for (int v = 0; v < Vp; v++) {
-      const double prob = v < V ? exp(z[v] - maxv) / sum : 0.0;
-      const double onehot = v == target ? 1.0 : 0.0;
-      dz[v] = (target < 0 || v >= V) ? 0.0f : (float)(dloss * (prob - onehot));
+    const int col = targets[n] - vocab_start;
+    picked[n] = targets[n] >= 0 && col >= 0 && col < V ? logits[(size_t)n * width + col] : 0.0f;
+  }
+}
+
+static void ref_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                      int vocab_start, float dloss, int N, int V, int width) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * width;
+    float *dz = dlogits + (size_t)n * width;
+    for (int v = 0; v < width; v++) {
+      const double prob = exp((double)z[v] - lse[n]);
+      const double onehot = vocab_start + v == targets[n] ? 1.0 : 0.0;
+      dz[v] = (targets[n] < 0 || v >= V) ? 0.0f : (float)(dloss * (prob - onehot));
     }
   }
 }
@@ -262,7 +282,12 @@ static const loom_ops REF_OPS = {
     .attention_backward = ref_attention_backward,
     .embedding_forward = ref_embedding_forward,
     .embedding_backward = ref_embedding_backward,
-    .crossentropy_forward = ref_crossentropy_forward,
+    .position_forward = ref_position_forward,
+    .position_backward = ref_position_backward,
+    .bias_forward = ref_bias_forward,
+    .bias_backward = ref_bias_backward,
+    .logsumexp = ref_logsumexp,
+    .pick_targets = ref_pick_targets,
     .crossentropy_backward = ref_crossentropy_backward,
     .add = ref_add,
     .accumulate = ref_accumulate,

@@ -1,0 +1,70 @@
+/* Dispatch through a group's table, with the size-1 shortcuts every backend
+ * would otherwise repeat. */
+#include <string.h>
+#include "comm/comm.h"
+#include "core/check.h"
+
+static int single(const loom_comm *c) { return !c || c->size == 1; }
+
+int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
+int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
+
+void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
+  if (!single(c)) c->ops->allreduce(c, buf, n, op);
+}
+
+void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
+  if (single(c)) {
+    if (recv != send) memmove(recv, send, n * sizeof(float));
+    return;
+  }
+  c->ops->allgather(c, send, recv, n);
+}
+
+void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  if (single(c)) {
+    if (recv != send) memmove(recv, send, n * sizeof(float));
+    return;
+  }
+  c->ops->reduce_scatter(c, send, recv, n);
+}
+
+void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root) {
+  if (!single(c)) c->ops->broadcast(c, buf, n, root);
+}
+
+void loom_comm_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root) {
+  if (!single(c)) c->ops->broadcast_bytes(c, buf, bytes, root);
+}
+
+void loom_comm_send(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
+  loom_comm_wait(c, loom_comm_isend(c, buf, n, peer, tag));
+}
+
+void loom_comm_recv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
+  loom_comm_wait(c, loom_comm_irecv(c, buf, n, peer, tag));
+}
+
+loom_request *loom_comm_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
+  LOOM_CHECK(!single(c), "send needs a group of two or more ranks");
+  return c->ops->isend(c, buf, n, peer, tag);
+}
+
+loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
+  LOOM_CHECK(!single(c), "recv needs a group of two or more ranks");
+  return c->ops->irecv(c, buf, n, peer, tag);
+}
+
+void loom_comm_wait(loom_comm *c, loom_request *r) { c->ops->wait(r); }
+
+void loom_comm_barrier(loom_comm *c) {
+  if (!single(c)) c->ops->barrier(c);
+}
+
+loom_comm *loom_comm_split(loom_comm *c, int color, int key) {
+  return c ? c->ops->split(c, color, key) : NULL;
+}
+
+void loom_comm_free(loom_comm *c) {
+  if (c) c->ops->free(c);
+}

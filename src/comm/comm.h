@@ -1,0 +1,58 @@
+/* The communicator interface: collectives and point-to-point transfers on an
+ * explicit group handle, never a global communicator. The MPI backend
+ * (mpi/) implements it now; the NCCL backend slots in behind the same table.
+ *
+ * Every call is collective over the group unless it is send/recv. A NULL
+ * group or a group of size 1 makes every collective a local no-op (or a copy),
+ * so serial code runs the same functions with no communicator at all. */
+#ifndef LOOM_COMM_H
+#define LOOM_COMM_H
+
+#include <stddef.h>
+
+typedef enum { LOOM_REDUCE_SUM = 0, LOOM_REDUCE_MAX = 1 } loom_reduce_op;
+
+typedef struct loom_comm loom_comm;
+typedef struct loom_request loom_request;
+
+typedef struct {
+  const char *name;
+  void (*allreduce)(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+  /* recv[size * n] = every rank's send[n], in rank order */
+  void (*allgather)(loom_comm *c, const float *send, float *recv, size_t n);
+  /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
+  void (*reduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
+  void (*broadcast)(loom_comm *c, float *buf, size_t n, int root);
+  void (*broadcast_bytes)(loom_comm *c, void *buf, size_t bytes, int root);
+  loom_request *(*isend)(loom_comm *c, const float *buf, size_t n, int peer, int tag);
+  loom_request *(*irecv)(loom_comm *c, float *buf, size_t n, int peer, int tag);
+  void (*wait)(loom_request *r); /* completes and frees r */
+  void (*barrier)(loom_comm *c);
+  /* Sub-group of the ranks passing the same color, ordered by key. */
+  loom_comm *(*split)(loom_comm *c, int color, int key);
+  void (*free)(loom_comm *c);
+} loom_comm_ops;
+
+struct loom_comm {
+  const loom_comm_ops *ops;
+  int rank, size;
+  void *impl;
+};
+
+int loom_comm_rank(const loom_comm *c);
+int loom_comm_size(const loom_comm *c);
+void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);
+void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
+void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root);
+void loom_comm_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root);
+void loom_comm_send(loom_comm *c, const float *buf, size_t n, int peer, int tag);
+void loom_comm_recv(loom_comm *c, float *buf, size_t n, int peer, int tag);
+loom_request *loom_comm_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag);
+loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag);
+void loom_comm_wait(loom_comm *c, loom_request *r);
+void loom_comm_barrier(loom_comm *c);
+loom_comm *loom_comm_split(loom_comm *c, int color, int key);
+void loom_comm_free(loom_comm *c);
+
+#endif
