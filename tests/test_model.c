@@ -31,7 +31,7 @@ static void grad_check(float dropout) {
   enum { T = 5, B = 2 };
   const loom_gpt_config cfg = tiny(dropout);
   loom_gpt m;
-  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_ref(), 11), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_ref(), 11, NULL), LOOM_OK);
   ck_assert_int_eq(loom_gpt_set_batch_shape(&m, T, B), LOOM_OK);
   /* Nonzero biases and non-unit norms so every path carries signal. */
   for (int i = 0; i < m.p.params.count; i++) {
@@ -87,8 +87,8 @@ START_TEST(cpu_backend_matches_reference) {
   cfg.hidden = 16;
   cfg.ffn = 64;
   loom_gpt a, r;
-  ck_assert_int_eq(loom_gpt_init(&a, &cfg, loom_ops_cpu(), 5), LOOM_OK);
-  ck_assert_int_eq(loom_gpt_init(&r, &cfg, loom_ops_ref(), 5), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&a, &cfg, loom_ops_cpu(), 5, NULL), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&r, &cfg, loom_ops_ref(), 5, NULL), LOOM_OK);
   loom_gpt_set_batch_shape(&a, T, B);
   loom_gpt_set_batch_shape(&r, T, B);
   int tokens[T * B], targets[T * B];
@@ -116,12 +116,12 @@ START_TEST(initial_loss_is_log_vocab) {
   loom_gpt_config cfg;
   loom_gpt_config_preset(&cfg, "gpt-tiny");
   loom_gpt m;
-  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 1), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 1, NULL), LOOM_OK);
   loom_gpt_set_batch_shape(&m, T, B);
   int tokens[T * B], targets[T * B];
   make_batch(tokens, targets, T, B, cfg.vocab, 3);
   const loom_gpt_batch batch = {.tokens = tokens, .targets = targets};
-  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B), m.a.mem.numel * sizeof(float));
+  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B, 1, false), m.a.mem.numel * sizeof(float));
   const float loss = loom_gpt_forward(&m, &batch);
   ck_assert_msg(fabs(loss - log(cfg.vocab)) < 0.05, "initial loss %g vs ln V %g", (double)loss, log(cfg.vocab));
   loom_gpt_free(&m);
@@ -135,7 +135,7 @@ START_TEST(overfits_one_batch) {
   loom_gpt_config_finish(&cfg);
   loom_gpt m;
   loom_adamw opt;
-  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 2), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 2, NULL), LOOM_OK);
   loom_gpt_set_batch_shape(&m, T, B);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = 0.0f;
@@ -163,8 +163,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   loom_gpt_config a = tiny(0.0f), b = tiny(0.0f);
   b.padded_vocab = 256;
   loom_gpt_params pa, pb;
-  loom_gpt_params_init(&pa, &a);
-  loom_gpt_params_init(&pb, &b);
+  loom_gpt_params_init(&pa, &a, 0, 1);
+  loom_gpt_params_init(&pb, &b, 0, 1);
   loom_gpt_params_randomize(&pa, 77);
   loom_gpt_params_randomize(&pb, 77);
   for (int i = 0; i < pa.params.count; i++) {
@@ -179,8 +179,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   ck_assert_int_eq(pa.params.views[k].shape[0], 3 * a.hidden);
   ck_assert_int_eq(pa.params.views[k].shape[1], a.hidden);
   ck_assert_int_ge(loom_gpt_params_find(&pa, "ln_f.bias"), 0);
-  ck_assert_uint_eq(loom_gpt_param_count(&a), pa.params.numel);
-  ck_assert_uint_eq(loom_gpt_param_count(&b), pb.params.numel);
+  ck_assert_uint_eq(loom_gpt_param_count(&a, 1), pa.params.numel);
+  ck_assert_uint_eq(loom_gpt_param_count(&b, 1), pb.params.numel);
   loom_gpt_params_free(&pa);
   loom_gpt_params_free(&pb);
 }

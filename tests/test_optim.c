@@ -34,7 +34,7 @@ START_TEST(clipping_and_decay_follow_metadata) {
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
   loom_adamw opt;
-  ck_assert_int_eq(loom_gpt_params_init(&p, &cfg), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_params_init(&p, &cfg, 0, 1), LOOM_OK);
   loom_gpt_params_randomize(&p, 1);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.grad_clip = 1.0f;
@@ -73,7 +73,7 @@ static void train(int micro, int steps, float *losses, float **weights) {
   loom_gpt m;
   loom_adamw opt;
   loom_dataset *data = loom_dataset_addition(2, 5);
-  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 3), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 3, NULL), LOOM_OK);
   loom_gpt_set_batch_shape(&m, cfg.seq, micro);
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &m.p, &oc);
@@ -101,7 +101,7 @@ START_TEST(accumulation_is_split_invariant) {
   }
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &cfg);
+  loom_gpt_params_init(&p, &cfg, 0, 1);
   ck_assert_double_le(tu_max_abs_diff(w2, w8, p.params.numel), 1e-5);
   ck_assert_double_le(tu_max_abs_diff(w1, w8, p.params.numel), 1e-5);
   ck_assert(l8[STEPS - 1] < l8[0]);

@@ -34,7 +34,7 @@ static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f
   loom_gpt_config c = *cfg;
   c.seq = T;
   double best = 0.0;
-  *st = loom_gpt_init(&model, &c, loom_ops_cpu(), 1);
+  *st = loom_gpt_init(&model, &c, loom_ops_cpu(), 1, NULL);
   if (*st == LOOM_OK) *st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
   const loom_adamw_config oc = loom_adamw_defaults();
   if (*st == LOOM_OK) *st = loom_adamw_init(&opt, &model.p, &oc);

@@ -82,8 +82,8 @@ static loom_status check_flags(const train_flags *f, const loom_flag *t, const l
 /* Refuses a run that cannot fit in memory before allocating any of it. */
 static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, loom_error *err) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg); /* params, grads, Adam m and v */
-  const double acts = (double)loom_gpt_activation_bytes(cfg, T, B);
+  const double state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg, 1); /* params, grads, Adam m and v */
+  const double acts = (double)loom_gpt_activation_bytes(cfg, T, B, 1, false);
   const double avail = (double)loom_mem_available_bytes();
   if (state + acts <= avail) return LOOM_OK;
   return loom_fail(err, LOOM_ERR_USAGE,
@@ -111,7 +111,7 @@ static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_conf
   }
   st = loom_metrics_open(&r->metrics, f->metrics, err);
   if (st != LOOM_OK) return st;
-  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed);
+  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, NULL);
   if (st == LOOM_OK && f->model.init_from) st = loom_llmc_load(f->model.init_from, &r->model.p, err);
   if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&r->model, T, f->micro_batch);
   loom_adamw_config oc = loom_adamw_defaults();

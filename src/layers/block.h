@@ -1,45 +1,59 @@
-/* One pre-LayerNorm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)).
- * Forward saves what backward needs in loom_block_acts; backward adds into the
- * block's parameter grads and turns dres (grad of the block output) into the
- * grad of the block input, in place. */
+/* One pre-LayerNorm transformer block, x + attn(ln_1(x)) then + mlp(ln_2(.)),
+ * split across a tensor-parallel group the Megatron way: c_attn and c_fc are
+ * column-parallel (this rank's heads and MLP columns), attn.c_proj and
+ * mlp.c_proj row-parallel (partial sums reduced as the region ends, bias
+ * added once after). With tp == 1 every collective is a no-op and this is
+ * the serial block. Under sequence parallelism the block's input, output,
+ * norms and residual adds hold only this rank's T/tp positions.
+ *
+ * Forward saves what backward needs in loom_block_acts; backward adds into
+ * the block's parameter grads and turns dres (grad of the block output) into
+ * the grad of the block input, in place. */
 #ifndef LOOM_BLOCK_H
 #define LOOM_BLOCK_H
 
 #include <stdint.h>
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "tensor_parallel/parallel_state.h"
 
-/* Local shapes of a block call (the TP issue shrinks heads and ffn per rank). */
+/* Shapes of a block call on this rank. */
 typedef struct {
-  int T, B;
+  int T, B;        /* full sequence length and micro-batch */
   int hidden;
-  int heads, head_dim;
-  int ffn;
+  int heads;       /* this rank's heads */
+  int head_dim;
+  int head_offset; /* global index of this rank's first head */
+  int total_heads;
+  int ffn;         /* this rank's MLP columns */
   float norm_eps;
 } loom_block_shape;
 
-/* Saved activations of one block; N = T*B rows in [s, b] order. */
+/* Saved activations. N = T*B rows in [s, b] order inside the parallel
+ * regions; n = N/tp rows outside them under sequence parallelism, else N. */
 typedef struct {
-  float *ln_1, *ln_1_mean, *ln_1_rstd; /* [N, h], [N], [N] */
-  float *qkv;                          /* [N, 3h] */
+  float *ln_1_mean, *ln_1_rstd;        /* [n] */
+  float *ln_1;                         /* [N, h] (gathered under SP) */
+  float *qkv;                          /* [N, 3 * heads * head_dim] */
   float *att;                          /* [B, heads, T, T] softmax probabilities */
-  float *atty;                         /* [N, h] attention output before c_proj */
-  float *res_attn;                     /* [N, h] x + attention branch */
-  float *ln_2, *ln_2_mean, *ln_2_rstd; /* [N, h], [N], [N] */
-  float *fc;                           /* [N, f] before GELU */
-  float *fc_gelu;                      /* [N, f] */
-  float *out;                          /* [N, h] block output */
+  float *atty;                         /* [N, heads * head_dim] */
+  float *res_attn;                     /* [n, h] x + attention branch */
+  float *ln_2_mean, *ln_2_rstd;        /* [n] */
+  float *ln_2;                         /* [N, h] */
+  float *fc;                           /* [N, ffn] before GELU */
+  float *fc_gelu;                      /* [N, ffn] */
+  float *out;                          /* [n, h] block output */
 } loom_block_acts;
 
 /* Scratch shared by all blocks of a model; contents never outlive a call. */
 typedef struct {
-  float *branch; /* [N, h] */
-  float *d_ln;   /* [N, h] */
-  float *d_atty; /* [N, h] */
-  float *d_qkv;  /* [N, 3h] */
-  float *d_att;  /* [B, heads, T, T] */
-  float *d_fc;   /* [N, f] */
-  float *d_fc2;  /* [N, f] */
+  float *local, *local2; /* [n, h] */
+  float *full;           /* [N, h] */
+  float *d_ln;           /* [N, h] */
+  float *d_atty;         /* [N, heads * head_dim] */
+  float *d_qkv;          /* [N, 3 * heads * head_dim] */
+  float *d_att;          /* [B, heads, T, T] */
+  float *d_fc, *d_fc2;   /* [N, ffn] */
 } loom_block_scratch;
 
 /* Dropout keys of one block in one step; p == 0 disables dropout. */
@@ -53,15 +67,17 @@ typedef struct {
 
 void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *x,
                         const loom_block_weights *w, const loom_block_shape *shape,
-                        const loom_block_dropout *drop, const loom_ops *ops);
-/* dres[N, h]: grad of the block output on entry, of the block input on exit. */
+                        const loom_block_dropout *drop, const loom_tp *tp, const loom_ops *ops);
+/* dres[n, h]: grad of the block output on entry, of the block input on exit. */
 void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
                          const loom_block_acts *a, const float *x, const loom_block_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
-                         const loom_ops *ops);
+                         const loom_tp *tp, const loom_ops *ops);
 
 /* Dropout sites; part of the mask key, so never renumber them. */
 enum { LOOM_SITE_EMBED = 0, LOOM_SITE_ATTN_PROBS = 1, LOOM_SITE_ATTN_OUT = 2, LOOM_SITE_MLP_OUT = 3 };
-loom_dropout loom_dropout_for(const loom_block_dropout *d, int site);
+/* The mask of one site; `T` is the full sequence length, rows outside the
+ * parallel regions start at this rank's sequence offset under SP. */
+loom_dropout loom_dropout_for(const loom_block_dropout *d, int site, int T, const loom_tp *tp);
 
 #endif

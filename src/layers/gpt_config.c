@@ -36,6 +36,13 @@ void loom_gpt_config_finish(loom_gpt_config *cfg) {
   }
 }
 
+loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
+  loom_gpt_config c = *cfg;
+  const int align = LOOM_VOCAB_ALIGN * tp;
+  c.padded_vocab = (c.vocab + align - 1) / align * align;
+  return c;
+}
+
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len) {
   if (cfg->layers < 1) snprintf(msg, msg_len, "--layers must be at least 1 (got %d)", cfg->layers);
   else if (cfg->hidden < 1) snprintf(msg, msg_len, "--hidden must be at least 1 (got %d)", cfg->hidden);

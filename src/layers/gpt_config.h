@@ -24,6 +24,9 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name);
 const char *loom_gpt_config_preset_names(void);
 /* Recomputes derived fields (ffn if 0, padded_vocab). */
 void loom_gpt_config_finish(loom_gpt_config *cfg);
+/* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
+ * Megatron does, so every rank holds an equal vocab range. */
+loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
 /* NULL if valid, else a one-line reason naming the field. */
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len);
 

@@ -11,42 +11,50 @@ typedef struct {
   loom_tensor *specs;
   loom_param_meta *meta;
   int count;
+  int tp_rank, tp_size;
 } table;
 
+/* Appends a tensor of global shape [d0, d1] (d1 = 0: a vector); its spec gets the local shape. */
 static void add(table *t, const char *name, int ndim, int64_t d0, int64_t d1, loom_param_meta m) {
-  const int64_t shape[2] = {d0, d1};
+  m.layout.rows = d0;
+  m.layout.cols = ndim == 2 ? d1 : 1;
+  m.init_rows = m.init_rows ? m.init_rows : d0;
+  int64_t rows, cols;
+  loom_shard_local_shape(&m.layout, t->tp_rank, t->tp_size, &rows, &cols);
+  const int64_t shape[2] = {rows, cols};
   t->specs[t->count] = loom_tensor_spec(name, LOOM_DTYPE_F32, ndim, shape);
-  m.init_rows = m.init_rows ? m.init_rows : (int)d0;
   t->meta[t->count] = m;
   t->count++;
 }
 
-static const loom_param_meta NORM_W = {.init = LOOM_INIT_ONES, .partition_dim = -1, .tp_replicated = true};
-static const loom_param_meta ZERO_B = {.init = LOOM_INIT_ZEROS, .partition_dim = -1, .tp_replicated = true};
+static const loom_param_meta NORM_W = {.init = LOOM_INIT_ONES, .layout = {.partition_dim = -1}, .tp_replicated = true};
+static const loom_param_meta ZERO_B = {.init = LOOM_INIT_ZEROS, .layout = {.partition_dim = -1}, .tp_replicated = true};
 
-/* A [rows, cols] weight with GPT-2's normal init, split along `dim` under TP. */
-static loom_param_meta weight(float std, int dim) {
+/* A weight with GPT-2's normal init, split along `dim` (in `parts` row blocks) under TP. */
+static loom_param_meta weight(float std, int dim, int parts) {
   return (loom_param_meta){.init = LOOM_INIT_NORMAL, .init_std = std, .weight_decay = true,
-                           .partition_dim = dim};
+                           .layout = {.partition_dim = dim, .parts = parts}, .tp_replicated = dim < 0};
 }
 
 static void add_block(table *t, int i, const loom_gpt_config *c) {
   const int64_t h = c->hidden, f = c->ffn;
   const float resid_std = 0.02f / sqrtf(2.0f * (float)c->layers);
-  const loom_param_meta col_bias = {.init = LOOM_INIT_ZEROS, .partition_dim = 0};
+  const loom_param_meta col_bias = {.init = LOOM_INIT_ZEROS, .layout = {.partition_dim = 0, .parts = 1}};
+  loom_param_meta qkv_bias = col_bias;
+  qkv_bias.layout.parts = 3;
   char n[LOOM_NAME_LEN];
 #define NAME(suffix) (snprintf(n, sizeof n, "h.%d." suffix, i), n)
   add(t, NAME("ln_1.weight"), 1, h, 0, NORM_W);
   add(t, NAME("ln_1.bias"), 1, h, 0, ZERO_B);
-  add(t, NAME("attn.c_attn.weight"), 2, 3 * h, h, weight(0.02f, 0));
-  add(t, NAME("attn.c_attn.bias"), 1, 3 * h, 0, col_bias);
-  add(t, NAME("attn.c_proj.weight"), 2, h, h, weight(resid_std, 1));
+  add(t, NAME("attn.c_attn.weight"), 2, 3 * h, h, weight(0.02f, 0, 3));
+  add(t, NAME("attn.c_attn.bias"), 1, 3 * h, 0, qkv_bias);
+  add(t, NAME("attn.c_proj.weight"), 2, h, h, weight(resid_std, 1, 1));
   add(t, NAME("attn.c_proj.bias"), 1, h, 0, ZERO_B);
   add(t, NAME("ln_2.weight"), 1, h, 0, NORM_W);
   add(t, NAME("ln_2.bias"), 1, h, 0, ZERO_B);
-  add(t, NAME("mlp.c_fc.weight"), 2, f, h, weight(0.02f, 0));
+  add(t, NAME("mlp.c_fc.weight"), 2, f, h, weight(0.02f, 0, 1));
   add(t, NAME("mlp.c_fc.bias"), 1, f, 0, col_bias);
-  add(t, NAME("mlp.c_proj.weight"), 2, h, f, weight(resid_std, 1));
+  add(t, NAME("mlp.c_proj.weight"), 2, h, f, weight(resid_std, 1, 1));
   add(t, NAME("mlp.c_proj.bias"), 1, h, 0, ZERO_B);
 #undef NAME
 }
@@ -64,17 +72,21 @@ static void bind(loom_gpt_weights *w, const loom_buffer *b, int layers) {
   w->ln_f_b = b->views[k++].data;
 }
 
-loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg) {
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size) {
   memset(p, 0, sizeof *p);
+  LOOM_CHECK(cfg->padded_vocab % tp_size == 0 && cfg->heads % tp_size == 0 && cfg->ffn % tp_size == 0,
+             "tensor-parallel split must be even (check the layout before building the model)");
   p->cfg = *cfg;
+  p->tp_rank = tp_rank;
+  p->tp_size = tp_size;
   const int count = 4 + LOOM_BLOCK_TENSORS * cfg->layers;
   table t = {loom_xcalloc((size_t)count, sizeof(loom_tensor), "param specs"),
-             loom_xcalloc((size_t)count, sizeof(loom_param_meta), "param meta"), 0};
-  loom_param_meta wte = weight(0.02f, 0);
+             loom_xcalloc((size_t)count, sizeof(loom_param_meta), "param meta"), 0, tp_rank, tp_size};
+  loom_param_meta wte = weight(0.02f, 0, 1);
   wte.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
   wte.shared = true;
   add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
-  add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1));
+  add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
   for (int i = 0; i < cfg->layers; i++) add_block(&t, i, cfg);
   add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
   add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
@@ -104,21 +116,46 @@ void loom_gpt_params_free(loom_gpt_params *p) {
   memset(p, 0, sizeof *p);
 }
 
+/* Draws local rows [i0, i1) of tensor k, which map to consecutive global rows. */
+static void draw_rows(loom_gpt_params *p, int k, int64_t i0, int64_t i1, uint64_t seed) {
+  const loom_tensor *t = &p->params.views[k];
+  const loom_param_meta *m = &p->meta[k];
+  const int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+  int64_t row, col;
+  loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i0, &row, &col);
+  float *dst = (float *)t->data + i0 * cols;
+  const int64_t drawn = row >= m->init_rows ? 0 : (row + (i1 - i0) <= m->init_rows ? i1 - i0 : m->init_rows - row);
+  if (cols == m->layout.cols) { /* whole rows: one run of global indices */
+    loom_rng_fill_normal(dst, (size_t)(drawn * cols), seed, loom_hash_str(t->name), (uint64_t)(row * cols), 0.0f, m->init_std);
+  } else {
+    for (int64_t r = 0; r < drawn; r++)
+      loom_rng_fill_normal(dst + r * cols, (size_t)cols, seed, loom_hash_str(t->name),
+                           (uint64_t)((row + r) * m->layout.cols + col), 0.0f, m->init_std);
+  }
+  memset(dst + drawn * cols, 0, (size_t)((i1 - i0 - drawn) * cols) * sizeof(float));
+}
+
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
-  for (int i = 0; i < p->params.count; i++) {
-    loom_tensor *t = &p->params.views[i];
-    const loom_param_meta *m = &p->meta[i];
+  for (int k = 0; k < p->params.count; k++) {
+    loom_tensor *t = &p->params.views[k];
+    const loom_param_meta *m = &p->meta[k];
     float *data = t->data;
     const size_t n = loom_tensor_numel(t);
-    const size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
-    const size_t drawn = m->init_rows * cols;
-    switch (m->init) {
-    case LOOM_INIT_ZEROS: memset(data, 0, n * sizeof(float)); break;
-    case LOOM_INIT_ONES: for (size_t k = 0; k < n; k++) data[k] = 1.0f; break;
-    case LOOM_INIT_NORMAL:
-      loom_rng_fill_normal(data, drawn, seed, loom_hash_str(t->name), 0, 0.0f, m->init_std);
-      memset(data + drawn, 0, (n - drawn) * sizeof(float));
-      break;
+    if (m->init != LOOM_INIT_NORMAL) {
+      for (size_t i = 0; i < n; i++) data[i] = m->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+      continue;
+    }
+    /* Walk local rows in runs whose global rows are consecutive. */
+    const int64_t rows = t->shape[0];
+    int64_t start = 0;
+    for (int64_t i = 1; i <= rows; i++) {
+      int64_t prev, next, col;
+      loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i - 1, &prev, &col);
+      if (i < rows) loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i, &next, &col);
+      if (i == rows || next != prev + 1) {
+        draw_rows(p, k, start, i, seed);
+        start = i;
+      }
     }
   }
 }
@@ -129,8 +166,33 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
   return -1;
 }
 
-size_t loom_gpt_param_count(const loom_gpt_config *c) {
-  const size_t h = (size_t)c->hidden, f = (size_t)c->ffn;
-  const size_t block = 4 * h /* norms */ + 3 * h * h + 3 * h + h * h + h + f * h + f + h * f + h;
-  return (size_t)c->padded_vocab * h + (size_t)c->seq * h + (size_t)c->layers * block + 2 * h;
+size_t loom_gpt_param_count(const loom_gpt_config *c, int tp) {
+  const size_t h = (size_t)c->hidden, f = (size_t)c->ffn, t = (size_t)tp;
+  const size_t block = 4 * h /* norms */ + 3 * h * h / t + 3 * h / t + h * h / t + h + f * h / t + f / t + h * f / t + h;
+  return (size_t)c->padded_vocab / t * h + (size_t)c->seq * h + (size_t)c->layers * block + 2 * h;
+}
+
+void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local) {
+  LOOM_CHECK(full->tp_size == 1 && full->params.count == p->params.count, "copy shards to or from a whole model");
+  for (int k = 0; k < p->params.count; k++) {
+    loom_shard_layout l = p->meta[k].layout;
+    const loom_shard_layout lf = full->meta[k].layout;
+    l.rows = l.rows < lf.rows ? l.rows : lf.rows; /* vocab padding differs between layouts */
+    if (l.rows != p->meta[k].layout.rows) {
+      /* Rows past the full model's are padding: copy the common rows only. */
+      int64_t rows, cols;
+      loom_shard_local_shape(&p->meta[k].layout, p->tp_rank, p->tp_size, &rows, &cols);
+      for (int64_t i = 0; i < rows; i++) {
+        int64_t row, col;
+        loom_shard_locate(&p->meta[k].layout, p->tp_rank, p->tp_size, i, &row, &col);
+        if (row >= lf.rows) continue;
+        float *g = (float *)full->params.views[k].data + row * lf.cols + col;
+        float *s = (float *)p->params.views[k].data + i * cols;
+        memcpy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
+      }
+      continue;
+    }
+    loom_shard_copy(&p->meta[k].layout, p->tp_rank, p->tp_size, full->params.views[k].data,
+                    p->params.views[k].data, to_local);
+  }
 }

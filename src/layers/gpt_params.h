@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include "core/tensor.h"
 #include "layers/gpt_config.h"
+#include "tensor_parallel/shard.h"
 
 typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
 
@@ -16,11 +17,11 @@ typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kin
 typedef struct {
   loom_init_kind init;
   float init_std;
-  int init_rows;       /* rows drawn from the RNG; rows past it start at 0 (vocab padding) */
-  bool weight_decay;   /* decoupled AdamW decay applies */
-  int partition_dim;   /* dim split across tensor parallel ranks, -1 if none */
-  bool tp_replicated;  /* identical on every TP rank (norms, row-parallel biases) */
-  bool shared;         /* lives on more than one pipeline stage (tied wte) */
+  int64_t init_rows;         /* global rows drawn from the RNG; rows past it start at 0 (vocab padding) */
+  bool weight_decay;         /* decoupled AdamW decay applies */
+  loom_shard_layout layout;  /* global shape and how tensor parallelism splits it */
+  bool tp_replicated;        /* identical on every TP rank (norms, wpe, row-parallel biases) */
+  bool shared;               /* lives on more than one pipeline stage (tied wte) */
 } loom_param_meta;
 
 /* Views of one transformer block's parameters (or grads). */
@@ -47,18 +48,25 @@ typedef struct {
 
 typedef struct {
   loom_gpt_config cfg;
-  loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* */
+  int tp_rank, tp_size;   /* this rank's slice of every partitioned tensor */
+  loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */
   loom_param_meta *meta;  /* [params.count] */
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;
 
-loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg);
+/* Allocates this TP rank's shards (tp_size 1: the whole model). cfg's
+ * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size);
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
-/* Parameter elements of a model of this shape, without allocating it. */
-size_t loom_gpt_param_count(const loom_gpt_config *cfg);
+/* Parameter elements one TP rank holds, without allocating them. */
+size_t loom_gpt_param_count(const loom_gpt_config *cfg, int tp_size);
+/* Copies between this rank's shards and a full (tp_size 1) model's
+ * parameters: to_local scatters full into p, else p's shards are written
+ * into full. Rows past the smaller padded vocab are skipped. */
+void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local);
 /* Index of the view named `name`, or -1. */
 int loom_gpt_params_find(const loom_gpt_params *p, const char *name);
 

@@ -1,0 +1,51 @@
+/* Entering and leaving tensor-parallel regions, and vocab-parallel loss glue. */
+#include <math.h>
+#include <string.h>
+#include "tensor_parallel/mappings.h"
+
+static void copy_if_apart(float *dst, const float *src, size_t n) {
+  if (dst != src) memcpy(dst, src, n * sizeof(float));
+}
+
+void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local) {
+  if (tp->sequence_parallel) loom_comm_allgather(tp->group, local, full, n_local);
+  else copy_if_apart(full, local, n_local);
+}
+
+void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local) {
+  if (tp->sequence_parallel) {
+    loom_comm_reduce_scatter(tp->group, dfull, dlocal, n_local);
+    return;
+  }
+  loom_comm_allreduce(tp->group, dfull, n_local, LOOM_REDUCE_SUM);
+  copy_if_apart(dlocal, dfull, n_local);
+}
+
+void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
+  if (tp->sequence_parallel) {
+    loom_comm_reduce_scatter(tp->group, partial_full, local, n_local);
+    return;
+  }
+  loom_comm_allreduce(tp->group, partial_full, n_local, LOOM_REDUCE_SUM);
+  copy_if_apart(local, partial_full, n_local);
+}
+
+void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local) {
+  if (tp->sequence_parallel) loom_comm_allgather(tp->group, dlocal, dfull, n_local);
+  else copy_if_apart(dfull, dlocal, n_local);
+}
+
+int loom_tp_local_rows(const loom_tp *tp, int rows) { return tp->sequence_parallel ? rows / tp->size : rows; }
+
+void loom_tp_combine_logsumexp(const loom_tp *tp, float *lse, float *scratch, int n) {
+  if (!tp->group) return;
+  memcpy(scratch, lse, (size_t)n * sizeof(float));
+  loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX); /* global max of the partial lse */
+  for (int i = 0; i < n; i++) lse[i] = expf(lse[i] - scratch[i]);       /* 0 for a rank with no vocab (-inf) */
+  loom_comm_allreduce(tp->group, lse, (size_t)n, LOOM_REDUCE_SUM);
+  for (int i = 0; i < n; i++) lse[i] = scratch[i] + logf(lse[i]);
+}
+
+void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n) {
+  loom_comm_allreduce(tp->group, picked, (size_t)n, LOOM_REDUCE_SUM);
+}

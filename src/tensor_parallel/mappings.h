@@ -1,0 +1,31 @@
+/* The conjugate mappings at the edges of tensor-parallel regions.
+ *
+ * A region starts before a column-parallel linear and ends after a
+ * row-parallel one. Without sequence parallelism activations outside are
+ * replicated: entering is the identity (its backward all-reduces the grad)
+ * and leaving all-reduces the partial sums (its backward is the identity).
+ * With sequence parallelism activations outside are split along the
+ * sequence: entering all-gathers (backward reduce-scatters) and leaving
+ * reduce-scatters (backward all-gathers). `local` rows are this rank's
+ * n_local floats; `full` holds tp * n_local (they may alias without SP). */
+#ifndef LOOM_MAPPINGS_H
+#define LOOM_MAPPINGS_H
+
+#include <stddef.h>
+#include "tensor_parallel/parallel_state.h"
+
+void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local);
+void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local);
+void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local);
+void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local);
+
+/* Rows a rank holds outside the regions: N/tp under SP, else N. */
+int loom_tp_local_rows(const loom_tp *tp, int rows);
+
+/* Vocab-parallel cross-entropy glue: turns each rank's log-sum-exp over its
+ * vocab range into the global one (a max and a sum of n floats cross the
+ * group), and sums the picked target logits (each target lives on one rank). */
+void loom_tp_combine_logsumexp(const loom_tp *tp, float *lse, float *scratch, int n);
+void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n);
+
+#endif

@@ -1,0 +1,71 @@
+/* Rank coordinates, layout checks and group construction. */
+#include <string.h>
+#include "tensor_parallel/parallel_state.h"
+
+loom_parallel loom_parallel_serial(void) {
+  loom_parallel ps;
+  memset(&ps, 0, sizeof ps);
+  ps.tp = ps.pp = ps.dp = ps.world = 1;
+  return ps;
+}
+
+void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *dp_rank, int *pp_rank) {
+  (void)pp;
+  *tp_rank = rank % tp;
+  *dp_rank = rank / tp % dp;
+  *pp_rank = rank / (tp * dp);
+}
+
+loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
+                                int heads, int hidden, int ffn, int T, loom_error *err) {
+  if ((long long)tp * pp * dp != world)
+    return loom_fail(err, LOOM_ERR_USAGE,
+                     "world size %d != tp %d x pp %d x dp %d; launch tp*pp*dp ranks (mpirun -np %lld)",
+                     world, tp, pp, dp, (long long)tp * pp * dp);
+  if (heads % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--heads %d is not divisible by --tp %d; each rank needs whole heads",
+                     heads, tp);
+  if (hidden % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--hidden %d is not divisible by --tp %d; pick a tp that divides hidden",
+                     hidden, tp);
+  if (ffn % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--ffn %d is not divisible by --tp %d; pick a tp that divides ffn",
+                     ffn, tp);
+  if (sequence_parallel && T % tp)
+    return loom_fail(err, LOOM_ERR_USAGE,
+                     "--seq %d is not divisible by --tp %d; sequence parallelism splits the sequence evenly", T, tp);
+  return LOOM_OK;
+}
+
+void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel) {
+  memset(ps, 0, sizeof *ps);
+  ps->tp = tp;
+  ps->pp = pp;
+  ps->dp = dp;
+  ps->world_group = world;
+  ps->rank = loom_comm_rank(world);
+  ps->world = loom_comm_size(world);
+  ps->sequence_parallel = sequence_parallel;
+  loom_parallel_coords(ps->rank, tp, pp, dp, &ps->tp_rank, &ps->dp_rank, &ps->pp_rank);
+  /* Each split's color names the coordinates the group shares. */
+  ps->tp_group = loom_comm_split(world, ps->dp_rank + dp * ps->pp_rank, ps->tp_rank);
+  ps->dp_group = loom_comm_split(world, ps->tp_rank + tp * ps->pp_rank, ps->dp_rank);
+  ps->pp_group = loom_comm_split(world, ps->tp_rank + tp * ps->dp_rank, ps->pp_rank);
+  const bool edge = ps->pp_rank == 0 || ps->pp_rank == pp - 1;
+  loom_comm *embed = loom_comm_split(world, edge ? ps->tp_rank + tp * ps->dp_rank : tp * dp + ps->rank, ps->pp_rank);
+  if (edge) ps->embed_group = embed;
+  else loom_comm_free(embed);
+}
+
+void loom_parallel_free(loom_parallel *ps) {
+  loom_comm_free(ps->tp_group);
+  loom_comm_free(ps->dp_group);
+  loom_comm_free(ps->pp_group);
+  loom_comm_free(ps->embed_group);
+  memset(ps, 0, sizeof *ps);
+}
+
+loom_tp loom_tp_of(const loom_parallel *ps) {
+  return (loom_tp){.group = ps->tp > 1 ? ps->tp_group : NULL, .rank = ps->tp_rank, .size = ps->tp,
+                   .sequence_parallel = ps->sequence_parallel && ps->tp > 1};
+}

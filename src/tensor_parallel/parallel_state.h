@@ -1,0 +1,46 @@
+/* Parallel state: where this rank sits in the (tp, dp, pp) grid and the
+ * groups it talks to. Rank order puts tp fastest, then dp, then pp:
+ * rank = tp_rank + TP * (dp_rank + DP * pp_rank), so a tensor-parallel group
+ * is a run of consecutive ranks (one node's GPUs in production). */
+#ifndef LOOM_PARALLEL_STATE_H
+#define LOOM_PARALLEL_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "comm/comm.h"
+#include "core/status.h"
+
+typedef struct {
+  int tp, pp, dp;                 /* group sizes */
+  int rank, world;                /* global rank and world size */
+  int tp_rank, pp_rank, dp_rank;  /* this rank's coordinates */
+  bool sequence_parallel;
+  loom_comm *world_group;         /* not owned */
+  loom_comm *tp_group, *dp_group, *pp_group;
+  loom_comm *embed_group;         /* first and last pipeline stage of this (tp, dp); NULL elsewhere */
+} loom_parallel;
+
+/* What a tensor-parallel layer needs: its group, and whether activations
+ * outside the parallel regions are split along the sequence. */
+typedef struct {
+  loom_comm *group; /* NULL when tp == 1 */
+  int rank, size;
+  bool sequence_parallel;
+} loom_tp;
+
+loom_tp loom_tp_of(const loom_parallel *ps);
+
+/* The grid of a single process: every size 1, no groups. */
+loom_parallel loom_parallel_serial(void);
+/* Coordinates of `rank` in a (tp, pp, dp) grid. */
+void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *dp_rank, int *pp_rank);
+/* Refuses layouts that cannot run, naming the value and the rule:
+ * world != tp*pp*dp, heads, hidden or ffn not divisible by tp, and sequence
+ * parallelism with a sequence length not divisible by tp. */
+loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
+                                int heads, int hidden, int ffn, int T, loom_error *err);
+/* Builds this rank's groups by splitting `world` (collective over world). */
+void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel);
+void loom_parallel_free(loom_parallel *ps);
+
+#endif
