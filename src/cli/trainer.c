@@ -40,7 +40,8 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
     loom_gpt_backward(m, &batch, dloss);
   }
   out.loss = scored ? (float)(loss_sum / (double)scored) : 0.0f;
-  out.grad_norm = loom_grad_norm(&m->p, m->ops);
+  loom_gpt_sync_replicated_grads(m);
+  out.grad_norm = loom_grad_norm(&m->p, m->ops, &m->tp);
   loom_adamw_step(tr->opt, &m->p, out.lr, out.grad_norm, m->ops);
   return out;
 }

@@ -1,6 +1,7 @@
 /* AdamW step and global grad norm over the flat parameter buffers. */
 #include <math.h>
 #include "core/tensor.h"
+#include "comm/comm.h"
 #include "optim/adamw.h"
 
 loom_adamw_config loom_adamw_defaults(void) {
@@ -23,8 +24,18 @@ void loom_adamw_free(loom_adamw *opt) {
   loom_buffer_free(&opt->v);
 }
 
-double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops) {
-  return sqrt(ops->sumsq(p->grads.base, p->grads.numel));
+double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp) {
+  double sums[2] = {0.0, 0.0}; /* [0] sharded, summed over the group; [1] replicated, the same everywhere */
+  for (int k = 0; k < p->grads.count; k++) {
+    const loom_tensor *g = &p->grads.views[k];
+    sums[p->meta[k].tp_replicated] += ops->sumsq(g->data, loom_tensor_numel(g));
+  }
+  if (tp && tp->group) {
+    float sharded = (float)sums[0];
+    loom_comm_allreduce(tp->group, &sharded, 1, LOOM_REDUCE_SUM);
+    sums[0] = sharded;
+  }
+  return sqrt(sums[0] + sums[1]);
 }
 
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {

@@ -6,6 +6,7 @@
 
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "tensor_parallel/parallel_state.h"
 
 typedef struct {
   float beta1, beta2, eps, weight_decay;
@@ -22,8 +23,9 @@ loom_adamw_config loom_adamw_defaults(void);
 loom_status loom_adamw_init(loom_adamw *opt, const loom_gpt_params *p, const loom_adamw_config *cfg);
 void loom_adamw_free(loom_adamw *opt);
 
-/* Global L2 norm of all grads, each element counted once. */
-double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops);
+/* Global L2 norm of all grads, each element counted once: shards are summed
+ * over the TP group, TP-replicated tensors counted once (tp NULL: serial). */
+double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp);
 /* Clips to cfg.grad_clip given the norm, then takes one AdamW step at lr. */
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops);
 

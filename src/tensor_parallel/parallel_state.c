@@ -18,22 +18,21 @@ void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *d
 
 loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
                                 int heads, int hidden, int ffn, int T, loom_error *err) {
+  if (hidden % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--hidden %d is not divisible by --tp %d; pick a tp that divides hidden",
+                     hidden, tp);
+  if (heads % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--heads %d is not divisible by --tp %d; each rank needs whole heads",
+                     heads, tp);
+  if (ffn % tp)
+    return loom_fail(err, LOOM_ERR_USAGE, "--ffn %d is not divisible by --tp %d; pick a tp that divides ffn", ffn, tp);
+  if (sequence_parallel && T % tp)
+    return loom_fail(err, LOOM_ERR_USAGE,
+                     "--seq %d is not divisible by --tp %d; sequence parallelism splits the sequence evenly", T, tp);
   if ((long long)tp * pp * dp != world)
     return loom_fail(err, LOOM_ERR_USAGE,
                      "world size %d != tp %d x pp %d x dp %d; launch tp*pp*dp ranks (mpirun -np %lld)",
                      world, tp, pp, dp, (long long)tp * pp * dp);
-  if (heads % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--heads %d is not divisible by --tp %d; each rank needs whole heads",
-                     heads, tp);
-  if (hidden % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--hidden %d is not divisible by --tp %d; pick a tp that divides hidden",
-                     hidden, tp);
-  if (ffn % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--ffn %d is not divisible by --tp %d; pick a tp that divides ffn",
-                     ffn, tp);
-  if (sequence_parallel && T % tp)
-    return loom_fail(err, LOOM_ERR_USAGE,
-                     "--seq %d is not divisible by --tp %d; sequence parallelism splits the sequence evenly", T, tp);
   return LOOM_OK;
 }
 
