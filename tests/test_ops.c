@@ -324,6 +324,15 @@ START_TEST(crossentropy) {
   expect_close(d_c, d_r, XN * XVP, "crossentropy_backward");
   for (int n = 0; n < XN; n++) ck_assert_float_eq(d_r[n * XVP + 8], 0.0f);
   fd_check(c.logits, XN * XVP, d_r, xe_loss, &c, "crossentropy dlogits");
+  /* Greedy prediction ignores the padding columns; ties go to the first. */
+  float val_r[XN], val_c[XN];
+  int idx_r[XN], idx_c[XN];
+  c.logits[1 * XVP + 4] = c.logits[1 * XVP + 5] = 50.0f;
+  ref->argmax(val_r, idx_r, c.logits, XN, XV, XVP);
+  cpu->argmax(val_c, idx_c, c.logits, XN, XV, XVP);
+  ck_assert_mem_eq(idx_c, idx_r, sizeof idx_r);
+  ck_assert_int_eq(idx_r[1], 4);
+  for (int n = 0; n < XN; n++) ck_assert_int_lt(idx_r[n], XV);
 }
 END_TEST
 

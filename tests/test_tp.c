@@ -78,6 +78,10 @@ static void layers_match(bool sp) {
   loom_gpt_zero_grad(&serial);
   loom_gpt_zero_grad(&split);
   const float ls = loom_gpt_forward(&serial, &batch), lt = loom_gpt_forward(&split, &batch);
+  int pred_serial[N], pred_split[N];
+  loom_gpt_predict(&serial, pred_serial);
+  loom_gpt_predict(&split, pred_split);
+  ck_assert_mem_eq(pred_split, pred_serial, sizeof pred_serial); /* greedy over the split vocab */
   loom_gpt_backward(&serial, &batch, 1.0f / N);
   loom_gpt_backward(&split, &batch, 1.0f / N);
   loom_gpt_sync_replicated_grads(&split);

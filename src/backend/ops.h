@@ -101,6 +101,10 @@ typedef struct loom_ops {
   void (*crossentropy_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
                                 int vocab_start, float dloss, int N, int V, int width);
 
+  /* Greedy prediction: idx[n] = first column of the largest of the first V
+   * logits of row n, val[n] that logit (V == 0: -inf and -1). */
+  void (*argmax)(float *val, int *idx, const float *logits, int N, int V, int width);
+
   /* out = a + b */
   void (*add)(float *out, const float *a, const float *b, size_t n);
   /* acc += x */

@@ -60,8 +60,9 @@ static loom_status sample_run(const sample_flags *f, loom_error *err) {
     const loom_gpt_batch batch = {.tokens = window};
     loom_gpt_forward(&model, &batch);
     const float *row = model.a.logits + (size_t)(ctx - 1) * cfg.padded_vocab;
+    float best;
     int next;
-    if (f->temperature <= 0.0f) loom_argmax_rows(row, 1, cfg.vocab, cfg.padded_vocab, &next);
+    if (f->temperature <= 0.0f) model.ops->argmax(&best, &next, row, 1, cfg.vocab, cfg.padded_vocab);
     else next = draw(row, cfg.vocab, f->temperature, (uint64_t)f->seed, (uint64_t)n);
     text[n] = next;
     loom_byte_print(stdout, next);

@@ -11,13 +11,16 @@
 #include "cli/trainer.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
+#include "cli/launch.h"
+#include "tensor_parallel/parallel_state.h"
 #include "core/timer.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
 
 typedef struct {
   loom_model_flags model;
-  int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every;
+  int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every, tp;
+  bool sequence_parallel;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
@@ -26,7 +29,7 @@ typedef struct {
 static const char *const ORDER_CHOICES[] = {"sequential", "shuffled", NULL};
 static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
 
-#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 20)
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 22)
 
 static void train_table(train_flags *f, loom_flag *t) {
   loom_model_flags_table(&f->model, t);
@@ -50,7 +53,9 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--log-every", FLAG_INT, &f->log_every, "print a progress line every N steps", 1, 1e9, NULL, false},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false},
       {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false},
-      {"--threads", FLAG_INT, &f->threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
+      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: all cores)", 0, 4096, NULL, false},
+      {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks (launch with mpirun -np TP)", 1, 4096, NULL, false},
+      {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "TRAIN_FLAG_COUNT");
   memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
@@ -59,7 +64,7 @@ static void train_table(train_flags *f, loom_flag *t) {
 static train_flags train_defaults(void) {
   return (train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
                        .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
-                       .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1,
+                       .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }
@@ -79,11 +84,13 @@ static loom_status check_flags(const train_flags *f, const loom_flag *t, const l
   return LOOM_OK;
 }
 
-/* Refuses a run that cannot fit in memory before allocating any of it. */
-static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, loom_error *err) {
+/* Refuses a run that cannot fit in memory before allocating any of it: all
+ * `ranks` of this machine share its memory. */
+static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, int tp, bool sp, int ranks, loom_error *err) {
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg, 1); /* params, grads, Adam m and v */
-  const double acts = (double)loom_gpt_activation_bytes(cfg, T, B, 1, false);
+  const double per_rank_state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg, tp); /* params, grads, Adam m, v */
+  const double state = ranks * per_rank_state;
+  const double acts = ranks * (double)loom_gpt_activation_bytes(cfg, T, B, tp, sp);
   const double avail = (double)loom_mem_available_bytes();
   if (state + acts <= avail) return LOOM_OK;
   return loom_fail(err, LOOM_ERR_USAGE,
@@ -93,6 +100,9 @@ static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, loom_e
 }
 
 typedef struct {
+  loom_gpt_config cfg; /* the whole model (tp 1 vocab padding) */
+  loom_launch launch;
+  loom_parallel ps;
   loom_gpt model;
   loom_adamw opt;
   loom_dataset *data;
@@ -100,8 +110,41 @@ typedef struct {
   loom_metrics metrics;
 } train_run;
 
+/* Loads an llm.c file into this rank's shards (every rank reads the file). */
+static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
+  loom_gpt_params full;
+  loom_status st = loom_gpt_params_init(&full, &m->p.cfg, 0, 1);
+  if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory reading the model", path);
+  full.cfg.padded_vocab = m->p.cfg.padded_vocab;
+  loom_gpt_config file_cfg;
+  st = loom_llmc_read_config(path, &file_cfg, err);
+  if (st == LOOM_OK && file_cfg.padded_vocab != full.cfg.padded_vocab) {
+    /* The file's vocab padding differs from this split's: read it at its own. */
+    loom_gpt_params_free(&full);
+    file_cfg.dropout = m->p.cfg.dropout;
+    st = loom_gpt_params_init(&full, &file_cfg, 0, 1);
+  }
+  if (st == LOOM_OK) st = loom_llmc_load(path, &full, err);
+  if (st == LOOM_OK) loom_gpt_params_copy_shards(&m->p, &full, 1);
+  loom_gpt_params_free(&full);
+  return st;
+}
+
+/* Gathers every rank's shards and writes the whole model from rank 0. */
+static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const char *path, loom_error *err) {
+  loom_gpt_params full;
+  loom_status st = loom_gpt_params_init(&full, cfg, 0, 1);
+  if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory assembling the model", path);
+  loom_gpt_params_gather(&r->model.p, &full, r->model.tp.group);
+  if (r->launch.rank == 0) st = loom_llmc_save(path, &full, err);
+  loom_gpt_params_free(&full);
+  if (st == LOOM_OK) loom_log_info("saved %s (llm.c format)", path);
+  return st;
+}
+
 static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
   loom_status st;
+  r->cfg = *cfg;
   if (f->data) {
     const loom_data_order order = strcmp(f->data_order, "shuffled") == 0 ? LOOM_ORDER_SHUFFLED : LOOM_ORDER_SEQUENTIAL;
     st = loom_dataset_open_tokens(&r->data, f->data, f->eval_data, cfg->vocab, T, order, (uint64_t)f->seed, true, err);
@@ -109,10 +152,11 @@ static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_conf
   } else {
     r->data = loom_dataset_addition(f->digits, (uint64_t)f->seed);
   }
-  st = loom_metrics_open(&r->metrics, f->metrics, err);
+  st = loom_metrics_open(&r->metrics, r->launch.rank == 0 ? f->metrics : NULL, err);
   if (st != LOOM_OK) return st;
-  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, NULL);
-  if (st == LOOM_OK && f->model.init_from) st = loom_llmc_load(f->model.init_from, &r->model.p, err);
+  const loom_tp tp = loom_tp_of(&r->ps);
+  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, &tp);
+  if (st == LOOM_OK && f->model.init_from) st = load_shards(&r->model, f->model.init_from, err);
   if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&r->model, T, f->micro_batch);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = f->weight_decay;
@@ -143,13 +187,20 @@ static void run_eval(train_run *r, const train_flags *f, int step, bool record) 
 
 static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_error *err) {
   const loom_gpt_config *cfg = &r->model.p.cfg;
-  const double peak = loom_cpu_sgemm_gflops(1024, 0.3);
+  /* Every rank measures at once, so the sum is this job's sgemm peak. */
+  float peak_sum = (float)loom_cpu_sgemm_gflops(1024, 0.3);
+  loom_comm_allreduce(r->launch.world, &peak_sum, 1, LOOM_REDUCE_SUM);
+  const double peak = peak_sum;
   const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(cfg, T, tokens);
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters",
-                cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq, r->model.p.params.numel);
-  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads | sgemm peak %.1f GFLOP/s",
+                cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq,
+                loom_gpt_param_count(&r->cfg, 1));
+  if (r->ps.world > 1)
+    loom_log_info("parallel: %d ranks, tp %d%s | %zu parameters per rank", r->ps.world, r->ps.tp,
+                  r->ps.sequence_parallel ? " with sequence parallelism" : "", r->model.p.params.numel);
+  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
-                loom_cpu_threads(), peak);
+                loom_cpu_threads(), r->launch.size, peak);
   if (f->eval_every > 0) run_eval(r, f, 0, false);
   for (int step = 0; step < f->steps; step++) {
     const double t0 = loom_now_s();
@@ -173,12 +224,7 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
   }
-  if (f->save) {
-    loom_status st = loom_llmc_save(f->save, &r->model.p, err);
-    if (st != LOOM_OK) return st;
-    loom_log_info("saved %s (llm.c format)", f->save);
-  }
-  return LOOM_OK;
+  return f->save ? save_model(r, &r->cfg, f->save, err) : LOOM_OK;
 }
 
 int loom_cmd_train(int argc, char **argv) {
@@ -195,18 +241,27 @@ int loom_cmd_train(int argc, char **argv) {
   loom_gpt_config cfg;
   int T;
   st = loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
+  const int world = loom_launch_env_size();
   if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
-  if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, &err);
+  if (st == LOOM_OK)
+    st = loom_parallel_check(f.tp, 1, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden, cfg.ffn, T, &err);
+  if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(f.threads);
   train_run r;
   memset(&r, 0, sizeof r);
+  loom_launch_init(&r.launch);
+  loom_log_set_quiet(r.launch.rank != 0);
+  loom_parallel_init(&r.ps, r.launch.world, f.tp, 1, 1, f.sequence_parallel);
   st = setup(&r, &f, &cfg, T, &err);
   if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
+  const int code = loom_report(st, &err);
   loom_trainer_free(&r.trainer);
   loom_adamw_free(&r.opt);
   loom_gpt_free(&r.model);
   loom_dataset_free(r.data);
   loom_metrics_close(&r.metrics);
-  return loom_report(st, &err);
+  loom_parallel_free(&r.ps);
+  loom_launch_finish(&r.launch);
+  return code;
 }

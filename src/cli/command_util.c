@@ -2,15 +2,26 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "cli/launch.h"
+#include "comm/mpi/comm_mpi.h"
 #include "core/log.h"
 
 int loom_report(loom_status st, const loom_error *err) {
   if (st == LOOM_OK) return 0;
   const char *msg = err->msg[0] ? err->msg : loom_status_str(st);
-  /* Subcommand messages already name themselves ("loom train: ..."). */
-  if (strncmp(msg, "loom ", 5) == 0) fprintf(stderr, "%s\n", msg);
+  const int rank = loom_launch_env_rank(), code = loom_status_exit_code(st);
+  /* Bad usage is found the same way on every rank: rank 0 alone says so and
+   * every rank exits. Anything else may be one rank's alone: it names
+   * itself and ends the whole job, so no other rank waits forever. */
+  if (st == LOOM_ERR_USAGE && rank != 0) return code;
+  if (loom_mpi_launched() && st != LOOM_ERR_USAGE) fprintf(stderr, "[rank %d] ", rank);
+  if (strncmp(msg, "loom ", 5) == 0) fprintf(stderr, "%s\n", msg); /* already names its command */
   else loom_log_error("%s", msg);
-  return loom_status_exit_code(st);
+  if (loom_mpi_launched() && st != LOOM_ERR_USAGE) {
+    fflush(stderr);
+    loom_mpi_abort(code);
+  }
+  return code;
 }
 
 loom_status loom_cli_parse(const char *cmd, const char *usage, loom_flag *table, int n, int argc, char **argv,

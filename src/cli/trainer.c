@@ -46,20 +46,9 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   return out;
 }
 
-void loom_argmax_rows(const float *logits, int n, int V, int Vp, int *out) {
-  for (int i = 0; i < n; i++) {
-    const float *row = logits + (size_t)i * Vp;
-    int best = 0;
-    for (int v = 1; v < V; v++)
-      if (row[v] > row[best]) best = v;
-    out[i] = best;
-  }
-}
-
 loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits) {
   loom_gpt *m = tr->model;
   const int B = tr->micro_batch, T = tr->T, N = T * B;
-  const loom_gpt_config *c = &m->p.cfg;
   int *pred = loom_xmalloc((size_t)N * sizeof(int), "predictions");
   int *window = loom_xmalloc((size_t)(T + 1) * sizeof(int), "eval window");
   int *row_pred = loom_xmalloc((size_t)T * sizeof(int), "eval row");
@@ -72,7 +61,7 @@ loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_di
     loss_sum += (double)loom_gpt_forward(m, &batch) * (double)counted;
     scored += counted;
     if (addition_digits <= 0) continue;
-    loom_argmax_rows(m->a.logits, N, c->vocab, c->padded_vocab, pred);
+    loom_gpt_predict(m, pred);
     for (int b = 0; b < B; b++) {
       for (int t = 0; t < T; t++) {
         window[t] = tr->tokens[t * B + b];

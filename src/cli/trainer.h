@@ -38,7 +38,4 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
 loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits);
 
-/* argmax over the first V logits of each of n rows of width Vp. */
-void loom_argmax_rows(const float *logits, int n, int V, int Vp, int *out);
-
 #endif

@@ -284,3 +284,14 @@ void loom_gpt_sync_replicated_grads(loom_gpt *m) {
 void loom_gpt_zero_grad(loom_gpt *m) {
   memset(m->p.grads.base, 0, m->p.grads.numel * sizeof(float));
 }
+
+void loom_gpt_predict(loom_gpt *m, int *out) {
+  loom_gpt_acts *a = &m->a;
+  const int N = a->T * a->B;
+  int start, rows, valid;
+  vocab_range(m, &start, &rows, &valid);
+  m->ops->argmax(a->picked, out, a->logits, N, valid, rows);
+  for (int i = 0; i < N; i++)
+    if (out[i] >= 0) out[i] += start;
+  loom_tp_combine_argmax(&m->tp, a->picked, out, a->lse_scratch, N);
+}

@@ -72,5 +72,9 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
+/* Greedy next-token prediction for every row of the last forward, over the
+ * whole vocab even when it is split across the TP group (collective there).
+ * out[N]; clobbers the forward's picked logits. */
+void loom_gpt_predict(loom_gpt *m, int *out);
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "core/rng.h"
+#include "comm/comm.h"
 #include "layers/gpt_params.h"
 
 typedef struct {
@@ -172,27 +173,35 @@ size_t loom_gpt_param_count(const loom_gpt_config *c, int tp) {
   return (size_t)c->padded_vocab / t * h + (size_t)c->seq * h + (size_t)c->layers * block + 2 * h;
 }
 
+/* Copies tensor k between rank `rank`'s shard (local) and the whole model's
+ * tensor; rows past the whole tensor's are vocab padding and are skipped. */
+static void copy_shard(const loom_param_meta *meta, int rank, int size, const loom_tensor *whole, float *local,
+                       int to_local) {
+  int64_t rows, cols;
+  loom_shard_local_shape(&meta->layout, rank, size, &rows, &cols);
+  const int64_t whole_rows = whole->shape[0], whole_cols = whole->ndim == 2 ? whole->shape[1] : 1;
+  for (int64_t i = 0; i < rows; i++) {
+    int64_t row, col;
+    loom_shard_locate(&meta->layout, rank, size, i, &row, &col);
+    if (row >= whole_rows) continue;
+    float *g = (float *)whole->data + row * whole_cols + col, *s = local + i * cols;
+    memcpy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
+  }
+}
+
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local) {
   LOOM_CHECK(full->tp_size == 1 && full->params.count == p->params.count, "copy shards to or from a whole model");
+  for (int k = 0; k < p->params.count; k++)
+    copy_shard(&p->meta[k], p->tp_rank, p->tp_size, &full->params.views[k], p->params.views[k].data, to_local);
+}
+
+void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, loom_comm *tp_group) {
+  LOOM_CHECK(full->tp_size == 1 && full->params.count == p->params.count, "gather into a whole model");
   for (int k = 0; k < p->params.count; k++) {
-    loom_shard_layout l = p->meta[k].layout;
-    const loom_shard_layout lf = full->meta[k].layout;
-    l.rows = l.rows < lf.rows ? l.rows : lf.rows; /* vocab padding differs between layouts */
-    if (l.rows != p->meta[k].layout.rows) {
-      /* Rows past the full model's are padding: copy the common rows only. */
-      int64_t rows, cols;
-      loom_shard_local_shape(&p->meta[k].layout, p->tp_rank, p->tp_size, &rows, &cols);
-      for (int64_t i = 0; i < rows; i++) {
-        int64_t row, col;
-        loom_shard_locate(&p->meta[k].layout, p->tp_rank, p->tp_size, i, &row, &col);
-        if (row >= lf.rows) continue;
-        float *g = (float *)full->params.views[k].data + row * lf.cols + col;
-        float *s = (float *)p->params.views[k].data + i * cols;
-        memcpy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
-      }
-      continue;
-    }
-    loom_shard_copy(&p->meta[k].layout, p->tp_rank, p->tp_size, full->params.views[k].data,
-                    p->params.views[k].data, to_local);
+    const size_t n = loom_tensor_numel(&p->params.views[k]);
+    float *all = loom_xmalloc(n * (size_t)p->tp_size * sizeof(float), "gather");
+    loom_comm_allgather(tp_group, p->params.views[k].data, all, n);
+    for (int r = 0; r < p->tp_size; r++) copy_shard(&p->meta[k], r, p->tp_size, &full->params.views[k], all + (size_t)r * n, 0);
+    free(all);
   }
 }

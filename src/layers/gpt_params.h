@@ -67,6 +67,9 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, int tp_size);
  * parameters: to_local scatters full into p, else p's shards are written
  * into full. Rows past the smaller padded vocab are skipped. */
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local);
+/* Assembles the whole model from every TP rank's shards (collective over tp_group). */
+struct loom_comm;
+void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, struct loom_comm *tp_group);
 /* Index of the view named `name`, or -1. */
 int loom_gpt_params_find(const loom_gpt_params *p, const char *name);
 

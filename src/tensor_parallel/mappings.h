@@ -27,5 +27,8 @@ int loom_tp_local_rows(const loom_tp *tp, int rows);
  * group), and sums the picked target logits (each target lives on one rank). */
 void loom_tp_combine_logsumexp(const loom_tp *tp, float *lse, float *scratch, int n);
 void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n);
+/* Global greedy prediction from each rank's best (val, idx) over its vocab
+ * range (idx already global): the largest value wins, ties to the lowest id. */
+void loom_tp_combine_argmax(const loom_tp *tp, float *val, int *idx, float *scratch, int n);
 
 #endif

@@ -312,6 +312,18 @@ static void cpu_crossentropy_backward(float *dlogits, const float *logits, const
   }
 }
 
+static void cpu_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+#pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * width;
+    int best = V > 0 ? 0 : -1;
+    for (int v = 1; v < V; v++)
+      if (z[v] > z[best]) best = v;
+    idx[n] = best;
+    val[n] = best >= 0 ? z[best] : -INFINITY;
+  }
+}
+
 static void cpu_add(float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
@@ -381,6 +393,7 @@ static const loom_ops CPU_OPS = {
     .logsumexp = cpu_logsumexp,
     .pick_targets = cpu_pick_targets,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .argmax = cpu_argmax,
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .scale = cpu_scale,

@@ -233,6 +233,17 @@ static void ref_crossentropy_backward(float *dlogits, const float *logits, const
   }
 }
 
+static void ref_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+  for (int n = 0; n < N; n++) {
+    const float *z = logits + (size_t)n * width;
+    int best = V > 0 ? 0 : -1;
+    for (int v = 1; v < V; v++)
+      if (z[v] > z[best]) best = v;
+    idx[n] = best;
+    val[n] = best >= 0 ? z[best] : -INFINITY;
+  }
+}
+
 static void ref_add(float *out, const float *a, const float *b, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -289,6 +300,7 @@ static const loom_ops REF_OPS = {
     .logsumexp = ref_logsumexp,
     .pick_targets = ref_pick_targets,
     .crossentropy_backward = ref_crossentropy_backward,
+    .argmax = ref_argmax,
     .add = ref_add,
     .accumulate = ref_accumulate,
     .scale = ref_scale,

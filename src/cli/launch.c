@@ -1,0 +1,31 @@
+/* Start-up and shutdown of multi-rank runs. */
+#include <stdlib.h>
+#include "cli/launch.h"
+#include "comm/mpi/comm_mpi.h"
+
+int loom_launch_env_rank(void) {
+  static const char *const VARS[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+  for (int i = 0; i < 3; i++)
+    if (getenv(VARS[i])) return atoi(getenv(VARS[i]));
+  return 0;
+}
+
+int loom_launch_env_size(void) {
+  static const char *const VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
+  for (int i = 0; i < 3; i++)
+    if (getenv(VARS[i])) return atoi(getenv(VARS[i]));
+  return 1;
+}
+
+void loom_launch_init(loom_launch *l) {
+  l->world = loom_mpi_launched() ? loom_comm_mpi_world(NULL, NULL) : NULL;
+  l->rank = loom_comm_rank(l->world);
+  l->size = loom_comm_size(l->world);
+}
+
+void loom_launch_finish(loom_launch *l) {
+  if (!l->world) return;
+  loom_comm_free(l->world);
+  l->world = NULL;
+  loom_mpi_finalize();
+}

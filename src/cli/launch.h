@@ -1,0 +1,22 @@
+/* How this process was started: alone, or as one rank of an mpirun/srun job.
+ * MPI is only initialised in the second case, so single-rank commands never
+ * depend on an MPI runtime. */
+#ifndef LOOM_LAUNCH_H
+#define LOOM_LAUNCH_H
+
+#include "comm/comm.h"
+
+typedef struct {
+  loom_comm *world; /* NULL when started alone */
+  int rank, size;
+} loom_launch;
+
+/* This process's rank as the launcher set it in the environment (0 alone),
+ * readable before MPI starts. */
+int loom_launch_env_rank(void);
+/* The job's world size as the launcher set it (1 alone). */
+int loom_launch_env_size(void);
+void loom_launch_init(loom_launch *l);
+void loom_launch_finish(loom_launch *l);
+
+#endif
