@@ -93,6 +93,17 @@ START_TEST(bad_flags) {
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
   expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
+  /* Layouts that cannot be split are refused before anything is built. */
+  expect_fail(run("train", "--hidden", "6", "--heads", "6", "--tp", "4", NULL), 2,
+              "loom train: --hidden 6 is not divisible by --tp 4; pick a tp that divides hidden");
+  expect_fail(run("train", "--hidden", "8", "--heads", "2", "--tp", "4", NULL), 2,
+              "loom train: --heads 2 is not divisible by --tp 4; each rank needs whole heads");
+  expect_fail(run("train", "--ffn", "30", "--tp", "4", NULL), 2,
+              "loom train: --ffn 30 is not divisible by --tp 4; pick a tp that divides ffn");
+  expect_fail(run("train", "--seq", "30", "--tp", "4", "--sequence-parallel", NULL), 2,
+              "loom train: --seq 30 is not divisible by --tp 4; sequence parallelism splits the sequence evenly");
+  expect_fail(run("train", "--tp", "2", NULL), 2,
+              "loom train: world size 1 != tp 2 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);

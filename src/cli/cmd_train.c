@@ -244,7 +244,8 @@ int loom_cmd_train(int argc, char **argv) {
   const int world = loom_launch_env_size();
   if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
   if (st == LOOM_OK)
-    st = loom_parallel_check(f.tp, 1, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden, cfg.ffn, T, &err);
+    st = loom_error_prefix(&err, loom_parallel_check(f.tp, 1, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden,
+                                                     cfg.ffn, T, &err), "loom train");
   if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(f.threads);

@@ -1,6 +1,7 @@
 /* Names and exit codes for loom_status. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 #include "core/status.h"
 
 loom_status loom_fail(loom_error *err, loom_status st, const char *fmt, ...) {
@@ -22,6 +23,14 @@ const char *loom_status_str(loom_status s) {
   case LOOM_ERR_RUNTIME: return "run failed";
   }
   return "unknown status";
+}
+
+loom_status loom_error_prefix(loom_error *err, loom_status st, const char *prefix) {
+  if (!err || st == LOOM_OK) return st;
+  char msg[sizeof err->msg];
+  snprintf(msg, sizeof msg, "%.100s: %.400s", prefix, err->msg);
+  memcpy(err->msg, msg, sizeof msg);
+  return st;
 }
 
 int loom_status_exit_code(loom_status s) {

@@ -24,6 +24,8 @@ typedef struct {
  * `return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated", path);`. */
 loom_status loom_fail(loom_error *err, loom_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* Puts "prefix: " before err's message (naming the command that failed); returns st. */
+loom_status loom_error_prefix(loom_error *err, loom_status st, const char *prefix);
 
 /* Exit code for the CLI, as DESIGN.md fixes them: 1 run failed, 2 bad input. */
 int loom_status_exit_code(loom_status s);

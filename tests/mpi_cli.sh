@@ -1,0 +1,26 @@
+#!/bin/sh
+# loom train under mpirun: a tp 2 run with sequence parallelism trains,
+# saves a model that single-rank loom can sample, and a layout that does not
+# fit the job is refused once, by rank 0, with exit code 2.
+# Usage: tests/mpi_cli.sh MPIEXEC LOOM WORKDIR
+set -u
+MPIEXEC=$1 LOOM=$2 WORK=$3
+mkdir -p "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run() { "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" "$@"; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+run train --tp 2 --sequence-parallel --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
+  --eval-every 2 --metrics "$WORK/m.jsonl" --save "$WORK/tp2.bin" > "$WORK/out.txt" 2>&1 || fail "tp 2 run: $(cat "$WORK/out.txt")"
+grep -q "parallel: 2 ranks, tp 2 with sequence parallelism" "$WORK/out.txt" || fail "no parallel line"
+[ "$(grep -c '^step ' "$WORK/out.txt")" = 3 ] || fail "progress should print once per step, from rank 0 only"
+[ "$(grep -c '"loss"' "$WORK/m.jsonl")" = 3 ] || fail "metrics"
+"$LOOM" sample --init-from "$WORK/tp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the tp 2 model"
+
+run train --tp 4 > "$WORK/bad.txt" 2>&1
+code=$?
+[ "$code" = 2 ] || fail "exit code $code for a bad layout"
+want="loom train: world size 2 != tp 4 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 4)"
+[ "$(grep -c "world size" "$WORK/bad.txt")" = 1 ] || fail "message should appear once: $(cat "$WORK/bad.txt")"
+grep -qxF "$want" "$WORK/bad.txt" || fail "message: $(cat "$WORK/bad.txt")"
+echo "ok"
