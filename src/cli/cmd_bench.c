@@ -6,14 +6,16 @@
 #include "backend/cpu/cpu_peak.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
+#include "cli/launch.h"
 #include "cli/trainer.h"
+#include "tensor_parallel/parallel_state.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/timer.h"
 
 typedef struct {
-  int micro_batch, steps, layers, threads, seq;
+  int micro_batch, steps, layers, threads, seq, tp;
 } bench_flags;
 
 /* Uniform random tokens: the step's cost does not depend on the data. */
@@ -26,15 +28,16 @@ static void random_window(loom_dataset *ds, loom_split split, int64_t g, int T, 
 }
 static void no_free(loom_dataset *ds) { (void)ds; }
 
-/* Times `steps` training steps at seq T after one warm-up; returns best seconds. */
-static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f, loom_status *st) {
+/* Times `steps` training steps at seq T after one warm-up; returns best seconds
+ * (the slowest rank's, under TP). */
+static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f, const loom_tp *tp, loom_status *st) {
   loom_gpt model;
   loom_adamw opt;
   loom_dataset data = {.name = "random", .window = random_window, .free = no_free};
   loom_gpt_config c = *cfg;
   c.seq = T;
   double best = 0.0;
-  *st = loom_gpt_init(&model, &c, loom_ops_cpu(), 1, NULL);
+  *st = loom_gpt_init(&model, &c, loom_ops_cpu(), 1, tp);
   if (*st == LOOM_OK) *st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
   const loom_adamw_config oc = loom_adamw_defaults();
   if (*st == LOOM_OK) *st = loom_adamw_init(&opt, &model.p, &oc);
@@ -43,9 +46,12 @@ static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f
     const loom_lr_schedule lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .warmup_steps = 0, .total_steps = f->steps + 1};
     loom_trainer_init(&tr, &model, &opt, &data, T, f->micro_batch, f->micro_batch, lr);
     for (int s = 0; s <= f->steps; s++) {
+      loom_comm_barrier(tp ? tp->group : NULL);
       const double t0 = loom_now_s();
       loom_trainer_step(&tr, s);
-      const double dt = loom_now_s() - t0;
+      float dt_f = (float)(loom_now_s() - t0);
+      loom_comm_allreduce(tp ? tp->group : NULL, &dt_f, 1, LOOM_REDUCE_MAX);
+      const double dt = dt_f;
       if (s > 0 && (best == 0.0 || dt < best)) best = dt; /* step 0 warms caches and pages */
     }
     loom_trainer_free(&tr);
@@ -55,27 +61,25 @@ static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f
   return best;
 }
 
-static loom_status bench_step(const bench_flags *f, loom_error *err) {
-  loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, "gpt2-small");
-  if (f->layers) cfg.layers = f->layers;
-  loom_cpu_set_threads(f->threads);
+static void print_step(const char *label, const loom_gpt_config *cfg, int T, int B, double dt, double peak) {
+  const double tokens = (double)B * T, gflops = loom_gpt_train_flops(cfg, T, tokens) / dt * 1e-9;
+  printf("seq %4d%s: step %8.1f ms | %8.0f tok/s | model %6.1f GFLOP/s | %5.1f%% of sgemm peak\n", T, label,
+         dt * 1e3, tokens / dt, gflops, 100.0 * gflops / peak);
+}
+
+/* Single-rank bench: each sequence length against the sgemm peak. */
+static loom_status bench_serial(const loom_gpt_config *cfg, const bench_flags *f, loom_error *err) {
   const double peak_before = loom_cpu_sgemm_gflops(2048, 1.0);
-  printf("bench step: GPT-2-small shape (%d layers, hidden %d, heads %d, vocab %d), micro-batch %d, %d threads\n",
-         cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch, loom_cpu_threads());
   printf("sgemm peak (2048^3, best of >= 1 s): %.1f GFLOP/s\n", peak_before);
   const int seqs[] = {64, 256};
   double frac[2] = {0.0, 0.0};
   for (int i = 0; i < 2; i++) {
     if (f->seq && f->seq != seqs[i]) continue;
     loom_status st;
-    const double dt = time_steps(&cfg, seqs[i], f, &st);
+    const double dt = time_steps(cfg, seqs[i], f, NULL, &st);
     if (st != LOOM_OK) return loom_fail(err, st, "loom bench step: out of memory at seq %d", seqs[i]);
-    const double tokens = (double)f->micro_batch * seqs[i];
-    const double gflops = loom_gpt_train_flops(&cfg, seqs[i], tokens) / dt * 1e-9;
-    frac[i] = gflops / peak_before;
-    printf("seq %4d: step %8.1f ms | %8.0f tok/s | model %6.1f GFLOP/s | %5.1f%% of sgemm peak\n", seqs[i],
-           dt * 1e3, tokens / dt, gflops, 100.0 * frac[i]);
+    print_step("", cfg, seqs[i], f->micro_batch, dt, peak_before);
+    frac[i] = loom_gpt_train_flops(cfg, seqs[i], (double)f->micro_batch * seqs[i]) / dt * 1e-9 / peak_before;
   }
   const double peak_after = loom_cpu_sgemm_gflops(2048, 1.0);
   printf("sgemm peak re-measured after: %.1f GFLOP/s (drift %+.1f%%)\n", peak_after,
@@ -84,14 +88,68 @@ static loom_status bench_step(const bench_flags *f, loom_error *err) {
   return LOOM_OK;
 }
 
+/* TP bench under mpirun: the same step on rank 0 alone with every core as
+ * BLAS threads, then split tp ways with one thread per rank. Ranks not in a
+ * phase sleep, so each phase has the whole machine. */
+static loom_status bench_tp(const loom_gpt_config *cfg, const bench_flags *f, loom_launch *launch, loom_error *err) {
+  loom_parallel ps;
+  loom_parallel_init(&ps, launch->world, f->tp, 1, 1, false);
+  const loom_tp tp = loom_tp_of(&ps);
+  const int T = f->seq ? f->seq : 256;
+  double serial = 0.0, peak = 0.0;
+  loom_status st = LOOM_OK;
+  if (launch->rank == 0) {
+    loom_cpu_set_threads(launch->size);
+    peak = loom_cpu_sgemm_gflops(2048, 1.0);
+    printf("sgemm peak, 1 rank x %d threads (2048^3): %.1f GFLOP/s\n", launch->size, peak);
+    serial = time_steps(cfg, T, f, NULL, &st);
+    if (st == LOOM_OK) print_step(" tp 1 (1 rank)", cfg, T, f->micro_batch, serial, peak);
+  }
+  loom_comm_idle_barrier(launch->world, 0);
+  loom_cpu_set_threads(1);
+  loom_status st_tp;
+  const double split = time_steps(cfg, T, f, &tp, &st_tp);
+  if (launch->rank == 0 && st == LOOM_OK && st_tp == LOOM_OK) {
+    char label[64];
+    snprintf(label, sizeof label, " tp %d (%d ranks)", f->tp, launch->size);
+    print_step(label, cfg, T, f->micro_batch, split, peak);
+    printf("RESULT tp%d_over_tp1_step_time=%.3f\n", f->tp, split / serial);
+  }
+  loom_parallel_free(&ps);
+  if (st == LOOM_OK) st = st_tp;
+  return st == LOOM_OK ? LOOM_OK : loom_fail(err, st, "loom bench step: out of memory at seq %d", T);
+}
+
+static loom_status bench_step(const bench_flags *f, loom_error *err) {
+  loom_gpt_config cfg;
+  loom_gpt_config_preset(&cfg, "gpt2-small");
+  if (f->layers) cfg.layers = f->layers;
+  const int world = loom_launch_env_size();
+  if (f->tp > 1 || world > 1) {
+    loom_status st = loom_parallel_check(f->tp, 1, 1, world, false, cfg.heads, cfg.hidden, cfg.ffn, 0, err);
+    if (st != LOOM_OK) return loom_error_prefix(err, st, "loom bench step");
+  }
+  loom_launch launch;
+  loom_launch_init(&launch);
+  if (launch.rank == 0)
+    printf("bench step: GPT-2-small shape (%d layers, hidden %d, heads %d, vocab %d), micro-batch %d, %d threads x %d ranks\n",
+           cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch,
+           f->tp > 1 ? 1 : (f->threads ? f->threads : loom_cpu_threads()), launch.size);
+  loom_cpu_set_threads(f->threads);
+  const loom_status st = f->tp > 1 ? bench_tp(&cfg, f, &launch, err) : bench_serial(&cfg, f, err);
+  loom_launch_finish(&launch);
+  return st;
+}
+
 int loom_cmd_bench(int argc, char **argv) {
-  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0};
+  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0, .tp = 1};
   loom_flag table[] = {
       {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false},
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false},
       {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false},
       {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
-      {"--seq", FLAG_INT, &f.seq, "run only this sequence length, 64 or 256 (0: both)", 0, 256, NULL, false},
+      {"--seq", FLAG_INT, &f.seq, "run only this sequence length (0: 64 and 256; with --tp, 256)", 0, 1024, NULL, false},
+      {"--tp", FLAG_INT, &f.tp, "compare tp 1 on rank 0 with a tp-way split (mpirun -np TP)", 1, 64, NULL, false},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

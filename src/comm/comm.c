@@ -1,6 +1,7 @@
 /* Dispatch through a group's table, with the size-1 shortcuts every backend
  * would otherwise repeat. */
 #include <string.h>
+#include <time.h>
 #include "comm/comm.h"
 #include "core/check.h"
 
@@ -56,6 +57,21 @@ loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int 
 }
 
 void loom_comm_wait(loom_comm *c, loom_request *r) { c->ops->wait(r); }
+
+int loom_comm_test(loom_comm *c, loom_request *r) { return c->ops->test(r); }
+
+void loom_comm_idle_barrier(loom_comm *c, int root) {
+  if (single(c)) return;
+  float token = 0.0f;
+  if (c->rank == root) {
+    for (int r = 0; r < c->size; r++)
+      if (r != root) loom_comm_send(c, &token, 1, r, 0x1d1e);
+    return;
+  }
+  loom_request *req = loom_comm_irecv(c, &token, 1, root, 0x1d1e);
+  const struct timespec nap = {0, 1000000}; /* 1 ms */
+  while (!loom_comm_test(c, req)) nanosleep(&nap, NULL);
+}
 
 void loom_comm_barrier(loom_comm *c) {
   if (!single(c)) c->ops->barrier(c);

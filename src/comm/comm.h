@@ -27,6 +27,7 @@ typedef struct {
   loom_request *(*isend)(loom_comm *c, const float *buf, size_t n, int peer, int tag);
   loom_request *(*irecv)(loom_comm *c, float *buf, size_t n, int peer, int tag);
   void (*wait)(loom_request *r); /* completes and frees r */
+  int (*test)(loom_request *r);  /* 1 (and frees r) if complete, else 0 */
   void (*barrier)(loom_comm *c);
   /* Sub-group of the ranks passing the same color, ordered by key. */
   loom_comm *(*split)(loom_comm *c, int color, int key);
@@ -51,6 +52,11 @@ void loom_comm_recv(loom_comm *c, float *buf, size_t n, int peer, int tag);
 loom_request *loom_comm_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag);
 loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag);
 void loom_comm_wait(loom_comm *c, loom_request *r);
+int loom_comm_test(loom_comm *c, loom_request *r);
+/* Waits for `root`'s go-ahead while sleeping, not spinning, so a rank that
+ * waits leaves its core to the ranks that work (benchmarks). root calls it
+ * when it is done. */
+void loom_comm_idle_barrier(loom_comm *c, int root);
 void loom_comm_barrier(loom_comm *c);
 loom_comm *loom_comm_split(loom_comm *c, int color, int key);
 void loom_comm_free(loom_comm *c);

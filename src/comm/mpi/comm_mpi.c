@@ -54,6 +54,13 @@ static void mpi_wait(loom_request *r) {
   free(r);
 }
 
+static int mpi_test(loom_request *r) {
+  int done = 0;
+  MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
+  if (done) free(r);
+  return done;
+}
+
 static void mpi_barrier(loom_comm *c) { MPI_Barrier(mpi_of(c)); }
 
 static loom_comm *wrap(MPI_Comm comm);
@@ -81,6 +88,7 @@ static const loom_comm_ops MPI_OPS = {
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .wait = mpi_wait,
+    .test = mpi_test,
     .barrier = mpi_barrier,
     .split = mpi_split,
     .free = mpi_free,

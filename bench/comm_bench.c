@@ -1,0 +1,100 @@
+/* Communication benchmark in the nccl-tests convention, over loom's
+ * communicator interface (MPI backend): for each operation and message size,
+ * the time per call, algorithm bandwidth (bytes / time) and bus bandwidth
+ * (algbw times nccl-tests' factor: all-reduce 2(n-1)/n, all-gather and
+ * reduce-scatter (n-1)/n, send/recv 1), so the numbers read like the ones
+ * every GPU-cluster operator knows. Inputs are small integers, so every
+ * result is exact and checked: #wrong counts elements that differ.
+ *
+ *   mpirun -np 2 build/bench/loom_comm_bench [--max-bytes N] [--iters N]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm/mpi/comm_mpi.h"
+#include "core/timer.h"
+
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_SENDRECV } op_kind;
+static const char *const OP_NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
+
+/* count: floats per rank's contribution (the nccl-tests "count"). */
+static void run_op(loom_comm *c, op_kind op, float *send, float *recv, size_t count) {
+  const int n = c->size, peer_to = (c->rank + 1) % n, peer_from = (c->rank + n - 1) % n;
+  switch (op) {
+  case OP_ALLREDUCE: loom_comm_allreduce(c, recv, count, LOOM_REDUCE_SUM); break;
+  case OP_ALLGATHER: loom_comm_allgather(c, send, recv, count / n); break;
+  case OP_REDUCE_SCATTER: loom_comm_reduce_scatter(c, send, recv, count / n); break;
+  case OP_SENDRECV: {
+    loom_request *r = loom_comm_irecv(c, recv, count, peer_from, 7);
+    loom_comm_wait(c, loom_comm_isend(c, send, count, peer_to, 7));
+    loom_comm_wait(c, r);
+    break;
+  }
+  }
+}
+
+/* Fills inputs with small integers and returns how many outputs are wrong. */
+static size_t check_op(loom_comm *c, op_kind op, float *send, float *recv, size_t count) {
+  const int n = c->size;
+  for (size_t i = 0; i < count; i++) send[i] = recv[i] = (float)((c->rank + 1) * (int)(i % 7 + 1));
+  run_op(c, op, send, recv, count);
+  size_t wrong = 0;
+  const size_t chunk = count / n;
+  for (size_t i = 0; i < (op == OP_REDUCE_SCATTER ? chunk : count); i++) {
+    float want;
+    const int k = (int)(i % 7 + 1);
+    if (op == OP_ALLREDUCE) want = (float)(k * n * (n + 1) / 2);
+    else if (op == OP_ALLGATHER) want = (float)((int)(i / chunk) + 1) * (float)(int)((i % chunk) % 7 + 1);
+    else if (op == OP_REDUCE_SCATTER) want = (float)(((c->rank * chunk + i) % 7 + 1) * n * (n + 1) / 2);
+    else want = (float)(((c->rank + n - 1) % n + 1) * k);
+    wrong += recv[i] != want;
+  }
+  return wrong;
+}
+
+static double bus_factor(op_kind op, int n) {
+  if (op == OP_ALLREDUCE) return 2.0 * (n - 1) / n;
+  if (op == OP_SENDRECV) return 1.0;
+  return (double)(n - 1) / n;
+}
+
+int main(int argc, char **argv) {
+  loom_comm *world = loom_comm_mpi_world(&argc, &argv);
+  size_t max_bytes = 64u << 20;
+  int iters = 20;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (strcmp(argv[i], "--max-bytes") == 0) max_bytes = strtoull(argv[i + 1], NULL, 10);
+    else if (strcmp(argv[i], "--iters") == 0) iters = atoi(argv[i + 1]);
+  }
+  const int n = world->size;
+  float *send = malloc(max_bytes), *recv = malloc(max_bytes);
+  int failed = 0;
+  if (world->rank == 0)
+    printf("# loom comm bench: %d ranks, MPI backend, float32, %d iterations\n"
+           "# %-14s %12s %12s %10s %9s %9s %7s\n", n, iters, "op", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
+  for (int op = 0; op < 4; op++) {
+    for (size_t bytes = 4 * (size_t)n * 2; bytes <= max_bytes; bytes *= 4) {
+      const size_t count = bytes / sizeof(float) / n * n;
+      const size_t wrong = check_op(world, (op_kind)op, send, recv, count);
+      loom_comm_barrier(world);
+      const double t0 = loom_now_s();
+      for (int it = 0; it < iters; it++) run_op(world, (op_kind)op, send, recv, count);
+      float dt = (float)((loom_now_s() - t0) / iters);
+      loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
+      float bad = (float)wrong;
+      loom_comm_allreduce(world, &bad, 1, LOOM_REDUCE_SUM);
+      failed |= bad > 0;
+      const double algbw = (double)count * sizeof(float) / dt * 1e-9;
+      if (world->rank == 0)
+        printf("  %-14s %12zu %12zu %10.1f %9.3f %9.3f %7.0f\n", OP_NAMES[op], count * sizeof(float), count,
+               dt * 1e6, algbw, algbw * bus_factor((op_kind)op, n), bad);
+    }
+  }
+  if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests\n");
+  free(send);
+  free(recv);
+  loom_comm_free(world);
+  loom_mpi_finalize();
+  return failed;
+}
