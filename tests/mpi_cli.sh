@@ -23,4 +23,10 @@ code=$?
 want="loom train: world size 2 != tp 4 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 4)"
 [ "$(grep -c "world size" "$WORK/bad.txt")" = 1 ] || fail "message should appear once: $(cat "$WORK/bad.txt")"
 grep -qxF "$want" "$WORK/bad.txt" || fail "message: $(cat "$WORK/bad.txt")"
+# One rank failing alone ends the whole job with that rank's message, no hang.
+LOOM_TEST_FAIL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_TEST_FAIL_RANK -x OMP_NUM_THREADS=1 \
+  "$LOOM" train --tp 2 --steps 100000 > "$WORK/one.txt" 2>&1
+code=$?
+[ "$code" != 0 ] || fail "a failed rank must fail the job"
+grep -qF "[rank 1] loom: injected failure on this rank (LOOM_TEST_FAIL_RANK)" "$WORK/one.txt" || fail "rank message: $(cat "$WORK/one.txt")"
 echo "ok"

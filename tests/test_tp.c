@@ -101,6 +101,15 @@ static void layers_match(bool sp) {
                 split.p.grads.views[k].name);
   }
   free(want);
+  /* The grad norm counts each element once: shards summed, replicas once. */
+  const double ns = loom_grad_norm(&serial.p, serial.ops, NULL), nt = loom_grad_norm(&split.p, split.ops, &tp);
+  ck_assert_msg(fabs(nt - ns) <= 1e-6 * ns, "grad norm %g vs serial %g", nt, ns);
+  /* Replicated LayerNorm grads are bit-identical on every rank of the group. */
+  const int k = loom_gpt_params_find(&split.p, "h.1.ln_2.weight");
+  float *all = malloc((size_t)tp.size * h * sizeof(float));
+  loom_comm_allgather(tp.group, split.p.grads.views[k].data, all, (size_t)h);
+  for (int r = 1; r < tp.size; r++) ck_assert_mem_eq(all + r * h, all, (size_t)h * sizeof(float));
+  free(all);
   loom_gpt_free(&serial);
   loom_gpt_free(&split);
   loom_parallel_free(&ps);
@@ -169,6 +178,25 @@ END_TEST
 START_TEST(training_on_a_token_file_matches_serial_sequence_parallel) { training_matches(true, true); }
 END_TEST
 
+/* Broadcast and point-to-point transfers deliver exactly what was sent. */
+START_TEST(collectives_are_exact) {
+  float buf[5] = {0};
+  if (g_world->rank == 0)
+    for (int i = 0; i < 5; i++) buf[i] = (float)(i * 3 + 1);
+  loom_comm_broadcast(g_world, buf, 5, 0);
+  for (int i = 0; i < 5; i++) ck_assert_float_eq(buf[i], (float)(i * 3 + 1));
+  if (g_world->size < 2) return;
+  const int next = (g_world->rank + 1) % g_world->size, prev = (g_world->rank + g_world->size - 1) % g_world->size;
+  float out[3] = {(float)g_world->rank, 7.0f, -1.0f}, in[3];
+  loom_request *r = loom_comm_irecv(g_world, in, 3, prev, 3);
+  loom_comm_wait(g_world, loom_comm_isend(g_world, out, 3, next, 3));
+  loom_comm_wait(g_world, r);
+  ck_assert_float_eq(in[0], (float)prev);
+  ck_assert_float_eq(in[1], 7.0f);
+  loom_comm_barrier(g_world);
+}
+END_TEST
+
 /* The shard mapping: c_attn rank r owns the q, k and v rows of its heads. */
 START_TEST(qkv_shards_follow_heads) {
   const loom_shard_layout l = {.partition_dim = 0, .parts = 3, .rows = 24, .cols = 8};
@@ -191,6 +219,7 @@ int main(int argc, char **argv) {
   Suite *s = suite_create("tp");
   TCase *tc = tcase_create("tp");
   tcase_add_test(tc, qkv_shards_follow_heads);
+  tcase_add_test(tc, collectives_are_exact);
   tcase_add_test(tc, layers_match_serial);
   tcase_add_test(tc, layers_match_serial_sequence_parallel);
   tcase_add_test(tc, training_matches_serial);

@@ -145,6 +145,10 @@ static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const ch
 static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
   loom_status st;
   r->cfg = *cfg;
+  /* Fault injection for tests: one rank fails alone, as a missing file on one node would. */
+  const char *fail_rank = getenv("LOOM_TEST_FAIL_RANK");
+  if (fail_rank && atoi(fail_rank) == r->launch.rank)
+    return loom_fail(err, LOOM_ERR_IO, "injected failure on this rank (LOOM_TEST_FAIL_RANK)");
   if (f->data) {
     const loom_data_order order = strcmp(f->data_order, "shuffled") == 0 ? LOOM_ORDER_SHUFFLED : LOOM_ORDER_SEQUENTIAL;
     st = loom_dataset_open_tokens(&r->data, f->data, f->eval_data, cfg->vocab, T, order, (uint64_t)f->seed, true, err);
