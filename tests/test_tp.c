@@ -178,6 +178,44 @@ END_TEST
 START_TEST(training_on_a_token_file_matches_serial_sequence_parallel) { training_matches(true, true); }
 END_TEST
 
+/* World ranks of a group's members, in group order. */
+static void members(loom_comm *group, int *out) {
+  float me = (float)g_world->rank, all[64];
+  loom_comm_allgather(group, &me, all, 1);
+  for (int i = 0; i < loom_comm_size(group); i++) out[i] = (int)all[i];
+}
+
+/* Rank order is tp fastest, then dp, then pp; each group shares the other coordinates. */
+START_TEST(groups_follow_rank_order) {
+  int t, d, p;
+  loom_parallel_coords(13, 2, 2, 4, &t, &d, &p); /* 13 = 1 + 2 * (2 + 4 * 1) */
+  ck_assert_int_eq(t, 1);
+  ck_assert_int_eq(d, 2);
+  ck_assert_int_eq(p, 1);
+  if (g_world->size != 4) return;
+  loom_parallel ps;
+  loom_parallel_init(&ps, g_world, 2, 2, 1, false); /* tp 2 x pp 2 */
+  int m[4];
+  const int r = g_world->rank;
+  members(ps.tp_group, m);
+  ck_assert_int_eq(m[0], r / 2 * 2);
+  ck_assert_int_eq(m[1], r / 2 * 2 + 1);
+  members(ps.pp_group, m);
+  ck_assert_int_eq(m[0], r % 2);
+  ck_assert_int_eq(m[1], r % 2 + 2);
+  ck_assert_int_eq(loom_comm_size(ps.dp_group), 1);
+  ck_assert_ptr_nonnull(ps.embed_group); /* with 2 stages every rank is first or last */
+  members(ps.embed_group, m);
+  ck_assert_int_eq(m[0], r % 2);
+  ck_assert_int_eq(m[1], r % 2 + 2);
+  loom_parallel_free(&ps);
+  loom_parallel_init(&ps, g_world, 1, 1, 4, false); /* dp 4 */
+  ck_assert_int_eq(loom_comm_size(ps.dp_group), 4);
+  ck_assert_int_eq(ps.dp_rank, r);
+  loom_parallel_free(&ps);
+}
+END_TEST
+
 /* Broadcast and point-to-point transfers deliver exactly what was sent. */
 START_TEST(collectives_are_exact) {
   float buf[5] = {0};
@@ -220,6 +258,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("tp");
   tcase_add_test(tc, qkv_shards_follow_heads);
   tcase_add_test(tc, collectives_are_exact);
+  tcase_add_test(tc, groups_follow_rank_order);
   tcase_add_test(tc, layers_match_serial);
   tcase_add_test(tc, layers_match_serial_sequence_parallel);
   tcase_add_test(tc, training_matches_serial);
