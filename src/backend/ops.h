@@ -130,6 +130,8 @@ const loom_ops *loom_ops_ref(void);
 /* Shared pieces both backends use (one definition, no duplicated logic). */
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
+/* Column of the first largest of z[0..V), -1 when V == 0. */
+int loom_row_argmax(const float *z, int V);
 /* 1 if dropout element `index` survives, 0 if dropped. */
 int loom_dropout_keep(const loom_dropout *d, uint64_t index);
 /* Global dropout index of element (t, b, c) of a [T,B,C] site. */

@@ -35,3 +35,10 @@ uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s
   const uint64_t T = (uint64_t)s->T;
   return ((sample * (uint64_t)s->total_heads + head) * T + (uint64_t)tq) * T + (uint64_t)tk;
 }
+
+int loom_row_argmax(const float *z, int V) {
+  int best = V > 0 ? 0 : -1;
+  for (int v = 1; v < V; v++)
+    if (z[v] > z[best]) best = v;
+  return best;
+}

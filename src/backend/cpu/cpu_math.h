@@ -16,6 +16,7 @@ static inline float loom_fast_expf(float x) {
   const float nan_or_x = x;
   x = x < -87.0f ? -87.0f : x; /* ternaries, not fminf: they vectorise without -ffast-math */
   x = x > 88.0f ? 88.0f : x;
+  x = x != x ? 0.0f : x; /* keep NaN away from the int conversion below */
   const float n = rintf(x * 1.44269504088896341f);
   const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f; /* ln 2 split in two */
   float p = 1.0f / 5040.0f;
@@ -26,7 +27,7 @@ static inline float loom_fast_expf(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  const int32_t bits = ((int32_t)n + 127) << 23;
+  const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return nan_or_x != nan_or_x ? nan_or_x : p * scale; /* NaN stays NaN, so bad steps are seen */

@@ -316,11 +316,8 @@ static void cpu_argmax(float *val, int *idx, const float *logits, int N, int V, 
 #pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
-    int best = V > 0 ? 0 : -1;
-    for (int v = 1; v < V; v++)
-      if (z[v] > z[best]) best = v;
-    idx[n] = best;
-    val[n] = best >= 0 ? z[best] : -INFINITY;
+    idx[n] = loom_row_argmax(z, V);
+    val[n] = idx[n] >= 0 ? z[idx[n]] : -INFINITY;
   }
 }
 

@@ -236,11 +236,8 @@ static void ref_crossentropy_backward(float *dlogits, const float *logits, const
 static void ref_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
-    int best = V > 0 ? 0 : -1;
-    for (int v = 1; v < V; v++)
-      if (z[v] > z[best]) best = v;
-    idx[n] = best;
-    val[n] = best >= 0 ? z[best] : -INFINITY;
+    idx[n] = loom_row_argmax(z, V);
+    val[n] = idx[n] >= 0 ? z[idx[n]] : -INFINITY;
   }
 }
 
