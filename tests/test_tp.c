@@ -1,6 +1,10 @@
-/* Tensor parallelism under mpirun: the model split tp ways (tp = world
- * size) against the serial model, which every rank also builds locally.
+/* Tensor parallelism under mpirun: each TP layer and the model split tp
+ * ways (tp = world size) against their serial selves, which every rank also
+ * computes locally.
  *
+ * - Each layer (column- and row-parallel linear, vocab-parallel embedding and
+ *   cross-entropy): output and every grad equal this rank's slice of the
+ *   serial ones (NMSE <= 1e-12), with and without sequence parallelism.
  * - Layers: one forward and backward on a fixed batch. The embedding output,
  *   every block's output, the final norm and the loss equal the serial ones,
  *   and every gradient equals this rank's slice of the serial gradient
@@ -20,7 +24,9 @@
 #include "data/addition.h"
 #include "core/rng.h"
 #include "data/token_file.h"
+#include "tensor_parallel/linear.h"
 #include "tensor_parallel/mappings.h"
+#include "tensor_parallel/vocab_parallel.h"
 #include "test_util.h"
 
 static loom_comm *g_world;
@@ -178,6 +184,123 @@ END_TEST
 START_TEST(training_on_a_token_file_matches_serial_sequence_parallel) { training_matches(true, true); }
 END_TEST
 
+/* ---- each TP layer against its serial self (tp 1 through the same code) ---- */
+
+enum { LT = 4, LB = 2, LN = LT * LB, LIN = 8, LOUT = 16, LV = 30, LVP = 32 };
+
+static float *rnd(size_t n, uint64_t stream) {
+  float *p = malloc(n * sizeof(float));
+  tu_fill(p, n, stream, -1.0f, 1.0f);
+  return p;
+}
+/* Copies columns [c0, c0 + c) of every row of src[rows, width] into dst[rows, c]. */
+static void cols(float *dst, const float *src, int rows, int width, int c0, int c) {
+  for (int i = 0; i < rows; i++) memcpy(dst + (size_t)i * c, src + (size_t)i * width + c0, (size_t)c * sizeof(float));
+}
+static const loom_tp SERIAL_TP = {.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
+
+static void column_and_row_parallel(bool sp) {
+  loom_parallel ps;
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  const loom_tp tp = loom_tp_of(&ps), *one = &SERIAL_TP;
+  const loom_ops *ops = loom_ops_cpu();
+  const int r = tp.rank, t = tp.size, n = loom_tp_local_rows(&tp, LT) * LB, row0 = sp ? r * n : 0;
+  const int oc = LOUT / t; /* column-parallel: this rank's output features */
+  float *x = rnd(LN * LIN, 1), *w = rnd(LOUT * LIN, 2), *b = rnd(LOUT, 3), *dy = rnd(LN * LOUT, 4);
+  /* Serial reference. */
+  float *y = malloc(LN * LOUT * sizeof(float)), *dx = malloc(LN * LIN * sizeof(float)), *xf = malloc(LN * LIN * sizeof(float));
+  float *dw = calloc(LOUT * LIN, sizeof(float)), *db = calloc(LOUT, sizeof(float)), *scratch = malloc(LN * LIN * sizeof(float));
+  loom_column_parallel_forward(one, ops, y, xf, x, w, b, LN, LN, LIN, LOUT);
+  loom_column_parallel_backward(one, ops, dx, scratch, dw, db, dy, xf, w, LN, LN, LIN, LOUT);
+  /* ColumnParallelLinear: this rank's rows of w and b; input rows outside the region. */
+  float *y_l = malloc(LN * oc * sizeof(float)), *xf_l = malloc(LN * LIN * sizeof(float)), *dx_l = malloc(LN * LIN * sizeof(float));
+  float *dy_l = malloc(LN * oc * sizeof(float)), *dw_l = calloc(oc * LIN, sizeof(float)), *db_l = calloc(oc, sizeof(float));
+  float *want = malloc(LN * LOUT * sizeof(float)), *full = malloc(LN * LOUT * sizeof(float)), *gs = malloc(LN * LOUT * sizeof(float));
+  loom_column_parallel_forward(&tp, ops, y_l, xf_l, x + (size_t)row0 * LIN, w + (size_t)r * oc * LIN, b + r * oc, LN, n, LIN, oc);
+  cols(want, y, LN, LOUT, r * oc, oc);
+  expect_nmse(y_l, want, (size_t)LN * oc, 1e-12, "column-parallel output");
+  loom_column_parallel_gather_output(&tp, y_l, full, gs, LN, oc);
+  expect_nmse(full, y, (size_t)LN * LOUT, 1e-12, "column-parallel gathered output");
+  cols(dy_l, dy, LN, LOUT, r * oc, oc);
+  loom_column_parallel_backward(&tp, ops, dx_l, scratch, dw_l, db_l, dy_l, xf_l, w + (size_t)r * oc * LIN, LN, n, LIN, oc);
+  expect_nmse(dx_l, dx + (size_t)row0 * LIN, (size_t)n * LIN, 1e-12, "column-parallel input grad");
+  expect_nmse(dw_l, dw + (size_t)r * oc * LIN, (size_t)oc * LIN, 1e-12, "column-parallel weight grad");
+  expect_nmse(db_l, db + r * oc, (size_t)oc, 1e-12, "column-parallel bias grad");
+  float *split_back = malloc(LN * oc * sizeof(float));
+  loom_column_parallel_gather_output_backward(&tp, dy, split_back, LN, oc);
+  ck_assert_mem_eq(split_back, dy_l, (size_t)LN * oc * sizeof(float));
+
+  /* RowParallelLinear: w2[8, 16] split by columns; input already split. */
+  const int ic = LOUT / t, O = LIN;
+  float *w2 = rnd(O * LOUT, 5), *b2 = rnd(O, 6), *dz = rnd(LN * O, 7);
+  float *z = malloc(LN * O * sizeof(float)), *part = malloc(LN * O * sizeof(float)), *dyy = calloc(LN * LOUT, sizeof(float));
+  float *dw2 = calloc(O * LOUT, sizeof(float)), *db2 = calloc(O, sizeof(float)), *dzf = malloc(LN * O * sizeof(float));
+  loom_row_parallel_forward(one, ops, z, part, y, w2, b2, LN, LN, LOUT, O);
+  loom_row_parallel_backward(one, ops, dyy, dw2, db2, dz, dzf, y, w2, LN, LN, LOUT, O);
+  float *w2_l = malloc(O * ic * sizeof(float)), *z_l = malloc(LN * O * sizeof(float)), *dyy_l = calloc(LN * ic, sizeof(float));
+  float *dw2_l = calloc(O * ic, sizeof(float)), *db2_l = calloc(O, sizeof(float)), *want2 = malloc(LN * ic * sizeof(float));
+  cols(w2_l, w2, O, LOUT, r * ic, ic);
+  loom_row_parallel_forward(&tp, ops, z_l, part, y_l, w2_l, b2, LN, n, ic, O);
+  expect_nmse(z_l, z + (size_t)row0 * O, (size_t)n * O, 1e-12, "row-parallel output");
+  loom_row_parallel_backward(&tp, ops, dyy_l, dw2_l, db2_l, dz + (size_t)row0 * O, dzf, y_l, w2_l, LN, n, ic, O);
+  loom_comm_allreduce(sp ? tp.group : NULL, db2_l, O, LOOM_REDUCE_SUM); /* SP: bias grads are per-rows partial */
+  cols(want2, dyy, LN, LOUT, r * ic, ic);
+  expect_nmse(dyy_l, want2, (size_t)LN * ic, 1e-12, "row-parallel input grad");
+  cols(want2, dw2, O, LOUT, r * ic, ic);
+  expect_nmse(dw2_l, want2, (size_t)O * ic, 1e-12, "row-parallel weight grad");
+  expect_nmse(db2_l, db2, (size_t)O, 1e-12, "row-parallel bias grad");
+  loom_parallel_free(&ps);
+}
+
+START_TEST(column_and_row_parallel_linear) { column_and_row_parallel(false); }
+END_TEST
+START_TEST(column_and_row_parallel_linear_sequence_parallel) { column_and_row_parallel(true); }
+END_TEST
+
+static void vocab_parallel(bool sp) {
+  loom_parallel ps;
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  const loom_tp tp = loom_tp_of(&ps), *one = &SERIAL_TP;
+  const loom_ops *ops = loom_ops_cpu();
+  const int n = loom_tp_local_rows(&tp, LT) * LB, row0 = sp ? tp.rank * n : 0, H = 8;
+  const loom_vocab_range all = loom_vocab_range_of(one, LV, LVP), mine = loom_vocab_range_of(&tp, LV, LVP);
+  int tokens[LN], targets[LN];
+  for (int i = 0; i < LN; i++) {
+    tokens[i] = (i * 7 + 3) % LV;
+    targets[i] = i == 5 ? -1 : (i * 11 + 1) % LV;
+  }
+  /* VocabParallelEmbedding. */
+  float *wte = rnd(LVP * H, 8), *e = malloc(LN * H * sizeof(float)), *e_l = malloc(LN * H * sizeof(float));
+  float *scratch = malloc(LN * H * sizeof(float)), *de = rnd(LN * H, 9);
+  float *dwte = calloc(LVP * H, sizeof(float)), *dwte_l = calloc((size_t)mine.rows * H, sizeof(float));
+  loom_vocab_parallel_embedding_forward(one, ops, e, scratch, tokens, wte, all, LT, LB, H);
+  loom_vocab_parallel_embedding_forward(&tp, ops, e_l, scratch, tokens, wte + (size_t)mine.start * H, mine, LT, LB, H);
+  expect_nmse(e_l, e + (size_t)row0 * H, (size_t)n * H, 1e-12, "vocab-parallel embedding output");
+  loom_vocab_parallel_embedding_backward(one, ops, dwte, de, scratch, tokens, all, LT, LB, H);
+  loom_vocab_parallel_embedding_backward(&tp, ops, dwte_l, de + (size_t)row0 * H, scratch, tokens, mine, LT, LB, H);
+  expect_nmse(dwte_l, dwte + (size_t)mine.start * H, (size_t)mine.rows * H, 1e-12, "vocab-parallel embedding grad");
+  /* Vocab-parallel cross-entropy: this rank's logit columns only. */
+  float *z = rnd(LN * LVP, 10), *z_l = malloc(LN * (size_t)mine.rows * sizeof(float)), *want = malloc(LN * (size_t)mine.rows * sizeof(float));
+  float loss[LN], lse[LN], picked[LN], tmp[LN], loss_l[LN], lse_l[LN], picked_l[LN];
+  cols(z_l, z, LN, LVP, mine.start, mine.rows);
+  const float mean = loom_vocab_parallel_cross_entropy(one, ops, loss, lse, picked, tmp, z, targets, all, LN);
+  const float mean_l = loom_vocab_parallel_cross_entropy(&tp, ops, loss_l, lse_l, picked_l, tmp, z_l, targets, mine, LN);
+  ck_assert_msg(fabs(mean_l - mean) <= 1e-6 * fabs(mean), "vocab-parallel loss %g vs %g", (double)mean_l, (double)mean);
+  expect_nmse(loss_l, loss, LN, 1e-12, "vocab-parallel per-token losses");
+  loom_vocab_parallel_cross_entropy_backward(ops, z, z, lse, targets, all, 0.25f, LN);
+  loom_vocab_parallel_cross_entropy_backward(ops, z_l, z_l, lse_l, targets, mine, 0.25f, LN);
+  cols(want, z, LN, LVP, mine.start, mine.rows);
+  expect_nmse(z_l, want, LN * (size_t)mine.rows, 1e-12, "vocab-parallel logit grads");
+  for (int i = 0; i < LN; i++)
+    for (int c = LV; c < LVP; c++) ck_assert_float_eq(z[(size_t)i * LVP + c], 0.0f); /* padding stays out */
+  loom_parallel_free(&ps);
+}
+
+START_TEST(vocab_parallel_embedding_and_loss) { vocab_parallel(false); }
+END_TEST
+START_TEST(vocab_parallel_embedding_and_loss_sequence_parallel) { vocab_parallel(true); }
+END_TEST
+
 /* World ranks of a group's members, in group order. */
 static void members(loom_comm *group, int *out) {
   float me = (float)g_world->rank, all[64];
@@ -259,6 +382,10 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, qkv_shards_follow_heads);
   tcase_add_test(tc, collectives_are_exact);
   tcase_add_test(tc, groups_follow_rank_order);
+  tcase_add_test(tc, column_and_row_parallel_linear);
+  tcase_add_test(tc, column_and_row_parallel_linear_sequence_parallel);
+  tcase_add_test(tc, vocab_parallel_embedding_and_loss);
+  tcase_add_test(tc, vocab_parallel_embedding_and_loss_sequence_parallel);
   tcase_add_test(tc, layers_match_serial);
   tcase_add_test(tc, layers_match_serial_sequence_parallel);
   tcase_add_test(tc, training_matches_serial);

@@ -4,7 +4,9 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
+#include "tensor_parallel/linear.h"
 #include "tensor_parallel/mappings.h"
+#include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp) {
@@ -168,24 +170,16 @@ static const float *block_input(const loom_gpt *m, int layer) {
   return layer == 0 ? m->a.encoded : m->a.blocks[layer - 1].out;
 }
 
-/* This rank's vocab range: rows [start, start + rows) of wte, `valid` of them real tokens. */
-static void vocab_range(const loom_gpt *m, int *start, int *rows, int *valid) {
-  const loom_gpt_config *c = &m->p.cfg;
-  *rows = c->padded_vocab / m->tp.size;
-  *start = m->tp.rank * *rows;
-  const int real = c->vocab - *start;
-  *valid = real < 0 ? 0 : real > *rows ? *rows : real;
+static loom_vocab_range vocab_range(const loom_gpt *m) {
+  return loom_vocab_range_of(&m->tp, m->p.cfg.vocab, m->p.cfg.padded_vocab);
 }
 
-/* Vocab-parallel embedding, reduced onto this rank's rows, plus positions and dropout. */
+/* Vocab-parallel embedding onto this rank's rows, plus positions and dropout. */
 static void embed_forward(loom_gpt *m, const loom_gpt_batch *batch) {
   loom_gpt_acts *a = &m->a;
   const int T = a->T, B = a->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
-  int start, rows, valid;
-  vocab_range(m, &start, &rows, &valid);
   float *full = m->tp.size > 1 ? a->embed_full : a->encoded;
-  m->ops->embedding_forward(full, a->tokens, m->p.w.wte, start, rows, T, B, h);
-  loom_tp_exit_forward(&m->tp, full, a->encoded, (size_t)local_T * B * h);
+  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, a->encoded, full, a->tokens, m->p.w.wte, vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
   m->ops->position_forward(a->encoded, m->p.w.wpe, local_T, B, h, pos_offset);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
@@ -196,16 +190,13 @@ static void embed_forward(loom_gpt *m, const loom_gpt_batch *batch) {
 static void embed_backward(loom_gpt *m, const loom_gpt_batch *batch) {
   loom_gpt_acts *a = &m->a;
   const int T = a->T, B = a->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
-  int start, rows, valid;
-  vocab_range(m, &start, &rows, &valid);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_backward(a->dres, local_T, B, h, &d_embed);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
   m->ops->position_backward(m->p.g.wpe, a->dres, local_T, B, h, pos_offset);
-  float *full = m->tp.sequence_parallel ? a->embed_full : a->dres;
-  loom_tp_exit_backward(&m->tp, a->dres, full, (size_t)local_T * B * h);
-  m->ops->embedding_backward(m->p.g.wte, full, a->tokens, start, rows, T, B, h);
+  float *dfull = m->tp.sequence_parallel ? a->embed_full : a->dres;
+  loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, a->dres, dfull, a->tokens, vocab_range(m), T, B, h);
 }
 
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
@@ -223,28 +214,15 @@ float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
     const loom_block_dropout d = block_dropout(m, batch, l);
     loom_block_forward(&a->blocks[l], &a->scratch, block_input(m, l), &m->p.w.h[l], &shape, &d, &m->tp, ops);
   }
+  /* Final norm, then the tied LM head: a column-parallel linear over this
+   * rank's vocab rows, whose logits stay split into the vocab-parallel loss. */
+  const loom_vocab_range v = vocab_range(m);
   float *normed = m->tp.sequence_parallel ? a->scratch.local : a->ln_f;
   ops->layernorm_forward(normed, a->ln_f_mean, a->ln_f_rstd, block_input(m, c->layers), m->p.w.ln_f_w,
                          m->p.w.ln_f_b, n, h, c->norm_eps);
-  loom_tp_enter_forward(&m->tp, normed, a->ln_f, (size_t)n * h);
-
-  /* Vocab-parallel LM head and loss: logits stay split, only N-sized stats cross ranks. */
-  int start, rows, valid;
-  vocab_range(m, &start, &rows, &valid);
-  ops->matmul_forward(a->logits, a->ln_f, m->p.w.wte, NULL, N, h, rows);
-  ops->logsumexp(a->lse, a->logits, N, valid, rows);
-  loom_tp_combine_logsumexp(&m->tp, a->lse, a->lse_scratch, N);
-  ops->pick_targets(a->picked, a->logits, a->targets, start, N, valid, rows);
-  loom_tp_combine_picked(&m->tp, a->picked, N);
-  double sum = 0.0;
-  int counted = 0;
-  for (int i = 0; i < N; i++) {
-    a->losses[i] = a->targets[i] < 0 ? 0.0f : a->lse[i] - a->picked[i];
-    if (a->targets[i] < 0) continue;
-    sum += a->losses[i];
-    counted++;
-  }
-  return counted ? (float)(sum / counted) : 0.0f;
+  loom_column_parallel_forward(&m->tp, ops, a->logits, a->ln_f, normed, m->p.w.wte, NULL, N, n, h, v.rows);
+  return loom_vocab_parallel_cross_entropy(&m->tp, ops, a->losses, a->lse, a->picked, a->lse_scratch, a->logits,
+                                           a->targets, v, N);
 }
 
 void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
@@ -252,14 +230,11 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
   loom_gpt_acts *a = &m->a;
   const loom_ops *ops = m->ops;
   const int T = a->T, B = a->B, N = T * B, h = c->hidden, n = loom_tp_local_rows(&m->tp, T) * B;
-  int start, rows, valid;
-  vocab_range(m, &start, &rows, &valid);
-
-  ops->crossentropy_backward(a->logits, a->logits, a->lse, a->targets, start, dloss, N, valid, rows);
-  memset(a->d_ln_f, 0, (size_t)N * h * sizeof(float));
-  ops->matmul_backward(a->d_ln_f, m->p.g.wte, NULL, a->logits, a->ln_f, m->p.w.wte, N, h, rows);
+  const loom_vocab_range v = vocab_range(m);
+  loom_vocab_parallel_cross_entropy_backward(ops, a->logits, a->logits, a->lse, a->targets, v, dloss, N);
   float *d_local = m->tp.sequence_parallel ? a->scratch.local : a->d_ln_f;
-  loom_tp_enter_backward(&m->tp, a->d_ln_f, d_local, (size_t)n * h);
+  loom_column_parallel_backward(&m->tp, ops, d_local, a->d_ln_f, m->p.g.wte, NULL, a->logits, a->ln_f, m->p.w.wte,
+                                N, n, h, v.rows);
   memset(a->dres, 0, (size_t)n * h * sizeof(float));
   ops->layernorm_backward(a->dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, block_input(m, c->layers),
                           m->p.w.ln_f_w, a->ln_f_mean, a->ln_f_rstd, n, h);
@@ -288,10 +263,9 @@ void loom_gpt_zero_grad(loom_gpt *m) {
 void loom_gpt_predict(loom_gpt *m, int *out) {
   loom_gpt_acts *a = &m->a;
   const int N = a->T * a->B;
-  int start, rows, valid;
-  vocab_range(m, &start, &rows, &valid);
-  m->ops->argmax(a->picked, out, a->logits, N, valid, rows);
+  const loom_vocab_range v = vocab_range(m);
+  m->ops->argmax(a->picked, out, a->logits, N, v.valid, v.rows);
   for (int i = 0; i < N; i++)
-    if (out[i] >= 0) out[i] += start;
+    if (out[i] >= 0) out[i] += v.start;
   loom_tp_combine_argmax(&m->tp, a->picked, out, a->lse_scratch, N);
 }

@@ -4,7 +4,7 @@
 #include "tensor_parallel/mappings.h"
 
 static void copy_if_apart(float *dst, const float *src, size_t n) {
-  if (dst != src) memcpy(dst, src, n * sizeof(float));
+  if (dst != src) memmove(dst, src, n * sizeof(float));
 }
 
 void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local) {
@@ -33,6 +33,27 @@ void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, 
 void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local) {
   if (tp->sequence_parallel) loom_comm_allgather(tp->group, dlocal, dfull, n_local);
   else copy_if_apart(dfull, dlocal, n_local);
+}
+
+void loom_tp_gather_columns(const loom_tp *tp, const float *local, float *full, float *scratch, int N, int c) {
+  if (!tp->group) {
+    copy_if_apart(full, local, (size_t)N * c);
+    return;
+  }
+  /* all-gather yields [rank][N][c]; interleave to [N][rank][c]. */
+  loom_comm_allgather(tp->group, local, scratch, (size_t)N * c);
+  for (int r = 0; r < tp->size; r++)
+    for (int i = 0; i < N; i++)
+      memcpy(full + ((size_t)i * tp->size + r) * c, scratch + ((size_t)r * N + i) * c, (size_t)c * sizeof(float));
+}
+
+void loom_tp_split_columns(const loom_tp *tp, const float *full, float *local, int N, int c) {
+  if (!tp->group) {
+    copy_if_apart(local, full, (size_t)N * c);
+    return;
+  }
+  for (int i = 0; i < N; i++)
+    memcpy(local + (size_t)i * c, full + ((size_t)i * tp->size + tp->rank) * c, (size_t)c * sizeof(float));
 }
 
 int loom_tp_local_rows(const loom_tp *tp, int rows) { return tp->sequence_parallel ? rows / tp->size : rows; }

@@ -19,6 +19,12 @@ void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size
 void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local);
 void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local);
 
+/* The other conjugate pair, along the last dimension: gathering every
+ * rank's columns local[N, c] into full[N, c * tp] (scratch: N * c * tp
+ * floats), whose backward keeps this rank's columns (split), and the reverse. */
+void loom_tp_gather_columns(const loom_tp *tp, const float *local, float *full, float *scratch, int N, int c);
+void loom_tp_split_columns(const loom_tp *tp, const float *full, float *local, int N, int c);
+
 /* Rows a rank holds outside the regions: N/tp under SP, else N. */
 int loom_tp_local_rows(const loom_tp *tp, int rows);
 

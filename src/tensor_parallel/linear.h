@@ -1,0 +1,52 @@
+/* Megatron's two parallel linears, weights [out, in] split across the TP group.
+ *
+ * ColumnParallelLinear splits the output features: rank r holds rows
+ * [r*out/tp, (r+1)*out/tp) of the weight and bias and computes those output
+ * columns from the whole input. It opens a parallel region (entering it is
+ * the identity, or an all-gather along the sequence under SP) and can gather
+ * its output columns from every rank when a caller needs them whole.
+ *
+ * RowParallelLinear splits the input features: its input is already split
+ * (the output of a column-parallel linear), each rank's product is a partial
+ * sum, and the region closes by all-reducing them (reduce-scattering along
+ * the sequence under SP); the bias is added once, after the reduction.
+ *
+ * N = T*B rows inside the region; n rows outside it (N/tp under SP, else N).
+ * Backward functions add into weight and bias grads. */
+#ifndef LOOM_TP_LINEAR_H
+#define LOOM_TP_LINEAR_H
+
+#include "backend/ops.h"
+#include "tensor_parallel/parallel_state.h"
+
+/* out[N, out_local] = inp_full @ w^T + b, where inp_full[N, in] is inp[n, in]
+ * brought into the region (saved for backward; may alias inp without SP). */
+void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
+                                  const float *inp, const float *w, const float *b, int N, int n, int in,
+                                  int out_local);
+/* dinp[n, in] = the input grad leaving the region (written, not added);
+ * dinp_full[N, in] is scratch (may alias dinp without SP). */
+void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
+                                   float *dw, float *db, const float *dout, const float *inp_full,
+                                   const float *w, int N, int n, int in, int out_local);
+/* The optional gather of the output: full[N, out_local * tp] in global column
+ * order; scratch holds N * out_local * tp floats. */
+void loom_column_parallel_gather_output(const loom_tp *tp, const float *out, float *full, float *scratch, int N,
+                                        int out_local);
+/* Its backward: this rank's columns of dfull[N, out_local * tp] into dout. */
+void loom_column_parallel_gather_output_backward(const loom_tp *tp, const float *dfull, float *dout, int N,
+                                                 int out_local);
+
+/* out[n, out] = reduce over ranks of (inp[N, in_local] @ w^T) + b; partial[N, out]
+ * is scratch (may alias out without SP). */
+void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *partial,
+                               const float *inp, const float *w, const float *b, int N, int n, int in_local,
+                               int out_features);
+/* dinp[N, in_local] += ...; dout[n, out] is the output grad; dout_full[N, out]
+ * is scratch (may alias dout without SP). The bias grad covers this rank's
+ * rows only under SP (summed over the group with the other replicated grads). */
+void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
+                                const float *dout, float *dout_full, const float *inp, const float *w, int N,
+                                int n, int in_local, int out_features);
+
+#endif

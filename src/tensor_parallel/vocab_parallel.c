@@ -1,0 +1,49 @@
+/* Vocab-parallel embedding and cross-entropy. */
+#include "tensor_parallel/mappings.h"
+#include "tensor_parallel/vocab_parallel.h"
+
+loom_vocab_range loom_vocab_range_of(const loom_tp *tp, int vocab, int padded_vocab) {
+  loom_vocab_range v;
+  v.rows = padded_vocab / tp->size;
+  v.start = tp->rank * v.rows;
+  const int real = vocab - v.start;
+  v.valid = real < 0 ? 0 : real > v.rows ? v.rows : real;
+  return v;
+}
+
+void loom_vocab_parallel_embedding_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *full,
+                                           const int *tokens, const float *wte, loom_vocab_range v, int T, int B,
+                                           int h) {
+  ops->embedding_forward(full, tokens, wte, v.start, v.rows, T, B, h);
+  loom_tp_exit_forward(tp, full, out, (size_t)loom_tp_local_rows(tp, T) * B * h);
+}
+
+void loom_vocab_parallel_embedding_backward(const loom_tp *tp, const loom_ops *ops, float *dwte, const float *dout,
+                                            float *dfull, const int *tokens, loom_vocab_range v, int T, int B, int h) {
+  loom_tp_exit_backward(tp, dout, dfull, (size_t)loom_tp_local_rows(tp, T) * B * h);
+  ops->embedding_backward(dwte, dfull, tokens, v.start, v.rows, T, B, h);
+}
+
+float loom_vocab_parallel_cross_entropy(const loom_tp *tp, const loom_ops *ops, float *losses, float *lse,
+                                        float *picked, float *scratch, const float *logits, const int *targets,
+                                        loom_vocab_range v, int N) {
+  ops->logsumexp(lse, logits, N, v.valid, v.rows);
+  loom_tp_combine_logsumexp(tp, lse, scratch, N);
+  ops->pick_targets(picked, logits, targets, v.start, N, v.valid, v.rows);
+  loom_tp_combine_picked(tp, picked, N);
+  double sum = 0.0;
+  int counted = 0;
+  for (int i = 0; i < N; i++) {
+    losses[i] = targets[i] < 0 ? 0.0f : lse[i] - picked[i];
+    if (targets[i] < 0) continue;
+    sum += losses[i];
+    counted++;
+  }
+  return counted ? (float)(sum / counted) : 0.0f;
+}
+
+void loom_vocab_parallel_cross_entropy_backward(const loom_ops *ops, float *dlogits, const float *logits,
+                                                const float *lse, const int *targets, loom_vocab_range v,
+                                                float dloss, int N) {
+  ops->crossentropy_backward(dlogits, logits, lse, targets, v.start, dloss, N, v.valid, v.rows);
+}
