@@ -64,7 +64,7 @@ static void expect_fail(const result *r, int code, const char *line) {
 static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--micro-batch", "2"};
 
 START_TEST(bad_flags) {
-  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt)");
+  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt, schedule)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
   expect_fail(run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
@@ -93,6 +93,16 @@ START_TEST(bad_flags) {
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
   expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
+  expect_fail(run("schedule", "show", "--schedule", "interleaved", "--vpp", "2", "--pp", "4", "--micro-batches", "6", NULL), 2,
+              "loom schedule show: --micro-batches 6 is not a multiple of --pp 4; the interleaved schedule moves "
+              "micro-batches through the chunks in groups of pp");
+  expect_fail(run("schedule", "show", "--vpp", "2", NULL), 2,
+              "loom schedule show: --vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+  const result *shown = run("schedule", "show", "--pp", "2", "--micro-batches", "3", NULL);
+  ck_assert_int_eq(shown->code, 0);
+  ck_assert_ptr_nonnull(strstr(shown->out, "verified deadlock-free"));
+  ck_assert_ptr_nonnull(strstr(shown->out, "rank 1 | .  F0 B0 B0 F1 B1 B1 F2 B2 B2 "));
+  ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 25.0% simulated (forward 1, backward 2 per stage); theory 25.0%"));
   /* Layouts that cannot be split are refused before anything is built. */
   expect_fail(run("train", "--hidden", "6", "--heads", "6", "--tp", "4", NULL), 2,
               "loom train: --hidden 6 is not divisible by --tp 4; pick a tp that divides hidden");

@@ -17,6 +17,7 @@ static const command COMMANDS[] = {
     {"bench", loom_cmd_bench, "benchmarks: `loom bench step`"},
     {"data", loom_cmd_data, "datasets: `loom data prepare IN.txt -o OUT.bin`"},
     {"ckpt", loom_cmd_ckpt, "checkpoints: `loom ckpt export --format llmc -o OUT`"},
+    {"schedule", loom_cmd_schedule, "pipeline schedules: `loom schedule show --pp 4 --micro-batches 8`"},
 };
 #define NCOMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -36,6 +37,6 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
-  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt)", argv[1]);
+  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt, schedule)", argv[1]);
   return 2;
 }

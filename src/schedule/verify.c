@@ -1,0 +1,213 @@
+/* Schedule verification by simulation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "schedule/verify.h"
+
+typedef struct {
+  const loom_schedule *s;
+  loom_schedule_report *rep;
+  int S;
+  double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
+  char *received;    /* [2][m][S] */
+  char *done;        /* [p][2][m][v] forward/backward done */
+  int *pos, *live;   /* [p] */
+  double *clock, *busy, *tied_arrival; /* [p]; tied_arrival -1 while not arrived */
+} sim;
+
+static int msg_index(const sim *x, int grad, int mb, int stage) { return (grad * x->s->m + mb) * x->S + stage; }
+static char *done_at(const sim *x, int r, int backward, int mb, int chunk) {
+  return &x->done[((r * 2 + backward) * x->s->m + mb) * x->s->v + chunk];
+}
+
+/* "rank 1: recv grad of micro-batch 2 chunk 0 from rank 2" */
+static void describe(char *out, size_t n, int r, const loom_action *a) {
+  const int inbound = a->kind == LOOM_ACT_RECV_ACT || a->kind == LOOM_ACT_RECV_GRAD;
+  char peer[32] = "";
+  if (a->peer >= 0) snprintf(peer, sizeof peer, " %s rank %d", inbound ? "from" : "to", a->peer);
+  if (a->mb >= 0)
+    snprintf(out, n, "rank %d: %s of micro-batch %d chunk %d%s", r, loom_action_name(a->kind), a->mb, a->chunk, peer);
+  else snprintf(out, n, "rank %d: %s%s", r, loom_action_name(a->kind), peer);
+}
+
+/* Records the first problem; returns -1 for step() to pass on. */
+static int fail(sim *x, int r, const loom_action *a, const char *problem) {
+  char what[200];
+  describe(what, sizeof what, r, a);
+  snprintf(x->rep->why, sizeof x->rep->why, "%s %s", what, problem);
+  x->rep->ok = false;
+  return -1;
+}
+
+/* The stage a transfer of `a` on rank r is addressed to, and its peer rank. */
+static void route(const sim *x, int r, const loom_action *a, int *dst_stage, int *peer) {
+  const int stage = loom_virtual_stage(x->s, r, a->chunk);
+  const int up = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_RECV_GRAD;
+  const int other = up ? stage + 1 : stage - 1;
+  const int is_send = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD;
+  *dst_stage = is_send ? other : stage;
+  *peer = other % x->s->p;
+}
+
+static void record_span(sim *x, int r, double start, double end) {
+  loom_schedule_report *rep = x->rep;
+  rep->spans[r] = realloc(rep->spans[r], (size_t)(rep->span_count[r] + 1) * sizeof(loom_span));
+  rep->spans[r][rep->span_count[r]++] = (loom_span){start, end, x->pos[r]};
+}
+
+/* Runs rank r's next action if it can; returns 1 if it ran, 0 if blocked, -1 on error. */
+static int step(sim *x, int r) {
+  const loom_schedule *s = x->s;
+  const loom_action *a = &s->actions[r][x->pos[r]];
+  const double cost_f = 1.0 / s->v, cost_b = 2.0 / s->v;
+  int dst, peer;
+  switch (a->kind) {
+  case LOOM_ACT_SEND_ACT:
+  case LOOM_ACT_SEND_GRAD: {
+    route(x, r, a, &dst, &peer);
+    if (dst < 0 || dst >= x->S) return fail(x, r, a, "there is no stage to send to");
+    if (a->peer != peer) return fail(x, r, a, "addressed to the wrong rank");
+    double *t = &x->sent[msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst)];
+    if (*t >= 0) return fail(x, r, a, "sent twice");
+    *t = x->clock[r];
+    break;
+  }
+  case LOOM_ACT_RECV_ACT:
+  case LOOM_ACT_RECV_GRAD: {
+    route(x, r, a, &dst, &peer);
+    if (a->peer != peer) return fail(x, r, a, "expects the wrong rank");
+    const int i = msg_index(x, a->kind == LOOM_ACT_RECV_GRAD, a->mb, dst);
+    if (x->sent[i] < 0) return 0; /* waits for the send */
+    if (x->received[i]) return fail(x, r, a, "received twice");
+    x->received[i] = 1;
+    if (x->sent[i] > x->clock[r]) x->clock[r] = x->sent[i];
+    break;
+  }
+  case LOOM_ACT_FORWARD:
+  case LOOM_ACT_BACKWARD: {
+    const int backward = a->kind == LOOM_ACT_BACKWARD;
+    char *d = done_at(x, r, backward, a->mb, a->chunk);
+    if (*d) return fail(x, r, a, "runs twice");
+    if (backward && !*done_at(x, r, 0, a->mb, a->chunk)) return fail(x, r, a, "comes before its forward");
+    *d = 1;
+    const double start = x->clock[r], cost = backward ? cost_b : cost_f;
+    x->clock[r] += cost;
+    x->busy[r] += cost;
+    x->live[r] += backward ? -1 : 1;
+    if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
+    record_span(x, r, start, x->clock[r]);
+    break;
+  }
+  case LOOM_ACT_REDUCE_TIED: {
+    /* Both ends arrive, then both leave at the later arrival. */
+    const int other = a->peer;
+    if (x->tied_arrival[r] < 0) x->tied_arrival[r] = x->clock[r];
+    if (x->tied_arrival[other] < 0) return 0;
+    const double t = x->tied_arrival[r] > x->tied_arrival[other] ? x->tied_arrival[r] : x->tied_arrival[other];
+    x->clock[r] = t;
+    break;
+  }
+  case LOOM_ACT_REDUCE_DP:
+  case LOOM_ACT_OPTIMIZER_STEP: break;
+  }
+  x->pos[r]++;
+  return 1;
+}
+
+/* Names every rank still waiting: a deadlock is a cycle among them. */
+static void report_deadlock(sim *x) {
+  char *w = x->rep->why;
+  size_t used = (size_t)snprintf(w, sizeof x->rep->why, "deadlock:");
+  for (int r = 0; r < x->s->p && used < sizeof x->rep->why; r++) {
+    if (x->pos[r] >= x->s->count[r]) continue;
+    const loom_action *a = &x->s->actions[r][x->pos[r]];
+    char what[200];
+    describe(what, sizeof what, r, a);
+    used += (size_t)snprintf(w + used, sizeof x->rep->why - used, " %s waits;", what);
+  }
+  x->rep->ok = false;
+}
+
+static bool all_matched(sim *x) {
+  for (int i = 0; i < 2 * x->s->m * x->S; i++) {
+    if (x->sent[i] >= 0 && !x->received[i]) {
+      const int stage = i % x->S, mb = i / x->S % x->s->m, grad = i / x->S / x->s->m;
+      snprintf(x->rep->why, sizeof x->rep->why, "the %s of micro-batch %d to stage %d is never received",
+               grad ? "grad" : "activation", mb, stage);
+      x->rep->ok = false;
+      return false;
+    }
+  }
+  for (int r = 0; r < x->s->p; r++)
+    for (int mb = 0; mb < x->s->m; mb++)
+      for (int c = 0; c < x->s->v; c++)
+        if (!*done_at(x, r, 1, mb, c)) {
+          snprintf(x->rep->why, sizeof x->rep->why, "rank %d never runs the backward of micro-batch %d chunk %d",
+                   r, mb, c);
+          x->rep->ok = false;
+          return false;
+        }
+  return true;
+}
+
+loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep) {
+  memset(rep, 0, sizeof *rep);
+  const int p = s->p, S = s->p * s->v;
+  rep->ok = true;
+  rep->p = p;
+  rep->peak_live = calloc((size_t)p, sizeof(int));
+  rep->span_count = calloc((size_t)p, sizeof(int));
+  rep->spans = calloc((size_t)p, sizeof(loom_span *));
+  sim x = {.s = s, .rep = rep, .S = S};
+  x.sent = malloc((size_t)2 * s->m * S * sizeof(double));
+  x.received = calloc((size_t)2 * s->m * S, 1);
+  x.done = calloc((size_t)p * 2 * s->m * s->v, 1);
+  x.pos = calloc((size_t)p, sizeof(int));
+  x.live = calloc((size_t)p, sizeof(int));
+  x.clock = calloc((size_t)p, sizeof(double));
+  x.busy = calloc((size_t)p, sizeof(double));
+  x.tied_arrival = malloc((size_t)p * sizeof(double));
+  LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.live && x.clock && x.busy && x.tied_arrival,
+             "out of memory verifying a schedule");
+  for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
+  for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
+  int progress = 1, pending = 1, err = 0;
+  while (progress && pending && !err) {
+    progress = pending = 0;
+    for (int r = 0; r < p && !err; r++) {
+      int ran;
+      while (x.pos[r] < s->count[r] && (ran = step(&x, r)) == 1) progress = 1;
+      if (x.pos[r] < s->count[r]) {
+        pending = 1;
+        err = !rep->ok;
+      }
+    }
+  }
+  if (rep->ok && pending) report_deadlock(&x);
+  if (rep->ok) all_matched(&x);
+  for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
+  for (int r = 0; r < p && rep->makespan > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->makespan) / p;
+  free(x.sent);
+  free(x.received);
+  free(x.done);
+  free(x.pos);
+  free(x.live);
+  free(x.clock);
+  free(x.busy);
+  free(x.tied_arrival);
+  return rep->ok ? LOOM_OK : LOOM_ERR_RUNTIME;
+}
+
+void loom_schedule_report_free(loom_schedule_report *rep) {
+  for (int r = 0; rep->spans && r < rep->p; r++) free(rep->spans[r]);
+  free(rep->spans);
+  free(rep->span_count);
+  free(rep->peak_live);
+  memset(rep, 0, sizeof *rep);
+}
+
+double loom_schedule_theory_bubble(const loom_schedule *s) {
+  const int v = s->kind == LOOM_SCHEDULE_INTERLEAVED ? s->v : 1;
+  return (double)(s->p - 1) / (double)(v * s->m + s->p - 1);
+}

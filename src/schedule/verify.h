@@ -1,0 +1,40 @@
+/* The schedule verifier and simulator: runs every rank's action list against
+ * the others with no MPI at all.
+ *
+ * Sends complete at once; a recv waits for its send; the tied-embedding
+ * reduction waits for both of its ranks. The verifier proves that every send
+ * meets exactly one matching recv, that no ranks end up waiting on each other
+ * (deadlock), and that each micro-batch's forward precedes its backward on
+ * every stage. Timing uses unit costs, forward 1/v and backward 2/v per chunk
+ * (a chunk is 1/v of a stage), which yields each rank's busy spans, the
+ * bubble, and the peak number of live activations per rank. */
+#ifndef LOOM_SCHEDULE_VERIFY_H
+#define LOOM_SCHEDULE_VERIFY_H
+
+#include <stdbool.h>
+#include "schedule/schedule.h"
+
+typedef struct {
+  double start, end;
+  int action; /* index into the rank's action list */
+} loom_span;
+
+typedef struct {
+  bool ok;
+  char why[512];      /* the first problem, when !ok */
+  int p;
+  int *peak_live;     /* [p] most (micro-batch, chunk) activations held at once */
+  double makespan;
+  double bubble;      /* mean over ranks of idle time / makespan */
+  int *span_count;    /* [p] */
+  loom_span **spans;  /* [p][span_count]: forward and backward spans in time order */
+} loom_schedule_report;
+
+/* Fills rep; returns LOOM_OK when the schedule is sound, else
+ * LOOM_ERR_RUNTIME with rep->why naming the rank and action. */
+loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep);
+void loom_schedule_report_free(loom_schedule_report *rep);
+/* Theory: (p-1)/(m+p-1), or (p-1)/(v*m+p-1) when interleaved. */
+double loom_schedule_theory_bubble(const loom_schedule *s);
+
+#endif

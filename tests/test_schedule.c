@@ -1,0 +1,122 @@
+/* Schedules as data: every generated schedule verifies deadlock-free with
+ * each forward before its backward; 1F1B keeps at most min(p - r, m)
+ * activations live on rank r, GPipe m; the simulated bubble equals the
+ * theory; bad requests are refused; and a broken schedule is caught. */
+#include <stdio.h>
+#include <string.h>
+#include "schedule/verify.h"
+#include "test_util.h"
+
+START_TEST(every_schedule_verifies) {
+  for (int kind = 0; kind < 3; kind++)
+    for (int p = 1; p <= 8; p++)
+      for (int m = 1; m <= 16; m++)
+        for (int v = 1; v <= 3; v++) {
+          if (kind != LOOM_SCHEDULE_INTERLEAVED && v != 1) continue;
+          if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0) continue;
+          loom_schedule s;
+          loom_error err = {{0}};
+          ck_assert_msg(loom_schedule_build(&s, (loom_schedule_kind)kind, p, v, m, &err) == LOOM_OK, "%s", err.msg);
+          loom_schedule_report rep;
+          const loom_status st = loom_schedule_verify(&s, &rep);
+          ck_assert_msg(st == LOOM_OK, "%s p=%d v=%d m=%d: %s", loom_schedule_kind_name(s.kind), p, v, m, rep.why);
+          for (int r = 0; r < p; r++) {
+            if (kind == LOOM_SCHEDULE_1F1B) ck_assert_int_le(rep.peak_live[r], p - r < m ? p - r : m);
+            if (kind == LOOM_SCHEDULE_GPIPE) ck_assert_int_eq(rep.peak_live[r], m);
+          }
+          if (kind != LOOM_SCHEDULE_INTERLEAVED)
+            ck_assert_double_eq_tol(rep.bubble, loom_schedule_theory_bubble(&s), 1e-9);
+          else
+            ck_assert_double_le(rep.bubble, (double)(p - 1) / (m + p - 1) + 1e-9); /* never worse than 1F1B */
+          loom_schedule_report_free(&rep);
+          loom_schedule_free(&s);
+        }
+}
+END_TEST
+
+static void expect_refused(loom_schedule_kind kind, int p, int v, int m, const char *message) {
+  loom_schedule s;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_schedule_build(&s, kind, p, v, m, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, message);
+}
+
+START_TEST(bad_requests_are_refused) {
+  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 2, 6, "--micro-batches 6 is not a multiple of --pp 4; the interleaved "
+                                                     "schedule moves micro-batches through the chunks in groups of pp");
+  expect_refused(LOOM_SCHEDULE_1F1B, 4, 1, 0, "--micro-batches must be at least 1 (got 0)");
+  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 0, 8, "--vpp must be at least 1 (got 0)");
+  expect_refused(LOOM_SCHEDULE_1F1B, 4, 2, 8, "--vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_GPIPE, 0, 1, 8, "--pp must be at least 1 (got 0)");
+}
+END_TEST
+
+/* Index of rank r's first action of this kind and micro-batch. */
+static int find(const loom_schedule *s, int r, loom_action_kind kind, int mb) {
+  for (int i = 0; i < s->count[r]; i++)
+    if (s->actions[r][i].kind == kind && s->actions[r][i].mb == mb) return i;
+  ck_abort_msg("action not found");
+  return -1;
+}
+
+START_TEST(broken_schedules_are_caught) {
+  loom_schedule s;
+  loom_schedule_report rep;
+  loom_error err = {{0}};
+  /* Rank 1 receives micro-batch 0's grad before sending its activation on: a wait cycle. */
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 3, 1, 4, &err), LOOM_OK);
+  const int send = find(&s, 1, LOOM_ACT_SEND_ACT, 0), recv = find(&s, 1, LOOM_ACT_RECV_GRAD, 0);
+  const loom_action tmp = s.actions[1][send];
+  s.actions[1][send] = s.actions[1][recv];
+  s.actions[1][recv] = tmp;
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_msg(strncmp(rep.why, "deadlock:", 9) == 0, "%s", rep.why);
+  ck_assert_ptr_nonnull(strstr(rep.why, "rank 1: recv grad of micro-batch 0 chunk 0 from rank 2 waits"));
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+  /* A backward moved before its forward. */
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_GPIPE, 1, 1, 2, &err), LOOM_OK);
+  const int f = find(&s, 0, LOOM_ACT_FORWARD, 1), b = find(&s, 0, LOOM_ACT_BACKWARD, 1);
+  const loom_action t2 = s.actions[0][f];
+  s.actions[0][f] = s.actions[0][b];
+  s.actions[0][b] = t2;
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 0: backward of micro-batch 1 chunk 0 comes before its forward");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+  /* A send addressed to the wrong rank. */
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 3, 1, 2, &err), LOOM_OK);
+  s.actions[0][find(&s, 0, LOOM_ACT_SEND_ACT, 1)].peer = 2;
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 0: send activation of micro-batch 1 chunk 0 to rank 2 addressed to the wrong rank");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+}
+END_TEST
+
+/* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
+START_TEST(one_f_one_b_warmup) {
+  loom_schedule s;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 4, 1, 8, &err), LOOM_OK);
+  for (int r = 0; r < 4; r++) {
+    int forwards = 0;
+    for (int i = 0; i < s.count[r] && s.actions[r][i].kind != LOOM_ACT_BACKWARD; i++)
+      forwards += s.actions[r][i].kind == LOOM_ACT_FORWARD;
+    ck_assert_int_eq(forwards, 4 - r - 1 + 1); /* warmup, then the steady state's first forward */
+  }
+  loom_schedule_free(&s);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("schedule");
+  TCase *tc = tcase_create("schedule");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, every_schedule_verifies);
+  tcase_add_test(tc, bad_requests_are_refused);
+  tcase_add_test(tc, broken_schedules_are_caught);
+  tcase_add_test(tc, one_f_one_b_warmup);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}
