@@ -121,7 +121,8 @@ START_TEST(initial_loss_is_log_vocab) {
   int tokens[T * B], targets[T * B];
   make_batch(tokens, targets, T, B, cfg.vocab, 3);
   const loom_gpt_batch batch = {.tokens = tokens, .targets = targets};
-  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B, 1, false), m.a.mem.numel * sizeof(float));
+  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B, 1, false, NULL, false, 1),
+                    (m.a->mem.numel + m.w.mem.numel) * sizeof(float));
   const float loss = loom_gpt_forward(&m, &batch);
   ck_assert_msg(fabs(loss - log(cfg.vocab)) < 0.05, "initial loss %g vs ln V %g", (double)loss, log(cfg.vocab));
   loom_gpt_free(&m);
@@ -163,8 +164,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   loom_gpt_config a = tiny(0.0f), b = tiny(0.0f);
   b.padded_vocab = 256;
   loom_gpt_params pa, pb;
-  loom_gpt_params_init(&pa, &a, 0, 1);
-  loom_gpt_params_init(&pb, &b, 0, 1);
+  loom_gpt_params_init(&pa, &a, 0, 1, NULL);
+  loom_gpt_params_init(&pb, &b, 0, 1, NULL);
   loom_gpt_params_randomize(&pa, 77);
   loom_gpt_params_randomize(&pb, 77);
   for (int i = 0; i < pa.params.count; i++) {

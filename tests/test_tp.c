@@ -94,10 +94,10 @@ static void layers_match(bool sp) {
   ck_assert_msg(fabs(lt - ls) <= 1e-6 * fabs(ls), "loss %g vs serial %g", (double)lt, (double)ls);
   /* Activations outside the regions: this rank's rows of the serial ones. */
   const int n = loom_tp_local_rows(&tp, T) * B, row0 = sp ? tp.rank * n : 0, h = cfg.hidden;
-  expect_nmse(split.a.encoded, serial.a.encoded + (size_t)row0 * h, (size_t)n * h, 1e-10, "embedding output");
+  expect_nmse(split.a->x0, serial.a->x0 + (size_t)row0 * h, (size_t)n * h, 1e-10, "embedding output");
   for (int l = 0; l < cfg.layers; l++)
-    expect_nmse(split.a.blocks[l].out, serial.a.blocks[l].out + (size_t)row0 * h, (size_t)n * h, 1e-10, "block output");
-  expect_nmse(split.a.ln_f, serial.a.ln_f, (size_t)N * h, 1e-10, "final norm");
+    expect_nmse(split.a->blocks[l].out, serial.a->blocks[l].out + (size_t)row0 * h, (size_t)n * h, 1e-10, "block output");
+  expect_nmse(split.a->ln_f, serial.a->ln_f, (size_t)N * h, 1e-10, "final norm");
   /* Every gradient against this rank's slice of the serial gradient. */
   float *want = malloc(split.p.grads.numel * sizeof(float));
   slice_of(&split.p, &serial.p.grads, &serial.p, want);

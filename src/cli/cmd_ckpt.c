@@ -12,7 +12,7 @@ static const char *const FORMAT_CHOICES[] = {"llmc", NULL};
 static loom_status export_model(const loom_gpt_config *cfg, const char *init_from, int64_t seed,
                                 const char *out, loom_error *err) {
   loom_gpt_params p;
-  loom_status st = loom_gpt_params_init(&p, cfg, 0, 1);
+  loom_status st = loom_gpt_params_init(&p, cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
   loom_gpt_params_randomize(&p, (uint64_t)seed);
   if (init_from) st = loom_llmc_load(init_from, &p, err);

@@ -59,7 +59,7 @@ static loom_status sample_run(const sample_flags *f, loom_error *err) {
     memcpy(window, text + start, (size_t)ctx * sizeof(int));
     const loom_gpt_batch batch = {.tokens = window};
     loom_gpt_forward(&model, &batch);
-    const float *row = model.a.logits + (size_t)(ctx - 1) * cfg.padded_vocab;
+    const float *row = model.a->logits + (size_t)(ctx - 1) * cfg.padded_vocab;
     float best;
     int next;
     if (f->temperature <= 0.0f) model.ops->argmax(&best, &next, row, 1, cfg.vocab, cfg.padded_vocab);

@@ -90,7 +90,7 @@ static loom_status check_memory(const loom_gpt_config *cfg, int T, int B, int tp
   const double gib = 1024.0 * 1024.0 * 1024.0;
   const double per_rank_state = 4.0 * sizeof(float) * (double)loom_gpt_param_count(cfg, tp); /* params, grads, Adam m, v */
   const double state = ranks * per_rank_state;
-  const double acts = ranks * (double)loom_gpt_activation_bytes(cfg, T, B, tp, sp);
+  const double acts = ranks * (double)loom_gpt_activation_bytes(cfg, T, B, tp, sp, NULL, false, 1);
   const double avail = (double)loom_mem_available_bytes();
   if (state + acts <= avail) return LOOM_OK;
   return loom_fail(err, LOOM_ERR_USAGE,
@@ -113,7 +113,7 @@ typedef struct {
 /* Loads an llm.c file into this rank's shards (every rank reads the file). */
 static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
   loom_gpt_params full;
-  loom_status st = loom_gpt_params_init(&full, &m->p.cfg, 0, 1);
+  loom_status st = loom_gpt_params_init(&full, &m->p.cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory reading the model", path);
   full.cfg.padded_vocab = m->p.cfg.padded_vocab;
   loom_gpt_config file_cfg;
@@ -122,7 +122,7 @@ static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
     /* The file's vocab padding differs from this split's: read it at its own. */
     loom_gpt_params_free(&full);
     file_cfg.dropout = m->p.cfg.dropout;
-    st = loom_gpt_params_init(&full, &file_cfg, 0, 1);
+    st = loom_gpt_params_init(&full, &file_cfg, 0, 1, NULL);
   }
   if (st == LOOM_OK) st = loom_llmc_load(path, &full, err);
   if (st == LOOM_OK) loom_gpt_params_copy_shards(&m->p, &full, 1);
@@ -133,7 +133,7 @@ static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
 /* Gathers every rank's shards and writes the whole model from rank 0. */
 static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const char *path, loom_error *err) {
   loom_gpt_params full;
-  loom_status st = loom_gpt_params_init(&full, cfg, 0, 1);
+  loom_status st = loom_gpt_params_init(&full, cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory assembling the model", path);
   loom_gpt_params_gather(&r->model.p, &full, r->model.tp.group);
   if (r->launch.rank == 0) st = loom_llmc_save(path, &full, err);

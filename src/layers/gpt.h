@@ -1,11 +1,16 @@
-/* The GPT model on one rank: token + position embedding, pre-LN blocks, final
- * LayerNorm, LM head tied to wte, and the mean cross-entropy loss.
- * Activations live in one buffer sized for a (T, B) micro-batch.
+/* The GPT model, or one pipeline stage of it, on one rank: token + position
+ * embedding (first stage), pre-LN blocks, final LayerNorm, LM head tied to
+ * wte and the mean cross-entropy loss (last stage).
  *
  * Under tensor parallelism (loom_tp with size > 1) this rank holds its
  * shards: the vocab-parallel wte serves as embedding and LM head, and the
  * loss is computed without full logits ever existing on one rank. Every rank
- * of the group sees the same tokens and returns the same loss. */
+ * of a TP group sees the same tokens and returns the same loss.
+ *
+ * Activations of a micro-batch live in a slot; a pipeline stage keeps as many
+ * slots as its schedule has micro-batches in flight. Scratch is shared by all
+ * slots. With recompute on, a slot keeps only each layer's input and the
+ * backward pass runs each layer's forward again before its backward. */
 #ifndef LOOM_GPT_H
 #define LOOM_GPT_H
 
@@ -15,66 +20,94 @@
 #include "layers/block.h"
 #include "layers/gpt_params.h"
 
+/* One micro-batch's saved activations. N = T*B rows; n = N/tp under SP, else N. */
 typedef struct {
-  int T, B;
-  loom_buffer mem;          /* every activation and scratch view below */
-  float *embed_full;        /* [N, h] this rank's vocab rows of the embedding, before reduction */
-  float *encoded;           /* [n, h] embedding output (n = N/tp rows under SP, else N) */
-  loom_block_acts *blocks;  /* [layers] */
-  float *ln_f_mean, *ln_f_rstd; /* [n] */
+  loom_buffer mem;
+  int *tokens, *targets;    /* [N] [s, b] order */
+  float *x0;                /* [n, h] stage input: the embedding output, or the received activation */
+  loom_block_acts *blocks;  /* [layers] (without recompute) */
+  float *inputs;            /* [layers, n, h] each layer's input (with recompute; layer 0's is x0) */
+  float *out;               /* [n, h] stage output (with recompute, or an empty stage) */
+  float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
+  float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
   float *ln_f;              /* [N, h] (gathered under SP) */
   float *logits;            /* [N, Vp/tp]; backward overwrites it with dlogits */
-  float *losses;            /* [N] per-token loss */
-  float *lse, *picked;      /* [N] log-sum-exp of each row's logits, and its target's logit */
-  float *lse_scratch;       /* [N] */
+  float *losses, *lse, *picked; /* [N] */
+} loom_gpt_slot;
+
+/* Scratch shared by every slot. */
+typedef struct {
+  loom_buffer mem;
+  loom_block_scratch block;
+  loom_block_acts redo;     /* one layer's activations, recomputed in backward */
+  float *embed_full;        /* [N, h] */
   float *dres;              /* [n, h] running residual grad */
   float *d_ln_f;            /* [N, h] */
-  loom_block_scratch scratch;
-  int *tokens, *targets;    /* [N] copies of the last forward's batch, [s, b] order */
-} loom_gpt_acts;
+  float *lse_scratch;       /* [N] */
+} loom_gpt_work;
 
 typedef struct {
   loom_gpt_params p;
-  loom_gpt_acts a;
   const loom_ops *ops;
   uint64_t seed;
   loom_tp tp;
+  bool recompute;
+  int T, B, nslots;
+  loom_gpt_slot *slots;
+  loom_gpt_slot *a;         /* slots[0], what single-micro-batch callers read */
+  loom_gpt_work w;
 } loom_gpt;
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */
 typedef struct {
-  const int *tokens;
-  const int *targets;     /* may be NULL for inference; < 0 masks a position */
+  const int *tokens;      /* read on the first stage (and saved for its backward) */
+  const int *targets;     /* read on the last stage; may be NULL for inference; < 0 masks a position */
   int64_t sample_offset;  /* global index of this micro-batch's sample 0 */
   int64_t step;           /* dropout key */
   bool train;             /* enables dropout */
 } loom_gpt_batch;
 
-/* Builds and initialises this rank's part of the model. tp NULL: serial.
- * Under TP the vocab is padded to a multiple of 128 * tp. */
+/* Builds and initialises this rank's part of the whole model. tp NULL:
+ * serial. Under TP the vocab is padded to a multiple of 128 * tp. */
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
+/* The same for one pipeline stage (or chunk): the layers of `range`. */
+loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute);
 void loom_gpt_free(loom_gpt *m);
-/* (Re)sizes activations for micro-batch (T, B); T must not exceed cfg.seq. */
+/* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
+loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);
+/* One slot of (T, B): for single-rank training and evaluation. */
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
+/* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
+ * one rank of a tp-way split of stage `range` (NULL: the whole model). */
+size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
+                                 const loom_stage_range *range, bool recompute, int slots);
 
-/* Bytes of activations and scratch that a (T, B) micro-batch allocates on
- * one rank of a tp-way split (sequence parallel or not). */
-size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel);
+/* Stage forward of a micro-batch into `slot`. input[n, h] is the previous
+ * stage's activation (NULL on the first stage). Returns the mean loss over
+ * unmasked targets on the last stage, else 0. */
+float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *input);
+/* The stage output [n, h] of a slot, for the next stage. */
+const float *loom_gpt_stage_output(const loom_gpt *m, int slot);
+/* Stage backward of a slot: dout[n, h] is the grad of the stage output (NULL
+ * on the last stage, which starts from the loss with each token weighted by
+ * dloss). Adds into grads; leaves the grad of the stage input in slot's dx0. */
+void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss);
 
-/* Runs forward; returns the mean loss over unmasked targets (0 if none). */
+/* The whole model in slot 0: forward returns the mean loss; backward adds
+ * into m->p.grads with each token's loss weighted by dloss (use 1 / tokens in
+ * the global batch to average). */
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch);
-/* Backward of the last forward; adds into m->p.grads with each token's loss
- * weighted by dloss (use 1 / tokens in the global batch to average). */
 void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
 /* Under sequence parallelism each rank's grads of TP-replicated parameters
  * (norms, wpe, row-parallel biases) cover only its positions: sums them over
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
-/* Greedy next-token prediction for every row of the last forward, over the
- * whole vocab even when it is split across the TP group (collective there).
- * out[N]; clobbers the forward's picked logits. */
+/* Greedy next-token prediction for every row of slot 0's last forward, over
+ * the whole vocab even when it is split across the TP group (collective
+ * there). out[N]; clobbers the forward's picked logits. */
 void loom_gpt_predict(loom_gpt *m, int *out);
 
 #endif

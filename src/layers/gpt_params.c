@@ -60,42 +60,53 @@ static void add_block(table *t, int i, const loom_gpt_config *c) {
 #undef NAME
 }
 
-/* Points a struct of views at consecutive tensors of a buffer. */
-static void bind(loom_gpt_weights *w, const loom_buffer *b, int layers) {
+loom_stage_range loom_stage_whole(const loom_gpt_config *cfg) {
+  return (loom_stage_range){.layer_begin = 0, .layer_end = cfg->layers, .first = true, .last = true};
+}
+
+/* Points a struct of views at consecutive tensors of a buffer, in table order. */
+static void bind(loom_gpt_weights *w, const loom_buffer *b, const loom_stage_range *r) {
   int k = 0;
-  w->wte = b->views[k++].data;
-  w->wpe = b->views[k++].data;
-  for (int i = 0; i < layers; i++) {
+  w->wte = r->first || r->last ? b->views[k++].data : NULL;
+  w->wpe = r->first ? b->views[k++].data : NULL;
+  for (int i = 0; i < r->layer_end - r->layer_begin; i++) {
     float **slot = (float **)&w->h[i];
     for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) slot[j] = b->views[k++].data;
   }
-  w->ln_f_w = b->views[k++].data;
-  w->ln_f_b = b->views[k++].data;
+  w->ln_f_w = r->last ? b->views[k++].data : NULL;
+  w->ln_f_b = r->last ? b->views[k++].data : NULL;
 }
 
-loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size) {
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                 const loom_stage_range *range) {
   memset(p, 0, sizeof *p);
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
   LOOM_CHECK(cfg->padded_vocab % tp_size == 0 && cfg->heads % tp_size == 0 && cfg->ffn % tp_size == 0,
              "tensor-parallel split must be even (check the layout before building the model)");
   p->cfg = *cfg;
+  p->range = r;
+  p->layers = r.layer_end - r.layer_begin;
   p->tp_rank = tp_rank;
   p->tp_size = tp_size;
-  const int count = 4 + LOOM_BLOCK_TENSORS * cfg->layers;
+  const int count = (r.first || r.last) + r.first + LOOM_BLOCK_TENSORS * p->layers + 2 * r.last;
   table t = {loom_xcalloc((size_t)count, sizeof(loom_tensor), "param specs"),
              loom_xcalloc((size_t)count, sizeof(loom_param_meta), "param meta"), 0, tp_rank, tp_size};
   loom_param_meta wte = weight(0.02f, 0, 1);
   wte.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
   wte.shared = true;
-  add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
-  add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
-  for (int i = 0; i < cfg->layers; i++) add_block(&t, i, cfg);
-  add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
-  add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
+  if (r.first || r.last) add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
+  if (r.first) add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
+  for (int i = r.layer_begin; i < r.layer_end; i++) add_block(&t, i, cfg);
+  if (r.last) {
+    add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
+    add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
+  }
   LOOM_CHECK(t.count == count, "parameter table size");
 
   p->meta = t.meta;
-  p->w.h = loom_xcalloc((size_t)cfg->layers, sizeof(loom_block_weights), "block views");
-  p->g.h = loom_xcalloc((size_t)cfg->layers, sizeof(loom_block_weights), "block views");
+  p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
+  p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   loom_status st = loom_buffer_init(&p->params, t.specs, count);
   if (st == LOOM_OK) st = loom_buffer_init(&p->grads, t.specs, count);
   free(t.specs);
@@ -103,8 +114,8 @@ loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg,
     loom_gpt_params_free(p);
     return st;
   }
-  bind(&p->w, &p->params, cfg->layers);
-  bind(&p->g, &p->grads, cfg->layers);
+  bind(&p->w, &p->params, &r);
+  bind(&p->g, &p->grads, &r);
   return LOOM_OK;
 }
 
@@ -189,19 +200,25 @@ static void copy_shard(const loom_param_meta *meta, int rank, int size, const lo
   }
 }
 
+/* The whole model's tensor of the same canonical name as p's tensor k. */
+static const loom_tensor *whole_of(const loom_gpt_params *p, int k, const loom_gpt_params *full) {
+  LOOM_CHECK(full->tp_size == 1, "copy shards to or from a model that is not split");
+  const int i = loom_gpt_params_find(full, p->params.views[k].name);
+  LOOM_CHECK(i >= 0, "the whole model holds every tensor");
+  return &full->params.views[i];
+}
+
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local) {
-  LOOM_CHECK(full->tp_size == 1 && full->params.count == p->params.count, "copy shards to or from a whole model");
   for (int k = 0; k < p->params.count; k++)
-    copy_shard(&p->meta[k], p->tp_rank, p->tp_size, &full->params.views[k], p->params.views[k].data, to_local);
+    copy_shard(&p->meta[k], p->tp_rank, p->tp_size, whole_of(p, k, full), p->params.views[k].data, to_local);
 }
 
 void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, loom_comm *tp_group) {
-  LOOM_CHECK(full->tp_size == 1 && full->params.count == p->params.count, "gather into a whole model");
   for (int k = 0; k < p->params.count; k++) {
     const size_t n = loom_tensor_numel(&p->params.views[k]);
     float *all = loom_xmalloc(n * (size_t)p->tp_size * sizeof(float), "gather");
     loom_comm_allgather(tp_group, p->params.views[k].data, all, n);
-    for (int r = 0; r < p->tp_size; r++) copy_shard(&p->meta[k], r, p->tp_size, &full->params.views[k], all + (size_t)r * n, 0);
+    for (int r = 0; r < p->tp_size; r++) copy_shard(&p->meta[k], r, p->tp_size, whole_of(p, k, full), all + (size_t)r * n, 0);
     free(all);
   }
 }

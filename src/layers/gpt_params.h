@@ -38,16 +38,27 @@ typedef struct {
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_TENSORS * sizeof(float *),
                "loom_block_weights must be exactly its tensor views, in table order");
 
-/* Views of the whole model's parameters (or grads). */
+/* Views of a stage's parameters (or grads); NULL where the stage lacks them. */
 typedef struct {
-  float *wte;             /* [Vp, h], tied with the LM head */
-  float *wpe;             /* [S, h] */
-  loom_block_weights *h;  /* [layers] */
-  float *ln_f_w, *ln_f_b; /* [h], [h] */
+  float *wte;             /* [Vp, h] on the first and last stage, tied with the LM head */
+  float *wpe;             /* [S, h] on the first stage */
+  loom_block_weights *h;  /* [layer_end - layer_begin], local index */
+  float *ln_f_w, *ln_f_b; /* [h], [h] on the last stage */
 } loom_gpt_weights;
+
+/* The part of the model a pipeline stage (or one chunk of it) holds. */
+typedef struct {
+  int layer_begin, layer_end; /* global layers [begin, end) */
+  bool first, last;           /* holds the embedding / the final norm, head and loss */
+} loom_stage_range;
+
+/* Every layer, first and last: the whole model. */
+loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
 
 typedef struct {
   loom_gpt_config cfg;
+  loom_stage_range range; /* the layers this part holds */
+  int layers;             /* layer_end - layer_begin */
   int tp_rank, tp_size;   /* this rank's slice of every partitioned tensor */
   loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */
@@ -55,19 +66,23 @@ typedef struct {
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;
 
-/* Allocates this TP rank's shards (tp_size 1: the whole model). cfg's
- * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
-loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size);
+/* Allocates this TP rank's shards (tp_size 1: the whole model) of the
+ * stage `range` (NULL: every layer). cfg's padded vocab must be a multiple
+ * of tp_size (see loom_gpt_config_for_tp). */
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                 const loom_stage_range *range);
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
 /* Parameter elements one TP rank holds, without allocating them. */
 size_t loom_gpt_param_count(const loom_gpt_config *cfg, int tp_size);
-/* Copies between this rank's shards and a full (tp_size 1) model's
- * parameters: to_local scatters full into p, else p's shards are written
- * into full. Rows past the smaller padded vocab are skipped. */
+/* Copies between this rank's shards and a whole (tp_size 1, all layers)
+ * model's parameters, matching tensors by canonical name: to_local scatters
+ * full into p, else p's shards are written into full. Rows past the smaller
+ * padded vocab are skipped. */
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local);
-/* Assembles the whole model from every TP rank's shards (collective over tp_group). */
+/* Writes this rank's shards into the whole model `full` on every rank of
+ * tp_group (collective over it); tensors of other stages are left alone. */
 struct loom_comm;
 void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, struct loom_comm *tp_group);
 /* Index of the view named `name`, or -1. */
