@@ -1,4 +1,5 @@
 /* Training step and held-out evaluation on one rank. */
+#include <math.h>
 #include <stdlib.h>
 #include "cli/trainer.h"
 #include "core/check.h"
@@ -13,12 +14,82 @@ void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_
   tr->targets = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch targets");
 }
 
+void loom_trainer_init_pipeline(loom_trainer *tr, loom_pipeline *pipe, loom_adamw *opts, loom_dataset *data,
+                                int T, int micro_batch, loom_lr_schedule lr) {
+  *tr = (loom_trainer){.opt = opts, .pipe = pipe, .lr = lr, .data = data, .T = T, .micro_batch = micro_batch,
+                       .global_batch = pipe->m * micro_batch};
+  tr->tokens = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch tokens");
+  tr->targets = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch targets");
+}
+
+/* ---- pipeline hooks ---- */
+
+static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
+  loom_trainer *tr = ctx;
+  return loom_dataset_batch(tr->data, tr->split, tr->first_sample + (int64_t)mb * tr->micro_batch, tr->T,
+                            tr->micro_batch, tokens, targets);
+}
+
+/* One clipped AdamW step per chunk, with the norm over every stage: each
+ * element once (the last stage's copy of the tied wte is not counted). */
+static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
+  loom_trainer *tr = ctx;
+  double sumsq = 0.0;
+  for (int c = 0; c < pipe->v; c++) {
+    loom_gpt *m = &pipe->chunks[c];
+    sumsq += loom_grad_sumsq(&m->p, m->ops, &m->tp, m->p.range.last && !m->p.range.first);
+  }
+  float total = (float)sumsq;
+  loom_comm_allreduce(pipe->ps->pp_group, &total, 1, LOOM_REDUCE_SUM);
+  const double norm = sqrt((double)total);
+  for (int c = 0; c < pipe->v; c++) loom_adamw_step(&tr->opt[c], &pipe->chunks[c].p, tr->step_lr, norm, pipe->chunks[c].ops);
+  return norm;
+}
+
+/* Exact-match scoring of one micro-batch of the addition task. */
+static void score_addition(int digits, int T, int B, const int *tokens, const int *targets, const int *pred,
+                           float *tally) {
+  int *window = loom_xmalloc((size_t)(T + 1) * sizeof(int), "eval window");
+  int *row = loom_xmalloc((size_t)T * sizeof(int), "eval row");
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      window[t] = tokens[t * B + b];
+      row[t] = pred[t * B + b];
+    }
+    window[T] = targets[(T - 1) * B + b]; /* may be -1 (masked); scoring only reads answers */
+    int problems, correct;
+    loom_addition_score(window, row, T, digits, &problems, &correct);
+    tally[0] += (float)problems;
+    tally[1] += (float)correct;
+  }
+  free(window);
+  free(row);
+}
+
+static void hook_score(void *ctx, const int *tokens, const int *targets, const int *pred, float *tally) {
+  const loom_trainer *tr = ctx;
+  score_addition(tr->digits, tr->T, tr->micro_batch, tokens, targets, pred, tally);
+}
+
+static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
+  return (loom_pipeline_hooks){.ctx = tr, .feed = hook_feed, .optimizer_step = hook_optimizer_step,
+                               .score = score ? hook_score : NULL};
+}
+
 void loom_trainer_free(loom_trainer *tr) {
   free(tr->tokens);
   free(tr->targets);
 }
 
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
+  if (tr->pipe) {
+    tr->split = LOOM_SPLIT_TRAIN;
+    tr->first_sample = (int64_t)step * tr->global_batch;
+    tr->step_lr = loom_lr_at(&tr->lr, step);
+    const loom_pipeline_hooks hooks = hooks_of(tr, false);
+    const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
+    return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm};
+  }
   loom_gpt *m = tr->model;
   const int B = tr->micro_batch, micro_steps = tr->global_batch / B;
   const int64_t first_sample = (int64_t)step * tr->global_batch;
@@ -47,12 +118,20 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
 }
 
 loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits) {
+  if (tr->pipe) {
+    tr->split = LOOM_SPLIT_HELDOUT;
+    tr->first_sample = 0;
+    tr->digits = addition_digits;
+    const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
+    float tally[2] = {0.0f, 0.0f};
+    const float loss = loom_pipeline_eval(tr->pipe, &hooks, batches, tally);
+    return (loom_eval_stats){.loss = loss, .problems = (int)tally[0], .correct = (int)tally[1]};
+  }
   loom_gpt *m = tr->model;
   const int B = tr->micro_batch, T = tr->T, N = T * B;
   int *pred = loom_xmalloc((size_t)N * sizeof(int), "predictions");
-  int *window = loom_xmalloc((size_t)(T + 1) * sizeof(int), "eval window");
-  int *row_pred = loom_xmalloc((size_t)T * sizeof(int), "eval row");
   loom_eval_stats out = {0};
+  float tally[2] = {0.0f, 0.0f};
   double loss_sum = 0.0;
   int64_t scored = 0;
   for (int k = 0; k < batches; k++) {
@@ -62,21 +141,11 @@ loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_di
     scored += counted;
     if (addition_digits <= 0) continue;
     loom_gpt_predict(m, pred);
-    for (int b = 0; b < B; b++) {
-      for (int t = 0; t < T; t++) {
-        window[t] = tr->tokens[t * B + b];
-        row_pred[t] = pred[t * B + b];
-      }
-      window[T] = tr->targets[(T - 1) * B + b]; /* may be -1 (masked); scoring only needs answers */
-      int problems, correct;
-      loom_addition_score(window, row_pred, T, addition_digits, &problems, &correct);
-      out.problems += problems;
-      out.correct += correct;
-    }
+    score_addition(addition_digits, T, B, tr->tokens, tr->targets, pred, tally);
   }
   out.loss = scored ? (float)(loss_sum / (double)scored) : 0.0f;
+  out.problems = (int)tally[0];
+  out.correct = (int)tally[1];
   free(pred);
-  free(window);
-  free(row_pred);
   return out;
 }

@@ -9,14 +9,21 @@
 #include "layers/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "pipeline/executor.h"
 
 typedef struct {
-  loom_gpt *model;
-  loom_adamw *opt;
+  loom_gpt *model;        /* the whole model on this rank, or NULL under a pipeline */
+  loom_adamw *opt;        /* [1], or [chunks] under a pipeline */
+  loom_pipeline *pipe;    /* NULL unless pipeline-parallel */
   loom_lr_schedule lr;
   loom_dataset *data;
   int T, micro_batch, global_batch;
   int *tokens, *targets; /* [T * micro_batch] */
+  /* what the pipeline hooks read */
+  loom_split split;
+  int64_t first_sample;
+  float step_lr;
+  int digits;
 } loom_trainer;
 
 typedef struct {
@@ -32,6 +39,10 @@ typedef struct {
 
 void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_dataset *data,
                        int T, int micro_batch, int global_batch, loom_lr_schedule lr);
+/* The same over a pipeline: opts holds one optimizer per chunk, and the
+ * global batch is the schedule's micro-batches times micro_batch. */
+void loom_trainer_init_pipeline(loom_trainer *tr, loom_pipeline *pipe, loom_adamw *opts, loom_dataset *data,
+                                int T, int micro_batch, loom_lr_schedule lr);
 void loom_trainer_free(loom_trainer *tr);
 /* Trains on global batch `step` (0-based). */
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step);

@@ -25,8 +25,13 @@ void loom_adamw_free(loom_adamw *opt) {
 }
 
 double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp) {
+  return sqrt(loom_grad_sumsq(p, ops, tp, false));
+}
+
+double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared) {
   double sums[2] = {0.0, 0.0}; /* [0] sharded, summed over the group; [1] replicated, the same everywhere */
   for (int k = 0; k < p->grads.count; k++) {
+    if (skip_shared && p->meta[k].shared) continue;
     const loom_tensor *g = &p->grads.views[k];
     sums[p->meta[k].tp_replicated] += ops->sumsq(g->data, loom_tensor_numel(g));
   }
@@ -35,7 +40,7 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
     loom_comm_allreduce(tp->group, &sharded, 1, LOOM_REDUCE_SUM);
     sums[0] = sharded;
   }
-  return sqrt(sums[0] + sums[1]);
+  return sums[0] + sums[1];
 }
 
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {

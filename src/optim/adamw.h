@@ -26,6 +26,10 @@ void loom_adamw_free(loom_adamw *opt);
 /* Global L2 norm of all grads, each element counted once: shards are summed
  * over the TP group, TP-replicated tensors counted once (tp NULL: serial). */
 double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp);
+/* The squared norm behind it, for summing over pipeline stages; skip_shared
+ * leaves out tensors shared with another stage (the last stage's copy of the
+ * tied wte), so each element is still counted once. */
+double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared);
 /* Clips to cfg.grad_clip given the norm, then takes one AdamW step at lr. */
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops);
 

@@ -1,0 +1,256 @@
+/* Running a schedule: slots, transfers, grad reductions and the step. */
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "pipeline/executor.h"
+#include "pipeline/layer_split.h"
+#include "tensor_parallel/mappings.h"
+
+/* Tags name the message by its destination stage, so both ends agree. */
+static int tag_of(const loom_pipeline *pipe, int mb, int dst_stage, int grad) {
+  return (mb * pipe->S + dst_stage) * 2 + grad;
+}
+
+static int stage_of(const loom_pipeline *pipe, int chunk) { return chunk * pipe->ps->pp + pipe->ps->pp_rank; }
+static size_t act_floats(const loom_pipeline *pipe) {
+  return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
+}
+
+/* The most micro-batches chunk c holds at once, read off the schedule. */
+static int chunk_peak(const loom_schedule *s, int r, int c) {
+  int live = 0, peak = 0;
+  for (int i = 0; i < s->count[r]; i++) {
+    const loom_action *a = &s->actions[r][i];
+    if (a->chunk != c) continue;
+    if (a->kind == LOOM_ACT_FORWARD) live++;
+    if (a->kind == LOOM_ACT_BACKWARD) live--;
+    if (live > peak) peak = live;
+  }
+  return peak;
+}
+
+loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_gpt_config *cfg,
+                               const loom_ops *ops, uint64_t seed, const loom_pipeline_config *pc, int T, int B,
+                               loom_error *err) {
+  memset(pipe, 0, sizeof *pipe);
+  pipe->ps = ps;
+  pipe->tp = loom_tp_of(ps);
+  pipe->v = pc->v;
+  pipe->S = ps->pp * pc->v;
+  pipe->m = pc->micro_batches;
+  pipe->T = T;
+  pipe->B = B;
+  loom_status st = loom_schedule_build(&pipe->sched, pc->kind, ps->pp, pc->v, pc->micro_batches, err);
+  if (st != LOOM_OK) return st;
+  if ((long long)pipe->m * pipe->S * 2 > 32767)
+    return loom_fail(err, LOOM_ERR_USAGE, "micro-batches %d x stages %d is too many for MPI tags (at most 16383)",
+                     pipe->m, pipe->S);
+  int *begin = loom_xmalloc((size_t)(pipe->S + 1) * sizeof(int), "layer split");
+  st = loom_layer_split(cfg->layers, pipe->S, pc->layer_counts, pc->nlayer_counts, begin, err);
+  pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
+  for (int c = 0; c < pipe->v; c++) pipe->nslots = chunk_peak(&pipe->sched, ps->pp_rank, c) > pipe->nslots
+                                                       ? chunk_peak(&pipe->sched, ps->pp_rank, c) : pipe->nslots;
+  for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
+    const int s = stage_of(pipe, c);
+    const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == pipe->S - 1};
+    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, pc->recompute);
+    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
+    pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
+                                                          pc->recompute, pipe->nslots);
+    pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
+                                                                            &range, false, pipe->nslots);
+  }
+  free(begin);
+  if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
+  if (st != LOOM_OK) return st;
+  pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
+  pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
+  pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
+  pipe->pending = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(loom_request *), "pending sends");
+  pipe->dout = loom_xmalloc(act_floats(pipe) * sizeof(float), "grad buffer");
+  pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
+  pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
+  return LOOM_OK;
+}
+
+void loom_pipeline_free(loom_pipeline *pipe) {
+  for (int c = 0; pipe->chunks && c < pipe->v; c++) loom_gpt_free(&pipe->chunks[c]);
+  free(pipe->chunks);
+  free(pipe->slot_of);
+  free(pipe->free_top);
+  free(pipe->free_slots);
+  free(pipe->pending);
+  free(pipe->dout);
+  free(pipe->tokens);
+  free(pipe->targets);
+  loom_schedule_free(&pipe->sched);
+  memset(pipe, 0, sizeof *pipe);
+}
+
+static void reset_slots(loom_pipeline *pipe) {
+  for (int i = 0; i < pipe->v * pipe->m; i++) pipe->slot_of[i] = -1;
+  for (int c = 0; c < pipe->v; c++) {
+    pipe->free_top[c] = pipe->nslots;
+    for (int k = 0; k < pipe->nslots; k++) pipe->free_slots[c * pipe->nslots + k] = pipe->nslots - 1 - k;
+  }
+}
+
+/* The slot of (chunk, mb), taken from the free stack on first use; a send
+ * still reading it is finished first. */
+static int slot_for(loom_pipeline *pipe, int c, int mb) {
+  int *slot = &pipe->slot_of[c * pipe->m + mb];
+  if (*slot >= 0) return *slot;
+  LOOM_CHECK(pipe->free_top[c] > 0, "the schedule holds more micro-batches than its peak");
+  *slot = pipe->free_slots[c * pipe->nslots + --pipe->free_top[c]];
+  loom_request **pend = &pipe->pending[c * pipe->nslots + *slot];
+  if (*pend) loom_comm_wait(pipe->ps->pp_group, *pend);
+  *pend = NULL;
+  return *slot;
+}
+
+static void release(loom_pipeline *pipe, int c, int mb) {
+  int *slot = &pipe->slot_of[c * pipe->m + mb];
+  pipe->free_slots[c * pipe->nslots + pipe->free_top[c]++] = *slot;
+  *slot = -1;
+}
+
+static void send_from_slot(loom_pipeline *pipe, int c, int slot, const float *buf, int peer, int tag) {
+  loom_request **pend = &pipe->pending[c * pipe->nslots + slot];
+  if (*pend) loom_comm_wait(pipe->ps->pp_group, *pend);
+  *pend = loom_comm_isend(pipe->ps->pp_group, buf, act_floats(pipe), peer, tag);
+}
+
+static void finish_sends(loom_pipeline *pipe) {
+  for (int i = 0; i < pipe->v * pipe->nslots; i++)
+    if (pipe->pending[i]) {
+      loom_comm_wait(pipe->ps->pp_group, pipe->pending[i]);
+      pipe->pending[i] = NULL;
+    }
+}
+
+/* Sums the tied wte grads of stage 0 and stage S-1 so both copies step alike. */
+static void reduce_tied(loom_pipeline *pipe) {
+  const loom_parallel *ps = pipe->ps;
+  loom_gpt *first = ps->pp_rank == 0 ? &pipe->chunks[0] : NULL;
+  loom_gpt *last = ps->pp_rank == ps->pp - 1 ? &pipe->chunks[pipe->v - 1] : NULL;
+  const size_t n = first ? loom_tensor_numel(&first->p.grads.views[0]) : loom_tensor_numel(&last->p.grads.views[0]);
+  if (first && last && first != last) { /* one rank holds both ends (pp 1, several chunks) */
+    first->ops->accumulate(first->p.g.wte, last->p.g.wte, n);
+    memcpy(last->p.g.wte, first->p.g.wte, n * sizeof(float));
+    return;
+  }
+  loom_gpt *mine = first ? first : last;
+  loom_comm_allreduce(ps->embed_group, mine->p.g.wte, n, LOOM_REDUCE_SUM);
+}
+
+static void reduce_dp(loom_pipeline *pipe) {
+  for (int c = 0; c < pipe->v; c++)
+    loom_comm_allreduce(pipe->ps->dp_group, pipe->chunks[c].p.grads.base, pipe->chunks[c].p.grads.numel, LOOM_REDUCE_SUM);
+}
+
+loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
+                                       int64_t sample_offset) {
+  const loom_parallel *ps = pipe->ps;
+  const int r = ps->pp_rank, p = ps->pp;
+  /* The loss is the mean over every scored target of the step: count first. */
+  int64_t scored = 0;
+  for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
+  const float dloss = scored ? 1.0f / (float)scored : 0.0f;
+  double loss_sum = 0.0, norm = 0.0;
+  for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
+  reset_slots(pipe);
+  for (int i = 0; i < pipe->sched.count[r]; i++) {
+    const loom_action *a = &pipe->sched.actions[r][i];
+    loom_gpt *m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL;
+    const int stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1;
+    const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
+                                  .sample_offset = sample_offset + (int64_t)a->mb * pipe->B, .step = step, .train = true};
+    switch (a->kind) {
+    case LOOM_ACT_RECV_ACT: {
+      const int slot = slot_for(pipe, a->chunk, a->mb);
+      loom_comm_recv(ps->pp_group, m->slots[slot].x0, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 0));
+      break;
+    }
+    case LOOM_ACT_FORWARD: {
+      const int slot = slot_for(pipe, a->chunk, a->mb);
+      const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
+      const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
+      if (m->p.range.last) loss_sum += (double)loss * (double)counted;
+      break;
+    }
+    case LOOM_ACT_SEND_ACT: {
+      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      send_from_slot(pipe, a->chunk, slot, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
+      break;
+    }
+    case LOOM_ACT_RECV_GRAD:
+      loom_comm_recv(ps->pp_group, pipe->dout, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 1));
+      break;
+    case LOOM_ACT_BACKWARD: {
+      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, dloss);
+      if (stage == 0) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
+      break;
+    }
+    case LOOM_ACT_SEND_GRAD: {
+      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      send_from_slot(pipe, a->chunk, slot, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
+      release(pipe, a->chunk, a->mb); /* reused only after this send completes */
+      break;
+    }
+    case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
+    case LOOM_ACT_REDUCE_DP: reduce_dp(pipe); break;
+    case LOOM_ACT_OPTIMIZER_STEP:
+      for (int c = 0; c < pipe->v; c++) loom_gpt_sync_replicated_grads(&pipe->chunks[c]);
+      norm = hooks->optimizer_step(hooks->ctx, pipe);
+      break;
+    }
+  }
+  finish_sends(pipe);
+  /* The last stage knows the loss; every rank reports it. */
+  float loss = r == p - 1 ? (float)(scored ? loss_sum / (double)scored : 0.0) : 0.0f;
+  loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
+  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm};
+}
+
+float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally) {
+  const loom_parallel *ps = pipe->ps;
+  const int N = pipe->T * pipe->B;
+  double loss_sum = 0.0;
+  int64_t scored = 0;
+  float local[2] = {0.0f, 0.0f};
+  int *pred = loom_xmalloc((size_t)N * sizeof(int), "predictions");
+  /* Micro-batch k flows through the virtual stages in order, one at a time. */
+  for (int k = 0; k < batches; k++) {
+    const int64_t counted = hooks->feed(hooks->ctx, k, pipe->tokens, pipe->targets);
+    const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets, .sample_offset = (int64_t)k * pipe->B};
+    scored += counted;
+    for (int s = 0; s < pipe->S; s++) {
+      const int owner = s % ps->pp;
+      if (owner != ps->pp_rank) continue;
+      loom_gpt *m = &pipe->chunks[s / ps->pp];
+      if (s > 0)
+        loom_comm_recv(ps->pp_group, m->slots[0].x0, act_floats(pipe), (owner + ps->pp - 1) % ps->pp, tag_of(pipe, 0, s, 0));
+      const float loss = loom_gpt_stage_forward(m, 0, &batch, m->slots[0].x0);
+      if (s < pipe->S - 1) {
+        loom_comm_send(ps->pp_group, loom_gpt_stage_output(m, 0), act_floats(pipe), (owner + 1) % ps->pp,
+                       tag_of(pipe, 0, s + 1, 0));
+        continue;
+      }
+      loss_sum += (double)loss * (double)counted;
+      if (!hooks->score) continue;
+      loom_gpt_predict(m, pred);
+      hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pred, local);
+    }
+  }
+  free(pred);
+  const int last = ps->pp_rank == ps->pp - 1;
+  float results[3] = {last && scored ? (float)(loss_sum / (double)scored) : 0.0f, last ? local[0] : 0.0f,
+                      last ? local[1] : 0.0f};
+  loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);
+  if (tally) {
+    tally[0] = results[1];
+    tally[1] = results[2];
+  }
+  return results[0];
+}

@@ -1,0 +1,76 @@
+/* The pipeline executor: runs this rank's list of a verified schedule.
+ *
+ * A rank holds v model chunks (virtual stages r, p + r, ...), each with its
+ * own parameters, optimizer state and activation slots; a slot is taken when
+ * a micro-batch's forward starts and returned after its backward, so memory
+ * follows the schedule's live count. Activations and grads move between
+ * neighbouring stages with non-blocking sends, whose buffers stay put until
+ * the send completes; a recv waits where the schedule says. Grads accumulate
+ * over micro-batches and the tied wte grads are summed over the first and
+ * last stage. What data is and how parameters step are the caller's: it
+ * passes them in as hooks (data and optimizers sit above this module). */
+#ifndef LOOM_EXECUTOR_H
+#define LOOM_EXECUTOR_H
+
+#include "layers/gpt.h"
+#include "schedule/schedule.h"
+#include "tensor_parallel/parallel_state.h"
+
+typedef struct {
+  loom_schedule_kind kind;
+  int v;               /* chunks per rank */
+  int micro_batches;   /* m */
+  const int *layer_counts; /* per virtual stage, or NULL for an even split */
+  int nlayer_counts;
+  bool recompute;
+} loom_pipeline_config;
+
+struct loom_pipeline;
+
+/* The caller's side of a step. */
+typedef struct {
+  void *ctx;
+  /* Writes micro-batch mb of the current step (or evaluation) into tokens and
+   * targets [T * B]; returns how many targets are scored (>= 0). */
+  int64_t (*feed)(void *ctx, int mb, int *tokens, int *targets);
+  /* Steps every chunk's parameters once grads are final; returns the grad norm. */
+  double (*optimizer_step)(void *ctx, struct loom_pipeline *pipe);
+  /* Evaluation only, on the last stage: scores micro-batch mb's greedy
+   * predictions pred[T * B]; adds to tally[0] (problems) and tally[1] (correct). */
+  void (*score)(void *ctx, const int *tokens, const int *targets, const int *pred, float *tally);
+} loom_pipeline_hooks;
+
+typedef struct loom_pipeline {
+  const loom_parallel *ps;
+  loom_tp tp;
+  loom_schedule sched;
+  int v, S, m, T, B;
+  loom_gpt *chunks;       /* [v] */
+  int *slot_of;           /* [v * m] slot holding (chunk, mb), or -1 */
+  int *free_top, *free_slots; /* per chunk stack of free slots: [v], [v * nslots] */
+  int nslots;             /* slots per chunk */
+  loom_request **pending; /* [v * nslots] the send still reading a slot, or NULL */
+  float *dout;            /* [n, h] received output grad */
+  int *tokens, *targets;  /* [T * B] the micro-batch being fed */
+  int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
+} loom_pipeline;
+
+typedef struct {
+  float loss;       /* mean over the global batch's scored targets */
+  double grad_norm; /* before clipping */
+} loom_pipeline_stats;
+
+/* Builds this rank's chunks; refuses bad splits and schedules. */
+loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_gpt_config *cfg,
+                               const loom_ops *ops, uint64_t seed, const loom_pipeline_config *pc, int T, int B,
+                               loom_error *err);
+void loom_pipeline_free(loom_pipeline *pipe);
+/* One training step; sample_offset is the global index of micro-batch 0's
+ * first sample (dropout keys). */
+loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
+                                       int64_t sample_offset);
+/* Forward only, for evaluation: mean loss over `batches` micro-batches; with
+ * a score hook, tally[2] gets its totals. The results reach every rank. */
+float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally);
+
+#endif
