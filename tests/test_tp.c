@@ -393,13 +393,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, training_on_a_token_file_matches_serial);
   tcase_add_test(tc, training_on_a_token_file_matches_serial_sequence_parallel);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_set_fork_status(sr, CK_NOFORK); /* MPI and fork do not mix */
-  srunner_run_all(sr, g_world->rank == 0 ? CK_NORMAL : CK_SILENT);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
+  float failed = (float)tu_run_rank(s, g_world->rank);
   /* Any rank's failure fails the job. */
-  float any = (float)failed;
+  float any = failed;
   loom_comm_allreduce(g_world, &any, 1, LOOM_REDUCE_MAX);
   loom_comm_free(g_world);
   loom_mpi_finalize();

@@ -67,3 +67,18 @@ int tu_run(Suite *s) {
   srunner_free(sr);
   return failed == 0 ? 0 : 1;
 }
+
+int tu_run_rank(Suite *s, int rank) {
+  SRunner *sr = srunner_create(s);
+  srunner_set_fork_status(sr, CK_NOFORK); /* MPI and fork do not mix */
+  srunner_run_all(sr, rank == 0 ? CK_NORMAL : CK_SILENT);
+  const int failed = srunner_ntests_failed(sr);
+  if (rank != 0 && failed) {
+    TestResult **results = srunner_failures(sr);
+    for (int i = 0; i < failed; i++)
+      fprintf(stderr, "rank %d: %s:%d: %s\n", rank, tr_lfile(results[i]), tr_lno(results[i]), tr_msg(results[i]));
+    free(results);
+  }
+  srunner_free(sr);
+  return failed;
+}

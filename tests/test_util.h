@@ -22,5 +22,8 @@ void tu_write_bytes(const char *path, const void *data, size_t n);
 void *tu_read_bytes(const char *path, size_t *n);
 /* Runs a suite and returns the process exit code. */
 int tu_run(Suite *s);
+/* Runs a suite on one MPI rank without forking: rank 0 reports in full, other
+ * ranks print only their failures. Returns the number of failures. */
+int tu_run_rank(Suite *s, int rank);
 
 #endif
