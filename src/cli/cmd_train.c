@@ -9,6 +9,7 @@
 #include "cli/metrics.h"
 #include "cli/model_flags.h"
 #include "cli/trainer.h"
+#include "core/check.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
 #include "cli/launch.h"
@@ -16,11 +17,15 @@
 #include "core/timer.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
+#include "pipeline/layer_split.h"
+#include "schedule/verify.h"
 
 typedef struct {
   loom_model_flags model;
   int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every, tp;
+  int pp, vpp, micro_batches;
   bool sequence_parallel;
+  const char *schedule, *recompute, *layer_split;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
@@ -28,8 +33,11 @@ typedef struct {
 
 static const char *const ORDER_CHOICES[] = {"sequential", "shuffled", NULL};
 static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
+static const char *const SCHEDULE_CHOICES[] = {"gpipe", "1f1b", "interleaved", NULL};
+static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
 
-#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 22)
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 28)
+#define MAX_STAGES 1024
 
 static void train_table(train_flags *f, loom_flag *t) {
   loom_model_flags_table(&f->model, t);
@@ -56,6 +64,12 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: all cores)", 0, 4096, NULL, false},
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks (launch with mpirun -np TP)", 1, 4096, NULL, false},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
+      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp)", 1, 1024, NULL, false},
+      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false},
+      {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step (0: global batch / micro-batch)", 0, 16383, NULL, false},
+      {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
+      {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
+      {"--layer-split", FLAG_STRING, &f->layer_split, "layers per stage, e.g. 7,8,8,7 (default: even)", LOOM_NO_RANGE, NULL, false},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "TRAIN_FLAG_COUNT");
   memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
@@ -65,6 +79,7 @@ static train_flags train_defaults(void) {
   return (train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
                        .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
                        .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
+                       .pp = 1, .vpp = 1, .schedule = "1f1b", .recompute = "none",
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }
@@ -78,6 +93,13 @@ static loom_status check_flags(const train_flags *f, const loom_flag *t, const l
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: give --data or --synthetic, not both");
   if (f->eval_data && !f->data)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
+  if (f->micro_batches && loom_flags_find(t, TRAIN_FLAG_COUNT, "--global-batch")->set &&
+      f->global_batch != f->micro_batches * f->micro_batch)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d != --micro-batches %d x --micro-batch %d",
+                     f->global_batch, f->micro_batches, f->micro_batch);
+  if (f->layer_split && loom_layer_split_parse(f->layer_split, (int[MAX_STAGES]){0}, MAX_STAGES) < 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --layer-split '%s' is not a comma-separated list of layer counts",
+                     f->layer_split);
   if (!f->data && cfg->vocab < LOOM_BYTE_VOCAB)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, cfg->vocab);
@@ -103,12 +125,21 @@ typedef struct {
   loom_gpt_config cfg; /* the whole model (tp 1 vocab padding) */
   loom_launch launch;
   loom_parallel ps;
-  loom_gpt model;
-  loom_adamw opt;
+  loom_gpt model;       /* when not pipelined */
+  loom_pipeline pipe;   /* when pipelined */
+  bool pipelined;
+  loom_adamw *opts;     /* one per chunk (one when not pipelined) */
+  int nopts;
   loom_dataset *data;
   loom_trainer trainer;
   loom_metrics metrics;
 } train_run;
+
+/* This rank's model parts: the chunks of its pipeline stage, or the one model. */
+static int parts(train_run *r, loom_gpt **out) {
+  *out = r->pipelined ? r->pipe.chunks : &r->model;
+  return r->pipelined ? r->pipe.v : 1;
+}
 
 /* Loads an llm.c file into this rank's shards (every rank reads the file). */
 static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
@@ -135,11 +166,37 @@ static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const ch
   loom_gpt_params full;
   loom_status st = loom_gpt_params_init(&full, cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory assembling the model", path);
-  loom_gpt_params_gather(&r->model.p, &full, r->model.tp.group);
+  loom_gpt *chunks;
+  const int n = parts(r, &chunks);
+  for (int c = 0; c < n; c++) {
+    loom_gpt_params_gather(&chunks[c].p, &full, chunks[c].tp.group);
+    /* Both ends hold the tied wte; the last stage's copy stays out of the sum below. */
+    if (chunks[c].p.range.last && !chunks[c].p.range.first) memset(full.w.wte, 0, loom_tensor_bytes(&full.params.views[0]));
+  }
+  /* Each tensor lives on one pipeline stage and is zero elsewhere: summing assembles the model. */
+  if (r->pipelined) loom_comm_allreduce(r->ps.pp_group, full.params.base, full.params.numel, LOOM_REDUCE_SUM);
   if (r->launch.rank == 0) st = loom_llmc_save(path, &full, err);
   loom_gpt_params_free(&full);
   if (st == LOOM_OK) loom_log_info("saved %s (llm.c format)", path);
   return st;
+}
+
+static loom_status build_model(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T) {
+  const loom_tp tp = loom_tp_of(&r->ps);
+  loom_status st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, &tp);
+  return st == LOOM_OK ? loom_gpt_set_batch_shape(&r->model, T, f->micro_batch) : st;
+}
+
+static loom_status build_pipeline(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
+  int counts[MAX_STAGES];
+  const int ncounts = f->layer_split ? loom_layer_split_parse(f->layer_split, counts, MAX_STAGES) : 0;
+  loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
+  loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
+  const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / f->micro_batch,
+                                   .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts,
+                                   .recompute = strcmp(f->recompute, "full") == 0};
+  loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
+  return loom_error_prefix(err, st, "loom train");
 }
 
 static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
@@ -158,19 +215,22 @@ static loom_status setup(train_run *r, const train_flags *f, const loom_gpt_conf
   }
   st = loom_metrics_open(&r->metrics, r->launch.rank == 0 ? f->metrics : NULL, err);
   if (st != LOOM_OK) return st;
-  const loom_tp tp = loom_tp_of(&r->ps);
-  st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, &tp);
-  if (st == LOOM_OK && f->model.init_from) st = load_shards(&r->model, f->model.init_from, err);
-  if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&r->model, T, f->micro_batch);
+  st = r->pipelined ? build_pipeline(r, f, cfg, T, err) : build_model(r, f, cfg, T);
+  loom_gpt *chunks;
+  const int n = parts(r, &chunks);
+  for (int c = 0; c < n && st == LOOM_OK && f->model.init_from; c++) st = load_shards(&chunks[c], f->model.init_from, err);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = f->weight_decay;
   oc.grad_clip = f->grad_clip;
-  if (st == LOOM_OK) st = loom_adamw_init(&r->opt, &r->model.p, &oc);
+  r->opts = loom_xcalloc((size_t)n, sizeof *r->opts, "optimizers");
+  r->nopts = n;
+  for (int c = 0; c < n && st == LOOM_OK; c++) st = loom_adamw_init(&r->opts[c], &chunks[c].p, &oc);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "loom train: out of memory building the model and optimizer");
   if (st != LOOM_OK) return st;
   const loom_lr_schedule lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac,
                                .warmup_steps = f->warmup, .total_steps = f->steps};
-  loom_trainer_init(&r->trainer, &r->model, &r->opt, r->data, T, f->micro_batch, f->global_batch, lr);
+  if (r->pipelined) loom_trainer_init_pipeline(&r->trainer, &r->pipe, r->opts, r->data, T, f->micro_batch, lr);
+  else loom_trainer_init(&r->trainer, &r->model, r->opts, r->data, T, f->micro_batch, f->global_batch, lr);
   return LOOM_OK;
 }
 
@@ -189,8 +249,22 @@ static void run_eval(train_run *r, const train_flags *f, int step, bool record) 
   }
 }
 
+/* The layout, the schedule's theoretical bubble, and what recompute saved. */
+static void log_pipeline(train_run *r, const train_flags *f) {
+  const loom_pipeline *p = &r->pipe;
+  loom_log_info("parallel: %d ranks, tp %d%s x pp %d | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
+                r->ps.world, r->ps.tp, r->ps.sequence_parallel ? " (sequence parallel)" : "", r->ps.pp, f->schedule,
+                p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
+  const double mib = 1048576.0, kept = (double)p->act_bytes, full = (double)p->act_bytes_without_recompute;
+  if (strcmp(f->recompute, "full") == 0)
+    loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
+                  full / mib, (full - kept) / mib);
+  else
+    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
+}
+
 static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_error *err) {
-  const loom_gpt_config *cfg = &r->model.p.cfg;
+  const loom_gpt_config *cfg = &r->cfg;
   /* Every rank measures at once, so the sum is this job's sgemm peak. */
   float peak_sum = (float)loom_cpu_sgemm_gflops(1024, 0.3);
   loom_comm_allreduce(r->launch.world, &peak_sum, 1, LOOM_REDUCE_SUM);
@@ -199,9 +273,10 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters",
                 cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq,
                 loom_gpt_param_count(&r->cfg, 1));
-  if (r->ps.world > 1)
+  if (r->ps.world > 1 && !r->pipelined)
     loom_log_info("parallel: %d ranks, tp %d%s | %zu parameters per rank", r->ps.world, r->ps.tp,
                   r->ps.sequence_parallel ? " with sequence parallelism" : "", r->model.p.params.numel);
+  if (r->pipelined) log_pipeline(r, f);
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
                 loom_cpu_threads(), r->launch.size, peak);
@@ -241,6 +316,7 @@ int loom_cmd_train(int argc, char **argv) {
   int npos;
   loom_status st = loom_cli_parse("loom train", "loom train [flags]", table, TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (f.micro_batches) f.global_batch = f.micro_batches * f.micro_batch;
   if (f.global_batch == 0) f.global_batch = f.micro_batch;
   loom_gpt_config cfg;
   int T;
@@ -248,7 +324,7 @@ int loom_cmd_train(int argc, char **argv) {
   const int world = loom_launch_env_size();
   if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
   if (st == LOOM_OK)
-    st = loom_error_prefix(&err, loom_parallel_check(f.tp, 1, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden,
+    st = loom_error_prefix(&err, loom_parallel_check(f.tp, f.pp, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden,
                                                      cfg.ffn, T, &err), "loom train");
   if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
@@ -257,13 +333,16 @@ int loom_cmd_train(int argc, char **argv) {
   memset(&r, 0, sizeof r);
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
-  loom_parallel_init(&r.ps, r.launch.world, f.tp, 1, 1, f.sequence_parallel);
+  loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, 1, f.sequence_parallel);
+  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || loom_flags_find(table, TRAIN_FLAG_COUNT, "--schedule")->set;
   st = setup(&r, &f, &cfg, T, &err);
   if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
   const int code = loom_report(st, &err);
   loom_trainer_free(&r.trainer);
-  loom_adamw_free(&r.opt);
-  loom_gpt_free(&r.model);
+  for (int c = 0; c < r.nopts; c++) loom_adamw_free(&r.opts[c]);
+  free(r.opts);
+  if (r.pipelined) loom_pipeline_free(&r.pipe);
+  else loom_gpt_free(&r.model);
   loom_dataset_free(r.data);
   loom_metrics_close(&r.metrics);
   loom_parallel_free(&r.ps);
