@@ -17,15 +17,24 @@ grep -q "parallel: 2 ranks, tp 2 with sequence parallelism" "$WORK/out.txt" || f
 [ "$(grep -c '"loss"' "$WORK/m.jsonl")" = 3 ] || fail "metrics"
 "$LOOM" sample --init-from "$WORK/tp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the tp 2 model"
 
+# Pipeline stages: pp 2 with an uneven split and recompute; its saved model
+# (assembled from both stages) samples on one rank and evaluates the same.
+run train --pp 2 --layers 3 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --micro-batches 3 --layer-split 2,1 \
+  --recompute full --steps 3 --eval-every 3 --save "$WORK/pp2.bin" > "$WORK/pp.txt" 2>&1 || fail "pp 2 run: $(cat "$WORK/pp.txt")"
+grep -q "parallel: 2 ranks, tp 1 x pp 2 | schedule 1f1b, vpp 1, 3 micro-batches" "$WORK/pp.txt" || fail "pp line: $(cat "$WORK/pp.txt")"
+grep -q "with full recompute" "$WORK/pp.txt" || fail "recompute report"
+"$LOOM" sample --init-from "$WORK/pp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the pp 2 model"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"
 want="loom train: world size 2 != tp 4 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 4)"
 [ "$(grep -c "world size" "$WORK/bad.txt")" = 1 ] || fail "message should appear once: $(cat "$WORK/bad.txt")"
 grep -qxF "$want" "$WORK/bad.txt" || fail "message: $(cat "$WORK/bad.txt")"
-# One rank failing alone ends the whole job with that rank's message, no hang.
+# One rank failing alone (one pipeline stage here) ends the whole job with
+# that rank's message, no hang.
 LOOM_TEST_FAIL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_TEST_FAIL_RANK -x OMP_NUM_THREADS=1 \
-  "$LOOM" train --tp 2 --steps 100000 > "$WORK/one.txt" 2>&1
+  "$LOOM" train --pp 2 --steps 100000 > "$WORK/one.txt" 2>&1
 code=$?
 [ "$code" != 0 ] || fail "a failed rank must fail the job"
 grep -qF "[rank 1] loom: injected failure on this rank (LOOM_TEST_FAIL_RANK)" "$WORK/one.txt" || fail "rank message: $(cat "$WORK/one.txt")"

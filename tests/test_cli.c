@@ -114,6 +114,19 @@ START_TEST(bad_flags) {
               "loom train: --seq 30 is not divisible by --tp 4; sequence parallelism splits the sequence evenly");
   expect_fail(run("train", "--tp", "2", NULL), 2,
               "loom train: world size 1 != tp 2 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
+  /* Pipeline layouts: checked before anything is built. */
+  expect_fail(run("train", "--pp", "2", NULL), 2,
+              "loom train: world size 1 != tp 1 x pp 2 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
+  expect_fail(run("train", "--vpp", "2", "--layers", "2", NULL), 2,
+              "loom train: --vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+  expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", "--layer-split", "1,2,3", NULL), 2,
+              "loom train: --layer-split has 3 entries but there are 2 stages (pp x vpp)");
+  expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", "--layer-split", "1,2", NULL), 2,
+              "loom train: --layer-split covers 3 layers but the model has 2; every layer must be covered exactly once");
+  expect_fail(run("train", "--layer-split", "1,x", NULL), 2,
+              "loom train: --layer-split '1,x' is not a comma-separated list of layer counts");
+  expect_fail(run("train", "--micro-batches", "3", "--global-batch", "16", NULL), 2,
+              "loom train: --global-batch 16 != --micro-batches 3 x --micro-batch 16");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);

@@ -316,8 +316,7 @@ int loom_cmd_train(int argc, char **argv) {
   int npos;
   loom_status st = loom_cli_parse("loom train", "loom train [flags]", table, TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (f.micro_batches) f.global_batch = f.micro_batches * f.micro_batch;
-  if (f.global_batch == 0) f.global_batch = f.micro_batch;
+  if (f.global_batch == 0) f.global_batch = f.micro_batches ? f.micro_batches * f.micro_batch : f.micro_batch;
   loom_gpt_config cfg;
   int T;
   st = loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
