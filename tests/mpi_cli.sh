@@ -25,6 +25,15 @@ grep -q "parallel: 2 ranks, tp 1 x pp 2 | schedule 1f1b, vpp 1, 3 micro-batches"
 grep -q "with full recompute" "$WORK/pp.txt" || fail "recompute report"
 "$LOOM" sample --init-from "$WORK/pp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the pp 2 model"
 
+# A traced interleaved run: the trace has every rank's spans and both bubbles, and draws as SVG.
+run train --pp 2 --vpp 2 --schedule interleaved --layers 4 --hidden 16 --heads 2 --seq 16 --micro-batch 2 \
+  --micro-batches 4 --steps 2 --eval-every 0 --trace "$WORK/t.json" > "$WORK/tr.txt" 2>&1 || fail "traced run: $(cat "$WORK/tr.txt")"
+grep -q "bubble measured" "$WORK/tr.txt" || fail "no measured bubble"
+grep -q '"tid": 1' "$WORK/t.json" || fail "rank 1 missing from the trace"
+grep -q '"name": "B3b"' "$WORK/t.json" || fail "interleaved backward span missing"
+"$LOOM" trace svg "$WORK/t.json" -o "$WORK/t.svg" > /dev/null || fail "trace svg"
+grep -q "bubble measured" "$WORK/t.svg" || fail "svg title"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

@@ -64,7 +64,7 @@ static void expect_fail(const result *r, int code, const char *line) {
 static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--micro-batch", "2"};
 
 START_TEST(bad_flags) {
-  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt, schedule)");
+  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
   expect_fail(run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
@@ -93,6 +93,8 @@ START_TEST(bad_flags) {
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
   expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
+  expect_fail(run("trace", "svg", "/nonexistent.json", "-o", "x.svg", NULL), 2,
+              "loom: /nonexistent.json: cannot open trace: No such file or directory");
   expect_fail(run("schedule", "show", "--schedule", "interleaved", "--vpp", "2", "--pp", "4", "--micro-batches", "6", NULL), 2,
               "loom schedule show: --micro-batches 6 is not a multiple of --pp 4; the interleaved schedule moves "
               "micro-batches through the chunks in groups of pp");

@@ -18,6 +18,7 @@
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
 #include "pipeline/layer_split.h"
+#include "pipeline/trace.h"
 #include "schedule/verify.h"
 
 typedef struct {
@@ -25,7 +26,7 @@ typedef struct {
   int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every, tp;
   int pp, vpp, micro_batches;
   bool sequence_parallel;
-  const char *schedule, *recompute, *layer_split;
+  const char *schedule, *recompute, *layer_split, *trace;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
@@ -36,7 +37,7 @@ static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
 static const char *const SCHEDULE_CHOICES[] = {"gpipe", "1f1b", "interleaved", NULL};
 static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
 
-#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 28)
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 29)
 #define MAX_STAGES 1024
 
 static void train_table(train_flags *f, loom_flag *t) {
@@ -70,6 +71,7 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
       {"--layer-split", FLAG_STRING, &f->layer_split, "layers per stage, e.g. 7,8,8,7 (default: even)", LOOM_NO_RANGE, NULL, false},
+      {"--trace", FLAG_STRING, &f->trace, "write the last step's pipeline timeline as Chrome-trace JSON", LOOM_NO_RANGE, NULL, false},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "TRAIN_FLAG_COUNT");
   memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
@@ -282,6 +284,7 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
                 loom_cpu_threads(), r->launch.size, peak);
   if (f->eval_every > 0) run_eval(r, f, 0, false);
   for (int step = 0; step < f->steps; step++) {
+    if (r->pipelined) r->pipe.tracing = f->trace && step + 1 == f->steps;
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
     const double dt = loom_now_s() - t0, gflops = flops / dt * 1e-9;
@@ -302,6 +305,13 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
+  }
+  if (f->trace) {
+    double bubble;
+    loom_status st = loom_trace_write(&r->pipe, r->launch.world, f->trace, &bubble, err);
+    if (st != LOOM_OK) return st;
+    loom_log_info("trace %s: bubble measured %.1f%%, theory %.1f%% (loom trace svg %s -o FILE.svg draws it)", f->trace,
+                  100.0 * bubble, 100.0 * loom_schedule_theory_bubble(&r->pipe.sched), f->trace);
   }
   return f->save ? save_model(r, &r->cfg, f->save, err) : LOOM_OK;
 }
@@ -333,7 +343,8 @@ int loom_cmd_train(int argc, char **argv) {
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
   loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, 1, f.sequence_parallel);
-  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || loom_flags_find(table, TRAIN_FLAG_COUNT, "--schedule")->set;
+  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || f.trace ||
+                loom_flags_find(table, TRAIN_FLAG_COUNT, "--schedule")->set;
   st = setup(&r, &f, &cfg, T, &err);
   if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
   const int code = loom_report(st, &err);

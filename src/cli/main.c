@@ -18,6 +18,7 @@ static const command COMMANDS[] = {
     {"data", loom_cmd_data, "datasets: `loom data prepare IN.txt -o OUT.bin`"},
     {"ckpt", loom_cmd_ckpt, "checkpoints: `loom ckpt export --format llmc -o OUT`"},
     {"schedule", loom_cmd_schedule, "pipeline schedules: `loom schedule show --pp 4 --micro-batches 8`"},
+    {"trace", loom_cmd_trace, "pipeline traces: `loom trace svg TRACE.json -o OUT.svg`"},
 };
 #define NCOMMANDS (int)(sizeof COMMANDS / sizeof COMMANDS[0])
 
@@ -37,6 +38,6 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
-  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt, schedule)", argv[1]);
+  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt, schedule, trace)", argv[1]);
   return 2;
 }

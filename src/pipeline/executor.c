@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "core/timer.h"
 #include "pipeline/executor.h"
 #include "pipeline/layer_split.h"
 #include "tensor_parallel/mappings.h"
@@ -83,6 +84,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
+  free(pipe->trace);
   loom_schedule_free(&pipe->sched);
   memset(pipe, 0, sizeof *pipe);
 }
@@ -148,6 +150,20 @@ static void reduce_dp(loom_pipeline *pipe) {
     loom_comm_allreduce(pipe->ps->dp_group, pipe->chunks[c].p.grads.base, pipe->chunks[c].p.grads.numel, LOOM_REDUCE_SUM);
 }
 
+static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, double t1) {
+  if (pipe->trace_count == pipe->trace_cap) {
+    pipe->trace_cap = pipe->trace_cap ? 2 * pipe->trace_cap : 256;
+    pipe->trace = realloc(pipe->trace, (size_t)pipe->trace_cap * LOOM_TRACE_FIELDS * sizeof(float));
+    LOOM_CHECK(pipe->trace != NULL, "out of memory tracing");
+  }
+  float *e = pipe->trace + (size_t)pipe->trace_count++ * LOOM_TRACE_FIELDS;
+  e[0] = (float)a->kind;
+  e[1] = (float)a->mb;
+  e[2] = (float)a->chunk;
+  e[3] = (float)(t0 * 1e6);
+  e[4] = (float)(t1 * 1e6);
+}
+
 loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
                                        int64_t sample_offset) {
   const loom_parallel *ps = pipe->ps;
@@ -159,8 +175,12 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   double loss_sum = 0.0, norm = 0.0;
   for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
   reset_slots(pipe);
+  pipe->trace_count = 0;
+  if (pipe->tracing) loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
+  const double start = loom_now_s();
   for (int i = 0; i < pipe->sched.count[r]; i++) {
     const loom_action *a = &pipe->sched.actions[r][i];
+    const double t0 = loom_now_s() - start;
     loom_gpt *m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL;
     const int stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1;
     const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
@@ -205,6 +225,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       norm = hooks->optimizer_step(hooks->ctx, pipe);
       break;
     }
+    if (pipe->tracing) trace_event(pipe, a, t0, loom_now_s() - start);
   }
   finish_sends(pipe);
   /* The last stage knows the loss; every rank reports it. */

@@ -53,7 +53,14 @@ typedef struct loom_pipeline {
   float *dout;            /* [n, h] received output grad */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
+  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
+   * from the step's start (after a barrier over the world group). */
+  bool tracing;
+  float *trace;
+  int trace_count, trace_cap;
 } loom_pipeline;
+
+#define LOOM_TRACE_FIELDS 5
 
 typedef struct {
   float loss;       /* mean over the global batch's scored targets */

@@ -1,0 +1,173 @@
+/* Trace gathering, JSON writing and SVG drawing. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "pipeline/trace.h"
+#include "schedule/verify.h"
+
+static const char *category(int kind) {
+  switch (kind) {
+  case LOOM_ACT_FORWARD: return "forward";
+  case LOOM_ACT_BACKWARD: return "backward";
+  case LOOM_ACT_SEND_ACT:
+  case LOOM_ACT_SEND_GRAD: return "send";
+  case LOOM_ACT_RECV_ACT:
+  case LOOM_ACT_RECV_GRAD: return "recv";
+  default: return "reduce";
+  }
+}
+
+/* "F3", "B3b", "recv act 3", "optimizer step" */
+static void span_name(char *out, size_t n, int kind, int mb, int chunk, int chunks) {
+  const char suffix[2] = {chunks > 1 && chunk >= 0 ? (char)('a' + chunk) : '\0', '\0'};
+  switch (kind) {
+  case LOOM_ACT_FORWARD: snprintf(out, n, "F%d%s", mb, suffix); break;
+  case LOOM_ACT_BACKWARD: snprintf(out, n, "B%d%s", mb, suffix); break;
+  case LOOM_ACT_SEND_ACT: snprintf(out, n, "send act %d%s", mb, suffix); break;
+  case LOOM_ACT_SEND_GRAD: snprintf(out, n, "send grad %d%s", mb, suffix); break;
+  case LOOM_ACT_RECV_ACT: snprintf(out, n, "recv act %d%s", mb, suffix); break;
+  case LOOM_ACT_RECV_GRAD: snprintf(out, n, "recv grad %d%s", mb, suffix); break;
+  default: snprintf(out, n, "%s", loom_action_name((loom_action_kind)kind)); break;
+  }
+}
+
+static void write_span(FILE *fp, int *first, const char *name, const char *cat, double ts, double dur, int tid) {
+  fprintf(fp, "%s\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, \"tid\": %d}",
+          *first ? "" : ",", name, cat, ts, dur, tid);
+  *first = 0;
+}
+
+loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, double *bubble,
+                             loom_error *err) {
+  const int ranks = loom_comm_size(world), F = LOOM_TRACE_FIELDS;
+  float most = (float)pipe->trace_count;
+  loom_comm_allreduce(world, &most, 1, LOOM_REDUCE_MAX);
+  const int width = (int)most;
+  float *mine = loom_xmalloc((size_t)width * F * sizeof(float), "trace");
+  float *all = loom_xmalloc((size_t)width * F * ranks * sizeof(float), "trace");
+  for (int i = 0; i < width * F; i++) mine[i] = i < pipe->trace_count * F ? pipe->trace[i] : -1.0f;
+  loom_comm_allgather(world, mine, all, (size_t)width * F);
+  /* Measured bubble: idle share of the step, averaged over ranks. */
+  double makespan = 0.0, busy_sum = 0.0;
+  for (int r = 0; r < ranks; r++)
+    for (int i = 0; i < width; i++) {
+      const float *e = all + ((size_t)r * width + i) * F;
+      if (e[0] < 0) continue;
+      makespan = fmax(makespan, e[4]);
+      if (e[0] == LOOM_ACT_FORWARD || e[0] == LOOM_ACT_BACKWARD) busy_sum += e[4] - e[3];
+    }
+  *bubble = makespan > 0.0 ? 1.0 - busy_sum / ranks / makespan : 0.0;
+  loom_status st = LOOM_OK;
+  if (loom_comm_rank(world) == 0) {
+    FILE *fp = fopen(path, "w");
+    if (!fp) {
+      st = loom_fail(err, LOOM_ERR_IO, "--trace %s: cannot open for writing: %s", path, strerror(errno));
+    } else {
+      int first = 1;
+      fprintf(fp, "{\"traceEvents\": [");
+      for (int r = 0; r < ranks; r++) {
+        double cursor = 0.0;
+        for (int i = 0; i < width; i++) {
+          const float *e = all + ((size_t)r * width + i) * F;
+          if (e[0] < 0) continue;
+          if (e[3] > cursor + 20.0) /* gaps under 20 us are bookkeeping, not idle */ write_span(fp, &first, "idle", "idle", cursor, e[3] - cursor, r);
+          char name[64];
+          span_name(name, sizeof name, (int)e[0], (int)e[1], (int)e[2], pipe->v);
+          write_span(fp, &first, name, category((int)e[0]), e[3], e[4] - e[3], r);
+          cursor = e[4];
+        }
+        if (makespan > cursor + 0.5) write_span(fp, &first, "idle", "idle", cursor, makespan - cursor, r);
+      }
+      fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
+                  "\"micro_batches\": %d, \"schedule\": \"%s\", \"bubble_measured\": %.4f, \"bubble_theory\": %.4f}}\n",
+              ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind), *bubble,
+              loom_schedule_theory_bubble(&pipe->sched));
+      if (fclose(fp) != 0) st = loom_fail(err, LOOM_ERR_IO, "--trace %s: write failed", path);
+    }
+  }
+  free(mine);
+  free(all);
+  return st;
+}
+
+typedef struct {
+  char name[64], cat[16];
+  double ts, dur;
+  int tid;
+} span;
+
+static const char *fill_of(const char *cat) {
+  if (strcmp(cat, "forward") == 0) return "#4C78A8";
+  if (strcmp(cat, "backward") == 0) return "#54A24B";
+  if (strcmp(cat, "send") == 0 || strcmp(cat, "recv") == 0) return "#BAB0AC";
+  if (strcmp(cat, "reduce") == 0) return "#F58518";
+  return "#FFFFFF";
+}
+
+loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_error *err) {
+  FILE *in = fopen(json_path, "r");
+  if (!in) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open trace: %s", json_path, strerror(errno));
+  span *spans = NULL;
+  int n = 0, cap = 0, ranks = 0;
+  double end = 0.0, measured = -1.0, theory = -1.0;
+  char line[1024], schedule[32] = "?";
+  while (fgets(line, sizeof line, in)) {
+    span s;
+    const char *at = strstr(line, "{\"name\": \"");
+    if (at && sscanf(at, "{\"name\": \"%63[^\"]\", \"cat\": \"%15[^\"]\", \"ph\": \"X\", \"ts\": %lf, \"dur\": %lf, \"pid\": 0, \"tid\": %d",
+                     s.name, s.cat, &s.ts, &s.dur, &s.tid) == 5) {
+      if (n == cap) spans = realloc(spans, (size_t)(cap = cap ? 2 * cap : 256) * sizeof *spans);
+      LOOM_CHECK(spans != NULL, "out of memory reading a trace");
+      spans[n++] = s;
+      ranks = s.tid + 1 > ranks ? s.tid + 1 : ranks;
+      end = fmax(end, s.ts + s.dur);
+    }
+    const char *meta = strstr(line, "\"schedule\": \"");
+    if (meta) {
+      sscanf(meta, "\"schedule\": \"%31[^\"]\"", schedule);
+      const char *b = strstr(line, "\"bubble_measured\": ");
+      if (b) sscanf(b, "\"bubble_measured\": %lf, \"bubble_theory\": %lf", &measured, &theory);
+    }
+  }
+  fclose(in);
+  if (n == 0 || end <= 0.0) {
+    free(spans);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: no trace spans found (write one with loom train --trace)", json_path);
+  }
+  FILE *out = fopen(svg_path, "w");
+  if (!out) {
+    free(spans);
+    return loom_fail(err, LOOM_ERR_IO, "%s: cannot open for writing: %s", svg_path, strerror(errno));
+  }
+  const double left = 70.0, width = 1000.0, row = 34.0, top = 40.0, scale = width / end;
+  const double height = top + row * ranks + 50.0;
+  fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
+          left + width + 20.0, height);
+  fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  fprintf(out, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">%s schedule: one training step, %.2f ms; bubble measured %.1f%%, theory %.1f%%</text>\n",
+          left, schedule, end / 1000.0, 100.0 * measured, 100.0 * theory);
+  for (int r = 0; r < ranks; r++)
+    fprintf(out, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", top + row * r + row * 0.6, r);
+  for (int i = 0; i < n; i++) {
+    const span *s = &spans[i];
+    const double x = left + s->ts * scale, w = fmax(s->dur * scale, 0.5), y = top + row * s->tid + 3.0;
+    fprintf(out, "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" stroke=\"#666\" stroke-width=\"0.3\"><title>%s</title></rect>\n",
+            x, y, w, row - 6.0, fill_of(s->cat), s->name);
+    if ((s->name[0] == 'F' || s->name[0] == 'B') && w > 14.0)
+      fprintf(out, "<text x=\"%.2f\" y=\"%.2f\" fill=\"white\" text-anchor=\"middle\">%s</text>\n", x + w / 2,
+              y + row * 0.5, s->name);
+  }
+  const double ly = top + row * ranks + 25.0;
+  const char *legend[][2] = {{"forward", "forward"}, {"backward", "backward"}, {"send", "send/recv"}, {"reduce", "reductions, step"}, {"idle", "idle"}};
+  for (int k = 0; k < 5; k++) {
+    fprintf(out, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\" stroke=\"#666\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
+            left + 150.0 * k, ly - 10.0, fill_of(legend[k][0]), left + 150.0 * k + 18.0, ly, legend[k][1]);
+  }
+  fprintf(out, "</svg>\n");
+  free(spans);
+  if (fclose(out) != 0) return loom_fail(err, LOOM_ERR_IO, "%s: write failed", svg_path);
+  return LOOM_OK;
+}
