@@ -23,5 +23,9 @@ if [ -n "$missing" ]; then
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON "$@" >/dev/null
-cmake --build build -j "$(nproc)"
+if ! cmake --build build -j "$(nproc)" > build/build.log 2>&1; then
+  cat build/build.log
+  echo "setup: build failed (log above, also in build/build.log)"
+  exit 1
+fi
 echo "setup: built build/loom"
