@@ -65,20 +65,12 @@ static void train_pipeline(const loom_parallel *ps, const loom_pipeline_config *
 /* Every chunk's weights equal this rank's slice of the serial model's. */
 static void expect_same_weights(loom_pipeline *pipe, loom_gpt *serial, const char *what) {
   for (int c = 0; c < pipe->v; c++) {
-    loom_gpt_params *p = &pipe->chunks[c].p, dst = *p;
+    loom_gpt_params *p = &pipe->chunks[c].p;
     float *want = malloc(p->params.numel * sizeof(float));
-    loom_tensor *views = malloc((size_t)p->params.count * sizeof *views);
-    for (int k = 0; k < p->params.count; k++) {
-      views[k] = p->params.views[k];
-      views[k].data = want + loom_buffer_offset(&p->params, k);
-    }
-    dst.params.base = want;
-    dst.params.views = views;
-    loom_gpt_params_copy_shards(&dst, &serial->p, 1);
+    tu_slice_of(p, &serial->p.params, &serial->p, want);
     const double e = tu_nmse(p->params.base, want, p->params.numel);
     ck_assert_msg(e <= 1e-9, "%s: rank %d chunk %d weights NMSE %g", what, g_world->rank, c, e);
     ck_assert_double_le(tu_max_abs_diff(p->params.base, want, p->params.numel), 1e-4);
-    free(views);
     free(want);
   }
 }

@@ -37,24 +37,6 @@ static loom_gpt_config tiny(void) {
   return c;
 }
 
-/* Writes this rank's slice of a whole model's tensors (its params or its
- * grads, `full_buf`) into out, in the local layout of `local_shape`. */
-static void slice_of(loom_gpt_params *local_shape, loom_buffer *full_buf, loom_gpt_params *full_model, float *out) {
-  loom_gpt_params src = *full_model, dst = *local_shape;
-  src.params = *full_buf;
-  /* Views of `out` in the local layout. */
-  loom_tensor *views = malloc((size_t)local_shape->params.count * sizeof *views);
-  for (int k = 0; k < local_shape->params.count; k++) {
-    views[k] = local_shape->params.views[k];
-    views[k].data = out + loom_buffer_offset(&local_shape->params, k);
-  }
-  dst.params.base = out;
-  dst.params.views = views;
-  memset(out, 0, local_shape->params.numel * sizeof(float));
-  loom_gpt_params_copy_shards(&dst, &src, 1);
-  free(views);
-}
-
 static void expect_nmse(const float *got, const float *want, size_t n, double limit, const char *what) {
   const double e = tu_nmse(got, want, n);
   ck_assert_msg(e <= limit, "rank %d: %s NMSE %g > %g", g_world->rank, what, e, limit);
@@ -100,7 +82,7 @@ static void layers_match(bool sp) {
   expect_nmse(split.a->ln_f, serial.a->ln_f, (size_t)N * h, 1e-10, "final norm");
   /* Every gradient against this rank's slice of the serial gradient. */
   float *want = malloc(split.p.grads.numel * sizeof(float));
-  slice_of(&split.p, &serial.p.grads, &serial.p, want);
+  tu_slice_of(&split.p, &serial.p.grads, &serial.p, want);
   for (int k = 0; k < split.p.grads.count; k++) {
     const size_t off = loom_buffer_offset(&split.p.grads, k);
     expect_nmse(split.p.grads.views[k].data, want + off, loom_tensor_numel(&split.p.grads.views[k]), 1e-10,
@@ -165,7 +147,7 @@ static void training_matches(bool sp, bool token_file) {
     ck_assert_msg(fabs(lt[s] - ls[s]) <= 1e-5 * fabs(ls[s]), "step %d: loss %g vs serial %g", s + 1, (double)lt[s], (double)ls[s]);
   ck_assert(ls[9] < ls[0]);
   float *want = malloc(split.p.params.numel * sizeof(float));
-  slice_of(&split.p, &serial.p.params, &serial.p, want);
+  tu_slice_of(&split.p, &serial.p.params, &serial.p, want);
   expect_nmse(split.p.params.base, want, split.p.params.numel, 1e-9, "final weights");
   ck_assert_double_le(tu_max_abs_diff(split.p.params.base, want, split.p.params.numel), 1e-4);
   free(want);

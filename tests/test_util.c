@@ -82,3 +82,18 @@ int tu_run_rank(Suite *s, int rank) {
   srunner_free(sr);
   return failed;
 }
+
+void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, const loom_gpt_params *whole, float *out) {
+  loom_gpt_params src = *whole, dst = *local;
+  src.params = *whole_buf;
+  loom_tensor *views = malloc((size_t)local->params.count * sizeof *views);
+  for (int k = 0; k < local->params.count; k++) {
+    views[k] = local->params.views[k];
+    views[k].data = out + loom_buffer_offset(&local->params, k);
+  }
+  dst.params.base = out;
+  dst.params.views = views;
+  memset(out, 0, local->params.numel * sizeof(float));
+  loom_gpt_params_copy_shards(&dst, &src, 1);
+  free(views);
+}

@@ -20,6 +20,12 @@ const char *tu_tmp_path(const char *name);
 void tu_write_bytes(const char *path, const void *data, size_t n);
 /* Reads a whole file; *n gets its size. Caller frees. */
 void *tu_read_bytes(const char *path, size_t *n);
+/* Writes this rank's slice of a whole model's tensors (its params or its
+ * grads, `whole_buf`) into out, in the local layout of `local` (which may be
+ * a TP shard and/or a pipeline stage). */
+#include "layers/gpt_params.h"
+void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, const loom_gpt_params *whole, float *out);
+
 /* Runs a suite and returns the process exit code. */
 int tu_run(Suite *s);
 /* Runs a suite on one MPI rank without forking: rank 0 reports in full, other
