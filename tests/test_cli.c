@@ -64,7 +64,7 @@ static void expect_fail(const result *r, int code, const char *line) {
 static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--micro-batch", "2"};
 
 START_TEST(bad_flags) {
-  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: train, eval, sample, bench, data, ckpt, schedule, trace)");
+  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
   expect_fail(run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
@@ -72,7 +72,7 @@ START_TEST(bad_flags) {
   expect_fail(run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   expect_fail(run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   expect_fail(run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, got 'gpt-huge'");
+  expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, got 'gpt-huge'");
   expect_fail(run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   expect_fail(run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100 is not divisible by --heads 3; pick heads that divide hidden");

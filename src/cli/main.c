@@ -11,6 +11,7 @@ typedef struct {
 } command;
 
 static const command COMMANDS[] = {
+    {"plan", loom_cmd_plan, "partition plans: `loom plan new|show|check`"},
     {"train", loom_cmd_train, "train a GPT (default: gpt-tiny on the addition task)"},
     {"eval", loom_cmd_eval, "mean loss of a model file over a token file"},
     {"sample", loom_cmd_sample, "generate text from a model file"},
@@ -38,6 +39,6 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
-  loom_log_error("unknown command '%s' (commands: train, eval, sample, bench, data, ckpt, schedule, trace)", argv[1]);
+  loom_log_error("unknown command '%s' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)", argv[1]);
   return 2;
 }

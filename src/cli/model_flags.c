@@ -3,7 +3,7 @@
 #include "ckpt/llmc_model.h"
 #include "cli/model_flags.h"
 
-static const char *const PRESET_CHOICES[] = {"gpt-tiny", "gpt2-small", NULL};
+static const char *const PRESET_CHOICES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b", "gpt-175b", NULL};
 
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
   const loom_flag table[LOOM_MODEL_FLAG_COUNT] = {

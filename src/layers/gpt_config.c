@@ -14,6 +14,10 @@ typedef struct {
 static const preset PRESETS[] = {
     {"gpt-tiny", {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f}},
     {"gpt2-small", {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f}},
+    {"gpt-1.3b", {.layers = 24, .hidden = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
+    {"gpt-13b", {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
+    {"gpt50b", {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f}},
+    {"gpt-175b", {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
 };
 
 int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
@@ -27,7 +31,7 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
   return -1;
 }
 
-const char *loom_gpt_config_preset_names(void) { return "gpt-tiny, gpt2-small"; }
+const char *loom_gpt_config_preset_names(void) { return "gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b"; }
 
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;

@@ -1,0 +1,215 @@
+/* `loom plan new|show|check`: author partition plans from the same model and
+ * layout flags as `loom train`, print their rank grid, stage table, memory
+ * and bubble, and check every rule before a GPU hour is spent. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/commands.h"
+#include "cli/model_flags.h"
+#include "core/log.h"
+#include "pipeline/layer_split.h"
+#include "plan/plan.h"
+#include "schedule/verify.h"
+
+static const char *const SCHEDULE_CHOICES[] = {"1f1b", "gpipe", "interleaved", NULL};
+static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NULL};
+static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
+
+static int choice_index(const char *const *choices, const char *value) {
+  for (int i = 0; choices[i]; i++)
+    if (strcmp(choices[i], value) == 0) return i;
+  return 0;
+}
+
+/* ---- new ---- */
+
+static int plan_new(int argc, char **argv) {
+  loom_model_flags mf = {.preset = "gpt-tiny"};
+  int tp = 1, pp = 1, dp = 1, vpp = 1, zero = 0, micro = 16, global = 0;
+  bool sp = false;
+  const char *out = NULL, *schedule = "1f1b", *balance = "uniform", *recompute = "none", *split = NULL, *name = NULL;
+  loom_flag table[LOOM_MODEL_FLAG_COUNT + 14];
+  loom_model_flags_table(&mf, table);
+  const loom_flag rest[] = {
+      {"-o", FLAG_STRING, &out, "output plan: .txtpb (text) or .pb (binary) (required)", LOOM_NO_RANGE, NULL, false},
+      {"--name", FLAG_STRING, &name, "a name for the plan", LOOM_NO_RANGE, NULL, false},
+      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false},
+      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 1024, NULL, false},
+      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false},
+      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank (interleaved)", 1, 64, NULL, false},
+      {"--zero", FLAG_INT, &zero, "ZeRO stage (0 or 1)", 0, 1, NULL, false},
+      {"--sequence-parallel", FLAG_BOOL, &sp, "sequence parallelism in the TP group", LOOM_NO_RANGE, NULL, false},
+      {"--micro-batch", FLAG_INT, &micro, "sequences per micro-batch", 1, 1 << 20, NULL, false},
+      {"--global-batch", FLAG_INT, &global, "sequences per step (0: micro-batch x dp)", 0, 1 << 30, NULL, false},
+      {"--schedule", FLAG_STRING, &schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
+      {"--recompute", FLAG_STRING, &recompute, "activation recomputation on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
+      {"--balance", FLAG_STRING, &balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false},
+      {"--layer-split", FLAG_STRING, &split, "explicit layers per stage, e.g. 7,8,8,7", LOOM_NO_RANGE, NULL, false},
+  };
+  memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
+  const int n = LOOM_MODEL_FLAG_COUNT + (int)(sizeof rest / sizeof rest[0]);
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[1];
+  int npos;
+  loom_status st = loom_cli_parse("loom plan new", "loom plan new -o PLAN [flags]", table, n, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (!out) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan new: -o PLAN is required"), &err);
+  loom_gpt_config cfg;
+  int T;
+  st = loom_model_flags_resolve("loom plan new", &mf, table, &cfg, &T, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  int counts[4096];
+  const int ncounts = split ? loom_layer_split_parse(split, counts, 4096) : 0;
+  if (split && ncounts < 0)
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan new: --layer-split '%s' is not a comma-separated list of layer counts", split), &err);
+  const loom_plan_spec spec = {
+      .layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .ffn = cfg.ffn, .vocab = cfg.vocab, .seq = T,
+      .dropout = cfg.dropout, .tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .zero_stage = zero, .sequence_parallel = sp,
+      .recompute = strcmp(recompute, "full") == 0, .micro_batch = micro, .global_batch = global ? global : micro * dp,
+      .schedule = (Loom__ScheduleKind)choice_index(SCHEDULE_CHOICES, schedule),
+      .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, balance), .layer_counts = split ? counts : NULL,
+      .nlayer_counts = ncounts, .name = name};
+  loom_plan *plan;
+  st = loom_error_prefix(&err, loom_plan_build(&spec, &plan, &err), "loom plan new");
+  if (st == LOOM_OK) {
+    st = loom_plan_write(out, plan, &err);
+    if (st == LOOM_OK) loom_log_info("wrote %s (%lld parameters, %lld ranks)", out, (long long)plan->estimates->total_parameters,
+                                     (long long)tp * pp * dp);
+    loom_plan_free(plan);
+  }
+  return loom_report(st, &err);
+}
+
+/* ---- show ---- */
+
+static double gib(int64_t bytes) { return (double)bytes / 1073741824.0; }
+
+static void show(const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  const Loom__Model *m = p->model;
+  const int ranks = l->tp * l->pp * l->dp;
+  printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters\n", p->name ? " " : "",
+         p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
+         (long long)p->estimates->total_parameters);
+  printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",
+         l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "",
+         l->zero_stage ? ", ZeRO-1" : "");
+  const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
+  static const char *const KINDS[] = {"1f1b", "gpipe", "interleaved"};
+  printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
+         p->batch->global_batch, mb, p->batch->micro_batch, l->dp, KINDS[p->schedule], 100.0 * p->estimates->bubble);
+  printf("\nrank grid (global rank: tp, dp, pp):\n");
+  const int shown = ranks < 64 ? ranks : 64;
+  for (int r = 0; r < shown; r++)
+    printf("  %4d: tp %d dp %d pp %d%s", r, r % l->tp, r / l->tp % l->dp, r / (l->tp * l->dp), (r + 1) % 4 == 0 || r + 1 == shown ? "\n" : "");
+  if (shown < ranks) printf("  ... %d more ranks, same pattern\n", ranks - shown);
+  printf("\nstages, memory per rank in GiB (weights bf16, grads fp32, Adam fp32 master+moments; activations for the micro-batches in flight):\n");
+  printf("  %-7s %-5s %-10s %-15s %8s %8s %9s %9s %9s %9s %7s\n", "pp_rank", "chunk", "layers", "parameters", "weights",
+         "grads", "adam", "adam z1", "acts", "acts rc", "p2p");
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *s = p->stages[k];
+    const Loom__StageEstimate *x = p->estimates->stages[k];
+    char layers[32];
+    snprintf(layers, sizeof layers, "[%d,%d)%s%s", s->layer_begin, s->layer_end, s->embedding ? "E" : "", s->head ? "H" : "");
+    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %7.3f\n", s->pp_rank, s->chunk, layers,
+           (long long)x->parameters, gib(x->weights), gib(x->grads), gib(x->optimizer), gib(x->optimizer_zero1),
+           gib(x->activations), gib(x->activations_recompute), gib(x->p2p_buffers));
+  }
+  printf("  (E: holds the embedding, H: the LM head; z1: with ZeRO-1 over dp %d; rc: with full recompute)\n", l->dp);
+}
+
+static int plan_show(int argc, char **argv) {
+  loom_flag table[1];
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[2];
+  int npos;
+  loom_status st = loom_cli_parse("loom plan show", "loom plan show PLAN", table, 0, argc, argv, pos, 1, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (npos != 1) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan show: expected one plan file"), &err);
+  loom_plan *plan;
+  st = loom_plan_read(pos[0], &plan, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  char lines[4096];
+  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
+    fputs(lines, stderr);
+    loom_plan_free(plan);
+    return 1;
+  }
+  loom_plan_estimate(plan);
+  show(plan);
+  loom_plan_free(plan);
+  return 0;
+}
+
+/* ---- check ---- */
+
+/* "80GiB", "512MiB", "1e9" (bytes). */
+static int64_t parse_bytes(const char *text) {
+  char *end;
+  const double v = strtod(text, &end);
+  double unit = 1.0;
+  if (strcmp(end, "GiB") == 0) unit = 1073741824.0;
+  else if (strcmp(end, "MiB") == 0) unit = 1048576.0;
+  else if (strcmp(end, "GB") == 0) unit = 1e9;
+  else if (strcmp(end, "MB") == 0) unit = 1e6;
+  else if (*end && strcmp(end, "B") != 0) return -1;
+  return end == text || v <= 0 ? -1 : (int64_t)(v * unit);
+}
+
+static int plan_check(int argc, char **argv) {
+  const char *memory = NULL;
+  int world = 0;
+  loom_flag table[] = {
+      {"--device-memory", FLAG_STRING, &memory, "memory of one device, e.g. 80GiB (default: the plan's cluster)", LOOM_NO_RANGE, NULL, false},
+      {"--world", FLAG_INT, &world, "ranks the job will have (0: unchecked)", 0, 1 << 24, NULL, false},
+  };
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[2];
+  int npos;
+  loom_status st = loom_cli_parse("loom plan check", "loom plan check PLAN [flags]", table, 2, argc, argv, pos, 1, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (npos != 1) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: expected one plan file"), &err);
+  const int64_t device = memory ? parse_bytes(memory) : 0;
+  if (device < 0)
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: --device-memory '%s' is not a size like 80GiB", memory), &err);
+  loom_plan *plan;
+  st = loom_plan_read(pos[0], &plan, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  const int64_t limit = device ? device : plan->cluster && plan->cluster->has_device_memory_bytes ? plan->cluster->device_memory_bytes : 0;
+  char lines[8192];
+  int bad = loom_plan_check_rules(plan, world, limit, lines, sizeof lines);
+  fputs(lines, stdout);
+  if (bad == 0) { /* the schedule, from the generator the executor runs */
+    loom_schedule s;
+    const loom_schedule_kind kind = plan->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_GPIPE ? LOOM_SCHEDULE_GPIPE
+                                    : plan->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? LOOM_SCHEDULE_INTERLEAVED
+                                                                                                  : LOOM_SCHEDULE_1F1B;
+    const int m = plan->batch->global_batch / (plan->batch->micro_batch * plan->parallel->dp);
+    loom_schedule_report rep;
+    if (loom_schedule_build(&s, kind, plan->parallel->pp, plan->parallel->virtual_chunks, m, &err) != LOOM_OK) {
+      printf("schedule: %s\n", err.msg);
+      bad++;
+    } else {
+      if (loom_schedule_verify(&s, &rep) != LOOM_OK) {
+        printf("schedule: %s\n", rep.why);
+        bad++;
+      }
+      loom_schedule_report_free(&rep);
+      loom_schedule_free(&s);
+    }
+  }
+  if (bad == 0) printf("%s: ok (every rule holds; schedule verified deadlock-free)\n", pos[0]);
+  loom_plan_free(plan);
+  return bad ? 1 : 0;
+}
+
+int loom_cmd_plan(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "new") == 0) return plan_new(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "show") == 0) return plan_show(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "check") == 0) return plan_check(argc - 1, argv + 1);
+  loom_log_error("plan: expected 'new', 'show' or 'check' (loom plan new --help)");
+  return 2;
+}

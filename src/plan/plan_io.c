@@ -1,0 +1,92 @@
+/* Plan files, over the generic text format and protobuf-c's binary codec. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/write_file.h"
+#include "plan/plan_io.h"
+#include "plan/textformat.h"
+
+static int ends_with(const char *s, const char *suffix) {
+  const size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+int loom_plan_is_text(const char *path) {
+  return ends_with(path, ".txtpb") || ends_with(path, ".textproto") || ends_with(path, ".pbtxt");
+}
+
+static loom_status slurp(const char *path, char **data, size_t *len, loom_error *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open plan: %s", path, strerror(errno));
+  size_t cap = 4096, n = 0, got;
+  char *buf = malloc(cap + 1);
+  while (buf && (got = fread(buf + n, 1, cap - n, fp)) > 0) {
+    n += got;
+    if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+  }
+  const int bad = ferror(fp);
+  fclose(fp);
+  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading the plan", path);
+  if (bad) {
+    free(buf);
+    return loom_fail(err, LOOM_ERR_IO, "%s: read failed", path);
+  }
+  buf[n] = '\0';
+  *data = buf;
+  *len = n;
+  return LOOM_OK;
+}
+
+loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
+  *out = NULL;
+  const int text = loom_plan_is_text(path);
+  if (!text && !ends_with(path, ".pb"))
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
+  char *data = NULL;
+  size_t len = 0;
+  loom_status st = slurp(path, &data, &len, err);
+  if (st != LOOM_OK) return st;
+  ProtobufCMessage *msg = NULL;
+  if (text) {
+    st = loom_text_parse(&loom__partition_plan__descriptor, data, len, &msg, err);
+    if (st != LOOM_OK) loom_error_prefix(err, st, path);
+  } else {
+    msg = (ProtobufCMessage *)loom__partition_plan__unpack(NULL, len, (const uint8_t *)data);
+    if (!msg) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary PartitionPlan (protobuf decoding failed)", path);
+  }
+  free(data);
+  if (st != LOOM_OK) return st;
+  loom_plan *plan = (loom_plan *)msg;
+  if (plan->has_format_version && plan->format_version > LOOM_PLAN_FORMAT_VERSION) {
+    loom_plan_free(plan);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: format_version %u is newer than this loom reads (%d); use a newer loom",
+                     path, plan->format_version, LOOM_PLAN_FORMAT_VERSION);
+  }
+  *out = plan;
+  return LOOM_OK;
+}
+
+loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error *err) {
+  if (loom_plan_is_text(path)) {
+    char *text = loom_text_print(&plan->base);
+    const loom_chunk chunk = {text, strlen(text)};
+    const loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
+    free(text);
+    return st;
+  }
+  if (!ends_with(path, ".pb"))
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
+  const size_t n = loom__partition_plan__get_packed_size(plan);
+  uint8_t *buf = malloc(n ? n : 1);
+  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  loom__partition_plan__pack(plan, buf);
+  const loom_chunk chunk = {buf, n};
+  const loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
+  free(buf);
+  return st;
+}
+
+void loom_plan_free(loom_plan *plan) {
+  if (plan) protobuf_c_message_free_unpacked(&plan->base, NULL);
+}
