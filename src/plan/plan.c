@@ -125,6 +125,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
                        sp->nlayer_counts, S);
     }
     memcpy(counts, sp->layer_counts, (size_t)S * sizeof(int));
+  } else if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) {
+    for (int v = 0; v < S; v++) counts[v] = m->layers / S + (v < m->layers % S); /* as loom train's even split */
   } else {
     const double h = m->hidden, V = m->vocab, s = m->seq;
     double layer = 1.0, first = 0.0, last = 0.0;

@@ -1,0 +1,277 @@
+/* Partition plans: text and binary round trips, byte-for-byte against protoc
+ * (the oracle), malformed and hostile inputs, every validation rule's exact
+ * message, balancing, and the gpt50b parameter count.
+ * Usage: test_plan PROTOC PROTO_DIR */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "plan/plan.h"
+#include "plan/textformat.h"
+#include "test_util.h"
+
+static const char *g_protoc, *g_proto_dir;
+
+static loom_plan_spec base_spec(void) {
+  return (loom_plan_spec){.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .tp = 2, .pp = 2, .dp = 2,
+                          .vpp = 1, .micro_batch = 2, .global_batch = 16, .schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B,
+                          .balance = LOOM__BALANCE__BALANCE_UNIFORM, .name = "tiny \"quoted\" plan"};
+}
+
+static loom_plan *build(const loom_plan_spec *spec) {
+  loom_plan *p;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_build(spec, &p, &err) == LOOM_OK, "%s", err.msg);
+  return p;
+}
+
+/* Runs protoc with stdin from `in` and stdout to `out`; returns its exit code. */
+static int protoc(const char *mode, const char *in, const char *out) {
+  char cmd[2048];
+  snprintf(cmd, sizeof cmd, "%s --%s=loom.PartitionPlan -I %s %s/loom.proto < %s > %s 2>/dev/null", g_protoc, mode,
+           g_proto_dir, g_proto_dir, in, out);
+  return system(cmd);
+}
+
+static void expect_same_file(const char *a, const char *b) {
+  size_t na, nb;
+  char *ra = tu_read_bytes(a, &na), *rb = tu_read_bytes(b, &nb);
+  ck_assert_msg(na == nb && memcmp(ra, rb, na) == 0, "%s and %s differ (%zu vs %zu bytes)", a, b, na, nb);
+  free(ra);
+  free(rb);
+}
+
+/* text -> ours binary == protoc --encode; ours text == protoc --decode; round trips are the identity. */
+static void protoc_agrees(const loom_plan *plan, const char *tag) {
+  char txt[256], pb[256], ptxt[256], ppb[256], back[256];
+  snprintf(txt, sizeof txt, "%s", tu_tmp_path(tag));
+  strcat(txt, ".txtpb");
+  snprintf(pb, sizeof pb, "%s.pb", txt);
+  snprintf(ppb, sizeof ppb, "%s.protoc.pb", txt);
+  snprintf(ptxt, sizeof ptxt, "%s.protoc.txt", txt);
+  snprintf(back, sizeof back, "%s.back.txtpb", txt);
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_plan_write(txt, plan, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_write(pb, plan, &err), LOOM_OK);
+  ck_assert_int_eq(protoc("encode", txt, ppb), 0);
+  expect_same_file(pb, ppb);
+  ck_assert_int_eq(protoc("decode", pb, ptxt), 0);
+  expect_same_file(txt, ptxt);
+  /* text -> binary -> text */
+  loom_plan *again;
+  ck_assert_int_eq(loom_plan_read(pb, &again, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_write(back, again, &err), LOOM_OK);
+  expect_same_file(txt, back);
+  loom_plan_free(again);
+  ck_assert_int_eq(loom_plan_read(txt, &again, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_write(back, again, &err), LOOM_OK);
+  expect_same_file(txt, back);
+  loom_plan_free(again);
+}
+
+START_TEST(bytes_equal_protoc) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  protoc_agrees(p, "plan_a");
+  loom_plan_free(p);
+  /* Interleaved, sequence parallel, recompute, a cluster with doubles and a big int64. */
+  spec.schedule = LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED;
+  spec.vpp = 2;
+  spec.sequence_parallel = true;
+  spec.recompute = true;
+  spec.dropout = 0.1f;
+  spec.balance = LOOM__BALANCE__BALANCE_COMPUTE;
+  p = build(&spec);
+  p->cluster = malloc(sizeof *p->cluster);
+  loom__cluster__init(p->cluster);
+  p->cluster->has_nodes = p->cluster->has_device_memory_bytes = p->cluster->has_intra_node_gbps = 1;
+  p->cluster->nodes = 64;
+  p->cluster->device_memory_bytes = 85899345920LL;
+  p->cluster->intra_node_gbps = 450.5;
+  protoc_agrees(p, "plan_b");
+  loom_plan_free(p);
+}
+END_TEST
+
+static void expect_text_error(const char *text, const char *message) {
+  ProtobufCMessage *m = NULL;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_text_parse(&loom__partition_plan__descriptor, text, strlen(text), &m, &err), LOOM_ERR_FORMAT);
+  ck_assert_ptr_null(m);
+  ck_assert_str_eq(err.msg, message);
+}
+
+START_TEST(malformed_text_is_refused) {
+  expect_text_error("model { layers: 2 }\nbogus: 3\n", "line 2: unknown field 'bogus' in loom.PartitionPlan");
+  expect_text_error("model { layers: two }", "line 1: field 'layers': 'two' is not an integer in range");
+  expect_text_error("model { layers: 99999999999 }", "line 1: field 'layers': '99999999999' is not an integer in range");
+  expect_text_error("model { layers: 2", "line 1: expected '}' before the end of the text");
+  expect_text_error("model { layers: 2 layers: 3 }", "line 1: field 'layers' is given twice");
+  expect_text_error("name: \"abc", "line 1: unterminated string");
+  expect_text_error("schedule: SCHEDULE_FAST", "line 1: field 'schedule': 'SCHEDULE_FAST' is not a value of loom.ScheduleKind");
+  expect_text_error("model { tied_embeddings: maybe }", "line 1: field 'tied_embeddings': expected true or false, got 'maybe'");
+  expect_text_error("model layers: 2", "line 1: field 'model': expected '{'");
+  expect_text_error("format_version 1", "line 1: field 'format_version': expected ':'");
+  /* Comments, <> braces, lists and separators are all fine. */
+  ProtobufCMessage *m;
+  loom_error err = {{0}};
+  const char *ok = "# a plan\nmodel < layers: 2; hidden: 8, >\nstages [{ pp_rank: 0 }, { pp_rank: 1 }]\nname: 'a' \"b\"\n";
+  ck_assert_int_eq(loom_text_parse(&loom__partition_plan__descriptor, ok, strlen(ok), &m, &err), LOOM_OK);
+  loom_plan *p = (loom_plan *)m;
+  ck_assert_int_eq(p->model->hidden, 8);
+  ck_assert_uint_eq(p->n_stages, 2);
+  ck_assert_str_eq(p->name, "ab");
+  loom_plan_free(p);
+}
+END_TEST
+
+START_TEST(bad_files_are_refused) {
+  loom_plan *p;
+  loom_error err = {{0}};
+  const char *pb = tu_tmp_path("garbage.pb");
+  tu_write_bytes(pb, "\xff\xff\xff\xff\x0f", 5);
+  ck_assert_int_eq(loom_plan_read(pb, &p, &err), LOOM_ERR_FORMAT);
+  char want[600];
+  snprintf(want, sizeof want, "%s: not a binary PartitionPlan (protobuf decoding failed)", pb);
+  ck_assert_str_eq(err.msg, want);
+  const char *newer = tu_tmp_path("newer.txtpb");
+  tu_write_bytes(newer, "format_version: 7\n", 18);
+  ck_assert_int_eq(loom_plan_read(newer, &p, &err), LOOM_ERR_FORMAT);
+  snprintf(want, sizeof want, "%s: format_version 7 is newer than this loom reads (1); use a newer loom", newer);
+  ck_assert_str_eq(err.msg, want);
+  ck_assert_int_eq(loom_plan_read("/tmp/plan.json", &p, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "/tmp/plan.json: a plan file ends in .txtpb (text) or .pb (binary)");
+  ck_assert_int_eq(loom_plan_read("/nonexistent.txtpb", &p, &err), LOOM_ERR_IO);
+}
+END_TEST
+
+/* A bounded fuzz: mutated binary and text plans decode or fail, never crash
+ * (the ASan build of this test catches leaks and bad reads). */
+START_TEST(decoder_survives_fuzzing) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  const size_t n = loom__partition_plan__get_packed_size(p);
+  uint8_t *good = malloc(n), *bad = malloc(n);
+  loom__partition_plan__pack(p, good);
+  char *text = loom_text_print(&p->base);
+  const size_t tn = strlen(text);
+  char *mut = malloc(tn + 1);
+  for (uint32_t i = 0; i < 3000; i++) {
+    memcpy(bad, good, n);
+    const uint32_t r = i * 2654435761u;
+    for (int k = 0; k < 1 + (int)(r % 4); k++) bad[(r >> (k * 5)) % n] ^= (uint8_t)(1u << ((r >> (k * 3)) % 8));
+    const size_t len = i % 7 == 0 ? (r >> 8) % n : n; /* truncations too */
+    Loom__PartitionPlan *q = loom__partition_plan__unpack(NULL, len, bad);
+    if (q) loom__partition_plan__free_unpacked(q, NULL);
+    memcpy(mut, text, tn + 1);
+    mut[(r >> 3) % tn] = "{}<>:\"#\\x9-[],"[r % 15];
+    ProtobufCMessage *m = NULL;
+    loom_error err;
+    if (loom_text_parse(&loom__partition_plan__descriptor, mut, (i % 5 == 0) ? (r >> 4) % tn : tn, &m, &err) == LOOM_OK)
+      protobuf_c_message_free_unpacked(m, NULL);
+  }
+  free(good);
+  free(bad);
+  free(mut);
+  free(text);
+  loom_plan_free(p);
+}
+END_TEST
+
+static void expect_rule(loom_plan *p, const char *line) {
+  char lines[4096];
+  const int n = loom_plan_check_rules(p, 0, 0, lines, sizeof lines);
+  ck_assert_int_ge(n, 1);
+  ck_assert_msg(strstr(lines, line) != NULL, "expected \"%s\" in:\n%s", line, lines);
+}
+
+START_TEST(each_rule_has_its_message) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  char lines[4096];
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->model->hidden = 66;
+  expect_rule(p, "model.hidden = 66: must be divisible by model.heads (4); pick heads that divide hidden");
+  p->model->hidden = 64;
+  p->model->heads = 2;
+  p->parallel->tp = 4;
+  expect_rule(p, "model.heads = 2: must be divisible by parallel.tp (4) so each rank holds whole heads; pick a tp that divides heads");
+  p->model->heads = 4;
+  p->model->ffn = 250;
+  expect_rule(p, "model.ffn = 250: must be divisible by parallel.tp (4); pick a tp that divides ffn");
+  p->model->ffn = 256;
+  p->parallel->tp = 2;
+  p->stages[1]->layer_begin = 3;
+  expect_rule(p, "stages (pp_rank 1 chunk 0): layers [3, 8) should start at 4; every layer must be covered exactly once, in order");
+  p->stages[1]->layer_begin = 4;
+  p->stages[1]->layer_end = 7;
+  expect_rule(p, "stages: cover layers [0, 7) but model.layers = 8; every layer must be covered exactly once");
+  p->stages[1]->layer_end = 8;
+  p->stages[1]->embedding = 1;
+  expect_rule(p, "stages (pp_rank 1 chunk 0): embedding = true; only the first stage holds the embedding");
+  p->stages[1]->embedding = 0;
+  p->batch->global_batch = 10;
+  expect_rule(p, "batch.global_batch = 10: must be a positive multiple of micro_batch x dp = 4; round it to a multiple");
+  p->batch->global_batch = 12; /* 3 micro-batches: fine for 1F1B, not for interleaved on pp 2 */
+  p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED;
+  expect_rule(p, "batch.global_batch = 12 gives 3 micro-batches, not a multiple of parallel.pp (2) as the interleaved schedule needs; use 16");
+  p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
+  p->parallel->virtual_chunks = 2;
+  expect_rule(p, "parallel.virtual_chunks = 2: needs schedule SCHEDULE_INTERLEAVED; set virtual_chunks 1 or change the schedule");
+  expect_rule(p, "stages: 2 entries, but parallel.pp x parallel.virtual_chunks = 4; give one stage per pipeline rank and chunk");
+  p->parallel->virtual_chunks = 1;
+  ck_assert_int_eq(loom_plan_check_rules(p, 6, 0, lines, sizeof lines), 1);
+  ck_assert_str_eq(lines, "parallel: tp 2 x pp 2 x dp 2 = 8 ranks, but the world has 6; launch 8 ranks or change the layout\n");
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 1000, lines, sizeof lines), 2);
+  ck_assert_ptr_nonnull(strstr(lines, "stages (pp_rank 0 chunk 0): needs 0.0 GiB per rank, over the device's 0.0 GiB; raise tp or pp"));
+  loom_plan_free(p);
+}
+END_TEST
+
+START_TEST(balancing_and_counts) {
+  loom_plan_spec spec = base_spec();
+  spec.layers = 30;
+  spec.pp = 4;
+  spec.dp = 1;
+  spec.global_batch = 8;
+  loom_plan *p = build(&spec);
+  const int uniform[4] = {8, 8, 7, 7};
+  for (int s = 0; s < 4; s++) ck_assert_int_eq(p->stages[s]->layer_end - p->stages[s]->layer_begin, uniform[s]);
+  loom_plan_free(p);
+  /* By parameters, the embedding and head stages take fewer layers. */
+  spec.balance = LOOM__BALANCE__BALANCE_PARAMS;
+  spec.vocab = 50257;
+  spec.hidden = 256;
+  spec.heads = 4;
+  p = build(&spec);
+  const int first = p->stages[0]->layer_end - p->stages[0]->layer_begin, last = p->stages[3]->layer_end - p->stages[3]->layer_begin;
+  ck_assert_int_lt(first, 8);
+  ck_assert_int_lt(last, 8);
+  ck_assert_int_eq(p->stages[3]->layer_end, 30);
+  char lines[1024];
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  loom_plan_free(p);
+  /* The gpt50b model: 12 l h^2 + 13 l h + (V + s) h + 2 h. */
+  const Loom__Model m = {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048};
+  ck_assert_int_eq(loom_plan_total_parameters(&m), 51982647296LL);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  if (argc != 3) {
+    fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR\n");
+    return 2;
+  }
+  g_protoc = argv[1];
+  g_proto_dir = argv[2];
+  Suite *s = suite_create("plan");
+  TCase *tc = tcase_create("plan");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, bytes_equal_protoc);
+  tcase_add_test(tc, malformed_text_is_refused);
+  tcase_add_test(tc, bad_files_are_refused);
+  tcase_add_test(tc, decoder_survives_fuzzing);
+  tcase_add_test(tc, each_rule_has_its_message);
+  tcase_add_test(tc, balancing_and_counts);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}
