@@ -34,6 +34,14 @@ grep -q '"name": "B3b"' "$WORK/t.json" || fail "interleaved backward span missin
 "$LOOM" trace svg "$WORK/t.json" -o "$WORK/t.svg" > /dev/null || fail "trace svg"
 grep -q "bubble measured" "$WORK/t.svg" || fail "svg title"
 
+# A plan written by hand-equivalent `loom plan new`, checked, then run as is on 4 ranks.
+"$LOOM" plan new --layers 4 --hidden 32 --heads 4 --seq 32 --tp 2 --pp 2 --micro-batch 2 --global-batch 8 \
+  --balance params -o "$WORK/plan.txtpb" > /dev/null || fail "plan new"
+"$LOOM" plan check "$WORK/plan.txtpb" --world 4 > /dev/null || fail "plan check"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --plan "$WORK/plan.txtpb" \
+  --steps 2 --eval-every 0 > "$WORK/plan_run.txt" 2>&1 || fail "train --plan: $(cat "$WORK/plan_run.txt")"
+grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/plan_run.txt" || fail "plan layout not used"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

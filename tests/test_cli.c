@@ -129,6 +129,28 @@ START_TEST(bad_flags) {
               "loom train: --layer-split '1,x' is not a comma-separated list of layer counts");
   expect_fail(run("train", "--micro-batches", "3", "--global-batch", "16", NULL), 2,
               "loom train: --global-batch 16 != --micro-batches 3 x --micro-batch 16");
+  /* Plans: authored, shown, checked, refused when they do not fit the launch. */
+  const char *plan = tu_tmp_path("p.txtpb");
+  const result *rp = run("plan", "new", "--layers", "4", "--hidden", "32", "--heads", "4", "--seq", "32", "--tp", "2",
+                         "--micro-batch", "2", "--global-batch", "8", "-o", plan, NULL);
+  ck_assert_msg(rp->code == 0, "%s", rp->err);
+  rp = run("plan", "show", plan, NULL);
+  ck_assert_int_eq(rp->code, 0);
+  ck_assert_ptr_nonnull(strstr(rp->out, "layout: tp 2 x pp 1 x dp 1 = 2 ranks"));
+  ck_assert_ptr_nonnull(strstr(rp->out, "[0,4)EH"));
+  rp = run("plan", "check", plan, "--world", "2", NULL);
+  ck_assert_int_eq(rp->code, 0);
+  rp = run("plan", "check", plan, "--world", "3", NULL);
+  ck_assert_int_eq(rp->code, 1);
+  ck_assert_ptr_nonnull(strstr(rp->out, "parallel: tp 2 x pp 1 x dp 1 = 2 ranks, but the world has 3; launch 2 ranks or change the layout"));
+  char line[1024];
+  snprintf(line, sizeof line, "loom train: %s: parallel: tp 2 x pp 1 x dp 1 = 2 ranks, but the world has 1; launch 2 ranks "
+           "or change the layout (loom plan check lists every problem)", plan);
+  expect_fail(run("train", "--plan", plan, NULL), 2, line);
+  expect_fail(run("train", "--plan", plan, "--hidden", "64", NULL), 2,
+              "loom train: --hidden cannot be combined with --plan: the plan fixes the model and layout");
+  expect_fail(run("plan", "check", "/nonexistent.txtpb", NULL), 2, "loom: /nonexistent.txtpb: cannot open plan: No such file or directory");
+  expect_fail(run("plan", "new", "--tp", "2", NULL), 2, "loom plan new: -o PLAN is required");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);

@@ -19,6 +19,7 @@
 #include "data/byte_tokenizer.h"
 #include "pipeline/layer_split.h"
 #include "pipeline/trace.h"
+#include "plan/plan.h"
 #include "schedule/verify.h"
 
 typedef struct {
@@ -26,7 +27,7 @@ typedef struct {
   int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every, tp;
   int pp, vpp, micro_batches;
   bool sequence_parallel;
-  const char *schedule, *recompute, *layer_split, *trace;
+  const char *schedule, *recompute, *layer_split, *trace, *plan;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
@@ -37,7 +38,7 @@ static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
 static const char *const SCHEDULE_CHOICES[] = {"gpipe", "1f1b", "interleaved", NULL};
 static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
 
-#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 29)
+#define TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 30)
 #define MAX_STAGES 1024
 
 static void train_table(train_flags *f, loom_flag *t) {
@@ -72,9 +73,65 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
       {"--layer-split", FLAG_STRING, &f->layer_split, "layers per stage, e.g. 7,8,8,7 (default: even)", LOOM_NO_RANGE, NULL, false},
       {"--trace", FLAG_STRING, &f->trace, "write the last step's pipeline timeline as Chrome-trace JSON", LOOM_NO_RANGE, NULL, false},
+      {"--plan", FLAG_STRING, &f->plan, "run a partition plan (.txtpb or .pb); it fixes the model and layout", LOOM_NO_RANGE, NULL, false},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == TRAIN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "TRAIN_FLAG_COUNT");
   memcpy(t + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
+}
+
+/* The flags a plan fixes; with --plan only steps, learning rate, data and
+ * output paths (and how progress is shown) may be given. */
+static const char *const PLAN_FIXED[] = {"--model", "--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq",
+                                         "--dropout", "--micro-batch", "--global-batch", "--micro-batches", "--tp",
+                                         "--pp", "--vpp", "--sequence-parallel", "--schedule", "--recompute",
+                                         "--layer-split", NULL};
+
+/* Fills the model and layout flags from a plan file, refusing broken plans. */
+static loom_status apply_plan(train_flags *f, const loom_flag *t, loom_gpt_config *cfg, int *T, int *counts,
+                              int *ncounts, loom_error *err) {
+  for (const char *const *name = PLAN_FIXED; *name; name++)
+    if (loom_flags_find(t, TRAIN_FLAG_COUNT, *name)->set)
+      return loom_fail(err, LOOM_ERR_USAGE, "loom train: %s cannot be combined with --plan: the plan fixes the model and layout",
+                       *name);
+  loom_plan *plan;
+  loom_status st = loom_plan_read(f->plan, &plan, err);
+  if (st != LOOM_OK) return st;
+  char lines[2048];
+  if (loom_plan_check_rules(plan, loom_launch_env_size(), 0, lines, sizeof lines) > 0) {
+    char *nl = strchr(lines, '\n');
+    if (nl) *nl = '\0';
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: %s (loom plan check lists every problem)", f->plan, lines);
+  } else if (plan->parallel->dp != 1 || plan->parallel->zero_stage != 0) {
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: dp %d / zero_stage %d: data parallelism is not in this loom yet; use dp 1",
+                   f->plan, plan->parallel->dp, plan->parallel->zero_stage);
+  }
+  for (size_t k = 1; st == LOOM_OK && k < plan->n_stages; k++)
+    if (plan->stages[k]->recompute != plan->stages[0]->recompute)
+      st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: stages disagree on recompute; this loom recomputes all stages or none",
+                     f->plan);
+  if (st == LOOM_OK) {
+    const Loom__Model *m = plan->model;
+    *cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
+                             .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps};
+    loom_gpt_config_finish(cfg);
+    *T = m->seq;
+    f->tp = plan->parallel->tp;
+    f->pp = plan->parallel->pp;
+    f->vpp = plan->parallel->virtual_chunks;
+    f->sequence_parallel = plan->parallel->sequence_parallel;
+    f->micro_batch = plan->batch->micro_batch;
+    f->global_batch = plan->batch->global_batch;
+    static const char *const KINDS[] = {"1f1b", "gpipe", "interleaved"};
+    f->schedule = KINDS[plan->schedule];
+    f->recompute = plan->n_stages && plan->stages[0]->recompute ? "full" : "none";
+    *ncounts = (int)plan->n_stages;
+    for (size_t k = 0; k < plan->n_stages; k++) {
+      const Loom__Stage *s = plan->stages[k];
+      counts[s->chunk * plan->parallel->pp + s->pp_rank] = s->layer_end - s->layer_begin;
+    }
+  }
+  loom_plan_free(plan);
+  return st;
 }
 
 static train_flags train_defaults(void) {
@@ -132,6 +189,8 @@ typedef struct {
   bool pipelined;
   loom_adamw *opts;     /* one per chunk (one when not pipelined) */
   int nopts;
+  const int *plan_counts; /* a plan's layers per virtual stage, or NULL */
+  int plan_ncounts;
   loom_dataset *data;
   loom_trainer trainer;
   loom_metrics metrics;
@@ -191,11 +250,15 @@ static loom_status build_model(train_run *r, const train_flags *f, const loom_gp
 
 static loom_status build_pipeline(train_run *r, const train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
   int counts[MAX_STAGES];
-  const int ncounts = f->layer_split ? loom_layer_split_parse(f->layer_split, counts, MAX_STAGES) : 0;
+  int ncounts = f->layer_split ? loom_layer_split_parse(f->layer_split, counts, MAX_STAGES) : 0;
+  if (r->plan_counts) {
+    memcpy(counts, r->plan_counts, (size_t)r->plan_ncounts * sizeof(int));
+    ncounts = r->plan_ncounts;
+  }
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / f->micro_batch,
-                                   .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts,
+                                   .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
                                    .recompute = strcmp(f->recompute, "full") == 0};
   loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
   return loom_error_prefix(err, st, "loom train");
@@ -328,8 +391,9 @@ int loom_cmd_train(int argc, char **argv) {
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (f.global_batch == 0) f.global_batch = f.micro_batches ? f.micro_batches * f.micro_batch : f.micro_batch;
   loom_gpt_config cfg;
-  int T;
-  st = loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
+  int T, plan_counts[MAX_STAGES], plan_ncounts = 0;
+  st = f.plan ? apply_plan(&f, table, &cfg, &T, plan_counts, &plan_ncounts, &err)
+              : loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
   const int world = loom_launch_env_size();
   if (st == LOOM_OK) st = check_flags(&f, table, &cfg, &err);
   if (st == LOOM_OK)
@@ -343,8 +407,10 @@ int loom_cmd_train(int argc, char **argv) {
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
   loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, 1, f.sequence_parallel);
-  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || f.trace ||
+  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
                 loom_flags_find(table, TRAIN_FLAG_COUNT, "--schedule")->set;
+  r.plan_counts = f.plan ? plan_counts : NULL;
+  r.plan_ncounts = plan_ncounts;
   st = setup(&r, &f, &cfg, T, &err);
   if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
   const int code = loom_report(st, &err);
