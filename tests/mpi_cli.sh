@@ -42,6 +42,12 @@ grep -q "bubble measured" "$WORK/t.svg" || fail "svg title"
   --steps 2 --eval-every 0 > "$WORK/plan_run.txt" 2>&1 || fail "train --plan: $(cat "$WORK/plan_run.txt")"
 grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/plan_run.txt" || fail "plan layout not used"
 
+# The README's hand-written example plan checks and runs as the README says.
+PLANS="$(dirname "$0")/../examples/plans"
+"$LOOM" plan check "$PLANS/tiny-tp2-pp2.txtpb" --world 4 > /dev/null || fail "the example plan does not check"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --plan "$PLANS/tiny-tp2-pp2.txtpb" \
+  --steps 2 --eval-every 0 > "$WORK/ex_run.txt" 2>&1 || fail "example plan run: $(cat "$WORK/ex_run.txt")"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

@@ -1,7 +1,7 @@
 /* Partition plans: text and binary round trips, byte-for-byte against protoc
  * (the oracle), malformed and hostile inputs, every validation rule's exact
  * message, balancing, and the gpt50b parameter count.
- * Usage: test_plan PROTOC PROTO_DIR */
+ * Usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "plan/textformat.h"
 #include "test_util.h"
 
-static const char *g_protoc, *g_proto_dir;
+static const char *g_protoc, *g_proto_dir, *g_gpt50b;
 
 static loom_plan_spec base_spec(void) {
   return (loom_plan_spec){.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .tp = 2, .pp = 2, .dp = 2,
@@ -99,6 +99,23 @@ static void expect_text_error(const char *text, const char *message) {
   ck_assert_ptr_null(m);
   ck_assert_str_eq(err.msg, message);
 }
+
+/* The committed gpt50b plan is canonical text: it reads and writes back byte
+ * for byte, protoc agrees, and it holds 51,982,647,296 parameters. */
+START_TEST(committed_plan_round_trips) {
+  loom_plan *p;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_read(g_gpt50b, &p, &err) == LOOM_OK, "%s", err.msg);
+  const char *back = tu_tmp_path("gpt50b.txtpb");
+  ck_assert_int_eq(loom_plan_write(back, p, &err), LOOM_OK);
+  expect_same_file(g_gpt50b, back);
+  protoc_agrees(p, "gpt50b_copy");
+  ck_assert_int_eq(loom_plan_total_parameters(p->model), 51982647296LL);
+  char lines[1024];
+  ck_assert_int_eq(loom_plan_check_rules(p, 512, 85899345920LL, lines, sizeof lines), 0);
+  loom_plan_free(p);
+}
+END_TEST
 
 START_TEST(malformed_text_is_refused) {
   expect_text_error("model { layers: 2 }\nbogus: 3\n", "line 2: unknown field 'bogus' in loom.PartitionPlan");
@@ -257,16 +274,18 @@ START_TEST(balancing_and_counts) {
 END_TEST
 
 int main(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR\n");
+  if (argc != 4) {
+    fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN\n");
     return 2;
   }
   g_protoc = argv[1];
   g_proto_dir = argv[2];
+  g_gpt50b = argv[3];
   Suite *s = suite_create("plan");
   TCase *tc = tcase_create("plan");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, bytes_equal_protoc);
+  tcase_add_test(tc, committed_plan_round_trips);
   tcase_add_test(tc, malformed_text_is_refused);
   tcase_add_test(tc, bad_files_are_refused);
   tcase_add_test(tc, decoder_survives_fuzzing);

@@ -83,7 +83,9 @@ static int plan_new(int argc, char **argv) {
 
 /* ---- show ---- */
 
-static double gib(int64_t bytes) { return (double)bytes / 1073741824.0; }
+/* GiB for real models, MiB for small ones: the unit the table prints in. */
+static double g_unit = 1073741824.0;
+static double gib(int64_t bytes) { return (double)bytes / g_unit; }
 
 static void show(const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
@@ -104,7 +106,11 @@ static void show(const loom_plan *p) {
   for (int r = 0; r < shown; r++)
     printf("  %4d: tp %d dp %d pp %d%s", r, r % l->tp, r / l->tp % l->dp, r / (l->tp * l->dp), (r + 1) % 4 == 0 || r + 1 == shown ? "\n" : "");
   if (shown < ranks) printf("  ... %d more ranks, same pattern\n", ranks - shown);
-  printf("\nstages, memory per rank in GiB (weights bf16, grads fp32, Adam fp32 master+moments; activations for the micro-batches in flight):\n");
+  int64_t most = 0;
+  for (size_t k = 0; k < p->n_stages; k++) most = p->estimates->stages[k]->activations > most ? p->estimates->stages[k]->activations : most;
+  g_unit = most >= 1073741824 ? 1073741824.0 : 1048576.0;
+  printf("\nstages, memory per rank in %s (weights bf16, grads fp32, Adam fp32 master+moments; activations for the micro-batches in flight):\n",
+         g_unit > 1048576.0 ? "GiB" : "MiB");
   printf("  %-7s %-5s %-10s %-15s %8s %8s %9s %9s %9s %9s %7s\n", "pp_rank", "chunk", "layers", "parameters", "weights",
          "grads", "adam", "adam z1", "acts", "acts rc", "p2p");
   for (size_t k = 0; k < p->n_stages; k++) {
