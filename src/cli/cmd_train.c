@@ -328,6 +328,22 @@ static void log_pipeline(train_run *r, const train_flags *f) {
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
 }
 
+/* Measured peak memory of the busiest rank against loom's own estimate of it:
+ * fp32 weights, grads and Adam moments (16 bytes per local parameter) plus
+ * the activation and scratch buffers this layout allocates. */
+static void report_memory(train_run *r) {
+  loom_gpt *chunks;
+  const int n = parts(r, &chunks);
+  double params = 0.0, acts = r->pipelined ? (double)r->pipe.act_bytes : 0.0;
+  for (int c = 0; c < n; c++) params += (double)chunks[c].p.params.numel;
+  if (!r->pipelined) acts = (double)(r->model.a->mem.numel + r->model.w.mem.numel) * sizeof(float);
+  float numbers[2] = {(float)loom_peak_rss_bytes(), (float)(16.0 * params + acts)};
+  loom_comm_allreduce(r->launch.world, numbers, 2, LOOM_REDUCE_MAX);
+  const double mib = 1048576.0;
+  loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter + activations), "
+                "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
+}
+
 static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_error *err) {
   const loom_gpt_config *cfg = &r->cfg;
   /* Every rank measures at once, so the sum is this job's sgemm peak. */
@@ -369,6 +385,7 @@ static loom_status train_loop(train_run *r, const train_flags *f, int T, loom_er
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
   }
+  report_memory(r);
   if (f->trace) {
     double bubble;
     loom_status st = loom_trace_write(&r->pipe, r->launch.world, f->trace, &bubble, err);

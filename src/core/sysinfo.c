@@ -1,6 +1,7 @@
 /* Machine facts read from /proc and sysconf. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include "core/sysinfo.h"
 
@@ -14,4 +15,9 @@ size_t loom_mem_available_bytes(void) {
   if (fp) fclose(fp);
   if (kib) return (size_t)kib * 1024;
   return (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+size_t loom_peak_rss_bytes(void) {
+  struct rusage u;
+  return getrusage(RUSAGE_SELF, &u) == 0 ? (size_t)u.ru_maxrss * 1024 : 0; /* Linux reports KiB */
 }

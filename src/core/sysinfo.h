@@ -7,5 +7,7 @@
 /* Memory the kernel says new allocations can use without swapping
  * (MemAvailable), or physical memory if that is unknown. */
 size_t loom_mem_available_bytes(void);
+/* This process's peak resident memory so far, in bytes. */
+size_t loom_peak_rss_bytes(void);
 
 #endif

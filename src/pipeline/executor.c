@@ -67,7 +67,6 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
   pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
   pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
-  pipe->pending = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(loom_request *), "pending sends");
   pipe->dout = loom_xmalloc(act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
@@ -80,7 +79,9 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->slot_of);
   free(pipe->free_top);
   free(pipe->free_slots);
-  free(pipe->pending);
+  for (int i = 0; i < pipe->nsend; i++) free(pipe->send_buf[i]);
+  free(pipe->send_buf);
+  free(pipe->send_req);
   free(pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
@@ -97,16 +98,12 @@ static void reset_slots(loom_pipeline *pipe) {
   }
 }
 
-/* The slot of (chunk, mb), taken from the free stack on first use; a send
- * still reading it is finished first. */
+/* The slot of (chunk, mb), taken from the free stack on first use. */
 static int slot_for(loom_pipeline *pipe, int c, int mb) {
   int *slot = &pipe->slot_of[c * pipe->m + mb];
   if (*slot >= 0) return *slot;
   LOOM_CHECK(pipe->free_top[c] > 0, "the schedule holds more micro-batches than its peak");
   *slot = pipe->free_slots[c * pipe->nslots + --pipe->free_top[c]];
-  loom_request **pend = &pipe->pending[c * pipe->nslots + *slot];
-  if (*pend) loom_comm_wait(pipe->ps->pp_group, *pend);
-  *pend = NULL;
   return *slot;
 }
 
@@ -116,17 +113,33 @@ static void release(loom_pipeline *pipe, int c, int mb) {
   *slot = -1;
 }
 
-static void send_from_slot(loom_pipeline *pipe, int c, int slot, const float *buf, int peer, int tag) {
-  loom_request **pend = &pipe->pending[c * pipe->nslots + slot];
-  if (*pend) loom_comm_wait(pipe->ps->pp_group, *pend);
-  *pend = loom_comm_isend(pipe->ps->pp_group, buf, act_floats(pipe), peer, tag);
+/* Sends a copy of data from a free send buffer: one whose send completed,
+ * or a new one. Never waits, as the schedule's verifier assumes. */
+static void send_copy(loom_pipeline *pipe, const float *data, int peer, int tag) {
+  const size_t n = act_floats(pipe);
+  int k = -1;
+  for (int i = 0; i < pipe->nsend && k < 0; i++) {
+    if (pipe->send_req[i] && loom_comm_test(pipe->ps->pp_group, pipe->send_req[i])) pipe->send_req[i] = NULL;
+    if (!pipe->send_req[i]) k = i;
+  }
+  if (k < 0) {
+    k = pipe->nsend++;
+    pipe->send_buf = realloc(pipe->send_buf, (size_t)pipe->nsend * sizeof *pipe->send_buf);
+    pipe->send_req = realloc(pipe->send_req, (size_t)pipe->nsend * sizeof *pipe->send_req);
+    LOOM_CHECK(pipe->send_buf && pipe->send_req, "out of memory for send buffers");
+    pipe->send_buf[k] = loom_xmalloc(n * sizeof(float), "send buffer");
+    pipe->send_req[k] = NULL;
+  }
+  memcpy(pipe->send_buf[k], data, n * sizeof(float));
+  pipe->send_req[k] = loom_comm_isend(pipe->ps->pp_group, pipe->send_buf[k], n, peer, tag);
 }
 
+/* At the step's end every peer has posted its recvs, so every send completes. */
 static void finish_sends(loom_pipeline *pipe) {
-  for (int i = 0; i < pipe->v * pipe->nslots; i++)
-    if (pipe->pending[i]) {
-      loom_comm_wait(pipe->ps->pp_group, pipe->pending[i]);
-      pipe->pending[i] = NULL;
+  for (int i = 0; i < pipe->nsend; i++)
+    if (pipe->send_req[i]) {
+      loom_comm_wait(pipe->ps->pp_group, pipe->send_req[i]);
+      pipe->send_req[i] = NULL;
     }
 }
 
@@ -200,7 +213,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
     }
     case LOOM_ACT_SEND_ACT: {
       const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
-      send_from_slot(pipe, a->chunk, slot, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
+      send_copy(pipe, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
       break;
     }
     case LOOM_ACT_RECV_GRAD:
@@ -214,8 +227,8 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
     }
     case LOOM_ACT_SEND_GRAD: {
       const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
-      send_from_slot(pipe, a->chunk, slot, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
-      release(pipe, a->chunk, a->mb); /* reused only after this send completes */
+      send_copy(pipe, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
+      release(pipe, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;

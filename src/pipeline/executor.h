@@ -49,7 +49,13 @@ typedef struct loom_pipeline {
   int *slot_of;           /* [v * m] slot holding (chunk, mb), or -1 */
   int *free_top, *free_slots; /* per chunk stack of free slots: [v], [v * nslots] */
   int nslots;             /* slots per chunk */
-  loom_request **pending; /* [v * nslots] the send still reading a slot, or NULL */
+  /* Outgoing activations and grads are copied into send buffers, so a slot
+   * is never held by a send: with large messages MPI completes a send only
+   * once its recv is posted, and waiting for that before reusing a slot could
+   * stall the pipeline. Buffers are reused once their send completes. */
+  int nsend;
+  float **send_buf;       /* [nsend] */
+  loom_request **send_req; /* [nsend] in-flight send, or NULL when the buffer is free */
   float *dout;            /* [n, h] received output grad */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
