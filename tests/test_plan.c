@@ -42,7 +42,7 @@ static void expect_same_file(const char *a, const char *b) {
 
 /* text -> ours binary == protoc --encode; ours text == protoc --decode; round trips are the identity. */
 static void protoc_agrees(const loom_plan *plan, const char *tag) {
-  char txt[256], pb[256], ptxt[256], ppb[256], back[256];
+  char txt[200], pb[300], ptxt[300], ppb[300], back[300];
   snprintf(txt, sizeof txt, "%s", tu_tmp_path(tag));
   strcat(txt, ".txtpb");
   snprintf(pb, sizeof pb, "%s.pb", txt);
@@ -273,6 +273,28 @@ START_TEST(balancing_and_counts) {
 }
 END_TEST
 
+/* The estimates are Megatron's published formulas: activations of
+ * s*b*h*(34 + 5*a*s/h) bytes per layer and micro-batch in flight without
+ * tensor parallelism, and 18 bytes per parameter for mixed-precision Adam,
+ * 6 + 12/dp with ZeRO-1. */
+START_TEST(estimates_follow_megatron) {
+  loom_plan_spec spec = base_spec();
+  spec.tp = 1;
+  spec.pp = 1;
+  spec.dp = 4;
+  spec.micro_batch = 2;
+  spec.global_batch = 8; /* one micro-batch per replica: one in flight */
+  loom_plan *p = build(&spec);
+  const Loom__StageEstimate *x = p->estimates->stages[0];
+  const double s = spec.seq, b = spec.micro_batch, h = spec.hidden, a = spec.heads;
+  ck_assert_double_eq_tol((double)x->activations, spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 1.0);
+  ck_assert_double_eq_tol((double)(x->weights + x->grads + x->optimizer), 18.0 * (double)x->parameters, 4.0);
+  ck_assert_double_eq_tol((double)(x->weights + x->grads + x->optimizer_zero1), (6.0 + 12.0 / 4) * (double)x->parameters, 4.0);
+  ck_assert_double_eq_tol((double)x->activations_recompute, spec.layers * 2.0 * s * b * h, 1.0);
+  loom_plan_free(p);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 4) {
     fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN\n");
@@ -291,6 +313,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, decoder_survives_fuzzing);
   tcase_add_test(tc, each_rule_has_its_message);
   tcase_add_test(tc, balancing_and_counts);
+  tcase_add_test(tc, estimates_follow_megatron);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -59,9 +59,10 @@ loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
   if (st != LOOM_OK) return st;
   loom_plan *plan = (loom_plan *)msg;
   if (plan->has_format_version && plan->format_version > LOOM_PLAN_FORMAT_VERSION) {
+    const unsigned version = plan->format_version;
     loom_plan_free(plan);
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: format_version %u is newer than this loom reads (%d); use a newer loom",
-                     path, plan->format_version, LOOM_PLAN_FORMAT_VERSION);
+                     path, version, LOOM_PLAN_FORMAT_VERSION);
   }
   *out = plan;
   return LOOM_OK;
