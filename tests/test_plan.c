@@ -1,7 +1,7 @@
 /* Partition plans: text and binary round trips, byte-for-byte against protoc
  * (the oracle), malformed and hostile inputs, every validation rule's exact
  * message, balancing, and the gpt50b parameter count.
- * Usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN */
+ * Usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN TINY_PLAN */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +9,7 @@
 #include "plan/textformat.h"
 #include "test_util.h"
 
-static const char *g_protoc, *g_proto_dir, *g_gpt50b;
+static const char *g_protoc, *g_proto_dir, *g_gpt50b, *g_tiny;
 
 static loom_plan_spec base_spec(void) {
   return (loom_plan_spec){.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .tp = 2, .pp = 2, .dp = 2,
@@ -113,6 +113,16 @@ START_TEST(committed_plan_round_trips) {
   ck_assert_int_eq(loom_plan_total_parameters(p->model), 51982647296LL);
   char lines[1024];
   ck_assert_int_eq(loom_plan_check_rules(p, 512, 85899345920LL, lines, sizeof lines), 0);
+  loom_plan_free(p);
+  /* The hand-written example (comments, one-line stages) encodes exactly as protoc encodes it. */
+  ck_assert_msg(loom_plan_read(g_tiny, &p, &err) == LOOM_OK, "%s", err.msg);
+  char ours[300], theirs[300];
+  snprintf(ours, sizeof ours, "%s.pb", tu_tmp_path("tiny"));
+  snprintf(theirs, sizeof theirs, "%s.protoc.pb", tu_tmp_path("tiny"));
+  ck_assert_int_eq(loom_plan_write(ours, p, &err), LOOM_OK);
+  ck_assert_int_eq(protoc("encode", g_tiny, theirs), 0);
+  expect_same_file(ours, theirs);
+  ck_assert_int_eq(loom_plan_check_rules(p, 4, 0, lines, sizeof lines), 0);
   loom_plan_free(p);
 }
 END_TEST
@@ -296,10 +306,11 @@ START_TEST(estimates_follow_megatron) {
 END_TEST
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN\n");
+  if (argc != 5) {
+    fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN TINY_PLAN\n");
     return 2;
   }
+  g_tiny = argv[4];
   g_protoc = argv[1];
   g_proto_dir = argv[2];
   g_gpt50b = argv[3];
