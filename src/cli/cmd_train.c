@@ -63,7 +63,7 @@ static void train_table(train_flags *f, loom_flag *t) {
       {"--log-every", FLAG_INT, &f->log_every, "print a progress line every N steps", 1, 1e9, NULL, false},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false},
       {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false},
-      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: all cores)", 0, 4096, NULL, false},
+      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false},
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks (launch with mpirun -np TP)", 1, 4096, NULL, false},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp)", 1, 1024, NULL, false},
@@ -418,7 +418,7 @@ int loom_cmd_train(int argc, char **argv) {
                                                      cfg.ffn, T, &err), "loom train");
   if (st == LOOM_OK) st = check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
-  loom_cpu_set_threads(f.threads);
+  loom_cpu_set_threads(f.threads ? f.threads : loom_launch_default_threads());
   train_run r;
   memset(&r, 0, sizeof r);
   loom_launch_init(&r.launch);

@@ -1,5 +1,6 @@
 /* Start-up and shutdown of multi-rank runs. */
 #include <stdlib.h>
+#include <unistd.h>
 #include "cli/launch.h"
 #include "comm/mpi/comm_mpi.h"
 
@@ -15,6 +16,14 @@ int loom_launch_env_size(void) {
   for (int i = 0; i < 3; i++)
     if (getenv(VARS[i])) return atoi(getenv(VARS[i]));
   return 1;
+}
+
+int loom_launch_default_threads(void) {
+  const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks = local ? atoi(local) : 1;
+  if (ranks <= 1) return 0;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores / ranks > 1 ? (int)(cores / ranks) : 1;
 }
 
 void loom_launch_init(loom_launch *l) {

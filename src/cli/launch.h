@@ -16,6 +16,10 @@ typedef struct {
 int loom_launch_env_rank(void);
 /* The job's world size as the launcher set it (1 alone). */
 int loom_launch_env_size(void);
+/* CPU threads per rank when the user gives none: the cores shared out among
+ * the ranks of this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1; 0 when
+ * started alone (keep the library defaults). */
+int loom_launch_default_threads(void);
 void loom_launch_init(loom_launch *l);
 void loom_launch_finish(loom_launch *l);
 
