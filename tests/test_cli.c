@@ -121,10 +121,14 @@ START_TEST(bad_flags) {
               "loom train: world size 1 != tp 1 x pp 2 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
   expect_fail(run("train", "--vpp", "2", "--layers", "2", NULL), 2,
               "loom train: --vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
-  expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", "--layer-split", "1,2,3", NULL), 2,
-              "loom train: --layer-split has 3 entries but there are 2 stages (pp x vpp)");
-  expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", "--layer-split", "1,2", NULL), 2,
-              "loom train: --layer-split covers 3 layers but the model has 2; every layer must be covered exactly once");
+  expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", NULL), 2,
+              "loom train: --vpp 2 needs --pp 2 or more: with one pipeline rank its chunks would only pass activations to themselves");
+  expect_fail(run("train", "--layer-split", "1,2,3", NULL), 2,
+              "loom train: --layer-split has 3 entries but there are 1 stages (pp x vpp)");
+  expect_fail(run("train", "--layer-split", "1", NULL), 2,
+              "loom train: --layer-split covers 1 layers but the model has 2; every layer must be covered exactly once");
+  expect_fail(run("train", "--dp", "2", "--global-batch", "24", "--micro-batch", "16", NULL), 2,
+              "loom train: --global-batch 24 is not a multiple of --micro-batch 16 x --dp 2");
   expect_fail(run("train", "--layer-split", "1,x", NULL), 2,
               "loom train: --layer-split '1,x' is not a comma-separated list of layer counts");
   expect_fail(run("train", "--micro-batches", "3", "--global-batch", "16", NULL), 2,

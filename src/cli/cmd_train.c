@@ -97,7 +97,7 @@ static loom_status build_pipeline(train_run *r, const loom_train_flags *f, const
   }
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
-  const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / f->micro_batch,
+  const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / (f->micro_batch * f->dp),
                                    .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
                                    .recompute = strcmp(f->recompute, "full") == 0};
   loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
@@ -157,8 +157,10 @@ static void run_eval(train_run *r, const loom_train_flags *f, int step, bool rec
 /* The layout, the schedule's theoretical bubble, and what recompute saved. */
 static void log_pipeline(train_run *r, const loom_train_flags *f) {
   const loom_pipeline *p = &r->pipe;
-  loom_log_info("parallel: %d ranks, tp %d%s x pp %d | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
-                r->ps.world, r->ps.tp, r->ps.sequence_parallel ? " (sequence parallel)" : "", r->ps.pp, f->schedule,
+  char dp[32] = "";
+  if (r->ps.dp > 1) snprintf(dp, sizeof dp, " x dp %d", r->ps.dp);
+  loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
+                r->ps.world, r->ps.tp, r->ps.sequence_parallel ? " (sequence parallel)" : "", r->ps.pp, dp, f->schedule,
                 p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
   const double mib = 1048576.0, kept = (double)p->act_bytes, full = (double)p->act_bytes_without_recompute;
   if (strcmp(f->recompute, "full") == 0)
@@ -246,7 +248,7 @@ int loom_cmd_train(int argc, char **argv) {
   int npos;
   loom_status st = loom_cli_parse("loom train", "loom train [flags]", table, LOOM_TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (f.global_batch == 0) f.global_batch = f.micro_batches ? f.micro_batches * f.micro_batch : f.micro_batch;
+  if (f.global_batch == 0) f.global_batch = (f.micro_batches ? f.micro_batches : 1) * f.micro_batch * f.dp;
   loom_gpt_config cfg;
   int T, plan_counts[LOOM_MAX_STAGES], plan_ncounts = 0;
   st = f.plan ? loom_train_apply_plan(&f, table, &cfg, &T, plan_counts, &plan_ncounts, &err)
@@ -254,7 +256,7 @@ int loom_cmd_train(int argc, char **argv) {
   const int world = loom_launch_env_size();
   if (st == LOOM_OK) st = loom_train_flags_check(&f, table, &cfg, &err);
   if (st == LOOM_OK)
-    st = loom_error_prefix(&err, loom_parallel_check(f.tp, f.pp, 1, world, f.sequence_parallel, cfg.heads, cfg.hidden,
+    st = loom_error_prefix(&err, loom_parallel_check(f.tp, f.pp, f.dp, world, f.sequence_parallel, cfg.heads, cfg.hidden,
                                                      cfg.ffn, T, &err), "loom train");
   if (st == LOOM_OK) st = loom_train_check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
@@ -263,8 +265,8 @@ int loom_cmd_train(int argc, char **argv) {
   memset(&r, 0, sizeof r);
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
-  loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, 1, f.sequence_parallel);
-  r.pipelined = f.pp > 1 || f.vpp > 1 || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
+  loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, f.dp, f.sequence_parallel);
+  r.pipelined = f.pp > 1 || f.vpp > 1 || f.dp > 1 || f.layer_split || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
                 loom_flags_find(table, LOOM_TRAIN_FLAG_COUNT, "--schedule")->set;
   r.plan_counts = f.plan ? plan_counts : NULL;
   r.plan_ncounts = plan_ncounts;

@@ -1,4 +1,5 @@
 /* `loom train`'s flags: table, defaults, cross-flag and memory checks, --plan. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli/launch.h"
@@ -41,9 +42,10 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false},
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks (launch with mpirun -np TP)", 1, 4096, NULL, false},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
-      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp)", 1, 1024, NULL, false},
+      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, 1024, NULL, false},
+      {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, 1 << 20, NULL, false},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false},
-      {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step (0: global batch / micro-batch)", 0, 16383, NULL, false},
+      {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false},
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
       {"--layer-split", FLAG_STRING, &f->layer_split, "layers per stage, e.g. 7,8,8,7 (default: even)", LOOM_NO_RANGE, NULL, false},
@@ -58,7 +60,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
  * output paths (and how progress is shown) may be given. */
 static const char *const PLAN_FIXED[] = {"--model", "--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq",
                                          "--dropout", "--micro-batch", "--global-batch", "--micro-batches", "--tp",
-                                         "--pp", "--vpp", "--sequence-parallel", "--schedule", "--recompute",
+                                         "--pp", "--vpp", "--dp", "--sequence-parallel", "--schedule", "--recompute",
                                          "--layer-split", NULL};
 
 /* Fills the model and layout flags from a plan file, refusing broken plans. */
@@ -76,9 +78,9 @@ loom_status loom_train_apply_plan(loom_train_flags *f, const loom_flag *t, loom_
     char *nl = strchr(lines, '\n');
     if (nl) *nl = '\0';
     st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: %s (loom plan check lists every problem)", f->plan, lines);
-  } else if (plan->parallel->dp != 1 || plan->parallel->zero_stage != 0) {
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: dp %d / zero_stage %d: data parallelism is not in this loom yet; use dp 1",
-                   f->plan, plan->parallel->dp, plan->parallel->zero_stage);
+  } else if (plan->parallel->zero_stage != 0) {
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: zero_stage %d: the ZeRO-1 optimizer is not in this loom yet; use zero_stage 0",
+                   f->plan, plan->parallel->zero_stage);
   }
   for (size_t k = 1; st == LOOM_OK && k < plan->n_stages; k++)
     if (plan->stages[k]->recompute != plan->stages[0]->recompute)
@@ -93,6 +95,7 @@ loom_status loom_train_apply_plan(loom_train_flags *f, const loom_flag *t, loom_
     f->tp = plan->parallel->tp;
     f->pp = plan->parallel->pp;
     f->vpp = plan->parallel->virtual_chunks;
+    f->dp = plan->parallel->dp;
     f->sequence_parallel = plan->parallel->sequence_parallel;
     f->micro_batch = plan->batch->micro_batch;
     f->global_batch = plan->batch->global_batch;
@@ -113,24 +116,27 @@ loom_train_flags loom_train_flags_defaults(void) {
   return (loom_train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
                        .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
                        .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
-                       .pp = 1, .vpp = 1, .schedule = "1f1b", .recompute = "none",
+                       .pp = 1, .vpp = 1, .dp = 1, .schedule = "1f1b", .recompute = "none",
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }
 
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t, const loom_gpt_config *cfg,
                                    loom_error *err) {
-  if (f->global_batch % f->micro_batch != 0)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d is not a multiple of --micro-batch %d",
-                     f->global_batch, f->micro_batch);
+  if (f->global_batch % (f->micro_batch * f->dp) != 0) {
+    char dp[24] = "";
+    if (f->dp > 1) snprintf(dp, sizeof dp, " x --dp %d", f->dp);
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d is not a multiple of --micro-batch %d%s",
+                     f->global_batch, f->micro_batch, dp);
+  }
   if (f->data && loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--synthetic")->set)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: give --data or --synthetic, not both");
   if (f->eval_data && !f->data)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
   if (f->micro_batches && loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--global-batch")->set &&
-      f->global_batch != f->micro_batches * f->micro_batch)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d != --micro-batches %d x --micro-batch %d",
-                     f->global_batch, f->micro_batches, f->micro_batch);
+      f->global_batch != f->micro_batches * f->micro_batch * f->dp)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --global-batch %d != --micro-batches %d x --micro-batch %d%s",
+                     f->global_batch, f->micro_batches, f->micro_batch, f->dp > 1 ? " x --dp" : "");
   if (f->layer_split && loom_layer_split_parse(f->layer_split, (int[LOOM_MAX_STAGES]){0}, LOOM_MAX_STAGES) < 0)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --layer-split '%s' is not a comma-separated list of layer counts",
                      f->layer_split);

@@ -17,7 +17,7 @@ void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_
 void loom_trainer_init_pipeline(loom_trainer *tr, loom_pipeline *pipe, loom_adamw *opts, loom_dataset *data,
                                 int T, int micro_batch, loom_lr_schedule lr) {
   *tr = (loom_trainer){.opt = opts, .pipe = pipe, .lr = lr, .data = data, .T = T, .micro_batch = micro_batch,
-                       .global_batch = pipe->m * micro_batch};
+                       .global_batch = pipe->m * micro_batch * pipe->ps->dp};
   tr->tokens = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch tokens");
   tr->targets = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch targets");
 }
@@ -84,7 +84,8 @@ void loom_trainer_free(loom_trainer *tr) {
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   if (tr->pipe) {
     tr->split = LOOM_SPLIT_TRAIN;
-    tr->first_sample = (int64_t)step * tr->global_batch;
+    /* Replica d takes its own m micro-batches of the global batch. */
+    tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->pipe->ps->dp_rank * tr->pipe->m * tr->micro_batch;
     tr->step_lr = loom_lr_at(&tr->lr, step);
     const loom_pipeline_hooks hooks = hooks_of(tr, false);
     const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);

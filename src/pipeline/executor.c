@@ -43,6 +43,9 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->B = B;
   loom_status st = loom_schedule_build(&pipe->sched, pc->kind, ps->pp, pc->v, pc->micro_batches, err);
   if (st != LOOM_OK) return st;
+  if (ps->pp == 1 && pc->v > 1)
+    return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --pp 2 or more: with one pipeline rank its chunks would only "
+                     "pass activations to themselves", pc->v);
   if ((long long)pipe->m * pipe->S * 2 > 32767)
     return loom_fail(err, LOOM_ERR_USAGE, "micro-batches %d x stages %d is too many for MPI tags (at most 16383)",
                      pipe->m, pipe->S);
@@ -181,9 +184,12 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
                                        int64_t sample_offset) {
   const loom_parallel *ps = pipe->ps;
   const int r = ps->pp_rank, p = ps->pp;
-  /* The loss is the mean over every scored target of the step: count first. */
-  int64_t scored = 0;
-  for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
+  /* The loss is the mean over every scored target of the global batch, all
+   * data-parallel replicas' micro-batches included: count first. */
+  float counts = 0.0f;
+  for (int mb = 0; mb < pipe->m; mb++) counts += (float)hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
+  loom_comm_allreduce(ps->dp_group, &counts, 1, LOOM_REDUCE_SUM);
+  const int64_t scored = (int64_t)counts;
   const float dloss = scored ? 1.0f / (float)scored : 0.0f;
   double loss_sum = 0.0, norm = 0.0;
   for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
@@ -241,9 +247,10 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
     if (pipe->tracing) trace_event(pipe, a, t0, loom_now_s() - start);
   }
   finish_sends(pipe);
-  /* The last stage knows the loss; every rank reports it. */
+  /* The last stages know their replicas' losses; every rank reports the sum. */
   float loss = r == p - 1 ? (float)(scored ? loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
+  loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
   return (loom_pipeline_stats){.loss = loss, .grad_norm = norm};
 }
 

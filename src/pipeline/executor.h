@@ -79,7 +79,9 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
                                loom_error *err);
 void loom_pipeline_free(loom_pipeline *pipe);
 /* One training step; sample_offset is the global index of micro-batch 0's
- * first sample (dropout keys). */
+ * first sample (dropout keys). Under data parallelism each replica runs its
+ * own micro-batches; the loss is averaged over the whole global batch and
+ * grads are summed over the replicas (the schedule's REDUCE_DP). */
 loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
                                        int64_t sample_offset);
 /* Forward only, for evaluation: mean loss over `batches` micro-batches; with
