@@ -48,6 +48,12 @@ PLANS="$(dirname "$0")/../examples/plans"
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --plan "$PLANS/tiny-tp2-pp2.txtpb" \
   --steps 2 --eval-every 0 > "$WORK/ex_run.txt" 2>&1 || fail "example plan run: $(cat "$WORK/ex_run.txt")"
 
+# Data parallelism with the ZeRO-1 optimizer: half the Adam state per replica, measured.
+run train --dp 2 --zero 1 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 2 --eval-every 0 \
+  > "$WORK/zero.txt" 2>&1 || fail "dp 2 zero 1 run: $(cat "$WORK/zero.txt")"
+grep -q "parallel: 2 ranks, tp 1 x pp 1 x dp 2" "$WORK/zero.txt" || fail "dp line: $(cat "$WORK/zero.txt")"
+grep -q "with ZeRO-1 over dp 2, .* (0.50[0-9] of it)" "$WORK/zero.txt" || fail "ZeRO-1 state: $(cat "$WORK/zero.txt")"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

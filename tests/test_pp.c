@@ -1,5 +1,6 @@
-/* Pipeline and data parallelism under mpirun (args: TP DP; world = TP * PP *
- * DP): for every
+/* Pipeline and data parallelism under mpirun (args: TP DP ZERO; world =
+ * TP * PP * DP; ZERO 1 uses the ZeRO-1 optimizer, whose Adam state must be
+ * 1/dp of the full amount): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -15,7 +16,7 @@
 #include "test_util.h"
 
 static loom_comm *g_world;
-static int g_tp, g_pp, g_dp;
+static int g_tp, g_pp, g_dp, g_zero;
 
 enum { STEPS = 10, LAYERS = 8, MB = 2 };
 
@@ -57,14 +58,28 @@ static void train_pipeline(const loom_parallel *ps, const loom_pipeline_config *
   loom_error err = {{0}};
   ck_assert_msg(loom_pipeline_init(pipe, ps, &cfg, loom_ops_cpu(), 21, pc, cfg.seq, MB, &err) == LOOM_OK, "%s", err.msg);
   loom_adamw *opts = calloc((size_t)pc->v, sizeof *opts);
+  loom_zero1 *zero = pc->zero1 ? calloc((size_t)pc->v, sizeof *zero) : NULL;
   const loom_adamw_config oc = loom_adamw_defaults();
-  for (int c = 0; c < pc->v; c++) loom_adamw_init(&opts[c], &pipe->chunks[c].p, &oc);
+  for (int c = 0; c < pc->v; c++) {
+    loom_adamw_init(&opts[c], &pipe->chunks[c].p, &oc);
+    if (!zero) continue;
+    ck_assert_int_eq(loom_zero1_init(&zero[c], &pipe->chunks[c].p, ps->dp_rank, ps->dp, &oc), LOOM_OK);
+    /* Adam moments for 1/dp of the parameters, padding aside. */
+    const size_t full = 2 * pipe->chunks[c].p.params.numel * sizeof(float);
+    ck_assert_uint_le(loom_zero1_state_bytes(&zero[c]), full / ps->dp + 2 * sizeof(float) * ps->dp);
+    ck_assert_uint_ge(loom_zero1_state_bytes(&zero[c]), full / ps->dp);
+  }
   loom_trainer tr;
   loom_trainer_init_pipeline(&tr, pipe, opts, data, cfg.seq, MB, lr());
+  tr.zero = zero;
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(&tr, s).loss;
   loom_trainer_free(&tr);
-  for (int c = 0; c < pc->v; c++) loom_adamw_free(&opts[c]);
+  for (int c = 0; c < pc->v; c++) {
+    loom_adamw_free(&opts[c]);
+    if (zero) loom_zero1_free(&zero[c]);
+  }
   free(opts);
+  free(zero);
   loom_dataset_free(data);
 }
 
@@ -85,13 +100,14 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   loom_parallel ps;
   loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, false);
   char what[128];
-  snprintf(what, sizeof what, "%s tp %d pp %d dp %d vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp, v, m,
-           split ? " uneven" : "");
+  snprintf(what, sizeof what, "%s tp %d pp %d dp %d%s vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp,
+           g_zero ? " zero-1" : "", v, m, split ? " uneven" : "");
   float serial_losses[STEPS], losses[STEPS], recomputed[STEPS];
   loom_gpt serial;
   train_serial(m, serial_losses, &serial);
   loom_pipeline pipe;
-  loom_pipeline_config pc = {.kind = kind, .v = v, .micro_batches = m, .layer_counts = split, .nlayer_counts = nsplit};
+  loom_pipeline_config pc = {.kind = kind, .v = v, .micro_batches = m, .layer_counts = split, .nlayer_counts = nsplit,
+                             .zero1 = g_zero};
   train_pipeline(&ps, &pc, losses, &pipe);
   for (int s = 0; s < STEPS; s++)
     ck_assert_msg(fabs(losses[s] - serial_losses[s]) <= 1e-5 * fabs(serial_losses[s]), "%s: step %d loss %g vs serial %g",
@@ -156,6 +172,7 @@ int main(int argc, char **argv) {
   g_world = loom_comm_mpi_world(&argc, &argv);
   g_tp = argc > 1 ? atoi(argv[1]) : 1;
   g_dp = argc > 2 ? atoi(argv[2]) : 1;
+  g_zero = argc > 3 ? atoi(argv[3]) : 0;
   g_pp = g_world->size / (g_tp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");

@@ -28,6 +28,7 @@ typedef struct {
   loom_pipeline pipe;   /* when pipelined */
   bool pipelined;
   loom_adamw *opts;     /* one per chunk (one when not pipelined) */
+  loom_zero1 *zero;     /* one per chunk under --zero 1, else NULL */
   int nopts;
   const int *plan_counts; /* a plan's layers per virtual stage, or NULL */
   int plan_ncounts;
@@ -99,7 +100,7 @@ static loom_status build_pipeline(train_run *r, const loom_train_flags *f, const
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / (f->micro_batch * f->dp),
                                    .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
-                                   .recompute = strcmp(f->recompute, "full") == 0};
+                                   .recompute = strcmp(f->recompute, "full") == 0, .zero1 = f->zero == 1};
   loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
   return loom_error_prefix(err, st, "loom train");
 }
@@ -129,13 +130,17 @@ static loom_status setup(train_run *r, const loom_train_flags *f, const loom_gpt
   oc.grad_clip = f->grad_clip;
   r->opts = loom_xcalloc((size_t)n, sizeof *r->opts, "optimizers");
   r->nopts = n;
-  for (int c = 0; c < n && st == LOOM_OK; c++) st = loom_adamw_init(&r->opts[c], &chunks[c].p, &oc);
+  if (f->zero == 1) r->zero = loom_xcalloc((size_t)n, sizeof *r->zero, "ZeRO-1 optimizers");
+  for (int c = 0; c < n && st == LOOM_OK; c++)
+    st = r->zero ? loom_zero1_init(&r->zero[c], &chunks[c].p, r->ps.dp_rank, r->ps.dp, &oc)
+                 : loom_adamw_init(&r->opts[c], &chunks[c].p, &oc);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "loom train: out of memory building the model and optimizer");
   if (st != LOOM_OK) return st;
   const loom_lr_schedule lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac,
                                .warmup_steps = f->warmup, .total_steps = f->steps};
   if (r->pipelined) loom_trainer_init_pipeline(&r->trainer, &r->pipe, r->opts, r->data, T, f->micro_batch, lr);
   else loom_trainer_init(&r->trainer, &r->model, r->opts, r->data, T, f->micro_batch, f->global_batch, lr);
+  r->trainer.zero = r->zero;
   return LOOM_OK;
 }
 
@@ -168,21 +173,33 @@ static void log_pipeline(train_run *r, const loom_train_flags *f) {
                   full / mib, (full - kept) / mib);
   else
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
+  double state = 0.0, unsharded = 0.0;
+  for (int c = 0; c < p->v; c++) {
+    unsharded += 2.0 * sizeof(float) * (double)p->chunks[c].p.params.numel;
+    state += r->zero ? (double)loom_zero1_state_bytes(&r->zero[c]) : 2.0 * sizeof(float) * (double)p->chunks[c].p.params.numel;
+  }
+  if (r->zero)
+    loom_log_info("Adam state on rank 0: %.2f MiB with ZeRO-1 over dp %d, %.2f MiB without (%.3f of it)", state / mib,
+                  r->ps.dp, unsharded / mib, state / unsharded);
 }
 
 /* Measured peak memory of the busiest rank against loom's own estimate of it:
- * fp32 weights, grads and Adam moments (16 bytes per local parameter) plus
- * the activation and scratch buffers this layout allocates. */
+ * fp32 weights and grads (8 bytes per local parameter), Adam moments (8 more,
+ * or this replica's ZeRO-1 slice), plus the activation and scratch buffers
+ * this layout allocates. */
 static void report_memory(train_run *r) {
   loom_gpt *chunks;
   const int n = parts(r, &chunks);
-  double params = 0.0, acts = r->pipelined ? (double)r->pipe.act_bytes : 0.0;
-  for (int c = 0; c < n; c++) params += (double)chunks[c].p.params.numel;
+  double state = 0.0, acts = r->pipelined ? (double)r->pipe.act_bytes : 0.0;
+  for (int c = 0; c < n; c++) {
+    const double params = (double)chunks[c].p.params.numel; /* weights and grads, then Adam m and v */
+    state += 8.0 * params + (r->zero ? (double)loom_zero1_state_bytes(&r->zero[c]) : 8.0 * params);
+  }
   if (!r->pipelined) acts = (double)(r->model.a->mem.numel + r->model.w.mem.numel) * sizeof(float);
-  float numbers[2] = {(float)loom_peak_rss_bytes(), (float)(16.0 * params + acts)};
+  float numbers[2] = {(float)loom_peak_rss_bytes(), (float)(state + acts)};
   loom_comm_allreduce(r->launch.world, numbers, 2, LOOM_REDUCE_MAX);
   const double mib = 1048576.0;
-  loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter + activations), "
+  loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter, less under ZeRO-1, + activations), "
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
 }
 
@@ -266,7 +283,7 @@ int loom_cmd_train(int argc, char **argv) {
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
   loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, f.dp, f.sequence_parallel);
-  r.pipelined = f.pp > 1 || f.vpp > 1 || f.dp > 1 || f.layer_split || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
+  r.pipelined = f.pp > 1 || f.vpp > 1 || f.dp > 1 || f.zero || f.layer_split || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
                 loom_flags_find(table, LOOM_TRAIN_FLAG_COUNT, "--schedule")->set;
   r.plan_counts = f.plan ? plan_counts : NULL;
   r.plan_ncounts = plan_ncounts;
@@ -274,8 +291,12 @@ int loom_cmd_train(int argc, char **argv) {
   if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
   const int code = loom_report(st, &err);
   loom_trainer_free(&r.trainer);
-  for (int c = 0; c < r.nopts; c++) loom_adamw_free(&r.opts[c]);
+  for (int c = 0; c < r.nopts; c++) {
+    loom_adamw_free(&r.opts[c]);
+    if (r.zero) loom_zero1_free(&r.zero[c]);
+  }
   free(r.opts);
+  free(r.zero);
   if (r.pipelined) loom_pipeline_free(&r.pipe);
   else loom_gpt_free(&r.model);
   loom_dataset_free(r.data);

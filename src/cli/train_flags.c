@@ -44,6 +44,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, 1024, NULL, false},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, 1 << 20, NULL, false},
+      {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false},
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false},
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
@@ -60,7 +61,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
  * output paths (and how progress is shown) may be given. */
 static const char *const PLAN_FIXED[] = {"--model", "--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq",
                                          "--dropout", "--micro-batch", "--global-batch", "--micro-batches", "--tp",
-                                         "--pp", "--vpp", "--dp", "--sequence-parallel", "--schedule", "--recompute",
+                                         "--pp", "--vpp", "--dp", "--zero", "--sequence-parallel", "--schedule", "--recompute",
                                          "--layer-split", NULL};
 
 /* Fills the model and layout flags from a plan file, refusing broken plans. */
@@ -78,9 +79,9 @@ loom_status loom_train_apply_plan(loom_train_flags *f, const loom_flag *t, loom_
     char *nl = strchr(lines, '\n');
     if (nl) *nl = '\0';
     st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: %s (loom plan check lists every problem)", f->plan, lines);
-  } else if (plan->parallel->zero_stage != 0) {
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: zero_stage %d: the ZeRO-1 optimizer is not in this loom yet; use zero_stage 0",
-                   f->plan, plan->parallel->zero_stage);
+  } else if (plan->parallel->zero_stage > 1) {
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: zero_stage %d: loom has ZeRO stage 0 or 1", f->plan,
+                   plan->parallel->zero_stage);
   }
   for (size_t k = 1; st == LOOM_OK && k < plan->n_stages; k++)
     if (plan->stages[k]->recompute != plan->stages[0]->recompute)
@@ -96,6 +97,7 @@ loom_status loom_train_apply_plan(loom_train_flags *f, const loom_flag *t, loom_
     f->pp = plan->parallel->pp;
     f->vpp = plan->parallel->virtual_chunks;
     f->dp = plan->parallel->dp;
+    f->zero = plan->parallel->zero_stage;
     f->sequence_parallel = plan->parallel->sequence_parallel;
     f->micro_batch = plan->batch->micro_batch;
     f->global_batch = plan->batch->global_batch;

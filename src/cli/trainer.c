@@ -34,15 +34,22 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
  * element once (the last stage's copy of the tied wte is not counted). */
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
+  loom_comm *dp = pipe->ps->dp_group;
   double sumsq = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
-    sumsq += loom_grad_sumsq(&m->p, m->ops, &m->tp, m->p.range.last && !m->p.range.first);
+    const bool tied_copy = m->p.range.last && !m->p.range.first;
+    sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy)
+                      : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
   }
   float total = (float)sumsq;
   loom_comm_allreduce(pipe->ps->pp_group, &total, 1, LOOM_REDUCE_SUM);
   const double norm = sqrt((double)total);
-  for (int c = 0; c < pipe->v; c++) loom_adamw_step(&tr->opt[c], &pipe->chunks[c].p, tr->step_lr, norm, pipe->chunks[c].ops);
+  for (int c = 0; c < pipe->v; c++) {
+    loom_gpt *m = &pipe->chunks[c];
+    if (tr->zero) loom_zero1_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
+    else loom_adamw_step(&tr->opt[c], &m->p, tr->step_lr, norm, m->ops);
+  }
   return norm;
 }
 

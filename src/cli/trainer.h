@@ -9,11 +9,13 @@
 #include "layers/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
+#include "optim/zero1.h"
 #include "pipeline/executor.h"
 
 typedef struct {
   loom_gpt *model;        /* the whole model on this rank, or NULL under a pipeline */
   loom_adamw *opt;        /* [1], or [chunks] under a pipeline */
+  loom_zero1 *zero;       /* [chunks] under ZeRO-1 (then opt is unused), else NULL */
   loom_pipeline *pipe;    /* NULL unless pipeline-parallel */
   loom_lr_schedule lr;
   loom_dataset *data;

@@ -39,6 +39,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->v = pc->v;
   pipe->S = ps->pp * pc->v;
   pipe->m = pc->micro_batches;
+  pipe->zero1 = pc->zero1;
   pipe->T = T;
   pipe->B = B;
   loom_status st = loom_schedule_build(&pipe->sched, pc->kind, ps->pp, pc->v, pc->micro_batches, err);
@@ -161,7 +162,9 @@ static void reduce_tied(loom_pipeline *pipe) {
   loom_comm_allreduce(ps->embed_group, mine->p.g.wte, n, LOOM_REDUCE_SUM);
 }
 
+/* Sums grads over the replicas; under ZeRO-1 the optimizer reduce-scatters instead. */
 static void reduce_dp(loom_pipeline *pipe) {
+  if (pipe->zero1) return;
   for (int c = 0; c < pipe->v; c++)
     loom_comm_allreduce(pipe->ps->dp_group, pipe->chunks[c].p.grads.base, pipe->chunks[c].p.grads.numel, LOOM_REDUCE_SUM);
 }

@@ -23,6 +23,7 @@ typedef struct {
   const int *layer_counts; /* per virtual stage, or NULL for an even split */
   int nlayer_counts;
   bool recompute;
+  bool zero1; /* the optimizer hook reduce-scatters grads over dp itself (ZeRO-1) */
 } loom_pipeline_config;
 
 struct loom_pipeline;
@@ -59,6 +60,7 @@ typedef struct loom_pipeline {
   float *dout;            /* [n, h] received output grad */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
+  bool zero1;
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */
   bool tracing;

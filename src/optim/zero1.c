@@ -1,0 +1,97 @@
+/* The ZeRO-1 distributed optimizer over flat parameter buffers. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "optim/zero1.h"
+
+loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank, int dp_size,
+                            const loom_adamw_config *cfg) {
+  memset(z, 0, sizeof *z);
+  z->cfg = *cfg;
+  const size_t n = p->params.numel;
+  z->shard = (n + (size_t)dp_size - 1) / (size_t)dp_size;
+  z->begin = z->shard * (size_t)dp_rank < n ? z->shard * (size_t)dp_rank : n;
+  z->end = z->begin + z->shard < n ? z->begin + z->shard : n;
+  z->m = calloc(z->shard ? z->shard : 1, sizeof(float));
+  z->v = calloc(z->shard ? z->shard : 1, sizeof(float));
+  z->gather = calloc(z->shard * (size_t)dp_size + 1, sizeof(float));
+  if (!z->m || !z->v || !z->gather) {
+    loom_zero1_free(z);
+    return LOOM_ERR_NOMEM;
+  }
+  return LOOM_OK;
+}
+
+void loom_zero1_free(loom_zero1 *z) {
+  free(z->m);
+  free(z->v);
+  free(z->gather);
+  memset(z, 0, sizeof *z);
+}
+
+size_t loom_zero1_state_bytes(const loom_zero1 *z) { return 2 * z->shard * sizeof(float); }
+
+/* The part of tensor k inside [begin, end): sets its flat offset, returns its length (0 if none). */
+static size_t part_of(const loom_gpt_params *p, int k, size_t begin, size_t end, size_t *at) {
+  const size_t lo = loom_buffer_offset(&p->params, k), hi = lo + loom_tensor_numel(&p->params.views[k]);
+  const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
+  *at = from;
+  return to > from ? to - from : 0;
+}
+
+double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
+                         bool skip_shared) {
+  const int size = loom_comm_size(dp);
+  const size_t n = p->params.numel;
+  /* Reduce-scatter needs equal slices: pad the flat grads to shard * dp. */
+  float *full = z->gather;
+  memcpy(full, p->grads.base, n * sizeof(float));
+  memset(full + n, 0, (z->shard * (size_t)size - n) * sizeof(float));
+  float *mine = (float *)p->grads.base + z->begin;
+  if (size > 1) {
+    float *slice = malloc(z->shard * sizeof(float));
+    LOOM_CHECK(slice != NULL, "out of memory reducing grads");
+    loom_comm_reduce_scatter(dp, full, slice, z->shard);
+    memcpy(mine, slice, (z->end - z->begin) * sizeof(float));
+    free(slice);
+  }
+  /* Squared norm of the slice, each element once: shards over TP summed, replicas once. */
+  double sums[2] = {0.0, 0.0};
+  for (int k = 0; k < p->params.count; k++) {
+    size_t at;
+    const size_t len = part_of(p, k, z->begin, z->end, &at);
+    if (len == 0 || (skip_shared && p->meta[k].shared)) continue;
+    sums[p->meta[k].tp_replicated] += ops->sumsq((float *)p->grads.base + at, len);
+  }
+  float parts[2] = {(float)sums[0], (float)sums[1]};
+  if (tp) loom_comm_allreduce(tp->group, parts, 1, LOOM_REDUCE_SUM);
+  float total = parts[0] + parts[1];
+  loom_comm_allreduce(dp, &total, 1, LOOM_REDUCE_SUM);
+  return total;
+}
+
+void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
+  float *g = p->grads.base;
+  if (z->cfg.grad_clip > 0.0f && grad_norm > z->cfg.grad_clip)
+    ops->scale(g + z->begin, (float)(z->cfg.grad_clip / grad_norm), z->end - z->begin);
+  z->step++;
+  for (int k = 0; k < p->params.count; k++) {
+    size_t at;
+    const size_t len = part_of(p, k, z->begin, z->end, &at);
+    if (len == 0) continue;
+    const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
+                                  .weight_decay = p->meta[k].weight_decay ? z->cfg.weight_decay : 0.0f, .step = z->step};
+    ops->adamw((float *)p->params.base + at, g + at, z->m + (at - z->begin), z->v + (at - z->begin), len, &args);
+  }
+  /* Every replica gets every slice back. */
+  const int size = loom_comm_size(dp);
+  if (size == 1) return;
+  float *slice = malloc(z->shard * sizeof(float));
+  LOOM_CHECK(slice != NULL, "out of memory gathering parameters");
+  memset(slice, 0, z->shard * sizeof(float));
+  memcpy(slice, (float *)p->params.base + z->begin, (z->end - z->begin) * sizeof(float));
+  loom_comm_allgather(dp, slice, z->gather, z->shard);
+  memcpy(p->params.base, z->gather, p->params.numel * sizeof(float));
+  free(slice);
+}

@@ -1,0 +1,37 @@
+/* ZeRO stage 1, the distributed optimizer (DeepSpeed ZeRO-1, Megatron's
+ * distributed optimizer): over the data-parallel group, grads are
+ * reduce-scattered so each replica holds the summed grads of its 1/dp slice
+ * of the flat parameter buffer, keeps Adam moments for that slice only,
+ * steps it, and all-gathers the parameters back. Every element is stepped
+ * by exactly one replica with the same math as plain AdamW, so results match
+ * plain data parallelism. */
+#ifndef LOOM_ZERO1_H
+#define LOOM_ZERO1_H
+
+#include "comm/comm.h"
+#include "optim/adamw.h"
+
+typedef struct {
+  loom_adamw_config cfg;
+  size_t begin, end;   /* this replica's slice of the flat buffer */
+  size_t shard;        /* slice length with padding: ceil(numel / dp) */
+  float *m, *v;        /* [shard] Adam moments of the slice */
+  float *gather;       /* [shard * dp] scratch for reduce-scatter and all-gather */
+  int step;
+} loom_zero1;
+
+loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank, int dp_size,
+                            const loom_adamw_config *cfg);
+void loom_zero1_free(loom_zero1 *z);
+/* Reduce-scatters p's grads over dp; returns the squared norm of this
+ * replica's slice, each element once over TP as in loom_grad_sumsq, and
+ * summed over dp (collective over tp and dp). */
+double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
+                         bool skip_shared);
+/* Clips by grad_norm, steps this replica's slice with AdamW and all-gathers
+ * the parameters (collective over dp). */
+void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops);
+/* Optimizer-state bytes this replica holds. */
+size_t loom_zero1_state_bytes(const loom_zero1 *z);
+
+#endif
