@@ -168,6 +168,47 @@ START_TEST(large_messages_do_not_stall) {
 }
 END_TEST
 
+/* An inf or NaN in one rank's grads skips the step on every rank, leaves the
+ * weights as they were, and training carries on. */
+START_TEST(nan_skips_the_step_everywhere) {
+  loom_parallel ps;
+  loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, false);
+  const loom_gpt_config cfg = tiny();
+  loom_dataset *data = loom_dataset_addition(2, 4);
+  loom_pipeline pipe, fresh;
+  loom_pipeline_config pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .micro_batches = 2, .zero1 = g_zero};
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_pipeline_init(&pipe, &ps, &cfg, loom_ops_cpu(), 21, &pc, cfg.seq, MB, &err), LOOM_OK);
+  ck_assert_int_eq(loom_pipeline_init(&fresh, &ps, &cfg, loom_ops_cpu(), 21, &pc, cfg.seq, MB, &err), LOOM_OK);
+  loom_adamw opt;
+  loom_zero1 zero;
+  const loom_adamw_config oc = loom_adamw_defaults();
+  loom_adamw_init(&opt, &pipe.chunks[0].p, &oc);
+  loom_zero1_init(&zero, &pipe.chunks[0].p, ps.dp_rank, ps.dp, &oc);
+  loom_trainer tr;
+  loom_trainer_init_pipeline(&tr, &pipe, &opt, data, cfg.seq, MB, lr());
+  tr.zero = g_zero ? &zero : NULL;
+  char rank[16];
+  snprintf(rank, sizeof rank, "%d", g_world->size - 1);
+  setenv("LOOM_TEST_NAN_STEP", "1", 1);
+  setenv("LOOM_TEST_NAN_RANK", rank, 1);
+  const loom_step_stats bad = loom_trainer_step(&tr, 0);
+  unsetenv("LOOM_TEST_NAN_STEP");
+  ck_assert(bad.skipped);
+  ck_assert_mem_eq(pipe.chunks[0].p.params.base, fresh.chunks[0].p.params.base, pipe.chunks[0].p.params.numel * sizeof(float));
+  const loom_step_stats good = loom_trainer_step(&tr, 1);
+  ck_assert(!good.skipped && isfinite(good.loss) && isfinite(good.grad_norm));
+  ck_assert(memcmp(pipe.chunks[0].p.params.base, fresh.chunks[0].p.params.base, 64) != 0);
+  loom_trainer_free(&tr);
+  loom_adamw_free(&opt);
+  loom_zero1_free(&zero);
+  loom_pipeline_free(&pipe);
+  loom_pipeline_free(&fresh);
+  loom_dataset_free(data);
+  loom_parallel_free(&ps);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   g_world = loom_comm_mpi_world(&argc, &argv);
   g_tp = argc > 1 ? atoi(argv[1]) : 1;
@@ -180,6 +221,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, interleaved_matches_serial);
   tcase_add_test(tc, uneven_split_matches_serial);
   tcase_add_test(tc, large_messages_do_not_stall);
+  tcase_add_test(tc, nan_skips_the_step_everywhere);
   suite_add_tcase(s, tc);
   float failed = (float)tu_run_rank(s, g_world->rank);
   loom_comm_allreduce(g_world, &failed, 1, LOOM_REDUCE_MAX);

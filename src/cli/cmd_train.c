@@ -241,6 +241,9 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
     loom_metrics_num(&r->metrics, "tokens_per_s", tokens / dt);
     loom_metrics_num(&r->metrics, "gflops", gflops);
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
+    loom_metrics_num(&r->metrics, "skipped", s.skipped);
+    if (s.skipped)
+      loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s.grad_norm);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
   }

@@ -30,21 +30,37 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
                             tr->micro_batch, tokens, targets);
 }
 
+/* Fault injection for tests: LOOM_TEST_NAN_STEP=k (1-based) and
+ * LOOM_TEST_NAN_RANK=r put a NaN into rank r's grads at step k. */
+static void inject_nan(const loom_trainer *tr, loom_gpt_params *p, int rank) {
+  const char *step = getenv("LOOM_TEST_NAN_STEP"), *who = getenv("LOOM_TEST_NAN_RANK");
+  if (step && atoi(step) == tr->step + 1 && (!who || atoi(who) == rank)) ((float *)p->grads.base)[0] = NAN;
+}
+
 /* One clipped AdamW step per chunk, with the norm over every stage: each
- * element once (the last stage's copy of the tied wte is not counted). */
+ * element once (the last stage's copy of the tied wte is not counted). The
+ * norm is the same on every rank, so an inf or NaN anywhere makes every rank
+ * skip the step together. */
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
   loom_comm *dp = pipe->ps->dp_group;
-  double sumsq = 0.0;
+  inject_nan(tr, &pipe->chunks[0].p, pipe->ps->rank);
+  double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     const bool tied_copy = m->p.range.last && !m->p.range.first;
     sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy)
                       : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
+    for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
+      if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
   }
   float total = (float)sumsq;
   loom_comm_allreduce(pipe->ps->pp_group, &total, 1, LOOM_REDUCE_SUM);
-  const double norm = sqrt((double)total);
+  /* Every rank must agree to skip, wherever the inf or NaN came from. */
+  float bad = isfinite(total) && isfinite(uncounted) ? 0.0f : 1.0f;
+  loom_comm_allreduce(pipe->ps->world_group, &bad, 1, LOOM_REDUCE_SUM);
+  const double norm = bad > 0.0f ? NAN : sqrt((double)total);
+  if (!isfinite(norm)) return norm;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     if (tr->zero) loom_zero1_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
@@ -94,9 +110,11 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
     /* Replica d takes its own m micro-batches of the global batch. */
     tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->pipe->ps->dp_rank * tr->pipe->m * tr->micro_batch;
     tr->step_lr = loom_lr_at(&tr->lr, step);
+    tr->step = step;
     const loom_pipeline_hooks hooks = hooks_of(tr, false);
     const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
-    return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm};
+    return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
+                             .skipped = !isfinite(ps.grad_norm)};
   }
   loom_gpt *m = tr->model;
   const int B = tr->micro_batch, micro_steps = tr->global_batch / B;
@@ -120,8 +138,11 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   }
   out.loss = scored ? (float)(loss_sum / (double)scored) : 0.0f;
   loom_gpt_sync_replicated_grads(m);
+  tr->step = step;
+  inject_nan(tr, &m->p, 0);
   out.grad_norm = loom_grad_norm(&m->p, m->ops, &m->tp);
-  loom_adamw_step(tr->opt, &m->p, out.lr, out.grad_norm, m->ops);
+  out.skipped = !isfinite(out.grad_norm);
+  if (!out.skipped) loom_adamw_step(tr->opt, &m->p, out.lr, out.grad_norm, m->ops);
   return out;
 }
 

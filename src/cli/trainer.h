@@ -25,6 +25,7 @@ typedef struct {
   loom_split split;
   int64_t first_sample;
   float step_lr;
+  int step;
   int digits;
 } loom_trainer;
 
@@ -32,6 +33,7 @@ typedef struct {
   float loss;       /* mean over the global batch */
   float lr;
   double grad_norm; /* before clipping */
+  bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */
 } loom_step_stats;
 
 typedef struct {
