@@ -54,6 +54,17 @@ run train --dp 2 --zero 1 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batc
 grep -q "parallel: 2 ranks, tp 1 x pp 1 x dp 2" "$WORK/zero.txt" || fail "dp line: $(cat "$WORK/zero.txt")"
 grep -q "with ZeRO-1 over dp 2, .* (0.50[0-9] of it)" "$WORK/zero.txt" || fail "ZeRO-1 state: $(cat "$WORK/zero.txt")"
 
+# One rank slowed on purpose (test-only) is named by the straggler report; an
+# injected NaN in one rank's grads skips the step on every rank.
+LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=40 LOOM_TEST_NAN_STEP=2 LOOM_TEST_NAN_RANK=0 "$MPIEXEC" --oversubscribe \
+  --bind-to none -np 2 -x LOOM_TEST_SLOW_RANK -x LOOM_TEST_SLOW_MS -x LOOM_TEST_NAN_STEP -x LOOM_TEST_NAN_RANK \
+  -x OMP_NUM_THREADS=1 "$LOOM" train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
+  --eval-every 0 --metrics "$WORK/s.jsonl" > "$WORK/slow.txt" 2>&1 || fail "slowed run: $(cat "$WORK/slow.txt")"
+grep -q "straggler rank 1: compute" "$WORK/slow.txt" || fail "straggler not named: $(cat "$WORK/slow.txt")"
+grep -q '"straggler_rank": 1' "$WORK/s.jsonl" || fail "straggler not in metrics"
+grep -q "step     2: the grads hold an inf or NaN (norm nan); every rank skipped this step" "$WORK/slow.txt" || fail "NaN step not skipped"
+grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

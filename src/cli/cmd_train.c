@@ -203,6 +203,41 @@ static void report_memory(train_run *r) {
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
 }
 
+static int by_value(const void *a, const void *b) {
+  const float x = *(const float *)a, y = *(const float *)b;
+  return (x > y) - (x < y);
+}
+
+/* Straggler report: every rank's compute time this step, gathered; a rank
+ * slower than the median by the factor is named in the log and metrics (a
+ * GPU throttled by heat slows the whole job). Collective over the world. */
+static void report_stragglers(train_run *r, const loom_train_flags *f, const loom_step_stats *s, int step) {
+  const int n = r->launch.size;
+  float mine[2] = {(float)s->compute_s, (float)s->wait_s}, *all = loom_xmalloc((size_t)n * 2 * sizeof(float), "straggler"),
+        *sorted = loom_xmalloc((size_t)n * sizeof(float), "straggler");
+  loom_comm_allgather(r->launch.world, mine, all, 2);
+  int slowest = 0;
+  for (int k = 0; k < n; k++) {
+    sorted[k] = all[2 * k];
+    if (all[2 * k] > all[2 * slowest]) slowest = k;
+  }
+  qsort(sorted, (size_t)n, sizeof(float), by_value);
+  const float median = sorted[(n - 1) / 2]; /* the lower median: with two ranks, the faster one */
+  const int straggler = median > 0.0f && all[2 * slowest] > f->straggler_factor * median ? slowest : -1;
+  float waited = 0.0f;
+  for (int k = 0; k < n; k++)
+    if (k != slowest && all[2 * k + 1] > waited) waited = all[2 * k + 1];
+  loom_metrics_num(&r->metrics, "compute_ms_median", 1e3 * median);
+  loom_metrics_num(&r->metrics, "compute_ms_max", 1e3 * all[2 * slowest]);
+  loom_metrics_num(&r->metrics, "straggler_rank", straggler);
+  if (straggler >= 0)
+    loom_log_info("step %5d: straggler rank %d: compute %.1f ms vs median %.1f ms (x%.1f, over the %.1fx limit); "
+                  "its peers waited up to %.1f ms", step + 1, straggler, 1e3 * all[2 * slowest], 1e3 * median,
+                  all[2 * slowest] / median, (double)f->straggler_factor, 1e3 * waited);
+  free(all);
+  free(sorted);
+}
+
 static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, loom_error *err) {
   const loom_gpt_config *cfg = &r->cfg;
   /* Every rank measures at once, so the sum is this job's sgemm peak. */
@@ -242,6 +277,7 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
     loom_metrics_num(&r->metrics, "gflops", gflops);
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
     loom_metrics_num(&r->metrics, "skipped", s.skipped);
+    if (r->launch.size > 1 && r->pipelined) report_stragglers(r, f, &s, step);
     if (s.skipped)
       loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s.grad_norm);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);

@@ -34,6 +34,7 @@ typedef struct {
   float lr;
   double grad_norm; /* before clipping */
   bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */
+  double compute_s, wait_s; /* this rank's compute and waiting time (pipelines; else the step and 0) */
 } loom_step_stats;
 
 typedef struct {

@@ -1,5 +1,6 @@
 /* Running a schedule: slots, transfers, grad reductions and the step. */
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include "core/check.h"
 #include "core/timer.h"
@@ -40,6 +41,9 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->S = ps->pp * pc->v;
   pipe->m = pc->micro_batches;
   pipe->zero1 = pc->zero1;
+  /* Test-only: one rank slowed on purpose, to prove the straggler report names it. */
+  const char *slow = getenv("LOOM_TEST_SLOW_RANK"), *slow_ms = getenv("LOOM_TEST_SLOW_MS");
+  if (slow && atoi(slow) == ps->rank) pipe->slow_s = (slow_ms ? atof(slow_ms) : 20.0) / 1000.0;
   pipe->T = T;
   pipe->B = B;
   loom_status st = loom_schedule_build(&pipe->sched, pc->kind, ps->pp, pc->v, pc->micro_batches, err);
@@ -194,7 +198,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   loom_comm_allreduce(ps->dp_group, &counts, 1, LOOM_REDUCE_SUM);
   const int64_t scored = (int64_t)counts;
   const float dloss = scored ? 1.0f / (float)scored : 0.0f;
-  double loss_sum = 0.0, norm = 0.0;
+  double loss_sum = 0.0, norm = 0.0, compute = 0.0, wait = 0.0;
   for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
   reset_slots(pipe);
   pipe->trace_count = 0;
@@ -218,6 +222,10 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
       const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
       if (m->p.range.last) loss_sum += (double)loss * (double)counted;
+      if (pipe->slow_s > 0.0) { /* a throttled device, simulated */
+        const struct timespec nap = {(time_t)pipe->slow_s, (long)((pipe->slow_s - (double)(time_t)pipe->slow_s) * 1e9)};
+        nanosleep(&nap, NULL);
+      }
       break;
     }
     case LOOM_ACT_SEND_ACT: {
@@ -247,14 +255,17 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       norm = hooks->optimizer_step(hooks->ctx, pipe);
       break;
     }
-    if (pipe->tracing) trace_event(pipe, a, t0, loom_now_s() - start);
+    const double t1 = loom_now_s() - start;
+    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) compute += t1 - t0;
+    else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) wait += t1 - t0;
+    if (pipe->tracing) trace_event(pipe, a, t0, t1);
   }
   finish_sends(pipe);
   /* The last stages know their replicas' losses; every rank reports the sum. */
   float loss = r == p - 1 ? (float)(scored ? loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
   loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
-  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm};
+  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm, .compute_s = compute, .wait_s = wait};
 }
 
 float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally) {

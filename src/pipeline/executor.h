@@ -61,6 +61,7 @@ typedef struct loom_pipeline {
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
   bool zero1;
+  double slow_s; /* test-only: extra seconds each forward sleeps on this rank (LOOM_TEST_SLOW_RANK/_MS) */
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */
   bool tracing;
@@ -73,6 +74,8 @@ typedef struct loom_pipeline {
 typedef struct {
   float loss;       /* mean over the global batch's scored targets */
   double grad_norm; /* before clipping */
+  double compute_s; /* this rank's time in forward and backward passes */
+  double wait_s;    /* this rank's time in recvs, reductions and the optimizer step */
 } loom_pipeline_stats;
 
 /* Builds this rank's chunks; refuses bad splits and schedules. */
