@@ -1,6 +1,6 @@
-/* Pipeline and data parallelism under mpirun (args: TP DP ZERO; world =
+/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP; world =
  * TP * PP * DP; ZERO 1 uses the ZeRO-1 optimizer, whose Adam state must be
- * 1/dp of the full amount): for every
+ * 1/dp of the full amount; SP 1 turns on sequence parallelism): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -16,7 +16,7 @@
 #include "test_util.h"
 
 static loom_comm *g_world;
-static int g_tp, g_pp, g_dp, g_zero;
+static int g_tp, g_pp, g_dp, g_zero, g_sp;
 
 enum { STEPS = 10, LAYERS = 8, MB = 2 };
 
@@ -98,7 +98,7 @@ static void expect_same_weights(loom_pipeline *pipe, loom_gpt *serial, const cha
 
 static void check(loom_schedule_kind kind, int v, int m, const int *split, int nsplit) {
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, false);
+  loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, g_sp);
   char what[128];
   snprintf(what, sizeof what, "%s tp %d pp %d dp %d%s vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp,
            g_zero ? " zero-1" : "", v, m, split ? " uneven" : "");
@@ -214,6 +214,7 @@ int main(int argc, char **argv) {
   g_tp = argc > 1 ? atoi(argv[1]) : 1;
   g_dp = argc > 2 ? atoi(argv[2]) : 1;
   g_zero = argc > 3 ? atoi(argv[3]) : 0;
+  g_sp = argc > 4 ? atoi(argv[4]) : 0;
   g_pp = g_world->size / (g_tp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");
