@@ -106,8 +106,9 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   loom_gpt serial;
   train_serial(m, serial_losses, &serial);
   loom_pipeline pipe;
+  /* Tiny buckets: several per chunk, so the overlapped reduction is what gets tested. */
   loom_pipeline_config pc = {.kind = kind, .v = v, .micro_batches = m, .layer_counts = split, .nlayer_counts = nsplit,
-                             .zero1 = g_zero};
+                             .zero1 = g_zero, .bucket_bytes = 2048};
   train_pipeline(&ps, &pc, losses, &pipe);
   for (int s = 0; s < STEPS; s++)
     ck_assert_msg(fabs(losses[s] - serial_losses[s]) <= 1e-5 * fabs(serial_losses[s]), "%s: step %d loss %g vs serial %g",

@@ -100,7 +100,8 @@ static loom_status build_pipeline(train_run *r, const loom_train_flags *f, const
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / (f->micro_batch * f->dp),
                                    .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
-                                   .recompute = strcmp(f->recompute, "full") == 0, .zero1 = f->zero == 1};
+                                   .recompute = strcmp(f->recompute, "full") == 0, .zero1 = f->zero == 1,
+                                   .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0)};
   loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
   return loom_error_prefix(err, st, "loom train");
 }
@@ -278,6 +279,13 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
     loom_metrics_num(&r->metrics, "skipped", s.skipped);
     if (r->launch.size > 1 && r->pipelined) report_stragglers(r, f, &s, step);
+    if (r->ps.dp > 1 && !r->zero) {
+      loom_metrics_num(&r->metrics, "dp_overlap", s.dp_overlap);
+      loom_metrics_num(&r->metrics, "dp_wait_ms", 1e3 * s.dp_wait_s);
+      if (step + 1 == f->steps)
+        loom_log_info("data-parallel grads: %.0f%% of the bytes reduced in buckets during backward; %.2f ms waited after it",
+                      100.0 * s.dp_overlap, 1e3 * s.dp_wait_s);
+    }
     if (s.skipped)
       loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s.grad_norm);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);

@@ -45,6 +45,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, 1024, NULL, false},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, 1 << 20, NULL, false},
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false},
+      {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false},
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false},
@@ -119,7 +120,7 @@ loom_train_flags loom_train_flags_defaults(void) {
   return (loom_train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
                        .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
                        .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
-                       .pp = 1, .vpp = 1, .dp = 1, .straggler_factor = 1.5f, .schedule = "1f1b", .recompute = "none",
+                       .pp = 1, .vpp = 1, .dp = 1, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .schedule = "1f1b", .recompute = "none",
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }

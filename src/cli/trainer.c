@@ -114,7 +114,8 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
     const loom_pipeline_hooks hooks = hooks_of(tr, false);
     const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
     return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
-                             .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s};
+                             .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s,
+                             .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
   }
   loom_gpt *m = tr->model;
   const int B = tr->micro_batch, micro_steps = tr->global_batch / B;

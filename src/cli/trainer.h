@@ -35,6 +35,7 @@ typedef struct {
   double grad_norm; /* before clipping */
   bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */
   double compute_s, wait_s; /* this rank's compute and waiting time (pipelines; else the step and 0) */
+  double dp_overlap, dp_wait_s; /* data-parallel grad bytes reduced during backward, and the wait after it */
 } loom_step_stats;
 
 typedef struct {

@@ -14,6 +14,10 @@ void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) 
   if (!single(c)) c->ops->allreduce(c, buf, n, op);
 }
 
+loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
+  return single(c) ? NULL : c->ops->iallreduce(c, buf, n);
+}
+
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
   if (single(c)) {
     if (recv != send) memmove(recv, send, n * sizeof(float));
@@ -56,7 +60,9 @@ loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int 
   return c->ops->irecv(c, buf, n, peer, tag);
 }
 
-void loom_comm_wait(loom_comm *c, loom_request *r) { c->ops->wait(r); }
+void loom_comm_wait(loom_comm *c, loom_request *r) {
+  if (r) c->ops->wait(r);
+}
 
 int loom_comm_test(loom_comm *c, loom_request *r) { return c->ops->test(r); }
 

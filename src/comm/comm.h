@@ -18,6 +18,8 @@ typedef struct loom_request loom_request;
 typedef struct {
   const char *name;
   void (*allreduce)(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+  /* Non-blocking sum all-reduce in place; complete it with wait. */
+  loom_request *(*iallreduce)(loom_comm *c, float *buf, size_t n);
   /* recv[size * n] = every rank's send[n], in rank order */
   void (*allgather)(loom_comm *c, const float *send, float *recv, size_t n);
   /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
@@ -43,6 +45,8 @@ struct loom_comm {
 int loom_comm_rank(const loom_comm *c);
 int loom_comm_size(const loom_comm *c);
 void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+/* Starts a sum all-reduce of buf; NULL (nothing to wait for) on a group of one. */
+loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root);

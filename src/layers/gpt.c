@@ -343,6 +343,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
       acts = &m->w.redo;
     }
     loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, acts, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
+    if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
   }
   if (m->p.range.first) embed_backward(m, s, batch);
   else memcpy(s->dx0, m->w.dres, nh * sizeof(float));

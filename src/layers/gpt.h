@@ -46,7 +46,7 @@ typedef struct {
   float *lse_scratch;       /* [N] */
 } loom_gpt_work;
 
-typedef struct {
+typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
   uint64_t seed;
@@ -56,6 +56,10 @@ typedef struct {
   loom_gpt_slot *slots;
   loom_gpt_slot *a;         /* slots[0], what single-micro-batch callers read */
   loom_gpt_work w;
+  /* Called after each layer's backward (local layer index) when set: the
+   * executor uses it to start reducing a layer's grads once they are final. */
+  void (*layer_done)(void *ctx, struct loom_gpt_s *m, int layer);
+  void *layer_done_ctx;
 } loom_gpt;
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */

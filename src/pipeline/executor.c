@@ -41,6 +41,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->S = ps->pp * pc->v;
   pipe->m = pc->micro_batches;
   pipe->zero1 = pc->zero1;
+  pipe->bucket_bytes = pc->bucket_bytes;
   /* Test-only: one rank slowed on purpose, to prove the straggler report names it. */
   const char *slow = getenv("LOOM_TEST_SLOW_RANK"), *slow_ms = getenv("LOOM_TEST_SLOW_MS");
   if (slow && atoi(slow) == ps->rank) pipe->slow_s = (slow_ms ? atof(slow_ms) : 20.0) / 1000.0;
@@ -76,6 +77,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
   pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
   pipe->dout = loom_xmalloc(act_floats(pipe) * sizeof(float), "grad buffer");
+  pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
   return LOOM_OK;
@@ -94,6 +96,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->tokens);
   free(pipe->targets);
   free(pipe->trace);
+  free(pipe->bucket_req);
   loom_schedule_free(&pipe->sched);
   memset(pipe, 0, sizeof *pipe);
 }
@@ -166,11 +169,55 @@ static void reduce_tied(loom_pipeline *pipe) {
   loom_comm_allreduce(ps->embed_group, mine->p.g.wte, n, LOOM_REDUCE_SUM);
 }
 
-/* Sums grads over the replicas; under ZeRO-1 the optimizer reduce-scatters instead. */
-static void reduce_dp(loom_pipeline *pipe) {
-  if (pipe->zero1) return;
-  for (int c = 0; c < pipe->v; c++)
-    loom_comm_allreduce(pipe->ps->dp_group, pipe->chunks[c].p.grads.base, pipe->chunks[c].p.grads.numel, LOOM_REDUCE_SUM);
+/* Flat range of chunk m's block tensors [lo, hi) for local layers [l0, l1). */
+static void block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
+  const int first = (m->p.range.first || m->p.range.last) + m->p.range.first; /* wte, wpe before the blocks */
+  const loom_buffer *g = &m->p.grads;
+  *lo = loom_buffer_offset(g, first + l0 * LOOM_BLOCK_TENSORS);
+  const int next = first + l1 * LOOM_BLOCK_TENSORS;
+  *hi = next < g->count ? loom_buffer_offset(g, next) : g->numel;
+}
+
+/* Called after each layer's backward on a chunk's last micro-batch: its
+ * grads are final, so they join the open bucket, which is all-reduced once it
+ * is big enough or the chunk's first layer is done. Layers finish last to
+ * first, so a bucket is one contiguous range. */
+static void layer_done(void *ctx, loom_gpt *m, int l) {
+  loom_pipeline *pipe = ctx;
+  size_t lo, hi;
+  block_range(m, l, l + 1, &lo, &hi);
+  if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
+  pipe->open_lo = lo;
+  if ((pipe->open_hi - pipe->open_lo) * sizeof(float) < pipe->bucket_bytes && l > 0) return;
+  const size_t n = pipe->open_hi - pipe->open_lo;
+  pipe->bucket_req[pipe->nbucket++] = loom_comm_iallreduce(pipe->ps->dp_group, (float *)m->p.grads.base + pipe->open_lo, n);
+  pipe->overlapped += n;
+  pipe->open_lo = pipe->open_hi = 0;
+}
+
+static bool bucketing(const loom_pipeline *pipe) {
+  return pipe->bucket_bytes > 0 && !pipe->zero1 && loom_comm_size(pipe->ps->dp_group) > 1;
+}
+
+/* Sums grads over the replicas: finishes the buckets started during backward
+ * and reduces what they left out (the embedding, positions and final norm).
+ * Under ZeRO-1 the optimizer reduce-scatters instead. Returns the seconds
+ * spent waiting for the buckets. */
+static double reduce_dp(loom_pipeline *pipe) {
+  if (pipe->zero1) return 0.0;
+  const double t0 = loom_now_s();
+  for (int i = 0; i < pipe->nbucket; i++) loom_comm_wait(pipe->ps->dp_group, pipe->bucket_req[i]);
+  const double waited = loom_now_s() - t0;
+  for (int c = 0; c < pipe->v; c++) {
+    loom_gpt *m = &pipe->chunks[c];
+    float *g = m->p.grads.base;
+    size_t lo = 0, hi = 0;
+    if (bucketing(pipe) && m->p.layers > 0) block_range(m, 0, m->p.layers, &lo, &hi);
+    loom_comm_allreduce(pipe->ps->dp_group, g, lo, LOOM_REDUCE_SUM);
+    loom_comm_allreduce(pipe->ps->dp_group, g + hi, m->p.grads.numel - hi, LOOM_REDUCE_SUM);
+  }
+  pipe->nbucket = 0;
+  return waited;
 }
 
 static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, double t1) {
@@ -198,7 +245,8 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   loom_comm_allreduce(ps->dp_group, &counts, 1, LOOM_REDUCE_SUM);
   const int64_t scored = (int64_t)counts;
   const float dloss = scored ? 1.0f / (float)scored : 0.0f;
-  double loss_sum = 0.0, norm = 0.0, compute = 0.0, wait = 0.0;
+  double loss_sum = 0.0, norm = 0.0, compute = 0.0, wait = 0.0, dp_wait = 0.0;
+  pipe->overlapped = 0;
   for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
   reset_slots(pipe);
   pipe->trace_count = 0;
@@ -238,7 +286,11 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       break;
     case LOOM_ACT_BACKWARD: {
       const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      const bool final = a->mb == pipe->m - 1 && bucketing(pipe); /* this chunk's grads end with it */
+      m->layer_done = final ? layer_done : NULL;
+      m->layer_done_ctx = pipe;
       loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, dloss);
+      m->layer_done = NULL;
       if (stage == 0) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
       break;
     }
@@ -249,7 +301,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
-    case LOOM_ACT_REDUCE_DP: reduce_dp(pipe); break;
+    case LOOM_ACT_REDUCE_DP: dp_wait = reduce_dp(pipe); break;
     case LOOM_ACT_OPTIMIZER_STEP:
       for (int c = 0; c < pipe->v; c++) loom_gpt_sync_replicated_grads(&pipe->chunks[c]);
       norm = hooks->optimizer_step(hooks->ctx, pipe);
@@ -265,7 +317,10 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   float loss = r == p - 1 ? (float)(scored ? loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
   loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
-  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm, .compute_s = compute, .wait_s = wait};
+  size_t grads = 0;
+  for (int c = 0; c < pipe->v; c++) grads += pipe->chunks[c].p.grads.numel;
+  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm, .compute_s = compute, .wait_s = wait,
+                               .dp_overlap = (double)pipe->overlapped / (double)grads, .dp_wait_s = dp_wait};
 }
 
 float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally) {

@@ -24,6 +24,7 @@ typedef struct {
   int nlayer_counts;
   bool recompute;
   bool zero1; /* the optimizer hook reduce-scatters grads over dp itself (ZeRO-1) */
+  size_t bucket_bytes; /* data-parallel grad buckets reduced during backward; 0: all at the end */
 } loom_pipeline_config;
 
 struct loom_pipeline;
@@ -61,6 +62,13 @@ typedef struct loom_pipeline {
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
   bool zero1;
+  /* Data-parallel buckets: layers' grads, final after the last micro-batch's
+   * backward, are all-reduced in contiguous buckets while backward goes on. */
+  size_t bucket_bytes;
+  size_t open_lo, open_hi;   /* the bucket being filled (flat offsets in one chunk's grads) */
+  int nbucket;
+  loom_request **bucket_req; /* [layers + 1] in flight this step */
+  size_t overlapped;         /* grad floats posted during backward this step */
   double slow_s; /* test-only: extra seconds each forward sleeps on this rank (LOOM_TEST_SLOW_RANK/_MS) */
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */
@@ -76,6 +84,8 @@ typedef struct {
   double grad_norm; /* before clipping */
   double compute_s; /* this rank's time in forward and backward passes */
   double wait_s;    /* this rank's time in recvs, reductions and the optimizer step */
+  double dp_overlap;   /* share of grad bytes whose data-parallel reduction started during backward */
+  double dp_wait_s;    /* time spent finishing those reductions after backward */
 } loom_pipeline_stats;
 
 /* Builds this rank's chunks; refuses bad splits and schedules. */

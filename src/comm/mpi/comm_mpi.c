@@ -21,6 +21,12 @@ static void mpi_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op)
   MPI_Allreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, op == LOOM_REDUCE_MAX ? MPI_MAX : MPI_SUM, mpi_of(c));
 }
 
+static loom_request *mpi_iallreduce(loom_comm *c, float *buf, size_t n) {
+  loom_request *r = loom_xmalloc(sizeof *r, "all-reduce request");
+  MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
+  return r;
+}
+
 static void mpi_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
   MPI_Allgather(send, count_of(n), MPI_FLOAT, recv, count_of(n), MPI_FLOAT, mpi_of(c));
 }
@@ -81,6 +87,7 @@ static void mpi_free(loom_comm *c) {
 static const loom_comm_ops MPI_OPS = {
     .name = "mpi",
     .allreduce = mpi_allreduce,
+    .iallreduce = mpi_iallreduce,
     .allgather = mpi_allgather,
     .reduce_scatter = mpi_reduce_scatter,
     .broadcast = mpi_broadcast,
