@@ -7,6 +7,11 @@
  * result is exact and checked: #wrong counts elements that differ.
  *
  *   mpirun -np 2 build/bench/loom_comm_bench [--max-bytes N] [--iters N]
+ *       [--plan PLAN --bucket-mb MiB]
+ *
+ * With a plan, the all-reduce is also timed at the sizes that plan's
+ * data-parallel gradient reduction sends: each stage's fp32 grads per rank
+ * (its parameters / tp) cut into buckets of --bucket-mb (the last one short).
  */
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +19,7 @@
 #include <string.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/timer.h"
+#include "plan/plan.h"
 
 typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_SENDRECV } op_kind;
 static const char *const OP_NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
@@ -53,6 +59,31 @@ static size_t check_op(loom_comm *c, op_kind op, float *send, float *recv, size_
   return wrong;
 }
 
+/* The bucket sizes (floats) a plan's DP reduction sends: per stage, full
+ * buckets and the remainder. Returns how many distinct sizes, at most cap. */
+static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap) {
+  loom_plan *plan;
+  loom_error err;
+  if (loom_plan_read(path, &plan, &err) != LOOM_OK) {
+    fprintf(stderr, "%s\n", err.msg);
+    return -1;
+  }
+  loom_plan_estimate(plan);
+  const size_t bucket = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
+  int n = 0;
+  for (size_t k = 0; k < plan->estimates->n_stages; k++) {
+    const size_t grads = (size_t)(plan->estimates->stages[k]->parameters / plan->parallel->tp);
+    const size_t cand[2] = {grads < bucket ? grads : bucket, bucket ? grads % bucket : grads};
+    for (int c = 0; c < 2; c++) {
+      int seen = cand[c] == 0;
+      for (int i = 0; i < n && !seen; i++) seen = sizes[i] == cand[c];
+      if (!seen && n < cap) sizes[n++] = cand[c];
+    }
+  }
+  loom_plan_free(plan);
+  return n;
+}
+
 static double bus_factor(op_kind op, int n) {
   if (op == OP_ALLREDUCE) return 2.0 * (n - 1) / n;
   if (op == OP_SENDRECV) return 1.0;
@@ -63,10 +94,21 @@ int main(int argc, char **argv) {
   loom_comm *world = loom_comm_mpi_world(&argc, &argv);
   size_t max_bytes = 64u << 20;
   int iters = 20;
+  const char *plan = NULL;
+  double bucket_mb = 4.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--max-bytes") == 0) max_bytes = strtoull(argv[i + 1], NULL, 10);
     else if (strcmp(argv[i], "--iters") == 0) iters = atoi(argv[i + 1]);
+    else if (strcmp(argv[i], "--plan") == 0) plan = argv[i + 1];
+    else if (strcmp(argv[i], "--bucket-mb") == 0) bucket_mb = atof(argv[i + 1]);
   }
+  size_t plan_floats[64];
+  const int nplan = plan ? plan_sizes(plan, bucket_mb, plan_floats, 64) : 0;
+  if (nplan < 0) {
+    loom_mpi_abort(2);
+  }
+  for (int i = 0; i < nplan; i++)
+    if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
   const int n = world->size;
   float *send = malloc(max_bytes), *recv = malloc(max_bytes);
   int failed = 0;
@@ -91,7 +133,26 @@ int main(int argc, char **argv) {
                dt * 1e6, algbw, algbw * bus_factor((op_kind)op, n), bad);
     }
   }
-  if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests\n");
+  /* The plan's data-parallel buckets, all-reduced as the trainer sends them. */
+  for (int i = 0; i < nplan; i++) {
+    const size_t rounded = plan_floats[i] / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
+    const size_t count = rounded > 0 ? rounded : (size_t)n;
+    const size_t wrong = check_op(world, OP_ALLREDUCE, send, recv, count);
+    loom_comm_barrier(world);
+    const double t0 = loom_now_s();
+    for (int it = 0; it < iters; it++) run_op(world, OP_ALLREDUCE, send, recv, count);
+    float dt = (float)((loom_now_s() - t0) / iters);
+    loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
+    float bad = (float)wrong;
+    loom_comm_allreduce(world, &bad, 1, LOOM_REDUCE_SUM);
+    failed |= bad > 0;
+    const double algbw = (double)count * sizeof(float) / dt * 1e-9;
+    if (world->rank == 0)
+      printf("  %-14s %12zu %12zu %10.1f %9.3f %9.3f %7.0f\n", "dp_bucket", count * sizeof(float), count, dt * 1e6,
+             algbw, algbw * bus_factor(OP_ALLREDUCE, n), bad);
+  }
+  if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s\n",
+                               nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "");
   free(send);
   free(recv);
   loom_comm_free(world);
