@@ -90,6 +90,23 @@ static double bus_factor(op_kind op, int n) {
   return (double)(n - 1) / n;
 }
 
+/* Checks, times and prints one row; returns 1 if any result was wrong. */
+static int bench_row(loom_comm *world, op_kind op, const char *name, float *send, float *recv, size_t count, int iters) {
+  const size_t wrong = check_op(world, op, send, recv, count);
+  loom_comm_barrier(world);
+  const double t0 = loom_now_s();
+  for (int it = 0; it < iters; it++) run_op(world, op, send, recv, count);
+  float dt = (float)((loom_now_s() - t0) / iters);
+  loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
+  float bad = (float)wrong;
+  loom_comm_allreduce(world, &bad, 1, LOOM_REDUCE_SUM);
+  const double algbw = (double)count * sizeof(float) / dt * 1e-9;
+  if (world->rank == 0)
+    printf("  %-14s %12zu %12zu %10.1f %9.3f %9.3f %7.0f\n", name, count * sizeof(float), count, dt * 1e6, algbw,
+           algbw * bus_factor(op, world->size), bad);
+  return bad > 0;
+}
+
 int main(int argc, char **argv) {
   loom_comm *world = loom_comm_mpi_world(&argc, &argv);
   size_t max_bytes = 64u << 20;
@@ -115,41 +132,13 @@ int main(int argc, char **argv) {
   if (world->rank == 0)
     printf("# loom comm bench: %d ranks, MPI backend, float32, %d iterations\n"
            "# %-14s %12s %12s %10s %9s %9s %7s\n", n, iters, "op", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
-  for (int op = 0; op < 4; op++) {
-    for (size_t bytes = 4 * (size_t)n * 2; bytes <= max_bytes; bytes *= 4) {
-      const size_t count = bytes / sizeof(float) / n * n;
-      const size_t wrong = check_op(world, (op_kind)op, send, recv, count);
-      loom_comm_barrier(world);
-      const double t0 = loom_now_s();
-      for (int it = 0; it < iters; it++) run_op(world, (op_kind)op, send, recv, count);
-      float dt = (float)((loom_now_s() - t0) / iters);
-      loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
-      float bad = (float)wrong;
-      loom_comm_allreduce(world, &bad, 1, LOOM_REDUCE_SUM);
-      failed |= bad > 0;
-      const double algbw = (double)count * sizeof(float) / dt * 1e-9;
-      if (world->rank == 0)
-        printf("  %-14s %12zu %12zu %10.1f %9.3f %9.3f %7.0f\n", OP_NAMES[op], count * sizeof(float), count,
-               dt * 1e6, algbw, algbw * bus_factor((op_kind)op, n), bad);
-    }
-  }
+  for (int op = 0; op < 4; op++)
+    for (size_t bytes = 4 * (size_t)n * 2; bytes <= max_bytes; bytes *= 4)
+      failed |= bench_row(world, (op_kind)op, OP_NAMES[op], send, recv, bytes / sizeof(float) / n * n, iters);
   /* The plan's data-parallel buckets, all-reduced as the trainer sends them. */
   for (int i = 0; i < nplan; i++) {
     const size_t rounded = plan_floats[i] / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
-    const size_t count = rounded > 0 ? rounded : (size_t)n;
-    const size_t wrong = check_op(world, OP_ALLREDUCE, send, recv, count);
-    loom_comm_barrier(world);
-    const double t0 = loom_now_s();
-    for (int it = 0; it < iters; it++) run_op(world, OP_ALLREDUCE, send, recv, count);
-    float dt = (float)((loom_now_s() - t0) / iters);
-    loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
-    float bad = (float)wrong;
-    loom_comm_allreduce(world, &bad, 1, LOOM_REDUCE_SUM);
-    failed |= bad > 0;
-    const double algbw = (double)count * sizeof(float) / dt * 1e-9;
-    if (world->rank == 0)
-      printf("  %-14s %12zu %12zu %10.1f %9.3f %9.3f %7.0f\n", "dp_bucket", count * sizeof(float), count, dt * 1e6,
-             algbw, algbw * bus_factor(OP_ALLREDUCE, n), bad);
+    failed |= bench_row(world, OP_ALLREDUCE, "dp_bucket", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
   }
   if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s\n",
                                nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "");
