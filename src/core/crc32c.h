@@ -1,0 +1,11 @@
+/* CRC-32C (Castagnoli), the checksum of every tensor in a checkpoint. */
+#ifndef LOOM_CRC32C_H
+#define LOOM_CRC32C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Continues a CRC over data; start with crc = 0. crc32c("123456789") = 0xE3069283. */
+uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n);
+
+#endif
