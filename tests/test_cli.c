@@ -155,6 +155,11 @@ START_TEST(bad_flags) {
               "loom train: --hidden cannot be combined with --plan: the plan fixes the model and layout");
   expect_fail(run("plan", "check", "/nonexistent.txtpb", NULL), 2, "loom: /nonexistent.txtpb: cannot open plan: No such file or directory");
   expect_fail(run("plan", "new", "--tp", "2", NULL), 2, "loom plan new: -o PLAN is required");
+  expect_fail(run("train", "--resume", NULL), 2, "loom train: --resume and --save-every need --ckpt DIR");
+  expect_fail(run("train", "--ckpt", "/tmp/x", "--zero", "1", NULL), 2,
+              "loom train: checkpoints of ZeRO-1 optimizer slices are not in this loom yet; drop --zero or --ckpt");
+  expect_fail(run("train", "--ckpt", "/nonexistent-dir/ck", "--resume", NULL), 2,
+              "loom: /nonexistent-dir/ck/latest: no checkpoint to resume from (No such file or directory)");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
+#include "ckpt/checkpoint.h"
 #include "ckpt/llmc_model.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
@@ -256,8 +257,18 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
                 loom_cpu_threads(), r->launch.size, peak);
-  if (f->eval_every > 0) run_eval(r, f, 0, false);
-  for (int step = 0; step < f->steps; step++) {
+  loom_gpt *chunks;
+  const int nparts = parts(r, &chunks);
+  const loom_ckpt_run ck = {.cfg = &r->cfg, .micro_batch = f->micro_batch, .global_batch = f->global_batch,
+                            .vpp = r->pipelined ? r->pipe.v : 1, .seed = (uint64_t)f->seed};
+  int64_t first = 0;
+  if (f->resume) {
+    loom_status st = loom_ckpt_resume(f->ckpt, chunks, r->opts, nparts, &r->ps, &ck, &first, err);
+    if (st != LOOM_OK) return st;
+    loom_log_info("resumed from %s/latest at step %lld", f->ckpt, (long long)first);
+  }
+  if (f->eval_every > 0 && first == 0) run_eval(r, f, 0, false);
+  for (int step = (int)first; step < f->steps; step++) {
     if (r->pipelined) r->pipe.tracing = f->trace && step + 1 == f->steps;
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
@@ -290,6 +301,11 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
       loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s.grad_norm);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
+    if (f->ckpt && ((f->save_every && (step + 1) % f->save_every == 0) || step + 1 == f->steps)) {
+      loom_status st = loom_ckpt_save(f->ckpt, step + 1, chunks, r->opts, nparts, &r->ps, &ck, err);
+      if (st != LOOM_OK) return st;
+      loom_log_info("checkpoint: %s/step_%08d (every rank's shard, then the manifest, then latest)", f->ckpt, step + 1);
+    }
   }
   report_memory(r);
   if (f->trace) {
