@@ -85,7 +85,10 @@ A="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --micro-batches 2 -
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train --layers 3 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
   --micro-batches 2 --pp 2 --dp 2 --steps 6 --ckpt "$WORK/ck" --resume > "$WORK/r2.txt" 2>&1
 [ $? = 2 ] && grep -q "checkpoint of another model (layers 2" "$WORK/r2.txt" || fail "model mismatch: $(cat "$WORK/r2.txt")"
+"$LOOM" ckpt verify "$WORK/ck" | grep -q "ok (4 shards" || fail "verify of a good checkpoint"
 printf '\377' | dd of="$WORK/ck/step_00000006/rank_00001.shard" bs=1 seek=100 conv=notrunc 2> /dev/null
+"$LOOM" ckpt verify "$WORK/ck" > "$WORK/v.txt" 2>&1
+[ $? = 1 ] && grep -q "rank_00001.shard: .*the shard is damaged" "$WORK/v.txt" || fail "verify of a damaged shard: $(cat "$WORK/v.txt")"
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train $A --steps 8 --ckpt "$WORK/ck" --resume > "$WORK/r3.txt" 2>&1
 [ $? != 0 ] && grep -q "rank_00001.shard: .* the manifest says .*: the shard is damaged" "$WORK/r3.txt" || fail "damaged shard: $(cat "$WORK/r3.txt")"
 rm "$WORK/ck/step_00000006/manifest.pb"

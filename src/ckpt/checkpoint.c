@@ -148,6 +148,18 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom
   return st;
 }
 
+/* The shard file of `info` under sub, checked against the manifest's size and checksum. */
+static loom_status check_shard(const char *sub, const Loom__ShardFileInfo *info, char *path, size_t len, loom_error *err) {
+  snprintf(path, len, "%s/%s", sub, info->file ? info->file : "?");
+  int64_t bytes = 0;
+  uint32_t crc = 0;
+  loom_status st = file_crc(path, &bytes, &crc, err);
+  if (st == LOOM_OK && (bytes != info->bytes || crc != info->crc32c))
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes with checksum %08x, the manifest says %lld and %08x: the shard is damaged",
+                   path, (long long)bytes, crc, (long long)info->bytes, info->crc32c);
+  return st;
+}
+
 static loom_status read_manifest(const char *dir, char *sub, size_t sub_len, Loom__CheckpointManifest **out, loom_error *err) {
   char path[4200], name[256] = "";
   snprintf(path, sizeof path, "%s/latest", dir);
@@ -189,16 +201,7 @@ loom_status loom_ckpt_resume(const char *dir, loom_gpt *chunks, loom_adamw *opts
                    sub, l->tp, l->pp, l->dp, l->virtual_chunks);
   else if ((int)mf->n_shards != ps->world)
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest lists %zu shards for %d ranks", sub, mf->n_shards, ps->world);
-  if (st == LOOM_OK) {
-    const Loom__ShardFileInfo *info = mf->shards[ps->rank];
-    snprintf(path, sizeof path, "%s/%s", sub, info->file);
-    int64_t bytes;
-    uint32_t crc;
-    st = file_crc(path, &bytes, &crc, err);
-    if (st == LOOM_OK && (bytes != info->bytes || crc != info->crc32c))
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes with checksum %08x, the manifest says %lld and %08x: the shard is damaged",
-                     path, (long long)bytes, crc, (long long)info->bytes, info->crc32c);
-  }
+  if (st == LOOM_OK) st = check_shard(sub, mf->shards[ps->rank], path, sizeof path, err);
   loom_shard_file f = {0};
   if (st == LOOM_OK) st = loom_shard_file_read(path, &f, err);
   if (st == LOOM_OK) {
@@ -220,5 +223,24 @@ loom_status loom_ckpt_resume(const char *dir, loom_gpt *chunks, loom_adamw *opts
     for (int i = 0; i < n; i++) opts[i].step = (int)mf->step;
   }
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  return st;
+}
+
+loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err) {
+  char sub[4096], path[4200];
+  Loom__CheckpointManifest *mf = NULL;
+  *shards = *tensors = 0;
+  loom_status st = read_manifest(dir, sub, sizeof sub, &mf, err);
+  for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
+    st = check_shard(sub, mf->shards[i], path, sizeof path, err);
+    loom_shard_file f;
+    if (st == LOOM_OK) st = loom_shard_file_read(path, &f, err);
+    if (st == LOOM_OK) {
+      *tensors += f.count;
+      loom_shard_file_free(&f);
+      (*shards)++;
+    }
+  }
+  if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }

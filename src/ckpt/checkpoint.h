@@ -29,4 +29,9 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom
 loom_status loom_ckpt_resume(const char *dir, loom_gpt *chunks, loom_adamw *opts, int n, const loom_parallel *ps,
                              const loom_ckpt_run *run, int64_t *step, loom_error *err);
 
+/* Checks the checkpoint dir/latest names without loading a model: every
+ * shard's size and checksum against the manifest, and every tensor's
+ * checksum and shape. *shards and *tensors count what was checked. */
+loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err);
+
 #endif

@@ -1,6 +1,8 @@
 /* `loom ckpt export --format llmc -o OUT`: writes a model (freshly initialised
  * from the model flags and --seed, or loaded with --init-from) as one file. */
+#include <stdio.h>
 #include <string.h>
+#include "ckpt/checkpoint.h"
 #include "ckpt/llmc_model.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
@@ -22,7 +24,25 @@ static loom_status export_model(const loom_gpt_config *cfg, const char *init_fro
   return st;
 }
 
+/* `loom ckpt verify DIR`: every checksum and shape of the latest checkpoint. */
+static int verify(int argc, char **argv) {
+  loom_error err = {{0}};
+  if (argc != 1 || argv[0][0] == '-') {
+    loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt verify: expected one checkpoint directory");
+    return loom_report(LOOM_ERR_USAGE, &err);
+  }
+  int shards, tensors;
+  const loom_status st = loom_ckpt_verify(argv[0], &shards, &tensors, &err);
+  if (st == LOOM_OK) {
+    printf("%s: ok (%d shards, %d tensors, every checksum and shape)\n", argv[0], shards, tensors);
+    return 0;
+  }
+  loom_report(st, &err);
+  return st == LOOM_ERR_FORMAT ? 1 : loom_status_exit_code(st); /* a damaged checkpoint fails the check */
+}
+
 int loom_cmd_ckpt(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "verify") == 0) return verify(argc - 1, argv + 1);
   loom_model_flags mf = {.preset = "gpt-tiny"};
   const char *format = NULL, *out = NULL;
   int64_t seed = 1337;
