@@ -95,6 +95,20 @@ rm "$WORK/ck/step_00000006/manifest.pb"
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train $A --steps 8 --ckpt "$WORK/ck" --resume > "$WORK/r4.txt" 2>&1
 [ $? = 2 ] && grep -q "manifest.pb: missing manifest: the checkpoint is incomplete" "$WORK/r4.txt" || fail "missing manifest: $(cat "$WORK/r4.txt")"
 
+# SIGTERM, as Slurm sends on preemption: the run checkpoints at the next step
+# boundary and exits 0; --resume carries on from there.
+rm -rf "$WORK/sig"
+"$LOOM" train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 --eval-every 0 \
+  --ckpt "$WORK/sig" --threads 1 > "$WORK/sig.txt" 2>&1 &
+pid=$!
+sleep 3
+kill -TERM $pid
+wait $pid
+code=$?
+[ $code = 0 ] || fail "exit $code after SIGTERM: $(tail -3 "$WORK/sig.txt")"
+grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no signal stop: $(tail -3 "$WORK/sig.txt")"
+"$LOOM" ckpt verify "$WORK/sig" > /dev/null || fail "the signal checkpoint does not verify"
+
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

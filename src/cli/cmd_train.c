@@ -1,6 +1,7 @@
 /* `loom train`: builds the model, data and optimizer from flags, then runs
  * the training loop with per-step logs, held-out evals and metrics. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
@@ -205,6 +206,25 @@ static void report_memory(train_run *r) {
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
 }
 
+/* SIGTERM or SIGINT (Slurm preemption, Ctrl-C): finish the step, checkpoint, exit 0. */
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = sig; }
+
+static void catch_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGINT, &sa, NULL);
+}
+
+/* Whether any rank was asked to stop; every rank gets the same answer. */
+static bool stop_requested(train_run *r) {
+  float stop = g_stop ? 1.0f : 0.0f;
+  loom_comm_allreduce(r->launch.world, &stop, 1, LOOM_REDUCE_MAX);
+  return stop > 0.0f;
+}
+
 static int by_value(const void *a, const void *b) {
   const float x = *(const float *)a, y = *(const float *)b;
   return (x > y) - (x < y);
@@ -301,10 +321,16 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
       loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s.grad_norm);
     if (f->eval_every > 0 && ((step + 1) % f->eval_every == 0 || step + 1 == f->steps)) run_eval(r, f, step + 1, true);
     loom_metrics_end(&r->metrics);
-    if (f->ckpt && ((f->save_every && (step + 1) % f->save_every == 0) || step + 1 == f->steps)) {
+    const bool stopping = stop_requested(r);
+    if (f->ckpt && (stopping || (f->save_every && (step + 1) % f->save_every == 0) || step + 1 == f->steps)) {
       loom_status st = loom_ckpt_save(f->ckpt, step + 1, chunks, r->opts, nparts, &r->ps, &ck, err);
       if (st != LOOM_OK) return st;
       loom_log_info("checkpoint: %s/step_%08d (every rank's shard, then the manifest, then latest)", f->ckpt, step + 1);
+    }
+    if (stopping) {
+      loom_log_info("stopped by a signal after step %d%s", step + 1,
+                    f->ckpt ? "; resume with --resume" : " (no --ckpt, nothing saved)");
+      return LOOM_OK;
     }
   }
   report_memory(r);
@@ -341,6 +367,7 @@ int loom_cmd_train(int argc, char **argv) {
   if (st == LOOM_OK) st = loom_train_check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(f.threads ? f.threads : loom_launch_default_threads());
+  catch_signals();
   train_run r;
   memset(&r, 0, sizeof r);
   loom_launch_init(&r.launch);
