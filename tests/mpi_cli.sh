@@ -66,15 +66,16 @@ grep -q "step     2: the grads hold an inf or NaN (norm nan); every rank skipped
 grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics"
 
 # Checkpoints: 3 steps, then resume to 6, equal an uninterrupted 6-step run to
-# the last bit, on (tp, pp, dp) = (2, 2, 1) and (1, 2, 2), with dropout on.
+# the last bit (losses and the gathered final weights), on (tp, pp, dp) = (2, 2, 1) and (1, 2, 2), with dropout on.
 losses() { grep -o '"step": [456], "loss": [0-9.e+-]*' "$1"; }
 for layout in "--tp 2 --pp 2" "--pp 2 --dp 2"; do
   A="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --micro-batches 2 --eval-every 0 --dropout 0.1 $layout"
   rm -rf "$WORK/ck"
   np4() { "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $A "$@"; }
-  np4 --steps 6 --metrics "$WORK/full.jsonl" > /dev/null 2>&1 || fail "uninterrupted run ($layout)"
+  np4 --steps 6 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin" > /dev/null 2>&1 || fail "uninterrupted run ($layout)"
   np4 --steps 3 --ckpt "$WORK/ck" --save-every 3 > /dev/null 2>&1 || fail "first half ($layout)"
-  np4 --steps 6 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" > "$WORK/res.txt" 2>&1 || fail "resume ($layout): $(cat "$WORK/res.txt")"
+  np4 --steps 6 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" --save "$WORK/res.bin" > "$WORK/res.txt" 2>&1 || fail "resume ($layout): $(cat "$WORK/res.txt")"
+  cmp -s "$WORK/full.bin" "$WORK/res.bin" || fail "resumed final weights differ ($layout)"
   [ "$(losses "$WORK/full.jsonl")" = "$(losses "$WORK/res.jsonl")" ] || fail "resumed losses differ ($layout): $(losses "$WORK/res.jsonl") vs $(losses "$WORK/full.jsonl")"
 done
 # Corrupt or mismatched checkpoints are refused with the file named, exit 2.
