@@ -7,21 +7,16 @@ static void copy_if_apart(float *dst, const float *src, size_t n) {
   if (dst != src) memmove(dst, src, n * sizeof(float));
 }
 
-void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local) {
+/* The conjugate pairs share their two collectives: entering forward and
+ * leaving backward gather the sequence shards (or copy when there are none);
+ * entering backward and leaving forward sum the partial results over the group
+ * (scattered back to sequence shards under sequence parallelism). */
+static void gather_to_full(const loom_tp *tp, const float *local, float *full, size_t n_local) {
   if (tp->sequence_parallel) loom_comm_allgather(tp->group, local, full, n_local);
   else copy_if_apart(full, local, n_local);
 }
 
-void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local) {
-  if (tp->sequence_parallel) {
-    loom_comm_reduce_scatter(tp->group, dfull, dlocal, n_local);
-    return;
-  }
-  loom_comm_allreduce(tp->group, dfull, n_local, LOOM_REDUCE_SUM);
-  copy_if_apart(dlocal, dfull, n_local);
-}
-
-void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
+static void reduce_to_local(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
   if (tp->sequence_parallel) {
     loom_comm_reduce_scatter(tp->group, partial_full, local, n_local);
     return;
@@ -30,9 +25,20 @@ void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, 
   copy_if_apart(local, partial_full, n_local);
 }
 
+void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local) {
+  gather_to_full(tp, local, full, n_local);
+}
+
+void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local) {
+  reduce_to_local(tp, dfull, dlocal, n_local);
+}
+
+void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
+  reduce_to_local(tp, partial_full, local, n_local);
+}
+
 void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local) {
-  if (tp->sequence_parallel) loom_comm_allgather(tp->group, dlocal, dfull, n_local);
-  else copy_if_apart(dfull, dlocal, n_local);
+  gather_to_full(tp, dlocal, dfull, n_local);
 }
 
 void loom_tp_gather_columns(const loom_tp *tp, const float *local, float *full, float *scratch, int N, int c) {
