@@ -25,7 +25,16 @@ static const char *write_sample(const char *name, float *a, float *b) {
                             {.name = "ln_f.bias", .ndim = 1, .global = {3}, .offset = {0}, .local = {3}, .data = b}};
   const char *path = tu_tmp_path(name);
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_shard_file_write(path, t, 2, &err), LOOM_OK);
+  int64_t bytes;
+  uint32_t crc;
+  ck_assert_int_eq(loom_shard_file_write(path, t, 2, &bytes, &crc, &err), LOOM_OK);
+  /* The size and checksum it reports are the file's own, read back here. */
+  FILE *fp = fopen(path, "rb");
+  uint8_t disk[4096];
+  const size_t got = fread(disk, 1, sizeof disk, fp);
+  fclose(fp);
+  ck_assert_int_eq(bytes, (int64_t)got);
+  ck_assert_uint_eq(crc, loom_crc32c(0, disk, got));
   return path;
 }
 

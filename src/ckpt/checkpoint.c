@@ -89,11 +89,10 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom
   snprintf(path, sizeof path, "%s/rank_%05d.shard", sub, ps->rank);
   loom_shard_tensor *tensors = calloc((size_t)total_tensors(chunks, n), sizeof *tensors);
   const int count = list_tensors(chunks, opts, n, tensors);
-  st = loom_shard_file_write(path, tensors, count, err);
-  free(tensors);
   int64_t bytes = 0;
   uint32_t crc = 0;
-  if (st == LOOM_OK) st = file_crc(path, &bytes, &crc, err);
+  st = loom_shard_file_write(path, tensors, count, &bytes, &crc, err);
+  free(tensors);
   /* Every rank reports success, size and checksum (as exact 16-bit and 24-bit float pieces). */
   float mine[5] = {st == LOOM_OK, (float)(crc >> 16), (float)(crc & 0xffff), (float)(bytes >> 24), (float)(bytes & 0xffffff)};
   float *all = calloc((size_t)ps->world * 5, sizeof(float));

@@ -30,7 +30,8 @@ static void put(bytes *b, const void *data, size_t n) {
   b->n += n;
 }
 
-loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, loom_error *err) {
+loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
+                                  uint32_t *file_crc, loom_error *err) {
   /* Each tensor's metadata goes in its own small block, then its data. */
   bytes *meta = calloc((size_t)count + 1, sizeof *meta);
   loom_chunk *chunks = calloc(2 * (size_t)count + 1, sizeof *chunks);
@@ -62,6 +63,12 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
     chunks[2 + 2 * i] = (loom_chunk){t->data, data_bytes};
   }
   const loom_status st = loom_write_file_atomic(path, chunks, 1 + 2 * count, err);
+  *file_bytes = 0;
+  *file_crc = 0;
+  for (int i = 0; i < 1 + 2 * count; i++) {
+    *file_crc = loom_crc32c(*file_crc, chunks[i].data, chunks[i].bytes);
+    *file_bytes += (int64_t)chunks[i].bytes;
+  }
   for (int i = 0; i <= count; i++) free(meta[i].p);
   free(meta);
   free(chunks);

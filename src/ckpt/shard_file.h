@@ -28,7 +28,10 @@ typedef struct {
   loom_shard_tensor *tensors;
 } loom_shard_file;
 
-loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, loom_error *err);
+/* Writes atomically; *file_bytes and *file_crc describe the whole file, taken
+ * from memory as it is written rather than by reading the file back. */
+loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
+                                  uint32_t *file_crc, loom_error *err);
 /* Reads and checks everything: header, sizes, and every tensor's checksum. */
 loom_status loom_shard_file_read(const char *path, loom_shard_file *out, loom_error *err);
 void loom_shard_file_free(loom_shard_file *f);
