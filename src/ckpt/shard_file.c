@@ -110,10 +110,12 @@ static loom_status read_tensor(FILE *fp, const char *path, loom_shard_tensor *t,
   t->data = malloc(data_bytes ? data_bytes : 1);
   if (!t->data) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading %s", path, t->name);
   st = take(fp, t->data, data_bytes, path, t->name, err);
-  if (st == LOOM_OK && loom_crc32c(0, t->data, data_bytes) != crc)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s fails its checksum (stored %08x, computed %08x): the file is corrupt",
-                   path, t->name, crc, loom_crc32c(0, t->data, data_bytes));
-  return st;
+  if (st != LOOM_OK) return st;
+  const uint32_t computed = loom_crc32c(0, t->data, data_bytes);
+  if (computed != crc)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s fails its checksum (stored %08x, computed %08x): the file is corrupt",
+                     path, t->name, crc, computed);
+  return LOOM_OK;
 }
 
 loom_status loom_shard_file_read(const char *path, loom_shard_file *out, loom_error *err) {
