@@ -1,145 +1,47 @@
-/* Sharded checkpoint save and same-layout resume. */
-#include <errno.h>
+/* Sharded checkpoint save, resume onto any plan, and verify. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
-#include "ckpt/shard_file.h"
+#include "ckpt/manifest.h"
 #include "core/crc32c.h"
-#include "core/write_file.h"
-#include "loom.pb-c.h"
 
-static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
-
-static loom_status make_dir(const char *path, loom_error *err) {
-  if (mkdir(path, 0755) == 0 || errno == EEXIST) return LOOM_OK;
-  return loom_fail(err, LOOM_ERR_IO, "%s: cannot create checkpoint directory: %s", path, strerror(errno));
-}
-
-/* Size and CRC-32C of a whole file. */
-static loom_status file_crc(const char *path, int64_t *bytes, uint32_t *crc, loom_error *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  char buf[65536];
-  size_t got;
-  *bytes = 0;
-  *crc = 0;
-  while ((got = fread(buf, 1, sizeof buf, fp)) > 0) {
-    *crc = loom_crc32c(*crc, buf, got);
-    *bytes += (int64_t)got;
-  }
-  fclose(fp);
-  return LOOM_OK;
-}
-
-/* This rank's tensors: params, then Adam m and v, of every chunk. */
-static int list_tensors(loom_gpt *chunks, loom_adamw *opts, int n, loom_shard_tensor *out) {
-  int count = 0;
-  for (int c = 0; c < n; c++) {
-    const loom_gpt_params *p = &chunks[c].p;
-    const loom_buffer *bufs[3] = {&p->params, &opts[c].m, &opts[c].v};
-    for (int kind = 0; kind < 3; kind++)
-      for (int k = 0; k < p->params.count; k++) {
-        loom_shard_tensor *t = &out[count++];
-        const loom_tensor *v = &bufs[kind]->views[k];
-        memset(t, 0, sizeof *t);
-        snprintf(t->name, sizeof t->name, "%s/%s", KINDS[kind], v->name);
-        t->ndim = 2;
-        t->global[0] = p->meta[k].layout.rows;
-        t->global[1] = p->meta[k].layout.cols;
-        loom_shard_locate(&p->meta[k].layout, p->tp_rank, p->tp_size, 0, &t->offset[0], &t->offset[1]);
-        loom_shard_local_shape(&p->meta[k].layout, p->tp_rank, p->tp_size, &t->local[0], &t->local[1]);
-        t->data = v->data;
-      }
-  }
-  return count;
-}
-
-static int total_tensors(loom_gpt *chunks, int n) {
-  int count = 0;
-  for (int c = 0; c < n; c++) count += 3 * chunks[c].p.params.count;
-  return count;
-}
-
-static void fill_layout(Loom__CheckpointManifest *mf, Loom__Model *m, Loom__Parallel *l, Loom__Batch *b,
-                        const loom_parallel *ps, const loom_ckpt_run *run) {
-  const loom_gpt_config *c = run->cfg;
-  m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
-  m->layers = c->layers, m->hidden = c->hidden, m->heads = c->heads, m->ffn = c->ffn, m->vocab = c->vocab, m->seq = c->seq;
-  l->has_tp = l->has_pp = l->has_dp = l->has_virtual_chunks = 1;
-  l->tp = ps->tp, l->pp = ps->pp, l->dp = ps->dp, l->virtual_chunks = run->vpp;
-  b->has_micro_batch = b->has_global_batch = 1;
-  b->micro_batch = run->micro_batch, b->global_batch = run->global_batch;
-  mf->model = m, mf->parallel = l, mf->batch = b;
-  mf->has_seed = 1;
-  mf->seed = run->seed;
-}
-
-loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom_adamw *opts, int n,
+loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
                            const loom_parallel *ps, const loom_ckpt_run *run, loom_error *err) {
-  char sub[4096], path[4200], name[64];
-  snprintf(name, sizeof name, "step_%08lld", (long long)step);
-  snprintf(sub, sizeof sub, "%s/%s", dir, name);
-  loom_status st = ps->rank == 0 ? make_dir(dir, err) : LOOM_OK;
-  if (st == LOOM_OK && ps->rank == 0) st = make_dir(sub, err);
+  char sub[4096], path[4200];
+  loom_ckpt_step_dir(dir, step, sub, sizeof sub);
+  loom_status st = ps->rank == 0 ? loom_ckpt_make_dir(dir, err) : LOOM_OK;
+  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(sub, err);
   float ok = st == LOOM_OK;
   loom_comm_allreduce(ps->world_group, &ok, 1, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
   if (ok == 0.0f) return st;
-  snprintf(path, sizeof path, "%s/rank_%05d.shard", sub, ps->rank);
-  loom_shard_tensor *tensors = calloc((size_t)total_tensors(chunks, n), sizeof *tensors);
-  const int count = list_tensors(chunks, opts, n, tensors);
-  int64_t bytes = 0;
-  uint32_t crc = 0;
-  st = loom_shard_file_write(path, tensors, count, &bytes, &crc, err);
-  free(tensors);
+  loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
+  loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
+  const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
+  loom_shard_written mine = {0, 0};
+  st = loom_shard_file_write(path, pieces, count, &mine.bytes, &mine.crc32c, err);
+  free(pieces);
+  /* Test-only: this rank dies here, its shard written and the manifest not,
+   * as a node lost mid-save would. */
+  const char *kill_at = getenv("LOOM_TEST_KILL_IN_SAVE"), *kill_rank = getenv("LOOM_TEST_KILL_RANK");
+  if (kill_at && atoll(kill_at) == step && kill_rank && atoi(kill_rank) == ps->rank) abort();
   /* Every rank reports success, size and checksum (as exact 16-bit and 24-bit float pieces). */
-  float mine[5] = {st == LOOM_OK, (float)(crc >> 16), (float)(crc & 0xffff), (float)(bytes >> 24), (float)(bytes & 0xffffff)};
+  float report[5] = {st == LOOM_OK, (float)(mine.crc32c >> 16), (float)(mine.crc32c & 0xffff), (float)(mine.bytes >> 24),
+                     (float)(mine.bytes & 0xffffff)};
   float *all = calloc((size_t)ps->world * 5, sizeof(float));
-  loom_comm_allgather(ps->world_group, mine, all, 5);
+  loom_comm_allgather(ps->world_group, report, all, 5);
   int everyone = 1;
   for (int r = 0; r < ps->world; r++) everyone &= all[5 * r] == 1.0f;
   if (st == LOOM_OK && !everyone) st = loom_fail(err, LOOM_ERR_IO, "%s: another rank failed to write its shard; checkpoint not recorded", sub);
   if (st == LOOM_OK && ps->rank == 0) {
-    Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
-    Loom__Model m = LOOM__MODEL__INIT;
-    Loom__Parallel l = LOOM__PARALLEL__INIT;
-    Loom__Batch b = LOOM__BATCH__INIT;
-    fill_layout(&mf, &m, &l, &b, ps, run);
-    mf.has_format_version = mf.has_step = 1;
-    mf.format_version = 1;
-    mf.step = step;
-    Loom__ShardFileInfo *infos = calloc((size_t)ps->world, sizeof *infos);
-    Loom__ShardFileInfo **ptrs = calloc((size_t)ps->world, sizeof *ptrs);
-    char (*files)[32] = calloc((size_t)ps->world, 32);
+    loom_shard_written *shards = calloc((size_t)ps->world, sizeof *shards);
     for (int r = 0; r < ps->world; r++) {
-      loom__shard_file_info__init(&infos[r]);
-      snprintf(files[r], 32, "rank_%05d.shard", r);
-      infos[r].has_rank = infos[r].has_bytes = infos[r].has_crc32c = 1;
-      infos[r].rank = r;
-      infos[r].file = files[r];
-      infos[r].bytes = ((int64_t)all[5 * r + 3] << 24) | (int64_t)all[5 * r + 4];
-      infos[r].crc32c = ((uint32_t)all[5 * r + 1] << 16) | (uint32_t)all[5 * r + 2];
-      ptrs[r] = &infos[r];
+      shards[r].bytes = ((int64_t)all[5 * r + 3] << 24) | (int64_t)all[5 * r + 4];
+      shards[r].crc32c = ((uint32_t)all[5 * r + 1] << 16) | (uint32_t)all[5 * r + 2];
     }
-    mf.n_shards = (size_t)ps->world;
-    mf.shards = ptrs;
-    const size_t len = loom__checkpoint_manifest__get_packed_size(&mf);
-    uint8_t *buf = malloc(len + 1);
-    loom__checkpoint_manifest__pack(&mf, buf);
-    snprintf(path, sizeof path, "%s/manifest.pb", sub);
-    const loom_chunk chunk = {buf, len};
-    st = loom_write_file_atomic(path, &chunk, 1, err);
-    /* Last: DIR/latest names the new checkpoint (temp file, then rename). */
-    char line[80];
-    snprintf(line, sizeof line, "%s\n", name);
-    snprintf(path, sizeof path, "%s/latest", dir);
-    const loom_chunk latest = {line, strlen(line)};
-    if (st == LOOM_OK) st = loom_write_file_atomic(path, &latest, 1, err);
-    free(buf);
-    free(files);
-    free(ptrs);
-    free(infos);
+    st = loom_manifest_publish(dir, step, run, shards, ps->world, keep, err);
+    free(shards);
   }
   free(all);
   float done = st == LOOM_OK;
@@ -147,99 +49,111 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom
   return st;
 }
 
-/* The shard file of `info` under sub, checked against the manifest's size and checksum. */
-static loom_status check_shard(const char *sub, const Loom__ShardFileInfo *info, char *path, size_t len, loom_error *err) {
-  snprintf(path, len, "%s/%s", sub, info->file ? info->file : "?");
-  int64_t bytes = 0;
-  uint32_t crc = 0;
-  loom_status st = file_crc(path, &bytes, &crc, err);
-  if (st == LOOM_OK && (bytes != info->bytes || crc != info->crc32c))
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes with checksum %08x, the manifest says %lld and %08x: the shard is damaged",
-                   path, (long long)bytes, crc, (long long)info->bytes, info->crc32c);
-  return st;
-}
-
-static loom_status read_manifest(const char *dir, char *sub, size_t sub_len, Loom__CheckpointManifest **out, loom_error *err) {
-  char path[4200], name[256] = "";
-  snprintf(path, sizeof path, "%s/latest", dir);
-  FILE *fp = fopen(path, "r");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to resume from (%s)", path, strerror(errno));
-  const int got = fscanf(fp, "%255s", name);
-  fclose(fp);
-  if (got != 1) return loom_fail(err, LOOM_ERR_FORMAT, "%s: empty; it should name a step directory", path);
-  snprintf(sub, sub_len, "%s/%s", dir, name);
-  snprintf(path, sizeof path, "%s/manifest.pb", sub);
-  fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
-  uint8_t *buf = malloc(1 << 20);
-  const size_t len = fread(buf, 1, 1 << 20, fp);
-  fclose(fp);
-  *out = loom__checkpoint_manifest__unpack(NULL, len, buf);
-  free(buf);
-  if (!*out || !(*out)->model || !(*out)->parallel) return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
+/* Refuses a checkpoint this run cannot continue: another model, or a
+ * different data position, seed or learning-rate schedule. */
+static loom_status check_run(const char *sub, const loom_ckpt_run *have, const loom_ckpt_run *want, loom_error *err) {
+  const loom_gpt_config *m = &have->cfg, *c = &want->cfg;
+  if (m->layers != c->layers || m->hidden != c->hidden || m->heads != c->heads || m->ffn != c->ffn || m->vocab != c->vocab ||
+      m->seq != c->seq)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (layers %d, hidden %d, heads %d, vocab %d, seq %d); "
+                     "this run has layers %d, hidden %d, heads %d, vocab %d, seq %d", sub, m->layers, m->hidden, m->heads,
+                     m->vocab, m->seq, c->layers, c->hidden, c->heads, c->vocab, c->seq);
+  if (have->global_batch != want->global_batch)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with global batch %d; resume with the same (this run has %d)", sub,
+                     have->global_batch, want->global_batch);
+  if (have->seed != want->seed)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with --seed %llu; resume with the same (this run has %llu)", sub,
+                     (unsigned long long)have->seed, (unsigned long long)want->seed);
+  if (have->lr.max_lr != want->lr.max_lr || have->lr.min_lr != want->lr.min_lr || have->lr.warmup_steps != want->lr.warmup_steps)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with --lr %g (min %g, warmup %d); resume with the same schedule", sub,
+                     (double)have->lr.max_lr, (double)have->lr.min_lr, have->lr.warmup_steps);
   return LOOM_OK;
 }
 
-loom_status loom_ckpt_resume(const char *dir, loom_gpt *chunks, loom_adamw *opts, int n, const loom_parallel *ps,
-                             const loom_ckpt_run *run, int64_t *step, loom_error *err) {
-  char sub[4096], path[4200];
-  Loom__CheckpointManifest *mf = NULL;
-  loom_status st = read_manifest(dir, sub, sizeof sub, &mf, err);
-  if (st != LOOM_OK) {
-    if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
-    return st;
-  }
-  const Loom__Model *m = mf->model;
-  const Loom__Parallel *l = mf->parallel;
-  const loom_gpt_config *c = run->cfg;
-  if (m->layers != c->layers || m->hidden != c->hidden || m->heads != c->heads || m->ffn != c->ffn || m->vocab != c->vocab)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (layers %d, hidden %d, heads %d, vocab %d); this run has layers %d, hidden %d, heads %d, vocab %d",
-                   sub, m->layers, m->hidden, m->heads, m->vocab, c->layers, c->hidden, c->heads, c->vocab);
-  else if (l->tp != ps->tp || l->pp != ps->pp || l->dp != ps->dp || l->virtual_chunks != run->vpp)
-    st = loom_fail(err, LOOM_ERR_USAGE, "%s: written by tp %d x pp %d x dp %d (vpp %d); resume with that layout (resharding is not in this loom yet)",
-                   sub, l->tp, l->pp, l->dp, l->virtual_chunks);
-  else if ((int)mf->n_shards != ps->world)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest lists %zu shards for %d ranks", sub, mf->n_shards, ps->world);
-  if (st == LOOM_OK) st = check_shard(sub, mf->shards[ps->rank], path, sizeof path, err);
-  loom_shard_file f = {0};
-  if (st == LOOM_OK) st = loom_shard_file_read(path, &f, err);
-  if (st == LOOM_OK) {
-    loom_shard_tensor *want = calloc((size_t)total_tensors(chunks, n), sizeof *want);
-    const int count = list_tensors(chunks, opts, n, want);
-    for (int i = 0; i < count && st == LOOM_OK; i++) {
-      const loom_shard_tensor *have = NULL;
-      for (int j = 0; j < f.count && !have; j++)
-        if (strcmp(f.tensors[j].name, want[i].name) == 0) have = &f.tensors[j];
-      if (!have || loom_shard_numel(have) != loom_shard_numel(&want[i]))
-        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is %s", path, want[i].name, have ? "of another shape" : "missing");
-      else memcpy(want[i].data, have->data, (size_t)loom_shard_numel(have) * sizeof(float));
-    }
-    free(want);
-    loom_shard_file_free(&f);
-  }
-  if (st == LOOM_OK) {
-    *step = mf->step;
-    for (int i = 0; i < n; i++) opts[i].step = (int)mf->step;
-  }
+/* Fills chunks from the checkpoint mf describes and sets their steps. */
+static loom_status load_chunks(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_chunk *chunks, int n,
+                               loom_error *err) {
+  char **paths;
+  loom_status st = loom_manifest_paths(sub, mf, &paths, err);
+  if (st != LOOM_OK) return st;
+  loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want);
+  const int count = loom_ckpt_load_pieces(chunks, n, want);
+  st = loom_ckpt_assemble(sub, paths, (int)mf->n_shards, want, count, err);
+  for (int c = 0; c < n && st == LOOM_OK; c++)
+    if (chunks[c].step) *chunks[c].step = (int)mf->step;
+  free(want);
+  loom_manifest_paths_free(paths, mf->n_shards);
+  return st;
+}
+
+loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int n, const loom_ckpt_run *run,
+                             loom_ckpt_run *from, int64_t *step, loom_error *err) {
+  char sub[4096];
+  Loom__CheckpointManifest *mf;
+  loom_status st = loom_manifest_read(dir, sub, sizeof sub, &mf, err);
+  if (st != LOOM_OK) return st;
+  loom_manifest_run(mf, from);
+  st = check_run(sub, from, run, err);
+  if (st == LOOM_OK) st = load_chunks(sub, mf, chunks, n, err);
+  *step = mf->step;
+  from->data = NULL; /* it pointed into mf */
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
 
-loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err) {
-  char sub[4096], path[4200];
-  Loom__CheckpointManifest *mf = NULL;
-  *shards = *tensors = 0;
-  loom_status st = read_manifest(dir, sub, sizeof sub, &mf, err);
-  for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
-    st = check_shard(sub, mf->shards[i], path, sizeof path, err);
-    loom_shard_file f;
-    if (st == LOOM_OK) st = loom_shard_file_read(path, &f, err);
-    if (st == LOOM_OK) {
-      *tensors += f.count;
-      loom_shard_file_free(&f);
-      (*shards)++;
-    }
+/* Elements stored of each tensor name, to check that the pieces tile it. */
+typedef struct {
+  char name[96];
+  int64_t stored, global;
+} tally;
+
+static void count_piece(tally **t, int *n, const loom_shard_tensor *p) {
+  int i = 0;
+  while (i < *n && strcmp((*t)[i].name, p->name) != 0) i++;
+  if (i == *n) {
+    *t = realloc(*t, (size_t)(*n + 1) * sizeof **t);
+    memset(&(*t)[i], 0, sizeof **t);
+    snprintf((*t)[i].name, sizeof (*t)[i].name, "%s", p->name);
+    (*t)[i].global = 1;
+    for (int d = 0; d < p->ndim; d++) (*t)[i].global *= p->global[d];
+    (*n)++;
   }
-  if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  (*t)[i].stored += p->count;
+}
+
+loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err) {
+  char sub[4096];
+  Loom__CheckpointManifest *mf;
+  *shards = *tensors = 0;
+  loom_status st = loom_manifest_read(dir, sub, sizeof sub, &mf, err);
+  if (st != LOOM_OK) return st;
+  char **paths;
+  st = loom_manifest_paths(sub, mf, &paths, err);
+  tally *t = NULL;
+  int nt = 0;
+  for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
+    loom_shard_file f;
+    st = loom_shard_file_read(paths[i], &f, err);
+    if (st != LOOM_OK) break;
+    uint32_t crc = 0;
+    FILE *fp = fopen(paths[i], "rb");
+    char buf[65536];
+    for (size_t got; fp && (got = fread(buf, 1, sizeof buf, fp)) > 0;) crc = loom_crc32c(crc, buf, got);
+    if (fp) fclose(fp);
+    if (crc != mf->shards[i]->crc32c)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the shard is damaged", paths[i], crc,
+                     mf->shards[i]->crc32c);
+    for (int k = 0; k < f.count; k++) count_piece(&t, &nt, &f.tensors[k]);
+    *tensors += f.count;
+    *shards += st == LOOM_OK;
+    loom_shard_file_free(&f);
+  }
+  for (int i = 0; st == LOOM_OK && i < nt; i++)
+    if (t[i].stored != t[i].global)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: the shards hold %lld of its %lld elements", sub, t[i].name,
+                     (long long)t[i].stored, (long long)t[i].global);
+  free(t);
+  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
+  loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }

@@ -1,37 +1,57 @@
-/* Sharded checkpoints: every rank writes its own shard file (its parameters
- * and Adam moments, each tensor with canonical name, global shape, offset
- * and checksum); rank 0 writes the protobuf manifest only after every rank
- * has finished, and points DIR/latest at the new step directory by an
- * atomic rename. A crash at any moment leaves the previous checkpoint whole.
+/* Sharded checkpoints: every rank writes its own shard file (see
+ * ckpt_tensors.h for which pieces); rank 0 writes the protobuf manifest only
+ * after every rank has reported success, then points DIR/latest at the new
+ * step directory by an atomic rename, then prunes old steps beyond --keep.
+ * A crash at any moment leaves the previous checkpoint whole.
  *
- * Resuming restores parameters, moments and the step; everything else a run
+ * Loading is by global offsets, so any plan (tp, pp, vpp, dp, ZeRO-1) loads
+ * a checkpoint of any other with no conversion step. Everything else a run
  * depends on (data order, dropout masks, learning rate) is a function of the
- * step and seed, so the resumed run continues bit-identically. This version
- * resumes onto the same layout; resharding onto another plan comes later. */
+ * step and seed, so a resumed run continues bit-identically on the same plan
+ * and within fp32 rounding on another. */
 #ifndef LOOM_CHECKPOINT_H
 #define LOOM_CHECKPOINT_H
 
-#include "layers/gpt.h"
-#include "optim/adamw.h"
+#include "ckpt/ckpt_tensors.h"
+#include "optim/lr_schedule.h"
 #include "tensor_parallel/parallel_state.h"
 
+/* The run a checkpoint belongs to: model, layout and training state. */
 typedef struct {
-  const loom_gpt_config *cfg; /* the whole model */
-  int micro_batch, global_batch, vpp;
+  loom_gpt_config cfg; /* the whole model */
+  int tp, pp, dp, vpp, zero;
+  int micro_batch, global_batch;
   uint64_t seed;
+  loom_lr_schedule lr;
+  const char *data; /* the token file, or NULL for the addition task */
 } loom_ckpt_run;
 
-/* Saves step `step` (optimizer steps taken) under dir; collective over the world. */
-loom_status loom_ckpt_save(const char *dir, int64_t step, loom_gpt *chunks, loom_adamw *opts, int n,
+/* Saves step `step` (optimizer steps taken) of this rank's chunks under dir,
+ * keeping the newest `keep` steps (0: all); collective over the world. */
+loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
                            const loom_parallel *ps, const loom_ckpt_run *run, loom_error *err);
-/* Loads the checkpoint dir/latest points at into this rank's chunks and
- * optimizers; *step gets its step. Refuses another layout or model. */
-loom_status loom_ckpt_resume(const char *dir, loom_gpt *chunks, loom_adamw *opts, int n, const loom_parallel *ps,
-                             const loom_ckpt_run *run, int64_t *step, loom_error *err);
+
+/* Loads the checkpoint dir/latest names into this rank's chunks and sets
+ * their step counters; *from gets the run that wrote it (its step in
+ * *step). Refuses another model, global batch, seed or LR schedule. */
+loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int n, const loom_ckpt_run *run,
+                             loom_ckpt_run *from, int64_t *step, loom_error *err);
+
+/* Writes dst as a checkpoint of src's latest step for the layout in `to`
+ * (model and training state are src's), one rank at a time, in this
+ * process. layer_counts (ncounts entries, or NULL) splits the layers over
+ * the pp * vpp stages. */
+loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, int dp, int vpp, int zero,
+                              const int *layer_counts, int ncounts, loom_error *err);
+
+/* Loads the whole model (tp 1, every layer) of the checkpoint dir/latest
+ * names into *p, allocated here; free with loom_gpt_params_free. */
+loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error *err);
 
 /* Checks the checkpoint dir/latest names without loading a model: every
- * shard's size and checksum against the manifest, and every tensor's
- * checksum and shape. *shards and *tensors count what was checked. */
+ * shard's size and checksum against the manifest, every piece's checksum
+ * and bounds, and that the pieces of each tensor add up to its global
+ * shape. *shards and *tensors count what was checked. */
 loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err);
 
 #endif

@@ -1,18 +1,23 @@
-/* Checkpoint shard files: writing and checked reading. */
+/* Checkpoint shard files: writing, and checked reading piece by piece. */
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "ckpt/shard_file.h"
 #include "core/crc32c.h"
 #include "core/write_file.h"
 
 static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'S', 'H', 'R', 'D'};
 
-int64_t loom_shard_numel(const loom_shard_tensor *t) {
+int64_t loom_shard_block_numel(const loom_shard_tensor *t) {
   int64_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= t->local[d];
   return n;
+}
+
+void loom_shard_set_whole(loom_shard_tensor *t) {
+  t->first = 0;
+  t->count = loom_shard_block_numel(t);
 }
 
 /* A growing byte buffer for the header parts. */
@@ -30,9 +35,24 @@ static void put(bytes *b, const void *data, size_t n) {
   b->n += n;
 }
 
+/* A piece's header up to its CRC; then the CRC over that and the values. */
+static void put_piece_header(bytes *b, const loom_shard_tensor *t) {
+  const uint16_t len = (uint16_t)strlen(t->name);
+  const uint8_t nd = (uint8_t)t->ndim;
+  put(b, &len, 2);
+  put(b, t->name, len);
+  put(b, &nd, 1);
+  put(b, t->global, 8 * (size_t)nd);
+  put(b, t->offset, 8 * (size_t)nd);
+  put(b, t->local, 8 * (size_t)nd);
+  put(b, &t->first, 8);
+  put(b, &t->count, 8);
+  const uint32_t crc = loom_crc32c(loom_crc32c(0, b->p, b->n), t->data, (size_t)t->count * sizeof(float));
+  put(b, &crc, 4);
+}
+
 loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
                                   uint32_t *file_crc, loom_error *err) {
-  /* Each tensor's metadata goes in its own small block, then its data. */
   bytes *meta = calloc((size_t)count + 1, sizeof *meta);
   loom_chunk *chunks = calloc(2 * (size_t)count + 1, sizeof *chunks);
   if (!meta || !chunks) {
@@ -46,21 +66,9 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
   put(&meta[count], &n, 4);
   chunks[0] = (loom_chunk){meta[count].p, meta[count].n};
   for (int i = 0; i < count; i++) {
-    const loom_shard_tensor *t = &tensors[i];
-    const uint16_t len = (uint16_t)strlen(t->name);
-    const uint8_t nd = (uint8_t)t->ndim;
-    const uint64_t data_bytes = (uint64_t)loom_shard_numel(t) * sizeof(float);
-    const uint32_t crc = loom_crc32c(0, t->data, data_bytes);
-    put(&meta[i], &len, 2);
-    put(&meta[i], t->name, len);
-    put(&meta[i], &nd, 1);
-    put(&meta[i], t->global, 8 * (size_t)nd);
-    put(&meta[i], t->offset, 8 * (size_t)nd);
-    put(&meta[i], t->local, 8 * (size_t)nd);
-    put(&meta[i], &crc, 4);
-    put(&meta[i], &data_bytes, 8);
+    put_piece_header(&meta[i], &tensors[i]);
     chunks[1 + 2 * i] = (loom_chunk){meta[i].p, meta[i].n};
-    chunks[2 + 2 * i] = (loom_chunk){t->data, data_bytes};
+    chunks[2 + 2 * i] = (loom_chunk){tensors[i].data, (size_t)tensors[i].count * sizeof(float)};
   }
   const loom_status st = loom_write_file_atomic(path, chunks, 1 + 2 * count, err);
   *file_bytes = 0;
@@ -75,74 +83,125 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
   return st;
 }
 
-/* Reads exactly n bytes or reports where the file ended. */
-static loom_status take(FILE *fp, void *dst, size_t n, const char *path, const char *where, loom_error *err) {
-  if (fread(dst, 1, n, fp) == n) return LOOM_OK;
-  return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated checkpoint shard: ends inside %s", path, where);
+/* Reads exactly n bytes (also into the running header CRC) or reports where the file ended. */
+static loom_status take(FILE *fp, void *dst, size_t n, uint32_t *crc, const char *path, const char *where, loom_error *err) {
+  if (fread(dst, 1, n, fp) != n)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated checkpoint shard: ends inside %s", path, where);
+  if (crc) *crc = loom_crc32c(*crc, dst, n);
+  return LOOM_OK;
 }
 
-static loom_status read_tensor(FILE *fp, const char *path, loom_shard_tensor *t, loom_error *err) {
+/* Reads piece i's header and steps over its values. */
+static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, loom_error *err) {
+  loom_shard_tensor *t = &ix->tensors[i];
+  const char *path = ix->path;
+  FILE *fp = ix->fp;
+  uint32_t h = 0;
   uint16_t len;
   uint8_t nd;
-  uint32_t crc;
-  uint64_t data_bytes;
-  loom_status st = take(fp, &len, 2, path, "a tensor header", err);
+  loom_status st = take(fp, &len, 2, &h, path, "a tensor header", err);
   if (st == LOOM_OK && len >= sizeof t->name) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor name of %u bytes is too long", path, len);
-  if (st == LOOM_OK) st = take(fp, t->name, len, path, "a tensor name", err);
+  if (st == LOOM_OK) st = take(fp, t->name, len, &h, path, "a tensor name", err);
   t->name[st == LOOM_OK ? len : 0] = '\0';
-  if (st == LOOM_OK) st = take(fp, &nd, 1, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, &nd, 1, &h, path, t->name, err);
   if (st == LOOM_OK && nd > LOOM_SHARD_MAX_DIMS)
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has %u dimensions (at most %d)", path, t->name, nd, LOOM_SHARD_MAX_DIMS);
   t->ndim = nd;
-  if (st == LOOM_OK) st = take(fp, t->global, 8 * (size_t)nd, path, t->name, err);
-  if (st == LOOM_OK) st = take(fp, t->offset, 8 * (size_t)nd, path, t->name, err);
-  if (st == LOOM_OK) st = take(fp, t->local, 8 * (size_t)nd, path, t->name, err);
-  if (st == LOOM_OK) st = take(fp, &crc, 4, path, t->name, err);
-  if (st == LOOM_OK) st = take(fp, &data_bytes, 8, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, t->global, 8 * (size_t)nd, &h, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, t->offset, 8 * (size_t)nd, &h, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, t->local, 8 * (size_t)nd, &h, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, &t->first, 8, &h, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, &t->count, 8, &h, path, t->name, err);
+  if (st == LOOM_OK) st = take(fp, &ix->stored_crc[i], 4, NULL, path, t->name, err);
   if (st != LOOM_OK) return st;
+  ix->header_crc[i] = h;
   for (int d = 0; d < nd; d++)
     if (t->local[d] < 0 || t->offset[d] < 0 || t->offset[d] + t->local[d] > t->global[d])
-      return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: shard [%lld, +%lld) lies outside its global size %lld in dim %d",
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: block [%lld, +%lld) lies outside its global size %lld in dim %d",
                        path, t->name, (long long)t->offset[d], (long long)t->local[d], (long long)t->global[d], d);
-  if (data_bytes != (uint64_t)loom_shard_numel(t) * sizeof(float))
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: %llu data bytes do not match its shape", path, t->name,
-                     (unsigned long long)data_bytes);
-  t->data = malloc(data_bytes ? data_bytes : 1);
-  if (!t->data) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading %s", path, t->name);
-  st = take(fp, t->data, data_bytes, path, t->name, err);
-  if (st != LOOM_OK) return st;
-  const uint32_t computed = loom_crc32c(0, t->data, data_bytes);
-  if (computed != crc)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s fails its checksum (stored %08x, computed %08x): the file is corrupt",
-                     path, t->name, crc, computed);
+  if (t->first < 0 || t->count < 0 || t->first + t->count > loom_shard_block_numel(t))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: elements [%lld, +%lld) lie outside its block", path, t->name,
+                     (long long)t->first, (long long)t->count);
+  ix->data_at[i] = ftell(fp);
+  if (ix->data_at[i] + t->count * (int64_t)sizeof(float) > file_size)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated checkpoint shard: ends inside %s", path, t->name);
+  fseek(fp, (long)(t->count * (int64_t)sizeof(float)), SEEK_CUR);
   return LOOM_OK;
+}
+
+loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_error *err) {
+  memset(ix, 0, sizeof *ix);
+  snprintf(ix->path, sizeof ix->path, "%s", path);
+  ix->fp = fopen(path, "rb");
+  struct stat sb;
+  if (!ix->fp || fstat(fileno(ix->fp), &sb) != 0) {
+    loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
+    loom_shard_index_close(ix);
+    return st;
+  }
+  char magic[8];
+  uint32_t version, count = 0;
+  loom_status st = take(ix->fp, magic, 8, NULL, path, "its header", err);
+  if (st == LOOM_OK && memcmp(magic, MAGIC, 8) != 0)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint shard (bad magic)", path);
+  if (st == LOOM_OK) st = take(ix->fp, &version, 4, NULL, path, "its header", err);
+  if (st == LOOM_OK && version != LOOM_SHARD_VERSION)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint shard version %u, this loom reads %d", path, version, LOOM_SHARD_VERSION);
+  if (st == LOOM_OK) st = take(ix->fp, &count, 4, NULL, path, "its header", err);
+  if (st == LOOM_OK && count > 1000000) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: implausible tensor count %u", path, count);
+  if (st == LOOM_OK) {
+    const size_t n = count ? count : 1;
+    ix->tensors = calloc(n, sizeof *ix->tensors);
+    ix->data_at = calloc(n, sizeof *ix->data_at);
+    ix->stored_crc = calloc(n, sizeof *ix->stored_crc);
+    ix->header_crc = calloc(n, sizeof *ix->header_crc);
+    if (!ix->tensors || !ix->data_at || !ix->stored_crc || !ix->header_crc) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  }
+  for (uint32_t i = 0; st == LOOM_OK && i < count; i++) {
+    st = index_piece(ix, (int)i, (int64_t)sb.st_size, err);
+    ix->count = (int)i + 1;
+  }
+  if (st == LOOM_OK && ftell(ix->fp) != (long)sb.st_size)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: trailing bytes after the last tensor", path);
+  if (st != LOOM_OK) loom_shard_index_close(ix);
+  return st;
+}
+
+loom_status loom_shard_index_load(loom_shard_index *ix, int i, float *dst, loom_error *err) {
+  const loom_shard_tensor *t = &ix->tensors[i];
+  const size_t n = (size_t)t->count * sizeof(float);
+  if (fseek(ix->fp, ix->data_at[i], SEEK_SET) != 0 || fread(dst, 1, n, ix->fp) != n)
+    return loom_fail(err, LOOM_ERR_IO, "%s: cannot read tensor %s: %s", ix->path, t->name, strerror(errno));
+  const uint32_t computed = loom_crc32c(ix->header_crc[i], dst, n);
+  if (computed != ix->stored_crc[i])
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s fails its checksum (stored %08x, computed %08x): the file is corrupt",
+                     ix->path, t->name, ix->stored_crc[i], computed);
+  return LOOM_OK;
+}
+
+void loom_shard_index_close(loom_shard_index *ix) {
+  if (ix->fp) fclose(ix->fp);
+  free(ix->tensors);
+  free(ix->data_at);
+  free(ix->stored_crc);
+  free(ix->header_crc);
+  memset(ix, 0, sizeof *ix);
 }
 
 loom_status loom_shard_file_read(const char *path, loom_shard_file *out, loom_error *err) {
   memset(out, 0, sizeof *out);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
-  char magic[8];
-  uint32_t version, count;
-  loom_status st = take(fp, magic, 8, path, "its header", err);
-  if (st == LOOM_OK && memcmp(magic, MAGIC, 8) != 0)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint shard (bad magic)", path);
-  if (st == LOOM_OK) st = take(fp, &version, 4, path, "its header", err);
-  if (st == LOOM_OK && version != LOOM_SHARD_VERSION)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint shard version %u, this loom reads %d", path, version, LOOM_SHARD_VERSION);
-  if (st == LOOM_OK) st = take(fp, &count, 4, path, "its header", err);
-  if (st == LOOM_OK && count > 1000000) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: implausible tensor count %u", path, count);
-  if (st == LOOM_OK) {
-    out->tensors = calloc(count ? count : 1, sizeof *out->tensors);
-    if (!out->tensors) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  loom_shard_index ix;
+  loom_status st = loom_shard_index_open(path, &ix, err);
+  if (st != LOOM_OK) return st;
+  out->tensors = ix.tensors; /* the index's headers become the file's tensors */
+  for (int i = 0; st == LOOM_OK && i < ix.count; i++) {
+    loom_shard_tensor *t = &out->tensors[i];
+    t->data = malloc(t->count ? (size_t)t->count * sizeof(float) : 1);
+    out->count = i + 1;
+    st = t->data ? loom_shard_index_load(&ix, i, t->data, err) : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading %s", path, t->name);
   }
-  for (uint32_t i = 0; st == LOOM_OK && i < count; i++) {
-    st = read_tensor(fp, path, &out->tensors[i], err);
-    out->count = (int)i + 1;
-  }
-  if (st == LOOM_OK && fgetc(fp) != EOF)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: trailing bytes after the last tensor", path);
-  fclose(fp);
+  ix.tensors = NULL; /* now out's */
+  loom_shard_index_close(&ix);
   if (st != LOOM_OK) loom_shard_file_free(out);
   return st;
 }

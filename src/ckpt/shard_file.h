@@ -1,41 +1,68 @@
-/* One rank's checkpoint shard file: tensors named canonically, each with its
- * global shape, the offset of this shard in it, its local shape and a CRC-32C,
- * so any plan can find its pieces by global offsets and nothing corrupt is
- * ever loaded silently. Files open with a versioned header (magic LOOMSHRD,
- * version) and are written atomically.
+/* One rank's checkpoint shard file: pieces of canonical tensors, each with
+ * its name, global shape, the offset and shape of the block it comes from,
+ * and which elements of that block it holds, so any plan can find what it
+ * needs by global offsets. A block is a rank's tensor-parallel slice; a piece
+ * is the whole block, or a contiguous run of it (a ZeRO-1 slice of the flat
+ * optimizer state). Every piece carries a CRC-32C over its header and data,
+ * so neither a flipped shape nor a flipped value is ever loaded silently.
+ * Files open with a versioned header and are written atomically.
  *
- * Layout (little endian): "LOOMSHRD", u32 version, u32 count; then per
- * tensor: u16 name length, name, u8 ndim, i64 global[ndim], i64 offset[ndim],
- * i64 local[ndim], u32 crc32c of the data, u64 data bytes, fp32 data. */
+ * Layout (little endian): "LOOMSHRD", u32 version, u32 count; then per piece:
+ * u16 name length, name, u8 ndim, i64 global[ndim], i64 offset[ndim],
+ * i64 local[ndim], i64 first, i64 count, u32 crc32c, then count fp32 values.
+ * The CRC covers the piece's header bytes before it, then its values. */
 #ifndef LOOM_SHARD_FILE_H
 #define LOOM_SHARD_FILE_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include "core/status.h"
 
-#define LOOM_SHARD_VERSION 1
+#define LOOM_SHARD_VERSION 2
 #define LOOM_SHARD_MAX_DIMS 4
 
 typedef struct {
   char name[96];
   int ndim;
   int64_t global[LOOM_SHARD_MAX_DIMS], offset[LOOM_SHARD_MAX_DIMS], local[LOOM_SHARD_MAX_DIMS];
-  float *data; /* local elements, row-major */
+  int64_t first, count; /* elements [first, first + count) of the block, row-major */
+  float *data;          /* count values */
 } loom_shard_tensor;
+
+/* Elements of the block (the product of local). */
+int64_t loom_shard_block_numel(const loom_shard_tensor *t);
+/* Makes t hold its whole block. */
+void loom_shard_set_whole(loom_shard_tensor *t);
+
+/* Writes atomically; *file_bytes and *file_crc describe the whole file, taken
+ * from memory as it is written rather than by reading the file back. */
+loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
+                                  uint32_t *file_crc, loom_error *err);
+
+/* A shard file's table of pieces, read without their values, so a loader
+ * reads only the pieces it needs. Opening checks the header, every piece's
+ * bounds and that the file is neither short nor long. */
+typedef struct {
+  char path[4096];
+  FILE *fp;
+  int count;
+  loom_shard_tensor *tensors; /* data NULL */
+  long *data_at;              /* file offset of each piece's values */
+  uint32_t *stored_crc, *header_crc;
+} loom_shard_index;
+
+loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_error *err);
+/* Reads piece i's values into dst (count floats) and checks its CRC. */
+loom_status loom_shard_index_load(loom_shard_index *ix, int i, float *dst, loom_error *err);
+void loom_shard_index_close(loom_shard_index *ix);
 
 typedef struct {
   int count;
   loom_shard_tensor *tensors;
 } loom_shard_file;
 
-/* Writes atomically; *file_bytes and *file_crc describe the whole file, taken
- * from memory as it is written rather than by reading the file back. */
-loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
-                                  uint32_t *file_crc, loom_error *err);
-/* Reads and checks everything: header, sizes, and every tensor's checksum. */
+/* Reads and checks everything: header, bounds, and every piece's checksum. */
 loom_status loom_shard_file_read(const char *path, loom_shard_file *out, loom_error *err);
 void loom_shard_file_free(loom_shard_file *f);
-/* Elements of a tensor's local shape. */
-int64_t loom_shard_numel(const loom_shard_tensor *t);
 
 #endif

@@ -37,6 +37,7 @@ typedef struct {
   loom_dataset *data;
   loom_trainer trainer;
   loom_metrics metrics;
+  double peak; /* the job's sgemm GFLOP/s */
 } train_run;
 
 /* This rank's model parts: the chunks of its pipeline stage, or the one model. */
@@ -206,6 +207,16 @@ static void report_memory(train_run *r) {
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
 }
 
+/* Bytes of the checkpoint pieces this rank writes. */
+static double checkpoint_bytes(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero) {
+  loom_shard_tensor *pieces = loom_xcalloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces, "pieces");
+  const int count = loom_ckpt_save_pieces(chunks, n, dp_rank, zero, pieces);
+  double bytes = 0.0;
+  for (int i = 0; i < count; i++) bytes += (double)pieces[i].count * sizeof(float);
+  free(pieces);
+  return bytes;
+}
+
 /* SIGTERM or SIGINT (Slurm preemption, Ctrl-C): finish the step, checkpoint, exit 0. */
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
@@ -260,13 +271,53 @@ static void report_stragglers(train_run *r, const loom_train_flags *f, const loo
   free(sorted);
 }
 
+/* Saves a checkpoint and logs its size and write throughput. */
+static loom_status save_checkpoint(train_run *r, const loom_train_flags *f, int64_t step, const loom_ckpt_chunk *chunks,
+                                   int n, const loom_ckpt_run *ck, loom_error *err) {
+  const double t0 = loom_now_s();
+  loom_status st = loom_ckpt_save(f->ckpt, step, f->keep, chunks, n, &r->ps, ck, err);
+  float gb = (float)(checkpoint_bytes(chunks, n, r->ps.dp_rank, f->zero == 1) / 1e9);
+  loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
+  if (st == LOOM_OK)
+    loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
+                  f->ckpt, (long long)step, (double)gb, loom_now_s() - t0, (double)gb / (loom_now_s() - t0));
+  return st;
+}
+
+/* Loads --ckpt/latest into this rank, from whatever plan wrote it. */
+static loom_status resume(train_run *r, const loom_train_flags *f, const loom_ckpt_chunk *chunks, int n,
+                          const loom_ckpt_run *ck, int64_t *first, loom_error *err) {
+  const double t0 = loom_now_s();
+  loom_ckpt_run from;
+  loom_status st = loom_ckpt_resume(f->ckpt, chunks, n, ck, &from, first, err);
+  float bad = st != LOOM_OK;
+  loom_comm_allreduce(r->launch.world, &bad, 1, LOOM_REDUCE_MAX);
+  if (st != LOOM_OK) return st;
+  if (bad > 0.0f) return loom_fail(err, LOOM_ERR_IO, "loom train: another rank could not load the checkpoint");
+  const double dt = loom_now_s() - t0;
+  loom_ckpt_want *want = loom_xcalloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want, "pieces");
+  const int count = loom_ckpt_load_pieces(chunks, n, want);
+  float gb = 0.0f;
+  for (int i = 0; i < count; i++) gb += (float)((double)want[i].t.count * sizeof(float) / 1e9);
+  free(want);
+  loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
+  if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
+    loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
+                  from.tp, from.pp, from.dp, from.vpp, from.zero);
+  loom_log_info("resumed from %s/latest at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)", f->ckpt,
+                (long long)*first, (double)gb, dt, (double)gb / dt);
+  return LOOM_OK;
+}
+
+static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int first, const loom_ckpt_chunk *ck_chunks,
+                             int nparts, const loom_ckpt_run *ck, loom_error *err);
+
 static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, loom_error *err) {
   const loom_gpt_config *cfg = &r->cfg;
   /* Every rank measures at once, so the sum is this job's sgemm peak. */
   float peak_sum = (float)loom_cpu_sgemm_gflops(1024, 0.3);
   loom_comm_allreduce(r->launch.world, &peak_sum, 1, LOOM_REDUCE_SUM);
-  const double peak = peak_sum;
-  const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(cfg, T, tokens);
+  r->peak = peak_sum;
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters",
                 cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq,
                 loom_gpt_param_count(&r->cfg, 1));
@@ -276,19 +327,28 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
   if (r->pipelined) log_pipeline(r, f);
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
-                loom_cpu_threads(), r->launch.size, peak);
+                loom_cpu_threads(), r->launch.size, r->peak);
   loom_gpt *chunks;
   const int nparts = parts(r, &chunks);
-  const loom_ckpt_run ck = {.cfg = &r->cfg, .micro_batch = f->micro_batch, .global_batch = f->global_batch,
-                            .vpp = r->pipelined ? r->pipe.v : 1, .seed = (uint64_t)f->seed};
+  loom_ckpt_chunk *ck_chunks = loom_xcalloc((size_t)nparts, sizeof *ck_chunks, "checkpoint chunks");
+  for (int c = 0; c < nparts; c++)
+    ck_chunks[c] = r->zero ? loom_ckpt_chunk_zero1(&chunks[c].p, &r->zero[c]) : loom_ckpt_chunk_adamw(&chunks[c].p, &r->opts[c]);
+  const loom_ckpt_run ck = {.cfg = r->cfg, .tp = r->ps.tp, .pp = r->ps.pp, .dp = r->ps.dp, .vpp = r->pipelined ? r->pipe.v : 1,
+                            .zero = f->zero, .micro_batch = f->micro_batch, .global_batch = f->global_batch,
+                            .seed = (uint64_t)f->seed, .lr = r->trainer.lr, .data = f->data};
   int64_t first = 0;
-  if (f->resume) {
-    loom_status st = loom_ckpt_resume(f->ckpt, chunks, r->opts, nparts, &r->ps, &ck, &first, err);
-    if (st != LOOM_OK) return st;
-    loom_log_info("resumed from %s/latest at step %lld", f->ckpt, (long long)first);
-  }
+  loom_status st = f->resume ? resume(r, f, ck_chunks, nparts, &ck, &first, err) : LOOM_OK;
+  if (st == LOOM_OK) st = run_steps(r, f, T, (int)first, ck_chunks, nparts, &ck, err);
+  free(ck_chunks);
+  return st;
+}
+
+/* Steps [first, --steps), with logs, evals, checkpoints and a stop on a signal. */
+static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int first, const loom_ckpt_chunk *ck_chunks,
+                             int nparts, const loom_ckpt_run *ck, loom_error *err) {
+  const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(&r->cfg, T, tokens), peak = r->peak;
   if (f->eval_every > 0 && first == 0) run_eval(r, f, 0, false);
-  for (int step = (int)first; step < f->steps; step++) {
+  for (int step = first; step < f->steps; step++) {
     if (r->pipelined) r->pipe.tracing = f->trace && step + 1 == f->steps;
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
@@ -323,9 +383,8 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
     loom_metrics_end(&r->metrics);
     const bool stopping = stop_requested(r);
     if (f->ckpt && (stopping || (f->save_every && (step + 1) % f->save_every == 0) || step + 1 == f->steps)) {
-      loom_status st = loom_ckpt_save(f->ckpt, step + 1, chunks, r->opts, nparts, &r->ps, &ck, err);
+      loom_status st = save_checkpoint(r, f, step + 1, ck_chunks, nparts, ck, err);
       if (st != LOOM_OK) return st;
-      loom_log_info("checkpoint: %s/step_%08d (every rank's shard, then the manifest, then latest)", f->ckpt, step + 1);
     }
     if (stopping) {
       loom_log_info("stopped by a signal after step %d%s", step + 1,

@@ -47,6 +47,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false},
       {"--ckpt", FLAG_STRING, &f->ckpt, "checkpoint directory (sharded, one file per rank)", LOOM_NO_RANGE, NULL, false},
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false},
+      {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false},
       {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false},
@@ -147,10 +148,9 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
   if (f->layer_split && loom_layer_split_parse(f->layer_split, (int[LOOM_MAX_STAGES]){0}, LOOM_MAX_STAGES) < 0)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --layer-split '%s' is not a comma-separated list of layer counts",
                      f->layer_split);
-  if ((f->resume || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set) && !f->ckpt)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume and --save-every need --ckpt DIR");
-  if (f->ckpt && f->zero)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: checkpoints of ZeRO-1 optimizer slices are not in this loom yet; drop --zero or --ckpt");
+  if ((f->resume || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
+       loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--keep")->set) && !f->ckpt)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --save-every and --keep need --ckpt DIR");
   if (!f->data && cfg->vocab < LOOM_BYTE_VOCAB)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, cfg->vocab);

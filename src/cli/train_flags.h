@@ -12,7 +12,7 @@
 typedef struct {
   loom_model_flags model;
   int micro_batch, global_batch, steps, warmup, digits, eval_every, eval_batches, threads, log_every, tp;
-  int pp, vpp, dp, zero, micro_batches, save_every;
+  int pp, vpp, dp, zero, micro_batches, save_every, keep;
   bool resume;
   const char *ckpt;
   bool sequence_parallel;
@@ -22,7 +22,7 @@ typedef struct {
   const char *schedule, *recompute, *layer_split, *trace, *plan;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 37)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 38)
 #define LOOM_MAX_STAGES 1024
 
 loom_train_flags loom_train_flags_defaults(void);

@@ -1,0 +1,123 @@
+/* Filling wanted checkpoint pieces from stored ones by global offsets. */
+#include <stdlib.h>
+#include <string.h>
+#include "ckpt/assemble.h"
+
+/* Global columns [*c0, *c1) that t holds in global row r (empty if none). */
+static void row_span(const loom_shard_tensor *t, int64_t r, int64_t *c0, int64_t *c1) {
+  const int64_t cols = t->local[1], at = (r - t->offset[0]) * cols; /* block index of (r, first column) */
+  int64_t lo = at > t->first ? at : t->first, hi = at + cols < t->first + t->count ? at + cols : t->first + t->count;
+  *c0 = t->offset[1] + (lo - at);
+  *c1 = t->offset[1] + (hi - at);
+  if (r < t->offset[0] || r >= t->offset[0] + t->local[0] || hi <= lo) *c0 = *c1 = 0;
+}
+
+/* Index into t->data of global element (r, c), which t holds. */
+static int64_t index_of(const loom_shard_tensor *t, int64_t r, int64_t c) {
+  return (r - t->offset[0]) * t->local[1] + (c - t->offset[1]) - t->first;
+}
+
+/* Rows of t's block, clipped to [0, rows). */
+static void row_range(const loom_shard_tensor *t, int64_t rows, int64_t *r0, int64_t *r1) {
+  *r0 = t->offset[0];
+  *r1 = t->offset[0] + t->local[0] < rows ? t->offset[0] + t->local[0] : rows;
+}
+
+/* Copies what stored piece `have` holds of w; returns the elements copied. */
+static int64_t copy_overlap(const loom_shard_tensor *have, loom_shard_tensor *w) {
+  int64_t r0, r1, copied = 0;
+  row_range(w, have->global[0], &r0, &r1);
+  if (have->offset[0] > r0) r0 = have->offset[0];
+  if (have->offset[0] + have->local[0] < r1) r1 = have->offset[0] + have->local[0];
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t a0, a1, b0, b1;
+    row_span(have, r, &a0, &a1);
+    row_span(w, r, &b0, &b1);
+    const int64_t c0 = a0 > b0 ? a0 : b0, c1 = a1 < b1 ? a1 : b1;
+    if (c1 <= c0) continue;
+    memcpy(w->data + index_of(w, r, c0), have->data + index_of(have, r, c0), (size_t)(c1 - c0) * sizeof(float));
+    copied += c1 - c0;
+  }
+  return copied;
+}
+
+/* Elements of w in rows below `rows`: what a checkpoint of that many rows must supply. */
+static int64_t needed(const loom_shard_tensor *w, int64_t rows) {
+  int64_t r0, r1, n = 0;
+  row_range(w, rows, &r0, &r1);
+  for (int64_t r = r0; r < r1; r++) {
+    int64_t c0, c1;
+    row_span(w, r, &c0, &c1);
+    n += c1 - c0;
+  }
+  return n;
+}
+
+/* Whether the blocks of a and b share an element (their runs may still miss each other). */
+static bool blocks_overlap(const loom_shard_tensor *a, const loom_shard_tensor *b) {
+  for (int d = 0; d < 2; d++)
+    if (a->offset[d] >= b->offset[d] + b->local[d] || b->offset[d] >= a->offset[d] + a->local[d]) return false;
+  return a->count > 0 && b->count > 0;
+}
+
+static bool same_name(const loom_shard_tensor *a, const loom_shard_tensor *b) { return strcmp(a->name, b->name) == 0; }
+
+/* Whether stored piece h has the shape of w's tensor: equal but for padding rows past w's valid ones. */
+static bool shape_fits(const loom_shard_tensor *h, const loom_ckpt_want *w) {
+  return h->ndim == 2 && h->global[1] == w->t.global[1] && h->global[0] >= w->valid_rows &&
+         (h->global[0] == w->t.global[0] || w->valid_rows < w->t.global[0]);
+}
+
+/* Fills from one shard file; stored_rows[i] records the checkpoint's rows of want i. */
+static loom_status fill_from(const char *path, loom_ckpt_want *want, int nwant, int64_t *copied, int64_t *stored_rows,
+                             loom_error *err) {
+  loom_shard_index ix;
+  loom_status st = loom_shard_index_open(path, &ix, err);
+  for (int j = 0; st == LOOM_OK && j < ix.count; j++) {
+    loom_shard_tensor have = ix.tensors[j];
+    bool loaded = false;
+    for (int i = 0; st == LOOM_OK && i < nwant; i++) {
+      if (!same_name(&have, &want[i].t)) continue;
+      if (!shape_fits(&have, &want[i])) {
+        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is [%lld, %lld] in the checkpoint, [%lld, %lld] in this model", path,
+                       have.name, (long long)have.global[0], (long long)have.global[1], (long long)want[i].t.global[0],
+                       (long long)want[i].t.global[1]);
+        break;
+      }
+      stored_rows[i] = have.global[0];
+      if (!blocks_overlap(&have, &want[i].t)) continue;
+      if (!loaded) {
+        have.data = malloc(have.count ? (size_t)have.count * sizeof(float) : 1);
+        st = have.data ? loom_shard_index_load(&ix, j, have.data, err) : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+        loaded = true;
+      }
+      if (st == LOOM_OK) copied[i] += copy_overlap(&have, &want[i].t);
+    }
+    if (loaded) free(have.data);
+  }
+  if (ix.fp) loom_shard_index_close(&ix);
+  return st;
+}
+
+loom_status loom_ckpt_assemble(const char *dir, char *const *paths, int npaths, loom_ckpt_want *want, int nwant,
+                               loom_error *err) {
+  int64_t *copied = calloc((size_t)nwant + 1, sizeof *copied), *stored_rows = calloc((size_t)nwant + 1, sizeof *stored_rows);
+  if (!copied || !stored_rows) {
+    free(copied);
+    free(stored_rows);
+    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the checkpoint", dir);
+  }
+  for (int i = 0; i < nwant; i++) memset(want[i].t.data, 0, (size_t)want[i].t.count * sizeof(float));
+  loom_status st = LOOM_OK;
+  for (int f = 0; st == LOOM_OK && f < npaths; f++) st = fill_from(paths[f], want, nwant, copied, stored_rows, err);
+  for (int i = 0; st == LOOM_OK && i < nwant; i++) {
+    const int64_t need = stored_rows[i] ? needed(&want[i].t, stored_rows[i]) : want[i].t.count;
+    if (copied[i] != need)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the checkpoint holds %lld of the %lld elements of %s this rank needs%s", dir,
+                     (long long)copied[i], (long long)need, want[i].t.name,
+                     copied[i] > need ? " (pieces overlap)" : stored_rows[i] ? "" : " (no such tensor)");
+  }
+  free(copied);
+  free(stored_rows);
+  return st;
+}

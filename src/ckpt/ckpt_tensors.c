@@ -1,0 +1,96 @@
+/* Which checkpoint pieces a rank writes and which it loads. */
+#include <stdio.h>
+#include <string.h>
+#include "ckpt/ckpt_tensors.h"
+
+enum { PARAM, ADAM_M, ADAM_V };
+static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
+
+loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt) {
+  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, 0, p->params.numel, &opt->step};
+}
+
+loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z) {
+  return (loom_ckpt_chunk){p, z->m, z->v, z->begin, z->end, &z->step};
+}
+
+/* Row blocks of tensor k that are contiguous in the global tensor: c_attn's
+ * q, k and v rows each hold one run of a rank's rows. */
+static int parts_of(const loom_gpt_params *p, int k) {
+  const loom_shard_layout *l = &p->meta[k].layout;
+  return l->partition_dim == 0 && l->parts > 1 ? l->parts : 1;
+}
+
+int loom_ckpt_max_pieces(const loom_ckpt_chunk *chunks, int n) {
+  int count = 0;
+  for (int c = 0; c < n; c++)
+    for (int k = 0; k < chunks[c].p->params.count; k++) count += 3 * parts_of(chunks[c].p, k);
+  return count;
+}
+
+/* Appends tensor k of chunk ch as pieces of kind `kind`, one per row block
+ * that holds any of the chunk's state of that kind (ZeRO-1 holds a slice). */
+static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_tensor *out) {
+  const loom_gpt_params *p = ch->p;
+  const loom_tensor *view = &p->params.views[k];
+  const loom_shard_layout *l = &p->meta[k].layout;
+  int64_t rows, cols;
+  loom_shard_local_shape(l, p->tp_rank, p->tp_size, &rows, &cols);
+  const int parts = parts_of(p, k);
+  const int64_t part_rows = rows / parts;
+  const size_t at = loom_buffer_offset(&p->params, k); /* flat offset of the tensor in the chunk's buffer */
+  size_t begin = ch->begin, end = ch->end;
+  if (kind == PARAM) begin = 0, end = p->params.numel;
+  else if (!ch->m) return 0;
+  int count = 0;
+  for (int b = 0; b < parts; b++) {
+    const size_t lo = at + (size_t)(b * part_rows * cols), hi = lo + (size_t)(part_rows * cols);
+    const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
+    if (to <= from) continue;
+    loom_shard_tensor *t = &out[count++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s/%s", KINDS[kind], view->name);
+    t->ndim = 2;
+    t->global[0] = l->rows;
+    t->global[1] = l->cols;
+    loom_shard_locate(l, p->tp_rank, p->tp_size, b * part_rows, &t->offset[0], &t->offset[1]);
+    t->local[0] = part_rows;
+    t->local[1] = cols;
+    t->first = (int64_t)(from - lo);
+    t->count = (int64_t)(to - from);
+    t->data = kind == PARAM ? (float *)p->params.base + from : (kind == ADAM_M ? ch->m : ch->v) + (from - begin);
+  }
+  return count;
+}
+
+/* Whether this rank is the one that writes tensor k's state of `kind`. */
+static bool writes(const loom_ckpt_chunk *ch, int k, int kind, int dp_rank, bool zero) {
+  const loom_gpt_params *p = ch->p;
+  const loom_param_meta *m = &p->meta[k];
+  if (m->tp_replicated && p->tp_rank != 0) return false;
+  if (m->shared && !p->range.first) return false; /* the last stage's copy of the tied wte */
+  return dp_rank == 0 || (zero && kind != PARAM);
+}
+
+int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero, loom_shard_tensor *out) {
+  int count = 0;
+  for (int c = 0; c < n; c++)
+    for (int kind = PARAM; kind <= ADAM_V; kind++)
+      for (int k = 0; k < chunks[c].p->params.count; k++)
+        if (writes(&chunks[c], k, kind, dp_rank, zero)) count += add_pieces(&chunks[c], k, kind, out + count);
+  return count;
+}
+
+int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out) {
+  int count = 0;
+  loom_shard_tensor pieces[LOOM_SHARD_MAX_PARTS];
+  for (int c = 0; c < n; c++)
+    for (int kind = PARAM; kind <= ADAM_V; kind++)
+      for (int k = 0; k < chunks[c].p->params.count; k++)
+        for (int b = 0, got = add_pieces(&chunks[c], k, kind, pieces); b < got; b++) {
+          const loom_param_meta *m = &chunks[c].p->meta[k];
+          out[count].t = pieces[b];
+          out[count++].valid_rows = m->init_rows > 0 ? m->init_rows : m->layout.rows;
+        }
+  return count;
+}

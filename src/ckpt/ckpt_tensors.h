@@ -1,0 +1,49 @@
+/* The checkpoint pieces one rank holds: its parameter blocks and Adam
+ * moments (whole blocks, or the runs of them inside its ZeRO-1 slice),
+ * named canonically ("param/h.3.mlp.c_fc.weight", "adam_m/...", "adam_v/...")
+ * and placed by global offsets. A tensor-parallel block of c_attn is three
+ * pieces, its q, k and v rows, as each is contiguous in the global tensor.
+ *
+ * Saving writes each element once: tensor-parallel replicas (norms, biases
+ * after a row-parallel reduction, wpe) only from tp rank 0, data-parallel
+ * replicas only from dp rank 0 (ZeRO-1 moments are already split), and the
+ * tied wte only from the first stage. Loading wants every element a rank
+ * holds, and takes each from whichever rank of the old plan wrote it. */
+#ifndef LOOM_CKPT_TENSORS_H
+#define LOOM_CKPT_TENSORS_H
+
+#include <stdbool.h>
+#include "ckpt/shard_file.h"
+#include "layers/gpt_params.h"
+#include "optim/adamw.h"
+#include "optim/zero1.h"
+
+#define LOOM_SHARD_MAX_PARTS 4 /* row blocks of one tensor (c_attn has q, k, v) */
+
+/* One model chunk of a rank with its optimizer state. */
+typedef struct {
+  loom_gpt_params *p;
+  float *m, *v;        /* Adam moments of the flat elements [begin, end) of p's buffer; NULL: parameters only */
+  size_t begin, end;   /* the whole buffer, or this replica's ZeRO-1 slice */
+  int *step;           /* the optimizer's step counter */
+} loom_ckpt_chunk;
+
+/* A chunk with plain AdamW state, or with this replica's ZeRO-1 slice of it. */
+loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt);
+loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z);
+
+/* A piece a loader wants, and the rows past which it may be zero (vocab padding). */
+typedef struct {
+  loom_shard_tensor t;
+  int64_t valid_rows;
+} loom_ckpt_want;
+
+/* Upper bound on the pieces of n chunks. */
+int loom_ckpt_max_pieces(const loom_ckpt_chunk *chunks, int n);
+/* The pieces this rank writes (dp_rank picks the replica that writes
+ * replicated state); returns how many. `zero` says m and v are slices. */
+int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero, loom_shard_tensor *out);
+/* Every piece this rank holds, to be filled from a checkpoint. */
+int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out);
+
+#endif

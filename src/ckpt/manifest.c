@@ -1,0 +1,195 @@
+/* Checkpoint manifests, DIR/latest, and pruning old steps. */
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "ckpt/manifest.h"
+#include "core/write_file.h"
+
+#define MANIFEST_VERSION 2
+
+void loom_ckpt_step_dir(const char *dir, int64_t step, char *out, size_t len) {
+  snprintf(out, len, "%s/step_%08lld", dir, (long long)step);
+}
+
+void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len) {
+  snprintf(out, len, "%s/rank_%05d.shard", step_dir, rank);
+}
+
+loom_status loom_ckpt_make_dir(const char *path, loom_error *err) {
+  if (mkdir(path, 0755) == 0 || errno == EEXIST) return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_IO, "%s: cannot create checkpoint directory: %s", path, strerror(errno));
+}
+
+/* Removes a step directory and the files in it. */
+static void remove_step(const char *dir, const char *name) {
+  char path[4400];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  DIR *d = opendir(path);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    char file[4700];
+    snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+    unlink(file);
+  }
+  closedir(d);
+  rmdir(path);
+}
+
+/* Steps older than the newest `keep` ones; `latest` is the newest. */
+static void prune(const char *dir, int64_t latest, int keep) {
+  if (keep <= 0) return;
+  int64_t *steps = NULL;
+  int n = 0;
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    long long s;
+    char tail;
+    if (sscanf(e->d_name, "step_%8lld%c", &s, &tail) != 1 || s > latest) continue;
+    steps = realloc(steps, (size_t)(n + 1) * sizeof *steps);
+    steps[n++] = s;
+  }
+  if (d) closedir(d);
+  for (int i = 0; i < n; i++) {
+    int newer = 0; /* kept steps are the newest: count those newer than steps[i] */
+    for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+    if (newer >= keep) {
+      char name[64];
+      snprintf(name, sizeof name, "step_%08lld", (long long)steps[i]);
+      remove_step(dir, name);
+    }
+  }
+  free(steps);
+}
+
+loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
+                                  int nshards, int keep, loom_error *err) {
+  const loom_gpt_config *c = &run->cfg;
+  Loom__Model m = LOOM__MODEL__INIT;
+  m.has_layers = m.has_hidden = m.has_heads = m.has_ffn = m.has_vocab = m.has_seq = 1;
+  m.layers = c->layers, m.hidden = c->hidden, m.heads = c->heads, m.ffn = c->ffn, m.vocab = c->vocab, m.seq = c->seq;
+  m.has_dropout = m.has_norm_eps = 1;
+  m.dropout = c->dropout, m.norm_eps = c->norm_eps;
+  Loom__Parallel l = LOOM__PARALLEL__INIT;
+  l.has_tp = l.has_pp = l.has_dp = l.has_virtual_chunks = l.has_zero_stage = 1;
+  l.tp = run->tp, l.pp = run->pp, l.dp = run->dp, l.virtual_chunks = run->vpp, l.zero_stage = run->zero;
+  Loom__Batch b = LOOM__BATCH__INIT;
+  b.has_micro_batch = b.has_global_batch = 1;
+  b.micro_batch = run->micro_batch, b.global_batch = run->global_batch;
+  Loom__TrainState ts = LOOM__TRAIN_STATE__INIT;
+  ts.has_max_lr = ts.has_min_lr = ts.has_warmup_steps = ts.has_total_steps = ts.has_samples_seen = ts.has_loss_scale = 1;
+  ts.max_lr = run->lr.max_lr, ts.min_lr = run->lr.min_lr, ts.warmup_steps = run->lr.warmup_steps;
+  ts.total_steps = run->lr.total_steps, ts.samples_seen = step * run->global_batch, ts.loss_scale = 1.0f;
+  ts.data = (char *)(run->data ? run->data : "");
+  Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
+  mf.has_format_version = mf.has_step = mf.has_seed = 1;
+  mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed;
+  mf.model = &m, mf.parallel = &l, mf.batch = &b, mf.state = &ts;
+  Loom__ShardFileInfo *infos = calloc((size_t)nshards + 1, sizeof *infos);
+  Loom__ShardFileInfo **ptrs = calloc((size_t)nshards + 1, sizeof *ptrs);
+  char (*files)[32] = calloc((size_t)nshards + 1, 32);
+  for (int r = 0; r < nshards; r++) {
+    loom__shard_file_info__init(&infos[r]);
+    snprintf(files[r], 32, "rank_%05d.shard", r);
+    infos[r].has_rank = infos[r].has_bytes = infos[r].has_crc32c = 1;
+    infos[r].rank = r, infos[r].file = files[r], infos[r].bytes = shards[r].bytes, infos[r].crc32c = shards[r].crc32c;
+    ptrs[r] = &infos[r];
+  }
+  mf.n_shards = (size_t)nshards;
+  mf.shards = ptrs;
+  const size_t len = loom__checkpoint_manifest__get_packed_size(&mf);
+  uint8_t *buf = malloc(len + 1);
+  loom__checkpoint_manifest__pack(&mf, buf);
+  char sub[4096], path[4200], line[80];
+  loom_ckpt_step_dir(dir, step, sub, sizeof sub);
+  snprintf(path, sizeof path, "%s/manifest.pb", sub);
+  const loom_chunk chunk = {buf, len};
+  loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
+  /* Last: DIR/latest names the new checkpoint (temp file, then rename). */
+  snprintf(line, sizeof line, "step_%08lld\n", (long long)step);
+  snprintf(path, sizeof path, "%s/latest", dir);
+  const loom_chunk latest = {line, strlen(line)};
+  if (st == LOOM_OK) st = loom_write_file_atomic(path, &latest, 1, err);
+  if (st == LOOM_OK) prune(dir, step, keep);
+  free(buf);
+  free(files);
+  free(ptrs);
+  free(infos);
+  return st;
+}
+
+loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err) {
+  char path[4200], name[256] = "";
+  *out = NULL;
+  snprintf(path, sizeof path, "%s/latest", dir);
+  FILE *fp = fopen(path, "r");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to resume from (%s)", path, strerror(errno));
+  const int got = fscanf(fp, "%255s", name);
+  fclose(fp);
+  if (got != 1) return loom_fail(err, LOOM_ERR_FORMAT, "%s: empty; it should name a step directory", path);
+  snprintf(step_dir, len, "%s/%s", dir, name);
+  snprintf(path, sizeof path, "%s/manifest.pb", step_dir);
+  fp = fopen(path, "rb");
+  if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
+  uint8_t *buf = malloc(1 << 20);
+  const size_t got_bytes = fread(buf, 1, 1 << 20, fp);
+  fclose(fp);
+  *out = loom__checkpoint_manifest__unpack(NULL, got_bytes, buf);
+  free(buf);
+  if (*out && (*out)->model && (*out)->parallel && (*out)->batch && (*out)->format_version == MANIFEST_VERSION) return LOOM_OK;
+  const loom_status st = *out && (*out)->format_version != MANIFEST_VERSION
+                             ? loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest format %u, this loom reads %d", path,
+                                         (*out)->format_version, MANIFEST_VERSION)
+                             : loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
+  if (*out) loom__checkpoint_manifest__free_unpacked(*out, NULL);
+  *out = NULL;
+  return st;
+}
+
+void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
+  memset(run, 0, sizeof *run);
+  const Loom__Model *m = mf->model;
+  run->cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
+                               .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps};
+  loom_gpt_config_finish(&run->cfg);
+  const Loom__Parallel *l = mf->parallel;
+  run->tp = l->tp, run->pp = l->pp, run->dp = l->dp, run->vpp = l->virtual_chunks, run->zero = l->zero_stage;
+  run->micro_batch = mf->batch->micro_batch, run->global_batch = mf->batch->global_batch;
+  run->seed = mf->seed;
+  const Loom__TrainState *ts = mf->state;
+  if (ts) {
+    run->lr = (loom_lr_schedule){ts->max_lr, ts->min_lr, ts->warmup_steps, ts->total_steps};
+    run->data = ts->data && ts->data[0] ? ts->data : NULL;
+  }
+}
+
+loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, char ***paths, loom_error *err) {
+  *paths = calloc(mf->n_shards + 1, sizeof **paths);
+  loom_status st = LOOM_OK;
+  for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
+    const Loom__ShardFileInfo *info = mf->shards[i];
+    const size_t len = strlen(step_dir) + (info->file ? strlen(info->file) : 1) + 2;
+    (*paths)[i] = malloc(len);
+    snprintf((*paths)[i], len, "%s/%s", step_dir, info->file ? info->file : "?");
+    struct stat sb;
+    if (!info->file || strchr(info->file, '/'))
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s/manifest.pb: shard %zu has no plain file name", step_dir, i);
+    else if (stat((*paths)[i], &sb) != 0)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing shard file (%s)", (*paths)[i], strerror(errno));
+    else if ((int64_t)sb.st_size != info->bytes)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the shard is damaged", (*paths)[i],
+                     (long long)sb.st_size, (long long)info->bytes);
+  }
+  if (st != LOOM_OK) loom_manifest_paths_free(*paths, mf->n_shards);
+  if (st != LOOM_OK) *paths = NULL;
+  return st;
+}
+
+void loom_manifest_paths_free(char **paths, size_t n) {
+  for (size_t i = 0; paths && i < n; i++) free(paths[i]);
+  free(paths);
+}

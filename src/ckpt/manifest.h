@@ -1,0 +1,33 @@
+/* A checkpoint directory's bookkeeping: DIR/step_NNNNNNNN/ holds one shard
+ * file per rank and manifest.pb; DIR/latest names the newest complete step. */
+#ifndef LOOM_MANIFEST_H
+#define LOOM_MANIFEST_H
+
+#include "ckpt/checkpoint.h"
+#include "loom.pb-c.h"
+
+typedef struct {
+  int64_t bytes;
+  uint32_t crc32c;
+} loom_shard_written;
+
+/* DIR/step_NNNNNNNN, and rank r's shard file in it. */
+void loom_ckpt_step_dir(const char *dir, int64_t step, char *out, size_t len);
+void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len);
+loom_status loom_ckpt_make_dir(const char *path, loom_error *err);
+
+/* Records a complete step: its manifest (the run, and each rank's shard
+ * size and checksum), then DIR/latest by atomic rename, then removes all
+ * but the newest `keep` steps (0 keeps all). */
+loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
+                                  int nshards, int keep, loom_error *err);
+/* Reads the manifest DIR/latest names; *step_dir gets its directory. */
+loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
+/* The run a manifest describes (run->data points into mf). */
+void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
+/* The paths of a manifest's shard files, each checked to exist at its
+ * recorded size; free with loom_manifest_paths_free. */
+loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, char ***paths, loom_error *err);
+void loom_manifest_paths_free(char **paths, size_t n);
+
+#endif

@@ -1,0 +1,135 @@
+/* Offline checkpoint work in one process: resharding onto another plan, and
+ * loading the whole model for export. Each target rank is built, filled by
+ * global offsets and written in turn, so memory holds one rank at a time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ckpt/assemble.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/manifest.h"
+#include "pipeline/layer_split.h"
+
+/* One rank of a layout, built without communication. */
+typedef struct {
+  int n;
+  loom_gpt_params *p;
+  loom_adamw *opt;
+  loom_zero1 *z;
+  loom_ckpt_chunk *chunks;
+} offline_rank;
+
+static void free_rank(offline_rank *r) {
+  for (int c = 0; c < r->n; c++) {
+    loom_gpt_params_free(&r->p[c]);
+    if (r->opt) loom_adamw_free(&r->opt[c]);
+    if (r->z) loom_zero1_free(&r->z[c]);
+  }
+  free(r->p);
+  free(r->opt);
+  free(r->z);
+  free(r->chunks);
+  memset(r, 0, sizeof *r);
+}
+
+/* Rank `rank` of `to` (tp fastest, then dp, then pp), with stage s holding
+ * layers [begin[s], begin[s + 1]). */
+static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int rank, offline_rank *r) {
+  const int tp_rank = rank % to->tp, dp_rank = rank / to->tp % to->dp, pp_rank = rank / (to->tp * to->dp);
+  const int stages = to->pp * to->vpp;
+  const loom_gpt_config cfg = loom_gpt_config_for_tp(&to->cfg, to->tp);
+  const loom_adamw_config oc = loom_adamw_defaults();
+  memset(r, 0, sizeof *r);
+  r->n = to->vpp;
+  r->p = calloc((size_t)r->n, sizeof *r->p);
+  r->chunks = calloc((size_t)r->n, sizeof *r->chunks);
+  if (to->zero) r->z = calloc((size_t)r->n, sizeof *r->z);
+  else r->opt = calloc((size_t)r->n, sizeof *r->opt);
+  loom_status st = r->p && r->chunks && (r->z || r->opt) ? LOOM_OK : LOOM_ERR_NOMEM;
+  for (int c = 0; c < r->n && st == LOOM_OK; c++) {
+    const int s = c * to->pp + pp_rank; /* interleaved: chunk c of pipeline rank p is stage c * pp + p */
+    const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
+    st = loom_gpt_params_init(&r->p[c], &cfg, tp_rank, to->tp, &range);
+    if (st == LOOM_OK) st = to->zero ? loom_zero1_init(&r->z[c], &r->p[c], dp_rank, to->dp, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
+    if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero1(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
+  }
+  return st;
+}
+
+/* Fills rank `rank` of `to` from the checkpoint and writes its shard under out_dir. */
+static loom_status reshard_rank(const char *sub, char *const *paths, int npaths, const loom_ckpt_run *to, const int *begin,
+                                int rank, const char *out_dir, loom_shard_written *written, loom_error *err) {
+  offline_rank r;
+  loom_status st = build_rank(to, begin, rank, &r);
+  if (st != LOOM_OK) {
+    free_rank(&r);
+    return loom_fail(err, st, "loom ckpt reshard: out of memory building rank %d", rank);
+  }
+  const int max = loom_ckpt_max_pieces(r.chunks, r.n) + 1;
+  loom_ckpt_want *want = calloc((size_t)max, sizeof *want);
+  loom_shard_tensor *pieces = calloc((size_t)max, sizeof *pieces);
+  st = loom_ckpt_assemble(sub, paths, npaths, want, loom_ckpt_load_pieces(r.chunks, r.n, want), err);
+  char path[4200];
+  loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
+  const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero == 1, pieces);
+  if (st == LOOM_OK) st = loom_shard_file_write(path, pieces, count, &written->bytes, &written->crc32c, err);
+  free(want);
+  free(pieces);
+  free_rank(&r);
+  return st;
+}
+
+loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, int dp, int vpp, int zero,
+                              const int *layer_counts, int ncounts, loom_error *err) {
+  char sub[4096], out_dir[4096];
+  Loom__CheckpointManifest *mf;
+  loom_status st = loom_manifest_read(src, sub, sizeof sub, &mf, err);
+  if (st != LOOM_OK) return st;
+  loom_ckpt_run to;
+  loom_manifest_run(mf, &to);
+  to.tp = tp, to.pp = pp, to.dp = dp, to.vpp = vpp, to.zero = zero;
+  const int world = tp * pp * dp;
+  if (vpp > 1 && pp < 2) st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: --vpp %d needs --pp 2 or more", vpp);
+  if (st == LOOM_OK)
+    st = loom_parallel_check(tp, pp, dp, world, false, to.cfg.heads, to.cfg.hidden, to.cfg.ffn, to.cfg.seq, err);
+  if (st == LOOM_OK && to.global_batch % dp != 0)
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: global batch %d does not split over dp %d", to.global_batch, dp);
+  int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
+  if (st == LOOM_OK) st = loom_layer_split(to.cfg.layers, pp * vpp, layer_counts, ncounts, begin, err);
+  char **paths = NULL;
+  if (st == LOOM_OK) st = loom_manifest_paths(sub, mf, &paths, err);
+  if (st == LOOM_OK) st = loom_ckpt_make_dir(dst, err);
+  loom_ckpt_step_dir(dst, mf->step, out_dir, sizeof out_dir);
+  if (st == LOOM_OK) st = loom_ckpt_make_dir(out_dir, err);
+  loom_shard_written *written = calloc((size_t)world, sizeof *written);
+  for (int rank = 0; rank < world && st == LOOM_OK; rank++)
+    st = reshard_rank(sub, paths, (int)mf->n_shards, &to, begin, rank, out_dir, &written[rank], err);
+  if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, &to, written, world, 0, err);
+  free(written);
+  free(begin);
+  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
+  loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  return st;
+}
+
+loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error *err) {
+  char sub[4096];
+  Loom__CheckpointManifest *mf;
+  memset(p, 0, sizeof *p);
+  loom_status st = loom_manifest_read(dir, sub, sizeof sub, &mf, err);
+  if (st != LOOM_OK) return st;
+  loom_ckpt_run run;
+  loom_manifest_run(mf, &run);
+  char **paths = NULL;
+  st = loom_manifest_paths(sub, mf, &paths, err);
+  if (st == LOOM_OK && loom_gpt_params_init(p, &run.cfg, 0, 1, NULL) != LOOM_OK)
+    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the model", sub);
+  if (st == LOOM_OK) {
+    const loom_ckpt_chunk whole = {p, NULL, NULL, 0, 0, NULL}; /* parameters only */
+    loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(&whole, 1) + 1, sizeof *want);
+    st = loom_ckpt_assemble(sub, paths, (int)mf->n_shards, want, loom_ckpt_load_pieces(&whole, 1, want), err);
+    free(want);
+  }
+  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
+  loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  return st;
+}
