@@ -62,10 +62,11 @@ static bool blocks_overlap(const loom_shard_tensor *a, const loom_shard_tensor *
 
 static bool same_name(const loom_shard_tensor *a, const loom_shard_tensor *b) { return strcmp(a->name, b->name) == 0; }
 
-/* Whether stored piece h has the shape of w's tensor: equal but for padding rows past w's valid ones. */
+/* Whether stored piece h has the shape of w's tensor: equal, or for a vocab-padded tensor equal in its valid rows. */
 static bool shape_fits(const loom_shard_tensor *h, const loom_ckpt_want *w) {
-  return h->ndim == 2 && h->global[1] == w->t.global[1] && h->global[0] >= w->valid_rows &&
-         (h->global[0] == w->t.global[0] || w->valid_rows < w->t.global[0]);
+  const bool padded = w->valid_rows < w->t.global[0] || h->global[0] > w->t.global[0];
+  return h->ndim == 2 && h->global[1] == w->t.global[1] &&
+         (h->global[0] == w->t.global[0] || (w->padded && padded && h->global[0] >= w->valid_rows));
 }
 
 /* Fills from one shard file; stored_rows[i] records the checkpoint's rows of want i. */

@@ -90,6 +90,7 @@ int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *
         for (int b = 0, got = add_pieces(&chunks[c], k, kind, pieces); b < got; b++) {
           const loom_param_meta *m = &chunks[c].p->meta[k];
           out[count].t = pieces[b];
+          out[count].padded = m->init_rows > 0;
           out[count++].valid_rows = m->init_rows > 0 ? m->init_rows : m->layout.rows;
         }
   return count;

@@ -36,6 +36,7 @@ loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z);
 typedef struct {
   loom_shard_tensor t;
   int64_t valid_rows;
+  bool padded; /* rows past valid_rows are vocab padding, which differs between tp sizes */
 } loom_ckpt_want;
 
 /* Upper bound on the pieces of n chunks. */

@@ -1,28 +1,23 @@
-/* `loom ckpt export --format llmc -o OUT`: writes a model (freshly initialised
- * from the model flags and --seed, or loaded with --init-from) as one file. */
+/* `loom ckpt`: verify, reshard and export checkpoints.
+ *   loom ckpt verify DIR
+ *   loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N [--vpp N] [--zero 1] [--layer-split L]) -o OUT
+ *   loom ckpt export [DIR] --format llmc|safetensors -o OUT [model flags]
+ * export writes the model of checkpoint DIR, or without DIR a model built
+ * from the model flags and --seed (or loaded with --init-from). */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "ckpt/checkpoint.h"
 #include "ckpt/llmc_model.h"
+#include "ckpt/safetensors.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
+#include "cli/train_flags.h"
 #include "core/log.h"
-#include "layers/gpt.h"
+#include "pipeline/layer_split.h"
+#include "plan/plan.h"
 
-static const char *const FORMAT_CHOICES[] = {"llmc", NULL};
-
-static loom_status export_model(const loom_gpt_config *cfg, const char *init_from, int64_t seed,
-                                const char *out, loom_error *err) {
-  loom_gpt_params p;
-  loom_status st = loom_gpt_params_init(&p, cfg, 0, 1, NULL);
-  if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
-  loom_gpt_params_randomize(&p, (uint64_t)seed);
-  if (init_from) st = loom_llmc_load(init_from, &p, err);
-  if (st == LOOM_OK) st = loom_llmc_save(out, &p, err);
-  if (st == LOOM_OK) loom_log_info("wrote %s (llm.c format, %zu parameters)", out, p.params.numel);
-  loom_gpt_params_free(&p);
-  return st;
-}
+static const char *const FORMAT_CHOICES[] = {"llmc", "safetensors", NULL};
 
 /* `loom ckpt verify DIR`: every checksum and shape of the latest checkpoint. */
 static int verify(int argc, char **argv) {
@@ -41,8 +36,88 @@ static int verify(int argc, char **argv) {
   return st == LOOM_ERR_FORMAT ? 1 : loom_status_exit_code(st); /* a damaged checkpoint fails the check */
 }
 
-int loom_cmd_ckpt(int argc, char **argv) {
-  if (argc >= 1 && strcmp(argv[0], "verify") == 0) return verify(argc - 1, argv + 1);
+/* The layout a plan file gives, checked against its own rules. */
+static loom_status layout_from_plan(const char *path, int *tp, int *pp, int *dp, int *vpp, int *zero, int *counts,
+                                    int *ncounts, loom_error *err) {
+  loom_plan *plan;
+  loom_status st = loom_plan_read(path, &plan, err);
+  if (st != LOOM_OK) return st;
+  char lines[2048];
+  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
+    char *nl = strchr(lines, '\n');
+    if (nl) *nl = '\0';
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: %s: %s (loom plan check lists every problem)", path, lines);
+  } else {
+    *tp = plan->parallel->tp, *pp = plan->parallel->pp, *dp = plan->parallel->dp;
+    *vpp = plan->parallel->virtual_chunks, *zero = plan->parallel->zero_stage;
+    *ncounts = plan->n_stages <= LOOM_MAX_STAGES ? loom_plan_layer_counts(plan, counts) : 0;
+  }
+  loom_plan_free(plan);
+  return st;
+}
+
+static int reshard(int argc, char **argv) {
+  const char *plan = NULL, *out = NULL, *split = NULL;
+  int tp = 1, pp = 1, dp = 1, vpp = 1, zero = 0;
+  loom_flag table[] = {
+      {"--plan", FLAG_STRING, &plan, "the new plan (instead of the layout flags)", LOOM_NO_RANGE, NULL, false},
+      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false},
+      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 4096, NULL, false},
+      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false},
+      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank", 1, 64, NULL, false},
+      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 1, NULL, false},
+      {"--layer-split", FLAG_STRING, &split, "layers per stage, e.g. 3,4,4,3", LOOM_NO_RANGE, NULL, false},
+      {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false},
+  };
+  const int n = (int)(sizeof table / sizeof table[0]);
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[1];
+  int npos, counts[LOOM_MAX_STAGES], ncounts = 0;
+  loom_status st = loom_cli_parse("loom ckpt reshard", "loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N ...) -o OUT",
+                                  table, n, argc, argv, pos, 1, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  char latest[4200];
+  if (out) snprintf(latest, sizeof latest, "%s/latest", out);
+  if (npos != 1) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: expected one checkpoint directory");
+  else if (!out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: -o OUT is required");
+  else if (access(latest, F_OK) == 0)
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: %s already holds a checkpoint; choose a new directory", out);
+  else if (plan && (table[1].set || table[2].set || table[3].set || table[4].set || table[5].set || split))
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --plan fixes the layout; drop the layout flags");
+  else if (plan) st = layout_from_plan(plan, &tp, &pp, &dp, &vpp, &zero, counts, &ncounts, &err);
+  else if (split && (ncounts = loom_layer_split_parse(split, counts, LOOM_MAX_STAGES)) < 0)
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --layer-split %s: expected layer counts like 3,4,4,3", split);
+  if (st == LOOM_OK) st = loom_ckpt_reshard(pos[0], out, tp, pp, dp, vpp, zero, ncounts ? counts : NULL, ncounts, &err);
+  if (st == LOOM_OK)
+    printf("%s: resharded %s onto tp %d x pp %d x dp %d (vpp %d, zero %d): %d shards\n", out, pos[0], tp, pp, dp, vpp,
+           zero, tp * pp * dp);
+  return loom_report(st, &err);
+}
+
+/* The model to export: checkpoint dir's, or built from the model flags. */
+static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
+                                const char *format, const char *out, loom_error *err) {
+  loom_gpt_params p;
+  loom_status st;
+  if (dir) {
+    st = loom_ckpt_load_model(dir, &p, err);
+  } else {
+    st = loom_gpt_params_init(&p, cfg, 0, 1, NULL);
+    if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
+    loom_gpt_params_randomize(&p, (uint64_t)seed);
+    if (init_from) st = loom_llmc_load(init_from, &p, err);
+  }
+  const bool safetensors = strcmp(format, "safetensors") == 0;
+  if (st == LOOM_OK) st = safetensors ? loom_safetensors_write(out, &p, err) : loom_llmc_save(out, &p, err);
+  if (st == LOOM_OK)
+    loom_log_info("wrote %s (%s, %zu parameters)", out, safetensors ? "safetensors, GPT-2 names" : "llm.c format",
+                  p.params.numel);
+  loom_gpt_params_free(&p);
+  return st;
+}
+
+static int export_cmd(int argc, char **argv) {
   loom_model_flags mf = {.preset = "gpt-tiny"};
   const char *format = NULL, *out = NULL;
   int64_t seed = 1337;
@@ -59,15 +134,27 @@ int loom_cmd_ckpt(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom ckpt", "loom ckpt export --format llmc -o OUT [model flags]", table, n, argc, argv, pos, 1, &npos, &help, &err);
+  loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors -o OUT [model flags]",
+                                  table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (st == LOOM_OK && (npos != 1 || strcmp(pos[0], "export") != 0))
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt: expected 'export --format llmc -o OUT'");
-  else if (st == LOOM_OK && (!format || !out))
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", format ? "-o OUT" : "--format");
+  if (!format || !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", format ? "-o OUT" : "--format");
+  for (int i = 0; st == LOOM_OK && npos == 1 && i < LOOM_MODEL_FLAG_COUNT; i++)
+    if (table[i].set)
+      st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s cannot be combined with a checkpoint, which fixes the model",
+                     table[i].name);
   loom_gpt_config cfg;
   int T;
-  if (st == LOOM_OK) st = loom_model_flags_resolve("loom ckpt export", &mf, table, &cfg, &T, &err);
-  if (st == LOOM_OK) st = export_model(&cfg, mf.init_from, seed, out, &err);
+  if (st == LOOM_OK && npos == 0) st = loom_model_flags_resolve("loom ckpt export", &mf, table, &cfg, &T, &err);
+  if (st == LOOM_OK) st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, out, &err);
   return loom_report(st, &err);
+}
+
+int loom_cmd_ckpt(int argc, char **argv) {
+  const char *sub = argc >= 1 ? argv[0] : "";
+  if (strcmp(sub, "verify") == 0) return verify(argc - 1, argv + 1);
+  if (strcmp(sub, "reshard") == 0) return reshard(argc - 1, argv + 1);
+  if (strcmp(sub, "export") == 0) return export_cmd(argc - 1, argv + 1);
+  loom_error err = {{0}};
+  loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt: expected 'verify DIR', 'reshard DIR ... -o OUT' or 'export [DIR] --format F -o OUT'");
+  return loom_report(LOOM_ERR_USAGE, &err);
 }

@@ -110,11 +110,7 @@ loom_status loom_train_apply_plan(loom_train_flags *f, const loom_flag *t, loom_
     static const char *const KINDS[] = {"1f1b", "gpipe", "interleaved"};
     f->schedule = KINDS[plan->schedule];
     f->recompute = plan->n_stages && plan->stages[0]->recompute ? "full" : "none";
-    *ncounts = (int)plan->n_stages;
-    for (size_t k = 0; k < plan->n_stages; k++) {
-      const Loom__Stage *s = plan->stages[k];
-      counts[s->chunk * plan->parallel->pp + s->pp_rank] = s->layer_end - s->layer_begin;
-    }
+    *ncounts = loom_plan_layer_counts(plan, counts);
   }
   loom_plan_free(plan);
   return st;

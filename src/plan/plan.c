@@ -346,3 +346,11 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
   }
   return r.count;
 }
+
+int loom_plan_layer_counts(const loom_plan *plan, int *counts) {
+  for (size_t k = 0; k < plan->n_stages; k++) {
+    const Loom__Stage *s = plan->stages[k];
+    counts[s->chunk * plan->parallel->pp + s->pp_rank] = s->layer_end - s->layer_begin;
+  }
+  return (int)plan->n_stages;
+}

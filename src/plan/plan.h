@@ -45,6 +45,10 @@ void loom_plan_estimate(loom_plan *plan);
  * number of violations; lines (if not NULL) get them, newline-separated. */
 int loom_plan_check_rules(const loom_plan *plan, int world, int64_t device_memory, char *lines, size_t cap);
 
+/* Layers of each virtual stage (stage = chunk * pp + pp_rank) into counts
+ * (room for every stage); returns the number of stages. */
+int loom_plan_layer_counts(const loom_plan *plan, int *counts);
+
 /* Peak micro-batches (per chunk) a pipeline rank keeps in flight. */
 int loom_plan_in_flight(Loom__ScheduleKind kind, int pp, int vpp, int m, int rank);
 
