@@ -1,11 +1,16 @@
 /* Checkpoint shard files: CRC-32C known answers, a round trip that keeps
- * names, shapes and offsets, and every kind of corruption refused with a
- * message naming the file (and tensor), never loaded silently. */
+ * names, shapes and offsets, every kind of corruption refused with a
+ * message naming the file (and tensor), never loaded silently; and loading
+ * by global offsets across plans (tp, pp, dp, ZeRO-1) against the naive
+ * shard mapping of a whole model. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ckpt/assemble.h"
 #include "ckpt/shard_file.h"
 #include "core/crc32c.h"
+#include "pipeline/layer_split.h"
 #include "test_util.h"
 
 START_TEST(crc32c_known_answers) {
@@ -20,9 +25,11 @@ END_TEST
 static const char *write_sample(const char *name, float *a, float *b) {
   for (int i = 0; i < 8; i++) a[i] = (float)i * 0.5f;
   for (int i = 0; i < 3; i++) b[i] = -1.0f - (float)i;
+  /* Elements 1..8 of a row block, and a whole vector. */
   loom_shard_tensor t[2] = {{.name = "h.0.attn.c_attn.weight", .ndim = 2, .global = {6, 4}, .offset = {2, 0},
-                             .local = {2, 4}, .data = a},
+                             .local = {3, 4}, .first = 1, .count = 8, .data = a},
                             {.name = "ln_f.bias", .ndim = 1, .global = {3}, .offset = {0}, .local = {3}, .data = b}};
+  loom_shard_set_whole(&t[1]);
   const char *path = tu_tmp_path(name);
   loom_error err = {{0}};
   int64_t bytes;
@@ -49,6 +56,9 @@ START_TEST(round_trip) {
   ck_assert_int_eq(f.tensors[0].global[0], 6);
   ck_assert_int_eq(f.tensors[0].offset[0], 2);
   ck_assert_int_eq(f.tensors[0].local[1], 4);
+  ck_assert_int_eq(f.tensors[0].first, 1);
+  ck_assert_int_eq(f.tensors[0].count, 8);
+  ck_assert_int_eq(f.tensors[1].count, 3);
   ck_assert_mem_eq(f.tensors[0].data, a, sizeof a);
   ck_assert_mem_eq(f.tensors[1].data, b, sizeof b);
   loom_shard_file_free(&f);
@@ -64,35 +74,42 @@ static void expect_refused(const char *path, const char *suffix) {
   ck_assert_str_eq(err.msg, want);
 }
 
+/* Bytes of the second piece (ln_f.bias): its header, then 3 values. */
+enum { LAST_HEADER = 2 + 9 + 1 + 3 * 8 + 16 + 4, LAST_DATA = 12 };
+
 START_TEST(corruption_is_refused) {
   float a[8], b[3];
   const char *good = write_sample("good.bin", a, b);
   size_t n;
   char *bytes = tu_read_bytes(good, &n);
   const char *bad = tu_tmp_path("bad.bin");
-  /* A flipped byte in the first tensor's data. */
-  bytes[n - 12 - 48 - 4] ^= 0x40; /* last data, 48 metadata bytes of ln_f.bias, first tensor's data */
-  tu_write_bytes(bad, bytes, n);
   loom_shard_file f;
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_shard_file_read(bad, &f, &err), LOOM_ERR_FORMAT);
-  ck_assert_ptr_nonnull(strstr(err.msg, "tensor h.0.attn.c_attn.weight fails its checksum"));
-  ck_assert_ptr_nonnull(strstr(err.msg, "the file is corrupt"));
-  bytes[n - 12 - 48 - 4] ^= 0x40; /* last data, 48 metadata bytes of ln_f.bias, first tensor's data */
+  /* A flipped byte in the first piece's values, then one in its name: the CRC covers both. */
+  const size_t value = n - LAST_DATA - LAST_HEADER - 1, name = 16 + 2 + 9; /* the c of c_attn */
+  const size_t flips[2] = {value, name};
+  const char *named[2] = {"tensor h.0.attn.c_attn.weight fails its checksum", "tensor h.0.attn.C_attn.weight fails its checksum"};
+  for (int i = 0; i < 2; i++) {
+    bytes[flips[i]] ^= 0x20;
+    tu_write_bytes(bad, bytes, n);
+    ck_assert_int_eq(loom_shard_file_read(bad, &f, &err), LOOM_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, named[i]) && strstr(err.msg, "the file is corrupt"), "%s", err.msg);
+    bytes[flips[i]] ^= 0x20;
+  }
   /* Truncated inside the last tensor's data, and inside the header. */
   tu_write_bytes(bad, bytes, n - 4);
   expect_refused(bad, "truncated checkpoint shard: ends inside ln_f.bias");
   tu_write_bytes(bad, bytes, 10);
   expect_refused(bad, "truncated checkpoint shard: ends inside its header");
-  /* Another file type, a newer version, trailing garbage. */
+  /* Another file type, another version, trailing garbage. */
   memcpy(bytes, "NOTLOOM!", 8);
   tu_write_bytes(bad, bytes, n);
   expect_refused(bad, "not a loom checkpoint shard (bad magic)");
   memcpy(bytes, "LOOMSHRD", 8);
   bytes[8] = 9;
   tu_write_bytes(bad, bytes, n);
-  expect_refused(bad, "checkpoint shard version 9, this loom reads 1");
-  bytes[8] = 1;
+  expect_refused(bad, "checkpoint shard version 9, this loom reads 2");
+  bytes[8] = 2;
   char *longer = malloc(n + 3);
   memcpy(longer, bytes, n);
   memcpy(longer + n, "xyz", 3);
@@ -104,12 +121,173 @@ START_TEST(corruption_is_refused) {
 }
 END_TEST
 
+/* One rank of a layout (one chunk): parameters and Adam moments, plain or
+ * this replica's ZeRO-1 slice. */
+typedef struct {
+  loom_gpt_params p;
+  loom_adamw opt;
+  loom_zero1 z;
+  loom_ckpt_chunk ch;
+  int zero;
+} test_rank;
+
+typedef struct {
+  int tp, pp, dp, zero;
+} layout;
+
+static const loom_gpt_config *tiny(void) {
+  static loom_gpt_config cfg = {.layers = 4, .hidden = 16, .heads = 4, .ffn = 64, .vocab = 100, .seq = 8, .norm_eps = 1e-5f};
+  loom_gpt_config_finish(&cfg);
+  return &cfg;
+}
+
+/* Builds rank `rank` of lay (tp fastest, then dp, then pp). With a whole
+ * model and its moments, fills it by the naive shard mapping (the expected
+ * state); without, fills it with NaN (what a load must overwrite). */
+static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params *whole, const loom_buffer *wm,
+                      const loom_buffer *wv) {
+  const int tp_rank = rank % lay.tp, dp_rank = rank / lay.tp % lay.dp, pp_rank = rank / (lay.tp * lay.dp);
+  int begin[8];
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_layer_split(tiny()->layers, lay.pp, NULL, 0, begin, &err), LOOM_OK);
+  const loom_stage_range range = {begin[pp_rank], begin[pp_rank + 1], pp_rank == 0, pp_rank == lay.pp - 1};
+  const loom_gpt_config cfg = loom_gpt_config_for_tp(tiny(), lay.tp);
+  const loom_adamw_config oc = loom_adamw_defaults();
+  memset(r, 0, sizeof *r);
+  r->zero = lay.zero;
+  ck_assert_int_eq(loom_gpt_params_init(&r->p, &cfg, tp_rank, lay.tp, &range), LOOM_OK);
+  const size_t n = r->p.params.numel;
+  float *m = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
+  if (whole) {
+    tu_slice_of(&r->p, &whole->params, whole, r->p.params.base);
+    tu_slice_of(&r->p, wm, whole, m);
+    tu_slice_of(&r->p, wv, whole, v);
+  } else {
+    for (size_t i = 0; i < n; i++) ((float *)r->p.params.base)[i] = m[i] = v[i] = NAN;
+  }
+  if (lay.zero) {
+    ck_assert_int_eq(loom_zero1_init(&r->z, &r->p, dp_rank, lay.dp, &oc), LOOM_OK);
+    memcpy(r->z.m, m + r->z.begin, (r->z.end - r->z.begin) * sizeof(float));
+    memcpy(r->z.v, v + r->z.begin, (r->z.end - r->z.begin) * sizeof(float));
+    r->ch = loom_ckpt_chunk_zero1(&r->p, &r->z);
+  } else {
+    ck_assert_int_eq(loom_adamw_init(&r->opt, &r->p, &oc), LOOM_OK);
+    memcpy(r->opt.m.base, m, n * sizeof(float));
+    memcpy(r->opt.v.base, v, n * sizeof(float));
+    r->ch = loom_ckpt_chunk_adamw(&r->p, &r->opt);
+  }
+  free(m);
+  free(v);
+}
+
+static void free_rank(test_rank *r) {
+  loom_gpt_params_free(&r->p);
+  if (r->zero) loom_zero1_free(&r->z);
+  else loom_adamw_free(&r->opt);
+}
+
+/* Every element of two ranks' state equal, bit for bit. */
+static void assert_same_state(const test_rank *a, const test_rank *b) {
+  ck_assert_mem_eq(a->p.params.base, b->p.params.base, a->p.params.numel * sizeof(float));
+  const size_t moments = (a->ch.end - a->ch.begin) * sizeof(float);
+  ck_assert_int_eq(a->ch.end - a->ch.begin, b->ch.end - b->ch.begin);
+  ck_assert_mem_eq(a->ch.m, b->ch.m, moments);
+  ck_assert_mem_eq(a->ch.v, b->ch.v, moments);
+}
+
+/* The whole model and its moments, with distinct random values everywhere
+ * but wte's padding rows (zero, as training keeps them). */
+static void whole_state(loom_gpt_params *whole, loom_adamw *opt) {
+  ck_assert_int_eq(loom_gpt_params_init(whole, tiny(), 0, 1, NULL), LOOM_OK);
+  const loom_adamw_config oc = loom_adamw_defaults();
+  ck_assert_int_eq(loom_adamw_init(opt, whole, &oc), LOOM_OK);
+  const size_t n = whole->params.numel;
+  tu_fill(whole->params.base, n, 1, -1.0f, 1.0f);
+  tu_fill(opt->m.base, n, 2, -1.0f, 1.0f);
+  tu_fill(opt->v.base, n, 3, 0.0f, 1.0f);
+  const size_t pad = (size_t)(whole->cfg.padded_vocab - whole->cfg.vocab) * (size_t)whole->cfg.hidden;
+  const size_t at = (size_t)whole->cfg.vocab * (size_t)whole->cfg.hidden; /* wte is the first tensor */
+  memset((float *)whole->params.base + at, 0, pad * sizeof(float));
+  memset((float *)opt->m.base + at, 0, pad * sizeof(float));
+  memset((float *)opt->v.base + at, 0, pad * sizeof(float));
+}
+
+/* Writes every rank of lay as one shard file each; returns the paths. */
+static char **save_layout(layout lay, const loom_gpt_params *whole, const loom_adamw *opt, const char *tag) {
+  const int world = lay.tp * lay.pp * lay.dp;
+  char **paths = calloc((size_t)world, sizeof *paths);
+  for (int rank = 0; rank < world; rank++) {
+    test_rank r;
+    make_rank(&r, lay, rank, whole, &opt->m, &opt->v);
+    loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(&r.ch, 1), sizeof *pieces);
+    const int count = loom_ckpt_save_pieces(&r.ch, 1, rank / lay.tp % lay.dp, lay.zero, pieces);
+    char name[64];
+    snprintf(name, sizeof name, "%s_%d.shard", tag, rank);
+    paths[rank] = strdup(tu_tmp_path(name));
+    int64_t bytes;
+    uint32_t crc;
+    loom_error err = {{0}};
+    ck_assert_int_eq(loom_shard_file_write(paths[rank], pieces, count, &bytes, &crc, &err), LOOM_OK);
+    free(pieces);
+    free_rank(&r);
+  }
+  return paths;
+}
+
+/* Loads rank `rank` of lay from the files; returns the status, err the message. */
+static loom_status load_rank(test_rank *r, layout lay, int rank, char **paths, int npaths, loom_error *err) {
+  make_rank(r, lay, rank, NULL, NULL, NULL);
+  loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(&r->ch, 1), sizeof *want);
+  const loom_status st = loom_ckpt_assemble("ckpt", paths, npaths, want, loom_ckpt_load_pieces(&r->ch, 1, want), err);
+  free(want);
+  return st;
+}
+
+/* A checkpoint of (tp 2, pp 2, dp 2, ZeRO-1) loads into other plans exactly
+ * as the naive shard mapping of the whole model places every element. */
+START_TEST(loads_onto_other_plans) {
+  loom_gpt_params whole;
+  loom_adamw opt;
+  whole_state(&whole, &opt);
+  const layout from = {2, 2, 2, 1};
+  char **paths = save_layout(from, &whole, &opt, "from");
+  const layout to[4] = {{4, 1, 1, 0}, {1, 4, 3, 1}, {1, 1, 1, 0}, {2, 2, 2, 1}};
+  for (int k = 0; k < 4; k++)
+    for (int rank = 0; rank < to[k].tp * to[k].pp * to[k].dp; rank++) {
+      test_rank got, want;
+      loom_error err = {{0}};
+      ck_assert_msg(load_rank(&got, to[k], rank, paths, 8, &err) == LOOM_OK, "%s", err.msg);
+      make_rank(&want, to[k], rank, &whole, &opt.m, &opt.v);
+      assert_same_state(&got, &want);
+      free_rank(&got);
+      free_rank(&want);
+    }
+  /* A missing shard leaves elements unfound; a shard given twice holds them twice. */
+  test_rank r;
+  loom_error err = {{0}};
+  ck_assert_int_eq(load_rank(&r, to[2], 0, paths, 7, &err), LOOM_ERR_FORMAT);
+  ck_assert_msg(strstr(err.msg, "ckpt: the checkpoint holds ") && strstr(err.msg, "elements of"), "%s", err.msg);
+  free_rank(&r);
+  char *twice[9];
+  memcpy(twice, paths, 8 * sizeof *paths);
+  twice[8] = paths[0];
+  ck_assert_int_eq(load_rank(&r, to[2], 0, twice, 9, &err), LOOM_ERR_FORMAT);
+  ck_assert_msg(strstr(err.msg, "(pieces overlap)"), "%s", err.msg);
+  free_rank(&r);
+  for (int i = 0; i < 8; i++) free(paths[i]);
+  free(paths);
+  loom_adamw_free(&opt);
+  loom_gpt_params_free(&whole);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt");
   TCase *tc = tcase_create("ckpt");
   tcase_add_test(tc, crc32c_known_answers);
   tcase_add_test(tc, round_trip);
   tcase_add_test(tc, corruption_is_refused);
+  tcase_add_test(tc, loads_onto_other_plans);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }
