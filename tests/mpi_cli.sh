@@ -65,51 +65,6 @@ grep -q '"straggler_rank": 1' "$WORK/s.jsonl" || fail "straggler not in metrics"
 grep -q "step     2: the grads hold an inf or NaN (norm nan); every rank skipped this step" "$WORK/slow.txt" || fail "NaN step not skipped"
 grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics"
 
-# Checkpoints: 3 steps, then resume to 6, equal an uninterrupted 6-step run to
-# the last bit (losses and the gathered final weights), on (tp, pp, dp) = (2, 2, 1) and (1, 2, 2), with dropout on.
-losses() { grep -o '"step": [456], "loss": [0-9.e+-]*' "$1"; }
-for layout in "--tp 2 --pp 2" "--pp 2 --dp 2"; do
-  A="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --micro-batches 2 --eval-every 0 --dropout 0.1 $layout"
-  rm -rf "$WORK/ck"
-  np4() { "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $A "$@"; }
-  np4 --steps 6 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin" > /dev/null 2>&1 || fail "uninterrupted run ($layout)"
-  np4 --steps 3 --ckpt "$WORK/ck" --save-every 3 > /dev/null 2>&1 || fail "first half ($layout)"
-  np4 --steps 6 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" --save "$WORK/res.bin" > "$WORK/res.txt" 2>&1 || fail "resume ($layout): $(cat "$WORK/res.txt")"
-  cmp -s "$WORK/full.bin" "$WORK/res.bin" || fail "resumed final weights differ ($layout)"
-  [ "$(losses "$WORK/full.jsonl")" = "$(losses "$WORK/res.jsonl")" ] || fail "resumed losses differ ($layout): $(losses "$WORK/res.jsonl") vs $(losses "$WORK/full.jsonl")"
-done
-# Corrupt or mismatched checkpoints are refused with the file named, exit 2.
-A="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --micro-batches 2 --eval-every 0 --pp 2 --dp 2"
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train --layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
-  --micro-batches 2 --dp 4 --steps 6 --ckpt "$WORK/ck" --resume > "$WORK/r1.txt" 2>&1
-[ $? = 2 ] && grep -q "written by tp 1 x pp 2 x dp 2 (vpp 1); resume with that layout" "$WORK/r1.txt" || fail "layout mismatch: $(cat "$WORK/r1.txt")"
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train --layers 3 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
-  --micro-batches 2 --pp 2 --dp 2 --steps 6 --ckpt "$WORK/ck" --resume > "$WORK/r2.txt" 2>&1
-[ $? = 2 ] && grep -q "checkpoint of another model (layers 2" "$WORK/r2.txt" || fail "model mismatch: $(cat "$WORK/r2.txt")"
-"$LOOM" ckpt verify "$WORK/ck" | grep -q "ok (4 shards" || fail "verify of a good checkpoint"
-printf '\377' | dd of="$WORK/ck/step_00000006/rank_00001.shard" bs=1 seek=100 conv=notrunc 2> /dev/null
-"$LOOM" ckpt verify "$WORK/ck" > "$WORK/v.txt" 2>&1
-[ $? = 1 ] && grep -q "rank_00001.shard: .*the shard is damaged" "$WORK/v.txt" || fail "verify of a damaged shard: $(cat "$WORK/v.txt")"
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train $A --steps 8 --ckpt "$WORK/ck" --resume > "$WORK/r3.txt" 2>&1
-[ $? != 0 ] && grep -q "rank_00001.shard: .* the manifest says .*: the shard is damaged" "$WORK/r3.txt" || fail "damaged shard: $(cat "$WORK/r3.txt")"
-rm "$WORK/ck/step_00000006/manifest.pb"
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train $A --steps 8 --ckpt "$WORK/ck" --resume > "$WORK/r4.txt" 2>&1
-[ $? = 2 ] && grep -q "manifest.pb: missing manifest: the checkpoint is incomplete" "$WORK/r4.txt" || fail "missing manifest: $(cat "$WORK/r4.txt")"
-
-# SIGTERM, as Slurm sends on preemption: the run checkpoints at the next step
-# boundary and exits 0; --resume carries on from there.
-rm -rf "$WORK/sig"
-"$LOOM" train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 --eval-every 0 \
-  --ckpt "$WORK/sig" --threads 1 > "$WORK/sig.txt" 2>&1 &
-pid=$!
-sleep 3
-kill -TERM $pid
-wait $pid
-code=$?
-[ $code = 0 ] || fail "exit $code after SIGTERM: $(tail -3 "$WORK/sig.txt")"
-grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no signal stop: $(tail -3 "$WORK/sig.txt")"
-"$LOOM" ckpt verify "$WORK/sig" > /dev/null || fail "the signal checkpoint does not verify"
-
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

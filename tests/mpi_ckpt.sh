@@ -1,0 +1,121 @@
+#!/bin/sh
+# Checkpoints under mpirun: bit-exact resume on the same plan (with ZeRO-1
+# too), resharding onto other plans both by --resume and by `loom ckpt
+# reshard`, a rank killed mid-save, SIGTERM, --keep, export, and every kind of
+# damaged or mismatched checkpoint refused with the file named.
+# Usage: tests/mpi_ckpt.sh MPIEXEC LOOM WORKDIR
+set -u
+MPIEXEC=$1 LOOM=$2 WORK=$3
+mkdir -p "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fail() { echo "FAIL: $*"; exit 1; }
+MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --eval-every 0 --dropout 0.1"
+# np N [flags]: loom train of MODEL on N ranks.
+np() { n=$1; shift; "$MPIEXEC" --oversubscribe --bind-to none -np "$n" -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL "$@"; }
+losses() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$1" | sed 's/.*"loss": //'; }
+# same_losses A B: every loss of B equals A's at the same step within rel 1e-5 (fp32 after resharding).
+same_losses() {
+  grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$2" | while IFS= read -r line; do
+    step=$(echo "$line" | sed 's/"step": \([0-9]*\),.*/\1/') b=$(echo "$line" | sed 's/.*"loss": //')
+    a=$(grep -o "\"step\": $step, \"loss\": [0-9.e+-]*" "$1" | sed 's/.*"loss": //')
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * (a < 0 ? -a : a)) }' ||
+      { echo "step $step: $b vs $a"; return 1; }
+  done
+}
+
+# The reference: 9 uninterrupted steps on (tp, pp, dp) = (2, 2, 1).
+np 4 --tp 2 --pp 2 --steps 9 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin" > "$WORK/full.txt" 2>&1 || fail "reference run: $(cat "$WORK/full.txt")"
+
+# Same plan: 3 steps, then resume to 9, equals that plan's uninterrupted run
+# to the last bit (losses and the gathered final weights), on (2,2,1) and on
+# (1,2,2) with ZeRO-1.
+for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1"; do
+  rm -rf "$WORK/ck"
+  np 4 $layout --steps 9 --metrics "$WORK/ref.jsonl" --save "$WORK/ref.bin" > /dev/null 2>&1 || fail "reference ($layout)"
+  np 4 $layout --steps 3 --ckpt "$WORK/ck" > "$WORK/a.txt" 2>&1 || fail "first third ($layout): $(cat "$WORK/a.txt")"
+  np 4 $layout --steps 9 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" --save "$WORK/res.bin" > "$WORK/res.txt" 2>&1 ||
+    fail "resume ($layout): $(cat "$WORK/res.txt")"
+  grep -q "resumed from .*/latest at step 3: .* GB/s" "$WORK/res.txt" || fail "no resume line ($layout)"
+  [ "$(losses "$WORK/res.jsonl")" = "$(losses "$WORK/ref.jsonl" | tail -6)" ] || fail "resumed losses differ ($layout)"
+  cmp -s "$WORK/ref.bin" "$WORK/res.bin" || fail "resumed final weights differ ($layout)"
+done
+# The checkpoint exports as the same model --save wrote, and as safetensors.
+"$LOOM" ckpt export "$WORK/ck" --format llmc -o "$WORK/export.bin" > /dev/null || fail "export llmc"
+cmp -s "$WORK/ref.bin" "$WORK/export.bin" || fail "exported model differs from the trained one"
+"$LOOM" ckpt export "$WORK/ck" --format safetensors -o "$WORK/m.safetensors" > /dev/null || fail "export safetensors"
+grep -q '"h.1.mlp.c_fc.weight":{"dtype":"F32","shape":\[32,128\]' "$WORK/m.safetensors" || fail "safetensors header"
+
+# Resharding by --resume: (2,2,1) for 3 steps, (1,1,2) to 6, (4,1,1) to 9.
+rm -rf "$WORK/rs"
+np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/rs" > /dev/null 2>&1 || fail "reshard: first third"
+np 2 --dp 2 --steps 6 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs1.jsonl" > "$WORK/rs1.txt" 2>&1 || fail "resume on (1,1,2): $(cat "$WORK/rs1.txt")"
+grep -q "resharding: the checkpoint was written by tp 2 x pp 2 x dp 1" "$WORK/rs1.txt" || fail "no resharding line"
+np 4 --tp 4 --steps 9 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs2.jsonl" > "$WORK/rs2.txt" 2>&1 || fail "resume on (4,1,1): $(cat "$WORK/rs2.txt")"
+same_losses "$WORK/full.jsonl" "$WORK/rs1.jsonl" || fail "losses after resharding onto (1,1,2)"
+same_losses "$WORK/full.jsonl" "$WORK/rs2.jsonl" || fail "losses after resharding onto (4,1,1)"
+[ "$(losses "$WORK/rs2.jsonl" | wc -l)" = 3 ] || fail "the resumed runs should train steps 7-9"
+# ... and by `loom ckpt reshard`, offline: (2,2,1) -> (1,2,2) with ZeRO-1 -> (4,1,1) by a plan file.
+rm -rf "$WORK/os" "$WORK/os1" "$WORK/os2"
+np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/os" > /dev/null 2>&1 || fail "offline: first third"
+"$LOOM" ckpt reshard "$WORK/os" --pp 2 --dp 2 --zero 1 -o "$WORK/os1" > /dev/null || fail "reshard to (1,2,2)"
+"$LOOM" plan new --layers 2 --hidden 32 --heads 4 --seq 16 --tp 4 --micro-batch 2 --global-batch 8 -o "$WORK/tp4.txtpb" > /dev/null
+"$LOOM" ckpt reshard "$WORK/os1" --plan "$WORK/tp4.txtpb" -o "$WORK/os2" | grep -q "onto tp 4 x pp 1 x dp 1" || fail "reshard by plan"
+"$LOOM" ckpt verify "$WORK/os2" | grep -q "ok (4 shards" || fail "the resharded checkpoint does not verify"
+np 4 --tp 4 --steps 9 --ckpt "$WORK/os2" --resume --metrics "$WORK/os.jsonl" > "$WORK/os.txt" 2>&1 || fail "resume the resharded: $(cat "$WORK/os.txt")"
+same_losses "$WORK/full.jsonl" "$WORK/os.jsonl" || fail "losses after offline resharding"
+"$LOOM" ckpt reshard "$WORK/os1" --tp 4 -o "$WORK/os2" > "$WORK/o.txt" 2>&1
+[ $? = 2 ] && grep -q "already holds a checkpoint" "$WORK/o.txt" || fail "reshard over a checkpoint: $(cat "$WORK/o.txt")"
+
+# A rank killed (SIGKILL, test-only hook) mid-save at step 4, its shard
+# written and the manifest not: mpirun ends the job, latest still names step
+# 2, and --resume from it finishes with the uninterrupted run's losses.
+rm -rf "$WORK/kill"
+LOOM_TEST_KILL_IN_SAVE=4 LOOM_TEST_KILL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 \
+  -x LOOM_TEST_KILL_IN_SAVE -x LOOM_TEST_KILL_RANK "$LOOM" train $MODEL --tp 2 --pp 2 --steps 9 --save-every 2 \
+  --ckpt "$WORK/kill" > "$WORK/kill.txt" 2>&1 && fail "the killed run exited 0"
+[ "$(cat "$WORK/kill/latest")" = step_00000002 ] || fail "latest moved past the last complete checkpoint"
+[ -f "$WORK/kill/step_00000004/rank_00001.shard" ] && [ ! -f "$WORK/kill/step_00000004/manifest.pb" ] || fail "not killed mid-save"
+np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/kill" --resume --metrics "$WORK/kill.jsonl" > "$WORK/kr.txt" 2>&1 || fail "resume after the kill: $(cat "$WORK/kr.txt")"
+[ "$(losses "$WORK/kill.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -7)" ] || fail "losses after the kill differ"
+
+# --keep 2 leaves the two newest steps.
+rm -rf "$WORK/keep"
+np 2 --dp 2 --steps 4 --save-every 1 --keep 2 --ckpt "$WORK/keep" > /dev/null 2>&1 || fail "--keep run"
+[ "$(ls "$WORK/keep" | tr '\n' ' ')" = "latest step_00000003 step_00000004 " ] || fail "--keep 2 left $(ls "$WORK/keep")"
+
+# Damaged or mismatched checkpoints: refused, the file named, never loaded.
+C="$WORK/ck/step_00000009"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 "$LOOM" train $(echo "$MODEL" | sed 's/--layers 2/--layers 3/') --pp 2 --dp 2 \
+  --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
+[ $? = 2 ] && grep -q "checkpoint of another model (layers 2" "$WORK/r.txt" || fail "another model: $(cat "$WORK/r.txt")"
+np 4 --pp 2 --dp 2 --steps 12 --seed 7 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
+[ $? = 2 ] && grep -q "trained with --seed 1337; resume with the same" "$WORK/r.txt" || fail "another seed: $(cat "$WORK/r.txt")"
+"$LOOM" ckpt verify "$WORK/ck" | grep -q "ok (4 shards" || fail "verify of a good checkpoint"
+cp "$C/rank_00001.shard" "$WORK/good.shard"
+printf '\377' | dd of="$C/rank_00001.shard" bs=1 seek=$(($(wc -c < "$WORK/good.shard") - 2)) conv=notrunc 2> /dev/null
+"$LOOM" ckpt verify "$WORK/ck" > "$WORK/v.txt" 2>&1
+[ $? = 1 ] && grep -q "rank_00001.shard: tensor .* fails its checksum" "$WORK/v.txt" || fail "verify of a flipped byte: $(cat "$WORK/v.txt")"
+np 4 --pp 2 --dp 2 --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
+[ $? != 0 ] && grep -q "rank_00001.shard: tensor .* fails its checksum .*: the file is corrupt" "$WORK/r.txt" || fail "flipped byte: $(cat "$WORK/r.txt")"
+head -c 5000 "$WORK/good.shard" > "$C/rank_00001.shard"
+np 4 --pp 2 --dp 2 --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
+[ $? != 0 ] && grep -q "rank_00001.shard: 5000 bytes, the manifest says [0-9]*: the shard is damaged" "$WORK/r.txt" || fail "truncated: $(cat "$WORK/r.txt")"
+cp "$WORK/good.shard" "$C/rank_00001.shard"
+rm "$C/manifest.pb"
+np 4 --pp 2 --dp 2 --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
+[ $? = 2 ] && grep -q "manifest.pb: missing manifest: the checkpoint is incomplete" "$WORK/r.txt" || fail "missing manifest: $(cat "$WORK/r.txt")"
+
+# SIGTERM, as Slurm sends on preemption: the run checkpoints at the next step
+# boundary and exits 0; the checkpoint verifies.
+rm -rf "$WORK/sig"
+"$LOOM" train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 --eval-every 0 \
+  --ckpt "$WORK/sig" --threads 1 > "$WORK/sig.txt" 2>&1 &
+pid=$!
+sleep 3
+kill -TERM $pid
+wait $pid
+code=$?
+[ $code = 0 ] || fail "exit $code after SIGTERM: $(tail -3 "$WORK/sig.txt")"
+grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no signal stop: $(tail -3 "$WORK/sig.txt")"
+"$LOOM" ckpt verify "$WORK/sig" > /dev/null || fail "the signal checkpoint does not verify"
+echo "ok"
