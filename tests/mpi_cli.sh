@@ -78,4 +78,13 @@ LOOM_TEST_FAIL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_TE
 code=$?
 [ "$code" != 0 ] || fail "a failed rank must fail the job"
 grep -qF "[rank 1] loom: injected failure on this rank (LOOM_TEST_FAIL_RANK)" "$WORK/one.txt" || fail "rank message: $(cat "$WORK/one.txt")"
+# A rank stalled outside communication (test-only hang at step 3): the
+# watchdog ends the job within its timeout and names the rank and the operation.
+LOOM_TEST_STALL_RANK=1 LOOM_TEST_STALL_STEP=3 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x LOOM_TEST_STALL_RANK \
+  -x LOOM_TEST_STALL_STEP -x OMP_NUM_THREADS=1 "$LOOM" train --layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
+  --tp 2 --pp 2 --steps 10 --eval-every 0 --watchdog-timeout 2 > "$WORK/stall.txt" 2>&1
+code=$?
+[ "$code" != 0 ] || fail "a stalled rank must fail the job"
+grep -q "\[rank 0\] loom: watchdog: all-reduce on the tp group did not complete in 2 s (--watchdog-timeout); not waiting in any collective, so stalled or dead: rank 1; waiting: ranks 0, 2, 3" \
+  "$WORK/stall.txt" || fail "watchdog message: $(cat "$WORK/stall.txt")"
 echo "ok"

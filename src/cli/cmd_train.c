@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/llmc_model.h"
@@ -12,6 +13,7 @@
 #include "cli/metrics.h"
 #include "cli/train_flags.h"
 #include "cli/trainer.h"
+#include "comm/mpi/comm_mpi.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
@@ -348,7 +350,11 @@ static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int
                              int nparts, const loom_ckpt_run *ck, loom_error *err) {
   const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(&r->cfg, T, tokens), peak = r->peak;
   if (f->eval_every > 0 && first == 0) run_eval(r, f, 0, false);
+  /* Test-only: one rank hangs outside communication, as a stuck kernel would. */
+  const char *stall_rank = getenv("LOOM_TEST_STALL_RANK"), *stall_step = getenv("LOOM_TEST_STALL_STEP");
   for (int step = first; step < f->steps; step++) {
+    if (stall_rank && atoi(stall_rank) == r->launch.rank && stall_step && atoi(stall_step) == step + 1)
+      for (;;) sleep(1);
     if (r->pipelined) r->pipe.tracing = f->trace && step + 1 == f->steps;
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
@@ -427,6 +433,7 @@ int loom_cmd_train(int argc, char **argv) {
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(f.threads ? f.threads : loom_launch_default_threads());
   catch_signals();
+  loom_comm_mpi_set_watchdog(f.watchdog_timeout);
   train_run r;
   memset(&r, 0, sizeof r);
   loom_launch_init(&r.launch);

@@ -47,6 +47,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false},
       {"--ckpt", FLAG_STRING, &f->ckpt, "checkpoint directory (sharded, one file per rank)", LOOM_NO_RANGE, NULL, false},
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false},
+      {"--watchdog-timeout", FLAG_FLOAT, &f->watchdog_timeout, "abort, naming the stalled ranks, when a collective waits this many seconds (0: never)", 0, 1e6, NULL, false},
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false},
       {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false},
@@ -120,7 +121,7 @@ loom_train_flags loom_train_flags_defaults(void) {
   return (loom_train_flags){.model = {.preset = "gpt-tiny"}, .micro_batch = 16, .global_batch = 0,
                        .steps = 2000, .warmup = 30, .digits = LOOM_ADDITION_DEFAULT_DIGITS,
                        .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
-                       .pp = 1, .vpp = 1, .dp = 1, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .schedule = "1f1b", .recompute = "none",
+                       .pp = 1, .vpp = 1, .dp = 1, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f, .schedule = "1f1b", .recompute = "none",
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
                        .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
 }

@@ -17,12 +17,12 @@ typedef struct {
   const char *ckpt;
   bool sequence_parallel;
   int64_t seed;
-  float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb;
+  float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
   const char *schedule, *recompute, *layer_split, *trace, *plan;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 38)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 39)
 #define LOOM_MAX_STAGES 1024
 
 loom_train_flags loom_train_flags_defaults(void);

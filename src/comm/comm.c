@@ -1,5 +1,6 @@
 /* Dispatch through a group's table, with the size-1 shortcuts every backend
  * would otherwise repeat. */
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include "comm/comm.h"
@@ -83,8 +84,10 @@ void loom_comm_barrier(loom_comm *c) {
   if (!single(c)) c->ops->barrier(c);
 }
 
-loom_comm *loom_comm_split(loom_comm *c, int color, int key) {
-  return c ? c->ops->split(c, color, key) : NULL;
+loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name) {
+  loom_comm *sub = c ? c->ops->split(c, color, key) : NULL;
+  if (sub) snprintf(sub->name, sizeof sub->name, "%s", name);
+  return sub;
 }
 
 void loom_comm_free(loom_comm *c) {

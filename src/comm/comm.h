@@ -39,6 +39,7 @@ typedef struct {
 struct loom_comm {
   const loom_comm_ops *ops;
   int rank, size;
+  char name[16]; /* "world", "tp", "dp", "pp", "embedding": for error messages */
   void *impl;
 };
 
@@ -62,7 +63,8 @@ int loom_comm_test(loom_comm *c, loom_request *r);
  * when it is done. */
 void loom_comm_idle_barrier(loom_comm *c, int root);
 void loom_comm_barrier(loom_comm *c);
-loom_comm *loom_comm_split(loom_comm *c, int color, int key);
+/* Sub-group of the ranks passing the same color, ordered by key, named `name`. */
+loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name);
 void loom_comm_free(loom_comm *c);
 
 #endif

@@ -47,11 +47,11 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
   ps->sequence_parallel = sequence_parallel;
   loom_parallel_coords(ps->rank, tp, pp, dp, &ps->tp_rank, &ps->dp_rank, &ps->pp_rank);
   /* Each split's color names the coordinates the group shares. */
-  ps->tp_group = loom_comm_split(world, ps->dp_rank + dp * ps->pp_rank, ps->tp_rank);
-  ps->dp_group = loom_comm_split(world, ps->tp_rank + tp * ps->pp_rank, ps->dp_rank);
-  ps->pp_group = loom_comm_split(world, ps->tp_rank + tp * ps->dp_rank, ps->pp_rank);
+  ps->tp_group = loom_comm_split(world, ps->dp_rank + dp * ps->pp_rank, ps->tp_rank, "tp");
+  ps->dp_group = loom_comm_split(world, ps->tp_rank + tp * ps->pp_rank, ps->dp_rank, "dp");
+  ps->pp_group = loom_comm_split(world, ps->tp_rank + tp * ps->dp_rank, ps->pp_rank, "pp");
   const bool edge = ps->pp_rank == 0 || ps->pp_rank == pp - 1;
-  loom_comm *embed = loom_comm_split(world, edge ? ps->tp_rank + tp * ps->dp_rank : tp * dp + ps->rank, ps->pp_rank);
+  loom_comm *embed = loom_comm_split(world, edge ? ps->tp_rank + tp * ps->dp_rank : tp * dp + ps->rank, ps->pp_rank, "embedding");
   if (edge) ps->embed_group = embed;
   else loom_comm_free(embed);
 }

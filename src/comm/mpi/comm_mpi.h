@@ -12,5 +12,8 @@ loom_comm *loom_comm_mpi_world(int *argc, char ***argv);
 /* Ends the whole job from one rank: MPI_Abort with this exit code. */
 void loom_mpi_abort(int code);
 void loom_mpi_finalize(void);
+/* Aborts the job, naming the stalled ranks, when a blocking operation waits
+ * longer than timeout_s (0: wait forever); see watchdog.h. */
+void loom_comm_mpi_set_watchdog(double timeout_s);
 
 #endif
