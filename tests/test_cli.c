@@ -91,7 +91,17 @@ START_TEST(bad_flags) {
   expect_fail(run("data", "prepare", "in.txt", NULL), 2, "loom data prepare: -o OUT.bin is required");
   expect_fail(run("data", NULL), 2, "loom data: expected 'prepare IN.txt -o OUT.bin'");
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
-  expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt: --format must be one of llmc, got 'onnx'");
+  expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt export: --format must be one of llmc, safetensors, got 'onnx'");
+  expect_fail(run("ckpt", "export", "/nonexistent-ck", "--format", "llmc", "-o", "m.bin", NULL), 2,
+              "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
+  expect_fail(run("ckpt", "export", "ck", "--layers", "3", "--format", "llmc", "-o", "m.bin", NULL), 2,
+              "loom ckpt export: --layers cannot be combined with a checkpoint, which fixes the model");
+  expect_fail(run("ckpt", NULL), 2, "loom ckpt: expected 'verify DIR', 'reshard DIR ... -o OUT' or 'export [DIR] --format F -o OUT'");
+  expect_fail(run("ckpt", "reshard", "ck", "--tp", "2", NULL), 2, "loom ckpt reshard: -o OUT is required");
+  expect_fail(run("ckpt", "reshard", "ck", "--plan", "p.txtpb", "--tp", "2", "-o", "out", NULL), 2,
+              "loom ckpt reshard: --plan fixes the layout; drop the layout flags");
+  expect_fail(run("ckpt", "reshard", "/nonexistent-ck", "--tp", "2", "-o", "out", NULL), 2,
+              "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
   expect_fail(run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
   expect_fail(run("trace", "svg", "/nonexistent.json", "-o", "x.svg", NULL), 2,
               "loom: /nonexistent.json: cannot open trace: No such file or directory");
@@ -155,11 +165,11 @@ START_TEST(bad_flags) {
               "loom train: --hidden cannot be combined with --plan: the plan fixes the model and layout");
   expect_fail(run("plan", "check", "/nonexistent.txtpb", NULL), 2, "loom: /nonexistent.txtpb: cannot open plan: No such file or directory");
   expect_fail(run("plan", "new", "--tp", "2", NULL), 2, "loom plan new: -o PLAN is required");
-  expect_fail(run("train", "--resume", NULL), 2, "loom train: --resume and --save-every need --ckpt DIR");
-  expect_fail(run("train", "--ckpt", "/tmp/x", "--zero", "1", NULL), 2,
-              "loom train: checkpoints of ZeRO-1 optimizer slices are not in this loom yet; drop --zero or --ckpt");
+  expect_fail(run("train", "--resume", NULL), 2, "loom train: --resume, --save-every and --keep need --ckpt DIR");
+  expect_fail(run("train", "--keep", "2", NULL), 2, "loom train: --resume, --save-every and --keep need --ckpt DIR");
+  expect_fail(run("train", "--watchdog-timeout", "-1", NULL), 2, "loom train: --watchdog-timeout must be in [0, 1e+06], got -1");
   expect_fail(run("train", "--ckpt", "/nonexistent-dir/ck", "--resume", NULL), 2,
-              "loom: /nonexistent-dir/ck/latest: no checkpoint to resume from (No such file or directory)");
+              "loom: /nonexistent-dir/ck/latest: no checkpoint to load (No such file or directory)");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);

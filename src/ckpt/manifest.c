@@ -127,7 +127,7 @@ loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom
   *out = NULL;
   snprintf(path, sizeof path, "%s/latest", dir);
   FILE *fp = fopen(path, "r");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to resume from (%s)", path, strerror(errno));
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(errno));
   const int got = fscanf(fp, "%255s", name);
   fclose(fp);
   if (got != 1) return loom_fail(err, LOOM_ERR_FORMAT, "%s: empty; it should name a step directory", path);
