@@ -18,6 +18,11 @@ START_TEST(crc32c_known_answers) {
   ck_assert_uint_eq(loom_crc32c(0, "", 0), 0u);
   /* Continuing a CRC equals one pass over the whole. */
   ck_assert_uint_eq(loom_crc32c(loom_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+  /* The fast path equals the table at every length and alignment. */
+  uint8_t buf[300];
+  for (int i = 0; i < 300; i++) buf[i] = (uint8_t)(i * 131 + 7);
+  for (size_t at = 0; at < 9; at++)
+    for (size_t n = 0; n + at <= 300; n += 13) ck_assert_uint_eq(loom_crc32c(5, buf + at, n), loom_crc32c_table(5, buf + at, n));
 }
 END_TEST
 

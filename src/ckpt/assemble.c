@@ -60,6 +60,20 @@ static bool blocks_overlap(const loom_shard_tensor *a, const loom_shard_tensor *
   return a->count > 0 && b->count > 0;
 }
 
+/* Zeroes what w holds in rows at or past `rows` (vocab padding the checkpoint lacks). */
+static void zero_rows_from(loom_shard_tensor *w, int64_t rows) {
+  for (int64_t r = rows > w->offset[0] ? rows : w->offset[0]; r < w->offset[0] + w->local[0]; r++) {
+    int64_t c0, c1;
+    row_span(w, r, &c0, &c1);
+    if (c1 > c0) memset(w->data + index_of(w, r, c0), 0, (size_t)(c1 - c0) * sizeof(float));
+  }
+}
+
+static bool same_piece(const loom_shard_tensor *a, const loom_shard_tensor *b) {
+  return a->global[0] == b->global[0] && a->offset[0] == b->offset[0] && a->offset[1] == b->offset[1] &&
+         a->local[0] == b->local[0] && a->local[1] == b->local[1] && a->first == b->first && a->count == b->count;
+}
+
 static bool same_name(const loom_shard_tensor *a, const loom_shard_tensor *b) { return strcmp(a->name, b->name) == 0; }
 
 /* Whether stored piece h has the shape of w's tensor: equal, or for a vocab-padded tensor equal in its valid rows. */
@@ -87,6 +101,11 @@ static loom_status fill_from(const char *path, loom_ckpt_want *want, int nwant, 
       }
       stored_rows[i] = have.global[0];
       if (!blocks_overlap(&have, &want[i].t)) continue;
+      if (same_piece(&have, &want[i].t)) { /* the same plan's piece: read straight into place */
+        st = loom_shard_index_load(&ix, j, want[i].t.data, err);
+        copied[i] += have.count;
+        continue;
+      }
       if (!loaded) {
         have.data = malloc(have.count ? (size_t)have.count * sizeof(float) : 1);
         st = have.data ? loom_shard_index_load(&ix, j, have.data, err) : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
@@ -108,9 +127,9 @@ loom_status loom_ckpt_assemble(const char *dir, char *const *paths, int npaths, 
     free(stored_rows);
     return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the checkpoint", dir);
   }
-  for (int i = 0; i < nwant; i++) memset(want[i].t.data, 0, (size_t)want[i].t.count * sizeof(float));
   loom_status st = LOOM_OK;
   for (int f = 0; st == LOOM_OK && f < npaths; f++) st = fill_from(paths[f], want, nwant, copied, stored_rows, err);
+  for (int i = 0; st == LOOM_OK && i < nwant; i++) zero_rows_from(&want[i].t, stored_rows[i]);
   for (int i = 0; st == LOOM_OK && i < nwant; i++) {
     const int64_t need = stored_rows[i] ? needed(&want[i].t, stored_rows[i]) : want[i].t.count;
     if (copied[i] != need)

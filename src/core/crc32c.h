@@ -7,5 +7,7 @@
 
 /* Continues a CRC over data; start with crc = 0. crc32c("123456789") = 0xE3069283. */
 uint32_t loom_crc32c(uint32_t crc, const void *data, size_t n);
+/* The same, byte by byte from a table: the portable path and the reference. */
+uint32_t loom_crc32c_table(uint32_t crc, const void *data, size_t n);
 
 #endif
