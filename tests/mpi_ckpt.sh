@@ -54,6 +54,16 @@ np 4 --tp 4 --steps 9 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs2.jsonl" > "
 same_losses "$WORK/full.jsonl" "$WORK/rs1.jsonl" || fail "losses after resharding onto (1,1,2)"
 same_losses "$WORK/full.jsonl" "$WORK/rs2.jsonl" || fail "losses after resharding onto (4,1,1)"
 [ "$(losses "$WORK/rs2.jsonl" | wc -l)" = 3 ] || fail "the resumed runs should train steps 7-9"
+# Interleaved chunks (pp 2, vpp 2) onto (2,1,2) with ZeRO-1, against that plan's own run.
+rm -rf "$WORK/vk"
+V="--layers 4 --pp 2 --vpp 2 --schedule interleaved"
+"$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" train $(echo "$MODEL" | sed 's/--layers 2//') $V \
+  --steps 3 --ckpt "$WORK/vk" > /dev/null 2>&1 || fail "interleaved first half"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $(echo "$MODEL" | sed 's/--layers 2/--layers 4/') \
+  --tp 2 --dp 2 --zero 1 --steps 6 --metrics "$WORK/v0.jsonl" > /dev/null 2>&1 || fail "(2,1,2) reference"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $(echo "$MODEL" | sed 's/--layers 2/--layers 4/') \
+  --tp 2 --dp 2 --zero 1 --steps 6 --ckpt "$WORK/vk" --resume --metrics "$WORK/v1.jsonl" > "$WORK/v1.txt" 2>&1 || fail "vpp -> (2,1,2): $(cat "$WORK/v1.txt")"
+same_losses "$WORK/v0.jsonl" "$WORK/v1.jsonl" || fail "losses after resharding interleaved chunks"
 # ... and by `loom ckpt reshard`, offline: (2,2,1) -> (1,2,2) with ZeRO-1 -> (4,1,1) by a plan file.
 rm -rf "$WORK/os" "$WORK/os1" "$WORK/os2"
 np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/os" > /dev/null 2>&1 || fail "offline: first third"

@@ -80,7 +80,7 @@ static void expect_refused(const char *path, const char *suffix) {
 }
 
 /* Bytes of the second piece (ln_f.bias): its header, then 3 values. */
-enum { LAST_HEADER = 2 + 9 + 1 + 3 * 8 + 16 + 4, LAST_DATA = 12 };
+enum { LAST_HEADER = 2 + 9 + 1 + 1 + 3 * 8 + 16 + 4, LAST_DATA = 12 };
 
 START_TEST(corruption_is_refused) {
   float a[8], b[3];
@@ -101,6 +101,11 @@ START_TEST(corruption_is_refused) {
     ck_assert_msg(strstr(err.msg, named[i]) && strstr(err.msg, "the file is corrupt"), "%s", err.msg);
     bytes[flips[i]] ^= 0x20;
   }
+  /* An element type this loom cannot read (the byte after ndim). */
+  bytes[16 + 2 + 22 + 1] = 7;
+  tu_write_bytes(bad, bytes, n);
+  expect_refused(bad, "tensor h.0.attn.c_attn.weight has element type 7; this loom reads fp32 (0)");
+  bytes[16 + 2 + 22 + 1] = 0;
   /* Truncated inside the last tensor's data, and inside the header. */
   tu_write_bytes(bad, bytes, n - 4);
   expect_refused(bad, "truncated checkpoint shard: ends inside ln_f.bias");

@@ -38,10 +38,11 @@ static void put(bytes *b, const void *data, size_t n) {
 /* A piece's header up to its CRC; then the CRC over that and the values. */
 static void put_piece_header(bytes *b, const loom_shard_tensor *t) {
   const uint16_t len = (uint16_t)strlen(t->name);
-  const uint8_t nd = (uint8_t)t->ndim;
+  const uint8_t nd = (uint8_t)t->ndim, dtype = (uint8_t)t->dtype;
   put(b, &len, 2);
   put(b, t->name, len);
   put(b, &nd, 1);
+  put(b, &dtype, 1);
   put(b, t->global, 8 * (size_t)nd);
   put(b, t->offset, 8 * (size_t)nd);
   put(b, t->local, 8 * (size_t)nd);
@@ -98,7 +99,7 @@ static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, l
   FILE *fp = ix->fp;
   uint32_t h = 0;
   uint16_t len;
-  uint8_t nd;
+  uint8_t nd, dtype;
   loom_status st = take(fp, &len, 2, &h, path, "a tensor header", err);
   if (st == LOOM_OK && len >= sizeof t->name) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor name of %u bytes is too long", path, len);
   if (st == LOOM_OK) st = take(fp, t->name, len, &h, path, "a tensor name", err);
@@ -107,6 +108,10 @@ static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, l
   if (st == LOOM_OK && nd > LOOM_SHARD_MAX_DIMS)
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has %u dimensions (at most %d)", path, t->name, nd, LOOM_SHARD_MAX_DIMS);
   t->ndim = nd;
+  if (st == LOOM_OK) st = take(fp, &dtype, 1, &h, path, t->name, err);
+  if (st == LOOM_OK && dtype != LOOM_SHARD_F32)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has element type %u; this loom reads fp32 (0)", path, t->name, dtype);
+  t->dtype = dtype;
   if (st == LOOM_OK) st = take(fp, t->global, 8 * (size_t)nd, &h, path, t->name, err);
   if (st == LOOM_OK) st = take(fp, t->offset, 8 * (size_t)nd, &h, path, t->name, err);
   if (st == LOOM_OK) st = take(fp, t->local, 8 * (size_t)nd, &h, path, t->name, err);

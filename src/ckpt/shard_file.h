@@ -8,7 +8,7 @@
  * Files open with a versioned header and are written atomically.
  *
  * Layout (little endian): "LOOMSHRD", u32 version, u32 count; then per piece:
- * u16 name length, name, u8 ndim, i64 global[ndim], i64 offset[ndim],
+ * u16 name length, name, u8 ndim, u8 dtype, i64 global[ndim], i64 offset[ndim],
  * i64 local[ndim], i64 first, i64 count, u32 crc32c, then count fp32 values.
  * The CRC covers the piece's header bytes before it, then its values. */
 #ifndef LOOM_SHARD_FILE_H
@@ -21,9 +21,13 @@
 #define LOOM_SHARD_VERSION 2
 #define LOOM_SHARD_MAX_DIMS 4
 
+/* Element types of piece values; only fp32 so far (bf16 arrives with the CUDA backend). */
+enum { LOOM_SHARD_F32 = 0 };
+
 typedef struct {
   char name[96];
   int ndim;
+  int dtype; /* LOOM_SHARD_F32 */
   int64_t global[LOOM_SHARD_MAX_DIMS], offset[LOOM_SHARD_MAX_DIMS], local[LOOM_SHARD_MAX_DIMS];
   int64_t first, count; /* elements [first, first + count) of the block, row-major */
   float *data;          /* count values */
