@@ -1,0 +1,48 @@
+#!/bin/sh
+# launch/loom-run: the world size from a plan, GPU and CPU placement, the
+# variables passed to every rank, a hostfile, --dry-run's exact command, bad
+# options refused with exit 2, and a real run on this machine.
+# Usage: tests/launch.sh LOOM_RUN LOOM WORKDIR
+set -u
+RUN=$1 LOOM=$2 WORK=$3
+mkdir -p "$WORK"
+fail() { echo "FAIL: $*"; exit 1; }
+export LOOM MPIRUN=mpirun
+unset OMP_NUM_THREADS
+cores=$(nproc)
+root=""
+[ "$(id -u)" = 0 ] && root="OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+PLANS="$(dirname "$0")/../examples/plans"
+
+# A plan gives -n (tp 2 x pp 2 = 4); more ranks than cores oversubscribe unbound.
+got=$(env -i PATH="$PATH" LOOM="$LOOM" "$RUN" --dry-run --gpus-per-node 0 train --plan "$PLANS/tiny-tp2-pp2.txtpb" --steps 2)
+if [ "$cores" -lt 4 ]; then place="--oversubscribe --bind-to none"; else place="--bind-to core"; fi
+want="${root}mpirun -np 4 $place -x OMP_NUM_THREADS $LOOM train --plan $PLANS/tiny-tp2-pp2.txtpb --steps 2"
+[ "$got" = "$want" ] || fail "plan dry run: got '$got', want '$want'"
+# GPU nodes: one rank per GPU, a hostfile, NCCL and LOOM variables passed, numa binding.
+printf 'node01 slots=8\nnode02 slots=8\n' > "$WORK/hosts"
+got=$(env -i PATH="$PATH" LOOM="$LOOM" NCCL_IB_HCA=mlx5 LOOM_TEST_X=1 "$RUN" --dry-run --gpus-per-node 8 -n 16 --hostfile "$WORK/hosts" train --tp 8 --pp 2)
+want="${root}mpirun -np 16 --hostfile $WORK/hosts --map-by ppr:8:node --bind-to numa -x LOOM_TEST_X -x NCCL_IB_HCA $LOOM train --tp 8 --pp 2"
+[ "$got" = "$want" ] || fail "GPU dry run: got '$got', want '$want'"
+
+# Bad options: one line, exit 2.
+expect() {
+  code=$1 msg=$2; shift 2
+  "$RUN" "$@" > "$WORK/out.txt" 2>&1
+  got=$?
+  [ "$got" = "$code" ] && grep -qxF "$msg" "$WORK/out.txt" || fail "loom-run $*: exit $got, '$(cat "$WORK/out.txt")'; want $code, '$msg'"
+}
+expect 2 "loom-run: expected a loom command, e.g. 'loom-run train --plan PLAN' (loom-run --help)" --dry-run
+expect 2 "loom-run: -n x: expected a positive number" -n x train
+expect 2 "loom-run: unknown option --frobnicate (loom-run --help)" --frobnicate train
+expect 2 "loom-run: --hostfile /nonexistent/hosts: cannot read it" --hostfile /nonexistent/hosts train
+expect 2 "loom-run: --bind socket: expected core, numa or none" --bind socket train
+expect 2 "loom-run: --plan /nonexistent.txtpb: cannot read its world size (loom plan check /nonexistent.txtpb says why)" \
+  --dry-run train --plan /nonexistent.txtpb
+LOOM=/nonexistent/loom expect 2 "loom-run: no loom binary: build it (scripts/setup.sh) or set LOOM=/path/to/loom" train
+
+# A real run: the plan's 4 ranks train on this machine.
+"$RUN" --gpus-per-node 0 train --plan "$PLANS/tiny-tp2-pp2.txtpb" --steps 2 --eval-every 0 > "$WORK/run.txt" 2>&1 ||
+  fail "loom-run train: $(cat "$WORK/run.txt")"
+grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/run.txt" || fail "run layout: $(cat "$WORK/run.txt")"
+echo "ok"

@@ -1,0 +1,55 @@
+#!/bin/sh
+# Two hosts on one machine: network namespaces joined by a veth pair, each
+# with its own address and hostname. launch/loom-run starts a (tp 2, pp 2)
+# job from a hostfile, Open MPI reaching the second host through an rsh agent
+# that enters its namespace, with only TCP between ranks (no shared memory);
+# one pipeline stage per host. Its losses must equal the serial run's.
+# Skips (exit 77) where namespaces cannot be made.
+# Usage: tests/two_hosts.sh LOOM_RUN LOOM WORKDIR
+set -u
+LOOM_RUN=$1 LOOM=$2 WORK=$3
+mkdir -p "$WORK"
+fail() { echo "FAIL: $*"; exit 1; }
+skip() { echo "SKIP: $*"; exit 77; }
+command -v ip > /dev/null || skip "no ip command (apt-get install iproute2)"
+command -v unshare > /dev/null || skip "no unshare command (util-linux)"
+A=lh$$a B=lh$$b NET=10.78.$(($$ % 200 + 20))
+ip netns add $A 2> "$WORK/ns.err" || skip "cannot create network namespaces here: $(cat "$WORK/ns.err")"
+trap 'ip netns del $A 2> /dev/null; ip netns del $B 2> /dev/null' EXIT INT TERM
+ip netns add $B || fail "second namespace"
+ip link add v$A type veth peer name v$B && ip link set v$A netns $A && ip link set v$B netns $B || fail "veth pair"
+ip -n $A addr add $NET.1/24 dev v$A && ip -n $B addr add $NET.2/24 dev v$B || fail "addresses"
+for ns in $A $B; do ip -n $ns link set lo up; ip -n $ns link set v$ns up; done
+
+# The rsh agent Open MPI calls as "agent [options] HOST COMMAND...".
+cat > "$WORK/agent" << AGENT
+#!/bin/sh
+while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done
+host=\$1; shift
+case \$host in $NET.1) ns=$A ;; $NET.2) ns=$B ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
+exec ip netns exec \$ns unshare --uts sh -c "hostname host-\$ns; exec sh -c \\"\\\$0\\"" "\$*"
+AGENT
+chmod +x "$WORK/agent"
+printf '%s slots=2\n%s slots=2\n' $NET.1 $NET.2 > "$WORK/hosts"
+export OMPI_MCA_plm_rsh_agent="$WORK/agent" OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=$NET.0/24 \
+  OMPI_MCA_oob_tcp_if_include=$NET.0/24 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+
+# Ranks 0-1 (pipeline stage 0) on the first host, 2-3 (stage 1) on the second.
+ip netns exec $A mpirun --hostfile "$WORK/hosts" -np 4 --bind-to none sh -c 'echo $OMPI_COMM_WORLD_RANK $(ip -4 -o addr show | grep -o "$0\.[0-9]*/" )' $NET \
+  | sort > "$WORK/placement.txt" 2>&1
+[ "$(tr '\n' ' ' < "$WORK/placement.txt")" = "0 $NET.1/ 1 $NET.1/ 2 $NET.2/ 3 $NET.2/ " ] || fail "placement: $(cat "$WORK/placement.txt")"
+
+MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --eval-every 0 --dropout 0.1 --steps 4"
+before=$(ip -n $B -s link show v$B | awk '/RX:/ { getline; print $1 }')
+ip netns exec $A "$LOOM_RUN" --hostfile "$WORK/hosts" -n 4 --bind none train $MODEL --tp 2 --pp 2 \
+  --metrics "$WORK/two.jsonl" > "$WORK/two.txt" 2>&1 || fail "two-host run: $(tail -5 "$WORK/two.txt")"
+after=$(ip -n $B -s link show v$B | awk '/RX:/ { getline; print $1 }')
+[ $((after - before)) -gt 10000 ] || fail "only $((after - before)) bytes crossed the link"
+"$LOOM" train $MODEL --metrics "$WORK/one.jsonl" > /dev/null 2>&1 || fail "serial run"
+losses() { grep -o '"loss": [0-9.e+-]*' "$1" | sed 's/.*: //'; }
+losses "$WORK/one.jsonl" > "$WORK/one.txt"
+losses "$WORK/two.jsonl" > "$WORK/two_losses.txt"
+[ "$(wc -l < "$WORK/two_losses.txt")" = 4 ] || fail "expected 4 losses: $(cat "$WORK/two.txt")"
+paste "$WORK/one.txt" "$WORK/two_losses.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $2 " vs serial " $1; bad = 1 } } END { exit bad }' ||
+  fail "two-host losses differ from the serial run"
+echo "ok: $((after - before)) bytes over the veth link; losses equal the serial run"
