@@ -13,9 +13,10 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   loom_ckpt_step_dir(dir, step, sub, sizeof sub);
   loom_status st = ps->rank == 0 ? loom_ckpt_make_dir(dir, err) : LOOM_OK;
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(sub, err);
-  float ok = st == LOOM_OK;
-  loom_comm_allreduce(ps->world_group, &ok, 1, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
-  if (ok == 0.0f) return st;
+  float bad = st != LOOM_OK;
+  loom_comm_allreduce(ps->world_group, &bad, 1, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
+  if (bad > 0.0f)
+    return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not create the checkpoint directory", sub);
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
   loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
   const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
@@ -44,8 +45,9 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
     free(shards);
   }
   free(all);
-  float done = st == LOOM_OK;
-  loom_comm_allreduce(ps->world_group, &done, 1, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
+  bad = st != LOOM_OK;
+  loom_comm_allreduce(ps->world_group, &bad, 1, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
+  if (st == LOOM_OK && bad > 0.0f) st = loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not record the checkpoint", sub);
   return st;
 }
 
