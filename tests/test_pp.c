@@ -225,9 +225,5 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, large_messages_do_not_stall);
   tcase_add_test(tc, nan_skips_the_step_everywhere);
   suite_add_tcase(s, tc);
-  float failed = (float)tu_run_rank(s, g_world->rank);
-  loom_comm_allreduce(g_world, &failed, 1, LOOM_REDUCE_MAX);
-  loom_comm_free(g_world);
-  loom_mpi_finalize();
-  return failed > 0 ? 1 : 0;
+  return tu_run_mpi(s, g_world);
 }

@@ -375,11 +375,5 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, training_on_a_token_file_matches_serial);
   tcase_add_test(tc, training_on_a_token_file_matches_serial_sequence_parallel);
   suite_add_tcase(s, tc);
-  float failed = (float)tu_run_rank(s, g_world->rank);
-  /* Any rank's failure fails the job. */
-  float any = failed;
-  loom_comm_allreduce(g_world, &any, 1, LOOM_REDUCE_MAX);
-  loom_comm_free(g_world);
-  loom_mpi_finalize();
-  return any > 0 ? 1 : 0;
+  return tu_run_mpi(s, g_world);
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "comm/mpi/comm_mpi.h"
 #include "core/rng.h"
 #include "test_util.h"
 
@@ -96,4 +97,12 @@ void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, con
   memset(out, 0, local->params.numel * sizeof(float));
   loom_gpt_params_copy_shards(&dst, &src, 1);
   free(views);
+}
+
+int tu_run_mpi(Suite *s, loom_comm *world) {
+  float failed = (float)tu_run_rank(s, world->rank);
+  loom_comm_allreduce(world, &failed, 1, LOOM_REDUCE_MAX); /* any rank's failure fails the job */
+  loom_comm_free(world);
+  loom_mpi_finalize();
+  return failed > 0 ? 1 : 0;
 }

@@ -31,5 +31,9 @@ int tu_run(Suite *s);
 /* Runs a suite on one MPI rank without forking: rank 0 reports in full, other
  * ranks print only their failures. Returns the number of failures. */
 int tu_run_rank(Suite *s, int rank);
+/* tu_run_rank on every rank of world, then frees world and finalizes MPI;
+ * returns the process exit code, 1 if any rank failed. */
+struct loom_comm;
+int tu_run_mpi(Suite *s, struct loom_comm *world);
 
 #endif
