@@ -1,0 +1,46 @@
+/* Op semantics every backend shares, inline for host C and CUDA kernels:
+ * the GELU formula and its derivative, and the keyed dropout mask with its
+ * global element indices. One definition keeps the backends in agreement. */
+#ifndef LOOM_OP_MATH_H
+#define LOOM_OP_MATH_H
+
+#include <math.h>
+#include "backend/ops.h"
+#include "core/rng_math.h"
+
+#define LOOM_GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+LOOM_HD float loom_gelu_value_at(float x) {
+  const float cube = 0.044715f * x * x * x;
+  return 0.5f * x * (1.0f + tanhf(LOOM_GELU_SCALE * (x + cube)));
+}
+
+LOOM_HD float loom_gelu_grad_at(float x) {
+  const float cube = 0.044715f * x * x * x;
+  const float tanh_out = tanhf(LOOM_GELU_SCALE * (x + cube));
+  const float sech2 = 1.0f - tanh_out * tanh_out;
+  return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * LOOM_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* 1 if dropout element `index` survives. */
+LOOM_HD int loom_dropout_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {
+  return loom_rng_uniform_at(seed, stream, index) >= p;
+}
+
+/* Global index of element (t, b, c) of a [T, B, C] site. */
+LOOM_HD uint64_t loom_dropout_index_at(int64_t sample_offset, int seq_offset, int seq_total, int t, int b, int c,
+                                       int T, int C) {
+  const uint64_t sample = (uint64_t)(sample_offset + b);
+  const uint64_t total = (uint64_t)(seq_total ? seq_total : T);
+  return (sample * total + (uint64_t)(seq_offset + t)) * (uint64_t)C + (uint64_t)c;
+}
+
+/* Index of attention element (b, h, tq, tk). */
+LOOM_HD uint64_t loom_attn_dropout_index_at(int64_t sample_offset, int head_offset, int total_heads, int T, int b,
+                                            int h, int tq, int tk) {
+  const uint64_t sample = (uint64_t)(sample_offset + b);
+  const uint64_t head = (uint64_t)(head_offset + h);
+  return ((sample * (uint64_t)total_heads + head) * (uint64_t)T + (uint64_t)tq) * (uint64_t)T + (uint64_t)tk;
+}
+
+#endif
