@@ -1,0 +1,58 @@
+/* The CUDA backend: the op table (backend/ops.h) over device memory, plus
+ * what mixed precision adds to it (bf16 casts, a bf16 GEMM with fp32
+ * accumulation). Every pointer an op takes is a device pointer; every op is
+ * queued on the backend's one compute stream, in order, and returns without
+ * waiting, except sumsq, which returns a host value. cuBLAS does the
+ * matmuls (fp32, or TF32 tensor cores when enabled) and the attention's
+ * batched products; the rest are loom's kernels. Built only when CMake finds
+ * nvcc; available() says whether this process can use a GPU. */
+#ifndef LOOM_CUDA_BACKEND_H
+#define LOOM_CUDA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "backend/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Whether a CUDA device is present and usable (false on a machine without a GPU). */
+bool loom_cuda_available(void);
+/* Selects device `ordinal` (a launcher's local rank modulo the device count). */
+int loom_cuda_select_device(int ordinal);
+/* The op table; call only when loom_cuda_available(). */
+const loom_ops *loom_ops_cuda(void);
+/* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
+void loom_cuda_set_tf32(bool on);
+/* The compute stream (a cudaStream_t) every op is queued on. */
+void *loom_cuda_stream(void);
+/* Waits for every queued op. */
+void loom_cuda_sync(void);
+
+/* Device memory, and copies between host and device (synchronous). */
+void *loom_cuda_malloc(size_t bytes);
+void loom_cuda_free(void *p);
+void loom_cuda_to_device(void *dst, const void *src, size_t bytes);
+void loom_cuda_to_host(void *dst, const void *src, size_t bytes);
+
+/* Mixed precision: bf16 stored as its 16 raw bits. Rounding is to nearest even. */
+void loom_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n);
+void loom_cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n);
+/* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias, bf16 inputs, fp32 accumulation. */
+void loom_cuda_matmul_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+                           int OC);
+/* The bf16 GEMM throughput cuBLAS reaches on this device for an m x n x k
+ * product, in TFLOP/s (best of `iters` timed runs after a warm-up). */
+double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters);
+/* The device's name, and its dense bf16 tensor-core peak in TFLOP/s where
+ * loom knows it (H100/H200 989, A100 312), else 0. */
+const char *loom_cuda_device_name(void);
+double loom_cuda_bf16_peak_tflops(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

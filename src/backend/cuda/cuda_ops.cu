@@ -1,0 +1,752 @@
+// The CUDA backend's op table (see cuda_backend.h). Kernels follow the
+// reference backend's semantics op for op; the shared arithmetic (GELU,
+// Philox dropout masks) comes from backend/op_math.h, so masks are
+// bit-identical to the CPU's.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "backend/op_math.h"
+}
+
+namespace {
+
+void check(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return;
+  fprintf(stderr, "loom: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+  abort();
+}
+
+void check_blas(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  fprintf(stderr, "loom: cuBLAS error %d in %s\n", (int)s, what);
+  abort();
+}
+
+struct Backend {
+  bool ready = false;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  float *scratch = nullptr; // attention probabilities after dropout
+  size_t scratch_floats = 0;
+  double *partials = nullptr; // sumsq block sums
+};
+Backend g;
+
+void init() {
+  if (g.ready) return;
+  check(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "stream");
+  check_blas(cublasCreate(&g.blas), "cublasCreate");
+  check_blas(cublasSetStream(g.blas, g.stream), "cublasSetStream");
+  check_blas(cublasSetMathMode(g.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  g.ready = true;
+}
+
+float *scratch(size_t floats) {
+  if (floats > g.scratch_floats) {
+    check(cudaStreamSynchronize(g.stream), "scratch");
+    if (g.scratch) cudaFree(g.scratch);
+    check(cudaMalloc(&g.scratch, floats * sizeof(float)), "scratch");
+    g.scratch_floats = floats;
+  }
+  return g.scratch;
+}
+
+constexpr int THREADS = 256;
+unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
+void launched(const char *what) { check(cudaGetLastError(), what); }
+
+// Block-wide sum of one value per thread (blockDim.x a multiple of 32, at most 1024).
+template <typename T> __device__ T block_sum(T v) {
+  __shared__ T warp_sums[32];
+  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  v = threadIdx.x < warps ? warp_sums[threadIdx.x] : T(0);
+  if (warp == 0)
+    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+  __shared__ T total;
+  if (threadIdx.x == 0) total = v;
+  __syncthreads();
+  const T out = total;
+  __syncthreads();
+  return out;
+}
+
+__device__ float block_max(float v) {
+  __shared__ float warp_max[32];
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  const int warps = (blockDim.x + 31) / 32;
+  v = threadIdx.x < warps ? warp_max[threadIdx.x] : -INFINITY;
+  if (warp == 0)
+    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
+  __shared__ float total;
+  if (threadIdx.x == 0) total = v;
+  __syncthreads();
+  const float out = total;
+  __syncthreads();
+  return out;
+}
+
+// ---- matmul ----------------------------------------------------------------
+
+__global__ void bias_add_kernel(float *out, const float *bias, int N, int OC) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < (size_t)N * OC) out[i] += bias[i % OC];
+}
+
+// dbias[o] += sum over n of dout[n, o]: one block per column.
+__global__ void column_sum_kernel(float *dbias, const float *dout, int N, int OC) {
+  const int o = blockIdx.x;
+  float acc = 0.0f;
+  for (int n = threadIdx.x; n < N; n += blockDim.x) acc += dout[(size_t)n * OC + o];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) dbias[o] += acc;
+}
+
+void cuda_bias_forward(float *out, const float *bias, int N, int OC) {
+  bias_add_kernel<<<blocks_for((size_t)N * OC), THREADS, 0, g.stream>>>(out, bias, N, OC);
+  launched("bias_forward");
+}
+
+void cuda_bias_backward(float *dbias, const float *dout, int N, int OC) {
+  column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout, N, OC);
+  launched("bias_backward");
+}
+
+// Row-major out[N,OC] = inp[N,C] @ weight[OC,C]^T is column-major out^T = weight^T-view x inp.
+void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
+  const float one = 1.0f, zero = 0.0f;
+  check_blas(cublasSgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
+             "matmul_forward");
+  if (bias) cuda_bias_forward(out, bias, N, OC);
+}
+
+void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                          const float *weight, int N, int C, int OC) {
+  const float one = 1.0f;
+  if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
+    check_blas(cublasSgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
+               "matmul_backward dinp");
+  // dweight[OC,C] += dout^T @ inp
+  check_blas(cublasSgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
+             "matmul_backward dweight");
+  if (dbias) cuda_bias_backward(dbias, dout, N, OC);
+}
+
+// ---- layernorm ---------------------------------------------------------------
+
+__global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                         const float *bias, int C, float eps) {
+  const int n = blockIdx.x;
+  const float *x = inp + (size_t)n * C;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+  const float m = block_sum(s) / C;
+  float v = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
+  const float r = rsqrtf(block_sum(v) / C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) out[(size_t)n * C + c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (threadIdx.x == 0) {
+    mean[n] = m;
+    rstd[n] = r;
+  }
+}
+
+__global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                          const float *weight, const float *mean, const float *rstd, int C) {
+  const int n = blockIdx.x;
+  const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+  float a = 0.0f, b = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - mean[n]) * rstd[n], dnorm = weight[c] * dy[c];
+    a += dnorm;
+    b += dnorm * norm;
+  }
+  const float dnorm_mean = block_sum(a) / C, dnorm_norm_mean = block_sum(b) / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    const float norm = (x[c] - mean[n]) * rstd[n], dnorm = weight[c] * dy[c];
+    atomicAdd(&dbias[c], dy[c]);
+    atomicAdd(&dweight[c], norm * dy[c]);
+    dinp[(size_t)n * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
+  }
+}
+
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                            const float *bias, int N, int C, float eps) {
+  layernorm_forward_kernel<<<N, THREADS, 0, g.stream>>>(out, mean, rstd, inp, weight, bias, C, eps);
+  launched("layernorm_forward");
+}
+
+void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N, int C) {
+  layernorm_backward_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
+  launched("layernorm_backward");
+}
+
+// ---- elementwise ---------------------------------------------------------------
+
+__global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = loom_gelu_value_at(inp[i]);
+}
+
+__global__ void gelu_backward_kernel(float *dinp, const float *dout, const float *inp, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dinp[i] += loom_gelu_grad_at(inp[i]) * dout[i];
+}
+
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+__global__ void accumulate_kernel(float *acc, const float *x, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) acc[i] += x[i];
+}
+
+__global__ void scale_kernel(float *x, float s, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] *= s;
+}
+
+__global__ void sumsq_kernel(double *partials, const float *x, size_t n) {
+  double acc = 0.0;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    acc += (double)x[i] * x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+  if (!n) return;
+  gelu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, inp, n);
+  launched("gelu_forward");
+}
+void cuda_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+  if (!n) return;
+  gelu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dinp, dout, inp, n);
+  launched("gelu_backward");
+}
+void cuda_add(float *out, const float *a, const float *b, size_t n) {
+  if (!n) return;
+  add_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, n);
+  launched("add");
+}
+void cuda_accumulate(float *acc, const float *x, size_t n) {
+  if (!n) return;
+  accumulate_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(acc, x, n);
+  launched("accumulate");
+}
+void cuda_scale(float *x, float s, size_t n) {
+  if (!n) return;
+  scale_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, s, n);
+  launched("scale");
+}
+
+constexpr int SUMSQ_BLOCKS = 256;
+double cuda_sumsq(const float *x, size_t n) {
+  if (!n) return 0.0;
+  if (!g.partials) check(cudaMalloc(&g.partials, SUMSQ_BLOCKS * sizeof(double)), "sumsq");
+  sumsq_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.partials, x, n);
+  launched("sumsq");
+  double host[SUMSQ_BLOCKS];
+  check(cudaMemcpyAsync(host, g.partials, sizeof host, cudaMemcpyDeviceToHost, g.stream), "sumsq");
+  check(cudaStreamSynchronize(g.stream), "sumsq");
+  double total = 0.0;
+  for (int i = 0; i < SUMSQ_BLOCKS; i++) total += host[i];
+  return total;
+}
+
+// ---- dropout ---------------------------------------------------------------------
+
+struct DropoutArgs {
+  float p;
+  uint64_t seed, stream;
+  int64_t sample_offset;
+  int seq_offset, seq_total;
+};
+
+DropoutArgs dropout_args(const loom_dropout *d) {
+  return DropoutArgs{d->p, d->seed, d->stream, d->sample_offset, d->seq_offset, d->seq_total};
+}
+
+__global__ void dropout_kernel(float *x, int T, int B, int C, DropoutArgs d) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * B * C) return;
+  const int c = (int)(i % C), b = (int)(i / C % B), t = (int)(i / ((size_t)C * B));
+  const uint64_t index = loom_dropout_index_at(d.sample_offset, d.seq_offset, d.seq_total, t, b, c, T, C);
+  x[i] = loom_dropout_keep_at(d.p, d.seed, d.stream, index) ? x[i] / (1.0f - d.p) : 0.0f;
+}
+
+void cuda_dropout(float *x, int T, int B, int C, const loom_dropout *d) {
+  if (!d || d->p <= 0.0f || T * B * C == 0) return;
+  dropout_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(x, T, B, C, dropout_args(d));
+  launched("dropout");
+}
+
+// ---- attention -------------------------------------------------------------------
+// Materialised attention, as the op interface saves the probabilities: for
+// each sample, strided-batched GEMMs over the heads, with a softmax kernel
+// between them. qkv rows are [t, b] with q|k|v of every local head.
+
+struct AttnArgs {
+  int T, B, H, D;
+  int64_t sample_offset;
+  int head_offset, total_heads;
+  float p;
+  uint64_t seed, stream;
+};
+
+AttnArgs attn_args(const loom_attn_shape *s, const loom_dropout *d) {
+  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0};
+  if (d && d->p > 0.0f) {
+    a.p = d->p;
+    a.seed = d->seed;
+    a.stream = d->stream;
+    a.sample_offset = d->sample_offset;
+  }
+  return a;
+}
+
+// The factor dropout multiplies probability (b, h, tq, tk) by: 1/(1-p) or 0.
+__device__ float keep_factor(const AttnArgs &a, int b, int h, int tq, int tk) {
+  if (a.p <= 0.0f) return 1.0f;
+  const uint64_t index = loom_attn_dropout_index_at(a.sample_offset, a.head_offset, a.total_heads, a.T, b, h, tq, tk);
+  return loom_dropout_keep_at(a.p, a.seed, a.stream, index) ? 1.0f / (1.0f - a.p) : 0.0f;
+}
+
+// One block per row (b, h, tq) of scores: causal softmax in place; dropped
+// (if not null) gets the probabilities after dropout.
+__global__ void softmax_kernel(float *att, float *dropped, AttnArgs a) {
+  const int row = blockIdx.x, tq = row % a.T, h = row / a.T % a.H, b = row / (a.T * a.H);
+  float *p = att + (size_t)row * a.T;
+  float m = -INFINITY;
+  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) m = fmaxf(m, p[tk]);
+  m = block_max(m);
+  float s = 0.0f;
+  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) s += expf(p[tk] - m);
+  s = block_sum(s);
+  for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) {
+    const float prob = tk <= tq ? expf(p[tk] - m) / s : 0.0f;
+    p[tk] = prob;
+    if (dropped) dropped[(size_t)row * a.T + tk] = prob * keep_factor(a, b, h, tq, tk);
+  }
+}
+
+// In place on datt: dP (after the dropout mask) becomes dS = P * (dP - sum P dP) * scale.
+__global__ void softmax_backward_kernel(float *datt, const float *att, AttnArgs a, float scale) {
+  const int row = blockIdx.x, tq = row % a.T, h = row / a.T % a.H, b = row / (a.T * a.H);
+  const float *p = att + (size_t)row * a.T;
+  float *dp = datt + (size_t)row * a.T;
+  float dot = 0.0f;
+  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) {
+    dp[tk] *= keep_factor(a, b, h, tq, tk);
+    dot += p[tk] * dp[tk];
+  }
+  dot = block_sum(dot);
+  for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) dp[tk] = tk <= tq ? p[tk] * (dp[tk] - dot) * scale : 0.0f;
+}
+
+unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 * 32); }
+
+void cuda_attention_forward(float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
+  const AttnArgs a = attn_args(s, drop);
+  const int T = a.T, H = a.H, D = a.D;
+  const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
+  const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
+  for (int b = 0; b < a.B; b++) { // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
+    const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D;
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
+                                         &zero, att + (size_t)b * H * TT, T, TT, H),
+               "attention scores");
+  }
+  float *dropped = a.p > 0.0f ? scratch((size_t)a.B * H * TT) : nullptr;
+  softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, dropped, a);
+  launched("attention softmax");
+  const float *probs = dropped ? dropped : att;
+  for (int b = 0; b < a.B; b++) { // out[b, h] = P v
+    const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
+                                         probs + (size_t)b * H * TT, T, TT, &zero, out + (size_t)b * H * D, (int)ldo, D, H),
+               "attention output");
+  }
+}
+
+// dst = att with the dropout mask applied: the probabilities that multiplied v.
+__global__ void apply_mask_kernel(float *dst, const float *att, AttnArgs a) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)a.B * a.H * a.T * a.T) return;
+  const int tk = (int)(i % a.T), tq = (int)(i / a.T % a.T), h = (int)(i / ((size_t)a.T * a.T) % a.H),
+            b = (int)(i / ((size_t)a.T * a.T * a.H));
+  dst[i] = att[i] * keep_factor(a, b, h, tq, tk);
+}
+
+void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                             const loom_attn_shape *s, const loom_dropout *drop) {
+  const AttnArgs a = attn_args(s, drop);
+  const int T = a.T, H = a.H, D = a.D;
+  const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
+  const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
+  const float *probs = att;
+  if (a.p > 0.0f) {
+    float *dropped = scratch((size_t)a.B * H * TT);
+    apply_mask_kernel<<<blocks_for((size_t)a.B * H * TT), THREADS, 0, g.stream>>>(dropped, att, a);
+    launched("attention mask");
+    probs = dropped;
+  }
+  for (int b = 0; b < a.B; b++) {
+    const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D, *dy = dout + (size_t)b * H * D;
+    float *dv = dqkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
+    // dP' = dy v^T (column-major: v^T-view x dy)
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
+                                         &zero, datt + (size_t)b * H * TT, T, TT, H),
+               "attention dP");
+    // dv += P'^T dy
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
+                                         probs + (size_t)b * H * TT, T, TT, &one, dv, (int)ldq, D, H),
+               "attention dv");
+  }
+  softmax_backward_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(datt, att, a, scale);
+  launched("attention softmax backward");
+  for (int b = 0; b < a.B; b++) {
+    const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D, *ds = datt + (size_t)b * H * TT;
+    float *dq = dqkv + (size_t)b * 3 * H * D, *dk = dq + (size_t)H * D;
+    // dq += dS k
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
+                                         dq, (int)ldq, D, H),
+               "attention dq");
+    // dk += dS^T q
+    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
+                                         dk, (int)ldq, D, H),
+               "attention dk");
+  }
+}
+
+// ---- embedding and positions ---------------------------------------------------------
+
+__global__ void embedding_forward_kernel(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+                                         int N, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * C) return;
+  const int n = (int)(i / C), c = (int)(i % C), tok = tokens[n];
+  out[i] = tok >= vocab_start && tok < vocab_start + rows ? wte[(size_t)(tok - vocab_start) * C + c] : 0.0f;
+}
+
+__global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+                                          int N, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * C) return;
+  const int n = (int)(i / C), c = (int)(i % C), tok = tokens[n];
+  if (tok >= vocab_start && tok < vocab_start + rows) atomicAdd(&dwte[(size_t)(tok - vocab_start) * C + c], dout[i]);
+}
+
+__global__ void position_forward_kernel(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * B * C) return;
+  const int c = (int)(i % C), t = (int)(i / ((size_t)C * B));
+  out[i] += wpe[(size_t)(pos_offset + t) * C + c];
+}
+
+// One thread per (t, c), summing over the batch: deterministic, no atomics.
+__global__ void position_backward_kernel(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * C) return;
+  const int t = (int)(i / C), c = (int)(i % C);
+  float acc = 0.0f;
+  for (int b = 0; b < B; b++) acc += dout[((size_t)t * B + b) * C + c];
+  dwpe[(size_t)(pos_offset + t) * C + c] += acc;
+}
+
+void cuda_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T, int B,
+                            int C) {
+  embedding_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start, rows,
+                                                                                   T * B, C);
+  launched("embedding_forward");
+}
+void cuda_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T, int B,
+                             int C) {
+  embedding_backward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(dwte, dout, tokens, vocab_start,
+                                                                                    rows, T * B, C);
+  launched("embedding_backward");
+}
+void cuda_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  position_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, wpe, T, B, C, pos_offset);
+  launched("position_forward");
+}
+void cuda_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  position_backward_kernel<<<blocks_for((size_t)T * C), THREADS, 0, g.stream>>>(dwpe, dout, T, B, C, pos_offset);
+  launched("position_backward");
+}
+
+// ---- cross-entropy pieces ------------------------------------------------------------
+
+__global__ void logsumexp_kernel(float *lse, const float *logits, int V, int width) {
+  const float *z = logits + (size_t)blockIdx.x * width;
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, z[v]);
+  m = block_max(m);
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(z[v] - m);
+  s = block_sum(s);
+  if (threadIdx.x == 0) lse[blockIdx.x] = V > 0 ? m + logf(s) : -INFINITY;
+}
+
+__global__ void pick_targets_kernel(float *picked, const float *logits, const int *targets, int vocab_start, int N, int V,
+                                    int width) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n >= N) return;
+  const int col = targets[n] - vocab_start;
+  picked[n] = targets[n] >= 0 && col >= 0 && col < V ? logits[(size_t)n * width + col] : 0.0f;
+}
+
+__global__ void crossentropy_backward_kernel(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                             int vocab_start, float dloss, int N, int V, int width) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * width) return;
+  const int n = (int)(i / width), v = (int)(i % width);
+  const float prob = expf(logits[i] - lse[n]), onehot = vocab_start + v == targets[n] ? 1.0f : 0.0f;
+  dlogits[i] = targets[n] < 0 || v >= V ? 0.0f : dloss * (prob - onehot);
+}
+
+// One block per row: the first column of the largest value.
+__global__ void argmax_kernel(float *val, int *idx, const float *logits, int V, int width) {
+  const float *z = logits + (size_t)blockIdx.x * width;
+  float best = -INFINITY;
+  int at = V;
+  for (int v = threadIdx.x; v < V; v += blockDim.x)
+    if (z[v] > best) best = z[v], at = v;
+  const float top = block_max(best);
+  __shared__ int first;
+  if (threadIdx.x == 0) first = V;
+  __syncthreads();
+  if (best == top && V > 0) atomicMin(&first, at);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    idx[blockIdx.x] = V > 0 ? first : -1;
+    val[blockIdx.x] = V > 0 ? z[first] : -INFINITY;
+  }
+}
+
+void cuda_logsumexp(float *lse, const float *logits, int N, int V, int width) {
+  logsumexp_kernel<<<N, THREADS, 0, g.stream>>>(lse, logits, V, width);
+  launched("logsumexp");
+}
+void cuda_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start, int N, int V, int width) {
+  pick_targets_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(picked, logits, targets, vocab_start, N, V, width);
+  launched("pick_targets");
+}
+void cuda_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                int vocab_start, float dloss, int N, int V, int width) {
+  crossentropy_backward_kernel<<<blocks_for((size_t)N * width), THREADS, 0, g.stream>>>(dlogits, logits, lse, targets,
+                                                                                       vocab_start, dloss, N, V, width);
+  launched("crossentropy_backward");
+}
+void cuda_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+  argmax_kernel<<<N, THREADS, 0, g.stream>>>(val, idx, logits, V, width);
+  launched("argmax");
+}
+
+// ---- AdamW on fp32 master weights -----------------------------------------------------
+
+__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, float c1, float c2) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float gi = grad[i];
+  const float mi = beta1 * m[i] + (1.0f - beta1) * gi, vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+  m[i] = mi;
+  v[i] = vi;
+  param[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * param[i]);
+}
+
+void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *a) {
+  if (!n) return;
+  const float c1 = (float)(1.0 - pow(a->beta1, a->step)), c2 = (float)(1.0 - pow(a->beta2, a->step));
+  adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps,
+                                                        a->weight_decay, c1, c2);
+  launched("adamw");
+}
+
+// ---- bf16 ------------------------------------------------------------------------------
+
+__global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+}
+
+__global__ void from_bf16_kernel(float *out, const __nv_bfloat16 *in, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __bfloat162float(in[i]);
+}
+
+loom_ops make_ops() {
+  loom_ops o;
+  memset(&o, 0, sizeof o);
+  o.name = "cuda";
+  o.matmul_forward = cuda_matmul_forward;
+  o.matmul_backward = cuda_matmul_backward;
+  o.layernorm_forward = cuda_layernorm_forward;
+  o.layernorm_backward = cuda_layernorm_backward;
+  o.gelu_forward = cuda_gelu_forward;
+  o.gelu_backward = cuda_gelu_backward;
+  o.attention_forward = cuda_attention_forward;
+  o.attention_backward = cuda_attention_backward;
+  o.embedding_forward = cuda_embedding_forward;
+  o.embedding_backward = cuda_embedding_backward;
+  o.position_forward = cuda_position_forward;
+  o.position_backward = cuda_position_backward;
+  o.bias_forward = cuda_bias_forward;
+  o.bias_backward = cuda_bias_backward;
+  o.logsumexp = cuda_logsumexp;
+  o.pick_targets = cuda_pick_targets;
+  o.crossentropy_backward = cuda_crossentropy_backward;
+  o.argmax = cuda_argmax;
+  o.add = cuda_add;
+  o.accumulate = cuda_accumulate;
+  o.scale = cuda_scale;
+  o.sumsq = cuda_sumsq;
+  o.dropout_forward = cuda_dropout;
+  o.dropout_backward = cuda_dropout;
+  o.adamw = cuda_adamw;
+  return o;
+}
+const loom_ops CUDA_OPS = make_ops();
+
+} // namespace
+
+extern "C" {
+
+bool loom_cuda_available(void) {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+int loom_cuda_select_device(int ordinal) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return -1;
+  check(cudaSetDevice(ordinal % count), "cudaSetDevice");
+  return ordinal % count;
+}
+
+const loom_ops *loom_ops_cuda(void) {
+  init();
+  return &CUDA_OPS;
+}
+
+void loom_cuda_set_tf32(bool on) {
+  init();
+  check_blas(cublasSetMathMode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+void *loom_cuda_stream(void) {
+  init();
+  return g.stream;
+}
+
+void loom_cuda_sync(void) {
+  init();
+  check(cudaStreamSynchronize(g.stream), "sync");
+}
+
+void *loom_cuda_malloc(size_t bytes) {
+  void *p = nullptr;
+  check(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+  return p;
+}
+
+void loom_cuda_free(void *p) { check(cudaFree(p), "cudaFree"); }
+
+void loom_cuda_to_device(void *dst, const void *src, size_t bytes) {
+  init();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream), "to_device");
+  check(cudaStreamSynchronize(g.stream), "to_device");
+}
+
+void loom_cuda_to_host(void *dst, const void *src, size_t bytes) {
+  init();
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream), "to_host");
+  check(cudaStreamSynchronize(g.stream), "to_host");
+}
+
+void loom_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n) {
+  init();
+  if (!n) return;
+  to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>((__nv_bfloat16 *)out, in, n);
+  launched("f32_to_bf16");
+}
+
+void loom_cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n) {
+  init();
+  if (!n) return;
+  from_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, (const __nv_bfloat16 *)in, n);
+  launched("bf16_to_f32");
+}
+
+void loom_cuda_matmul_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+                           int OC) {
+  init();
+  const float one = 1.0f, zero = 0.0f;
+  check_blas(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
+                          &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "matmul_bf16");
+  if (bias) cuda_bias_forward(out, bias, N, OC);
+}
+
+double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {
+  init();
+  uint16_t *a = (uint16_t *)loom_cuda_malloc((size_t)m * k * 2), *b = (uint16_t *)loom_cuda_malloc((size_t)k * n * 2);
+  float *c = (float *)loom_cuda_malloc((size_t)m * n * 4);
+  check(cudaMemsetAsync(a, 0, (size_t)m * k * 2, g.stream), "gemm bench");
+  check(cudaMemsetAsync(b, 0, (size_t)k * n * 2, g.stream), "gemm bench");
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  const float one = 1.0f, zero = 0.0f;
+  double best = 0.0;
+  for (int it = -1; it < iters; it++) { // one warm-up
+    check(cudaEventRecord(start, g.stream), "event");
+    check_blas(cublasGemmEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k, &zero,
+                            c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "gemm bench");
+    check(cudaEventRecord(stop, g.stream), "event");
+    check(cudaEventSynchronize(stop), "event");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "event");
+    const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
+    if (it >= 0 && tflops > best) best = tflops;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  loom_cuda_free(a);
+  loom_cuda_free(b);
+  loom_cuda_free(c);
+  return best;
+}
+
+const char *loom_cuda_device_name(void) {
+  static cudaDeviceProp prop;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "no CUDA device";
+  return prop.name;
+}
+
+double loom_cuda_bf16_peak_tflops(void) {
+  const char *name = loom_cuda_device_name();
+  if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.0;
+  if (strstr(name, "A100") || strstr(name, "A800")) return 312.0;
+  return 0.0;
+}
+
+} // extern "C"
