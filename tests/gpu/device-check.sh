@@ -1,0 +1,23 @@
+#!/bin/sh
+# The GPU checks, as one script for a machine with an NVIDIA GPU (sized to
+# finish in a few minutes): a Release build with the CUDA backend, the
+# backend-parity test, and cuBLAS's bf16 GEMM throughput against the device
+# peak. Everything goes to the log (default $OUT/device-check.log, else
+# build-gpu/device-check.log); the exit code is non-zero if any check fails.
+#   tests/gpu/device-check.sh [LOG]
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+log=${1:-${OUT:-$root/build-gpu}/device-check.log}
+mkdir -p "$(dirname "$log")"
+exec > "$log" 2>&1
+echo "== $(date -u) on $(hostname)"
+nvidia-smi || echo "nvidia-smi failed"
+nvcc --version | tail -1
+status=0
+step() { name=$1; shift; echo "== $name"; start=$(date +%s); "$@"; code=$?; echo "== $name: exit $code in $(( $(date +%s) - start )) s"; [ $code = 0 ] || status=1; }
+step configure cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON
+step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda loom_cuda_gemm_bench loom
+step backend-parity "$root/build-gpu/tests/test_backend_cuda"
+step bf16-gemm "$root/build-gpu/bench/loom_cuda_gemm_bench" 4096 8192 16384
+echo "== device-check: $([ $status = 0 ] && echo ok || echo FAILED)"
+exit $status
