@@ -16,8 +16,11 @@ nvcc --version | tail -1
 status=0
 step() { name=$1; shift; echo "== $name"; start=$(date +%s); "$@"; code=$?; echo "== $name: exit $code in $(( $(date +%s) - start )) s"; [ $code = 0 ] || status=1; }
 step configure cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON
-step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda loom_cuda_gemm_bench loom
+step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda test_comm_nccl loom_cuda_gemm_bench loom
 step backend-parity "$root/build-gpu/tests/test_backend_cuda"
+gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || echo 1)
+step nccl-backend env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$root/build-gpu/tests/test_comm_nccl"
 step bf16-gemm "$root/build-gpu/bench/loom_cuda_gemm_bench" 4096 8192 16384
 echo "== device-check: $([ $status = 0 ] && echo ok || echo FAILED)"
 exit $status
