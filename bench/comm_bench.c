@@ -7,19 +7,55 @@
  * result is exact and checked: #wrong counts elements that differ.
  *
  *   mpirun -np 2 build/bench/loom_comm_bench [--max-bytes N] [--iters N]
- *       [--plan PLAN --bucket-mb MiB]
+ *       [--plan PLAN --bucket-mb MiB] [--backend mpi|nccl]
+ *
+ * --backend nccl (CUDA builds with NCCL, one rank per GPU) runs the same rows
+ * on device buffers through the NCCL backend; each timed loop ends with a
+ * stream synchronisation, and the checks copy results back to the host.
  *
  * With a plan, the all-reduce is also timed at the sizes that plan's
  * data-parallel gradient reduction sends: each stage's fp32 grads per rank
  * (its parameters / tp) cut into buckets of --bucket-mb (the last one short).
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/timer.h"
 #include "plan/plan.h"
+#ifdef LOOM_HAVE_NCCL
+#include "backend/cuda/cuda_backend.h"
+#include "comm/nccl/comm_nccl.h"
+#endif
+
+/* The group under test, and where its buffers live. */
+typedef struct {
+  loom_comm *world; /* MPI: barriers and the result reductions */
+  loom_comm *c;     /* the backend under test */
+  bool device;      /* send/recv are device buffers; host_send/host_recv stage them */
+  float *host_send, *host_recv;
+} bench;
+
+static void settle(const bench *b) {
+#ifdef LOOM_HAVE_NCCL
+  if (b->device) loom_cuda_sync();
+#else
+  (void)b;
+#endif
+}
+
+static void stage(const bench *b, void *dst, const void *src, size_t bytes, bool to_device) {
+#ifdef LOOM_HAVE_NCCL
+  if (b->device) {
+    if (to_device) loom_cuda_to_device(dst, src, bytes);
+    else loom_cuda_to_host(dst, src, bytes);
+    return;
+  }
+#endif
+  (void)b, (void)dst, (void)src, (void)bytes, (void)to_device;
+}
 
 typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_SENDRECV } op_kind;
 static const char *const OP_NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
@@ -41,10 +77,16 @@ static void run_op(loom_comm *c, op_kind op, float *send, float *recv, size_t co
 }
 
 /* Fills inputs with small integers and returns how many outputs are wrong. */
-static size_t check_op(loom_comm *c, op_kind op, float *send, float *recv, size_t count) {
+static size_t check_op(const bench *b, op_kind op, float *send, float *recv, size_t count) {
+  loom_comm *c = b->c;
   const int n = c->size;
-  for (size_t i = 0; i < count; i++) send[i] = recv[i] = (float)((c->rank + 1) * (int)(i % 7 + 1));
+  float *hs = b->device ? b->host_send : send, *hr = b->device ? b->host_recv : recv;
+  for (size_t i = 0; i < count; i++) hs[i] = hr[i] = (float)((c->rank + 1) * (int)(i % 7 + 1));
+  stage(b, send, hs, count * sizeof(float), true);
+  stage(b, recv, hr, count * sizeof(float), true);
   run_op(c, op, send, recv, count);
+  settle(b);
+  stage(b, hr, recv, count * sizeof(float), false);
   size_t wrong = 0;
   const size_t chunk = count / n;
   for (size_t i = 0; i < (op == OP_REDUCE_SCATTER ? chunk : count); i++) {
@@ -54,7 +96,7 @@ static size_t check_op(loom_comm *c, op_kind op, float *send, float *recv, size_
     else if (op == OP_ALLGATHER) want = (float)((int)(i / chunk) + 1) * (float)(int)((i % chunk) % 7 + 1);
     else if (op == OP_REDUCE_SCATTER) want = (float)(((c->rank * chunk + i) % 7 + 1) * n * (n + 1) / 2);
     else want = (float)(((c->rank + n - 1) % n + 1) * k);
-    wrong += recv[i] != want;
+    wrong += hr[i] != want;
   }
   return wrong;
 }
@@ -91,11 +133,13 @@ static double bus_factor(op_kind op, int n) {
 }
 
 /* Checks, times and prints one row; returns 1 if any result was wrong. */
-static int bench_row(loom_comm *world, op_kind op, const char *name, float *send, float *recv, size_t count, int iters) {
-  const size_t wrong = check_op(world, op, send, recv, count);
+static int bench_row(const bench *b, op_kind op, const char *name, float *send, float *recv, size_t count, int iters) {
+  loom_comm *world = b->world;
+  const size_t wrong = check_op(b, op, send, recv, count);
   loom_comm_barrier(world);
   const double t0 = loom_now_s();
-  for (int it = 0; it < iters; it++) run_op(world, op, send, recv, count);
+  for (int it = 0; it < iters; it++) run_op(b->c, op, send, recv, count);
+  settle(b);
   float dt = (float)((loom_now_s() - t0) / iters);
   loom_comm_allreduce(world, &dt, 1, LOOM_REDUCE_MAX);
   float bad = (float)wrong;
@@ -111,13 +155,14 @@ int main(int argc, char **argv) {
   loom_comm *world = loom_comm_mpi_world(&argc, &argv);
   size_t max_bytes = 64u << 20;
   int iters = 20;
-  const char *plan = NULL;
+  const char *plan = NULL, *backend = "mpi";
   double bucket_mb = 4.0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--max-bytes") == 0) max_bytes = strtoull(argv[i + 1], NULL, 10);
     else if (strcmp(argv[i], "--iters") == 0) iters = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--plan") == 0) plan = argv[i + 1];
     else if (strcmp(argv[i], "--bucket-mb") == 0) bucket_mb = atof(argv[i + 1]);
+    else if (strcmp(argv[i], "--backend") == 0) backend = argv[i + 1];
   }
   size_t plan_floats[64];
   const int nplan = plan ? plan_sizes(plan, bucket_mb, plan_floats, 64) : 0;
@@ -127,21 +172,58 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nplan; i++)
     if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
   const int n = world->size;
+  bench b = {world, world, false, NULL, NULL};
+  if (strcmp(backend, "nccl") == 0) {
+#ifdef LOOM_HAVE_NCCL
+    if (!loom_cuda_available()) {
+      if (world->rank == 0) printf("SKIP: --backend nccl needs a CUDA device\n");
+      loom_mpi_finalize();
+      return 77;
+    }
+    loom_cuda_select_device(world->rank);
+    b.c = loom_comm_nccl_create(world, loom_cuda_stream());
+    if (!b.c) loom_mpi_abort(1);
+    b.device = true;
+    b.host_send = malloc(max_bytes);
+    b.host_recv = malloc(max_bytes);
+#else
+    if (world->rank == 0) fprintf(stderr, "loom_comm_bench: --backend nccl: this build has no NCCL\n");
+    loom_mpi_abort(2);
+#endif
+  } else if (strcmp(backend, "mpi") != 0) {
+    if (world->rank == 0) fprintf(stderr, "loom_comm_bench: --backend %s: expected mpi or nccl\n", backend);
+    loom_mpi_abort(2);
+  }
+#ifdef LOOM_HAVE_NCCL
+  float *send = b.device ? loom_cuda_malloc(max_bytes) : malloc(max_bytes);
+  float *recv = b.device ? loom_cuda_malloc(max_bytes) : malloc(max_bytes);
+#else
   float *send = malloc(max_bytes), *recv = malloc(max_bytes);
+#endif
   int failed = 0;
   if (world->rank == 0)
-    printf("# loom comm bench: %d ranks, MPI backend, float32, %d iterations\n"
-           "# %-14s %12s %12s %10s %9s %9s %7s\n", n, iters, "op", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
+    printf("# loom comm bench: %d ranks, %s backend, float32, %d iterations\n"
+           "# %-14s %12s %12s %10s %9s %9s %7s\n", n, b.device ? "NCCL" : "MPI", iters, "op", "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong");
   for (int op = 0; op < 4; op++)
     for (size_t bytes = 4 * (size_t)n * 2; bytes <= max_bytes; bytes *= 4)
-      failed |= bench_row(world, (op_kind)op, OP_NAMES[op], send, recv, bytes / sizeof(float) / n * n, iters);
+      failed |= bench_row(&b, (op_kind)op, OP_NAMES[op], send, recv, bytes / sizeof(float) / n * n, iters);
   /* The plan's data-parallel buckets, all-reduced as the trainer sends them. */
   for (int i = 0; i < nplan; i++) {
     const size_t rounded = plan_floats[i] / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
-    failed |= bench_row(world, OP_ALLREDUCE, "dp_bucket", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
+    failed |= bench_row(&b, OP_ALLREDUCE, "dp_bucket", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
   }
   if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s\n",
                                nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "");
+#ifdef LOOM_HAVE_NCCL
+  if (b.device) {
+    loom_cuda_free(send);
+    loom_cuda_free(recv);
+    free(b.host_send);
+    free(b.host_recv);
+    loom_comm_free(b.c);
+    send = recv = NULL;
+  }
+#endif
   free(send);
   free(recv);
   loom_comm_free(world);

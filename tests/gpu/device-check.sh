@@ -1,8 +1,8 @@
 #!/bin/sh
 # The GPU checks, as one script for a machine with an NVIDIA GPU (sized to
 # finish in a few minutes): a Release build with the CUDA backend, the
-# backend-parity test, and cuBLAS's bf16 GEMM throughput against the device
-# peak. Everything goes to the log (default $OUT/device-check.log, else
+# backend-parity test, the NCCL communicator test and benchmark (one rank per
+# GPU), and cuBLAS's bf16 GEMM throughput against the device peak. Everything goes to the log (default $OUT/device-check.log, else
 # build-gpu/device-check.log); the exit code is non-zero if any check fails.
 #   tests/gpu/device-check.sh [LOG]
 set -u
@@ -16,11 +16,13 @@ nvcc --version | tail -1
 status=0
 step() { name=$1; shift; echo "== $name"; start=$(date +%s); "$@"; code=$?; echo "== $name: exit $code in $(( $(date +%s) - start )) s"; [ $code = 0 ] || status=1; }
 step configure cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON
-step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda test_comm_nccl loom_cuda_gemm_bench loom
+step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda test_comm_nccl loom_cuda_gemm_bench loom_comm_bench loom
 step backend-parity "$root/build-gpu/tests/test_backend_cuda"
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || echo 1)
 step nccl-backend env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$root/build-gpu/tests/test_comm_nccl"
+step nccl-bench env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$root/build-gpu/bench/loom_comm_bench" --backend nccl --iters 20
 step bf16-gemm "$root/build-gpu/bench/loom_cuda_gemm_bench" 4096 8192 16384
 echo "== device-check: $([ $status = 0 ] && echo ok || echo FAILED)"
 exit $status
