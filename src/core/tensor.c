@@ -36,6 +36,21 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
   return t;
 }
 
+static void *host_zalloc(size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
+
+static const loom_allocator HOST = {"host", LOOM_DEVICE_CPU, host_zalloc, free};
+static const loom_allocator *g_default = &HOST;
+
+const loom_allocator *loom_allocator_host(void) { return &HOST; }
+const loom_allocator *loom_default_allocator(void) { return g_default; }
+void loom_set_default_allocator(const loom_allocator *a) { g_default = a ? a : &HOST; }
+
+void *loom_xzalloc(size_t bytes, const char *what) {
+  void *p = g_default->zalloc(bytes);
+  LOOM_CHECK(p, what);
+  return p;
+}
+
 loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count) {
   memset(buf, 0, sizeof *buf);
   if (count <= 0) return LOOM_OK;
@@ -46,11 +61,13 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
     total += loom_tensor_numel(&specs[i]);
   }
   const size_t esize = loom_dtype_size(buf->dtype);
+  buf->alloc = g_default;
+  buf->device = g_default->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
-  buf->base = calloc(total ? total : 1, esize);
+  buf->base = buf->alloc->zalloc((total ? total : 1) * esize);
   if (!buf->views || !buf->base) {
     free(buf->views);
-    free(buf->base);
+    if (buf->base) buf->alloc->release(buf->base);
     memset(buf, 0, sizeof *buf);
     return LOOM_ERR_NOMEM;
   }
@@ -59,6 +76,7 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
   size_t offset = 0;
   for (int i = 0; i < count; i++) {
     buf->views[i] = specs[i];
+    buf->views[i].device = buf->device;
     buf->views[i].data = (char *)buf->base + offset * esize;
     offset += loom_tensor_numel(&specs[i]);
   }
@@ -67,7 +85,7 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
 
 void loom_buffer_free(loom_buffer *buf) {
   free(buf->views);
-  free(buf->base);
+  if (buf->base) buf->alloc->release(buf->base);
   memset(buf, 0, sizeof *buf);
 }
 

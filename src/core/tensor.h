@@ -33,9 +33,27 @@ size_t loom_tensor_bytes(const loom_tensor *t);
 /* Fills name/shape; data stays NULL until a buffer places it. */
 loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const int64_t *shape);
 
+/* Where buffers (and the other arrays ops read) live: host memory by
+ * default; the CUDA backend supplies memory its kernels can reach. The
+ * process-wide default is what new buffers get; each buffer remembers its
+ * own allocator, so buffers of both kinds can live side by side. */
+typedef struct loom_allocator {
+  const char *name;
+  loom_device device;
+  void *(*zalloc)(size_t bytes); /* zero-filled, NULL on failure */
+  void (*release)(void *p);
+} loom_allocator;
+
+const loom_allocator *loom_allocator_host(void);
+const loom_allocator *loom_default_allocator(void);
+void loom_set_default_allocator(const loom_allocator *a);
+/* Zeroed memory from the default allocator; aborts with `what` named when out of memory. */
+void *loom_xzalloc(size_t bytes, const char *what);
+
 typedef struct {
   loom_dtype dtype;
   loom_device device;
+  const loom_allocator *alloc; /* what base came from */
   size_t numel;      /* elements across all views */
   void *base;        /* one allocation, zero-filled */
   int count;

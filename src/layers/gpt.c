@@ -13,6 +13,7 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
                                 const loom_tp *tp, const loom_stage_range *range, bool recompute) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
+  m->alloc = loom_default_allocator();
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
@@ -32,8 +33,9 @@ static void slots_free(loom_gpt *m) {
   for (int i = 0; i < m->nslots; i++) {
     loom_buffer_free(&m->slots[i].mem);
     free(m->slots[i].blocks);
-    free(m->slots[i].tokens);
-    free(m->slots[i].targets);
+    if (m->slots[i].tokens) m->alloc->release(m->slots[i].tokens);
+    if (m->slots[i].targets) m->alloc->release(m->slots[i].targets);
+    if (m->slots[i].pred) m->alloc->release(m->slots[i].pred);
   }
   free(m->slots);
   loom_buffer_free(&m->w.mem);
@@ -191,8 +193,10 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   loom_status st = LOOM_OK;
   for (int i = 0; i < slots && st == LOOM_OK; i++) {
     loom_gpt_slot *s = &m->slots[i];
-    s->tokens = loom_xcalloc((size_t)d.N, sizeof(int), "tokens");
-    s->targets = loom_xcalloc((size_t)d.N, sizeof(int), "targets");
+    s->tokens = m->alloc->zalloc((size_t)d.N * sizeof(int));
+    s->targets = m->alloc->zalloc((size_t)d.N * sizeof(int));
+    s->pred = m->alloc->zalloc((size_t)d.N * sizeof(int));
+    LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
     list_slot(&l, s, &v, &d);
     st = place(&s->mem, &l);
     if (st == LOOM_OK && !m->recompute && d.L > 0) {
@@ -375,7 +379,8 @@ void loom_gpt_predict(loom_gpt *m, int *out) {
   loom_gpt_slot *s = m->a;
   const int N = m->T * m->B;
   const loom_vocab_range v = vocab_range(m);
-  m->ops->argmax(s->picked, out, s->logits, N, v.valid, v.rows);
+  m->ops->argmax(s->picked, s->pred, s->logits, N, v.valid, v.rows);
+  memcpy(out, s->pred, (size_t)N * sizeof(int));
   for (int i = 0; i < N; i++)
     if (out[i] >= 0) out[i] += v.start;
   loom_tp_combine_argmax(&m->tp, s->picked, out, m->w.lse_scratch, N);

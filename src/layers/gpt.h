@@ -24,6 +24,7 @@
 typedef struct {
   loom_buffer mem;
   int *tokens, *targets;    /* [N] [s, b] order */
+  int *pred;                /* [N] greedy predictions */
   float *x0;                /* [n, h] stage input: the embedding output, or the received activation */
   loom_block_acts *blocks;  /* [layers] (without recompute) */
   float *inputs;            /* [layers, n, h] each layer's input (with recompute; layer 0's is x0) */
@@ -49,6 +50,7 @@ typedef struct {
 typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
+  const loom_allocator *alloc; /* where the arrays ops read live (host, or CUDA-reachable) */
   uint64_t seed;
   loom_tp tp;
   bool recompute;

@@ -76,7 +76,8 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
   pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
   pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
-  pipe->dout = loom_xmalloc(act_floats(pipe) * sizeof(float), "grad buffer");
+  pipe->alloc = loom_default_allocator();
+  pipe->dout = loom_xzalloc(act_floats(pipe) * sizeof(float), "grad buffer"); /* ops read it */
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
@@ -92,7 +93,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   for (int i = 0; i < pipe->nsend; i++) free(pipe->send_buf[i]);
   free(pipe->send_buf);
   free(pipe->send_req);
-  free(pipe->dout);
+  if (pipe->dout) pipe->alloc->release(pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
   free(pipe->trace);
