@@ -9,6 +9,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/llmc_model.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/launch.h"
 #include "cli/metrics.h"
 #include "cli/train_flags.h"
@@ -40,6 +41,8 @@ typedef struct {
   loom_trainer trainer;
   loom_metrics metrics;
   double peak; /* the job's sgemm GFLOP/s */
+  const loom_ops *ops; /* the --device backend */
+  char device[160];
 } train_run;
 
 /* This rank's model parts: the chunks of its pipeline stage, or the one model. */
@@ -90,7 +93,7 @@ static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const ch
 
 static loom_status build_model(train_run *r, const loom_train_flags *f, const loom_gpt_config *cfg, int T) {
   const loom_tp tp = loom_tp_of(&r->ps);
-  loom_status st = loom_gpt_init(&r->model, cfg, loom_ops_cpu(), (uint64_t)f->seed, &tp);
+  loom_status st = loom_gpt_init(&r->model, cfg, r->ops, (uint64_t)f->seed, &tp);
   return st == LOOM_OK ? loom_gpt_set_batch_shape(&r->model, T, f->micro_batch) : st;
 }
 
@@ -107,7 +110,7 @@ static loom_status build_pipeline(train_run *r, const loom_train_flags *f, const
                                    .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
                                    .recompute = strcmp(f->recompute, "full") == 0, .zero1 = f->zero == 1,
                                    .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0)};
-  loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, loom_ops_cpu(), (uint64_t)f->seed, &pc, T, f->micro_batch, err);
+  loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, r->ops, (uint64_t)f->seed, &pc, T, f->micro_batch, err);
   return loom_error_prefix(err, st, "loom train");
 }
 
@@ -327,6 +330,7 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
     loom_log_info("parallel: %d ranks, tp %d%s | %zu parameters per rank", r->ps.world, r->ps.tp,
                   r->ps.sequence_parallel ? " with sequence parallelism" : "", r->model.p.params.numel);
   if (r->pipelined) log_pipeline(r, f);
+  loom_log_info("device: %s", r->device);
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
                 loom_cpu_threads(), r->launch.size, r->peak);
@@ -436,6 +440,8 @@ int loom_cmd_train(int argc, char **argv) {
   loom_comm_mpi_set_watchdog(f.watchdog_timeout);
   train_run r;
   memset(&r, 0, sizeof r);
+  st = loom_device_setup("loom train", f.device, &r.ops, r.device, sizeof r.device, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
   loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, f.dp, f.sequence_parallel);

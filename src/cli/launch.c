@@ -4,18 +4,26 @@
 #include "cli/launch.h"
 #include "comm/mpi/comm_mpi.h"
 
+/* The first of the launcher variables that is set, else `fallback`. */
+static int env_int(const char *const *vars, int n, int fallback) {
+  for (int i = 0; i < n; i++)
+    if (getenv(vars[i])) return atoi(getenv(vars[i]));
+  return fallback;
+}
+
 int loom_launch_env_rank(void) {
   static const char *const VARS[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-  for (int i = 0; i < 3; i++)
-    if (getenv(VARS[i])) return atoi(getenv(VARS[i]));
-  return 0;
+  return env_int(VARS, 3, 0);
 }
 
 int loom_launch_env_size(void) {
   static const char *const VARS[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE"};
-  for (int i = 0; i < 3; i++)
-    if (getenv(VARS[i])) return atoi(getenv(VARS[i]));
-  return 1;
+  return env_int(VARS, 3, 1);
+}
+
+int loom_launch_local_rank(void) {
+  static const char *const VARS[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"};
+  return env_int(VARS, 4, 0);
 }
 
 int loom_launch_default_threads(void) {

@@ -16,6 +16,9 @@ typedef struct {
 int loom_launch_env_rank(void);
 /* The job's world size as the launcher set it (1 alone). */
 int loom_launch_env_size(void);
+/* This rank's index among the ranks of its node (mpirun's or srun's local
+ * rank; 0 alone): which GPU it drives. */
+int loom_launch_local_rank(void);
 /* CPU threads per rank when the user gives none: the cores shared out among
  * the ranks of this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1; 0 when
  * started alone (keep the library defaults). */

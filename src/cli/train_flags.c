@@ -4,6 +4,7 @@
 #include <string.h>
 #include "cli/launch.h"
 #include "cli/train_flags.h"
+#include "cli/device.h"
 #include "core/sysinfo.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
@@ -39,6 +40,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--log-every", FLAG_INT, &f->log_every, "print a progress line every N steps", 1, 1e9, NULL, false},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false},
       {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false},
+      {"--device", FLAG_STRING, &f->device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false},
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false},
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks (launch with mpirun -np TP)", 1, 4096, NULL, false},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false},
@@ -123,7 +125,7 @@ loom_train_flags loom_train_flags_defaults(void) {
                        .eval_every = 250, .eval_batches = 8, .threads = 0, .log_every = 1, .tp = 1,
                        .pp = 1, .vpp = 1, .dp = 1, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f, .schedule = "1f1b", .recompute = "none",
                        .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f,
-                       .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition"};
+                       .grad_clip = 1.0f, .data_order = "sequential", .synthetic = "addition", .device = "auto"};
 }
 
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t, const loom_gpt_config *cfg,

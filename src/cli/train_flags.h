@@ -19,10 +19,10 @@ typedef struct {
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
   const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
-  const char *schedule, *recompute, *layer_split, *trace, *plan;
+  const char *schedule, *recompute, *layer_split, *trace, *plan, *device;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 39)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 40)
 #define LOOM_MAX_STAGES 1024
 
 loom_train_flags loom_train_flags_defaults(void);

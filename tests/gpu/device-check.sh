@@ -16,8 +16,17 @@ nvcc --version | tail -1
 status=0
 step() { name=$1; shift; echo "== $name"; start=$(date +%s); "$@"; code=$?; echo "== $name: exit $code in $(( $(date +%s) - start )) s"; [ $code = 0 ] || status=1; }
 step configure cmake -S "$root" -B "$root/build-gpu" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON
-step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda test_comm_nccl loom_cuda_gemm_bench loom_comm_bench loom
+step build cmake --build "$root/build-gpu" -j "$(nproc)" --target test_backend_cuda test_model_cuda test_comm_nccl loom_cuda_gemm_bench loom_comm_bench loom
 step backend-parity "$root/build-gpu/tests/test_backend_cuda"
+step model-parity "$root/build-gpu/tests/test_model_cuda"
+# 50 steps of the default tiny model on the GPU and on the CPU: the loss curves must agree.
+step train-cuda "$root/build-gpu/loom" train --device cuda --steps 50 --eval-every 0 --metrics "$root/build-gpu/cuda.jsonl"
+step train-cpu "$root/build-gpu/loom" train --device cpu --steps 50 --eval-every 0 --metrics "$root/build-gpu/cpu.jsonl"
+curves() {
+  paste "$root/build-gpu/cpu.jsonl" "$root/build-gpu/cuda.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*"loss": \([0-9.e+-]*\).*/\1 \2/' |
+    awk '{ d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d } END { printf "worst relative loss difference over %d steps: %.2e\n", NR, w; exit w > 1e-3 }'
+}
+step loss-curves curves
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || echo 1)
 step nccl-backend env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$root/build-gpu/tests/test_comm_nccl"

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backend/ops.h"
+#include "core/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -24,6 +25,14 @@ bool loom_cuda_available(void);
 int loom_cuda_select_device(int ordinal);
 /* The op table; call only when loom_cuda_available(). */
 const loom_ops *loom_ops_cuda(void);
+/* The same ops, each waiting for its result before it returns, and an
+ * allocator of CUDA managed memory (reachable from kernels and host code
+ * alike). Together they run any loom model on the GPU unchanged: host code
+ * between ops (the loss, MPI, zeroing grads) reads and writes the same
+ * memory. That is the correctness path (exact parity, 50-step curves);
+ * speed needs device-resident buffers and asynchronous streams. */
+const loom_ops *loom_ops_cuda_synced(void);
+const loom_allocator *loom_cuda_managed_allocator(void);
 /* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
 void loom_cuda_set_tf32(bool on);
 /* The compute stream (a cudaStream_t) every op is queued on. */

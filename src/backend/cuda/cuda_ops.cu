@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
 #include "backend/op_math.h"
@@ -624,6 +625,70 @@ loom_ops make_ops() {
 }
 const loom_ops CUDA_OPS = make_ops();
 
+// The same ops, each followed by a wait for the stream: for models whose
+// buffers are managed memory that host code also reads and writes between
+// ops (see loom_ops_cuda_synced).
+template <typename Sig, Sig F> struct Synced;
+template <typename R, typename... A, R (*F)(A...)> struct Synced<R (*)(A...), F> {
+  static R call(A... a) {
+    if constexpr (std::is_void_v<R>) {
+      F(a...);
+      check(cudaStreamSynchronize(g.stream), "synced op");
+    } else {
+      R r = F(a...);
+      check(cudaStreamSynchronize(g.stream), "synced op");
+      return r;
+    }
+  }
+};
+#define SYNCED(f) Synced<decltype(&f), &f>::call
+
+loom_ops make_synced_ops() {
+  loom_ops o = make_ops();
+  o.name = "cuda-synced";
+  o.matmul_forward = SYNCED(cuda_matmul_forward);
+  o.matmul_backward = SYNCED(cuda_matmul_backward);
+  o.layernorm_forward = SYNCED(cuda_layernorm_forward);
+  o.layernorm_backward = SYNCED(cuda_layernorm_backward);
+  o.gelu_forward = SYNCED(cuda_gelu_forward);
+  o.gelu_backward = SYNCED(cuda_gelu_backward);
+  o.attention_forward = SYNCED(cuda_attention_forward);
+  o.attention_backward = SYNCED(cuda_attention_backward);
+  o.embedding_forward = SYNCED(cuda_embedding_forward);
+  o.embedding_backward = SYNCED(cuda_embedding_backward);
+  o.position_forward = SYNCED(cuda_position_forward);
+  o.position_backward = SYNCED(cuda_position_backward);
+  o.bias_forward = SYNCED(cuda_bias_forward);
+  o.bias_backward = SYNCED(cuda_bias_backward);
+  o.logsumexp = SYNCED(cuda_logsumexp);
+  o.pick_targets = SYNCED(cuda_pick_targets);
+  o.crossentropy_backward = SYNCED(cuda_crossentropy_backward);
+  o.argmax = SYNCED(cuda_argmax);
+  o.add = SYNCED(cuda_add);
+  o.accumulate = SYNCED(cuda_accumulate);
+  o.scale = SYNCED(cuda_scale);
+  o.sumsq = cuda_sumsq; // waits already
+  o.dropout_forward = SYNCED(cuda_dropout);
+  o.dropout_backward = SYNCED(cuda_dropout);
+  o.adamw = SYNCED(cuda_adamw);
+  return o;
+}
+const loom_ops CUDA_SYNCED_OPS = make_synced_ops();
+
+void *managed_zalloc(size_t bytes) {
+  void *p = nullptr;
+  if (cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
+  memset(p, 0, bytes);
+  return p;
+}
+
+void managed_release(void *p) {
+  cudaDeviceSynchronize();
+  cudaFree(p);
+}
+
+const loom_allocator MANAGED = {"cuda-managed", LOOM_DEVICE_CUDA, managed_zalloc, managed_release};
+
 } // namespace
 
 extern "C" {
@@ -644,6 +709,13 @@ const loom_ops *loom_ops_cuda(void) {
   init();
   return &CUDA_OPS;
 }
+
+const loom_ops *loom_ops_cuda_synced(void) {
+  init();
+  return &CUDA_SYNCED_OPS;
+}
+
+const loom_allocator *loom_cuda_managed_allocator(void) { return &MANAGED; }
 
 void loom_cuda_set_tf32(bool on) {
   init();

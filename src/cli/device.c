@@ -1,0 +1,32 @@
+/* Choosing the compute backend for a run. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/device.h"
+#include "cli/launch.h"
+#include "core/tensor.h"
+#ifdef LOOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", NULL};
+
+loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
+                              loom_error *err) {
+  *ops = loom_ops_cpu();
+  snprintf(desc, len, "cpu (OpenBLAS + OpenMP)");
+#ifdef LOOM_HAVE_CUDA
+  const bool gpu = loom_cuda_available();
+  if (strcmp(device, "cuda") == 0 && !gpu)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no CUDA device is visible to this process", cmd);
+  if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
+  const int ordinal = loom_cuda_select_device(loom_launch_local_rank());
+  loom_set_default_allocator(loom_cuda_managed_allocator());
+  *ops = loom_ops_cuda_synced();
+  snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", ordinal, loom_cuda_device_name());
+#else
+  if (strcmp(device, "cuda") == 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: this loom was built without CUDA (no nvcc when it was built)",
+                     cmd);
+#endif
+  return LOOM_OK;
+}

@@ -1,0 +1,20 @@
+/* `--device auto|cpu|cuda`: which backend a command's model runs on. auto
+ * is cuda when this loom was built with CUDA and a GPU is visible, else
+ * cpu. On cuda, rank r drives GPU (local rank mod GPUs), ops are the CUDA
+ * backend's synchronised table and buffers are CUDA managed memory
+ * (cuda_backend.h: the correctness path; it is exact, not yet fast). */
+#ifndef LOOM_DEVICE_H
+#define LOOM_DEVICE_H
+
+#include <stddef.h>
+#include "backend/ops.h"
+#include "core/status.h"
+
+extern const char *const LOOM_DEVICE_CHOICES[];
+
+/* Sets up `device` for this process: *ops gets its op table, desc a
+ * one-line description for the log. Usage errors name the flag. */
+loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
+                              loom_error *err);
+
+#endif
