@@ -1,10 +1,13 @@
-/* `loom bench step`: training-step speed of the GPT-2-small shape, reported
- * as model GFLOP/s and as a fraction of this machine's sgemm peak measured in
- * the same run (absolute times on a shared machine are noise; ratios are not). */
+/* `loom bench step`: training-step speed of the GPT-2-small shape (or another
+ * preset), reported as model GFLOP/s and as a fraction of this machine's
+ * sgemm peak measured in the same run (absolute times on a shared machine are
+ * noise; ratios are not). With --device cuda: TFLOP/s and MFU against the
+ * device's bf16 peak and against cuBLAS's bf16 GEMM measured in the run. */
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
 #include "cli/commands.h"
+#include "cli/device.h"
 #include "cli/flags.h"
 #include "cli/launch.h"
 #include "cli/trainer.h"
@@ -13,9 +16,14 @@
 #include "core/log.h"
 #include "core/rng.h"
 #include "core/timer.h"
+#ifdef LOOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 typedef struct {
   int micro_batch, steps, layers, threads, seq, tp;
+  const char *model, *device;
+  const loom_ops *ops; /* the --device backend */
 } bench_flags;
 
 /* Uniform random tokens: the step's cost does not depend on the data. */
@@ -37,7 +45,7 @@ static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f
   loom_gpt_config c = *cfg;
   c.seq = T;
   double best = 0.0;
-  *st = loom_gpt_init(&model, &c, loom_ops_cpu(), 1, tp);
+  *st = loom_gpt_init(&model, &c, f->ops, 1, tp);
   if (*st == LOOM_OK) *st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
   const loom_adamw_config oc = loom_adamw_defaults();
   if (*st == LOOM_OK) *st = loom_adamw_init(&opt, &model.p, &oc);
@@ -88,6 +96,28 @@ static loom_status bench_serial(const loom_gpt_config *cfg, const bench_flags *f
   return LOOM_OK;
 }
 
+#ifdef LOOM_HAVE_CUDA
+/* GPU bench: each sequence length's model TFLOP/s against the device's dense
+ * bf16 peak (stated) and against cuBLAS's bf16 GEMM measured in this run. */
+static loom_status bench_cuda(const loom_gpt_config *cfg, const bench_flags *f, loom_error *err) {
+  const double peak = loom_cuda_bf16_peak_tflops(), gemm = loom_cuda_bf16_gemm_tflops(8192, 8192, 8192, 5);
+  printf("device: %s | dense bf16 peak used: %.0f TFLOP/s%s | cuBLAS bf16 GEMM 8192^3 measured: %.1f TFLOP/s\n",
+         loom_cuda_device_name(), peak, peak > 0 ? " (NVIDIA's datasheet)" : " (unknown to loom)", gemm);
+  printf("precision: fp32 ops, managed memory, each op synchronised (the correctness path; bf16 is not wired yet)\n");
+  const int seqs[] = {64, 256, 1024};
+  for (int i = 0; i < 3; i++) {
+    if (f->seq && f->seq != seqs[i]) continue;
+    loom_status st;
+    const double dt = time_steps(cfg, seqs[i], f, NULL, &st);
+    if (st != LOOM_OK) return loom_fail(err, st, "loom bench step: out of memory at seq %d", seqs[i]);
+    const double tflops = loom_gpt_train_flops(cfg, seqs[i], (double)f->micro_batch * seqs[i]) / dt * 1e-12;
+    printf("seq %4d: step %8.1f ms | model %7.1f TFLOP/s | MFU %5.1f%% of bf16 peak | %5.1f%% of measured bf16 GEMM\n",
+           seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm);
+  }
+  return LOOM_OK;
+}
+#endif
+
 /* TP bench under mpirun: the same step on rank 0 alone with every core as
  * BLAS threads, then split tp ways with one thread per rank. Ranks not in a
  * phase sleep, so each phase has the whole machine. */
@@ -120,9 +150,14 @@ static loom_status bench_tp(const loom_gpt_config *cfg, const bench_flags *f, lo
   return st == LOOM_OK ? LOOM_OK : loom_fail(err, st, "loom bench step: out of memory at seq %d", T);
 }
 
-static loom_status bench_step(const bench_flags *f, loom_error *err) {
+static loom_status bench_step(bench_flags *f, loom_error *err) {
   loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, "gpt2-small");
+  if (loom_gpt_config_preset(&cfg, f->model) != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom bench step: --model %s: expected one of %s", f->model,
+                     loom_gpt_config_preset_names());
+  char device[160];
+  loom_status dst = loom_device_setup("loom bench step", f->device, &f->ops, device, sizeof device, err);
+  if (dst != LOOM_OK) return dst;
   if (f->layers) cfg.layers = f->layers;
   const int world = loom_launch_env_size();
   if (f->tp > 1 || world > 1) {
@@ -132,23 +167,31 @@ static loom_status bench_step(const bench_flags *f, loom_error *err) {
   loom_launch launch;
   loom_launch_init(&launch);
   if (launch.rank == 0)
-    printf("bench step: GPT-2-small shape (%d layers, hidden %d, heads %d, vocab %d), micro-batch %d, %d threads x %d ranks\n",
-           cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch,
+    printf("bench step: %s shape (%d layers, hidden %d, heads %d, vocab %d), micro-batch %d, %d threads x %d ranks\n",
+           f->model, cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch,
            f->tp > 1 ? 1 : (f->threads ? f->threads : loom_cpu_threads()), launch.size);
   loom_cpu_set_threads(f->threads);
-  const loom_status st = f->tp > 1 ? bench_tp(&cfg, f, &launch, err) : bench_serial(&cfg, f, err);
+  loom_status st;
+#ifdef LOOM_HAVE_CUDA
+  if (f->ops != loom_ops_cpu()) st = bench_cuda(&cfg, f, err);
+  else
+#endif
+    st = f->tp > 1 ? bench_tp(&cfg, f, &launch, err) : bench_serial(&cfg, f, err);
   loom_launch_finish(&launch);
   return st;
 }
 
 int loom_cmd_bench(int argc, char **argv) {
-  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0, .tp = 1};
+  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0, .tp = 1, .model = "gpt2-small",
+                   .device = "auto"};
   loom_flag table[] = {
       {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false},
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false},
       {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false},
       {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
       {"--seq", FLAG_INT, &f.seq, "run only this sequence length (0: 64 and 256; with --tp, 256)", 0, 1024, NULL, false},
+      {"--model", FLAG_STRING, &f.model, "model preset (gpt2-small; gpt-1.3b is 24 layers, hidden 2048)", LOOM_NO_RANGE, NULL, false},
+      {"--device", FLAG_STRING, &f.device, "auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false},
       {"--tp", FLAG_INT, &f.tp, "compare tp 1 on rank 0 with a tp-way split (mpirun -np TP)", 1, 64, NULL, false},
   };
   const int n = sizeof table / sizeof table[0];

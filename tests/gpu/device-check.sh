@@ -33,5 +33,7 @@ step nccl-backend env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 
 step nccl-bench env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
   mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$root/build-gpu/bench/loom_comm_bench" --backend nccl --iters 20
 step bf16-gemm "$root/build-gpu/bench/loom_cuda_gemm_bench" 4096 8192 16384
+step bench-gpt2-small timeout 240 "$root/build-gpu/loom" bench step --device cuda --model gpt2-small --micro-batch 8 --steps 3
+step bench-gpt-1.3b timeout 300 "$root/build-gpu/loom" bench step --device cuda --model gpt-1.3b --micro-batch 4 --seq 1024 --steps 2
 echo "== device-check: $([ $status = 0 ] && echo ok || echo FAILED)"
 exit $status
