@@ -17,7 +17,7 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
 #ifdef LOOM_HAVE_CUDA
   const bool gpu = loom_cuda_available();
   if (strcmp(device, "cuda") == 0 && !gpu)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no CUDA device is visible to this process", cmd);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no usable GPU (%s)", cmd, loom_cuda_unavailable_reason());
   if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
   const int ordinal = loom_cuda_select_device(loom_launch_local_rank());
   loom_set_default_allocator(loom_cuda_managed_allocator());

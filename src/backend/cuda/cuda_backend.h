@@ -19,8 +19,11 @@
 extern "C" {
 #endif
 
-/* Whether a CUDA device is present and usable (false on a machine without a GPU). */
+/* Whether a CUDA device is present and usable: a GPU is visible and cuBLAS,
+ * opened at run time, loads (false on a machine without either). */
 bool loom_cuda_available(void);
+/* Why not, in a few words ("" when available). */
+const char *loom_cuda_unavailable_reason(void);
 /* Selects device `ordinal` (a launcher's local rank modulo the device count). */
 int loom_cuda_select_device(int ordinal);
 /* The op table; call only when loom_cuda_available(). */

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,47 @@ void check_blas(cublasStatus_t s, const char *what) {
   abort();
 }
 
+// cuBLAS is opened at run time, so a CUDA-built loom starts as fast as a CPU
+// one, and runs where the CUDA libraries are absent (on the CPU backend).
+#define LOOM_STR2(x) #x
+#define LOOM_STR(x) LOOM_STR2(x)
+struct Blas {
+  bool tried = false, ok = false;
+  char error[256] = "";
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                            const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+};
+Blas B;
+
+template <typename F> bool load(void *lib, const char *name, F *out) {
+  *out = (F)dlsym(lib, name);
+  if (!*out) snprintf(B.error, sizeof B.error, "cuBLAS lacks %s", name);
+  return *out != nullptr;
+}
+
+bool load_blas() {
+  if (B.tried) return B.ok;
+  B.tried = true;
+  const char *names[] = {"libcublas.so." LOOM_STR(CUBLAS_VER_MAJOR), "libcublas.so"};
+  void *lib = nullptr;
+  for (const char *name : names)
+    if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
+  if (!lib) {
+    snprintf(B.error, sizeof B.error, "cannot load cuBLAS (%s): %s", names[0], dlerror());
+    return false;
+  }
+  B.ok = load(lib, "cublasCreate_v2", &B.create) && load(lib, "cublasSetStream_v2", &B.set_stream) &&
+         load(lib, "cublasSetMathMode", &B.set_math_mode) && load(lib, "cublasSgemm_v2", &B.sgemm) &&
+         load(lib, "cublasSgemmStridedBatched", &B.sgemm_strided_batched) && load(lib, "cublasGemmEx", &B.gemm_ex);
+  return B.ok;
+}
+
 struct Backend {
   bool ready = false;
   cudaStream_t stream = nullptr;
@@ -42,9 +84,13 @@ Backend g;
 void init() {
   if (g.ready) return;
   check(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "stream");
-  check_blas(cublasCreate(&g.blas), "cublasCreate");
-  check_blas(cublasSetStream(g.blas, g.stream), "cublasSetStream");
-  check_blas(cublasSetMathMode(g.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  if (!load_blas()) {
+    fprintf(stderr, "loom: %s\n", B.error);
+    abort();
+  }
+  check_blas(B.create(&g.blas), "cublasCreate");
+  check_blas(B.set_stream(g.blas, g.stream), "cublasSetStream");
+  check_blas(B.set_math_mode(g.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   g.ready = true;
 }
 
@@ -128,7 +174,7 @@ void cuda_bias_backward(float *dbias, const float *dout, int N, int OC) {
 // Row-major out[N,OC] = inp[N,C] @ weight[OC,C]^T is column-major out^T = weight^T-view x inp.
 void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasSgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
+  check_blas(B.sgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
              "matmul_forward");
   if (bias) cuda_bias_forward(out, bias, N, OC);
 }
@@ -137,10 +183,10 @@ void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float
                           const float *weight, int N, int C, int OC) {
   const float one = 1.0f;
   if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
-    check_blas(cublasSgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
+    check_blas(B.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
                "matmul_backward dinp");
   // dweight[OC,C] += dout^T @ inp
-  check_blas(cublasSgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
+  check_blas(B.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
              "matmul_backward dweight");
   if (dbias) cuda_bias_backward(dbias, dout, N, OC);
 }
@@ -369,7 +415,7 @@ void cuda_attention_forward(float *out, float *att, const float *qkv, const loom
   const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++) { // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
     const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D;
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
                                          &zero, att + (size_t)b * H * TT, T, TT, H),
                "attention scores");
   }
@@ -379,7 +425,7 @@ void cuda_attention_forward(float *out, float *att, const float *qkv, const loom
   const float *probs = dropped ? dropped : att;
   for (int b = 0; b < a.B; b++) { // out[b, h] = P v
     const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
                                          probs + (size_t)b * H * TT, T, TT, &zero, out + (size_t)b * H * D, (int)ldo, D, H),
                "attention output");
   }
@@ -411,11 +457,11 @@ void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const 
     const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D, *dy = dout + (size_t)b * H * D;
     float *dv = dqkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
     // dP' = dy v^T (column-major: v^T-view x dy)
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
                                          &zero, datt + (size_t)b * H * TT, T, TT, H),
                "attention dP");
     // dv += P'^T dy
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
                                          probs + (size_t)b * H * TT, T, TT, &one, dv, (int)ldq, D, H),
                "attention dv");
   }
@@ -425,11 +471,11 @@ void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const 
     const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D, *ds = datt + (size_t)b * H * TT;
     float *dq = dqkv + (size_t)b * 3 * H * D, *dk = dq + (size_t)H * D;
     // dq += dS k
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
                                          dq, (int)ldq, D, H),
                "attention dq");
     // dk += dS^T q
-    check_blas(cublasSgemmStridedBatched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
+    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
                                          dk, (int)ldq, D, H),
                "attention dk");
   }
@@ -695,7 +741,15 @@ extern "C" {
 
 bool loom_cuda_available(void) {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && load_blas();
+}
+
+const char *loom_cuda_unavailable_reason(void) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  if (count == 0) return "no CUDA device is visible to this process";
+  return load_blas() ? "" : B.error;
 }
 
 int loom_cuda_select_device(int ordinal) {
@@ -719,7 +773,7 @@ const loom_allocator *loom_cuda_managed_allocator(void) { return &MANAGED; }
 
 void loom_cuda_set_tf32(bool on) {
   init();
-  check_blas(cublasSetMathMode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  check_blas(B.set_math_mode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
 void *loom_cuda_stream(void) {
@@ -770,7 +824,7 @@ void loom_cuda_matmul_bf16(float *out, const uint16_t *inp, const uint16_t *weig
                            int OC) {
   init();
   const float one = 1.0f, zero = 0.0f;
-  check_blas(cublasGemmEx(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
+  check_blas(B.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
                           &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              "matmul_bf16");
   if (bias) cuda_bias_forward(out, bias, N, OC);
@@ -789,7 +843,7 @@ double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {
   double best = 0.0;
   for (int it = -1; it < iters; it++) { // one warm-up
     check(cudaEventRecord(start, g.stream), "event");
-    check_blas(cublasGemmEx(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k, &zero,
+    check_blas(B.gemm_ex(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k, &zero,
                             c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "gemm bench");
     check(cudaEventRecord(stop, g.stream), "event");
