@@ -108,18 +108,25 @@ constexpr int THREADS = 256;
 unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 void launched(const char *what) { check(cudaGetLastError(), what); }
 
-// Block-wide sum of one value per thread (blockDim.x a multiple of 32, at most 1024).
-template <typename T> __device__ T block_sum(T v) {
-  __shared__ T warp_sums[32];
-  for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_sums[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < warps ? warp_sums[threadIdx.x] : T(0);
-  if (warp == 0)
-    for (int off = 16; off > 0; off /= 2) v += __shfl_down_sync(0xffffffffu, v, off);
+struct Sum {
+  template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// Block-wide reduction of one value per thread (blockDim.x a multiple of 32,
+// at most 1024); `identity` fills the lanes of missing warps. Every thread gets the result.
+template <typename T, typename Op> __device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T warp_part[32];
   __shared__ T total;
+  for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_down_sync(0xffffffffu, v, off));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < (blockDim.x + 31) / 32 ? warp_part[threadIdx.x] : identity;
+  if (warp == 0)
+    for (int off = 16; off > 0; off /= 2) v = op(v, __shfl_down_sync(0xffffffffu, v, off));
   if (threadIdx.x == 0) total = v;
   __syncthreads();
   const T out = total;
@@ -127,23 +134,8 @@ template <typename T> __device__ T block_sum(T v) {
   return out;
 }
 
-__device__ float block_max(float v) {
-  __shared__ float warp_max[32];
-  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (lane == 0) warp_max[warp] = v;
-  __syncthreads();
-  const int warps = (blockDim.x + 31) / 32;
-  v = threadIdx.x < warps ? warp_max[threadIdx.x] : -INFINITY;
-  if (warp == 0)
-    for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, off));
-  __shared__ float total;
-  if (threadIdx.x == 0) total = v;
-  __syncthreads();
-  const float out = total;
-  __syncthreads();
-  return out;
-}
+template <typename T> __device__ T block_sum(T v) { return block_reduce(v, Sum(), T(0)); }
+__device__ float block_max(float v) { return block_reduce(v, Max(), -INFINITY); }
 
 // ---- matmul ----------------------------------------------------------------
 

@@ -82,25 +82,27 @@ static void nccl_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root
   check_nccl(ncclBroadcast(buf, buf, bytes, ncclChar, root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
 }
 
-/* Tags order messages between two ranks; NCCL orders them by issue order, which loom's schedules keep. */
-static loom_request *nccl_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
-  (void)tag;
+/* One grouped ncclSend or ncclRecv on the comm stream. Tags order messages
+ * between two ranks; NCCL orders them by issue order, which loom's schedules keep. */
+static loom_request *p2p(loom_comm *c, float *buf, size_t n, int peer, bool send) {
   nccl_impl *m = impl_of(c);
   loom_request *r = begin_async(m);
   check_nccl(ncclGroupStart(), "group");
-  check_nccl(ncclSend(buf, n, ncclFloat, peer, m->comm, m->comm_stream), "send");
+  check_nccl(send ? ncclSend(buf, n, ncclFloat, peer, m->comm, m->comm_stream)
+                  : ncclRecv(buf, n, ncclFloat, peer, m->comm, m->comm_stream),
+             send ? "send" : "recv");
   check_nccl(ncclGroupEnd(), "group");
   return end_async(m, r);
 }
 
+static loom_request *nccl_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
+  (void)tag;
+  return p2p(c, (float *)buf, n, peer, true);
+}
+
 static loom_request *nccl_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
   (void)tag;
-  nccl_impl *m = impl_of(c);
-  loom_request *r = begin_async(m);
-  check_nccl(ncclGroupStart(), "group");
-  check_nccl(ncclRecv(buf, n, ncclFloat, peer, m->comm, m->comm_stream), "recv");
-  check_nccl(ncclGroupEnd(), "group");
-  return end_async(m, r);
+  return p2p(c, buf, n, peer, false);
 }
 
 /* The compute stream waits for the transfer; the host does not. */
