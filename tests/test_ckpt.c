@@ -244,11 +244,26 @@ static char **save_layout(layout lay, const loom_gpt_params *whole, const loom_a
   return paths;
 }
 
-/* Loads rank `rank` of lay from the files; returns the status, err the message. */
-static loom_status load_rank(test_rank *r, layout lay, int rank, char **paths, int npaths, loom_error *err) {
+/* Loads rank `rank` of lay from those of the files that hold a piece it
+ * wants (as a manifest's piece lists select them); *opened counts them.
+ * Returns the status, err the message. */
+static loom_status load_rank(test_rank *r, layout lay, int rank, char **paths, int npaths, int *opened, loom_error *err) {
   make_rank(r, lay, rank, NULL, NULL, NULL);
   loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(&r->ch, 1), sizeof *want);
-  const loom_status st = loom_ckpt_assemble("ckpt", paths, npaths, want, loom_ckpt_load_pieces(&r->ch, 1, want), err);
+  const int nwant = loom_ckpt_load_pieces(&r->ch, 1, want);
+  loom_want_index *ix = loom_want_index_build(want, nwant);
+  char *needed[16];
+  *opened = 0;
+  for (int f = 0; f < npaths; f++) {
+    loom_shard_index si;
+    ck_assert_int_eq(loom_shard_index_open(paths[f], &si, err), LOOM_OK);
+    int any = 0;
+    for (int k = 0; k < si.count && !any; k++) any = loom_want_index_needs(ix, &si.tensors[k]);
+    if (any) needed[(*opened)++] = paths[f];
+    loom_shard_index_close(&si);
+  }
+  const loom_status st = loom_ckpt_assemble("ckpt", needed, *opened, want, nwant, err);
+  loom_want_index_free(ix);
   free(want);
   return st;
 }
@@ -266,22 +281,27 @@ START_TEST(loads_onto_other_plans) {
     for (int rank = 0; rank < to[k].tp * to[k].pp * to[k].dp; rank++) {
       test_rank got, want;
       loom_error err = {{0}};
-      ck_assert_msg(load_rank(&got, to[k], rank, paths, 8, &err) == LOOM_OK, "%s", err.msg);
+      int opened;
+      ck_assert_msg(load_rank(&got, to[k], rank, paths, 8, &opened, &err) == LOOM_OK, "%s", err.msg);
       make_rank(&want, to[k], rank, &whole, &opt.m, &opt.v);
       assert_same_state(&got, &want);
+      /* The whole model needs every file; a rank of the same plan fewer (its stage, its replicas, the tied wte). */
+      if (k == 2) ck_assert_int_eq(opened, 8);
+      if (k == 3) ck_assert_msg(opened < 8, "rank %d of the same plan opened all 8 shard files", rank);
       free_rank(&got);
       free_rank(&want);
     }
   /* A missing shard leaves elements unfound; a shard given twice holds them twice. */
   test_rank r;
   loom_error err = {{0}};
-  ck_assert_int_eq(load_rank(&r, to[2], 0, paths, 7, &err), LOOM_ERR_FORMAT);
+  int opened;
+  ck_assert_int_eq(load_rank(&r, to[2], 0, paths, 7, &opened, &err), LOOM_ERR_FORMAT);
   ck_assert_msg(strstr(err.msg, "ckpt: the checkpoint holds ") && strstr(err.msg, "elements of"), "%s", err.msg);
   free_rank(&r);
   char *twice[9];
   memcpy(twice, paths, 8 * sizeof *paths);
   twice[8] = paths[0];
-  ck_assert_int_eq(load_rank(&r, to[2], 0, twice, 9, &err), LOOM_ERR_FORMAT);
+  ck_assert_int_eq(load_rank(&r, to[2], 0, twice, 9, &opened, &err), LOOM_ERR_FORMAT);
   ck_assert_msg(strstr(err.msg, "(pieces overlap)"), "%s", err.msg);
   free_rank(&r);
   for (int i = 0; i < 8; i++) free(paths[i]);

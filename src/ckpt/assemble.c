@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/assemble.h"
+#include "core/rng.h"
 
 /* Global columns [*c0, *c1) that t holds in global row r (empty if none). */
 static void row_span(const loom_shard_tensor *t, int64_t r, int64_t *c0, int64_t *c1) {
@@ -81,6 +82,42 @@ static bool shape_fits(const loom_shard_tensor *h, const loom_ckpt_want *w) {
   const bool padded = w->valid_rows < w->t.global[0] || h->global[0] > w->t.global[0];
   return h->ndim == 2 && h->global[1] == w->t.global[1] &&
          (h->global[0] == w->t.global[0] || (w->padded && padded && h->global[0] >= w->valid_rows));
+}
+
+/* Open addressing on the name hash; several wants may share a name. */
+struct loom_want_index {
+  const loom_ckpt_want *want;
+  int *slot; /* want index + 1, 0 when empty */
+  size_t mask;
+};
+
+loom_want_index *loom_want_index_build(const loom_ckpt_want *want, int nwant) {
+  loom_want_index *ix = calloc(1, sizeof *ix);
+  size_t cap = 16;
+  while (cap < 2 * (size_t)nwant) cap *= 2;
+  ix->want = want;
+  ix->mask = cap - 1;
+  ix->slot = calloc(cap, sizeof *ix->slot);
+  for (int i = 0; i < nwant; i++) {
+    size_t h = loom_hash_str(want[i].t.name) & ix->mask;
+    while (ix->slot[h]) h = (h + 1) & ix->mask;
+    ix->slot[h] = i + 1;
+  }
+  return ix;
+}
+
+bool loom_want_index_needs(const loom_want_index *ix, const loom_shard_tensor *stored) {
+  for (size_t h = loom_hash_str(stored->name) & ix->mask; ix->slot[h]; h = (h + 1) & ix->mask) {
+    const loom_ckpt_want *w = &ix->want[ix->slot[h] - 1];
+    if (same_name(stored, &w->t) && blocks_overlap(stored, &w->t)) return true;
+  }
+  return false;
+}
+
+void loom_want_index_free(loom_want_index *ix) {
+  if (!ix) return;
+  free(ix->slot);
+  free(ix);
 }
 
 /* Fills from one shard file; stored_rows[i] records the checkpoint's rows of want i. */

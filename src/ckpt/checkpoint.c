@@ -75,16 +75,18 @@ static loom_status check_run(const char *sub, const loom_ckpt_run *have, const l
 /* Fills chunks from the checkpoint mf describes and sets their steps. */
 static loom_status load_chunks(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_chunk *chunks, int n,
                                loom_error *err) {
-  char **paths;
-  loom_status st = loom_manifest_paths(sub, mf, &paths, err);
-  if (st != LOOM_OK) return st;
   loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want);
   const int count = loom_ckpt_load_pieces(chunks, n, want);
-  st = loom_ckpt_assemble(sub, paths, (int)mf->n_shards, want, count, err);
+  loom_want_index *ix = loom_want_index_build(want, count);
+  char **paths;
+  int npaths;
+  loom_status st = loom_manifest_paths(sub, mf, ix, &paths, &npaths, err); /* only the files holding our pieces */
+  if (st == LOOM_OK) st = loom_ckpt_assemble(sub, paths, npaths, want, count, err);
   for (int c = 0; c < n && st == LOOM_OK; c++)
     if (chunks[c].step) *chunks[c].step = (int)mf->step;
+  loom_want_index_free(ix);
   free(want);
-  loom_manifest_paths_free(paths, mf->n_shards);
+  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
   return st;
 }
 
@@ -130,10 +132,11 @@ loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_er
   loom_status st = loom_manifest_read(dir, sub, sizeof sub, &mf, err);
   if (st != LOOM_OK) return st;
   char **paths;
-  st = loom_manifest_paths(sub, mf, &paths, err);
+  int npaths;
+  st = loom_manifest_paths(sub, mf, NULL, &paths, &npaths, err);
   tally *t = NULL;
   int nt = 0;
-  for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
+  for (int i = 0; st == LOOM_OK && i < npaths; i++) {
     loom_shard_file f;
     st = loom_shard_file_read(paths[i], &f, err);
     if (st != LOOM_OK) break;

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "ckpt/manifest.h"
+#include "ckpt/shard_file.h"
 #include "core/write_file.h"
 
 #define MANIFEST_VERSION 2
@@ -73,6 +74,41 @@ static void prune(const char *dir, int64_t latest, int keep) {
   free(steps);
 }
 
+/* The pieces a written shard file holds, read from its header table, into info. */
+static loom_status list_pieces(const char *path, Loom__ShardFileInfo *info, loom_error *err) {
+  loom_shard_index ix;
+  loom_status st = loom_shard_index_open(path, &ix, err);
+  if (st != LOOM_OK) return st;
+  info->pieces = calloc((size_t)ix.count + 1, sizeof *info->pieces);
+  for (int i = 0; i < ix.count; i++) {
+    const loom_shard_tensor *t = &ix.tensors[i];
+    Loom__ShardPiece *p = malloc(sizeof *p + 3 * (size_t)t->ndim * sizeof(int64_t));
+    loom__shard_piece__init(p);
+    int64_t *dims = (int64_t *)(p + 1); /* global, offset, local, in the same allocation */
+    memcpy(dims, t->global, (size_t)t->ndim * sizeof(int64_t));
+    memcpy(dims + t->ndim, t->offset, (size_t)t->ndim * sizeof(int64_t));
+    memcpy(dims + 2 * t->ndim, t->local, (size_t)t->ndim * sizeof(int64_t));
+    p->name = strdup(t->name);
+    p->n_global = p->n_offset = p->n_local = (size_t)t->ndim;
+    p->global = dims, p->offset = dims + t->ndim, p->local = dims + 2 * t->ndim;
+    p->has_first = p->has_count = 1;
+    p->first = t->first, p->count = t->count;
+    info->pieces[info->n_pieces++] = p;
+  }
+  loom_shard_index_close(&ix);
+  return LOOM_OK;
+}
+
+static void free_pieces(Loom__ShardFileInfo *info) {
+  for (size_t i = 0; i < info->n_pieces; i++) {
+    free(info->pieces[i]->name);
+    free(info->pieces[i]);
+  }
+  free(info->pieces);
+  info->pieces = NULL;
+  info->n_pieces = 0;
+}
+
 loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
                                   int nshards, int keep, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
@@ -99,23 +135,26 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   Loom__ShardFileInfo *infos = calloc((size_t)nshards + 1, sizeof *infos);
   Loom__ShardFileInfo **ptrs = calloc((size_t)nshards + 1, sizeof *ptrs);
   char (*files)[32] = calloc((size_t)nshards + 1, 32);
-  for (int r = 0; r < nshards; r++) {
+  char sub[4096], path[4200], line[80];
+  loom_ckpt_step_dir(dir, step, sub, sizeof sub);
+  loom_status st = LOOM_OK;
+  for (int r = 0; r < nshards && st == LOOM_OK; r++) {
     loom__shard_file_info__init(&infos[r]);
     snprintf(files[r], 32, "rank_%05d.shard", r);
     infos[r].has_rank = infos[r].has_bytes = infos[r].has_crc32c = 1;
     infos[r].rank = r, infos[r].file = files[r], infos[r].bytes = shards[r].bytes, infos[r].crc32c = shards[r].crc32c;
     ptrs[r] = &infos[r];
+    loom_ckpt_shard_path(sub, r, path, sizeof path);
+    st = list_pieces(path, &infos[r], err);
   }
   mf.n_shards = (size_t)nshards;
   mf.shards = ptrs;
   const size_t len = loom__checkpoint_manifest__get_packed_size(&mf);
   uint8_t *buf = malloc(len + 1);
   loom__checkpoint_manifest__pack(&mf, buf);
-  char sub[4096], path[4200], line[80];
-  loom_ckpt_step_dir(dir, step, sub, sizeof sub);
   snprintf(path, sizeof path, "%s/manifest.pb", sub);
   const loom_chunk chunk = {buf, len};
-  loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
+  if (st == LOOM_OK) st = loom_write_file_atomic(path, &chunk, 1, err);
   /* Last: DIR/latest names the new checkpoint (temp file, then rename). */
   snprintf(line, sizeof line, "step_%08lld\n", (long long)step);
   snprintf(path, sizeof path, "%s/latest", dir);
@@ -123,6 +162,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   if (st == LOOM_OK) st = loom_write_file_atomic(path, &latest, 1, err);
   if (st == LOOM_OK) prune(dir, step, keep);
   free(buf);
+  for (int r = 0; r < nshards; r++) free_pieces(&infos[r]);
   free(files);
   free(ptrs);
   free(infos);
@@ -142,8 +182,10 @@ loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom
   snprintf(path, sizeof path, "%s/manifest.pb", step_dir);
   fp = fopen(path, "rb");
   if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
-  uint8_t *buf = malloc(1 << 20);
-  const size_t got_bytes = fread(buf, 1, 1 << 20, fp);
+  struct stat sb;
+  const size_t size = fstat(fileno(fp), &sb) == 0 ? (size_t)sb.st_size : 0;
+  uint8_t *buf = malloc(size + 1);
+  const size_t got_bytes = buf ? fread(buf, 1, size, fp) : 0;
   fclose(fp);
   *out = loom__checkpoint_manifest__unpack(NULL, got_bytes, buf);
   free(buf);
@@ -174,25 +216,47 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
   }
 }
 
-loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, char ***paths, loom_error *err) {
+/* Whether shard info holds a piece the index wants (every shard when there is no index). */
+static bool shard_needed(const Loom__ShardFileInfo *info, const loom_want_index *wants) {
+  if (!wants) return true;
+  for (size_t k = 0; k < info->n_pieces; k++) {
+    const Loom__ShardPiece *p = info->pieces[k];
+    if (!p->name || p->n_global != 2 || p->n_offset != 2 || p->n_local != 2) return true; /* let the file speak */
+    loom_shard_tensor t = {.ndim = 2, .first = p->first, .count = p->count};
+    snprintf(t.name, sizeof t.name, "%s", p->name);
+    memcpy(t.global, p->global, 2 * sizeof(int64_t));
+    memcpy(t.offset, p->offset, 2 * sizeof(int64_t));
+    memcpy(t.local, p->local, 2 * sizeof(int64_t));
+    if (loom_want_index_needs(wants, &t)) return true;
+  }
+  return false;
+}
+
+loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, const loom_want_index *wants,
+                                char ***paths, int *npaths, loom_error *err) {
   *paths = calloc(mf->n_shards + 1, sizeof **paths);
+  *npaths = 0;
   loom_status st = LOOM_OK;
   for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
     const Loom__ShardFileInfo *info = mf->shards[i];
+    if (!shard_needed(info, wants)) continue;
     const size_t len = strlen(step_dir) + (info->file ? strlen(info->file) : 1) + 2;
-    (*paths)[i] = malloc(len);
-    snprintf((*paths)[i], len, "%s/%s", step_dir, info->file ? info->file : "?");
+    char *path = (*paths)[(*npaths)++] = malloc(len);
+    snprintf(path, len, "%s/%s", step_dir, info->file ? info->file : "?");
     struct stat sb;
     if (!info->file || strchr(info->file, '/'))
       st = loom_fail(err, LOOM_ERR_FORMAT, "%s/manifest.pb: shard %zu has no plain file name", step_dir, i);
-    else if (stat((*paths)[i], &sb) != 0)
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing shard file (%s)", (*paths)[i], strerror(errno));
+    else if (stat(path, &sb) != 0)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing shard file (%s)", path, strerror(errno));
     else if ((int64_t)sb.st_size != info->bytes)
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the shard is damaged", (*paths)[i],
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the shard is damaged", path,
                      (long long)sb.st_size, (long long)info->bytes);
   }
-  if (st != LOOM_OK) loom_manifest_paths_free(*paths, mf->n_shards);
-  if (st != LOOM_OK) *paths = NULL;
+  if (st != LOOM_OK) {
+    loom_manifest_paths_free(*paths, mf->n_shards);
+    *paths = NULL;
+    *npaths = 0;
+  }
   return st;
 }
 

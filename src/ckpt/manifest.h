@@ -3,6 +3,7 @@
 #ifndef LOOM_MANIFEST_H
 #define LOOM_MANIFEST_H
 
+#include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
 #include "loom.pb-c.h"
 
@@ -17,7 +18,8 @@ void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len)
 loom_status loom_ckpt_make_dir(const char *path, loom_error *err);
 
 /* Records a complete step: its manifest (the run, and each rank's shard
- * size and checksum), then DIR/latest by atomic rename, then removes all
+ * size, checksum and list of pieces, read from the shard's header table,
+ * so a loader opens only the files it needs), then DIR/latest by atomic rename, then removes all
  * but the newest `keep` steps (0 keeps all). */
 loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
                                   int nshards, int keep, loom_error *err);
@@ -25,9 +27,11 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
 /* The run a manifest describes (run->data points into mf). */
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
-/* The paths of a manifest's shard files, each checked to exist at its
- * recorded size; free with loom_manifest_paths_free. */
-loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, char ***paths, loom_error *err);
+/* The paths of a manifest's shard files that hold a piece `wants` needs
+ * (every file when wants is NULL), each checked to exist at its recorded
+ * size; *npaths counts them. Free with loom_manifest_paths_free. */
+loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, const loom_want_index *wants,
+                                char ***paths, int *npaths, loom_error *err);
 void loom_manifest_paths_free(char **paths, size_t n);
 
 #endif

@@ -55,9 +55,11 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
   return st;
 }
 
-/* Fills rank `rank` of `to` from the checkpoint and writes its shard under out_dir. */
-static loom_status reshard_rank(const char *sub, char *const *paths, int npaths, const loom_ckpt_run *to, const int *begin,
-                                int rank, const char *out_dir, loom_shard_written *written, loom_error *err) {
+/* Fills rank `rank` of `to` from the checkpoint (only the shard files holding
+ * its pieces) and writes its shard under out_dir. */
+static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_run *to,
+                                const int *begin, int rank, const char *out_dir, loom_shard_written *written,
+                                loom_error *err) {
   offline_rank r;
   loom_status st = build_rank(to, begin, rank, &r);
   if (st != LOOM_OK) {
@@ -67,7 +69,14 @@ static loom_status reshard_rank(const char *sub, char *const *paths, int npaths,
   const int max = loom_ckpt_max_pieces(r.chunks, r.n) + 1;
   loom_ckpt_want *want = calloc((size_t)max, sizeof *want);
   loom_shard_tensor *pieces = calloc((size_t)max, sizeof *pieces);
-  st = loom_ckpt_assemble(sub, paths, npaths, want, loom_ckpt_load_pieces(r.chunks, r.n, want), err);
+  const int nwant = loom_ckpt_load_pieces(r.chunks, r.n, want);
+  loom_want_index *ix = loom_want_index_build(want, nwant);
+  char **paths;
+  int npaths;
+  st = loom_manifest_paths(sub, mf, ix, &paths, &npaths, err);
+  if (st == LOOM_OK) st = loom_ckpt_assemble(sub, paths, npaths, want, nwant, err);
+  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
+  loom_want_index_free(ix);
   char path[4200];
   loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
   const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero == 1, pieces);
@@ -95,18 +104,15 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
     st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: global batch %d does not split over dp %d", to.global_batch, dp);
   int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
   if (st == LOOM_OK) st = loom_layer_split(to.cfg.layers, pp * vpp, layer_counts, ncounts, begin, err);
-  char **paths = NULL;
-  if (st == LOOM_OK) st = loom_manifest_paths(sub, mf, &paths, err);
   if (st == LOOM_OK) st = loom_ckpt_make_dir(dst, err);
   loom_ckpt_step_dir(dst, mf->step, out_dir, sizeof out_dir);
   if (st == LOOM_OK) st = loom_ckpt_make_dir(out_dir, err);
   loom_shard_written *written = calloc((size_t)world, sizeof *written);
   for (int rank = 0; rank < world && st == LOOM_OK; rank++)
-    st = reshard_rank(sub, paths, (int)mf->n_shards, &to, begin, rank, out_dir, &written[rank], err);
+    st = reshard_rank(sub, mf, &to, begin, rank, out_dir, &written[rank], err);
   if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, &to, written, world, 0, err);
   free(written);
   free(begin);
-  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
@@ -120,13 +126,14 @@ loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error
   loom_ckpt_run run;
   loom_manifest_run(mf, &run);
   char **paths = NULL;
-  st = loom_manifest_paths(sub, mf, &paths, err);
+  int npaths = 0;
+  st = loom_manifest_paths(sub, mf, NULL, &paths, &npaths, err);
   if (st == LOOM_OK && loom_gpt_params_init(p, &run.cfg, 0, 1, NULL) != LOOM_OK)
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the model", sub);
   if (st == LOOM_OK) {
     const loom_ckpt_chunk whole = {p, NULL, NULL, 0, 0, NULL}; /* parameters only */
     loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(&whole, 1) + 1, sizeof *want);
-    st = loom_ckpt_assemble(sub, paths, (int)mf->n_shards, want, loom_ckpt_load_pieces(&whole, 1, want), err);
+    st = loom_ckpt_assemble(sub, paths, npaths, want, loom_ckpt_load_pieces(&whole, 1, want), err);
     free(want);
   }
   if (paths) loom_manifest_paths_free(paths, mf->n_shards);
