@@ -1,5 +1,6 @@
 /* Which checkpoint pieces a rank writes and which it loads. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "ckpt/ckpt_tensors.h"
 
@@ -94,4 +95,22 @@ int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *
           out[count++].valid_rows = m->init_rows > 0 ? m->init_rows : m->layout.rows;
         }
   return count;
+}
+
+int64_t loom_ckpt_save_bytes(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero) {
+  loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
+  const int count = loom_ckpt_save_pieces(chunks, n, dp_rank, zero, pieces);
+  int64_t bytes = 0;
+  for (int i = 0; i < count; i++) bytes += pieces[i].count * (int64_t)sizeof(float);
+  free(pieces);
+  return bytes;
+}
+
+int64_t loom_ckpt_load_bytes(const loom_ckpt_chunk *chunks, int n) {
+  loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want);
+  const int count = loom_ckpt_load_pieces(chunks, n, want);
+  int64_t bytes = 0;
+  for (int i = 0; i < count; i++) bytes += want[i].t.count * (int64_t)sizeof(float);
+  free(want);
+  return bytes;
 }

@@ -212,16 +212,6 @@ static void report_memory(train_run *r) {
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
 }
 
-/* Bytes of the checkpoint pieces this rank writes. */
-static double checkpoint_bytes(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero) {
-  loom_shard_tensor *pieces = loom_xcalloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces, "pieces");
-  const int count = loom_ckpt_save_pieces(chunks, n, dp_rank, zero, pieces);
-  double bytes = 0.0;
-  for (int i = 0; i < count; i++) bytes += (double)pieces[i].count * sizeof(float);
-  free(pieces);
-  return bytes;
-}
-
 /* SIGTERM or SIGINT (Slurm preemption, Ctrl-C): finish the step, checkpoint, exit 0. */
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
@@ -281,7 +271,7 @@ static loom_status save_checkpoint(train_run *r, const loom_train_flags *f, int6
                                    int n, const loom_ckpt_run *ck, loom_error *err) {
   const double t0 = loom_now_s();
   loom_status st = loom_ckpt_save(f->ckpt, step, f->keep, chunks, n, &r->ps, ck, err);
-  float gb = (float)(checkpoint_bytes(chunks, n, r->ps.dp_rank, f->zero == 1) / 1e9);
+  float gb = (float)((double)loom_ckpt_save_bytes(chunks, n, r->ps.dp_rank, f->zero == 1) / 1e9);
   loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
   if (st == LOOM_OK)
     loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
@@ -300,11 +290,7 @@ static loom_status resume(train_run *r, const loom_train_flags *f, const loom_ck
   if (st != LOOM_OK) return st;
   if (bad > 0.0f) return loom_fail(err, LOOM_ERR_IO, "loom train: another rank could not load the checkpoint");
   const double dt = loom_now_s() - t0;
-  loom_ckpt_want *want = loom_xcalloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want, "pieces");
-  const int count = loom_ckpt_load_pieces(chunks, n, want);
-  float gb = 0.0f;
-  for (int i = 0; i < count; i++) gb += (float)((double)want[i].t.count * sizeof(float) / 1e9);
-  free(want);
+  float gb = (float)((double)loom_ckpt_load_bytes(chunks, n) / 1e9);
   loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
   if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
     loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
