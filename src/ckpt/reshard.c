@@ -48,7 +48,7 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
   for (int c = 0; c < r->n && st == LOOM_OK; c++) {
     const int s = c * to->pp + pp_rank; /* interleaved: chunk c of pipeline rank p is stage c * pp + p */
     const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
-    st = loom_gpt_params_init(&r->p[c], &cfg, tp_rank, to->tp, &range);
+    st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range);
     if (st == LOOM_OK) st = to->zero ? loom_zero1_init(&r->z[c], &r->p[c], dp_rank, to->dp, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
     if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero1(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
   }
@@ -128,7 +128,7 @@ loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error
   char **paths = NULL;
   int npaths = 0;
   st = loom_manifest_paths(sub, mf, NULL, &paths, &npaths, err);
-  if (st == LOOM_OK && loom_gpt_params_init(p, &run.cfg, 0, 1, NULL) != LOOM_OK)
+  if (st == LOOM_OK && loom_gpt_params_init_weights(p, &run.cfg, 0, 1, NULL) != LOOM_OK)
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the model", sub);
   if (st == LOOM_OK) {
     const loom_ckpt_chunk whole = {p, NULL, NULL, 0, 0, NULL}; /* parameters only */

@@ -103,7 +103,7 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
   if (dir) {
     st = loom_ckpt_load_model(dir, &p, err);
   } else {
-    st = loom_gpt_params_init(&p, cfg, 0, 1, NULL);
+    st = loom_gpt_params_init_weights(&p, cfg, 0, 1, NULL);
     if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
     loom_gpt_params_randomize(&p, (uint64_t)seed);
     if (init_from) st = loom_llmc_load(init_from, &p, err);

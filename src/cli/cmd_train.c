@@ -54,7 +54,7 @@ static int parts(train_run *r, loom_gpt **out) {
 /* Loads an llm.c file into this rank's shards (every rank reads the file). */
 static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
   loom_gpt_params full;
-  loom_status st = loom_gpt_params_init(&full, &m->p.cfg, 0, 1, NULL);
+  loom_status st = loom_gpt_params_init_weights(&full, &m->p.cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory reading the model", path);
   full.cfg.padded_vocab = m->p.cfg.padded_vocab;
   loom_gpt_config file_cfg;
@@ -63,7 +63,7 @@ static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
     /* The file's vocab padding differs from this split's: read it at its own. */
     loom_gpt_params_free(&full);
     file_cfg.dropout = m->p.cfg.dropout;
-    st = loom_gpt_params_init(&full, &file_cfg, 0, 1, NULL);
+    st = loom_gpt_params_init_weights(&full, &file_cfg, 0, 1, NULL);
   }
   if (st == LOOM_OK) st = loom_llmc_load(path, &full, err);
   if (st == LOOM_OK) loom_gpt_params_copy_shards(&m->p, &full, 1);
@@ -74,7 +74,7 @@ static loom_status load_shards(loom_gpt *m, const char *path, loom_error *err) {
 /* Gathers every rank's shards and writes the whole model from rank 0. */
 static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const char *path, loom_error *err) {
   loom_gpt_params full;
-  loom_status st = loom_gpt_params_init(&full, cfg, 0, 1, NULL);
+  loom_status st = loom_gpt_params_init_weights(&full, cfg, 0, 1, NULL);
   if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory assembling the model", path);
   loom_gpt *chunks;
   const int n = parts(r, &chunks);

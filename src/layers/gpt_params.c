@@ -77,8 +77,8 @@ static void bind(loom_gpt_weights *w, const loom_buffer *b, const loom_stage_ran
   w->ln_f_b = r->last ? b->views[k++].data : NULL;
 }
 
-loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                 const loom_stage_range *range) {
+static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                               const loom_stage_range *range, bool with_grads) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
@@ -108,15 +108,25 @@ loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg,
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   loom_status st = loom_buffer_init(&p->params, t.specs, count);
-  if (st == LOOM_OK) st = loom_buffer_init(&p->grads, t.specs, count);
+  if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count);
   free(t.specs);
   if (st != LOOM_OK) {
     loom_gpt_params_free(p);
     return st;
   }
   bind(&p->w, &p->params, &r);
-  bind(&p->g, &p->grads, &r);
+  if (with_grads) bind(&p->g, &p->grads, &r);
   return LOOM_OK;
+}
+
+loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                 const loom_stage_range *range) {
+  return init_params(p, cfg, tp_rank, tp_size, range, true);
+}
+
+loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                         const loom_stage_range *range) {
+  return init_params(p, cfg, tp_rank, tp_size, range, false);
 }
 
 void loom_gpt_params_free(loom_gpt_params *p) {

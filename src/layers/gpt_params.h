@@ -71,6 +71,10 @@ typedef struct {
  * of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range);
+/* The same without grads (an empty grads buffer, g views NULL): for loading,
+ * saving, exporting and resharding, which never train, at half the memory. */
+loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                         const loom_stage_range *range);
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
