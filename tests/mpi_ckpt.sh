@@ -44,6 +44,10 @@ done
 cmp -s "$WORK/ref.bin" "$WORK/export.bin" || fail "exported model differs from the trained one"
 "$LOOM" ckpt export "$WORK/ck" --format safetensors -o "$WORK/m.safetensors" > /dev/null || fail "export safetensors"
 grep -q '"h.1.mlp.c_fc.weight":{"dtype":"F32","shape":\[32,128\]' "$WORK/m.safetensors" || fail "safetensors header"
+# Streamed from the checkpoint tensor by tensor, it equals the export of the same model held in memory.
+"$LOOM" ckpt export --init-from "$WORK/ref.bin" --format safetensors \
+  -o "$WORK/m2.safetensors" > /dev/null || fail "export safetensors from a model file"
+cmp -s "$WORK/m.safetensors" "$WORK/m2.safetensors" || fail "safetensors from the checkpoint and from memory differ"
 
 # Resharding by --resume: (2,2,1) for 3 steps, (1,1,2) to 6, (4,1,1) to 9.
 rm -rf "$WORK/rs"

@@ -44,10 +44,6 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
 loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, int dp, int vpp, int zero,
                               const int *layer_counts, int ncounts, loom_error *err);
 
-/* Loads the whole model (tp 1, every layer) of the checkpoint dir/latest
- * names into *p, allocated here; free with loom_gpt_params_free. */
-loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error *err);
-
 /* Checks the checkpoint dir/latest names without loading a model: every
  * shard's size and checksum against the manifest, every piece's checksum
  * and bounds, and that the pieces of each tensor add up to its global

@@ -8,10 +8,10 @@
 
 enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED_VOCAB, H_INTS = 256 };
 
-/* The tensors of p in llm.c's order: wte, wpe, then each block tensor kind
- * across all layers, then ln_f. Our per-block order matches llm.c's kinds. */
-static int llmc_order(const loom_gpt_params *p, int *order) {
-  const int L = p->cfg.layers;
+/* The tensors of a whole model of L layers in llm.c's order: wte, wpe, then
+ * each block tensor kind across all layers, then ln_f. Our per-block order
+ * matches llm.c's kinds. */
+static int llmc_order(int L, int *order) {
   int n = 0;
   order[n++] = 0;
   order[n++] = 1;
@@ -76,7 +76,7 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
                    "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, cfg.layers, cfg.hidden, cfg.heads,
                    cfg.vocab, cfg.seq, p->cfg.layers, p->cfg.hidden, p->cfg.heads, p->cfg.vocab, p->cfg.seq);
   int *order = malloc((size_t)p->params.count * sizeof(int));
-  const int n = st == LOOM_OK ? llmc_order(p, order) : 0;
+  const int n = st == LOOM_OK ? llmc_order(p->cfg.layers, order) : 0;
   for (int i = 0; i < n && st == LOOM_OK; i++) {
     loom_tensor *t = &p->params.views[order[i]];
     if (fread(t->data, sizeof(float), loom_tensor_numel(t), fp) != loom_tensor_numel(t))
@@ -89,8 +89,29 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
   return st;
 }
 
-loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err) {
-  const loom_gpt_config *c = &p->cfg;
+/* The file as chunks: the header, then each tensor in llm.c's order, fetched into scratch. */
+typedef struct {
+  const loom_model_source *src;
+  const int32_t *header;
+  const int *order;
+  float *scratch;
+} llmc_writer;
+
+static int next_llmc_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err) {
+  const llmc_writer *w = ctx;
+  if (i == 0) {
+    *chunk = (loom_chunk){w->header, H_INTS * sizeof(int32_t)};
+    return 1;
+  }
+  if (i > w->src->count) return 0;
+  const int k = w->order[i - 1];
+  *st = w->src->fetch(w->src, k, w->scratch, err);
+  *chunk = (loom_chunk){w->scratch, loom_tensor_bytes(&w->src->specs[k])};
+  return *st == LOOM_OK;
+}
+
+loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_error *err) {
+  const loom_gpt_config *c = &src->cfg;
   if (c->ffn != 4 * c->hidden)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format needs ffn = 4 * hidden (got ffn %d, hidden %d)",
                      path, c->ffn, c->hidden);
@@ -103,22 +124,25 @@ loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_erro
   h[H_HEADS] = c->heads;
   h[H_HIDDEN] = c->hidden;
   h[H_PADDED_VOCAB] = c->padded_vocab;
-  const int count = p->params.count + 1;
-  loom_chunk *chunks = malloc((size_t)count * sizeof *chunks);
-  int *order = malloc((size_t)p->params.count * sizeof(int));
-  if (!chunks || !order) {
-    free(chunks);
-    free(order);
-    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  int *order = malloc((size_t)src->count * sizeof(int));
+  float *scratch = malloc(loom_model_source_max_numel(src) * sizeof(float) + 1);
+  loom_status st = LOOM_OK;
+  if (!order || !scratch) {
+    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  } else {
+    llmc_order(c->layers, order);
+    llmc_writer w = {src, h, order, scratch};
+    st = loom_write_file_atomic_stream(path, next_llmc_chunk, &w, err);
   }
-  chunks[0] = (loom_chunk){h, sizeof h};
-  llmc_order(p, order);
-  for (int i = 0; i < p->params.count; i++)
-    chunks[i + 1] = (loom_chunk){p->params.views[order[i]].data, loom_tensor_bytes(&p->params.views[order[i]])};
-  const loom_status st = loom_write_file_atomic(path, chunks, count, err);
   free(order);
-  free(chunks);
+  free(scratch);
   return st;
+}
+
+loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err) {
+  loom_model_source src;
+  loom_model_source_of_params(&src, p);
+  return loom_llmc_write(path, &src, err);
 }
 
 loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err) {

@@ -6,6 +6,7 @@
 #define LOOM_LLMC_MODEL_H
 
 #include "core/status.h"
+#include "ckpt/model_source.h"
 #include "layers/gpt.h"
 
 #define LOOM_LLMC_MAGIC 20240326
@@ -20,5 +21,7 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
 loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err);
 /* Writes p's weights atomically. */
 loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err);
+/* Writes a model source's weights atomically, one tensor in memory at a time. */
+loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_error *err);
 
 #endif

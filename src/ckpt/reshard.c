@@ -1,6 +1,6 @@
-/* Offline checkpoint work in one process: resharding onto another plan, and
- * loading the whole model for export. Each target rank is built, filled by
- * global offsets and written in turn, so memory holds one rank at a time. */
+/* Offline resharding onto another plan, in one process: each target rank is
+ * built, filled by global offsets and written in turn, so memory holds one
+ * rank at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,30 +113,6 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, &to, written, world, 0, err);
   free(written);
   free(begin);
-  loom__checkpoint_manifest__free_unpacked(mf, NULL);
-  return st;
-}
-
-loom_status loom_ckpt_load_model(const char *dir, loom_gpt_params *p, loom_error *err) {
-  char sub[4096];
-  Loom__CheckpointManifest *mf;
-  memset(p, 0, sizeof *p);
-  loom_status st = loom_manifest_read(dir, sub, sizeof sub, &mf, err);
-  if (st != LOOM_OK) return st;
-  loom_ckpt_run run;
-  loom_manifest_run(mf, &run);
-  char **paths = NULL;
-  int npaths = 0;
-  st = loom_manifest_paths(sub, mf, NULL, &paths, &npaths, err);
-  if (st == LOOM_OK && loom_gpt_params_init_weights(p, &run.cfg, 0, 1, NULL) != LOOM_OK)
-    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the model", sub);
-  if (st == LOOM_OK) {
-    const loom_ckpt_chunk whole = {p, NULL, NULL, 0, 0, NULL}; /* parameters only */
-    loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(&whole, 1) + 1, sizeof *want);
-    st = loom_ckpt_assemble(sub, paths, npaths, want, loom_ckpt_load_pieces(&whole, 1, want), err);
-    free(want);
-  }
-  if (paths) loom_manifest_paths_free(paths, mf->n_shards);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }

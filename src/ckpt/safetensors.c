@@ -1,70 +1,85 @@
-/* safetensors export of a whole GPT-2 model. */
+/* safetensors export of a whole GPT-2 model, one tensor in memory at a time. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/safetensors.h"
 #include "core/write_file.h"
 
-/* A tensor as exported: shape, and its values in export order. */
+/* How tensor k is exported: its rows and cols (cols 0: a vector) and
+ * whether it is transposed. Block matrices are Conv1D in GPT-2: [in, out],
+ * the transpose of loom's [out, in]; wte keeps only the real vocab rows. */
 typedef struct {
-  const char *name;
-  int64_t rows, cols; /* cols 0: a vector */
-  float *data;        /* owned when transposed, else points into the model */
-  bool owned;
+  int64_t rows, cols;
+  bool transpose;
 } exported;
 
-/* Block matrices are Conv1D in GPT-2: [in, out], the transpose of loom's. */
-static exported export_tensor(const loom_gpt_params *p, int k) {
-  const loom_tensor *v = &p->params.views[k];
-  exported e = {v->name, v->shape[0], v->ndim == 2 ? v->shape[1] : 0, v->data, false};
-  if (strcmp(v->name, "wte.weight") == 0) e.rows = p->cfg.vocab; /* drop the padding rows */
-  if (v->ndim == 2 && strncmp(v->name, "h.", 2) == 0) {
-    e.rows = v->shape[1];
-    e.cols = v->shape[0];
-    e.data = malloc((size_t)(e.rows * e.cols) * sizeof(float));
-    e.owned = true;
-    const float *src = v->data;
-    for (int64_t i = 0; i < e.cols; i++)
-      for (int64_t j = 0; j < e.rows; j++) e.data[j * e.cols + i] = src[i * e.rows + j];
-  }
+static exported shape_of(const loom_model_source *src, int k) {
+  const loom_tensor *v = &src->specs[k];
+  exported e = {v->shape[0], v->ndim == 2 ? v->shape[1] : 0, false};
+  if (strcmp(v->name, "wte.weight") == 0) e.rows = src->cfg.vocab;
+  if (v->ndim == 2 && strncmp(v->name, "h.", 2) == 0) e = (exported){v->shape[1], v->shape[0], true};
   return e;
 }
 
-loom_status loom_safetensors_write(const char *path, const loom_gpt_params *p, loom_error *err) {
-  const int n = p->params.count;
-  exported *t = calloc((size_t)n, sizeof *t);
-  loom_chunk *chunks = calloc((size_t)n + 2, sizeof *chunks);
+static uint64_t bytes_of(exported e) { return (uint64_t)(e.rows * (e.cols ? e.cols : 1)) * sizeof(float); }
+
+typedef struct {
+  const loom_model_source *src;
+  const uint64_t *header_len;
+  const char *json;
+  float *fetched, *out;
+} st_writer;
+
+static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err) {
+  const st_writer *w = ctx;
+  if (i == 0) *chunk = (loom_chunk){w->header_len, 8};
+  else if (i == 1) *chunk = (loom_chunk){w->json, (size_t)*w->header_len};
+  if (i < 2) return 1;
+  const int k = i - 2;
+  if (k >= w->src->count) return 0;
+  const exported e = shape_of(w->src, k);
+  *st = w->src->fetch(w->src, k, w->fetched, err);
+  if (*st != LOOM_OK) return 0;
+  const float *data = w->fetched;
+  if (e.transpose) {
+    for (int64_t i_out = 0; i_out < e.cols; i_out++) /* loom's [cols of e][rows of e] */
+      for (int64_t j = 0; j < e.rows; j++) w->out[j * e.cols + i_out] = w->fetched[i_out * e.rows + j];
+    data = w->out;
+  }
+  *chunk = (loom_chunk){data, (size_t)bytes_of(e)};
+  return 1;
+}
+
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_error *err) {
+  const int n = src->count;
   size_t cap = 256 + (size_t)n * 160, len = 0;
   char *json = malloc(cap);
-  if (!t || !chunks || !json) {
-    free(t);
-    free(chunks);
-    free(json);
-    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing safetensors", path);
+  const size_t most = loom_model_source_max_numel(src) + 1;
+  float *fetched = malloc(most * sizeof(float)), *out = malloc(most * sizeof(float));
+  loom_status st = LOOM_OK;
+  if (!json || !fetched || !out) {
+    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing safetensors", path);
+  } else {
+    len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    uint64_t offset = 0;
+    for (int k = 0; k < n; k++) {
+      const exported e = shape_of(src, k);
+      char shape[64];
+      if (e.cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
+      else snprintf(shape, sizeof shape, "%lld", (long long)e.rows);
+      len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
+                              src->specs[k].name, shape, (unsigned long long)offset,
+                              (unsigned long long)(offset + bytes_of(e)));
+      offset += bytes_of(e);
+    }
+    len += (size_t)snprintf(json + len, cap - len, "}");
+    while (len % 8) json[len++] = ' '; /* the data starts 8-byte aligned */
+    const uint64_t header = len;
+    st_writer w = {src, &header, json, fetched, out};
+    st = loom_write_file_atomic_stream(path, next_chunk, &w, err);
   }
-  len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
-  uint64_t offset = 0;
-  for (int k = 0; k < n; k++) {
-    t[k] = export_tensor(p, k);
-    const uint64_t bytes = (uint64_t)(t[k].rows * (t[k].cols ? t[k].cols : 1)) * sizeof(float);
-    char shape[64];
-    if (t[k].cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)t[k].rows, (long long)t[k].cols);
-    else snprintf(shape, sizeof shape, "%lld", (long long)t[k].rows);
-    len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
-                            t[k].name, shape, (unsigned long long)offset, (unsigned long long)(offset + bytes));
-    chunks[k + 2] = (loom_chunk){t[k].data, bytes};
-    offset += bytes;
-  }
-  len += (size_t)snprintf(json + len, cap - len, "}");
-  while (len % 8) json[len++] = ' '; /* the data starts 8-byte aligned */
-  const uint64_t header = len;
-  chunks[0] = (loom_chunk){&header, 8};
-  chunks[1] = (loom_chunk){json, len};
-  const loom_status st = loom_write_file_atomic(path, chunks, n + 2, err);
-  for (int k = 0; k < n; k++)
-    if (t[k].owned) free(t[k].data);
-  free(t);
-  free(chunks);
   free(json);
+  free(fetched);
+  free(out);
   return st;
 }

@@ -5,12 +5,13 @@
  * wte keeps only the real vocab rows. Layout: u64 little-endian header
  * length, a JSON header (each tensor's dtype, shape and byte range in the
  * data, plus {"format": "pt"} metadata) padded with spaces to 8 bytes, then
- * the fp32 data. */
+ * the fp32 data. The source may be a model in memory or a checkpoint. */
 #ifndef LOOM_SAFETENSORS_H
 #define LOOM_SAFETENSORS_H
 
-#include "layers/gpt_params.h"
+#include "ckpt/model_source.h"
 
-loom_status loom_safetensors_write(const char *path, const loom_gpt_params *p, loom_error *err);
+/* Writes atomically, one tensor in memory at a time. */
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_error *err);
 
 #endif

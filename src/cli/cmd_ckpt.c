@@ -95,24 +95,27 @@ static int reshard(int argc, char **argv) {
   return loom_report(st, &err);
 }
 
-/* The model to export: checkpoint dir's, or built from the model flags. */
+/* Writes the model: checkpoint dir's, streamed tensor by tensor, or one built from the model flags. */
 static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
                                 const char *format, const char *out, loom_error *err) {
-  loom_gpt_params p;
+  loom_gpt_params p = {0};
+  loom_model_source src;
   loom_status st;
   if (dir) {
-    st = loom_ckpt_load_model(dir, &p, err);
+    st = loom_model_source_of_ckpt(&src, dir, err);
   } else {
     st = loom_gpt_params_init_weights(&p, cfg, 0, 1, NULL);
     if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
     loom_gpt_params_randomize(&p, (uint64_t)seed);
     if (init_from) st = loom_llmc_load(init_from, &p, err);
+    loom_model_source_of_params(&src, &p);
   }
   const bool safetensors = strcmp(format, "safetensors") == 0;
-  if (st == LOOM_OK) st = safetensors ? loom_safetensors_write(out, &p, err) : loom_llmc_save(out, &p, err);
+  if (st == LOOM_OK) st = safetensors ? loom_safetensors_write(out, &src, err) : loom_llmc_write(out, &src, err);
   if (st == LOOM_OK)
     loom_log_info("wrote %s (%s, %zu parameters)", out, safetensors ? "safetensors, GPT-2 names" : "llm.c format",
-                  p.params.numel);
+                  loom_gpt_param_count(&src.cfg, 1));
+  if (dir && src.state) loom_model_source_free(&src);
   loom_gpt_params_free(&p);
   return st;
 }

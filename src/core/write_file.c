@@ -5,30 +5,48 @@
 #include <unistd.h>
 #include "core/write_file.h"
 
-loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, int count, loom_error *err) {
+loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next, void *ctx, loom_error *err) {
   char tmp[4096];
   if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: path too long", path);
   FILE *fp = fopen(tmp, "wb");
   if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-  for (int i = 0; i < count; i++) {
-    if (chunks[i].bytes && fwrite(chunks[i].data, 1, chunks[i].bytes, fp) != chunks[i].bytes) {
-      const int e = errno;
-      fclose(fp);
-      unlink(tmp);
-      return loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", path, strerror(e));
-    }
+  loom_chunk chunk;
+  loom_status st = LOOM_OK;
+  for (int i = 0; st == LOOM_OK; i++) {
+    const int more = next(ctx, i, &chunk, &st, err);
+    if (!more || st != LOOM_OK) break;
+    if (chunk.bytes && fwrite(chunk.data, 1, chunk.bytes, fp) != chunk.bytes)
+      st = loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", path, strerror(errno));
   }
-  const int flushed = fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+  const int flushed = st == LOOM_OK && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
   const int e = errno;
   if (fclose(fp) != 0 || !flushed) {
     unlink(tmp);
-    return loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", path, strerror(flushed ? errno : e));
+    return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", path, strerror(flushed ? errno : e));
   }
   if (rename(tmp, path) != 0) {
-    const int e = errno;
+    const int re = errno;
     unlink(tmp);
-    return loom_fail(err, LOOM_ERR_IO, "%s: cannot rename into place: %s", path, strerror(e));
+    return loom_fail(err, LOOM_ERR_IO, "%s: cannot rename into place: %s", path, strerror(re));
   }
   return LOOM_OK;
+}
+
+typedef struct {
+  const loom_chunk *chunks;
+  int count;
+} chunk_array;
+
+static int next_of_array(void *ctx, int i, loom_chunk *out, loom_status *st, loom_error *err) {
+  (void)st, (void)err;
+  const chunk_array *a = ctx;
+  if (i >= a->count) return 0;
+  *out = a->chunks[i];
+  return 1;
+}
+
+loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, int count, loom_error *err) {
+  chunk_array a = {chunks, count};
+  return loom_write_file_atomic_stream(path, next_of_array, &a, err);
 }

@@ -13,4 +13,10 @@ typedef struct {
 
 loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, int count, loom_error *err);
 
+/* The same, one chunk at a time, so a file larger than memory can be written:
+ * next(ctx, i, &chunk, &st, err) returns 1 with chunk i (valid until the next
+ * call), 0 at the end, or sets *st (and err) to stop with that error. */
+typedef int (*loom_next_chunk)(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err);
+loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next, void *ctx, loom_error *err);
+
 #endif

@@ -77,6 +77,26 @@ static void bind(loom_gpt_weights *w, const loom_buffer *b, const loom_stage_ran
   w->ln_f_b = r->last ? b->views[k++].data : NULL;
 }
 
+int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_rank, int tp_size,
+                         loom_tensor *specs, loom_param_meta *meta) {
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  const int count = (r.first || r.last) + r.first + LOOM_BLOCK_TENSORS * (r.layer_end - r.layer_begin) + 2 * r.last;
+  if (!specs) return count;
+  table t = {specs, meta, 0, tp_rank, tp_size};
+  loom_param_meta wte = weight(0.02f, 0, 1);
+  wte.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
+  wte.shared = true;
+  if (r.first || r.last) add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
+  if (r.first) add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
+  for (int i = r.layer_begin; i < r.layer_end; i++) add_block(&t, i, cfg);
+  if (r.last) {
+    add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
+    add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
+  }
+  LOOM_CHECK(t.count == count, "parameter table size");
+  return count;
+}
+
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                const loom_stage_range *range, bool with_grads) {
   memset(p, 0, sizeof *p);
@@ -89,21 +109,10 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->layers = r.layer_end - r.layer_begin;
   p->tp_rank = tp_rank;
   p->tp_size = tp_size;
-  const int count = (r.first || r.last) + r.first + LOOM_BLOCK_TENSORS * p->layers + 2 * r.last;
+  const int count = loom_gpt_param_table(cfg, &r, tp_rank, tp_size, NULL, NULL);
   table t = {loom_xcalloc((size_t)count, sizeof(loom_tensor), "param specs"),
-             loom_xcalloc((size_t)count, sizeof(loom_param_meta), "param meta"), 0, tp_rank, tp_size};
-  loom_param_meta wte = weight(0.02f, 0, 1);
-  wte.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
-  wte.shared = true;
-  if (r.first || r.last) add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
-  if (r.first) add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
-  for (int i = r.layer_begin; i < r.layer_end; i++) add_block(&t, i, cfg);
-  if (r.last) {
-    add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
-    add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
-  }
-  LOOM_CHECK(t.count == count, "parameter table size");
-
+             loom_xcalloc((size_t)count, sizeof(loom_param_meta), "param meta"), count, tp_rank, tp_size};
+  loom_gpt_param_table(cfg, &r, tp_rank, tp_size, t.specs, t.meta);
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");

@@ -66,6 +66,12 @@ typedef struct {
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;
 
+/* The canonical table of the stage `range` (NULL: every layer) on one TP
+ * rank, without any memory for values: specs get names and local shapes
+ * (data NULL), meta the metadata. With specs NULL, only counts. Returns the
+ * number of tensors. */
+int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_rank, int tp_size,
+                         loom_tensor *specs, loom_param_meta *meta);
 /* Allocates this TP rank's shards (tp_size 1: the whole model) of the
  * stage `range` (NULL: every layer). cfg's padded vocab must be a multiple
  * of tp_size (see loom_gpt_config_for_tp). */

@@ -1,0 +1,92 @@
+/* Model sources: in memory, or assembled from a checkpoint tensor by tensor. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ckpt/assemble.h"
+#include "ckpt/manifest.h"
+#include "ckpt/model_source.h"
+
+static loom_status fetch_params(const loom_model_source *s, int k, float *dst, loom_error *err) {
+  (void)err;
+  memcpy(dst, s->specs[k].data, loom_tensor_bytes(&s->specs[k]));
+  return LOOM_OK;
+}
+
+void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p) {
+  memset(s, 0, sizeof *s);
+  s->cfg = p->cfg;
+  s->count = p->params.count;
+  s->specs = p->params.views;
+  s->meta = p->meta;
+  s->fetch = fetch_params;
+}
+
+typedef struct {
+  char step_dir[4096];
+  Loom__CheckpointManifest *mf;
+  loom_tensor *specs;
+  loom_param_meta *meta;
+} ckpt_state;
+
+/* Tensor k as one wanted piece (its whole global block), filled from the shard files that hold it. */
+static loom_status fetch_ckpt(const loom_model_source *s, int k, float *dst, loom_error *err) {
+  const ckpt_state *c = s->state;
+  const loom_param_meta *m = &s->meta[k];
+  loom_ckpt_want want = {.valid_rows = m->init_rows > 0 ? m->init_rows : m->layout.rows, .padded = m->init_rows > 0};
+  loom_shard_tensor *t = &want.t;
+  snprintf(t->name, sizeof t->name, "param/%s", s->specs[k].name);
+  t->ndim = 2;
+  t->global[0] = t->local[0] = m->layout.rows;
+  t->global[1] = t->local[1] = m->layout.cols;
+  loom_shard_set_whole(t);
+  t->data = dst;
+  loom_want_index *ix = loom_want_index_build(&want, 1);
+  char **paths;
+  int npaths;
+  loom_status st = loom_manifest_paths(c->step_dir, c->mf, ix, &paths, &npaths, err);
+  if (st == LOOM_OK) st = loom_ckpt_assemble(c->step_dir, paths, npaths, &want, 1, err);
+  if (paths) loom_manifest_paths_free(paths, c->mf->n_shards);
+  loom_want_index_free(ix);
+  return st;
+}
+
+loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err) {
+  memset(s, 0, sizeof *s);
+  ckpt_state *c = calloc(1, sizeof *c);
+  loom_status st = c ? loom_manifest_read(dir, c->step_dir, sizeof c->step_dir, &c->mf, err)
+                     : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+  if (st != LOOM_OK) {
+    free(c);
+    return st;
+  }
+  loom_ckpt_run run;
+  loom_manifest_run(c->mf, &run);
+  s->cfg = run.cfg;
+  s->count = loom_gpt_param_table(&s->cfg, NULL, 0, 1, NULL, NULL);
+  c->specs = calloc((size_t)s->count, sizeof *c->specs);
+  c->meta = calloc((size_t)s->count, sizeof *c->meta);
+  loom_gpt_param_table(&s->cfg, NULL, 0, 1, c->specs, c->meta);
+  s->specs = c->specs;
+  s->meta = c->meta;
+  s->fetch = fetch_ckpt;
+  s->state = c;
+  return LOOM_OK;
+}
+
+void loom_model_source_free(loom_model_source *s) {
+  ckpt_state *c = s->state;
+  if (c) {
+    loom__checkpoint_manifest__free_unpacked(c->mf, NULL);
+    free(c->specs);
+    free(c->meta);
+    free(c);
+  }
+  memset(s, 0, sizeof *s);
+}
+
+size_t loom_model_source_max_numel(const loom_model_source *s) {
+  size_t most = 0;
+  for (int k = 0; k < s->count; k++)
+    if (loom_tensor_numel(&s->specs[k]) > most) most = loom_tensor_numel(&s->specs[k]);
+  return most;
+}

@@ -1,0 +1,30 @@
+/* The whole model's parameters, one canonical tensor at a time, for writers
+ * of single-file formats (llm.c, safetensors): from a model in memory, or
+ * straight from a sharded checkpoint, where each tensor is assembled by
+ * global offsets from only the shard files that hold it. Memory is then one
+ * tensor, not the model: a 52B checkpoint exports on a machine that could
+ * never hold it. */
+#ifndef LOOM_MODEL_SOURCE_H
+#define LOOM_MODEL_SOURCE_H
+
+#include "layers/gpt_params.h"
+
+typedef struct loom_model_source {
+  loom_gpt_config cfg;
+  int count;
+  const loom_tensor *specs;  /* [count] whole model (tp 1, every layer), canonical order; names and shapes */
+  const loom_param_meta *meta;
+  /* Fills dst (specs[k]'s elements) with tensor k. */
+  loom_status (*fetch)(const struct loom_model_source *s, int k, float *dst, loom_error *err);
+  void *state;
+} loom_model_source;
+
+/* A whole (tp 1) model in memory. */
+void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p);
+/* The checkpoint dir/latest names. */
+loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err);
+void loom_model_source_free(loom_model_source *s);
+/* Elements of the largest tensor: the scratch a writer needs. */
+size_t loom_model_source_max_numel(const loom_model_source *s);
+
+#endif
