@@ -91,6 +91,10 @@ struct loom_want_index {
   size_t mask;
 };
 
+/* The probe sequence of a name: start at its hash, step while slots are full. */
+static size_t first_slot(const loom_want_index *ix, const char *name) { return loom_hash_str(name) & ix->mask; }
+static size_t next_slot(const loom_want_index *ix, size_t h) { return (h + 1) & ix->mask; }
+
 loom_want_index *loom_want_index_build(const loom_ckpt_want *want, int nwant) {
   loom_want_index *ix = calloc(1, sizeof *ix);
   size_t cap = 16;
@@ -99,15 +103,15 @@ loom_want_index *loom_want_index_build(const loom_ckpt_want *want, int nwant) {
   ix->mask = cap - 1;
   ix->slot = calloc(cap, sizeof *ix->slot);
   for (int i = 0; i < nwant; i++) {
-    size_t h = loom_hash_str(want[i].t.name) & ix->mask;
-    while (ix->slot[h]) h = (h + 1) & ix->mask;
+    size_t h = first_slot(ix, want[i].t.name);
+    while (ix->slot[h]) h = next_slot(ix, h);
     ix->slot[h] = i + 1;
   }
   return ix;
 }
 
 bool loom_want_index_needs(const loom_want_index *ix, const loom_shard_tensor *stored) {
-  for (size_t h = loom_hash_str(stored->name) & ix->mask; ix->slot[h]; h = (h + 1) & ix->mask) {
+  for (size_t h = first_slot(ix, stored->name); ix->slot[h]; h = next_slot(ix, h)) {
     const loom_ckpt_want *w = &ix->want[ix->slot[h] - 1];
     if (same_name(stored, &w->t) && blocks_overlap(stored, &w->t)) return true;
   }
@@ -121,14 +125,15 @@ void loom_want_index_free(loom_want_index *ix) {
 }
 
 /* Fills from one shard file; stored_rows[i] records the checkpoint's rows of want i. */
-static loom_status fill_from(const char *path, loom_ckpt_want *want, int nwant, int64_t *copied, int64_t *stored_rows,
-                             loom_error *err) {
+static loom_status fill_from(const char *path, loom_ckpt_want *want, const loom_want_index *wx, int64_t *copied,
+                             int64_t *stored_rows, loom_error *err) {
   loom_shard_index ix;
   loom_status st = loom_shard_index_open(path, &ix, err);
   for (int j = 0; st == LOOM_OK && j < ix.count; j++) {
     loom_shard_tensor have = ix.tensors[j];
     bool loaded = false;
-    for (int i = 0; st == LOOM_OK && i < nwant; i++) {
+    for (size_t h = first_slot(wx, have.name); st == LOOM_OK && wx->slot[h]; h = next_slot(wx, h)) {
+      const int i = wx->slot[h] - 1;
       if (!same_name(&have, &want[i].t)) continue;
       if (!shape_fits(&have, &want[i])) {
         st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is [%lld, %lld] in the checkpoint, [%lld, %lld] in this model", path,
@@ -164,8 +169,10 @@ loom_status loom_ckpt_assemble(const char *dir, char *const *paths, int npaths, 
     free(stored_rows);
     return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the checkpoint", dir);
   }
+  loom_want_index *wx = loom_want_index_build(want, nwant); /* stored pieces find their wants by name */
   loom_status st = LOOM_OK;
-  for (int f = 0; st == LOOM_OK && f < npaths; f++) st = fill_from(paths[f], want, nwant, copied, stored_rows, err);
+  for (int f = 0; st == LOOM_OK && f < npaths; f++) st = fill_from(paths[f], want, wx, copied, stored_rows, err);
+  loom_want_index_free(wx);
   for (int i = 0; st == LOOM_OK && i < nwant; i++) zero_rows_from(&want[i].t, stored_rows[i]);
   for (int i = 0; st == LOOM_OK && i < nwant; i++) {
     const int64_t need = stored_rows[i] ? needed(&want[i].t, stored_rows[i]) : want[i].t.count;
