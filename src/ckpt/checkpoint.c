@@ -8,7 +8,7 @@
 #include "core/crc32c.h"
 
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
-                           const loom_parallel *ps, const loom_ckpt_run *run, loom_error *err) {
+                           const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
   char sub[4096], path[4200];
   loom_ckpt_step_dir(dir, step, sub, sizeof sub);
   loom_status st = ps->rank == 0 ? loom_ckpt_make_dir(dir, err) : LOOM_OK;
@@ -33,7 +33,11 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   float *all = calloc((size_t)ps->world * 5, sizeof(float));
   loom_comm_allgather(ps->world_group, report, all, 5);
   int everyone = 1;
-  for (int r = 0; r < ps->world; r++) everyone &= all[5 * r] == 1.0f;
+  *total_bytes = 0;
+  for (int r = 0; r < ps->world; r++) {
+    everyone &= all[5 * r] == 1.0f;
+    *total_bytes += ((int64_t)all[5 * r + 3] << 24) | (int64_t)all[5 * r + 4];
+  }
   if (st == LOOM_OK && !everyone) st = loom_fail(err, LOOM_ERR_IO, "%s: another rank failed to write its shard; checkpoint not recorded", sub);
   if (st == LOOM_OK && ps->rank == 0) {
     loom_shard_written *shards = calloc((size_t)ps->world, sizeof *shards);

@@ -27,9 +27,10 @@ typedef struct {
 } loom_ckpt_run;
 
 /* Saves step `step` (optimizer steps taken) of this rank's chunks under dir,
- * keeping the newest `keep` steps (0: all); collective over the world. */
+ * keeping the newest `keep` steps (0: all); collective over the world.
+ * *total_bytes gets the size of every rank's shard file together. */
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
-                           const loom_parallel *ps, const loom_ckpt_run *run, loom_error *err);
+                           const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err);
 
 /* Loads the checkpoint dir/latest names into this rank's chunks and sets
  * their step counters; *from gets the run that wrote it (its step in

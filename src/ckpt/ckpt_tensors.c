@@ -97,15 +97,6 @@ int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *
   return count;
 }
 
-int64_t loom_ckpt_save_bytes(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero) {
-  loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
-  const int count = loom_ckpt_save_pieces(chunks, n, dp_rank, zero, pieces);
-  int64_t bytes = 0;
-  for (int i = 0; i < count; i++) bytes += pieces[i].count * (int64_t)sizeof(float);
-  free(pieces);
-  return bytes;
-}
-
 int64_t loom_ckpt_load_bytes(const loom_ckpt_chunk *chunks, int n) {
   loom_ckpt_want *want = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *want);
   const int count = loom_ckpt_load_pieces(chunks, n, want);

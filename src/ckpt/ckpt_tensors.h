@@ -47,8 +47,7 @@ int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, boo
 /* Every piece this rank holds, to be filled from a checkpoint. */
 int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out);
 
-/* Bytes of the values this rank saves, and of those it loads. */
-int64_t loom_ckpt_save_bytes(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero);
+/* Bytes of the values this rank loads. */
 int64_t loom_ckpt_load_bytes(const loom_ckpt_chunk *chunks, int n);
 
 #endif

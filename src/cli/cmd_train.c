@@ -270,12 +270,12 @@ static void report_stragglers(train_run *r, const loom_train_flags *f, const loo
 static loom_status save_checkpoint(train_run *r, const loom_train_flags *f, int64_t step, const loom_ckpt_chunk *chunks,
                                    int n, const loom_ckpt_run *ck, loom_error *err) {
   const double t0 = loom_now_s();
-  loom_status st = loom_ckpt_save(f->ckpt, step, f->keep, chunks, n, &r->ps, ck, err);
-  float gb = (float)((double)loom_ckpt_save_bytes(chunks, n, r->ps.dp_rank, f->zero == 1) / 1e9);
-  loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
+  int64_t bytes = 0;
+  loom_status st = loom_ckpt_save(f->ckpt, step, f->keep, chunks, n, &r->ps, ck, &bytes, err);
+  const double gb = (double)bytes / 1e9;
   if (st == LOOM_OK)
     loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
-                  f->ckpt, (long long)step, (double)gb, loom_now_s() - t0, (double)gb / (loom_now_s() - t0));
+                  f->ckpt, (long long)step, gb, loom_now_s() - t0, gb / (loom_now_s() - t0));
   return st;
 }
 
