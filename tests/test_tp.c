@@ -340,6 +340,30 @@ START_TEST(collectives_are_exact) {
 }
 END_TEST
 
+/* Integers, doubles and bytes travel exactly: values a float would round. */
+START_TEST(typed_collectives_are_exact) {
+  const int64_t big = ((int64_t)1 << 40) + 3 + g_world->rank; /* far past a float's 24 bits */
+  int64_t sum = big;
+  loom_comm_allreduce_typed(g_world, &sum, 1, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+  const int64_t n = g_world->size;
+  ck_assert_int_eq(sum, n * (((int64_t)1 << 40) + 3) + n * (n - 1) / 2);
+  double tiny = 1.0 + 1e-12 * (g_world->rank + 1); /* 1e-12 is below a float's resolution at 1 */
+  loom_comm_allreduce_typed(g_world, &tiny, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  ck_assert(tiny == 1.0 + 1e-12 * (double)n);
+  int32_t most = 16777217 * (g_world->rank == 0); /* 2^24 + 1: the first integer a float cannot hold */
+  loom_comm_allreduce_typed(g_world, &most, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  ck_assert_int_eq(most, 16777217);
+  uint32_t crc = 0xfedcba98u ^ (uint32_t)g_world->rank, crcs[64];
+  ck_assert_int_le(g_world->size, 64);
+  loom_comm_allgather_typed(g_world, &crc, crcs, sizeof crc, LOOM_DTYPE_BYTE);
+  for (int r = 0; r < g_world->size; r++) ck_assert_uint_eq(crcs[r], 0xfedcba98u ^ (uint32_t)r);
+  int64_t counts[2] = {0, 0};
+  if (g_world->rank == 0) counts[0] = INT64_MAX, counts[1] = -((int64_t)1 << 53) - 1;
+  loom_comm_broadcast_typed(g_world, counts, 2, LOOM_DTYPE_I64, 0);
+  ck_assert(counts[0] == INT64_MAX && counts[1] == -((int64_t)1 << 53) - 1);
+}
+END_TEST
+
 /* The shard mapping: c_attn rank r owns the q, k and v rows of its heads. */
 START_TEST(qkv_shards_follow_heads) {
   const loom_shard_layout l = {.partition_dim = 0, .parts = 3, .rows = 24, .cols = 8};
@@ -363,6 +387,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("tp");
   tcase_add_test(tc, qkv_shards_follow_heads);
   tcase_add_test(tc, collectives_are_exact);
+  tcase_add_test(tc, typed_collectives_are_exact);
   tcase_add_test(tc, groups_follow_rank_order);
   tcase_add_test(tc, column_and_row_parallel_linear);
   tcase_add_test(tc, column_and_row_parallel_linear_sequence_parallel);

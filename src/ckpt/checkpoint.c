@@ -5,6 +5,7 @@
 #include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
+#include "core/check.h"
 #include "core/crc32c.h"
 
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
@@ -13,9 +14,9 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   loom_ckpt_step_dir(dir, step, sub, sizeof sub);
   loom_status st = ps->rank == 0 ? loom_ckpt_make_dir(dir, err) : LOOM_OK;
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(sub, err);
-  float bad = st != LOOM_OK;
-  loom_comm_allreduce(ps->world_group, &bad, 1, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
-  if (bad > 0.0f)
+  int32_t bad = st != LOOM_OK;
+  loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
+  if (bad)
     return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not create the checkpoint directory", sub);
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
   loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
@@ -27,31 +28,31 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
    * as a node lost mid-save would. */
   const char *kill_at = getenv("LOOM_TEST_KILL_IN_SAVE"), *kill_rank = getenv("LOOM_TEST_KILL_RANK");
   if (kill_at && atoll(kill_at) == step && kill_rank && atoi(kill_rank) == ps->rank) abort();
-  /* Every rank reports success, size and checksum (as exact 16-bit and 24-bit float pieces). */
-  float report[5] = {st == LOOM_OK, (float)(mine.crc32c >> 16), (float)(mine.crc32c & 0xffff), (float)(mine.bytes >> 24),
-                     (float)(mine.bytes & 0xffffff)};
-  float *all = calloc((size_t)ps->world * 5, sizeof(float));
-  loom_comm_allgather(ps->world_group, report, all, 5);
+  /* Every rank reports success, size and checksum, as exact 64-bit integers. */
+  const int64_t report[3] = {st == LOOM_OK, mine.crc32c, mine.bytes};
+  int64_t *all = calloc((size_t)ps->world * 3, sizeof(int64_t));
+  LOOM_CHECK(all != NULL, "out of memory gathering shard reports");
+  loom_comm_allgather_typed(ps->world_group, report, all, 3, LOOM_DTYPE_I64);
   int everyone = 1;
   *total_bytes = 0;
   for (int r = 0; r < ps->world; r++) {
-    everyone &= all[5 * r] == 1.0f;
-    *total_bytes += ((int64_t)all[5 * r + 3] << 24) | (int64_t)all[5 * r + 4];
+    everyone &= all[3 * r] == 1;
+    *total_bytes += all[3 * r + 2];
   }
   if (st == LOOM_OK && !everyone) st = loom_fail(err, LOOM_ERR_IO, "%s: another rank failed to write its shard; checkpoint not recorded", sub);
   if (st == LOOM_OK && ps->rank == 0) {
     loom_shard_written *shards = calloc((size_t)ps->world, sizeof *shards);
     for (int r = 0; r < ps->world; r++) {
-      shards[r].bytes = ((int64_t)all[5 * r + 3] << 24) | (int64_t)all[5 * r + 4];
-      shards[r].crc32c = ((uint32_t)all[5 * r + 1] << 16) | (uint32_t)all[5 * r + 2];
+      shards[r].bytes = all[3 * r + 2];
+      shards[r].crc32c = (uint32_t)all[3 * r + 1];
     }
     st = loom_manifest_publish(dir, step, run, shards, ps->world, keep, err);
     free(shards);
   }
   free(all);
   bad = st != LOOM_OK;
-  loom_comm_allreduce(ps->world_group, &bad, 1, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
-  if (st == LOOM_OK && bad > 0.0f) st = loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not record the checkpoint", sub);
+  loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
+  if (st == LOOM_OK && bad) st = loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not record the checkpoint", sub);
   return st;
 }
 

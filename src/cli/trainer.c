@@ -54,12 +54,12 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
     for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
       if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
   }
-  float total = (float)sumsq;
-  loom_comm_allreduce(pipe->ps->pp_group, &total, 1, LOOM_REDUCE_SUM);
+  double total = sumsq;
+  loom_comm_allreduce_typed(pipe->ps->pp_group, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   /* Every rank must agree to skip, wherever the inf or NaN came from. */
-  float bad = isfinite(total) && isfinite(uncounted) ? 0.0f : 1.0f;
-  loom_comm_allreduce(pipe->ps->world_group, &bad, 1, LOOM_REDUCE_SUM);
-  const double norm = bad > 0.0f ? NAN : sqrt((double)total);
+  int32_t bad = !(isfinite(total) && isfinite(uncounted));
+  loom_comm_allreduce_typed(pipe->ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  const double norm = bad ? NAN : sqrt(total);
   if (!isfinite(norm)) return norm;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];

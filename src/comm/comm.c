@@ -11,20 +11,29 @@ static int single(const loom_comm *c) { return !c || c->size == 1; }
 int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
 int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
 
+void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
+  LOOM_CHECK(type != LOOM_DTYPE_BYTE && type != LOOM_DTYPE_BF16, "all-reduce of bytes or bf16 is not defined");
+  if (!single(c)) c->ops->allreduce(c, buf, n, type, op);
+}
+
 void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
-  if (!single(c)) c->ops->allreduce(c, buf, n, op);
+  loom_comm_allreduce_typed(c, buf, n, LOOM_DTYPE_F32, op);
 }
 
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
   return single(c) ? NULL : c->ops->iallreduce(c, buf, n);
 }
 
-void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
+void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   if (single(c)) {
-    if (recv != send) memmove(recv, send, n * sizeof(float));
+    if (recv != send) memmove(recv, send, n * loom_dtype_size(type));
     return;
   }
-  c->ops->allgather(c, send, recv, n);
+  c->ops->allgather(c, send, recv, n, type);
+}
+
+void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
+  loom_comm_allgather_typed(c, send, recv, n, LOOM_DTYPE_F32);
 }
 
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
@@ -35,12 +44,16 @@ void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size
   c->ops->reduce_scatter(c, send, recv, n);
 }
 
+void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
+  if (!single(c)) c->ops->broadcast(c, buf, n, type, root);
+}
+
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root) {
-  if (!single(c)) c->ops->broadcast(c, buf, n, root);
+  loom_comm_broadcast_typed(c, buf, n, LOOM_DTYPE_F32, root);
 }
 
 void loom_comm_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root) {
-  if (!single(c)) c->ops->broadcast_bytes(c, buf, bytes, root);
+  loom_comm_broadcast_typed(c, buf, bytes, LOOM_DTYPE_BYTE, root);
 }
 
 void loom_comm_send(loom_comm *c, const float *buf, size_t n, int peer, int tag) {

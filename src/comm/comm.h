@@ -9,6 +9,7 @@
 #define LOOM_COMM_H
 
 #include <stddef.h>
+#include "core/tensor.h"
 
 typedef enum { LOOM_REDUCE_SUM = 0, LOOM_REDUCE_MAX = 1 } loom_reduce_op;
 
@@ -17,15 +18,16 @@ typedef struct loom_request loom_request;
 
 typedef struct {
   const char *name;
-  void (*allreduce)(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+  /* Typed collectives: n elements of `type` (f32, f64, i32, i64; bytes are
+   * moved but never reduced). Integers and doubles never travel as floats. */
+  void (*allreduce)(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op);
   /* Non-blocking sum all-reduce in place; complete it with wait. */
   loom_request *(*iallreduce)(loom_comm *c, float *buf, size_t n);
   /* recv[size * n] = every rank's send[n], in rank order */
-  void (*allgather)(loom_comm *c, const float *send, float *recv, size_t n);
+  void (*allgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
   void (*reduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
-  void (*broadcast)(loom_comm *c, float *buf, size_t n, int root);
-  void (*broadcast_bytes)(loom_comm *c, void *buf, size_t bytes, int root);
+  void (*broadcast)(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
   loom_request *(*isend)(loom_comm *c, const float *buf, size_t n, int peer, int tag);
   loom_request *(*irecv)(loom_comm *c, float *buf, size_t n, int peer, int tag);
   void (*wait)(loom_request *r); /* completes and frees r */
@@ -45,7 +47,12 @@ struct loom_comm {
 
 int loom_comm_rank(const loom_comm *c);
 int loom_comm_size(const loom_comm *c);
+/* f32 data (activations, grads): the common case. */
 void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
+/* Any type: counts as i64, sums of squares as f64, CRCs as bytes. */
+void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op);
+void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
+void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
 /* Starts a sum all-reduce of buf; NULL (nothing to wait for) on a group of one. */
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);

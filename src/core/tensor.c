@@ -9,6 +9,9 @@ size_t loom_dtype_size(loom_dtype dtype) {
   case LOOM_DTYPE_F32: return 4;
   case LOOM_DTYPE_I32: return 4;
   case LOOM_DTYPE_BF16: return 2;
+  case LOOM_DTYPE_F64: return 8;
+  case LOOM_DTYPE_I64: return 8;
+  case LOOM_DTYPE_BYTE: return 1;
   }
   return 0;
 }

@@ -15,7 +15,16 @@
 #define LOOM_MAX_DIMS 4
 #define LOOM_NAME_LEN 64
 
-typedef enum { LOOM_DTYPE_F32 = 0, LOOM_DTYPE_I32 = 1, LOOM_DTYPE_BF16 = 2 } loom_dtype;
+/* Element types of tensors and of what collectives carry. Values are stored
+ * in shard files: append, never renumber. */
+typedef enum {
+  LOOM_DTYPE_F32 = 0,
+  LOOM_DTYPE_I32 = 1,
+  LOOM_DTYPE_BF16 = 2,
+  LOOM_DTYPE_F64 = 3,
+  LOOM_DTYPE_I64 = 4,
+  LOOM_DTYPE_BYTE = 5, /* raw bytes: moved, never reduced */
+} loom_dtype;
 typedef enum { LOOM_DEVICE_CPU = 0, LOOM_DEVICE_CUDA = 1 } loom_device;
 
 typedef struct {

@@ -35,11 +35,7 @@ double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom
     const loom_tensor *g = &p->grads.views[k];
     sums[p->meta[k].tp_replicated] += ops->sumsq(g->data, loom_tensor_numel(g));
   }
-  if (tp && tp->group) {
-    float sharded = (float)sums[0];
-    loom_comm_allreduce(tp->group, &sharded, 1, LOOM_REDUCE_SUM);
-    sums[0] = sharded;
-  }
+  if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return sums[0] + sums[1];
 }
 

@@ -64,10 +64,9 @@ double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const
     if (len == 0 || (skip_shared && p->meta[k].shared)) continue;
     sums[p->meta[k].tp_replicated] += ops->sumsq((float *)p->grads.base + at, len);
   }
-  float parts[2] = {(float)sums[0], (float)sums[1]};
-  if (tp) loom_comm_allreduce(tp->group, parts, 1, LOOM_REDUCE_SUM);
-  float total = parts[0] + parts[1];
-  loom_comm_allreduce(dp, &total, 1, LOOM_REDUCE_SUM);
+  if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  double total = sums[0] + sums[1];
+  loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return total;
 }
 

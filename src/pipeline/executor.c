@@ -241,10 +241,9 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   const int r = ps->pp_rank, p = ps->pp;
   /* The loss is the mean over every scored target of the global batch, all
    * data-parallel replicas' micro-batches included: count first. */
-  float counts = 0.0f;
-  for (int mb = 0; mb < pipe->m; mb++) counts += (float)hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
-  loom_comm_allreduce(ps->dp_group, &counts, 1, LOOM_REDUCE_SUM);
-  const int64_t scored = (int64_t)counts;
+  int64_t scored = 0;
+  for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
+  loom_comm_allreduce_typed(ps->dp_group, &scored, 1, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
   const float dloss = scored ? 1.0f / (float)scored : 0.0f;
   double loss_sum = 0.0, norm = 0.0, compute = 0.0, wait = 0.0, dp_wait = 0.0;
   pipe->overlapped = 0;

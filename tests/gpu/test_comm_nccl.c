@@ -55,16 +55,16 @@ int main(int argc, char **argv) {
   for (int r = 0; r < size && r < 8; r++)
     for (size_t i = 0; i < N; i++) gathered[(size_t)r * N + i] = value(r, i);
   float *a = upload(rank), *b = upload(rank), *d = upload(rank), *e = upload(rank), *f = upload(rank);
-  c->ops->allreduce(c, a, N, LOOM_REDUCE_SUM);
+  c->ops->allreduce(c, a, N, LOOM_DTYPE_F32, LOOM_REDUCE_SUM);
   expect("all-reduce sum", a, sum, N);
-  c->ops->allreduce(c, b, N, LOOM_REDUCE_MAX);
+  c->ops->allreduce(c, b, N, LOOM_DTYPE_F32, LOOM_REDUCE_MAX);
   expect("all-reduce max", b, max, N);
   loom_request *r = c->ops->iallreduce(c, d, N); /* on the comm stream, then ordered before compute */
   c->ops->wait(r);
   expect("iallreduce + wait", d, sum, N);
   if (size <= 8) {
     float *all = loom_cuda_malloc((size_t)N * size * sizeof(float));
-    c->ops->allgather(c, e, all, N);
+    c->ops->allgather(c, e, all, N, LOOM_DTYPE_F32);
     expect("all-gather", all, gathered, (size_t)N * size);
     loom_cuda_free(all);
   }

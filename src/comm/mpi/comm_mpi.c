@@ -16,6 +16,19 @@ struct loom_request {
 
 static MPI_Comm mpi_of(const loom_comm *c) { return *(MPI_Comm *)c->impl; }
 
+static MPI_Datatype type_of(loom_dtype t) {
+  switch (t) {
+  case LOOM_DTYPE_F32: return MPI_FLOAT;
+  case LOOM_DTYPE_F64: return MPI_DOUBLE;
+  case LOOM_DTYPE_I32: return MPI_INT32_T;
+  case LOOM_DTYPE_I64: return MPI_INT64_T;
+  case LOOM_DTYPE_BF16: return MPI_UINT16_T; /* moved, never reduced */
+  case LOOM_DTYPE_BYTE: return MPI_BYTE;
+  }
+  LOOM_CHECK(0, "unknown element type");
+  return MPI_BYTE;
+}
+
 static int count_of(size_t n) {
   LOOM_CHECK(n <= INT_MAX, "message larger than INT_MAX floats; split it");
   return (int)n;
@@ -32,14 +45,14 @@ static void complete(MPI_Request *req, const char *op, const loom_comm *c) {
   loom_watchdog_complete(req, what);
 }
 
-static void mpi_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
+static void mpi_allreduce(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
   const MPI_Op mop = op == LOOM_REDUCE_MAX ? MPI_MAX : MPI_SUM;
   if (!watched()) {
-    MPI_Allreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, mop, mpi_of(c));
+    MPI_Allreduce(MPI_IN_PLACE, buf, count_of(n), type_of(type), mop, mpi_of(c));
     return;
   }
   MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, mop, mpi_of(c), &req);
+  MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), type_of(type), mop, mpi_of(c), &req);
   complete(&req, "all-reduce", c);
 }
 
@@ -56,13 +69,14 @@ static loom_request *mpi_iallreduce(loom_comm *c, float *buf, size_t n) {
   return r;
 }
 
-static void mpi_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
+static void mpi_allgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  const MPI_Datatype t = type_of(type);
   if (!watched()) {
-    MPI_Allgather(send, count_of(n), MPI_FLOAT, recv, count_of(n), MPI_FLOAT, mpi_of(c));
+    MPI_Allgather(send, count_of(n), t, recv, count_of(n), t, mpi_of(c));
     return;
   }
   MPI_Request req;
-  MPI_Iallgather(send, count_of(n), MPI_FLOAT, recv, count_of(n), MPI_FLOAT, mpi_of(c), &req);
+  MPI_Iallgather(send, count_of(n), t, recv, count_of(n), t, mpi_of(c), &req);
   complete(&req, "all-gather", c);
 }
 
@@ -76,23 +90,13 @@ static void mpi_reduce_scatter(loom_comm *c, const float *send, float *recv, siz
   complete(&req, "reduce-scatter", c);
 }
 
-static void mpi_broadcast(loom_comm *c, float *buf, size_t n, int root) {
+static void mpi_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
   if (!watched()) {
-    MPI_Bcast(buf, count_of(n), MPI_FLOAT, root, mpi_of(c));
+    MPI_Bcast(buf, count_of(n), type_of(type), root, mpi_of(c));
     return;
   }
   MPI_Request req;
-  MPI_Ibcast(buf, count_of(n), MPI_FLOAT, root, mpi_of(c), &req);
-  complete(&req, "broadcast", c);
-}
-
-static void mpi_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root) {
-  if (!watched()) {
-    MPI_Bcast(buf, count_of(bytes), MPI_BYTE, root, mpi_of(c));
-    return;
-  }
-  MPI_Request req;
-  MPI_Ibcast(buf, count_of(bytes), MPI_BYTE, root, mpi_of(c), &req);
+  MPI_Ibcast(buf, count_of(n), type_of(type), root, mpi_of(c), &req);
   complete(&req, "broadcast", c);
 }
 
@@ -152,7 +156,6 @@ static const loom_comm_ops MPI_OPS = {
     .allgather = mpi_allgather,
     .reduce_scatter = mpi_reduce_scatter,
     .broadcast = mpi_broadcast,
-    .broadcast_bytes = mpi_broadcast_bytes,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .wait = mpi_wait,

@@ -39,8 +39,21 @@ static void check_cuda(cudaError_t e, const char *what) {
 
 static ncclRedOp_t red_of(loom_reduce_op op) { return op == LOOM_REDUCE_MAX ? ncclMax : ncclSum; }
 
-static void nccl_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
-  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat, red_of(op), impl_of(c)->comm, impl_of(c)->compute), "all-reduce");
+static ncclDataType_t type_of(loom_dtype t) {
+  switch (t) {
+  case LOOM_DTYPE_F32: return ncclFloat32;
+  case LOOM_DTYPE_F64: return ncclFloat64;
+  case LOOM_DTYPE_I32: return ncclInt32;
+  case LOOM_DTYPE_I64: return ncclInt64;
+  case LOOM_DTYPE_BF16: return ncclBfloat16;
+  case LOOM_DTYPE_BYTE: return ncclUint8;
+  }
+  LOOM_CHECK(0, "unknown element type");
+  return ncclUint8;
+}
+
+static void nccl_allreduce(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
+  check_nccl(ncclAllReduce(buf, buf, n, type_of(type), red_of(op), impl_of(c)->comm, impl_of(c)->compute), "all-reduce");
 }
 
 /* Starts work on the comm stream after everything queued on compute so far. */
@@ -65,8 +78,8 @@ static loom_request *nccl_iallreduce(loom_comm *c, float *buf, size_t n) {
   return end_async(m, r);
 }
 
-static void nccl_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
-  check_nccl(ncclAllGather(send, recv, n, ncclFloat, impl_of(c)->comm, impl_of(c)->compute), "all-gather");
+static void nccl_allgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  check_nccl(ncclAllGather(send, recv, n, type_of(type), impl_of(c)->comm, impl_of(c)->compute), "all-gather");
 }
 
 static void nccl_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
@@ -74,12 +87,8 @@ static void nccl_reduce_scatter(loom_comm *c, const float *send, float *recv, si
              "reduce-scatter");
 }
 
-static void nccl_broadcast(loom_comm *c, float *buf, size_t n, int root) {
-  check_nccl(ncclBroadcast(buf, buf, n, ncclFloat, root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
-}
-
-static void nccl_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root) {
-  check_nccl(ncclBroadcast(buf, buf, bytes, ncclChar, root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
+static void nccl_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
+  check_nccl(ncclBroadcast(buf, buf, n, type_of(type), root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
 }
 
 /* One grouped ncclSend or ncclRecv on the comm stream. Tags order messages
@@ -123,7 +132,7 @@ static int nccl_test(loom_request *r) {
 
 static void nccl_barrier(loom_comm *c) {
   nccl_impl *m = impl_of(c);
-  nccl_allreduce(c, m->scratch, 1, LOOM_REDUCE_SUM);
+  nccl_allreduce(c, m->scratch, 1, LOOM_DTYPE_F32, LOOM_REDUCE_SUM);
   check_cuda(cudaStreamSynchronize(m->compute), "barrier");
 }
 
@@ -153,7 +162,6 @@ static const loom_comm_ops NCCL_OPS = {
     .allgather = nccl_allgather,
     .reduce_scatter = nccl_reduce_scatter,
     .broadcast = nccl_broadcast,
-    .broadcast_bytes = nccl_broadcast_bytes,
     .isend = nccl_isend,
     .irecv = nccl_irecv,
     .wait = nccl_wait,
