@@ -13,8 +13,10 @@ MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 
 # np N [flags]: loom train of MODEL on N ranks.
 np() { n=$1; shift; "$MPIEXEC" --oversubscribe --bind-to none -np "$n" -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL "$@"; }
 losses() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$1" | sed 's/.*"loss": //'; }
-# same_losses A B: every loss of B equals A's at the same step within rel 1e-5 (fp32 after resharding).
+# same_losses A B: every loss of B equals A's at the same step within rel 1e-5 (fp32 after resharding);
+# B must hold at least one loss, so an empty or missing file fails.
 same_losses() {
+  [ "$(grep -c '"loss": ' "$2" 2>/dev/null)" -ge 1 ] || { echo "$2 holds no losses"; return 1; }
   grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$2" | while IFS= read -r line; do
     step=$(echo "$line" | sed 's/"step": \([0-9]*\),.*/\1/') b=$(echo "$line" | sed 's/.*"loss": //')
     a=$(grep -o "\"step\": $step, \"loss\": [0-9.e+-]*" "$1" | sed 's/.*"loss": //')

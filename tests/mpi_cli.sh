@@ -12,7 +12,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 run train --tp 2 --sequence-parallel --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
   --eval-every 2 --metrics "$WORK/m.jsonl" --save "$WORK/tp2.bin" > "$WORK/out.txt" 2>&1 || fail "tp 2 run: $(cat "$WORK/out.txt")"
-grep -q "parallel: 2 ranks, tp 2 with sequence parallelism" "$WORK/out.txt" || fail "no parallel line"
+grep -q "parallel: 2 ranks, tp 2 (sequence parallel) x pp 1 | schedule 1f1b" "$WORK/out.txt" || fail "no parallel line"
 [ "$(grep -c '^step ' "$WORK/out.txt")" = 3 ] || fail "progress should print once per step, from rank 0 only"
 [ "$(grep -c '"loss"' "$WORK/m.jsonl")" = 3 ] || fail "metrics"
 "$LOOM" sample --init-from "$WORK/tp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the tp 2 model"
@@ -68,8 +68,8 @@ grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"
-want="loom train: world size 2 != tp 4 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 4)"
-[ "$(grep -c "world size" "$WORK/bad.txt")" = 1 ] || fail "message should appear once: $(cat "$WORK/bad.txt")"
+want="loom train: parallel: tp 4 x pp 1 x dp 1 = 4 ranks, but the world has 2; launch 4 ranks or change the layout"
+[ "$(grep -c "but the world has" "$WORK/bad.txt")" = 1 ] || fail "message should appear once: $(cat "$WORK/bad.txt")"
 grep -qxF "$want" "$WORK/bad.txt" || fail "message: $(cat "$WORK/bad.txt")"
 # One rank failing alone (one pipeline stage here) ends the whole job with
 # that rank's message, no hang.

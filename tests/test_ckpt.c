@@ -10,7 +10,7 @@
 #include "ckpt/assemble.h"
 #include "ckpt/shard_file.h"
 #include "core/crc32c.h"
-#include "pipeline/layer_split.h"
+#include "plan/plan.h"
 #include "test_util.h"
 
 START_TEST(crc32c_known_answers) {
@@ -157,10 +157,15 @@ static const loom_gpt_config *tiny(void) {
 static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params *whole, const loom_buffer *wm,
                       const loom_buffer *wv) {
   const int tp_rank = rank % lay.tp, dp_rank = rank / lay.tp % lay.dp, pp_rank = rank / (lay.tp * lay.dp);
-  int begin[8];
+  /* The stage's layers, from the plan the layout makes (its even split). */
+  const loom_gpt_config *t = tiny();
+  const loom_plan_spec spec = {.layers = t->layers, .hidden = t->hidden, .heads = t->heads, .vocab = t->vocab, .seq = t->seq,
+                               .tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .vpp = 1, .micro_batch = 1, .global_batch = lay.dp};
+  loom_plan *plan;
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_layer_split(tiny()->layers, lay.pp, NULL, 0, begin, &err), LOOM_OK);
-  const loom_stage_range range = {begin[pp_rank], begin[pp_rank + 1], pp_rank == 0, pp_rank == lay.pp - 1};
+  ck_assert_int_eq(loom_plan_build(&spec, &plan, &err), LOOM_OK);
+  const loom_stage_range range = loom_plan_stage_range(plan, pp_rank);
+  loom_plan_free(plan);
   const loom_gpt_config cfg = loom_gpt_config_for_tp(tiny(), lay.tp);
   const loom_adamw_config oc = loom_adamw_defaults();
   memset(r, 0, sizeof *r);

@@ -25,15 +25,12 @@ static void slurp(const char *path, char *buf, size_t cap) {
   if (fp) fclose(fp);
 }
 
-/* Runs loom with a NULL-terminated argument list. */
-static result *run(const char *first, ...) {
+/* Runs loom with a NULL-terminated argument array. */
+static result *run_argv(const char *const *args) {
   static result r;
-  const char *argv[64] = {g_loom, first};
-  int argc = 2;
-  va_list ap;
-  va_start(ap, first);
-  while (argc < 63 && (argv[argc] = va_arg(ap, const char *)) != NULL) argc++;
-  va_end(ap);
+  const char *argv[64] = {g_loom};
+  int argc = 1;
+  while (argc < 63 && (argv[argc] = args[argc - 1]) != NULL) argc++;
   argv[argc] = NULL;
   const char *out = tu_tmp_path("stdout"), *err = tu_tmp_path("stderr");
   const pid_t pid = fork();
@@ -51,6 +48,18 @@ static result *run(const char *first, ...) {
   slurp(out, r.out, sizeof r.out);
   slurp(err, r.err, sizeof r.err);
   return &r;
+}
+
+/* Runs loom with a NULL-terminated argument list. */
+static result *run(const char *first, ...) {
+  const char *args[64] = {first};
+  int n = 1;
+  va_list ap;
+  va_start(ap, first);
+  while (n < 63 && (args[n] = va_arg(ap, const char *)) != NULL) n++;
+  va_end(ap);
+  args[n] = NULL;
+  return run_argv(args);
 }
 
 /* stderr must be exactly one line, `line`, and the exit code `code`. */
@@ -75,9 +84,9 @@ START_TEST(bad_flags) {
   expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, got 'gpt-huge'");
   expect_fail(run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   expect_fail(run("train", "--hidden", "100", "--heads", "3", NULL), 2,
-              "loom train: --hidden 100 is not divisible by --heads 3; pick heads that divide hidden");
+              "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");
   expect_fail(run("train", "--micro-batch", "4", "--global-batch", "10", NULL), 2,
-              "loom train: --global-batch 10 is not a multiple of --micro-batch 4");
+              "loom train: --global-batch 10: must be a positive multiple of --micro-batch x --dp (4); round it to a multiple");
   expect_fail(run("train", "--data", "x.bin", "--synthetic", "addition", NULL), 2, "loom train: give --data or --synthetic, not both");
   expect_fail(run("train", "--eval-data", "x.bin", NULL), 2, "loom train: --eval-data needs --data");
   expect_fail(run("train", "--vocab", "100", NULL), 2, "loom train: --synthetic addition needs --vocab of at least 256 (byte tokens), got 100");
@@ -117,28 +126,28 @@ START_TEST(bad_flags) {
   ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 25.0% simulated (forward 1, backward 2 per stage); theory 25.0%"));
   /* Layouts that cannot be split are refused before anything is built. */
   expect_fail(run("train", "--hidden", "6", "--heads", "6", "--tp", "4", NULL), 2,
-              "loom train: --hidden 6 is not divisible by --tp 4; pick a tp that divides hidden");
+              "loom train: --heads 6: must be divisible by --tp (4) so each rank holds whole heads; pick a tp that divides heads");
   expect_fail(run("train", "--hidden", "8", "--heads", "2", "--tp", "4", NULL), 2,
-              "loom train: --heads 2 is not divisible by --tp 4; each rank needs whole heads");
+              "loom train: --heads 2: must be divisible by --tp (4) so each rank holds whole heads; pick a tp that divides heads");
   expect_fail(run("train", "--ffn", "30", "--tp", "4", NULL), 2,
-              "loom train: --ffn 30 is not divisible by --tp 4; pick a tp that divides ffn");
+              "loom train: --ffn 30: must be divisible by --tp (4); pick a tp that divides ffn");
   expect_fail(run("train", "--seq", "30", "--tp", "4", "--sequence-parallel", NULL), 2,
-              "loom train: --seq 30 is not divisible by --tp 4; sequence parallelism splits the sequence evenly");
+              "loom train: --seq 30: must be divisible by --tp (4) under sequence parallelism; pick seq or tp to divide");
   expect_fail(run("train", "--tp", "2", NULL), 2,
-              "loom train: world size 1 != tp 2 x pp 1 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
+              "loom train: parallel: tp 2 x pp 1 x dp 1 = 2 ranks, but the world has 1; launch 2 ranks or change the layout");
   /* Pipeline layouts: checked before anything is built. */
   expect_fail(run("train", "--pp", "2", NULL), 2,
-              "loom train: world size 1 != tp 1 x pp 2 x dp 1; launch tp*pp*dp ranks (mpirun -np 2)");
+              "loom train: parallel: tp 1 x pp 2 x dp 1 = 2 ranks, but the world has 1; launch 2 ranks or change the layout");
   expect_fail(run("train", "--vpp", "2", "--layers", "2", NULL), 2,
-              "loom train: --vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+              "loom train: --vpp 2: needs --pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves");
   expect_fail(run("train", "--vpp", "2", "--schedule", "interleaved", NULL), 2,
-              "loom train: --vpp 2 needs --pp 2 or more: with one pipeline rank its chunks would only pass activations to themselves");
+              "loom train: --vpp 2: needs --pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves");
   expect_fail(run("train", "--layer-split", "1,2,3", NULL), 2,
-              "loom train: --layer-split has 3 entries but there are 1 stages (pp x vpp)");
+              "loom train: stages: the layer split has 3 entries but there are 1 stages (--pp x --vpp); give one count per stage");
   expect_fail(run("train", "--layer-split", "1", NULL), 2,
-              "loom train: --layer-split covers 1 layers but the model has 2; every layer must be covered exactly once");
+              "loom train: stages: cover layers [0, 1) but --layers 2; every layer must be covered exactly once");
   expect_fail(run("train", "--dp", "2", "--global-batch", "24", "--micro-batch", "16", NULL), 2,
-              "loom train: --global-batch 24 is not a multiple of --micro-batch 16 x --dp 2");
+              "loom train: --global-batch 24: must be a positive multiple of --micro-batch x --dp (32); round it to a multiple");
   expect_fail(run("train", "--layer-split", "1,x", NULL), 2,
               "loom train: --layer-split '1,x' is not a comma-separated list of layer counts");
   expect_fail(run("train", "--micro-batches", "3", "--global-batch", "16", NULL), 2,
@@ -180,8 +189,8 @@ START_TEST(bad_flags) {
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);
-  ck_assert_msg(strncmp(r->err, "loom train: this run needs ", 27) == 0, "%s", r->err);
-  ck_assert_ptr_nonnull(strstr(r->err, "for micro-batch 1024 x seq 1024) but "));
+  ck_assert_msg(strncmp(r->err, "loom train: --micro-batch 1024: this run needs ", 47) == 0, "%s", r->err);
+  ck_assert_ptr_nonnull(strstr(r->err, "Adam state and activations for seq 1024) but "));
   ck_assert_ptr_nonnull(strstr(r->err, " GiB is available; lower --micro-batch or --seq\n"));
   r = run("train", "--help", NULL);
   ck_assert_int_eq(r->code, 0);
@@ -190,6 +199,80 @@ START_TEST(bad_flags) {
 END_TEST
 
 /* Counts lines of a file that contain every given key. */
+/* `loom train FLAGS --print-plan` is byte for byte `loom plan new FLAGS -o -`:
+ * the run executes the plan plan new would write. */
+START_TEST(train_runs_the_plan_plan_new_writes) {
+  static const char *const SETS[][12] = {
+      {"--tp", "2", "--pp", "2", "--micro-batches", "4", NULL},
+      {NULL},
+      {"--model", "gpt50b", "--tp", "8", "--pp", "8", "--dp", "8", "--micro-batch", "1", "--global-batch", "1536"},
+      {"--pp", "4", "--vpp", "2", "--schedule", "interleaved", "--layers", "8", "--micro-batches", "8", "--recompute", "full"},
+      {"--dp", "4", "--zero", "1", "--sequence-parallel", "--tp", "2", "--micro-batch", "4", "--global-batch", "64", NULL},
+      {"--pp", "2", "--layer-split", "3,1", "--layers", "4", "--schedule", "gpipe", "--seq", "32", "--dropout", "0.1"},
+  };
+  for (size_t k = 0; k < sizeof SETS / sizeof SETS[0]; k++) {
+    const char *train[20] = {"train"}, *plan_new[20] = {"plan", "new"};
+    int n = 0;
+    for (; n < 12 && SETS[k][n]; n++) train[1 + n] = plan_new[2 + n] = SETS[k][n];
+    train[1 + n] = "--print-plan", train[2 + n] = NULL;
+    plan_new[2 + n] = "-o", plan_new[3 + n] = "-", plan_new[4 + n] = NULL;
+    const result *a = run_argv(train);
+    ck_assert_msg(a->code == 0, "set %zu: %s", k, a->err);
+    char printed[sizeof a->out];
+    memcpy(printed, a->out, sizeof printed);
+    const result *b = run_argv(plan_new);
+    ck_assert_msg(b->code == 0, "set %zu: %s", k, b->err);
+    ck_assert_msg(strlen(printed) > 200 && strstr(printed, "estimates {"), "set %zu printed no plan", k); /* something to compare */
+    ck_assert_msg(strcmp(printed, b->out) == 0, "set %zu: train --print-plan and plan new -o - differ", k);
+  }
+}
+END_TEST
+
+/* Field names read as flag names: what plan check prints, train and plan new say with flags. */
+static void fields_to_flags(const char *in, char *out, size_t cap) {
+  static const char *const MAP[][2] = {{"model.heads = ", "--heads "}, {"parallel.tp", "--tp"}, {"model.hidden", "--hidden"}};
+  snprintf(out, cap, "%s", in);
+  for (size_t k = 0; k < sizeof MAP / sizeof MAP[0]; k++) {
+    char *at;
+    while ((at = strstr(out, MAP[k][0]))) {
+      char rest[1024];
+      snprintf(rest, sizeof rest, "%s", at + strlen(MAP[k][0]));
+      snprintf(at, cap - (size_t)(at - out), "%s%s", MAP[k][1], rest);
+    }
+  }
+}
+
+/* One bad layout, one rule, in the same words through every command. */
+START_TEST(one_rule_in_every_command) {
+  const result *r = run("train", "--heads", "6", "--hidden", "96", "--tp", "4", NULL);
+  ck_assert_int_eq(r->code, 2);
+  char from_train[1024];
+  snprintf(from_train, sizeof from_train, "%s", r->err + strlen("loom train: "));
+  r = run("plan", "new", "--heads", "6", "--hidden", "96", "--tp", "4", "-o", "-", NULL);
+  ck_assert_int_eq(r->code, 2);
+  ck_assert_str_eq(r->err + strlen("loom plan new: "), from_train);
+  /* plan check reads a plan file that plan new would refuse: write a good one and break it. */
+  const char *good = tu_tmp_path("rule.txtpb");
+  r = run("plan", "new", "--heads", "4", "--hidden", "96", "--tp", "4", "-o", good, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  size_t n;
+  char *text = tu_read_bytes(good, &n);
+  char *heads = strstr(text, "heads: 4");
+  ck_assert_ptr_nonnull(heads);
+  heads[7] = '6';
+  tu_write_bytes(good, text, n);
+  free(text);
+  r = run("plan", "check", good, NULL);
+  ck_assert_int_eq(r->code, 1);
+  char checked[1024], first[1024];
+  ck_assert_uint_lt(strlen(r->out), sizeof first);
+  memcpy(first, r->out, strlen(r->out) + 1);
+  fields_to_flags(first, checked, sizeof checked);
+  ck_assert_str_eq(checked, from_train);
+  ck_assert_ptr_nonnull(strstr(from_train, "--heads 6: must be divisible by --tp (4)"));
+}
+END_TEST
+
 static int lines_with(const char *path, const char *key1, const char *key2) {
   char buf[65536];
   slurp(path, buf, sizeof buf);
@@ -271,6 +354,8 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, bad_flags);
   tcase_add_test(tc, subcommands_work_together);
+  tcase_add_test(tc, train_runs_the_plan_plan_new_writes);
+  tcase_add_test(tc, one_rule_in_every_command);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -180,8 +180,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   ck_assert_int_eq(pa.params.views[k].shape[0], 3 * a.hidden);
   ck_assert_int_eq(pa.params.views[k].shape[1], a.hidden);
   ck_assert_int_ge(loom_gpt_params_find(&pa, "ln_f.bias"), 0);
-  ck_assert_uint_eq(loom_gpt_param_count(&a, 1), pa.params.numel);
-  ck_assert_uint_eq(loom_gpt_param_count(&b, 1), pb.params.numel);
+  ck_assert_uint_eq(loom_gpt_param_count(&a, NULL, 1), pa.params.numel);
+  ck_assert_uint_eq(loom_gpt_param_count(&b, NULL, 1), pb.params.numel);
   loom_gpt_params_free(&pa);
   loom_gpt_params_free(&pb);
 }

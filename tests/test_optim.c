@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "data/addition.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "plan/plan.h"
 #include "plan/textformat.h"
+#include "schedule/verify.h"
 #include "test_util.h"
 
 static const char *g_protoc, *g_proto_dir, *g_gpt50b, *g_tiny;
@@ -110,7 +111,7 @@ START_TEST(committed_plan_round_trips) {
   ck_assert_int_eq(loom_plan_write(back, p, &err), LOOM_OK);
   expect_same_file(g_gpt50b, back);
   protoc_agrees(p, "gpt50b_copy");
-  ck_assert_int_eq(loom_plan_total_parameters(p->model), 51982647296LL);
+  ck_assert_int_eq(loom_plan_total_parameters(p), 51982647296LL);
   char lines[1024];
   ck_assert_int_eq(loom_plan_check_rules(p, 512, 85899345920LL, lines, sizeof lines), 0);
   loom_plan_free(p);
@@ -237,7 +238,7 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "stages (pp_rank 1 chunk 0): embedding = true; only the first stage holds the embedding");
   p->stages[1]->embedding = 0;
   p->batch->global_batch = 10;
-  expect_rule(p, "batch.global_batch = 10: must be a positive multiple of micro_batch x dp = 4; round it to a multiple");
+  expect_rule(p, "batch.global_batch = 10: must be a positive multiple of batch.micro_batch x parallel.dp (4); round it to a multiple");
   p->batch->global_batch = 12; /* 3 micro-batches: fine for 1F1B, not for interleaved on pp 2 */
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED;
   expect_rule(p, "batch.global_batch = 12 gives 3 micro-batches, not a multiple of parallel.pp (2) as the interleaved schedule needs; use 16");
@@ -277,9 +278,14 @@ START_TEST(balancing_and_counts) {
   char lines[1024];
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
   loom_plan_free(p);
-  /* The gpt50b model: 12 l h^2 + 13 l h + (V + s) h + 2 h. */
-  const Loom__Model m = {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048};
-  ck_assert_int_eq(loom_plan_total_parameters(&m), 51982647296LL);
+  /* The gpt50b model: the layers' table against GPT-2's closed form, 12 l h^2 + 13 l h + (V + s) h + 2 h. */
+  const int64_t l = 64, h = 8192, V = 51200, s = 2048;
+  spec = (loom_plan_spec){.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .tp = 1,
+                          .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1};
+  p = build(&spec);
+  ck_assert_int_eq(loom_plan_total_parameters(p), 12 * l * h * h + 13 * l * h + (V + s) * h + 2 * h);
+  ck_assert_int_eq(loom_plan_total_parameters(p), 51982647296LL);
+  loom_plan_free(p);
 }
 END_TEST
 
@@ -287,6 +293,42 @@ END_TEST
  * s*b*h*(34 + 5*a*s/h) bytes per layer and micro-batch in flight without
  * tensor parallelism, and 18 bytes per parameter for mixed-precision Adam,
  * 6 + 12/dp with ZeRO-1. */
+/* The plan's in-flight count is the verifier's peak_live for every kind, and
+ * for 1F1B and GPipe also Megatron's closed forms: min(pp - rank, m) and m. */
+START_TEST(in_flight_is_the_verifiers_peak) {
+  static const int CASES[][3] = {{1, 1, 1}, {2, 1, 4}, {4, 1, 3}, {4, 1, 8}, {4, 2, 8}, {2, 3, 4}, {8, 2, 16}};
+  const loom_schedule_kind kinds[3] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_INTERLEAVED};
+  int checked = 0;
+  for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++)
+    for (int k = 0; k < 3; k++) {
+      const int pp = CASES[c][0], vpp = CASES[c][1], m = CASES[c][2];
+      if ((kinds[k] == LOOM_SCHEDULE_INTERLEAVED) != (vpp > 1) || (vpp > 1 && (pp < 2 || m % pp))) continue;
+      const loom_plan_spec spec = {.layers = pp * vpp * 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16, .tp = 1,
+                                   .pp = pp, .dp = 1, .vpp = vpp, .micro_batch = 1, .global_batch = m, .schedule = kinds[k]};
+      loom_plan *p = build(&spec);
+      loom_schedule s;
+      loom_schedule_report rep;
+      loom_error err = {{0}};
+      ck_assert_int_eq(loom_schedule_build(&s, kinds[k], pp, vpp, m, &err), LOOM_OK);
+      ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+      ck_assert_uint_eq(p->estimates->n_stages, (size_t)(pp * vpp));
+      for (size_t i = 0; i < p->estimates->n_stages; i++) {
+        const Loom__StageEstimate *x = p->estimates->stages[i];
+        ck_assert_msg(x->has_in_flight && x->in_flight == rep.peak_live[x->pp_rank], "%s pp %d vpp %d m %d rank %d: %d vs %d",
+                      loom_schedule_kind_name(kinds[k]), pp, vpp, m, x->pp_rank, x->in_flight, rep.peak_live[x->pp_rank]);
+        const int closed = kinds[k] == LOOM_SCHEDULE_GPIPE ? m : kinds[k] == LOOM_SCHEDULE_1F1B ? (pp - x->pp_rank < m ? pp - x->pp_rank : m) : -1;
+        if (closed >= 0) ck_assert_int_eq(x->in_flight, closed);
+        ck_assert_int_gt(x->in_flight, 0);
+        checked++;
+      }
+      loom_schedule_report_free(&rep);
+      loom_schedule_free(&s);
+      loom_plan_free(p);
+    }
+  ck_assert_int_ge(checked, 20);
+}
+END_TEST
+
 START_TEST(estimates_follow_megatron) {
   loom_plan_spec spec = base_spec();
   spec.tp = 1;
@@ -325,6 +367,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, each_rule_has_its_message);
   tcase_add_test(tc, balancing_and_counts);
   tcase_add_test(tc, estimates_follow_megatron);
+  tcase_add_test(tc, in_flight_is_the_verifiers_peak);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

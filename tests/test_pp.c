@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "comm/mpi/comm_mpi.h"
 #include "data/addition.h"
 #include "test_util.h"
@@ -52,11 +52,39 @@ static void train_serial(int m, float *losses, loom_gpt *model) {
   loom_dataset_free(data);
 }
 
-static void train_pipeline(const loom_parallel *ps, const loom_pipeline_config *pc, float *losses, loom_pipeline *pipe) {
+/* What a case runs: the grid is the test's (g_tp, g_pp, g_dp, g_sp). */
+typedef struct {
+  loom_schedule_kind kind;
+  int v, m;
+  const int *split;
+  int nsplit;
+  bool zero1, recompute;
+  size_t bucket_bytes;
+} pp_case;
+
+/* The plan of a case, built and validated as every run's is. */
+static loom_plan *plan_of(const pp_case *pc) {
+  const loom_gpt_config cfg = tiny();
+  const loom_plan_spec spec = {.layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .vocab = cfg.vocab,
+                               .seq = cfg.seq, .dropout = cfg.dropout, .tp = g_tp, .pp = g_pp, .dp = g_dp, .vpp = pc->v,
+                               .zero_stage = pc->zero1, .sequence_parallel = g_sp, .recompute = pc->recompute,
+                               .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
+                               .layer_counts = pc->split, .nlayer_counts = pc->nsplit};
+  loom_plan *plan;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
+  char lines[1024];
+  ck_assert_msg(loom_plan_validate(plan, &(loom_plan_limits){.world = g_world->size}, lines, sizeof lines) == 0, "%s", lines);
+  return plan;
+}
+
+static void train_pipeline(const loom_parallel *ps, const pp_case *pc, float *losses, loom_pipeline *pipe) {
   const loom_gpt_config cfg = tiny();
   loom_dataset *data = loom_dataset_addition(2, 4);
   loom_error err = {{0}};
-  ck_assert_msg(loom_pipeline_init(pipe, ps, &cfg, loom_ops_cpu(), 21, pc, cfg.seq, MB, &err) == LOOM_OK, "%s", err.msg);
+  loom_plan *plan = plan_of(pc);
+  ck_assert_msg(loom_pipeline_init(pipe, ps, plan, loom_ops_cpu(), 21, pc->bucket_bytes, &err) == LOOM_OK, "%s", err.msg);
+  loom_plan_free(plan);
   loom_adamw *opts = calloc((size_t)pc->v, sizeof *opts);
   loom_zero1 *zero = pc->zero1 ? calloc((size_t)pc->v, sizeof *zero) : NULL;
   const loom_adamw_config oc = loom_adamw_defaults();
@@ -107,8 +135,7 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   train_serial(m, serial_losses, &serial);
   loom_pipeline pipe;
   /* Tiny buckets: several per chunk, so the overlapped reduction is what gets tested. */
-  loom_pipeline_config pc = {.kind = kind, .v = v, .micro_batches = m, .layer_counts = split, .nlayer_counts = nsplit,
-                             .zero1 = g_zero, .bucket_bytes = 2048};
+  pp_case pc = {.kind = kind, .v = v, .m = m, .split = split, .nsplit = nsplit, .zero1 = g_zero, .bucket_bytes = 2048};
   train_pipeline(&ps, &pc, losses, &pipe);
   for (int s = 0; s < STEPS; s++)
     ck_assert_msg(fabs(losses[s] - serial_losses[s]) <= 1e-5 * fabs(serial_losses[s]), "%s: step %d loss %g vs serial %g",
@@ -177,10 +204,12 @@ START_TEST(nan_skips_the_step_everywhere) {
   const loom_gpt_config cfg = tiny();
   loom_dataset *data = loom_dataset_addition(2, 4);
   loom_pipeline pipe, fresh;
-  loom_pipeline_config pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .micro_batches = 2, .zero1 = g_zero};
+  const pp_case pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .m = 2, .zero1 = g_zero};
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_pipeline_init(&pipe, &ps, &cfg, loom_ops_cpu(), 21, &pc, cfg.seq, MB, &err), LOOM_OK);
-  ck_assert_int_eq(loom_pipeline_init(&fresh, &ps, &cfg, loom_ops_cpu(), 21, &pc, cfg.seq, MB, &err), LOOM_OK);
+  loom_plan *plan = plan_of(&pc);
+  ck_assert_int_eq(loom_pipeline_init(&pipe, &ps, plan, loom_ops_cpu(), 21, 0, &err), LOOM_OK);
+  ck_assert_int_eq(loom_pipeline_init(&fresh, &ps, plan, loom_ops_cpu(), 21, 0, &err), LOOM_OK);
+  loom_plan_free(plan);
   loom_adamw opt;
   loom_zero1 zero;
   const loom_adamw_config oc = loom_adamw_defaults();

@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "comm/mpi/comm_mpi.h"
 #include "data/addition.h"
 #include "core/rng.h"

@@ -1,8 +1,11 @@
 /* Test helpers: deterministic fills, error norms, temp files. */
+#define _XOPEN_SOURCE 700 /* nftw */
+#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/rng.h"
@@ -33,12 +36,32 @@ int tu_all_finite(const float *x, size_t n) {
   return 1;
 }
 
+/* Every test process writes under one folder of its own, removed with all it
+ * holds when the process exits, so a test run leaves $TMPDIR as it found it. */
+static char g_tmp_dir[512];
+static pid_t g_tmp_owner;
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static void remove_tmp_dir(void) {
+  if (g_tmp_dir[0] && getpid() == g_tmp_owner) nftw(g_tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 const char *tu_tmp_path(const char *name) {
-  static char paths[64][512];
+  static char paths[64][1024];
   static int next;
+  if (!g_tmp_dir[0] || g_tmp_owner != getpid()) { /* a forked test child makes its own */
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(g_tmp_dir, sizeof g_tmp_dir, "%s/loom_test_XXXXXX", dir);
+    ck_assert_msg(mkdtemp(g_tmp_dir) != NULL, "cannot make a folder under %s", dir);
+    if (!g_tmp_owner) atexit(remove_tmp_dir);
+    g_tmp_owner = getpid();
+  }
   char *p = paths[next++ % 64];
-  const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-  snprintf(p, 512, "%s/loom_test_%d_%s", dir, (int)getpid(), name);
+  snprintf(p, sizeof paths[0], "%s/%s", g_tmp_dir, name);
   return p;
 }
 

@@ -7,7 +7,8 @@
 #include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
-#include "pipeline/layer_split.h"
+#include "plan/plan.h"
+#include "schedule/schedule.h"
 
 /* One rank of a layout, built without communication. */
 typedef struct {
@@ -97,13 +98,33 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   loom_manifest_run(mf, &to);
   to.tp = tp, to.pp = pp, to.dp = dp, to.vpp = vpp, to.zero = zero;
   const int world = tp * pp * dp;
-  if (vpp > 1 && pp < 2) st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: --vpp %d needs --pp 2 or more", vpp);
-  if (st == LOOM_OK)
-    st = loom_parallel_check(tp, pp, dp, world, false, to.cfg.heads, to.cfg.hidden, to.cfg.ffn, to.cfg.seq, err);
-  if (st == LOOM_OK && to.global_batch % dp != 0)
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: global batch %d does not split over dp %d", to.global_batch, dp);
+  /* The new layout is a plan, built and validated as every run's is. Its
+   * micro-batch only needs to split the global batch over dp (and into a
+   * multiple of pp micro-batches when interleaved): the run that resumes
+   * brings its own. */
+  int micro = to.micro_batch;
+  for (int b = to.micro_batch; b >= 1; b--)
+    if (to.global_batch % (b * dp) == 0 && (vpp == 1 || to.global_batch / (b * dp) % pp == 0)) {
+      micro = b;
+      break;
+    }
+  const loom_plan_spec spec = {.layers = to.cfg.layers, .hidden = to.cfg.hidden, .heads = to.cfg.heads, .ffn = to.cfg.ffn,
+                               .vocab = to.cfg.vocab, .seq = to.cfg.seq, .dropout = to.cfg.dropout, .tp = tp, .pp = pp,
+                               .dp = dp, .vpp = vpp, .zero_stage = zero, .micro_batch = micro,
+                               .global_batch = to.global_batch,
+                               .schedule = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B,
+                               .layer_counts = layer_counts, .nlayer_counts = ncounts};
+  loom_plan *plan = NULL;
+  if (st == LOOM_OK) st = loom_error_prefix(err, loom_plan_build(&spec, &plan, err), "loom ckpt reshard");
+  char lines[2048];
+  if (st == LOOM_OK && loom_plan_check_rules(plan, world, 0, lines, sizeof lines) > 0) {
+    char *nl = strchr(lines, '\n');
+    if (nl) *nl = '\0';
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: %s", lines);
+  }
   int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
-  if (st == LOOM_OK) st = loom_layer_split(to.cfg.layers, pp * vpp, layer_counts, ncounts, begin, err);
+  for (int v = 0; st == LOOM_OK && v < pp * vpp; v++) begin[v + 1] = loom_plan_stage_range(plan, v).layer_end;
+  loom_plan_free(plan);
   if (st == LOOM_OK) st = loom_ckpt_make_dir(dst, err);
   loom_ckpt_step_dir(dst, mf->step, out_dir, sizeof out_dir);
   if (st == LOOM_OK) st = loom_ckpt_make_dir(out_dir, err);

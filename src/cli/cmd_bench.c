@@ -10,7 +10,7 @@
 #include "cli/device.h"
 #include "cli/flags.h"
 #include "cli/launch.h"
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "tensor_parallel/parallel_state.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -185,14 +185,14 @@ int loom_cmd_bench(int argc, char **argv) {
   bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0, .tp = 1, .model = "gpt2-small",
                    .device = "auto"};
   loom_flag table[] = {
-      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false},
-      {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false},
-      {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false},
-      {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false},
-      {"--seq", FLAG_INT, &f.seq, "run only this sequence length (0: 64 and 256; with --tp, 256)", 0, 1024, NULL, false},
-      {"--model", FLAG_STRING, &f.model, "model preset (gpt2-small; gpt-1.3b is 24 layers, hidden 2048)", LOOM_NO_RANGE, NULL, false},
-      {"--device", FLAG_STRING, &f.device, "auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false},
-      {"--tp", FLAG_INT, &f.tp, "compare tp 1 on rank 0 with a tp-way split (mpirun -np TP)", 1, 64, NULL, false},
+      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false, NULL},
+      {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false, NULL},
+      {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false, NULL},
+      {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false, NULL},
+      {"--seq", FLAG_INT, &f.seq, "run only this sequence length (0: 64 and 256; with --tp, 256)", 0, 1024, NULL, false, NULL},
+      {"--model", FLAG_STRING, &f.model, "model preset (gpt2-small; gpt-1.3b is 24 layers, hidden 2048)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--device", FLAG_STRING, &f.device, "auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--tp", FLAG_INT, &f.tp, "compare tp 1 on rank 0 with a tp-way split (mpirun -np TP)", 1, 64, NULL, false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

@@ -14,7 +14,7 @@
 #include "cli/model_flags.h"
 #include "cli/train_flags.h"
 #include "core/log.h"
-#include "pipeline/layer_split.h"
+#include "cli/plan_flags.h"
 #include "plan/plan.h"
 
 static const char *const FORMAT_CHOICES[] = {"llmc", "safetensors", NULL};
@@ -50,7 +50,7 @@ static loom_status layout_from_plan(const char *path, int *tp, int *pp, int *dp,
   } else {
     *tp = plan->parallel->tp, *pp = plan->parallel->pp, *dp = plan->parallel->dp;
     *vpp = plan->parallel->virtual_chunks, *zero = plan->parallel->zero_stage;
-    *ncounts = plan->n_stages <= LOOM_MAX_STAGES ? loom_plan_layer_counts(plan, counts) : 0;
+    *ncounts = plan->n_stages <= LOOM_PLAN_MAX_STAGES ? loom_plan_layer_counts(plan, counts) : 0;
   }
   loom_plan_free(plan);
   return st;
@@ -60,20 +60,20 @@ static int reshard(int argc, char **argv) {
   const char *plan = NULL, *out = NULL, *split = NULL;
   int tp = 1, pp = 1, dp = 1, vpp = 1, zero = 0;
   loom_flag table[] = {
-      {"--plan", FLAG_STRING, &plan, "the new plan (instead of the layout flags)", LOOM_NO_RANGE, NULL, false},
-      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false},
-      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 4096, NULL, false},
-      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false},
-      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank", 1, 64, NULL, false},
-      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 1, NULL, false},
-      {"--layer-split", FLAG_STRING, &split, "layers per stage, e.g. 3,4,4,3", LOOM_NO_RANGE, NULL, false},
-      {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false},
+      {"--plan", FLAG_STRING, &plan, "the new plan (instead of the layout flags)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false, NULL},
+      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 4096, NULL, false, NULL},
+      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false, NULL},
+      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank", 1, 64, NULL, false, NULL},
+      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 1, NULL, false, NULL},
+      {"--layer-split", FLAG_STRING, &split, "layers per stage, e.g. 3,4,4,3", LOOM_NO_RANGE, NULL, false, NULL},
+      {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false, NULL},
   };
   const int n = (int)(sizeof table / sizeof table[0]);
   loom_error err = {{0}};
   bool help;
   const char *pos[1];
-  int npos, counts[LOOM_MAX_STAGES], ncounts = 0;
+  int npos, counts[LOOM_PLAN_MAX_STAGES], ncounts = 0;
   loom_status st = loom_cli_parse("loom ckpt reshard", "loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N ...) -o OUT",
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
@@ -86,7 +86,7 @@ static int reshard(int argc, char **argv) {
   else if (plan && (table[1].set || table[2].set || table[3].set || table[4].set || table[5].set || split))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --plan fixes the layout; drop the layout flags");
   else if (plan) st = layout_from_plan(plan, &tp, &pp, &dp, &vpp, &zero, counts, &ncounts, &err);
-  else if (split && (ncounts = loom_layer_split_parse(split, counts, LOOM_MAX_STAGES)) < 0)
+  else if (split && (ncounts = loom_plan_flags_parse_split(split, counts, LOOM_PLAN_MAX_STAGES)) < 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --layer-split %s: expected layer counts like 3,4,4,3", split);
   if (st == LOOM_OK) st = loom_ckpt_reshard(pos[0], out, tp, pp, dp, vpp, zero, ncounts ? counts : NULL, ncounts, &err);
   if (st == LOOM_OK)
@@ -114,7 +114,7 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
   if (st == LOOM_OK) st = safetensors ? loom_safetensors_write(out, &src, err) : loom_llmc_write(out, &src, err);
   if (st == LOOM_OK)
     loom_log_info("wrote %s (%s, %zu parameters)", out, safetensors ? "safetensors, GPT-2 names" : "llm.c format",
-                  loom_gpt_param_count(&src.cfg, 1));
+                  loom_gpt_param_count(&src.cfg, NULL, 1));
   if (dir && src.state) loom_model_source_free(&src);
   loom_gpt_params_free(&p);
   return st;
@@ -127,9 +127,9 @@ static int export_cmd(int argc, char **argv) {
   loom_flag table[LOOM_MODEL_FLAG_COUNT + 3];
   loom_model_flags_table(&mf, table);
   const loom_flag rest[3] = {
-      {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, FORMAT_CHOICES, false},
-      {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false},
-      {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false},
+      {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, FORMAT_CHOICES, false, NULL},
+      {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
   };
   memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
   const int n = LOOM_MODEL_FLAG_COUNT + 3;

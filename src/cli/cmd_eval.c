@@ -60,11 +60,11 @@ static loom_status eval_run(const eval_flags *f, loom_error *err) {
 int loom_cmd_eval(int argc, char **argv) {
   eval_flags f = {.micro_batch = 4, .seq = 0, .batches = 10};
   loom_flag table[] = {
-      {"--init-from", FLAG_STRING, &f.init_from, "llm.c model file to evaluate (required)", LOOM_NO_RANGE, NULL, false},
-      {"--data", FLAG_STRING, &f.data, "llm.c token file (required)", LOOM_NO_RANGE, NULL, false},
-      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per batch", 1, 1 << 20, NULL, false},
-      {"--seq", FLAG_INT, &f.seq, "sequence length (0: the model's)", 0, 1 << 20, NULL, false},
-      {"--batches", FLAG_INT, &f.batches, "batches to average over", 1, 1e9, NULL, false},
+      {"--init-from", FLAG_STRING, &f.init_from, "llm.c model file to evaluate (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--data", FLAG_STRING, &f.data, "llm.c token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per batch", 1, 1 << 20, NULL, false, NULL},
+      {"--seq", FLAG_INT, &f.seq, "sequence length (0: the model's)", 0, 1 << 20, NULL, false, NULL},
+      {"--batches", FLAG_INT, &f.batches, "batches to average over", 1, 1e9, NULL, false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

@@ -5,79 +5,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
-#include "cli/model_flags.h"
+#include "cli/plan_flags.h"
 #include "core/log.h"
-#include "pipeline/layer_split.h"
 #include "plan/plan.h"
-#include "schedule/verify.h"
-
-static const char *const SCHEDULE_CHOICES[] = {"1f1b", "gpipe", "interleaved", NULL};
-static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NULL};
-static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
-
-static int choice_index(const char *const *choices, const char *value) {
-  for (int i = 0; choices[i]; i++)
-    if (strcmp(choices[i], value) == 0) return i;
-  return 0;
-}
 
 /* ---- new ---- */
 
 static int plan_new(int argc, char **argv) {
-  loom_model_flags mf = {.preset = "gpt-tiny"};
-  int tp = 1, pp = 1, dp = 1, vpp = 1, zero = 0, micro = 16, global = 0;
-  bool sp = false;
-  const char *out = NULL, *schedule = "1f1b", *balance = "uniform", *recompute = "none", *split = NULL, *name = NULL;
-  loom_flag table[LOOM_MODEL_FLAG_COUNT + 14];
-  loom_model_flags_table(&mf, table);
-  const loom_flag rest[] = {
-      {"-o", FLAG_STRING, &out, "output plan: .txtpb (text) or .pb (binary) (required)", LOOM_NO_RANGE, NULL, false},
-      {"--name", FLAG_STRING, &name, "a name for the plan", LOOM_NO_RANGE, NULL, false},
-      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false},
-      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 1024, NULL, false},
-      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false},
-      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank (interleaved)", 1, 64, NULL, false},
-      {"--zero", FLAG_INT, &zero, "ZeRO stage (0 or 1)", 0, 1, NULL, false},
-      {"--sequence-parallel", FLAG_BOOL, &sp, "sequence parallelism in the TP group", LOOM_NO_RANGE, NULL, false},
-      {"--micro-batch", FLAG_INT, &micro, "sequences per micro-batch", 1, 1 << 20, NULL, false},
-      {"--global-batch", FLAG_INT, &global, "sequences per step (0: micro-batch x dp)", 0, 1 << 30, NULL, false},
-      {"--schedule", FLAG_STRING, &schedule, "pipeline schedule", LOOM_NO_RANGE, SCHEDULE_CHOICES, false},
-      {"--recompute", FLAG_STRING, &recompute, "activation recomputation on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false},
-      {"--balance", FLAG_STRING, &balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false},
-      {"--layer-split", FLAG_STRING, &split, "explicit layers per stage, e.g. 7,8,8,7", LOOM_NO_RANGE, NULL, false},
-  };
-  memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
-  const int n = LOOM_MODEL_FLAG_COUNT + (int)(sizeof rest / sizeof rest[0]);
+  loom_plan_flags pf = loom_plan_flags_defaults();
+  const char *out = NULL;
+  loom_flag table[LOOM_PLAN_FLAG_COUNT + 1];
+  loom_plan_flags_table(&pf, table);
+  table[LOOM_PLAN_FLAG_COUNT] = (loom_flag){"-o", FLAG_STRING, &out, "output plan: .txtpb (text), .pb (binary) or - (text on standard output) (required)",
+                                            LOOM_NO_RANGE, NULL, false, NULL};
   loom_error err = {{0}};
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom plan new", "loom plan new -o PLAN [flags]", table, n, argc, argv, pos, 0, &npos, &help, &err);
+  loom_status st = loom_cli_parse("loom plan new", "loom plan new -o PLAN [flags]", table, LOOM_PLAN_FLAG_COUNT + 1, argc,
+                                  argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!out) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan new: -o PLAN is required"), &err);
-  loom_gpt_config cfg;
-  int T;
-  st = loom_model_flags_resolve("loom plan new", &mf, table, &cfg, &T, &err);
-  if (st != LOOM_OK) return loom_report(st, &err);
-  int counts[4096];
-  const int ncounts = split ? loom_layer_split_parse(split, counts, 4096) : 0;
-  if (split && ncounts < 0)
-    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan new: --layer-split '%s' is not a comma-separated list of layer counts", split), &err);
-  const loom_plan_spec spec = {
-      .layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .ffn = cfg.ffn, .vocab = cfg.vocab, .seq = T,
-      .dropout = cfg.dropout, .tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .zero_stage = zero, .sequence_parallel = sp,
-      .recompute = strcmp(recompute, "full") == 0, .micro_batch = micro, .global_batch = global ? global : micro * dp,
-      .schedule = (Loom__ScheduleKind)choice_index(SCHEDULE_CHOICES, schedule),
-      .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, balance), .layer_counts = split ? counts : NULL,
-      .nlayer_counts = ncounts, .name = name};
   loom_plan *plan;
-  st = loom_error_prefix(&err, loom_plan_build(&spec, &plan, &err), "loom plan new");
-  if (st == LOOM_OK) {
-    st = loom_plan_write(out, plan, &err);
-    if (st == LOOM_OK) loom_log_info("wrote %s (%lld parameters, %lld ranks)", out, (long long)plan->estimates->total_parameters,
-                                     (long long)tp * pp * dp);
-    loom_plan_free(plan);
-  }
+  st = loom_plan_flags_build("loom plan new", &pf, table, &plan, &err);
+  if (st != LOOM_OK) return loom_report(st, &err);
+  st = loom_plan_flags_refuse("loom plan new", plan, &(loom_plan_limits){0}, table, NULL, &err);
+  if (st == LOOM_OK) st = loom_plan_write(out, plan, &err);
+  if (st == LOOM_OK && strcmp(out, "-") != 0)
+    loom_log_info("wrote %s (%lld parameters, %lld ranks)", out, (long long)plan->estimates->total_parameters,
+                  (long long)pf.tp * pf.pp * pf.dp);
+  loom_plan_free(plan);
   return loom_report(st, &err);
 }
 
@@ -98,9 +55,8 @@ static void show(const loom_plan *p) {
          l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "",
          l->zero_stage ? ", ZeRO-1" : "");
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
-  static const char *const KINDS[] = {"1f1b", "gpipe", "interleaved"};
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
-         p->batch->global_batch, mb, p->batch->micro_batch, l->dp, KINDS[p->schedule], 100.0 * p->estimates->bubble);
+         p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
   printf("\nrank grid (global rank: tp, dp, pp):\n");
   const int shown = ranks < 64 ? ranks : 64;
   for (int r = 0; r < shown; r++)
@@ -168,8 +124,8 @@ static int plan_check(int argc, char **argv) {
   const char *memory = NULL;
   int world = 0;
   loom_flag table[] = {
-      {"--device-memory", FLAG_STRING, &memory, "memory of one device, e.g. 80GiB (default: the plan's cluster)", LOOM_NO_RANGE, NULL, false},
-      {"--world", FLAG_INT, &world, "ranks the job will have (0: unchecked)", 0, 1 << 24, NULL, false},
+      {"--device-memory", FLAG_STRING, &memory, "memory of one device, e.g. 80GiB (default: the plan's cluster)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--world", FLAG_INT, &world, "ranks the job will have (0: unchecked)", 0, 1 << 24, NULL, false, NULL},
   };
   loom_error err = {{0}};
   bool help;
@@ -186,27 +142,9 @@ static int plan_check(int argc, char **argv) {
   if (st != LOOM_OK) return loom_report(st, &err);
   const int64_t limit = device ? device : plan->cluster && plan->cluster->has_device_memory_bytes ? plan->cluster->device_memory_bytes : 0;
   char lines[8192];
-  int bad = loom_plan_check_rules(plan, world, limit, lines, sizeof lines);
+  const loom_plan_limits limits = {.world = world, .device_memory = limit};
+  const int bad = loom_plan_validate(plan, &limits, lines, sizeof lines);
   fputs(lines, stdout);
-  if (bad == 0) { /* the schedule, from the generator the executor runs */
-    loom_schedule s;
-    const loom_schedule_kind kind = plan->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_GPIPE ? LOOM_SCHEDULE_GPIPE
-                                    : plan->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? LOOM_SCHEDULE_INTERLEAVED
-                                                                                                  : LOOM_SCHEDULE_1F1B;
-    const int m = plan->batch->global_batch / (plan->batch->micro_batch * plan->parallel->dp);
-    loom_schedule_report rep;
-    if (loom_schedule_build(&s, kind, plan->parallel->pp, plan->parallel->virtual_chunks, m, &err) != LOOM_OK) {
-      printf("schedule: %s\n", err.msg);
-      bad++;
-    } else {
-      if (loom_schedule_verify(&s, &rep) != LOOM_OK) {
-        printf("schedule: %s\n", rep.why);
-        bad++;
-      }
-      loom_schedule_report_free(&rep);
-      loom_schedule_free(&s);
-    }
-  }
   if (bad == 0) printf("%s: ok (every rule holds; schedule verified deadlock-free)\n", pos[0]);
   loom_plan_free(plan);
   return bad ? 1 : 0;

@@ -6,7 +6,7 @@
 #include "ckpt/llmc_model.h"
 #include "cli/commands.h"
 #include "cli/flags.h"
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "data/byte_tokenizer.h"
@@ -78,11 +78,11 @@ static loom_status sample_run(const sample_flags *f, loom_error *err) {
 int loom_cmd_sample(int argc, char **argv) {
   sample_flags f = {.max_tokens = 64, .temperature = 0.0f, .seed = 1337};
   loom_flag table[] = {
-      {"--init-from", FLAG_STRING, &f.init_from, "llm.c model file (required)", LOOM_NO_RANGE, NULL, false},
-      {"--prompt", FLAG_STRING, &f.prompt, "text to continue (required)", LOOM_NO_RANGE, NULL, false},
-      {"--max-tokens", FLAG_INT, &f.max_tokens, "tokens to generate", 1, 1e6, NULL, false},
-      {"--temperature", FLAG_FLOAT, &f.temperature, "sampling temperature (0: greedy)", 0, 100, NULL, false},
-      {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false},
+      {"--init-from", FLAG_STRING, &f.init_from, "llm.c model file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--prompt", FLAG_STRING, &f.prompt, "text to continue (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--max-tokens", FLAG_INT, &f.max_tokens, "tokens to generate", 1, 1e6, NULL, false, NULL},
+      {"--temperature", FLAG_FLOAT, &f.temperature, "sampling temperature (0: greedy)", 0, 100, NULL, false, NULL},
+      {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

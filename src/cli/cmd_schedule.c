@@ -33,10 +33,10 @@ int loom_cmd_schedule(int argc, char **argv) {
   int p = 4, v = 1, m = 8;
   const char *kind_name = "1f1b";
   loom_flag table[] = {
-      {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false},
-      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved)", 1, 64, NULL, false},
-      {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false},
-      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, KIND_CHOICES, false},
+      {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, NULL},
+      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved)", 1, 64, NULL, false, NULL},
+      {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, NULL},
+      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, KIND_CHOICES, false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

@@ -8,7 +8,7 @@
 int loom_cmd_trace(int argc, char **argv) {
   const char *out = NULL;
   loom_flag table[] = {
-      {"-o", FLAG_STRING, &out, "output SVG file (required)", LOOM_NO_RANGE, NULL, false},
+      {"-o", FLAG_STRING, &out, "output SVG file (required)", LOOM_NO_RANGE, NULL, false, NULL},
   };
   loom_error err = {{0}};
   bool help;

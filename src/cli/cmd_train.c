@@ -13,30 +13,27 @@
 #include "cli/launch.h"
 #include "cli/metrics.h"
 #include "cli/train_flags.h"
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "comm/mpi/comm_mpi.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
 #include "core/timer.h"
 #include "data/addition.h"
-#include "pipeline/layer_split.h"
 #include "pipeline/trace.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/parallel_state.h"
 
 typedef struct {
-  loom_gpt_config cfg; /* the whole model (tp 1 vocab padding) */
+  const loom_plan *plan; /* what runs: every layout fact comes from it */
+  loom_gpt_config cfg;   /* the plan's model (tp 1 vocab padding) */
+  int T, B, global_batch;
   loom_launch launch;
   loom_parallel ps;
-  loom_gpt model;       /* when not pipelined */
-  loom_pipeline pipe;   /* when pipelined */
-  bool pipelined;
-  loom_adamw *opts;     /* one per chunk (one when not pipelined) */
-  loom_zero1 *zero;     /* one per chunk under --zero 1, else NULL */
+  loom_pipeline pipe;   /* every layout, (1,1,1) included, runs the executor */
+  loom_adamw *opts;     /* one per chunk */
+  loom_zero1 *zero;     /* one per chunk under ZeRO-1, else NULL */
   int nopts;
-  const int *plan_counts; /* a plan's layers per virtual stage, or NULL */
-  int plan_ncounts;
   loom_dataset *data;
   loom_trainer trainer;
   loom_metrics metrics;
@@ -47,8 +44,8 @@ typedef struct {
 
 /* This rank's model parts: the chunks of its pipeline stage, or the one model. */
 static int parts(train_run *r, loom_gpt **out) {
-  *out = r->pipelined ? r->pipe.chunks : &r->model;
-  return r->pipelined ? r->pipe.v : 1;
+  *out = r->pipe.chunks;
+  return r->pipe.v;
 }
 
 /* Loads an llm.c file into this rank's shards (every rank reads the file). */
@@ -81,42 +78,26 @@ static loom_status save_model(train_run *r, const loom_gpt_config *cfg, const ch
   for (int c = 0; c < n; c++) {
     loom_gpt_params_gather(&chunks[c].p, &full, chunks[c].tp.group);
     /* Both ends hold the tied wte; the last stage's copy stays out of the sum below. */
-    if (chunks[c].p.range.last && !chunks[c].p.range.first) memset(full.w.wte, 0, loom_tensor_bytes(&full.params.views[0]));
+    if (loom_stage_holds_tied_copy(&chunks[c].p.range)) memset(full.w.wte, 0, loom_tensor_bytes(&full.params.views[0]));
   }
   /* Each tensor lives on one pipeline stage and is zero elsewhere: summing assembles the model. */
-  if (r->pipelined) loom_comm_allreduce(r->ps.pp_group, full.params.base, full.params.numel, LOOM_REDUCE_SUM);
+  loom_comm_allreduce(r->ps.pp_group, full.params.base, full.params.numel, LOOM_REDUCE_SUM);
   if (r->launch.rank == 0) st = loom_llmc_save(path, &full, err);
   loom_gpt_params_free(&full);
   if (st == LOOM_OK) loom_log_info("saved %s (llm.c format)", path);
   return st;
 }
 
-static loom_status build_model(train_run *r, const loom_train_flags *f, const loom_gpt_config *cfg, int T) {
-  const loom_tp tp = loom_tp_of(&r->ps);
-  loom_status st = loom_gpt_init(&r->model, cfg, r->ops, (uint64_t)f->seed, &tp);
-  return st == LOOM_OK ? loom_gpt_set_batch_shape(&r->model, T, f->micro_batch) : st;
-}
-
-static loom_status build_pipeline(train_run *r, const loom_train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
-  int counts[LOOM_MAX_STAGES];
-  int ncounts = f->layer_split ? loom_layer_split_parse(f->layer_split, counts, LOOM_MAX_STAGES) : 0;
-  if (r->plan_counts) {
-    memcpy(counts, r->plan_counts, (size_t)r->plan_ncounts * sizeof(int));
-    ncounts = r->plan_ncounts;
-  }
-  loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
-  loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
-  const loom_pipeline_config pc = {.kind = kind, .v = f->vpp, .micro_batches = f->global_batch / (f->micro_batch * f->dp),
-                                   .layer_counts = ncounts ? counts : NULL, .nlayer_counts = ncounts,
-                                   .recompute = strcmp(f->recompute, "full") == 0, .zero1 = f->zero == 1,
-                                   .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0)};
-  loom_status st = loom_pipeline_init(&r->pipe, &r->ps, cfg, r->ops, (uint64_t)f->seed, &pc, T, f->micro_batch, err);
+static loom_status build_pipeline(train_run *r, const loom_train_flags *f, loom_error *err) {
+  const loom_status st = loom_pipeline_init(&r->pipe, &r->ps, r->plan, r->ops, (uint64_t)f->seed,
+                                            (size_t)(f->bucket_mb * 1048576.0), err);
   return loom_error_prefix(err, st, "loom train");
 }
 
-static loom_status setup(train_run *r, const loom_train_flags *f, const loom_gpt_config *cfg, int T, loom_error *err) {
+static loom_status setup(train_run *r, const loom_train_flags *f, loom_error *err) {
   loom_status st;
-  r->cfg = *cfg;
+  const loom_gpt_config *cfg = &r->cfg;
+  const int T = r->T;
   /* Fault injection for tests: one rank fails alone, as a missing file on one node would. */
   const char *fail_rank = getenv("LOOM_TEST_FAIL_RANK");
   if (fail_rank && atoi(fail_rank) == r->launch.rank)
@@ -130,16 +111,17 @@ static loom_status setup(train_run *r, const loom_train_flags *f, const loom_gpt
   }
   st = loom_metrics_open(&r->metrics, r->launch.rank == 0 ? f->metrics : NULL, err);
   if (st != LOOM_OK) return st;
-  st = r->pipelined ? build_pipeline(r, f, cfg, T, err) : build_model(r, f, cfg, T);
+  st = build_pipeline(r, f, err);
   loom_gpt *chunks;
   const int n = parts(r, &chunks);
-  for (int c = 0; c < n && st == LOOM_OK && f->model.init_from; c++) st = load_shards(&chunks[c], f->model.init_from, err);
+  for (int c = 0; c < n && st == LOOM_OK && f->layout.model.init_from; c++)
+    st = load_shards(&chunks[c], f->layout.model.init_from, err);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = f->weight_decay;
   oc.grad_clip = f->grad_clip;
   r->opts = loom_xcalloc((size_t)n, sizeof *r->opts, "optimizers");
   r->nopts = n;
-  if (f->zero == 1) r->zero = loom_xcalloc((size_t)n, sizeof *r->zero, "ZeRO-1 optimizers");
+  if (r->plan->parallel->zero_stage == 1) r->zero = loom_xcalloc((size_t)n, sizeof *r->zero, "ZeRO-1 optimizers");
   for (int c = 0; c < n && st == LOOM_OK; c++)
     st = r->zero ? loom_zero1_init(&r->zero[c], &chunks[c].p, r->ps.dp_rank, r->ps.dp, &oc)
                  : loom_adamw_init(&r->opts[c], &chunks[c].p, &oc);
@@ -147,8 +129,7 @@ static loom_status setup(train_run *r, const loom_train_flags *f, const loom_gpt
   if (st != LOOM_OK) return st;
   const loom_lr_schedule lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac,
                                .warmup_steps = f->warmup, .total_steps = f->steps};
-  if (r->pipelined) loom_trainer_init_pipeline(&r->trainer, &r->pipe, r->opts, r->data, T, f->micro_batch, lr);
-  else loom_trainer_init(&r->trainer, &r->model, r->opts, r->data, T, f->micro_batch, f->global_batch, lr);
+  loom_trainer_init_pipeline(&r->trainer, &r->pipe, r->opts, r->data, T, r->B, lr);
   r->trainer.zero = r->zero;
   return LOOM_OK;
 }
@@ -169,15 +150,15 @@ static void run_eval(train_run *r, const loom_train_flags *f, int step, bool rec
 }
 
 /* The layout, the schedule's theoretical bubble, and what recompute saved. */
-static void log_pipeline(train_run *r, const loom_train_flags *f) {
+static void log_pipeline(train_run *r) {
   const loom_pipeline *p = &r->pipe;
   char dp[32] = "";
   if (r->ps.dp > 1) snprintf(dp, sizeof dp, " x dp %d", r->ps.dp);
   loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
-                r->ps.world, r->ps.tp, r->ps.sequence_parallel ? " (sequence parallel)" : "", r->ps.pp, dp, f->schedule,
+                r->ps.world, r->ps.tp, r->ps.sequence_parallel ? " (sequence parallel)" : "", r->ps.pp, dp, loom_schedule_kind_name(r->plan->schedule),
                 p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
   const double mib = 1048576.0, kept = (double)p->act_bytes, full = (double)p->act_bytes_without_recompute;
-  if (strcmp(f->recompute, "full") == 0)
+  if (p->chunks[0].recompute)
     loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
                   full / mib, (full - kept) / mib);
   else
@@ -199,14 +180,13 @@ static void log_pipeline(train_run *r, const loom_train_flags *f) {
 static void report_memory(train_run *r) {
   loom_gpt *chunks;
   const int n = parts(r, &chunks);
-  double state = 0.0, acts = r->pipelined ? (double)r->pipe.act_bytes : 0.0;
+  double state = 0.0, acts = (double)r->pipe.act_bytes;
   for (int c = 0; c < n; c++) {
     const double params = (double)chunks[c].p.params.numel; /* weights and grads, then Adam m and v */
     state += 8.0 * params + (r->zero ? (double)loom_zero1_state_bytes(&r->zero[c]) : 8.0 * params);
   }
-  if (!r->pipelined) acts = (double)(r->model.a->mem.numel + r->model.w.mem.numel) * sizeof(float);
-  float numbers[2] = {(float)loom_peak_rss_bytes(), (float)(state + acts)};
-  loom_comm_allreduce(r->launch.world, numbers, 2, LOOM_REDUCE_MAX);
+  double numbers[2] = {(double)loom_peak_rss_bytes(), state + acts};
+  loom_comm_allreduce_typed(r->launch.world, numbers, 2, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
   const double mib = 1048576.0;
   loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter, less under ZeRO-1, + activations), "
                 "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
@@ -226,9 +206,9 @@ static void catch_signals(void) {
 
 /* Whether any rank was asked to stop; every rank gets the same answer. */
 static bool stop_requested(train_run *r) {
-  float stop = g_stop ? 1.0f : 0.0f;
-  loom_comm_allreduce(r->launch.world, &stop, 1, LOOM_REDUCE_MAX);
-  return stop > 0.0f;
+  int32_t stop = g_stop != 0;
+  loom_comm_allreduce_typed(r->launch.world, &stop, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  return stop != 0;
 }
 
 static int by_value(const void *a, const void *b) {
@@ -285,13 +265,13 @@ static loom_status resume(train_run *r, const loom_train_flags *f, const loom_ck
   const double t0 = loom_now_s();
   loom_ckpt_run from;
   loom_status st = loom_ckpt_resume(f->ckpt, chunks, n, ck, &from, first, err);
-  float bad = st != LOOM_OK;
-  loom_comm_allreduce(r->launch.world, &bad, 1, LOOM_REDUCE_MAX);
+  int32_t bad = st != LOOM_OK;
+  loom_comm_allreduce_typed(r->launch.world, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
   if (st != LOOM_OK) return st;
-  if (bad > 0.0f) return loom_fail(err, LOOM_ERR_IO, "loom train: another rank could not load the checkpoint");
+  if (bad) return loom_fail(err, LOOM_ERR_IO, "loom train: another rank could not load the checkpoint");
   const double dt = loom_now_s() - t0;
-  float gb = (float)((double)loom_ckpt_load_bytes(chunks, n) / 1e9);
-  loom_comm_allreduce(r->launch.world, &gb, 1, LOOM_REDUCE_SUM);
+  double gb = (double)loom_ckpt_load_bytes(chunks, n) / 1e9;
+  loom_comm_allreduce_typed(r->launch.world, &gb, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
     loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
                   from.tp, from.pp, from.dp, from.vpp, from.zero);
@@ -306,27 +286,24 @@ static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int
 static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, loom_error *err) {
   const loom_gpt_config *cfg = &r->cfg;
   /* Every rank measures at once, so the sum is this job's sgemm peak. */
-  float peak_sum = (float)loom_cpu_sgemm_gflops(1024, 0.3);
-  loom_comm_allreduce(r->launch.world, &peak_sum, 1, LOOM_REDUCE_SUM);
+  double peak_sum = loom_cpu_sgemm_gflops(1024, 0.3);
+  loom_comm_allreduce_typed(r->launch.world, &peak_sum, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   r->peak = peak_sum;
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters",
                 cfg->layers, cfg->hidden, cfg->heads, cfg->vocab, cfg->padded_vocab, cfg->seq,
-                loom_gpt_param_count(&r->cfg, 1));
-  if (r->ps.world > 1 && !r->pipelined)
-    loom_log_info("parallel: %d ranks, tp %d%s | %zu parameters per rank", r->ps.world, r->ps.tp,
-                  r->ps.sequence_parallel ? " with sequence parallelism" : "", r->model.p.params.numel);
-  if (r->pipelined) log_pipeline(r, f);
+                loom_gpt_param_count(&r->cfg, NULL, 1));
+  if (r->ps.world > 1) log_pipeline(r);
   loom_log_info("device: %s", r->device);
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
-                f->data ? f->data : "synthetic addition", f->global_batch, T, f->micro_batch, f->steps,
+                f->data ? f->data : "synthetic addition", r->global_batch, T, r->B, f->steps,
                 loom_cpu_threads(), r->launch.size, r->peak);
   loom_gpt *chunks;
   const int nparts = parts(r, &chunks);
   loom_ckpt_chunk *ck_chunks = loom_xcalloc((size_t)nparts, sizeof *ck_chunks, "checkpoint chunks");
   for (int c = 0; c < nparts; c++)
     ck_chunks[c] = r->zero ? loom_ckpt_chunk_zero1(&chunks[c].p, &r->zero[c]) : loom_ckpt_chunk_adamw(&chunks[c].p, &r->opts[c]);
-  const loom_ckpt_run ck = {.cfg = r->cfg, .tp = r->ps.tp, .pp = r->ps.pp, .dp = r->ps.dp, .vpp = r->pipelined ? r->pipe.v : 1,
-                            .zero = f->zero, .micro_batch = f->micro_batch, .global_batch = f->global_batch,
+  const loom_ckpt_run ck = {.cfg = r->cfg, .tp = r->ps.tp, .pp = r->ps.pp, .dp = r->ps.dp, .vpp = r->pipe.v,
+                            .zero = r->plan->parallel->zero_stage, .micro_batch = r->B, .global_batch = r->global_batch,
                             .seed = (uint64_t)f->seed, .lr = r->trainer.lr, .data = f->data};
   int64_t first = 0;
   loom_status st = f->resume ? resume(r, f, ck_chunks, nparts, &ck, &first, err) : LOOM_OK;
@@ -338,14 +315,14 @@ static loom_status train_loop(train_run *r, const loom_train_flags *f, int T, lo
 /* Steps [first, --steps), with logs, evals, checkpoints and a stop on a signal. */
 static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int first, const loom_ckpt_chunk *ck_chunks,
                              int nparts, const loom_ckpt_run *ck, loom_error *err) {
-  const double tokens = (double)f->global_batch * T, flops = loom_gpt_train_flops(&r->cfg, T, tokens), peak = r->peak;
+  const double tokens = (double)r->global_batch * T, flops = loom_gpt_train_flops(&r->cfg, T, tokens), peak = r->peak;
   if (f->eval_every > 0 && first == 0) run_eval(r, f, 0, false);
   /* Test-only: one rank hangs outside communication, as a stuck kernel would. */
   const char *stall_rank = getenv("LOOM_TEST_STALL_RANK"), *stall_step = getenv("LOOM_TEST_STALL_STEP");
   for (int step = first; step < f->steps; step++) {
     if (stall_rank && atoi(stall_rank) == r->launch.rank && stall_step && atoi(stall_step) == step + 1)
       for (;;) sleep(1);
-    if (r->pipelined) r->pipe.tracing = f->trace && step + 1 == f->steps;
+    r->pipe.tracing = f->trace && step + 1 == f->steps;
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(&r->trainer, step);
     const double dt = loom_now_s() - t0, gflops = flops / dt * 1e-9;
@@ -365,7 +342,7 @@ static loom_status run_steps(train_run *r, const loom_train_flags *f, int T, int
     loom_metrics_num(&r->metrics, "gflops", gflops);
     loom_metrics_num(&r->metrics, "peak_frac", gflops / peak);
     loom_metrics_num(&r->metrics, "skipped", s.skipped);
-    if (r->launch.size > 1 && r->pipelined) report_stragglers(r, f, &s, step);
+    if (r->launch.size > 1) report_stragglers(r, f, &s, step);
     if (r->ps.dp > 1 && !r->zero) {
       loom_metrics_num(&r->metrics, "dp_overlap", s.dp_overlap);
       loom_metrics_num(&r->metrics, "dp_wait_ms", 1e3 * s.dp_wait_s);
@@ -409,34 +386,43 @@ int loom_cmd_train(int argc, char **argv) {
   int npos;
   loom_status st = loom_cli_parse("loom train", "loom train [flags]", table, LOOM_TRAIN_FLAG_COUNT, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (f.global_batch == 0) f.global_batch = (f.micro_batches ? f.micro_batches : 1) * f.micro_batch * f.dp;
-  loom_gpt_config cfg;
-  int T, plan_counts[LOOM_MAX_STAGES], plan_ncounts = 0;
-  st = f.plan ? loom_train_apply_plan(&f, table, &cfg, &T, plan_counts, &plan_ncounts, &err)
-              : loom_model_flags_resolve("loom train", &f.model, table, &cfg, &T, &err);
+  loom_plan *plan = NULL;
+  st = loom_train_plan(&f, table, &plan, &err);
+  if (st == LOOM_OK && f.print_plan) st = loom_plan_write("-", plan, &err);
+  if (st != LOOM_OK || f.print_plan) {
+    loom_plan_free(plan);
+    return loom_report(st, &err);
+  }
   const int world = loom_launch_env_size();
-  if (st == LOOM_OK) st = loom_train_flags_check(&f, table, &cfg, &err);
-  if (st == LOOM_OK)
-    st = loom_error_prefix(&err, loom_parallel_check(f.tp, f.pp, f.dp, world, f.sequence_parallel, cfg.heads, cfg.hidden,
-                                                     cfg.ffn, T, &err), "loom train");
-  if (st == LOOM_OK) st = loom_train_check_memory(&cfg, T, f.micro_batch, f.tp, f.sequence_parallel, world, &err);
-  if (st != LOOM_OK) return loom_report(st, &err);
+  /* The one validation; the host's memory is shared by every rank launched here. */
+  const loom_plan_limits limits = {.world = world, .host_memory = (int64_t)loom_mem_available_bytes(), .host_ranks = world};
+  st = loom_plan_flags_refuse("loom train", plan, &limits, table, f.plan, &err);
+  if (st == LOOM_OK) st = loom_train_flags_check(&f, table, plan, &err);
+  if (st != LOOM_OK) {
+    loom_plan_free(plan);
+    return loom_report(st, &err);
+  }
   loom_cpu_set_threads(f.threads ? f.threads : loom_launch_default_threads());
   catch_signals();
   loom_comm_mpi_set_watchdog(f.watchdog_timeout);
   train_run r;
   memset(&r, 0, sizeof r);
+  r.plan = plan;
+  loom_plan_model_config(plan, &r.cfg);
+  r.T = loom_plan_train_seq(plan);
+  r.B = plan->batch->micro_batch;
+  r.global_batch = plan->batch->global_batch;
   st = loom_device_setup("loom train", f.device, &r.ops, r.device, sizeof r.device, &err);
-  if (st != LOOM_OK) return loom_report(st, &err);
+  if (st != LOOM_OK) {
+    loom_plan_free(plan);
+    return loom_report(st, &err);
+  }
   loom_launch_init(&r.launch);
   loom_log_set_quiet(r.launch.rank != 0);
-  loom_parallel_init(&r.ps, r.launch.world, f.tp, f.pp, f.dp, f.sequence_parallel);
-  r.pipelined = f.pp > 1 || f.vpp > 1 || f.dp > 1 || f.zero || f.layer_split || strcmp(f.recompute, "none") != 0 || f.trace || f.plan ||
-                loom_flags_find(table, LOOM_TRAIN_FLAG_COUNT, "--schedule")->set;
-  r.plan_counts = f.plan ? plan_counts : NULL;
-  r.plan_ncounts = plan_ncounts;
-  st = setup(&r, &f, &cfg, T, &err);
-  if (st == LOOM_OK) st = train_loop(&r, &f, T, &err);
+  loom_parallel_init(&r.ps, r.launch.world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
+                     plan->parallel->sequence_parallel);
+  st = setup(&r, &f, &err);
+  if (st == LOOM_OK) st = train_loop(&r, &f, r.T, &err);
   const int code = loom_report(st, &err);
   loom_trainer_free(&r.trainer);
   for (int c = 0; c < r.nopts; c++) {
@@ -445,11 +431,11 @@ int loom_cmd_train(int argc, char **argv) {
   }
   free(r.opts);
   free(r.zero);
-  if (r.pipelined) loom_pipeline_free(&r.pipe);
-  else loom_gpt_free(&r.model);
+  loom_pipeline_free(&r.pipe);
   loom_dataset_free(r.data);
   loom_metrics_close(&r.metrics);
   loom_parallel_free(&r.ps);
   loom_launch_finish(&r.launch);
+  loom_plan_free(plan);
   return code;
 }

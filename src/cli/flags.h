@@ -18,6 +18,7 @@ typedef struct {
   double min, max;              /* inclusive range for numbers; ignored if min > max */
   const char *const *choices;   /* NULL-terminated allowed strings, or NULL */
   bool set;                     /* filled by the parser: the user gave this flag */
+  const char *field;            /* the plan field this flag sets ("parallel.tp"), or NULL */
 } loom_flag;
 
 #define LOOM_NO_RANGE 1, 0

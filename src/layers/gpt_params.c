@@ -197,10 +197,18 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
   return -1;
 }
 
-size_t loom_gpt_param_count(const loom_gpt_config *c, int tp) {
-  const size_t h = (size_t)c->hidden, f = (size_t)c->ffn, t = (size_t)tp;
-  const size_t block = 4 * h /* norms */ + 3 * h * h / t + 3 * h / t + h * h / t + h + f * h / t + f / t + h * f / t + h;
-  return (size_t)c->padded_vocab / t * h + (size_t)c->seq * h + (size_t)c->layers * block + 2 * h;
+size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
+  /* A config already padded for this split (or more) is counted as it is. */
+  const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
+  const int n = loom_gpt_param_table(&c, range, 0, tp_size, NULL, NULL);
+  loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
+  loom_gpt_param_table(&c, range, 0, tp_size, specs, meta);
+  size_t total = 0;
+  for (int k = 0; k < n; k++) total += loom_tensor_numel(&specs[k]);
+  free(specs);
+  free(meta);
+  return total;
 }
 
 /* Copies tensor k between rank `rank`'s shard (local) and the whole model's

@@ -84,8 +84,15 @@ loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_conf
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
-/* Parameter elements one TP rank holds, without allocating them. */
-size_t loom_gpt_param_count(const loom_gpt_config *cfg, int tp_size);
+/* Parameter elements one TP rank of the stage `range` (NULL: every layer)
+ * holds, read off the table without allocating them; the vocab is padded as
+ * a tp_size split pads it (unless cfg is already padded to a multiple of that).
+ * The one source of parameter counts. */
+size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+/* Whether the stage holds the second copy of the tied wte (the last stage
+ * when it is not also the first): its grads are left out of the norm, and it
+ * is neither saved nor counted twice. The one source of tied ownership. */
+static inline bool loom_stage_holds_tied_copy(const loom_stage_range *r) { return r->last && !r->first; }
 /* Copies between this rank's shards and a whole (tp_size 1, all layers)
  * model's parameters, matching tensors by canonical name: to_local scatters
  * full into p, else p's shards are written into full. Rows past the smaller

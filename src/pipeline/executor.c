@@ -5,7 +5,6 @@
 #include "core/check.h"
 #include "core/timer.h"
 #include "pipeline/executor.h"
-#include "pipeline/layer_split.h"
 #include "tensor_parallel/mappings.h"
 
 /* Tags name the message by its destination stage, so both ends agree. */
@@ -18,59 +17,44 @@ static size_t act_floats(const loom_pipeline *pipe) {
   return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
 }
 
-/* The most micro-batches chunk c holds at once, read off the schedule. */
-static int chunk_peak(const loom_schedule *s, int r, int c) {
-  int live = 0, peak = 0;
-  for (int i = 0; i < s->count[r]; i++) {
-    const loom_action *a = &s->actions[r][i];
-    if (a->chunk != c) continue;
-    if (a->kind == LOOM_ACT_FORWARD) live++;
-    if (a->kind == LOOM_ACT_BACKWARD) live--;
-    if (live > peak) peak = live;
-  }
-  return peak;
-}
-
-loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_gpt_config *cfg,
-                               const loom_ops *ops, uint64_t seed, const loom_pipeline_config *pc, int T, int B,
-                               loom_error *err) {
+loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+                               uint64_t seed, size_t bucket_bytes, loom_error *err) {
   memset(pipe, 0, sizeof *pipe);
+  LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp,
+             "the grid is the plan's");
+  loom_gpt_config model;
+  loom_plan_model_config(plan, &model);
+  const loom_gpt_config *cfg = &model;
+  const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
+  const bool recompute = plan->n_stages > 0 && plan->stages[0]->recompute;
   pipe->ps = ps;
   pipe->tp = loom_tp_of(ps);
-  pipe->v = pc->v;
-  pipe->S = ps->pp * pc->v;
-  pipe->m = pc->micro_batches;
-  pipe->zero1 = pc->zero1;
-  pipe->bucket_bytes = pc->bucket_bytes;
+  pipe->v = plan->parallel->virtual_chunks;
+  pipe->S = ps->pp * pipe->v;
+  pipe->m = loom_plan_micro_batches(plan);
+  pipe->zero1 = plan->parallel->zero_stage == 1;
+  pipe->bucket_bytes = bucket_bytes;
   /* Test-only: one rank slowed on purpose, to prove the straggler report names it. */
   const char *slow = getenv("LOOM_TEST_SLOW_RANK"), *slow_ms = getenv("LOOM_TEST_SLOW_MS");
   if (slow && atoi(slow) == ps->rank) pipe->slow_s = (slow_ms ? atof(slow_ms) : 20.0) / 1000.0;
   pipe->T = T;
   pipe->B = B;
-  loom_status st = loom_schedule_build(&pipe->sched, pc->kind, ps->pp, pc->v, pc->micro_batches, err);
+  loom_status st = loom_schedule_build(&pipe->sched, plan->schedule, ps->pp, pipe->v, pipe->m, err);
   if (st != LOOM_OK) return st;
-  if (ps->pp == 1 && pc->v > 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --pp 2 or more: with one pipeline rank its chunks would only "
-                     "pass activations to themselves", pc->v);
-  if ((long long)pipe->m * pipe->S * 2 > 32767)
-    return loom_fail(err, LOOM_ERR_USAGE, "micro-batches %d x stages %d is too many for MPI tags (at most 16383)",
-                     pipe->m, pipe->S);
-  int *begin = loom_xmalloc((size_t)(pipe->S + 1) * sizeof(int), "layer split");
-  st = loom_layer_split(cfg->layers, pipe->S, pc->layer_counts, pc->nlayer_counts, begin, err);
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
-  for (int c = 0; c < pipe->v; c++) pipe->nslots = chunk_peak(&pipe->sched, ps->pp_rank, c) > pipe->nslots
-                                                       ? chunk_peak(&pipe->sched, ps->pp_rank, c) : pipe->nslots;
+  for (int c = 0; c < pipe->v; c++) {
+    const int peak = loom_schedule_chunk_peak(&pipe->sched, ps->pp_rank, c);
+    pipe->nslots = peak > pipe->nslots ? peak : pipe->nslots;
+  }
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
-    const int s = stage_of(pipe, c);
-    const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == pipe->S - 1};
-    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, pc->recompute);
+    const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
+    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute);
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
-                                                          pc->recompute, pipe->nslots);
+                                                          recompute, pipe->nslots);
     pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
                                                                             &range, false, pipe->nslots);
   }
-  free(begin);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
   pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");

@@ -13,19 +13,9 @@
 #define LOOM_EXECUTOR_H
 
 #include "layers/gpt.h"
+#include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
-
-typedef struct {
-  loom_schedule_kind kind;
-  int v;               /* chunks per rank */
-  int micro_batches;   /* m */
-  const int *layer_counts; /* per virtual stage, or NULL for an even split */
-  int nlayer_counts;
-  bool recompute;
-  bool zero1; /* the optimizer hook reduce-scatters grads over dp itself (ZeRO-1) */
-  size_t bucket_bytes; /* data-parallel grad buckets reduced during backward; 0: all at the end */
-} loom_pipeline_config;
 
 struct loom_pipeline;
 
@@ -89,10 +79,12 @@ typedef struct {
   double dp_wait_s;    /* time spent finishing those reductions after backward */
 } loom_pipeline_stats;
 
-/* Builds this rank's chunks; refuses bad splits and schedules. */
-loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_gpt_config *cfg,
-                               const loom_ops *ops, uint64_t seed, const loom_pipeline_config *pc, int T, int B,
-                               loom_error *err);
+/* Builds this rank's chunks of a validated plan (loom_plan_validate): its
+ * stages, schedule, micro-batches, recompute and ZeRO stage; ps is the plan's
+ * grid. bucket_bytes: data-parallel grad buckets reduced during backward (0:
+ * all at the end). */
+loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+                               uint64_t seed, size_t bucket_bytes, loom_error *err);
 void loom_pipeline_free(loom_pipeline *pipe);
 /* One training step; sample_offset is the global index of micro-batch 0's
  * first sample (dropout keys). Under data parallelism each replica runs its

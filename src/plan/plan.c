@@ -6,33 +6,42 @@
 #include <string.h>
 #include "core/check.h"
 #include "plan/plan.h"
+#include "schedule/verify.h"
 
-#define VOCAB_ALIGN 128
-
-static int64_t padded_vocab(const Loom__Model *m, int tp) {
-  const int64_t align = (int64_t)VOCAB_ALIGN * tp;
-  return (m->vocab + align - 1) / align * align;
+void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
+  const Loom__Model *m = p->model;
+  *cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
+                           .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps};
+  loom_gpt_config_finish(cfg);
 }
 
-static int64_t layer_parameters(const Loom__Model *m) {
-  const int64_t h = m->hidden, f = m->ffn;
-  return 4 * h * h + 2 * h * f + 9 * h + f; /* qkv, proj, fc, proj weights; biases; two norms */
+int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
+
+/* Parameters of one layer, read off the layers' table. */
+static int64_t layer_parameters(const loom_gpt_config *cfg) {
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = cfg->layers > 0 ? 1 : 0};
+  return (int64_t)loom_gpt_param_count(cfg, &one, 1);
 }
 
-int64_t loom_plan_total_parameters(const Loom__Model *m) {
-  return (int64_t)m->layers * layer_parameters(m) + ((int64_t)m->vocab + m->seq) * m->hidden + 2 * (int64_t)m->hidden;
+int64_t loom_plan_total_parameters(const loom_plan *p) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  return (int64_t)loom_gpt_param_count(&cfg, NULL, 1);
 }
 
-static int micro_batches(const loom_plan *p) {
+int loom_plan_micro_batches(const loom_plan *p) {
   const int per = p->batch->micro_batch * p->parallel->dp;
   return per > 0 ? p->batch->global_batch / per : 0;
 }
 
-int loom_plan_in_flight(Loom__ScheduleKind kind, int pp, int vpp, int m, int rank) {
-  if (kind == LOOM__SCHEDULE_KIND__SCHEDULE_GPIPE) return m;
-  if (kind == LOOM__SCHEDULE_KIND__SCHEDULE_1F1B) return pp - rank < m ? pp - rank : m;
-  const int warm = (pp - rank - 1) * 2 + (vpp - 1) * pp + 1, total = m * vpp;
-  return warm < total ? warm : total; /* chunk-micro-batches */
+loom_stage_range loom_plan_stage_range(const loom_plan *p, int v) {
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *s = p->stages[k];
+    if (s->chunk * p->parallel->pp + s->pp_rank == v)
+      return (loom_stage_range){s->layer_begin, s->layer_end, s->embedding, s->head};
+  }
+  LOOM_CHECK(0, "a checked plan has every virtual stage");
+  return (loom_stage_range){0};
 }
 
 /* ---- building ---- */
@@ -106,32 +115,38 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;
   p->batch->micro_batch = sp->micro_batch;
   p->batch->global_batch = sp->global_batch;
+  p->batch->has_seq = sp->train_seq > 0 && sp->train_seq != sp->seq;
+  p->batch->seq = p->batch->has_seq ? sp->train_seq : 0;
   p->has_schedule = 1;
   p->schedule = sp->schedule;
   p->has_balance = 1;
   p->balance = sp->balance;
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;
-  if (S < 1 || S > 4096) {
+  if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {
     loom_plan_free(p);
-    return loom_fail(err, LOOM_ERR_USAGE, "pp x vpp = %d stages is out of range (1 to 4096)", S);
+    return loom_fail(err, LOOM_ERR_USAGE, "parallel.pp x parallel.virtual_chunks = %d stages is out of range (1 to %d)", S,
+                     LOOM_PLAN_MAX_STAGES);
   }
   int *counts = loom_xmalloc((size_t)S * sizeof(int), "layer counts");
   if (sp->layer_counts) {
     if (sp->nlayer_counts != S) {
       free(counts);
       loom_plan_free(p);
-      return loom_fail(err, LOOM_ERR_USAGE, "--layer-split has %d entries but there are %d stages (pp x vpp)",
-                       sp->nlayer_counts, S);
+      return loom_fail(err, LOOM_ERR_USAGE, "stages: the layer split has %d entries but there are %d stages "
+                       "(parallel.pp x parallel.virtual_chunks); give one count per stage", sp->nlayer_counts, S);
     }
     memcpy(counts, sp->layer_counts, (size_t)S * sizeof(int));
   } else if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) {
-    for (int v = 0; v < S; v++) counts[v] = m->layers / S + (v < m->layers % S); /* as loom train's even split */
+    /* The one even split: earlier stages take the remainder. */
+    for (int v = 0; v < S; v++) counts[v] = m->layers / S + (v < m->layers % S);
   } else {
     const double h = m->hidden, V = m->vocab, s = m->seq;
     double layer = 1.0, first = 0.0, last = 0.0;
     if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
-      layer = (double)layer_parameters(m);
+      loom_gpt_config cfg;
+      loom_plan_model_config(p, &cfg);
+      layer = (double)layer_parameters(&cfg);
       first = (V + s) * h;
       last = V * h + 2 * h; /* the tied head's copy of wte, and ln_f */
     } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
@@ -155,6 +170,24 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
 
 /* ---- estimates ---- */
 
+/* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
+ * keeps live at once: the verifier's count, read off the schedule the
+ * executor runs. in_flight[pp]; all 0 when the schedule cannot be built
+ * (the rules then say why). */
+static void in_flight(const loom_plan *p, int *out) {
+  const int pp = p->parallel->pp;
+  memset(out, 0, (size_t)pp * sizeof(int));
+  loom_schedule s;
+  loom_error err;
+  if (loom_schedule_build(&s, p->schedule, pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p), &err) != LOOM_OK)
+    return;
+  loom_schedule_report rep;
+  if (loom_schedule_verify(&s, &rep) == LOOM_OK)
+    for (int r = 0; r < pp; r++) out[r] = rep.peak_live[r];
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+}
+
 void loom_plan_estimate(loom_plan *p) {
   if (p->estimates) loom__estimates__free_unpacked(p->estimates, NULL);
   p->estimates = loom_xmalloc(sizeof *p->estimates, "plan estimates");
@@ -162,15 +195,19 @@ void loom_plan_estimate(loom_plan *p) {
   Loom__Estimates *e = p->estimates;
   const Loom__Model *m = p->model;
   const Loom__Parallel *l = p->parallel;
-  const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = micro_batches(p);
-  const double s = m->seq, b = p->batch->micro_batch, h = m->hidden, a = m->heads;
+  const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
+  const double s = loom_plan_train_seq(p), b = p->batch->micro_batch, h = m->hidden, a = m->heads;
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
   e->has_total_parameters = 1;
-  e->total_parameters = loom_plan_total_parameters(m);
+  e->total_parameters = (int64_t)loom_gpt_param_count(&cfg, NULL, 1);
   e->has_bubble = 1;
   const int v = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? vpp : 1;
   e->bubble = mb > 0 ? (double)(pp - 1) / (v * mb + pp - 1) : 0.0;
   e->n_stages = p->n_stages;
   e->stages = loom_xcalloc(p->n_stages, sizeof *e->stages, "stage estimates");
+  int *flight = loom_xmalloc((size_t)pp * sizeof(int), "in flight");
+  in_flight(p, flight);
   /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
    * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP. */
   const double per_layer = l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
@@ -181,26 +218,32 @@ void loom_plan_estimate(loom_plan *p) {
     Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
     loom__stage_estimate__init(x);
     const int L = st->layer_end - st->layer_begin;
-    const int64_t params = (int64_t)L * layer_parameters(m) + (st->embedding ? ((int64_t)m->vocab + m->seq) * m->hidden : 0) +
-                           (st->head ? (st->embedding ? 0 : (int64_t)m->vocab * m->hidden) + 2 * (int64_t)m->hidden : 0);
-    const double local = (double)params / tp; /* replicated norms and biases are small; counted /tp */
+    const loom_stage_range range = {st->layer_begin, st->layer_end, st->embedding, st->head};
+    const bool valid = st->pp_rank >= 0 && st->pp_rank < pp && st->layer_begin >= 0 && st->layer_begin <= st->layer_end &&
+                       st->layer_end <= cfg.layers && tp > 0 && cfg.heads % tp == 0 && cfg.ffn % tp == 0;
+    /* Parameters from the layers' table: the stage's, and one TP rank's share (exact, padding included). */
+    const int64_t params = valid ? (int64_t)loom_gpt_param_count(&cfg, &range, 1) : 0;
+    const double local = valid ? (double)loom_gpt_param_count(&cfg, &range, tp) : 0.0;
     /* Interleaved counts chunk-micro-batches over the rank's chunks: share them out. */
-    const int flight_rank = loom_plan_in_flight(p->schedule, pp, vpp, mb, st->pp_rank);
-    const int flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
+    const int flight_rank = valid ? flight[st->pp_rank] : 0;
+    const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
+    x->has_in_flight = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
     x->parameters = params;
+    x->in_flight = flight_rank;
     x->weights = (int64_t)(2.0 * local);
     x->grads = (int64_t)(4.0 * local);
     x->optimizer = (int64_t)(12.0 * local);
     x->optimizer_zero1 = (int64_t)(12.0 * local / dp);
-    x->activations = (int64_t)(per_layer * L * flight);
-    x->activations_recompute = (int64_t)(per_layer_recompute * L * flight);
+    x->activations = (int64_t)(per_layer * L * chunk_flight);
+    x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1));
     e->stages[k] = x;
   }
+  free(flight);
 }
 
 /* ---- rules ---- */
@@ -241,13 +284,13 @@ static void check_model(report *r, const loom_plan *p) {
   if (m->ffn % tp)
     violation(r, "model.ffn = %d: must be divisible by parallel.tp (%d); pick a tp that divides ffn", m->ffn, tp);
   if (m->vocab < 2) violation(r, "model.vocab = %d: must be at least 2", m->vocab);
-  else if (padded_vocab(m, tp) % tp)
-    violation(r, "model.vocab = %d: padded to %lld, not divisible by parallel.tp (%d)", m->vocab,
-              (long long)padded_vocab(m, tp), tp);
+  else if (tp > 0 && loom_gpt_config_for_tp(&(loom_gpt_config){.vocab = m->vocab}, tp).padded_vocab % tp)
+    violation(r, "model.vocab = %d: padded to %d, not divisible by parallel.tp (%d)", m->vocab,
+              loom_gpt_config_for_tp(&(loom_gpt_config){.vocab = m->vocab}, tp).padded_vocab, tp);
   if (m->seq < 1) violation(r, "model.seq = %d: must be at least 1", m->seq);
-  if (p->parallel->sequence_parallel && m->seq % tp)
+  if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
-              m->seq, tp);
+              loom_plan_train_seq(p), tp);
 }
 
 static void check_stages(report *r, const loom_plan *p) {
@@ -301,11 +344,30 @@ static void check_batch(report *r, const loom_plan *p) {
     return;
   }
   if (b->global_batch < 1 || b->global_batch % (b->micro_batch * dp))
-    violation(r, "batch.global_batch = %d: must be a positive multiple of micro_batch x dp = %d; round it to a multiple",
+    violation(r, "batch.global_batch = %d: must be a positive multiple of batch.micro_batch x parallel.dp (%d); round it to a multiple",
               b->global_batch, b->micro_batch * dp);
-  else if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && micro_batches(p) % pp)
+  else if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && loom_plan_micro_batches(p) % pp)
     violation(r, "batch.global_batch = %d gives %d micro-batches, not a multiple of parallel.pp (%d) as the interleaved schedule needs; use %d",
-              b->global_batch, micro_batches(p), pp, (micro_batches(p) + pp - 1) / pp * pp * b->micro_batch * dp);
+              b->global_batch, loom_plan_micro_batches(p), pp, (loom_plan_micro_batches(p) + pp - 1) / pp * pp * b->micro_batch * dp);
+  if (!loom_schedule_kind_trains(p->schedule))
+    violation(r, "schedule = %s: evaluation's schedule cannot train; use 1f1b, gpipe or interleaved",
+              loom_schedule_kind_name(p->schedule));
+  if (b->has_seq && (b->seq < 1 || b->seq > p->model->seq))
+    violation(r, "batch.seq = %d: the training sequence must be 1 to model.seq (%d)", b->seq, p->model->seq);
+  if (p->parallel->virtual_chunks > 1 && pp == 1)
+    violation(r, "parallel.virtual_chunks = %d: needs parallel.pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves",
+              p->parallel->virtual_chunks);
+  /* Transfers are tagged (micro-batch, stage, kind): MPI guarantees tags up to 32767. */
+  if ((long long)loom_plan_micro_batches(p) * pp * p->parallel->virtual_chunks * 2 > 32767)
+    violation(r, "batch.global_batch = %d: %d micro-batches x %d stages is too many for MPI tags (at most 16383); raise batch.micro_batch",
+              b->global_batch, loom_plan_micro_batches(p), pp * p->parallel->virtual_chunks);
+  if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 1)
+    violation(r, "parallel.zero_stage = %d: loom has ZeRO stage 0 or 1", p->parallel->zero_stage);
+  for (size_t k = 1; k < p->n_stages; k++)
+    if (p->stages[k]->recompute != p->stages[0]->recompute) {
+      violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
+      break;
+    }
   if (p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && p->parallel->virtual_chunks != 1)
     violation(r, "parallel.virtual_chunks = %d: needs schedule SCHEDULE_INTERLEAVED; set virtual_chunks 1 or change the schedule",
               p->parallel->virtual_chunks);

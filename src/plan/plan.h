@@ -1,18 +1,23 @@
 /* Partition plans as data (DESIGN.md invariant 2): building one from a model
  * and a layout, balancing layers across stages, the rules a plan must obey
  * (checked before any rank allocates memory) and its size and memory
- * estimates. Schedule verification needs src/schedule, which sits below this
- * module: `loom plan check` adds it. */
+ * estimates. The plan sits above the layers and the schedule: its sizes come
+ * from the layers' parameter table and its in-flight counts from the
+ * schedule verifier, never from formulas of its own. */
 #ifndef LOOM_PLAN_H
 #define LOOM_PLAN_H
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "layers/gpt_params.h"
 #include "plan/plan_io.h"
+#include "schedule/schedule.h"
 
-/* What `loom plan new` builds a plan from; model fields as in Model. */
+/* What `loom plan new` (and every command that runs a model) builds a plan
+ * from; model fields as in Model. */
 typedef struct {
   int layers, hidden, heads, ffn, vocab, seq;
+  int train_seq; /* the training sequence when shorter than seq, else 0 */
   float dropout, norm_eps;
   int tp, pp, dp, vpp, zero_stage;
   bool sequence_parallel, recompute;
@@ -24,20 +29,31 @@ typedef struct {
   const char *name;
 } loom_plan_spec;
 
+/* The most virtual stages (pp x vpp) a plan may have. */
+#define LOOM_PLAN_MAX_STAGES 4096
+
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
 
-/* Parameters of the whole model: 12 l h^2 + 13 l h + (V + s) h + 2 h for
- * GPT-2 shapes (ffn = 4h), in general l (4h^2 + 2hf + 9h + f) + (V + s) h + 2h. */
-int64_t loom_plan_total_parameters(const Loom__Model *m);
+/* The model the plan describes, as the layers take it. */
+void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
+/* The training sequence length: batch.seq, else model.seq. */
+int loom_plan_train_seq(const loom_plan *plan);
+/* Micro-batches per step and replica: global / (micro x dp). */
+int loom_plan_micro_batches(const loom_plan *plan);
+/* Layers and ends of virtual stage v (= chunk x pp + pp_rank) of a checked plan. */
+loom_stage_range loom_plan_stage_range(const loom_plan *plan, int v);
 
-/* Fills plan->estimates: per stage parameters and per-rank memory by kind
- * (mixed-precision training: bf16 weights 2 B, fp32 grads 4 B, fp32 master
- * weights and Adam moments 12 B, split 1/dp by ZeRO-1; activations by
- * Megatron's s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes per layer, or
- * s*b*h*(34 + 5*a*s/h)/t with sequence parallelism, 2*s*b*h with full
- * recompute, times the micro-batches the schedule keeps in flight), and the
- * bubble. */
+/* Parameters of the whole model, from the layers' parameter table. */
+int64_t loom_plan_total_parameters(const loom_plan *plan);
+
+/* Fills plan->estimates: per stage parameters (from the layers' table) and
+ * per-rank memory by kind (mixed-precision training: bf16 weights 2 B, fp32
+ * grads 4 B, fp32 master weights and Adam moments 12 B, split 1/dp by
+ * ZeRO-1; activations by Megatron's s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes
+ * per layer, or s*b*h*(34 + 5*a*s/h)/t with sequence parallelism, 2*s*b*h
+ * with full recompute, times the micro-batches the verified schedule keeps
+ * in flight on that rank), and the bubble. */
 void loom_plan_estimate(loom_plan *plan);
 
 /* One line per broken rule, each naming the field, the value, the rule and a
@@ -45,11 +61,21 @@ void loom_plan_estimate(loom_plan *plan);
  * number of violations; lines (if not NULL) get them, newline-separated. */
 int loom_plan_check_rules(const loom_plan *plan, int world, int64_t device_memory, char *lines, size_t cap);
 
+/* What a plan is validated against before a run. */
+typedef struct {
+  int world;             /* ranks launched (0: unchecked) */
+  int64_t device_memory; /* bytes of one device for the plan's mixed-precision estimates (0: unchecked) */
+  int64_t host_memory;   /* bytes this host has for its ranks' fp32 CPU run (0: unchecked) */
+  int host_ranks;        /* ranks sharing host_memory */
+} loom_plan_limits;
+
+/* The one validation: the rules, then the schedule built and verified
+ * deadlock-free, then memory. Returns the number of problems, with lines as
+ * in loom_plan_check_rules. */
+int loom_plan_validate(const loom_plan *plan, const loom_plan_limits *limits, char *lines, size_t cap);
+
 /* Layers of each virtual stage (stage = chunk * pp + pp_rank) into counts
  * (room for every stage); returns the number of stages. */
 int loom_plan_layer_counts(const loom_plan *plan, int *counts);
-
-/* Peak micro-batches (per chunk) a pipeline rank keeps in flight. */
-int loom_plan_in_flight(Loom__ScheduleKind kind, int pp, int vpp, int m, int rank);
 
 #endif

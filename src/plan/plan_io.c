@@ -1,5 +1,6 @@
 /* Plan files, over the generic text format and protobuf-c's binary codec. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,12 @@ loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
 }
 
 loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error *err) {
+  if (strcmp(path, "-") == 0) { /* standard output, text */
+    char *text = loom_text_print(&plan->base);
+    const bool ok = fputs(text, stdout) >= 0 && fflush(stdout) == 0;
+    free(text);
+    return ok ? LOOM_OK : loom_fail(err, LOOM_ERR_IO, "standard output: cannot write the plan");
+  }
   if (loom_plan_is_text(path)) {
     char *text = loom_text_print(&plan->base);
     const loom_chunk chunk = {text, strlen(text)};

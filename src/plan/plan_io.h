@@ -12,6 +12,7 @@
 typedef Loom__PartitionPlan loom_plan;
 
 loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err);
+/* path "-": standard output, text format. */
 loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error *err);
 void loom_plan_free(loom_plan *plan);
 /* 1 if the path names a text plan (.txtpb, .textproto, .pbtxt), 0 if binary (.pb). */

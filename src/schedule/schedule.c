@@ -6,17 +6,46 @@
 #include "core/check.h"
 #include "schedule/schedule.h"
 
-static const char *const KIND_NAMES[] = {"gpipe", "1f1b", "interleaved"};
+#define MAX_KINDS 16
+static char g_names[MAX_KINDS][32];
+static const char *g_train_names[MAX_KINDS + 1];
 
-const char *loom_schedule_kind_name(loom_schedule_kind kind) { return KIND_NAMES[kind]; }
+/* Names from the proto's descriptor, once: SCHEDULE_1F1B -> 1f1b. */
+static void load_names(void) {
+  if (g_names[0][0]) return;
+  const ProtobufCEnumDescriptor *d = &loom__schedule_kind__descriptor;
+  LOOM_CHECK(d->n_values <= MAX_KINDS, "too many schedule kinds");
+  int trains = 0;
+  for (unsigned i = 0; i < d->n_values; i++) {
+    const int v = d->values[i].value;
+    LOOM_CHECK(v >= 0 && v < MAX_KINDS, "schedule kinds are small and dense");
+    const char *name = d->values[i].name + strlen("SCHEDULE_");
+    for (size_t c = 0; name[c] && c + 1 < sizeof g_names[v]; c++)
+      g_names[v][c] = (char)(name[c] >= 'A' && name[c] <= 'Z' ? name[c] - 'A' + 'a' : name[c]);
+    if (v != LOOM_SCHEDULE_FORWARD_ONLY) g_train_names[trains++] = g_names[v];
+  }
+}
+
+const char *loom_schedule_kind_name(loom_schedule_kind kind) {
+  load_names();
+  return kind >= 0 && kind < MAX_KINDS && g_names[kind][0] ? g_names[kind] : "unknown";
+}
 
 int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
-  for (int k = 0; k < 3; k++)
-    if (strcmp(name, KIND_NAMES[k]) == 0) {
+  load_names();
+  for (int k = 0; k < MAX_KINDS; k++)
+    if (g_names[k][0] && strcmp(name, g_names[k]) == 0) {
       *kind = (loom_schedule_kind)k;
       return 0;
     }
   return -1;
+}
+
+bool loom_schedule_kind_trains(loom_schedule_kind kind) { return kind != LOOM_SCHEDULE_FORWARD_ONLY; }
+
+const char *const *loom_schedule_train_kind_names(void) {
+  load_names();
+  return g_train_names;
 }
 
 const char *loom_action_name(loom_action_kind kind) {
@@ -83,7 +112,20 @@ static int warmup(const loom_schedule *s, int r) {
   return w < total ? w : total;
 }
 
+/* Forward-only: micro-batch by micro-batch through this rank's chunks. */
+static void build_forward_only(loom_schedule *s, int r) {
+  action_list l = {0};
+  for (int mb = 0; mb < s->m; mb++)
+    for (int c = 0; c < s->v; c++) emit(&l, s, r, (compute){0, mb, c});
+  s->actions[r] = l.list;
+  s->count[r] = l.count;
+}
+
 static void build_rank(loom_schedule *s, int r) {
+  if (s->kind == LOOM_SCHEDULE_FORWARD_ONLY) {
+    build_forward_only(s, r);
+    return;
+  }
   action_list l = {0};
   const int total = s->m * s->v, w = warmup(s, r), steady = total - w;
   for (int k = 0; k < w; k++) emit(&l, s, r, nth(s, k, 0));
@@ -107,7 +149,9 @@ loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p
   if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);
   if (m < 1) return loom_fail(err, LOOM_ERR_USAGE, "--micro-batches must be at least 1 (got %d)", m);
   if (v < 1) return loom_fail(err, LOOM_ERR_USAGE, "--vpp must be at least 1 (got %d)", v);
-  if (kind != LOOM_SCHEDULE_INTERLEAVED && v != 1)
+  if (kind < 0 || strcmp(loom_schedule_kind_name(kind), "unknown") == 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "schedule kind %d is not one this loom knows", (int)kind);
+  if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && v != 1)
     return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --schedule interleaved; %s runs one chunk per rank", v,
                      loom_schedule_kind_name(kind));
   if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0)
@@ -123,6 +167,19 @@ loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p
   LOOM_CHECK(s->count && s->actions, "out of memory building a schedule");
   for (int r = 0; r < p; r++) build_rank(s, r);
   return LOOM_OK;
+}
+
+int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) {
+  int live = 0, peak = 0;
+  for (int i = 0; i < s->count[r]; i++) {
+    const loom_action *a = &s->actions[r][i];
+    if (a->chunk != c) continue;
+    if (a->kind == LOOM_ACT_FORWARD) live++;
+    if (a->kind == LOOM_ACT_BACKWARD) live--;
+    if (live > peak) peak = live;
+    if (a->kind == LOOM_ACT_FORWARD && s->kind == LOOM_SCHEDULE_FORWARD_ONLY) live--; /* no backward holds it */
+  }
+  return peak;
 }
 
 void loom_schedule_free(loom_schedule *s) {

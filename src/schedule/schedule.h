@@ -12,7 +12,9 @@
 #ifndef LOOM_SCHEDULE_H
 #define LOOM_SCHEDULE_H
 
+#include <stdbool.h>
 #include "core/status.h"
+#include "loom.pb-c.h"
 
 typedef enum {
   LOOM_ACT_FORWARD = 0,
@@ -33,7 +35,12 @@ typedef struct {
   int peer;  /* pipeline rank at the other end of a transfer, else -1 */
 } loom_action;
 
-typedef enum { LOOM_SCHEDULE_GPIPE = 0, LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_INTERLEAVED } loom_schedule_kind;
+/* The plan's enum (proto/loom.proto ScheduleKind) is the only one. */
+typedef Loom__ScheduleKind loom_schedule_kind;
+#define LOOM_SCHEDULE_1F1B LOOM__SCHEDULE_KIND__SCHEDULE_1F1B
+#define LOOM_SCHEDULE_GPIPE LOOM__SCHEDULE_KIND__SCHEDULE_GPIPE
+#define LOOM_SCHEDULE_INTERLEAVED LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED
+#define LOOM_SCHEDULE_FORWARD_ONLY LOOM__SCHEDULE_KIND__SCHEDULE_FORWARD_ONLY
 
 typedef struct {
   loom_schedule_kind kind;
@@ -43,14 +50,26 @@ typedef struct {
 } loom_schedule;
 
 /* Builds the schedule, or refuses the request naming the rule:
- * m >= 1, v >= 1, v == 1 unless interleaved, m % p == 0 when interleaved. */
+ * m >= 1, v >= 1, v == 1 unless interleaved or forward-only, m % p == 0 when
+ * interleaved. A forward-only schedule (evaluation) runs micro-batches in
+ * order through every chunk, with no backward, reduction or optimizer step. */
 loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err);
 void loom_schedule_free(loom_schedule *s);
 
+/* "1f1b", "gpipe", "interleaved", "forward_only": the enum's value names,
+ * read from the proto descriptor, without SCHEDULE_ and in lower case. */
 const char *loom_schedule_kind_name(loom_schedule_kind kind);
-/* 0 and *kind set if name is gpipe, 1f1b or interleaved; else -1. */
+/* 0 and *kind set if name is a kind's name; else -1. */
 int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind);
+/* Whether a kind trains (every kind but forward-only). */
+bool loom_schedule_kind_trains(loom_schedule_kind kind);
+/* NULL-terminated names of the training kinds, in enum order (flag choices). */
+const char *const *loom_schedule_train_kind_names(void);
 const char *loom_action_name(loom_action_kind kind);
+
+/* The most micro-batches rank r's chunk c holds at once (forward taken,
+ * backward not yet run): the activation slots the executor gives it. */
+int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c);
 
 /* Virtual stage of (rank, chunk), and the rank holding stage s. */
 static inline int loom_virtual_stage(const loom_schedule *s, int rank, int chunk) { return chunk * s->p + rank; }

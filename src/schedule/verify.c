@@ -96,6 +96,7 @@ static int step(sim *x, int r) {
     x->busy[r] += cost;
     x->live[r] += backward ? -1 : 1;
     if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
+    if (x->s->kind == LOOM_SCHEDULE_FORWARD_ONLY) x->live[r]--; /* nothing waits for a backward */
     record_span(x, r, start, x->clock[r]);
     break;
   }
@@ -139,12 +140,13 @@ static bool all_matched(sim *x) {
       return false;
     }
   }
+  const int last_pass = loom_schedule_kind_trains(x->s->kind); /* the pass every (mb, chunk) must reach */
   for (int r = 0; r < x->s->p; r++)
     for (int mb = 0; mb < x->s->m; mb++)
       for (int c = 0; c < x->s->v; c++)
-        if (!*done_at(x, r, 1, mb, c)) {
-          snprintf(x->rep->why, sizeof x->rep->why, "rank %d never runs the backward of micro-batch %d chunk %d",
-                   r, mb, c);
+        if (!*done_at(x, r, last_pass, mb, c)) {
+          snprintf(x->rep->why, sizeof x->rep->why, "rank %d never runs the %s of micro-batch %d chunk %d",
+                   r, last_pass ? "backward" : "forward", mb, c);
           x->rep->ok = false;
           return false;
         }

@@ -1,7 +1,7 @@
 /* Training step and held-out evaluation on one rank. */
 #include <math.h>
 #include <stdlib.h>
-#include "cli/trainer.h"
+#include "pipeline/trainer.h"
 #include "core/check.h"
 #include "data/addition.h"
 

@@ -1,0 +1,138 @@
+/* Layout flags, their plan, and rule messages in flag names. */
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/plan_flags.h"
+
+static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NULL};
+static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
+
+loom_plan_flags loom_plan_flags_defaults(void) {
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 16,
+                           .schedule = "1f1b", .recompute = "none", .balance = "uniform"};
+}
+
+void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
+  loom_model_flags_table(&f->model, out);
+  const loom_flag rest[] = {
+      {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, 4096, NULL, false, "parallel.tp"},
+      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, 4096, NULL, false, "parallel.pp"},
+      {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, 1 << 20, NULL, false, "parallel.dp"},
+      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false, "parallel.virtual_chunks"},
+      {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false, "parallel.zero_stage"},
+      {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
+      {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, 1 << 20, NULL, false, "batch.micro_batch"},
+      {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, 1 << 30, NULL, false, "batch.global_batch"},
+      {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
+      {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, NULL, false, "schedule"},
+      {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
+      {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
+      {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
+      {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
+  };
+  _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
+  memcpy(out + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
+  out[LOOM_MODEL_FLAG_COUNT + 9].choices = loom_schedule_train_kind_names(); /* the proto's enum */
+}
+
+bool loom_plan_flags_fixed(const loom_flag *e) {
+  return strcmp(e->name, "--init-from") != 0 && strcmp(e->name, "--name") != 0;
+}
+
+int loom_plan_flags_parse_split(const char *text, int *counts, int max) {
+  int n = 0;
+  for (const char *p = text; *p;) {
+    char *end;
+    const long v = strtol(p, &end, 10);
+    if (end == p || n == max || v < 0 || v > 1000000) return -1;
+    counts[n++] = (int)v;
+    if (*end == ',') end++;
+    else if (*end != '\0') return -1;
+    p = end;
+  }
+  return n;
+}
+
+static int choice_index(const char *const *choices, const char *value) {
+  for (int i = 0; choices[i]; i++)
+    if (strcmp(choices[i], value) == 0) return i;
+  return 0;
+}
+
+loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, const loom_flag *table, loom_plan **out,
+                                  loom_error *err) {
+  *out = NULL;
+  loom_gpt_config cfg;
+  int T;
+  loom_status st = loom_model_flags_resolve(cmd, &f->model, table, &cfg, &T, err);
+  if (st != LOOM_OK) return st;
+  static int counts[LOOM_PLAN_MAX_STAGES];
+  const int ncounts = f->layer_split ? loom_plan_flags_parse_split(f->layer_split, counts, LOOM_PLAN_MAX_STAGES) : 0;
+  if (ncounts < 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --layer-split '%s' is not a comma-separated list of layer counts", cmd,
+                     f->layer_split);
+  const long long per_step = (long long)f->micro_batch * f->dp;
+  if (f->micro_batches && f->global_batch && f->global_batch != f->micro_batches * per_step)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --global-batch %d != --micro-batches %d x --micro-batch %d%s", cmd,
+                     f->global_batch, f->micro_batches, f->micro_batch, f->dp > 1 ? " x --dp" : "");
+  const long long global = f->global_batch ? f->global_batch : (f->micro_batches ? f->micro_batches : 1) * per_step;
+  if (global > 1 << 30)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --micro-batches x --micro-batch x --dp = %lld sequences per step; at most %d", cmd,
+                     global, 1 << 30);
+  loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
+  loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
+  const loom_plan_spec spec = {
+      .layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .ffn = cfg.ffn, .vocab = cfg.vocab, .seq = cfg.seq,
+      .train_seq = T, .dropout = cfg.dropout, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = f->vpp, .zero_stage = f->zero,
+      .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
+      .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, f->balance),
+      .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts, .name = f->name};
+  st = loom_plan_build(&spec, out, err);
+  if (st != LOOM_OK) {
+    char named[sizeof err->msg];
+    loom_plan_flags_name_fields(table, err->msg, named, sizeof named);
+    return loom_fail(err, st, "%s: %s", cmd, named);
+  }
+  return LOOM_OK;
+}
+
+static bool word_char(char c) { return isalnum((unsigned char)c) || c == '_' || c == '.'; }
+
+void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap) {
+  size_t used = 0;
+  for (const char *p = in; *p && used + 1 < cap;) {
+    const loom_flag *hit = NULL;
+    size_t len = 0;
+    if (p == in || !word_char(p[-1]))
+      for (int k = 0; k < LOOM_PLAN_FLAG_COUNT; k++) {
+        const char *field = table[k].field;
+        const size_t n = field ? strlen(field) : 0;
+        /* A dotted field anywhere; a bare one ("schedule") only as "schedule = x". */
+        if (n > len && strncmp(p, field, n) == 0 && !word_char(p[n]) && (strchr(field, '.') || strncmp(p + n, " = ", 3) == 0))
+          hit = &table[k], len = n;
+      }
+    if (!hit) {
+      out[used++] = *p++;
+      continue;
+    }
+    p += len;
+    if (strncmp(p, " = ", 3) == 0) p += 2; /* "model.heads = 6" reads "--heads 6" */
+    used += (size_t)snprintf(out + used, cap - used, "%s", hit->name);
+    if (used >= cap) used = cap - 1;
+  }
+  out[used] = '\0';
+}
+
+/* Refuses a plan that breaks a rule, with the first rule in flag names. */
+loom_status loom_plan_flags_refuse(const char *cmd, const loom_plan *plan, const loom_plan_limits *limits,
+                                 const loom_flag *table, const char *file, loom_error *err) {
+  char lines[4096], named[1024];
+  if (loom_plan_validate(plan, limits, lines, sizeof lines) == 0) return LOOM_OK;
+  char *nl = strchr(lines, '\n');
+  if (nl) *nl = '\0';
+  if (file) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s: %s (loom plan check lists every problem)", cmd, file, lines);
+  loom_plan_flags_name_fields(table, lines, named, sizeof named);
+  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s", cmd, named);
+}
+
