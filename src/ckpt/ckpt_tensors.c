@@ -69,7 +69,7 @@ static bool writes(const loom_ckpt_chunk *ch, int k, int kind, int dp_rank, bool
   const loom_gpt_params *p = ch->p;
   const loom_param_meta *m = &p->meta[k];
   if (m->tp_replicated && p->tp_rank != 0) return false;
-  if (m->shared && !p->range.first) return false; /* the last stage's copy of the tied wte */
+  if (m->shared && loom_stage_holds_tied_copy(&p->range)) return false; /* written once, from the first stage */
   return dp_rank == 0 || (zero && kind != PARAM);
 }
 

@@ -116,12 +116,8 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
                                .layer_counts = layer_counts, .nlayer_counts = ncounts};
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_error_prefix(err, loom_plan_build(&spec, &plan, err), "loom ckpt reshard");
-  char lines[2048];
-  if (st == LOOM_OK && loom_plan_check_rules(plan, world, 0, lines, sizeof lines) > 0) {
-    char *nl = strchr(lines, '\n');
-    if (nl) *nl = '\0';
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: %s", lines);
-  }
+  if (st == LOOM_OK) st = loom_error_prefix(err, loom_plan_refuse(plan, &(loom_plan_limits){.world = world}, err),
+                                             "loom ckpt reshard");
   int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
   for (int v = 0; st == LOOM_OK && v < pp * vpp; v++) begin[v + 1] = loom_plan_stage_range(plan, v).layer_end;
   loom_plan_free(plan);

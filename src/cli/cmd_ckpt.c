@@ -36,18 +36,14 @@ static int verify(int argc, char **argv) {
   return st == LOOM_ERR_FORMAT ? 1 : loom_status_exit_code(st); /* a damaged checkpoint fails the check */
 }
 
-/* The layout a plan file gives, checked against its own rules. */
+/* The layout a plan file gives, validated as every plan is. */
 static loom_status layout_from_plan(const char *path, int *tp, int *pp, int *dp, int *vpp, int *zero, int *counts,
                                     int *ncounts, loom_error *err) {
   loom_plan *plan;
   loom_status st = loom_plan_read(path, &plan, err);
   if (st != LOOM_OK) return st;
-  char lines[2048];
-  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
-    char *nl = strchr(lines, '\n');
-    if (nl) *nl = '\0';
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom ckpt reshard: %s: %s (loom plan check lists every problem)", path, lines);
-  } else {
+  st = loom_plan_flags_refuse("loom ckpt reshard", plan, &(loom_plan_limits){0}, NULL, path, err);
+  if (st == LOOM_OK) {
     *tp = plan->parallel->tp, *pp = plan->parallel->pp, *dp = plan->parallel->dp;
     *vpp = plan->parallel->virtual_chunks, *zero = plan->parallel->zero_stage;
     *ncounts = plan->n_stages <= LOOM_PLAN_MAX_STAGES ? loom_plan_layer_counts(plan, counts) : 0;

@@ -5,8 +5,6 @@
 #include "schedule/render.h"
 #include "schedule/verify.h"
 
-static const char *const KIND_CHOICES[] = {"gpipe", "1f1b", "interleaved", NULL};
-
 static loom_status show(loom_schedule_kind kind, int p, int v, int m, loom_error *err) {
   loom_schedule s;
   loom_status st = loom_error_prefix(err, loom_schedule_build(&s, kind, p, v, m, err), "loom schedule show");
@@ -36,7 +34,7 @@ int loom_cmd_schedule(int argc, char **argv) {
       {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, NULL},
       {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved)", 1, 64, NULL, false, NULL},
       {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, NULL},
-      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, KIND_CHOICES, false, NULL},
+      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {{0}};

@@ -25,7 +25,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, 1 << 20, NULL, false, "batch.micro_batch"},
       {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, 1 << 30, NULL, false, "batch.global_batch"},
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
-      {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, NULL, false, "schedule"},
+      {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, "schedule"},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
       {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
@@ -33,7 +33,6 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
   memcpy(out + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
-  out[LOOM_MODEL_FLAG_COUNT + 9].choices = loom_schedule_train_kind_names(); /* the proto's enum */
 }
 
 bool loom_plan_flags_fixed(const loom_flag *e) {
@@ -67,7 +66,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   int T;
   loom_status st = loom_model_flags_resolve(cmd, &f->model, table, &cfg, &T, err);
   if (st != LOOM_OK) return st;
-  static int counts[LOOM_PLAN_MAX_STAGES];
+  int counts[LOOM_PLAN_MAX_STAGES];
   const int ncounts = f->layer_split ? loom_plan_flags_parse_split(f->layer_split, counts, LOOM_PLAN_MAX_STAGES) : 0;
   if (ncounts < 0)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --layer-split '%s' is not a comma-separated list of layer counts", cmd,
@@ -124,15 +123,16 @@ void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *o
   out[used] = '\0';
 }
 
-/* Refuses a plan that breaks a rule, with the first rule in flag names. */
 loom_status loom_plan_flags_refuse(const char *cmd, const loom_plan *plan, const loom_plan_limits *limits,
-                                 const loom_flag *table, const char *file, loom_error *err) {
-  char lines[4096], named[1024];
-  if (loom_plan_validate(plan, limits, lines, sizeof lines) == 0) return LOOM_OK;
-  char *nl = strchr(lines, '\n');
-  if (nl) *nl = '\0';
-  if (file) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s: %s (loom plan check lists every problem)", cmd, file, lines);
-  loom_plan_flags_name_fields(table, lines, named, sizeof named);
-  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s", cmd, named);
+                                   const loom_flag *table, const char *file, loom_error *err) {
+  const loom_status st = loom_plan_refuse(plan, limits, err);
+  if (st == LOOM_OK) return st;
+  char first[sizeof err->msg];
+  if (file) {
+    snprintf(first, sizeof first, "%s", err->msg);
+    return loom_fail(err, st, "%s: %s: %s (loom plan check lists every problem)", cmd, file, first);
+  }
+  loom_plan_flags_name_fields(table, err->msg, first, sizeof first);
+  return loom_fail(err, st, "%s: %s", cmd, first);
 }
 

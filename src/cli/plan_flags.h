@@ -1,8 +1,8 @@
 /* The one table of flags that shape the model and the parallel layout, each
- * naming the plan field it sets. `loom plan new`, `loom train` and `loom bench
- * step` all parse it and turn it into a plan with the same builder, so a flag
- * set means the same plan everywhere, and a plan rule's message can name the
- * flag instead of the field. */
+ * naming the plan field it sets. `loom plan new` and `loom train` both parse
+ * it and turn it into a plan with the same builder, so a flag set means the
+ * same plan everywhere, and a plan rule's message can name the flag instead
+ * of the field. */
 #ifndef LOOM_PLAN_FLAGS_H
 #define LOOM_PLAN_FLAGS_H
 
@@ -21,22 +21,21 @@ typedef struct {
 loom_plan_flags loom_plan_flags_defaults(void);
 /* Writes the table's entries into out[LOOM_PLAN_FLAG_COUNT], pointing into f. */
 void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out);
-/* The plan these flags describe (table: the parsed entries, ntable of them,
- * the plan flags first). Refuses only what cannot become a plan at all;
- * the plan's rules judge the rest. */
+/* The plan these flags describe (table: the parsed entries, the plan flags
+ * first). Refuses only what cannot become a plan at all; the plan's rules
+ * judge the rest. */
 loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, const loom_flag *table, loom_plan **out,
                                   loom_error *err);
 /* Copies a rule message, naming each plan field by its flag: "model.heads = 6"
  * becomes "--heads 6", "parallel.tp (4)" becomes "--tp (4)". */
 void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap);
-/* The one validation (loom_plan_validate) as a command's refusal: the first
- * problem, in flag names when the plan came from flags (file NULL), else
- * naming the plan file. LOOM_OK when the plan holds. */
+/* loom_plan_refuse as a command's refusal: the first problem, in flag names
+ * when the plan came from flags (file NULL), else naming the plan file. */
 loom_status loom_plan_flags_refuse(const char *cmd, const loom_plan *plan, const loom_plan_limits *limits,
                                    const loom_flag *table, const char *file, loom_error *err);
 /* Parses "7,8,8,7" into counts (at most max entries); returns how many, or -1. */
 int loom_plan_flags_parse_split(const char *text, int *counts, int max);
-/* Whether table[k] is one the plan fixes (with --plan it may not be given). */
+/* Whether a plan-flag entry is one the plan fixes (with --plan it may not be given). */
 bool loom_plan_flags_fixed(const loom_flag *entry);
 
 #endif

@@ -26,7 +26,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   loom_plan_model_config(plan, &model);
   const loom_gpt_config *cfg = &model;
   const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
-  const bool recompute = plan->n_stages > 0 && plan->stages[0]->recompute;
+  const bool recompute = loom_plan_recompute(plan);
   pipe->ps = ps;
   pipe->tp = loom_tp_of(ps);
   pipe->v = plan->parallel->virtual_chunks;

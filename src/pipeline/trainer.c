@@ -48,7 +48,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
-    const bool tied_copy = m->p.range.last && !m->p.range.first;
+    const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
     sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy)
                       : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
     for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */

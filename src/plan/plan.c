@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "layers/gpt.h"
 #include "plan/plan.h"
 #include "schedule/verify.h"
 
@@ -28,6 +29,8 @@ int64_t loom_plan_total_parameters(const loom_plan *p) {
   loom_plan_model_config(p, &cfg);
   return (int64_t)loom_gpt_param_count(&cfg, NULL, 1);
 }
+
+bool loom_plan_recompute(const loom_plan *p) { return p->n_stages > 0 && p->stages[0]->recompute; }
 
 int loom_plan_micro_batches(const loom_plan *p) {
   const int per = p->batch->micro_batch * p->parallel->dp;
@@ -172,11 +175,9 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
 
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
  * keeps live at once: the verifier's count, read off the schedule the
- * executor runs. in_flight[pp]; all 0 when the schedule cannot be built
- * (the rules then say why). */
+ * executor runs, into out[pp] (left 0 if the schedule cannot be built). */
 static void in_flight(const loom_plan *p, int *out) {
   const int pp = p->parallel->pp;
-  memset(out, 0, (size_t)pp * sizeof(int));
   loom_schedule s;
   loom_error err;
   if (loom_schedule_build(&s, p->schedule, pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p), &err) != LOOM_OK)
@@ -206,8 +207,10 @@ void loom_plan_estimate(loom_plan *p) {
   e->bubble = mb > 0 ? (double)(pp - 1) / (v * mb + pp - 1) : 0.0;
   e->n_stages = p->n_stages;
   e->stages = loom_xcalloc(p->n_stages, sizeof *e->stages, "stage estimates");
-  int *flight = loom_xmalloc((size_t)pp * sizeof(int), "in flight");
-  in_flight(p, flight);
+  /* Sizes of a plan that breaks a rule mean nothing (the rules say why): zeros. */
+  const bool sound = loom_plan_check_rules(p, 0, 0, NULL, 0) == 0;
+  int *flight = loom_xcalloc((size_t)(pp > 0 ? pp : 1), sizeof(int), "in flight");
+  if (sound) in_flight(p, flight);
   /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
    * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP. */
   const double per_layer = l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
@@ -219,13 +222,11 @@ void loom_plan_estimate(loom_plan *p) {
     loom__stage_estimate__init(x);
     const int L = st->layer_end - st->layer_begin;
     const loom_stage_range range = {st->layer_begin, st->layer_end, st->embedding, st->head};
-    const bool valid = st->pp_rank >= 0 && st->pp_rank < pp && st->layer_begin >= 0 && st->layer_begin <= st->layer_end &&
-                       st->layer_end <= cfg.layers && tp > 0 && cfg.heads % tp == 0 && cfg.ffn % tp == 0;
     /* Parameters from the layers' table: the stage's, and one TP rank's share (exact, padding included). */
-    const int64_t params = valid ? (int64_t)loom_gpt_param_count(&cfg, &range, 1) : 0;
-    const double local = valid ? (double)loom_gpt_param_count(&cfg, &range, tp) : 0.0;
+    const int64_t params = sound ? (int64_t)loom_gpt_param_count(&cfg, &range, 1) : 0;
+    const double local = sound ? (double)loom_gpt_param_count(&cfg, &range, tp) : 0.0;
     /* Interleaved counts chunk-micro-batches over the rank's chunks: share them out. */
-    const int flight_rank = valid ? flight[st->pp_rank] : 0;
+    const int flight_rank = flight[sound ? st->pp_rank : 0];
     const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
@@ -283,10 +284,8 @@ static void check_model(report *r, const loom_plan *p) {
               m->heads, tp);
   if (m->ffn % tp)
     violation(r, "model.ffn = %d: must be divisible by parallel.tp (%d); pick a tp that divides ffn", m->ffn, tp);
+  /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (m->vocab < 2) violation(r, "model.vocab = %d: must be at least 2", m->vocab);
-  else if (tp > 0 && loom_gpt_config_for_tp(&(loom_gpt_config){.vocab = m->vocab}, tp).padded_vocab % tp)
-    violation(r, "model.vocab = %d: padded to %d, not divisible by parallel.tp (%d)", m->vocab,
-              loom_gpt_config_for_tp(&(loom_gpt_config){.vocab = m->vocab}, tp).padded_vocab, tp);
   if (m->seq < 1) violation(r, "model.seq = %d: must be at least 1", m->seq);
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
@@ -407,6 +406,68 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom__estimates__free_unpacked(copy.estimates, NULL);
   }
   return r.count;
+}
+
+/* ---- validation: the rules, the verified schedule, memory ---- */
+
+/* Bytes one rank's fp32 CPU run holds: weights, grads and Adam m and v (16 B
+ * per local parameter, Adam's 8 split over dp under ZeRO-1) and its chunks'
+ * activations for the micro-batches the schedule keeps live. */
+static double rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loom_schedule *s, int pp_rank) {
+  const Loom__Parallel *l = p->parallel;
+  double bytes = 0.0;
+  for (int c = 0; c < l->virtual_chunks; c++) {
+    const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
+    const double params = (double)loom_gpt_param_count(cfg, &range, l->tp);
+    bytes += 8.0 * params + 8.0 * params / (l->zero_stage >= 1 ? l->dp : 1);
+    const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
+    bytes += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
+                                               l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);
+  }
+  return bytes;
+}
+
+static void check_host_memory(report *r, const loom_plan *p, const loom_schedule *s, const loom_plan_limits *lim) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  double most = 0.0;
+  for (int rank = 0; rank < p->parallel->pp; rank++) {
+    const double b = rank_bytes(p, &cfg, s, rank);
+    most = b > most ? b : most;
+  }
+  const int ranks = lim->host_ranks > 0 ? lim->host_ranks : 1;
+  const double need = most * ranks, gib = 1073741824.0;
+  if (need > (double)lim->host_memory)
+    violation(r, "batch.micro_batch = %d: this run needs %.1f GiB on this host (%d ranks of %.2f GiB: fp32 weights, grads, "
+              "Adam state and activations for seq %d) but %.1f GiB is available; lower batch.micro_batch or model.seq",
+              p->batch->micro_batch, need / gib, ranks, most / gib, loom_plan_train_seq(p), (double)lim->host_memory / gib);
+}
+
+int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *lines, size_t cap) {
+  const int bad = loom_plan_check_rules(p, lim->world, lim->device_memory, lines, cap);
+  if (bad) return bad;
+  report r = {.out = lines, .cap = cap};
+  loom_schedule s;
+  loom_error err = {{0}};
+  if (loom_schedule_build(&s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p),
+                          &err) != LOOM_OK) {
+    violation(&r, "schedule: %s", err.msg);
+    return r.count;
+  }
+  loom_schedule_report rep;
+  if (loom_schedule_verify(&s, &rep) != LOOM_OK) violation(&r, "schedule: %s", rep.why);
+  loom_schedule_report_free(&rep);
+  if (r.count == 0 && lim->host_memory > 0) check_host_memory(&r, p, &s, lim);
+  loom_schedule_free(&s);
+  return r.count;
+}
+
+loom_status loom_plan_refuse(const loom_plan *p, const loom_plan_limits *lim, loom_error *err) {
+  char lines[4096];
+  if (loom_plan_validate(p, lim, lines, sizeof lines) == 0) return LOOM_OK;
+  char *nl = strchr(lines, '\n');
+  if (nl) *nl = '\0';
+  return loom_fail(err, LOOM_ERR_USAGE, "%s", lines);
 }
 
 int loom_plan_layer_counts(const loom_plan *plan, int *counts) {

@@ -39,6 +39,8 @@ loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_er
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
+/* Whether the stages recompute activations in backward (a rule makes them agree). */
+bool loom_plan_recompute(const loom_plan *plan);
 /* Micro-batches per step and replica: global / (micro x dp). */
 int loom_plan_micro_batches(const loom_plan *plan);
 /* Layers and ends of virtual stage v (= chunk x pp + pp_rank) of a checked plan. */
@@ -73,6 +75,9 @@ typedef struct {
  * deadlock-free, then memory. Returns the number of problems, with lines as
  * in loom_plan_check_rules. */
 int loom_plan_validate(const loom_plan *plan, const loom_plan_limits *limits, char *lines, size_t cap);
+/* The same as a refusal: LOOM_OK, or LOOM_ERR_USAGE with the first problem
+ * as err's message (callers prefix their command). */
+loom_status loom_plan_refuse(const loom_plan *plan, const loom_plan_limits *limits, loom_error *err);
 
 /* Layers of each virtual stage (stage = chunk * pp + pp_rank) into counts
  * (room for every stage); returns the number of stages. */

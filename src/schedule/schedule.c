@@ -26,10 +26,12 @@ static void load_names(void) {
   }
 }
 
-const char *loom_schedule_kind_name(loom_schedule_kind kind) {
+static bool known(loom_schedule_kind kind) {
   load_names();
-  return kind >= 0 && kind < MAX_KINDS && g_names[kind][0] ? g_names[kind] : "unknown";
+  return kind >= 0 && kind < MAX_KINDS && g_names[kind][0];
 }
+
+const char *loom_schedule_kind_name(loom_schedule_kind kind) { return known(kind) ? g_names[kind] : "unknown"; }
 
 int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
   load_names();
@@ -149,7 +151,7 @@ loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p
   if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);
   if (m < 1) return loom_fail(err, LOOM_ERR_USAGE, "--micro-batches must be at least 1 (got %d)", m);
   if (v < 1) return loom_fail(err, LOOM_ERR_USAGE, "--vpp must be at least 1 (got %d)", v);
-  if (kind < 0 || strcmp(loom_schedule_kind_name(kind), "unknown") == 0)
+  if (!known(kind))
     return loom_fail(err, LOOM_ERR_USAGE, "schedule kind %d is not one this loom knows", (int)kind);
   if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && v != 1)
     return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --schedule interleaved; %s runs one chunk per rank", v,
