@@ -82,12 +82,12 @@ same_losses "$WORK/full.jsonl" "$WORK/os.jsonl" || fail "losses after offline re
 "$LOOM" ckpt reshard "$WORK/os1" --tp 4 -o "$WORK/os2" > "$WORK/o.txt" 2>&1
 [ $? = 2 ] && grep -q "already holds a checkpoint" "$WORK/o.txt" || fail "reshard over a checkpoint: $(cat "$WORK/o.txt")"
 
-# A rank killed (SIGKILL, test-only hook) mid-save at step 4, its shard
+# A rank killed (SIGABRT, a test fault) mid-save at step 4, its shard
 # written and the manifest not: mpirun ends the job, latest still names step
 # 2, and --resume from it finishes with the uninterrupted run's losses.
 rm -rf "$WORK/kill"
-LOOM_TEST_KILL_IN_SAVE=4 LOOM_TEST_KILL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 \
-  -x LOOM_TEST_KILL_IN_SAVE -x LOOM_TEST_KILL_RANK "$LOOM" train $MODEL --tp 2 --pp 2 --steps 9 --save-every 2 \
+LOOM_FAULT=kill_in_save:1:4 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 \
+  -x LOOM_FAULT "$LOOM" train $MODEL --tp 2 --pp 2 --steps 9 --save-every 2 \
   --ckpt "$WORK/kill" > "$WORK/kill.txt" 2>&1 && fail "the killed run exited 0"
 [ "$(cat "$WORK/kill/latest")" = step_00000002 ] || fail "latest moved past the last complete checkpoint"
 [ -f "$WORK/kill/step_00000004/rank_00001.shard" ] && [ ! -f "$WORK/kill/step_00000004/manifest.pb" ] || fail "not killed mid-save"

@@ -10,7 +10,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() { "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" "$@"; }
 fail() { echo "FAIL: $*"; exit 1; }
 
-run train --tp 2 --sequence-parallel --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
+run train --tp 2 --sequence-parallel --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 --log-every 1 \
   --eval-every 2 --metrics "$WORK/m.jsonl" --save "$WORK/tp2.bin" > "$WORK/out.txt" 2>&1 || fail "tp 2 run: $(cat "$WORK/out.txt")"
 grep -q "parallel: 2 ranks, tp 2 (sequence parallel) x pp 1 | schedule 1f1b" "$WORK/out.txt" || fail "no parallel line"
 [ "$(grep -c '^step ' "$WORK/out.txt")" = 3 ] || fail "progress should print once per step, from rank 0 only"
@@ -54,11 +54,9 @@ run train --dp 2 --zero 1 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batc
 grep -q "parallel: 2 ranks, tp 1 x pp 1 x dp 2" "$WORK/zero.txt" || fail "dp line: $(cat "$WORK/zero.txt")"
 grep -q "with ZeRO-1 over dp 2, .* (0.50[0-9] of it)" "$WORK/zero.txt" || fail "ZeRO-1 state: $(cat "$WORK/zero.txt")"
 
-# One rank slowed on purpose (test-only) is named by the straggler report; an
-# injected NaN in one rank's grads skips the step on every rank.
-LOOM_TEST_SLOW_RANK=1 LOOM_TEST_SLOW_MS=40 LOOM_TEST_NAN_STEP=2 LOOM_TEST_NAN_RANK=0 "$MPIEXEC" --oversubscribe \
-  --bind-to none -np 2 -x LOOM_TEST_SLOW_RANK -x LOOM_TEST_SLOW_MS -x LOOM_TEST_NAN_STEP -x LOOM_TEST_NAN_RANK \
-  -x OMP_NUM_THREADS=1 "$LOOM" train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
+# One rank slowed on purpose (a test fault) is named by the straggler report;
+# an injected NaN in one rank's grads skips the step on every rank.
+LOOM_FAULT="slow:1:*:40,nan_grad:0:2" "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_FAULT -x OMP_NUM_THREADS=1 "$LOOM" train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 \
   --eval-every 0 --metrics "$WORK/s.jsonl" > "$WORK/slow.txt" 2>&1 || fail "slowed run: $(cat "$WORK/slow.txt")"
 grep -q "straggler rank 1: compute" "$WORK/slow.txt" || fail "straggler not named: $(cat "$WORK/slow.txt")"
 grep -q '"straggler_rank": 1' "$WORK/s.jsonl" || fail "straggler not in metrics"
@@ -73,15 +71,14 @@ want="loom train: parallel: tp 4 x pp 1 x dp 1 = 4 ranks, but the world has 2; l
 grep -qxF "$want" "$WORK/bad.txt" || fail "message: $(cat "$WORK/bad.txt")"
 # One rank failing alone (one pipeline stage here) ends the whole job with
 # that rank's message, no hang.
-LOOM_TEST_FAIL_RANK=1 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_TEST_FAIL_RANK -x OMP_NUM_THREADS=1 \
+LOOM_FAULT=setup:1:* "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_FAULT -x OMP_NUM_THREADS=1 \
   "$LOOM" train --pp 2 --steps 100000 > "$WORK/one.txt" 2>&1
 code=$?
 [ "$code" != 0 ] || fail "a failed rank must fail the job"
-grep -qF "[rank 1] loom: injected failure on this rank (LOOM_TEST_FAIL_RANK)" "$WORK/one.txt" || fail "rank message: $(cat "$WORK/one.txt")"
-# A rank stalled outside communication (test-only hang at step 3): the
+grep -qF "[rank 1] loom: injected failure on this rank (LOOM_FAULT setup)" "$WORK/one.txt" || fail "rank message: $(cat "$WORK/one.txt")"
+# A rank stalled outside communication (a test fault: a hang at step 3): the
 # watchdog ends the job within its timeout and names the rank and the operation.
-LOOM_TEST_STALL_RANK=1 LOOM_TEST_STALL_STEP=3 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x LOOM_TEST_STALL_RANK \
-  -x LOOM_TEST_STALL_STEP -x OMP_NUM_THREADS=1 "$LOOM" train --layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
+LOOM_FAULT=stall:1:3 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x LOOM_FAULT -x OMP_NUM_THREADS=1 "$LOOM" train --layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 \
   --tp 2 --pp 2 --steps 10 --eval-every 0 --watchdog-timeout 2 > "$WORK/stall.txt" 2>&1
 code=$?
 [ "$code" != 0 ] || fail "a stalled rank must fail the job"

@@ -31,8 +31,8 @@ losses() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$1"; }
   --eval-every 0 --metrics "$WORK/ref.jsonl" > "$WORK/ref.txt" 2>&1 || fail "reference run: $(cat "$WORK/ref.txt")"
 
 # Preempted: SIGTERM to the tasks and to the batch shell.
-# One rank is slowed (test-only) so the preemption lands mid-run.
-LOOM_TEST_SLOW_RANK=3 LOOM_TEST_SLOW_MS=60 LOOM_STEPS=30 bash "$SBATCH" > "$WORK/job1.txt" 2>&1 &
+# One rank is slowed (a test fault) so the preemption lands mid-run.
+LOOM_FAULT="slow:3:*:60" LOOM_STEPS=30 bash "$SBATCH" > "$WORK/job1.txt" 2>&1 &
 job=$!
 for _ in $(seq 100); do grep -q '"step": 12,' "$WORK/m.jsonl" 2> /dev/null && break; sleep 0.1; done
 pkill -TERM -P "$(cat "$WORK/srun.log.pid")" || fail "no job step to preempt" # the tasks, as slurmstepd signals them

@@ -333,7 +333,7 @@ START_TEST(subcommands_work_together) {
   tu_write_bytes(poisoned, bytes, n);
   free(bytes);
   expect_fail(run("train", "--init-from", poisoned, "--micro-batch", "2", "--steps", "3", "--eval-every", "0", NULL), 1,
-              "loom train: loss became nan at step 1; lower --lr or check the data");
+              "loom: loss became nan at step 1; lower --lr or check the data");
 
   const char *exported = tu_tmp_path("exported.bin");
   r = run("ckpt", "export", "--format", "llmc", "-o", exported, TINY[0], TINY[1], TINY[2], TINY[3], TINY[4], TINY[5], NULL);

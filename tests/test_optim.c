@@ -66,24 +66,48 @@ START_TEST(clipping_and_decay_follow_metadata) {
 }
 END_TEST
 
-/* Trains `steps` steps of global batch 8 split into micro-batches of `micro`;
- * returns the losses and leaves the final weights in *weights (caller frees). */
+static loom_lr_schedule schedule(int steps) {
+  return (loom_lr_schedule){.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 2, .total_steps = steps};
+}
+
+/* Trains `steps` steps of global batch 8 split into micro-batches of `micro`
+ * through the runtime, on one rank; returns the losses and leaves the final
+ * weights in *weights (caller frees). */
 static void train(int micro, int steps, float *losses, float **weights) {
+  const loom_gpt_config cfg = small();
+  const loom_plan_spec spec = {.layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .vocab = cfg.vocab,
+                               .seq = cfg.seq, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = micro,
+                               .global_batch = 8, .schedule = LOOM_SCHEDULE_1F1B};
+  loom_plan *plan;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
+  loom_dataset *data = loom_dataset_addition(2, 5);
+  const loom_trainer_options o = {.seed = 3, .weight_decay = loom_adamw_defaults().weight_decay,
+                                  .grad_clip = loom_adamw_defaults().grad_clip, .lr = schedule(steps)};
+  loom_trainer tr;
+  ck_assert_msg(loom_trainer_init(&tr, NULL, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
+  for (int s = 0; s < steps; s++) losses[s] = loom_trainer_step(&tr, s).loss;
+  const loom_gpt_params *p = &tr.pipe.chunks[0].p;
+  *weights = malloc(p->params.numel * sizeof(float));
+  memcpy(*weights, p->params.base, p->params.numel * sizeof(float));
+  loom_trainer_free(&tr);
+  loom_plan_free(plan);
+  loom_dataset_free(data);
+}
+
+/* The same on the whole model with the tests' serial reference (no runtime). */
+static void train_reference(int steps, float *losses, float **weights) {
   const loom_gpt_config cfg = small();
   loom_gpt m;
   loom_adamw opt;
   loom_dataset *data = loom_dataset_addition(2, 5);
   ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 3, NULL), LOOM_OK);
-  loom_gpt_set_batch_shape(&m, cfg.seq, micro);
+  loom_gpt_set_batch_shape(&m, cfg.seq, 8);
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &m.p, &oc);
-  loom_trainer tr;
-  const loom_lr_schedule lr = {.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 2, .total_steps = steps};
-  loom_trainer_init(&tr, &m, &opt, data, cfg.seq, micro, 8, lr);
-  for (int s = 0; s < steps; s++) losses[s] = loom_trainer_step(&tr, s).loss;
+  tu_train_serial(&m, &opt, data, 8, schedule(steps), steps, losses);
   *weights = malloc(m.p.params.numel * sizeof(float));
   memcpy(*weights, m.p.params.base, m.p.params.numel * sizeof(float));
-  loom_trainer_free(&tr);
   loom_adamw_free(&opt);
   loom_gpt_free(&m);
   loom_dataset_free(data);
@@ -91,17 +115,20 @@ static void train(int micro, int steps, float *losses, float **weights) {
 
 START_TEST(accumulation_is_split_invariant) {
   enum { STEPS = 5 };
-  float l8[STEPS], l2[STEPS], l1[STEPS], *w8, *w2, *w1;
+  float l8[STEPS], l2[STEPS], l1[STEPS], ref[STEPS], *w8, *w2, *w1, *wr;
+  train_reference(STEPS, ref, &wr);
   train(8, STEPS, l8, &w8);
   train(2, STEPS, l2, &w2);
   train(1, STEPS, l1, &w1);
   for (int s = 0; s < STEPS; s++) {
+    ck_assert_msg(l8[s] == ref[s], "step %d: loss %g through the runtime, %g by the reference", s, (double)l8[s], (double)ref[s]);
     ck_assert_msg(fabs(l2[s] - l8[s]) <= 1e-5 * fabs(l8[s]), "step %d: loss %g (4 x 2) vs %g (1 x 8)", s, (double)l2[s], (double)l8[s]);
     ck_assert_msg(fabs(l1[s] - l8[s]) <= 1e-5 * fabs(l8[s]), "step %d: loss %g (8 x 1) vs %g (1 x 8)", s, (double)l1[s], (double)l8[s]);
   }
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
   loom_gpt_params_init(&p, &cfg, 0, 1, NULL);
+  ck_assert_mem_eq(w8, wr, p.params.numel * sizeof(float));
   ck_assert_double_le(tu_max_abs_diff(w2, w8, p.params.numel), 1e-5);
   ck_assert_double_le(tu_max_abs_diff(w1, w8, p.params.numel), 1e-5);
   ck_assert(l8[STEPS - 1] < l8[0]);
@@ -109,6 +136,7 @@ START_TEST(accumulation_is_split_invariant) {
   free(w8);
   free(w2);
   free(w1);
+  free(wr);
 }
 END_TEST
 

@@ -12,6 +12,7 @@
 #include <string.h>
 #include "pipeline/trainer.h"
 #include "comm/mpi/comm_mpi.h"
+#include "core/fault.h"
 #include "data/addition.h"
 #include "test_util.h"
 
@@ -36,7 +37,6 @@ static loom_lr_schedule lr(void) {
 
 /* The serial reference: the whole model, m x dp micro-batches accumulated. */
 static void train_serial(int m, float *losses, loom_gpt *model) {
-  m *= g_dp;
   const loom_gpt_config cfg = tiny();
   loom_dataset *data = loom_dataset_addition(2, 4);
   loom_adamw opt;
@@ -44,10 +44,7 @@ static void train_serial(int m, float *losses, loom_gpt *model) {
   loom_gpt_set_batch_shape(model, cfg.seq, MB);
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &model->p, &oc);
-  loom_trainer tr;
-  loom_trainer_init(&tr, model, &opt, data, cfg.seq, MB, m * MB, lr());
-  for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(&tr, s).loss;
-  loom_trainer_free(&tr);
+  tu_train_serial(model, &opt, data, m * g_dp * MB, lr(), STEPS, losses);
   loom_adamw_free(&opt);
   loom_dataset_free(data);
 }
@@ -78,37 +75,23 @@ static loom_plan *plan_of(const pp_case *pc) {
   return plan;
 }
 
-static void train_pipeline(const loom_parallel *ps, const pp_case *pc, float *losses, loom_pipeline *pipe) {
-  const loom_gpt_config cfg = tiny();
-  loom_dataset *data = loom_dataset_addition(2, 4);
+/* Trains a case through the runtime, as `loom train` would; the caller frees
+ * tr, then *plan. */
+static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, loom_plan **plan_out, loom_dataset *data) {
   loom_error err = {{0}};
-  loom_plan *plan = plan_of(pc);
-  ck_assert_msg(loom_pipeline_init(pipe, ps, plan, loom_ops_cpu(), 21, pc->bucket_bytes, &err) == LOOM_OK, "%s", err.msg);
-  loom_plan_free(plan);
-  loom_adamw *opts = calloc((size_t)pc->v, sizeof *opts);
-  loom_zero1 *zero = pc->zero1 ? calloc((size_t)pc->v, sizeof *zero) : NULL;
-  const loom_adamw_config oc = loom_adamw_defaults();
-  for (int c = 0; c < pc->v; c++) {
-    loom_adamw_init(&opts[c], &pipe->chunks[c].p, &oc);
-    if (!zero) continue;
-    ck_assert_int_eq(loom_zero1_init(&zero[c], &pipe->chunks[c].p, ps->dp_rank, ps->dp, &oc), LOOM_OK);
+  loom_plan *plan = *plan_out = plan_of(pc);
+  const loom_trainer_options o = {.seed = 21, .bucket_bytes = pc->bucket_bytes, .weight_decay = loom_adamw_defaults().weight_decay,
+                                  .grad_clip = loom_adamw_defaults().grad_clip, .lr = lr()};
+  ck_assert_msg(loom_trainer_init(tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
+  loom_pipeline *pipe = &tr->pipe;
+  for (int c = 0; tr->zero && c < pc->v; c++) {
     /* Adam moments for 1/dp of the parameters, padding aside. */
     const size_t full = 2 * pipe->chunks[c].p.params.numel * sizeof(float);
-    ck_assert_uint_le(loom_zero1_state_bytes(&zero[c]), full / ps->dp + 2 * sizeof(float) * ps->dp);
-    ck_assert_uint_ge(loom_zero1_state_bytes(&zero[c]), full / ps->dp);
+    ck_assert_uint_le(loom_zero1_state_bytes(&tr->zero[c]), full / g_dp + 2 * sizeof(float) * g_dp);
+    ck_assert_uint_ge(loom_zero1_state_bytes(&tr->zero[c]), full / g_dp);
   }
-  loom_trainer tr;
-  loom_trainer_init_pipeline(&tr, pipe, opts, data, cfg.seq, MB, lr());
-  tr.zero = zero;
-  for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(&tr, s).loss;
-  loom_trainer_free(&tr);
-  for (int c = 0; c < pc->v; c++) {
-    loom_adamw_free(&opts[c]);
-    if (zero) loom_zero1_free(&zero[c]);
-  }
-  free(opts);
-  free(zero);
-  loom_dataset_free(data);
+  ck_assert(!pc->zero1 == !tr->zero);
+  for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
 }
 
 /* Every chunk's weights equal this rank's slice of the serial model's. */
@@ -125,33 +108,35 @@ static void expect_same_weights(loom_pipeline *pipe, loom_gpt *serial, const cha
 }
 
 static void check(loom_schedule_kind kind, int v, int m, const int *split, int nsplit) {
-  loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, g_sp);
   char what[128];
   snprintf(what, sizeof what, "%s tp %d pp %d dp %d%s vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp,
            g_zero ? " zero-1" : "", v, m, split ? " uneven" : "");
   float serial_losses[STEPS], losses[STEPS], recomputed[STEPS];
   loom_gpt serial;
   train_serial(m, serial_losses, &serial);
-  loom_pipeline pipe;
+  loom_trainer tr;
+  loom_plan *plan;
+  loom_dataset *data = loom_dataset_addition(2, 4);
   /* Tiny buckets: several per chunk, so the overlapped reduction is what gets tested. */
   pp_case pc = {.kind = kind, .v = v, .m = m, .split = split, .nsplit = nsplit, .zero1 = g_zero, .bucket_bytes = 2048};
-  train_pipeline(&ps, &pc, losses, &pipe);
+  train_pipeline(&pc, losses, &tr, &plan, data);
   for (int s = 0; s < STEPS; s++)
     ck_assert_msg(fabs(losses[s] - serial_losses[s]) <= 1e-5 * fabs(serial_losses[s]), "%s: step %d loss %g vs serial %g",
                   what, s + 1, (double)losses[s], (double)serial_losses[s]);
-  expect_same_weights(&pipe, &serial, what);
-  loom_pipeline_free(&pipe);
+  expect_same_weights(&tr.pipe, &serial, what);
+  loom_trainer_free(&tr);
+  loom_plan_free(plan);
   pc.recompute = true;
-  train_pipeline(&ps, &pc, recomputed, &pipe);
+  train_pipeline(&pc, recomputed, &tr, &plan, data);
   ck_assert_msg(memcmp(recomputed, losses, sizeof losses) == 0, "%s: recompute changed the losses", what);
   /* Keeping one input per layer saves memory once a chunk has two layers or more. */
   int fewest = LAYERS;
-  for (int c = 0; c < pipe.v; c++) fewest = pipe.chunks[c].p.layers < fewest ? pipe.chunks[c].p.layers : fewest;
-  if (fewest >= 2) ck_assert_int_lt(pipe.act_bytes, pipe.act_bytes_without_recompute);
-  loom_pipeline_free(&pipe);
+  for (int c = 0; c < tr.pipe.v; c++) fewest = tr.pipe.chunks[c].p.layers < fewest ? tr.pipe.chunks[c].p.layers : fewest;
+  if (fewest >= 2) ck_assert_int_lt(tr.pipe.act_bytes, tr.pipe.act_bytes_without_recompute);
+  loom_trainer_free(&tr);
+  loom_plan_free(plan);
+  loom_dataset_free(data);
   loom_gpt_free(&serial);
-  loom_parallel_free(&ps);
 }
 
 START_TEST(gpipe_and_1f1b_match_serial) {
@@ -199,43 +184,30 @@ END_TEST
 /* An inf or NaN in one rank's grads skips the step on every rank, leaves the
  * weights as they were, and training carries on. */
 START_TEST(nan_skips_the_step_everywhere) {
-  loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_tp, g_pp, g_dp, false);
-  const loom_gpt_config cfg = tiny();
   loom_dataset *data = loom_dataset_addition(2, 4);
-  loom_pipeline pipe, fresh;
   const pp_case pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .m = 2, .zero1 = g_zero};
   loom_error err = {{0}};
   loom_plan *plan = plan_of(&pc);
-  ck_assert_int_eq(loom_pipeline_init(&pipe, &ps, plan, loom_ops_cpu(), 21, 0, &err), LOOM_OK);
-  ck_assert_int_eq(loom_pipeline_init(&fresh, &ps, plan, loom_ops_cpu(), 21, 0, &err), LOOM_OK);
-  loom_plan_free(plan);
-  loom_adamw opt;
-  loom_zero1 zero;
-  const loom_adamw_config oc = loom_adamw_defaults();
-  loom_adamw_init(&opt, &pipe.chunks[0].p, &oc);
-  loom_zero1_init(&zero, &pipe.chunks[0].p, ps.dp_rank, ps.dp, &oc);
-  loom_trainer tr;
-  loom_trainer_init_pipeline(&tr, &pipe, &opt, data, cfg.seq, MB, lr());
-  tr.zero = g_zero ? &zero : NULL;
-  char rank[16];
-  snprintf(rank, sizeof rank, "%d", g_world->size - 1);
-  setenv("LOOM_TEST_NAN_STEP", "1", 1);
-  setenv("LOOM_TEST_NAN_RANK", rank, 1);
+  const loom_trainer_options o = {.seed = 21, .lr = lr()};
+  loom_trainer tr, fresh;
+  ck_assert_int_eq(loom_trainer_init(&tr, g_world, plan, loom_ops_cpu(), data, &o, &err), LOOM_OK);
+  ck_assert_int_eq(loom_trainer_init(&fresh, g_world, plan, loom_ops_cpu(), data, &o, &err), LOOM_OK);
+  char spec[64];
+  snprintf(spec, sizeof spec, "nan_grad:%d:1", g_world->size - 1);
+  loom_fault_set_rank(g_world->rank);
+  ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
   const loom_step_stats bad = loom_trainer_step(&tr, 0);
-  unsetenv("LOOM_TEST_NAN_STEP");
+  loom_fault_disarm();
+  const loom_gpt_params *p = &tr.pipe.chunks[0].p, *p0 = &fresh.pipe.chunks[0].p;
   ck_assert(bad.skipped);
-  ck_assert_mem_eq(pipe.chunks[0].p.params.base, fresh.chunks[0].p.params.base, pipe.chunks[0].p.params.numel * sizeof(float));
+  ck_assert_mem_eq(p->params.base, p0->params.base, p->params.numel * sizeof(float));
   const loom_step_stats good = loom_trainer_step(&tr, 1);
   ck_assert(!good.skipped && isfinite(good.loss) && isfinite(good.grad_norm));
-  ck_assert(memcmp(pipe.chunks[0].p.params.base, fresh.chunks[0].p.params.base, 64) != 0);
+  ck_assert(memcmp(p->params.base, p0->params.base, 64) != 0);
   loom_trainer_free(&tr);
-  loom_adamw_free(&opt);
-  loom_zero1_free(&zero);
-  loom_pipeline_free(&pipe);
-  loom_pipeline_free(&fresh);
+  loom_trainer_free(&fresh);
+  loom_plan_free(plan);
   loom_dataset_free(data);
-  loom_parallel_free(&ps);
 }
 END_TEST
 

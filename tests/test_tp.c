@@ -116,11 +116,8 @@ static void train10(loom_gpt *m, const loom_tp *tp, loom_dataset *data, float *l
   loom_gpt_set_batch_shape(m, cfg.seq, 2);
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &m->p, &oc);
-  loom_trainer tr;
   const loom_lr_schedule lr = {.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 2, .total_steps = 10};
-  loom_trainer_init(&tr, m, &opt, data, cfg.seq, 2, 4, lr);
-  for (int s = 0; s < 10; s++) losses[s] = loom_trainer_step(&tr, s).loss;
-  loom_trainer_free(&tr);
+  tu_train_serial(m, &opt, data, 4, lr, 10, losses);
   loom_adamw_free(&opt);
 }
 

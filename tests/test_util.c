@@ -129,3 +129,33 @@ int tu_run_mpi(Suite *s, loom_comm *world) {
   loom_mpi_finalize();
   return failed > 0 ? 1 : 0;
 }
+
+void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int global, loom_lr_schedule lr, int steps,
+                     float *losses) {
+  const int T = m->T, B = m->B, micro_steps = global / B;
+  ck_assert_int_eq(global % B, 0);
+  int *tokens = malloc((size_t)T * B * sizeof(int)), *targets = malloc((size_t)T * B * sizeof(int));
+  for (int step = 0; step < steps; step++) {
+    const int64_t first_sample = (int64_t)step * global;
+    int64_t scored = 0; /* every micro-batch's grads are weighted alike: count first */
+    for (int k = 0; k < micro_steps; k++)
+      scored += loom_dataset_batch(data, LOOM_SPLIT_TRAIN, first_sample + (int64_t)k * B, T, B, tokens, targets);
+    const float dloss = scored ? 1.0f / (float)scored : 0.0f;
+    double loss_sum = 0.0;
+    loom_gpt_zero_grad(m);
+    for (int k = 0; k < micro_steps; k++) {
+      const int64_t first = first_sample + (int64_t)k * B;
+      const int64_t counted = loom_dataset_batch(data, LOOM_SPLIT_TRAIN, first, T, B, tokens, targets);
+      const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = first, .step = step,
+                                    .train = true};
+      loss_sum += (double)loom_gpt_forward(m, &batch) * (double)counted;
+      loom_gpt_backward(m, &batch, dloss);
+    }
+    losses[step] = scored ? (float)(loss_sum / (double)scored) : 0.0f;
+    loom_gpt_sync_replicated_grads(m);
+    const double norm = loom_grad_norm(&m->p, m->ops, &m->tp);
+    if (isfinite(norm)) loom_adamw_step(opt, &m->p, loom_lr_at(&lr, step), norm, m->ops);
+  }
+  free(tokens);
+  free(targets);
+}

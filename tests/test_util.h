@@ -26,6 +26,19 @@ void *tu_read_bytes(const char *path, size_t *n);
 #include "layers/gpt_params.h"
 void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, const loom_gpt_params *whole, float *out);
 
+/* The serial reference every parallel run is held to: `steps` AdamW steps
+ * of the whole model m (or its TP shard) with the trainer's rules (global
+ * batch `global` as micro-batches of m's batch shape, the loss averaged over
+ * every scored target, grads synced over TP replicas, clipped by the global
+ * norm), written directly over the layers' forward and backward, not through
+ * the runtime. losses[steps] gets each step's loss. */
+#include "data/dataset.h"
+#include "layers/gpt.h"
+#include "optim/adamw.h"
+#include "optim/lr_schedule.h"
+void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int global, loom_lr_schedule lr, int steps,
+                     float *losses);
+
 /* Runs a suite and returns the process exit code. */
 int tu_run(Suite *s);
 /* Runs a suite on one MPI rank without forking: rank 0 reports in full, other

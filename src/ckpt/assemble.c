@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/assemble.h"
+#include "core/fault.h"
 #include "core/rng.h"
 
 /* Global columns [*c0, *c1) that t holds in global row r (empty if none). */
@@ -124,64 +125,96 @@ void loom_want_index_free(loom_want_index *ix) {
   free(ix);
 }
 
-/* Fills from one shard file; stored_rows[i] records the checkpoint's rows of want i. */
-static loom_status fill_from(const char *path, loom_ckpt_want *want, const loom_want_index *wx, int64_t *copied,
-                             int64_t *stored_rows, loom_error *err) {
-  loom_shard_index ix;
-  loom_status st = loom_shard_index_open(path, &ix, err);
-  for (int j = 0; st == LOOM_OK && j < ix.count; j++) {
-    loom_shard_tensor have = ix.tensors[j];
+struct loom_assembly {
+  loom_ckpt_want *want;
+  int nwant;
+  loom_want_index *index;       /* stored pieces find their wants by name */
+  int64_t *copied, *stored_rows; /* [nwant]: elements filled; the store's rows of each want's tensor */
+};
+
+loom_assembly *loom_assembly_begin(loom_ckpt_want *want, int nwant) {
+  loom_assembly *a = calloc(1, sizeof *a);
+  if (!a) return NULL;
+  *a = (loom_assembly){want, nwant, loom_want_index_build(want, nwant), calloc((size_t)nwant + 1, sizeof(int64_t)),
+                       calloc((size_t)nwant + 1, sizeof(int64_t))};
+  if (a->index && a->copied && a->stored_rows) return a;
+  loom_want_index_free(a->index);
+  free(a->copied);
+  free(a->stored_rows);
+  free(a);
+  return NULL;
+}
+
+loom_status loom_assembly_add(loom_assembly *a, const loom_piece_source *src, loom_error *err) {
+  const loom_want_index *wx = a->index;
+  loom_ckpt_want *want = a->want;
+  loom_status st = LOOM_OK;
+  for (int j = 0; st == LOOM_OK && j < src->count; j++) {
+    loom_shard_tensor have = src->pieces[j];
     bool loaded = false;
     for (size_t h = first_slot(wx, have.name); st == LOOM_OK && wx->slot[h]; h = next_slot(wx, h)) {
       const int i = wx->slot[h] - 1;
       if (!same_name(&have, &want[i].t)) continue;
       if (!shape_fits(&have, &want[i])) {
-        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is [%lld, %lld] in the checkpoint, [%lld, %lld] in this model", path,
+        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is [%lld, %lld] there, [%lld, %lld] in this model", src->where,
                        have.name, (long long)have.global[0], (long long)have.global[1], (long long)want[i].t.global[0],
                        (long long)want[i].t.global[1]);
         break;
       }
-      stored_rows[i] = have.global[0];
+      a->stored_rows[i] = have.global[0];
       if (!blocks_overlap(&have, &want[i].t)) continue;
       if (same_piece(&have, &want[i].t)) { /* the same plan's piece: read straight into place */
-        st = loom_shard_index_load(&ix, j, want[i].t.data, err);
-        copied[i] += have.count;
+        st = src->load(src, j, want[i].t.data, err);
+        a->copied[i] += have.count;
         continue;
       }
       if (!loaded) {
-        have.data = malloc(have.count ? (size_t)have.count * sizeof(float) : 1);
-        st = have.data ? loom_shard_index_load(&ix, j, have.data, err) : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+        have.data = loom_fault_malloc(have.count ? (size_t)have.count * sizeof(float) : 1);
+        st = have.data ? src->load(src, j, have.data, err) : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", src->where);
         loaded = true;
       }
-      if (st == LOOM_OK) copied[i] += copy_overlap(&have, &want[i].t);
+      if (st == LOOM_OK) a->copied[i] += copy_overlap(&have, &want[i].t);
     }
     if (loaded) free(have.data);
   }
-  if (ix.fp) loom_shard_index_close(&ix);
   return st;
+}
+
+loom_status loom_assembly_finish(loom_assembly *a, loom_status st, const char *what, loom_error *err) {
+  for (int i = 0; st == LOOM_OK && i < a->nwant; i++) zero_rows_from(&a->want[i].t, a->stored_rows[i]);
+  for (int i = 0; st == LOOM_OK && i < a->nwant; i++) {
+    const loom_ckpt_want *w = &a->want[i];
+    const int64_t need = a->stored_rows[i] ? needed(&w->t, a->stored_rows[i]) : w->t.count;
+    if (a->copied[i] != need)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s holds %lld of the %lld elements of %s this rank needs%s", what,
+                     (long long)a->copied[i], (long long)need, w->t.name,
+                     a->copied[i] > need ? " (pieces overlap)" : a->stored_rows[i] ? "" : " (no such tensor)");
+  }
+  loom_want_index_free(a->index);
+  free(a->copied);
+  free(a->stored_rows);
+  free(a);
+  return st;
+}
+
+static loom_status load_shard_piece(const loom_piece_source *s, int i, float *dst, loom_error *err) {
+  return loom_shard_index_load(s->ctx, i, dst, err);
 }
 
 loom_status loom_ckpt_assemble(const char *dir, char *const *paths, int npaths, loom_ckpt_want *want, int nwant,
                                loom_error *err) {
-  int64_t *copied = calloc((size_t)nwant + 1, sizeof *copied), *stored_rows = calloc((size_t)nwant + 1, sizeof *stored_rows);
-  if (!copied || !stored_rows) {
-    free(copied);
-    free(stored_rows);
-    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the checkpoint", dir);
-  }
-  loom_want_index *wx = loom_want_index_build(want, nwant); /* stored pieces find their wants by name */
+  loom_assembly *a = loom_assembly_begin(want, nwant);
+  if (!a) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory loading the checkpoint", dir);
   loom_status st = LOOM_OK;
-  for (int f = 0; st == LOOM_OK && f < npaths; f++) st = fill_from(paths[f], want, wx, copied, stored_rows, err);
-  loom_want_index_free(wx);
-  for (int i = 0; st == LOOM_OK && i < nwant; i++) zero_rows_from(&want[i].t, stored_rows[i]);
-  for (int i = 0; st == LOOM_OK && i < nwant; i++) {
-    const int64_t need = stored_rows[i] ? needed(&want[i].t, stored_rows[i]) : want[i].t.count;
-    if (copied[i] != need)
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the checkpoint holds %lld of the %lld elements of %s this rank needs%s", dir,
-                     (long long)copied[i], (long long)need, want[i].t.name,
-                     copied[i] > need ? " (pieces overlap)" : stored_rows[i] ? "" : " (no such tensor)");
+  for (int f = 0; st == LOOM_OK && f < npaths; f++) {
+    loom_shard_index ix;
+    st = loom_shard_index_open(paths[f], &ix, err);
+    const loom_piece_source src = {.where = paths[f], .count = ix.count, .pieces = ix.tensors, .load = load_shard_piece,
+                                   .ctx = &ix};
+    if (st == LOOM_OK) st = loom_assembly_add(a, &src, err);
+    if (ix.fp) loom_shard_index_close(&ix);
   }
-  free(copied);
-  free(stored_rows);
-  return st;
+  char what[4200];
+  snprintf(what, sizeof what, "%s: the checkpoint", dir);
+  return loom_assembly_finish(a, st, what, err);
 }

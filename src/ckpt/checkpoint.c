@@ -6,6 +6,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
 #include "core/check.h"
+#include "core/fault.h"
 #include "core/crc32c.h"
 
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
@@ -26,8 +27,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   free(pieces);
   /* Test-only: this rank dies here, its shard written and the manifest not,
    * as a node lost mid-save would. */
-  const char *kill_at = getenv("LOOM_TEST_KILL_IN_SAVE"), *kill_rank = getenv("LOOM_TEST_KILL_RANK");
-  if (kill_at && atoll(kill_at) == step && kill_rank && atoi(kill_rank) == ps->rank) abort();
+  if (loom_fault_fires(LOOM_FAULT_KILL_IN_SAVE, step, NULL)) abort();
   /* Every rank reports success, size and checksum, as exact 64-bit integers. */
   const int64_t report[3] = {st == LOOM_OK, mine.crc32c, mine.bytes};
   int64_t *all = calloc((size_t)ps->world * 3, sizeof(int64_t));

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/llmc_model.h"
+#include "core/fault.h"
 #include "core/write_file.h"
 
 enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED_VOCAB, H_INTS = 256 };
@@ -143,6 +144,73 @@ loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_erro
   loom_model_source src;
   loom_model_source_of_params(&src, p);
   return loom_llmc_write(path, &src, err);
+}
+
+/* An llm.c file read tensor by tensor: where each canonical tensor starts. */
+typedef struct {
+  FILE *fp;
+  char path[4096];
+  loom_tensor *specs;
+  loom_param_meta *meta;
+  long *at; /* [count] file offset of tensor k */
+} llmc_source;
+
+static void free_llmc_source(void *state) {
+  llmc_source *l = state;
+  if (l->fp) fclose(l->fp);
+  free(l->specs);
+  free(l->meta);
+  free(l->at);
+  free(l);
+}
+
+static loom_status fetch_llmc(const loom_model_source *s, int k, float *dst, loom_error *err) {
+  const llmc_source *l = s->state;
+  const size_t n = loom_tensor_numel(&s->specs[k]);
+  if (fseek(l->fp, l->at[k], SEEK_SET) != 0 || fread(dst, sizeof(float), n, l->fp) != n)
+    return loom_fail(err, LOOM_ERR_IO, "%s: cannot read %s: %s", l->path, s->specs[k].name, strerror(errno));
+  return LOOM_OK;
+}
+
+loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error *err) {
+  memset(s, 0, sizeof *s);
+  llmc_source *l = loom_fault_calloc(1, sizeof *l);
+  if (!l) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  snprintf(l->path, sizeof l->path, "%s", path);
+  s->state = l;
+  s->free_state = free_llmc_source;
+  s->fetch = fetch_llmc;
+  l->fp = fopen(path, "rb");
+  if (!l->fp) {
+    loom_model_source_free(s);
+    return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+  }
+  int32_t h[H_INTS];
+  loom_status st = read_header(l->fp, path, h, &s->cfg, err);
+  s->count = st == LOOM_OK ? loom_gpt_param_table(&s->cfg, NULL, 0, 1, NULL, NULL) : 0;
+  l->specs = loom_fault_calloc((size_t)s->count + 1, sizeof *l->specs);
+  l->meta = loom_fault_calloc((size_t)s->count + 1, sizeof *l->meta);
+  l->at = loom_fault_calloc((size_t)s->count + 1, sizeof *l->at);
+  int *order = loom_fault_malloc(((size_t)s->count + 1) * sizeof(int));
+  if (st == LOOM_OK && (!l->specs || !l->meta || !l->at || !order))
+    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  if (st == LOOM_OK) {
+    loom_gpt_param_table(&s->cfg, NULL, 0, 1, l->specs, l->meta);
+    s->specs = l->specs;
+    s->meta = l->meta;
+    long at = H_INTS * (long)sizeof(int32_t);
+    const int n = llmc_order(s->cfg.layers, order);
+    for (int i = 0; i < n; i++) {
+      l->at[order[i]] = at;
+      at += (long)loom_tensor_bytes(&l->specs[order[i]]);
+    }
+    /* The body must be exactly the tensors the header promises. */
+    if (fseek(l->fp, 0, SEEK_END) != 0 || ftell(l->fp) != at)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: model file is %ld bytes; its header promises %ld", path, ftell(l->fp), at);
+  }
+  free(order);
+  if (st != LOOM_OK) loom_model_source_free(s);
+  return st;
 }
 
 loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err) {

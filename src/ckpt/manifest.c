@@ -48,6 +48,20 @@ static void remove_step(const char *dir, const char *name) {
   rmdir(path);
 }
 
+void loom_ckpt_remove(const char *dir) {
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    long long step;
+    char tail;
+    if (sscanf(e->d_name, "step_%8lld%c", &step, &tail) == 1) remove_step(dir, e->d_name);
+  }
+  if (d) closedir(d);
+  char path[4200];
+  snprintf(path, sizeof path, "%s/latest", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
 /* Steps older than the newest `keep` ones; `latest` is the newest. */
 static void prune(const char *dir, int64_t latest, int keep) {
   if (keep <= 0) return;

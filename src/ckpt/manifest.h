@@ -16,6 +16,9 @@ typedef struct {
 void loom_ckpt_step_dir(const char *dir, int64_t step, char *out, size_t len);
 void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len);
 loom_status loom_ckpt_make_dir(const char *path, loom_error *err);
+/* Removes a checkpoint directory: its steps, latest, then the directory if
+ * nothing else is in it. */
+void loom_ckpt_remove(const char *dir);
 
 /* Records a complete step: its manifest (the run, and each rank's shard
  * size, checksum and list of pieces, read from the shard's header table,

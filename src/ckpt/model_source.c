@@ -5,6 +5,7 @@
 #include "ckpt/assemble.h"
 #include "ckpt/manifest.h"
 #include "ckpt/model_source.h"
+#include "core/fault.h"
 
 static loom_status fetch_params(const loom_model_source *s, int k, float *dst, loom_error *err) {
   (void)err;
@@ -50,6 +51,14 @@ static loom_status fetch_ckpt(const loom_model_source *s, int k, float *dst, loo
   return st;
 }
 
+static void free_ckpt_state(void *state) {
+  ckpt_state *c = state;
+  loom__checkpoint_manifest__free_unpacked(c->mf, NULL);
+  free(c->specs);
+  free(c->meta);
+  free(c);
+}
+
 loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err) {
   memset(s, 0, sizeof *s);
   ckpt_state *c = calloc(1, sizeof *c);
@@ -69,19 +78,41 @@ loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loo
   s->specs = c->specs;
   s->meta = c->meta;
   s->fetch = fetch_ckpt;
+  s->free_state = free_ckpt_state;
   s->state = c;
   return LOOM_OK;
 }
 
 void loom_model_source_free(loom_model_source *s) {
-  ckpt_state *c = s->state;
-  if (c) {
-    loom__checkpoint_manifest__free_unpacked(c->mf, NULL);
-    free(c->specs);
-    free(c->meta);
-    free(c);
-  }
+  if (s->free_state && s->state) s->free_state(s->state);
   memset(s, 0, sizeof *s);
+}
+
+static loom_status load_tensor(const loom_piece_source *p, int i, float *dst, loom_error *err) {
+  const loom_model_source *s = p->ctx;
+  return s->fetch(s, i, dst, err);
+}
+
+loom_status loom_model_source_pieces(const loom_model_source *s, const char *where, loom_piece_source *out,
+                                     loom_error *err) {
+  loom_shard_tensor *pieces = loom_fault_calloc((size_t)s->count + 1, sizeof *pieces);
+  if (!pieces) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", where);
+  for (int k = 0; k < s->count; k++) {
+    loom_shard_tensor *t = &pieces[k];
+    snprintf(t->name, sizeof t->name, "param/%s", s->specs[k].name);
+    t->ndim = 2;
+    t->global[0] = t->local[0] = s->meta[k].layout.rows;
+    t->global[1] = t->local[1] = s->meta[k].layout.cols;
+    loom_shard_set_whole(t);
+  }
+  *out = (loom_piece_source){.where = where, .count = s->count, .pieces = pieces, .load = load_tensor,
+                             .ctx = (void *)s};
+  return LOOM_OK;
+}
+
+void loom_model_source_pieces_free(loom_piece_source *out) {
+  free((void *)out->pieces);
+  memset(out, 0, sizeof *out);
 }
 
 size_t loom_model_source_max_numel(const loom_model_source *s) {

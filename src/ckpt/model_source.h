@@ -7,6 +7,7 @@
 #ifndef LOOM_MODEL_SOURCE_H
 #define LOOM_MODEL_SOURCE_H
 
+#include "ckpt/assemble.h"
 #include "layers/gpt_params.h"
 
 typedef struct loom_model_source {
@@ -16,6 +17,7 @@ typedef struct loom_model_source {
   const loom_param_meta *meta;
   /* Fills dst (specs[k]'s elements) with tensor k. */
   loom_status (*fetch)(const struct loom_model_source *s, int k, float *dst, loom_error *err);
+  void (*free_state)(void *state); /* NULL: nothing to free */
   void *state;
 } loom_model_source;
 
@@ -24,6 +26,12 @@ void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p)
 /* The checkpoint dir/latest names. */
 loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err);
 void loom_model_source_free(loom_model_source *s);
+/* The source's tensors as whole pieces ("param/<name>"), to fill a rank's
+ * wanted pieces by global offsets (assemble.h) one tensor at a time; where
+ * names the source in errors and must outlive out. */
+loom_status loom_model_source_pieces(const loom_model_source *s, const char *where, loom_piece_source *out,
+                                     loom_error *err);
+void loom_model_source_pieces_free(loom_piece_source *out);
 /* Elements of the largest tensor: the scratch a writer needs. */
 size_t loom_model_source_max_numel(const loom_model_source *s);
 

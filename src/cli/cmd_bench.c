@@ -10,10 +10,11 @@
 #include "cli/device.h"
 #include "cli/flags.h"
 #include "cli/launch.h"
+#include "cli/plan_flags.h"
 #include "pipeline/trainer.h"
-#include "tensor_parallel/parallel_state.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "core/sysinfo.h"
 #include "core/rng.h"
 #include "core/timer.h"
 #ifdef LOOM_HAVE_CUDA
@@ -21,10 +22,13 @@
 #endif
 
 typedef struct {
-  int micro_batch, steps, layers, threads, seq, tp;
-  const char *model, *device;
+  loom_plan_flags layout; /* the model and layout, through the same builder as `loom plan new` */
+  int steps, threads;
+  const char *device;
   const loom_ops *ops; /* the --device backend */
 } bench_flags;
+
+#define BENCH_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 3)
 
 /* Uniform random tokens: the step's cost does not depend on the data. */
 static void random_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored) {
@@ -36,58 +40,79 @@ static void random_window(loom_dataset *ds, loom_split split, int64_t g, int T, 
 }
 static void no_free(loom_dataset *ds) { (void)ds; }
 
-/* Times `steps` training steps at seq T after one warm-up; returns best seconds
- * (the slowest rank's, under TP). */
-static double time_steps(const loom_gpt_config *cfg, int T, const bench_flags *f, const loom_tp *tp, loom_status *st) {
-  loom_gpt model;
-  loom_adamw opt;
+/* Times `steps` training steps of a plan over `world` (NULL: this rank
+ * alone) after one warm-up; returns the best step's seconds (the slowest
+ * rank's). */
+static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm *world, loom_status *st,
+                         loom_error *err) {
   loom_dataset data = {.name = "random", .window = random_window, .free = no_free};
-  loom_gpt_config c = *cfg;
-  c.seq = T;
+  const loom_trainer_options o = {
+      .seed = 1, .weight_decay = loom_adamw_defaults().weight_decay, .grad_clip = loom_adamw_defaults().grad_clip,
+      .lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .warmup_steps = 0, .total_steps = f->steps + 1}};
+  loom_trainer tr;
   double best = 0.0;
-  *st = loom_gpt_init(&model, &c, f->ops, 1, tp);
-  if (*st == LOOM_OK) *st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
-  const loom_adamw_config oc = loom_adamw_defaults();
-  if (*st == LOOM_OK) *st = loom_adamw_init(&opt, &model.p, &oc);
-  if (*st == LOOM_OK) {
-    loom_trainer tr;
-    const loom_lr_schedule lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .warmup_steps = 0, .total_steps = f->steps + 1};
-    loom_trainer_init(&tr, &model, &opt, &data, T, f->micro_batch, f->micro_batch, lr);
-    for (int s = 0; s <= f->steps; s++) {
-      loom_comm_barrier(tp ? tp->group : NULL);
-      const double t0 = loom_now_s();
-      loom_trainer_step(&tr, s);
-      float dt_f = (float)(loom_now_s() - t0);
-      loom_comm_allreduce(tp ? tp->group : NULL, &dt_f, 1, LOOM_REDUCE_MAX);
-      const double dt = dt_f;
-      if (s > 0 && (best == 0.0 || dt < best)) best = dt; /* step 0 warms caches and pages */
-    }
-    loom_trainer_free(&tr);
-    loom_adamw_free(&opt);
+  *st = loom_trainer_init(&tr, world, plan, f->ops, &data, &o, err);
+  for (int s = 0; *st == LOOM_OK && s <= f->steps; s++) {
+    loom_comm_barrier(world);
+    const double t0 = loom_now_s();
+    loom_trainer_step(&tr, s);
+    double dt = loom_now_s() - t0;
+    loom_comm_allreduce_typed(world, &dt, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+    if (s > 0 && (best == 0.0 || dt < best)) best = dt; /* step 0 warms caches and pages */
   }
-  loom_gpt_free(&model);
+  loom_trainer_free(&tr);
   return best;
 }
 
-static void print_step(const char *label, const loom_gpt_config *cfg, int T, int B, double dt, double peak) {
-  const double tokens = (double)B * T, gflops = loom_gpt_train_flops(cfg, T, tokens) / dt * 1e-9;
+/* The plan of the flags at sequence length T (the model's too, as a bench
+ * of seq T would size it); parallel false: the same model on one rank. */
+static loom_status plan_at(bench_flags *f, loom_flag *table, int T, bool parallel, int world, loom_plan **plan,
+                           loom_error *err) {
+  loom_plan_flags layout = f->layout;
+  layout.model.seq = T;
+  loom_flag *seq = (loom_flag *)loom_flags_find(table, BENCH_FLAG_COUNT, "--seq"); /* one of table's own entries */
+  const bool was_set = seq->set;
+  seq->set = true;
+  if (!parallel) layout.tp = layout.pp = layout.dp = 1;
+  loom_status st = loom_plan_flags_build("loom bench step", &layout, table, plan, err);
+  seq->set = was_set;
+  const loom_plan_limits limits = {.world = parallel ? world : 1};
+  if (st == LOOM_OK) st = loom_plan_flags_refuse("loom bench step", *plan, &limits, table, NULL, err);
+  return st;
+}
+
+static bool seq_flag(const loom_flag *table) { return loom_flags_find(table, BENCH_FLAG_COUNT, "--seq")->set; }
+
+/* Model GFLOP/s of one step of a plan taking dt seconds. */
+static double step_gflops(const loom_plan *plan, double dt) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(plan, &cfg);
+  const int T = loom_plan_train_seq(plan);
+  return loom_gpt_train_flops(&cfg, T, (double)plan->batch->global_batch * T) / dt * 1e-9;
+}
+
+static void print_step(const char *label, const loom_plan *plan, double dt, double peak) {
+  const int T = loom_plan_train_seq(plan);
+  const double tokens = (double)plan->batch->global_batch * T, gflops = step_gflops(plan, dt);
   printf("seq %4d%s: step %8.1f ms | %8.0f tok/s | model %6.1f GFLOP/s | %5.1f%% of sgemm peak\n", T, label,
          dt * 1e3, tokens / dt, gflops, 100.0 * gflops / peak);
 }
 
 /* Single-rank bench: each sequence length against the sgemm peak. */
-static loom_status bench_serial(const loom_gpt_config *cfg, const bench_flags *f, loom_error *err) {
+static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *err) {
   const double peak_before = loom_cpu_sgemm_gflops(2048, 1.0);
   printf("sgemm peak (2048^3, best of >= 1 s): %.1f GFLOP/s\n", peak_before);
   const int seqs[] = {64, 256};
   double frac[2] = {0.0, 0.0};
   for (int i = 0; i < 2; i++) {
-    if (f->seq && f->seq != seqs[i]) continue;
-    loom_status st;
-    const double dt = time_steps(cfg, seqs[i], f, NULL, &st);
-    if (st != LOOM_OK) return loom_fail(err, st, "loom bench step: out of memory at seq %d", seqs[i]);
-    print_step("", cfg, seqs[i], f->micro_batch, dt, peak_before);
-    frac[i] = loom_gpt_train_flops(cfg, seqs[i], (double)f->micro_batch * seqs[i]) / dt * 1e-9 / peak_before;
+    if (seq_flag(table) && f->layout.model.seq != seqs[i]) continue;
+    loom_plan *plan;
+    loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
+    const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err) : 0.0;
+    if (st == LOOM_OK) print_step("", plan, dt, peak_before);
+    if (st == LOOM_OK) frac[i] = step_gflops(plan, dt) / peak_before;
+    loom_plan_free(plan);
+    if (st != LOOM_OK) return st;
   }
   const double peak_after = loom_cpu_sgemm_gflops(2048, 1.0);
   printf("sgemm peak re-measured after: %.1f GFLOP/s (drift %+.1f%%)\n", peak_after,
@@ -99,18 +124,20 @@ static loom_status bench_serial(const loom_gpt_config *cfg, const bench_flags *f
 #ifdef LOOM_HAVE_CUDA
 /* GPU bench: each sequence length's model TFLOP/s against the device's dense
  * bf16 peak (stated) and against cuBLAS's bf16 GEMM measured in this run. */
-static loom_status bench_cuda(const loom_gpt_config *cfg, const bench_flags *f, loom_error *err) {
+static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err) {
   const double peak = loom_cuda_bf16_peak_tflops(), gemm = loom_cuda_bf16_gemm_tflops(8192, 8192, 8192, 5);
   printf("device: %s | dense bf16 peak used: %.0f TFLOP/s%s | cuBLAS bf16 GEMM 8192^3 measured: %.1f TFLOP/s\n",
          loom_cuda_device_name(), peak, peak > 0 ? " (NVIDIA's datasheet)" : " (unknown to loom)", gemm);
   printf("precision: fp32 ops, managed memory, each op synchronised (the correctness path; bf16 is not wired yet)\n");
   const int seqs[] = {64, 256, 1024};
   for (int i = 0; i < 3; i++) {
-    if (f->seq && f->seq != seqs[i]) continue;
-    loom_status st;
-    const double dt = time_steps(cfg, seqs[i], f, NULL, &st);
-    if (st != LOOM_OK) return loom_fail(err, st, "loom bench step: out of memory at seq %d", seqs[i]);
-    const double tflops = loom_gpt_train_flops(cfg, seqs[i], (double)f->micro_batch * seqs[i]) / dt * 1e-12;
+    if (seq_flag(table) && f->layout.model.seq != seqs[i]) continue;
+    loom_plan *plan;
+    loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
+    const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err) : 0.0;
+    const double tflops = st == LOOM_OK ? step_gflops(plan, dt) * 1e-3 : 0.0;
+    loom_plan_free(plan);
+    if (st != LOOM_OK) return st;
     printf("seq %4d: step %8.1f ms | model %7.1f TFLOP/s | MFU %5.1f%% of bf16 peak | %5.1f%% of measured bf16 GEMM\n",
            seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm);
   }
@@ -118,92 +145,112 @@ static loom_status bench_cuda(const loom_gpt_config *cfg, const bench_flags *f, 
 }
 #endif
 
-/* TP bench under mpirun: the same step on rank 0 alone with every core as
- * BLAS threads, then split tp ways with one thread per rank. Ranks not in a
- * phase sleep, so each phase has the whole machine. */
-static loom_status bench_tp(const loom_gpt_config *cfg, const bench_flags *f, loom_launch *launch, loom_error *err) {
-  loom_parallel ps;
-  loom_parallel_init(&ps, launch->world, f->tp, 1, 1, false);
-  const loom_tp tp = loom_tp_of(&ps);
-  const int T = f->seq ? f->seq : 256;
-  double serial = 0.0, peak = 0.0;
-  loom_status st = LOOM_OK;
-  if (launch->rank == 0) {
-    loom_cpu_set_threads(launch->size);
-    peak = loom_cpu_sgemm_gflops(2048, 1.0);
-    printf("sgemm peak, 1 rank x %d threads (2048^3): %.1f GFLOP/s\n", launch->size, peak);
-    serial = time_steps(cfg, T, f, NULL, &st);
-    if (st == LOOM_OK) print_step(" tp 1 (1 rank)", cfg, T, f->micro_batch, serial, peak);
-  }
-  loom_comm_idle_barrier(launch->world, 0);
-  loom_cpu_set_threads(1);
-  loom_status st_tp;
-  const double split = time_steps(cfg, T, f, &tp, &st_tp);
-  if (launch->rank == 0 && st == LOOM_OK && st_tp == LOOM_OK) {
-    char label[64];
-    snprintf(label, sizeof label, " tp %d (%d ranks)", f->tp, launch->size);
-    print_step(label, cfg, T, f->micro_batch, split, peak);
-    printf("RESULT tp%d_over_tp1_step_time=%.3f\n", f->tp, split / serial);
-  }
-  loom_parallel_free(&ps);
-  if (st == LOOM_OK) st = st_tp;
-  return st == LOOM_OK ? LOOM_OK : loom_fail(err, st, "loom bench step: out of memory at seq %d", T);
+/* The CPUs of every rank together: what the job was given. Collective. */
+static void job_cpus(loom_comm *world, loom_cpu_mask *out) {
+  loom_cpu_mask mine;
+  loom_cpu_affinity(&mine);
+  const int n = loom_comm_size(world);
+  int64_t *all = loom_xmalloc((size_t)n * LOOM_CPU_MASK_WORDS * sizeof(int64_t), "CPU masks");
+  loom_comm_allgather_typed(world, mine.bits, all, LOOM_CPU_MASK_WORDS, LOOM_DTYPE_I64);
+  memset(out, 0, sizeof *out);
+  for (int r = 0; r < n; r++)
+    for (int w = 0; w < LOOM_CPU_MASK_WORDS; w++) out->bits[w] |= (uint64_t)all[r * LOOM_CPU_MASK_WORDS + w];
+  free(all);
 }
 
-static loom_status bench_step(bench_flags *f, loom_error *err) {
-  loom_gpt_config cfg;
-  if (loom_gpt_config_preset(&cfg, f->model) != 0)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom bench step: --model %s: expected one of %s", f->model,
-                     loom_gpt_config_preset_names());
-  char device[160];
-  loom_status dst = loom_device_setup("loom bench step", f->device, &f->ops, device, sizeof device, err);
-  if (dst != LOOM_OK) return dst;
-  if (f->layers) cfg.layers = f->layers;
-  const int world = loom_launch_env_size();
-  if (f->tp > 1 || world > 1) {
-    loom_status st = loom_parallel_check(f->tp, 1, 1, world, false, cfg.heads, cfg.hidden, cfg.ffn, 0, err);
-    if (st != LOOM_OK) return loom_error_prefix(err, st, "loom bench step");
+/* A parallel plan under mpirun against the same model on rank 0 alone. The
+ * baseline gets the same cores as the plan: every rank's CPUs (mpirun binds
+ * each rank to its own), as BLAS threads; the plan then runs one thread per
+ * rank. Ranks not in a phase sleep, so each phase has the whole machine. */
+static loom_status bench_parallel(bench_flags *f, loom_flag *table, loom_launch *launch, loom_error *err) {
+  const int T = seq_flag(table) ? f->layout.model.seq : 256;
+  loom_plan *serial_plan = NULL, *plan = NULL;
+  loom_status st = plan_at(f, table, T, false, 1, &serial_plan, err);
+  if (st == LOOM_OK) st = plan_at(f, table, T, true, launch->size, &plan, err);
+  loom_cpu_mask all, own;
+  job_cpus(launch->world, &all);
+  loom_cpu_affinity(&own);
+  double serial = 0.0, peak = 0.0;
+  if (launch->rank == 0 && st == LOOM_OK) {
+    const int cores = loom_cpu_mask_count(&all);
+    if (loom_cpu_set_affinity(&all) != 0) printf("warning: could not widen rank 0 to the job's %d CPUs\n", cores);
+    loom_cpu_set_threads(cores);
+    peak = loom_cpu_sgemm_gflops(2048, 1.0);
+    printf("sgemm peak, 1 rank x %d threads on the job's %d CPUs (2048^3): %.1f GFLOP/s\n", cores, cores, peak);
+    serial = time_steps(serial_plan, f, NULL, &st, err);
+    if (st == LOOM_OK) print_step(" (1,1,1) on 1 rank", serial_plan, serial, peak);
+    loom_cpu_set_affinity(&own);
   }
+  int32_t bad = st != LOOM_OK;
+  loom_comm_allreduce_typed(launch->world, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  loom_comm_idle_barrier(launch->world, 0);
+  loom_cpu_set_threads(f->threads ? f->threads : 1);
+  const double split = !bad ? time_steps(plan, f, launch->world, &st, err) : 0.0;
+  if (launch->rank == 0 && !bad && st == LOOM_OK) {
+    char label[96];
+    snprintf(label, sizeof label, " tp %d x pp %d x dp %d (%d ranks)", plan->parallel->tp, plan->parallel->pp,
+             plan->parallel->dp, launch->size);
+    print_step(label, plan, split, peak);
+    printf("RESULT parallel_over_serial_step_time=%.3f\n", split / serial);
+  }
+  loom_plan_free(serial_plan);
+  loom_plan_free(plan);
+  if (st == LOOM_OK && bad) st = loom_fail(err, LOOM_ERR_RUNTIME, "loom bench step: rank 0 failed");
+  return st;
+}
+
+static loom_status bench_step(bench_flags *f, loom_flag *table, loom_error *err) {
+  char device[160];
+  loom_status st = loom_device_setup("loom bench step", f->device, &f->ops, device, sizeof device, err);
+  if (st != LOOM_OK) return st;
+  const int world = loom_launch_env_size();
+  loom_plan *plan;
+  st = plan_at(f, table, seq_flag(table) ? f->layout.model.seq : 256, true, world, &plan, err);
+  if (st != LOOM_OK) return st;
+  loom_gpt_config cfg;
+  loom_plan_model_config(plan, &cfg);
+  const bool parallel = plan->parallel->tp * plan->parallel->pp * plan->parallel->dp > 1;
+  loom_plan_free(plan);
   loom_launch launch;
   loom_launch_init(&launch);
   if (launch.rank == 0)
     printf("bench step: %s shape (%d layers, hidden %d, heads %d, vocab %d), micro-batch %d, %d threads x %d ranks\n",
-           f->model, cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->micro_batch,
-           f->tp > 1 ? 1 : (f->threads ? f->threads : loom_cpu_threads()), launch.size);
+           f->layout.model.preset, cfg.layers, cfg.hidden, cfg.heads, cfg.vocab, f->layout.micro_batch,
+           parallel ? 1 : (f->threads ? f->threads : loom_cpu_threads()), launch.size);
   loom_cpu_set_threads(f->threads);
-  loom_status st;
 #ifdef LOOM_HAVE_CUDA
-  if (f->ops != loom_ops_cpu()) st = bench_cuda(&cfg, f, err);
+  if (f->ops != loom_ops_cpu()) st = bench_cuda(f, table, err);
   else
 #endif
-    st = f->tp > 1 ? bench_tp(&cfg, f, &launch, err) : bench_serial(&cfg, f, err);
+    st = parallel ? bench_parallel(f, table, &launch, err) : bench_serial(f, table, err);
   loom_launch_finish(&launch);
   return st;
 }
 
 int loom_cmd_bench(int argc, char **argv) {
-  bench_flags f = {.micro_batch = 4, .steps = 3, .layers = 0, .threads = 0, .seq = 0, .tp = 1, .model = "gpt2-small",
-                   .device = "auto"};
-  loom_flag table[] = {
-      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per step", 1, 1024, NULL, false, NULL},
+  bench_flags f = {.layout = loom_plan_flags_defaults(), .steps = 3, .threads = 0, .device = "auto"};
+  f.layout.model.preset = "gpt2-small";
+  f.layout.micro_batch = 4;
+  loom_flag table[BENCH_FLAG_COUNT];
+  loom_plan_flags_table(&f.layout, table);
+  const loom_flag rest[] = {
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false, NULL},
-      {"--layers", FLAG_INT, &f.layers, "override the layer count (0: GPT-2-small's 12)", 0, 1024, NULL, false, NULL},
-      {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores)", 0, 4096, NULL, false, NULL},
-      {"--seq", FLAG_INT, &f.seq, "run only this sequence length (0: 64 and 256; with --tp, 256)", 0, 1024, NULL, false, NULL},
-      {"--model", FLAG_STRING, &f.model, "model preset (gpt2-small; gpt-1.3b is 24 layers, hidden 2048)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores; 1 per rank in a parallel plan)", 0, 4096, NULL, false, NULL},
       {"--device", FLAG_STRING, &f.device, "auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--tp", FLAG_INT, &f.tp, "compare tp 1 on rank 0 with a tp-way split (mpirun -np TP)", 1, 64, NULL, false, NULL},
   };
-  const int n = sizeof table / sizeof table[0];
+  _Static_assert(sizeof rest / sizeof rest[0] == BENCH_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "BENCH_FLAG_COUNT");
+  memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);
   loom_error err = {{0}};
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom bench", "loom bench step [flags]", table, n, argc, argv, pos, 1, &npos, &help, &err);
+  loom_status st = loom_cli_parse("loom bench", "loom bench step [flags] (--seq: only that length; else 64 and 256, "
+                                  "or 256 for a parallel plan under mpirun)", table, BENCH_FLAG_COUNT, argc, argv, pos,
+                                  1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (st == LOOM_OK && (npos != 1 || strcmp(pos[0], "step") != 0))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom bench: expected the benchmark name 'step'%s%s%s",
                    npos ? ", got '" : "", npos ? pos[0] : "", npos ? "'" : "");
-  if (st == LOOM_OK) st = bench_step(&f, &err);
+  if (st == LOOM_OK) st = bench_step(&f, table, &err);
   return loom_report(st, &err);
 }

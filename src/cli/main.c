@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
+#include "cli/launch.h"
+#include "core/fault.h"
 #include "core/log.h"
 
 typedef struct {
@@ -37,6 +39,10 @@ int main(int argc, char **argv) {
     usage(stdout);
     return 0;
   }
+  /* Test faults (core/fault.h), matched against the launcher's rank. */
+  loom_error err = {{0}};
+  if (loom_fault_arm_from_env(&err) != LOOM_OK) return loom_report(LOOM_ERR_USAGE, &err);
+  loom_fault_set_rank(loom_launch_env_rank());
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
   loom_log_error("unknown command '%s' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)", argv[1]);

@@ -28,7 +28,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--digits", FLAG_INT, &f->digits, "operand digits of the addition task", 1, 9, NULL, false, NULL},
       {"--eval-every", FLAG_INT, &f->eval_every, "held-out evaluation every N steps (0: off)", 0, 1e9, NULL, false, NULL},
       {"--eval-batches", FLAG_INT, &f->eval_batches, "micro-batches per evaluation", 1, 1e6, NULL, false, NULL},
-      {"--log-every", FLAG_INT, &f->log_every, "print a progress line every N steps", 1, 1e9, NULL, false, NULL},
+      {"--log-every", FLAG_INT, &f->log_every, "a plain progress line every N steps (0: one status line on a terminal, else every 10)", 0, 1e9, NULL, false, NULL},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false, NULL},
       {"--device", FLAG_STRING, &f->device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
@@ -61,7 +61,7 @@ loom_status loom_train_plan(loom_train_flags *f, const loom_flag *t, loom_plan *
 loom_train_flags loom_train_flags_defaults(void) {
   return (loom_train_flags){.layout = loom_plan_flags_defaults(), .steps = 2000, .warmup = 30,
                             .digits = LOOM_ADDITION_DEFAULT_DIGITS, .eval_every = 250, .eval_batches = 8, .threads = 0,
-                            .log_every = 1, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
+                            .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
                             .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f, .grad_clip = 1.0f,
                             .data_order = "sequential", .synthetic = "addition", .device = "auto"};
 }

@@ -3,8 +3,10 @@
 #include <time.h>
 #include <string.h>
 #include "core/check.h"
+#include "core/fault.h"
 #include "core/timer.h"
 #include "pipeline/executor.h"
+#include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
 
 /* Tags name the message by its destination stage, so both ends agree. */
@@ -34,9 +36,6 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->m = loom_plan_micro_batches(plan);
   pipe->zero1 = plan->parallel->zero_stage == 1;
   pipe->bucket_bytes = bucket_bytes;
-  /* Test-only: one rank slowed on purpose, to prove the straggler report names it. */
-  const char *slow = getenv("LOOM_TEST_SLOW_RANK"), *slow_ms = getenv("LOOM_TEST_SLOW_MS");
-  if (slow && atoi(slow) == ps->rank) pipe->slow_s = (slow_ms ? atof(slow_ms) : 20.0) / 1000.0;
   pipe->T = T;
   pipe->B = B;
   loom_status st = loom_schedule_build(&pipe->sched, plan->schedule, ps->pp, pipe->v, pipe->m, err);
@@ -57,6 +56,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   }
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
+  pipe->slot_stride = pipe->m;
   pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
   pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
   pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
@@ -65,6 +65,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
+  pipe->pred = loom_xmalloc((size_t)T * B * sizeof(int), "predictions");
   return LOOM_OK;
 }
 
@@ -80,14 +81,16 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   if (pipe->dout) pipe->alloc->release(pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
+  free(pipe->pred);
   free(pipe->trace);
   free(pipe->bucket_req);
   loom_schedule_free(&pipe->sched);
+  loom_schedule_free(&pipe->eval_sched);
   memset(pipe, 0, sizeof *pipe);
 }
 
-static void reset_slots(loom_pipeline *pipe) {
-  for (int i = 0; i < pipe->v * pipe->m; i++) pipe->slot_of[i] = -1;
+static void reset_slots(loom_pipeline *pipe, int m) {
+  for (int i = 0; i < pipe->v * m; i++) pipe->slot_of[i] = -1;
   for (int c = 0; c < pipe->v; c++) {
     pipe->free_top[c] = pipe->nslots;
     for (int k = 0; k < pipe->nslots; k++) pipe->free_slots[c * pipe->nslots + k] = pipe->nslots - 1 - k;
@@ -96,7 +99,7 @@ static void reset_slots(loom_pipeline *pipe) {
 
 /* The slot of (chunk, mb), taken from the free stack on first use. */
 static int slot_for(loom_pipeline *pipe, int c, int mb) {
-  int *slot = &pipe->slot_of[c * pipe->m + mb];
+  int *slot = &pipe->slot_of[c * pipe->slot_stride + mb];
   if (*slot >= 0) return *slot;
   LOOM_CHECK(pipe->free_top[c] > 0, "the schedule holds more micro-batches than its peak");
   *slot = pipe->free_slots[c * pipe->nslots + --pipe->free_top[c]];
@@ -104,7 +107,7 @@ static int slot_for(loom_pipeline *pipe, int c, int mb) {
 }
 
 static void release(loom_pipeline *pipe, int c, int mb) {
-  int *slot = &pipe->slot_of[c * pipe->m + mb];
+  int *slot = &pipe->slot_of[c * pipe->slot_stride + mb];
   pipe->free_slots[c * pipe->nslots + pipe->free_top[c]++] = *slot;
   *slot = -1;
 }
@@ -219,30 +222,47 @@ static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, do
   e[4] = (float)(t1 * 1e6);
 }
 
-loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
-                                       int64_t sample_offset) {
+/* What one run of an action list needs beyond the pipeline: the schedule,
+ * whether it trains (dropout, grads, slots held until backward) and where
+ * its micro-batches start. */
+typedef struct {
+  const loom_schedule *sched;
+  bool train;
+  int step;
+  int64_t sample_offset; /* global index of micro-batch 0's first sample */
+  float dloss;           /* grad of the mean loss per scored target (training) */
+  float *tally;          /* forward-only with a score hook: problems, correct */
+} run_spec;
+
+typedef struct {
+  double loss_sum; /* over the last stage's scored targets */
+  int64_t scored;  /* targets fed to the last stage (forward-only) */
+  double norm, compute, wait, dp_wait;
+} run_totals;
+
+/* Runs this rank's actions of a verified schedule. Forward-only schedules
+ * free a slot once its output has left (or, on the last stage, once it is
+ * scored); training ones when its backward is done. */
+static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, const run_spec *spec) {
   const loom_parallel *ps = pipe->ps;
-  const int r = ps->pp_rank, p = ps->pp;
-  /* The loss is the mean over every scored target of the global batch, all
-   * data-parallel replicas' micro-batches included: count first. */
-  int64_t scored = 0;
-  for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
-  loom_comm_allreduce_typed(ps->dp_group, &scored, 1, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
-  const float dloss = scored ? 1.0f / (float)scored : 0.0f;
-  double loss_sum = 0.0, norm = 0.0, compute = 0.0, wait = 0.0, dp_wait = 0.0;
-  pipe->overlapped = 0;
-  for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
-  reset_slots(pipe);
-  pipe->trace_count = 0;
-  if (pipe->tracing) loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
+  const loom_schedule *sched = spec->sched;
+  const int r = ps->pp_rank;
+  const bool tracing = pipe->tracing && spec->train;
+  run_totals out = {0};
+  reset_slots(pipe, sched->m);
+  if (tracing) {
+    pipe->trace_count = 0;
+    loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
+  }
   const double start = loom_now_s();
-  for (int i = 0; i < pipe->sched.count[r]; i++) {
-    const loom_action *a = &pipe->sched.actions[r][i];
+  for (int i = 0; i < sched->count[r]; i++) {
+    const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
     loom_gpt *m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL;
     const int stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1;
     const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
-                                  .sample_offset = sample_offset + (int64_t)a->mb * pipe->B, .step = step, .train = true};
+                                  .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
+                                  .train = spec->train};
     switch (a->kind) {
     case LOOM_ACT_RECV_ACT: {
       const int slot = slot_for(pipe, a->chunk, a->mb);
@@ -253,98 +273,124 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
       const int slot = slot_for(pipe, a->chunk, a->mb);
       const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
       const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
-      if (m->p.range.last) loss_sum += (double)loss * (double)counted;
-      if (pipe->slow_s > 0.0) { /* a throttled device, simulated */
-        const struct timespec nap = {(time_t)pipe->slow_s, (long)((pipe->slow_s - (double)(time_t)pipe->slow_s) * 1e9)};
+      if (m->p.range.last) {
+        out.loss_sum += (double)loss * (double)counted;
+        out.scored += counted;
+      }
+      double slow_ms;
+      if (spec->train && loom_fault_fires(LOOM_FAULT_SLOW, spec->step + 1, &slow_ms)) { /* a throttled device */
+        const double s = slow_ms / 1000.0;
+        const struct timespec nap = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
         nanosleep(&nap, NULL);
       }
+      if (spec->train || !m->p.range.last) break;
+      if (hooks->score) {
+        loom_gpt_predict(m, pipe->pred);
+        hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
+      }
+      release(pipe, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_SEND_ACT: {
-      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
       send_copy(pipe, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
+      if (!spec->train) release(pipe, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_RECV_GRAD:
       loom_comm_recv(ps->pp_group, pipe->dout, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 1));
       break;
     case LOOM_ACT_BACKWARD: {
-      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
       const bool final = a->mb == pipe->m - 1 && bucketing(pipe); /* this chunk's grads end with it */
       m->layer_done = final ? layer_done : NULL;
       m->layer_done_ctx = pipe;
-      loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, dloss);
+      loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       m->layer_done = NULL;
       if (stage == 0) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
       break;
     }
     case LOOM_ACT_SEND_GRAD: {
-      const int slot = pipe->slot_of[a->chunk * pipe->m + a->mb];
+      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
       send_copy(pipe, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
       release(pipe, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
-    case LOOM_ACT_REDUCE_DP: dp_wait = reduce_dp(pipe); break;
+    case LOOM_ACT_REDUCE_DP: out.dp_wait = reduce_dp(pipe); break;
     case LOOM_ACT_OPTIMIZER_STEP:
       for (int c = 0; c < pipe->v; c++) loom_gpt_sync_replicated_grads(&pipe->chunks[c]);
-      norm = hooks->optimizer_step(hooks->ctx, pipe);
+      out.norm = hooks->optimizer_step(hooks->ctx, pipe);
       break;
     }
     const double t1 = loom_now_s() - start;
-    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) compute += t1 - t0;
-    else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) wait += t1 - t0;
-    if (pipe->tracing) trace_event(pipe, a, t0, t1);
+    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) out.compute += t1 - t0;
+    else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) out.wait += t1 - t0;
+    if (tracing) trace_event(pipe, a, t0, t1);
   }
   finish_sends(pipe);
+  return out;
+}
+
+loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
+                                       int64_t sample_offset) {
+  const loom_parallel *ps = pipe->ps;
+  /* The loss is the mean over every scored target of the global batch, all
+   * data-parallel replicas' micro-batches included: count first. */
+  int64_t scored = 0;
+  for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
+  loom_comm_allreduce_typed(ps->dp_group, &scored, 1, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+  pipe->overlapped = 0;
+  for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
+  const run_spec spec = {.sched = &pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,
+                         .dloss = scored ? 1.0f / (float)scored : 0.0f};
+  const run_totals t = run_actions(pipe, hooks, &spec);
   /* The last stages know their replicas' losses; every rank reports the sum. */
-  float loss = r == p - 1 ? (float)(scored ? loss_sum / (double)scored : 0.0) : 0.0f;
+  float loss = ps->pp_rank == ps->pp - 1 ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
   loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
   size_t grads = 0;
   for (int c = 0; c < pipe->v; c++) grads += pipe->chunks[c].p.grads.numel;
-  return (loom_pipeline_stats){.loss = loss, .grad_norm = norm, .compute_s = compute, .wait_s = wait,
-                               .dp_overlap = (double)pipe->overlapped / (double)grads, .dp_wait_s = dp_wait};
+  return (loom_pipeline_stats){.loss = loss, .grad_norm = t.norm, .compute_s = t.compute, .wait_s = t.wait,
+                               .dp_overlap = (double)pipe->overlapped / (double)grads, .dp_wait_s = t.dp_wait};
 }
 
-float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally) {
-  const loom_parallel *ps = pipe->ps;
-  const int N = pipe->T * pipe->B;
-  double loss_sum = 0.0;
-  int64_t scored = 0;
-  float local[2] = {0.0f, 0.0f};
-  int *pred = loom_xmalloc((size_t)N * sizeof(int), "predictions");
-  /* Micro-batch k flows through the virtual stages in order, one at a time. */
-  for (int k = 0; k < batches; k++) {
-    const int64_t counted = hooks->feed(hooks->ctx, k, pipe->tokens, pipe->targets);
-    const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets, .sample_offset = (int64_t)k * pipe->B};
-    scored += counted;
-    for (int s = 0; s < pipe->S; s++) {
-      const int owner = s % ps->pp;
-      if (owner != ps->pp_rank) continue;
-      loom_gpt *m = &pipe->chunks[s / ps->pp];
-      if (s > 0)
-        loom_comm_recv(ps->pp_group, m->slots[0].x0, act_floats(pipe), (owner + ps->pp - 1) % ps->pp, tag_of(pipe, 0, s, 0));
-      const float loss = loom_gpt_stage_forward(m, 0, &batch, m->slots[0].x0);
-      if (s < pipe->S - 1) {
-        loom_comm_send(ps->pp_group, loom_gpt_stage_output(m, 0), act_floats(pipe), (owner + 1) % ps->pp,
-                       tag_of(pipe, 0, s + 1, 0));
-        continue;
-      }
-      loss_sum += (double)loss * (double)counted;
-      if (!hooks->score) continue;
-      loom_gpt_predict(m, pred);
-      hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pred, local);
-    }
+/* The forward-only schedule over `batches` micro-batches, built and verified
+ * once per batch count. */
+static loom_status eval_schedule(loom_pipeline *pipe, int batches, loom_error *err) {
+  if (pipe->eval_sched.count && pipe->eval_sched.m == batches) return LOOM_OK;
+  loom_schedule_free(&pipe->eval_sched);
+  loom_status st = loom_schedule_build(&pipe->eval_sched, LOOM_SCHEDULE_FORWARD_ONLY, pipe->ps->pp, pipe->v, batches, err);
+  if (st == LOOM_OK) {
+    loom_schedule_report rep;
+    st = loom_schedule_verify(&pipe->eval_sched, &rep);
+    if (st != LOOM_OK) st = loom_fail(err, st, "the forward-only schedule failed verification: %s", rep.why);
+    loom_schedule_report_free(&rep);
   }
-  free(pred);
+  if (st == LOOM_OK && batches > pipe->slot_stride) {
+    free(pipe->slot_of);
+    pipe->slot_stride = batches;
+    pipe->slot_of = loom_xmalloc((size_t)pipe->v * batches * sizeof(int), "slot map");
+  }
+  return st;
+}
+
+loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,
+                               float *tally, loom_error *err) {
+  const loom_parallel *ps = pipe->ps;
+  const loom_status st = eval_schedule(pipe, batches, err);
+  if (st != LOOM_OK) return st;
+  float local[2] = {0.0f, 0.0f};
+  const run_spec spec = {.sched = &pipe->eval_sched, .train = false, .tally = local};
+  const run_totals t = run_actions(pipe, hooks, &spec);
   const int last = ps->pp_rank == ps->pp - 1;
-  float results[3] = {last && scored ? (float)(loss_sum / (double)scored) : 0.0f, last ? local[0] : 0.0f,
+  float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
                       last ? local[1] : 0.0f};
   loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);
+  *loss = results[0];
   if (tally) {
     tally[0] = results[1];
     tally[1] = results[2];
   }
-  return results[0];
+  return LOOM_OK;
 }

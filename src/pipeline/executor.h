@@ -38,7 +38,9 @@ typedef struct loom_pipeline {
   loom_schedule sched;
   int v, S, m, T, B;
   loom_gpt *chunks;       /* [v] */
-  int *slot_of;           /* [v * m] slot holding (chunk, mb), or -1 */
+  loom_schedule eval_sched; /* forward-only, built on the first evaluation */
+  int *slot_of;           /* [v * slot_stride] slot holding (chunk, mb), or -1 */
+  int slot_stride;        /* micro-batches the slot map has room for */
   int *free_top, *free_slots; /* per chunk stack of free slots: [v], [v * nslots] */
   int nslots;             /* slots per chunk */
   /* Outgoing activations and grads are copied into send buffers, so a slot
@@ -51,6 +53,7 @@ typedef struct loom_pipeline {
   float *dout;            /* [n, h] received output grad */
   const loom_allocator *alloc; /* what dout came from */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
+  int *pred;              /* [T * B] greedy predictions, for the score hook */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
   bool zero1;
   /* Data-parallel buckets: layers' grads, final after the last micro-batch's
@@ -60,7 +63,6 @@ typedef struct loom_pipeline {
   int nbucket;
   loom_request **bucket_req; /* [layers + 1] in flight this step */
   size_t overlapped;         /* grad floats posted during backward this step */
-  double slow_s; /* test-only: extra seconds each forward sleeps on this rank (LOOM_TEST_SLOW_RANK/_MS) */
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */
   bool tracing;
@@ -92,8 +94,11 @@ void loom_pipeline_free(loom_pipeline *pipe);
  * grads are summed over the replicas (the schedule's REDUCE_DP). */
 loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
                                        int64_t sample_offset);
-/* Forward only, for evaluation: mean loss over `batches` micro-batches; with
- * a score hook, tally[2] gets its totals. The results reach every rank. */
-float loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *tally);
+/* Evaluation: the forward-only schedule over `batches` micro-batches (made
+ * by the same generator and checked by the same verifier as training's);
+ * *loss is their mean loss and, with a score hook, tally[2] gets its totals.
+ * The results reach every rank. */
+loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,
+                               float *tally, loom_error *err);
 
 #endif

@@ -1,25 +1,41 @@
-/* Training step and held-out evaluation on one rank. */
+/* A run built from a plan: optimizers, the step and evaluation through the pipeline hooks. */
 #include <math.h>
 #include <stdlib.h>
 #include "pipeline/trainer.h"
 #include "core/check.h"
+#include "core/fault.h"
 #include "data/addition.h"
 
-void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_dataset *data,
-                       int T, int micro_batch, int global_batch, loom_lr_schedule lr) {
-  LOOM_CHECK(global_batch % micro_batch == 0, "global batch is a multiple of the micro-batch");
-  *tr = (loom_trainer){.model = model, .opt = opt, .lr = lr, .data = data, .T = T,
-                       .micro_batch = micro_batch, .global_batch = global_batch};
-  tr->tokens = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch tokens");
-  tr->targets = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch targets");
+static void free_optimizers(loom_trainer *tr) {
+  for (int c = 0; tr->opts && c < tr->pipe.v; c++) {
+    loom_adamw_free(&tr->opts[c]);
+    if (tr->zero) loom_zero1_free(&tr->zero[c]);
+  }
+  free(tr->opts);
+  free(tr->zero);
+  tr->opts = NULL;
+  tr->zero = NULL;
 }
 
-void loom_trainer_init_pipeline(loom_trainer *tr, loom_pipeline *pipe, loom_adamw *opts, loom_dataset *data,
-                                int T, int micro_batch, loom_lr_schedule lr) {
-  *tr = (loom_trainer){.opt = opts, .pipe = pipe, .lr = lr, .data = data, .T = T, .micro_batch = micro_batch,
-                       .global_batch = pipe->m * micro_batch * pipe->ps->dp};
-  tr->tokens = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch tokens");
-  tr->targets = loom_xmalloc((size_t)T * micro_batch * sizeof(int), "batch targets");
+loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
+                              loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
+  *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
+                       .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch};
+  loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
+                     plan->parallel->sequence_parallel);
+  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, err);
+  if (st != LOOM_OK) return st;
+  loom_adamw_config oc = loom_adamw_defaults();
+  oc.weight_decay = o->weight_decay;
+  oc.grad_clip = o->grad_clip;
+  const int v = tr->pipe.v;
+  tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
+  if (plan->parallel->zero_stage == 1) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO-1 optimizers");
+  for (int c = 0; c < v && st == LOOM_OK; c++)
+    st = tr->zero ? loom_zero1_init(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_rank, tr->ps.dp, &oc)
+                  : loom_adamw_init(&tr->opts[c], &tr->pipe.chunks[c].p, &oc);
+  if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);
+  return st;
 }
 
 /* ---- pipeline hooks ---- */
@@ -30,12 +46,6 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
                             tr->micro_batch, tokens, targets);
 }
 
-/* Fault injection for tests: LOOM_TEST_NAN_STEP=k (1-based) and
- * LOOM_TEST_NAN_RANK=r put a NaN into rank r's grads at step k. */
-static void inject_nan(const loom_trainer *tr, loom_gpt_params *p, int rank) {
-  const char *step = getenv("LOOM_TEST_NAN_STEP"), *who = getenv("LOOM_TEST_NAN_RANK");
-  if (step && atoi(step) == tr->step + 1 && (!who || atoi(who) == rank)) ((float *)p->grads.base)[0] = NAN;
-}
 
 /* One clipped AdamW step per chunk, with the norm over every stage: each
  * element once (the last stage's copy of the tied wte is not counted). The
@@ -44,7 +54,7 @@ static void inject_nan(const loom_trainer *tr, loom_gpt_params *p, int rank) {
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
   loom_comm *dp = pipe->ps->dp_group;
-  inject_nan(tr, &pipe->chunks[0].p, pipe->ps->rank);
+  if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) ((float *)pipe->chunks[0].p.grads.base)[0] = NAN;
   double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
@@ -64,7 +74,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     if (tr->zero) loom_zero1_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
-    else loom_adamw_step(&tr->opt[c], &m->p, tr->step_lr, norm, m->ops);
+    else loom_adamw_step(&tr->opts[c], &m->p, tr->step_lr, norm, m->ops);
   }
   return norm;
 }
@@ -100,82 +110,47 @@ static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
 }
 
 void loom_trainer_free(loom_trainer *tr) {
-  free(tr->tokens);
-  free(tr->targets);
+  free_optimizers(tr);
+  loom_pipeline_free(&tr->pipe);
+  loom_parallel_free(&tr->ps);
 }
 
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
-  if (tr->pipe) {
-    tr->split = LOOM_SPLIT_TRAIN;
-    /* Replica d takes its own m micro-batches of the global batch. */
-    tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->pipe->ps->dp_rank * tr->pipe->m * tr->micro_batch;
-    tr->step_lr = loom_lr_at(&tr->lr, step);
-    tr->step = step;
-    const loom_pipeline_hooks hooks = hooks_of(tr, false);
-    const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
-    return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
-                             .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s,
-                             .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
-  }
-  loom_gpt *m = tr->model;
-  const int B = tr->micro_batch, micro_steps = tr->global_batch / B;
-  const int64_t first_sample = (int64_t)step * tr->global_batch;
-  loom_step_stats out = {.lr = loom_lr_at(&tr->lr, step)};
-  /* The loss is the mean over every scored target of the global batch, so
-   * count them first: each micro-batch's grads are then weighted alike. */
-  int64_t scored = 0;
-  for (int k = 0; k < micro_steps; k++)
-    scored += loom_dataset_batch(tr->data, LOOM_SPLIT_TRAIN, first_sample + (int64_t)k * B, tr->T, B, tr->tokens, tr->targets);
-  const float dloss = scored ? 1.0f / (float)scored : 0.0f;
-  double loss_sum = 0.0;
-  loom_gpt_zero_grad(m);
-  for (int k = 0; k < micro_steps; k++) {
-    const int64_t first = first_sample + (int64_t)k * B;
-    const int64_t counted = loom_dataset_batch(tr->data, LOOM_SPLIT_TRAIN, first, tr->T, B, tr->tokens, tr->targets);
-    const loom_gpt_batch batch = {.tokens = tr->tokens, .targets = tr->targets,
-                                  .sample_offset = first, .step = step, .train = true};
-    loss_sum += (double)loom_gpt_forward(m, &batch) * (double)counted;
-    loom_gpt_backward(m, &batch, dloss);
-  }
-  out.loss = scored ? (float)(loss_sum / (double)scored) : 0.0f;
-  loom_gpt_sync_replicated_grads(m);
+  tr->split = LOOM_SPLIT_TRAIN;
+  /* Replica d takes its own m micro-batches of the global batch. */
+  tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * tr->pipe.m * tr->micro_batch;
+  tr->step_lr = loom_lr_at(&tr->lr, step);
   tr->step = step;
-  inject_nan(tr, &m->p, 0);
-  out.grad_norm = loom_grad_norm(&m->p, m->ops, &m->tp);
-  out.skipped = !isfinite(out.grad_norm);
-  if (!out.skipped) loom_adamw_step(tr->opt, &m->p, out.lr, out.grad_norm, m->ops);
-  return out;
+  const loom_pipeline_hooks hooks = hooks_of(tr, false);
+  const loom_pipeline_stats ps = loom_pipeline_step(&tr->pipe, &hooks, step, tr->first_sample);
+  return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
+                           .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s,
+                           .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
 }
 
-loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits) {
-  if (tr->pipe) {
-    tr->split = LOOM_SPLIT_HELDOUT;
-    tr->first_sample = 0;
-    tr->digits = addition_digits;
-    const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
-    float tally[2] = {0.0f, 0.0f};
-    const float loss = loom_pipeline_eval(tr->pipe, &hooks, batches, tally);
-    return (loom_eval_stats){.loss = loss, .problems = (int)tally[0], .correct = (int)tally[1]};
-  }
-  loom_gpt *m = tr->model;
-  const int B = tr->micro_batch, T = tr->T, N = T * B;
-  int *pred = loom_xmalloc((size_t)N * sizeof(int), "predictions");
-  loom_eval_stats out = {0};
+loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,
+                              loom_error *err) {
+  tr->split = LOOM_SPLIT_HELDOUT;
+  tr->first_sample = 0;
+  tr->digits = addition_digits;
+  const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
   float tally[2] = {0.0f, 0.0f};
-  double loss_sum = 0.0;
-  int64_t scored = 0;
-  for (int k = 0; k < batches; k++) {
-    const int64_t counted = loom_dataset_batch(tr->data, LOOM_SPLIT_HELDOUT, (int64_t)k * B, T, B, tr->tokens, tr->targets);
-    const loom_gpt_batch batch = {.tokens = tr->tokens, .targets = tr->targets, .sample_offset = (int64_t)k * B};
-    loss_sum += (double)loom_gpt_forward(m, &batch) * (double)counted;
-    scored += counted;
-    if (addition_digits <= 0) continue;
-    loom_gpt_predict(m, pred);
-    score_addition(addition_digits, T, B, tr->tokens, tr->targets, pred, tally);
-  }
-  out.loss = scored ? (float)(loss_sum / (double)scored) : 0.0f;
-  out.problems = (int)tally[0];
-  out.correct = (int)tally[1];
-  free(pred);
-  return out;
+  const loom_status st = loom_pipeline_eval(&tr->pipe, &hooks, batches, &out->loss, tally, err);
+  out->problems = (int)tally[0];
+  out->correct = (int)tally[1];
+  return st;
+}
+
+size_t loom_trainer_local_params(const loom_trainer *tr) {
+  size_t n = 0;
+  for (int c = 0; c < tr->pipe.v; c++) n += tr->pipe.chunks[c].p.params.numel;
+  return n;
+}
+
+double loom_trainer_optimizer_bytes(const loom_trainer *tr) {
+  double bytes = 0.0;
+  for (int c = 0; c < tr->pipe.v; c++)
+    bytes += tr->zero ? (double)loom_zero1_state_bytes(&tr->zero[c])
+                      : 2.0 * sizeof(float) * (double)tr->pipe.chunks[c].p.params.numel;
+  return bytes;
 }

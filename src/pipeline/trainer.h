@@ -1,26 +1,38 @@
-/* One rank's training loop pieces: a step over the micro-batches of one
- * global batch (grad accumulation, clipping, AdamW), and held-out evaluation.
+/* A training run built from a plan, and nothing else: this rank's grid
+ * coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO-1's
+ * shard of it), the step over one global batch (grad accumulation through the
+ * plan's schedule, the grad norm over every stage, the NaN skip, clipping and
+ * AdamW) and held-out evaluation through the forward-only schedule. Every
+ * layout, (1,1,1) included, runs here.
+ *
  * Sample g of step s is s * global_batch + g, so the data is the same for any
- * split of the global batch into micro-batches. */
+ * split of the global batch into micro-batches and replicas. */
 #ifndef LOOM_TRAINER_H
 #define LOOM_TRAINER_H
 
 #include "data/dataset.h"
-#include "layers/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 #include "optim/zero1.h"
 #include "pipeline/executor.h"
 
+/* What a run needs beyond its plan. */
 typedef struct {
-  loom_gpt *model;        /* the whole model on this rank, or NULL under a pipeline */
-  loom_adamw *opt;        /* [1], or [chunks] under a pipeline */
-  loom_zero1 *zero;       /* [chunks] under ZeRO-1 (then opt is unused), else NULL */
-  loom_pipeline *pipe;    /* NULL unless pipeline-parallel */
+  uint64_t seed;        /* weight init and dropout */
+  size_t bucket_bytes;  /* data-parallel grad buckets reduced during backward (0: at the end) */
+  float weight_decay, grad_clip;
   loom_lr_schedule lr;
-  loom_dataset *data;
+} loom_trainer_options;
+
+typedef struct {
+  const loom_plan *plan;
+  loom_parallel ps;
+  loom_pipeline pipe;
+  loom_adamw *opts;  /* [pipe.v] */
+  loom_zero1 *zero;  /* [pipe.v] under ZeRO-1 (then opts is unused), else NULL */
+  loom_dataset *data; /* not owned */
+  loom_lr_schedule lr;
   int T, micro_batch, global_batch;
-  int *tokens, *targets; /* [T * micro_batch] */
   /* what the pipeline hooks read */
   loom_split split;
   int64_t first_sample;
@@ -34,7 +46,7 @@ typedef struct {
   float lr;
   double grad_norm; /* before clipping */
   bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */
-  double compute_s, wait_s; /* this rank's compute and waiting time (pipelines; else the step and 0) */
+  double compute_s, wait_s; /* this rank's compute and waiting time */
   double dp_overlap, dp_wait_s; /* data-parallel grad bytes reduced during backward, and the wait after it */
 } loom_step_stats;
 
@@ -43,16 +55,18 @@ typedef struct {
   int problems, correct; /* exact match, when the data is the addition task */
 } loom_eval_stats;
 
-void loom_trainer_init(loom_trainer *tr, loom_gpt *model, loom_adamw *opt, loom_dataset *data,
-                       int T, int micro_batch, int global_batch, loom_lr_schedule lr);
-/* The same over a pipeline: opts holds one optimizer per chunk, and the
- * global batch is the schedule's micro-batches times micro_batch. */
-void loom_trainer_init_pipeline(loom_trainer *tr, loom_pipeline *pipe, loom_adamw *opts, loom_dataset *data,
-                                int T, int micro_batch, loom_lr_schedule lr);
+/* Builds this rank's part of a validated plan (loom_plan_validate) over the
+ * world communicator; the plan and data must outlive the trainer. */
+loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
+                              loom_dataset *data, const loom_trainer_options *o, loom_error *err);
 void loom_trainer_free(loom_trainer *tr);
 /* Trains on global batch `step` (0-based). */
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
-loom_eval_stats loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits);
+loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,
+                              loom_error *err);
+/* Local parameters over this rank's chunks, and the bytes of their optimizer state. */
+size_t loom_trainer_local_params(const loom_trainer *tr);
+double loom_trainer_optimizer_bytes(const loom_trainer *tr);
 
 #endif

@@ -2,7 +2,7 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
-#include "cli/metrics.h"
+#include "pipeline/metrics.h"
 
 loom_status loom_metrics_open(loom_metrics *m, const char *path, loom_error *err) {
   m->fp = NULL;

@@ -1,0 +1,146 @@
+/* Model files and checkpoints of a training run. */
+#include <stdlib.h>
+#include "ckpt/llmc_model.h"
+#include "ckpt/manifest.h"
+#include "ckpt/model_source.h"
+#include "ckpt/run_files.h"
+#include "core/check.h"
+#include "core/fault.h"
+#include "core/log.h"
+#include "core/timer.h"
+
+void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, int keep, uint64_t seed, const char *data) {
+  const int v = tr->pipe.v;
+  *f = (loom_run_files){.tr = tr, .dir = dir, .keep = keep};
+  f->chunks = loom_xcalloc((size_t)v, sizeof *f->chunks, "checkpoint chunks");
+  for (int c = 0; c < v; c++)
+    f->chunks[c] = tr->zero ? loom_ckpt_chunk_zero1(&tr->pipe.chunks[c].p, &tr->zero[c])
+                            : loom_ckpt_chunk_adamw(&tr->pipe.chunks[c].p, &tr->opts[c]);
+  const loom_plan *plan = tr->plan;
+  f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
+                           .micro_batch = tr->micro_batch, .global_batch = tr->global_batch, .seed = seed, .lr = tr->lr,
+                           .data = data};
+  loom_plan_model_config(plan, &f->run.cfg);
+}
+
+void loom_run_files_free(loom_run_files *f) {
+  free(f->chunks);
+  f->chunks = NULL;
+}
+
+/* Every rank's verdict: the first failure's message stays on its rank; the
+ * others say another rank failed. */
+static loom_status agree(const loom_run_files *f, loom_status st, const char *what, loom_error *err) {
+  int32_t bad = st != LOOM_OK;
+  loom_comm_allreduce_typed(f->tr->ps.world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  if (st != LOOM_OK || !bad) return st;
+  return loom_fail(err, LOOM_ERR_IO, "another rank could not %s", what);
+}
+
+/* The parameters of this rank's chunks, without optimizer state. */
+static loom_ckpt_chunk *param_chunks(const loom_run_files *f) {
+  const int v = f->tr->pipe.v;
+  loom_ckpt_chunk *p = loom_fault_calloc((size_t)v, sizeof *p);
+  for (int c = 0; p && c < v; c++) p[c] = (loom_ckpt_chunk){.p = f->chunks[c].p, .begin = 0, .end = f->chunks[c].p->params.numel};
+  return p;
+}
+
+static loom_status load_llmc(const loom_run_files *f, const char *path, loom_error *err) {
+  loom_model_source src;
+  loom_status st = loom_llmc_source(&src, path, err);
+  if (st != LOOM_OK) return st;
+  const loom_gpt_config *a = &src.cfg, *b = &f->run.cfg;
+  if (a->layers != b->layers || a->hidden != b->hidden || a->heads != b->heads || a->vocab != b->vocab || a->seq != b->seq) {
+    st = loom_fail(err, LOOM_ERR_FORMAT,
+                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
+                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, a->layers, a->hidden, a->heads, a->vocab,
+                   a->seq, b->layers, b->hidden, b->heads, b->vocab, b->seq);
+    loom_model_source_free(&src);
+    return st;
+  }
+  loom_ckpt_chunk *chunks = param_chunks(f);
+  const int v = f->tr->pipe.v;
+  loom_ckpt_want *want = chunks ? loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, v) + 1, sizeof *want) : NULL;
+  loom_piece_source pieces = {0};
+  loom_assembly *fill = NULL;
+  if (!want) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  if (st == LOOM_OK) st = loom_model_source_pieces(&src, path, &pieces, err);
+  if (st == LOOM_OK) {
+    const int count = loom_ckpt_load_pieces(chunks, v, want);
+    fill = loom_assembly_begin(want, count);
+    if (!fill) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  }
+  if (fill) {
+    st = loom_assembly_add(fill, &pieces, err);
+    st = loom_assembly_finish(fill, st, path, err);
+  }
+  loom_model_source_pieces_free(&pieces);
+  free(want);
+  free(chunks);
+  loom_model_source_free(&src);
+  return st;
+}
+
+loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err) {
+  return agree(f, load_llmc(f, path, err), "load --init-from", err);
+}
+
+loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) {
+  const double t0 = loom_now_s();
+  loom_ckpt_run from;
+  const int v = f->tr->pipe.v;
+  loom_status st = agree(f, loom_ckpt_resume(f->dir, f->chunks, v, &f->run, &from, first, err), "load the checkpoint", err);
+  if (st != LOOM_OK) return st;
+  const double dt = loom_now_s() - t0;
+  double gb = (double)loom_ckpt_load_bytes(f->chunks, v) / 1e9;
+  loom_comm_allreduce_typed(f->tr->ps.world_group, &gb, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  const loom_ckpt_run *ck = &f->run;
+  if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
+    loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
+                  from.tp, from.pp, from.dp, from.vpp, from.zero);
+  loom_log_info("resumed from %s/latest at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)", f->dir,
+                (long long)*first, gb, dt, gb / dt);
+  return LOOM_OK;
+}
+
+loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
+  loom_run_files *f = ctx;
+  const double t0 = loom_now_s();
+  int64_t bytes = 0;
+  const loom_status st = loom_ckpt_save(f->dir, step, f->keep, f->chunks, f->tr->pipe.v, &f->tr->ps, &f->run, &bytes, err);
+  const double gb = (double)bytes / 1e9, dt = loom_now_s() - t0;
+  if (st == LOOM_OK)
+    loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
+                  f->dir, (long long)step, gb, dt, gb / dt);
+  return st;
+}
+
+/* Rank 0 streams dir/latest into an llm.c file. */
+static loom_status write_llmc(const char *dir, const char *path, loom_error *err) {
+  loom_model_source src;
+  loom_status st = loom_model_source_of_ckpt(&src, dir, err);
+  if (st != LOOM_OK) return st;
+  st = loom_llmc_write(path, &src, err);
+  loom_model_source_free(&src);
+  return st;
+}
+
+loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, loom_error *err) {
+  char scratch[4200];
+  const char *dir = f->dir;
+  loom_status st = LOOM_OK;
+  if (!dir) { /* the parameters alone, beside the output */
+    snprintf(scratch, sizeof scratch, "%s.shards", path);
+    dir = scratch;
+    loom_ckpt_chunk *params = param_chunks(f);
+    st = agree(f, params ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path), "save the model", err);
+    int64_t bytes;
+    if (st == LOOM_OK) st = loom_ckpt_save(dir, step, 1, params, f->tr->pipe.v, &f->tr->ps, &f->run, &bytes, err);
+    free(params);
+  }
+  if (st == LOOM_OK && f->tr->ps.rank == 0) st = write_llmc(dir, path, err);
+  st = agree(f, st, "write the model", err);
+  if (dir == scratch && f->tr->ps.rank == 0) loom_ckpt_remove(scratch);
+  if (st == LOOM_OK) loom_log_info("saved %s (llm.c format)", path);
+  return st;
+}

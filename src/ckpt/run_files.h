@@ -1,0 +1,36 @@
+/* A training run's files, for the runtime below: --init-from (llm.c weights
+ * into this rank's shards, by global offsets, one tensor in memory at a
+ * time), checkpoints (resume, and the loop's save hook), and --save (the
+ * trained model as one llm.c file, exported by rank 0 from a sharded
+ * checkpoint tensor by tensor: no rank gathers the model in memory). Every
+ * call is collective over the run's world, and every rank returns the same
+ * verdict. */
+#ifndef LOOM_RUN_FILES_H
+#define LOOM_RUN_FILES_H
+
+#include "ckpt/checkpoint.h"
+#include "pipeline/trainer.h"
+
+typedef struct {
+  loom_trainer *tr;
+  const char *dir; /* --ckpt, or NULL */
+  int keep;
+  loom_ckpt_chunk *chunks; /* [tr->pipe.v] parameters and optimizer state */
+  loom_ckpt_run run;
+} loom_run_files;
+
+/* seed and data describe the run in the checkpoint's manifest. */
+void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, int keep, uint64_t seed, const char *data);
+void loom_run_files_free(loom_run_files *f);
+/* Loads an llm.c model file's weights; the file's model must be the plan's. */
+loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err);
+/* Loads dir/latest, from whatever plan wrote it; *first gets its step. */
+loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
+/* The training loop's save hook (ctx: the loom_run_files): checkpoint `step` under dir. */
+loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
+/* Writes the model after `step` to path in llm.c's format: from dir/latest
+ * when the run keeps checkpoints (it was just saved), else through a
+ * parameters-only checkpoint beside path, removed afterwards. */
+loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, loom_error *err);
+
+#endif

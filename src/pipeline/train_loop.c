@@ -1,0 +1,210 @@
+/* The step loop and what a person watching it sees. */
+#include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include "core/check.h"
+#include "core/fault.h"
+#include "core/log.h"
+#include "core/sysinfo.h"
+#include "core/timer.h"
+#include "pipeline/trace.h"
+#include "pipeline/train_loop.h"
+#include "schedule/verify.h"
+
+enum { DEFAULT_LOG_EVERY = 10 };
+
+void loom_train_describe(const loom_trainer *tr) {
+  const loom_pipeline *p = &tr->pipe;
+  const loom_parallel *ps = &tr->ps;
+  char dp[32] = "";
+  if (ps->dp > 1) snprintf(dp, sizeof dp, " x dp %d", ps->dp);
+  loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
+                ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
+                loom_schedule_kind_name(tr->plan->schedule), p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
+  const double mib = 1048576.0, kept = (double)p->act_bytes, full = (double)p->act_bytes_without_recompute;
+  if (p->chunks[0].recompute)
+    loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
+                  full / mib, (full - kept) / mib);
+  else
+    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
+  if (!tr->zero) return;
+  const double unsharded = 2.0 * sizeof(float) * (double)loom_trainer_local_params(tr),
+               state = loom_trainer_optimizer_bytes(tr);
+  loom_log_info("Adam state on rank 0: %.2f MiB with ZeRO-1 over dp %d, %.2f MiB without (%.3f of it)", state / mib,
+                ps->dp, unsharded / mib, state / unsharded);
+}
+
+/* Measured peak memory of the busiest rank against loom's own estimate of it:
+ * fp32 weights and grads (8 bytes per local parameter), Adam moments (8 more,
+ * or this replica's ZeRO-1 slice), plus the activation and scratch buffers
+ * this layout allocates. */
+static void report_memory(const loom_trainer *tr) {
+  const double estimate = 8.0 * (double)loom_trainer_local_params(tr) + loom_trainer_optimizer_bytes(tr) +
+                          (double)tr->pipe.act_bytes;
+  double numbers[2] = {(double)loom_peak_rss_bytes(), estimate};
+  loom_comm_allreduce_typed(tr->ps.world_group, numbers, 2, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  const double mib = 1048576.0;
+  loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter, less under ZeRO-1, + activations), "
+                "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
+}
+
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Straggler report: every rank's compute time this step, gathered; a rank
+ * slower than the median by the factor is named in the log and metrics (a
+ * GPU throttled by heat slows the whole job). Collective over the world. */
+static void report_stragglers(const loom_trainer *tr, const loom_train_loop *loop, const loom_step_stats *s, int step) {
+  const int n = tr->ps.world;
+  const double mine[2] = {s->compute_s, s->wait_s};
+  double *all = loom_xmalloc((size_t)n * 2 * sizeof(double), "straggler"),
+         *sorted = loom_xmalloc((size_t)n * sizeof(double), "straggler");
+  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 2, LOOM_DTYPE_F64);
+  int slowest = 0;
+  for (int k = 0; k < n; k++) {
+    sorted[k] = all[2 * k];
+    if (all[2 * k] > all[2 * slowest]) slowest = k;
+  }
+  qsort(sorted, (size_t)n, sizeof(double), by_value);
+  const double median = sorted[(n - 1) / 2]; /* the lower median: with two ranks, the faster one */
+  const int straggler = median > 0.0 && all[2 * slowest] > loop->straggler_factor * median ? slowest : -1;
+  double waited = 0.0;
+  for (int k = 0; k < n; k++)
+    if (k != slowest && all[2 * k + 1] > waited) waited = all[2 * k + 1];
+  loom_metrics_num(loop->metrics, "compute_ms_median", 1e3 * median);
+  loom_metrics_num(loop->metrics, "compute_ms_max", 1e3 * all[2 * slowest]);
+  loom_metrics_num(loop->metrics, "straggler_rank", straggler);
+  if (straggler >= 0)
+    loom_log_info("step %5d: straggler rank %d: compute %.1f ms vs median %.1f ms (x%.1f, over the %.1fx limit); "
+                  "its peers waited up to %.1f ms", step + 1, straggler, 1e3 * all[2 * slowest], 1e3 * median,
+                  all[2 * slowest] / median, (double)loop->straggler_factor, 1e3 * waited);
+  free(all);
+  free(sorted);
+}
+
+/* Logs a held-out evaluation; adds it to the current metrics line if `record`. */
+static loom_status run_eval(loom_trainer *tr, const loom_train_loop *loop, int step, bool record, loom_error *err) {
+  loom_eval_stats e;
+  const loom_status st = loom_trainer_eval(tr, loop->eval_batches, loop->digits, &e, err);
+  if (st != LOOM_OK) return st;
+  if (record) loom_metrics_num(loop->metrics, "eval_loss", e.loss);
+  if (loop->digits > 0 && e.problems > 0) {
+    const double acc = (double)e.correct / e.problems;
+    loom_log_info("eval  step %5d | held-out loss %.4f | exact match %5.1f%% (%d/%d held-out sums)", step,
+                  (double)e.loss, 100.0 * acc, e.correct, e.problems);
+    if (record) loom_metrics_num(loop->metrics, "eval_accuracy", acc);
+  } else {
+    loom_log_info("eval  step %5d | held-out loss %.4f", step, (double)e.loss);
+  }
+  return LOOM_OK;
+}
+
+/* "1h02m", "3m07s", "42s": a duration as a person reads it. */
+static void format_duration(double s, char *out, size_t n) {
+  const long t = s > 0.0 && s < 1e9 ? (long)(s + 0.5) : 0;
+  if (t >= 3600) snprintf(out, n, "%ldh%02ldm", t / 3600, t / 60 % 60);
+  else if (t >= 60) snprintf(out, n, "%ldm%02lds", t / 60, t % 60);
+  else snprintf(out, n, "%lds", t);
+}
+
+/* The step's line: the status line on a terminal, else a plain line every log_every steps. */
+static void show_progress(const loom_train_loop *loop, int step, const loom_step_stats *s, double dt, double tokens,
+                          double gflops, double started, int first) {
+  const int done = step + 1, every = loop->log_every ? loop->log_every : DEFAULT_LOG_EVERY;
+  if (loop->log_every == 0 && loom_log_on_terminal()) {
+    const double elapsed = loom_now_s() - started, eta = elapsed / (done - first) * (loop->steps - done);
+    char el[48], left[48];
+    format_duration(elapsed, el, sizeof el);
+    format_duration(eta, left, sizeof left);
+    loom_log_status("step %d/%d | loss %.4f | %.0f tok/s | %.1f%% peak | elapsed %s | ETA %s", done, loop->steps,
+                    (double)s->loss, tokens / dt, 100.0 * gflops / loop->peak_gflops, el, left);
+    return;
+  }
+  if (done % every == 0 || step == first || done == loop->steps)
+    loom_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %6.1f GFLOP/s | %4.1f%% peak",
+                  done, loop->steps, (double)s->loss, (double)s->lr, s->grad_norm, dt * 1e3, tokens / dt, gflops,
+                  100.0 * gflops / loop->peak_gflops);
+}
+
+static void record_step(const loom_trainer *tr, const loom_train_loop *loop, int step, const loom_step_stats *s,
+                        double dt, double tokens, double gflops) {
+  loom_metrics *mx = loop->metrics;
+  loom_metrics_begin(mx, step + 1);
+  loom_metrics_num(mx, "loss", s->loss);
+  loom_metrics_num(mx, "lr", s->lr);
+  loom_metrics_num(mx, "grad_norm", s->grad_norm);
+  loom_metrics_num(mx, "ms", dt * 1e3);
+  loom_metrics_num(mx, "tokens_per_s", tokens / dt);
+  loom_metrics_num(mx, "gflops", gflops);
+  loom_metrics_num(mx, "peak_frac", gflops / loop->peak_gflops);
+  loom_metrics_num(mx, "skipped", s->skipped);
+  if (tr->ps.world > 1) report_stragglers(tr, loop, s, step);
+  if (tr->ps.dp > 1 && !tr->zero) {
+    loom_metrics_num(mx, "dp_overlap", s->dp_overlap);
+    loom_metrics_num(mx, "dp_wait_ms", 1e3 * s->dp_wait_s);
+    if (step + 1 == loop->steps)
+      loom_log_info("data-parallel grads: %.0f%% of the bytes reduced in buckets during backward; %.2f ms waited after it",
+                    100.0 * s->dp_overlap, 1e3 * s->dp_wait_s);
+  }
+  if (s->skipped)
+    loom_log_info("step %5d: the grads hold an inf or NaN (norm %g); every rank skipped this step", step + 1, s->grad_norm);
+}
+
+/* Whether any rank was asked to stop; every rank gets the same answer. */
+static bool stop_requested(const loom_trainer *tr, const loom_train_loop *loop) {
+  int32_t stop = loop->stop && *loop->stop != 0;
+  loom_comm_allreduce_typed(tr->ps.world_group, &stop, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  return stop != 0;
+}
+
+static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_error *err) {
+  report_memory(tr);
+  if (!loop->trace) return LOOM_OK;
+  double bubble;
+  const loom_status st = loom_trace_write(&tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);
+  if (st != LOOM_OK) return st;
+  loom_log_info("trace %s: bubble measured %.1f%%, theory %.1f%% (loom trace svg %s -o FILE.svg draws it)", loop->trace,
+                100.0 * bubble, 100.0 * loom_schedule_theory_bubble(&tr->pipe.sched), loop->trace);
+  return LOOM_OK;
+}
+
+loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *stopped, loom_error *err) {
+  const double tokens = (double)tr->global_batch * tr->T;
+  const double flops = loom_gpt_train_flops(&tr->pipe.chunks[0].p.cfg, tr->T, tokens);
+  const int first = loop->first_step;
+  *stopped = false;
+  loom_status st = loop->eval_every > 0 && first == 0 ? run_eval(tr, loop, 0, false, err) : LOOM_OK;
+  const double started = loom_now_s();
+  for (int step = first; step < loop->steps && st == LOOM_OK; step++) {
+    if (loom_fault_fires(LOOM_FAULT_STALL, step + 1, NULL))
+      for (;;) sleep(1);
+    tr->pipe.tracing = loop->trace && step + 1 == loop->steps;
+    const double t0 = loom_now_s();
+    const loom_step_stats s = loom_trainer_step(tr, step);
+    const double dt = loom_now_s() - t0, gflops = flops / dt * 1e-9;
+    if (!isfinite(s.loss)) {
+      loom_log_status_end();
+      return loom_fail(err, LOOM_ERR_RUNTIME, "loss became %g at step %d; lower --lr or check the data",
+                       (double)s.loss, step + 1);
+    }
+    show_progress(loop, step, &s, dt, tokens, gflops, started, first);
+    record_step(tr, loop, step, &s, dt, tokens, gflops);
+    if (loop->eval_every > 0 && ((step + 1) % loop->eval_every == 0 || step + 1 == loop->steps))
+      st = run_eval(tr, loop, step + 1, true, err);
+    loom_metrics_end(loop->metrics);
+    *stopped = stop_requested(tr, loop);
+    const bool due = (loop->save_every && (step + 1) % loop->save_every == 0) || step + 1 == loop->steps;
+    if (st == LOOM_OK && loop->save && (*stopped || due)) st = loop->save(loop->save_ctx, step + 1, err);
+    if (*stopped) {
+      loom_log_status_end();
+      if (st == LOOM_OK)
+        loom_log_info("stopped by a signal after step %d%s", step + 1,
+                      loop->save ? "; resume with --resume" : " (no --ckpt, nothing saved)");
+      return st;
+    }
+  }
+  loom_log_status_end();
+  return st == LOOM_OK ? finish(tr, loop, err) : st;
+}
