@@ -16,6 +16,16 @@ grep -q "parallel: 2 ranks, tp 2 (sequence parallel) x pp 1 | schedule 1f1b" "$W
 [ "$(grep -c '^step ' "$WORK/out.txt")" = 3 ] || fail "progress should print once per step, from rank 0 only"
 [ "$(grep -c '"loss"' "$WORK/m.jsonl")" = 3 ] || fail "metrics"
 "$LOOM" sample --init-from "$WORK/tp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the tp 2 model"
+# loom eval runs a plan too: the same model split tp 2 over 2 ranks scores a
+# token file as one rank does (relative 1e-5).
+seq 1 600 > "$WORK/text.txt"
+"$LOOM" data prepare "$WORK/text.txt" -o "$WORK/tok.bin" > /dev/null || fail "data prepare"
+one=$("$LOOM" eval --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval: $one"
+two=$(run eval --tp 2 --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval tp 2: $two"
+a=$(echo "$one" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 16 tokens$/\1/p')
+b=$(echo "$two" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 16 tokens$/\1/p')
+[ -n "$a" ] && [ -n "$b" ] || fail "eval lines: '$one' / '$two'"
+awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' || fail "eval: tp 2 gives $b, one rank $a"
 
 # Pipeline stages: pp 2 with an uneven split and recompute; its saved model
 # (assembled from both stages) samples on one rank and evaluates the same.

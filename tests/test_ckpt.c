@@ -11,6 +11,8 @@
 #include "ckpt/shard_file.h"
 #include "core/crc32c.h"
 #include "plan/plan.h"
+#include "core/fault.h"
+#include "ckpt/manifest.h"
 #include "test_util.h"
 
 START_TEST(crc32c_known_answers) {
@@ -316,6 +318,58 @@ START_TEST(loads_onto_other_plans) {
 }
 END_TEST
 
+/* Every allocation of the checkpoint writer failing in turn: each save
+ * refuses with one line saying it ran out of memory, and the checkpoint
+ * before it stays the latest, whole and loadable; then the save succeeds. */
+START_TEST(writer_survives_allocation_failure) {
+  loom_gpt_params whole;
+  loom_adamw opt;
+  whole_state(&whole, &opt);
+  loom_parallel ps;
+  loom_parallel_init(&ps, NULL, 1, 1, 1, false);
+  const loom_ckpt_chunk ch = loom_ckpt_chunk_adamw(&whole, &opt);
+  const loom_ckpt_run run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1,
+                             .seed = 7};
+  const char *dir = tu_tmp_path("alloc_ckpt");
+  loom_error err = {{0}};
+  int64_t bytes;
+  ck_assert_msg(loom_ckpt_save(dir, 1, 0, &ch, 1, &ps, &run, &bytes, &err) == LOOM_OK, "%s", err.msg);
+  char latest[4200];
+  snprintf(latest, sizeof latest, "%s/latest", dir);
+  int failures = 0;
+  loom_status st = LOOM_ERR_NOMEM;
+  for (int k = 1; st != LOOM_OK; k++) {
+    ck_assert_int_lt(k, 100000);
+    char spec[32];
+    snprintf(spec, sizeof spec, "alloc:*:%d", k);
+    ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
+    st = loom_ckpt_save(dir, 2, 0, &ch, 1, &ps, &run, &bytes, &err);
+    loom_fault_disarm();
+    if (st == LOOM_OK) break;
+    failures++;
+    ck_assert_int_eq(st, LOOM_ERR_NOMEM);
+    ck_assert_msg(strstr(err.msg, "out of memory") && !strchr(err.msg, '\n'), "%s", err.msg);
+    size_t n;
+    char *named = tu_read_bytes(latest, &n);
+    ck_assert_msg(n == 14 && memcmp(named, "step_00000001\n", 14) == 0, "latest moved after a failed save (allocation %d)", k);
+    free(named);
+    int shards, tensors;
+    ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "allocation %d: %s", k, err.msg);
+  }
+  ck_assert_int_ge(failures, 5); /* the writer's own allocations were each failed */
+  int shards, tensors;
+  ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "%s", err.msg);
+  size_t n;
+  char *named = tu_read_bytes(latest, &n);
+  ck_assert(n == 14 && memcmp(named, "step_00000002\n", 14) == 0);
+  free(named);
+  loom_ckpt_remove(dir);
+  loom_parallel_free(&ps);
+  loom_adamw_free(&opt);
+  loom_gpt_params_free(&whole);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt");
   TCase *tc = tcase_create("ckpt");
@@ -323,6 +377,7 @@ int main(void) {
   tcase_add_test(tc, round_trip);
   tcase_add_test(tc, corruption_is_refused);
   tcase_add_test(tc, loads_onto_other_plans);
+  tcase_add_test(tc, writer_survives_allocation_failure);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

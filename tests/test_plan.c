@@ -8,6 +8,7 @@
 #include "plan/plan.h"
 #include "plan/textformat.h"
 #include "schedule/verify.h"
+#include "core/fault.h"
 #include "test_util.h"
 
 static const char *g_protoc, *g_proto_dir, *g_gpt50b, *g_tiny;
@@ -347,6 +348,70 @@ START_TEST(estimates_follow_megatron) {
 }
 END_TEST
 
+/* Every allocation of the plan loader failing in turn, for a text and a
+ * binary plan: each read refuses with one line saying it ran out of memory
+ * and returns no plan, and the file is left as it was; then it loads. */
+START_TEST(loader_survives_allocation_failure) {
+  loom_plan *plan;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_read(g_tiny, &plan, &err) == LOOM_OK, "%s", err.msg);
+  const char *pb = tu_tmp_path("alloc.pb");
+  ck_assert_int_eq(loom_plan_write(pb, plan, &err), LOOM_OK);
+  loom_plan_free(plan);
+  const char *files[2] = {g_tiny, pb};
+  for (int f = 0; f < 2; f++) {
+    size_t size, after;
+    char *before = tu_read_bytes(files[f], &size);
+    int failures = 0;
+    loom_status st = LOOM_ERR_NOMEM;
+    for (int k = 1; st != LOOM_OK; k++) {
+      ck_assert_int_lt(k, 100000);
+      char spec[32];
+      snprintf(spec, sizeof spec, "alloc:*:%d", k);
+      ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
+      st = loom_plan_read(files[f], &plan, &err);
+      loom_fault_disarm();
+      if (st == LOOM_OK) break;
+      failures++;
+      ck_assert_ptr_null(plan);
+      ck_assert_msg(strstr(err.msg, "out of memory") && strstr(err.msg, files[f]) && !strchr(err.msg, '\n'), "%s", err.msg);
+    }
+    ck_assert_int_ge(failures, 3);
+    char lines[512];
+    ck_assert_msg(loom_plan_validate(plan, &(loom_plan_limits){.world = 4}, lines, sizeof lines) == 0, "%s", lines);
+    loom_plan_free(plan);
+    char *now = tu_read_bytes(files[f], &after);
+    ck_assert(after == size && memcmp(now, before, size) == 0);
+    free(now);
+    free(before);
+  }
+}
+END_TEST
+
+/* LOOM_FAULT's syntax: a bad spec is refused whole, with the reason. */
+START_TEST(fault_specs_are_checked) {
+  loom_error err = {{0}};
+  const char *bad[] = {"nope:0:1", "alloc:0", "alloc:x:1", "alloc:0:1:fast", "slow:0:1:-3", "alloc:0:1:2:3"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(loom_fault_arm(bad[i], &err), LOOM_ERR_USAGE);
+    ck_assert_msg(strstr(err.msg, bad[i]), "%s", err.msg);
+  }
+  ck_assert_ptr_nonnull(strstr(err.msg, "name:rank:step"));
+  ck_assert_int_eq(loom_fault_arm("nope:0:1", &err), LOOM_ERR_USAGE);
+  ck_assert_ptr_nonnull(strstr(err.msg, "known: setup, stall"));
+  double arg;
+  ck_assert(!loom_fault_fires(LOOM_FAULT_SLOW, 1, &arg)); /* nothing was armed by the bad specs */
+  ck_assert_int_eq(loom_fault_arm("slow:0:*:40,nan_grad:3:2", &err), LOOM_OK);
+  ck_assert(loom_fault_fires(LOOM_FAULT_SLOW, 9, &arg) && arg == 40.0);
+  ck_assert(!loom_fault_fires(LOOM_FAULT_NAN_GRAD, 2, NULL)); /* rank 3's, not this one's (0) */
+  loom_fault_set_rank(3);
+  ck_assert(loom_fault_fires(LOOM_FAULT_NAN_GRAD, 2, NULL) && !loom_fault_fires(LOOM_FAULT_NAN_GRAD, 3, NULL));
+  loom_fault_set_rank(0);
+  loom_fault_disarm();
+  ck_assert(!loom_fault_fires(LOOM_FAULT_SLOW, 9, NULL));
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 5) {
     fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN TINY_PLAN\n");
@@ -368,6 +433,8 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, balancing_and_counts);
   tcase_add_test(tc, estimates_follow_megatron);
   tcase_add_test(tc, in_flight_is_the_verifiers_peak);
+  tcase_add_test(tc, loader_survives_allocation_failure);
+  tcase_add_test(tc, fault_specs_are_checked);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -13,25 +13,29 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
                            const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
   char sub[4096], path[4200];
   loom_ckpt_step_dir(dir, step, sub, sizeof sub);
-  loom_status st = ps->rank == 0 ? loom_ckpt_make_dir(dir, err) : LOOM_OK;
+  /* Every allocation comes first, so a rank short of memory fails the vote below, before anything is written. */
+  loom_shard_tensor *pieces = loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
+  int64_t *all = loom_fault_calloc((size_t)ps->world * 3, sizeof(int64_t));
+  loom_status st = pieces && all ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", sub);
+  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(dir, err);
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(sub, err);
   int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
-  if (bad)
-    return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not create the checkpoint directory", sub);
+  if (bad) {
+    free(pieces);
+    free(all);
+    return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: another rank could not start the checkpoint", sub);
+  }
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
-  loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
   const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
   loom_shard_written mine = {0, 0};
   st = loom_shard_file_write(path, pieces, count, &mine.bytes, &mine.crc32c, err);
   free(pieces);
-  /* Test-only: this rank dies here, its shard written and the manifest not,
-   * as a node lost mid-save would. */
+  /* A test fault: this rank dies here, its shard written and the manifest
+   * not, as a node lost mid-save would. */
   if (loom_fault_fires(LOOM_FAULT_KILL_IN_SAVE, step, NULL)) abort();
   /* Every rank reports success, size and checksum, as exact 64-bit integers. */
   const int64_t report[3] = {st == LOOM_OK, mine.crc32c, mine.bytes};
-  int64_t *all = calloc((size_t)ps->world * 3, sizeof(int64_t));
-  LOOM_CHECK(all != NULL, "out of memory gathering shard reports");
   loom_comm_allgather_typed(ps->world_group, report, all, 3, LOOM_DTYPE_I64);
   int everyone = 1;
   *total_bytes = 0;
@@ -41,12 +45,13 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   }
   if (st == LOOM_OK && !everyone) st = loom_fail(err, LOOM_ERR_IO, "%s: another rank failed to write its shard; checkpoint not recorded", sub);
   if (st == LOOM_OK && ps->rank == 0) {
-    loom_shard_written *shards = calloc((size_t)ps->world, sizeof *shards);
-    for (int r = 0; r < ps->world; r++) {
+    loom_shard_written *shards = loom_fault_calloc((size_t)ps->world, sizeof *shards);
+    for (int r = 0; shards && r < ps->world; r++) {
       shards[r].bytes = all[3 * r + 2];
       shards[r].crc32c = (uint32_t)all[3 * r + 1];
     }
-    st = loom_manifest_publish(dir, step, run, shards, ps->world, keep, err);
+    st = shards ? loom_manifest_publish(dir, step, run, shards, ps->world, keep, err)
+                : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
     free(shards);
   }
   free(all);

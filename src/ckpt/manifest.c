@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "ckpt/manifest.h"
+#include "core/fault.h"
 #include "ckpt/shard_file.h"
 #include "core/write_file.h"
 
@@ -62,7 +63,8 @@ void loom_ckpt_remove(const char *dir) {
   rmdir(dir);
 }
 
-/* Steps older than the newest `keep` ones; `latest` is the newest. */
+/* Steps older than the newest `keep` ones; `latest` is the newest. Short of
+ * memory it removes nothing: the old steps stay until the next save. */
 static void prune(const char *dir, int64_t latest, int keep) {
   if (keep <= 0) return;
   int64_t *steps = NULL;
@@ -72,7 +74,12 @@ static void prune(const char *dir, int64_t latest, int keep) {
     long long s;
     char tail;
     if (sscanf(e->d_name, "step_%8lld%c", &s, &tail) != 1 || s > latest) continue;
-    steps = realloc(steps, (size_t)(n + 1) * sizeof *steps);
+    int64_t *more = loom_fault_realloc(steps, (size_t)(n + 1) * sizeof *steps);
+    if (!more) {
+      n = 0;
+      break;
+    }
+    steps = more;
     steps[n++] = s;
   }
   if (d) closedir(d);
@@ -93,28 +100,35 @@ static loom_status list_pieces(const char *path, Loom__ShardFileInfo *info, loom
   loom_shard_index ix;
   loom_status st = loom_shard_index_open(path, &ix, err);
   if (st != LOOM_OK) return st;
-  info->pieces = calloc((size_t)ix.count + 1, sizeof *info->pieces);
-  for (int i = 0; i < ix.count; i++) {
+  info->pieces = loom_fault_calloc((size_t)ix.count + 1, sizeof *info->pieces);
+  for (int i = 0; i < ix.count && st == LOOM_OK; i++) {
     const loom_shard_tensor *t = &ix.tensors[i];
-    Loom__ShardPiece *p = malloc(sizeof *p + 3 * (size_t)t->ndim * sizeof(int64_t));
+    Loom__ShardPiece *p = info->pieces ? loom_fault_malloc(sizeof *p + 3 * (size_t)t->ndim * sizeof(int64_t)) : NULL;
+    char *name = p ? loom_fault_malloc(strlen(t->name) + 1) : NULL;
+    if (!name) {
+      free(p);
+      st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory listing its pieces", path);
+      break;
+    }
     loom__shard_piece__init(p);
     int64_t *dims = (int64_t *)(p + 1); /* global, offset, local, in the same allocation */
     memcpy(dims, t->global, (size_t)t->ndim * sizeof(int64_t));
     memcpy(dims + t->ndim, t->offset, (size_t)t->ndim * sizeof(int64_t));
     memcpy(dims + 2 * t->ndim, t->local, (size_t)t->ndim * sizeof(int64_t));
-    p->name = strdup(t->name);
+    p->name = strcpy(name, t->name);
     p->n_global = p->n_offset = p->n_local = (size_t)t->ndim;
     p->global = dims, p->offset = dims + t->ndim, p->local = dims + 2 * t->ndim;
     p->has_first = p->has_count = 1;
     p->first = t->first, p->count = t->count;
     info->pieces[info->n_pieces++] = p;
   }
+  if (st == LOOM_OK && !info->pieces) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory listing its pieces", path);
   loom_shard_index_close(&ix);
-  return LOOM_OK;
+  return st;
 }
 
 static void free_pieces(Loom__ShardFileInfo *info) {
-  for (size_t i = 0; i < info->n_pieces; i++) {
+  for (size_t i = 0; info->pieces && i < info->n_pieces; i++) {
     free(info->pieces[i]->name);
     free(info->pieces[i]);
   }
@@ -146,13 +160,14 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   mf.has_format_version = mf.has_step = mf.has_seed = 1;
   mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed;
   mf.model = &m, mf.parallel = &l, mf.batch = &b, mf.state = &ts;
-  Loom__ShardFileInfo *infos = calloc((size_t)nshards + 1, sizeof *infos);
-  Loom__ShardFileInfo **ptrs = calloc((size_t)nshards + 1, sizeof *ptrs);
-  char (*files)[32] = calloc((size_t)nshards + 1, 32);
+  Loom__ShardFileInfo *infos = loom_fault_calloc((size_t)nshards + 1, sizeof *infos);
+  Loom__ShardFileInfo **ptrs = loom_fault_calloc((size_t)nshards + 1, sizeof *ptrs);
+  char (*files)[32] = loom_fault_calloc((size_t)nshards + 1, 32);
   char sub[4096], path[4200], line[80];
   loom_ckpt_step_dir(dir, step, sub, sizeof sub);
-  loom_status st = LOOM_OK;
-  for (int r = 0; r < nshards && st == LOOM_OK; r++) {
+  loom_status st = infos && ptrs && files ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
+  const int listed = st == LOOM_OK ? nshards : 0;
+  for (int r = 0; r < listed && st == LOOM_OK; r++) {
     loom__shard_file_info__init(&infos[r]);
     snprintf(files[r], 32, "rank_%05d.shard", r);
     infos[r].has_rank = infos[r].has_bytes = infos[r].has_crc32c = 1;
@@ -163,9 +178,10 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   }
   mf.n_shards = (size_t)nshards;
   mf.shards = ptrs;
-  const size_t len = loom__checkpoint_manifest__get_packed_size(&mf);
-  uint8_t *buf = malloc(len + 1);
-  loom__checkpoint_manifest__pack(&mf, buf);
+  const size_t len = st == LOOM_OK ? loom__checkpoint_manifest__get_packed_size(&mf) : 0;
+  uint8_t *buf = st == LOOM_OK ? loom_fault_malloc(len + 1) : NULL;
+  if (st == LOOM_OK && !buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
+  if (st == LOOM_OK) loom__checkpoint_manifest__pack(&mf, buf);
   snprintf(path, sizeof path, "%s/manifest.pb", sub);
   const loom_chunk chunk = {buf, len};
   if (st == LOOM_OK) st = loom_write_file_atomic(path, &chunk, 1, err);
@@ -176,7 +192,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   if (st == LOOM_OK) st = loom_write_file_atomic(path, &latest, 1, err);
   if (st == LOOM_OK) prune(dir, step, keep);
   free(buf);
-  for (int r = 0; r < nshards; r++) free_pieces(&infos[r]);
+  for (int r = 0; r < listed; r++) free_pieces(&infos[r]);
   free(files);
   free(ptrs);
   free(infos);

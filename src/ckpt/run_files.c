@@ -13,9 +13,12 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
   const int v = tr->pipe.v;
   *f = (loom_run_files){.tr = tr, .dir = dir, .keep = keep};
   f->chunks = loom_xcalloc((size_t)v, sizeof *f->chunks, "checkpoint chunks");
-  for (int c = 0; c < v; c++)
-    f->chunks[c] = tr->zero ? loom_ckpt_chunk_zero1(&tr->pipe.chunks[c].p, &tr->zero[c])
-                            : loom_ckpt_chunk_adamw(&tr->pipe.chunks[c].p, &tr->opts[c]);
+  for (int c = 0; c < v; c++) {
+    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    f->chunks[c] = tr->zero   ? loom_ckpt_chunk_zero1(p, &tr->zero[c])
+                   : tr->opts ? loom_ckpt_chunk_adamw(p, &tr->opts[c])
+                              : (loom_ckpt_chunk){.p = p, .begin = 0, .end = p->params.numel}; /* no optimizer */
+  }
   const loom_plan *plan = tr->plan;
   f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
                            .micro_batch = tr->micro_batch, .global_batch = tr->global_batch, .seed = seed, .lr = tr->lr,

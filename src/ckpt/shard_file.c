@@ -1,9 +1,11 @@
 /* Checkpoint shard files: writing, and checked reading piece by piece. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include "ckpt/shard_file.h"
+#include "core/fault.h"
 #include "core/crc32c.h"
 #include "core/write_file.h"
 
@@ -24,12 +26,19 @@ void loom_shard_set_whole(loom_shard_tensor *t) {
 typedef struct {
   uint8_t *p;
   size_t n, cap;
+  bool failed; /* out of memory: the rest is dropped and the writer refuses */
 } bytes;
 
 static void put(bytes *b, const void *data, size_t n) {
+  if (b->failed) return;
   if (b->n + n > b->cap) {
+    uint8_t *bigger = loom_fault_realloc(b->p, (b->n + n) * 2 + 64);
+    if (!bigger) {
+      b->failed = true;
+      return;
+    }
+    b->p = bigger;
     b->cap = (b->n + n) * 2 + 64;
-    b->p = realloc(b->p, b->cap);
   }
   memcpy(b->p + b->n, data, n);
   b->n += n;
@@ -48,14 +57,15 @@ static void put_piece_header(bytes *b, const loom_shard_tensor *t) {
   put(b, t->local, 8 * (size_t)nd);
   put(b, &t->first, 8);
   put(b, &t->count, 8);
+  if (b->failed) return;
   const uint32_t crc = loom_crc32c(loom_crc32c(0, b->p, b->n), t->data, (size_t)t->count * sizeof(float));
   put(b, &crc, 4);
 }
 
 loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
                                   uint32_t *file_crc, loom_error *err) {
-  bytes *meta = calloc((size_t)count + 1, sizeof *meta);
-  loom_chunk *chunks = calloc(2 * (size_t)count + 1, sizeof *chunks);
+  bytes *meta = loom_fault_calloc((size_t)count + 1, sizeof *meta);
+  loom_chunk *chunks = loom_fault_calloc(2 * (size_t)count + 1, sizeof *chunks);
   if (!meta || !chunks) {
     free(meta);
     free(chunks);
@@ -71,7 +81,10 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
     chunks[1 + 2 * i] = (loom_chunk){meta[i].p, meta[i].n};
     chunks[2 + 2 * i] = (loom_chunk){tensors[i].data, (size_t)tensors[i].count * sizeof(float)};
   }
-  const loom_status st = loom_write_file_atomic(path, chunks, 1 + 2 * count, err);
+  bool failed = false;
+  for (int i = 0; i <= count; i++) failed |= meta[i].failed;
+  const loom_status st = failed ? loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing a checkpoint shard", path)
+                                : loom_write_file_atomic(path, chunks, 1 + 2 * count, err);
   *file_bytes = 0;
   *file_crc = 0;
   for (int i = 0; i < 1 + 2 * count; i++) {
@@ -156,10 +169,10 @@ loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_e
   if (st == LOOM_OK && count > 1000000) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: implausible tensor count %u", path, count);
   if (st == LOOM_OK) {
     const size_t n = count ? count : 1;
-    ix->tensors = calloc(n, sizeof *ix->tensors);
-    ix->data_at = calloc(n, sizeof *ix->data_at);
-    ix->stored_crc = calloc(n, sizeof *ix->stored_crc);
-    ix->header_crc = calloc(n, sizeof *ix->header_crc);
+    ix->tensors = loom_fault_calloc(n, sizeof *ix->tensors);
+    ix->data_at = loom_fault_calloc(n, sizeof *ix->data_at);
+    ix->stored_crc = loom_fault_calloc(n, sizeof *ix->stored_crc);
+    ix->header_crc = loom_fault_calloc(n, sizeof *ix->header_crc);
     if (!ix->tensors || !ix->data_at || !ix->stored_crc || !ix->header_crc) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   }
   for (uint32_t i = 0; st == LOOM_OK && i < count; i++) {

@@ -1,80 +1,89 @@
-/* `loom eval`: mean loss of a model over the first N sequential batches of a
- * token file, as llm.c's validation loop reads it. */
-#include <stdlib.h>
+/* `loom eval`: mean loss of a model file over the first N sequential batches
+ * of a token file, as llm.c's validation loop reads it. The flags become a
+ * plan (any layout, under mpirun) and the runtime runs its forward-only
+ * schedule; this file only parses and prints. */
+#include <stdio.h>
 #include <string.h>
-#include "ckpt/llmc_model.h"
+#include "ckpt/run_files.h"
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "core/check.h"
+#include "cli/device.h"
+#include "cli/launch.h"
+#include "cli/plan_flags.h"
 #include "core/log.h"
-#include "data/dataset.h"
-#include "layers/gpt.h"
 
 typedef struct {
-  const char *init_from, *data;
-  int micro_batch, seq, batches;
+  loom_plan_flags layout; /* the model (from --init-from) and the layout */
+  const char *data, *device;
+  int batches;
 } eval_flags;
 
-/* Mean loss of `model` over the first f->batches sequential batches of data. */
-static void eval_batches(loom_gpt *model, loom_dataset *data, const eval_flags *f, int T) {
-  const size_t n = (size_t)T * f->micro_batch;
-  int *tokens = loom_xmalloc(n * sizeof(int), "tokens"), *targets = loom_xmalloc(n * sizeof(int), "targets");
-  double sum = 0.0;
-  int64_t scored = 0;
-  for (int k = 0; k < f->batches; k++) {
-    const int64_t first = (int64_t)k * f->micro_batch;
-    const int64_t counted = loom_dataset_batch(data, LOOM_SPLIT_TRAIN, first, T, f->micro_batch, tokens, targets);
-    const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = first};
-    sum += (double)loom_gpt_forward(model, &batch) * (double)counted;
-    scored += counted;
-  }
-  printf("eval: mean loss %.6f over %d batches of %d x %d tokens\n", sum / (double)scored, f->batches,
-         f->micro_batch, T);
-  free(tokens);
-  free(targets);
-}
+#define EVAL_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 3)
 
-static loom_status eval_run(const eval_flags *f, loom_error *err) {
-  loom_gpt model;
-  loom_status st = loom_llmc_open_model(&model, f->init_from, loom_ops_cpu(), err);
-  if (st != LOOM_OK) return st;
-  const loom_gpt_config *cfg = &model.p.cfg;
-  const int T = f->seq ? f->seq : cfg->seq;
+static loom_status eval_run(const loom_plan *plan, const eval_flags *f, const loom_ops *ops, loom_comm *world,
+                            loom_error *err) {
+  const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
   loom_dataset *data = NULL;
-  if (T > cfg->seq)
-    st = loom_fail(err, LOOM_ERR_USAGE, "loom eval: --seq %d exceeds the model's maximum sequence length %d", T, cfg->seq);
-  if (st == LOOM_OK)
-    st = loom_dataset_open_tokens(&data, f->data, NULL, cfg->vocab, T, LOOM_ORDER_SEQUENTIAL, 0, false, err);
-  if (st == LOOM_OK && (int64_t)f->batches * f->micro_batch > loom_dataset_train_windows(data))
+  /* The file is the held-out split, read from its start in order. */
+  loom_status st = loom_dataset_open_tokens(&data, f->data, f->data, plan->model->vocab, T, LOOM_ORDER_SEQUENTIAL, 0,
+                                            false, err);
+  if (st == LOOM_OK && (int64_t)f->batches * B > loom_dataset_train_windows(data))
     st = loom_fail(err, LOOM_ERR_USAGE, "loom eval: --batches %d x --micro-batch %d needs %lld windows of seq+1 tokens; %s has %lld",
-                   f->batches, f->micro_batch, (long long)f->batches * f->micro_batch, f->data,
-                   (long long)loom_dataset_train_windows(data));
-  if (st == LOOM_OK) st = loom_gpt_set_batch_shape(&model, T, f->micro_batch);
-  if (st == LOOM_ERR_NOMEM) loom_fail(err, st, "loom eval: out of memory for activations");
-  if (st == LOOM_OK) eval_batches(&model, data, f, T);
+                   f->batches, B, (long long)f->batches * B, f->data, (long long)loom_dataset_train_windows(data));
+  loom_trainer tr = {0};
+  loom_run_files files = {0};
+  const loom_trainer_options o = {.forward_only = true};
+  if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
+  if (st == LOOM_OK) loom_run_files_init(&files, &tr, NULL, 0, 0, f->data);
+  if (st == LOOM_OK) st = loom_run_init_from(&files, f->layout.model.init_from, err);
+  loom_eval_stats e;
+  if (st == LOOM_OK) st = loom_trainer_eval(&tr, f->batches, 0, &e, err);
+  if (st == LOOM_OK)
+    loom_log_info("eval: mean loss %.6f over %d batches of %d x %d tokens", (double)e.loss, f->batches, B, T);
+  loom_run_files_free(&files);
+  loom_trainer_free(&tr);
   loom_dataset_free(data);
-  loom_gpt_free(&model);
   return st;
 }
 
 int loom_cmd_eval(int argc, char **argv) {
-  eval_flags f = {.micro_batch = 4, .seq = 0, .batches = 10};
-  loom_flag table[] = {
-      {"--init-from", FLAG_STRING, &f.init_from, "llm.c model file to evaluate (required)", LOOM_NO_RANGE, NULL, false, NULL},
+  eval_flags f = {.layout = loom_plan_flags_defaults(), .batches = 10, .device = "auto"};
+  f.layout.micro_batch = 4;
+  loom_flag table[EVAL_FLAG_COUNT];
+  loom_plan_flags_table(&f.layout, table);
+  const loom_flag rest[] = {
       {"--data", FLAG_STRING, &f.data, "llm.c token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--micro-batch", FLAG_INT, &f.micro_batch, "sequences per batch", 1, 1 << 20, NULL, false, NULL},
-      {"--seq", FLAG_INT, &f.seq, "sequence length (0: the model's)", 0, 1 << 20, NULL, false, NULL},
-      {"--batches", FLAG_INT, &f.batches, "batches to average over", 1, 1e9, NULL, false, NULL},
+      {"--batches", FLAG_INT, &f.batches, "micro-batches to average over", 1, 1e9, NULL, false, NULL},
+      {"--device", FLAG_STRING, &f.device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
   };
-  const int n = sizeof table / sizeof table[0];
+  _Static_assert(sizeof rest / sizeof rest[0] == EVAL_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "EVAL_FLAG_COUNT");
+  memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);
   loom_error err = {{0}};
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom eval", "loom eval --init-from MODEL --data TOKENS [flags]", table, n, argc, argv, pos, 0, &npos, &help, &err);
+  loom_status st = loom_cli_parse("loom eval", "loom eval --init-from MODEL --data TOKENS [flags]", table, EVAL_FLAG_COUNT,
+                                  argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (st == LOOM_OK && (!f.init_from || !f.data))
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom eval: %s is required", f.init_from ? "--data" : "--init-from");
-  if (st == LOOM_OK) st = eval_run(&f, &err);
-  return loom_report(st, &err);
+  if (!f.layout.model.init_from || !f.data)
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom eval: %s is required", f.layout.model.init_from ? "--data" : "--init-from"), &err);
+  loom_plan *plan = NULL;
+  st = loom_plan_flags_build("loom eval", &f.layout, table, &plan, &err);
+  const int world = loom_launch_env_size();
+  const loom_plan_limits limits = {.world = world};
+  if (st == LOOM_OK) st = loom_plan_flags_refuse("loom eval", plan, &limits, table, NULL, &err);
+  const loom_ops *ops = NULL;
+  char device[160];
+  if (st == LOOM_OK) st = loom_device_setup("loom eval", f.device, &ops, device, sizeof device, &err);
+  if (st != LOOM_OK) {
+    loom_plan_free(plan);
+    return loom_report(st, &err);
+  }
+  loom_launch launch;
+  loom_launch_init(&launch);
+  loom_log_set_quiet(launch.rank != 0);
+  st = eval_run(plan, &f, ops, launch.world, &err);
+  const int code = loom_report(st, &err);
+  loom_launch_finish(&launch);
+  loom_plan_free(plan);
+  return code;
 }

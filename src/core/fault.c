@@ -128,3 +128,7 @@ void *loom_fault_malloc(size_t bytes) {
 void *loom_fault_calloc(size_t count, size_t size) {
   return g_count && loom_fault_fires(LOOM_FAULT_ALLOC, ++g_allocs, NULL) ? NULL : calloc(count, size);
 }
+
+void *loom_fault_realloc(void *p, size_t bytes) {
+  return g_count && loom_fault_fires(LOOM_FAULT_ALLOC, ++g_allocs, NULL) ? NULL : realloc(p, bytes);
+}

@@ -38,8 +38,9 @@ void loom_fault_disarm(void);
 void loom_fault_set_rank(int rank);
 /* Whether point p fires here at `step`; *arg gets its argument (0 if none). */
 bool loom_fault_fires(loom_fault_point p, int64_t step, double *arg);
-/* malloc and calloc that fail when the alloc point fires on this call. */
+/* malloc, calloc and realloc that fail when the alloc point fires on this call. */
 void *loom_fault_malloc(size_t bytes);
 void *loom_fault_calloc(size_t count, size_t size);
+void *loom_fault_realloc(void *p, size_t bytes);
 
 #endif

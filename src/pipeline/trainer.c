@@ -24,7 +24,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
   loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, err);
-  if (st != LOOM_OK) return st;
+  if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
   oc.grad_clip = o->grad_clip;

@@ -22,6 +22,7 @@ typedef struct {
   size_t bucket_bytes;  /* data-parallel grad buckets reduced during backward (0: at the end) */
   float weight_decay, grad_clip;
   loom_lr_schedule lr;
+  bool forward_only;    /* evaluation only: no optimizer state (loom_trainer_step may not be called) */
 } loom_trainer_options;
 
 typedef struct {

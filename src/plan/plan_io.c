@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/fault.h"
 #include "core/write_file.h"
 #include "plan/plan_io.h"
 #include "plan/textformat.h"
@@ -21,10 +22,13 @@ static loom_status slurp(const char *path, char **data, size_t *len, loom_error 
   FILE *fp = fopen(path, "rb");
   if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open plan: %s", path, strerror(errno));
   size_t cap = 4096, n = 0, got;
-  char *buf = malloc(cap + 1);
+  char *buf = loom_fault_malloc(cap + 1);
   while (buf && (got = fread(buf + n, 1, cap - n, fp)) > 0) {
     n += got;
-    if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
+    if (n < cap) continue;
+    char *bigger = loom_fault_realloc(buf, (cap *= 2) + 1);
+    if (!bigger) free(buf);
+    buf = bigger;
   }
   const int bad = ferror(fp);
   fclose(fp);
@@ -37,6 +41,18 @@ static loom_status slurp(const char *path, char **data, size_t *len, loom_error 
   *data = buf;
   *len = n;
   return LOOM_OK;
+}
+
+/* protobuf-c's allocations through the fault registry, so tests can fail
+ * them; data is a bool set when one fails. */
+static void *fault_alloc(void *data, size_t size) {
+  void *p = loom_fault_malloc(size);
+  if (!p) *(bool *)data = true;
+  return p;
+}
+static void fault_free(void *data, void *p) {
+  (void)data;
+  free(p);
 }
 
 loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
@@ -53,8 +69,11 @@ loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
     st = loom_text_parse(&loom__partition_plan__descriptor, data, len, &msg, err);
     if (st != LOOM_OK) loom_error_prefix(err, st, path);
   } else {
-    msg = (ProtobufCMessage *)loom__partition_plan__unpack(NULL, len, (const uint8_t *)data);
-    if (!msg) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary PartitionPlan (protobuf decoding failed)", path);
+    bool out_of_memory = false;
+    ProtobufCAllocator allocator = {fault_alloc, fault_free, &out_of_memory};
+    msg = (ProtobufCMessage *)loom__partition_plan__unpack(&allocator, len, (const uint8_t *)data);
+    if (!msg && out_of_memory) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory decoding the plan", path);
+    else if (!msg) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary PartitionPlan (protobuf decoding failed)", path);
   }
   free(data);
   if (st != LOOM_OK) return st;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "core/fault.h"
 #include "plan/textformat.h"
 
 /* ---- printing ---- */
@@ -167,6 +168,7 @@ typedef struct {
   int line;
   loom_error *err;
   int failed;
+  loom_status status; /* of the first failure: bad text, or out of memory */
 } lexer;
 
 static int fail(lexer *lx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -179,6 +181,15 @@ static int fail(lexer *lx, const char *fmt, ...) {
   va_end(ap);
   loom_fail(lx->err, LOOM_ERR_FORMAT, "line %d: %s", lx->line, what);
   lx->failed = 1;
+  lx->status = LOOM_ERR_FORMAT;
+  return 0;
+}
+
+static int out_of_memory(lexer *lx) {
+  if (lx->failed) return 0;
+  loom_fail(lx->err, LOOM_ERR_NOMEM, "line %d: out of memory parsing the text", lx->line);
+  lx->failed = 1;
+  lx->status = LOOM_ERR_NOMEM;
   return 0;
 }
 
@@ -220,7 +231,8 @@ static int word(lexer *lx, char *out, size_t n) {
 /* A quoted string (adjacent pieces concatenate), unescaped into a new buffer. */
 static int quoted(lexer *lx, char **out, size_t *len) {
   size_t cap = 64, n = 0;
-  char *s = malloc(cap);
+  char *s = loom_fault_malloc(cap);
+  if (!s) return out_of_memory(lx);
   int pieces = 0;
   while (peek(lx, '"') || peek(lx, '\'')) {
     const char q = *lx->p++;
@@ -241,7 +253,14 @@ static int quoted(lexer *lx, char **out, size_t *len) {
           c = to[at - from];
         }
       }
-      if (n + 2 > cap) s = realloc(s, cap *= 2);
+      if (n + 2 > cap) {
+        char *bigger = loom_fault_realloc(s, cap *= 2);
+        if (!bigger) {
+          free(s);
+          return out_of_memory(lx);
+        }
+        s = bigger;
+      }
       s[n++] = (char)c;
     }
     if (lx->p >= lx->end) { free(s); return fail(lx, "unterminated string"); }
@@ -273,10 +292,10 @@ static int parse_integer(lexer *lx, const char *w, const char *field, int64_t lo
 
 static int parse_message_body(lexer *lx, ProtobufCMessage *msg, char close);
 
+/* A new message of type d, or NULL when out of memory. */
 static ProtobufCMessage *new_message(const ProtobufCMessageDescriptor *d) {
-  ProtobufCMessage *m = calloc(1, d->sizeof_message);
-  LOOM_CHECK(m != NULL, "out of memory parsing text format");
-  d->message_init(m);
+  ProtobufCMessage *m = loom_fault_calloc(1, d->sizeof_message);
+  if (m) d->message_init(m);
   return m;
 }
 
@@ -286,6 +305,7 @@ static int parse_value(lexer *lx, const ProtobufCFieldDescriptor *f, void *slot)
     const char close = accept(lx, '{') ? '}' : accept(lx, '<') ? '>' : 0;
     if (!close) return fail(lx, "field '%s': expected '{'", f->name);
     ProtobufCMessage *sub = new_message(f->descriptor);
+    if (!sub) return out_of_memory(lx);
     *(ProtobufCMessage **)slot = sub;
     return parse_message_body(lx, sub, close);
   }
@@ -352,15 +372,22 @@ static int parse_value(lexer *lx, const ProtobufCFieldDescriptor *f, void *slot)
   }
 }
 
-/* Appends one element to a repeated field and returns its storage. */
+/* Appends one element to a repeated field and returns its storage (NULL:
+ * out of memory, the field as it was). */
 static void *grow(char *base, const ProtobufCFieldDescriptor *f) {
   size_t *n = (size_t *)(base + f->quantifier_offset);
   char **items = (char **)(base + f->offset);
   const size_t size = value_size(f);
-  *items = realloc(*items, (*n + 1) * size);
-  LOOM_CHECK(*items != NULL, "out of memory parsing text format");
+  char *bigger = loom_fault_realloc(*items, (*n + 1) * size);
+  if (!bigger) return NULL;
+  *items = bigger;
   memset(*items + *n * size, 0, size);
   return *items + (*n)++ * size;
+}
+
+static int parse_element(lexer *lx, const ProtobufCFieldDescriptor *f, char *base) {
+  void *slot = grow(base, f);
+  return slot ? parse_value(lx, f, slot) : out_of_memory(lx);
 }
 
 static int parse_field(lexer *lx, ProtobufCMessage *msg, char *seen) {
@@ -376,11 +403,11 @@ static int parse_field(lexer *lx, ProtobufCMessage *msg, char *seen) {
     if (accept(lx, '[')) {
       if (accept(lx, ']')) return 1;
       do {
-        if (!parse_value(lx, f, grow(base, f))) return 0;
+        if (!parse_element(lx, f, base)) return 0;
       } while (accept(lx, ','));
       return accept(lx, ']') ? 1 : fail(lx, "field '%s': expected ']'", name);
     }
-    return parse_value(lx, f, grow(base, f));
+    return parse_element(lx, f, base);
   }
   const size_t index = (size_t)(f - d->fields);
   if (seen[index]) return fail(lx, "field '%s' is given twice", name);
@@ -391,7 +418,8 @@ static int parse_field(lexer *lx, ProtobufCMessage *msg, char *seen) {
 }
 
 static int parse_message_body(lexer *lx, ProtobufCMessage *msg, char close) {
-  char *seen = calloc(msg->descriptor->n_fields + 1, 1);
+  char *seen = loom_fault_calloc(msg->descriptor->n_fields + 1, 1);
+  if (!seen) return out_of_memory(lx);
   int ok = 1;
   while (ok) {
     skip_space(lx);
@@ -411,10 +439,11 @@ loom_status loom_text_parse(const ProtobufCMessageDescriptor *desc, const char *
                             ProtobufCMessage **out, loom_error *err) {
   lexer lx = {.p = text, .end = text + len, .line = 1, .err = err};
   ProtobufCMessage *msg = new_message(desc);
+  *out = NULL;
+  if (!msg) return loom_fail(err, LOOM_ERR_NOMEM, "out of memory parsing the text");
   if (!parse_message_body(&lx, msg, 0)) {
     protobuf_c_message_free_unpacked(msg, NULL);
-    *out = NULL;
-    return LOOM_ERR_FORMAT;
+    return lx.status;
   }
   *out = msg;
   return LOOM_OK;
