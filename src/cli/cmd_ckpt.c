@@ -8,8 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "ckpt/checkpoint.h"
-#include "ckpt/llmc_model.h"
-#include "ckpt/safetensors.h"
+#include "ckpt/export.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/train_flags.h"
@@ -17,7 +16,6 @@
 #include "cli/plan_flags.h"
 #include "plan/plan.h"
 
-static const char *const FORMAT_CHOICES[] = {"llmc", "safetensors", NULL};
 
 /* `loom ckpt verify DIR`: every checksum and shape of the latest checkpoint. */
 static int verify(int argc, char **argv) {
@@ -91,28 +89,18 @@ static int reshard(int argc, char **argv) {
   return loom_report(st, &err);
 }
 
-/* Writes the model: checkpoint dir's, streamed tensor by tensor, or one built from the model flags. */
+/* Writes the model: the checkpoint's, the llm.c file's or a fresh one, streamed tensor by tensor. */
 static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
                                 const char *format, const char *out, loom_error *err) {
-  loom_gpt_params p = {0};
   loom_model_source src;
-  loom_status st;
-  if (dir) {
-    st = loom_model_source_of_ckpt(&src, dir, err);
-  } else {
-    st = loom_gpt_params_init_weights(&p, cfg, 0, 1, NULL);
-    if (st != LOOM_OK) return loom_fail(err, st, "loom ckpt export: out of memory building the model");
-    loom_gpt_params_randomize(&p, (uint64_t)seed);
-    if (init_from) st = loom_llmc_load(init_from, &p, err);
-    loom_model_source_of_params(&src, &p);
-  }
-  const bool safetensors = strcmp(format, "safetensors") == 0;
-  if (st == LOOM_OK) st = safetensors ? loom_safetensors_write(out, &src, err) : loom_llmc_write(out, &src, err);
+  loom_status st = loom_model_source_open(&src, dir, init_from, cfg, (uint64_t)seed, err);
+  if (st != LOOM_OK) return st;
+  const loom_model_format f = loom_model_format_of(format);
+  st = loom_model_export(&src, f, out, err);
   if (st == LOOM_OK)
-    loom_log_info("wrote %s (%s, %zu parameters)", out, safetensors ? "safetensors, GPT-2 names" : "llm.c format",
+    loom_log_info("wrote %s (%s, %zu parameters)", out, f == LOOM_FORMAT_SAFETENSORS ? "safetensors, GPT-2 names" : "llm.c format",
                   loom_gpt_param_count(&src.cfg, NULL, 1));
-  if (dir && src.state) loom_model_source_free(&src);
-  loom_gpt_params_free(&p);
+  loom_model_source_free(&src);
   return st;
 }
 
@@ -123,7 +111,7 @@ static int export_cmd(int argc, char **argv) {
   loom_flag table[LOOM_MODEL_FLAG_COUNT + 3];
   loom_model_flags_table(&mf, table);
   const loom_flag rest[3] = {
-      {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, FORMAT_CHOICES, false, NULL},
+      {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
       {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
   };

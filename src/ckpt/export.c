@@ -1,0 +1,41 @@
+/* Exporting a model source to one file. */
+#include <stdlib.h>
+#include <string.h>
+#include "ckpt/export.h"
+#include "ckpt/llmc_model.h"
+#include "ckpt/safetensors.h"
+
+const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {[LOOM_FORMAT_LLMC] = "llmc",
+                                                                    [LOOM_FORMAT_SAFETENSORS] = "safetensors"};
+
+loom_model_format loom_model_format_of(const char *name) {
+  for (int f = 0; f < LOOM_FORMAT_COUNT; f++)
+    if (strcmp(name, LOOM_MODEL_FORMAT_NAMES[f]) == 0) return (loom_model_format)f;
+  return LOOM_FORMAT_LLMC;
+}
+
+static void free_params(void *state) {
+  loom_gpt_params_free(state);
+  free(state);
+}
+
+loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *llmc_path,
+                                   const loom_gpt_config *cfg, uint64_t seed, loom_error *err) {
+  if (dir) return loom_model_source_of_ckpt(s, dir, err);
+  if (llmc_path) return loom_llmc_source(s, llmc_path, err);
+  memset(s, 0, sizeof *s);
+  loom_gpt_params *p = calloc(1, sizeof *p);
+  if (!p || loom_gpt_params_init_weights(p, cfg, 0, 1, NULL) != LOOM_OK) {
+    free(p);
+    return loom_fail(err, LOOM_ERR_NOMEM, "out of memory building the model");
+  }
+  loom_gpt_params_randomize(p, seed);
+  loom_model_source_of_params(s, p);
+  s->state = p;
+  s->free_state = free_params;
+  return LOOM_OK;
+}
+
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, const char *out, loom_error *err) {
+  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, err) : loom_llmc_write(out, src, err);
+}

@@ -1,0 +1,21 @@
+/* Whole-model files from any model source: llm.c's format or safetensors
+ * with Hugging Face's GPT-2 names, one tensor in memory at a time. */
+#ifndef LOOM_EXPORT_H
+#define LOOM_EXPORT_H
+
+#include "ckpt/model_source.h"
+
+typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_COUNT } loom_model_format;
+
+/* "llmc", "safetensors", then NULL: the names a flag offers. */
+extern const char *const LOOM_MODEL_FORMAT_NAMES[];
+/* The format of a name from LOOM_MODEL_FORMAT_NAMES. */
+loom_model_format loom_model_format_of(const char *name);
+
+/* The model to export: a checkpoint's latest step (dir), else an llm.c file
+ * (llmc_path), else cfg freshly initialised from seed. */
+loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *llmc_path,
+                                   const loom_gpt_config *cfg, uint64_t seed, loom_error *err);
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, const char *out, loom_error *err);
+
+#endif

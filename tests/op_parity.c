@@ -1,0 +1,313 @@
+/* The parity cases, written once for every backend. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "op_parity.h"
+#include "test_util.h"
+
+enum { SENTINELS = 16 };
+#define SENTINEL 1234.5f
+
+/* A host array (what the reference backend sees) and the backend's copy, with sentinels after it. */
+typedef struct {
+  const op_backend *b;
+  float *host, *dev;
+  size_t n;
+} mirror;
+
+static uint64_t g_stream = 1;
+
+static mirror make(const op_backend *b, size_t n, float lo, float hi) {
+  mirror m = {b, malloc((n + 1) * sizeof(float)), b->alloc((n + SENTINELS) * sizeof(float)), n};
+  tu_fill(m.host, n, g_stream++, lo, hi);
+  float *staged = malloc((n + SENTINELS) * sizeof(float));
+  memcpy(staged, m.host, n * sizeof(float));
+  for (int i = 0; i < SENTINELS; i++) staged[n + i] = SENTINEL;
+  b->upload(m.dev, staged, (n + SENTINELS) * sizeof(float));
+  free(staged);
+  return m;
+}
+
+static void drop(mirror *m) {
+  free(m->host);
+  m->b->release(m->dev);
+}
+
+static void drop_all(mirror **all, size_t n) {
+  for (size_t i = 0; i < n; i++) drop(all[i]);
+}
+
+static int *make_ints(const op_backend *b, const int *host, size_t n) {
+  int *d = b->alloc(n * sizeof(int));
+  b->upload(d, host, n * sizeof(int));
+  return d;
+}
+
+static void failed(op_report *r, const char *fmt, const char *op, double a, double b) {
+  if (r->failures++ == 0) snprintf(r->first, sizeof r->first, fmt, op, a, b);
+}
+
+/* The backend's result against the reference one: NMSE within tol, sentinels intact, all finite. */
+static void expect(op_report *r, const char *op, const mirror *m, double tol) {
+  float *got = malloc((m->n + SENTINELS) * sizeof(float));
+  m->b->sync();
+  m->b->download(got, m->dev, (m->n + SENTINELS) * sizeof(float));
+  const double e = tu_nmse(got, m->host, m->n);
+  int sentinels_ok = 1;
+  for (int i = 0; i < SENTINELS; i++) sentinels_ok &= got[m->n + i] == SENTINEL;
+  r->checks++;
+  if (!sentinels_ok) failed(r, "%s wrote past its end (%g, %g)", op, 0, 0);
+  else if (!tu_all_finite(got, m->n)) failed(r, "%s produced NaN or Inf (%g, %g)", op, 0, 0);
+  else if (!(e <= tol)) failed(r, "%s: NMSE %.3g against the reference, over %.1g", op, e, tol);
+  free(got);
+}
+
+static void expect_ints(op_report *r, const op_backend *b, const char *op, const int *dev, const int *want, size_t n) {
+  int *got = malloc(n * sizeof(int));
+  b->sync();
+  b->download(got, dev, n * sizeof(int));
+  r->checks++;
+  if (memcmp(got, want, n * sizeof(int)) != 0) failed(r, "%s: indices differ from the reference (%g, %g)", op, 0, 0);
+  free(got);
+}
+
+/* ---- the cases ---- */
+
+static void matmul(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 37, C = 61, OC = 53;
+  mirror inp = make(b, (size_t)N * C, -1, 1), w = make(b, (size_t)OC * C, -1, 1), bias = make(b, OC, -1, 1),
+         out = make(b, (size_t)N * OC, 0, 0);
+  ref->matmul_forward(out.host, inp.host, w.host, bias.host, N, C, OC);
+  op->matmul_forward(out.dev, inp.dev, w.dev, bias.dev, N, C, OC);
+  expect(r, "matmul_forward (bias)", &out, b->fp32_nmse);
+  ref->matmul_forward(out.host, inp.host, w.host, NULL, N, C, OC);
+  op->matmul_forward(out.dev, inp.dev, w.dev, NULL, N, C, OC);
+  expect(r, "matmul_forward (no bias)", &out, b->fp32_nmse);
+  /* Backward adds into grads that start nonzero. */
+  mirror dout = make(b, (size_t)N * OC, -1, 1), dinp = make(b, (size_t)N * C, -1, 1), dw = make(b, (size_t)OC * C, -1, 1),
+         db = make(b, OC, -1, 1);
+  ref->matmul_backward(dinp.host, dw.host, db.host, dout.host, inp.host, w.host, N, C, OC);
+  op->matmul_backward(dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, w.dev, N, C, OC);
+  expect(r, "matmul_backward dinp", &dinp, b->fp32_nmse);
+  expect(r, "matmul_backward dweight", &dw, b->fp32_nmse);
+  expect(r, "matmul_backward dbias", &db, b->fp32_nmse);
+  mirror *all[] = {&inp, &w, &bias, &out, &dout, &dinp, &dw, &db};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void layernorm(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 29, C = 67;
+  const size_t n = (size_t)N * C;
+  mirror x = make(b, n, -2, 2), w = make(b, C, 0.5f, 1.5f), bias = make(b, C, -1, 1), out = make(b, n, 0, 0),
+         mean = make(b, N, 0, 0), rstd = make(b, N, 0, 0);
+  ref->layernorm_forward(out.host, mean.host, rstd.host, x.host, w.host, bias.host, N, C, 1e-5f);
+  op->layernorm_forward(out.dev, mean.dev, rstd.dev, x.dev, w.dev, bias.dev, N, C, 1e-5f);
+  expect(r, "layernorm_forward out", &out, b->fp32_nmse);
+  expect(r, "layernorm_forward mean", &mean, b->fp32_nmse);
+  expect(r, "layernorm_forward rstd", &rstd, b->fp32_nmse);
+  mirror dy = make(b, n, -1, 1), dx = make(b, n, -1, 1), dw = make(b, C, -1, 1), db = make(b, C, -1, 1);
+  ref->layernorm_backward(dx.host, dw.host, db.host, dy.host, x.host, w.host, mean.host, rstd.host, N, C);
+  op->layernorm_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev, N, C);
+  expect(r, "layernorm_backward dinp", &dx, b->fp32_nmse);
+  expect(r, "layernorm_backward dweight", &dw, b->fp32_nmse);
+  expect(r, "layernorm_backward dbias", &db, b->fp32_nmse);
+  mirror *all[] = {&x, &w, &bias, &out, &mean, &rstd, &dy, &dx, &dw, &db};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void gelu(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const size_t n = 40001; /* past the CPU backend's threshold for threads */
+  mirror x = make(b, n, -6, 6), out = make(b, n, 0, 0), dy = make(b, n, -1, 1), dx = make(b, n, -1, 1);
+  ref->gelu_forward(out.host, x.host, n);
+  op->gelu_forward(out.dev, x.dev, n);
+  expect(r, "gelu_forward", &out, b->fp32_nmse);
+  ref->gelu_backward(dx.host, dy.host, x.host, n);
+  op->gelu_backward(dx.dev, dy.dev, x.dev, n);
+  expect(r, "gelu_backward", &dx, b->fp32_nmse);
+  mirror *all[] = {&x, &out, &dy, &dx};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void elementwise(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const size_t n = 40001; /* past the CPU backend's threshold for threads */
+  mirror x = make(b, n, -2, 2), y = make(b, n, -1, 1), out = make(b, n, 0, 0);
+  ref->add(out.host, x.host, y.host, n);
+  op->add(out.dev, x.dev, y.dev, n);
+  expect(r, "add", &out, 0.0);
+  ref->accumulate(out.host, y.host, n);
+  op->accumulate(out.dev, y.dev, n);
+  expect(r, "accumulate", &out, 0.0);
+  ref->scale(out.host, 0.37f, n);
+  op->scale(out.dev, 0.37f, n);
+  expect(r, "scale", &out, 0.0);
+  const double want = ref->sumsq(x.host, n), got = op->sumsq(x.dev, n);
+  r->checks++;
+  if (!(fabs(got - want) <= 1e-9 * want)) failed(r, "%s: %.12g against the reference's %.12g", "sumsq", got, want);
+  mirror *all[] = {&x, &y, &out};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+/* The same keyed mask, bit for bit: zeros where the reference has them. */
+static void dropout(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int T = 29, B = 2, C = 33;
+  const size_t n = (size_t)T * B * C;
+  const loom_dropout d = {.p = 0.3f, .seed = 7, .stream = 99, .sample_offset = 3, .seq_offset = 2, .seq_total = 40};
+  mirror x = make(b, n, -2, 2), dx = make(b, n, -1, 1);
+  ref->dropout_forward(x.host, T, B, C, &d);
+  op->dropout_forward(x.dev, T, B, C, &d);
+  expect(r, "dropout_forward (keyed mask)", &x, b->fp32_nmse); /* a mask that differs anywhere is far past it */
+  ref->dropout_backward(dx.host, T, B, C, &d);
+  op->dropout_backward(dx.dev, T, B, C, &d);
+  expect(r, "dropout_backward (keyed mask)", &dx, b->fp32_nmse);
+  mirror *all[] = {&x, &dx};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void bias(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 70, OC = 130; /* not multiples of the CPU backend's 64-column blocks */
+  mirror out = make(b, (size_t)N * OC, -1, 1), bias = make(b, OC, -1, 1), dy = make(b, (size_t)N * OC, -1, 1),
+         db = make(b, OC, -1, 1);
+  ref->bias_forward(out.host, bias.host, N, OC);
+  op->bias_forward(out.dev, bias.dev, N, OC);
+  expect(r, "bias_forward", &out, 0.0);
+  ref->bias_backward(db.host, dy.host, N, OC);
+  op->bias_backward(db.dev, dy.dev, N, OC);
+  expect(r, "bias_backward", &db, b->fp32_nmse);
+  mirror *all[] = {&out, &bias, &dy, &db};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void attention_at(const op_backend *b, op_report *r, float p) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const loom_attn_shape s = {.T = 17, .B = 2, .heads = 3, .head_dim = 8, .head_offset = 1, .total_heads = 6};
+  const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
+  const size_t width = (size_t)s.heads * s.head_dim, rows = (size_t)s.T * s.B, tt = (size_t)s.B * s.heads * s.T * s.T;
+  mirror qkv = make(b, rows * 3 * width, -1, 1), out = make(b, rows * width, 0, 0), att = make(b, tt, 0, 0);
+  ref->attention_forward(out.host, att.host, qkv.host, &s, &d);
+  op->attention_forward(out.dev, att.dev, qkv.dev, &s, &d);
+  expect(r, "attention_forward out", &out, b->fp32_nmse);
+  expect(r, "attention_forward probabilities", &att, b->fp32_nmse);
+  mirror dout = make(b, rows * width, -1, 1), dqkv = make(b, rows * 3 * width, -1, 1), datt = make(b, tt, 0, 0);
+  ref->attention_backward(dqkv.host, datt.host, dout.host, qkv.host, att.host, &s, &d);
+  op->attention_backward(dqkv.dev, datt.dev, dout.dev, qkv.dev, att.dev, &s, &d);
+  expect(r, "attention_backward dqkv", &dqkv, b->fp32_nmse);
+  mirror *all[] = {&qkv, &out, &att, &dout, &dqkv, &datt};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void attention(const op_backend *b, op_report *r) { attention_at(b, r, 0.0f); }
+static void attention_dropout(const op_backend *b, op_report *r) { attention_at(b, r, 0.3f); }
+
+static void embedding(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { T = 7, B = 3, C = 19, N = T * B };
+  const int rows = 23, vocab_start = 10;
+  int tokens[N];
+  for (int i = 0; i < N; i++) tokens[i] = (i * 7) % 45; /* some outside [10, 33): another rank's rows */
+  int *dtok = make_ints(b, tokens, N);
+  mirror wte = make(b, (size_t)rows * C, -1, 1), wpe = make(b, (size_t)(T + 3) * C, -1, 1), out = make(b, (size_t)N * C, 0, 0);
+  ref->embedding_forward(out.host, tokens, wte.host, vocab_start, rows, T, B, C);
+  op->embedding_forward(out.dev, dtok, wte.dev, vocab_start, rows, T, B, C);
+  expect(r, "embedding_forward (vocab rows 10..33)", &out, 0.0);
+  ref->position_forward(out.host, wpe.host, T, B, C, 2);
+  op->position_forward(out.dev, wpe.dev, T, B, C, 2);
+  expect(r, "position_forward (offset 2)", &out, 0.0);
+  ref->embedding_backward(wte.host, out.host, tokens, vocab_start, rows, T, B, C);
+  op->embedding_backward(wte.dev, out.dev, dtok, vocab_start, rows, T, B, C);
+  expect(r, "embedding_backward", &wte, b->fp32_nmse);
+  ref->position_backward(wpe.host, out.host, T, B, C, 2);
+  op->position_backward(wpe.dev, out.dev, T, B, C, 2);
+  expect(r, "position_backward", &wpe, b->fp32_nmse);
+  mirror *all[] = {&wte, &wpe, &out};
+  drop_all(all, sizeof all / sizeof *all);
+  b->release(dtok);
+}
+
+static void loss(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { N = 21 };
+  const int vocab_start = 10, V = 20, width = 24;
+  int targets[N], idx[N];
+  for (int i = 0; i < N; i++) targets[i] = i % 5 == 4 ? -1 : (i * 3) % 40; /* masked, other ranks' and own columns */
+  int *dtgt = make_ints(b, targets, N), *didx = make_ints(b, targets, N);
+  mirror logits = make(b, (size_t)N * width, -3, 3), lse = make(b, N, 0, 0), picked = make(b, N, 0, 0),
+         dlogits = make(b, (size_t)N * width, 0, 0), val = make(b, N, 0, 0);
+  ref->logsumexp(lse.host, logits.host, N, V, width);
+  op->logsumexp(lse.dev, logits.dev, N, V, width);
+  expect(r, "logsumexp (V 20 of width 24)", &lse, b->fp32_nmse);
+  ref->pick_targets(picked.host, logits.host, targets, vocab_start, N, V, width);
+  op->pick_targets(picked.dev, logits.dev, dtgt, vocab_start, N, V, width);
+  expect(r, "pick_targets", &picked, 0.0);
+  ref->crossentropy_backward(dlogits.host, logits.host, lse.host, targets, vocab_start, 0.25f, N, V, width);
+  op->crossentropy_backward(dlogits.dev, logits.dev, lse.dev, dtgt, vocab_start, 0.25f, N, V, width);
+  expect(r, "crossentropy_backward", &dlogits, b->fp32_nmse);
+  ref->argmax(val.host, idx, logits.host, N, V, width);
+  op->argmax(val.dev, didx, logits.dev, N, V, width);
+  expect(r, "argmax value", &val, 0.0);
+  expect_ints(r, b, "argmax index", didx, idx, N);
+  mirror *all[] = {&logits, &lse, &picked, &dlogits, &val};
+  drop_all(all, sizeof all / sizeof *all);
+  b->release(dtgt);
+  b->release(didx);
+}
+
+static void adamw(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const size_t n = 20001;
+  mirror p = make(b, n, -1, 1), g = make(b, n, -1, 1), m = make(b, n, -0.1f, 0.1f), v = make(b, n, 0, 0.01f);
+  for (int step = 1; step <= 3; step++) {
+    const loom_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = step};
+    ref->adamw(p.host, g.host, m.host, v.host, n, &a);
+    op->adamw(p.dev, g.dev, m.dev, v.dev, n, &a);
+  }
+  expect(r, "adamw params (3 steps)", &p, b->fp32_nmse);
+  expect(r, "adamw m", &m, b->fp32_nmse);
+  expect(r, "adamw v", &v, b->fp32_nmse);
+  mirror *all[] = {&p, &g, &m, &v};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+#define AT(op) offsetof(loom_ops, op)
+_Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *), "the op table is its name, then its functions");
+
+const op_case OP_CASES[] = {
+    {"matmul", matmul, {AT(matmul_forward), AT(matmul_backward)}, 2},
+    {"layernorm", layernorm, {AT(layernorm_forward), AT(layernorm_backward)}, 2},
+    {"gelu", gelu, {AT(gelu_forward), AT(gelu_backward)}, 2},
+    {"elementwise", elementwise, {AT(add), AT(accumulate), AT(scale), AT(sumsq)}, 4},
+    {"dropout", dropout, {AT(dropout_forward), AT(dropout_backward)}, 2},
+    {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
+    {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
+    {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
+    {"embedding and positions", embedding,
+     {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward)}, 4},
+    {"vocab-parallel loss pieces", loss, {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax)}, 4},
+    {"adamw", adamw, {AT(adamw)}, 1},
+};
+const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);
+
+/* The op table's function entries, in order: every one is a function pointer after `name`. */
+typedef void (*op_fn)(void);
+int op_table_entries(void) { return (int)((sizeof(loom_ops) - offsetof(loom_ops, matmul_forward)) / sizeof(op_fn)); }
+size_t op_table_offset(int k) { return offsetof(loom_ops, matmul_forward) + (size_t)k * sizeof(op_fn); }
+op_fn op_table_entry(const loom_ops *ops, int k) {
+  op_fn f;
+  memcpy(&f, (const char *)ops + op_table_offset(k), sizeof f);
+  return f;
+}
+
+static void *host_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void host_sync(void) {}
+
+op_backend op_backend_cpu(void) {
+  /* fp32 summation order only: blocked sgemm and vectorised loops against naive ones. */
+  return (op_backend){"cpu", loom_ops_cpu(), host_alloc, free, host_copy, host_copy, host_sync, 1e-10};
+}
