@@ -212,15 +212,3 @@ loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error 
   if (st != LOOM_OK) loom_model_source_free(s);
   return st;
 }
-
-loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err) {
-  loom_gpt_config cfg;
-  memset(m, 0, sizeof *m);
-  loom_status st = loom_llmc_read_config(path, &cfg, err);
-  if (st != LOOM_OK) return st;
-  st = loom_gpt_init(m, &cfg, ops, 0, NULL);
-  if (st != LOOM_OK) return loom_fail(err, st, "%s: out of memory building a model of this shape", path);
-  st = loom_llmc_load(path, &m->p, err);
-  if (st != LOOM_OK) loom_gpt_free(m);
-  return st;
-}

@@ -16,9 +16,6 @@
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err);
 /* Loads the weights; the file's shape must equal p->cfg. */
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err);
-/* Builds a whole model from an llm.c file: its shape from the header, its
- * weights from the body. On failure m is freed and err says why. */
-loom_status loom_llmc_open_model(loom_gpt *m, const char *path, const loom_ops *ops, loom_error *err);
 /* An llm.c file as a model source, read one tensor at a time (its header
  * and size checked on opening). */
 loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error *err);

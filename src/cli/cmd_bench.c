@@ -11,7 +11,7 @@
 #include "cli/flags.h"
 #include "cli/launch.h"
 #include "cli/plan_flags.h"
-#include "pipeline/trainer.h"
+#include "pipeline/train_loop.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
@@ -50,16 +50,8 @@ static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm 
       .seed = 1, .weight_decay = loom_adamw_defaults().weight_decay, .grad_clip = loom_adamw_defaults().grad_clip,
       .lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .warmup_steps = 0, .total_steps = f->steps + 1}};
   loom_trainer tr;
-  double best = 0.0;
   *st = loom_trainer_init(&tr, world, plan, f->ops, &data, &o, err);
-  for (int s = 0; *st == LOOM_OK && s <= f->steps; s++) {
-    loom_comm_barrier(world);
-    const double t0 = loom_now_s();
-    loom_trainer_step(&tr, s);
-    double dt = loom_now_s() - t0;
-    loom_comm_allreduce_typed(world, &dt, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-    if (s > 0 && (best == 0.0 || dt < best)) best = dt; /* step 0 warms caches and pages */
-  }
+  const double best = *st == LOOM_OK ? loom_train_best_step(&tr, f->steps) : 0.0;
   loom_trainer_free(&tr);
   return best;
 }
@@ -173,17 +165,17 @@ static loom_status bench_parallel(bench_flags *f, loom_flag *table, loom_launch 
   double serial = 0.0, peak = 0.0;
   if (launch->rank == 0 && st == LOOM_OK) {
     const int cores = loom_cpu_mask_count(&all);
-    if (loom_cpu_set_affinity(&all) != 0) printf("warning: could not widen rank 0 to the job's %d CPUs\n", cores);
     loom_cpu_set_threads(cores);
+    if (loom_cpu_pin_threads(&all) != 0) printf("warning: could not widen rank 0 to the job's %d CPUs\n", cores);
     peak = loom_cpu_sgemm_gflops(2048, 1.0);
     printf("sgemm peak, 1 rank x %d threads on the job's %d CPUs (2048^3): %.1f GFLOP/s\n", cores, cores, peak);
     serial = time_steps(serial_plan, f, NULL, &st, err);
     if (st == LOOM_OK) print_step(" (1,1,1) on 1 rank", serial_plan, serial, peak);
-    loom_cpu_set_affinity(&own);
+    loom_cpu_pin_threads(&own);
   }
+  loom_comm_idle_barrier(launch->world, 0); /* the others sleep through the baseline, leaving it their cores */
   int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(launch->world, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
-  loom_comm_idle_barrier(launch->world, 0);
   loom_cpu_set_threads(f->threads ? f->threads : 1);
   const double split = !bad ? time_steps(plan, f, launch->world, &st, err) : 0.0;
   if (launch->rank == 0 && !bad && st == LOOM_OK) {

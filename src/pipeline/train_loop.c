@@ -208,3 +208,16 @@ loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *
   loom_log_status_end();
   return st == LOOM_OK ? finish(tr, loop, err) : st;
 }
+
+double loom_train_best_step(loom_trainer *tr, int steps) {
+  double best = 0.0;
+  for (int s = 0; s <= steps; s++) {
+    loom_comm_barrier(tr->ps.world_group);
+    const double t0 = loom_now_s();
+    loom_trainer_step(tr, s);
+    double dt = loom_now_s() - t0;
+    loom_comm_allreduce_typed(tr->ps.world_group, &dt, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+    if (s > 0 && (best == 0.0 || dt < best)) best = dt;
+  }
+  return best;
+}

@@ -28,6 +28,9 @@ typedef struct {
 
 /* Logs the layout, the schedule's bubble and what recompute and ZeRO-1 save. */
 void loom_train_describe(const loom_trainer *tr);
+/* Times `steps` training steps after one warm-up (which fills caches and
+ * pages); returns the best step's seconds, the slowest rank's. Collective. */
+double loom_train_best_step(loom_trainer *tr, int steps);
 /* Runs the loop; *stopped says whether a signal ended it early. */
 loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *stopped, loom_error *err);
 

@@ -32,3 +32,11 @@ void loom_cpu_set_threads(int n) {
 }
 
 int loom_cpu_threads(void) { return omp_get_max_threads(); }
+
+int loom_cpu_pin_threads(const loom_cpu_mask *mask) {
+  int failed = 0;
+  /* Each thread of the pool (OpenBLAS's too: they are the same) sets its own. */
+#pragma omp parallel reduction(+ : failed)
+  failed += loom_cpu_set_affinity(mask) != 0;
+  return failed ? -1 : 0;
+}

@@ -3,10 +3,16 @@
 #ifndef LOOM_CPU_PEAK_H
 #define LOOM_CPU_PEAK_H
 
+#include "core/sysinfo.h"
+
 /* Best GFLOP/s of n x n x n sgemm over repeats lasting at least min_seconds. */
 double loom_cpu_sgemm_gflops(int n, double min_seconds);
 /* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
 void loom_cpu_set_threads(int n);
 int loom_cpu_threads(void);
+/* Lets every thread of the OpenMP pool (which OpenBLAS shares) run on the
+ * CPUs of mask, as threads made before a change of affinity keep the old
+ * one; returns 0, or -1 when the kernel refuses. */
+int loom_cpu_pin_threads(const loom_cpu_mask *mask);
 
 #endif
