@@ -94,4 +94,22 @@ code=$?
 [ "$code" != 0 ] || fail "a stalled rank must fail the job"
 grep -q "\[rank 0\] loom: watchdog: all-reduce on the tp group did not complete in 2 s (--watchdog-timeout); not waiting in any collective, so stalled or dead: rank 1; waiting: ranks 0, 2, 3" \
   "$WORK/stall.txt" || fail "watchdog message: $(cat "$WORK/stall.txt")"
+# Progress as a person sees it. On a terminal (script(1) gives loom a pty): one
+# status line rewritten in place (carriage return, erase line) with step,
+# loss, tokens/s, elapsed and ETA, and the eval lines printed above it; in a
+# file: a plain line on the first step, every 10 steps and the last.
+if command -v script > /dev/null 2>&1; then
+  script -qec "$LOOM train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 25 --eval-every 20" /dev/null \
+    > "$WORK/tty.txt" 2>&1 || fail "run on a terminal: $(cat "$WORK/tty.txt")"
+  cr=$(printf '\r') esc=$(printf '\033')
+  [ "$(grep -c "${cr}${esc}\[Kstep [0-9]*/25 | loss [0-9.]* | [0-9]* tok/s | .* | elapsed [0-9]*s | ETA [0-9]*s" "$WORK/tty.txt")" -ge 1 ] ||
+    fail "no status line on a terminal: $(od -c "$WORK/tty.txt" | head -20)"
+  grep -q "^step .*| lr " "$WORK/tty.txt" && fail "plain step lines on a terminal"
+  grep -q "${esc}\[Keval  step    20 | held-out loss" "$WORK/tty.txt" || fail "eval not printed over the status line"
+fi
+"$LOOM" train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 25 --eval-every 0 > "$WORK/file.txt" 2>&1 ||
+  fail "run into a file: $(cat "$WORK/file.txt")"
+[ "$(grep '^step ' "$WORK/file.txt" | sed 's/|.*//' | tr -d ' ' | tr '\n' ,)" = "step1/25,step10/25,step20/25,step25/25," ] ||
+  fail "plain lines every 10 steps: $(grep '^step ' "$WORK/file.txt")"
+grep -q "$(printf '\033')" "$WORK/file.txt" && fail "terminal codes in a file"
 echo "ok"
