@@ -319,6 +319,8 @@ START_TEST(subcommands_work_together) {
   r = run("sample", "--init-from", model, "--prompt", "12+34=", "--max-tokens", "5", NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
   ck_assert_int_eq(strncmp(r->out, "12+34=", 6), 0);
+  expect_fail(run("sample", "--init-from", model, "--prompt", "1", "--tp", "2", NULL), 2,
+              "loom sample: generation runs on one rank; drop --tp, --pp and --dp");
 
   /* A model file that is not one is refused with the file's name. */
   snprintf(line, sizeof line, "loom: %s: bad magic 20240520 in model header (expected 20240326, llm.c's GPT-2 format)", tokens);
