@@ -318,6 +318,39 @@ START_TEST(loads_onto_other_plans) {
 }
 END_TEST
 
+/* A save of step 2 over a checkpoint of step 1. */
+typedef struct {
+  const char *dir;
+  loom_ckpt_chunk ch;
+  loom_parallel ps;
+  loom_ckpt_run run;
+} save_case;
+
+static loom_status save_step2(void *ctx, loom_error *err) {
+  save_case *c = ctx;
+  int64_t bytes;
+  return loom_ckpt_save(c->dir, 2, 0, &c->ch, 1, &c->ps, &c->run, &bytes, err);
+}
+
+/* dir/latest names step `step`, and the checkpoint it names verifies. */
+static void expect_latest(const char *dir, int step) {
+  char path[4200], want[32];
+  snprintf(path, sizeof path, "%s/latest", dir);
+  snprintf(want, sizeof want, "step_%08d\n", step);
+  size_t n;
+  char *named = tu_read_bytes(path, &n);
+  ck_assert_msg(n == strlen(want) && memcmp(named, want, n) == 0, "latest does not name step %d", step);
+  free(named);
+  int shards, tensors;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "%s", err.msg);
+}
+
+static void step1_intact(void *ctx, loom_status st, const loom_error *err, int k) {
+  ck_assert_msg(st == LOOM_ERR_NOMEM, "allocation %d: %s", k, err->msg);
+  expect_latest(((save_case *)ctx)->dir, 1);
+}
+
 /* Every allocation of the checkpoint writer failing in turn: each save
  * refuses with one line saying it ran out of memory, and the checkpoint
  * before it stays the latest, whole and loadable; then the save succeeds. */
@@ -325,46 +358,16 @@ START_TEST(writer_survives_allocation_failure) {
   loom_gpt_params whole;
   loom_adamw opt;
   whole_state(&whole, &opt);
-  loom_parallel ps;
-  loom_parallel_init(&ps, NULL, 1, 1, 1, false);
-  const loom_ckpt_chunk ch = loom_ckpt_chunk_adamw(&whole, &opt);
-  const loom_ckpt_run run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1,
-                             .seed = 7};
-  const char *dir = tu_tmp_path("alloc_ckpt");
+  save_case c = {.dir = tu_tmp_path("alloc_ckpt"), .ch = loom_ckpt_chunk_adamw(&whole, &opt),
+                 .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
+  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
   loom_error err = {{0}};
   int64_t bytes;
-  ck_assert_msg(loom_ckpt_save(dir, 1, 0, &ch, 1, &ps, &run, &bytes, &err) == LOOM_OK, "%s", err.msg);
-  char latest[4200];
-  snprintf(latest, sizeof latest, "%s/latest", dir);
-  int failures = 0;
-  loom_status st = LOOM_ERR_NOMEM;
-  for (int k = 1; st != LOOM_OK; k++) {
-    ck_assert_int_lt(k, 100000);
-    char spec[32];
-    snprintf(spec, sizeof spec, "alloc:*:%d", k);
-    ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
-    st = loom_ckpt_save(dir, 2, 0, &ch, 1, &ps, &run, &bytes, &err);
-    loom_fault_disarm();
-    if (st == LOOM_OK) break;
-    failures++;
-    ck_assert_int_eq(st, LOOM_ERR_NOMEM);
-    ck_assert_msg(strstr(err.msg, "out of memory") && !strchr(err.msg, '\n'), "%s", err.msg);
-    size_t n;
-    char *named = tu_read_bytes(latest, &n);
-    ck_assert_msg(n == 14 && memcmp(named, "step_00000001\n", 14) == 0, "latest moved after a failed save (allocation %d)", k);
-    free(named);
-    int shards, tensors;
-    ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "allocation %d: %s", k, err.msg);
-  }
-  ck_assert_int_ge(failures, 5); /* the writer's own allocations were each failed */
-  int shards, tensors;
-  ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "%s", err.msg);
-  size_t n;
-  char *named = tu_read_bytes(latest, &n);
-  ck_assert(n == 14 && memcmp(named, "step_00000002\n", 14) == 0);
-  free(named);
-  loom_ckpt_remove(dir);
-  loom_parallel_free(&ps);
+  ck_assert_msg(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err) == LOOM_OK, "%s", err.msg);
+  ck_assert_int_ge(tu_each_allocation_failing(save_step2, step1_intact, &c), 5); /* the writer's own, each failed */
+  expect_latest(c.dir, 2);
+  loom_ckpt_remove(c.dir);
+  loom_parallel_free(&c.ps);
   loom_adamw_free(&opt);
   loom_gpt_params_free(&whole);
 }

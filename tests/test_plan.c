@@ -348,6 +348,22 @@ START_TEST(estimates_follow_megatron) {
 }
 END_TEST
 
+typedef struct {
+  const char *path;
+  loom_plan *plan;
+} read_case;
+
+static loom_status read_plan(void *ctx, loom_error *err) {
+  read_case *c = ctx;
+  return loom_plan_read(c->path, &c->plan, err);
+}
+
+static void no_plan(void *ctx, loom_status st, const loom_error *err, int k) {
+  const read_case *c = ctx;
+  (void)st;
+  ck_assert_msg(c->plan == NULL && strstr(err->msg, c->path), "allocation %d: %s", k, err->msg);
+}
+
 /* Every allocation of the plan loader failing in turn, for a text and a
  * binary plan: each read refuses with one line saying it ran out of memory
  * and returns no plan, and the file is left as it was; then it loads. */
@@ -362,24 +378,11 @@ START_TEST(loader_survives_allocation_failure) {
   for (int f = 0; f < 2; f++) {
     size_t size, after;
     char *before = tu_read_bytes(files[f], &size);
-    int failures = 0;
-    loom_status st = LOOM_ERR_NOMEM;
-    for (int k = 1; st != LOOM_OK; k++) {
-      ck_assert_int_lt(k, 100000);
-      char spec[32];
-      snprintf(spec, sizeof spec, "alloc:*:%d", k);
-      ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
-      st = loom_plan_read(files[f], &plan, &err);
-      loom_fault_disarm();
-      if (st == LOOM_OK) break;
-      failures++;
-      ck_assert_ptr_null(plan);
-      ck_assert_msg(strstr(err.msg, "out of memory") && strstr(err.msg, files[f]) && !strchr(err.msg, '\n'), "%s", err.msg);
-    }
-    ck_assert_int_ge(failures, 3);
+    read_case c = {files[f], NULL};
+    ck_assert_int_ge(tu_each_allocation_failing(read_plan, no_plan, &c), 3);
     char lines[512];
-    ck_assert_msg(loom_plan_validate(plan, &(loom_plan_limits){.world = 4}, lines, sizeof lines) == 0, "%s", lines);
-    loom_plan_free(plan);
+    ck_assert_msg(loom_plan_validate(c.plan, &(loom_plan_limits){.world = 4}, lines, sizeof lines) == 0, "%s", lines);
+    loom_plan_free(c.plan);
     char *now = tu_read_bytes(files[f], &after);
     ck_assert(after == size && memcmp(now, before, size) == 0);
     free(now);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/rng.h"
+#include "core/fault.h"
 #include "test_util.h"
 
 void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi) {
@@ -158,4 +159,21 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
   }
   free(tokens);
   free(targets);
+}
+
+int tu_each_allocation_failing(loom_status (*attempt)(void *ctx, loom_error *err),
+                               void (*judge)(void *ctx, loom_status st, const loom_error *err, int k), void *ctx) {
+  for (int k = 1; k < 100000; k++) {
+    char spec[32];
+    loom_error err = {{0}};
+    snprintf(spec, sizeof spec, "alloc:*:%d", k);
+    ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
+    const loom_status st = attempt(ctx, &err);
+    loom_fault_disarm();
+    if (st == LOOM_OK) return k - 1;
+    ck_assert_msg(strstr(err.msg, "out of memory") && !strchr(err.msg, '\n'), "allocation %d: %s", k, err.msg);
+    judge(ctx, st, &err, k);
+  }
+  ck_abort_msg("still failing after 100000 allocations");
+  return 0;
 }

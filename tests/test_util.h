@@ -39,6 +39,13 @@ void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, con
 void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int global, loom_lr_schedule lr, int steps,
                      float *losses);
 
+/* Runs attempt(ctx) with allocation k (through the fault registry) failing,
+ * for k = 1, 2, ... until an attempt succeeds; after each failed one,
+ * judge(ctx, st, err, k) checks what it left. Returns how many failed. */
+#include "core/status.h"
+int tu_each_allocation_failing(loom_status (*attempt)(void *ctx, loom_error *err),
+                               void (*judge)(void *ctx, loom_status st, const loom_error *err, int k), void *ctx);
+
 /* Runs a suite and returns the process exit code. */
 int tu_run(Suite *s);
 /* Runs a suite on one MPI rank without forking: rank 0 reports in full, other
