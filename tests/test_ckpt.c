@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "ckpt/assemble.h"
 #include "ckpt/shard_file.h"
 #include "core/crc32c.h"
@@ -41,7 +43,11 @@ static const char *write_sample(const char *name, float *a, float *b) {
   loom_error err = {{0}};
   int64_t bytes;
   uint32_t crc;
-  ck_assert_int_eq(loom_shard_file_write(path, t, 2, &bytes, &crc, &err), LOOM_OK);
+  const loom_shard_binding binding = {0x5eed, 3, 1};
+  ck_assert_int_eq(loom_shard_file_write(path, &binding, t, 2, &bytes, &crc, &err), LOOM_OK);
+  loom_shard_binding back;
+  ck_assert_int_eq(loom_shard_read_binding(path, &back, &err), LOOM_OK);
+  ck_assert(back.save_id == binding.save_id && back.step == binding.step && back.rank == binding.rank);
   /* The size and checksum it reports are the file's own, read back here. */
   FILE *fp = fopen(path, "rb");
   uint8_t disk[4096];
@@ -81,8 +87,9 @@ static void expect_refused(const char *path, const char *suffix) {
   ck_assert_str_eq(err.msg, want);
 }
 
-/* Bytes of the second piece (ln_f.bias): its header, then 3 values. */
-enum { LAST_HEADER = 2 + 9 + 1 + 1 + 3 * 8 + 16 + 4, LAST_DATA = 12 };
+/* The file header (magic, version, count, save id, step, rank), and the
+ * bytes of the second piece (ln_f.bias): its header, then 3 values. */
+enum { FILE_HEADER = 8 + 4 + 4 + 8 + 8 + 4, LAST_HEADER = 2 + 9 + 1 + 1 + 3 * 8 + 16 + 4, LAST_DATA = 12 };
 
 START_TEST(corruption_is_refused) {
   float a[8], b[3];
@@ -93,7 +100,7 @@ START_TEST(corruption_is_refused) {
   loom_shard_file f;
   loom_error err = {{0}};
   /* A flipped byte in the first piece's values, then one in its name: the CRC covers both. */
-  const size_t value = n - LAST_DATA - LAST_HEADER - 1, name = 16 + 2 + 9; /* the c of c_attn */
+  const size_t value = n - LAST_DATA - LAST_HEADER - 1, name = FILE_HEADER + 2 + 9; /* the c of c_attn */
   const size_t flips[2] = {value, name};
   const char *named[2] = {"tensor h.0.attn.c_attn.weight fails its checksum", "tensor h.0.attn.C_attn.weight fails its checksum"};
   for (int i = 0; i < 2; i++) {
@@ -104,10 +111,10 @@ START_TEST(corruption_is_refused) {
     bytes[flips[i]] ^= 0x20;
   }
   /* An element type this loom cannot read (the byte after ndim). */
-  bytes[16 + 2 + 22 + 1] = 7;
+  bytes[FILE_HEADER + 2 + 22 + 1] = 7;
   tu_write_bytes(bad, bytes, n);
   expect_refused(bad, "tensor h.0.attn.c_attn.weight has element type 7; this loom reads fp32 (0)");
-  bytes[16 + 2 + 22 + 1] = 0;
+  bytes[FILE_HEADER + 2 + 22 + 1] = 0;
   /* Truncated inside the last tensor's data, and inside the header. */
   tu_write_bytes(bad, bytes, n - 4);
   expect_refused(bad, "truncated checkpoint shard: ends inside ln_f.bias");
@@ -120,8 +127,8 @@ START_TEST(corruption_is_refused) {
   memcpy(bytes, "LOOMSHRD", 8);
   bytes[8] = 9;
   tu_write_bytes(bad, bytes, n);
-  expect_refused(bad, "checkpoint shard version 9, this loom reads 2");
-  bytes[8] = 2;
+  expect_refused(bad, "checkpoint shard version 9, this loom reads 3");
+  bytes[8] = 3;
   char *longer = malloc(n + 3);
   memcpy(longer, bytes, n);
   memcpy(longer + n, "xyz", 3);
@@ -244,7 +251,8 @@ static char **save_layout(layout lay, const loom_gpt_params *whole, const loom_a
     int64_t bytes;
     uint32_t crc;
     loom_error err = {{0}};
-    ck_assert_int_eq(loom_shard_file_write(paths[rank], pieces, count, &bytes, &crc, &err), LOOM_OK);
+    const loom_shard_binding binding = {1, 1, rank};
+    ck_assert_int_eq(loom_shard_file_write(paths[rank], &binding, pieces, count, &bytes, &crc, &err), LOOM_OK);
     free(pieces);
     free_rank(&r);
   }
@@ -348,7 +356,12 @@ static void expect_latest(const char *dir, int step) {
 
 static void step1_intact(void *ctx, loom_status st, const loom_error *err, int k) {
   ck_assert_msg(st == LOOM_ERR_NOMEM, "allocation %d: %s", k, err->msg);
-  expect_latest(((save_case *)ctx)->dir, 1);
+  const char *dir = ((save_case *)ctx)->dir;
+  expect_latest(dir, 1);
+  char partial[4200];
+  loom_ckpt_step_dir(dir, 2, partial, sizeof partial);
+  struct stat sb;
+  ck_assert_msg(stat(partial, &sb) != 0, "allocation %d: the failed save left %s behind", k, partial);
 }
 
 /* Every allocation of the checkpoint writer failing in turn: each save
@@ -373,14 +386,75 @@ START_TEST(writer_survives_allocation_failure) {
 }
 END_TEST
 
+static void copy_file(const char *from, const char *to) {
+  size_t n;
+  char *bytes = tu_read_bytes(from, &n);
+  tu_write_bytes(to, bytes, n);
+  free(bytes);
+}
+
+/* What verify refuses, resume refuses too, naming the file: a shard copied
+ * in from another step (same size, every piece's CRC intact), a manifest
+ * copied in from another step, and a flipped bit in the manifest. */
+START_TEST(loads_refuse_what_verify_refuses) {
+  loom_gpt_params whole;
+  loom_adamw opt;
+  whole_state(&whole, &opt);
+  save_case c = {.dir = tu_tmp_path("stale"), .ch = loom_ckpt_chunk_adamw(&whole, &opt),
+                 .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
+  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
+  loom_error err = {{0}};
+  int64_t bytes, step;
+  char one[4200], two[4200], path[4300], keep[4400];
+  loom_ckpt_step_dir(c.dir, 1, one, sizeof one);
+  loom_ckpt_step_dir(c.dir, 2, two, sizeof two);
+  const char *files[2] = {"rank_00000.shard", "manifest.pb"};
+  for (int k = 0; k < 3; k++) {
+    ck_assert_int_eq(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err), LOOM_OK);
+    ((float *)whole.params.base)[0] += 1.0f; /* step 2 holds other values */
+    ck_assert_int_eq(loom_ckpt_save(c.dir, 2, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err), LOOM_OK);
+    snprintf(path, sizeof path, "%s/%s", two, k < 2 ? files[k] : "manifest.pb");
+    snprintf(keep, sizeof keep, "%s.good", path);
+    copy_file(path, keep);
+    if (k < 2) {
+      char from[4300];
+      snprintf(from, sizeof from, "%s/%s", one, files[k]);
+      copy_file(from, path);
+    } else {
+      size_t n;
+      unsigned char *m = tu_read_bytes(path, &n);
+      m[n / 2] ^= 0x10;
+      tu_write_bytes(path, m, n);
+      free(m);
+    }
+    loom_ckpt_run from;
+    const loom_status st = loom_ckpt_resume(c.dir, &c.ch, 1, &c.run, &from, &step, &err);
+    ck_assert_msg(st == LOOM_ERR_FORMAT, "case %d: resume accepted a tampered checkpoint (step %lld)", k, (long long)step);
+    ck_assert_msg(strstr(err.msg, k == 0 ? "rank_00000.shard" : "manifest.pb") && !strchr(err.msg, '\n'), "case %d: %s", k,
+                  err.msg);
+    int shards, tensors;
+    ck_assert_int_eq(loom_ckpt_verify(c.dir, &shards, &tensors, &err), LOOM_ERR_FORMAT);
+    copy_file(keep, path); /* repaired, it loads again */
+    unlink(keep);
+    ck_assert_msg(loom_ckpt_resume(c.dir, &c.ch, 1, &c.run, &from, &step, &err) == LOOM_OK && step == 2, "%s", err.msg);
+  }
+  loom_ckpt_remove(c.dir);
+  loom_parallel_free(&c.ps);
+  loom_adamw_free(&opt);
+  loom_gpt_params_free(&whole);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt");
   TCase *tc = tcase_create("ckpt");
+  tcase_set_timeout(tc, 120); /* the allocation-failure loops run under ASan in scripts/test.sh */
   tcase_add_test(tc, crc32c_known_answers);
   tcase_add_test(tc, round_trip);
   tcase_add_test(tc, corruption_is_refused);
   tcase_add_test(tc, loads_onto_other_plans);
   tcase_add_test(tc, writer_survives_allocation_failure);
+  tcase_add_test(tc, loads_refuse_what_verify_refuses);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "ckpt/manifest.h"
 #include "test_util.h"
 
 static const char *g_loom;
@@ -76,6 +77,10 @@ START_TEST(bad_flags) {
   expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
+  /* nan passes every range comparison, and inf means nothing to any flag. */
+  expect_fail(run("train", "--lr", "nan", NULL), 2, "loom train: --lr expects a finite number, got 'nan'");
+  expect_fail(run("train", "--grad-clip", "inf", NULL), 2, "loom train: --grad-clip expects a finite number, got 'inf'");
+  expect_fail(run("train", "--steps", "NaN", NULL), 2, "loom train: --steps expects a finite number, got 'NaN'");
   expect_fail(run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
   expect_fail(run("train", "--steps", "1.5", NULL), 2, "loom train: --steps expects an integer, got '1.5'");
   expect_fail(run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
@@ -321,6 +326,19 @@ START_TEST(subcommands_work_together) {
   ck_assert_int_eq(strncmp(r->out, "12+34=", 6), 0);
   expect_fail(run("sample", "--init-from", model, "--prompt", "1", "--tp", "2", NULL), 2,
               "loom sample: generation runs on one rank; drop --tp, --pp and --dp");
+  /* Resuming at or past --steps says there is nothing to train, and exits 0. */
+  const char *ck = tu_tmp_path("nothing");
+  r = run("train", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--steps", "2", "--ckpt", ck, "--eval-every", "0", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  r = run("train", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--steps", "2", "--ckpt", ck, "--resume",
+          "--eval-every", "0", NULL);
+  ck_assert_msg(r->code == 0 && strstr(r->out, "nothing to train: the checkpoint is at step 2 and --steps is 2"), "%s%s", r->out,
+                r->err);
+  loom_ckpt_remove(ck);
+  /* A checkpoint directory that cannot be written is refused before step 1. */
+  r = run("train", "--ckpt", tokens, "--steps", "2", "--eval-every", "0", NULL);
+  ck_assert_int_eq(r->code, 2);
+  ck_assert_msg(strstr(r->err, "cannot write there") && strstr(r->err, tokens) && !strstr(r->out, "step "), "%s", r->err);
 
   /* A model file that is not one is refused with the file's name. */
   snprintf(line, sizeof line, "loom: %s: bad magic 20240520 in model header (expected 20240326, llm.c's GPT-2 format)", tokens);

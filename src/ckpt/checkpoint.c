@@ -9,6 +9,18 @@
 #include "core/fault.h"
 #include "core/crc32c.h"
 
+/* A save that failed anywhere leaves latest on the previous step; its
+ * partial directory goes, unless latest names it (a step saved before). */
+static void discard_partial(const char *dir, const char *sub, int64_t step) {
+  char path[4200], line[32] = "", want[32];
+  snprintf(path, sizeof path, "%s/latest", dir);
+  snprintf(want, sizeof want, "step_%08lld\n", (long long)step);
+  FILE *fp = fopen(path, "r");
+  if (fp && !fgets(line, sizeof line, fp)) line[0] = '\0';
+  if (fp) fclose(fp);
+  if (strcmp(line, want) != 0) loom_ckpt_remove_step(sub);
+}
+
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
                            const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
   char sub[4096], path[4200];
@@ -24,12 +36,17 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   if (bad) {
     free(pieces);
     free(all);
+    if (ps->rank == 0) discard_partial(dir, sub, step);
     return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: another rank could not start the checkpoint", sub);
   }
+  /* One id for this save, rank 0's: every shard and the manifest carry it. */
+  int64_t save_id = ps->rank == 0 ? (int64_t)loom_ckpt_fresh_save_id() : 0;
+  loom_comm_broadcast_typed(ps->world_group, &save_id, 1, LOOM_DTYPE_I64, 0);
+  const loom_shard_binding binding = {(uint64_t)save_id, step, ps->rank};
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
   const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
   loom_shard_written mine = {0, 0};
-  st = loom_shard_file_write(path, pieces, count, &mine.bytes, &mine.crc32c, err);
+  st = loom_shard_file_write(path, &binding, pieces, count, &mine.bytes, &mine.crc32c, err);
   free(pieces);
   /* A test fault: this rank dies here, its shard written and the manifest
    * not, as a node lost mid-save would. */
@@ -50,7 +67,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
       shards[r].bytes = all[3 * r + 2];
       shards[r].crc32c = (uint32_t)all[3 * r + 1];
     }
-    st = shards ? loom_manifest_publish(dir, step, run, shards, ps->world, keep, err)
+    st = shards ? loom_manifest_publish(dir, step, (uint64_t)save_id, run, shards, ps->world, keep, err)
                 : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
     free(shards);
   }
@@ -58,6 +75,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
   if (st == LOOM_OK && bad) st = loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not record the checkpoint", sub);
+  if (bad && ps->rank == 0) discard_partial(dir, sub, step);
   return st;
 }
 

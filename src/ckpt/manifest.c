@@ -1,17 +1,21 @@
 /* Checkpoint manifests, DIR/latest, and pruning old steps. */
 #include <dirent.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "ckpt/manifest.h"
+#include "core/crc32c.h"
 #include "core/fault.h"
+#include "core/rng.h"
 #include "ckpt/shard_file.h"
 #include "core/write_file.h"
 
-#define MANIFEST_VERSION 2
+#define MANIFEST_VERSION 3
 
 void loom_ckpt_step_dir(const char *dir, int64_t step, char *out, size_t len) {
   snprintf(out, len, "%s/step_%08lld", dir, (long long)step);
@@ -37,6 +41,10 @@ loom_status loom_ckpt_make_dir(const char *path, loom_error *err) {
 static void remove_step(const char *dir, const char *name) {
   char path[4400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
+  loom_ckpt_remove_step(path);
+}
+
+void loom_ckpt_remove_step(const char *path) {
   DIR *d = opendir(path);
   if (!d) return;
   for (struct dirent *e; (e = readdir(d));) {
@@ -137,8 +145,23 @@ static void free_pieces(Loom__ShardFileInfo *info) {
   info->n_pieces = 0;
 }
 
-loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
-                                  int nshards, int keep, loom_error *err) {
+/* The CRC-32C of mf packed without its own checksum (mf's crc fields are restored). */
+static bool manifest_crc(Loom__CheckpointManifest *mf, uint32_t *crc) {
+  const protobuf_c_boolean had = mf->has_crc32c;
+  mf->has_crc32c = 0;
+  const size_t len = loom__checkpoint_manifest__get_packed_size(mf);
+  uint8_t *buf = loom_fault_malloc(len + 1);
+  if (buf) {
+    loom__checkpoint_manifest__pack(mf, buf);
+    *crc = loom_crc32c(0, buf, len);
+  }
+  free(buf);
+  mf->has_crc32c = had;
+  return buf != NULL;
+}
+
+loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
+                                  const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
   Loom__Model m = LOOM__MODEL__INIT;
   m.has_layers = m.has_hidden = m.has_heads = m.has_ffn = m.has_vocab = m.has_seq = 1;
@@ -157,8 +180,8 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   ts.total_steps = run->lr.total_steps, ts.samples_seen = step * run->global_batch, ts.loss_scale = 1.0f;
   ts.data = (char *)(run->data ? run->data : "");
   Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
-  mf.has_format_version = mf.has_step = mf.has_seed = 1;
-  mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed;
+  mf.has_format_version = mf.has_step = mf.has_seed = mf.has_save_id = 1;
+  mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed, mf.save_id = save_id;
   mf.model = &m, mf.parallel = &l, mf.batch = &b, mf.state = &ts;
   Loom__ShardFileInfo *infos = loom_fault_calloc((size_t)nshards + 1, sizeof *infos);
   Loom__ShardFileInfo **ptrs = loom_fault_calloc((size_t)nshards + 1, sizeof *ptrs);
@@ -178,6 +201,8 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   }
   mf.n_shards = (size_t)nshards;
   mf.shards = ptrs;
+  if (st == LOOM_OK && !manifest_crc(&mf, &mf.crc32c)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
+  mf.has_crc32c = 1;
   const size_t len = st == LOOM_OK ? loom__checkpoint_manifest__get_packed_size(&mf) : 0;
   uint8_t *buf = st == LOOM_OK ? loom_fault_malloc(len + 1) : NULL;
   if (st == LOOM_OK && !buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
@@ -199,33 +224,62 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt
   return st;
 }
 
-loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err) {
-  char path[4200], name[256] = "";
-  *out = NULL;
+/* DIR/latest's one line: the name of a step directory, step_NNNNNNNN. */
+static loom_status read_latest(const char *dir, char *name, size_t len, int64_t *step, loom_error *err) {
+  char path[4200], line[64] = "";
   snprintf(path, sizeof path, "%s/latest", dir);
+  struct stat sb;
+  if (stat(path, &sb) != 0) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(errno));
+  if (!S_ISREG(sb.st_mode)) return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a file; it should name a step directory", path);
   FILE *fp = fopen(path, "r");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(errno));
-  const int got = fscanf(fp, "%255s", name);
-  fclose(fp);
-  if (got != 1) return loom_fail(err, LOOM_ERR_FORMAT, "%s: empty; it should name a step directory", path);
+  const size_t got = fp ? fread(line, 1, sizeof line - 1, fp) : 0;
+  if (fp) fclose(fp);
+  long long n;
+  char tail[2];
+  if (got != 14 || sscanf(line, "step_%8lld%1[\n]", &n, tail) != 2 || n < 0)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: does not hold one line naming a step directory (step_NNNNNNNN)", path);
+  snprintf(name, len, "step_%08lld", n);
+  *step = n;
+  return LOOM_OK;
+}
+
+loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err) {
+  char path[4200], name[64];
+  int64_t named = 0;
+  *out = NULL;
+  loom_status st = read_latest(dir, name, sizeof name, &named, err);
+  if (st != LOOM_OK) return st;
   snprintf(step_dir, len, "%s/%s", dir, name);
   snprintf(path, sizeof path, "%s/manifest.pb", step_dir);
-  fp = fopen(path, "rb");
+  FILE *fp = fopen(path, "rb");
   if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
   struct stat sb;
   const size_t size = fstat(fileno(fp), &sb) == 0 ? (size_t)sb.st_size : 0;
-  uint8_t *buf = malloc(size + 1);
+  uint8_t *buf = loom_fault_malloc(size + 1);
   const size_t got_bytes = buf ? fread(buf, 1, size, fp) : 0;
   fclose(fp);
-  *out = loom__checkpoint_manifest__unpack(NULL, got_bytes, buf);
+  Loom__CheckpointManifest *mf = buf ? loom__checkpoint_manifest__unpack(NULL, got_bytes, buf) : NULL;
   free(buf);
-  if (*out && (*out)->model && (*out)->parallel && (*out)->batch && (*out)->format_version == MANIFEST_VERSION) return LOOM_OK;
-  const loom_status st = *out && (*out)->format_version != MANIFEST_VERSION
-                             ? loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest format %u, this loom reads %d", path,
-                                         (*out)->format_version, MANIFEST_VERSION)
-                             : loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
-  if (*out) loom__checkpoint_manifest__free_unpacked(*out, NULL);
-  *out = NULL;
+  uint32_t crc = 0;
+  if (!buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading the manifest", path);
+  else if (!mf || !mf->model || !mf->parallel || !mf->batch)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
+  else if (mf->format_version != MANIFEST_VERSION)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest format %u, this loom reads %d", path, mf->format_version, MANIFEST_VERSION);
+  else if (!mf->has_crc32c || !manifest_crc(mf, &crc))
+    st = loom_fail(err, mf->has_crc32c ? LOOM_ERR_NOMEM : LOOM_ERR_FORMAT, "%s: %s", path,
+                   mf->has_crc32c ? "out of memory checking the manifest" : "the manifest has no checksum");
+  else if (crc != mf->crc32c)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the manifest is damaged", path, crc,
+                   mf->crc32c);
+  else if (mf->step != named)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: a manifest of step %lld in the directory of step %lld: it belongs to another step",
+                   path, (long long)mf->step, (long long)named);
+  if (st == LOOM_OK) {
+    *out = mf;
+    return LOOM_OK;
+  }
+  if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
 
@@ -262,6 +316,30 @@ static bool shard_needed(const Loom__ShardFileInfo *info, const loom_want_index 
   return false;
 }
 
+uint64_t loom_ckpt_fresh_save_id(void) {
+  uint64_t id = 0;
+  FILE *fp = fopen("/dev/urandom", "rb");
+  if (!fp || fread(&id, sizeof id, 1, fp) != 1) { /* no urandom: the clock and the process */
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    id = loom_hash_u64((uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec, (uint64_t)getpid());
+  }
+  if (fp) fclose(fp);
+  return id;
+}
+
+/* A shard belongs to the save, step and rank its manifest lists it under. */
+static loom_status check_binding(const char *path, const Loom__CheckpointManifest *mf, const Loom__ShardFileInfo *info,
+                                 loom_error *err) {
+  loom_shard_binding b;
+  const loom_status st = loom_shard_read_binding(path, &b, err);
+  if (st != LOOM_OK) return st;
+  if (b.save_id == mf->save_id && b.step == mf->step && b.rank == info->rank) return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_FORMAT, "%s: written by rank %d at step %lld (save %016llx); the manifest lists it as rank "
+                   "%d of step %lld (save %016llx): the shard is not this checkpoint's", path, b.rank, (long long)b.step,
+                   (unsigned long long)b.save_id, info->rank, (long long)mf->step, (unsigned long long)mf->save_id);
+}
+
 loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, const loom_want_index *wants,
                                 char ***paths, int *npaths, loom_error *err) {
   *paths = calloc(mf->n_shards + 1, sizeof **paths);
@@ -281,6 +359,8 @@ loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointMani
     else if ((int64_t)sb.st_size != info->bytes)
       st = loom_fail(err, LOOM_ERR_FORMAT, "%s: %lld bytes, the manifest says %lld: the shard is damaged", path,
                      (long long)sb.st_size, (long long)info->bytes);
+    else
+      st = check_binding(path, mf, info, err);
   }
   if (st != LOOM_OK) {
     loom_manifest_paths_free(*paths, mf->n_shards);

@@ -16,6 +16,8 @@ typedef struct {
 void loom_ckpt_step_dir(const char *dir, int64_t step, char *out, size_t len);
 void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len);
 loom_status loom_ckpt_make_dir(const char *path, loom_error *err);
+/* Removes one step directory and its files (a save that failed part-way). */
+void loom_ckpt_remove_step(const char *step_dir);
 /* Removes a checkpoint directory: its steps, latest, then the directory if
  * nothing else is in it. */
 void loom_ckpt_remove(const char *dir);
@@ -24,15 +26,19 @@ void loom_ckpt_remove(const char *dir);
  * size, checksum and list of pieces, read from the shard's header table,
  * so a loader opens only the files it needs), then DIR/latest by atomic rename, then removes all
  * but the newest `keep` steps (0 keeps all). */
-loom_status loom_manifest_publish(const char *dir, int64_t step, const loom_ckpt_run *run, const loom_shard_written *shards,
-                                  int nshards, int keep, loom_error *err);
-/* Reads the manifest DIR/latest names; *step_dir gets its directory. */
+loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
+                                  const loom_shard_written *shards, int nshards, int keep, loom_error *err);
+/* Reads the manifest DIR/latest names; *step_dir gets its directory. It
+ * must carry a valid checksum of itself and the step of its directory. */
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
 /* The run a manifest describes (run->data points into mf). */
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
+/* A fresh id for a save (random bits; a save shares rank 0's). */
+uint64_t loom_ckpt_fresh_save_id(void);
 /* The paths of a manifest's shard files that hold a piece `wants` needs
  * (every file when wants is NULL), each checked to exist at its recorded
- * size; *npaths counts them. Free with loom_manifest_paths_free. */
+ * size and to be bound to the manifest's save, step and rank; *npaths counts
+ * them. Free with loom_manifest_paths_free. */
 loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointManifest *mf, const loom_want_index *wants,
                                 char ***paths, int *npaths, loom_error *err);
 void loom_manifest_paths_free(char **paths, size_t n);

@@ -59,8 +59,8 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
 /* Fills rank `rank` of `to` from the checkpoint (only the shard files holding
  * its pieces) and writes its shard under out_dir. */
 static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_run *to,
-                                const int *begin, int rank, const char *out_dir, loom_shard_written *written,
-                                loom_error *err) {
+                                const int *begin, int rank, const char *out_dir, uint64_t save_id,
+                                loom_shard_written *written, loom_error *err) {
   offline_rank r;
   loom_status st = build_rank(to, begin, rank, &r);
   if (st != LOOM_OK) {
@@ -81,7 +81,8 @@ static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest 
   char path[4200];
   loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
   const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero == 1, pieces);
-  if (st == LOOM_OK) st = loom_shard_file_write(path, pieces, count, &written->bytes, &written->crc32c, err);
+  const loom_shard_binding binding = {save_id, mf->step, rank};
+  if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &written->bytes, &written->crc32c, err);
   free(want);
   free(pieces);
   free_rank(&r);
@@ -125,9 +126,10 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   loom_ckpt_step_dir(dst, mf->step, out_dir, sizeof out_dir);
   if (st == LOOM_OK) st = loom_ckpt_make_dir(out_dir, err);
   loom_shard_written *written = calloc((size_t)world, sizeof *written);
+  const uint64_t save_id = loom_ckpt_fresh_save_id();
   for (int rank = 0; rank < world && st == LOOM_OK; rank++)
-    st = reshard_rank(sub, mf, &to, begin, rank, out_dir, &written[rank], err);
-  if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, &to, written, world, 0, err);
+    st = reshard_rank(sub, mf, &to, begin, rank, out_dir, save_id, &written[rank], err);
+  if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, save_id, &to, written, world, 0, err);
   free(written);
   free(begin);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);

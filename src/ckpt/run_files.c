@@ -1,5 +1,10 @@
 /* Model files and checkpoints of a training run. */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "ckpt/llmc_model.h"
 #include "ckpt/manifest.h"
 #include "ckpt/model_source.h"
@@ -88,6 +93,27 @@ loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *
   return agree(f, load_llmc(f, path, err), "load --init-from", err);
 }
 
+/* Rank 0 makes the directory and writes and removes a file in it. */
+static loom_status probe_dir(const char *dir, loom_error *err) {
+  loom_status st = loom_ckpt_make_dir(dir, err);
+  if (st != LOOM_OK) return st;
+  char path[4200];
+  snprintf(path, sizeof path, "%s/.loom_probe_%d", dir, (int)getpid());
+  FILE *fp = fopen(path, "w");
+  const bool ok = fp && fputc('x', fp) != EOF;
+  if (fp && fclose(fp) != 0) st = LOOM_ERR_IO;
+  unlink(path);
+  if (!ok || st != LOOM_OK)
+    return loom_fail(err, LOOM_ERR_IO, "--ckpt %s: cannot write there (%s); checkpoints would fail after hours of training",
+                     dir, strerror(errno));
+  return LOOM_OK;
+}
+
+loom_status loom_run_check_dir(loom_run_files *f, loom_error *err) {
+  const loom_status st = f->tr->ps.rank == 0 ? probe_dir(f->dir, err) : LOOM_OK;
+  return agree(f, st, "reach the checkpoint directory", err);
+}
+
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) {
   const double t0 = loom_now_s();
   loom_ckpt_run from;
@@ -103,6 +129,15 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
                   from.tp, from.pp, from.dp, from.vpp, from.zero);
   loom_log_info("resumed from %s/latest at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)", f->dir,
                 (long long)*first, gb, dt, gb / dt);
+  const loom_lr_schedule *was = &from.lr, *now = &ck->lr;
+  if (was->total_steps != now->total_steps && *first < now->total_steps)
+    loom_log_info("--steps %d where the checkpoint's run had %d: the cosine schedule now ends at step %d, so the learning "
+                  "rate at step %lld is %.3g (it would have been %.3g)", now->total_steps, was->total_steps,
+                  now->total_steps, (long long)*first + 1, (double)loom_lr_at(now, (int)*first),
+                  (double)loom_lr_at(was, (int)*first));
+  if (*first >= now->total_steps)
+    loom_log_info("nothing to train: the checkpoint is at step %lld and --steps is %d (it counts from the start of "
+                  "training; raise it to train on)", (long long)*first, now->total_steps);
   return LOOM_OK;
 }
 

@@ -24,6 +24,9 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
 void loom_run_files_free(loom_run_files *f);
 /* Loads an llm.c model file's weights; the file's model must be the plan's. */
 loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err);
+/* Refuses a checkpoint directory that cannot be made or written, before
+ * the first step rather than at the first save. */
+loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
 /* Loads dir/latest, from whatever plan wrote it; *first gets its step. */
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
 /* The training loop's save hook (ctx: the loom_run_files): checkpoint `step` under dir. */

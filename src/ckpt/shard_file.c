@@ -62,8 +62,8 @@ static void put_piece_header(bytes *b, const loom_shard_tensor *t) {
   put(b, &crc, 4);
 }
 
-loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
-                                  uint32_t *file_crc, loom_error *err) {
+loom_status loom_shard_file_write(const char *path, const loom_shard_binding *binding, const loom_shard_tensor *tensors,
+                                  int count, int64_t *file_bytes, uint32_t *file_crc, loom_error *err) {
   bytes *meta = loom_fault_calloc((size_t)count + 1, sizeof *meta);
   loom_chunk *chunks = loom_fault_calloc(2 * (size_t)count + 1, sizeof *chunks);
   if (!meta || !chunks) {
@@ -75,6 +75,9 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
   put(&meta[count], MAGIC, sizeof MAGIC);
   put(&meta[count], &version, 4);
   put(&meta[count], &n, 4);
+  put(&meta[count], &binding->save_id, 8);
+  put(&meta[count], &binding->step, 8);
+  put(&meta[count], &binding->rank, 4);
   chunks[0] = (loom_chunk){meta[count].p, meta[count].n};
   for (int i = 0; i < count; i++) {
     put_piece_header(&meta[i], &tensors[i]);
@@ -147,6 +150,32 @@ static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, l
   return LOOM_OK;
 }
 
+/* The file's header up to its pieces: magic, version, piece count, binding. */
+static loom_status read_header(FILE *fp, const char *path, loom_shard_binding *b, uint32_t *count, loom_error *err) {
+  char magic[8];
+  uint32_t version;
+  loom_status st = take(fp, magic, 8, NULL, path, "its header", err);
+  if (st == LOOM_OK && memcmp(magic, MAGIC, 8) != 0)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint shard (bad magic)", path);
+  if (st == LOOM_OK) st = take(fp, &version, 4, NULL, path, "its header", err);
+  if (st == LOOM_OK && version != LOOM_SHARD_VERSION)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint shard version %u, this loom reads %d", path, version, LOOM_SHARD_VERSION);
+  if (st == LOOM_OK) st = take(fp, count, 4, NULL, path, "its header", err);
+  if (st == LOOM_OK) st = take(fp, &b->save_id, 8, NULL, path, "its header", err);
+  if (st == LOOM_OK) st = take(fp, &b->step, 8, NULL, path, "its header", err);
+  if (st == LOOM_OK) st = take(fp, &b->rank, 4, NULL, path, "its header", err);
+  return st;
+}
+
+loom_status loom_shard_read_binding(const char *path, loom_shard_binding *out, loom_error *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
+  uint32_t count;
+  const loom_status st = read_header(fp, path, out, &count, err);
+  fclose(fp);
+  return st;
+}
+
 loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_error *err) {
   memset(ix, 0, sizeof *ix);
   snprintf(ix->path, sizeof ix->path, "%s", path);
@@ -157,15 +186,8 @@ loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_e
     loom_shard_index_close(ix);
     return st;
   }
-  char magic[8];
-  uint32_t version, count = 0;
-  loom_status st = take(ix->fp, magic, 8, NULL, path, "its header", err);
-  if (st == LOOM_OK && memcmp(magic, MAGIC, 8) != 0)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint shard (bad magic)", path);
-  if (st == LOOM_OK) st = take(ix->fp, &version, 4, NULL, path, "its header", err);
-  if (st == LOOM_OK && version != LOOM_SHARD_VERSION)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint shard version %u, this loom reads %d", path, version, LOOM_SHARD_VERSION);
-  if (st == LOOM_OK) st = take(ix->fp, &count, 4, NULL, path, "its header", err);
+  uint32_t count = 0;
+  loom_status st = read_header(ix->fp, path, &ix->binding, &count, err);
   if (st == LOOM_OK && count > 1000000) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: implausible tensor count %u", path, count);
   if (st == LOOM_OK) {
     const size_t n = count ? count : 1;

@@ -7,7 +7,12 @@
  * so neither a flipped shape nor a flipped value is ever loaded silently.
  * Files open with a versioned header and are written atomically.
  *
- * Layout (little endian): "LOOMSHRD", u32 version, u32 count; then per piece:
+ * The header binds the file to one save (the manifest's save id, its step)
+ * and one rank, so a loader refuses a shard of another save or rank even
+ * when every piece in it is intact.
+ *
+ * Layout (little endian): "LOOMSHRD", u32 version, u32 count, u64 save id,
+ * i64 step, i32 rank; then per piece:
  * u16 name length, name, u8 ndim, u8 dtype, i64 global[ndim], i64 offset[ndim],
  * i64 local[ndim], i64 first, i64 count, u32 crc32c, then count fp32 values.
  * The CRC covers the piece's header bytes before it, then its values. */
@@ -18,7 +23,7 @@
 #include <stdio.h>
 #include "core/status.h"
 
-#define LOOM_SHARD_VERSION 2
+#define LOOM_SHARD_VERSION 3
 #define LOOM_SHARD_MAX_DIMS 4
 
 /* Element types of piece values; only fp32 so far (bf16 arrives with the CUDA backend). */
@@ -38,10 +43,19 @@ int64_t loom_shard_block_numel(const loom_shard_tensor *t);
 /* Makes t hold its whole block. */
 void loom_shard_set_whole(loom_shard_tensor *t);
 
+/* What a shard belongs to. */
+typedef struct {
+  uint64_t save_id;
+  int64_t step;
+  int32_t rank;
+} loom_shard_binding;
+
 /* Writes atomically; *file_bytes and *file_crc describe the whole file, taken
  * from memory as it is written rather than by reading the file back. */
-loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *tensors, int count, int64_t *file_bytes,
-                                  uint32_t *file_crc, loom_error *err);
+loom_status loom_shard_file_write(const char *path, const loom_shard_binding *binding, const loom_shard_tensor *tensors,
+                                  int count, int64_t *file_bytes, uint32_t *file_crc, loom_error *err);
+/* Reads only a shard's header: its magic, version and binding. */
+loom_status loom_shard_read_binding(const char *path, loom_shard_binding *out, loom_error *err);
 
 /* A shard file's table of pieces, read without their values, so a loader
  * reads only the pieces it needs. Opening checks the header, every piece's
@@ -49,6 +63,7 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_tensor *ten
 typedef struct {
   char path[4096];
   FILE *fp;
+  loom_shard_binding binding;
   int count;
   loom_shard_tensor *tensors; /* data NULL */
   long *data_at;              /* file offset of each piece's values */

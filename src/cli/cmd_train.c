@@ -67,6 +67,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
       .lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac, .warmup_steps = f->warmup, .total_steps = f->steps}};
   if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);
+  if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
   /* Every rank measures at once, so the sum is this job's sgemm peak. A rank
    * that failed alone skips every collective from here: it exits, and the

@@ -1,6 +1,7 @@
 /* The flag parser and help printer. */
 #include <errno.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli/flags.h"
@@ -12,6 +13,8 @@ static loom_status parse_number(const char *cmd, const loom_flag *f, const char 
   const double v = strtod(text, &end);
   if (*text == '\0' || *end != '\0' || errno == ERANGE)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a number, got '%s'", cmd, f->name, text);
+  if (!isfinite(v)) /* nan passes every comparison below; no flag means anything by inf */
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a finite number, got '%s'", cmd, f->name, text);
   if (f->kind != FLAG_FLOAT && v != (double)(int64_t)v)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects an integer, got '%s'", cmd, f->name, text);
   if (f->min <= f->max && (v < f->min || v > f->max))
