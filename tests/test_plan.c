@@ -415,6 +415,26 @@ START_TEST(fault_specs_are_checked) {
 }
 END_TEST
 
+/* A binary plan whose enum holds a value the proto does not define decodes
+ * (protobuf keeps unknown enum numbers) but is refused by the one
+ * validation, before anything uses it. */
+START_TEST(undefined_enums_are_refused) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  p->schedule = (Loom__ScheduleKind)9;
+  const char *pb = tu_tmp_path("enum.pb");
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_plan_write(pb, p, &err), LOOM_OK);
+  loom_plan_free(p);
+  ck_assert_msg(loom_plan_read(pb, &p, &err) == LOOM_OK, "%s", err.msg);
+  ck_assert_int_eq((int)p->schedule, 9);
+  char lines[1024];
+  ck_assert_int_ge(loom_plan_validate(p, &(loom_plan_limits){.world = 8}, lines, sizeof lines), 1);
+  ck_assert_msg(strstr(lines, "schedule kind 9 is not one this loom knows"), "%s", lines);
+  loom_plan_free(p);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 5) {
     fprintf(stderr, "usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN TINY_PLAN\n");
@@ -438,6 +458,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, in_flight_is_the_verifiers_peak);
   tcase_add_test(tc, loader_survives_allocation_failure);
   tcase_add_test(tc, fault_specs_are_checked);
+  tcase_add_test(tc, undefined_enums_are_refused);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }
