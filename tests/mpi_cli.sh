@@ -73,6 +73,11 @@ grep -q '"straggler_rank": 1' "$WORK/s.jsonl" || fail "straggler not in metrics"
 grep -q "step     2: the grads hold an inf or NaN (norm nan); every rank skipped this step" "$WORK/slow.txt" || fail "NaN step not skipped"
 grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics"
 
+# A healthy run names no straggler: the README's main layout, whose last
+# stage also runs the LM head and the loss, judged against each stage's share.
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
+  --micro-batches 4 --steps 150 --eval-every 0 > "$WORK/healthy.txt" 2>&1 || fail "healthy run: $(cat "$WORK/healthy.txt")"
+grep "straggler rank" "$WORK/healthy.txt" && fail "a healthy run named a straggler"
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"

@@ -61,12 +61,3 @@ const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t 
   else return NULL;
   return msg;
 }
-
-double loom_gpt_matmul_params(const loom_gpt_config *cfg) {
-  const double h = cfg->hidden, f = cfg->ffn;
-  return cfg->layers * (4.0 * h * h + 2.0 * h * f) + (double)cfg->vocab * h;
-}
-
-double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens) {
-  return 6.0 * loom_gpt_matmul_params(cfg) * tokens + 12.0 * cfg->layers * cfg->hidden * (double)T * tokens;
-}

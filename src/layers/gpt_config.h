@@ -30,10 +30,9 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
 /* NULL if valid, else a one-line reason naming the field. */
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len);
 
-/* Parameters that go through matmuls (per-token multiply-adds / 2), for FLOP counts. */
-double loom_gpt_matmul_params(const loom_gpt_config *cfg);
 /* Model FLOPs of one training step on `tokens` tokens of length T:
- * 6 * matmul params * tokens + 12 * layers * hidden * T * tokens (attention). */
+ * 6 * matmul params * tokens + 12 * layers * hidden * T * tokens (attention);
+ * the whole model's loom_gpt_stage_train_flops (gpt_params.h). */
 double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens);
 
 #endif

@@ -249,3 +249,14 @@ void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, loom_comm
     free(all);
   }
 }
+
+double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens) {
+  const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
+  const double matmul = layers * (4.0 * h * h + 2.0 * h * f) + (range->last ? (double)cfg->vocab * h : 0.0);
+  return 6.0 * matmul * tokens + 12.0 * layers * h * (double)T * tokens;
+}
+
+double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens) {
+  const loom_stage_range whole = loom_stage_whole(cfg);
+  return loom_gpt_stage_train_flops(cfg, &whole, T, tokens);
+}

@@ -54,6 +54,11 @@ typedef struct {
 
 /* Every layer, first and last: the whole model. */
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
+/* Model FLOPs of one training step of a stage's part on `tokens` tokens of
+ * length T: 6 x its matmul parameters (the LM head's on the last stage) x
+ * tokens, plus 12 x its layers x hidden x T x tokens for attention. Over the
+ * whole model, loom_gpt_train_flops. */
+double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens);
 
 typedef struct {
   loom_gpt_config cfg;

@@ -53,33 +53,60 @@ static int by_value(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Straggler report: every rank's compute time this step, gathered; a rank
- * slower than the median by the factor is named in the log and metrics (a
- * GPU throttled by heat slows the whole job). Collective over the world. */
-static void report_stragglers(const loom_trainer *tr, const loom_train_loop *loop, const loom_step_stats *s, int step) {
+/* The straggler report's memory: each rank's slowness, smoothed over steps. */
+typedef struct {
+  double expected;  /* this rank's model FLOPs per step: its stages' share, the LM head included */
+  double *slowness; /* [world] compute time per expected FLOP over the median rank's, smoothed */
+} straggler_watch;
+
+/* How much each step moves the smoothed slowness: a rank must stay slow for
+ * a few steps to be named (1.0 to 2.0 at 1.5x takes 3 steps), while one
+ * noisy step on a shared machine is not enough. */
+#define SLOWNESS_WEIGHT 0.25
+
+static void watch_init(straggler_watch *w, const loom_trainer *tr) {
+  w->expected = 0.0;
+  for (int c = 0; c < tr->pipe.v; c++)
+    w->expected += loom_gpt_stage_train_flops(&tr->pipe.chunks[c].p.cfg, &tr->pipe.chunks[c].p.range, tr->T, 1.0);
+  w->slowness = loom_xmalloc((size_t)tr->ps.world * sizeof(double), "straggler watch");
+  for (int r = 0; r < tr->ps.world; r++) w->slowness[r] = 1.0;
+}
+
+/* Straggler report: every rank's compute time this step, gathered and put
+ * against its expected cost (the last stage also runs the LM head and the
+ * loss, so it is slower by design); a rank whose time per expected FLOP
+ * stays above the median rank's by the factor is named in the log and
+ * metrics (a GPU throttled by heat slows the whole job). Collective. */
+static void report_stragglers(const loom_trainer *tr, const loom_train_loop *loop, straggler_watch *w,
+                              const loom_step_stats *s, int step) {
   const int n = tr->ps.world;
-  const double mine[2] = {s->compute_s, s->wait_s};
-  double *all = loom_xmalloc((size_t)n * 2 * sizeof(double), "straggler"),
+  const double mine[3] = {s->compute_s, s->wait_s, s->compute_s / w->expected};
+  double *all = loom_xmalloc((size_t)n * 3 * sizeof(double), "straggler"),
          *sorted = loom_xmalloc((size_t)n * sizeof(double), "straggler");
-  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 2, LOOM_DTYPE_F64);
-  int slowest = 0;
-  for (int k = 0; k < n; k++) {
-    sorted[k] = all[2 * k];
-    if (all[2 * k] > all[2 * slowest]) slowest = k;
-  }
+  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 3, LOOM_DTYPE_F64);
+  for (int k = 0; k < n; k++) sorted[k] = all[3 * k + 2];
   qsort(sorted, (size_t)n, sizeof(double), by_value);
-  const double median = sorted[(n - 1) / 2]; /* the lower median: with two ranks, the faster one */
-  const int straggler = median > 0.0 && all[2 * slowest] > loop->straggler_factor * median ? slowest : -1;
+  const double median_rate = sorted[(n - 1) / 2]; /* the lower median: with two ranks, the faster one */
+  int straggler = -1, slowest = 0;
+  for (int k = 0; k < n; k++) {
+    const double ratio = median_rate > 0.0 ? all[3 * k + 2] / median_rate : 1.0;
+    w->slowness[k] += SLOWNESS_WEIGHT * (ratio - w->slowness[k]);
+    if (w->slowness[k] > w->slowness[slowest]) slowest = k;
+  }
+  if (w->slowness[slowest] > loop->straggler_factor) straggler = slowest;
+  for (int k = 0; k < n; k++) sorted[k] = all[3 * k];
+  qsort(sorted, (size_t)n, sizeof(double), by_value);
+  const double median = sorted[(n - 1) / 2];
   double waited = 0.0;
   for (int k = 0; k < n; k++)
-    if (k != slowest && all[2 * k + 1] > waited) waited = all[2 * k + 1];
+    if (k != slowest && all[3 * k + 1] > waited) waited = all[3 * k + 1];
   loom_metrics_num(loop->metrics, "compute_ms_median", 1e3 * median);
-  loom_metrics_num(loop->metrics, "compute_ms_max", 1e3 * all[2 * slowest]);
+  loom_metrics_num(loop->metrics, "compute_ms_max", 1e3 * sorted[n - 1]);
   loom_metrics_num(loop->metrics, "straggler_rank", straggler);
   if (straggler >= 0)
-    loom_log_info("step %5d: straggler rank %d: compute %.1f ms vs median %.1f ms (x%.1f, over the %.1fx limit); "
-                  "its peers waited up to %.1f ms", step + 1, straggler, 1e3 * all[2 * slowest], 1e3 * median,
-                  all[2 * slowest] / median, (double)loop->straggler_factor, 1e3 * waited);
+    loom_log_info("step %5d: straggler rank %d: compute %.1f ms, %.1fx the median rank's for its share of the model "
+                  "(over the %.1fx limit, smoothed over steps); its peers waited up to %.1f ms", step + 1, straggler,
+                  1e3 * all[3 * straggler], w->slowness[straggler], (double)loop->straggler_factor, 1e3 * waited);
   free(all);
   free(sorted);
 }
@@ -128,8 +155,8 @@ static void show_progress(const loom_train_loop *loop, int step, const loom_step
                   100.0 * gflops / loop->peak_gflops);
 }
 
-static void record_step(const loom_trainer *tr, const loom_train_loop *loop, int step, const loom_step_stats *s,
-                        double dt, double tokens, double gflops) {
+static void record_step(const loom_trainer *tr, const loom_train_loop *loop, straggler_watch *w, int step,
+                        const loom_step_stats *s, double dt, double tokens, double gflops) {
   loom_metrics *mx = loop->metrics;
   loom_metrics_begin(mx, step + 1);
   loom_metrics_num(mx, "loss", s->loss);
@@ -140,7 +167,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, int
   loom_metrics_num(mx, "gflops", gflops);
   loom_metrics_num(mx, "peak_frac", gflops / loop->peak_gflops);
   loom_metrics_num(mx, "skipped", s->skipped);
-  if (tr->ps.world > 1) report_stragglers(tr, loop, s, step);
+  if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
   if (tr->ps.dp > 1 && !tr->zero) {
     loom_metrics_num(mx, "dp_overlap", s->dp_overlap);
     loom_metrics_num(mx, "dp_wait_ms", 1e3 * s->dp_wait_s);
@@ -170,7 +197,8 @@ static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_er
   return LOOM_OK;
 }
 
-loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *stopped, loom_error *err) {
+static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, straggler_watch *watch, bool *stopped,
+                            loom_error *err) {
   const double tokens = (double)tr->global_batch * tr->T;
   const double flops = loom_gpt_train_flops(&tr->pipe.chunks[0].p.cfg, tr->T, tokens);
   const int first = loop->first_step;
@@ -190,7 +218,7 @@ loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *
                        (double)s.loss, step + 1);
     }
     show_progress(loop, step, &s, dt, tokens, gflops, started, first);
-    record_step(tr, loop, step, &s, dt, tokens, gflops);
+    record_step(tr, loop, watch, step, &s, dt, tokens, gflops);
     if (loop->eval_every > 0 && ((step + 1) % loop->eval_every == 0 || step + 1 == loop->steps))
       st = run_eval(tr, loop, step + 1, true, err);
     loom_metrics_end(loop->metrics);
@@ -207,6 +235,14 @@ loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *
   }
   loom_log_status_end();
   return st == LOOM_OK ? finish(tr, loop, err) : st;
+}
+
+loom_status loom_train_run(loom_trainer *tr, const loom_train_loop *loop, bool *stopped, loom_error *err) {
+  straggler_watch watch;
+  watch_init(&watch, tr);
+  const loom_status st = run_loop(tr, loop, &watch, stopped, err);
+  free(watch.slowness);
+  return st;
 }
 
 double loom_train_best_step(loom_trainer *tr, int steps) {
