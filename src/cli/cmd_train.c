@@ -65,15 +65,16 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,
       .lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac, .warmup_steps = f->warmup, .total_steps = f->steps}};
+  /* Every rank measures at once, so the sum is this job's sgemm peak; BLAS
+   * is warm before the trainer notes the memory the process starts from. A
+   * rank that failed alone skips every collective from here: it exits, and
+   * the launcher ends the job with its message. */
+  double peak = st == LOOM_OK ? loom_cpu_sgemm_gflops(1024, 0.3) : 0.0;
+  if (st == LOOM_OK) loom_comm_allreduce_typed(world, &peak, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);
   if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
-  /* Every rank measures at once, so the sum is this job's sgemm peak. A rank
-   * that failed alone skips every collective from here: it exits, and the
-   * launcher ends the job with its message. */
-  double peak = st == LOOM_OK ? loom_cpu_sgemm_gflops(1024, 0.3) : 0.0;
-  if (st == LOOM_OK) loom_comm_allreduce_typed(world, &peak, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (st == LOOM_OK) log_run(&tr, f, device, peak);
   int64_t first = 0;
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);

@@ -34,18 +34,28 @@ void loom_train_describe(const loom_trainer *tr) {
                 ps->dp, unsharded / mib, state / unsharded);
 }
 
-/* Measured peak memory of the busiest rank against loom's own estimate of it:
- * fp32 weights and grads (8 bytes per local parameter), Adam moments (8 more,
- * or this replica's ZeRO-1 slice), plus the activation and scratch buffers
- * this layout allocates. */
+/* Measured memory of the busiest rank against loom's own estimate of what
+ * the run allocates: fp32 weights and grads (8 bytes per local parameter),
+ * Adam moments (8 more, or this replica's ZeRO-1 slice), and the activation
+ * and scratch buffers of this layout. What the process held before the run
+ * (MPI, BLAS, the program) is measured at the start and set apart: the
+ * estimate is held to the growth over it. */
 static void report_memory(const loom_trainer *tr) {
   const double estimate = 8.0 * (double)loom_trainer_local_params(tr) + loom_trainer_optimizer_bytes(tr) +
                           (double)tr->pipe.act_bytes;
-  double numbers[2] = {(double)loom_peak_rss_bytes(), estimate};
-  loom_comm_allreduce_typed(tr->ps.world_group, numbers, 2, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  const double peak = (double)loom_peak_rss_bytes(), base = (double)tr->baseline_rss;
+  double numbers[4] = {peak - base, estimate, peak, base}; /* the busiest rank's growth decides */
+  double gathered[4];
+  loom_comm_allreduce_typed(tr->ps.world_group, numbers, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  const int busiest = numbers[0] == peak - base;
+  gathered[0] = numbers[0];
+  for (int k = 1; k < 4; k++) gathered[k] = busiest ? numbers[k] : 0.0;
+  loom_comm_allreduce_typed(tr->ps.world_group, gathered + 1, 3, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
   const double mib = 1048576.0;
-  loom_log_info("memory: peak %.1f MiB on the busiest rank; estimated %.1f MiB (16 B per parameter, less under ZeRO-1, + activations), "
-                "%+.1f%% off", numbers[0] / mib, numbers[1] / mib, 100.0 * (numbers[1] - numbers[0]) / numbers[0]);
+  loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
+                "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (16 B per parameter, less under ZeRO-1, "
+                "+ activations), %+.1f%% off", gathered[0] / mib, gathered[3] / mib, gathered[2] / mib, gathered[1] / mib,
+                100.0 * (gathered[1] - gathered[0]) / gathered[0]);
 }
 
 static int by_value(const void *a, const void *b) {

@@ -4,6 +4,7 @@
 #include "pipeline/trainer.h"
 #include "core/check.h"
 #include "core/fault.h"
+#include "core/sysinfo.h"
 #include "data/addition.h"
 
 static void free_optimizers(loom_trainer *tr) {
@@ -20,7 +21,8 @@ static void free_optimizers(loom_trainer *tr) {
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
   *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
-                       .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch};
+                       .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch,
+                       .baseline_rss = loom_rss_bytes()};
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
   loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, err);

@@ -34,6 +34,7 @@ typedef struct {
   loom_dataset *data; /* not owned */
   loom_lr_schedule lr;
   int T, micro_batch, global_batch;
+  size_t baseline_rss; /* resident bytes before the run allocated anything: the process, MPI, BLAS */
   /* what the pipeline hooks read */
   loom_split split;
   int64_t first_sample;
