@@ -3,6 +3,7 @@
  * message, balancing, and the gpt50b parameter count.
  * Usage: test_plan PROTOC PROTO_DIR GPT50B_PLAN TINY_PLAN */
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "plan/plan.h"
@@ -227,7 +228,23 @@ START_TEST(each_rule_has_its_message) {
   p->model->heads = 4;
   p->model->ffn = 250;
   expect_rule(p, "model.ffn = 250: must be divisible by parallel.tp (4); pick a tp that divides ffn");
+  p->model->ffn = -4;
+  expect_rule(p, "model.ffn = -4: must be positive (or 0 for 4 x model.hidden)");
   p->model->ffn = 256;
+  p->model->dropout = NAN;
+  expect_rule(p, "model.dropout = nan: must be in [0, 1)");
+  p->model->dropout = 1.0f;
+  expect_rule(p, "model.dropout = 1: must be in [0, 1)");
+  p->model->dropout = 0.0f;
+  p->model->norm_eps = -1.0f;
+  expect_rule(p, "model.norm_eps = -1: must be a positive finite number (1e-5 is GPT-2's)");
+  p->model->norm_eps = INFINITY;
+  expect_rule(p, "model.norm_eps = inf: must be a positive finite number");
+  p->model->norm_eps = 1e-5f;
+  p->model->has_tied_embeddings = 1;
+  p->model->tied_embeddings = 0;
+  expect_rule(p, "model.tied_embeddings = false: this loom ties the LM head to the embedding");
+  p->model->tied_embeddings = 1;
   p->parallel->tp = 2;
   p->stages[1]->layer_begin = 3;
   expect_rule(p, "stages (pp_rank 1 chunk 0): layers [3, 8) should start at 4; every layer must be covered exactly once, in order");

@@ -282,8 +282,15 @@ static void check_model(report *r, const loom_plan *p) {
   if (m->heads % tp)
     violation(r, "model.heads = %d: must be divisible by parallel.tp (%d) so each rank holds whole heads; pick a tp that divides heads",
               m->heads, tp);
-  if (m->ffn % tp)
+  if (m->ffn < 0) violation(r, "model.ffn = %d: must be positive (or 0 for 4 x model.hidden)", m->ffn);
+  else if (m->ffn % tp)
     violation(r, "model.ffn = %d: must be divisible by parallel.tp (%d); pick a tp that divides ffn", m->ffn, tp);
+  if (!(m->dropout >= 0.0f && m->dropout < 1.0f)) /* also catches nan */
+    violation(r, "model.dropout = %g: must be in [0, 1)", (double)m->dropout);
+  if (!(isfinite(m->norm_eps) && m->norm_eps > 0.0f))
+    violation(r, "model.norm_eps = %g: must be a positive finite number (1e-5 is GPT-2's)", (double)m->norm_eps);
+  if (m->has_tied_embeddings && !m->tied_embeddings)
+    violation(r, "model.tied_embeddings = false: this loom ties the LM head to the embedding; remove the field or set it true");
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (m->vocab < 2) violation(r, "model.vocab = %d: must be at least 2", m->vocab);
   if (m->seq < 1) violation(r, "model.seq = %d: must be at least 1", m->seq);
