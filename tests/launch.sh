@@ -45,4 +45,18 @@ LOOM=/nonexistent/loom expect 2 "loom-run: no loom binary: build it (scripts/set
 "$RUN" --gpus-per-node 0 train --plan "$PLANS/tiny-tp2-pp2.txtpb" --steps 2 --eval-every 0 > "$WORK/run.txt" 2>&1 ||
   fail "loom-run train: $(cat "$WORK/run.txt")"
 grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/run.txt" || fail "run layout: $(cat "$WORK/run.txt")"
+# A signal to loom-run (as Slurm or a person sends it to the launcher): the
+# ranks checkpoint after the step they are in, and the job exits 0 with the
+# line that says how to resume (mpirun alone exits 1 and loses the line).
+rm -rf "$WORK/sig"
+"$RUN" --gpus-per-node 0 -n 2 train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 \
+  --eval-every 0 --log-every 1000 --ckpt "$WORK/sig" > "$WORK/sig.txt" 2>&1 &
+job=$!
+for _ in $(seq 300); do grep -q "^step " "$WORK/sig.txt" 2> /dev/null && break; sleep 0.1; done
+kill -TERM $job
+wait $job
+code=$?
+[ "$code" = 0 ] || fail "SIGTERM to loom-run: exit $code: $(tail -5 "$WORK/sig.txt")"
+grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no stop line: $(tail -5 "$WORK/sig.txt")"
+[ -f "$WORK/sig/latest" ] || fail "no checkpoint after the signal"
 echo "ok"

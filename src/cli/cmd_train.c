@@ -16,7 +16,10 @@
 #include "core/sysinfo.h"
 #include "pipeline/train_loop.h"
 
-/* SIGTERM or SIGINT (Slurm preemption, Ctrl-C): finish the step, checkpoint, exit 0. */
+/* SIGTERM or SIGINT (Slurm preemption, Ctrl-C), or SIGUSR1 (what
+ * launch/loom-run turns them into, as mpirun forwards it to every rank
+ * where it would end the job on the others): finish the step, checkpoint,
+ * exit 0. */
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = sig; }
 
@@ -26,6 +29,7 @@ static void catch_signals(void) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
 }
 
 static loom_status open_data(const loom_train_flags *f, const loom_plan *plan, loom_dataset **data, loom_error *err) {

@@ -73,6 +73,8 @@ typedef struct {
  * a few steps to be named (1.0 to 2.0 at 1.5x takes 3 steps), while one
  * noisy step on a shared machine is not enough. */
 #define SLOWNESS_WEIGHT 0.25
+/* Seconds a step must lose to a rank before it is named. */
+#define STRAGGLER_MIN_EXCESS_S 1e-3
 
 static void watch_init(straggler_watch *w, const loom_trainer *tr) {
   w->expected = 0.0;
@@ -103,7 +105,9 @@ static void report_stragglers(const loom_trainer *tr, const loom_train_loop *loo
     w->slowness[k] += SLOWNESS_WEIGHT * (ratio - w->slowness[k]);
     if (w->slowness[k] > w->slowness[slowest]) slowest = k;
   }
-  if (w->slowness[slowest] > loop->straggler_factor) straggler = slowest;
+  /* Sub-millisecond gaps are the scheduler's noise, not a slow device. */
+  const double excess = all[3 * slowest] * (1.0 - median_rate / all[3 * slowest + 2]);
+  if (w->slowness[slowest] > loop->straggler_factor && excess > STRAGGLER_MIN_EXCESS_S) straggler = slowest;
   for (int k = 0; k < n; k++) sorted[k] = all[3 * k];
   qsort(sorted, (size_t)n, sizeof(double), by_value);
   const double median = sorted[(n - 1) / 2];
