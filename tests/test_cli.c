@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "ckpt/manifest.h"
@@ -195,8 +197,13 @@ START_TEST(bad_flags) {
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);
   ck_assert_msg(strncmp(r->err, "loom train: --micro-batch 1024: this run needs ", 47) == 0, "%s", r->err);
-  ck_assert_ptr_nonnull(strstr(r->err, "Adam state and activations for seq 1024) but "));
+  ck_assert_ptr_nonnull(strstr(r->err, ": activations for seq 1024 "));
   ck_assert_ptr_nonnull(strstr(r->err, " GiB is available; lower --micro-batch or --seq\n"));
+  /* When the model's state is what does not fit, the advice is about the layout, not the batch. */
+  r = run("train", "--model", "gpt-175b", "--micro-batch", "1", "--seq", "8", NULL); /* 2.5 TiB of state */
+  ck_assert_int_eq(r->code, 2);
+  ck_assert_msg(strncmp(r->err, "loom train: --tp 1: this run needs ", 35) == 0 &&
+                strstr(r->err, "the model's state dominates: spread it over more ranks (tp or pp)"), "%s", r->err);
   r = run("train", "--help", NULL);
   ck_assert_int_eq(r->code, 0);
   ck_assert_ptr_nonnull(strstr(r->out, "--micro-batch N"));
@@ -334,7 +341,19 @@ START_TEST(subcommands_work_together) {
           "--eval-every", "0", NULL);
   ck_assert_msg(r->code == 0 && strstr(r->out, "nothing to train: the checkpoint is at step 2 and --steps is 2"), "%s%s", r->out,
                 r->err);
+  /* A step directory given where the checkpoint is expected says so. */
+  char step_dir[4200], line2[4400];
+  loom_ckpt_step_dir(ck, 2, step_dir, sizeof step_dir);
+  snprintf(line2, sizeof line2, "loom: %s: is one step of a checkpoint; give the checkpoint directory that holds it and its latest",
+           step_dir);
+  expect_fail(run("ckpt", "verify", step_dir, NULL), 2, line2);
   loom_ckpt_remove(ck);
+  /* A directory where a model file is expected is named as such. */
+  const char *adir = tu_tmp_path("a_directory");
+  ck_assert_int_eq(mkdir(adir, 0755), 0);
+  snprintf(line2, sizeof line2, "loom: %s: is a directory, not a model file", adir);
+  expect_fail(run("sample", "--init-from", adir, "--prompt", "x", NULL), 2, line2);
+  rmdir(adir);
   /* A checkpoint directory that cannot be written is refused before step 1. */
   r = run("train", "--ckpt", tokens, "--steps", "2", "--eval-every", "0", NULL);
   ck_assert_int_eq(r->code, 2);

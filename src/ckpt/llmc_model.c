@@ -5,6 +5,7 @@
 #include <string.h>
 #include "ckpt/llmc_model.h"
 #include "core/fault.h"
+#include "core/read_file.h"
 #include "core/write_file.h"
 
 enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED_VOCAB, H_INTS = 256 };
@@ -51,8 +52,9 @@ static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_
 }
 
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+  FILE *fp;
+  const loom_status opened = loom_open_for_reading(path, "model file", &fp, err);
+  if (opened != LOOM_OK) return opened;
   int32_t h[H_INTS];
   const loom_status st = read_header(fp, path, h, cfg, err);
   fclose(fp);
@@ -66,8 +68,9 @@ static int same_shape(const loom_gpt_config *a, const loom_gpt_config *b) {
 }
 
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+  FILE *fp;
+  const loom_status opened = loom_open_for_reading(path, "model file", &fp, err);
+  if (opened != LOOM_OK) return opened;
   int32_t h[H_INTS];
   loom_gpt_config cfg;
   loom_status st = read_header(fp, path, h, &cfg, err);
@@ -180,10 +183,10 @@ loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error 
   s->state = l;
   s->free_state = free_llmc_source;
   s->fetch = fetch_llmc;
-  l->fp = fopen(path, "rb");
-  if (!l->fp) {
+  const loom_status opened = loom_open_for_reading(path, "model file", &l->fp, err);
+  if (opened != LOOM_OK) {
     loom_model_source_free(s);
-    return loom_fail(err, LOOM_ERR_IO, "%s: cannot open model file: %s", path, strerror(errno));
+    return opened;
   }
   int32_t h[H_INTS];
   loom_status st = read_header(l->fp, path, h, &s->cfg, err);

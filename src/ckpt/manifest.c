@@ -229,7 +229,15 @@ static loom_status read_latest(const char *dir, char *name, size_t len, int64_t 
   char path[4200], line[64] = "";
   snprintf(path, sizeof path, "%s/latest", dir);
   struct stat sb;
-  if (stat(path, &sb) != 0) return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(errno));
+  if (stat(path, &sb) != 0) {
+    const int why = errno;
+    snprintf(path, sizeof path, "%s/manifest.pb", dir);
+    if (stat(path, &sb) == 0) /* given a step directory */
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: is one step of a checkpoint; give the checkpoint directory that holds it "
+                       "and its latest", dir);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(why));
+  }
   if (!S_ISREG(sb.st_mode)) return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a file; it should name a step directory", path);
   FILE *fp = fopen(path, "r");
   const size_t got = fp ? fread(line, 1, sizeof line - 1, fp) : 0;

@@ -4,12 +4,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "data/token_file.h"
+#include "core/read_file.h"
 #include "core/write_file.h"
 
 loom_status loom_token_file_load(loom_token_file *f, const char *path, int vocab, loom_error *err) {
   memset(f, 0, sizeof *f);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open token file: %s", path, strerror(errno));
+  FILE *fp;
+  const loom_status opened = loom_open_for_reading(path, "token file", &fp, err);
+  if (opened != LOOM_OK) return opened;
   int32_t header[LOOM_HEADER_INTS];
   loom_status st = LOOM_OK;
   if (fread(header, sizeof header, 1, fp) != 1) {

@@ -16,6 +16,14 @@ void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
   loom_gpt_config_finish(cfg);
 }
 
+/* A size as a person reads it: GiB, MiB or KiB, never "0.0 GiB". */
+static const char *human_bytes(double bytes, char *buf, size_t n) {
+  if (bytes >= 0.95 * 1073741824.0) snprintf(buf, n, "%.1f GiB", bytes / 1073741824.0);
+  else if (bytes >= 0.95 * 1048576.0) snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+  else snprintf(buf, n, "%.0f KiB", bytes / 1024.0);
+  return buf;
+}
+
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
 
 /* Parameters of one layer, read off the layers' table. */
@@ -406,9 +414,13 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
       const Loom__StageEstimate *x = copy.estimates->stages[k];
       const int64_t need = x->weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
                            (p->stages[k]->recompute ? x->activations_recompute : x->activations) + x->p2p_buffers;
+      const int64_t acts = p->stages[k]->recompute ? x->activations_recompute : x->activations;
+      char a[32], b[32];
       if (need > device_memory)
-        violation(&r, "stages (pp_rank %d chunk %d): needs %.1f GiB per rank, over the device's %.1f GiB; raise tp or pp, turn on recompute or zero_stage 1, or lower batch.micro_batch",
-                  x->pp_rank, x->chunk, need / 1073741824.0, device_memory / 1073741824.0);
+        violation(&r, "stages (pp_rank %d chunk %d): needs %s per rank, over the device's %s; %s", x->pp_rank, x->chunk,
+                  human_bytes((double)need, a, sizeof a), human_bytes((double)device_memory, b, sizeof b),
+                  2 * acts > need ? "activations take most of it: turn on recompute, or lower batch.micro_batch or model.seq"
+                                  : "weights, grads and Adam state take most of it: raise tp or pp, or zero_stage 1 over dp");
     }
     loom__estimates__free_unpacked(copy.estimates, NULL);
   }
@@ -417,37 +429,52 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
 
 /* ---- validation: the rules, the verified schedule, memory ---- */
 
-/* Bytes one rank's fp32 CPU run holds: weights, grads and Adam m and v (16 B
- * per local parameter, Adam's 8 split over dp under ZeRO-1) and its chunks'
- * activations for the micro-batches the schedule keeps live. */
-static double rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loom_schedule *s, int pp_rank) {
+/* Bytes one rank's fp32 CPU run holds: *state for weights, grads and Adam m
+ * and v (16 B per local parameter, Adam's 8 split over dp under ZeRO-1),
+ * *acts for its chunks' activations for the micro-batches the schedule keeps
+ * live. */
+static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loom_schedule *s, int pp_rank, double *state,
+                       double *acts) {
   const Loom__Parallel *l = p->parallel;
-  double bytes = 0.0;
+  *state = *acts = 0.0;
   for (int c = 0; c < l->virtual_chunks; c++) {
     const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
     const double params = (double)loom_gpt_param_count(cfg, &range, l->tp);
-    bytes += 8.0 * params + 8.0 * params / (l->zero_stage >= 1 ? l->dp : 1);
+    *state += 8.0 * params + 8.0 * params / (l->zero_stage >= 1 ? l->dp : 1);
     const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
-    bytes += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
+    *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
                                                l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);
   }
-  return bytes;
 }
 
 static void check_host_memory(report *r, const loom_plan *p, const loom_schedule *s, const loom_plan_limits *lim) {
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
-  double most = 0.0;
+  double most = 0.0, state = 0.0, acts = 0.0;
   for (int rank = 0; rank < p->parallel->pp; rank++) {
-    const double b = rank_bytes(p, &cfg, s, rank);
-    most = b > most ? b : most;
+    double st, ac;
+    rank_bytes(p, &cfg, s, rank, &st, &ac);
+    if (st + ac > most) most = st + ac, state = st, acts = ac;
   }
   const int ranks = lim->host_ranks > 0 ? lim->host_ranks : 1;
-  const double need = most * ranks, gib = 1073741824.0;
-  if (need > (double)lim->host_memory)
-    violation(r, "batch.micro_batch = %d: this run needs %.1f GiB on this host (%d ranks of %.2f GiB: fp32 weights, grads, "
-              "Adam state and activations for seq %d) but %.1f GiB is available; lower batch.micro_batch or model.seq",
-              p->batch->micro_batch, need / gib, ranks, most / gib, loom_plan_train_seq(p), (double)lim->host_memory / gib);
+  const double need = most * ranks;
+  if (need <= (double)lim->host_memory) return;
+  char total[32], one[32], st[32], ac[32], have[32];
+  human_bytes(need, total, sizeof total);
+  human_bytes(most, one, sizeof one);
+  human_bytes(state * ranks, st, sizeof st);
+  human_bytes(acts * ranks, ac, sizeof ac);
+  human_bytes((double)lim->host_memory, have, sizeof have);
+  /* The advice follows the larger term: the batch and sequence set the activations, the layout the state. */
+  if (acts >= state)
+    violation(r, "batch.micro_batch = %d: this run needs %s on this host (%d ranks of %s: activations for seq %d %s, fp32 "
+              "weights, grads and Adam state %s) but %s is available; lower batch.micro_batch or model.seq",
+              p->batch->micro_batch, total, ranks, one, loom_plan_train_seq(p), ac, st, have);
+  else
+    violation(r, "parallel.tp = %d: this run needs %s on this host (%d ranks of %s: fp32 weights, grads and Adam state %s, "
+              "activations %s) but %s is available; the model's state dominates: spread it over more ranks (tp or pp), "
+              "shard Adam with zero_stage 1 over dp, or use a machine with more memory",
+              p->parallel->tp, total, ranks, one, st, ac, have);
 }
 
 int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *lines, size_t cap) {

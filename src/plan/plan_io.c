@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/fault.h"
+#include "core/read_file.h"
 #include "core/write_file.h"
 #include "plan/plan_io.h"
 #include "plan/textformat.h"
@@ -19,8 +20,9 @@ int loom_plan_is_text(const char *path) {
 }
 
 static loom_status slurp(const char *path, char **data, size_t *len, loom_error *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open plan: %s", path, strerror(errno));
+  FILE *fp;
+  const loom_status opened = loom_open_for_reading(path, "plan", &fp, err);
+  if (opened != LOOM_OK) return opened;
   size_t cap = 4096, n = 0, got;
   char *buf = loom_fault_malloc(cap + 1);
   while (buf && (got = fread(buf + n, 1, cap - n, fp)) > 0) {
