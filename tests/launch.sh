@@ -25,6 +25,12 @@ got=$(env -i PATH="$PATH" LOOM="$LOOM" NCCL_IB_HCA=mlx5 LOOM_TEST_X=1 "$RUN" --d
 want="${root}mpirun -np 16 --hostfile $WORK/hosts --map-by ppr:8:node --bind-to numa -x LOOM_TEST_X -x NCCL_IB_HCA $LOOM train --tp 8 --pp 2"
 [ "$got" = "$want" ] || fail "GPU dry run: got '$got', want '$want'"
 
+# A hostfile path with a space stays one argument (quoted in the dry run).
+cp "$WORK/hosts" "$WORK/my hosts"
+got=$(env -i PATH="$PATH" LOOM="$LOOM" "$RUN" --dry-run --gpus-per-node 8 -n 16 --hostfile "$WORK/my hosts" train)
+want="${root}mpirun -np 16 --hostfile '$WORK/my hosts' --map-by ppr:8:node --bind-to numa $LOOM train"
+[ "$got" = "$want" ] || fail "hostfile with a space: got '$got', want '$want'"
+
 # Bad options: one line, exit 2.
 expect() {
   code=$1 msg=$2; shift 2
@@ -35,7 +41,9 @@ expect() {
 expect 2 "loom-run: expected a loom command, e.g. 'loom-run train --plan PLAN' (loom-run --help)" --dry-run
 expect 2 "loom-run: -n x: expected a positive number" -n x train
 expect 2 "loom-run: unknown option --frobnicate (loom-run --help)" --frobnicate train
-expect 2 "loom-run: --hostfile /nonexistent/hosts: cannot read it" --hostfile /nonexistent/hosts train
+expect 2 "loom-run: --hostfile /nonexistent/hosts: cannot read it as a file" --hostfile /nonexistent/hosts train
+expect 2 "loom-run: --hostfile $WORK: cannot read it as a file" --hostfile "$WORK" train
+expect 2 "loom-run: --gpus-per-node abc: expected a number (0 on CPU machines)" --gpus-per-node abc train
 expect 2 "loom-run: --bind socket: expected core, numa or none" --bind socket train
 expect 2 "loom-run: --plan /nonexistent.txtpb: cannot read its world size (loom plan check /nonexistent.txtpb says why)" \
   --dry-run train --plan /nonexistent.txtpb

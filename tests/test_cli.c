@@ -79,6 +79,11 @@ START_TEST(bad_flags) {
   expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
+  /* --flag=value is the same flag: checked alike, and given once. */
+  expect_fail(run("train", "--steps=0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
+  expect_fail(run("train", "--steps=2", "--steps", "3", NULL), 2, "loom train: --steps given more than once");
+  expect_fail(run("train", "--resume=yes", NULL), 2, "loom train: --resume takes no value");
+  expect_fail(run("train", "--frobnicate=2", NULL), 2, "loom train: unknown flag --frobnicate (see loom train --help)");
   /* nan passes every range comparison, and inf means nothing to any flag. */
   expect_fail(run("train", "--lr", "nan", NULL), 2, "loom train: --lr expects a finite number, got 'nan'");
   expect_fail(run("train", "--grad-clip", "inf", NULL), 2, "loom train: --grad-clip expects a finite number, got 'inf'");

@@ -75,13 +75,20 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
       positional[(*npositional)++] = arg;
       continue;
     }
+    /* --flag VALUE, or --flag=VALUE as argparse and Megatron's launchers write it. */
+    const char *eq = strchr(arg, '=');
+    const size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
     loom_flag *f = NULL;
     for (int k = 0; k < nflags && !f; k++)
-      if (strcmp(flags[k].name, arg) == 0) f = &flags[k];
-    if (!f) return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %s (see %s --help)", cmd, arg, cmd);
-    if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, arg);
+      if (strlen(flags[k].name) == name_len && strncmp(flags[k].name, arg, name_len) == 0) f = &flags[k];
+    if (!f)
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %.*s (see %s --help)", cmd, (int)name_len, arg, cmd);
+    if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, f->name);
     const char *value = "";
-    if (f->kind != FLAG_BOOL) {
+    if (f->kind == FLAG_BOOL && eq) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s takes no value", cmd, f->name);
+    if (eq) {
+      value = eq + 1;
+    } else if (f->kind != FLAG_BOOL) {
       if (i + 1 >= argc) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s needs a value", cmd, arg);
       value = argv[++i];
     }
