@@ -352,6 +352,14 @@ START_TEST(subcommands_work_together) {
   snprintf(line2, sizeof line2, "loom: %s: is one step of a checkpoint; give the checkpoint directory that holds it and its latest",
            step_dir);
   expect_fail(run("ckpt", "verify", step_dir, NULL), 2, line2);
+  /* Resharding onto a plan of another model names both models, and writes nothing. */
+  const char *other = tu_tmp_path("other.txtpb"), *out = tu_tmp_path("resharded");
+  r = run("plan", "new", "--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "16", "--pp", "2", "-o", other, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  snprintf(line2, sizeof line2, "loom: %s/step_00000002: checkpoint of another model (layers 1, hidden 16, heads 2, ffn 64, "
+           "vocab 256, seq 16); the plan %s has layers 4, hidden 32, heads 2, ffn 128, vocab 256, seq 16", ck, other);
+  expect_fail(run("ckpt", "reshard", ck, "--plan", other, "-o", out, NULL), 2, line2);
+  ck_assert_int_ne(access(out, F_OK), 0);
   loom_ckpt_remove(ck);
   /* A directory where a model file is expected is named as such. */
   const char *adir = tu_tmp_path("a_directory");

@@ -81,13 +81,19 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
 
 /* Refuses a checkpoint this run cannot continue: another model, or a
  * different data position, seed or learning-rate schedule. */
+loom_status loom_ckpt_check_model(const char *where, const loom_gpt_config *m, const loom_gpt_config *c, const char *theirs,
+                                  loom_error *err) {
+  if (m->layers == c->layers && m->hidden == c->hidden && m->heads == c->heads && m->ffn == c->ffn && m->vocab == c->vocab &&
+      m->seq == c->seq)
+    return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (layers %d, hidden %d, heads %d, ffn %d, vocab %d, "
+                   "seq %d); %s has layers %d, hidden %d, heads %d, ffn %d, vocab %d, seq %d", where, m->layers, m->hidden,
+                   m->heads, m->ffn, m->vocab, m->seq, theirs, c->layers, c->hidden, c->heads, c->ffn, c->vocab, c->seq);
+}
+
 static loom_status check_run(const char *sub, const loom_ckpt_run *have, const loom_ckpt_run *want, loom_error *err) {
-  const loom_gpt_config *m = &have->cfg, *c = &want->cfg;
-  if (m->layers != c->layers || m->hidden != c->hidden || m->heads != c->heads || m->ffn != c->ffn || m->vocab != c->vocab ||
-      m->seq != c->seq)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (layers %d, hidden %d, heads %d, vocab %d, seq %d); "
-                     "this run has layers %d, hidden %d, heads %d, vocab %d, seq %d", sub, m->layers, m->hidden, m->heads,
-                     m->vocab, m->seq, c->layers, c->hidden, c->heads, c->vocab, c->seq);
+  const loom_status st = loom_ckpt_check_model(sub, &have->cfg, &want->cfg, "this run", err);
+  if (st != LOOM_OK) return st;
   if (have->global_batch != want->global_batch)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with global batch %d; resume with the same (this run has %d)", sub,
                      have->global_batch, want->global_batch);

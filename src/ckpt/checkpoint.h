@@ -38,12 +38,18 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
 loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int n, const loom_ckpt_run *run,
                              loom_ckpt_run *from, int64_t *step, loom_error *err);
 
+/* Refuses a checkpoint of model m where model c is wanted (`theirs` names
+ * what holds c in the message: "this run", a plan file). */
+loom_status loom_ckpt_check_model(const char *where, const loom_gpt_config *m, const loom_gpt_config *c, const char *theirs,
+                                  loom_error *err);
 /* Writes dst as a checkpoint of src's latest step for the layout in `to`
  * (model and training state are src's), one rank at a time, in this
  * process. layer_counts (ncounts entries, or NULL) splits the layers over
- * the pp * vpp stages. */
+ * the pp * vpp stages. model (or NULL): the model the new layout was made
+ * for, which must be the checkpoint's; model_from names it in the refusal. */
 loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, int dp, int vpp, int zero,
-                              const int *layer_counts, int ncounts, loom_error *err);
+                              const int *layer_counts, int ncounts, const loom_gpt_config *model, const char *model_from,
+                              loom_error *err);
 
 /* Checks the checkpoint dir/latest names without loading a model: every
  * shard's size and checksum against the manifest, every piece's checksum

@@ -90,13 +90,18 @@ static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest 
 }
 
 loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, int dp, int vpp, int zero,
-                              const int *layer_counts, int ncounts, loom_error *err) {
+                              const int *layer_counts, int ncounts, const loom_gpt_config *model, const char *model_from,
+                              loom_error *err) {
   char sub[4096], out_dir[4096];
   Loom__CheckpointManifest *mf;
   loom_status st = loom_manifest_read(src, sub, sizeof sub, &mf, err);
   if (st != LOOM_OK) return st;
   loom_ckpt_run to;
   loom_manifest_run(mf, &to);
+  if (model && (st = loom_ckpt_check_model(sub, &to.cfg, model, model_from, err)) != LOOM_OK) {
+    loom__checkpoint_manifest__free_unpacked(mf, NULL);
+    return st;
+  }
   to.tp = tp, to.pp = pp, to.dp = dp, to.vpp = vpp, to.zero = zero;
   const int world = tp * pp * dp;
   /* The new layout is a plan, built and validated as every run's is. Its

@@ -36,7 +36,7 @@ static int verify(int argc, char **argv) {
 
 /* The layout a plan file gives, validated as every plan is. */
 static loom_status layout_from_plan(const char *path, int *tp, int *pp, int *dp, int *vpp, int *zero, int *counts,
-                                    int *ncounts, loom_error *err) {
+                                    int *ncounts, loom_gpt_config *model, loom_error *err) {
   loom_plan *plan;
   loom_status st = loom_plan_read(path, &plan, err);
   if (st != LOOM_OK) return st;
@@ -45,6 +45,7 @@ static loom_status layout_from_plan(const char *path, int *tp, int *pp, int *dp,
     *tp = plan->parallel->tp, *pp = plan->parallel->pp, *dp = plan->parallel->dp;
     *vpp = plan->parallel->virtual_chunks, *zero = plan->parallel->zero_stage;
     *ncounts = plan->n_stages <= LOOM_PLAN_MAX_STAGES ? loom_plan_layer_counts(plan, counts) : 0;
+    loom_plan_model_config(plan, model);
   }
   loom_plan_free(plan);
   return st;
@@ -68,6 +69,7 @@ static int reshard(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos, counts[LOOM_PLAN_MAX_STAGES], ncounts = 0;
+  loom_gpt_config model = {0}; /* --plan's */
   loom_status st = loom_cli_parse("loom ckpt reshard", "loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N ...) -o OUT",
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
@@ -79,10 +81,14 @@ static int reshard(int argc, char **argv) {
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: %s already holds a checkpoint; choose a new directory", out);
   else if (plan && (table[1].set || table[2].set || table[3].set || table[4].set || table[5].set || split))
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --plan fixes the layout; drop the layout flags");
-  else if (plan) st = layout_from_plan(plan, &tp, &pp, &dp, &vpp, &zero, counts, &ncounts, &err);
+  else if (plan) st = layout_from_plan(plan, &tp, &pp, &dp, &vpp, &zero, counts, &ncounts, &model, &err);
   else if (split && (ncounts = loom_plan_flags_parse_split(split, counts, LOOM_PLAN_MAX_STAGES)) < 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --layer-split %s: expected layer counts like 3,4,4,3", split);
-  if (st == LOOM_OK) st = loom_ckpt_reshard(pos[0], out, tp, pp, dp, vpp, zero, ncounts ? counts : NULL, ncounts, &err);
+  char model_from[4200] = "";
+  if (plan) snprintf(model_from, sizeof model_from, "the plan %s", plan);
+  if (st == LOOM_OK)
+    st = loom_ckpt_reshard(pos[0], out, tp, pp, dp, vpp, zero, ncounts ? counts : NULL, ncounts, plan ? &model : NULL,
+                           model_from, &err);
   if (st == LOOM_OK)
     printf("%s: resharded %s onto tp %d x pp %d x dp %d (vpp %d, zero %d): %d shards\n", out, pos[0], tp, pp, dp, vpp,
            zero, tp * pp * dp);
