@@ -334,6 +334,14 @@ typedef struct {
   loom_ckpt_run run;
 } save_case;
 
+/* A single-rank save of the whole test model into tmp/name. */
+static save_case save_case_of(const char *name, loom_gpt_params *whole, loom_adamw *opt) {
+  save_case c = {.dir = tu_tmp_path(name), .ch = loom_ckpt_chunk_adamw(whole, opt),
+                 .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
+  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
+  return c;
+}
+
 static loom_status save_step2(void *ctx, loom_error *err) {
   save_case *c = ctx;
   int64_t bytes;
@@ -371,9 +379,7 @@ START_TEST(writer_survives_allocation_failure) {
   loom_gpt_params whole;
   loom_adamw opt;
   whole_state(&whole, &opt);
-  save_case c = {.dir = tu_tmp_path("alloc_ckpt"), .ch = loom_ckpt_chunk_adamw(&whole, &opt),
-                 .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
-  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
+  save_case c = save_case_of("alloc_ckpt", &whole, &opt);
   loom_error err = {{0}};
   int64_t bytes;
   ck_assert_msg(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err) == LOOM_OK, "%s", err.msg);
@@ -400,9 +406,7 @@ START_TEST(loads_refuse_what_verify_refuses) {
   loom_gpt_params whole;
   loom_adamw opt;
   whole_state(&whole, &opt);
-  save_case c = {.dir = tu_tmp_path("stale"), .ch = loom_ckpt_chunk_adamw(&whole, &opt),
-                 .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
-  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
+  save_case c = save_case_of("stale", &whole, &opt);
   loom_error err = {{0}};
   int64_t bytes, step;
   char one[4200], two[4200], path[4300], keep[4400];

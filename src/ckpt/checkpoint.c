@@ -12,13 +12,9 @@
 /* A save that failed anywhere leaves latest on the previous step; its
  * partial directory goes, unless latest names it (a step saved before). */
 static void discard_partial(const char *dir, const char *sub, int64_t step) {
-  char path[4200], line[32] = "", want[32];
-  snprintf(path, sizeof path, "%s/latest", dir);
-  snprintf(want, sizeof want, "step_%08lld\n", (long long)step);
-  FILE *fp = fopen(path, "r");
-  if (fp && !fgets(line, sizeof line, fp)) line[0] = '\0';
-  if (fp) fclose(fp);
-  if (strcmp(line, want) != 0) loom_ckpt_remove_step(sub);
+  int64_t latest;
+  loom_error ignored;
+  if (loom_ckpt_latest_step(dir, &latest, &ignored) != LOOM_OK || latest != step) loom_ckpt_remove_step(sub);
 }
 
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,

@@ -61,10 +61,15 @@ loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_e
   return st;
 }
 
-static int same_shape(const loom_gpt_config *a, const loom_gpt_config *b) {
-  return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
-         a->vocab == b->vocab && a->padded_vocab == b->padded_vocab && a->seq == b->seq &&
-         a->ffn == b->ffn;
+loom_status loom_llmc_check_model(const char *path, const loom_gpt_config *file, const loom_gpt_config *run,
+                                  loom_error *err) {
+  if (file->layers == run->layers && file->hidden == run->hidden && file->heads == run->heads &&
+      file->vocab == run->vocab && file->seq == run->seq && file->ffn == run->ffn)
+    return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_FORMAT,
+                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
+                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, file->layers, file->hidden, file->heads,
+                   file->vocab, file->seq, run->layers, run->hidden, run->heads, run->vocab, run->seq);
 }
 
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err) {
@@ -74,11 +79,9 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
   int32_t h[H_INTS];
   loom_gpt_config cfg;
   loom_status st = read_header(fp, path, h, &cfg, err);
-  if (st == LOOM_OK && !same_shape(&cfg, &p->cfg))
-    st = loom_fail(err, LOOM_ERR_FORMAT,
-                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
-                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, cfg.layers, cfg.hidden, cfg.heads,
-                   cfg.vocab, cfg.seq, p->cfg.layers, p->cfg.hidden, p->cfg.heads, p->cfg.vocab, p->cfg.seq);
+  if (st == LOOM_OK) st = loom_llmc_check_model(path, &cfg, &p->cfg, err);
+  if (st == LOOM_OK && cfg.padded_vocab != p->cfg.padded_vocab) /* this reader copies whole tensors */
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: padded vocab %d, this model's is %d", path, cfg.padded_vocab, p->cfg.padded_vocab);
   int *order = malloc((size_t)p->params.count * sizeof(int));
   const int n = st == LOOM_OK ? llmc_order(p->cfg.layers, order) : 0;
   for (int i = 0; i < n && st == LOOM_OK; i++) {

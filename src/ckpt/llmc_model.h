@@ -14,6 +14,9 @@
 
 /* Reads and checks the header of an llm.c model file into cfg. */
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err);
+/* Refuses an llm.c file whose model (file) is not the run's (padding aside). */
+loom_status loom_llmc_check_model(const char *path, const loom_gpt_config *file, const loom_gpt_config *run,
+                                  loom_error *err);
 /* Loads the weights; the file's shape must equal p->cfg. */
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err);
 /* An llm.c file as a model source, read one tensor at a time (its header

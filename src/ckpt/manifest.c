@@ -224,8 +224,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   return st;
 }
 
-/* DIR/latest's one line: the name of a step directory, step_NNNNNNNN. */
-static loom_status read_latest(const char *dir, char *name, size_t len, int64_t *step, loom_error *err) {
+loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *err) {
   char path[4200], line[64] = "";
   snprintf(path, sizeof path, "%s/latest", dir);
   struct stat sb;
@@ -246,18 +245,17 @@ static loom_status read_latest(const char *dir, char *name, size_t len, int64_t 
   char tail[2];
   if (got != 14 || sscanf(line, "step_%8lld%1[\n]", &n, tail) != 2 || n < 0)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: does not hold one line naming a step directory (step_NNNNNNNN)", path);
-  snprintf(name, len, "step_%08lld", n);
   *step = n;
   return LOOM_OK;
 }
 
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err) {
-  char path[4200], name[64];
+  char path[4200];
   int64_t named = 0;
   *out = NULL;
-  loom_status st = read_latest(dir, name, sizeof name, &named, err);
+  loom_status st = loom_ckpt_latest_step(dir, &named, err);
   if (st != LOOM_OK) return st;
-  snprintf(step_dir, len, "%s/%s", dir, name);
+  loom_ckpt_step_dir(dir, named, step_dir, len);
   snprintf(path, sizeof path, "%s/manifest.pb", step_dir);
   FILE *fp = fopen(path, "rb");
   if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);

@@ -28,6 +28,8 @@ void loom_ckpt_remove(const char *dir);
  * but the newest `keep` steps (0 keeps all). */
 loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err);
+/* The step DIR/latest names (one step_NNNNNNNN line in a regular file). */
+loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *err);
 /* Reads the manifest DIR/latest names; *step_dir gets its directory. It
  * must carry a valid checksum of itself and the step of its directory. */
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);

@@ -57,12 +57,7 @@ static loom_status load_llmc(const loom_run_files *f, const char *path, loom_err
   loom_model_source src;
   loom_status st = loom_llmc_source(&src, path, err);
   if (st != LOOM_OK) return st;
-  const loom_gpt_config *a = &src.cfg, *b = &f->run.cfg;
-  if (a->layers != b->layers || a->hidden != b->hidden || a->heads != b->heads || a->vocab != b->vocab || a->seq != b->seq) {
-    st = loom_fail(err, LOOM_ERR_FORMAT,
-                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
-                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, a->layers, a->hidden, a->heads, a->vocab,
-                   a->seq, b->layers, b->hidden, b->heads, b->vocab, b->seq);
+  if ((st = loom_llmc_check_model(path, &src.cfg, &f->run.cfg, err)) != LOOM_OK) {
     loom_model_source_free(&src);
     return st;
   }

@@ -58,16 +58,15 @@ static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm 
 
 /* The plan of the flags at sequence length T (the model's too, as a bench
  * of seq T would size it); parallel false: the same model on one rank. */
-static loom_status plan_at(bench_flags *f, loom_flag *table, int T, bool parallel, int world, loom_plan **plan,
-                           loom_error *err) {
+static loom_status plan_at(const bench_flags *f, const loom_flag *table, int T, bool parallel, int world,
+                           loom_plan **plan, loom_error *err) {
   loom_plan_flags layout = f->layout;
   layout.model.seq = T;
-  loom_flag *seq = (loom_flag *)loom_flags_find(table, BENCH_FLAG_COUNT, "--seq"); /* one of table's own entries */
-  const bool was_set = seq->set;
-  seq->set = true;
   if (!parallel) layout.tp = layout.pp = layout.dp = 1;
-  loom_status st = loom_plan_flags_build("loom bench step", &layout, table, plan, err);
-  seq->set = was_set;
+  loom_flag given[BENCH_FLAG_COUNT]; /* the parsed table, with --seq given as T */
+  memcpy(given, table, sizeof given);
+  given[loom_flags_find(table, BENCH_FLAG_COUNT, "--seq") - table].set = true;
+  loom_status st = loom_plan_flags_build("loom bench step", &layout, given, plan, err);
   const loom_plan_limits limits = {.world = parallel ? world : 1};
   if (st == LOOM_OK) st = loom_plan_flags_refuse("loom bench step", *plan, &limits, table, NULL, err);
   return st;

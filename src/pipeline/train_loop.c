@@ -43,19 +43,20 @@ void loom_train_describe(const loom_trainer *tr) {
 static void report_memory(const loom_trainer *tr) {
   const double estimate = 8.0 * (double)loom_trainer_local_params(tr) + loom_trainer_optimizer_bytes(tr) +
                           (double)tr->pipe.act_bytes;
-  const double peak = (double)loom_peak_rss_bytes(), base = (double)tr->baseline_rss;
-  double numbers[4] = {peak - base, estimate, peak, base}; /* the busiest rank's growth decides */
-  double gathered[4];
-  loom_comm_allreduce_typed(tr->ps.world_group, numbers, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  const int busiest = numbers[0] == peak - base;
-  gathered[0] = numbers[0];
-  for (int k = 1; k < 4; k++) gathered[k] = busiest ? numbers[k] : 0.0;
-  loom_comm_allreduce_typed(tr->ps.world_group, gathered + 1, 3, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  const double base = (double)tr->baseline_rss, peak = (double)loom_peak_rss_bytes();
+  const double mine[4] = {peak - base, estimate, peak, base};
+  const int n = tr->ps.world;
+  double *all = loom_xmalloc((size_t)n * 4 * sizeof(double), "memory report");
+  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 4, LOOM_DTYPE_F64);
+  int busiest = 0; /* the rank that grew the most */
+  for (int r = 1; r < n; r++)
+    if (all[4 * r] > all[4 * busiest]) busiest = r;
+  const double *b = all + 4 * busiest;
   const double mib = 1048576.0;
   loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
                 "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (16 B per parameter, less under ZeRO-1, "
-                "+ activations), %+.1f%% off", gathered[0] / mib, gathered[3] / mib, gathered[2] / mib, gathered[1] / mib,
-                100.0 * (gathered[1] - gathered[0]) / gathered[0]);
+                "+ activations), %+.1f%% off", b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, 100.0 * (b[1] - b[0]) / b[0]);
+  free(all);
 }
 
 static int by_value(const void *a, const void *b) {
