@@ -449,11 +449,57 @@ START_TEST(loads_refuse_what_verify_refuses) {
 }
 END_TEST
 
+/* A manifest from outside with a valid checksum but sizes out of bounds (a
+ * layout whose rank count wraps in int, or a zero tp that would divide) is
+ * refused as it is decoded, naming the field. */
+START_TEST(manifest_sizes_are_bounded) {
+  loom_gpt_params whole;
+  loom_adamw opt;
+  whole_state(&whole, &opt);
+  save_case c = save_case_of("bounds", &whole, &opt);
+  loom_error err = {{0}};
+  int64_t bytes;
+  ck_assert_int_eq(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err), LOOM_OK);
+  char dir[4200], path[4300];
+  loom_ckpt_step_dir(c.dir, 1, dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/manifest.pb", dir);
+  size_t n;
+  uint8_t *good = (uint8_t *)tu_read_bytes(path, &n);
+  Loom__CheckpointManifest *mf;
+  ck_assert_msg(loom_manifest_decode(good, n, 1, path, &mf, &err) == LOOM_OK, "%s", err.msg);
+  const int32_t tps[2] = {0, 4096};
+  const char *expected[2] = {"parallel.tp = 0: must be 1 to 4096",
+                             "parallel.tp x parallel.pp x parallel.dp = 4294967296: must be at most 2147483647"};
+  for (int k = 0; k < 2; k++) {
+    mf->parallel->tp = tps[k];
+    mf->parallel->dp = 1 << 20;
+    mf->has_crc32c = 0; /* sealed again as a writer would: the checksum holds */
+    size_t len = loom__checkpoint_manifest__get_packed_size(mf);
+    uint8_t *bad = malloc(len + 8);
+    loom__checkpoint_manifest__pack(mf, bad);
+    mf->has_crc32c = 1;
+    mf->crc32c = loom_crc32c(0, bad, len);
+    len = loom__checkpoint_manifest__pack(mf, bad);
+    Loom__CheckpointManifest *out;
+    ck_assert_int_eq(loom_manifest_decode(bad, len, 1, path, &out, &err), LOOM_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, expected[k]) && strstr(err.msg, "manifest.pb"), "%s", err.msg);
+    free(bad);
+  }
+  loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  free(good);
+  loom_ckpt_remove(c.dir);
+  loom_parallel_free(&c.ps);
+  loom_adamw_free(&opt);
+  loom_gpt_params_free(&whole);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt");
   TCase *tc = tcase_create("ckpt");
   tcase_set_timeout(tc, 120); /* the allocation-failure loops run under ASan in scripts/test.sh */
   tcase_add_test(tc, crc32c_known_answers);
+  tcase_add_test(tc, manifest_sizes_are_bounded);
   tcase_add_test(tc, round_trip);
   tcase_add_test(tc, corruption_is_refused);
   tcase_add_test(tc, loads_onto_other_plans);

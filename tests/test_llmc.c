@@ -102,6 +102,12 @@ START_TEST(malformed_files_are_refused) {
   h[5] = 5; /* 16 hidden is not divisible by 5 heads */
   expect_load_error("heads.bin", bad, n, "bad model header: --hidden 16 is not divisible by --heads 5; pick heads that divide hidden");
   memcpy(bad, good, n);
+  h[3] = 2147483647; /* rounding it up to the padded vocab would overflow */
+  expect_load_error("vocab.bin", bad, n, "bad model header: model.vocab = 2147483647: must be 2 to 16777216");
+  memcpy(bad, good, n);
+  h[6] = 1 << 30; /* 4 x hidden would overflow */
+  expect_load_error("hidden.bin", bad, n, "bad model header: model.hidden = 1073741824: must be 1 to 1048576");
+  memcpy(bad, good, n);
   h[7] = 200;
   expect_load_error("padded.bin", bad, n, "bad model header: padded vocab 200 must be a multiple of 128 and at least vocab 300");
   memcpy(bad, good, n);

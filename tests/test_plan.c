@@ -229,7 +229,7 @@ START_TEST(each_rule_has_its_message) {
   p->model->ffn = 250;
   expect_rule(p, "model.ffn = 250: must be divisible by parallel.tp (4); pick a tp that divides ffn");
   p->model->ffn = -4;
-  expect_rule(p, "model.ffn = -4: must be positive (or 0 for 4 x model.hidden)");
+  expect_rule(p, "model.ffn = -4: must be 0 to 4194304");
   p->model->ffn = 256;
   p->model->dropout = NAN;
   expect_rule(p, "model.dropout = nan: must be in [0, 1)");
@@ -272,6 +272,35 @@ START_TEST(each_rule_has_its_message) {
   ck_assert_msg(strstr(lines, "stages (pp_rank 0 chunk 0): needs ") && strstr(lines, " per rank, over the device's 1 KiB; ") &&
                 !strstr(lines, "0.0 GiB"), "%s", lines);
   loom_plan_free(p);
+}
+END_TEST
+
+/* Every size has bounds and every product of sizes is formed in 64 bits: an
+ * overflowing layout or batch is refused by name, never wrapped into a small
+ * or negative number (or a division by zero). */
+static void expect_bound(loom_plan_spec spec, void (*edit)(loom_plan *), const char *line) {
+  loom_plan *p = build(&spec);
+  edit(p);
+  char lines[4096];
+  ck_assert_int_ge(loom_plan_validate(p, &(loom_plan_limits){0}, lines, sizeof lines), 1);
+  ck_assert_msg(strstr(lines, line) != NULL, "expected \"%s\" in:\n%s", line, lines);
+  loom_plan_free(p);
+}
+static void huge_dp(loom_plan *p) { p->parallel->dp = 2147483647; }
+static void wrapping_micro_times_dp(loom_plan *p) { p->batch->micro_batch = 65536, p->parallel->dp = 65536; }
+static void huge_vocab(loom_plan *p) { p->model->vocab = 2147483647; }
+static void wrapping_rows(loom_plan *p) { p->batch->micro_batch = 1 << 20, p->model->seq = 1 << 20, p->batch->global_batch = 1 << 21; }
+static void wrapping_ranks(loom_plan *p) { p->parallel->tp = 4096, p->parallel->pp = 4096, p->parallel->dp = 1 << 20; }
+static void too_many_stages(loom_plan *p) { p->parallel->pp = 4096, p->parallel->virtual_chunks = 64; }
+
+START_TEST(sizes_are_bounded) {
+  const loom_plan_spec spec = base_spec();
+  expect_bound(spec, huge_dp, "parallel.dp = 2147483647: must be 1 to 1048576");
+  expect_bound(spec, wrapping_micro_times_dp, "batch.micro_batch x parallel.dp = 4294967296: must be at most 1073741824");
+  expect_bound(spec, huge_vocab, "model.vocab = 2147483647: must be 2 to 16777216");
+  expect_bound(spec, wrapping_rows, "batch.micro_batch x model.seq = 1099511627776: must be at most 2147483647");
+  expect_bound(spec, wrapping_ranks, "parallel.tp x parallel.pp x parallel.dp = 17592186044416: must be at most 2147483647");
+  expect_bound(spec, too_many_stages, "parallel.pp x parallel.virtual_chunks = 262144: must be at most 4096");
 }
 END_TEST
 
@@ -472,6 +501,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, bad_files_are_refused);
   tcase_add_test(tc, decoder_survives_fuzzing);
   tcase_add_test(tc, each_rule_has_its_message);
+  tcase_add_test(tc, sizes_are_bounded);
   tcase_add_test(tc, balancing_and_counts);
   tcase_add_test(tc, estimates_follow_megatron);
   tcase_add_test(tc, in_flight_is_the_verifiers_peak);

@@ -7,6 +7,7 @@
 #include "core/fault.h"
 #include "core/read_file.h"
 #include "core/write_file.h"
+#include "plan/plan.h"
 
 enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED_VOCAB, H_INTS = 256 };
 
@@ -33,6 +34,12 @@ static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_
   if (h[H_VERSION] != LOOM_LLMC_VERSION)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: unsupported model version %d (expected %d: fp32 with padded vocab)",
                      path, h[H_VERSION], LOOM_LLMC_VERSION);
+  Loom__Model sizes = LOOM__MODEL__INIT;
+  sizes.layers = h[H_LAYERS], sizes.hidden = h[H_HIDDEN], sizes.heads = h[H_HEADS], sizes.vocab = h[H_VOCAB];
+  sizes.seq = h[H_SEQ];
+  char why[256];
+  if (loom_plan_check_sizes(&sizes, NULL, NULL, why, sizeof why))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: %.*s", path, (int)strcspn(why, "\n"), why);
   memset(cfg, 0, sizeof *cfg);
   cfg->seq = h[H_SEQ];
   cfg->vocab = h[H_VOCAB];
@@ -41,7 +48,6 @@ static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_
   cfg->hidden = h[H_HIDDEN];
   cfg->norm_eps = 1e-5f;
   loom_gpt_config_finish(cfg);
-  char why[256];
   if (loom_gpt_config_check(cfg, why, sizeof why))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: %s", path, why);
   if (h[H_PADDED_VOCAB] < cfg->vocab || h[H_PADDED_VOCAB] % LOOM_VOCAB_ALIGN != 0)

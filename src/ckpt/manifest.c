@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "ckpt/shard_file.h"
 #include "core/write_file.h"
+#include "plan/plan.h"
 
 #define MANIFEST_VERSION 3
 
@@ -249,6 +250,36 @@ loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *er
   return LOOM_OK;
 }
 
+loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, const char *path,
+                                 Loom__CheckpointManifest **out, loom_error *err) {
+  *out = NULL;
+  Loom__CheckpointManifest *mf = loom__checkpoint_manifest__unpack(NULL, n, bytes);
+  uint32_t crc = 0;
+  char why[512];
+  loom_status st = LOOM_OK;
+  if (!mf || !mf->model || !mf->parallel || !mf->batch)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
+  else if (mf->format_version != MANIFEST_VERSION)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest format %u, this loom reads %d", path, mf->format_version, MANIFEST_VERSION);
+  else if (!mf->has_crc32c || !manifest_crc(mf, &crc))
+    st = loom_fail(err, mf->has_crc32c ? LOOM_ERR_NOMEM : LOOM_ERR_FORMAT, "%s: %s", path,
+                   mf->has_crc32c ? "out of memory checking the manifest" : "the manifest has no checksum");
+  else if (crc != mf->crc32c)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the manifest is damaged", path, crc,
+                   mf->crc32c);
+  else if (loom_plan_check_sizes(mf->model, mf->parallel, mf->batch, why, sizeof why))
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the manifest's run is out of bounds: %.*s", path, (int)strcspn(why, "\n"), why);
+  else if (mf->step != step)
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: a manifest of step %lld in the directory of step %lld: it belongs to another step",
+                   path, (long long)mf->step, (long long)step);
+  if (st == LOOM_OK) {
+    *out = mf;
+    return LOOM_OK;
+  }
+  if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
+  return st;
+}
+
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err) {
   char path[4200];
   int64_t named = 0;
@@ -264,28 +295,9 @@ loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom
   uint8_t *buf = loom_fault_malloc(size + 1);
   const size_t got_bytes = buf ? fread(buf, 1, size, fp) : 0;
   fclose(fp);
-  Loom__CheckpointManifest *mf = buf ? loom__checkpoint_manifest__unpack(NULL, got_bytes, buf) : NULL;
+  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading the manifest", path);
+  st = loom_manifest_decode(buf, got_bytes, named, path, out, err);
   free(buf);
-  uint32_t crc = 0;
-  if (!buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading the manifest", path);
-  else if (!mf || !mf->model || !mf->parallel || !mf->batch)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a loom checkpoint manifest", path);
-  else if (mf->format_version != MANIFEST_VERSION)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: manifest format %u, this loom reads %d", path, mf->format_version, MANIFEST_VERSION);
-  else if (!mf->has_crc32c || !manifest_crc(mf, &crc))
-    st = loom_fail(err, mf->has_crc32c ? LOOM_ERR_NOMEM : LOOM_ERR_FORMAT, "%s: %s", path,
-                   mf->has_crc32c ? "out of memory checking the manifest" : "the manifest has no checksum");
-  else if (crc != mf->crc32c)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the manifest is damaged", path, crc,
-                   mf->crc32c);
-  else if (mf->step != named)
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: a manifest of step %lld in the directory of step %lld: it belongs to another step",
-                   path, (long long)mf->step, (long long)named);
-  if (st == LOOM_OK) {
-    *out = mf;
-    return LOOM_OK;
-  }
-  if (mf) loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
 

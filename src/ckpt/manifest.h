@@ -30,8 +30,11 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err);
 /* The step DIR/latest names (one step_NNNNNNNN line in a regular file). */
 loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *err);
-/* Reads the manifest DIR/latest names; *step_dir gets its directory. It
- * must carry a valid checksum of itself and the step of its directory. */
+/* Decodes a manifest read from path, the directory of `step`: it must carry
+ * a valid checksum of itself, sizes within the plan's bounds and that step. */
+loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, const char *path,
+                                 Loom__CheckpointManifest **out, loom_error *err);
+/* Reads and decodes the manifest DIR/latest names; *step_dir gets its directory. */
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
 /* The run a manifest describes (run->data points into mf). */
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);

@@ -2,6 +2,7 @@
 #include <string.h>
 #include "ckpt/llmc_model.h"
 #include "cli/model_flags.h"
+#include "plan/plan.h"
 
 static const char *const PRESET_CHOICES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b", "gpt-175b", NULL};
 
@@ -9,12 +10,12 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
   const loom_flag table[LOOM_MODEL_FLAG_COUNT] = {
       {"--model", FLAG_STRING, &mf->preset, "model preset", LOOM_NO_RANGE, PRESET_CHOICES, false, NULL},
       {"--init-from", FLAG_STRING, &mf->init_from, "start from an llm.c model file instead of random init", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--layers", FLAG_INT, &mf->layers, "transformer layers (overrides the preset)", 1, 4096, NULL, false, "model.layers"},
-      {"--hidden", FLAG_INT, &mf->hidden, "hidden size", 1, 1 << 20, NULL, false, "model.hidden"},
-      {"--heads", FLAG_INT, &mf->heads, "attention heads", 1, 4096, NULL, false, "model.heads"},
-      {"--ffn", FLAG_INT, &mf->ffn, "MLP width (0: 4 * hidden)", 0, 1 << 22, NULL, false, "model.ffn"},
-      {"--vocab", FLAG_INT, &mf->vocab, "vocabulary size", 2, 1 << 24, NULL, false, "model.vocab"},
-      {"--seq", FLAG_INT, &mf->seq, "sequence length", 1, 1 << 20, NULL, false, "model.seq"},
+      {"--layers", FLAG_INT, &mf->layers, "transformer layers (overrides the preset)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "model.layers"},
+      {"--hidden", FLAG_INT, &mf->hidden, "hidden size", 1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.hidden"},
+      {"--heads", FLAG_INT, &mf->heads, "attention heads", 1, LOOM_PLAN_MAX_HEADS, NULL, false, "model.heads"},
+      {"--ffn", FLAG_INT, &mf->ffn, "MLP width (0: 4 * hidden)", 0, LOOM_PLAN_MAX_FFN, NULL, false, "model.ffn"},
+      {"--vocab", FLAG_INT, &mf->vocab, "vocabulary size", 2, LOOM_PLAN_MAX_VOCAB, NULL, false, "model.vocab"},
+      {"--seq", FLAG_INT, &mf->seq, "sequence length", 1, LOOM_PLAN_MAX_SEQ, NULL, false, "model.seq"},
       {"--dropout", FLAG_FLOAT, &mf->dropout, "dropout probability", 0, 0.99, NULL, false, "model.dropout"},
   };
   memcpy(out, table, sizeof table);

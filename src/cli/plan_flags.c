@@ -16,14 +16,14 @@ loom_plan_flags loom_plan_flags_defaults(void) {
 void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
   loom_model_flags_table(&f->model, out);
   const loom_flag rest[] = {
-      {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, 4096, NULL, false, "parallel.tp"},
-      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, 4096, NULL, false, "parallel.pp"},
-      {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, 1 << 20, NULL, false, "parallel.dp"},
-      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, 64, NULL, false, "parallel.virtual_chunks"},
+      {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.tp"},
+      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
+      {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
+      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false, "parallel.zero_stage"},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
-      {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, 1 << 20, NULL, false, "batch.micro_batch"},
-      {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, 1 << 30, NULL, false, "batch.global_batch"},
+      {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
+      {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, LOOM_PLAN_MAX_GLOBAL_BATCH, NULL, false, "batch.global_batch"},
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, "schedule"},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
@@ -76,9 +76,9 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --global-batch %d != --micro-batches %d x --micro-batch %d%s", cmd,
                      f->global_batch, f->micro_batches, f->micro_batch, f->dp > 1 ? " x --dp" : "");
   const long long global = f->global_batch ? f->global_batch : (f->micro_batches ? f->micro_batches : 1) * per_step;
-  if (global > 1 << 30)
+  if (global > LOOM_PLAN_MAX_GLOBAL_BATCH)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --micro-batches x --micro-batch x --dp = %lld sequences per step; at most %d", cmd,
-                     global, 1 << 30);
+                     global, LOOM_PLAN_MAX_GLOBAL_BATCH);
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_plan_spec spec = {

@@ -48,14 +48,10 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
 }
 
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len) {
-  if (cfg->layers < 1) snprintf(msg, msg_len, "--layers must be at least 1 (got %d)", cfg->layers);
-  else if (cfg->hidden < 1) snprintf(msg, msg_len, "--hidden must be at least 1 (got %d)", cfg->hidden);
-  else if (cfg->heads < 1) snprintf(msg, msg_len, "--heads must be at least 1 (got %d)", cfg->heads);
+  if (cfg->heads < 1) snprintf(msg, msg_len, "--heads must be at least 1 (got %d)", cfg->heads);
   else if (cfg->hidden % cfg->heads != 0)
     snprintf(msg, msg_len, "--hidden %d is not divisible by --heads %d; pick heads that divide hidden",
              cfg->hidden, cfg->heads);
-  else if (cfg->vocab < 2) snprintf(msg, msg_len, "--vocab must be at least 2 (got %d)", cfg->vocab);
-  else if (cfg->seq < 1) snprintf(msg, msg_len, "--seq must be at least 1 (got %d)", cfg->seq);
   else if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
     snprintf(msg, msg_len, "--dropout must be in [0, 1) (got %g)", (double)cfg->dropout);
   else return NULL;

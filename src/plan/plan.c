@@ -1,4 +1,5 @@
 /* Plan building, balancing, estimates and rules. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -41,8 +42,8 @@ int64_t loom_plan_total_parameters(const loom_plan *p) {
 bool loom_plan_recompute(const loom_plan *p) { return p->n_stages > 0 && p->stages[0]->recompute; }
 
 int loom_plan_micro_batches(const loom_plan *p) {
-  const int per = p->batch->micro_batch * p->parallel->dp;
-  return per > 0 ? p->batch->global_batch / per : 0;
+  const int64_t per = (int64_t)p->batch->micro_batch * p->parallel->dp;
+  return per > 0 ? (int)(p->batch->global_batch / per) : 0;
 }
 
 loom_stage_range loom_plan_stage_range(const loom_plan *p, int v) {
@@ -280,18 +281,12 @@ static void violation(report *r, const char *fmt, ...) {
 static void check_model(report *r, const loom_plan *p) {
   const Loom__Model *m = p->model;
   const int tp = p->parallel->tp;
-  if (m->layers < 1) violation(r, "model.layers = %d: a model needs at least one layer; set layers >= 1", m->layers);
-  if (m->heads < 1 || m->hidden < 1) {
-    violation(r, "model.heads = %d, model.hidden = %d: both must be positive", m->heads, m->hidden);
-    return;
-  }
   if (m->hidden % m->heads)
     violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden", m->hidden, m->heads);
   if (m->heads % tp)
     violation(r, "model.heads = %d: must be divisible by parallel.tp (%d) so each rank holds whole heads; pick a tp that divides heads",
               m->heads, tp);
-  if (m->ffn < 0) violation(r, "model.ffn = %d: must be positive (or 0 for 4 x model.hidden)", m->ffn);
-  else if (m->ffn % tp)
+  if (m->ffn % tp)
     violation(r, "model.ffn = %d: must be divisible by parallel.tp (%d); pick a tp that divides ffn", m->ffn, tp);
   if (!(m->dropout >= 0.0f && m->dropout < 1.0f)) /* also catches nan */
     violation(r, "model.dropout = %g: must be in [0, 1)", (double)m->dropout);
@@ -300,8 +295,6 @@ static void check_model(report *r, const loom_plan *p) {
   if (m->has_tied_embeddings && !m->tied_embeddings)
     violation(r, "model.tied_embeddings = false: this loom ties the LM head to the embedding; remove the field or set it true");
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
-  if (m->vocab < 2) violation(r, "model.vocab = %d: must be at least 2", m->vocab);
-  if (m->seq < 1) violation(r, "model.seq = %d: must be at least 1", m->seq);
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
               loom_plan_train_seq(p), tp);
@@ -353,11 +346,7 @@ static void check_stages(report *r, const loom_plan *p) {
 static void check_batch(report *r, const loom_plan *p) {
   const Loom__Batch *b = p->batch;
   const int dp = p->parallel->dp, pp = p->parallel->pp;
-  if (b->micro_batch < 1) {
-    violation(r, "batch.micro_batch = %d: must be at least 1", b->micro_batch);
-    return;
-  }
-  if (b->global_batch < 1 || b->global_batch % (b->micro_batch * dp))
+  if (b->global_batch % (b->micro_batch * dp))
     violation(r, "batch.global_batch = %d: must be a positive multiple of batch.micro_batch x parallel.dp (%d); round it to a multiple",
               b->global_batch, b->micro_batch * dp);
   else if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && loom_plan_micro_batches(p) % pp)
@@ -387,6 +376,54 @@ static void check_batch(report *r, const loom_plan *p) {
               p->parallel->virtual_chunks);
 }
 
+static void check_size(report *r, const char *field, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max)
+    violation(r, "%s = %lld: must be %lld to %lld", field, (long long)value, (long long)min, (long long)max);
+}
+
+static void check_product(report *r, const char *product, int64_t value, int64_t max) {
+  if (value > max) violation(r, "%s = %lld: must be at most %lld", product, (long long)value, (long long)max);
+}
+
+/* Each size within its bounds, then each product the runtime forms within
+ * its type, all in 64 bits. */
+static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l, const Loom__Batch *b) {
+  const int before = r->count;
+  if (m) {
+    check_size(r, "model.layers", m->layers, 1, LOOM_PLAN_MAX_LAYERS);
+    check_size(r, "model.hidden", m->hidden, 1, LOOM_PLAN_MAX_HIDDEN);
+    check_size(r, "model.heads", m->heads, 1, LOOM_PLAN_MAX_HEADS);
+    check_size(r, "model.ffn", m->ffn, 0, LOOM_PLAN_MAX_FFN);
+    check_size(r, "model.vocab", m->vocab, 2, LOOM_PLAN_MAX_VOCAB);
+    check_size(r, "model.seq", m->seq, 1, LOOM_PLAN_MAX_SEQ);
+  }
+  if (l) {
+    check_size(r, "parallel.tp", l->tp, 1, LOOM_PLAN_MAX_TP);
+    check_size(r, "parallel.pp", l->pp, 1, LOOM_PLAN_MAX_PP);
+    check_size(r, "parallel.dp", l->dp, 1, LOOM_PLAN_MAX_DP);
+    check_size(r, "parallel.virtual_chunks", l->virtual_chunks, 1, LOOM_PLAN_MAX_CHUNKS);
+  }
+  if (b) {
+    check_size(r, "batch.micro_batch", b->micro_batch, 1, LOOM_PLAN_MAX_MICRO_BATCH);
+    check_size(r, "batch.global_batch", b->global_batch, 1, LOOM_PLAN_MAX_GLOBAL_BATCH);
+  }
+  if (r->count > before) return r->count - before;
+  if (l) {
+    check_product(r, "parallel.tp x parallel.pp x parallel.dp", (int64_t)l->tp * l->pp * l->dp, INT_MAX);
+    check_product(r, "parallel.pp x parallel.virtual_chunks", (int64_t)l->pp * l->virtual_chunks, LOOM_PLAN_MAX_STAGES);
+  }
+  if (l && b) check_product(r, "batch.micro_batch x parallel.dp", (int64_t)b->micro_batch * l->dp, LOOM_PLAN_MAX_GLOBAL_BATCH);
+  if (m && b) check_product(r, "batch.micro_batch x model.seq", (int64_t)b->micro_batch * m->seq, INT_MAX);
+  return r->count - before;
+}
+
+int loom_plan_check_sizes(const Loom__Model *model, const Loom__Parallel *parallel, const Loom__Batch *batch, char *lines,
+                          size_t cap) {
+  report r = {.out = lines, .cap = cap};
+  if (lines && cap) lines[0] = '\0';
+  return check_sizes(&r, model, parallel, batch);
+}
+
 int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, char *lines, size_t cap) {
   report r = {.out = lines, .cap = cap};
   if (lines && cap) lines[0] = '\0';
@@ -395,10 +432,7 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     return r.count;
   }
   const Loom__Parallel *l = p->parallel;
-  if (l->tp < 1 || l->pp < 1 || l->dp < 1 || l->virtual_chunks < 1) {
-    violation(&r, "parallel: tp %d, pp %d, dp %d, virtual_chunks %d must all be at least 1", l->tp, l->pp, l->dp, l->virtual_chunks);
-    return r.count;
-  }
+  if (check_sizes(&r, p->model, p->parallel, p->batch)) return r.count; /* the other rules take sizes that fit */
   check_model(&r, p);
   check_batch(&r, p);
   check_stages(&r, p);

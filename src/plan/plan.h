@@ -29,8 +29,24 @@ typedef struct {
   const char *name;
 } loom_plan_spec;
 
-/* The most virtual stages (pp x vpp) a plan may have. */
-#define LOOM_PLAN_MAX_STAGES 4096
+/* Bounds of every size a plan holds, checked by validation and taken by the
+ * flags that set them. With them, and the products validation bounds too
+ * (ranks, virtual stages, micro-batch x dp, micro-batch x seq), every size
+ * the runtime forms fits its type: ranks and GEMM dimensions in int,
+ * element and parameter counts in int64. */
+#define LOOM_PLAN_MAX_LAYERS 4096
+#define LOOM_PLAN_MAX_HIDDEN (1 << 20)
+#define LOOM_PLAN_MAX_HEADS 4096
+#define LOOM_PLAN_MAX_FFN (1 << 22)
+#define LOOM_PLAN_MAX_VOCAB (1 << 24)
+#define LOOM_PLAN_MAX_SEQ (1 << 20)
+#define LOOM_PLAN_MAX_TP 4096
+#define LOOM_PLAN_MAX_PP 4096
+#define LOOM_PLAN_MAX_DP (1 << 20)
+#define LOOM_PLAN_MAX_CHUNKS 64
+#define LOOM_PLAN_MAX_STAGES 4096 /* pp x virtual_chunks */
+#define LOOM_PLAN_MAX_MICRO_BATCH (1 << 20)
+#define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
 
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
@@ -62,6 +78,13 @@ void loom_plan_estimate(loom_plan *plan);
  * fix; world and device_memory (bytes) are checked when > 0. Returns the
  * number of violations; lines (if not NULL) get them, newline-separated. */
 int loom_plan_check_rules(const loom_plan *plan, int world, int64_t device_memory, char *lines, size_t cap);
+
+/* The size rules alone (each size within its bound above, then each product
+ * within its type) for parts of a run from outside, a checkpoint manifest
+ * or a model file; any part may be NULL. Returns the number of violations,
+ * lines as in loom_plan_check_rules. */
+int loom_plan_check_sizes(const Loom__Model *model, const Loom__Parallel *parallel, const Loom__Batch *batch, char *lines,
+                          size_t cap);
 
 /* What a plan is validated against before a run. */
 typedef struct {

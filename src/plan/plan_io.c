@@ -57,28 +57,20 @@ static void fault_free(void *data, void *p) {
   free(p);
 }
 
-loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
+loom_status loom_plan_decode(const char *data, size_t len, bool text, const char *path, loom_plan **out, loom_error *err) {
   *out = NULL;
-  const int text = loom_plan_is_text(path);
-  if (!text && !ends_with(path, ".pb"))
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
-  char *data = NULL;
-  size_t len = 0;
-  loom_status st = slurp(path, &data, &len, err);
-  if (st != LOOM_OK) return st;
+  loom_status st = LOOM_OK;
   ProtobufCMessage *msg = NULL;
   if (text) {
     st = loom_text_parse(&loom__partition_plan__descriptor, data, len, &msg, err);
-    if (st != LOOM_OK) loom_error_prefix(err, st, path);
+    if (st != LOOM_OK) return loom_error_prefix(err, st, path);
   } else {
     bool out_of_memory = false;
     ProtobufCAllocator allocator = {fault_alloc, fault_free, &out_of_memory};
     msg = (ProtobufCMessage *)loom__partition_plan__unpack(&allocator, len, (const uint8_t *)data);
-    if (!msg && out_of_memory) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory decoding the plan", path);
-    else if (!msg) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary PartitionPlan (protobuf decoding failed)", path);
+    if (!msg && out_of_memory) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory decoding the plan", path);
+    if (!msg) return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary PartitionPlan (protobuf decoding failed)", path);
   }
-  free(data);
-  if (st != LOOM_OK) return st;
   loom_plan *plan = (loom_plan *)msg;
   if (plan->has_format_version && plan->format_version > LOOM_PLAN_FORMAT_VERSION) {
     const unsigned version = plan->format_version;
@@ -88,6 +80,20 @@ loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
   }
   *out = plan;
   return LOOM_OK;
+}
+
+loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
+  *out = NULL;
+  const int text = loom_plan_is_text(path);
+  if (!text && !ends_with(path, ".pb"))
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
+  char *data = NULL;
+  size_t len = 0;
+  const loom_status st = slurp(path, &data, &len, err);
+  if (st != LOOM_OK) return st;
+  const loom_status decoded = loom_plan_decode(data, len, text, path, out, err);
+  free(data);
+  return decoded;
 }
 
 loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error *err) {

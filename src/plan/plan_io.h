@@ -3,6 +3,8 @@
 #ifndef LOOM_PLAN_IO_H
 #define LOOM_PLAN_IO_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include "core/status.h"
 #include "loom.pb-c.h"
 
@@ -12,6 +14,8 @@
 typedef Loom__PartitionPlan loom_plan;
 
 loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err);
+/* Decodes a plan's bytes (text or binary) read from path, which messages name. */
+loom_status loom_plan_decode(const char *data, size_t len, bool text, const char *path, loom_plan **out, loom_error *err);
 /* path "-": standard output, text format. */
 loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error *err);
 void loom_plan_free(loom_plan *plan);
