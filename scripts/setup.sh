@@ -8,19 +8,7 @@ cd "$(dirname "$0")/.."
 PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin \
 libprotobuf-c-dev protobuf-c-compiler protobuf-compiler check iproute2"
 
-missing=""
-for p in $PACKAGES; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing="$missing $p"
-  fi
-done
-if [ -n "$missing" ]; then
-  echo "setup: installing$missing"
-  SUDO=""
-  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
-fi
+scripts/packages.sh $PACKAGES
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON "$@" >/dev/null
 if ! cmake --build build -j "$(nproc)" > build/build.log 2>&1; then

@@ -1,11 +1,13 @@
 #!/bin/sh
-# Sets up and builds loom (scripts/setup.sh), then runs the whole test suite.
+# Sets up and builds loom (scripts/setup.sh), then runs the whole test suite:
+# once as built, then again built by clang under AddressSanitizer and UBSan
+# with the libFuzzer harnesses (tests/fuzz), each fuzzing for a bounded time.
 set -eu
 cd "$(dirname "$0")/.."
 scripts/setup.sh "$@"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
-# The plan decoder's bounded fuzz run and the loader's and checkpoint
-# writer's allocation-failure runs, under AddressSanitizer and UBSan.
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DLOOM_SANITIZE=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF >/dev/null
-cmake --build build-asan --target test_plan test_ckpt -j "$(nproc)" > build-asan/build.log 2>&1 || { cat build-asan/build.log; exit 1; }
-ctest --test-dir build-asan --output-on-failure -R '^test_(plan|ckpt)$'
+
+scripts/packages.sh clang libclang-rt-14-dev libomp-14-dev
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j "$(nproc)" > build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
+ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"

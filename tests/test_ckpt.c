@@ -115,6 +115,26 @@ START_TEST(corruption_is_refused) {
   tu_write_bytes(bad, bytes, n);
   expect_refused(bad, "tensor h.0.attn.c_attn.weight has element type 7; this loom reads fp32 (0)");
   bytes[FILE_HEADER + 2 + 22 + 1] = 0;
+  /* Bounds whose sums or products would overflow 64 bits (the fuzzer's find):
+   * an offset at the top of int64, and a block of 2^40 x 2^40 elements. */
+  const size_t dims = FILE_HEADER + 2 + 22 + 2; /* global[2], offset[2], local[2] follow ndim and the type */
+  char *edited = malloc(n);
+  const int64_t top = INT64_MAX, huge = (int64_t)1 << 40, zero = 0;
+  memcpy(edited, bytes, n);
+  memcpy(edited + dims + 16, &top, 8);
+  tu_write_bytes(bad, edited, n);
+  ck_assert_int_eq(loom_shard_file_read(bad, &f, &err), LOOM_ERR_FORMAT);
+  ck_assert_msg(strstr(err.msg, "block [9223372036854775807, +") && strstr(err.msg, "lies outside its global size 6 in dim 0"),
+                "%s", err.msg);
+  memcpy(edited, bytes, n);
+  for (int d = 0; d < 2; d++) {
+    memcpy(edited + dims + 8 * d, &huge, 8);
+    memcpy(edited + dims + 16 + 8 * d, &zero, 8);
+    memcpy(edited + dims + 32 + 8 * d, &huge, 8);
+  }
+  tu_write_bytes(bad, edited, n);
+  expect_refused(bad, "tensor h.0.attn.c_attn.weight: its block has more elements than fit in 64 bits");
+  free(edited);
   /* Truncated inside the last tensor's data, and inside the header. */
   tu_write_bytes(bad, bytes, n - 4);
   expect_refused(bad, "truncated checkpoint shard: ends inside ln_f.bias");

@@ -3,11 +3,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
 #include "data/dataset.h"
 #include "data/token_file.h"
 #include "test_util.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define UNDER_ASAN 1
+#endif
+#endif
+#ifndef UNDER_ASAN
+#define UNDER_ASAN 0
+#endif
 
 /* Writes a token file with a chosen header and payload. */
 static const char *write_tokens(const char *name, int32_t magic, int32_t version, int32_t count,
@@ -67,6 +79,12 @@ START_TEST(token_file_errors) {
                "token 300 at position 2 is out of range for vocab 256");
   expect_error(write_tokens("negative.bin", 20240520, 1, -5, ok, 4), 256, LOOM_ERR_FORMAT,
                "negative token count -5 in header");
+  /* A header claiming 2^31 - 1 tokens in a file of 4: refused from the file's
+   * size before it sizes an allocation (under a 1 GiB address-space limit,
+   * where ASan's shadow memory allows one, the 4 GiB allocation would fail). */
+  if (!UNDER_ASAN) setrlimit(RLIMIT_AS, &(struct rlimit){1L << 30, 1L << 30});
+  expect_error(write_tokens("claims.bin", 20240520, 1, 2147483647, ok, 4), 256, LOOM_ERR_FORMAT,
+               "truncated token file: header says 2147483647 tokens but the file holds 4");
   const char *tiny = tu_tmp_path("header.bin");
   tu_write_bytes(tiny, "abc", 3);
   expect_error(tiny, 256, LOOM_ERR_FORMAT, "truncated token file: shorter than its 1024-byte header");

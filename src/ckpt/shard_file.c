@@ -13,7 +13,8 @@ static const char MAGIC[8] = {'L', 'O', 'O', 'M', 'S', 'H', 'R', 'D'};
 
 int64_t loom_shard_block_numel(const loom_shard_tensor *t) {
   int64_t n = 1;
-  for (int d = 0; d < t->ndim; d++) n *= t->local[d];
+  for (int d = 0; d < t->ndim; d++)
+    if (t->local[d] < 0 || __builtin_mul_overflow(n, t->local[d], &n)) return -1;
   return n;
 }
 
@@ -115,7 +116,7 @@ static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, l
   FILE *fp = ix->fp;
   uint32_t h = 0;
   uint16_t len;
-  uint8_t nd, dtype;
+  uint8_t nd = 0, dtype = 0;
   loom_status st = take(fp, &len, 2, &h, path, "a tensor header", err);
   if (st == LOOM_OK && len >= sizeof t->name) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor name of %u bytes is too long", path, len);
   if (st == LOOM_OK) st = take(fp, t->name, len, &h, path, "a tensor name", err);
@@ -136,15 +137,18 @@ static loom_status index_piece(loom_shard_index *ix, int i, int64_t file_size, l
   if (st == LOOM_OK) st = take(fp, &ix->stored_crc[i], 4, NULL, path, t->name, err);
   if (st != LOOM_OK) return st;
   ix->header_crc[i] = h;
+  /* Bounds by subtraction, so no sum of values from the file can overflow. */
   for (int d = 0; d < nd; d++)
-    if (t->local[d] < 0 || t->offset[d] < 0 || t->offset[d] + t->local[d] > t->global[d])
+    if (t->local[d] < 0 || t->offset[d] < 0 || t->offset[d] > t->global[d] || t->local[d] > t->global[d] - t->offset[d])
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: block [%lld, +%lld) lies outside its global size %lld in dim %d",
                        path, t->name, (long long)t->offset[d], (long long)t->local[d], (long long)t->global[d], d);
-  if (t->first < 0 || t->count < 0 || t->first + t->count > loom_shard_block_numel(t))
+  const int64_t block = loom_shard_block_numel(t);
+  if (block < 0) return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: its block has more elements than fit in 64 bits", path, t->name);
+  if (t->first < 0 || t->count < 0 || t->first > block || t->count > block - t->first)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: elements [%lld, +%lld) lie outside its block", path, t->name,
                      (long long)t->first, (long long)t->count);
   ix->data_at[i] = ftell(fp);
-  if (ix->data_at[i] + t->count * (int64_t)sizeof(float) > file_size)
+  if (t->count > (file_size - ix->data_at[i]) / (int64_t)sizeof(float))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated checkpoint shard: ends inside %s", path, t->name);
   fseek(fp, (long)(t->count * (int64_t)sizeof(float)), SEEK_CUR);
   return LOOM_OK;

@@ -38,7 +38,8 @@ typedef struct {
   float *data;          /* count values */
 } loom_shard_tensor;
 
-/* Elements of the block (the product of local). */
+/* Elements of the block (the product of local), or -1 if a dimension is
+ * negative or the product does not fit in 64 bits. */
 int64_t loom_shard_block_numel(const loom_shard_tensor *t);
 /* Makes t hold its whole block. */
 void loom_shard_set_whole(loom_shard_tensor *t);

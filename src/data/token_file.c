@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "data/token_file.h"
 #include "core/read_file.h"
 #include "core/write_file.h"
@@ -33,6 +34,15 @@ loom_status loom_token_file_load(loom_token_file *f, const char *path, int vocab
     goto close_file;
   }
   f->count = (size_t)header[2];
+  /* The count from the header is checked against the file before it sizes an allocation. */
+  struct stat sb;
+  const size_t held = fstat(fileno(fp), &sb) == 0 && sb.st_size > (off_t)sizeof header
+                          ? (size_t)(sb.st_size - (off_t)sizeof header) / sizeof(uint16_t) : 0;
+  if (held < f->count) {
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated token file: header says %zu tokens but the file holds %zu",
+                   path, f->count, held);
+    goto close_file;
+  }
   f->tokens = malloc(f->count ? f->count * sizeof(uint16_t) : 1);
   if (!f->tokens) {
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory for %zu tokens", path, f->count);

@@ -341,11 +341,9 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   for (int l = L - 1; l >= 0; l--) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
     const float *x = layer_input(m, s, l);
-    const loom_block_acts *acts = &s->blocks[l];
-    if (m->recompute) { /* the same ops and keyed masks: bit-identical activations */
-      loom_block_forward(&m->w.redo, &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
-      acts = &m->w.redo;
-    }
+    /* Recompute keeps no activations per slot: the same ops and keyed masks redo them bit for bit. */
+    if (m->recompute) loom_block_forward(&m->w.redo, &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
+    const loom_block_acts *acts = m->recompute ? &m->w.redo : &s->blocks[l];
     loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, acts, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
     if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
   }

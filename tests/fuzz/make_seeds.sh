@@ -1,0 +1,34 @@
+#!/bin/sh
+# Writes the harnesses' seed corpora (tests/fuzz/corpus/NAME) with loom
+# itself: small plans, one small checkpoint's manifest and shards, an llm.c
+# export of its model and a token file. Rerun after a format changes.
+# Usage: tests/fuzz/make_seeds.sh LOOM
+set -eu
+loom=$1
+here=$(cd "$(dirname "$0")" && pwd)
+out=$here/corpus
+work=$(mktemp -d "${TMPDIR:-/tmp}/loom_seeds.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+rm -rf "$out"
+mkdir -p "$out/fuzz_plan_text" "$out/fuzz_plan_binary" "$out/fuzz_manifest" "$out/fuzz_shard" "$out/fuzz_llmc" "$out/fuzz_tokens"
+
+small="--layers 2 --hidden 16 --heads 2 --vocab 256 --seq 8"
+n=0
+for layout in "" "--tp 2 --pp 2 --dp 2 --global-batch 32" "--pp 2 --vpp 2 --schedule interleaved --global-batch 64" \
+              "--zero 1 --dp 2 --sequence-parallel --tp 2 --recompute full --global-batch 32"; do
+  n=$((n + 1))
+  # shellcheck disable=SC2086 # the words of $small and $layout are flags
+  "$loom" plan new $small $layout -o "$out/fuzz_plan_text/plan$n.txtpb" >/dev/null
+  # shellcheck disable=SC2086
+  "$loom" plan new $small $layout -o "$out/fuzz_plan_binary/plan$n.pb" >/dev/null
+done
+
+# shellcheck disable=SC2086
+"$loom" train $small --micro-batch 2 --steps 1 --ckpt "$work/ckpt" --log-every 0 >/dev/null
+cp "$work"/ckpt/step_*/manifest.pb "$out/fuzz_manifest/manifest.pb"
+cp "$work"/ckpt/step_*/rank_00000.shard "$out/fuzz_shard/rank_00000.shard"
+"$loom" ckpt export "$work/ckpt" --format llmc -o "$out/fuzz_llmc/model.bin" >/dev/null
+
+printf '12+34=46\n5+6=11\nThe plan is the one source of truth.\n' > "$work/text.txt"
+"$loom" data prepare "$work/text.txt" -o "$out/fuzz_tokens/tokens.bin" >/dev/null
+echo "make_seeds: wrote $(find "$out" -type f | wc -l) seeds under $out"
