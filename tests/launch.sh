@@ -1,7 +1,8 @@
 #!/bin/sh
 # launch/loom-run: the world size from a plan, GPU and CPU placement, the
 # variables passed to every rank, a hostfile, --dry-run's exact command, bad
-# options refused with exit 2, and a real run on this machine.
+# options refused with exit 2, a real run on this machine, the stop on a
+# signal, and restarts after a rank is killed.
 # Usage: tests/launch.sh LOOM_RUN LOOM WORKDIR
 set -u
 RUN=$1 LOOM=$2 WORK=$3
@@ -67,4 +68,46 @@ code=$?
 [ "$code" = 0 ] || fail "SIGTERM to loom-run: exit $code: $(tail -5 "$WORK/sig.txt")"
 grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no stop line: $(tail -5 "$WORK/sig.txt")"
 [ -f "$WORK/sig/latest" ] || fail "no checkpoint after the signal"
+
+# --max-restarts: a rank killed with SIGKILL mid-run; the job restarts from
+# the latest checkpoint and finishes every step with the uninterrupted run's
+# losses and grad norms bit for bit (the metrics file keeps one line per
+# step across the restart) and its final weights byte for byte.
+SMALL="--tp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 24 --eval-every 0 --log-every 1 --save-every 5"
+rm -rf "$WORK/whole" "$WORK/restarted" "$WORK/whole.jsonl" "$WORK/restarted.jsonl"
+# shellcheck disable=SC2086 # SMALL's words are flags
+"$RUN" --gpus-per-node 0 -n 2 train $SMALL --ckpt "$WORK/whole" --metrics "$WORK/whole.jsonl" --save "$WORK/whole.bin" \
+  > "$WORK/whole.txt" 2>&1 || fail "uninterrupted run: $(tail -5 "$WORK/whole.txt")"
+# shellcheck disable=SC2086
+LOOM_FAULT=slow:*:*:40 "$RUN" --gpus-per-node 0 --max-restarts 2 -n 2 train $SMALL --ckpt "$WORK/restarted" \
+  --metrics "$WORK/restarted.jsonl" --save "$WORK/restarted.bin" > "$WORK/restarted.txt" 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q '"step": 12,' "$WORK/restarted.jsonl" 2> /dev/null && break; sleep 0.1; done
+pkill -KILL -n -f "$LOOM train $SMALL --ckpt $WORK/restarted" || fail "no rank to kill"
+wait $job
+code=$?
+[ "$code" = 0 ] || fail "restarted run: exit $code: $(tail -5 "$WORK/restarted.txt")"
+grep -q "^loom-run: restart 1 of 2 after rank [01] on .* was killed by signal 9: resuming from $WORK/restarted/step_000000[01][05]$" \
+  "$WORK/restarted.txt" || fail "no restart line: $(grep loom-run "$WORK/restarted.txt")"
+numbers() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*, "lr": [0-9.e+-]*, "grad_norm": [0-9.e+-]*' "$1"; }
+numbers "$WORK/whole.jsonl" > "$WORK/whole.numbers"
+numbers "$WORK/restarted.jsonl" > "$WORK/restarted.numbers"
+[ "$(wc -l < "$WORK/whole.numbers")" = 24 ] || fail "uninterrupted run: $(wc -l < "$WORK/whole.numbers") steps in its metrics"
+cmp -s "$WORK/whole.numbers" "$WORK/restarted.numbers" ||
+  fail "the restarted run's steps differ: $(diff "$WORK/whole.numbers" "$WORK/restarted.numbers" | head -4)"
+cmp -s "$WORK/whole.bin" "$WORK/restarted.bin" || fail "the restarted run's final weights differ"
+# A refusal of the input (exit 2) is not restarted.
+"$RUN" --gpus-per-node 0 --max-restarts 2 -n 2 train --tp 3 > "$WORK/refused.txt" 2>&1
+code=$?
+[ "$code" = 2 ] && ! grep -q "restart" "$WORK/refused.txt" || fail "refused run: exit $code: $(cat "$WORK/refused.txt")"
+# A rank that dies saving step 10 on every launch (abort: signal 6) spends
+# the restarts, each resuming from step 5, and the launcher says so.
+rm -rf "$WORK/spent"
+# shellcheck disable=SC2086
+LOOM_FAULT=kill_in_save:1:10 "$RUN" --gpus-per-node 0 --max-restarts 1 -n 2 train $SMALL --ckpt "$WORK/spent" > "$WORK/spent.txt" 2>&1
+code=$?
+[ "$code" != 0 ] &&
+  grep -q "^loom-run: restart 1 of 1 after rank 1 on .* was killed by signal 6: resuming from $WORK/spent/step_00000005$" "$WORK/spent.txt" &&
+  grep -q "^loom-run: the job failed (rank 1 on .* was killed by signal 6) and all 1 restarts are spent$" "$WORK/spent.txt" ||
+  fail "failing run: exit $code: $(grep loom-run "$WORK/spent.txt")"
 echo "ok"

@@ -304,6 +304,36 @@ START_TEST(sizes_are_bounded) {
 }
 END_TEST
 
+/* --elastic: dp lowered to the ranks there are, the global batch kept; a
+ * world of no whole tp x pp group, or a batch the new dp does not divide,
+ * refused by name. */
+START_TEST(fit_world_lowers_dp) {
+  loom_plan_spec spec = base_spec(); /* tp 2 x pp 2 x dp 2, micro-batch 2, global batch 16 */
+  loom_plan *p = build(&spec);
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_plan_fit_world(p, 8, &err), LOOM_OK);
+  ck_assert_int_eq(p->parallel->dp, 2);
+  ck_assert_int_eq(loom_plan_fit_world(p, 4, &err), LOOM_OK);
+  ck_assert_int_eq(p->parallel->dp, 1);
+  ck_assert_int_eq(p->batch->global_batch, 16);
+  ck_assert_int_eq(loom_plan_micro_batches(p), 8);
+  ck_assert_int_eq(p->estimates->stages[0]->optimizer_zero1, p->estimates->stages[0]->optimizer);
+  char lines[1024];
+  ck_assert_int_eq(loom_plan_validate(p, &(loom_plan_limits){.world = 4}, lines, sizeof lines), 0);
+  ck_assert_int_eq(loom_plan_fit_world(p, 3, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "3 ranks cannot hold one tp 2 x pp 2 group of the plan");
+  loom_plan_free(p);
+  spec.dp = 4, spec.global_batch = 8; /* one micro-batch of 2 per replica */
+  p = build(&spec);
+  ck_assert_int_eq(loom_plan_fit_world(p, 10, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "10 ranks are not whole tp 2 x pp 2 groups; launch 8");
+  ck_assert_int_eq(loom_plan_fit_world(p, 12, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "dp 3 on 12 ranks cannot keep batch.global_batch 8: not a multiple of batch.micro_batch x dp (6)");
+  ck_assert_int_eq(p->parallel->dp, 4);
+  loom_plan_free(p);
+}
+END_TEST
+
 START_TEST(balancing_and_counts) {
   loom_plan_spec spec = base_spec();
   spec.layers = 30;
@@ -502,6 +532,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, decoder_survives_fuzzing);
   tcase_add_test(tc, each_rule_has_its_message);
   tcase_add_test(tc, sizes_are_bounded);
+  tcase_add_test(tc, fit_world_lowers_dp);
   tcase_add_test(tc, balancing_and_counts);
   tcase_add_test(tc, estimates_follow_megatron);
   tcase_add_test(tc, in_flight_is_the_verifiers_peak);

@@ -64,7 +64,6 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   loom_status st = loom_fault_fires(LOOM_FAULT_SETUP, 0, NULL)
                        ? loom_fail(err, LOOM_ERR_IO, "injected failure on this rank (LOOM_FAULT setup)")
                        : open_data(f, plan, &data, err);
-  if (st == LOOM_OK) st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, err);
   const loom_trainer_options o = {
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,
@@ -82,6 +81,8 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK) log_run(&tr, f, device, peak);
   int64_t first = 0;
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
+  if (st == LOOM_OK)
+    st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, f->resume ? (long)first : -1, err);
   const loom_train_loop loop = {.first_step = (int)first, .steps = f->steps, .log_every = f->log_every,
                                 .eval_every = f->eval_every, .eval_batches = f->eval_batches,
                                 .digits = f->data ? 0 : f->digits, .straggler_factor = f->straggler_factor,
@@ -97,6 +98,18 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   return st;
 }
 
+/* --elastic: the plan's dp lowered to the ranks launched, said once. */
+static loom_status fit_world(loom_plan *plan, int world, loom_error *err) {
+  const int dp = plan->parallel->dp, micro = loom_plan_micro_batches(plan);
+  const loom_status st = loom_plan_fit_world(plan, world, err);
+  if (st != LOOM_OK) return loom_error_prefix(err, st, "loom train: --elastic");
+  if (plan->parallel->dp != dp && world > 0 && loom_launch_env_rank() == 0)
+    loom_log_info("elastic: %d ranks for a plan of %d: dp %d -> %d, global batch %d kept (micro-batches per replica %d -> %d)",
+                  world, world / plan->parallel->dp * dp, dp, plan->parallel->dp, plan->batch->global_batch, micro,
+                  loom_plan_micro_batches(plan));
+  return LOOM_OK;
+}
+
 int loom_cmd_train(int argc, char **argv) {
   loom_train_flags f = loom_train_flags_defaults();
   loom_flag table[LOOM_TRAIN_FLAG_COUNT];
@@ -110,6 +123,7 @@ int loom_cmd_train(int argc, char **argv) {
   loom_plan *plan = NULL;
   st = loom_train_plan(&f, table, &plan, &err);
   if (st == LOOM_OK && f.print_plan) st = loom_plan_write("-", plan, &err);
+  if (st == LOOM_OK && !f.print_plan && f.elastic) st = fit_world(plan, loom_launch_env_size(), &err);
   if (st == LOOM_OK && !f.print_plan) {
     const int world = loom_launch_env_size();
     /* The one validation; the host's memory is shared by every rank launched here. */

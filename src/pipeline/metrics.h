@@ -10,8 +10,11 @@ typedef struct {
   int fields; /* fields written on the current line */
 } loom_metrics;
 
-/* Opens path for writing (NULL path: metrics off). */
-loom_status loom_metrics_open(loom_metrics *m, const char *path, loom_error *err);
+/* Opens path for writing (NULL path: metrics off). A resumed run passes the
+ * step it resumes from as keep_through: the file keeps its lines up to that
+ * step and continues after them, so a run stopped and resumed any number of
+ * times leaves one line per step; < 0 starts the file afresh. */
+loom_status loom_metrics_open(loom_metrics *m, const char *path, long keep_through, loom_error *err);
 void loom_metrics_close(loom_metrics *m);
 void loom_metrics_begin(loom_metrics *m, int step);
 void loom_metrics_num(loom_metrics *m, const char *key, double value);

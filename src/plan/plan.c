@@ -256,6 +256,24 @@ void loom_plan_estimate(loom_plan *p) {
   free(flight);
 }
 
+loom_status loom_plan_fit_world(loom_plan *p, int world, loom_error *err) {
+  Loom__Parallel *l = p->parallel;
+  const int64_t group = (int64_t)l->tp * l->pp, ranks = group * l->dp;
+  if (world >= ranks) return LOOM_OK;
+  const int64_t dp = world / group, per_step = (int64_t)p->batch->micro_batch * dp;
+  if (dp < 1)
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks cannot hold one tp %d x pp %d group of the plan", world, l->tp, l->pp);
+  if (dp * group != world)
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks are not whole tp %d x pp %d groups; launch %lld", world, l->tp, l->pp,
+                     (long long)(dp * group));
+  if (p->batch->global_batch % per_step)
+    return loom_fail(err, LOOM_ERR_USAGE, "dp %lld on %d ranks cannot keep batch.global_batch %d: not a multiple of batch.micro_batch x dp (%lld)",
+                     (long long)dp, world, p->batch->global_batch, (long long)per_step);
+  l->dp = (int)dp;
+  loom_plan_estimate(p);
+  return LOOM_OK;
+}
+
 /* ---- rules ---- */
 
 typedef struct {

@@ -102,6 +102,13 @@ int loom_plan_validate(const loom_plan *plan, const loom_plan_limits *limits, ch
  * as err's message (callers prefix their command). */
 loom_status loom_plan_refuse(const loom_plan *plan, const loom_plan_limits *limits, loom_error *err);
 
+/* Lowers the plan's dp to fit `world` ranks, world / (tp x pp) replicas,
+ * keeping everything else, the global batch too (each replica takes more
+ * micro-batches): what a job restarted on fewer hosts runs. A plan that
+ * fits is left alone; a world of no whole tp x pp group, or a global batch
+ * the new dp does not divide, is refused. */
+loom_status loom_plan_fit_world(loom_plan *plan, int world, loom_error *err);
+
 /* Layers of each virtual stage (stage = chunk * pp + pp_rank) into counts
  * (room for every stage); returns the number of stages. */
 int loom_plan_layer_counts(const loom_plan *plan, int *counts);
