@@ -3,7 +3,9 @@
 # with its own address and hostname. launch/loom-run starts a (tp 2, pp 2)
 # job from a hostfile, Open MPI reaching the second host through an rsh agent
 # that enters its namespace, with only TCP between ranks (no shared memory);
-# one pipeline stage per host. Its losses must equal the serial run's.
+# one pipeline stage per host. Its losses must equal the serial run's. Then
+# a host is lost mid-run under --max-restarts --exclude-failed-hosts: the job
+# finishes on the other at a smaller dp, its losses the serial run's too.
 # Skips (exit 77) where namespaces cannot be made.
 # Usage: tests/two_hosts.sh LOOM_RUN LOOM WORKDIR
 set -u
@@ -21,11 +23,13 @@ ip link add v$A type veth peer name v$B && ip link set v$A netns $A && ip link s
 ip -n $A addr add $NET.1/24 dev v$A && ip -n $B addr add $NET.2/24 dev v$B || fail "addresses"
 for ns in $A $B; do ip -n $ns link set lo up; ip -n $ns link set v$ns up; done
 
-# The rsh agent Open MPI calls as "agent [options] HOST COMMAND...".
+# The rsh agent Open MPI calls as "agent [options] HOST COMMAND...". A host
+# with a file down.HOST is unreachable, as ssh finds a lost node.
 cat > "$WORK/agent" << AGENT
 #!/bin/sh
 while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
+[ ! -e "$WORK/down.\$host" ] || { echo "agent: connect to host \$host: No route to host" >&2; exit 255; }
 case \$host in $NET.1) ns=$A ;; $NET.2) ns=$B ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
 exec ip netns exec \$ns unshare --uts sh -c "hostname host-\$ns; exec sh -c \\"\\\$0\\"" "\$*"
 AGENT
@@ -52,4 +56,27 @@ losses "$WORK/two.jsonl" > "$WORK/two_losses.txt"
 [ "$(wc -l < "$WORK/two_losses.txt")" = 4 ] || fail "expected 4 losses: $(cat "$WORK/two.txt")"
 paste "$WORK/one.txt" "$WORK/two_losses.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $2 " vs serial " $1; bad = 1 } } END { exit bad }' ||
   fail "two-host losses differ from the serial run"
-echo "ok: $((after - before)) bytes over the veth link; losses equal the serial run"
+
+# One tp-2 replica per host (dp 2); the second host is lost mid-run: every
+# process on it killed, and no longer reachable. loom-run restarts from the
+# latest checkpoint on the first host alone, at dp 1 with the same global batch.
+LOST="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --eval-every 0 --steps 16 --log-every 1"
+rm -rf "$WORK/lost" "$WORK/lost.jsonl" "$WORK/down.$NET.2"
+ip netns exec $A env LOOM_FAULT=slow:*:*:40 "$LOOM_RUN" --hostfile "$WORK/hosts" -n 4 --bind none --max-restarts 1 \
+  --exclude-failed-hosts train $LOST --tp 2 --dp 2 --ckpt "$WORK/lost" --save-every 4 --metrics "$WORK/lost.jsonl" \
+  > "$WORK/lost.txt" 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q '"step": 6,' "$WORK/lost.jsonl" 2> /dev/null && break; sleep 0.1; done
+touch "$WORK/down.$NET.2"
+ip netns pids $B | xargs -r kill -KILL
+wait $job || fail "run after a lost host: $(tail -5 "$WORK/lost.txt")"
+grep -q "^loom-run: restart 1 of 1 after .*$NET.2.*: resuming from $WORK/lost/step_0000000[48] on 2 ranks without $NET.2$" "$WORK/lost.txt" ||
+  fail "no restart without the lost host: $(grep -A3 'loom-run\|ORTE\|node' "$WORK/lost.txt" | head -20)"
+grep -q "^elastic: 2 ranks for a plan of 4: dp 2 -> 1, global batch 8 kept" "$WORK/lost.txt" || fail "no elastic line: $(tail -5 "$WORK/lost.txt")"
+"$LOOM" train $LOST --metrics "$WORK/one_lost.jsonl" > /dev/null 2>&1 || fail "serial run of the lost-host model"
+losses "$WORK/one_lost.jsonl" > "$WORK/one_lost.txt"
+losses "$WORK/lost.jsonl" > "$WORK/lost_losses.txt"
+[ "$(wc -l < "$WORK/lost_losses.txt")" = 16 ] || fail "expected 16 losses after the restart: $(cat "$WORK/lost_losses.txt")"
+paste "$WORK/one_lost.txt" "$WORK/lost_losses.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $2 " vs serial " $1; bad = 1 } } END { exit bad }' ||
+  fail "losses after the lost host differ from the serial run"
+echo "ok: $((after - before)) bytes over the veth link; losses equal the serial run, and after a lost host too"
