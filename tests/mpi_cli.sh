@@ -1,7 +1,8 @@
 #!/bin/sh
 # loom train under mpirun: a tp 2 run with sequence parallelism trains,
 # saves a model that single-rank loom can sample, and a layout that does not
-# fit the job is refused once, by rank 0, with exit code 2.
+# fit the job is refused once, by rank 0, with exit code 2. Preflight passes
+# a healthy pair of ranks and names one slowed through the fault registry.
 # Usage: tests/mpi_cli.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
@@ -117,4 +118,27 @@ fi
 [ "$(grep '^step ' "$WORK/file.txt" | sed 's/|.*//' | tr -d ' ' | tr '\n' ,)" = "step1/25,step10/25,step20/25,step25/25," ] ||
   fail "plain lines every 10 steps: $(grep '^step ' "$WORK/file.txt")"
 grep -q "$(printf '\033')" "$WORK/file.txt" && fail "terminal codes in a file"
+
+# Preflight: two healthy ranks pass (exit 0); rank 1 with each GEMM slowed by
+# 60 ms (LOOM_FAULT slow, as a throttled device) is named, exit 1; with
+# --preflight, training does not start.
+PRE="--seconds 0.1 --mem-mb 32 --comm-mb 1"
+# shellcheck disable=SC2086 # PRE's words are flags
+run preflight $PRE > "$WORK/pre.txt" 2>&1 || fail "healthy preflight: $(cat "$WORK/pre.txt")"
+grep -q "^preflight: ok: no rank, group or link slower" "$WORK/pre.txt" || fail "healthy preflight: $(cat "$WORK/pre.txt")"
+[ "$(grep -c '^ *[01]  ' "$WORK/pre.txt")" = 2 ] || fail "preflight table: $(cat "$WORK/pre.txt")"
+# shellcheck disable=SC2086
+LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" preflight $PRE \
+  > "$WORK/slow.txt" 2>&1 && fail "slowed preflight passed: $(cat "$WORK/slow.txt")"
+grep -q "^preflight: rank 1 (.*): GEMM .* GFLOP/s is 0\.[0-9]*x the other ranks' median .*, slower by more than 1\.5x$" "$WORK/slow.txt" ||
+  fail "slowed rank not named: $(cat "$WORK/slow.txt")"
+grep -q "^preflight: rank 0" "$WORK/slow.txt" && fail "a healthy rank named: $(cat "$WORK/slow.txt")"
+LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" train --tp 2 \
+  --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 2 --preflight > "$WORK/slowtrain.txt" 2>&1 &&
+  fail "train --preflight trained on a slow rank"
+grep -q "loom train: preflight named 1 problem above; training did not start" "$WORK/slowtrain.txt" && ! grep -q "^step " "$WORK/slowtrain.txt" ||
+  fail "train --preflight: $(cat "$WORK/slowtrain.txt")"
+run preflight --plan /nonexistent.txtpb --tp 2 > "$WORK/prebad.txt" 2>&1
+[ $? = 2 ] && grep -qx "loom preflight: --plan fixes the layout; drop --tp and --pp" "$WORK/prebad.txt" ||
+  fail "preflight flags: $(cat "$WORK/prebad.txt")"
 echo "ok"

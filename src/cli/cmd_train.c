@@ -2,6 +2,7 @@
  * validated once, and the runtime runs it; this file only parses, chooses
  * the backend and data, and wires the run's files to the loop. */
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/run_files.h"
@@ -13,6 +14,7 @@
 #include "core/fault.h"
 #include "data/addition.h"
 #include "core/log.h"
+#include "pipeline/preflight.h"
 #include "core/sysinfo.h"
 #include "pipeline/train_loop.h"
 
@@ -54,6 +56,23 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
                 loom_cpu_threads(), tr->ps.world, peak);
 }
 
+/* --preflight: the run's own groups measured before step 1; rank 0 logs the report. */
+static loom_status preflight(const loom_trainer *tr, const loom_ops *ops, loom_error *err) {
+  loom_preflight_options o = loom_preflight_defaults();
+  o.gpu = loom_device_gpu();
+  char *report;
+  const int found = loom_preflight_run(&tr->ps, ops, &o, &report);
+  for (char *line = report, *end; line && *line; line = end + 1) {
+    end = strchr(line, '\n');
+    *end = '\0';
+    loom_log_info("%s", line);
+  }
+  free(report);
+  return found ? loom_fail(err, LOOM_ERR_RUNTIME, "loom train: preflight named %d problem%s above; training did not start",
+                           found, found == 1 ? "" : "s")
+               : LOOM_OK;
+}
+
 /* Builds the run on this rank and trains it; every rank returns the same verdict. */
 static loom_status run(const loom_plan *plan, const loom_train_flags *f, const loom_ops *ops, const char *device,
                        loom_comm *world, loom_error *err) {
@@ -79,6 +98,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
   if (st == LOOM_OK) log_run(&tr, f, device, peak);
+  if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
   int64_t first = 0;
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
   if (st == LOOM_OK)

@@ -14,6 +14,7 @@ int loom_cmd_data(int argc, char **argv);
 int loom_cmd_ckpt(int argc, char **argv);
 int loom_cmd_schedule(int argc, char **argv);
 int loom_cmd_trace(int argc, char **argv);
+int loom_cmd_preflight(int argc, char **argv);
 int loom_cmd_plan(int argc, char **argv);
 
 /* Prints err's message as one "loom: ..." line and returns st's exit code. */

@@ -10,6 +10,10 @@
 
 const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", NULL};
 
+static int g_gpu = -1; /* the CUDA ordinal setup chose, -1 on the CPU */
+
+int loom_device_gpu(void) { return g_gpu; }
+
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {
   *ops = loom_ops_cpu();
@@ -20,6 +24,7 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no usable GPU (%s)", cmd, loom_cuda_unavailable_reason());
   if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
   const int ordinal = loom_cuda_select_device(loom_launch_local_rank());
+  g_gpu = ordinal;
   loom_set_default_allocator(loom_cuda_managed_allocator());
   *ops = loom_ops_cuda_synced();
   snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", ordinal, loom_cuda_device_name());

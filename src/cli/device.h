@@ -17,4 +17,9 @@ extern const char *const LOOM_DEVICE_CHOICES[];
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err);
 
+/* The GPU (CUDA ordinal) setup chose for this rank, or -1 on the CPU. NVML
+ * numbers devices by PCI order, CUDA fastest first unless
+ * CUDA_DEVICE_ORDER=PCI_BUS_ID: set that where a node mixes GPU models. */
+int loom_device_gpu(void);
+
 #endif

@@ -15,6 +15,7 @@ typedef struct {
 static const command COMMANDS[] = {
     {"plan", loom_cmd_plan, "partition plans: `loom plan new|show|check`"},
     {"train", loom_cmd_train, "train a GPT (default: gpt-tiny on the addition task)"},
+    {"preflight", loom_cmd_preflight, "measure every rank, group and link before a run; name the slow ones"},
     {"eval", loom_cmd_eval, "mean loss of a model file over a token file"},
     {"sample", loom_cmd_sample, "generate text from a model file"},
     {"bench", loom_cmd_bench, "benchmarks: `loom bench step`"},

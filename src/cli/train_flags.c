@@ -40,6 +40,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false, NULL},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false, NULL},
       {"--elastic", FLAG_BOOL, &f->elastic, "on fewer ranks than the plan's, lower dp to world / (tp x pp), keeping the global batch (a restart after a lost host)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--preflight", FLAG_BOOL, &f->preflight, "first measure every rank, group and link as `loom preflight` does; stop if one is slow", LOOM_NO_RANGE, NULL, false, NULL},
       {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false, NULL},
       {"--trace", FLAG_STRING, &f->trace, "write the last step's pipeline timeline as Chrome-trace JSON", LOOM_NO_RANGE, NULL, false, NULL},
       {"--plan", FLAG_STRING, &f->plan, "run a partition plan (.txtpb or .pb); it fixes the model and layout", LOOM_NO_RANGE, NULL, false, NULL},

@@ -11,7 +11,7 @@
 typedef struct {
   loom_plan_flags layout;
   int steps, warmup, digits, eval_every, eval_batches, threads, log_every, save_every, keep;
-  bool resume, print_plan, elastic;
+  bool resume, print_plan, elastic, preflight;
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
@@ -19,7 +19,7 @@ typedef struct {
   const char *trace, *plan, *device;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 30)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 31)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* Writes the table of every `loom train` flag, pointing into f. */
