@@ -122,7 +122,7 @@ grep -q "$(printf '\033')" "$WORK/file.txt" && fail "terminal codes in a file"
 # Preflight: two healthy ranks pass (exit 0); rank 1 with each GEMM slowed by
 # 60 ms (LOOM_FAULT slow, as a throttled device) is named, exit 1; with
 # --preflight, training does not start.
-PRE="--seconds 0.1 --mem-mb 32 --comm-mb 1"
+PRE="--seconds 0.2 --mem-mb 64 --comm-mb 1"
 # shellcheck disable=SC2086 # PRE's words are flags
 run preflight $PRE > "$WORK/pre.txt" 2>&1 || fail "healthy preflight: $(cat "$WORK/pre.txt")"
 grep -q "^preflight: ok: no rank, group or link slower" "$WORK/pre.txt" || fail "healthy preflight: $(cat "$WORK/pre.txt")"

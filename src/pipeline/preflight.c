@@ -114,7 +114,17 @@ static double allreduce_busbw(loom_comm *group, size_t bytes, double seconds) {
   if (n < 2) return -1.0;
   allreduce_ctx a = {group, loom_xzalloc(bytes, "preflight all-reduce"), bytes / sizeof(float)};
   loom_comm_barrier(group);
-  double t = best_time(allreduce_once, &a, seconds);
+  /* Every member must run the same all-reduces: the count comes from the first one's time, agreed on. */
+  const double t0 = loom_now_s();
+  allreduce_once(&a);
+  double reps = fmin(1000.0, fmax(3.0, ceil(seconds / fmax(loom_now_s() - t0, 1e-6))));
+  loom_comm_allreduce_typed(group, &reps, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  double t = INFINITY;
+  for (int k = 0; k < (int)reps; k++) {
+    const double start = loom_now_s();
+    allreduce_once(&a);
+    t = fmin(t, loom_now_s() - start);
+  }
   loom_comm_allreduce_typed(group, &t, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
   loom_default_allocator()->release(a.buf);
   return (double)bytes * 2.0 * (n - 1) / n / t / 1e9;
@@ -139,7 +149,7 @@ static double p2p_gbs(loom_comm *group, bool ring, size_t bytes, double seconds)
       const int peer = me == i ? (i + 1) % n : i;
       double best = INFINITY;
       const double start = loom_now_s();
-      for (int rep = 0; rep < 3 || loom_now_s() - start < seconds / 2; rep++) {
+      for (int rep = 0;; rep++) {
         const double t0 = loom_now_s();
         loom_request *r = loom_comm_irecv(group, in, count, peer, 9000 + phase);
         loom_request *s = loom_comm_isend(group, out, count, peer, 9000 + phase);
@@ -147,11 +157,11 @@ static double p2p_gbs(loom_comm *group, bool ring, size_t bytes, double seconds)
         loom_comm_wait(group, r);
         const double dt = loom_now_s() - t0;
         if (dt < best) best = dt;
-        /* Both ends run the same number of repeats: the lower rank decides whether to go on. */
-        int more = loom_now_s() - start < seconds / 2 || rep < 2;
-        if (me == i) loom_comm_send(group, (const float *)&more, 1, peer, 9100 + phase);
-        else loom_comm_recv(group, (float *)&more, 1, peer, 9100 + phase);
-        if (!more) break;
+        /* Both ends must run the same repeats: the link's first rank decides, by its clock alone. */
+        float more = rep < 2 || loom_now_s() - start < seconds / 2 ? 1.0f : 0.0f;
+        if (me == i) loom_comm_send(group, &more, 1, peer, 9100 + phase);
+        else loom_comm_recv(group, &more, 1, peer, 9100 + phase);
+        if (more == 0.0f) break;
       }
       if (me == i) mine = (double)bytes / best / 1e9;
     }
