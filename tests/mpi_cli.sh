@@ -76,9 +76,13 @@ grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics
 
 # A healthy run names no straggler: the README's main layout, whose last
 # stage also runs the LM head and the loss, judged against each stage's share.
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
-  --micro-batches 4 --steps 150 --eval-every 0 > "$WORK/healthy.txt" 2>&1 || fail "healthy run: $(cat "$WORK/healthy.txt")"
-grep "straggler rank" "$WORK/healthy.txt" && fail "a healthy run named a straggler"
+# A judgement of speed: not made in the sanitizer build, where 4 ranks of
+# ASan-checked code share 2 cores unevenly.
+if [ -z "${LOOM_TEST_SANITIZED:-}" ]; then
+  "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
+    --micro-batches 4 --steps 150 --eval-every 0 > "$WORK/healthy.txt" 2>&1 || fail "healthy run: $(cat "$WORK/healthy.txt")"
+  grep "straggler rank" "$WORK/healthy.txt" && fail "a healthy run named a straggler"
+fi
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "exit code $code for a bad layout"
@@ -129,10 +133,10 @@ grep -q "^preflight: ok: no rank, group or link slower" "$WORK/pre.txt" || fail 
 [ "$(grep -c '^ *[01]  ' "$WORK/pre.txt")" = 2 ] || fail "preflight table: $(cat "$WORK/pre.txt")"
 # shellcheck disable=SC2086
 LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" preflight $PRE \
-  > "$WORK/slow.txt" 2>&1 && fail "slowed preflight passed: $(cat "$WORK/slow.txt")"
-grep -q "^preflight: rank 1 (.*): GEMM .* GFLOP/s is 0\.[0-9]*x the other ranks' median .*, slower by more than 1\.5x$" "$WORK/slow.txt" ||
-  fail "slowed rank not named: $(cat "$WORK/slow.txt")"
-grep -q "^preflight: rank 0" "$WORK/slow.txt" && fail "a healthy rank named: $(cat "$WORK/slow.txt")"
+  > "$WORK/pre_slow.txt" 2>&1 && fail "slowed preflight passed: $(cat "$WORK/pre_slow.txt")"
+grep -q "^preflight: rank 1 (.*): GEMM .* GFLOP/s is 0\.[0-9]*x the other ranks' median .*, slower by more than 1\.5x$" "$WORK/pre_slow.txt" ||
+  fail "slowed rank not named: $(cat "$WORK/pre_slow.txt")"
+grep -q "^preflight: rank 0" "$WORK/pre_slow.txt" && fail "a healthy rank named: $(cat "$WORK/pre_slow.txt")"
 LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" train --tp 2 \
   --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 2 --preflight > "$WORK/slowtrain.txt" 2>&1 &&
   fail "train --preflight trained on a slow rank"
