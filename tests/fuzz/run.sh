@@ -8,4 +8,5 @@ harness=$1 seeds=$2 seconds=$3
 shift 3
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom_fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT
 "$harness" -max_total_time="$seconds" -rss_limit_mb=4096 -print_final_stats=1 "$@" "$work" "$seeds"
