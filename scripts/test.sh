@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh "$@"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-scripts/packages.sh clang libclang-rt-14-dev libomp-14-dev
+scripts/packages.sh clang libclang-rt-14-dev libomp-dev
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF >/dev/null
 cmake --build build-fuzz -j "$(nproc)" > build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
 ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"

@@ -62,9 +62,9 @@ static loom_status preflight(const loom_trainer *tr, const loom_ops *ops, loom_e
   o.gpu = loom_device_gpu();
   char *report;
   const int found = loom_preflight_run(&tr->ps, ops, &o, &report);
-  for (char *line = report, *end; line && *line; line = end + 1) {
+  for (char *line = report, *end; line && *line; line = end ? end + 1 : NULL) {
     end = strchr(line, '\n');
-    *end = '\0';
+    if (end) *end = '\0';
     loom_log_info("%s", line);
   }
   free(report);
