@@ -161,6 +161,12 @@ static bool manifest_crc(Loom__CheckpointManifest *mf, uint32_t *crc) {
   return buf != NULL;
 }
 
+bool loom_manifest_seal(Loom__CheckpointManifest *mf) {
+  if (!manifest_crc(mf, &mf->crc32c)) return false;
+  mf->has_crc32c = 1;
+  return true;
+}
+
 loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
@@ -202,8 +208,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   }
   mf.n_shards = (size_t)nshards;
   mf.shards = ptrs;
-  if (st == LOOM_OK && !manifest_crc(&mf, &mf.crc32c)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
-  mf.has_crc32c = 1;
+  if (st == LOOM_OK && !loom_manifest_seal(&mf)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
   const size_t len = st == LOOM_OK ? loom__checkpoint_manifest__get_packed_size(&mf) : 0;
   uint8_t *buf = st == LOOM_OK ? loom_fault_malloc(len + 1) : NULL;
   if (st == LOOM_OK && !buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);

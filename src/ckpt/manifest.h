@@ -3,6 +3,7 @@
 #ifndef LOOM_MANIFEST_H
 #define LOOM_MANIFEST_H
 
+#include <stdbool.h>
 #include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
 #include "loom.pb-c.h"
@@ -30,6 +31,9 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err);
 /* The step DIR/latest names (one step_NNNNNNNN line in a regular file). */
 loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *err);
+/* Sets mf's own checksum (CRC-32C of it packed without the field), as the
+ * writer does; false when out of memory. */
+bool loom_manifest_seal(Loom__CheckpointManifest *mf);
 /* Decodes a manifest read from path, the directory of `step`: it must carry
  * a valid checksum of itself, sizes within the plan's bounds and that step. */
 loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, const char *path,

@@ -4,7 +4,6 @@
  * run it describes are reached too. */
 #include <stdlib.h>
 #include "ckpt/manifest.h"
-#include "core/crc32c.h"
 
 static void decode(const uint8_t *bytes, size_t n, int64_t step) {
   Loom__CheckpointManifest *mf;
@@ -19,17 +18,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   Loom__CheckpointManifest *mf = loom__checkpoint_manifest__unpack(NULL, size, data);
   if (!mf) return 0;
   decode(data, size, mf->step);
-  mf->has_crc32c = 0;
-  size_t n = loom__checkpoint_manifest__get_packed_size(mf);
-  uint8_t *sealed = malloc(n + 8);
-  if (sealed) {
-    loom__checkpoint_manifest__pack(mf, sealed);
-    mf->has_crc32c = 1;
-    mf->crc32c = loom_crc32c(0, sealed, n);
-    n = loom__checkpoint_manifest__pack(mf, sealed);
-    decode(sealed, n, mf->step);
-    free(sealed);
-  }
+  uint8_t *sealed = loom_manifest_seal(mf) ? malloc(loom__checkpoint_manifest__get_packed_size(mf) + 1) : NULL;
+  if (sealed) decode(sealed, loom__checkpoint_manifest__pack(mf, sealed), mf->step);
+  free(sealed);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return 0;
 }
