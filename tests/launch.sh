@@ -7,7 +7,7 @@
 set -u
 RUN=$1 LOOM=$2 WORK=$3
 mkdir -p "$WORK"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 export LOOM MPIRUN=mpirun
 unset OMP_NUM_THREADS
 cores=$(nproc)
@@ -61,7 +61,7 @@ rm -rf "$WORK/sig"
 "$RUN" --gpus-per-node 0 -n 2 train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 \
   --eval-every 0 --log-every 1000 --ckpt "$WORK/sig" > "$WORK/sig.txt" 2>&1 &
 job=$!
-for _ in $(seq 300); do grep -q "^step " "$WORK/sig.txt" 2> /dev/null && break; sleep 0.1; done
+wait_for "$WORK/sig.txt" "^step " 180
 kill -TERM $job
 wait $job
 code=$?
@@ -82,7 +82,7 @@ rm -rf "$WORK/whole" "$WORK/restarted" "$WORK/whole.jsonl" "$WORK/restarted.json
 LOOM_FAULT=slow:*:*:40 "$RUN" --gpus-per-node 0 --max-restarts 2 -n 2 train $SMALL --ckpt "$WORK/restarted" \
   --metrics "$WORK/restarted.jsonl" --save "$WORK/restarted.bin" > "$WORK/restarted.txt" 2>&1 &
 job=$!
-for _ in $(seq 600); do grep -q '"step": 12,' "$WORK/restarted.jsonl" 2> /dev/null && break; sleep 0.1; done
+wait_for "$WORK/restarted.jsonl" '"step": 12,' 180
 pkill -KILL -n -f "$LOOM train $SMALL --ckpt $WORK/restarted" || fail "no rank to kill"
 wait $job
 code=$?

@@ -8,7 +8,7 @@ set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
 mkdir -p "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --eval-every 0 --dropout 0.1"
 # np N [flags]: loom train of MODEL on N ranks.
 np() { n=$1; shift; "$MPIEXEC" --oversubscribe --bind-to none -np "$n" -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL "$@"; }

@@ -9,7 +9,7 @@ MPIEXEC=$1 LOOM=$2 WORK=$3
 mkdir -p "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() { "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" "$@"; }
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 
 run train --tp 2 --sequence-parallel --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 3 --log-every 1 \
   --eval-every 2 --metrics "$WORK/m.jsonl" --save "$WORK/tp2.bin" > "$WORK/out.txt" 2>&1 || fail "tp 2 run: $(cat "$WORK/out.txt")"

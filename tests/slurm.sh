@@ -9,7 +9,7 @@
 set -u
 MPIEXEC=$1 SBATCH=$2 LOOM=$3 WORK=$4
 rm -rf "$WORK" && mkdir -p "$WORK/bin"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cat > "$WORK/bin/srun" << 'SRUN'
 #!/bin/sh
@@ -34,7 +34,7 @@ losses() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$1"; }
 # One rank is slowed (a test fault) so the preemption lands mid-run.
 LOOM_FAULT="slow:3:*:60" LOOM_STEPS=30 bash "$SBATCH" > "$WORK/job1.txt" 2>&1 &
 job=$!
-for _ in $(seq 100); do grep -q '"step": 12,' "$WORK/m.jsonl" 2> /dev/null && break; sleep 0.1; done
+wait_for "$WORK/m.jsonl" '"step": 12,' 180
 pkill -TERM -P "$(cat "$WORK/srun.log.pid")" || fail "no job step to preempt" # the tasks, as slurmstepd signals them
 kill -TERM $job
 wait $job

@@ -11,7 +11,7 @@
 set -u
 LOOM_RUN=$1 LOOM=$2 WORK=$3
 mkdir -p "$WORK"
-fail() { echo "FAIL: $*"; exit 1; }
+. "$(dirname "$0")/lib.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 command -v ip > /dev/null || skip "no ip command (apt-get install iproute2)"
 command -v unshare > /dev/null || skip "no unshare command (util-linux)"
@@ -66,7 +66,7 @@ ip netns exec $A env LOOM_FAULT=slow:*:*:40 "$LOOM_RUN" --hostfile "$WORK/hosts"
   --exclude-failed-hosts train $LOST --tp 2 --dp 2 --ckpt "$WORK/lost" --save-every 4 --metrics "$WORK/lost.jsonl" \
   > "$WORK/lost.txt" 2>&1 &
 job=$!
-for _ in $(seq 600); do grep -q '"step": 6,' "$WORK/lost.jsonl" 2> /dev/null && break; sleep 0.1; done
+wait_for "$WORK/lost.jsonl" '"step": 6,' 180
 touch "$WORK/down.$NET.2"
 ip netns pids $B | xargs -r kill -KILL
 wait $job || fail "run after a lost host: $(tail -5 "$WORK/lost.txt")"
