@@ -19,19 +19,19 @@ typedef struct {
 static uint64_t g_stream = 1;
 
 static mirror make(const op_backend *b, size_t n, float lo, float hi) {
-  mirror m = {b, malloc((n + 1) * sizeof(float)), b->alloc((n + SENTINELS) * sizeof(float)), n};
+  mirror m = {b, malloc((n + 1) * sizeof(float)), b->ops->mem->zalloc((n + SENTINELS) * sizeof(float)), n};
   tu_fill(m.host, n, g_stream++, lo, hi);
   float *staged = malloc((n + SENTINELS) * sizeof(float));
   memcpy(staged, m.host, n * sizeof(float));
   for (int i = 0; i < SENTINELS; i++) staged[n + i] = SENTINEL;
-  b->upload(m.dev, staged, (n + SENTINELS) * sizeof(float));
+  b->ops->mem->from_host(m.dev, staged, (n + SENTINELS) * sizeof(float));
   free(staged);
   return m;
 }
 
 static void drop(mirror *m) {
   free(m->host);
-  m->b->release(m->dev);
+  m->b->ops->mem->release(m->dev);
 }
 
 static void drop_all(mirror **all, size_t n) {
@@ -39,8 +39,8 @@ static void drop_all(mirror **all, size_t n) {
 }
 
 static int *make_ints(const op_backend *b, const int *host, size_t n) {
-  int *d = b->alloc(n * sizeof(int));
-  b->upload(d, host, n * sizeof(int));
+  int *d = b->ops->mem->zalloc(n * sizeof(int));
+  b->ops->mem->from_host(d, host, n * sizeof(int));
   return d;
 }
 
@@ -51,8 +51,7 @@ static void failed(op_report *r, const char *fmt, const char *op, double a, doub
 /* The backend's result against the reference one: NMSE within tol, sentinels intact, all finite. */
 static void expect(op_report *r, const char *op, const mirror *m, double tol) {
   float *got = malloc((m->n + SENTINELS) * sizeof(float));
-  m->b->sync();
-  m->b->download(got, m->dev, (m->n + SENTINELS) * sizeof(float));
+  m->b->ops->mem->to_host(got, m->dev, (m->n + SENTINELS) * sizeof(float));
   const double e = tu_nmse(got, m->host, m->n);
   int sentinels_ok = 1;
   for (int i = 0; i < SENTINELS; i++) sentinels_ok &= got[m->n + i] == SENTINEL;
@@ -65,8 +64,7 @@ static void expect(op_report *r, const char *op, const mirror *m, double tol) {
 
 static void expect_ints(op_report *r, const op_backend *b, const char *op, const int *dev, const int *want, size_t n) {
   int *got = malloc(n * sizeof(int));
-  b->sync();
-  b->download(got, dev, n * sizeof(int));
+  b->ops->mem->to_host(got, dev, n * sizeof(int));
   r->checks++;
   if (memcmp(got, want, n * sizeof(int)) != 0) failed(r, "%s: indices differ from the reference (%g, %g)", op, 0, 0);
   free(got);
@@ -227,7 +225,7 @@ static void embedding(const op_backend *b, op_report *r) {
   expect(r, "position_backward", &wpe, b->fp32_nmse);
   mirror *all[] = {&wte, &wpe, &out};
   drop_all(all, sizeof all / sizeof *all);
-  b->release(dtok);
+  b->ops->mem->release(dtok);
 }
 
 static void loss(const op_backend *b, op_report *r) {
@@ -252,10 +250,20 @@ static void loss(const op_backend *b, op_report *r) {
   op->argmax(val.dev, didx, logits.dev, N, V, width);
   expect(r, "argmax value", &val, 0.0);
   expect_ints(r, b, "argmax index", didx, idx, N);
-  mirror *all[] = {&logits, &lse, &picked, &dlogits, &val};
+  mirror losses = make(b, N, 0, 0), shifted = make(b, N, -2, 2), shift = make(b, N, -1, 1);
+  ref->crossentropy_losses(losses.host, lse.host, picked.host, targets, N);
+  op->crossentropy_losses(losses.dev, lse.dev, picked.dev, dtgt, N);
+  expect(r, "crossentropy_losses", &losses, b->fp32_nmse);
+  ref->exp_shifted(shifted.host, shift.host, N);
+  op->exp_shifted(shifted.dev, shift.dev, N);
+  expect(r, "exp_shifted", &shifted, b->fp32_nmse);
+  ref->log_shifted(shifted.host, shift.host, N);
+  op->log_shifted(shifted.dev, shift.dev, N);
+  expect(r, "log_shifted", &shifted, b->fp32_nmse);
+  mirror *all[] = {&logits, &lse, &picked, &dlogits, &val, &losses, &shifted, &shift};
   drop_all(all, sizeof all / sizeof *all);
-  b->release(dtgt);
-  b->release(didx);
+  b->ops->mem->release(dtgt);
+  b->ops->mem->release(didx);
 }
 
 static void adamw(const op_backend *b, op_report *r) {
@@ -275,7 +283,8 @@ static void adamw(const op_backend *b, op_report *r) {
 }
 
 #define AT(op) offsetof(loom_ops, op)
-_Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *), "the op table is its name, then its functions");
+_Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *) + sizeof(const loom_allocator *),
+               "the op table is its name and memory, then its functions");
 
 const op_case OP_CASES[] = {
     {"matmul", matmul, {AT(matmul_forward), AT(matmul_backward)}, 2},
@@ -288,7 +297,9 @@ const op_case OP_CASES[] = {
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
     {"embedding and positions", embedding,
      {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward)}, 4},
-    {"vocab-parallel loss pieces", loss, {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax)}, 4},
+    {"vocab-parallel loss pieces", loss,
+     {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
+      AT(log_shifted)}, 7},
     {"adamw", adamw, {AT(adamw)}, 1},
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);
@@ -303,11 +314,9 @@ op_fn op_table_entry(const loom_ops *ops, int k) {
   return f;
 }
 
-static void *host_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
-static void host_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
-static void host_sync(void) {}
-
 op_backend op_backend_cpu(void) {
   /* fp32 summation order only: blocked sgemm and vectorised loops against naive ones. */
-  return (op_backend){"cpu", loom_ops_cpu(), host_alloc, free, host_copy, host_copy, host_sync, 1e-10};
+  return (op_backend){"cpu", loom_ops_cpu(), 1e-10};
 }
+
+op_backend op_backend_guarded(void) { return (op_backend){"guarded", loom_ops_guarded(), 1e-10}; }

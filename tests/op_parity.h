@@ -11,16 +11,11 @@
 #include <stddef.h>
 #include "backend/ops.h"
 
-/* A backend under test and how to reach its memory. */
+/* A backend under test; its memory is its own (ops->mem). */
 typedef struct {
   const char *name;
   const loom_ops *ops;
-  void *(*alloc)(size_t bytes);                              /* memory its ops read and write */
-  void (*release)(void *p);
-  void (*upload)(void *dst, const void *src, size_t bytes);   /* host to backend */
-  void (*download)(void *dst, const void *src, size_t bytes); /* backend to host */
-  void (*sync)(void);                                         /* wait for queued ops */
-  double fp32_nmse;                                           /* summation order and the backend's math library */
+  double fp32_nmse; /* summation order and the backend's math library */
 } op_backend;
 
 /* What one case found: failures, and the first one's description. */
@@ -41,8 +36,9 @@ typedef struct {
 extern const op_case OP_CASES[];
 extern const int OP_CASE_COUNT;
 
-/* The CPU backend, on host memory. */
+/* The CPU backend, on host memory, and the guarded one (the CPU kernels on memory the host cannot touch). */
 op_backend op_backend_cpu(void);
+op_backend op_backend_guarded(void);
 /* The number of function entries of the op table, and entry k of ops (NULL if unset). */
 int op_table_entries(void);
 void (*op_table_entry(const loom_ops *ops, int k))(void);

@@ -199,7 +199,7 @@ static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params 
   const loom_adamw_config oc = loom_adamw_defaults();
   memset(r, 0, sizeof *r);
   r->zero = lay.zero;
-  ck_assert_int_eq(loom_gpt_params_init(&r->p, &cfg, tp_rank, lay.tp, &range), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_params_init(&r->p, &cfg, tp_rank, lay.tp, &range, &loom_host_memory), LOOM_OK);
   const size_t n = r->p.params.numel;
   float *m = malloc(n * sizeof(float)), *v = malloc(n * sizeof(float));
   if (whole) {
@@ -242,7 +242,7 @@ static void assert_same_state(const test_rank *a, const test_rank *b) {
 /* The whole model and its moments, with distinct random values everywhere
  * but wte's padding rows (zero, as training keeps them). */
 static void whole_state(loom_gpt_params *whole, loom_adamw *opt) {
-  ck_assert_int_eq(loom_gpt_params_init(whole, tiny(), 0, 1, NULL), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_params_init(whole, tiny(), 0, 1, NULL, &loom_host_memory), LOOM_OK);
   const loom_adamw_config oc = loom_adamw_defaults();
   ck_assert_int_eq(loom_adamw_init(opt, whole, &oc), LOOM_OK);
   const size_t n = whole->params.numel;

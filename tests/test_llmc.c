@@ -15,7 +15,7 @@ static loom_gpt_config cfg3(void) {
 static const char *export_random(const char *name, uint64_t seed) {
   const loom_gpt_config c = cfg3();
   loom_gpt_params p;
-  ck_assert_int_eq(loom_gpt_params_init(&p, &c, 0, 1, NULL), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory), LOOM_OK);
   loom_gpt_params_randomize(&p, seed);
   const char *path = tu_tmp_path(name);
   loom_error err = {{0}};
@@ -39,7 +39,7 @@ START_TEST(layout_matches_llmc) {
   ck_assert_int_eq(h[6], 16);  /* hidden */
   ck_assert_int_eq(h[7], 384); /* padded vocab */
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &c, 0, 1, NULL);
+  loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
   loom_gpt_params_randomize(&p, 4);
   ck_assert_uint_eq(n, 1024 + p.params.numel * 4);
   /* After wte [Vp,C] and wpe [S,C] come ln_1.weight of all layers, then ln_1.bias, then c_attn.weight... */
@@ -59,7 +59,7 @@ START_TEST(export_import_is_byte_identical) {
   loom_error err = {{0}};
   ck_assert_int_eq(loom_llmc_read_config(a, &c, &err), LOOM_OK);
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &c, 0, 1, NULL);
+  loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
   ck_assert_int_eq(loom_llmc_load(a, &p, &err), LOOM_OK);
   ck_assert_int_eq(loom_llmc_save(b, &p, &err), LOOM_OK);
   size_t na, nb;
@@ -78,7 +78,7 @@ static void expect_load_error(const char *name, const void *bytes, size_t n, con
   tu_write_bytes(path, bytes, n);
   const loom_gpt_config c = cfg3();
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &c, 0, 1, NULL);
+  loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
   loom_error err = {{0}};
   ck_assert_int_eq(loom_llmc_load(path, &p, &err), LOOM_ERR_FORMAT);
   char expected[600];
@@ -130,7 +130,7 @@ START_TEST(non_gpt2_ffn_cannot_be_exported) {
   loom_gpt_config c = cfg3();
   c.ffn = 24;
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &c, 0, 1, NULL);
+  loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
   loom_error err = {{0}};
   ck_assert_int_eq(loom_llmc_save("/tmp/never-written.bin", &p, &err), LOOM_ERR_USAGE);
   ck_assert_str_eq(err.msg, "/tmp/never-written.bin: llm.c's format needs ffn = 4 * hidden (got ffn 24, hidden 16)");

@@ -164,8 +164,8 @@ START_TEST(init_is_keyed_by_name_and_index) {
   loom_gpt_config a = tiny(0.0f), b = tiny(0.0f);
   b.padded_vocab = 256;
   loom_gpt_params pa, pb;
-  loom_gpt_params_init(&pa, &a, 0, 1, NULL);
-  loom_gpt_params_init(&pb, &b, 0, 1, NULL);
+  loom_gpt_params_init(&pa, &a, 0, 1, NULL, &loom_host_memory);
+  loom_gpt_params_init(&pb, &b, 0, 1, NULL, &loom_host_memory);
   loom_gpt_params_randomize(&pa, 77);
   loom_gpt_params_randomize(&pb, 77);
   for (int i = 0; i < pa.params.count; i++) {

@@ -6,9 +6,12 @@
  * 1e-2 * |fd| per element); and the properties of the reference ops
  * themselves (causality, masks keyed by global coordinates, vocab shards). */
 #include <math.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include "backend/cpu/cpu_math.h"
 #include "backend/ops.h"
 #include "core/rng.h"
@@ -332,14 +335,15 @@ END_TEST
 
 /* ---- the parity table ---- */
 
-/* Case `i` of the table on the CPU backend (a Check loop test: one run per case). */
+/* Case `i` of the table on the CPU backend, then on the guarded one (a Check loop test: one run per case). */
 START_TEST(op_parity) {
-  const op_backend cpu = op_backend_cpu();
+  const op_backend b = _i < OP_CASE_COUNT ? op_backend_cpu() : op_backend_guarded();
+  const op_case *c = &OP_CASES[_i % OP_CASE_COUNT];
   op_report r = {0};
-  OP_CASES[_i].run(&cpu, &r);
-  ck_assert_msg(r.checks > 0, "%s: compared nothing", OP_CASES[_i].name);
-  ck_assert_msg(r.failures == 0, "%s on %s: %d of %d comparisons failed; first: %s", OP_CASES[_i].name, cpu.name,
-                r.failures, r.checks, r.first);
+  c->run(&b, &r);
+  ck_assert_msg(r.checks > 0, "%s: compared nothing", c->name);
+  ck_assert_msg(r.failures == 0, "%s on %s: %d of %d comparisons failed; first: %s", c->name, b.name, r.failures, r.checks,
+                r.first);
 }
 END_TEST
 
@@ -349,17 +353,85 @@ START_TEST(every_op_is_set_and_tested) {
   const int n = op_table_entries();
   ck_assert_int_gt(n, 0);
   ck_assert_uint_eq(op_table_offset(n - 1) + sizeof(void (*)(void)), sizeof(loom_ops)); /* nothing after the last */
-  const loom_ops *tables[] = {loom_ops_cpu(), loom_ops_ref()};
-  for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++)
+  const loom_ops *tables[] = {loom_ops_cpu(), loom_ops_ref(), loom_ops_guarded()};
+  for (size_t t = 0; t < sizeof tables / sizeof tables[0]; t++) {
+    ck_assert_msg(tables[t]->mem != NULL, "%s: no memory", tables[t]->name);
     for (int k = 0; k < n; k++)
       ck_assert_msg(op_table_entry(tables[t], k) != NULL, "%s: op-table entry %d (offset %zu) is not set", tables[t]->name,
                     k, op_table_offset(k));
+  }
   for (int k = 0; k < n; k++) {
     bool covered = false;
     for (int c = 0; c < OP_CASE_COUNT; c++)
       for (int e = 0; e < OP_CASES[c].nentries; e++) covered |= OP_CASES[c].entries[e] == op_table_offset(k);
     ck_assert_msg(covered, "op-table entry %d (offset %zu) has no parity case in tests/op_parity.c", k, op_table_offset(k));
   }
+}
+END_TEST
+
+/* ---- tensor memory ---- */
+
+/* Every backend's memory calls do what they say: fills, copies (overlapping
+ * too), strided copies and host transfers, read back through the host. */
+START_TEST(memory_calls) {
+  const loom_allocator *mems[] = {loom_ops_cpu()->mem, loom_ops_guarded()->mem};
+  for (size_t k = 0; k < sizeof mems / sizeof *mems; k++) {
+    const loom_allocator *mem = mems[k];
+    enum { N = 24 };
+    float host[N], back[N];
+    for (int i = 0; i < N; i++) host[i] = (float)i + 0.5f;
+    float *a = loom_xzalloc(mem, N * sizeof(float), "test"), *b = loom_xzalloc(mem, N * sizeof(float), "test");
+    ck_assert(mem->owns(a) && mem->owns(a + N - 1));
+    mem->to_host(back, a, sizeof back);
+    for (int i = 0; i < N; i++) ck_assert_float_eq(back[i], 0.0f); /* zeroed */
+    mem->from_host(a, host, sizeof host);
+    mem->copy(a + 1, a, (N - 1) * sizeof(float)); /* overlapping: memmove */
+    mem->to_host(back, a, sizeof back);
+    float shifted[N]; /* what a now holds */
+    for (int i = 0; i < N; i++) shifted[i] = i == 0 ? host[0] : host[i - 1];
+    ck_assert_mem_eq(back, shifted, sizeof back);
+    const float one = 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &one, sizeof bits);
+    mem->fill32(b, bits, N);
+    mem->copy_2d(b, 6 * sizeof(float), a, 4 * sizeof(float), 2 * sizeof(float), 3); /* 3 rows of 2 */
+    mem->to_host(back, b, sizeof back);
+    for (int r = 0; r < 4; r++)
+      for (int c = 0; c < 6; c++) ck_assert_float_eq(back[r * 6 + c], r < 3 && c < 2 ? shifted[r * 4 + c] : 1.0f);
+    mem->release(a);
+    mem->release(b);
+  }
+  float plain = 0.0f;
+  ck_assert(!loom_ops_guarded()->mem->owns(&plain)); /* host memory is not the guarded backend's */
+}
+END_TEST
+
+/* Host code that dereferences the guarded backend's memory dies at once of a
+ * segmentation fault, with a message naming the guarded backend. */
+START_TEST(guarded_memory_faults_on_host_access) {
+  int err[2];
+  ck_assert_int_eq(pipe(err), 0);
+  const pid_t child = fork();
+  ck_assert_int_ge(child, 0);
+  if (child == 0) {
+    dup2(err[1], STDERR_FILENO);
+    const loom_allocator *mem = loom_ops_guarded()->mem;
+    volatile float *x = mem->zalloc(16 * sizeof(float));
+    x[3] = 1.0f; /* the stray access */
+    _exit(0);
+  }
+  close(err[1]);
+  char said[512] = "";
+  size_t got = 0;
+  ssize_t n;
+  while (got < sizeof said - 1 && (n = read(err[0], said + got, sizeof said - 1 - got)) > 0) got += (size_t)n;
+  said[got] = '\0';
+  close(err[0]);
+  int status = 0;
+  ck_assert_int_eq(waitpid(child, &status, 0), child);
+  ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "the stray access did not fault (status %d)", status);
+  ck_assert_msg(strstr(said, "under the guarded backend: host code dereferenced tensor memory") != NULL,
+                "no message naming the guarded backend: '%s'", said);
 }
 END_TEST
 
@@ -378,8 +450,10 @@ int main(void) {
   tcase_add_test(tc, fast_math);
   tcase_add_test(tc, dropout);
   tcase_add_test(tc, adamw);
-  tcase_add_loop_test(tc, op_parity, 0, OP_CASE_COUNT);
+  tcase_add_loop_test(tc, op_parity, 0, 2 * OP_CASE_COUNT);
   tcase_add_test(tc, every_op_is_set_and_tested);
+  tcase_add_test(tc, memory_calls);
+  tcase_add_test(tc, guarded_memory_faults_on_host_access);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -34,7 +34,7 @@ START_TEST(clipping_and_decay_follow_metadata) {
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
   loom_adamw opt;
-  ck_assert_int_eq(loom_gpt_params_init(&p, &cfg, 0, 1, NULL), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_params_init(&p, &cfg, 0, 1, NULL, &loom_host_memory), LOOM_OK);
   loom_gpt_params_randomize(&p, 1);
   loom_adamw_config oc = loom_adamw_defaults();
   oc.grad_clip = 1.0f;
@@ -127,7 +127,7 @@ START_TEST(accumulation_is_split_invariant) {
   }
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
-  loom_gpt_params_init(&p, &cfg, 0, 1, NULL);
+  loom_gpt_params_init(&p, &cfg, 0, 1, NULL, &loom_host_memory);
   ck_assert_mem_eq(w8, wr, p.params.numel * sizeof(float));
   ck_assert_double_le(tu_max_abs_diff(w2, w8, p.params.numel), 1e-5);
   ck_assert_double_le(tu_max_abs_diff(w1, w8, p.params.numel), 1e-5);

@@ -198,7 +198,7 @@ static void column_and_row_parallel(bool sp) {
   loom_column_parallel_forward(&tp, ops, y_l, xf_l, x + (size_t)row0 * LIN, w + (size_t)r * oc * LIN, b + r * oc, LN, n, LIN, oc);
   cols(want, y, LN, LOUT, r * oc, oc);
   expect_nmse(y_l, want, (size_t)LN * oc, 1e-12, "column-parallel output");
-  loom_column_parallel_gather_output(&tp, y_l, full, gs, LN, oc);
+  loom_column_parallel_gather_output(&tp, ops, y_l, full, gs, LN, oc);
   expect_nmse(full, y, (size_t)LN * LOUT, 1e-12, "column-parallel gathered output");
   cols(dy_l, dy, LN, LOUT, r * oc, oc);
   loom_column_parallel_backward(&tp, ops, dx_l, scratch, dw_l, db_l, dy_l, xf_l, w + (size_t)r * oc * LIN, LN, n, LIN, oc);
@@ -206,7 +206,7 @@ static void column_and_row_parallel(bool sp) {
   expect_nmse(dw_l, dw + (size_t)r * oc * LIN, (size_t)oc * LIN, 1e-12, "column-parallel weight grad");
   expect_nmse(db_l, db + r * oc, (size_t)oc, 1e-12, "column-parallel bias grad");
   float *split_back = malloc(LN * oc * sizeof(float));
-  loom_column_parallel_gather_output_backward(&tp, dy, split_back, LN, oc);
+  loom_column_parallel_gather_output_backward(&tp, ops, dy, split_back, LN, oc);
   ck_assert_mem_eq(split_back, dy_l, (size_t)LN * oc * sizeof(float));
 
   /* RowParallelLinear: w2[8, 16] split by columns; input already split. */

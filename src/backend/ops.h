@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "core/tensor.h"
 
 /* Keyed dropout: element index i of a site is kept iff
  * uniform(seed, stream, i) >= p; kept values are scaled by 1/(1-p). The
@@ -45,6 +46,9 @@ typedef struct {
 
 typedef struct loom_ops {
   const char *name;
+  /* The backend's tensor memory: allocation, copies, fills and host
+   * transfers. Every array the ops below read or write comes from it. */
+  const loom_allocator *mem;
 
   /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL) */
   void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
@@ -101,6 +105,13 @@ typedef struct loom_ops {
   void (*crossentropy_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
                                 int vocab_start, float dloss, int N, int V, int width);
 
+  /* losses[n] = lse[n] - picked[n] for a scored target, 0 where targets[n] < 0. */
+  void (*crossentropy_losses)(float *losses, const float *lse, const float *picked, const int *targets, int N);
+  /* Merging partial log-sum-exps across ranks: x[i] = exp(x[i] - shift[i]),
+   * then (after summing) x[i] = shift[i] + log(x[i]). */
+  void (*exp_shifted)(float *x, const float *shift, size_t n);
+  void (*log_shifted)(float *x, const float *shift, size_t n);
+
   /* Greedy prediction: idx[n] = first column of the largest of the first V
    * logits of row n, val[n] that logit (V == 0: -inf and -1). */
   void (*argmax)(float *val, int *idx, const float *logits, int N, int V, int width);
@@ -126,8 +137,13 @@ typedef struct loom_ops {
 
 const loom_ops *loom_ops_cpu(void);
 const loom_ops *loom_ops_ref(void);
+/* The CPU kernels on memory host code cannot touch (guarded/). */
+const loom_ops *loom_ops_guarded(void);
 
 /* Shared pieces both backends use (one definition, no duplicated logic). */
+void loom_host_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N);
+void loom_host_exp_shifted(float *x, const float *shift, size_t n);
+void loom_host_log_shifted(float *x, const float *shift, size_t n);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
 /* Column of the first largest of z[0..V), -1 when V == 0. */

@@ -42,7 +42,10 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
   const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
   loom_shard_written mine = {0, 0};
-  st = loom_shard_file_write(path, &binding, pieces, count, &mine.bytes, &mine.crc32c, err);
+  loom_ckpt_staging staging;
+  st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, pieces, sizeof *pieces, count, true, err);
+  if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &mine.bytes, &mine.crc32c, err);
+  loom_ckpt_unstage(&staging, false);
   free(pieces);
   /* A test fault: this rank dies here, its shard written and the manifest
    * not, as a node lost mid-save would. */
@@ -111,7 +114,10 @@ static loom_status load_chunks(const char *sub, const Loom__CheckpointManifest *
   char **paths;
   int npaths;
   loom_status st = loom_manifest_paths(sub, mf, ix, &paths, &npaths, err); /* only the files holding our pieces */
+  loom_ckpt_staging staging = {0};
+  if (st == LOOM_OK) st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, &want[0].t, sizeof *want, count, false, err);
   if (st == LOOM_OK) st = loom_ckpt_assemble(sub, paths, npaths, want, count, err);
+  loom_ckpt_unstage(&staging, st == LOOM_OK);
   for (int c = 0; c < n && st == LOOM_OK; c++)
     if (chunks[c].step) *chunks[c].step = (int)mf->step;
   loom_want_index_free(ix);

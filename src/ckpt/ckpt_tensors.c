@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/ckpt_tensors.h"
+#include "core/fault.h"
 
 enum { PARAM, ADAM_M, ADAM_V };
 static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
@@ -104,4 +105,41 @@ int64_t loom_ckpt_load_bytes(const loom_ckpt_chunk *chunks, int n) {
   for (int i = 0; i < count; i++) bytes += want[i].t.count * (int64_t)sizeof(float);
   free(want);
   return bytes;
+}
+
+static loom_shard_tensor *staged_piece(const loom_ckpt_staging *s, int i) {
+  return (loom_shard_tensor *)((char *)s->first + (size_t)i * s->stride);
+}
+
+loom_status loom_ckpt_stage(loom_ckpt_staging *s, const loom_allocator *mem, loom_shard_tensor *first, size_t stride,
+                            int count, bool fill, loom_error *err) {
+  *s = (loom_ckpt_staging){.mem = mem, .first = first, .stride = stride};
+  if (mem->host_addressable || count == 0) return LOOM_OK;
+  s->backend = loom_fault_calloc((size_t)count, sizeof *s->backend);
+  if (!s->backend) return loom_fail(err, LOOM_ERR_NOMEM, "out of memory staging checkpoint pieces");
+  for (; s->count < count; s->count++) {
+    loom_shard_tensor *t = staged_piece(s, s->count);
+    const size_t bytes = (size_t)t->count * sizeof(float);
+    float *host = loom_fault_malloc(bytes ? bytes : 1);
+    if (!host) {
+      loom_ckpt_unstage(s, false);
+      return loom_fail(err, LOOM_ERR_NOMEM, "out of memory staging checkpoint piece %s", t->name);
+    }
+    if (fill) mem->to_host(host, t->data, bytes);
+    s->backend[s->count] = t->data;
+    t->data = host;
+  }
+  return LOOM_OK;
+}
+
+void loom_ckpt_unstage(loom_ckpt_staging *s, bool copy_back) {
+  for (int i = 0; i < s->count; i++) {
+    loom_shard_tensor *t = staged_piece(s, i);
+    if (copy_back) s->mem->from_host(s->backend[i], t->data, (size_t)t->count * sizeof(float));
+    free(t->data);
+    t->data = s->backend[i];
+  }
+  free(s->backend);
+  s->backend = NULL;
+  s->count = 0;
 }

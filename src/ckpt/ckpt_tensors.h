@@ -47,6 +47,23 @@ int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, boo
 /* Every piece this rank holds, to be filled from a checkpoint. */
 int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out);
 
+/* Pieces moved to host memory for the shard files, when their values live
+ * in backend memory the host cannot address (a GPU's, the guarded
+ * backend's); a no-op for host-addressable memory. */
+typedef struct {
+  const loom_allocator *mem;
+  loom_shard_tensor *first; /* piece i is at first + i * stride bytes */
+  size_t stride;
+  int count;
+  float **backend;          /* [count] each piece's own data pointer */
+} loom_ckpt_staging;
+/* Points each piece at a host buffer, holding a copy of its values when
+ * `fill` (to save them). Fails only for want of memory, changing nothing. */
+loom_status loom_ckpt_stage(loom_ckpt_staging *s, const loom_allocator *mem, loom_shard_tensor *first, size_t stride,
+                            int count, bool fill, loom_error *err);
+/* Points the pieces back at their backend memory, copying the host values
+ * there first when `copy_back` (after a load). */
+void loom_ckpt_unstage(loom_ckpt_staging *s, bool copy_back);
 /* Bytes of the values this rank loads. */
 int64_t loom_ckpt_load_bytes(const loom_ckpt_chunk *chunks, int n);
 

@@ -25,7 +25,7 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
   if (llmc_path) return loom_llmc_source(s, llmc_path, err);
   memset(s, 0, sizeof *s);
   loom_gpt_params *p = calloc(1, sizeof *p);
-  if (!p || loom_gpt_params_init_weights(p, cfg, 0, 1, NULL) != LOOM_OK) {
+  if (!p || loom_gpt_params_init_weights(p, cfg, 0, 1, NULL, &loom_host_memory) != LOOM_OK) {
     free(p);
     return loom_fail(err, LOOM_ERR_NOMEM, "out of memory building the model");
   }

@@ -49,7 +49,7 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
   for (int c = 0; c < r->n && st == LOOM_OK; c++) {
     const int s = c * to->pp + pp_rank; /* interleaved: chunk c of pipeline rank p is stage c * pp + p */
     const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
-    st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range);
+    st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range, &loom_host_memory);
     if (st == LOOM_OK) st = to->zero ? loom_zero1_init(&r->z[c], &r->p[c], dp_rank, to->dp, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
     if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero1(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
   }

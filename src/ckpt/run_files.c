@@ -68,15 +68,18 @@ static loom_status load_llmc(const loom_run_files *f, const char *path, loom_err
   loom_assembly *fill = NULL;
   if (!want) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   if (st == LOOM_OK) st = loom_model_source_pieces(&src, path, &pieces, err);
+  loom_ckpt_staging staging = {0};
   if (st == LOOM_OK) {
     const int count = loom_ckpt_load_pieces(chunks, v, want);
-    fill = loom_assembly_begin(want, count);
-    if (!fill) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+    st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, &want[0].t, sizeof *want, count, false, err);
+    fill = st == LOOM_OK ? loom_assembly_begin(want, count) : NULL;
+    if (st == LOOM_OK && !fill) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   }
   if (fill) {
     st = loom_assembly_add(fill, &pieces, err);
     st = loom_assembly_finish(fill, st, path, err);
   }
+  loom_ckpt_unstage(&staging, st == LOOM_OK);
   loom_model_source_pieces_free(&pieces);
   free(want);
   free(chunks);

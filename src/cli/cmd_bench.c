@@ -227,7 +227,7 @@ int loom_cmd_bench(int argc, char **argv) {
   const loom_flag rest[] = {
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false, NULL},
       {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores; 1 per rank in a parallel plan)", 0, 4096, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, "auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == BENCH_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "BENCH_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

@@ -53,7 +53,7 @@ int loom_cmd_eval(int argc, char **argv) {
   const loom_flag rest[] = {
       {"--data", FLAG_STRING, &f.data, "llm.c token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--batches", FLAG_INT, &f.batches, "micro-batches to average over", 1, 1e9, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == EVAL_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "EVAL_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

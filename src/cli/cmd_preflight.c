@@ -28,7 +28,7 @@ int loom_cmd_preflight(int argc, char **argv) {
       {"--gemm-n", FLAG_INT, &gemm_n, "the GEMM's n (n x n x n)", 64, 16384, NULL, false, NULL},
       {"--mem-mb", FLAG_FLOAT, &mem_mb, "MiB of the memory bandwidth test's arrays", 1, 65536, NULL, false, NULL},
       {"--comm-mb", FLAG_FLOAT, &comm_mb, "MiB of each all-reduce and p2p message", 0.001, 4096, NULL, false, NULL},
-      {"--device", FLAG_STRING, &device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--device", FLAG_STRING, &device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
       {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false, NULL},
   };
   loom_error err = {{0}};
@@ -58,6 +58,7 @@ int loom_cmd_preflight(int argc, char **argv) {
   loom_launch launch;
   loom_launch_init(&launch);
   loom_parallel ps;
+  loom_comm_use_memory(launch.world, ops->mem);
   loom_parallel_init(&ps, launch.world, tp, pp, dp, false);
   loom_preflight_options o = loom_preflight_defaults();
   o.factor = factor, o.seconds = seconds, o.gemm_n = gemm_n;

@@ -61,7 +61,7 @@ int loom_cmd_sample(int argc, char **argv) {
       {"--max-tokens", FLAG_INT, &f.gen.max_tokens, "tokens to generate", 1, 1e6, NULL, false, NULL},
       {"--temperature", FLAG_FLOAT, &f.gen.temperature, "sampling temperature (0: greedy)", 0, 100, NULL, false, NULL},
       {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, "compute backend: auto (cuda when a GPU is visible), cpu or cuda", LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == SAMPLE_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "SAMPLE_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

@@ -8,7 +8,8 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", NULL};
+const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", "guarded", NULL};
+const char LOOM_DEVICE_HELP[] = "compute backend: auto (cuda when a GPU is visible), cpu, cuda or guarded";
 
 static int g_gpu = -1; /* the CUDA ordinal setup chose, -1 on the CPU */
 
@@ -16,6 +17,11 @@ int loom_device_gpu(void) { return g_gpu; }
 
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {
+  if (strcmp(device, "guarded") == 0) { /* a check, not a speed: host code touching tensor memory faults */
+    *ops = loom_ops_guarded();
+    snprintf(desc, len, "guarded (the CPU kernels on memory host code cannot touch)");
+    return LOOM_OK;
+  }
   *ops = loom_ops_cpu();
   snprintf(desc, len, "cpu (OpenBLAS + OpenMP)");
 #ifdef LOOM_HAVE_CUDA
@@ -25,7 +31,6 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
   if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
   const int ordinal = loom_cuda_select_device(loom_launch_local_rank());
   g_gpu = ordinal;
-  loom_set_default_allocator(loom_cuda_managed_allocator());
   *ops = loom_ops_cuda_synced();
   snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", ordinal, loom_cuda_device_name());
 #else

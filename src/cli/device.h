@@ -1,6 +1,7 @@
-/* `--device auto|cpu|cuda`: which backend a command's model runs on. auto
- * is cuda when this loom was built with CUDA and a GPU is visible, else
- * cpu. On cuda, rank r drives GPU (local rank mod GPUs), ops are the CUDA
+/* `--device auto|cpu|cuda|guarded`: which backend a command's model runs
+ * on. auto is cuda when this loom was built with CUDA and a GPU is visible,
+ * else cpu. guarded runs the CPU kernels on memory host code cannot touch
+ * (a check that nothing above the backend reads tensor memory). On cuda, rank r drives GPU (local rank mod GPUs), ops are the CUDA
  * backend's synchronised table and buffers are CUDA managed memory
  * (cuda_backend.h: the correctness path; it is exact, not yet fast). */
 #ifndef LOOM_DEVICE_H
@@ -11,6 +12,8 @@
 #include "core/status.h"
 
 extern const char *const LOOM_DEVICE_CHOICES[];
+/* The flag's help text, the same in every command. */
+extern const char LOOM_DEVICE_HELP[];
 
 /* Sets up `device` for this process: *ops gets its op table, desc a
  * one-line description for the log. Usage errors name the flag. */

@@ -8,6 +8,17 @@
 
 static int single(const loom_comm *c) { return !c || c->size == 1; }
 
+void loom_comm_use_memory(loom_comm *c, const loom_allocator *mem) {
+  if (c) c->mem = mem;
+}
+
+/* A group of one moves data itself, in whichever memory it lives. */
+static void local_copy(const loom_comm *c, void *dst, const void *src, size_t bytes) {
+  if (dst == src) return;
+  if (c && c->mem && c->mem->owns(dst)) c->mem->copy(dst, src, bytes);
+  else memmove(dst, src, bytes);
+}
+
 int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
 int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
 
@@ -26,7 +37,7 @@ loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
 
 void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   if (single(c)) {
-    if (recv != send) memmove(recv, send, n * loom_dtype_size(type));
+    local_copy(c, recv, send, n * loom_dtype_size(type));
     return;
   }
   c->ops->allgather(c, send, recv, n, type);
@@ -38,7 +49,7 @@ void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n)
 
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
   if (single(c)) {
-    if (recv != send) memmove(recv, send, n * sizeof(float));
+    local_copy(c, recv, send, n * sizeof(float));
     return;
   }
   c->ops->reduce_scatter(c, send, recv, n);
@@ -99,7 +110,10 @@ void loom_comm_barrier(loom_comm *c) {
 
 loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name) {
   loom_comm *sub = c ? c->ops->split(c, color, key) : NULL;
-  if (sub) snprintf(sub->name, sizeof sub->name, "%s", name);
+  if (sub) {
+    snprintf(sub->name, sizeof sub->name, "%s", name);
+    sub->mem = c->mem;
+  }
   return sub;
 }
 

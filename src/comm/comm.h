@@ -42,9 +42,15 @@ struct loom_comm {
   const loom_comm_ops *ops;
   int rank, size;
   char name[16]; /* "world", "tp", "dp", "pp", "embedding": for error messages */
+  /* The compute backend's memory, whose buffers the f32 calls may be
+   * given (NULL: host memory only). A comm backend that cannot reach it
+   * stages through the host; sub-groups inherit it. */
+  const loom_allocator *mem;
   void *impl;
 };
 
+/* Tells the group (and the groups split from it later) whose memory its buffers may be in. */
+void loom_comm_use_memory(loom_comm *c, const loom_allocator *mem);
 int loom_comm_rank(const loom_comm *c);
 int loom_comm_size(const loom_comm *c);
 /* f32 data (activations, grads): the common case. */

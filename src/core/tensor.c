@@ -40,21 +40,37 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
 }
 
 static void *host_zalloc(size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
+static void host_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(dst, src, bytes);
+}
+static void host_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+  for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
+static void host_fill32(void *dst, uint32_t pattern, size_t count) {
+  if (pattern == 0) {
+    memset(dst, 0, count * sizeof pattern);
+    return;
+  }
+  uint32_t *d = dst;
+  for (size_t i = 0; i < count; i++) d[i] = pattern;
+}
+static bool host_owns(const void *p) {
+  (void)p;
+  return true;
+}
 
-static const loom_allocator HOST = {"host", LOOM_DEVICE_CPU, host_zalloc, free};
-static const loom_allocator *g_default = &HOST;
+const loom_allocator loom_host_memory = {"host", LOOM_DEVICE_CPU, true, host_zalloc, free, host_copy, host_copy_2d,
+                                    host_fill32, host_copy, host_copy, host_owns};
 
-const loom_allocator *loom_allocator_host(void) { return &HOST; }
-const loom_allocator *loom_default_allocator(void) { return g_default; }
-void loom_set_default_allocator(const loom_allocator *a) { g_default = a ? a : &HOST; }
+const loom_allocator *loom_allocator_host(void) { return &loom_host_memory; }
 
-void *loom_xzalloc(size_t bytes, const char *what) {
-  void *p = g_default->zalloc(bytes);
+void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
+  void *p = mem->zalloc(bytes);
   LOOM_CHECK(p, what);
   return p;
 }
 
-loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count) {
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
   memset(buf, 0, sizeof *buf);
   if (count <= 0) return LOOM_OK;
   buf->dtype = specs[0].dtype;
@@ -64,8 +80,8 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
     total += loom_tensor_numel(&specs[i]);
   }
   const size_t esize = loom_dtype_size(buf->dtype);
-  buf->alloc = g_default;
-  buf->device = g_default->device;
+  buf->alloc = mem;
+  buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
   buf->base = buf->alloc->zalloc((total ? total : 1) * esize);
   if (!buf->views || !buf->base) {

@@ -8,6 +8,7 @@
 #ifndef LOOM_TENSOR_H
 #define LOOM_TENSOR_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "core/status.h"
@@ -42,22 +43,36 @@ size_t loom_tensor_bytes(const loom_tensor *t);
 /* Fills name/shape; data stays NULL until a buffer places it. */
 loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const int64_t *shape);
 
-/* Where buffers (and the other arrays ops read) live: host memory by
- * default; the CUDA backend supplies memory its kernels can reach. The
- * process-wide default is what new buffers get; each buffer remembers its
- * own allocator, so buffers of both kinds can live side by side. */
+/* Tensor memory and the only ways to touch it. Every buffer of parameters,
+ * grads, optimizer state, activations, tokens and staging comes from a
+ * backend's allocator, and code above the backends moves data in and out of
+ * it only through these calls: a backend whose memory the host cannot
+ * dereference (a GPU's, or the guarded CPU backend's) then works unchanged.
+ * Sizes are in bytes; copy and copy_2d take this allocator's memory on both
+ * sides and allow overlap (memmove semantics for copy). */
 typedef struct loom_allocator {
   const char *name;
   loom_device device;
-  void *(*zalloc)(size_t bytes); /* zero-filled, NULL on failure */
+  bool host_addressable;           /* host code may dereference what it hands out */
+  void *(*zalloc)(size_t bytes);   /* zero-filled, NULL on failure */
   void (*release)(void *p);
+  void (*copy)(void *dst, const void *src, size_t bytes);
+  /* rows of `width` bytes, dst_pitch / src_pitch bytes apart (cudaMemcpy2D) */
+  void (*copy_2d)(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows);
+  void (*fill32)(void *dst, uint32_t pattern, size_t count); /* count 32-bit words */
+  void (*to_host)(void *host, const void *src, size_t bytes);
+  void (*from_host)(void *dst, const void *host, size_t bytes);
+  bool (*owns)(const void *p);     /* p points into memory this allocator handed out */
 } loom_allocator;
 
+/* Plain host memory (malloc): what the CPU and reference backends use. */
+extern const loom_allocator loom_host_memory;
 const loom_allocator *loom_allocator_host(void);
-const loom_allocator *loom_default_allocator(void);
-void loom_set_default_allocator(const loom_allocator *a);
-/* Zeroed memory from the default allocator; aborts with `what` named when out of memory. */
-void *loom_xzalloc(size_t bytes, const char *what);
+
+/* Zeroed memory from `mem`; aborts with `what` named when out of memory. */
+void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what);
+/* Zero-fills n floats (or any 32-bit elements). */
+static inline void loom_mem_zero(const loom_allocator *mem, void *dst, size_t n) { mem->fill32(dst, 0, n); }
 
 typedef struct {
   loom_dtype dtype;
@@ -69,8 +84,8 @@ typedef struct {
   loom_tensor *views; /* views[i].data points into base, in spec order */
 } loom_buffer;
 
-/* Places `count` same-dtype specs back to back in one zeroed allocation. */
-loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count);
+/* Places `count` same-dtype specs back to back in one zeroed allocation from `mem`. */
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem);
 void loom_buffer_free(loom_buffer *buf);
 /* The view named `name`, or NULL. */
 loom_tensor *loom_buffer_find(const loom_buffer *buf, const char *name);

@@ -1,6 +1,5 @@
 /* Transformer block forward and hand-written backward: ops for the local
  * math, tensor_parallel/linear.h for the column- and row-parallel linears. */
-#include <string.h>
 #include "core/rng.h"
 #include "layers/block.h"
 #include "tensor_parallel/linear.h"
@@ -23,7 +22,7 @@ static loom_attn_shape attn_shape(const loom_block_shape *s) {
 static const float *branch_grad(float *copy, const float *dres, int n, const loom_dropout *drop,
                                 const loom_block_shape *shape, const loom_ops *ops) {
   if (drop->p <= 0.0f) return dres;
-  memcpy(copy, dres, (size_t)n * shape->hidden * sizeof(float));
+  ops->mem->copy(copy, dres, (size_t)n * shape->hidden * sizeof(float));
   ops->dropout_backward(copy, n / shape->B, shape->B, shape->hidden, drop);
   return copy;
 }
@@ -75,10 +74,10 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
   /* MLP branch; dres becomes the grad of res_attn. */
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   float *d_out_full = tp->sequence_parallel ? s->full : (float *)d_out;
-  memset(s->d_fc2, 0, Nf * sizeof(float));
+  loom_mem_zero(ops->mem, s->d_fc2, Nf);
   loom_row_parallel_backward(tp, ops, s->d_fc2, g->mlp_proj_w, g->mlp_proj_b, d_out, d_out_full, a->fc_gelu,
                              w->mlp_proj_w, N, n, f, h);
-  memset(s->d_fc, 0, Nf * sizeof(float));
+  loom_mem_zero(ops->mem, s->d_fc, Nf);
   ops->gelu_backward(s->d_fc, s->d_fc2, a->fc, Nf);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_fc_w, g->c_fc_b, s->d_fc, a->ln_2, w->c_fc_w, N, n, h, f);
   ops->layernorm_backward(dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean, a->ln_2_rstd, n, h);
@@ -86,10 +85,10 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
   /* Attention branch; dres becomes the grad of x. */
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
   d_out_full = tp->sequence_parallel ? s->full : (float *)d_out;
-  memset(s->d_atty, 0, (size_t)N * width * sizeof(float));
+  loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
   loom_row_parallel_backward(tp, ops, s->d_atty, g->attn_proj_w, g->attn_proj_b, d_out, d_out_full, a->atty,
                              w->attn_proj_w, N, n, width, h);
-  memset(s->d_qkv, 0, (size_t)N * 3 * width * sizeof(float));
+  loom_mem_zero(ops->mem, s->d_qkv, (size_t)N * 3 * width);
   ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_attn_w, g->c_attn_b, s->d_qkv, a->ln_1,
                                 w->c_attn_w, N, n, h, 3 * width);

@@ -13,12 +13,11 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
                                 const loom_tp *tp, const loom_stage_range *range, bool recompute) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
-  m->alloc = loom_default_allocator();
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  loom_status st = loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range);
+  loom_status st = loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
   if (st != LOOM_OK) return st;
   loom_gpt_params_randomize(&m->p, seed);
   return LOOM_OK;
@@ -33,9 +32,9 @@ static void slots_free(loom_gpt *m) {
   for (int i = 0; i < m->nslots; i++) {
     loom_buffer_free(&m->slots[i].mem);
     free(m->slots[i].blocks);
-    if (m->slots[i].tokens) m->alloc->release(m->slots[i].tokens);
-    if (m->slots[i].targets) m->alloc->release(m->slots[i].targets);
-    if (m->slots[i].pred) m->alloc->release(m->slots[i].pred);
+    if (m->slots[i].tokens) m->ops->mem->release(m->slots[i].tokens);
+    if (m->slots[i].targets) m->ops->mem->release(m->slots[i].targets);
+    if (m->slots[i].pred) m->ops->mem->release(m->slots[i].pred);
   }
   free(m->slots);
   loom_buffer_free(&m->w.mem);
@@ -172,8 +171,8 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
 }
 
 /* Allocates a table and points its slots at the views. */
-static loom_status place(loom_buffer *mem, act_list *l) {
-  loom_status st = loom_buffer_init(mem, l->specs, l->count);
+static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *backend) {
+  loom_status st = loom_buffer_init(mem, l->specs, l->count, backend);
   if (st != LOOM_OK) return st;
   for (int i = 0; i < l->count; i++) *l->slots[i] = mem->views[i].data;
   return LOOM_OK;
@@ -193,12 +192,12 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   loom_status st = LOOM_OK;
   for (int i = 0; i < slots && st == LOOM_OK; i++) {
     loom_gpt_slot *s = &m->slots[i];
-    s->tokens = m->alloc->zalloc((size_t)d.N * sizeof(int));
-    s->targets = m->alloc->zalloc((size_t)d.N * sizeof(int));
-    s->pred = m->alloc->zalloc((size_t)d.N * sizeof(int));
+    s->tokens = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
+    s->targets = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
+    s->pred = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
     LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
     list_slot(&l, s, &v, &d);
-    st = place(&s->mem, &l);
+    st = place(&s->mem, &l, m->ops->mem);
     if (st == LOOM_OK && !m->recompute && d.L > 0) {
       s->blocks = loom_xcalloc((size_t)d.L, sizeof *s->blocks, "block activations");
       bind_layers(s->blocks, &v, &d, d.L);
@@ -206,7 +205,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   }
   if (st == LOOM_OK) {
     list_work(&l, &m->w, &v, &d);
-    st = place(&m->w.mem, &l);
+    st = place(&m->w.mem, &l, m->ops->mem);
     if (st == LOOM_OK && m->recompute) bind_layers(&m->w.redo, &v, &d, 1);
   }
   if (st != LOOM_OK) {
@@ -300,7 +299,7 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
   loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.wte, NULL, s->logits, s->ln_f, m->p.w.wte,
                                 N, n, h, v.rows);
-  memset(m->w.dres, 0, (size_t)n * h * sizeof(float));
+  loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
   m->ops->layernorm_backward(m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, m->p.w.ln_f_w, s->ln_f_mean,
                              s->ln_f_rstd, n, h);
 }
@@ -310,12 +309,13 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   loom_gpt_slot *s = &m->slots[slot];
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
   const size_t nh = (size_t)n * h;
-  for (int i = 0; i < N; i++) {
-    s->tokens[i] = batch->tokens ? batch->tokens[i] : 0;
-    s->targets[i] = batch->targets ? batch->targets[i] : -1;
-  }
+  const loom_allocator *mem = m->ops->mem;
+  if (batch->tokens) mem->from_host(s->tokens, batch->tokens, (size_t)N * sizeof(int));
+  else mem->fill32(s->tokens, 0, (size_t)N);
+  if (batch->targets) mem->from_host(s->targets, batch->targets, (size_t)N * sizeof(int));
+  else mem->fill32(s->targets, (uint32_t)-1, (size_t)N); /* -1: no target */
   if (m->p.range.first) embed_forward(m, s, batch);
-  else if (input != s->x0) memcpy(s->x0, input, nh * sizeof(float));
+  else if (input != s->x0) mem->copy(s->x0, input, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = 0; l < L; l++) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -326,7 +326,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     }
     /* Recompute keeps only each layer's input: the next input is a copy of this output. */
     loom_block_forward(&m->w.redo, &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
-    memcpy(l + 1 < L ? layer_input(m, s, l + 1) : s->out, m->w.redo.out, nh * sizeof(float));
+    mem->copy(l + 1 < L ? layer_input(m, s, l + 1) : s->out, m->w.redo.out, nh * sizeof(float));
   }
   return m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
 }
@@ -336,7 +336,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const int n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
   const size_t nh = (size_t)n * h;
   if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
-  else memcpy(m->w.dres, dout, nh * sizeof(float));
+  else m->ops->mem->copy(m->w.dres, dout, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = L - 1; l >= 0; l--) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -348,7 +348,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
   }
   if (m->p.range.first) embed_backward(m, s, batch);
-  else memcpy(s->dx0, m->w.dres, nh * sizeof(float));
+  else m->ops->mem->copy(s->dx0, m->w.dres, nh * sizeof(float));
 }
 
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
@@ -370,7 +370,7 @@ void loom_gpt_sync_replicated_grads(loom_gpt *m) {
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-  memset(m->p.grads.base, 0, m->p.grads.numel * sizeof(float));
+  loom_mem_zero(m->ops->mem, m->p.grads.base, m->p.grads.numel);
 }
 
 void loom_gpt_predict(loom_gpt *m, int *out) {
@@ -378,8 +378,11 @@ void loom_gpt_predict(loom_gpt *m, int *out) {
   const int N = m->T * m->B;
   const loom_vocab_range v = vocab_range(m);
   m->ops->argmax(s->picked, s->pred, s->logits, N, v.valid, v.rows);
-  memcpy(out, s->pred, (size_t)N * sizeof(int));
+  float *val = loom_xmalloc(2 * (size_t)N * sizeof(float), "predictions");
+  m->ops->mem->to_host(out, s->pred, (size_t)N * sizeof(int));
+  m->ops->mem->to_host(val, s->picked, (size_t)N * sizeof(float));
   for (int i = 0; i < N; i++)
     if (out[i] >= 0) out[i] += v.start;
-  loom_tp_combine_argmax(&m->tp, s->picked, out, m->w.lse_scratch, N);
+  loom_tp_combine_argmax(&m->tp, val, out, val + N, N);
+  free(val);
 }

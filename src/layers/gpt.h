@@ -50,7 +50,6 @@ typedef struct {
 typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
-  const loom_allocator *alloc; /* where the arrays ops read live (host, or CUDA-reachable) */
   uint64_t seed;
   loom_tp tp;
   bool recompute;
@@ -113,7 +112,7 @@ void loom_gpt_sync_replicated_grads(loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
 /* Greedy next-token prediction for every row of slot 0's last forward, over
  * the whole vocab even when it is split across the TP group (collective
- * there). out[N]; clobbers the forward's picked logits. */
+ * there). out[N] is host memory; clobbers the forward's picked logits. */
 void loom_gpt_predict(loom_gpt *m, int *out);
 
 #endif

@@ -5,7 +5,6 @@
 #include <string.h>
 #include "core/check.h"
 #include "core/rng.h"
-#include "comm/comm.h"
 #include "layers/gpt_params.h"
 
 typedef struct {
@@ -98,7 +97,7 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
 }
 
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                               const loom_stage_range *range, bool with_grads) {
+                               const loom_stage_range *range, bool with_grads, const loom_allocator *mem) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
@@ -116,8 +115,8 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
-  loom_status st = loom_buffer_init(&p->params, t.specs, count);
-  if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count);
+  loom_status st = loom_buffer_init(&p->params, t.specs, count, mem);
+  if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count, mem);
   free(t.specs);
   if (st != LOOM_OK) {
     loom_gpt_params_free(p);
@@ -129,13 +128,13 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
 }
 
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                 const loom_stage_range *range) {
-  return init_params(p, cfg, tp_rank, tp_size, range, true);
+                                 const loom_stage_range *range, const loom_allocator *mem) {
+  return init_params(p, cfg, tp_rank, tp_size, range, true, mem);
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                         const loom_stage_range *range) {
-  return init_params(p, cfg, tp_rank, tp_size, range, false);
+                                         const loom_stage_range *range, const loom_allocator *mem) {
+  return init_params(p, cfg, tp_rank, tp_size, range, false, mem);
 }
 
 void loom_gpt_params_free(loom_gpt_params *p) {
@@ -147,14 +146,15 @@ void loom_gpt_params_free(loom_gpt_params *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* Draws local rows [i0, i1) of tensor k, which map to consecutive global rows. */
-static void draw_rows(loom_gpt_params *p, int k, int64_t i0, int64_t i1, uint64_t seed) {
+/* Draws local rows [i0, i1) of tensor k, which map to consecutive global
+ * rows, into dst (the tensor's host copy). */
+static void draw_rows(const loom_gpt_params *p, int k, float *dst, int64_t i0, int64_t i1, uint64_t seed) {
   const loom_tensor *t = &p->params.views[k];
   const loom_param_meta *m = &p->meta[k];
   const int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
   int64_t row, col;
   loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i0, &row, &col);
-  float *dst = (float *)t->data + i0 * cols;
+  dst += i0 * cols;
   const int64_t drawn = row >= m->init_rows ? 0 : (row + (i1 - i0) <= m->init_rows ? i1 - i0 : m->init_rows - row);
   if (cols == m->layout.cols) { /* whole rows: one run of global indices */
     loom_rng_fill_normal(dst, (size_t)(drawn * cols), seed, loom_hash_str(t->name), (uint64_t)(row * cols), 0.0f, m->init_std);
@@ -167,13 +167,22 @@ static void draw_rows(loom_gpt_params *p, int k, int64_t i0, int64_t i1, uint64_
 }
 
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
+  const loom_allocator *mem = p->params.alloc;
+  size_t most = 1;
+  for (int k = 0; k < p->params.count; k++) {
+    const size_t n = loom_tensor_numel(&p->params.views[k]);
+    most = n > most ? n : most;
+  }
+  float *host = loom_xmalloc(most * sizeof(float), "initial parameters");
   for (int k = 0; k < p->params.count; k++) {
     loom_tensor *t = &p->params.views[k];
     const loom_param_meta *m = &p->meta[k];
-    float *data = t->data;
     const size_t n = loom_tensor_numel(t);
     if (m->init != LOOM_INIT_NORMAL) {
-      for (size_t i = 0; i < n; i++) data[i] = m->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+      const float value = m->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
+      uint32_t bits;
+      memcpy(&bits, &value, sizeof bits);
+      mem->fill32(t->data, bits, n);
       continue;
     }
     /* Walk local rows in runs whose global rows are consecutive. */
@@ -184,11 +193,13 @@ void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
       loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i - 1, &prev, &col);
       if (i < rows) loom_shard_locate(&m->layout, p->tp_rank, p->tp_size, i, &next, &col);
       if (i == rows || next != prev + 1) {
-        draw_rows(p, k, start, i, seed);
+        draw_rows(p, k, host, start, i, seed);
         start = i;
       }
     }
+    mem->from_host(t->data, host, n * sizeof(float));
   }
+  free(host);
 }
 
 int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
@@ -212,9 +223,10 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
 }
 
 /* Copies tensor k between rank `rank`'s shard (local) and the whole model's
- * tensor; rows past the whole tensor's are vocab padding and are skipped. */
-static void copy_shard(const loom_param_meta *meta, int rank, int size, const loom_tensor *whole, float *local,
-                       int to_local) {
+ * tensor, both in mem; rows past the whole tensor's are vocab padding and
+ * are skipped. */
+static void copy_shard(const loom_allocator *mem, const loom_param_meta *meta, int rank, int size,
+                       const loom_tensor *whole, float *local, int to_local) {
   int64_t rows, cols;
   loom_shard_local_shape(&meta->layout, rank, size, &rows, &cols);
   const int64_t whole_rows = whole->shape[0], whole_cols = whole->ndim == 2 ? whole->shape[1] : 1;
@@ -223,7 +235,7 @@ static void copy_shard(const loom_param_meta *meta, int rank, int size, const lo
     loom_shard_locate(&meta->layout, rank, size, i, &row, &col);
     if (row >= whole_rows) continue;
     float *g = (float *)whole->data + row * whole_cols + col, *s = local + i * cols;
-    memcpy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
+    mem->copy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
   }
 }
 
@@ -236,18 +248,10 @@ static const loom_tensor *whole_of(const loom_gpt_params *p, int k, const loom_g
 }
 
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local) {
+  LOOM_CHECK(p->params.alloc == full->params.alloc, "copy shards between models in the same backend's memory");
   for (int k = 0; k < p->params.count; k++)
-    copy_shard(&p->meta[k], p->tp_rank, p->tp_size, whole_of(p, k, full), p->params.views[k].data, to_local);
-}
-
-void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, loom_comm *tp_group) {
-  for (int k = 0; k < p->params.count; k++) {
-    const size_t n = loom_tensor_numel(&p->params.views[k]);
-    float *all = loom_xmalloc(n * (size_t)p->tp_size * sizeof(float), "gather");
-    loom_comm_allgather(tp_group, p->params.views[k].data, all, n);
-    for (int r = 0; r < p->tp_size; r++) copy_shard(&p->meta[k], r, p->tp_size, whole_of(p, k, full), all + (size_t)r * n, 0);
-    free(all);
-  }
+    copy_shard(p->params.alloc, &p->meta[k], p->tp_rank, p->tp_size, whole_of(p, k, full), p->params.views[k].data,
+               to_local);
 }
 
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens) {

@@ -78,14 +78,14 @@ typedef struct {
 int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_rank, int tp_size,
                          loom_tensor *specs, loom_param_meta *meta);
 /* Allocates this TP rank's shards (tp_size 1: the whole model) of the
- * stage `range` (NULL: every layer). cfg's padded vocab must be a multiple
- * of tp_size (see loom_gpt_config_for_tp). */
+ * stage `range` (NULL: every layer) in `mem`, a backend's memory. cfg's
+ * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                 const loom_stage_range *range);
+                                 const loom_stage_range *range, const loom_allocator *mem);
 /* The same without grads (an empty grads buffer, g views NULL): for loading,
  * saving, exporting and resharding, which never train, at half the memory. */
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                         const loom_stage_range *range);
+                                         const loom_stage_range *range, const loom_allocator *mem);
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
@@ -99,14 +99,10 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
  * is neither saved nor counted twice. The one source of tied ownership. */
 static inline bool loom_stage_holds_tied_copy(const loom_stage_range *r) { return r->last && !r->first; }
 /* Copies between this rank's shards and a whole (tp_size 1, all layers)
- * model's parameters, matching tensors by canonical name: to_local scatters
- * full into p, else p's shards are written into full. Rows past the smaller
- * padded vocab are skipped. */
+ * model's parameters in the same backend's memory, matching tensors by
+ * canonical name: to_local scatters full into p, else p's shards are
+ * written into full. Rows past the smaller padded vocab are skipped. */
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local);
-/* Writes this rank's shards into the whole model `full` on every rank of
- * tp_group (collective over it); tensors of other stages are left alone. */
-struct loom_comm;
-void loom_gpt_params_gather(loom_gpt_params *p, loom_gpt_params *full, struct loom_comm *tp_group);
 /* Index of the view named `name`, or -1. */
 int loom_gpt_params_find(const loom_gpt_params *p, const char *name);
 

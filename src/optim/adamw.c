@@ -12,9 +12,9 @@ loom_adamw_config loom_adamw_defaults(void) {
 loom_status loom_adamw_init(loom_adamw *opt, const loom_gpt_params *p, const loom_adamw_config *cfg) {
   opt->cfg = *cfg;
   opt->step = 0;
-  loom_status st = loom_buffer_init(&opt->m, p->params.views, p->params.count);
+  loom_status st = loom_buffer_init(&opt->m, p->params.views, p->params.count, p->params.alloc);
   if (st != LOOM_OK) return st;
-  st = loom_buffer_init(&opt->v, p->params.views, p->params.count);
+  st = loom_buffer_init(&opt->v, p->params.views, p->params.count, p->params.alloc);
   if (st != LOOM_OK) loom_buffer_free(&opt->m);
   return st;
 }

@@ -13,10 +13,13 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
   z->shard = (n + (size_t)dp_size - 1) / (size_t)dp_size;
   z->begin = z->shard * (size_t)dp_rank < n ? z->shard * (size_t)dp_rank : n;
   z->end = z->begin + z->shard < n ? z->begin + z->shard : n;
-  z->m = calloc(z->shard ? z->shard : 1, sizeof(float));
-  z->v = calloc(z->shard ? z->shard : 1, sizeof(float));
-  z->gather = calloc(z->shard * (size_t)dp_size + 1, sizeof(float));
-  if (!z->m || !z->v || !z->gather) {
+  /* Optimizer state and staging live in the backend's memory, as the parameters do. */
+  z->mem = p->params.alloc;
+  z->m = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
+  z->v = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
+  z->gather = z->mem->zalloc((z->shard * (size_t)dp_size + 1) * sizeof(float));
+  z->slice = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
+  if (!z->m || !z->v || !z->gather || !z->slice) {
     loom_zero1_free(z);
     return LOOM_ERR_NOMEM;
   }
@@ -24,9 +27,9 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
 }
 
 void loom_zero1_free(loom_zero1 *z) {
-  free(z->m);
-  free(z->v);
-  free(z->gather);
+  void *const state[] = {z->m, z->v, z->gather, z->slice};
+  for (size_t i = 0; i < sizeof state / sizeof *state; i++)
+    if (state[i]) z->mem->release(state[i]);
   memset(z, 0, sizeof *z);
 }
 
@@ -46,15 +49,12 @@ double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const
   const size_t n = p->params.numel;
   /* Reduce-scatter needs equal slices: pad the flat grads to shard * dp. */
   float *full = z->gather;
-  memcpy(full, p->grads.base, n * sizeof(float));
-  memset(full + n, 0, (z->shard * (size_t)size - n) * sizeof(float));
+  z->mem->copy(full, p->grads.base, n * sizeof(float));
+  loom_mem_zero(z->mem, full + n, z->shard * (size_t)size - n);
   float *mine = (float *)p->grads.base + z->begin;
   if (size > 1) {
-    float *slice = malloc(z->shard * sizeof(float));
-    LOOM_CHECK(slice != NULL, "out of memory reducing grads");
-    loom_comm_reduce_scatter(dp, full, slice, z->shard);
-    memcpy(mine, slice, (z->end - z->begin) * sizeof(float));
-    free(slice);
+    loom_comm_reduce_scatter(dp, full, z->slice, z->shard);
+    z->mem->copy(mine, z->slice, (z->end - z->begin) * sizeof(float));
   }
   /* Squared norm of the slice, each element once: shards over TP summed, replicas once. */
   double sums[2] = {0.0, 0.0};
@@ -86,11 +86,8 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
   /* Every replica gets every slice back. */
   const int size = loom_comm_size(dp);
   if (size == 1) return;
-  float *slice = malloc(z->shard * sizeof(float));
-  LOOM_CHECK(slice != NULL, "out of memory gathering parameters");
-  memset(slice, 0, z->shard * sizeof(float));
-  memcpy(slice, (float *)p->params.base + z->begin, (z->end - z->begin) * sizeof(float));
-  loom_comm_allgather(dp, slice, z->gather, z->shard);
-  memcpy(p->params.base, z->gather, p->params.numel * sizeof(float));
-  free(slice);
+  loom_mem_zero(z->mem, z->slice, z->shard);
+  z->mem->copy(z->slice, (float *)p->params.base + z->begin, (z->end - z->begin) * sizeof(float));
+  loom_comm_allgather(dp, z->slice, z->gather, z->shard);
+  z->mem->copy(p->params.base, z->gather, p->params.numel * sizeof(float));
 }

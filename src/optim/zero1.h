@@ -17,6 +17,8 @@ typedef struct {
   size_t shard;        /* slice length with padding: ceil(numel / dp) */
   float *m, *v;        /* [shard] Adam moments of the slice */
   float *gather;       /* [shard * dp] scratch for reduce-scatter and all-gather */
+  float *slice;        /* [shard] this replica's slice in transit */
+  const loom_allocator *mem; /* the parameters' backend memory, where all of the above lives */
   int step;
 } loom_zero1;
 

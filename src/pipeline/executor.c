@@ -60,8 +60,8 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
   pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
   pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
-  pipe->alloc = loom_default_allocator();
-  pipe->dout = loom_xzalloc(act_floats(pipe) * sizeof(float), "grad buffer"); /* ops read it */
+  pipe->mem = ops->mem;
+  pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
@@ -75,10 +75,10 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->slot_of);
   free(pipe->free_top);
   free(pipe->free_slots);
-  for (int i = 0; i < pipe->nsend; i++) free(pipe->send_buf[i]);
+  for (int i = 0; i < pipe->nsend; i++) pipe->mem->release(pipe->send_buf[i]);
   free(pipe->send_buf);
   free(pipe->send_req);
-  if (pipe->dout) pipe->alloc->release(pipe->dout);
+  if (pipe->dout) pipe->mem->release(pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
   free(pipe->pred);
@@ -89,8 +89,11 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   memset(pipe, 0, sizeof *pipe);
 }
 
-static void reset_slots(loom_pipeline *pipe, int m) {
-  for (int i = 0; i < pipe->v * m; i++) pipe->slot_of[i] = -1;
+/* Every (chunk, micro-batch) entry of the map is cleared: it is slot_stride
+ * wide per chunk, which an evaluation of fewer micro-batches than a step's
+ * does not fill. */
+static void reset_slots(loom_pipeline *pipe) {
+  for (int i = 0; i < pipe->v * pipe->slot_stride; i++) pipe->slot_of[i] = -1;
   for (int c = 0; c < pipe->v; c++) {
     pipe->free_top[c] = pipe->nslots;
     for (int k = 0; k < pipe->nslots; k++) pipe->free_slots[c * pipe->nslots + k] = pipe->nslots - 1 - k;
@@ -126,10 +129,10 @@ static void send_copy(loom_pipeline *pipe, const float *data, int peer, int tag)
     pipe->send_buf = realloc(pipe->send_buf, (size_t)pipe->nsend * sizeof *pipe->send_buf);
     pipe->send_req = realloc(pipe->send_req, (size_t)pipe->nsend * sizeof *pipe->send_req);
     LOOM_CHECK(pipe->send_buf && pipe->send_req, "out of memory for send buffers");
-    pipe->send_buf[k] = loom_xmalloc(n * sizeof(float), "send buffer");
+    pipe->send_buf[k] = loom_xzalloc(pipe->mem, n * sizeof(float), "send buffer");
     pipe->send_req[k] = NULL;
   }
-  memcpy(pipe->send_buf[k], data, n * sizeof(float));
+  pipe->mem->copy(pipe->send_buf[k], data, n * sizeof(float));
   pipe->send_req[k] = loom_comm_isend(pipe->ps->pp_group, pipe->send_buf[k], n, peer, tag);
 }
 
@@ -150,7 +153,7 @@ static void reduce_tied(loom_pipeline *pipe) {
   const size_t n = first ? loom_tensor_numel(&first->p.grads.views[0]) : loom_tensor_numel(&last->p.grads.views[0]);
   if (first && last && first != last) { /* one rank holds both ends (pp 1, several chunks) */
     first->ops->accumulate(first->p.g.wte, last->p.g.wte, n);
-    memcpy(last->p.g.wte, first->p.g.wte, n * sizeof(float));
+    pipe->mem->copy(last->p.g.wte, first->p.g.wte, n * sizeof(float));
     return;
   }
   loom_gpt *mine = first ? first : last;
@@ -249,7 +252,7 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
   const int r = ps->pp_rank;
   const bool tracing = pipe->tracing && spec->train;
   run_totals out = {0};
-  reset_slots(pipe, sched->m);
+  reset_slots(pipe);
   if (tracing) {
     pipe->trace_count = 0;
     loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */

@@ -51,7 +51,7 @@ typedef struct loom_pipeline {
   float **send_buf;       /* [nsend] */
   loom_request **send_req; /* [nsend] in-flight send, or NULL when the buffer is free */
   float *dout;            /* [n, h] received output grad */
-  const loom_allocator *alloc; /* what dout came from */
+  const loom_allocator *mem;  /* the backend's memory: slots, dout, send buffers */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int *pred;              /* [T * B] greedy predictions, for the score hook */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */

@@ -64,11 +64,12 @@ static void gemm_once(void *p) {
  * backend's memory is its own to fill. */
 static double gemm_gflops(const loom_ops *ops, int n, double seconds) {
   const size_t nn = (size_t)n * (size_t)n;
-  const loom_allocator *alloc = loom_default_allocator();
-  gemm_ctx g = {ops, loom_xzalloc(nn * sizeof(float), "preflight GEMM"), loom_xzalloc(nn * sizeof(float), "preflight GEMM"),
-                loom_xzalloc(nn * sizeof(float), "preflight GEMM"), n};
+  const loom_allocator *mem = ops->mem;
+  gemm_ctx g = {ops, loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"),
+                loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"), loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"),
+                n};
   const double t = best_time(gemm_once, &g, seconds);
-  alloc->release(g.a), alloc->release(g.b), alloc->release(g.c);
+  mem->release(g.a), mem->release(g.b), mem->release(g.c);
   return 2.0 * (double)n * (double)n * (double)n / t / 1e9;
 }
 
@@ -110,10 +111,10 @@ static void allreduce_once(void *p) {
 /* NCCL-tests' bus bandwidth of the group's all-reduce: bytes x 2(n-1)/n per
  * second, the rate each rank's link carries; -1 for a group of one. The
  * group's ranks agree on the time (its slowest member's). */
-static double allreduce_busbw(loom_comm *group, size_t bytes, double seconds) {
+static double allreduce_busbw(loom_comm *group, const loom_allocator *mem, size_t bytes, double seconds) {
   const int n = group ? loom_comm_size(group) : 1;
   if (n < 2) return -1.0;
-  allreduce_ctx a = {group, loom_xzalloc(bytes, "preflight all-reduce"), bytes / sizeof(float)};
+  allreduce_ctx a = {group, loom_xzalloc(mem, bytes, "preflight all-reduce"), bytes / sizeof(float)};
   loom_comm_barrier(group);
   /* Every member must run the same all-reduces: the count comes from the first one's time, agreed on. */
   const double t0 = loom_now_s();
@@ -127,7 +128,7 @@ static double allreduce_busbw(loom_comm *group, size_t bytes, double seconds) {
     t = fmin(t, loom_now_s() - start);
   }
   loom_comm_allreduce_typed(group, &t, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  loom_default_allocator()->release(a.buf);
+  mem->release(a.buf);
   return (double)bytes * 2.0 * (n - 1) / n / t / 1e9;
 }
 
@@ -135,12 +136,12 @@ static double allreduce_busbw(loom_comm *group, size_t bytes, double seconds) {
  * or the world as a ring when there is one stage): both ends exchange
  * `bytes` at once; disjoint links in each of up to three phases. Returns
  * this rank's link to the next rank's bandwidth, -1 if it has none. */
-static double p2p_gbs(loom_comm *group, bool ring, size_t bytes, double seconds) {
+static double p2p_gbs(loom_comm *group, const loom_allocator *mem, bool ring, size_t bytes, double seconds) {
   const int n = group ? loom_comm_size(group) : 1, me = group ? loom_comm_rank(group) : 0;
   if (n < 2) return -1.0;
   const int links = ring && n > 2 ? n : n - 1;
   const size_t count = bytes / sizeof(float);
-  float *out = loom_xzalloc(bytes, "preflight p2p"), *in = loom_xzalloc(bytes, "preflight p2p");
+  float *out = loom_xzalloc(mem, bytes, "preflight p2p"), *in = loom_xzalloc(mem, bytes, "preflight p2p");
   double mine = -1.0;
   for (int phase = 0; phase < 3; phase++) {
     /* Link i joins positions i and i + 1 (mod n): phase 0 the even ones, 1 the odd, 2 a ring's odd last. */
@@ -168,8 +169,8 @@ static double p2p_gbs(loom_comm *group, bool ring, size_t bytes, double seconds)
     }
     loom_comm_barrier(group);
   }
-  loom_default_allocator()->release(out);
-  loom_default_allocator()->release(in);
+  mem->release(out);
+  mem->release(in);
   return mine;
 }
 
@@ -222,12 +223,12 @@ int loom_preflight_run(const loom_parallel *ps, const loom_ops *ops, const loom_
   loom_comm_barrier(ps->world_group);
   mine[V_MEM] = memory_gbs(o->mem_bytes, o->seconds);
   loom_comm_barrier(ps->world_group);
-  mine[V_TP] = allreduce_busbw(ps->tp > 1 ? ps->tp_group : NULL, o->comm_bytes, o->seconds);
+  mine[V_TP] = allreduce_busbw(ps->tp > 1 ? ps->tp_group : NULL, ops->mem, o->comm_bytes, o->seconds);
   loom_comm_barrier(ps->world_group);
-  mine[V_DP] = allreduce_busbw(ps->dp > 1 ? ps->dp_group : NULL, o->comm_bytes, o->seconds);
+  mine[V_DP] = allreduce_busbw(ps->dp > 1 ? ps->dp_group : NULL, ops->mem, o->comm_bytes, o->seconds);
   loom_comm_barrier(ps->world_group);
-  mine[V_P2P] = ps->pp > 1 ? p2p_gbs(ps->pp_group, false, o->comm_bytes, o->seconds)
-                           : p2p_gbs(ps->world_group, true, o->comm_bytes, o->seconds);
+  mine[V_P2P] = ps->pp > 1 ? p2p_gbs(ps->pp_group, ops->mem, false, o->comm_bytes, o->seconds)
+                           : p2p_gbs(ps->world_group, ops->mem, true, o->comm_bytes, o->seconds);
   char why[160] = "";
   loom_gpu_health gpu;
   if (o->gpu >= 0 && loom_nvml_read(o->gpu, &gpu, why, sizeof why)) {

@@ -23,6 +23,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
                        .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch,
                        .baseline_rss = loom_rss_bytes()};
+  loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
   loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, err);
@@ -56,7 +57,10 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
   loom_comm *dp = pipe->ps->dp_group;
-  if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) ((float *)pipe->chunks[0].p.grads.base)[0] = NAN;
+  if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) { /* a test fault: one poisoned grad */
+    const float nan = NAN;
+    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].p.grads.base, &nan, sizeof nan);
+  }
   double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];

@@ -31,11 +31,11 @@ void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float
                                    const float *w, int N, int n, int in, int out_local);
 /* The optional gather of the output: full[N, out_local * tp] in global column
  * order; scratch holds N * out_local * tp floats. */
-void loom_column_parallel_gather_output(const loom_tp *tp, const float *out, float *full, float *scratch, int N,
-                                        int out_local);
+void loom_column_parallel_gather_output(const loom_tp *tp, const loom_ops *ops, const float *out, float *full,
+                                        float *scratch, int N, int out_local);
 /* Its backward: this rank's columns of dfull[N, out_local * tp] into dout. */
-void loom_column_parallel_gather_output_backward(const loom_tp *tp, const float *dfull, float *dout, int N,
-                                                 int out_local);
+void loom_column_parallel_gather_output_backward(const loom_tp *tp, const loom_ops *ops, const float *dfull,
+                                                 float *dout, int N, int out_local);
 
 /* out[n, out] = reduce over ranks of (inp[N, in_local] @ w^T) + b; partial[N, out]
  * is scratch (may alias out without SP). */

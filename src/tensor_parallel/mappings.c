@@ -3,74 +3,75 @@
 #include <string.h>
 #include "tensor_parallel/mappings.h"
 
-static void copy_if_apart(float *dst, const float *src, size_t n) {
-  if (dst != src) memmove(dst, src, n * sizeof(float));
+static void copy_if_apart(const loom_ops *ops, float *dst, const float *src, size_t n) {
+  if (dst != src) ops->mem->copy(dst, src, n * sizeof(float));
 }
 
 /* The conjugate pairs share their two collectives: entering forward and
  * leaving backward gather the sequence shards (or copy when there are none);
  * entering backward and leaving forward sum the partial results over the group
  * (scattered back to sequence shards under sequence parallelism). */
-static void gather_to_full(const loom_tp *tp, const float *local, float *full, size_t n_local) {
+static void gather_to_full(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, size_t n_local) {
   if (tp->sequence_parallel) loom_comm_allgather(tp->group, local, full, n_local);
-  else copy_if_apart(full, local, n_local);
+  else copy_if_apart(ops, full, local, n_local);
 }
 
-static void reduce_to_local(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
+static void reduce_to_local(const loom_tp *tp, const loom_ops *ops, float *partial_full, float *local, size_t n_local) {
   if (tp->sequence_parallel) {
     loom_comm_reduce_scatter(tp->group, partial_full, local, n_local);
     return;
   }
   loom_comm_allreduce(tp->group, partial_full, n_local, LOOM_REDUCE_SUM);
-  copy_if_apart(local, partial_full, n_local);
+  copy_if_apart(ops, local, partial_full, n_local);
 }
 
-void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local) {
-  gather_to_full(tp, local, full, n_local);
+void loom_tp_enter_forward(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, size_t n_local) {
+  gather_to_full(tp, ops, local, full, n_local);
 }
 
-void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local) {
-  reduce_to_local(tp, dfull, dlocal, n_local);
+void loom_tp_enter_backward(const loom_tp *tp, const loom_ops *ops, float *dfull, float *dlocal, size_t n_local) {
+  reduce_to_local(tp, ops, dfull, dlocal, n_local);
 }
 
-void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local) {
-  reduce_to_local(tp, partial_full, local, n_local);
+void loom_tp_exit_forward(const loom_tp *tp, const loom_ops *ops, float *partial_full, float *local, size_t n_local) {
+  reduce_to_local(tp, ops, partial_full, local, n_local);
 }
 
-void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local) {
-  gather_to_full(tp, dlocal, dfull, n_local);
+void loom_tp_exit_backward(const loom_tp *tp, const loom_ops *ops, const float *dlocal, float *dfull, size_t n_local) {
+  gather_to_full(tp, ops, dlocal, dfull, n_local);
 }
 
-void loom_tp_gather_columns(const loom_tp *tp, const float *local, float *full, float *scratch, int N, int c) {
+void loom_tp_gather_columns(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, float *scratch,
+                            int N, int c) {
   if (!tp->group) {
-    copy_if_apart(full, local, (size_t)N * c);
+    copy_if_apart(ops, full, local, (size_t)N * c);
     return;
   }
   /* all-gather yields [rank][N][c]; interleave to [N][rank][c]. */
+  const size_t row = (size_t)c * sizeof(float);
   loom_comm_allgather(tp->group, local, scratch, (size_t)N * c);
   for (int r = 0; r < tp->size; r++)
-    for (int i = 0; i < N; i++)
-      memcpy(full + ((size_t)i * tp->size + r) * c, scratch + ((size_t)r * N + i) * c, (size_t)c * sizeof(float));
+    ops->mem->copy_2d(full + (size_t)r * c, row * tp->size, scratch + (size_t)r * N * c, row, row, (size_t)N);
 }
 
-void loom_tp_split_columns(const loom_tp *tp, const float *full, float *local, int N, int c) {
+void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *full, float *local, int N, int c) {
   if (!tp->group) {
-    copy_if_apart(local, full, (size_t)N * c);
+    copy_if_apart(ops, local, full, (size_t)N * c);
     return;
   }
-  for (int i = 0; i < N; i++)
-    memcpy(local + (size_t)i * c, full + ((size_t)i * tp->size + tp->rank) * c, (size_t)c * sizeof(float));
+  const size_t row = (size_t)c * sizeof(float);
+  ops->mem->copy_2d(local, row, full + (size_t)tp->rank * c, row * tp->size, row, (size_t)N);
 }
 
 int loom_tp_local_rows(const loom_tp *tp, int rows) { return tp->sequence_parallel ? rows / tp->size : rows; }
 
-void loom_tp_combine_logsumexp(const loom_tp *tp, float *lse, float *scratch, int n) {
+void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n) {
   if (!tp->group) return;
-  memcpy(scratch, lse, (size_t)n * sizeof(float));
+  ops->mem->copy(scratch, lse, (size_t)n * sizeof(float));
   loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX); /* global max of the partial lse */
-  for (int i = 0; i < n; i++) lse[i] = expf(lse[i] - scratch[i]);       /* 0 for a rank with no vocab (-inf) */
+  ops->exp_shifted(lse, scratch, (size_t)n);                           /* 0 for a rank with no vocab (-inf) */
   loom_comm_allreduce(tp->group, lse, (size_t)n, LOOM_REDUCE_SUM);
-  for (int i = 0; i < n; i++) lse[i] = scratch[i] + logf(lse[i]);
+  ops->log_shifted(lse, scratch, (size_t)n);
 }
 
 void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n) {

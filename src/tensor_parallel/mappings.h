@@ -7,23 +7,25 @@
  * With sequence parallelism activations outside are split along the
  * sequence: entering all-gathers (backward reduce-scatters) and leaving
  * reduce-scatters (backward all-gathers). `local` rows are this rank's
- * n_local floats; `full` holds tp * n_local (they may alias without SP). */
+ * n_local floats; `full` holds tp * n_local (they may alias without SP).
+ * Buffers are the backend's memory; ops moves what the collectives do not. */
 #ifndef LOOM_MAPPINGS_H
 #define LOOM_MAPPINGS_H
 
 #include <stddef.h>
+#include "backend/ops.h"
 #include "tensor_parallel/parallel_state.h"
 
-void loom_tp_enter_forward(const loom_tp *tp, const float *local, float *full, size_t n_local);
-void loom_tp_enter_backward(const loom_tp *tp, float *dfull, float *dlocal, size_t n_local);
-void loom_tp_exit_forward(const loom_tp *tp, float *partial_full, float *local, size_t n_local);
-void loom_tp_exit_backward(const loom_tp *tp, const float *dlocal, float *dfull, size_t n_local);
+void loom_tp_enter_forward(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, size_t n_local);
+void loom_tp_enter_backward(const loom_tp *tp, const loom_ops *ops, float *dfull, float *dlocal, size_t n_local);
+void loom_tp_exit_forward(const loom_tp *tp, const loom_ops *ops, float *partial_full, float *local, size_t n_local);
+void loom_tp_exit_backward(const loom_tp *tp, const loom_ops *ops, const float *dlocal, float *dfull, size_t n_local);
 
 /* The other conjugate pair, along the last dimension: gathering every
  * rank's columns local[N, c] into full[N, c * tp] (scratch: N * c * tp
  * floats), whose backward keeps this rank's columns (split), and the reverse. */
-void loom_tp_gather_columns(const loom_tp *tp, const float *local, float *full, float *scratch, int N, int c);
-void loom_tp_split_columns(const loom_tp *tp, const float *full, float *local, int N, int c);
+void loom_tp_gather_columns(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, float *scratch, int N, int c);
+void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *full, float *local, int N, int c);
 
 /* Rows a rank holds outside the regions: N/tp under SP, else N. */
 int loom_tp_local_rows(const loom_tp *tp, int rows);
@@ -31,10 +33,11 @@ int loom_tp_local_rows(const loom_tp *tp, int rows);
 /* Vocab-parallel cross-entropy glue: turns each rank's log-sum-exp over its
  * vocab range into the global one (a max and a sum of n floats cross the
  * group), and sums the picked target logits (each target lives on one rank). */
-void loom_tp_combine_logsumexp(const loom_tp *tp, float *lse, float *scratch, int n);
+void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n);
 void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n);
 /* Global greedy prediction from each rank's best (val, idx) over its vocab
- * range (idx already global): the largest value wins, ties to the lowest id. */
+ * range (idx already global): the largest value wins, ties to the lowest id.
+ * val, idx and scratch are host memory. */
 void loom_tp_combine_argmax(const loom_tp *tp, float *val, int *idx, float *scratch, int n);
 
 #endif

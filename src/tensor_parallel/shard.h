@@ -21,8 +21,5 @@ typedef struct {
 void loom_shard_local_shape(const loom_shard_layout *l, int tp_rank, int tp_size, int64_t *rows, int64_t *cols);
 /* Global row of local row i, and the global column of local column 0. */
 void loom_shard_locate(const loom_shard_layout *l, int tp_rank, int tp_size, int64_t i, int64_t *row, int64_t *col);
-/* Copies between a full tensor and a shard: full -> local when to_local,
- * else local -> full (only this shard's elements of full are written). */
-void loom_shard_copy(const loom_shard_layout *l, int tp_rank, int tp_size, float *full, float *local, int to_local);
 
 #endif

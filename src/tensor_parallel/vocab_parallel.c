@@ -1,4 +1,6 @@
 /* Vocab-parallel embedding and cross-entropy. */
+#include <stdlib.h>
+#include "core/check.h"
 #include "tensor_parallel/mappings.h"
 #include "tensor_parallel/vocab_parallel.h"
 
@@ -15,12 +17,12 @@ void loom_vocab_parallel_embedding_forward(const loom_tp *tp, const loom_ops *op
                                            const int *tokens, const float *wte, loom_vocab_range v, int T, int B,
                                            int h) {
   ops->embedding_forward(full, tokens, wte, v.start, v.rows, T, B, h);
-  loom_tp_exit_forward(tp, full, out, (size_t)loom_tp_local_rows(tp, T) * B * h);
+  loom_tp_exit_forward(tp, ops, full, out, (size_t)loom_tp_local_rows(tp, T) * B * h);
 }
 
 void loom_vocab_parallel_embedding_backward(const loom_tp *tp, const loom_ops *ops, float *dwte, const float *dout,
                                             float *dfull, const int *tokens, loom_vocab_range v, int T, int B, int h) {
-  loom_tp_exit_backward(tp, dout, dfull, (size_t)loom_tp_local_rows(tp, T) * B * h);
+  loom_tp_exit_backward(tp, ops, dout, dfull, (size_t)loom_tp_local_rows(tp, T) * B * h);
   ops->embedding_backward(dwte, dfull, tokens, v.start, v.rows, T, B, h);
 }
 
@@ -28,17 +30,23 @@ float loom_vocab_parallel_cross_entropy(const loom_tp *tp, const loom_ops *ops, 
                                         float *picked, float *scratch, const float *logits, const int *targets,
                                         loom_vocab_range v, int N) {
   ops->logsumexp(lse, logits, N, v.valid, v.rows);
-  loom_tp_combine_logsumexp(tp, lse, scratch, N);
+  loom_tp_combine_logsumexp(tp, ops, lse, scratch, N);
   ops->pick_targets(picked, logits, targets, v.start, N, v.valid, v.rows);
   loom_tp_combine_picked(tp, picked, N);
+  ops->crossentropy_losses(losses, lse, picked, targets, N);
+  /* The mean comes to the host: each token's loss and whether it was scored. */
+  float *host = loom_xmalloc((size_t)N * (sizeof(float) + sizeof(int)), "token losses");
+  int *scored = (int *)(host + N);
+  ops->mem->to_host(host, losses, (size_t)N * sizeof(float));
+  ops->mem->to_host(scored, targets, (size_t)N * sizeof(int));
   double sum = 0.0;
   int counted = 0;
   for (int i = 0; i < N; i++) {
-    losses[i] = targets[i] < 0 ? 0.0f : lse[i] - picked[i];
-    if (targets[i] < 0) continue;
-    sum += losses[i];
+    if (scored[i] < 0) continue;
+    sum += host[i];
     counted++;
   }
+  free(host);
   return counted ? (float)(sum / counted) : 0.0f;
 }
 

@@ -10,7 +10,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   loom_gpt_config cfg;
   if (loom_llmc_read_config(f.path, &cfg, &err) == LOOM_OK && loom_gpt_param_count(&cfg, NULL, 1) <= (1u << 16)) {
     loom_gpt_params p;
-    if (loom_gpt_params_init_weights(&p, &cfg, 0, 1, NULL) == LOOM_OK) {
+    if (loom_gpt_params_init_weights(&p, &cfg, 0, 1, NULL, &loom_host_memory) == LOOM_OK) {
       (void)loom_llmc_load(f.path, &p, &err);
       loom_gpt_params_free(&p);
     }

@@ -76,8 +76,7 @@ int main(void) {
     return 77;
   }
   const loom_ops *cu = loom_ops_cuda(), *ref = loom_ops_ref();
-  const op_backend b = {"cuda", cu, loom_cuda_malloc, loom_cuda_free, loom_cuda_to_device, loom_cuda_to_host,
-                        loom_cuda_sync, 1e-9};
+  const op_backend b = {"cuda", cu, 1e-9};
   printf("backend parity: cuda (%s) against ref\n", loom_cuda_device_name());
   for (int k = 0; k < op_table_entries(); k++)
     if (!op_table_entry(cu, k)) {

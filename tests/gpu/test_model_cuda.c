@@ -1,6 +1,6 @@
 /* The whole model on the GPU against the CPU: a tiny GPT (dropout on) built
  * twice from one seed, once on the CPU backend and once on the CUDA backend
- * (synchronised ops, managed memory); one forward and backward on the same
+ * (synchronised ops, managed memory: host-addressable, so the grads are compared in place); one forward and backward on the same
  * batch must give the same loss (relative 1e-5) and every parameter's grad
  * within NMSE 1e-8; then 20 AdamW steps must keep the losses within relative
  * 1e-4 of each other. Exits 77 without a GPU. */
@@ -20,14 +20,12 @@ static loom_gpt_config tiny(void) {
   return c;
 }
 
-static void build(loom_gpt *m, const loom_ops *ops, const loom_allocator *alloc) {
+static void build(loom_gpt *m, const loom_ops *ops) {
   const loom_gpt_config c = tiny();
-  loom_set_default_allocator(alloc);
   if (loom_gpt_init(m, &c, ops, 1234, NULL) != LOOM_OK || loom_gpt_set_batch_shape(m, T, B) != LOOM_OK) {
     printf("FAIL: cannot build the %s model\n", ops->name);
     exit(1);
   }
-  loom_set_default_allocator(NULL);
 }
 
 /* Batch k: tokens and next-token targets from a fixed pattern. */
@@ -45,8 +43,8 @@ int main(void) {
     return 77;
   }
   loom_gpt cpu, gpu;
-  build(&cpu, loom_ops_cpu(), loom_allocator_host());
-  build(&gpu, loom_ops_cuda_synced(), loom_cuda_managed_allocator());
+  build(&cpu, loom_ops_cpu());
+  build(&gpu, loom_ops_cuda_synced());
   int tokens[T * B], targets[T * B], failures = 0;
   loom_gpt_batch batch = batch_of(0, tokens, targets);
   const float lc = loom_gpt_forward(&cpu, &batch), lg = loom_gpt_forward(&gpu, &batch);
@@ -66,9 +64,7 @@ int main(void) {
   loom_adamw oc, og;
   const loom_adamw_config cfg = loom_adamw_defaults();
   loom_adamw_init(&oc, &cpu.p, &cfg);
-  loom_set_default_allocator(loom_cuda_managed_allocator());
   loom_adamw_init(&og, &gpu.p, &cfg);
-  loom_set_default_allocator(NULL);
   double worst = 0.0;
   for (int step = 1; step <= 20; step++) {
     batch = batch_of(step, tokens, targets);

@@ -373,6 +373,7 @@ static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_
 
 static const loom_ops CPU_OPS = {
     .name = "cpu",
+    .mem = &loom_host_memory,
     .matmul_forward = cpu_matmul_forward,
     .matmul_backward = cpu_matmul_backward,
     .layernorm_forward = cpu_layernorm_forward,
@@ -390,6 +391,9 @@ static const loom_ops CPU_OPS = {
     .logsumexp = cpu_logsumexp,
     .pick_targets = cpu_pick_targets,
     .crossentropy_backward = cpu_crossentropy_backward,
+    .crossentropy_losses = loom_host_crossentropy_losses,
+    .exp_shifted = loom_host_exp_shifted,
+    .log_shifted = loom_host_log_shifted,
     .argmax = cpu_argmax,
     .add = cpu_add,
     .accumulate = cpu_accumulate,

@@ -597,6 +597,76 @@ void cuda_argmax(float *val, int *idx, const float *logits, int N, int V, int wi
   launched("argmax");
 }
 
+__global__ void crossentropy_losses_kernel(float *losses, const float *lse, const float *picked, const int *targets,
+                                           int N) {
+  const int n = blockIdx.x * blockDim.x + threadIdx.x;
+  if (n < N) losses[n] = targets[n] < 0 ? 0.0f : lse[n] - picked[n];
+}
+__global__ void exp_shifted_kernel(float *x, const float *shift, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = expf(x[i] - shift[i]);
+}
+__global__ void log_shifted_kernel(float *x, const float *shift, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = shift[i] + logf(x[i]);
+}
+__global__ void fill32_kernel(uint32_t *d, uint32_t pattern, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = pattern;
+}
+void cuda_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N) {
+  crossentropy_losses_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(losses, lse, picked, targets, N);
+  launched("crossentropy_losses");
+}
+void cuda_exp_shifted(float *x, const float *shift, size_t n) {
+  if (n == 0) return;
+  exp_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
+  launched("exp_shifted");
+}
+void cuda_log_shifted(float *x, const float *shift, size_t n) {
+  if (n == 0) return;
+  log_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
+  launched("log_shifted");
+}
+
+// ---- Managed memory: reachable from host and device; transfers wait for the stream ----
+void *managed_zalloc(size_t bytes) {
+  void *p = nullptr;
+  if (cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
+  memset(p, 0, bytes);
+  return p;
+}
+void managed_release(void *p) {
+  cudaDeviceSynchronize();
+  cudaFree(p);
+}
+void managed_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream), "cudaMemcpyAsync");
+}
+void managed_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+  if (width && rows)
+    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, g.stream), "cudaMemcpy2DAsync");
+}
+void managed_fill32(void *dst, uint32_t pattern, size_t count) {
+  if (count == 0) return;
+  fill32_kernel<<<blocks_for(count), THREADS, 0, g.stream>>>((uint32_t *)dst, pattern, count);
+  launched("fill32");
+}
+void managed_to_host(void *host, const void *src, size_t bytes) {
+  check(cudaStreamSynchronize(g.stream), "to_host");
+  if (bytes) check(cudaMemcpy(host, src, bytes, cudaMemcpyDefault), "cudaMemcpy to host");
+}
+void managed_from_host(void *dst, const void *host, size_t bytes) {
+  check(cudaStreamSynchronize(g.stream), "from_host");
+  if (bytes) check(cudaMemcpy(dst, host, bytes, cudaMemcpyDefault), "cudaMemcpy from host");
+}
+bool managed_owns(const void *p) {
+  cudaPointerAttributes a;
+  return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeManaged;
+}
+const loom_allocator MANAGED = {"cuda-managed", LOOM_DEVICE_CUDA, true, managed_zalloc, managed_release, managed_copy,
+                                managed_copy_2d, managed_fill32, managed_to_host, managed_from_host, managed_owns};
+
 // ---- AdamW on fp32 master weights -----------------------------------------------------
 
 __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
@@ -634,6 +704,7 @@ loom_ops make_ops() {
   loom_ops o;
   memset(&o, 0, sizeof o);
   o.name = "cuda";
+  o.mem = &MANAGED;
   o.matmul_forward = cuda_matmul_forward;
   o.matmul_backward = cuda_matmul_backward;
   o.layernorm_forward = cuda_layernorm_forward;
@@ -651,6 +722,9 @@ loom_ops make_ops() {
   o.logsumexp = cuda_logsumexp;
   o.pick_targets = cuda_pick_targets;
   o.crossentropy_backward = cuda_crossentropy_backward;
+  o.crossentropy_losses = cuda_crossentropy_losses;
+  o.exp_shifted = cuda_exp_shifted;
+  o.log_shifted = cuda_log_shifted;
   o.argmax = cuda_argmax;
   o.add = cuda_add;
   o.accumulate = cuda_accumulate;
@@ -701,6 +775,9 @@ loom_ops make_synced_ops() {
   o.logsumexp = SYNCED(cuda_logsumexp);
   o.pick_targets = SYNCED(cuda_pick_targets);
   o.crossentropy_backward = SYNCED(cuda_crossentropy_backward);
+  o.crossentropy_losses = SYNCED(cuda_crossentropy_losses);
+  o.exp_shifted = SYNCED(cuda_exp_shifted);
+  o.log_shifted = SYNCED(cuda_log_shifted);
   o.argmax = SYNCED(cuda_argmax);
   o.add = SYNCED(cuda_add);
   o.accumulate = SYNCED(cuda_accumulate);
@@ -713,19 +790,6 @@ loom_ops make_synced_ops() {
 }
 const loom_ops CUDA_SYNCED_OPS = make_synced_ops();
 
-void *managed_zalloc(size_t bytes) {
-  void *p = nullptr;
-  if (cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
-  memset(p, 0, bytes);
-  return p;
-}
-
-void managed_release(void *p) {
-  cudaDeviceSynchronize();
-  cudaFree(p);
-}
-
-const loom_allocator MANAGED = {"cuda-managed", LOOM_DEVICE_CUDA, managed_zalloc, managed_release};
 
 } // namespace
 

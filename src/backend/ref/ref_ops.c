@@ -280,6 +280,7 @@ static void ref_adamw(float *param, const float *grad, float *m, float *v, size_
 
 static const loom_ops REF_OPS = {
     .name = "ref",
+    .mem = &loom_host_memory,
     .matmul_forward = ref_matmul_forward,
     .matmul_backward = ref_matmul_backward,
     .layernorm_forward = ref_layernorm_forward,
@@ -297,6 +298,9 @@ static const loom_ops REF_OPS = {
     .logsumexp = ref_logsumexp,
     .pick_targets = ref_pick_targets,
     .crossentropy_backward = ref_crossentropy_backward,
+    .crossentropy_losses = loom_host_crossentropy_losses,
+    .exp_shifted = loom_host_exp_shifted,
+    .log_shifted = loom_host_log_shifted,
     .argmax = ref_argmax,
     .add = ref_add,
     .accumulate = ref_accumulate,

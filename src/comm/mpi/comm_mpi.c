@@ -1,6 +1,9 @@
 /* Communicator interface over MPI. Collectives map one to one (onto MPI's
  * non-blocking ones under the watchdog); MPI counts are ints, so a message
- * is at most INT_MAX floats. */
+ * is at most INT_MAX floats. MPI reads and writes host memory: a buffer of a
+ * compute backend the host cannot address is staged through a host copy,
+ * and one it can address is used in place (as a CUDA-aware MPI would take a
+ * device pointer). */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -12,9 +15,30 @@
 struct loom_request {
   MPI_Request req;
   char what[80]; /* for the watchdog: "send to rank 3 of the pp group" */
+  const loom_comm *c;
+  void *dev, *host; /* the caller's buffer and what MPI works on (the same unless staged) */
+  size_t bytes;
+  bool copy_back;   /* a receive: the staged result goes back to dev on completion */
 };
 
 static MPI_Comm mpi_of(const loom_comm *c) { return *(MPI_Comm *)c->impl; }
+
+/* Host memory MPI may use for `buf`: buf itself, or a staging copy (filled
+ * from buf when `fill`) when buf is backend memory the host cannot address. */
+static void *stage(const loom_comm *c, const void *buf, size_t bytes, bool fill) {
+  const loom_allocator *mem = c->mem;
+  if (!mem || mem->host_addressable || !mem->owns(buf)) return (void *)buf;
+  void *host = loom_xmalloc(bytes ? bytes : 1, "MPI staging buffer");
+  if (fill) mem->to_host(host, buf, bytes);
+  return host;
+}
+
+/* Ends a staging: copies the result back to dev when `copy_back`. */
+static void unstage(const loom_comm *c, const void *dev, void *host, size_t bytes, bool copy_back) {
+  if (host == dev) return;
+  if (copy_back) c->mem->from_host((void *)dev, host, bytes);
+  free(host);
+}
 
 static MPI_Datatype type_of(loom_dtype t) {
   switch (t) {
@@ -47,80 +71,106 @@ static void complete(MPI_Request *req, const char *op, const loom_comm *c) {
 
 static void mpi_allreduce(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
   const MPI_Op mop = op == LOOM_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+  const size_t bytes = n * loom_dtype_size(type);
+  void *h = stage(c, buf, bytes, true);
   if (!watched()) {
-    MPI_Allreduce(MPI_IN_PLACE, buf, count_of(n), type_of(type), mop, mpi_of(c));
-    return;
+    MPI_Allreduce(MPI_IN_PLACE, h, count_of(n), type_of(type), mop, mpi_of(c));
+  } else {
+    MPI_Request req;
+    MPI_Iallreduce(MPI_IN_PLACE, h, count_of(n), type_of(type), mop, mpi_of(c), &req);
+    complete(&req, "all-reduce", c);
   }
-  MPI_Request req;
-  MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), type_of(type), mop, mpi_of(c), &req);
-  complete(&req, "all-reduce", c);
+  unstage(c, buf, h, bytes, true);
 }
 
-static loom_request *request(const char *op, int peer, const loom_comm *c) {
+/* A request on buf (bytes long): staged, and copied back on completion when a receive. */
+static loom_request *request(const char *op, int peer, const loom_comm *c, const void *buf, size_t bytes,
+                             bool receive) {
   loom_request *r = loom_xmalloc(sizeof *r, "request");
+  r->c = c;
+  r->dev = (void *)buf;
+  r->host = stage(c, buf, bytes, true);
+  r->bytes = bytes;
+  r->copy_back = receive;
   if (peer >= 0) snprintf(r->what, sizeof r->what, "%s rank %d of the %s group", op, peer, c->name);
   else snprintf(r->what, sizeof r->what, "%s on the %s group", op, c->name);
   return r;
 }
 
 static loom_request *mpi_iallreduce(loom_comm *c, float *buf, size_t n) {
-  loom_request *r = request("all-reduce", -1, c);
-  MPI_Iallreduce(MPI_IN_PLACE, buf, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
+  loom_request *r = request("all-reduce", -1, c, buf, n * sizeof(float), true);
+  MPI_Iallreduce(MPI_IN_PLACE, r->host, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
   return r;
 }
 
 static void mpi_allgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   const MPI_Datatype t = type_of(type);
+  const size_t bytes = n * loom_dtype_size(type), all = bytes * (size_t)c->size;
+  void *hs = stage(c, send, bytes, true), *hr = stage(c, recv, all, false);
   if (!watched()) {
-    MPI_Allgather(send, count_of(n), t, recv, count_of(n), t, mpi_of(c));
-    return;
+    MPI_Allgather(hs, count_of(n), t, hr, count_of(n), t, mpi_of(c));
+  } else {
+    MPI_Request req;
+    MPI_Iallgather(hs, count_of(n), t, hr, count_of(n), t, mpi_of(c), &req);
+    complete(&req, "all-gather", c);
   }
-  MPI_Request req;
-  MPI_Iallgather(send, count_of(n), t, recv, count_of(n), t, mpi_of(c), &req);
-  complete(&req, "all-gather", c);
+  unstage(c, send, hs, bytes, false);
+  unstage(c, recv, hr, all, true);
 }
 
 static void mpi_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  const size_t bytes = n * sizeof(float), all = bytes * (size_t)c->size;
+  float *hs = stage(c, send, all, true), *hr = stage(c, recv, bytes, false);
   if (!watched()) {
-    MPI_Reduce_scatter_block(send, recv, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c));
-    return;
+    MPI_Reduce_scatter_block(hs, hr, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c));
+  } else {
+    MPI_Request req;
+    MPI_Ireduce_scatter_block(hs, hr, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &req);
+    complete(&req, "reduce-scatter", c);
   }
-  MPI_Request req;
-  MPI_Ireduce_scatter_block(send, recv, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &req);
-  complete(&req, "reduce-scatter", c);
+  unstage(c, send, hs, all, false);
+  unstage(c, recv, hr, bytes, true);
 }
 
 static void mpi_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
+  const size_t bytes = n * loom_dtype_size(type);
+  void *h = stage(c, buf, bytes, c->rank == root);
   if (!watched()) {
-    MPI_Bcast(buf, count_of(n), type_of(type), root, mpi_of(c));
-    return;
+    MPI_Bcast(h, count_of(n), type_of(type), root, mpi_of(c));
+  } else {
+    MPI_Request req;
+    MPI_Ibcast(h, count_of(n), type_of(type), root, mpi_of(c), &req);
+    complete(&req, "broadcast", c);
   }
-  MPI_Request req;
-  MPI_Ibcast(buf, count_of(n), type_of(type), root, mpi_of(c), &req);
-  complete(&req, "broadcast", c);
+  unstage(c, buf, h, bytes, c->rank != root);
 }
 
 static loom_request *mpi_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
-  loom_request *r = request("send to", peer, c);
-  MPI_Isend(buf, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
+  loom_request *r = request("send to", peer, c, buf, n * sizeof(float), false);
+  MPI_Isend(r->host, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
   return r;
 }
 
 static loom_request *mpi_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
-  loom_request *r = request("receive from", peer, c);
-  MPI_Irecv(buf, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
+  loom_request *r = request("receive from", peer, c, buf, n * sizeof(float), true);
+  MPI_Irecv(r->host, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
   return r;
+}
+
+static void finished(loom_request *r) {
+  unstage(r->c, r->dev, r->host, r->bytes, r->copy_back);
+  free(r);
 }
 
 static void mpi_wait(loom_request *r) {
   loom_watchdog_complete(&r->req, r->what);
-  free(r);
+  finished(r);
 }
 
 static int mpi_test(loom_request *r) {
   int done = 0;
   MPI_Test(&r->req, &done, MPI_STATUS_IGNORE);
-  if (done) free(r);
+  if (done) finished(r);
   return done;
 }
 
@@ -171,6 +221,7 @@ static loom_comm *wrap(MPI_Comm comm) {
   *impl = comm;
   c->ops = &MPI_OPS;
   c->impl = impl;
+  c->mem = NULL;
   MPI_Comm_rank(comm, &c->rank);
   MPI_Comm_size(comm, &c->size);
   snprintf(c->name, sizeof c->name, "%s", comm == MPI_COMM_WORLD ? "world" : "split");

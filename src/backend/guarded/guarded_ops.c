@@ -1,0 +1,186 @@
+/* The guarded backend: the CPU backend's kernels on memory that host code
+ * cannot touch. Every pointer its allocator hands out carries a tag bit (bit
+ * 52) that makes it an invalid address on every 64-bit target loom runs on:
+ * non-canonical on x86-64, past the 48- or 52-bit address space on AArch64.
+ * Pointer arithmetic on a tagged pointer keeps the tag, so views into a
+ * buffer stay tagged; only this file's ops and transfers strip it. Any
+ * dereference elsewhere (a memcpy, a loop, MPI reading a send buffer) faults
+ * at once, and the fault handler says so. Results are the CPU backend's bit
+ * for bit: the same kernels run on the same bytes. */
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "backend/ops.h"
+
+#define TAG ((uintptr_t)1 << 52)
+
+static void *tag(void *p) { return p ? (void *)((uintptr_t)p | TAG) : NULL; }
+/* The host address behind a tagged pointer; NULL stays NULL. */
+static void *U(const void *p) { return (void *)((uintptr_t)p & ~TAG); }
+
+static bool guarded_owns(const void *p) { return ((uintptr_t)p & TAG) != 0; }
+
+static void *guarded_zalloc(size_t bytes) { return tag(calloc(bytes ? bytes : 1, 1)); }
+static void guarded_release(void *p) { free(U(p)); }
+
+static void guarded_copy(void *dst, const void *src, size_t bytes) {
+  if (bytes) memmove(U(dst), U(src), bytes);
+}
+
+static void guarded_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
+                            size_t rows) {
+  loom_host_memory.copy_2d(U(dst), dst_pitch, U(src), src_pitch, width, rows);
+}
+
+static void guarded_fill32(void *dst, uint32_t pattern, size_t count) { loom_host_memory.fill32(U(dst), pattern, count); }
+
+static void guarded_to_host(void *host, const void *src, size_t bytes) {
+  if (bytes) memcpy(host, U(src), bytes);
+}
+
+static void guarded_from_host(void *dst, const void *host, size_t bytes) {
+  if (bytes) memcpy(U(dst), host, bytes);
+}
+
+static const loom_allocator GUARDED_MEMORY = {"guarded", LOOM_DEVICE_CPU, false, guarded_zalloc, guarded_release,
+                                              guarded_copy, guarded_copy_2d, guarded_fill32, guarded_to_host,
+                                              guarded_from_host, guarded_owns};
+
+/* Each op: the CPU kernel with every tensor pointer untagged. */
+#define CPU (loom_ops_cpu())
+
+static void g_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+                             int OC) {
+  CPU->matmul_forward(U(out), U(inp), U(weight), U(bias), N, C, OC);
+}
+static void g_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                              const float *weight, int N, int C, int OC) {
+  CPU->matmul_backward(U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
+}
+static void g_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                const float *bias, int N, int C, float eps) {
+  CPU->layernorm_forward(U(out), U(mean), U(rstd), U(inp), U(weight), U(bias), N, C, eps);
+}
+static void g_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd, int N, int C) {
+  CPU->layernorm_backward(U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), U(mean), U(rstd), N, C);
+}
+static void g_gelu_forward(float *out, const float *inp, size_t n) { CPU->gelu_forward(U(out), U(inp), n); }
+static void g_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+  CPU->gelu_backward(U(dinp), U(dout), U(inp), n);
+}
+static void g_attention_forward(float *out, float *att, const float *qkv, const loom_attn_shape *s,
+                                const loom_dropout *drop) {
+  CPU->attention_forward(U(out), U(att), U(qkv), s, drop);
+}
+static void g_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+                                 const loom_attn_shape *s, const loom_dropout *drop) {
+  CPU->attention_backward(U(dqkv), U(datt), U(dout), U(qkv), U(att), s, drop);
+}
+static void g_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
+                                int B, int C) {
+  CPU->embedding_forward(U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
+}
+static void g_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T,
+                                 int B, int C) {
+  CPU->embedding_backward(U(dwte), U(dout), U(tokens), vocab_start, rows, T, B, C);
+}
+static void g_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  CPU->position_forward(U(out), U(wpe), T, B, C, pos_offset);
+}
+static void g_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  CPU->position_backward(U(dwpe), U(dout), T, B, C, pos_offset);
+}
+static void g_bias_forward(float *out, const float *bias, int N, int OC) { CPU->bias_forward(U(out), U(bias), N, OC); }
+static void g_bias_backward(float *dbias, const float *dout, int N, int OC) {
+  CPU->bias_backward(U(dbias), U(dout), N, OC);
+}
+static void g_logsumexp(float *lse, const float *logits, int N, int V, int width) {
+  CPU->logsumexp(U(lse), U(logits), N, V, width);
+}
+static void g_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start, int N, int V,
+                           int width) {
+  CPU->pick_targets(U(picked), U(logits), U(targets), vocab_start, N, V, width);
+}
+static void g_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                    int vocab_start, float dloss, int N, int V, int width) {
+  CPU->crossentropy_backward(U(dlogits), U(logits), U(lse), U(targets), vocab_start, dloss, N, V, width);
+}
+static void g_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N) {
+  CPU->crossentropy_losses(U(losses), U(lse), U(picked), U(targets), N);
+}
+static void g_exp_shifted(float *x, const float *shift, size_t n) { CPU->exp_shifted(U(x), U(shift), n); }
+static void g_log_shifted(float *x, const float *shift, size_t n) { CPU->log_shifted(U(x), U(shift), n); }
+static void g_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+  CPU->argmax(U(val), U(idx), U(logits), N, V, width);
+}
+static void g_add(float *out, const float *a, const float *b, size_t n) { CPU->add(U(out), U(a), U(b), n); }
+static void g_accumulate(float *acc, const float *x, size_t n) { CPU->accumulate(U(acc), U(x), n); }
+static void g_scale(float *x, float s, size_t n) { CPU->scale(U(x), s, n); }
+static double g_sumsq(const float *x, size_t n) { return CPU->sumsq(U(x), n); }
+static void g_dropout_forward(float *x, int T, int B, int C, const loom_dropout *drop) {
+  CPU->dropout_forward(U(x), T, B, C, drop);
+}
+static void g_dropout_backward(float *dx, int T, int B, int C, const loom_dropout *drop) {
+  CPU->dropout_backward(U(dx), T, B, C, drop);
+}
+static void g_adamw(float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
+  CPU->adamw(U(param), U(grad), U(m), U(v), n, args);
+}
+
+static const loom_ops GUARDED_OPS = {
+    .name = "guarded",
+    .mem = &GUARDED_MEMORY,
+    .matmul_forward = g_matmul_forward,
+    .matmul_backward = g_matmul_backward,
+    .layernorm_forward = g_layernorm_forward,
+    .layernorm_backward = g_layernorm_backward,
+    .gelu_forward = g_gelu_forward,
+    .gelu_backward = g_gelu_backward,
+    .attention_forward = g_attention_forward,
+    .attention_backward = g_attention_backward,
+    .embedding_forward = g_embedding_forward,
+    .embedding_backward = g_embedding_backward,
+    .position_forward = g_position_forward,
+    .position_backward = g_position_backward,
+    .bias_forward = g_bias_forward,
+    .bias_backward = g_bias_backward,
+    .logsumexp = g_logsumexp,
+    .pick_targets = g_pick_targets,
+    .crossentropy_backward = g_crossentropy_backward,
+    .crossentropy_losses = g_crossentropy_losses,
+    .exp_shifted = g_exp_shifted,
+    .log_shifted = g_log_shifted,
+    .argmax = g_argmax,
+    .add = g_add,
+    .accumulate = g_accumulate,
+    .scale = g_scale,
+    .sumsq = g_sumsq,
+    .dropout_forward = g_dropout_forward,
+    .dropout_backward = g_dropout_backward,
+    .adamw = g_adamw,
+};
+
+/* A stray access is a segmentation fault (or, for a non-canonical address,
+ * a general-protection fault the kernel also delivers as SIGSEGV): name the
+ * likely cause, then die of the signal as before. */
+static void on_fault(int sig) {
+  static const char msg[] = "loom: segmentation fault under the guarded backend: host code dereferenced tensor "
+                            "memory, which only the backend's ops and transfers may touch\n";
+  if (write(STDERR_FILENO, msg, sizeof msg - 1) < 0) { /* nothing more to do */
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+const loom_ops *loom_ops_guarded(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_fault;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, NULL);
+  sigaction(SIGBUS, &sa, NULL);
+  return &GUARDED_OPS;
+}
