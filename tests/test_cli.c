@@ -197,7 +197,7 @@ START_TEST(bad_flags) {
     ck_assert_int_eq(dev->code, 2);
     ck_assert_msg(strncmp(dev->err, "loom train: --device cuda: ", 27) == 0, "%s", dev->err);
   }
-  expect_fail(run("train", "--device", "tpu", NULL), 2, "loom train: --device must be one of auto, cpu, cuda, got 'tpu'");
+  expect_fail(run("train", "--device", "tpu", NULL), 2, "loom train: --device must be one of auto, cpu, cuda, guarded, got 'tpu'");
   /* Too big for this machine: refused before allocating (numbers depend on the machine). */
   const result *r = run("train", "--model", "gpt2-small", "--micro-batch", "1024", NULL);
   ck_assert_int_eq(r->code, 2);
