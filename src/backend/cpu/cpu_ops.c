@@ -1,12 +1,13 @@
-/* The CPU backend: every matmul through OpenBLAS sgemm, everything else as
+/* The CPU backend: every matmul through its GEMM library (cpu_gemm.h: oneDNN
+ * or OpenBLAS), everything else as
  * OpenMP-parallel loops that the compiler vectorises. Semantics match the
  * reference backend (ref/ref_ops.c) op for op; tests/test_ops.c holds them to
  * it. */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_math.h"
 #include "backend/ops.h"
 #include "core/check.h"
@@ -39,19 +40,16 @@ static void cpu_bias_backward(float *dbias, const float *dout, int N, int OC) {
 
 static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
                                const float *bias, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
-              out, OC);
+  loom_cpu_sgemm(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
   if (bias) cpu_bias_forward(out, bias, N, OC);
 }
 
 static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, int N, int C, int OC) {
   if (dinp) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
+    loom_cpu_sgemm(false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
   }
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-              dweight, C);
+  loom_cpu_sgemm(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
   if (dbias) cpu_bias_backward(dbias, dout, N, OC);
 }
 

@@ -2,28 +2,45 @@
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
+#include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_peak.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/timer.h"
 
 
-double loom_cpu_sgemm_gflops(int n, double min_seconds) {
-  const size_t nn = (size_t)n * n;
-  float *a = loom_xmalloc(3 * nn * sizeof(float), "sgemm peak"), *b = a + nn, *c = b + nn;
-  loom_rng_fill_uniform(a, 2 * nn, 1, 0xBE, 0);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n); /* warm-up */
+static double library_gflops(loom_gemm_library lib, const float *a, const float *b, float *c, int n, double min_seconds) {
+  const double flops = 2.0 * n * (double)n * n;
+  loom_cpu_sgemm_with(lib, false, true, n, n, n, a, n, b, n, 0.0f, c, n); /* warm-up (and oneDNN's JIT) */
   double best = 0.0;
   const double start = loom_now_s();
   for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
     const double t0 = loom_now_s();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
-    const double gflops = 2.0 * n * nn / (loom_now_s() - t0) * 1e-9;
+    loom_cpu_sgemm_with(lib, false, true, n, n, n, a, n, b, n, 0.0f, c, n);
+    const double gflops = flops / (loom_now_s() - t0) * 1e-9;
     if (gflops > best) best = gflops;
+  }
+  return best;
+}
+
+double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest) {
+  const size_t nn = (size_t)n * n;
+  float *a = loom_xmalloc(3 * nn * sizeof(float), "sgemm peak"), *b = a + nn, *c = b + nn;
+  loom_rng_fill_uniform(a, 2 * nn, 1, 0xBE, 0);
+  double best = 0.0;
+  for (int lib = 0; lib < LOOM_GEMM_LIBRARIES; lib++) {
+    if (!loom_cpu_gemm_available((loom_gemm_library)lib)) continue;
+    const double g = library_gflops((loom_gemm_library)lib, a, b, c, n, min_seconds);
+    if (g > best) {
+      best = g;
+      if (fastest) *fastest = (loom_gemm_library)lib;
+    }
   }
   free(a);
   return best;
 }
+
+double loom_cpu_sgemm_gflops(int n, double min_seconds) { return loom_cpu_sgemm_peak(n, min_seconds, NULL); }
 
 void loom_cpu_set_threads(int n) {
   if (n <= 0) return;

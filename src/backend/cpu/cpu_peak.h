@@ -1,11 +1,15 @@
-/* Measures this machine's OpenBLAS sgemm throughput, the peak that loom's
- * speed is reported against ("% of GEMM peak"), in the same run. */
+/* Measures this machine's sgemm throughput, the peak that loom's speed is
+ * reported against ("% of GEMM peak"), in the same run: the best of every
+ * GEMM library built in. */
 #ifndef LOOM_CPU_PEAK_H
 #define LOOM_CPU_PEAK_H
 
+#include "backend/cpu/cpu_gemm.h"
 #include "core/sysinfo.h"
 
-/* Best GFLOP/s of n x n x n sgemm over repeats lasting at least min_seconds. */
+/* Best GFLOP/s of n x n x n sgemm over repeats lasting at least min_seconds
+ * per library, and the library that reached it (fastest may be NULL). */
+double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest);
 double loom_cpu_sgemm_gflops(int n, double min_seconds);
 /* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
 void loom_cpu_set_threads(int n);

@@ -1,0 +1,40 @@
+/* The CPU backend's GEMM libraries behind one call. */
+#include <cblas.h>
+#include "backend/cpu/cpu_gemm.h"
+#include "core/check.h"
+#ifdef LOOM_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
+
+bool loom_cpu_gemm_available(loom_gemm_library lib) {
+#ifdef LOOM_HAVE_ONEDNN
+  return lib == LOOM_GEMM_OPENBLAS || lib == LOOM_GEMM_ONEDNN;
+#else
+  return lib == LOOM_GEMM_OPENBLAS;
+#endif
+}
+
+loom_gemm_library loom_cpu_gemm_library(void) {
+  return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
+}
+
+const char *loom_cpu_gemm_name(loom_gemm_library lib) { return lib == LOOM_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS"; }
+
+void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc) {
+#ifdef LOOM_HAVE_ONEDNN
+  if (lib == LOOM_GEMM_ONEDNN) {
+    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    LOOM_CHECK(st == dnnl_success, "oneDNN sgemm failed");
+    return;
+  }
+#endif
+  LOOM_CHECK(lib == LOOM_GEMM_OPENBLAS, "this loom was built without oneDNN");
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B,
+              ldb, beta, C, ldc);
+}
+
+void loom_cpu_sgemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
+                    float *C, int ldc) {
+  loom_cpu_sgemm_with(loom_cpu_gemm_library(), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
