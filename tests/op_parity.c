@@ -266,6 +266,36 @@ static void loss(const op_backend *b, op_report *r) {
   b->ops->mem->release(didx);
 }
 
+/* bf16: casts exact to the bit (one rounding function on every backend), and
+ * the bf16 GEMM equal to the fp32 one on the bf16 values up to summation order. */
+static void bf16(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 37, C = 61, OC = 53;
+  const size_t ni = (size_t)N * C, nw = (size_t)OC * C;
+  mirror inp = make(b, ni, -3, 3), w = make(b, nw, -1, 1), bias = make(b, OC, -1, 1), out = make(b, (size_t)N * OC, 0, 0),
+         back = make(b, ni, 0, 0);
+  uint16_t *want = malloc((ni + nw) * sizeof(uint16_t)), *got = malloc((ni + nw) * sizeof(uint16_t));
+  uint16_t *d16 = b->ops->mem->zalloc((ni + nw) * sizeof(uint16_t));
+  ref->to_bf16(want, inp.host, ni);
+  ref->to_bf16(want + ni, w.host, nw);
+  op->to_bf16(d16, inp.dev, ni);
+  op->to_bf16(d16 + ni, w.dev, nw);
+  b->ops->mem->to_host(got, d16, (ni + nw) * sizeof(uint16_t));
+  r->checks++;
+  if (memcmp(got, want, (ni + nw) * sizeof(uint16_t)) != 0) failed(r, "%s: bf16 bits differ from the reference (%g, %g)", "to_bf16", 0, 0);
+  ref->from_bf16(back.host, want, ni);
+  op->from_bf16(back.dev, d16, ni);
+  expect(r, "from_bf16", &back, 0.0);
+  ref->matmul_forward_bf16(out.host, want, want + ni, bias.host, N, C, OC);
+  op->matmul_forward_bf16(out.dev, d16, d16 + ni, bias.dev, N, C, OC);
+  expect(r, "matmul_forward_bf16", &out, b->fp32_nmse);
+  mirror *all[] = {&inp, &w, &bias, &out, &back};
+  drop_all(all, sizeof all / sizeof *all);
+  b->ops->mem->release(d16);
+  free(want);
+  free(got);
+}
+
 static void adamw(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 20001;
@@ -300,6 +330,7 @@ const op_case OP_CASES[] = {
     {"vocab-parallel loss pieces", loss,
      {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
       AT(log_shifted)}, 7},
+    {"bf16 casts and GEMM", bf16, {AT(to_bf16), AT(from_bf16), AT(matmul_forward_bf16)}, 3},
     {"adamw", adamw, {AT(adamw)}, 1},
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);

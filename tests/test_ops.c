@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "backend/cpu/cpu_math.h"
+#include "backend/op_math.h"
 #include "backend/ops.h"
 #include "core/rng.h"
 #include "op_parity.h"
@@ -369,6 +370,41 @@ START_TEST(every_op_is_set_and_tested) {
 }
 END_TEST
 
+/* ---- bf16 ---- */
+
+/* Round to nearest even, worked by hand: exact values stay, a tie goes to the
+ * even neighbour, past a tie rounds up, overflow is inf, NaN stays NaN. */
+START_TEST(bf16_rounding) {
+  const struct {
+    uint32_t in;
+    uint16_t out;
+  } cases[] = {
+      {0x3f800000u, 0x3f80}, /* 1 */
+      {0x3f808000u, 0x3f80}, /* 1 + 2^-8, a tie: to the even 1 */
+      {0x3f818000u, 0x3f82}, /* a tie above an odd mantissa: up */
+      {0x3f808001u, 0x3f81}, /* just past a tie: up */
+      {0x3f807fffu, 0x3f80}, /* just below: down */
+      {0xbf818000u, 0xbf82}, /* negative, the same */
+      {0x7f7fffffu, 0x7f80}, /* the largest float rounds past bf16's largest: inf */
+      {0x7f800000u, 0x7f80}, /* inf */
+      {0x00000001u, 0x0000}, /* the smallest subnormal: to zero */
+      {0x80000000u, 0x8000}, /* -0 */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    float x;
+    memcpy(&x, &cases[i].in, sizeof x);
+    ck_assert_msg(loom_bf16_round(x) == cases[i].out, "0x%08x rounds to 0x%04x, not 0x%04x", cases[i].in,
+                  loom_bf16_round(x), cases[i].out);
+    const float back = loom_bf16_value(cases[i].out);
+    uint32_t bits;
+    memcpy(&bits, &back, sizeof bits);
+    if ((cases[i].in & 0xffffu) == 0) ck_assert_uint_eq(bits, cases[i].in); /* a bf16 value comes back exactly */
+  }
+  const float nan = NAN;
+  ck_assert(isnan(loom_bf16_value(loom_bf16_round(nan))));
+}
+END_TEST
+
 /* ---- tensor memory ---- */
 
 /* Every backend's memory calls do what they say: fills, copies (overlapping
@@ -453,6 +489,7 @@ int main(void) {
   tcase_add_loop_test(tc, op_parity, 0, 2 * OP_CASE_COUNT);
   tcase_add_test(tc, every_op_is_set_and_tested);
   tcase_add_test(tc, memory_calls);
+  tcase_add_test(tc, bf16_rounding);
   tcase_add_test(tc, guarded_memory_faults_on_host_access);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -43,4 +43,26 @@ LOOM_HD uint64_t loom_attn_dropout_index_at(int64_t sample_offset, int head_offs
   return ((sample * (uint64_t)total_heads + head) * (uint64_t)T + (uint64_t)tq) * (uint64_t)T + (uint64_t)tk;
 }
 
+/* bf16 as its 16 raw bits: fp32 rounded to nearest, ties to even (so a
+ * value past the largest bf16 becomes inf); a NaN stays a quiet NaN. Every
+ * backend rounds with this one function. */
+LOOM_HD uint16_t loom_bf16_round(float x) {
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = x;
+  if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+  return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+LOOM_HD float loom_bf16_value(uint16_t b) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = (uint32_t)b << 16;
+  return v.f;
+}
+
 #endif

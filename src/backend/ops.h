@@ -130,6 +130,15 @@ typedef struct loom_ops {
   void (*dropout_forward)(float *x, int T, int B, int C, const loom_dropout *drop);
   void (*dropout_backward)(float *dx, int T, int B, int C, const loom_dropout *drop);
 
+  /* bf16 stored as its 16 raw bits, rounded by op_math.h's loom_bf16_round
+   * on every backend; from_bf16 is exact. */
+  void (*to_bf16)(uint16_t *out, const float *in, size_t n);
+  void (*from_bf16)(float *out, const uint16_t *in, size_t n);
+  /* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias[OC] (may be NULL) from
+   * bf16 inputs, accumulating in fp32. */
+  void (*matmul_forward_bf16)(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+                              int OC);
+
   /* AdamW with decoupled weight decay, over n elements. */
   void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
                 const loom_adamw_args *args);

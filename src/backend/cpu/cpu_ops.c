@@ -9,6 +9,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_math.h"
+#include "backend/op_math.h"
 #include "backend/ops.h"
 #include "core/check.h"
 
@@ -353,6 +354,29 @@ static void cpu_dropout_apply(float *x, int T, int B, int C, const loom_dropout 
     }
 }
 
+static void cpu_to_bf16(uint16_t *out, const float *in, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) out[i] = loom_bf16_round(in[i]);
+}
+
+static void cpu_from_bf16(float *out, const uint16_t *in, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
+}
+
+/* This machine's GEMM libraries have no bf16 kernel it can run (OpenBLAS's
+ * sbgemm is declared but absent from Debian's library; oneDNN's needs
+ * AVX512-BF16 or AMX): the bf16 values are widened exactly to fp32 and go
+ * through sgemm, which accumulates in fp32. */
+static void cpu_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+                                    int C, int OC) {
+  float *wide = loom_xmalloc(((size_t)N * C + (size_t)OC * C) * sizeof(float), "bf16 GEMM operands");
+  cpu_from_bf16(wide, inp, (size_t)N * C);
+  cpu_from_bf16(wide + (size_t)N * C, weight, (size_t)OC * C);
+  cpu_matmul_forward(out, wide, wide + (size_t)N * C, bias, N, C, OC);
+  free(wide);
+}
+
 static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
                       const loom_adamw_args *a) {
   const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps;
@@ -399,6 +423,9 @@ static const loom_ops CPU_OPS = {
     .sumsq = cpu_sumsq,
     .dropout_forward = cpu_dropout_apply,
     .dropout_backward = cpu_dropout_apply,
+    .to_bf16 = cpu_to_bf16,
+    .from_bf16 = cpu_from_bf16,
+    .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .adamw = cpu_adamw,
 };
 

@@ -1,6 +1,5 @@
-/* The CUDA backend: the op table (backend/ops.h) over device memory, plus
- * what mixed precision adds to it (bf16 casts, a bf16 GEMM with fp32
- * accumulation). Every pointer an op takes is a device pointer; every op is
+/* The CUDA backend: the op table (backend/ops.h) over device memory, bf16
+ * casts and the bf16 GEMM with fp32 accumulation included. Every pointer an op takes is a device pointer; every op is
  * queued on the backend's one compute stream, in order, and returns without
  * waiting, except sumsq, which returns a host value. cuBLAS does the
  * matmuls (fp32, or TF32 tensor cores when enabled) and the attention's
@@ -49,12 +48,6 @@ void loom_cuda_free(void *p);
 void loom_cuda_to_device(void *dst, const void *src, size_t bytes);
 void loom_cuda_to_host(void *dst, const void *src, size_t bytes);
 
-/* Mixed precision: bf16 stored as its 16 raw bits. Rounding is to nearest even. */
-void loom_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n);
-void loom_cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n);
-/* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias, bf16 inputs, fp32 accumulation. */
-void loom_cuda_matmul_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
-                           int OC);
 /* The bf16 GEMM throughput cuBLAS reaches on this device for an m x n x k
  * product, in TFLOP/s (best of `iters` timed runs after a warm-up). */
 double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters);

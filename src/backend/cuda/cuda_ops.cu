@@ -690,14 +690,36 @@ void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, c
 
 // ---- bf16 ------------------------------------------------------------------------------
 
-__global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *in, size_t n) {
+// The rounding is op_math.h's, shared with the CPU backends bit for bit.
+__global__ void to_bf16_kernel(uint16_t *out, const float *in, size_t n) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __float2bfloat16_rn(in[i]);
+  if (i < n) out[i] = loom_bf16_round(in[i]);
 }
 
-__global__ void from_bf16_kernel(float *out, const __nv_bfloat16 *in, size_t n) {
+__global__ void from_bf16_kernel(float *out, const uint16_t *in, size_t n) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = __bfloat162float(in[i]);
+  if (i < n) out[i] = loom_bf16_value(in[i]);
+}
+
+void cuda_to_bf16(uint16_t *out, const float *in, size_t n) {
+  if (!n) return;
+  to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+  launched("to_bf16");
+}
+
+void cuda_from_bf16(float *out, const uint16_t *in, size_t n) {
+  if (!n) return;
+  from_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+  launched("from_bf16");
+}
+
+void cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+                              int OC) {
+  const float one = 1.0f, zero = 0.0f;
+  check_blas(B.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
+                          &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "matmul_forward_bf16");
+  if (bias) cuda_bias_forward(out, bias, N, OC);
 }
 
 loom_ops make_ops() {
@@ -732,6 +754,9 @@ loom_ops make_ops() {
   o.sumsq = cuda_sumsq;
   o.dropout_forward = cuda_dropout;
   o.dropout_backward = cuda_dropout;
+  o.to_bf16 = cuda_to_bf16;
+  o.from_bf16 = cuda_from_bf16;
+  o.matmul_forward_bf16 = cuda_matmul_forward_bf16;
   o.adamw = cuda_adamw;
   return o;
 }
@@ -785,6 +810,9 @@ loom_ops make_synced_ops() {
   o.sumsq = cuda_sumsq; // waits already
   o.dropout_forward = SYNCED(cuda_dropout);
   o.dropout_backward = SYNCED(cuda_dropout);
+  o.to_bf16 = SYNCED(cuda_to_bf16);
+  o.from_bf16 = SYNCED(cuda_from_bf16);
+  o.matmul_forward_bf16 = SYNCED(cuda_matmul_forward_bf16);
   o.adamw = SYNCED(cuda_adamw);
   return o;
 }
@@ -860,30 +888,6 @@ void loom_cuda_to_host(void *dst, const void *src, size_t bytes) {
   init();
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream), "to_host");
   check(cudaStreamSynchronize(g.stream), "to_host");
-}
-
-void loom_cuda_f32_to_bf16(uint16_t *out, const float *in, size_t n) {
-  init();
-  if (!n) return;
-  to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>((__nv_bfloat16 *)out, in, n);
-  launched("f32_to_bf16");
-}
-
-void loom_cuda_bf16_to_f32(float *out, const uint16_t *in, size_t n) {
-  init();
-  if (!n) return;
-  from_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, (const __nv_bfloat16 *)in, n);
-  launched("bf16_to_f32");
-}
-
-void loom_cuda_matmul_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
-                           int OC) {
-  init();
-  const float one = 1.0f, zero = 0.0f;
-  check_blas(B.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
-                          &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             "matmul_bf16");
-  if (bias) cuda_bias_forward(out, bias, N, OC);
 }
 
 double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {

@@ -126,6 +126,12 @@ static void g_dropout_forward(float *x, int T, int B, int C, const loom_dropout 
 static void g_dropout_backward(float *dx, int T, int B, int C, const loom_dropout *drop) {
   CPU->dropout_backward(U(dx), T, B, C, drop);
 }
+static void g_to_bf16(uint16_t *out, const float *in, size_t n) { CPU->to_bf16(U(out), U(in), n); }
+static void g_from_bf16(float *out, const uint16_t *in, size_t n) { CPU->from_bf16(U(out), U(in), n); }
+static void g_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+                                  int C, int OC) {
+  CPU->matmul_forward_bf16(U(out), U(inp), U(weight), U(bias), N, C, OC);
+}
 static void g_adamw(float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
   CPU->adamw(U(param), U(grad), U(m), U(v), n, args);
 }
@@ -160,6 +166,9 @@ static const loom_ops GUARDED_OPS = {
     .sumsq = g_sumsq,
     .dropout_forward = g_dropout_forward,
     .dropout_backward = g_dropout_backward,
+    .to_bf16 = g_to_bf16,
+    .from_bf16 = g_from_bf16,
+    .matmul_forward_bf16 = g_matmul_forward_bf16,
     .adamw = g_adamw,
 };
 

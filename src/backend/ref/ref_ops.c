@@ -2,6 +2,7 @@
  * the oracle every other backend is tested against, never the fast path. */
 #include <math.h>
 #include <string.h>
+#include "backend/op_math.h"
 #include "backend/ops.h"
 
 static void ref_matmul_forward(float *out, const float *inp, const float *weight,
@@ -267,6 +268,26 @@ static void ref_dropout_apply(float *x, int T, int B, int C, const loom_dropout 
       }
 }
 
+static void ref_to_bf16(uint16_t *out, const float *in, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = loom_bf16_round(in[i]);
+}
+
+static void ref_from_bf16(float *out, const uint16_t *in, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
+}
+
+/* The fp32 matmul on the bf16 values, each product formed in fp32. */
+static void ref_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+                                    int C, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      float acc = bias ? bias[o] : 0.0f;
+      for (int c = 0; c < C; c++)
+        acc += loom_bf16_value(inp[(size_t)n * C + c]) * loom_bf16_value(weight[(size_t)o * C + c]);
+      out[(size_t)n * OC + o] = acc;
+    }
+}
+
 static void ref_adamw(float *param, const float *grad, float *m, float *v, size_t n,
                       const loom_adamw_args *a) {
   const double c1 = 1.0 - pow(a->beta1, a->step), c2 = 1.0 - pow(a->beta2, a->step);
@@ -308,6 +329,9 @@ static const loom_ops REF_OPS = {
     .sumsq = ref_sumsq,
     .dropout_forward = ref_dropout_apply,
     .dropout_backward = ref_dropout_apply,
+    .to_bf16 = ref_to_bf16,
+    .from_bf16 = ref_from_bf16,
+    .matmul_forward_bf16 = ref_matmul_forward_bf16,
     .adamw = ref_adamw,
 };
 
