@@ -65,11 +65,14 @@ done
 same resumed
 grep -q '"step": 5,' "$WORK/resumed.guarded.jsonl" || fail "the resumed run did not train steps 5 and 6"
 
-# Greedy sampling from the exported model, on each backend.
-for dev in cpu guarded; do
-  "$LOOM" sample --device "$dev" --init-from "$WORK/serial.cpu.bin" --prompt "12+34=" \
-    --max-tokens 12 > "$WORK/sample.$dev.txt" 2>&1 || fail "sample on $dev: $(tail -3 "$WORK/sample.$dev.txt")"
+# Sampling from the exported model on each backend, greedy and at a temperature.
+for temperature in 0 0.8; do
+  for dev in cpu guarded; do
+    "$LOOM" sample --device "$dev" --init-from "$WORK/serial.cpu.bin" --prompt "12+34=" --max-tokens 12 \
+      --temperature $temperature > "$WORK/sample.$dev.txt" 2>&1 || fail "sample on $dev: $(tail -3 "$WORK/sample.$dev.txt")"
+  done
+  [ -s "$WORK/sample.cpu.txt" ] || fail "sampling printed nothing"
+  cmp -s "$WORK/sample.cpu.txt" "$WORK/sample.guarded.txt" ||
+    fail "sampling at temperature $temperature differs: $(diff "$WORK/sample.cpu.txt" "$WORK/sample.guarded.txt" | head -4)"
 done
-[ -s "$WORK/sample.cpu.txt" ] || fail "sampling printed nothing"
-cmp -s "$WORK/sample.cpu.txt" "$WORK/sample.guarded.txt" || fail "sampling differs: $(diff "$WORK/sample.cpu.txt" "$WORK/sample.guarded.txt" | head -4)"
 echo "ok: the guarded backend equals the CPU backend bit for bit over the matrix"

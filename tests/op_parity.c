@@ -286,6 +286,9 @@ static void bf16(const op_backend *b, op_report *r) {
   ref->from_bf16(back.host, want, ni);
   op->from_bf16(back.dev, d16, ni);
   expect(r, "from_bf16", &back, 0.0);
+  ref->round_bf16(inp.host, ni);
+  op->round_bf16(inp.dev, ni);
+  expect(r, "round_bf16", &inp, 0.0);
   ref->matmul_forward_bf16(out.host, want, want + ni, bias.host, N, C, OC);
   op->matmul_forward_bf16(out.dev, d16, d16 + ni, bias.dev, N, C, OC);
   expect(r, "matmul_forward_bf16", &out, b->fp32_nmse);
@@ -330,7 +333,7 @@ const op_case OP_CASES[] = {
     {"vocab-parallel loss pieces", loss,
      {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
       AT(log_shifted)}, 7},
-    {"bf16 casts and GEMM", bf16, {AT(to_bf16), AT(from_bf16), AT(matmul_forward_bf16)}, 3},
+    {"bf16 casts and GEMM", bf16, {AT(to_bf16), AT(from_bf16), AT(round_bf16), AT(matmul_forward_bf16)}, 4},
     {"adamw", adamw, {AT(adamw)}, 1},
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);

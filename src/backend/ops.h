@@ -134,6 +134,8 @@ typedef struct loom_ops {
    * on every backend; from_bf16 is exact. */
   void (*to_bf16)(uint16_t *out, const float *in, size_t n);
   void (*from_bf16)(float *out, const uint16_t *in, size_t n);
+  /* x[i] = the bf16 value nearest x[i], kept in fp32: what a bf16 tensor holds. */
+  void (*round_bf16)(float *x, size_t n);
   /* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias[OC] (may be NULL) from
    * bf16 inputs, accumulating in fp32. */
   void (*matmul_forward_bf16)(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,

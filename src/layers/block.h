@@ -27,6 +27,7 @@ typedef struct {
   int total_heads;
   int ffn;         /* this rank's MLP columns */
   float norm_eps;
+  bool bf16;       /* round every activation and activation grad to bf16 values */
 } loom_block_shape;
 
 /* Saved activations. N = T*B rows in [s, b] order inside the parallel

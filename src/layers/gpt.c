@@ -31,7 +31,9 @@ loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_op
 static void slots_free(loom_gpt *m) {
   for (int i = 0; i < m->nslots; i++) {
     loom_buffer_free(&m->slots[i].mem);
+    loom_buffer_free(&m->slots[i].mem16);
     free(m->slots[i].blocks);
+    free(m->slots[i].packed);
     if (m->slots[i].tokens) m->ops->mem->release(m->slots[i].tokens);
     if (m->slots[i].targets) m->ops->mem->release(m->slots[i].targets);
     if (m->slots[i].pred) m->ops->mem->release(m->slots[i].pred);
@@ -48,31 +50,43 @@ void loom_gpt_free(loom_gpt *m) {
   loom_gpt_params_free(&m->p);
 }
 
-/* Builder for activation tables: specs are appended, then pointers bound. */
+/* Builder for activation tables of one dtype: specs are appended, then pointers bound. */
 typedef struct {
   loom_tensor specs[48];
-  float **slots[48];
+  void *slots[48]; /* float ** (F32) or uint16_t ** (BF16) */
+  loom_dtype dtype;
   int count;
 } act_list;
 
-static void want(act_list *l, float **slot, const char *name, int64_t numel) {
+static void want_as(act_list *l, void *slot, const char *name, int64_t numel) {
   LOOM_CHECK(l->count < 48, "too many activation views");
-  l->specs[l->count] = loom_tensor_spec(name, LOOM_DTYPE_F32, 1, &numel);
+  l->specs[l->count] = loom_tensor_spec(name, l->dtype, 1, &numel);
   l->slots[l->count++] = slot;
 }
+
+static void want(act_list *l, float **slot, const char *name, int64_t numel) { want_as(l, slot, name, numel); }
+static void want16(act_list *l, uint16_t **slot, const char *name, int64_t numel) { want_as(l, slot, name, numel); }
 
 /* Shapes every table below is cut from. */
 typedef struct {
   int64_t N, n, h, f, w, att, V;
+  int64_t layer_weights, edge_weights; /* bf16 runs: the fp32 scratch of one layer's and of the embedding's and head's weights */
   int L;
-  bool first, last, recompute;
+  bool first, last, recompute, bf16;
 } dims;
 
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
   const int64_t N = (int64_t)T * B;
-  return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = c->ffn / tp, .w = c->hidden / tp,
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1};
+  const int64_t h = c->hidden;
+  return (dims){.N = N, .n = sp ? N / tp : N, .h = h, .f = c->ffn / tp, .w = c->hidden / tp,
                 .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp,
-                .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute};
+                .layer_weights = c->bf16 && c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0,
+                .edge_weights = c->bf16 ? (r->first || r->last ? (int64_t)c->padded_vocab / tp * h : 0) +
+                                              (r->first ? (int64_t)c->seq * h : 0) + (r->last ? 2 * h : 0)
+                                        : 0,
+                .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
+                .bf16 = c->bf16};
 }
 
 /* Per-layer activation kinds: one view each, [L * per-layer size]. */
@@ -80,41 +94,79 @@ typedef struct {
   float *ln1m, *ln1r, *ln1, *qkv, *att, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
 } layer_views;
 
-static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
+/* The norm statistics: fp32 in every run. */
+static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
   want(l, &v->ln1m, "ln_1_mean", L * d->n);
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
+  want(l, &v->ln2m, "ln_2_mean", L * d->n);
+  want(l, &v->ln2r, "ln_2_rstd", L * d->n);
+}
+
+/* bf16 runs: the big activations, packed. */
+static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L) {
+  want16(l, &p->ln_1, "ln_1", L * d->N * d->h);
+  want16(l, &p->qkv, "qkv", L * d->N * 3 * d->w);
+  want16(l, &p->att, "att", L * d->att);
+  want16(l, &p->atty, "atty", L * d->N * d->w);
+  want16(l, &p->res_attn, "res_attn", L * d->n * d->h);
+  want16(l, &p->ln_2, "ln_2", L * d->N * d->h);
+  want16(l, &p->fc, "fc", L * d->N * d->f);
+  want16(l, &p->fc_gelu, "fc_gelu", L * d->N * d->f);
+  want16(l, &p->out, "out", L * d->n * d->h);
+}
+
+static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
+  want_stats(l, v, d, L);
   want(l, &v->ln1, "ln_1", L * d->N * d->h);
   want(l, &v->qkv, "qkv", L * d->N * 3 * d->w);
   want(l, &v->att, "att", L * d->att);
   want(l, &v->atty, "atty", L * d->N * d->w);
   want(l, &v->resa, "res_attn", L * d->n * d->h);
-  want(l, &v->ln2m, "ln_2_mean", L * d->n);
-  want(l, &v->ln2r, "ln_2_rstd", L * d->n);
   want(l, &v->ln2, "ln_2", L * d->N * d->h);
   want(l, &v->fc, "fc", L * d->N * d->f);
   want(l, &v->fcg, "fc_gelu", L * d->N * d->f);
   want(l, &v->out, "out", L * d->n * d->h);
 }
 
+/* Layer i's slices of the packed views. */
+static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const dims *d, int L) {
+  for (int i = 0; i < L; i++)
+    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * d->N * d->h, .qkv = p->qkv + i * d->N * 3 * d->w,
+                               .att = p->att + i * d->att, .atty = p->atty + i * d->N * d->w,
+                               .res_attn = p->res_attn + i * d->n * d->h, .ln_2 = p->ln_2 + i * d->N * d->h,
+                               .fc = p->fc + i * d->N * d->f, .fc_gelu = p->fc_gelu + i * d->N * d->f,
+                               .out = p->out + i * d->n * d->h};
+}
+
+/* Layer views of v; fields v does not hold (bf16 runs: all but the statistics) come out NULL. */
+static float *at(float *base, int64_t offset) { return base ? base + offset : NULL; }
+
 static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d, int L) {
   for (int i = 0; i < L; i++) {
     b[i] = (loom_block_acts){
-        .ln_1_mean = v->ln1m + i * d->n, .ln_1_rstd = v->ln1r + i * d->n, .ln_1 = v->ln1 + i * d->N * d->h,
-        .qkv = v->qkv + i * d->N * 3 * d->w, .att = v->att + i * d->att, .atty = v->atty + i * d->N * d->w,
-        .res_attn = v->resa + i * d->n * d->h, .ln_2_mean = v->ln2m + i * d->n, .ln_2_rstd = v->ln2r + i * d->n,
-        .ln_2 = v->ln2 + i * d->N * d->h, .fc = v->fc + i * d->N * d->f, .fc_gelu = v->fcg + i * d->N * d->f,
-        .out = v->out + i * d->n * d->h};
+        .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_1 = at(v->ln1, i * d->N * d->h),
+        .qkv = at(v->qkv, i * d->N * 3 * d->w), .att = at(v->att, i * d->att), .atty = at(v->atty, i * d->N * d->w),
+        .res_attn = at(v->resa, i * d->n * d->h), .ln_2_mean = at(v->ln2m, i * d->n),
+        .ln_2_rstd = at(v->ln2r, i * d->n), .ln_2 = at(v->ln2, i * d->N * d->h), .fc = at(v->fc, i * d->N * d->f),
+        .fc_gelu = at(v->fcg, i * d->N * d->f), .out = at(v->out, i * d->n * d->h)};
   }
 }
 
-/* What one micro-batch keeps until its backward. */
-static void list_slot(act_list *l, loom_gpt_slot *s, layer_views *v, const dims *d) {
-  l->count = 0;
+/* What one micro-batch keeps until its backward: fp32 views in l, bf16 ones in l16. */
+static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views *v, loom_block_packed *p,
+                      const dims *d) {
+  *l = (act_list){.dtype = LOOM_DTYPE_F32};
+  *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
+  memset(v, 0, sizeof *v);
   want(l, &s->x0, "x0", d->n * d->h);
   want(l, &s->dx0, "dx0", d->n * d->h);
   if (d->recompute) {
     want(l, &s->inputs, "inputs", d->L * d->n * d->h);
     want(l, &s->out, "out", d->n * d->h);
+  } else if (d->L > 0 && d->bf16) {
+    want_stats(l, v, d, d->L);
+    want(l, &s->out, "out", d->n * d->h);
+    want_packed(l16, p, d, d->L);
   } else if (d->L > 0) {
     want_layers(l, v, d, d->L);
   }
@@ -132,7 +184,7 @@ static void list_slot(act_list *l, loom_gpt_slot *s, layer_views *v, const dims 
 /* Scratch every slot shares. */
 static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims *d) {
   loom_block_scratch *s = &w->block;
-  l->count = 0;
+  *l = (act_list){.dtype = LOOM_DTYPE_F32};
   want(l, &s->local, "local", d->n * d->h);
   want(l, &s->local2, "local2", d->n * d->h);
   want(l, &s->full, "full", d->N * d->h);
@@ -146,7 +198,11 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
   want(l, &w->lse_scratch, "lse_scratch", d->N);
-  if (d->recompute) want_layers(l, v, d, 1);
+  if (d->recompute || d->bf16) want_layers(l, v, d, 1);
+  if (d->bf16) {
+    want(l, &w->xin, "xin", d->n * d->h);
+    want(l, &w->weights, "weights", d->layer_weights + d->edge_weights);
+  }
 }
 
 static size_t list_bytes(const act_list *l) {
@@ -160,12 +216,13 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
-  act_list l;
+  act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
   layer_views v;
-  list_slot(&l, &s, &v, &d);
-  const size_t slot_bytes = list_bytes(&l);
+  loom_block_packed p;
+  list_slot(&l, &l16, &s, &v, &p, &d);
+  const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
   list_work(&l, &w, &v, &d);
   return slot_bytes * (size_t)slots + list_bytes(&l);
 }
@@ -174,8 +231,37 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
 static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *backend) {
   loom_status st = loom_buffer_init(mem, l->specs, l->count, backend);
   if (st != LOOM_OK) return st;
-  for (int i = 0; i < l->count; i++) *l->slots[i] = mem->views[i].data;
+  for (int i = 0; i < l->count; i++) {
+    if (l->dtype == LOOM_DTYPE_BF16) *(uint16_t **)l->slots[i] = mem->views[i].data;
+    else *(float **)l->slots[i] = mem->views[i].data;
+  }
   return LOOM_OK;
+}
+
+/* ---- bf16 runs: compute weights ---- */
+
+/* Index of the stage's first block tensor: wte and wpe come first where the stage holds them. */
+static int first_block_tensor(const loom_gpt *m) { return (m->p.range.first || m->p.range.last) + m->p.range.first; }
+
+/* Points the weight scratch's views: one layer's tensors (laid out as in the
+ * parameter buffer), then the embedding's and head's. */
+static void bind_weights(loom_gpt *m) {
+  const loom_buffer *b = &m->p.params;
+  float *at = m->w.weights;
+  if (m->p.layers > 0) {
+    const int k0 = first_block_tensor(m);
+    const size_t base = loom_buffer_offset(b, k0);
+    float **views = (float **)&m->w.layer_w;
+    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (loom_buffer_offset(b, k0 + j) - base);
+    at += loom_gpt_param_count(&m->p.cfg, &(loom_stage_range){.layer_begin = 0, .layer_end = 1}, m->p.tp_size);
+  }
+  const int64_t h = m->p.cfg.hidden;
+  m->w.wte = m->p.w.wte ? at : NULL;
+  at += m->p.w.wte ? (int64_t)m->p.cfg.padded_vocab / m->p.tp_size * h : 0;
+  m->w.wpe = m->p.w.wpe ? at : NULL;
+  at += m->p.w.wpe ? (int64_t)m->p.cfg.seq * h : 0;
+  m->w.ln_f_w = m->p.w.ln_f_w ? at : NULL;
+  m->w.ln_f_b = m->p.w.ln_f_b ? at + h : NULL;
 }
 
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
@@ -185,8 +271,9 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
   const dims d = dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
-  act_list l;
+  act_list l, l16;
   layer_views v;
+  loom_block_packed p;
   m->slots = loom_xcalloc((size_t)slots, sizeof *m->slots, "activation slots");
   m->nslots = slots;
   loom_status st = LOOM_OK;
@@ -196,17 +283,24 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     s->targets = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
     s->pred = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
     LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
-    list_slot(&l, s, &v, &d);
+    list_slot(&l, &l16, s, &v, &p, &d);
     st = place(&s->mem, &l, m->ops->mem);
+    if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && !m->recompute && d.L > 0) {
       s->blocks = loom_xcalloc((size_t)d.L, sizeof *s->blocks, "block activations");
       bind_layers(s->blocks, &v, &d, d.L);
     }
+    if (st == LOOM_OK && !m->recompute && d.bf16 && d.L > 0) {
+      s->packed = loom_xcalloc((size_t)d.L, sizeof *s->packed, "packed activations");
+      bind_packed(s->packed, &p, &d, d.L);
+    }
   }
   if (st == LOOM_OK) {
+    memset(&v, 0, sizeof v);
     list_work(&l, &m->w, &v, &d);
     st = place(&m->w.mem, &l, m->ops->mem);
-    if (st == LOOM_OK && m->recompute) bind_layers(&m->w.redo, &v, &d, 1);
+    if (st == LOOM_OK && (m->recompute || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
+    if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
   if (st != LOOM_OK) {
     slots_free(m);
@@ -225,7 +319,8 @@ static loom_block_shape block_shape(const loom_gpt *m) {
   const int heads = c->heads / m->tp.size;
   return (loom_block_shape){.T = m->T, .B = m->B, .hidden = c->hidden, .heads = heads,
                             .head_dim = c->hidden / c->heads, .head_offset = m->tp.rank * heads,
-                            .total_heads = c->heads, .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps};
+                            .total_heads = c->heads, .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps,
+                            .bf16 = c->bf16};
 }
 
 static loom_block_dropout block_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int layer) {
@@ -238,32 +333,106 @@ static loom_vocab_range vocab_range(const loom_gpt *m) {
   return loom_vocab_range_of(&m->tp, m->p.cfg.vocab, m->p.cfg.padded_vocab);
 }
 
-
 static int local_rows(const loom_gpt *m) { return loom_tp_local_rows(&m->tp, m->T) * m->B; }
 
-/* Layer l's input in a slot: the stage input for layer 0, else the previous
- * layer's output (or its saved copy under recompute). */
-static float *layer_input(const loom_gpt *m, const loom_gpt_slot *s, int l) {
+/* bf16 runs: rounds x[n] to bf16 values, as a bf16 tensor holds them. */
+static void to_bf16_values(const loom_gpt *m, float *x, size_t n) {
+  if (m->p.cfg.bf16) m->ops->round_bf16(x, n);
+}
+
+/* ---- bf16 runs: compute weights and packed activations ---- */
+
+void loom_gpt_sync_compute_weights(loom_gpt *m) {
+  if (m->p.cfg.bf16) m->ops->to_bf16(m->p.compute.base, m->p.params.base, m->p.params.numel);
+}
+
+/* The weights layer l computes with: its fp32 parameters, or in bf16 runs
+ * the bf16 copy's values unpacked into scratch. */
+static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
+  if (!m->p.cfg.bf16) return &m->p.w.h[l];
+  const loom_buffer *c = &m->p.compute;
+  const int k0 = first_block_tensor(m) + l * LOOM_BLOCK_TENSORS;
+  const size_t lo = loom_buffer_offset(c, k0);
+  const size_t hi = k0 + LOOM_BLOCK_TENSORS < c->count ? loom_buffer_offset(c, k0 + LOOM_BLOCK_TENSORS) : c->numel;
+  m->ops->from_bf16(m->w.layer_w.ln_1_w, (const uint16_t *)c->base + lo, hi - lo);
+  return &m->w.layer_w;
+}
+
+static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from_bf16(dst, t->data, loom_tensor_numel(t)); }
+
+/* The embedding's and head's weights the stage computes with, as layer_weights. */
+static loom_gpt_weights edge_weights(loom_gpt *m) {
+  if (!m->p.cfg.bf16) return m->p.w;
+  const loom_buffer *c = &m->p.compute;
+  const loom_stage_range *r = &m->p.range;
+  if (r->first || r->last) unpack(m, m->w.wte, &c->views[0]);
+  if (r->first) unpack(m, m->w.wpe, &c->views[1]);
+  if (r->last) {
+    unpack(m, m->w.ln_f_w, &c->views[c->count - 2]);
+    unpack(m, m->w.ln_f_b, &c->views[c->count - 1]);
+  }
+  return (loom_gpt_weights){.wte = m->w.wte, .wpe = m->w.wpe, .ln_f_w = m->w.ln_f_w, .ln_f_b = m->w.ln_f_b};
+}
+
+/* The fp32 activations layer l computes in: the slot's own, or (recompute,
+ * bf16) the one-layer scratch, with the slot's norm statistics in bf16 runs. */
+static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int l) {
+  if (!m->recompute && !m->p.cfg.bf16) return s->blocks[l];
+  loom_block_acts a = m->w.redo;
+  if (!m->recompute) {
+    a.ln_1_mean = s->blocks[l].ln_1_mean, a.ln_1_rstd = s->blocks[l].ln_1_rstd;
+    a.ln_2_mean = s->blocks[l].ln_2_mean, a.ln_2_rstd = s->blocks[l].ln_2_rstd;
+  }
+  return a;
+}
+
+/* Moves layer l's activations between the fp32 scratch and the slot's bf16
+ * copy (exactly: they hold bf16 values). */
+static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_acts *a, bool pack) {
+  const loom_block_shape sh = block_shape(m);
+  const size_t N = (size_t)m->T * m->B, n = (size_t)local_rows(m), h = (size_t)sh.hidden,
+               w = (size_t)sh.heads * sh.head_dim, f = (size_t)sh.ffn, att = (size_t)m->B * sh.heads * m->T * m->T;
+  const loom_block_packed *p = &s->packed[l];
+  float *const wide[] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
+  uint16_t *const narrow[] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
+  const size_t count[] = {N * h, N * 3 * w, att, N * w, n * h, N * h, N * f, N * f, n * h};
+  for (int i = 0; i < 9; i++) {
+    if (pack) m->ops->to_bf16(narrow[i], wide[i], count[i]);
+    else m->ops->from_bf16(wide[i], narrow[i], count[i]);
+  }
+}
+
+/* Layer l's input: the stage input for layer 0, else the previous layer's
+ * output, which recompute keeps in the slot, and bf16 runs in w.xin (during
+ * forward, where it was left; in backward, unpacked from the slot). */
+static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool backward) {
   if (l == 0) return s->x0;
-  return m->recompute ? s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden : s->blocks[l - 1].out;
+  if (m->recompute) return s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden;
+  if (!m->p.cfg.bf16) return s->blocks[l - 1].out;
+  if (backward) m->ops->from_bf16(m->w.xin, s->packed[l - 1].out, (size_t)local_rows(m) * m->p.cfg.hidden);
+  return m->w.xin;
 }
 
 const float *loom_gpt_stage_output(const loom_gpt *m, int slot) {
   const loom_gpt_slot *s = &m->slots[slot];
   if (m->p.layers == 0) return s->x0;
-  return m->recompute ? s->out : s->blocks[m->p.layers - 1].out;
+  return m->recompute || m->p.cfg.bf16 ? s->out : s->blocks[m->p.layers - 1].out;
 }
 
 /* Vocab-parallel embedding onto this rank's rows, plus positions and dropout. */
 static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
   const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
+  const size_t nh = (size_t)local_T * B * h;
+  const loom_gpt_weights w = edge_weights(m);
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
-  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, m->p.w.wte, vocab_range(m), T, B, h);
+  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, w.wte, vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  m->ops->position_forward(s->x0, m->p.w.wpe, local_T, B, h, pos_offset);
+  m->ops->position_forward(s->x0, w.wpe, local_T, B, h, pos_offset);
+  to_bf16_values(m, s->x0, nh);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_forward(s->x0, local_T, B, h, &d_embed);
+  to_bf16_values(m, s->x0, nh);
 }
 
 static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
@@ -272,6 +441,7 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_backward(dres, local_T, B, h, &d_embed);
+  to_bf16_values(m, dres, (size_t)local_T * B * h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
   m->ops->position_backward(m->p.g.wpe, dres, local_T, B, h, pos_offset);
   float *dfull = m->tp.sequence_parallel ? m->w.embed_full : dres;
@@ -279,14 +449,18 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
 }
 
 /* Final norm, then the tied LM head: a column-parallel linear over this
- * rank's vocab rows, whose logits stay split into the vocab-parallel loss. */
+ * rank's vocab rows, whose logits stay split into the vocab-parallel loss
+ * (computed in fp32, on bf16 logits in bf16 runs). */
 static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const loom_gpt_config *c = &m->p.cfg;
   const int N = m->T * m->B, n = local_rows(m), h = c->hidden;
   const loom_vocab_range v = vocab_range(m);
+  const loom_gpt_weights w = edge_weights(m);
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
-  m->ops->layernorm_forward(normed, s->ln_f_mean, s->ln_f_rstd, x, m->p.w.ln_f_w, m->p.w.ln_f_b, n, h, c->norm_eps);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, m->p.w.wte, NULL, N, n, h, v.rows);
+  m->ops->layernorm_forward(normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h, c->norm_eps);
+  to_bf16_values(m, normed, (size_t)n * h);
+  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, w.wte, NULL, N, n, h, v.rows);
+  to_bf16_values(m, s->logits, (size_t)N * v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
                                            s->targets, v, N);
 }
@@ -295,13 +469,17 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
 static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss) {
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden;
   const loom_vocab_range v = vocab_range(m);
+  const loom_gpt_weights w = edge_weights(m);
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
+  to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.wte, NULL, s->logits, s->ln_f, m->p.w.wte,
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.wte, NULL, s->logits, s->ln_f, w.wte,
                                 N, n, h, v.rows);
+  to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
-  m->ops->layernorm_backward(m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, m->p.w.ln_f_w, s->ln_f_mean,
+  m->ops->layernorm_backward(m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
                              s->ln_f_rstd, n, h);
+  to_bf16_values(m, m->w.dres, (size_t)n * h);
 }
 
 float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *input) {
@@ -319,14 +497,16 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const loom_block_shape shape = block_shape(m);
   for (int l = 0; l < L; l++) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
-    const float *x = layer_input(m, s, l);
-    if (!m->recompute) {
-      loom_block_forward(&s->blocks[l], &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
-      continue;
-    }
-    /* Recompute keeps only each layer's input: the next input is a copy of this output. */
-    loom_block_forward(&m->w.redo, &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
-    mem->copy(l + 1 < L ? layer_input(m, s, l + 1) : s->out, m->w.redo.out, nh * sizeof(float));
+    const float *x = layer_input(m, s, l, false);
+    const loom_block_weights *w = layer_weights(m, l);
+    loom_block_acts a = layer_acts(m, s, l);
+    loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
+    if (!m->recompute && !m->p.cfg.bf16) continue;
+    /* Recompute keeps only each layer's input; bf16 runs keep the layer
+     * packed and pass its output on in w.xin. */
+    if (!m->recompute) pack_layer(m, s, l, &a, true);
+    float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
+    mem->copy(next, a.out, nh * sizeof(float));
   }
   return m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
 }
@@ -340,11 +520,13 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const loom_block_shape shape = block_shape(m);
   for (int l = L - 1; l >= 0; l--) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
-    const float *x = layer_input(m, s, l);
+    const float *x = layer_input(m, s, l, true);
+    const loom_block_weights *w = layer_weights(m, l);
+    loom_block_acts a = layer_acts(m, s, l);
     /* Recompute keeps no activations per slot: the same ops and keyed masks redo them bit for bit. */
-    if (m->recompute) loom_block_forward(&m->w.redo, &m->w.block, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
-    const loom_block_acts *acts = m->recompute ? &m->w.redo : &s->blocks[l];
-    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, acts, x, &m->p.w.h[l], &shape, &d, &m->tp, m->ops);
+    if (m->recompute) loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
+    else if (m->p.cfg.bf16) pack_layer(m, s, l, &a, false);
+    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &a, x, w, &shape, &d, &m->tp, m->ops);
     if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
   }
   if (m->p.range.first) embed_backward(m, s, batch);

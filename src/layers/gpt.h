@@ -10,7 +10,9 @@
  * Activations of a micro-batch live in a slot; a pipeline stage keeps as many
  * slots as its schedule has micro-batches in flight. Scratch is shared by all
  * slots. With recompute on, a slot keeps only each layer's input and the
- * backward pass runs each layer's forward again before its backward. */
+ * backward pass runs each layer's forward again before its backward. In
+ * bf16 runs (cfg.bf16) each layer runs in fp32 scratch on bf16 values, and
+ * a slot keeps its activations packed as bf16. */
 #ifndef LOOM_GPT_H
 #define LOOM_GPT_H
 
@@ -20,15 +22,23 @@
 #include "layers/block.h"
 #include "layers/gpt_params.h"
 
+/* A layer's big activations kept as bf16 (bf16 runs without recompute);
+ * its norm statistics stay fp32 in the slot's blocks. */
+typedef struct {
+  uint16_t *ln_1, *qkv, *att, *atty, *res_attn, *ln_2, *fc, *fc_gelu, *out;
+} loom_block_packed;
+
 /* One micro-batch's saved activations. N = T*B rows; n = N/tp under SP, else N. */
 typedef struct {
   loom_buffer mem;
+  loom_buffer mem16;        /* bf16 runs: the packed activations */
+  loom_block_packed *packed; /* [layers] (bf16 runs without recompute) */
   int *tokens, *targets;    /* [N] [s, b] order */
   int *pred;                /* [N] greedy predictions */
   float *x0;                /* [n, h] stage input: the embedding output, or the received activation */
-  loom_block_acts *blocks;  /* [layers] (without recompute) */
+  loom_block_acts *blocks;  /* [layers] (without recompute; only the norm statistics in bf16 runs) */
   float *inputs;            /* [layers, n, h] each layer's input (with recompute; layer 0's is x0) */
-  float *out;               /* [n, h] stage output (with recompute, or an empty stage) */
+  float *out;               /* [n, h] stage output (with recompute or bf16, or an empty stage) */
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
   float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
   float *ln_f;              /* [N, h] (gathered under SP) */
@@ -40,7 +50,11 @@ typedef struct {
 typedef struct {
   loom_buffer mem;
   loom_block_scratch block;
-  loom_block_acts redo;     /* one layer's activations, recomputed in backward */
+  loom_block_acts redo;     /* one layer's activations: recomputed in backward, or computed in fp32 in bf16 runs */
+  float *xin;               /* [n, h] bf16 runs: the current layer's input */
+  float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
+  loom_block_weights layer_w; /* views of weights: one layer's */
+  float *wte, *wpe, *ln_f_w, *ln_f_b; /* views of weights: the embedding's and head's */
   float *embed_full;        /* [N, h] */
   float *dres;              /* [n, h] running residual grad */
   float *d_ln_f;            /* [N, h] */
@@ -110,6 +124,10 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
+/* bf16 runs: rounds the fp32 master weights into the bf16 copy the model
+ * computes with (a no-op in fp32). Call after the master weights change and
+ * before the next forward: the runtime does at each step and evaluation. */
+void loom_gpt_sync_compute_weights(loom_gpt *m);
 /* Greedy next-token prediction for every row of slot 0's last forward, over
  * the whole vocab even when it is split across the TP group (collective
  * there). out[N] is host memory; clobbers the forward's picked logits. */

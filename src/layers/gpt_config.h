@@ -2,6 +2,7 @@
 #ifndef LOOM_GPT_CONFIG_H
 #define LOOM_GPT_CONFIG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct {
@@ -14,6 +15,7 @@ typedef struct {
   int seq;          /* maximum sequence length = rows of wpe */
   float dropout;
   float norm_eps;
+  bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128

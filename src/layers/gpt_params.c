@@ -117,6 +117,10 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   loom_status st = loom_buffer_init(&p->params, t.specs, count, mem);
   if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count, mem);
+  if (st == LOOM_OK && with_grads && cfg->bf16) { /* the bf16 copy that runs; params are the fp32 master */
+    for (int k = 0; k < count; k++) t.specs[k].dtype = LOOM_DTYPE_BF16;
+    st = loom_buffer_init(&p->compute, t.specs, count, mem);
+  }
   free(t.specs);
   if (st != LOOM_OK) {
     loom_gpt_params_free(p);
@@ -140,6 +144,7 @@ loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_conf
 void loom_gpt_params_free(loom_gpt_params *p) {
   loom_buffer_free(&p->params);
   loom_buffer_free(&p->grads);
+  loom_buffer_free(&p->compute);
   free(p->meta);
   free(p->w.h);
   free(p->g.h);

@@ -67,6 +67,7 @@ typedef struct {
   int tp_rank, tp_size;   /* this rank's slice of every partitioned tensor */
   loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */
+  loom_buffer compute;    /* bf16 runs: the weights the model computes with, params rounded to bf16 (else empty) */
   loom_param_meta *meta;  /* [params.count] */
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;

@@ -344,7 +344,10 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   for (int mb = 0; mb < pipe->m; mb++) scored += hooks->feed(hooks->ctx, mb, pipe->tokens, pipe->targets);
   loom_comm_allreduce_typed(ps->dp_group, &scored, 1, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
   pipe->overlapped = 0;
-  for (int c = 0; c < pipe->v; c++) loom_gpt_zero_grad(&pipe->chunks[c]);
+  for (int c = 0; c < pipe->v; c++) {
+    loom_gpt_zero_grad(&pipe->chunks[c]);
+    loom_gpt_sync_compute_weights(&pipe->chunks[c]); /* the master weights as the last step (or a load) left them */
+  }
   const run_spec spec = {.sched = &pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,
                          .dloss = scored ? 1.0f / (float)scored : 0.0f};
   const run_totals t = run_actions(pipe, hooks, &spec);
@@ -384,6 +387,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *h
   const loom_status st = eval_schedule(pipe, batches, err);
   if (st != LOOM_OK) return st;
   float local[2] = {0.0f, 0.0f};
+  for (int c = 0; c < pipe->v; c++) loom_gpt_sync_compute_weights(&pipe->chunks[c]);
   const run_spec spec = {.sched = &pipe->eval_sched, .train = false, .tally = local};
   const run_totals t = run_actions(pipe, hooks, &spec);
   const int last = ps->pp_rank == ps->pp - 1;

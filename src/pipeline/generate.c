@@ -31,7 +31,9 @@ loom_status loom_generate(loom_trainer *tr, const int *prompt, int len, const lo
   const int T = tr->T, total = len + o->max_tokens;
   int *text = loom_xcalloc((size_t)total, sizeof(int), "generated text");
   int *window = loom_xcalloc((size_t)T, sizeof(int), "generation window");
+  float *row = loom_xmalloc((size_t)cfg->vocab * sizeof(float), "next-token logits");
   memcpy(text, prompt, (size_t)len * sizeof(int));
+  loom_gpt_sync_compute_weights(m);
   for (int n = len; n < total; n++) {
     /* The model is causal, so positions past the context never affect it. */
     const int start = n > T ? n - T : 0, ctx_len = n - start;
@@ -39,15 +41,15 @@ loom_status loom_generate(loom_trainer *tr, const int *prompt, int len, const lo
     memcpy(window, text + start, (size_t)ctx_len * sizeof(int));
     const loom_gpt_batch batch = {.tokens = window};
     loom_gpt_forward(m, &batch);
-    const float *row = m->a->logits + (size_t)(ctx_len - 1) * cfg->padded_vocab;
-    float best;
-    int next;
-    if (o->temperature <= 0.0f) m->ops->argmax(&best, &next, row, 1, cfg->vocab, cfg->padded_vocab);
-    else next = draw(row, cfg->vocab, o->temperature, o->seed, (uint64_t)n);
+    /* The last position's logits come to the host, where the next token is chosen. */
+    m->ops->mem->to_host(row, m->a->logits + (size_t)(ctx_len - 1) * cfg->padded_vocab, (size_t)cfg->vocab * sizeof(float));
+    const int next = o->temperature <= 0.0f ? loom_row_argmax(row, cfg->vocab)
+                                            : draw(row, cfg->vocab, o->temperature, o->seed, (uint64_t)n);
     text[n] = next;
     emit(ctx, next);
   }
   free(text);
   free(window);
+  free(row);
   return LOOM_OK;
 }

@@ -13,7 +13,8 @@
 void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
   const Loom__Model *m = p->model;
   *cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
-                           .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps};
+                           .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps,
+                           .bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16};
   loom_gpt_config_finish(cfg);
 }
 
@@ -133,6 +134,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->schedule = sp->schedule;
   p->has_balance = 1;
   p->balance = sp->balance;
+  p->has_precision = sp->precision != LOOM__PRECISION__PRECISION_FP32;
+  p->precision = sp->precision;
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;
   if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {

@@ -24,6 +24,7 @@ typedef struct {
   int micro_batch, global_batch;
   Loom__ScheduleKind schedule;
   Loom__Balance balance;
+  Loom__Precision precision;
   const int *layer_counts; /* explicit layers per virtual stage, or NULL */
   int nlayer_counts;
   const char *name;

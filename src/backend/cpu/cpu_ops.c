@@ -364,6 +364,11 @@ static void cpu_from_bf16(float *out, const uint16_t *in, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
 }
 
+static void cpu_round_bf16(float *x, size_t n) {
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
+}
+
 /* This machine's GEMM libraries have no bf16 kernel it can run (OpenBLAS's
  * sbgemm is declared but absent from Debian's library; oneDNN's needs
  * AVX512-BF16 or AMX): the bf16 values are widened exactly to fp32 and go
@@ -425,6 +430,7 @@ static const loom_ops CPU_OPS = {
     .dropout_backward = cpu_dropout_apply,
     .to_bf16 = cpu_to_bf16,
     .from_bf16 = cpu_from_bf16,
+    .round_bf16 = cpu_round_bf16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .adamw = cpu_adamw,
 };

@@ -701,6 +701,17 @@ __global__ void from_bf16_kernel(float *out, const uint16_t *in, size_t n) {
   if (i < n) out[i] = loom_bf16_value(in[i]);
 }
 
+__global__ void round_bf16_kernel(float *x, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
+}
+
+void cuda_round_bf16(float *x, size_t n) {
+  if (!n) return;
+  round_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n);
+  launched("round_bf16");
+}
+
 void cuda_to_bf16(uint16_t *out, const float *in, size_t n) {
   if (!n) return;
   to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
@@ -756,6 +767,7 @@ loom_ops make_ops() {
   o.dropout_backward = cuda_dropout;
   o.to_bf16 = cuda_to_bf16;
   o.from_bf16 = cuda_from_bf16;
+  o.round_bf16 = cuda_round_bf16;
   o.matmul_forward_bf16 = cuda_matmul_forward_bf16;
   o.adamw = cuda_adamw;
   return o;
@@ -812,6 +824,7 @@ loom_ops make_synced_ops() {
   o.dropout_backward = SYNCED(cuda_dropout);
   o.to_bf16 = SYNCED(cuda_to_bf16);
   o.from_bf16 = SYNCED(cuda_from_bf16);
+  o.round_bf16 = SYNCED(cuda_round_bf16);
   o.matmul_forward_bf16 = SYNCED(cuda_matmul_forward_bf16);
   o.adamw = SYNCED(cuda_adamw);
   return o;

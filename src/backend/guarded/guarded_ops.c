@@ -128,6 +128,7 @@ static void g_dropout_backward(float *dx, int T, int B, int C, const loom_dropou
 }
 static void g_to_bf16(uint16_t *out, const float *in, size_t n) { CPU->to_bf16(U(out), U(in), n); }
 static void g_from_bf16(float *out, const uint16_t *in, size_t n) { CPU->from_bf16(U(out), U(in), n); }
+static void g_round_bf16(float *x, size_t n) { CPU->round_bf16(U(x), n); }
 static void g_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                   int C, int OC) {
   CPU->matmul_forward_bf16(U(out), U(inp), U(weight), U(bias), N, C, OC);
@@ -168,6 +169,7 @@ static const loom_ops GUARDED_OPS = {
     .dropout_backward = g_dropout_backward,
     .to_bf16 = g_to_bf16,
     .from_bf16 = g_from_bf16,
+    .round_bf16 = g_round_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .adamw = g_adamw,
 };

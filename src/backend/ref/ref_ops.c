@@ -276,6 +276,10 @@ static void ref_from_bf16(float *out, const uint16_t *in, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
 }
 
+static void ref_round_bf16(float *x, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
+}
+
 /* The fp32 matmul on the bf16 values, each product formed in fp32. */
 static void ref_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                     int C, int OC) {
@@ -331,6 +335,7 @@ static const loom_ops REF_OPS = {
     .dropout_backward = ref_dropout_apply,
     .to_bf16 = ref_to_bf16,
     .from_bf16 = ref_from_bf16,
+    .round_bf16 = ref_round_bf16,
     .matmul_forward_bf16 = ref_matmul_forward_bf16,
     .adamw = ref_adamw,
 };
