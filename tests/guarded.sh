@@ -56,6 +56,9 @@ layout dp2 2 --dp 2
 layout dp2_zero1 2 --dp 2 --zero 1
 layout tp2_dp2_zero1_recompute 4 --tp 2 --dp 2 --zero 1 --recompute full
 layout tp2_pp2_dropout 4 --tp 2 --pp 2 --dropout 0.1
+layout bf16_tp2_sp 2 --tp 2 --sequence-parallel --precision bf16
+layout bf16_pp2_dp2_zero1 4 --pp 2 --dp 2 --zero 1 --precision bf16
+layout bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
 for dev in cpu guarded; do

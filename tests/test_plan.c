@@ -408,6 +408,10 @@ START_TEST(in_flight_is_the_verifiers_peak) {
 }
 END_TEST
 
+/* bf16 mixed precision as Megatron runs it: 16-bit activations (Korthikanti
+ * et al.'s bytes per layer), bf16 weights (2 B per parameter), an fp32
+ * master copy (4), fp32 grads (4) and Adam's moments (8, 1/dp of them under
+ * ZeRO-1). An fp32 run holds its values in twice the bytes and has no master. */
 START_TEST(estimates_follow_megatron) {
   loom_plan_spec spec = base_spec();
   spec.tp = 1;
@@ -415,13 +419,23 @@ START_TEST(estimates_follow_megatron) {
   spec.dp = 4;
   spec.micro_batch = 2;
   spec.global_batch = 8; /* one micro-batch per replica: one in flight */
+  spec.precision = LOOM__PRECISION__PRECISION_BF16;
   loom_plan *p = build(&spec);
   const Loom__StageEstimate *x = p->estimates->stages[0];
-  const double s = spec.seq, b = spec.micro_batch, h = spec.hidden, a = spec.heads;
+  const double s = spec.seq, b = spec.micro_batch, h = spec.hidden, a = spec.heads, n = (double)x->parameters;
+  ck_assert_double_gt(n, 0.0);
   ck_assert_double_eq_tol((double)x->activations, spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 1.0);
-  ck_assert_double_eq_tol((double)(x->weights + x->grads + x->optimizer), 18.0 * (double)x->parameters, 4.0);
-  ck_assert_double_eq_tol((double)(x->weights + x->grads + x->optimizer_zero1), (6.0 + 12.0 / 4) * (double)x->parameters, 4.0);
+  ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer), 18.0 * n, 4.0);
+  ck_assert_double_eq_tol((double)x->master_weights, 4.0 * n, 1.0);
+  ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer_zero1), (10.0 + 8.0 / 4) * n, 4.0);
   ck_assert_double_eq_tol((double)x->activations_recompute, spec.layers * 2.0 * s * b * h, 1.0);
+  loom_plan_free(p);
+  spec.precision = LOOM__PRECISION__PRECISION_FP32;
+  p = build(&spec);
+  const Loom__StageEstimate *y = p->estimates->stages[0];
+  ck_assert_double_eq_tol((double)y->activations, 2.0 * spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 2.0);
+  ck_assert_double_eq_tol((double)(y->weights + y->grads + y->optimizer), 16.0 * n, 4.0);
+  ck_assert_int_eq(y->master_weights, 0);
   loom_plan_free(p);
 }
 END_TEST

@@ -65,17 +65,19 @@ static void show(const loom_plan *p) {
   int64_t most = 0;
   for (size_t k = 0; k < p->n_stages; k++) most = p->estimates->stages[k]->activations > most ? p->estimates->stages[k]->activations : most;
   g_unit = most >= 1073741824 ? 1073741824.0 : 1048576.0;
-  printf("\nstages, memory per rank in %s (weights bf16, grads fp32, Adam fp32 master+moments; activations for the micro-batches in flight):\n",
-         g_unit > 1048576.0 ? "GiB" : "MiB");
-  printf("  %-7s %-5s %-10s %-15s %8s %8s %9s %9s %9s %9s %7s\n", "pp_rank", "chunk", "layers", "parameters", "weights",
-         "grads", "adam", "adam z1", "acts", "acts rc", "p2p");
+  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
+  printf("\nstages, memory per rank in %s (%s; grads and Adam's moments fp32; activations for the micro-batches in flight):\n",
+         g_unit > 1048576.0 ? "GiB" : "MiB", bf16 ? "bf16 mixed precision: bf16 weights, an fp32 master copy" : "fp32 weights");
+  printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %7s\n", "pp_rank", "chunk", "layers", "parameters", "weights",
+         "master", "grads", "adam", "adam z1", "acts", "acts rc", "p2p");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
     const Loom__StageEstimate *x = p->estimates->stages[k];
     char layers[32];
     snprintf(layers, sizeof layers, "[%d,%d)%s%s", s->layer_begin, s->layer_end, s->embedding ? "E" : "", s->head ? "H" : "");
-    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %7.3f\n", s->pp_rank, s->chunk, layers,
-           (long long)x->parameters, gib(x->weights), gib(x->grads), gib(x->optimizer), gib(x->optimizer_zero1),
+    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %7.3f\n", s->pp_rank, s->chunk, layers,
+           (long long)x->parameters, gib(x->weights), gib(x->master_weights), gib(x->grads), gib(x->optimizer),
+           gib(x->optimizer_zero1),
            gib(x->activations), gib(x->activations_recompute), gib(x->p2p_buffers));
   }
   printf("  (E: holds the embedding, H: the LM head; z1: with ZeRO-1 over dp %d; rc: with full recompute)\n", l->dp);

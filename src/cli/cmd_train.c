@@ -142,7 +142,10 @@ int loom_cmd_train(int argc, char **argv) {
   if (st != LOOM_OK || help) return loom_report(st, &err);
   loom_plan *plan = NULL;
   st = loom_train_plan(&f, table, &plan, &err);
-  if (st == LOOM_OK && f.print_plan) st = loom_plan_write("-", plan, &err);
+  if (st == LOOM_OK && f.print_plan) {
+    loom_plan_estimate(plan); /* a plan file's stored estimates may come from an older loom */
+    st = loom_plan_write("-", plan, &err);
+  }
   if (st == LOOM_OK && !f.print_plan && f.elastic) st = fit_world(plan, loom_launch_env_size(), &err);
   if (st == LOOM_OK && !f.print_plan) {
     const int world = loom_launch_env_size();

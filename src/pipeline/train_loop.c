@@ -34,15 +34,15 @@ void loom_train_describe(const loom_trainer *tr) {
                 ps->dp, unsharded / mib, state / unsharded);
 }
 
-/* Measured memory of the busiest rank against loom's own estimate of what
- * the run allocates: fp32 weights and grads (8 bytes per local parameter),
- * Adam moments (8 more, or this replica's ZeRO-1 slice), and the activation
+/* Measured memory of the busiest rank against the plan's estimate of what
+ * the run allocates: weights, grads and Adam state per local parameter
+ * (loom_plan_state_bytes, by precision and ZeRO stage) and the activation
  * and scratch buffers of this layout. What the process held before the run
  * (MPI, BLAS, the program) is measured at the start and set apart: the
  * estimate is held to the growth over it. */
 static void report_memory(const loom_trainer *tr) {
-  const double estimate = 8.0 * (double)loom_trainer_local_params(tr) + loom_trainer_optimizer_bytes(tr) +
-                          (double)tr->pipe.act_bytes;
+  const double params = (double)loom_trainer_local_params(tr), state = loom_plan_state_bytes(tr->plan, params);
+  const double estimate = state + (double)tr->pipe.act_bytes;
   const double base = (double)tr->baseline_rss, peak = (double)loom_peak_rss_bytes();
   const double mine[4] = {peak - base, estimate, peak, base};
   const int n = tr->ps.world;
@@ -54,8 +54,8 @@ static void report_memory(const loom_trainer *tr) {
   const double *b = all + 4 * busiest;
   const double mib = 1048576.0;
   loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
-                "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (16 B per parameter, less under ZeRO-1, "
-                "+ activations), %+.1f%% off", b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, 100.0 * (b[1] - b[0]) / b[0]);
+                "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (%.1f B per parameter + activations), %+.1f%% off",
+                b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, state / params, 100.0 * (b[1] - b[0]) / b[0]);
   free(all);
 }
 

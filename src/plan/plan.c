@@ -224,10 +224,13 @@ void loom_plan_estimate(loom_plan *p) {
   int *flight = loom_xcalloc((size_t)(pp > 0 ? pp : 1), sizeof(int), "in flight");
   if (sound) in_flight(p, flight);
   /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
-   * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP. */
-  const double per_layer = l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
-                                                : s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp));
-  const double per_layer_recompute = 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
+   * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP.
+   * An fp32 run keeps each value in twice the bytes. */
+  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
+  const double value = bf16 ? 1.0 : 2.0; /* bytes of a value over 16-bit's */
+  const double per_layer = value * (l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
+                                                         : s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)));
+  const double per_layer_recompute = value * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
     Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
@@ -242,18 +245,22 @@ void loom_plan_estimate(loom_plan *p) {
     const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
-    x->has_in_flight = 1;
+    x->has_in_flight = x->has_master_weights = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
     x->parameters = params;
     x->in_flight = flight_rank;
-    x->weights = (int64_t)(2.0 * local);
+    /* As the runtime allocates them: weights in the run's precision, an fp32
+     * master copy in bf16 runs (whole on every replica), fp32 grads, Adam's
+     * two fp32 moments (1/dp of them under ZeRO-1). */
+    x->weights = (int64_t)((bf16 ? 2.0 : 4.0) * local);
+    x->master_weights = (int64_t)(bf16 ? 4.0 * local : 0.0);
     x->grads = (int64_t)(4.0 * local);
-    x->optimizer = (int64_t)(12.0 * local);
-    x->optimizer_zero1 = (int64_t)(12.0 * local / dp);
+    x->optimizer = (int64_t)(8.0 * local);
+    x->optimizer_zero1 = (int64_t)(8.0 * local / dp);
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
-    x->p2p_buffers = (int64_t)(2.0 * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1));
+    x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
     e->stages[k] = x;
   }
   free(flight);
@@ -467,7 +474,7 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom_plan_estimate(&copy);
     for (size_t k = 0; k < copy.estimates->n_stages; k++) {
       const Loom__StageEstimate *x = copy.estimates->stages[k];
-      const int64_t need = x->weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
+      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
                            (p->stages[k]->recompute ? x->activations_recompute : x->activations) + x->p2p_buffers;
       const int64_t acts = p->stages[k]->recompute ? x->activations_recompute : x->activations;
       char a[32], b[32];
@@ -484,18 +491,26 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
 
 /* ---- validation: the rules, the verified schedule, memory ---- */
 
-/* Bytes one rank's fp32 CPU run holds: *state for weights, grads and Adam m
- * and v (16 B per local parameter, Adam's 8 split over dp under ZeRO-1),
- * *acts for its chunks' activations for the micro-batches the schedule keeps
- * live. */
+double loom_plan_state_bytes(const loom_plan *p, double local_params) {
+  const Loom__Parallel *l = p->parallel;
+  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16, zero = l->zero_stage >= 1;
+  const double dp = l->dp > 0 ? l->dp : 1;
+  /* fp32 weights (the master in bf16 runs) and grads; the bf16 copy that runs; Adam's m and v, or
+   * under ZeRO-1 this replica's slice of them plus the full-size gather buffer and the slice in transit. */
+  const double per = 8.0 + (bf16 ? 2.0 : 0.0) + (zero ? 8.0 / dp + 4.0 + 4.0 / dp : 8.0);
+  return per * local_params;
+}
+
+/* Bytes one rank's CPU run holds: *state for weights, grads and Adam
+ * (loom_plan_state_bytes), *acts for its chunks' activations for the
+ * micro-batches the schedule keeps live. */
 static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loom_schedule *s, int pp_rank, double *state,
                        double *acts) {
   const Loom__Parallel *l = p->parallel;
   *state = *acts = 0.0;
   for (int c = 0; c < l->virtual_chunks; c++) {
     const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
-    const double params = (double)loom_gpt_param_count(cfg, &range, l->tp);
-    *state += 8.0 * params + 8.0 * params / (l->zero_stage >= 1 ? l->dp : 1);
+    *state += loom_plan_state_bytes(p, (double)loom_gpt_param_count(cfg, &range, l->tp));
     const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
     *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
                                                l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);

@@ -52,6 +52,12 @@ typedef struct {
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
 
+/* Bytes a rank's runtime allocates for `local_params` parameters besides
+ * activations: weights, grads, the bf16 copy of bf16 runs, Adam's moments
+ * and ZeRO-1's buffers. The one source of the per-parameter cost, for the
+ * plan's host check and the run's memory report. */
+double loom_plan_state_bytes(const loom_plan *plan, double local_params);
+
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The training sequence length: batch.seq, else model.seq. */
