@@ -85,32 +85,50 @@ static double step_gflops(const loom_plan *plan, double dt) {
 static void print_step(const char *label, const loom_plan *plan, double dt, double peak) {
   const int T = loom_plan_train_seq(plan);
   const double tokens = (double)plan->batch->global_batch * T, gflops = step_gflops(plan, dt);
-  printf("seq %4d%s: step %8.1f ms | %8.0f tok/s | model %6.1f GFLOP/s | %5.1f%% of sgemm peak\n", T, label,
+  printf("seq %4d%s: step %8.1f ms | %8.0f tok/s | model %6.1f GFLOP/s | %5.1f%% of GEMM peak\n", T, label,
          dt * 1e3, tokens / dt, gflops, 100.0 * gflops / peak);
 }
 
-/* Single-rank bench: each sequence length against the sgemm peak. */
-static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *err) {
+/* The best GEMM per dtype at 2048^3: sgemm over the libraries built in, and the bf16 GEMM. */
+static void gemm_peaks(double peak[2], const char *when) {
   loom_gemm_library fastest = LOOM_GEMM_OPENBLAS;
-  const double peak_before = loom_cpu_sgemm_peak(2048, 1.0, &fastest);
-  printf("sgemm peak (2048^3, best of >= 1 s, the fastest library built in: %s): %.1f GFLOP/s; the step's GEMMs: %s\n",
-         loom_cpu_gemm_name(fastest), peak_before, loom_cpu_gemm_name(loom_cpu_gemm_library()));
+  peak[0] = loom_cpu_sgemm_peak(2048, 1.0, &fastest);
+  peak[1] = loom_cpu_bf16_gemm_gflops(2048, 1.0);
+  printf("GEMM peak %s (2048^3, best of >= 1 s): fp32 %.1f GFLOP/s (%s, the fastest built in), bf16 %.1f GFLOP/s\n",
+         when, peak[0], loom_cpu_gemm_name(fastest), peak[1]);
+}
+
+/* Single-rank bench: each sequence length and precision against that dtype's GEMM peak. */
+static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *err) {
+  static const char *const PRECISIONS[] = {"fp32", "bf16"};
+  const bool one_precision = loom_flags_find(table, BENCH_FLAG_COUNT, "--precision")->set;
+  printf("the step's fp32 GEMMs: %s\n", loom_cpu_gemm_name(loom_cpu_gemm_library()));
+  double before[2], after[2];
+  gemm_peaks(before, "before");
   const int seqs[] = {64, 256};
-  double frac[2] = {0.0, 0.0};
+  double frac[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
   for (int i = 0; i < 2; i++) {
     if (seq_flag(table) && f->layout.model.seq != seqs[i]) continue;
-    loom_plan *plan;
-    loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
-    const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err) : 0.0;
-    if (st == LOOM_OK) print_step("", plan, dt, peak_before);
-    if (st == LOOM_OK) frac[i] = step_gflops(plan, dt) / peak_before;
-    loom_plan_free(plan);
-    if (st != LOOM_OK) return st;
+    for (int k = 0; k < 2; k++) {
+      if (one_precision && strcmp(f->layout.precision, PRECISIONS[k]) != 0) continue;
+      bench_flags fk = *f;
+      fk.layout.precision = PRECISIONS[k];
+      loom_plan *plan;
+      loom_status st = plan_at(&fk, table, seqs[i], false, 1, &plan, err);
+      const double dt = st == LOOM_OK ? time_steps(plan, &fk, NULL, &st, err) : 0.0;
+      char label[16];
+      snprintf(label, sizeof label, " %s", PRECISIONS[k]);
+      if (st == LOOM_OK) print_step(label, plan, dt, before[k]);
+      if (st == LOOM_OK) frac[i][k] = step_gflops(plan, dt) / before[k];
+      loom_plan_free(plan);
+      if (st != LOOM_OK) return st;
+    }
   }
-  const double peak_after = loom_cpu_sgemm_gflops(2048, 1.0);
-  printf("sgemm peak re-measured after: %.1f GFLOP/s (drift %+.1f%%)\n", peak_after,
-         100.0 * (peak_after - peak_before) / peak_before);
-  printf("RESULT seq64_peak_frac=%.3f seq256_peak_frac=%.3f\n", frac[0], frac[1]);
+  gemm_peaks(after, "after");
+  printf("drift: fp32 %+.1f%%, bf16 %+.1f%%\n", 100.0 * (after[0] - before[0]) / before[0],
+         100.0 * (after[1] - before[1]) / before[1]);
+  printf("RESULT seq64_fp32_peak_frac=%.3f seq64_bf16_peak_frac=%.3f seq256_fp32_peak_frac=%.3f seq256_bf16_peak_frac=%.3f\n",
+         frac[0][0], frac[0][1], frac[1][0], frac[1][1]);
   return LOOM_OK;
 }
 

@@ -1,0 +1,41 @@
+#!/bin/sh
+# bf16 mixed precision against fp32 on real tasks:
+# - on a GPL text (the GPL-3 as byte tokens), 300 steps of the default model
+#   in bf16 stay within 2% of the fp32 losses, step by step (at lr 1e-3: at
+#   the default 3e-3 this small model's loss spikes near step 53 in both
+#   precisions, a step apart, which no per-step bound holds);
+# - the default run (the README's: tp 2 x pp 2, 2000 steps of the addition
+#   task) in bf16 reaches at least 90% held-out exact match. It takes a
+#   minute; the sanitized pass (LOOM_TEST_SANITIZED=1), which checks memory,
+#   not numerics, leaves it out.
+# Usage: tests/bf16.sh MPIEXEC LOOM WORKDIR
+set -u
+MPIEXEC=$1 LOOM=$2 WORK=$3
+. "$(dirname "$0")/lib.sh"
+rm -rf "$WORK" && mkdir -p "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+TEXT=/usr/share/common-licenses/GPL-3
+[ -f "$TEXT" ] || fail "no $TEXT to train on"
+"$LOOM" data prepare "$TEXT" -o "$WORK/gpl.bin" > "$WORK/prepare.txt" 2>&1 || fail "data prepare: $(cat "$WORK/prepare.txt")"
+for p in fp32 bf16; do
+  OMP_NUM_THREADS=2 "$LOOM" train --data "$WORK/gpl.bin" --precision $p --steps 300 --lr 1e-3 --eval-every 0 --log-every 100 \
+    --metrics "$WORK/gpl.$p.jsonl" > "$WORK/gpl.$p.txt" 2>&1 || fail "$p on the GPL: $(tail -3 "$WORK/gpl.$p.txt")"
+done
+losses() { grep -o '"loss": [0-9.e+-]*' "$1" | cut -d' ' -f2; }
+losses "$WORK/gpl.fp32.jsonl" > "$WORK/fp32.losses"
+losses "$WORK/gpl.bf16.jsonl" > "$WORK/bf16.losses"
+paste "$WORK/fp32.losses" "$WORK/bf16.losses" > "$WORK/both"
+awk 'BEGIN { n = 0; worst = 0 }
+     { n++; d = ($2 - $1) / $1; if (d < 0) d = -d; if (d > worst) { worst = d; at = n } }
+     END { printf "%d steps compared; worst bf16/fp32 loss difference %.2f%% at step %d\n", n, 100 * worst, at;
+           exit !(n == 300 && worst <= 0.02) }' "$WORK/both" || fail "the bf16 curve leaves 2% of fp32's on the GPL: $(tail -1 "$WORK/gpl.bf16.txt")"
+awk 'NR == 300 { if ($1 > 0.8 * first) exit 1 } NR == 1 { first = $1 }' "$WORK/both" || fail "the GPL losses did not fall"
+
+if [ "${LOOM_TEST_SANITIZED:-0}" = 1 ]; then echo "ok (the addition run left to the unsanitized pass)"; exit 0; fi
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
+  --micro-batches 4 --precision bf16 --log-every 500 > "$WORK/addition.txt" 2>&1 || fail "the bf16 addition run: $(tail -3 "$WORK/addition.txt")"
+last=$(grep "^eval  step  2000" "$WORK/addition.txt") || fail "no evaluation at step 2000: $(tail -3 "$WORK/addition.txt")"
+echo "bf16 addition: $last"
+pct=$(echo "$last" | sed -n 's/.*exact match *\([0-9.]*\)%.*/\1/p')
+awk -v p="$pct" 'BEGIN { exit !(p >= 90) }' || fail "bf16 exact match $pct% is under 90%"
+echo "ok: bf16 tracks fp32 on the GPL and learns the addition task"
