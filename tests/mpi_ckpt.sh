@@ -13,14 +13,15 @@ MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 
 # np N [flags]: loom train of MODEL on N ranks.
 np() { n=$1; shift; "$MPIEXEC" --oversubscribe --bind-to none -np "$n" -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL "$@"; }
 losses() { grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$1" | sed 's/.*"loss": //'; }
-# same_losses A B: every loss of B equals A's at the same step within rel 1e-5 (fp32 after resharding);
-# B must hold at least one loss, so an empty or missing file fails.
+# same_losses A B [TOL]: every loss of B equals A's at the same step within rel TOL (default 1e-5: fp32
+# after resharding); B must hold at least one loss, so an empty or missing file fails.
 same_losses() {
+  tol=${3:-1e-5}
   [ "$(grep -c '"loss": ' "$2" 2>/dev/null)" -ge 1 ] || { echo "$2 holds no losses"; return 1; }
   grep -o '"step": [0-9]*, "loss": [0-9.e+-]*' "$2" | while IFS= read -r line; do
     step=$(echo "$line" | sed 's/"step": \([0-9]*\),.*/\1/') b=$(echo "$line" | sed 's/.*"loss": //')
     a=$(grep -o "\"step\": $step, \"loss\": [0-9.e+-]*" "$1" | sed 's/.*"loss": //')
-    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 1e-5 * (a < 0 ? -a : a)) }' ||
+    awk -v a="$a" -v b="$b" -v t="$tol" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= t * (a < 0 ? -a : a)) }' ||
       { echo "step $step: $b vs $a"; return 1; }
   done
 }
@@ -30,8 +31,9 @@ np 4 --tp 2 --pp 2 --steps 9 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin
 
 # Same plan: 3 steps, then resume to 9, equals that plan's uninterrupted run
 # to the last bit (losses and the gathered final weights), on (2,2,1) and on
-# (1,2,2) with ZeRO-1.
-for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1"; do
+# (1,2,2) with ZeRO-1, in fp32 and in bf16 (whose checkpoints hold the fp32
+# master weights; the bf16 copy is made again from them).
+for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16"; do
   rm -rf "$WORK/ck"
   np 4 $layout --steps 9 --metrics "$WORK/ref.jsonl" --save "$WORK/ref.bin" > /dev/null 2>&1 || fail "reference ($layout)"
   np 4 $layout --steps 3 --ckpt "$WORK/ck" > "$WORK/a.txt" 2>&1 || fail "first third ($layout): $(cat "$WORK/a.txt")"
@@ -60,6 +62,18 @@ np 4 --tp 4 --steps 9 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs2.jsonl" > "
 same_losses "$WORK/full.jsonl" "$WORK/rs1.jsonl" || fail "losses after resharding onto (1,1,2)"
 same_losses "$WORK/full.jsonl" "$WORK/rs2.jsonl" || fail "losses after resharding onto (4,1,1)"
 [ "$(losses "$WORK/rs2.jsonl" | wc -l)" = 3 ] || fail "the resumed runs should train steps 7-9"
+# bf16 resharded by --resume, (2,2,1) onto (1,1,2), against the uninterrupted bf16 run on (2,2,1): relative
+# 1e-3, as a bf16 run on another layout keeps (test_pp); and an fp32 checkpoint continued in bf16.
+rm -rf "$WORK/rb" "$WORK/rf"
+np 4 --tp 2 --pp 2 --precision bf16 --steps 6 --metrics "$WORK/bfull.jsonl" > /dev/null 2>&1 || fail "bf16 reference"
+np 4 --tp 2 --pp 2 --precision bf16 --steps 3 --ckpt "$WORK/rb" > /dev/null 2>&1 || fail "bf16 reshard: first half"
+np 2 --dp 2 --precision bf16 --steps 6 --ckpt "$WORK/rb" --resume --metrics "$WORK/rb.jsonl" > "$WORK/rb.txt" 2>&1 ||
+  fail "bf16 resume on (1,1,2): $(cat "$WORK/rb.txt")"
+same_losses "$WORK/bfull.jsonl" "$WORK/rb.jsonl" 1e-3 || fail "bf16 losses after resharding onto (1,1,2)"
+np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/rf" > /dev/null 2>&1 || fail "fp32 first half"
+np 2 --dp 2 --precision bf16 --steps 6 --ckpt "$WORK/rf" --resume --metrics "$WORK/rf.jsonl" > "$WORK/rf.txt" 2>&1 ||
+  fail "fp32 checkpoint resumed in bf16: $(cat "$WORK/rf.txt")"
+same_losses "$WORK/full.jsonl" "$WORK/rf.jsonl" 1e-2 || fail "an fp32 checkpoint continued in bf16 left fp32's losses"
 # Interleaved chunks (pp 2, vpp 2) onto (2,1,2) with ZeRO-1, against that plan's own run.
 rm -rf "$WORK/vk"
 V="--layers 4 --pp 2 --vpp 2 --schedule interleaved"

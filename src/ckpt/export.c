@@ -4,6 +4,7 @@
 #include "ckpt/export.h"
 #include "ckpt/llmc_model.h"
 #include "ckpt/safetensors.h"
+#include "backend/op_math.h"
 
 const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {[LOOM_FORMAT_LLMC] = "llmc",
                                                                     [LOOM_FORMAT_SAFETENSORS] = "safetensors"};
@@ -36,6 +37,20 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
   return LOOM_OK;
 }
 
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, const char *out, loom_error *err) {
-  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, err) : loom_llmc_write(out, src, err);
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
+                              loom_error *err) {
+  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, dtype, err)
+                                           : loom_llmc_write(out, src, dtype, err);
+}
+
+size_t loom_export_values(float *values, size_t n, loom_dtype dtype) {
+  if (dtype != LOOM_DTYPE_BF16) return n * sizeof(float);
+  char *bytes = (char *)values;
+  for (size_t i = 0; i < n; i++) { /* element i's 2 bytes land at or before its 4 are read */
+    float x;
+    memcpy(&x, bytes + i * sizeof x, sizeof x);
+    const uint16_t b = loom_bf16_round(x);
+    memcpy(bytes + i * sizeof b, &b, sizeof b);
+  }
+  return n * sizeof(uint16_t);
 }

@@ -16,6 +16,12 @@ loom_model_format loom_model_format_of(const char *name);
  * (llmc_path), else cfg freshly initialised from seed. */
 loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *llmc_path,
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err);
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, const char *out, loom_error *err);
+/* Writes src to out with values in dtype (LOOM_DTYPE_F32, or LOOM_DTYPE_BF16
+ * rounded to nearest even: llm.c's version 5, safetensors' "BF16"). */
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
+                              loom_error *err);
+/* Rewrites n fp32 values in place as dtype's (bf16: packed into the first
+ * half of the buffer); returns their bytes. */
+size_t loom_export_values(float *values, size_t n, loom_dtype dtype);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/llmc_model.h"
+#include "ckpt/export.h"
 #include "core/fault.h"
 #include "core/read_file.h"
 #include "core/write_file.h"
@@ -108,6 +109,7 @@ typedef struct {
   const int32_t *header;
   const int *order;
   float *scratch;
+  loom_dtype dtype;
 } llmc_writer;
 
 static int next_llmc_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err) {
@@ -119,18 +121,18 @@ static int next_llmc_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st,
   if (i > w->src->count) return 0;
   const int k = w->order[i - 1];
   *st = w->src->fetch(w->src, k, w->scratch, err);
-  *chunk = (loom_chunk){w->scratch, loom_tensor_bytes(&w->src->specs[k])};
+  *chunk = (loom_chunk){w->scratch, loom_export_values(w->scratch, loom_tensor_numel(&w->src->specs[k]), w->dtype)};
   return *st == LOOM_OK;
 }
 
-loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_error *err) {
+loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
   const loom_gpt_config *c = &src->cfg;
   if (c->ffn != 4 * c->hidden)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format needs ffn = 4 * hidden (got ffn %d, hidden %d)",
                      path, c->ffn, c->hidden);
   int32_t h[H_INTS] = {0};
   h[H_MAGIC] = LOOM_LLMC_MAGIC;
-  h[H_VERSION] = LOOM_LLMC_VERSION;
+  h[H_VERSION] = dtype == LOOM_DTYPE_BF16 ? LOOM_LLMC_VERSION_BF16 : LOOM_LLMC_VERSION;
   h[H_SEQ] = c->seq;
   h[H_VOCAB] = c->vocab;
   h[H_LAYERS] = c->layers;
@@ -144,7 +146,7 @@ loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   } else {
     llmc_order(c->layers, order);
-    llmc_writer w = {src, h, order, scratch};
+    llmc_writer w = {src, h, order, scratch, dtype};
     st = loom_write_file_atomic_stream(path, next_llmc_chunk, &w, err);
   }
   free(order);
@@ -155,7 +157,7 @@ loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom
 loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err) {
   loom_model_source src;
   loom_model_source_of_params(&src, p);
-  return loom_llmc_write(path, &src, err);
+  return loom_llmc_write(path, &src, LOOM_DTYPE_F32, err);
 }
 
 /* An llm.c file read tensor by tensor: where each canonical tensor starts. */

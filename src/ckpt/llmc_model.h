@@ -10,7 +10,8 @@
 #include "layers/gpt.h"
 
 #define LOOM_LLMC_MAGIC 20240326
-#define LOOM_LLMC_VERSION 3
+#define LOOM_LLMC_VERSION 3      /* fp32 values */
+#define LOOM_LLMC_VERSION_BF16 5 /* bf16 values, written by export */
 
 /* Reads and checks the header of an llm.c model file into cfg. */
 loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_error *err);
@@ -24,7 +25,8 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
 loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error *err);
 /* Writes p's weights atomically. */
 loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_error *err);
-/* Writes a model source's weights atomically, one tensor in memory at a time. */
-loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_error *err);
+/* Writes a model source's weights atomically, one tensor in memory at a
+ * time, as fp32 (version 3) or bf16 (version 5) values. */
+loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err);
 
 #endif

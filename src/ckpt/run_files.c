@@ -156,7 +156,7 @@ static loom_status write_llmc(const char *dir, const char *path, loom_error *err
   loom_model_source src;
   loom_status st = loom_model_source_of_ckpt(&src, dir, err);
   if (st != LOOM_OK) return st;
-  st = loom_llmc_write(path, &src, err);
+  st = loom_llmc_write(path, &src, LOOM_DTYPE_F32, err);
   loom_model_source_free(&src);
   return st;
 }

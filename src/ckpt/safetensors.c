@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/safetensors.h"
+#include "ckpt/export.h"
 #include "core/write_file.h"
 
 /* How tensor k is exported: its rows and cols (cols 0: a vector) and
@@ -21,13 +22,16 @@ static exported shape_of(const loom_model_source *src, int k) {
   return e;
 }
 
-static uint64_t bytes_of(exported e) { return (uint64_t)(e.rows * (e.cols ? e.cols : 1)) * sizeof(float); }
+static uint64_t bytes_of(exported e, loom_dtype dtype) {
+  return (uint64_t)(e.rows * (e.cols ? e.cols : 1)) * loom_dtype_size(dtype);
+}
 
 typedef struct {
   const loom_model_source *src;
   const uint64_t *header_len;
   const char *json;
   float *fetched, *out;
+  loom_dtype dtype;
 } st_writer;
 
 static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err) {
@@ -40,17 +44,17 @@ static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom
   const exported e = shape_of(w->src, k);
   *st = w->src->fetch(w->src, k, w->fetched, err);
   if (*st != LOOM_OK) return 0;
-  const float *data = w->fetched;
+  float *data = w->fetched;
   if (e.transpose) {
     for (int64_t i_out = 0; i_out < e.cols; i_out++) /* loom's [cols of e][rows of e] */
       for (int64_t j = 0; j < e.rows; j++) w->out[j * e.cols + i_out] = w->fetched[i_out * e.rows + j];
     data = w->out;
   }
-  *chunk = (loom_chunk){data, (size_t)bytes_of(e)};
+  *chunk = (loom_chunk){data, loom_export_values(data, (size_t)(e.rows * (e.cols ? e.cols : 1)), w->dtype)};
   return 1;
 }
 
-loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_error *err) {
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
   const int n = src->count;
   size_t cap = 256 + (size_t)n * 160, len = 0;
   char *json = malloc(cap);
@@ -67,15 +71,15 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
       char shape[64];
       if (e.cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
       else snprintf(shape, sizeof shape, "%lld", (long long)e.rows);
-      len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
-                              src->specs[k].name, shape, (unsigned long long)offset,
-                              (unsigned long long)(offset + bytes_of(e)));
-      offset += bytes_of(e);
+      len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
+                              src->specs[k].name, dtype == LOOM_DTYPE_BF16 ? "BF16" : "F32", shape,
+                              (unsigned long long)offset, (unsigned long long)(offset + bytes_of(e, dtype)));
+      offset += bytes_of(e, dtype);
     }
     len += (size_t)snprintf(json + len, cap - len, "}");
     while (len % 8) json[len++] = ' '; /* the data starts 8-byte aligned */
     const uint64_t header = len;
-    st_writer w = {src, &header, json, fetched, out};
+    st_writer w = {src, &header, json, fetched, out, dtype};
     st = loom_write_file_atomic_stream(path, next_chunk, &w, err);
   }
   free(json);

@@ -11,7 +11,7 @@
 
 #include "ckpt/model_source.h"
 
-/* Writes atomically, one tensor in memory at a time. */
-loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_error *err);
+/* Writes atomically, one tensor in memory at a time, as "F32" or "BF16" values. */
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err);
 
 #endif

@@ -1,7 +1,7 @@
 /* `loom ckpt`: verify, reshard and export checkpoints.
  *   loom ckpt verify DIR
  *   loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N [--vpp N] [--zero 1] [--layer-split L]) -o OUT
- *   loom ckpt export [DIR] --format llmc|safetensors -o OUT [model flags]
+ *   loom ckpt export [DIR] --format llmc|safetensors [--dtype fp32|bf16] -o OUT [model flags]
  * export writes the model of checkpoint DIR, or without DIR a model built
  * from the model flags and --seed (or loaded with --init-from). */
 #include <stdio.h>
@@ -96,15 +96,19 @@ static int reshard(int argc, char **argv) {
 }
 
 /* Writes the model: the checkpoint's, the llm.c file's or a fresh one, streamed tensor by tensor. */
+static const char *const DTYPE_CHOICES[] = {"fp32", "bf16", NULL};
+
 static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
-                                const char *format, const char *out, loom_error *err) {
+                                const char *format, const char *dtype, const char *out, loom_error *err) {
   loom_model_source src;
   loom_status st = loom_model_source_open(&src, dir, init_from, cfg, (uint64_t)seed, err);
   if (st != LOOM_OK) return st;
   const loom_model_format f = loom_model_format_of(format);
-  st = loom_model_export(&src, f, out, err);
+  const bool bf16 = strcmp(dtype, "bf16") == 0;
+  st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, out, err);
   if (st == LOOM_OK)
-    loom_log_info("wrote %s (%s, %zu parameters)", out, f == LOOM_FORMAT_SAFETENSORS ? "safetensors, GPT-2 names" : "llm.c format",
+    loom_log_info("wrote %s (%s, %s, %zu parameters)", out,
+                  f == LOOM_FORMAT_SAFETENSORS ? "safetensors, GPT-2 names" : "llm.c format", bf16 ? "bf16" : "fp32",
                   loom_gpt_param_count(&src.cfg, NULL, 1));
   loom_model_source_free(&src);
   return st;
@@ -112,22 +116,23 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
 
 static int export_cmd(int argc, char **argv) {
   loom_model_flags mf = {.preset = "gpt-tiny"};
-  const char *format = NULL, *out = NULL;
+  const char *format = NULL, *out = NULL, *dtype = "fp32";
   int64_t seed = 1337;
-  loom_flag table[LOOM_MODEL_FLAG_COUNT + 3];
+  loom_flag table[LOOM_MODEL_FLAG_COUNT + 4];
   loom_model_flags_table(&mf, table);
-  const loom_flag rest[3] = {
+  const loom_flag rest[4] = {
       {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
       {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--dtype", FLAG_STRING, &dtype, "value type: fp32, or bf16 rounded to nearest even", LOOM_NO_RANGE, DTYPE_CHOICES, false, NULL},
       {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
   };
   memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
-  const int n = LOOM_MODEL_FLAG_COUNT + 3;
+  const int n = LOOM_MODEL_FLAG_COUNT + 4;
   loom_error err = {{0}};
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors -o OUT [model flags]",
+  loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors [--dtype fp32|bf16] -o OUT [model flags]",
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!format || !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", format ? "-o OUT" : "--format");
@@ -138,7 +143,7 @@ static int export_cmd(int argc, char **argv) {
   loom_gpt_config cfg;
   int T;
   if (st == LOOM_OK && npos == 0) st = loom_model_flags_resolve("loom ckpt export", &mf, table, &cfg, &T, &err);
-  if (st == LOOM_OK) st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, out, &err);
+  if (st == LOOM_OK) st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, dtype, out, &err);
   return loom_report(st, &err);
 }
 
