@@ -4,7 +4,9 @@ next to `loom bench step`: the same shape (12 layers, hidden 768, 12 heads,
 vocab 50257, tied LM head), micro-batch 4, AdamW, fp32 and bf16 autocast,
 the same model-FLOPs formula and the same threads.
 
-Usage: bench/pytorch_step.py [--threads N] [--seq 64,256] [--steps 3]
+Usage: bench/pytorch_step.py [--threads N] [--seq 64,256] [--bf16-seq 64] [--steps 3]
+(--bf16-seq: where PyTorch's CPU bf16 GEMM has no fast kernel, as on an AVX2
+machine, a bf16 step takes minutes; time it at these lengths only.)
 Needs Debian's python3-torch (run it with /usr/bin/python3)."""
 import argparse
 import time
@@ -89,15 +91,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seq", default="64,256")
+    ap.add_argument("--bf16-seq", default="64")
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"pytorch {torch.__version__}, {a.threads} threads, GPT-2-small, micro-batch {B}")
     peaks = {"fp32": gemm_gflops(torch.float32), "bf16": gemm_gflops(torch.bfloat16)}
     print("GEMM 2048^3: fp32 %.1f GFLOP/s, bf16 %.1f GFLOP/s" % (peaks["fp32"], peaks["bf16"]))
+    bf16_seqs = {int(s) for s in a.bf16_seq.split(",") if s}
     for seq in (int(s) for s in a.seq.split(",")):
         for name, bf16 in (("fp32", False), ("bf16", True)):
-            dt = step_seconds(seq, bf16, a.steps)
+            if bf16 and seq not in bf16_seqs:
+                continue
+            dt = step_seconds(seq, bf16, a.steps if not bf16 else 1)
             g = model_flops(seq) / dt / 1e9
             print(f"seq {seq:4d} {name}: step {dt * 1e3:8.1f} ms | {B * seq / dt:6.0f} tok/s | model {g:6.1f} GFLOP/s "
                   f"| {100 * g / peaks[name]:5.1f}% of its {name} GEMM")

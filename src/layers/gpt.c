@@ -102,53 +102,56 @@ static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
   want(l, &v->ln2r, "ln_2_rstd", L * d->n);
 }
 
+/* A layer's big activations, in one order for every table: names, and
+ * element counts per layer (N rows inside the parallel regions, n outside). */
+enum { BIG = 9 };
+static const char *const BIG_NAMES[BIG] = {"ln_1", "qkv", "att", "atty", "res_attn", "ln_2", "fc", "fc_gelu", "out"};
+
+static void big_counts(const dims *d, int64_t c[BIG]) {
+  const int64_t counts[BIG] = {d->N * d->h, d->N * 3 * d->w, d->att, d->N * d->w, d->n * d->h,
+                               d->N * d->h, d->N * d->f, d->N * d->f, d->n * d->h};
+  memcpy(c, counts, sizeof counts);
+}
+
 /* bf16 runs: the big activations, packed. */
 static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L) {
-  want16(l, &p->ln_1, "ln_1", L * d->N * d->h);
-  want16(l, &p->qkv, "qkv", L * d->N * 3 * d->w);
-  want16(l, &p->att, "att", L * d->att);
-  want16(l, &p->atty, "atty", L * d->N * d->w);
-  want16(l, &p->res_attn, "res_attn", L * d->n * d->h);
-  want16(l, &p->ln_2, "ln_2", L * d->N * d->h);
-  want16(l, &p->fc, "fc", L * d->N * d->f);
-  want16(l, &p->fc_gelu, "fc_gelu", L * d->N * d->f);
-  want16(l, &p->out, "out", L * d->n * d->h);
+  uint16_t **slots[BIG] = {&p->ln_1, &p->qkv, &p->att, &p->atty, &p->res_attn, &p->ln_2, &p->fc, &p->fc_gelu, &p->out};
+  int64_t c[BIG];
+  big_counts(d, c);
+  for (int i = 0; i < BIG; i++) want16(l, slots[i], BIG_NAMES[i], L * c[i]);
 }
 
 static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
   want_stats(l, v, d, L);
-  want(l, &v->ln1, "ln_1", L * d->N * d->h);
-  want(l, &v->qkv, "qkv", L * d->N * 3 * d->w);
-  want(l, &v->att, "att", L * d->att);
-  want(l, &v->atty, "atty", L * d->N * d->w);
-  want(l, &v->resa, "res_attn", L * d->n * d->h);
-  want(l, &v->ln2, "ln_2", L * d->N * d->h);
-  want(l, &v->fc, "fc", L * d->N * d->f);
-  want(l, &v->fcg, "fc_gelu", L * d->N * d->f);
-  want(l, &v->out, "out", L * d->n * d->h);
+  float **slots[BIG] = {&v->ln1, &v->qkv, &v->att, &v->atty, &v->resa, &v->ln2, &v->fc, &v->fcg, &v->out};
+  int64_t c[BIG];
+  big_counts(d, c);
+  for (int i = 0; i < BIG; i++) want(l, slots[i], BIG_NAMES[i], L * c[i]);
 }
 
 /* Layer i's slices of the packed views. */
 static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const dims *d, int L) {
+  int64_t c[BIG];
+  big_counts(d, c);
   for (int i = 0; i < L; i++)
-    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * d->N * d->h, .qkv = p->qkv + i * d->N * 3 * d->w,
-                               .att = p->att + i * d->att, .atty = p->atty + i * d->N * d->w,
-                               .res_attn = p->res_attn + i * d->n * d->h, .ln_2 = p->ln_2 + i * d->N * d->h,
-                               .fc = p->fc + i * d->N * d->f, .fc_gelu = p->fc_gelu + i * d->N * d->f,
-                               .out = p->out + i * d->n * d->h};
+    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * c[0], .qkv = p->qkv + i * c[1], .att = p->att + i * c[2],
+                               .atty = p->atty + i * c[3], .res_attn = p->res_attn + i * c[4], .ln_2 = p->ln_2 + i * c[5],
+                               .fc = p->fc + i * c[6], .fc_gelu = p->fc_gelu + i * c[7], .out = p->out + i * c[8]};
 }
 
 /* Layer views of v; fields v does not hold (bf16 runs: all but the statistics) come out NULL. */
 static float *at(float *base, int64_t offset) { return base ? base + offset : NULL; }
 
 static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d, int L) {
+  int64_t c[BIG];
+  big_counts(d, c);
   for (int i = 0; i < L; i++) {
     b[i] = (loom_block_acts){
-        .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_1 = at(v->ln1, i * d->N * d->h),
-        .qkv = at(v->qkv, i * d->N * 3 * d->w), .att = at(v->att, i * d->att), .atty = at(v->atty, i * d->N * d->w),
-        .res_attn = at(v->resa, i * d->n * d->h), .ln_2_mean = at(v->ln2m, i * d->n),
-        .ln_2_rstd = at(v->ln2r, i * d->n), .ln_2 = at(v->ln2, i * d->N * d->h), .fc = at(v->fc, i * d->N * d->f),
-        .fc_gelu = at(v->fcg, i * d->N * d->f), .out = at(v->out, i * d->n * d->h)};
+        .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_2_mean = at(v->ln2m, i * d->n),
+        .ln_2_rstd = at(v->ln2r, i * d->n), .ln_1 = at(v->ln1, i * c[0]), .qkv = at(v->qkv, i * c[1]),
+        .att = at(v->att, i * c[2]), .atty = at(v->atty, i * c[3]), .res_attn = at(v->resa, i * c[4]),
+        .ln_2 = at(v->ln2, i * c[5]), .fc = at(v->fc, i * c[6]), .fc_gelu = at(v->fcg, i * c[7]),
+        .out = at(v->out, i * c[8])};
   }
 }
 
@@ -389,16 +392,15 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
 /* Moves layer l's activations between the fp32 scratch and the slot's bf16
  * copy (exactly: they hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_acts *a, bool pack) {
-  const loom_block_shape sh = block_shape(m);
-  const size_t N = (size_t)m->T * m->B, n = (size_t)local_rows(m), h = (size_t)sh.hidden,
-               w = (size_t)sh.heads * sh.head_dim, f = (size_t)sh.ffn, att = (size_t)m->B * sh.heads * m->T * m->T;
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
   const loom_block_packed *p = &s->packed[l];
-  float *const wide[] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
-  uint16_t *const narrow[] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
-  const size_t count[] = {N * h, N * 3 * w, att, N * w, n * h, N * h, N * f, N * f, n * h};
-  for (int i = 0; i < 9; i++) {
-    if (pack) m->ops->to_bf16(narrow[i], wide[i], count[i]);
-    else m->ops->from_bf16(wide[i], narrow[i], count[i]);
+  float *const wide[BIG] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
+  uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
+  int64_t c[BIG];
+  big_counts(&d, c);
+  for (int i = 0; i < BIG; i++) {
+    if (pack) m->ops->to_bf16(narrow[i], wide[i], (size_t)c[i]);
+    else m->ops->from_bf16(wide[i], narrow[i], (size_t)c[i]);
   }
 }
 
