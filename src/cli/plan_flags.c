@@ -11,7 +11,8 @@ static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loo
 
 loom_plan_flags loom_plan_flags_defaults(void) {
   return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 16,
-                           .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32"};
+                           .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
+                           .grad_reduce = "fp32"};
 }
 
 void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
@@ -31,6 +32,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
+      {"--grad-reduce-dtype", FLAG_STRING, &f->grad_reduce, "type grads cross data parallelism in: fp32, or bf16 (half the bytes)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "grad_reduce"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -89,6 +91,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
       .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, f->balance),
       .precision = (Loom__Precision)choice_index(PRECISION_CHOICES, f->precision),
+      .grad_reduce = (Loom__Precision)choice_index(PRECISION_CHOICES, f->grad_reduce),
       .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts, .name = f->name};
   st = loom_plan_build(&spec, out, err);
   if (st != LOOM_OK) {

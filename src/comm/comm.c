@@ -23,7 +23,8 @@ int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
 int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
 
 void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
-  LOOM_CHECK(type != LOOM_DTYPE_BYTE && type != LOOM_DTYPE_BF16, "all-reduce of bytes or bf16 is not defined");
+  LOOM_CHECK(type != LOOM_DTYPE_BYTE && (type != LOOM_DTYPE_BF16 || op == LOOM_REDUCE_SUM),
+             "all-reduce of bytes, or a bf16 max, is not defined");
   if (!single(c)) c->ops->allreduce(c, buf, n, type, op);
 }
 
@@ -31,8 +32,13 @@ void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) 
   loom_comm_allreduce_typed(c, buf, n, LOOM_DTYPE_F32, op);
 }
 
+loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type) {
+  LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "non-blocking all-reduce sums f32 or bf16");
+  return single(c) ? NULL : c->ops->iallreduce(c, buf, n, type);
+}
+
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
-  return single(c) ? NULL : c->ops->iallreduce(c, buf, n);
+  return loom_comm_iallreduce_typed(c, buf, n, LOOM_DTYPE_F32);
 }
 
 void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {

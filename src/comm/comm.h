@@ -18,11 +18,12 @@ typedef struct loom_request loom_request;
 
 typedef struct {
   const char *name;
-  /* Typed collectives: n elements of `type` (f32, f64, i32, i64; bytes are
-   * moved but never reduced). Integers and doubles never travel as floats. */
+  /* Typed collectives: n elements of `type` (f32, f64, i32, i64, and bf16
+   * for sums; bytes are moved but never reduced). Integers and doubles never
+   * travel as floats. */
   void (*allreduce)(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op);
-  /* Non-blocking sum all-reduce in place; complete it with wait. */
-  loom_request *(*iallreduce)(loom_comm *c, float *buf, size_t n);
+  /* Non-blocking sum all-reduce in place (f32 or bf16); complete it with wait. */
+  loom_request *(*iallreduce)(loom_comm *c, void *buf, size_t n, loom_dtype type);
   /* recv[size * n] = every rank's send[n], in rank order */
   void (*allgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
@@ -61,6 +62,8 @@ void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
 /* Starts a sum all-reduce of buf; NULL (nothing to wait for) on a group of one. */
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
+/* The same for f32 or bf16 (bf16 sums round each partial sum to bf16). */
+loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type);
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root);

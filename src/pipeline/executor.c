@@ -63,6 +63,12 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->mem = ops->mem;
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
+  pipe->bucket_at = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
+  if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp > 1) {
+    pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
+    for (int c = 0; c < pipe->v; c++)
+      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.numel * sizeof(uint16_t), "bf16 grads");
+  }
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
   pipe->pred = loom_xmalloc((size_t)T * B * sizeof(int), "predictions");
@@ -84,6 +90,9 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->pred);
   free(pipe->trace);
   free(pipe->bucket_req);
+  free(pipe->bucket_at);
+  for (int c = 0; pipe->grad16 && c < pipe->v; c++) pipe->mem->release(pipe->grad16[c]);
+  free(pipe->grad16);
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
   memset(pipe, 0, sizeof *pipe);
@@ -173,6 +182,36 @@ static void block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *h
  * grads are final, so they join the open bucket, which is all-reduced once it
  * is big enough or the chunk's first layer is done. Layers finish last to
  * first, so a bucket is one contiguous range. */
+/* Starts summing chunk c's grads [lo, hi) over the replicas: in place in
+ * fp32, or (grad_reduce bf16) as bf16 values in grad16, unpacked by finish_sum. */
+static loom_request *start_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
+  loom_gpt *m = &pipe->chunks[c];
+  float *g = (float *)m->p.grads.base + lo;
+  if (!pipe->grad16) return loom_comm_iallreduce(pipe->ps->dp_group, g, hi - lo);
+  m->ops->to_bf16(pipe->grad16[c] + lo, g, hi - lo);
+  return loom_comm_iallreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16);
+}
+
+static void finish_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi, loom_request *req) {
+  loom_comm_wait(pipe->ps->dp_group, req);
+  loom_gpt *m = &pipe->chunks[c];
+  if (pipe->grad16) m->ops->from_bf16((float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
+}
+
+/* The same, blocking (MPI tunes its blocking all-reduce better). */
+static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
+  if (hi <= lo) return;
+  loom_gpt *m = &pipe->chunks[c];
+  float *g = (float *)m->p.grads.base + lo;
+  if (!pipe->grad16) {
+    loom_comm_allreduce(pipe->ps->dp_group, g, hi - lo, LOOM_REDUCE_SUM);
+    return;
+  }
+  m->ops->to_bf16(pipe->grad16[c] + lo, g, hi - lo);
+  loom_comm_allreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
+  m->ops->from_bf16(g, pipe->grad16[c] + lo, hi - lo);
+}
+
 static void layer_done(void *ctx, loom_gpt *m, int l) {
   loom_pipeline *pipe = ctx;
   size_t lo, hi;
@@ -180,9 +219,10 @@ static void layer_done(void *ctx, loom_gpt *m, int l) {
   if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
   pipe->open_lo = lo;
   if ((pipe->open_hi - pipe->open_lo) * sizeof(float) < pipe->bucket_bytes && l > 0) return;
-  const size_t n = pipe->open_hi - pipe->open_lo;
-  pipe->bucket_req[pipe->nbucket++] = loom_comm_iallreduce(pipe->ps->dp_group, (float *)m->p.grads.base + pipe->open_lo, n);
-  pipe->overlapped += n;
+  const int c = (int)(m - pipe->chunks), k = pipe->nbucket++;
+  pipe->bucket_at[3 * k] = (size_t)c, pipe->bucket_at[3 * k + 1] = pipe->open_lo, pipe->bucket_at[3 * k + 2] = pipe->open_hi;
+  pipe->bucket_req[k] = start_sum(pipe, c, pipe->open_lo, pipe->open_hi);
+  pipe->overlapped += pipe->open_hi - pipe->open_lo;
   pipe->open_lo = pipe->open_hi = 0;
 }
 
@@ -197,15 +237,17 @@ static bool bucketing(const loom_pipeline *pipe) {
 static double reduce_dp(loom_pipeline *pipe) {
   if (pipe->zero1) return 0.0;
   const double t0 = loom_now_s();
-  for (int i = 0; i < pipe->nbucket; i++) loom_comm_wait(pipe->ps->dp_group, pipe->bucket_req[i]);
+  for (int i = 0; i < pipe->nbucket; i++) {
+    const size_t *at = &pipe->bucket_at[3 * i];
+    finish_sum(pipe, (int)at[0], at[1], at[2], pipe->bucket_req[i]);
+  }
   const double waited = loom_now_s() - t0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
-    float *g = m->p.grads.base;
     size_t lo = 0, hi = 0;
     if (bucketing(pipe) && m->p.layers > 0) block_range(m, 0, m->p.layers, &lo, &hi);
-    loom_comm_allreduce(pipe->ps->dp_group, g, lo, LOOM_REDUCE_SUM);
-    loom_comm_allreduce(pipe->ps->dp_group, g + hi, m->p.grads.numel - hi, LOOM_REDUCE_SUM);
+    sum_now(pipe, c, 0, lo);
+    sum_now(pipe, c, hi, m->p.grads.numel);
   }
   pipe->nbucket = 0;
   return waited;

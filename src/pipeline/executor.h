@@ -62,6 +62,8 @@ typedef struct loom_pipeline {
   size_t open_lo, open_hi;   /* the bucket being filled (flat offsets in one chunk's grads) */
   int nbucket;
   loom_request **bucket_req; /* [layers + 1] in flight this step */
+  size_t *bucket_at;         /* [3 * (layers + 1)] each bucket's chunk, lo and hi */
+  uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
   size_t overlapped;         /* grad floats posted during backward this step */
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */

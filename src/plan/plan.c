@@ -136,6 +136,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->balance = sp->balance;
   p->has_precision = sp->precision != LOOM__PRECISION__PRECISION_FP32;
   p->precision = sp->precision;
+  p->has_grad_reduce = sp->grad_reduce != LOOM__PRECISION__PRECISION_FP32;
+  p->grad_reduce = sp->grad_reduce;
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;
   if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {
@@ -394,6 +396,9 @@ static void check_batch(report *r, const loom_plan *p) {
               b->global_batch, loom_plan_micro_batches(p), pp * p->parallel->virtual_chunks);
   if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 1)
     violation(r, "parallel.zero_stage = %d: loom has ZeRO stage 0 or 1", p->parallel->zero_stage);
+  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage != 0)
+    violation(r, "grad_reduce = PRECISION_BF16: ZeRO-1 reduce-scatters its grads in fp32 in this loom; set grad_reduce "
+                 "PRECISION_FP32 or parallel.zero_stage 0");
   for (size_t k = 1; k < p->n_stages; k++)
     if (p->stages[k]->recompute != p->stages[0]->recompute) {
       violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");

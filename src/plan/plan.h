@@ -24,7 +24,7 @@ typedef struct {
   int micro_batch, global_batch;
   Loom__ScheduleKind schedule;
   Loom__Balance balance;
-  Loom__Precision precision;
+  Loom__Precision precision, grad_reduce;
   const int *layer_counts; /* explicit layers per virtual stage, or NULL */
   int nlayer_counts;
   const char *name;

@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
   expect("all-reduce sum", a, sum, N);
   c->ops->allreduce(c, b, N, LOOM_DTYPE_F32, LOOM_REDUCE_MAX);
   expect("all-reduce max", b, max, N);
-  loom_request *r = c->ops->iallreduce(c, d, N); /* on the comm stream, then ordered before compute */
+  loom_request *r = c->ops->iallreduce(c, d, N, LOOM_DTYPE_F32); /* on the comm stream, then ordered before compute */
   c->ops->wait(r);
   expect("iallreduce + wait", d, sum, N);
   if (size <= 8) {

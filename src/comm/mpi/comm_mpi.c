@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include "comm/mpi/comm_mpi.h"
 #include "comm/mpi/watchdog.h"
+#include "backend/op_math.h"
 #include "core/check.h"
 
 struct loom_request {
@@ -40,13 +41,29 @@ static void unstage(const loom_comm *c, const void *dev, void *host, size_t byte
   free(host);
 }
 
+/* bf16 sums, which MPI does not know: each partial sum is formed in fp32 and
+ * rounded to bf16, as a bf16 reduction on a GPU rounds. */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+  (void)type;
+  const uint16_t *a = in;
+  uint16_t *b = inout;
+  for (int i = 0; i < *len; i++) b[i] = loom_bf16_round(loom_bf16_value(a[i]) + loom_bf16_value(b[i]));
+}
+
+static MPI_Op g_bf16_sum = MPI_OP_NULL; /* made with the world communicator */
+
+static MPI_Op op_of(loom_dtype t, loom_reduce_op op) {
+  if (t == LOOM_DTYPE_BF16) return g_bf16_sum;
+  return op == LOOM_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+}
+
 static MPI_Datatype type_of(loom_dtype t) {
   switch (t) {
   case LOOM_DTYPE_F32: return MPI_FLOAT;
   case LOOM_DTYPE_F64: return MPI_DOUBLE;
   case LOOM_DTYPE_I32: return MPI_INT32_T;
   case LOOM_DTYPE_I64: return MPI_INT64_T;
-  case LOOM_DTYPE_BF16: return MPI_UINT16_T; /* moved, never reduced */
+  case LOOM_DTYPE_BF16: return MPI_UINT16_T; /* summed by bf16_sum */
   case LOOM_DTYPE_BYTE: return MPI_BYTE;
   }
   LOOM_CHECK(0, "unknown element type");
@@ -70,7 +87,7 @@ static void complete(MPI_Request *req, const char *op, const loom_comm *c) {
 }
 
 static void mpi_allreduce(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
-  const MPI_Op mop = op == LOOM_REDUCE_MAX ? MPI_MAX : MPI_SUM;
+  const MPI_Op mop = op_of(type, op);
   const size_t bytes = n * loom_dtype_size(type);
   void *h = stage(c, buf, bytes, true);
   if (!watched()) {
@@ -97,9 +114,9 @@ static loom_request *request(const char *op, int peer, const loom_comm *c, const
   return r;
 }
 
-static loom_request *mpi_iallreduce(loom_comm *c, float *buf, size_t n) {
-  loom_request *r = request("all-reduce", -1, c, buf, n * sizeof(float), true);
-  MPI_Iallreduce(MPI_IN_PLACE, r->host, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
+static loom_request *mpi_iallreduce(loom_comm *c, void *buf, size_t n, loom_dtype type) {
+  loom_request *r = request("all-reduce", -1, c, buf, n * loom_dtype_size(type), true);
+  MPI_Iallreduce(MPI_IN_PLACE, r->host, count_of(n), type_of(type), op_of(type, LOOM_REDUCE_SUM), mpi_of(c), &r->req);
   return r;
 }
 
@@ -236,6 +253,7 @@ loom_comm *loom_comm_mpi_world(int *argc, char ***argv) {
   int ready;
   MPI_Initialized(&ready);
   if (!ready) MPI_Init(argc, argv);
+  if (g_bf16_sum == MPI_OP_NULL) MPI_Op_create(bf16_sum, 1, &g_bf16_sum);
   loom_watchdog_init();
   return wrap(MPI_COMM_WORLD);
 }

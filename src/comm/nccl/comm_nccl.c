@@ -71,10 +71,10 @@ static loom_request *end_async(nccl_impl *m, loom_request *r) {
   return r;
 }
 
-static loom_request *nccl_iallreduce(loom_comm *c, float *buf, size_t n) {
+static loom_request *nccl_iallreduce(loom_comm *c, void *buf, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
   loom_request *r = begin_async(m);
-  check_nccl(ncclAllReduce(buf, buf, n, ncclFloat, ncclSum, m->comm, m->comm_stream), "all-reduce");
+  check_nccl(ncclAllReduce(buf, buf, n, type_of(type), ncclSum, m->comm, m->comm_stream), "all-reduce");
   return end_async(m, r);
 }
 
