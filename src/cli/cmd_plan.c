@@ -57,6 +57,9 @@ static void show(const loom_plan *p) {
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
+  printf("precision: %s, grads reduced over dp in %s\n",
+         p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
+         p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
   printf("\nrank grid (global rank: tp, dp, pp):\n");
   const int shown = ranks < 64 ? ranks : 64;
   for (int r = 0; r < shown; r++)
