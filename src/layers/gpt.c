@@ -70,23 +70,29 @@ static void want16(act_list *l, uint16_t **slot, const char *name, int64_t numel
 /* Shapes every table below is cut from. */
 typedef struct {
   int64_t N, n, h, f, w, att, V;
-  int64_t layer_weights, edge_weights; /* bf16 runs: the fp32 scratch of one layer's and of the embedding's and head's weights */
+  int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L;
   bool first, last, recompute, bf16;
 } dims;
 
+/* The activation shapes; weight_scratch (what only allocation needs, read
+ * off the parameter table) is filled by with_weight_scratch. */
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
   const int64_t N = (int64_t)T * B;
-  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1};
-  const int64_t h = c->hidden;
-  return (dims){.N = N, .n = sp ? N / tp : N, .h = h, .f = c->ffn / tp, .w = c->hidden / tp,
+  return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = c->ffn / tp, .w = c->hidden / tp,
                 .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp,
-                .layer_weights = c->bf16 && c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0,
-                .edge_weights = c->bf16 ? (r->first || r->last ? (int64_t)c->padded_vocab / tp * h : 0) +
-                                              (r->first ? (int64_t)c->seq * h : 0) + (r->last ? 2 * h : 0)
-                                        : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
                 .bf16 = c->bf16};
+}
+
+static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
+  if (!d.bf16) return d;
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1};
+  const int64_t h = c->hidden;
+  d.weight_scratch = (c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0) +
+                     (d.first || d.last ? (int64_t)c->padded_vocab / tp * h : 0) + (d.first ? (int64_t)c->seq * h : 0) +
+                     (d.last ? 2 * h : 0);
+  return d;
 }
 
 /* Per-layer activation kinds: one view each, [L * per-layer size]. */
@@ -188,6 +194,7 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
 static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims *d) {
   loom_block_scratch *s = &w->block;
   *l = (act_list){.dtype = LOOM_DTYPE_F32};
+  memset(v, 0, sizeof *v);
   want(l, &s->local, "local", d->n * d->h);
   want(l, &s->local2, "local2", d->n * d->h);
   want(l, &s->full, "full", d->N * d->h);
@@ -204,7 +211,7 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   if (d->recompute || d->bf16) want_layers(l, v, d, 1);
   if (d->bf16) {
     want(l, &w->xin, "xin", d->n * d->h);
-    want(l, &w->weights, "weights", d->layer_weights + d->edge_weights);
+    want(l, &w->weights, "weights", d->weight_scratch);
   }
 }
 
@@ -218,7 +225,7 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
                                  const loom_stage_range *range, bool recompute, int slots) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
+  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
   act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
@@ -243,20 +250,25 @@ static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *ba
 
 /* ---- bf16 runs: compute weights ---- */
 
-/* Index of the stage's first block tensor: wte and wpe come first where the stage holds them. */
-static int first_block_tensor(const loom_gpt *m) { return (m->p.range.first || m->p.range.last) + m->p.range.first; }
+void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
+  const int first = (m->p.range.first || m->p.range.last) + m->p.range.first; /* wte, wpe before the blocks */
+  const loom_buffer *b = &m->p.params;
+  *lo = loom_buffer_offset(b, first + l0 * LOOM_BLOCK_TENSORS);
+  const int next = first + l1 * LOOM_BLOCK_TENSORS;
+  *hi = next < b->count ? loom_buffer_offset(b, next) : b->numel;
+}
 
 /* Points the weight scratch's views: one layer's tensors (laid out as in the
  * parameter buffer), then the embedding's and head's. */
 static void bind_weights(loom_gpt *m) {
-  const loom_buffer *b = &m->p.params;
   float *at = m->w.weights;
   if (m->p.layers > 0) {
-    const int k0 = first_block_tensor(m);
-    const size_t base = loom_buffer_offset(b, k0);
+    size_t lo, hi;
+    loom_gpt_block_range(m, 0, 1, &lo, &hi);
+    float *const *mine = (float *const *)&m->p.w.h[0];
     float **views = (float **)&m->w.layer_w;
-    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (loom_buffer_offset(b, k0 + j) - base);
-    at += loom_gpt_param_count(&m->p.cfg, &(loom_stage_range){.layer_begin = 0, .layer_end = 1}, m->p.tp_size);
+    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (mine[j] - (float *)m->p.params.base - (ptrdiff_t)lo);
+    at += hi - lo;
   }
   const int64_t h = m->p.cfg.hidden;
   m->w.wte = m->p.w.wte ? at : NULL;
@@ -273,7 +285,8 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
-  const dims d = dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute),
+                                     c, m->tp.size);
   act_list l, l16;
   layer_views v;
   loom_block_packed p;
@@ -299,7 +312,6 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     }
   }
   if (st == LOOM_OK) {
-    memset(&v, 0, sizeof v);
     list_work(&l, &m->w, &v, &d);
     st = place(&m->w.mem, &l, m->ops->mem);
     if (st == LOOM_OK && (m->recompute || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
@@ -353,11 +365,9 @@ void loom_gpt_sync_compute_weights(loom_gpt *m) {
  * the bf16 copy's values unpacked into scratch. */
 static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
   if (!m->p.cfg.bf16) return &m->p.w.h[l];
-  const loom_buffer *c = &m->p.compute;
-  const int k0 = first_block_tensor(m) + l * LOOM_BLOCK_TENSORS;
-  const size_t lo = loom_buffer_offset(c, k0);
-  const size_t hi = k0 + LOOM_BLOCK_TENSORS < c->count ? loom_buffer_offset(c, k0 + LOOM_BLOCK_TENSORS) : c->numel;
-  m->ops->from_bf16(m->w.layer_w.ln_1_w, (const uint16_t *)c->base + lo, hi - lo);
+  size_t lo, hi;
+  loom_gpt_block_range(m, l, l + 1, &lo, &hi);
+  m->ops->from_bf16(m->w.layer_w.ln_1_w, (const uint16_t *)m->p.compute.base + lo, hi - lo);
   return &m->w.layer_w;
 }
 

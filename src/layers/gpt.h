@@ -124,6 +124,9 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
 void loom_gpt_zero_grad(loom_gpt *m);
+/* Flat range [lo, hi) of local layers [l0, l1)'s tensors in the stage's
+ * parameter buffers (params, grads and the bf16 copy share one layout). */
+void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi);
 /* bf16 runs: rounds the fp32 master weights into the bf16 copy the model
  * computes with (a no-op in fp32). Call after the master weights change and
  * before the next forward: the runtime does at each step and evaluation. */

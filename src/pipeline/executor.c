@@ -169,15 +169,6 @@ static void reduce_tied(loom_pipeline *pipe) {
   loom_comm_allreduce(ps->embed_group, mine->p.g.wte, n, LOOM_REDUCE_SUM);
 }
 
-/* Flat range of chunk m's block tensors [lo, hi) for local layers [l0, l1). */
-static void block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
-  const int first = (m->p.range.first || m->p.range.last) + m->p.range.first; /* wte, wpe before the blocks */
-  const loom_buffer *g = &m->p.grads;
-  *lo = loom_buffer_offset(g, first + l0 * LOOM_BLOCK_TENSORS);
-  const int next = first + l1 * LOOM_BLOCK_TENSORS;
-  *hi = next < g->count ? loom_buffer_offset(g, next) : g->numel;
-}
-
 /* Called after each layer's backward on a chunk's last micro-batch: its
  * grads are final, so they join the open bucket, which is all-reduced once it
  * is big enough or the chunk's first layer is done. Layers finish last to
@@ -215,7 +206,7 @@ static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
 static void layer_done(void *ctx, loom_gpt *m, int l) {
   loom_pipeline *pipe = ctx;
   size_t lo, hi;
-  block_range(m, l, l + 1, &lo, &hi);
+  loom_gpt_block_range(m, l, l + 1, &lo, &hi);
   if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
   pipe->open_lo = lo;
   if ((pipe->open_hi - pipe->open_lo) * sizeof(float) < pipe->bucket_bytes && l > 0) return;
@@ -245,7 +236,7 @@ static double reduce_dp(loom_pipeline *pipe) {
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     size_t lo = 0, hi = 0;
-    if (bucketing(pipe) && m->p.layers > 0) block_range(m, 0, m->p.layers, &lo, &hi);
+    if (bucketing(pipe) && m->p.layers > 0) loom_gpt_block_range(m, 0, m->p.layers, &lo, &hi);
     sum_now(pipe, c, 0, lo);
     sum_now(pipe, c, hi, m->p.grads.numel);
   }
