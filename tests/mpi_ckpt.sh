@@ -62,14 +62,19 @@ np 4 --tp 4 --steps 9 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs2.jsonl" > "
 same_losses "$WORK/full.jsonl" "$WORK/rs1.jsonl" || fail "losses after resharding onto (1,1,2)"
 same_losses "$WORK/full.jsonl" "$WORK/rs2.jsonl" || fail "losses after resharding onto (4,1,1)"
 [ "$(losses "$WORK/rs2.jsonl" | wc -l)" = 3 ] || fail "the resumed runs should train steps 7-9"
-# bf16 resharded by --resume, (2,2,1) onto (1,1,2), against the uninterrupted bf16 run on (2,2,1): relative
-# 1e-3, as a bf16 run on another layout keeps (test_pp); and an fp32 checkpoint continued in bf16.
+# bf16 resharded by --resume, (2,2,1) onto (1,2,2) under the distributed optimizer (each replica loads its
+# slice of the master weights) and from there onto (1,1,2) without it, against the uninterrupted bf16 run
+# on (2,2,1): relative 1e-3, as a bf16 run on another layout keeps (test_pp); and an fp32 checkpoint
+# continued in bf16.
 rm -rf "$WORK/rb" "$WORK/rf"
-np 4 --tp 2 --pp 2 --precision bf16 --steps 6 --metrics "$WORK/bfull.jsonl" > /dev/null 2>&1 || fail "bf16 reference"
-np 4 --tp 2 --pp 2 --precision bf16 --steps 3 --ckpt "$WORK/rb" > /dev/null 2>&1 || fail "bf16 reshard: first half"
-np 2 --dp 2 --precision bf16 --steps 6 --ckpt "$WORK/rb" --resume --metrics "$WORK/rb.jsonl" > "$WORK/rb.txt" 2>&1 ||
+np 4 --tp 2 --pp 2 --precision bf16 --steps 9 --metrics "$WORK/bfull.jsonl" > /dev/null 2>&1 || fail "bf16 reference"
+np 4 --tp 2 --pp 2 --precision bf16 --steps 3 --ckpt "$WORK/rb" > /dev/null 2>&1 || fail "bf16 reshard: first third"
+np 4 --pp 2 --dp 2 --zero 1 --precision bf16 --steps 6 --ckpt "$WORK/rb" --resume --metrics "$WORK/rb0.jsonl" \
+  > "$WORK/rb0.txt" 2>&1 || fail "bf16 resume on (1,2,2) with ZeRO-1: $(cat "$WORK/rb0.txt")"
+np 2 --dp 2 --precision bf16 --steps 9 --ckpt "$WORK/rb" --resume --metrics "$WORK/rb.jsonl" > "$WORK/rb.txt" 2>&1 ||
   fail "bf16 resume on (1,1,2): $(cat "$WORK/rb.txt")"
-same_losses "$WORK/bfull.jsonl" "$WORK/rb.jsonl" 1e-3 || fail "bf16 losses after resharding onto (1,1,2)"
+same_losses "$WORK/bfull.jsonl" "$WORK/rb0.jsonl" 1e-3 || fail "bf16 losses after resharding onto (1,2,2) with ZeRO-1"
+same_losses "$WORK/bfull.jsonl" "$WORK/rb.jsonl" 1e-3 || fail "bf16 losses after resharding from ZeRO-1 onto (1,1,2)"
 np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/rf" > /dev/null 2>&1 || fail "fp32 first half"
 np 2 --dp 2 --precision bf16 --steps 6 --ckpt "$WORK/rf" --resume --metrics "$WORK/rf.jsonl" > "$WORK/rf.txt" 2>&1 ||
   fail "fp32 checkpoint resumed in bf16: $(cat "$WORK/rf.txt")"

@@ -410,8 +410,8 @@ END_TEST
 
 /* bf16 mixed precision as Megatron runs it: 16-bit activations (Korthikanti
  * et al.'s bytes per layer), bf16 weights (2 B per parameter), an fp32
- * master copy (4), fp32 grads (4) and Adam's moments (8, 1/dp of them under
- * ZeRO-1). An fp32 run holds its values in twice the bytes and has no master. */
+ * master copy (4), fp32 grads (4) and Adam's moments (8); under ZeRO-1 the
+ * master copy and the moments are 1/dp of that. An fp32 run holds its values in twice the bytes and has no master. */
 START_TEST(estimates_follow_megatron) {
   loom_plan_spec spec = base_spec();
   spec.tp = 1;
@@ -427,9 +427,16 @@ START_TEST(estimates_follow_megatron) {
   ck_assert_double_eq_tol((double)x->activations, spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 1.0);
   ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer), 18.0 * n, 4.0);
   ck_assert_double_eq_tol((double)x->master_weights, 4.0 * n, 1.0);
-  ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer_zero1), (10.0 + 8.0 / 4) * n, 4.0);
   ck_assert_double_eq_tol((double)x->activations_recompute, spec.layers * 2.0 * s * b * h, 1.0);
   loom_plan_free(p);
+  /* Under ZeRO-1, the distributed optimizer: the master weights and the moments are both 1/dp. */
+  spec.zero_stage = 1;
+  p = build(&spec);
+  x = p->estimates->stages[0];
+  ck_assert_double_eq_tol((double)x->master_weights, 4.0 * n / 4, 1.0);
+  ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer_zero1), (6.0 + 12.0 / 4) * n, 4.0);
+  loom_plan_free(p);
+  spec.zero_stage = 0;
   spec.precision = LOOM__PRECISION__PRECISION_FP32;
   p = build(&spec);
   const Loom__StageEstimate *y = p->estimates->stages[0];

@@ -166,6 +166,13 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   ck_assert_msg(loom_trainer_init(&serial, NULL, serial_plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
   ck_assert_msg(loom_trainer_init(&tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
   ck_assert(tr.pipe.chunks[0].p.compute.numel == tr.pipe.chunks[0].p.params.numel); /* a bf16 copy that runs */
+  for (int c = 0; g_zero && c < tr.pipe.v; c++) {
+    /* The distributed optimizer: no whole fp32 master on any replica; a slice of it next to the moments. */
+    const loom_zero1 *z = &tr.zero[c];
+    ck_assert(!loom_gpt_params_have_master(&tr.pipe.chunks[c].p) && z->master != NULL);
+    ck_assert_uint_eq(loom_zero1_state_bytes(z), 3 * z->shard * sizeof(float));
+    ck_assert_uint_le(z->shard, tr.pipe.chunks[c].p.params.numel / g_dp + 1);
+  }
   for (int s = 0; s < STEPS; s++) {
     const float want = loom_trainer_step(&serial, s).loss, got = loom_trainer_step(&tr, s).loss;
     ck_assert_msg(isfinite(want) && fabs(got - want) <= loss_tol * fabs(want),
@@ -175,12 +182,15 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   loom_gpt *whole = &serial.pipe.chunks[0];
   for (int c = 0; c < tr.pipe.v; c++) {
     loom_gpt_params *p = &tr.pipe.chunks[c].p;
-    float *want = malloc(p->params.numel * sizeof(float));
+    float *want = malloc(p->params.numel * sizeof(float)), *got = malloc(p->params.numel * sizeof(float));
     tu_slice_of(p, &whole->p.params, &whole->p, want);
-    const double e = tu_nmse(p->params.base, want, p->params.numel), worst = tu_max_abs_diff(p->params.base, want, p->params.numel);
+    if (g_zero) loom_zero1_gather_master(&tr.zero[c], p, tr.ps.dp_group, got);
+    else memcpy(got, p->params.base, p->params.numel * sizeof(float));
+    const double e = tu_nmse(got, want, p->params.numel), worst = tu_max_abs_diff(got, want, p->params.numel);
     ck_assert_msg(p->params.numel > 0 && e <= nmse_tol && worst <= worst_tol, "bf16%s: rank %d chunk %d master weights NMSE %g, worst %g",
                   bf16_reduce ? " (bf16 reduction)" : "", g_world->rank, c, e, worst);
     free(want);
+    free(got);
   }
   loom_trainer_free(&tr);
   loom_trainer_free(&serial);

@@ -9,11 +9,11 @@ enum { PARAM, ADAM_M, ADAM_V };
 static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
 
 loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt) {
-  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, 0, p->params.numel, &opt->step};
+  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, NULL, 0, p->params.numel, &opt->step};
 }
 
 loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z) {
-  return (loom_ckpt_chunk){p, z->m, z->v, z->begin, z->end, &z->step};
+  return (loom_ckpt_chunk){p, z->m, z->v, z->master, z->begin, z->end, &z->step};
 }
 
 /* Row blocks of tensor k that are contiguous in the global tensor: c_attn's
@@ -42,8 +42,8 @@ static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_ten
   const int64_t part_rows = rows / parts;
   const size_t at = loom_buffer_offset(&p->params, k); /* flat offset of the tensor in the chunk's buffer */
   size_t begin = ch->begin, end = ch->end;
-  if (kind == PARAM) begin = 0, end = p->params.numel;
-  else if (!ch->m) return 0;
+  if (kind == PARAM && !ch->master) begin = 0, end = p->params.numel;
+  else if (kind != PARAM && !ch->m) return 0;
   int count = 0;
   for (int b = 0; b < parts; b++) {
     const size_t lo = at + (size_t)(b * part_rows * cols), hi = lo + (size_t)(part_rows * cols);
@@ -60,7 +60,8 @@ static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_ten
     t->local[1] = cols;
     t->first = (int64_t)(from - lo);
     t->count = (int64_t)(to - from);
-    t->data = kind == PARAM ? (float *)p->params.base + from : (kind == ADAM_M ? ch->m : ch->v) + (from - begin);
+    float *const slice[3] = {ch->master, ch->m, ch->v};
+    t->data = kind == PARAM && !ch->master ? (float *)p->params.base + from : slice[kind] + (from - begin);
   }
   return count;
 }
@@ -71,7 +72,7 @@ static bool writes(const loom_ckpt_chunk *ch, int k, int kind, int dp_rank, bool
   const loom_param_meta *m = &p->meta[k];
   if (m->tp_replicated && p->tp_rank != 0) return false;
   if (m->shared && loom_stage_holds_tied_copy(&p->range)) return false; /* written once, from the first stage */
-  return dp_rank == 0 || (zero && kind != PARAM);
+  return dp_rank == 0 || (kind == PARAM ? ch->master != NULL : zero);
 }
 
 int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero, loom_shard_tensor *out) {

@@ -6,7 +6,8 @@
  *
  * Saving writes each element once: tensor-parallel replicas (norms, biases
  * after a row-parallel reduction, wpe) only from tp rank 0, data-parallel
- * replicas only from dp rank 0 (ZeRO-1 moments are already split), and the
+ * replicas only from dp rank 0 (ZeRO-1 moments, and in bf16 runs the
+ * master weights, are already split), and the
  * tied wte only from the first stage. Loading wants every element a rank
  * holds, and takes each from whichever rank of the old plan wrote it. */
 #ifndef LOOM_CKPT_TENSORS_H
@@ -24,6 +25,7 @@
 typedef struct {
   loom_gpt_params *p;
   float *m, *v;        /* Adam moments of the flat elements [begin, end) of p's buffer; NULL: parameters only */
+  float *master;       /* the fp32 parameters of [begin, end) when p holds none (the distributed optimizer's); else NULL */
   size_t begin, end;   /* the whole buffer, or this replica's ZeRO-1 slice */
   int *step;           /* the optimizer's step counter */
 } loom_ckpt_chunk;

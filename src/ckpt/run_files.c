@@ -49,7 +49,11 @@ static loom_status agree(const loom_run_files *f, loom_status st, const char *wh
 static loom_ckpt_chunk *param_chunks(const loom_run_files *f) {
   const int v = f->tr->pipe.v;
   loom_ckpt_chunk *p = loom_fault_calloc((size_t)v, sizeof *p);
-  for (int c = 0; p && c < v; c++) p[c] = (loom_ckpt_chunk){.p = f->chunks[c].p, .begin = 0, .end = f->chunks[c].p->params.numel};
+  for (int c = 0; p && c < v; c++) {
+    const loom_ckpt_chunk *all = &f->chunks[c];
+    p[c] = all->master ? (loom_ckpt_chunk){.p = all->p, .master = all->master, .begin = all->begin, .end = all->end}
+                       : (loom_ckpt_chunk){.p = all->p, .begin = 0, .end = all->p->params.numel};
+  }
   return p;
 }
 
@@ -88,7 +92,9 @@ static loom_status load_llmc(const loom_run_files *f, const char *path, loom_err
 }
 
 loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err) {
-  return agree(f, load_llmc(f, path, err), "load --init-from", err);
+  const loom_status st = agree(f, load_llmc(f, path, err), "load --init-from", err);
+  if (st == LOOM_OK) loom_trainer_publish_weights(f->tr);
+  return st;
 }
 
 /* Rank 0 makes the directory and writes and removes a file in it. */
@@ -118,6 +124,7 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
   const int v = f->tr->pipe.v;
   loom_status st = agree(f, loom_ckpt_resume(f->dir, f->chunks, v, &f->run, &from, first, err), "load the checkpoint", err);
   if (st != LOOM_OK) return st;
+  loom_trainer_publish_weights(f->tr);
   const double dt = loom_now_s() - t0;
   double gb = (double)loom_ckpt_load_bytes(f->chunks, v) / 1e9;
   loom_comm_allreduce_typed(f->tr->ps.world_group, &gb, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);

@@ -70,7 +70,7 @@ void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   return p;
 }
 
-loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
+static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem, bool storage) {
   memset(buf, 0, sizeof *buf);
   if (count <= 0) return LOOM_OK;
   buf->dtype = specs[0].dtype;
@@ -83,8 +83,8 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
   buf->alloc = mem;
   buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
-  buf->base = buf->alloc->zalloc((total ? total : 1) * esize);
-  if (!buf->views || !buf->base) {
+  buf->base = storage ? buf->alloc->zalloc((total ? total : 1) * esize) : NULL;
+  if (!buf->views || (storage && !buf->base)) {
     free(buf->views);
     if (buf->base) buf->alloc->release(buf->base);
     memset(buf, 0, sizeof *buf);
@@ -96,10 +96,18 @@ loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int cou
   for (int i = 0; i < count; i++) {
     buf->views[i] = specs[i];
     buf->views[i].device = buf->device;
-    buf->views[i].data = (char *)buf->base + offset * esize;
+    buf->views[i].data = storage ? (char *)buf->base + offset * esize : NULL;
     offset += loom_tensor_numel(&specs[i]);
   }
   return LOOM_OK;
+}
+
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
+  return place(buf, specs, count, mem, true);
+}
+
+loom_status loom_buffer_layout(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
+  return place(buf, specs, count, mem, false);
 }
 
 void loom_buffer_free(loom_buffer *buf) {
@@ -116,5 +124,8 @@ loom_tensor *loom_buffer_find(const loom_buffer *buf, const char *name) {
 }
 
 size_t loom_buffer_offset(const loom_buffer *buf, int i) {
-  return (size_t)((char *)buf->views[i].data - (char *)buf->base) / loom_dtype_size(buf->dtype);
+  if (buf->base) return (size_t)((char *)buf->views[i].data - (char *)buf->base) / loom_dtype_size(buf->dtype);
+  size_t offset = 0; /* a layout without storage: the views lie back to back */
+  for (int j = 0; j < i; j++) offset += loom_tensor_numel(&buf->views[j]);
+  return offset;
 }

@@ -86,10 +86,15 @@ typedef struct {
 
 /* Places `count` same-dtype specs back to back in one zeroed allocation from `mem`. */
 loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem);
+/* The same layout without storage: base and every view's data are NULL,
+ * numel, count, offsets and alloc (the memory the values belong to) are
+ * as loom_buffer_init would set them. For state that lives elsewhere in
+ * slices of this layout (a distributed optimizer's fp32 master weights). */
+loom_status loom_buffer_layout(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem);
 void loom_buffer_free(loom_buffer *buf);
 /* The view named `name`, or NULL. */
 loom_tensor *loom_buffer_find(const loom_buffer *buf, const char *name);
-/* Element offset of view i from base. */
+/* Element offset of view i from the start of the buffer. */
 size_t loom_buffer_offset(const loom_buffer *buf, int i);
 
 #endif

@@ -10,22 +10,23 @@
 #include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute) {
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, bool shard_master) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  loom_status st = loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
+  loom_status st = shard_master ? loom_gpt_params_init_sharded_master(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem)
+                                : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
   if (st != LOOM_OK) return st;
-  loom_gpt_params_randomize(&m->p, seed);
+  if (!shard_master) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
   return LOOM_OK;
 }
 
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp) {
-  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false);
+  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, false);
 }
 
 static void slots_free(loom_gpt *m) {
@@ -262,21 +263,23 @@ void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t 
  * parameter buffer), then the embedding's and head's. */
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
+  const loom_buffer *b = &m->p.params;
+  const loom_stage_range *r = &m->p.range;
   if (m->p.layers > 0) {
     size_t lo, hi;
     loom_gpt_block_range(m, 0, 1, &lo, &hi);
-    float *const *mine = (float *const *)&m->p.w.h[0];
+    const int first = (r->first || r->last) + r->first; /* the layer's first tensor in the table */
     float **views = (float **)&m->w.layer_w;
-    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (mine[j] - (float *)m->p.params.base - (ptrdiff_t)lo);
+    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (loom_buffer_offset(b, first + j) - lo);
     at += hi - lo;
   }
   const int64_t h = m->p.cfg.hidden;
-  m->w.wte = m->p.w.wte ? at : NULL;
-  at += m->p.w.wte ? (int64_t)m->p.cfg.padded_vocab / m->p.tp_size * h : 0;
-  m->w.wpe = m->p.w.wpe ? at : NULL;
-  at += m->p.w.wpe ? (int64_t)m->p.cfg.seq * h : 0;
-  m->w.ln_f_w = m->p.w.ln_f_w ? at : NULL;
-  m->w.ln_f_b = m->p.w.ln_f_b ? at + h : NULL;
+  m->w.wte = r->first || r->last ? at : NULL;
+  at += r->first || r->last ? (int64_t)m->p.cfg.padded_vocab / m->p.tp_size * h : 0;
+  m->w.wpe = r->first ? at : NULL;
+  at += r->first ? (int64_t)m->p.cfg.seq * h : 0;
+  m->w.ln_f_w = r->last ? at : NULL;
+  m->w.ln_f_b = r->last ? at + h : NULL;
 }
 
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
@@ -358,7 +361,9 @@ static void to_bf16_values(const loom_gpt *m, float *x, size_t n) {
 /* ---- bf16 runs: compute weights and packed activations ---- */
 
 void loom_gpt_sync_compute_weights(loom_gpt *m) {
-  if (m->p.cfg.bf16) m->ops->to_bf16(m->p.compute.base, m->p.params.base, m->p.params.numel);
+  /* Under the distributed optimizer there is no whole master here: the optimizer publishes the compute copy. */
+  if (m->p.cfg.bf16 && loom_gpt_params_have_master(&m->p))
+    m->ops->to_bf16(m->p.compute.base, m->p.params.base, m->p.params.numel);
 }
 
 /* The weights layer l computes with: its fp32 parameters, or in bf16 runs

@@ -90,9 +90,11 @@ typedef struct {
  * serial. Under TP the vocab is padded to a multiple of 128 * tp. */
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
-/* The same for one pipeline stage (or chunk): the layers of `range`. */
+/* The same for one pipeline stage (or chunk): the layers of `range`. With
+ * shard_master (bf16 runs under ZeRO-1) the parameters get no fp32 master
+ * and no initial values: the distributed optimizer holds and draws them. */
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute);
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, bool shard_master);
 void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);
@@ -128,7 +130,8 @@ void loom_gpt_zero_grad(loom_gpt *m);
  * parameter buffers (params, grads and the bf16 copy share one layout). */
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi);
 /* bf16 runs: rounds the fp32 master weights into the bf16 copy the model
- * computes with (a no-op in fp32). Call after the master weights change and
+ * computes with (a no-op in fp32, and under the distributed optimizer, whose
+ * all-gather writes that copy). Call after the master weights change and
  * before the next forward: the runtime does at each step and evaluation. */
 void loom_gpt_sync_compute_weights(loom_gpt *m);
 /* Greedy next-token prediction for every row of slot 0's last forward, over

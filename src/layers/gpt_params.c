@@ -97,7 +97,8 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
 }
 
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                               const loom_stage_range *range, bool with_grads, const loom_allocator *mem) {
+                               const loom_stage_range *range, bool with_grads, bool with_master,
+                               const loom_allocator *mem) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
@@ -115,7 +116,8 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
-  loom_status st = loom_buffer_init(&p->params, t.specs, count, mem);
+  loom_status st = with_master ? loom_buffer_init(&p->params, t.specs, count, mem)
+                               : loom_buffer_layout(&p->params, t.specs, count, mem);
   if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count, mem);
   if (st == LOOM_OK && with_grads && cfg->bf16) { /* the bf16 copy that runs; params are the fp32 master */
     for (int k = 0; k < count; k++) t.specs[k].dtype = LOOM_DTYPE_BF16;
@@ -133,12 +135,18 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
 
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, true, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, true, true, mem);
+}
+
+loom_status loom_gpt_params_init_sharded_master(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                                const loom_stage_range *range, const loom_allocator *mem) {
+  LOOM_CHECK(cfg->bf16, "only bf16 runs compute without their master weights");
+  return init_params(p, cfg, tp_rank, tp_size, range, true, false, mem);
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                          const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, false, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, false, true, mem);
 }
 
 void loom_gpt_params_free(loom_gpt_params *p) {
@@ -172,6 +180,10 @@ static void draw_rows(const loom_gpt_params *p, int k, float *dst, int64_t i0, i
 }
 
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
+  loom_gpt_params_randomize_slice(p, seed, p->params.base, 0, p->params.numel);
+}
+
+void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, float *dst, size_t begin, size_t end) {
   const loom_allocator *mem = p->params.alloc;
   size_t most = 1;
   for (int k = 0; k < p->params.count; k++) {
@@ -180,14 +192,17 @@ void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
   }
   float *host = loom_xmalloc(most * sizeof(float), "initial parameters");
   for (int k = 0; k < p->params.count; k++) {
-    loom_tensor *t = &p->params.views[k];
+    const loom_tensor *t = &p->params.views[k];
     const loom_param_meta *m = &p->meta[k];
-    const size_t n = loom_tensor_numel(t);
+    const size_t lo = loom_buffer_offset(&p->params, k), hi = lo + loom_tensor_numel(t);
+    const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
+    if (to <= from) continue;
+    float *out = dst + (from - begin);
     if (m->init != LOOM_INIT_NORMAL) {
       const float value = m->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
       uint32_t bits;
       memcpy(&bits, &value, sizeof bits);
-      mem->fill32(t->data, bits, n);
+      mem->fill32(out, bits, to - from);
       continue;
     }
     /* Walk local rows in runs whose global rows are consecutive. */
@@ -202,7 +217,7 @@ void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed) {
         start = i;
       }
     }
-    mem->from_host(t->data, host, n * sizeof(float));
+    mem->from_host(out, host + (from - lo), (to - from) * sizeof(float));
   }
   free(host);
 }

@@ -83,6 +83,14 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
  * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem);
+/* The same for a bf16 run under ZeRO-1, Megatron's distributed optimizer:
+ * grads and the bf16 compute copy are whole, but params is a layout without
+ * storage (loom_buffer_layout; w views NULL), as each data-parallel replica's
+ * optimizer holds only its slice of the fp32 master weights. */
+loom_status loom_gpt_params_init_sharded_master(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                                const loom_stage_range *range, const loom_allocator *mem);
+/* Whether p holds its fp32 master weights (all but the above). */
+static inline bool loom_gpt_params_have_master(const loom_gpt_params *p) { return p->params.base != NULL; }
 /* The same without grads (an empty grads buffer, g views NULL): for loading,
  * saving, exporting and resharding, which never train, at half the memory. */
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
@@ -90,6 +98,9 @@ loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_conf
 void loom_gpt_params_free(loom_gpt_params *p);
 /* Draws every parameter from (seed, canonical name, global element index). */
 void loom_gpt_params_randomize(loom_gpt_params *p, uint64_t seed);
+/* The same for the flat elements [begin, end) of p's layout only, into dst
+ * (that many floats of p's backend memory): a distributed optimizer's slice. */
+void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, float *dst, size_t begin, size_t end);
 /* Parameter elements one TP rank of the stage `range` (NULL: every layer)
  * holds, read off the table without allocating them; the vocab is padded as
  * a tp_size split pads it (unless cfg is already padded to a multiple of that).

@@ -19,7 +19,8 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
   z->v = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
   z->gather = z->mem->zalloc((z->shard * (size_t)dp_size + 1) * sizeof(float));
   z->slice = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  if (!z->m || !z->v || !z->gather || !z->slice) {
+  if (!loom_gpt_params_have_master(p)) z->master = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
+  if (!z->m || !z->v || !z->gather || !z->slice || (!loom_gpt_params_have_master(p) && !z->master)) {
     loom_zero1_free(z);
     return LOOM_ERR_NOMEM;
   }
@@ -27,13 +28,13 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
 }
 
 void loom_zero1_free(loom_zero1 *z) {
-  void *const state[] = {z->m, z->v, z->gather, z->slice};
+  void *const state[] = {z->m, z->v, z->master, z->gather, z->slice};
   for (size_t i = 0; i < sizeof state / sizeof *state; i++)
     if (state[i]) z->mem->release(state[i]);
   memset(z, 0, sizeof *z);
 }
 
-size_t loom_zero1_state_bytes(const loom_zero1 *z) { return 2 * z->shard * sizeof(float); }
+size_t loom_zero1_state_bytes(const loom_zero1 *z) { return (z->master ? 3 : 2) * z->shard * sizeof(float); }
 
 /* The part of tensor k inside [begin, end): sets its flat offset, returns its length (0 if none). */
 static size_t part_of(const loom_gpt_params *p, int k, size_t begin, size_t end, size_t *at) {
@@ -70,8 +71,13 @@ double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const
   return total;
 }
 
+/* This replica's slice of the fp32 weights: the master slice, or the model's own. */
+static float *weights_of(const loom_zero1 *z, const loom_gpt_params *p) {
+  return z->master ? z->master : (float *)p->params.base + z->begin;
+}
+
 void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
-  float *g = p->grads.base;
+  float *g = p->grads.base, *w = weights_of(z, p);
   if (z->cfg.grad_clip > 0.0f && grad_norm > z->cfg.grad_clip)
     ops->scale(g + z->begin, (float)(z->cfg.grad_clip / grad_norm), z->end - z->begin);
   z->step++;
@@ -81,13 +87,45 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
     if (len == 0) continue;
     const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
                                   .weight_decay = p->meta[k].weight_decay ? z->cfg.weight_decay : 0.0f, .step = z->step};
-    ops->adamw((float *)p->params.base + at, g + at, z->m + (at - z->begin), z->v + (at - z->begin), len, &args);
+    const size_t i = at - z->begin;
+    ops->adamw(w + i, g + at, z->m + i, z->v + i, len, &args);
+  }
+  if (z->master) {
+    loom_zero1_publish(z, p, dp, ops);
+    return;
   }
   /* Every replica gets every slice back. */
   const int size = loom_comm_size(dp);
   if (size == 1) return;
   loom_mem_zero(z->mem, z->slice, z->shard);
-  z->mem->copy(z->slice, (float *)p->params.base + z->begin, (z->end - z->begin) * sizeof(float));
+  z->mem->copy(z->slice, w, (z->end - z->begin) * sizeof(float));
   loom_comm_allgather(dp, z->slice, z->gather, z->shard);
   z->mem->copy(p->params.base, z->gather, p->params.numel * sizeof(float));
+}
+
+void loom_zero1_publish(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops) {
+  if (!z->master) return;
+  const size_t mine = z->end - z->begin;
+  uint16_t *compute = p->compute.base;
+  if (loom_comm_size(dp) == 1) {
+    ops->to_bf16(compute, z->master, mine);
+    return;
+  }
+  /* bf16 in transit, in the fp32 scratch: half of each is enough. */
+  uint16_t *slice = (uint16_t *)z->slice, *all = (uint16_t *)z->gather;
+  z->mem->fill32(slice, 0, (z->shard + 1) / 2);
+  ops->to_bf16(slice, z->master, mine);
+  loom_comm_allgather_typed(dp, slice, all, z->shard, LOOM_DTYPE_BF16);
+  z->mem->copy(compute, all, p->compute.numel * sizeof(uint16_t));
+}
+
+void loom_zero1_gather_master(loom_zero1 *z, const loom_gpt_params *p, loom_comm *dp, float *out) {
+  if (!z->master) {
+    z->mem->copy(out, p->params.base, p->params.numel * sizeof(float));
+    return;
+  }
+  loom_mem_zero(z->mem, z->slice, z->shard);
+  z->mem->copy(z->slice, z->master, (z->end - z->begin) * sizeof(float));
+  loom_comm_allgather(dp, z->slice, z->gather, z->shard);
+  z->mem->copy(out, z->gather, p->params.numel * sizeof(float));
 }

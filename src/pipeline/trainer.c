@@ -26,7 +26,10 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
-  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, err);
+  /* bf16 training under ZeRO-1 is Megatron's distributed optimizer: the fp32 master weights live only as each replica's slice. */
+  const bool shard_master = !o->forward_only && plan->parallel->zero_stage == 1 &&
+                            plan->precision == LOOM__PRECISION__PRECISION_BF16;
+  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, shard_master, err);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
@@ -34,11 +37,20 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   const int v = tr->pipe.v;
   tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
   if (plan->parallel->zero_stage == 1) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO-1 optimizers");
-  for (int c = 0; c < v && st == LOOM_OK; c++)
-    st = tr->zero ? loom_zero1_init(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_rank, tr->ps.dp, &oc)
-                  : loom_adamw_init(&tr->opts[c], &tr->pipe.chunks[c].p, &oc);
+  for (int c = 0; c < v && st == LOOM_OK; c++) {
+    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    st = tr->zero ? loom_zero1_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, &oc) : loom_adamw_init(&tr->opts[c], p, &oc);
+    if (st == LOOM_OK && shard_master) /* each replica draws its own slice of the master weights */
+      loom_gpt_params_randomize_slice(p, o->seed, tr->zero[c].master, tr->zero[c].begin, tr->zero[c].end);
+  }
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);
+  if (st == LOOM_OK) loom_trainer_publish_weights(tr);
   return st;
+}
+
+void loom_trainer_publish_weights(loom_trainer *tr) {
+  for (int c = 0; tr->zero && c < tr->pipe.v; c++)
+    loom_zero1_publish(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_group, tr->pipe.chunks[c].ops);
 }
 
 /* ---- pipeline hooks ---- */

@@ -1,6 +1,6 @@
 /* A training run built from a plan, and nothing else: this rank's grid
  * coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO-1's
- * shard of it), the step over one global batch (grad accumulation through the
+ * shard of it, with the fp32 master weights' shard in bf16 runs), the step over one global batch (grad accumulation through the
  * plan's schedule, the grad norm over every stage, the NaN skip, clipping and
  * AdamW) and held-out evaluation through the forward-only schedule. Every
  * layout, (1,1,1) included, runs here.
@@ -62,6 +62,11 @@ typedef struct {
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err);
 void loom_trainer_free(loom_trainer *tr);
+/* After the weights were loaded (a resume, --init-from): under the
+ * distributed optimizer, all-gathers the master slices, rounded to bf16,
+ * into the compute weights (collective over dp); else nothing to do, as
+ * each step rounds the master weights it holds. */
+void loom_trainer_publish_weights(loom_trainer *tr);
 /* Trains on global batch `step` (0-based). */
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */

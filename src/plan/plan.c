@@ -253,10 +253,11 @@ void loom_plan_estimate(loom_plan *p) {
     x->parameters = params;
     x->in_flight = flight_rank;
     /* As the runtime allocates them: weights in the run's precision, an fp32
-     * master copy in bf16 runs (whole on every replica), fp32 grads, Adam's
-     * two fp32 moments (1/dp of them under ZeRO-1). */
+     * master copy in bf16 runs (whole on every replica, or 1/dp of it under
+     * ZeRO-1, the distributed optimizer), fp32 grads, Adam's two fp32 moments
+     * (1/dp of them under ZeRO-1). */
     x->weights = (int64_t)((bf16 ? 2.0 : 4.0) * local);
-    x->master_weights = (int64_t)(bf16 ? 4.0 * local : 0.0);
+    x->master_weights = (int64_t)(bf16 ? 4.0 * local / (l->zero_stage >= 1 ? dp : 1) : 0.0);
     x->grads = (int64_t)(4.0 * local);
     x->optimizer = (int64_t)(8.0 * local);
     x->optimizer_zero1 = (int64_t)(8.0 * local / dp);
@@ -500,9 +501,11 @@ double loom_plan_state_bytes(const loom_plan *p, double local_params) {
   const Loom__Parallel *l = p->parallel;
   const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16, zero = l->zero_stage >= 1;
   const double dp = l->dp > 0 ? l->dp : 1;
-  /* fp32 weights (the master in bf16 runs) and grads; the bf16 copy that runs; Adam's m and v, or
-   * under ZeRO-1 this replica's slice of them plus the full-size gather buffer and the slice in transit. */
-  const double per = 8.0 + (bf16 ? 2.0 : 0.0) + (zero ? 8.0 / dp + 4.0 + 4.0 / dp : 8.0);
+  /* fp32 grads; fp32 weights (the master in bf16 runs, which under ZeRO-1 keeps only its slice of it
+   * with the optimizer); the bf16 copy that runs; Adam's m and v, or under ZeRO-1 this replica's
+   * slice of them plus the full-size gather buffer and the slice in transit. */
+  const double master = bf16 && zero ? 4.0 / dp : 4.0;
+  const double per = 4.0 + master + (bf16 ? 2.0 : 0.0) + (zero ? 8.0 / dp + 4.0 + 4.0 / dp : 8.0);
   return per * local_params;
 }
 
