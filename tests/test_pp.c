@@ -182,7 +182,8 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   loom_gpt *whole = &serial.pipe.chunks[0];
   for (int c = 0; c < tr.pipe.v; c++) {
     loom_gpt_params *p = &tr.pipe.chunks[c].p;
-    float *want = malloc(p->params.numel * sizeof(float)), *got = malloc(p->params.numel * sizeof(float));
+    float *want = malloc(p->params.numel * sizeof(float));
+    float *got = malloc((g_zero ? tr.zero[c].shard * g_dp : p->params.numel) * sizeof(float));
     tu_slice_of(p, &whole->p.params, &whole->p, want);
     if (g_zero) loom_zero1_gather_master(&tr.zero[c], p, tr.ps.dp_group, got);
     else memcpy(got, p->params.base, p->params.numel * sizeof(float));

@@ -361,6 +361,25 @@ START_TEST(typed_collectives_are_exact) {
 }
 END_TEST
 
+/* A reduce-scatter past the MPI backend's piece size (2^22 elements per
+ * rank, which it sends in pieces) sums every element exactly, the ragged
+ * last piece included: integer values, exact in a float. */
+START_TEST(large_reduce_scatter_is_exact) {
+  const size_t n = ((size_t)1 << 22) + 1000 + 3, size = (size_t)g_world->size;
+  float *send = malloc(size * n * sizeof(float)), *recv = malloc(n * sizeof(float));
+  ck_assert(send && recv);
+  for (size_t d = 0; d < size; d++)
+    for (size_t i = 0; i < n; i++) send[d * n + i] = (float)((g_world->rank + 1) * (int)(i % 1000 + d));
+  loom_comm_reduce_scatter(g_world, send, recv, n);
+  const float ranks = (float)(size * (size + 1) / 2);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; i++) wrong += recv[i] != ranks * (float)(i % 1000 + (size_t)g_world->rank);
+  ck_assert_msg(wrong == 0, "rank %d: %zu of %zu elements wrong", g_world->rank, wrong, n);
+  free(send);
+  free(recv);
+}
+END_TEST
+
 /* The shard mapping: c_attn rank r owns the q, k and v rows of its heads. */
 START_TEST(qkv_shards_follow_heads) {
   const loom_shard_layout l = {.partition_dim = 0, .parts = 3, .rows = 24, .cols = 8};
@@ -385,6 +404,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, qkv_shards_follow_heads);
   tcase_add_test(tc, collectives_are_exact);
   tcase_add_test(tc, typed_collectives_are_exact);
+  tcase_add_test(tc, large_reduce_scatter_is_exact);
   tcase_add_test(tc, groups_follow_rank_order);
   tcase_add_test(tc, column_and_row_parallel_linear);
   tcase_add_test(tc, column_and_row_parallel_linear_sequence_parallel);

@@ -70,7 +70,8 @@ void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   return p;
 }
 
-static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem, bool storage) {
+static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem, bool storage,
+                         size_t multiple) {
   memset(buf, 0, sizeof *buf);
   if (count <= 0) return LOOM_OK;
   buf->dtype = specs[0].dtype;
@@ -83,7 +84,8 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
   buf->alloc = mem;
   buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
-  buf->base = storage ? buf->alloc->zalloc((total ? total : 1) * esize) : NULL;
+  const size_t capacity = (total + multiple - 1) / multiple * multiple;
+  buf->base = storage ? buf->alloc->zalloc((capacity ? capacity : 1) * esize) : NULL;
   if (!buf->views || (storage && !buf->base)) {
     free(buf->views);
     if (buf->base) buf->alloc->release(buf->base);
@@ -91,6 +93,7 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
     return LOOM_ERR_NOMEM;
   }
   buf->numel = total;
+  buf->capacity = storage ? capacity : 0;
   buf->count = count;
   size_t offset = 0;
   for (int i = 0; i < count; i++) {
@@ -103,11 +106,17 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
 }
 
 loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
-  return place(buf, specs, count, mem, true);
+  return place(buf, specs, count, mem, true, 1);
+}
+
+loom_status loom_buffer_init_padded(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
+                                    size_t multiple) {
+  LOOM_CHECK(multiple >= 1, "pad to a positive multiple");
+  return place(buf, specs, count, mem, true, multiple);
 }
 
 loom_status loom_buffer_layout(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
-  return place(buf, specs, count, mem, false);
+  return place(buf, specs, count, mem, false, 1);
 }
 
 void loom_buffer_free(loom_buffer *buf) {

@@ -79,6 +79,7 @@ typedef struct {
   loom_device device;
   const loom_allocator *alloc; /* what base came from */
   size_t numel;      /* elements across all views */
+  size_t capacity;   /* elements allocated: numel, or more when padded (the rest zero) */
   void *base;        /* one allocation, zero-filled */
   int count;
   loom_tensor *views; /* views[i].data points into base, in spec order */
@@ -86,6 +87,11 @@ typedef struct {
 
 /* Places `count` same-dtype specs back to back in one zeroed allocation from `mem`. */
 loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem);
+/* The same with the allocation rounded up to a multiple of `multiple`
+ * elements, zero past numel: collectives that cut a buffer into equal
+ * blocks (ZeRO's reduce-scatter and all-gather) work on it in place. */
+loom_status loom_buffer_init_padded(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
+                                    size_t multiple);
 /* The same layout without storage: base and every view's data are NULL,
  * numel, count, offsets and alloc (the memory the values belong to) are
  * as loom_buffer_init would set them. For state that lives elsewhere in

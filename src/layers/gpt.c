@@ -10,23 +10,23 @@
 #include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, bool shard_master) {
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  loom_status st = shard_master ? loom_gpt_params_init_sharded_master(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem)
-                                : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
+  loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp)
+                           : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
   if (st != LOOM_OK) return st;
-  if (!shard_master) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
+  if (loom_gpt_params_have_master(&m->p)) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
   return LOOM_OK;
 }
 
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp) {
-  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, false);
+  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, 0);
 }
 
 static void slots_free(loom_gpt *m) {

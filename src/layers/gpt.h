@@ -90,11 +90,13 @@ typedef struct {
  * serial. Under TP the vocab is padded to a multiple of 128 * tp. */
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
-/* The same for one pipeline stage (or chunk): the layers of `range`. With
- * shard_master (bf16 runs under ZeRO-1) the parameters get no fp32 master
- * and no initial values: the distributed optimizer holds and draws them. */
+/* The same for one pipeline stage (or chunk): the layers of `range`.
+ * zero_dp > 0: trained by ZeRO-1 over that many replicas, with parameters
+ * as loom_gpt_params_init_for_zero builds them; in bf16 runs they get no
+ * fp32 master and no initial values, which the distributed optimizer holds
+ * and draws. */
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, bool shard_master);
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp);
 void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);

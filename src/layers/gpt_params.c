@@ -97,7 +97,7 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
 }
 
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                               const loom_stage_range *range, bool with_grads, bool with_master,
+                               const loom_stage_range *range, bool with_grads, bool with_master, size_t pad,
                                const loom_allocator *mem) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
@@ -116,12 +116,12 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
-  loom_status st = with_master ? loom_buffer_init(&p->params, t.specs, count, mem)
+  loom_status st = with_master ? loom_buffer_init_padded(&p->params, t.specs, count, mem, pad)
                                : loom_buffer_layout(&p->params, t.specs, count, mem);
-  if (st == LOOM_OK && with_grads) st = loom_buffer_init(&p->grads, t.specs, count, mem);
+  if (st == LOOM_OK && with_grads) st = loom_buffer_init_padded(&p->grads, t.specs, count, mem, pad);
   if (st == LOOM_OK && with_grads && cfg->bf16) { /* the bf16 copy that runs; params are the fp32 master */
     for (int k = 0; k < count; k++) t.specs[k].dtype = LOOM_DTYPE_BF16;
-    st = loom_buffer_init(&p->compute, t.specs, count, mem);
+    st = loom_buffer_init_padded(&p->compute, t.specs, count, mem, pad);
   }
   free(t.specs);
   if (st != LOOM_OK) {
@@ -135,18 +135,18 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
 
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, true, true, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, true, true, 1, mem);
 }
 
-loom_status loom_gpt_params_init_sharded_master(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                                const loom_stage_range *range, const loom_allocator *mem) {
-  LOOM_CHECK(cfg->bf16, "only bf16 runs compute without their master weights");
-  return init_params(p, cfg, tp_rank, tp_size, range, true, false, mem);
+loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                          const loom_stage_range *range, const loom_allocator *mem, int dp) {
+  LOOM_CHECK(dp >= 1, "ZeRO over one replica or more");
+  return init_params(p, cfg, tp_rank, tp_size, range, true, !cfg->bf16, (size_t)dp, mem);
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                          const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, false, true, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, false, true, 1, mem);
 }
 
 void loom_gpt_params_free(loom_gpt_params *p) {

@@ -83,12 +83,14 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
  * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem);
-/* The same for a bf16 run under ZeRO-1, Megatron's distributed optimizer:
- * grads and the bf16 compute copy are whole, but params is a layout without
- * storage (loom_buffer_layout; w views NULL), as each data-parallel replica's
- * optimizer holds only its slice of the fp32 master weights. */
-loom_status loom_gpt_params_init_sharded_master(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                                const loom_stage_range *range, const loom_allocator *mem);
+/* The same for a run under ZeRO-1 over dp replicas: params, grads and the
+ * bf16 copy are padded to a multiple of dp elements (loom_buffer_init_padded),
+ * so the optimizer reduce-scatters and all-gathers them in place. In bf16
+ * runs, Megatron's distributed optimizer, params is a layout without storage
+ * (loom_buffer_layout; w views NULL): each replica's optimizer holds only
+ * its slice of the fp32 master weights. */
+loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
+                                          const loom_stage_range *range, const loom_allocator *mem, int dp);
 /* Whether p holds its fp32 master weights (all but the above). */
 static inline bool loom_gpt_params_have_master(const loom_gpt_params *p) { return p->params.base != NULL; }
 /* The same without grads (an empty grads buffer, g views NULL): for loading,

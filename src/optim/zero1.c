@@ -17,10 +17,9 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
   z->mem = p->params.alloc;
   z->m = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
   z->v = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  z->gather = z->mem->zalloc((z->shard * (size_t)dp_size + 1) * sizeof(float));
   z->slice = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
   if (!loom_gpt_params_have_master(p)) z->master = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  if (!z->m || !z->v || !z->gather || !z->slice || (!loom_gpt_params_have_master(p) && !z->master)) {
+  if (!z->m || !z->v || !z->slice || (!loom_gpt_params_have_master(p) && !z->master)) {
     loom_zero1_free(z);
     return LOOM_ERR_NOMEM;
   }
@@ -28,7 +27,7 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
 }
 
 void loom_zero1_free(loom_zero1 *z) {
-  void *const state[] = {z->m, z->v, z->master, z->gather, z->slice};
+  void *const state[] = {z->m, z->v, z->master, z->slice};
   for (size_t i = 0; i < sizeof state / sizeof *state; i++)
     if (state[i]) z->mem->release(state[i]);
   memset(z, 0, sizeof *z);
@@ -44,17 +43,16 @@ static size_t part_of(const loom_gpt_params *p, int k, size_t begin, size_t end,
   return to > from ? to - from : 0;
 }
 
+/* Whether buffer b can be cut into dp blocks of the shard in place. */
+static bool padded_for(const loom_zero1 *z, const loom_buffer *b, size_t dp) { return b->capacity >= z->shard * dp; }
+
 double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
                          bool skip_shared) {
   const int size = loom_comm_size(dp);
-  const size_t n = p->params.numel;
-  /* Reduce-scatter needs equal slices: pad the flat grads to shard * dp. */
-  float *full = z->gather;
-  z->mem->copy(full, p->grads.base, n * sizeof(float));
-  loom_mem_zero(z->mem, full + n, z->shard * (size_t)size - n);
   float *mine = (float *)p->grads.base + z->begin;
   if (size > 1) {
-    loom_comm_reduce_scatter(dp, full, z->slice, z->shard);
+    LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
+    loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
     z->mem->copy(mine, z->slice, (z->end - z->begin) * sizeof(float));
   }
   /* Squared norm of the slice, each element once: shards over TP summed, replicas once. */
@@ -97,10 +95,10 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
   /* Every replica gets every slice back. */
   const int size = loom_comm_size(dp);
   if (size == 1) return;
+  LOOM_CHECK(padded_for(z, &p->params, (size_t)size), "ZeRO-1 needs the parameters padded for its all-gather");
   loom_mem_zero(z->mem, z->slice, z->shard);
   z->mem->copy(z->slice, w, (z->end - z->begin) * sizeof(float));
-  loom_comm_allgather(dp, z->slice, z->gather, z->shard);
-  z->mem->copy(p->params.base, z->gather, p->params.numel * sizeof(float));
+  loom_comm_allgather(dp, z->slice, p->params.base, z->shard);
 }
 
 void loom_zero1_publish(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops) {
@@ -111,12 +109,11 @@ void loom_zero1_publish(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const 
     ops->to_bf16(compute, z->master, mine);
     return;
   }
-  /* bf16 in transit, in the fp32 scratch: half of each is enough. */
-  uint16_t *slice = (uint16_t *)z->slice, *all = (uint16_t *)z->gather;
+  LOOM_CHECK(padded_for(z, &p->compute, (size_t)loom_comm_size(dp)), "the distributed optimizer needs the bf16 weights padded");
+  uint16_t *slice = (uint16_t *)z->slice; /* bf16 in transit: half of the fp32 slice is enough */
   z->mem->fill32(slice, 0, (z->shard + 1) / 2);
   ops->to_bf16(slice, z->master, mine);
-  loom_comm_allgather_typed(dp, slice, all, z->shard, LOOM_DTYPE_BF16);
-  z->mem->copy(compute, all, p->compute.numel * sizeof(uint16_t));
+  loom_comm_allgather_typed(dp, slice, compute, z->shard, LOOM_DTYPE_BF16);
 }
 
 void loom_zero1_gather_master(loom_zero1 *z, const loom_gpt_params *p, loom_comm *dp, float *out) {
@@ -126,6 +123,5 @@ void loom_zero1_gather_master(loom_zero1 *z, const loom_gpt_params *p, loom_comm
   }
   loom_mem_zero(z->mem, z->slice, z->shard);
   z->mem->copy(z->slice, z->master, (z->end - z->begin) * sizeof(float));
-  loom_comm_allgather(dp, z->slice, z->gather, z->shard);
-  z->mem->copy(out, z->gather, p->params.numel * sizeof(float));
+  loom_comm_allgather(dp, z->slice, out, z->shard);
 }

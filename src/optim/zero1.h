@@ -6,12 +6,16 @@
  * by exactly one replica with the same math as plain AdamW, so results match
  * plain data parallelism.
  *
+ * The model's buffers are padded to a multiple of dp elements
+ * (loom_gpt_params_init_for_zero), so the grads are reduce-scattered
+ * straight out of the grad buffer and the weights all-gathered straight
+ * into the parameters: no full-size scratch.
+ *
  * In bf16 runs it is Megatron's distributed optimizer in full: the fp32
  * master weights exist only as each replica's slice (the model's params are
- * a layout without storage, loom_gpt_params_init_sharded_master), and what
- * is all-gathered is the slice rounded to bf16, straight into the model's
- * bf16 compute copy: half the bytes of an fp32 gather, and 4 bytes per
- * parameter fewer on every replica but 4/dp. */
+ * a layout without storage), and what is all-gathered is the slice rounded
+ * to bf16, straight into the model's bf16 compute copy: half the bytes of
+ * an fp32 gather, and 4 bytes per parameter fewer on every replica but 4/dp. */
 #ifndef LOOM_ZERO1_H
 #define LOOM_ZERO1_H
 
@@ -24,7 +28,6 @@ typedef struct {
   size_t shard;        /* slice length with padding: ceil(numel / dp) */
   float *m, *v;        /* [shard] Adam moments of the slice */
   float *master;       /* [shard] the slice's fp32 master weights when the model holds none, else NULL */
-  float *gather;       /* [shard * dp] scratch for reduce-scatter and all-gather */
   float *slice;        /* [shard] this replica's slice in transit */
   const loom_allocator *mem; /* the parameters' backend memory, where all of the above lives */
   int step;
@@ -37,7 +40,7 @@ typedef struct {
 loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank, int dp_size,
                             const loom_adamw_config *cfg);
 void loom_zero1_free(loom_zero1 *z);
-/* Reduce-scatters p's grads over dp; returns the squared norm of this
+/* Reduce-scatters p's grads over dp (p built by loom_gpt_params_init_for_zero); returns the squared norm of this
  * replica's slice, each element once over TP as in loom_grad_sumsq, and
  * summed over dp (collective over tp and dp). */
 double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
@@ -49,8 +52,9 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
  * into p's compute copy (collective over dp); call after the slice was
  * loaded. A no-op when the model holds its master weights. */
 void loom_zero1_publish(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops);
-/* Every replica's fp32 weights gathered into out[numel] (backend memory):
- * the master slices, or the model's own params (collective over dp). */
+/* Every replica's fp32 weights gathered into out[shard * dp] (backend
+ * memory; the first numel are the weights): the master slices, or the
+ * model's own params (collective over dp). */
 void loom_zero1_gather_master(loom_zero1 *z, const loom_gpt_params *p, loom_comm *dp, float *out);
 /* Optimizer-state bytes this replica holds: the moments, and the master slice if any. */
 size_t loom_zero1_state_bytes(const loom_zero1 *z);

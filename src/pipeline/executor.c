@@ -20,7 +20,7 @@ static size_t act_floats(const loom_pipeline *pipe) {
 }
 
 loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
-                               uint64_t seed, size_t bucket_bytes, bool shard_master, loom_error *err) {
+                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
   memset(pipe, 0, sizeof *pipe);
   LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp,
              "the grid is the plan's");
@@ -47,7 +47,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   }
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
-    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, shard_master);
+    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp);
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
                                                           recompute, pipe->nslots);

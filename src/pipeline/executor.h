@@ -86,10 +86,10 @@ typedef struct {
 /* Builds this rank's chunks of a validated plan (loom_plan_validate): its
  * stages, schedule, micro-batches, recompute and ZeRO stage; ps is the plan's
  * grid. bucket_bytes: data-parallel grad buckets reduced during backward (0:
- * all at the end). shard_master: the chunks hold no fp32 master weights nor
- * initial values, which a distributed optimizer provides (loom_gpt_init_stage). */
+ * all at the end). zero_dp > 0: the chunks are built for a ZeRO-1 optimizer
+ * over that many replicas (loom_gpt_init_stage). */
 loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
-                               uint64_t seed, size_t bucket_bytes, bool shard_master, loom_error *err);
+                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
 void loom_pipeline_free(loom_pipeline *pipe);
 /* One training step; sample_offset is the global index of micro-batch 0's
  * first sample (dropout keys). Under data parallelism each replica runs its

@@ -26,10 +26,8 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
-  /* bf16 training under ZeRO-1 is Megatron's distributed optimizer: the fp32 master weights live only as each replica's slice. */
-  const bool shard_master = !o->forward_only && plan->parallel->zero_stage == 1 &&
-                            plan->precision == LOOM__PRECISION__PRECISION_BF16;
-  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, shard_master, err);
+  const int zero_dp = !o->forward_only && plan->parallel->zero_stage == 1 ? plan->parallel->dp : 0;
+  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
@@ -40,7 +38,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   for (int c = 0; c < v && st == LOOM_OK; c++) {
     loom_gpt_params *p = &tr->pipe.chunks[c].p;
     st = tr->zero ? loom_zero1_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, &oc) : loom_adamw_init(&tr->opts[c], p, &oc);
-    if (st == LOOM_OK && shard_master) /* each replica draws its own slice of the master weights */
+    if (st == LOOM_OK && tr->zero && tr->zero[c].master) /* each replica draws its own slice of the master weights */
       loom_gpt_params_randomize_slice(p, o->seed, tr->zero[c].master, tr->zero[c].begin, tr->zero[c].end);
   }
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);

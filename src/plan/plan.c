@@ -503,9 +503,9 @@ double loom_plan_state_bytes(const loom_plan *p, double local_params) {
   const double dp = l->dp > 0 ? l->dp : 1;
   /* fp32 grads; fp32 weights (the master in bf16 runs, which under ZeRO-1 keeps only its slice of it
    * with the optimizer); the bf16 copy that runs; Adam's m and v, or under ZeRO-1 this replica's
-   * slice of them plus the full-size gather buffer and the slice in transit. */
+   * slice of them and the slice in transit (the collectives work in the padded buffers themselves). */
   const double master = bf16 && zero ? 4.0 / dp : 4.0;
-  const double per = 4.0 + master + (bf16 ? 2.0 : 0.0) + (zero ? 8.0 / dp + 4.0 + 4.0 / dp : 8.0);
+  const double per = 4.0 + master + (bf16 ? 2.0 : 0.0) + (zero ? 12.0 / dp : 8.0);
   return per * local_params;
 }
 
