@@ -24,11 +24,12 @@
 typedef struct {
   loom_plan_flags layout; /* the model and layout, through the same builder as `loom plan new` */
   int steps, threads;
+  bool verbose;
   const char *device;
   const loom_ops *ops; /* the --device backend */
 } bench_flags;
 
-#define BENCH_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 3)
+#define BENCH_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 4)
 
 /* Uniform random tokens: the step's cost does not depend on the data. */
 static void random_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored) {
@@ -98,6 +99,41 @@ static void gemm_peaks(double peak[2], const char *when) {
          when, peak[0], loom_cpu_gemm_name(fastest), peak[1]);
 }
 
+/* --verbose: every GEMM of the step at T (each linear layer's forward,
+ * input grad and weight grad, as the CPU backend calls them) timed through
+ * every library built in, with the one the backend runs it through. */
+static void gemm_shapes(const loom_plan *plan) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(plan, &cfg);
+  const int n = loom_gpt_param_table(&cfg, NULL, 0, 1, NULL, NULL);
+  loom_tensor *specs = loom_xcalloc((size_t)n, sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xcalloc((size_t)n, sizeof *meta, "parameter table");
+  loom_gpt_param_table(&cfg, NULL, 0, 1, specs, meta);
+  static const char *const ROLE[LOOM_LINEAR_GEMMS] = {"forward", "input grad", "weight grad"};
+  const int tokens = plan->batch->micro_batch * loom_plan_train_seq(plan);
+  const loom_gemm_library runs = loom_cpu_gemm_library();
+  printf("GEMMs of one micro-batch (%d tokens), GFLOP/s per library; * marks the one loom runs:\n", tokens);
+  for (int k = 0; k < n; k++) {
+    const loom_tensor *w = &specs[k];
+    bool seen = w->ndim != 2 || strcmp(w->name, "wpe.weight") == 0; /* the position table is no matmul */
+    for (int j = 0; j < k && !seen; j++) seen = specs[j].ndim == 2 && specs[j].shape[0] == w->shape[0] && specs[j].shape[1] == w->shape[1];
+    if (seen) continue;
+    loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+    loom_cpu_linear_gemms(tokens, (int)w->shape[1], (int)w->shape[0], g);
+    for (int r = 0; r < LOOM_LINEAR_GEMMS; r++) {
+      printf("  %-28s %-11s M %5d N %5d K %5d%s%s:", w->name, ROLE[r], g[r].M, g[r].N, g[r].K, g[r].ta ? " A^T" : "",
+             g[r].tb ? " B^T" : "");
+      for (int lib = 0; lib < LOOM_GEMM_LIBRARIES; lib++)
+        if (loom_cpu_gemm_available((loom_gemm_library)lib))
+          printf("  %s%s %6.1f", lib == (int)runs ? "*" : " ", loom_cpu_gemm_name((loom_gemm_library)lib),
+                 loom_cpu_gemm_shape_gflops((loom_gemm_library)lib, &g[r], 0.2));
+      printf("\n");
+    }
+  }
+  free(specs);
+  free(meta);
+}
+
 /* Single-rank bench: each sequence length and precision against that dtype's GEMM peak. */
 static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *err) {
   static const char *const PRECISIONS[] = {"fp32", "bf16"};
@@ -109,12 +145,15 @@ static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *er
   double frac[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
   for (int i = 0; i < 2; i++) {
     if (seq_flag(table) && f->layout.model.seq != seqs[i]) continue;
+    bool shown = false; /* the GEMM shapes of this length (both dtypes run them in fp32 here) */
     for (int k = 0; k < 2; k++) {
       if (one_precision && strcmp(f->layout.precision, PRECISIONS[k]) != 0) continue;
       bench_flags fk = *f;
       fk.layout.precision = PRECISIONS[k];
       loom_plan *plan;
       loom_status st = plan_at(&fk, table, seqs[i], false, 1, &plan, err);
+      if (st == LOOM_OK && f->verbose && !shown) gemm_shapes(plan);
+      shown = true;
       const double dt = st == LOOM_OK ? time_steps(plan, &fk, NULL, &st, err) : 0.0;
       char label[16];
       snprintf(label, sizeof label, " %s", PRECISIONS[k]);
@@ -248,6 +287,8 @@ int loom_cmd_bench(int argc, char **argv) {
       {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false, NULL},
       {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores; 1 per rank in a parallel plan)", 0, 4096, NULL, false, NULL},
       {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--verbose", FLAG_BOOL, &f.verbose, "also time each GEMM shape of the step in every library built in, and name the one that runs it",
+       LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == BENCH_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "BENCH_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

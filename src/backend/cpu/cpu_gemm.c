@@ -15,7 +15,11 @@ bool loom_cpu_gemm_available(loom_gemm_library lib) {
 }
 
 loom_gemm_library loom_cpu_gemm_library(void) {
-  return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
+  /* oneDNN's sgemm wins through its AVX-512 (and AMX) kernels; on AVX2 alone OpenBLAS was the faster at
+   * most of GPT-2-small's GEMM shapes and over the whole step (docs/performance.md). A CPU feature decides,
+   * not a timing, so every run on a machine takes the same path and resumes bit for bit. */
+  return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) && __builtin_cpu_supports("avx512f") ? LOOM_GEMM_ONEDNN
+                                                                                         : LOOM_GEMM_OPENBLAS;
 }
 
 const char *loom_cpu_gemm_name(loom_gemm_library lib) { return lib == LOOM_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS"; }
@@ -34,7 +38,13 @@ void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, 
               ldb, beta, C, ldc);
 }
 
-void loom_cpu_sgemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
-                    float *C, int ldc) {
-  loom_cpu_sgemm_with(loom_cpu_gemm_library(), ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+void loom_cpu_linear_gemms(int N, int C, int OC, loom_gemm_shape out[LOOM_LINEAR_GEMMS]) {
+  out[LOOM_LINEAR_FORWARD] = (loom_gemm_shape){.ta = false, .tb = true, .M = N, .N = OC, .K = C, .beta = 0.0f};
+  out[LOOM_LINEAR_INPUT_GRAD] = (loom_gemm_shape){.ta = false, .tb = false, .M = N, .N = C, .K = OC, .beta = 1.0f};
+  out[LOOM_LINEAR_WEIGHT_GRAD] = (loom_gemm_shape){.ta = true, .tb = false, .M = OC, .N = C, .K = N, .beta = 1.0f};
+}
+
+void loom_cpu_gemm_run(loom_gemm_library lib, const loom_gemm_shape *s, const float *A, const float *B, float *C) {
+  loom_cpu_sgemm_with(lib, s->ta, s->tb, s->M, s->N, s->K, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N, s->beta, C,
+                      s->N);
 }

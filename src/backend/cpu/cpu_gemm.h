@@ -1,8 +1,7 @@
 /* The CPU backend's GEMM: oneDNN's sgemm where loom was built with oneDNN
- * (measured faster than OpenBLAS's on this project's machines at the model's
- * shapes, and equal at 2048^3; see docs/performance.md), else OpenBLAS. One
- * library for every shape, chosen at build time, so results do not depend
- * on timing. */
+ * and the CPU has AVX-512, else OpenBLAS's (on AVX2 alone it measured the
+ * faster at the model's shapes; see docs/performance.md). One library for
+ * every shape, chosen by the CPU, so results do not depend on timing. */
 #ifndef LOOM_CPU_GEMM_H
 #define LOOM_CPU_GEMM_H
 
@@ -13,9 +12,21 @@ typedef enum { LOOM_GEMM_OPENBLAS = 0, LOOM_GEMM_ONEDNN = 1, LOOM_GEMM_LIBRARIES
 /* Row-major C[M,N] = op(A) op(B) + beta C, op transposing when ta / tb. */
 void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
                          const float *B, int ldb, float beta, float *C, int ldc);
-/* The same through the library the backend uses. */
-void loom_cpu_sgemm(bool ta, bool tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta,
-                    float *C, int ldc);
+/* One GEMM on packed row-major operands: C[M,N] = op(A) op(B) + beta C,
+ * A [M,K] ([K,M] when ta), B [K,N] ([N,K] when tb). */
+typedef struct {
+  bool ta, tb;
+  int M, N, K;
+  float beta;
+} loom_gemm_shape;
+enum { LOOM_LINEAR_FORWARD, LOOM_LINEAR_INPUT_GRAD, LOOM_LINEAR_WEIGHT_GRAD, LOOM_LINEAR_GEMMS };
+/* The GEMMs of a linear layer y[N,OC] = x[N,C] W[OC,C]^T: the forward, the
+ * input grad (accumulated) and the weight grad (accumulated). The one
+ * source of the CPU backend's matmul calls, and of what `loom bench step
+ * --verbose` times. */
+void loom_cpu_linear_gemms(int N, int C, int OC, loom_gemm_shape out[LOOM_LINEAR_GEMMS]);
+/* Runs s through lib. */
+void loom_cpu_gemm_run(loom_gemm_library lib, const loom_gemm_shape *s, const float *A, const float *B, float *C);
 /* The library the backend uses, and whether a library is built in. */
 loom_gemm_library loom_cpu_gemm_library(void);
 bool loom_cpu_gemm_available(loom_gemm_library lib);

@@ -41,16 +41,18 @@ static void cpu_bias_backward(float *dbias, const float *dout, int N, int OC) {
 
 static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
                                const float *bias, int N, int C, int OC) {
-  loom_cpu_sgemm(false, true, N, OC, C, inp, C, weight, C, 0.0f, out, OC);
+  loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+  loom_cpu_linear_gemms(N, C, OC, g);
+  loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_FORWARD], inp, weight, out);
   if (bias) cpu_bias_forward(out, bias, N, OC);
 }
 
 static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, int N, int C, int OC) {
-  if (dinp) {
-    loom_cpu_sgemm(false, false, N, C, OC, dout, OC, weight, C, 1.0f, dinp, C);
-  }
-  loom_cpu_sgemm(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C);
+  loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+  loom_cpu_linear_gemms(N, C, OC, g);
+  if (dinp) loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_INPUT_GRAD], dout, weight, dinp);
+  loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_WEIGHT_GRAD], dout, inp, dweight);
   if (dbias) cpu_bias_backward(dbias, dout, N, OC);
 }
 

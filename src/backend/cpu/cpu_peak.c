@@ -10,34 +10,42 @@
 #include "core/timer.h"
 
 
-static double library_gflops(loom_gemm_library lib, const float *a, const float *b, float *c, int n, double min_seconds) {
-  const double flops = 2.0 * n * (double)n * n;
-  loom_cpu_sgemm_with(lib, false, true, n, n, n, a, n, b, n, 0.0f, c, n); /* warm-up (and oneDNN's JIT) */
+/* Best GFLOP/s of shape s through lib on operands a, b, c, over repeats lasting at least min_seconds. */
+static double library_gflops(loom_gemm_library lib, const loom_gemm_shape *s, const float *a, const float *b, float *c,
+                             double min_seconds) {
+  const double flops = 2.0 * s->M * (double)s->N * s->K;
+  loom_cpu_gemm_run(lib, s, a, b, c); /* warm-up (and oneDNN's JIT) */
   double best = 0.0;
   const double start = loom_now_s();
   for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
     const double t0 = loom_now_s();
-    loom_cpu_sgemm_with(lib, false, true, n, n, n, a, n, b, n, 0.0f, c, n);
+    loom_cpu_gemm_run(lib, s, a, b, c);
     const double gflops = flops / (loom_now_s() - t0) * 1e-9;
     if (gflops > best) best = gflops;
   }
   return best;
 }
 
+double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds) {
+  const size_t na = (size_t)s->M * s->K, nb = (size_t)s->K * s->N, nc = (size_t)s->M * s->N;
+  float *a = loom_xmalloc((na + nb + nc) * sizeof(float), "GEMM timing"), *b = a + na, *c = b + nb;
+  loom_rng_fill_uniform(a, na + nb + nc, 1, 0xBE, 0); /* beta 1 accumulates into c: keep it finite */
+  const double g = library_gflops(lib, s, a, b, c, min_seconds);
+  free(a);
+  return g;
+}
+
 double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest) {
-  const size_t nn = (size_t)n * n;
-  float *a = loom_xmalloc(3 * nn * sizeof(float), "sgemm peak"), *b = a + nn, *c = b + nn;
-  loom_rng_fill_uniform(a, 2 * nn, 1, 0xBE, 0);
+  const loom_gemm_shape square = {.ta = false, .tb = true, .M = n, .N = n, .K = n, .beta = 0.0f};
   double best = 0.0;
   for (int lib = 0; lib < LOOM_GEMM_LIBRARIES; lib++) {
     if (!loom_cpu_gemm_available((loom_gemm_library)lib)) continue;
-    const double g = library_gflops((loom_gemm_library)lib, a, b, c, n, min_seconds);
+    const double g = loom_cpu_gemm_shape_gflops((loom_gemm_library)lib, &square, min_seconds);
     if (g > best) {
       best = g;
       if (fastest) *fastest = (loom_gemm_library)lib;
     }
   }
-  free(a);
   return best;
 }
 

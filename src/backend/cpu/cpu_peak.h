@@ -11,6 +11,8 @@
  * per library, and the library that reached it (fastest may be NULL). */
 double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest);
 double loom_cpu_sgemm_gflops(int n, double min_seconds);
+/* Best GFLOP/s of one GEMM shape through lib, over repeats lasting at least min_seconds. */
+double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds);
 /* The same for the CPU backend's bf16 GEMM (bf16 operands, fp32 accumulation). */
 double loom_cpu_bf16_gemm_gflops(int n, double min_seconds);
 /* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
