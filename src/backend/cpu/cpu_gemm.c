@@ -15,11 +15,7 @@ bool loom_cpu_gemm_available(loom_gemm_library lib) {
 }
 
 loom_gemm_library loom_cpu_gemm_library(void) {
-  /* oneDNN's sgemm wins through its AVX-512 (and AMX) kernels; on AVX2 alone OpenBLAS was the faster at
-   * most of GPT-2-small's GEMM shapes and over the whole step (docs/performance.md). A CPU feature decides,
-   * not a timing, so every run on a machine takes the same path and resumes bit for bit. */
-  return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) && __builtin_cpu_supports("avx512f") ? LOOM_GEMM_ONEDNN
-                                                                                         : LOOM_GEMM_OPENBLAS;
+  return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
 }
 
 const char *loom_cpu_gemm_name(loom_gemm_library lib) { return lib == LOOM_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS"; }

@@ -1,7 +1,12 @@
 /* The CPU backend's GEMM: oneDNN's sgemm where loom was built with oneDNN
- * and the CPU has AVX-512, else OpenBLAS's (on AVX2 alone it measured the
- * faster at the model's shapes; see docs/performance.md). One library for
- * every shape, chosen by the CPU, so results do not depend on timing. */
+ * (made for these workloads, with AVX-512 and AMX kernels), else OpenBLAS.
+ * One library for every shape, chosen at build time, so results do not
+ * depend on timing (a choice per shape by timing would let a resumed run's
+ * losses differ from the uninterrupted run's). OpenBLAS's speed here depends
+ * on OPENBLAS_CORETYPE, which some environments pin to Haswell: pinned, it
+ * ran GPT-2-small's shapes at about 80 GFLOP/s to oneDNN's 115-128; unpinned
+ * on the same AVX2 machine, a little faster than oneDNN at most of them
+ * (`loom bench step --verbose`; docs/performance.md). */
 #ifndef LOOM_CPU_GEMM_H
 #define LOOM_CPU_GEMM_H
 
