@@ -29,7 +29,7 @@ static loom_gpt_config small(void) {
   return c;
 }
 
-/* Clipping rescales grads to the max norm; decay skips biases and norm weights. */
+/* Clipping scales grads to the max norm inside the update; decay skips biases and norm weights. */
 START_TEST(clipping_and_decay_follow_metadata) {
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
@@ -55,11 +55,32 @@ START_TEST(clipping_and_decay_follow_metadata) {
       ck_assert_float_eq_tol(w[k], want, 1e-7);
     }
   }
-  for (size_t i = 0; i < p.grads.numel; i++) g[i] = 1.0f;
+  /* Clipping happens inside the update: a step on grads of norm N > clip
+   * equals, bit for bit, a step without clipping on the grads scaled by
+   * clip / N first; the grads themselves stay as they were. */
+  for (size_t i = 0; i < p.grads.numel; i++) g[i] = (float)(i % 7) - 3.0f;
   const double norm = loom_grad_norm(&p, loom_ops_cpu(), NULL);
-  ck_assert_double_eq_tol(norm, sqrt((double)p.grads.numel), 1e-6 * norm);
-  loom_adamw_step(&opt, &p, 0.0f, norm, loom_ops_cpu());
-  ck_assert_double_eq_tol(loom_grad_norm(&p, loom_ops_cpu(), NULL), 1.0, 1e-5);
+  ck_assert_double_gt(norm, 2.0 * oc.grad_clip);
+  const float clip = loom_adamw_clip_scale(&oc, norm);
+  ck_assert_float_eq(clip, (float)(oc.grad_clip / norm));
+  ck_assert_float_eq(loom_adamw_clip_scale(&oc, 0.5 * oc.grad_clip), 1.0f);
+  loom_gpt_params q;
+  loom_adamw unclipped;
+  loom_adamw_config none = oc;
+  none.grad_clip = 0.0f;
+  ck_assert_int_eq(loom_gpt_params_init(&q, &cfg, 0, 1, NULL, &loom_host_memory), LOOM_OK);
+  ck_assert_int_eq(loom_adamw_init(&unclipped, &q, &none), LOOM_OK);
+  memcpy(q.params.base, p.params.base, p.params.numel * sizeof(float));
+  unclipped.step = opt.step;
+  float *h = q.grads.base;
+  for (size_t i = 0; i < q.grads.numel; i++) h[i] = g[i] * clip;
+  loom_adamw_step(&opt, &p, 0.1f, norm, loom_ops_cpu());
+  loom_adamw_step(&unclipped, &q, 0.1f, norm, loom_ops_cpu());
+  ck_assert_mem_eq(p.params.base, q.params.base, p.params.numel * sizeof(float));
+  ck_assert_mem_eq(opt.v.base, unclipped.v.base, p.params.numel * sizeof(float));
+  ck_assert_double_eq(loom_grad_norm(&p, loom_ops_cpu(), NULL), norm);
+  loom_adamw_free(&unclipped);
+  loom_gpt_params_free(&q);
   free(before);
   loom_adamw_free(&opt);
   loom_gpt_params_free(&p);

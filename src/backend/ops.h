@@ -41,6 +41,7 @@ typedef struct {
 
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
+  float grad_scale; /* multiplies each grad first: global-norm clipping's factor, 1 without (never 0) */
   int step; /* 1-based, for bias correction */
 } loom_adamw_args;
 
@@ -120,8 +121,6 @@ typedef struct loom_ops {
   void (*add)(float *out, const float *a, const float *b, size_t n);
   /* acc += x */
   void (*accumulate)(float *acc, const float *x, size_t n);
-  /* x *= s */
-  void (*scale)(float *x, float s, size_t n);
   /* sum of squares in double */
   double (*sumsq)(const float *x, size_t n);
 

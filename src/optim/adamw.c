@@ -39,16 +39,18 @@ double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom
   return sums[0] + sums[1];
 }
 
+float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm) {
+  return cfg->grad_clip > 0.0f && grad_norm > cfg->grad_clip ? (float)(cfg->grad_clip / grad_norm) : 1.0f;
+}
+
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {
-  if (opt->cfg.grad_clip > 0.0f && grad_norm > opt->cfg.grad_clip) {
-    ops->scale(p->grads.base, (float)(opt->cfg.grad_clip / grad_norm), p->grads.numel);
-  }
+  const float clip = loom_adamw_clip_scale(&opt->cfg, grad_norm); /* applied inside the update: no pass of its own */
   opt->step++;
   for (int i = 0; i < p->params.count; i++) {
     const loom_adamw_args args = {.lr = lr, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
                                   .eps = opt->cfg.eps,
                                   .weight_decay = p->meta[i].weight_decay ? opt->cfg.weight_decay : 0.0f,
-                                  .step = opt->step};
+                                  .grad_scale = clip, .step = opt->step};
     ops->adamw(p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data,
                opt->v.views[i].data, loom_tensor_numel(&p->params.views[i]), &args);
   }

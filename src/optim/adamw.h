@@ -30,7 +30,11 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
  * leaves out tensors shared with another stage (the last stage's copy of the
  * tied wte), so each element is still counted once. */
 double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared);
-/* Clips to cfg.grad_clip given the norm, then takes one AdamW step at lr. */
+/* The factor global-norm clipping multiplies the grads by: cfg's clip over
+ * the norm when the norm exceeds it, else 1. */
+float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm);
+/* Clips to cfg.grad_clip given the norm (inside the update, as
+ * loom_adamw_args.grad_scale), then takes one AdamW step at lr. */
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops);
 
 #endif

@@ -76,15 +76,15 @@ static float *weights_of(const loom_zero1 *z, const loom_gpt_params *p) {
 
 void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
   float *g = p->grads.base, *w = weights_of(z, p);
-  if (z->cfg.grad_clip > 0.0f && grad_norm > z->cfg.grad_clip)
-    ops->scale(g + z->begin, (float)(z->cfg.grad_clip / grad_norm), z->end - z->begin);
+  const float clip = loom_adamw_clip_scale(&z->cfg, grad_norm);
   z->step++;
   for (int k = 0; k < p->params.count; k++) {
     size_t at;
     const size_t len = part_of(p, k, z->begin, z->end, &at);
     if (len == 0) continue;
     const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
-                                  .weight_decay = p->meta[k].weight_decay ? z->cfg.weight_decay : 0.0f, .step = z->step};
+                                  .weight_decay = p->meta[k].weight_decay ? z->cfg.weight_decay : 0.0f,
+                                  .grad_scale = clip, .step = z->step};
     const size_t i = at - z->begin;
     ops->adamw(w + i, g + at, z->m + i, z->v + i, len, &args);
   }

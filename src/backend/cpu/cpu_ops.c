@@ -149,70 +149,100 @@ static inline float keep_scale(const loom_dropout *d, const loom_attn_shape *s, 
                                                                             : 0.0f;
 }
 
+/* Rows t of one head's k or v (stride `stride` floats in qkv) copied to a
+ * packed [T, D] block and back: qkv's rows lie 3 x hidden x B floats apart,
+ * a multiple of 4 KiB at GPT shapes, so reading them in place keeps
+ * evicting one L1 set. Copies change no arithmetic. */
+static void pack_rows(float *dst, const float *src, size_t stride, int T, int D) {
+  for (int t = 0; t < T; t++) memcpy(dst + (size_t)t * D, src + t * stride, (size_t)D * sizeof(float));
+}
+
+static void unpack_rows(float *dst, size_t stride, const float *src, int T, int D) {
+  for (int t = 0; t < T; t++) memcpy(dst + t * stride, src + (size_t)t * D, (size_t)D * sizeof(float));
+}
+
 static void cpu_attention_forward(float *out, float *att, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
   const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
   const float scale = 1.0f / sqrtf((float)D);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++) {
-      const float *base = qkv + (size_t)b * 3 * width + (size_t)h * D;
-      for (int tq = 0; tq < T; tq++) {
-        const float *q = base + tq * row3;
-        float *p = att + (((size_t)b * H + h) * T + tq) * T;
-        float maxv = -INFINITY;
-        for (int tk = 0; tk <= tq; tk++) {
-          p[tk] = dot(q, base + tk * row3 + width, D) * scale;
-          maxv = p[tk] > maxv ? p[tk] : maxv;
+#pragma omp parallel
+  {
+    float *k = loom_xmalloc(2 * (size_t)T * D * sizeof(float), "attention scratch"), *v = k + (size_t)T * D;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++) {
+        const float *base = qkv + (size_t)b * 3 * width + (size_t)h * D;
+        pack_rows(k, base + width, row3, T, D);
+        pack_rows(v, base + 2 * width, row3, T, D);
+        for (int tq = 0; tq < T; tq++) {
+          const float *q = base + tq * row3;
+          float *p = att + (((size_t)b * H + h) * T + tq) * T;
+          float maxv = -INFINITY;
+          for (int tk = 0; tk <= tq; tk++) {
+            p[tk] = dot(q, k + (size_t)tk * D, D) * scale;
+            maxv = p[tk] > maxv ? p[tk] : maxv;
+          }
+          float sum = 0.0f;
+          for (int tk = 0; tk <= tq; tk++) {
+            p[tk] = loom_fast_expf(p[tk] - maxv);
+            sum += p[tk];
+          }
+          const float inv = 1.0f / sum;
+          for (int tk = 0; tk <= tq; tk++) p[tk] *= inv;
+          for (int tk = tq + 1; tk < T; tk++) p[tk] = 0.0f;
+          float *o = out + tq * row + (size_t)b * width + (size_t)h * D;
+          memset(o, 0, (size_t)D * sizeof(float));
+          for (int tk = 0; tk <= tq; tk++) axpy(o, p[tk] * keep_scale(drop, s, b, h, tq, tk), v + (size_t)tk * D, D);
         }
-        float sum = 0.0f;
-        for (int tk = 0; tk <= tq; tk++) {
-          p[tk] = loom_fast_expf(p[tk] - maxv);
-          sum += p[tk];
-        }
-        const float inv = 1.0f / sum;
-        for (int tk = 0; tk <= tq; tk++) p[tk] *= inv;
-        for (int tk = tq + 1; tk < T; tk++) p[tk] = 0.0f;
-        float *o = out + tq * row + (size_t)b * width + (size_t)h * D;
-        memset(o, 0, (size_t)D * sizeof(float));
-        for (int tk = 0; tk <= tq; tk++)
-          axpy(o, p[tk] * keep_scale(drop, s, b, h, tq, tk), base + tk * row3 + 2 * width, D);
       }
-    }
+    free(k);
+  }
 }
 
 static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
                                    const float *att, const loom_attn_shape *s,
                                    const loom_dropout *drop) {
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
+  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B, block = (size_t)T * D;
   const float scale = 1.0f / sqrtf((float)D);
   /* Each (b, h) touches only its own columns of dqkv, so threads never collide. */
-#pragma omp parallel for collapse(2) schedule(dynamic)
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < H; h++) {
-      const size_t head = (size_t)b * 3 * width + (size_t)h * D;
-      for (int tq = 0; tq < T; tq++) {
-        const float *p = att + (((size_t)b * H + h) * T + tq) * T;
-        float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
-        const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
-        float dot_pdp = 0.0f;
-        for (int tk = 0; tk <= tq; tk++) {
-          const float keep = keep_scale(drop, s, b, h, tq, tk);
-          dp[tk] = dot(dy, qkv + head + tk * row3 + 2 * width, D) * keep;
-          axpy(dqkv + head + tk * row3 + 2 * width, p[tk] * keep, dy, D);
-          dot_pdp += p[tk] * dp[tk];
+#pragma omp parallel
+  {
+    float *k = loom_xmalloc(4 * block * sizeof(float), "attention scratch"), *v = k + block, *dk = v + block,
+          *dv = dk + block;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++) {
+        const size_t head = (size_t)b * 3 * width + (size_t)h * D;
+        pack_rows(k, qkv + head + width, row3, T, D);
+        pack_rows(v, qkv + head + 2 * width, row3, T, D);
+        pack_rows(dk, dqkv + head + width, row3, T, D); /* accumulated into, as in place */
+        pack_rows(dv, dqkv + head + 2 * width, row3, T, D);
+        for (int tq = 0; tq < T; tq++) {
+          const float *p = att + (((size_t)b * H + h) * T + tq) * T;
+          float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
+          const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
+          float dot_pdp = 0.0f;
+          for (int tk = 0; tk <= tq; tk++) {
+            const float keep = keep_scale(drop, s, b, h, tq, tk);
+            dp[tk] = dot(dy, v + (size_t)tk * D, D) * keep;
+            axpy(dv + (size_t)tk * D, p[tk] * keep, dy, D);
+            dot_pdp += p[tk] * dp[tk];
+          }
+          const float *q = qkv + head + tq * row3;
+          float *dq = dqkv + head + tq * row3;
+          for (int tk = 0; tk <= tq; tk++) {
+            const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
+            axpy(dq, ds, k + (size_t)tk * D, D);
+            axpy(dk + (size_t)tk * D, ds, q, D);
+          }
         }
-        const float *q = qkv + head + tq * row3;
-        float *dq = dqkv + head + tq * row3;
-        for (int tk = 0; tk <= tq; tk++) {
-          const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
-          axpy(dq, ds, qkv + head + tk * row3 + width, D);
-          axpy(dqkv + head + tk * row3 + width, ds, q, D);
-        }
+        unpack_rows(dqkv + head + width, row3, dk, T, D);
+        unpack_rows(dqkv + head + 2 * width, row3, dv, T, D);
       }
-    }
+    free(k);
+  }
 }
 
 static void cpu_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
@@ -332,11 +362,6 @@ static void cpu_accumulate(float *acc, const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
-static void cpu_scale(float *x, float s, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-  for (size_t i = 0; i < n; i++) x[i] *= s;
-}
-
 static double cpu_sumsq(const float *x, size_t n) {
   double acc = 0.0;
 #pragma omp parallel for simd reduction(+ : acc) schedule(static) if (n > PAR_MIN)
@@ -386,12 +411,12 @@ static void cpu_matmul_forward_bf16(float *out, const uint16_t *inp, const uint1
 
 static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
                       const loom_adamw_args *a) {
-  const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps;
+  const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps, gs = a->grad_scale;
   const float c1 = 1.0f / (float)(1.0 - pow(a->beta1, a->step));
   const float c2 = 1.0f / (float)(1.0 - pow(a->beta2, a->step));
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) {
-    const float g = grad[i];
+    const float g = grad[i] * gs;
     const float mi = b1 * m[i] + (1.0f - b1) * g;
     const float vi = b2 * v[i] + (1.0f - b2) * g * g;
     m[i] = mi;
@@ -426,7 +451,6 @@ static const loom_ops CPU_OPS = {
     .argmax = cpu_argmax,
     .add = cpu_add,
     .accumulate = cpu_accumulate,
-    .scale = cpu_scale,
     .sumsq = cpu_sumsq,
     .dropout_forward = cpu_dropout_apply,
     .dropout_backward = cpu_dropout_apply,

@@ -255,11 +255,6 @@ __global__ void accumulate_kernel(float *acc, const float *x, size_t n) {
   if (i < n) acc[i] += x[i];
 }
 
-__global__ void scale_kernel(float *x, float s, size_t n) {
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] *= s;
-}
-
 __global__ void sumsq_kernel(double *partials, const float *x, size_t n) {
   double acc = 0.0;
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -288,12 +283,6 @@ void cuda_accumulate(float *acc, const float *x, size_t n) {
   accumulate_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(acc, x, n);
   launched("accumulate");
 }
-void cuda_scale(float *x, float s, size_t n) {
-  if (!n) return;
-  scale_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, s, n);
-  launched("scale");
-}
-
 constexpr int SUMSQ_BLOCKS = 256;
 double cuda_sumsq(const float *x, size_t n) {
   if (!n) return 0.0;
@@ -670,10 +659,10 @@ const loom_allocator MANAGED = {"cuda-managed", LOOM_DEVICE_CUDA, true, managed_
 // ---- AdamW on fp32 master weights -----------------------------------------------------
 
 __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float c1, float c2) {
+                             float beta2, float eps, float wd, float c1, float c2, float gs) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float gi = grad[i];
+  const float gi = grad[i] * gs;
   const float mi = beta1 * m[i] + (1.0f - beta1) * gi, vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
   m[i] = mi;
   v[i] = vi;
@@ -684,7 +673,7 @@ void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, c
   if (!n) return;
   const float c1 = (float)(1.0 - pow(a->beta1, a->step)), c2 = (float)(1.0 - pow(a->beta2, a->step));
   adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps,
-                                                        a->weight_decay, c1, c2);
+                                                        a->weight_decay, c1, c2, a->grad_scale);
   launched("adamw");
 }
 
@@ -761,7 +750,6 @@ loom_ops make_ops() {
   o.argmax = cuda_argmax;
   o.add = cuda_add;
   o.accumulate = cuda_accumulate;
-  o.scale = cuda_scale;
   o.sumsq = cuda_sumsq;
   o.dropout_forward = cuda_dropout;
   o.dropout_backward = cuda_dropout;
@@ -818,7 +806,6 @@ loom_ops make_synced_ops() {
   o.argmax = SYNCED(cuda_argmax);
   o.add = SYNCED(cuda_add);
   o.accumulate = SYNCED(cuda_accumulate);
-  o.scale = SYNCED(cuda_scale);
   o.sumsq = cuda_sumsq; // waits already
   o.dropout_forward = SYNCED(cuda_dropout);
   o.dropout_backward = SYNCED(cuda_dropout);

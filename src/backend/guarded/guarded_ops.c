@@ -118,7 +118,6 @@ static void g_argmax(float *val, int *idx, const float *logits, int N, int V, in
 }
 static void g_add(float *out, const float *a, const float *b, size_t n) { CPU->add(U(out), U(a), U(b), n); }
 static void g_accumulate(float *acc, const float *x, size_t n) { CPU->accumulate(U(acc), U(x), n); }
-static void g_scale(float *x, float s, size_t n) { CPU->scale(U(x), s, n); }
 static double g_sumsq(const float *x, size_t n) { return CPU->sumsq(U(x), n); }
 static void g_dropout_forward(float *x, int T, int B, int C, const loom_dropout *drop) {
   CPU->dropout_forward(U(x), T, B, C, drop);
@@ -163,7 +162,6 @@ static const loom_ops GUARDED_OPS = {
     .argmax = g_argmax,
     .add = g_add,
     .accumulate = g_accumulate,
-    .scale = g_scale,
     .sumsq = g_sumsq,
     .dropout_forward = g_dropout_forward,
     .dropout_backward = g_dropout_backward,

@@ -248,9 +248,6 @@ static void ref_add(float *out, const float *a, const float *b, size_t n) {
 static void ref_accumulate(float *acc, const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
-static void ref_scale(float *x, float s, size_t n) {
-  for (size_t i = 0; i < n; i++) x[i] *= s;
-}
 static double ref_sumsq(const float *x, size_t n) {
   double acc = 0.0;
   for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
@@ -296,8 +293,9 @@ static void ref_adamw(float *param, const float *grad, float *m, float *v, size_
                       const loom_adamw_args *a) {
   const double c1 = 1.0 - pow(a->beta1, a->step), c2 = 1.0 - pow(a->beta2, a->step);
   for (size_t i = 0; i < n; i++) {
-    m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * grad[i];
-    v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * grad[i] * grad[i];
+    const float g = grad[i] * a->grad_scale;
+    m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * g;
+    v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * g * g;
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     param[i] -= (float)(a->lr * (mhat / (sqrt(vhat) + a->eps) + a->weight_decay * param[i]));
   }
@@ -329,7 +327,6 @@ static const loom_ops REF_OPS = {
     .argmax = ref_argmax,
     .add = ref_add,
     .accumulate = ref_accumulate,
-    .scale = ref_scale,
     .sumsq = ref_sumsq,
     .dropout_forward = ref_dropout_apply,
     .dropout_backward = ref_dropout_apply,
