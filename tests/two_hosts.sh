@@ -10,7 +10,10 @@
 # Usage: tests/two_hosts.sh LOOM_RUN LOOM WORKDIR
 set -u
 LOOM_RUN=$1 LOOM=$2 WORK=$3
-mkdir -p "$WORK"
+# Open MPI's session directories go here, on both hosts: the lost host's
+# daemon is killed, and would leave its own behind in /tmp at every run.
+export TMPDIR="$WORK/tmp"
+rm -rf "$TMPDIR" && mkdir -p "$WORK" "$TMPDIR"
 . "$(dirname "$0")/lib.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 command -v ip > /dev/null || skip "no ip command (apt-get install iproute2)"
