@@ -251,9 +251,18 @@ static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *ba
 
 /* ---- bf16 runs: compute weights ---- */
 
+/* Index of the stage's first block tensor: wte and wpe come first where the stage holds them. */
+static int first_block_tensor(const loom_gpt *m) { return (m->p.range.first || m->p.range.last) + m->p.range.first; }
+
+/* A buffer with the parameters' layout and storage, whose offsets are O(1): under the distributed
+ * optimizer params is a layout alone, and the bf16 copy has the same one. */
+static const loom_buffer *stored_layout(const loom_gpt *m) {
+  return loom_gpt_params_have_master(&m->p) ? &m->p.params : &m->p.compute;
+}
+
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
-  const int first = (m->p.range.first || m->p.range.last) + m->p.range.first; /* wte, wpe before the blocks */
-  const loom_buffer *b = &m->p.params;
+  const int first = first_block_tensor(m);
+  const loom_buffer *b = stored_layout(m);
   *lo = loom_buffer_offset(b, first + l0 * LOOM_BLOCK_TENSORS);
   const int next = first + l1 * LOOM_BLOCK_TENSORS;
   *hi = next < b->count ? loom_buffer_offset(b, next) : b->numel;
@@ -263,12 +272,12 @@ void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t 
  * parameter buffer), then the embedding's and head's. */
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
-  const loom_buffer *b = &m->p.params;
+  const loom_buffer *b = stored_layout(m);
   const loom_stage_range *r = &m->p.range;
   if (m->p.layers > 0) {
     size_t lo, hi;
     loom_gpt_block_range(m, 0, 1, &lo, &hi);
-    const int first = (r->first || r->last) + r->first; /* the layer's first tensor in the table */
+    const int first = first_block_tensor(m);
     float **views = (float **)&m->w.layer_w;
     for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (loom_buffer_offset(b, first + j) - lo);
     at += hi - lo;

@@ -191,10 +191,11 @@ void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, fl
     most = n > most ? n : most;
   }
   float *host = loom_xmalloc(most * sizeof(float), "initial parameters");
-  for (int k = 0; k < p->params.count; k++) {
+  size_t lo = 0; /* the views lie back to back: tensor k is [lo, hi) */
+  for (int k = 0; k < p->params.count; lo += loom_tensor_numel(&p->params.views[k]), k++) {
     const loom_tensor *t = &p->params.views[k];
     const loom_param_meta *m = &p->meta[k];
-    const size_t lo = loom_buffer_offset(&p->params, k), hi = lo + loom_tensor_numel(t);
+    const size_t hi = lo + loom_tensor_numel(t);
     const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
     if (to <= from) continue;
     float *out = dst + (from - begin);

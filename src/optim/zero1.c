@@ -35,9 +35,10 @@ void loom_zero1_free(loom_zero1 *z) {
 
 size_t loom_zero1_state_bytes(const loom_zero1 *z) { return (z->master ? 3 : 2) * z->shard * sizeof(float); }
 
-/* The part of tensor k inside [begin, end): sets its flat offset, returns its length (0 if none). */
+/* The part of tensor k inside [begin, end): sets its flat offset, returns its length (0 if none).
+ * Offsets from the grads, which share the parameters' layout and always have storage here. */
 static size_t part_of(const loom_gpt_params *p, int k, size_t begin, size_t end, size_t *at) {
-  const size_t lo = loom_buffer_offset(&p->params, k), hi = lo + loom_tensor_numel(&p->params.views[k]);
+  const size_t lo = loom_buffer_offset(&p->grads, k), hi = lo + loom_tensor_numel(&p->grads.views[k]);
   const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
   *at = from;
   return to > from ? to - from : 0;
