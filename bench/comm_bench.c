@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/ops.h"
 #include "comm/mpi/comm_mpi.h"
 #include "core/timer.h"
 #include "plan/plan.h"
@@ -35,12 +36,13 @@ typedef struct {
   loom_comm *world; /* MPI: barriers and the result reductions */
   loom_comm *c;     /* the backend under test */
   bool device;      /* send/recv are device buffers; host_send/host_recv stage them */
+  const loom_ops *cuda; /* the CUDA context, when device */
   float *host_send, *host_recv;
 } bench;
 
 static void settle(const bench *b) {
 #ifdef LOOM_HAVE_NCCL
-  if (b->device) loom_cuda_sync();
+  if (b->device) loom_cuda_sync(b->cuda);
 #else
   (void)b;
 #endif
@@ -49,8 +51,8 @@ static void settle(const bench *b) {
 static void stage(const bench *b, void *dst, const void *src, size_t bytes, bool to_device) {
 #ifdef LOOM_HAVE_NCCL
   if (b->device) {
-    if (to_device) loom_cuda_to_device(dst, src, bytes);
-    else loom_cuda_to_host(dst, src, bytes);
+    if (to_device) loom_cuda_to_device(b->cuda, dst, src, bytes);
+    else loom_cuda_to_host(b->cuda, dst, src, bytes);
     return;
   }
 #endif
@@ -172,7 +174,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nplan; i++)
     if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
   const int n = world->size;
-  bench b = {world, world, false, NULL, NULL};
+  bench b = {world, world, false, NULL, NULL, NULL};
   if (strcmp(backend, "nccl") == 0) {
 #ifdef LOOM_HAVE_NCCL
     if (!loom_cuda_available()) {
@@ -181,7 +183,8 @@ int main(int argc, char **argv) {
       return 77;
     }
     loom_cuda_select_device(world->rank);
-    b.c = loom_comm_nccl_create(world, loom_cuda_stream());
+    b.cuda = loom_cuda_open(false);
+    b.c = loom_comm_nccl_create(world, loom_cuda_stream(b.cuda));
     if (!b.c) loom_mpi_abort(1);
     b.device = true;
     b.host_send = malloc(max_bytes);
@@ -221,6 +224,7 @@ int main(int argc, char **argv) {
     free(b.host_send);
     free(b.host_recv);
     loom_comm_free(b.c);
+    loom_cuda_close(b.cuda);
     send = recv = NULL;
   }
 #endif

@@ -10,17 +10,22 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  const double peak = loom_cuda_bf16_peak_tflops();
-  printf("device: %s | dense bf16 peak used: %s\n", loom_cuda_device_name(), peak > 0 ? "" : "unknown to loom");
+  loom_cuda_select_device(0);
+  const loom_ops *cuda = loom_cuda_open(false);
+  const double peak = loom_cuda_bf16_peak_tflops(cuda);
+  char name[256];
+  loom_cuda_device_name(cuda, name, sizeof name);
+  printf("device: %s | dense bf16 peak used: %s\n", name, peak > 0 ? "" : "unknown to loom");
   if (peak > 0) printf("  (%.0f TFLOP/s, NVIDIA's datasheet figure for this GPU)\n", peak);
   const int defaults[] = {4096, 8192};
   const int n = argc > 1 ? argc - 1 : 2;
   for (int i = 0; i < n; i++) {
     const int s = argc > 1 ? atoi(argv[i + 1]) : defaults[i];
-    const double tflops = loom_cuda_bf16_gemm_tflops(s, s, s, 10);
+    const double tflops = loom_cuda_bf16_gemm_tflops(cuda, s, s, s, 10);
     printf("bf16 GEMM %d^3 (fp32 accumulate): %.1f TFLOP/s", s, tflops);
     if (peak > 0) printf(" = %.1f%% of peak", 100.0 * tflops / peak);
     printf("\n");
   }
+  loom_cuda_close(cuda);
   return 0;
 }

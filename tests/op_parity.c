@@ -19,19 +19,19 @@ typedef struct {
 static uint64_t g_stream = 1;
 
 static mirror make(const op_backend *b, size_t n, float lo, float hi) {
-  mirror m = {b, malloc((n + 1) * sizeof(float)), b->ops->mem->zalloc((n + SENTINELS) * sizeof(float)), n};
+  mirror m = {b, malloc((n + 1) * sizeof(float)), b->ops->mem->zalloc(b->ops->mem, (n + SENTINELS) * sizeof(float)), n};
   tu_fill(m.host, n, g_stream++, lo, hi);
   float *staged = malloc((n + SENTINELS) * sizeof(float));
   memcpy(staged, m.host, n * sizeof(float));
   for (int i = 0; i < SENTINELS; i++) staged[n + i] = SENTINEL;
-  b->ops->mem->from_host(m.dev, staged, (n + SENTINELS) * sizeof(float));
+  b->ops->mem->from_host(b->ops->mem, m.dev, staged, (n + SENTINELS) * sizeof(float));
   free(staged);
   return m;
 }
 
 static void drop(mirror *m) {
   free(m->host);
-  m->b->ops->mem->release(m->dev);
+  m->b->ops->mem->release(m->b->ops->mem, m->dev);
 }
 
 static void drop_all(mirror **all, size_t n) {
@@ -39,8 +39,8 @@ static void drop_all(mirror **all, size_t n) {
 }
 
 static int *make_ints(const op_backend *b, const int *host, size_t n) {
-  int *d = b->ops->mem->zalloc(n * sizeof(int));
-  b->ops->mem->from_host(d, host, n * sizeof(int));
+  int *d = b->ops->mem->zalloc(b->ops->mem, n * sizeof(int));
+  b->ops->mem->from_host(b->ops->mem, d, host, n * sizeof(int));
   return d;
 }
 
@@ -51,7 +51,7 @@ static void failed(op_report *r, const char *fmt, const char *op, double a, doub
 /* The backend's result against the reference one: NMSE within tol, sentinels intact, all finite. */
 static void expect(op_report *r, const char *op, const mirror *m, double tol) {
   float *got = malloc((m->n + SENTINELS) * sizeof(float));
-  m->b->ops->mem->to_host(got, m->dev, (m->n + SENTINELS) * sizeof(float));
+  m->b->ops->mem->to_host(m->b->ops->mem, got, m->dev, (m->n + SENTINELS) * sizeof(float));
   const double e = tu_nmse(got, m->host, m->n);
   int sentinels_ok = 1;
   for (int i = 0; i < SENTINELS; i++) sentinels_ok &= got[m->n + i] == SENTINEL;
@@ -64,7 +64,7 @@ static void expect(op_report *r, const char *op, const mirror *m, double tol) {
 
 static void expect_ints(op_report *r, const op_backend *b, const char *op, const int *dev, const int *want, size_t n) {
   int *got = malloc(n * sizeof(int));
-  b->ops->mem->to_host(got, dev, n * sizeof(int));
+  b->ops->mem->to_host(b->ops->mem, got, dev, n * sizeof(int));
   r->checks++;
   if (memcmp(got, want, n * sizeof(int)) != 0) failed(r, "%s: indices differ from the reference (%g, %g)", op, 0, 0);
   free(got);
@@ -77,17 +77,17 @@ static void matmul(const op_backend *b, op_report *r) {
   const int N = 37, C = 61, OC = 53;
   mirror inp = make(b, (size_t)N * C, -1, 1), w = make(b, (size_t)OC * C, -1, 1), bias = make(b, OC, -1, 1),
          out = make(b, (size_t)N * OC, 0, 0);
-  ref->matmul_forward(out.host, inp.host, w.host, bias.host, N, C, OC);
-  op->matmul_forward(out.dev, inp.dev, w.dev, bias.dev, N, C, OC);
+  ref->matmul_forward(ref, out.host, inp.host, w.host, bias.host, N, C, OC);
+  op->matmul_forward(op, out.dev, inp.dev, w.dev, bias.dev, N, C, OC);
   expect(r, "matmul_forward (bias)", &out, b->fp32_nmse);
-  ref->matmul_forward(out.host, inp.host, w.host, NULL, N, C, OC);
-  op->matmul_forward(out.dev, inp.dev, w.dev, NULL, N, C, OC);
+  ref->matmul_forward(ref, out.host, inp.host, w.host, NULL, N, C, OC);
+  op->matmul_forward(op, out.dev, inp.dev, w.dev, NULL, N, C, OC);
   expect(r, "matmul_forward (no bias)", &out, b->fp32_nmse);
   /* Backward adds into grads that start nonzero. */
   mirror dout = make(b, (size_t)N * OC, -1, 1), dinp = make(b, (size_t)N * C, -1, 1), dw = make(b, (size_t)OC * C, -1, 1),
          db = make(b, OC, -1, 1);
-  ref->matmul_backward(dinp.host, dw.host, db.host, dout.host, inp.host, w.host, N, C, OC);
-  op->matmul_backward(dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, w.dev, N, C, OC);
+  ref->matmul_backward(ref, dinp.host, dw.host, db.host, dout.host, inp.host, w.host, N, C, OC);
+  op->matmul_backward(op, dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, w.dev, N, C, OC);
   expect(r, "matmul_backward dinp", &dinp, b->fp32_nmse);
   expect(r, "matmul_backward dweight", &dw, b->fp32_nmse);
   expect(r, "matmul_backward dbias", &db, b->fp32_nmse);
@@ -101,14 +101,14 @@ static void layernorm(const op_backend *b, op_report *r) {
   const size_t n = (size_t)N * C;
   mirror x = make(b, n, -2, 2), w = make(b, C, 0.5f, 1.5f), bias = make(b, C, -1, 1), out = make(b, n, 0, 0),
          mean = make(b, N, 0, 0), rstd = make(b, N, 0, 0);
-  ref->layernorm_forward(out.host, mean.host, rstd.host, x.host, w.host, bias.host, N, C, 1e-5f);
-  op->layernorm_forward(out.dev, mean.dev, rstd.dev, x.dev, w.dev, bias.dev, N, C, 1e-5f);
+  ref->layernorm_forward(ref, out.host, mean.host, rstd.host, x.host, w.host, bias.host, N, C, 1e-5f);
+  op->layernorm_forward(op, out.dev, mean.dev, rstd.dev, x.dev, w.dev, bias.dev, N, C, 1e-5f);
   expect(r, "layernorm_forward out", &out, b->fp32_nmse);
   expect(r, "layernorm_forward mean", &mean, b->fp32_nmse);
   expect(r, "layernorm_forward rstd", &rstd, b->fp32_nmse);
   mirror dy = make(b, n, -1, 1), dx = make(b, n, -1, 1), dw = make(b, C, -1, 1), db = make(b, C, -1, 1);
-  ref->layernorm_backward(dx.host, dw.host, db.host, dy.host, x.host, w.host, mean.host, rstd.host, N, C);
-  op->layernorm_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev, N, C);
+  ref->layernorm_backward(ref, dx.host, dw.host, db.host, dy.host, x.host, w.host, mean.host, rstd.host, N, C);
+  op->layernorm_backward(op, dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev, N, C);
   expect(r, "layernorm_backward dinp", &dx, b->fp32_nmse);
   expect(r, "layernorm_backward dweight", &dw, b->fp32_nmse);
   expect(r, "layernorm_backward dbias", &db, b->fp32_nmse);
@@ -120,11 +120,11 @@ static void gelu(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 40001; /* past the CPU backend's threshold for threads */
   mirror x = make(b, n, -6, 6), out = make(b, n, 0, 0), dy = make(b, n, -1, 1), dx = make(b, n, -1, 1);
-  ref->gelu_forward(out.host, x.host, n);
-  op->gelu_forward(out.dev, x.dev, n);
+  ref->gelu_forward(ref, out.host, x.host, n);
+  op->gelu_forward(op, out.dev, x.dev, n);
   expect(r, "gelu_forward", &out, b->fp32_nmse);
-  ref->gelu_backward(dx.host, dy.host, x.host, n);
-  op->gelu_backward(dx.dev, dy.dev, x.dev, n);
+  ref->gelu_backward(ref, dx.host, dy.host, x.host, n);
+  op->gelu_backward(op, dx.dev, dy.dev, x.dev, n);
   expect(r, "gelu_backward", &dx, b->fp32_nmse);
   mirror *all[] = {&x, &out, &dy, &dx};
   drop_all(all, sizeof all / sizeof *all);
@@ -134,13 +134,13 @@ static void elementwise(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 40001; /* past the CPU backend's threshold for threads */
   mirror x = make(b, n, -2, 2), y = make(b, n, -1, 1), out = make(b, n, 0, 0);
-  ref->add(out.host, x.host, y.host, n);
-  op->add(out.dev, x.dev, y.dev, n);
+  ref->add(ref, out.host, x.host, y.host, n);
+  op->add(op, out.dev, x.dev, y.dev, n);
   expect(r, "add", &out, 0.0);
-  ref->accumulate(out.host, y.host, n);
-  op->accumulate(out.dev, y.dev, n);
+  ref->accumulate(ref, out.host, y.host, n);
+  op->accumulate(op, out.dev, y.dev, n);
   expect(r, "accumulate", &out, 0.0);
-  const double want = ref->sumsq(x.host, n), got = op->sumsq(x.dev, n);
+  const double want = ref->sumsq(ref, x.host, n), got = op->sumsq(op, x.dev, n);
   r->checks++;
   if (!(fabs(got - want) <= 1e-9 * want)) failed(r, "%s: %.12g against the reference's %.12g", "sumsq", got, want);
   mirror *all[] = {&x, &y, &out};
@@ -154,11 +154,11 @@ static void dropout(const op_backend *b, op_report *r) {
   const size_t n = (size_t)T * B * C;
   const loom_dropout d = {.p = 0.3f, .seed = 7, .stream = 99, .sample_offset = 3, .seq_offset = 2, .seq_total = 40};
   mirror x = make(b, n, -2, 2), dx = make(b, n, -1, 1);
-  ref->dropout_forward(x.host, T, B, C, &d);
-  op->dropout_forward(x.dev, T, B, C, &d);
+  ref->dropout_forward(ref, x.host, T, B, C, &d);
+  op->dropout_forward(op, x.dev, T, B, C, &d);
   expect(r, "dropout_forward (keyed mask)", &x, b->fp32_nmse); /* a mask that differs anywhere is far past it */
-  ref->dropout_backward(dx.host, T, B, C, &d);
-  op->dropout_backward(dx.dev, T, B, C, &d);
+  ref->dropout_backward(ref, dx.host, T, B, C, &d);
+  op->dropout_backward(op, dx.dev, T, B, C, &d);
   expect(r, "dropout_backward (keyed mask)", &dx, b->fp32_nmse);
   mirror *all[] = {&x, &dx};
   drop_all(all, sizeof all / sizeof *all);
@@ -169,11 +169,11 @@ static void bias(const op_backend *b, op_report *r) {
   const int N = 70, OC = 130; /* not multiples of the CPU backend's 64-column blocks */
   mirror out = make(b, (size_t)N * OC, -1, 1), bias = make(b, OC, -1, 1), dy = make(b, (size_t)N * OC, -1, 1),
          db = make(b, OC, -1, 1);
-  ref->bias_forward(out.host, bias.host, N, OC);
-  op->bias_forward(out.dev, bias.dev, N, OC);
+  ref->bias_forward(ref, out.host, bias.host, N, OC);
+  op->bias_forward(op, out.dev, bias.dev, N, OC);
   expect(r, "bias_forward", &out, 0.0);
-  ref->bias_backward(db.host, dy.host, N, OC);
-  op->bias_backward(db.dev, dy.dev, N, OC);
+  ref->bias_backward(ref, db.host, dy.host, N, OC);
+  op->bias_backward(op, db.dev, dy.dev, N, OC);
   expect(r, "bias_backward", &db, b->fp32_nmse);
   mirror *all[] = {&out, &bias, &dy, &db};
   drop_all(all, sizeof all / sizeof *all);
@@ -185,13 +185,13 @@ static void attention_at(const op_backend *b, op_report *r, float p) {
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
   const size_t width = (size_t)s.heads * s.head_dim, rows = (size_t)s.T * s.B, tt = (size_t)s.B * s.heads * s.T * s.T;
   mirror qkv = make(b, rows * 3 * width, -1, 1), out = make(b, rows * width, 0, 0), att = make(b, tt, 0, 0);
-  ref->attention_forward(out.host, att.host, qkv.host, &s, &d);
-  op->attention_forward(out.dev, att.dev, qkv.dev, &s, &d);
+  ref->attention_forward(ref, out.host, att.host, qkv.host, &s, &d);
+  op->attention_forward(op, out.dev, att.dev, qkv.dev, &s, &d);
   expect(r, "attention_forward out", &out, b->fp32_nmse);
   expect(r, "attention_forward probabilities", &att, b->fp32_nmse);
   mirror dout = make(b, rows * width, -1, 1), dqkv = make(b, rows * 3 * width, -1, 1), datt = make(b, tt, 0, 0);
-  ref->attention_backward(dqkv.host, datt.host, dout.host, qkv.host, att.host, &s, &d);
-  op->attention_backward(dqkv.dev, datt.dev, dout.dev, qkv.dev, att.dev, &s, &d);
+  ref->attention_backward(ref, dqkv.host, datt.host, dout.host, qkv.host, att.host, &s, &d);
+  op->attention_backward(op, dqkv.dev, datt.dev, dout.dev, qkv.dev, att.dev, &s, &d);
   expect(r, "attention_backward dqkv", &dqkv, b->fp32_nmse);
   mirror *all[] = {&qkv, &out, &att, &dout, &dqkv, &datt};
   drop_all(all, sizeof all / sizeof *all);
@@ -208,21 +208,21 @@ static void embedding(const op_backend *b, op_report *r) {
   for (int i = 0; i < N; i++) tokens[i] = (i * 7) % 45; /* some outside [10, 33): another rank's rows */
   int *dtok = make_ints(b, tokens, N);
   mirror wte = make(b, (size_t)rows * C, -1, 1), wpe = make(b, (size_t)(T + 3) * C, -1, 1), out = make(b, (size_t)N * C, 0, 0);
-  ref->embedding_forward(out.host, tokens, wte.host, vocab_start, rows, T, B, C);
-  op->embedding_forward(out.dev, dtok, wte.dev, vocab_start, rows, T, B, C);
+  ref->embedding_forward(ref, out.host, tokens, wte.host, vocab_start, rows, T, B, C);
+  op->embedding_forward(op, out.dev, dtok, wte.dev, vocab_start, rows, T, B, C);
   expect(r, "embedding_forward (vocab rows 10..33)", &out, 0.0);
-  ref->position_forward(out.host, wpe.host, T, B, C, 2);
-  op->position_forward(out.dev, wpe.dev, T, B, C, 2);
+  ref->position_forward(ref, out.host, wpe.host, T, B, C, 2);
+  op->position_forward(op, out.dev, wpe.dev, T, B, C, 2);
   expect(r, "position_forward (offset 2)", &out, 0.0);
-  ref->embedding_backward(wte.host, out.host, tokens, vocab_start, rows, T, B, C);
-  op->embedding_backward(wte.dev, out.dev, dtok, vocab_start, rows, T, B, C);
+  ref->embedding_backward(ref, wte.host, out.host, tokens, vocab_start, rows, T, B, C);
+  op->embedding_backward(op, wte.dev, out.dev, dtok, vocab_start, rows, T, B, C);
   expect(r, "embedding_backward", &wte, b->fp32_nmse);
-  ref->position_backward(wpe.host, out.host, T, B, C, 2);
-  op->position_backward(wpe.dev, out.dev, T, B, C, 2);
+  ref->position_backward(ref, wpe.host, out.host, T, B, C, 2);
+  op->position_backward(op, wpe.dev, out.dev, T, B, C, 2);
   expect(r, "position_backward", &wpe, b->fp32_nmse);
   mirror *all[] = {&wte, &wpe, &out};
   drop_all(all, sizeof all / sizeof *all);
-  b->ops->mem->release(dtok);
+  b->ops->mem->release(b->ops->mem, dtok);
 }
 
 static void loss(const op_backend *b, op_report *r) {
@@ -234,33 +234,33 @@ static void loss(const op_backend *b, op_report *r) {
   int *dtgt = make_ints(b, targets, N), *didx = make_ints(b, targets, N);
   mirror logits = make(b, (size_t)N * width, -3, 3), lse = make(b, N, 0, 0), picked = make(b, N, 0, 0),
          dlogits = make(b, (size_t)N * width, 0, 0), val = make(b, N, 0, 0);
-  ref->logsumexp(lse.host, logits.host, N, V, width);
-  op->logsumexp(lse.dev, logits.dev, N, V, width);
+  ref->logsumexp(ref, lse.host, logits.host, N, V, width);
+  op->logsumexp(op, lse.dev, logits.dev, N, V, width);
   expect(r, "logsumexp (V 20 of width 24)", &lse, b->fp32_nmse);
-  ref->pick_targets(picked.host, logits.host, targets, vocab_start, N, V, width);
-  op->pick_targets(picked.dev, logits.dev, dtgt, vocab_start, N, V, width);
+  ref->pick_targets(ref, picked.host, logits.host, targets, vocab_start, N, V, width);
+  op->pick_targets(op, picked.dev, logits.dev, dtgt, vocab_start, N, V, width);
   expect(r, "pick_targets", &picked, 0.0);
-  ref->crossentropy_backward(dlogits.host, logits.host, lse.host, targets, vocab_start, 0.25f, N, V, width);
-  op->crossentropy_backward(dlogits.dev, logits.dev, lse.dev, dtgt, vocab_start, 0.25f, N, V, width);
+  ref->crossentropy_backward(ref, dlogits.host, logits.host, lse.host, targets, vocab_start, 0.25f, N, V, width);
+  op->crossentropy_backward(op, dlogits.dev, logits.dev, lse.dev, dtgt, vocab_start, 0.25f, N, V, width);
   expect(r, "crossentropy_backward", &dlogits, b->fp32_nmse);
-  ref->argmax(val.host, idx, logits.host, N, V, width);
-  op->argmax(val.dev, didx, logits.dev, N, V, width);
+  ref->argmax(ref, val.host, idx, logits.host, N, V, width);
+  op->argmax(op, val.dev, didx, logits.dev, N, V, width);
   expect(r, "argmax value", &val, 0.0);
   expect_ints(r, b, "argmax index", didx, idx, N);
   mirror losses = make(b, N, 0, 0), shifted = make(b, N, -2, 2), shift = make(b, N, -1, 1);
-  ref->crossentropy_losses(losses.host, lse.host, picked.host, targets, N);
-  op->crossentropy_losses(losses.dev, lse.dev, picked.dev, dtgt, N);
+  ref->crossentropy_losses(ref, losses.host, lse.host, picked.host, targets, N);
+  op->crossentropy_losses(op, losses.dev, lse.dev, picked.dev, dtgt, N);
   expect(r, "crossentropy_losses", &losses, b->fp32_nmse);
-  ref->exp_shifted(shifted.host, shift.host, N);
-  op->exp_shifted(shifted.dev, shift.dev, N);
+  ref->exp_shifted(ref, shifted.host, shift.host, N);
+  op->exp_shifted(op, shifted.dev, shift.dev, N);
   expect(r, "exp_shifted", &shifted, b->fp32_nmse);
-  ref->log_shifted(shifted.host, shift.host, N);
-  op->log_shifted(shifted.dev, shift.dev, N);
+  ref->log_shifted(ref, shifted.host, shift.host, N);
+  op->log_shifted(op, shifted.dev, shift.dev, N);
   expect(r, "log_shifted", &shifted, b->fp32_nmse);
   mirror *all[] = {&logits, &lse, &picked, &dlogits, &val, &losses, &shifted, &shift};
   drop_all(all, sizeof all / sizeof *all);
-  b->ops->mem->release(dtgt);
-  b->ops->mem->release(didx);
+  b->ops->mem->release(b->ops->mem, dtgt);
+  b->ops->mem->release(b->ops->mem, didx);
 }
 
 /* bf16: casts exact to the bit (one rounding function on every backend), and
@@ -272,26 +272,26 @@ static void bf16(const op_backend *b, op_report *r) {
   mirror inp = make(b, ni, -3, 3), w = make(b, nw, -1, 1), bias = make(b, OC, -1, 1), out = make(b, (size_t)N * OC, 0, 0),
          back = make(b, ni, 0, 0);
   uint16_t *want = malloc((ni + nw) * sizeof(uint16_t)), *got = malloc((ni + nw) * sizeof(uint16_t));
-  uint16_t *d16 = b->ops->mem->zalloc((ni + nw) * sizeof(uint16_t));
-  ref->to_bf16(want, inp.host, ni);
-  ref->to_bf16(want + ni, w.host, nw);
-  op->to_bf16(d16, inp.dev, ni);
-  op->to_bf16(d16 + ni, w.dev, nw);
-  b->ops->mem->to_host(got, d16, (ni + nw) * sizeof(uint16_t));
+  uint16_t *d16 = b->ops->mem->zalloc(b->ops->mem, (ni + nw) * sizeof(uint16_t));
+  ref->to_bf16(ref, want, inp.host, ni);
+  ref->to_bf16(ref, want + ni, w.host, nw);
+  op->to_bf16(op, d16, inp.dev, ni);
+  op->to_bf16(op, d16 + ni, w.dev, nw);
+  b->ops->mem->to_host(b->ops->mem, got, d16, (ni + nw) * sizeof(uint16_t));
   r->checks++;
   if (memcmp(got, want, (ni + nw) * sizeof(uint16_t)) != 0) failed(r, "%s: bf16 bits differ from the reference (%g, %g)", "to_bf16", 0, 0);
-  ref->from_bf16(back.host, want, ni);
-  op->from_bf16(back.dev, d16, ni);
+  ref->from_bf16(ref, back.host, want, ni);
+  op->from_bf16(op, back.dev, d16, ni);
   expect(r, "from_bf16", &back, 0.0);
-  ref->round_bf16(inp.host, ni);
-  op->round_bf16(inp.dev, ni);
+  ref->round_bf16(ref, inp.host, ni);
+  op->round_bf16(op, inp.dev, ni);
   expect(r, "round_bf16", &inp, 0.0);
-  ref->matmul_forward_bf16(out.host, want, want + ni, bias.host, N, C, OC);
-  op->matmul_forward_bf16(out.dev, d16, d16 + ni, bias.dev, N, C, OC);
+  ref->matmul_forward_bf16(ref, out.host, want, want + ni, bias.host, N, C, OC);
+  op->matmul_forward_bf16(op, out.dev, d16, d16 + ni, bias.dev, N, C, OC);
   expect(r, "matmul_forward_bf16", &out, b->fp32_nmse);
   mirror *all[] = {&inp, &w, &bias, &out, &back};
   drop_all(all, sizeof all / sizeof *all);
-  b->ops->mem->release(d16);
+  b->ops->mem->release(b->ops->mem, d16);
   free(want);
   free(got);
 }
@@ -304,8 +304,8 @@ static void adamw(const op_backend *b, op_report *r) {
     /* Step 2 clips: its grads count at 0.3 of their value, inside the update. */
     const loom_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                                .grad_scale = step == 2 ? 0.3f : 1.0f, .step = step};
-    ref->adamw(p.host, g.host, m.host, v.host, n, &a);
-    op->adamw(p.dev, g.dev, m.dev, v.dev, n, &a);
+    ref->adamw(ref, p.host, g.host, m.host, v.host, n, &a);
+    op->adamw(op, p.dev, g.dev, m.dev, v.dev, n, &a);
   }
   expect(r, "adamw params (3 steps)", &p, b->fp32_nmse);
   expect(r, "adamw m", &m, b->fp32_nmse);
@@ -315,8 +315,8 @@ static void adamw(const op_backend *b, op_report *r) {
 }
 
 #define AT(op) offsetof(loom_ops, op)
-_Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *) + sizeof(const loom_allocator *),
-               "the op table is its name and memory, then its functions");
+_Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *) + sizeof(const loom_allocator *) + sizeof(void *),
+               "the op table is its name, memory and state, then its functions");
 
 const op_case OP_CASES[] = {
     {"matmul", matmul, {AT(matmul_forward), AT(matmul_backward)}, 2},

@@ -87,7 +87,7 @@ enum { MN = 6, MC = 12, MOC = 20 };
 typedef struct { float *out, *inp, *w, *b, *r; } mm_ctx;
 static double mm_loss(void *p) {
   mm_ctx *c = p;
-  loom_ops_ref()->matmul_forward(c->out, c->inp, c->w, c->b, MN, MC, MOC);
+  loom_ops_ref()->matmul_forward(loom_ops_ref(), c->out, c->inp, c->w, c->b, MN, MC, MOC);
   return dot_loss(c->out, c->r, MN * MOC);
 }
 
@@ -98,7 +98,7 @@ START_TEST(matmul) {
   mm_loss(&c);
   /* Finite differences from zeroed grads. */
   float *di = guarded(MN * MC), *dw = guarded(MOC * MC), *db = guarded(MOC);
-  ref->matmul_backward(di, dw, db, c.r, c.inp, c.w, MN, MC, MOC);
+  ref->matmul_backward(ref, di, dw, db, c.r, c.inp, c.w, MN, MC, MOC);
   fd_check(c.inp, MN * MC, di, mm_loss, &c, "matmul dinp");
   fd_check(c.w, MOC * MC, dw, mm_loss, &c, "matmul dweight");
   fd_check(c.b, MOC, db, mm_loss, &c, "matmul dbias");
@@ -111,7 +111,7 @@ enum { LN = 5, LC = 24 };
 typedef struct { float *out, *mean, *rstd, *inp, *w, *b, *r; } ln_ctx;
 static double ln_loss(void *p) {
   ln_ctx *c = p;
-  loom_ops_ref()->layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, LN, LC, 1e-5f);
+  loom_ops_ref()->layernorm_forward(loom_ops_ref(), c->out, c->mean, c->rstd, c->inp, c->w, c->b, LN, LC, 1e-5f);
   return dot_loss(c->out, c->r, LN * LC);
 }
 
@@ -121,7 +121,7 @@ START_TEST(layernorm) {
               random_buf(LC, 11, 0.5, 1.5), random_buf(LC, 12, -1, 1), random_buf(LN * LC, 13, -1, 1)};
   ln_loss(&c);
   float *di = guarded(LN * LC), *dw = guarded(LC), *db = guarded(LC);
-  ref->layernorm_backward(di, dw, db, c.r, c.inp, c.w, c.mean, c.rstd, LN, LC);
+  ref->layernorm_backward(ref, di, dw, db, c.r, c.inp, c.w, c.mean, c.rstd, LN, LC);
   fd_check(c.inp, LN * LC, di, ln_loss, &c, "layernorm dinp");
   fd_check(c.w, LC, dw, ln_loss, &c, "layernorm dweight");
   fd_check(c.b, LC, db, ln_loss, &c, "layernorm dbias");
@@ -134,7 +134,7 @@ enum { GN = 300 };
 typedef struct { float *out, *inp, *r; } gelu_ctx;
 static double gelu_loss(void *p) {
   gelu_ctx *c = p;
-  loom_ops_ref()->gelu_forward(c->out, c->inp, GN);
+  loom_ops_ref()->gelu_forward(loom_ops_ref(), c->out, c->inp, GN);
   return dot_loss(c->out, c->r, GN);
 }
 
@@ -146,7 +146,7 @@ START_TEST(gelu) {
   ck_assert_double_eq_tol(loom_gelu_value(1.0f), 0.841192, 1e-5);
   ck_assert_double_eq_tol(loom_gelu_value(-1.0f), -0.158808, 1e-5);
   float *d = guarded(GN);
-  ref->gelu_backward(d, c.r, c.inp, GN);
+  ref->gelu_backward(ref, d, c.r, c.inp, GN);
   fd_check(c.inp, GN, d, gelu_loss, &c, "gelu dinp");
 }
 END_TEST
@@ -157,7 +157,7 @@ enum { AT = 5, AB = 2, AH = 3, AD = 4, AW = AH * AD, AQKV = AT * AB * 3 * AW, AO
 typedef struct { float *out, *att, *qkv, *r; loom_attn_shape s; loom_dropout d; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
-  loom_ops_ref()->attention_forward(c->out, c->att, c->qkv, &c->s, &c->d);
+  loom_ops_ref()->attention_forward(loom_ops_ref(), c->out, c->att, c->qkv, &c->s, &c->d);
   return dot_loss(c->out, c->r, AOUT);
 }
 
@@ -179,7 +179,7 @@ static void attention_case(float p) {
       ck_assert_double_eq_tol(sum, 1.0, 1e-6);
     }
   float *scratch = guarded(AATT), *d = guarded(AQKV);
-  ref->attention_backward(d, scratch, c.r, c.qkv, c.att, &c.s, &c.d);
+  ref->attention_backward(ref, d, scratch, c.r, c.qkv, c.att, &c.s, &c.d);
   fd_check(c.qkv, AQKV, d, att_loss, &c, "attention dqkv");
 }
 
@@ -199,26 +199,26 @@ START_TEST(embedding) {
   /* A vocab shard: rows 3..8 of the table, as one TP rank holds them. */
   for (int shard = 0; shard < 2; shard++) {
     const int start = shard ? 3 : 0, rows = shard ? 6 : EV;
-    ref->embedding_forward(out_r, tokens, wte + start * EC, start, rows, ET, EB, EC);
+    ref->embedding_forward(ref, out_r, tokens, wte + start * EC, start, rows, ET, EB, EC);
     for (int i = 0; i < ET * EB; i++) {
       const int mine = tokens[i] >= start && tokens[i] < start + rows;
       for (int c = 0; c < EC; c++) ck_assert_float_eq(out_r[i * EC + c], mine ? wte[tokens[i] * EC + c] : 0.0f);
     }
   }
-  ref->position_forward(out_r, wpe, ET, EB, EC, 2);
+  ref->position_forward(ref, out_r, wpe, ET, EB, EC, 2);
   /* Row (t=1, b=2) is token 3 at position 2 + 1. */
   for (int c = 0; c < EC; c++) ck_assert_float_eq(out_r[(1 * EB + 2) * EC + c], wte[3 * EC + c] + wpe[3 * EC + c]);
   float *dout = random_buf(ET * EB * EC, 42, -1, 1);
   /* Token 5 appears 4 times: its grad row is the sum of those 4 rows; a shard
    * without token 5 leaves its rows alone. */
   float *d = guarded(EV * EC);
-  ref->embedding_backward(d, dout, tokens, 0, EV, ET, EB, EC);
+  ref->embedding_backward(ref, d, dout, tokens, 0, EV, ET, EB, EC);
   for (int c = 0; c < EC; c++) {
     const float want = dout[1 * EC + c] + dout[2 * EC + c] + dout[6 * EC + c] + dout[7 * EC + c];
     ck_assert_float_eq_tol(d[5 * EC + c], want, 1e-6);
   }
   float *shard = guarded(2 * EC);
-  ref->embedding_backward(shard, dout, tokens, 6, 2, ET, EB, EC); /* tokens 6, 7: absent */
+  ref->embedding_backward(ref, shard, dout, tokens, 6, 2, ET, EB, EC); /* tokens 6, 7: absent */
   for (int k = 0; k < 2 * EC; k++) ck_assert_float_eq(shard[k], 0.0f);
 }
 END_TEST
@@ -229,8 +229,8 @@ enum { XN = 4, XV = 7, XVP = 9 };
 typedef struct { float *losses, *logits, *w, *lse, *picked; int targets[XN]; } xe_ctx;
 /* The loss the model builds from the pieces: lse - picked, 0 where masked. */
 static void xe_losses(const loom_ops *ops, xe_ctx *c) {
-  ops->logsumexp(c->lse, c->logits, XN, XV, XVP);
-  ops->pick_targets(c->picked, c->logits, c->targets, 0, XN, XV, XVP);
+  ops->logsumexp(ops, c->lse, c->logits, XN, XV, XVP);
+  ops->pick_targets(ops, c->picked, c->logits, c->targets, 0, XN, XV, XVP);
   for (int n = 0; n < XN; n++) c->losses[n] = c->targets[n] < 0 ? 0.0f : c->lse[n] - c->picked[n];
 }
 static double xe_loss(void *p) {
@@ -250,21 +250,21 @@ START_TEST(crossentropy) {
   ck_assert_float_eq(c.losses[2], 0.0f); /* masked target */
   /* Uniform logits give exactly ln V. */
   float flat[XVP] = {0}, lse;
-  ref->logsumexp(&lse, flat, 1, XV, XVP);
+  ref->logsumexp(ref, &lse, flat, 1, XV, XVP);
   ck_assert_double_eq_tol(lse, log(XV), 1e-6);
   /* A vocab shard sees only its columns: targets elsewhere pick 0. */
   float picked[XN];
-  ref->pick_targets(picked, c.logits + 2, c.targets, 2, XN, 3, XVP);
+  ref->pick_targets(ref, picked, c.logits + 2, c.targets, 2, XN, 3, XVP);
   ck_assert_float_eq(picked[0], c.logits[0 * XVP + 2]);
   ck_assert_float_eq(picked[1], 0.0f); /* target 6 is past columns 2..4 */
   ck_assert_float_eq(picked[3], 0.0f); /* target 0 is before them */
   float *d_r = guarded(XN * XVP);
-  ref->crossentropy_backward(d_r, c.logits, c.lse, c.targets, 0, 0.5f, XN, XV, XVP);
+  ref->crossentropy_backward(ref, d_r, c.logits, c.lse, c.targets, 0, 0.5f, XN, XV, XVP);
   /* dlogits may alias logits (the model does it in place), on every backend. */
   const loom_ops *both[2] = {ref, cpu};
   for (int k = 0; k < 2; k++) {
     float *inplace = copy_buf(c.logits, XN * XVP);
-    both[k]->crossentropy_backward(inplace, inplace, c.lse, c.targets, 0, 0.5f, XN, XV, XVP);
+    both[k]->crossentropy_backward(both[k], inplace, inplace, c.lse, c.targets, 0, 0.5f, XN, XV, XVP);
     ck_assert_msg(tu_nmse(inplace, d_r, XN * XVP) <= 1e-10, "%s: crossentropy_backward in place", both[k]->name);
   }
   for (int n = 0; n < XN; n++) ck_assert_float_eq(d_r[n * XVP + 8], 0.0f);
@@ -273,7 +273,7 @@ START_TEST(crossentropy) {
   float val_r[XN];
   int idx_r[XN];
   c.logits[1 * XVP + 4] = c.logits[1 * XVP + 5] = 50.0f;
-  ref->argmax(val_r, idx_r, c.logits, XN, XV, XVP);
+  ref->argmax(ref, val_r, idx_r, c.logits, XN, XV, XVP);
   ck_assert_int_eq(idx_r[1], 4);
   for (int n = 0; n < XN; n++) ck_assert_int_lt(idx_r[n], XV);
 }
@@ -305,7 +305,7 @@ START_TEST(dropout) {
   enum { T = 16, B = 4, C = 64, N = T * B * C };
   const loom_dropout d = {.p = 0.25f, .seed = 3, .stream = 9, .sample_offset = 10};
   float *x_r = random_buf(N, 70, 1, 2), *orig = copy_buf(x_r, N);
-  ref->dropout_forward(x_r, T, B, C, &d);
+  ref->dropout_forward(ref, x_r, T, B, C, &d);
   int dropped = 0;
   for (int i = 0; i < N; i++) {
     if (x_r[i] == 0.0f) dropped++;
@@ -318,7 +318,7 @@ START_TEST(dropout) {
   const loom_dropout d2 = {.p = 0.25f, .seed = 3, .stream = 9, .sample_offset = 12};
   float *half = guarded(T * 2 * C);
   for (int t = 0; t < T; t++) memcpy(half + t * 2 * C, orig + (t * B + 2) * C, 2 * C * sizeof(float));
-  ref->dropout_forward(half, T, 2, C, &d2);
+  ref->dropout_forward(ref, half, T, 2, C, &d2);
   for (int t = 0; t < T; t++)
     for (int i = 0; i < 2 * C; i++) ck_assert_float_eq(half[t * 2 * C + i], x_r[(t * B + 2) * C + i]);
 }
@@ -329,7 +329,7 @@ START_TEST(adamw) {
   /* First step moves each parameter by lr * (sign(g) + wd * p), Adam's hallmark. */
   float p = 0.5f, m = 0.0f, v = 0.0f, grad = -3.0f;
   const loom_adamw_args a1 = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 0.0f, .weight_decay = 0.1f, .grad_scale = 1.0f, .step = 1};
-  ref->adamw(&p, &grad, &m, &v, 1, &a1);
+  ref->adamw(ref, &p, &grad, &m, &v, 1, &a1);
   ck_assert_double_eq_tol(p, 0.5 - 0.1 * (-1.0 + 0.1 * 0.5), 1e-6);
 }
 END_TEST
@@ -417,28 +417,28 @@ START_TEST(memory_calls) {
     float host[N], back[N];
     for (int i = 0; i < N; i++) host[i] = (float)i + 0.5f;
     float *a = loom_xzalloc(mem, N * sizeof(float), "test"), *b = loom_xzalloc(mem, N * sizeof(float), "test");
-    ck_assert(mem->owns(a) && mem->owns(a + N - 1));
-    mem->to_host(back, a, sizeof back);
+    ck_assert(mem->owns(mem, a) && mem->owns(mem, a + N - 1));
+    mem->to_host(mem, back, a, sizeof back);
     for (int i = 0; i < N; i++) ck_assert_float_eq(back[i], 0.0f); /* zeroed */
-    mem->from_host(a, host, sizeof host);
-    mem->copy(a + 1, a, (N - 1) * sizeof(float)); /* overlapping: memmove */
-    mem->to_host(back, a, sizeof back);
+    mem->from_host(mem, a, host, sizeof host);
+    mem->copy(mem, a + 1, a, (N - 1) * sizeof(float)); /* overlapping: memmove */
+    mem->to_host(mem, back, a, sizeof back);
     float shifted[N]; /* what a now holds */
     for (int i = 0; i < N; i++) shifted[i] = i == 0 ? host[0] : host[i - 1];
     ck_assert_mem_eq(back, shifted, sizeof back);
     const float one = 1.0f;
     uint32_t bits;
     memcpy(&bits, &one, sizeof bits);
-    mem->fill32(b, bits, N);
-    mem->copy_2d(b, 6 * sizeof(float), a, 4 * sizeof(float), 2 * sizeof(float), 3); /* 3 rows of 2 */
-    mem->to_host(back, b, sizeof back);
+    mem->fill32(mem, b, bits, N);
+    mem->copy_2d(mem, b, 6 * sizeof(float), a, 4 * sizeof(float), 2 * sizeof(float), 3); /* 3 rows of 2 */
+    mem->to_host(mem, back, b, sizeof back);
     for (int r = 0; r < 4; r++)
       for (int c = 0; c < 6; c++) ck_assert_float_eq(back[r * 6 + c], r < 3 && c < 2 ? shifted[r * 4 + c] : 1.0f);
-    mem->release(a);
-    mem->release(b);
+    mem->release(mem, a);
+    mem->release(mem, b);
   }
   float plain = 0.0f;
-  ck_assert(!loom_ops_guarded()->mem->owns(&plain)); /* host memory is not the guarded backend's */
+  ck_assert(!loom_ops_guarded()->mem->owns(loom_ops_guarded()->mem, &plain)); /* host memory is not the guarded backend's */
 }
 END_TEST
 
@@ -452,7 +452,7 @@ START_TEST(guarded_memory_faults_on_host_access) {
   if (child == 0) {
     dup2(err[1], STDERR_FILENO);
     const loom_allocator *mem = loom_ops_guarded()->mem;
-    volatile float *x = mem->zalloc(16 * sizeof(float));
+    volatile float *x = mem->zalloc(mem, 16 * sizeof(float));
     x[3] = 1.0f; /* the stray access */
     _exit(0);
   }

@@ -45,105 +45,111 @@ typedef struct {
   int step; /* 1-based, for bias correction */
 } loom_adamw_args;
 
-typedef struct loom_ops {
+typedef struct loom_ops loom_ops;
+struct loom_ops {
   const char *name;
   /* The backend's tensor memory: allocation, copies, fills and host
    * transfers. Every array the ops below read or write comes from it. */
   const loom_allocator *mem;
+  /* The backend's own state (a CUDA context: its device, stream, cuBLAS
+   * handle and scratch), NULL where there is none. Every op receives its
+   * table as `be`, so no backend keeps state in process-wide globals and two
+   * contexts never share any. */
+  void *state;
 
   /* out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC] (bias may be NULL) */
-  void (*matmul_forward)(float *out, const float *inp, const float *weight, const float *bias,
+  void (*matmul_forward)(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias,
                          int N, int C, int OC);
   /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum dout.
    * dinp and dbias may be NULL. */
-  void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+  void (*matmul_backward)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC);
 
   /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N] */
-  void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+  void (*layernorm_forward)(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp,
                             const float *weight, const float *bias, int N, int C, float eps);
-  void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+  void (*layernorm_backward)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
 
   /* GELU, tanh approximation, elementwise over n */
-  void (*gelu_forward)(float *out, const float *inp, size_t n);
-  void (*gelu_backward)(float *dinp, const float *dout, const float *inp, size_t n);
+  void (*gelu_forward)(const loom_ops *be, float *out, const float *inp, size_t n);
+  void (*gelu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n);
 
   /* Causal softmax attention. qkv[T,B,3*H*D] rows are q|k|v of the local heads;
    * out[T,B,H*D]; att[B,H,T,T] saves the softmax probabilities (pre-dropout). */
-  void (*attention_forward)(float *out, float *att, const float *qkv, const loom_attn_shape *s,
+  void (*attention_forward)(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s,
                             const loom_dropout *drop);
   /* dqkv += ...; datt[B,H,T,T] is scratch (overwritten). */
-  void (*attention_backward)(float *dqkv, float *datt, const float *dout, const float *qkv,
+  void (*attention_backward)(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
                              const float *att, const loom_attn_shape *s, const loom_dropout *drop);
 
   /* out[T,B,C] = wte[tokens[t,b] - vocab_start] for tokens this call owns
    * (vocab_start <= token < vocab_start + rows), 0 for the rest: under
    * tensor parallelism each rank holds one vocab range. */
-  void (*embedding_forward)(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+  void (*embedding_forward)(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows,
                             int T, int B, int C);
-  void (*embedding_backward)(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+  void (*embedding_backward)(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                              int T, int B, int C);
   /* out[t,b,:] += wpe[pos_offset + t] */
-  void (*position_forward)(float *out, const float *wpe, int T, int B, int C, int pos_offset);
-  void (*position_backward)(float *dwpe, const float *dout, int T, int B, int C, int pos_offset);
+  void (*position_forward)(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset);
+  void (*position_backward)(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset);
   /* out[N,OC] += bias[OC] on every row; backward: dbias += column sums of dout */
-  void (*bias_forward)(float *out, const float *bias, int N, int OC);
-  void (*bias_backward)(float *dbias, const float *dout, int N, int OC);
+  void (*bias_forward)(const loom_ops *be, float *out, const float *bias, int N, int OC);
+  void (*bias_backward)(const loom_ops *be, float *dbias, const float *dout, int N, int OC);
 
   /* Cross-entropy in pieces, so that a vocab split across ranks only needs
    * N-sized reductions between them. Rows are `width` wide; only the first V
    * columns are vocabulary (the rest is padding that never enters the loss).
    * lse[n] = log sum_{v<V} exp(logits[n,v]). */
-  void (*logsumexp)(float *lse, const float *logits, int N, int V, int width);
+  void (*logsumexp)(const loom_ops *be, float *lse, const float *logits, int N, int V, int width);
   /* picked[n] = logits[n, targets[n] - vocab_start] when that column is one
    * of the first V, else 0 (another rank's column, or a masked target < 0). */
-  void (*pick_targets)(float *picked, const float *logits, const int *targets, int vocab_start,
+  void (*pick_targets)(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start,
                        int N, int V, int width);
   /* dlogits[n,v] = dloss * (exp(logits[n,v] - lse[n]) - [vocab_start + v == targets[n]])
    * for v < V; 0 for padding columns and masked rows. dlogits may alias logits. */
-  void (*crossentropy_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
+  void (*crossentropy_backward)(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                 int vocab_start, float dloss, int N, int V, int width);
 
   /* losses[n] = lse[n] - picked[n] for a scored target, 0 where targets[n] < 0. */
-  void (*crossentropy_losses)(float *losses, const float *lse, const float *picked, const int *targets, int N);
+  void (*crossentropy_losses)(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N);
   /* Merging partial log-sum-exps across ranks: x[i] = exp(x[i] - shift[i]),
    * then (after summing) x[i] = shift[i] + log(x[i]). */
-  void (*exp_shifted)(float *x, const float *shift, size_t n);
-  void (*log_shifted)(float *x, const float *shift, size_t n);
+  void (*exp_shifted)(const loom_ops *be, float *x, const float *shift, size_t n);
+  void (*log_shifted)(const loom_ops *be, float *x, const float *shift, size_t n);
 
   /* Greedy prediction: idx[n] = first column of the largest of the first V
    * logits of row n, val[n] that logit (V == 0: -inf and -1). */
-  void (*argmax)(float *val, int *idx, const float *logits, int N, int V, int width);
+  void (*argmax)(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width);
 
   /* out = a + b */
-  void (*add)(float *out, const float *a, const float *b, size_t n);
+  void (*add)(const loom_ops *be, float *out, const float *a, const float *b, size_t n);
   /* acc += x */
-  void (*accumulate)(float *acc, const float *x, size_t n);
+  void (*accumulate)(const loom_ops *be, float *acc, const float *x, size_t n);
   /* sum of squares in double */
-  double (*sumsq)(const float *x, size_t n);
+  double (*sumsq)(const loom_ops *be, const float *x, size_t n);
 
   /* In-place keyed dropout on x[T,B,C]: element (t,b,c) has index
    * ((sample_offset+b)*T + t)*C + c. Backward applies the same mask to dx. */
-  void (*dropout_forward)(float *x, int T, int B, int C, const loom_dropout *drop);
-  void (*dropout_backward)(float *dx, int T, int B, int C, const loom_dropout *drop);
+  void (*dropout_forward)(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop);
+  void (*dropout_backward)(const loom_ops *be, float *dx, int T, int B, int C, const loom_dropout *drop);
 
   /* bf16 stored as its 16 raw bits, rounded by op_math.h's loom_bf16_round
    * on every backend; from_bf16 is exact. */
-  void (*to_bf16)(uint16_t *out, const float *in, size_t n);
-  void (*from_bf16)(float *out, const uint16_t *in, size_t n);
+  void (*to_bf16)(const loom_ops *be, uint16_t *out, const float *in, size_t n);
+  void (*from_bf16)(const loom_ops *be, float *out, const uint16_t *in, size_t n);
   /* x[i] = the bf16 value nearest x[i], kept in fp32: what a bf16 tensor holds. */
-  void (*round_bf16)(float *x, size_t n);
+  void (*round_bf16)(const loom_ops *be, float *x, size_t n);
   /* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias[OC] (may be NULL) from
    * bf16 inputs, accumulating in fp32. */
-  void (*matmul_forward_bf16)(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+  void (*matmul_forward_bf16)(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
                               int OC);
 
   /* AdamW with decoupled weight decay, over n elements. */
-  void (*adamw)(float *param, const float *grad, float *m, float *v, size_t n,
+  void (*adamw)(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
                 const loom_adamw_args *args);
-} loom_ops;
+};
 
 const loom_ops *loom_ops_cpu(void);
 const loom_ops *loom_ops_ref(void);
@@ -151,9 +157,9 @@ const loom_ops *loom_ops_ref(void);
 const loom_ops *loom_ops_guarded(void);
 
 /* Shared pieces both backends use (one definition, no duplicated logic). */
-void loom_host_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N);
-void loom_host_exp_shifted(float *x, const float *shift, size_t n);
-void loom_host_log_shifted(float *x, const float *shift, size_t n);
+void loom_host_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N);
+void loom_host_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
+void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
 /* Column of the first largest of z[0..V), -1 when V == 0. */

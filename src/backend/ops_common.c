@@ -24,14 +24,14 @@ int loom_row_argmax(const float *z, int V) {
   return best;
 }
 
-void loom_host_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N) {
+void loom_host_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
   for (int i = 0; i < N; i++) losses[i] = targets[i] < 0 ? 0.0f : lse[i] - picked[i];
 }
 
-void loom_host_exp_shifted(float *x, const float *shift, size_t n) {
+void loom_host_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = expf(x[i] - shift[i]); /* 0 for a rank with no vocab (-inf) */
 }
 
-void loom_host_log_shifted(float *x, const float *shift, size_t n) {
+void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = shift[i] + logf(x[i]);
 }

@@ -126,7 +126,7 @@ loom_status loom_ckpt_stage(loom_ckpt_staging *s, const loom_allocator *mem, loo
       loom_ckpt_unstage(s, false);
       return loom_fail(err, LOOM_ERR_NOMEM, "out of memory staging checkpoint piece %s", t->name);
     }
-    if (fill) mem->to_host(host, t->data, bytes);
+    if (fill) mem->to_host(mem, host, t->data, bytes);
     s->backend[s->count] = t->data;
     t->data = host;
   }
@@ -136,7 +136,7 @@ loom_status loom_ckpt_stage(loom_ckpt_staging *s, const loom_allocator *mem, loo
 void loom_ckpt_unstage(loom_ckpt_staging *s, bool copy_back) {
   for (int i = 0; i < s->count; i++) {
     loom_shard_tensor *t = staged_piece(s, i);
-    if (copy_back) s->mem->from_host(s->backend[i], t->data, (size_t)t->count * sizeof(float));
+    if (copy_back) s->mem->from_host(s->mem, s->backend[i], t->data, (size_t)t->count * sizeof(float));
     free(t->data);
     t->data = s->backend[i];
   }

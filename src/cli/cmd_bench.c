@@ -175,9 +175,11 @@ static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *er
 /* GPU bench: each sequence length's model TFLOP/s against the device's dense
  * bf16 peak (stated) and against cuBLAS's bf16 GEMM measured in this run. */
 static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err) {
-  const double peak = loom_cuda_bf16_peak_tflops(), gemm = loom_cuda_bf16_gemm_tflops(8192, 8192, 8192, 5);
-  printf("device: %s | dense bf16 peak used: %.0f TFLOP/s%s | cuBLAS bf16 GEMM 8192^3 measured: %.1f TFLOP/s\n",
-         loom_cuda_device_name(), peak, peak > 0 ? " (NVIDIA's datasheet)" : " (unknown to loom)", gemm);
+  const double peak = loom_cuda_bf16_peak_tflops(f->ops), gemm = loom_cuda_bf16_gemm_tflops(f->ops, 8192, 8192, 8192, 5);
+  char name[256];
+  loom_cuda_device_name(f->ops, name, sizeof name);
+  printf("device: %s | dense bf16 peak used: %.0f TFLOP/s%s | cuBLAS bf16 GEMM 8192^3 measured: %.1f TFLOP/s\n", name,
+         peak, peak > 0 ? " (NVIDIA's datasheet)" : " (unknown to loom)", gemm);
   printf("precision: fp32 ops, managed memory, each op synchronised (the correctness path; bf16 is not wired yet)\n");
   const int seqs[] = {64, 256, 1024};
   for (int i = 0; i < 3; i++) {

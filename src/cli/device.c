@@ -1,6 +1,7 @@
 /* Choosing the compute backend for a run. */
 #include <stdio.h>
 #include <string.h>
+#include "backend/cpu/cpu_gemm.h"
 #include "cli/device.h"
 #include "cli/launch.h"
 #include "core/tensor.h"
@@ -23,16 +24,20 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
     return LOOM_OK;
   }
   *ops = loom_ops_cpu();
-  snprintf(desc, len, "cpu (OpenBLAS + OpenMP)");
+  snprintf(desc, len, "cpu (%s GEMMs, OpenMP)", loom_cpu_gemm_name(loom_cpu_gemm_library()));
 #ifdef LOOM_HAVE_CUDA
   const bool gpu = loom_cuda_available();
-  if (strcmp(device, "cuda") == 0 && !gpu)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no usable GPU (%s)", cmd, loom_cuda_unavailable_reason());
+  if (strcmp(device, "cuda") == 0 && !gpu) {
+    char why[256];
+    loom_cuda_unavailable_reason(why, sizeof why);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no usable GPU (%s)", cmd, why);
+  }
   if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
-  const int ordinal = loom_cuda_select_device(loom_launch_local_rank());
-  g_gpu = ordinal;
-  *ops = loom_ops_cuda_synced();
-  snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", ordinal, loom_cuda_device_name());
+  g_gpu = loom_cuda_select_device(loom_launch_local_rank());
+  *ops = loom_cuda_open(true); /* this process's context, for its lifetime */
+  char name[256];
+  loom_cuda_device_name(*ops, name, sizeof name);
+  snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", g_gpu, name);
 #else
   if (strcmp(device, "cuda") == 0)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: this loom was built without CUDA (no nvcc when it was built)",

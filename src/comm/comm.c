@@ -15,7 +15,7 @@ void loom_comm_use_memory(loom_comm *c, const loom_allocator *mem) {
 /* A group of one moves data itself, in whichever memory it lives. */
 static void local_copy(const loom_comm *c, void *dst, const void *src, size_t bytes) {
   if (dst == src) return;
-  if (c && c->mem && c->mem->owns(dst)) c->mem->copy(dst, src, bytes);
+  if (c && c->mem && c->mem->owns(c->mem, dst)) c->mem->copy(c->mem, dst, src, bytes);
   else memmove(dst, src, bytes);
 }
 

@@ -39,14 +39,16 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
   return t;
 }
 
-static void *host_zalloc(size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
-static void host_copy(void *dst, const void *src, size_t bytes) {
+static void *host_zalloc(const loom_allocator *mem, size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
+static void host_release(const loom_allocator *mem, void *p) { free(p); }
+static void host_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(dst, src, bytes);
 }
-static void host_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+static void host_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                         size_t width, size_t rows) {
   for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
 }
-static void host_fill32(void *dst, uint32_t pattern, size_t count) {
+static void host_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
   if (pattern == 0) {
     memset(dst, 0, count * sizeof pattern);
     return;
@@ -54,18 +56,24 @@ static void host_fill32(void *dst, uint32_t pattern, size_t count) {
   uint32_t *d = dst;
   for (size_t i = 0; i < count; i++) d[i] = pattern;
 }
-static bool host_owns(const void *p) {
-  (void)p;
-  return true;
-}
+static bool host_owns(const loom_allocator *mem, const void *p) { return true; }
 
-const loom_allocator loom_host_memory = {"host", LOOM_DEVICE_CPU, true, host_zalloc, free, host_copy, host_copy_2d,
-                                    host_fill32, host_copy, host_copy, host_owns};
+const loom_allocator loom_host_memory = {.name = "host",
+                                         .device = LOOM_DEVICE_CPU,
+                                         .host_addressable = true,
+                                         .zalloc = host_zalloc,
+                                         .release = host_release,
+                                         .copy = host_copy,
+                                         .copy_2d = host_copy_2d,
+                                         .fill32 = host_fill32,
+                                         .to_host = host_copy,
+                                         .from_host = host_copy,
+                                         .owns = host_owns};
 
 const loom_allocator *loom_allocator_host(void) { return &loom_host_memory; }
 
 void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
-  void *p = mem->zalloc(bytes);
+  void *p = mem->zalloc(mem, bytes);
   LOOM_CHECK(p, what);
   return p;
 }
@@ -85,10 +93,10 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
   buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
   const size_t capacity = (total + multiple - 1) / multiple * multiple;
-  buf->base = storage ? buf->alloc->zalloc((capacity ? capacity : 1) * esize) : NULL;
+  buf->base = storage ? buf->alloc->zalloc(buf->alloc, (capacity ? capacity : 1) * esize) : NULL;
   if (!buf->views || (storage && !buf->base)) {
     free(buf->views);
-    if (buf->base) buf->alloc->release(buf->base);
+    if (buf->base) buf->alloc->release(buf->alloc, buf->base);
     memset(buf, 0, sizeof *buf);
     return LOOM_ERR_NOMEM;
   }
@@ -121,7 +129,7 @@ loom_status loom_buffer_layout(loom_buffer *buf, const loom_tensor *specs, int c
 
 void loom_buffer_free(loom_buffer *buf) {
   free(buf->views);
-  if (buf->base) buf->alloc->release(buf->base);
+  if (buf->base) buf->alloc->release(buf->alloc, buf->base);
   memset(buf, 0, sizeof *buf);
 }
 

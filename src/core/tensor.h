@@ -53,16 +53,22 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
 typedef struct loom_allocator {
   const char *name;
   loom_device device;
-  bool host_addressable;           /* host code may dereference what it hands out */
-  void *(*zalloc)(size_t bytes);   /* zero-filled, NULL on failure */
-  void (*release)(void *p);
-  void (*copy)(void *dst, const void *src, size_t bytes);
+  bool host_addressable; /* host code may dereference what it hands out */
+  /* The backend context this memory belongs to (a CUDA context's stream
+   * orders its copies), NULL where there is none. Every function below
+   * receives its allocator as `mem`. */
+  void *state;
+  void *(*zalloc)(const struct loom_allocator *mem, size_t bytes); /* zero-filled, NULL on failure */
+  void (*release)(const struct loom_allocator *mem, void *p);
+  void (*copy)(const struct loom_allocator *mem, void *dst, const void *src, size_t bytes);
   /* rows of `width` bytes, dst_pitch / src_pitch bytes apart (cudaMemcpy2D) */
-  void (*copy_2d)(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows);
-  void (*fill32)(void *dst, uint32_t pattern, size_t count); /* count 32-bit words */
-  void (*to_host)(void *host, const void *src, size_t bytes);
-  void (*from_host)(void *dst, const void *host, size_t bytes);
-  bool (*owns)(const void *p);     /* p points into memory this allocator handed out */
+  void (*copy_2d)(const struct loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                  size_t width, size_t rows);
+  void (*fill32)(const struct loom_allocator *mem, void *dst, uint32_t pattern, size_t count); /* count 32-bit words */
+  void (*to_host)(const struct loom_allocator *mem, void *host, const void *src, size_t bytes);
+  void (*from_host)(const struct loom_allocator *mem, void *dst, const void *host, size_t bytes);
+  /* p points into memory this allocator handed out */
+  bool (*owns)(const struct loom_allocator *mem, const void *p);
 } loom_allocator;
 
 /* Plain host memory (malloc): what the CPU and reference backends use. */
@@ -72,7 +78,7 @@ const loom_allocator *loom_allocator_host(void);
 /* Zeroed memory from `mem`; aborts with `what` named when out of memory. */
 void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what);
 /* Zero-fills n floats (or any 32-bit elements). */
-static inline void loom_mem_zero(const loom_allocator *mem, void *dst, size_t n) { mem->fill32(dst, 0, n); }
+static inline void loom_mem_zero(const loom_allocator *mem, void *dst, size_t n) { mem->fill32(mem, dst, 0, n); }
 
 typedef struct {
   loom_dtype dtype;

@@ -22,15 +22,15 @@ static loom_attn_shape attn_shape(const loom_block_shape *s) {
  * op's output is rounded before the next op reads it, as a bf16 tensor
  * would be. Norm statistics and weight grads stay fp32. */
 static void to_bf16_values(const loom_block_shape *shape, const loom_ops *ops, float *x, size_t n) {
-  if (shape->bf16) ops->round_bf16(x, n);
+  if (shape->bf16) ops->round_bf16(ops, x, n);
 }
 
 /* The grad of a residual branch: dres itself, or a masked copy under dropout. */
 static const float *branch_grad(float *copy, const float *dres, int n, const loom_dropout *drop,
                                 const loom_block_shape *shape, const loom_ops *ops) {
   if (drop->p <= 0.0f) return dres;
-  ops->mem->copy(copy, dres, (size_t)n * shape->hidden * sizeof(float));
-  ops->dropout_backward(copy, n / shape->B, shape->B, shape->hidden, drop);
+  ops->mem->copy(ops->mem, copy, dres, (size_t)n * shape->hidden * sizeof(float));
+  ops->dropout_backward(ops, copy, n / shape->B, shape->B, shape->hidden, drop);
   to_bf16_values(shape, ops, copy, (size_t)n * shape->hidden);
   return copy;
 }
@@ -51,32 +51,32 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
 
   /* Attention: QKV column-parallel (this rank's heads), c_proj row-parallel. */
   const size_t nh = (size_t)n * h;
-  ops->layernorm_forward(normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, w->ln_1_w, w->ln_1_b, n, h, shape->norm_eps);
+  ops->layernorm_forward(ops, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, w->ln_1_w, w->ln_1_b, n, h, shape->norm_eps);
   to_bf16_values(shape, ops, normed ? normed : a->ln_1, nh);
   loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn_w, w->c_attn_b, N, n, h, 3 * width);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * 3 * width);
-  ops->attention_forward(a->atty, a->att, a->qkv, &as, &d_probs);
+  ops->attention_forward(ops, a->atty, a->att, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->att, (size_t)B * shape->heads * T * T);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj_w, w->attn_proj_b, N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
-  ops->dropout_forward(branch, n / B, B, h, &d_attn);
+  ops->dropout_forward(ops, branch, n / B, B, h, &d_attn);
   to_bf16_values(shape, ops, branch, nh);
-  ops->add(a->res_attn, x, branch, nh);
+  ops->add(ops, a->res_attn, x, branch, nh);
   to_bf16_values(shape, ops, a->res_attn, nh);
 
   /* MLP: c_fc column-parallel, c_proj row-parallel. */
-  ops->layernorm_forward(normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->res_attn, w->ln_2_w, w->ln_2_b, n, h, shape->norm_eps);
+  ops->layernorm_forward(ops, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->res_attn, w->ln_2_w, w->ln_2_b, n, h, shape->norm_eps);
   to_bf16_values(shape, ops, normed ? normed : a->ln_2, nh);
   loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc_w, w->c_fc_b, N, n, h, f);
   to_bf16_values(shape, ops, a->fc, (size_t)N * f);
-  ops->gelu_forward(a->fc_gelu, a->fc, (size_t)N * f);
+  ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
   to_bf16_values(shape, ops, a->fc_gelu, (size_t)N * f);
   loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj_w, w->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
-  ops->dropout_forward(branch, n / B, B, h, &d_mlp);
+  ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
   to_bf16_values(shape, ops, branch, nh);
-  ops->add(a->out, a->res_attn, branch, nh);
+  ops->add(ops, a->out, a->res_attn, branch, nh);
   to_bf16_values(shape, ops, a->out, nh);
 }
 
@@ -102,11 +102,11 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
                              w->mlp_proj_w, N, n, f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
   loom_mem_zero(ops->mem, s->d_fc, Nf);
-  ops->gelu_backward(s->d_fc, s->d_fc2, a->fc, Nf);
+  ops->gelu_backward(ops, s->d_fc, s->d_fc2, a->fc, Nf);
   to_bf16_values(shape, ops, s->d_fc, Nf);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_fc_w, g->c_fc_b, s->d_fc, a->ln_2, w->c_fc_w, N, n, h, f);
   to_bf16_values(shape, ops, d_normed, nh);
-  ops->layernorm_backward(dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean, a->ln_2_rstd, n, h);
+  ops->layernorm_backward(ops, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean, a->ln_2_rstd, n, h);
   to_bf16_values(shape, ops, dres, nh);
 
   /* Attention branch; dres becomes the grad of x. */
@@ -117,11 +117,11 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
                              w->attn_proj_w, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, s->d_qkv, (size_t)N * 3 * width);
-  ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
+  ops->attention_backward(ops, s->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
   to_bf16_values(shape, ops, s->d_qkv, (size_t)N * 3 * width);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_attn_w, g->c_attn_b, s->d_qkv, a->ln_1,
                                 w->c_attn_w, N, n, h, 3 * width);
   to_bf16_values(shape, ops, d_normed, nh);
-  ops->layernorm_backward(dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd, n, h);
+  ops->layernorm_backward(ops, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd, n, h);
   to_bf16_values(shape, ops, dres, nh);
 }

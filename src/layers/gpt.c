@@ -35,9 +35,9 @@ static void slots_free(loom_gpt *m) {
     loom_buffer_free(&m->slots[i].mem16);
     free(m->slots[i].blocks);
     free(m->slots[i].packed);
-    if (m->slots[i].tokens) m->ops->mem->release(m->slots[i].tokens);
-    if (m->slots[i].targets) m->ops->mem->release(m->slots[i].targets);
-    if (m->slots[i].pred) m->ops->mem->release(m->slots[i].pred);
+    if (m->slots[i].tokens) m->ops->mem->release(m->ops->mem, m->slots[i].tokens);
+    if (m->slots[i].targets) m->ops->mem->release(m->ops->mem, m->slots[i].targets);
+    if (m->slots[i].pred) m->ops->mem->release(m->ops->mem, m->slots[i].pred);
   }
   free(m->slots);
   loom_buffer_free(&m->w.mem);
@@ -307,9 +307,9 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   loom_status st = LOOM_OK;
   for (int i = 0; i < slots && st == LOOM_OK; i++) {
     loom_gpt_slot *s = &m->slots[i];
-    s->tokens = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
-    s->targets = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
-    s->pred = m->ops->mem->zalloc((size_t)d.N * sizeof(int));
+    s->tokens = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
+    s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
+    s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
     LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
     list_slot(&l, &l16, s, &v, &p, &d);
     st = place(&s->mem, &l, m->ops->mem);
@@ -364,7 +364,7 @@ static int local_rows(const loom_gpt *m) { return loom_tp_local_rows(&m->tp, m->
 
 /* bf16 runs: rounds x[n] to bf16 values, as a bf16 tensor holds them. */
 static void to_bf16_values(const loom_gpt *m, float *x, size_t n) {
-  if (m->p.cfg.bf16) m->ops->round_bf16(x, n);
+  if (m->p.cfg.bf16) m->ops->round_bf16(m->ops, x, n);
 }
 
 /* ---- bf16 runs: compute weights and packed activations ---- */
@@ -372,7 +372,7 @@ static void to_bf16_values(const loom_gpt *m, float *x, size_t n) {
 void loom_gpt_sync_compute_weights(loom_gpt *m) {
   /* Under the distributed optimizer there is no whole master here: the optimizer publishes the compute copy. */
   if (m->p.cfg.bf16 && loom_gpt_params_have_master(&m->p))
-    m->ops->to_bf16(m->p.compute.base, m->p.params.base, m->p.params.numel);
+    m->ops->to_bf16(m->ops, m->p.compute.base, m->p.params.base, m->p.params.numel);
 }
 
 /* The weights layer l computes with: its fp32 parameters, or in bf16 runs
@@ -381,11 +381,11 @@ static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
   if (!m->p.cfg.bf16) return &m->p.w.h[l];
   size_t lo, hi;
   loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  m->ops->from_bf16(m->w.layer_w.ln_1_w, (const uint16_t *)m->p.compute.base + lo, hi - lo);
+  m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, (const uint16_t *)m->p.compute.base + lo, hi - lo);
   return &m->w.layer_w;
 }
 
-static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from_bf16(dst, t->data, loom_tensor_numel(t)); }
+static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from_bf16(m->ops, dst, t->data, loom_tensor_numel(t)); }
 
 /* The embedding's and head's weights the stage computes with, as layer_weights. */
 static loom_gpt_weights edge_weights(loom_gpt *m) {
@@ -423,8 +423,8 @@ static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_ac
   int64_t c[BIG];
   big_counts(&d, c);
   for (int i = 0; i < BIG; i++) {
-    if (pack) m->ops->to_bf16(narrow[i], wide[i], (size_t)c[i]);
-    else m->ops->from_bf16(wide[i], narrow[i], (size_t)c[i]);
+    if (pack) m->ops->to_bf16(m->ops, narrow[i], wide[i], (size_t)c[i]);
+    else m->ops->from_bf16(m->ops, wide[i], narrow[i], (size_t)c[i]);
   }
 }
 
@@ -435,7 +435,7 @@ static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool
   if (l == 0) return s->x0;
   if (m->recompute) return s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden;
   if (!m->p.cfg.bf16) return s->blocks[l - 1].out;
-  if (backward) m->ops->from_bf16(m->w.xin, s->packed[l - 1].out, (size_t)local_rows(m) * m->p.cfg.hidden);
+  if (backward) m->ops->from_bf16(m->ops, m->w.xin, s->packed[l - 1].out, (size_t)local_rows(m) * m->p.cfg.hidden);
   return m->w.xin;
 }
 
@@ -453,11 +453,11 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
   loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, w.wte, vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  m->ops->position_forward(s->x0, w.wpe, local_T, B, h, pos_offset);
+  m->ops->position_forward(m->ops, s->x0, w.wpe, local_T, B, h, pos_offset);
   to_bf16_values(m, s->x0, nh);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
-  m->ops->dropout_forward(s->x0, local_T, B, h, &d_embed);
+  m->ops->dropout_forward(m->ops, s->x0, local_T, B, h, &d_embed);
   to_bf16_values(m, s->x0, nh);
 }
 
@@ -466,10 +466,10 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   float *dres = m->w.dres;
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
-  m->ops->dropout_backward(dres, local_T, B, h, &d_embed);
+  m->ops->dropout_backward(m->ops, dres, local_T, B, h, &d_embed);
   to_bf16_values(m, dres, (size_t)local_T * B * h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  m->ops->position_backward(m->p.g.wpe, dres, local_T, B, h, pos_offset);
+  m->ops->position_backward(m->ops, m->p.g.wpe, dres, local_T, B, h, pos_offset);
   float *dfull = m->tp.sequence_parallel ? m->w.embed_full : dres;
   loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, dres, dfull, s->tokens, vocab_range(m), T, B, h);
 }
@@ -486,7 +486,7 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m);
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
-  m->ops->layernorm_forward(normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h, c->norm_eps);
+  m->ops->layernorm_forward(m->ops, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h, c->norm_eps);
   to_bf16_values(m, normed, (size_t)n * h);
   loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, w.wte, NULL, N, n, h, v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
@@ -505,7 +505,7 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
                                 N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
-  m->ops->layernorm_backward(m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
+  m->ops->layernorm_backward(m->ops, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
                              s->ln_f_rstd, n, h);
   to_bf16_values(m, m->w.dres, (size_t)n * h);
 }
@@ -516,12 +516,12 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
   const size_t nh = (size_t)n * h;
   const loom_allocator *mem = m->ops->mem;
-  if (batch->tokens) mem->from_host(s->tokens, batch->tokens, (size_t)N * sizeof(int));
-  else mem->fill32(s->tokens, 0, (size_t)N);
-  if (batch->targets) mem->from_host(s->targets, batch->targets, (size_t)N * sizeof(int));
-  else mem->fill32(s->targets, (uint32_t)-1, (size_t)N); /* -1: no target */
+  if (batch->tokens) mem->from_host(mem, s->tokens, batch->tokens, (size_t)N * sizeof(int));
+  else mem->fill32(mem, s->tokens, 0, (size_t)N);
+  if (batch->targets) mem->from_host(mem, s->targets, batch->targets, (size_t)N * sizeof(int));
+  else mem->fill32(mem, s->targets, (uint32_t)-1, (size_t)N); /* -1: no target */
   if (m->p.range.first) embed_forward(m, s, batch);
-  else if (input != s->x0) mem->copy(s->x0, input, nh * sizeof(float));
+  else if (input != s->x0) mem->copy(mem, s->x0, input, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = 0; l < L; l++) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -534,7 +534,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
      * packed and pass its output on in w.xin. */
     if (!m->recompute) pack_layer(m, s, l, &a, true);
     float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
-    mem->copy(next, a.out, nh * sizeof(float));
+    mem->copy(mem, next, a.out, nh * sizeof(float));
   }
   return m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
 }
@@ -544,7 +544,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const int n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
   const size_t nh = (size_t)n * h;
   if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
-  else m->ops->mem->copy(m->w.dres, dout, nh * sizeof(float));
+  else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = L - 1; l >= 0; l--) {
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -558,7 +558,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
   }
   if (m->p.range.first) embed_backward(m, s, batch);
-  else m->ops->mem->copy(s->dx0, m->w.dres, nh * sizeof(float));
+  else m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float));
 }
 
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
@@ -587,10 +587,10 @@ void loom_gpt_predict(loom_gpt *m, int *out) {
   loom_gpt_slot *s = m->a;
   const int N = m->T * m->B;
   const loom_vocab_range v = vocab_range(m);
-  m->ops->argmax(s->picked, s->pred, s->logits, N, v.valid, v.rows);
+  m->ops->argmax(m->ops, s->picked, s->pred, s->logits, N, v.valid, v.rows);
   float *val = loom_xmalloc(2 * (size_t)N * sizeof(float), "predictions");
-  m->ops->mem->to_host(out, s->pred, (size_t)N * sizeof(int));
-  m->ops->mem->to_host(val, s->picked, (size_t)N * sizeof(float));
+  m->ops->mem->to_host(m->ops->mem, out, s->pred, (size_t)N * sizeof(int));
+  m->ops->mem->to_host(m->ops->mem, val, s->picked, (size_t)N * sizeof(float));
   for (int i = 0; i < N; i++)
     if (out[i] >= 0) out[i] += v.start;
   loom_tp_combine_argmax(&m->tp, val, out, val + N, N);

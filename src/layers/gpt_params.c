@@ -203,7 +203,7 @@ void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, fl
       const float value = m->init == LOOM_INIT_ONES ? 1.0f : 0.0f;
       uint32_t bits;
       memcpy(&bits, &value, sizeof bits);
-      mem->fill32(out, bits, to - from);
+      mem->fill32(mem, out, bits, to - from);
       continue;
     }
     /* Walk local rows in runs whose global rows are consecutive. */
@@ -218,7 +218,7 @@ void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, fl
         start = i;
       }
     }
-    mem->from_host(out, host + (from - lo), (to - from) * sizeof(float));
+    mem->from_host(mem, out, host + (from - lo), (to - from) * sizeof(float));
   }
   free(host);
 }
@@ -256,7 +256,7 @@ static void copy_shard(const loom_allocator *mem, const loom_param_meta *meta, i
     loom_shard_locate(&meta->layout, rank, size, i, &row, &col);
     if (row >= whole_rows) continue;
     float *g = (float *)whole->data + row * whole_cols + col, *s = local + i * cols;
-    mem->copy(to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
+    mem->copy(mem, to_local ? s : g, to_local ? g : s, (size_t)cols * sizeof(float));
   }
 }
 

@@ -33,7 +33,7 @@ double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom
   for (int k = 0; k < p->grads.count; k++) {
     if (skip_shared && p->meta[k].shared) continue;
     const loom_tensor *g = &p->grads.views[k];
-    sums[p->meta[k].tp_replicated] += ops->sumsq(g->data, loom_tensor_numel(g));
+    sums[p->meta[k].tp_replicated] += ops->sumsq(ops, g->data, loom_tensor_numel(g));
   }
   if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return sums[0] + sums[1];
@@ -51,7 +51,7 @@ void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_
                                   .eps = opt->cfg.eps,
                                   .weight_decay = p->meta[i].weight_decay ? opt->cfg.weight_decay : 0.0f,
                                   .grad_scale = clip, .step = opt->step};
-    ops->adamw(p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data,
+    ops->adamw(ops, p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data,
                opt->v.views[i].data, loom_tensor_numel(&p->params.views[i]), &args);
   }
 }

@@ -15,10 +15,10 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
   z->end = z->begin + z->shard < n ? z->begin + z->shard : n;
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
   z->mem = p->params.alloc;
-  z->m = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  z->v = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  z->slice = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
-  if (!loom_gpt_params_have_master(p)) z->master = z->mem->zalloc((z->shard ? z->shard : 1) * sizeof(float));
+  z->m = z->mem->zalloc(z->mem, (z->shard ? z->shard : 1) * sizeof(float));
+  z->v = z->mem->zalloc(z->mem, (z->shard ? z->shard : 1) * sizeof(float));
+  z->slice = z->mem->zalloc(z->mem, (z->shard ? z->shard : 1) * sizeof(float));
+  if (!loom_gpt_params_have_master(p)) z->master = z->mem->zalloc(z->mem, (z->shard ? z->shard : 1) * sizeof(float));
   if (!z->m || !z->v || !z->slice || (!loom_gpt_params_have_master(p) && !z->master)) {
     loom_zero1_free(z);
     return LOOM_ERR_NOMEM;
@@ -29,7 +29,7 @@ loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank
 void loom_zero1_free(loom_zero1 *z) {
   void *const state[] = {z->m, z->v, z->master, z->slice};
   for (size_t i = 0; i < sizeof state / sizeof *state; i++)
-    if (state[i]) z->mem->release(state[i]);
+    if (state[i]) z->mem->release(z->mem, state[i]);
   memset(z, 0, sizeof *z);
 }
 
@@ -54,7 +54,7 @@ double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const
   if (size > 1) {
     LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
     loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
-    z->mem->copy(mine, z->slice, (z->end - z->begin) * sizeof(float));
+    z->mem->copy(z->mem, mine, z->slice, (z->end - z->begin) * sizeof(float));
   }
   /* Squared norm of the slice, each element once: shards over TP summed, replicas once. */
   double sums[2] = {0.0, 0.0};
@@ -62,7 +62,7 @@ double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const
     size_t at;
     const size_t len = part_of(p, k, z->begin, z->end, &at);
     if (len == 0 || (skip_shared && p->meta[k].shared)) continue;
-    sums[p->meta[k].tp_replicated] += ops->sumsq((float *)p->grads.base + at, len);
+    sums[p->meta[k].tp_replicated] += ops->sumsq(ops, (float *)p->grads.base + at, len);
   }
   if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   double total = sums[0] + sums[1];
@@ -87,7 +87,7 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
                                   .weight_decay = p->meta[k].weight_decay ? z->cfg.weight_decay : 0.0f,
                                   .grad_scale = clip, .step = z->step};
     const size_t i = at - z->begin;
-    ops->adamw(w + i, g + at, z->m + i, z->v + i, len, &args);
+    ops->adamw(ops, w + i, g + at, z->m + i, z->v + i, len, &args);
   }
   if (z->master) {
     loom_zero1_publish(z, p, dp, ops);
@@ -98,7 +98,7 @@ void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_no
   if (size == 1) return;
   LOOM_CHECK(padded_for(z, &p->params, (size_t)size), "ZeRO-1 needs the parameters padded for its all-gather");
   loom_mem_zero(z->mem, z->slice, z->shard);
-  z->mem->copy(z->slice, w, (z->end - z->begin) * sizeof(float));
+  z->mem->copy(z->mem, z->slice, w, (z->end - z->begin) * sizeof(float));
   loom_comm_allgather(dp, z->slice, p->params.base, z->shard);
 }
 
@@ -107,22 +107,22 @@ void loom_zero1_publish(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const 
   const size_t mine = z->end - z->begin;
   uint16_t *compute = p->compute.base;
   if (loom_comm_size(dp) == 1) {
-    ops->to_bf16(compute, z->master, mine);
+    ops->to_bf16(ops, compute, z->master, mine);
     return;
   }
   LOOM_CHECK(padded_for(z, &p->compute, (size_t)loom_comm_size(dp)), "the distributed optimizer needs the bf16 weights padded");
   uint16_t *slice = (uint16_t *)z->slice; /* bf16 in transit: half of the fp32 slice is enough */
-  z->mem->fill32(slice, 0, (z->shard + 1) / 2);
-  ops->to_bf16(slice, z->master, mine);
+  z->mem->fill32(z->mem, slice, 0, (z->shard + 1) / 2);
+  ops->to_bf16(ops, slice, z->master, mine);
   loom_comm_allgather_typed(dp, slice, compute, z->shard, LOOM_DTYPE_BF16);
 }
 
 void loom_zero1_gather_master(loom_zero1 *z, const loom_gpt_params *p, loom_comm *dp, float *out) {
   if (!z->master) {
-    z->mem->copy(out, p->params.base, p->params.numel * sizeof(float));
+    z->mem->copy(z->mem, out, p->params.base, p->params.numel * sizeof(float));
     return;
   }
   loom_mem_zero(z->mem, z->slice, z->shard);
-  z->mem->copy(z->slice, z->master, (z->end - z->begin) * sizeof(float));
+  z->mem->copy(z->mem, z->slice, z->master, (z->end - z->begin) * sizeof(float));
   loom_comm_allgather(dp, z->slice, out, z->shard);
 }

@@ -81,17 +81,17 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->slot_of);
   free(pipe->free_top);
   free(pipe->free_slots);
-  for (int i = 0; i < pipe->nsend; i++) pipe->mem->release(pipe->send_buf[i]);
+  for (int i = 0; i < pipe->nsend; i++) pipe->mem->release(pipe->mem, pipe->send_buf[i]);
   free(pipe->send_buf);
   free(pipe->send_req);
-  if (pipe->dout) pipe->mem->release(pipe->dout);
+  if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
   free(pipe->pred);
   free(pipe->trace);
   free(pipe->bucket_req);
   free(pipe->bucket_at);
-  for (int c = 0; pipe->grad16 && c < pipe->v; c++) pipe->mem->release(pipe->grad16[c]);
+  for (int c = 0; pipe->grad16 && c < pipe->v; c++) pipe->mem->release(pipe->mem, pipe->grad16[c]);
   free(pipe->grad16);
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
@@ -141,7 +141,7 @@ static void send_copy(loom_pipeline *pipe, const float *data, int peer, int tag)
     pipe->send_buf[k] = loom_xzalloc(pipe->mem, n * sizeof(float), "send buffer");
     pipe->send_req[k] = NULL;
   }
-  pipe->mem->copy(pipe->send_buf[k], data, n * sizeof(float));
+  pipe->mem->copy(pipe->mem, pipe->send_buf[k], data, n * sizeof(float));
   pipe->send_req[k] = loom_comm_isend(pipe->ps->pp_group, pipe->send_buf[k], n, peer, tag);
 }
 
@@ -161,8 +161,8 @@ static void reduce_tied(loom_pipeline *pipe) {
   loom_gpt *last = ps->pp_rank == ps->pp - 1 ? &pipe->chunks[pipe->v - 1] : NULL;
   const size_t n = first ? loom_tensor_numel(&first->p.grads.views[0]) : loom_tensor_numel(&last->p.grads.views[0]);
   if (first && last && first != last) { /* one rank holds both ends (pp 1, several chunks) */
-    first->ops->accumulate(first->p.g.wte, last->p.g.wte, n);
-    pipe->mem->copy(last->p.g.wte, first->p.g.wte, n * sizeof(float));
+    first->ops->accumulate(first->ops, first->p.g.wte, last->p.g.wte, n);
+    pipe->mem->copy(pipe->mem, last->p.g.wte, first->p.g.wte, n * sizeof(float));
     return;
   }
   loom_gpt *mine = first ? first : last;
@@ -179,14 +179,14 @@ static loom_request *start_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi)
   loom_gpt *m = &pipe->chunks[c];
   float *g = (float *)m->p.grads.base + lo;
   if (!pipe->grad16) return loom_comm_iallreduce(pipe->ps->dp_group, g, hi - lo);
-  m->ops->to_bf16(pipe->grad16[c] + lo, g, hi - lo);
+  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
   return loom_comm_iallreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16);
 }
 
 static void finish_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi, loom_request *req) {
   loom_comm_wait(pipe->ps->dp_group, req);
   loom_gpt *m = &pipe->chunks[c];
-  if (pipe->grad16) m->ops->from_bf16((float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
+  if (pipe->grad16) m->ops->from_bf16(m->ops, (float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
 }
 
 /* The same, blocking (MPI tunes its blocking all-reduce better). */
@@ -198,9 +198,9 @@ static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
     loom_comm_allreduce(pipe->ps->dp_group, g, hi - lo, LOOM_REDUCE_SUM);
     return;
   }
-  m->ops->to_bf16(pipe->grad16[c] + lo, g, hi - lo);
+  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
   loom_comm_allreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
-  m->ops->from_bf16(g, pipe->grad16[c] + lo, hi - lo);
+  m->ops->from_bf16(m->ops, g, pipe->grad16[c] + lo, hi - lo);
 }
 
 static void layer_done(void *ctx, loom_gpt *m, int l) {

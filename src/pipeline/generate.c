@@ -42,7 +42,7 @@ loom_status loom_generate(loom_trainer *tr, const int *prompt, int len, const lo
     const loom_gpt_batch batch = {.tokens = window};
     loom_gpt_forward(m, &batch);
     /* The last position's logits come to the host, where the next token is chosen. */
-    m->ops->mem->to_host(row, m->a->logits + (size_t)(ctx_len - 1) * cfg->padded_vocab, (size_t)cfg->vocab * sizeof(float));
+    m->ops->mem->to_host(m->ops->mem, row, m->a->logits + (size_t)(ctx_len - 1) * cfg->padded_vocab, (size_t)cfg->vocab * sizeof(float));
     const int next = o->temperature <= 0.0f ? loom_row_argmax(row, cfg->vocab)
                                             : draw(row, cfg->vocab, o->temperature, o->seed, (uint64_t)n);
     text[n] = next;

@@ -54,8 +54,8 @@ typedef struct {
  * the slow fault adds its sleep, as a throttled device would be slower. */
 static void gemm_once(void *p) {
   gemm_ctx *g = p;
-  g->ops->matmul_forward(g->c, g->a, g->b, NULL, g->n, g->n, g->n);
-  (void)g->ops->sumsq(g->c, 1);
+  g->ops->matmul_forward(g->ops, g->c, g->a, g->b, NULL, g->n, g->n, g->n);
+  (void)g->ops->sumsq(g->ops, g->c, 1);
   double ms;
   if (loom_fault_fires(LOOM_FAULT_SLOW, 0, &ms)) nap_ms(ms);
 }
@@ -69,7 +69,7 @@ static double gemm_gflops(const loom_ops *ops, int n, double seconds) {
                 loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"), loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"),
                 n};
   const double t = best_time(gemm_once, &g, seconds);
-  mem->release(g.a), mem->release(g.b), mem->release(g.c);
+  mem->release(mem, g.a), mem->release(mem, g.b), mem->release(mem, g.c);
   return 2.0 * (double)n * (double)n * (double)n / t / 1e9;
 }
 
@@ -128,7 +128,7 @@ static double allreduce_busbw(loom_comm *group, const loom_allocator *mem, size_
     t = fmin(t, loom_now_s() - start);
   }
   loom_comm_allreduce_typed(group, &t, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  mem->release(a.buf);
+  mem->release(mem, a.buf);
   return (double)bytes * 2.0 * (n - 1) / n / t / 1e9;
 }
 
@@ -169,8 +169,8 @@ static double p2p_gbs(loom_comm *group, const loom_allocator *mem, bool ring, si
     }
     loom_comm_barrier(group);
   }
-  mem->release(out);
-  mem->release(in);
+  mem->release(mem, out);
+  mem->release(mem, in);
   return mine;
 }
 

@@ -69,7 +69,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_comm *dp = pipe->ps->dp_group;
   if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) { /* a test fault: one poisoned grad */
     const float nan = NAN;
-    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].p.grads.base, &nan, sizeof nan);
+    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].ops->mem, pipe->chunks[0].p.grads.base, &nan, sizeof nan);
   }
   double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
@@ -78,7 +78,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
     sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy)
                       : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
     for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
-      if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
+      if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->ops, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
   }
   double total = sumsq;
   loom_comm_allreduce_typed(pipe->ps->pp_group, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);

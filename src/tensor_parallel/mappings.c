@@ -4,7 +4,7 @@
 #include "tensor_parallel/mappings.h"
 
 static void copy_if_apart(const loom_ops *ops, float *dst, const float *src, size_t n) {
-  if (dst != src) ops->mem->copy(dst, src, n * sizeof(float));
+  if (dst != src) ops->mem->copy(ops->mem, dst, src, n * sizeof(float));
 }
 
 /* The conjugate pairs share their two collectives: entering forward and
@@ -51,7 +51,7 @@ void loom_tp_gather_columns(const loom_tp *tp, const loom_ops *ops, const float 
   const size_t row = (size_t)c * sizeof(float);
   loom_comm_allgather(tp->group, local, scratch, (size_t)N * c);
   for (int r = 0; r < tp->size; r++)
-    ops->mem->copy_2d(full + (size_t)r * c, row * tp->size, scratch + (size_t)r * N * c, row, row, (size_t)N);
+    ops->mem->copy_2d(ops->mem, full + (size_t)r * c, row * tp->size, scratch + (size_t)r * N * c, row, row, (size_t)N);
 }
 
 void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *full, float *local, int N, int c) {
@@ -60,18 +60,18 @@ void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *
     return;
   }
   const size_t row = (size_t)c * sizeof(float);
-  ops->mem->copy_2d(local, row, full + (size_t)tp->rank * c, row * tp->size, row, (size_t)N);
+  ops->mem->copy_2d(ops->mem, local, row, full + (size_t)tp->rank * c, row * tp->size, row, (size_t)N);
 }
 
 int loom_tp_local_rows(const loom_tp *tp, int rows) { return tp->sequence_parallel ? rows / tp->size : rows; }
 
 void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n) {
   if (!tp->group) return;
-  ops->mem->copy(scratch, lse, (size_t)n * sizeof(float));
+  ops->mem->copy(ops->mem, scratch, lse, (size_t)n * sizeof(float));
   loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX); /* global max of the partial lse */
-  ops->exp_shifted(lse, scratch, (size_t)n);                           /* 0 for a rank with no vocab (-inf) */
+  ops->exp_shifted(ops, lse, scratch, (size_t)n);                           /* 0 for a rank with no vocab (-inf) */
   loom_comm_allreduce(tp->group, lse, (size_t)n, LOOM_REDUCE_SUM);
-  ops->log_shifted(lse, scratch, (size_t)n);
+  ops->log_shifted(ops, lse, scratch, (size_t)n);
 }
 
 void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n) {

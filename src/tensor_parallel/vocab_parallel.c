@@ -16,29 +16,29 @@ loom_vocab_range loom_vocab_range_of(const loom_tp *tp, int vocab, int padded_vo
 void loom_vocab_parallel_embedding_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *full,
                                            const int *tokens, const float *wte, loom_vocab_range v, int T, int B,
                                            int h) {
-  ops->embedding_forward(full, tokens, wte, v.start, v.rows, T, B, h);
+  ops->embedding_forward(ops, full, tokens, wte, v.start, v.rows, T, B, h);
   loom_tp_exit_forward(tp, ops, full, out, (size_t)loom_tp_local_rows(tp, T) * B * h);
 }
 
 void loom_vocab_parallel_embedding_backward(const loom_tp *tp, const loom_ops *ops, float *dwte, const float *dout,
                                             float *dfull, const int *tokens, loom_vocab_range v, int T, int B, int h) {
   loom_tp_exit_backward(tp, ops, dout, dfull, (size_t)loom_tp_local_rows(tp, T) * B * h);
-  ops->embedding_backward(dwte, dfull, tokens, v.start, v.rows, T, B, h);
+  ops->embedding_backward(ops, dwte, dfull, tokens, v.start, v.rows, T, B, h);
 }
 
 float loom_vocab_parallel_cross_entropy(const loom_tp *tp, const loom_ops *ops, float *losses, float *lse,
                                         float *picked, float *scratch, const float *logits, const int *targets,
                                         loom_vocab_range v, int N) {
-  ops->logsumexp(lse, logits, N, v.valid, v.rows);
+  ops->logsumexp(ops, lse, logits, N, v.valid, v.rows);
   loom_tp_combine_logsumexp(tp, ops, lse, scratch, N);
-  ops->pick_targets(picked, logits, targets, v.start, N, v.valid, v.rows);
+  ops->pick_targets(ops, picked, logits, targets, v.start, N, v.valid, v.rows);
   loom_tp_combine_picked(tp, picked, N);
-  ops->crossentropy_losses(losses, lse, picked, targets, N);
+  ops->crossentropy_losses(ops, losses, lse, picked, targets, N);
   /* The mean comes to the host: each token's loss and whether it was scored. */
   float *host = loom_xmalloc((size_t)N * (sizeof(float) + sizeof(int)), "token losses");
   int *scored = (int *)(host + N);
-  ops->mem->to_host(host, losses, (size_t)N * sizeof(float));
-  ops->mem->to_host(scored, targets, (size_t)N * sizeof(int));
+  ops->mem->to_host(ops->mem, host, losses, (size_t)N * sizeof(float));
+  ops->mem->to_host(ops->mem, scored, targets, (size_t)N * sizeof(int));
   double sum = 0.0;
   int counted = 0;
   for (int i = 0; i < N; i++) {
@@ -53,5 +53,5 @@ float loom_vocab_parallel_cross_entropy(const loom_tp *tp, const loom_ops *ops, 
 void loom_vocab_parallel_cross_entropy_backward(const loom_ops *ops, float *dlogits, const float *logits,
                                                 const float *lse, const int *targets, loom_vocab_range v,
                                                 float dloss, int N) {
-  ops->crossentropy_backward(dlogits, logits, lse, targets, v.start, dloss, N, v.valid, v.rows);
+  ops->crossentropy_backward(ops, dlogits, logits, lse, targets, v.start, dloss, N, v.valid, v.rows);
 }

@@ -15,6 +15,7 @@
 #define TF32_NMSE 1e-5
 
 static int g_failures;
+static const loom_ops *g_cuda; /* the context under test */
 
 static void report(const char *what, double nmse, double tol) {
   const int ok = nmse <= tol;
@@ -25,14 +26,14 @@ static void report(const char *what, double nmse, double tol) {
 /* A device copy of host values. */
 static float *upload(const float *host, size_t n) {
   float *d = loom_cuda_malloc(n * sizeof(float));
-  loom_cuda_to_device(d, host, n * sizeof(float));
+  loom_cuda_to_device(g_cuda, d, host, n * sizeof(float));
   return d;
 }
 
 static double nmse_of(const float *dev, const float *want, size_t n) {
   float *got = malloc(n * sizeof(float));
-  loom_cuda_sync();
-  loom_cuda_to_host(got, dev, n * sizeof(float));
+  loom_cuda_sync(g_cuda);
+  loom_cuda_to_host(g_cuda, got, dev, n * sizeof(float));
   const double e = tu_all_finite(got, n) ? tu_nmse(got, want, n) : INFINITY;
   free(got);
   return e;
@@ -47,11 +48,11 @@ static void reduced_precision(const loom_ops *cu, const loom_ops *ref) {
   tu_fill(w, (size_t)OC * C, 2, -1, 1);
   float *d_inp = upload(inp, (size_t)N * C), *d_w = upload(w, (size_t)OC * C),
         *d_out = loom_cuda_malloc((size_t)N * OC * sizeof(float));
-  loom_cuda_set_tf32(true);
-  cu->matmul_forward(d_out, d_inp, d_w, NULL, N, C, OC);
-  ref->matmul_forward(want, inp, w, NULL, N, C, OC);
+  loom_cuda_set_tf32(cu, true);
+  cu->matmul_forward(cu, d_out, d_inp, d_w, NULL, N, C, OC);
+  ref->matmul_forward(ref, want, inp, w, NULL, N, C, OC);
   report("matmul_forward (TF32)", nmse_of(d_out, want, (size_t)N * OC), TF32_NMSE);
-  loom_cuda_set_tf32(false);
+  loom_cuda_set_tf32(cu, false);
   void *all[] = {d_inp, d_w, d_out};
   for (size_t i = 0; i < sizeof all / sizeof *all; i++) loom_cuda_free(all[i]);
   free(inp);
@@ -59,14 +60,44 @@ static void reduced_precision(const loom_ops *cu, const loom_ops *ref) {
   free(want);
 }
 
+/* A second context beside the first: its own stream, and TF32 switched on in
+ * one leaves the other exact (no state is shared between contexts). */
+static void two_contexts(const loom_ops *cu, const loom_ops *ref) {
+  const loom_ops *other = loom_cuda_open(false);
+  const int separate = other != cu && other->state != cu->state && loom_cuda_stream(other) != loom_cuda_stream(cu) &&
+                       other->mem != cu->mem && other->mem->state == other->state;
+  printf("  %-44s %s\n", "a second context shares no state", separate ? "OK  " : "FAIL");
+  g_failures += !separate;
+  const int N = 33, C = 47, OC = 29;
+  float *inp = malloc((size_t)N * C * sizeof(float)), *w = malloc((size_t)OC * C * sizeof(float)),
+        *want = malloc((size_t)N * OC * sizeof(float));
+  tu_fill(inp, (size_t)N * C, 3, -1, 1);
+  tu_fill(w, (size_t)OC * C, 4, -1, 1);
+  ref->matmul_forward(ref, want, inp, w, NULL, N, C, OC);
+  float *d_inp = upload(inp, (size_t)N * C), *d_w = upload(w, (size_t)OC * C),
+        *d_out = loom_cuda_malloc((size_t)N * OC * sizeof(float));
+  loom_cuda_set_tf32(other, true);
+  cu->matmul_forward(cu, d_out, d_inp, d_w, NULL, N, C, OC);
+  report("matmul_forward, other context on TF32", nmse_of(d_out, want, (size_t)N * OC), 1e-9);
+  void *all[] = {d_inp, d_w, d_out};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) loom_cuda_free(all[i]);
+  free(inp);
+  free(w);
+  free(want);
+  loom_cuda_close(other);
+}
+
 int main(void) {
   if (!loom_cuda_available()) {
     printf("SKIP: no CUDA device here; the CUDA backend was built but cannot run\n");
     return 77;
   }
-  const loom_ops *cu = loom_ops_cuda(), *ref = loom_ops_ref();
+  loom_cuda_select_device(0);
+  const loom_ops *cu = g_cuda = loom_cuda_open(false), *ref = loom_ops_ref();
   const op_backend b = {"cuda", cu, 1e-9};
-  printf("backend parity: cuda (%s) against ref\n", loom_cuda_device_name());
+  char name[256];
+  loom_cuda_device_name(cu, name, sizeof name);
+  printf("backend parity: cuda (%s) against ref\n", name);
   for (int k = 0; k < op_table_entries(); k++)
     if (!op_table_entry(cu, k)) {
       printf("  op-table entry %d (offset %zu) is not set\n", k, op_table_offset(k));
@@ -81,6 +112,8 @@ int main(void) {
     g_failures += !ok;
   }
   reduced_precision(cu, ref);
+  two_contexts(cu, ref);
+  loom_cuda_close(cu);
   printf("%s: %d failure(s)\n", g_failures ? "FAIL" : "ok", g_failures);
   return g_failures ? 1 : 0;
 }

@@ -11,6 +11,7 @@
 
 enum { N = 256 };
 static int g_failures;
+static const loom_ops *g_cuda; /* this rank's CUDA context */
 
 /* Element i of rank r's input. */
 static float value(int r, size_t i) { return (float)(r + 1) * (float)(i % 7 + 1); }
@@ -18,14 +19,14 @@ static float value(int r, size_t i) { return (float)(r + 1) * (float)(i % 7 + 1)
 static float *upload(int rank) {
   float host[N], *dev = loom_cuda_malloc(N * sizeof(float));
   for (size_t i = 0; i < N; i++) host[i] = value(rank, i);
-  loom_cuda_to_device(dev, host, sizeof host);
+  loom_cuda_to_device(g_cuda, dev, host, sizeof host);
   return dev;
 }
 
 static void expect(const char *what, const float *dev, const float *want, size_t n) {
   float *got = malloc(n * sizeof(float));
-  loom_cuda_sync();
-  loom_cuda_to_host(got, dev, n * sizeof(float));
+  loom_cuda_sync(g_cuda);
+  loom_cuda_to_host(g_cuda, got, dev, n * sizeof(float));
   int wrong = 0;
   for (size_t i = 0; i < n; i++) wrong += got[i] != want[i];
   printf("  %-32s %s (%d wrong of %zu)\n", what, wrong ? "FAIL" : "OK  ", wrong, n);
@@ -43,9 +44,12 @@ int main(int argc, char **argv) {
     return 77;
   }
   loom_cuda_select_device(rank);
-  loom_comm *c = loom_comm_nccl_create(world, loom_cuda_stream());
+  g_cuda = loom_cuda_open(false);
+  loom_comm *c = loom_comm_nccl_create(world, loom_cuda_stream(g_cuda));
   if (!c) return 1;
-  if (rank == 0) printf("NCCL backend on %d rank(s), %s\n", size, loom_cuda_device_name());
+  char name[256];
+  loom_cuda_device_name(g_cuda, name, sizeof name);
+  if (rank == 0) printf("NCCL backend on %d rank(s), %s\n", size, name);
   float sum[N], max[N], gathered[N * 8];
   for (size_t i = 0; i < N; i++) {
     sum[i] = 0.0f;
@@ -77,6 +81,7 @@ int main(int argc, char **argv) {
   }
   c->ops->barrier(c);
   loom_comm_free(c);
+  loom_cuda_close(g_cuda);
   printf("rank %d: %s\n", rank, g_failures ? "FAIL" : "ok");
   const int failed = g_failures;
   loom_comm_free(world);

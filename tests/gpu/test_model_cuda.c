@@ -44,7 +44,8 @@ int main(void) {
   }
   loom_gpt cpu, gpu;
   build(&cpu, loom_ops_cpu());
-  build(&gpu, loom_ops_cuda_synced());
+  loom_cuda_select_device(0);
+  build(&gpu, loom_cuda_open(true));
   int tokens[T * B], targets[T * B], failures = 0;
   loom_gpt_batch batch = batch_of(0, tokens, targets);
   const float lc = loom_gpt_forward(&cpu, &batch), lg = loom_gpt_forward(&gpu, &batch);

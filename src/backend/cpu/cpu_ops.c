@@ -16,7 +16,7 @@
 /* Below this many elements a parallel region costs more than it saves. */
 #define PAR_MIN 16384
 
-static void cpu_bias_forward(float *out, const float *bias, int N, int OC) {
+static void cpu_bias_forward(const loom_ops *be, float *out, const float *bias, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
   for (int n = 0; n < N; n++) {
     float *row = out + (size_t)n * OC;
@@ -26,7 +26,7 @@ static void cpu_bias_forward(float *out, const float *bias, int N, int OC) {
 }
 
 /* Column sums, blocked over output features so each thread owns its slice. */
-static void cpu_bias_backward(float *dbias, const float *dout, int N, int OC) {
+static void cpu_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
   for (int o0 = 0; o0 < OC; o0 += 64) {
     const int o1 = o0 + 64 < OC ? o0 + 64 : OC;
@@ -39,24 +39,24 @@ static void cpu_bias_backward(float *dbias, const float *dout, int N, int OC) {
   }
 }
 
-static void cpu_matmul_forward(float *out, const float *inp, const float *weight,
+static void cpu_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight,
                                const float *bias, int N, int C, int OC) {
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
   loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_FORWARD], inp, weight, out);
-  if (bias) cpu_bias_forward(out, bias, N, OC);
+  if (bias) cpu_bias_forward(be, out, bias, N, OC);
 }
 
-static void cpu_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+static void cpu_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, int N, int C, int OC) {
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
   if (dinp) loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_INPUT_GRAD], dout, weight, dinp);
   loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_WEIGHT_GRAD], dout, inp, dweight);
-  if (dbias) cpu_bias_backward(dbias, dout, N, OC);
+  if (dbias) cpu_bias_backward(be, dbias, dout, N, OC);
 }
 
-static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+static void cpu_layernorm_forward(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp,
                                   const float *weight, const float *bias, int N, int C, float eps) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
   for (int n = 0; n < N; n++) {
@@ -77,7 +77,7 @@ static void cpu_layernorm_forward(float *out, float *mean, float *rstd, const fl
   }
 }
 
-static void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+static void cpu_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int N, int C) {
   const int nthreads = omp_get_max_threads();
@@ -119,12 +119,12 @@ static void cpu_layernorm_backward(float *dinp, float *dweight, float *dbias, co
   free(partial);
 }
 
-static void cpu_gelu_forward(float *out, const float *inp, size_t n) {
+static void cpu_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = loom_fast_gelu(inp[i]);
 }
 
-static void cpu_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+static void cpu_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) dinp[i] += loom_fast_gelu_grad(inp[i]) * dout[i];
 }
@@ -161,7 +161,7 @@ static void unpack_rows(float *dst, size_t stride, const float *src, int T, int 
   for (int t = 0; t < T; t++) memcpy(dst + t * stride, src + (size_t)t * D, (size_t)D * sizeof(float));
 }
 
-static void cpu_attention_forward(float *out, float *att, const float *qkv,
+static void cpu_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
   const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
@@ -200,7 +200,7 @@ static void cpu_attention_forward(float *out, float *att, const float *qkv,
   }
 }
 
-static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+static void cpu_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
                                    const float *att, const loom_attn_shape *s,
                                    const loom_dropout *drop) {
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
@@ -245,7 +245,7 @@ static void cpu_attention_backward(float *dqkv, float *datt, const float *dout, 
   }
 }
 
-static void cpu_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+static void cpu_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows,
                                   int T, int B, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int i = 0; i < T * B; i++) {
@@ -259,7 +259,7 @@ static void cpu_embedding_forward(float *out, const int *tokens, const float *wt
   }
 }
 
-static void cpu_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+static void cpu_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                                    int T, int B, int C) {
   /* Tokens repeat, so threads split the feature dimension, never the rows. */
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
@@ -275,7 +275,7 @@ static void cpu_embedding_backward(float *dwte, const float *dout, const int *to
   }
 }
 
-static void cpu_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+static void cpu_position_forward(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset) {
 #pragma omp parallel for collapse(2) schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int t = 0; t < T; t++)
     for (int b = 0; b < B; b++) {
@@ -286,7 +286,7 @@ static void cpu_position_forward(float *out, const float *wpe, int T, int B, int
     }
 }
 
-static void cpu_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+static void cpu_position_backward(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
   /* Position t gathers its B rows; threads own positions. */
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int t = 0; t < T; t++) {
@@ -311,12 +311,12 @@ static float row_logsumexp(const float *z, int V) {
   return m + logf(sum);
 }
 
-static void cpu_logsumexp(float *lse, const float *logits, int N, int V, int width) {
+static void cpu_logsumexp(const loom_ops *be, float *lse, const float *logits, int N, int V, int width) {
 #pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
   for (int n = 0; n < N; n++) lse[n] = row_logsumexp(logits + (size_t)n * width, V);
 }
 
-static void cpu_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start,
+static void cpu_pick_targets(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start,
                              int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const int col = targets[n] - vocab_start;
@@ -324,7 +324,7 @@ static void cpu_pick_targets(float *picked, const float *logits, const int *targ
   }
 }
 
-static void cpu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+static void cpu_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                       int vocab_start, float dloss, int N, int V, int width) {
 #pragma omp parallel for schedule(static) if ((size_t)N * width > PAR_MIN)
   for (int n = 0; n < N; n++) {
@@ -343,7 +343,7 @@ static void cpu_crossentropy_backward(float *dlogits, const float *logits, const
   }
 }
 
-static void cpu_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+static void cpu_argmax(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width) {
 #pragma omp parallel for schedule(static) if ((size_t)N * V > PAR_MIN)
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
@@ -352,24 +352,24 @@ static void cpu_argmax(float *val, int *idx, const float *logits, int N, int V, 
   }
 }
 
-static void cpu_add(float *out, const float *a, const float *b, size_t n) {
+static void cpu_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static void cpu_accumulate(float *acc, const float *x, size_t n) {
+static void cpu_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
 
-static double cpu_sumsq(const float *x, size_t n) {
+static double cpu_sumsq(const loom_ops *be, const float *x, size_t n) {
   double acc = 0.0;
 #pragma omp parallel for simd reduction(+ : acc) schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
   return acc;
 }
 
-static void cpu_dropout_apply(float *x, int T, int B, int C, const loom_dropout *d) {
+static void cpu_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   const float inv = 1.0f / (1.0f - d->p);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -381,17 +381,17 @@ static void cpu_dropout_apply(float *x, int T, int B, int C, const loom_dropout 
     }
 }
 
-static void cpu_to_bf16(uint16_t *out, const float *in, size_t n) {
+static void cpu_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_round(in[i]);
 }
 
-static void cpu_from_bf16(float *out, const uint16_t *in, size_t n) {
+static void cpu_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
 }
 
-static void cpu_round_bf16(float *x, size_t n) {
+static void cpu_round_bf16(const loom_ops *be, float *x, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
 }
@@ -400,16 +400,16 @@ static void cpu_round_bf16(float *x, size_t n) {
  * sbgemm is declared but absent from Debian's library; oneDNN's needs
  * AVX512-BF16 or AMX): the bf16 values are widened exactly to fp32 and go
  * through sgemm, which accumulates in fp32. */
-static void cpu_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                     int C, int OC) {
   float *wide = loom_xmalloc(((size_t)N * C + (size_t)OC * C) * sizeof(float), "bf16 GEMM operands");
-  cpu_from_bf16(wide, inp, (size_t)N * C);
-  cpu_from_bf16(wide + (size_t)N * C, weight, (size_t)OC * C);
-  cpu_matmul_forward(out, wide, wide + (size_t)N * C, bias, N, C, OC);
+  cpu_from_bf16(be, wide, inp, (size_t)N * C);
+  cpu_from_bf16(be, wide + (size_t)N * C, weight, (size_t)OC * C);
+  cpu_matmul_forward(be, out, wide, wide + (size_t)N * C, bias, N, C, OC);
   free(wide);
 }
 
-static void cpu_adamw(float *param, const float *grad, float *m, float *v, size_t n,
+static void cpu_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
                       const loom_adamw_args *a) {
   const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps, gs = a->grad_scale;
   const float c1 = 1.0f / (float)(1.0 - pow(a->beta1, a->step));

@@ -57,14 +57,14 @@ double loom_cpu_bf16_gemm_gflops(int n, double min_seconds) {
   float *c = loom_xmalloc(nn * sizeof(float), "bf16 GEMM peak");
   uint16_t *ab = loom_xmalloc(2 * nn * sizeof(uint16_t), "bf16 GEMM peak");
   loom_rng_fill_uniform(c, nn, 1, 0xBE, 0);
-  ops->to_bf16(ab, c, nn);
-  ops->to_bf16(ab + nn, c, nn);
-  ops->matmul_forward_bf16(c, ab, ab + nn, NULL, n, n, n); /* warm-up */
+  ops->to_bf16(ops, ab, c, nn);
+  ops->to_bf16(ops, ab + nn, c, nn);
+  ops->matmul_forward_bf16(ops, c, ab, ab + nn, NULL, n, n, n); /* warm-up */
   double best = 0.0;
   const double start = loom_now_s();
   for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
     const double t0 = loom_now_s();
-    ops->matmul_forward_bf16(c, ab, ab + nn, NULL, n, n, n);
+    ops->matmul_forward_bf16(ops, c, ab, ab + nn, NULL, n, n, n);
     const double gflops = 2.0 * n * (double)nn / (loom_now_s() - t0) * 1e-9;
     if (gflops > best) best = gflops;
   }

@@ -21,40 +21,48 @@ extern "C" {
 /* Whether a CUDA device is present and usable: a GPU is visible and cuBLAS,
  * opened at run time, loads (false on a machine without either). */
 bool loom_cuda_available(void);
-/* Why not, in a few words ("" when available). */
-const char *loom_cuda_unavailable_reason(void);
-/* Selects device `ordinal` (a launcher's local rank modulo the device count). */
+/* Why not, in a few words ("" when available), into out[len]. */
+void loom_cuda_unavailable_reason(char *out, size_t len);
+/* Makes device `ordinal` (a launcher's local rank modulo the device count)
+ * the calling thread's current device; returns it, or -1 without a GPU. */
 int loom_cuda_select_device(int ordinal);
-/* The op table; call only when loom_cuda_available(). */
-const loom_ops *loom_ops_cuda(void);
-/* The same ops, each waiting for its result before it returns, and an
- * allocator of CUDA managed memory (reachable from kernels and host code
- * alike). Together they run any loom model on the GPU unchanged: host code
- * between ops (the loss, MPI, zeroing grads) reads and writes the same
- * memory. That is the correctness path (exact parity, 50-step curves);
- * speed needs device-resident buffers and asynchronous streams. */
-const loom_ops *loom_ops_cuda_synced(void);
-const loom_allocator *loom_cuda_managed_allocator(void);
-/* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
-void loom_cuda_set_tf32(bool on);
-/* The compute stream (a cudaStream_t) every op is queued on. */
-void *loom_cuda_stream(void);
-/* Waits for every queued op. */
-void loom_cuda_sync(void);
 
-/* Device memory, and copies between host and device (synchronous). */
+/* A CUDA context on the calling thread's current device: its stream,
+ * cuBLAS handle, scratch, and an allocator of CUDA managed memory (reachable
+ * from kernels and host code alike). The returned op table and its `mem`
+ * carry the context as their state; nothing is shared between contexts.
+ * Call only when loom_cuda_available(); close with loom_cuda_close.
+ *
+ * synced false: every op is queued on the context's stream and returns
+ * without waiting (sumsq alone returns a host value). synced true: each op
+ * waits for its result, so host code between ops (the loss, MPI) may read
+ * and write the same managed memory: the correctness path (exact parity,
+ * 50-step curves); speed needs device-resident buffers and no waits. */
+const loom_ops *loom_cuda_open(bool synced);
+void loom_cuda_close(const loom_ops *be);
+/* The context's device, and its name (the driver's) into out[len]. */
+int loom_cuda_device(const loom_ops *be);
+void loom_cuda_device_name(const loom_ops *be, char *out, size_t len);
+/* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
+void loom_cuda_set_tf32(const loom_ops *be, bool on);
+/* The compute stream (a cudaStream_t) every op is queued on. */
+void *loom_cuda_stream(const loom_ops *be);
+/* Waits for every queued op. */
+void loom_cuda_sync(const loom_ops *be);
+
+/* Device memory on the current device, and copies between host and device
+ * on the context's stream (they return when the copy is done). */
 void *loom_cuda_malloc(size_t bytes);
 void loom_cuda_free(void *p);
-void loom_cuda_to_device(void *dst, const void *src, size_t bytes);
-void loom_cuda_to_host(void *dst, const void *src, size_t bytes);
+void loom_cuda_to_device(const loom_ops *be, void *dst, const void *src, size_t bytes);
+void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t bytes);
 
-/* The bf16 GEMM throughput cuBLAS reaches on this device for an m x n x k
- * product, in TFLOP/s (best of `iters` timed runs after a warm-up). */
-double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters);
-/* The device's name, and its dense bf16 tensor-core peak in TFLOP/s where
- * loom knows it (H100/H200 989, A100 312), else 0. */
-const char *loom_cuda_device_name(void);
-double loom_cuda_bf16_peak_tflops(void);
+/* The bf16 GEMM throughput cuBLAS reaches on the context's device for an
+ * m x n x k product, in TFLOP/s (best of `iters` timed runs after a warm-up). */
+double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int iters);
+/* The device's dense bf16 tensor-core peak in TFLOP/s where loom knows it
+ * (H100/H200 989, A100 312), else 0. */
+double loom_cuda_bf16_peak_tflops(const loom_ops *be);
 
 #ifdef __cplusplus
 }

@@ -35,9 +35,10 @@ void check_blas(cublasStatus_t s, const char *what) {
 #define LOOM_STR2(x) #x
 #define LOOM_STR(x) LOOM_STR2(x)
 struct Blas {
-  bool tried = false, ok = false;
+  bool ok = false;
   char error[256] = "";
   decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
   decltype(&cublasSetStream_v2) set_stream;
   decltype(&cublasSetMathMode) set_math_mode;
   decltype(&cublasSgemm_v2) sgemm;
@@ -46,55 +47,51 @@ struct Blas {
                             const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 };
-Blas B;
 
-template <typename F> bool load(void *lib, const char *name, F *out) {
+template <typename F> bool load(Blas &b, void *lib, const char *name, F *out) {
   *out = (F)dlsym(lib, name);
-  if (!*out) snprintf(B.error, sizeof B.error, "cuBLAS lacks %s", name);
+  if (!*out) snprintf(b.error, sizeof b.error, "cuBLAS lacks %s", name);
   return *out != nullptr;
 }
 
-bool load_blas() {
-  if (B.tried) return B.ok;
-  B.tried = true;
+// cuBLAS's entry points, or ok false and error saying why. dlopen counts
+// references, so each context loading its own costs nothing after the first.
+Blas load_blas() {
+  Blas b;
   const char *names[] = {"libcublas.so." LOOM_STR(CUBLAS_VER_MAJOR), "libcublas.so"};
   void *lib = nullptr;
   for (const char *name : names)
     if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
   if (!lib) {
-    snprintf(B.error, sizeof B.error, "cannot load cuBLAS (%s): %s", names[0], dlerror());
-    return false;
+    snprintf(b.error, sizeof b.error, "cannot load cuBLAS (%s): %s", names[0], dlerror());
+    return b;
   }
-  B.ok = load(lib, "cublasCreate_v2", &B.create) && load(lib, "cublasSetStream_v2", &B.set_stream) &&
-         load(lib, "cublasSetMathMode", &B.set_math_mode) && load(lib, "cublasSgemm_v2", &B.sgemm) &&
-         load(lib, "cublasSgemmStridedBatched", &B.sgemm_strided_batched) && load(lib, "cublasGemmEx", &B.gemm_ex);
-  return B.ok;
+  b.ok = load(b, lib, "cublasCreate_v2", &b.create) && load(b, lib, "cublasDestroy_v2", &b.destroy) &&
+         load(b, lib, "cublasSetStream_v2", &b.set_stream) && load(b, lib, "cublasSetMathMode", &b.set_math_mode) &&
+         load(b, lib, "cublasSgemm_v2", &b.sgemm) &&
+         load(b, lib, "cublasSgemmStridedBatched", &b.sgemm_strided_batched) &&
+         load(b, lib, "cublasGemmEx", &b.gemm_ex);
+  return b;
 }
 
+// One CUDA context: what every op and transfer of its table runs on. Its op
+// table and allocator point back at it through their state.
 struct Backend {
-  bool ready = false;
+  int device = -1;
   cudaStream_t stream = nullptr;
+  Blas lib;
   cublasHandle_t blas = nullptr;
   float *scratch = nullptr; // attention probabilities after dropout
   size_t scratch_floats = 0;
   double *partials = nullptr; // sumsq block sums
+  loom_ops ops;
+  loom_allocator mem;
 };
-Backend g;
 
-void init() {
-  if (g.ready) return;
-  check(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "stream");
-  if (!load_blas()) {
-    fprintf(stderr, "loom: %s\n", B.error);
-    abort();
-  }
-  check_blas(B.create(&g.blas), "cublasCreate");
-  check_blas(B.set_stream(g.blas, g.stream), "cublasSetStream");
-  check_blas(B.set_math_mode(g.blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  g.ready = true;
-}
+Backend &ctx(const loom_ops *be) { return *(Backend *)be->state; }
+Backend &ctx(const loom_allocator *mem) { return *(Backend *)mem->state; }
 
-float *scratch(size_t floats) {
+float *scratch(Backend &g, size_t floats) {
   if (floats > g.scratch_floats) {
     check(cudaStreamSynchronize(g.stream), "scratch");
     if (g.scratch) cudaFree(g.scratch);
@@ -153,34 +150,38 @@ __global__ void column_sum_kernel(float *dbias, const float *dout, int N, int OC
   if (threadIdx.x == 0) dbias[o] += acc;
 }
 
-void cuda_bias_forward(float *out, const float *bias, int N, int OC) {
+void cuda_bias_forward(const loom_ops *be, float *out, const float *bias, int N, int OC) {
+  Backend &g = ctx(be);
   bias_add_kernel<<<blocks_for((size_t)N * OC), THREADS, 0, g.stream>>>(out, bias, N, OC);
   launched("bias_forward");
 }
 
-void cuda_bias_backward(float *dbias, const float *dout, int N, int OC) {
+void cuda_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
+  Backend &g = ctx(be);
   column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout, N, OC);
   launched("bias_backward");
 }
 
 // Row-major out[N,OC] = inp[N,C] @ weight[OC,C]^T is column-major out^T = weight^T-view x inp.
-void cuda_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
+void cuda_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
+  Backend &g = ctx(be);
   const float one = 1.0f, zero = 0.0f;
-  check_blas(B.sgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
+  check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
              "matmul_forward");
-  if (bias) cuda_bias_forward(out, bias, N, OC);
+  if (bias) cuda_bias_forward(be, out, bias, N, OC);
 }
 
-void cuda_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void cuda_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC) {
+  Backend &g = ctx(be);
   const float one = 1.0f;
   if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
-    check_blas(B.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
+    check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
                "matmul_backward dinp");
   // dweight[OC,C] += dout^T @ inp
-  check_blas(B.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
+  check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
              "matmul_backward dweight");
-  if (dbias) cuda_bias_backward(dbias, dout, N, OC);
+  if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
 }
 
 // ---- layernorm ---------------------------------------------------------------
@@ -221,14 +222,16 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *db
   }
 }
 
-void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+void cuda_layernorm_forward(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                             const float *bias, int N, int C, float eps) {
+  Backend &g = ctx(be);
   layernorm_forward_kernel<<<N, THREADS, 0, g.stream>>>(out, mean, rstd, inp, weight, bias, C, eps);
   launched("layernorm_forward");
 }
 
-void cuda_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+void cuda_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, const float *mean, const float *rstd, int N, int C) {
+  Backend &g = ctx(be);
   layernorm_backward_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
   launched("layernorm_backward");
 }
@@ -263,28 +266,33 @@ __global__ void sumsq_kernel(double *partials, const float *x, size_t n) {
   if (threadIdx.x == 0) partials[blockIdx.x] = acc;
 }
 
-void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+void cuda_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   gelu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, inp, n);
   launched("gelu_forward");
 }
-void cuda_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+void cuda_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   gelu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dinp, dout, inp, n);
   launched("gelu_backward");
 }
-void cuda_add(float *out, const float *a, const float *b, size_t n) {
+void cuda_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   add_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, n);
   launched("add");
 }
-void cuda_accumulate(float *acc, const float *x, size_t n) {
+void cuda_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   accumulate_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(acc, x, n);
   launched("accumulate");
 }
 constexpr int SUMSQ_BLOCKS = 256;
-double cuda_sumsq(const float *x, size_t n) {
+double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return 0.0;
   if (!g.partials) check(cudaMalloc(&g.partials, SUMSQ_BLOCKS * sizeof(double)), "sumsq");
   sumsq_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.partials, x, n);
@@ -318,7 +326,8 @@ __global__ void dropout_kernel(float *x, int T, int B, int C, DropoutArgs d) {
   x[i] = loom_dropout_keep_at(d.p, d.seed, d.stream, index) ? x[i] / (1.0f - d.p) : 0.0f;
 }
 
-void cuda_dropout(float *x, int T, int B, int C, const loom_dropout *d) {
+void cuda_dropout(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
+  Backend &g = ctx(be);
   if (!d || d->p <= 0.0f || T * B * C == 0) return;
   dropout_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(x, T, B, C, dropout_args(d));
   launched("dropout");
@@ -389,24 +398,25 @@ __global__ void softmax_backward_kernel(float *datt, const float *att, AttnArgs 
 
 unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 * 32); }
 
-void cuda_attention_forward(float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
+void cuda_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
+  Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D;
   const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
   const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++) { // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
     const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D;
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
                                          &zero, att + (size_t)b * H * TT, T, TT, H),
                "attention scores");
   }
-  float *dropped = a.p > 0.0f ? scratch((size_t)a.B * H * TT) : nullptr;
+  float *dropped = a.p > 0.0f ? scratch(g, (size_t)a.B * H * TT) : nullptr;
   softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, dropped, a);
   launched("attention softmax");
   const float *probs = dropped ? dropped : att;
   for (int b = 0; b < a.B; b++) { // out[b, h] = P v
     const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
                                          probs + (size_t)b * H * TT, T, TT, &zero, out + (size_t)b * H * D, (int)ldo, D, H),
                "attention output");
   }
@@ -421,15 +431,16 @@ __global__ void apply_mask_kernel(float *dst, const float *att, AttnArgs a) {
   dst[i] = att[i] * keep_factor(a, b, h, tq, tk);
 }
 
-void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                              const loom_attn_shape *s, const loom_dropout *drop) {
+  Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D;
   const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
   const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
   const float *probs = att;
   if (a.p > 0.0f) {
-    float *dropped = scratch((size_t)a.B * H * TT);
+    float *dropped = scratch(g, (size_t)a.B * H * TT);
     apply_mask_kernel<<<blocks_for((size_t)a.B * H * TT), THREADS, 0, g.stream>>>(dropped, att, a);
     launched("attention mask");
     probs = dropped;
@@ -438,11 +449,11 @@ void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const 
     const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D, *dy = dout + (size_t)b * H * D;
     float *dv = dqkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
     // dP' = dy v^T (column-major: v^T-view x dy)
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
                                          &zero, datt + (size_t)b * H * TT, T, TT, H),
                "attention dP");
     // dv += P'^T dy
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
                                          probs + (size_t)b * H * TT, T, TT, &one, dv, (int)ldq, D, H),
                "attention dv");
   }
@@ -452,11 +463,11 @@ void cuda_attention_backward(float *dqkv, float *datt, const float *dout, const 
     const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D, *ds = datt + (size_t)b * H * TT;
     float *dq = dqkv + (size_t)b * 3 * H * D, *dk = dq + (size_t)H * D;
     // dq += dS k
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
                                          dq, (int)ldq, D, H),
                "attention dq");
     // dk += dS^T q
-    check_blas(B.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
+    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
                                          dk, (int)ldq, D, H),
                "attention dk");
   }
@@ -497,23 +508,27 @@ __global__ void position_backward_kernel(float *dwpe, const float *dout, int T, 
   dwpe[(size_t)(pos_offset + t) * C + c] += acc;
 }
 
-void cuda_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T, int B,
+void cuda_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T, int B,
                             int C) {
+  Backend &g = ctx(be);
   embedding_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start, rows,
                                                                                    T * B, C);
   launched("embedding_forward");
 }
-void cuda_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T, int B,
+void cuda_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T, int B,
                              int C) {
+  Backend &g = ctx(be);
   embedding_backward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(dwte, dout, tokens, vocab_start,
                                                                                     rows, T * B, C);
   launched("embedding_backward");
 }
-void cuda_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+void cuda_position_forward(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  Backend &g = ctx(be);
   position_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, wpe, T, B, C, pos_offset);
   launched("position_forward");
 }
-void cuda_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+void cuda_position_backward(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  Backend &g = ctx(be);
   position_backward_kernel<<<blocks_for((size_t)T * C), THREADS, 0, g.stream>>>(dwpe, dout, T, B, C, pos_offset);
   launched("position_backward");
 }
@@ -567,21 +582,25 @@ __global__ void argmax_kernel(float *val, int *idx, const float *logits, int V, 
   }
 }
 
-void cuda_logsumexp(float *lse, const float *logits, int N, int V, int width) {
+void cuda_logsumexp(const loom_ops *be, float *lse, const float *logits, int N, int V, int width) {
+  Backend &g = ctx(be);
   logsumexp_kernel<<<N, THREADS, 0, g.stream>>>(lse, logits, V, width);
   launched("logsumexp");
 }
-void cuda_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start, int N, int V, int width) {
+void cuda_pick_targets(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start, int N, int V, int width) {
+  Backend &g = ctx(be);
   pick_targets_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(picked, logits, targets, vocab_start, N, V, width);
   launched("pick_targets");
 }
-void cuda_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+void cuda_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                 int vocab_start, float dloss, int N, int V, int width) {
+  Backend &g = ctx(be);
   crossentropy_backward_kernel<<<blocks_for((size_t)N * width), THREADS, 0, g.stream>>>(dlogits, logits, lse, targets,
                                                                                        vocab_start, dloss, N, V, width);
   launched("crossentropy_backward");
 }
-void cuda_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+void cuda_argmax(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width) {
+  Backend &g = ctx(be);
   argmax_kernel<<<N, THREADS, 0, g.stream>>>(val, idx, logits, V, width);
   launched("argmax");
 }
@@ -603,58 +622,81 @@ __global__ void fill32_kernel(uint32_t *d, uint32_t pattern, size_t n) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) d[i] = pattern;
 }
-void cuda_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N) {
+void cuda_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
+  Backend &g = ctx(be);
   crossentropy_losses_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(losses, lse, picked, targets, N);
   launched("crossentropy_losses");
 }
-void cuda_exp_shifted(float *x, const float *shift, size_t n) {
+void cuda_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
+  Backend &g = ctx(be);
   if (n == 0) return;
   exp_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
   launched("exp_shifted");
 }
-void cuda_log_shifted(float *x, const float *shift, size_t n) {
+void cuda_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
+  Backend &g = ctx(be);
   if (n == 0) return;
   log_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
   launched("log_shifted");
 }
 
 // ---- Managed memory: reachable from host and device; transfers wait for the stream ----
-void *managed_zalloc(size_t bytes) {
+void *managed_zalloc(const loom_allocator *mem, size_t bytes) {
   void *p = nullptr;
   if (cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
   memset(p, 0, bytes);
   return p;
 }
-void managed_release(void *p) {
+void managed_release(const loom_allocator *mem, void *p) {
   cudaDeviceSynchronize();
   cudaFree(p);
 }
-void managed_copy(void *dst, const void *src, size_t bytes) {
+void managed_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
+  Backend &g = ctx(mem);
   if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream), "cudaMemcpyAsync");
 }
-void managed_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+void managed_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
+  Backend &g = ctx(mem);
   if (width && rows)
     check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, g.stream), "cudaMemcpy2DAsync");
 }
-void managed_fill32(void *dst, uint32_t pattern, size_t count) {
+void managed_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
+  Backend &g = ctx(mem);
   if (count == 0) return;
   fill32_kernel<<<blocks_for(count), THREADS, 0, g.stream>>>((uint32_t *)dst, pattern, count);
   launched("fill32");
 }
-void managed_to_host(void *host, const void *src, size_t bytes) {
+void managed_to_host(const loom_allocator *mem, void *host, const void *src, size_t bytes) {
+  Backend &g = ctx(mem);
   check(cudaStreamSynchronize(g.stream), "to_host");
   if (bytes) check(cudaMemcpy(host, src, bytes, cudaMemcpyDefault), "cudaMemcpy to host");
 }
-void managed_from_host(void *dst, const void *host, size_t bytes) {
+void managed_from_host(const loom_allocator *mem, void *dst, const void *host, size_t bytes) {
+  Backend &g = ctx(mem);
   check(cudaStreamSynchronize(g.stream), "from_host");
   if (bytes) check(cudaMemcpy(dst, host, bytes, cudaMemcpyDefault), "cudaMemcpy from host");
 }
-bool managed_owns(const void *p) {
+bool managed_owns(const loom_allocator *mem, const void *p) {
   cudaPointerAttributes a;
   return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeManaged;
 }
-const loom_allocator MANAGED = {"cuda-managed", LOOM_DEVICE_CUDA, true, managed_zalloc, managed_release, managed_copy,
-                                managed_copy_2d, managed_fill32, managed_to_host, managed_from_host, managed_owns};
+loom_allocator managed_allocator(Backend &g) {
+  loom_allocator m;
+  memset(&m, 0, sizeof m);
+  m.name = "cuda-managed";
+  m.device = LOOM_DEVICE_CUDA;
+  m.host_addressable = true;
+  m.state = &g;
+  m.zalloc = managed_zalloc;
+  m.release = managed_release;
+  m.copy = managed_copy;
+  m.copy_2d = managed_copy_2d;
+  m.fill32 = managed_fill32;
+  m.to_host = managed_to_host;
+  m.from_host = managed_from_host;
+  m.owns = managed_owns;
+  return m;
+}
 
 // ---- AdamW on fp32 master weights -----------------------------------------------------
 
@@ -669,7 +711,8 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
   param[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * param[i]);
 }
 
-void cuda_adamw(float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *a) {
+void cuda_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *a) {
+  Backend &g = ctx(be);
   if (!n) return;
   const float c1 = (float)(1.0 - pow(a->beta1, a->step)), c2 = (float)(1.0 - pow(a->beta2, a->step));
   adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps,
@@ -695,38 +738,41 @@ __global__ void round_bf16_kernel(float *x, size_t n) {
   if (i < n) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
 }
 
-void cuda_round_bf16(float *x, size_t n) {
+void cuda_round_bf16(const loom_ops *be, float *x, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   round_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n);
   launched("round_bf16");
 }
 
-void cuda_to_bf16(uint16_t *out, const float *in, size_t n) {
+void cuda_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
   launched("to_bf16");
 }
 
-void cuda_from_bf16(float *out, const uint16_t *in, size_t n) {
+void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) {
+  Backend &g = ctx(be);
   if (!n) return;
   from_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
   launched("from_bf16");
 }
 
-void cuda_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
+void cuda_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
                               int OC) {
+  Backend &g = ctx(be);
   const float one = 1.0f, zero = 0.0f;
-  check_blas(B.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
+  check_blas(g.lib.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
                           &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
              "matmul_forward_bf16");
-  if (bias) cuda_bias_forward(out, bias, N, OC);
+  if (bias) cuda_bias_forward(be, out, bias, N, OC);
 }
 
 loom_ops make_ops() {
   loom_ops o;
   memset(&o, 0, sizeof o);
   o.name = "cuda";
-  o.mem = &MANAGED;
   o.matmul_forward = cuda_matmul_forward;
   o.matmul_backward = cuda_matmul_backward;
   o.layernorm_forward = cuda_layernorm_forward;
@@ -760,20 +806,19 @@ loom_ops make_ops() {
   o.adamw = cuda_adamw;
   return o;
 }
-const loom_ops CUDA_OPS = make_ops();
 
 // The same ops, each followed by a wait for the stream: for models whose
 // buffers are managed memory that host code also reads and writes between
-// ops (see loom_ops_cuda_synced).
+// ops (loom_cuda_open(true)).
 template <typename Sig, Sig F> struct Synced;
-template <typename R, typename... A, R (*F)(A...)> struct Synced<R (*)(A...), F> {
-  static R call(A... a) {
+template <typename R, typename... A, R (*F)(const loom_ops *, A...)> struct Synced<R (*)(const loom_ops *, A...), F> {
+  static R call(const loom_ops *be, A... a) {
     if constexpr (std::is_void_v<R>) {
-      F(a...);
-      check(cudaStreamSynchronize(g.stream), "synced op");
+      F(be, a...);
+      check(cudaStreamSynchronize(ctx(be).stream), "synced op");
     } else {
-      R r = F(a...);
-      check(cudaStreamSynchronize(g.stream), "synced op");
+      R r = F(be, a...);
+      check(cudaStreamSynchronize(ctx(be).stream), "synced op");
       return r;
     }
   }
@@ -816,8 +861,28 @@ loom_ops make_synced_ops() {
   o.adamw = SYNCED(cuda_adamw);
   return o;
 }
-const loom_ops CUDA_SYNCED_OPS = make_synced_ops();
 
+
+// Opens a context on the calling thread's current device.
+Backend *open_backend(bool synced) {
+  Blas lib = load_blas();
+  if (!lib.ok) {
+    fprintf(stderr, "loom: %s\n", lib.error);
+    abort();
+  }
+  Backend *g = new Backend;
+  g->lib = lib;
+  check(cudaGetDevice(&g->device), "cudaGetDevice");
+  check(cudaStreamCreateWithFlags(&g->stream, cudaStreamNonBlocking), "stream");
+  check_blas(lib.create(&g->blas), "cublasCreate");
+  check_blas(lib.set_stream(g->blas, g->stream), "cublasSetStream");
+  check_blas(lib.set_math_mode(g->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  g->mem = managed_allocator(*g);
+  g->ops = synced ? make_synced_ops() : make_ops();
+  g->ops.mem = &g->mem;
+  g->ops.state = g;
+  return g;
+}
 
 } // namespace
 
@@ -825,15 +890,18 @@ extern "C" {
 
 bool loom_cuda_available(void) {
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && load_blas();
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && load_blas().ok;
 }
 
-const char *loom_cuda_unavailable_reason(void) {
+void loom_cuda_unavailable_reason(char *out, size_t len) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return cudaGetErrorString(e);
-  if (count == 0) return "no CUDA device is visible to this process";
-  return load_blas() ? "" : B.error;
+  const Blas lib = e == cudaSuccess && count > 0 ? load_blas() : Blas{};
+  snprintf(out, len, "%s",
+           e != cudaSuccess ? cudaGetErrorString(e)
+           : count == 0     ? "no CUDA device is visible to this process"
+           : lib.ok         ? ""
+                            : lib.error);
 }
 
 int loom_cuda_select_device(int ordinal) {
@@ -843,32 +911,29 @@ int loom_cuda_select_device(int ordinal) {
   return ordinal % count;
 }
 
-const loom_ops *loom_ops_cuda(void) {
-  init();
-  return &CUDA_OPS;
+const loom_ops *loom_cuda_open(bool synced) { return &open_backend(synced)->ops; }
+
+void loom_cuda_close(const loom_ops *be) {
+  if (!be) return;
+  Backend *g = &ctx(be);
+  check(cudaStreamSynchronize(g->stream), "close");
+  g->lib.destroy(g->blas);
+  cudaFree(g->scratch);
+  cudaFree(g->partials);
+  cudaStreamDestroy(g->stream);
+  delete g;
 }
 
-const loom_ops *loom_ops_cuda_synced(void) {
-  init();
-  return &CUDA_SYNCED_OPS;
+int loom_cuda_device(const loom_ops *be) { return ctx(be).device; }
+
+void loom_cuda_set_tf32(const loom_ops *be, bool on) {
+  Backend &g = ctx(be);
+  check_blas(g.lib.set_math_mode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
-const loom_allocator *loom_cuda_managed_allocator(void) { return &MANAGED; }
+void *loom_cuda_stream(const loom_ops *be) { return ctx(be).stream; }
 
-void loom_cuda_set_tf32(bool on) {
-  init();
-  check_blas(B.set_math_mode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-}
-
-void *loom_cuda_stream(void) {
-  init();
-  return g.stream;
-}
-
-void loom_cuda_sync(void) {
-  init();
-  check(cudaStreamSynchronize(g.stream), "sync");
-}
+void loom_cuda_sync(const loom_ops *be) { check(cudaStreamSynchronize(ctx(be).stream), "sync"); }
 
 void *loom_cuda_malloc(size_t bytes) {
   void *p = nullptr;
@@ -878,20 +943,20 @@ void *loom_cuda_malloc(size_t bytes) {
 
 void loom_cuda_free(void *p) { check(cudaFree(p), "cudaFree"); }
 
-void loom_cuda_to_device(void *dst, const void *src, size_t bytes) {
-  init();
+void loom_cuda_to_device(const loom_ops *be, void *dst, const void *src, size_t bytes) {
+  Backend &g = ctx(be);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream), "to_device");
   check(cudaStreamSynchronize(g.stream), "to_device");
 }
 
-void loom_cuda_to_host(void *dst, const void *src, size_t bytes) {
-  init();
+void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t bytes) {
+  Backend &g = ctx(be);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream), "to_host");
   check(cudaStreamSynchronize(g.stream), "to_host");
 }
 
-double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {
-  init();
+double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int iters) {
+  Backend &g = ctx(be);
   uint16_t *a = (uint16_t *)loom_cuda_malloc((size_t)m * k * 2), *b = (uint16_t *)loom_cuda_malloc((size_t)k * n * 2);
   float *c = (float *)loom_cuda_malloc((size_t)m * n * 4);
   check(cudaMemsetAsync(a, 0, (size_t)m * k * 2, g.stream), "gemm bench");
@@ -903,8 +968,8 @@ double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {
   double best = 0.0;
   for (int it = -1; it < iters; it++) { // one warm-up
     check(cudaEventRecord(start, g.stream), "event");
-    check_blas(B.gemm_ex(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k, &zero,
-                            c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_blas(g.lib.gemm_ex(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k,
+                             &zero, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "gemm bench");
     check(cudaEventRecord(stop, g.stream), "event");
     check(cudaEventSynchronize(stop), "event");
@@ -921,15 +986,15 @@ double loom_cuda_bf16_gemm_tflops(int m, int n, int k, int iters) {
   return best;
 }
 
-const char *loom_cuda_device_name(void) {
-  static cudaDeviceProp prop;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "no CUDA device";
-  return prop.name;
+void loom_cuda_device_name(const loom_ops *be, char *out, size_t len) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, ctx(be).device) != cudaSuccess) snprintf(out, len, "unknown CUDA device");
+  else snprintf(out, len, "%s", prop.name);
 }
 
-double loom_cuda_bf16_peak_tflops(void) {
-  const char *name = loom_cuda_device_name();
+double loom_cuda_bf16_peak_tflops(const loom_ops *be) {
+  char name[256];
+  loom_cuda_device_name(be, name, sizeof name);
   if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.0;
   if (strstr(name, "A100") || strstr(name, "A800")) return 312.0;
   return 0.0;

@@ -20,120 +20,130 @@ static void *tag(void *p) { return p ? (void *)((uintptr_t)p | TAG) : NULL; }
 /* The host address behind a tagged pointer; NULL stays NULL. */
 static void *U(const void *p) { return (void *)((uintptr_t)p & ~TAG); }
 
-static bool guarded_owns(const void *p) { return ((uintptr_t)p & TAG) != 0; }
+static bool guarded_owns(const loom_allocator *mem, const void *p) { return ((uintptr_t)p & TAG) != 0; }
 
-static void *guarded_zalloc(size_t bytes) { return tag(calloc(bytes ? bytes : 1, 1)); }
-static void guarded_release(void *p) { free(U(p)); }
+static void *guarded_zalloc(const loom_allocator *mem, size_t bytes) { return tag(calloc(bytes ? bytes : 1, 1)); }
+static void guarded_release(const loom_allocator *mem, void *p) { free(U(p)); }
 
-static void guarded_copy(void *dst, const void *src, size_t bytes) {
+static void guarded_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(U(dst), U(src), bytes);
 }
 
-static void guarded_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width,
-                            size_t rows) {
-  loom_host_memory.copy_2d(U(dst), dst_pitch, U(src), src_pitch, width, rows);
+static void guarded_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                            size_t width, size_t rows) {
+  loom_host_memory.copy_2d(&loom_host_memory, U(dst), dst_pitch, U(src), src_pitch, width, rows);
 }
 
-static void guarded_fill32(void *dst, uint32_t pattern, size_t count) { loom_host_memory.fill32(U(dst), pattern, count); }
+static void guarded_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
+  loom_host_memory.fill32(&loom_host_memory, U(dst), pattern, count);
+}
 
-static void guarded_to_host(void *host, const void *src, size_t bytes) {
+static void guarded_to_host(const loom_allocator *mem, void *host, const void *src, size_t bytes) {
   if (bytes) memcpy(host, U(src), bytes);
 }
 
-static void guarded_from_host(void *dst, const void *host, size_t bytes) {
+static void guarded_from_host(const loom_allocator *mem, void *dst, const void *host, size_t bytes) {
   if (bytes) memcpy(U(dst), host, bytes);
 }
 
-static const loom_allocator GUARDED_MEMORY = {"guarded", LOOM_DEVICE_CPU, false, guarded_zalloc, guarded_release,
-                                              guarded_copy, guarded_copy_2d, guarded_fill32, guarded_to_host,
-                                              guarded_from_host, guarded_owns};
+static const loom_allocator GUARDED_MEMORY = {.name = "guarded",
+                                              .device = LOOM_DEVICE_CPU,
+                                              .host_addressable = false,
+                                              .zalloc = guarded_zalloc,
+                                              .release = guarded_release,
+                                              .copy = guarded_copy,
+                                              .copy_2d = guarded_copy_2d,
+                                              .fill32 = guarded_fill32,
+                                              .to_host = guarded_to_host,
+                                              .from_host = guarded_from_host,
+                                              .owns = guarded_owns};
 
 /* Each op: the CPU kernel with every tensor pointer untagged. */
 #define CPU (loom_ops_cpu())
 
-static void g_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C,
+static void g_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias, int N, int C,
                              int OC) {
-  CPU->matmul_forward(U(out), U(inp), U(weight), U(bias), N, C, OC);
+  CPU->matmul_forward(CPU, U(out), U(inp), U(weight), U(bias), N, C, OC);
 }
-static void g_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+static void g_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                               const float *weight, int N, int C, int OC) {
-  CPU->matmul_backward(U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
+  CPU->matmul_backward(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
 }
-static void g_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+static void g_layernorm_forward(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                 const float *bias, int N, int C, float eps) {
-  CPU->layernorm_forward(U(out), U(mean), U(rstd), U(inp), U(weight), U(bias), N, C, eps);
+  CPU->layernorm_forward(CPU, U(out), U(mean), U(rstd), U(inp), U(weight), U(bias), N, C, eps);
 }
-static void g_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+static void g_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                                  const float *weight, const float *mean, const float *rstd, int N, int C) {
-  CPU->layernorm_backward(U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), U(mean), U(rstd), N, C);
+  CPU->layernorm_backward(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), U(mean), U(rstd), N, C);
 }
-static void g_gelu_forward(float *out, const float *inp, size_t n) { CPU->gelu_forward(U(out), U(inp), n); }
-static void g_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
-  CPU->gelu_backward(U(dinp), U(dout), U(inp), n);
+static void g_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) { CPU->gelu_forward(CPU, U(out), U(inp), n); }
+static void g_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
+  CPU->gelu_backward(CPU, U(dinp), U(dout), U(inp), n);
 }
-static void g_attention_forward(float *out, float *att, const float *qkv, const loom_attn_shape *s,
+static void g_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s,
                                 const loom_dropout *drop) {
-  CPU->attention_forward(U(out), U(att), U(qkv), s, drop);
+  CPU->attention_forward(CPU, U(out), U(att), U(qkv), s, drop);
 }
-static void g_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
+static void g_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                                  const loom_attn_shape *s, const loom_dropout *drop) {
-  CPU->attention_backward(U(dqkv), U(datt), U(dout), U(qkv), U(att), s, drop);
+  CPU->attention_backward(CPU, U(dqkv), U(datt), U(dout), U(qkv), U(att), s, drop);
 }
-static void g_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
+static void g_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
                                 int B, int C) {
-  CPU->embedding_forward(U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
+  CPU->embedding_forward(CPU, U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
 }
-static void g_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T,
+static void g_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T,
                                  int B, int C) {
-  CPU->embedding_backward(U(dwte), U(dout), U(tokens), vocab_start, rows, T, B, C);
+  CPU->embedding_backward(CPU, U(dwte), U(dout), U(tokens), vocab_start, rows, T, B, C);
 }
-static void g_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
-  CPU->position_forward(U(out), U(wpe), T, B, C, pos_offset);
+static void g_position_forward(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+  CPU->position_forward(CPU, U(out), U(wpe), T, B, C, pos_offset);
 }
-static void g_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
-  CPU->position_backward(U(dwpe), U(dout), T, B, C, pos_offset);
+static void g_position_backward(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+  CPU->position_backward(CPU, U(dwpe), U(dout), T, B, C, pos_offset);
 }
-static void g_bias_forward(float *out, const float *bias, int N, int OC) { CPU->bias_forward(U(out), U(bias), N, OC); }
-static void g_bias_backward(float *dbias, const float *dout, int N, int OC) {
-  CPU->bias_backward(U(dbias), U(dout), N, OC);
+static void g_bias_forward(const loom_ops *be, float *out, const float *bias, int N, int OC) { CPU->bias_forward(CPU, U(out), U(bias), N, OC); }
+static void g_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
+  CPU->bias_backward(CPU, U(dbias), U(dout), N, OC);
 }
-static void g_logsumexp(float *lse, const float *logits, int N, int V, int width) {
-  CPU->logsumexp(U(lse), U(logits), N, V, width);
+static void g_logsumexp(const loom_ops *be, float *lse, const float *logits, int N, int V, int width) {
+  CPU->logsumexp(CPU, U(lse), U(logits), N, V, width);
 }
-static void g_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start, int N, int V,
+static void g_pick_targets(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start, int N, int V,
                            int width) {
-  CPU->pick_targets(U(picked), U(logits), U(targets), vocab_start, N, V, width);
+  CPU->pick_targets(CPU, U(picked), U(logits), U(targets), vocab_start, N, V, width);
 }
-static void g_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+static void g_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                     int vocab_start, float dloss, int N, int V, int width) {
-  CPU->crossentropy_backward(U(dlogits), U(logits), U(lse), U(targets), vocab_start, dloss, N, V, width);
+  CPU->crossentropy_backward(CPU, U(dlogits), U(logits), U(lse), U(targets), vocab_start, dloss, N, V, width);
 }
-static void g_crossentropy_losses(float *losses, const float *lse, const float *picked, const int *targets, int N) {
-  CPU->crossentropy_losses(U(losses), U(lse), U(picked), U(targets), N);
+static void g_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
+  CPU->crossentropy_losses(CPU, U(losses), U(lse), U(picked), U(targets), N);
 }
-static void g_exp_shifted(float *x, const float *shift, size_t n) { CPU->exp_shifted(U(x), U(shift), n); }
-static void g_log_shifted(float *x, const float *shift, size_t n) { CPU->log_shifted(U(x), U(shift), n); }
-static void g_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
-  CPU->argmax(U(val), U(idx), U(logits), N, V, width);
+static void g_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n) { CPU->exp_shifted(CPU, U(x), U(shift), n); }
+static void g_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) { CPU->log_shifted(CPU, U(x), U(shift), n); }
+static void g_argmax(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width) {
+  CPU->argmax(CPU, U(val), U(idx), U(logits), N, V, width);
 }
-static void g_add(float *out, const float *a, const float *b, size_t n) { CPU->add(U(out), U(a), U(b), n); }
-static void g_accumulate(float *acc, const float *x, size_t n) { CPU->accumulate(U(acc), U(x), n); }
-static double g_sumsq(const float *x, size_t n) { return CPU->sumsq(U(x), n); }
-static void g_dropout_forward(float *x, int T, int B, int C, const loom_dropout *drop) {
-  CPU->dropout_forward(U(x), T, B, C, drop);
+static void g_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) { CPU->add(CPU, U(out), U(a), U(b), n); }
+static void g_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) { CPU->accumulate(CPU, U(acc), U(x), n); }
+static double g_sumsq(const loom_ops *be, const float *x, size_t n) { return CPU->sumsq(CPU, U(x), n); }
+static void g_dropout_forward(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop) {
+  CPU->dropout_forward(CPU, U(x), T, B, C, drop);
 }
-static void g_dropout_backward(float *dx, int T, int B, int C, const loom_dropout *drop) {
-  CPU->dropout_backward(U(dx), T, B, C, drop);
+static void g_dropout_backward(const loom_ops *be, float *dx, int T, int B, int C, const loom_dropout *drop) {
+  CPU->dropout_backward(CPU, U(dx), T, B, C, drop);
 }
-static void g_to_bf16(uint16_t *out, const float *in, size_t n) { CPU->to_bf16(U(out), U(in), n); }
-static void g_from_bf16(float *out, const uint16_t *in, size_t n) { CPU->from_bf16(U(out), U(in), n); }
-static void g_round_bf16(float *x, size_t n) { CPU->round_bf16(U(x), n); }
-static void g_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+static void g_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) { CPU->to_bf16(CPU, U(out), U(in), n); }
+static void g_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) { CPU->from_bf16(CPU, U(out), U(in), n); }
+static void g_round_bf16(const loom_ops *be, float *x, size_t n) { CPU->round_bf16(CPU, U(x), n); }
+static void g_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                   int C, int OC) {
-  CPU->matmul_forward_bf16(U(out), U(inp), U(weight), U(bias), N, C, OC);
+  CPU->matmul_forward_bf16(CPU, U(out), U(inp), U(weight), U(bias), N, C, OC);
 }
-static void g_adamw(float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
-  CPU->adamw(U(param), U(grad), U(m), U(v), n, args);
+static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
+  CPU->adamw(CPU, U(param), U(grad), U(m), U(v), n, args);
 }
 
 static const loom_ops GUARDED_OPS = {

@@ -5,7 +5,7 @@
 #include "backend/op_math.h"
 #include "backend/ops.h"
 
-static void ref_matmul_forward(float *out, const float *inp, const float *weight,
+static void ref_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight,
                                const float *bias, int N, int C, int OC) {
   for (int n = 0; n < N; n++) {
     for (int o = 0; o < OC; o++) {
@@ -16,7 +16,7 @@ static void ref_matmul_forward(float *out, const float *inp, const float *weight
   }
 }
 
-static void ref_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+static void ref_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                 const float *inp, const float *weight, int N, int C, int OC) {
   for (int n = 0; n < N; n++) {
     for (int o = 0; o < OC; o++) {
@@ -30,7 +30,7 @@ static void ref_matmul_backward(float *dinp, float *dweight, float *dbias, const
   }
 }
 
-static void ref_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+static void ref_layernorm_forward(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp,
                                   const float *weight, const float *bias, int N, int C, float eps) {
   for (int n = 0; n < N; n++) {
     const float *x = inp + (size_t)n * C;
@@ -46,7 +46,7 @@ static void ref_layernorm_forward(float *out, float *mean, float *rstd, const fl
   }
 }
 
-static void ref_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+static void ref_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *weight, const float *mean,
                                    const float *rstd, int N, int C) {
   for (int n = 0; n < N; n++) {
@@ -70,11 +70,11 @@ static void ref_layernorm_backward(float *dinp, float *dweight, float *dbias, co
   }
 }
 
-static void ref_gelu_forward(float *out, const float *inp, size_t n) {
+static void ref_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_gelu_value(inp[i]);
 }
 
-static void ref_gelu_backward(float *dinp, const float *dout, const float *inp, size_t n) {
+static void ref_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
   for (size_t i = 0; i < n; i++) dinp[i] += loom_gelu_grad(inp[i]) * dout[i];
 }
 
@@ -96,7 +96,7 @@ static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, i
   return loom_dropout_keep(d, loom_attn_dropout_index(d, s, b, h, tq, tk)) ? p / (1.0f - d->p) : 0.0f;
 }
 
-static void ref_attention_forward(float *out, float *att, const float *qkv,
+static void ref_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   const int T = s->T, D = s->head_dim;
   const float scale = 1.0f / sqrtf((float)D);
@@ -127,7 +127,7 @@ static void ref_attention_forward(float *out, float *att, const float *qkv,
       }
 }
 
-static void ref_attention_backward(float *dqkv, float *datt, const float *dout, const float *qkv,
+static void ref_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
                                    const float *att, const loom_attn_shape *s,
                                    const loom_dropout *drop) {
   const int T = s->T, D = s->head_dim;
@@ -167,43 +167,43 @@ static void ref_attention_backward(float *dqkv, float *datt, const float *dout, 
 
 static int owned(int token, int vocab_start, int rows) { return token >= vocab_start && token < vocab_start + rows; }
 
-static void ref_embedding_forward(float *out, const int *tokens, const float *wte, int vocab_start, int rows,
+static void ref_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows,
                                   int T, int B, int C) {
   for (int i = 0; i < T * B; i++)
     for (int c = 0; c < C; c++)
       out[(size_t)i * C + c] = owned(tokens[i], vocab_start, rows) ? wte[(size_t)(tokens[i] - vocab_start) * C + c] : 0.0f;
 }
 
-static void ref_embedding_backward(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
+static void ref_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                                    int T, int B, int C) {
   for (int i = 0; i < T * B; i++)
     if (owned(tokens[i], vocab_start, rows))
       for (int c = 0; c < C; c++) dwte[(size_t)(tokens[i] - vocab_start) * C + c] += dout[(size_t)i * C + c];
 }
 
-static void ref_position_forward(float *out, const float *wpe, int T, int B, int C, int pos_offset) {
+static void ref_position_forward(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset) {
   for (int t = 0; t < T; t++)
     for (int b = 0; b < B; b++)
       for (int c = 0; c < C; c++) out[((size_t)t * B + b) * C + c] += wpe[(size_t)(pos_offset + t) * C + c];
 }
 
-static void ref_position_backward(float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
+static void ref_position_backward(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
   for (int t = 0; t < T; t++)
     for (int b = 0; b < B; b++)
       for (int c = 0; c < C; c++) dwpe[(size_t)(pos_offset + t) * C + c] += dout[((size_t)t * B + b) * C + c];
 }
 
-static void ref_bias_forward(float *out, const float *bias, int N, int OC) {
+static void ref_bias_forward(const loom_ops *be, float *out, const float *bias, int N, int OC) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
-static void ref_bias_backward(float *dbias, const float *dout, int N, int OC) {
+static void ref_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) dbias[o] += dout[(size_t)n * OC + o];
 }
 
-static void ref_logsumexp(float *lse, const float *logits, int N, int V, int width) {
+static void ref_logsumexp(const loom_ops *be, float *lse, const float *logits, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
     double maxv = -INFINITY, sum = 0.0;
@@ -213,7 +213,7 @@ static void ref_logsumexp(float *lse, const float *logits, int N, int V, int wid
   }
 }
 
-static void ref_pick_targets(float *picked, const float *logits, const int *targets, int vocab_start,
+static void ref_pick_targets(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start,
                              int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const int col = targets[n] - vocab_start;
@@ -221,7 +221,7 @@ static void ref_pick_targets(float *picked, const float *logits, const int *targ
   }
 }
 
-static void ref_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+static void ref_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                       int vocab_start, float dloss, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
@@ -234,7 +234,7 @@ static void ref_crossentropy_backward(float *dlogits, const float *logits, const
   }
 }
 
-static void ref_argmax(float *val, int *idx, const float *logits, int N, int V, int width) {
+static void ref_argmax(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
     const float *z = logits + (size_t)n * width;
     idx[n] = loom_row_argmax(z, V);
@@ -242,19 +242,19 @@ static void ref_argmax(float *val, int *idx, const float *logits, int N, int V, 
   }
 }
 
-static void ref_add(float *out, const float *a, const float *b, size_t n) {
+static void ref_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
-static void ref_accumulate(float *acc, const float *x, size_t n) {
+static void ref_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) acc[i] += x[i];
 }
-static double ref_sumsq(const float *x, size_t n) {
+static double ref_sumsq(const loom_ops *be, const float *x, size_t n) {
   double acc = 0.0;
   for (size_t i = 0; i < n; i++) acc += (double)x[i] * x[i];
   return acc;
 }
 
-static void ref_dropout_apply(float *x, int T, int B, int C, const loom_dropout *d) {
+static void ref_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   for (int t = 0; t < T; t++)
     for (int b = 0; b < B; b++)
@@ -265,20 +265,20 @@ static void ref_dropout_apply(float *x, int T, int B, int C, const loom_dropout 
       }
 }
 
-static void ref_to_bf16(uint16_t *out, const float *in, size_t n) {
+static void ref_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_round(in[i]);
 }
 
-static void ref_from_bf16(float *out, const uint16_t *in, size_t n) {
+static void ref_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
 }
 
-static void ref_round_bf16(float *x, size_t n) {
+static void ref_round_bf16(const loom_ops *be, float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
 }
 
 /* The fp32 matmul on the bf16 values, each product formed in fp32. */
-static void ref_matmul_forward_bf16(float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
+static void ref_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                     int C, int OC) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) {
@@ -289,7 +289,7 @@ static void ref_matmul_forward_bf16(float *out, const uint16_t *inp, const uint1
     }
 }
 
-static void ref_adamw(float *param, const float *grad, float *m, float *v, size_t n,
+static void ref_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
                       const loom_adamw_args *a) {
   const double c1 = 1.0 - pow(a->beta1, a->step), c2 = 1.0 - pow(a->beta2, a->step);
   for (size_t i = 0; i < n; i++) {

@@ -29,16 +29,16 @@ static MPI_Comm mpi_of(const loom_comm *c) { return *(MPI_Comm *)c->impl; }
  * from buf when `fill`) when buf is backend memory the host cannot address. */
 static void *stage(const loom_comm *c, const void *buf, size_t bytes, bool fill) {
   const loom_allocator *mem = c->mem;
-  if (!mem || mem->host_addressable || !mem->owns(buf)) return (void *)buf;
+  if (!mem || mem->host_addressable || !mem->owns(mem, buf)) return (void *)buf;
   void *host = loom_xmalloc(bytes ? bytes : 1, "MPI staging buffer");
-  if (fill) mem->to_host(host, buf, bytes);
+  if (fill) mem->to_host(mem, host, buf, bytes);
   return host;
 }
 
 /* Ends a staging: copies the result back to dev when `copy_back`. */
 static void unstage(const loom_comm *c, const void *dev, void *host, size_t bytes, bool copy_back) {
   if (host == dev) return;
-  if (copy_back) c->mem->from_host((void *)dev, host, bytes);
+  if (copy_back) c->mem->from_host(c->mem, (void *)dev, host, bytes);
   free(host);
 }
 
