@@ -147,6 +147,52 @@ static void elementwise(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
+/* Every transpose pair with alpha and beta; beta 0 must ignore NaN in c. */
+static void gemm(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int M = 23, N = 41, K = 37;
+  for (int t = 0; t < 4; t++) {
+    const bool ta = t & 1, tb = t & 2;
+    const float beta = t == 3 ? 0.0f : 0.5f;
+    mirror a = make(b, (size_t)M * K, -1, 1), bm = make(b, (size_t)K * N, -1, 1), c = make(b, (size_t)M * N, -1, 1);
+    if (beta == 0.0f) {
+      for (size_t i = 0; i < c.n; i++) c.host[i] = NAN;
+      op->mem->from_host(op->mem, c.dev, c.host, c.n * sizeof(float));
+    }
+    ref->gemm(ref, ta, tb, M, N, K, -0.75f, a.host, bm.host, beta, c.host);
+    op->gemm(op, ta, tb, M, N, K, -0.75f, a.dev, bm.dev, beta, c.dev);
+    const char *names[] = {"gemm NN", "gemm TN", "gemm NT", "gemm TT, beta 0 over NaN"};
+    expect(r, names[t], &c, b->fp32_nmse);
+    mirror *all[] = {&a, &bm, &c};
+    drop_all(all, sizeof all / sizeof *all);
+  }
+}
+
+/* Random columns and one zero column: the reference's result has orthonormal
+ * columns (checked here, so the reference itself is held to it) and the
+ * zero column stays zero. */
+static void orthonormalize(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int n = 301, k = 6, zero = 3;
+  mirror x = make(b, (size_t)n * k, -1, 1);
+  for (int i = 0; i < n; i++) x.host[(size_t)i * k + zero] = 0.0f;
+  op->mem->from_host(op->mem, x.dev, x.host, x.n * sizeof(float));
+  ref->orthonormalize(ref, x.host, n, k);
+  op->orthonormalize(op, x.dev, n, k);
+  double worst = 0.0;
+  for (int p = 0; p < k; p++)
+    for (int q = 0; q < k; q++) {
+      double dot = 0.0;
+      for (int i = 0; i < n; i++) dot += (double)x.host[(size_t)i * k + p] * x.host[(size_t)i * k + q];
+      const double want = p == q && p != zero ? 1.0 : 0.0;
+      if (fabs(dot - want) > worst) worst = fabs(dot - want);
+    }
+  r->checks++;
+  if (!(worst <= 1e-5)) failed(r, "%s: the reference's columns are off orthonormal by %g (%g)", "orthonormalize", worst, 0);
+  expect(r, "orthonormalize", &x, b->fp32_nmse);
+  drop(&x);
+}
+
 /* The same keyed mask, bit for bit: zeros where the reference has them. */
 static void dropout(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
@@ -323,6 +369,8 @@ const op_case OP_CASES[] = {
     {"layernorm", layernorm, {AT(layernorm_forward), AT(layernorm_backward)}, 2},
     {"gelu", gelu, {AT(gelu_forward), AT(gelu_backward)}, 2},
     {"elementwise", elementwise, {AT(add), AT(accumulate), AT(sumsq)}, 3},
+    {"gemm", gemm, {AT(gemm)}, 1},
+    {"orthonormalize", orthonormalize, {AT(orthonormalize)}, 1},
     {"dropout", dropout, {AT(dropout_forward), AT(dropout_backward)}, 2},
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},

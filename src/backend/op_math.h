@@ -56,6 +56,16 @@ LOOM_HD uint16_t loom_bf16_round(float x) {
   return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
 }
 
+/* orthonormalize's last step: what a column is multiplied by, given its
+ * squared norm before (`before`) and after (`after`) the projections. A
+ * column that kept under 1e-4 of its norm lies, in fp32, in the span of the
+ * ones before it: what is left is rounding, which normalising would blow up
+ * into a direction far from orthogonal to them, so it becomes zero instead
+ * (as a zero column does). */
+LOOM_HD double loom_orthonormal_scale(double before, double after) {
+  return after > 1e-8 * before && after > 0.0 ? 1.0 / sqrt(after) : 0.0;
+}
+
 LOOM_HD float loom_bf16_value(uint16_t b) {
   union {
     uint32_t u;

@@ -13,6 +13,7 @@
 #ifndef LOOM_OPS_H
 #define LOOM_OPS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "core/tensor.h"
@@ -130,6 +131,18 @@ struct loom_ops {
   /* sum of squares in double */
   double (*sumsq)(const loom_ops *be, const float *x, size_t n);
 
+  /* General matrix product for algorithms above the layers (gradient
+   * compression): row-major c[M,N] = alpha op(a) op(b) + beta c, a [M,K]
+   * ([K,M] when ta), b [K,N] ([N,K] when tb), all packed. beta 0 ignores
+   * what c held. */
+  void (*gemm)(const loom_ops *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *a, const float *b,
+               float beta, float *c);
+  /* Makes the r columns of row-major x[n,r] orthonormal, in order, by
+   * modified Gram-Schmidt with two passes of projections (dot products in
+   * double); a column that lies, numerically, in the span of the ones
+   * before it becomes zero (op_math.h's loom_orthonormal_scale). */
+  void (*orthonormalize)(const loom_ops *be, float *x, int n, int r);
+
   /* In-place keyed dropout on x[T,B,C]: element (t,b,c) has index
    * ((sample_offset+b)*T + t)*C + c. Backward applies the same mask to dx. */
   void (*dropout_forward)(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop);
@@ -160,6 +173,9 @@ const loom_ops *loom_ops_guarded(void);
 void loom_host_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N);
 void loom_host_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
 void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
+/* Serial on purpose: every data-parallel replica must get the same bits from
+ * the same input, whatever its thread count (PowerSGD's P). */
+void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
 /* Column of the first largest of z[0..V), -1 when V == 0. */

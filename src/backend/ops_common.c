@@ -35,3 +35,24 @@ void loom_host_exp_shifted(const loom_ops *be, float *x, const float *shift, siz
 void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = shift[i] + logf(x[i]);
 }
+
+static double column_dot(const float *x, int n, int r, int a, int b) {
+  double dot = 0.0;
+  for (int k = 0; k < n; k++) dot += (double)x[(size_t)k * r + a] * x[(size_t)k * r + b];
+  return dot;
+}
+
+/* Two passes of projections ("twice is enough": one leaves a nearly
+ * dependent column far from orthogonal). */
+void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r) {
+  for (int j = 0; j < r; j++) {
+    const double before = column_dot(x, n, r, j, j);
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < j; i++) {
+        const double dot = column_dot(x, n, r, i, j);
+        for (int k = 0; k < n; k++) x[(size_t)k * r + j] -= (float)(dot * x[(size_t)k * r + i]);
+      }
+    const double scale = loom_orthonormal_scale(before, column_dot(x, n, r, j, j));
+    for (int k = 0; k < n; k++) x[(size_t)k * r + j] = (float)(x[(size_t)k * r + j] * scale);
+  }
+}

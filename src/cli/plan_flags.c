@@ -1,5 +1,6 @@
 /* Layout flags, their plan, and rule messages in flag names. */
 #include <ctype.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@ static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loo
 loom_plan_flags loom_plan_flags_defaults(void) {
   return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
-                           .grad_reduce = "fp32"};
+                           .grad_reduce = "fp32", .grad_compression = "none"};
 }
 
 void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
@@ -33,6 +34,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
       {"--grad-reduce-dtype", FLAG_STRING, &f->grad_reduce, "type grads cross data parallelism in: fp32, or bf16 (half the bytes)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "grad_reduce"},
+      {"--grad-compression", FLAG_STRING, &f->grad_compression, "how grads cross data parallelism: none, or powersgd:RANK (low-rank factors with error feedback)", LOOM_NO_RANGE, NULL, false, "grad_compression"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -55,6 +57,21 @@ int loom_plan_flags_parse_split(const char *text, int *counts, int max) {
     p = end;
   }
   return n;
+}
+
+/* --grad-compression: "none" or "powersgd:RANK"; the rank's range is the plan's rule. */
+static loom_status parse_compression(const char *cmd, const char *text, Loom__CompressionKind *kind, int *rank,
+                                     loom_error *err) {
+  *kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE, *rank = 0;
+  if (strcmp(text, "none") == 0) return LOOM_OK;
+  const char *prefix = "powersgd:";
+  char *end = NULL;
+  const long r = strncmp(text, prefix, strlen(prefix)) == 0 ? strtol(text + strlen(prefix), &end, 10) : 0;
+  if (!end || end == text + strlen(prefix) || *end != '\0' || r < INT_MIN || r > INT_MAX)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --grad-compression '%s': expected none or powersgd:RANK (e.g. powersgd:4)",
+                     cmd, text);
+  *kind = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD, *rank = (int)r;
+  return LOOM_OK;
 }
 
 static int choice_index(const char *const *choices, const char *value) {
@@ -83,6 +100,10 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   if (global > LOOM_PLAN_MAX_GLOBAL_BATCH)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --micro-batches x --micro-batch x --dp = %lld sequences per step; at most %d", cmd,
                      global, LOOM_PLAN_MAX_GLOBAL_BATCH);
+  Loom__CompressionKind compression;
+  int compression_rank;
+  st = parse_compression(cmd, f->grad_compression, &compression, &compression_rank, err);
+  if (st != LOOM_OK) return st;
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_plan_spec spec = {
@@ -92,6 +113,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, f->balance),
       .precision = (Loom__Precision)choice_index(PRECISION_CHOICES, f->precision),
       .grad_reduce = (Loom__Precision)choice_index(PRECISION_CHOICES, f->grad_reduce),
+      .compression = compression, .compression_rank = compression_rank,
       .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts, .name = f->name};
   st = loom_plan_build(&spec, out, err);
   if (st != LOOM_OK) {

@@ -27,6 +27,13 @@ void loom_train_describe(const loom_trainer *tr) {
                   full / mib, (full - kept) / mib);
   else
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
+  if (p->compress) {
+    int64_t sent = 0, whole = 0;
+    for (int c = 0; c < p->v; c++) sent += p->compress[c].sent_floats, whole += p->compress[c].whole_floats;
+    loom_log_info("grad compression on rank 0: PowerSGD rank %d sends %.3f MiB per step over dp instead of %.3f MiB "
+                  "(%.1fx fewer bytes)", p->compress[0].rank, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
+                  sent > 0 ? (double)whole / (double)sent : 0.0);
+  }
   if (!tr->zero) return;
   const double unsharded = 2.0 * sizeof(float) * (double)loom_trainer_local_params(tr),
                state = loom_trainer_optimizer_bytes(tr);
@@ -36,12 +43,15 @@ void loom_train_describe(const loom_trainer *tr) {
 
 /* Measured memory of the busiest rank against the plan's estimate of what
  * the run allocates: weights, grads and Adam state per local parameter
- * (loom_plan_state_bytes, by precision and ZeRO stage) and the activation
+ * (loom_plan_state_bytes, by precision and ZeRO stage), gradient
+ * compression's state (loom_plan_compression_cost) and the activation
  * and scratch buffers of this layout. What the process held before the run
  * (MPI, BLAS, the program) is measured at the start and set apart: the
  * estimate is held to the growth over it. */
 static void report_memory(const loom_trainer *tr) {
-  const double params = (double)loom_trainer_local_params(tr), state = loom_plan_state_bytes(tr->plan, params);
+  const double params = (double)loom_trainer_local_params(tr);
+  double state = loom_plan_state_bytes(tr->plan, params);
+  for (int c = 0; c < tr->pipe.v; c++) state += loom_plan_compression_cost(tr->plan, &tr->pipe.chunks[c].p.range).state_bytes;
   const double estimate = state + (double)tr->pipe.act_bytes;
   const double base = (double)tr->baseline_rss, peak = (double)loom_peak_rss_bytes();
   const double mine[4] = {peak - base, estimate, peak, base};
@@ -183,7 +193,13 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   loom_metrics_num(mx, "peak_frac", gflops / loop->peak_gflops);
   loom_metrics_num(mx, "skipped", s->skipped);
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
-  if (tr->ps.dp > 1 && !tr->zero) {
+  if (tr->pipe.compress) {
+    double sent = 0.0, whole = 0.0;
+    for (int c = 0; c < tr->pipe.v; c++)
+      sent += 4.0 * (double)tr->pipe.compress[c].sent_floats, whole += 4.0 * (double)tr->pipe.compress[c].whole_floats;
+    loom_metrics_num(mx, "dp_bytes", sent);
+    loom_metrics_num(mx, "dp_bytes_uncompressed", whole);
+  } else if (tr->ps.dp > 1 && !tr->zero) {
     loom_metrics_num(mx, "dp_overlap", s->dp_overlap);
     loom_metrics_num(mx, "dp_wait_ms", 1e3 * s->dp_wait_s);
     if (step + 1 == loop->steps)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
+#include "plan/grad_compression.h"
 #include "plan/plan.h"
 #include "schedule/verify.h"
 
@@ -138,6 +139,13 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->precision = sp->precision;
   p->has_grad_reduce = sp->grad_reduce != LOOM__PRECISION__PRECISION_FP32;
   p->grad_reduce = sp->grad_reduce;
+  if (sp->compression != LOOM__COMPRESSION_KIND__COMPRESSION_NONE || sp->compression_rank != 0) {
+    p->grad_compression = loom_xmalloc(sizeof *p->grad_compression, "plan grad compression");
+    loom__grad_compression__init(p->grad_compression);
+    p->grad_compression->has_kind = p->grad_compression->has_rank = 1;
+    p->grad_compression->kind = sp->compression;
+    p->grad_compression->rank = sp->compression_rank;
+  }
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;
   if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {
@@ -247,7 +255,7 @@ void loom_plan_estimate(loom_plan *p) {
     const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
-    x->has_in_flight = x->has_master_weights = 1;
+    x->has_in_flight = x->has_master_weights = x->has_grad_compression = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
     x->parameters = params;
@@ -264,6 +272,7 @@ void loom_plan_estimate(loom_plan *p) {
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
+    x->grad_compression = sound ? (int64_t)loom_plan_compression_cost(p, &range).state_bytes : 0;
     e->stages[k] = x;
   }
   free(flight);
@@ -374,6 +383,32 @@ static void check_stages(report *r, const loom_plan *p) {
               p->model->layers);
 }
 
+static void check_compression(report *r, const loom_plan *p) {
+  const Loom__GradCompression *c = p->grad_compression;
+  if (!c) return;
+  if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
+    if (c->rank != 0)
+      violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it or set the kind", c->rank);
+    return;
+  }
+  if (c->kind != LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) {
+    violation(r, "grad_compression.kind = %d: loom knows COMPRESSION_NONE (0) and COMPRESSION_POWERSGD (1)", (int)c->kind);
+    return;
+  }
+  if (c->rank < 1 || c->rank > LOOM_PLAN_MAX_COMPRESSION_RANK)
+    violation(r, "grad_compression = powersgd:%d: PowerSGD's rank must be 1 to %d (4 is a common choice)", c->rank,
+              LOOM_PLAN_MAX_COMPRESSION_RANK);
+  if (p->parallel->dp < 2)
+    violation(r, "grad_compression = powersgd: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
+              "parallel.dp or drop grad_compression", p->parallel->dp);
+  if (p->parallel->zero_stage != 0)
+    violation(r, "grad_compression = powersgd: PowerSGD all-reduces low-rank factors, while ZeRO-1 reduce-scatters whole "
+              "grads; set parallel.zero_stage 0 or drop grad_compression");
+  if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
+    violation(r, "grad_compression = powersgd: its factors cross in fp32; set grad_reduce PRECISION_FP32 or drop "
+              "grad_compression");
+}
+
 static void check_batch(report *r, const loom_plan *p) {
   const Loom__Batch *b = p->batch;
   const int dp = p->parallel->dp, pp = p->parallel->pp;
@@ -400,6 +435,7 @@ static void check_batch(report *r, const loom_plan *p) {
   if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage != 0)
     violation(r, "grad_reduce = PRECISION_BF16: ZeRO-1 reduce-scatters its grads in fp32 in this loom; set grad_reduce "
                  "PRECISION_FP32 or parallel.zero_stage 0");
+  check_compression(r, p);
   for (size_t k = 1; k < p->n_stages; k++)
     if (p->stages[k]->recompute != p->stages[0]->recompute) {
       violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
@@ -480,7 +516,7 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom_plan_estimate(&copy);
     for (size_t k = 0; k < copy.estimates->n_stages; k++) {
       const Loom__StageEstimate *x = copy.estimates->stages[k];
-      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
+      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) + x->grad_compression +
                            (p->stages[k]->recompute ? x->activations_recompute : x->activations) + x->p2p_buffers;
       const int64_t acts = p->stages[k]->recompute ? x->activations_recompute : x->activations;
       char a[32], b[32];
@@ -509,6 +545,28 @@ double loom_plan_state_bytes(const loom_plan *p, double local_params) {
   return per * local_params;
 }
 
+loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
+  loom_compression_cost c = {0.0, 0.0, 0.0};
+  const Loom__GradCompression *gc = p->grad_compression;
+  const int rank = gc && gc->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD ? gc->rank : 0;
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const int tp = p->parallel->tp;
+  cfg = loom_gpt_config_for_tp(&cfg, tp);
+  const int n = loom_gpt_param_table(&cfg, range, 0, tp, NULL, NULL);
+  loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
+  loom_gpt_param_table(&cfg, range, 0, tp, specs, meta);
+  for (int k = 0; k < n; k++) {
+    c.state_bytes += 4.0 * (double)loom_powersgd_state_floats(&specs[k], rank);
+    c.sent_floats += (double)loom_powersgd_sent_floats(&specs[k], rank);
+    c.whole_floats += (double)loom_tensor_numel(&specs[k]);
+  }
+  free(specs);
+  free(meta);
+  return c;
+}
+
 /* Bytes one rank's CPU run holds: *state for weights, grads and Adam
  * (loom_plan_state_bytes), *acts for its chunks' activations for the
  * micro-batches the schedule keeps live. */
@@ -518,7 +576,8 @@ static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loo
   *state = *acts = 0.0;
   for (int c = 0; c < l->virtual_chunks; c++) {
     const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
-    *state += loom_plan_state_bytes(p, (double)loom_gpt_param_count(cfg, &range, l->tp));
+    *state += loom_plan_state_bytes(p, (double)loom_gpt_param_count(cfg, &range, l->tp)) +
+              loom_plan_compression_cost(p, &range).state_bytes;
     const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
     *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
                                                l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);

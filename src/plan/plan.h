@@ -25,6 +25,8 @@ typedef struct {
   Loom__ScheduleKind schedule;
   Loom__Balance balance;
   Loom__Precision precision, grad_reduce;
+  Loom__CompressionKind compression; /* how grads cross dp */
+  int compression_rank;              /* PowerSGD's r */
   const int *layer_counts; /* explicit layers per virtual stage, or NULL */
   int nlayer_counts;
   const char *name;
@@ -48,6 +50,7 @@ typedef struct {
 #define LOOM_PLAN_MAX_STAGES 4096 /* pp x virtual_chunks */
 #define LOOM_PLAN_MAX_MICRO_BATCH (1 << 20)
 #define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
+#define LOOM_PLAN_MAX_COMPRESSION_RANK 1024
 
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
@@ -68,6 +71,15 @@ bool loom_plan_recompute(const loom_plan *plan);
 int loom_plan_micro_batches(const loom_plan *plan);
 /* Layers and ends of virtual stage v (= chunk x pp + pp_rank) of a checked plan. */
 loom_stage_range loom_plan_stage_range(const loom_plan *plan, int v);
+
+/* What gradient compression costs and saves one rank for the stage `range`,
+ * from the layers' table (plan/grad_compression.h): the bytes of state it
+ * keeps, and the floats its grads send over dp per step against the floats
+ * they would send whole (equal, and no state, without compression). */
+typedef struct {
+  double state_bytes, sent_floats, whole_floats;
+} loom_compression_cost;
+loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
 
 /* Parameters of the whole model, from the layers' parameter table. */
 int64_t loom_plan_total_parameters(const loom_plan *plan);

@@ -20,17 +20,17 @@ loom_gemm_library loom_cpu_gemm_library(void) {
 
 const char *loom_cpu_gemm_name(loom_gemm_library lib) { return lib == LOOM_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS"; }
 
-void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                         const float *B, int ldb, float beta, float *C, int ldc) {
+void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, const float *B, int ldb, float beta, float *C, int ldc) {
 #ifdef LOOM_HAVE_ONEDNN
   if (lib == LOOM_GEMM_ONEDNN) {
-    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     LOOM_CHECK(st == dnnl_success, "oneDNN sgemm failed");
     return;
   }
 #endif
   LOOM_CHECK(lib == LOOM_GEMM_OPENBLAS, "this loom was built without oneDNN");
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, lda, B,
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B,
               ldb, beta, C, ldc);
 }
 
@@ -41,6 +41,6 @@ void loom_cpu_linear_gemms(int N, int C, int OC, loom_gemm_shape out[LOOM_LINEAR
 }
 
 void loom_cpu_gemm_run(loom_gemm_library lib, const loom_gemm_shape *s, const float *A, const float *B, float *C) {
-  loom_cpu_sgemm_with(lib, s->ta, s->tb, s->M, s->N, s->K, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N, s->beta, C,
+  loom_cpu_sgemm_with(lib, s->ta, s->tb, s->M, s->N, s->K, 1.0f, A, s->ta ? s->M : s->K, B, s->tb ? s->K : s->N, s->beta, C,
                       s->N);
 }

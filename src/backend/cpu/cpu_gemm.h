@@ -14,9 +14,9 @@
 
 typedef enum { LOOM_GEMM_OPENBLAS = 0, LOOM_GEMM_ONEDNN = 1, LOOM_GEMM_LIBRARIES } loom_gemm_library;
 
-/* Row-major C[M,N] = op(A) op(B) + beta C, op transposing when ta / tb. */
-void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                         const float *B, int ldb, float beta, float *C, int ldc);
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C, op transposing when ta / tb. */
+void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
+                         int lda, const float *B, int ldb, float beta, float *C, int ldc);
 /* One GEMM on packed row-major operands: C[M,N] = op(A) op(B) + beta C,
  * A [M,K] ([K,M] when ta), B [K,N] ([N,K] when tb). */
 typedef struct {

@@ -369,6 +369,12 @@ static double cpu_sumsq(const loom_ops *be, const float *x, size_t n) {
   return acc;
 }
 
+static void cpu_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *a,
+                     const float *b, float beta, float *c) {
+  if (M == 0 || N == 0) return;
+  loom_cpu_sgemm_with(loom_cpu_gemm_library(), ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, c, N);
+}
+
 static void cpu_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   const float inv = 1.0f / (1.0f - d->p);
@@ -452,6 +458,8 @@ static const loom_ops CPU_OPS = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .sumsq = cpu_sumsq,
+    .gemm = cpu_gemm,
+    .orthonormalize = loom_host_orthonormalize,
     .dropout_forward = cpu_dropout_apply,
     .dropout_backward = cpu_dropout_apply,
     .to_bf16 = cpu_to_bf16,

@@ -305,6 +305,48 @@ double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
   return total;
 }
 
+// ---- general GEMM and Gram-Schmidt (gradient compression) -------------------------
+
+// Row-major c[M,N] = alpha op(a) op(b) + beta c is column-major c^T = op(b)^T op(a)^T.
+void cuda_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *a, const float *b,
+               float beta, float *c) {
+  Backend &g = ctx(be);
+  if (M == 0 || N == 0) return;
+  check_blas(g.lib.sgemm(g.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, b,
+                         tb ? K : N, a, ta ? M : K, &beta, c, N),
+             "gemm");
+}
+
+// One block walks the columns in order, as the host version does; the dot
+// products are block reductions in double.
+__device__ double column_dot(const float *x, int n, int r, int a, int b) {
+  double dot = 0.0;
+  for (int k = threadIdx.x; k < n; k += blockDim.x) dot += (double)x[(size_t)k * r + a] * x[(size_t)k * r + b];
+  return block_sum(dot);
+}
+
+__global__ void orthonormalize_kernel(float *x, int n, int r) {
+  for (int j = 0; j < r; j++) {
+    const double before = column_dot(x, n, r, j, j);
+    for (int pass = 0; pass < 2; pass++)
+      for (int i = 0; i < j; i++) {
+        const double dot = column_dot(x, n, r, i, j);
+        for (int k = threadIdx.x; k < n; k += blockDim.x) x[(size_t)k * r + j] -= (float)(dot * x[(size_t)k * r + i]);
+        __syncthreads();
+      }
+    const double scale = loom_orthonormal_scale(before, column_dot(x, n, r, j, j));
+    for (int k = threadIdx.x; k < n; k += blockDim.x) x[(size_t)k * r + j] = (float)(x[(size_t)k * r + j] * scale);
+    __syncthreads();
+  }
+}
+
+void cuda_orthonormalize(const loom_ops *be, float *x, int n, int r) {
+  Backend &g = ctx(be);
+  if (n == 0 || r == 0) return;
+  orthonormalize_kernel<<<1, THREADS, 0, g.stream>>>(x, n, r);
+  launched("orthonormalize");
+}
+
 // ---- dropout ---------------------------------------------------------------------
 
 struct DropoutArgs {
@@ -797,6 +839,8 @@ loom_ops make_ops() {
   o.add = cuda_add;
   o.accumulate = cuda_accumulate;
   o.sumsq = cuda_sumsq;
+  o.gemm = cuda_gemm;
+  o.orthonormalize = cuda_orthonormalize;
   o.dropout_forward = cuda_dropout;
   o.dropout_backward = cuda_dropout;
   o.to_bf16 = cuda_to_bf16;
@@ -852,6 +896,8 @@ loom_ops make_synced_ops() {
   o.add = SYNCED(cuda_add);
   o.accumulate = SYNCED(cuda_accumulate);
   o.sumsq = cuda_sumsq; // waits already
+  o.gemm = SYNCED(cuda_gemm);
+  o.orthonormalize = SYNCED(cuda_orthonormalize);
   o.dropout_forward = SYNCED(cuda_dropout);
   o.dropout_backward = SYNCED(cuda_dropout);
   o.to_bf16 = SYNCED(cuda_to_bf16);

@@ -128,6 +128,11 @@ static void g_argmax(const loom_ops *be, float *val, int *idx, const float *logi
 }
 static void g_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) { CPU->add(CPU, U(out), U(a), U(b), n); }
 static void g_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) { CPU->accumulate(CPU, U(acc), U(x), n); }
+static void g_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *a, const float *b,
+                   float beta, float *c) {
+  CPU->gemm(CPU, ta, tb, M, N, K, alpha, U(a), U(b), beta, U(c));
+}
+static void g_orthonormalize(const loom_ops *be, float *x, int n, int r) { CPU->orthonormalize(CPU, U(x), n, r); }
 static double g_sumsq(const loom_ops *be, const float *x, size_t n) { return CPU->sumsq(CPU, U(x), n); }
 static void g_dropout_forward(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop) {
   CPU->dropout_forward(CPU, U(x), T, B, C, drop);
@@ -173,6 +178,8 @@ static const loom_ops GUARDED_OPS = {
     .add = g_add,
     .accumulate = g_accumulate,
     .sumsq = g_sumsq,
+    .gemm = g_gemm,
+    .orthonormalize = g_orthonormalize,
     .dropout_forward = g_dropout_forward,
     .dropout_backward = g_dropout_backward,
     .to_bf16 = g_to_bf16,

@@ -254,6 +254,18 @@ static double ref_sumsq(const loom_ops *be, const float *x, size_t n) {
   return acc;
 }
 
+static void ref_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, float alpha, const float *a,
+                     const float *b, float beta, float *c) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      double acc = 0.0;
+      for (int k = 0; k < K; k++)
+        acc += (double)(ta ? a[(size_t)k * M + i] : a[(size_t)i * K + k]) * (tb ? b[(size_t)j * K + k] : b[(size_t)k * N + j]);
+      float *out = &c[(size_t)i * N + j];
+      *out = (float)(alpha * acc + (beta == 0.0f ? 0.0 : (double)beta * *out));
+    }
+}
+
 static void ref_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   for (int t = 0; t < T; t++)
@@ -328,6 +340,8 @@ static const loom_ops REF_OPS = {
     .add = ref_add,
     .accumulate = ref_accumulate,
     .sumsq = ref_sumsq,
+    .gemm = ref_gemm,
+    .orthonormalize = loom_host_orthonormalize,
     .dropout_forward = ref_dropout_apply,
     .dropout_backward = ref_dropout_apply,
     .to_bf16 = ref_to_bf16,

@@ -1,0 +1,148 @@
+/* PowerSGD under mpirun (np replicas of a tiny model's grads, one data-
+ * parallel group), held to what its algorithm promises:
+ * - grads whose sum over the replicas has rank <= r come through exactly
+ *   (relative 1e-5), and the replicas' error feedback sums to ~0;
+ * - with full-rank grads nothing is lost: the compressed sum plus every
+ *   replica's new error feedback equals the plain sum of grads plus old
+ *   feedback (1e-5), step after step;
+ * - tensors PowerSGD leaves whole (biases, norms) equal a plain all-reduce
+ *   bit for bit, and every replica ends with the same bits everywhere;
+ * - it sends the factors' floats, far fewer than the whole grads. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "comm/mpi/comm_mpi.h"
+#include "core/rng.h"
+#include "optim/powersgd.h"
+#include "plan/grad_compression.h"
+#include "test_util.h"
+
+enum { RANK = 2 };
+static loom_comm *g_world;
+
+static loom_gpt_params tiny_grads(void) {
+  loom_gpt_config c = {.layers = 2, .hidden = 16, .heads = 4, .vocab = 256, .seq = 8, .norm_eps = 1e-5f};
+  loom_gpt_config_finish(&c);
+  loom_gpt_params p;
+  ck_assert_int_eq(loom_gpt_params_init(&p, &c, 0, 1, NULL, loom_allocator_host()), LOOM_OK);
+  return p;
+}
+
+/* Every grad uniform in [-1, 1), different on every replica and step. */
+static void random_grads(loom_gpt_params *p, int step) {
+  float *g = p->grads.base;
+  loom_rng_fill_uniform(g, p->grads.numel, 77, (uint64_t)(g_world->rank * 1000 + step), 0);
+  for (size_t i = 0; i < p->grads.numel; i++) g[i] = 2.0f * g[i] - 1.0f;
+}
+
+/* Each matrix's grad u_i v^T: u differs per replica, v is shared, so the sum has rank 1. */
+static void rank_one_grads(loom_gpt_params *p, const loom_powersgd *s) {
+  random_grads(p, 0);
+  for (int c = 0; c < s->count; c++) {
+    float *g = p->grads.views[s->tensor[c]].data;
+    for (int i = 0; i < s->rows[c]; i++)
+      for (int j = 0; j < s->cols[c]; j++)
+        g[(size_t)i * s->cols[c] + j] = (float)((i % 5) - 2 + g_world->rank) * (float)(j % 3 + 1) * 0.25f;
+  }
+}
+
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double d = 0.0, ref = 0.0;
+  for (size_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), ref += (double)b[i] * b[i];
+  return sqrt(d / (ref > 0 ? ref : 1));
+}
+
+START_TEST(low_rank_sums_are_exact) {
+  loom_gpt_params p = tiny_grads();
+  const loom_ops *ops = loom_ops_cpu();
+  loom_powersgd s;
+  ck_assert_int_eq(loom_powersgd_init(&s, &p, RANK, 9, ops), LOOM_OK);
+  ck_assert_msg(s.count >= 8, "PowerSGD compresses the tiny model's matrices (%d)", s.count);
+  rank_one_grads(&p, &s);
+  float *want = malloc(p.grads.numel * sizeof(float));
+  memcpy(want, p.grads.base, p.grads.numel * sizeof(float));
+  loom_comm_allreduce(g_world, want, p.grads.numel, LOOM_REDUCE_SUM);
+  loom_powersgd_reduce(&s, &p, g_world, ops);
+  for (int c = 0; c < s.count; c++) {
+    const size_t at = loom_buffer_offset(&p.grads, s.tensor[c]), n = (size_t)s.rows[c] * s.cols[c];
+    const double e = rel_diff((float *)p.grads.base + at, want + at, n);
+    ck_assert_msg(e <= 1e-5, "%s: a rank-1 sum came through %g off", p.grads.views[s.tensor[c]].name, e);
+  }
+  /* Each replica keeps its grad less its share of the sum; those shares add up to nothing. */
+  float *left = malloc(s.error_floats * sizeof(float));
+  memcpy(left, s.error, s.error_floats * sizeof(float));
+  loom_comm_allreduce(g_world, left, s.error_floats, LOOM_REDUCE_SUM);
+  double norm = 0.0;
+  for (size_t i = 0; i < s.error_floats; i++) norm += (double)left[i] * left[i];
+  ck_assert_msg(sqrt(norm) <= 1e-4, "the replicas' error feedback sums to %g after an exact sum", sqrt(norm));
+  free(left);
+  free(want);
+  loom_powersgd_free(&s);
+  loom_gpt_params_free(&p);
+}
+END_TEST
+
+START_TEST(nothing_is_lost_and_replicas_agree) {
+  loom_gpt_params p = tiny_grads();
+  const loom_ops *ops = loom_ops_cpu();
+  loom_powersgd s;
+  ck_assert_int_eq(loom_powersgd_init(&s, &p, RANK, 9, ops), LOOM_OK);
+  const size_t n = p.grads.numel;
+  float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)), *first = malloc(n * sizeof(float));
+  int compared = 0;
+  for (int step = 1; step <= 3; step++) {
+    random_grads(&p, step);
+    /* want = sum over replicas of grads + old error feedback, matrices only (the rest is summed whole) */
+    memcpy(want, p.grads.base, n * sizeof(float));
+    for (int c = 0; c < s.count; c++) {
+      float *w = want + loom_buffer_offset(&p.grads, s.tensor[c]);
+      for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) w[i] += s.error[s.error_at[c] + i];
+    }
+    loom_comm_allreduce(g_world, want, n, LOOM_REDUCE_SUM);
+    loom_powersgd_reduce(&s, &p, g_world, ops);
+    /* got = compressed sum + every replica's new error feedback */
+    memcpy(got, p.grads.base, n * sizeof(float));
+    float *err = calloc(n, sizeof(float));
+    for (int c = 0; c < s.count; c++)
+      memcpy(err + loom_buffer_offset(&p.grads, s.tensor[c]), s.error + s.error_at[c],
+             (size_t)s.rows[c] * s.cols[c] * sizeof(float));
+    loom_comm_allreduce(g_world, err, n, LOOM_REDUCE_SUM);
+    for (size_t i = 0; i < n; i++) got[i] += err[i];
+    free(err);
+    for (int k = 0; k < p.grads.count; k++) {
+      const size_t at = loom_buffer_offset(&p.grads, k), len = loom_tensor_numel(&p.grads.views[k]);
+      const bool whole = !loom_powersgd_shape_of(&p.grads.views[k], RANK).compressed;
+      if (whole) /* summed whole: the plain all-reduce's bits */
+        ck_assert_msg(memcmp(p.grads.views[k].data, want + at, len * sizeof(float)) == 0, "%s is not the plain sum",
+                      p.grads.views[k].name);
+      const double e = rel_diff(got + at, want + at, len);
+      ck_assert_msg(e <= 1e-5, "step %d, %s: sum plus feedback %g off the plain sum", step, p.grads.views[k].name, e);
+      compared++;
+    }
+    /* every replica holds rank 0's bits */
+    memcpy(first, p.grads.base, n * sizeof(float));
+    loom_comm_broadcast(g_world, first, n, 0);
+    ck_assert_msg(memcmp(first, p.grads.base, n * sizeof(float)) == 0, "rank %d's compressed sum differs from rank 0's",
+                  g_world->rank);
+  }
+  ck_assert_int_eq(compared, 3 * p.grads.count);
+  ck_assert_msg(s.sent_floats * 5 < s.whole_floats, "sends %lld floats of %lld", (long long)s.sent_floats,
+                (long long)s.whole_floats);
+  free(want);
+  free(got);
+  free(first);
+  loom_powersgd_free(&s);
+  loom_gpt_params_free(&p);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  g_world = loom_comm_mpi_world(&argc, &argv);
+  Suite *s = suite_create("compress");
+  TCase *tc = tcase_create("powersgd");
+  tcase_add_test(tc, low_rank_sums_are_exact);
+  tcase_add_test(tc, nothing_is_lost_and_replicas_agree);
+  suite_add_tcase(s, tc);
+  return tu_run_mpi(s, g_world);
+}
