@@ -517,6 +517,52 @@ END_TEST
 /* A binary plan whose enum holds a value the proto does not define decodes
  * (protobuf keeps unknown enum numbers) but is refused by the one
  * validation, before anything uses it. */
+/* PowerSGD in a plan: protoc agrees on the new fields, each of its rules
+ * has its message, and the estimate is each matrix's error feedback plus its
+ * factors, worked out here by hand for the tiny plan's shards (tp 2, r 4). */
+START_TEST(compression_rules_and_estimates) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  ck_assert_ptr_null(p->grad_compression);
+  ck_assert_int_eq(p->estimates->stages[0]->grad_compression, 0);
+  loom_plan_free(p);
+  spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
+  spec.compression_rank = 4;
+  p = build(&spec);
+  protoc_agrees(p, "plan_powersgd");
+  /* first stage: wte [128,64], wpe [32,64], and 4 layers of c_attn [96,64], attn proj [64,32], c_fc [128,64], mlp proj [64,128] */
+  const int64_t layer = (96 * 64 + 160 * 4) + (64 * 32 + 96 * 4) + (128 * 64 + 192 * 4) + (64 * 128 + 192 * 4);
+  const int64_t wte = 128 * 64 + 192 * 4, wpe = 32 * 64 + 96 * 4;
+  ck_assert_int_eq(p->estimates->stages[0]->grad_compression, 4 * (4 * layer + wte + wpe));
+  ck_assert_int_eq(p->estimates->stages[1]->grad_compression, 4 * (4 * layer + wte)); /* the last stage's tied wte */
+  const loom_compression_cost c = loom_plan_compression_cost(p, &(loom_stage_range){0, 4, true, false});
+  ck_assert_msg(c.whole_floats > 5 * c.sent_floats, "sends %g floats of %g", c.sent_floats, c.whole_floats);
+  char lines[4096];
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->grad_compression->rank = 0;
+  expect_rule(p, "grad_compression = powersgd:0: PowerSGD's rank must be 1 to 1024 (4 is a common choice)");
+  p->grad_compression->rank = 1025;
+  expect_rule(p, "grad_compression = powersgd:1025: PowerSGD's rank must be 1 to 1024");
+  p->grad_compression->rank = 4;
+  p->parallel->zero_stage = 1;
+  expect_rule(p, "grad_compression = powersgd: PowerSGD all-reduces low-rank factors, while ZeRO-1 reduce-scatters whole grads; set parallel.zero_stage 0 or drop grad_compression");
+  p->parallel->zero_stage = 0;
+  p->grad_reduce = LOOM__PRECISION__PRECISION_BF16;
+  expect_rule(p, "grad_compression = powersgd: its factors cross in fp32; set grad_reduce PRECISION_FP32 or drop grad_compression");
+  p->grad_reduce = LOOM__PRECISION__PRECISION_FP32;
+  p->parallel->dp = 1;
+  expect_rule(p, "grad_compression = powersgd: parallel.dp is 1, so no grads cross data parallelism to compress");
+  p->parallel->dp = 2;
+  p->grad_compression->kind = (Loom__CompressionKind)7;
+  expect_rule(p, "grad_compression.kind = 7: loom knows COMPRESSION_NONE (0) and COMPRESSION_POWERSGD (1)");
+  p->grad_compression->kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
+  expect_rule(p, "grad_compression.rank = 4: only COMPRESSION_POWERSGD has a rank; remove it or set the kind");
+  p->grad_compression->rank = 0;
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  loom_plan_free(p);
+}
+END_TEST
+
 START_TEST(undefined_enums_are_refused) {
   loom_plan_spec spec = base_spec();
   loom_plan *p = build(&spec);
@@ -552,6 +598,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, bad_files_are_refused);
   tcase_add_test(tc, decoder_survives_fuzzing);
   tcase_add_test(tc, each_rule_has_its_message);
+  tcase_add_test(tc, compression_rules_and_estimates);
   tcase_add_test(tc, sizes_are_bounded);
   tcase_add_test(tc, fit_world_lowers_dp);
   tcase_add_test(tc, balancing_and_counts);
