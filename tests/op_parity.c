@@ -193,6 +193,36 @@ static void orthonormalize(const op_backend *b, op_report *r) {
   drop(&x);
 }
 
+/* The signs bit for bit (a zero counts as positive), the mean within
+ * summation order, and unpacking adds weight * mean * sign. */
+static void sign_compression(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const size_t n = 40001, words = loom_sign_message_words(n);
+  mirror x = make(b, n, -1, 1), y = make(b, n, -1, 1);
+  x.host[7] = 0.0f;
+  op->mem->from_host(op->mem, x.dev, x.host, n * sizeof(float));
+  uint32_t *want = malloc(words * sizeof *want), *got = malloc(words * sizeof *got);
+  uint32_t *dev = op->mem->zalloc(op->mem, words * sizeof *dev);
+  ref->sign_pack(ref, want, x.host, n);
+  op->sign_pack(op, dev, x.dev, n);
+  op->mem->to_host(op->mem, got, dev, words * sizeof *got);
+  float mw, mg;
+  memcpy(&mw, &want[0], sizeof mw);
+  memcpy(&mg, &got[0], sizeof mg);
+  r->checks += 2;
+  if (memcmp(want + 1, got + 1, (words - 1) * sizeof *got) != 0) failed(r, "%s: the sign bits differ (%g, %g)", "sign_pack", 0, 0);
+  if (!(fabs(mg - mw) <= 1e-6 * fabs(mw) && mw > 0.4f && mw < 0.6f))
+    failed(r, "%s: mean magnitude %g against the reference's %g", "sign_pack", mg, mw);
+  ref->sign_unpack_add(ref, y.host, want, n, -0.5f);
+  op->sign_unpack_add(op, y.dev, dev, n, -0.5f);
+  expect(r, "sign_unpack_add", &y, b->fp32_nmse);
+  op->mem->release(op->mem, dev);
+  free(want);
+  free(got);
+  mirror *all[] = {&x, &y};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
 /* The same keyed mask, bit for bit: zeros where the reference has them. */
 static void dropout(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
@@ -371,6 +401,7 @@ const op_case OP_CASES[] = {
     {"elementwise", elementwise, {AT(add), AT(accumulate), AT(sumsq)}, 3},
     {"gemm", gemm, {AT(gemm)}, 1},
     {"orthonormalize", orthonormalize, {AT(orthonormalize)}, 1},
+    {"sign compression", sign_compression, {AT(sign_pack), AT(sign_unpack_add)}, 2},
     {"dropout", dropout, {AT(dropout_forward), AT(dropout_backward)}, 2},
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},

@@ -1,25 +1,30 @@
-/* PowerSGD under mpirun (np replicas of a tiny model's grads, one data-
- * parallel group), held to what its algorithm promises:
- * - grads whose sum over the replicas has rank <= r come through exactly
- *   (relative 1e-5), and the replicas' error feedback sums to ~0;
- * - with full-rank grads nothing is lost: the compressed sum plus every
- *   replica's new error feedback equals the plain sum of grads plus old
- *   feedback (1e-5), step after step;
- * - tensors PowerSGD leaves whole (biases, norms) equal a plain all-reduce
- *   bit for bit, and every replica ends with the same bits everywhere;
- * - it sends the factors' floats, far fewer than the whole grads. */
+/* Compressed grad sums under mpirun (np replicas of a tiny model's grads,
+ * one data-parallel group), held to what each method promises:
+ * - PowerSGD: grads whose sum over the replicas has rank <= r come through
+ *   exactly (relative 1e-5), and the replicas' error feedback sums to ~0;
+ * - scaled sign: grads of one magnitude per tensor come through exactly,
+ *   with no error feedback left;
+ * - both: nothing is lost, the compressed sum plus every replica's new
+ *   error feedback equals the plain sum of grads plus old feedback (1e-5),
+ *   step after step; tensors left whole (biases, norms) equal a plain
+ *   all-reduce bit for bit; every replica ends with the same bits
+ *   everywhere; and far fewer words are sent than the whole grads. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/rng.h"
-#include "optim/powersgd.h"
-#include "plan/grad_compression.h"
+#include "optim/grad_compress.h"
 #include "test_util.h"
 
 enum { RANK = 2 };
 static loom_comm *g_world;
+
+static loom_compression method(int sign) {
+  return (loom_compression){.kind = sign ? LOOM__COMPRESSION_KIND__COMPRESSION_SIGN : LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD,
+                            .rank = sign ? 0 : RANK, .dp = g_world->size};
+}
 
 static loom_gpt_params tiny_grads(void) {
   loom_gpt_config c = {.layers = 2, .hidden = 16, .heads = 4, .vocab = 256, .seq = 8, .norm_eps = 1e-5f};
@@ -37,7 +42,7 @@ static void random_grads(loom_gpt_params *p, int step) {
 }
 
 /* Each matrix's grad u_i v^T: u differs per replica, v is shared, so the sum has rank 1. */
-static void rank_one_grads(loom_gpt_params *p, const loom_powersgd *s) {
+static void rank_one_grads(loom_gpt_params *p, const loom_grad_compress *s) {
   random_grads(p, 0);
   for (int c = 0; c < s->count; c++) {
     float *g = p->grads.views[s->tensor[c]].data;
@@ -56,14 +61,15 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 START_TEST(low_rank_sums_are_exact) {
   loom_gpt_params p = tiny_grads();
   const loom_ops *ops = loom_ops_cpu();
-  loom_powersgd s;
-  ck_assert_int_eq(loom_powersgd_init(&s, &p, RANK, 9, ops), LOOM_OK);
+  loom_grad_compress s;
+  const loom_compression powersgd = method(0);
+  ck_assert_int_eq(loom_grad_compress_init(&s, &powersgd, &p, 9, ops), LOOM_OK);
   ck_assert_msg(s.count >= 8, "PowerSGD compresses the tiny model's matrices (%d)", s.count);
   rank_one_grads(&p, &s);
   float *want = malloc(p.grads.numel * sizeof(float));
   memcpy(want, p.grads.base, p.grads.numel * sizeof(float));
   loom_comm_allreduce(g_world, want, p.grads.numel, LOOM_REDUCE_SUM);
-  loom_powersgd_reduce(&s, &p, g_world, ops);
+  loom_grad_compress_reduce(&s, &p, g_world, ops);
   for (int c = 0; c < s.count; c++) {
     const size_t at = loom_buffer_offset(&p.grads, s.tensor[c]), n = (size_t)s.rows[c] * s.cols[c];
     const double e = rel_diff((float *)p.grads.base + at, want + at, n);
@@ -78,7 +84,32 @@ START_TEST(low_rank_sums_are_exact) {
   ck_assert_msg(sqrt(norm) <= 1e-4, "the replicas' error feedback sums to %g after an exact sum", sqrt(norm));
   free(left);
   free(want);
-  loom_powersgd_free(&s);
+  loom_grad_compress_free(&s);
+  loom_gpt_params_free(&p);
+}
+END_TEST
+
+/* Each matrix's grad +-c_i, with c_i per replica: its signs and mean lose nothing. */
+START_TEST(equal_magnitudes_cross_signs_exactly) {
+  loom_gpt_params p = tiny_grads();
+  const loom_ops *ops = loom_ops_cpu();
+  loom_grad_compress s;
+  const loom_compression sign = method(1);
+  ck_assert_int_eq(loom_grad_compress_init(&s, &sign, &p, 9, ops), LOOM_OK);
+  ck_assert_msg(s.count >= 10, "the sign method compresses every matrix (%d)", s.count);
+  random_grads(&p, 0);
+  for (int c = 0; c < s.count; c++) {
+    float *g = p.grads.views[s.tensor[c]].data;
+    for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) g[i] = (g[i] >= 0 ? 0.125f : -0.125f) * (float)(g_world->rank + 1);
+  }
+  float *want = malloc(p.grads.numel * sizeof(float));
+  memcpy(want, p.grads.base, p.grads.numel * sizeof(float));
+  loom_comm_allreduce(g_world, want, p.grads.numel, LOOM_REDUCE_SUM);
+  loom_grad_compress_reduce(&s, &p, g_world, ops);
+  ck_assert_msg(memcmp(want, p.grads.base, p.grads.numel * sizeof(float)) == 0, "equal magnitudes did not cross exactly");
+  for (size_t i = 0; i < s.error_floats; i++) ck_assert_msg(s.error[i] == 0.0f, "error feedback %g left", s.error[i]);
+  free(want);
+  loom_grad_compress_free(&s);
   loom_gpt_params_free(&p);
 }
 END_TEST
@@ -86,8 +117,9 @@ END_TEST
 START_TEST(nothing_is_lost_and_replicas_agree) {
   loom_gpt_params p = tiny_grads();
   const loom_ops *ops = loom_ops_cpu();
-  loom_powersgd s;
-  ck_assert_int_eq(loom_powersgd_init(&s, &p, RANK, 9, ops), LOOM_OK);
+  loom_grad_compress s;
+  const loom_compression cfg = method(_i);
+  ck_assert_int_eq(loom_grad_compress_init(&s, &cfg, &p, 9, ops), LOOM_OK);
   const size_t n = p.grads.numel;
   float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)), *first = malloc(n * sizeof(float));
   int compared = 0;
@@ -100,7 +132,7 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
       for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) w[i] += s.error[s.error_at[c] + i];
     }
     loom_comm_allreduce(g_world, want, n, LOOM_REDUCE_SUM);
-    loom_powersgd_reduce(&s, &p, g_world, ops);
+    loom_grad_compress_reduce(&s, &p, g_world, ops);
     /* got = compressed sum + every replica's new error feedback */
     memcpy(got, p.grads.base, n * sizeof(float));
     float *err = calloc(n, sizeof(float));
@@ -112,7 +144,7 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
     free(err);
     for (int k = 0; k < p.grads.count; k++) {
       const size_t at = loom_buffer_offset(&p.grads, k), len = loom_tensor_numel(&p.grads.views[k]);
-      const bool whole = !loom_powersgd_shape_of(&p.grads.views[k], RANK).compressed;
+      const bool whole = !loom_compression_compresses(&s.cfg, &p.grads.views[k], NULL, NULL);
       if (whole) /* summed whole: the plain all-reduce's bits */
         ck_assert_msg(memcmp(p.grads.views[k].data, want + at, len * sizeof(float)) == 0, "%s is not the plain sum",
                       p.grads.views[k].name);
@@ -127,12 +159,12 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
                   g_world->rank);
   }
   ck_assert_int_eq(compared, 3 * p.grads.count);
-  ck_assert_msg(s.sent_floats * 5 < s.whole_floats, "sends %lld floats of %lld", (long long)s.sent_floats,
-                (long long)s.whole_floats);
+  ck_assert_msg(s.sent_words * 5 < s.whole_words, "sends %lld words of %lld", (long long)s.sent_words,
+                (long long)s.whole_words);
   free(want);
   free(got);
   free(first);
-  loom_powersgd_free(&s);
+  loom_grad_compress_free(&s);
   loom_gpt_params_free(&p);
 }
 END_TEST
@@ -140,9 +172,10 @@ END_TEST
 int main(int argc, char **argv) {
   g_world = loom_comm_mpi_world(&argc, &argv);
   Suite *s = suite_create("compress");
-  TCase *tc = tcase_create("powersgd");
+  TCase *tc = tcase_create("grad compression");
   tcase_add_test(tc, low_rank_sums_are_exact);
-  tcase_add_test(tc, nothing_is_lost_and_replicas_agree);
+  tcase_add_test(tc, equal_magnitudes_cross_signs_exactly);
+  tcase_add_loop_test(tc, nothing_is_lost_and_replicas_agree, 0, 2); /* PowerSGD, then sign */
   suite_add_tcase(s, tc);
   return tu_run_mpi(s, g_world);
 }

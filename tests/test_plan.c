@@ -536,7 +536,7 @@ START_TEST(compression_rules_and_estimates) {
   ck_assert_int_eq(p->estimates->stages[0]->grad_compression, 4 * (4 * layer + wte + wpe));
   ck_assert_int_eq(p->estimates->stages[1]->grad_compression, 4 * (4 * layer + wte)); /* the last stage's tied wte */
   const loom_compression_cost c = loom_plan_compression_cost(p, &(loom_stage_range){0, 4, true, false});
-  ck_assert_msg(c.whole_floats > 5 * c.sent_floats, "sends %g floats of %g", c.sent_floats, c.whole_floats);
+  ck_assert_msg(c.whole_words > 5 * c.sent_words, "sends %g words of %g", c.sent_words, c.whole_words);
   char lines[4096];
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
   p->grad_compression->rank = 0;
@@ -545,20 +545,38 @@ START_TEST(compression_rules_and_estimates) {
   expect_rule(p, "grad_compression = powersgd:1025: PowerSGD's rank must be 1 to 1024");
   p->grad_compression->rank = 4;
   p->parallel->zero_stage = 1;
-  expect_rule(p, "grad_compression = powersgd: PowerSGD all-reduces low-rank factors, while ZeRO-1 reduce-scatters whole grads; set parallel.zero_stage 0 or drop grad_compression");
+  expect_rule(p, "grad_compression = powersgd: compression sums whole grads' messages, while ZeRO-1 reduce-scatters the grads; set parallel.zero_stage 0 or drop grad_compression");
   p->parallel->zero_stage = 0;
   p->grad_reduce = LOOM__PRECISION__PRECISION_BF16;
-  expect_rule(p, "grad_compression = powersgd: its factors cross in fp32; set grad_reduce PRECISION_FP32 or drop grad_compression");
+  expect_rule(p, "grad_compression = powersgd: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop grad_compression");
   p->grad_reduce = LOOM__PRECISION__PRECISION_FP32;
   p->parallel->dp = 1;
   expect_rule(p, "grad_compression = powersgd: parallel.dp is 1, so no grads cross data parallelism to compress");
   p->parallel->dp = 2;
   p->grad_compression->kind = (Loom__CompressionKind)7;
-  expect_rule(p, "grad_compression.kind = 7: loom knows COMPRESSION_NONE (0) and COMPRESSION_POWERSGD (1)");
+  expect_rule(p, "grad_compression.kind = 7: loom knows COMPRESSION_NONE (0), COMPRESSION_POWERSGD (1) and COMPRESSION_SIGN (2)");
   p->grad_compression->kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
   expect_rule(p, "grad_compression.rank = 4: only COMPRESSION_POWERSGD has a rank; remove it or set the kind");
+  p->grad_compression->kind = LOOM__COMPRESSION_KIND__COMPRESSION_SIGN;
+  expect_rule(p, "grad_compression.rank = 4: only COMPRESSION_POWERSGD has a rank; remove it for COMPRESSION_SIGN");
   p->grad_compression->rank = 0;
+  p->parallel->dp = 1;
+  expect_rule(p, "grad_compression = sign: parallel.dp is 1, so no grads cross data parallelism to compress");
+  p->parallel->dp = 2;
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->grad_compression->kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  loom_plan_free(p);
+  /* The sign method: every matrix as a mean and a bit per element, kept with its feedback and dp 2 + 1 messages. */
+  spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_SIGN;
+  spec.compression_rank = 0;
+  p = build(&spec);
+  protoc_agrees(p, "plan_sign");
+  const int64_t words[] = {96 * 64, 64 * 32, 128 * 64, 64 * 128}; /* one layer's matrices */
+  int64_t state = 128 * 64 + 3 * (1 + (128 * 64 + 31) / 32) + 32 * 64 + 3 * (1 + (32 * 64 + 31) / 32); /* wte, wpe */
+  for (int l = 0; l < 4; l++)
+    for (int k = 0; k < 4; k++) state += words[k] + 3 * (1 + (words[k] + 31) / 32);
+  ck_assert_int_eq(p->estimates->stages[0]->grad_compression, 4 * state);
   loom_plan_free(p);
 }
 END_TEST

@@ -142,6 +142,13 @@ struct loom_ops {
    * double); a column that lies, numerically, in the span of the ones
    * before it becomes zero (op_math.h's loom_orthonormal_scale). */
   void (*orthonormalize)(const loom_ops *be, float *x, int n, int r);
+  /* Scaled sign compression (error-feedback signSGD): msg[0] holds, as a
+   * float's bits, the mean magnitude of x[n] (summed in double), and bit b
+   * of msg[1 + w] is 1 where x[32 w + b] >= 0 (unused bits 0);
+   * loom_sign_message_words(n) words in all. unpack_add adds
+   * weight * mean * (+1 or -1) to each y[i]. */
+  void (*sign_pack)(const loom_ops *be, uint32_t *msg, const float *x, size_t n);
+  void (*sign_unpack_add)(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight);
 
   /* In-place keyed dropout on x[T,B,C]: element (t,b,c) has index
    * ((sample_offset+b)*T + t)*C + c. Backward applies the same mask to dx. */
@@ -168,6 +175,9 @@ const loom_ops *loom_ops_cpu(void);
 const loom_ops *loom_ops_ref(void);
 /* The CPU kernels on memory host code cannot touch (guarded/). */
 const loom_ops *loom_ops_guarded(void);
+
+/* 32-bit words of a sign_pack message for n values: the mean, then the bits. */
+static inline size_t loom_sign_message_words(size_t n) { return 1 + (n + 31) / 32; }
 
 /* Shared pieces both backends use (one definition, no duplicated logic). */
 void loom_host_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N);

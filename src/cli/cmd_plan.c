@@ -60,16 +60,19 @@ static void show(const loom_plan *p) {
   printf("precision: %s, grads reduced over dp in %s\n",
          p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
          p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
-  if (p->grad_compression && p->grad_compression->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) {
+  const loom_compression gc = loom_plan_compression(p);
+  if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
     double sent = 0.0, whole = 0.0;
     for (size_t k = 0; k < p->n_stages; k++) {
-      const loom_compression_cost c = loom_plan_compression_cost(p, &(loom_stage_range){p->stages[k]->layer_begin,
-                                                                  p->stages[k]->layer_end, p->stages[k]->embedding, p->stages[k]->head});
-      sent += c.sent_floats, whole += c.whole_floats;
+      const loom_stage_range range = {p->stages[k]->layer_begin, p->stages[k]->layer_end, p->stages[k]->embedding,
+                                      p->stages[k]->head};
+      const loom_compression_cost c = loom_plan_compression_cost(p, &range);
+      sent += c.sent_words, whole += c.whole_words;
     }
-    printf("grad compression: PowerSGD rank %d with error feedback: the grads of one tp rank's model send %.0f floats per "
-           "step over dp instead of %.0f (%.1fx fewer)\n",
-           p->grad_compression->rank, sent, whole, sent > 0 ? whole / sent : 0.0);
+    char method[64];
+    loom_compression_describe(&gc, method, sizeof method);
+    printf("grad compression: %s with error feedback: the grads of one tp rank's model send %.0f words per step over "
+           "dp instead of %.0f (%.1fx fewer bytes)\n", method, sent, whole, sent > 0 ? whole / sent : 0.0);
   }
   printf("\nrank grid (global rank: tp, dp, pp):\n");
   const int shown = ranks < 64 ? ranks : 64;
@@ -83,7 +86,7 @@ static void show(const loom_plan *p) {
   printf("\nstages, memory per rank in %s (%s; grads and Adam's moments fp32; activations for the micro-batches in flight):\n",
          g_unit > 1048576.0 ? "GiB" : "MiB", bf16 ? "bf16 mixed precision: bf16 weights, an fp32 master copy" : "fp32 weights");
   printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %7s %8s\n", "pp_rank", "chunk", "layers", "parameters",
-         "weights", "master", "grads", "adam", "adam z1", "acts", "acts rc", "p2p", "psgd");
+         "weights", "master", "grads", "adam", "adam z1", "acts", "acts rc", "p2p", "cmp");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
     const Loom__StageEstimate *x = p->estimates->stages[k];
@@ -94,8 +97,8 @@ static void show(const loom_plan *p) {
            gib(x->optimizer_zero1), gib(x->activations), gib(x->activations_recompute), gib(x->p2p_buffers),
            gib(x->grad_compression));
   }
-  printf("  (E: holds the embedding, H: the LM head; z1: with ZeRO-1 over dp %d; rc: with full recompute; psgd: PowerSGD's "
-         "error feedback and factors)\n", l->dp);
+  printf("  (E: holds the embedding, H: the LM head; z1: with ZeRO-1 over dp %d; rc: with full recompute; cmp: compression's "
+         "error feedback and factors or messages)\n", l->dp);
 }
 
 static int plan_show(int argc, char **argv) {

@@ -34,7 +34,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
       {"--grad-reduce-dtype", FLAG_STRING, &f->grad_reduce, "type grads cross data parallelism in: fp32, or bf16 (half the bytes)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "grad_reduce"},
-      {"--grad-compression", FLAG_STRING, &f->grad_compression, "how grads cross data parallelism: none, or powersgd:RANK (low-rank factors with error feedback)", LOOM_NO_RANGE, NULL, false, "grad_compression"},
+      {"--grad-compression", FLAG_STRING, &f->grad_compression, "how grads cross data parallelism: none, powersgd:RANK (low-rank factors) or sign (a bit per element), both with error feedback", LOOM_NO_RANGE, NULL, false, "grad_compression"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -59,16 +59,20 @@ int loom_plan_flags_parse_split(const char *text, int *counts, int max) {
   return n;
 }
 
-/* --grad-compression: "none" or "powersgd:RANK"; the rank's range is the plan's rule. */
+/* --grad-compression: "none", "sign" or "powersgd:RANK"; the rank's range is the plan's rule. */
 static loom_status parse_compression(const char *cmd, const char *text, Loom__CompressionKind *kind, int *rank,
                                      loom_error *err) {
   *kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE, *rank = 0;
   if (strcmp(text, "none") == 0) return LOOM_OK;
+  if (strcmp(text, "sign") == 0) {
+    *kind = LOOM__COMPRESSION_KIND__COMPRESSION_SIGN;
+    return LOOM_OK;
+  }
   const char *prefix = "powersgd:";
   char *end = NULL;
   const long r = strncmp(text, prefix, strlen(prefix)) == 0 ? strtol(text + strlen(prefix), &end, 10) : 0;
   if (!end || end == text + strlen(prefix) || *end != '\0' || r < INT_MIN || r > INT_MAX)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --grad-compression '%s': expected none or powersgd:RANK (e.g. powersgd:4)",
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --grad-compression '%s': expected none, sign or powersgd:RANK (e.g. powersgd:4)",
                      cmd, text);
   *kind = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD, *rank = (int)r;
   return LOOM_OK;

@@ -69,12 +69,12 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
     for (int c = 0; c < pipe->v; c++)
       pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.numel * sizeof(uint16_t), "bf16 grads");
   }
-  const Loom__GradCompression *gc = plan->grad_compression;
-  if (gc && gc->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD && ps->dp > 1) {
-    pipe->compress = loom_xcalloc((size_t)pipe->v, sizeof *pipe->compress, "PowerSGD");
+  const loom_compression gc = loom_plan_compression(plan);
+  if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp > 1) {
+    pipe->compress = loom_xcalloc((size_t)pipe->v, sizeof *pipe->compress, "grad compression");
     for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
-      st = loom_powersgd_init(&pipe->compress[c], &pipe->chunks[c].p, gc->rank, seed, ops);
-    if (st != LOOM_OK) return loom_fail(err, st, "out of memory for PowerSGD's state on pipeline stage %d", ps->pp_rank);
+      st = loom_grad_compress_init(&pipe->compress[c], &gc, &pipe->chunks[c].p, seed, ops);
+    if (st != LOOM_OK) return loom_fail(err, st, "out of memory for grad compression's state on pipeline stage %d", ps->pp_rank);
   }
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
@@ -100,7 +100,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->bucket_at);
   for (int c = 0; pipe->grad16 && c < pipe->v; c++) pipe->mem->release(pipe->mem, pipe->grad16[c]);
   free(pipe->grad16);
-  for (int c = 0; pipe->compress && c < pipe->v; c++) loom_powersgd_free(&pipe->compress[c]);
+  for (int c = 0; pipe->compress && c < pipe->v; c++) loom_grad_compress_free(&pipe->compress[c]);
   free(pipe->compress);
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
@@ -236,9 +236,9 @@ static bool bucketing(const loom_pipeline *pipe) {
  * spent waiting for the buckets. */
 static double reduce_dp(loom_pipeline *pipe) {
   if (pipe->zero1) return 0.0;
-  if (pipe->compress) { /* the whole chunk at once: PowerSGD needs every grad matrix final */
+  if (pipe->compress) { /* the whole chunk at once: its messages cover every grad matrix */
     for (int c = 0; c < pipe->v; c++)
-      loom_powersgd_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
+      loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
     return 0.0;
   }
   const double t0 = loom_now_s();

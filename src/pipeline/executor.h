@@ -13,7 +13,7 @@
 #define LOOM_EXECUTOR_H
 
 #include "layers/gpt.h"
-#include "optim/powersgd.h"
+#include "optim/grad_compress.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
@@ -65,7 +65,7 @@ typedef struct loom_pipeline {
   loom_request **bucket_req; /* [layers + 1] in flight this step */
   size_t *bucket_at;         /* [3 * (layers + 1)] each bucket's chunk, lo and hi */
   uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
-  loom_powersgd *compress;   /* [v] with PowerSGD: each chunk's state, else NULL (no buckets then) */
+  loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
   size_t overlapped;         /* grad floats posted during backward this step */
   /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
    * from the step's start (after a barrier over the world group). */

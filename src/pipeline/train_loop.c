@@ -29,9 +29,11 @@ void loom_train_describe(const loom_trainer *tr) {
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
   if (p->compress) {
     int64_t sent = 0, whole = 0;
-    for (int c = 0; c < p->v; c++) sent += p->compress[c].sent_floats, whole += p->compress[c].whole_floats;
-    loom_log_info("grad compression on rank 0: PowerSGD rank %d sends %.3f MiB per step over dp instead of %.3f MiB "
-                  "(%.1fx fewer bytes)", p->compress[0].rank, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
+    for (int c = 0; c < p->v; c++) sent += p->compress[c].sent_words, whole += p->compress[c].whole_words;
+    char method[64];
+    loom_compression_describe(&p->compress[0].cfg, method, sizeof method);
+    loom_log_info("grad compression on rank 0: %s sends %.3f MiB per step over dp instead of %.3f MiB (%.1fx fewer "
+                  "bytes)", method, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
                   sent > 0 ? (double)whole / (double)sent : 0.0);
   }
   if (!tr->zero) return;
@@ -196,7 +198,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   if (tr->pipe.compress) {
     double sent = 0.0, whole = 0.0;
     for (int c = 0; c < tr->pipe.v; c++)
-      sent += 4.0 * (double)tr->pipe.compress[c].sent_floats, whole += 4.0 * (double)tr->pipe.compress[c].whole_floats;
+      sent += 4.0 * (double)tr->pipe.compress[c].sent_words, whole += 4.0 * (double)tr->pipe.compress[c].whole_words;
     loom_metrics_num(mx, "dp_bytes", sent);
     loom_metrics_num(mx, "dp_bytes_uncompressed", whole);
   } else if (tr->ps.dp > 1 && !tr->zero) {

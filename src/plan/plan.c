@@ -391,22 +391,28 @@ static void check_compression(report *r, const loom_plan *p) {
       violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it or set the kind", c->rank);
     return;
   }
-  if (c->kind != LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) {
-    violation(r, "grad_compression.kind = %d: loom knows COMPRESSION_NONE (0) and COMPRESSION_POWERSGD (1)", (int)c->kind);
+  const bool powersgd = c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
+  if (!powersgd && c->kind != LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) {
+    violation(r, "grad_compression.kind = %d: loom knows COMPRESSION_NONE (0), COMPRESSION_POWERSGD (1) and "
+              "COMPRESSION_SIGN (2)", (int)c->kind);
     return;
   }
-  if (c->rank < 1 || c->rank > LOOM_PLAN_MAX_COMPRESSION_RANK)
+  if (powersgd && (c->rank < 1 || c->rank > LOOM_PLAN_MAX_COMPRESSION_RANK))
     violation(r, "grad_compression = powersgd:%d: PowerSGD's rank must be 1 to %d (4 is a common choice)", c->rank,
               LOOM_PLAN_MAX_COMPRESSION_RANK);
+  if (!powersgd && c->rank != 0)
+    violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it for COMPRESSION_SIGN",
+              c->rank);
+  const char *name = powersgd ? "powersgd" : "sign";
   if (p->parallel->dp < 2)
-    violation(r, "grad_compression = powersgd: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
-              "parallel.dp or drop grad_compression", p->parallel->dp);
+    violation(r, "grad_compression = %s: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
+              "parallel.dp or drop grad_compression", name, p->parallel->dp);
   if (p->parallel->zero_stage != 0)
-    violation(r, "grad_compression = powersgd: PowerSGD all-reduces low-rank factors, while ZeRO-1 reduce-scatters whole "
-              "grads; set parallel.zero_stage 0 or drop grad_compression");
+    violation(r, "grad_compression = %s: compression sums whole grads' messages, while ZeRO-1 reduce-scatters the grads; "
+              "set parallel.zero_stage 0 or drop grad_compression", name);
   if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
-    violation(r, "grad_compression = powersgd: its factors cross in fp32; set grad_reduce PRECISION_FP32 or drop "
-              "grad_compression");
+    violation(r, "grad_compression = %s: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop "
+              "grad_compression", name);
 }
 
 static void check_batch(report *r, const loom_plan *p) {
@@ -545,10 +551,15 @@ double loom_plan_state_bytes(const loom_plan *p, double local_params) {
   return per * local_params;
 }
 
+loom_compression loom_plan_compression(const loom_plan *p) {
+  const Loom__GradCompression *gc = p->grad_compression;
+  return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
+                            .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
+}
+
 loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
   loom_compression_cost c = {0.0, 0.0, 0.0};
-  const Loom__GradCompression *gc = p->grad_compression;
-  const int rank = gc && gc->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD ? gc->rank : 0;
+  const loom_compression gc = loom_plan_compression(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
   const int tp = p->parallel->tp;
@@ -558,9 +569,9 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
   loom_gpt_param_table(&cfg, range, 0, tp, specs, meta);
   for (int k = 0; k < n; k++) {
-    c.state_bytes += 4.0 * (double)loom_powersgd_state_floats(&specs[k], rank);
-    c.sent_floats += (double)loom_powersgd_sent_floats(&specs[k], rank);
-    c.whole_floats += (double)loom_tensor_numel(&specs[k]);
+    c.state_bytes += 4.0 * (double)loom_compression_state_words(&gc, &specs[k]);
+    c.sent_words += (double)loom_compression_sent_words(&gc, &specs[k]);
+    c.whole_words += (double)loom_tensor_numel(&specs[k]);
   }
   free(specs);
   free(meta);

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "layers/gpt_params.h"
+#include "plan/grad_compression.h"
 #include "plan/plan_io.h"
 #include "schedule/schedule.h"
 
@@ -72,12 +73,14 @@ int loom_plan_micro_batches(const loom_plan *plan);
 /* Layers and ends of virtual stage v (= chunk x pp + pp_rank) of a checked plan. */
 loom_stage_range loom_plan_stage_range(const loom_plan *plan, int v);
 
+/* The plan's grad_compression, with its dp (NONE when absent). */
+loom_compression loom_plan_compression(const loom_plan *plan);
 /* What gradient compression costs and saves one rank for the stage `range`,
  * from the layers' table (plan/grad_compression.h): the bytes of state it
- * keeps, and the floats its grads send over dp per step against the floats
- * they would send whole (equal, and no state, without compression). */
+ * keeps, and the 32-bit words its grads send over dp per step against the
+ * words they would send whole (equal, and no state, without compression). */
 typedef struct {
-  double state_bytes, sent_floats, whole_floats;
+  double state_bytes, sent_words, whole_words;
 } loom_compression_cost;
 loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
 

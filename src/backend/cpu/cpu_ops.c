@@ -375,6 +375,30 @@ static void cpu_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, 
   loom_cpu_sgemm_with(loom_cpu_gemm_library(), ta, tb, M, N, K, alpha, a, ta ? M : K, b, tb ? K : N, beta, c, N);
 }
 
+static void cpu_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) {
+  double total = 0.0;
+#pragma omp parallel for simd reduction(+ : total) schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) total += fabs((double)x[i]);
+  const float mean = n ? (float)(total / (double)n) : 0.0f;
+  memcpy(&msg[0], &mean, sizeof mean);
+  const size_t words = (n + 31) / 32;
+#pragma omp parallel for schedule(static) if (n > PAR_MIN)
+  for (size_t w = 0; w < words; w++) {
+    uint32_t bits = 0;
+    const size_t end = 32 * w + 32 < n ? 32 * w + 32 : n;
+    for (size_t i = 32 * w; i < end; i++) bits |= (uint32_t)(x[i] >= 0.0f) << (i % 32);
+    msg[1 + w] = bits;
+  }
+}
+
+static void cpu_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
+  float mean;
+  memcpy(&mean, &msg[0], sizeof mean);
+  const float step = weight * mean;
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) y[i] += (msg[1 + i / 32] >> (i % 32) & 1u) ? step : -step;
+}
+
 static void cpu_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   const float inv = 1.0f / (1.0f - d->p);
@@ -460,6 +484,8 @@ static const loom_ops CPU_OPS = {
     .sumsq = cpu_sumsq,
     .gemm = cpu_gemm,
     .orthonormalize = loom_host_orthonormalize,
+    .sign_pack = cpu_sign_pack,
+    .sign_unpack_add = cpu_sign_unpack_add,
     .dropout_forward = cpu_dropout_apply,
     .dropout_backward = cpu_dropout_apply,
     .to_bf16 = cpu_to_bf16,

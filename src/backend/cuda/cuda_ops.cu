@@ -347,6 +347,54 @@ void cuda_orthonormalize(const loom_ops *be, float *x, int n, int r) {
   launched("orthonormalize");
 }
 
+// ---- scaled sign compression -----------------------------------------------------
+
+__global__ void abs_sum_kernel(double *partials, const float *x, size_t n) {
+  double acc = 0.0;
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    acc += fabs((double)x[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+// One block adds the partials in order and stores the mean as msg[0]'s bits.
+__global__ void sign_mean_kernel(uint32_t *msg, const double *partials, int count, size_t n) {
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+  for (int i = 0; i < count; i++) total += partials[i];
+  msg[0] = __float_as_uint(n ? (float)(total / (double)n) : 0.0f);
+}
+
+// A warp's ballot is one word of signs (thread i of word w is element 32 w + i).
+__global__ void sign_bits_kernel(uint32_t *msg, const float *x, size_t n) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned bits = __ballot_sync(0xffffffffu, i < n && x[i] >= 0.0f);
+  if (i % 32 == 0 && i < n) msg[1 + i / 32] = bits;
+}
+
+void cuda_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) {
+  Backend &g = ctx(be);
+  if (!g.partials) check(cudaMalloc(&g.partials, SUMSQ_BLOCKS * sizeof(double)), "sign_pack");
+  abs_sum_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.partials, x, n);
+  sign_mean_kernel<<<1, 32, 0, g.stream>>>(msg, g.partials, SUMSQ_BLOCKS, n);
+  if (n) sign_bits_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(msg, x, n);
+  launched("sign_pack");
+}
+
+__global__ void sign_unpack_add_kernel(float *y, const uint32_t *msg, size_t n, float weight) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float step = weight * __uint_as_float(msg[0]);
+  y[i] += (msg[1 + i / 32] >> (i % 32) & 1u) ? step : -step;
+}
+
+void cuda_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
+  Backend &g = ctx(be);
+  if (!n) return;
+  sign_unpack_add_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(y, msg, n, weight);
+  launched("sign_unpack_add");
+}
+
 // ---- dropout ---------------------------------------------------------------------
 
 struct DropoutArgs {
@@ -841,6 +889,8 @@ loom_ops make_ops() {
   o.sumsq = cuda_sumsq;
   o.gemm = cuda_gemm;
   o.orthonormalize = cuda_orthonormalize;
+  o.sign_pack = cuda_sign_pack;
+  o.sign_unpack_add = cuda_sign_unpack_add;
   o.dropout_forward = cuda_dropout;
   o.dropout_backward = cuda_dropout;
   o.to_bf16 = cuda_to_bf16;
@@ -898,6 +948,8 @@ loom_ops make_synced_ops() {
   o.sumsq = cuda_sumsq; // waits already
   o.gemm = SYNCED(cuda_gemm);
   o.orthonormalize = SYNCED(cuda_orthonormalize);
+  o.sign_pack = SYNCED(cuda_sign_pack);
+  o.sign_unpack_add = SYNCED(cuda_sign_unpack_add);
   o.dropout_forward = SYNCED(cuda_dropout);
   o.dropout_backward = SYNCED(cuda_dropout);
   o.to_bf16 = SYNCED(cuda_to_bf16);

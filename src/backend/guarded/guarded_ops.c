@@ -133,6 +133,10 @@ static void g_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, fl
   CPU->gemm(CPU, ta, tb, M, N, K, alpha, U(a), U(b), beta, U(c));
 }
 static void g_orthonormalize(const loom_ops *be, float *x, int n, int r) { CPU->orthonormalize(CPU, U(x), n, r); }
+static void g_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) { CPU->sign_pack(CPU, U(msg), U(x), n); }
+static void g_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
+  CPU->sign_unpack_add(CPU, U(y), U(msg), n, weight);
+}
 static double g_sumsq(const loom_ops *be, const float *x, size_t n) { return CPU->sumsq(CPU, U(x), n); }
 static void g_dropout_forward(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop) {
   CPU->dropout_forward(CPU, U(x), T, B, C, drop);
@@ -180,6 +184,8 @@ static const loom_ops GUARDED_OPS = {
     .sumsq = g_sumsq,
     .gemm = g_gemm,
     .orthonormalize = g_orthonormalize,
+    .sign_pack = g_sign_pack,
+    .sign_unpack_add = g_sign_unpack_add,
     .dropout_forward = g_dropout_forward,
     .dropout_backward = g_dropout_backward,
     .to_bf16 = g_to_bf16,

@@ -266,6 +266,25 @@ static void ref_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, 
     }
 }
 
+static void ref_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) {
+  double total = 0.0;
+  for (size_t i = 0; i < n; i++) total += fabs((double)x[i]);
+  const float mean = n ? (float)(total / (double)n) : 0.0f;
+  memcpy(&msg[0], &mean, sizeof mean);
+  for (size_t w = 0; w < (n + 31) / 32; w++) msg[1 + w] = 0;
+  for (size_t i = 0; i < n; i++)
+    if (x[i] >= 0.0f) msg[1 + i / 32] |= 1u << (i % 32);
+}
+
+static void ref_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
+  float mean;
+  memcpy(&mean, &msg[0], sizeof mean);
+  for (size_t i = 0; i < n; i++) {
+    const bool positive = (msg[1 + i / 32] >> (i % 32)) & 1u;
+    y[i] += positive ? weight * mean : -(weight * mean);
+  }
+}
+
 static void ref_dropout_apply(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   if (!d || d->p <= 0.0f) return;
   for (int t = 0; t < T; t++)
@@ -342,6 +361,8 @@ static const loom_ops REF_OPS = {
     .sumsq = ref_sumsq,
     .gemm = ref_gemm,
     .orthonormalize = loom_host_orthonormalize,
+    .sign_pack = ref_sign_pack,
+    .sign_unpack_add = ref_sign_unpack_add,
     .dropout_forward = ref_dropout_apply,
     .dropout_backward = ref_dropout_apply,
     .to_bf16 = ref_to_bf16,
