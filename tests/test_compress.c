@@ -52,6 +52,20 @@ static void rank_one_grads(loom_gpt_params *p, const loom_grad_compress *s) {
   }
 }
 
+/* Every replica's grads summed plainly, in a new array. */
+static float *plain_sum(const loom_gpt_params *p) {
+  float *sum = malloc(p->grads.numel * sizeof(float));
+  memcpy(sum, p->grads.base, p->grads.numel * sizeof(float));
+  loom_comm_allreduce(g_world, sum, p->grads.numel, LOOM_REDUCE_SUM);
+  return sum;
+}
+
+/* The compressor of method(sign) for p's grads, on the CPU backend. */
+static void start(loom_grad_compress *s, int sign, const loom_gpt_params *p) {
+  const loom_compression cfg = method(sign);
+  ck_assert_int_eq(loom_grad_compress_init(s, &cfg, p, 9, loom_ops_cpu()), LOOM_OK);
+}
+
 static double rel_diff(const float *a, const float *b, size_t n) {
   double d = 0.0, ref = 0.0;
   for (size_t i = 0; i < n; i++) d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]), ref += (double)b[i] * b[i];
@@ -60,16 +74,12 @@ static double rel_diff(const float *a, const float *b, size_t n) {
 
 START_TEST(low_rank_sums_are_exact) {
   loom_gpt_params p = tiny_grads();
-  const loom_ops *ops = loom_ops_cpu();
   loom_grad_compress s;
-  const loom_compression powersgd = method(0);
-  ck_assert_int_eq(loom_grad_compress_init(&s, &powersgd, &p, 9, ops), LOOM_OK);
+  start(&s, 0, &p);
   ck_assert_msg(s.count >= 8, "PowerSGD compresses the tiny model's matrices (%d)", s.count);
   rank_one_grads(&p, &s);
-  float *want = malloc(p.grads.numel * sizeof(float));
-  memcpy(want, p.grads.base, p.grads.numel * sizeof(float));
-  loom_comm_allreduce(g_world, want, p.grads.numel, LOOM_REDUCE_SUM);
-  loom_grad_compress_reduce(&s, &p, g_world, ops);
+  float *want = plain_sum(&p);
+  loom_grad_compress_reduce(&s, &p, g_world, loom_ops_cpu());
   for (int c = 0; c < s.count; c++) {
     const size_t at = loom_buffer_offset(&p.grads, s.tensor[c]), n = (size_t)s.rows[c] * s.cols[c];
     const double e = rel_diff((float *)p.grads.base + at, want + at, n);
@@ -92,20 +102,16 @@ END_TEST
 /* Each matrix's grad +-c_i, with c_i per replica: its signs and mean lose nothing. */
 START_TEST(equal_magnitudes_cross_signs_exactly) {
   loom_gpt_params p = tiny_grads();
-  const loom_ops *ops = loom_ops_cpu();
   loom_grad_compress s;
-  const loom_compression sign = method(1);
-  ck_assert_int_eq(loom_grad_compress_init(&s, &sign, &p, 9, ops), LOOM_OK);
+  start(&s, 1, &p);
   ck_assert_msg(s.count >= 10, "the sign method compresses every matrix (%d)", s.count);
   random_grads(&p, 0);
   for (int c = 0; c < s.count; c++) {
     float *g = p.grads.views[s.tensor[c]].data;
     for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) g[i] = (g[i] >= 0 ? 0.125f : -0.125f) * (float)(g_world->rank + 1);
   }
-  float *want = malloc(p.grads.numel * sizeof(float));
-  memcpy(want, p.grads.base, p.grads.numel * sizeof(float));
-  loom_comm_allreduce(g_world, want, p.grads.numel, LOOM_REDUCE_SUM);
-  loom_grad_compress_reduce(&s, &p, g_world, ops);
+  float *want = plain_sum(&p);
+  loom_grad_compress_reduce(&s, &p, g_world, loom_ops_cpu());
   ck_assert_msg(memcmp(want, p.grads.base, p.grads.numel * sizeof(float)) == 0, "equal magnitudes did not cross exactly");
   for (size_t i = 0; i < s.error_floats; i++) ck_assert_msg(s.error[i] == 0.0f, "error feedback %g left", s.error[i]);
   free(want);
@@ -118,8 +124,7 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
   loom_gpt_params p = tiny_grads();
   const loom_ops *ops = loom_ops_cpu();
   loom_grad_compress s;
-  const loom_compression cfg = method(_i);
-  ck_assert_int_eq(loom_grad_compress_init(&s, &cfg, &p, 9, ops), LOOM_OK);
+  start(&s, _i, &p);
   const size_t n = p.grads.numel;
   float *want = malloc(n * sizeof(float)), *got = malloc(n * sizeof(float)), *first = malloc(n * sizeof(float));
   int compared = 0;

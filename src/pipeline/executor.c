@@ -226,6 +226,12 @@ static void layer_done(void *ctx, loom_gpt *m, int l) {
   pipe->open_lo = pipe->open_hi = 0;
 }
 
+void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *whole) {
+  *sent = *whole = 0;
+  for (int c = 0; pipe->compress && c < pipe->v; c++)
+    *sent += pipe->compress[c].sent_words, *whole += pipe->compress[c].whole_words;
+}
+
 static bool bucketing(const loom_pipeline *pipe) {
   return pipe->bucket_bytes > 0 && !pipe->zero1 && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
 }

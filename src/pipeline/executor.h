@@ -93,6 +93,9 @@ typedef struct {
 loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
                                uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
 void loom_pipeline_free(loom_pipeline *pipe);
+/* 32-bit words this rank's grads send over dp per step with compression,
+ * and the words they would send whole (both 0 without compression). */
+void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *whole);
 /* One training step; sample_offset is the global index of micro-batch 0's
  * first sample (dropout keys). Under data parallelism each replica runs its
  * own micro-batches; the loss is averaged over the whole global batch and

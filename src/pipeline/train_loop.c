@@ -28,8 +28,8 @@ void loom_train_describe(const loom_trainer *tr) {
   else
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
   if (p->compress) {
-    int64_t sent = 0, whole = 0;
-    for (int c = 0; c < p->v; c++) sent += p->compress[c].sent_words, whole += p->compress[c].whole_words;
+    int64_t sent, whole;
+    loom_pipeline_dp_words(p, &sent, &whole);
     char method[64];
     loom_compression_describe(&p->compress[0].cfg, method, sizeof method);
     loom_log_info("grad compression on rank 0: %s sends %.3f MiB per step over dp instead of %.3f MiB (%.1fx fewer "
@@ -196,11 +196,10 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   loom_metrics_num(mx, "skipped", s->skipped);
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
   if (tr->pipe.compress) {
-    double sent = 0.0, whole = 0.0;
-    for (int c = 0; c < tr->pipe.v; c++)
-      sent += 4.0 * (double)tr->pipe.compress[c].sent_words, whole += 4.0 * (double)tr->pipe.compress[c].whole_words;
-    loom_metrics_num(mx, "dp_bytes", sent);
-    loom_metrics_num(mx, "dp_bytes_uncompressed", whole);
+    int64_t sent, whole;
+    loom_pipeline_dp_words(&tr->pipe, &sent, &whole);
+    loom_metrics_num(mx, "dp_bytes", 4.0 * (double)sent);
+    loom_metrics_num(mx, "dp_bytes_uncompressed", 4.0 * (double)whole);
   } else if (tr->ps.dp > 1 && !tr->zero) {
     loom_metrics_num(mx, "dp_overlap", s->dp_overlap);
     loom_metrics_num(mx, "dp_wait_ms", 1e3 * s->dp_wait_s);
