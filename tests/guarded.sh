@@ -56,6 +56,7 @@ layout dp2 2 --dp 2
 layout dp2_zero1 2 --dp 2 --zero 1
 layout dp2_powersgd 2 --dp 2 --grad-compression powersgd:2
 layout dp2_sign 2 --dp 2 --grad-compression sign
+layout bf16_dp2_zero1_powersgd 2 --dp 2 --zero 1 --precision bf16 --grad-compression powersgd:2
 layout tp2_dp2_zero1_recompute 4 --tp 2 --dp 2 --zero 1 --recompute full
 layout tp2_pp2_dropout 4 --tp 2 --pp 2 --dropout 0.1
 layout bf16_tp2_sp 2 --tp 2 --sequence-parallel --precision bf16

@@ -48,10 +48,10 @@ static size_t part_of(const loom_gpt_params *p, int k, size_t begin, size_t end,
 static bool padded_for(const loom_zero1 *z, const loom_buffer *b, size_t dp) { return b->capacity >= z->shard * dp; }
 
 double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
-                         bool skip_shared) {
+                         bool skip_shared, bool summed) {
   const int size = loom_comm_size(dp);
   float *mine = (float *)p->grads.base + z->begin;
-  if (size > 1) {
+  if (size > 1 && !summed) {
     LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
     loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
     z->mem->copy(z->mem, mine, z->slice, (z->end - z->begin) * sizeof(float));

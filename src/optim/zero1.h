@@ -40,11 +40,13 @@ typedef struct {
 loom_status loom_zero1_init(loom_zero1 *z, const loom_gpt_params *p, int dp_rank, int dp_size,
                             const loom_adamw_config *cfg);
 void loom_zero1_free(loom_zero1 *z);
-/* Reduce-scatters p's grads over dp (p built by loom_gpt_params_init_for_zero); returns the squared norm of this
- * replica's slice, each element once over TP as in loom_grad_sumsq, and
- * summed over dp (collective over tp and dp). */
+/* Reduce-scatters p's grads over dp (p built by loom_gpt_params_init_for_zero),
+ * unless `summed` says they already hold the sum (grad compression sums
+ * them whole); returns the squared norm of this replica's slice, each
+ * element once over TP as in loom_grad_sumsq, and summed over dp
+ * (collective over tp and dp). */
 double loom_zero1_reduce(loom_zero1 *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
-                         bool skip_shared);
+                         bool skip_shared, bool summed);
 /* Clips by grad_norm, steps this replica's slice with AdamW and all-gathers
  * the parameters (collective over dp). */
 void loom_zero1_step(loom_zero1 *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops);

@@ -238,15 +238,16 @@ static bool bucketing(const loom_pipeline *pipe) {
 
 /* Sums grads over the replicas: finishes the buckets started during backward
  * and reduces what they left out (the embedding, positions and final norm).
- * Under ZeRO-1 the optimizer reduce-scatters instead. Returns the seconds
+ * Compression sums them its own way, under ZeRO-1 too; otherwise under
+ * ZeRO-1 the optimizer reduce-scatters instead. Returns the seconds
  * spent waiting for the buckets. */
 static double reduce_dp(loom_pipeline *pipe) {
-  if (pipe->zero1) return 0.0;
   if (pipe->compress) { /* the whole chunk at once: its messages cover every grad matrix */
     for (int c = 0; c < pipe->v; c++)
       loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
     return 0.0;
   }
+  if (pipe->zero1) return 0.0;
   const double t0 = loom_now_s();
   for (int i = 0; i < pipe->nbucket; i++) {
     const size_t *at = &pipe->bucket_at[3 * i];

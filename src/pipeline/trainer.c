@@ -75,7 +75,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
-    sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy)
+    sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, pipe->compress != NULL)
                       : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
     for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
       if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->ops, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));

@@ -407,9 +407,6 @@ static void check_compression(report *r, const loom_plan *p) {
   if (p->parallel->dp < 2)
     violation(r, "grad_compression = %s: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
               "parallel.dp or drop grad_compression", name, p->parallel->dp);
-  if (p->parallel->zero_stage != 0)
-    violation(r, "grad_compression = %s: compression sums whole grads' messages, while ZeRO-1 reduce-scatters the grads; "
-              "set parallel.zero_stage 0 or drop grad_compression", name);
   if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
     violation(r, "grad_compression = %s: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop "
               "grad_compression", name);
