@@ -581,6 +581,57 @@ START_TEST(compression_rules_and_estimates) {
 }
 END_TEST
 
+/* The bytes a rank sends over dp per step, for the first stage of the tiny
+ * plan (tp 2, pp 2, dp 2), as ring collectives move them: an all-reduce
+ * sends 2 (d-1)/d of its buffer, a reduce-scatter or all-gather (d-1)/d, an
+ * all-gather of messages (d-1) of its own. */
+static double dp_bytes(loom_plan_spec spec) {
+  loom_plan *p = build(&spec);
+  const double bytes = (double)p->estimates->stages[0]->dp_bytes_sent;
+  loom_plan_free(p);
+  return bytes;
+}
+
+START_TEST(dp_traffic_follows_ring_collectives) {
+  loom_plan_spec spec = base_spec();
+  loom_plan *p = build(&spec);
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const loom_stage_range first = {0, 4, true, false};
+  const double local = (double)loom_gpt_param_count(&cfg, &first, 2); /* one tp rank's shard */
+  ck_assert_msg(local > 50000, "%g parameters", local);
+  loom_plan_free(p);
+  ck_assert_double_eq(dp_bytes(spec), 2 * 0.5 * 4 * local); /* fp32 all-reduce: 2 (d-1)/d Psi */
+  spec.grad_reduce = LOOM__PRECISION__PRECISION_BF16;
+  ck_assert_double_eq(dp_bytes(spec), 2 * 0.5 * 2 * local);
+  spec.grad_reduce = LOOM__PRECISION__PRECISION_FP32;
+  spec.zero_stage = 1; /* fp32 reduce-scatter and all-gather */
+  ck_assert_double_eq(dp_bytes(spec), 0.5 * 4 * local + 0.5 * 4 * local);
+  spec.precision = LOOM__PRECISION__PRECISION_BF16; /* the distributed optimizer gathers bf16 */
+  ck_assert_double_eq(dp_bytes(spec), 0.5 * 4 * local + 0.5 * 2 * local);
+  spec.precision = LOOM__PRECISION__PRECISION_FP32;
+  spec.zero_stage = 0;
+  spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
+  spec.compression_rank = 4;
+  p = build(&spec);
+  const loom_compression_cost psgd = loom_plan_compression_cost(p, &first);
+  loom_plan_free(p);
+  ck_assert_double_eq(dp_bytes(spec), 2 * 0.5 * 4 * psgd.sent_words);
+  spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_SIGN;
+  spec.compression_rank = 0;
+  p = build(&spec);
+  const loom_compression_cost sign = loom_plan_compression_cost(p, &first);
+  loom_plan_free(p);
+  ck_assert_msg(sign.message_words > 0 && sign.message_words < sign.sent_words, "%g of %g", sign.message_words,
+                sign.sent_words);
+  ck_assert_double_eq(dp_bytes(spec), 1 * 4 * sign.message_words + 2 * 0.5 * 4 * (sign.sent_words - sign.message_words));
+  spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
+  spec.dp = 1;
+  spec.global_batch = 8;
+  ck_assert_double_eq(dp_bytes(spec), 0.0);
+}
+END_TEST
+
 START_TEST(undefined_enums_are_refused) {
   loom_plan_spec spec = base_spec();
   loom_plan *p = build(&spec);
@@ -617,6 +668,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, decoder_survives_fuzzing);
   tcase_add_test(tc, each_rule_has_its_message);
   tcase_add_test(tc, compression_rules_and_estimates);
+  tcase_add_test(tc, dp_traffic_follows_ring_collectives);
   tcase_add_test(tc, sizes_are_bounded);
   tcase_add_test(tc, fit_world_lowers_dp);
   tcase_add_test(tc, balancing_and_counts);

@@ -74,6 +74,22 @@ static void show(const loom_plan *p) {
     printf("grad compression: %s with error feedback: the grads of one tp rank's model send %.0f words per step over "
            "dp instead of %.0f (%.1fx fewer bytes)\n", method, sent, whole, sent > 0 ? whole / sent : 0.0);
   }
+  if (l->dp > 1) { /* the pipeline rank that sends the most over dp */
+    double most = 0.0, shard = 0.0;
+    for (int r = 0; r < l->pp; r++) {
+      double bytes = 0.0, words = 0.0;
+      for (size_t k = 0; k < p->n_stages; k++) {
+        if (p->stages[k]->pp_rank != r) continue;
+        const loom_stage_range range = {p->stages[k]->layer_begin, p->stages[k]->layer_end, p->stages[k]->embedding,
+                                        p->stages[k]->head};
+        bytes += (double)p->estimates->stages[k]->dp_bytes_sent;
+        words += loom_plan_compression_cost(p, &range).whole_words;
+      }
+      if (bytes > most) most = bytes, shard = words;
+    }
+    printf("dp traffic: a rank sends up to %.2f MiB per step over dp, %.2f x its fp32 shard (ring collectives; plain "
+           "data parallelism sends 2(d-1)/d)\n", most / 1048576.0, shard > 0 ? most / (4.0 * shard) : 0.0);
+  }
   printf("\nrank grid (global rank: tp, dp, pp):\n");
   const int shown = ranks < 64 ? ranks : 64;
   for (int r = 0; r < shown; r++)

@@ -272,7 +272,9 @@ void loom_plan_estimate(loom_plan *p) {
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
+    x->has_dp_bytes_sent = 1;
     x->grad_compression = sound ? (int64_t)loom_plan_compression_cost(p, &range).state_bytes : 0;
+    x->dp_bytes_sent = sound ? (int64_t)loom_plan_dp_bytes_sent(p, &range) : 0;
     e->stages[k] = x;
   }
   free(flight);
@@ -554,8 +556,28 @@ loom_compression loom_plan_compression(const loom_plan *p) {
                             .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
 }
 
+double loom_plan_dp_bytes_sent(const loom_plan *p, const loom_stage_range *range) {
+  const double d = p->parallel->dp;
+  if (d < 2) return 0.0;
+  const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
+  const loom_compression_cost c = loom_plan_compression_cost(p, range);
+  const loom_compression gc = loom_plan_compression(p);
+  double bytes;
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
+    bytes = 2.0 * share * 4.0 * c.sent_words;
+  else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
+    bytes = (d - 1.0) * 4.0 * c.message_words + 2.0 * share * 4.0 * (c.sent_words - c.message_words);
+  else if (p->parallel->zero_stage >= 1) /* ZeRO-1 reduce-scatters fp32 grads */
+    bytes = share * 4.0 * c.whole_words;
+  else
+    bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c.whole_words;
+  if (p->parallel->zero_stage >= 1) /* and all-gathers the updated weights, in bf16 as the distributed optimizer */
+    bytes += share * (p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c.whole_words;
+  return bytes;
+}
+
 loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
-  loom_compression_cost c = {0.0, 0.0, 0.0};
+  loom_compression_cost c = {0.0, 0.0, 0.0, 0.0};
   const loom_compression gc = loom_plan_compression(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
@@ -568,6 +590,8 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   for (int k = 0; k < n; k++) {
     c.state_bytes += 4.0 * (double)loom_compression_state_words(&gc, &specs[k]);
     c.sent_words += (double)loom_compression_sent_words(&gc, &specs[k]);
+    if (loom_compression_compresses(&gc, &specs[k], NULL, NULL))
+      c.message_words += (double)loom_compression_sent_words(&gc, &specs[k]);
     c.whole_words += (double)loom_tensor_numel(&specs[k]);
   }
   free(specs);

@@ -81,8 +81,19 @@ loom_compression loom_plan_compression(const loom_plan *plan);
  * words they would send whole (equal, and no state, without compression). */
 typedef struct {
   double state_bytes, sent_words, whole_words;
+  double message_words; /* the part of sent_words that is compressed tensors' messages (the rest crosses whole) */
 } loom_compression_cost;
 loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
+
+/* Bytes one rank sends over dp per step for the stage `range`, as ring
+ * collectives move them (of a buffer of B bytes, an all-reduce sends
+ * 2 (d-1)/d B, a reduce-scatter or all-gather (d-1)/d B; an all-gather of a
+ * B-byte message from each rank, (d-1) B): the grads' all-reduce (in the
+ * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or compression's
+ * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
+ * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
+ * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
+double loom_plan_dp_bytes_sent(const loom_plan *plan, const loom_stage_range *range);
 
 /* Parameters of the whole model, from the layers' parameter table. */
 int64_t loom_plan_total_parameters(const loom_plan *plan);
