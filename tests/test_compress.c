@@ -45,10 +45,10 @@ static void random_grads(loom_gpt_params *p, int step) {
 static void rank_one_grads(loom_gpt_params *p, const loom_grad_compress *s) {
   random_grads(p, 0);
   for (int c = 0; c < s->count; c++) {
-    float *g = p->grads.views[s->tensor[c]].data;
-    for (int i = 0; i < s->rows[c]; i++)
-      for (int j = 0; j < s->cols[c]; j++)
-        g[(size_t)i * s->cols[c] + j] = (float)((i % 5) - 2 + g_world->rank) * (float)(j % 3 + 1) * 0.25f;
+    float *g = p->grads.views[s->item[c].tensor].data;
+    for (int i = 0; i < s->item[c].rows; i++)
+      for (int j = 0; j < s->item[c].cols; j++)
+        g[(size_t)i * s->item[c].cols + j] = (float)((i % 5) - 2 + g_world->rank) * (float)(j % 3 + 1) * 0.25f;
   }
 }
 
@@ -81,9 +81,9 @@ START_TEST(low_rank_sums_are_exact) {
   float *want = plain_sum(&p);
   loom_grad_compress_reduce(&s, &p, g_world, loom_ops_cpu());
   for (int c = 0; c < s.count; c++) {
-    const size_t at = loom_buffer_offset(&p.grads, s.tensor[c]), n = (size_t)s.rows[c] * s.cols[c];
+    const size_t at = loom_buffer_offset(&p.grads, s.item[c].tensor), n = (size_t)s.item[c].rows * s.item[c].cols;
     const double e = rel_diff((float *)p.grads.base + at, want + at, n);
-    ck_assert_msg(e <= 1e-5, "%s: a rank-1 sum came through %g off", p.grads.views[s.tensor[c]].name, e);
+    ck_assert_msg(e <= 1e-5, "%s: a rank-1 sum came through %g off", p.grads.views[s.item[c].tensor].name, e);
   }
   /* Each replica keeps its grad less its share of the sum; those shares add up to nothing. */
   float *left = malloc(s.error_floats * sizeof(float));
@@ -107,8 +107,8 @@ START_TEST(equal_magnitudes_cross_signs_exactly) {
   ck_assert_msg(s.count >= 10, "the sign method compresses every matrix (%d)", s.count);
   random_grads(&p, 0);
   for (int c = 0; c < s.count; c++) {
-    float *g = p.grads.views[s.tensor[c]].data;
-    for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) g[i] = (g[i] >= 0 ? 0.125f : -0.125f) * (float)(g_world->rank + 1);
+    float *g = p.grads.views[s.item[c].tensor].data;
+    for (size_t i = 0; i < (size_t)s.item[c].rows * s.item[c].cols; i++) g[i] = (g[i] >= 0 ? 0.125f : -0.125f) * (float)(g_world->rank + 1);
   }
   float *want = plain_sum(&p);
   loom_grad_compress_reduce(&s, &p, g_world, loom_ops_cpu());
@@ -133,8 +133,8 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
     /* want = sum over replicas of grads + old error feedback, matrices only (the rest is summed whole) */
     memcpy(want, p.grads.base, n * sizeof(float));
     for (int c = 0; c < s.count; c++) {
-      float *w = want + loom_buffer_offset(&p.grads, s.tensor[c]);
-      for (size_t i = 0; i < (size_t)s.rows[c] * s.cols[c]; i++) w[i] += s.error[s.error_at[c] + i];
+      float *w = want + loom_buffer_offset(&p.grads, s.item[c].tensor);
+      for (size_t i = 0; i < (size_t)s.item[c].rows * s.item[c].cols; i++) w[i] += s.error[s.item[c].error_at + i];
     }
     loom_comm_allreduce(g_world, want, n, LOOM_REDUCE_SUM);
     loom_grad_compress_reduce(&s, &p, g_world, ops);
@@ -142,8 +142,8 @@ START_TEST(nothing_is_lost_and_replicas_agree) {
     memcpy(got, p.grads.base, n * sizeof(float));
     float *err = calloc(n, sizeof(float));
     for (int c = 0; c < s.count; c++)
-      memcpy(err + loom_buffer_offset(&p.grads, s.tensor[c]), s.error + s.error_at[c],
-             (size_t)s.rows[c] * s.cols[c] * sizeof(float));
+      memcpy(err + loom_buffer_offset(&p.grads, s.item[c].tensor), s.error + s.item[c].error_at,
+             (size_t)s.item[c].rows * s.item[c].cols * sizeof(float));
     loom_comm_allreduce(g_world, err, n, LOOM_REDUCE_SUM);
     for (size_t i = 0; i < n; i++) got[i] += err[i];
     free(err);

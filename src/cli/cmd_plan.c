@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
+#include "core/check.h"
 #include "core/log.h"
 #include "plan/plan.h"
 
@@ -60,36 +61,33 @@ static void show(const loom_plan *p) {
   printf("precision: %s, grads reduced over dp in %s\n",
          p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
          p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
+  /* What the grads send over dp: in all, and from the pipeline rank that sends the most. */
   const loom_compression gc = loom_plan_compression(p);
+  double sent = 0.0, whole = 0.0, *rank_bytes = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"),
+         *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic");
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *st = p->stages[k];
+    const loom_stage_range range = loom_plan_stage_range(p, st->chunk * l->pp + st->pp_rank);
+    const loom_compression_cost c = loom_plan_compression_cost(p, &range);
+    sent += c.sent_words, whole += c.whole_words;
+    rank_bytes[st->pp_rank] += (double)p->estimates->stages[k]->dp_bytes_sent;
+    rank_words[st->pp_rank] += c.whole_words;
+  }
   if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
-    double sent = 0.0, whole = 0.0;
-    for (size_t k = 0; k < p->n_stages; k++) {
-      const loom_stage_range range = {p->stages[k]->layer_begin, p->stages[k]->layer_end, p->stages[k]->embedding,
-                                      p->stages[k]->head};
-      const loom_compression_cost c = loom_plan_compression_cost(p, &range);
-      sent += c.sent_words, whole += c.whole_words;
-    }
     char method[64];
     loom_compression_describe(&gc, method, sizeof method);
     printf("grad compression: %s with error feedback: the grads of one tp rank's model send %.0f words per step over "
            "dp instead of %.0f (%.1fx fewer bytes)\n", method, sent, whole, sent > 0 ? whole / sent : 0.0);
   }
-  if (l->dp > 1) { /* the pipeline rank that sends the most over dp */
-    double most = 0.0, shard = 0.0;
-    for (int r = 0; r < l->pp; r++) {
-      double bytes = 0.0, words = 0.0;
-      for (size_t k = 0; k < p->n_stages; k++) {
-        if (p->stages[k]->pp_rank != r) continue;
-        const loom_stage_range range = {p->stages[k]->layer_begin, p->stages[k]->layer_end, p->stages[k]->embedding,
-                                        p->stages[k]->head};
-        bytes += (double)p->estimates->stages[k]->dp_bytes_sent;
-        words += loom_plan_compression_cost(p, &range).whole_words;
-      }
-      if (bytes > most) most = bytes, shard = words;
-    }
+  if (l->dp > 1) {
+    int most = 0;
+    for (int r = 1; r < l->pp; r++) most = rank_bytes[r] > rank_bytes[most] ? r : most;
     printf("dp traffic: a rank sends up to %.2f MiB per step over dp, %.2f x its fp32 shard (ring collectives; plain "
-           "data parallelism sends 2(d-1)/d)\n", most / 1048576.0, shard > 0 ? most / (4.0 * shard) : 0.0);
+           "data parallelism sends 2(d-1)/d)\n", rank_bytes[most] / 1048576.0,
+           rank_words[most] > 0 ? rank_bytes[most] / (4.0 * rank_words[most]) : 0.0);
   }
+  free(rank_bytes);
+  free(rank_words);
   printf("\nrank grid (global rank: tp, dp, pp):\n");
   const int shown = ranks < 64 ? ranks : 64;
   for (int r = 0; r < shown; r++)

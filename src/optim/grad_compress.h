@@ -30,11 +30,17 @@
 #include "layers/gpt_params.h"
 #include "plan/grad_compression.h"
 
+/* One compressed grad: its index in the grads, its shape, and where its
+ * error feedback and its part of a and b lie. */
+typedef struct {
+  int tensor, rows, cols;
+  size_t error_at, a_at, b_at;
+} loom_compressed_grad;
+
 typedef struct {
   loom_compression cfg;
-  int count;                     /* compressed tensors */
-  int *tensor, *rows, *cols;     /* [count] their indices in the grads, and shapes */
-  size_t *error_at, *a_at, *b_at; /* [count] offsets into error, a and b */
+  int count;                  /* compressed tensors */
+  loom_compressed_grad *item; /* [count], in the grads' order */
   size_t error_floats, a_words, b_words;
   float *error;    /* error feedback */
   float *a, *b;    /* PowerSGD: all P, all Q. Sign: this replica's messages, and every replica's (dp x a_words) */

@@ -195,6 +195,33 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
 
 /* ---- estimates ---- */
 
+/* Bytes one rank sends over dp per step for a stage that costs c, as ring
+ * collectives move them (of a buffer of B bytes, an all-reduce sends
+ * 2 (d-1)/d B, a reduce-scatter or all-gather (d-1)/d B; an all-gather of a
+ * B-byte message from each rank, (d-1) B): the grads' all-reduce (in the
+ * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or compression's
+ * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
+ * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
+ * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
+static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c) {
+  const double d = p->parallel->dp;
+  if (d < 2) return 0.0;
+  const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
+  const loom_compression gc = loom_plan_compression(p);
+  double bytes;
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
+    bytes = 2.0 * share * 4.0 * c->sent_words;
+  else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
+    bytes = (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
+  else if (p->parallel->zero_stage >= 1) /* ZeRO-1 reduce-scatters fp32 grads */
+    bytes = share * 4.0 * c->whole_words;
+  else
+    bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
+  if (p->parallel->zero_stage >= 1) /* and all-gathers the updated weights, in bf16 as the distributed optimizer */
+    bytes += share * (p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
+  return bytes;
+}
+
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
  * keeps live at once: the verifier's count, read off the schedule the
  * executor runs, into out[pp] (left 0 if the schedule cannot be built). */
@@ -255,7 +282,7 @@ void loom_plan_estimate(loom_plan *p) {
     const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
-    x->has_in_flight = x->has_master_weights = x->has_grad_compression = 1;
+    x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
     x->parameters = params;
@@ -272,9 +299,11 @@ void loom_plan_estimate(loom_plan *p) {
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
-    x->has_dp_bytes_sent = 1;
-    x->grad_compression = sound ? (int64_t)loom_plan_compression_cost(p, &range).state_bytes : 0;
-    x->dp_bytes_sent = sound ? (int64_t)loom_plan_dp_bytes_sent(p, &range) : 0;
+    if (sound) { /* compression's state, and what crosses dp, from the layers' table once */
+      const loom_compression_cost c = loom_plan_compression_cost(p, &range);
+      x->grad_compression = (int64_t)c.state_bytes;
+      x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c);
+    }
     e->stages[k] = x;
   }
   free(flight);
@@ -554,26 +583,6 @@ loom_compression loom_plan_compression(const loom_plan *p) {
   const Loom__GradCompression *gc = p->grad_compression;
   return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
                             .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
-}
-
-double loom_plan_dp_bytes_sent(const loom_plan *p, const loom_stage_range *range) {
-  const double d = p->parallel->dp;
-  if (d < 2) return 0.0;
-  const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
-  const loom_compression_cost c = loom_plan_compression_cost(p, range);
-  const loom_compression gc = loom_plan_compression(p);
-  double bytes;
-  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
-    bytes = 2.0 * share * 4.0 * c.sent_words;
-  else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
-    bytes = (d - 1.0) * 4.0 * c.message_words + 2.0 * share * 4.0 * (c.sent_words - c.message_words);
-  else if (p->parallel->zero_stage >= 1) /* ZeRO-1 reduce-scatters fp32 grads */
-    bytes = share * 4.0 * c.whole_words;
-  else
-    bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c.whole_words;
-  if (p->parallel->zero_stage >= 1) /* and all-gathers the updated weights, in bf16 as the distributed optimizer */
-    bytes += share * (p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c.whole_words;
-  return bytes;
 }
 
 loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {

@@ -85,16 +85,6 @@ typedef struct {
 } loom_compression_cost;
 loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
 
-/* Bytes one rank sends over dp per step for the stage `range`, as ring
- * collectives move them (of a buffer of B bytes, an all-reduce sends
- * 2 (d-1)/d B, a reduce-scatter or all-gather (d-1)/d B; an all-gather of a
- * B-byte message from each rank, (d-1) B): the grads' all-reduce (in the
- * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or compression's
- * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
- * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
- * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
-double loom_plan_dp_bytes_sent(const loom_plan *plan, const loom_stage_range *range);
-
 /* Parameters of the whole model, from the layers' parameter table. */
 int64_t loom_plan_total_parameters(const loom_plan *plan);
 
@@ -104,7 +94,9 @@ int64_t loom_plan_total_parameters(const loom_plan *plan);
  * ZeRO-1; activations by Megatron's s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes
  * per layer, or s*b*h*(34 + 5*a*s/h)/t with sequence parallelism, 2*s*b*h
  * with full recompute, times the micro-batches the verified schedule keeps
- * in flight on that rank), and the bubble. */
+ * in flight on that rank), gradient compression's state and the bytes a
+ * rank sends over dp per step (as ring collectives move them), and the
+ * bubble. */
 void loom_plan_estimate(loom_plan *plan);
 
 /* One line per broken rule, each naming the field, the value, the rule and a
