@@ -1,6 +1,7 @@
 /* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP; world =
- * TP * PP * DP; ZERO 1 uses the ZeRO-1 optimizer, whose Adam state must be
- * 1/dp of the full amount; SP 1 turns on sequence parallelism): for every
+ * TP * PP * DP; ZERO 1-3 is the ZeRO stage, whose measured Adam state must
+ * be 1/dp of the full amount, and also the grads under ZeRO-2 and the
+ * weights under ZeRO-3; SP 1 turns on sequence parallelism): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -55,7 +56,8 @@ typedef struct {
   int v, m;
   const int *split;
   int nsplit;
-  bool zero1, recompute, bf16, bf16_reduce;
+  int zero; /* ZeRO stage */
+  bool recompute, bf16, bf16_reduce;
   size_t bucket_bytes;
 } pp_case;
 
@@ -64,7 +66,7 @@ static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
   const loom_gpt_config cfg = tiny();
   const loom_plan_spec spec = {.layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .vocab = cfg.vocab,
                                .seq = cfg.seq, .dropout = cfg.dropout, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
-                               .zero_stage = pc->zero1, .sequence_parallel = sp, .recompute = pc->recompute,
+                               .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
                                .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,
                                .precision = pc->bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32,
@@ -80,6 +82,32 @@ static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
 /* The plan of a case on the test's grid. */
 static loom_plan *plan_of(const pp_case *pc) { return plan_on(pc, g_tp, g_pp, g_dp, g_sp); }
 
+/* Whether measured bytes are a 1/dp share of `full`: at least that, and at
+ * most a bucket's padding (dp - 1 elements) more per bucket. */
+static bool share_of(double held, double full, int buckets, size_t esize) {
+  return held >= full / g_dp && held <= full / g_dp + (double)(buckets * (g_dp - 1)) * (double)esize;
+}
+
+/* What ZeRO holds, measured off the allocations: Adam's moments are 1/dp of
+ * the full amount, and the grads too from ZeRO-2 on, and the fp32 weights
+ * from ZeRO-3 on (the buffers in transit are reported apart). */
+static void expect_sharded(const loom_trainer *tr) {
+  const loom_held_bytes h = loom_trainer_held_bytes(tr);
+  double full = 0.0; /* fp32 bytes of this rank's parameters */
+  int buckets = 0;
+  for (int c = 0; c < tr->pipe.v; c++) full += 4.0 * (double)tr->pipe.chunks[c].p.params.numel, buckets += tr->zero[c].nbuckets;
+  ck_assert_msg(full > 0 && share_of(h.optimizer, 2.0 * full, buckets, 2 * sizeof(float)), "Adam holds %g of %g bytes",
+                h.optimizer, 2.0 * full);
+  if (g_zero >= 2) ck_assert_msg(share_of(h.grads, full, buckets, sizeof(float)), "grads %g of %g bytes (%d buckets, stored %g)", h.grads, full, buckets, (double)tr->pipe.chunks[0].p.grads.capacity);
+  else ck_assert_double_ge(h.grads, full);
+  if (g_zero == 3) ck_assert_msg(share_of(h.weights, full, buckets, sizeof(float)), "weights %g of %g bytes", h.weights, full);
+  else ck_assert_double_ge(h.weights, full / 2); /* the model's own: fp32, or bf16 beside the master pieces */
+  if (g_zero >= 2) ck_assert_double_gt(h.transient, 0.0);
+  if (g_world->rank == 0 && tr->pipe.v == 1)
+    printf("ZeRO-%d dp %d rank 0: weights %.0f, grads %.0f, Adam %.0f, in transit %.0f bytes (fp32 whole %.0f)\n", g_zero,
+           g_dp, h.weights, h.grads, h.optimizer, h.transient, full);
+}
+
 /* Trains a case through the runtime, as `loom train` would; the caller frees
  * tr, then *plan. */
 static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, loom_plan **plan_out, loom_dataset *data) {
@@ -88,34 +116,38 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   const loom_trainer_options o = {.seed = 21, .bucket_bytes = pc->bucket_bytes, .weight_decay = loom_adamw_defaults().weight_decay,
                                   .grad_clip = loom_adamw_defaults().grad_clip, .lr = lr()};
   ck_assert_msg(loom_trainer_init(tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
-  loom_pipeline *pipe = &tr->pipe;
-  for (int c = 0; tr->zero && c < pc->v; c++) {
-    /* Adam moments for 1/dp of the parameters, padding aside. */
-    const size_t full = 2 * pipe->chunks[c].p.params.numel * sizeof(float);
-    ck_assert_uint_le(loom_zero1_state_bytes(&tr->zero[c]), full / g_dp + 2 * sizeof(float) * g_dp);
-    ck_assert_uint_ge(loom_zero1_state_bytes(&tr->zero[c]), full / g_dp);
-  }
-  ck_assert(!pc->zero1 == !tr->zero);
+  if (tr->zero) expect_sharded(tr);
+  ck_assert(!pc->zero == !tr->zero);
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
 }
 
+/* Chunk c's fp32 weights, gathered from the replicas' pieces where ZeRO keeps no whole copy; free them. */
+static float *weights_of(loom_trainer *tr, int c) {
+  loom_gpt_params *p = &tr->pipe.chunks[c].p;
+  float *got = malloc(p->params.numel * sizeof(float));
+  if (tr->zero) loom_zero_gather_master(&tr->zero[c], p, tr->ps.dp_group, got);
+  else memcpy(got, p->params.base, p->params.numel * sizeof(float));
+  return got;
+}
+
 /* Every chunk's weights equal this rank's slice of the serial model's. */
-static void expect_same_weights(loom_pipeline *pipe, loom_gpt *serial, const char *what) {
-  for (int c = 0; c < pipe->v; c++) {
-    loom_gpt_params *p = &pipe->chunks[c].p;
-    float *want = malloc(p->params.numel * sizeof(float));
+static void expect_same_weights(loom_trainer *tr, loom_gpt *serial, const char *what) {
+  for (int c = 0; c < tr->pipe.v; c++) {
+    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    float *want = malloc(p->params.numel * sizeof(float)), *got = weights_of(tr, c);
     tu_slice_of(p, &serial->p.params, &serial->p, want);
-    const double e = tu_nmse(p->params.base, want, p->params.numel);
-    ck_assert_msg(e <= 1e-9, "%s: rank %d chunk %d weights NMSE %g", what, g_world->rank, c, e);
-    ck_assert_double_le(tu_max_abs_diff(p->params.base, want, p->params.numel), 1e-4);
+    const double e = tu_nmse(got, want, p->params.numel);
+    ck_assert_msg(p->params.numel > 0 && e <= 1e-9, "%s: rank %d chunk %d weights NMSE %g", what, g_world->rank, c, e);
+    ck_assert_double_le(tu_max_abs_diff(got, want, p->params.numel), 1e-4);
     free(want);
+    free(got);
   }
 }
 
 static void check(loom_schedule_kind kind, int v, int m, const int *split, int nsplit) {
   char what[128];
   snprintf(what, sizeof what, "%s tp %d pp %d dp %d%s vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp,
-           g_zero ? " zero-1" : "", v, m, split ? " uneven" : "");
+           g_zero ? " zero" : "", v, m, split ? " uneven" : "");
   float serial_losses[STEPS], losses[STEPS], recomputed[STEPS];
   loom_gpt serial;
   train_serial(m, serial_losses, &serial);
@@ -123,12 +155,12 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   loom_plan *plan;
   loom_dataset *data = loom_dataset_addition(2, 4);
   /* Tiny buckets: several per chunk, so the overlapped reduction is what gets tested. */
-  pp_case pc = {.kind = kind, .v = v, .m = m, .split = split, .nsplit = nsplit, .zero1 = g_zero, .bucket_bytes = 2048};
+  pp_case pc = {.kind = kind, .v = v, .m = m, .split = split, .nsplit = nsplit, .zero = g_zero, .bucket_bytes = 2048};
   train_pipeline(&pc, losses, &tr, &plan, data);
   for (int s = 0; s < STEPS; s++)
     ck_assert_msg(fabs(losses[s] - serial_losses[s]) <= 1e-5 * fabs(serial_losses[s]), "%s: step %d loss %g vs serial %g",
                   what, s + 1, (double)losses[s], (double)serial_losses[s]);
-  expect_same_weights(&tr.pipe, &serial, what);
+  expect_same_weights(&tr, &serial, what);
   loom_trainer_free(&tr);
   loom_plan_free(plan);
   pc.recompute = true;
@@ -154,7 +186,7 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
 static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, double worst_tol) {
   loom_dataset *data = loom_dataset_addition(2, 4);
   const pp_case pc = {.kind = g_pp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B, .v = g_pp > 1 ? 2 : 1,
-                      .m = 2 * g_pp, .zero1 = g_zero, .bf16 = true, .bf16_reduce = bf16_reduce,
+                      .m = 2 * g_pp, .zero = g_zero, .bf16 = true, .bf16_reduce = bf16_reduce,
                       .bucket_bytes = 2048};
   const pp_case one = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .m = pc.m, .bf16 = true};
   const loom_trainer_options o = {.seed = 21, .weight_decay = loom_adamw_defaults().weight_decay,
@@ -168,11 +200,12 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   ck_assert(tr.pipe.chunks[0].p.compute.numel == tr.pipe.chunks[0].p.params.numel); /* a bf16 copy that runs */
   for (int c = 0; g_zero && c < tr.pipe.v; c++) {
     /* The distributed optimizer: no whole fp32 master on any replica; a slice of it next to the moments. */
-    const loom_zero1 *z = &tr.zero[c];
+    const loom_zero *z = &tr.zero[c];
     ck_assert(!loom_gpt_params_have_master(&tr.pipe.chunks[c].p) && z->master != NULL);
-    ck_assert_uint_eq(loom_zero1_state_bytes(z), 3 * z->shard * sizeof(float));
-    ck_assert_uint_le(z->shard, tr.pipe.chunks[c].p.params.numel / g_dp + 1);
+    ck_assert_uint_eq(loom_zero_state_bytes(z), 3 * z->shard * sizeof(float));
+    ck_assert_uint_le(z->shard, tr.pipe.chunks[c].p.params.numel / g_dp + (size_t)z->nbuckets);
   }
+  if (g_zero) expect_sharded(&tr);
   for (int s = 0; s < STEPS; s++) {
     const float want = loom_trainer_step(&serial, s).loss, got = loom_trainer_step(&tr, s).loss;
     ck_assert_msg(isfinite(want) && fabs(got - want) <= loss_tol * fabs(want),
@@ -182,11 +215,8 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   loom_gpt *whole = &serial.pipe.chunks[0];
   for (int c = 0; c < tr.pipe.v; c++) {
     loom_gpt_params *p = &tr.pipe.chunks[c].p;
-    float *want = malloc(p->params.numel * sizeof(float));
-    float *got = malloc((g_zero ? tr.zero[c].shard * g_dp : p->params.numel) * sizeof(float));
+    float *want = malloc(p->params.numel * sizeof(float)), *got = weights_of(&tr, c);
     tu_slice_of(p, &whole->p.params, &whole->p, want);
-    if (g_zero) loom_zero1_gather_master(&tr.zero[c], p, tr.ps.dp_group, got);
-    else memcpy(got, p->params.base, p->params.numel * sizeof(float));
     const double e = tu_nmse(got, want, p->params.numel), worst = tu_max_abs_diff(got, want, p->params.numel);
     ck_assert_msg(p->params.numel > 0 && e <= nmse_tol && worst <= worst_tol, "bf16%s: rank %d chunk %d master weights NMSE %g, worst %g",
                   bf16_reduce ? " (bf16 reduction)" : "", g_world->rank, c, e, worst);
@@ -255,7 +285,7 @@ END_TEST
  * weights as they were, and training carries on. */
 START_TEST(nan_skips_the_step_everywhere) {
   loom_dataset *data = loom_dataset_addition(2, 4);
-  const pp_case pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .m = 2, .zero1 = g_zero};
+  const pp_case pc = {.kind = LOOM_SCHEDULE_1F1B, .v = 1, .m = 2, .zero = g_zero};
   loom_error err = {{0}};
   loom_plan *plan = plan_of(&pc);
   const loom_trainer_options o = {.seed = 21, .lr = lr()};
@@ -268,12 +298,17 @@ START_TEST(nan_skips_the_step_everywhere) {
   ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
   const loom_step_stats bad = loom_trainer_step(&tr, 0);
   loom_fault_disarm();
-  const loom_gpt_params *p = &tr.pipe.chunks[0].p, *p0 = &fresh.pipe.chunks[0].p;
+  const size_t n = tr.pipe.chunks[0].p.params.numel;
+  float *w = weights_of(&tr, 0), *w0 = weights_of(&fresh, 0);
   ck_assert(bad.skipped);
-  ck_assert_mem_eq(p->params.base, p0->params.base, p->params.numel * sizeof(float));
+  ck_assert_mem_eq(w, w0, n * sizeof(float));
+  free(w);
   const loom_step_stats good = loom_trainer_step(&tr, 1);
   ck_assert(!good.skipped && isfinite(good.loss) && isfinite(good.grad_norm));
-  ck_assert(memcmp(p->params.base, p0->params.base, 64) != 0);
+  w = weights_of(&tr, 0);
+  ck_assert(memcmp(w, w0, 64) != 0);
+  free(w);
+  free(w0);
   loom_trainer_free(&tr);
   loom_trainer_free(&fresh);
   loom_plan_free(plan);

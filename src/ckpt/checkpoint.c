@@ -40,7 +40,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   loom_comm_broadcast_typed(ps->world_group, &save_id, 1, LOOM_DTYPE_I64, 0);
   const loom_shard_binding binding = {(uint64_t)save_id, step, ps->rank};
   loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
-  const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero == 1, pieces);
+  const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero >= 1, pieces);
   loom_shard_written mine = {0, 0};
   loom_ckpt_staging staging;
   st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, pieces, sizeof *pieces, count, true, err);

@@ -9,11 +9,11 @@ enum { PARAM, ADAM_M, ADAM_V };
 static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
 
 loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt) {
-  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, NULL, 0, p->params.numel, &opt->step};
+  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, NULL, NULL, 0, &opt->step};
 }
 
-loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z) {
-  return (loom_ckpt_chunk){p, z->m, z->v, z->master, z->begin, z->end, &z->step};
+loom_ckpt_chunk loom_ckpt_chunk_zero(loom_gpt_params *p, loom_zero *z) {
+  return (loom_ckpt_chunk){p, z->m, z->v, z->master, z->runs, z->nbuckets, &z->step};
 }
 
 /* Row blocks of tensor k that are contiguous in the global tensor: c_attn's
@@ -26,42 +26,49 @@ static int parts_of(const loom_gpt_params *p, int k) {
 int loom_ckpt_max_pieces(const loom_ckpt_chunk *chunks, int n) {
   int count = 0;
   for (int c = 0; c < n; c++)
-    for (int k = 0; k < chunks[c].p->params.count; k++) count += 3 * parts_of(chunks[c].p, k);
+    for (int k = 0; k < chunks[c].p->params.count; k++) count += 3 * parts_of(chunks[c].p, k); /* a tensor lies in one run at most */
   return count;
 }
 
-/* Appends tensor k of chunk ch as pieces of kind `kind`, one per row block
- * that holds any of the chunk's state of that kind (ZeRO-1 holds a slice). */
-static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_tensor *out) {
+/* Appends the part of tensor k's row block b inside run r as a piece of kind `kind`. */
+static int add_piece(const loom_ckpt_chunk *ch, int k, int b, const loom_flat_run *r, int kind, loom_shard_tensor *t) {
   const loom_gpt_params *p = ch->p;
-  const loom_tensor *view = &p->params.views[k];
   const loom_shard_layout *l = &p->meta[k].layout;
   int64_t rows, cols;
   loom_shard_local_shape(l, p->tp_rank, p->tp_size, &rows, &cols);
-  const int parts = parts_of(p, k);
-  const int64_t part_rows = rows / parts;
+  const int64_t part_rows = rows / parts_of(p, k);
   const size_t at = loom_buffer_offset(&p->params, k); /* flat offset of the tensor in the chunk's buffer */
-  size_t begin = ch->begin, end = ch->end;
-  if (kind == PARAM && !ch->master) begin = 0, end = p->params.numel;
-  else if (kind != PARAM && !ch->m) return 0;
+  const size_t lo = at + (size_t)(b * part_rows * cols), hi = lo + (size_t)(part_rows * cols);
+  const size_t from = lo > r->lo ? lo : r->lo, to = hi < r->hi ? hi : r->hi;
+  if (to <= from) return 0;
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s/%s", KINDS[kind], p->params.views[k].name);
+  t->ndim = 2;
+  t->global[0] = l->rows;
+  t->global[1] = l->cols;
+  loom_shard_locate(l, p->tp_rank, p->tp_size, b * part_rows, &t->offset[0], &t->offset[1]);
+  t->local[0] = part_rows;
+  t->local[1] = cols;
+  t->first = (int64_t)(from - lo);
+  t->count = (int64_t)(to - from);
+  float *const held[3] = {ch->master, ch->m, ch->v};
+  t->data = kind == PARAM && !ch->master ? (float *)p->params.base + from : held[kind] + r->at + (from - r->lo);
+  return 1;
+}
+
+/* Appends tensor k of chunk ch as pieces of kind `kind`, one per row block
+ * and run that holds any of the chunk's state of that kind (ZeRO holds pieces). */
+static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_tensor *out) {
+  const loom_gpt_params *p = ch->p;
+  const loom_flat_run whole = {0, p->params.numel, 0};
+  const bool all = !ch->runs || (kind == PARAM && !ch->master);
+  if (kind != PARAM && !ch->m) return 0;
+  const size_t lo = loom_buffer_offset(&p->params, k), hi = lo + loom_tensor_numel(&p->params.views[k]);
   int count = 0;
-  for (int b = 0; b < parts; b++) {
-    const size_t lo = at + (size_t)(b * part_rows * cols), hi = lo + (size_t)(part_rows * cols);
-    const size_t from = lo > begin ? lo : begin, to = hi < end ? hi : end;
-    if (to <= from) continue;
-    loom_shard_tensor *t = &out[count++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s/%s", KINDS[kind], view->name);
-    t->ndim = 2;
-    t->global[0] = l->rows;
-    t->global[1] = l->cols;
-    loom_shard_locate(l, p->tp_rank, p->tp_size, b * part_rows, &t->offset[0], &t->offset[1]);
-    t->local[0] = part_rows;
-    t->local[1] = cols;
-    t->first = (int64_t)(from - lo);
-    t->count = (int64_t)(to - from);
-    float *const slice[3] = {ch->master, ch->m, ch->v};
-    t->data = kind == PARAM && !ch->master ? (float *)p->params.base + from : slice[kind] + (from - begin);
+  for (int i = 0; i < (all ? 1 : ch->nruns); i++) {
+    const loom_flat_run *r = all ? &whole : &ch->runs[i];
+    if (r->hi <= lo || r->lo >= hi) continue;
+    for (int b = 0; b < parts_of(p, k); b++) count += add_piece(ch, k, b, r, kind, out + count);
   }
   return count;
 }

@@ -2,11 +2,12 @@
  * moments (whole blocks, or the runs of them inside its ZeRO-1 slice),
  * named canonically ("param/h.3.mlp.c_fc.weight", "adam_m/...", "adam_v/...")
  * and placed by global offsets. A tensor-parallel block of c_attn is three
- * pieces, its q, k and v rows, as each is contiguous in the global tensor.
+ * pieces, its q, k and v rows, as each is contiguous in the global tensor
+ * (and under ZeRO each such piece is cut again by the replica's pieces).
  *
  * Saving writes each element once: tensor-parallel replicas (norms, biases
  * after a row-parallel reduction, wpe) only from tp rank 0, data-parallel
- * replicas only from dp rank 0 (ZeRO-1 moments, and in bf16 runs the
+ * replicas only from dp rank 0 (ZeRO moments, and in bf16 runs the
  * master weights, are already split), and the
  * tied wte only from the first stage. Loading wants every element a rank
  * holds, and takes each from whichever rank of the old plan wrote it. */
@@ -17,22 +18,23 @@
 #include "ckpt/shard_file.h"
 #include "layers/gpt_params.h"
 #include "optim/adamw.h"
-#include "optim/zero1.h"
+#include "optim/zero.h"
 
 #define LOOM_SHARD_MAX_PARTS 4 /* row blocks of one tensor (c_attn has q, k, v) */
 
 /* One model chunk of a rank with its optimizer state. */
 typedef struct {
   loom_gpt_params *p;
-  float *m, *v;        /* Adam moments of the flat elements [begin, end) of p's buffer; NULL: parameters only */
-  float *master;       /* the fp32 parameters of [begin, end) when p holds none (the distributed optimizer's); else NULL */
-  size_t begin, end;   /* the whole buffer, or this replica's ZeRO-1 slice */
+  float *m, *v;        /* Adam moments of the runs' flat elements of p's buffer; NULL: parameters only */
+  float *master;       /* the fp32 parameters of the runs when p holds none (the distributed optimizer's); else NULL */
+  const loom_flat_run *runs; /* [nruns] this replica's ZeRO pieces, each with its place in m, v and master; */
+  int nruns;                 /* NULL: the whole buffer */
   int *step;           /* the optimizer's step counter */
 } loom_ckpt_chunk;
 
-/* A chunk with plain AdamW state, or with this replica's ZeRO-1 slice of it. */
+/* A chunk with plain AdamW state, or with this replica's ZeRO pieces of it. */
 loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt);
-loom_ckpt_chunk loom_ckpt_chunk_zero1(loom_gpt_params *p, loom_zero1 *z);
+loom_ckpt_chunk loom_ckpt_chunk_zero(loom_gpt_params *p, loom_zero *z);
 
 /* A piece a loader wants, and the rows past which it may be zero (vocab padding). */
 typedef struct {

@@ -15,7 +15,7 @@ typedef struct {
   int n;
   loom_gpt_params *p;
   loom_adamw *opt;
-  loom_zero1 *z;
+  loom_zero *z;
   loom_ckpt_chunk *chunks;
 } offline_rank;
 
@@ -23,7 +23,7 @@ static void free_rank(offline_rank *r) {
   for (int c = 0; c < r->n; c++) {
     loom_gpt_params_free(&r->p[c]);
     if (r->opt) loom_adamw_free(&r->opt[c]);
-    if (r->z) loom_zero1_free(&r->z[c]);
+    if (r->z) loom_zero_free(&r->z[c]);
   }
   free(r->p);
   free(r->opt);
@@ -50,8 +50,8 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
     const int s = c * to->pp + pp_rank; /* interleaved: chunk c of pipeline rank p is stage c * pp + p */
     const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
     st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range, &loom_host_memory);
-    if (st == LOOM_OK) st = to->zero ? loom_zero1_init(&r->z[c], &r->p[c], dp_rank, to->dp, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
-    if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero1(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
+    if (st == LOOM_OK) st = to->zero ? loom_zero_init(&r->z[c], &r->p[c], dp_rank, to->dp, to->zero, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
+    if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
   }
   return st;
 }
@@ -80,7 +80,7 @@ static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest 
   loom_want_index_free(ix);
   char path[4200];
   loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
-  const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero == 1, pieces);
+  const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero >= 1, pieces);
   const loom_shard_binding binding = {save_id, mf->step, rank};
   if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &written->bytes, &written->crc32c, err);
   free(want);

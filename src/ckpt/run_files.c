@@ -20,9 +20,9 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
   f->chunks = loom_xcalloc((size_t)v, sizeof *f->chunks, "checkpoint chunks");
   for (int c = 0; c < v; c++) {
     loom_gpt_params *p = &tr->pipe.chunks[c].p;
-    f->chunks[c] = tr->zero   ? loom_ckpt_chunk_zero1(p, &tr->zero[c])
+    f->chunks[c] = tr->zero   ? loom_ckpt_chunk_zero(p, &tr->zero[c])
                    : tr->opts ? loom_ckpt_chunk_adamw(p, &tr->opts[c])
-                              : (loom_ckpt_chunk){.p = p, .begin = 0, .end = p->params.numel}; /* no optimizer */
+                              : (loom_ckpt_chunk){.p = p}; /* no optimizer */
   }
   const loom_plan *plan = tr->plan;
   f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
@@ -51,8 +51,8 @@ static loom_ckpt_chunk *param_chunks(const loom_run_files *f) {
   loom_ckpt_chunk *p = loom_fault_calloc((size_t)v, sizeof *p);
   for (int c = 0; p && c < v; c++) {
     const loom_ckpt_chunk *all = &f->chunks[c];
-    p[c] = all->master ? (loom_ckpt_chunk){.p = all->p, .master = all->master, .begin = all->begin, .end = all->end}
-                       : (loom_ckpt_chunk){.p = all->p, .begin = 0, .end = all->p->params.numel};
+    p[c] = all->master ? (loom_ckpt_chunk){.p = all->p, .master = all->master, .runs = all->runs, .nruns = all->nruns}
+                       : (loom_ckpt_chunk){.p = all->p};
   }
   return p;
 }

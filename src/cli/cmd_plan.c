@@ -49,19 +49,22 @@ static void show(const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
   const Loom__Model *m = p->model;
   const int ranks = l->tp * l->pp * l->dp;
+  char zero[16] = "";
+  if (l->zero_stage) snprintf(zero, sizeof zero, ", ZeRO-%d", l->zero_stage);
   printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters\n", p->name ? " " : "",
          p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
          (long long)p->estimates->total_parameters);
   printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",
-         l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "",
-         l->zero_stage ? ", ZeRO-1" : "");
+         l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "", zero);
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
   printf("precision: %s, grads reduced over dp in %s\n",
          p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
          p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
-  /* What the grads send over dp: in all, and from the pipeline rank that sends the most. */
+  /* What the grads send over dp: in all, and from the pipeline rank that sends the most. Psi counts in the
+   * run's precision, as DeepSpeed's volumes do (its grads and weights are fp16). */
+  const double psi_bytes = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   const loom_compression gc = loom_plan_compression(p);
   double sent = 0.0, whole = 0.0, *rank_bytes = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"),
          *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic");
@@ -82,9 +85,11 @@ static void show(const loom_plan *p) {
   if (l->dp > 1) {
     int most = 0;
     for (int r = 1; r < l->pp; r++) most = rank_bytes[r] > rank_bytes[most] ? r : most;
-    printf("dp traffic: a rank sends up to %.2f MiB per step over dp, %.2f x its fp32 shard (ring collectives; plain "
-           "data parallelism sends 2(d-1)/d)\n", rank_bytes[most] / 1048576.0,
-           rank_words[most] > 0 ? rank_bytes[most] / (4.0 * rank_words[most]) : 0.0);
+    printf("dp traffic: a rank sends up to %.2f MiB per step over dp, %.2f x its fp32 shard, %.2f Psi for a shard of "
+           "Psi parameters in the run's precision (ring collectives, %d micro-batches; plain data parallelism and "
+           "ZeRO-1/2 at one micro-batch send 2(d-1)/d Psi, ZeRO-3 3(d-1)/d Psi)\n", rank_bytes[most] / 1048576.0,
+           rank_words[most] > 0 ? rank_bytes[most] / (4.0 * rank_words[most]) : 0.0,
+           rank_words[most] > 0 ? rank_bytes[most] / (psi_bytes * rank_words[most]) : 0.0, mb);
   }
   free(rank_bytes);
   free(rank_words);
@@ -99,20 +104,22 @@ static void show(const loom_plan *p) {
   const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
   printf("\nstages, memory per rank in %s (%s; grads and Adam's moments fp32; activations for the micro-batches in flight):\n",
          g_unit > 1048576.0 ? "GiB" : "MiB", bf16 ? "bf16 mixed precision: bf16 weights, an fp32 master copy" : "fp32 weights");
-  printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %7s %8s\n", "pp_rank", "chunk", "layers", "parameters",
-         "weights", "master", "grads", "adam", "adam z1", "acts", "acts rc", "p2p", "cmp");
+  printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %9s %7s %8s\n", "pp_rank", "chunk", "layers", "parameters",
+         "weights", "master", "grads", "adam", "adam z", "transit", "acts", "acts rc", "p2p", "cmp");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
     const Loom__StageEstimate *x = p->estimates->stages[k];
     char layers[32];
     snprintf(layers, sizeof layers, "[%d,%d)%s%s", s->layer_begin, s->layer_end, s->embedding ? "E" : "", s->head ? "H" : "");
-    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f\n", s->pp_rank, s->chunk, layers,
-           (long long)x->parameters, gib(x->weights), gib(x->master_weights), gib(x->grads), gib(x->optimizer),
-           gib(x->optimizer_zero1), gib(x->activations), gib(x->activations_recompute), gib(x->p2p_buffers),
-           gib(x->grad_compression));
+    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f\n", s->pp_rank, s->chunk,
+           layers, (long long)x->parameters, gib(x->weights), gib(x->master_weights), gib(x->grads), gib(x->optimizer),
+           gib(x->optimizer_zero1), gib(x->zero_transient), gib(x->activations), gib(x->activations_recompute),
+           gib(x->p2p_buffers), gib(x->grad_compression));
   }
-  printf("  (E: holds the embedding, H: the LM head; z1: with ZeRO-1 over dp %d; rc: with full recompute; cmp: compression's "
-         "error feedback and factors or messages)\n", l->dp);
+  printf("  (E: holds the embedding, H: the LM head; weights, master and grads as the plan's ZeRO stage keeps them; "
+         "adam z: Adam sharded by ZeRO over dp %d; transit: ZeRO's slices, and under ZeRO-2/3 the gathered weights and "
+         "grads of the layers in flight; rc: with full recompute; cmp: compression's error feedback and factors or "
+         "messages)\n", l->dp);
 }
 
 static int plan_show(int argc, char **argv) {

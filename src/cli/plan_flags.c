@@ -23,7 +23,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
-      {"--zero", FLAG_INT, &f->zero, "ZeRO stage: 1 shards Adam state over the dp replicas", 0, 1, NULL, false, "parallel.zero_stage"},
+      {"--zero", FLAG_INT, &f->zero, "ZeRO stage over the dp replicas: 1 shards Adam state, 2 also the grads, 3 also the weights", 0, 3, NULL, false, "parallel.zero_stage"},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
       {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, LOOM_PLAN_MAX_GLOBAL_BATCH, NULL, false, "batch.global_batch"},

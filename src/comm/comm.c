@@ -61,6 +61,18 @@ void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size
   c->ops->reduce_scatter(c, send, recv, n);
 }
 
+loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  if (!single(c)) return c->ops->iallgather(c, send, recv, n, type);
+  local_copy(c, recv, send, n * loom_dtype_size(type));
+  return NULL;
+}
+
+loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  if (!single(c)) return c->ops->ireduce_scatter(c, send, recv, n);
+  local_copy(c, recv, send, n * sizeof(float));
+  return NULL;
+}
+
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
   if (!single(c)) c->ops->broadcast(c, buf, n, type, root);
 }

@@ -28,6 +28,10 @@ typedef struct {
   void (*allgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
   void (*reduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
+  /* Non-blocking all-gather and reduce-scatter (ZeRO-2/3's per-layer
+   * traffic, overlapped with compute); complete them with wait. */
+  loom_request *(*iallgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
+  loom_request *(*ireduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
   void (*broadcast)(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
   loom_request *(*isend)(loom_comm *c, const float *buf, size_t n, int peer, int tag);
   loom_request *(*irecv)(loom_comm *c, float *buf, size_t n, int peer, int tag);
@@ -66,6 +70,9 @@ loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
 loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type);
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
+/* Non-blocking forms; a group of one copies at once and returns NULL. */
+loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
+loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root);
 void loom_comm_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root);
 void loom_comm_send(loom_comm *c, const float *buf, size_t n, int peer, int tag);

@@ -10,14 +10,15 @@
 #include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp) {
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp,
+                                int zero_stage) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp)
+  loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
                            : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
   if (st != LOOM_OK) return st;
   if (loom_gpt_params_have_master(&m->p)) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
@@ -26,7 +27,7 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
 
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp) {
-  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, 0);
+  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, 0, 0);
 }
 
 static void slots_free(loom_gpt *m) {
@@ -381,7 +382,8 @@ static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
   if (!m->p.cfg.bf16) return &m->p.w.h[l];
   size_t lo, hi;
   loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, (const uint16_t *)m->p.compute.base + lo, hi - lo);
+  const void *first = m->p.compute.views[first_block_tensor(m) + l * LOOM_BLOCK_TENSORS].data; /* the layer's tensors lie back to back */
+  m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, first, hi - lo);
   return &m->w.layer_w;
 }
 
@@ -510,6 +512,12 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
   to_bf16_values(m, m->w.dres, (size_t)n * h);
 }
 
+/* Calls the runtime's hook before or after a layer's (or the edges') part of a pass. */
+static void hook(loom_gpt *m, bool backward, int layer, bool before) {
+  void (*fn)(void *, loom_gpt *, bool, int) = before ? m->hooks.before : m->hooks.after;
+  if (fn) fn(m->hooks.ctx, m, backward, layer);
+}
+
 float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *input) {
   LOOM_CHECK(slot >= 0 && slot < m->nslots, "slot out of range (set the slots first)");
   loom_gpt_slot *s = &m->slots[slot];
@@ -520,15 +528,18 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   else mem->fill32(mem, s->tokens, 0, (size_t)N);
   if (batch->targets) mem->from_host(mem, s->targets, batch->targets, (size_t)N * sizeof(int));
   else mem->fill32(mem, s->targets, (uint32_t)-1, (size_t)N); /* -1: no target */
+  hook(m, false, LOOM_GPT_EDGES, true);
   if (m->p.range.first) embed_forward(m, s, batch);
   else if (input != s->x0) mem->copy(mem, s->x0, input, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = 0; l < L; l++) {
+    hook(m, false, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
     const float *x = layer_input(m, s, l, false);
     const loom_block_weights *w = layer_weights(m, l);
     loom_block_acts a = layer_acts(m, s, l);
     loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
+    hook(m, false, l, false);
     if (!m->recompute && !m->p.cfg.bf16) continue;
     /* Recompute keeps only each layer's input; bf16 runs keep the layer
      * packed and pass its output on in w.xin. */
@@ -536,17 +547,21 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
-  return m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
+  const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
+  hook(m, false, LOOM_GPT_EDGES, false);
+  return loss;
 }
 
 void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss) {
   loom_gpt_slot *s = &m->slots[slot];
   const int n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
   const size_t nh = (size_t)n * h;
+  hook(m, true, LOOM_GPT_EDGES, true);
   if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
   else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, nh * sizeof(float));
   const loom_block_shape shape = block_shape(m);
   for (int l = L - 1; l >= 0; l--) {
+    hook(m, true, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
     const float *x = layer_input(m, s, l, true);
     const loom_block_weights *w = layer_weights(m, l);
@@ -555,10 +570,11 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     if (m->recompute) loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
     else if (m->p.cfg.bf16) pack_layer(m, s, l, &a, false);
     loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &a, x, w, &shape, &d, &m->tp, m->ops);
-    if (m->layer_done) m->layer_done(m->layer_done_ctx, m, l);
+    hook(m, true, l, false);
   }
   if (m->p.range.first) embed_backward(m, s, batch);
   else m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float));
+  hook(m, true, LOOM_GPT_EDGES, false);
 }
 
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch) {
@@ -571,7 +587,7 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
 }
 
 void loom_gpt_sync_replicated_grads(loom_gpt *m) {
-  if (!m->tp.sequence_parallel) return;
+  if (!m->tp.sequence_parallel || !m->p.grads.base) return; /* ZeRO-2/3 sum their grad pieces themselves */
   for (int k = 0; k < m->p.grads.count; k++) {
     if (!m->p.meta[k].tp_replicated) continue;
     loom_comm_allreduce(m->tp.group, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]),
@@ -580,7 +596,7 @@ void loom_gpt_sync_replicated_grads(loom_gpt *m) {
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {
-  loom_mem_zero(m->ops->mem, m->p.grads.base, m->p.grads.numel);
+  if (m->p.grads.base) loom_mem_zero(m->ops->mem, m->p.grads.base, m->p.grads.numel);
 }
 
 void loom_gpt_predict(loom_gpt *m, int *out) {

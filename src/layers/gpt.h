@@ -61,6 +61,22 @@ typedef struct {
   float *lse_scratch;       /* [N] */
 } loom_gpt_work;
 
+struct loom_gpt_s;
+
+/* The hook's layer for the embedding, final norm and head: the whole pass. */
+#define LOOM_GPT_EDGES (-1)
+
+/* A runtime's calls around each part of a pass (any may be NULL): before
+ * and after local layer l's forward or backward (with recompute, the
+ * backward's includes the layer's forward again), and around the whole
+ * stage pass with LOOM_GPT_EDGES. The executor reduces a layer's grads once
+ * they are final; ZeRO-2/3 gather weights and reduce-scatter grads. */
+typedef struct {
+  void *ctx;
+  void (*before)(void *ctx, struct loom_gpt_s *m, bool backward, int layer);
+  void (*after)(void *ctx, struct loom_gpt_s *m, bool backward, int layer);
+} loom_gpt_hooks;
+
 typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
@@ -71,10 +87,7 @@ typedef struct loom_gpt_s {
   loom_gpt_slot *slots;
   loom_gpt_slot *a;         /* slots[0], what single-micro-batch callers read */
   loom_gpt_work w;
-  /* Called after each layer's backward (local layer index) when set: the
-   * executor uses it to start reducing a layer's grads once they are final. */
-  void (*layer_done)(void *ctx, struct loom_gpt_s *m, int layer);
-  void *layer_done_ctx;
+  loom_gpt_hooks hooks;
 } loom_gpt;
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */
@@ -91,12 +104,13 @@ typedef struct {
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
 /* The same for one pipeline stage (or chunk): the layers of `range`.
- * zero_dp > 0: trained by ZeRO-1 over that many replicas, with parameters
- * as loom_gpt_params_init_for_zero builds them; in bf16 runs they get no
- * fp32 master and no initial values, which the distributed optimizer holds
- * and draws. */
+ * zero_dp > 0: trained by ZeRO `zero_stage` over that many replicas, with
+ * parameters as loom_gpt_params_init_for_zero builds them; where they get
+ * no fp32 master (bf16 runs, ZeRO-3) they get no initial values either,
+ * which the distributed optimizer holds and draws. */
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp);
+                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp,
+                                int zero_stage);
 void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);

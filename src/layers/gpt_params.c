@@ -96,9 +96,20 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
   return count;
 }
 
+/* What a run keeps of each of its three buffers. */
+typedef enum { NONE, LAYOUT, STORED } keep;
+typedef struct {
+  keep params, grads, compute; /* compute: bf16 runs only */
+} keeps;
+
+static loom_status make_buffer(loom_buffer *b, keep k, const loom_tensor *specs, int count, const loom_allocator *mem,
+                               size_t pad) {
+  if (k == NONE) return LOOM_OK;
+  return k == STORED ? loom_buffer_init_padded(b, specs, count, mem, pad) : loom_buffer_layout(b, specs, count, mem);
+}
+
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                               const loom_stage_range *range, bool with_grads, bool with_master, size_t pad,
-                               const loom_allocator *mem) {
+                               const loom_stage_range *range, keeps kept, size_t pad, const loom_allocator *mem) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
@@ -116,37 +127,52 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
-  loom_status st = with_master ? loom_buffer_init_padded(&p->params, t.specs, count, mem, pad)
-                               : loom_buffer_layout(&p->params, t.specs, count, mem);
-  if (st == LOOM_OK && with_grads) st = loom_buffer_init_padded(&p->grads, t.specs, count, mem, pad);
-  if (st == LOOM_OK && with_grads && cfg->bf16) { /* the bf16 copy that runs; params are the fp32 master */
+  loom_status st = make_buffer(&p->params, kept.params, t.specs, count, mem, pad);
+  if (st == LOOM_OK) st = make_buffer(&p->grads, kept.grads, t.specs, count, mem, pad);
+  if (st == LOOM_OK && cfg->bf16 && kept.compute != NONE) { /* the bf16 copy that runs; params are the fp32 master */
     for (int k = 0; k < count; k++) t.specs[k].dtype = LOOM_DTYPE_BF16;
-    st = loom_buffer_init_padded(&p->compute, t.specs, count, mem, pad);
+    st = make_buffer(&p->compute, kept.compute, t.specs, count, mem, pad);
   }
   free(t.specs);
   if (st != LOOM_OK) {
     loom_gpt_params_free(p);
     return st;
   }
-  bind(&p->w, &p->params, &r);
-  if (with_grads) bind(&p->g, &p->grads, &r);
+  loom_gpt_params_rebind(p);
   return LOOM_OK;
+}
+
+void loom_gpt_params_rebind(loom_gpt_params *p) {
+  bind(&p->w, &p->params, &p->range);
+  if (p->grads.count) bind(&p->g, &p->grads, &p->range);
+}
+
+void loom_gpt_params_point(loom_gpt_params *p, loom_buffer *b, int k0, int k1, void *base) {
+  const size_t esize = loom_dtype_size(b->dtype), first = loom_buffer_offset(b, k0);
+  size_t at = first;
+  for (int k = k0; k < k1; k++) {
+    b->views[k].data = base ? (char *)base + (at - first) * esize : NULL;
+    at += loom_tensor_numel(&b->views[k]);
+  }
+  loom_gpt_params_rebind(p);
 }
 
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, true, true, 1, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, (keeps){STORED, STORED, STORED}, 1, mem);
 }
 
 loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                          const loom_stage_range *range, const loom_allocator *mem, int dp) {
-  LOOM_CHECK(dp >= 1, "ZeRO over one replica or more");
-  return init_params(p, cfg, tp_rank, tp_size, range, true, !cfg->bf16, (size_t)dp, mem);
+                                          const loom_stage_range *range, const loom_allocator *mem, int dp, int stage) {
+  LOOM_CHECK(dp >= 1 && stage >= 1 && stage <= 3, "ZeRO stage 1-3 over one replica or more");
+  const keep master = cfg->bf16 || stage == 3 ? LAYOUT : STORED;
+  if (stage == 1) return init_params(p, cfg, tp_rank, tp_size, range, (keeps){master, STORED, STORED}, (size_t)dp, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, (keeps){master, LAYOUT, stage == 2 ? STORED : LAYOUT}, 1, mem);
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                          const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, false, true, 1, mem);
+  return init_params(p, cfg, tp_rank, tp_size, range, (keeps){STORED, NONE, NONE}, 1, mem);
 }
 
 void loom_gpt_params_free(loom_gpt_params *p) {

@@ -83,14 +83,23 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
  * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem);
-/* The same for a run under ZeRO-1 over dp replicas: params, grads and the
- * bf16 copy are padded to a multiple of dp elements (loom_buffer_init_padded),
- * so the optimizer reduce-scatters and all-gathers them in place. In bf16
- * runs, Megatron's distributed optimizer, params is a layout without storage
- * (loom_buffer_layout; w views NULL): each replica's optimizer holds only
- * its slice of the fp32 master weights. */
+/* The same for a run under ZeRO `stage` (1..3) over dp replicas
+ * (optim/zero.h). ZeRO-1: params, grads and the bf16 copy are padded to a
+ * multiple of dp elements (loom_buffer_init_padded), so the optimizer
+ * reduce-scatters and all-gathers them in place. ZeRO-2: grads are a layout
+ * without storage (loom_buffer_layout; g views NULL until a runtime points
+ * them at a layer's transient buffer). ZeRO-3: the weights too, fp32 and
+ * bf16. In bf16 runs, Megatron's distributed optimizer, params is a layout
+ * without storage at every stage (w views NULL): each replica's optimizer
+ * holds only its pieces of the fp32 master weights. */
 loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
-                                          const loom_stage_range *range, const loom_allocator *mem, int dp);
+                                          const loom_stage_range *range, const loom_allocator *mem, int dp, int stage);
+/* Points views [k0, k1) of b (p's params, grads or compute) at consecutive
+ * places from base (NULL: at nothing), as the buffer lays them out, and
+ * refreshes p's named views: ZeRO-2/3 lend a layer transient memory. */
+void loom_gpt_params_point(loom_gpt_params *p, loom_buffer *b, int k0, int k1, void *base);
+/* Refreshes p's named views (w, g) from its buffers' views. */
+void loom_gpt_params_rebind(loom_gpt_params *p);
 /* Whether p holds its fp32 master weights (all but the above). */
 static inline bool loom_gpt_params_have_master(const loom_gpt_params *p) { return p->params.base != NULL; }
 /* The same without grads (an empty grads buffer, g views NULL): for loading,

@@ -19,6 +19,9 @@ static size_t act_floats(const loom_pipeline *pipe) {
   return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
 }
 
+static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer);
+static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer);
+
 loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
                                uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
   memset(pipe, 0, sizeof *pipe);
@@ -34,7 +37,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->v = plan->parallel->virtual_chunks;
   pipe->S = ps->pp * pipe->v;
   pipe->m = loom_plan_micro_batches(plan);
-  pipe->zero1 = plan->parallel->zero_stage == 1;
+  pipe->zero_stage = plan->parallel->zero_stage;
   pipe->bucket_bytes = bucket_bytes;
   pipe->T = T;
   pipe->B = B;
@@ -47,7 +50,9 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   }
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
-    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp);
+    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp,
+                             plan->parallel->zero_stage);
+    pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
                                                           recompute, pipe->nslots);
@@ -82,7 +87,24 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   return LOOM_OK;
 }
 
+loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero) {
+  if (pipe->zero_stage < 2) return LOOM_OK;
+  pipe->zero = loom_xcalloc((size_t)pipe->v, sizeof *pipe->zero, "ZeRO runtimes");
+  loom_status st = LOOM_OK;
+  for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
+    st = loom_zero_runtime_init(&pipe->zero[c], &zero[c], &pipe->chunks[c], pipe->ps->dp_group);
+  return st;
+}
+
+size_t loom_pipeline_transient_bytes(const loom_pipeline *pipe) {
+  size_t bytes = 0;
+  for (int c = 0; pipe->zero && c < pipe->v; c++) bytes += pipe->zero[c].transient_bytes;
+  return bytes;
+}
+
 void loom_pipeline_free(loom_pipeline *pipe) {
+  for (int c = 0; pipe->zero && c < pipe->v; c++) loom_zero_runtime_free(&pipe->zero[c]);
+  free(pipe->zero);
   for (int c = 0; pipe->chunks && c < pipe->v; c++) loom_gpt_free(&pipe->chunks[c]);
   free(pipe->chunks);
   free(pipe->slot_of);
@@ -164,18 +186,31 @@ static void finish_sends(loom_pipeline *pipe) {
 }
 
 /* Sums the tied wte grads of stage 0 and stage S-1 so both copies step alike. */
+/* Chunk c's wte grads: whole, or under ZeRO-2/3 this replica's piece of
+ * them (the same elements on both stages: wte is a bucket of its own). */
+static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
+  loom_gpt *m = &pipe->chunks[c];
+  if (!pipe->zero) {
+    *n = loom_tensor_numel(&m->p.grads.views[0]);
+    return m->p.g.wte;
+  }
+  size_t lo;
+  return loom_zero_tensor_grad(pipe->zero[c].z, &m->p, 0, &lo, n);
+}
+
 static void reduce_tied(loom_pipeline *pipe) {
   const loom_parallel *ps = pipe->ps;
-  loom_gpt *first = ps->pp_rank == 0 ? &pipe->chunks[0] : NULL;
-  loom_gpt *last = ps->pp_rank == ps->pp - 1 ? &pipe->chunks[pipe->v - 1] : NULL;
-  const size_t n = first ? loom_tensor_numel(&first->p.grads.views[0]) : loom_tensor_numel(&last->p.grads.views[0]);
-  if (first && last && first != last) { /* one rank holds both ends (pp 1, several chunks) */
-    first->ops->accumulate(first->ops, first->p.g.wte, last->p.g.wte, n);
-    pipe->mem->copy(pipe->mem, last->p.g.wte, first->p.g.wte, n * sizeof(float));
+  const int first = ps->pp_rank == 0 ? 0 : -1, last = ps->pp_rank == ps->pp - 1 ? pipe->v - 1 : -1;
+  size_t n;
+  float *mine = wte_grads(pipe, first >= 0 ? first : last, &n);
+  if (first >= 0 && last >= 0 && first != last) { /* one rank holds both ends (pp 1, several chunks) */
+    float *other = wte_grads(pipe, last, &n);
+    if (n == 0) return;
+    pipe->chunks[0].ops->accumulate(pipe->chunks[0].ops, mine, other, n);
+    pipe->mem->copy(pipe->mem, other, mine, n * sizeof(float));
     return;
   }
-  loom_gpt *mine = first ? first : last;
-  loom_comm_allreduce(ps->embed_group, mine->p.g.wte, n, LOOM_REDUCE_SUM);
+  loom_comm_allreduce(ps->embed_group, mine, n, LOOM_REDUCE_SUM);
 }
 
 /* Called after each layer's backward on a chunk's last micro-batch: its
@@ -212,8 +247,7 @@ static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
   m->ops->from_bf16(m->ops, g, pipe->grad16[c] + lo, hi - lo);
 }
 
-static void layer_done(void *ctx, loom_gpt *m, int l) {
-  loom_pipeline *pipe = ctx;
+static void layer_done(loom_pipeline *pipe, loom_gpt *m, int l) {
   size_t lo, hi;
   loom_gpt_block_range(m, l, l + 1, &lo, &hi);
   if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
@@ -233,7 +267,20 @@ void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *w
 }
 
 static bool bucketing(const loom_pipeline *pipe) {
-  return pipe->bucket_bytes > 0 && !pipe->zero1 && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
+  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
+}
+
+/* The model's hooks: ZeRO-2/3's gathers and reduce-scatters, and the
+ * buckets of a chunk's last backward. */
+static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer) {
+  loom_pipeline *pipe = ctx;
+  if (pipe->zero) loom_zero_runtime_before(&pipe->zero[m - pipe->chunks], backward, layer);
+}
+
+static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer) {
+  loom_pipeline *pipe = ctx;
+  if (pipe->zero) loom_zero_runtime_after(&pipe->zero[m - pipe->chunks], backward, layer);
+  if (backward && layer >= 0 && pipe->final_backward) layer_done(pipe, m, layer);
 }
 
 /* Sums grads over the replicas: finishes the buckets started during backward
@@ -247,7 +294,7 @@ static double reduce_dp(loom_pipeline *pipe) {
       loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
     return 0.0;
   }
-  if (pipe->zero1) return 0.0;
+  if (pipe->zero_stage) return 0.0; /* ZeRO-1's optimizer reduce-scatters; ZeRO-2/3 did during backward */
   const double t0 = loom_now_s();
   for (int i = 0; i < pipe->nbucket; i++) {
     const size_t *at = &pipe->bucket_at[3 * i];
@@ -359,11 +406,9 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
       break;
     case LOOM_ACT_BACKWARD: {
       const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
-      const bool final = a->mb == pipe->m - 1 && bucketing(pipe); /* this chunk's grads end with it */
-      m->layer_done = final ? layer_done : NULL;
-      m->layer_done_ctx = pipe;
+      pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe); /* this chunk's grads end with it */
       loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
-      m->layer_done = NULL;
+      pipe->final_backward = false;
       if (stage == 0) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
       break;
     }
@@ -400,6 +445,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   pipe->overlapped = 0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt_zero_grad(&pipe->chunks[c]);
+    if (pipe->zero) loom_zero_zero_grad(pipe->zero[c].z);
     loom_gpt_sync_compute_weights(&pipe->chunks[c]); /* the master weights as the last step (or a load) left them */
   }
   const run_spec spec = {.sched = &pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,

@@ -14,6 +14,7 @@
 
 #include "layers/gpt.h"
 #include "optim/grad_compress.h"
+#include "pipeline/zero_runtime.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
@@ -56,7 +57,9 @@ typedef struct loom_pipeline {
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int *pred;              /* [T * B] greedy predictions, for the score hook */
   int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
-  bool zero1;
+  int zero_stage;          /* the plan's: 0 (none) to 3 */
+  loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
+  bool final_backward;     /* the backward under way is its chunk's last of the step */
   /* Data-parallel buckets: layers' grads, final after the last micro-batch's
    * backward, are all-reduced in contiguous buckets while backward goes on. */
   size_t bucket_bytes;
@@ -88,10 +91,15 @@ typedef struct {
 /* Builds this rank's chunks of a validated plan (loom_plan_validate): its
  * stages, schedule, micro-batches, recompute and ZeRO stage; ps is the plan's
  * grid. bucket_bytes: data-parallel grad buckets reduced during backward (0:
- * all at the end). zero_dp > 0: the chunks are built for a ZeRO-1 optimizer
- * over that many replicas (loom_gpt_init_stage). */
+ * all at the end). zero_dp > 0: the chunks are built for the plan's ZeRO
+ * stage over that many replicas (loom_gpt_init_stage). */
 loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
                                uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
+/* Under ZeRO-2/3: runs the passes with the chunks' optimizers zero[v]
+ * (loom_zero_runtime); a no-op otherwise. */
+loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero);
+/* Bytes of the ZeRO-2/3 transient buffers: gathered weights and grads in flight. */
+size_t loom_pipeline_transient_bytes(const loom_pipeline *pipe);
 void loom_pipeline_free(loom_pipeline *pipe);
 /* 32-bit words this rank's grads send over dp per step with compression,
  * and the words they would send whole (both 0 without compression). */

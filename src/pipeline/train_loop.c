@@ -37,23 +37,27 @@ void loom_train_describe(const loom_trainer *tr) {
                   sent > 0 ? (double)whole / (double)sent : 0.0);
   }
   if (!tr->zero) return;
-  const double unsharded = 2.0 * sizeof(float) * (double)loom_trainer_local_params(tr),
-               state = loom_trainer_optimizer_bytes(tr);
-  loom_log_info("Adam state on rank 0: %.2f MiB with ZeRO-1 over dp %d, %.2f MiB without (%.3f of it)", state / mib,
-                ps->dp, unsharded / mib, state / unsharded);
+  const double unsharded = 4.0 * (double)loom_trainer_local_params(tr);
+  const loom_held_bytes h = loom_trainer_held_bytes(tr);
+  loom_log_info("ZeRO-%d over dp %d on rank 0: weights %.2f MiB, grads %.2f MiB, Adam %.2f MiB, in transit %.2f MiB "
+                "(fp32 weights whole: %.2f MiB)", tr->zero[0].stage, ps->dp, h.weights / mib, h.grads / mib,
+                h.optimizer / mib, h.transient / mib, unsharded / mib);
 }
 
 /* Measured memory of the busiest rank against the plan's estimate of what
- * the run allocates: weights, grads and Adam state per local parameter
- * (loom_plan_state_bytes, by precision and ZeRO stage), gradient
+ * the run allocates: weights, grads, Adam state and ZeRO's buffers in
+ * transit (loom_plan_state_bytes, by precision and ZeRO stage), gradient
  * compression's state (loom_plan_compression_cost) and the activation
  * and scratch buffers of this layout. What the process held before the run
  * (MPI, BLAS, the program) is measured at the start and set apart: the
  * estimate is held to the growth over it. */
 static void report_memory(const loom_trainer *tr) {
   const double params = (double)loom_trainer_local_params(tr);
-  double state = loom_plan_state_bytes(tr->plan, params);
-  for (int c = 0; c < tr->pipe.v; c++) state += loom_plan_compression_cost(tr->plan, &tr->pipe.chunks[c].p.range).state_bytes;
+  double state = 0.0;
+  for (int c = 0; c < tr->pipe.v; c++) {
+    const loom_stage_range *range = &tr->pipe.chunks[c].p.range;
+    state += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
+  }
   const double estimate = state + (double)tr->pipe.act_bytes;
   const double base = (double)tr->baseline_rss, peak = (double)loom_peak_rss_bytes();
   const double mine[4] = {peak - base, estimate, peak, base};

@@ -10,7 +10,7 @@
 static void free_optimizers(loom_trainer *tr) {
   for (int c = 0; tr->opts && c < tr->pipe.v; c++) {
     loom_adamw_free(&tr->opts[c]);
-    if (tr->zero) loom_zero1_free(&tr->zero[c]);
+    if (tr->zero) loom_zero_free(&tr->zero[c]);
   }
   free(tr->opts);
   free(tr->zero);
@@ -26,7 +26,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
-  const int zero_dp = !o->forward_only && plan->parallel->zero_stage == 1 ? plan->parallel->dp : 0;
+  const int zero_stage = plan->parallel->zero_stage, zero_dp = !o->forward_only && zero_stage ? plan->parallel->dp : 0;
   loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
@@ -34,13 +34,14 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   oc.grad_clip = o->grad_clip;
   const int v = tr->pipe.v;
   tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
-  if (plan->parallel->zero_stage == 1) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO-1 optimizers");
+  if (zero_stage) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO optimizers");
   for (int c = 0; c < v && st == LOOM_OK; c++) {
     loom_gpt_params *p = &tr->pipe.chunks[c].p;
-    st = tr->zero ? loom_zero1_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, &oc) : loom_adamw_init(&tr->opts[c], p, &oc);
-    if (st == LOOM_OK && tr->zero && tr->zero[c].master) /* each replica draws its own slice of the master weights */
-      loom_gpt_params_randomize_slice(p, o->seed, tr->zero[c].master, tr->zero[c].begin, tr->zero[c].end);
+    st = tr->zero ? loom_zero_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, zero_stage, &oc)
+                  : loom_adamw_init(&tr->opts[c], p, &oc);
+    if (st == LOOM_OK && tr->zero) loom_zero_randomize(&tr->zero[c], p, o->seed); /* each replica draws its own pieces */
   }
+  if (st == LOOM_OK && tr->zero) st = loom_pipeline_use_zero(&tr->pipe, tr->zero);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);
   if (st == LOOM_OK) loom_trainer_publish_weights(tr);
   return st;
@@ -48,7 +49,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
 
 void loom_trainer_publish_weights(loom_trainer *tr) {
   for (int c = 0; tr->zero && c < tr->pipe.v; c++)
-    loom_zero1_publish(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_group, tr->pipe.chunks[c].ops);
+    loom_zero_publish(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_group, tr->pipe.chunks[c].ops);
 }
 
 /* ---- pipeline hooks ---- */
@@ -69,14 +70,20 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_comm *dp = pipe->ps->dp_group;
   if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) { /* a test fault: one poisoned grad */
     const float nan = NAN;
-    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].ops->mem, pipe->chunks[0].p.grads.base, &nan, sizeof nan);
+    float *g = tr->zero && tr->zero[0].grad ? tr->zero[0].grad : pipe->chunks[0].p.grads.base;
+    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].ops->mem, g, &nan, sizeof nan);
   }
   double sumsq = 0.0, uncounted = 0.0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
-    sumsq += tr->zero ? loom_zero1_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, pipe->compress != NULL)
-                      : loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
+    if (tr->zero) {
+      double skipped;
+      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, pipe->compress != NULL, &skipped);
+      uncounted += skipped;
+      continue;
+    }
+    sumsq += loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
     for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
       if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->ops, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
   }
@@ -89,7 +96,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   if (!isfinite(norm)) return norm;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
-    if (tr->zero) loom_zero1_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
+    if (tr->zero) loom_zero_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
     else loom_adamw_step(&tr->opts[c], &m->p, tr->step_lr, norm, m->ops);
   }
   return norm;
@@ -163,10 +170,25 @@ size_t loom_trainer_local_params(const loom_trainer *tr) {
   return n;
 }
 
-double loom_trainer_optimizer_bytes(const loom_trainer *tr) {
-  double bytes = 0.0;
-  for (int c = 0; c < tr->pipe.v; c++)
-    bytes += tr->zero ? (double)loom_zero1_state_bytes(&tr->zero[c])
-                      : 2.0 * sizeof(float) * (double)tr->pipe.chunks[c].p.params.numel;
-  return bytes;
+/* Bytes a buffer's storage takes (none for a layout). */
+static double stored(const loom_buffer *b) { return b->base ? (double)b->capacity * loom_dtype_size(b->dtype) : 0.0; }
+
+loom_held_bytes loom_trainer_held_bytes(const loom_trainer *tr) {
+  loom_held_bytes h = {0};
+  for (int c = 0; c < tr->pipe.v; c++) {
+    const loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    h.weights += stored(&p->params) + stored(&p->compute);
+    h.grads += stored(&p->grads);
+    if (!tr->zero) {
+      h.optimizer += 2.0 * sizeof(float) * (double)p->params.numel;
+      continue;
+    }
+    const loom_zero *z = &tr->zero[c];
+    h.weights += loom_zero_state_bytes(z) - 2.0 * sizeof(float) * (double)z->shard; /* the master pieces */
+    h.optimizer += 2.0 * sizeof(float) * (double)z->shard;
+    h.grads += (double)loom_zero_grad_bytes(z);
+    h.transient += (double)loom_zero_transit_bytes(z);
+  }
+  h.transient += (double)loom_pipeline_transient_bytes(&tr->pipe);
+  return h;
 }

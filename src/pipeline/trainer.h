@@ -13,7 +13,7 @@
 #include "data/dataset.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
-#include "optim/zero1.h"
+#include "optim/zero.h"
 #include "pipeline/executor.h"
 
 /* What a run needs beyond its plan. */
@@ -30,7 +30,7 @@ typedef struct {
   loom_parallel ps;
   loom_pipeline pipe;
   loom_adamw *opts;  /* [pipe.v] */
-  loom_zero1 *zero;  /* [pipe.v] under ZeRO-1 (then opts is unused), else NULL */
+  loom_zero *zero;  /* [pipe.v] under ZeRO (then opts is unused), else NULL */
   loom_dataset *data; /* not owned */
   loom_lr_schedule lr;
   int T, micro_batch, global_batch;
@@ -72,8 +72,15 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
 loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,
                               loom_error *err);
-/* Local parameters over this rank's chunks, and the bytes of their optimizer state. */
+/* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
-double loom_trainer_optimizer_bytes(const loom_trainer *tr);
+/* Bytes this rank holds for its chunks' parameters, read off what it allocated. */
+typedef struct {
+  double weights;   /* the model's fp32 and bf16 weights, and ZeRO's master pieces */
+  double grads;     /* the model's grads, or ZeRO-2/3's summed pieces */
+  double optimizer; /* Adam's moments (this replica's pieces under ZeRO) */
+  double transient; /* ZeRO's buffers in transit: slices, staging, gathered weights and grads of the layers in flight */
+} loom_held_bytes;
+loom_held_bytes loom_trainer_held_bytes(const loom_trainer *tr);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
+#include "optim/zero.h"
 #include "plan/grad_compression.h"
 #include "plan/plan.h"
 #include "schedule/verify.h"
@@ -203,22 +204,32 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
  * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
  * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
  * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
-static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c) {
+static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, const loom_stage_range *range) {
   const double d = p->parallel->dp;
   if (d < 2) return 0.0;
   const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
+  const double weight = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; /* bytes a gathered weight takes */
+  const double m = loom_plan_micro_batches(p);
+  const int zero = p->parallel->zero_stage;
   const loom_compression gc = loom_plan_compression(p);
   double bytes;
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
     bytes = 2.0 * share * 4.0 * c->sent_words;
   else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
     bytes = (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
-  else if (p->parallel->zero_stage >= 1) /* ZeRO-1 reduce-scatters fp32 grads */
+  else if (zero >= 2) /* ZeRO-2/3 reduce-scatter fp32 grads after every micro-batch's backward */
+    bytes = m * share * 4.0 * c->whole_words;
+  else if (zero == 1) /* ZeRO-1 reduce-scatters fp32 grads once */
     bytes = share * 4.0 * c->whole_words;
   else
     bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
-  if (p->parallel->zero_stage >= 1) /* and all-gathers the updated weights, in bf16 as the distributed optimizer */
-    bytes += share * (p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
+  if (zero == 1 || zero == 2) /* and all-gather the updated weights, in bf16 as the distributed optimizer */
+    bytes += share * weight * c->whole_words;
+  if (zero == 3) { /* every micro-batch gathers the weights for its forward, and again for its backward but the
+                    * edges, which only the head's stage needs then */
+    const double edges = range->last ? 0.0 : (double)loom_plan_zero_buckets(p, range).edges;
+    bytes += m * share * weight * (2.0 * c->whole_words - edges);
+  }
   return bytes;
 }
 
@@ -287,22 +298,22 @@ void loom_plan_estimate(loom_plan *p) {
     x->chunk = st->chunk;
     x->parameters = params;
     x->in_flight = flight_rank;
-    /* As the runtime allocates them: weights in the run's precision, an fp32
-     * master copy in bf16 runs (whole on every replica, or 1/dp of it under
-     * ZeRO-1, the distributed optimizer), fp32 grads, Adam's two fp32 moments
-     * (1/dp of them under ZeRO-1). */
-    x->weights = (int64_t)((bf16 ? 2.0 : 4.0) * local);
-    x->master_weights = (int64_t)(bf16 ? 4.0 * local / (l->zero_stage >= 1 ? dp : 1) : 0.0);
-    x->grads = (int64_t)(4.0 * local);
+    /* As the runtime allocates them (loom_plan_chunk_state). */
+    const loom_chunk_state cs = sound ? loom_plan_chunk_state(p, &range) : (loom_chunk_state){0};
+    x->has_zero_transient = 1;
+    x->weights = (int64_t)cs.weights;
+    x->master_weights = (int64_t)cs.master;
+    x->grads = (int64_t)cs.grads;
     x->optimizer = (int64_t)(8.0 * local);
     x->optimizer_zero1 = (int64_t)(8.0 * local / dp);
+    x->zero_transient = (int64_t)cs.transient;
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
     if (sound) { /* compression's state, and what crosses dp, from the layers' table once */
       const loom_compression_cost c = loom_plan_compression_cost(p, &range);
       x->grad_compression = (int64_t)c.state_bytes;
-      x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c);
+      x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
     }
     e->stages[k] = x;
   }
@@ -441,6 +452,9 @@ static void check_compression(report *r, const loom_plan *p) {
   if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
     violation(r, "grad_compression = %s: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop "
               "grad_compression", name);
+  if (p->parallel->zero_stage >= 2)
+    violation(r, "grad_compression = %s: compression sums whole grads, which ZeRO-%d never holds; use "
+              "parallel.zero_stage 0 or 1, or drop grad_compression", name, p->parallel->zero_stage);
 }
 
 static void check_batch(report *r, const loom_plan *p) {
@@ -464,10 +478,10 @@ static void check_batch(report *r, const loom_plan *p) {
   if ((long long)loom_plan_micro_batches(p) * pp * p->parallel->virtual_chunks * 2 > 32767)
     violation(r, "batch.global_batch = %d: %d micro-batches x %d stages is too many for MPI tags (at most 16383); raise batch.micro_batch",
               b->global_batch, loom_plan_micro_batches(p), pp * p->parallel->virtual_chunks);
-  if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 1)
-    violation(r, "parallel.zero_stage = %d: loom has ZeRO stage 0 or 1", p->parallel->zero_stage);
+  if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 3)
+    violation(r, "parallel.zero_stage = %d: ZeRO stages are 0 (none) to 3", p->parallel->zero_stage);
   if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage != 0)
-    violation(r, "grad_reduce = PRECISION_BF16: ZeRO-1 reduce-scatters its grads in fp32 in this loom; set grad_reduce "
+    violation(r, "grad_reduce = PRECISION_BF16: ZeRO reduce-scatters its grads in fp32 in this loom; set grad_reduce "
                  "PRECISION_FP32 or parallel.zero_stage 0");
   check_compression(r, p);
   for (size_t k = 1; k < p->n_stages; k++)
@@ -550,7 +564,8 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom_plan_estimate(&copy);
     for (size_t k = 0; k < copy.estimates->n_stages; k++) {
       const Loom__StageEstimate *x = copy.estimates->stages[k];
-      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) + x->grad_compression +
+      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
+                           x->zero_transient + x->grad_compression +
                            (p->stages[k]->recompute ? x->activations_recompute : x->activations) + x->p2p_buffers;
       const int64_t acts = p->stages[k]->recompute ? x->activations_recompute : x->activations;
       char a[32], b[32];
@@ -558,7 +573,7 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
         violation(&r, "stages (pp_rank %d chunk %d): needs %s per rank, over the device's %s; %s", x->pp_rank, x->chunk,
                   human_bytes((double)need, a, sizeof a), human_bytes((double)device_memory, b, sizeof b),
                   2 * acts > need ? "activations take most of it: turn on recompute, or lower batch.micro_batch or model.seq"
-                                  : "weights, grads and Adam state take most of it: raise tp or pp, or zero_stage 1 over dp");
+                                  : "weights, grads and Adam state take most of it: raise tp or pp, or a ZeRO stage over dp");
     }
     loom__estimates__free_unpacked(copy.estimates, NULL);
   }
@@ -567,16 +582,50 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
 
 /* ---- validation: the rules, the verified schedule, memory ---- */
 
-double loom_plan_state_bytes(const loom_plan *p, double local_params) {
+loom_zero_sizes loom_plan_zero_buckets(const loom_plan *p, const loom_stage_range *range) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const int tp = p->parallel->tp, L = range->layer_end - range->layer_begin;
+  const double h = cfg.hidden;
+  const loom_stage_range one = {range->layer_begin, range->layer_begin + 1, false, false};
+  const loom_stage_range head = {0, 0, false, true};
+  const double wte = range->first || range->last ? (double)loom_gpt_param_count(&cfg, &head, tp) - 2.0 * h : 0.0;
+  const double wpe = range->first ? (double)cfg.seq * h : 0.0, ln_f = range->last ? 2.0 * h : 0.0;
+  loom_zero_sizes z = {.layer = L > 0 ? (double)loom_gpt_param_count(&cfg, &one, tp) : 0.0, .edges = wte + wpe + ln_f};
+  z.largest = fmax(fmax(z.layer, wte), fmax(wpe, ln_f));
+  return z;
+}
+
+loom_chunk_state loom_plan_chunk_state(const loom_plan *p, const loom_stage_range *range) {
   const Loom__Parallel *l = p->parallel;
-  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16, zero = l->zero_stage >= 1;
-  const double dp = l->dp > 0 ? l->dp : 1;
-  /* fp32 grads; fp32 weights (the master in bf16 runs, which under ZeRO-1 keeps only its slice of it
-   * with the optimizer); the bf16 copy that runs; Adam's m and v, or under ZeRO-1 this replica's
-   * slice of them and the slice in transit (the collectives work in the padded buffers themselves). */
-  const double master = bf16 && zero ? 4.0 / dp : 4.0;
-  const double per = 4.0 + master + (bf16 ? 2.0 : 0.0) + (zero ? 12.0 / dp : 8.0);
-  return per * local_params;
+  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
+  const int zero = l->zero_stage;
+  const double dp = l->dp > 0 ? l->dp : 1, weight = bf16 ? 2.0 : 4.0;
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const double local = (double)loom_gpt_param_count(&cfg, range, l->tp);
+  loom_chunk_state c = {0};
+  /* The weights the model computes with (none held under ZeRO-3); the fp32 master where those are bf16 or
+   * absent (this replica's pieces under ZeRO); fp32 grads (this replica's pieces under ZeRO-2/3); Adam's moments. */
+  c.weights = zero == 3 ? 0.0 : weight * local;
+  c.master = bf16 || zero == 3 ? 4.0 * local / (zero ? dp : 1.0) : 0.0;
+  c.grads = 4.0 * local / (zero >= 2 ? dp : 1.0);
+  c.optimizer = 8.0 * local / (zero ? dp : 1.0);
+  if (zero == 1) c.transient = 4.0 * local / dp; /* the slice in transit (the collectives work in the padded buffers) */
+  if (zero >= 2) { /* zero.c's and zero_runtime.c's buffers */
+    const loom_zero_sizes b = loom_plan_zero_buckets(p, range);
+    const double piece = b.largest / dp, round = fmin(piece, (double)LOOM_ZERO_GATHER_ROUND);
+    c.transient = 4.0 * round                                   /* the optimizer's slice in transit */
+                  + 4.0 * (2.0 * b.layer + 2.0 * piece + b.edges); /* two layers' grads, their pieces, the edges' */
+    if (zero == 2) c.transient += 4.0 * round * dp;             /* the staging of the gather after the step */
+    else c.transient += weight * (2.0 * b.layer + b.edges) + 4.0 * 3.0 * piece; /* gathered weights and their sends */
+  }
+  return c;
+}
+
+double loom_plan_state_bytes(const loom_plan *p, const loom_stage_range *range) {
+  const loom_chunk_state c = loom_plan_chunk_state(p, range);
+  return c.weights + c.master + c.grads + c.optimizer + c.transient;
 }
 
 loom_compression loom_plan_compression(const loom_plan *p) {
@@ -617,8 +666,7 @@ static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loo
   *state = *acts = 0.0;
   for (int c = 0; c < l->virtual_chunks; c++) {
     const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
-    *state += loom_plan_state_bytes(p, (double)loom_gpt_param_count(cfg, &range, l->tp)) +
-              loom_plan_compression_cost(p, &range).state_bytes;
+    *state += loom_plan_state_bytes(p, &range) + loom_plan_compression_cost(p, &range).state_bytes;
     const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
     *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
                                                l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);

@@ -56,11 +56,25 @@ typedef struct {
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
 
-/* Bytes a rank's runtime allocates for `local_params` parameters besides
- * activations: weights, grads, the bf16 copy of bf16 runs, Adam's moments
- * and ZeRO-1's buffers. The one source of the per-parameter cost, for the
- * plan's host check and the run's memory report. */
-double loom_plan_state_bytes(const loom_plan *plan, double local_params);
+/* Bytes one rank's runtime allocates for a chunk's parameters, as it allocates them. */
+typedef struct {
+  double weights;   /* what the model computes with: fp32, or bf16 in bf16 runs; none under ZeRO-3 */
+  double master;    /* fp32 master weights where those are bf16 or absent: whole, or this replica's pieces under ZeRO */
+  double grads;     /* fp32: whole, or this replica's pieces under ZeRO-2/3 */
+  double optimizer; /* Adam's two moments: whole, or this replica's pieces under ZeRO */
+  double transient; /* ZeRO's buffers in transit: slices, gathered weights and grads of the layers in flight */
+} loom_chunk_state;
+loom_chunk_state loom_plan_chunk_state(const loom_plan *plan, const loom_stage_range *range);
+/* Their sum: besides activations, what a chunk costs a rank. The one
+ * source of the per-parameter cost, for the plan's estimates and host
+ * check and the run's memory report. */
+double loom_plan_state_bytes(const loom_plan *plan, const loom_stage_range *range);
+/* Parameter counts of one tp rank of a chunk that size ZeRO-2/3's buckets:
+ * one layer, the edges (wte, wpe, final norm) and the largest bucket. */
+typedef struct {
+  double layer, edges, largest;
+} loom_zero_sizes;
+loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_range *range);
 
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);

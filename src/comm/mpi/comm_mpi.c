@@ -21,6 +21,9 @@ struct loom_request {
   void *dev, *host; /* the caller's buffer and what MPI works on (the same unless staged) */
   size_t bytes;
   bool copy_back;   /* a receive: the staged result goes back to dev on completion */
+  const void *send_dev; /* a collective's separate send buffer, and its host copy (NULL: none) */
+  void *send_host;
+  size_t send_bytes;
 };
 
 static MPI_Comm mpi_of(const loom_comm *c) { return *(MPI_Comm *)c->impl; }
@@ -110,6 +113,8 @@ static loom_request *request(const char *op, int peer, const loom_comm *c, const
   r->host = stage(c, buf, bytes, true);
   r->bytes = bytes;
   r->copy_back = receive;
+  r->send_dev = r->send_host = NULL;
+  r->send_bytes = 0;
   if (peer >= 0) snprintf(r->what, sizeof r->what, "%s rank %d of the %s group", op, peer, c->name);
   else snprintf(r->what, sizeof r->what, "%s on the %s group", op, c->name);
   return r;
@@ -118,6 +123,30 @@ static loom_request *request(const char *op, int peer, const loom_comm *c, const
 static loom_request *mpi_iallreduce(loom_comm *c, void *buf, size_t n, loom_dtype type) {
   loom_request *r = request("all-reduce", -1, c, buf, n * loom_dtype_size(type), true);
   MPI_Iallreduce(MPI_IN_PLACE, r->host, count_of(n), type_of(type), op_of(type, LOOM_REDUCE_SUM), mpi_of(c), &r->req);
+  return r;
+}
+
+/* A request receiving into recv from a separate send buffer, both staged when need be. */
+static loom_request *request2(const char *op, const loom_comm *c, const void *send, size_t send_bytes, void *recv,
+                              size_t recv_bytes) {
+  loom_request *r = request(op, -1, c, recv, recv_bytes, true);
+  r->send_dev = send;
+  r->send_host = stage(c, send, send_bytes, true);
+  r->send_bytes = send_bytes;
+  return r;
+}
+
+static loom_request *mpi_iallgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  const size_t bytes = n * loom_dtype_size(type);
+  loom_request *r = request2("all-gather", c, send, bytes, recv, bytes * (size_t)c->size);
+  MPI_Iallgather(r->send_host, count_of(n), type_of(type), r->host, count_of(n), type_of(type), mpi_of(c), &r->req);
+  return r;
+}
+
+static loom_request *mpi_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  const size_t bytes = n * sizeof(float);
+  loom_request *r = request2("reduce-scatter", c, send, bytes * (size_t)c->size, recv, bytes);
+  MPI_Ireduce_scatter_block(r->send_host, r->host, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
   return r;
 }
 
@@ -196,6 +225,7 @@ static loom_request *mpi_irecv(loom_comm *c, float *buf, size_t n, int peer, int
 }
 
 static void finished(loom_request *r) {
+  if (r->send_dev) unstage(r->c, r->send_dev, r->send_host, r->send_bytes, false);
   unstage(r->c, r->dev, r->host, r->bytes, r->copy_back);
   free(r);
 }
@@ -243,6 +273,8 @@ static const loom_comm_ops MPI_OPS = {
     .iallreduce = mpi_iallreduce,
     .allgather = mpi_allgather,
     .reduce_scatter = mpi_reduce_scatter,
+    .iallgather = mpi_iallgather,
+    .ireduce_scatter = mpi_ireduce_scatter,
     .broadcast = mpi_broadcast,
     .isend = mpi_isend,
     .irecv = mpi_irecv,

@@ -87,6 +87,20 @@ static void nccl_reduce_scatter(loom_comm *c, const float *send, float *recv, si
              "reduce-scatter");
 }
 
+static loom_request *nccl_iallgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  nccl_impl *m = impl_of(c);
+  loom_request *r = begin_async(m);
+  check_nccl(ncclAllGather(send, recv, n, type_of(type), m->comm, m->comm_stream), "all-gather");
+  return end_async(m, r);
+}
+
+static loom_request *nccl_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  nccl_impl *m = impl_of(c);
+  loom_request *r = begin_async(m);
+  check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, m->comm, m->comm_stream), "reduce-scatter");
+  return end_async(m, r);
+}
+
 static void nccl_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
   check_nccl(ncclBroadcast(buf, buf, n, type_of(type), root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
 }
@@ -161,6 +175,8 @@ static const loom_comm_ops NCCL_OPS = {
     .iallreduce = nccl_iallreduce,
     .allgather = nccl_allgather,
     .reduce_scatter = nccl_reduce_scatter,
+    .iallgather = nccl_iallgather,
+    .ireduce_scatter = nccl_ireduce_scatter,
     .broadcast = nccl_broadcast,
     .isend = nccl_isend,
     .irecv = nccl_irecv,

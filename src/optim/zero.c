@@ -1,0 +1,289 @@
+/* ZeRO stages 1-3 over flat parameter buffers: buckets, pieces and the optimizer step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "optim/zero.h"
+
+/* Tensors before the first block: wte and wpe where the stage holds them. */
+static int edge_tensors_before(const loom_gpt_params *p) { return (p->range.first || p->range.last) + p->range.first; }
+
+static size_t round_of(const loom_zero *z) {
+  return z->max_shard < LOOM_ZERO_GATHER_ROUND ? z->max_shard : LOOM_ZERO_GATHER_ROUND;
+}
+
+static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
+  if (k1 <= k0) return;
+  loom_zero_bucket *b = &z->buckets[z->nbuckets++];
+  b->k0 = k0, b->k1 = k1;
+  b->lo = loom_buffer_offset(&p->params, k0);
+  b->hi = k1 < p->params.count ? loom_buffer_offset(&p->params, k1) : p->params.numel;
+  b->shard = (b->hi - b->lo + (size_t)z->dp_size - 1) / (size_t)z->dp_size;
+}
+
+/* ZeRO-1: the whole buffer. ZeRO-2/3: each edge tensor before the blocks alone, each layer, the final norm. */
+static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
+  const int count = p->params.count;
+  z->buckets = loom_xcalloc((size_t)count + 1, sizeof *z->buckets, "ZeRO buckets");
+  z->runs = loom_xcalloc((size_t)count + 1, sizeof *z->runs, "ZeRO pieces");
+  if (z->stage == 1) {
+    add_bucket(z, p, 0, count);
+  } else {
+    const int before = edge_tensors_before(p);
+    for (int k = 0; k < before; k++) add_bucket(z, p, k, k + 1);
+    for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * LOOM_BLOCK_TENSORS, before + (l + 1) * LOOM_BLOCK_TENSORS);
+    add_bucket(z, p, before + p->layers * LOOM_BLOCK_TENSORS, count);
+  }
+  for (int b = 0; b < z->nbuckets; b++) {
+    loom_flat_run *r = &z->runs[b];
+    loom_zero_piece(z, b, &r->lo, &r->hi);
+    r->at = z->shard;
+    z->shard += z->buckets[b].shard;
+    if (z->buckets[b].shard > z->max_shard) z->max_shard = z->buckets[b].shard;
+  }
+}
+
+void loom_zero_piece(const loom_zero *z, int b, size_t *lo, size_t *hi) {
+  const loom_zero_bucket *k = &z->buckets[b];
+  const size_t from = k->lo + k->shard * (size_t)z->dp_rank;
+  *lo = from < k->hi ? from : k->hi;
+  *hi = from + k->shard < k->hi ? from + k->shard : k->hi;
+}
+
+int loom_zero_layer_bucket(const loom_zero *z, const loom_gpt_params *p, int l) {
+  LOOM_CHECK(z->stage >= 2 && l >= 0 && l < p->layers, "layer buckets are ZeRO-2/3's");
+  return edge_tensors_before(p) + l;
+}
+
+
+static void *state(loom_zero *z, size_t n) { return z->mem->zalloc(z->mem, (n ? n : 1) * sizeof(float)); }
+
+loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, int dp_size, int stage,
+                           const loom_adamw_config *cfg) {
+  LOOM_CHECK(stage >= 1 && stage <= 3 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "ZeRO stage and replica");
+  memset(z, 0, sizeof *z);
+  z->cfg = *cfg;
+  z->stage = stage, z->dp_rank = dp_rank, z->dp_size = dp_size;
+  z->mem = p->params.alloc;
+  cut_buckets(z, p);
+  /* Optimizer state and staging live in the backend's memory, as the parameters do. */
+  z->m = state(z, z->shard);
+  z->v = state(z, z->shard);
+  z->slice = state(z, stage == 1 ? z->shard : round_of(z));
+  bool ok = z->m && z->v && z->slice;
+  if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->shard));
+  if (stage >= 2) ok = ok && (z->grad = state(z, z->shard));
+  if (stage == 2) ok = ok && (z->staging = state(z, round_of(z) * (size_t)dp_size));
+  if (!ok) {
+    loom_zero_free(z);
+    return LOOM_ERR_NOMEM;
+  }
+  return LOOM_OK;
+}
+
+void loom_zero_free(loom_zero *z) {
+  void *const held[] = {z->m, z->v, z->master, z->grad, z->slice, z->staging};
+  for (size_t i = 0; i < sizeof held / sizeof *held; i++)
+    if (held[i]) z->mem->release(z->mem, held[i]);
+  free(z->buckets);
+  free(z->runs);
+  memset(z, 0, sizeof *z);
+}
+
+void loom_zero_randomize(loom_zero *z, const loom_gpt_params *p, uint64_t seed) {
+  for (int b = 0; z->master && b < z->nbuckets; b++)
+    loom_gpt_params_randomize_slice(p, seed, z->master + z->runs[b].at, z->runs[b].lo, z->runs[b].hi);
+}
+
+size_t loom_zero_state_bytes(const loom_zero *z) { return (z->master ? 3 : 2) * z->shard * sizeof(float); }
+size_t loom_zero_grad_bytes(const loom_zero *z) { return z->grad ? z->shard * sizeof(float) : 0; }
+
+size_t loom_zero_transit_bytes(const loom_zero *z) {
+  const size_t slice = z->stage == 1 ? z->shard : round_of(z);
+  return (slice + (z->staging ? slice * (size_t)z->dp_size : 0)) * sizeof(float);
+}
+
+void loom_zero_zero_grad(loom_zero *z) {
+  if (z->grad) loom_mem_zero(z->mem, z->grad, z->shard);
+}
+
+void loom_zero_add_grad(loom_zero *z, int b, const float *piece, const loom_ops *ops) {
+  const loom_flat_run *r = &z->runs[b];
+  if (r->hi > r->lo) ops->accumulate(ops, z->grad + r->at, piece, r->hi - r->lo);
+}
+
+/* One tensor's part inside a piece. */
+typedef struct {
+  int k;
+  size_t from, len; /* flat first element, length */
+  size_t state;     /* its index in the state arrays */
+} part;
+
+/* Calls fn on every tensor part of this replica's pieces. */
+#define FOR_EACH_PART(z, p, pt)                                                                                    \
+  for (int b_ = 0; b_ < (z)->nbuckets; b_++)                                                                       \
+    for (int k_ = (z)->buckets[b_].k0; k_ < (z)->buckets[b_].k1; k_++)                                             \
+      if (part_in(z, p, b_, k_, &(pt)))
+
+static bool part_in(const loom_zero *z, const loom_gpt_params *p, int b, int k, part *out) {
+  const loom_flat_run *r = &z->runs[b];
+  const size_t lo = loom_buffer_offset(&p->grads, k), hi = lo + loom_tensor_numel(&p->grads.views[k]);
+  const size_t from = lo > r->lo ? lo : r->lo, to = hi < r->hi ? hi : r->hi;
+  if (to <= from) return false;
+  *out = (part){.k = k, .from = from, .len = to - from, .state = r->at + (from - r->lo)};
+  return true;
+}
+
+/* The summed grads of a part: in the grad pieces (ZeRO-2/3), or in place in p's grads. */
+static float *grads_of(const loom_zero *z, const loom_gpt_params *p, const part *pt) {
+  return z->grad ? z->grad + pt->state : (float *)p->grads.base + pt->from;
+}
+
+/* The fp32 weights of a part: the master pieces, or the model's own. */
+static float *weights_of(const loom_zero *z, const loom_gpt_params *p, const part *pt) {
+  return z->master ? z->master + pt->state : (float *)p->params.base + pt->from;
+}
+
+float *loom_zero_tensor_grad(const loom_zero *z, const loom_gpt_params *p, int k, size_t *lo, size_t *len) {
+  LOOM_CHECK(z->grad != NULL, "grad pieces are ZeRO-2/3's");
+  for (int b = 0; b < z->nbuckets; b++) {
+    part pt;
+    if (k < z->buckets[b].k0 || k >= z->buckets[b].k1 || !part_in(z, p, b, k, &pt)) continue;
+    *lo = pt.from, *len = pt.len;
+    return z->grad + pt.state;
+  }
+  *lo = *len = 0;
+  return NULL;
+}
+
+/* Whether buffer b can be cut into dp blocks of the shard in place. */
+static bool padded_for(const loom_zero *z, const loom_buffer *b, size_t dp) { return b->capacity >= z->shard * dp; }
+
+double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
+                        bool skip_shared, bool summed, double *uncounted) {
+  const int size = loom_comm_size(dp);
+  if (z->stage == 1 && size > 1 && !summed) {
+    LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
+    loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
+    z->mem->copy(z->mem, (float *)p->grads.base + z->runs[0].lo, z->slice, (z->runs[0].hi - z->runs[0].lo) * sizeof(float));
+  }
+  part pt;
+  if (z->grad && tp && tp->sequence_parallel) /* each TP rank's pieces of a replicated tensor cover its positions only */
+    FOR_EACH_PART(z, p, pt) if (p->meta[pt.k].tp_replicated) loom_comm_allreduce(tp->group, grads_of(z, p, &pt), pt.len, LOOM_REDUCE_SUM);
+  /* Squared norm of the pieces, each element once: shards over TP summed, replicas once. */
+  double sums[2] = {0.0, 0.0};
+  *uncounted = 0.0;
+  FOR_EACH_PART(z, p, pt) {
+    const double s = ops->sumsq(ops, grads_of(z, p, &pt), pt.len);
+    if (skip_shared && p->meta[pt.k].shared) *uncounted += s;
+    else sums[p->meta[pt.k].tp_replicated] += s;
+  }
+  if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  double total = sums[0] + sums[1];
+  loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  return total;
+}
+
+loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, loom_dtype type, void *send, void *out,
+                               loom_comm *dp, const loom_ops *ops) {
+  const loom_flat_run *r = &z->runs[b];
+  const size_t len = r->hi - r->lo, shard = z->buckets[b].shard;
+  const float *w = z->master ? z->master + r->at : (const float *)p->params.base + r->lo;
+  LOOM_CHECK(z->master || p->params.base, "gathering weights nobody holds");
+  if (type == LOOM_DTYPE_BF16) {
+    z->mem->fill32(z->mem, send, 0, (shard + 1) / 2);
+    ops->to_bf16(ops, send, w, len);
+  } else {
+    loom_mem_zero(z->mem, send, shard);
+    z->mem->copy(z->mem, send, w, len * sizeof(float));
+  }
+  return loom_comm_iallgather_typed(dp, send, out, shard, type);
+}
+
+/* Every bucket all-gathered into dst (p's params, or in bf16 runs its
+ * compute copy) in rounds: round j moves elements [j R, (j + 1) R) of every
+ * replica's piece through staging[R * dp]. From the master pieces, or the
+ * model's own weights. */
+static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type, void *dst, float *send, float *staging,
+                        loom_comm *dp, const loom_ops *ops) {
+  const size_t esize = loom_dtype_size(type), R = round_of(z);
+  for (int b = 0; b < z->nbuckets; b++) {
+    const loom_zero_bucket *k = &z->buckets[b];
+    const loom_flat_run *r = &z->runs[b];
+    const float *w = z->master ? z->master + r->at : (const float *)p->params.base + r->lo;
+    for (size_t off = 0; off < k->shard; off += R) {
+      const size_t len = k->shard - off < R ? k->shard - off : R;
+      const size_t mine = r->hi - r->lo > off ? (r->hi - r->lo - off < len ? r->hi - r->lo - off : len) : 0;
+      z->mem->fill32(z->mem, send, 0, type == LOOM_DTYPE_BF16 ? (len + 1) / 2 : len);
+      if (type == LOOM_DTYPE_BF16) ops->to_bf16(ops, (uint16_t *)send, w + off, mine);
+      else z->mem->copy(z->mem, send, w + off, mine * sizeof(float));
+      loom_comm_allgather_typed(dp, send, staging, len, type);
+      for (int q = 0; q < z->dp_size; q++) { /* replica q's round, clipped to the bucket */
+        const size_t at = k->lo + (size_t)q * k->shard + off;
+        const size_t valid = at >= k->hi ? 0 : (k->hi - at < len ? k->hi - at : len);
+        z->mem->copy(z->mem, (char *)dst + at * esize, (char *)staging + (size_t)q * len * esize, valid * esize);
+      }
+    }
+  }
+}
+
+void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
+  const float clip = loom_adamw_clip_scale(&z->cfg, grad_norm);
+  z->step++;
+  part pt;
+  FOR_EACH_PART(z, p, pt) {
+    const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
+                                  .weight_decay = p->meta[pt.k].weight_decay ? z->cfg.weight_decay : 0.0f,
+                                  .grad_scale = clip, .step = z->step};
+    ops->adamw(ops, weights_of(z, p, &pt), grads_of(z, p, &pt), z->m + pt.state, z->v + pt.state, pt.len, &args);
+  }
+  if (z->stage == 3) return; /* gathered before each use */
+  if (z->master) {
+    loom_zero_publish(z, p, dp, ops);
+    return;
+  }
+  if (z->stage == 2) {
+    gather_into(z, p, LOOM_DTYPE_F32, p->params.base, z->slice, z->staging, dp, ops);
+    return;
+  }
+  /* ZeRO-1: every replica gets every piece back, in place. */
+  const int size = loom_comm_size(dp);
+  if (size == 1) return;
+  LOOM_CHECK(padded_for(z, &p->params, (size_t)size), "ZeRO-1 needs the parameters padded for its all-gather");
+  const loom_flat_run *r = &z->runs[0];
+  loom_mem_zero(z->mem, z->slice, z->shard);
+  z->mem->copy(z->mem, z->slice, (float *)p->params.base + r->lo, (r->hi - r->lo) * sizeof(float));
+  loom_comm_allgather(dp, z->slice, p->params.base, z->shard);
+}
+
+void loom_zero_publish(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops) {
+  if (!z->master || z->stage == 3) return;
+  if (z->stage == 2) {
+    gather_into(z, p, LOOM_DTYPE_BF16, p->compute.base, z->slice, z->staging, dp, ops);
+    return;
+  }
+  const size_t mine = z->runs[0].hi - z->runs[0].lo;
+  uint16_t *compute = p->compute.base;
+  if (loom_comm_size(dp) == 1) {
+    ops->to_bf16(ops, compute, z->master, mine);
+    return;
+  }
+  LOOM_CHECK(padded_for(z, &p->compute, (size_t)loom_comm_size(dp)), "the distributed optimizer needs the bf16 weights padded");
+  uint16_t *slice = (uint16_t *)z->slice; /* bf16 in transit: half of the fp32 slice is enough */
+  z->mem->fill32(z->mem, slice, 0, (z->shard + 1) / 2);
+  ops->to_bf16(ops, slice, z->master, mine);
+  loom_comm_allgather_typed(dp, slice, compute, z->shard, LOOM_DTYPE_BF16);
+}
+
+void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, loom_comm *dp, float *out) {
+  if (!z->master) {
+    z->mem->copy(z->mem, out, p->params.base, p->params.numel * sizeof(float));
+    return;
+  }
+  const size_t R = round_of(z);
+  float *send = loom_xzalloc(z->mem, R * sizeof(float), "gathered weights");
+  float *all = loom_xzalloc(z->mem, R * (size_t)z->dp_size * sizeof(float), "gathered weights");
+  gather_into(z, p, LOOM_DTYPE_F32, out, send, all, dp, NULL);
+  z->mem->release(z->mem, send);
+  z->mem->release(z->mem, all);
+}

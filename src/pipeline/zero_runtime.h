@@ -1,0 +1,56 @@
+/* ZeRO-2 and ZeRO-3 inside the passes of one model chunk (optim/zero.h has
+ * the buckets and the optimizer).
+ *
+ * Grads (ZeRO-2 and 3): a layer's backward writes into a transient buffer,
+ * zeroed before it; when the layer is done its bucket is reduce-scattered
+ * (non-blocking) and this replica's piece is added into the optimizer's
+ * summed grads. Two buffers alternate, so one layer's reduce-scatter runs
+ * while the next layer's backward fills the other; each micro-batch's
+ * backward is reduced this way, and the full grads never exist. The edges
+ * (wte, wpe, final norm), written at both ends of a stage's backward, keep
+ * one buffer for the whole pass and are reduce-scattered at its end.
+ *
+ * Weights (ZeRO-3): before a layer's forward, and again before its
+ * backward, its bucket is all-gathered (bf16 in bf16 runs) into one of two
+ * buffers while the next layer's is issued into the other (prefetch), and
+ * the layer's views point there until the layer is done. With recompute,
+ * the one gather before the backward serves the layer's forward again too.
+ * The edges are gathered for a whole stage pass (the backward's only on the
+ * last stage, whose head needs them). With MPI a prefetch progresses at the
+ * next MPI call (Open MPI has no progress thread); NCCL runs it on its own
+ * stream. */
+#ifndef LOOM_ZERO_RUNTIME_H
+#define LOOM_ZERO_RUNTIME_H
+
+#include "layers/gpt.h"
+#include "optim/zero.h"
+
+typedef struct {
+  loom_zero *z;
+  loom_gpt *m;
+  loom_comm *dp;
+  const loom_allocator *mem; /* where the buffers below live: the model's backend memory */
+  loom_dtype wtype;          /* what the weights cross dp as: bf16 in bf16 runs, else f32 */
+  int nedge;
+  int *edge;                 /* [nedge] the edge buckets */
+  size_t *edge_at;           /* [nedge] each one's place in the edge buffers (elements) */
+  /* ZeRO-3: gathered weights of two layers, and of the edges */
+  void *wbuf[2], *wsend[2], *edge_w, *edge_send;
+  int wbucket[2];
+  loom_request *wreq[2];
+  /* grads of two layers, and of the edges */
+  float *gbuf[2], *grecv[2], *edge_g;
+  int gbucket[2];
+  loom_request *greq[2];
+  size_t transient_bytes;    /* what the buffers above take */
+} loom_zero_runtime;
+
+/* Buffers for ZeRO z (stage 2 or 3) of chunk m, whose hooks then call
+ * loom_zero_runtime_before/after. */
+loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m, loom_comm *dp);
+void loom_zero_runtime_free(loom_zero_runtime *rt);
+/* The model hooks' halves (loom_gpt_hooks). */
+void loom_zero_runtime_before(loom_zero_runtime *rt, bool backward, int layer);
+void loom_zero_runtime_after(loom_zero_runtime *rt, bool backward, int layer);
+
+#endif
