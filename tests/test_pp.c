@@ -241,8 +241,9 @@ END_TEST
 
 START_TEST(gpipe_and_1f1b_match_serial) {
   const int ms[3] = {1, g_pp, 2 * g_pp + 1};
-  for (int kind = LOOM_SCHEDULE_GPIPE; kind <= LOOM_SCHEDULE_1F1B; kind++)
-    for (int i = 0; i < 3; i++) check((loom_schedule_kind)kind, 1, ms[i], NULL, 0);
+  const loom_schedule_kind kinds[2] = {LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_1F1B}; /* the enum's order is the proto's */
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < 3; i++) check(kinds[k], 1, ms[i], NULL, 0);
 }
 END_TEST
 
