@@ -31,9 +31,11 @@ np 4 --tp 2 --pp 2 --steps 9 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin
 
 # Same plan: 3 steps, then resume to 9, equals that plan's uninterrupted run
 # to the last bit (losses and the gathered final weights), on (2,2,1) and on
-# (1,2,2) with ZeRO-1, in fp32 and in bf16 (whose checkpoints hold the fp32
-# master weights; the bf16 copy is made again from them).
-for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16"; do
+# (1,2,2) with ZeRO-1 and ZeRO-3 (whose checkpoints hold each replica's
+# pieces of the weights), in fp32 and in bf16 (whose checkpoints hold the
+# fp32 master weights; the bf16 copy is made again from them), and ZeRO-2 in bf16.
+for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16" \
+  "--pp 2 --dp 2 --zero 3" "--pp 2 --dp 2 --zero 2 --precision bf16"; do
   rm -rf "$WORK/ck"
   np 4 $layout --steps 9 --metrics "$WORK/ref.jsonl" --save "$WORK/ref.bin" > /dev/null 2>&1 || fail "reference ($layout)"
   np 4 $layout --steps 3 --ckpt "$WORK/ck" > "$WORK/a.txt" 2>&1 || fail "first third ($layout): $(cat "$WORK/a.txt")"
@@ -62,6 +64,17 @@ np 4 --tp 4 --steps 9 --ckpt "$WORK/rs" --resume --metrics "$WORK/rs2.jsonl" > "
 same_losses "$WORK/full.jsonl" "$WORK/rs1.jsonl" || fail "losses after resharding onto (1,1,2)"
 same_losses "$WORK/full.jsonl" "$WORK/rs2.jsonl" || fail "losses after resharding onto (4,1,1)"
 [ "$(losses "$WORK/rs2.jsonl" | wc -l)" = 3 ] || fail "the resumed runs should train steps 7-9"
+# ZeRO-3 on (1,2,2) for 3 steps, ZeRO-1 on (2,1,2) to 6, ZeRO-3 on (1,2,2) again to 9: each element of
+# the weights and Adam's moments moves by its global offset between the stages' pieces.
+rm -rf "$WORK/z3"
+np 4 --pp 2 --dp 2 --zero 3 --steps 3 --ckpt "$WORK/z3" --metrics "$WORK/z30.jsonl" > "$WORK/z30.txt" 2>&1 || fail "ZeRO-3 first third: $(cat "$WORK/z30.txt")"
+np 4 --tp 2 --dp 2 --zero 1 --steps 6 --ckpt "$WORK/z3" --resume --metrics "$WORK/z31.jsonl" > "$WORK/z31.txt" 2>&1 ||
+  fail "ZeRO-3 resumed under ZeRO-1 on (2,1,2): $(cat "$WORK/z31.txt")"
+grep -q "resharding: the checkpoint was written by tp 1 x pp 2 x dp 2 (vpp 1, zero 3)" "$WORK/z31.txt" || fail "no ZeRO-3 resharding line"
+np 4 --pp 2 --dp 2 --zero 3 --steps 9 --ckpt "$WORK/z3" --resume --metrics "$WORK/z32.jsonl" > "$WORK/z32.txt" 2>&1 ||
+  fail "back onto ZeRO-3: $(cat "$WORK/z32.txt")"
+for part in z30 z31 z32; do same_losses "$WORK/full.jsonl" "$WORK/$part.jsonl" || fail "losses of $part (ZeRO-3 -> ZeRO-1 -> ZeRO-3)"; done
+[ "$(losses "$WORK/z32.jsonl" | wc -l)" = 3 ] || fail "the last ZeRO-3 run should train steps 7-9"
 # bf16 resharded by --resume, (2,2,1) onto (1,2,2) under the distributed optimizer (each replica loads its
 # slice of the master weights) and from there onto (1,1,2) without it, against the uninterrupted bf16 run
 # on (2,2,1): relative 1e-3, as a bf16 run on another layout keeps (test_pp); and an fp32 checkpoint
