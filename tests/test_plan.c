@@ -265,6 +265,11 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "parallel.virtual_chunks = 2: needs schedule SCHEDULE_INTERLEAVED; set virtual_chunks 1 or change the schedule");
   expect_rule(p, "stages: 2 entries, but parallel.pp x parallel.virtual_chunks = 4; give one stage per pipeline rank and chunk");
   p->parallel->virtual_chunks = 1;
+  p->parallel->zero_stage = 4;
+  expect_rule(p, "parallel.zero_stage = 4: ZeRO stages are 0 (none) to 3");
+  p->parallel->zero_stage = 3;
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->parallel->zero_stage = 0;
   ck_assert_int_eq(loom_plan_check_rules(p, 6, 0, lines, sizeof lines), 1);
   ck_assert_str_eq(lines, "parallel: tp 2 x pp 2 x dp 2 = 8 ranks, but the world has 6; launch 8 ranks or change the layout\n");
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 1000, lines, sizeof lines), 2);
@@ -444,6 +449,25 @@ START_TEST(estimates_follow_megatron) {
   ck_assert_double_eq_tol((double)(y->weights + y->grads + y->optimizer), 16.0 * n, 4.0);
   ck_assert_int_eq(y->master_weights, 0);
   loom_plan_free(p);
+  /* ZeRO-2 shards the grads too, ZeRO-3 the weights too (an fp32 master of this replica's pieces, nothing
+   * whole); what crosses in transit is apart, and the run's per-chunk cost is their sum. */
+  const loom_stage_range whole = {0, spec.layers, true, true};
+  for (int zero = 2; zero <= 3; zero++)
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      spec.zero_stage = zero;
+      spec.precision = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
+      p = build(&spec);
+      x = p->estimates->stages[0];
+      ck_assert_double_eq_tol((double)x->grads, 4.0 * n / 4, 1.0);
+      ck_assert_double_eq_tol((double)x->optimizer_zero1, 8.0 * n / 4, 1.0);
+      ck_assert_double_eq_tol((double)x->weights, zero == 3 ? 0.0 : (bf16 ? 2.0 : 4.0) * n, 1.0);
+      ck_assert_double_eq_tol((double)x->master_weights, bf16 || zero == 3 ? 4.0 * n / 4 : 0.0, 1.0);
+      ck_assert_msg(x->zero_transient > 0 && x->zero_transient < 4.0 * n, "ZeRO-%d transient %lld of %g", zero,
+                    (long long)x->zero_transient, n);
+      ck_assert_double_eq_tol(loom_plan_state_bytes(p, &whole),
+                              (double)(x->weights + x->master_weights + x->grads + x->optimizer_zero1 + x->zero_transient), 8.0);
+      loom_plan_free(p);
+    }
 }
 END_TEST
 
@@ -546,6 +570,8 @@ START_TEST(compression_rules_and_estimates) {
   p->grad_compression->rank = 4;
   p->parallel->zero_stage = 1; /* compression sums the grads whole; ZeRO-1 then steps its slice of them */
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->parallel->zero_stage = 2;
+  expect_rule(p, "grad_compression = powersgd: compression sums whole grads, which ZeRO-2 never holds; use parallel.zero_stage 0 or 1, or drop grad_compression");
   p->parallel->zero_stage = 0;
   p->grad_reduce = LOOM__PRECISION__PRECISION_BF16;
   expect_rule(p, "grad_compression = powersgd: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop grad_compression");
@@ -610,6 +636,18 @@ START_TEST(dp_traffic_follows_ring_collectives) {
   spec.precision = LOOM__PRECISION__PRECISION_BF16; /* the distributed optimizer gathers bf16 */
   ck_assert_double_eq(dp_bytes(spec), 0.5 * 4 * local + 0.5 * 2 * local);
   spec.precision = LOOM__PRECISION__PRECISION_FP32;
+  /* ZeRO-2 reduce-scatters every micro-batch's grads and gathers the weights once: 2 (d-1)/d Psi at one
+   * micro-batch. ZeRO-3 gathers them before each forward and each backward (the first stage's edges, wte
+   * and wpe, forward only): 3 (d-1)/d Psi at one micro-batch. */
+  p = build(&spec);
+  const double m = loom_plan_micro_batches(p), edges = loom_plan_zero_buckets(p, &first).edges;
+  loom_plan_free(p);
+  ck_assert_double_eq(edges, 128 * 64 + 32 * 64); /* one tp rank's wte rows (vocab padded to 256) and wpe */
+  ck_assert_double_ge(m, 2);
+  spec.zero_stage = 2;
+  ck_assert_double_eq(dp_bytes(spec), m * 0.5 * 4 * local + 0.5 * 4 * local);
+  spec.zero_stage = 3;
+  ck_assert_double_eq(dp_bytes(spec), m * 0.5 * 4 * local + m * 0.5 * 4 * (2 * local - edges));
   spec.zero_stage = 0;
   spec.compression = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
   spec.compression_rank = 4;
