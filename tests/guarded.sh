@@ -54,6 +54,9 @@ layout pp2 2 --pp 2
 layout pp2_interleaved 2 --pp 2 --vpp 2 --schedule interleaved
 layout dp2 2 --dp 2
 layout dp2_zero1 2 --dp 2 --zero 1
+layout dp2_zero2 2 --dp 2 --zero 2
+layout pp2_dp2_zero3_recompute 4 --pp 2 --dp 2 --zero 3 --recompute full
+layout bf16_dp2_zero3 2 --dp 2 --zero 3 --precision bf16
 layout dp2_powersgd 2 --dp 2 --grad-compression powersgd:2
 layout dp2_sign 2 --dp 2 --grad-compression sign
 layout bf16_dp2_zero1_powersgd 2 --dp 2 --zero 1 --precision bf16 --grad-compression powersgd:2
