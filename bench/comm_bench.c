@@ -15,7 +15,11 @@
  *
  * With a plan, the all-reduce is also timed at the sizes that plan's
  * data-parallel gradient reduction sends: each stage's fp32 grads per rank
- * (its parameters / tp) cut into buckets of --bucket-mb (the last one short).
+ * (its parameters / tp) cut into buckets of --bucket-mb (the last one short);
+ * and ZeRO-3's pattern at that plan's buckets: each layer's weights
+ * all-gathered before its forward and backward and its grads
+ * reduce-scattered after, and the edges' (wte, wpe, final norm) likewise
+ * (fp32; bf16 runs gather half the bytes).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -128,6 +132,26 @@ static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap
   return n;
 }
 
+/* ZeRO-3's bucket sizes (floats of one tp rank) in a plan: each stage's layer and edges. Returns how many. */
+static int zero3_sizes(const char *path, size_t *sizes, int cap) {
+  loom_plan *plan;
+  loom_error err;
+  if (loom_plan_read(path, &plan, &err) != LOOM_OK) return -1;
+  int n = 0;
+  for (size_t k = 0; k < plan->n_stages; k++) {
+    const loom_stage_range range = loom_plan_stage_range(plan, (int)k);
+    const loom_zero_sizes z = loom_plan_zero_buckets(plan, &range);
+    const size_t cand[2] = {(size_t)z.layer, (size_t)z.edges};
+    for (int c = 0; c < 2; c++) {
+      int seen = cand[c] == 0;
+      for (int i = 0; i < n && !seen; i++) seen = sizes[i] == cand[c];
+      if (!seen && n < cap) sizes[n++] = cand[c];
+    }
+  }
+  loom_plan_free(plan);
+  return n;
+}
+
 static double bus_factor(op_kind op, int n) {
   if (op == OP_ALLREDUCE) return 2.0 * (n - 1) / n;
   if (op == OP_SENDRECV) return 1.0;
@@ -171,8 +195,13 @@ int main(int argc, char **argv) {
   if (nplan < 0) {
     loom_mpi_abort(2);
   }
+  size_t zero3_floats[64];
+  const int nzero3 = plan ? zero3_sizes(plan, zero3_floats, 64) : 0;
   for (int i = 0; i < nplan; i++)
     if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
+  for (int i = 0; i < nzero3; i++) /* the gathered bucket, padded to the ranks */
+    if ((zero3_floats[i] + (size_t)world->size) * sizeof(float) > max_bytes)
+      max_bytes = (zero3_floats[i] + (size_t)world->size) * sizeof(float);
   const int n = world->size;
   bench b = {world, world, false, NULL, NULL, NULL};
   if (strcmp(backend, "nccl") == 0) {
@@ -215,8 +244,15 @@ int main(int argc, char **argv) {
     const size_t rounded = plan_floats[i] / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
     failed |= bench_row(&b, OP_ALLREDUCE, "dp_bucket", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
   }
-  if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s\n",
-                               nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "");
+  /* ZeRO-3's gathers and reduce-scatters of the plan's buckets, each cut into one piece per rank. */
+  for (int i = 0; i < nzero3; i++) {
+    const size_t padded = (zero3_floats[i] + (size_t)n - 1) / (size_t)n * (size_t)n;
+    failed |= bench_row(&b, OP_ALLGATHER, "zero3_gather", send, recv, padded, iters);
+    failed |= bench_row(&b, OP_REDUCE_SCATTER, "zero3_scatter", send, recv, padded, iters);
+  }
+  if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s%s\n",
+                               nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "",
+                               nzero3 ? "; zero3_*: ZeRO-3's per-layer and edge buckets of the plan, over these ranks" : "");
 #ifdef LOOM_HAVE_NCCL
   if (b.device) {
     loom_cuda_free(send);
