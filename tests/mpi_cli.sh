@@ -59,11 +59,23 @@ PLANS="$(dirname "$0")/../examples/plans"
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --plan "$PLANS/tiny-tp2-pp2.txtpb" \
   --steps 2 --eval-every 0 > "$WORK/ex_run.txt" 2>&1 || fail "example plan run: $(cat "$WORK/ex_run.txt")"
 
-# Data parallelism with the ZeRO-1 optimizer: half the Adam state per replica, measured.
-run train --dp 2 --zero 1 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 2 --eval-every 0 \
-  > "$WORK/zero.txt" 2>&1 || fail "dp 2 zero 1 run: $(cat "$WORK/zero.txt")"
-grep -q "parallel: 2 ranks, tp 1 x pp 1 x dp 2" "$WORK/zero.txt" || fail "dp line: $(cat "$WORK/zero.txt")"
-grep -q "with ZeRO-1 over dp 2, .* (0.50[0-9] of it)" "$WORK/zero.txt" || fail "ZeRO-1 state: $(cat "$WORK/zero.txt")"
+# Data parallelism with ZeRO: per replica half the Adam state (ZeRO-1), and half the grads (ZeRO-2) and
+# the weights (ZeRO-3) too, as measured off the allocations; the fp32 weights whole are 4 bytes a parameter.
+# held FILE WHAT: WHAT's MiB over the whole fp32 weights' in the state line of FILE.
+held() { sed -n "s/.*state on rank 0 with ZeRO-.*$2 \\([0-9.]*\\) MiB.*whole: \\([0-9.]*\\) MiB.*/\\1 \\2/p" "$1" | awk '{ print $1 / $2 }'; }
+# about X WANT: X within 2% of WANT (the log's MiB have two decimals; padding aside).
+about() { awk -v x="$1" -v w="$2" 'BEGIN { exit !(x != "" && x >= w * 0.98 && x <= w * 1.02) }'; }
+for z in 1 2 3; do
+  run train --dp 2 --zero $z --layers 2 --hidden 128 --heads 2 --seq 16 --micro-batch 2 --steps 2 --eval-every 0 \
+    > "$WORK/zero.txt" 2>&1 || fail "dp 2 zero $z run: $(cat "$WORK/zero.txt")"
+  grep -q "parallel: 2 ranks, tp 1 x pp 1 x dp 2" "$WORK/zero.txt" || fail "dp line: $(cat "$WORK/zero.txt")"
+  about "$(held "$WORK/zero.txt" Adam)" 1 || fail "ZeRO-$z Adam state: $(cat "$WORK/zero.txt")"
+  grads=1 weights=1
+  [ $z -ge 2 ] && grads=0.5
+  [ $z -eq 3 ] && weights=0.5
+  about "$(held "$WORK/zero.txt" grads)" $grads || fail "ZeRO-$z grads: $(cat "$WORK/zero.txt")"
+  about "$(held "$WORK/zero.txt" weights)" $weights || fail "ZeRO-$z weights: $(cat "$WORK/zero.txt")"
+done
 
 # One rank slowed on purpose (a test fault) is named by the straggler report;
 # an injected NaN in one rank's grads skips the step on every rank.

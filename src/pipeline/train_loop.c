@@ -36,12 +36,13 @@ void loom_train_describe(const loom_trainer *tr) {
                   "bytes)", method, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
                   sent > 0 ? (double)whole / (double)sent : 0.0);
   }
-  if (!tr->zero) return;
   const double unsharded = 4.0 * (double)loom_trainer_local_params(tr);
   const loom_held_bytes h = loom_trainer_held_bytes(tr);
-  loom_log_info("ZeRO-%d over dp %d on rank 0: weights %.2f MiB, grads %.2f MiB, Adam %.2f MiB, in transit %.2f MiB "
-                "(fp32 weights whole: %.2f MiB)", tr->zero[0].stage, ps->dp, h.weights / mib, h.grads / mib,
-                h.optimizer / mib, h.transient / mib, unsharded / mib);
+  char zero[32] = "without ZeRO";
+  if (tr->zero) snprintf(zero, sizeof zero, "with ZeRO-%d over dp %d", tr->zero[0].stage, ps->dp);
+  loom_log_info("state on rank 0 %s: weights %.2f MiB, grads %.2f MiB, Adam %.2f MiB, in transit %.2f MiB (fp32 "
+                "weights whole: %.2f MiB)", zero, h.weights / mib, h.grads / mib, h.optimizer / mib, h.transient / mib,
+                unsharded / mib);
 }
 
 /* Measured memory of the busiest rank against the plan's estimate of what

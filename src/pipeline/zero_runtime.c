@@ -23,7 +23,7 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
   rt->wtype = m->p.cfg.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
   rt->edge = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge, "edge buckets");
   rt->edge_at = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge_at, "edge buckets");
-  size_t layer_max = 0, edges = 0;
+  size_t layer_max = 0, edges = 0, edge_shard = 0; /* the largest layer bucket (padded), the edges', the largest edge piece */
   for (int b = 0; b < z->nbuckets; b++) {
     if (!is_edge(z, &m->p, b)) {
       layer_max = padded(z, b) > layer_max ? padded(z, b) : layer_max;
@@ -32,29 +32,30 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
     rt->edge[rt->nedge] = b;
     rt->edge_at[rt->nedge++] = edges;
     edges += padded(z, b);
+    edge_shard = z->buckets[b].shard > edge_shard ? z->buckets[b].shard : edge_shard;
   }
-  const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype);
+  const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype), layer_shard = layer_max / (size_t)z->dp_size;
   for (int i = 0; i < 2; i++) {
     rt->gbuf[i] = take(rt, layer_max, f);
-    rt->grecv[i] = take(rt, z->max_shard, f);
+    rt->grecv[i] = take(rt, layer_shard, f);
     rt->gbucket[i] = rt->wbucket[i] = -1;
   }
   rt->edge_g = take(rt, edges, f);
+  rt->edge_piece = take(rt, edge_shard, f); /* room for either type */
   if (z->stage == 3) {
     for (int i = 0; i < 2; i++) {
       rt->wbuf[i] = take(rt, layer_max, w);
-      rt->wsend[i] = take(rt, z->max_shard, f); /* room for either type */
+      rt->wsend[i] = take(rt, layer_shard, f);
     }
     rt->edge_w = take(rt, edges, w);
-    rt->edge_send = take(rt, z->max_shard, f);
   }
   return LOOM_OK;
 }
 
 void loom_zero_runtime_free(loom_zero_runtime *rt) {
   const loom_allocator *mem = rt->mem; /* the optimizer may be gone already */
-  void *const held[] = {rt->gbuf[0], rt->gbuf[1], rt->grecv[0], rt->grecv[1], rt->edge_g,
-                        rt->wbuf[0], rt->wbuf[1], rt->wsend[0], rt->wsend[1], rt->edge_w, rt->edge_send};
+  void *const held[] = {rt->gbuf[0], rt->gbuf[1], rt->grecv[0], rt->grecv[1], rt->edge_g, rt->edge_piece,
+                        rt->wbuf[0], rt->wbuf[1], rt->wsend[0], rt->wsend[1], rt->edge_w};
   for (size_t i = 0; i < sizeof held / sizeof *held; i++)
     if (held[i]) mem->release(mem, held[i]);
   free(rt->edge);
@@ -106,7 +107,7 @@ static void gather_edges(loom_zero_runtime *rt, bool gather_them) {
   const size_t w = loom_dtype_size(rt->wtype);
   for (int e = 0; e < rt->nedge; e++) {
     char *at = (char *)rt->edge_w + rt->edge_at[e] * w;
-    if (gather_them) loom_comm_wait(rt->dp, gather(rt, rt->edge[e], rt->edge_send, at));
+    if (gather_them) loom_comm_wait(rt->dp, gather(rt, rt->edge[e], rt->edge_piece, at));
     point(rt, weight_views(rt), rt->edge[e], gather_them ? at : NULL);
   }
 }
@@ -149,8 +150,8 @@ static void reduce_edge_grads(loom_zero_runtime *rt) {
   for (int e = 0; e < rt->nedge; e++) {
     const int b = rt->edge[e];
     point(rt, &rt->m->p.grads, b, NULL);
-    loom_comm_reduce_scatter(rt->dp, rt->edge_g + rt->edge_at[e], rt->grecv[0], rt->z->buckets[b].shard);
-    loom_zero_add_grad(rt->z, b, rt->grecv[0], rt->m->ops);
+    loom_comm_reduce_scatter(rt->dp, rt->edge_g + rt->edge_at[e], rt->edge_piece, rt->z->buckets[b].shard);
+    loom_zero_add_grad(rt->z, b, rt->edge_piece, rt->m->ops);
   }
 }
 

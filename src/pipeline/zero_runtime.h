@@ -35,7 +35,8 @@ typedef struct {
   int *edge;                 /* [nedge] the edge buckets */
   size_t *edge_at;           /* [nedge] each one's place in the edge buffers (elements) */
   /* ZeRO-3: gathered weights of two layers, and of the edges */
-  void *wbuf[2], *wsend[2], *edge_w, *edge_send;
+  void *wbuf[2], *wsend[2], *edge_w;
+  float *edge_piece;         /* an edge bucket's piece: what it sends to a gather, what it gets of a reduce-scatter */
   int wbucket[2];
   loom_request *wreq[2];
   /* grads of two layers, and of the edges */

@@ -592,7 +592,8 @@ loom_zero_sizes loom_plan_zero_buckets(const loom_plan *p, const loom_stage_rang
   const double wte = range->first || range->last ? (double)loom_gpt_param_count(&cfg, &head, tp) - 2.0 * h : 0.0;
   const double wpe = range->first ? (double)cfg.seq * h : 0.0, ln_f = range->last ? 2.0 * h : 0.0;
   loom_zero_sizes z = {.layer = L > 0 ? (double)loom_gpt_param_count(&cfg, &one, tp) : 0.0, .edges = wte + wpe + ln_f};
-  z.largest = fmax(fmax(z.layer, wte), fmax(wpe, ln_f));
+  z.largest_edge = fmax(wte, fmax(wpe, ln_f));
+  z.largest = fmax(z.layer, z.largest_edge);
   return z;
 }
 
@@ -614,11 +615,12 @@ loom_chunk_state loom_plan_chunk_state(const loom_plan *p, const loom_stage_rang
   if (zero == 1) c.transient = 4.0 * local / dp; /* the slice in transit (the collectives work in the padded buffers) */
   if (zero >= 2) { /* zero.c's and zero_runtime.c's buffers */
     const loom_zero_sizes b = loom_plan_zero_buckets(p, range);
-    const double piece = b.largest / dp, round = fmin(piece, (double)LOOM_ZERO_GATHER_ROUND);
-    c.transient = 4.0 * round                                   /* the optimizer's slice in transit */
-                  + 4.0 * (2.0 * b.layer + 2.0 * piece + b.edges); /* two layers' grads, their pieces, the edges' */
-    if (zero == 2) c.transient += 4.0 * round * dp;             /* the staging of the gather after the step */
-    else c.transient += weight * (2.0 * b.layer + b.edges) + 4.0 * 3.0 * piece; /* gathered weights and their sends */
+    const double layer_piece = b.layer / dp, round = fmin(b.largest / dp, (double)LOOM_ZERO_GATHER_ROUND);
+    c.transient = 4.0 * round                                        /* the optimizer's slice in transit */
+                  + 4.0 * (2.0 * b.layer + 2.0 * layer_piece)          /* two layers' grads and their pieces */
+                  + 4.0 * (b.edges + b.largest_edge / dp);             /* the edges' grads, an edge piece */
+    if (zero == 2) c.transient += 4.0 * round * dp;                  /* the staging of the gather after the step */
+    else c.transient += weight * (2.0 * b.layer + b.edges) + 4.0 * 2.0 * layer_piece; /* gathered weights, sends */
   }
   return c;
 }

@@ -70,9 +70,10 @@ loom_chunk_state loom_plan_chunk_state(const loom_plan *plan, const loom_stage_r
  * check and the run's memory report. */
 double loom_plan_state_bytes(const loom_plan *plan, const loom_stage_range *range);
 /* Parameter counts of one tp rank of a chunk that size ZeRO-2/3's buckets:
- * one layer, the edges (wte, wpe, final norm) and the largest bucket. */
+ * one layer, the edges (wte, wpe, final norm), the largest edge bucket and
+ * the largest bucket. */
 typedef struct {
-  double layer, edges, largest;
+  double layer, edges, largest_edge, largest;
 } loom_zero_sizes;
 loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_range *range);
 
