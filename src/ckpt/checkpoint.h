@@ -4,7 +4,7 @@
  * step directory by an atomic rename, then prunes old steps beyond --keep.
  * A crash at any moment leaves the previous checkpoint whole.
  *
- * Loading is by global offsets, so any plan (tp, pp, vpp, dp, ZeRO-1) loads
+ * Loading is by global offsets, so any plan (tp, pp, vpp, dp, ZeRO stage) loads
  * a checkpoint of any other with no conversion step. Everything else a run
  * depends on (data order, dropout masks, learning rate) is a function of the
  * step and seed, so a resumed run continues bit-identically on the same plan

@@ -1,5 +1,5 @@
 /* The checkpoint pieces one rank holds: its parameter blocks and Adam
- * moments (whole blocks, or the runs of them inside its ZeRO-1 slice),
+ * moments (whole blocks, or the runs of them inside its ZeRO pieces),
  * named canonically ("param/h.3.mlp.c_fc.weight", "adam_m/...", "adam_v/...")
  * and placed by global offsets. A tensor-parallel block of c_attn is three
  * pieces, its q, k and v rows, as each is contiguous in the global tensor

@@ -2,8 +2,8 @@
  * its name, global shape, the offset and shape of the block it comes from,
  * and which elements of that block it holds, so any plan can find what it
  * needs by global offsets. A block is a rank's tensor-parallel slice; a piece
- * is the whole block, or a contiguous run of it (a ZeRO-1 slice of the flat
- * optimizer state). Every piece carries a CRC-32C over its header and data,
+ * is the whole block, or a contiguous run of it (a replica's ZeRO piece of
+ * the flat optimizer state). Every piece carries a CRC-32C over its header and data,
  * so neither a flipped shape nor a flipped value is ever loaded silently.
  * Files open with a versioned header and are written atomically.
  *

@@ -1,6 +1,6 @@
 /* `loom ckpt`: verify, reshard and export checkpoints.
  *   loom ckpt verify DIR
- *   loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N [--vpp N] [--zero 1] [--layer-split L]) -o OUT
+ *   loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N [--vpp N] [--zero 0-3] [--layer-split L]) -o OUT
  *   loom ckpt export [DIR] --format llmc|safetensors [--dtype fp32|bf16] -o OUT [model flags]
  * export writes the model of checkpoint DIR, or without DIR a model built
  * from the model flags and --seed (or loaded with --init-from). */
@@ -60,7 +60,7 @@ static int reshard(int argc, char **argv) {
       {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 4096, NULL, false, NULL},
       {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false, NULL},
       {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank", 1, 64, NULL, false, NULL},
-      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 1, NULL, false, NULL},
+      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 3, NULL, false, NULL},
       {"--layer-split", FLAG_STRING, &split, "layers per stage, e.g. 3,4,4,3", LOOM_NO_RANGE, NULL, false, NULL},
       {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false, NULL},
   };

@@ -286,7 +286,8 @@ static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer) {
 /* Sums grads over the replicas: finishes the buckets started during backward
  * and reduces what they left out (the embedding, positions and final norm).
  * Compression sums them its own way, under ZeRO-1 too; otherwise under
- * ZeRO-1 the optimizer reduce-scatters instead. Returns the seconds
+ * ZeRO-1 the optimizer reduce-scatters instead, and ZeRO-2/3 have during
+ * backward. Returns the seconds
  * spent waiting for the buckets. */
 static double reduce_dp(loom_pipeline *pipe) {
   if (pipe->compress) { /* the whole chunk at once: its messages cover every grad matrix */

@@ -26,7 +26,7 @@ typedef struct {
   loom_status (*save)(void *ctx, int64_t step, loom_error *err); /* NULL: no checkpoints */
 } loom_train_loop;
 
-/* Logs the layout, the schedule's bubble and what recompute and ZeRO-1 save. */
+/* Logs the layout, the schedule's bubble, what recompute saves and what each rank holds. */
 void loom_train_describe(const loom_trainer *tr);
 /* Times `steps` training steps after one warm-up (which fills caches and
  * pages); returns the best step's seconds, the slowest rank's. Collective. */

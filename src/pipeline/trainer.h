@@ -1,6 +1,7 @@
 /* A training run built from a plan, and nothing else: this rank's grid
- * coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO-1's
- * shard of it, with the fp32 master weights' shard in bf16 runs), the step over one global batch (grad accumulation through the
+ * coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO's
+ * pieces of it, with the fp32 master weights' pieces where the model holds
+ * none), the step over one global batch (grad accumulation through the
  * plan's schedule, the grad norm over every stage, the NaN skip, clipping and
  * AdamW) and held-out evaluation through the forward-only schedule. Every
  * layout, (1,1,1) included, runs here.
