@@ -107,6 +107,14 @@ static size_t check_op(const bench *b, op_kind op, float *send, float *recv, siz
   return wrong;
 }
 
+/* Appends size to sizes[n] unless it is 0 or there already (or cap is reached); returns the new count. */
+static int add_distinct(size_t *sizes, int n, int cap, size_t size) {
+  int seen = size == 0;
+  for (int i = 0; i < n && !seen; i++) seen = sizes[i] == size;
+  if (!seen && n < cap) sizes[n++] = size;
+  return n;
+}
+
 /* The bucket sizes (floats) a plan's DP reduction sends: per stage, full
  * buckets and the remainder. Returns how many distinct sizes, at most cap. */
 static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap) {
@@ -121,12 +129,8 @@ static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap
   int n = 0;
   for (size_t k = 0; k < plan->estimates->n_stages; k++) {
     const size_t grads = (size_t)(plan->estimates->stages[k]->parameters / plan->parallel->tp);
-    const size_t cand[2] = {grads < bucket ? grads : bucket, bucket ? grads % bucket : grads};
-    for (int c = 0; c < 2; c++) {
-      int seen = cand[c] == 0;
-      for (int i = 0; i < n && !seen; i++) seen = sizes[i] == cand[c];
-      if (!seen && n < cap) sizes[n++] = cand[c];
-    }
+    n = add_distinct(sizes, n, cap, grads < bucket ? grads : bucket);
+    n = add_distinct(sizes, n, cap, bucket ? grads % bucket : grads);
   }
   loom_plan_free(plan);
   return n;
@@ -141,12 +145,8 @@ static int zero3_sizes(const char *path, size_t *sizes, int cap) {
   for (size_t k = 0; k < plan->n_stages; k++) {
     const loom_stage_range range = loom_plan_stage_range(plan, (int)k);
     const loom_zero_sizes z = loom_plan_zero_buckets(plan, &range);
-    const size_t cand[2] = {(size_t)z.layer, (size_t)z.edges};
-    for (int c = 0; c < 2; c++) {
-      int seen = cand[c] == 0;
-      for (int i = 0; i < n && !seen; i++) seen = sizes[i] == cand[c];
-      if (!seen && n < cap) sizes[n++] = cand[c];
-    }
+    n = add_distinct(sizes, n, cap, (size_t)z.layer);
+    n = add_distinct(sizes, n, cap, (size_t)z.edges);
   }
   loom_plan_free(plan);
   return n;
