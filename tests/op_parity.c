@@ -116,6 +116,54 @@ static void layernorm(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
+static void rmsnorm(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 29, C = 67;
+  const size_t n = (size_t)N * C;
+  mirror x = make(b, n, -2, 2), w = make(b, C, 0.5f, 1.5f), out = make(b, n, 0, 0), rstd = make(b, N, 0, 0);
+  ref->rmsnorm_forward(ref, out.host, rstd.host, x.host, w.host, N, C, 1e-5f);
+  op->rmsnorm_forward(op, out.dev, rstd.dev, x.dev, w.dev, N, C, 1e-5f);
+  expect(r, "rmsnorm_forward out", &out, b->fp32_nmse);
+  expect(r, "rmsnorm_forward rstd", &rstd, b->fp32_nmse);
+  mirror dy = make(b, n, -1, 1), dx = make(b, n, -1, 1), dw = make(b, C, -1, 1);
+  ref->rmsnorm_backward(ref, dx.host, dw.host, dy.host, x.host, w.host, rstd.host, N, C);
+  op->rmsnorm_backward(op, dx.dev, dw.dev, dy.dev, x.dev, w.dev, rstd.dev, N, C);
+  expect(r, "rmsnorm_backward dinp", &dx, b->fp32_nmse);
+  expect(r, "rmsnorm_backward dweight", &dw, b->fp32_nmse);
+  mirror *all[] = {&x, &w, &out, &rstd, &dy, &dx, &dw};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void swiglu(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int N = 37, F = 611; /* past the CPU backend's threshold for threads */
+  const size_t n = (size_t)N * F;
+  mirror x = make(b, 2 * n, -6, 6), out = make(b, n, 0, 0), dy = make(b, n, -1, 1), dx = make(b, 2 * n, -1, 1);
+  ref->swiglu_forward(ref, out.host, x.host, N, F);
+  op->swiglu_forward(op, out.dev, x.dev, N, F);
+  expect(r, "swiglu_forward", &out, b->fp32_nmse);
+  ref->swiglu_backward(ref, dx.host, dy.host, x.host, N, F);
+  op->swiglu_backward(op, dx.dev, dy.dev, x.dev, N, F);
+  expect(r, "swiglu_backward", &dx, b->fp32_nmse);
+  mirror *all[] = {&x, &out, &dy, &dx};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+/* q and k of 6 + 2 heads turned in a qkv row of 6 + 2 * 2 heads (grouped-query), v left alone; positions from 40. */
+static void rope(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int T = 33, B = 3, D = 16, heads = 6 + 2, stride = (6 + 2 * 2) * D;
+  const size_t n = (size_t)T * B * stride;
+  mirror x = make(b, n, -2, 2);
+  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, 10000.0f);
+  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, 10000.0f);
+  expect(r, "rope_forward", &x, b->fp32_nmse);
+  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, 500000.0f);
+  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, 500000.0f);
+  expect(r, "rope_backward", &x, b->fp32_nmse);
+  drop(&x);
+}
+
 static void gelu(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 40001; /* past the CPU backend's threshold for threads */
@@ -397,6 +445,9 @@ _Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *) + size
 const op_case OP_CASES[] = {
     {"matmul", matmul, {AT(matmul_forward), AT(matmul_backward)}, 2},
     {"layernorm", layernorm, {AT(layernorm_forward), AT(layernorm_backward)}, 2},
+    {"rmsnorm", rmsnorm, {AT(rmsnorm_forward), AT(rmsnorm_backward)}, 2},
+    {"swiglu", swiglu, {AT(swiglu_forward), AT(swiglu_backward)}, 2},
+    {"rope", rope, {AT(rope_forward), AT(rope_backward)}, 2},
     {"gelu", gelu, {AT(gelu_forward), AT(gelu_backward)}, 2},
     {"elementwise", elementwise, {AT(add), AT(accumulate), AT(sumsq)}, 3},
     {"gemm", gemm, {AT(gemm)}, 1},

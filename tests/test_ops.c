@@ -337,6 +337,81 @@ END_TEST
 /* ---- the parity table ---- */
 
 /* Case `i` of the table on the CPU backend, then on the guarded one (a Check loop test: one run per case). */
+/* ---- RMSNorm, SwiGLU, RoPE ---- */
+
+typedef struct { float *out, *rstd, *inp, *w, *r; } rms_ctx;
+static double rms_loss(void *p) {
+  rms_ctx *c = p;
+  loom_ops_ref()->rmsnorm_forward(loom_ops_ref(), c->out, c->rstd, c->inp, c->w, LN, LC, 1e-5f);
+  return dot_loss(c->out, c->r, LN * LC);
+}
+
+START_TEST(rmsnorm) {
+  const loom_ops *ref = loom_ops_ref();
+  rms_ctx c = {guarded(LN * LC), guarded(LN), random_buf(LN * LC, 14, -2, 3), random_buf(LC, 15, 0.5, 1.5),
+               random_buf(LN * LC, 16, -1, 1)};
+  rms_loss(&c);
+  for (int n = 0; n < LN; n++) { /* the saved statistic is what it says */
+    double ms = 0.0;
+    for (int k = 0; k < LC; k++) ms += (double)c.inp[n * LC + k] * c.inp[n * LC + k];
+    ck_assert_double_eq_tol(c.rstd[n], 1.0 / sqrt(ms / LC + 1e-5), 1e-5);
+  }
+  float *di = guarded(LN * LC), *dw = guarded(LC);
+  ref->rmsnorm_backward(ref, di, dw, c.r, c.inp, c.w, c.rstd, LN, LC);
+  fd_check(c.inp, LN * LC, di, rms_loss, &c, "rmsnorm dinp");
+  fd_check(c.w, LC, dw, rms_loss, &c, "rmsnorm dweight");
+}
+END_TEST
+
+enum { SN = 4, SF = 9 };
+typedef struct { float *out, *inp, *r; } swiglu_ctx;
+static double swiglu_loss(void *p) {
+  swiglu_ctx *c = p;
+  loom_ops_ref()->swiglu_forward(loom_ops_ref(), c->out, c->inp, SN, SF);
+  return dot_loss(c->out, c->r, SN * SF);
+}
+
+START_TEST(swiglu) {
+  const loom_ops *ref = loom_ops_ref();
+  swiglu_ctx c = {guarded(SN * SF), random_buf(SN * 2 * SF, 17, -4, 4), random_buf(SN * SF, 18, -1, 1)};
+  swiglu_loss(&c);
+  /* silu(g) * u, at one element worked by hand: silu(2) = 2 / (1 + e^-2) */
+  const float g = c.inp[1], u = c.inp[SF + 1];
+  ck_assert_double_eq_tol(c.out[1], g / (1.0 + exp(-g)) * u, 1e-5);
+  float *di = guarded(SN * 2 * SF);
+  ref->swiglu_backward(ref, di, c.r, c.inp, SN, SF);
+  fd_check(c.inp, SN * 2 * SF, di, swiglu_loss, &c, "swiglu dinp");
+}
+END_TEST
+
+/* Two heads of q and one of k turned in rows of 4 heads (v untouched), at positions 5.. */
+enum { RT = 3, RB = 2, RD = 8, RHEADS = 3, RSTRIDE = 4 * RD };
+typedef struct { float *x, *work, *r; } rope_ctx;
+static double rope_loss(void *p) {
+  rope_ctx *c = p;
+  memcpy(c->work, c->x, RT * RB * RSTRIDE * sizeof(float));
+  loom_ops_ref()->rope_forward(loom_ops_ref(), c->work, RT, RB, RSTRIDE, RHEADS, RD, 5, 100.0f);
+  return dot_loss(c->work, c->r, RT * RB * RSTRIDE);
+}
+
+START_TEST(rope) {
+  const loom_ops *ref = loom_ops_ref();
+  const size_t n = RT * RB * RSTRIDE;
+  rope_ctx c = {random_buf(n, 19, -2, 2), guarded(n), random_buf(n, 20, -1, 1)};
+  rope_loss(&c);
+  /* Row (t 1, b 0), head 1, pair 2: turned by (5 + 1) * 100^(-2*2/8) = 0.6 rad; the 4th head is v, unturned. */
+  const size_t at = (size_t)(1 * RB + 0) * RSTRIDE + 1 * RD;
+  const double a = 6.0 * pow(100.0, -0.5), x1 = c.x[at + 2], x2 = c.x[at + 2 + RD / 2];
+  ck_assert_double_eq_tol(c.work[at + 2], x1 * cos(a) - x2 * sin(a), 1e-5);
+  ck_assert_double_eq_tol(c.work[at + 2 + RD / 2], x2 * cos(a) + x1 * sin(a), 1e-5);
+  ck_assert_mem_eq(c.work + 3 * RD, c.x + 3 * RD, RD * sizeof(float));
+  /* Backward: the grad of x is the transpose turn of the output's grad. */
+  float *dx = copy_buf(c.r, n);
+  ref->rope_backward(ref, dx, RT, RB, RSTRIDE, RHEADS, RD, 5, 100.0f);
+  fd_check(c.x, n, dx, rope_loss, &c, "rope dx");
+}
+END_TEST
+
 START_TEST(op_parity) {
   const op_backend b = _i < OP_CASE_COUNT ? op_backend_cpu() : op_backend_guarded();
   const op_case *c = &OP_CASES[_i % OP_CASE_COUNT];
@@ -478,6 +553,9 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, matmul);
   tcase_add_test(tc, layernorm);
+  tcase_add_test(tc, rmsnorm);
+  tcase_add_test(tc, swiglu);
+  tcase_add_test(tc, rope);
   tcase_add_test(tc, gelu);
   tcase_add_test(tc, attention);
   tcase_add_test(tc, attention_with_dropout);

@@ -1,6 +1,6 @@
 /* Op semantics every backend shares, inline for host C and CUDA kernels:
- * the GELU formula and its derivative, and the keyed dropout mask with its
- * global element indices. One definition keeps the backends in agreement. */
+ * the GELU and SiLU formulas and their derivatives, RoPE's angles, and the
+ * keyed dropout mask with its global element indices. One definition keeps the backends in agreement. */
 #ifndef LOOM_OP_MATH_H
 #define LOOM_OP_MATH_H
 
@@ -20,6 +20,21 @@ LOOM_HD float loom_gelu_grad_at(float x) {
   const float tanh_out = tanhf(LOOM_GELU_SCALE * (x + cube));
   const float sech2 = 1.0f - tanh_out * tanh_out;
   return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * LOOM_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+/* SiLU, x * sigmoid(x), and its derivative: SwiGLU's gate. */
+LOOM_HD float loom_silu_at(float x) { return x / (1.0f + expf(-x)); }
+
+LOOM_HD float loom_silu_grad_at(float x) {
+  const float s = 1.0f / (1.0f + expf(-x));
+  return s * (1.0f + x * (1.0f - s));
+}
+
+/* The angle RoPE turns dims i and i + D/2 of a head at position pos by:
+ * pos * theta^(-2i/D), formed in double so every backend turns by the same
+ * cos and sin. */
+LOOM_HD double loom_rope_angle(int pos, int i, int D, float theta) {
+  return (double)pos * pow((double)theta, -2.0 * (double)i / (double)D);
 }
 
 /* 1 if dropout element `index` survives. */

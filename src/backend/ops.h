@@ -73,6 +73,28 @@ struct loom_ops {
                              const float *inp, const float *weight, const float *mean,
                              const float *rstd, int N, int C);
 
+  /* RMSNorm (Llama's): out[N,C] = inp * rstd * weight; saves rstd[N] = 1 / sqrt(mean(inp^2) + eps) */
+  void (*rmsnorm_forward)(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                          float eps);
+  /* dinp[N,C] += its grad; dweight[C] += sum over rows of dout * inp * rstd */
+  void (*rmsnorm_backward)(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C);
+
+  /* SwiGLU over the rows of inp[N, 2F], each its gate | up halves: out[N,F] = silu(gate) * up */
+  void (*swiglu_forward)(const loom_ops *be, float *out, const float *inp, int N, int F);
+  /* dinp[N, 2F] += the grads of both halves */
+  void (*swiglu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F);
+
+  /* Rotary position embedding in place. x holds T*B rows [t, b] of `stride`
+   * floats; the first `heads` heads of D of each row are turned: dims i and
+   * i + D/2 (the halves, as Megatron and Hugging Face pair them) by the
+   * angle (pos_offset + t) * theta^(-2i/D) (loom_rope_angle). Backward turns
+   * the grads back by the same angle (the transpose). */
+  void (*rope_forward)(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
+                       float theta);
+  void (*rope_backward)(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
+                        float theta);
+
   /* GELU, tanh approximation, elementwise over n */
   void (*gelu_forward)(const loom_ops *be, float *out, const float *inp, size_t n);
   void (*gelu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n);

@@ -119,6 +119,109 @@ static void cpu_layernorm_backward(const loom_ops *be, float *dinp, float *dweig
   free(partial);
 }
 
+static void cpu_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                int C, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    float *y = out + (size_t)n * C;
+    float ms = 0.0f;
+#pragma omp simd reduction(+ : ms)
+    for (int c = 0; c < C; c++) ms += x[c] * x[c];
+    const float s = 1.0f / sqrtf(ms / (float)C + eps);
+#pragma omp simd
+    for (int c = 0; c < C; c++) y[c] = x[c] * s * weight[c];
+    rstd[n] = s;
+  }
+}
+
+static void cpu_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int N, int C) {
+  const int nthreads = omp_get_max_threads();
+  float *partial = loom_xcalloc((size_t)nthreads * C, sizeof(float), "rmsnorm grads"); /* per-thread dweight */
+#pragma omp parallel if ((size_t)N * C > PAR_MIN)
+  {
+    float *pw = partial + (size_t)omp_get_thread_num() * C;
+#pragma omp for schedule(static)
+    for (int n = 0; n < N; n++) {
+      const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+      float *dx = dinp + (size_t)n * C;
+      const float r = rstd[n];
+      float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+      for (int c = 0; c < C; c++) d += weight[c] * dy[c] * x[c];
+      const float k = r * r * r * d / (float)C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        pw[c] += x[c] * r * dy[c];
+        dx[c] += r * weight[c] * dy[c] - x[c] * k;
+      }
+    }
+  }
+  for (int t = 0; t < nthreads; t++)
+    for (int c = 0; c < C; c++) dweight[c] += partial[(size_t)t * C + c];
+  free(partial);
+}
+
+static void cpu_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+#pragma omp parallel for schedule(static) if ((size_t)N * F > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *gate = inp + (size_t)n * 2 * F, *up = gate + F;
+    float *y = out + (size_t)n * F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) y[f] = loom_silu_at(gate[f]) * up[f];
+  }
+}
+
+static void cpu_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+#pragma omp parallel for schedule(static) if ((size_t)N * F > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    const float *gate = inp + (size_t)n * 2 * F, *up = gate + F, *dy = dout + (size_t)n * F;
+    float *dgate = dinp + (size_t)n * 2 * F, *dup = dgate + F;
+#pragma omp simd
+    for (int f = 0; f < F; f++) {
+      dgate[f] += dy[f] * up[f] * loom_silu_grad_at(gate[f]);
+      dup[f] += dy[f] * loom_silu_at(gate[f]);
+    }
+  }
+}
+
+/* RoPE with one table of each position's cos and sin, shared by the batch and the heads. */
+static void cpu_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+  const int half = D / 2;
+  float *cs = loom_xmalloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      const double a = sign * loom_rope_angle(pos_offset + t, i, D, theta);
+      cs[((size_t)t * half + i) * 2] = (float)cos(a);
+      cs[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
+    }
+#pragma omp parallel for schedule(static) if ((size_t)T * B * heads * D > PAR_MIN)
+  for (int row = 0; row < T * B; row++) {
+    const float *tc = cs + (size_t)(row / B) * half * 2;
+    for (int h = 0; h < heads; h++) {
+      float *x1 = x + (size_t)row * stride + (size_t)h * D, *x2 = x1 + half;
+#pragma omp simd
+      for (int i = 0; i < half; i++) {
+        const float c = tc[2 * i], s = tc[2 * i + 1], a = x1[i], b = x2[i];
+        x1[i] = a * c - b * s;
+        x2[i] = b * c + a * s;
+      }
+    }
+  }
+  free(cs);
+}
+
+static void cpu_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
+                             float theta) {
+  cpu_rope(x, T, B, stride, heads, D, pos_offset, theta, 1.0);
+}
+
+static void cpu_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
+                              float theta) {
+  cpu_rope(dx, T, B, stride, heads, D, pos_offset, theta, -1.0);
+}
+
 static void cpu_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
   for (size_t i = 0; i < n; i++) out[i] = loom_fast_gelu(inp[i]);
@@ -462,6 +565,12 @@ static const loom_ops CPU_OPS = {
     .matmul_backward = cpu_matmul_backward,
     .layernorm_forward = cpu_layernorm_forward,
     .layernorm_backward = cpu_layernorm_backward,
+    .rmsnorm_forward = cpu_rmsnorm_forward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .swiglu_forward = cpu_swiglu_forward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .rope_forward = cpu_rope_forward,
+    .rope_backward = cpu_rope_backward,
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .attention_forward = cpu_attention_forward,

@@ -236,6 +236,107 @@ void cuda_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, fl
   launched("layernorm_backward");
 }
 
+// ---- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------
+
+__global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp, const float *weight, int C, float eps) {
+  const int n = blockIdx.x;
+  const float *x = inp + (size_t)n * C;
+  float s = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c] * x[c];
+  const float r = rsqrtf(block_sum(s) / C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) out[(size_t)n * C + c] = x[c] * r * weight[c];
+  if (threadIdx.x == 0) rstd[n] = r;
+}
+
+__global__ void rmsnorm_backward_kernel(float *dinp, float *dweight, const float *dout, const float *inp,
+                                        const float *weight, const float *rstd, int C) {
+  const int n = blockIdx.x;
+  const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+  const float r = rstd[n];
+  float d = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) d += weight[c] * dy[c] * x[c];
+  const float k = r * r * r * block_sum(d) / C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    atomicAdd(&dweight[c], x[c] * r * dy[c]);
+    dinp[(size_t)n * C + c] += r * weight[c] * dy[c] - x[c] * k;
+  }
+}
+
+void cuda_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
+                          float eps) {
+  Backend &g = ctx(be);
+  rmsnorm_forward_kernel<<<N, THREADS, 0, g.stream>>>(out, rstd, inp, weight, C, eps);
+  launched("rmsnorm_forward");
+}
+
+void cuda_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                           const float *weight, const float *rstd, int N, int C) {
+  Backend &g = ctx(be);
+  rmsnorm_backward_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dweight, dout, inp, weight, rstd, C);
+  launched("rmsnorm_backward");
+}
+
+__global__ void swiglu_forward_kernel(float *out, const float *inp, int N, int F) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * F) return;
+  const size_t n = i / F, f = i % F;
+  const float *row = inp + n * 2 * F;
+  out[i] = loom_silu_at(row[f]) * row[F + f];
+}
+
+__global__ void swiglu_backward_kernel(float *dinp, const float *dout, const float *inp, int N, int F) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * F) return;
+  const size_t n = i / F, f = i % F;
+  const float *row = inp + n * 2 * F;
+  float *drow = dinp + n * 2 * F;
+  drow[f] += dout[i] * row[F + f] * loom_silu_grad_at(row[f]);
+  drow[F + f] += dout[i] * loom_silu_at(row[f]);
+}
+
+void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+  Backend &g = ctx(be);
+  swiglu_forward_kernel<<<blocks_for((size_t)N * F), THREADS, 0, g.stream>>>(out, inp, N, F);
+  launched("swiglu_forward");
+}
+
+void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+  Backend &g = ctx(be);
+  swiglu_backward_kernel<<<blocks_for((size_t)N * F), THREADS, 0, g.stream>>>(dinp, dout, inp, N, F);
+  launched("swiglu_backward");
+}
+
+/* One thread per (row, head, pair). */
+__global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+  const int half = D / 2;
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)T * B * heads * half) return;
+  const int p = (int)(i % half);
+  const size_t rh = i / half, row = rh / heads;
+  const int t = (int)(row / B);
+  const double a = sign * loom_rope_angle(pos_offset + t, p, D, theta);
+  const float c = (float)cos(a), s = (float)sin(a);
+  float *x1 = x + row * stride + (rh % heads) * D + p, *x2 = x1 + half;
+  const float u = *x1, v = *x2;
+  *x1 = u * c - v * s;
+  *x2 = v * c + u * s;
+}
+
+void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta) {
+  Backend &g = ctx(be);
+  rope_kernel<<<blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream>>>(x, T, B, stride, heads, D, pos_offset,
+                                                                                   theta, 1.0);
+  launched("rope_forward");
+}
+
+void cuda_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
+                        float theta) {
+  Backend &g = ctx(be);
+  rope_kernel<<<blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream>>>(dx, T, B, stride, heads, D,
+                                                                                   pos_offset, theta, -1.0);
+  launched("rope_backward");
+}
+
 // ---- elementwise ---------------------------------------------------------------
 
 __global__ void gelu_forward_kernel(float *out, const float *inp, size_t n) {
@@ -867,6 +968,12 @@ loom_ops make_ops() {
   o.matmul_backward = cuda_matmul_backward;
   o.layernorm_forward = cuda_layernorm_forward;
   o.layernorm_backward = cuda_layernorm_backward;
+  o.rmsnorm_forward = cuda_rmsnorm_forward;
+  o.rmsnorm_backward = cuda_rmsnorm_backward;
+  o.swiglu_forward = cuda_swiglu_forward;
+  o.swiglu_backward = cuda_swiglu_backward;
+  o.rope_forward = cuda_rope_forward;
+  o.rope_backward = cuda_rope_backward;
   o.gelu_forward = cuda_gelu_forward;
   o.gelu_backward = cuda_gelu_backward;
   o.attention_forward = cuda_attention_forward;
@@ -928,6 +1035,12 @@ loom_ops make_synced_ops() {
   o.layernorm_backward = SYNCED(cuda_layernorm_backward);
   o.gelu_forward = SYNCED(cuda_gelu_forward);
   o.gelu_backward = SYNCED(cuda_gelu_backward);
+  o.rmsnorm_forward = SYNCED(cuda_rmsnorm_forward);
+  o.rmsnorm_backward = SYNCED(cuda_rmsnorm_backward);
+  o.swiglu_forward = SYNCED(cuda_swiglu_forward);
+  o.swiglu_backward = SYNCED(cuda_swiglu_backward);
+  o.rope_forward = SYNCED(cuda_rope_forward);
+  o.rope_backward = SYNCED(cuda_rope_backward);
   o.attention_forward = SYNCED(cuda_attention_forward);
   o.attention_backward = SYNCED(cuda_attention_backward);
   o.embedding_forward = SYNCED(cuda_embedding_forward);

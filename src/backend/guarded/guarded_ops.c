@@ -77,6 +77,28 @@ static void g_layernorm_backward(const loom_ops *be, float *dinp, float *dweight
                                  const float *weight, const float *mean, const float *rstd, int N, int C) {
   CPU->layernorm_backward(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), U(mean), U(rstd), N, C);
 }
+static void g_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N,
+                              int C, float eps) {
+  CPU->rmsnorm_forward(CPU, U(out), U(rstd), U(inp), U(weight), N, C, eps);
+}
+static void g_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                               const float *weight, const float *rstd, int N, int C) {
+  CPU->rmsnorm_backward(CPU, U(dinp), U(dweight), U(dout), U(inp), U(weight), U(rstd), N, C);
+}
+static void g_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+  CPU->swiglu_forward(CPU, U(out), U(inp), N, F);
+}
+static void g_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+  CPU->swiglu_backward(CPU, U(dinp), U(dout), U(inp), N, F);
+}
+static void g_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
+                           float theta) {
+  CPU->rope_forward(CPU, U(x), T, B, stride, heads, D, pos_offset, theta);
+}
+static void g_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
+                            float theta) {
+  CPU->rope_backward(CPU, U(dx), T, B, stride, heads, D, pos_offset, theta);
+}
 static void g_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) { CPU->gelu_forward(CPU, U(out), U(inp), n); }
 static void g_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
   CPU->gelu_backward(CPU, U(dinp), U(dout), U(inp), n);
@@ -162,6 +184,12 @@ static const loom_ops GUARDED_OPS = {
     .matmul_backward = g_matmul_backward,
     .layernorm_forward = g_layernorm_forward,
     .layernorm_backward = g_layernorm_backward,
+    .rmsnorm_forward = g_rmsnorm_forward,
+    .rmsnorm_backward = g_rmsnorm_backward,
+    .swiglu_forward = g_swiglu_forward,
+    .swiglu_backward = g_swiglu_backward,
+    .rope_forward = g_rope_forward,
+    .rope_backward = g_rope_backward,
     .gelu_forward = g_gelu_forward,
     .gelu_backward = g_gelu_backward,
     .attention_forward = g_attention_forward,

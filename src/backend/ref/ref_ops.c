@@ -70,6 +70,79 @@ static void ref_layernorm_backward(const loom_ops *be, float *dinp, float *dweig
   }
 }
 
+static void ref_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N,
+                                int C, float eps) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C;
+    double ms = 0.0;
+    for (int c = 0; c < C; c++) ms += (double)x[c] * x[c];
+    const double s = 1.0 / sqrt(ms / C + eps);
+    for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (float)(x[c] * s) * weight[c];
+    rstd[n] = (float)s;
+  }
+}
+
+/* y = x r w with r = (mean(x^2) + eps)^(-1/2): dx = r (w dy) - x r^3 mean(w dy x). */
+static void ref_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                                 const float *weight, const float *rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
+    const double r = rstd[n];
+    double dot = 0.0;
+    for (int c = 0; c < C; c++) dot += (double)weight[c] * dy[c] * x[c];
+    dot /= C;
+    for (int c = 0; c < C; c++) {
+      dweight[c] += (float)(x[c] * r * dy[c]);
+      dinp[(size_t)n * C + c] += (float)(r * weight[c] * dy[c] - x[c] * r * r * r * dot);
+    }
+  }
+}
+
+static void ref_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+  for (int n = 0; n < N; n++)
+    for (int f = 0; f < F; f++) {
+      const float *row = inp + (size_t)n * 2 * F;
+      out[(size_t)n * F + f] = loom_silu_at(row[f]) * row[F + f];
+    }
+}
+
+static void ref_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+  for (int n = 0; n < N; n++)
+    for (int f = 0; f < F; f++) {
+      const float *row = inp + (size_t)n * 2 * F, dy = dout[(size_t)n * F + f];
+      float *drow = dinp + (size_t)n * 2 * F;
+      drow[f] += dy * row[F + f] * loom_silu_grad_at(row[f]);
+      drow[F + f] += dy * loom_silu_at(row[f]);
+    }
+}
+
+/* Turns each pair (dims i, i + D/2) of the first `heads` heads by +angle (forward) or -angle (backward). */
+static void ref_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+  const int half = D / 2;
+  for (int t = 0; t < T; t++)
+    for (int i = 0; i < half; i++) {
+      const double a = sign * loom_rope_angle(pos_offset + t, i, D, theta);
+      const float c = (float)cos(a), s = (float)sin(a);
+      for (int b = 0; b < B; b++)
+        for (int h = 0; h < heads; h++) {
+          float *head = x + ((size_t)t * B + b) * stride + (size_t)h * D;
+          const float x1 = head[i], x2 = head[i + half];
+          head[i] = x1 * c - x2 * s;
+          head[i + half] = x2 * c + x1 * s;
+        }
+    }
+}
+
+static void ref_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
+                             float theta) {
+  ref_rope(x, T, B, stride, heads, D, pos_offset, theta, 1.0);
+}
+
+static void ref_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
+                              float theta) {
+  ref_rope(dx, T, B, stride, heads, D, pos_offset, theta, -1.0);
+}
+
 static void ref_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = loom_gelu_value(inp[i]);
 }
@@ -339,6 +412,12 @@ static const loom_ops REF_OPS = {
     .matmul_backward = ref_matmul_backward,
     .layernorm_forward = ref_layernorm_forward,
     .layernorm_backward = ref_layernorm_backward,
+    .rmsnorm_forward = ref_rmsnorm_forward,
+    .rmsnorm_backward = ref_rmsnorm_backward,
+    .swiglu_forward = ref_swiglu_forward,
+    .swiglu_backward = ref_swiglu_backward,
+    .rope_forward = ref_rope_forward,
+    .rope_backward = ref_rope_backward,
     .gelu_forward = ref_gelu_forward,
     .gelu_backward = ref_gelu_backward,
     .attention_forward = ref_attention_forward,
