@@ -303,17 +303,20 @@ static void bias(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
-static void attention_at(const op_backend *b, op_report *r, float p) {
+/* Multi-head (3 heads), or grouped-query (6 query heads over 2 key/value heads). */
+static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
-  const loom_attn_shape s = {.T = 17, .B = 2, .heads = 3, .head_dim = 8, .head_offset = 1, .total_heads = 6};
+  const loom_attn_shape s = {.T = 17, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
+                             .total_heads = 2 * heads};
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
-  const size_t width = (size_t)s.heads * s.head_dim, rows = (size_t)s.T * s.B, tt = (size_t)s.B * s.heads * s.T * s.T;
-  mirror qkv = make(b, rows * 3 * width, -1, 1), out = make(b, rows * width, 0, 0), att = make(b, tt, 0, 0);
+  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
+               tt = (size_t)s.B * s.heads * s.T * s.T;
+  mirror qkv = make(b, rows * w3, -1, 1), out = make(b, rows * width, 0, 0), att = make(b, tt, 0, 0);
   ref->attention_forward(ref, out.host, att.host, qkv.host, &s, &d);
   op->attention_forward(op, out.dev, att.dev, qkv.dev, &s, &d);
   expect(r, "attention_forward out", &out, b->fp32_nmse);
   expect(r, "attention_forward probabilities", &att, b->fp32_nmse);
-  mirror dout = make(b, rows * width, -1, 1), dqkv = make(b, rows * 3 * width, -1, 1), datt = make(b, tt, 0, 0);
+  mirror dout = make(b, rows * width, -1, 1), dqkv = make(b, rows * w3, -1, 1), datt = make(b, tt, 0, 0);
   ref->attention_backward(ref, dqkv.host, datt.host, dout.host, qkv.host, att.host, &s, &d);
   op->attention_backward(op, dqkv.dev, datt.dev, dout.dev, qkv.dev, att.dev, &s, &d);
   expect(r, "attention_backward dqkv", &dqkv, b->fp32_nmse);
@@ -321,8 +324,15 @@ static void attention_at(const op_backend *b, op_report *r, float p) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
-static void attention(const op_backend *b, op_report *r) { attention_at(b, r, 0.0f); }
-static void attention_dropout(const op_backend *b, op_report *r) { attention_at(b, r, 0.3f); }
+static void attention(const op_backend *b, op_report *r) {
+  attention_at(b, r, 0.0f, 3, 3);
+  attention_at(b, r, 0.0f, 6, 2);
+  attention_at(b, r, 0.0f, 4, 1);
+}
+static void attention_dropout(const op_backend *b, op_report *r) {
+  attention_at(b, r, 0.3f, 3, 3);
+  attention_at(b, r, 0.3f, 6, 2);
+}
 
 static void embedding(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;

@@ -153,7 +153,7 @@ END_TEST
 
 /* ---- attention ---- */
 
-enum { AT = 5, AB = 2, AH = 3, AD = 4, AW = AH * AD, AQKV = AT * AB * 3 * AW, AOUT = AT * AB * AW, AATT = AB * AH * AT * AT };
+enum { AT = 5, AB = 2, AH = 4, AD = 4, AW = AH * AD, AOUT = AT * AB * AW, AATT = AB * AH * AT * AT };
 typedef struct { float *out, *att, *qkv, *r; loom_attn_shape s; loom_dropout d; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
@@ -161,10 +161,13 @@ static double att_loss(void *p) {
   return dot_loss(c->out, c->r, AOUT);
 }
 
-static void attention_case(float p) {
+/* kv_heads 4: multi-head; 2: grouped-query; 1: multi-query. */
+static void attention_case(float p, int kv_heads) {
   const loom_ops *ref = loom_ops_ref();
-  att_ctx c = {guarded(AOUT), guarded(AATT), random_buf(AQKV, 30, -2, 2), random_buf(AOUT, 31, -1, 1),
-               {.T = AT, .B = AB, .heads = AH, .head_dim = AD, .head_offset = 0, .total_heads = AH},
+  const loom_attn_shape s = {.T = AT, .B = AB, .heads = AH, .kv_heads = kv_heads, .head_dim = AD, .head_offset = 0,
+                             .total_heads = AH};
+  const size_t nqkv = (size_t)AT * AB * loom_attn_qkv_width(&s);
+  att_ctx c = {guarded(AOUT), guarded(AATT), random_buf(nqkv, 30, -2, 2), random_buf(AOUT, 31, -1, 1), s,
                {.p = p, .seed = 5, .stream = 77, .sample_offset = 3}};
   att_loss(&c);
   /* Causality: a probability above the diagonal is exactly zero; rows sum to 1. */
@@ -178,14 +181,14 @@ static void attention_case(float p) {
       }
       ck_assert_double_eq_tol(sum, 1.0, 1e-6);
     }
-  float *scratch = guarded(AATT), *d = guarded(AQKV);
+  float *scratch = guarded(AATT), *d = guarded(nqkv);
   ref->attention_backward(ref, d, scratch, c.r, c.qkv, c.att, &c.s, &c.d);
-  fd_check(c.qkv, AQKV, d, att_loss, &c, "attention dqkv");
+  fd_check(c.qkv, nqkv, d, att_loss, &c, "attention dqkv");
 }
 
-START_TEST(attention) { attention_case(0.0f); }
+START_TEST(attention) { attention_case(0.0f, (int[]){4, 2, 1}[_i]); }
 END_TEST
-START_TEST(attention_with_dropout) { attention_case(0.3f); }
+START_TEST(attention_with_dropout) { attention_case(0.3f, (int[]){4, 2, 1}[_i]); }
 END_TEST
 
 /* ---- embedding, positions, bias ---- */
@@ -557,8 +560,8 @@ int main(void) {
   tcase_add_test(tc, swiglu);
   tcase_add_test(tc, rope);
   tcase_add_test(tc, gelu);
-  tcase_add_test(tc, attention);
-  tcase_add_test(tc, attention_with_dropout);
+  tcase_add_loop_test(tc, attention, 0, 3);
+  tcase_add_loop_test(tc, attention_with_dropout, 0, 3);
   tcase_add_test(tc, embedding);
   tcase_add_test(tc, crossentropy);
   tcase_add_test(tc, fast_math);

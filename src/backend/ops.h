@@ -34,11 +34,20 @@ typedef struct {
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {
   int T, B;          /* sequence length, micro-batch */
-  int heads;         /* local heads in this call */
+  int heads;         /* local query heads in this call */
+  int kv_heads;      /* local key/value heads, dividing heads: each serves heads / kv_heads query heads
+                      * (grouped-query attention; = heads for multi-head, 1 for multi-query) */
   int head_dim;
   int head_offset;   /* global index of local head 0 (dropout keys) */
   int total_heads;   /* global heads (dropout keys) */
 } loom_attn_shape;
+
+/* Floats in one [t, b] row of qkv: q of every query head | k | v of every key/value head. */
+static inline size_t loom_attn_qkv_width(const loom_attn_shape *s) {
+  return (size_t)(s->heads + 2 * s->kv_heads) * s->head_dim;
+}
+/* The key/value head query head h reads. */
+static inline int loom_attn_kv_head(const loom_attn_shape *s, int h) { return h / (s->heads / s->kv_heads); }
 
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
@@ -99,7 +108,8 @@ struct loom_ops {
   void (*gelu_forward)(const loom_ops *be, float *out, const float *inp, size_t n);
   void (*gelu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n);
 
-  /* Causal softmax attention. qkv[T,B,3*H*D] rows are q|k|v of the local heads;
+  /* Causal softmax attention. qkv[T,B,(H+2K)*D] rows are q of the H local
+   * query heads | k | v of the K local key/value heads (loom_attn_qkv_width);
    * out[T,B,H*D]; att[B,H,T,T] saves the softmax probabilities (pre-dropout). */
   void (*attention_forward)(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s,
                             const loom_dropout *drop);
@@ -216,6 +226,8 @@ int loom_row_argmax(const float *z, int V);
 int loom_dropout_keep(const loom_dropout *d, uint64_t index);
 /* Global dropout index of element (t, b, c) of a [T,B,C] site. */
 uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C);
+/* Aborts naming the shape unless kv_heads is at least 1 and divides heads. */
+void loom_attn_shape_check(const loom_attn_shape *s);
 /* Dropout index of attention element (b, h, tq, tk). */
 uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,
                                  int tq, int tk);

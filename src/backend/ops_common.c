@@ -1,5 +1,6 @@
 /* The shared op semantics (backend/op_math.h) as functions, for the C backends. */
 #include "backend/op_math.h"
+#include "core/check.h"
 
 float loom_gelu_value(float x) { return loom_gelu_value_at(x); }
 float loom_gelu_grad(float x) { return loom_gelu_grad_at(x); }
@@ -10,6 +11,11 @@ int loom_dropout_keep(const loom_dropout *d, uint64_t index) {
 
 uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C) {
   return loom_dropout_index_at(d->sample_offset, d->seq_offset, d->seq_total, t, b, c, T, C);
+}
+
+void loom_attn_shape_check(const loom_attn_shape *s) {
+  LOOM_CHECK(s->kv_heads >= 1 && s->heads % s->kv_heads == 0,
+             "attention: key/value heads must divide the query heads (grouped-query attention)");
 }
 
 uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,

@@ -266,8 +266,9 @@ static void unpack_rows(float *dst, size_t stride, const float *src, int T, int 
 
 static void cpu_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
+  loom_attn_shape_check(s);
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B;
+  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B;
   const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
   {
@@ -275,11 +276,12 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *att, co
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
-        const float *base = qkv + (size_t)b * 3 * width + (size_t)h * D;
-        pack_rows(k, base + width, row3, T, D);
-        pack_rows(v, base + 2 * width, row3, T, D);
+        const float *base = qkv + (size_t)b * w3, *qh = base + (size_t)h * D;
+        const size_t kv = (size_t)loom_attn_kv_head(s, h) * D;
+        pack_rows(k, base + width + kv, row3, T, D);
+        pack_rows(v, base + width + (size_t)s->kv_heads * D + kv, row3, T, D);
         for (int tq = 0; tq < T; tq++) {
-          const float *q = base + tq * row3;
+          const float *q = qh + tq * row3;
           float *p = att + (((size_t)b * H + h) * T + tq) * T;
           float maxv = -INFINITY;
           for (int tk = 0; tk <= tq; tk++) {
@@ -306,43 +308,47 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *att, co
 static void cpu_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
                                    const float *att, const loom_attn_shape *s,
                                    const loom_dropout *drop) {
-  const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, row3 = 3 * width * B, row = width * B, block = (size_t)T * D;
+  loom_attn_shape_check(s);
+  const int T = s->T, B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
+  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
   const float scale = 1.0f / sqrtf((float)D);
-  /* Each (b, h) touches only its own columns of dqkv, so threads never collide. */
+  /* Each (b, kv head) touches only its own columns of dqkv: its k and v, and the q of the heads it serves. */
 #pragma omp parallel
   {
     float *k = loom_xmalloc(4 * block * sizeof(float), "attention scratch"), *v = k + block, *dk = v + block,
           *dv = dk + block;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
-      for (int h = 0; h < H; h++) {
-        const size_t head = (size_t)b * 3 * width + (size_t)h * D;
-        pack_rows(k, qkv + head + width, row3, T, D);
-        pack_rows(v, qkv + head + 2 * width, row3, T, D);
-        pack_rows(dk, dqkv + head + width, row3, T, D); /* accumulated into, as in place */
-        pack_rows(dv, dqkv + head + 2 * width, row3, T, D);
-        for (int tq = 0; tq < T; tq++) {
-          const float *p = att + (((size_t)b * H + h) * T + tq) * T;
-          float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
-          const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
-          float dot_pdp = 0.0f;
-          for (int tk = 0; tk <= tq; tk++) {
-            const float keep = keep_scale(drop, s, b, h, tq, tk);
-            dp[tk] = dot(dy, v + (size_t)tk * D, D) * keep;
-            axpy(dv + (size_t)tk * D, p[tk] * keep, dy, D);
-            dot_pdp += p[tk] * dp[tk];
-          }
-          const float *q = qkv + head + tq * row3;
-          float *dq = dqkv + head + tq * row3;
-          for (int tk = 0; tk <= tq; tk++) {
-            const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
-            axpy(dq, ds, k + (size_t)tk * D, D);
-            axpy(dk + (size_t)tk * D, ds, q, D);
+      for (int g = 0; g < K; g++) {
+        const size_t kat = (size_t)b * w3 + width + (size_t)g * D, vat = kat + (size_t)K * D;
+        pack_rows(k, qkv + kat, row3, T, D);
+        pack_rows(v, qkv + vat, row3, T, D);
+        pack_rows(dk, dqkv + kat, row3, T, D); /* accumulated into, as in place */
+        pack_rows(dv, dqkv + vat, row3, T, D);
+        for (int h = g * group; h < (g + 1) * group; h++) {
+          const size_t head = (size_t)b * w3 + (size_t)h * D;
+          for (int tq = 0; tq < T; tq++) {
+            const float *p = att + (((size_t)b * H + h) * T + tq) * T;
+            float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
+            const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
+            float dot_pdp = 0.0f;
+            for (int tk = 0; tk <= tq; tk++) {
+              const float keep = keep_scale(drop, s, b, h, tq, tk);
+              dp[tk] = dot(dy, v + (size_t)tk * D, D) * keep;
+              axpy(dv + (size_t)tk * D, p[tk] * keep, dy, D);
+              dot_pdp += p[tk] * dp[tk];
+            }
+            const float *q = qkv + head + tq * row3;
+            float *dq = dqkv + head + tq * row3;
+            for (int tk = 0; tk <= tq; tk++) {
+              const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
+              axpy(dq, ds, k + (size_t)tk * D, D);
+              axpy(dk + (size_t)tk * D, ds, q, D);
+            }
           }
         }
-        unpack_rows(dqkv + head + width, row3, dk, T, D);
-        unpack_rows(dqkv + head + 2 * width, row3, dv, T, D);
+        unpack_rows(dqkv + kat, row3, dk, T, D);
+        unpack_rows(dqkv + vat, row3, dv, T, D);
       }
     free(k);
   }

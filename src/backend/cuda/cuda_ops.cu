@@ -589,28 +589,36 @@ __global__ void softmax_backward_kernel(float *datt, const float *att, AttnArgs 
 
 unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 * 32); }
 
+// Grouped-query attention: query head h = g * group + j reads key/value head g.
+// Each batched GEMM runs over the K key/value heads for one j, so its batch
+// members write distinct heads; the j loop accumulates dk and dv in order.
 void cuda_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
+  loom_attn_shape_check(s);
   Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
-  const int T = a.T, H = a.H, D = a.D;
-  const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
+  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
+                  TT = (long long)T * T;
   const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
-  for (int b = 0; b < a.B; b++) { // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
-    const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D;
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq, D,
-                                         &zero, att + (size_t)b * H * TT, T, TT, H),
-               "attention scores");
-  }
+  for (int b = 0; b < a.B; b++) // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
+    for (int j = 0; j < group; j++) {
+      const float *q = qkv + (size_t)b * w3 + (size_t)j * D, *k = qkv + (size_t)b * w3 + (size_t)H * D;
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq,
+                                           (long long)group * D, &zero, att + ((size_t)b * H + j) * TT, T, group * TT, K),
+                 "attention scores");
+    }
   float *dropped = a.p > 0.0f ? scratch(g, (size_t)a.B * H * TT) : nullptr;
   softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, dropped, a);
   launched("attention softmax");
   const float *probs = dropped ? dropped : att;
-  for (int b = 0; b < a.B; b++) { // out[b, h] = P v
-    const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
-                                         probs + (size_t)b * H * TT, T, TT, &zero, out + (size_t)b * H * D, (int)ldo, D, H),
-               "attention output");
-  }
+  for (int b = 0; b < a.B; b++) // out[b, h] = P v
+    for (int j = 0; j < group; j++) {
+      const float *v = qkv + (size_t)b * w3 + (size_t)(H + K) * D;
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
+                                           probs + ((size_t)b * H + j) * TT, T, group * TT, &zero,
+                                           out + (size_t)b * H * D + (size_t)j * D, (int)ldo, (long long)group * D, K),
+                 "attention output");
+    }
 }
 
 // dst = att with the dropout mask applied: the probabilities that multiplied v.
@@ -624,10 +632,12 @@ __global__ void apply_mask_kernel(float *dst, const float *att, AttnArgs a) {
 
 void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                              const loom_attn_shape *s, const loom_dropout *drop) {
+  loom_attn_shape_check(s);
   Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
-  const int T = a.T, H = a.H, D = a.D;
-  const long long ldq = (long long)a.B * 3 * H * D, ldo = (long long)a.B * H * D, TT = (long long)T * T;
+  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
+                  TT = (long long)T * T, qstride = (long long)group * D;
   const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
   const float *probs = att;
   if (a.p > 0.0f) {
@@ -636,32 +646,35 @@ void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const
     launched("attention mask");
     probs = dropped;
   }
-  for (int b = 0; b < a.B; b++) {
-    const float *v = qkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D, *dy = dout + (size_t)b * H * D;
-    float *dv = dqkv + (size_t)b * 3 * H * D + 2 * (size_t)H * D;
-    // dP' = dy v^T (column-major: v^T-view x dy)
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo, D,
-                                         &zero, datt + (size_t)b * H * TT, T, TT, H),
-               "attention dP");
-    // dv += P'^T dy
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, D,
-                                         probs + (size_t)b * H * TT, T, TT, &one, dv, (int)ldq, D, H),
-               "attention dv");
-  }
+  for (int b = 0; b < a.B; b++)
+    for (int j = 0; j < group; j++) {
+      const size_t vat = (size_t)b * w3 + (size_t)(H + K) * D;
+      const float *v = qkv + vat, *dy = dout + (size_t)b * H * D + (size_t)j * D;
+      float *dv = dqkv + vat, *dp = datt + ((size_t)b * H + j) * TT;
+      // dP' = dy v^T (column-major: v^T-view x dy)
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo,
+                                           qstride, &zero, dp, T, group * TT, K),
+                 "attention dP");
+      // dv += P'^T dy
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, qstride,
+                                           probs + ((size_t)b * H + j) * TT, T, group * TT, &one, dv, (int)ldq, D, K),
+                 "attention dv");
+    }
   softmax_backward_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(datt, att, a, scale);
   launched("attention softmax backward");
-  for (int b = 0; b < a.B; b++) {
-    const float *q = qkv + (size_t)b * 3 * H * D, *k = q + (size_t)H * D, *ds = datt + (size_t)b * H * TT;
-    float *dq = dqkv + (size_t)b * 3 * H * D, *dk = dq + (size_t)H * D;
-    // dq += dS k
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T, TT, &one,
-                                         dq, (int)ldq, D, H),
-               "attention dq");
-    // dk += dS^T q
-    check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, D, ds, T, TT, &one,
-                                         dk, (int)ldq, D, H),
-               "attention dk");
-  }
+  for (int b = 0; b < a.B; b++)
+    for (int j = 0; j < group; j++) {
+      const size_t qat = (size_t)b * w3 + (size_t)j * D, kat = (size_t)b * w3 + (size_t)H * D;
+      const float *q = qkv + qat, *k = qkv + kat, *ds = datt + ((size_t)b * H + j) * TT;
+      // dq += dS k
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, k, (int)ldq, D, ds, T,
+                                           group * TT, &one, dqkv + qat, (int)ldq, qstride, K),
+                 "attention dq");
+      // dk += dS^T q
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, q, (int)ldq, qstride, ds, T,
+                                           group * TT, &one, dqkv + kat, (int)ldq, D, K),
+                 "attention dk");
+    }
 }
 
 // ---- embedding and positions ---------------------------------------------------------

@@ -151,10 +151,11 @@ static void ref_gelu_backward(const loom_ops *be, float *dinp, const float *dout
   for (size_t i = 0; i < n; i++) dinp[i] += loom_gelu_grad(inp[i]) * dout[i];
 }
 
-/* Offsets of head h's q, k, v (and output) for token (t, b). */
+/* Offsets of query head h's q, and its key/value head's k and v (part 0, 1, 2), for token (t, b). */
 static size_t qkv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
-  const size_t width = (size_t)s->heads * s->head_dim;
-  return ((size_t)t * s->B + b) * 3 * width + part * width + (size_t)h * s->head_dim;
+  const size_t D = (size_t)s->head_dim, row = ((size_t)t * s->B + b) * loom_attn_qkv_width(s);
+  if (part == 0) return row + (size_t)h * D;
+  return row + ((size_t)s->heads + (size_t)(part - 1) * s->kv_heads + (size_t)loom_attn_kv_head(s, h)) * D;
 }
 static size_t out_at(const loom_attn_shape *s, int t, int b, int h) {
   return ((size_t)t * s->B + b) * s->heads * s->head_dim + (size_t)h * s->head_dim;
@@ -171,6 +172,7 @@ static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, i
 
 static void ref_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
+  loom_attn_shape_check(s);
   const int T = s->T, D = s->head_dim;
   const float scale = 1.0f / sqrtf((float)D);
   for (int b = 0; b < s->B; b++)
@@ -203,6 +205,7 @@ static void ref_attention_forward(const loom_ops *be, float *out, float *att, co
 static void ref_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
                                    const float *att, const loom_attn_shape *s,
                                    const loom_dropout *drop) {
+  loom_attn_shape_check(s);
   const int T = s->T, D = s->head_dim;
   const float scale = 1.0f / sqrtf((float)D);
   for (int b = 0; b < s->B; b++)
