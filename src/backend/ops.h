@@ -48,6 +48,9 @@ static inline size_t loom_attn_qkv_width(const loom_attn_shape *s) {
 }
 /* The key/value head query head h reads. */
 static inline int loom_attn_kv_head(const loom_attn_shape *s, int h) { return h / (s->heads / s->kv_heads); }
+/* Whether kv_heads is at least 1 and divides heads. */
+static inline int loom_attn_shape_valid(const loom_attn_shape *s) { return s->kv_heads >= 1 && s->heads % s->kv_heads == 0; }
+#define LOOM_ATTN_SHAPE_RULE "attention: key/value heads must divide the query heads (grouped-query attention)"
 
 typedef struct {
   float lr, beta1, beta2, eps, weight_decay;
@@ -226,7 +229,8 @@ int loom_row_argmax(const float *z, int V);
 int loom_dropout_keep(const loom_dropout *d, uint64_t index);
 /* Global dropout index of element (t, b, c) of a [T,B,C] site. */
 uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C);
-/* Aborts naming the shape unless kv_heads is at least 1 and divides heads. */
+/* Aborts with LOOM_ATTN_SHAPE_RULE unless loom_attn_shape_valid (the host backends' check; the CUDA
+ * backend, which links nothing of loom's C library, checks the same rule itself). */
 void loom_attn_shape_check(const loom_attn_shape *s);
 /* Dropout index of attention element (b, h, tq, tk). */
 uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,

@@ -13,10 +13,7 @@ uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, i
   return loom_dropout_index_at(d->sample_offset, d->seq_offset, d->seq_total, t, b, c, T, C);
 }
 
-void loom_attn_shape_check(const loom_attn_shape *s) {
-  LOOM_CHECK(s->kv_heads >= 1 && s->heads % s->kv_heads == 0,
-             "attention: key/value heads must divide the query heads (grouped-query attention)");
-}
+void loom_attn_shape_check(const loom_attn_shape *s) { LOOM_CHECK(loom_attn_shape_valid(s), LOOM_ATTN_SHAPE_RULE); }
 
 uint64_t loom_attn_dropout_index(const loom_dropout *d, const loom_attn_shape *s, int b, int h,
                                  int tq, int tk) {

@@ -592,8 +592,14 @@ unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 
 // Grouped-query attention: query head h = g * group + j reads key/value head g.
 // Each batched GEMM runs over the K key/value heads for one j, so its batch
 // members write distinct heads; the j loop accumulates dk and dv in order.
+void check_shape(const loom_attn_shape *s) {
+  if (loom_attn_shape_valid(s)) return;
+  fprintf(stderr, "loom: %s\n", LOOM_ATTN_SHAPE_RULE);
+  abort();
+}
+
 void cuda_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
-  loom_attn_shape_check(s);
+  check_shape(s);
   Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
@@ -632,7 +638,7 @@ __global__ void apply_mask_kernel(float *dst, const float *att, AttnArgs a) {
 
 void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
                              const loom_attn_shape *s, const loom_dropout *drop) {
-  loom_attn_shape_check(s);
+  check_shape(s);
   Backend &g = ctx(be);
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
