@@ -117,14 +117,7 @@ static int add_distinct(size_t *sizes, int n, int cap, size_t size) {
 
 /* The bucket sizes (floats) a plan's DP reduction sends: per stage, full
  * buckets and the remainder. Returns how many distinct sizes, at most cap. */
-static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap) {
-  loom_plan *plan;
-  loom_error err;
-  if (loom_plan_read(path, &plan, &err) != LOOM_OK) {
-    fprintf(stderr, "%s\n", err.msg);
-    return -1;
-  }
-  loom_plan_estimate(plan);
+static int plan_sizes(const loom_plan *plan, double bucket_mb, size_t *sizes, int cap) {
   const size_t bucket = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
   int n = 0;
   for (size_t k = 0; k < plan->estimates->n_stages; k++) {
@@ -132,15 +125,11 @@ static int plan_sizes(const char *path, double bucket_mb, size_t *sizes, int cap
     n = add_distinct(sizes, n, cap, grads < bucket ? grads : bucket);
     n = add_distinct(sizes, n, cap, bucket ? grads % bucket : grads);
   }
-  loom_plan_free(plan);
   return n;
 }
 
 /* ZeRO-3's bucket sizes (floats of one tp rank) in a plan: each stage's layer and edges. Returns how many. */
-static int zero3_sizes(const char *path, size_t *sizes, int cap) {
-  loom_plan *plan;
-  loom_error err;
-  if (loom_plan_read(path, &plan, &err) != LOOM_OK) return -1;
+static int zero3_sizes(const loom_plan *plan, size_t *sizes, int cap) {
   int n = 0;
   for (size_t k = 0; k < plan->n_stages; k++) {
     const loom_stage_range range = loom_plan_stage_range(plan, (int)k);
@@ -148,7 +137,6 @@ static int zero3_sizes(const char *path, size_t *sizes, int cap) {
     n = add_distinct(sizes, n, cap, (size_t)z.layer);
     n = add_distinct(sizes, n, cap, (size_t)z.edges);
   }
-  loom_plan_free(plan);
   return n;
 }
 
@@ -190,13 +178,20 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--bucket-mb") == 0) bucket_mb = atof(argv[i + 1]);
     else if (strcmp(argv[i], "--backend") == 0) backend = argv[i + 1];
   }
-  size_t plan_floats[64];
-  const int nplan = plan ? plan_sizes(plan, bucket_mb, plan_floats, 64) : 0;
-  if (nplan < 0) {
-    loom_mpi_abort(2);
+  size_t plan_floats[64], zero3_floats[64];
+  int nplan = 0, nzero3 = 0;
+  if (plan) {
+    loom_plan *p;
+    loom_error err;
+    if (loom_plan_read(plan, &p, &err) != LOOM_OK) {
+      fprintf(stderr, "%s\n", err.msg);
+      loom_mpi_abort(2);
+    }
+    loom_plan_estimate(p);
+    nplan = plan_sizes(p, bucket_mb, plan_floats, 64);
+    nzero3 = zero3_sizes(p, zero3_floats, 64);
+    loom_plan_free(p);
   }
-  size_t zero3_floats[64];
-  const int nzero3 = plan ? zero3_sizes(plan, zero3_floats, 64) : 0;
   for (int i = 0; i < nplan; i++)
     if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
   for (int i = 0; i < nzero3; i++) /* the gathered bucket, padded to the ranks */

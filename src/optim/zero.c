@@ -34,12 +34,21 @@ static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
     for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * LOOM_BLOCK_TENSORS, before + (l + 1) * LOOM_BLOCK_TENSORS);
     add_bucket(z, p, before + p->layers * LOOM_BLOCK_TENSORS, count);
   }
+  z->parts = loom_xcalloc((size_t)count + 1, sizeof *z->parts, "ZeRO parts"); /* a tensor lies in one bucket */
   for (int b = 0; b < z->nbuckets; b++) {
     loom_flat_run *r = &z->runs[b];
     loom_zero_piece(z, b, &r->lo, &r->hi);
     r->at = z->shard;
     z->shard += z->buckets[b].shard;
     if (z->buckets[b].shard > z->max_shard) z->max_shard = z->buckets[b].shard;
+    size_t lo = z->buckets[b].lo; /* the bucket's tensors lie back to back */
+    for (int k = z->buckets[b].k0; k < z->buckets[b].k1; k++) {
+      const size_t hi = lo + loom_tensor_numel(&p->params.views[k]);
+      const size_t from = lo > r->lo ? lo : r->lo, to = hi < r->hi ? hi : r->hi;
+      if (to > from)
+        z->parts[z->nparts++] = (loom_zero_part){.k = k, .from = from, .len = to - from, .at = r->at + (from - r->lo)};
+      lo = hi;
+    }
   }
 }
 
@@ -69,11 +78,12 @@ loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, 
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
   z->m = state(z, z->shard);
   z->v = state(z, z->shard);
-  z->slice = state(z, stage == 1 ? z->shard : round_of(z));
+  z->slice_len = stage == 1 ? z->shard : round_of(z);
+  z->slice = state(z, z->slice_len);
   bool ok = z->m && z->v && z->slice;
   if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->shard));
   if (stage >= 2) ok = ok && (z->grad = state(z, z->shard));
-  if (stage == 2) ok = ok && (z->staging = state(z, round_of(z) * (size_t)dp_size));
+  if (stage == 2) ok = ok && (z->staging = state(z, z->slice_len * (size_t)dp_size));
   if (!ok) {
     loom_zero_free(z);
     return LOOM_ERR_NOMEM;
@@ -87,6 +97,7 @@ void loom_zero_free(loom_zero *z) {
     if (held[i]) z->mem->release(z->mem, held[i]);
   free(z->buckets);
   free(z->runs);
+  free(z->parts);
   memset(z, 0, sizeof *z);
 }
 
@@ -99,8 +110,7 @@ size_t loom_zero_state_bytes(const loom_zero *z) { return (z->master ? 3 : 2) * 
 size_t loom_zero_grad_bytes(const loom_zero *z) { return z->grad ? z->shard * sizeof(float) : 0; }
 
 size_t loom_zero_transit_bytes(const loom_zero *z) {
-  const size_t slice = z->stage == 1 ? z->shard : round_of(z);
-  return (slice + (z->staging ? slice * (size_t)z->dp_size : 0)) * sizeof(float);
+  return z->slice_len * (z->staging ? 1 + (size_t)z->dp_size : 1) * sizeof(float);
 }
 
 void loom_zero_zero_grad(loom_zero *z) {
@@ -112,45 +122,22 @@ void loom_zero_add_grad(loom_zero *z, int b, const float *piece, const loom_ops 
   if (r->hi > r->lo) ops->accumulate(ops, z->grad + r->at, piece, r->hi - r->lo);
 }
 
-/* One tensor's part inside a piece. */
-typedef struct {
-  int k;
-  size_t from, len; /* flat first element, length */
-  size_t state;     /* its index in the state arrays */
-} part;
-
-/* Calls fn on every tensor part of this replica's pieces. */
-#define FOR_EACH_PART(z, p, pt)                                                                                    \
-  for (int b_ = 0; b_ < (z)->nbuckets; b_++)                                                                       \
-    for (int k_ = (z)->buckets[b_].k0; k_ < (z)->buckets[b_].k1; k_++)                                             \
-      if (part_in(z, p, b_, k_, &(pt)))
-
-static bool part_in(const loom_zero *z, const loom_gpt_params *p, int b, int k, part *out) {
-  const loom_flat_run *r = &z->runs[b];
-  const size_t lo = loom_buffer_offset(&p->grads, k), hi = lo + loom_tensor_numel(&p->grads.views[k]);
-  const size_t from = lo > r->lo ? lo : r->lo, to = hi < r->hi ? hi : r->hi;
-  if (to <= from) return false;
-  *out = (part){.k = k, .from = from, .len = to - from, .state = r->at + (from - r->lo)};
-  return true;
-}
-
 /* The summed grads of a part: in the grad pieces (ZeRO-2/3), or in place in p's grads. */
-static float *grads_of(const loom_zero *z, const loom_gpt_params *p, const part *pt) {
-  return z->grad ? z->grad + pt->state : (float *)p->grads.base + pt->from;
+static float *grads_of(const loom_zero *z, const loom_gpt_params *p, const loom_zero_part *pt) {
+  return z->grad ? z->grad + pt->at : (float *)p->grads.base + pt->from;
 }
 
 /* The fp32 weights of a part: the master pieces, or the model's own. */
-static float *weights_of(const loom_zero *z, const loom_gpt_params *p, const part *pt) {
-  return z->master ? z->master + pt->state : (float *)p->params.base + pt->from;
+static float *weights_of(const loom_zero *z, const loom_gpt_params *p, const loom_zero_part *pt) {
+  return z->master ? z->master + pt->at : (float *)p->params.base + pt->from;
 }
 
-float *loom_zero_tensor_grad(const loom_zero *z, const loom_gpt_params *p, int k, size_t *lo, size_t *len) {
+float *loom_zero_tensor_grad(const loom_zero *z, int k, size_t *lo, size_t *len) {
   LOOM_CHECK(z->grad != NULL, "grad pieces are ZeRO-2/3's");
-  for (int b = 0; b < z->nbuckets; b++) {
-    part pt;
-    if (k < z->buckets[b].k0 || k >= z->buckets[b].k1 || !part_in(z, p, b, k, &pt)) continue;
-    *lo = pt.from, *len = pt.len;
-    return z->grad + pt.state;
+  for (int i = 0; i < z->nparts; i++) {
+    if (z->parts[i].k != k) continue;
+    *lo = z->parts[i].from, *len = z->parts[i].len;
+    return z->grad + z->parts[i].at;
   }
   *lo = *len = 0;
   return NULL;
@@ -167,16 +154,18 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const l
     loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
     z->mem->copy(z->mem, (float *)p->grads.base + z->runs[0].lo, z->slice, (z->runs[0].hi - z->runs[0].lo) * sizeof(float));
   }
-  part pt;
-  if (z->grad && tp && tp->sequence_parallel) /* each TP rank's pieces of a replicated tensor cover its positions only */
-    FOR_EACH_PART(z, p, pt) if (p->meta[pt.k].tp_replicated) loom_comm_allreduce(tp->group, grads_of(z, p, &pt), pt.len, LOOM_REDUCE_SUM);
+  const bool sp_pieces = z->grad && tp && tp->sequence_parallel; /* each TP rank's pieces cover its positions only */
+  for (int i = 0; sp_pieces && i < z->nparts; i++)
+    if (p->meta[z->parts[i].k].tp_replicated)
+      loom_comm_allreduce(tp->group, grads_of(z, p, &z->parts[i]), z->parts[i].len, LOOM_REDUCE_SUM);
   /* Squared norm of the pieces, each element once: shards over TP summed, replicas once. */
   double sums[2] = {0.0, 0.0};
   *uncounted = 0.0;
-  FOR_EACH_PART(z, p, pt) {
-    const double s = ops->sumsq(ops, grads_of(z, p, &pt), pt.len);
-    if (skip_shared && p->meta[pt.k].shared) *uncounted += s;
-    else sums[p->meta[pt.k].tp_replicated] += s;
+  for (int i = 0; i < z->nparts; i++) {
+    const loom_zero_part *pt = &z->parts[i];
+    const double s = ops->sumsq(ops, grads_of(z, p, pt), pt->len);
+    if (skip_shared && p->meta[pt->k].shared) *uncounted += s;
+    else sums[p->meta[pt->k].tp_replicated] += s;
   }
   if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   double total = sums[0] + sums[1];
@@ -230,12 +219,12 @@ static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type,
 void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
   const float clip = loom_adamw_clip_scale(&z->cfg, grad_norm);
   z->step++;
-  part pt;
-  FOR_EACH_PART(z, p, pt) {
+  for (int i = 0; i < z->nparts; i++) {
+    const loom_zero_part *pt = &z->parts[i];
     const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
-                                  .weight_decay = p->meta[pt.k].weight_decay ? z->cfg.weight_decay : 0.0f,
+                                  .weight_decay = p->meta[pt->k].weight_decay ? z->cfg.weight_decay : 0.0f,
                                   .grad_scale = clip, .step = z->step};
-    ops->adamw(ops, weights_of(z, p, &pt), grads_of(z, p, &pt), z->m + pt.state, z->v + pt.state, pt.len, &args);
+    ops->adamw(ops, weights_of(z, p, pt), grads_of(z, p, pt), z->m + pt->at, z->v + pt->at, pt->len, &args);
   }
   if (z->stage == 3) return; /* gathered before each use */
   if (z->master) {

@@ -41,6 +41,12 @@ typedef struct {
   size_t lo, hi, at;
 } loom_flat_run;
 
+/* One tensor's part of this replica's pieces: tensor k's flat elements [from, from + len), state at `at`. */
+typedef struct {
+  int k;
+  size_t from, len, at;
+} loom_zero_part;
+
 /* A bucket: flat [lo, hi), tensors [k0, k1), cut into dp pieces of `shard`. */
 typedef struct {
   size_t lo, hi, shard;
@@ -54,13 +60,16 @@ typedef struct {
   int nbuckets;
   loom_zero_bucket *buckets; /* [nbuckets] in buffer order */
   loom_flat_run *runs;       /* [nbuckets] this replica's piece of each (possibly empty) */
+  int nparts;
+  loom_zero_part *parts;     /* [nparts] the pieces cut by tensor, in buffer order: what the step walks */
   size_t shard;              /* state elements: the buckets' shards summed */
   size_t max_shard;          /* the largest bucket's shard */
   float *m, *v;              /* [shard] Adam moments of the pieces */
   float *master;             /* [shard] the pieces' fp32 weights when the model holds none, else NULL */
   float *grad;               /* [shard] ZeRO-2/3: the pieces' summed grads, else NULL */
-  float *slice;              /* [max_shard] a piece in transit */
-  float *staging;            /* [max_shard * dp] ZeRO-2: a bucket being all-gathered, else NULL */
+  size_t slice_len;          /* ZeRO-1: shard; else a gather round, max_shard up to LOOM_ZERO_GATHER_ROUND */
+  float *slice;              /* [slice_len] a piece in transit */
+  float *staging;            /* [slice_len * dp] ZeRO-2: a round of a bucket being all-gathered, else NULL */
   const loom_allocator *mem; /* the parameters' backend memory, where all of the above lives */
   int step;
 } loom_zero;
@@ -87,7 +96,7 @@ void loom_zero_zero_grad(loom_zero *z);
 void loom_zero_add_grad(loom_zero *z, int b, const float *piece, const loom_ops *ops);
 /* The summed grads of this replica's part of tensor k under ZeRO-2/3 (NULL
  * and 0 if it owns none); *lo gets its first flat element. */
-float *loom_zero_tensor_grad(const loom_zero *z, const loom_gpt_params *p, int k, size_t *lo, size_t *len);
+float *loom_zero_tensor_grad(const loom_zero *z, int k, size_t *lo, size_t *len);
 /* Makes the grads the sum over dp: ZeRO-1 reduce-scatters p's grads (unless
  * `summed` says they hold the sum already: grad compression sums them
  * whole); ZeRO-2/3 have summed them during backward, and sum the

@@ -195,7 +195,7 @@ static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
     return m->p.g.wte;
   }
   size_t lo;
-  return loom_zero_tensor_grad(pipe->zero[c].z, &m->p, 0, &lo, n);
+  return loom_zero_tensor_grad(pipe->zero[c].z, 0, &lo, n);
 }
 
 static void reduce_tied(loom_pipeline *pipe) {

@@ -184,7 +184,7 @@ loom_held_bytes loom_trainer_held_bytes(const loom_trainer *tr) {
       continue;
     }
     const loom_zero *z = &tr->zero[c];
-    h.weights += loom_zero_state_bytes(z) - 2.0 * sizeof(float) * (double)z->shard; /* the master pieces */
+    h.weights += z->master ? sizeof(float) * (double)z->shard : 0.0; /* the master pieces */
     h.optimizer += 2.0 * sizeof(float) * (double)z->shard;
     h.grads += (double)loom_zero_grad_bytes(z);
     h.transient += (double)loom_zero_transit_bytes(z);
