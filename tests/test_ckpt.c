@@ -189,8 +189,7 @@ static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params 
   const int tp_rank = rank % lay.tp, dp_rank = rank / lay.tp % lay.dp, pp_rank = rank / (lay.tp * lay.dp);
   /* The stage's layers, from the plan the layout makes (its even split). */
   const loom_gpt_config *t = tiny();
-  const loom_plan_spec spec = {.layers = t->layers, .hidden = t->hidden, .heads = t->heads, .vocab = t->vocab, .seq = t->seq,
-                               .tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .vpp = 1, .micro_batch = 1, .global_batch = lay.dp};
+  const loom_plan_spec spec = {.model = *t, .tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .vpp = 1, .micro_batch = 1, .global_batch = lay.dp};
   loom_plan *plan;
   loom_error err = {{0}};
   ck_assert_int_eq(loom_plan_build(&spec, &plan, &err), LOOM_OK);

@@ -113,8 +113,9 @@ START_TEST(malformed_files_are_refused) {
   memcpy(bad, good, n);
   h[4] = 2;
   expect_load_error("shape.bin", bad, n,
-                    "model shape (layers 2, hidden 16, heads 4, vocab 300, seq 8) does not match the run's "
-                    "(layers 3, hidden 16, heads 4, vocab 300, seq 8)");
+                    "model (layers 2, hidden 16, heads 4, kv heads 4, ffn 64, vocab 300, seq 8, layernorm, gelu, learned "
+                    "positions, biases, tied) does not match the run's (layers 3, hidden 16, heads 4, kv heads 4, ffn 64, "
+                    "vocab 300, seq 8, layernorm, gelu, learned positions, biases, tied)");
   expect_load_error("trunc.bin", good, n - 4, "truncated model file: ends inside ln_f.bias");
   expect_load_error("trunc2.bin", good, 1024 + 100, "truncated model file: ends inside wte.weight");
   expect_load_error("header.bin", good, 100, "truncated model file: shorter than its 1024-byte header");

@@ -96,8 +96,7 @@ static loom_lr_schedule schedule(int steps) {
  * weights in *weights (caller frees). */
 static void train(int micro, int steps, float *losses, float **weights) {
   const loom_gpt_config cfg = small();
-  const loom_plan_spec spec = {.layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .vocab = cfg.vocab,
-                               .seq = cfg.seq, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = micro,
+  const loom_plan_spec spec = {.model = cfg, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = micro,
                                .global_batch = 8, .schedule = LOOM_SCHEDULE_1F1B};
   loom_plan *plan;
   loom_error err = {{0}};

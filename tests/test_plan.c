@@ -15,7 +15,7 @@
 static const char *g_protoc, *g_proto_dir, *g_gpt50b, *g_tiny;
 
 static loom_plan_spec base_spec(void) {
-  return (loom_plan_spec){.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .tp = 2, .pp = 2, .dp = 2,
+  return (loom_plan_spec){.model = {.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32}, .tp = 2, .pp = 2, .dp = 2,
                           .vpp = 1, .micro_batch = 2, .global_batch = 16, .schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B,
                           .balance = LOOM__BALANCE__BALANCE_UNIFORM, .name = "tiny \"quoted\" plan"};
 }
@@ -81,7 +81,7 @@ START_TEST(bytes_equal_protoc) {
   spec.vpp = 2;
   spec.sequence_parallel = true;
   spec.recompute = true;
-  spec.dropout = 0.1f;
+  spec.model.dropout = 0.1f;
   spec.balance = LOOM__BALANCE__BALANCE_COMPUTE;
   p = build(&spec);
   p->cluster = malloc(sizeof *p->cluster);
@@ -241,10 +241,42 @@ START_TEST(each_rule_has_its_message) {
   p->model->norm_eps = INFINITY;
   expect_rule(p, "model.norm_eps = inf: must be a positive finite number");
   p->model->norm_eps = 1e-5f;
-  p->model->has_tied_embeddings = 1;
-  p->model->tied_embeddings = 0;
-  expect_rule(p, "model.tied_embeddings = false: this loom ties the LM head to the embedding");
-  p->model->tied_embeddings = 1;
+  p->model->has_kv_heads = 1;
+  p->model->kv_heads = 3;
+  expect_rule(p, "model.kv_heads = 3: must divide model.heads (4), each key/value head serving a group of query heads");
+  p->model->kv_heads = 0;
+  expect_rule(p, "model.kv_heads = 0: must be 1 to 4096");
+  p->model->kv_heads = 4;
+  p->model->heads = 8;
+  p->model->ffn = 192;
+  p->parallel->tp = 6; /* neither divides the other */
+  expect_rule(p, "model.kv_heads = 4 with parallel.tp = 6: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
+                 "multiple of it (each head replicated over tp / kv_heads ranks)");
+  p->parallel->tp = 8; /* replicated twice: fine */
+  char none[4096];
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, none, sizeof none) == 0, "%s", none);
+  p->model->heads = 4;
+  p->model->ffn = 256;
+  p->parallel->tp = 4;
+  p->model->has_kv_heads = 0;
+  p->model->position = LOOM__POSITION__POSITION_ROPE;
+  p->model->hidden = 60; /* head size 15 */
+  expect_rule(p, "model.position = POSITION_ROPE: needs an even head size, but hidden 60 / heads 4 = 15");
+  p->model->hidden = 64;
+  p->model->rope_theta = 1.0f;
+  expect_rule(p, "model.rope_theta = 1: must be a finite number above 1");
+  p->model->rope_theta = NAN;
+  expect_rule(p, "model.rope_theta = nan: must be a finite number above 1");
+  p->model->rope_theta = 10000.0f;
+  p->model->position = (Loom__Position)7;
+  expect_rule(p, "model.position = 7: must be 0 to 1");
+  p->model->position = LOOM__POSITION__POSITION_LEARNED;
+  p->model->norm = (Loom__Norm)-1;
+  expect_rule(p, "model.norm = -1: must be 0 to 1");
+  p->model->norm = LOOM__NORM__NORM_LAYERNORM;
+  p->model->mlp = (Loom__Mlp)2;
+  expect_rule(p, "model.mlp = 2: must be 0 to 1");
+  p->model->mlp = LOOM__MLP__MLP_GELU;
   p->parallel->tp = 2;
   p->stages[1]->layer_begin = 3;
   expect_rule(p, "stages (pp_rank 1 chunk 0): layers [3, 8) should start at 4; every layer must be covered exactly once, in order");
@@ -341,7 +373,7 @@ END_TEST
 
 START_TEST(balancing_and_counts) {
   loom_plan_spec spec = base_spec();
-  spec.layers = 30;
+  spec.model.layers = 30;
   spec.pp = 4;
   spec.dp = 1;
   spec.global_batch = 8;
@@ -351,9 +383,9 @@ START_TEST(balancing_and_counts) {
   loom_plan_free(p);
   /* By parameters, the embedding and head stages take fewer layers. */
   spec.balance = LOOM__BALANCE__BALANCE_PARAMS;
-  spec.vocab = 50257;
-  spec.hidden = 256;
-  spec.heads = 4;
+  spec.model.vocab = 50257;
+  spec.model.hidden = 256;
+  spec.model.heads = 4;
   p = build(&spec);
   const int first = p->stages[0]->layer_end - p->stages[0]->layer_begin, last = p->stages[3]->layer_end - p->stages[3]->layer_begin;
   ck_assert_int_lt(first, 8);
@@ -364,7 +396,7 @@ START_TEST(balancing_and_counts) {
   loom_plan_free(p);
   /* The gpt50b model: the layers' table against GPT-2's closed form, 12 l h^2 + 13 l h + (V + s) h + 2 h. */
   const int64_t l = 64, h = 8192, V = 51200, s = 2048;
-  spec = (loom_plan_spec){.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .tp = 1,
+  spec = (loom_plan_spec){.model = {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048}, .tp = 1,
                           .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1};
   p = build(&spec);
   ck_assert_int_eq(loom_plan_total_parameters(p), 12 * l * h * h + 13 * l * h + (V + s) * h + 2 * h);
@@ -387,7 +419,7 @@ START_TEST(in_flight_is_the_verifiers_peak) {
     for (int k = 0; k < 3; k++) {
       const int pp = CASES[c][0], vpp = CASES[c][1], m = CASES[c][2];
       if ((kinds[k] == LOOM_SCHEDULE_INTERLEAVED) != (vpp > 1) || (vpp > 1 && (pp < 2 || m % pp))) continue;
-      const loom_plan_spec spec = {.layers = pp * vpp * 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16, .tp = 1,
+      const loom_plan_spec spec = {.model = {.layers = pp * vpp * 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16}, .tp = 1,
                                    .pp = pp, .dp = 1, .vpp = vpp, .micro_batch = 1, .global_batch = m, .schedule = kinds[k]};
       loom_plan *p = build(&spec);
       loom_schedule s;
@@ -427,12 +459,12 @@ START_TEST(estimates_follow_megatron) {
   spec.precision = LOOM__PRECISION__PRECISION_BF16;
   loom_plan *p = build(&spec);
   const Loom__StageEstimate *x = p->estimates->stages[0];
-  const double s = spec.seq, b = spec.micro_batch, h = spec.hidden, a = spec.heads, n = (double)x->parameters;
+  const double s = spec.model.seq, b = spec.micro_batch, h = spec.model.hidden, a = spec.model.heads, n = (double)x->parameters;
   ck_assert_double_gt(n, 0.0);
-  ck_assert_double_eq_tol((double)x->activations, spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 1.0);
+  ck_assert_double_eq_tol((double)x->activations, spec.model.layers * s * b * h * (34.0 + 5.0 * a * s / h), 1.0);
   ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer), 18.0 * n, 4.0);
   ck_assert_double_eq_tol((double)x->master_weights, 4.0 * n, 1.0);
-  ck_assert_double_eq_tol((double)x->activations_recompute, spec.layers * 2.0 * s * b * h, 1.0);
+  ck_assert_double_eq_tol((double)x->activations_recompute, spec.model.layers * 2.0 * s * b * h, 1.0);
   loom_plan_free(p);
   /* Under ZeRO-1, the distributed optimizer: the master weights and the moments are both 1/dp. */
   spec.zero_stage = 1;
@@ -445,13 +477,13 @@ START_TEST(estimates_follow_megatron) {
   spec.precision = LOOM__PRECISION__PRECISION_FP32;
   p = build(&spec);
   const Loom__StageEstimate *y = p->estimates->stages[0];
-  ck_assert_double_eq_tol((double)y->activations, 2.0 * spec.layers * s * b * h * (34.0 + 5.0 * a * s / h), 2.0);
+  ck_assert_double_eq_tol((double)y->activations, 2.0 * spec.model.layers * s * b * h * (34.0 + 5.0 * a * s / h), 2.0);
   ck_assert_double_eq_tol((double)(y->weights + y->grads + y->optimizer), 16.0 * n, 4.0);
   ck_assert_int_eq(y->master_weights, 0);
   loom_plan_free(p);
   /* ZeRO-2 shards the grads too, ZeRO-3 the weights too (an fp32 master of this replica's pieces, nothing
    * whole); what crosses in transit is apart, and the run's per-chunk cost is their sum. */
-  const loom_stage_range whole = {0, spec.layers, true, true};
+  const loom_stage_range whole = {0, spec.model.layers, true, true};
   for (int zero = 2; zero <= 3; zero++)
     for (int bf16 = 0; bf16 <= 1; bf16++) {
       spec.zero_stage = zero;

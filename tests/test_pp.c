@@ -64,8 +64,7 @@ typedef struct {
 /* The plan of a case on a tp x pp x dp grid, built and validated as every run's is. */
 static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
   const loom_gpt_config cfg = tiny();
-  const loom_plan_spec spec = {.layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .vocab = cfg.vocab,
-                               .seq = cfg.seq, .dropout = cfg.dropout, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
+  const loom_plan_spec spec = {.model = cfg, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
                                .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,

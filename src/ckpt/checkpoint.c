@@ -82,12 +82,10 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
  * different data position, seed or learning-rate schedule. */
 loom_status loom_ckpt_check_model(const char *where, const loom_gpt_config *m, const loom_gpt_config *c, const char *theirs,
                                   loom_error *err) {
-  if (m->layers == c->layers && m->hidden == c->hidden && m->heads == c->heads && m->ffn == c->ffn && m->vocab == c->vocab &&
-      m->seq == c->seq)
-    return LOOM_OK;
-  return loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (layers %d, hidden %d, heads %d, ffn %d, vocab %d, "
-                   "seq %d); %s has layers %d, hidden %d, heads %d, ffn %d, vocab %d, seq %d", where, m->layers, m->hidden,
-                   m->heads, m->ffn, m->vocab, m->seq, theirs, c->layers, c->hidden, c->heads, c->ffn, c->vocab, c->seq);
+  if (loom_gpt_config_same_model(m, c)) return LOOM_OK;
+  char mine[256], other[256];
+  return loom_fail(err, LOOM_ERR_FORMAT, "%s: checkpoint of another model (%s); %s has %s", where,
+                   loom_gpt_config_describe(m, mine, sizeof mine), theirs, loom_gpt_config_describe(c, other, sizeof other));
 }
 
 static loom_status check_run(const char *sub, const loom_ckpt_run *have, const loom_ckpt_run *want, loom_error *err) {

@@ -77,7 +77,7 @@ static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_ten
 static bool writes(const loom_ckpt_chunk *ch, int k, int kind, int dp_rank, bool zero) {
   const loom_gpt_params *p = ch->p;
   const loom_param_meta *m = &p->meta[k];
-  if (m->tp_replicated && p->tp_rank != 0) return false;
+  if (!loom_shard_primary(&m->layout, p->tp_rank, p->tp_size)) return false; /* a replica: its first rank writes it */
   if (m->shared && loom_stage_holds_tied_copy(&p->range)) return false; /* written once, from the first stage */
   return dp_rank == 0 || (kind == PARAM ? ch->master != NULL : zero);
 }

@@ -15,14 +15,15 @@ enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED
 /* The tensors of a whole model of L layers in llm.c's order: wte, wpe, then
  * each block tensor kind across all layers, then ln_f. Our per-block order
  * matches llm.c's kinds. */
-static int llmc_order(int L, int *order) {
+static int llmc_order(const loom_gpt_config *c, int *order) {
+  const int L = c->layers, per = loom_gpt_block_tensors(c);
   int n = 0;
   order[n++] = 0;
   order[n++] = 1;
-  for (int j = 0; j < LOOM_BLOCK_TENSORS; j++)
-    for (int l = 0; l < L; l++) order[n++] = 2 + l * LOOM_BLOCK_TENSORS + j;
-  order[n++] = 2 + L * LOOM_BLOCK_TENSORS;
-  order[n++] = 3 + L * LOOM_BLOCK_TENSORS;
+  for (int j = 0; j < per; j++)
+    for (int l = 0; l < L; l++) order[n++] = 2 + l * per + j;
+  order[n++] = 2 + L * per;
+  order[n++] = 3 + L * per;
   return n;
 }
 
@@ -70,13 +71,10 @@ loom_status loom_llmc_read_config(const char *path, loom_gpt_config *cfg, loom_e
 
 loom_status loom_llmc_check_model(const char *path, const loom_gpt_config *file, const loom_gpt_config *run,
                                   loom_error *err) {
-  if (file->layers == run->layers && file->hidden == run->hidden && file->heads == run->heads &&
-      file->vocab == run->vocab && file->seq == run->seq && file->ffn == run->ffn)
-    return LOOM_OK;
-  return loom_fail(err, LOOM_ERR_FORMAT,
-                   "%s: model shape (layers %d, hidden %d, heads %d, vocab %d, seq %d) does not match the run's "
-                   "(layers %d, hidden %d, heads %d, vocab %d, seq %d)", path, file->layers, file->hidden, file->heads,
-                   file->vocab, file->seq, run->layers, run->hidden, run->heads, run->vocab, run->seq);
+  if (loom_gpt_config_same_model(file, run)) return LOOM_OK;
+  char mine[256], other[256];
+  return loom_fail(err, LOOM_ERR_FORMAT, "%s: model (%s) does not match the run's (%s)", path,
+                   loom_gpt_config_describe(file, mine, sizeof mine), loom_gpt_config_describe(run, other, sizeof other));
 }
 
 loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err) {
@@ -90,7 +88,7 @@ loom_status loom_llmc_load(const char *path, loom_gpt_params *p, loom_error *err
   if (st == LOOM_OK && cfg.padded_vocab != p->cfg.padded_vocab) /* this reader copies whole tensors */
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: padded vocab %d, this model's is %d", path, cfg.padded_vocab, p->cfg.padded_vocab);
   int *order = malloc((size_t)p->params.count * sizeof(int));
-  const int n = st == LOOM_OK ? llmc_order(p->cfg.layers, order) : 0;
+  const int n = st == LOOM_OK ? llmc_order(&p->cfg, order) : 0;
   for (int i = 0; i < n && st == LOOM_OK; i++) {
     loom_tensor *t = &p->params.views[order[i]];
     if (fread(t->data, sizeof(float), loom_tensor_numel(t), fp) != loom_tensor_numel(t))
@@ -127,6 +125,9 @@ static int next_llmc_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st,
 
 loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
   const loom_gpt_config *c = &src->cfg;
+  if (!loom_gpt_config_is_gpt2(c) || c->untied)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format holds GPT-2 models only (LayerNorm, GELU, learned positions, "
+                     "biases, tied embeddings); export this model with --format hf", path);
   if (c->ffn != 4 * c->hidden)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format needs ffn = 4 * hidden (got ffn %d, hidden %d)",
                      path, c->ffn, c->hidden);
@@ -145,7 +146,7 @@ loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom
   if (!order || !scratch) {
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   } else {
-    llmc_order(c->layers, order);
+    llmc_order(c, order);
     llmc_writer w = {src, h, order, scratch, dtype};
     st = loom_write_file_atomic_stream(path, next_llmc_chunk, &w, err);
   }
@@ -213,7 +214,7 @@ loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error 
     s->specs = l->specs;
     s->meta = l->meta;
     long at = H_INTS * (long)sizeof(int32_t);
-    const int n = llmc_order(s->cfg.layers, order);
+    const int n = llmc_order(&s->cfg, order);
     for (int i = 0; i < n; i++) {
       l->at[order[i]] = at;
       at += (long)loom_tensor_bytes(&l->specs[order[i]]);

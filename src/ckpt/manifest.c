@@ -171,10 +171,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
   Loom__Model m = LOOM__MODEL__INIT;
-  m.has_layers = m.has_hidden = m.has_heads = m.has_ffn = m.has_vocab = m.has_seq = 1;
-  m.layers = c->layers, m.hidden = c->hidden, m.heads = c->heads, m.ffn = c->ffn, m.vocab = c->vocab, m.seq = c->seq;
-  m.has_dropout = m.has_norm_eps = 1;
-  m.dropout = c->dropout, m.norm_eps = c->norm_eps;
+  loom_model_proto_fill(&m, c);
   Loom__Parallel l = LOOM__PARALLEL__INIT;
   l.has_tp = l.has_pp = l.has_dp = l.has_virtual_chunks = l.has_zero_stage = 1;
   l.tp = run->tp, l.pp = run->pp, l.dp = run->dp, l.virtual_chunks = run->vpp, l.zero_stage = run->zero;
@@ -309,9 +306,7 @@ loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
   memset(run, 0, sizeof *run);
   const Loom__Model *m = mf->model;
-  run->cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
-                               .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps};
-  loom_gpt_config_finish(&run->cfg);
+  loom_model_proto_config(m, &run->cfg);
   const Loom__Parallel *l = mf->parallel;
   run->tp = l->tp, run->pp = l->pp, run->dp = l->dp, run->vpp = l->virtual_chunks, run->zero = l->zero_stage;
   run->micro_batch = mf->batch->micro_batch, run->global_batch = mf->batch->global_batch;

@@ -114,8 +114,7 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
       micro = b;
       break;
     }
-  const loom_plan_spec spec = {.layers = to.cfg.layers, .hidden = to.cfg.hidden, .heads = to.cfg.heads, .ffn = to.cfg.ffn,
-                               .vocab = to.cfg.vocab, .seq = to.cfg.seq, .dropout = to.cfg.dropout, .tp = tp, .pp = pp,
+  const loom_plan_spec spec = {.model = to.cfg, .tp = tp, .pp = pp,
                                .dp = dp, .vpp = vpp, .zero_stage = zero, .micro_batch = micro,
                                .global_batch = to.global_batch,
                                .schedule = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B,

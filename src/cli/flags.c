@@ -120,6 +120,12 @@ void loom_flags_print_help(FILE *fp, const char *usage, const loom_flag *flags, 
   }
 }
 
+int loom_flag_choice_index(const char *const *choices, const char *value) {
+  for (int i = 0; choices[i]; i++)
+    if (strcmp(choices[i], value) == 0) return i;
+  return 0;
+}
+
 const loom_flag *loom_flags_find(const loom_flag *flags, int nflags, const char *name) {
   for (int i = 0; i < nflags; i++)
     if (strcmp(flags[i].name, name) == 0) return &flags[i];

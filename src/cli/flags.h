@@ -32,5 +32,7 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
 void loom_flags_print_help(FILE *fp, const char *usage, const loom_flag *flags, int nflags);
 /* The flag named `name` in the table (for checking .set). */
 const loom_flag *loom_flags_find(const loom_flag *flags, int nflags, const char *name);
+/* The index of value among a flag's choices (which the parser checked), 0 if absent. */
+int loom_flag_choice_index(const char *const *choices, const char *value);
 
 #endif

@@ -4,11 +4,9 @@
 #include "cli/model_flags.h"
 #include "plan/plan.h"
 
-static const char *const PRESET_CHOICES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b", "gpt-175b", NULL};
-
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
   const loom_flag table[LOOM_MODEL_FLAG_COUNT] = {
-      {"--model", FLAG_STRING, &mf->preset, "model preset", LOOM_NO_RANGE, PRESET_CHOICES, false, NULL},
+      {"--model", FLAG_STRING, &mf->preset, "model preset", LOOM_NO_RANGE, LOOM_GPT_PRESET_NAMES, false, NULL},
       {"--init-from", FLAG_STRING, &mf->init_from, "start from an llm.c model file instead of random init", LOOM_NO_RANGE, NULL, false, NULL},
       {"--layers", FLAG_INT, &mf->layers, "transformer layers (overrides the preset)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "model.layers"},
       {"--hidden", FLAG_INT, &mf->hidden, "hidden size", 1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.hidden"},
@@ -17,13 +15,30 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--vocab", FLAG_INT, &mf->vocab, "vocabulary size", 2, LOOM_PLAN_MAX_VOCAB, NULL, false, "model.vocab"},
       {"--seq", FLAG_INT, &mf->seq, "sequence length", 1, LOOM_PLAN_MAX_SEQ, NULL, false, "model.seq"},
       {"--dropout", FLAG_FLOAT, &mf->dropout, "dropout probability", 0, 0.99, NULL, false, "model.dropout"},
+      {"--kv-heads", FLAG_INT, &mf->kv_heads, "key/value heads: fewer than --heads for grouped-query attention, 1 for multi-query",
+       1, LOOM_PLAN_MAX_HEADS, NULL, false, "model.kv_heads"},
+      {"--norm", FLAG_STRING, &mf->norm, "the blocks' and final norm", LOOM_NO_RANGE, LOOM_NORM_NAMES, false, "model.norm"},
+      {"--mlp", FLAG_STRING, &mf->mlp, "the MLP's activation (swiglu: gated, gate and up each --ffn wide)", LOOM_NO_RANGE,
+       LOOM_MLP_NAMES, false, "model.mlp"},
+      {"--position", FLAG_STRING, &mf->position, "positions: a learned table, or rotary (RoPE) on q and k", LOOM_NO_RANGE,
+       LOOM_POSITION_NAMES, false, "model.position"},
+      {"--rope-theta", FLAG_FLOAT, &mf->rope_theta, "RoPE's base (10000; Llama 3: 500000)", 1.0001, 1e12, NULL, false,
+       "model.rope_theta"},
+      {"--no-bias", FLAG_BOOL, &mf->no_bias, "linears without biases (Llama)", LOOM_NO_RANGE, NULL, false, "model.bias"},
+      {"--untied", FLAG_BOOL, &mf->untied, "an LM head of its own, not the input embedding", LOOM_NO_RANGE, NULL, false,
+       "model.tied_embeddings"},
   };
   memcpy(out, table, sizeof table);
 }
 
+static bool flag_set(const loom_flag *table, const char *name) {
+  return loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, name)->set;
+}
+
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
-  static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model"};
+  static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
+                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--untied"};
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)
@@ -39,14 +54,21 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
     return LOOM_OK;
   }
   loom_gpt_config_preset(cfg, mf->preset); /* the flag's choices guarantee a known preset */
-  const int overrides[] = {mf->layers, mf->hidden, mf->heads, mf->ffn, mf->vocab, mf->seq};
-  int *fields[] = {&cfg->layers, &cfg->hidden, &cfg->heads, &cfg->ffn, &cfg->vocab, &cfg->seq};
-  static const char *const NAMES[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq"};
-  for (int i = 0; i < 6; i++)
-    if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, NAMES[i])->set) *fields[i] = overrides[i];
-  if (!loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, "--ffn")->set &&
-      loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, "--hidden")->set)
+  const bool multi_head = cfg->kv_heads == cfg->heads; /* then kv heads follow --heads */
+  const int overrides[] = {mf->layers, mf->hidden, mf->heads, mf->ffn, mf->vocab, mf->seq, mf->kv_heads};
+  int *fields[] = {&cfg->layers, &cfg->hidden, &cfg->heads, &cfg->ffn, &cfg->vocab, &cfg->seq, &cfg->kv_heads};
+  static const char *const NAMES[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq", "--kv-heads"};
+  for (int i = 0; i < 7; i++)
+    if (flag_set(table, NAMES[i])) *fields[i] = overrides[i];
+  if (!flag_set(table, "--ffn") && flag_set(table, "--hidden"))
     cfg->ffn = 0; /* follow the new hidden size */
+  if (!flag_set(table, "--kv-heads") && flag_set(table, "--heads") && multi_head) cfg->kv_heads = 0;
+  if (flag_set(table, "--norm")) cfg->norm = (loom_norm_kind)loom_flag_choice_index(LOOM_NORM_NAMES, mf->norm);
+  if (flag_set(table, "--mlp")) cfg->mlp = (loom_mlp_kind)loom_flag_choice_index(LOOM_MLP_NAMES, mf->mlp);
+  if (flag_set(table, "--position")) cfg->position = (loom_position_kind)loom_flag_choice_index(LOOM_POSITION_NAMES, mf->position);
+  if (flag_set(table, "--rope-theta")) cfg->rope_theta = mf->rope_theta;
+  if (flag_set(table, "--no-bias")) cfg->no_bias = mf->no_bias;
+  if (flag_set(table, "--untied")) cfg->untied = mf->untied;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */
   *T = cfg->seq;

@@ -78,12 +78,6 @@ static loom_status parse_compression(const char *cmd, const char *text, Loom__Co
   return LOOM_OK;
 }
 
-static int choice_index(const char *const *choices, const char *value) {
-  for (int i = 0; choices[i]; i++)
-    if (strcmp(choices[i], value) == 0) return i;
-  return 0;
-}
-
 loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, const loom_flag *table, loom_plan **out,
                                   loom_error *err) {
   *out = NULL;
@@ -111,12 +105,11 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   const loom_plan_spec spec = {
-      .layers = cfg.layers, .hidden = cfg.hidden, .heads = cfg.heads, .ffn = cfg.ffn, .vocab = cfg.vocab, .seq = cfg.seq,
-      .train_seq = T, .dropout = cfg.dropout, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = f->vpp, .zero_stage = f->zero,
+      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = f->vpp, .zero_stage = f->zero,
       .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
-      .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)choice_index(BALANCE_CHOICES, f->balance),
-      .precision = (Loom__Precision)choice_index(PRECISION_CHOICES, f->precision),
-      .grad_reduce = (Loom__Precision)choice_index(PRECISION_CHOICES, f->grad_reduce),
+      .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)loom_flag_choice_index(BALANCE_CHOICES, f->balance),
+      .precision = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->precision),
+      .grad_reduce = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->grad_reduce),
       .compression = compression, .compression_rank = compression_rank,
       .layer_counts = f->layer_split ? counts : NULL, .nlayer_counts = ncounts, .name = f->name};
   st = loom_plan_build(&spec, out, err);

@@ -14,7 +14,7 @@ loom_dropout loom_dropout_for(const loom_block_dropout *d, int site, int T, cons
 }
 
 static loom_attn_shape attn_shape(const loom_block_shape *s) {
-  return (loom_attn_shape){.T = s->T, .B = s->B, .heads = s->heads, .kv_heads = s->heads, .head_dim = s->head_dim,
+  return (loom_attn_shape){.T = s->T, .B = s->B, .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
                            .head_offset = s->head_offset, .total_heads = s->total_heads};
 }
 
@@ -23,6 +23,26 @@ static loom_attn_shape attn_shape(const loom_block_shape *s) {
  * would be. Norm statistics and weight grads stay fp32. */
 static void to_bf16_values(const loom_block_shape *shape, const loom_ops *ops, float *x, size_t n) {
   if (shape->bf16) ops->round_bf16(ops, x, n);
+}
+
+void loom_norm_forward(const loom_ops *ops, loom_norm_kind kind, float eps, float *out, float *mean, float *rstd,
+                       const float *x, const float *w, const float *b, int n, int h) {
+  if (kind == LOOM_NORM_RMSNORM) ops->rmsnorm_forward(ops, out, rstd, x, w, n, h, eps);
+  else ops->layernorm_forward(ops, out, mean, rstd, x, w, b, n, h, eps);
+}
+
+void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, float *dw, float *db, const float *dout,
+                        const float *x, const float *w, const float *mean, const float *rstd, int n, int h) {
+  if (kind == LOOM_NORM_RMSNORM) ops->rmsnorm_backward(ops, dx, dw, dout, x, w, rstd, n, h);
+  else ops->layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd, n, h);
+}
+
+/* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
+static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, bool backward) {
+  if (s->rope_theta <= 0.0f) return;
+  void (*turn)(const loom_ops *, float *, int, int, int, int, int, int, float) =
+      backward ? ops->rope_backward : ops->rope_forward;
+  turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope_theta);
 }
 
 /* The grad of a residual branch: dres itself, or a masked copy under dropout. */
@@ -39,7 +59,8 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
                         const loom_block_weights *w, const loom_block_shape *shape,
                         const loom_block_dropout *drop, const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
-  const int width = shape->heads * shape->head_dim, f = shape->ffn;
+  const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
+  const int fc = loom_block_fc_width(shape);
   const loom_attn_shape as = attn_shape(shape);
   const loom_dropout d_probs = loom_dropout_for(drop, LOOM_SITE_ATTN_PROBS, T, tp);
   const loom_dropout d_attn = loom_dropout_for(drop, LOOM_SITE_ATTN_OUT, T, tp);
@@ -51,10 +72,13 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
 
   /* Attention: QKV column-parallel (this rank's heads), c_proj row-parallel. */
   const size_t nh = (size_t)n * h;
-  ops->layernorm_forward(ops, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x, w->ln_1_w, w->ln_1_b, n, h, shape->norm_eps);
+  loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x,
+                    w->ln_1_w, w->ln_1_b, n, h);
   to_bf16_values(shape, ops, normed ? normed : a->ln_1, nh);
-  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn_w, w->c_attn_b, N, n, h, 3 * width);
-  to_bf16_values(shape, ops, a->qkv, (size_t)N * 3 * width);
+  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn_w, w->c_attn_b, N, n, h, qkv);
+  to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
+  rope(shape, ops, a->qkv, false);
+  to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   ops->attention_forward(ops, a->atty, a->att, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->att, (size_t)B * shape->heads * T * T);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
@@ -65,12 +89,14 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   ops->add(ops, a->res_attn, x, branch, nh);
   to_bf16_values(shape, ops, a->res_attn, nh);
 
-  /* MLP: c_fc column-parallel, c_proj row-parallel. */
-  ops->layernorm_forward(ops, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd, a->res_attn, w->ln_2_w, w->ln_2_b, n, h, shape->norm_eps);
+  /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. */
+  loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
+                    a->res_attn, w->ln_2_w, w->ln_2_b, n, h);
   to_bf16_values(shape, ops, normed ? normed : a->ln_2, nh);
-  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc_w, w->c_fc_b, N, n, h, f);
-  to_bf16_values(shape, ops, a->fc, (size_t)N * f);
-  ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
+  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc_w, w->c_fc_b, N, n, h, fc);
+  to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
+  else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
   to_bf16_values(shape, ops, a->fc_gelu, (size_t)N * f);
   loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj_w, w->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
@@ -80,12 +106,39 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   to_bf16_values(shape, ops, a->out, nh);
 }
 
+/* The q|k|v projection's backward. Replicated key/value heads (tp->kv_group)
+ * get grads from this rank's query heads only: their weight grads are
+ * computed apart, summed over the ranks sharing the heads, then added, so
+ * every replica holds the whole grad. The input grad needs no such sum: the
+ * region's exit adds every rank's part. */
+static void qkv_backward(float *d_normed, loom_block_weights *g, loom_block_scratch *s, const loom_block_acts *a,
+                         const loom_block_weights *w, const loom_block_shape *shape, const loom_tp *tp,
+                         const loom_ops *ops) {
+  const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
+  const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
+  if (!tp->kv_group) {
+    loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_attn_w, g->c_attn_b, s->d_qkv, a->ln_1, w->c_attn_w,
+                                  N, n, h, rows);
+    return;
+  }
+  float *dw = s->d_qkv_w, *db = g->c_attn_b ? dw + (size_t)rows * h : NULL;
+  loom_mem_zero(ops->mem, dw, (size_t)rows * (h + 1));
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, dw, db, s->d_qkv, a->ln_1, w->c_attn_w, N, n, h, rows);
+  loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
+  ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
+  if (db) {
+    loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
+    ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
+  }
+}
+
 void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
                          const loom_block_acts *a, const float *x, const loom_block_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
                          const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
-  const int width = shape->heads * shape->head_dim, f = shape->ffn;
+  const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
+  const int fc = loom_block_fc_width(shape);
   const size_t Nf = (size_t)N * f;
   const loom_attn_shape as = attn_shape(shape);
   const loom_dropout d_probs = loom_dropout_for(drop, LOOM_SITE_ATTN_PROBS, T, tp);
@@ -101,12 +154,14 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
   loom_row_parallel_backward(tp, ops, s->d_fc2, g->mlp_proj_w, g->mlp_proj_b, d_out, d_out_full, a->fc_gelu,
                              w->mlp_proj_w, N, n, f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
-  loom_mem_zero(ops->mem, s->d_fc, Nf);
-  ops->gelu_backward(ops, s->d_fc, s->d_fc2, a->fc, Nf);
-  to_bf16_values(shape, ops, s->d_fc, Nf);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_fc_w, g->c_fc_b, s->d_fc, a->ln_2, w->c_fc_w, N, n, h, f);
+  loom_mem_zero(ops->mem, s->d_fc, (size_t)N * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_fc2, a->fc, N, f);
+  else ops->gelu_backward(ops, s->d_fc, s->d_fc2, a->fc, Nf);
+  to_bf16_values(shape, ops, s->d_fc, (size_t)N * fc);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_fc_w, g->c_fc_b, s->d_fc, a->ln_2, w->c_fc_w, N, n, h, fc);
   to_bf16_values(shape, ops, d_normed, nh);
-  ops->layernorm_backward(ops, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean, a->ln_2_rstd, n, h);
+  loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean,
+                     a->ln_2_rstd, n, h);
   to_bf16_values(shape, ops, dres, nh);
 
   /* Attention branch; dres becomes the grad of x. */
@@ -116,12 +171,14 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
   loom_row_parallel_backward(tp, ops, s->d_atty, g->attn_proj_w, g->attn_proj_b, d_out, d_out_full, a->atty,
                              w->attn_proj_w, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
-  loom_mem_zero(ops->mem, s->d_qkv, (size_t)N * 3 * width);
+  loom_mem_zero(ops->mem, s->d_qkv, (size_t)N * qkv);
   ops->attention_backward(ops, s->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
-  to_bf16_values(shape, ops, s->d_qkv, (size_t)N * 3 * width);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_attn_w, g->c_attn_b, s->d_qkv, a->ln_1,
-                                w->c_attn_w, N, n, h, 3 * width);
+  to_bf16_values(shape, ops, s->d_qkv, (size_t)N * qkv);
+  rope(shape, ops, s->d_qkv, true);
+  to_bf16_values(shape, ops, s->d_qkv, (size_t)N * qkv);
+  qkv_backward(d_normed, g, s, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
-  ops->layernorm_backward(ops, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd, n, h);
+  loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
+                     n, h);
   to_bf16_values(shape, ops, dres, nh);
 }

@@ -1,8 +1,14 @@
-/* One pre-LayerNorm transformer block, x + attn(ln_1(x)) then + mlp(ln_2(.)),
- * split across a tensor-parallel group the Megatron way: c_attn and c_fc are
- * column-parallel (this rank's heads and MLP columns), attn.c_proj and
- * mlp.c_proj row-parallel (partial sums reduced as the region ends, bias
- * added once after). With tp == 1 every collective is a no-op and this is
+/* One pre-norm transformer block, x + attn(norm_1(x)) then + mlp(norm_2(.)),
+ * split across a tensor-parallel group the Megatron way: q|k|v and the MLP's
+ * up (SwiGLU: gate|up) projections are column-parallel (this rank's heads
+ * and MLP columns), the attention output and MLP down projections
+ * row-parallel (partial sums reduced as the region ends, bias added once
+ * after). The norm is LayerNorm or RMSNorm, the MLP GELU or SwiGLU, and
+ * RoPE turns q and k (global positions: inside the region every rank holds
+ * the whole sequence) when the config asks for it. Grouped-query attention
+ * holds kv_heads / tp key/value heads per rank, or one replicated over
+ * tp / kv_heads ranks, whose weight grads are then summed over those ranks
+ * (tp->kv_group) so that every replica steps alike. With tp == 1 every collective is a no-op and this is
  * the serial block. Under sequence parallelism the block's input, output,
  * norms and residual adds hold only this rank's T/tp positions.
  *
@@ -25,24 +31,28 @@ typedef struct {
   int head_dim;
   int head_offset; /* global index of this rank's first head */
   int total_heads;
-  int ffn;         /* this rank's MLP columns */
+  int kv_heads;    /* this rank's key/value heads */
+  int ffn;         /* this rank's MLP columns (SwiGLU: of each of gate and up) */
   float norm_eps;
+  loom_norm_kind norm;
+  loom_mlp_kind mlp;
+  float rope_theta; /* rotary positions' base; 0: none (the embedding added positions) */
   bool bf16;       /* round every activation and activation grad to bf16 values */
 } loom_block_shape;
 
 /* Saved activations. N = T*B rows in [s, b] order inside the parallel
  * regions; n = N/tp rows outside them under sequence parallelism, else N. */
 typedef struct {
-  float *ln_1_mean, *ln_1_rstd;        /* [n] */
+  float *ln_1_mean, *ln_1_rstd;        /* [n] (RMSNorm: rstd only) */
   float *ln_1;                         /* [N, h] (gathered under SP) */
-  float *qkv;                          /* [N, 3 * heads * head_dim] */
+  float *qkv;                          /* [N, (heads + 2 kv_heads) head_dim], q and k after RoPE */
   float *att;                          /* [B, heads, T, T] softmax probabilities */
   float *atty;                         /* [N, heads * head_dim] */
   float *res_attn;                     /* [n, h] x + attention branch */
   float *ln_2_mean, *ln_2_rstd;        /* [n] */
   float *ln_2;                         /* [N, h] */
-  float *fc;                           /* [N, ffn] before GELU */
-  float *fc_gelu;                      /* [N, ffn] */
+  float *fc;                           /* [N, ffn] before GELU (SwiGLU: [N, 2 ffn] gate|up) */
+  float *fc_gelu;                      /* [N, ffn] after the activation */
   float *out;                          /* [n, h] block output */
 } loom_block_acts;
 
@@ -52,10 +62,23 @@ typedef struct {
   float *full;           /* [N, h] */
   float *d_ln;           /* [N, h] */
   float *d_atty;         /* [N, heads * head_dim] */
-  float *d_qkv;          /* [N, 3 * heads * head_dim] */
+  float *d_qkv;          /* [N, (heads + 2 kv_heads) head_dim] */
   float *d_att;          /* [B, heads, T, T] */
-  float *d_fc, *d_fc2;   /* [N, ffn] */
+  float *d_fc;           /* [N, ffn] (SwiGLU: [N, 2 ffn]) */
+  float *d_fc2;          /* [N, ffn] */
+  float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
 } loom_block_scratch;
+
+/* A LayerNorm (mean and rstd saved) or RMSNorm (rstd) over n rows of h;
+ * backward adds into dx, dw and db (NULL for RMSNorm). */
+void loom_norm_forward(const loom_ops *ops, loom_norm_kind kind, float eps, float *out, float *mean, float *rstd,
+                       const float *x, const float *w, const float *b, int n, int h);
+void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, float *dw, float *db, const float *dout,
+                        const float *x, const float *w, const float *mean, const float *rstd, int n, int h);
+
+/* Floats in one row of qkv and of fc, the column-parallel outputs. */
+static inline int loom_block_qkv_width(const loom_block_shape *s) { return (s->heads + 2 * s->kv_heads) * s->head_dim; }
+static inline int loom_block_fc_width(const loom_block_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
 
 /* Dropout keys of one block in one step; p == 0 disables dropout. */
 typedef struct {

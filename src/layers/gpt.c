@@ -17,10 +17,17 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
   m->seed = seed;
   m->recompute = recompute;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
+  m->tp.kv_group = NULL;
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
+  const int kv = loom_gpt_kv_heads(&c);
+  if (m->tp.size > kv) /* each key/value head replicated over tp / kv consecutive ranks */
+    m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / (m->tp.size / kv), m->tp.rank, "kv heads");
   loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
                            : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
-  if (st != LOOM_OK) return st;
+  if (st != LOOM_OK) {
+    loom_gpt_free(m);
+    return st;
+  }
   if (loom_gpt_params_have_master(&m->p)) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
   return LOOM_OK;
 }
@@ -49,6 +56,8 @@ static void slots_free(loom_gpt *m) {
 
 void loom_gpt_free(loom_gpt *m) {
   slots_free(m);
+  if (m->tp.kv_group) loom_comm_free(m->tp.kv_group);
+  m->tp.kv_group = NULL;
   loom_gpt_params_free(&m->p);
 }
 
@@ -72,6 +81,8 @@ static void want16(act_list *l, uint16_t **slot, const char *name, int64_t numel
 /* Shapes every table below is cut from. */
 typedef struct {
   int64_t N, n, h, f, w, att, V;
+  int64_t qkv, fc;        /* row widths of the column-parallel outputs */
+  int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L;
   bool first, last, recompute, bf16;
@@ -80,20 +91,21 @@ typedef struct {
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
-  const int64_t N = (int64_t)T * B;
-  return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = c->ffn / tp, .w = c->hidden / tp,
-                .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp,
+  const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
+  const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
+  return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
+                .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp, .qkv = qkv,
+                .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
+                .d_qkv_w = tp > loom_gpt_kv_heads(c) ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
                 .bf16 = c->bf16};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
   if (!d.bf16) return d;
-  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1};
-  const int64_t h = c->hidden;
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, edges = {.first = d.first, .last = d.last};
   d.weight_scratch = (c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0) +
-                     (d.first || d.last ? (int64_t)c->padded_vocab / tp * h : 0) + (d.first ? (int64_t)c->seq * h : 0) +
-                     (d.last ? 2 * h : 0);
+                     (int64_t)loom_gpt_param_count(c, &edges, tp);
   return d;
 }
 
@@ -116,8 +128,8 @@ enum { BIG = 9 };
 static const char *const BIG_NAMES[BIG] = {"ln_1", "qkv", "att", "atty", "res_attn", "ln_2", "fc", "fc_gelu", "out"};
 
 static void big_counts(const dims *d, int64_t c[BIG]) {
-  const int64_t counts[BIG] = {d->N * d->h, d->N * 3 * d->w, d->att, d->N * d->w, d->n * d->h,
-                               d->N * d->h, d->N * d->f, d->N * d->f, d->n * d->h};
+  const int64_t counts[BIG] = {d->N * d->h, d->N * d->qkv, d->att, d->N * d->w, d->n * d->h,
+                               d->N * d->h, d->N * d->fc, d->N * d->f, d->n * d->h};
   memcpy(c, counts, sizeof counts);
 }
 
@@ -202,10 +214,11 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   want(l, &s->full, "full", d->N * d->h);
   want(l, &s->d_ln, "d_ln", d->N * d->h);
   want(l, &s->d_atty, "d_atty", d->N * d->w);
-  want(l, &s->d_qkv, "d_qkv", d->N * 3 * d->w);
+  want(l, &s->d_qkv, "d_qkv", d->N * d->qkv);
   want(l, &s->d_att, "d_att", d->att);
-  want(l, &s->d_fc, "d_fc", d->N * d->f);
+  want(l, &s->d_fc, "d_fc", d->N * d->fc);
   want(l, &s->d_fc2, "d_fc2", d->N * d->f);
+  if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
@@ -252,9 +265,6 @@ static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *ba
 
 /* ---- bf16 runs: compute weights ---- */
 
-/* Index of the stage's first block tensor: wte and wpe come first where the stage holds them. */
-static int first_block_tensor(const loom_gpt *m) { return (m->p.range.first || m->p.range.last) + m->p.range.first; }
-
 /* A buffer with the parameters' layout and storage, whose offsets are O(1): under the distributed
  * optimizer params is a layout alone, and the bf16 copy has the same one. */
 static const loom_buffer *stored_layout(const loom_gpt *m) {
@@ -262,34 +272,48 @@ static const loom_buffer *stored_layout(const loom_gpt *m) {
 }
 
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
-  const int first = first_block_tensor(m);
+  const int first = loom_gpt_first_block_tensor(&m->p), per = loom_gpt_block_tensors(&m->p.cfg);
   const loom_buffer *b = stored_layout(m);
-  *lo = loom_buffer_offset(b, first + l0 * LOOM_BLOCK_TENSORS);
-  const int next = first + l1 * LOOM_BLOCK_TENSORS;
+  *lo = loom_buffer_offset(b, first + l0 * per);
+  const int next = first + l1 * per;
   *hi = next < b->count ? loom_buffer_offset(b, next) : b->numel;
 }
 
+/* The tensors outside the blocks: [0, first) and [end, count). */
+static void edge_tensors(const loom_gpt *m, int *first, int *end) {
+  *first = loom_gpt_first_block_tensor(&m->p);
+  *end = *first + m->p.layers * loom_gpt_block_tensors(&m->p.cfg);
+}
+
 /* Points the weight scratch's views: one layer's tensors (laid out as in the
- * parameter buffer), then the embedding's and head's. */
+ * parameter buffer), then the embedding's and head's, one after another in
+ * table order (edge_weights unpacks them in that order). */
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
   const loom_buffer *b = stored_layout(m);
-  const loom_stage_range *r = &m->p.range;
+  const int count = b->count;
+  float **addr = loom_xmalloc(((size_t)count + 1) * sizeof *addr, "weight views");
+  int first, end;
+  edge_tensors(m, &first, &end);
+  m->w.weights_of = (loom_gpt_weights){.h = &m->w.layer_w};
   if (m->p.layers > 0) {
+    const int per = loom_gpt_block_tensors(&m->p.cfg);
     size_t lo, hi;
     loom_gpt_block_range(m, 0, 1, &lo, &hi);
-    const int first = first_block_tensor(m);
-    float **views = (float **)&m->w.layer_w;
-    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) views[j] = at + (loom_buffer_offset(b, first + j) - lo);
+    for (int j = 0; j < per; j++) addr[j] = at + (loom_buffer_offset(b, first + j) - lo);
+    loom_gpt_bind_views(&m->p, first, first + per, addr, &m->w.weights_of);
     at += hi - lo;
   }
-  const int64_t h = m->p.cfg.hidden;
-  m->w.wte = r->first || r->last ? at : NULL;
-  at += r->first || r->last ? (int64_t)m->p.cfg.padded_vocab / m->p.tp_size * h : 0;
-  m->w.wpe = r->first ? at : NULL;
-  at += r->first ? (int64_t)m->p.cfg.seq * h : 0;
-  m->w.ln_f_w = r->last ? at : NULL;
-  m->w.ln_f_b = r->last ? at + h : NULL;
+  m->w.edges = at;
+  for (int k = 0; k < count; k++) {
+    if (k == first) k = end;
+    if (k >= count) break;
+    addr[k] = at;
+    at += loom_tensor_numel(&b->views[k]);
+  }
+  loom_gpt_bind_views(&m->p, 0, first, addr, &m->w.weights_of);
+  loom_gpt_bind_views(&m->p, end, count, addr + end, &m->w.weights_of);
+  free(addr);
 }
 
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
@@ -346,9 +370,10 @@ static loom_block_shape block_shape(const loom_gpt *m) {
   const loom_gpt_config *c = &m->p.cfg;
   const int heads = c->heads / m->tp.size;
   return (loom_block_shape){.T = m->T, .B = m->B, .hidden = c->hidden, .heads = heads,
-                            .head_dim = c->hidden / c->heads, .head_offset = m->tp.rank * heads,
-                            .total_heads = c->heads, .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps,
-                            .bf16 = c->bf16};
+                            .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
+                            .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
+                            .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps, .norm = c->norm, .mlp = c->mlp,
+                            .rope_theta = c->position == LOOM_POSITION_ROPE ? c->rope_theta : 0.0f, .bf16 = c->bf16};
 }
 
 static loom_block_dropout block_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int layer) {
@@ -382,7 +407,7 @@ static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
   if (!m->p.cfg.bf16) return &m->p.w.h[l];
   size_t lo, hi;
   loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  const void *first = m->p.compute.views[first_block_tensor(m) + l * LOOM_BLOCK_TENSORS].data; /* the layer's tensors lie back to back */
+  const void *first = m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * loom_gpt_block_tensors(&m->p.cfg)].data; /* the layer's tensors lie back to back */
   m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, first, hi - lo);
   return &m->w.layer_w;
 }
@@ -393,14 +418,16 @@ static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from
 static loom_gpt_weights edge_weights(loom_gpt *m) {
   if (!m->p.cfg.bf16) return m->p.w;
   const loom_buffer *c = &m->p.compute;
-  const loom_stage_range *r = &m->p.range;
-  if (r->first || r->last) unpack(m, m->w.wte, &c->views[0]);
-  if (r->first) unpack(m, m->w.wpe, &c->views[1]);
-  if (r->last) {
-    unpack(m, m->w.ln_f_w, &c->views[c->count - 2]);
-    unpack(m, m->w.ln_f_b, &c->views[c->count - 1]);
+  int first, end;
+  edge_tensors(m, &first, &end);
+  float *at = m->w.edges; /* where bind_weights put them */
+  for (int k = 0; k < c->count; k++) {
+    if (k == first) k = end;
+    if (k >= c->count) break;
+    unpack(m, at, &c->views[k]);
+    at += loom_tensor_numel(&c->views[k]);
   }
-  return (loom_gpt_weights){.wte = m->w.wte, .wpe = m->w.wpe, .ln_f_w = m->w.ln_f_w, .ln_f_b = m->w.ln_f_b};
+  return m->w.weights_of;
 }
 
 /* The fp32 activations layer l computes in: the slot's own, or (recompute,
@@ -455,7 +482,7 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
   loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, w.wte, vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  m->ops->position_forward(m->ops, s->x0, w.wpe, local_T, B, h, pos_offset);
+  if (w.wpe) m->ops->position_forward(m->ops, s->x0, w.wpe, local_T, B, h, pos_offset);
   to_bf16_values(m, s->x0, nh);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
@@ -471,12 +498,12 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   m->ops->dropout_backward(m->ops, dres, local_T, B, h, &d_embed);
   to_bf16_values(m, dres, (size_t)local_T * B * h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  m->ops->position_backward(m->ops, m->p.g.wpe, dres, local_T, B, h, pos_offset);
+  if (m->p.g.wpe) m->ops->position_backward(m->ops, m->p.g.wpe, dres, local_T, B, h, pos_offset);
   float *dfull = m->tp.sequence_parallel ? m->w.embed_full : dres;
   loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, dres, dfull, s->tokens, vocab_range(m), T, B, h);
 }
 
-/* Final norm, then the tied LM head: a column-parallel linear over this
+/* Final norm, then the LM head (wte when tied): a column-parallel linear over this
  * rank's vocab rows, whose logits stay split into the vocab-parallel loss.
  * In bf16 runs the logits stay fp32, as the loss is: the head's GEMM
  * accumulates in fp32 and feeds the loss directly (as PaLM and T5X keep
@@ -488,9 +515,9 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m);
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
-  m->ops->layernorm_forward(m->ops, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h, c->norm_eps);
+  loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
   to_bf16_values(m, normed, (size_t)n * h);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, w.wte, NULL, N, n, h, v.rows);
+  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, w.lm_head, NULL, N, n, h, v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
                                            s->targets, v, N);
 }
@@ -503,11 +530,11 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
   to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.wte, NULL, s->logits, s->ln_f, w.wte,
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.lm_head, NULL, s->logits, s->ln_f, w.lm_head,
                                 N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
-  m->ops->layernorm_backward(m->ops, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
+  loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
                              s->ln_f_rstd, n, h);
   to_bf16_values(m, m->w.dres, (size_t)n * h);
 }

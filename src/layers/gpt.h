@@ -1,9 +1,10 @@
-/* The GPT model, or one pipeline stage of it, on one rank: token + position
- * embedding (first stage), pre-LN blocks, final LayerNorm, LM head tied to
- * wte and the mean cross-entropy loss (last stage).
+/* The GPT model, or one pipeline stage of it, on one rank: token embedding
+ * (+ learned positions) on the first stage, pre-norm blocks, the final norm,
+ * the LM head (tied to wte, or its own) and the mean cross-entropy loss on
+ * the last stage. The config decides the architecture (gpt_config.h).
  *
  * Under tensor parallelism (loom_tp with size > 1) this rank holds its
- * shards: the vocab-parallel wte serves as embedding and LM head, and the
+ * shards: the vocab-parallel wte and LM head (one tensor when tied), and the
  * loss is computed without full logits ever existing on one rank. Every rank
  * of a TP group sees the same tokens and returns the same loss.
  *
@@ -54,7 +55,8 @@ typedef struct {
   float *xin;               /* [n, h] bf16 runs: the current layer's input */
   float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
   loom_block_weights layer_w; /* views of weights: one layer's */
-  float *wte, *wpe, *ln_f_w, *ln_f_b; /* views of weights: the embedding's and head's */
+  loom_gpt_weights weights_of; /* views of weights: the embedding's and head's, and h = &layer_w */
+  float *edges;             /* where the embedding's and head's weights start in weights */
   float *embed_full;        /* [N, h] */
   float *dres;              /* [n, h] running residual grad */
   float *d_ln_f;            /* [N, h] */

@@ -1,16 +1,29 @@
-/* GPT presets and shape checks. */
+/* Model presets and shape checks. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "layers/gpt_config.h"
+
+const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
+const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
+const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
 
 typedef struct {
   const char *name;
   loom_gpt_config cfg;
 } preset;
 
+/* The Llama family's settings; the sizes are Meta's published configs
+ * (Llama 3 model card and params.json: rms_norm_eps 1e-5, rope_theta 500000,
+ * vocab 128256, 8192 positions). */
+#define LLAMA .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, \
+              .untied = true, .norm_eps = 1e-5f
+
 /* gpt-tiny is the default: small enough to learn 2-digit addition on 2 cores
  * in about a minute (wider or deeper models sit longer on the plateau before
- * attention finds the digits it needs). */
+ * attention finds the digits it needs). llama-tiny is its Llama-family twin:
+ * 8 query heads sharing 2 key/value heads, and a SwiGLU width near 8h/3 that
+ * every tp up to 8 divides. */
 static const preset PRESETS[] = {
     {"gpt-tiny", {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f}},
     {"gpt2-small", {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f}},
@@ -18,10 +31,22 @@ static const preset PRESETS[] = {
     {"gpt-13b", {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
     {"gpt50b", {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f}},
     {"gpt-175b", {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
+    {"llama-tiny", {.layers = 2, .hidden = 64, .heads = 8, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA,
+                    .rope_theta = 10000.0f}},
+    {"llama3-8b", {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256, .seq = 8192,
+                   LLAMA, .rope_theta = 500000.0f}},
+    {"llama3-70b", {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256,
+                    .seq = 8192, LLAMA, .rope_theta = 500000.0f}},
 };
+#define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
+
+const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
+                                             "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", NULL};
+_Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
+               "every preset has its name in the list");
 
 int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
-  for (size_t i = 0; i < sizeof PRESETS / sizeof PRESETS[0]; i++) {
+  for (size_t i = 0; i < NPRESETS; i++) {
     if (strcmp(PRESETS[i].name, name) == 0) {
       *cfg = PRESETS[i].cfg;
       loom_gpt_config_finish(cfg);
@@ -31,10 +56,10 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
   return -1;
 }
 
-const char *loom_gpt_config_preset_names(void) { return "gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b"; }
-
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
+  if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
+  if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope_theta > 0.0f)) cfg->rope_theta = LOOM_ROPE_THETA_DEFAULT;
   if (cfg->vocab > 0) {
     cfg->padded_vocab = (cfg->vocab + LOOM_VOCAB_ALIGN - 1) / LOOM_VOCAB_ALIGN * LOOM_VOCAB_ALIGN;
   }
@@ -47,13 +72,44 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
   return c;
 }
 
+bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
+  return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
+         !c->no_bias && loom_gpt_kv_heads(c) == c->heads;
+}
+
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len) {
+  const int kv = loom_gpt_kv_heads(cfg);
   if (cfg->heads < 1) snprintf(msg, msg_len, "--heads must be at least 1 (got %d)", cfg->heads);
   else if (cfg->hidden % cfg->heads != 0)
     snprintf(msg, msg_len, "--hidden %d is not divisible by --heads %d; pick heads that divide hidden",
              cfg->hidden, cfg->heads);
+  else if (kv > cfg->heads || cfg->heads % kv != 0)
+    snprintf(msg, msg_len, "--kv-heads %d must divide --heads %d (each key/value head serves a group of query heads)",
+             kv, cfg->heads);
+  else if (cfg->position == LOOM_POSITION_ROPE && loom_gpt_head_dim(cfg) % 2 != 0)
+    snprintf(msg, msg_len, "--position rope needs an even head size, but --hidden %d / --heads %d = %d",
+             cfg->hidden, cfg->heads, loom_gpt_head_dim(cfg));
+  else if (cfg->position == LOOM_POSITION_ROPE && !(isfinite(cfg->rope_theta) && cfg->rope_theta > 1.0f))
+    snprintf(msg, msg_len, "--rope-theta must be a finite number above 1 (got %g)", (double)cfg->rope_theta);
   else if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
     snprintf(msg, msg_len, "--dropout must be in [0, 1) (got %g)", (double)cfg->dropout);
   else return NULL;
   return msg;
+}
+
+bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
+  return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
+         loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
+         a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
+         (a->position != LOOM_POSITION_ROPE || a->rope_theta == b->rope_theta) && a->no_bias == b->no_bias &&
+         a->untied == b->untied;
+}
+
+const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
+  char rope[48] = "learned positions";
+  if (c->position == LOOM_POSITION_ROPE) snprintf(rope, sizeof rope, "rope %g", (double)c->rope_theta);
+  snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
+           c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
+           LOOM_MLP_NAMES[c->mlp & 1], rope, c->no_bias ? "no bias" : "biases", c->untied ? "untied" : "tied");
+  return buf;
 }

@@ -1,30 +1,53 @@
-/* GPT model shape: presets, derived sizes and validation. */
+/* The model configuration: one decoder-only transformer whose norm, MLP,
+ * positions, attention heads, biases and embedding tie are settings, as
+ * Megatron-Core builds GPT and Llama from one TransformerConfig. GPT-2 is
+ * the zero setting of every switch, so a config written with designated
+ * initialisers for GPT-2 needs none of them. Presets, derived sizes and
+ * validation. */
 #ifndef LOOM_GPT_CONFIG_H
 #define LOOM_GPT_CONFIG_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
+/* Each enum's values are those of its proto enum (proto/loom.proto). */
+typedef enum { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1 } loom_norm_kind;
+typedef enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 } loom_mlp_kind;
+typedef enum { LOOM_POSITION_LEARNED = 0, LOOM_POSITION_ROPE = 1 } loom_position_kind;
+
+/* Their names, indexed by value and NULL-terminated (flags, messages). */
+extern const char *const LOOM_NORM_NAMES[];
+extern const char *const LOOM_MLP_NAMES[];
+extern const char *const LOOM_POSITION_NAMES[];
+
 typedef struct {
   int layers;
   int hidden;
   int heads;
-  int ffn;          /* MLP inner width, 4*hidden for GPT-2 */
+  int kv_heads;     /* key/value heads: heads (multi-head), fewer (grouped-query), 1 (multi-query); 0 means heads */
+  int ffn;          /* MLP inner width: 4*hidden for GPT-2; SwiGLU's gate and up projections are each this wide */
   int vocab;        /* real vocabulary size V */
   int padded_vocab; /* V rounded up to a multiple of 128 (Megatron, llm.c) */
   int seq;          /* maximum sequence length = rows of wpe */
   float dropout;
   float norm_eps;
+  loom_norm_kind norm;
+  loom_mlp_kind mlp;
+  loom_position_kind position;
+  float rope_theta; /* RoPE's base; 0 means 10000 */
+  bool no_bias;     /* linears and norms without biases (Llama) */
+  bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128
+#define LOOM_ROPE_THETA_DEFAULT 10000.0f
 
-/* Fills cfg from a preset name ("gpt-tiny", "gpt2-small"); 0 on success, -1 if unknown. */
+/* Fills cfg from a preset name ("gpt-tiny", "llama3-8b"); 0 on success, -1 if unknown. */
 int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name);
-/* Comma-separated list of preset names, for help and error messages. */
-const char *loom_gpt_config_preset_names(void);
-/* Recomputes derived fields (ffn if 0, padded_vocab). */
+/* The preset names, NULL-terminated, for flag choices, help and errors. */
+extern const char *const LOOM_GPT_PRESET_NAMES[];
+/* Recomputes derived fields (ffn, kv_heads and rope_theta if 0, padded_vocab). */
 void loom_gpt_config_finish(loom_gpt_config *cfg);
 /* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
  * Megatron does, so every rank holds an equal vocab range. */
@@ -33,9 +56,29 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
  * beyond the size bounds that loom_plan_check_sizes holds. */
 const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len);
 
-/* Model FLOPs of one training step on `tokens` tokens of length T:
- * 6 * matmul params * tokens + 12 * layers * hidden * T * tokens (attention);
- * the whole model's loom_gpt_stage_train_flops (gpt_params.h). */
+/* Whether a and b are the same architecture and shape (what a checkpoint
+ * or model file must match; dropout and precision are the run's own). */
+bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b);
+/* "layers 2, hidden 64, heads 8, kv heads 2, ffn 176, vocab 256, seq 64,
+ * rmsnorm, swiglu, rope 10000, no bias, untied": for messages. */
+const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n);
+
+static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
+static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
+/* Whether the config is GPT-2's architecture (LayerNorm, GELU, learned
+ * positions, biases, multi-head): its tensors then carry GPT-2's names, else
+ * the Llama family's (Hugging Face's LlamaForCausalLM names). */
+bool loom_gpt_config_is_gpt2(const loom_gpt_config *c);
+
+/* Key/value heads one rank of a tp-way split holds: kv_heads / tp, or one
+ * head replicated over tp / kv_heads ranks when tp exceeds kv_heads. */
+static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
+  const int k = loom_gpt_kv_heads(c);
+  return k >= tp ? k / tp : 1;
+}
+
+/* Model FLOPs of one training step on `tokens` tokens of length T (see
+ * loom_gpt_stage_train_flops in gpt_params.h, over the whole model). */
 double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens);
 
 #endif

@@ -14,8 +14,14 @@ typedef struct {
   int tp_rank, tp_size;
 } table;
 
-/* Appends a tensor of global shape [d0, d1] (d1 = 0: a vector); its spec gets the local shape. */
-static void add(table *t, const char *name, int ndim, int64_t d0, int64_t d1, loom_param_meta m) {
+/* Appends a tensor of global shape [d0, d1] (d1 = 0: a vector) in `role`;
+ * its spec gets the local shape. With specs NULL, only counts. */
+static void add(table *t, loom_param_role role, const char *name, int ndim, int64_t d0, int64_t d1, loom_param_meta m) {
+  if (!t->specs) {
+    t->count++;
+    return;
+  }
+  m.role = role;
   m.layout.rows = d0;
   m.layout.cols = ndim == 2 ? d1 : 1;
   m.init_rows = m.init_rows ? m.init_rows : d0;
@@ -36,64 +42,175 @@ static loom_param_meta weight(float std, int dim, int parts) {
                            .layout = {.partition_dim = dim, .parts = parts}, .tp_replicated = dim < 0};
 }
 
-static void add_block(table *t, int i, const loom_gpt_config *c) {
+/* The bias of a column-parallel weight: split with it, zero at first. */
+static loom_param_meta column_bias(loom_param_meta w) {
+  return (loom_param_meta){.init = LOOM_INIT_ZEROS, .layout = w.layout};
+}
+
+/* A tensor's name: the family's prefix and the tensor's own suffix. */
+typedef struct {
+  char buf[LOOM_NAME_LEN];
+} name;
+
+static const char *named(name *n, const char *prefix, int layer, const char *suffix) {
+  const int len = snprintf(n->buf, sizeof n->buf, "%s%d.%s", prefix, layer, suffix);
+  LOOM_CHECK(len > 0 && (size_t)len < sizeof n->buf, "parameter names fit LOOM_NAME_LEN");
+  return n->buf;
+}
+
+/* A norm's weight and, for LayerNorm, its bias. */
+static void add_norm(table *t, const loom_gpt_config *c, loom_param_role w_role, const char *w_name, const char *b_name) {
+  add(t, w_role, w_name, 1, c->hidden, 0, NORM_W);
+  if (c->norm == LOOM_NORM_LAYERNORM && !c->no_bias) add(t, w_role + 1, b_name, 1, c->hidden, 0, ZERO_B);
+}
+
+/* GPT-2's block: its names, c_attn fused as q|k|v, every bias. */
+static void add_gpt2_block(table *t, int i, const loom_gpt_config *c) {
   const int64_t h = c->hidden, f = c->ffn;
   const float resid_std = 0.02f / sqrtf(2.0f * (float)c->layers);
-  const loom_param_meta col_bias = {.init = LOOM_INIT_ZEROS, .layout = {.partition_dim = 0, .parts = 1}};
-  loom_param_meta qkv_bias = col_bias;
-  qkv_bias.layout.parts = 3;
-  char n[LOOM_NAME_LEN];
-#define NAME(suffix) (snprintf(n, sizeof n, "h.%d." suffix, i), n)
-  add(t, NAME("ln_1.weight"), 1, h, 0, NORM_W);
-  add(t, NAME("ln_1.bias"), 1, h, 0, ZERO_B);
-  add(t, NAME("attn.c_attn.weight"), 2, 3 * h, h, weight(0.02f, 0, 3));
-  add(t, NAME("attn.c_attn.bias"), 1, 3 * h, 0, qkv_bias);
-  add(t, NAME("attn.c_proj.weight"), 2, h, h, weight(resid_std, 1, 1));
-  add(t, NAME("attn.c_proj.bias"), 1, h, 0, ZERO_B);
-  add(t, NAME("ln_2.weight"), 1, h, 0, NORM_W);
-  add(t, NAME("ln_2.bias"), 1, h, 0, ZERO_B);
-  add(t, NAME("mlp.c_fc.weight"), 2, f, h, weight(0.02f, 0, 1));
-  add(t, NAME("mlp.c_fc.bias"), 1, f, 0, col_bias);
-  add(t, NAME("mlp.c_proj.weight"), 2, h, f, weight(resid_std, 1, 1));
-  add(t, NAME("mlp.c_proj.bias"), 1, h, 0, ZERO_B);
-#undef NAME
+  const loom_param_meta qkv = weight(0.02f, 0, 3), fc = weight(0.02f, 0, 1);
+  name n, m;
+  add_norm(t, c, LOOM_ROLE_LN_1_W, named(&n, "h.", i, "ln_1.weight"), named(&m, "h.", i, "ln_1.bias"));
+  add(t, LOOM_ROLE_QKV_W, named(&n, "h.", i, "attn.c_attn.weight"), 2, 3 * h, h, qkv);
+  add(t, LOOM_ROLE_QKV_B, named(&n, "h.", i, "attn.c_attn.bias"), 1, 3 * h, 0, column_bias(qkv));
+  add(t, LOOM_ROLE_ATTN_PROJ_W, named(&n, "h.", i, "attn.c_proj.weight"), 2, h, h, weight(resid_std, 1, 1));
+  add(t, LOOM_ROLE_ATTN_PROJ_B, named(&n, "h.", i, "attn.c_proj.bias"), 1, h, 0, ZERO_B);
+  add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "h.", i, "ln_2.weight"), named(&m, "h.", i, "ln_2.bias"));
+  add(t, LOOM_ROLE_FC_W, named(&n, "h.", i, "mlp.c_fc.weight"), 2, f, h, fc);
+  add(t, LOOM_ROLE_FC_B, named(&n, "h.", i, "mlp.c_fc.bias"), 1, f, 0, column_bias(fc));
+  add(t, LOOM_ROLE_MLP_PROJ_W, named(&n, "h.", i, "mlp.c_proj.weight"), 2, h, f, weight(resid_std, 1, 1));
+  add(t, LOOM_ROLE_MLP_PROJ_B, named(&n, "h.", i, "mlp.c_proj.bias"), 1, h, 0, ZERO_B);
+}
+
+/* Consecutive column-parallel projections read as one (q|k|v, gate|up):
+ * their weights, then their biases, each after the first LOOM_ROLE_FUSED. */
+typedef struct {
+  const char *suffix;
+  int64_t rows;
+  loom_param_meta meta;
+} projection;
+
+static void add_fused(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const projection *p, int np) {
+  name n;
+  char what[64];
+  for (int j = 0; j < np; j++) {
+    snprintf(what, sizeof what, "%s.weight", p[j].suffix);
+    add(t, j ? LOOM_ROLE_FUSED : w_role, named(&n, "model.layers.", i, what), 2, p[j].rows, c->hidden, p[j].meta);
+  }
+  for (int j = 0; j < np && !c->no_bias; j++) {
+    snprintf(what, sizeof what, "%s.bias", p[j].suffix);
+    add(t, j ? LOOM_ROLE_FUSED : w_role + 1, named(&n, "model.layers.", i, what), 1, p[j].rows, 0, column_bias(p[j].meta));
+  }
+}
+
+/* A row-parallel output projection and its bias. */
+static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const char *suffix, int64_t in) {
+  name n;
+  char what[64];
+  snprintf(what, sizeof what, "%s.weight", suffix);
+  add(t, w_role, named(&n, "model.layers.", i, what), 2, c->hidden, in, weight(0.02f / sqrtf(2.0f * (float)c->layers), 1, 1));
+  snprintf(what, sizeof what, "%s.bias", suffix);
+  if (!c->no_bias) add(t, w_role + 1, named(&n, "model.layers.", i, what), 1, c->hidden, 0, ZERO_B);
+}
+
+/* The Llama family's block, in Hugging Face's names: separate q, k and v
+ * projections (k and v of kv_heads heads, whole heads per rank, replicated
+ * when tp exceeds them), and SwiGLU's gate and up projections. */
+static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
+  const int64_t D = loom_gpt_head_dim(c), K = loom_gpt_kv_heads(c), f = c->ffn;
+  loom_param_meta kv = weight(0.02f, 0, 1);
+  kv.layout.groups = (int)K;
+  const projection qkv[3] = {{"self_attn.q_proj", c->heads * D, weight(0.02f, 0, 1)},
+                             {"self_attn.k_proj", K * D, kv}, {"self_attn.v_proj", K * D, kv}};
+  const projection gate_up[2] = {{"mlp.gate_proj", f, weight(0.02f, 0, 1)}, {"mlp.up_proj", f, weight(0.02f, 0, 1)}};
+  const bool swiglu = c->mlp == LOOM_MLP_SWIGLU;
+  name n, m;
+  add_norm(t, c, LOOM_ROLE_LN_1_W, named(&n, "model.layers.", i, "input_layernorm.weight"),
+           named(&m, "model.layers.", i, "input_layernorm.bias"));
+  add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3);
+  add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
+  add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
+           named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1);
+  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f);
+}
+
+static void add_block(table *t, int i, const loom_gpt_config *c) {
+  if (loom_gpt_config_is_gpt2(c)) add_gpt2_block(t, i, c);
+  else add_llama_block(t, i, c);
+}
+
+int loom_gpt_block_tensors(const loom_gpt_config *cfg) {
+  table t = {0};
+  add_block(&t, 0, cfg);
+  return t.count;
 }
 
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg) {
   return (loom_stage_range){.layer_begin = 0, .layer_end = cfg->layers, .first = true, .last = true};
 }
 
-/* Points a struct of views at consecutive tensors of a buffer, in table order. */
-static void bind(loom_gpt_weights *w, const loom_buffer *b, const loom_stage_range *r) {
-  int k = 0;
-  w->wte = r->first || r->last ? b->views[k++].data : NULL;
-  w->wpe = r->first ? b->views[k++].data : NULL;
-  for (int i = 0; i < r->layer_end - r->layer_begin; i++) {
-    float **slot = (float **)&w->h[i];
-    for (int j = 0; j < LOOM_BLOCK_TENSORS; j++) slot[j] = b->views[k++].data;
+int loom_gpt_first_block_tensor(const loom_gpt_params *p) {
+  const loom_stage_range *r = &p->range;
+  const bool wte = r->first || (r->last && !p->cfg.untied);
+  return wte + (r->first && p->cfg.position == LOOM_POSITION_LEARNED);
+}
+
+void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const *addr, loom_gpt_weights *w) {
+  int block = -1;
+  float *prev = NULL;
+  size_t prev_len = 0;
+  for (int k = k0; k < k1; k++) {
+    const loom_param_role role = p->meta[k].role;
+    float *at = addr[k - k0];
+    const size_t len = loom_tensor_numel(&p->params.views[k]);
+    if (role == LOOM_ROLE_LN_1_W) block++;
+    if (role < LOOM_BLOCK_VIEWS) ((float **)&w->h[block])[role] = at;
+    else if (role == LOOM_ROLE_FUSED)
+      LOOM_CHECK(at == (prev ? prev + prev_len : NULL), "fused projections lie back to back");
+    else if (role == LOOM_ROLE_WTE) w->wte = at;
+    else if (role == LOOM_ROLE_WPE) w->wpe = at;
+    else if (role == LOOM_ROLE_LN_F_W) w->ln_f_w = at;
+    else if (role == LOOM_ROLE_LN_F_B) w->ln_f_b = at;
+    else if (role == LOOM_ROLE_LM_HEAD) w->lm_head = at;
+    prev = at, prev_len = len;
   }
-  w->ln_f_w = r->last ? b->views[k++].data : NULL;
-  w->ln_f_b = r->last ? b->views[k++].data : NULL;
+  if (p->range.last && !p->cfg.untied) w->lm_head = w->wte;
+}
+
+/* Points a struct of views at a buffer's tensors. */
+static void bind(const loom_gpt_params *p, loom_gpt_weights *w, const loom_buffer *b) {
+  loom_block_weights *h = w->h;
+  memset(h, 0, (size_t)p->layers * sizeof *h);
+  *w = (loom_gpt_weights){.h = h};
+  float **addr = loom_xmalloc(((size_t)b->count + 1) * sizeof *addr, "parameter views");
+  for (int k = 0; k < b->count; k++) addr[k] = b->views[k].data;
+  loom_gpt_bind_views(p, 0, b->count, addr, w);
+  free(addr);
 }
 
 int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_rank, int tp_size,
                          loom_tensor *specs, loom_param_meta *meta) {
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const int count = (r.first || r.last) + r.first + LOOM_BLOCK_TENSORS * (r.layer_end - r.layer_begin) + 2 * r.last;
-  if (!specs) return count;
   table t = {specs, meta, 0, tp_rank, tp_size};
-  loom_param_meta wte = weight(0.02f, 0, 1);
-  wte.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
-  wte.shared = true;
-  if (r.first || r.last) add(&t, "wte.weight", 2, cfg->padded_vocab, cfg->hidden, wte);
-  if (r.first) add(&t, "wpe.weight", 2, cfg->seq, cfg->hidden, weight(0.02f, -1, 1));
+  const bool gpt2 = loom_gpt_config_is_gpt2(cfg);
+  loom_param_meta vocab = weight(0.02f, 0, 1);
+  vocab.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
+  loom_param_meta wte = vocab;
+  wte.shared = !cfg->untied; /* the embedding is the LM head too: on the first and the last stage */
+  if (r.first || (r.last && !cfg->untied)) add(&t, LOOM_ROLE_WTE, gpt2 ? "wte.weight" : "model.embed_tokens.weight", 2,
+                                               cfg->padded_vocab, cfg->hidden, wte);
+  if (r.first && cfg->position == LOOM_POSITION_LEARNED)
+    add(&t, LOOM_ROLE_WPE, gpt2 ? "wpe.weight" : "model.embed_positions.weight", 2, cfg->seq, cfg->hidden,
+        weight(0.02f, -1, 1));
   for (int i = r.layer_begin; i < r.layer_end; i++) add_block(&t, i, cfg);
   if (r.last) {
-    add(&t, "ln_f.weight", 1, cfg->hidden, 0, NORM_W);
-    add(&t, "ln_f.bias", 1, cfg->hidden, 0, ZERO_B);
+    add(&t, LOOM_ROLE_LN_F_W, gpt2 ? "ln_f.weight" : "model.norm.weight", 1, cfg->hidden, 0, NORM_W);
+    if (cfg->norm == LOOM_NORM_LAYERNORM && !cfg->no_bias)
+      add(&t, LOOM_ROLE_LN_F_B, gpt2 ? "ln_f.bias" : "model.norm.bias", 1, cfg->hidden, 0, ZERO_B);
+    if (cfg->untied) add(&t, LOOM_ROLE_LM_HEAD, "lm_head.weight", 2, cfg->padded_vocab, cfg->hidden, vocab);
   }
-  LOOM_CHECK(t.count == count, "parameter table size");
-  return count;
+  return t.count;
 }
 
 /* What a run keeps of each of its three buffers. */
@@ -113,7 +230,9 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
-  LOOM_CHECK(cfg->padded_vocab % tp_size == 0 && cfg->heads % tp_size == 0 && cfg->ffn % tp_size == 0,
+  const int kv = loom_gpt_kv_heads(cfg);
+  LOOM_CHECK(cfg->padded_vocab % tp_size == 0 && cfg->heads % tp_size == 0 && cfg->ffn % tp_size == 0 &&
+                 (kv % tp_size == 0 || tp_size % kv == 0),
              "tensor-parallel split must be even (check the layout before building the model)");
   p->cfg = *cfg;
   p->range = r;
@@ -143,8 +262,8 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
 }
 
 void loom_gpt_params_rebind(loom_gpt_params *p) {
-  bind(&p->w, &p->params, &p->range);
-  if (p->grads.count) bind(&p->g, &p->grads, &p->range);
+  bind(p, &p->w, &p->params);
+  if (p->grads.count) bind(p, &p->g, &p->grads);
 }
 
 void loom_gpt_params_point(loom_gpt_params *p, loom_buffer *b, int k0, int k1, void *base) {
@@ -303,7 +422,9 @@ void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int 
 
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens) {
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
-  const double matmul = layers * (4.0 * h * h + 2.0 * h * f) + (range->last ? (double)cfg->vocab * h : 0.0);
+  const double q = (double)cfg->heads * loom_gpt_head_dim(cfg), kv = 2.0 * loom_gpt_kv_heads(cfg) * loom_gpt_head_dim(cfg);
+  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * f; /* gate, up and down; or up and down */
+  const double matmul = layers * (h * (q + kv) + q * h + mlp) + (range->last ? (double)cfg->vocab * h : 0.0);
   return 6.0 * matmul * tokens + 12.0 * layers * h * (double)T * tokens;
 }
 

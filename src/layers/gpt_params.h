@@ -12,9 +12,22 @@
 
 typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kind;
 
+/* What a tensor is to the model: which named view it fills. A block's
+ * roles are the indices of loom_block_weights' views; LOOM_ROLE_FUSED
+ * tensors are read as the rows after the previous tensor's (the Llama
+ * family's k and v projections after q, up after gate: one GEMM each). */
+typedef enum {
+  LOOM_ROLE_LN_1_W, LOOM_ROLE_LN_1_B, LOOM_ROLE_QKV_W, LOOM_ROLE_QKV_B, LOOM_ROLE_ATTN_PROJ_W, LOOM_ROLE_ATTN_PROJ_B,
+  LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
+  LOOM_BLOCK_VIEWS, /* views of a block */
+  LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
+  LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
+} loom_param_role;
+
 /* Metadata one place decides and everything else reads (grad norm, grad
  * reduction, weight decay, checkpoint sharding). */
 typedef struct {
+  loom_param_role role;
   loom_init_kind init;
   float init_std;
   int64_t init_rows;         /* global rows drawn from the RNG; rows past it start at 0 (vocab padding) */
@@ -24,26 +37,39 @@ typedef struct {
   bool shared;               /* lives on more than one pipeline stage (tied wte) */
 } loom_param_meta;
 
-/* Views of one transformer block's parameters (or grads). */
+/* Where a tensor's grad enters the squared grad norm on this TP rank: 0 in
+ * the part summed over the TP group, 1 in the part every rank holds alike
+ * (counted once), -1 nowhere (a replicated key/value head that its first
+ * replica counts). */
+static inline int loom_param_norm_part(const loom_param_meta *m, int tp_rank, int tp_size) {
+  if (m->tp_replicated) return 1;
+  return loom_shard_primary(&m->layout, tp_rank, tp_size) ? 0 : -1;
+}
+
+/* Views of one transformer block's parameters (or grads), NULL where the
+ * config has no such tensor (biases, RMSNorm's shift). Fused views run over
+ * consecutive tensors: c_attn_w is this rank's rows of q | k | v (GPT-2's
+ * c_attn, or the Llama family's q_proj, k_proj, v_proj), c_fc_w its rows of
+ * gate | up under SwiGLU. */
 typedef struct {
   float *ln_1_w, *ln_1_b;           /* [h], [h] */
-  float *c_attn_w, *c_attn_b;       /* [3h, h] rows q|k|v, [3h] */
-  float *attn_proj_w, *attn_proj_b; /* [h, h], [h] */
+  float *c_attn_w, *c_attn_b;       /* [(H + 2K) D, h] rows q|k|v, [(H + 2K) D] */
+  float *attn_proj_w, *attn_proj_b; /* [h, H D], [h] */
   float *ln_2_w, *ln_2_b;           /* [h], [h] */
-  float *c_fc_w, *c_fc_b;           /* [f, h], [f] */
+  float *c_fc_w, *c_fc_b;           /* [f, h] (SwiGLU: [2f, h] rows gate|up), [f] or [2f] */
   float *mlp_proj_w, *mlp_proj_b;   /* [h, f], [h] */
 } loom_block_weights;
 
-#define LOOM_BLOCK_TENSORS 12
-_Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_TENSORS * sizeof(float *),
-               "loom_block_weights must be exactly its tensor views, in table order");
+_Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),
+               "loom_block_weights must be exactly its views, in role order");
 
 /* Views of a stage's parameters (or grads); NULL where the stage lacks them. */
 typedef struct {
-  float *wte;             /* [Vp, h] on the first and last stage, tied with the LM head */
-  float *wpe;             /* [S, h] on the first stage */
+  float *wte;             /* [Vp, h] on the first stage (and the last, when tied) */
+  float *wpe;             /* [S, h] on the first stage, with learned positions */
   loom_block_weights *h;  /* [layer_end - layer_begin], local index */
   float *ln_f_w, *ln_f_b; /* [h], [h] on the last stage */
+  float *lm_head;         /* [Vp, h] on the last stage: wte when tied */
 } loom_gpt_weights;
 
 /* The part of the model a pipeline stage (or one chunk of it) holds. */
@@ -55,9 +81,11 @@ typedef struct {
 /* Every layer, first and last: the whole model. */
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
 /* Model FLOPs of one training step of a stage's part on `tokens` tokens of
- * length T: 6 x its matmul parameters (the LM head's on the last stage) x
- * tokens, plus 12 x its layers x hidden x T x tokens for attention. Over the
- * whole model, loom_gpt_train_flops. */
+ * length T: 6 x its matmul parameters (q, k and v with the config's
+ * key/value heads, the output projection, two MLP matrices or SwiGLU's
+ * three, and the LM head's on the last stage) x tokens, plus 12 x its layers
+ * x hidden x T x tokens for attention's scores and values. Over the whole
+ * model, loom_gpt_train_flops. */
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens);
 
 typedef struct {
@@ -71,6 +99,15 @@ typedef struct {
   loom_param_meta *meta;  /* [params.count] */
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;
+
+/* Tensors in one block of cfg's model: the same in every layer. */
+int loom_gpt_block_tensors(const loom_gpt_config *cfg);
+/* Index in p's table of its first block tensor (the embedding's come first). */
+int loom_gpt_first_block_tensor(const loom_gpt_params *p);
+/* Points the named views of w at the tensors [k0, k1) of p's table, tensor
+ * k at addr[k - k0] (NULL: at nothing). Block views go to w->h[i], where i
+ * counts the blocks from the first one of [k0, k1). */
+void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const *addr, loom_gpt_weights *w);
 
 /* The canonical table of the stage `range` (NULL: every layer) on one TP
  * rank, without any memory for values: specs get names and local shapes

@@ -31,9 +31,10 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
 double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared) {
   double sums[2] = {0.0, 0.0}; /* [0] sharded, summed over the group; [1] replicated, the same everywhere */
   for (int k = 0; k < p->grads.count; k++) {
-    if (skip_shared && p->meta[k].shared) continue;
+    const int part = loom_param_norm_part(&p->meta[k], p->tp_rank, p->tp_size);
+    if ((skip_shared && p->meta[k].shared) || part < 0) continue;
     const loom_tensor *g = &p->grads.views[k];
-    sums[p->meta[k].tp_replicated] += ops->sumsq(ops, g->data, loom_tensor_numel(g));
+    sums[part] += ops->sumsq(ops, g->data, loom_tensor_numel(g));
   }
   if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return sums[0] + sums[1];

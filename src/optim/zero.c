@@ -5,9 +5,6 @@
 #include "core/check.h"
 #include "optim/zero.h"
 
-/* Tensors before the first block: wte and wpe where the stage holds them. */
-static int edge_tensors_before(const loom_gpt_params *p) { return (p->range.first || p->range.last) + p->range.first; }
-
 static size_t round_of(const loom_zero *z) {
   return z->max_shard < LOOM_ZERO_GATHER_ROUND ? z->max_shard : LOOM_ZERO_GATHER_ROUND;
 }
@@ -21,7 +18,8 @@ static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
   b->shard = (b->hi - b->lo + (size_t)z->dp_size - 1) / (size_t)z->dp_size;
 }
 
-/* ZeRO-1: the whole buffer. ZeRO-2/3: each edge tensor before the blocks alone, each layer, the final norm. */
+/* ZeRO-1: the whole buffer. ZeRO-2/3: each edge tensor before the blocks
+ * alone, each layer, the final norm (with an untied LM head). */
 static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
   const int count = p->params.count;
   z->buckets = loom_xcalloc((size_t)count + 1, sizeof *z->buckets, "ZeRO buckets");
@@ -29,10 +27,10 @@ static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
   if (z->stage == 1) {
     add_bucket(z, p, 0, count);
   } else {
-    const int before = edge_tensors_before(p);
+    const int before = loom_gpt_first_block_tensor(p), per = loom_gpt_block_tensors(&p->cfg);
     for (int k = 0; k < before; k++) add_bucket(z, p, k, k + 1);
-    for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * LOOM_BLOCK_TENSORS, before + (l + 1) * LOOM_BLOCK_TENSORS);
-    add_bucket(z, p, before + p->layers * LOOM_BLOCK_TENSORS, count);
+    for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * per, before + (l + 1) * per);
+    add_bucket(z, p, before + p->layers * per, count);
   }
   z->parts = loom_xcalloc((size_t)count + 1, sizeof *z->parts, "ZeRO parts"); /* a tensor lies in one bucket */
   for (int b = 0; b < z->nbuckets; b++) {
@@ -61,7 +59,7 @@ void loom_zero_piece(const loom_zero *z, int b, size_t *lo, size_t *hi) {
 
 int loom_zero_layer_bucket(const loom_zero *z, const loom_gpt_params *p, int l) {
   LOOM_CHECK(z->stage >= 2 && l >= 0 && l < p->layers, "layer buckets are ZeRO-2/3's");
-  return edge_tensors_before(p) + l;
+  return loom_gpt_first_block_tensor(p) + l;
 }
 
 
@@ -163,9 +161,11 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const l
   *uncounted = 0.0;
   for (int i = 0; i < z->nparts; i++) {
     const loom_zero_part *pt = &z->parts[i];
+    const int part = loom_param_norm_part(&p->meta[pt->k], p->tp_rank, p->tp_size);
+    if (part < 0) continue;
     const double s = ops->sumsq(ops, grads_of(z, p, pt), pt->len);
     if (skip_shared && p->meta[pt->k].shared) *uncounted += s;
-    else sums[p->meta[pt->k].tp_replicated] += s;
+    else sums[part] += s;
   }
   if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   double total = sums[0] + sums[1];

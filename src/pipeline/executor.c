@@ -200,6 +200,7 @@ static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
 
 static void reduce_tied(loom_pipeline *pipe) {
   const loom_parallel *ps = pipe->ps;
+  if (pipe->chunks[0].p.cfg.untied) return; /* nothing is shared: the head has its own weights */
   const int first = ps->pp_rank == 0 ? 0 : -1, last = ps->pp_rank == ps->pp - 1 ? pipe->v - 1 : -1;
   size_t n;
   float *mine = wte_grads(pipe, first >= 0 ? first : last, &n);

@@ -12,12 +12,43 @@
 #include "plan/plan.h"
 #include "schedule/verify.h"
 
-void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
-  const Loom__Model *m = p->model;
+void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
   *cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
-                           .vocab = m->vocab, .seq = m->seq, .dropout = m->dropout, .norm_eps = m->norm_eps,
-                           .bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16};
+                           .kv_heads = m->has_kv_heads ? m->kv_heads : 0, .vocab = m->vocab, .seq = m->seq,
+                           .dropout = m->dropout, .norm_eps = m->norm_eps, .norm = (loom_norm_kind)m->norm,
+                           .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
+                           .rope_theta = m->rope_theta, .no_bias = !m->bias, .untied = !m->tied_embeddings};
   loom_gpt_config_finish(cfg);
+}
+
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c) {
+  m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
+  m->layers = c->layers, m->hidden = c->hidden, m->heads = c->heads, m->vocab = c->vocab, m->seq = c->seq;
+  m->ffn = c->ffn > 0 ? c->ffn : 4 * c->hidden;
+  m->has_dropout = c->dropout > 0.0f;
+  m->dropout = c->dropout;
+  m->has_norm_eps = c->norm_eps > 0.0f;
+  if (m->has_norm_eps) m->norm_eps = c->norm_eps;
+  /* Architecture fields only where they leave GPT-2, so GPT-2 plans read as before. */
+  m->has_kv_heads = loom_gpt_kv_heads(c) != c->heads;
+  m->kv_heads = loom_gpt_kv_heads(c);
+  m->has_norm = c->norm != LOOM_NORM_LAYERNORM;
+  m->norm = (Loom__Norm)c->norm;
+  m->has_mlp = c->mlp != LOOM_MLP_GELU;
+  m->mlp = (Loom__Mlp)c->mlp;
+  m->has_position = c->position != LOOM_POSITION_LEARNED;
+  m->position = (Loom__Position)c->position;
+  m->has_rope_theta = c->position == LOOM_POSITION_ROPE;
+  if (m->has_rope_theta) m->rope_theta = c->rope_theta > 0.0f ? c->rope_theta : LOOM_ROPE_THETA_DEFAULT;
+  m->has_bias = c->no_bias;
+  m->bias = !c->no_bias;
+  m->has_tied_embeddings = c->untied;
+  m->tied_embeddings = !c->untied;
+}
+
+void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
+  loom_model_proto_config(p->model, cfg);
+  cfg->bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
 }
 
 /* A size as a person reads it: GiB, MiB or KiB, never "0.0 GiB". */
@@ -29,12 +60,6 @@ static const char *human_bytes(double bytes, char *buf, size_t n) {
 }
 
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
-
-/* Parameters of one layer, read off the layers' table. */
-static int64_t layer_parameters(const loom_gpt_config *cfg) {
-  const loom_stage_range one = {.layer_begin = 0, .layer_end = cfg->layers > 0 ? 1 : 0};
-  return (int64_t)loom_gpt_param_count(cfg, &one, 1);
-}
 
 int64_t loom_plan_total_parameters(const loom_plan *p) {
   loom_gpt_config cfg;
@@ -103,16 +128,7 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   if (sp->name) p->name = strdup(sp->name);
   p->model = loom_xmalloc(sizeof *p->model, "plan model");
   loom__model__init(p->model);
-  Loom__Model *m = p->model;
-  m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
-  m->layers = sp->layers;
-  m->hidden = sp->hidden;
-  m->heads = sp->heads;
-  m->ffn = sp->ffn ? sp->ffn : 4 * sp->hidden;
-  m->vocab = sp->vocab;
-  m->seq = sp->seq;
-  m->has_dropout = sp->dropout > 0.0f;
-  m->dropout = sp->dropout;
+  loom_model_proto_fill(p->model, &sp->model);
   p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
   loom__parallel__init(p->parallel);
   Loom__Parallel *l = p->parallel;
@@ -130,7 +146,7 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;
   p->batch->micro_batch = sp->micro_batch;
   p->batch->global_batch = sp->global_batch;
-  p->batch->has_seq = sp->train_seq > 0 && sp->train_seq != sp->seq;
+  p->batch->has_seq = sp->train_seq > 0 && sp->train_seq != sp->model.seq;
   p->batch->seq = p->batch->has_seq ? sp->train_seq : 0;
   p->has_schedule = 1;
   p->schedule = sp->schedule;
@@ -165,21 +181,22 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
     memcpy(counts, sp->layer_counts, (size_t)S * sizeof(int));
   } else if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) {
     /* The one even split: earlier stages take the remainder. */
-    for (int v = 0; v < S; v++) counts[v] = m->layers / S + (v < m->layers % S);
+    for (int v = 0; v < S; v++) counts[v] = p->model->layers / S + (v < p->model->layers % S);
   } else {
-    const double h = m->hidden, V = m->vocab, s = m->seq;
+    /* Sizes and FLOPs of a layer and of the edges, from the layers' table and FLOPs count. */
+    loom_gpt_config cfg;
+    loom_plan_model_config(p, &cfg);
+    const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, head = {.last = true}, embed = {.first = true};
     double layer = 1.0, first = 0.0, last = 0.0;
     if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
-      loom_gpt_config cfg;
-      loom_plan_model_config(p, &cfg);
-      layer = (double)layer_parameters(&cfg);
-      first = (V + s) * h;
-      last = V * h + 2 * h; /* the tied head's copy of wte, and ln_f */
+      layer = (double)loom_gpt_param_count(&cfg, &one, 1);
+      first = (double)loom_gpt_param_count(&cfg, &embed, 1);
+      last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
     } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
-      layer = 24.0 * h * h + 4.0 * s * h; /* forward FLOPs per token of a layer, ffn = 4h */
-      last = 2.0 * h * V;                 /* the LM head's matmul */
+      layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0);
+      last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0); /* the LM head's matmul */
     }
-    balance(m->layers, S, layer, first, last, counts);
+    balance(p->model->layers, S, layer, first, last, counts);
   }
   p->n_stages = (size_t)S;
   p->stages = loom_xcalloc((size_t)S, sizeof *p->stages, "plan stages");
@@ -374,8 +391,19 @@ static void check_model(report *r, const loom_plan *p) {
     violation(r, "model.dropout = %g: must be in [0, 1)", (double)m->dropout);
   if (!(isfinite(m->norm_eps) && m->norm_eps > 0.0f))
     violation(r, "model.norm_eps = %g: must be a positive finite number (1e-5 is GPT-2's)", (double)m->norm_eps);
-  if (m->has_tied_embeddings && !m->tied_embeddings)
-    violation(r, "model.tied_embeddings = false: this loom ties the LM head to the embedding; remove the field or set it true");
+  const int kv = m->has_kv_heads ? m->kv_heads : m->heads;
+  if (m->heads % kv)
+    violation(r, "model.kv_heads = %d: must divide model.heads (%d), each key/value head serving a group of query heads",
+              kv, m->heads);
+  else if (kv % tp && tp % kv)
+    violation(r, "model.kv_heads = %d with parallel.tp = %d: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
+              "multiple of it (each head replicated over tp / kv_heads ranks); pick such a tp", kv, tp);
+  if (m->position == LOOM__POSITION__POSITION_ROPE && (m->hidden / m->heads) % 2)
+    violation(r, "model.position = POSITION_ROPE: needs an even head size, but hidden %d / heads %d = %d", m->hidden,
+              m->heads, m->hidden / m->heads);
+  if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
+    violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
+              (double)m->rope_theta);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
@@ -514,6 +542,10 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "model.ffn", m->ffn, 0, LOOM_PLAN_MAX_FFN);
     check_size(r, "model.vocab", m->vocab, 2, LOOM_PLAN_MAX_VOCAB);
     check_size(r, "model.seq", m->seq, 1, LOOM_PLAN_MAX_SEQ);
+    if (m->has_kv_heads) check_size(r, "model.kv_heads", m->kv_heads, 1, LOOM_PLAN_MAX_HEADS);
+    check_size(r, "model.norm", (int)m->norm, 0, LOOM__NORM__NORM_RMSNORM);
+    check_size(r, "model.mlp", (int)m->mlp, 0, LOOM__MLP__MLP_SWIGLU);
+    check_size(r, "model.position", (int)m->position, 0, LOOM__POSITION__POSITION_ROPE);
   }
   if (l) {
     check_size(r, "parallel.tp", l->tp, 1, LOOM_PLAN_MAX_TP);

@@ -17,9 +17,8 @@
 /* What `loom plan new` (and every command that runs a model) builds a plan
  * from; model fields as in Model. */
 typedef struct {
-  int layers, hidden, heads, ffn, vocab, seq;
-  int train_seq; /* the training sequence when shorter than seq, else 0 */
-  float dropout, norm_eps;
+  loom_gpt_config model; /* finished (loom_gpt_config_finish); precision comes from the field below */
+  int train_seq; /* the training sequence when shorter than model.seq, else 0 */
   int tp, pp, dp, vpp, zero_stage;
   bool sequence_parallel, recompute;
   int micro_batch, global_batch;
@@ -79,6 +78,11 @@ loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_r
 
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
+/* The one translation between the Model message and the layers' config
+ * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
+ * every field of c into m, which the caller has initialised. */
+void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */

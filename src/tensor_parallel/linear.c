@@ -32,13 +32,13 @@ void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *ou
                                int out_features) {
   ops->matmul_forward(ops, partial, inp, w, NULL, N, in_local, out_features);
   loom_tp_exit_forward(tp, ops, partial, out, (size_t)n * out_features);
-  ops->bias_forward(ops, out, b, n, out_features); /* once, after the reduction */
+  if (b) ops->bias_forward(ops, out, b, n, out_features); /* once, after the reduction */
 }
 
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
                                 const float *dout, float *dout_full, const float *inp, const float *w, int N,
                                 int n, int in_local, int out_features) {
-  ops->bias_backward(ops, db, dout, n, out_features);
+  if (db) ops->bias_backward(ops, db, dout, n, out_features);
   loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
   ops->matmul_backward(ops, dinp, dw, NULL, dout_full, inp, w, N, in_local, out_features);
 }

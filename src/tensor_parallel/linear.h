@@ -12,7 +12,8 @@
  * the sequence under SP); the bias is added once, after the reduction.
  *
  * N = T*B rows inside the region; n rows outside it (N/tp under SP, else N).
- * Backward functions add into weight and bias grads. */
+ * Backward functions add into weight and bias grads. A NULL bias (and bias
+ * grad) means the linear has none. */
 #ifndef LOOM_TP_LINEAR_H
 #define LOOM_TP_LINEAR_H
 

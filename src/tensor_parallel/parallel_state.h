@@ -26,6 +26,7 @@ typedef struct {
   loom_comm *group; /* NULL when tp == 1 */
   int rank, size;
   bool sequence_parallel;
+  loom_comm *kv_group; /* the ranks sharing this rank's replicated key/value heads (tp > kv_heads), else NULL; the model's */
 } loom_tp;
 
 loom_tp loom_tp_of(const loom_parallel *ps);
