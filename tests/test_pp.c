@@ -1,7 +1,10 @@
-/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP; world =
- * TP * PP * DP; ZERO 1-3 is the ZeRO stage, whose measured Adam state must
- * be 1/dp of the full amount, and also the grads under ZeRO-2 and the
- * weights under ZeRO-3; SP 1 turns on sequence parallelism): for every
+/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP MODEL;
+ * world = TP * PP * DP; ZERO 1-3 is the ZeRO stage, whose measured Adam
+ * state must be 1/dp of the full amount, and also the grads under ZeRO-2
+ * and the weights under ZeRO-3; SP 1 turns on sequence parallelism; MODEL
+ * is gpt (GPT-2's architecture), llama (RMSNorm, SwiGLU, RoPE, no biases,
+ * an untied head, 8 query heads sharing 2 key/value heads) or mqa (the same
+ * with one key/value head, replicated over the TP ranks)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -25,9 +28,20 @@ enum { STEPS = 10, LAYERS = 8, MB = 2 };
 static int g_hidden = 16, g_seq = 8; /* raised for messages past MPI's eager limit */
 static float g_lr = 1e-2f;
 
+static const char *g_model = "gpt";
+
 static loom_gpt_config tiny(void) {
   loom_gpt_config c = {.layers = LAYERS, .hidden = g_hidden, .heads = 4, .vocab = 256, .seq = g_seq, .dropout = 0.1f,
                        .norm_eps = 1e-5f};
+  if (strcmp(g_model, "gpt") != 0) {
+    c.heads = 8;
+    c.kv_heads = strcmp(g_model, "mqa") == 0 ? 1 : 2;
+    c.ffn = 24;
+    c.norm = LOOM_NORM_RMSNORM;
+    c.mlp = LOOM_MLP_SWIGLU;
+    c.position = LOOM_POSITION_ROPE;
+    c.no_bias = c.untied = true;
+  }
   loom_gpt_config_finish(&c);
   return c;
 }
@@ -145,8 +159,8 @@ static void expect_same_weights(loom_trainer *tr, loom_gpt *serial, const char *
 
 static void check(loom_schedule_kind kind, int v, int m, const int *split, int nsplit) {
   char what[128];
-  snprintf(what, sizeof what, "%s tp %d pp %d dp %d%s vpp %d m %d%s", loom_schedule_kind_name(kind), g_tp, g_pp, g_dp,
-           g_zero ? " zero" : "", v, m, split ? " uneven" : "");
+  snprintf(what, sizeof what, "%s %s tp %d pp %d dp %d%s vpp %d m %d%s", g_model, loom_schedule_kind_name(kind), g_tp, g_pp,
+           g_dp, g_zero ? " zero" : "", v, m, split ? " uneven" : "");
   float serial_losses[STEPS], losses[STEPS], recomputed[STEPS];
   loom_gpt serial;
   train_serial(m, serial_losses, &serial);
@@ -230,7 +244,15 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
 }
 
 START_TEST(bf16_matches_serial_bf16) {
-  check_bf16(false, 1e-3, 1e-6, g_lr);
+  /* Replicated key/value heads (tp above kv_heads) round each rank's part
+   * of a head's activation grad to bf16 before the parts are summed, where
+   * the serial run rounds the sum once: one more bf16 rounding of those
+   * grads every micro-batch, which Adam's normalised steps carry into the
+   * weights (NMSE 4.9e-6 measured at tp 2, 3.0e-5 at tp 2 x pp 2
+   * interleaved, worst element 1.05 lr), so the bounds are 10x wider there. */
+  const loom_gpt_config c = tiny();
+  const bool replicated_kv = g_tp > loom_gpt_kv_heads(&c);
+  check_bf16(false, 1e-3, replicated_kv ? 1e-4 : 1e-6, replicated_kv ? 2 * g_lr : g_lr);
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; a
    * weight moves at most about lr a step, STEPS * lr in all. */
@@ -306,7 +328,7 @@ START_TEST(nan_skips_the_step_everywhere) {
   const loom_step_stats good = loom_trainer_step(&tr, 1);
   ck_assert(!good.skipped && isfinite(good.loss) && isfinite(good.grad_norm));
   w = weights_of(&tr, 0);
-  ck_assert(memcmp(w, w0, 64) != 0);
+  ck_assert(memcmp(w, w0, n * sizeof(float)) != 0); /* an untied model never moves the rows of tokens it never saw */
   free(w);
   free(w0);
   loom_trainer_free(&tr);
@@ -322,6 +344,7 @@ int main(int argc, char **argv) {
   g_dp = argc > 2 ? atoi(argv[2]) : 1;
   g_zero = argc > 3 ? atoi(argv[3]) : 0;
   g_sp = argc > 4 ? atoi(argv[4]) : 0;
+  g_model = argc > 5 ? argv[5] : "gpt";
   g_pp = g_world->size / (g_tp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");
