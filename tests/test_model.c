@@ -1,10 +1,17 @@
-/* The whole GPT: every parameter's gradient against central finite
- * differences (with and without dropout), the CPU backend against the
- * reference backend end to end, the loss at init, and overfitting one batch.
+/* The whole model, in each family (the loop index: GPT-2; Llama's RMSNorm,
+ * SwiGLU, RoPE, grouped-query attention without biases and an untied head;
+ * and a mix of the switches: LayerNorm with biases, SwiGLU, learned
+ * positions, multi-query attention, untied): every parameter's gradient
+ * against central finite differences (with and without dropout), the CPU
+ * backend against the reference backend end to end, the loss at init, and
+ * overfitting one batch.
  *
- * Gradient check: h = 1e-2 on fp32 parameters of a tiny model; each tensor's
- * analytic gradient must match with relative L2 error <= 1e-2 and every
- * element within 5e-4 + 5e-2 * |fd|. */
+ * Gradient check: h = 3e-3 on fp32 parameters of a tiny model (1e-2 left
+ * RoPE and SwiGLU under dropout 0.006 off: truncation, not the grads); each
+ * tensor's analytic gradient must match with relative L2 error <= 1e-2 and
+ * every element within 5e-4 + 5e-2 * |fd|. A key projection's bias has a
+ * true grad of zero (softmax ignores a shift every key shares): there the
+ * analytic one must be rounding noise, under 1e-6. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,9 +20,24 @@
 #include "optim/adamw.h"
 #include "test_util.h"
 
-static loom_gpt_config tiny(float dropout) {
+enum { GPT2, LLAMA, MIXED, FAMILIES };
+
+/* Sets the architecture switches of a family on c (its sizes stay). */
+static void as_family(loom_gpt_config *c, int family) {
+  if (family == LLAMA) {
+    c->heads = 4, c->kv_heads = 2, c->ffn = 12;
+    c->norm = LOOM_NORM_RMSNORM, c->mlp = LOOM_MLP_SWIGLU, c->position = LOOM_POSITION_ROPE;
+    c->rope_theta = 100.0f; /* turns quickly enough to matter over a few positions */
+    c->no_bias = c->untied = true;
+  } else if (family == MIXED) {
+    c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;
+  }
+  loom_gpt_config_finish(c);
+}
+
+static loom_gpt_config tiny(float dropout, int family) {
   loom_gpt_config c = {.layers = 2, .hidden = 8, .heads = 2, .vocab = 20, .seq = 6, .dropout = dropout, .norm_eps = 1e-5f};
-  loom_gpt_config_finish(&c);
+  as_family(&c, family);
   return c;
 }
 
@@ -27,9 +49,9 @@ static void make_batch(int *tokens, int *targets, int T, int B, int vocab, uint6
   }
 }
 
-static void grad_check(float dropout) {
+static void grad_check(float dropout, int family) {
   enum { T = 5, B = 2 };
-  const loom_gpt_config cfg = tiny(dropout);
+  const loom_gpt_config cfg = tiny(dropout, family);
   loom_gpt m;
   ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_ref(), 11, NULL), LOOM_OK);
   ck_assert_int_eq(loom_gpt_set_batch_shape(&m, T, B), LOOM_OK);
@@ -56,7 +78,7 @@ static void grad_check(float dropout) {
     const size_t n = loom_tensor_numel(t);
     double num = 0.0, den = 0.0;
     for (size_t k = 0; k < n; k++) {
-      const float saved = w[k], h = 1e-2f;
+      const float saved = w[k], h = 3e-3f;
       w[k] = saved + h;
       const double lp = loom_gpt_forward(&m, &batch);
       w[k] = saved - h;
@@ -67,23 +89,27 @@ static void grad_check(float dropout) {
       num += (g[k] - fd) * (g[k] - fd);
       den += fd * fd;
     }
-    ck_assert_msg(den == 0.0 ? num == 0.0 : sqrt(num / den) <= 1e-2, "%s: relative L2 error %g", t->name, sqrt(num / den));
+    ck_assert_msg(den == 0.0 ? sqrt(num) <= 1e-6 : sqrt(num / den) <= 1e-2, "%s: relative L2 error %g (error norm %g)",
+                  t->name, sqrt(num / den), sqrt(num));
   }
-  /* Padded vocab rows never reach the loss. */
-  const float *gwte = m.p.g.wte;
-  for (size_t k = (size_t)cfg.vocab * cfg.hidden; k < (size_t)cfg.padded_vocab * cfg.hidden; k++) ck_assert_float_eq(gwte[k], 0.0f);
+  /* Padded vocab rows never reach the loss, through the embedding or the head. */
+  for (size_t k = (size_t)cfg.vocab * cfg.hidden; k < (size_t)cfg.padded_vocab * cfg.hidden; k++) {
+    ck_assert_float_eq(m.p.g.wte[k], 0.0f);
+    ck_assert_float_eq(m.p.g.lm_head[k], 0.0f);
+  }
+  ck_assert(cfg.untied == (m.p.g.lm_head != m.p.g.wte));
   loom_gpt_free(&m);
 }
 
-START_TEST(gradients_match_finite_differences) { grad_check(0.0f); }
+START_TEST(gradients_match_finite_differences) { grad_check(0.0f, _i); }
 END_TEST
-START_TEST(gradients_match_finite_differences_with_dropout) { grad_check(0.2f); }
+START_TEST(gradients_match_finite_differences_with_dropout) { grad_check(0.2f, _i); }
 END_TEST
 
 /* The CPU backend and the reference backend agree on loss and every grad. */
 START_TEST(cpu_backend_matches_reference) {
   enum { T = 6, B = 3 };
-  loom_gpt_config cfg = tiny(0.1f);
+  loom_gpt_config cfg = tiny(0.1f, _i);
   cfg.hidden = 16;
   cfg.ffn = 64;
   loom_gpt a, r;
@@ -103,18 +129,22 @@ START_TEST(cpu_backend_matches_reference) {
   for (int i = 0; i < a.p.grads.count; i++) {
     const size_t n = loom_tensor_numel(&a.p.grads.views[i]);
     const double e = tu_nmse(a.p.grads.views[i].data, r.p.grads.views[i].data, n);
-    ck_assert_msg(e <= 1e-9, "%s: cpu vs ref grad NMSE %g", a.p.grads.views[i].name, e);
+    const double worst = tu_max_abs_diff(a.p.grads.views[i].data, r.p.grads.views[i].data, n);
+    ck_assert_msg(e <= 1e-9 || worst <= 1e-7, "%s: cpu vs ref grad NMSE %g, worst %g (a zero grad's rounding noise passes)",
+                  a.p.grads.views[i].name, e, worst);
   }
   loom_gpt_free(&a);
   loom_gpt_free(&r);
 }
 END_TEST
 
-/* GPT-2 init predicts near-uniformly: the loss starts close to ln V. */
+/* GPT-2's init predicts near-uniformly in every family: the loss starts
+ * within 0.05 of ln V. */
 START_TEST(initial_loss_is_log_vocab) {
   enum { T = 32, B = 4 };
   loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, "gpt-tiny");
+  loom_gpt_config_preset(&cfg, _i == LLAMA ? "llama-tiny" : "gpt-tiny");
+  if (_i == MIXED) as_family(&cfg, MIXED);
   loom_gpt m;
   ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 1, NULL), LOOM_OK);
   loom_gpt_set_batch_shape(&m, T, B);
@@ -133,6 +163,8 @@ END_TEST
 START_TEST(overfits_one_batch) {
   enum { T = 16, B = 4 };
   loom_gpt_config cfg = {.layers = 2, .hidden = 32, .heads = 4, .vocab = 64, .seq = T, .norm_eps = 1e-5f};
+  as_family(&cfg, _i);
+  cfg.ffn = _i == GPT2 ? 0 : 96;
   loom_gpt_config_finish(&cfg);
   loom_gpt m;
   loom_adamw opt;
@@ -161,7 +193,7 @@ END_TEST
 /* Every parameter element is drawn by canonical name and global index: two
  * models with different padding agree on every real element. */
 START_TEST(init_is_keyed_by_name_and_index) {
-  loom_gpt_config a = tiny(0.0f), b = tiny(0.0f);
+  loom_gpt_config a = tiny(0.0f, GPT2), b = tiny(0.0f, GPT2);
   b.padded_vocab = 256;
   loom_gpt_params pa, pb;
   loom_gpt_params_init(&pa, &a, 0, 1, NULL, &loom_host_memory);
@@ -187,16 +219,46 @@ START_TEST(init_is_keyed_by_name_and_index) {
 }
 END_TEST
 
+/* The Llama family's tensors carry Hugging Face's names and full shapes:
+ * separate q, k and v of kv_heads heads, gate and up, no biases, an LM head. */
+START_TEST(llama_names_and_shapes) {
+  loom_gpt_config c;
+  loom_gpt_config_preset(&c, "llama-tiny");
+  loom_gpt_params p;
+  ck_assert_int_eq(loom_gpt_params_init_weights(&p, &c, 0, 1, NULL, &loom_host_memory), LOOM_OK);
+  const struct {
+    const char *name;
+    int64_t rows, cols;
+  } want[] = {{"model.embed_tokens.weight", 256, 64}, {"model.layers.1.input_layernorm.weight", 64, 1},
+              {"model.layers.1.self_attn.q_proj.weight", 64, 64}, {"model.layers.1.self_attn.k_proj.weight", 16, 64},
+              {"model.layers.1.self_attn.v_proj.weight", 16, 64}, {"model.layers.1.self_attn.o_proj.weight", 64, 64},
+              {"model.layers.1.mlp.gate_proj.weight", 176, 64}, {"model.layers.1.mlp.up_proj.weight", 176, 64},
+              {"model.layers.1.mlp.down_proj.weight", 64, 176}, {"model.norm.weight", 64, 1}, {"lm_head.weight", 256, 64}};
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+    const int k = loom_gpt_params_find(&p, want[i].name);
+    ck_assert_msg(k >= 0, "no %s", want[i].name);
+    ck_assert_int_eq(p.meta[k].layout.rows, want[i].rows);
+    ck_assert_int_eq(p.meta[k].layout.cols, want[i].cols);
+  }
+  /* 2 layers of 9 tensors, the embedding, the final norm and the head: nothing else (no biases, no positions). */
+  ck_assert_int_eq(loom_gpt_block_tensors(&c), 9);
+  ck_assert_int_eq(p.params.count, 2 * 9 + 3);
+  ck_assert_int_lt(loom_gpt_params_find(&p, "model.layers.0.self_attn.q_proj.bias"), 0);
+  loom_gpt_params_free(&p);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
   tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, gradients_match_finite_differences);
-  tcase_add_test(tc, gradients_match_finite_differences_with_dropout);
-  tcase_add_test(tc, cpu_backend_matches_reference);
-  tcase_add_test(tc, initial_loss_is_log_vocab);
-  tcase_add_test(tc, overfits_one_batch);
+  tcase_add_loop_test(tc, gradients_match_finite_differences, 0, FAMILIES);
+  tcase_add_loop_test(tc, gradients_match_finite_differences_with_dropout, 0, FAMILIES);
+  tcase_add_loop_test(tc, cpu_backend_matches_reference, 0, FAMILIES);
+  tcase_add_loop_test(tc, initial_loss_is_log_vocab, 0, FAMILIES);
+  tcase_add_loop_test(tc, overfits_one_batch, 0, FAMILIES);
   tcase_add_test(tc, init_is_keyed_by_name_and_index);
+  tcase_add_test(tc, llama_names_and_shapes);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -35,7 +35,7 @@ typedef struct {
   loom_mlp_kind mlp;
   loom_position_kind position;
   float rope_theta; /* RoPE's base; 0 means 10000 */
-  bool no_bias;     /* linears and norms without biases (Llama) */
+  bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
 } loom_gpt_config;

@@ -58,10 +58,11 @@ static const char *named(name *n, const char *prefix, int layer, const char *suf
   return n->buf;
 }
 
-/* A norm's weight and, for LayerNorm, its bias. */
+/* A norm's weight and, for LayerNorm, its bias (which no_bias, a setting
+ * of the linears, leaves alone: LayerNorm without one is another norm). */
 static void add_norm(table *t, const loom_gpt_config *c, loom_param_role w_role, const char *w_name, const char *b_name) {
   add(t, w_role, w_name, 1, c->hidden, 0, NORM_W);
-  if (c->norm == LOOM_NORM_LAYERNORM && !c->no_bias) add(t, w_role + 1, b_name, 1, c->hidden, 0, ZERO_B);
+  if (c->norm == LOOM_NORM_LAYERNORM) add(t, w_role + 1, b_name, 1, c->hidden, 0, ZERO_B); /* its bias is its own */
 }
 
 /* GPT-2's block: its names, c_attn fused as q|k|v, every bias. */
@@ -206,7 +207,7 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
   for (int i = r.layer_begin; i < r.layer_end; i++) add_block(&t, i, cfg);
   if (r.last) {
     add(&t, LOOM_ROLE_LN_F_W, gpt2 ? "ln_f.weight" : "model.norm.weight", 1, cfg->hidden, 0, NORM_W);
-    if (cfg->norm == LOOM_NORM_LAYERNORM && !cfg->no_bias)
+    if (cfg->norm == LOOM_NORM_LAYERNORM)
       add(&t, LOOM_ROLE_LN_F_B, gpt2 ? "ln_f.bias" : "model.norm.bias", 1, cfg->hidden, 0, ZERO_B);
     if (cfg->untied) add(&t, LOOM_ROLE_LM_HEAD, "lm_head.weight", 2, cfg->padded_vocab, cfg->hidden, vocab);
   }
