@@ -230,8 +230,8 @@ START_TEST(llama_names_and_shapes) {
     const char *name;
     int64_t rows, cols;
   } want[] = {{"model.embed_tokens.weight", 256, 64}, {"model.layers.1.input_layernorm.weight", 64, 1},
-              {"model.layers.1.self_attn.q_proj.weight", 64, 64}, {"model.layers.1.self_attn.k_proj.weight", 16, 64},
-              {"model.layers.1.self_attn.v_proj.weight", 16, 64}, {"model.layers.1.self_attn.o_proj.weight", 64, 64},
+              {"model.layers.1.self_attn.q_proj.weight", 64, 64}, {"model.layers.1.self_attn.k_proj.weight", 32, 64},
+              {"model.layers.1.self_attn.v_proj.weight", 32, 64}, {"model.layers.1.self_attn.o_proj.weight", 64, 64},
               {"model.layers.1.mlp.gate_proj.weight", 176, 64}, {"model.layers.1.mlp.up_proj.weight", 176, 64},
               {"model.layers.1.mlp.down_proj.weight", 64, 176}, {"model.norm.weight", 64, 1}, {"lm_head.weight", 256, 64}};
   for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {

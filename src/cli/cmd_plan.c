@@ -54,6 +54,10 @@ static void show(const loom_plan *p) {
   printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters\n", p->name ? " " : "",
          p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
          (long long)p->estimates->total_parameters);
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  char arch[256];
+  if (*loom_gpt_config_architecture(&cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
   printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",
          l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "", zero);
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);

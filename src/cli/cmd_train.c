@@ -49,6 +49,8 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   loom_plan_model_config(tr->plan, &cfg);
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters", cfg.layers,
                 cfg.hidden, cfg.heads, cfg.vocab, cfg.padded_vocab, cfg.seq, loom_plan_total_parameters(tr->plan));
+  char arch[256];
+  if (*loom_gpt_config_architecture(&cfg, tr->ps.tp, arch, sizeof arch)) loom_log_info("architecture: %s", arch);
   if (tr->ps.world > 1) loom_train_describe(tr);
   loom_log_info("device: %s", device);
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",

@@ -63,6 +63,13 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
  * rmsnorm, swiglu, rope 10000, no bias, untied": for messages. */
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n);
 
+/* What sets the architecture apart from GPT-2, for logs and `plan show`
+ * ("" for GPT-2): "grouped-query attention, 8 kv heads (1 per tp rank),
+ * rmsnorm, swiglu, rope theta 500000, no biases, untied head". tp says
+ * where the key/value heads live: split, or each replicated on tp / kv
+ * ranks. */
+const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char *buf, size_t n);
+
 static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
 static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
 /* Whether the config is GPT-2's architecture (LayerNorm, GELU, learned
