@@ -112,7 +112,7 @@ START_TEST(bad_flags) {
   expect_fail(run("data", "prepare", "in.txt", NULL), 2, "loom data prepare: -o OUT.bin is required");
   expect_fail(run("data", NULL), 2, "loom data: expected 'prepare IN.txt -o OUT.bin'");
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
-  expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt export: --format must be one of llmc, safetensors, got 'onnx'");
+  expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt export: --format must be one of llmc, safetensors, hf, got 'onnx'");
   expect_fail(run("ckpt", "export", "/nonexistent-ck", "--format", "llmc", "-o", "m.bin", NULL), 2,
               "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
   expect_fail(run("ckpt", "export", "ck", "--layers", "3", "--format", "llmc", "-o", "m.bin", NULL), 2,

@@ -2,12 +2,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/export.h"
+#include "ckpt/hf.h"
 #include "ckpt/llmc_model.h"
 #include "ckpt/safetensors.h"
 #include "backend/op_math.h"
 
-const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {[LOOM_FORMAT_LLMC] = "llmc",
-                                                                    [LOOM_FORMAT_SAFETENSORS] = "safetensors"};
+const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {
+    [LOOM_FORMAT_LLMC] = "llmc", [LOOM_FORMAT_SAFETENSORS] = "safetensors", [LOOM_FORMAT_HF] = "hf"};
 
 loom_model_format loom_model_format_of(const char *name) {
   for (int f = 0; f < LOOM_FORMAT_COUNT; f++)
@@ -20,10 +21,18 @@ static void free_params(void *state) {
   free(state);
 }
 
-loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *llmc_path,
+loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err) {
+  return loom_hf_is_dir(path) ? loom_hf_source(s, path, err) : loom_llmc_source(s, path, err);
+}
+
+loom_status loom_model_file_config(const char *path, loom_gpt_config *cfg, loom_error *err) {
+  return loom_hf_is_dir(path) ? loom_hf_read_config(path, cfg, err) : loom_llmc_read_config(path, cfg, err);
+}
+
+loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *model_path,
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err) {
   if (dir) return loom_model_source_of_ckpt(s, dir, err);
-  if (llmc_path) return loom_llmc_source(s, llmc_path, err);
+  if (model_path) return loom_model_file_source(s, model_path, err);
   memset(s, 0, sizeof *s);
   loom_gpt_params *p = calloc(1, sizeof *p);
   if (!p || loom_gpt_params_init_weights(p, cfg, 0, 1, NULL, &loom_host_memory) != LOOM_OK) {
@@ -39,6 +48,7 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
 
 loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
                               loom_error *err) {
+  if (format == LOOM_FORMAT_HF) return loom_hf_write(out, src, dtype, err);
   return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, dtype, err)
                                            : loom_llmc_write(out, src, dtype, err);
 }

@@ -5,17 +5,23 @@
 
 #include "ckpt/model_source.h"
 
-typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_COUNT } loom_model_format;
+typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_HF, LOOM_FORMAT_COUNT } loom_model_format;
 
-/* "llmc", "safetensors", then NULL: the names a flag offers. */
+/* "llmc", "safetensors", "hf", then NULL: the names a flag offers. hf
+ * writes a directory (config.json and model.safetensors, hf.h). */
 extern const char *const LOOM_MODEL_FORMAT_NAMES[];
 /* The format of a name from LOOM_MODEL_FORMAT_NAMES. */
 loom_model_format loom_model_format_of(const char *name);
 
-/* The model to export: a checkpoint's latest step (dir), else an llm.c file
- * (llmc_path), else cfg freshly initialised from seed. */
-loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *llmc_path,
+/* The model to export: a checkpoint's latest step (dir), else a model file
+ * (model_path: an llm.c file or a Hugging Face directory), else cfg freshly
+ * initialised from seed. */
+loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *model_path,
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err);
+/* A model file as a source: a Hugging Face directory, else an llm.c file. */
+loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err);
+/* The config of a model file (as loom_model_file_source reads it). */
+loom_status loom_model_file_config(const char *path, loom_gpt_config *cfg, loom_error *err);
 /* Writes src to out with values in dtype (LOOM_DTYPE_F32, or LOOM_DTYPE_BF16
  * rounded to nearest even: llm.c's version 5, safetensors' "BF16"). */
 loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,

@@ -9,6 +9,7 @@
 #include "ckpt/manifest.h"
 #include "ckpt/model_source.h"
 #include "ckpt/run_files.h"
+#include "ckpt/export.h"
 #include "core/check.h"
 #include "core/fault.h"
 #include "core/log.h"
@@ -57,9 +58,9 @@ static loom_ckpt_chunk *param_chunks(const loom_run_files *f) {
   return p;
 }
 
-static loom_status load_llmc(const loom_run_files *f, const char *path, loom_error *err) {
+static loom_status load_model_file(const loom_run_files *f, const char *path, loom_error *err) {
   loom_model_source src;
-  loom_status st = loom_llmc_source(&src, path, err);
+  loom_status st = loom_model_file_source(&src, path, err);
   if (st != LOOM_OK) return st;
   if ((st = loom_llmc_check_model(path, &src.cfg, &f->run.cfg, err)) != LOOM_OK) {
     loom_model_source_free(&src);
@@ -92,7 +93,7 @@ static loom_status load_llmc(const loom_run_files *f, const char *path, loom_err
 }
 
 loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err) {
-  const loom_status st = agree(f, load_llmc(f, path, err), "load --init-from", err);
+  const loom_status st = agree(f, load_model_file(f, path, err), "load --init-from", err);
   if (st == LOOM_OK) loom_trainer_publish_weights(f->tr);
   return st;
 }

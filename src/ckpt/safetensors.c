@@ -6,20 +6,19 @@
 #include "ckpt/export.h"
 #include "core/write_file.h"
 
-/* How tensor k is exported: its rows and cols (cols 0: a vector) and
- * whether it is transposed. Block matrices are Conv1D in GPT-2: [in, out],
- * the transpose of loom's [out, in]; wte keeps only the real vocab rows. */
-typedef struct {
-  int64_t rows, cols;
-  bool transpose;
-} exported;
+loom_safetensors_shape loom_safetensors_shape_of(const loom_gpt_config *cfg, const loom_tensor *spec,
+                                                 const loom_param_meta *meta) {
+  loom_safetensors_shape e = {spec->shape[0], spec->ndim == 2 ? spec->shape[1] : 0, false};
+  if (meta->init_rows > 0 && meta->init_rows < e.rows) e.rows = meta->init_rows; /* vocab padding stays behind */
+  if (spec->ndim == 2 && loom_gpt_config_is_gpt2(cfg) && meta->role < LOOM_BLOCK_VIEWS) /* GPT-2's Conv1D: [in, out] */
+    e = (loom_safetensors_shape){spec->shape[1], spec->shape[0], true};
+  return e;
+}
+
+typedef loom_safetensors_shape exported;
 
 static exported shape_of(const loom_model_source *src, int k) {
-  const loom_tensor *v = &src->specs[k];
-  exported e = {v->shape[0], v->ndim == 2 ? v->shape[1] : 0, false};
-  if (strcmp(v->name, "wte.weight") == 0) e.rows = src->cfg.vocab;
-  if (v->ndim == 2 && strncmp(v->name, "h.", 2) == 0) e = (exported){v->shape[1], v->shape[0], true};
-  return e;
+  return loom_safetensors_shape_of(&src->cfg, &src->specs[k], &src->meta[k]);
 }
 
 static uint64_t bytes_of(exported e, loom_dtype dtype) {

@@ -1,7 +1,7 @@
 /* `loom ckpt`: verify, reshard and export checkpoints.
  *   loom ckpt verify DIR
  *   loom ckpt reshard DIR (--plan FILE | --tp N --pp N --dp N [--vpp N] [--zero 0-3] [--layer-split L]) -o OUT
- *   loom ckpt export [DIR] --format llmc|safetensors [--dtype fp32|bf16] -o OUT [model flags]
+ *   loom ckpt export [DIR] --format llmc|safetensors|hf [--dtype fp32|bf16] -o OUT [model flags]
  * export writes the model of checkpoint DIR, or without DIR a model built
  * from the model flags and --seed (or loaded with --init-from). */
 #include <stdio.h>
@@ -95,7 +95,7 @@ static int reshard(int argc, char **argv) {
   return loom_report(st, &err);
 }
 
-/* Writes the model: the checkpoint's, the llm.c file's or a fresh one, streamed tensor by tensor. */
+/* Writes the model: the checkpoint's, a model file's or a fresh one, streamed tensor by tensor. */
 static const char *const DTYPE_CHOICES[] = {"fp32", "bf16", NULL};
 
 static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
@@ -106,9 +106,11 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
   const loom_model_format f = loom_model_format_of(format);
   const bool bf16 = strcmp(dtype, "bf16") == 0;
   st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, out, err);
+  static const char *const WHAT[LOOM_FORMAT_COUNT] = {
+      [LOOM_FORMAT_LLMC] = "llm.c format", [LOOM_FORMAT_SAFETENSORS] = "safetensors, Hugging Face names",
+      [LOOM_FORMAT_HF] = "a Hugging Face directory: config.json and model.safetensors"};
   if (st == LOOM_OK)
-    loom_log_info("wrote %s (%s, %s, %zu parameters)", out,
-                  f == LOOM_FORMAT_SAFETENSORS ? "safetensors, GPT-2 names" : "llm.c format", bf16 ? "bf16" : "fp32",
+    loom_log_info("wrote %s (%s, %s, %zu parameters)", out, WHAT[f], bf16 ? "bf16" : "fp32",
                   loom_gpt_param_count(&src.cfg, NULL, 1));
   loom_model_source_free(&src);
   return st;
@@ -132,7 +134,7 @@ static int export_cmd(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors [--dtype fp32|bf16] -o OUT [model flags]",
+  loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors|hf [--dtype fp32|bf16] -o OUT [model flags]",
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!format || !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", format ? "-o OUT" : "--format");

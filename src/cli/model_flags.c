@@ -1,13 +1,13 @@
 /* Model-shape flags and their resolution. */
 #include <string.h>
-#include "ckpt/llmc_model.h"
+#include "ckpt/export.h"
 #include "cli/model_flags.h"
 #include "plan/plan.h"
 
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
   const loom_flag table[LOOM_MODEL_FLAG_COUNT] = {
       {"--model", FLAG_STRING, &mf->preset, "model preset", LOOM_NO_RANGE, LOOM_GPT_PRESET_NAMES, false, NULL},
-      {"--init-from", FLAG_STRING, &mf->init_from, "start from an llm.c model file instead of random init", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--init-from", FLAG_STRING, &mf->init_from, "start from a model instead of random init: an llm.c file, or a Hugging Face directory (config.json, model.safetensors)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--layers", FLAG_INT, &mf->layers, "transformer layers (overrides the preset)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "model.layers"},
       {"--hidden", FLAG_INT, &mf->hidden, "hidden size", 1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.hidden"},
       {"--heads", FLAG_INT, &mf->heads, "attention heads", 1, LOOM_PLAN_MAX_HEADS, NULL, false, "model.heads"},
@@ -42,9 +42,9 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)
-        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s cannot be combined with --init-from: the model file fixes the shape",
+        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s cannot be combined with --init-from: the model file fixes the model",
                          cmd, SHAPE[i]);
-    loom_status st = loom_llmc_read_config(mf->init_from, cfg, err);
+    loom_status st = loom_model_file_config(mf->init_from, cfg, err);
     if (st != LOOM_OK) return st;
     cfg->dropout = mf->dropout;
     *T = loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, "--seq")->set ? mf->seq : cfg->seq;

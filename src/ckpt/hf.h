@@ -1,0 +1,33 @@
+/* Hugging Face model directories, offline: config.json and
+ * model.safetensors as transformers writes and reads them, for
+ * GPT2LMHeadModel (loom's GPT-2 setting) and LlamaForCausalLM (RMSNorm,
+ * SwiGLU, RoPE; grouped-query attention, biases and a tied head as the
+ * config says). The Llama family's canonical names are transformers' own,
+ * and its RoPE pairs dimension i of a head with i + head_dim/2 as
+ * transformers' rotate_half does, so q and k need no permutation.
+ *
+ * Reading checks everything before a value is used: the architecture and
+ * every field of config.json (a field loom does not know is refused, not
+ * ignored), every tensor's presence, dtype (F32, BF16, F16) and shape, and
+ * that no tensor is left over. Tensors are read one at a time, never the
+ * whole file. */
+#ifndef LOOM_HF_H
+#define LOOM_HF_H
+
+#include <stdbool.h>
+#include "ckpt/model_source.h"
+
+#define LOOM_HF_CONFIG "config.json"
+#define LOOM_HF_WEIGHTS "model.safetensors"
+
+/* Whether path is a directory (a Hugging Face model, not an llm.c file). */
+bool loom_hf_is_dir(const char *path);
+/* The model config.json in dir describes. */
+loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_error *err);
+/* The model in dir as a source, its safetensors header checked on opening. */
+loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err);
+/* Writes dir/config.json and dir/model.safetensors (values as dtype),
+ * each atomically; makes dir. Refuses a model no transformers class holds. */
+loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, loom_error *err);
+
+#endif

@@ -1,0 +1,201 @@
+#!/usr/bin/python3
+"""Hugging Face directories against an independent reference: for GPT-2 and
+for the Llama family (grouped-query attention, RMSNorm, SwiGLU, RoPE, an
+untied head), this script takes the config.json loom writes, fills
+model.safetensors with its own random weights (large enough that a wrong
+layout, a transposed matrix or RoPE pairing adjacent dimensions instead of
+halves moves the loss by far more than the bound), computes the loss of a
+text window with PyTorch as transformers' GPT2LMHeadModel and
+LlamaForCausalLM compute it (written here from their definitions:
+Conv1D [in, out] weights and tanh GELU; rotate_half RoPE, repeat_kv, SiLU
+gating), and requires `loom eval --init-from DIR` to give the same loss to
+relative 1e-5 (fp32 sums in another order), under tp 1 and, through
+mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
+Re-exporting the directory gives every tensor back bit for bit. Exits 77 (skipped) without
+Debian's python3-torch.
+Usage: tests/hf_reference.py MPIEXEC LOOM WORKDIR"""
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("SKIP: no torch (Debian's python3-torch) for the reference model")
+    sys.exit(77)
+
+mpiexec, loom, work = sys.argv[1], sys.argv[2], sys.argv[3]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+os.environ.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
+torch.manual_seed(0)
+T = 48  # tokens per window; the models hold 64 positions
+failures = 0
+
+
+def run(args, ranks=1):
+    cmd = [loom] + args if ranks == 1 else [mpiexec, "--oversubscribe", "-np", str(ranks), loom] + args
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out.stdout + out.stderr
+
+
+def write_safetensors(path, tensors):
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, t in tensors.items():
+        data = t.contiguous().to(torch.float32).numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    header.pop("__metadata__", None)
+    assert all(e["dtype"] == "F32" for e in header.values())
+    return {k: torch.frombuffer(bytearray(data[e["data_offsets"][0]:e["data_offsets"][1]]), dtype=torch.float32)
+            .view(e["shape"]) for k, e in header.items()}
+
+
+def weight(*shape, scale=0.3):
+    return torch.randn(*shape) * scale
+
+
+def norm_weight(n):
+    return 1.0 + 0.2 * torch.randn(n)
+
+
+def llama_weights(c):
+    h, f, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
+    w = {"model.embed_tokens.weight": weight(c["vocab_size"], h, scale=1.0)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight(h)
+        w[p + "self_attn.q_proj.weight"] = weight(q, h)
+        w[p + "self_attn.k_proj.weight"] = weight(kv, h)
+        w[p + "self_attn.v_proj.weight"] = weight(kv, h)
+        w[p + "self_attn.o_proj.weight"] = weight(h, q, scale=0.1)
+        w[p + "post_attention_layernorm.weight"] = norm_weight(h)
+        w[p + "mlp.gate_proj.weight"] = weight(f, h)
+        w[p + "mlp.up_proj.weight"] = weight(f, h)
+        w[p + "mlp.down_proj.weight"] = weight(h, f, scale=0.1)
+    w["model.norm.weight"] = norm_weight(h)
+    w["lm_head.weight"] = weight(c["vocab_size"], h)
+    return w
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def llama_loss(c, w, tokens):
+    x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
+    n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
+    cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
+    mask = torch.full((n, n), float("-inf")).triu(1)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = rms_norm(x, w[p + "input_layernorm.weight"], c["rms_norm_eps"])
+        q = (a @ w[p + "self_attn.q_proj.weight"].T).view(n, H, d).transpose(0, 1)
+        k = (a @ w[p + "self_attn.k_proj.weight"].T).view(n, K, d).transpose(0, 1)
+        v = (a @ w[p + "self_attn.v_proj.weight"].T).view(n, K, d).transpose(0, 1)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
+        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
+        x = x + (att @ v).transpose(0, 1).reshape(n, H * d) @ w[p + "self_attn.o_proj.weight"].T
+        m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
+        gated = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
+        x = x + gated @ w[p + "mlp.down_proj.weight"].T
+    logits = rms_norm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T
+    return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
+
+
+def gpt2_weights(c):
+    h, f = c["n_embd"], c["n_inner"] or 4 * c["n_embd"]
+    w = {"wte.weight": weight(c["vocab_size"], h, scale=1.0), "wpe.weight": weight(c["n_positions"], h)}
+    for i in range(c["n_layer"]):
+        p = f"h.{i}."
+        w[p + "ln_1.weight"], w[p + "ln_1.bias"] = norm_weight(h), weight(h, scale=0.1)
+        w[p + "attn.c_attn.weight"], w[p + "attn.c_attn.bias"] = weight(h, 3 * h), weight(3 * h, scale=0.1)
+        w[p + "attn.c_proj.weight"], w[p + "attn.c_proj.bias"] = weight(h, h, scale=0.1), weight(h, scale=0.1)
+        w[p + "ln_2.weight"], w[p + "ln_2.bias"] = norm_weight(h), weight(h, scale=0.1)
+        w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = weight(h, f), weight(f, scale=0.1)
+        w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = weight(f, h, scale=0.1), weight(h, scale=0.1)
+    w["ln_f.weight"], w["ln_f.bias"] = norm_weight(h), weight(h, scale=0.1)
+    return w
+
+
+def gpt2_loss(c, w, tokens):
+    n, H, h = len(tokens) - 1, c["n_head"], c["n_embd"]
+    d, eps = h // H, c["layer_norm_epsilon"]
+    ln = lambda x, p: torch.nn.functional.layer_norm(x, (h,), w[p + ".weight"], w[p + ".bias"], eps)
+    conv1d = lambda x, p: x @ w[p + ".weight"] + w[p + ".bias"]  # Conv1D: weights [in, out]
+    x = w["wte.weight"][tokens[:-1]] + w["wpe.weight"][:n]
+    mask = torch.full((n, n), float("-inf")).triu(1)
+    for i in range(c["n_layer"]):
+        p = f"h.{i}."
+        q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(h, -1)
+        q, k, v = (t.view(n, H, d).transpose(0, 1) for t in (q, k, v))
+        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
+        x = x + conv1d((att @ v).transpose(0, 1).reshape(n, h), p + "attn.c_proj")
+        fc = torch.nn.functional.gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")
+        x = x + conv1d(fc, p + "mlp.c_proj")
+    logits = ln(x, "ln_f") @ w["wte.weight"].T
+    return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
+
+
+def check(name, model_flags, weights_of, loss_of, layouts):
+    global failures
+    d = os.path.join(work, name)
+    run(["ckpt", "export", "--format", "hf", "-o", d] + model_flags)
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    w = weights_of(config)
+    write_safetensors(os.path.join(d, "model.safetensors"), w)
+    want = loss_of(config, w, tokens)
+    for ranks, layout in layouts:
+        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
+                  + layout, ranks)
+        got = float(out.split("mean loss ")[1].split()[0])
+        ok = abs(got - want) <= 1e-5 * abs(want)
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    again = os.path.join(work, name + "_again")
+    run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
+    with open(os.path.join(d, "config.json"), "rb") as a, open(os.path.join(again, "config.json"), "rb") as b:
+        same_config = a.read() == b.read()
+    back = read_safetensors(os.path.join(again, "model.safetensors"))
+    same = same_config and back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    failures += not same
+    print(f"{'ok' if same else 'FAIL'}: {name}: re-exported, {len(back)} tensors and config.json {'the same' if same else 'changed'}")
+
+
+data = os.path.join(work, "text.bin")
+run(["data", "prepare", "/usr/share/common-licenses/GPL-3", "-o", data])
+with open(data, "rb") as f:
+    raw = f.read()
+tokens = torch.tensor(struct.unpack(f"<{T + 1}H", raw[1024:1024 + 2 * (T + 1)]), dtype=torch.long)
+check("llama", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss,
+      [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
+check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"], llama_weights, llama_loss,
+      [(1, []), (2, ["--tp", "2"])])
+check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
+sys.exit(1 if failures else 0)
