@@ -38,7 +38,8 @@ failures = 0
 
 
 def run(args, ranks=1):
-    cmd = [loom] + args if ranks == 1 else [mpiexec, "--oversubscribe", "-np", str(ranks), loom] + args
+    cmd = [loom] + args if ranks == 1 else [mpiexec, "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS", "-np",
+                                            str(ranks), loom] + args
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out.stdout + out.stderr
 

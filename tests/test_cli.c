@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* memmem */
 /* The loom program end to end: every bad-input case gives its one-line
  * message and exit code, and the subcommands work together (data prepare,
  * train with metrics and save, eval, sample, ckpt export, init-from). */
@@ -93,7 +94,7 @@ START_TEST(bad_flags) {
   expect_fail(run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   expect_fail(run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   expect_fail(run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, got 'gpt-huge'");
+  expect_fail(run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, got 'gpt-huge'");
   expect_fail(run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   expect_fail(run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");
@@ -322,7 +323,7 @@ START_TEST(subcommands_work_together) {
           "--steps", "2", "--eval-every", "0", NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
   expect_fail(run("train", "--init-from", model, "--layers", "3", NULL), 2,
-              "loom train: --layers cannot be combined with --init-from: the model file fixes the shape");
+              "loom train: --layers cannot be combined with --init-from: the model file fixes the model");
 
   r = run("eval", "--init-from", model, "--data", tokens, "--micro-batch", "2", "--seq", "16", "--batches", "3", NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
@@ -356,15 +357,17 @@ START_TEST(subcommands_work_together) {
   const char *other = tu_tmp_path("other.txtpb"), *out = tu_tmp_path("resharded");
   r = run("plan", "new", "--layers", "4", "--hidden", "32", "--heads", "2", "--seq", "16", "--pp", "2", "-o", other, NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
-  snprintf(line2, sizeof line2, "loom: %s/step_00000002: checkpoint of another model (layers 1, hidden 16, heads 2, ffn 64, "
-           "vocab 256, seq 16); the plan %s has layers 4, hidden 32, heads 2, ffn 128, vocab 256, seq 16", ck, other);
+  snprintf(line2, sizeof line2, "loom: %s/step_00000002: checkpoint of another model (layers 1, hidden 16, heads 2, kv heads 2, "
+           "ffn 64, vocab 256, seq 16, layernorm, gelu, learned positions, biases, tied); the plan %s has layers 4, hidden 32, "
+           "heads 2, kv heads 2, ffn 128, vocab 256, seq 16, layernorm, gelu, learned positions, biases, tied", ck, other);
   expect_fail(run("ckpt", "reshard", ck, "--plan", other, "-o", out, NULL), 2, line2);
   ck_assert_int_ne(access(out, F_OK), 0);
   loom_ckpt_remove(ck);
   /* A directory where a model file is expected is named as such. */
   const char *adir = tu_tmp_path("a_directory");
   ck_assert_int_eq(mkdir(adir, 0755), 0);
-  snprintf(line2, sizeof line2, "loom: %s: is a directory, not a model file", adir);
+  snprintf(line2, sizeof line2, "loom: %s: is a directory without config.json: neither a Hugging Face model nor an llm.c file",
+           adir);
   expect_fail(run("sample", "--init-from", adir, "--prompt", "x", NULL), 2, line2);
   rmdir(adir);
   /* A checkpoint directory that cannot be written is refused before step 1. */
@@ -395,6 +398,86 @@ START_TEST(subcommands_work_together) {
 }
 END_TEST
 
+/* Copies dir's file `name` into the directory `to` with the first `from` replaced by `with`. */
+static void copy_edited(const char *dir, const char *to, const char *name, const char *from, const char *with) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  size_t n;
+  char *data = tu_read_bytes(path, &n);
+  char *at = from ? memmem(data, n, from, strlen(from)) : NULL;
+  ck_assert_msg(!from || at, "no %s in %s", from, path);
+  const size_t cut = at ? (size_t)(at - data) : n, skip = at ? strlen(from) : 0, add = at ? strlen(with) : 0;
+  char *out = malloc(n - skip + add + 1);
+  memcpy(out, data, cut);
+  if (add) memcpy(out + cut, with, add);
+  memcpy(out + cut + add, data + cut + skip, n - cut - skip);
+  mkdir(to, 0755);
+  snprintf(path, sizeof path, "%s/%s", to, name);
+  tu_write_bytes(path, out, n - skip + add);
+  free(out);
+  free(data);
+}
+
+/* A Hugging Face directory with one thing wrong: config.json edited (file
+ * "config.json") or the safetensors header (same length, so the data stays put). */
+static void expect_hf_refused(const char *good, const char *file, const char *from, const char *with, const char *why) {
+  char bad[512]; /* tu_tmp_path's buffers are reused */
+  snprintf(bad, sizeof bad, "%s", tu_tmp_path("hf_bad"));
+  const bool config = strcmp(file, "config.json") == 0;
+  copy_edited(good, bad, "config.json", config ? from : NULL, with);
+  copy_edited(good, bad, "model.safetensors", config ? NULL : from, with);
+  char line[2400];
+  snprintf(line, sizeof line, "loom: %s/%s: %s", bad, file, why);
+  expect_fail(run("ckpt", "export", "--init-from", bad, "--format", "hf", "-o", tu_tmp_path("hf_out"), NULL), 2, line);
+  ck_assert_int_ne(access(tu_tmp_path("hf_out"), F_OK), 0);
+  expect_fail(run("train", "--init-from", bad, "--steps", "1", "--eval-every", "0", NULL), 2, line);
+}
+
+/* `--init-from DIR` reads a Hugging Face directory, and every mismatch in
+ * it is one line naming the file and what is wrong, before anything runs. */
+START_TEST(hf_directories_refuse_bad_input) {
+  char good[1024];
+  snprintf(good, sizeof good, "%s", tu_tmp_path("hf_good"));
+  result *r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", good, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  expect_hf_refused(good, "config.json", "LlamaForCausalLM", "MistralForCausalLM",
+                    "unknown architecture \"MistralForCausalLM\": loom reads GPT2LMHeadModel and LlamaForCausalLM");
+  expect_hf_refused(good, "config.json", "\"vocab_size\"", "\"sliding_window\": 4096, \"vocab_size\"",
+                    "field \"sliding_window\" is unknown to loom; remove it if it does not change the model");
+  expect_hf_refused(good, "config.json", "\"hidden_size\"", "\"hidden_sizes\"", "field \"hidden_sizes\" is unknown to loom; "
+                    "remove it if it does not change the model");
+  expect_hf_refused(good, "config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
+                    "--kv-heads 3 must divide --heads 4 (each key/value head serves a group of query heads)");
+  expect_hf_refused(good, "config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 1.5",
+                    "field \"num_hidden_layers\" must be an integer from 1 to 4096");
+  expect_hf_refused(good, "config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
+                    "field \"rope_scaling\" must be null: loom's RoPE has no frequency scaling (Llama 3.1's is not built)");
+  expect_hf_refused(good, "config.json", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
+                    "field \"hidden_act\" must be \"silu\" (loom computes no other)");
+  expect_hf_refused(good, "config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256",
+                    "bad JSON at byte 90: expected ',' or '}'");
+  expect_hf_refused(good, "model.safetensors", "\"model.norm.weight\"", "\"model.norx.weight\"",
+                    "missing tensor model.norm.weight");
+  expect_hf_refused(good, "model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
+                    "tensor model.embed_tokens.weight has dtype I32; loom reads F32, BF16 and F16");
+  expect_hf_refused(good, "model.safetensors", "[256,64]", "[512,32]",
+                    "tensor model.embed_tokens.weight has shape [512, 32]; the config's model needs [256, 64]");
+  expect_hf_refused(good, "model.safetensors", "[256,64]", "[255,64]",
+                    "tensor model.embed_tokens.weight: 65536 bytes of data for its shape's 65280");
+  /* A file cut short: the last tensor's bytes lie past its end. */
+  char path[4200];
+  snprintf(path, sizeof path, "%s/model.safetensors", good);
+  size_t n;
+  char *data = tu_read_bytes(path, &n);
+  tu_write_bytes(path, data, n - 4);
+  free(data);
+  r = run("ckpt", "export", "--init-from", good, "--format", "hf", "-o", tu_tmp_path("hf_out"), NULL);
+  ck_assert_int_eq(r->code, 2);
+  ck_assert_msg(strstr(r->err, "model.safetensors: tensor lm_head.weight: data_offsets must be [begin, end] inside the"),
+                "%s", r->err);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_cli PATH_TO_LOOM\n");
@@ -408,6 +491,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, subcommands_work_together);
   tcase_add_test(tc, train_runs_the_plan_plan_new_writes);
   tcase_add_test(tc, one_rule_in_every_command);
+  tcase_add_test(tc, hf_directories_refuse_bad_input);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

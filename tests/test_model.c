@@ -240,9 +240,9 @@ START_TEST(llama_names_and_shapes) {
     ck_assert_int_eq(p.meta[k].layout.rows, want[i].rows);
     ck_assert_int_eq(p.meta[k].layout.cols, want[i].cols);
   }
-  /* 2 layers of 9 tensors, the embedding, the final norm and the head: nothing else (no biases, no positions). */
+  /* 3 layers of 9 tensors, the embedding, the final norm and the head: nothing else (no biases, no positions). */
   ck_assert_int_eq(loom_gpt_block_tensors(&c), 9);
-  ck_assert_int_eq(p.params.count, 2 * 9 + 3);
+  ck_assert_int_eq(p.params.count, 3 * 9 + 3);
   ck_assert_int_lt(loom_gpt_params_find(&p, "model.layers.0.self_attn.q_proj.bias"), 0);
   loom_gpt_params_free(&p);
 }

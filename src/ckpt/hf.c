@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "backend/op_math.h"
 #include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
@@ -199,6 +200,9 @@ static loom_status read_small(const char *path, const char *what, size_t max, ch
 loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_error *err) {
   char path[4200];
   join(path, sizeof path, dir, LOOM_HF_CONFIG);
+  if (access(path, F_OK) != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: is a directory without %s: neither a Hugging Face model nor an llm.c file",
+                     dir, LOOM_HF_CONFIG);
   char *text = NULL;
   size_t len = 0;
   loom_status st = read_small(path, "model config", 1 << 20, &text, &len, err);

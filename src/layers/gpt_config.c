@@ -22,9 +22,10 @@ typedef struct {
 /* gpt-tiny is the default: small enough to learn 2-digit addition on 2 cores
  * in about a minute (wider or deeper models sit longer on the plateau before
  * attention finds the digits it needs). llama-tiny is its Llama-family twin:
- * 4 query heads of 16 (8 heads of 8 sat on the plateau at 2000 steps)
- * sharing 2 key/value heads, and a SwiGLU width near 8h/3 that every tp up
- * to 8 divides. */
+ * 4 query heads of 16 sharing 2 key/value heads, a SwiGLU width near 8h/3
+ * that every tp up to 8 divides, and a third layer: with two, grouped-query
+ * attention sat on the plateau at 2000 steps for one seed of two, and 8
+ * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
 static const preset PRESETS[] = {
     {"gpt-tiny", {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f}},
     {"gpt2-small", {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f}},
@@ -32,7 +33,7 @@ static const preset PRESETS[] = {
     {"gpt-13b", {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
     {"gpt50b", {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f}},
     {"gpt-175b", {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
-    {"llama-tiny", {.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA,
+    {"llama-tiny", {.layers = 3, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA,
                     .rope_theta = 10000.0f}},
     {"llama3-8b", {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256, .seq = 8192,
                    LLAMA, .rope_theta = 500000.0f}},

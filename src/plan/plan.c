@@ -395,7 +395,7 @@ static void check_model(report *r, const loom_plan *p) {
   if (m->heads % kv)
     violation(r, "model.kv_heads = %d: must divide model.heads (%d), each key/value head serving a group of query heads",
               kv, m->heads);
-  else if (kv % tp && tp % kv)
+  else if (kv != m->heads && kv % tp && tp % kv) /* multi-head attention: the heads' rule says it */
     violation(r, "model.kv_heads = %d with parallel.tp = %d: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
               "multiple of it (each head replicated over tp / kv_heads ranks); pick such a tp", kv, tp);
   if (m->position == LOOM__POSITION__POSITION_ROPE && (m->hidden / m->heads) % 2)
