@@ -248,6 +248,29 @@ START_TEST(llama_names_and_shapes) {
 }
 END_TEST
 
+/* Model FLOPs per token: Megatron-LM's current formula (its
+ * num_floating_point_operations: 12 L h^2 [(1 + G/H) + (f/h) x 3/2 for
+ * SwiGLU] + 6 V h for the logits), with attention's scores and values
+ * counted whole (12 L h T, SC21's convention, where Megatron's current
+ * code halves them for causality). Written out here on its own. */
+START_TEST(flops_follow_megatron) {
+  const char *const names[] = {"gpt2-small", "llama3-8b", "llama3-70b", "llama-tiny"};
+  for (int i = 0; i < 4; i++) {
+    loom_gpt_config c;
+    ck_assert_int_eq(loom_gpt_config_preset(&c, names[i]), 0);
+    const double L = c.layers, h = c.hidden, f = c.ffn, V = c.vocab, T = c.seq, G = loom_gpt_kv_heads(&c), H = c.heads;
+    const double gated = c.mlp == LOOM_MLP_SWIGLU ? 1.5 : 1.0;
+    const double want = 12.0 * L * h * h * ((1.0 + G / H) + f / h * gated) + 6.0 * V * h + 12.0 * L * h * T;
+    const double got = loom_gpt_train_flops(&c, c.seq, 1.0);
+    ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%s: %g FLOPs per token, want %g", names[i], got, want);
+  }
+  /* Llama 3 8B at 8192 tokens: 6 x 7.5B matmul parameters (of 8.0B) plus attention. */
+  loom_gpt_config c;
+  loom_gpt_config_preset(&c, "llama3-8b");
+  ck_assert_double_eq_tol(loom_gpt_train_flops(&c, 8192, 1.0) / 1e9, 6.0 * 7.50 + 12.0 * 32 * 4096 * 8192 / 1e9, 0.2);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
@@ -259,6 +282,7 @@ int main(void) {
   tcase_add_loop_test(tc, overfits_one_batch, 0, FAMILIES);
   tcase_add_test(tc, init_is_keyed_by_name_and_index);
   tcase_add_test(tc, llama_names_and_shapes);
+  tcase_add_test(tc, flops_follow_megatron);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

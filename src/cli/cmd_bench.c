@@ -115,11 +115,15 @@ static void gemm_shapes(const loom_plan *plan) {
   printf("GEMMs of one micro-batch (%d tokens), GFLOP/s per library; * marks the one loom runs:\n", tokens);
   for (int k = 0; k < n; k++) {
     const loom_tensor *w = &specs[k];
-    bool seen = w->ndim != 2 || strcmp(w->name, "wpe.weight") == 0; /* the position table is no matmul */
-    for (int j = 0; j < k && !seen; j++) seen = specs[j].ndim == 2 && specs[j].shape[0] == w->shape[0] && specs[j].shape[1] == w->shape[1];
+    /* The position table is no matmul; fused projections (k and v after q, up after gate) run in their first's GEMM. */
+    if (w->ndim != 2 || meta[k].role == LOOM_ROLE_WPE || meta[k].role == LOOM_ROLE_FUSED) continue;
+    int64_t rows = w->shape[0];
+    for (int j = k + 1; j < n && meta[j].role == LOOM_ROLE_FUSED; j++) rows += specs[j].shape[0];
+    bool seen = false;
+    for (int j = 0; j < k && !seen; j++) seen = specs[j].ndim == 2 && specs[j].shape[0] == rows && specs[j].shape[1] == w->shape[1];
     if (seen) continue;
     loom_gemm_shape g[LOOM_LINEAR_GEMMS];
-    loom_cpu_linear_gemms(tokens, (int)w->shape[1], (int)w->shape[0], g);
+    loom_cpu_linear_gemms(tokens, (int)w->shape[1], (int)rows, g);
     for (int r = 0; r < LOOM_LINEAR_GEMMS; r++) {
       printf("  %-28s %-11s M %5d N %5d K %5d%s%s:", w->name, ROLE[r], g[r].M, g[r].N, g[r].K, g[r].ta ? " A^T" : "",
              g[r].tb ? " B^T" : "");
