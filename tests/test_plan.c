@@ -92,6 +92,13 @@ START_TEST(bytes_equal_protoc) {
   p->cluster->intra_node_gbps = 450.5;
   protoc_agrees(p, "plan_b");
   loom_plan_free(p);
+  /* The Llama family's fields: kv heads, norm, MLP, positions, RoPE's base, no biases, untied. */
+  loom_gpt_config_preset(&spec.model, "llama-tiny");
+  spec.model.seq = 32;
+  p = build(&spec);
+  ck_assert(p->model->has_kv_heads && p->model->has_rope_theta && p->model->has_bias && p->model->has_tied_embeddings);
+  protoc_agrees(p, "plan_c");
+  loom_plan_free(p);
 }
 END_TEST
 
@@ -702,6 +709,30 @@ START_TEST(dp_traffic_follows_ring_collectives) {
 }
 END_TEST
 
+/* A rank holds all its chunks: the memory rule adds their needs up, and
+ * refuses an interleaved plan each of whose chunks alone would fit. */
+START_TEST(memory_check_sums_a_ranks_chunks) {
+  loom_plan_spec spec = base_spec();
+  spec.schedule = LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED;
+  spec.vpp = 2;
+  loom_plan *p = build(&spec);
+  int64_t largest = 0, rank0 = 0;
+  for (size_t k = 0; k < p->estimates->n_stages; k++) {
+    const Loom__StageEstimate *x = p->estimates->stages[k];
+    const int64_t need = x->weights + x->master_weights + x->grads + x->optimizer + x->zero_transient + x->grad_compression +
+                         x->activations + x->p2p_buffers;
+    largest = need > largest ? need : largest;
+    if (x->pp_rank == 0) rank0 += need;
+  }
+  ck_assert_int_gt(rank0, largest);
+  char lines[4096];
+  ck_assert_int_ge(loom_plan_check_rules(p, 8, largest, lines, sizeof lines), 1);
+  ck_assert_msg(strstr(lines, "stages (pp_rank 0, its 2 chunks): needs "), "%s", lines);
+  ck_assert_int_eq(loom_plan_check_rules(p, 8, rank0 + (rank0 >> 2), lines, sizeof lines), 0);
+  loom_plan_free(p);
+}
+END_TEST
+
 START_TEST(undefined_enums_are_refused) {
   loom_plan_spec spec = base_spec();
   loom_plan *p = build(&spec);
@@ -747,6 +778,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, loader_survives_allocation_failure);
   tcase_add_test(tc, fault_specs_are_checked);
   tcase_add_test(tc, undefined_enums_are_refused);
+  tcase_add_test(tc, memory_check_sums_a_ranks_chunks);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -594,19 +594,26 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom_plan copy = *p;
     copy.estimates = NULL; /* fresh numbers for the check, leaving the plan's own alone */
     loom_plan_estimate(&copy);
+    /* A rank holds every chunk it runs: their needs add up. */
+    int64_t *need = loom_xcalloc((size_t)l->pp, sizeof *need, "memory check"), *acts = loom_xcalloc((size_t)l->pp, sizeof *acts, "memory check");
     for (size_t k = 0; k < copy.estimates->n_stages; k++) {
       const Loom__StageEstimate *x = copy.estimates->stages[k];
-      const int64_t need = x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
-                           x->zero_transient + x->grad_compression +
-                           (p->stages[k]->recompute ? x->activations_recompute : x->activations) + x->p2p_buffers;
-      const int64_t acts = p->stages[k]->recompute ? x->activations_recompute : x->activations;
-      char a[32], b[32];
-      if (need > device_memory)
-        violation(&r, "stages (pp_rank %d chunk %d): needs %s per rank, over the device's %s; %s", x->pp_rank, x->chunk,
-                  human_bytes((double)need, a, sizeof a), human_bytes((double)device_memory, b, sizeof b),
-                  2 * acts > need ? "activations take most of it: turn on recompute, or lower batch.micro_batch or model.seq"
-                                  : "weights, grads and Adam state take most of it: raise tp or pp, or a ZeRO stage over dp");
+      const int64_t a = p->stages[k]->recompute ? x->activations_recompute : x->activations;
+      acts[x->pp_rank] += a;
+      need[x->pp_rank] += x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
+                          x->zero_transient + x->grad_compression + a + x->p2p_buffers;
     }
+    for (int q = 0; q < l->pp; q++) {
+      char a[32], b[32], chunks[32] = " chunk 0";
+      if (l->virtual_chunks > 1) snprintf(chunks, sizeof chunks, ", its %d chunks", l->virtual_chunks);
+      if (need[q] > device_memory)
+        violation(&r, "stages (pp_rank %d%s): needs %s per rank, over the device's %s; %s", q, chunks,
+                  human_bytes((double)need[q], a, sizeof a), human_bytes((double)device_memory, b, sizeof b),
+                  2 * acts[q] > need[q] ? "activations take most of it: turn on recompute, or lower batch.micro_batch or model.seq"
+                                        : "weights, grads and Adam state take most of it: raise tp or pp, or a ZeRO stage over dp");
+    }
+    free(need);
+    free(acts);
     loom__estimates__free_unpacked(copy.estimates, NULL);
   }
   return r.count;
