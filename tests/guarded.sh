@@ -35,6 +35,8 @@ same() {
     fail "$1: the guarded backend's numbers differ: $(diff "$WORK/$1.cpu.numbers" "$WORK/$1.guarded.numbers" | head -4)"
   if [ -f "$WORK/$1.cpu.bin" ]; then
     cmp -s "$WORK/$1.cpu.bin" "$WORK/$1.guarded.bin" || fail "$1: the exported weights differ"
+  elif [ -d "$WORK/$1.cpu.bin" ]; then # a Hugging Face directory
+    cmp -s "$WORK/$1.cpu.bin/model.safetensors" "$WORK/$1.guarded.bin/model.safetensors" || fail "$1: the exported weights differ"
   fi
 }
 
@@ -65,6 +67,11 @@ layout tp2_pp2_dropout 4 --tp 2 --pp 2 --dropout 0.1
 layout bf16_tp2_sp 2 --tp 2 --sequence-parallel --precision bf16
 layout bf16_pp2_dp2_zero1 4 --pp 2 --dp 2 --zero 1 --precision bf16
 layout bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
+# The Llama family (saved as Hugging Face directories): grouped-query
+# attention under SP, and one key/value head replicated over tp 2 in bf16.
+LLAMA="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied"
+layout llama_tp2_sp_dp2_zero3 4 --tp 2 --sequence-parallel --dp 2 --zero 3 --kv-heads 2 $LLAMA
+layout bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 --recompute full $LLAMA
 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
 for dev in cpu guarded; do

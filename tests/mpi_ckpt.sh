@@ -55,6 +55,23 @@ grep -q '"h.1.mlp.c_fc.weight":{"dtype":"F32","shape":\[32,128\]' "$WORK/m.safet
   -o "$WORK/m2.safetensors" > /dev/null || fail "export safetensors from a model file"
 cmp -s "$WORK/m.safetensors" "$WORK/m2.safetensors" || fail "safetensors from the checkpoint and from memory differ"
 
+# The Llama family with one key/value head: 9 steps on (2,2,1), where both TP ranks hold the head and
+# only the first writes it, equal 3 there, resumed onto (1,1,2) to 6 and onto (1,2,1) to 9; --save
+# writes a Hugging Face directory, which `ckpt export --format hf` of the checkpoint equals.
+LLAMA="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied --kv-heads 1"
+rm -rf "$WORK/ll" "$WORK/ll_ref" "$WORK/ll_export"
+np 4 --tp 2 --pp 2 $LLAMA --steps 9 --metrics "$WORK/ll_ref.jsonl" > "$WORK/ll_ref.txt" 2>&1 || fail "Llama reference: $(cat "$WORK/ll_ref.txt")"
+np 4 --tp 2 --pp 2 $LLAMA --steps 3 --ckpt "$WORK/ll" > "$WORK/ll0.txt" 2>&1 || fail "Llama first third: $(cat "$WORK/ll0.txt")"
+np 2 --dp 2 $LLAMA --steps 6 --ckpt "$WORK/ll" --resume --metrics "$WORK/ll1.jsonl" > "$WORK/ll1.txt" 2>&1 ||
+  fail "Llama resumed on (1,1,2): $(cat "$WORK/ll1.txt")"
+np 2 --pp 2 $LLAMA --steps 9 --ckpt "$WORK/ll" --resume --metrics "$WORK/ll2.jsonl" --save "$WORK/ll_ref" > "$WORK/ll2.txt" 2>&1 ||
+  fail "Llama resumed on (1,2,1): $(cat "$WORK/ll2.txt")"
+same_losses "$WORK/ll_ref.jsonl" "$WORK/ll1.jsonl" || fail "Llama losses after resharding onto (1,1,2)"
+same_losses "$WORK/ll_ref.jsonl" "$WORK/ll2.jsonl" || fail "Llama losses after resharding onto (1,2,1)"
+"$LOOM" ckpt export "$WORK/ll" --format hf -o "$WORK/ll_export" > /dev/null || fail "Llama export"
+cmp -s "$WORK/ll_ref/model.safetensors" "$WORK/ll_export/model.safetensors" || fail "the Llama export differs from --save's"
+grep -q '"architectures": \["LlamaForCausalLM"\]' "$WORK/ll_export/config.json" || fail "Llama config.json"
+
 # Resharding by --resume: (2,2,1) for 3 steps, (1,1,2) to 6, (4,1,1) to 9.
 rm -rf "$WORK/rs"
 np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/rs" > /dev/null 2>&1 || fail "reshard: first third"

@@ -159,12 +159,17 @@ loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
   return st;
 }
 
-/* Rank 0 streams dir/latest into an llm.c file. */
-static loom_status write_llmc(const char *dir, const char *path, loom_error *err) {
+/* The format --save writes: llm.c's file for GPT-2 (which it holds), else a Hugging Face directory. */
+static loom_model_format save_format(const loom_gpt_config *cfg) {
+  return loom_gpt_config_is_gpt2(cfg) && !cfg->untied ? LOOM_FORMAT_LLMC : LOOM_FORMAT_HF;
+}
+
+/* Rank 0 streams dir/latest into the model file. */
+static loom_status write_model(const char *dir, const char *path, loom_error *err) {
   loom_model_source src;
   loom_status st = loom_model_source_of_ckpt(&src, dir, err);
   if (st != LOOM_OK) return st;
-  st = loom_llmc_write(path, &src, LOOM_DTYPE_F32, err);
+  st = loom_model_export(&src, save_format(&src.cfg), LOOM_DTYPE_F32, path, err);
   loom_model_source_free(&src);
   return st;
 }
@@ -182,9 +187,10 @@ loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, l
     if (st == LOOM_OK) st = loom_ckpt_save(dir, step, 1, params, f->tr->pipe.v, &f->tr->ps, &f->run, &bytes, err);
     free(params);
   }
-  if (st == LOOM_OK && f->tr->ps.rank == 0) st = write_llmc(dir, path, err);
+  if (st == LOOM_OK && f->tr->ps.rank == 0) st = write_model(dir, path, err);
   st = agree(f, st, "write the model", err);
   if (dir == scratch && f->tr->ps.rank == 0) loom_ckpt_remove(scratch);
-  if (st == LOOM_OK) loom_log_info("saved %s (llm.c format)", path);
+  if (st == LOOM_OK)
+    loom_log_info("saved %s (%s)", path, save_format(&f->run.cfg) == LOOM_FORMAT_LLMC ? "llm.c format" : "a Hugging Face directory");
   return st;
 }

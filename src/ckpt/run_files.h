@@ -31,7 +31,8 @@ loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
 /* The training loop's save hook (ctx: the loom_run_files): checkpoint `step` under dir. */
 loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
-/* Writes the model after `step` to path in llm.c's format: from dir/latest
+/* Writes the model after `step` to path, an llm.c file for GPT-2 and a
+ * Hugging Face directory for other models (--save): from dir/latest
  * when the run keeps checkpoints (it was just saved), else through a
  * parameters-only checkpoint beside path, removed afterwards. */
 loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, loom_error *err);

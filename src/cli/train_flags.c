@@ -30,7 +30,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--eval-batches", FLAG_INT, &f->eval_batches, "micro-batches per evaluation", 1, 1e6, NULL, false, NULL},
       {"--log-every", FLAG_INT, &f->log_every, "a plain progress line every N steps (0: one status line on a terminal, else every 10)", 0, 1e9, NULL, false, NULL},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--save", FLAG_STRING, &f->save, "save the final model in llm.c format", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models", LOOM_NO_RANGE, NULL, false, NULL},
       {"--device", FLAG_STRING, &f->device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false, NULL},
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false, NULL},
