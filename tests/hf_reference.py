@@ -11,7 +11,8 @@ Conv1D [in, out] weights and tanh GELU; rotate_half RoPE, repeat_kv, SiLU
 gating), and requires `loom eval --init-from DIR` to give the same loss to
 relative 1e-5 (fp32 sums in another order), under tp 1 and, through
 mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
-Re-exporting the directory gives every tensor back bit for bit. Exits 77 (skipped) without
+Re-exporting the directory gives every tensor back bit for bit, and GPT-2's
+directory holds the file `--format safetensors` writes. Exits 77 (skipped) without
 Debian's python3-torch.
 Usage: tests/hf_reference.py MPIEXEC LOOM WORKDIR"""
 import json
@@ -199,4 +200,11 @@ check("llama", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_
 check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"], llama_weights, llama_loss,
       [(1, []), (2, ["--tp", "2"])])
 check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
+# GPT-2's directory holds the same safetensors file as the single-file export.
+run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
+run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])
+with open(os.path.join(work, "gpt2_hf", "model.safetensors"), "rb") as a, open(os.path.join(work, "gpt2.safetensors"), "rb") as b:
+    same = a.read() == b.read()
+failures += not same
+print(f"{'ok' if same else 'FAIL'}: gpt2: --format hf and --format safetensors write the same weights file")
 sys.exit(1 if failures else 0)

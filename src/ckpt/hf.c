@@ -207,9 +207,14 @@ loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_erro
   size_t len = 0;
   loom_status st = read_small(path, "model config", 1 << 20, &text, &len, err);
   if (st != LOOM_OK) return st;
-  loom_json root;
-  st = loom_json_parse(text, len, path, &root, err);
+  st = loom_hf_parse_config(text, len, path, cfg, err);
   free(text);
+  return st;
+}
+
+loom_status loom_hf_parse_config(const char *text, size_t len, const char *path, loom_gpt_config *cfg, loom_error *err) {
+  loom_json root;
+  loom_status st = loom_json_parse(text, len, path, &root, err);
   if (st != LOOM_OK) return st;
   const config_reader c = {&root, path, err};
   int family = GPT2;

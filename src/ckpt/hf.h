@@ -24,6 +24,8 @@
 bool loom_hf_is_dir(const char *path);
 /* The model config.json in dir describes. */
 loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_error *err);
+/* The same from config.json's text (path names it in messages). */
+loom_status loom_hf_parse_config(const char *text, size_t len, const char *path, loom_gpt_config *cfg, loom_error *err);
 /* The model in dir as a source, its safetensors header checked on opening. */
 loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err);
 /* Writes dir/config.json and dir/model.safetensors (values as dtype),

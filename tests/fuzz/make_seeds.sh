@@ -10,7 +10,7 @@ out=$here/corpus
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom_seeds.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 rm -rf "$out"
-mkdir -p "$out/fuzz_plan_text" "$out/fuzz_plan_binary" "$out/fuzz_manifest" "$out/fuzz_shard" "$out/fuzz_llmc" "$out/fuzz_tokens"
+mkdir -p "$out/fuzz_plan_text" "$out/fuzz_plan_binary" "$out/fuzz_manifest" "$out/fuzz_shard" "$out/fuzz_llmc" "$out/fuzz_tokens" "$out/fuzz_hf_config"
 
 small="--layers 2 --hidden 16 --heads 2 --vocab 256 --seq 8"
 n=0
@@ -31,4 +31,8 @@ cp "$work"/ckpt/step_*/rank_00000.shard "$out/fuzz_shard/rank_00000.shard"
 
 printf '12+34=46\n5+6=11\nThe plan is the one source of truth.\n' > "$work/text.txt"
 "$loom" data prepare "$work/text.txt" -o "$out/fuzz_tokens/tokens.bin" >/dev/null
+for model in gpt-tiny llama-tiny; do
+  "$loom" ckpt export --model $model --format hf -o "$work/$model" >/dev/null
+  cp "$work/$model/config.json" "$out/fuzz_hf_config/$model.json"
+done
 echo "make_seeds: wrote $(find "$out" -type f | wc -l) seeds under $out"
