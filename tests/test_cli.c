@@ -79,6 +79,10 @@ static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads",
 START_TEST(bad_flags) {
   expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
+  expect_fail(run("train", "--rope-theta", "500", NULL), 2,
+              "loom train: --rope-theta sets RoPE's base, but this model has learned positions; add --position rope");
+  expect_fail(run("train", "--model", "llama-tiny", "--kv-heads", "3", NULL), 2,
+              "loom train: --kv-heads 3: must divide --heads (4), each key/value head serving a group of query heads");
   expect_fail(run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
   /* --flag=value is the same flag: checked alike, and given once. */
   expect_fail(run("train", "--steps=0", NULL), 2, "loom train: --steps must be in [1, 1e+09], got 0");
