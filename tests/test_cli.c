@@ -444,30 +444,33 @@ START_TEST(hf_directories_refuse_bad_input) {
   snprintf(good, sizeof good, "%s", tu_tmp_path("hf_good"));
   result *r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", good, NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
-  expect_hf_refused(good, "config.json", "LlamaForCausalLM", "MistralForCausalLM",
-                    "unknown architecture \"MistralForCausalLM\": loom reads GPT2LMHeadModel and LlamaForCausalLM");
-  expect_hf_refused(good, "config.json", "\"vocab_size\"", "\"sliding_window\": 4096, \"vocab_size\"",
-                    "field \"sliding_window\" is unknown to loom; remove it if it does not change the model");
-  expect_hf_refused(good, "config.json", "\"hidden_size\"", "\"hidden_sizes\"", "field \"hidden_sizes\" is unknown to loom; "
-                    "remove it if it does not change the model");
-  expect_hf_refused(good, "config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
-                    "--kv-heads 3 must divide --heads 4 (each key/value head serves a group of query heads)");
-  expect_hf_refused(good, "config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 1.5",
-                    "field \"num_hidden_layers\" must be an integer from 1 to 4096");
-  expect_hf_refused(good, "config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
-                    "field \"rope_scaling\" must be null: loom's RoPE has no frequency scaling (Llama 3.1's is not built)");
-  expect_hf_refused(good, "config.json", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
-                    "field \"hidden_act\" must be \"silu\" (loom computes no other)");
-  expect_hf_refused(good, "config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256",
-                    "bad JSON at byte 90: expected ',' or '}'");
-  expect_hf_refused(good, "model.safetensors", "\"model.norm.weight\"", "\"model.norx.weight\"",
-                    "missing tensor model.norm.weight");
-  expect_hf_refused(good, "model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
-                    "tensor model.embed_tokens.weight has dtype I32; loom reads F32, BF16 and F16");
-  expect_hf_refused(good, "model.safetensors", "[256,64]", "[512,32]",
-                    "tensor model.embed_tokens.weight has shape [512, 32]; the config's model needs [256, 64]");
-  expect_hf_refused(good, "model.safetensors", "[256,64]", "[255,64]",
-                    "tensor model.embed_tokens.weight: 65536 bytes of data for its shape's 65280");
+  static const struct {
+    const char *file, *from, *with, *why;
+  } CASES[] = {
+      {"config.json", "LlamaForCausalLM", "MistralForCausalLM",
+       "unknown architecture \"MistralForCausalLM\": loom reads GPT2LMHeadModel and LlamaForCausalLM"},
+      {"config.json", "\"vocab_size\"", "\"sliding_window\": 4096, \"vocab_size\"",
+       "field \"sliding_window\" is unknown to loom; remove it if it does not change the model"},
+      {"config.json", "\"hidden_size\"", "\"hidden_sizes\"",
+       "field \"hidden_sizes\" is unknown to loom; remove it if it does not change the model"},
+      {"config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
+       "--kv-heads 3 must divide --heads 4 (each key/value head serves a group of query heads)"},
+      {"config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 1.5",
+       "field \"num_hidden_layers\" must be an integer from 1 to 4096"},
+      {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
+       "field \"rope_scaling\" must be null: loom's RoPE has no frequency scaling (Llama 3.1's is not built)"},
+      {"config.json", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
+       "field \"hidden_act\" must be \"silu\" (loom computes no other)"},
+      {"config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256", "bad JSON at byte 90: expected ',' or '}'"},
+      {"model.safetensors", "\"model.norm.weight\"", "\"model.norx.weight\"", "missing tensor model.norm.weight"},
+      {"model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
+       "tensor model.embed_tokens.weight has dtype I32; loom reads F32, BF16 and F16"},
+      {"model.safetensors", "[256,64]", "[512,32]",
+       "tensor model.embed_tokens.weight has shape [512, 32]; the config's model needs [256, 64]"},
+      {"model.safetensors", "[256,64]", "[255,64]", "tensor model.embed_tokens.weight: 65536 bytes of data for its shape's 65280"},
+  };
+  for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+    expect_hf_refused(good, CASES[i].file, CASES[i].from, CASES[i].with, CASES[i].why);
   /* A file cut short: the last tensor's bytes lie past its end. */
   char path[4200];
   snprintf(path, sizeof path, "%s/model.safetensors", good);
