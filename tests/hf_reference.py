@@ -11,7 +11,8 @@ Conv1D [in, out] weights and tanh GELU; rotate_half RoPE, repeat_kv, SiLU
 gating), and requires `loom eval --init-from DIR` to give the same loss to
 relative 1e-5 (fp32 sums in another order), under tp 1 and, through
 mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
-Re-exporting the directory gives every tensor back bit for bit, and GPT-2's
+Re-exporting the directory gives every tensor back bit for bit and the same
+serial loss (as printed, to 6 decimals), and GPT-2's
 directory holds the file `--format safetensors` writes. Exits 77 (skipped) without
 Debian's python3-torch.
 Usage: tests/hf_reference.py MPIEXEC LOOM WORKDIR"""
@@ -173,10 +174,12 @@ def check(name, model_flags, weights_of, loss_of, layouts):
     w = weights_of(config)
     write_safetensors(os.path.join(d, "model.safetensors"), w)
     want = loss_of(config, w, tokens)
+    serial = None
     for ranks, layout in layouts:
         out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
                   + layout, ranks)
         got = float(out.split("mean loss ")[1].split()[0])
+        serial = got if serial is None else serial
         ok = abs(got - want) <= 1e-5 * abs(want)
         failures += not ok
         print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
@@ -185,9 +188,12 @@ def check(name, model_flags, weights_of, loss_of, layouts):
     with open(os.path.join(d, "config.json"), "rb") as a, open(os.path.join(again, "config.json"), "rb") as b:
         same_config = a.read() == b.read()
     back = read_safetensors(os.path.join(again, "model.safetensors"))
-    same = same_config and back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    out = run(["eval", "--init-from", again, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)])
+    same = same_config and back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w) and \
+        float(out.split("mean loss ")[1].split()[0]) == serial
     failures += not same
-    print(f"{'ok' if same else 'FAIL'}: {name}: re-exported, {len(back)} tensors and config.json {'the same' if same else 'changed'}")
+    print(f"{'ok' if same else 'FAIL'}: {name}: re-exported, {len(back)} tensors, config.json and the loss "
+          f"{'the same' if same else 'changed'}")
 
 
 data = os.path.join(work, "text.bin")
