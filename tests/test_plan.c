@@ -733,6 +733,29 @@ START_TEST(memory_check_sums_a_ranks_chunks) {
 }
 END_TEST
 
+/* The schedule a plan runs ties the embedding's grads across the first and
+ * last stage only when the head is the embedding. */
+START_TEST(untied_heads_have_nothing_to_tie) {
+  for (int untied = 0; untied <= 1; untied++) {
+    loom_plan_spec spec = base_spec();
+    spec.model.untied = untied;
+    loom_plan *p = build(&spec);
+    loom_schedule s;
+    loom_error err;
+    ck_assert_int_eq(loom_plan_schedule(p, &s, &err), LOOM_OK);
+    int tied = 0;
+    for (int r = 0; r < s.p; r++)
+      for (int i = 0; i < s.count[r]; i++) tied += s.actions[r][i].kind == LOOM_ACT_REDUCE_TIED;
+    ck_assert_int_eq(tied, untied ? 0 : 2); /* pp 2: one on each end */
+    loom_schedule_report rep;
+    ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+    loom_schedule_report_free(&rep);
+    loom_schedule_free(&s);
+    loom_plan_free(p);
+  }
+}
+END_TEST
+
 START_TEST(undefined_enums_are_refused) {
   loom_plan_spec spec = base_spec();
   loom_plan *p = build(&spec);
@@ -779,6 +802,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, fault_specs_are_checked);
   tcase_add_test(tc, undefined_enums_are_refused);
   tcase_add_test(tc, memory_check_sums_a_ranks_chunks);
+  tcase_add_test(tc, untied_heads_have_nothing_to_tie);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -41,7 +41,7 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->bucket_bytes = bucket_bytes;
   pipe->T = T;
   pipe->B = B;
-  loom_status st = loom_schedule_build(&pipe->sched, plan->schedule, ps->pp, pipe->v, pipe->m, err);
+  loom_status st = loom_plan_schedule(plan, &pipe->sched, err);
   if (st != LOOM_OK) return st;
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
   for (int c = 0; c < pipe->v; c++) {
@@ -200,7 +200,6 @@ static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
 
 static void reduce_tied(loom_pipeline *pipe) {
   const loom_parallel *ps = pipe->ps;
-  if (pipe->chunks[0].p.cfg.untied) return; /* nothing is shared: the head has its own weights */
   const int first = ps->pp_rank == 0 ? 0 : -1, last = ps->pp_rank == ps->pp - 1 ? pipe->v - 1 : -1;
   size_t n;
   float *mine = wte_grads(pipe, first >= 0 ? first : last, &n);

@@ -59,6 +59,13 @@ static const char *human_bytes(double bytes, char *buf, size_t n) {
   return buf;
 }
 
+loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {
+  const loom_status st = loom_schedule_build(s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks,
+                                             loom_plan_micro_batches(p), err);
+  if (st == LOOM_OK && p->model->has_tied_embeddings && !p->model->tied_embeddings) loom_schedule_untie(s);
+  return st;
+}
+
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
 
 int64_t loom_plan_total_parameters(const loom_plan *p) {
@@ -257,8 +264,7 @@ static void in_flight(const loom_plan *p, int *out) {
   const int pp = p->parallel->pp;
   loom_schedule s;
   loom_error err;
-  if (loom_schedule_build(&s, p->schedule, pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p), &err) != LOOM_OK)
-    return;
+  if (loom_plan_schedule(p, &s, &err) != LOOM_OK) return;
   loom_schedule_report rep;
   if (loom_schedule_verify(&s, &rep) == LOOM_OK)
     for (int r = 0; r < pp; r++) out[r] = rep.peak_live[r];
@@ -750,8 +756,7 @@ int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *li
   report r = {.out = lines, .cap = cap};
   loom_schedule s;
   loom_error err = {{0}};
-  if (loom_schedule_build(&s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p),
-                          &err) != LOOM_OK) {
+  if (loom_plan_schedule(p, &s, &err) != LOOM_OK) {
     violation(&r, "schedule: %s", err.msg);
     return r.count;
   }

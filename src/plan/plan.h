@@ -76,6 +76,10 @@ typedef struct {
 } loom_zero_sizes;
 loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_range *range);
 
+/* The training schedule the plan's ranks run (its kind, pp, chunks and
+ * micro-batches), without the tied-embedding reduction when the model's
+ * head is untied: what the executor runs and the verifier proves. */
+loom_status loom_plan_schedule(const loom_plan *plan, loom_schedule *s, loom_error *err);
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The one translation between the Model message and the layers' config

@@ -146,6 +146,15 @@ static void build_rank(loom_schedule *s, int r) {
   s->count[r] = l.count;
 }
 
+void loom_schedule_untie(loom_schedule *s) {
+  for (int r = 0; r < s->p; r++) {
+    int kept = 0;
+    for (int i = 0; i < s->count[r]; i++)
+      if (s->actions[r][i].kind != LOOM_ACT_REDUCE_TIED) s->actions[r][kept++] = s->actions[r][i];
+    s->count[r] = kept;
+  }
+}
+
 loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err) {
   memset(s, 0, sizeof *s);
   if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);

@@ -55,6 +55,9 @@ typedef struct {
  * order through every chunk, with no backward, reduction or optimizer step. */
 loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err);
 void loom_schedule_free(loom_schedule *s);
+/* Drops the tied-embedding reduction from every rank's actions: for a
+ * model whose LM head is its own, there is nothing to tie. */
+void loom_schedule_untie(loom_schedule *s);
 
 /* "1f1b", "gpipe", "interleaved", "forward_only": the enum's value names,
  * read from the proto descriptor, without SCHEDULE_ and in lower case. */
