@@ -13,7 +13,7 @@ LOOM_RUN=$1 LOOM=$2 WORK=$3
 # Open MPI's session directories go here, on both hosts: the lost host's
 # daemon is killed, and would leave its own behind in /tmp at every run.
 export TMPDIR="$WORK/tmp"
-rm -rf "$TMPDIR" && mkdir -p "$WORK" "$TMPDIR"
+rm -rf "$WORK" && mkdir -p "$WORK" "$TMPDIR" # a down.HOST left by an earlier run would cut that host off
 . "$(dirname "$0")/lib.sh"
 skip() { echo "SKIP: $*"; exit 77; }
 command -v ip > /dev/null || skip "no ip command (apt-get install iproute2)"
