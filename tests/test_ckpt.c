@@ -476,8 +476,9 @@ START_TEST(loads_refuse_what_verify_refuses) {
 END_TEST
 
 /* A manifest from outside with a valid checksum but sizes out of bounds (a
- * layout whose rank count wraps in int, or a zero tp that would divide) is
- * refused as it is decoded, naming the field. */
+ * layout whose rank count wraps in int, or a zero tp that would divide), or
+ * a model that breaks its own rules, is refused as it is decoded, naming the
+ * field. */
 START_TEST(manifest_sizes_are_bounded) {
   loom_gpt_params whole;
   loom_adamw opt;
@@ -507,6 +508,17 @@ START_TEST(manifest_sizes_are_bounded) {
     ck_assert_msg(strstr(err.msg, expected[k]) && strstr(err.msg, "manifest.pb"), "%s", err.msg);
     free(bad);
   }
+  /* The model's own rules too: key/value heads that do not divide the query heads. */
+  mf->parallel->tp = 1;
+  mf->model->has_kv_heads = 1;
+  mf->model->kv_heads = 3;
+  ck_assert(loom_manifest_seal(mf));
+  uint8_t *bad = malloc(loom__checkpoint_manifest__get_packed_size(mf));
+  const size_t len = loom__checkpoint_manifest__pack(mf, bad);
+  Loom__CheckpointManifest *out;
+  ck_assert_int_eq(loom_manifest_decode(bad, len, 1, path, &out, &err), LOOM_ERR_FORMAT);
+  ck_assert_msg(strstr(err.msg, "model.kv_heads = 3: must divide model.heads (4)"), "%s", err.msg);
+  free(bad);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   free(good);
   loom_ckpt_remove(c.dir);

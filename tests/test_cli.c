@@ -454,7 +454,7 @@ START_TEST(hf_directories_refuse_bad_input) {
       {"config.json", "\"hidden_size\"", "\"hidden_sizes\"",
        "field \"hidden_sizes\" is unknown to loom; remove it if it does not change the model"},
       {"config.json", "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3",
-       "--kv-heads 3 must divide --heads 4 (each key/value head serves a group of query heads)"},
+       "model.kv_heads = 3: must divide model.heads (4), each key/value head serving a group of query heads"},
       {"config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 1.5",
        "field \"num_hidden_layers\" must be an integer from 1 to 4096"},
       {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",

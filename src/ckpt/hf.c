@@ -229,7 +229,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   char why[512];
   Loom__Model m = LOOM__MODEL__INIT;
   loom_model_proto_fill(&m, cfg);
-  if (loom_plan_check_sizes(&m, NULL, NULL, why, sizeof why) || loom_gpt_config_check(cfg, why, sizeof why))
+  if (loom_plan_check_model(&m, why, sizeof why))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %.*s", path, (int)strcspn(why, "\n"), why);
   return LOOM_OK;
 }

@@ -40,7 +40,7 @@ static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_
   sizes.layers = h[H_LAYERS], sizes.hidden = h[H_HIDDEN], sizes.heads = h[H_HEADS], sizes.vocab = h[H_VOCAB];
   sizes.seq = h[H_SEQ];
   char why[256];
-  if (loom_plan_check_sizes(&sizes, NULL, NULL, why, sizeof why))
+  if (loom_plan_check_model(&sizes, why, sizeof why))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: %.*s", path, (int)strcspn(why, "\n"), why);
   memset(cfg, 0, sizeof *cfg);
   cfg->seq = h[H_SEQ];
@@ -50,8 +50,6 @@ static loom_status read_header(FILE *fp, const char *path, int32_t *h, loom_gpt_
   cfg->hidden = h[H_HIDDEN];
   cfg->norm_eps = 1e-5f;
   loom_gpt_config_finish(cfg);
-  if (loom_gpt_config_check(cfg, why, sizeof why))
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: %s", path, why);
   if (h[H_PADDED_VOCAB] < cfg->vocab || h[H_PADDED_VOCAB] % LOOM_VOCAB_ALIGN != 0)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: bad model header: padded vocab %d must be a multiple of %d and at least vocab %d",
                      path, h[H_PADDED_VOCAB], LOOM_VOCAB_ALIGN, cfg->vocab);

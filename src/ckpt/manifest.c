@@ -269,8 +269,10 @@ loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, c
   else if (crc != mf->crc32c)
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the manifest is damaged", path, crc,
                    mf->crc32c);
-  else if (loom_plan_check_sizes(mf->model, mf->parallel, mf->batch, why, sizeof why))
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the manifest's run is out of bounds: %.*s", path, (int)strcspn(why, "\n"), why);
+  else if (loom_plan_check_sizes(NULL, mf->parallel, mf->batch, why, sizeof why) ||
+           loom_plan_check_model(mf->model, why, sizeof why))
+    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the manifest's run is out of bounds or breaks a rule: %.*s", path,
+                   (int)strcspn(why, "\n"), why);
   else if (mf->step != step)
     st = loom_fail(err, LOOM_ERR_FORMAT, "%s: a manifest of step %lld in the directory of step %lld: it belongs to another step",
                    path, (long long)mf->step, (long long)step);

@@ -1,5 +1,4 @@
-/* Model presets and shape checks. */
-#include <math.h>
+/* Model presets, derived sizes and descriptions (the rules are the plan's: loom_plan_check_model). */
 #include <stdio.h>
 #include <string.h>
 #include "layers/gpt_config.h"
@@ -8,49 +7,43 @@ const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
 const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
 const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
 
-typedef struct {
-  const char *name;
-  loom_gpt_config cfg;
-} preset;
-
 /* The Llama family's settings; the sizes are Meta's published configs
  * (Llama 3 model card and params.json: rms_norm_eps 1e-5, rope_theta 500000,
  * vocab 128256, 8192 positions). */
 #define LLAMA .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, \
               .untied = true, .norm_eps = 1e-5f
 
-/* gpt-tiny is the default: small enough to learn 2-digit addition on 2 cores
+/* The presets, each named once: PRESETS[i] is LOOM_GPT_PRESET_NAMES[i].
+ * gpt-tiny is the default: small enough to learn 2-digit addition on 2 cores
  * in about a minute (wider or deeper models sit longer on the plateau before
  * attention finds the digits it needs). llama-tiny is its Llama-family twin:
  * 4 query heads of 16 sharing 2 key/value heads, a SwiGLU width near 8h/3
  * that every tp up to 8 divides, and a third layer: with two, grouped-query
  * attention sat on the plateau at 2000 steps for one seed of two, and 8
  * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
-static const preset PRESETS[] = {
-    {"gpt-tiny", {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f}},
-    {"gpt2-small", {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f}},
-    {"gpt-1.3b", {.layers = 24, .hidden = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
-    {"gpt-13b", {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
-    {"gpt50b", {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f}},
-    {"gpt-175b", {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f}},
-    {"llama-tiny", {.layers = 3, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA,
-                    .rope_theta = 10000.0f}},
-    {"llama3-8b", {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256, .seq = 8192,
-                   LLAMA, .rope_theta = 500000.0f}},
-    {"llama3-70b", {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256,
-                    .seq = 8192, LLAMA, .rope_theta = 500000.0f}},
-};
-#define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
-
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", NULL};
+static const loom_gpt_config PRESETS[] = {
+    {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
+    {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
+    {.layers = 24, .hidden = 2048, .heads = 16, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f},
+    {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f},
+    {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f},
+    {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f},
+    {.layers = 3, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA, .rope_theta = 10000.0f},
+    {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256, .seq = 8192, LLAMA,
+     .rope_theta = 500000.0f},
+    {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256, .seq = 8192, LLAMA,
+     .rope_theta = 500000.0f},
+};
+#define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
                "every preset has its name in the list");
 
 int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
   for (size_t i = 0; i < NPRESETS; i++) {
-    if (strcmp(PRESETS[i].name, name) == 0) {
-      *cfg = PRESETS[i].cfg;
+    if (strcmp(LOOM_GPT_PRESET_NAMES[i], name) == 0) {
+      *cfg = PRESETS[i];
       loom_gpt_config_finish(cfg);
       return 0;
     }
@@ -77,26 +70,6 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
          !c->no_bias && loom_gpt_kv_heads(c) == c->heads;
-}
-
-const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len) {
-  const int kv = loom_gpt_kv_heads(cfg);
-  if (cfg->heads < 1) snprintf(msg, msg_len, "--heads must be at least 1 (got %d)", cfg->heads);
-  else if (cfg->hidden % cfg->heads != 0)
-    snprintf(msg, msg_len, "--hidden %d is not divisible by --heads %d; pick heads that divide hidden",
-             cfg->hidden, cfg->heads);
-  else if (kv > cfg->heads || cfg->heads % kv != 0)
-    snprintf(msg, msg_len, "--kv-heads %d must divide --heads %d (each key/value head serves a group of query heads)",
-             kv, cfg->heads);
-  else if (cfg->position == LOOM_POSITION_ROPE && loom_gpt_head_dim(cfg) % 2 != 0)
-    snprintf(msg, msg_len, "--position rope needs an even head size, but --hidden %d / --heads %d = %d",
-             cfg->hidden, cfg->heads, loom_gpt_head_dim(cfg));
-  else if (cfg->position == LOOM_POSITION_ROPE && !(isfinite(cfg->rope_theta) && cfg->rope_theta > 1.0f))
-    snprintf(msg, msg_len, "--rope-theta must be a finite number above 1 (got %g)", (double)cfg->rope_theta);
-  else if (cfg->dropout < 0.0f || cfg->dropout >= 1.0f)
-    snprintf(msg, msg_len, "--dropout must be in [0, 1) (got %g)", (double)cfg->dropout);
-  else return NULL;
-  return msg;
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {

@@ -52,9 +52,6 @@ void loom_gpt_config_finish(loom_gpt_config *cfg);
 /* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
  * Megatron does, so every rank holds an equal vocab range. */
 loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
-/* NULL if valid, else a one-line reason naming the field: the shape rules
- * beyond the size bounds that loom_plan_check_sizes holds. */
-const char *loom_gpt_config_check(const loom_gpt_config *cfg, char *msg, size_t msg_len);
 
 /* Whether a and b are the same architecture and shape (what a checkpoint
  * or model file must match; dropout and precision are the run's own). */

@@ -383,9 +383,8 @@ static void violation(report *r, const char *fmt, ...) {
   r->out[r->used] = '\0';
 }
 
-static void check_model(report *r, const loom_plan *p) {
-  const Loom__Model *m = p->model;
-  const int tp = p->parallel->tp;
+/* The model's own rules, split tp ways (its sizes already in bounds). */
+static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (m->hidden % m->heads)
     violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden", m->hidden, m->heads);
   if (m->heads % tp)
@@ -410,6 +409,11 @@ static void check_model(report *r, const loom_plan *p) {
   if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
     violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
               (double)m->rope_theta);
+}
+
+static void check_model(report *r, const loom_plan *p) {
+  const int tp = p->parallel->tp;
+  check_model_shape(r, p->model, tp);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
@@ -578,6 +582,13 @@ int loom_plan_check_sizes(const Loom__Model *model, const Loom__Parallel *parall
   report r = {.out = lines, .cap = cap};
   if (lines && cap) lines[0] = '\0';
   return check_sizes(&r, model, parallel, batch);
+}
+
+int loom_plan_check_model(const Loom__Model *model, char *lines, size_t cap) {
+  report r = {.out = lines, .cap = cap};
+  if (lines && cap) lines[0] = '\0';
+  if (check_sizes(&r, model, NULL, NULL) == 0) check_model_shape(&r, model, 1);
+  return r.count;
 }
 
 int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, char *lines, size_t cap) {

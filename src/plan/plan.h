@@ -134,6 +134,11 @@ int loom_plan_check_rules(const loom_plan *plan, int world, int64_t device_memor
 int loom_plan_check_sizes(const Loom__Model *model, const Loom__Parallel *parallel, const Loom__Batch *batch, char *lines,
                           size_t cap);
 
+/* A model from outside (a model file, a checkpoint manifest) against the
+ * size rules and the model's own rules (those a plan checks, at tp 1).
+ * Returns the number of violations, lines as in loom_plan_check_rules. */
+int loom_plan_check_model(const Loom__Model *model, char *lines, size_t cap);
+
 /* What a plan is validated against before a run. */
 typedef struct {
   int world;             /* ranks launched (0: unchecked) */
