@@ -19,9 +19,8 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   m->tp.kv_group = NULL;
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  const int kv = loom_gpt_kv_heads(&c);
-  if (m->tp.size > kv) /* each key/value head replicated over tp / kv consecutive ranks */
-    m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / (m->tp.size / kv), m->tp.rank, "kv heads");
+  const int replicas = loom_gpt_kv_replicas(&c, m->tp.size); /* consecutive ranks holding one key/value head */
+  if (replicas > 1) m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / replicas, m->tp.rank, "kv heads");
   loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
                            : loom_gpt_params_init(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem);
   if (st != LOOM_OK) {
@@ -96,7 +95,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
                 .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
-                .d_qkv_w = tp > loom_gpt_kv_heads(c) ? qkv * (c->hidden + 1) : 0,
+                .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
                 .bf16 = c->bf16};
 }
@@ -272,17 +271,18 @@ static const loom_buffer *stored_layout(const loom_gpt *m) {
 }
 
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
-  const int first = loom_gpt_first_block_tensor(&m->p), per = loom_gpt_block_tensors(&m->p.cfg);
+  const int first = loom_gpt_first_block_tensor(&m->p), per = m->p.block_tensors;
   const loom_buffer *b = stored_layout(m);
   *lo = loom_buffer_offset(b, first + l0 * per);
   const int next = first + l1 * per;
   *hi = next < b->count ? loom_buffer_offset(b, next) : b->numel;
 }
 
-/* The tensors outside the blocks: [0, first) and [end, count). */
-static void edge_tensors(const loom_gpt *m, int *first, int *end) {
-  *first = loom_gpt_first_block_tensor(&m->p);
-  *end = *first + m->p.layers * loom_gpt_block_tensors(&m->p.cfg);
+/* The tensors outside the blocks, [0, first) and [end, count), in table
+ * order: the next one after k (k = -1: the first), or count after the last. */
+static int next_edge_tensor(const loom_gpt *m, int k) {
+  const int first = loom_gpt_first_block_tensor(&m->p), end = first + m->p.layers * m->p.block_tensors;
+  return k + 1 == first ? end : k + 1;
 }
 
 /* Points the weight scratch's views: one layer's tensors (laid out as in the
@@ -291,13 +291,11 @@ static void edge_tensors(const loom_gpt *m, int *first, int *end) {
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
   const loom_buffer *b = stored_layout(m);
-  const int count = b->count;
+  const int count = b->count, first = loom_gpt_first_block_tensor(&m->p), end = first + m->p.layers * m->p.block_tensors;
   float **addr = loom_xmalloc(((size_t)count + 1) * sizeof *addr, "weight views");
-  int first, end;
-  edge_tensors(m, &first, &end);
   m->w.weights_of = (loom_gpt_weights){.h = &m->w.layer_w};
   if (m->p.layers > 0) {
-    const int per = loom_gpt_block_tensors(&m->p.cfg);
+    const int per = m->p.block_tensors;
     size_t lo, hi;
     loom_gpt_block_range(m, 0, 1, &lo, &hi);
     for (int j = 0; j < per; j++) addr[j] = at + (loom_buffer_offset(b, first + j) - lo);
@@ -305,9 +303,7 @@ static void bind_weights(loom_gpt *m) {
     at += hi - lo;
   }
   m->w.edges = at;
-  for (int k = 0; k < count; k++) {
-    if (k == first) k = end;
-    if (k >= count) break;
+  for (int k = next_edge_tensor(m, -1); k < count; k = next_edge_tensor(m, k)) {
     addr[k] = at;
     at += loom_tensor_numel(&b->views[k]);
   }
@@ -407,7 +403,7 @@ static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
   if (!m->p.cfg.bf16) return &m->p.w.h[l];
   size_t lo, hi;
   loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  const void *first = m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * loom_gpt_block_tensors(&m->p.cfg)].data; /* the layer's tensors lie back to back */
+  const void *first = m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors].data; /* the layer's tensors lie back to back */
   m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, first, hi - lo);
   return &m->w.layer_w;
 }
@@ -418,12 +414,8 @@ static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from
 static loom_gpt_weights edge_weights(loom_gpt *m) {
   if (!m->p.cfg.bf16) return m->p.w;
   const loom_buffer *c = &m->p.compute;
-  int first, end;
-  edge_tensors(m, &first, &end);
   float *at = m->w.edges; /* where bind_weights put them */
-  for (int k = 0; k < c->count; k++) {
-    if (k == first) k = end;
-    if (k >= c->count) break;
+  for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
     unpack(m, at, &c->views[k]);
     at += loom_tensor_numel(&c->views[k]);
   }

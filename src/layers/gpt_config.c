@@ -96,8 +96,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   const int kv = loom_gpt_kv_heads(c);
   if (kv != c->heads) {
     PUT("%s attention, %d kv head%s", kv == 1 ? "multi-query" : "grouped-query", kv, kv == 1 ? "" : "s");
-    if (tp > kv) PUT(" (each replicated on %d tp ranks)", tp / kv);
-    else if (tp > 1) PUT(" (%d per tp rank)", kv / tp);
+    if (loom_gpt_kv_replicas(c, tp) > 1) PUT(" (each replicated on %d tp ranks)", loom_gpt_kv_replicas(c, tp));
+    else if (tp > 1) PUT(" (%d per tp rank)", loom_gpt_local_kv_heads(c, tp));
   }
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);

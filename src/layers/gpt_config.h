@@ -74,11 +74,15 @@ static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden
  * the Llama family's (Hugging Face's LlamaForCausalLM names). */
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c);
 
-/* Key/value heads one rank of a tp-way split holds: kv_heads / tp, or one
- * head replicated over tp / kv_heads ranks when tp exceeds kv_heads. */
-static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
+/* Ranks of a tp-way split holding each key/value head: 1 when tp divides
+ * kv_heads, else tp / kv_heads (each head replicated, as Megatron does). */
+static inline int loom_gpt_kv_replicas(const loom_gpt_config *c, int tp) {
   const int k = loom_gpt_kv_heads(c);
-  return k >= tp ? k / tp : 1;
+  return tp > k ? tp / k : 1;
+}
+/* Key/value heads one rank of a tp-way split holds. */
+static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
+  return loom_gpt_kv_heads(c) * loom_gpt_kv_replicas(c, tp) / tp;
 }
 
 /* Model FLOPs of one training step on `tokens` tokens of length T (see

@@ -238,6 +238,7 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->cfg = *cfg;
   p->range = r;
   p->layers = r.layer_end - r.layer_begin;
+  p->block_tensors = loom_gpt_block_tensors(cfg);
   p->tp_rank = tp_rank;
   p->tp_size = tp_size;
   const int count = loom_gpt_param_table(cfg, &r, tp_rank, tp_size, NULL, NULL);

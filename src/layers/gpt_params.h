@@ -92,6 +92,7 @@ typedef struct {
   loom_gpt_config cfg;
   loom_stage_range range; /* the layers this part holds */
   int layers;             /* layer_end - layer_begin */
+  int block_tensors;      /* tensors per block: loom_gpt_block_tensors(&cfg), read where layers are walked */
   int tp_rank, tp_size;   /* this rank's slice of every partitioned tensor */
   loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */

@@ -27,7 +27,7 @@ static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
   if (z->stage == 1) {
     add_bucket(z, p, 0, count);
   } else {
-    const int before = loom_gpt_first_block_tensor(p), per = loom_gpt_block_tensors(&p->cfg);
+    const int before = loom_gpt_first_block_tensor(p), per = p->block_tensors;
     for (int k = 0; k < before; k++) add_bucket(z, p, k, k + 1);
     for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * per, before + (l + 1) * per);
     add_bucket(z, p, before + p->layers * per, count);
