@@ -9,6 +9,9 @@
 
 const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {
     [LOOM_FORMAT_LLMC] = "llmc", [LOOM_FORMAT_SAFETENSORS] = "safetensors", [LOOM_FORMAT_HF] = "hf"};
+const char *const LOOM_MODEL_FORMAT_WHAT[LOOM_FORMAT_COUNT] = {
+    [LOOM_FORMAT_LLMC] = "llm.c format", [LOOM_FORMAT_SAFETENSORS] = "safetensors, Hugging Face names",
+    [LOOM_FORMAT_HF] = "a Hugging Face directory: config.json and model.safetensors"};
 
 loom_model_format loom_model_format_of(const char *name) {
   for (int f = 0; f < LOOM_FORMAT_COUNT; f++)

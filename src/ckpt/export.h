@@ -10,6 +10,8 @@ typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_HF, LOOM_F
 /* "llmc", "safetensors", "hf", then NULL: the names a flag offers. hf
  * writes a directory (config.json and model.safetensors, hf.h). */
 extern const char *const LOOM_MODEL_FORMAT_NAMES[];
+/* What each format writes, for logs ("llm.c format", ...). */
+extern const char *const LOOM_MODEL_FORMAT_WHAT[];
 /* The format of a name from LOOM_MODEL_FORMAT_NAMES. */
 loom_model_format loom_model_format_of(const char *name);
 

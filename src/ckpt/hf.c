@@ -244,8 +244,6 @@ typedef struct {
   FILE *fp;
   char path[4200];
   uint64_t data_start;
-  loom_tensor *specs;
-  loom_param_meta *meta;
   uint64_t *at;    /* [count] file offset of canonical tensor k */
   st_dtype *dtype; /* [count] */
 } hf_source;
@@ -253,8 +251,6 @@ typedef struct {
 static void free_hf(void *state) {
   hf_source *h = state;
   if (h->fp) fclose(h->fp);
-  free(h->specs);
-  free(h->meta);
   free(h->at);
   free(h->dtype);
   free(h);
@@ -428,16 +424,11 @@ loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *er
   s->state = h;
   s->free_state = free_hf;
   s->fetch = fetch_hf;
-  s->count = loom_gpt_param_table(&cfg, NULL, 0, 1, NULL, NULL);
-  h->specs = loom_fault_calloc((size_t)s->count + 1, sizeof *h->specs);
-  h->meta = loom_fault_calloc((size_t)s->count + 1, sizeof *h->meta);
+  st = loom_model_source_make_table(s, dir, err);
   h->at = loom_fault_calloc((size_t)s->count + 1, sizeof *h->at);
   h->dtype = loom_fault_calloc((size_t)s->count + 1, sizeof *h->dtype);
-  if (!h->specs || !h->meta || !h->at || !h->dtype) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+  if (st == LOOM_OK && (!h->at || !h->dtype)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
   if (st == LOOM_OK) {
-    loom_gpt_param_table(&cfg, NULL, 0, 1, h->specs, h->meta);
-    s->specs = h->specs;
-    s->meta = h->meta;
     loom_json header;
     uint64_t data_len = 0;
     st = open_weights(h, &header, &data_len, err);

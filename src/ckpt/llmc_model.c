@@ -163,16 +163,12 @@ loom_status loom_llmc_save(const char *path, const loom_gpt_params *p, loom_erro
 typedef struct {
   FILE *fp;
   char path[4096];
-  loom_tensor *specs;
-  loom_param_meta *meta;
   long *at; /* [count] file offset of tensor k */
 } llmc_source;
 
 static void free_llmc_source(void *state) {
   llmc_source *l = state;
   if (l->fp) fclose(l->fp);
-  free(l->specs);
-  free(l->meta);
   free(l->at);
   free(l);
 }
@@ -200,22 +196,16 @@ loom_status loom_llmc_source(loom_model_source *s, const char *path, loom_error 
   }
   int32_t h[H_INTS];
   loom_status st = read_header(l->fp, path, h, &s->cfg, err);
-  s->count = st == LOOM_OK ? loom_gpt_param_table(&s->cfg, NULL, 0, 1, NULL, NULL) : 0;
-  l->specs = loom_fault_calloc((size_t)s->count + 1, sizeof *l->specs);
-  l->meta = loom_fault_calloc((size_t)s->count + 1, sizeof *l->meta);
+  if (st == LOOM_OK) st = loom_model_source_make_table(s, path, err);
   l->at = loom_fault_calloc((size_t)s->count + 1, sizeof *l->at);
   int *order = loom_fault_malloc(((size_t)s->count + 1) * sizeof(int));
-  if (st == LOOM_OK && (!l->specs || !l->meta || !l->at || !order))
-    st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  if (st == LOOM_OK && (!l->at || !order)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
   if (st == LOOM_OK) {
-    loom_gpt_param_table(&s->cfg, NULL, 0, 1, l->specs, l->meta);
-    s->specs = l->specs;
-    s->meta = l->meta;
     long at = H_INTS * (long)sizeof(int32_t);
     const int n = llmc_order(&s->cfg, order);
     for (int i = 0; i < n; i++) {
       l->at[order[i]] = at;
-      at += (long)loom_tensor_bytes(&l->specs[order[i]]);
+      at += (long)loom_tensor_bytes(&s->specs[order[i]]);
     }
     /* The body must be exactly the tensors the header promises. */
     if (fseek(l->fp, 0, SEEK_END) != 0 || ftell(l->fp) != at)

@@ -25,8 +25,6 @@ void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p)
 typedef struct {
   char step_dir[4096];
   Loom__CheckpointManifest *mf;
-  loom_tensor *specs;
-  loom_param_meta *meta;
 } ckpt_state;
 
 /* Tensor k as one wanted piece (its whole global block), filled from the shard files that hold it. */
@@ -54,8 +52,6 @@ static loom_status fetch_ckpt(const loom_model_source *s, int k, float *dst, loo
 static void free_ckpt_state(void *state) {
   ckpt_state *c = state;
   loom__checkpoint_manifest__free_unpacked(c->mf, NULL);
-  free(c->specs);
-  free(c->meta);
   free(c);
 }
 
@@ -71,20 +67,30 @@ loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loo
   loom_ckpt_run run;
   loom_manifest_run(c->mf, &run);
   s->cfg = run.cfg;
-  s->count = loom_gpt_param_table(&s->cfg, NULL, 0, 1, NULL, NULL);
-  c->specs = calloc((size_t)s->count, sizeof *c->specs);
-  c->meta = calloc((size_t)s->count, sizeof *c->meta);
-  loom_gpt_param_table(&s->cfg, NULL, 0, 1, c->specs, c->meta);
-  s->specs = c->specs;
-  s->meta = c->meta;
   s->fetch = fetch_ckpt;
   s->free_state = free_ckpt_state;
   s->state = c;
+  st = loom_model_source_make_table(s, dir, err);
+  if (st != LOOM_OK) loom_model_source_free(s);
+  return st;
+}
+
+loom_status loom_model_source_make_table(loom_model_source *s, const char *where, loom_error *err) {
+  const int count = loom_gpt_param_table(&s->cfg, NULL, 0, 1, NULL, NULL);
+  s->own_specs = loom_fault_calloc((size_t)count + 1, sizeof *s->own_specs);
+  s->own_meta = loom_fault_calloc((size_t)count + 1, sizeof *s->own_meta);
+  if (!s->own_specs || !s->own_meta) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", where);
+  loom_gpt_param_table(&s->cfg, NULL, 0, 1, s->own_specs, s->own_meta);
+  s->count = count;
+  s->specs = s->own_specs;
+  s->meta = s->own_meta;
   return LOOM_OK;
 }
 
 void loom_model_source_free(loom_model_source *s) {
   if (s->free_state && s->state) s->free_state(s->state);
+  free(s->own_specs);
+  free(s->own_meta);
   memset(s, 0, sizeof *s);
 }
 

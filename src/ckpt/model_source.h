@@ -19,7 +19,13 @@ typedef struct loom_model_source {
   loom_status (*fetch)(const struct loom_model_source *s, int k, float *dst, loom_error *err);
   void (*free_state)(void *state); /* NULL: nothing to free */
   void *state;
+  loom_tensor *own_specs;     /* the table loom_model_source_make_table made (specs, meta point at it), or NULL */
+  loom_param_meta *own_meta;
 } loom_model_source;
+
+/* Gives s the whole model's table of s->cfg, which s owns from then on
+ * (loom_model_source_free frees it); where names s in errors. */
+loom_status loom_model_source_make_table(loom_model_source *s, const char *where, loom_error *err);
 
 /* A whole (tp 1) model in memory. */
 void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p);

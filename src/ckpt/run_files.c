@@ -191,6 +191,6 @@ loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, l
   st = agree(f, st, "write the model", err);
   if (dir == scratch && f->tr->ps.rank == 0) loom_ckpt_remove(scratch);
   if (st == LOOM_OK)
-    loom_log_info("saved %s (%s)", path, save_format(&f->run.cfg) == LOOM_FORMAT_LLMC ? "llm.c format" : "a Hugging Face directory");
+    loom_log_info("saved %s (%s)", path, LOOM_MODEL_FORMAT_WHAT[save_format(&f->run.cfg)]);
   return st;
 }

@@ -106,11 +106,8 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
   const loom_model_format f = loom_model_format_of(format);
   const bool bf16 = strcmp(dtype, "bf16") == 0;
   st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, out, err);
-  static const char *const WHAT[LOOM_FORMAT_COUNT] = {
-      [LOOM_FORMAT_LLMC] = "llm.c format", [LOOM_FORMAT_SAFETENSORS] = "safetensors, Hugging Face names",
-      [LOOM_FORMAT_HF] = "a Hugging Face directory: config.json and model.safetensors"};
   if (st == LOOM_OK)
-    loom_log_info("wrote %s (%s, %s, %zu parameters)", out, WHAT[f], bf16 ? "bf16" : "fp32",
+    loom_log_info("wrote %s (%s, %s, %zu parameters)", out, LOOM_MODEL_FORMAT_WHAT[f], bf16 ? "bf16" : "fp32",
                   loom_gpt_param_count(&src.cfg, NULL, 1));
   loom_model_source_free(&src);
   return st;
