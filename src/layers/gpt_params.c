@@ -157,13 +157,15 @@ int loom_gpt_first_block_tensor(const loom_gpt_params *p) {
   return wte + (r->first && p->cfg.position == LOOM_POSITION_LEARNED);
 }
 
-void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const *addr, loom_gpt_weights *w) {
+/* Points w's views at tensors [k0, k1): at addr[k - k0], or (addr NULL) at views[k].data. */
+static void bind_range(const loom_gpt_params *p, int k0, int k1, float *const *addr, const loom_tensor *views,
+                       loom_gpt_weights *w) {
   int block = -1;
   float *prev = NULL;
   size_t prev_len = 0;
   for (int k = k0; k < k1; k++) {
     const loom_param_role role = p->meta[k].role;
-    float *at = addr[k - k0];
+    float *at = addr ? addr[k - k0] : views[k].data;
     const size_t len = loom_tensor_numel(&p->params.views[k]);
     if (role == LOOM_ROLE_LN_1_W) block++;
     if (role < LOOM_BLOCK_VIEWS) ((float **)&w->h[block])[role] = at;
@@ -179,15 +181,14 @@ void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const 
   if (p->range.last && !p->cfg.untied) w->lm_head = w->wte;
 }
 
-/* Points a struct of views at a buffer's tensors. */
+void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const *addr, loom_gpt_weights *w) {
+  bind_range(p, k0, k1, addr, NULL, w);
+}
+
+/* Points a struct of views at a buffer's tensors (views a config lacks stay NULL). */
 static void bind(const loom_gpt_params *p, loom_gpt_weights *w, const loom_buffer *b) {
-  loom_block_weights *h = w->h;
-  memset(h, 0, (size_t)p->layers * sizeof *h);
-  *w = (loom_gpt_weights){.h = h};
-  float **addr = loom_xmalloc(((size_t)b->count + 1) * sizeof *addr, "parameter views");
-  for (int k = 0; k < b->count; k++) addr[k] = b->views[k].data;
-  loom_gpt_bind_views(p, 0, b->count, addr, w);
-  free(addr);
+  *w = (loom_gpt_weights){.h = w->h};
+  bind_range(p, 0, b->count, NULL, b->views, w);
 }
 
 int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_rank, int tp_size,
