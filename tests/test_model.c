@@ -260,14 +260,23 @@ START_TEST(flops_follow_megatron) {
     ck_assert_int_eq(loom_gpt_config_preset(&c, names[i]), 0);
     const double L = c.layers, h = c.hidden, f = c.ffn, V = c.vocab, T = c.seq, G = loom_gpt_kv_heads(&c), H = c.heads;
     const double gated = c.mlp == LOOM_MLP_SWIGLU ? 1.5 : 1.0;
-    const double want = 12.0 * L * h * h * ((1.0 + G / H) + f / h * gated) + 6.0 * V * h + 12.0 * L * h * T;
-    const double got = loom_gpt_train_flops(&c, c.seq, 1.0);
+    /* Megatron's current code: causal attention halved (s / 2h). */
+    const double want = 12.0 * L * h * h * ((1.0 + G / H + T / h / 2.0) + f / h * gated) + 6.0 * V * h;
+    const double got = loom_gpt_train_flops(&c, c.seq, 1.0, LOOM_FLOPS_MEGATRON);
     ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%s: %g FLOPs per token, want %g", names[i], got, want);
   }
-  /* Llama 3 8B at 8192 tokens: 6 x 7.5B matmul parameters (of 8.0B) plus attention. */
+  /* Llama 3 8B at 8192 tokens: 6 x 7.5B matmul parameters (of 8.0B) plus causal attention. */
   loom_gpt_config c;
   loom_gpt_config_preset(&c, "llama3-8b");
-  ck_assert_double_eq_tol(loom_gpt_train_flops(&c, 8192, 1.0) / 1e9, 6.0 * 7.50 + 12.0 * 32 * 4096 * 8192 / 1e9, 0.2);
+  ck_assert_double_eq_tol(loom_gpt_train_flops(&c, 8192, 1.0, LOOM_FLOPS_MEGATRON) / 1e9,
+                          6.0 * 7.50 + 6.0 * 32 * 4096 * 8192 / 1e9, 0.2);
+  /* SC21's formula for Table 1's 145.6B row: 96 B s l h^2 (1 + s/6h + V/16lh) per step. */
+  loom_gpt_config g = {.layers = 80, .hidden = 12288, .heads = 96, .ffn = 4 * 12288, .vocab = 51200, .seq = 2048};
+  loom_gpt_config_finish(&g);
+  const double B = 2304, s = 2048, l = 80, hh = 12288, VV = 51200;
+  const double sc21 = 96.0 * B * s * l * hh * hh * (1.0 + s / (6.0 * hh) + VV / (16.0 * l * hh));
+  const double got = loom_gpt_train_flops(&g, 2048, B * s, LOOM_FLOPS_SC21);
+  ck_assert_msg(fabs(got - sc21) <= 1e-9 * sc21, "SC21: %g FLOPs per step, want %g", got, sc21);
 }
 END_TEST
 

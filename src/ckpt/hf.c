@@ -178,25 +178,6 @@ static loom_status known_fields(const config_reader *c, const char *const *field
   return LOOM_OK;
 }
 
-/* Reads a whole small file (at most max bytes) into a NUL-terminated buffer. */
-static loom_status read_small(const char *path, const char *what, size_t max, char **out, size_t *len, loom_error *err) {
-  FILE *fp;
-  loom_status st = loom_open_for_reading(path, what, &fp, err);
-  if (st != LOOM_OK) return st;
-  char *buf = loom_fault_malloc(max + 1);
-  const size_t n = buf ? fread(buf, 1, max + 1, fp) : 0;
-  fclose(fp);
-  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
-  if (n > max) {
-    free(buf);
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: larger than the %zu bytes a %s may have", path, max, what);
-  }
-  buf[n] = '\0';
-  *out = buf;
-  *len = n;
-  return LOOM_OK;
-}
-
 loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_error *err) {
   char path[4200];
   join(path, sizeof path, dir, LOOM_HF_CONFIG);
@@ -205,7 +186,7 @@ loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_erro
                      dir, LOOM_HF_CONFIG);
   char *text = NULL;
   size_t len = 0;
-  loom_status st = read_small(path, "model config", 1 << 20, &text, &len, err);
+  loom_status st = loom_read_small_file(path, "model config", 1 << 20, &text, &len, err);
   if (st != LOOM_OK) return st;
   st = loom_hf_parse_config(text, len, path, cfg, err);
   free(text);

@@ -80,7 +80,7 @@ static double step_gflops(const loom_plan *plan, double dt) {
   loom_gpt_config cfg;
   loom_plan_model_config(plan, &cfg);
   const int T = loom_plan_train_seq(plan);
-  return loom_gpt_train_flops(&cfg, T, (double)plan->batch->global_batch * T) / dt * 1e-9;
+  return loom_gpt_train_flops(&cfg, T, (double)plan->batch->global_batch * T, LOOM_FLOPS_MEGATRON) / dt * 1e-9;
 }
 
 static void print_step(const char *label, const loom_plan *plan, double dt, double peak) {

@@ -64,8 +64,8 @@ static void show(const loom_plan *p) {
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
   const int T = loom_plan_train_seq(p);
-  const double per_token = loom_gpt_train_flops(&cfg, T, 1.0);
-  printf("model FLOPs: %.1f GFLOP per token of a %d-token sequence (Megatron's count, attention whole), %.4g PFLOP per step\n",
+  const double per_token = loom_gpt_train_flops(&cfg, T, 1.0, LOOM_FLOPS_MEGATRON);
+  printf("model FLOPs: %.1f GFLOP per token of a %d-token sequence (Megatron's count, causal attention halved), %.4g PFLOP per step\n",
          per_token / 1e9, T, per_token * (double)p->batch->global_batch * T / 1e15);
   printf("precision: %s, grads reduced over dp in %s\n",
          p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",

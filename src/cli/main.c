@@ -3,6 +3,7 @@
 #include <string.h>
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "cli/sim_cli.h"
 #include "core/fault.h"
 #include "core/log.h"
 
@@ -14,6 +15,7 @@ typedef struct {
 
 static const command COMMANDS[] = {
     {"plan", loom_cmd_plan, "partition plans: `loom plan new|show|check`"},
+    {"sim", loom_cmd_sim, "predict a plan's step time, throughput and memory on a cluster: `loom sim --cluster a100-80gb`"},
     {"train", loom_cmd_train, "train a GPT (default: gpt-tiny on the addition task)"},
     {"preflight", loom_cmd_preflight, "measure every rank, group and link before a run; name the slow ones"},
     {"eval", loom_cmd_eval, "mean loss of a model file over a token file"},

@@ -41,6 +41,17 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
   memcpy(out + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
 }
 
+loom_status loom_plan_flags_or_file(const char *cmd, const char *file, const loom_plan_flags *f, const loom_flag *table,
+                                    loom_plan **plan, loom_error *err) {
+  *plan = NULL;
+  if (!file) return loom_plan_flags_build(cmd, f, table, plan, err);
+  for (int k = 0; k < LOOM_PLAN_FLAG_COUNT; k++)
+    if (table[k].set && loom_plan_flags_fixed(&table[k]))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: %s cannot be combined with --plan: the plan fixes the model and layout",
+                       cmd, table[k].name);
+  return loom_plan_read(file, plan, err);
+}
+
 bool loom_plan_flags_fixed(const loom_flag *e) {
   return strcmp(e->name, "--init-from") != 0 && strcmp(e->name, "--name") != 0;
 }

@@ -26,6 +26,10 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out);
  * judge the rest. */
 loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, const loom_flag *table, loom_plan **out,
                                   loom_error *err);
+/* The plan a command runs: read from file (--plan), which no fixed plan
+ * flag may accompany, or built from the flags when file is NULL. */
+loom_status loom_plan_flags_or_file(const char *cmd, const char *file, const loom_plan_flags *f, const loom_flag *table,
+                                    loom_plan **plan, loom_error *err);
 /* Copies a rule message, naming each plan field by its flag: "model.heads = 6"
  * becomes "--heads 6", "parallel.tp (4)" becomes "--tp (4)". */
 void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap);

@@ -51,13 +51,7 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
 }
 
 loom_status loom_train_plan(loom_train_flags *f, const loom_flag *t, loom_plan **plan, loom_error *err) {
-  *plan = NULL;
-  if (!f->plan) return loom_plan_flags_build("loom train", &f->layout, t, plan, err);
-  for (int k = 0; k < LOOM_PLAN_FLAG_COUNT; k++)
-    if (t[k].set && loom_plan_flags_fixed(&t[k]))
-      return loom_fail(err, LOOM_ERR_USAGE, "loom train: %s cannot be combined with --plan: the plan fixes the model and layout",
-                       t[k].name);
-  return loom_plan_read(f->plan, plan, err);
+  return loom_plan_flags_or_file("loom train", f->plan, &f->layout, t, plan, err);
 }
 
 loom_train_flags loom_train_flags_defaults(void) {

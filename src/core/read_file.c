@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <stdlib.h>
+#include "core/fault.h"
 #include "core/read_file.h"
 
 loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp, loom_error *err) {
@@ -17,4 +19,22 @@ loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp,
   fclose(*fp);
   *fp = NULL;
   return loom_fail(err, LOOM_ERR_IO, "%s: is a %s, not a %s", path, S_ISDIR(sb.st_mode) ? "directory" : "special file", what);
+}
+
+loom_status loom_read_small_file(const char *path, const char *what, size_t max, char **out, size_t *len, loom_error *err) {
+  FILE *fp;
+  loom_status st = loom_open_for_reading(path, what, &fp, err);
+  if (st != LOOM_OK) return st;
+  char *buf = loom_fault_malloc(max + 1);
+  const size_t n = buf ? fread(buf, 1, max + 1, fp) : 0;
+  fclose(fp);
+  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  if (n > max) {
+    free(buf);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: larger than the %zu bytes a %s may have", path, max, what);
+  }
+  buf[n] = '\0';
+  *out = buf;
+  *len = n;
+  return LOOM_OK;
 }

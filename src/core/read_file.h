@@ -8,5 +8,8 @@
 
 /* *fp gets path opened "rb"; what names the file's kind in errors ("model file"). */
 loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp, loom_error *err);
+/* Reads a whole small file (at most max bytes, else refused naming the
+ * limit) into a NUL-terminated buffer the caller frees; *len its bytes. */
+loom_status loom_read_small_file(const char *path, const char *what, size_t max, char **out, size_t *len, loom_error *err);
 
 #endif

@@ -107,3 +107,12 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
 #undef PUT
   return buf;
 }
+
+const char *loom_flops_formula_name(loom_flops_formula f) { return f == LOOM_FLOPS_SC21 ? "sc21" : "megatron"; }
+
+int loom_flops_formula_parse(const char *name, loom_flops_formula *f) {
+  if (strcmp(name, "megatron") == 0) *f = LOOM_FLOPS_MEGATRON;
+  else if (strcmp(name, "sc21") == 0) *f = LOOM_FLOPS_SC21;
+  else return -1;
+  return 0;
+}

@@ -85,8 +85,21 @@ static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
   return loom_gpt_kv_heads(c) * loom_gpt_kv_replicas(c, tp) / tp;
 }
 
+/* Megatron-LM's two definitions of a step's model FLOPs (which count the
+ * model's work, never recompute's extra):
+ * - MEGATRON, its current code (training.py): 3 passes (forward, input and
+ *   weight grads) over every GEMM, with the GQA, SwiGLU and untied terms,
+ *   and causal attention halved;
+ * - SC21, Narayanan et al. 2021 (Appendix), for runs with full recompute:
+ *   4 passes over the layers' GEMMs, attention whole, 3 over the LM head,
+ *   96 B s l h^2 (1 + s/6h + V/16lh) for a GPT. */
+typedef enum { LOOM_FLOPS_MEGATRON = 0, LOOM_FLOPS_SC21 } loom_flops_formula;
+/* "megatron", "sc21"; and back (0 on success, -1 for an unknown name). */
+const char *loom_flops_formula_name(loom_flops_formula f);
+int loom_flops_formula_parse(const char *name, loom_flops_formula *f);
+
 /* Model FLOPs of one training step on `tokens` tokens of length T (see
  * loom_gpt_stage_train_flops in gpt_params.h, over the whole model). */
-double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens);
+double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, loom_flops_formula formula);
 
 #endif

@@ -423,15 +423,18 @@ void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int 
                to_local);
 }
 
-double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens) {
+double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
+                                  loom_flops_formula formula) {
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
   const double q = (double)cfg->heads * loom_gpt_head_dim(cfg), kv = 2.0 * loom_gpt_kv_heads(cfg) * loom_gpt_head_dim(cfg);
   const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * f; /* gate, up and down; or up and down */
-  const double matmul = layers * (h * (q + kv) + q * h + mlp) + (range->last ? (double)cfg->vocab * h : 0.0);
-  return 6.0 * matmul * tokens + 12.0 * layers * h * (double)T * tokens;
+  const double layer_matmul = layers * (h * (q + kv) + q * h + mlp), head = range->last ? (double)cfg->vocab * h : 0.0;
+  const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
+  if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
+  return (6.0 * (layer_matmul + head) + 6.0 * attention) * tokens;
 }
 
-double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens) {
+double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, loom_flops_formula formula) {
   const loom_stage_range whole = loom_stage_whole(cfg);
-  return loom_gpt_stage_train_flops(cfg, &whole, T, tokens);
+  return loom_gpt_stage_train_flops(cfg, &whole, T, tokens, formula);
 }

@@ -81,12 +81,15 @@ typedef struct {
 /* Every layer, first and last: the whole model. */
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
 /* Model FLOPs of one training step of a stage's part on `tokens` tokens of
- * length T: 6 x its matmul parameters (q, k and v with the config's
- * key/value heads, the output projection, two MLP matrices or SwiGLU's
- * three, and the LM head's on the last stage) x tokens, plus 12 x its layers
- * x hidden x T x tokens for attention's scores and values. Over the whole
- * model, loom_gpt_train_flops. */
-double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens);
+ * length T, by a formula of gpt_config.h. Megatron's: 6 x its matmul
+ * parameters (q, k and v with the config's key/value heads, the output
+ * projection, two MLP matrices or SwiGLU's three, and the LM head's on the
+ * last stage) x tokens, plus 6 x its layers x hidden x T x tokens for causal
+ * attention's scores and values (12, halved). SC21's: 8 x the layers'
+ * matmul parameters and 16 x layers x hidden x T, per token, and 6 x the
+ * head's. Over the whole model, loom_gpt_train_flops. */
+double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
+                                  loom_flops_formula formula);
 
 typedef struct {
   loom_gpt_config cfg;

@@ -9,9 +9,12 @@
 #include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
 
-/* Tags name the message by its destination stage, so both ends agree. */
+/* Tags name the message by its destination stage, so both ends agree.
+ * Between two ranks the destination's chunk fixes the stage, so the tag
+ * needs only (micro-batch, chunk, kind): m x v x 2 of them, which the
+ * plan's rules keep within MPI's guaranteed 32767. */
 static int tag_of(const loom_pipeline *pipe, int mb, int dst_stage, int grad) {
-  return (mb * pipe->S + dst_stage) * 2 + grad;
+  return (mb * pipe->v + dst_stage / pipe->ps->pp) * 2 + grad;
 }
 
 static int stage_of(const loom_pipeline *pipe, int chunk) { return chunk * pipe->ps->pp + pipe->ps->pp_rank; }

@@ -40,6 +40,32 @@ static void write_span(FILE *fp, int *first, const char *name, const char *cat, 
   *first = 0;
 }
 
+loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans, int n, const loom_trace_info *info,
+                                  loom_error *err) {
+  FILE *fp = fopen(path, "w");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "--trace %s: cannot open for writing: %s", path, strerror(errno));
+  double makespan = 0.0;
+  for (int i = 0; i < n; i++) makespan = fmax(makespan, spans[i].end_us);
+  int first = 1;
+  fprintf(fp, "{\"traceEvents\": [");
+  for (int i = 0; i < n; i++) {
+    const loom_trace_span *e = &spans[i];
+    const double cursor = i > 0 && spans[i - 1].rank == e->rank ? spans[i - 1].end_us : 0.0;
+    if (e->start_us > cursor + 20.0) /* gaps under 20 us are bookkeeping, not idle */
+      write_span(fp, &first, "idle", "idle", cursor, e->start_us - cursor, e->rank);
+    char name[64];
+    span_name(name, sizeof name, e->kind, e->mb, e->chunk, info->vpp);
+    write_span(fp, &first, name, category(e->kind), e->start_us, e->end_us - e->start_us, e->rank);
+    const bool last_of_rank = i + 1 == n || spans[i + 1].rank != e->rank;
+    if (last_of_rank && makespan > e->end_us + 0.5) write_span(fp, &first, "idle", "idle", e->end_us, makespan - e->end_us, e->rank);
+  }
+  fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
+              "\"micro_batches\": %d, \"schedule\": \"%s\", \"%s\": %.4f, \"bubble_theory\": %.4f}}\n",
+          info->ranks, info->pp, info->vpp, info->m, info->schedule, info->bubble_label, info->bubble, info->theory);
+  if (fclose(fp) != 0) return loom_fail(err, LOOM_ERR_IO, "--trace %s: write failed", path);
+  return LOOM_OK;
+}
+
 loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, double *bubble,
                              loom_error *err) {
   const int ranks = loom_comm_size(world), F = LOOM_TRACE_FIELDS;
@@ -62,31 +88,17 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
   *bubble = makespan > 0.0 ? 1.0 - busy_sum / ranks / makespan : 0.0;
   loom_status st = LOOM_OK;
   if (loom_comm_rank(world) == 0) {
-    FILE *fp = fopen(path, "w");
-    if (!fp) {
-      st = loom_fail(err, LOOM_ERR_IO, "--trace %s: cannot open for writing: %s", path, strerror(errno));
-    } else {
-      int first = 1;
-      fprintf(fp, "{\"traceEvents\": [");
-      for (int r = 0; r < ranks; r++) {
-        double cursor = 0.0;
-        for (int i = 0; i < width; i++) {
-          const float *e = all + ((size_t)r * width + i) * F;
-          if (e[0] < 0) continue;
-          if (e[3] > cursor + 20.0) /* gaps under 20 us are bookkeeping, not idle */ write_span(fp, &first, "idle", "idle", cursor, e[3] - cursor, r);
-          char name[64];
-          span_name(name, sizeof name, (int)e[0], (int)e[1], (int)e[2], pipe->v);
-          write_span(fp, &first, name, category((int)e[0]), e[3], e[4] - e[3], r);
-          cursor = e[4];
-        }
-        if (makespan > cursor + 0.5) write_span(fp, &first, "idle", "idle", cursor, makespan - cursor, r);
+    loom_trace_span *spans = loom_xmalloc((size_t)width * ranks * sizeof *spans + 1, "trace");
+    int n = 0;
+    for (int r = 0; r < ranks; r++)
+      for (int i = 0; i < width; i++) {
+        const float *e = all + ((size_t)r * width + i) * F;
+        if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4]};
       }
-      fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
-                  "\"micro_batches\": %d, \"schedule\": \"%s\", \"bubble_measured\": %.4f, \"bubble_theory\": %.4f}}\n",
-              ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind), *bubble,
-              loom_schedule_theory_bubble(&pipe->sched));
-      if (fclose(fp) != 0) st = loom_fail(err, LOOM_ERR_IO, "--trace %s: write failed", path);
-    }
+    const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind),
+                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched)};
+    st = loom_trace_write_json(path, spans, n, &info, err);
+    free(spans);
   }
   free(mine);
   free(all);
@@ -114,6 +126,7 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
   int n = 0, cap = 0, ranks = 0;
   double end = 0.0, measured = -1.0, theory = -1.0;
   char line[1024], schedule[32] = "?";
+  const char *kind = "measured";
   while (fgets(line, sizeof line, in)) {
     span s;
     const char *at = strstr(line, "{\"name\": \"");
@@ -129,7 +142,10 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
     if (meta) {
       sscanf(meta, "\"schedule\": \"%31[^\"]\"", schedule);
       const char *b = strstr(line, "\"bubble_measured\": ");
+      const char *predicted = strstr(line, "\"bubble_predicted\": ");
       if (b) sscanf(b, "\"bubble_measured\": %lf, \"bubble_theory\": %lf", &measured, &theory);
+      else if (predicted && sscanf(predicted, "\"bubble_predicted\": %lf, \"bubble_theory\": %lf", &measured, &theory) == 2)
+        kind = "predicted";
     }
   }
   fclose(in);
@@ -147,8 +163,8 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
   fprintf(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n",
           left + width + 20.0, height);
   fprintf(out, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-  fprintf(out, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">%s schedule: one training step, %.2f ms; bubble measured %.1f%%, theory %.1f%%</text>\n",
-          left, schedule, end / 1000.0, 100.0 * measured, 100.0 * theory);
+  fprintf(out, "<text x=\"%.0f\" y=\"22\" font-size=\"14\">%s schedule: one training step, %.2f ms; bubble %s %.1f%%, theory %.1f%%</text>\n",
+          left, schedule, end / 1000.0, kind, 100.0 * measured, 100.0 * theory);
   for (int r = 0; r < ranks; r++)
     fprintf(out, "<text x=\"8\" y=\"%.1f\">rank %d</text>\n", top + row * r + row * 0.6, r);
   for (int i = 0; i < n; i++) {

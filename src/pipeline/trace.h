@@ -8,6 +8,25 @@
 
 #include "pipeline/executor.h"
 
+/* One span of a timeline: an action of a rank, in microseconds. */
+typedef struct {
+  int rank, kind, mb, chunk; /* kind: a loom_action_kind */
+  double start_us, end_us;
+} loom_trace_span;
+
+/* What a trace's header says of it; bubble_label names the bubble
+ * ("bubble_measured" for a run, "bubble_predicted" for `loom sim`). */
+typedef struct {
+  int ranks, pp, vpp, m;
+  const char *schedule, *bubble_label;
+  double bubble, theory;
+} loom_trace_info;
+
+/* Writes spans (grouped by rank, each rank's in time order) as Chrome-trace
+ * JSON with the idle gaps between them: the one trace writer. */
+loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans, int n, const loom_trace_info *info,
+                                  loom_error *err);
+
 /* Gathers the traced step of every rank (collective over world) and writes it
  * from rank 0. *bubble gets the measured bubble on every rank. */
 loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, double *bubble,

@@ -97,7 +97,7 @@ typedef struct {
 static void watch_init(straggler_watch *w, const loom_trainer *tr) {
   w->expected = 0.0;
   for (int c = 0; c < tr->pipe.v; c++)
-    w->expected += loom_gpt_stage_train_flops(&tr->pipe.chunks[c].p.cfg, &tr->pipe.chunks[c].p.range, tr->T, 1.0);
+    w->expected += loom_gpt_stage_train_flops(&tr->pipe.chunks[c].p.cfg, &tr->pipe.chunks[c].p.range, tr->T, 1.0, LOOM_FLOPS_MEGATRON);
   w->slowness = loom_xmalloc((size_t)tr->ps.world * sizeof(double), "straggler watch");
   for (int r = 0; r < tr->ps.world; r++) w->slowness[r] = 1.0;
 }
@@ -237,7 +237,7 @@ static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_er
 static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, straggler_watch *watch, bool *stopped,
                             loom_error *err) {
   const double tokens = (double)tr->global_batch * tr->T;
-  const double flops = loom_gpt_train_flops(&tr->pipe.chunks[0].p.cfg, tr->T, tokens);
+  const double flops = loom_gpt_train_flops(&tr->pipe.chunks[0].p.cfg, tr->T, tokens, LOOM_FLOPS_MEGATRON);
   const int first = loop->first_step;
   *stopped = false;
   loom_status st = loop->eval_every > 0 && first == 0 ? run_eval(tr, loop, 0, false, err) : LOOM_OK;

@@ -200,8 +200,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
       first = (double)loom_gpt_param_count(&cfg, &embed, 1);
       last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
     } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
-      layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0);
-      last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0); /* the LM head's matmul */
+      layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON);
+      last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM head's matmul */
     }
     balance(p->model->layers, S, layer, first, last, counts);
   }
@@ -512,10 +512,10 @@ static void check_batch(report *r, const loom_plan *p) {
   if (p->parallel->virtual_chunks > 1 && pp == 1)
     violation(r, "parallel.virtual_chunks = %d: needs parallel.pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves",
               p->parallel->virtual_chunks);
-  /* Transfers are tagged (micro-batch, stage, kind): MPI guarantees tags up to 32767. */
-  if ((long long)loom_plan_micro_batches(p) * pp * p->parallel->virtual_chunks * 2 > 32767)
-    violation(r, "batch.global_batch = %d: %d micro-batches x %d stages is too many for MPI tags (at most 16383); raise batch.micro_batch",
-              b->global_batch, loom_plan_micro_batches(p), pp * p->parallel->virtual_chunks);
+  /* Transfers are tagged (micro-batch, destination chunk, kind): MPI guarantees tags up to 32767. */
+  if ((long long)loom_plan_micro_batches(p) * p->parallel->virtual_chunks * 2 > 32767)
+    violation(r, "batch.global_batch = %d: %d micro-batches x %d chunks per rank is too many for MPI tags (at most 16383); raise batch.micro_batch",
+              b->global_batch, loom_plan_micro_batches(p), p->parallel->virtual_chunks);
   if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 3)
     violation(r, "parallel.zero_stage = %d: ZeRO stages are 0 (none) to 3", p->parallel->zero_stage);
   if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage != 0)
@@ -591,6 +591,20 @@ int loom_plan_check_model(const Loom__Model *model, char *lines, size_t cap) {
   return r.count;
 }
 
+int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activations) {
+  int64_t need = 0, acts = 0;
+  for (size_t k = 0; k < p->estimates->n_stages; k++) {
+    const Loom__StageEstimate *x = p->estimates->stages[k];
+    if (x->pp_rank != pp_rank) continue; /* a rank holds every chunk it runs: their needs add up */
+    const int64_t a = p->stages[k]->recompute ? x->activations_recompute : x->activations;
+    acts += a;
+    need += x->weights + x->master_weights + x->grads + (p->parallel->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
+            x->zero_transient + x->grad_compression + a + x->p2p_buffers;
+  }
+  if (activations) *activations = acts;
+  return need;
+}
+
 int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, char *lines, size_t cap) {
   report r = {.out = lines, .cap = cap};
   if (lines && cap) lines[0] = '\0';
@@ -611,15 +625,8 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     loom_plan copy = *p;
     copy.estimates = NULL; /* fresh numbers for the check, leaving the plan's own alone */
     loom_plan_estimate(&copy);
-    /* A rank holds every chunk it runs: their needs add up. */
     int64_t *need = loom_xcalloc((size_t)l->pp, sizeof *need, "memory check"), *acts = loom_xcalloc((size_t)l->pp, sizeof *acts, "memory check");
-    for (size_t k = 0; k < copy.estimates->n_stages; k++) {
-      const Loom__StageEstimate *x = copy.estimates->stages[k];
-      const int64_t a = p->stages[k]->recompute ? x->activations_recompute : x->activations;
-      acts[x->pp_rank] += a;
-      need[x->pp_rank] += x->weights + x->master_weights + x->grads + (l->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
-                          x->zero_transient + x->grad_compression + a + x->p2p_buffers;
-    }
+    for (int q = 0; q < l->pp; q++) need[q] = loom_plan_rank_bytes(&copy, q, &acts[q]);
     for (int q = 0; q < l->pp; q++) {
       char a[32], b[32], chunks[32] = " chunk 0";
       if (l->virtual_chunks > 1) snprintf(chunks, sizeof chunks, ", its %d chunks", l->virtual_chunks);

@@ -122,6 +122,11 @@ int64_t loom_plan_total_parameters(const loom_plan *plan);
  * bubble. */
 void loom_plan_estimate(loom_plan *plan);
 
+/* Bytes pipeline rank pp_rank needs on its device by the plan's estimates
+ * (filled by loom_plan_estimate), over every chunk it runs; *activations,
+ * if not NULL, gets the activations' part. */
+int64_t loom_plan_rank_bytes(const loom_plan *plan, int pp_rank, int64_t *activations);
+
 /* One line per broken rule, each naming the field, the value, the rule and a
  * fix; world and device_memory (bytes) are checked when > 0. Returns the
  * number of violations; lines (if not NULL) get them, newline-separated. */

@@ -7,6 +7,7 @@
 
 typedef struct {
   const loom_schedule *s;
+  const loom_action_costs *costs; /* NULL: unit costs */
   loom_schedule_report *rep;
   int S;
   double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
@@ -50,9 +51,25 @@ static void route(const sim *x, int r, const loom_action *a, int *dst_stage, int
   *peer = other % x->s->p;
 }
 
+/* How long rank r is busy with a, and (for a send) how long its message
+ * takes to arrive: the caller's costs, or unit costs (forward 1/v,
+ * backward 2/v, everything else free). */
+static double duration(const sim *x, int r, const loom_action *a) {
+  if (x->costs) return x->costs->duration(x->costs->ctx, r, a);
+  if (a->kind == LOOM_ACT_FORWARD) return 1.0 / x->s->v;
+  return a->kind == LOOM_ACT_BACKWARD ? 2.0 / x->s->v : 0.0;
+}
+static double flight(const sim *x, int r, const loom_action *a) {
+  return x->costs && x->costs->flight ? x->costs->flight(x->costs->ctx, r, a) : 0.0;
+}
+
 static void record_span(sim *x, int r, double start, double end) {
   loom_schedule_report *rep = x->rep;
-  rep->spans[r] = realloc(rep->spans[r], (size_t)(rep->span_count[r] + 1) * sizeof(loom_span));
+  const int n = rep->span_count[r];
+  if ((n & (n - 1)) == 0) { /* capacity doubles at each power of two */
+    rep->spans[r] = realloc(rep->spans[r], (size_t)(n ? 2 * n : 1) * sizeof(loom_span));
+    LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
+  }
   rep->spans[r][rep->span_count[r]++] = (loom_span){start, end, x->pos[r]};
 }
 
@@ -60,7 +77,6 @@ static void record_span(sim *x, int r, double start, double end) {
 static int step(sim *x, int r) {
   const loom_schedule *s = x->s;
   const loom_action *a = &s->actions[r][x->pos[r]];
-  const double cost_f = 1.0 / s->v, cost_b = 2.0 / s->v;
   int dst, peer;
   switch (a->kind) {
   case LOOM_ACT_SEND_ACT:
@@ -70,7 +86,7 @@ static int step(sim *x, int r) {
     if (a->peer != peer) return fail(x, r, a, "addressed to the wrong rank");
     double *t = &x->sent[msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst)];
     if (*t >= 0) return fail(x, r, a, "sent twice");
-    *t = x->clock[r];
+    *t = x->clock[r] + flight(x, r, a);
     break;
   }
   case LOOM_ACT_RECV_ACT:
@@ -91,13 +107,10 @@ static int step(sim *x, int r) {
     if (*d) return fail(x, r, a, "runs twice");
     if (backward && !*done_at(x, r, 0, a->mb, a->chunk)) return fail(x, r, a, "comes before its forward");
     *d = 1;
-    const double start = x->clock[r], cost = backward ? cost_b : cost_f;
-    x->clock[r] += cost;
-    x->busy[r] += cost;
+    x->busy[r] += duration(x, r, a);
     x->live[r] += backward ? -1 : 1;
     if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
     if (x->s->kind == LOOM_SCHEDULE_FORWARD_ONLY) x->live[r]--; /* nothing waits for a backward */
-    record_span(x, r, start, x->clock[r]);
     break;
   }
   case LOOM_ACT_REDUCE_TIED: {
@@ -111,6 +124,15 @@ static int step(sim *x, int r) {
   }
   case LOOM_ACT_REDUCE_DP:
   case LOOM_ACT_OPTIMIZER_STEP: break;
+  }
+  /* Sends leave at once; everything else keeps the rank busy for its cost. */
+  if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) {
+    const double cost = duration(x, r, a);
+    const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
+    x->clock[r] = begin + cost;
+    if (cost > 0.0 || a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) record_span(x, r, begin, x->clock[r]);
+    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD)
+      x->rep->compute_end = x->clock[r] > x->rep->compute_end ? x->clock[r] : x->rep->compute_end;
   }
   x->pos[r]++;
   return 1;
@@ -154,6 +176,10 @@ static bool all_matched(sim *x) {
 }
 
 loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep) {
+  return loom_schedule_simulate(s, NULL, rep);
+}
+
+loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_costs *costs, loom_schedule_report *rep) {
   memset(rep, 0, sizeof *rep);
   const int p = s->p, S = s->p * s->v;
   rep->ok = true;
@@ -161,7 +187,7 @@ loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *r
   rep->peak_live = calloc((size_t)p, sizeof(int));
   rep->span_count = calloc((size_t)p, sizeof(int));
   rep->spans = calloc((size_t)p, sizeof(loom_span *));
-  sim x = {.s = s, .rep = rep, .S = S};
+  sim x = {.s = s, .costs = costs, .rep = rep, .S = S};
   x.sent = malloc((size_t)2 * s->m * S * sizeof(double));
   x.received = calloc((size_t)2 * s->m * S, 1);
   x.done = calloc((size_t)p * 2 * s->m * s->v, 1);
@@ -189,7 +215,7 @@ loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *r
   if (rep->ok && pending) report_deadlock(&x);
   if (rep->ok) all_matched(&x);
   for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
-  for (int r = 0; r < p && rep->makespan > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->makespan) / p;
+  for (int r = 0; r < p && rep->compute_end > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->compute_end) / p;
   free(x.sent);
   free(x.received);
   free(x.done);

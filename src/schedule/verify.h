@@ -7,7 +7,8 @@
  * (deadlock), and that each micro-batch's forward precedes its backward on
  * every stage. Timing uses unit costs, forward 1/v and backward 2/v per chunk
  * (a chunk is 1/v of a stage), which yields each rank's busy spans, the
- * bubble, and the peak number of live activations per rank. */
+ * bubble, and the peak number of live activations per rank. The cost model
+ * (src/sim/) runs the same simulation with real costs per action. */
 #ifndef LOOM_SCHEDULE_VERIFY_H
 #define LOOM_SCHEDULE_VERIFY_H
 
@@ -24,15 +25,28 @@ typedef struct {
   char why[512];      /* the first problem, when !ok */
   int p;
   int *peak_live;     /* [p] most (micro-batch, chunk) activations held at once */
-  double makespan;
-  double bubble;      /* mean over ranks of idle time / makespan */
-  int *span_count;    /* [p] */
-  loom_span **spans;  /* [p][span_count]: forward and backward spans in time order */
+  double makespan;     /* when the last rank finishes */
+  double compute_end;  /* when the last forward or backward ends */
+  double bubble;       /* mean over ranks of the idle share of [0, compute_end) */
+  int *span_count;     /* [p] */
+  loom_span **spans;   /* [p][span_count]: forward, backward and every action that costs time, in time order */
 } loom_schedule_report;
+
+/* What each action costs, for a simulation with real times: duration is how
+ * long the rank is busy with an action (a send's is ignored: sends leave at
+ * once), flight how long a send's message takes to reach its recv (NULL:
+ * no time). */
+typedef struct {
+  double (*duration)(void *ctx, int rank, const loom_action *a);
+  double (*flight)(void *ctx, int rank, const loom_action *a);
+  void *ctx;
+} loom_action_costs;
 
 /* Fills rep; returns LOOM_OK when the schedule is sound, else
  * LOOM_ERR_RUNTIME with rep->why naming the rank and action. */
 loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep);
+/* The verification with costs (NULL: the unit costs above). */
+loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_costs *costs, loom_schedule_report *rep);
 void loom_schedule_report_free(loom_schedule_report *rep);
 /* Theory: (p-1)/(m+p-1), or (p-1)/(v*m+p-1) when interleaved. */
 double loom_schedule_theory_bubble(const loom_schedule *s);

@@ -1,0 +1,118 @@
+/* `loom sim`: predicts a plan's training step on a cluster profile (step
+ * time, throughput, TFLOP/s per GPU and MFU, bubble, time by kind, memory
+ * and bytes per link), as text, JSON or a Chrome trace. `loom sim calibrate`
+ * (cmd_calibrate.c) measures this machine into a profile. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "cli/sim_cli.h"
+#include "core/log.h"
+#include "sim/sim.h"
+
+static const char *const FLOPS_CHOICES[] = {"megatron", "sc21", NULL};
+
+static const char *link_name(loom_link_kind k) { return k == LOOM_LINK_INTER ? "inter-node" : "intra-node"; }
+
+static void print_text(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r) {
+  const Loom__Parallel *l = plan->parallel;
+  const double gib = 1073741824.0;
+  printf("loom sim: %s on %s (%s, %d per node): tp %d x pp %d x dp %d = %d GPUs, %d micro-batches of %d, %s%s\n",
+         plan->name ? plan->name : "plan", prof->name ? prof->name : "cluster",
+         prof->device->name ? prof->device->name : "device", prof->devices_per_node, l->tp, l->pp, l->dp, r->gpus,
+         r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule),
+         l->virtual_chunks > 1 ? " (interleaved chunks)" : "");
+  printf("  step time        %.4g s, %.4g tokens/s\n", r->step_s, r->tokens_per_s);
+  printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s\n",
+         r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12);
+  printf("  pipeline bubble  %.1f%% (theory %.1f%%)\n", 100.0 * r->bubble, 100.0 * r->theory_bubble);
+  printf("  time by kind     compute %.4g s | exposed TP %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
+         "(mean over pipeline ranks); messages between stages in flight %.4g s\n",
+         r->compute_s, r->tp_s, r->dp_s, r->optimizer_s, r->idle_s, r->p2p_s);
+  printf("  memory per rank ");
+  for (int q = 0; q < l->pp && q < 16; q++) printf(" pp %d: %.2f GiB%s", q, (double)r->rank_memory_bytes[q] / gib, q + 1 < l->pp ? "," : "");
+  if (l->pp > 16) printf(" ... (%d pipeline ranks)", l->pp);
+  printf("; most %.2f GiB of %.2f GiB%s\n", (double)r->max_rank_memory_bytes / gib, (double)prof->device->memory_bytes / gib,
+         r->max_rank_memory_bytes > prof->device->memory_bytes ? ": DOES NOT FIT" : "");
+  double tp = 0, p2p = 0, dp = 0;
+  for (int q = 0; q < l->pp; q++) tp += r->costs.tp_bytes[q] / l->pp, p2p += r->costs.p2p_bytes[q] / l->pp, dp += r->costs.dp_bytes[q] / l->pp;
+  printf("  bytes per step   one rank sends: TP %.4g GB (%s) | between stages %.4g GB (%s) | DP %.4g GB (%s)\n", tp / 1e9,
+         link_name(r->costs.tp_link), p2p / 1e9, link_name(r->costs.p2p_link), dp / 1e9, link_name(r->costs.dp_link));
+}
+
+static void print_json(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r) {
+  const Loom__Parallel *l = plan->parallel;
+  printf("{\"cluster\": \"%s\", \"gpus\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"vpp\": %d, \"micro_batch\": %d, "
+         "\"micro_batches\": %d, \"schedule\": \"%s\", \"step_time_s\": %.9g, \"tokens_per_s\": %.9g, "
+         "\"flops_formula\": \"%s\", \"model_flops_per_step\": %.9g, \"tflops_per_gpu\": %.6g, \"mfu\": %.6g, "
+         "\"bubble\": %.6g, \"theory_bubble\": %.6g, \"time_s\": {\"compute\": %.9g, \"exposed_tp\": %.9g, "
+         "\"p2p_in_flight\": %.9g, \"exposed_dp\": %.9g, \"optimizer\": %.9g, \"idle\": %.9g}, "
+         "\"max_rank_memory_bytes\": %lld, \"device_memory_bytes\": %lld, \"rank_memory_bytes\": [",
+         prof->name ? prof->name : "", r->gpus, l->tp, l->pp, l->dp, l->virtual_chunks, plan->batch->micro_batch,
+         r->costs.m, loom_schedule_kind_name(plan->schedule), r->step_s, r->tokens_per_s, loom_flops_formula_name(r->formula),
+         r->model_flops, r->tflops_per_gpu, r->mfu, r->bubble, r->theory_bubble, r->compute_s, r->tp_s, r->p2p_s, r->dp_s,
+         r->optimizer_s, r->idle_s, (long long)r->max_rank_memory_bytes, (long long)prof->device->memory_bytes);
+  for (int q = 0; q < l->pp; q++) printf("%s%lld", q ? ", " : "", (long long)r->rank_memory_bytes[q]);
+  printf("], \"bytes_per_step\": [");
+  for (int q = 0; q < l->pp; q++)
+    printf("%s{\"pp_rank\": %d, \"tp\": %.6g, \"tp_link\": \"%s\", \"p2p\": %.6g, \"p2p_link\": \"%s\", \"dp\": %.6g, "
+           "\"dp_link\": \"%s\"}", q ? ", " : "", q, r->costs.tp_bytes[q], link_name(r->costs.tp_link), r->costs.p2p_bytes[q],
+           link_name(r->costs.p2p_link), r->costs.dp_bytes[q], link_name(r->costs.dp_link));
+  printf("]}\n");
+}
+
+loom_status loom_sim_plan(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
+                          loom_error *err) {
+  char lines[4096];
+  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
+    char *nl = strchr(lines, '\n');
+    if (nl) *nl = '\0';
+    return loom_fail(err, LOOM_ERR_USAGE, "%s", lines);
+  }
+  return loom_sim_run(plan, prof, formula, res, err);
+}
+
+int loom_cmd_sim(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
+  loom_plan_flags pf = loom_plan_flags_defaults();
+  const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron";
+  bool json = false;
+  enum { EXTRA = 5 };
+  loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
+  loom_plan_flags_table(&pf, table);
+  const loom_flag extra[EXTRA] = {
+      {"--plan", FLAG_STRING, &file, "a partition plan (.txtpb or .pb) instead of the model and layout flags", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--cluster", FLAG_STRING, &cluster, "a built-in cluster profile (examples/clusters) or a profile file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--trace", FLAG_STRING, &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--flops", FLAG_STRING, &flops, "model FLOPs definition: megatron (current code) or sc21 (Narayanan et al. 2021)", LOOM_NO_RANGE, FLOPS_CHOICES, false, NULL},
+  };
+  memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[1];
+  int npos;
+  loom_status st = loom_cli_parse("loom sim", "loom sim --cluster NAME|FILE (--plan PLAN | [model and layout flags]) [--json] [--trace FILE]\n"
+                                  "       loom sim calibrate -o PROFILE.txtpb   (under mpirun: measures this machine)",
+                                  table, LOOM_PLAN_FLAG_COUNT + EXTRA, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (!cluster) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --cluster is required (built in: %s)", loom_profile_builtin_names()), &err);
+  loom_flops_formula formula;
+  loom_flops_formula_parse(flops, &formula);
+  loom_profile *prof = NULL;
+  st = loom_profile_load(cluster, &prof, &err);
+  loom_plan *plan = NULL;
+  if (st == LOOM_OK) st = loom_plan_flags_or_file("loom sim", file, &pf, table, &plan, &err);
+  loom_sim_result res;
+  if (st == LOOM_OK) st = loom_error_prefix(&err, loom_sim_plan(plan, prof, formula, &res, &err), "loom sim");
+  if (st == LOOM_OK) {
+    if (json) print_json(plan, prof, &res);
+    else print_text(plan, prof, &res);
+    if (trace) st = loom_sim_write_trace(&res, trace, &err);
+    if (st == LOOM_OK && trace) loom_log_info("wrote %s", trace);
+    loom_sim_result_free(&res);
+  }
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+  return loom_report(st, &err);
+}

@@ -1,0 +1,259 @@
+/* The cost model's per-action costs. */
+#include <math.h>
+#include <stdlib.h>
+#include "core/check.h"
+#include "sim/cost.h"
+
+int loom_group_per_node(int n, int stride, int devices_per_node) {
+  if (stride >= devices_per_node) return 1;
+  const int fit = (devices_per_node + stride - 1) / stride;
+  return n < fit ? n : fit;
+}
+
+/* The bus bandwidth (bytes/s) and per-step latency (s) of a group of n ranks, per_node in each node. */
+static void group_link(const loom_profile *prof, int n, int per_node, double *bw, double *latency) {
+  const Loom__Link *intra = prof->intra_node, *inter = prof->inter_node;
+  const double intra_bw = intra->bandwidth_gbs * intra->efficiency * 1e9;
+  *bw = intra_bw, *latency = intra->latency_us * 1e-6;
+  if (per_node < n) {
+    /* Between nodes each member of a node sends through its own adapter (one per
+     * device, each on its rail), so a node's members add their bandwidth, up to
+     * what the intra-node link can feed them. */
+    const double inter_bw = inter->bandwidth_gbs * inter->efficiency * 1e9 * per_node;
+    *bw = inter_bw < intra_bw ? inter_bw : intra_bw;
+    *latency = inter->latency_us * 1e-6;
+  }
+}
+
+/* Steps of latency: rings, or a tree's 2 log2 n for an all-reduce when shorter (NCCL picks it for small messages). */
+static double latency_steps(loom_collective kind, int n) {
+  switch (kind) {
+  case LOOM_COLL_ALLREDUCE: return fmin(2.0 * (n - 1), 2.0 * ceil(log2(n)));
+  case LOOM_COLL_ALLGATHER:
+  case LOOM_COLL_REDUCE_SCATTER: return n - 1;
+  default: return 1.0;
+  }
+}
+
+double loom_collective_seconds(const loom_profile *prof, loom_collective kind, double bytes, int n, int per_node,
+                               double *sent) {
+  if (sent) *sent = 0.0;
+  if (n < 2 || bytes <= 0.0) return 0.0;
+  double bw, latency;
+  group_link(prof, n, per_node, &bw, &latency);
+  /* nccl-tests' bus-bandwidth factors: what each rank sends per byte of the buffer. */
+  const double share = (double)(n - 1) / n;
+  const double factor = kind == LOOM_COLL_ALLREDUCE ? 2.0 * share : kind == LOOM_COLL_SENDRECV ? 1.0 : share;
+  if (sent) *sent = factor * bytes;
+  return factor * bytes / bw + latency_steps(kind, n) * latency;
+}
+
+/* What a layout puts where: the sizes one rank works on. */
+typedef struct {
+  const loom_plan *plan;
+  const loom_profile *prof;
+  loom_gpt_config cfg;
+  Loom__Precision precision;
+  double e;            /* bytes of an activation value */
+  double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch */
+  double rows;         /* tokens whose hidden vectors one rank holds in elementwise ops (1/tp under SP) */
+  int tp, dp, pp;
+  bool sp, recompute;
+  int tp_per_node, dp_per_node;
+  double overhead; /* seconds per op */
+} layout;
+
+typedef struct {
+  double compute, comm; /* seconds */
+  double tp_bytes;      /* sent */
+} pass;
+
+static double gemm(const layout *L, double m, double n, double k, double batch) {
+  return loom_profile_gemm_seconds(L->prof, L->precision, m, n, k, batch);
+}
+/* A GEMM's backward: the input's grad (m x k over n) and the weight's (n x k over m). */
+static double gemm_backward(const layout *L, double m, double n, double k, double batch) {
+  return gemm(L, m, k, n, batch) + gemm(L, n, k, m, batch);
+}
+
+static void tp_collective(const layout *L, pass *x, loom_collective kind, double bytes) {
+  double sent;
+  x->comm += loom_collective_seconds(L->prof, kind, bytes, L->tp, L->tp_per_node, &sent);
+  x->tp_bytes += sent;
+}
+
+/* A block's entry or exit across the tp group: an all-reduce, or under SP
+ * the all-gather or reduce-scatter that moves the same bytes. */
+static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind) {
+  tp_collective(L, x, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e);
+}
+
+/* One transformer layer for one micro-batch: forward into f, backward (without recompute) into g. */
+static void layer_costs(const layout *L, pass *f, pass *g) {
+  const loom_gpt_config *c = &L->cfg;
+  const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
+  const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = c->ffn / t, T = L->tokens, s = L->s;
+  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn, e = L->e;
+  /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
+  const double shapes[][4] = {
+      {T, (heads + 2.0 * kv) * hd, h, 1}, {s, s, hd, L->b * heads}, {s, hd, s, L->b * heads},
+      {T, h, heads * hd, 1},              {T, up, h, 1},            {T, h, ffn, 1},
+  };
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  }
+  /* Memory-bound ops, read and write: two norms, two bias-dropout-residual adds
+   * (with a byte of mask each under dropout), the fused scale-mask-softmax and
+   * the attention dropout, the activation, RoPE's turn of q and k. */
+  const double hidden_values = L->rows * h, drop = c->dropout > 0.0f ? 1.0 : 0.0;
+  const double probs = L->b * heads * s * s;
+  double bytes = 2.0 * 2.0 * hidden_values * e + 2.0 * (3.0 * e + drop) * hidden_values;
+  bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
+  bytes += (c->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * T * ffn * e;
+  if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
+  const double memory = loom_profile_memory_seconds(L->prof, bytes);
+  const double ops = 14.0;
+  f->compute += memory + ops * L->overhead;
+  g->compute += 2.0 * memory + 2.0 * ops * L->overhead;
+  /* Attention's and the MLP's entries and exits. */
+  for (int i = 0; i < 2; i++) {
+    tp_exchange(L, f, LOOM_COLL_ALLGATHER);
+    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
+    tp_exchange(L, g, LOOM_COLL_ALLGATHER);
+    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
+  }
+  /* Without SP the entries are identities forward (and the exits in backward). */
+  if (!L->sp) f->comm /= 2.0, f->tp_bytes /= 2.0, g->comm /= 2.0, g->tp_bytes /= 2.0;
+}
+
+/* The embedding (first stage) and the final norm, LM head and loss (last). */
+static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g) {
+  const loom_gpt_config *c = &L->cfg;
+  const double h = c->hidden, T = L->tokens, e = L->e, vocab = (double)c->vocab / L->tp;
+  if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP) */
+    f->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * e) + 2.0 * L->overhead;
+    g->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * 4.0) + 2.0 * L->overhead;
+    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
+  }
+  if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
+    f->compute += gemm(L, T, vocab, h, 1) + loom_profile_memory_seconds(L->prof, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0) +
+                  6.0 * L->overhead;
+    g->compute += gemm_backward(L, T, vocab, h, 1) +
+                  loom_profile_memory_seconds(L->prof, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0) + 6.0 * L->overhead;
+    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER);
+    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
+    for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * 4.0); /* max, sum, target logit */
+  }
+}
+
+/* Parameters one tp rank of pipeline rank q holds, over its chunks. */
+static double rank_params(const layout *L, int q, double *layers) {
+  double n = 0.0;
+  *layers = 0.0;
+  for (int c = 0; c < L->plan->parallel->virtual_chunks; c++) {
+    const loom_stage_range range = loom_plan_stage_range(L->plan, c * L->pp + q);
+    n += (double)loom_gpt_param_count(&L->cfg, &range, L->tp);
+    *layers += range.layer_end - range.layer_begin;
+  }
+  return n;
+}
+
+static double *zeros(int n) { return loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof(double), "cost model"); }
+
+void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c) {
+  const Loom__Parallel *l = plan->parallel;
+  layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = l->dp, .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
+              .recompute = loom_plan_recompute(plan), .precision = plan->precision};
+  loom_plan_model_config(plan, &L.cfg);
+  L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
+  L.s = loom_plan_train_seq(plan);
+  L.b = plan->batch->micro_batch;
+  L.tokens = L.s * L.b;
+  L.rows = L.sp ? L.tokens / L.tp : L.tokens;
+  const int dpn = prof->devices_per_node;
+  L.tp_per_node = loom_group_per_node(L.tp, 1, dpn);
+  L.dp_per_node = loom_group_per_node(L.dp, L.tp, dpn);
+  L.overhead = prof->op_overhead_us * 1e-6;
+  const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
+  *c = (loom_sim_costs){.p = p, .v = v, .m = m};
+  c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
+  c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
+  c->tp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p);
+  c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
+  c->p2p_link = p > 1 && stage_stride >= dpn ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  /* One activation (or its grad) between stages: 1/tp of it under SP. */
+  const double message = L.rows * L.cfg.hidden * L.e;
+  c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
+  pass lf = {0}, lg = {0};
+  layer_costs(&L, &lf, &lg);
+  for (int q = 0; q < p; q++) {
+    for (int k = 0; k < v; k++) {
+      const loom_stage_range r = loom_plan_stage_range(plan, k * p + q);
+      const double layers = r.layer_end - r.layer_begin;
+      pass f = {layers * lf.compute, layers * lf.comm, layers * lf.tp_bytes};
+      pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes};
+      edge_costs(&L, &r, &f, &g);
+      if (L.recompute) g.compute += layers * lf.compute, g.comm += layers * lf.comm, g.tp_bytes += layers * lf.tp_bytes;
+      const int i = q * v + k;
+      c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
+      c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
+      c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
+      const bool sends_up = k * p + q < p * v - 1, sends_down = k * p + q > 0;
+      c->p2p_bytes[q] += m * message * ((sends_up ? 1.0 : 0.0) + (sends_down ? 1.0 : 0.0));
+    }
+    /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
+     * stage, compression and all), at the dp group's bus bandwidth. */
+    double layers, dp_sent = 0.0;
+    const double params = rank_params(&L, q, &layers);
+    for (size_t k = 0; k < plan->n_stages; k++)
+      if (plan->stages[k]->pp_rank == q) dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
+    c->dp_bytes[q] = dp_sent;
+    if (L.dp > 1) {
+      double bw, latency;
+      group_link(prof, L.dp, L.dp_per_node, &bw, &latency);
+      const double buckets = l->zero_stage >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
+      c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L.dp) * latency;
+      /* Buckets go as their layers' grads are ready, behind the last backward
+       * (under ZeRO-2/3, behind every micro-batch's); what it cannot hide, and
+       * the last bucket, stay exposed. */
+      double window = 0.0;
+      for (int k = 0; k < v; k++) window += l->zero_stage >= 2 ? m * c->backward[q * v + k] : c->backward[q * v + k] / v;
+      c->dp_exposed[q] = prof->comm_overlaps_compute ? fmax(c->dp[q] - window, c->dp[q] / buckets) : c->dp[q];
+    }
+    /* AdamW streams each local parameter's fp32 state: grad, master weight and two
+     * moments read, those three written, and the bf16 copy written in bf16 runs. */
+    const double per_param = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 30.0 : 28.0;
+    const double shard = l->zero_stage >= 1 ? params / L.dp : params;
+    c->optimizer[q] = loom_profile_memory_seconds(prof, per_param * shard) + 4.0 * L.overhead;
+  }
+  /* The tied embedding's fp32 grads between the first and last stage. */
+  const int tied_per_node = (p - 1) * stage_stride < dpn ? 2 : 1;
+  c->tied = loom_collective_seconds(prof, LOOM_COLL_ALLREDUCE, (double)L.cfg.vocab / L.tp * L.cfg.hidden * 4.0, 2,
+                                    tied_per_node, NULL);
+}
+
+void loom_sim_costs_free(loom_sim_costs *c) {
+  double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->dp, c->dp_exposed,
+                   c->optimizer, c->tp_bytes, c->p2p_bytes, c->dp_bytes};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+  *c = (loom_sim_costs){0};
+}
+
+double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_action *a) {
+  switch (a->kind) {
+  case LOOM_ACT_FORWARD: return c->forward[rank * c->v + a->chunk];
+  case LOOM_ACT_BACKWARD: return c->backward[rank * c->v + a->chunk];
+  case LOOM_ACT_REDUCE_TIED: return c->tied;
+  case LOOM_ACT_REDUCE_DP: return c->dp_exposed[rank];
+  case LOOM_ACT_OPTIMIZER_STEP: return c->optimizer[rank];
+  default: return 0.0;
+  }
+}
+
+double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a) {
+  (void)rank;
+  return a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD ? c->p2p : 0.0;
+}

@@ -1,0 +1,55 @@
+/* The cost model: what each action of a plan's schedule costs on a cluster
+ * profile. Forward and backward of a (rank, chunk) for one micro-batch come
+ * from its GEMMs (through the profile's efficiency model), its memory-bound
+ * ops (bytes over bandwidth), a fixed cost per op, and its tensor-parallel
+ * collectives (exposed: they sit between the GEMMs that need them);
+ * backward adds the forward again under full recompute. Transfers between
+ * stages, the tied-embedding reduction, the data-parallel reduction (as
+ * much of it as backward cannot hide) and the optimizer step complete the
+ * step. Collectives cost as rings (or trees, for a latency-bound
+ * all-reduce) at nccl-tests' bus bandwidth on the link the rank order puts
+ * them on. */
+#ifndef LOOM_SIM_COST_H
+#define LOOM_SIM_COST_H
+
+#include "plan/plan.h"
+#include "schedule/schedule.h"
+#include "sim/profile.h"
+
+typedef enum { LOOM_LINK_INTRA = 0, LOOM_LINK_INTER, LOOM_LINK_KINDS } loom_link_kind;
+
+typedef struct {
+  int p, v, m;
+  /* [p * v], (rank, chunk) at rank * v + chunk: seconds for one micro-batch,
+   * and the part of each that is tensor-parallel (or ZeRO-3) communication. */
+  double *forward, *backward, *forward_comm, *backward_comm;
+  double p2p;       /* seconds for one activation or grad to cross between stages */
+  double tied;      /* the tied-embedding grads' all-reduce */
+  double *dp;       /* [p] data-parallel traffic of a step, whole */
+  double *dp_exposed; /* [p] what of it backward does not hide */
+  double *optimizer;  /* [p] the optimizer step, with ZeRO's weight gather */
+  /* Bytes one rank of each pipeline rank sends per step: tensor-parallel,
+   * between stages, data-parallel; and the link each kind crosses. */
+  double *tp_bytes, *p2p_bytes, *dp_bytes; /* [p] */
+  loom_link_kind tp_link, p2p_link, dp_link;
+} loom_sim_costs;
+
+/* Costs every action of the plan (checked, with estimates) on the profile. */
+void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c);
+void loom_sim_costs_free(loom_sim_costs *c);
+/* The seconds rank r is busy with action a (a send: none, it leaves at once). */
+double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
+/* The seconds a send's message takes to arrive. */
+double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
+
+typedef enum { LOOM_COLL_ALLREDUCE, LOOM_COLL_ALLGATHER, LOOM_COLL_REDUCE_SCATTER, LOOM_COLL_SENDRECV } loom_collective;
+/* Seconds for a collective over n ranks, per_node of them in each node, on
+ * `bytes` (the whole buffer: what an all-reduce reduces, an all-gather's
+ * output); *sent (if not NULL) gets the bytes each rank sends. */
+double loom_collective_seconds(const loom_profile *prof, loom_collective kind, double bytes, int n, int per_node,
+                               double *sent);
+/* Members in one node of a group of n ranks spaced stride apart, nodes of
+ * devices_per_node (groups start on a node's first device). */
+int loom_group_per_node(int n, int stride, int devices_per_node);
+
+#endif

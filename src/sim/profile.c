@@ -1,0 +1,144 @@
+/* Cluster profiles: loading, checking, and the device's cost functions. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/read_file.h"
+#include "plan/plan_io.h"
+#include "plan/textformat.h"
+#include "sim/profile.h"
+#include "sim/profile_builtin.h"
+
+#define MAX_PROFILE_BYTES (1 << 20)
+
+const char *loom_profile_builtin_names(void) {
+  static char names[512];
+  if (!names[0])
+    for (int i = 0; i < LOOM_BUILTIN_PROFILE_COUNT; i++)
+      snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", LOOM_BUILTIN_PROFILES[i].name);
+  return names;
+}
+
+/* One figure against its range: "h100.txtpb: device.peak_tflops_bf16 = -1 must be > 0". */
+static loom_status check_range(const char *what, const char *field, int has, double v, double lo, double hi,
+                               bool lo_open, loom_error *err) {
+  if (!has) return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s is missing; every profile gives it", what, field);
+  if (!isfinite(v) || v < lo || (lo_open && v == lo) || v > hi)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s = %g must be %s %g and at most %g", what, field, v,
+                     lo_open ? ">" : ">=", lo, hi);
+  return LOOM_OK;
+}
+
+#define CHECK(field, has, value, lo, hi, open)                                                \
+  do {                                                                                         \
+    const loom_status st_ = check_range(what, field, has, (double)(value), lo, hi, open, err); \
+    if (st_ != LOOM_OK) return st_;                                                            \
+  } while (0)
+
+static loom_status check_link(const char *what, const char *name, const Loom__Link *l, loom_error *err) {
+  char field[64];
+  if (!l) return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s is missing; every profile gives both links", what, name);
+  snprintf(field, sizeof field, "%s.bandwidth_gbs", name);
+  CHECK(field, l->has_bandwidth_gbs, l->bandwidth_gbs, 0.0, 1e6, true);
+  snprintf(field, sizeof field, "%s.latency_us", name);
+  CHECK(field, l->has_latency_us, l->latency_us, 0.0, 1e6, false);
+  snprintf(field, sizeof field, "%s.efficiency", name);
+  CHECK(field, l->has_efficiency, l->efficiency, 0.0, 1.0, true);
+  return LOOM_OK;
+}
+
+static const Loom__GemmEfficiency *gemm_of(const Loom__DeviceProfile *d, Loom__Precision precision) {
+  for (size_t i = 0; i < d->n_gemm; i++)
+    if (d->gemm[i]->dtype == precision) return d->gemm[i];
+  return NULL;
+}
+
+static loom_status check_profile(const loom_profile *p, const char *what, loom_error *err) {
+  const Loom__DeviceProfile *d = p->device;
+  if (!d) return loom_fail(err, LOOM_ERR_FORMAT, "%s: device is missing; every profile describes its device", what);
+  CHECK("device.peak_tflops_bf16", d->has_peak_tflops_bf16, d->peak_tflops_bf16, 0.0, 1e6, true);
+  CHECK("device.peak_tflops_fp32", d->has_peak_tflops_fp32, d->peak_tflops_fp32, 0.0, 1e6, true);
+  if (d->fp32_uses_tf32) CHECK("device.peak_tflops_tf32", d->has_peak_tflops_tf32, d->peak_tflops_tf32, 0.0, 1e6, true);
+  CHECK("device.memory_bytes", d->has_memory_bytes, d->memory_bytes, 0.0, 1e15, true);
+  CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, 0.0, 1e6, true);
+  CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, 0.0, 1.0, true);
+  for (size_t i = 0; i < d->n_gemm; i++) {
+    const Loom__GemmEfficiency *g = d->gemm[i];
+    CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 1.0, false);
+    CHECK("device.gemm.max_efficiency", g->has_max_efficiency, g->max_efficiency, 0.0, 1.0, true);
+    CHECK("device.gemm.half_dim", g->has_half_dim, g->half_dim, 0.0, 1e6, false);
+    if (gemm_of(d, g->dtype) != g)
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm gives dtype %s twice", what,
+                       g->dtype == LOOM__PRECISION__PRECISION_BF16 ? "PRECISION_BF16" : "PRECISION_FP32");
+  }
+  if (!gemm_of(d, LOOM__PRECISION__PRECISION_BF16) || !gemm_of(d, LOOM__PRECISION__PRECISION_FP32))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm needs an entry for PRECISION_BF16 and one for PRECISION_FP32",
+                     what);
+  CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, 1024.0, false);
+  loom_status st = check_link(what, "intra_node", p->intra_node, err);
+  if (st == LOOM_OK) st = check_link(what, "inter_node", p->inter_node, err);
+  if (st != LOOM_OK) return st;
+  CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6, false);
+  return LOOM_OK;
+}
+
+loom_status loom_profile_parse(const char *text, size_t len, const char *what, loom_profile **out, loom_error *err) {
+  ProtobufCMessage *msg = NULL;
+  loom_error perr = {{0}};
+  if (loom_text_parse(&loom__cluster_profile__descriptor, text, len, &msg, &perr) != LOOM_OK)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a cluster profile: %s", what, perr.msg);
+  loom_profile *p = (loom_profile *)msg;
+  const loom_status st = check_profile(p, what, err);
+  if (st != LOOM_OK) {
+    loom_profile_free(p);
+    return st;
+  }
+  *out = p;
+  return LOOM_OK;
+}
+
+loom_status loom_profile_load(const char *name_or_path, loom_profile **out, loom_error *err) {
+  for (int i = 0; i < LOOM_BUILTIN_PROFILE_COUNT; i++)
+    if (strcmp(name_or_path, LOOM_BUILTIN_PROFILES[i].name) == 0)
+      return loom_profile_parse(LOOM_BUILTIN_PROFILES[i].text, strlen(LOOM_BUILTIN_PROFILES[i].text), name_or_path, out, err);
+  if (!strchr(name_or_path, '/') && !strchr(name_or_path, '.'))
+    return loom_fail(err, LOOM_ERR_USAGE, "--cluster %s: not a built-in profile (%s) nor a profile file", name_or_path,
+                     loom_profile_builtin_names());
+  char *data;
+  size_t len;
+  loom_status st = loom_read_small_file(name_or_path, "cluster profile", MAX_PROFILE_BYTES, &data, &len, err);
+  if (st != LOOM_OK) return st;
+  if (loom_plan_is_text(name_or_path)) {
+    st = loom_profile_parse(data, len, name_or_path, out, err);
+  } else {
+    loom_profile *p = loom__cluster_profile__unpack(NULL, len, (const uint8_t *)data);
+    if (!p) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary cluster profile (text profiles end in .txtpb)", name_or_path);
+    else if ((st = check_profile(p, name_or_path, err)) != LOOM_OK) loom_profile_free(p);
+    else *out = p;
+  }
+  free(data);
+  return st;
+}
+
+void loom_profile_free(loom_profile *p) {
+  if (p) loom__cluster_profile__free_unpacked(p, NULL);
+}
+
+double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision) {
+  const Loom__DeviceProfile *d = p->device;
+  if (precision == LOOM__PRECISION__PRECISION_BF16) return d->peak_tflops_bf16 * 1e12;
+  return (d->fp32_uses_tf32 ? d->peak_tflops_tf32 : d->peak_tflops_fp32) * 1e12;
+}
+
+double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
+                                 double batch) {
+  if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
+  const Loom__GemmEfficiency *g = gemm_of(p->device, precision);
+  const double h = g->half_dim;
+  const double efficiency = g->max_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h));
+  return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * efficiency);
+}
+
+double loom_profile_memory_seconds(const loom_profile *p, double bytes) {
+  return bytes / (p->device->memory_bandwidth_gbs * 1e9 * p->device->memory_efficiency);
+}

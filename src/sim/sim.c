@@ -1,0 +1,86 @@
+/* The replay of a plan's schedule with the cost model's times. */
+#include <stdlib.h>
+#include "core/check.h"
+#include "sim/sim.h"
+
+static double action_seconds(void *ctx, int rank, const loom_action *a) {
+  return loom_sim_action_seconds(ctx, rank, a);
+}
+static double flight_seconds(void *ctx, int rank, const loom_action *a) {
+  return loom_sim_flight_seconds(ctx, rank, a);
+}
+
+loom_status loom_sim_run(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
+                         loom_error *err) {
+  *res = (loom_sim_result){0};
+  loom_status st = loom_plan_schedule(plan, &res->schedule, err);
+  if (st != LOOM_OK) return st;
+  loom_plan_estimate(plan);
+  loom_sim_costs_build(plan, prof, &res->costs);
+  const loom_action_costs costs = {action_seconds, flight_seconds, &res->costs};
+  if (loom_schedule_simulate(&res->schedule, &costs, &res->replay) != LOOM_OK) {
+    st = loom_fail(err, LOOM_ERR_USAGE, "schedule: %s", res->replay.why);
+    loom_sim_result_free(res);
+    return st;
+  }
+  const Loom__Parallel *l = plan->parallel;
+  const int p = l->pp, v = l->virtual_chunks, m = res->costs.m;
+  loom_gpt_config cfg;
+  loom_plan_model_config(plan, &cfg);
+  const double T = loom_plan_train_seq(plan), tokens = (double)plan->batch->global_batch * T;
+  res->gpus = l->tp * l->pp * l->dp;
+  res->formula = formula;
+  res->model_flops = loom_gpt_train_flops(&cfg, (int)T, tokens, formula);
+  res->peak_flops = loom_profile_peak_flops(prof, plan->precision);
+  res->step_s = res->replay.makespan;
+  res->tokens_per_s = tokens / res->step_s;
+  res->tflops_per_gpu = res->model_flops / res->step_s / res->gpus / 1e12;
+  res->mfu = res->tflops_per_gpu * 1e12 / res->peak_flops;
+  res->bubble = res->replay.bubble;
+  res->theory_bubble = loom_schedule_theory_bubble(&res->schedule);
+  res->rank_memory_bytes = loom_xcalloc((size_t)p, sizeof(int64_t), "sim memory");
+  const loom_sim_costs *c = &res->costs;
+  for (int r = 0; r < p; r++) {
+    res->rank_memory_bytes[r] = loom_plan_rank_bytes(plan, r, NULL);
+    if (res->rank_memory_bytes[r] > res->max_rank_memory_bytes) res->max_rank_memory_bytes = res->rank_memory_bytes[r];
+    for (int k = 0; k < v; k++) {
+      const int i = r * v + k;
+      res->compute_s += m * (c->forward[i] - c->forward_comm[i] + c->backward[i] - c->backward_comm[i]) / p;
+      res->tp_s += m * (c->forward_comm[i] + c->backward_comm[i]) / p;
+    }
+    res->dp_s += c->dp_exposed[r] / p;
+    res->optimizer_s += c->optimizer[r] / p;
+  }
+  /* Each rank waits on at most its inbound messages: 2 per micro-batch and chunk but at the ends. */
+  res->p2p_s = p > 1 ? 2.0 * m * v * c->p2p * (p * v - 1.0) / (p * v) : 0.0;
+  res->idle_s = res->step_s - res->compute_s - res->tp_s - res->dp_s - res->optimizer_s;
+  return LOOM_OK;
+}
+
+void loom_sim_result_free(loom_sim_result *res) {
+  loom_sim_costs_free(&res->costs);
+  loom_schedule_report_free(&res->replay);
+  loom_schedule_free(&res->schedule);
+  free(res->rank_memory_bytes);
+  *res = (loom_sim_result){0};
+}
+
+loom_status loom_sim_write_trace(const loom_sim_result *res, const char *path, loom_error *err) {
+  const loom_schedule *s = &res->schedule;
+  const loom_schedule_report *rep = &res->replay;
+  int n = 0;
+  for (int r = 0; r < s->p; r++) n += rep->span_count[r];
+  loom_trace_span *spans = loom_xmalloc((size_t)n * sizeof *spans + 1, "sim trace");
+  n = 0;
+  for (int r = 0; r < s->p; r++)
+    for (int i = 0; i < rep->span_count[r]; i++) {
+      const loom_span *sp = &rep->spans[r][i];
+      const loom_action *a = &s->actions[r][sp->action];
+      spans[n++] = (loom_trace_span){r, a->kind, a->mb, a->chunk, sp->start * 1e6, sp->end * 1e6};
+    }
+  const loom_trace_info info = {s->p, s->p, s->v, s->m, loom_schedule_kind_name(s->kind), "bubble_predicted", res->bubble,
+                                res->theory_bubble};
+  const loom_status st = loom_trace_write_json(path, spans, n, &info, err);
+  free(spans);
+  return st;
+}

@@ -1,0 +1,40 @@
+/* `loom sim`'s engine: a plan's verified schedule replayed with the cost
+ * model's times (schedule/verify.h's simulation, src/sim/cost.h's costs), so
+ * every rank's actions run in order and each recv waits for its send. The
+ * result is the predicted step: time, throughput, model FLOP/s per GPU and
+ * MFU, the bubble, time by kind, memory per rank and bytes per link. */
+#ifndef LOOM_SIM_H
+#define LOOM_SIM_H
+
+#include "pipeline/trace.h"
+#include "schedule/verify.h"
+#include "sim/cost.h"
+
+typedef struct {
+  int gpus;
+  loom_flops_formula formula;
+  double model_flops;  /* per step, by formula */
+  double peak_flops;   /* one device's dense peak in the plan's precision */
+  double step_s, tokens_per_s, tflops_per_gpu, mfu;
+  double bubble;       /* the replay's idle share before the last backward, averaged over pipeline ranks */
+  double theory_bubble;
+  /* Seconds of the step by kind, averaged over pipeline ranks: compute,
+   * exposed tensor-parallel communication, messages between stages in
+   * flight, exposed data-parallel communication, the optimizer, and idle. */
+  double compute_s, tp_s, p2p_s, dp_s, optimizer_s, idle_s;
+  int64_t max_rank_memory_bytes;
+  int64_t *rank_memory_bytes; /* [pp] */
+  loom_sim_costs costs;
+  loom_schedule schedule;
+  loom_schedule_report replay;
+} loom_sim_result;
+
+/* Predicts one training step of a plan that passes its rules; the plan gets
+ * fresh estimates. Refuses a plan whose schedule cannot be built. */
+loom_status loom_sim_run(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
+                         loom_error *err);
+void loom_sim_result_free(loom_sim_result *res);
+/* The predicted timeline as Chrome-trace JSON (`loom trace svg` draws it). */
+loom_status loom_sim_write_trace(const loom_sim_result *res, const char *path, loom_error *err);
+
+#endif
