@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
+#include "cli/sim_cli.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "plan/plan.h"
@@ -203,6 +204,7 @@ int loom_cmd_plan(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "new") == 0) return plan_new(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "show") == 0) return plan_show(argc - 1, argv + 1);
   if (argc >= 1 && strcmp(argv[0], "check") == 0) return plan_check(argc - 1, argv + 1);
-  loom_log_error("plan: expected 'new', 'show' or 'check' (loom plan new --help)");
+  if (argc >= 1 && strcmp(argv[0], "search") == 0) return loom_cmd_plan_search(argc - 1, argv + 1);
+  loom_log_error("plan: expected 'new', 'show', 'check' or 'search' (loom plan new --help)");
   return 2;
 }

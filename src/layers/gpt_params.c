@@ -377,18 +377,64 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
   return -1;
 }
 
-size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
-  /* A config already padded for this split (or more) is counted as it is. */
-  const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
-  const int n = loom_gpt_param_table(&c, range, 0, tp_size, NULL, NULL);
+/* Elements of the table of one range, walked tensor by tensor. */
+static size_t table_count(const loom_gpt_config *c, const loom_stage_range *range, int tp_size) {
+  const int n = loom_gpt_param_table(c, range, 0, tp_size, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
-  loom_gpt_param_table(&c, range, 0, tp_size, specs, meta);
+  loom_gpt_param_table(c, range, 0, tp_size, specs, meta);
   size_t total = 0;
   for (int k = 0; k < n; k++) total += loom_tensor_numel(&specs[k]);
   free(specs);
   free(meta);
   return total;
+}
+
+/* Counts recently asked for: plan search asks for the same few thousands of
+ * times, and a table walk formats every tensor's name. Entries match on the
+ * config's bytes, so a hit is always the same question. */
+typedef struct {
+  loom_gpt_config cfg;
+  loom_stage_range range;
+  int tp;
+  size_t count;
+  bool used;
+} count_memo;
+static count_memo g_memo[4096]; /* a hash table: one entry per slot, the newest wins */
+
+static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = data;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
+  loom_stage_range r;
+  memset(&r, 0, sizeof r); /* padding bytes too: the key is hashed and compared as bytes */
+  const loom_stage_range given = range ? *range : loom_stage_whole(cfg);
+  r.layer_begin = given.layer_begin, r.layer_end = given.layer_end, r.first = given.first, r.last = given.last;
+  uint64_t h = fnv(fnv(fnv(1469598103934665603ull, cfg, sizeof *cfg), &r, sizeof r), &tp_size, sizeof tp_size);
+  count_memo *m = &g_memo[h % (sizeof g_memo / sizeof g_memo[0])];
+  if (m->used && m->tp == tp_size && memcmp(&m->range, &r, sizeof r) == 0 && memcmp(&m->cfg, cfg, sizeof *cfg) == 0)
+    return m->count;
+  memcpy(&m->cfg, cfg, sizeof *cfg);
+  m->range = r, m->tp = tp_size, m->count = uncached_count(cfg, &r, tp_size), m->used = true;
+  return m->count;
+}
+
+static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
+  /* A config already padded for this split (or more) is counted as it is. */
+  const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  const int layers = r.layer_end - r.layer_begin;
+  if (layers <= 1) return table_count(&c, &r, tp_size);
+  /* Every layer has the same tensors: the edges, plus one layer's count times the layers (plan search counts
+   * thousands of stages). */
+  const loom_stage_range edges = {r.layer_begin, r.layer_begin, r.first, r.last};
+  const loom_stage_range one = {r.layer_begin, r.layer_begin + 1, false, false};
+  return table_count(&c, &edges, tp_size) + (size_t)layers * table_count(&c, &one, tp_size);
 }
 
 /* Copies tensor k between rank `rank`'s shard (local) and the whole model's

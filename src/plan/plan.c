@@ -699,26 +699,44 @@ loom_compression loom_plan_compression(const loom_plan *p) {
                             .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
 }
 
-loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
+/* The compression cost of one range's tensors, walked one by one. */
+static loom_compression_cost table_compression_cost(const loom_gpt_config *cfg, const loom_compression *gc,
+                                                    const loom_stage_range *range, int tp) {
   loom_compression_cost c = {0.0, 0.0, 0.0, 0.0};
-  const loom_compression gc = loom_plan_compression(p);
-  loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
-  const int tp = p->parallel->tp;
-  cfg = loom_gpt_config_for_tp(&cfg, tp);
-  const int n = loom_gpt_param_table(&cfg, range, 0, tp, NULL, NULL);
+  const int n = loom_gpt_param_table(cfg, range, 0, tp, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
-  loom_gpt_param_table(&cfg, range, 0, tp, specs, meta);
+  loom_gpt_param_table(cfg, range, 0, tp, specs, meta);
   for (int k = 0; k < n; k++) {
-    c.state_bytes += 4.0 * (double)loom_compression_state_words(&gc, &specs[k]);
-    c.sent_words += (double)loom_compression_sent_words(&gc, &specs[k]);
-    if (loom_compression_compresses(&gc, &specs[k], NULL, NULL))
-      c.message_words += (double)loom_compression_sent_words(&gc, &specs[k]);
+    c.state_bytes += 4.0 * (double)loom_compression_state_words(gc, &specs[k]);
+    c.sent_words += (double)loom_compression_sent_words(gc, &specs[k]);
+    if (loom_compression_compresses(gc, &specs[k], NULL, NULL))
+      c.message_words += (double)loom_compression_sent_words(gc, &specs[k]);
     c.whole_words += (double)loom_tensor_numel(&specs[k]);
   }
   free(specs);
   free(meta);
+  return c;
+}
+
+loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
+  const loom_compression gc = loom_plan_compression(p);
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const int tp = p->parallel->tp, layers = range->layer_end - range->layer_begin;
+  cfg = loom_gpt_config_for_tp(&cfg, tp);
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
+    const double whole = (double)loom_gpt_param_count(&cfg, range, tp);
+    return (loom_compression_cost){0.0, whole, whole, 0.0};
+  }
+  if (layers <= 1) return table_compression_cost(&cfg, &gc, range, tp);
+  /* Every layer's tensors are alike: the edges plus one layer's cost times the layers. */
+  const loom_stage_range edges = {range->layer_begin, range->layer_begin, range->first, range->last};
+  const loom_stage_range one = {range->layer_begin, range->layer_begin + 1, false, false};
+  loom_compression_cost c = table_compression_cost(&cfg, &gc, &edges, tp);
+  const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one, tp);
+  c.state_bytes += layers * l.state_bytes, c.sent_words += layers * l.sent_words;
+  c.message_words += layers * l.message_words, c.whole_words += layers * l.whole_words;
   return c;
 }
 

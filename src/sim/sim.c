@@ -10,12 +10,11 @@ static double flight_seconds(void *ctx, int rank, const loom_action *a) {
   return loom_sim_flight_seconds(ctx, rank, a);
 }
 
-loom_status loom_sim_run(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
+loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
                          loom_error *err) {
   *res = (loom_sim_result){0};
   loom_status st = loom_plan_schedule(plan, &res->schedule, err);
   if (st != LOOM_OK) return st;
-  loom_plan_estimate(plan);
   loom_sim_costs_build(plan, prof, &res->costs);
   const loom_action_costs costs = {action_seconds, flight_seconds, &res->costs};
   if (loom_schedule_simulate(&res->schedule, &costs, &res->replay) != LOOM_OK) {

@@ -29,9 +29,10 @@ typedef struct {
   loom_schedule_report replay;
 } loom_sim_result;
 
-/* Predicts one training step of a plan that passes its rules; the plan gets
- * fresh estimates. Refuses a plan whose schedule cannot be built. */
-loom_status loom_sim_run(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
+/* Predicts one training step of a plan that passes its rules, with fresh
+ * estimates (loom_plan_build's, or loom_plan_estimate's). Refuses a plan
+ * whose schedule cannot be built. */
+loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
                          loom_error *err);
 void loom_sim_result_free(loom_sim_result *res);
 /* The predicted timeline as Chrome-trace JSON (`loom trace svg` draws it). */

@@ -1,0 +1,124 @@
+/* `loom plan search`: ranks every layout of a model on N GPUs of a cluster
+ * by `loom sim`'s predicted throughput; prints the top k, writes the best as
+ * a plan, and draws the candidates' throughput against memory. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "cli/commands.h"
+#include "cli/plan_flags.h"
+#include "cli/sim_cli.h"
+#include "core/log.h"
+#include "plan/plan_io.h"
+#include "sim/search.h"
+
+/* Layout flags the search chooses itself. */
+static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
+                                     "--micro-batches", "--schedule", "--recompute", "--layer-split", NULL};
+
+static void print_row(int rank, const loom_candidate *c) {
+  printf("  %4d %3d %4d %5d %4d %6d %-12s %-9s %3s %5d %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
+         c->dp, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), c->recompute ? "full" : "none",
+         c->sequence_parallel ? "yes" : "no", c->zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
+         100.0 * c->bubble, (double)c->memory / 1073741824.0);
+}
+
+/* Throughput (TFLOP/s per GPU) against the most memory a rank needs, every
+ * candidate that fits a dot, the device's memory a line, the best larger. */
+static loom_status draw(const char *path, const loom_search_result *r, const loom_profile *prof, loom_error *err) {
+  FILE *fp = fopen(path, "w");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "--svg %s: cannot open for writing", path);
+  const double W = 720, H = 440, left = 70, top = 40, w = W - left - 30, h = H - top - 60;
+  double xmax = (double)prof->device->memory_bytes * 1.25, ymax = 1.0;
+  for (int i = 0; i < r->nranked; i++) ymax = r->ranked[i].tflops_per_gpu > ymax ? r->ranked[i].tflops_per_gpu : ymax;
+  ymax *= 1.1;
+  fprintf(fp, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+              "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+              "<text x=\"%.0f\" y=\"22\" font-size=\"14\">plan search on %s: %d layouts that fit (best ringed); %d more over memory, not drawn</text>\n",
+          W, H, left, prof->name ? prof->name : "cluster", r->nranked, r->nunfit);
+  fprintf(fp, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", left, top, w, h);
+  const double mem_x = left + w * (double)prof->device->memory_bytes / xmax;
+  fprintf(fp, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#E45756\" stroke-dasharray=\"4 3\"/>"
+              "<text x=\"%.1f\" y=\"%.0f\" fill=\"#E45756\">device memory</text>\n", mem_x, top, mem_x, top + h, mem_x + 4, top + 14);
+  for (int i = r->nranked - 1; i >= 0; i--) {
+    const double x = left + w * fmin((double)r->ranked[i].memory / xmax, 1.0), y = top + h - h * r->ranked[i].tflops_per_gpu / ymax;
+    fprintf(fp, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\" fill-opacity=\"0.6\"><title>tp %d pp %d dp %d vpp %d "
+                "micro %d %s recompute %s sp %d zero %d</title></circle>\n", x, y, i == 0 ? "6" : "2.5", i == 0 ? "#54A24B" : "#4C78A8",
+            r->ranked[i].tp, r->ranked[i].pp, r->ranked[i].dp, r->ranked[i].vpp, r->ranked[i].micro_batch,
+            loom_schedule_kind_name(r->ranked[i].schedule), r->ranked[i].recompute ? "full" : "none",
+            r->ranked[i].sequence_parallel, r->ranked[i].zero);
+  }
+  for (int t = 0; t <= 4; t++) {
+    fprintf(fp, "<text x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.0f</text>\n", left - 6, top + h - h * t / 4 + 4, ymax * t / 4);
+    fprintf(fp, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%.0f</text>\n", left + w * t / 4, top + h + 16, xmax * t / 4 / 1073741824.0);
+  }
+  fprintf(fp, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">most memory one rank needs (GiB)</text>\n", left + w / 2, top + h + 36);
+  fprintf(fp, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">model TFLOP/s per GPU</text>\n</svg>\n",
+          top + h / 2, top + h / 2);
+  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_IO, "--svg %s: write failed", path);
+}
+
+int loom_cmd_plan_search(int argc, char **argv) {
+  loom_plan_flags pf = loom_plan_flags_defaults();
+  const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
+  int gpus = 0, top = 10;
+  static const char *const FLOPS_CHOICES[] = {"megatron", "sc21", NULL};
+  enum { EXTRA = 6 };
+  loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
+  loom_plan_flags_table(&pf, table);
+  const loom_flag extra[EXTRA] = {
+      {"--gpus", FLAG_INT, &gpus, "GPUs to lay the model out on (required)", 1, 1 << 20, NULL, false, NULL},
+      {"--cluster", FLAG_STRING, &cluster, "a built-in cluster profile or a profile file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--top", FLAG_INT, &top, "candidates to print", 1, 1000, NULL, false, NULL},
+      {"-o", FLAG_STRING, &out, "write the best plan here (.txtpb or .pb)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--svg", FLAG_STRING, &svg, "draw every candidate's throughput against its memory", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--flops", FLAG_STRING, &flops, "model FLOPs definition for TFLOP/s: megatron or sc21", LOOM_NO_RANGE, FLOPS_CHOICES, false, NULL},
+  };
+  memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
+  loom_error err = {{0}};
+  bool help;
+  const char *pos[1];
+  int npos;
+  loom_status st = loom_cli_parse("loom plan search", "loom plan search --gpus N --cluster NAME|FILE --global-batch B [--model M | model flags] [-o BEST.txtpb]",
+                                  table, LOOM_PLAN_FLAG_COUNT + EXTRA, argc, argv, pos, 0, &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  for (int i = 0; CHOSEN[i]; i++)
+    if (loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, CHOSEN[i])->set)
+      return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: %s is what the search chooses; leave it out", CHOSEN[i]), &err);
+  if (!gpus || !cluster || !pf.global_batch)
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: --gpus, --cluster and --global-batch are required"), &err);
+  loom_flops_formula formula;
+  loom_flops_formula_parse(flops, &formula);
+  loom_profile *prof = NULL;
+  loom_plan *base = NULL;
+  st = loom_profile_load(cluster, &prof, &err);
+  pf.dp = 1, pf.micro_batch = 1; /* the base plan carries the model, batch and precision only */
+  if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);
+  loom_search_result r = {0};
+  if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &r, &err);
+  if (st == LOOM_OK) {
+    printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit, "
+           "%d over memory\n", base->name ? base->name : "model", (long long)base->estimates->total_parameters, gpus,
+           prof->name ? prof->name : cluster, base->batch->global_batch,
+           base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.nranked, r.nunfit);
+    printf("  dropped:");
+    for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
+    printf("%s\n", r.ndropped ? "" : " none");
+    printf("  %4s %3s %4s %5s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp", "vpp",
+           "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU", "bubble", "mem GiB");
+    for (int i = 0; i < r.nranked && i < top; i++) print_row(i + 1, &r.ranked[i]);
+    if (r.nranked == 0) st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits; add GPUs or use a smaller model");
+  }
+  if (st == LOOM_OK && out) {
+    loom_plan *best;
+    st = loom_candidate_plan(base, &r.ranked[0], &best, &err);
+    if (st == LOOM_OK) st = loom_plan_write(out, best, &err);
+    if (st == LOOM_OK) loom_log_info("wrote the best plan to %s", out);
+    if (best) loom_plan_free(best);
+  }
+  if (st == LOOM_OK && svg) st = draw(svg, &r, prof, &err);
+  if (st == LOOM_OK && svg) loom_log_info("wrote %s", svg);
+  loom_search_result_free(&r);
+  loom_plan_free(base);
+  loom_profile_free(prof);
+  return loom_report(st, &err);
+}

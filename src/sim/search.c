@@ -1,0 +1,127 @@
+/* Plan search: enumerate, refuse by the plan's rules and memory, predict, rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "sim/search.h"
+
+loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, loom_plan **out, loom_error *err) {
+  loom_plan_spec spec = {
+      .train_seq = base->batch->has_seq ? base->batch->seq : 0, .tp = c->tp, .pp = c->pp, .dp = c->dp, .vpp = c->vpp,
+      .zero_stage = c->zero, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
+      .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
+      .balance = base->balance, .precision = base->precision, .grad_reduce = c->zero ? LOOM__PRECISION__PRECISION_FP32 : base->grad_reduce,
+      .name = base->name};
+  loom_plan_model_config(base, &spec.model);
+  return loom_plan_build(&spec, out, err);
+}
+
+/* Counts a refusal under the field its rule names: "parallel.tp = 3: ..." -> "parallel.tp". */
+static void drop(loom_search_result *res, const char *why) {
+  char key[96];
+  size_t n = strcspn(why, " =:(");
+  if (n >= sizeof key) n = sizeof key - 1;
+  memcpy(key, why, n);
+  key[n] = '\0';
+  for (int i = 0; i < res->ndropped; i++)
+    if (strcmp(res->dropped[i].reason, key) == 0) {
+      res->dropped[i].count++;
+      return;
+    }
+  if (res->ndropped == LOOM_SEARCH_MAX_REASONS) return;
+  snprintf(res->dropped[res->ndropped].reason, sizeof res->dropped[0].reason, "%s", key);
+  res->dropped[res->ndropped++].count = 1;
+}
+
+static void push(loom_candidate **list, int *n, const loom_candidate *c) {
+  if ((*n & (*n - 1)) == 0) {
+    *list = realloc(*list, (size_t)(*n ? 2 * *n : 1) * sizeof **list);
+    LOOM_CHECK(*list != NULL, "out of memory searching plans");
+  }
+  (*list)[(*n)++] = *c;
+}
+
+/* Predicts one candidate into the result, or counts why it cannot run. */
+static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
+                          loom_search_result *res) {
+  res->considered++;
+  loom_plan *plan = NULL;
+  loom_error err = {{0}};
+  char lines[1024];
+  if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK) {
+    drop(res, err.msg);
+    return;
+  }
+  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
+    drop(res, lines);
+    loom_plan_free(plan);
+    return;
+  }
+  /* Memory first, from the plan's estimates: a layout that does not fit is not worth a replay. */
+  for (int q = 0; q < c.pp; q++) {
+    const int64_t need = loom_plan_rank_bytes(plan, q, NULL);
+    c.memory = need > c.memory ? need : c.memory;
+  }
+  if (c.memory > prof->device->memory_bytes) {
+    drop(res, "memory");
+    push(&res->unfit, &res->nunfit, &c);
+    loom_plan_free(plan);
+    return;
+  }
+  loom_sim_result r;
+  if (loom_sim_run(plan, prof, formula, &r, &err) != LOOM_OK) {
+    drop(res, err.msg);
+    loom_plan_free(plan);
+    return;
+  }
+  c.step_s = r.step_s, c.tokens_per_s = r.tokens_per_s, c.tflops_per_gpu = r.tflops_per_gpu, c.mfu = r.mfu;
+  c.bubble = r.bubble;
+  push(&res->ranked, &res->nranked, &c);
+  loom_sim_result_free(&r);
+  loom_plan_free(plan);
+}
+
+static int faster_first(const void *a, const void *b) {
+  const loom_candidate *x = a, *y = b;
+  return x->tokens_per_s < y->tokens_per_s ? 1 : x->tokens_per_s > y->tokens_per_s ? -1 : 0;
+}
+
+loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, loom_flops_formula formula,
+                             loom_search_result *res, loom_error *err) {
+  *res = (loom_search_result){0};
+  const int global = base->batch->global_batch, layers = base->model->layers, node = prof->devices_per_node;
+  if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
+  for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
+    if (gpus % tp) continue;
+    for (int pp = 1; pp <= layers && tp * pp <= gpus; pp++) {
+      if (gpus % (tp * pp)) continue;
+      const int dp = gpus / (tp * pp);
+      if (global % dp) continue; /* each replica takes a whole share of the global batch */
+      for (int mb = 1; mb <= global / dp; mb *= 2) {
+        if ((global / dp) % mb) continue;
+        const int m = global / dp / mb;
+        for (int vpp = 1; vpp <= 8; vpp++) {
+          if (vpp > 1 && (pp == 1 || layers % (pp * vpp) || m % pp)) continue; /* interleaving needs even chunks */
+          const loom_schedule_kind kinds[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE};
+          for (int k = 0; k < (vpp > 1 ? 1 : (pp > 1 ? 2 : 1)); k++)
+            for (int rc = 0; rc < 2; rc++)
+              for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
+                for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
+                  const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
+                                            .sequence_parallel = sp, .recompute = rc,
+                                            .schedule = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : kinds[k]};
+                  try_candidate(base, prof, formula, c, res);
+                }
+        }
+      }
+    }
+  }
+  if (res->nranked > 1) qsort(res->ranked, (size_t)res->nranked, sizeof *res->ranked, faster_first);
+  return LOOM_OK;
+}
+
+void loom_search_result_free(loom_search_result *res) {
+  free(res->ranked);
+  free(res->unfit);
+  *res = (loom_search_result){0};
+}
