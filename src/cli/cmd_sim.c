@@ -1,6 +1,7 @@
 /* `loom sim`: predicts a plan's training step on a cluster profile (step
  * time, throughput, TFLOP/s per GPU and MFU, bubble, time by kind, memory
- * and bytes per link), as text, JSON or a Chrome trace. */
+ * and bytes per link), as text, JSON or a Chrome trace. `loom sim calibrate`
+ * (cmd_calibrate.c) measures this machine into a profile. */
 #include <stdio.h>
 #include <string.h>
 #include "cli/commands.h"
@@ -73,6 +74,7 @@ loom_status loom_sim_plan(loom_plan *plan, const loom_profile *prof, loom_flops_
 }
 
 int loom_cmd_sim(int argc, char **argv) {
+  if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron";
   bool json = false;
@@ -91,7 +93,8 @@ int loom_cmd_sim(int argc, char **argv) {
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse("loom sim", "loom sim --cluster NAME|FILE (--plan PLAN | [model and layout flags]) [--json] [--trace FILE]",
+  loom_status st = loom_cli_parse("loom sim", "loom sim --cluster NAME|FILE (--plan PLAN | [model and layout flags]) [--json] [--trace FILE]\n"
+                                  "       mpirun -np N loom sim calibrate -o PROFILE.txtpb   (measures this machine)",
                                   table, LOOM_PLAN_FLAG_COUNT + EXTRA, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!cluster) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --cluster is required (built in: %s)", loom_profile_builtin_names()), &err);

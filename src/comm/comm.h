@@ -13,6 +13,16 @@
 
 typedef enum { LOOM_REDUCE_SUM = 0, LOOM_REDUCE_MAX = 1 } loom_reduce_op;
 
+/* The collectives, by kind: what the cost model prices and the calibration
+ * measures. Bus-bandwidth factors (nccl-tests): what each rank sends per
+ * byte of the whole buffer, 2(n-1)/n for an all-reduce, (n-1)/n for an
+ * all-gather or reduce-scatter, 1 for a send/recv. */
+typedef enum { LOOM_COLL_ALLREDUCE, LOOM_COLL_ALLGATHER, LOOM_COLL_REDUCE_SCATTER, LOOM_COLL_SENDRECV, LOOM_COLL_KINDS } loom_collective;
+static inline double loom_collective_factor(loom_collective kind, int n) {
+  const double share = (double)(n - 1) / n;
+  return kind == LOOM_COLL_ALLREDUCE ? 2.0 * share : kind == LOOM_COLL_SENDRECV ? 1.0 : share;
+}
+
 typedef struct loom_comm loom_comm;
 typedef struct loom_request loom_request;
 

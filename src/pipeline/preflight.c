@@ -14,6 +14,7 @@
 #include "core/nvml.h"
 #include "core/tensor.h"
 #include "core/timer.h"
+#include "pipeline/measure.h"
 #include "pipeline/preflight.h"
 
 /* What each rank measures, gathered from all; -1 where a rank has nothing to say. */
@@ -29,19 +30,6 @@ static void nap_ms(double ms) {
   const double s = ms / 1000.0;
   const struct timespec t = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
   nanosleep(&t, NULL);
-}
-
-/* Repeats run(ctx) for at least `seconds` (3 times at least) and returns its shortest time. */
-static double best_time(void (*run)(void *), void *ctx, double seconds) {
-  double best = INFINITY;
-  const double start = loom_now_s();
-  for (int rep = 0; rep < 3 || loom_now_s() - start < seconds; rep++) {
-    const double t0 = loom_now_s();
-    run(ctx);
-    const double dt = loom_now_s() - t0;
-    if (dt < best) best = dt;
-  }
-  return best;
 }
 
 typedef struct {
@@ -68,68 +56,18 @@ static double gemm_gflops(const loom_ops *ops, int n, double seconds) {
   gemm_ctx g = {ops, loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"),
                 loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"), loom_xzalloc(mem, nn * sizeof(float), "preflight GEMM"),
                 n};
-  const double t = best_time(gemm_once, &g, seconds);
+  const double t = loom_measure_best_time(gemm_once, &g, seconds);
   mem->release(mem, g.a), mem->release(mem, g.b), mem->release(mem, g.c);
   return 2.0 * (double)n * (double)n * (double)n / t / 1e9;
 }
 
-typedef struct {
-  float *a, *b, *c;
-  size_t n;
-} triad_ctx;
-
-static void triad_once(void *p) {
-  triad_ctx *t = p;
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < t->n; i++) t->a[i] = t->b[i] + 3.0f * t->c[i];
-}
-
-/* Host memory bandwidth, STREAM's triad: three arrays read or written once. */
-static double memory_gbs(size_t bytes, double seconds) {
-  triad_ctx t = {NULL, NULL, NULL, bytes / 3 / sizeof(float)};
-  t.a = calloc(t.n, sizeof(float)), t.b = calloc(t.n, sizeof(float)), t.c = calloc(t.n, sizeof(float));
-  double gbs = 0.0;
-  if (t.a && t.b && t.c) {
-    triad_once(&t); /* pages touched before timing */
-    gbs = 3.0 * (double)t.n * sizeof(float) / best_time(triad_once, &t, seconds) / 1e9;
-  }
-  free(t.a), free(t.b), free(t.c);
-  return gbs;
-}
-
-typedef struct {
-  loom_comm *group;
-  float *buf;
-  size_t n;
-} allreduce_ctx;
-
-static void allreduce_once(void *p) {
-  allreduce_ctx *a = p;
-  loom_comm_allreduce(a->group, a->buf, a->n, LOOM_REDUCE_SUM);
-}
-
 /* NCCL-tests' bus bandwidth of the group's all-reduce: bytes x 2(n-1)/n per
- * second, the rate each rank's link carries; -1 for a group of one. The
- * group's ranks agree on the time (its slowest member's). */
+ * second, the rate each rank's link carries; -1 for a group of one. */
 static double allreduce_busbw(loom_comm *group, const loom_allocator *mem, size_t bytes, double seconds) {
-  const int n = group ? loom_comm_size(group) : 1;
-  if (n < 2) return -1.0;
-  allreduce_ctx a = {group, loom_xzalloc(mem, bytes, "preflight all-reduce"), bytes / sizeof(float)};
-  loom_comm_barrier(group);
-  /* Every member must run the same all-reduces: the count comes from the first one's time, agreed on. */
-  const double t0 = loom_now_s();
-  allreduce_once(&a);
-  double reps = fmin(1000.0, fmax(3.0, ceil(seconds / fmax(loom_now_s() - t0, 1e-6))));
-  loom_comm_allreduce_typed(group, &reps, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  double t = INFINITY;
-  for (int k = 0; k < (int)reps; k++) {
-    const double start = loom_now_s();
-    allreduce_once(&a);
-    t = fmin(t, loom_now_s() - start);
-  }
-  loom_comm_allreduce_typed(group, &t, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  mem->release(mem, a.buf);
-  return (double)bytes * 2.0 * (n - 1) / n / t / 1e9;
+  const double t = loom_measure_collective_seconds(group, mem, LOOM_COLL_ALLREDUCE, bytes, seconds);
+  if (t < 0) return -1.0;
+  const int n = loom_comm_size(group);
+  return (double)bytes * loom_collective_factor(LOOM_COLL_ALLREDUCE, n) / t / 1e9;
 }
 
 /* The p2p bandwidth of each link of a chain of ranks in `group` (a pipeline,
@@ -221,7 +159,7 @@ int loom_preflight_run(const loom_parallel *ps, const loom_ops *ops, const loom_
   loom_comm_barrier(ps->world_group);
   mine[V_GEMM] = gemm_gflops(ops, o->gemm_n, o->seconds);
   loom_comm_barrier(ps->world_group);
-  mine[V_MEM] = memory_gbs(o->mem_bytes, o->seconds);
+  mine[V_MEM] = loom_measure_memory_gbs(o->mem_bytes, o->seconds);
   loom_comm_barrier(ps->world_group);
   mine[V_TP] = allreduce_busbw(ps->tp > 1 ? ps->tp_group : NULL, ops->mem, o->comm_bytes, o->seconds);
   loom_comm_barrier(ps->world_group);

@@ -41,9 +41,7 @@ double loom_collective_seconds(const loom_profile *prof, loom_collective kind, d
   if (n < 2 || bytes <= 0.0) return 0.0;
   double bw, latency;
   group_link(prof, n, per_node, &bw, &latency);
-  /* nccl-tests' bus-bandwidth factors: what each rank sends per byte of the buffer. */
-  const double share = (double)(n - 1) / n;
-  const double factor = kind == LOOM_COLL_ALLREDUCE ? 2.0 * share : kind == LOOM_COLL_SENDRECV ? 1.0 : share;
+  const double factor = loom_collective_factor(kind, n);
   if (sent) *sent = factor * bytes;
   return factor * bytes / bw + latency_steps(kind, n) * latency;
 }
@@ -99,9 +97,17 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
       {T, (heads + 2.0 * kv) * hd, h, 1}, {s, s, hd, L->b * heads}, {s, hd, s, L->b * heads},
       {T, h, heads * hd, 1},              {T, up, h, 1},            {T, h, ffn, 1},
   };
+  const Loom__DeviceProfile *dev = L->prof->device;
+  const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    if (fused && (i == 1 || i == 2)) continue;
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  }
+  if (fused) {
+    const double flops = 4.0 * L->b * heads * s * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
+    f->compute += flops / rate;
+    g->compute += 2.0 * flops / rate;
   }
   /* Memory-bound ops, read and write: two norms, two bias-dropout-residual adds
    * (with a byte of mask each under dropout), the fused scale-mask-softmax and
@@ -109,7 +115,7 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
   const double hidden_values = L->rows * h, drop = c->dropout > 0.0f ? 1.0 : 0.0;
   const double probs = L->b * heads * s * s;
   double bytes = 2.0 * 2.0 * hidden_values * e + 2.0 * (3.0 * e + drop) * hidden_values;
-  bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
+  if (!fused) bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
   bytes += (c->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * T * ffn * e;
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
   const double memory = loom_profile_memory_seconds(L->prof, bytes);

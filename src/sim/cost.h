@@ -12,6 +12,7 @@
 #ifndef LOOM_SIM_COST_H
 #define LOOM_SIM_COST_H
 
+#include "comm/comm.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "sim/profile.h"
@@ -42,7 +43,6 @@ double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_act
 /* The seconds a send's message takes to arrive. */
 double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
 
-typedef enum { LOOM_COLL_ALLREDUCE, LOOM_COLL_ALLGATHER, LOOM_COLL_REDUCE_SCATTER, LOOM_COLL_SENDRECV } loom_collective;
 /* Seconds for a collective over n ranks, per_node of them in each node, on
  * `bytes` (the whole buffer: what an all-reduce reduces, an all-gather's
  * output); *sent (if not NULL) gets the bytes each rank sends. */

@@ -62,6 +62,7 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   CHECK("device.memory_bytes", d->has_memory_bytes, d->memory_bytes, 0.0, 1e15, true);
   CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, 0.0, 1e6, true);
   CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, 0.0, 1.0, true);
+  if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, 0.0, 1.0, true);
   for (size_t i = 0; i < d->n_gemm; i++) {
     const Loom__GemmEfficiency *g = d->gemm[i];
     CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 1.0, false);

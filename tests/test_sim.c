@@ -1,0 +1,291 @@
+/* The cost model and plan search: profiles and their refusals, collective
+ * costs against the ring formulas, the replay against a hand count, the
+ * pipeline bubble against theory, traces, and the search's ranking. SC21's
+ * published runs are tests/sc21_table1.py's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "pipeline/trace.h"
+#include "sim/search.h"
+#include "test_util.h"
+
+static loom_profile *builtin(const char *name) {
+  loom_profile *p = NULL;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_profile_load(name, &p, &err) == LOOM_OK, "%s", err.msg);
+  return p;
+}
+
+static loom_plan *plan_of(loom_plan_spec spec) {
+  loom_gpt_config_finish(&spec.model);
+  if (!spec.schedule) spec.schedule = LOOM_SCHEDULE_1F1B;
+  loom_plan *p = NULL;
+  loom_error err = {{0}};
+  ck_assert_msg(loom_plan_build(&spec, &p, &err) == LOOM_OK, "%s", err.msg);
+  char lines[2048];
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, lines, sizeof lines) == 0, "%s", lines);
+  return p;
+}
+
+static const loom_gpt_config GPT = {.layers = 32, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 1024};
+
+START_TEST(builtin_profiles_load) {
+  const char *names[] = {"a100-80gb", "h100-sxm", "h200"};
+  const double bf16[] = {312, 989, 989};
+  for (int i = 0; i < 3; i++) {
+    loom_profile *p = builtin(names[i]);
+    ck_assert_str_eq(p->name, names[i]);
+    ck_assert_double_eq_tol(loom_profile_peak_flops(p, LOOM__PRECISION__PRECISION_BF16), bf16[i] * 1e12, 1.0);
+    ck_assert_int_eq(p->devices_per_node, 8);
+    /* A large GEMM reaches about max_efficiency; a small one much less. */
+    const double big = 2.0 * 8192.0 * 8192 * 8192 / loom_profile_gemm_seconds(p, LOOM__PRECISION__PRECISION_BF16, 8192, 8192, 8192, 1);
+    const double small = 2.0 * 64.0 * 64 * 64 / loom_profile_gemm_seconds(p, LOOM__PRECISION__PRECISION_BF16, 64, 64, 64, 1);
+    ck_assert(big > 0.5 * bf16[i] * 1e12 && big < bf16[i] * 1e12);
+    ck_assert(small < 0.25 * big);
+    loom_profile_free(p);
+  }
+  ck_assert_str_eq(loom_profile_builtin_names(), "a100-80gb, h100-sxm, h200");
+}
+END_TEST
+
+/* A valid profile's text with one line replaced: each refusal names its field. */
+static const char *const GOOD =
+    "name: \"t\"\n"
+    "device { peak_tflops_bf16: 100 peak_tflops_fp32: 10 memory_bytes: 1000000000 memory_bandwidth_gbs: 1000\n"
+    "  memory_efficiency: 0.8\n"
+    "  gemm { dtype: PRECISION_BF16 max_efficiency: 0.7 half_dim: 64 }\n"
+    "  gemm { dtype: PRECISION_FP32 max_efficiency: 0.7 half_dim: 64 } }\n"
+    "devices_per_node: 8\n"
+    "intra_node { bandwidth_gbs: 100 latency_us: 1 efficiency: 1 }\n"
+    "inter_node { bandwidth_gbs: 10 latency_us: 5 efficiency: 1 }\n";
+
+static loom_status parse_with(const char *from, const char *to, loom_error *err) {
+  char text[2048];
+  const char *at = strstr(GOOD, from);
+  ck_assert_ptr_nonnull(at);
+  snprintf(text, sizeof text, "%.*s%s%s", (int)(at - GOOD), GOOD, to, at + strlen(from));
+  loom_profile *p = NULL;
+  const loom_status st = loom_profile_parse(text, strlen(text), "t.txtpb", &p, err);
+  loom_profile_free(p);
+  return st;
+}
+
+START_TEST(profiles_refuse_bad_figures) {
+  loom_error err = {{0}};
+  ck_assert_int_eq(parse_with("name", "name", &err), LOOM_OK);
+  const struct {
+    const char *from, *to, *why;
+  } cases[] = {
+      {"peak_tflops_bf16: 100", "peak_tflops_bf16: -1", "t.txtpb: device.peak_tflops_bf16 = -1 must be > 0"},
+      {"peak_tflops_fp32: 10 ", "", "t.txtpb: device.peak_tflops_fp32 is missing; every profile gives it"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 1.5", "device.memory_efficiency = 1.5 must be > 0 and at most 1"},
+      {"max_efficiency: 0.7 half_dim: 64 } }", "max_efficiency: 0 half_dim: 64 } }", "device.gemm.max_efficiency = 0 must be > 0"},
+      {"gemm { dtype: PRECISION_FP32", "gemm { dtype: PRECISION_BF16", "device.gemm gives dtype PRECISION_BF16 twice"},
+      {"devices_per_node: 8", "devices_per_node: 0", "devices_per_node = 0 must be >= 1"},
+      {"intra_node { bandwidth_gbs: 100", "intra_node { bandwidth_gbs: 0", "intra_node.bandwidth_gbs = 0 must be > 0"},
+      {"inter_node { bandwidth_gbs: 10 latency_us: 5 efficiency: 1 }\n", "", "inter_node is missing"},
+      {"latency_us: 5", "latency_us: -5", "inter_node.latency_us = -5 must be >= 0"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 2", "device.attention_efficiency = 2"},
+      {"devices_per_node: 8", "devices_per_nodes: 8", "not a cluster profile"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(parse_with(cases[i].from, cases[i].to, &err), LOOM_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].why);
+  }
+  loom_profile *p = NULL;
+  ck_assert_int_eq(loom_profile_load("tpu-v9", &p, &err), LOOM_ERR_USAGE);
+  ck_assert_int_eq(loom_profile_load("/nonexistent/x.txtpb", &p, &err), LOOM_ERR_IO);
+}
+END_TEST
+
+START_TEST(collectives_follow_ring_formulas) {
+  loom_profile *p = NULL;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_profile_parse(GOOD, strlen(GOOD), "t", &p, &err), LOOM_OK);
+  const double S = 1e9;
+  double sent;
+  /* Inside a node: 2 (n-1)/n S over 100 GB/s, and a tree's 2 log2(8) = 6 steps of 1 us. */
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, S, 8, 8, &sent), 2.0 * 7 / 8 * S / 100e9 + 6e-6, 1e-12);
+  ck_assert_double_eq_tol(sent, 2.0 * 7 / 8 * S, 1.0);
+  /* A ring's 7 steps for a gather or scatter. */
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLGATHER, S, 8, 8, NULL), 7.0 / 8 * S / 100e9 + 7e-6, 1e-12);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_REDUCE_SCATTER, S, 8, 8, NULL), 7.0 / 8 * S / 100e9 + 7e-6, 1e-12);
+  /* Across nodes, one member per node: the adapter's 10 GB/s and 5 us; four per node share four adapters. */
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, S, 8, 1, NULL), 2.0 * 7 / 8 * S / 10e9 + 6 * 5e-6, 1e-12);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, S, 8, 4, NULL), 2.0 * 7 / 8 * S / 40e9 + 6 * 5e-6, 1e-12);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_SENDRECV, S, 2, 1, NULL), S / 10e9 + 5e-6, 1e-12);
+  ck_assert_double_eq(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, S, 1, 1, NULL), 0.0);
+  /* Rank order: tp groups are consecutive ranks, dp groups tp apart. */
+  ck_assert_int_eq(loom_group_per_node(8, 1, 8), 8);
+  ck_assert_int_eq(loom_group_per_node(32, 1, 8), 8);
+  ck_assert_int_eq(loom_group_per_node(4, 2, 8), 4);
+  ck_assert_int_eq(loom_group_per_node(64, 8, 8), 1);
+  loom_profile_free(p);
+}
+END_TEST
+
+START_TEST(replay_adds_up_one_rank) {
+  loom_profile *prof = builtin("a100-80gb");
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2,
+                                             .global_batch = 8, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_result r;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  ck_assert_int_eq(r.costs.m, 4);
+  ck_assert(r.costs.forward[0] > 0 && r.costs.backward[0] > 1.5 * r.costs.forward[0]);
+  /* One rank: every micro-batch's forward and backward, then the optimizer, nothing idle. */
+  const double want = 4.0 * (r.costs.forward[0] + r.costs.backward[0]) + r.costs.optimizer[0];
+  ck_assert_double_eq_tol(r.step_s, want, 1e-12 * want);
+  ck_assert_double_eq_tol(r.bubble, 0.0, 1e-12);
+  ck_assert_double_eq_tol(r.tflops_per_gpu * 1e12 * r.step_s, r.model_flops, 1e-9 * r.model_flops);
+  ck_assert_double_eq_tol(r.mfu, r.tflops_per_gpu / 312.0, 1e-9);
+  ck_assert_int_eq(r.max_rank_memory_bytes, loom_plan_rank_bytes(plan, 0, NULL));
+  loom_sim_result_free(&r);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
+START_TEST(pipeline_bubble_follows_theory) {
+  loom_profile *prof = builtin("a100-80gb");
+  const int m[] = {4, 8, 16};
+  for (int i = 0; i < 3; i++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 4, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                               .global_batch = m[i], .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_result r;
+    loom_error err = {{0}};
+    ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+    const double theory = 3.0 / (m[i] + 3.0);
+    ck_assert_double_eq_tol(r.theory_bubble, theory, 1e-12);
+    /* Equal stages (a small vocab keeps the edges light), and transfers that take time: near theory, never below. */
+    ck_assert_msg(r.bubble >= theory - 0.01 && r.bubble <= theory + 0.03, "m %d: bubble %g, theory %g", m[i], r.bubble, theory);
+    loom_sim_result_free(&r);
+    loom_plan_free(plan);
+  }
+  loom_profile_free(prof);
+}
+END_TEST
+
+START_TEST(links_follow_the_rank_order) {
+  loom_profile *prof = builtin("a100-80gb");
+  loom_sim_costs c;
+  /* tp 8 fills a node: tp inside it, dp and pipeline transfers between nodes. */
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 8, .pp = 2, .dp = 2, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 8, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_costs_build(plan, prof, &c);
+  ck_assert_int_eq(c.tp_link, LOOM_LINK_INTRA);
+  ck_assert_int_eq(c.dp_link, LOOM_LINK_INTER);
+  ck_assert_int_eq(c.p2p_link, LOOM_LINK_INTER);
+  ck_assert(c.tp_bytes[0] > 0 && c.dp_bytes[0] > 0 && c.p2p_bytes[0] > 0);
+  ck_assert(c.forward_comm[0] > 0);
+  loom_sim_costs_free(&c);
+  loom_plan_free(plan);
+  /* tp 2 x dp 2 x pp 2 is 8 ranks of one node: everything inside. */
+  plan = plan_of((loom_plan_spec){.model = GPT, .tp = 2, .pp = 2, .dp = 2, .vpp = 1, .micro_batch = 1, .global_batch = 8,
+                                  .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_costs_build(plan, prof, &c);
+  ck_assert_int_eq(c.tp_link + c.dp_link + c.p2p_link, 3 * LOOM_LINK_INTRA);
+  loom_sim_costs_free(&c);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
+START_TEST(trace_is_drawn) {
+  loom_profile *prof = builtin("h100-sxm");
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
+                                             .global_batch = 4, .schedule = LOOM_SCHEDULE_INTERLEAVED,
+                                             .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_result r;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  const char *json = tu_tmp_path("sim_trace.json"), *svg = tu_tmp_path("sim_trace.svg");
+  ck_assert_int_eq(loom_sim_write_trace(&r, json, &err), LOOM_OK);
+  ck_assert_msg(loom_trace_svg(json, svg, &err) == LOOM_OK, "%s", err.msg);
+  size_t n;
+  char *text = tu_read_bytes(svg, &n);
+  ck_assert_msg(strstr(text, "interleaved schedule") && strstr(text, "bubble predicted") && strstr(text, ">F3b<"), "%.300s", text);
+  free(text);
+  text = tu_read_bytes(json, &n);
+  ck_assert(strstr(text, "\"bubble_predicted\"") && strstr(text, "optimizer step"));
+  free(text);
+  unlink(json);
+  unlink(svg);
+  loom_sim_result_free(&r);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
+START_TEST(search_ranks_what_fits) {
+  loom_profile *prof = builtin("a100-80gb");
+  loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 51200, .seq = 2048}; /* 6.7B: not every layout fits */
+  loom_plan *base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_search_result r;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  ck_assert_int_gt(r.nranked, 10);
+  int dropped = 0; /* every candidate is ranked or dropped for one reason */
+  for (int i = 0; i < r.ndropped; i++) dropped += r.dropped[i].count;
+  ck_assert_int_eq(r.considered, r.nranked + dropped);
+  ck_assert_int_gt(r.nunfit, 0);
+  for (int i = 0; i < r.nranked; i++) {
+    const loom_candidate *c = &r.ranked[i];
+    ck_assert_int_eq(c->tp * c->pp * c->dp, 16);
+    ck_assert(c->tp <= 8 && c->memory <= prof->device->memory_bytes);
+    if (i) ck_assert(c->tokens_per_s <= r.ranked[i - 1].tokens_per_s);
+  }
+  for (int i = 0; i < r.nunfit; i++) ck_assert(r.unfit[i].memory > prof->device->memory_bytes);
+  /* The best candidate's plan, simulated on its own, predicts what the search printed. */
+  loom_plan *best;
+  ck_assert_int_eq(loom_candidate_plan(base, &r.ranked[0], &best, &err), LOOM_OK);
+  char lines[1024];
+  ck_assert_msg(loom_plan_check_rules(best, 16, prof->device->memory_bytes, lines, sizeof lines) == 0, "%s", lines);
+  loom_sim_result s;
+  ck_assert_int_eq(loom_sim_run(best, prof, LOOM_FLOPS_MEGATRON, &s, &err), LOOM_OK);
+  ck_assert_double_eq_tol(s.step_s, r.ranked[0].step_s, 1e-12 * s.step_s);
+  loom_sim_result_free(&s);
+  loom_plan_free(best);
+  loom_search_result_free(&r);
+  loom_plan_free(base);
+  loom_profile_free(prof);
+}
+END_TEST
+
+START_TEST(mpi_tags_bound_micro_batches_per_chunk) {
+  /* SC21's trillion-parameter row: 512 micro-batches through 64 stages fit the tags (512 x 1 x 2). */
+  loom_plan *ok = plan_of((loom_plan_spec){.model = {.layers = 64, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16},
+                                           .tp = 1, .pp = 64, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 512});
+  loom_plan_free(ok);
+  loom_plan_spec spec = {.model = {.layers = 4, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16}, .tp = 1, .pp = 2, .dp = 1,
+                         .vpp = 2, .micro_batch = 1, .global_batch = 8192, .schedule = LOOM_SCHEDULE_INTERLEAVED};
+  loom_gpt_config_finish(&spec.model);
+  loom_plan *p = NULL;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_plan_build(&spec, &p, &err), LOOM_OK);
+  char lines[2048];
+  ck_assert_int_gt(loom_plan_check_rules(p, 0, 0, lines, sizeof lines), 0);
+  ck_assert_msg(strstr(lines, "8192 micro-batches x 2 chunks per rank is too many for MPI tags"), "%s", lines);
+  loom_plan_free(p);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("sim");
+  TCase *tc = tcase_create("sim");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, builtin_profiles_load);
+  tcase_add_test(tc, profiles_refuse_bad_figures);
+  tcase_add_test(tc, collectives_follow_ring_formulas);
+  tcase_add_test(tc, replay_adds_up_one_rank);
+  tcase_add_test(tc, pipeline_bubble_follows_theory);
+  tcase_add_test(tc, links_follow_the_rank_order);
+  tcase_add_test(tc, trace_is_drawn);
+  tcase_add_test(tc, search_ranks_what_fits);
+  tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
+  suite_add_tcase(s, tc);
+  return tu_run(s);
+}
