@@ -84,7 +84,7 @@ static void expect_fail_with(const result *r, int code, const char *part) {
 static const char *const TINY[] = {"--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "16", "--micro-batch", "2"};
 
 START_TEST(bad_flags) {
-  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, sim, train, eval, sample, bench, data, ckpt, schedule, trace)");
+  expect_fail(run("frobnicate", NULL), 2, "loom: unknown command 'frobnicate' (commands: plan, sim, train, preflight, eval, sample, bench, data, ckpt, schedule, trace)");
   expect_fail(run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   expect_fail(run("train", "--rope-theta", "500", NULL), 2,
               "loom train: --rope-theta sets RoPE's base, but this model has learned positions; add --position rope");
@@ -447,7 +447,7 @@ static void expect_hf_refused(const char *good, const char *file, const char *fr
 /* `--init-from DIR` reads a Hugging Face directory, and every mismatch in
  * it is one line naming the file and what is wrong, before anything runs. */
 START_TEST(sim_and_search_refuse_bad_input) {
-  expect_fail(run("sim", "--model", "gpt-tiny", NULL), 2, "loom: loom sim: --cluster is required (built in: a100-80gb, h100-sxm, h200)");
+  expect_fail(run("sim", "--model", "gpt-tiny", NULL), 2, "loom sim: --cluster is required (built in: a100-80gb, h100-sxm, h200)");
   expect_fail(run("sim", "--cluster", "tpu-v9", NULL), 2,
               "loom: --cluster tpu-v9: not a built-in profile (a100-80gb, h100-sxm, h200) nor a profile file");
   expect_fail(run("sim", "--cluster", "/nonexistent/p.txtpb", NULL), 2,
@@ -458,20 +458,20 @@ START_TEST(sim_and_search_refuse_bad_input) {
   expect_fail_with(run("sim", "--cluster", bad, NULL), 2, "device.peak_tflops_bf16 = -5 must be > 0");
   unlink(bad);
   expect_fail(run("sim", "--cluster", "a100-80gb", "--plan", "x.txtpb", "--tp", "2", NULL), 2,
-              "loom: loom sim: --tp cannot be combined with --plan: the plan fixes the model and layout");
+              "loom sim: --tp cannot be combined with --plan: the plan fixes the model and layout");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--flops", "palm", NULL), 2,
               "loom sim: --flops must be one of megatron, sc21, got 'palm'");
-  expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--heads 3");
-  expect_fail(run("sim", "calibrate", NULL), 2, "loom: loom sim calibrate: -o PROFILE.txtpb is required");
+  expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--hidden 100: must be divisible by --heads (3)");
+  expect_fail(run("sim", "calibrate", NULL), 2, "loom sim calibrate: -o PROFILE.txtpb is required");
   const char *cal = tu_tmp_path("cal.txtpb");
   expect_fail(run("sim", "calibrate", "-o", cal, NULL), 2,
-              "loom: loom sim calibrate: one rank measures no link; launch 2 or more ranks with mpirun, or give "
+              "loom sim calibrate: one rank measures no link; launch 2 or more ranks with mpirun, or give "
               "--links-from PROFILE for a one-rank device");
   ck_assert_int_ne(access(cal, F_OK), 0); /* nothing written */
   expect_fail(run("plan", "search", "--gpus", "8", "--cluster", "a100-80gb", "--global-batch", "64", "--tp", "2", NULL), 2,
-              "loom: loom plan search: --tp is what the search chooses; leave it out");
+              "loom plan search: --tp is what the search chooses; leave it out");
   expect_fail(run("plan", "search", "--cluster", "a100-80gb", "--global-batch", "64", NULL), 2,
-              "loom: loom plan search: --gpus, --cluster and --global-batch are required");
+              "loom plan search: --gpus, --cluster and --global-batch are required");
   expect_fail(run("plan", "search", "--gpus", "0", "--cluster", "a100-80gb", "--global-batch", "64", NULL), 2,
               "loom plan search: --gpus must be in [1, 1.04858e+06], got 0");
   /* A model too big for any layout of one GPU: a clear refusal, not an empty table. */

@@ -148,6 +148,27 @@ START_TEST(replay_adds_up_one_rank) {
 }
 END_TEST
 
+START_TEST(replay_waits_for_transfers) {
+  /* Two stages, one micro-batch: stage 0's forward, the activation's flight, stage 1's forward and backward, the
+   * grad's flight, stage 0's backward; then the tied embedding's reduction (both ends leave together) and the
+   * slower optimizer step. */
+  loom_profile *prof = builtin("a100-80gb");
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_result r;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  const loom_sim_costs *c = &r.costs;
+  ck_assert(c->p2p > 0 && c->tied > 0);
+  const double want = c->forward[0] + c->p2p + c->forward[1] + c->backward[1] + c->p2p + c->backward[0] + c->tied +
+                      fmax(c->optimizer[0], c->optimizer[1]);
+  ck_assert_double_eq_tol(r.step_s, want, 1e-12 * want);
+  loom_sim_result_free(&r);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
 START_TEST(pipeline_bubble_follows_theory) {
   loom_profile *prof = builtin("a100-80gb");
   const int m[] = {4, 8, 16};
@@ -281,6 +302,7 @@ int main(void) {
   tcase_add_test(tc, profiles_refuse_bad_figures);
   tcase_add_test(tc, collectives_follow_ring_formulas);
   tcase_add_test(tc, replay_adds_up_one_rank);
+  tcase_add_test(tc, replay_waits_for_transfers);
   tcase_add_test(tc, pipeline_bubble_follows_theory);
   tcase_add_test(tc, links_follow_the_rank_order);
   tcase_add_test(tc, trace_is_drawn);

@@ -61,18 +61,6 @@ static void print_json(const loom_plan *plan, const loom_profile *prof, const lo
   printf("]}\n");
 }
 
-loom_status loom_sim_plan(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
-                          loom_error *err) {
-  char lines[4096];
-  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
-    char *nl = strchr(lines, '\n');
-    if (nl) *nl = '\0';
-    return loom_fail(err, LOOM_ERR_USAGE, "%s", lines);
-  }
-  loom_plan_estimate(plan); /* a plan file's own estimates may be stale */
-  return loom_sim_run(plan, prof, formula, res, err);
-}
-
 int loom_cmd_sim(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
@@ -105,7 +93,11 @@ int loom_cmd_sim(int argc, char **argv) {
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_plan_flags_or_file("loom sim", file, &pf, table, &plan, &err);
   loom_sim_result res;
-  if (st == LOOM_OK) st = loom_error_prefix(&err, loom_sim_plan(plan, prof, formula, &res, &err), "loom sim");
+  if (st == LOOM_OK) st = loom_plan_flags_refuse("loom sim", plan, &(loom_plan_limits){0}, table, file, &err);
+  if (st == LOOM_OK) {
+    loom_plan_estimate(plan); /* a plan file's own estimates may be stale */
+    st = loom_error_prefix(&err, loom_sim_run(plan, prof, formula, &res, &err), "loom sim");
+  }
   if (st == LOOM_OK) {
     if (json) print_json(plan, prof, &res);
     else print_text(plan, prof, &res);

@@ -48,6 +48,9 @@ int main(int argc, char **argv) {
   loom_fault_set_rank(loom_launch_env_rank());
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
-  loom_log_error("unknown command '%s' (commands: plan, train, eval, sample, bench, data, ckpt, schedule, trace)", argv[1]);
+  char names[256] = "";
+  for (int i = 0; i < NCOMMANDS; i++)
+    snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", COMMANDS[i].name);
+  loom_log_error("unknown command '%s' (commands: %s)", argv[1], names);
   return 2;
 }
