@@ -78,13 +78,13 @@ START_TEST(profiles_refuse_bad_figures) {
   const struct {
     const char *from, *to, *why;
   } cases[] = {
-      {"peak_tflops_bf16: 100", "peak_tflops_bf16: -1", "t.txtpb: device.peak_tflops_bf16 = -1 must be > 0"},
+      {"peak_tflops_bf16: 100", "peak_tflops_bf16: -1", "t.txtpb: device.peak_tflops_bf16 = -1 must be >= 1e-06 and at most 1e+06"},
       {"peak_tflops_fp32: 10 ", "", "t.txtpb: device.peak_tflops_fp32 is missing; every profile gives it"},
-      {"memory_efficiency: 0.8", "memory_efficiency: 1.5", "device.memory_efficiency = 1.5 must be > 0 and at most 1"},
-      {"max_efficiency: 0.7 half_dim: 64 } }", "max_efficiency: 0 half_dim: 64 } }", "device.gemm.max_efficiency = 0 must be > 0"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 1.5", "device.memory_efficiency = 1.5 must be >= 0.001 and at most 1"},
+      {"max_efficiency: 0.7 half_dim: 64 } }", "max_efficiency: 0 half_dim: 64 } }", "device.gemm.max_efficiency = 0 must be >= 0.001"},
       {"gemm { dtype: PRECISION_FP32", "gemm { dtype: PRECISION_BF16", "device.gemm gives dtype PRECISION_BF16 twice"},
       {"devices_per_node: 8", "devices_per_node: 0", "devices_per_node = 0 must be >= 1"},
-      {"intra_node { bandwidth_gbs: 100", "intra_node { bandwidth_gbs: 0", "intra_node.bandwidth_gbs = 0 must be > 0"},
+      {"intra_node { bandwidth_gbs: 100", "intra_node { bandwidth_gbs: 0", "intra_node.bandwidth_gbs = 0 must be >= 1e-06"},
       {"inter_node { bandwidth_gbs: 10 latency_us: 5 efficiency: 1 }\n", "", "inter_node is missing"},
       {"latency_us: 5", "latency_us: -5", "inter_node.latency_us = -5 must be >= 0"},
       {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 2", "device.attention_efficiency = 2"},

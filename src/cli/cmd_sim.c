@@ -2,7 +2,9 @@
  * time, throughput, TFLOP/s per GPU and MFU, bubble, time by kind, memory
  * and bytes per link), as text, JSON or a Chrome trace. `loom sim calibrate`
  * (cmd_calibrate.c) measures this machine into a profile. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
@@ -61,12 +63,102 @@ static void print_json(const loom_plan *plan, const loom_profile *prof, const lo
   printf("]}\n");
 }
 
+/* ---- --sweep-gpus: one plan's scaling curve at its global batch ---- */
+
+typedef struct {
+  int gpus, dp, m;
+  double step_s, tokens_per_s, tflops_per_gpu, mfu, bubble;
+  int64_t memory;
+} sweep_point;
+
+/* The plan on `gpus` GPUs: its tp x pp groups, dp the rest, the same global batch. */
+static loom_status predict_at(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, int gpus,
+                              sweep_point *pt, loom_error *err) {
+  Loom__Parallel *l = plan->parallel;
+  const int group = l->tp * l->pp;
+  if (gpus % group)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus %d is not whole tp %d x pp %d groups", gpus, l->tp, l->pp);
+  l->dp = gpus / group;
+  char lines[1024];
+  if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
+    lines[strcspn(lines, "\n")] = '\0';
+    return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus %d (dp %d): %s", gpus, l->dp, lines);
+  }
+  loom_plan_estimate(plan);
+  loom_sim_result r;
+  loom_status st = loom_error_prefix(err, loom_sim_run(plan, prof, formula, &r, err), "loom sim");
+  if (st != LOOM_OK) return st;
+  *pt = (sweep_point){gpus, l->dp, r.costs.m, r.step_s, r.tokens_per_s, r.tflops_per_gpu, r.mfu, r.bubble, r.max_rank_memory_bytes};
+  loom_sim_result_free(&r);
+  return LOOM_OK;
+}
+
+/* Tokens/s against GPUs on log-log axes, with perfect scaling from the first point dashed. */
+static loom_status draw_sweep(const char *path, const sweep_point *pts, int n, const loom_profile *prof, loom_error *err) {
+  FILE *fp = fopen(path, "w");
+  if (!fp) return loom_fail(err, LOOM_ERR_IO, "--svg %s: cannot open for writing", path);
+  const double W = 720, H = 440, left = 80, top = 40, w = W - left - 30, h = H - top - 60;
+  const double x0 = log((double)pts[0].gpus), x1 = log((double)pts[n - 1].gpus) + 1e-9;
+  const double ideal_last = pts[0].tokens_per_s * pts[n - 1].gpus / pts[0].gpus;
+  const double y0 = log(pts[0].tokens_per_s) - 0.1, y1 = log(fmax(ideal_last, pts[n - 1].tokens_per_s)) + 0.1;
+#define SX(g) (left + w * (log((double)(g)) - x0) / (x1 - x0 > 0 ? x1 - x0 : 1.0))
+#define SY(v) (top + h - h * (log(v) - y0) / (y1 - y0))
+  fprintf(fp, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
+              "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
+              "<text x=\"%.0f\" y=\"22\" font-size=\"14\">predicted scaling on %s at a fixed global batch (dashed: perfect)</text>\n"
+              "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n",
+          W, H, left, prof->name ? prof->name : "cluster", left, top, w, h);
+  fprintf(fp, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#999\" stroke-dasharray=\"4 3\"/>\n",
+          SX(pts[0].gpus), SY(pts[0].tokens_per_s), SX(pts[n - 1].gpus), SY(ideal_last));
+  fprintf(fp, "<polyline fill=\"none\" stroke=\"#4C78A8\" stroke-width=\"2\" points=\"");
+  for (int i = 0; i < n; i++) fprintf(fp, "%.1f,%.1f ", SX(pts[i].gpus), SY(pts[i].tokens_per_s));
+  fprintf(fp, "\"/>\n");
+  for (int i = 0; i < n; i++) {
+    fprintf(fp, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"#4C78A8\"/><text x=\"%.1f\" y=\"%.1f\">%.3g tok/s, MFU %.0f%%</text>\n",
+            SX(pts[i].gpus), SY(pts[i].tokens_per_s), SX(pts[i].gpus) + 5, SY(pts[i].tokens_per_s) - 6, pts[i].tokens_per_s, 100 * pts[i].mfu);
+    fprintf(fp, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%d</text>\n", SX(pts[i].gpus), top + h + 16, pts[i].gpus);
+  }
+#undef SX
+#undef SY
+  fprintf(fp, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">GPUs</text>\n"
+              "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">tokens/s (log)</text>\n</svg>\n",
+          left + w / 2, top + h + 36, top + h / 2, top + h / 2);
+  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_IO, "--svg %s: write failed", path);
+}
+
+static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, const char *list,
+                         const char *svg, loom_error *err) {
+  sweep_point pts[64];
+  int n = 0;
+  for (const char *p = list; *p && n < 64;) {
+    char *end;
+    const long g = strtol(p, &end, 10);
+    if (end == p || g < 1 || g > (1L << 24) || (*end && *end != ',') || (n && g <= pts[n - 1].gpus))
+      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '%s': expected rising GPU counts like 64,128,256", list);
+    loom_status st = predict_at(plan, prof, formula, (int)g, &pts[n++], err);
+    if (st != LOOM_OK) return st;
+    p = *end ? end + 1 : end;
+  }
+  printf("loom sim: scaling of tp %d x pp %d at global batch %d on %s\n", plan->parallel->tp, plan->parallel->pp,
+         plan->batch->global_batch, prof->name ? prof->name : "cluster");
+  printf("  %6s %5s %6s %10s %12s %9s %6s %7s %10s %9s\n", "GPUs", "dp", "micro", "step (s)", "tokens/s", "TFLOP/s", "MFU",
+         "bubble", "scaling", "mem GiB");
+  for (int i = 0; i < n; i++)
+    printf("  %6d %5d %6d %10.4g %12.4g %9.1f %5.1f%% %6.1f%% %9.1f%% %9.2f\n", pts[i].gpus, pts[i].dp, pts[i].m, pts[i].step_s,
+           pts[i].tokens_per_s, pts[i].tflops_per_gpu, 100 * pts[i].mfu, 100 * pts[i].bubble,
+           100 * (pts[i].tokens_per_s / pts[i].gpus) / (pts[0].tokens_per_s / pts[0].gpus), (double)pts[i].memory / 1073741824.0);
+  if (!svg) return LOOM_OK;
+  const loom_status st = draw_sweep(svg, pts, n, prof, err);
+  if (st == LOOM_OK) loom_log_info("wrote %s", svg);
+  return st;
+}
+
 int loom_cmd_sim(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
-  const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron";
+  const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron", *gpus = NULL, *svg = NULL;
   bool json = false;
-  enum { EXTRA = 5 };
+  enum { EXTRA = 7 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
@@ -75,6 +167,8 @@ int loom_cmd_sim(int argc, char **argv) {
       {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
       {"--trace", FLAG_STRING, &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--flops", FLAG_STRING, &flops, "model FLOPs definition: megatron (current code) or sc21 (Narayanan et al. 2021)", LOOM_NO_RANGE, FLOPS_CHOICES, false, NULL},
+      {"--sweep-gpus", FLAG_STRING, &gpus, "predict the plan on each of these GPU counts (dp scaled, the global batch kept): 64,128,256", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--svg", FLAG_STRING, &svg, "with --sweep-gpus: draw the scaling curve", LOOM_NO_RANGE, NULL, false, NULL},
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {{0}};
@@ -93,17 +187,20 @@ int loom_cmd_sim(int argc, char **argv) {
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_plan_flags_or_file("loom sim", file, &pf, table, &plan, &err);
   loom_sim_result res;
+  if (svg && !gpus && st == LOOM_OK) st = loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --svg draws a --sweep-gpus curve; give both");
   if (st == LOOM_OK) st = loom_plan_flags_refuse("loom sim", plan, &(loom_plan_limits){0}, table, file, &err);
-  if (st == LOOM_OK) {
+  if (st == LOOM_OK && gpus) {
+    st = sweep(plan, prof, formula, gpus, svg, &err);
+  } else if (st == LOOM_OK) {
     loom_plan_estimate(plan); /* a plan file's own estimates may be stale */
     st = loom_error_prefix(&err, loom_sim_run(plan, prof, formula, &res, &err), "loom sim");
-  }
-  if (st == LOOM_OK) {
-    if (json) print_json(plan, prof, &res);
-    else print_text(plan, prof, &res);
-    if (trace) st = loom_sim_write_trace(&res, trace, &err);
-    if (st == LOOM_OK && trace) loom_log_info("wrote %s", trace);
-    loom_sim_result_free(&res);
+    if (st == LOOM_OK) {
+      if (json) print_json(plan, prof, &res);
+      else print_text(plan, prof, &res);
+      if (trace) st = loom_sim_write_trace(&res, trace, &err);
+      if (st == LOOM_OK && trace) loom_log_info("wrote %s", trace);
+      loom_sim_result_free(&res);
+    }
   }
   loom_plan_free(plan);
   loom_profile_free(prof);

@@ -10,6 +10,10 @@
 #include "sim/profile_builtin.h"
 
 #define MAX_PROFILE_BYTES (1 << 20)
+/* The least rate (TFLOP/s, GB/s) and efficiency a profile may give: below
+ * them a prediction would be days per step, not a figure of a real machine. */
+#define MIN_RATE 1e-6
+#define MIN_EFFICIENCY 1e-3
 
 const char *loom_profile_builtin_names(void) {
   static char names[512];
@@ -21,29 +25,28 @@ const char *loom_profile_builtin_names(void) {
 
 /* One figure against its range: "h100.txtpb: device.peak_tflops_bf16 = -1 must be > 0". */
 static loom_status check_range(const char *what, const char *field, int has, double v, double lo, double hi,
-                               bool lo_open, loom_error *err) {
+                               loom_error *err) {
   if (!has) return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s is missing; every profile gives it", what, field);
-  if (!isfinite(v) || v < lo || (lo_open && v == lo) || v > hi)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s = %g must be %s %g and at most %g", what, field, v,
-                     lo_open ? ">" : ">=", lo, hi);
+  if (!isfinite(v) || v < lo || v > hi)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s = %g must be >= %g and at most %g", what, field, v, lo, hi);
   return LOOM_OK;
 }
 
-#define CHECK(field, has, value, lo, hi, open)                                                \
-  do {                                                                                         \
-    const loom_status st_ = check_range(what, field, has, (double)(value), lo, hi, open, err); \
-    if (st_ != LOOM_OK) return st_;                                                            \
+#define CHECK(field, has, value, lo, hi)                                                  \
+  do {                                                                                   \
+    const loom_status st_ = check_range(what, field, has, (double)(value), lo, hi, err); \
+    if (st_ != LOOM_OK) return st_;                                                      \
   } while (0)
 
 static loom_status check_link(const char *what, const char *name, const Loom__Link *l, loom_error *err) {
   char field[64];
   if (!l) return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s is missing; every profile gives both links", what, name);
   snprintf(field, sizeof field, "%s.bandwidth_gbs", name);
-  CHECK(field, l->has_bandwidth_gbs, l->bandwidth_gbs, 0.0, 1e6, true);
+  CHECK(field, l->has_bandwidth_gbs, l->bandwidth_gbs, MIN_RATE, 1e6);
   snprintf(field, sizeof field, "%s.latency_us", name);
-  CHECK(field, l->has_latency_us, l->latency_us, 0.0, 1e6, false);
+  CHECK(field, l->has_latency_us, l->latency_us, 0.0, 1e6);
   snprintf(field, sizeof field, "%s.efficiency", name);
-  CHECK(field, l->has_efficiency, l->efficiency, 0.0, 1.0, true);
+  CHECK(field, l->has_efficiency, l->efficiency, MIN_EFFICIENCY, 1.0);
   return LOOM_OK;
 }
 
@@ -56,18 +59,18 @@ static const Loom__GemmEfficiency *gemm_of(const Loom__DeviceProfile *d, Loom__P
 static loom_status check_profile(const loom_profile *p, const char *what, loom_error *err) {
   const Loom__DeviceProfile *d = p->device;
   if (!d) return loom_fail(err, LOOM_ERR_FORMAT, "%s: device is missing; every profile describes its device", what);
-  CHECK("device.peak_tflops_bf16", d->has_peak_tflops_bf16, d->peak_tflops_bf16, 0.0, 1e6, true);
-  CHECK("device.peak_tflops_fp32", d->has_peak_tflops_fp32, d->peak_tflops_fp32, 0.0, 1e6, true);
-  if (d->fp32_uses_tf32) CHECK("device.peak_tflops_tf32", d->has_peak_tflops_tf32, d->peak_tflops_tf32, 0.0, 1e6, true);
-  CHECK("device.memory_bytes", d->has_memory_bytes, d->memory_bytes, 0.0, 1e15, true);
-  CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, 0.0, 1e6, true);
-  CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, 0.0, 1.0, true);
-  if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, 0.0, 1.0, true);
+  CHECK("device.peak_tflops_bf16", d->has_peak_tflops_bf16, d->peak_tflops_bf16, MIN_RATE, 1e6);
+  CHECK("device.peak_tflops_fp32", d->has_peak_tflops_fp32, d->peak_tflops_fp32, MIN_RATE, 1e6);
+  if (d->fp32_uses_tf32) CHECK("device.peak_tflops_tf32", d->has_peak_tflops_tf32, d->peak_tflops_tf32, MIN_RATE, 1e6);
+  CHECK("device.memory_bytes", d->has_memory_bytes, d->memory_bytes, 1048576.0, 1e15);
+  CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, MIN_RATE, 1e6);
+  CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, MIN_EFFICIENCY, 1.0);
+  if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, MIN_EFFICIENCY, 1.0);
   for (size_t i = 0; i < d->n_gemm; i++) {
     const Loom__GemmEfficiency *g = d->gemm[i];
-    CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 1.0, false);
-    CHECK("device.gemm.max_efficiency", g->has_max_efficiency, g->max_efficiency, 0.0, 1.0, true);
-    CHECK("device.gemm.half_dim", g->has_half_dim, g->half_dim, 0.0, 1e6, false);
+    CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 1.0);
+    CHECK("device.gemm.max_efficiency", g->has_max_efficiency, g->max_efficiency, MIN_EFFICIENCY, 1.0);
+    CHECK("device.gemm.half_dim", g->has_half_dim, g->half_dim, 0.0, 1e6);
     if (gemm_of(d, g->dtype) != g)
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm gives dtype %s twice", what,
                        g->dtype == LOOM__PRECISION__PRECISION_BF16 ? "PRECISION_BF16" : "PRECISION_FP32");
@@ -75,11 +78,11 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   if (!gemm_of(d, LOOM__PRECISION__PRECISION_BF16) || !gemm_of(d, LOOM__PRECISION__PRECISION_FP32))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm needs an entry for PRECISION_BF16 and one for PRECISION_FP32",
                      what);
-  CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, 1024.0, false);
+  CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, 1024.0);
   loom_status st = check_link(what, "intra_node", p->intra_node, err);
   if (st == LOOM_OK) st = check_link(what, "inter_node", p->inter_node, err);
   if (st != LOOM_OK) return st;
-  CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6, false);
+  CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6);
   return LOOM_OK;
 }
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Writes the harnesses' seed corpora (tests/fuzz/corpus/NAME) with loom
 # itself: small plans, one small checkpoint's manifest and shards, an llm.c
-# export of its model and a token file. Rerun after a format changes.
+# export of its model and a token file; the built-in cluster profiles and a
+# calibrated one. Rerun after a format changes.
 # Usage: tests/fuzz/make_seeds.sh LOOM
 set -eu
 loom=$1
@@ -10,7 +11,7 @@ out=$here/corpus
 work=$(mktemp -d "${TMPDIR:-/tmp}/loom_seeds.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 rm -rf "$out"
-mkdir -p "$out/fuzz_plan_text" "$out/fuzz_plan_binary" "$out/fuzz_manifest" "$out/fuzz_shard" "$out/fuzz_llmc" "$out/fuzz_tokens" "$out/fuzz_hf_config"
+mkdir -p "$out/fuzz_plan_text" "$out/fuzz_plan_binary" "$out/fuzz_manifest" "$out/fuzz_shard" "$out/fuzz_llmc" "$out/fuzz_tokens" "$out/fuzz_hf_config" "$out/fuzz_profile"
 
 small="--layers 2 --hidden 16 --heads 2 --vocab 256 --seq 8"
 n=0
@@ -35,4 +36,8 @@ for model in gpt-tiny llama-tiny; do
   "$loom" ckpt export --model $model --format hf -o "$work/$model" >/dev/null
   cp "$work/$model/config.json" "$out/fuzz_hf_config/$model.json"
 done
+cp "$here"/../../examples/clusters/*.txtpb "$out/fuzz_profile/"
+if mpirun --version >/dev/null 2>&1; then
+  mpirun -np 2 "$loom" sim calibrate --seconds 0.02 --mem-mb 8 -o "$out/fuzz_profile/calibrated.txtpb" >/dev/null
+fi
 echo "make_seeds: wrote $(find "$out" -type f | wc -l) seeds under $out"
