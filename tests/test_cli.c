@@ -462,6 +462,11 @@ START_TEST(sim_and_search_refuse_bad_input) {
   expect_fail(run("sim", "--cluster", "a100-80gb", "--flops", "palm", NULL), 2,
               "loom sim: --flops must be one of megatron, sc21, got 'palm'");
   expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--hidden 100: must be divisible by --heads (3)");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--svg", "x.svg", NULL), 2, "loom sim: --svg draws a --sweep-gpus curve; give both");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--sweep-gpus", "64,32", NULL), 2,
+              "loom sim: --sweep-gpus '64,32': expected up to 64 rising GPU counts like 64,128,256");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--tp", "2", "--heads", "4", "--sweep-gpus", "2,3", NULL), 2,
+              "loom sim: --sweep-gpus 3 is not whole tp 2 x pp 1 groups");
   expect_fail(run("sim", "calibrate", NULL), 2, "loom sim calibrate: -o PROFILE.txtpb is required");
   const char *cal = tu_tmp_path("cal.txtpb");
   expect_fail(run("sim", "calibrate", "-o", cal, NULL), 2,

@@ -129,15 +129,18 @@ static loom_status draw_sweep(const char *path, const sweep_point *pts, int n, c
 static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, const char *list,
                          const char *svg, loom_error *err) {
   sweep_point pts[64];
-  int n = 0;
-  for (const char *p = list; *p && n < 64;) {
+  int counts[64], n = 0;
+  for (const char *p = list; *p; n++) {
     char *end;
     const long g = strtol(p, &end, 10);
-    if (end == p || g < 1 || g > (1L << 24) || (*end && *end != ',') || (n && g <= pts[n - 1].gpus))
-      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '%s': expected rising GPU counts like 64,128,256", list);
-    loom_status st = predict_at(plan, prof, formula, (int)g, &pts[n++], err);
-    if (st != LOOM_OK) return st;
+    if (n == 64 || end == p || g < 1 || g > (1L << 24) || (*end && *end != ',') || (n && g <= counts[n - 1]))
+      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '%s': expected up to 64 rising GPU counts like 64,128,256", list);
+    counts[n] = (int)g;
     p = *end ? end + 1 : end;
+  }
+  for (int i = 0; i < n; i++) {
+    const loom_status st = predict_at(plan, prof, formula, counts[i], &pts[i], err);
+    if (st != LOOM_OK) return st;
   }
   printf("loom sim: scaling of tp %d x pp %d at global batch %d on %s\n", plan->parallel->tp, plan->parallel->pp,
          plan->batch->global_batch, prof->name ? prof->name : "cluster");
