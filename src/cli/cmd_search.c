@@ -92,6 +92,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan *base = NULL;
   st = loom_profile_load(cluster, &prof, &err);
   pf.dp = 1, pf.micro_batch = 1; /* the base plan carries the model, batch and precision only */
+  if (!pf.name && loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--model")->set) pf.name = pf.model.preset; /* the best plan is named after its model */
   if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);
   loom_search_result r = {0};
   if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &r, &err);

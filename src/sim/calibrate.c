@@ -108,11 +108,11 @@ static void measure_ops(const loom_ops *ops, double seconds, double peak_flops, 
   for (int i = 0; i < 6; i++) mem->release(mem, *small[i]);
 }
 
-/* The slowest rank's figure (every rank measures at once; a step waits for the slowest). */
-static double slowest(loom_comm *world, double mine) {
-  double neg = -mine;
-  if (world) loom_comm_allreduce_typed(world, &neg, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
-  return -neg;
+/* The best rank's figure: the ranks of one machine are alike, and a shared
+ * machine only ever slows one down. */
+static double best_of_ranks(loom_comm *world, double mine) {
+  if (world) loom_comm_allreduce_typed(world, &mine, 1, LOOM_DTYPE_F64, LOOM_REDUCE_MAX);
+  return mine;
 }
 
 /* Text appended to the notes. */
@@ -138,24 +138,32 @@ static void say(text *t, const char *fmt, ...) {
   t->len += (size_t)n;
 }
 
+static int by_value(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* Fits max_efficiency x g(N) g(C) g(OC), g(x) = x / (x + half), to measured
- * efficiencies by least squares in logs: for each half on a grid the best
- * max_efficiency is the mean log ratio; the half with the least error wins. */
+ * efficiencies, robustly (a shared machine only ever slows a measurement
+ * down, now and then a lot): for each half on a grid, max_efficiency is the
+ * median of measured / g(N) g(C) g(OC), and the error the sum of absolute
+ * log residuals; the half with the least error wins. */
 static void fit_gemm(const double *eff, Loom__GemmEfficiency *g) {
   static const double HALVES[] = {0, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512};
   double best_err = INFINITY;
   for (size_t h = 0; h < sizeof HALVES / sizeof HALVES[0]; h++) {
-    double logs[SHAPES], mean = 0.0;
+    double ratio[SHAPES], sorted[SHAPES];
     for (int i = 0; i < SHAPES; i++) {
       const double d[3] = {GRID[i / (GRID_N * GRID_N)], GRID[i / GRID_N % GRID_N], GRID[i % GRID_N]};
-      double shape = 0.0;
-      for (int k = 0; k < 3; k++) shape += log(d[k] / (d[k] + HALVES[h]));
-      logs[i] = log(eff[i]) - shape;
-      mean += logs[i] / SHAPES;
+      double shape = 1.0;
+      for (int k = 0; k < 3; k++) shape *= d[k] / (d[k] + HALVES[h]);
+      ratio[i] = sorted[i] = eff[i] / shape;
     }
+    qsort(sorted, SHAPES, sizeof sorted[0], by_value);
+    const double median = sorted[SHAPES / 2];
     double err = 0.0;
-    for (int i = 0; i < SHAPES; i++) err += (logs[i] - mean) * (logs[i] - mean);
-    if (err < best_err) best_err = err, g->half_dim = HALVES[h], g->max_efficiency = fmin(exp(mean), 1.0);
+    for (int i = 0; i < SHAPES; i++) err += fabs(log(ratio[i] / median));
+    if (err < best_err) best_err = err, g->half_dim = HALVES[h], g->max_efficiency = fmin(median, 1.0);
   }
   g->has_half_dim = g->has_max_efficiency = 1;
 }
@@ -207,12 +215,12 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   d->gemm = loom_xcalloc(2, sizeof *d->gemm, "profile GEMMs");
   for (int k = 0; k < 2; k++) {
     const bool bf16 = k == 1;
-    double peak = slowest(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, o->seconds)), eff[SHAPES];
+    double peak = best_of_ranks(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, o->seconds)), eff[SHAPES];
     say(&t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
     double flops[SHAPES];
     for (int i = 0; i < SHAPES; i++) {
       const int N = GRID[i / (GRID_N * GRID_N)], C = GRID[i / GRID_N % GRID_N], OC = GRID[i % GRID_N];
-      flops[i] = slowest(world, gemm_flops(ops, bf16, N, C, OC, o->seconds / 4));
+      flops[i] = best_of_ranks(world, gemm_flops(ops, bf16, N, C, OC, o->seconds / 2));
       peak = fmax(peak, flops[i]);
       say(&t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
     }
@@ -226,17 +234,17 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
     else d->has_peak_tflops_fp32 = 1, d->peak_tflops_fp32 = peak / 1e12;
   }
   d->has_memory_bandwidth_gbs = d->has_memory_efficiency = 1;
-  d->memory_bandwidth_gbs = slowest(world, loom_measure_memory_gbs(o->mem_bytes, o->seconds));
+  d->memory_bandwidth_gbs = best_of_ranks(world, loom_measure_memory_gbs(o->mem_bytes, o->seconds));
   double attention_eff, memory_eff;
   measure_ops(ops, o->seconds, d->peak_tflops_fp32 * 1e12, d->memory_bandwidth_gbs, &attention_eff, &memory_eff);
   d->has_attention_efficiency = 1;
-  d->attention_efficiency = slowest(world, attention_eff);
-  d->memory_efficiency = slowest(world, memory_eff);
+  d->attention_efficiency = best_of_ranks(world, attention_eff);
+  d->memory_efficiency = best_of_ranks(world, memory_eff);
   /* Memory per rank: the host's, shared among the launched ranks. */
   d->has_memory_bytes = 1;
   d->memory_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
   p->has_op_overhead_us = 1;
-  p->op_overhead_us = 6.0 * 8 * 8 * 8 / slowest(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6 / 3.0;
+  p->op_overhead_us = 6.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6 / 3.0;
   say(&t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
       "attention %.0f%% of the fp32 peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
       d->memory_bandwidth_gbs, 100.0 * d->memory_efficiency, 100.0 * d->attention_efficiency, p->op_overhead_us);
