@@ -29,6 +29,26 @@ static loom_plan *plan_of(loom_plan_spec spec) {
   return p;
 }
 
+/* A plan predicted on a built-in profile, all three kept for the test to read. */
+typedef struct {
+  loom_profile *prof;
+  loom_plan *plan;
+  loom_sim_result r;
+} predicted;
+
+static void predict(predicted *x, const char *cluster, loom_plan_spec spec) {
+  x->prof = builtin(cluster);
+  x->plan = plan_of(spec);
+  loom_error err = {{0}};
+  ck_assert_msg(loom_sim_run(x->plan, x->prof, LOOM_FLOPS_MEGATRON, &x->r, &err) == LOOM_OK, "%s", err.msg);
+}
+
+static void predicted_free(predicted *x) {
+  loom_sim_result_free(&x->r);
+  loom_plan_free(x->plan);
+  loom_profile_free(x->prof);
+}
+
 static const loom_gpt_config GPT = {.layers = 32, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 1024};
 
 START_TEST(builtin_profiles_load) {
@@ -127,12 +147,10 @@ START_TEST(collectives_follow_ring_formulas) {
 END_TEST
 
 START_TEST(replay_adds_up_one_rank) {
-  loom_profile *prof = builtin("a100-80gb");
-  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2,
-                                             .global_batch = 8, .precision = LOOM__PRECISION__PRECISION_BF16});
-  loom_sim_result r;
-  loom_error err = {{0}};
-  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  predicted x;
+  predict(&x, "a100-80gb", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2,
+                                            .global_batch = 8, .precision = LOOM__PRECISION__PRECISION_BF16});
+  const loom_sim_result r = x.r;
   ck_assert_int_eq(r.costs.m, 4);
   ck_assert(r.costs.forward[0] > 0 && r.costs.backward[0] > 1.5 * r.costs.forward[0]);
   /* One rank: every micro-batch's forward and backward, then the optimizer, nothing idle. */
@@ -141,10 +159,8 @@ START_TEST(replay_adds_up_one_rank) {
   ck_assert_double_eq_tol(r.bubble, 0.0, 1e-12);
   ck_assert_double_eq_tol(r.tflops_per_gpu * 1e12 * r.step_s, r.model_flops, 1e-9 * r.model_flops);
   ck_assert_double_eq_tol(r.mfu, r.tflops_per_gpu / 312.0, 1e-9);
-  ck_assert_int_eq(r.max_rank_memory_bytes, loom_plan_rank_bytes(plan, 0, NULL));
-  loom_sim_result_free(&r);
-  loom_plan_free(plan);
-  loom_profile_free(prof);
+  ck_assert_int_eq(r.max_rank_memory_bytes, loom_plan_rank_bytes(x.plan, 0, NULL));
+  predicted_free(&x);
 }
 END_TEST
 
@@ -152,40 +168,31 @@ START_TEST(replay_waits_for_transfers) {
   /* Two stages, one micro-batch: stage 0's forward, the activation's flight, stage 1's forward and backward, the
    * grad's flight, stage 0's backward; then the tied embedding's reduction (both ends leave together) and the
    * slower optimizer step. */
-  loom_profile *prof = builtin("a100-80gb");
-  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 1, .micro_batch = 1,
-                                             .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
-  loom_sim_result r;
-  loom_error err = {{0}};
-  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
-  const loom_sim_costs *c = &r.costs;
+  predicted x;
+  predict(&x, "a100-80gb", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                            .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+  const loom_sim_costs *c = &x.r.costs;
   ck_assert(c->p2p > 0 && c->tied > 0);
   const double want = c->forward[0] + c->p2p + c->forward[1] + c->backward[1] + c->p2p + c->backward[0] + c->tied +
                       fmax(c->optimizer[0], c->optimizer[1]);
-  ck_assert_double_eq_tol(r.step_s, want, 1e-12 * want);
-  loom_sim_result_free(&r);
-  loom_plan_free(plan);
-  loom_profile_free(prof);
+  ck_assert_double_eq_tol(x.r.step_s, want, 1e-12 * want);
+  predicted_free(&x);
 }
 END_TEST
 
 START_TEST(pipeline_bubble_follows_theory) {
-  loom_profile *prof = builtin("a100-80gb");
   const int m[] = {4, 8, 16};
   for (int i = 0; i < 3; i++) {
-    loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 4, .dp = 1, .vpp = 1, .micro_batch = 1,
-                                               .global_batch = m[i], .precision = LOOM__PRECISION__PRECISION_BF16});
-    loom_sim_result r;
-    loom_error err = {{0}};
-    ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+    predicted x;
+    predict(&x, "a100-80gb", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 4, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                              .global_batch = m[i], .precision = LOOM__PRECISION__PRECISION_BF16});
     const double theory = 3.0 / (m[i] + 3.0);
-    ck_assert_double_eq_tol(r.theory_bubble, theory, 1e-12);
+    ck_assert_double_eq_tol(x.r.theory_bubble, theory, 1e-12);
     /* Equal stages (a small vocab keeps the edges light), and transfers that take time: near theory, never below. */
-    ck_assert_msg(r.bubble >= theory - 0.01 && r.bubble <= theory + 0.03, "m %d: bubble %g, theory %g", m[i], r.bubble, theory);
-    loom_sim_result_free(&r);
-    loom_plan_free(plan);
+    ck_assert_msg(x.r.bubble >= theory - 0.01 && x.r.bubble <= theory + 0.03, "m %d: bubble %g, theory %g", m[i], x.r.bubble,
+                  theory);
+    predicted_free(&x);
   }
-  loom_profile_free(prof);
 }
 END_TEST
 
@@ -215,15 +222,13 @@ START_TEST(links_follow_the_rank_order) {
 END_TEST
 
 START_TEST(trace_is_drawn) {
-  loom_profile *prof = builtin("h100-sxm");
-  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
-                                             .global_batch = 4, .schedule = LOOM_SCHEDULE_INTERLEAVED,
-                                             .precision = LOOM__PRECISION__PRECISION_BF16});
-  loom_sim_result r;
+  predicted x;
+  predict(&x, "h100-sxm", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
+                                           .global_batch = 4, .schedule = LOOM_SCHEDULE_INTERLEAVED,
+                                           .precision = LOOM__PRECISION__PRECISION_BF16});
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
   const char *json = tu_tmp_path("sim_trace.json"), *svg = tu_tmp_path("sim_trace.svg");
-  ck_assert_int_eq(loom_sim_write_trace(&r, json, &err), LOOM_OK);
+  ck_assert_int_eq(loom_sim_write_trace(&x.r, json, &err), LOOM_OK);
   ck_assert_msg(loom_trace_svg(json, svg, &err) == LOOM_OK, "%s", err.msg);
   size_t n;
   char *text = tu_read_bytes(svg, &n);
@@ -234,9 +239,7 @@ START_TEST(trace_is_drawn) {
   free(text);
   unlink(json);
   unlink(svg);
-  loom_sim_result_free(&r);
-  loom_plan_free(plan);
-  loom_profile_free(prof);
+  predicted_free(&x);
 }
 END_TEST
 

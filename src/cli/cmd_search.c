@@ -61,17 +61,16 @@ int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
   int gpus = 0, top = 10;
-  static const char *const FLOPS_CHOICES[] = {"megatron", "sc21", NULL};
   enum { EXTRA = 6 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
       {"--gpus", FLAG_INT, &gpus, "GPUs to lay the model out on (required)", 1, 1 << 20, NULL, false, NULL},
-      {"--cluster", FLAG_STRING, &cluster, "a built-in cluster profile or a profile file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_sim_cluster_flag(&cluster),
       {"--top", FLAG_INT, &top, "candidates to print", 1, 1000, NULL, false, NULL},
       {"-o", FLAG_STRING, &out, "write the best plan here (.txtpb or .pb)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--svg", FLAG_STRING, &svg, "draw every candidate's throughput against its memory", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--flops", FLAG_STRING, &flops, "model FLOPs definition for TFLOP/s: megatron or sc21", LOOM_NO_RANGE, FLOPS_CHOICES, false, NULL},
+      loom_sim_flops_flag(&flops),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {{0}};
@@ -87,10 +86,9 @@ int loom_cmd_plan_search(int argc, char **argv) {
   if (!gpus || !cluster || !pf.global_batch)
     return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: --gpus, --cluster and --global-batch are required"), &err);
   loom_flops_formula formula;
-  loom_flops_formula_parse(flops, &formula);
   loom_profile *prof = NULL;
   loom_plan *base = NULL;
-  st = loom_profile_load(cluster, &prof, &err);
+  st = loom_sim_flag_values(cluster, flops, &prof, &formula, &err);
   pf.dp = 1, pf.micro_batch = 1; /* the base plan carries the model, batch and precision only */
   if (!pf.name && loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--model")->set) pf.name = pf.model.preset; /* the best plan is named after its model */
   if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);

@@ -12,7 +12,21 @@
 #include "core/log.h"
 #include "sim/sim.h"
 
-static const char *const FLOPS_CHOICES[] = {"megatron", "sc21", NULL};
+loom_flag loom_sim_cluster_flag(const char **dst) {
+  return (loom_flag){"--cluster", FLAG_STRING, dst, "a built-in cluster profile (examples/clusters) or a profile file (required)",
+                     LOOM_NO_RANGE, NULL, false, NULL};
+}
+
+loom_flag loom_sim_flops_flag(const char **dst) {
+  return (loom_flag){"--flops", FLAG_STRING, dst, "model FLOPs definition: megatron (current code) or sc21 (Narayanan et al. 2021)",
+                     LOOM_NO_RANGE, LOOM_FLOPS_FORMULA_NAMES, false, NULL};
+}
+
+loom_status loom_sim_flag_values(const char *cluster, const char *flops, loom_profile **prof, loom_flops_formula *formula,
+                                 loom_error *err) {
+  loom_flops_formula_parse(flops, formula); /* the flag's choices guarantee a known name */
+  return loom_profile_load(cluster, prof, err);
+}
 
 static const char *link_name(loom_link_kind k) { return k == LOOM_LINK_INTER ? "inter-node" : "intra-node"; }
 
@@ -166,10 +180,10 @@ int loom_cmd_sim(int argc, char **argv) {
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
       {"--plan", FLAG_STRING, &file, "a partition plan (.txtpb or .pb) instead of the model and layout flags", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--cluster", FLAG_STRING, &cluster, "a built-in cluster profile (examples/clusters) or a profile file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_sim_cluster_flag(&cluster),
       {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
       {"--trace", FLAG_STRING, &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--flops", FLAG_STRING, &flops, "model FLOPs definition: megatron (current code) or sc21 (Narayanan et al. 2021)", LOOM_NO_RANGE, FLOPS_CHOICES, false, NULL},
+      loom_sim_flops_flag(&flops),
       {"--sweep-gpus", FLAG_STRING, &gpus, "predict the plan on each of these GPU counts (dp scaled, the global batch kept): 64,128,256", LOOM_NO_RANGE, NULL, false, NULL},
       {"--svg", FLAG_STRING, &svg, "with --sweep-gpus: draw the scaling curve", LOOM_NO_RANGE, NULL, false, NULL},
   };
@@ -184,9 +198,8 @@ int loom_cmd_sim(int argc, char **argv) {
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!cluster) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --cluster is required (built in: %s)", loom_profile_builtin_names()), &err);
   loom_flops_formula formula;
-  loom_flops_formula_parse(flops, &formula);
   loom_profile *prof = NULL;
-  st = loom_profile_load(cluster, &prof, &err);
+  st = loom_sim_flag_values(cluster, flops, &prof, &formula, &err);
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_plan_flags_or_file("loom sim", file, &pf, table, &plan, &err);
   loom_sim_result res;

@@ -108,11 +108,15 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   return buf;
 }
 
-const char *loom_flops_formula_name(loom_flops_formula f) { return f == LOOM_FLOPS_SC21 ? "sc21" : "megatron"; }
+const char *const LOOM_FLOPS_FORMULA_NAMES[] = {"megatron", "sc21", NULL};
+
+const char *loom_flops_formula_name(loom_flops_formula f) { return LOOM_FLOPS_FORMULA_NAMES[f == LOOM_FLOPS_SC21]; }
 
 int loom_flops_formula_parse(const char *name, loom_flops_formula *f) {
-  if (strcmp(name, "megatron") == 0) *f = LOOM_FLOPS_MEGATRON;
-  else if (strcmp(name, "sc21") == 0) *f = LOOM_FLOPS_SC21;
-  else return -1;
-  return 0;
+  for (int i = 0; LOOM_FLOPS_FORMULA_NAMES[i]; i++)
+    if (strcmp(name, LOOM_FLOPS_FORMULA_NAMES[i]) == 0) {
+      *f = (loom_flops_formula)i;
+      return 0;
+    }
+  return -1;
 }

@@ -10,78 +10,57 @@
 #include <string.h>
 #include "core/check.h"
 #include "core/fault.h"
+#include "core/strbuf.h"
 #include "plan/textformat.h"
 
 /* ---- printing ---- */
 
-typedef struct {
-  char *buf;
-  size_t len, cap;
-} sbuf;
-
-static void put(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sbuf *b, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  if (b->len + (size_t)n + 1 > b->cap) {
-    b->cap = (b->len + (size_t)n + 1) * 2;
-    b->buf = realloc(b->buf, b->cap);
-    LOOM_CHECK(b->buf != NULL, "out of memory printing text format");
-  }
-  va_start(ap, fmt);
-  vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
-  va_end(ap);
-  b->len += (size_t)n;
-}
-
 /* protoc's SimpleFtoa / SimpleDtoa: the shortest of %.{6,9}g (float) or
  * %.{15,17}g (double) that reads back to the same value. */
-static void put_real(sbuf *b, double v, int is_float) {
-  if (isnan(v)) { put(b, "nan"); return; }
-  if (isinf(v)) { put(b, v > 0 ? "inf" : "-inf"); return; }
+static void put_real(loom_strbuf *b, double v, int is_float) {
+  if (isnan(v)) { loom_strbuf_printf(b, "nan"); return; }
+  if (isinf(v)) { loom_strbuf_printf(b, v > 0 ? "inf" : "-inf"); return; }
   char text[64];
   snprintf(text, sizeof text, "%.*g", is_float ? FLT_DIG : DBL_DIG, v);
   const int exact = is_float ? strtof(text, NULL) == (float)v : strtod(text, NULL) == v;
   if (!exact) snprintf(text, sizeof text, "%.*g", is_float ? FLT_DIG + 3 : DBL_DIG + 2, v);
-  put(b, "%s", text);
+  loom_strbuf_printf(b, "%s", text);
 }
 
 /* protoc's CEscape: the common escapes, other unprintable bytes in octal. */
-static void put_escaped(sbuf *b, const uint8_t *s, size_t n) {
-  put(b, "\"");
+static void put_escaped(loom_strbuf *b, const uint8_t *s, size_t n) {
+  loom_strbuf_printf(b, "\"");
   for (size_t i = 0; i < n; i++) {
     switch (s[i]) {
-    case '\n': put(b, "\\n"); break;
-    case '\r': put(b, "\\r"); break;
-    case '\t': put(b, "\\t"); break;
-    case '\"': put(b, "\\\""); break;
-    case '\'': put(b, "\\'"); break;
-    case '\\': put(b, "\\\\"); break;
+    case '\n': loom_strbuf_printf(b, "\\n"); break;
+    case '\r': loom_strbuf_printf(b, "\\r"); break;
+    case '\t': loom_strbuf_printf(b, "\\t"); break;
+    case '\"': loom_strbuf_printf(b, "\\\""); break;
+    case '\'': loom_strbuf_printf(b, "\\'"); break;
+    case '\\': loom_strbuf_printf(b, "\\\\"); break;
     default:
-      if (s[i] < 0x20 || s[i] >= 0x7f) put(b, "\\%03o", s[i]);
-      else put(b, "%c", s[i]);
+      if (s[i] < 0x20 || s[i] >= 0x7f) loom_strbuf_printf(b, "\\%03o", s[i]);
+      else loom_strbuf_printf(b, "%c", s[i]);
     }
   }
-  put(b, "\"");
+  loom_strbuf_printf(b, "\"");
 }
 
-static void print_message(sbuf *b, const ProtobufCMessage *msg, int depth);
+static void print_message(loom_strbuf *b, const ProtobufCMessage *msg, int depth);
 
-static void print_value(sbuf *b, const ProtobufCFieldDescriptor *f, const void *v, int depth) {
+static void print_value(loom_strbuf *b, const ProtobufCFieldDescriptor *f, const void *v, int depth) {
   switch (f->type) {
-  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32: put(b, "%" PRId32, *(const int32_t *)v); break;
-  case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64: put(b, "%" PRId64, *(const int64_t *)v); break;
-  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32: put(b, "%" PRIu32, *(const uint32_t *)v); break;
-  case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: put(b, "%" PRIu64, *(const uint64_t *)v); break;
-  case PROTOBUF_C_TYPE_BOOL: put(b, "%s", *(const protobuf_c_boolean *)v ? "true" : "false"); break;
+  case PROTOBUF_C_TYPE_INT32: case PROTOBUF_C_TYPE_SINT32: case PROTOBUF_C_TYPE_SFIXED32: loom_strbuf_printf(b, "%" PRId32, *(const int32_t *)v); break;
+  case PROTOBUF_C_TYPE_INT64: case PROTOBUF_C_TYPE_SINT64: case PROTOBUF_C_TYPE_SFIXED64: loom_strbuf_printf(b, "%" PRId64, *(const int64_t *)v); break;
+  case PROTOBUF_C_TYPE_UINT32: case PROTOBUF_C_TYPE_FIXED32: loom_strbuf_printf(b, "%" PRIu32, *(const uint32_t *)v); break;
+  case PROTOBUF_C_TYPE_UINT64: case PROTOBUF_C_TYPE_FIXED64: loom_strbuf_printf(b, "%" PRIu64, *(const uint64_t *)v); break;
+  case PROTOBUF_C_TYPE_BOOL: loom_strbuf_printf(b, "%s", *(const protobuf_c_boolean *)v ? "true" : "false"); break;
   case PROTOBUF_C_TYPE_FLOAT: put_real(b, *(const float *)v, 1); break;
   case PROTOBUF_C_TYPE_DOUBLE: put_real(b, *(const double *)v, 0); break;
   case PROTOBUF_C_TYPE_ENUM: {
     const ProtobufCEnumValue *e = protobuf_c_enum_descriptor_get_value(f->descriptor, *(const int *)v);
-    if (e) put(b, "%s", e->name);
-    else put(b, "%d", *(const int *)v);
+    if (e) loom_strbuf_printf(b, "%s", e->name);
+    else loom_strbuf_printf(b, "%d", *(const int *)v);
     break;
   }
   case PROTOBUF_C_TYPE_STRING: {
@@ -95,9 +74,9 @@ static void print_value(sbuf *b, const ProtobufCFieldDescriptor *f, const void *
     break;
   }
   case PROTOBUF_C_TYPE_MESSAGE:
-    put(b, "{\n");
+    loom_strbuf_printf(b, "{\n");
     print_message(b, *(ProtobufCMessage *const *)v, depth + 1);
-    put(b, "%*s}", 2 * depth, "");
+    loom_strbuf_printf(b, "%*s}", 2 * depth, "");
     break;
   }
 }
@@ -128,7 +107,7 @@ static int by_id(const void *a, const void *b) {
   return (int)(*(const ProtobufCFieldDescriptor *const *)a)->id - (int)(*(const ProtobufCFieldDescriptor *const *)b)->id;
 }
 
-static void print_message(sbuf *b, const ProtobufCMessage *msg, int depth) {
+static void print_message(loom_strbuf *b, const ProtobufCMessage *msg, int depth) {
   const ProtobufCMessageDescriptor *d = msg->descriptor;
   const ProtobufCFieldDescriptor **order = malloc(d->n_fields * sizeof *order);
   for (unsigned i = 0; i < d->n_fields; i++) order[i] = &d->fields[i];
@@ -141,22 +120,22 @@ static void print_message(sbuf *b, const ProtobufCMessage *msg, int depth) {
       const size_t n = *(const size_t *)(base + f->quantifier_offset);
       const char *items = *(char *const *)(base + f->offset);
       for (size_t k = 0; k < n; k++) {
-        put(b, "%*s%s%s", 2 * depth, "", f->name, sep);
+        loom_strbuf_printf(b, "%*s%s%s", 2 * depth, "", f->name, sep);
         print_value(b, f, items + k * value_size(f), depth);
-        put(b, "\n");
+        loom_strbuf_printf(b, "\n");
       }
     } else if (is_set(f, base)) {
-      put(b, "%*s%s%s", 2 * depth, "", f->name, sep);
+      loom_strbuf_printf(b, "%*s%s%s", 2 * depth, "", f->name, sep);
       print_value(b, f, base + f->offset, depth);
-      put(b, "\n");
+      loom_strbuf_printf(b, "\n");
     }
   }
   free(order);
 }
 
 char *loom_text_print(const ProtobufCMessage *msg) {
-  sbuf b = {0};
-  put(&b, "%s", "");
+  loom_strbuf b = {0};
+  loom_strbuf_printf(&b, "%s", "");
   print_message(&b, msg, 0);
   return b.buf;
 }

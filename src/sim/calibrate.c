@@ -1,12 +1,12 @@
 /* Calibration: measure, fit, and write the profile. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "core/check.h"
 #include "core/timer.h"
+#include "core/strbuf.h"
 #include "pipeline/measure.h"
 #include "sim/calibrate.h"
 
@@ -115,29 +115,6 @@ static double best_of_ranks(loom_comm *world, double mine) {
   return mine;
 }
 
-/* Text appended to the notes. */
-typedef struct {
-  char *buf;
-  size_t len, cap;
-} text;
-
-static void say(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(text *t, const char *fmt, ...) {
-  char line[512];
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  if (n <= 0) return;
-  if (t->len + (size_t)n + 1 > t->cap) {
-    t->cap = (t->len + (size_t)n + 1) * 2;
-    t->buf = realloc(t->buf, t->cap);
-    LOOM_CHECK(t->buf != NULL, "out of memory writing calibration notes");
-  }
-  memcpy(t->buf + t->len, line, (size_t)n + 1);
-  t->len += (size_t)n;
-}
-
 static int by_value(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -202,13 +179,13 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   if (ranks < 2 && !o->links_from)
     return loom_fail(err, LOOM_ERR_USAGE, "loom sim calibrate: one rank measures no link; launch 2 or more ranks with "
                                           "mpirun, or give --links-from PROFILE for a one-rank device");
-  text t = {0};
+  loom_strbuf t = {0};
   loom_profile *p = loom_xmalloc(sizeof *p, "profile");
   loom__cluster_profile__init(p);
   Loom__DeviceProfile *d = loom_xmalloc(sizeof *d, "profile device");
   loom__device_profile__init(d);
   p->device = d;
-  say(&t, "# Measured by `loom sim calibrate` on %d rank%s of this machine, each with its threads (one rank is one device).\n",
+  loom_strbuf_printf(&t, "# Measured by `loom sim calibrate` on %d rank%s of this machine, each with its threads (one rank is one device).\n",
       ranks, ranks > 1 ? "s" : "");
   /* GEMMs: the peak from the large shape, then the grid's efficiencies against it. */
   d->n_gemm = 2;
@@ -216,16 +193,16 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   for (int k = 0; k < 2; k++) {
     const bool bf16 = k == 1;
     double peak = best_of_ranks(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, o->seconds)), eff[SHAPES];
-    say(&t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
+    loom_strbuf_printf(&t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
     double flops[SHAPES];
     for (int i = 0; i < SHAPES; i++) {
       const int N = GRID[i / (GRID_N * GRID_N)], C = GRID[i / GRID_N % GRID_N], OC = GRID[i % GRID_N];
       flops[i] = best_of_ranks(world, gemm_flops(ops, bf16, N, C, OC, o->seconds / 2));
       peak = fmax(peak, flops[i]);
-      say(&t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
+      loom_strbuf_printf(&t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
     }
     for (int i = 0; i < SHAPES; i++) eff[i] = flops[i] / peak;
-    say(&t, "\n");
+    loom_strbuf_printf(&t, "\n");
     Loom__GemmEfficiency *g = d->gemm[k] = loom_xmalloc(sizeof *g, "profile GEMM");
     loom__gemm_efficiency__init(g);
     g->has_dtype = 1, g->dtype = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
@@ -245,7 +222,7 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   d->memory_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
   p->has_op_overhead_us = 1;
   p->op_overhead_us = 6.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6 / 3.0;
-  say(&t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
+  loom_strbuf_printf(&t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
       "attention %.0f%% of the fp32 peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
       d->memory_bandwidth_gbs, 100.0 * d->memory_efficiency, 100.0 * d->attention_efficiency, p->op_overhead_us);
   p->has_devices_per_node = 1;
@@ -259,24 +236,24 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
     static const char *const NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
     for (int k = 0; k < LOOM_COLL_KINDS; k++) {
       double times[NS];
-      say(&t, "# %s over %d ranks, us (bytes):", NAMES[k], ranks);
+      loom_strbuf_printf(&t, "# %s over %d ranks, us (bytes):", NAMES[k], ranks);
       for (int i = 0; i < NS; i++) {
         times[i] = loom_measure_collective_seconds(world, ops->mem, (loom_collective)k, (size_t)SIZES[i], o->seconds / 4);
-        say(&t, " %.0f (%.0f)", times[i] * 1e6, SIZES[i]);
+        loom_strbuf_printf(&t, " %.0f (%.0f)", times[i] * 1e6, SIZES[i]);
       }
       fit_link(SIZES, times, NS, (loom_collective)k, ranks, &latency[k], &busbw[k]);
-      say(&t, "; fitted %.2f us per step, bus bandwidth %.2f GB/s\n", latency[k], busbw[k]);
+      loom_strbuf_printf(&t, "; fitted %.2f us per step, bus bandwidth %.2f GB/s\n", latency[k], busbw[k]);
     }
     /* The link runs at send/recv's rate; a collective reaches the all-reduce's share of it. */
     const double link = busbw[LOOM_COLL_SENDRECV];
     p->intra_node = new_link(link, latency[LOOM_COLL_ALLREDUCE], fmin(busbw[LOOM_COLL_ALLREDUCE] / link, 1.0));
     p->inter_node = copy_link(p->intra_node);
-    say(&t, "# inter_node: this is one host, so it repeats intra_node\n");
+    loom_strbuf_printf(&t, "# inter_node: this is one host, so it repeats intra_node\n");
   } else {
     p->intra_node = copy_link(o->links_from->intra_node);
     p->inter_node = copy_link(o->links_from->inter_node);
     p->devices_per_node = o->links_from->devices_per_node;
-    say(&t, "# links: copied from --links-from (one rank measures none)\n");
+    loom_strbuf_printf(&t, "# links: copied from --links-from (one rank measures none)\n");
   }
   p->name = strdup(o->name ? o->name : "calibrated");
   p->source = strdup("loom sim calibrate");

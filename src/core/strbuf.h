@@ -1,0 +1,16 @@
+/* A growing, NUL-terminated string: text built piece by piece (the text
+ * format's printer, calibration notes). Out of memory ends the program, as
+ * loom_xmalloc does. */
+#ifndef LOOM_STRBUF_H
+#define LOOM_STRBUF_H
+
+#include <stddef.h>
+
+typedef struct {
+  char *buf; /* NULL until the first append; the caller frees it */
+  size_t len, cap;
+} loom_strbuf;
+
+void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#endif
