@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 scripts/setup.sh "$@"
-scripts/packages.sh python3-torch # PyTorch's bf16 conversion, the reference for tests/export_bf16.py
+scripts/packages.sh python3 python3-torch # tests/sc21_table1.py; PyTorch's bf16 conversion, the reference for tests/export_bf16.py
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 scripts/packages.sh clang libclang-rt-14-dev libomp-dev
