@@ -9,7 +9,7 @@ predicts the step time with `loom sim` and measures it with `loom train`
 work only ever slows a step down; calibration too keeps each measurement's
 best), and prints the table the README shows.
 
-  bench/sim_validate.py build/loom [--steps 8] [--seconds 0.5]
+  bench/sim_validate.py build/loom [--steps 12] [--seconds 0.5]
 """
 import argparse
 import json
@@ -52,7 +52,7 @@ def run(cmd, env=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("loom")
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seconds", default="0.5", help="calibration: the least time of each measurement")
     a = ap.parse_args()
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
