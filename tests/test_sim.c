@@ -109,6 +109,7 @@ START_TEST(profiles_refuse_bad_figures) {
       {"latency_us: 5", "latency_us: -5", "inter_node.latency_us = -5 must be >= 0"},
       {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 2", "device.attention_efficiency = 2"},
       {"devices_per_node: 8", "devices_per_nodes: 8", "not a cluster profile"},
+      {"name: \"t\"", "name: \"a\\\"b\"", "t.txtpb: name may hold printable ASCII only, without quotes or backslashes"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ck_assert_int_eq(parse_with(cases[i].from, cases[i].to, &err), LOOM_ERR_FORMAT);

@@ -137,10 +137,12 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
 static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g) {
   const loom_gpt_config *c = &L->cfg;
   const double h = c->hidden, T = L->tokens, e = L->e, vocab = (double)c->vocab / L->tp;
-  if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP) */
+  if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP,
+                    * whose backward all-gathers the grads) */
     f->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * e) + 2.0 * L->overhead;
     g->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * 4.0) + 2.0 * L->overhead;
     tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
+    if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER);
   }
   if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
     f->compute += gemm(L, T, vocab, h, 1) + loom_profile_memory_seconds(L->prof, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0) +

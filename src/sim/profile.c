@@ -56,8 +56,19 @@ static const Loom__GemmEfficiency *gemm_of(const Loom__DeviceProfile *d, Loom__P
   return NULL;
 }
 
+/* Names are printed in reports and JSON: printable ASCII, no quotes or backslashes. */
+static loom_status check_name(const char *what, const char *field, const char *name, loom_error *err) {
+  for (const char *c = name; c && *c; c++)
+    if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s may hold printable ASCII only, without quotes or backslashes", what, field);
+  return LOOM_OK;
+}
+
 static loom_status check_profile(const loom_profile *p, const char *what, loom_error *err) {
   const Loom__DeviceProfile *d = p->device;
+  loom_status named = check_name(what, "name", p->name, err);
+  if (named == LOOM_OK && d) named = check_name(what, "device.name", d->name, err);
+  if (named != LOOM_OK) return named;
   if (!d) return loom_fail(err, LOOM_ERR_FORMAT, "%s: device is missing; every profile describes its device", what);
   CHECK("device.peak_tflops_bf16", d->has_peak_tflops_bf16, d->peak_tflops_bf16, MIN_RATE, 1e6);
   CHECK("device.peak_tflops_fp32", d->has_peak_tflops_fp32, d->peak_tflops_fp32, MIN_RATE, 1e6);
