@@ -151,6 +151,12 @@ loom_stage_range loom_stage_whole(const loom_gpt_config *cfg) {
   return (loom_stage_range){.layer_begin = 0, .layer_end = cfg->layers, .first = true, .last = true};
 }
 
+int loom_stage_range_parts(const loom_stage_range *r, loom_stage_range *edges, loom_stage_range *one) {
+  *edges = (loom_stage_range){r->layer_begin, r->layer_begin, r->first, r->last};
+  *one = (loom_stage_range){r->layer_begin, r->layer_begin + 1, false, false};
+  return r->layer_end - r->layer_begin;
+}
+
 int loom_gpt_first_block_tensor(const loom_gpt_params *p) {
   const loom_stage_range *r = &p->range;
   const bool wte = r->first || (r->last && !p->cfg.untied);
@@ -427,13 +433,9 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
 static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
   /* A config already padded for this split (or more) is counted as it is. */
   const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
-  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const int layers = r.layer_end - r.layer_begin;
-  if (layers <= 1) return table_count(&c, &r, tp_size);
-  /* Every layer has the same tensors: the edges, plus one layer's count times the layers (plan search counts
-   * thousands of stages). */
-  const loom_stage_range edges = {r.layer_begin, r.layer_begin, r.first, r.last};
-  const loom_stage_range one = {r.layer_begin, r.layer_begin + 1, false, false};
+  loom_stage_range edges, one;
+  const int layers = loom_stage_range_parts(range, &edges, &one);
+  if (layers <= 1) return table_count(&c, range, tp_size);
   return table_count(&c, &edges, tp_size) + (size_t)layers * table_count(&c, &one, tp_size);
 }
 

@@ -80,6 +80,11 @@ typedef struct {
 
 /* Every layer, first and last: the whole model. */
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
+/* A range's parts for sizes that add up per tensor: *edges (its embedding
+ * and head, no layer) and *one (its first layer alone). Every layer holds
+ * the same tensors, so a range's sum is the edges' plus the layer count
+ * (returned) times one layer's. */
+int loom_stage_range_parts(const loom_stage_range *r, loom_stage_range *edges, loom_stage_range *one);
 /* Model FLOPs of one training step of a stage's part on `tokens` tokens of
  * length T, by a formula of gpt_config.h. Megatron's: 6 x its matmul
  * parameters (q, k and v with the config's key/value heads, the output

@@ -723,16 +723,15 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   const loom_compression gc = loom_plan_compression(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
-  const int tp = p->parallel->tp, layers = range->layer_end - range->layer_begin;
+  const int tp = p->parallel->tp;
   cfg = loom_gpt_config_for_tp(&cfg, tp);
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
     const double whole = (double)loom_gpt_param_count(&cfg, range, tp);
     return (loom_compression_cost){0.0, whole, whole, 0.0};
   }
+  loom_stage_range edges, one;
+  const int layers = loom_stage_range_parts(range, &edges, &one);
   if (layers <= 1) return table_compression_cost(&cfg, &gc, range, tp);
-  /* Every layer's tensors are alike: the edges plus one layer's cost times the layers. */
-  const loom_stage_range edges = {range->layer_begin, range->layer_begin, range->first, range->last};
-  const loom_stage_range one = {range->layer_begin, range->layer_begin + 1, false, false};
   loom_compression_cost c = table_compression_cost(&cfg, &gc, &edges, tp);
   const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one, tp);
   c.state_bytes += layers * l.state_bytes, c.sent_words += layers * l.sent_words;

@@ -107,7 +107,6 @@ static int step(sim *x, int r) {
     if (*d) return fail(x, r, a, "runs twice");
     if (backward && !*done_at(x, r, 0, a->mb, a->chunk)) return fail(x, r, a, "comes before its forward");
     *d = 1;
-    x->busy[r] += duration(x, r, a);
     x->live[r] += backward ? -1 : 1;
     if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
     if (x->s->kind == LOOM_SCHEDULE_FORWARD_ONLY) x->live[r]--; /* nothing waits for a backward */
@@ -129,10 +128,13 @@ static int step(sim *x, int r) {
   if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) {
     const double cost = duration(x, r, a);
     const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
+    const bool compute = a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD;
     x->clock[r] = begin + cost;
-    if (cost > 0.0 || a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) record_span(x, r, begin, x->clock[r]);
-    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD)
+    if (cost > 0.0 || compute) record_span(x, r, begin, x->clock[r]);
+    if (compute) {
+      x->busy[r] += cost;
       x->rep->compute_end = x->clock[r] > x->rep->compute_end ? x->clock[r] : x->rep->compute_end;
+    }
   }
   x->pos[r]++;
   return 1;

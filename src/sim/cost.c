@@ -122,15 +122,13 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
   const double ops = 14.0;
   f->compute += memory + ops * L->overhead;
   g->compute += 2.0 * memory + 2.0 * ops * L->overhead;
-  /* Attention's and the MLP's entries and exits. */
+  /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
+   * SP also their entries forward and exits backward (all-gathers), which are identities without it. */
   for (int i = 0; i < 2; i++) {
-    tp_exchange(L, f, LOOM_COLL_ALLGATHER);
     tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
-    tp_exchange(L, g, LOOM_COLL_ALLGATHER);
     tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
+    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER), tp_exchange(L, g, LOOM_COLL_ALLGATHER);
   }
-  /* Without SP the entries are identities forward (and the exits in backward). */
-  if (!L->sp) f->comm /= 2.0, f->tp_bytes /= 2.0, g->comm /= 2.0, g->tp_bytes /= 2.0;
 }
 
 /* The embedding (first stage) and the final norm, LM head and loss (last). */

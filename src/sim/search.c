@@ -103,7 +103,8 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
         for (int vpp = 1; vpp <= 8; vpp++) {
           if (vpp > 1 && (pp == 1 || layers % (pp * vpp) || m % pp)) continue; /* interleaving needs even chunks */
           const loom_schedule_kind kinds[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE};
-          for (int k = 0; k < (vpp > 1 ? 1 : (pp > 1 ? 2 : 1)); k++)
+          const int nkinds = vpp == 1 && pp > 1 ? 2 : 1; /* GPipe only differs from 1F1B with a pipeline */
+          for (int k = 0; k < nkinds; k++)
             for (int rc = 0; rc < 2; rc++)
               for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
                 for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
