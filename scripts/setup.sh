@@ -6,7 +6,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 PACKAGES="build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin \
-libprotobuf-c-dev protobuf-c-compiler protobuf-compiler check iproute2 libdnnl-dev"
+libprotobuf-c-dev protobuf-c-compiler protobuf-compiler check iproute2 libdnnl-dev libpcre2-dev"
 
 scripts/packages.sh $PACKAGES
 

@@ -1,28 +1,16 @@
-/* `loom data prepare IN.txt -o OUT.bin`: byte-tokenize a text file into an
- * llm.c token file. */
+/* `loom data`: datasets and tokenizers.
+ *   loom data prepare ...            text or JSONL into a dataset (cmd_prepare.c)
+ *   loom data encode|decode ...      a tokenizer on one file (cmd_tokenize.c) */
 #include <string.h>
 #include "cli/commands.h"
-#include "cli/flags.h"
-#include "core/log.h"
-#include "data/byte_tokenizer.h"
+#include "cli/data_cli.h"
 
 int loom_cmd_data(int argc, char **argv) {
-  const char *out = NULL;
-  loom_flag table[] = {
-      {"-o", FLAG_STRING, &out, "output token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
-  };
+  const char *sub = argc >= 1 ? argv[0] : "";
+  if (strcmp(sub, "prepare") == 0) return loom_cmd_data_prepare(argc - 1, argv + 1);
+  if (strcmp(sub, "encode") == 0) return loom_cmd_data_encode(argc - 1, argv + 1);
+  if (strcmp(sub, "decode") == 0) return loom_cmd_data_decode(argc - 1, argv + 1);
   loom_error err = {{0}};
-  bool help;
-  const char *pos[2];
-  int npos;
-  loom_status st = loom_cli_parse("loom data", "loom data prepare IN.txt -o OUT.bin", table, 1, argc, argv, pos, 2, &npos, &help, &err);
-  if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (st == LOOM_OK && (npos < 1 || strcmp(pos[0], "prepare") != 0))
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom data: expected 'prepare IN.txt -o OUT.bin'");
-  else if (st == LOOM_OK && npos != 2) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one input text file");
-  else if (st == LOOM_OK && !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: -o OUT.bin is required");
-  size_t count = 0;
-  if (st == LOOM_OK) st = loom_byte_prepare(pos[1], out, &count, &err);
-  if (st == LOOM_OK) loom_log_info("wrote %zu byte tokens to %s", count, out);
-  return loom_report(st, &err);
+  loom_fail(&err, LOOM_ERR_USAGE, "loom data: expected 'prepare', 'encode' or 'decode'");
+  return loom_report(LOOM_ERR_USAGE, &err);
 }

@@ -58,7 +58,7 @@ static size_t put_utf8(char *out, unsigned long cp) {
 }
 
 /* A string after its opening quote; decoded it is never longer than its text. */
-static loom_status read_string(reader *r, char **out) {
+static loom_status read_string(reader *r, char **out, size_t *out_len) {
   const size_t start = r->at;
   size_t end = start;
   while (end < r->len && r->s[end] != '"') end += r->s[end] == '\\' ? 2 : 1;
@@ -99,6 +99,7 @@ static loom_status read_string(reader *r, char **out) {
   buf[n] = '\0';
   r->at = end + 1;
   *out = buf;
+  if (out_len) *out_len = n;
   return LOOM_OK;
 }
 
@@ -158,7 +159,7 @@ static loom_status read_items(reader *r, loom_json *v, int depth, bool object) {
     skip_space(r);
     if (object) {
       if (!take(r, "\"")) return fail_at(r, "expected a member name");
-      loom_status st = read_string(r, &v->keys[v->count - 1]);
+      loom_status st = read_string(r, &v->keys[v->count - 1], NULL);
       if (st != LOOM_OK) return st;
       skip_space(r);
       if (!take(r, ":")) return fail_at(r, "expected ':'");
@@ -188,7 +189,7 @@ static loom_status read_value(reader *r, loom_json *v, int depth) {
   if (c == '"') {
     r->at++;
     v->kind = LOOM_JSON_STRING;
-    return read_string(r, &v->string);
+    return read_string(r, &v->string, &v->length);
   }
   if (take(r, "true") || take(r, "false")) {
     v->kind = LOOM_JSON_BOOL;

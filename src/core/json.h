@@ -16,6 +16,7 @@ typedef struct loom_json {
   bool boolean;
   double number;
   char *string;            /* LOOM_JSON_STRING: NUL-terminated, escapes decoded (may hold \0 from \u0000) */
+  size_t length;           /* LOOM_JSON_STRING: its bytes, \0s included */
   size_t count;            /* array items or object members */
   struct loom_json *items; /* [count]: array items, or object values */
   char **keys;             /* [count]: object keys, in file order */

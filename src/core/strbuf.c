@@ -2,8 +2,24 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/check.h"
 #include "core/strbuf.h"
+
+/* Room for n more bytes and the NUL. */
+static void reserve(loom_strbuf *b, size_t n) {
+  if (b->len + n + 1 <= b->cap) return;
+  b->cap = (b->len + n + 1) * 2;
+  b->buf = realloc(b->buf, b->cap);
+  LOOM_CHECK(b->buf != NULL, "out of memory building text");
+}
+
+void loom_strbuf_append(loom_strbuf *b, const void *data, size_t n) {
+  reserve(b, n);
+  if (n) memcpy(b->buf + b->len, data, n);
+  b->len += n;
+  b->buf[b->len] = '\0';
+}
 
 void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) {
   va_list ap;
@@ -11,11 +27,7 @@ void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) {
   const int n = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
   if (n < 0) return;
-  if (b->len + (size_t)n + 1 > b->cap) {
-    b->cap = (b->len + (size_t)n + 1) * 2;
-    b->buf = realloc(b->buf, b->cap);
-    LOOM_CHECK(b->buf != NULL, "out of memory building text");
-  }
+  reserve(b, (size_t)n);
   va_start(ap, fmt);
   vsnprintf(b->buf + b->len, b->cap - b->len, fmt, ap);
   va_end(ap);

@@ -11,6 +11,8 @@ typedef struct {
   size_t len, cap;
 } loom_strbuf;
 
+/* Appends n bytes (which may hold NULs). */
+void loom_strbuf_append(loom_strbuf *b, const void *data, size_t n);
 void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

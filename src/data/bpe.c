@@ -1,0 +1,491 @@
+/* Byte-level BPE: the tables, splitting, merging and decoding. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "data/bpe_impl.h"
+
+/* ---- hashing ---- */
+
+static uint64_t mix(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ULL;
+  return h ^ (h >> 33);
+}
+
+static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+  uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
+  while (n >= 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = mix(h ^ w);
+    p += 8;
+    n -= 8;
+  }
+  uint64_t w = 0;
+  memcpy(&w, p, n);
+  return mix(h ^ w ^ (uint64_t)n << 56);
+}
+
+static size_t table_size(size_t entries) {
+  size_t n = 16;
+  while (n < entries * 2) n *= 2;
+  return n;
+}
+
+/* ---- building ---- */
+
+loom_bpe *bpe_new(int vocab) {
+  loom_bpe *t = loom_xcalloc(1, sizeof *t, "tokenizer");
+  t->vocab = vocab;
+  t->off = loom_xmalloc((size_t)vocab * sizeof *t->off, "tokenizer offsets");
+  t->len = loom_xmalloc((size_t)vocab * sizeof *t->len, "tokenizer lengths");
+  for (int i = 0; i < vocab; i++) t->len[i] = BPE_UNUSED;
+  t->eod = -1;
+  return t;
+}
+
+static uint32_t pool_add(loom_bpe *t, const void *bytes, size_t len) {
+  LOOM_CHECK(t->pool_len + len < UINT32_MAX, "tokenizer text over 4 GiB");
+  if (t->pool_len + len > t->pool_cap) {
+    t->pool_cap = (t->pool_len + len) * 2 + 1024;
+    t->pool = realloc(t->pool, t->pool_cap);
+    LOOM_CHECK(t->pool != NULL, "out of memory loading a tokenizer");
+  }
+  if (len) memcpy(t->pool + t->pool_len, bytes, len);
+  t->pool_len += len;
+  return (uint32_t)(t->pool_len - len);
+}
+
+bool bpe_set_token(loom_bpe *t, int id, const void *bytes, size_t len) {
+  if (id < 0 || id >= t->vocab || t->len[id] != BPE_UNUSED || len == 0 || len >= UINT32_MAX) return false;
+  t->off[id] = pool_add(t, bytes, len);
+  t->len[id] = (uint32_t)len;
+  return true;
+}
+
+int bpe_lookup(const loom_bpe *t, const void *bytes, size_t len) {
+  if (!t->str_slots) return -1;
+  for (size_t s = hash_bytes(bytes, len) & t->str_mask;; s = (s + 1) & t->str_mask) {
+    const int32_t id = t->str_slots[s];
+    if (id < 0) return -1;
+    if (t->len[id] == len && memcmp(t->pool + t->off[id], bytes, len) == 0) return id;
+  }
+}
+
+bool bpe_index_tokens(loom_bpe *t, int *dup) {
+  const size_t n = table_size((size_t)t->vocab);
+  t->str_slots = loom_xmalloc(n * sizeof *t->str_slots, "tokenizer index");
+  memset(t->str_slots, 0xff, n * sizeof *t->str_slots);
+  t->str_mask = n - 1;
+  for (int id = 0; id < t->vocab; id++) {
+    if (t->len[id] == BPE_UNUSED) continue;
+    const unsigned char *b = t->pool + t->off[id];
+    if (bpe_lookup(t, b, t->len[id]) >= 0) {
+      *dup = id;
+      return false;
+    }
+    size_t s = hash_bytes(b, t->len[id]) & t->str_mask;
+    while (t->str_slots[s] >= 0) s = (s + 1) & t->str_mask;
+    t->str_slots[s] = id;
+  }
+  return true;
+}
+
+static size_t pair_slot(const loom_bpe *t, uint64_t key) {
+  size_t s = mix(key) & t->pair_mask;
+  while (t->pair_keys[s] && t->pair_keys[s] != key) s = (s + 1) & t->pair_mask;
+  return s;
+}
+
+static void pair_grow(loom_bpe *t) {
+  const size_t old = t->pair_keys ? t->pair_mask + 1 : 0;
+  uint64_t *keys = t->pair_keys;
+  int32_t *rank = t->pair_rank, *merged = t->pair_merged;
+  const size_t n = old ? old * 2 : 1024;
+  t->pair_keys = loom_xcalloc(n, sizeof *t->pair_keys, "tokenizer merges");
+  t->pair_rank = loom_xmalloc(n * sizeof *t->pair_rank, "tokenizer merges");
+  t->pair_merged = loom_xmalloc(n * sizeof *t->pair_merged, "tokenizer merges");
+  t->pair_mask = n - 1;
+  for (size_t i = 0; i < old; i++) {
+    if (!keys[i]) continue;
+    const size_t s = pair_slot(t, keys[i]);
+    t->pair_keys[s] = keys[i];
+    t->pair_rank[s] = rank[i];
+    t->pair_merged[s] = merged[i];
+  }
+  free(keys);
+  free(rank);
+  free(merged);
+}
+
+static uint64_t pair_key(int left, int right) {
+  return ((uint64_t)(uint32_t)left << 32 | (uint32_t)right) + 1;
+}
+
+static void pair_put(loom_bpe *t, int left, int right, int32_t rank, int merged) {
+  if (!t->pair_keys || (t->pair_count + 1) * 2 > t->pair_mask + 1) pair_grow(t);
+  const uint64_t key = pair_key(left, right);
+  const size_t s = pair_slot(t, key);
+  if (t->pair_keys[s]) return; /* the first rank of a pair stands */
+  t->pair_keys[s] = key;
+  t->pair_rank[s] = rank;
+  t->pair_merged[s] = merged;
+  t->pair_count++;
+}
+
+bool bpe_add_merge(loom_bpe *t, int left, int right, int32_t rank) {
+  const size_t a = t->len[left], b = t->len[right];
+  unsigned char stack[256];
+  unsigned char *joined = a + b <= sizeof stack ? stack : loom_xmalloc(a + b, "merge");
+  memcpy(joined, t->pool + t->off[left], a);
+  memcpy(joined + a, t->pool + t->off[right], b);
+  const int merged = bpe_lookup(t, joined, a + b);
+  if (joined != stack) free(joined);
+  if (merged < 0) return false;
+  pair_put(t, left, right, rank, merged);
+  return true;
+}
+
+void bpe_merges_from_ranks(loom_bpe *t) {
+  for (int id = 0; id < t->vocab; id++) {
+    if (t->len[id] == BPE_UNUSED) continue;
+    const unsigned char *b = t->pool + t->off[id];
+    for (uint32_t k = 1; k < t->len[id]; k++) {
+      const int left = bpe_lookup(t, b, k), right = bpe_lookup(t, b + k, t->len[id] - k);
+      if (left >= 0 && right >= 0) pair_put(t, left, right, id, id);
+    }
+  }
+}
+
+void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool special) {
+  t->specials = realloc(t->specials, (size_t)(t->nspecials + 1) * sizeof *t->specials);
+  LOOM_CHECK(t->specials != NULL, "out of memory loading a tokenizer");
+  t->specials[t->nspecials++] = (bpe_special){.id = id, .off = pool_add(t, text, len), .len = (uint32_t)len, .special = special};
+  if (t->len[id] == BPE_UNUSED) {
+    t->off[id] = t->specials[t->nspecials - 1].off;
+    t->len[id] = (uint32_t)len;
+  }
+  if ((len == 13 && memcmp(text, "<|endoftext|>", 13) == 0) || (len == 15 && memcmp(text, "<|end_of_text|>", 15) == 0))
+    t->eod = id;
+}
+
+loom_status bpe_finish(loom_bpe *t, const char *pattern, const char *what, loom_error *err) {
+  for (int b = 0; b < 256; b++) {
+    const unsigned char byte = (unsigned char)b;
+    t->byte_token[b] = bpe_lookup(t, &byte, 1);
+    if (t->byte_token[b] < 0) return loom_fail(err, LOOM_ERR_FORMAT, "%s: byte 0x%02x has no token", what, b);
+  }
+  int code;
+  PCRE2_SIZE at;
+  t->pattern = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+                             &code, &at, NULL);
+  if (!t->pattern) {
+    PCRE2_UCHAR msg[160];
+    pcre2_get_error_message(code, msg, sizeof msg);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: split pattern does not compile at offset %zu: %s", what, (size_t)at, (char *)msg);
+  }
+  pcre2_jit_compile(t->pattern, PCRE2_JIT_COMPLETE); /* without JIT the interpreter still matches */
+  return LOOM_OK;
+}
+
+void loom_bpe_free(loom_bpe *t) {
+  if (!t) return;
+  free(t->off);
+  free(t->len);
+  free(t->pool);
+  free(t->str_slots);
+  free(t->pair_keys);
+  free(t->pair_rank);
+  free(t->pair_merged);
+  free(t->specials);
+  if (t->pattern) pcre2_code_free(t->pattern);
+  free(t);
+}
+
+int loom_bpe_vocab(const loom_bpe *t) { return t->vocab; }
+int loom_bpe_eod(const loom_bpe *t) { return t->eod; }
+const char *loom_bpe_describe(const loom_bpe *t) { return t->describe; }
+
+const unsigned char *loom_bpe_token_bytes(const loom_bpe *t, int id, size_t *len) {
+  if (id < 0 || id >= t->vocab || t->len[id] == BPE_UNUSED) return NULL;
+  *len = t->len[id];
+  return t->pool + t->off[id];
+}
+
+unsigned loom_bpe_byte_char(unsigned char byte) {
+  /* Printable Latin-1 stands for itself; the other 68 bytes take 256, 257, ... in order. */
+  if ((byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE)) return byte;
+  unsigned n = 0;
+  for (unsigned b = 0; b < byte; b++)
+    if (!((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)) n++;
+  return 256 + n;
+}
+
+/* ---- ids ---- */
+
+void loom_ids_push(loom_ids *v, int32_t id) {
+  if (v->count == v->cap) {
+    v->cap = v->cap ? v->cap * 2 : 256;
+    v->ids = realloc(v->ids, v->cap * sizeof *v->ids);
+    LOOM_CHECK(v->ids != NULL, "out of memory holding token ids");
+  }
+  v->ids[v->count++] = id;
+}
+
+void loom_ids_free(loom_ids *v) {
+  free(v->ids);
+  *v = (loom_ids){0};
+}
+
+/* ---- encoding ---- */
+
+typedef struct {
+  int32_t rank, pos, left, right;
+} heap_item;
+
+typedef struct {
+  uint64_t hash; /* 0: empty */
+  uint32_t key_off, key_len, ids_off, ids_len;
+} cache_slot;
+
+#define CACHE_SLOTS (1u << 16)      /* pieces remembered before the cache starts over */
+#define CACHE_POOL (8u << 20)       /* bytes of keys and ids remembered */
+#define CACHE_MAX_PIECE 256         /* longer pieces are merged every time */
+
+struct loom_bpe_encoder {
+  const loom_bpe *t;
+  bool allow_special;
+  pcre2_match_data *match;
+  int32_t *sym, *next, *prev; /* the piece's symbols as a linked list */
+  heap_item *heap;
+  size_t cap, heap_len;
+  cache_slot *cache;
+  unsigned cache_used;
+  unsigned char *cache_pool;
+  size_t cache_pool_len;
+  bool first_byte[256];        /* a special token that may match starts with this byte */
+};
+
+loom_bpe_encoder *loom_bpe_encoder_new(const loom_bpe *t, bool allow_special) {
+  loom_bpe_encoder *e = loom_xcalloc(1, sizeof *e, "tokenizer encoder");
+  e->t = t;
+  e->allow_special = allow_special;
+  e->match = pcre2_match_data_create_from_pattern(t->pattern, NULL);
+  LOOM_CHECK(e->match != NULL, "out of memory for a regex match");
+  e->cache = loom_xcalloc(CACHE_SLOTS, sizeof *e->cache, "tokenizer cache");
+  e->cache_pool = loom_xmalloc(CACHE_POOL, "tokenizer cache");
+  for (int i = 0; i < t->nspecials; i++)
+    if (allow_special || !t->specials[i].special) e->first_byte[t->pool[t->specials[i].off]] = true;
+  return e;
+}
+
+void loom_bpe_encoder_free(loom_bpe_encoder *e) {
+  if (!e) return;
+  pcre2_match_data_free(e->match);
+  free(e->sym);
+  free(e->next);
+  free(e->prev);
+  free(e->heap);
+  free(e->cache);
+  free(e->cache_pool);
+  free(e);
+}
+
+static bool heap_less(const heap_item *a, const heap_item *b) {
+  return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(loom_bpe_encoder *e, heap_item it) {
+  size_t i = e->heap_len++;
+  while (i > 0 && heap_less(&it, &e->heap[(i - 1) / 2])) {
+    e->heap[i] = e->heap[(i - 1) / 2];
+    i = (i - 1) / 2;
+  }
+  e->heap[i] = it;
+}
+
+static heap_item heap_pop(loom_bpe_encoder *e) {
+  const heap_item top = e->heap[0], last = e->heap[--e->heap_len];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= e->heap_len) break;
+    if (c + 1 < e->heap_len && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
+    if (!heap_less(&e->heap[c], &last)) break;
+    e->heap[i] = e->heap[c];
+    i = c;
+  }
+  if (e->heap_len) e->heap[i] = last;
+  return top;
+}
+
+/* Queues the pair starting at symbol pos if it merges. */
+static void offer_pair(loom_bpe_encoder *e, int32_t pos) {
+  if (pos < 0 || e->next[pos] < 0) return;
+  const int32_t left = e->sym[pos], right = e->sym[e->next[pos]];
+  const size_t s = pair_slot(e->t, pair_key(left, right));
+  if (e->t->pair_keys[s]) heap_push(e, (heap_item){e->t->pair_rank[s], pos, left, right});
+}
+
+static void reserve_scratch(loom_bpe_encoder *e, size_t n) {
+  if (n <= e->cap) return;
+  e->cap = n * 2;
+  e->sym = realloc(e->sym, e->cap * sizeof *e->sym);
+  e->next = realloc(e->next, e->cap * sizeof *e->next);
+  e->prev = realloc(e->prev, e->cap * sizeof *e->prev);
+  e->heap = realloc(e->heap, 3 * e->cap * sizeof *e->heap);
+  LOOM_CHECK(e->sym && e->next && e->prev && e->heap, "out of memory merging a long piece");
+}
+
+/* Merges one piece from its bytes, appending its tokens. */
+static void merge_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, loom_ids *out) {
+  LOOM_CHECK(n < INT32_MAX, "a piece over 2 GiB");
+  reserve_scratch(e, n);
+  for (size_t i = 0; i < n; i++) {
+    e->sym[i] = e->t->byte_token[p[i]];
+    e->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    e->prev[i] = (int32_t)i - 1;
+  }
+  e->heap_len = 0;
+  if (e->t->pair_keys)
+    for (size_t i = 0; i + 1 < n; i++) offer_pair(e, (int32_t)i);
+  while (e->heap_len) {
+    const heap_item it = heap_pop(e);
+    const int32_t pos = it.pos, nx = e->next[pos];
+    /* Stale when either symbol has merged since it was queued. */
+    if (e->sym[pos] != it.left || nx < 0 || e->sym[nx] != it.right) continue;
+    e->sym[pos] = e->t->pair_merged[pair_slot(e->t, pair_key(it.left, it.right))];
+    e->sym[nx] = -1;
+    e->next[pos] = e->next[nx];
+    if (e->next[nx] >= 0) e->prev[e->next[nx]] = pos;
+    offer_pair(e, e->prev[pos]);
+    offer_pair(e, pos);
+  }
+  for (int32_t i = 0; i >= 0; i = e->next[i]) loom_ids_push(out, e->sym[i]);
+}
+
+static void encode_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, loom_ids *out) {
+  if (n == 0) return;
+  const loom_bpe *t = e->t;
+  if (n == 1) {
+    loom_ids_push(out, t->byte_token[p[0]]);
+    return;
+  }
+  if (t->whole_word_first) {
+    const int id = bpe_lookup(t, p, n);
+    if (id >= 0) {
+      loom_ids_push(out, id);
+      return;
+    }
+  }
+  if (n > CACHE_MAX_PIECE) {
+    merge_piece(e, p, n, out);
+    return;
+  }
+  const uint64_t h = hash_bytes(p, n) | 1;
+  size_t s = h & (CACHE_SLOTS - 1);
+  for (; e->cache[s].hash; s = (s + 1) & (CACHE_SLOTS - 1)) {
+    const cache_slot *c = &e->cache[s];
+    if (c->hash == h && c->key_len == n && memcmp(e->cache_pool + c->key_off, p, n) == 0) {
+      const int32_t *ids = (const int32_t *)(e->cache_pool + c->ids_off);
+      for (uint32_t i = 0; i < c->ids_len; i++) loom_ids_push(out, ids[i]);
+      return;
+    }
+  }
+  const size_t first = out->count;
+  merge_piece(e, p, n, out);
+  const size_t count = out->count - first;
+  const size_t padded = (n + 3) & ~(size_t)3;
+  if (e->cache_pool_len + padded + count * 4 > CACHE_POOL || e->cache_used + 1 > CACHE_SLOTS / 2) {
+    memset(e->cache, 0, CACHE_SLOTS * sizeof *e->cache); /* full: start over */
+    e->cache_used = 0;
+    e->cache_pool_len = 0;
+    s = h & (CACHE_SLOTS - 1);
+  }
+  const size_t key_off = e->cache_pool_len, ids_off = key_off + padded, need = ids_off + count * 4;
+  if (need > CACHE_POOL) return;
+  memcpy(e->cache_pool + key_off, p, n);
+  memcpy(e->cache_pool + ids_off, out->ids + first, count * 4);
+  e->cache[s] = (cache_slot){h, (uint32_t)key_off, (uint32_t)n, (uint32_t)ids_off, (uint32_t)count};
+  e->cache_pool_len = need;
+  e->cache_used++;
+}
+
+/* Splits text (no special tokens in it) by the pattern; unmatched bytes
+ * (invalid UTF-8) are pieces of their own. */
+/* Splits text (no special tokens in it) by the pattern; unmatched bytes
+ * (invalid UTF-8) are pieces of their own. */
+static void split_text(loom_bpe_encoder *e, const unsigned char *text, size_t len, loom_ids *out) {
+  size_t at = 0;
+  while (at < len) {
+    const int rc = pcre2_match(e->t->pattern, text, len, at, 0, e->match, NULL);
+    if (rc < 0) {
+      encode_piece(e, text + at, len - at, out);
+      return;
+    }
+    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->match);
+    encode_piece(e, text + at, ov[0] - at, out);
+    if (ov[1] == ov[0]) { /* an empty match: take one byte so the scan moves */
+      encode_piece(e, text + ov[0], 1, out);
+      at = ov[0] + 1;
+    } else {
+      encode_piece(e, text + ov[0], ov[1] - ov[0], out);
+      at = ov[1];
+    }
+  }
+}
+
+/* A stretch of text between special tokens. */
+static void encode_text(loom_bpe_encoder *e, const unsigned char *text, size_t len, loom_ids *out) {
+  if (len == 0) return;
+  if (!e->t->add_prefix_space || text[0] == ' ') {
+    split_text(e, text, len, out);
+    return;
+  }
+  unsigned char *spaced = loom_xmalloc(len + 1, "prefix space");
+  spaced[0] = ' ';
+  memcpy(spaced + 1, text, len);
+  split_text(e, spaced, len + 1, out);
+  free(spaced);
+}
+
+/* The longest special token the encoder matches at text[at], or NULL. */
+static const bpe_special *special_at(const loom_bpe_encoder *e, const unsigned char *text, size_t len, size_t at) {
+  const loom_bpe *t = e->t;
+  const bpe_special *best = NULL;
+  for (int i = 0; i < t->nspecials; i++) {
+    const bpe_special *s = &t->specials[i];
+    if ((s->special && !e->allow_special) || s->len > len - at || (best && s->len <= best->len)) continue;
+    if (memcmp(t->pool + s->off, text + at, s->len) == 0) best = s;
+  }
+  return best;
+}
+
+void loom_bpe_encode(loom_bpe_encoder *e, const char *text, size_t len, loom_ids *out) {
+  const unsigned char *p = (const unsigned char *)text;
+  size_t start = 0;
+  for (size_t at = 0; at < len; at++) {
+    if (!e->first_byte[p[at]]) continue;
+    const bpe_special *s = special_at(e, p, len, at);
+    if (!s) continue;
+    encode_text(e, p + start, at - start, out);
+    loom_ids_push(out, s->id);
+    at += s->len - 1;
+    start = at + 1;
+  }
+  encode_text(e, p + start, len - start, out);
+}
+
+loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err) {
+  for (size_t i = 0; i < n; i++) {
+    size_t len;
+    const unsigned char *b = loom_bpe_token_bytes(t, ids[i], &len);
+    if (!b) return loom_fail(err, LOOM_ERR_FORMAT, "token id %d at position %zu is not in the vocabulary (%d)", ids[i], i, t->vocab);
+    loom_strbuf_append(out, b, len);
+  }
+  if (!out->buf) loom_strbuf_append(out, "", 0);
+  return LOOM_OK;
+}

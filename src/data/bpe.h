@@ -1,0 +1,70 @@
+/* Byte-level BPE tokenizers, as GPT-2, tiktoken and Hugging Face define them.
+ *
+ * Text is split into pieces by a pre-tokenizer regex (PCRE2 with JIT and
+ * Unicode properties; bytes that are not valid UTF-8 become pieces of their
+ * own, so every input round-trips). Each piece starts as one token per byte
+ * and merges the adjacent pair of lowest rank, leftmost first, until no pair
+ * merges; a heap keeps that O(n log n) per piece, and a per-encoder cache
+ * skips pieces already seen.
+ *
+ * Three file formats load into the same tables (bpe_load.c):
+ *   - GPT-2's files: a directory with encoder.json + vocab.bpe, or
+ *     vocab.json + merges.txt;
+ *   - a Hugging Face tokenizer.json whose model is BPE with a ByteLevel
+ *     and/or Split pre-tokenizer (GPT-2, Llama 3), with its added tokens;
+ *   - a tiktoken rank file (base64 token, rank per line) named after its
+ *     encoding (r50k_base, gpt2, p50k_base, cl100k_base), which fixes the
+ *     split pattern and the special tokens. */
+#ifndef LOOM_BPE_H
+#define LOOM_BPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "core/status.h"
+#include "core/strbuf.h"
+
+typedef struct loom_bpe loom_bpe;
+
+/* Loads a tokenizer from a directory of GPT-2 files, a tokenizer.json or a
+ * .tiktoken rank file; every malformed part is one line naming the file. */
+loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err);
+void loom_bpe_free(loom_bpe *t);
+
+/* One more than the largest token id. */
+int loom_bpe_vocab(const loom_bpe *t);
+/* The end-of-document token (<|endoftext|>, <|end_of_text|>), or -1. */
+int loom_bpe_eod(const loom_bpe *t);
+/* The format and size, for logs: "GPT-2 files, 50257 tokens". */
+const char *loom_bpe_describe(const loom_bpe *t);
+/* The bytes of token id (special tokens: their text); NULL if id is unused. */
+const unsigned char *loom_bpe_token_bytes(const loom_bpe *t, int id, size_t *len);
+
+/* A growing list of token ids. */
+typedef struct {
+  int32_t *ids;
+  size_t count, cap;
+} loom_ids;
+void loom_ids_push(loom_ids *v, int32_t id);
+void loom_ids_free(loom_ids *v);
+
+/* Encoding state for one thread: the piece cache and scratch space. The
+ * tokenizer itself is read-only and shared. With allow_special, special
+ * tokens written in the text become their ids (tiktoken's allowed_special
+ * "all", Hugging Face's default); without, they are encoded as text, as
+ * Megatron's GPT-2 tokenizer and tiktoken's encode_ordinary do. Added tokens
+ * that are not special always match. */
+typedef struct loom_bpe_encoder loom_bpe_encoder;
+loom_bpe_encoder *loom_bpe_encoder_new(const loom_bpe *t, bool allow_special);
+void loom_bpe_encoder_free(loom_bpe_encoder *e);
+/* Appends the ids of text[0..len) to out. */
+void loom_bpe_encode(loom_bpe_encoder *e, const char *text, size_t len, loom_ids *out);
+
+/* Appends the bytes of ids[0..n) to out; an id outside the vocabulary is an error. */
+loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err);
+
+/* GPT-2's printable stand-in for each byte (its bytes_to_unicode table), as
+ * used by the vocabulary files: a code point below 324. */
+unsigned loom_bpe_byte_char(unsigned char byte);
+
+#endif
