@@ -7,6 +7,7 @@
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
 #include "data/dataset.h"
+#include "data/prepare.h"
 #include "data/token_file.h"
 #include "test_util.h"
 
@@ -141,15 +142,20 @@ START_TEST(byte_tokenizer_prepares_token_files) {
   const char *txt = tu_tmp_path("in.txt"), *bin = tu_tmp_path("out.bin");
   const char text[] = "hello, loom\n\x01\xff";
   tu_write_bytes(txt, text, sizeof text - 1);
-  size_t count;
   loom_error err = {{0}};
-  ck_assert_int_eq(loom_byte_prepare(txt, bin, &count, &err), LOOM_OK);
-  ck_assert_uint_eq(count, sizeof text - 1);
+  const char *inputs[] = {txt};
+  loom_prepare_options o = {.inputs = inputs, .ninputs = 1, .llmc_output = bin, .workers = 1};
+  loom_prepare_stats s;
+  ck_assert_int_eq(loom_prepare(&o, &s, &err), LOOM_OK);
+  ck_assert_int_eq(s.tokens, sizeof text - 1);
   loom_token_file f;
   ck_assert_int_eq(loom_token_file_load(&f, bin, LOOM_BYTE_VOCAB, &err), LOOM_OK);
-  for (size_t i = 0; i < count; i++) ck_assert_int_eq(f.tokens[i], (unsigned char)text[i]);
+  ck_assert_uint_eq(f.count, sizeof text - 1);
+  for (size_t i = 0; i < f.count; i++) ck_assert_int_eq(f.tokens[i], (unsigned char)text[i]);
   loom_token_file_free(&f);
-  ck_assert_int_eq(loom_byte_prepare("/nonexistent/in.txt", bin, &count, &err), LOOM_ERR_IO);
+  inputs[0] = "/nonexistent/in.txt";
+  o.force = true;
+  ck_assert_int_eq(loom_prepare(&o, &s, &err), LOOM_ERR_IO);
 }
 END_TEST
 

@@ -1,26 +1,62 @@
-/* `loom data prepare IN.txt -o OUT.bin`: byte-tokenize a text file into an
- * llm.c token file. */
+/* `loom data prepare`: a corpus into a Megatron indexed dataset or an llm.c
+ * token file, as Megatron's preprocess_data.py does.
+ *   loom data prepare FILE... (--output-prefix P | -o OUT.bin) [--tokenizer T]
+ *       [--json-key K] [--append-eod] [--workers N] [--force]
+ * JSONL inputs (named *.jsonl, or any with --json-key) hold one document per
+ * line; other files are one document each. Without --tokenizer, bytes. */
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/commands.h"
-#include "cli/flags.h"
+#include "cli/data_cli.h"
 #include "core/log.h"
-#include "data/byte_tokenizer.h"
+#include "data/prepare.h"
+
+#define MAX_INPUTS 4096
+
+static bool ends_with(const char *s, const char *suffix) {
+  const size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}
 
 int loom_cmd_data_prepare(int argc, char **argv) {
-  const char *out = NULL;
+  const char *tokenizer = NULL, *json_key = NULL, *prefix = NULL, *llmc = NULL;
+  bool append_eod = false, force = false, allow_special = false;
+  int workers = 1;
   loom_flag table[] = {
-      {"-o", FLAG_STRING, &out, "output token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--output-prefix", FLAG_STRING, &prefix, "write PREFIX.bin and PREFIX.idx, a Megatron indexed dataset", LOOM_NO_RANGE, NULL, false, NULL},
+      {"-o", FLAG_STRING, &llmc, "write one llm.c token file instead", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--tokenizer", FLAG_STRING, &tokenizer, "GPT-2 files' directory, tokenizer.json or NAME.tiktoken (default: bytes)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--append-eod", FLAG_BOOL, &append_eod, "end each document with the end-of-document token", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in documents become their ids", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--workers", FLAG_INT, &workers, "tokenizing threads", 1, 256, NULL, false, NULL},
+      {"--force", FLAG_BOOL, &force, "replace outputs that exist", LOOM_NO_RANGE, NULL, false, NULL},
   };
+  const int nflags = (int)(sizeof table / sizeof *table);
   loom_error err = {{0}};
   bool help;
-  const char *pos[1];
-  int npos;
-  loom_status st = loom_cli_parse("loom data prepare", "loom data prepare IN.txt -o OUT.bin", table, 1, argc, argv, pos, 1, &npos, &help, &err);
+  const char *inputs[MAX_INPUTS];
+  int ninputs;
+  loom_status st = loom_cli_parse("loom data prepare", "loom data prepare FILE... (--output-prefix P | -o OUT.bin) [--tokenizer T] [flags]",
+                                  table, nflags, argc, argv, inputs, MAX_INPUTS, &ninputs, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (st == LOOM_OK && npos != 1) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one input text file");
-  else if (st == LOOM_OK && !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: -o OUT.bin is required");
-  size_t count = 0;
-  if (st == LOOM_OK) st = loom_byte_prepare(pos[0], out, &count, &err);
-  if (st == LOOM_OK) loom_log_info("wrote %zu byte tokens to %s", count, out);
+  bool jsonl = json_key != NULL;
+  for (int i = 0; i < ninputs && !json_key; i++) jsonl = ends_with(inputs[i], ".jsonl") && (i == 0 || jsonl);
+  if (ninputs < 1) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one or more input files");
+  else if (!prefix == !llmc) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: give --output-prefix P or -o OUT.bin (one of them)");
+  loom_bpe *bpe = NULL;
+  if (st == LOOM_OK && tokenizer) st = loom_bpe_load(&bpe, tokenizer, &err);
+  const loom_prepare_options o = {.inputs = inputs, .ninputs = ninputs, .json_key = jsonl ? (json_key ? json_key : "text") : NULL,
+                                  .tokenizer = bpe, .append_eod = append_eod, .allow_special = allow_special, .output_prefix = prefix,
+                                  .llmc_output = llmc, .force = force, .workers = workers, .progress = isatty(2) != 0};
+  loom_prepare_stats s;
+  if (st == LOOM_OK) st = loom_prepare(&o, &s, &err);
+  if (st == LOOM_OK)
+    loom_log_info("prepared %lld documents (%lld empty skipped), %lld tokens, from %.1f MB in %.2f s: %.1f MB/s with %d worker%s (%s) into %s%s",
+                  (long long)s.documents, (long long)s.empty, (long long)s.tokens, (double)s.bytes / 1e6, s.seconds,
+                  s.seconds > 0 ? (double)s.bytes / 1e6 / s.seconds : 0.0, workers, workers == 1 ? "" : "s",
+                  bpe ? loom_bpe_describe(bpe) : "bytes", prefix ? prefix : llmc, prefix ? ".{bin,idx}" : "");
+  loom_bpe_free(bpe);
   return loom_report(st, &err);
 }

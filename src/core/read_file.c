@@ -1,5 +1,6 @@
 /* Opening a regular file for reading. */
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <stdlib.h>
@@ -25,13 +26,22 @@ loom_status loom_read_small_file(const char *path, const char *what, size_t max,
   FILE *fp;
   loom_status st = loom_open_for_reading(path, what, &fp, err);
   if (st != LOOM_OK) return st;
-  char *buf = loom_fault_malloc(max + 1);
-  const size_t n = buf ? fread(buf, 1, max + 1, fp) : 0;
+  struct stat sb;
+  fstat(fileno(fp), &sb);
+  if ((uint64_t)sb.st_size > max) {
+    fclose(fp);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: larger than the %zu bytes a %s may have", path, max, what);
+  }
+  /* Sized by the file, with one byte more to see whether it grew meanwhile. */
+  const size_t size = (size_t)sb.st_size;
+  char *buf = loom_fault_malloc(size + 2);
+  const size_t n = buf ? fread(buf, 1, size + 1, fp) : 0;
+  const int failed = buf && ferror(fp);
   fclose(fp);
   if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
-  if (n > max) {
+  if (failed || n != size) {
     free(buf);
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: larger than the %zu bytes a %s may have", path, max, what);
+    return loom_fail(err, LOOM_ERR_IO, "%s: read %zu bytes of %zu (read error, or the file changed while read)", path, n, size);
   }
   buf[n] = '\0';
   *out = buf;

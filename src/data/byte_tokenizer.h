@@ -9,8 +9,6 @@
 
 #define LOOM_BYTE_VOCAB 256
 
-/* Tokenizes a whole text file into an llm.c token file. */
-loom_status loom_byte_prepare(const char *in_path, const char *out_path, size_t *count, loom_error *err);
 /* Writes token t as its byte, escaping non-printable bytes as \xNN. */
 void loom_byte_print(FILE *fp, int token);
 
