@@ -39,9 +39,10 @@ static loom_status open_data(const loom_train_flags *f, const loom_plan *plan, l
     *data = loom_dataset_addition(f->digits, (uint64_t)f->seed);
     return LOOM_OK;
   }
-  const loom_data_order order = strcmp(f->data_order, "shuffled") == 0 ? LOOM_ORDER_SHUFFLED : LOOM_ORDER_SEQUENTIAL;
-  return loom_dataset_open_tokens(data, f->data, f->eval_data, plan->model->vocab, loom_plan_train_seq(plan), order,
-                                  (uint64_t)f->seed, true, err);
+  const bool shuffle = f->data_order ? strcmp(f->data_order, "shuffled") == 0 : loom_data_is_indexed(f->data);
+  const loom_data_options o = {.data = f->data, .eval_data = f->eval_data, .split = f->split, .vocab = plan->model->vocab,
+                               .T = loom_plan_train_seq(plan), .shuffle = shuffle, .seed = (uint64_t)f->seed, .hold_out = f->eval_every > 0};
+  return loom_dataset_open(data, &o, err);
 }
 
 static void log_run(const loom_trainer *tr, const loom_train_flags *f, const char *device, double peak) {
@@ -56,6 +57,11 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", tr->global_batch, tr->T, tr->micro_batch, f->steps,
                 loom_cpu_threads(), tr->ps.world, peak);
+  if (tr->data->describe) {
+    char drawn[4096];
+    tr->data->describe(tr->data, (int64_t)f->steps * tr->global_batch, drawn, sizeof drawn);
+    loom_log_info("data samples: %s", drawn);
+  }
 }
 
 /* --preflight: the run's own groups measured before step 1; rank 0 logs the report. */

@@ -6,6 +6,7 @@
 #include "cli/train_flags.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
+#include "data/dataset.h"
 
 static const char *const ORDER_CHOICES[] = {"sequential", "shuffled", NULL};
 static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
@@ -21,9 +22,10 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--weight-decay", FLAG_FLOAT, &f->weight_decay, "AdamW decoupled weight decay", 0, 10, NULL, false, NULL},
       {"--grad-clip", FLAG_FLOAT, &f->grad_clip, "max global grad norm (0: off)", 0, 1e9, NULL, false, NULL},
       {"--seed", FLAG_INT64, &f->seed, "seed of init, data order and dropout", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--data", FLAG_STRING, &f->data, "train on an llm.c token file", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--eval-data", FLAG_STRING, &f->eval_data, "held-out token file (default: the tail of --data)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--data-order", FLAG_STRING, &f->data_order, "order of --data windows", LOOM_NO_RANGE, ORDER_CHOICES, false, NULL},
+      {"--data", FLAG_STRING, &f->data, "train on an llm.c token file, a Megatron indexed dataset PREFIX, or a blend \"W1 PREFIX1 W2 PREFIX2 ...\"", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--eval-data", FLAG_STRING, &f->eval_data, "held-out data of the same kinds (default: the tail of a token file, --split's share of indexed data)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--split", FLAG_STRING, &f->split, "indexed data: shares of documents for train,held-out,test (Megatron's --split)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--data-order", FLAG_STRING, &f->data_order, "order of --data samples (default: sequential for a token file, shuffled for indexed data)", LOOM_NO_RANGE, ORDER_CHOICES, false, NULL},
       {"--synthetic", FLAG_STRING, &f->synthetic, "train on a built-in task (used when --data is absent)", LOOM_NO_RANGE, SYNTHETIC_CHOICES, false, NULL},
       {"--digits", FLAG_INT, &f->digits, "operand digits of the addition task", 1, 9, NULL, false, NULL},
       {"--eval-every", FLAG_INT, &f->eval_every, "held-out evaluation every N steps (0: off)", 0, 1e9, NULL, false, NULL},
@@ -59,7 +61,7 @@ loom_train_flags loom_train_flags_defaults(void) {
                             .digits = LOOM_ADDITION_DEFAULT_DIGITS, .eval_every = 250, .eval_batches = 8, .threads = 0,
                             .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
                             .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f, .grad_clip = 1.0f,
-                            .data_order = "sequential", .synthetic = "addition", .device = "auto"};
+                            .split = LOOM_DEFAULT_SPLIT, .synthetic = "addition", .device = "auto"};
 }
 
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t, const loom_plan *plan,
@@ -68,6 +70,8 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: give --data or --synthetic, not both");
   if (f->eval_data && !f->data)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
+  if (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--split")->set && !(f->data && loom_data_is_indexed(f->data)))
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --split applies to indexed datasets (--data PREFIX or a blend)");
   if ((f->resume || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
        loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--keep")->set) && !f->ckpt)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --save-every and --keep need --ckpt DIR");

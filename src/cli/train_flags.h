@@ -15,11 +15,11 @@ typedef struct {
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
-  const char *data, *eval_data, *data_order, *synthetic, *metrics, *save;
+  const char *data, *eval_data, *split, *data_order, *synthetic, *metrics, *save;
   const char *trace, *plan, *device;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 31)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 32)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* Writes the table of every `loom train` flag, pointing into f. */

@@ -10,6 +10,7 @@
 #define LOOM_DATASET_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "core/status.h"
 
@@ -22,6 +23,8 @@ struct loom_dataset {
   /* Writes window[T+1] of global sample g of the split, and scored[T+1]:
    * 1 where the token is a training target, 0 where it is masked out. */
   void (*window)(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored);
+  /* Optional: one line on how the first `samples` train samples are drawn. */
+  void (*describe)(loom_dataset *ds, int64_t samples, char *buf, size_t cap);
   void (*free)(loom_dataset *ds);
   void *impl;
 };
@@ -41,6 +44,26 @@ void loom_dataset_free(loom_dataset *ds);
 loom_status loom_dataset_open_tokens(loom_dataset **out, const char *path, const char *heldout_path,
                                      int vocab, int T, loom_data_order order, uint64_t seed,
                                      bool hold_out_tail, loom_error *err);
+/* What --data names, as Megatron's arguments do: */
+typedef struct {
+  const char *data;      /* an llm.c token file, a Megatron indexed dataset's prefix, or "W1 PREFIX1 W2 PREFIX2 ..." */
+  const char *eval_data; /* held-out data of the same kinds, or NULL for the held-out part of data */
+  const char *split;     /* indexed data: Megatron's --split shares of train,held-out,test documents */
+  int vocab, T;
+  bool shuffle;          /* document and sample order (window order for llm.c files) */
+  uint64_t seed;
+  bool hold_out;         /* a held-out split is needed */
+} loom_data_options;
+
+#define LOOM_DEFAULT_SPLIT "969,30,1" /* Megatron's default */
+
+/* Opens --data: indexed datasets (and blends of them) give Megatron's GPT
+ * samples (gpt_samples.h), drawn in Megatron's blending order; an llm.c file
+ * opens as loom_dataset_open_tokens (its tail held out). */
+loom_status loom_dataset_open(loom_dataset **out, const loom_data_options *o, loom_error *err);
+/* Whether a --data value names indexed data (a blend, or PREFIX.idx exists). */
+bool loom_data_is_indexed(const char *spec);
+
 /* Windows in the train split (tokens datasets only). */
 int64_t loom_dataset_train_windows(const loom_dataset *ds);
 

@@ -4,6 +4,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "data/dataset.h"
+#include "data/shuffle.h"
 #include "data/token_file.h"
 
 typedef struct {
@@ -18,18 +19,9 @@ typedef struct {
   int64_t *perm;
 } token_ds;
 
-/* Fisher-Yates over the train windows, keyed by (seed, epoch). */
+/* The train windows in a Fisher-Yates order keyed by (seed, epoch). */
 static void shuffle_epoch(token_ds *d, int64_t epoch) {
-  const uint64_t stream = loom_hash_u64(loom_hash_str("data/shuffle"), (uint64_t)epoch);
-  for (int64_t i = 0; i < d->train_windows; i++) d->perm[i] = i;
-  for (int64_t i = d->train_windows - 1; i > 0; i--) {
-    const uint64_t r = ((uint64_t)loom_rng_u32(d->seed, stream, 2 * (uint64_t)i) << 32) |
-                       loom_rng_u32(d->seed, stream, 2 * (uint64_t)i + 1);
-    const int64_t j = (int64_t)(r % (uint64_t)(i + 1));
-    const int64_t tmp = d->perm[i];
-    d->perm[i] = d->perm[j];
-    d->perm[j] = tmp;
-  }
+  loom_shuffle_identity(d->perm, d->train_windows, d->seed, loom_hash_u64(loom_hash_str("data/shuffle"), (uint64_t)epoch));
   d->perm_epoch = epoch;
 }
 
