@@ -1,0 +1,159 @@
+// loom's tokenizers against the reference implementations, token id for
+// token id, on a varied corpus:
+//   GPT-2 files (encoder.json + vocab.bpe)   gpt-3-encoder
+//   gpt2 and cl100k_base tiktoken ranks      js-tiktoken
+//   tokenizer.json (GPT-2, Llama 3)          @huggingface/tokenizers
+// The corpus goes through `loom data prepare` as JSONL into an indexed
+// dataset, read back here from Megatron's documented layout, so the writer is
+// checked too. Every input, invalid UTF-8 included, must decode back to its
+// bytes. The references come from npm (scripts/setup.sh installs them into
+// build/npm); without them the test skips (77) and says why.
+// Usage: node tests/tokenizer_reference.mjs LOOM NODE_MODULES WORKDIR
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+
+const [loom, modules, work] = process.argv.slice(2);
+const require = createRequire(path.join(modules, "x.js"));
+let gpt3, Tiktoken, Tokenizer, ranks;
+try {
+  gpt3 = require("gpt-3-encoder");
+  ({ Tiktoken } = require("js-tiktoken/lite"));
+  ({ Tokenizer } = require("@huggingface/tokenizers"));
+  ranks = { gpt2: require("js-tiktoken/ranks/gpt2"), cl100k_base: require("js-tiktoken/ranks/cl100k_base") };
+  for (const m of ["tokenizer-gpt2", "tokenizer-llama3"]) fs.accessSync(path.join(modules, "@lenml", m, "models", "tokenizer.json"));
+} catch (e) {
+  console.log(`tokenizer_reference: skipped: the npm references are not installed in ${modules} (scripts/setup.sh installs them): ${e.message}`);
+  process.exit(77);
+}
+fs.rmSync(work, { recursive: true, force: true });
+fs.mkdirSync(work, { recursive: true });
+
+// ---- the corpus ----
+let seed = 12345;
+const rand = (n) => {
+  seed = (seed * 1103515245 + 12345) % 2147483648;
+  return seed % n;
+};
+const pieces = [
+  "Hello", " world", "'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'LL", " don't", " I'm",
+  " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u2003",
+  "0", "12", "123", "1234567", "3.14159", "-42", "1,000,000", "٣٤", "１２３",
+  "x = f(y) + 2;", "def main():\n    return 0\n", "{\"a\": [1, 2]}", "#include <stdio.h>", "a->b", "==", "!=", "...", "—", "«»", "…",
+  "世界", "你好，世界！", "日本語のテキスト", "한국어", "Ελληνικά", "Привет", "مرحبا", "नमस्ते", "ไทย",
+  "🤗", "👍🏽", "👨‍👩‍👧", "🇫🇷", "e\u0301", "n\u0303", "a\u0308\u0301", "Å", "ﬁ", "ß", "İ",
+  // U+FEFF is left out: JavaScript's \\s matches it, Unicode's White_Space (Python's regex, Rust's regex:
+  // the original GPT-2 and tiktoken, and PCRE2) does not, so the references differ there from the originals.
+  "\u017f", "\u212a", "\u0085", "\u000b", "\u001c", "\u180e", "\u200b",
+  "ABC", "abc", "MiXeD", "camelCase", "snake_case", "URL https://example.org/a?b=c", "user@example.com",
+];
+const cases = [
+  "The quick brown fox jumps over the lazy dog.",
+  "It's a test: they're here, we've been, I'm sure you'll see what he'd do.",
+  "    indented code\n\tand tabs\t\there\n\n\n   trailing spaces   ",
+  "Numbers: 0 1 12 123 1234 12345 123456 3.14 2024-12-01 1e10 0x1F",
+  "CJK: 中文字符 日本語 한국어 and emoji 🤗🚀✨ with combining e\u0301 a\u0308",
+  "<|endoftext|> between <|endoftext|>documents",
+  "<|endoftext|>",
+  "<|endoftext|><|endoftext|><|endoftext|>",
+  fs.readFileSync("/usr/share/common-licenses/GPL-3", "utf8").slice(0, 20000),
+];
+for (let i = 0; i < 300; i++) {
+  let s = "";
+  const n = 1 + rand(30);
+  for (let k = 0; k < n; k++) s += pieces[rand(pieces.length)];
+  cases.push(s);
+}
+cases.push("a".repeat(5000), " ".repeat(300) + "x", "\n".repeat(50), "9".repeat(100), "🤗".repeat(200), "ab".repeat(2000));
+const invalid = [
+  Buffer.from([0xff, 0xfe, 0x41]),
+  Buffer.from([0x61, 0xc3, 0x28, 0x62]),                   // broken two-byte sequence
+  Buffer.from([0xe2, 0x82, 0x20, 0x41, 0xf0, 0x9f, 0x98]), // truncated three- and four-byte sequences
+  Buffer.concat([Buffer.from("valid text "), Buffer.from([0x80, 0x80, 0xbf]), Buffer.from(" more 世界")]),
+  Buffer.from([0xed, 0xa0, 0x80, 0x20, 0xc0, 0xaf]),       // a surrogate and an overlong slash
+];
+
+// ---- the tokenizers ----
+const dump = (name) => { // a .tiktoken rank file from js-tiktoken's ranks
+  const t = new Tiktoken(ranks[name]);
+  const lines = [];
+  for (const [rank, bytes] of t.textMap) lines.push(Buffer.from(bytes).toString("base64") + " " + rank);
+  const file = path.join(work, name + ".tiktoken");
+  fs.writeFileSync(file, lines.join("\n") + "\n");
+  return file;
+};
+const hf = (name) => {
+  const file = path.join(modules, "@lenml", name, "models", "tokenizer.json");
+  const t = new Tokenizer(JSON.parse(fs.readFileSync(file, "utf8")), {});
+  return { file, encode: (s) => t.encode(s, { add_special_tokens: false }).ids };
+};
+const tk = { gpt2: new Tiktoken(ranks.gpt2), cl100k_base: new Tiktoken(ranks.cl100k_base) };
+const hfGpt2 = hf("tokenizer-gpt2"), hfLlama3 = hf("tokenizer-llama3");
+const tokenizers = [
+  { name: "GPT-2 files / gpt-3-encoder", path: path.join(modules, "gpt-3-encoder"), special: false, encode: (s) => gpt3.encode(s) },
+  { name: "gpt2.tiktoken / js-tiktoken", path: dump("gpt2"), special: false, encode: (s) => tk.gpt2.encode(s, [], []) },
+  { name: "gpt2.tiktoken / js-tiktoken, special tokens", path: path.join(work, "gpt2.tiktoken"), special: true, encode: (s) => tk.gpt2.encode(s, "all") },
+  { name: "cl100k_base.tiktoken / js-tiktoken", path: dump("cl100k_base"), special: true, encode: (s) => tk.cl100k_base.encode(s, "all") },
+  { name: "GPT-2 tokenizer.json / tokenizers.js", path: hfGpt2.file, special: true, encode: hfGpt2.encode },
+  { name: "Llama 3 tokenizer.json / tokenizers.js", path: hfLlama3.file, special: true, encode: hfLlama3.encode },
+];
+
+// ---- Megatron's index, read as documented ----
+function readIndexed(prefix) {
+  const idx = fs.readFileSync(prefix + ".idx");
+  if (idx.subarray(0, 9).toString("latin1") !== "MMIDIDX\0\0") throw new Error("bad magic");
+  if (idx.readBigUInt64LE(9) !== 1n) throw new Error("bad version");
+  const dtype = idx[17], n = Number(idx.readBigUInt64LE(18)), docs = Number(idx.readBigUInt64LE(26));
+  const size = { 8: 2, 4: 4 }[dtype];
+  if (!size || idx.length !== 34 + 12 * n + 8 * docs) throw new Error(`bad dtype ${dtype} or index size`);
+  const bin = fs.readFileSync(prefix + ".bin");
+  const out = [];
+  for (let i = 0; i < n; i++) {
+    const len = idx.readInt32LE(34 + 4 * i), ptr = Number(idx.readBigInt64LE(34 + 4 * n + 8 * i));
+    const ids = [];
+    for (let k = 0; k < len; k++) ids.push(size === 2 ? bin.readUInt16LE(ptr + 2 * k) : bin.readInt32LE(ptr + 4 * k));
+    out.push(ids);
+  }
+  for (let k = 0; k < docs; k++) if (Number(idx.readBigInt64LE(34 + 12 * n + 8 * k)) !== Math.min(k, n)) throw new Error("document index");
+  if (docs !== n + 1) throw new Error("documents");
+  return out;
+}
+
+// ---- compare ----
+const jsonl = path.join(work, "corpus.jsonl");
+fs.writeFileSync(jsonl, cases.map((text) => JSON.stringify({ text })).join("\n") + "\n");
+const everything = Buffer.concat([...cases.map((c) => Buffer.from(c)), ...invalid]);
+fs.writeFileSync(path.join(work, "all.txt"), everything);
+let failures = 0, compared = 0;
+for (const t of tokenizers) {
+  const prefix = path.join(work, "out");
+  const args = ["data", "prepare", jsonl, "--output-prefix", prefix, "--tokenizer", t.path, "--force"];
+  execFileSync(loom, t.special ? [...args, "--allow-special"] : args, { stdio: ["ignore", "ignore", "inherit"] });
+  const got = readIndexed(prefix);
+  if (got.length !== cases.length) throw new Error(`${t.name}: ${got.length} documents for ${cases.length} cases`);
+  let bad = 0;
+  cases.forEach((c, i) => {
+    const want = t.encode(c);
+    compared += want.length;
+    if (want.join(" ") !== got[i].join(" ")) {
+      if (bad++ < 3) console.log(`${t.name}: case ${i} ${JSON.stringify(c.slice(0, 80))}\n  reference ${want.slice(0, 40).join(" ")}\n  loom      ${got[i].slice(0, 40).join(" ")}`);
+    }
+  });
+  // decode(encode(x)) == x over every case and the invalid UTF-8 inputs
+  const ids = path.join(work, "ids.txt"), enc = ["data", "encode", "--tokenizer", t.path];
+  let roundTrip = true;
+  for (const [name, bytes] of [["all", everything], ...invalid.map((b, i) => ["invalid" + i, b])]) {
+    const file = path.join(work, name + ".bin.txt");
+    fs.writeFileSync(file, bytes);
+    fs.writeFileSync(ids, execFileSync(loom, t.special ? [...enc, "--allow-special", file] : [...enc, file]));
+    const back = execFileSync(loom, ["data", "decode", "--tokenizer", t.path, ids], { maxBuffer: 1 << 28 });
+    if (!back.equals(bytes)) roundTrip = false;
+  }
+  console.log(`${t.name}: ${cases.length - bad} of ${cases.length} cases equal, round trip ${roundTrip ? "exact" : "BROKEN"}`);
+  failures += bad + (roundTrip ? 0 : 1);
+}
+fs.rmSync(work, { recursive: true, force: true });
+if (compared < 10000) throw new Error(`only ${compared} tokens compared`);
+console.log(failures ? `FAILED: ${failures} differences` : `all equal (${compared} reference tokens compared)`);
+process.exit(failures ? 1 : 0);
