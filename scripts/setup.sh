@@ -17,3 +17,4 @@ if ! cmake --build build -j "$(nproc)" > build/build.log 2>&1; then
   exit 1
 fi
 echo "setup: built build/loom"
+scripts/npm_references.sh build/npm # the reference tokenizers the tests compare with

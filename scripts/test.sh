@@ -9,6 +9,7 @@ scripts/packages.sh python3 python3-torch # tests/sc21_table1.py; PyTorch's bf16
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 scripts/packages.sh clang libclang-rt-14-dev libomp-dev
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF >/dev/null
+CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF \
+  -DLOOM_NPM_DIR="$PWD/build/npm" >/dev/null
 cmake --build build-fuzz -j "$(nproc)" > build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
 ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"

@@ -43,9 +43,11 @@ const pieces = [
   "x = f(y) + 2;", "def main():\n    return 0\n", "{\"a\": [1, 2]}", "#include <stdio.h>", "a->b", "==", "!=", "...", "—", "«»", "…",
   "世界", "你好，世界！", "日本語のテキスト", "한국어", "Ελληνικά", "Привет", "مرحبا", "नमस्ते", "ไทย",
   "🤗", "👍🏽", "👨‍👩‍👧", "🇫🇷", "e\u0301", "n\u0303", "a\u0308\u0301", "Å", "ﬁ", "ß", "İ",
-  // U+FEFF is left out: JavaScript's \\s matches it, Unicode's White_Space (Python's regex, Rust's regex:
-  // the original GPT-2 and tiktoken, and PCRE2) does not, so the references differ there from the originals.
-  "\u017f", "\u212a", "\u0085", "\u000b", "\u001c", "\u180e", "\u200b",
+  // U+FEFF and U+0085 are left out: JavaScript's \s matches U+FEFF and not U+0085, where Unicode's
+  // White_Space (what \s means to Python's regex and Rust's regex, so to the original GPT-2 encoder and
+  // tiktoken) has U+0085 and not U+FEFF. loom follows White_Space; the references here are JavaScript.
+  // U+180E stays in: PCRE2's own \s would match it, which White_Space no longer does.
+  "\u017f", "\u212a", "\u000b", "\u001c", "\u180e", "\u200b",
   "ABC", "abc", "MiXeD", "camelCase", "snake_case", "URL https://example.org/a?b=c", "user@example.com",
 ];
 const cases = [
@@ -143,7 +145,7 @@ for (const t of tokenizers) {
   // decode(encode(x)) == x over every case and the invalid UTF-8 inputs
   const ids = path.join(work, "ids.txt"), enc = ["data", "encode", "--tokenizer", t.path];
   let roundTrip = true;
-  for (const [name, bytes] of [["all", everything], ...invalid.map((b, i) => ["invalid" + i, b])]) {
+  for (const [name, bytes] of [["all", everything], ["invalid", Buffer.concat(invalid)]]) {
     const file = path.join(work, name + ".bin.txt");
     fs.writeFileSync(file, bytes);
     fs.writeFileSync(ids, execFileSync(loom, t.special ? [...enc, "--allow-special", file] : [...enc, file]));

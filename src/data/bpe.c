@@ -172,16 +172,67 @@ void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool spe
     t->eod = id;
 }
 
+/* Unicode's White_Space, which \\s means to Python's regex and Rust's regex (the
+ * original GPT-2 and tiktoken) and to Oniguruma (Hugging Face's tokenizers).
+ * PCRE2's \\s also matches U+180E, white space before Unicode 6.3, so
+ * patterns are rewritten to spell the set out. */
+#define WHITE_SPACE "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+
+/* The pattern with \\s and \\S written as White_Space classes; NULL (with
+ * *why) for a \\S inside a class, which has no such spelling. */
+static char *spell_white_space(const char *pattern, const char **why) {
+  loom_strbuf out = {0};
+  bool in_class = false;
+  for (const char *p = pattern; *p; p++) {
+    if (p[0] == '\\' && (p[1] == 's' || p[1] == 'S')) {
+      if (in_class && p[1] == 'S') {
+        free(out.buf);
+        *why = "\\S inside a character class is not supported";
+        return NULL;
+      }
+      loom_strbuf_printf(&out, "%s%s%s", in_class ? "" : p[1] == 's' ? "[" : "[^", WHITE_SPACE, in_class ? "" : "]");
+      p++;
+      continue;
+    }
+    if (p[0] == '\\' && p[1]) { /* any other escape passes through whole */
+      loom_strbuf_append(&out, p, 2);
+      p++;
+      continue;
+    }
+    if (!in_class && p[0] == '[') {
+      in_class = true;
+      loom_strbuf_append(&out, p, 1);
+      if (p[1] == '^') loom_strbuf_append(&out, ++p, 1);
+      if (p[1] == ']') loom_strbuf_append(&out, ++p, 1); /* a leading ] is a literal */
+      continue;
+    }
+    const char *posix_end = in_class && p[0] == '[' && p[1] == ':' ? strstr(p + 2, ":]") : NULL;
+    if (posix_end) { /* [:alpha:] inside a class */
+      loom_strbuf_append(&out, p, (size_t)(posix_end + 2 - p));
+      p = posix_end + 1;
+      continue;
+    }
+    if (in_class && p[0] == ']') in_class = false;
+    loom_strbuf_append(&out, p, 1);
+  }
+  if (!out.buf) loom_strbuf_append(&out, "", 0);
+  return out.buf;
+}
+
 loom_status bpe_finish(loom_bpe *t, const char *pattern, const char *what, loom_error *err) {
   for (int b = 0; b < 256; b++) {
     const unsigned char byte = (unsigned char)b;
     t->byte_token[b] = bpe_lookup(t, &byte, 1);
     if (t->byte_token[b] < 0) return loom_fail(err, LOOM_ERR_FORMAT, "%s: byte 0x%02x has no token", what, b);
   }
+  const char *why = NULL;
+  char *spelled = spell_white_space(pattern, &why);
+  if (!spelled) return loom_fail(err, LOOM_ERR_FORMAT, "%s: split pattern: %s", what, why);
   int code;
   PCRE2_SIZE at;
-  t->pattern = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
+  t->pattern = pcre2_compile((PCRE2_SPTR)spelled, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
                              &code, &at, NULL);
+  free(spelled);
   if (!t->pattern) {
     PCRE2_UCHAR msg[160];
     pcre2_get_error_message(code, msg, sizeof msg);
