@@ -8,14 +8,13 @@
 #include <sys/stat.h>
 #include "core/check.h"
 #include "core/json.h"
-#include "core/read_file.h"
 #include "core/timer.h"
+#include "data/documents.h"
 #include "data/indexed.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 
 #define BATCH_BYTES_PER_WORKER ((size_t)4 << 20)
-#define MAX_TEXT_FILE ((size_t)1 << 36)
 
 typedef struct {
   size_t off, len; /* the raw line or text in the batch buffer */
@@ -58,26 +57,6 @@ static void batch_add(batch *b, const char *text, size_t len, int file, int64_t 
   b->len += len;
 }
 
-/* The text of a document: the JSON member o->json_key of its line, or the raw text. */
-static loom_status document_text(worker *w, const doc_ref *d, loom_json *json, const char **text, size_t *len) {
-  const char *raw = w->b->buf + d->off;
-  if (!w->o->json_key) {
-    *text = raw;
-    *len = d->len;
-    return LOOM_OK;
-  }
-  char where[4200];
-  snprintf(where, sizeof where, "%s:%lld", w->o->inputs[d->file], (long long)d->line);
-  loom_status st = loom_json_parse(raw, d->len, where, json, &w->err);
-  if (st != LOOM_OK) return st;
-  const loom_json *v = loom_json_get(json, w->o->json_key);
-  if (!v || v->kind != LOOM_JSON_STRING)
-    return loom_fail(&w->err, LOOM_ERR_FORMAT, "%s: no string member \"%s\" in this JSON line", where, w->o->json_key);
-  *text = v->string;
-  *len = v->length;
-  return LOOM_OK;
-}
-
 static void *work(void *arg) {
   worker *w = arg;
   w->ids.count = 0;
@@ -93,7 +72,10 @@ static void *work(void *arg) {
     loom_json json = {0};
     const char *text;
     size_t len;
-    w->st = document_text(w, &w->b->docs[w->first + i], &json, &text, &len);
+    const doc_ref *d = &w->b->docs[w->first + i];
+    char where[4200];
+    if (w->o->json_key) loom_doc_where(w->o->inputs, d->file, d->line, where, sizeof where);
+    w->st = loom_document_text(w->b->buf + d->off, d->len, w->o->json_key, where, &json, &text, &len, &w->err);
     if (w->st != LOOM_OK) {
       loom_json_free(&json);
       return NULL;
@@ -210,46 +192,23 @@ static loom_status read_inputs(const loom_prepare_options *o, worker *workers, o
   batch b = {0};
   const size_t batch_bytes = BATCH_BYTES_PER_WORKER * (size_t)o->workers;
   const double t0 = loom_now_s();
+  loom_doc_reader r = loom_doc_reader_start(o->inputs, o->ninputs, o->json_key != NULL);
   loom_status st = LOOM_OK;
-  char *line = NULL;
-  size_t line_cap = 0;
-  for (int f = 0; f < o->ninputs && st == LOOM_OK; f++) {
-    if (!o->json_key) {
-      char *text;
-      size_t len;
-      st = loom_read_small_file(o->inputs[f], "text file", MAX_TEXT_FILE, &text, &len, err);
-      if (st != LOOM_OK) break;
-      batch_add(&b, text, len, f, 0);
-      stats->bytes += (int64_t)len;
-      free(text);
-    } else {
-      FILE *fp;
-      st = loom_open_for_reading(o->inputs[f], "JSONL file", &fp, err);
-      for (int64_t line_no = 1; st == LOOM_OK; line_no++) {
-        const ssize_t n = getline(&line, &line_cap, fp);
-        if (n < 0) {
-          if (ferror(fp)) st = loom_fail(err, LOOM_ERR_IO, "%s: read failed: %s", o->inputs[f], strerror(errno));
-          break;
-        }
-        stats->bytes += n;
-        size_t k = (size_t)n;
-        while (k && (line[k - 1] == '\n' || line[k - 1] == '\r' || line[k - 1] == ' ' || line[k - 1] == '\t')) k--;
-        if (k) batch_add(&b, line, k, f, line_no);
-        if (b.len >= batch_bytes) {
-          st = run_batch(&b, workers, o->workers, out, stats, err);
-          b.len = b.count = 0;
-          if (o->progress) show_progress(stats, total_mb, t0, false);
-        }
-      }
-      if (fp) fclose(fp);
-    }
-    if (st == LOOM_OK && (b.len >= batch_bytes || f == o->ninputs - 1)) {
+  const char *raw;
+  size_t len;
+  int got;
+  while ((got = loom_doc_reader_next(&r, &raw, &len, &st, err)) >= 0) {
+    if (got) batch_add(&b, raw, len, r.doc_file, r.doc_line);
+    stats->bytes = r.bytes;
+    if (b.len >= batch_bytes || (!got && b.count)) {
       st = run_batch(&b, workers, o->workers, out, stats, err);
       b.len = b.count = 0;
-      if (o->progress) show_progress(stats, total_mb, t0, f == o->ninputs - 1);
+      if (st != LOOM_OK) break;
+      if (o->progress) show_progress(stats, total_mb, t0, !got);
     }
+    if (!got) break;
   }
-  free(line);
+  loom_doc_reader_end(&r);
   free(b.buf);
   free(b.docs);
   return st;
