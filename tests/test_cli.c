@@ -122,7 +122,7 @@ START_TEST(bad_flags) {
   expect_fail(run("sample", "--init-from", "m.bin", NULL), 2, "loom sample: --prompt is required");
   expect_fail(run("data", "prepare", NULL), 2, "loom data prepare: expected one or more input files");
   expect_fail(run("data", "prepare", "in.txt", NULL), 2, "loom data prepare: give --output-prefix P or -o OUT.bin (one of them)");
-  expect_fail(run("data", NULL), 2, "loom data: expected 'prepare', 'encode' or 'decode'");
+  expect_fail(run("data", NULL), 2, "loom data: expected 'prepare', 'encode', 'decode' or 'tokenizer train'");
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt export: --format must be one of llmc, safetensors, hf, got 'onnx'");
   expect_fail(run("ckpt", "export", "/nonexistent-ck", "--format", "llmc", "-o", "m.bin", NULL), 2,

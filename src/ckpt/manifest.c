@@ -26,17 +26,7 @@ void loom_ckpt_shard_path(const char *step_dir, int rank, char *out, size_t len)
   snprintf(out, len, "%s/rank_%05d.shard", step_dir, rank);
 }
 
-loom_status loom_ckpt_make_dir(const char *path, loom_error *err) {
-  char dir[4096];
-  snprintf(dir, sizeof dir, "%s", path);
-  for (char *slash = strchr(dir + 1, '/');; slash = strchr(slash + 1, '/')) { /* mkdir -p */
-    if (slash) *slash = '\0';
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-      return loom_fail(err, LOOM_ERR_IO, "%s: cannot create checkpoint directory: %s", dir, strerror(errno));
-    if (!slash) return LOOM_OK;
-    *slash = '/';
-  }
-}
+loom_status loom_ckpt_make_dir(const char *path, loom_error *err) { return loom_make_dirs(path, "checkpoint directory", err); }
 
 /* Removes a step directory and the files in it. */
 static void remove_step(const char *dir, const char *name) {

@@ -19,6 +19,13 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+const char *loom_data_json_key(const char *const *inputs, int n, const char *json_key) {
+  if (json_key) return json_key;
+  for (int i = 0; i < n; i++)
+    if (!ends_with(inputs[i], ".jsonl")) return NULL;
+  return n ? "text" : NULL;
+}
+
 int loom_cmd_data_prepare(int argc, char **argv) {
   const char *tokenizer = NULL, *json_key = NULL, *prefix = NULL, *llmc = NULL;
   bool append_eod = false, force = false, allow_special = false;
@@ -41,13 +48,11 @@ int loom_cmd_data_prepare(int argc, char **argv) {
   loom_status st = loom_cli_parse("loom data prepare", "loom data prepare FILE... (--output-prefix P | -o OUT.bin) [--tokenizer T] [flags]",
                                   table, nflags, argc, argv, inputs, MAX_INPUTS, &ninputs, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  bool jsonl = json_key != NULL;
-  for (int i = 0; i < ninputs && !json_key; i++) jsonl = ends_with(inputs[i], ".jsonl") && (i == 0 || jsonl);
   if (ninputs < 1) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: expected one or more input files");
   else if (!prefix == !llmc) st = loom_fail(&err, LOOM_ERR_USAGE, "loom data prepare: give --output-prefix P or -o OUT.bin (one of them)");
   loom_bpe *bpe = NULL;
   if (st == LOOM_OK && tokenizer) st = loom_bpe_load(&bpe, tokenizer, &err);
-  const loom_prepare_options o = {.inputs = inputs, .ninputs = ninputs, .json_key = jsonl ? (json_key ? json_key : "text") : NULL,
+  const loom_prepare_options o = {.inputs = inputs, .ninputs = ninputs, .json_key = loom_data_json_key(inputs, ninputs, json_key),
                                   .tokenizer = bpe, .append_eod = append_eod, .allow_special = allow_special, .output_prefix = prefix,
                                   .llmc_output = llmc, .force = force, .workers = workers, .progress = isatty(2) != 0};
   loom_prepare_stats s;

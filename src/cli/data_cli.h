@@ -7,5 +7,10 @@
 int loom_cmd_data_prepare(int argc, char **argv);
 int loom_cmd_data_encode(int argc, char **argv);
 int loom_cmd_data_decode(int argc, char **argv);
+int loom_cmd_data_tokenizer(int argc, char **argv);
+
+/* The JSONL member documents are read from: --json-key if given, else "text"
+ * when every input is named *.jsonl, else NULL (each file one text document). */
+const char *loom_data_json_key(const char *const *inputs, int n, const char *json_key);
 
 #endif

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "core/write_file.h"
 
@@ -49,4 +50,15 @@ static int next_of_array(void *ctx, int i, loom_chunk *out, loom_status *st, loo
 loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, int count, loom_error *err) {
   chunk_array a = {chunks, count};
   return loom_write_file_atomic_stream(path, next_of_array, &a, err);
+}
+
+loom_status loom_make_dirs(const char *path, const char *what, loom_error *err) {
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) return loom_fail(err, LOOM_ERR_USAGE, "%s: path too long", path);
+  for (char *slash = strchr(dir + 1, '/');; slash = strchr(slash + 1, '/')) {
+    if (slash) *slash = '\0';
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return loom_fail(err, LOOM_ERR_IO, "%s: cannot create %s: %s", dir, what, strerror(errno));
+    if (!slash) return LOOM_OK;
+    *slash = '/';
+  }
 }

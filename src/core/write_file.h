@@ -19,4 +19,7 @@ loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, i
 typedef int (*loom_next_chunk)(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err);
 loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next, void *ctx, loom_error *err);
 
+/* mkdir -p: path and every missing parent; `what` names it in errors. */
+loom_status loom_make_dirs(const char *path, const char *what, loom_error *err);
+
 #endif

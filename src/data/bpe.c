@@ -465,28 +465,39 @@ static void encode_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, 
   e->cache_used++;
 }
 
-/* Splits text (no special tokens in it) by the pattern; unmatched bytes
- * (invalid UTF-8) are pieces of their own. */
-/* Splits text (no special tokens in it) by the pattern; unmatched bytes
- * (invalid UTF-8) are pieces of their own. */
-static void split_text(loom_bpe_encoder *e, const unsigned char *text, size_t len, loom_ids *out) {
+typedef struct {
+  loom_bpe_encoder *e;
+  loom_ids *out;
+} encode_ctx;
+
+static void encode_piece_fn(void *ctx, const unsigned char *p, size_t n) {
+  encode_ctx *c = ctx;
+  encode_piece(c->e, p, n, c->out);
+}
+
+void bpe_split(loom_bpe_encoder *e, const unsigned char *text, size_t len, bpe_piece_fn fn, void *ctx) {
   size_t at = 0;
   while (at < len) {
     const int rc = pcre2_match(e->t->pattern, text, len, at, 0, e->match, NULL);
     if (rc < 0) {
-      encode_piece(e, text + at, len - at, out);
+      fn(ctx, text + at, len - at);
       return;
     }
     const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(e->match);
-    encode_piece(e, text + at, ov[0] - at, out);
+    if (ov[0] > at) fn(ctx, text + at, ov[0] - at);
     if (ov[1] == ov[0]) { /* an empty match: take one byte so the scan moves */
-      encode_piece(e, text + ov[0], 1, out);
+      fn(ctx, text + ov[0], 1);
       at = ov[0] + 1;
     } else {
-      encode_piece(e, text + ov[0], ov[1] - ov[0], out);
+      fn(ctx, text + ov[0], ov[1] - ov[0]);
       at = ov[1];
     }
   }
+}
+
+static void split_text(loom_bpe_encoder *e, const unsigned char *text, size_t len, loom_ids *out) {
+  encode_ctx c = {e, out};
+  bpe_split(e, text, len, encode_piece_fn, &c);
 }
 
 /* A stretch of text between special tokens. */

@@ -63,6 +63,26 @@ void loom_bpe_encode(loom_bpe_encoder *e, const char *text, size_t len, loom_ids
 /* Appends the bytes of ids[0..n) to out; an id outside the vocabulary is an error. */
 loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err);
 
+/* Training a byte-level BPE on a corpus (documents as data/documents.h
+ * reads them): the 256 bytes, up to vocab_size - 257 merges of the most
+ * frequent pairs within GPT-2-pattern words (each occurring at least twice),
+ * and <|endoftext|> last. Writes encoder.json + vocab.bpe and tokenizer.json
+ * into out_dir. */
+typedef struct {
+  const char *const *inputs;
+  int ninputs;
+  const char *json_key; /* JSONL member of each document's text, or NULL for text files */
+  int vocab_size;
+  const char *out_dir;
+} loom_bpe_train_options;
+
+typedef struct {
+  int64_t documents, bytes, words, distinct_words;
+  int merges, vocab;
+} loom_bpe_train_stats;
+
+loom_status loom_bpe_train(const loom_bpe_train_options *o, loom_bpe_train_stats *stats, loom_error *err);
+
 /* GPT-2's printable stand-in for each byte (its bytes_to_unicode table), as
  * used by the vocabulary files: a code point below 324. */
 unsigned loom_bpe_byte_char(unsigned char byte);

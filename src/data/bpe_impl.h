@@ -54,6 +54,11 @@ void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool spe
 /* Compiles the split pattern and checks every byte has a token. */
 loom_status bpe_finish(loom_bpe *t, const char *pattern, const char *what, loom_error *err);
 
+/* Splits text by the pattern (no special tokens), calling fn on each piece;
+ * bytes the pattern leaves (invalid UTF-8) are pieces of their own. */
+typedef void (*bpe_piece_fn)(void *ctx, const unsigned char *piece, size_t len);
+void bpe_split(loom_bpe_encoder *e, const unsigned char *text, size_t len, bpe_piece_fn fn, void *ctx);
+
 /* The split patterns of the named encodings. */
 #define BPE_PATTERN_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define BPE_PATTERN_CL100K                                                                            \

@@ -90,19 +90,21 @@ static loom_status load_vocab(loom_bpe **out, const loom_json *vocab, int extra_
 /* One merge "A B" (rank r) by its two vocabulary strings. */
 static loom_status add_mapped_merge(loom_bpe *t, const char *a, size_t alen, const char *b, size_t blen, int32_t rank,
                                     const char *what, loom_error *err) {
-  unsigned char left[512], right[512];
+  unsigned char stack[1024];
+  unsigned char *left = alen + blen <= sizeof stack ? stack : loom_xmalloc(alen + blen, "merge");
+  unsigned char *right = left + alen;
   size_t ln, rn;
   int l = -1, r = -1;
-  if (alen <= sizeof left && blen <= sizeof right && unmap_bytes(a, alen, left, &ln) && unmap_bytes(b, blen, right, &rn)) {
+  if (unmap_bytes(a, alen, left, &ln) && unmap_bytes(b, blen, right, &rn)) {
     l = bpe_lookup(t, left, ln);
     r = bpe_lookup(t, right, rn);
   }
+  if (left != stack) free(left);
+  const int al = alen < 40 ? (int)alen : 40, bl = blen < 40 ? (int)blen : 40;
   if (l < 0 || r < 0)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: merge %d (\"%.*s %.*s\") names a token not in the vocabulary", what, rank + 1,
-                     (int)(alen < 40 ? alen : 40), a, (int)(blen < 40 ? blen : 40), b);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: merge %d (\"%.*s %.*s\") names a token not in the vocabulary", what, rank + 1, al, a, bl, b);
   if (!bpe_add_merge(t, l, r, rank))
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: merge %d (\"%.*s %.*s\") makes a token not in the vocabulary", what, rank + 1,
-                     (int)(alen < 40 ? alen : 40), a, (int)(blen < 40 ? blen : 40), b);
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: merge %d (\"%.*s %.*s\") makes a token not in the vocabulary", what, rank + 1, al, a, bl, b);
   return LOOM_OK;
 }
 
@@ -364,7 +366,7 @@ static loom_status load_tiktoken(loom_bpe **out, const char *path, loom_error *e
       line_no++;
       const size_t n = (size_t)(end - line);
       const char *space = memchr(line, ' ', n);
-      unsigned char bytes[512];
+      unsigned char bytes[3072];
       size_t nb;
       char *num_end;
       const long long rank = space ? strtoll(space + 1, &num_end, 10) : -1;
