@@ -127,9 +127,7 @@ static void blended_free(loom_dataset *ds) {
   free(ds);
 }
 
-/* Megatron's get_split_indices: document boundaries of train, held-out and
- * test for `docs` documents, each share rounded half to even. */
-static loom_status split_bounds(const char *split, int64_t docs, int64_t bounds[4], loom_error *err) {
+loom_status loom_data_split_bounds(const char *split, int64_t docs, int64_t bounds[4], loom_error *err) {
   double w[3] = {0, 0, 0}, sum = 0;
   const char *at = split;
   int n = 0;
@@ -207,7 +205,7 @@ static loom_status open_parts(blended *b, const char *flag, const char *spec, co
       st = loom_fail(err, LOOM_ERR_USAGE, "%s: no %s.idx (a blend names Megatron indexed datasets by prefix)", flag, p->prefix);
     if (st == LOOM_OK) st = loom_indexed_open(&p->ix, p->prefix, o->vocab, err);
     int64_t bounds[4] = {0, 0, p->ix.sequences, p->ix.sequences};
-    if (st == LOOM_OK && !eval_only) st = split_bounds(o->split, p->ix.sequences, bounds, err);
+    if (st == LOOM_OK && !eval_only) st = loom_data_split_bounds(o->split, p->ix.sequences, bounds, err);
     const uint64_t stream = loom_hash_u64(loom_hash_str(eval_only ? "data/eval" : "data/blend"), (uint64_t)i);
     for (int s = 0; s < 2 && st == LOOM_OK; s++) {
       if (eval_only && s == LOOM_SPLIT_TRAIN) continue;

@@ -61,6 +61,10 @@ typedef struct {
  * samples (gpt_samples.h), drawn in Megatron's blending order; an llm.c file
  * opens as loom_dataset_open_tokens (its tail held out). */
 loom_status loom_dataset_open(loom_dataset **out, const loom_data_options *o, loom_error *err);
+/* Megatron's get_split_indices: bounds[0..3] of the train, held-out and test
+ * documents of `docs` for a --split such as "969,30,1", each share rounded
+ * half to even, the rounding error taken off every bound after the first. */
+loom_status loom_data_split_bounds(const char *split, int64_t docs, int64_t bounds[4], loom_error *err);
 /* Whether a --data value names indexed data (a blend, or PREFIX.idx exists). */
 bool loom_data_is_indexed(const char *spec);
 
