@@ -20,7 +20,7 @@ grep -q "parallel: 2 ranks, tp 2 (sequence parallel) x pp 1 | schedule 1f1b" "$W
 # loom eval runs a plan too: the same model split tp 2 over 2 ranks scores a
 # token file as one rank does (relative 1e-5).
 seq 1 600 > "$WORK/text.txt"
-"$LOOM" data prepare "$WORK/text.txt" -o "$WORK/tok.bin" > /dev/null || fail "data prepare"
+"$LOOM" data prepare "$WORK/text.txt" -o "$WORK/tok.bin" --force > /dev/null || fail "data prepare"
 one=$("$LOOM" eval --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval: $one"
 two=$(run eval --tp 2 --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval tp 2: $two"
 a=$(echo "$one" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 16 tokens$/\1/p')

@@ -108,7 +108,7 @@ START_TEST(window_orders) {
   loom_dataset *seq, *shuf;
   ck_assert_int_eq(loom_dataset_open_tokens(&seq, path, NULL, 256, T, LOOM_ORDER_SEQUENTIAL, 1, true, &err), LOOM_OK);
   ck_assert_int_eq(loom_dataset_open_tokens(&shuf, path, NULL, 256, T, LOOM_ORDER_SHUFFLED, 1, true, &err), LOOM_OK);
-  ck_assert_int_eq(loom_dataset_train_windows(seq), 38);
+  ck_assert_int_eq(loom_dataset_samples(seq, LOOM_SPLIT_TRAIN), 38);
   int w[T + 1], seen[38] = {0};
   unsigned char scored[T + 1];
   for (int g = 0; g < 38 * 2; g++) {

@@ -23,12 +23,12 @@ static loom_status eval_run(const loom_plan *plan, const eval_flags *f, const lo
                             loom_error *err) {
   const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
   loom_dataset *data = NULL;
-  /* The file is the held-out split, read from its start in order. */
-  loom_status st = loom_dataset_open_tokens(&data, f->data, f->data, plan->model->vocab, T, LOOM_ORDER_SEQUENTIAL, 0,
-                                            false, err);
-  if (st == LOOM_OK && (int64_t)f->batches * B > loom_dataset_train_windows(data))
+  /* The data is the held-out split, read from its start in order. */
+  const loom_data_options d = {.data = f->data, .eval_data = f->data, .split = "1,0,0", .vocab = plan->model->vocab, .T = T, .hold_out = true};
+  loom_status st = loom_dataset_open(&data, &d, err);
+  if (st == LOOM_OK && (int64_t)f->batches * B > loom_dataset_samples(data, LOOM_SPLIT_HELDOUT))
     st = loom_fail(err, LOOM_ERR_USAGE, "loom eval: --batches %d x --micro-batch %d needs %lld windows of seq+1 tokens; %s has %lld",
-                   f->batches, B, (long long)f->batches * B, f->data, (long long)loom_dataset_train_windows(data));
+                   f->batches, B, (long long)f->batches * B, f->data, (long long)loom_dataset_samples(data, LOOM_SPLIT_HELDOUT));
   loom_trainer tr = {0};
   loom_run_files files = {0};
   const loom_trainer_options o = {.forward_only = true};
@@ -51,7 +51,7 @@ int loom_cmd_eval(int argc, char **argv) {
   loom_flag table[EVAL_FLAG_COUNT];
   loom_plan_flags_table(&f.layout, table);
   const loom_flag rest[] = {
-      {"--data", FLAG_STRING, &f.data, "llm.c token file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--data", FLAG_STRING, &f.data, "an llm.c token file, a Megatron indexed dataset PREFIX, or a blend (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--batches", FLAG_INT, &f.batches, "micro-batches to average over", 1, 1e9, NULL, false, NULL},
       {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
   };

@@ -107,6 +107,13 @@ static void blended_describe(loom_dataset *ds, int64_t samples, char *buf, size_
   }
 }
 
+static int64_t blended_samples(const loom_dataset *ds, loom_split split) {
+  const blended *b = ds->impl;
+  int64_t n = 0;
+  for (int i = 0; i < b->nparts[split]; i++) n += b->parts[split][i]->split[split].samples;
+  return n;
+}
+
 static void part_free(part *p) {
   if (!p) return;
   for (int s = 0; s < 2; s++)
@@ -254,7 +261,7 @@ loom_status loom_dataset_open(loom_dataset **out, const loom_data_options *o, lo
     c->nkept = 1;
   }
   loom_dataset *ds = loom_xcalloc(1, sizeof *ds, "dataset");
-  *ds = (loom_dataset){.name = "indexed", .window = blended_window, .describe = blended_describe, .free = blended_free, .impl = b};
+  *ds = (loom_dataset){.name = "indexed", .window = blended_window, .describe = blended_describe, .samples = blended_samples, .free = blended_free, .impl = b};
   if (st != LOOM_OK) {
     blended_free(ds);
     return st;

@@ -24,3 +24,5 @@ int64_t loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sam
 void loom_dataset_free(loom_dataset *ds) {
   if (ds) ds->free(ds);
 }
+
+int64_t loom_dataset_samples(const loom_dataset *ds, loom_split split) { return ds->samples ? ds->samples(ds, split) : -1; }

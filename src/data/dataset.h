@@ -25,6 +25,8 @@ struct loom_dataset {
   void (*window)(loom_dataset *ds, loom_split split, int64_t g, int T, int *window, unsigned char *scored);
   /* Optional: one line on how the first `samples` train samples are drawn. */
   void (*describe)(loom_dataset *ds, int64_t samples, char *buf, size_t cap);
+  /* Samples in one pass (an epoch) over a split; NULL where unbounded (a synthetic task). */
+  int64_t (*samples)(const loom_dataset *ds, loom_split split);
   void (*free)(loom_dataset *ds);
   void *impl;
 };
@@ -68,7 +70,7 @@ loom_status loom_data_split_bounds(const char *split, int64_t docs, int64_t boun
 /* Whether a --data value names indexed data (a blend, or PREFIX.idx exists). */
 bool loom_data_is_indexed(const char *spec);
 
-/* Windows in the train split (tokens datasets only). */
-int64_t loom_dataset_train_windows(const loom_dataset *ds);
+/* Samples in one pass over a split, or -1 where unbounded. */
+int64_t loom_dataset_samples(const loom_dataset *ds, loom_split split);
 
 #endif

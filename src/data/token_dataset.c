@@ -45,6 +45,11 @@ static void token_window(loom_dataset *ds, loom_split split, int64_t g, int T, i
   memset(scored, 1, (size_t)T + 1);
 }
 
+static int64_t token_samples(const loom_dataset *ds, loom_split split) {
+  const token_ds *d = ds->impl;
+  return split == LOOM_SPLIT_HELDOUT ? d->heldout_windows : d->train_windows;
+}
+
 static void token_free(loom_dataset *ds) {
   token_ds *d = ds->impl;
   loom_token_file_free(&d->train_file);
@@ -95,7 +100,7 @@ loom_status loom_dataset_open_tokens(loom_dataset **out, const char *path, const
   }
   if (order == LOOM_ORDER_SHUFFLED) d->perm = loom_xmalloc((size_t)d->train_windows * sizeof(int64_t), "shuffle");
   loom_dataset *ds = loom_xcalloc(1, sizeof *ds, "dataset");
-  *ds = (loom_dataset){.name = "tokens", .window = token_window, .free = token_free, .impl = d};
+  *ds = (loom_dataset){.name = "tokens", .window = token_window, .samples = token_samples, .free = token_free, .impl = d};
   *out = ds;
   return LOOM_OK;
 fail:
@@ -105,8 +110,3 @@ fail:
   return st;
 }
 
-int64_t loom_dataset_train_windows(const loom_dataset *ds) {
-  LOOM_CHECK(ds->window == token_window, "train windows are defined for token datasets");
-  const token_ds *d = ds->impl;
-  return d->train_windows;
-}

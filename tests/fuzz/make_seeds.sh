@@ -31,7 +31,7 @@ cp "$work"/ckpt/step_*/rank_00000.shard "$out/fuzz_shard/rank_00000.shard"
 "$loom" ckpt export "$work/ckpt" --format llmc -o "$out/fuzz_llmc/model.bin" >/dev/null
 
 printf '12+34=46\n5+6=11\nThe plan is the one source of truth.\n' > "$work/text.txt"
-"$loom" data prepare "$work/text.txt" -o "$out/fuzz_tokens/tokens.bin" >/dev/null
+"$loom" data prepare "$work/text.txt" -o "$out/fuzz_tokens/tokens.bin" --force >/dev/null
 for model in gpt-tiny llama-tiny; do
   "$loom" ckpt export --model $model --format hf -o "$work/$model" >/dev/null
   cp "$work/$model/config.json" "$out/fuzz_hf_config/$model.json"
