@@ -59,6 +59,11 @@ loom_status bpe_finish(loom_bpe *t, const char *pattern, const char *what, loom_
 typedef void (*bpe_piece_fn)(void *ctx, const unsigned char *piece, size_t len);
 void bpe_split(loom_bpe_encoder *e, const unsigned char *text, size_t len, bpe_piece_fn fn, void *ctx);
 
+/* The loaders by format (loom_bpe_load picks by path): a tokenizer.json, and
+ * a tiktoken rank file whose encoding is the base name of `name`. */
+loom_status bpe_load_tokenizer_json(loom_bpe **out, const char *path, loom_error *err);
+loom_status bpe_load_tiktoken(loom_bpe **out, const char *path, const char *name, loom_error *err);
+
 /* The split patterns of the named encodings. */
 #define BPE_PATTERN_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 #define BPE_PATTERN_CL100K                                                                            \

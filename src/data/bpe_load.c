@@ -255,12 +255,16 @@ static loom_status load_added(loom_bpe *t, const loom_json *added, const char *w
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: added token %zu has no content or an id outside [0, %d)", what, i + 1, t->vocab);
     if (flag(a, "lstrip") || flag(a, "rstrip") || flag(a, "single_word"))
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: added token \"%.40s\" strips or matches single words, which loom does not support", what, content->string);
+    size_t len;
+    const unsigned char *have = loom_bpe_token_bytes(t, (int)id, &len);
+    if (have && (len != content->length || memcmp(have, content->string, len) != 0))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: added token %lld (\"%.40s\") is not the vocabulary's token %lld", what, id, content->string, id);
     bpe_add_special(t, (int)id, content->string, content->length, flag(a, "special"));
   }
   return LOOM_OK;
 }
 
-static loom_status load_tokenizer_json(loom_bpe **out, const char *path, loom_error *err) {
+loom_status bpe_load_tokenizer_json(loom_bpe **out, const char *path, loom_error *err) {
   loom_json j;
   loom_status st = load_json_file(path, "tokenizer file", &j, err);
   if (st != LOOM_OK) return st;
@@ -346,8 +350,8 @@ static const tiktoken_encoding *encoding_named(const char *path) {
   return NULL;
 }
 
-static loom_status load_tiktoken(loom_bpe **out, const char *path, loom_error *err) {
-  const tiktoken_encoding *enc = encoding_named(path);
+loom_status bpe_load_tiktoken(loom_bpe **out, const char *path, const char *name, loom_error *err) {
+  const tiktoken_encoding *enc = encoding_named(name);
   if (!enc)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: a tiktoken rank file is named after its encoding (r50k_base, gpt2, p50k_base, cl100k_base)", path);
   char *text;
@@ -413,7 +417,7 @@ loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err) {
   if (stat(path, &sb) != 0) return loom_fail(err, LOOM_ERR_IO, "%s: no such tokenizer file or directory", path);
   if (S_ISDIR(sb.st_mode)) {
     char vocab[4096], merges[4096];
-    if (exists(path, "tokenizer.json", vocab, sizeof vocab)) return load_tokenizer_json(out, vocab, err);
+    if (exists(path, "tokenizer.json", vocab, sizeof vocab)) return bpe_load_tokenizer_json(out, vocab, err);
     if (exists(path, "encoder.json", vocab, sizeof vocab) && exists(path, "vocab.bpe", merges, sizeof merges))
       return load_gpt2_files(out, vocab, merges, err);
     if (exists(path, "vocab.json", vocab, sizeof vocab) && exists(path, "merges.txt", merges, sizeof merges))
@@ -421,6 +425,6 @@ loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err) {
     return loom_fail(err, LOOM_ERR_USAGE, "%s: no tokenizer.json, encoder.json + vocab.bpe, or vocab.json + merges.txt in this directory", path);
   }
   const size_t n = strlen(path);
-  if (n >= 5 && strcmp(path + n - 5, ".json") == 0) return load_tokenizer_json(out, path, err);
-  return load_tiktoken(out, path, err);
+  if (n >= 5 && strcmp(path + n - 5, ".json") == 0) return bpe_load_tokenizer_json(out, path, err);
+  return bpe_load_tiktoken(out, path, path, err);
 }

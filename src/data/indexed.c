@@ -92,8 +92,7 @@ static loom_status map_file(const char *path, const unsigned char **map, size_t 
   return LOOM_OK;
 }
 
-/* Every field of the index against the sizes of both files, and every token against vocab. */
-static loom_status check_index(loom_indexed *d, const char *idx_path, const char *bin_path, int vocab, loom_error *err) {
+loom_status loom_indexed_check(loom_indexed *d, const char *idx_path, const char *bin_path, int vocab, loom_error *err) {
   if (d->idx_bytes < HEADER_BYTES || memcmp(d->idx, MAGIC, 9) != 0)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a Megatron indexed dataset index (no MMIDIDX header)", idx_path);
   const int64_t version = load_i64(d->idx + 9);
@@ -146,7 +145,7 @@ loom_status loom_indexed_open(loom_indexed *d, const char *prefix, int vocab, lo
   snprintf(bin_path, sizeof bin_path, "%s.bin", prefix);
   loom_status st = map_file(idx_path, &d->idx, &d->idx_bytes, err);
   if (st == LOOM_OK) st = map_file(bin_path, &d->bin, &d->bin_bytes, err);
-  if (st == LOOM_OK) st = check_index(d, idx_path, bin_path, vocab, err);
+  if (st == LOOM_OK) st = loom_indexed_check(d, idx_path, bin_path, vocab, err);
   if (st != LOOM_OK) loom_indexed_close(d);
   return st;
 }

@@ -34,6 +34,10 @@ typedef struct {
 /* Opens PREFIX.bin and PREFIX.idx; every token must be below vocab. */
 loom_status loom_indexed_open(loom_indexed *d, const char *prefix, int vocab, loom_error *err);
 void loom_indexed_close(loom_indexed *d);
+/* What open checks, on d->idx/idx_bytes and d->bin/bin_bytes already in
+ * memory: every field of the index against both sizes, every token against
+ * vocab; fills the rest of d. The paths name the files in messages. */
+loom_status loom_indexed_check(loom_indexed *d, const char *idx_path, const char *bin_path, int vocab, loom_error *err);
 /* Whether PREFIX.idx exists (a --data value names an indexed dataset). */
 int loom_indexed_exists(const char *prefix);
 int64_t loom_indexed_length(const loom_indexed *d, int64_t seq);
