@@ -11,7 +11,8 @@
 #   uint16, an indexed dataset then holds int32;
 # - training on the prefix gives the same losses (relative 1e-5) at tp 2, pp 2
 #   and dp 2 as on one rank, and with the batch in other micro-batches: the
-#   sample at each global index does not depend on the layout;
+#   sample at each global index does not depend on the layout; the model
+#   samples text through the tokenizer;
 # - a blend of two prefixes trains and logs the counts it drew.
 # Usage: tests/data_pipeline.sh MPIEXEC LOOM WORKDIR
 set -u
@@ -103,7 +104,13 @@ same_losses() { # same_losses A B: relative 1e-5, step by step
     { d = $1 - $2; if (d < 0) d = -d; if (!($1 > 0) || d > 1e-5 * $1) { print a " and " b " differ at step " NR ": " $1 " vs " $2; bad = 1 } }
     END { exit bad }' || fail "losses differ"
 }
-train serial 1 --micro-batch 4 --micro-batches 2
+train serial 1 --micro-batch 4 --micro-batches 2 --save "$WORK/serial.bin"
+"$LOOM" sample --init-from "$WORK/serial.bin" --tokenizer "$WORK/tok" --prompt "The licensee" --max-tokens 4 > "$WORK/sample.txt" 2>&1 ||
+  fail "sample: $(cat "$WORK/sample.txt")"
+grep -q "^The licensee" "$WORK/sample.txt" || fail "sample: $(cat "$WORK/sample.txt")"
+"$LOOM" sample --init-from "$WORK/serial.bin" --tokenizer "$WORK/wide.json" --prompt "x" > "$WORK/sample.txt" 2>&1
+[ "$(cat "$WORK/sample.txt")" = "loom sample: $WORK/serial.bin has vocab 1000; the --tokenizer tokenizer needs at least 70001" ] ||
+  fail "sample with a larger tokenizer: $(cat "$WORK/sample.txt")"
 grep -q "^data samples: $WORK/lic: weight 1.0000, 32 of 32 samples (100.00%)" "$WORK/serial.txt" || fail "data line: $(cat "$WORK/serial.txt")"
 train split 1 --micro-batch 2 --micro-batches 4
 train tp2 2 --tp 2 --micro-batch 4 --micro-batches 2

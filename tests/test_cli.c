@@ -123,6 +123,15 @@ START_TEST(bad_flags) {
   expect_fail(run("data", "prepare", NULL), 2, "loom data prepare: expected one or more input files");
   expect_fail(run("data", "prepare", "in.txt", NULL), 2, "loom data prepare: give --output-prefix P or -o OUT.bin (one of them)");
   expect_fail(run("data", NULL), 2, "loom data: expected 'prepare', 'encode', 'decode' or 'tokenizer train'");
+  expect_fail(run("data", "prepare", "in.txt", "-o", "a.bin", "--output-prefix", "p", NULL), 2,
+              "loom data prepare: give --output-prefix P or -o OUT.bin (one of them)");
+  expect_fail(run("data", "prepare", "in.txt", "-o", "a.bin", "--workers", "0", NULL), 2, "loom data prepare: --workers must be in [1, 256], got 0");
+  expect_fail(run("data", "encode", "x.txt", NULL), 2, "loom data encode: --tokenizer is required");
+  expect_fail(run("data", "decode", "--tokenizer", "/nonexistent", "x", NULL), 2, "loom: /nonexistent: no such tokenizer file or directory");
+  expect_fail(run("data", "tokenizer", "fit", NULL), 2, "loom data tokenizer: expected 'train CORPUS... --vocab-size N -o DIR'");
+  expect_fail(run("data", "tokenizer", "train", "x.txt", "-o", "d", NULL), 2, "loom data tokenizer train: --vocab-size and -o are required");
+  expect_fail(run("data", "tokenizer", "train", "x.txt", "--vocab-size", "100", "-o", "d", NULL), 2,
+              "loom data tokenizer: --vocab-size must be in [257, 4e+06], got 100");
   expect_fail(run("ckpt", "export", "--format", "llmc", NULL), 2, "loom ckpt export: -o OUT is required");
   expect_fail(run("ckpt", "export", "--format", "onnx", NULL), 2, "loom ckpt export: --format must be one of llmc, safetensors, hf, got 'onnx'");
   expect_fail(run("ckpt", "export", "/nonexistent-ck", "--format", "llmc", "-o", "m.bin", NULL), 2,

@@ -1,5 +1,5 @@
-/* `loom sample`: continue a prompt with a trained model, byte tokens in and
- * out, greedily or at a temperature. The flags become a (1,1,1) plan of the
+/* `loom sample`: continue a prompt with a trained model, greedily or at a
+ * temperature, in byte tokens or a BPE tokenizer's (--tokenizer). The flags become a (1,1,1) plan of the
  * model file's shape, which the runtime builds and runs. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,43 +9,61 @@
 #include "cli/device.h"
 #include "cli/plan_flags.h"
 #include "core/check.h"
+#include "data/bpe.h"
 #include "data/byte_tokenizer.h"
 #include "pipeline/generate.h"
 
 typedef struct {
   loom_plan_flags layout; /* the model, from --init-from */
-  const char *prompt, *device;
+  const char *prompt, *device, *tokenizer;
   loom_generate_options gen;
   int64_t seed;
 } sample_flags;
 
-#define SAMPLE_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 5)
+#define SAMPLE_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 6)
 
-static void print_token(void *ctx, int token) {
+static void print_byte_token(void *ctx, int token) {
   loom_byte_print(ctx, token);
   fflush(ctx);
 }
 
+static void print_bpe_token(void *ctx, int token) {
+  size_t len;
+  const unsigned char *bytes = loom_bpe_token_bytes(ctx, token, &len);
+  if (bytes) fwrite(bytes, 1, len, stdout);
+  else printf("<%d>", token); /* a padded id past the tokenizer's */
+  fflush(stdout);
+}
+
 static loom_status sample_run(const loom_plan *plan, sample_flags *f, const loom_ops *ops, loom_error *err) {
-  if (plan->model->vocab < LOOM_BYTE_VOCAB)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom sample: %s has vocab %d; the byte tokenizer needs at least %d",
-                     f->layout.model.init_from, plan->model->vocab, LOOM_BYTE_VOCAB);
+  loom_bpe *bpe = NULL;
+  loom_status st = f->tokenizer ? loom_bpe_load(&bpe, f->tokenizer, err) : LOOM_OK;
+  const int vocab = bpe ? loom_bpe_vocab(bpe) : LOOM_BYTE_VOCAB;
+  if (st == LOOM_OK && plan->model->vocab < vocab)
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom sample: %s has vocab %d; the %s tokenizer needs at least %d", f->layout.model.init_from,
+                   plan->model->vocab, bpe ? "--tokenizer" : "byte", vocab);
   loom_trainer tr = {0};
   loom_run_files files = {0};
   const loom_trainer_options o = {.forward_only = true};
-  loom_status st = loom_trainer_init(&tr, NULL, plan, ops, NULL, &o, err);
+  if (st == LOOM_OK) st = loom_trainer_init(&tr, NULL, plan, ops, NULL, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, NULL, 0, 0, NULL);
   if (st == LOOM_OK) st = loom_run_init_from(&files, f->layout.model.init_from, err);
-  const int len = (int)strlen(f->prompt);
-  int *prompt = loom_xcalloc((size_t)len + 1, sizeof(int), "prompt");
-  for (int i = 0; i < len; i++) prompt[i] = (unsigned char)f->prompt[i];
+  loom_ids prompt = {0};
+  if (bpe) {
+    loom_bpe_encoder *e = loom_bpe_encoder_new(bpe, true);
+    loom_bpe_encode(e, f->prompt, strlen(f->prompt), &prompt);
+    loom_bpe_encoder_free(e);
+  } else {
+    for (const char *c = f->prompt; *c; c++) loom_ids_push(&prompt, (unsigned char)*c);
+  }
   f->gen.seed = (uint64_t)f->seed;
   if (st == LOOM_OK) {
     fputs(f->prompt, stdout);
-    st = loom_generate(&tr, prompt, len, &f->gen, print_token, stdout, err);
+    st = loom_generate(&tr, prompt.ids, (int)prompt.count, &f->gen, bpe ? print_bpe_token : print_byte_token, bpe ? (void *)bpe : stdout, err);
     fputc('\n', stdout);
   }
-  free(prompt);
+  loom_ids_free(&prompt);
+  loom_bpe_free(bpe);
   loom_run_files_free(&files);
   loom_trainer_free(&tr);
   return st;
@@ -62,6 +80,7 @@ int loom_cmd_sample(int argc, char **argv) {
       {"--temperature", FLAG_FLOAT, &f.gen.temperature, "sampling temperature (0: greedy)", 0, 100, NULL, false, NULL},
       {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false, NULL},
       {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      {"--tokenizer", FLAG_STRING, &f.tokenizer, "the model's BPE tokenizer (GPT-2 files, tokenizer.json, NAME.tiktoken; default: bytes)", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == SAMPLE_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "SAMPLE_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

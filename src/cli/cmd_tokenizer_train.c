@@ -17,7 +17,7 @@ int loom_cmd_data_tokenizer(int argc, char **argv) {
   int vocab_size = 0;
   bool force = false;
   loom_flag table[] = {
-      {"--vocab-size", FLAG_INT, &vocab_size, "tokens: 256 bytes, the merges, and <|endoftext|> (required)", 257, 1 << 24, NULL, false, NULL},
+      {"--vocab-size", FLAG_INT, &vocab_size, "tokens: 256 bytes, the merges, and <|endoftext|> (required)", 257, LOOM_BPE_MAX_TRAIN_VOCAB, NULL, false, NULL},
       {"-o", FLAG_STRING, &out, "output directory: encoder.json, vocab.bpe, tokenizer.json (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--force", FLAG_BOOL, &force, "replace a tokenizer in the output directory", LOOM_NO_RANGE, NULL, false, NULL},

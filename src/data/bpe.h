@@ -68,6 +68,8 @@ loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loo
  * frequent pairs within GPT-2-pattern words (each occurring at least twice),
  * and <|endoftext|> last. Writes encoder.json + vocab.bpe and tokenizer.json
  * into out_dir. */
+#define LOOM_BPE_MAX_TRAIN_VOCAB 4000000
+
 typedef struct {
   const char *const *inputs;
   int ninputs;

@@ -336,8 +336,8 @@ static loom_bpe *byte_tokenizer(int vocab, int *id_of_byte, loom_error *err) {
 
 loom_status loom_bpe_train(const loom_bpe_train_options *o, loom_bpe_train_stats *stats, loom_error *err) {
   memset(stats, 0, sizeof *stats);
-  if (o->vocab_size < 257 || o->vocab_size > (1 << 24))
-    return loom_fail(err, LOOM_ERR_USAGE, "--vocab-size %d: expected 257 (256 bytes and <|endoftext|>) to %d", o->vocab_size, 1 << 24);
+  if (o->vocab_size < 257 || o->vocab_size > LOOM_BPE_MAX_TRAIN_VOCAB)
+    return loom_fail(err, LOOM_ERR_USAGE, "--vocab-size %d: expected 257 (256 bytes and <|endoftext|>) to %d", o->vocab_size, LOOM_BPE_MAX_TRAIN_VOCAB);
   int id_of_byte[256];
   loom_bpe *bpe = byte_tokenizer(o->vocab_size, id_of_byte, err);
   if (!bpe) return LOOM_ERR_FORMAT;

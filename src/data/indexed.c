@@ -181,6 +181,13 @@ loom_status loom_indexed_writer_open(loom_indexed_writer *w, const char *prefix,
   w->bin_path = joined(prefix, ".bin");
   w->bin_tmp = joined(prefix, ".bin.tmp");
   w->idx_path = joined(prefix, ".idx");
+  char *slash = strrchr(w->bin_path, '/');
+  if (slash && slash != w->bin_path) { /* the prefix's directory, made if missing */
+    *slash = '\0';
+    loom_status st = loom_make_dirs(w->bin_path, "dataset directory", err);
+    *slash = '/';
+    if (st != LOOM_OK) return st;
+  }
   w->bin = fopen(w->bin_tmp, "wb");
   if (!w->bin) return loom_fail(err, LOOM_ERR_IO, "%s: cannot create: %s", w->bin_tmp, strerror(errno));
   push(&w->doc_index, &w->documents, &w->doc_cap, 0);
