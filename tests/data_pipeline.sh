@@ -44,6 +44,14 @@ done
 grep -q "^prepared 6 documents (0 empty skipped), [0-9]* tokens, .* with 2 workers (tokenizer.json, 1000 tokens)" "$WORK/prep.txt" ||
   fail "prepare summary: $(cat "$WORK/prep.txt")"
 [ -f "$WORK/lic.bin" ] && [ -f "$WORK/lic.idx" ] && [ ! -e "$WORK/lic.bin.tmp" ] || fail "prepare outputs"
+grep -q "prepare:" "$WORK/prep.txt" && fail "a progress line off a terminal"
+# On a terminal (script(1) gives loom a pty), a progress status line.
+if command -v script > /dev/null 2>&1; then
+  script -qec "$LOOM data prepare $CORPUS --output-prefix $WORK/tty --tokenizer $WORK/tok" /dev/null > "$WORK/tty.txt" 2>&1 ||
+    fail "prepare on a terminal: $(cat "$WORK/tty.txt")"
+  grep -q "prepare: 6 documents, [0-9.]* of [0-9.]* MB, [0-9.]* MB/s, ETA 0m00s" "$WORK/tty.txt" ||
+    fail "no progress line on a terminal: $(od -c "$WORK/tty.txt" | head -20)"
+fi
 # shellcheck disable=SC2086
 "$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic" --tokenizer "$WORK/tok" > "$WORK/again.txt" 2>&1
 rc=$?

@@ -6,7 +6,6 @@
  * line; other files are one document each. Without --tokenizer, bytes. */
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/log.h"
@@ -54,7 +53,7 @@ int loom_cmd_data_prepare(int argc, char **argv) {
   if (st == LOOM_OK && tokenizer) st = loom_bpe_load(&bpe, tokenizer, &err);
   const loom_prepare_options o = {.inputs = inputs, .ninputs = ninputs, .json_key = loom_data_json_key(inputs, ninputs, json_key),
                                   .tokenizer = bpe, .append_eod = append_eod, .allow_special = allow_special, .output_prefix = prefix,
-                                  .llmc_output = llmc, .force = force, .workers = workers, .progress = isatty(2) != 0};
+                                  .llmc_output = llmc, .force = force, .workers = workers, .progress = loom_log_on_terminal()};
   loom_prepare_stats s;
   if (st == LOOM_OK) st = loom_prepare(&o, &s, &err);
   if (st == LOOM_OK)

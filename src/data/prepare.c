@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include "core/check.h"
 #include "core/json.h"
+#include "core/log.h"
 #include "core/timer.h"
 #include "data/documents.h"
 #include "data/indexed.h"
@@ -157,9 +158,9 @@ static loom_status run_batch(const batch *b, worker *workers, int nworkers, outp
 static void show_progress(const loom_prepare_stats *s, double total_mb, double t0, bool last) {
   const double mb = (double)s->bytes / 1e6, secs = loom_now_s() - t0, rate = secs > 0 ? mb / secs : 0;
   const double eta = rate > 0 ? (total_mb - mb) / rate : 0;
-  fprintf(stderr, "\rprepare: %lld documents, %.1f of %.1f MB, %.1f MB/s, ETA %dm%02ds   %s", (long long)s->documents, mb, total_mb, rate,
-          (int)eta / 60, (int)eta % 60, last ? "\n" : "");
-  fflush(stderr);
+  loom_log_status("prepare: %lld documents, %.1f of %.1f MB, %.1f MB/s, ETA %dm%02ds", (long long)s->documents, mb, total_mb, rate,
+                  (int)eta / 60, (int)eta % 60);
+  if (last) loom_log_status_end();
 }
 
 static loom_status refuse_existing(const char *path, bool force, loom_error *err) {

@@ -21,7 +21,7 @@ typedef struct {
   const char *llmc_output;    /* ... or one llm.c token file */
   bool force;                 /* replace outputs that exist */
   int workers;
-  bool progress;              /* redraw a progress line on stderr (a terminal) */
+  bool progress;              /* keep a progress status line (shown on a terminal) */
 } loom_prepare_options;
 
 typedef struct {
