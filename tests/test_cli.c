@@ -113,6 +113,9 @@ START_TEST(bad_flags) {
               "loom train: --global-batch 10: must be a positive multiple of --micro-batch x --dp (4); round it to a multiple");
   expect_fail(run("train", "--data", "x.bin", "--synthetic", "addition", NULL), 2, "loom train: give --data or --synthetic, not both");
   expect_fail(run("train", "--eval-data", "x.bin", NULL), 2, "loom train: --eval-data needs --data");
+  expect_fail(run("train", "--data", "x.bin", "--split", "98,2,0", NULL), 2,
+              "loom train: --split applies to indexed datasets (--data PREFIX or a blend)");
+  expect_fail(run("train", "--data", "0.5 a 0.5", NULL), 2, "loom: --data \"0.5 a 0.5\": expected PREFIX or \"W1 PREFIX1 W2 PREFIX2 ...\" (at most 64 datasets)");
   expect_fail(run("train", "--vocab", "100", NULL), 2, "loom train: --synthetic addition needs --vocab of at least 256 (byte tokens), got 100");
   expect_fail(run("train", "--dropout", "1", NULL), 2, "loom train: --dropout must be in [0, 0.99], got 1");
   expect_fail(run("train", "--data", "/nonexistent.bin", NULL), 2, "loom: /nonexistent.bin: cannot open token file: No such file or directory");
