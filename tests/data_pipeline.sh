@@ -4,7 +4,7 @@
 # - `loom data tokenizer train` writes a tokenizer that loads in both formats
 #   and round-trips the corpus;
 # - `loom data prepare` (2 workers, --append-eod) writes an indexed dataset
-#   with one document per file; an existing output is refused without
+#   with one document per file, the same as 1 worker's; an existing output is refused without
 #   --force; a bad JSON line is refused naming its line, and leaves nothing;
 #   empty documents are skipped and counted; a corpus of special tokens and a
 #   100 MB one-line document are handled; an llm.c file cannot hold ids past
@@ -45,6 +45,9 @@ grep -q "^prepared 6 documents (0 empty skipped), [0-9]* tokens, .* with 2 worke
   fail "prepare summary: $(cat "$WORK/prep.txt")"
 [ -f "$WORK/lic.bin" ] && [ -f "$WORK/lic.idx" ] && [ ! -e "$WORK/lic.bin.tmp" ] || fail "prepare outputs"
 grep -q "prepare:" "$WORK/prep.txt" && fail "a progress line off a terminal"
+# shellcheck disable=SC2086
+"$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic1" --tokenizer "$WORK/tok" --append-eod --workers 1 > /dev/null 2>&1 || fail "prepare, 1 worker"
+cmp -s "$WORK/lic.bin" "$WORK/lic1.bin" && cmp -s "$WORK/lic.idx" "$WORK/lic1.idx" || fail "1 and 2 workers wrote different datasets"
 # On a terminal (script(1) gives loom a pty), a progress status line.
 if command -v script > /dev/null 2>&1; then
   script -qec "$LOOM data prepare $CORPUS --output-prefix $WORK/tty --tokenizer $WORK/tok" /dev/null > "$WORK/tty.txt" 2>&1 ||

@@ -182,7 +182,9 @@ static loom_status open_output(output *out, const loom_prepare_options *o, loom_
   loom_status st = refuse_existing(path, o->force, err);
   snprintf(path, sizeof path, "%s.idx", o->output_prefix);
   if (st == LOOM_OK) st = refuse_existing(path, o->force, err);
-  if (st == LOOM_OK) st = loom_indexed_writer_open(&out->indexed, o->output_prefix, loom_indexed_dtype_for_vocab(vocab), err);
+  if (st != LOOM_OK) return st;
+  st = loom_indexed_writer_open(&out->indexed, o->output_prefix, loom_indexed_dtype_for_vocab(vocab), err);
+  if (st != LOOM_OK) loom_indexed_writer_free(&out->indexed);
   out->indexed_open = st == LOOM_OK;
   return st;
 }
