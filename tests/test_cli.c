@@ -329,6 +329,12 @@ START_TEST(subcommands_work_together) {
   tu_write_bytes(txt, corpus, 3999);
   result *r = run("data", "prepare", txt, "-o", tokens, NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
+  /* A tokenizer file sizing tables past any real vocabulary is refused before it allocates them. */
+  const char *ranks = tu_tmp_path("gpt2.tiktoken");
+  tu_write_bytes(ranks, "QQ== 434444444\n", 15);
+  char want[1200];
+  snprintf(want, sizeof want, "loom: %s: line 1: the rank is not an integer in [0, 16777216)", ranks);
+  expect_fail(run("data", "encode", "--tokenizer", ranks, txt, NULL), 2, want);
 
   /* Train on the synthetic task with metrics, eval and save. */
   const char *metrics = tu_tmp_path("m.jsonl"), *model = tu_tmp_path("model.bin");

@@ -10,7 +10,7 @@
 #include "data/bpe_impl.h"
 
 #define MAX_TOKENIZER_FILE ((size_t)512 << 20)
-#define MAX_VOCAB (1 << 30)
+#define MAX_VOCAB (1 << 24) /* past every real vocabulary (o200k, 256k), and its tables stay under 300 MB */
 
 /* ---- GPT-2's byte stand-ins ---- */
 
