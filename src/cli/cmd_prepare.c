@@ -9,19 +9,15 @@
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/log.h"
+#include "core/strbuf.h"
 #include "data/prepare.h"
 
 #define MAX_INPUTS 4096
 
-static bool ends_with(const char *s, const char *suffix) {
-  const size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 const char *loom_data_json_key(const char *const *inputs, int n, const char *json_key) {
   if (json_key) return json_key;
   for (int i = 0; i < n; i++)
-    if (!ends_with(inputs[i], ".jsonl")) return NULL;
+    if (!loom_str_ends_with(inputs[i], ".jsonl")) return NULL;
   return n ? "text" : NULL;
 }
 

@@ -33,3 +33,8 @@ void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) {
   va_end(ap);
   b->len += (size_t)n;
 }
+
+bool loom_str_ends_with(const char *s, const char *suffix) {
+  const size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && strcmp(s + n - k, suffix) == 0;
+}

@@ -4,6 +4,7 @@
 #ifndef LOOM_STRBUF_H
 #define LOOM_STRBUF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct {
@@ -14,5 +15,8 @@ typedef struct {
 /* Appends n bytes (which may hold NULs). */
 void loom_strbuf_append(loom_strbuf *b, const void *data, size_t n);
 void loom_strbuf_printf(loom_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Whether s ends with suffix (a file's extension). */
+bool loom_str_ends_with(const char *s, const char *suffix);
 
 #endif

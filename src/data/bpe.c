@@ -7,7 +7,7 @@
 
 /* ---- hashing ---- */
 
-static uint64_t mix(uint64_t h) {
+uint64_t bpe_mix(uint64_t h) {
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
   h ^= h >> 33;
@@ -15,18 +15,19 @@ static uint64_t mix(uint64_t h) {
   return h ^ (h >> 33);
 }
 
-static uint64_t hash_bytes(const unsigned char *p, size_t n) {
+uint64_t bpe_hash_bytes(const void *bytes, size_t n) {
+  const unsigned char *p = bytes;
   uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
   while (n >= 8) {
     uint64_t w;
     memcpy(&w, p, 8);
-    h = mix(h ^ w);
+    h = bpe_mix(h ^ w);
     p += 8;
     n -= 8;
   }
   uint64_t w = 0;
   memcpy(&w, p, n);
-  return mix(h ^ w ^ (uint64_t)n << 56);
+  return bpe_mix(h ^ w ^ (uint64_t)n << 56);
 }
 
 static size_t table_size(size_t entries) {
@@ -66,14 +67,17 @@ bool bpe_set_token(loom_bpe *t, int id, const void *bytes, size_t len) {
   return true;
 }
 
-int bpe_lookup(const loom_bpe *t, const void *bytes, size_t len) {
+/* bpe_lookup with the bytes' hash already in hand. */
+static int lookup_hashed(const loom_bpe *t, const void *bytes, size_t len, uint64_t hash) {
   if (!t->str_slots) return -1;
-  for (size_t s = hash_bytes(bytes, len) & t->str_mask;; s = (s + 1) & t->str_mask) {
+  for (size_t s = hash & t->str_mask;; s = (s + 1) & t->str_mask) {
     const int32_t id = t->str_slots[s];
     if (id < 0) return -1;
     if (t->len[id] == len && memcmp(t->pool + t->off[id], bytes, len) == 0) return id;
   }
 }
+
+int bpe_lookup(const loom_bpe *t, const void *bytes, size_t len) { return lookup_hashed(t, bytes, len, bpe_hash_bytes(bytes, len)); }
 
 bool bpe_index_tokens(loom_bpe *t, int *dup) {
   const size_t n = table_size((size_t)t->vocab);
@@ -83,11 +87,12 @@ bool bpe_index_tokens(loom_bpe *t, int *dup) {
   for (int id = 0; id < t->vocab; id++) {
     if (t->len[id] == BPE_UNUSED) continue;
     const unsigned char *b = t->pool + t->off[id];
-    if (bpe_lookup(t, b, t->len[id]) >= 0) {
+    const uint64_t hash = bpe_hash_bytes(b, t->len[id]);
+    if (lookup_hashed(t, b, t->len[id], hash) >= 0) {
       *dup = id;
       return false;
     }
-    size_t s = hash_bytes(b, t->len[id]) & t->str_mask;
+    size_t s = hash & t->str_mask;
     while (t->str_slots[s] >= 0) s = (s + 1) & t->str_mask;
     t->str_slots[s] = id;
   }
@@ -95,7 +100,7 @@ bool bpe_index_tokens(loom_bpe *t, int *dup) {
 }
 
 static size_t pair_slot(const loom_bpe *t, uint64_t key) {
-  size_t s = mix(key) & t->pair_mask;
+  size_t s = bpe_mix(key) & t->pair_mask;
   while (t->pair_keys[s] && t->pair_keys[s] != key) s = (s + 1) & t->pair_mask;
   return s;
 }
@@ -425,8 +430,9 @@ static void encode_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, 
     loom_ids_push(out, t->byte_token[p[0]]);
     return;
   }
+  const uint64_t hash = bpe_hash_bytes(p, n); /* one hash for the vocabulary and the cache */
   if (t->whole_word_first) {
-    const int id = bpe_lookup(t, p, n);
+    const int id = lookup_hashed(t, p, n, hash);
     if (id >= 0) {
       loom_ids_push(out, id);
       return;
@@ -436,7 +442,7 @@ static void encode_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, 
     merge_piece(e, p, n, out);
     return;
   }
-  const uint64_t h = hash_bytes(p, n) | 1;
+  const uint64_t h = hash | 1;
   size_t s = h & (CACHE_SLOTS - 1);
   for (; e->cache[s].hash; s = (s + 1) & (CACHE_SLOTS - 1)) {
     const cache_slot *c = &e->cache[s];

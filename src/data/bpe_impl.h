@@ -35,6 +35,10 @@ struct loom_bpe {
   char describe[160];
 };
 
+/* The tables' hashes, shared with the trainer's. */
+uint64_t bpe_hash_bytes(const void *bytes, size_t n);
+uint64_t bpe_mix(uint64_t h);
+
 /* Building a tokenizer: tokens first, then bpe_index_tokens, then merges and
  * specials, then bpe_finish. Each returns false on what it names. */
 loom_bpe *bpe_new(int vocab);

@@ -424,7 +424,6 @@ loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err) {
       return load_gpt2_files(out, vocab, merges, err);
     return loom_fail(err, LOOM_ERR_USAGE, "%s: no tokenizer.json, encoder.json + vocab.bpe, or vocab.json + merges.txt in this directory", path);
   }
-  const size_t n = strlen(path);
-  if (n >= 5 && strcmp(path + n - 5, ".json") == 0) return bpe_load_tokenizer_json(out, path, err);
+  if (loom_str_ends_with(path, ".json")) return bpe_load_tokenizer_json(out, path, err);
   return bpe_load_tiktoken(out, path, path, err);
 }

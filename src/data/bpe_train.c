@@ -18,6 +18,7 @@ typedef struct {
   int32_t len;
   int64_t count;
   int64_t stamp; /* the last merge that rewrote this word */
+  uint64_t hash; /* of its bytes, while words are counted */
 } word;
 
 typedef struct {
@@ -43,23 +44,9 @@ typedef struct {
   size_t pair_mask;
   heap_entry *heap;
   size_t heap_len, heap_cap;
-  const unsigned char *piece_bytes; /* counting: the word's bytes are its first symbols */
 } trainer;
 
-static uint64_t mix64(uint64_t h) {
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  return h;
-}
-
 /* ---- counting words ---- */
-
-static uint64_t word_key(const unsigned char *p, size_t n) {
-  uint64_t h = 0x84222325cbf29ce4ULL ^ n;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return mix64(h) | 1;
-}
 
 static bool same_word(const word *w, const unsigned char *p, size_t n) {
   if ((size_t)w->len != n) return false;
@@ -74,7 +61,7 @@ static void count_piece(void *ctx, const unsigned char *p, size_t n) {
   trainer *t = ctx;
   if (n < 2 || n > INT32_MAX) return; /* a single byte never merges */
   if ((size_t)t->nwords * 2 >= t->word_mask) word_table_grow(t);
-  const uint64_t h = word_key(p, n);
+  const uint64_t h = bpe_hash_bytes(p, n);
   size_t s = h & t->word_mask;
   for (; t->word_hash[s]; s = (s + 1) & t->word_mask) {
     word *w = &t->words[(t->word_hash[s] >> 32) - 1];
@@ -91,7 +78,7 @@ static void count_piece(void *ctx, const unsigned char *p, size_t n) {
   word *w = &t->words[t->nwords++];
   w->sym = loom_xmalloc(n * sizeof *w->sym, "word");
   for (size_t i = 0; i < n; i++) w->sym[i] = p[i]; /* byte b is token b until renumbered */
-  *w = (word){.sym = w->sym, .len = (int32_t)n, .count = 1, .stamp = -1};
+  *w = (word){.sym = w->sym, .len = (int32_t)n, .count = 1, .stamp = -1, .hash = h};
   t->word_hash[s] = (uint64_t)t->nwords << 32 | (uint32_t)h;
 }
 
@@ -101,12 +88,7 @@ static void word_table_grow(trainer *t) {
   t->word_hash = loom_xcalloc(n, sizeof *t->word_hash, "word table");
   t->word_mask = n - 1;
   for (int32_t i = 0; i < t->nwords; i++) {
-    const word *w = &t->words[i];
-    unsigned char stack[256];
-    unsigned char *b = (size_t)w->len <= sizeof stack ? stack : loom_xmalloc((size_t)w->len, "word");
-    for (int32_t k = 0; k < w->len; k++) b[k] = (unsigned char)w->sym[k];
-    const uint64_t h = word_key(b, (size_t)w->len);
-    if (b != stack) free(b);
+    const uint64_t h = t->words[i].hash;
     size_t s = h & t->word_mask;
     while (t->word_hash[s]) s = (s + 1) & t->word_mask;
     t->word_hash[s] = (uint64_t)(i + 1) << 32 | (uint32_t)h;
@@ -122,7 +104,7 @@ static void pair_table_grow(trainer *t) {
   memset(t->pair_slots, 0xff, n * sizeof *t->pair_slots);
   t->pair_mask = n - 1;
   for (int32_t i = 0; i < t->npairs; i++) {
-    size_t s = mix64((uint64_t)(uint32_t)t->pairs[i].a << 32 | (uint32_t)t->pairs[i].b) & t->pair_mask;
+    size_t s = bpe_mix((uint64_t)(uint32_t)t->pairs[i].a << 32 | (uint32_t)t->pairs[i].b) & t->pair_mask;
     while (t->pair_slots[s] >= 0) s = (s + 1) & t->pair_mask;
     t->pair_slots[s] = i;
   }
@@ -130,7 +112,7 @@ static void pair_table_grow(trainer *t) {
 
 static pair *pair_get(trainer *t, int32_t a, int32_t b) {
   if ((size_t)t->npairs * 2 >= t->pair_mask) pair_table_grow(t);
-  size_t s = mix64((uint64_t)(uint32_t)a << 32 | (uint32_t)b) & t->pair_mask;
+  size_t s = bpe_mix((uint64_t)(uint32_t)a << 32 | (uint32_t)b) & t->pair_mask;
   for (; t->pair_slots[s] >= 0; s = (s + 1) & t->pair_mask) {
     pair *p = &t->pairs[t->pair_slots[s]];
     if (p->a == a && p->b == b) return p;

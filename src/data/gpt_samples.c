@@ -8,7 +8,6 @@
 
 bool gpt_samples_init(gpt_samples *s, const loom_indexed *ix, int64_t first, int64_t docs, int T, bool shuffle, uint64_t seed,
                       uint64_t stream) {
-  memset(s, 0, sizeof *s);
   *s = (gpt_samples){.ix = ix, .first = first, .docs = docs, .T = T, .shuffle = shuffle, .seed = seed, .stream = stream};
   for (int64_t i = 0; i < docs; i++) s->tokens += loom_indexed_length(ix, first + i);
   s->samples = s->tokens > 0 ? (s->tokens - 1) / T : 0;

@@ -6,17 +6,13 @@
 #include <string.h>
 #include "core/fault.h"
 #include "core/read_file.h"
+#include "core/strbuf.h"
 #include "core/write_file.h"
 #include "plan/plan_io.h"
 #include "plan/textformat.h"
 
-static int ends_with(const char *s, const char *suffix) {
-  const size_t n = strlen(s), k = strlen(suffix);
-  return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 int loom_plan_is_text(const char *path) {
-  return ends_with(path, ".txtpb") || ends_with(path, ".textproto") || ends_with(path, ".pbtxt");
+  return loom_str_ends_with(path, ".txtpb") || loom_str_ends_with(path, ".textproto") || loom_str_ends_with(path, ".pbtxt");
 }
 
 static loom_status slurp(const char *path, char **data, size_t *len, loom_error *err) {
@@ -85,7 +81,7 @@ loom_status loom_plan_decode(const char *data, size_t len, bool text, const char
 loom_status loom_plan_read(const char *path, loom_plan **out, loom_error *err) {
   *out = NULL;
   const int text = loom_plan_is_text(path);
-  if (!text && !ends_with(path, ".pb"))
+  if (!text && !loom_str_ends_with(path, ".pb"))
     return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
   char *data = NULL;
   size_t len = 0;
@@ -110,7 +106,7 @@ loom_status loom_plan_write(const char *path, const loom_plan *plan, loom_error 
     free(text);
     return st;
   }
-  if (!ends_with(path, ".pb"))
+  if (!loom_str_ends_with(path, ".pb"))
     return loom_fail(err, LOOM_ERR_USAGE, "%s: a plan file ends in .txtpb (text) or .pb (binary)", path);
   const size_t n = loom__partition_plan__get_packed_size(plan);
   uint8_t *buf = malloc(n ? n : 1);
