@@ -76,7 +76,8 @@ typedef struct {
 } pp_case;
 
 /* The plan of a case on a tp x pp x dp grid, built and validated as every run's is. */
-static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
+/* A case's plan as built, before validation. */
+static loom_plan *plan_built(const pp_case *pc, int tp, int pp, int dp, bool sp) {
   const loom_gpt_config cfg = tiny();
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
@@ -87,6 +88,11 @@ static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
   loom_plan *plan;
   loom_error err = {{0}};
   ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
+  return plan;
+}
+
+static loom_plan *plan_on(const pp_case *pc, int tp, int pp, int dp, bool sp) {
+  loom_plan *plan = plan_built(pc, tp, pp, dp, sp);
   char lines[1024];
   ck_assert_msg(loom_plan_validate(plan, &(loom_plan_limits){.world = tp * pp * dp}, lines, sizeof lines) == 0, "%s", lines);
   return plan;
@@ -277,6 +283,26 @@ START_TEST(interleaved_matches_serial) {
 }
 END_TEST
 
+/* The zero-bubble schedules split each backward into B and W; a V also
+ * puts the first and last stage on rank 0. Under ZeRO-2/3 the plan refuses
+ * them, naming why. */
+START_TEST(zero_bubble_matches_serial) {
+  if (g_zero >= 2) {
+    const pp_case pc = {.kind = LOOM_SCHEDULE_ZB_H1, .v = 1, .m = g_pp, .zero = g_zero};
+    loom_plan *plan = plan_built(&pc, g_tp, g_pp, g_dp, g_sp);
+    char lines[4096];
+    ck_assert_int_gt(loom_plan_validate(plan, NULL, lines, sizeof lines), 0);
+    ck_assert_msg(strstr(lines, "ZeRO-2/3 reduce-scatter each layer's grads") != NULL, "%s", lines);
+    loom_plan_free(plan);
+    return;
+  }
+  const int ms[3] = {1, g_pp, 2 * g_pp + 1};
+  for (int i = 0; i < 3; i++) check(LOOM_SCHEDULE_ZB_H1, 1, ms[i], NULL, 0);
+  if (g_pp < 2) return; /* a V needs two pipeline ranks or more */
+  for (int i = 0; i < 3; i++) check(LOOM_SCHEDULE_ZB_V, 2, ms[i], NULL, 0);
+}
+END_TEST
+
 /* Fewer layers on the first and last stage, as one balances the embedding and head. */
 START_TEST(uneven_split_matches_serial) {
   if (g_pp < 2) return; /* one stage holds every layer */
@@ -352,6 +378,7 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("pp");
   tcase_add_test(tc, gpipe_and_1f1b_match_serial);
   tcase_add_test(tc, interleaved_matches_serial);
+  tcase_add_test(tc, zero_bubble_matches_serial);
   tcase_add_test(tc, uneven_split_matches_serial);
   tcase_add_test(tc, large_messages_do_not_stall);
   tcase_add_test(tc, nan_skips_the_step_everywhere);

@@ -74,7 +74,8 @@ struct loom_ops {
   void (*matmul_forward)(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias,
                          int N, int C, int OC);
   /* dinp[N,C] += dout @ weight; dweight[OC,C] += dout^T @ inp; dbias[OC] += sum dout.
-   * dinp and dbias may be NULL. */
+   * Any of dinp, dweight and dbias may be NULL: a split backward computes the
+   * input grad and the weight grad at different times. */
   void (*matmul_backward)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                           const float *inp, const float *weight, int N, int C, int OC);
 

@@ -47,7 +47,7 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
   else r->opt = calloc((size_t)r->n, sizeof *r->opt);
   loom_status st = r->p && r->chunks && (r->z || r->opt) ? LOOM_OK : LOOM_ERR_NOMEM;
   for (int c = 0; c < r->n && st == LOOM_OK; c++) {
-    const int s = c * to->pp + pp_rank; /* interleaved: chunk c of pipeline rank p is stage c * pp + p */
+    const int s = loom_stage_of(false, to->pp, pp_rank, c); /* the layouts it writes are looped (1f1b, interleaved) */
     const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
     st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range, &loom_host_memory);
     if (st == LOOM_OK) st = to->zero ? loom_zero_init(&r->z[c], &r->p[c], dp_rank, to->dp, to->zero, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);

@@ -79,7 +79,7 @@ static void show(const loom_plan *p) {
          *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
-    const loom_stage_range range = loom_plan_stage_range(p, st->chunk * l->pp + st->pp_rank);
+    const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, st->pp_rank, st->chunk));
     const loom_compression_cost c = loom_plan_compression_cost(p, &range);
     sent += c.sent_words, whole += c.whole_words;
     rank_bytes[st->pp_rank] += (double)p->estimates->stages[k]->dp_bytes_sent;

@@ -17,8 +17,12 @@ static loom_status show(loom_schedule_kind kind, int p, int v, int m, loom_error
     loom_schedule_render(stdout, &s, &rep);
     printf("peak live activations (micro-batch x chunk) per rank:");
     for (int r = 0; r < p; r++) printf(" %d", rep.peak_live[r]);
-    printf("\nbubble: %.1f%% simulated (forward 1, backward 2 per stage); theory %.1f%%\n", 100.0 * rep.bubble,
-           100.0 * loom_schedule_theory_bubble(&s));
+    if (loom_schedule_kind_splits_backward(kind)) {
+      printf("\npeak deferred weight grads (B done, W not) per rank:");
+      for (int r = 0; r < p; r++) printf(" %d", rep.peak_deferred[r]);
+    }
+    printf("\nbubble: %.1f%% simulated (per stage: forward 1, backward 2, or B 1 and W 1); theory %.1f%%\n",
+           100.0 * rep.bubble, 100.0 * loom_schedule_theory_bubble(&s));
   } else {
     loom_fail(err, st, "loom schedule show: %s", rep.why);
   }

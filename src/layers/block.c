@@ -106,36 +106,45 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   to_bf16_values(shape, ops, a->out, nh);
 }
 
-/* The q|k|v projection's backward. Replicated key/value heads (tp->kv_group)
- * get grads from this rank's query heads only: their weight grads are
- * computed apart, summed over the ranks sharing the heads, then added, so
- * every replica holds the whole grad. The input grad needs no such sum: the
- * region's exit adds every rank's part. */
-static void qkv_backward(float *d_normed, loom_block_weights *g, loom_block_scratch *s, const loom_block_acts *a,
-                         const loom_block_weights *w, const loom_block_shape *shape, const loom_tp *tp,
-                         const loom_ops *ops) {
+/* The q|k|v projection's backward, input half: the input grad and the bias
+ * grad. Replicated key/value heads (tp->kv_group) get grads from this rank's
+ * query heads only: their grads are computed apart, summed over the ranks
+ * sharing the heads, then added, so every replica holds the whole grad. The
+ * input grad needs no such sum: the region's exit adds every rank's part. */
+static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                               const loom_block_acts *a, const loom_block_weights *w, const loom_block_shape *shape,
+                               const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
-  if (!tp->kv_group) {
-    loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_attn_w, g->c_attn_b, s->d_qkv, a->ln_1, w->c_attn_w,
-                                  N, n, h, rows);
-    return;
-  }
-  float *dw = s->d_qkv_w, *db = g->c_attn_b ? dw + (size_t)rows * h : NULL;
-  loom_mem_zero(ops->mem, dw, (size_t)rows * (h + 1));
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, dw, db, s->d_qkv, a->ln_1, w->c_attn_w, N, n, h, rows);
-  loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
-  ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
-  if (db) {
-    loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
-    ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
-  }
+  float *db = tp->kv_group && g->c_attn_b ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
+  if (db && db != g->c_attn_b) loom_mem_zero(ops->mem, db, (size_t)rows);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, a->ln_1, w->c_attn_w, N, n, h, rows);
+  if (!db || db == g->c_attn_b) return;
+  loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
+  ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
 }
 
-void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
-                         const loom_block_acts *a, const float *x, const loom_block_weights *w,
-                         const loom_block_shape *shape, const loom_block_dropout *drop,
-                         const loom_tp *tp, const loom_ops *ops) {
+/* Its weight half, with the same sum for replicated key/value heads. */
+static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                                const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
+                                const loom_ops *ops) {
+  const int N = shape->T * shape->B, h = shape->hidden;
+  const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
+  if (!tp->kv_group) {
+    loom_linear_weight_grad(ops, g->c_attn_w, ws->d_qkv, a->ln_1, N, h, rows);
+    return;
+  }
+  float *dw = s->d_qkv_w;
+  loom_mem_zero(ops->mem, dw, (size_t)rows * h);
+  loom_linear_weight_grad(ops, dw, ws->d_qkv, a->ln_1, N, h, rows);
+  loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
+  ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
+}
+
+void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                               const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                               const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
+                               const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
   const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
   const int fc = loom_block_fc_width(shape);
@@ -146,19 +155,19 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
   const loom_dropout d_mlp = loom_dropout_for(drop, LOOM_SITE_MLP_OUT, T, tp);
   float *d_normed = tp->sequence_parallel ? s->local : s->d_ln;
 
-  /* MLP branch; dres becomes the grad of res_attn. */
+  /* MLP branch; dres becomes the grad of res_attn. The down projection's
+   * output grad enters the region into ws, where its weight grad finds it. */
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
-  float *d_out_full = tp->sequence_parallel ? s->full : (float *)d_out;
   loom_mem_zero(ops->mem, s->d_fc2, Nf);
-  loom_row_parallel_backward(tp, ops, s->d_fc2, g->mlp_proj_w, g->mlp_proj_b, d_out, d_out_full, a->fc_gelu,
-                             w->mlp_proj_w, N, n, f, h);
+  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, a->fc_gelu, w->mlp_proj_w, N, n,
+                             f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
-  loom_mem_zero(ops->mem, s->d_fc, (size_t)N * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_fc2, a->fc, N, f);
-  else ops->gelu_backward(ops, s->d_fc, s->d_fc2, a->fc, Nf);
-  to_bf16_values(shape, ops, s->d_fc, (size_t)N * fc);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, g->c_fc_w, g->c_fc_b, s->d_fc, a->ln_2, w->c_fc_w, N, n, h, fc);
+  loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
+  else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
+  to_bf16_values(shape, ops, ws->d_fc, (size_t)N * fc);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, a->ln_2, w->c_fc_w, N, n, h, fc);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
@@ -166,19 +175,37 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
 
   /* Attention branch; dres becomes the grad of x. */
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
-  d_out_full = tp->sequence_parallel ? s->full : (float *)d_out;
   loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
-  loom_row_parallel_backward(tp, ops, s->d_atty, g->attn_proj_w, g->attn_proj_b, d_out, d_out_full, a->atty,
-                             w->attn_proj_w, N, n, width, h);
+  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, a->atty, w->attn_proj_w, N,
+                             n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
-  loom_mem_zero(ops->mem, s->d_qkv, (size_t)N * qkv);
-  ops->attention_backward(ops, s->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
-  to_bf16_values(shape, ops, s->d_qkv, (size_t)N * qkv);
-  rope(shape, ops, s->d_qkv, true);
-  to_bf16_values(shape, ops, s->d_qkv, (size_t)N * qkv);
-  qkv_backward(d_normed, g, s, a, w, shape, tp, ops);
+  loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
+  ops->attention_backward(ops, ws->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
+  to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+  rope(shape, ops, ws->d_qkv, true);
+  to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+  qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
                      n, h);
   to_bf16_values(shape, ops, dres, nh);
+}
+
+void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                                const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
+                                const loom_ops *ops) {
+  const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
+  loom_linear_weight_grad(ops, g->mlp_proj_w, ws->d_mlp, a->fc_gelu, N, shape->ffn, h);
+  loom_linear_weight_grad(ops, g->c_fc_w, ws->d_fc, a->ln_2, N, h, loom_block_fc_width(shape));
+  loom_linear_weight_grad(ops, g->attn_proj_w, ws->d_attn, a->atty, N, width, h);
+  qkv_backward_weight(g, s, ws, a, shape, tp, ops);
+}
+
+void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
+                         const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                         const loom_block_shape *shape, const loom_block_dropout *drop,
+                         const loom_tp *tp, const loom_ops *ops) {
+  const loom_block_wgrad ws = {.d_qkv = s->d_qkv, .d_attn = s->d_attn_out, .d_fc = s->d_fc, .d_mlp = s->d_mlp_out};
+  loom_block_backward_input(dres, g, s, &ws, a, x, w, shape, drop, tp, ops);
+  loom_block_backward_weight(g, s, &ws, a, shape, tp, ops);
 }

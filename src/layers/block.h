@@ -67,7 +67,18 @@ typedef struct {
   float *d_fc;           /* [N, ffn] (SwiGLU: [N, 2 ffn]) */
   float *d_fc2;          /* [N, ffn] */
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
+  float *d_attn_out, *d_mlp_out; /* [N, h] a whole backward's output grads of the two row-parallel linears */
 } loom_block_scratch;
+
+/* What a layer's weight grads need besides the inputs of its linears (the
+ * saved ln_1, atty, ln_2 and fc_gelu): the grads of the four linears'
+ * outputs inside the parallel region, which the input half of a split
+ * backward leaves for the weight half. d_qkv [N, qkv width] and d_fc [N, fc
+ * width] are the column-parallel ones; d_attn and d_mlp [N, h] the
+ * row-parallel ones (gathered along the sequence under SP). */
+typedef struct {
+  float *d_qkv, *d_attn, *d_fc, *d_mlp;
+} loom_block_wgrad;
 
 /* A LayerNorm (mean and rstd saved) or RMSNorm (rstd) over n rows of h;
  * backward adds into dx, dw and db (NULL for RMSNorm). */
@@ -97,6 +108,19 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
                          const loom_block_acts *a, const float *x, const loom_block_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
                          const loom_tp *tp, const loom_ops *ops);
+/* The same backward in two halves, as zero-bubble schedules run it. The
+ * input half (B) turns dres into the input grad and adds the norm and bias
+ * grads, O(rows x width) work; it leaves the linears' output grads in ws.
+ * The weight half (W) adds the four linears' weight grads, the GEMMs, from
+ * ws and the inputs a holds (ln_1, atty, ln_2, fc_gelu). Run back to back
+ * they are loom_block_backward. */
+void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                               const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                               const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
+                               const loom_ops *ops);
+void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
+                                const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
+                                const loom_ops *ops);
 
 /* Dropout sites; part of the mask key, so never renumber them. */
 enum { LOOM_SITE_EMBED = 0, LOOM_SITE_ATTN_PROBS = 1, LOOM_SITE_ATTN_OUT = 2, LOOM_SITE_MLP_OUT = 3 };

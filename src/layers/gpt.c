@@ -42,6 +42,8 @@ static void slots_free(loom_gpt *m) {
     loom_buffer_free(&m->slots[i].mem16);
     free(m->slots[i].blocks);
     free(m->slots[i].packed);
+    free(m->slots[i].wgrad);
+    free(m->slots[i].winputs);
     if (m->slots[i].tokens) m->ops->mem->release(m->ops->mem, m->slots[i].tokens);
     if (m->slots[i].targets) m->ops->mem->release(m->ops->mem, m->slots[i].targets);
     if (m->slots[i].pred) m->ops->mem->release(m->ops->mem, m->slots[i].pred);
@@ -85,11 +87,13 @@ typedef struct {
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L;
   bool first, last, recompute, bf16;
+  bool split; /* backward runs in two halves: each slot keeps its weight-grad state */
 } dims;
 
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
-static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
+static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute,
+                    bool split) {
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
@@ -97,7 +101,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
-                .bf16 = c->bf16};
+                .bf16 = c->bf16, .split = split};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
@@ -174,9 +178,42 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
   }
 }
 
-/* What one micro-batch keeps until its backward: fp32 views in l, bf16 ones in l16. */
+/* Views of a split backward's state: the linears' output grads of every
+ * layer and, with recompute, their inputs (the slot keeps none of them). */
+typedef struct {
+  float *d_qkv, *d_attn, *d_fc, *d_mlp, *ln1, *atty, *ln2, *fcg;
+} wgrad_views;
+
+static void want_wgrad(act_list *l, wgrad_views *v, const dims *d) {
+  memset(v, 0, sizeof *v);
+  if (!d->split || d->L == 0) return;
+  want(l, &v->d_qkv, "w_d_qkv", d->L * d->N * d->qkv);
+  want(l, &v->d_attn, "w_d_attn", d->L * d->N * d->h);
+  want(l, &v->d_fc, "w_d_fc", d->L * d->N * d->fc);
+  want(l, &v->d_mlp, "w_d_mlp", d->L * d->N * d->h);
+  if (!d->recompute) return;
+  want(l, &v->ln1, "w_ln_1", d->L * d->N * d->h);
+  want(l, &v->atty, "w_atty", d->L * d->N * d->w);
+  want(l, &v->ln2, "w_ln_2", d->L * d->N * d->h);
+  want(l, &v->fcg, "w_fc_gelu", d->L * d->N * d->f);
+}
+
+static void bind_wgrad(loom_gpt_slot *s, const wgrad_views *v, const dims *d) {
+  s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
+  if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
+  for (int i = 0; i < d->L; i++) {
+    s->wgrad[i] = (loom_block_wgrad){.d_qkv = v->d_qkv + i * d->N * d->qkv, .d_attn = v->d_attn + i * d->N * d->h,
+                                     .d_fc = v->d_fc + i * d->N * d->fc, .d_mlp = v->d_mlp + i * d->N * d->h};
+    if (d->recompute)
+      s->winputs[i] = (loom_block_acts){.ln_1 = v->ln1 + i * d->N * d->h, .atty = v->atty + i * d->N * d->w,
+                                        .ln_2 = v->ln2 + i * d->N * d->h, .fc_gelu = v->fcg + i * d->N * d->f};
+  }
+}
+
+/* What one micro-batch keeps until its backward (its weight half, when
+ * split): fp32 views in l, bf16 ones in l16. */
 static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views *v, loom_block_packed *p,
-                      const dims *d) {
+                      wgrad_views *wv, const dims *d) {
   *l = (act_list){.dtype = LOOM_DTYPE_F32};
   *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
   memset(v, 0, sizeof *v);
@@ -201,6 +238,7 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
     want(l, &s->lse, "lse", d->N);
     want(l, &s->picked, "picked", d->N);
   }
+  want_wgrad(l, wv, d);
 }
 
 /* Scratch every slot shares. */
@@ -217,6 +255,8 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   want(l, &s->d_att, "d_att", d->att);
   want(l, &s->d_fc, "d_fc", d->N * d->fc);
   want(l, &s->d_fc2, "d_fc2", d->N * d->f);
+  want(l, &s->d_attn_out, "d_attn_out", d->N * d->h);
+  want(l, &s->d_mlp_out, "d_mlp_out", d->N * d->h);
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
@@ -236,16 +276,18 @@ static size_t list_bytes(const act_list *l) {
 }
 
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, bool recompute, int slots) {
+                                 const loom_stage_range *range, bool recompute, bool split_backward, int slots) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
+  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute, split_backward),
+                                     &c, tp);
   act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
   layer_views v;
   loom_block_packed p;
-  list_slot(&l, &l16, &s, &v, &p, &d);
+  wgrad_views wv;
+  list_slot(&l, &l16, &s, &v, &p, &wv, &d);
   const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
   list_work(&l, &w, &v, &d);
   return slot_bytes * (size_t)slots + list_bytes(&l);
@@ -318,11 +360,13 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
-  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute),
+  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute,
+                                             m->split_backward),
                                      c, m->tp.size);
   act_list l, l16;
   layer_views v;
   loom_block_packed p;
+  wgrad_views wv;
   m->slots = loom_xcalloc((size_t)slots, sizeof *m->slots, "activation slots");
   m->nslots = slots;
   loom_status st = LOOM_OK;
@@ -332,7 +376,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
     s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
     LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
-    list_slot(&l, &l16, s, &v, &p, &d);
+    list_slot(&l, &l16, s, &v, &p, &wv, &d);
     st = place(&s->mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && !m->recompute && d.L > 0) {
@@ -343,6 +387,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
       s->packed = loom_xcalloc((size_t)d.L, sizeof *s->packed, "packed activations");
       bind_packed(s->packed, &p, &d, d.L);
     }
+    if (st == LOOM_OK && d.split && d.L > 0) bind_wgrad(s, &wv, &d);
   }
   if (st == LOOM_OK) {
     list_work(&l, &m->w, &v, &d);
@@ -437,7 +482,8 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
 /* Moves layer l's activations between the fp32 scratch and the slot's bf16
  * copy (exactly: they hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_acts *a, bool pack) {
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute,
+                        m->split_backward);
   const loom_block_packed *p = &s->packed[l];
   float *const wide[BIG] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
@@ -482,9 +528,9 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   to_bf16_values(m, s->x0, nh);
 }
 
-static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
+/* The embedding's grads (all weight grads) from dres, the grad of its output. */
+static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, float *dres) {
   const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
-  float *dres = m->w.dres;
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_backward(m->ops, dres, local_T, B, h, &d_embed);
@@ -514,7 +560,8 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
                                            s->targets, v, N);
 }
 
-/* Starts backward from the loss: leaves the grad of the head's input in w.dres. */
+/* Starts backward from the loss: leaves the grad of the head's input in
+ * w.dres, and the grad of the logits in their place for head_weight_grad. */
 static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss) {
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden;
   const loom_vocab_range v = vocab_range(m);
@@ -522,13 +569,17 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
   to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, m->p.g.lm_head, NULL, s->logits, s->ln_f, w.lm_head,
-                                N, n, h, v.rows);
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f, w.lm_head, N, n,
+                                h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
   loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
                              s->ln_f_rstd, n, h);
   to_bf16_values(m, m->w.dres, (size_t)n * h);
+}
+
+static void head_weight_grad(loom_gpt *m, loom_gpt_slot *s) {
+  loom_linear_weight_grad(m->ops, m->p.g.lm_head, s->logits, s->ln_f, m->T * m->B, m->p.cfg.hidden, vocab_range(m).rows);
 }
 
 /* Calls the runtime's hook before or after a layer's (or the edges') part of a pass. */
@@ -571,28 +622,99 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   return loss;
 }
 
+/* What layer l's backward needs: its input, its weights and its fp32
+ * activations (recomputed with recompute: the same ops and keyed masks redo
+ * them bit for bit). */
+typedef struct {
+  const float *x;
+  const loom_block_weights *w;
+  loom_block_acts a;
+  loom_block_dropout d;
+} layer_pass;
+
+static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int l) {
+  layer_pass p = {.x = layer_input(m, s, l, true), .w = layer_weights(m, l), .a = layer_acts(m, s, l),
+                  .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
+  const loom_block_shape shape = block_shape(m);
+  if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, p.w, &shape, &p.d, &m->tp, m->ops);
+  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false);
+  return p;
+}
+
+/* Starts a stage's backward: from the loss on the last stage, else from dout. */
+static void backward_begin(loom_gpt *m, loom_gpt_slot *s, int slot, const float *dout, float dloss) {
+  if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
+  else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, (size_t)local_rows(m) * m->p.cfg.hidden * sizeof(float));
+}
+
 void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss) {
   loom_gpt_slot *s = &m->slots[slot];
-  const int n = local_rows(m), h = m->p.cfg.hidden, L = m->p.layers;
-  const size_t nh = (size_t)n * h;
+  const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   hook(m, true, LOOM_GPT_EDGES, true);
-  if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
-  else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, nh * sizeof(float));
+  backward_begin(m, s, slot, dout, dloss);
+  if (m->p.range.last) head_weight_grad(m, s);
   const loom_block_shape shape = block_shape(m);
-  for (int l = L - 1; l >= 0; l--) {
+  for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
-    const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
-    const float *x = layer_input(m, s, l, true);
-    const loom_block_weights *w = layer_weights(m, l);
-    loom_block_acts a = layer_acts(m, s, l);
-    /* Recompute keeps no activations per slot: the same ops and keyed masks redo them bit for bit. */
-    if (m->recompute) loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
-    else if (m->p.cfg.bf16) pack_layer(m, s, l, &a, false);
-    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &a, x, w, &shape, &d, &m->tp, m->ops);
+    const layer_pass p = layer_for_backward(m, s, batch, l);
+    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &p.a, p.x, p.w, &shape, &p.d, &m->tp, m->ops);
     hook(m, true, l, false);
   }
-  if (m->p.range.first) embed_backward(m, s, batch);
+  if (m->p.range.first) embed_backward(m, s, batch, m->w.dres);
   else m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float));
+  hook(m, true, LOOM_GPT_EDGES, false);
+}
+
+void loom_gpt_stage_backward_input(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss) {
+  LOOM_CHECK(m->split_backward, "a split backward needs slots built for it");
+  loom_gpt_slot *s = &m->slots[slot];
+  const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
+  backward_begin(m, s, slot, dout, dloss);
+  const loom_block_shape shape = block_shape(m);
+  for (int l = m->p.layers - 1; l >= 0; l--) {
+    const layer_pass p = layer_for_backward(m, s, batch, l);
+    loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &s->wgrad[l], &p.a, p.x, p.w, &shape, &p.d, &m->tp,
+                              m->ops);
+    if (!m->recompute) continue;
+    /* The weight half finds no activations in a recompute slot: keep the linears' inputs. */
+    const loom_block_acts *keep = &s->winputs[l];
+    const size_t N = (size_t)m->T * m->B;
+    m->ops->mem->copy(m->ops->mem, keep->ln_1, p.a.ln_1, N * shape.hidden * sizeof(float));
+    m->ops->mem->copy(m->ops->mem, keep->atty, p.a.atty, N * shape.heads * shape.head_dim * sizeof(float));
+    m->ops->mem->copy(m->ops->mem, keep->ln_2, p.a.ln_2, N * shape.hidden * sizeof(float));
+    m->ops->mem->copy(m->ops->mem, keep->fc_gelu, p.a.fc_gelu, N * shape.ffn * sizeof(float));
+  }
+  m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float)); /* the stage input's grad, or the embedding's */
+}
+
+/* The linears' inputs of layer l for its weight half: the slot's, the kept
+ * copies (recompute), or unpacked into scratch (bf16 runs). */
+static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, int l) {
+  if (m->recompute) return s->winputs[l];
+  if (!m->p.cfg.bf16) return s->blocks[l];
+  loom_block_acts a = m->w.redo;
+  const loom_block_packed *p = &s->packed[l];
+  const loom_block_shape shape = block_shape(m);
+  const size_t N = (size_t)m->T * m->B;
+  m->ops->from_bf16(m->ops, a.ln_1, p->ln_1, N * shape.hidden);
+  m->ops->from_bf16(m->ops, a.atty, p->atty, N * shape.heads * shape.head_dim);
+  m->ops->from_bf16(m->ops, a.ln_2, p->ln_2, N * shape.hidden);
+  m->ops->from_bf16(m->ops, a.fc_gelu, p->fc_gelu, N * shape.ffn);
+  return a;
+}
+
+void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, const loom_gpt_batch *batch) {
+  loom_gpt_slot *s = &m->slots[slot];
+  hook(m, true, LOOM_GPT_EDGES, true);
+  if (m->p.range.last) head_weight_grad(m, s);
+  const loom_block_shape shape = block_shape(m);
+  for (int l = m->p.layers - 1; l >= 0; l--) {
+    hook(m, true, l, true);
+    const loom_block_acts a = weight_inputs(m, s, l);
+    loom_block_backward_weight(&m->p.g.h[l], &m->w.block, &s->wgrad[l], &a, &shape, &m->tp, m->ops);
+    hook(m, true, l, false);
+  }
+  if (m->p.range.first) embed_backward(m, s, batch, s->dx0);
   hook(m, true, LOOM_GPT_EDGES, false);
 }
 

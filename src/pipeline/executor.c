@@ -17,7 +17,13 @@ static int tag_of(const loom_pipeline *pipe, int mb, int dst_stage, int grad) {
   return (mb * pipe->v + dst_stage / pipe->ps->pp) * 2 + grad;
 }
 
-static int stage_of(const loom_pipeline *pipe, int chunk) { return chunk * pipe->ps->pp + pipe->ps->pp_rank; }
+static int stage_of(const loom_pipeline *pipe, int chunk) { return loom_virtual_stage(&pipe->sched, pipe->ps->pp_rank, chunk); }
+/* The chunk of this rank holding stage `stage`, or -1. */
+static int chunk_holding(const loom_pipeline *pipe, int stage) {
+  int rank, chunk;
+  loom_stage_place(pipe->sched.v_shape, pipe->ps->pp, stage, &rank, &chunk);
+  return rank == pipe->ps->pp_rank ? chunk : -1;
+}
 static size_t act_floats(const loom_pipeline *pipe) {
   return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
 }
@@ -51,16 +57,18 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
     const int peak = loom_schedule_chunk_peak(&pipe->sched, ps->pp_rank, c);
     pipe->nslots = peak > pipe->nslots ? peak : pipe->nslots;
   }
+  const bool split = loom_schedule_kind_splits_backward(pipe->sched.kind);
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
     st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp,
                              plan->parallel->zero_stage);
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
+    pipe->chunks[c].split_backward = split;
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
-                                                          recompute, pipe->nslots);
+                                                          recompute, split, pipe->nslots);
     pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
-                                                                            &range, false, pipe->nslots);
+                                                                            &range, false, split, pipe->nslots);
   }
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
@@ -203,10 +211,10 @@ static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
 
 static void reduce_tied(loom_pipeline *pipe) {
   const loom_parallel *ps = pipe->ps;
-  const int first = ps->pp_rank == 0 ? 0 : -1, last = ps->pp_rank == ps->pp - 1 ? pipe->v - 1 : -1;
+  const int first = chunk_holding(pipe, 0), last = chunk_holding(pipe, pipe->S - 1);
   size_t n;
   float *mine = wte_grads(pipe, first >= 0 ? first : last, &n);
-  if (first >= 0 && last >= 0 && first != last) { /* one rank holds both ends (pp 1, several chunks) */
+  if (first >= 0 && last >= 0 && first != last) { /* one rank holds both ends (pp 1 with chunks, or a V) */
     float *other = wte_grads(pipe, last, &n);
     if (n == 0) return;
     pipe->chunks[0].ops->accumulate(pipe->chunks[0].ops, mine, other, n);
@@ -330,6 +338,8 @@ static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, do
   e[4] = (float)(t1 * 1e6);
 }
 
+static bool split_backward(const loom_pipeline *pipe) { return loom_schedule_kind_splits_backward(pipe->sched.kind); }
+
 /* What one run of an action list needs beyond the pipeline: the schedule,
  * whether it trains (dropout, grads, slots held until backward) and where
  * its micro-batches start. */
@@ -408,18 +418,27 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
     case LOOM_ACT_RECV_GRAD:
       loom_comm_recv(ps->pp_group, pipe->dout, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 1));
       break;
-    case LOOM_ACT_BACKWARD: {
+    case LOOM_ACT_BACKWARD:
+    case LOOM_ACT_BACKWARD_WEIGHT: {
+      /* Both end the micro-batch's backward on this chunk: under data
+       * parallelism the chunk's grads are final after its last one. */
       const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
-      pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe); /* this chunk's grads end with it */
-      loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
+      pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe);
+      if (a->kind == LOOM_ACT_BACKWARD) loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
+      else loom_gpt_stage_backward_weight(m, slot, &batch);
       pipe->final_backward = false;
-      if (stage == 0) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
+      if (stage == 0 || a->kind == LOOM_ACT_BACKWARD_WEIGHT) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
+      break;
+    }
+    case LOOM_ACT_BACKWARD_INPUT: {
+      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
+      loom_gpt_stage_backward_input(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       break;
     }
     case LOOM_ACT_SEND_GRAD: {
       const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
       send_copy(pipe, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
-      release(pipe, a->chunk, a->mb);
+      if (!split_backward(pipe)) release(pipe, a->chunk, a->mb); /* else its weight half still needs it */
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
@@ -430,7 +449,7 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
       break;
     }
     const double t1 = loom_now_s() - start;
-    if (a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD) out.compute += t1 - t0;
+    if (loom_action_computes(a)) out.compute += t1 - t0;
     else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) out.wait += t1 - t0;
     if (tracing) trace_event(pipe, a, t0, t1);
   }
@@ -456,7 +475,8 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
                          .dloss = scored ? 1.0f / (float)scored : 0.0f};
   const run_totals t = run_actions(pipe, hooks, &spec);
   /* The last stages know their replicas' losses; every rank reports the sum. */
-  float loss = ps->pp_rank == ps->pp - 1 ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
+  const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
+  float loss = last ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
   loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
   size_t grads = 0;
@@ -470,7 +490,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
 static loom_status eval_schedule(loom_pipeline *pipe, int batches, loom_error *err) {
   if (pipe->eval_sched.count && pipe->eval_sched.m == batches) return LOOM_OK;
   loom_schedule_free(&pipe->eval_sched);
-  loom_status st = loom_schedule_build(&pipe->eval_sched, LOOM_SCHEDULE_FORWARD_ONLY, pipe->ps->pp, pipe->v, batches, err);
+  loom_status st = loom_schedule_build_eval(&pipe->eval_sched, pipe->sched.kind, pipe->ps->pp, pipe->v, batches, err);
   if (st == LOOM_OK) {
     loom_schedule_report rep;
     st = loom_schedule_verify(&pipe->eval_sched, &rep);
@@ -494,7 +514,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *h
   for (int c = 0; c < pipe->v; c++) loom_gpt_sync_compute_weights(&pipe->chunks[c]);
   const run_spec spec = {.sched = &pipe->eval_sched, .train = false, .tally = local};
   const run_totals t = run_actions(pipe, hooks, &spec);
-  const int last = ps->pp_rank == ps->pp - 1;
+  const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
   float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
                       last ? local[1] : 0.0f};
   loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);

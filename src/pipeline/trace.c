@@ -11,7 +11,9 @@
 static const char *category(int kind) {
   switch (kind) {
   case LOOM_ACT_FORWARD: return "forward";
-  case LOOM_ACT_BACKWARD: return "backward";
+  case LOOM_ACT_BACKWARD:
+  case LOOM_ACT_BACKWARD_INPUT: return "backward";
+  case LOOM_ACT_BACKWARD_WEIGHT: return "weight";
   case LOOM_ACT_SEND_ACT:
   case LOOM_ACT_SEND_GRAD: return "send";
   case LOOM_ACT_RECV_ACT:
@@ -20,12 +22,14 @@ static const char *category(int kind) {
   }
 }
 
-/* "F3", "B3b", "recv act 3", "optimizer step" */
+/* "F3", "B3b", "W3b", "recv act 3", "optimizer step" (a split backward's halves are B and W) */
 static void span_name(char *out, size_t n, int kind, int mb, int chunk, int chunks) {
   const char suffix[2] = {chunks > 1 && chunk >= 0 ? (char)('a' + chunk) : '\0', '\0'};
   switch (kind) {
   case LOOM_ACT_FORWARD: snprintf(out, n, "F%d%s", mb, suffix); break;
-  case LOOM_ACT_BACKWARD: snprintf(out, n, "B%d%s", mb, suffix); break;
+  case LOOM_ACT_BACKWARD:
+  case LOOM_ACT_BACKWARD_INPUT: snprintf(out, n, "B%d%s", mb, suffix); break;
+  case LOOM_ACT_BACKWARD_WEIGHT: snprintf(out, n, "W%d%s", mb, suffix); break;
   case LOOM_ACT_SEND_ACT: snprintf(out, n, "send act %d%s", mb, suffix); break;
   case LOOM_ACT_SEND_GRAD: snprintf(out, n, "send grad %d%s", mb, suffix); break;
   case LOOM_ACT_RECV_ACT: snprintf(out, n, "recv act %d%s", mb, suffix); break;
@@ -83,7 +87,7 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
       const float *e = all + ((size_t)r * width + i) * F;
       if (e[0] < 0) continue;
       makespan = fmax(makespan, e[4]);
-      if (e[0] == LOOM_ACT_FORWARD || e[0] == LOOM_ACT_BACKWARD) busy_sum += e[4] - e[3];
+      if (loom_action_computes(&(loom_action){.kind = (loom_action_kind)e[0]})) busy_sum += e[4] - e[3];
     }
   *bubble = makespan > 0.0 ? 1.0 - busy_sum / ranks / makespan : 0.0;
   loom_status st = LOOM_OK;
@@ -114,6 +118,7 @@ typedef struct {
 static const char *fill_of(const char *cat) {
   if (strcmp(cat, "forward") == 0) return "#4C78A8";
   if (strcmp(cat, "backward") == 0) return "#54A24B";
+  if (strcmp(cat, "weight") == 0) return "#B279A2";
   if (strcmp(cat, "send") == 0 || strcmp(cat, "recv") == 0) return "#BAB0AC";
   if (strcmp(cat, "reduce") == 0) return "#F58518";
   return "#FFFFFF";
@@ -177,7 +182,8 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
               y + row * 0.5, s->name);
   }
   const double ly = top + row * ranks + 25.0;
-  const char *legend[][2] = {{"forward", "forward"}, {"backward", "backward"}, {"send", "send/recv"}, {"reduce", "reductions, step"}, {"idle", "idle"}};
+  const char *legend[][2] = {{"forward", "forward"}, {"backward", "backward (B)"}, {"weight", "weight grads (W)"},
+                             {"send", "send/recv"}, {"reduce", "reductions, step"}, {"idle", "idle"}};
   for (int k = 0; k < 5; k++) {
     fprintf(out, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\" stroke=\"#666\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
             left + 150.0 * k, ly - 10.0, fill_of(legend[k][0]), left + 150.0 * k + 18.0, ly, legend[k][1]);

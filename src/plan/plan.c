@@ -81,10 +81,14 @@ int loom_plan_micro_batches(const loom_plan *p) {
   return per > 0 ? (int)(p->batch->global_batch / per) : 0;
 }
 
+int loom_plan_stage_index(const loom_plan *p, int pp_rank, int chunk) {
+  return loom_stage_of(loom_schedule_kind_v_shape(p->schedule), p->parallel->pp, pp_rank, chunk);
+}
+
 loom_stage_range loom_plan_stage_range(const loom_plan *p, int v) {
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
-    if (s->chunk * p->parallel->pp + s->pp_rank == v)
+    if (loom_plan_stage_index(p, s->pp_rank, s->chunk) == v)
       return (loom_stage_range){s->layer_begin, s->layer_end, s->embedding, s->head};
   }
   LOOM_CHECK(0, "a checked plan has every virtual stage");
@@ -209,7 +213,9 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->stages = loom_xcalloc((size_t)S, sizeof *p->stages, "plan stages");
   int begin = 0;
   for (int v = 0; v < S; v++) {
-    p->stages[v] = new_stage(v % sp->pp, v / sp->pp, begin, begin + counts[v], v == 0, v == S - 1, sp->recompute);
+    int rank, chunk;
+    loom_stage_place(loom_schedule_kind_v_shape(sp->schedule), sp->pp, v, &rank, &chunk);
+    p->stages[v] = new_stage(rank, chunk, begin, begin + counts[v], v == 0, v == S - 1, sp->recompute);
     begin += counts[v];
   }
   free(counts);
@@ -286,8 +292,8 @@ void loom_plan_estimate(loom_plan *p) {
   e->has_total_parameters = 1;
   e->total_parameters = (int64_t)loom_gpt_param_count(&cfg, NULL, 1);
   e->has_bubble = 1;
-  const int v = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? vpp : 1;
-  e->bubble = mb > 0 ? (double)(pp - 1) / (v * mb + pp - 1) : 0.0;
+  const loom_schedule shape = {.kind = p->schedule, .p = pp, .v = vpp, .m = mb}; /* all the theory reads */
+  e->bubble = mb > 0 && pp > 0 ? loom_schedule_theory_bubble(&shape) : 0.0;
   e->n_stages = p->n_stages;
   e->stages = loom_xcalloc(p->n_stages, sizeof *e->stages, "stage estimates");
   /* Sizes of a plan that breaks a rule mean nothing (the rules say why): zeros. */
@@ -313,7 +319,7 @@ void loom_plan_estimate(loom_plan *p) {
     const double local = sound ? (double)loom_gpt_param_count(&cfg, &range, tp) : 0.0;
     /* Interleaved counts chunk-micro-batches over the rank's chunks: share them out. */
     const int flight_rank = flight[sound ? st->pp_rank : 0];
-    const int chunk_flight = p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED ? (flight_rank + vpp - 1) / vpp : flight_rank;
+    const int chunk_flight = (flight_rank + vpp - 1) / vpp;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
     x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
@@ -434,19 +440,22 @@ static void check_stages(report *r, const loom_plan *p) {
       violation(r, "stages[%zu]: pp_rank %d chunk %d is outside pp %d x chunks %d", k, s->pp_rank, s->chunk, pp, vpp);
       continue;
     }
-    seen[s->chunk * pp + s->pp_rank]++;
+    seen[loom_plan_stage_index(p, s->pp_rank, s->chunk)]++;
   }
-  for (int v = 0; v < S; v++)
+  for (int v = 0; v < S; v++) {
+    int rank, chunk;
+    loom_stage_place(loom_schedule_kind_v_shape(p->schedule), pp, v, &rank, &chunk);
     if (seen[v] != 1)
-      violation(r, "stages: pp_rank %d chunk %d appears %d times; every rank and chunk needs exactly one stage", v % pp,
-                v / pp, seen[v]);
+      violation(r, "stages: pp_rank %d chunk %d appears %d times; every rank and chunk needs exactly one stage", rank,
+                chunk, seen[v]);
+  }
   free(seen);
   /* In virtual stage order the ranges must tile [0, layers). */
   int next = 0;
   for (int v = 0; v < S && r->count == 0; v++) {
     const Loom__Stage *s = NULL;
     for (size_t k = 0; k < p->n_stages; k++)
-      if (p->stages[k]->chunk * pp + p->stages[k]->pp_rank == v) s = p->stages[k];
+      if (loom_plan_stage_index(p, p->stages[k]->pp_rank, p->stages[k]->chunk) == v) s = p->stages[k];
     if (s->layer_begin != next || s->layer_end < s->layer_begin)
       violation(r, "stages (pp_rank %d chunk %d): layers [%d, %d) should start at %d; every layer must be covered exactly once, in order",
                 s->pp_rank, s->chunk, s->layer_begin, s->layer_end, next);
@@ -505,8 +514,12 @@ static void check_batch(report *r, const loom_plan *p) {
     violation(r, "batch.global_batch = %d gives %d micro-batches, not a multiple of parallel.pp (%d) as the interleaved schedule needs; use %d",
               b->global_batch, loom_plan_micro_batches(p), pp, (loom_plan_micro_batches(p) + pp - 1) / pp * pp * b->micro_batch * dp);
   if (!loom_schedule_kind_trains(p->schedule))
-    violation(r, "schedule = %s: evaluation's schedule cannot train; use 1f1b, gpipe or interleaved",
+    violation(r, "schedule = %s: evaluation's schedule cannot train; use 1f1b, gpipe, interleaved, zb_h1 or zb_v",
               loom_schedule_kind_name(p->schedule));
+  if (loom_schedule_kind_splits_backward(p->schedule) && p->parallel->zero_stage >= 2)
+    violation(r, "schedule = %s with parallel.zero_stage = %d: ZeRO-2/3 reduce-scatter each layer's grads as its "
+                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use zero_stage 0 or 1, "
+                 "or schedule 1f1b", loom_schedule_kind_name(p->schedule), p->parallel->zero_stage);
   if (b->has_seq && (b->seq < 1 || b->seq > p->model->seq))
     violation(r, "batch.seq = %d: the training sequence must be 1 to model.seq (%d)", b->seq, p->model->seq);
   if (p->parallel->virtual_chunks > 1 && pp == 1)
@@ -527,8 +540,12 @@ static void check_batch(report *r, const loom_plan *p) {
       violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
       break;
     }
-  if (p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && p->parallel->virtual_chunks != 1)
-    violation(r, "parallel.virtual_chunks = %d: needs schedule SCHEDULE_INTERLEAVED; set virtual_chunks 1 or change the schedule",
+  if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V && p->parallel->virtual_chunks != 2)
+    violation(r, "parallel.virtual_chunks = %d: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set virtual_chunks 2",
+              p->parallel->virtual_chunks);
+  else if (p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V &&
+           p->parallel->virtual_chunks != 1)
+    violation(r, "parallel.virtual_chunks = %d: needs schedule SCHEDULE_INTERLEAVED (or SCHEDULE_ZB_V with 2); set virtual_chunks 1 or change the schedule",
               p->parallel->virtual_chunks);
 }
 
@@ -747,11 +764,12 @@ static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loo
   const Loom__Parallel *l = p->parallel;
   *state = *acts = 0.0;
   for (int c = 0; c < l->virtual_chunks; c++) {
-    const loom_stage_range range = loom_plan_stage_range(p, c * l->pp + pp_rank);
+    const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, pp_rank, c));
     *state += loom_plan_state_bytes(p, &range) + loom_plan_compression_cost(p, &range).state_bytes;
     const int slots = loom_schedule_chunk_peak(s, pp_rank, c);
     *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
-                                               l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1);
+                                               l->sequence_parallel, &range, loom_plan_recompute(p),
+                                               loom_schedule_kind_splits_backward(p->schedule), slots > 0 ? slots : 1);
   }
 }
 
@@ -814,7 +832,7 @@ loom_status loom_plan_refuse(const loom_plan *p, const loom_plan_limits *lim, lo
 int loom_plan_layer_counts(const loom_plan *plan, int *counts) {
   for (size_t k = 0; k < plan->n_stages; k++) {
     const Loom__Stage *s = plan->stages[k];
-    counts[s->chunk * plan->parallel->pp + s->pp_rank] = s->layer_end - s->layer_begin;
+    counts[loom_plan_stage_index(plan, s->pp_rank, s->chunk)] = s->layer_end - s->layer_begin;
   }
   return (int)plan->n_stages;
 }

@@ -93,8 +93,11 @@ int loom_plan_train_seq(const loom_plan *plan);
 bool loom_plan_recompute(const loom_plan *plan);
 /* Micro-batches per step and replica: global / (micro x dp). */
 int loom_plan_micro_batches(const loom_plan *plan);
-/* Layers and ends of virtual stage v (= chunk x pp + pp_rank) of a checked plan. */
+/* Layers and ends of virtual stage v (loom_plan_stage_index) of a checked plan. */
 loom_stage_range loom_plan_stage_range(const loom_plan *plan, int v);
+/* The virtual stage (pp_rank, chunk) holds under the plan's schedule: the
+ * rule of schedule.h's loom_stage_of, looped or V-shaped. */
+int loom_plan_stage_index(const loom_plan *plan, int pp_rank, int chunk);
 
 /* The plan's grad_compression, with its dp (NONE when absent). */
 loom_compression loom_plan_compression(const loom_plan *plan);
@@ -167,7 +170,7 @@ loom_status loom_plan_refuse(const loom_plan *plan, const loom_plan_limits *limi
  * the new dp does not divide, is refused. */
 loom_status loom_plan_fit_world(loom_plan *plan, int world, loom_error *err);
 
-/* Layers of each virtual stage (stage = chunk * pp + pp_rank) into counts
+/* Layers of each virtual stage (loom_plan_stage_index) into counts
  * (room for every stage); returns the number of stages. */
 int loom_plan_layer_counts(const loom_plan *plan, int *counts);
 

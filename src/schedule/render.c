@@ -4,9 +4,10 @@
 #include <string.h>
 #include "schedule/render.h"
 
-/* "F12", or "F12b" for chunk 1 when there are chunks. */
+/* "F12", or "F12b" for chunk 1 when there are chunks; B for a backward or
+ * its input half, W for its weight half. */
 static void label(char *out, size_t n, const loom_schedule *s, const loom_action *a) {
-  const char kind = a->kind == LOOM_ACT_FORWARD ? 'F' : 'B';
+  const char kind = a->kind == LOOM_ACT_FORWARD ? 'F' : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? 'W' : 'B';
   if (s->v > 1) snprintf(out, n, "%c%d%c", kind, a->mb, 'a' + a->chunk);
   else snprintf(out, n, "%c%d", kind, a->mb);
 }

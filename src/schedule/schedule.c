@@ -1,6 +1,8 @@
-/* Schedule generators: GPipe, 1F1B (PipeDream-Flush) and Megatron's
- * interleaved 1F1B. Each kind fixes an order of forward and backward passes
- * per rank; the transfers around them follow from the stage graph. */
+/* Schedule generators: GPipe, 1F1B (PipeDream-Flush), Megatron's
+ * interleaved 1F1B, and the zero-bubble ZB-H1 and ZB-V (Qi et al., "Zero
+ * Bubble Pipeline Parallelism", ICLR 2024). Each kind fixes an order of
+ * compute passes per rank; the transfers around them follow from the stage
+ * graph. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
@@ -44,6 +46,10 @@ int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
 }
 
 bool loom_schedule_kind_trains(loom_schedule_kind kind) { return kind != LOOM_SCHEDULE_FORWARD_ONLY; }
+bool loom_schedule_kind_splits_backward(loom_schedule_kind kind) {
+  return kind == LOOM_SCHEDULE_ZB_H1 || kind == LOOM_SCHEDULE_ZB_V;
+}
+bool loom_schedule_kind_v_shape(loom_schedule_kind kind) { return kind == LOOM_SCHEDULE_ZB_V; }
 
 const char *const *loom_schedule_train_kind_names(void) {
   load_names();
@@ -53,7 +59,7 @@ const char *const *loom_schedule_train_kind_names(void) {
 const char *loom_action_name(loom_action_kind kind) {
   static const char *const NAMES[] = {"forward", "backward", "recv activation", "send activation", "recv grad",
                                       "send grad", "reduce tied embedding grads", "reduce data-parallel grads",
-                                      "optimizer step"};
+                                      "optimizer step", "backward (input grad)", "backward (weight grads)"};
   return NAMES[kind];
 }
 
@@ -71,23 +77,28 @@ static void push(action_list *l, loom_action_kind kind, int mb, int chunk, int p
   l->list[l->count++] = (loom_action){kind, mb, chunk, peer};
 }
 
-/* A compute step of a rank's order: forward or backward of (mb, chunk). */
+/* A compute step of a rank's order: a forward or (part of) a backward of (mb, chunk). */
 typedef struct {
-  int backward, mb, chunk;
+  loom_action_kind pass; /* FORWARD, BACKWARD, BACKWARD_INPUT or BACKWARD_WEIGHT */
+  int mb, chunk;
 } compute;
 
 /* Appends one compute step with the transfers it needs: its input is
- * received first, its output sent right after. */
+ * received first, its output sent right after. A weight pass moves nothing. */
 static void emit(action_list *l, const loom_schedule *s, int r, compute c) {
   const int S = s->p * s->v, stage = loom_virtual_stage(s, r, c.chunk);
-  const int prev = (r + s->p - 1) % s->p, next = (r + 1) % s->p;
-  if (!c.backward) {
+  int prev = -1, next = -1, chunk;
+  if (stage > 0) loom_stage_place(s->v_shape, s->p, stage - 1, &prev, &chunk);
+  if (stage < S - 1) loom_stage_place(s->v_shape, s->p, stage + 1, &next, &chunk);
+  if (c.pass == LOOM_ACT_FORWARD) {
     if (stage > 0) push(l, LOOM_ACT_RECV_ACT, c.mb, c.chunk, prev);
     push(l, LOOM_ACT_FORWARD, c.mb, c.chunk, -1);
     if (stage < S - 1) push(l, LOOM_ACT_SEND_ACT, c.mb, c.chunk, next);
+  } else if (c.pass == LOOM_ACT_BACKWARD_WEIGHT) {
+    push(l, LOOM_ACT_BACKWARD_WEIGHT, c.mb, c.chunk, -1);
   } else {
     if (stage < S - 1) push(l, LOOM_ACT_RECV_GRAD, c.mb, c.chunk, next);
-    push(l, LOOM_ACT_BACKWARD, c.mb, c.chunk, -1);
+    push(l, c.pass, c.mb, c.chunk, -1);
     if (stage > 0) push(l, LOOM_ACT_SEND_GRAD, c.mb, c.chunk, prev);
   }
 }
@@ -99,7 +110,7 @@ static compute nth(const loom_schedule *s, int k, int backward) {
   const int group = k % (s->p * s->v);
   int chunk = group / s->p;
   if (backward) chunk = s->v - 1 - chunk;
-  return (compute){backward, k / (s->p * s->v) * s->p + k % s->p, chunk};
+  return (compute){backward ? LOOM_ACT_BACKWARD : LOOM_ACT_FORWARD, k / (s->p * s->v) * s->p + k % s->p, chunk};
 }
 
 /* Forward-count before the first backward on rank r. */
@@ -108,17 +119,106 @@ static int warmup(const loom_schedule *s, int r) {
   int w;
   switch (s->kind) {
   case LOOM_SCHEDULE_GPIPE: w = total; break;
-  case LOOM_SCHEDULE_1F1B: w = s->p - r - 1; break;
+  case LOOM_SCHEDULE_1F1B:
+  case LOOM_SCHEDULE_ZB_H1: w = s->p - r - 1; break;
   default: w = (s->p - r - 1) * 2 + (s->v - 1) * s->p; break;
   }
   return w < total ? w : total;
 }
 
-/* Forward-only: micro-batch by micro-batch through this rank's chunks. */
+/* A rank's order under construction, with its weight passes not yet placed
+ * (a split backward's), oldest first. */
+typedef struct {
+  action_list l;
+  const loom_schedule *s;
+  int r;
+  compute *deferred;
+  int ndeferred;
+} rank_order;
+
+static void put(rank_order *o, compute c) {
+  emit(&o->l, o->s, o->r, c);
+  if (c.pass == LOOM_ACT_BACKWARD_INPUT) o->deferred[o->ndeferred++] = (compute){LOOM_ACT_BACKWARD_WEIGHT, c.mb, c.chunk};
+}
+
+/* Places the oldest deferred weight pass. */
+static void put_weight(rank_order *o) {
+  emit(&o->l, o->s, o->r, o->deferred[0]);
+  memmove(o->deferred, o->deferred + 1, (size_t)--o->ndeferred * sizeof *o->deferred);
+}
+
+/* GPipe, 1F1B, interleaved and ZB-H1 share one order of forwards and
+ * backwards: a warm-up of forwards, then one forward and one backward in
+ * turn, then the remaining backwards. ZB-H1 splits each backward and lets
+ * rank r keep up to r weight passes waiting, placing the oldest after a B
+ * once more wait: rank r's warm-up holds p - r - 1 forwards, so every rank
+ * then holds at most p micro-batches, as 1F1B's first rank does, while the
+ * deferred weight passes fill the later ranks' drain (the paper's "W
+ * starts delayed by the warm-up count"). */
+static void put_backward(rank_order *o, int k) {
+  compute c = nth(o->s, k, 1);
+  if (o->s->kind == LOOM_SCHEDULE_ZB_H1) c.pass = LOOM_ACT_BACKWARD_INPUT;
+  put(o, c);
+  while (o->ndeferred > o->r) put_weight(o);
+}
+
+static void build_steady(loom_schedule *s, rank_order *o) {
+  const int total = s->m * s->v, w = warmup(s, o->r), steady = total - w;
+  for (int k = 0; k < w; k++) put(o, nth(s, k, 0));
+  for (int i = 0; i < steady; i++) {
+    put(o, nth(s, w + i, 0));
+    put_backward(o, i);
+  }
+  for (int i = steady; i < total; i++) put_backward(o, i);
+}
+
+/* ZB-V over chunk 0 (stage r) and chunk 1 (stage 2p-1-r), the V the paper
+ * draws: a warm-up of 2(p-r)-1 chunk-0 forwards, r pairs of chunk-1 and
+ * chunk-0 forwards, p-r chunk-1 F B W; then the steady F0 B0 W0 F1 B1 W1;
+ * then r pairs of B0 B1, p-r of B0 W0, and the weight passes left. The
+ * order is laid out for max(m, 2p-1) micro-batches and those past m are
+ * left out: dropping whole micro-batches keeps every dependency and the
+ * order between what remains, so the result stays deadlock-free. */
+typedef struct {
+  rank_order *o;
+  int n[3][2]; /* [F, B, W][chunk] passes laid out so far */
+  int m;
+} v_order;
+
+static void v_put(v_order *x, int which, int chunk) {
+  static const loom_action_kind PASS[3] = {LOOM_ACT_FORWARD, LOOM_ACT_BACKWARD_INPUT, LOOM_ACT_BACKWARD_WEIGHT};
+  const int mb = x->n[which][chunk]++;
+  if (mb < x->m) emit(&x->o->l, x->o->s, x->o->r, (compute){PASS[which], mb, chunk});
+}
+
+enum { V_F = 0, V_B = 1, V_W = 2 };
+
+static void build_v(loom_schedule *s, rank_order *o) {
+  const int p = s->p, r = o->r, n = s->m > 2 * p - 1 ? s->m : 2 * p - 1;
+  v_order x = {.o = o, .m = s->m};
+  for (int i = 0; i < 2 * (p - r) - 1; i++) v_put(&x, V_F, 0);
+  for (int i = 0; i < r; i++) v_put(&x, V_F, 1), v_put(&x, V_F, 0);
+  for (int i = 0; i < p - r; i++) v_put(&x, V_F, 1), v_put(&x, V_B, 1), v_put(&x, V_W, 1);
+  while (x.n[V_F][1] < x.n[V_F][0] || x.n[V_F][0] < n) {
+    if (x.n[V_F][0] < n) v_put(&x, V_F, 0);
+    v_put(&x, V_B, 0), v_put(&x, V_W, 0), v_put(&x, V_F, 1), v_put(&x, V_B, 1), v_put(&x, V_W, 1);
+  }
+  for (int i = 0; i < r; i++) v_put(&x, V_B, 0), v_put(&x, V_B, 1);
+  for (int i = 0; i < p - r; i++) v_put(&x, V_B, 0), v_put(&x, V_W, 0);
+  while (x.n[V_W][1] < x.n[V_B][1]) v_put(&x, V_W, 1);
+  while (x.n[V_W][0] < x.n[V_B][0]) v_put(&x, V_W, 0);
+  LOOM_CHECK(x.n[V_W][0] == n && x.n[V_W][1] == n && x.n[V_B][0] == n && x.n[V_F][1] == n, "ZB-V's layout is whole");
+}
+
+/* Forward-only: micro-batch by micro-batch through this rank's chunks. On
+ * a V, whose chunk 1 waits for every rank's chunk 0, micro-batches go in
+ * groups of p through chunk 0 and then chunk 1, so the ranks stay busy. */
 static void build_forward_only(loom_schedule *s, int r) {
   action_list l = {0};
-  for (int mb = 0; mb < s->m; mb++)
-    for (int c = 0; c < s->v; c++) emit(&l, s, r, (compute){0, mb, c});
+  const int group = s->v_shape ? s->p : 1;
+  for (int g = 0; g < s->m; g += group)
+    for (int c = 0; c < s->v; c++)
+      for (int mb = g; mb < g + group && mb < s->m; mb++) emit(&l, s, r, (compute){LOOM_ACT_FORWARD, mb, c});
   s->actions[r] = l.list;
   s->count[r] = l.count;
 }
@@ -128,22 +228,23 @@ static void build_rank(loom_schedule *s, int r) {
     build_forward_only(s, r);
     return;
   }
-  action_list l = {0};
-  const int total = s->m * s->v, w = warmup(s, r), steady = total - w;
-  for (int k = 0; k < w; k++) emit(&l, s, r, nth(s, k, 0));
-  for (int i = 0; i < steady; i++) {
-    emit(&l, s, r, nth(s, w + i, 0));
-    emit(&l, s, r, nth(s, i, 1));
-  }
-  for (int i = steady; i < total; i++) emit(&l, s, r, nth(s, i, 1));
-  /* The tied wte lives on stage 0 (rank 0) and stage S-1 (rank p-1); with one
-   * stage there is nothing to tie. */
+  rank_order o = {.s = s, .r = r};
+  o.deferred = loom_xmalloc((size_t)s->m * s->v * sizeof *o.deferred, "deferred weight passes");
+  if (s->kind == LOOM_SCHEDULE_ZB_V) build_v(s, &o);
+  else build_steady(s, &o);
+  while (o.ndeferred > 0) put_weight(&o);
+  free(o.deferred);
+  /* The tied wte lives on stage 0 and stage S-1; with one stage there is
+   * nothing to tie, and where one rank holds both the sum is its own. */
   const int S = s->p * s->v;
-  if (S > 1 && (r == 0 || r == s->p - 1)) push(&l, LOOM_ACT_REDUCE_TIED, -1, -1, r == 0 ? s->p - 1 : 0);
-  push(&l, LOOM_ACT_REDUCE_DP, -1, -1, -1);
-  push(&l, LOOM_ACT_OPTIMIZER_STEP, -1, -1, -1);
-  s->actions[r] = l.list;
-  s->count[r] = l.count;
+  int first, last, chunk;
+  loom_stage_place(s->v_shape, s->p, 0, &first, &chunk);
+  loom_stage_place(s->v_shape, s->p, S - 1, &last, &chunk);
+  if (S > 1 && (r == first || r == last)) push(&o.l, LOOM_ACT_REDUCE_TIED, -1, -1, r == first ? last : first);
+  push(&o.l, LOOM_ACT_REDUCE_DP, -1, -1, -1);
+  push(&o.l, LOOM_ACT_OPTIMIZER_STEP, -1, -1, -1);
+  s->actions[r] = o.l.list;
+  s->count[r] = o.l.count;
 }
 
 void loom_schedule_untie(loom_schedule *s) {
@@ -155,21 +256,24 @@ void loom_schedule_untie(loom_schedule *s) {
   }
 }
 
-loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err) {
+static loom_status build(loom_schedule *s, loom_schedule_kind kind, bool v_shape, int p, int v, int m, loom_error *err) {
   memset(s, 0, sizeof *s);
   if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);
   if (m < 1) return loom_fail(err, LOOM_ERR_USAGE, "--micro-batches must be at least 1 (got %d)", m);
   if (v < 1) return loom_fail(err, LOOM_ERR_USAGE, "--vpp must be at least 1 (got %d)", v);
   if (!known(kind))
     return loom_fail(err, LOOM_ERR_USAGE, "schedule kind %d is not one this loom knows", (int)kind);
-  if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && v != 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --schedule interleaved; %s runs one chunk per rank", v,
+  if (kind == LOOM_SCHEDULE_ZB_V && v != 2)
+    return loom_fail(err, LOOM_ERR_USAGE, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not %d", v);
+  if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && kind != LOOM_SCHEDULE_ZB_V && v != 1)
+    return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --schedule interleaved or zb_v; %s runs one chunk per rank", v,
                      loom_schedule_kind_name(kind));
   if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0)
     return loom_fail(err, LOOM_ERR_USAGE,
                      "--micro-batches %d is not a multiple of --pp %d; the interleaved schedule moves micro-batches "
                      "through the chunks in groups of pp", m, p);
   s->kind = kind;
+  s->v_shape = v_shape;
   s->p = p;
   s->v = v;
   s->m = m;
@@ -180,13 +284,22 @@ loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p
   return LOOM_OK;
 }
 
+loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err) {
+  return build(s, kind, loom_schedule_kind_v_shape(kind), p, v, m, err);
+}
+
+loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_kind, int p, int v, int m,
+                                     loom_error *err) {
+  return build(s, LOOM_SCHEDULE_FORWARD_ONLY, loom_schedule_kind_v_shape(train_kind), p, v, m, err);
+}
+
 int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) {
   int live = 0, peak = 0;
   for (int i = 0; i < s->count[r]; i++) {
     const loom_action *a = &s->actions[r][i];
     if (a->chunk != c) continue;
     if (a->kind == LOOM_ACT_FORWARD) live++;
-    if (a->kind == LOOM_ACT_BACKWARD) live--;
+    if (loom_action_ends_backward(a)) live--;
     if (live > peak) peak = live;
     if (a->kind == LOOM_ACT_FORWARD && s->kind == LOOM_SCHEDULE_FORWARD_ONLY) live--; /* no backward holds it */
   }

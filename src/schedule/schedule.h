@@ -5,10 +5,18 @@
  * the verifier proves it deadlock-free and bounds its memory, the renderer
  * draws it; none of them works the schedule out again.
  *
- * Rank r's chunk c holds virtual stage s = c*p + r of S = p*v stages; stage
- * 0 holds the embedding, stage S-1 the LM head and loss. Activations flow
- * s -> s+1 and grads s+1 -> s. Sends never block (non-blocking transfers
- * whose buffers live until the step ends); a recv waits for its send. */
+ * Rank r's chunk c holds virtual stage s = c*p + r of S = p*v stages (the
+ * V-shaped ZB-V: stage r for chunk 0, 2p-1-r for chunk 1); stage 0 holds the
+ * embedding, stage S-1 the LM head and loss. Activations flow s -> s+1 and
+ * grads s+1 -> s; between a rank's own chunks the message goes to itself.
+ * Sends never block (non-blocking transfers whose buffers live until the
+ * step ends); a recv waits for its send.
+ *
+ * A backward is one action (BACKWARD), or under the zero-bubble kinds two:
+ * BACKWARD_INPUT (B: the grad of the chunk's input, which the previous
+ * stage waits for) and BACKWARD_WEIGHT (W: the weight grads, which nothing
+ * waits for until the optimizer step). A micro-batch holds its activations
+ * from its forward to the action that ends its backward. */
 #ifndef LOOM_SCHEDULE_H
 #define LOOM_SCHEDULE_H
 
@@ -26,6 +34,8 @@ typedef enum {
   LOOM_ACT_REDUCE_TIED, /* sum the tied wte grads of the first and last stage */
   LOOM_ACT_REDUCE_DP,   /* average grads over data-parallel replicas */
   LOOM_ACT_OPTIMIZER_STEP,
+  LOOM_ACT_BACKWARD_INPUT,  /* B: the grad of the chunk's input; its weight half follows later */
+  LOOM_ACT_BACKWARD_WEIGHT, /* W: the weight grads of a micro-batch whose B has run */
 } loom_action_kind;
 
 typedef struct {
@@ -41,19 +51,26 @@ typedef Loom__ScheduleKind loom_schedule_kind;
 #define LOOM_SCHEDULE_GPIPE LOOM__SCHEDULE_KIND__SCHEDULE_GPIPE
 #define LOOM_SCHEDULE_INTERLEAVED LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED
 #define LOOM_SCHEDULE_FORWARD_ONLY LOOM__SCHEDULE_KIND__SCHEDULE_FORWARD_ONLY
+#define LOOM_SCHEDULE_ZB_H1 LOOM__SCHEDULE_KIND__SCHEDULE_ZB_H1
+#define LOOM_SCHEDULE_ZB_V LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V
 
 typedef struct {
   loom_schedule_kind kind;
+  bool v_shape; /* stages laid out as a V (ZB-V, and evaluation of its chunks) */
   int p, v, m;
   int *count;            /* [p] actions per rank */
   loom_action **actions; /* [p][count[r]] */
 } loom_schedule;
 
 /* Builds the schedule, or refuses the request naming the rule:
- * m >= 1, v >= 1, v == 1 unless interleaved or forward-only, m % p == 0 when
- * interleaved. A forward-only schedule (evaluation) runs micro-batches in
- * order through every chunk, with no backward, reduction or optimizer step. */
+ * m >= 1, v >= 1, v == 1 unless interleaved, ZB-V or forward-only, v == 2
+ * for ZB-V, m % p == 0 when interleaved. A forward-only schedule
+ * (evaluation) runs micro-batches in order through every chunk, with no
+ * backward, reduction or optimizer step. */
 loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err);
+/* The forward-only schedule over the chunks a training kind lays out. */
+loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_kind, int p, int v, int m,
+                                     loom_error *err);
 void loom_schedule_free(loom_schedule *s);
 /* Drops the tied-embedding reduction from every rank's actions: for a
  * model whose LM head is its own, there is nothing to tie. */
@@ -66,15 +83,40 @@ const char *loom_schedule_kind_name(loom_schedule_kind kind);
 int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind);
 /* Whether a kind trains (every kind but forward-only). */
 bool loom_schedule_kind_trains(loom_schedule_kind kind);
+/* Whether a kind splits each backward into B and W (the zero-bubble kinds). */
+bool loom_schedule_kind_splits_backward(loom_schedule_kind kind);
+/* Whether a kind lays its two chunks per rank out as a V. */
+bool loom_schedule_kind_v_shape(loom_schedule_kind kind);
+/* Whether action a ends its micro-batch's backward on its chunk (BACKWARD,
+ * or the W of a split one): its activations are free after it. */
+static inline bool loom_action_ends_backward(const loom_action *a) {
+  return a->kind == LOOM_ACT_BACKWARD || a->kind == LOOM_ACT_BACKWARD_WEIGHT;
+}
+/* Whether action a is compute: a forward or any part of a backward. */
+static inline bool loom_action_computes(const loom_action *a) {
+  return a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD || a->kind == LOOM_ACT_BACKWARD_INPUT ||
+         a->kind == LOOM_ACT_BACKWARD_WEIGHT;
+}
 /* NULL-terminated names of the training kinds, in enum order (flag choices). */
 const char *const *loom_schedule_train_kind_names(void);
 const char *loom_action_name(loom_action_kind kind);
 
 /* The most micro-batches rank r's chunk c holds at once (forward taken,
- * backward not yet run): the activation slots the executor gives it. */
+ * backward not yet ended): the activation slots the executor gives it. */
 int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c);
 
-/* Virtual stage of (rank, chunk), and the rank holding stage s. */
-static inline int loom_virtual_stage(const loom_schedule *s, int rank, int chunk) { return chunk * s->p + rank; }
+/* The one rule for where stages lie: the virtual stage of (rank, chunk) of
+ * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),
+ * and the inverse, the (rank, chunk) holding stage `stage`. */
+static inline int loom_stage_of(bool v_shape, int p, int rank, int chunk) {
+  return v_shape && chunk == 1 ? 2 * p - 1 - rank : chunk * p + rank;
+}
+static inline void loom_stage_place(bool v_shape, int p, int stage, int *rank, int *chunk) {
+  *chunk = stage / p;
+  *rank = v_shape && *chunk == 1 ? 2 * p - 1 - stage : stage % p;
+}
+static inline int loom_virtual_stage(const loom_schedule *s, int rank, int chunk) {
+  return loom_stage_of(s->v_shape, s->p, rank, chunk);
+}
 
 #endif

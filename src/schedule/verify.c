@@ -12,14 +12,15 @@ typedef struct {
   int S;
   double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
   char *received;    /* [2][m][S] */
-  char *done;        /* [p][2][m][v] forward/backward done */
-  int *pos, *live;   /* [p] */
+  char *done;        /* [p][3][m][v] forward, backward's input half, its weight half done (a whole backward: both) */
+  int *pos, *live, *deferred; /* [p] */
   double *clock, *busy, *tied_arrival; /* [p]; tied_arrival -1 while not arrived */
 } sim;
 
 static int msg_index(const sim *x, int grad, int mb, int stage) { return (grad * x->s->m + mb) * x->S + stage; }
-static char *done_at(const sim *x, int r, int backward, int mb, int chunk) {
-  return &x->done[((r * 2 + backward) * x->s->m + mb) * x->s->v + chunk];
+enum { PASS_F = 0, PASS_B = 1, PASS_W = 2, PASSES = 3 };
+static char *done_at(const sim *x, int r, int pass, int mb, int chunk) {
+  return &x->done[((r * PASSES + pass) * x->s->m + mb) * x->s->v + chunk];
 }
 
 /* "rank 1: recv grad of micro-batch 2 chunk 0 from rank 2" */
@@ -47,17 +48,19 @@ static void route(const sim *x, int r, const loom_action *a, int *dst_stage, int
   const int up = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_RECV_GRAD;
   const int other = up ? stage + 1 : stage - 1;
   const int is_send = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD;
+  int chunk;
   *dst_stage = is_send ? other : stage;
-  *peer = other % x->s->p;
+  *peer = -1;
+  if (other >= 0 && other < x->S) loom_stage_place(x->s->v_shape, x->s->p, other, peer, &chunk);
 }
 
 /* How long rank r is busy with a, and (for a send) how long its message
- * takes to arrive: the caller's costs, or unit costs (forward 1/v,
- * backward 2/v, everything else free). */
+ * takes to arrive: the caller's costs, or unit costs (forward 1/v, a whole
+ * backward 2/v, each half of a split one 1/v, everything else free). */
 static double duration(const sim *x, int r, const loom_action *a) {
   if (x->costs) return x->costs->duration(x->costs->ctx, r, a);
-  if (a->kind == LOOM_ACT_FORWARD) return 1.0 / x->s->v;
-  return a->kind == LOOM_ACT_BACKWARD ? 2.0 / x->s->v : 0.0;
+  if (a->kind == LOOM_ACT_BACKWARD) return 2.0 / x->s->v;
+  return loom_action_computes(a) ? 1.0 / x->s->v : 0.0;
 }
 static double flight(const sim *x, int r, const loom_action *a) {
   return x->costs && x->costs->flight ? x->costs->flight(x->costs->ctx, r, a) : 0.0;
@@ -101,14 +104,22 @@ static int step(sim *x, int r) {
     break;
   }
   case LOOM_ACT_FORWARD:
-  case LOOM_ACT_BACKWARD: {
-    const int backward = a->kind == LOOM_ACT_BACKWARD;
-    char *d = done_at(x, r, backward, a->mb, a->chunk);
-    if (*d) return fail(x, r, a, "runs twice");
-    if (backward && !*done_at(x, r, 0, a->mb, a->chunk)) return fail(x, r, a, "comes before its forward");
-    *d = 1;
-    x->live[r] += backward ? -1 : 1;
+  case LOOM_ACT_BACKWARD:
+  case LOOM_ACT_BACKWARD_INPUT:
+  case LOOM_ACT_BACKWARD_WEIGHT: {
+    /* The passes a whole backward is, or the one half of a split one. */
+    const int first = a->kind == LOOM_ACT_FORWARD ? PASS_F : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? PASS_W : PASS_B;
+    const int last = a->kind == LOOM_ACT_BACKWARD ? PASS_W : first;
+    for (int pass = first; pass <= last; pass++)
+      if (*done_at(x, r, pass, a->mb, a->chunk)) return fail(x, r, a, "runs twice");
+    if (first > PASS_F && !*done_at(x, r, first - 1, a->mb, a->chunk))
+      return fail(x, r, a, first == PASS_B ? "comes before its forward" : "comes before its input-grad backward");
+    for (int pass = first; pass <= last; pass++) *done_at(x, r, pass, a->mb, a->chunk) = 1;
+    if (a->kind == LOOM_ACT_FORWARD) x->live[r]++;
+    if (loom_action_ends_backward(a)) x->live[r]--;
+    x->deferred[r] += a->kind == LOOM_ACT_BACKWARD_INPUT ? 1 : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? -1 : 0;
     if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
+    if (x->deferred[r] > x->rep->peak_deferred[r]) x->rep->peak_deferred[r] = x->deferred[r];
     if (x->s->kind == LOOM_SCHEDULE_FORWARD_ONLY) x->live[r]--; /* nothing waits for a backward */
     break;
   }
@@ -128,7 +139,7 @@ static int step(sim *x, int r) {
   if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) {
     const double cost = duration(x, r, a);
     const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
-    const bool compute = a->kind == LOOM_ACT_FORWARD || a->kind == LOOM_ACT_BACKWARD;
+    const bool compute = loom_action_computes(a);
     x->clock[r] = begin + cost;
     if (cost > 0.0 || compute) record_span(x, r, begin, x->clock[r]);
     if (compute) {
@@ -164,13 +175,15 @@ static bool all_matched(sim *x) {
       return false;
     }
   }
-  const int last_pass = loom_schedule_kind_trains(x->s->kind); /* the pass every (mb, chunk) must reach */
+  const int passes = loom_schedule_kind_trains(x->s->kind) ? PASSES : 1; /* what every (mb, chunk) must run */
+  static const char *const NAMES[PASSES] = {"forward", "backward", "weight-grad backward"};
   for (int r = 0; r < x->s->p; r++)
     for (int mb = 0; mb < x->s->m; mb++)
       for (int c = 0; c < x->s->v; c++)
-        if (!*done_at(x, r, last_pass, mb, c)) {
-          snprintf(x->rep->why, sizeof x->rep->why, "rank %d never runs the %s of micro-batch %d chunk %d",
-                   r, last_pass ? "backward" : "forward", mb, c);
+        for (int pass = 0; pass < passes; pass++)
+          if (!*done_at(x, r, pass, mb, c)) {
+            snprintf(x->rep->why, sizeof x->rep->why, "rank %d never runs the %s of micro-batch %d chunk %d", r,
+                     NAMES[pass], mb, c);
           x->rep->ok = false;
           return false;
         }
@@ -187,18 +200,21 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   rep->ok = true;
   rep->p = p;
   rep->peak_live = calloc((size_t)p, sizeof(int));
+  rep->peak_deferred = calloc((size_t)p, sizeof(int));
   rep->span_count = calloc((size_t)p, sizeof(int));
   rep->spans = calloc((size_t)p, sizeof(loom_span *));
   sim x = {.s = s, .costs = costs, .rep = rep, .S = S};
   x.sent = malloc((size_t)2 * s->m * S * sizeof(double));
   x.received = calloc((size_t)2 * s->m * S, 1);
-  x.done = calloc((size_t)p * 2 * s->m * s->v, 1);
+  x.done = calloc((size_t)p * PASSES * s->m * s->v, 1);
   x.pos = calloc((size_t)p, sizeof(int));
   x.live = calloc((size_t)p, sizeof(int));
+  x.deferred = calloc((size_t)p, sizeof(int));
   x.clock = calloc((size_t)p, sizeof(double));
   x.busy = calloc((size_t)p, sizeof(double));
   x.tied_arrival = malloc((size_t)p * sizeof(double));
-  LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.live && x.clock && x.busy && x.tied_arrival,
+  LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.live && x.deferred && x.clock && x.busy && x.tied_arrival &&
+                 rep->peak_live && rep->peak_deferred && rep->span_count && rep->spans,
              "out of memory verifying a schedule");
   for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
@@ -223,6 +239,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   free(x.done);
   free(x.pos);
   free(x.live);
+  free(x.deferred);
   free(x.clock);
   free(x.busy);
   free(x.tied_arrival);
@@ -234,10 +251,26 @@ void loom_schedule_report_free(loom_schedule_report *rep) {
   free(rep->spans);
   free(rep->span_count);
   free(rep->peak_live);
+  free(rep->peak_deferred);
   memset(rep, 0, sizeof *rep);
 }
 
+/* With a stage's forward, input-grad and weight-grad passes all costing one
+ * unit (F = B = W = 1), each rank computes 3m; the zero-bubble schedules end
+ * at the later of two bounds. The steady one: the papers' bubble per rank,
+ * (p-1)(F+B-W) for ZB-H1 and (p-1)F/2 for ZB-V (only the last rank's wait
+ * for the first half-stage forwards), after 3m of work. The chain one, which
+ * binds when m is small: the first micro-batch's forwards and input grads
+ * through every stage, one more F+B for each further micro-batch, and the
+ * first rank's last W: (m+p-1)(F+B) + W. The simulation meets the larger
+ * exactly for p 1..8, m 1..16 (tests/test_schedule.c). */
 double loom_schedule_theory_bubble(const loom_schedule *s) {
+  const double p = s->p, m = s->m;
+  if (loom_schedule_kind_splits_backward(s->kind)) {
+    const double steady = 3.0 * m + (s->kind == LOOM_SCHEDULE_ZB_V ? (p - 1.0) / 2.0 : p - 1.0);
+    const double chain = 2.0 * (m + p - 1.0) + 1.0;
+    return 1.0 - 3.0 * m / (steady > chain ? steady : chain);
+  }
   const int v = s->kind == LOOM_SCHEDULE_INTERLEAVED ? s->v : 1;
-  return (double)(s->p - 1) / (double)(v * s->m + s->p - 1);
+  return (p - 1.0) / ((double)v * m + p - 1.0);
 }

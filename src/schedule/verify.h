@@ -5,10 +5,12 @@
  * reduction waits for both of its ranks. The verifier proves that every send
  * meets exactly one matching recv, that no ranks end up waiting on each other
  * (deadlock), and that each micro-batch's forward precedes its backward on
- * every stage. Timing uses unit costs, forward 1/v and backward 2/v per chunk
- * (a chunk is 1/v of a stage), which yields each rank's busy spans, the
- * bubble, and the peak number of live activations per rank. The cost model
- * (src/sim/) runs the same simulation with real costs per action. */
+ * every stage, and under a split backward each weight half after its input
+ * half. Timing uses unit costs, forward 1/v and backward 2/v per chunk (a
+ * chunk is 1/v of a stage; each half of a split backward 1/v), which yields
+ * each rank's busy spans, the bubble, and the peak number of live
+ * activations per rank. The cost model (src/sim/) runs the same simulation
+ * with real costs per action. */
 #ifndef LOOM_SCHEDULE_VERIFY_H
 #define LOOM_SCHEDULE_VERIFY_H
 
@@ -24,7 +26,8 @@ typedef struct {
   bool ok;
   char why[512];      /* the first problem, when !ok */
   int p;
-  int *peak_live;     /* [p] most (micro-batch, chunk) activations held at once */
+  int *peak_live;     /* [p] most (micro-batch, chunk) activations held at once, forward to backward's end */
+  int *peak_deferred; /* [p] most split backwards waiting for their weight half (each keeps its output grads) */
   double makespan;     /* when the last rank finishes */
   double compute_end;  /* when the last forward or backward ends */
   double bubble;       /* mean over ranks of the idle share of [0, compute_end) */
@@ -48,7 +51,8 @@ loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *r
 /* The verification with costs (NULL: the unit costs above). */
 loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_costs *costs, loom_schedule_report *rep);
 void loom_schedule_report_free(loom_schedule_report *rep);
-/* Theory: (p-1)/(m+p-1), or (p-1)/(v*m+p-1) when interleaved. */
+/* Theory: (p-1)/(m+p-1), or (p-1)/(v*m+p-1) when interleaved; for the
+ * zero-bubble kinds, their unit-cost formulas (verify.c). */
 double loom_schedule_theory_bubble(const loom_schedule *s);
 
 #endif

@@ -87,7 +87,9 @@ static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind) {
 }
 
 /* One transformer layer for one micro-batch: forward into f, backward (without recompute) into g. */
-static void layer_costs(const layout *L, pass *f, pass *g) {
+/* f and g: a layer's forward and whole backward; w: the part of g that is
+ * its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
+static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = c->ffn / t, T = L->tokens, s = L->s;
@@ -103,6 +105,7 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
     if (fused && (i == 1 || i == 2)) continue;
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    if (i != 1 && i != 2) w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   }
   if (fused) {
     const double flops = 4.0 * L->b * heads * s * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
@@ -132,19 +135,21 @@ static void layer_costs(const layout *L, pass *f, pass *g) {
 }
 
 /* The embedding (first stage) and the final norm, LM head and loss (last). */
-static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g) {
+static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double h = c->hidden, T = L->tokens, e = L->e, vocab = (double)c->vocab / L->tp;
   if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP,
                     * whose backward all-gathers the grads) */
     f->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * e) + 2.0 * L->overhead;
-    g->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * 4.0) + 2.0 * L->overhead;
+    const double grads = loom_profile_memory_seconds(L->prof, 3.0 * T * h * 4.0) + 2.0 * L->overhead;
+    g->compute += grads, w->compute += grads; /* all of it weight grads */
     tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
     if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER);
   }
   if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
     f->compute += gemm(L, T, vocab, h, 1) + loom_profile_memory_seconds(L->prof, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0) +
                   6.0 * L->overhead;
+    w->compute += gemm(L, T, vocab, h, 1);
     g->compute += gemm_backward(L, T, vocab, h, 1) +
                   loom_profile_memory_seconds(L->prof, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0) + 6.0 * L->overhead;
     if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER);
@@ -184,6 +189,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
+  c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
   c->tp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p);
   c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
@@ -193,21 +199,28 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   /* One activation (or its grad) between stages: 1/tp of it under SP. */
   const double message = L.rows * L.cfg.hidden * L.e;
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
-  pass lf = {0}, lg = {0};
-  layer_costs(&L, &lf, &lg);
+  pass lf = {0}, lg = {0}, lw = {0};
+  layer_costs(&L, &lf, &lg, &lw);
   for (int q = 0; q < p; q++) {
     for (int k = 0; k < v; k++) {
-      const loom_stage_range r = loom_plan_stage_range(plan, k * p + q);
+      const int stage = loom_plan_stage_index(plan, q, k);
+      const loom_stage_range r = loom_plan_stage_range(plan, stage);
       const double layers = r.layer_end - r.layer_begin;
       pass f = {layers * lf.compute, layers * lf.comm, layers * lf.tp_bytes};
       pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes};
-      edge_costs(&L, &r, &f, &g);
+      pass w = {layers * lw.compute, 0.0, 0.0};
+      edge_costs(&L, &r, &f, &g, &w);
       if (L.recompute) g.compute += layers * lf.compute, g.comm += layers * lf.comm, g.tp_bytes += layers * lf.tp_bytes;
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
       c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
+      c->weight[i] = w.compute;
       c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
-      const bool sends_up = k * p + q < p * v - 1, sends_down = k * p + q > 0;
+      const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
+      int up_rank = -1, down_rank = -1, chunk;
+      if (stage < p * v - 1) loom_stage_place(v_shape, p, stage + 1, &up_rank, &chunk);
+      if (stage > 0) loom_stage_place(v_shape, p, stage - 1, &down_rank, &chunk);
+      const bool sends_up = up_rank >= 0 && up_rank != q, sends_down = down_rank >= 0 && down_rank != q;
       c->p2p_bytes[q] += m * message * ((sends_up ? 1.0 : 0.0) + (sends_down ? 1.0 : 0.0));
     }
     /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
@@ -242,7 +255,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 }
 
 void loom_sim_costs_free(loom_sim_costs *c) {
-  double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->dp, c->dp_exposed,
+  double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->weight, c->dp, c->dp_exposed,
                    c->optimizer, c->tp_bytes, c->p2p_bytes, c->dp_bytes};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
   *c = (loom_sim_costs){0};
@@ -252,6 +265,8 @@ double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_act
   switch (a->kind) {
   case LOOM_ACT_FORWARD: return c->forward[rank * c->v + a->chunk];
   case LOOM_ACT_BACKWARD: return c->backward[rank * c->v + a->chunk];
+  case LOOM_ACT_BACKWARD_INPUT: return c->backward[rank * c->v + a->chunk] - c->weight[rank * c->v + a->chunk];
+  case LOOM_ACT_BACKWARD_WEIGHT: return c->weight[rank * c->v + a->chunk];
   case LOOM_ACT_REDUCE_TIED: return c->tied;
   case LOOM_ACT_REDUCE_DP: return c->dp_exposed[rank];
   case LOOM_ACT_OPTIMIZER_STEP: return c->optimizer[rank];
@@ -260,6 +275,6 @@ double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_act
 }
 
 double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a) {
-  (void)rank;
-  return a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD ? c->p2p : 0.0;
+  const bool away = a->peer != rank; /* a V's turn from chunk 0 to chunk 1 stays on its rank */
+  return away && (a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD) ? c->p2p : 0.0;
 }

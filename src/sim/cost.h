@@ -3,7 +3,9 @@
  * from its GEMMs (through the profile's efficiency model), its memory-bound
  * ops (bytes over bandwidth), a fixed cost per op, and its tensor-parallel
  * collectives (exposed: they sit between the GEMMs that need them);
- * backward adds the forward again under full recompute. Transfers between
+ * backward adds the forward again under full recompute. A split backward's
+ * weight half (W) is its weight-grad GEMMs and the embedding's grads; the
+ * input half (B) is the rest, recompute included. Transfers between
  * stages, the tied-embedding reduction, the data-parallel reduction (as
  * much of it as backward cannot hide) and the optimizer step complete the
  * step. Collectives cost as rings (or trees, for a latency-bound
@@ -24,6 +26,7 @@ typedef struct {
   /* [p * v], (rank, chunk) at rank * v + chunk: seconds for one micro-batch,
    * and the part of each that is tensor-parallel (or ZeRO-3) communication. */
   double *forward, *backward, *forward_comm, *backward_comm;
+  double *weight;   /* [p * v] the part of backward a split one runs as its weight half */
   double p2p;       /* seconds for one activation or grad to cross between stages */
   double tied;      /* the tied-embedding grads' all-reduce */
   double *dp;       /* [p] data-parallel traffic of a step, whole */

@@ -42,3 +42,7 @@ void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *d
   loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
   ops->matmul_backward(ops, dinp, dw, NULL, dout_full, inp, w, N, in_local, out_features);
 }
+
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out) {
+  ops->matmul_backward(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+}

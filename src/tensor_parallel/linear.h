@@ -13,7 +13,8 @@
  *
  * N = T*B rows inside the region; n rows outside it (N/tp under SP, else N).
  * Backward functions add into weight and bias grads. A NULL bias (and bias
- * grad) means the linear has none. */
+ * grad) means the linear has none. A NULL weight grad leaves it for
+ * loom_linear_weight_grad, to run later (a split backward). */
 #ifndef LOOM_TP_LINEAR_H
 #define LOOM_TP_LINEAR_H
 
@@ -49,5 +50,10 @@ void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *ou
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
                                 const float *dout, float *dout_full, const float *inp, const float *w, int N,
                                 int n, int in_local, int out_features);
+
+/* The weight grad a backward left out: dw[out, in] += dout[N, out]^T @ inp[N, in],
+ * with the region's row-complete tensors (column-parallel: its output grad and
+ * gathered input; row-parallel: its gathered output grad and split input). */
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out);
 
 #endif

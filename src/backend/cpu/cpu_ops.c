@@ -52,7 +52,7 @@ static void cpu_matmul_backward(const loom_ops *be, float *dinp, float *dweight,
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
   if (dinp) loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_INPUT_GRAD], dout, weight, dinp);
-  loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_WEIGHT_GRAD], dout, inp, dweight);
+  if (dweight) loom_cpu_gemm_run(loom_cpu_gemm_library(), &g[LOOM_LINEAR_WEIGHT_GRAD], dout, inp, dweight);
   if (dbias) cpu_bias_backward(be, dbias, dout, N, OC);
 }
 

@@ -178,8 +178,8 @@ void cuda_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float
   if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
     check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
                "matmul_backward dinp");
-  // dweight[OC,C] += dout^T @ inp
-  check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
+  if (dweight) // dweight[OC,C] += dout^T @ inp
+    check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
              "matmul_backward dweight");
   if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
 }

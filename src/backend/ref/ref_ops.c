@@ -24,7 +24,7 @@ static void ref_matmul_backward(const loom_ops *be, float *dinp, float *dweight,
       if (dbias) dbias[o] += d;
       for (int c = 0; c < C; c++) {
         if (dinp) dinp[(size_t)n * C + c] += d * weight[(size_t)o * C + c];
-        dweight[(size_t)o * C + c] += d * inp[(size_t)n * C + c];
+        if (dweight) dweight[(size_t)o * C + c] += d * inp[(size_t)n * C + c];
       }
     }
   }
