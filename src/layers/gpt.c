@@ -36,20 +36,30 @@ loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_op
   return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, 0, 0);
 }
 
+static void wstates_free(loom_gpt *m) {
+  for (int i = 0; i < m->nwstates; i++) {
+    loom_buffer_free(&m->wstates[i].mem);
+    free(m->wstates[i].wgrad);
+    free(m->wstates[i].winputs);
+  }
+  free(m->wstates);
+  m->wstates = NULL;
+  m->nwstates = 0;
+}
+
 static void slots_free(loom_gpt *m) {
   for (int i = 0; i < m->nslots; i++) {
     loom_buffer_free(&m->slots[i].mem);
     loom_buffer_free(&m->slots[i].mem16);
     free(m->slots[i].blocks);
     free(m->slots[i].packed);
-    free(m->slots[i].wgrad);
-    free(m->slots[i].winputs);
     if (m->slots[i].tokens) m->ops->mem->release(m->ops->mem, m->slots[i].tokens);
     if (m->slots[i].targets) m->ops->mem->release(m->ops->mem, m->slots[i].targets);
     if (m->slots[i].pred) m->ops->mem->release(m->ops->mem, m->slots[i].pred);
   }
   free(m->slots);
   loom_buffer_free(&m->w.mem);
+  wstates_free(m);
   m->slots = m->a = NULL;
   m->nslots = m->T = m->B = 0;
   memset(&m->w, 0, sizeof m->w);
@@ -87,13 +97,11 @@ typedef struct {
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L;
   bool first, last, recompute, bf16;
-  bool split; /* backward runs in two halves: each slot keeps its weight-grad state */
 } dims;
 
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
-static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute,
-                    bool split) {
+static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
@@ -101,7 +109,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
-                .bf16 = c->bf16, .split = split};
+                .bf16 = c->bf16};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
@@ -184,9 +192,10 @@ typedef struct {
   float *d_qkv, *d_attn, *d_fc, *d_mlp, *ln1, *atty, *ln2, *fcg;
 } wgrad_views;
 
-static void want_wgrad(act_list *l, wgrad_views *v, const dims *d) {
+static void list_wstate(act_list *l, wgrad_views *v, const dims *d) {
+  *l = (act_list){.dtype = LOOM_DTYPE_F32};
   memset(v, 0, sizeof *v);
-  if (!d->split || d->L == 0) return;
+  if (d->L == 0) return;
   want(l, &v->d_qkv, "w_d_qkv", d->L * d->N * d->qkv);
   want(l, &v->d_attn, "w_d_attn", d->L * d->N * d->h);
   want(l, &v->d_fc, "w_d_fc", d->L * d->N * d->fc);
@@ -198,7 +207,7 @@ static void want_wgrad(act_list *l, wgrad_views *v, const dims *d) {
   want(l, &v->fcg, "w_fc_gelu", d->L * d->N * d->f);
 }
 
-static void bind_wgrad(loom_gpt_slot *s, const wgrad_views *v, const dims *d) {
+static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
   for (int i = 0; i < d->L; i++) {
@@ -210,10 +219,10 @@ static void bind_wgrad(loom_gpt_slot *s, const wgrad_views *v, const dims *d) {
   }
 }
 
-/* What one micro-batch keeps until its backward (its weight half, when
- * split): fp32 views in l, bf16 ones in l16. */
+/* What one micro-batch keeps until its backward ends (with its weight
+ * half, when split): fp32 views in l, bf16 ones in l16. */
 static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views *v, loom_block_packed *p,
-                      wgrad_views *wv, const dims *d) {
+                      const dims *d) {
   *l = (act_list){.dtype = LOOM_DTYPE_F32};
   *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
   memset(v, 0, sizeof *v);
@@ -238,7 +247,6 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
     want(l, &s->lse, "lse", d->N);
     want(l, &s->picked, "picked", d->N);
   }
-  want_wgrad(l, wv, d);
 }
 
 /* Scratch every slot shares. */
@@ -276,21 +284,22 @@ static size_t list_bytes(const act_list *l) {
 }
 
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, bool recompute, bool split_backward, int slots) {
+                                 const loom_stage_range *range, bool recompute, int slots, int weight_states) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute, split_backward),
-                                     &c, tp);
+  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
   act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
   layer_views v;
   loom_block_packed p;
   wgrad_views wv;
-  list_slot(&l, &l16, &s, &v, &p, &wv, &d);
+  list_slot(&l, &l16, &s, &v, &p, &d);
   const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
+  list_wstate(&l16, &wv, &d);
+  const size_t wstate_bytes = list_bytes(&l16);
   list_work(&l, &w, &v, &d);
-  return slot_bytes * (size_t)slots + list_bytes(&l);
+  return slot_bytes * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l);
 }
 
 /* Allocates a table and points its slots at the views. */
@@ -360,13 +369,11 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
-  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute,
-                                             m->split_backward),
+  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute),
                                      c, m->tp.size);
   act_list l, l16;
   layer_views v;
   loom_block_packed p;
-  wgrad_views wv;
   m->slots = loom_xcalloc((size_t)slots, sizeof *m->slots, "activation slots");
   m->nslots = slots;
   loom_status st = LOOM_OK;
@@ -376,7 +383,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
     s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
     LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
-    list_slot(&l, &l16, s, &v, &p, &wv, &d);
+    list_slot(&l, &l16, s, &v, &p, &d);
     st = place(&s->mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && !m->recompute && d.L > 0) {
@@ -387,7 +394,6 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
       s->packed = loom_xcalloc((size_t)d.L, sizeof *s->packed, "packed activations");
       bind_packed(s->packed, &p, &d, d.L);
     }
-    if (st == LOOM_OK && d.split && d.L > 0) bind_wgrad(s, &wv, &d);
   }
   if (st == LOOM_OK) {
     list_work(&l, &m->w, &v, &d);
@@ -406,6 +412,24 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
 }
 
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) { return loom_gpt_set_slots(m, T, B, 1); }
+
+loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
+  LOOM_CHECK(m->nslots > 0 && n >= 0, "weight-grad states come after the slots");
+  wstates_free(m);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  m->wstates = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *m->wstates, "weight-grad states");
+  m->nwstates = n;
+  loom_status st = LOOM_OK;
+  for (int i = 0; i < n && st == LOOM_OK; i++) {
+    act_list l;
+    wgrad_views v;
+    list_wstate(&l, &v, &d);
+    st = place(&m->wstates[i].mem, &l, m->ops->mem);
+    if (st == LOOM_OK && d.L > 0) bind_wstate(&m->wstates[i], &v, &d);
+  }
+  if (st != LOOM_OK) wstates_free(m);
+  return st;
+}
 
 static loom_block_shape block_shape(const loom_gpt *m) {
   const loom_gpt_config *c = &m->p.cfg;
@@ -482,8 +506,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
 /* Moves layer l's activations between the fp32 scratch and the slot's bf16
  * copy (exactly: they hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_acts *a, bool pack) {
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute,
-                        m->split_backward);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
   const loom_block_packed *p = &s->packed[l];
   float *const wide[BIG] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
@@ -665,19 +688,21 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   hook(m, true, LOOM_GPT_EDGES, false);
 }
 
-void loom_gpt_stage_backward_input(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss) {
-  LOOM_CHECK(m->split_backward, "a split backward needs slots built for it");
+void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch, const float *dout,
+                                   float dloss) {
+  LOOM_CHECK(wstate >= 0 && wstate < m->nwstates, "weight-grad state out of range (set them first)");
   loom_gpt_slot *s = &m->slots[slot];
+  loom_gpt_wstate *ws = &m->wstates[wstate];
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   backward_begin(m, s, slot, dout, dloss);
   const loom_block_shape shape = block_shape(m);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     const layer_pass p = layer_for_backward(m, s, batch, l);
-    loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &s->wgrad[l], &p.a, p.x, p.w, &shape, &p.d, &m->tp,
+    loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, p.w, &shape, &p.d, &m->tp,
                               m->ops);
     if (!m->recompute) continue;
     /* The weight half finds no activations in a recompute slot: keep the linears' inputs. */
-    const loom_block_acts *keep = &s->winputs[l];
+    const loom_block_acts *keep = &ws->winputs[l];
     const size_t N = (size_t)m->T * m->B;
     m->ops->mem->copy(m->ops->mem, keep->ln_1, p.a.ln_1, N * shape.hidden * sizeof(float));
     m->ops->mem->copy(m->ops->mem, keep->atty, p.a.atty, N * shape.heads * shape.head_dim * sizeof(float));
@@ -689,8 +714,8 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, const loom_gpt_batch *
 
 /* The linears' inputs of layer l for its weight half: the slot's, the kept
  * copies (recompute), or unpacked into scratch (bf16 runs). */
-static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, int l) {
-  if (m->recompute) return s->winputs[l];
+static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, loom_gpt_wstate *ws, int l) {
+  if (m->recompute) return ws->winputs[l];
   if (!m->p.cfg.bf16) return s->blocks[l];
   loom_block_acts a = m->w.redo;
   const loom_block_packed *p = &s->packed[l];
@@ -703,15 +728,17 @@ static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, int l) {
   return a;
 }
 
-void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, const loom_gpt_batch *batch) {
+void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch) {
+  LOOM_CHECK(wstate >= 0 && wstate < m->nwstates, "weight-grad state out of range (set them first)");
   loom_gpt_slot *s = &m->slots[slot];
+  loom_gpt_wstate *ws = &m->wstates[wstate];
   hook(m, true, LOOM_GPT_EDGES, true);
   if (m->p.range.last) head_weight_grad(m, s);
   const loom_block_shape shape = block_shape(m);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
-    const loom_block_acts a = weight_inputs(m, s, l);
-    loom_block_backward_weight(&m->p.g.h[l], &m->w.block, &s->wgrad[l], &a, &shape, &m->tp, m->ops);
+    const loom_block_acts a = weight_inputs(m, s, ws, l);
+    loom_block_backward_weight(&m->p.g.h[l], &m->w.block, &ws->wgrad[l], &a, &shape, &m->tp, m->ops);
     hook(m, true, l, false);
   }
   if (m->p.range.first) embed_backward(m, s, batch, s->dx0);

@@ -45,13 +45,19 @@ typedef struct {
   float *ln_f;              /* [N, h] (gathered under SP) */
   float *logits;            /* [N, Vp/tp]; backward overwrites it with dlogits */
   float *losses, *lse, *picked; /* [N] */
-  /* A split backward's state, from its input half to its weight half: the
-   * linears' output grads per layer, and with recompute their inputs (only
-   * ln_1, atty, ln_2 and fc_gelu are set). The LM head's are the slot's
-   * logits (by then their grads) and ln_f; the embedding's, dx0. */
+} loom_gpt_slot;
+
+/* A split backward's state, from its input half to its weight half: the
+ * linears' output grads per layer, and with recompute their inputs (only
+ * ln_1, atty, ln_2 and fc_gelu are set), which a recompute slot does not
+ * keep. The LM head's are its slot's logits (by then their grads) and ln_f;
+ * the embedding's, its slot's dx0. A stage holds as many as its schedule
+ * has backwards waiting for their weight half. */
+typedef struct {
+  loom_buffer mem;
   loom_block_wgrad *wgrad;  /* [layers] */
   loom_block_acts *winputs; /* [layers] (with recompute) */
-} loom_gpt_slot;
+} loom_gpt_wstate;
 
 /* Scratch shared by every slot. */
 typedef struct {
@@ -91,9 +97,10 @@ typedef struct loom_gpt_s {
   uint64_t seed;
   loom_tp tp;
   bool recompute;
-  bool split_backward; /* slots keep a split backward's state (set before loom_gpt_set_slots) */
   int T, B, nslots;
   loom_gpt_slot *slots;
+  int nwstates;
+  loom_gpt_wstate *wstates; /* [nwstates] */
   loom_gpt_slot *a;         /* slots[0], what single-micro-batch callers read */
   loom_gpt_work w;
   loom_gpt_hooks hooks;
@@ -128,7 +135,9 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
 /* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, bool recompute, bool split_backward, int slots);
+                                 const loom_stage_range *range, bool recompute, int slots, int weight_states);
+/* (Re)sizes the weight-grad states of a split backward, after the slots. */
+loom_status loom_gpt_set_weight_states(loom_gpt *m, int n);
 
 /* Stage forward of a micro-batch into `slot`. input[n, h] is the previous
  * stage's activation (NULL on the first stage). Returns the mean loss over
@@ -140,14 +149,15 @@ const float *loom_gpt_stage_output(const loom_gpt *m, int slot);
  * on the last stage, which starts from the loss with each token weighted by
  * dloss). Adds into grads; leaves the grad of the stage input in slot's dx0. */
 void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss);
-/* The same backward in two halves (zero-bubble schedules; needs
- * split_backward). The input half (B) leaves the grad of the stage input in
- * dx0 and adds the norm and bias grads; the weight half (W), run any time
- * after it and before the slot is reused, adds every weight GEMM's grad and
- * the embedding's. The hooks surround each layer's weight half, which is
- * what finishes its grads; the input half calls none. */
-void loom_gpt_stage_backward_input(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *dout, float dloss);
-void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, const loom_gpt_batch *batch);
+/* The same backward in two halves (zero-bubble schedules), through
+ * weight-grad state `wstate`. The input half (B) leaves the grad of the
+ * stage input in dx0 and adds the norm and bias grads; the weight half (W),
+ * run any time after it and before its slot or state is reused, adds every
+ * weight GEMM's grad and the embedding's. The hooks surround each layer's
+ * weight half, which is what finishes its grads; the input half calls none. */
+void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch, const float *dout,
+                                   float dloss);
+void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch);
 
 /* The whole model in slot 0: forward returns the mean loss; backward adds
  * into m->p.grads with each token's loss weighted by dloss (use 1 / tokens in

@@ -28,6 +28,56 @@ static size_t act_floats(const loom_pipeline *pipe) {
   return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
 }
 
+static void pool_init(loom_buffer_pool *pool, int v, int n, int stride) {
+  *pool = (loom_buffer_pool){.n = n, .stride = stride};
+  pool->of = loom_xmalloc((size_t)v * stride * sizeof(int), "buffer map");
+  pool->top = loom_xcalloc((size_t)v, sizeof(int), "free buffers");
+  pool->free = loom_xcalloc((size_t)v * (n > 0 ? n : 1), sizeof(int), "free buffers");
+}
+
+static void pool_free(loom_buffer_pool *pool) {
+  free(pool->of);
+  free(pool->top);
+  free(pool->free);
+  memset(pool, 0, sizeof *pool);
+}
+
+/* Room in the map for `stride` micro-batches per chunk (an evaluation may run more than a step's). */
+static void pool_widen(loom_buffer_pool *pool, int v, int stride) {
+  if (stride <= pool->stride) return;
+  free(pool->of);
+  pool->stride = stride;
+  pool->of = loom_xmalloc((size_t)v * stride * sizeof(int), "buffer map");
+}
+
+/* Every (chunk, micro-batch) entry of the map is cleared: it is stride
+ * wide per chunk, which an evaluation of fewer micro-batches than a step's
+ * does not fill. */
+static void pool_reset(loom_buffer_pool *pool, int v) {
+  for (int i = 0; i < v * pool->stride; i++) pool->of[i] = -1;
+  for (int c = 0; c < v; c++) {
+    pool->top[c] = pool->n;
+    for (int k = 0; k < pool->n; k++) pool->free[c * pool->n + k] = pool->n - 1 - k;
+  }
+}
+
+/* The buffer of (chunk c, mb), taken from the free stack on first use. */
+static int pool_take(loom_buffer_pool *pool, int c, int mb) {
+  int *at = &pool->of[c * pool->stride + mb];
+  if (*at >= 0) return *at;
+  LOOM_CHECK(pool->top[c] > 0, "the schedule holds more micro-batches than its peak");
+  *at = pool->free[c * pool->n + --pool->top[c]];
+  return *at;
+}
+
+static int pool_held(const loom_buffer_pool *pool, int c, int mb) { return pool->of[c * pool->stride + mb]; }
+
+static void pool_return(loom_buffer_pool *pool, int c, int mb) {
+  int *at = &pool->of[c * pool->stride + mb];
+  pool->free[c * pool->n + pool->top[c]++] = *at;
+  *at = -1;
+}
+
 static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer);
 static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer);
 
@@ -53,29 +103,29 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   loom_status st = loom_plan_schedule(plan, &pipe->sched, err);
   if (st != LOOM_OK) return st;
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
+  int nslots = 0, nwstates = 0;
   for (int c = 0; c < pipe->v; c++) {
     const int peak = loom_schedule_chunk_peak(&pipe->sched, ps->pp_rank, c);
-    pipe->nslots = peak > pipe->nslots ? peak : pipe->nslots;
+    const int waiting = loom_schedule_chunk_deferred_peak(&pipe->sched, ps->pp_rank, c);
+    nslots = peak > nslots ? peak : nslots;
+    nwstates = waiting > nwstates ? waiting : nwstates;
   }
-  const bool split = loom_schedule_kind_splits_backward(pipe->sched.kind);
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
     st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp,
                              plan->parallel->zero_stage);
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
-    pipe->chunks[c].split_backward = split;
-    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, pipe->nslots);
+    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots);
+    if (st == LOOM_OK && nwstates) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
-                                                          recompute, split, pipe->nslots);
+                                                          recompute, nslots, nwstates);
     pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
-                                                                            &range, false, split, pipe->nslots);
+                                                                            &range, false, nslots, nwstates);
   }
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
-  pipe->slot_stride = pipe->m;
-  pipe->slot_of = loom_xmalloc((size_t)pipe->v * pipe->m * sizeof(int), "slot map");
-  pipe->free_top = loom_xcalloc((size_t)pipe->v, sizeof(int), "free slots");
-  pipe->free_slots = loom_xcalloc((size_t)pipe->v * pipe->nslots, sizeof(int), "free slots");
+  pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
+  pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
   pipe->mem = ops->mem;
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
@@ -118,9 +168,8 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->zero);
   for (int c = 0; pipe->chunks && c < pipe->v; c++) loom_gpt_free(&pipe->chunks[c]);
   free(pipe->chunks);
-  free(pipe->slot_of);
-  free(pipe->free_top);
-  free(pipe->free_slots);
+  pool_free(&pipe->slots);
+  pool_free(&pipe->wstates);
   for (int i = 0; i < pipe->nsend; i++) pipe->mem->release(pipe->mem, pipe->send_buf[i]);
   free(pipe->send_buf);
   free(pipe->send_req);
@@ -138,32 +187,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
   memset(pipe, 0, sizeof *pipe);
-}
-
-/* Every (chunk, micro-batch) entry of the map is cleared: it is slot_stride
- * wide per chunk, which an evaluation of fewer micro-batches than a step's
- * does not fill. */
-static void reset_slots(loom_pipeline *pipe) {
-  for (int i = 0; i < pipe->v * pipe->slot_stride; i++) pipe->slot_of[i] = -1;
-  for (int c = 0; c < pipe->v; c++) {
-    pipe->free_top[c] = pipe->nslots;
-    for (int k = 0; k < pipe->nslots; k++) pipe->free_slots[c * pipe->nslots + k] = pipe->nslots - 1 - k;
-  }
-}
-
-/* The slot of (chunk, mb), taken from the free stack on first use. */
-static int slot_for(loom_pipeline *pipe, int c, int mb) {
-  int *slot = &pipe->slot_of[c * pipe->slot_stride + mb];
-  if (*slot >= 0) return *slot;
-  LOOM_CHECK(pipe->free_top[c] > 0, "the schedule holds more micro-batches than its peak");
-  *slot = pipe->free_slots[c * pipe->nslots + --pipe->free_top[c]];
-  return *slot;
-}
-
-static void release(loom_pipeline *pipe, int c, int mb) {
-  int *slot = &pipe->slot_of[c * pipe->slot_stride + mb];
-  pipe->free_slots[c * pipe->nslots + pipe->free_top[c]++] = *slot;
-  *slot = -1;
 }
 
 /* Sends a copy of data from a free send buffer: one whose send completed,
@@ -367,7 +390,8 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
   const int r = ps->pp_rank;
   const bool tracing = pipe->tracing && spec->train;
   run_totals out = {0};
-  reset_slots(pipe);
+  pool_reset(&pipe->slots, pipe->v);
+  pool_reset(&pipe->wstates, pipe->v);
   if (tracing) {
     pipe->trace_count = 0;
     loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
@@ -383,12 +407,12 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
                                   .train = spec->train};
     switch (a->kind) {
     case LOOM_ACT_RECV_ACT: {
-      const int slot = slot_for(pipe, a->chunk, a->mb);
+      const int slot = pool_take(&pipe->slots, a->chunk, a->mb);
       loom_comm_recv(ps->pp_group, m->slots[slot].x0, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 0));
       break;
     }
     case LOOM_ACT_FORWARD: {
-      const int slot = slot_for(pipe, a->chunk, a->mb);
+      const int slot = pool_take(&pipe->slots, a->chunk, a->mb);
       const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
       const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
       if (m->p.range.last) {
@@ -406,13 +430,13 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
         loom_gpt_predict(m, pipe->pred);
         hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
       }
-      release(pipe, a->chunk, a->mb);
+      pool_return(&pipe->slots, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_SEND_ACT: {
-      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
+      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
       send_copy(pipe, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
-      if (!spec->train) release(pipe, a->chunk, a->mb);
+      if (!spec->train) pool_return(&pipe->slots, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_RECV_GRAD:
@@ -422,23 +446,28 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
     case LOOM_ACT_BACKWARD_WEIGHT: {
       /* Both end the micro-batch's backward on this chunk: under data
        * parallelism the chunk's grads are final after its last one. */
-      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
+      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
       pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe);
-      if (a->kind == LOOM_ACT_BACKWARD) loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
-      else loom_gpt_stage_backward_weight(m, slot, &batch);
+      if (a->kind == LOOM_ACT_BACKWARD) {
+        loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
+      } else {
+        loom_gpt_stage_backward_weight(m, slot, pool_held(&pipe->wstates, a->chunk, a->mb), &batch);
+        pool_return(&pipe->wstates, a->chunk, a->mb);
+      }
       pipe->final_backward = false;
-      if (stage == 0 || a->kind == LOOM_ACT_BACKWARD_WEIGHT) release(pipe, a->chunk, a->mb); /* nothing left to send from it */
+      if (stage == 0 || a->kind == LOOM_ACT_BACKWARD_WEIGHT) pool_return(&pipe->slots, a->chunk, a->mb); /* nothing left to send from it */
       break;
     }
     case LOOM_ACT_BACKWARD_INPUT: {
-      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
-      loom_gpt_stage_backward_input(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
+      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
+      const int wstate = pool_take(&pipe->wstates, a->chunk, a->mb);
+      loom_gpt_stage_backward_input(m, slot, wstate, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       break;
     }
     case LOOM_ACT_SEND_GRAD: {
-      const int slot = pipe->slot_of[a->chunk * pipe->slot_stride + a->mb];
+      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
       send_copy(pipe, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
-      if (!split_backward(pipe)) release(pipe, a->chunk, a->mb); /* else its weight half still needs it */
+      if (!split_backward(pipe)) pool_return(&pipe->slots, a->chunk, a->mb); /* else its weight half still needs it */
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
@@ -497,10 +526,9 @@ static loom_status eval_schedule(loom_pipeline *pipe, int batches, loom_error *e
     if (st != LOOM_OK) st = loom_fail(err, st, "the forward-only schedule failed verification: %s", rep.why);
     loom_schedule_report_free(&rep);
   }
-  if (st == LOOM_OK && batches > pipe->slot_stride) {
-    free(pipe->slot_of);
-    pipe->slot_stride = batches;
-    pipe->slot_of = loom_xmalloc((size_t)pipe->v * batches * sizeof(int), "slot map");
+  if (st == LOOM_OK) {
+    pool_widen(&pipe->slots, pipe->v, batches);
+    pool_widen(&pipe->wstates, pipe->v, batches);
   }
   return st;
 }

@@ -21,6 +21,15 @@
 
 struct loom_pipeline;
 
+/* Buffers handed out per (chunk, micro-batch) and returned: activation
+ * slots, or a split backward's weight-grad states. */
+typedef struct {
+  int n;           /* buffers per chunk */
+  int stride;      /* micro-batches the map has room for */
+  int *of;         /* [v * stride] buffer holding (chunk, mb), or -1 */
+  int *top, *free; /* per chunk stack of free buffers: [v], [v * n] */
+} loom_buffer_pool;
+
 /* The caller's side of a step. */
 typedef struct {
   void *ctx;
@@ -41,10 +50,8 @@ typedef struct loom_pipeline {
   int v, S, m, T, B;
   loom_gpt *chunks;       /* [v] */
   loom_schedule eval_sched; /* forward-only, built on the first evaluation */
-  int *slot_of;           /* [v * slot_stride] slot holding (chunk, mb), or -1 */
-  int slot_stride;        /* micro-batches the slot map has room for */
-  int *free_top, *free_slots; /* per chunk stack of free slots: [v], [v * nslots] */
-  int nslots;             /* slots per chunk */
+  loom_buffer_pool slots; /* activations: taken at a forward, returned when the backward ends */
+  loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */
   /* Outgoing activations and grads are copied into send buffers, so a slot
    * is never held by a send: with large messages MPI completes a send only
    * once its recv is posted, and waiting for that before reusing a slot could

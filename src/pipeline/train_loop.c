@@ -26,7 +26,7 @@ void loom_train_describe(const loom_trainer *tr) {
     loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
                   full / mib, (full - kept) / mib);
   else
-    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->nslots);
+    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->slots.n);
   if (p->compress) {
     int64_t sent, whole;
     loom_pipeline_dp_words(p, &sent, &whole);

@@ -306,6 +306,17 @@ int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) {
   return peak;
 }
 
+int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c) {
+  int waiting = 0, peak = 0;
+  for (int i = 0; i < s->count[r]; i++) {
+    const loom_action *a = &s->actions[r][i];
+    if (a->chunk != c) continue;
+    waiting += a->kind == LOOM_ACT_BACKWARD_INPUT ? 1 : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? -1 : 0;
+    peak = waiting > peak ? waiting : peak;
+  }
+  return peak;
+}
+
 void loom_schedule_free(loom_schedule *s) {
   for (int r = 0; s->actions && r < s->p; r++) free(s->actions[r]);
   free(s->actions);

@@ -104,6 +104,9 @@ const char *loom_action_name(loom_action_kind kind);
 /* The most micro-batches rank r's chunk c holds at once (forward taken,
  * backward not yet ended): the activation slots the executor gives it. */
 int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c);
+/* The most split backwards of rank r's chunk c waiting for their weight
+ * half (B run, W not yet): the weight-grad states the executor gives it. */
+int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c);
 
 /* The one rule for where stages lie: the virtual stage of (rank, chunk) of
  * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),
