@@ -1,7 +1,10 @@
 /* Schedules as data: every generated schedule verifies deadlock-free with
- * each forward before its backward; 1F1B keeps at most min(p - r, m)
- * activations live on rank r, GPipe m; the simulated bubble equals the
- * theory; bad requests are refused; and a broken schedule is caught. */
+ * each forward before its backward (and each weight half after its input
+ * half); 1F1B keeps at most min(p - r, m) activations live on rank r, GPipe
+ * m, ZB-H1 min(p, m) and ZB-V 2 min(p, m) half-stage chunks; the simulated
+ * bubble equals the theory; bad requests are refused; and a broken
+ * schedule is caught. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "schedule/verify.h"
@@ -46,7 +49,9 @@ START_TEST(bad_requests_are_refused) {
                                                      "schedule moves micro-batches through the chunks in groups of pp");
   expect_refused(LOOM_SCHEDULE_1F1B, 4, 1, 0, "--micro-batches must be at least 1 (got 0)");
   expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 0, 8, "--vpp must be at least 1 (got 0)");
-  expect_refused(LOOM_SCHEDULE_1F1B, 4, 2, 8, "--vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_1F1B, 4, 2, 8, "--vpp 2 needs --schedule interleaved or zb_v; 1f1b runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_ZB_H1, 4, 2, 8, "--vpp 2 needs --schedule interleaved or zb_v; zb_h1 runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_ZB_V, 4, 3, 8, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 3");
   expect_refused(LOOM_SCHEDULE_GPIPE, 0, 1, 8, "--pp must be at least 1 (got 0)");
 }
 END_TEST
@@ -94,6 +99,89 @@ START_TEST(broken_schedules_are_caught) {
 }
 END_TEST
 
+/* ZB-H1 and ZB-V for p 1..8 x m 1..16: deadlock-free, every weight half
+ * after its input half, the simulated bubble equal to the papers' formula
+ * (loom_schedule_theory_bubble) and the activations within 1F1B's peak:
+ * min(p, m) micro-batches on every rank for ZB-H1 (1F1B's first rank's),
+ * 2 min(p, m) half-stage chunks for ZB-V. With m >= p ZB-H1 idles (p-1)
+ * units per rank where 1F1B idles 3(p-1), a third; ZB-V, with m >= 2p-1,
+ * idles (p-1)/2. */
+START_TEST(zero_bubble_schedules_verify) {
+  const loom_schedule_kind kinds[2] = {LOOM_SCHEDULE_ZB_H1, LOOM_SCHEDULE_ZB_V};
+  int checked = 0;
+  for (int k = 0; k < 2; k++)
+    for (int p = 1; p <= 8; p++)
+      for (int m = 1; m <= 16; m++) {
+        const int v = kinds[k] == LOOM_SCHEDULE_ZB_V ? 2 : 1, bound = v * (p < m ? p : m);
+        loom_schedule s;
+        loom_error err = {{0}};
+        ck_assert_msg(loom_schedule_build(&s, kinds[k], p, v, m, &err) == LOOM_OK, "%s", err.msg);
+        loom_schedule_report rep;
+        ck_assert_msg(loom_schedule_verify(&s, &rep) == LOOM_OK, "%s p=%d m=%d: %s", loom_schedule_kind_name(s.kind), p, m,
+                      rep.why);
+        int weights = 0;
+        for (int r = 0; r < p; r++) {
+          ck_assert_msg(rep.peak_live[r] <= bound, "%s p=%d m=%d rank %d holds %d", loom_schedule_kind_name(s.kind), p, m,
+                        r, rep.peak_live[r]);
+          ck_assert_int_le(rep.peak_deferred[r], rep.peak_live[r]);
+          for (int i = 0; i < s.count[r]; i++) weights += s.actions[r][i].kind == LOOM_ACT_BACKWARD_WEIGHT;
+        }
+        ck_assert_int_eq(weights, p * v * m); /* one W per (micro-batch, chunk), and no whole backward */
+        const double theory = loom_schedule_theory_bubble(&s);
+        ck_assert_msg(fabs(rep.bubble - theory) < 1e-9, "%s p=%d m=%d: bubble %g, theory %g",
+                      loom_schedule_kind_name(s.kind), p, m, rep.bubble, theory);
+        const bool v_shape = kinds[k] == LOOM_SCHEDULE_ZB_V;
+        if (m >= (v_shape ? 2 * p - 1 : p)) { /* idle time per rank, in units of one stage's F (= B = W) */
+          const double idle = rep.compute_end - 3.0 * m, want = v_shape ? (p - 1.0) / 2.0 : p - 1.0;
+          ck_assert_double_eq_tol(idle, want, 1e-9);
+        }
+        checked++;
+        loom_schedule_report_free(&rep);
+        loom_schedule_free(&s);
+      }
+  ck_assert_int_eq(checked, 2 * 8 * 16);
+}
+END_TEST
+
+/* The V's layout: rank r holds stage r and 2p-1-r, and placing a stage inverts it. */
+START_TEST(v_shape_layout) {
+  for (int p = 1; p <= 8; p++)
+    for (int stage = 0; stage < 2 * p; stage++) {
+      int rank, chunk;
+      loom_stage_place(true, p, stage, &rank, &chunk);
+      ck_assert_int_eq(loom_stage_of(true, p, rank, chunk), stage);
+      ck_assert_int_eq(rank, stage < p ? stage : 2 * p - 1 - stage);
+      loom_stage_place(false, p, stage, &rank, &chunk);
+      ck_assert_int_eq(loom_stage_of(false, p, rank, chunk), stage);
+      ck_assert_int_eq(rank, stage % p);
+    }
+}
+END_TEST
+
+/* A weight half run before its input half, or never, is caught. */
+START_TEST(broken_split_backward_is_caught) {
+  loom_schedule s;
+  loom_schedule_report rep;
+  loom_error err = {{0}};
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_ZB_H1, 2, 1, 2, &err), LOOM_OK);
+  const int b = find(&s, 1, LOOM_ACT_BACKWARD_INPUT, 0), w = find(&s, 1, LOOM_ACT_BACKWARD_WEIGHT, 0);
+  ck_assert_int_lt(b, w);
+  const loom_action t = s.actions[1][b];
+  s.actions[1][b] = s.actions[1][w];
+  s.actions[1][w] = t;
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 1: backward (weight grads) of micro-batch 0 chunk 0 comes before its input-grad backward");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_ZB_H1, 2, 1, 2, &err), LOOM_OK);
+  s.actions[1][find(&s, 1, LOOM_ACT_BACKWARD_WEIGHT, 0)].kind = LOOM_ACT_REDUCE_DP; /* the weight half left out */
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 1 never runs the weight-grad backward of micro-batch 0 chunk 0");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+}
+END_TEST
+
 /* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
 START_TEST(one_f_one_b_warmup) {
   loom_schedule s;
@@ -117,6 +205,9 @@ int main(void) {
   tcase_add_test(tc, bad_requests_are_refused);
   tcase_add_test(tc, broken_schedules_are_caught);
   tcase_add_test(tc, one_f_one_b_warmup);
+  tcase_add_test(tc, zero_bubble_schedules_verify);
+  tcase_add_test(tc, v_shape_layout);
+  tcase_add_test(tc, broken_split_backward_is_caught);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }
