@@ -154,12 +154,18 @@ START_TEST(bad_flags) {
               "loom schedule show: --micro-batches 6 is not a multiple of --pp 4; the interleaved schedule moves "
               "micro-batches through the chunks in groups of pp");
   expect_fail(run("schedule", "show", "--vpp", "2", NULL), 2,
-              "loom schedule show: --vpp 2 needs --schedule interleaved; 1f1b runs one chunk per rank");
+              "loom schedule show: --vpp 2 needs --schedule interleaved or zb_v; 1f1b runs one chunk per rank");
   const result *shown = run("schedule", "show", "--pp", "2", "--micro-batches", "3", NULL);
   ck_assert_int_eq(shown->code, 0);
   ck_assert_ptr_nonnull(strstr(shown->out, "verified deadlock-free"));
   ck_assert_ptr_nonnull(strstr(shown->out, "rank 1 | .  F0 B0 B0 F1 B1 B1 F2 B2 B2 "));
-  ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 25.0% simulated (forward 1, backward 2 per stage); theory 25.0%"));
+  ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 25.0% simulated (per stage: forward 1, backward 2, or B 1 and W 1); theory 25.0%"));
+  /* ZB-H1 draws each backward as B and W; rank 1 defers one W. */
+  shown = run("schedule", "show", "--pp", "2", "--micro-batches", "3", "--schedule", "zb_h1", NULL);
+  ck_assert_int_eq(shown->code, 0);
+  ck_assert_ptr_nonnull(strstr(shown->out, "rank 1 | .  F0 B0 F1 B1 W0 F2 B2 W1 W2 "));
+  ck_assert_ptr_nonnull(strstr(shown->out, "peak deferred weight grads (B done, W not) per rank: 1 2"));
+  ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 10.0% simulated (per stage: forward 1, backward 2, or B 1 and W 1); theory 10.0%"));
   /* Layouts that cannot be split are refused before anything is built. */
   expect_fail(run("train", "--hidden", "6", "--heads", "6", "--tp", "4", NULL), 2,
               "loom train: --heads 6: must be divisible by --tp (4) so each rank holds whole heads; pick a tp that divides heads");

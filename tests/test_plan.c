@@ -301,13 +301,20 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "batch.global_batch = 12 gives 3 micro-batches, not a multiple of parallel.pp (2) as the interleaved schedule needs; use 16");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
   p->parallel->virtual_chunks = 2;
-  expect_rule(p, "parallel.virtual_chunks = 2: needs schedule SCHEDULE_INTERLEAVED; set virtual_chunks 1 or change the schedule");
+  expect_rule(p, "parallel.virtual_chunks = 2: needs schedule SCHEDULE_INTERLEAVED (or SCHEDULE_ZB_V with 2); set virtual_chunks 1 or change the schedule");
   expect_rule(p, "stages: 2 entries, but parallel.pp x parallel.virtual_chunks = 4; give one stage per pipeline rank and chunk");
   p->parallel->virtual_chunks = 1;
   p->parallel->zero_stage = 4;
   expect_rule(p, "parallel.zero_stage = 4: ZeRO stages are 0 (none) to 3");
   p->parallel->zero_stage = 3;
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
+  p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_ZB_H1;
+  expect_rule(p, "schedule = zb_h1 with parallel.zero_stage = 3: ZeRO-2/3 reduce-scatter each layer's grads as its "
+                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use zero_stage 0 or 1, "
+                 "or schedule 1f1b");
+  p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V;
+  expect_rule(p, "parallel.virtual_chunks = 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set virtual_chunks 2");
+  p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
   p->parallel->zero_stage = 0;
   ck_assert_int_eq(loom_plan_check_rules(p, 6, 0, lines, sizeof lines), 1);
   ck_assert_str_eq(lines, "parallel: tp 2 x pp 2 x dp 2 = 8 ranks, but the world has 6; launch 8 ranks or change the layout\n");

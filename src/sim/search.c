@@ -81,6 +81,22 @@ static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_
   loom_plan_free(plan);
 }
 
+/* The schedules worth trying for pp ranks with vpp chunks each and m
+ * micro-batches: without a pipeline only 1F1B (the others equal it); with
+ * one chunk 1F1B, GPipe and ZB-H1; with two, interleaved (when m splits
+ * into groups of pp) and ZB-V; with more, interleaved. */
+static int schedules_for(int pp, int vpp, int m, loom_schedule_kind *kinds) {
+  int n = 0;
+  if (vpp == 1) {
+    kinds[n++] = LOOM_SCHEDULE_1F1B;
+    if (pp > 1) kinds[n++] = LOOM_SCHEDULE_GPIPE, kinds[n++] = LOOM_SCHEDULE_ZB_H1;
+    return n;
+  }
+  if (m % pp == 0) kinds[n++] = LOOM_SCHEDULE_INTERLEAVED;
+  if (vpp == 2) kinds[n++] = LOOM_SCHEDULE_ZB_V;
+  return n;
+}
+
 static int faster_first(const void *a, const void *b) {
   const loom_candidate *x = a, *y = b;
   return x->tokens_per_s < y->tokens_per_s ? 1 : x->tokens_per_s > y->tokens_per_s ? -1 : 0;
@@ -101,16 +117,16 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
         if ((global / dp) % mb) continue;
         const int m = global / dp / mb;
         for (int vpp = 1; vpp <= 8; vpp++) {
-          if (vpp > 1 && (pp == 1 || layers % (pp * vpp) || m % pp)) continue; /* interleaving needs even chunks */
-          const loom_schedule_kind kinds[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE};
-          const int nkinds = vpp == 1 && pp > 1 ? 2 : 1; /* GPipe only differs from 1F1B with a pipeline */
+          if (vpp > 1 && (pp == 1 || layers % (pp * vpp))) continue; /* chunks need a pipeline and even layers */
+          loom_schedule_kind kinds[3];
+          const int nkinds = schedules_for(pp, vpp, m, kinds);
           for (int k = 0; k < nkinds; k++)
             for (int rc = 0; rc < 2; rc++)
               for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
                 for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
+                  if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
                   const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
-                                            .sequence_parallel = sp, .recompute = rc,
-                                            .schedule = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : kinds[k]};
+                                            .sequence_parallel = sp, .recompute = rc, .schedule = kinds[k]};
                   try_candidate(base, prof, formula, c, res);
                 }
         }
