@@ -33,8 +33,9 @@ np 4 --tp 2 --pp 2 --steps 9 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin
 # to the last bit (losses and the gathered final weights), on (2,2,1) and on
 # (1,2,2) with ZeRO-1 and ZeRO-3 (whose checkpoints hold each replica's
 # pieces of the weights), in fp32 and in bf16 (whose checkpoints hold the
-# fp32 master weights; the bf16 copy is made again from them), and ZeRO-2 in bf16.
-for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16" \
+# fp32 master weights; the bf16 copy is made again from them), ZeRO-2 in bf16,
+# and under the zero-bubble schedules (ZB-V's rank 0 holds the first and last stage).
+for layout in "--tp 2 --pp 2 --schedule zb_v --vpp 2" "--pp 2 --dp 2 --zero 1 --schedule zb_h1" "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16" \
   "--pp 2 --dp 2 --zero 3" "--pp 2 --dp 2 --zero 2 --precision bf16"; do
   rm -rf "$WORK/ck"
   np 4 $layout --steps 9 --metrics "$WORK/ref.jsonl" --save "$WORK/ref.bin" > /dev/null 2>&1 || fail "reference ($layout)"
@@ -45,6 +46,16 @@ for layout in "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precisio
   [ "$(losses "$WORK/res.jsonl")" = "$(losses "$WORK/ref.jsonl" | tail -6)" ] || fail "resumed losses differ ($layout)"
   cmp -s "$WORK/ref.bin" "$WORK/res.bin" || fail "resumed final weights differ ($layout)"
 done
+# A checkpoint of ZB-V's layout resumes under 1F1B: the first 3 steps on
+# ZB-V, the rest on 1F1B, give the reference's 1F1B losses (relative 1e-5).
+rm -rf "$WORK/zv"
+np 4 --tp 2 --pp 2 --schedule zb_v --vpp 2 --steps 3 --ckpt "$WORK/zv" > "$WORK/zv.txt" 2>&1 ||
+  fail "ZB-V's first third: $(cat "$WORK/zv.txt")"
+np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/zv" --resume --metrics "$WORK/zv.jsonl" > "$WORK/zv.txt" 2>&1 ||
+  fail "ZB-V's checkpoint under 1F1B: $(cat "$WORK/zv.txt")"
+[ "$(losses "$WORK/zv.jsonl" | wc -l)" = 6 ] || fail "the resumed run should train steps 4-9"
+same_losses "$WORK/full.jsonl" "$WORK/zv.jsonl" || fail "ZB-V's checkpoint resumed under 1F1B: losses differ"
+
 # The checkpoint exports as the same model --save wrote, and as safetensors.
 "$LOOM" ckpt export "$WORK/ck" --format llmc -o "$WORK/export.bin" > /dev/null || fail "export llmc"
 cmp -s "$WORK/ref.bin" "$WORK/export.bin" || fail "exported model differs from the trained one"
