@@ -33,11 +33,12 @@ static const char *link_name(loom_link_kind k) { return k == LOOM_LINK_INTER ? "
 static void print_text(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r) {
   const Loom__Parallel *l = plan->parallel;
   const double gib = 1073741824.0;
+  const char *chunks = l->virtual_chunks == 1 ? "" : loom_schedule_kind_v_shape(plan->schedule) ? " (V-shaped chunks)"
+                                                                                                  : " (interleaved chunks)";
   printf("loom sim: %s on %s (%s, %d per node): tp %d x pp %d x dp %d = %d GPUs, %d micro-batches of %d, %s%s\n",
          plan->name ? plan->name : "plan", prof->name ? prof->name : "cluster",
          prof->device->name ? prof->device->name : "device", prof->devices_per_node, l->tp, l->pp, l->dp, r->gpus,
-         r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule),
-         l->virtual_chunks > 1 ? " (interleaved chunks)" : "");
+         r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule), chunks);
   printf("  step time        %.4g s, %.4g tokens/s\n", r->step_s, r->tokens_per_s);
   printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s\n",
          r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12);
