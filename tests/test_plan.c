@@ -424,45 +424,59 @@ END_TEST
  * tensor parallelism, and 18 bytes per parameter for mixed-precision Adam,
  * 6 + 12/dp with ZeRO-1. */
 /* The plan's in-flight count is the verifier's peak_live for every kind, and
- * for 1F1B and GPipe also Megatron's closed forms: min(pp - rank, m) and m. */
+ * for 1F1B and GPipe also Megatron's closed forms: min(pp - rank, m) and m.
+ * Under the zero-bubble kinds the weight-grad state estimate is what the
+ * runtime allocates for the chunk's most W's waiting at once (and 0 under
+ * the others), with and without recompute. */
 START_TEST(in_flight_is_the_verifiers_peak) {
-  static const int CASES[][3] = {{1, 1, 1}, {2, 1, 4}, {4, 1, 3}, {4, 1, 8}, {4, 2, 8}, {2, 3, 4}, {8, 2, 16}};
-  const loom_schedule_kind kinds[3] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_INTERLEAVED};
-  int checked = 0;
+  static const int CASES[][3] = {{1, 1, 1}, {2, 1, 4}, {4, 1, 3}, {4, 1, 8}, {4, 2, 8}, {2, 3, 4}, {8, 2, 16}, {2, 2, 3}};
+  const loom_schedule_kind kinds[5] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_INTERLEAVED,
+                                       LOOM_SCHEDULE_ZB_H1, LOOM_SCHEDULE_ZB_V};
+  int checked = 0, split = 0;
   for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++)
-    for (int k = 0; k < 3; k++) {
-      const int pp = CASES[c][0], vpp = CASES[c][1], m = CASES[c][2];
-      if ((kinds[k] == LOOM_SCHEDULE_INTERLEAVED) != (vpp > 1) || (vpp > 1 && (pp < 2 || m % pp))) continue;
-      const loom_plan_spec spec = {.model = {.layers = pp * vpp * 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16}, .tp = 1,
-                                   .pp = pp, .dp = 1, .vpp = vpp, .micro_batch = 1, .global_batch = m, .schedule = kinds[k]};
-      loom_plan *p = build(&spec);
-      loom_schedule s;
-      loom_schedule_report rep;
-      loom_error err = {{0}};
-      ck_assert_int_eq(loom_schedule_build(&s, kinds[k], pp, vpp, m, &err), LOOM_OK);
-      ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
-      ck_assert_uint_eq(p->estimates->n_stages, (size_t)(pp * vpp));
-      for (size_t i = 0; i < p->estimates->n_stages; i++) {
-        const Loom__StageEstimate *x = p->estimates->stages[i];
-        ck_assert_msg(x->has_in_flight && x->in_flight == rep.peak_live[x->pp_rank], "%s pp %d vpp %d m %d rank %d: %d vs %d",
-                      loom_schedule_kind_name(kinds[k]), pp, vpp, m, x->pp_rank, x->in_flight, rep.peak_live[x->pp_rank]);
-        const int closed = kinds[k] == LOOM_SCHEDULE_GPIPE ? m : kinds[k] == LOOM_SCHEDULE_1F1B ? (pp - x->pp_rank < m ? pp - x->pp_rank : m) : -1;
-        if (closed >= 0) ck_assert_int_eq(x->in_flight, closed);
-        ck_assert_int_gt(x->in_flight, 0);
-        checked++;
+    for (int k = 0; k < 5; k++)
+      for (int rc = 0; rc < 2; rc++) {
+        const int pp = CASES[c][0], vpp = CASES[c][1], m = CASES[c][2];
+        const bool chunked = kinds[k] == LOOM_SCHEDULE_INTERLEAVED || kinds[k] == LOOM_SCHEDULE_ZB_V;
+        if (chunked != (vpp > 1) || (vpp > 1 && pp < 2)) continue;
+        if ((kinds[k] == LOOM_SCHEDULE_INTERLEAVED && m % pp) || (kinds[k] == LOOM_SCHEDULE_ZB_V && vpp != 2)) continue;
+        const loom_plan_spec spec = {.model = {.layers = pp * vpp * 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 16},
+                                     .tp = 1, .pp = pp, .dp = 1, .vpp = vpp, .micro_batch = 1, .global_batch = m,
+                                     .schedule = kinds[k], .recompute = rc};
+        loom_plan *p = build(&spec);
+        loom_gpt_config cfg;
+        loom_plan_model_config(p, &cfg);
+        loom_schedule s;
+        loom_schedule_report rep;
+        loom_error err = {{0}};
+        ck_assert_int_eq(loom_schedule_build(&s, kinds[k], pp, vpp, m, &err), LOOM_OK);
+        ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+        ck_assert_uint_eq(p->estimates->n_stages, (size_t)(pp * vpp));
+        for (size_t i = 0; i < p->estimates->n_stages; i++) {
+          const Loom__StageEstimate *x = p->estimates->stages[i];
+          ck_assert_msg(x->has_in_flight && x->in_flight == rep.peak_live[x->pp_rank], "%s pp %d vpp %d m %d rank %d: %d vs %d",
+                        loom_schedule_kind_name(kinds[k]), pp, vpp, m, x->pp_rank, x->in_flight, rep.peak_live[x->pp_rank]);
+          const int closed = kinds[k] == LOOM_SCHEDULE_GPIPE ? m : kinds[k] == LOOM_SCHEDULE_1F1B ? (pp - x->pp_rank < m ? pp - x->pp_rank : m) : -1;
+          if (closed >= 0) ck_assert_int_eq(x->in_flight, closed);
+          ck_assert_int_gt(x->in_flight, 0);
+          const loom_stage_range r = loom_plan_stage_range(p, loom_plan_stage_index(p, x->pp_rank, x->chunk));
+          const int waiting = loom_schedule_chunk_deferred_peak(&s, x->pp_rank, x->chunk);
+          const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 1) -
+                                        loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 0));
+          ck_assert_int_eq(x->weight_grad_states, one * waiting);
+          if (loom_schedule_kind_splits_backward(kinds[k])) ck_assert(waiting > 0 && one > 0), split++;
+          else ck_assert_int_eq(waiting, 0);
+          checked++;
+        }
+        loom_schedule_report_free(&rep);
+        loom_schedule_free(&s);
+        loom_plan_free(p);
       }
-      loom_schedule_report_free(&rep);
-      loom_schedule_free(&s);
-      loom_plan_free(p);
-    }
-  ck_assert_int_ge(checked, 20);
+  ck_assert_int_ge(checked, 40);
+  ck_assert_int_ge(split, 20);
 }
 END_TEST
 
-/* bf16 mixed precision as Megatron runs it: 16-bit activations (Korthikanti
- * et al.'s bytes per layer), bf16 weights (2 B per parameter), an fp32
- * master copy (4), fp32 grads (4) and Adam's moments (8); under ZeRO-1 the
- * master copy and the moments are 1/dp of that. An fp32 run holds its values in twice the bytes and has no master. */
 START_TEST(estimates_follow_megatron) {
   loom_plan_spec spec = base_spec();
   spec.tp = 1;

@@ -113,22 +113,22 @@ static void show(const loom_plan *p) {
   const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
   printf("\nstages, memory per rank in %s (%s; grads and Adam's moments fp32; activations for the micro-batches in flight):\n",
          g_unit > 1048576.0 ? "GiB" : "MiB", bf16 ? "bf16 mixed precision: bf16 weights, an fp32 master copy" : "fp32 weights");
-  printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %9s %7s %8s\n", "pp_rank", "chunk", "layers", "parameters",
-         "weights", "master", "grads", "adam", "adam z", "transit", "acts", "acts rc", "p2p", "cmp");
+  printf("  %-7s %-5s %-10s %-15s %8s %8s %8s %9s %9s %9s %9s %9s %8s %7s %8s\n", "pp_rank", "chunk", "layers",
+         "parameters", "weights", "master", "grads", "adam", "adam z", "transit", "acts", "acts rc", "B->W", "p2p", "cmp");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
     const Loom__StageEstimate *x = p->estimates->stages[k];
     char layers[32];
     snprintf(layers, sizeof layers, "[%d,%d)%s%s", s->layer_begin, s->layer_end, s->embedding ? "E" : "", s->head ? "H" : "");
-    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %9.2f %7.3f %8.2f\n", s->pp_rank, s->chunk,
-           layers, (long long)x->parameters, gib(x->weights), gib(x->master_weights), gib(x->grads), gib(x->optimizer),
-           gib(x->optimizer_zero1), gib(x->zero_transient), gib(x->activations), gib(x->activations_recompute),
-           gib(x->p2p_buffers), gib(x->grad_compression));
+    printf("  %-7d %-5d %-10s %-15lld %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9.2f %9.2f %8.2f %7.3f %8.2f\n", s->pp_rank,
+           s->chunk, layers, (long long)x->parameters, gib(x->weights), gib(x->master_weights), gib(x->grads),
+           gib(x->optimizer), gib(x->optimizer_zero1), gib(x->zero_transient), gib(x->activations),
+           gib(x->activations_recompute), gib(x->weight_grad_states), gib(x->p2p_buffers), gib(x->grad_compression));
   }
   printf("  (E: holds the embedding, H: the LM head; weights, master and grads as the plan's ZeRO stage keeps them; "
          "adam z: Adam sharded by ZeRO over dp %d; transit: ZeRO's slices, and under ZeRO-2/3 the gathered weights and "
-         "grads of the layers in flight; rc: with full recompute; cmp: compression's error feedback and factors or "
-         "messages)\n", l->dp);
+         "grads of the layers in flight; rc: with full recompute; B->W: what zero-bubble backwards keep from B to W; "
+         "cmp: compression's error feedback and factors or messages)\n", l->dp);
 }
 
 static int plan_show(int argc, char **argv) {

@@ -266,14 +266,17 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
  * keeps live at once: the verifier's count, read off the schedule the
  * executor runs, into out[pp] (left 0 if the schedule cannot be built). */
-static void in_flight(const loom_plan *p, int *out) {
-  const int pp = p->parallel->pp;
+static void in_flight(const loom_plan *p, int *out, int *deferred) {
+  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks;
   loom_schedule s;
   loom_error err;
   if (loom_plan_schedule(p, &s, &err) != LOOM_OK) return;
   loom_schedule_report rep;
   if (loom_schedule_verify(&s, &rep) == LOOM_OK)
-    for (int r = 0; r < pp; r++) out[r] = rep.peak_live[r];
+    for (int r = 0; r < pp; r++) {
+      out[r] = rep.peak_live[r];
+      for (int c = 0; c < vpp; c++) deferred[r * vpp + c] = loom_schedule_chunk_deferred_peak(&s, r, c);
+    }
   loom_schedule_report_free(&rep);
   loom_schedule_free(&s);
 }
@@ -299,7 +302,8 @@ void loom_plan_estimate(loom_plan *p) {
   /* Sizes of a plan that breaks a rule mean nothing (the rules say why): zeros. */
   const bool sound = loom_plan_check_rules(p, 0, 0, NULL, 0) == 0;
   int *flight = loom_xcalloc((size_t)(pp > 0 ? pp : 1), sizeof(int), "in flight");
-  if (sound) in_flight(p, flight);
+  int *deferred = loom_xcalloc((size_t)(sound ? pp * vpp : 1), sizeof(int), "deferred weight grads");
+  if (sound) in_flight(p, flight, deferred);
   /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
    * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP.
    * An fp32 run keeps each value in twice the bytes. */
@@ -308,6 +312,15 @@ void loom_plan_estimate(loom_plan *p) {
   const double per_layer = value * (l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
                                                          : s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)));
   const double per_layer_recompute = value * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
+  /* A split backward's state per layer, fp32 as the runtime keeps it: the
+   * linears' output grads inside the region (q|k|v and the MLP's up on this
+   * rank's columns, the two projections' [s b, h]), and with recompute
+   * their inputs (ln_1, ln_2, and this rank's attention and MLP outputs). */
+  const double hd = loom_gpt_head_dim(&cfg), ffn = (double)cfg.ffn / tp;
+  const double qkv_w = (a / tp + 2.0 * loom_gpt_local_kv_heads(&cfg, tp)) * hd;
+  const double fc_w = cfg.mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn;
+  const double wgrad_layer = 4.0 * s * b * (qkv_w + fc_w + 2.0 * h);
+  const double wgrad_inputs = 4.0 * s * b * (2.0 * h + a / tp * hd + ffn);
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
     Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
@@ -338,6 +351,10 @@ void loom_plan_estimate(loom_plan *p) {
     x->zero_transient = (int64_t)cs.transient;
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
+    x->has_weight_grad_states = 1;
+    x->weight_grad_states = sound ? (int64_t)((wgrad_layer + (st->recompute ? wgrad_inputs : 0.0)) * L *
+                                              deferred[st->pp_rank * vpp + st->chunk])
+                                  : 0;
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
     if (sound) { /* compression's state, and what crosses dp, from the layers' table once */
       const loom_compression_cost c = loom_plan_compression_cost(p, &range);
@@ -347,6 +364,7 @@ void loom_plan_estimate(loom_plan *p) {
     e->stages[k] = x;
   }
   free(flight);
+  free(deferred);
 }
 
 loom_status loom_plan_fit_world(loom_plan *p, int world, loom_error *err) {
@@ -616,7 +634,7 @@ int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activatio
     const int64_t a = p->stages[k]->recompute ? x->activations_recompute : x->activations;
     acts += a;
     need += x->weights + x->master_weights + x->grads + (p->parallel->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
-            x->zero_transient + x->grad_compression + a + x->p2p_buffers;
+            x->zero_transient + x->grad_compression + a + x->weight_grad_states + x->p2p_buffers;
   }
   if (activations) *activations = acts;
   return need;
