@@ -167,6 +167,17 @@ START_TEST(bad_flags) {
   ck_assert_ptr_nonnull(strstr(shown->out, "peak deferred weight grads (B done, W not) per rank: 1 2"));
   ck_assert_ptr_nonnull(strstr(shown->out, "bubble: 10.0% simulated (per stage: forward 1, backward 2, or B 1 and W 1); theory 10.0%"));
   /* Layouts that cannot be split are refused before anything is built. */
+  /* The zero-bubble schedules: ZB-V's two chunks (its default), and no ZeRO-2/3. */
+  expect_fail(run("schedule", "show", "--schedule", "zb_v", "--vpp", "3", NULL), 2,
+              "loom schedule show: --schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 3");
+  expect_fail(run("train", "--pp", "2", "--schedule", "zb_v", "--vpp", "1", NULL), 2,
+              "loom train: --vpp 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set --vpp 2");
+  expect_fail(run("train", "--pp", "2", "--dp", "2", "--zero", "2", "--schedule", "zb_h1", NULL), 2,
+              "loom train: --schedule zb_h1 with --zero 2: ZeRO-2/3 reduce-scatter each layer's grads as its backward "
+              "ends, but zero-bubble schedules run a layer's weight grads long after; use --zero 0 or 1, or --schedule 1f1b");
+  shown = run("schedule", "show", "--pp", "2", "--micro-batches", "4", "--schedule", "zb_v", NULL);
+  ck_assert_int_eq(shown->code, 0);
+  ck_assert_ptr_nonnull(strstr(shown->out, "schedule zb_v: pp 2, micro-batches 4, vpp 2: verified deadlock-free"));
   expect_fail(run("train", "--hidden", "6", "--heads", "6", "--tp", "4", NULL), 2,
               "loom train: --heads 6: must be divisible by --tp (4) so each rank holds whole heads; pick a tp that divides heads");
   expect_fail(run("train", "--hidden", "8", "--heads", "2", "--tp", "4", NULL), 2,

@@ -310,10 +310,10 @@ START_TEST(each_rule_has_its_message) {
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_ZB_H1;
   expect_rule(p, "schedule = zb_h1 with parallel.zero_stage = 3: ZeRO-2/3 reduce-scatter each layer's grads as its "
-                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use zero_stage 0 or 1, "
-                 "or schedule 1f1b");
+                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use parallel.zero_stage = 0 "
+                 "or 1, or schedule = 1f1b");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V;
-  expect_rule(p, "parallel.virtual_chunks = 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set virtual_chunks 2");
+  expect_rule(p, "parallel.virtual_chunks = 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set parallel.virtual_chunks = 2");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
   p->parallel->zero_stage = 0;
   ck_assert_int_eq(loom_plan_check_rules(p, 6, 0, lines, sizeof lines), 1);

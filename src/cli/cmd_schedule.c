@@ -36,7 +36,7 @@ int loom_cmd_schedule(int argc, char **argv) {
   const char *kind_name = "1f1b";
   loom_flag table[] = {
       {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, NULL},
-      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved)", 1, 64, NULL, false, NULL},
+      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved; zb_v: 2, its default)", 1, 64, NULL, false, NULL},
       {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, NULL},
       {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, NULL},
   };
@@ -51,6 +51,7 @@ int loom_cmd_schedule(int argc, char **argv) {
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom schedule: expected 'show'");
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(kind_name, &kind); /* the flag's choices guarantee a known kind */
+  if (kind == LOOM_SCHEDULE_ZB_V && !loom_flags_find(table, n, "--vpp")->set) v = 2; /* a V's two chunks */
   if (st == LOOM_OK) st = show(kind, p, v, m, &err);
   return loom_report(st, &err);
 }

@@ -22,7 +22,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.tp"},
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
-      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
+      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved; zb_v: 2, its default)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage over the dp replicas: 1 shards Adam state, 2 also the grads, 3 also the weights", 0, 3, NULL, false, "parallel.zero_stage"},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
@@ -115,8 +115,11 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   if (st != LOOM_OK) return st;
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
+  /* ZB-V runs two chunks per rank: what --vpp means when not given. */
+  const bool vpp_given = loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--vpp")->set;
+  const int vpp = kind == LOOM_SCHEDULE_ZB_V && !vpp_given ? 2 : f->vpp;
   const loom_plan_spec spec = {
-      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = f->vpp, .zero_stage = f->zero,
+      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero,
       .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
       .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)loom_flag_choice_index(BALANCE_CHOICES, f->balance),
       .precision = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->precision),

@@ -536,8 +536,8 @@ static void check_batch(report *r, const loom_plan *p) {
               loom_schedule_kind_name(p->schedule));
   if (loom_schedule_kind_splits_backward(p->schedule) && p->parallel->zero_stage >= 2)
     violation(r, "schedule = %s with parallel.zero_stage = %d: ZeRO-2/3 reduce-scatter each layer's grads as its "
-                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use zero_stage 0 or 1, "
-                 "or schedule 1f1b", loom_schedule_kind_name(p->schedule), p->parallel->zero_stage);
+                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use parallel.zero_stage = 0 "
+                 "or 1, or schedule = 1f1b", loom_schedule_kind_name(p->schedule), p->parallel->zero_stage);
   if (b->has_seq && (b->seq < 1 || b->seq > p->model->seq))
     violation(r, "batch.seq = %d: the training sequence must be 1 to model.seq (%d)", b->seq, p->model->seq);
   if (p->parallel->virtual_chunks > 1 && pp == 1)
@@ -559,7 +559,7 @@ static void check_batch(report *r, const loom_plan *p) {
       break;
     }
   if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V && p->parallel->virtual_chunks != 2)
-    violation(r, "parallel.virtual_chunks = %d: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set virtual_chunks 2",
+    violation(r, "parallel.virtual_chunks = %d: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set parallel.virtual_chunks = 2",
               p->parallel->virtual_chunks);
   else if (p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V &&
            p->parallel->virtual_chunks != 1)
