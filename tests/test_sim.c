@@ -197,6 +197,32 @@ START_TEST(pipeline_bubble_follows_theory) {
 }
 END_TEST
 
+/* A split backward costs as the whole one: W is the weight-grad GEMMs (and
+ * the embedding's grads), B the rest. On two stages with one micro-batch
+ * under ZB-H1 the last stage's W runs while the grad flies back, so the
+ * step is the chain of forwards, B's and transfers, the first stage's W,
+ * then the tied reduction and the slower optimizer step. */
+START_TEST(zero_bubble_is_costed) {
+  predicted x;
+  predict(&x, "a100-80gb", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                            .global_batch = 1, .schedule = LOOM_SCHEDULE_ZB_H1,
+                                            .precision = LOOM__PRECISION__PRECISION_BF16});
+  const loom_sim_costs *c = &x.r.costs;
+  for (int i = 0; i < 2; i++) {
+    const loom_action b = {.kind = LOOM_ACT_BACKWARD_INPUT, .chunk = 0}, w = {.kind = LOOM_ACT_BACKWARD_WEIGHT, .chunk = 0};
+    const double bs = loom_sim_action_seconds(c, i, &b), ws = loom_sim_action_seconds(c, i, &w);
+    ck_assert(ws > 0 && bs > ws / 4);
+    ck_assert_double_eq_tol(bs + ws, c->backward[i], 1e-12 * c->backward[i]);
+  }
+  const double b0 = c->backward[0] - c->weight[0], b1 = c->backward[1] - c->weight[1];
+  ck_assert(c->weight[1] < c->p2p + b0 + c->weight[0]); /* rank 1's W hides behind the way back */
+  const double want = c->forward[0] + c->p2p + c->forward[1] + b1 + c->p2p + b0 + c->weight[0] + c->tied +
+                      fmax(c->optimizer[0], c->optimizer[1]);
+  ck_assert_double_eq_tol(x.r.step_s, want, 1e-12 * want);
+  predicted_free(&x);
+}
+END_TEST
+
 START_TEST(links_follow_the_rank_order) {
   loom_profile *prof = builtin("a100-80gb");
   loom_sim_costs c;
@@ -238,6 +264,19 @@ START_TEST(trace_is_drawn) {
   text = tu_read_bytes(json, &n);
   ck_assert(strstr(text, "\"bubble_predicted\"") && strstr(text, "optimizer step"));
   free(text);
+  predicted_free(&x);
+  /* ZB-V: weight passes drawn as W, on the V's chunks. */
+  predict(&x, "h100-sxm", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
+                                           .global_batch = 4, .schedule = LOOM_SCHEDULE_ZB_V,
+                                           .precision = LOOM__PRECISION__PRECISION_BF16});
+  ck_assert_int_eq(loom_sim_write_trace(&x.r, json, &err), LOOM_OK);
+  text = tu_read_bytes(json, &n);
+  ck_assert_msg(strstr(text, "\"name\": \"W3b\", \"cat\": \"weight\"") && strstr(text, "\"schedule\": \"zb_v\""), "%.300s", text);
+  free(text);
+  ck_assert_msg(loom_trace_svg(json, svg, &err) == LOOM_OK, "%s", err.msg);
+  text = tu_read_bytes(svg, &n);
+  ck_assert_msg(strstr(text, "zb_v schedule") && strstr(text, "weight grads (W)"), "%.300s", text);
+  free(text);
   unlink(json);
   unlink(svg);
   predicted_free(&x);
@@ -264,6 +303,14 @@ START_TEST(search_ranks_what_fits) {
     if (i) ck_assert(c->tokens_per_s <= r.ranked[i - 1].tokens_per_s);
   }
   for (int i = 0; i < r.nunfit; i++) ck_assert(r.unfit[i].memory > prof->device->memory_bytes);
+  /* The zero-bubble schedules are among those tried, never with ZeRO-2/3. */
+  int zb_h1 = 0, zb_v = 0;
+  for (int i = 0; i < r.nranked; i++) {
+    const loom_candidate *c = &r.ranked[i];
+    zb_h1 += c->schedule == LOOM_SCHEDULE_ZB_H1, zb_v += c->schedule == LOOM_SCHEDULE_ZB_V;
+    if (loom_schedule_kind_splits_backward(c->schedule)) ck_assert_int_le(c->zero, 1);
+  }
+  ck_assert(zb_h1 > 0 && zb_v > 0);
   /* The best candidate's plan, simulated on its own, predicts what the search printed. */
   loom_plan *best;
   ck_assert_int_eq(loom_candidate_plan(base, &r.ranked[0], &best, &err), LOOM_OK);
@@ -310,6 +357,7 @@ int main(void) {
   tcase_add_test(tc, pipeline_bubble_follows_theory);
   tcase_add_test(tc, links_follow_the_rank_order);
   tcase_add_test(tc, trace_is_drawn);
+  tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
   suite_add_tcase(s, tc);
