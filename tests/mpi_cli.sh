@@ -86,14 +86,25 @@ grep -q '"straggler_rank": 1' "$WORK/s.jsonl" || fail "straggler not in metrics"
 grep -q "step     2: the grads hold an inf or NaN (norm nan); every rank skipped this step" "$WORK/slow.txt" || fail "NaN step not skipped"
 grep -q '"step": 2, .*"skipped": 1' "$WORK/s.jsonl" || fail "skip not in metrics"
 
-# A healthy run names no straggler: the README's main layout, whose last
-# stage also runs the LM head and the loss, judged against each stage's share.
-# A judgement of speed: not made in the sanitizer build, where 4 ranks of
-# ASan-checked code share 2 cores unevenly.
+# A judgement of healthy ranks gets three tries: this shared machine's two
+# cores have measured 1.6x apart in GEMM or memory speed for seconds at a
+# time with nothing else running, which one try would call a slow rank. A
+# rank slowed on purpose is named on every try.
+healthy_tries() { for _ in 1 2 3; do "$@" && return 0; done; return 1; }
+
+# A healthy run names no straggler: two pipeline stages, the last of which
+# also runs the LM head and the loss, judged against each stage's share.
+# One rank per core: four ranks sharing two cores (the README's layout) are
+# scheduled unevenly enough on this shared machine to be named now and then.
+# A judgement of speed: not made in the sanitizer build, where ASan-checked
+# code runs unevenly.
 if [ -z "${LOOM_TEST_SANITIZED:-}" ]; then
-  "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
-    --micro-batches 4 --steps 150 --eval-every 0 > "$WORK/healthy.txt" 2>&1 || fail "healthy run: $(cat "$WORK/healthy.txt")"
-  grep "straggler rank" "$WORK/healthy.txt" && fail "a healthy run named a straggler"
+  healthy_run() {
+    "$MPIEXEC" -np 2 -x OMP_NUM_THREADS=1 "$LOOM" train --pp 2 --micro-batch 4 \
+      --micro-batches 4 --steps 150 --eval-every 0 > "$WORK/healthy.txt" 2>&1 || fail "healthy run: $(cat "$WORK/healthy.txt")"
+    ! grep -q "straggler rank" "$WORK/healthy.txt"
+  }
+  healthy_tries healthy_run || fail "a healthy run named a straggler: $(grep "straggler rank" "$WORK/healthy.txt")"
 fi
 run train --tp 4 > "$WORK/bad.txt" 2>&1
 code=$?
@@ -144,15 +155,20 @@ PRE="--seconds 0.2 --mem-mb 64 --comm-mb 1"
 HEALTHY=""
 [ -z "${LOOM_TEST_SANITIZED:-}" ] || HEALTHY="--factor 100"
 # shellcheck disable=SC2086 # PRE's and HEALTHY's words are flags
-run preflight $PRE $HEALTHY > "$WORK/pre.txt" 2>&1 || fail "healthy preflight: $(cat "$WORK/pre.txt")"
-grep -q "^preflight: ok: no rank, group or link slower" "$WORK/pre.txt" || fail "healthy preflight: $(cat "$WORK/pre.txt")"
+healthy_preflight() {
+  run preflight $PRE $HEALTHY > "$WORK/pre.txt" 2>&1 && grep -q "^preflight: ok: no rank, group or link slower" "$WORK/pre.txt"
+}
+healthy_tries healthy_preflight || fail "healthy preflight: $(cat "$WORK/pre.txt")"
 [ "$(grep -c '^ *[01]  ' "$WORK/pre.txt")" = 2 ] || fail "preflight table: $(cat "$WORK/pre.txt")"
 # shellcheck disable=SC2086
-LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" preflight $PRE \
-  > "$WORK/pre_slow.txt" 2>&1 && fail "slowed preflight passed: $(cat "$WORK/pre_slow.txt")"
-grep -q "^preflight: rank 1 (.*): GEMM .* GFLOP/s is 0\.[0-9]*x the other ranks' median .*, slower by more than 1\.5x$" "$WORK/pre_slow.txt" ||
-  fail "slowed rank not named: $(cat "$WORK/pre_slow.txt")"
-grep -q "^preflight: rank 0" "$WORK/pre_slow.txt" && fail "a healthy rank named: $(cat "$WORK/pre_slow.txt")"
+slowed_preflight() {
+  LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" preflight $PRE \
+    > "$WORK/pre_slow.txt" 2>&1 && fail "slowed preflight passed: $(cat "$WORK/pre_slow.txt")"
+  grep -q "^preflight: rank 1 (.*): GEMM .* GFLOP/s is 0\.[0-9]*x the other ranks' median .*, slower by more than 1\.5x$" "$WORK/pre_slow.txt" ||
+    fail "slowed rank not named: $(cat "$WORK/pre_slow.txt")"
+  ! grep -q "^preflight: rank 0" "$WORK/pre_slow.txt"
+}
+healthy_tries slowed_preflight || fail "a healthy rank named: $(cat "$WORK/pre_slow.txt")"
 LOOM_FAULT=slow:1:*:60 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" train --tp 2 \
   --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 2 --preflight > "$WORK/slowtrain.txt" 2>&1 &&
   fail "train --preflight trained on a slow rank"
