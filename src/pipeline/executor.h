@@ -1,9 +1,12 @@
 /* The pipeline executor: runs this rank's list of a verified schedule.
  *
- * A rank holds v model chunks (virtual stages r, p + r, ...), each with its
- * own parameters, optimizer state and activation slots; a slot is taken when
- * a micro-batch's forward starts and returned after its backward, so memory
- * follows the schedule's live count. Activations and grads move between
+ * A rank holds v model chunks (virtual stages r, p + r, ..., or a V's r and
+ * 2p-1-r), each with its own parameters, optimizer state and activation
+ * slots; a slot is taken when a micro-batch's forward starts and returned
+ * when its backward ends, so memory follows the schedule's live count. A
+ * split backward (zero-bubble schedules) also takes a weight-grad state at
+ * its B and returns it at its W, as many as the schedule has W's waiting.
+ * Activations and grads move between
  * neighbouring stages with non-blocking sends, whose buffers stay put until
  * the send completes; a recv waits where the schedule says. Grads accumulate
  * over micro-batches and the tied wte grads are summed over the first and
