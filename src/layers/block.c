@@ -116,10 +116,11 @@ static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_bloc
                                const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
-  float *db = tp->kv_group && g->c_attn_b ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
-  if (db && db != g->c_attn_b) loom_mem_zero(ops->mem, db, (size_t)rows);
+  const bool apart = tp->kv_group && g->c_attn_b; /* the bias grad is computed apart, then summed */
+  float *db = apart ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
+  if (apart) loom_mem_zero(ops->mem, db, (size_t)rows);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, a->ln_1, w->c_attn_w, N, n, h, rows);
-  if (!db || db == g->c_attn_b) return;
+  if (!apart) return;
   loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
 }

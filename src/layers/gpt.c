@@ -186,10 +186,22 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
   }
 }
 
+/* Layer activation i (BIG_NAMES order) of a. */
+static float **act_field(loom_block_acts *a, int i) {
+  float **const fields[BIG] = {&a->ln_1, &a->qkv, &a->att, &a->atty, &a->res_attn, &a->ln_2, &a->fc, &a->fc_gelu, &a->out};
+  return fields[i];
+}
+
+/* The activations a layer's weight grads read, the inputs of its four
+ * linears: ln_1, atty, ln_2 and fc_gelu, by their place in BIG_NAMES. */
+enum { WEIGHT_INPUTS = 4 };
+static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 3, 5, 7};
+
 /* Views of a split backward's state: the linears' output grads of every
  * layer and, with recompute, their inputs (the slot keeps none of them). */
 typedef struct {
-  float *d_qkv, *d_attn, *d_fc, *d_mlp, *ln1, *atty, *ln2, *fcg;
+  float *d_qkv, *d_attn, *d_fc, *d_mlp;
+  float *inputs[WEIGHT_INPUTS];
 } wgrad_views;
 
 static void list_wstate(act_list *l, wgrad_views *v, const dims *d) {
@@ -201,21 +213,21 @@ static void list_wstate(act_list *l, wgrad_views *v, const dims *d) {
   want(l, &v->d_fc, "w_d_fc", d->L * d->N * d->fc);
   want(l, &v->d_mlp, "w_d_mlp", d->L * d->N * d->h);
   if (!d->recompute) return;
-  want(l, &v->ln1, "w_ln_1", d->L * d->N * d->h);
-  want(l, &v->atty, "w_atty", d->L * d->N * d->w);
-  want(l, &v->ln2, "w_ln_2", d->L * d->N * d->h);
-  want(l, &v->fcg, "w_fc_gelu", d->L * d->N * d->f);
+  int64_t c[BIG];
+  big_counts(d, c);
+  for (int k = 0; k < WEIGHT_INPUTS; k++) want(l, &v->inputs[k], BIG_NAMES[WEIGHT_INPUT[k]], d->L * c[WEIGHT_INPUT[k]]);
 }
 
 static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
+  int64_t c[BIG];
+  big_counts(d, c);
   for (int i = 0; i < d->L; i++) {
     s->wgrad[i] = (loom_block_wgrad){.d_qkv = v->d_qkv + i * d->N * d->qkv, .d_attn = v->d_attn + i * d->N * d->h,
                                      .d_fc = v->d_fc + i * d->N * d->fc, .d_mlp = v->d_mlp + i * d->N * d->h};
-    if (d->recompute)
-      s->winputs[i] = (loom_block_acts){.ln_1 = v->ln1 + i * d->N * d->h, .atty = v->atty + i * d->N * d->w,
-                                        .ln_2 = v->ln2 + i * d->N * d->h, .fc_gelu = v->fcg + i * d->N * d->f};
+    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++)
+      *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + i * c[WEIGHT_INPUT[k]];
   }
 }
 
@@ -293,13 +305,22 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
   loom_gpt_work w;
   layer_views v;
   loom_block_packed p;
-  wgrad_views wv;
   list_slot(&l, &l16, &s, &v, &p, &d);
   const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
-  list_wstate(&l16, &wv, &d);
-  const size_t wstate_bytes = list_bytes(&l16);
+  const size_t wstate_bytes = weight_states ? loom_gpt_weight_state_bytes(cfg, T, B, tp, sequence_parallel, range, recompute) : 0;
   list_work(&l, &w, &v, &d);
   return slot_bytes * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l);
+}
+
+size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
+                                   const loom_stage_range *range, bool recompute) {
+  const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
+  act_list l;
+  wgrad_views v;
+  list_wstate(&l, &v, &d);
+  return list_bytes(&l);
 }
 
 /* Allocates a table and points its slots at the views. */
@@ -503,18 +524,25 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
   return a;
 }
 
-/* Moves layer l's activations between the fp32 scratch and the slot's bf16
- * copy (exactly: they hold bf16 values). */
-static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, const loom_block_acts *a, bool pack) {
+/* Elements of each of a layer's big activations in this model's slots. */
+static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
   const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  big_counts(&d, c);
+}
+
+/* Moves activations `which[n]` (BIG_NAMES places; NULL: all of them) of
+ * layer l between the fp32 scratch and the slot's bf16 copy (exactly: they
+ * hold bf16 values). */
+static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a, bool pack, const int *which, int n) {
   const loom_block_packed *p = &s->packed[l];
-  float *const wide[BIG] = {a->ln_1, a->qkv, a->att, a->atty, a->res_attn, a->ln_2, a->fc, a->fc_gelu, a->out};
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
   int64_t c[BIG];
-  big_counts(&d, c);
-  for (int i = 0; i < BIG; i++) {
-    if (pack) m->ops->to_bf16(m->ops, narrow[i], wide[i], (size_t)c[i]);
-    else m->ops->from_bf16(m->ops, wide[i], narrow[i], (size_t)c[i]);
+  layer_counts(m, c);
+  for (int k = 0; k < (which ? n : BIG); k++) {
+    const int i = which ? which[k] : k;
+    float *wide = *act_field(a, i);
+    if (pack) m->ops->to_bf16(m->ops, narrow[i], wide, (size_t)c[i]);
+    else m->ops->from_bf16(m->ops, wide, narrow[i], (size_t)c[i]);
   }
 }
 
@@ -636,7 +664,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     if (!m->recompute && !m->p.cfg.bf16) continue;
     /* Recompute keeps only each layer's input; bf16 runs keep the layer
      * packed and pass its output on in w.xin. */
-    if (!m->recompute) pack_layer(m, s, l, &a, true);
+    if (!m->recompute) pack_layer(m, s, l, &a, true, NULL, 0);
     float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
@@ -660,7 +688,7 @@ static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_g
                   .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
   const loom_block_shape shape = block_shape(m);
   if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, p.w, &shape, &p.d, &m->tp, m->ops);
-  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false);
+  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, NULL, 0);
   return p;
 }
 
@@ -696,18 +724,17 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   backward_begin(m, s, slot, dout, dloss);
   const loom_block_shape shape = block_shape(m);
+  int64_t c[BIG];
+  layer_counts(m, c);
   for (int l = m->p.layers - 1; l >= 0; l--) {
-    const layer_pass p = layer_for_backward(m, s, batch, l);
+    layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, p.w, &shape, &p.d, &m->tp,
                               m->ops);
-    if (!m->recompute) continue;
     /* The weight half finds no activations in a recompute slot: keep the linears' inputs. */
-    const loom_block_acts *keep = &ws->winputs[l];
-    const size_t N = (size_t)m->T * m->B;
-    m->ops->mem->copy(m->ops->mem, keep->ln_1, p.a.ln_1, N * shape.hidden * sizeof(float));
-    m->ops->mem->copy(m->ops->mem, keep->atty, p.a.atty, N * shape.heads * shape.head_dim * sizeof(float));
-    m->ops->mem->copy(m->ops->mem, keep->ln_2, p.a.ln_2, N * shape.hidden * sizeof(float));
-    m->ops->mem->copy(m->ops->mem, keep->fc_gelu, p.a.fc_gelu, N * shape.ffn * sizeof(float));
+    for (int k = 0; m->recompute && k < WEIGHT_INPUTS; k++) {
+      const int i = WEIGHT_INPUT[k];
+      m->ops->mem->copy(m->ops->mem, *act_field(&ws->winputs[l], i), *act_field(&p.a, i), (size_t)c[i] * sizeof(float));
+    }
   }
   m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float)); /* the stage input's grad, or the embedding's */
 }
@@ -718,13 +745,7 @@ static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, loom_gpt_wst
   if (m->recompute) return ws->winputs[l];
   if (!m->p.cfg.bf16) return s->blocks[l];
   loom_block_acts a = m->w.redo;
-  const loom_block_packed *p = &s->packed[l];
-  const loom_block_shape shape = block_shape(m);
-  const size_t N = (size_t)m->T * m->B;
-  m->ops->from_bf16(m->ops, a.ln_1, p->ln_1, N * shape.hidden);
-  m->ops->from_bf16(m->ops, a.atty, p->atty, N * shape.heads * shape.head_dim);
-  m->ops->from_bf16(m->ops, a.ln_2, p->ln_2, N * shape.hidden);
-  m->ops->from_bf16(m->ops, a.fc_gelu, p->fc_gelu, N * shape.ffn);
+  pack_layer(m, s, l, &a, false, WEIGHT_INPUT, WEIGHT_INPUTS);
   return a;
 }
 

@@ -136,6 +136,10 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
                                  const loom_stage_range *range, bool recompute, int slots, int weight_states);
+/* Bytes of one weight-grad state (loom_gpt_wstate) on one rank of a tp-way
+ * split of stage `range` (NULL: the whole model). */
+size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
+                                   const loom_stage_range *range, bool recompute);
 /* (Re)sizes the weight-grad states of a split backward, after the slots. */
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n);
 

@@ -312,15 +312,6 @@ void loom_plan_estimate(loom_plan *p) {
   const double per_layer = value * (l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
                                                          : s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)));
   const double per_layer_recompute = value * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
-  /* A split backward's state per layer, fp32 as the runtime keeps it: the
-   * linears' output grads inside the region (q|k|v and the MLP's up on this
-   * rank's columns, the two projections' [s b, h]), and with recompute
-   * their inputs (ln_1, ln_2, and this rank's attention and MLP outputs). */
-  const double hd = loom_gpt_head_dim(&cfg), ffn = (double)cfg.ffn / tp;
-  const double qkv_w = (a / tp + 2.0 * loom_gpt_local_kv_heads(&cfg, tp)) * hd;
-  const double fc_w = cfg.mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn;
-  const double wgrad_layer = 4.0 * s * b * (qkv_w + fc_w + 2.0 * h);
-  const double wgrad_inputs = 4.0 * s * b * (2.0 * h + a / tp * hd + ffn);
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
     Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
@@ -352,8 +343,10 @@ void loom_plan_estimate(loom_plan *p) {
     x->activations = (int64_t)(per_layer * L * chunk_flight);
     x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
     x->has_weight_grad_states = 1;
-    x->weight_grad_states = sound ? (int64_t)((wgrad_layer + (st->recompute ? wgrad_inputs : 0.0)) * L *
-                                              deferred[st->pp_rank * vpp + st->chunk])
+    /* As the runtime allocates them: one state per W waiting at once. */
+    x->weight_grad_states = sound ? (int64_t)loom_gpt_weight_state_bytes(&cfg, (int)s, (int)b, tp, l->sequence_parallel, &range,
+                                                                           st->recompute) *
+                                        deferred[st->pp_rank * vpp + st->chunk]
                                   : 0;
     x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
     if (sound) { /* compression's state, and what crosses dp, from the layers' table once */
