@@ -16,6 +16,19 @@ static int g_gpu = -1; /* the CUDA ordinal setup chose, -1 on the CPU */
 
 int loom_device_gpu(void) { return g_gpu; }
 
+#ifdef LOOM_HAVE_CUDA
+static bool on_cuda(const loom_ops *ops) { return g_gpu >= 0 && ops && ops->mem->device == LOOM_DEVICE_CUDA; }
+#endif
+
+void loom_device_set_bf16(const loom_ops *ops, bool bf16) {
+#ifdef LOOM_HAVE_CUDA
+  if (on_cuda(ops)) loom_cuda_set_bf16_gemms(ops, bf16);
+#else
+  (void)ops, (void)bf16;
+#endif
+}
+
+
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {
   if (strcmp(device, "guarded") == 0) { /* a check, not a speed: host code touching tensor memory faults */
@@ -34,10 +47,10 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
   }
   if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
   g_gpu = loom_cuda_select_device(loom_launch_local_rank());
-  *ops = loom_cuda_open(true); /* this process's context, for its lifetime */
+  *ops = loom_cuda_open(false); /* this process's context, for its lifetime */
   char name[256];
   loom_cuda_device_name(*ops, name, sizeof name);
-  snprintf(desc, len, "cuda %d (%s), fp32, managed memory, each op synchronised", g_gpu, name);
+  snprintf(desc, len, "cuda %d (%s), device memory, one compute stream", g_gpu, name);
 #else
   if (strcmp(device, "cuda") == 0)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: this loom was built without CUDA (no nvcc when it was built)",

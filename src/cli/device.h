@@ -1,12 +1,13 @@
 /* `--device auto|cpu|cuda|guarded`: which backend a command's model runs
  * on. auto is cuda when this loom was built with CUDA and a GPU is visible,
  * else cpu. guarded runs the CPU kernels on memory host code cannot touch
- * (a check that nothing above the backend reads tensor memory). On cuda, rank r drives GPU (local rank mod GPUs), ops are the CUDA
- * backend's synchronised table and buffers are CUDA managed memory
- * (cuda_backend.h: the correctness path; it is exact, not yet fast). */
+ * (a check that nothing above the backend reads tensor memory). On cuda,
+ * rank r drives GPU (local rank mod GPUs); buffers are device memory and
+ * every op is queued on one compute stream (cuda_backend.h's fast path). */
 #ifndef LOOM_DEVICE_H
 #define LOOM_DEVICE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "backend/ops.h"
 #include "core/status.h"
@@ -19,6 +20,11 @@ extern const char LOOM_DEVICE_HELP[];
  * one-line description for the log. Usage errors name the flag. */
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err);
+
+/* Matches the backend to a run's precision once its plan is known: in bf16
+ * runs the CUDA backend multiplies on bf16 tensor cores (the operands are
+ * bf16 values already); the CPU backends need nothing. */
+void loom_device_set_bf16(const loom_ops *ops, bool bf16);
 
 /* The GPU (CUDA ordinal) setup chose for this rank, or -1 on the CPU. NVML
  * numbers devices by PCI order, CUDA fastest first unless

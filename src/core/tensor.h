@@ -69,6 +69,10 @@ typedef struct loom_allocator {
   void (*from_host)(const struct loom_allocator *mem, void *dst, const void *host, size_t bytes);
   /* p points into memory this allocator handed out */
   bool (*owns)(const struct loom_allocator *mem, const void *p);
+  /* The most bytes it has had handed out at once, its backend's own work
+   * buffers included (a device's memory peak); NULL where the process's
+   * resident memory is the measure (host memory). */
+  size_t (*peak_bytes)(const struct loom_allocator *mem);
 } loom_allocator;
 
 /* Plain host memory (malloc): what the CPU and reference backends use. */

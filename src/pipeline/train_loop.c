@@ -60,7 +60,12 @@ static void report_memory(const loom_trainer *tr) {
     state += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
   }
   const double estimate = state + (double)tr->pipe.act_bytes;
-  const double base = (double)tr->baseline_rss, peak = (double)loom_peak_rss_bytes();
+  /* A device's allocator counts what it hands out: the figure itself. On
+   * the host, the process's resident growth over what it held at the start. */
+  const loom_allocator *mem = tr->pipe.chunks[0].ops->mem;
+  const bool device = mem->peak_bytes != NULL;
+  const double base = device ? 0.0 : (double)tr->baseline_rss;
+  const double peak = device ? (double)mem->peak_bytes(mem) : (double)loom_peak_rss_bytes();
   const double mine[4] = {peak - base, estimate, peak, base};
   const int n = tr->ps.world;
   double *all = loom_xmalloc((size_t)n * 4 * sizeof(double), "memory report");
@@ -69,10 +74,14 @@ static void report_memory(const loom_trainer *tr) {
   for (int r = 1; r < n; r++)
     if (all[4 * r] > all[4 * busiest]) busiest = r;
   const double *b = all + 4 * busiest;
-  const double mib = 1048576.0;
-  loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
-                "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (%.1f B per parameter + activations), %+.1f%% off",
-                b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, state / params, 100.0 * (b[1] - b[0]) / b[0]);
+  const double mib = 1048576.0, off = 100.0 * (b[1] - b[0]) / b[0];
+  if (device)
+    loom_log_info("memory: the busiest rank's %s allocator peaked at %.1f MiB; loom estimated %.1f MiB (%.1f B per "
+                  "parameter + activations), %+.1f%% off", mem->name, b[0] / mib, b[1] / mib, state / params, off);
+  else
+    loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
+                  "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (%.1f B per parameter + activations), %+.1f%% off",
+                  b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, state / params, off);
   free(all);
 }
 

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "backend/ops.h"
+#include "core/block_cache.h"
 #include "core/tensor.h"
 
 #ifdef __cplusplus
@@ -28,16 +29,16 @@ void loom_cuda_unavailable_reason(char *out, size_t len);
 int loom_cuda_select_device(int ordinal);
 
 /* A CUDA context on the calling thread's current device: its stream,
- * cuBLAS handle, scratch, and an allocator of CUDA managed memory (reachable
- * from kernels and host code alike). The returned op table and its `mem`
- * carry the context as their state; nothing is shared between contexts.
- * Call only when loom_cuda_available(); close with loom_cuda_close.
+ * cuBLAS handle, scratch, and an allocator. The returned op table and its
+ * `mem` carry the context as their state; nothing is shared between
+ * contexts. Call only when loom_cuda_available(); close with loom_cuda_close.
  *
- * synced false: every op is queued on the context's stream and returns
- * without waiting (sumsq alone returns a host value). synced true: each op
- * waits for its result, so host code between ops (the loss, MPI) may read
- * and write the same managed memory: the correctness path (exact parity,
- * 50-step curves); speed needs device-resident buffers and no waits. */
+ * synced false, the fast path: memory is device memory (cudaMalloc under a
+ * block cache, core/block_cache.h), which host code cannot address; every
+ * op and copy is queued on the context's stream and returns without
+ * waiting; the host waits only for what it reads (to_host, sumsq).
+ * synced true, the correctness path: memory is CUDA managed memory and each
+ * op waits for its result, so host code between ops may read and write it. */
 const loom_ops *loom_cuda_open(bool synced);
 void loom_cuda_close(const loom_ops *be);
 /* The context's device, and its name (the driver's) into out[len]. */
@@ -45,6 +46,13 @@ int loom_cuda_device(const loom_ops *be);
 void loom_cuda_device_name(const loom_ops *be, char *out, size_t len);
 /* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
 void loom_cuda_set_tf32(const loom_ops *be, bool on);
+/* bf16 runs: every matmul's operands are converted to bf16 (exactly, for
+ * the bf16 values a bf16 run keeps) and multiplied on bf16 tensor cores with
+ * fp32 accumulation and fp32 results. Off (default): fp32 GEMMs. */
+void loom_cuda_set_bf16_gemms(const loom_ops *be, bool on);
+/* What the context's allocator has handed out and reserved, with peaks
+ * (the context's own scratch included). */
+loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be);
 /* The compute stream (a cudaStream_t) every op is queued on. */
 void *loom_cuda_stream(const loom_ops *be);
 /* Waits for every queued op. */

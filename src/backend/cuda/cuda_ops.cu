@@ -12,41 +12,11 @@
 #include <string.h>
 #include <type_traits>
 extern "C" {
-#include "backend/cuda/cuda_backend.h"
 #include "backend/op_math.h"
 }
+#include "backend/cuda/cuda_context.cuh"
 
-namespace {
-
-void check(cudaError_t e, const char *what) {
-  if (e == cudaSuccess) return;
-  fprintf(stderr, "loom: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
-  abort();
-}
-
-void check_blas(cublasStatus_t s, const char *what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  fprintf(stderr, "loom: cuBLAS error %d in %s\n", (int)s, what);
-  abort();
-}
-
-// cuBLAS is opened at run time, so a CUDA-built loom starts as fast as a CPU
-// one, and runs where the CUDA libraries are absent (on the CPU backend).
-#define LOOM_STR2(x) #x
-#define LOOM_STR(x) LOOM_STR2(x)
-struct Blas {
-  bool ok = false;
-  char error[256] = "";
-  decltype(&cublasCreate_v2) create;
-  decltype(&cublasDestroy_v2) destroy;
-  decltype(&cublasSetStream_v2) set_stream;
-  decltype(&cublasSetMathMode) set_math_mode;
-  decltype(&cublasSgemm_v2) sgemm;
-  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
-  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
-                            const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
-                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
-};
+namespace loom_cuda {
 
 template <typename F> bool load(Blas &b, void *lib, const char *name, F *out) {
   *out = (F)dlsym(lib, name);
@@ -74,36 +44,15 @@ Blas load_blas() {
   return b;
 }
 
-// One CUDA context: what every op and transfer of its table runs on. Its op
-// table and allocator point back at it through their state.
-struct Backend {
-  int device = -1;
-  cudaStream_t stream = nullptr;
-  Blas lib;
-  cublasHandle_t blas = nullptr;
-  float *scratch = nullptr; // attention probabilities after dropout
-  size_t scratch_floats = 0;
-  double *partials = nullptr; // sumsq block sums
-  loom_ops ops;
-  loom_allocator mem;
-};
-
-Backend &ctx(const loom_ops *be) { return *(Backend *)be->state; }
-Backend &ctx(const loom_allocator *mem) { return *(Backend *)mem->state; }
-
 float *scratch(Backend &g, size_t floats) {
-  if (floats > g.scratch_floats) {
-    check(cudaStreamSynchronize(g.stream), "scratch");
-    if (g.scratch) cudaFree(g.scratch);
-    check(cudaMalloc(&g.scratch, floats * sizeof(float)), "scratch");
-    g.scratch_floats = floats;
-  }
-  return g.scratch;
+  return (float *)grow(g, g.scratch, g.scratch_bytes, floats * sizeof(float), "attention scratch");
 }
 
-constexpr int THREADS = 256;
-unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
-void launched(const char *what) { check(cudaGetLastError(), what); }
+constexpr int SUMSQ_BLOCKS = 256; // partial sums of sumsq and sign_pack
+
+double *partials(Backend &g) {
+  return (double *)grow(g, g.partials, g.partials_bytes, SUMSQ_BLOCKS * sizeof(double), "block sums");
+}
 
 struct Sum {
   template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
@@ -162,25 +111,49 @@ void cuda_bias_backward(const loom_ops *be, float *dbias, const float *dout, int
   launched("bias_backward");
 }
 
-// Row-major out[N,OC] = inp[N,C] @ weight[OC,C]^T is column-major out^T = weight^T-view x inp.
+// The matmuls are column-major cuBLAS calls on row-major data: row-major
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T is column-major out^T = weight^T-view x inp.
+// One GEMM c[m,n] (column-major, ldc m) += or = op(a) op(b), in fp32 or, with
+// bf16 GEMMs on, from bf16 copies of a and b on tensor cores with fp32
+// accumulation (cuBLAS's CUBLAS_COMPUTE_32F); c stays fp32 either way.
+struct Operand {
+  const float *x;
+  size_t elems;
+  int ld;
+};
+
+// bf16 copies of up to two operands, in the context's operand buffer.
+void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16);
+
+void gemm_f32(Backend &g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Operand &a,
+              const Operand &b, float beta, float *c, const char *what) {
+  const float one = 1.0f;
+  if (!g.bf16_gemms) {
+    check_blas(g.lib.sgemm(g.blas, ta, tb, m, n, k, &one, a.x, a.ld, b.x, b.ld, &beta, c, m), what);
+    return;
+  }
+  const uint16_t *a16, *b16;
+  to_bf16_pair(g, a, b, &a16, &b16);
+  check_blas(g.lib.gemm_ex(g.blas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, a.ld, b16, CUDA_R_16BF, b.ld, &beta, c,
+                           CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             what);
+}
+
 void cuda_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
   Backend &g = ctx(be);
-  const float one = 1.0f, zero = 0.0f;
-  check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C, &zero, out, OC),
-             "matmul_forward");
+  const Operand w = {weight, (size_t)OC * C, C}, x = {inp, (size_t)N * C, C};
+  gemm_f32(g, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, w, x, 0.0f, out, "matmul_forward");
   if (bias) cuda_bias_forward(be, out, bias, N, OC);
 }
 
 void cuda_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                           const float *weight, int N, int C, int OC) {
   Backend &g = ctx(be);
-  const float one = 1.0f;
+  const Operand w = {weight, (size_t)OC * C, C}, x = {inp, (size_t)N * C, C}, dy = {dout, (size_t)N * OC, OC};
   if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
-    check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C, dout, OC, &one, dinp, C),
-               "matmul_backward dinp");
+    gemm_f32(g, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, w, dy, 1.0f, dinp, "matmul_backward dinp");
   if (dweight) // dweight[OC,C] += dout^T @ inp
-    check_blas(g.lib.sgemm(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dweight, C),
-             "matmul_backward dweight");
+    gemm_f32(g, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, dy, 1.0f, dweight, "matmul_backward dweight");
   if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
 }
 
@@ -391,16 +364,14 @@ void cuda_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
   accumulate_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(acc, x, n);
   launched("accumulate");
 }
-constexpr int SUMSQ_BLOCKS = 256;
 double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
   Backend &g = ctx(be);
   if (!n) return 0.0;
-  if (!g.partials) check(cudaMalloc(&g.partials, SUMSQ_BLOCKS * sizeof(double)), "sumsq");
-  sumsq_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.partials, x, n);
+  sumsq_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(partials(g), x, n);
   launched("sumsq");
   double host[SUMSQ_BLOCKS];
   check(cudaMemcpyAsync(host, g.partials, sizeof host, cudaMemcpyDeviceToHost, g.stream), "sumsq");
-  check(cudaStreamSynchronize(g.stream), "sumsq");
+  host_wait(g, "sumsq");
   double total = 0.0;
   for (int i = 0; i < SUMSQ_BLOCKS; i++) total += host[i];
   return total;
@@ -475,9 +446,8 @@ __global__ void sign_bits_kernel(uint32_t *msg, const float *x, size_t n) {
 
 void cuda_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) {
   Backend &g = ctx(be);
-  if (!g.partials) check(cudaMalloc(&g.partials, SUMSQ_BLOCKS * sizeof(double)), "sign_pack");
-  abs_sum_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(g.partials, x, n);
-  sign_mean_kernel<<<1, 32, 0, g.stream>>>(msg, g.partials, SUMSQ_BLOCKS, n);
+  abs_sum_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(partials(g), x, n);
+  sign_mean_kernel<<<1, 32, 0, g.stream>>>(msg, (double *)g.partials, SUMSQ_BLOCKS, n);
   if (n) sign_bits_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(msg, x, n);
   launched("sign_pack");
 }
@@ -828,10 +798,6 @@ __global__ void log_shifted_kernel(float *x, const float *shift, size_t n) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] = shift[i] + logf(x[i]);
 }
-__global__ void fill32_kernel(uint32_t *d, uint32_t pattern, size_t n) {
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) d[i] = pattern;
-}
 void cuda_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
   Backend &g = ctx(be);
   crossentropy_losses_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(losses, lse, picked, targets, N);
@@ -848,64 +814,6 @@ void cuda_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n
   if (n == 0) return;
   log_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
   launched("log_shifted");
-}
-
-// ---- Managed memory: reachable from host and device; transfers wait for the stream ----
-void *managed_zalloc(const loom_allocator *mem, size_t bytes) {
-  void *p = nullptr;
-  if (cudaMallocManaged(&p, bytes ? bytes : 1, cudaMemAttachGlobal) != cudaSuccess) return nullptr;
-  memset(p, 0, bytes);
-  return p;
-}
-void managed_release(const loom_allocator *mem, void *p) {
-  cudaDeviceSynchronize();
-  cudaFree(p);
-}
-void managed_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
-  Backend &g = ctx(mem);
-  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, g.stream), "cudaMemcpyAsync");
-}
-void managed_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t width, size_t rows) {
-  Backend &g = ctx(mem);
-  if (width && rows)
-    check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDefault, g.stream), "cudaMemcpy2DAsync");
-}
-void managed_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
-  Backend &g = ctx(mem);
-  if (count == 0) return;
-  fill32_kernel<<<blocks_for(count), THREADS, 0, g.stream>>>((uint32_t *)dst, pattern, count);
-  launched("fill32");
-}
-void managed_to_host(const loom_allocator *mem, void *host, const void *src, size_t bytes) {
-  Backend &g = ctx(mem);
-  check(cudaStreamSynchronize(g.stream), "to_host");
-  if (bytes) check(cudaMemcpy(host, src, bytes, cudaMemcpyDefault), "cudaMemcpy to host");
-}
-void managed_from_host(const loom_allocator *mem, void *dst, const void *host, size_t bytes) {
-  Backend &g = ctx(mem);
-  check(cudaStreamSynchronize(g.stream), "from_host");
-  if (bytes) check(cudaMemcpy(dst, host, bytes, cudaMemcpyDefault), "cudaMemcpy from host");
-}
-bool managed_owns(const loom_allocator *mem, const void *p) {
-  cudaPointerAttributes a;
-  return cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeManaged;
-}
-loom_allocator managed_allocator(Backend &g) {
-  loom_allocator m;
-  memset(&m, 0, sizeof m);
-  m.name = "cuda-managed";
-  m.device = LOOM_DEVICE_CUDA;
-  m.host_addressable = true;
-  m.state = &g;
-  m.zalloc = managed_zalloc;
-  m.release = managed_release;
-  m.copy = managed_copy;
-  m.copy_2d = managed_copy_2d;
-  m.fill32 = managed_fill32;
-  m.to_host = managed_to_host;
-  m.from_host = managed_from_host;
-  m.owns = managed_owns;
-  return m;
 }
 
 // ---- AdamW on fp32 master weights -----------------------------------------------------
@@ -946,6 +854,15 @@ __global__ void from_bf16_kernel(float *out, const uint16_t *in, size_t n) {
 __global__ void round_bf16_kernel(float *x, size_t n) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
+}
+
+void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16) {
+  uint16_t *buf = (uint16_t *)grow(g, g.operands, g.operand_bytes, (a.elems + b.elems) * sizeof(uint16_t), "bf16 GEMM operands");
+  to_bf16_kernel<<<blocks_for(a.elems), THREADS, 0, g.stream>>>(buf, a.x, a.elems);
+  to_bf16_kernel<<<blocks_for(b.elems), THREADS, 0, g.stream>>>(buf + a.elems, b.x, b.elems);
+  launched("bf16 GEMM operands");
+  *a16 = buf;
+  *b16 = buf + a.elems;
 }
 
 void cuda_round_bf16(const loom_ops *be, float *x, size_t n) {
@@ -1107,14 +1024,16 @@ Backend *open_backend(bool synced) {
   check_blas(lib.create(&g->blas), "cublasCreate");
   check_blas(lib.set_stream(g->blas, g->stream), "cublasSetStream");
   check_blas(lib.set_math_mode(g->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
-  g->mem = managed_allocator(*g);
+  g->mem = make_allocator(*g, synced);
   g->ops = synced ? make_synced_ops() : make_ops();
   g->ops.mem = &g->mem;
   g->ops.state = g;
   return g;
 }
 
-} // namespace
+} // namespace loom_cuda
+
+using namespace loom_cuda;
 
 extern "C" {
 
@@ -1148,8 +1067,7 @@ void loom_cuda_close(const loom_ops *be) {
   Backend *g = &ctx(be);
   check(cudaStreamSynchronize(g->stream), "close");
   g->lib.destroy(g->blas);
-  cudaFree(g->scratch);
-  cudaFree(g->partials);
+  loom_block_cache_delete(g->cache); // the scratch buffers, and any block still handed out
   cudaStreamDestroy(g->stream);
   delete g;
 }
@@ -1161,9 +1079,13 @@ void loom_cuda_set_tf32(const loom_ops *be, bool on) {
   check_blas(g.lib.set_math_mode(g.blas, on ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 }
 
+void loom_cuda_set_bf16_gemms(const loom_ops *be, bool on) { ctx(be).bf16_gemms = on; }
+
+loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be) { return loom_block_cache_stats_of(ctx(be).cache); }
+
 void *loom_cuda_stream(const loom_ops *be) { return ctx(be).stream; }
 
-void loom_cuda_sync(const loom_ops *be) { check(cudaStreamSynchronize(ctx(be).stream), "sync"); }
+void loom_cuda_sync(const loom_ops *be) { host_wait(ctx(be), "sync"); }
 
 void *loom_cuda_malloc(size_t bytes) {
   void *p = nullptr;

@@ -7,12 +7,15 @@
  * dereference elsewhere (a memcpy, a loop, MPI reading a send buffer) faults
  * at once, and the fault handler says so. Results are the CPU backend's bit
  * for bit: the same kernels run on the same bytes. */
+#include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "backend/ops.h"
+#include "core/block_cache.h"
 
 #define TAG ((uintptr_t)1 << 52)
 
@@ -20,10 +23,37 @@ static void *tag(void *p) { return p ? (void *)((uintptr_t)p | TAG) : NULL; }
 /* The host address behind a tagged pointer; NULL stays NULL. */
 static void *U(const void *p) { return (void *)((uintptr_t)p & ~TAG); }
 
-static bool guarded_owns(const loom_allocator *mem, const void *p) { return ((uintptr_t)p & TAG) != 0; }
+/* Blocks come from a block cache, as on a GPU (core/block_cache.h): the
+ * runtime's memory peak is measured here as it is there, and a block
+ * released twice is caught. */
+static void *raw_alloc(void *ctx, size_t bytes) { return tag(calloc(bytes, 1)); }
+static void raw_release(void *ctx, void *p) { free(U(p)); }
 
-static void *guarded_zalloc(const loom_allocator *mem, size_t bytes) { return tag(calloc(bytes ? bytes : 1, 1)); }
-static void guarded_release(const loom_allocator *mem, void *p) { free(U(p)); }
+static loom_block_cache *g_cache;
+static void make_cache(void) { g_cache = loom_block_cache_new((loom_raw_memory){raw_alloc, raw_release, NULL}); }
+static loom_block_cache *cache(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, make_cache);
+  if (!g_cache) abort(); /* out of host memory at the first allocation */
+  return g_cache;
+}
+
+static bool guarded_owns(const loom_allocator *mem, const void *p) { return loom_block_cache_owns(cache(), p); }
+
+static void *guarded_zalloc(const loom_allocator *mem, size_t bytes) {
+  void *p = loom_block_cache_alloc(cache(), bytes);
+  if (p) memset(U(p), 0, bytes);
+  return p;
+}
+
+static void guarded_release(const loom_allocator *mem, void *p) {
+  if (p && !loom_block_cache_free(cache(), p)) {
+    fprintf(stderr, "loom: guarded memory at %p released twice, or never allocated\n", p);
+    abort();
+  }
+}
+
+static size_t guarded_peak_bytes(const loom_allocator *mem) { return loom_block_cache_stats_of(cache()).peak_in_use; }
 
 static void guarded_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(U(dst), U(src), bytes);
@@ -56,7 +86,8 @@ static const loom_allocator GUARDED_MEMORY = {.name = "guarded",
                                               .fill32 = guarded_fill32,
                                               .to_host = guarded_to_host,
                                               .from_host = guarded_from_host,
-                                              .owns = guarded_owns};
+                                              .owns = guarded_owns,
+                                              .peak_bytes = guarded_peak_bytes};
 
 /* Each op: the CPU kernel with every tensor pointer untagged. */
 #define CPU (loom_ops_cpu())

@@ -1,0 +1,99 @@
+// The CUDA backend's context, shared by its source files (not a public
+// header: C code sees only cuda_backend.h). One context is one device, one
+// compute stream, one cuBLAS handle and one allocator.
+#ifndef LOOM_CUDA_CONTEXT_CUH
+#define LOOM_CUDA_CONTEXT_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+extern "C" {
+#include "backend/cuda/cuda_backend.h"
+#include "core/block_cache.h"
+}
+
+namespace loom_cuda {
+
+inline void check(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return;
+  fprintf(stderr, "loom: CUDA error in %s: %s\n", what, cudaGetErrorString(e));
+  abort();
+}
+
+inline void check_blas(cublasStatus_t s, const char *what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  fprintf(stderr, "loom: cuBLAS error %d in %s\n", (int)s, what);
+  abort();
+}
+
+// cuBLAS is opened at run time, so a CUDA-built loom starts as fast as a CPU
+// one, and runs where the CUDA libraries are absent (on the CPU backend).
+#define LOOM_STR2(x) #x
+#define LOOM_STR(x) LOOM_STR2(x)
+struct Blas {
+  bool ok = false;
+  char error[256] = "";
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetStream_v2) set_stream;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSgemm_v2) sgemm;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                            const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+};
+
+// One CUDA context: what every op and transfer of its table runs on. Its op
+// table and allocator point back at it through their state.
+struct Backend {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  Blas lib;
+  cublasHandle_t blas = nullptr;
+  // Work buffers the context owns, grown on demand (grow()): attention
+  // probabilities after dropout, sumsq's block sums, a GEMM's bf16 operands.
+  void *scratch = nullptr, *partials = nullptr, *operands = nullptr;
+  size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0;
+  bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
+  bool managed = false;    // memory is managed (host-addressable) rather than device
+  loom_block_cache *cache = nullptr; // every block the allocator hands out
+  loom_ops ops;
+  loom_allocator mem;
+};
+
+inline Backend &ctx(const loom_ops *be) { return *(Backend *)be->state; }
+inline Backend &ctx(const loom_allocator *mem) { return *(Backend *)mem->state; }
+
+constexpr int THREADS = 256;
+inline unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
+inline void launched(const char *what) { check(cudaGetLastError(), what); }
+
+// A context-owned work buffer of at least `bytes`, from the block cache so
+// that the memory peak counts it. Growing needs no wait: the old block's
+// last users are queued on this stream before anything a later owner of
+// that block queues.
+inline void *grow(Backend &g, void *&buf, size_t &have, size_t bytes, const char *what) {
+  if (bytes <= have) return buf;
+  if (buf) loom_block_cache_free(g.cache, buf);
+  buf = loom_block_cache_alloc(g.cache, bytes);
+  if (!buf) {
+    fprintf(stderr, "loom: CUDA out of memory for %s (%zu bytes)\n", what, bytes);
+    abort();
+  }
+  have = bytes;
+  return buf;
+}
+
+// Waits on the host for everything queued on the context's stream: the one
+// place the host blocks on the device (transfers to the host, sumsq, close).
+inline void host_wait(Backend &g, const char *what) { check(cudaStreamSynchronize(g.stream), what); }
+
+// The context's allocator: CUDA managed memory (host-addressable, for the
+// synchronised correctness path) or device memory, both under a block cache.
+loom_allocator make_allocator(Backend &g, bool managed);
+
+} // namespace loom_cuda
+
+#endif
