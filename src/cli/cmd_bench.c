@@ -45,7 +45,7 @@ static void no_free(loom_dataset *ds) { (void)ds; }
  * alone) after one warm-up; returns the best step's seconds (the slowest
  * rank's). */
 static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm *world, loom_status *st,
-                         loom_error *err) {
+                         loom_error *err, double *estimate) {
   loom_dataset data = {.name = "random", .window = random_window, .free = no_free};
   const loom_trainer_options o = {
       .seed = 1, .weight_decay = loom_adamw_defaults().weight_decay, .grad_clip = loom_adamw_defaults().grad_clip,
@@ -53,6 +53,8 @@ static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm 
   loom_trainer tr;
   *st = loom_trainer_init(&tr, world, plan, f->ops, &data, &o, err);
   const double best = *st == LOOM_OK ? loom_train_best_step(&tr, f->steps) : 0.0;
+  double state;
+  if (*st == LOOM_OK && estimate) *estimate = loom_trainer_memory_estimate(&tr, &state);
   loom_trainer_free(&tr);
   return best;
 }
@@ -158,7 +160,7 @@ static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *er
       loom_status st = plan_at(&fk, table, seqs[i], false, 1, &plan, err);
       if (st == LOOM_OK && f->verbose && !shown) gemm_shapes(plan);
       shown = true;
-      const double dt = st == LOOM_OK ? time_steps(plan, &fk, NULL, &st, err) : 0.0;
+      const double dt = st == LOOM_OK ? time_steps(plan, &fk, NULL, &st, err, NULL) : 0.0;
       char label[16];
       snprintf(label, sizeof label, " %s", PRECISIONS[k]);
       if (st == LOOM_OK) print_step(label, plan, dt, before[k]);
@@ -184,18 +186,28 @@ static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err)
   loom_cuda_device_name(f->ops, name, sizeof name);
   printf("device: %s | dense bf16 peak used: %.0f TFLOP/s%s | cuBLAS bf16 GEMM 8192^3 measured: %.1f TFLOP/s\n", name,
          peak, peak > 0 ? " (NVIDIA's datasheet)" : " (unknown to loom)", gemm);
-  printf("precision: fp32 ops, managed memory, each op synchronised (the correctness path; bf16 is not wired yet)\n");
-  const int seqs[] = {64, 256, 1024};
-  for (int i = 0; i < 3; i++) {
-    if (seq_flag(table) && f->layout.model.seq != seqs[i]) continue;
+  printf("precision: %s, device memory, one compute stream\n",
+         strcmp(f->layout.precision, "bf16") == 0 ? "bf16 (bf16 tensor-core GEMMs, fp32 master weights)" : "fp32");
+  /* --seq: that length alone; else three, shortest first */
+  const int given[] = {f->layout.model.seq}, lengths[] = {64, 256, 1024};
+  const int *seqs = seq_flag(table) ? given : lengths, count = seq_flag(table) ? 1 : 3;
+  for (int i = 0; i < count; i++) {
     loom_plan *plan;
     loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
-    const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err) : 0.0;
+    if (st == LOOM_OK) loom_device_set_bf16(f->ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
+    double estimate = 0.0;
+    const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err, &estimate) : 0.0;
     const double tflops = st == LOOM_OK ? step_gflops(plan, dt) * 1e-3 : 0.0;
     loom_plan_free(plan);
     if (st != LOOM_OK) return st;
-    printf("seq %4d: step %8.1f ms | model %7.1f TFLOP/s | MFU %5.1f%% of bf16 peak | %5.1f%% of measured bf16 GEMM\n",
-           seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm);
+    /* Lengths run shortest first, so the allocator's peak so far is this length's. */
+    const double used = (double)f->ops->mem->peak_bytes(f->ops->mem), gib = 1073741824.0;
+    printf("seq %4d: step %8.1f ms | model %7.1f TFLOP/s | MFU %5.1f%% of bf16 peak | %5.1f%% of measured bf16 GEMM"
+           " | memory peak %.2f GiB, plan's estimate %.2f GiB (%+.1f%%)\n",
+           seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm, used / gib,
+           estimate / gib, 100.0 * (estimate - used) / used);
+    printf("RESULT seq%d_mfu=%.4f seq%d_memory_estimate_over_peak=%.4f\n", seqs[i], peak > 0 ? tflops / peak : 0.0, seqs[i],
+           estimate / used);
   }
   return LOOM_OK;
 }
@@ -233,7 +245,7 @@ static loom_status bench_parallel(bench_flags *f, loom_flag *table, loom_launch 
     if (loom_cpu_pin_threads(&all) != 0) printf("warning: could not widen rank 0 to the job's %d CPUs\n", cores);
     peak = loom_cpu_sgemm_gflops(2048, 1.0);
     printf("sgemm peak, 1 rank x %d threads on the job's %d CPUs (2048^3): %.1f GFLOP/s\n", cores, cores, peak);
-    serial = time_steps(serial_plan, f, NULL, &st, err);
+    serial = time_steps(serial_plan, f, NULL, &st, err, NULL);
     if (st == LOOM_OK) print_step(" (1,1,1) on 1 rank", serial_plan, serial, peak);
     loom_cpu_pin_threads(&own);
   }
@@ -241,7 +253,7 @@ static loom_status bench_parallel(bench_flags *f, loom_flag *table, loom_launch 
   int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(launch->world, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
   loom_cpu_set_threads(f->threads ? f->threads : 1);
-  const double split = !bad ? time_steps(plan, f, launch->world, &st, err) : 0.0;
+  const double split = !bad ? time_steps(plan, f, launch->world, &st, err, NULL) : 0.0;
   if (launch->rank == 0 && !bad && st == LOOM_OK) {
     char label[96];
     snprintf(label, sizeof label, " tp %d x pp %d x dp %d (%d ranks)", plan->parallel->tp, plan->parallel->pp,

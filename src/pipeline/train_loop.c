@@ -46,20 +46,13 @@ void loom_train_describe(const loom_trainer *tr) {
 }
 
 /* Measured memory of the busiest rank against the plan's estimate of what
- * the run allocates: weights, grads, Adam state and ZeRO's buffers in
- * transit (loom_plan_state_bytes, by precision and ZeRO stage), gradient
- * compression's state (loom_plan_compression_cost) and the activation
- * and scratch buffers of this layout. What the process held before the run
- * (MPI, BLAS, the program) is measured at the start and set apart: the
- * estimate is held to the growth over it. */
+ * the run allocates (loom_trainer_memory_estimate). On the host, what the
+ * process held before the run (MPI, BLAS, the program) is measured at the
+ * start and set apart: the estimate is held to the growth over it. */
 static void report_memory(const loom_trainer *tr) {
   const double params = (double)loom_trainer_local_params(tr);
-  double state = 0.0;
-  for (int c = 0; c < tr->pipe.v; c++) {
-    const loom_stage_range *range = &tr->pipe.chunks[c].p.range;
-    state += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
-  }
-  const double estimate = state + (double)tr->pipe.act_bytes;
+  double state;
+  const double estimate = loom_trainer_memory_estimate(tr, &state);
   /* A device's allocator counts what it hands out: the figure itself. On
    * the host, the process's resident growth over what it held at the start. */
   const loom_allocator *mem = tr->pipe.chunks[0].ops->mem;

@@ -164,6 +164,15 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   return st;
 }
 
+double loom_trainer_memory_estimate(const loom_trainer *tr, double *state) {
+  *state = 0.0;
+  for (int c = 0; c < tr->pipe.v; c++) {
+    const loom_stage_range *range = &tr->pipe.chunks[c].p.range;
+    *state += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
+  }
+  return *state + (double)tr->pipe.act_bytes;
+}
+
 size_t loom_trainer_local_params(const loom_trainer *tr) {
   size_t n = 0;
   for (int c = 0; c < tr->pipe.v; c++) n += tr->pipe.chunks[c].p.params.numel;

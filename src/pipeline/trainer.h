@@ -75,6 +75,11 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
                               loom_error *err);
 /* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
+/* What the plan says this rank allocates, in bytes: weights, grads, Adam
+ * state and ZeRO's buffers in transit (loom_plan_state_bytes, by precision
+ * and ZeRO stage), gradient compression's state and the activation and
+ * scratch buffers of this layout; *state gets the part without activations. */
+double loom_trainer_memory_estimate(const loom_trainer *tr, double *state);
 /* Bytes this rank holds for its chunks' parameters, read off what it allocated. */
 typedef struct {
   double weights;   /* the model's fp32 and bf16 weights, and ZeRO's master pieces */
