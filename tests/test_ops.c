@@ -153,12 +153,29 @@ END_TEST
 
 /* ---- attention ---- */
 
-enum { AT = 5, AB = 2, AH = 4, AD = 4, AW = AH * AD, AOUT = AT * AB * AW, AATT = AB * AH * AT * AT };
-typedef struct { float *out, *att, *qkv, *r; loom_attn_shape s; loom_dropout d; } att_ctx;
+enum { AT = 5, AB = 2, AH = 4, AD = 4, AW = AH * AD, AOUT = AT * AB * AW, ALSE = AB * AH * AT };
+typedef struct { float *out, *lse, *qkv, *r; loom_attn_shape s; loom_dropout d; } att_ctx;
 static double att_loss(void *p) {
   att_ctx *c = p;
-  loom_ops_ref()->attention_forward(loom_ops_ref(), c->out, c->att, c->qkv, &c->s, &c->d);
+  loom_ops_ref()->attention_forward(loom_ops_ref(), c->out, c->lse, c->qkv, &c->s, &c->d);
   return dot_loss(c->out, c->r, AOUT);
+}
+
+/* Sets the k and v of every key/value head at position t (every sample) to `value`; old[] keeps what was there. */
+static void set_kv(att_ctx *c, int t, float value, float *old) {
+  const int K = c->s.kv_heads, w3 = (int)loom_attn_qkv_width(&c->s);
+  for (int b = 0; b < AB; b++)
+    for (int i = 0; i < 2 * K * AD; i++) {
+      float *x = &c->qkv[(size_t)(t * AB + b) * w3 + AH * AD + i];
+      if (old) *old++ = *x;
+      *x = value;
+    }
+}
+
+static void restore_kv(att_ctx *c, int t, const float *old) {
+  const int K = c->s.kv_heads, w3 = (int)loom_attn_qkv_width(&c->s);
+  for (int b = 0; b < AB; b++)
+    for (int i = 0; i < 2 * K * AD; i++) c->qkv[(size_t)(t * AB + b) * w3 + AH * AD + i] = *old++;
 }
 
 /* kv_heads 4: multi-head; 2: grouped-query; 1: multi-query. */
@@ -167,23 +184,37 @@ static void attention_case(float p, int kv_heads) {
   const loom_attn_shape s = {.T = AT, .B = AB, .heads = AH, .kv_heads = kv_heads, .head_dim = AD, .head_offset = 0,
                              .total_heads = AH};
   const size_t nqkv = (size_t)AT * AB * loom_attn_qkv_width(&s);
-  att_ctx c = {guarded(AOUT), guarded(AATT), random_buf(nqkv, 30, -2, 2), random_buf(AOUT, 31, -1, 1), s,
+  att_ctx c = {guarded(AOUT), guarded(ALSE), random_buf(nqkv, 30, -2, 2), random_buf(AOUT, 31, -1, 1), s,
                {.p = p, .seed = 5, .stream = 77, .sample_offset = 3}};
+  const int w3 = (int)loom_attn_qkv_width(&s);
+  float kept[AB * 2 * AH * AD], before[AOUT];
+  /* Causality: the last position's keys and values change no earlier row. */
   att_loss(&c);
-  /* Causality: a probability above the diagonal is exactly zero; rows sum to 1. */
-  for (int r = 0; r < AB * AH; r++)
-    for (int tq = 0; tq < AT; tq++) {
-      double sum = 0.0;
-      for (int tk = 0; tk < AT; tk++) {
-        const float v = c.att[(r * AT + tq) * AT + tk];
-        if (tk > tq) ck_assert_float_eq(v, 0.0f);
-        sum += v;
-      }
-      ck_assert_double_eq_tol(sum, 1.0, 1e-6);
+  memcpy(before, c.out, sizeof before);
+  set_kv(&c, AT - 1, 7.0f, kept);
+  att_loss(&c);
+  ck_assert_mem_eq(c.out, before, (size_t)(AT - 1) * AB * AW * sizeof(float));
+  ck_assert(memcmp(c.out + (AT - 1) * AB * AW, before + (AT - 1) * AB * AW, AB * AW * sizeof(float)) != 0);
+  restore_kv(&c, AT - 1, kept);
+  att_loss(&c);
+  /* The first row sees itself alone: its log-sum-exp is its one score. */
+  for (int b = 0; b < AB; b++)
+    for (int h = 0; h < AH; h++) {
+      const float *q = c.qkv + (size_t)b * w3 + h * AD, *k = c.qkv + (size_t)b * w3 + (AH + loom_attn_kv_head(&s, h)) * AD;
+      double dot = 0.0;
+      for (int d = 0; d < AD; d++) dot += (double)q[d] * k[d];
+      ck_assert_double_eq_tol(c.lse[(b * AH + h) * AT], dot / sqrt(AD), 1e-6);
     }
-  float *scratch = guarded(AATT), *d = guarded(nqkv);
-  ref->attention_backward(ref, d, scratch, c.r, c.qkv, c.att, &c.s, &c.d);
+  float *d = guarded(nqkv);
+  ref->attention_backward(ref, d, c.r, c.out, c.qkv, c.lse, &c.s, &c.d);
   fd_check(c.qkv, nqkv, d, att_loss, &c, "attention dqkv");
+  if (p > 0.0f) return;
+  /* Each row's probabilities sum to 1: with every value 1, every output is 1. */
+  for (int t = 0; t < AT; t++)
+    for (int b = 0; b < AB; b++)
+      for (int i = kv_heads * AD; i < 2 * kv_heads * AD; i++) c.qkv[(size_t)(t * AB + b) * w3 + AH * AD + i] = 1.0f;
+  att_loss(&c);
+  for (int i = 0; i < AOUT; i++) ck_assert_double_eq_tol(c.out[i], 1.0, 1e-6);
 }
 
 START_TEST(attention) { attention_case(0.0f, (int[]){4, 2, 1}[_i]); }

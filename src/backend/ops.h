@@ -112,14 +112,19 @@ struct loom_ops {
   void (*gelu_forward)(const loom_ops *be, float *out, const float *inp, size_t n);
   void (*gelu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n);
 
-  /* Causal softmax attention. qkv[T,B,(H+2K)*D] rows are q of the H local
-   * query heads | k | v of the K local key/value heads (loom_attn_qkv_width);
-   * out[T,B,H*D]; att[B,H,T,T] saves the softmax probabilities (pre-dropout). */
-  void (*attention_forward)(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s,
+  /* Causal softmax attention, flash attention's contract: nothing of size
+   * T x T is kept. qkv[T,B,(H+2K)*D] rows are q of the H local query heads |
+   * k | v of the K local key/value heads (loom_attn_qkv_width);
+   * out[T,B,H*D] = softmax(q k^T / sqrt(D)) (dropped out) v; lse[B,H,T]
+   * saves each query row's log-sum-exp of its scaled scores, from which the
+   * backward rebuilds the probabilities: p = exp(q.k / sqrt(D) - lse). */
+  void (*attention_forward)(const loom_ops *be, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
                             const loom_dropout *drop);
-  /* dqkv += ...; datt[B,H,T,T] is scratch (overwritten). */
-  void (*attention_backward)(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
-                             const float *att, const loom_attn_shape *s, const loom_dropout *drop);
+  /* dqkv += the grads of q, k and v, from dout and the forward's out, qkv
+   * and lse. The softmax's backward needs sum_k p dp for each row, which is
+   * dout . out (dropout included), so no row is stored or summed twice. */
+  void (*attention_backward)(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
+                             const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
 
   /* out[T,B,C] = wte[tokens[t,b] - vocab_start] for tokens this call owns
    * (vocab_start <= token < vocab_start + rows), 0 for the rest: under

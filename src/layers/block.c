@@ -79,8 +79,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   rope(shape, ops, a->qkv, false);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
-  ops->attention_forward(ops, a->atty, a->att, a->qkv, &as, &d_probs);
-  to_bf16_values(shape, ops, a->att, (size_t)B * shape->heads * T * T);
+  ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj_w, w->attn_proj_b, N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
@@ -181,7 +180,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
                              n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
-  ops->attention_backward(ops, ws->d_qkv, s->d_att, s->d_atty, a->qkv, a->att, &as, &d_probs);
+  ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
   to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
   rope(shape, ops, ws->d_qkv, true);
   to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);

@@ -46,7 +46,7 @@ typedef struct {
   float *ln_1_mean, *ln_1_rstd;        /* [n] (RMSNorm: rstd only) */
   float *ln_1;                         /* [N, h] (gathered under SP) */
   float *qkv;                          /* [N, (heads + 2 kv_heads) head_dim], q and k after RoPE */
-  float *att;                          /* [B, heads, T, T] softmax probabilities */
+  float *att_lse;                      /* [B, heads, T] each query row's softmax log-sum-exp (fp32 in every run) */
   float *atty;                         /* [N, heads * head_dim] */
   float *res_attn;                     /* [n, h] x + attention branch */
   float *ln_2_mean, *ln_2_rstd;        /* [n] */
@@ -63,7 +63,6 @@ typedef struct {
   float *d_ln;           /* [N, h] */
   float *d_atty;         /* [N, heads * head_dim] */
   float *d_qkv;          /* [N, (heads + 2 kv_heads) head_dim] */
-  float *d_att;          /* [B, heads, T, T] */
   float *d_fc;           /* [N, ffn] (SwiGLU: [N, 2 ffn]) */
   float *d_fc2;          /* [N, ffn] */
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */

@@ -105,7 +105,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
-                .att = (int64_t)B * (c->heads / tp) * T * T, .V = c->padded_vocab / tp, .qkv = qkv,
+                .att = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
@@ -122,11 +122,12 @@ static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
 
 /* Per-layer activation kinds: one view each, [L * per-layer size]. */
 typedef struct {
-  float *ln1m, *ln1r, *ln1, *qkv, *att, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
+  float *ln1m, *ln1r, *lse, *ln1, *qkv, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
 } layer_views;
 
-/* The norm statistics: fp32 in every run. */
+/* The norm statistics and attention's log-sum-exps: fp32 in every run. */
 static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
+  want(l, &v->lse, "att_lse", L * d->att);
   want(l, &v->ln1m, "ln_1_mean", L * d->n);
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
   want(l, &v->ln2m, "ln_2_mean", L * d->n);
@@ -135,18 +136,18 @@ static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
 
 /* A layer's big activations, in one order for every table: names, and
  * element counts per layer (N rows inside the parallel regions, n outside). */
-enum { BIG = 9 };
-static const char *const BIG_NAMES[BIG] = {"ln_1", "qkv", "att", "atty", "res_attn", "ln_2", "fc", "fc_gelu", "out"};
+enum { BIG = 8 };
+static const char *const BIG_NAMES[BIG] = {"ln_1", "qkv", "atty", "res_attn", "ln_2", "fc", "fc_gelu", "out"};
 
 static void big_counts(const dims *d, int64_t c[BIG]) {
-  const int64_t counts[BIG] = {d->N * d->h, d->N * d->qkv, d->att, d->N * d->w, d->n * d->h,
+  const int64_t counts[BIG] = {d->N * d->h, d->N * d->qkv, d->N * d->w, d->n * d->h,
                                d->N * d->h, d->N * d->fc, d->N * d->f, d->n * d->h};
   memcpy(c, counts, sizeof counts);
 }
 
 /* bf16 runs: the big activations, packed. */
 static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L) {
-  uint16_t **slots[BIG] = {&p->ln_1, &p->qkv, &p->att, &p->atty, &p->res_attn, &p->ln_2, &p->fc, &p->fc_gelu, &p->out};
+  uint16_t **slots[BIG] = {&p->ln_1, &p->qkv, &p->atty, &p->res_attn, &p->ln_2, &p->fc, &p->fc_gelu, &p->out};
   int64_t c[BIG];
   big_counts(d, c);
   for (int i = 0; i < BIG; i++) want16(l, slots[i], BIG_NAMES[i], L * c[i]);
@@ -154,7 +155,7 @@ static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L)
 
 static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
   want_stats(l, v, d, L);
-  float **slots[BIG] = {&v->ln1, &v->qkv, &v->att, &v->atty, &v->resa, &v->ln2, &v->fc, &v->fcg, &v->out};
+  float **slots[BIG] = {&v->ln1, &v->qkv, &v->atty, &v->resa, &v->ln2, &v->fc, &v->fcg, &v->out};
   int64_t c[BIG];
   big_counts(d, c);
   for (int i = 0; i < BIG; i++) want(l, slots[i], BIG_NAMES[i], L * c[i]);
@@ -165,9 +166,9 @@ static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const 
   int64_t c[BIG];
   big_counts(d, c);
   for (int i = 0; i < L; i++)
-    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * c[0], .qkv = p->qkv + i * c[1], .att = p->att + i * c[2],
-                               .atty = p->atty + i * c[3], .res_attn = p->res_attn + i * c[4], .ln_2 = p->ln_2 + i * c[5],
-                               .fc = p->fc + i * c[6], .fc_gelu = p->fc_gelu + i * c[7], .out = p->out + i * c[8]};
+    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * c[0], .qkv = p->qkv + i * c[1], .atty = p->atty + i * c[2],
+                               .res_attn = p->res_attn + i * c[3], .ln_2 = p->ln_2 + i * c[4], .fc = p->fc + i * c[5],
+                               .fc_gelu = p->fc_gelu + i * c[6], .out = p->out + i * c[7]};
 }
 
 /* Layer views of v; fields v does not hold (bf16 runs: all but the statistics) come out NULL. */
@@ -179,23 +180,23 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
   for (int i = 0; i < L; i++) {
     b[i] = (loom_block_acts){
         .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_2_mean = at(v->ln2m, i * d->n),
-        .ln_2_rstd = at(v->ln2r, i * d->n), .ln_1 = at(v->ln1, i * c[0]), .qkv = at(v->qkv, i * c[1]),
-        .att = at(v->att, i * c[2]), .atty = at(v->atty, i * c[3]), .res_attn = at(v->resa, i * c[4]),
-        .ln_2 = at(v->ln2, i * c[5]), .fc = at(v->fc, i * c[6]), .fc_gelu = at(v->fcg, i * c[7]),
-        .out = at(v->out, i * c[8])};
+        .ln_2_rstd = at(v->ln2r, i * d->n), .att_lse = at(v->lse, i * d->att), .ln_1 = at(v->ln1, i * c[0]),
+        .qkv = at(v->qkv, i * c[1]), .atty = at(v->atty, i * c[2]), .res_attn = at(v->resa, i * c[3]),
+        .ln_2 = at(v->ln2, i * c[4]), .fc = at(v->fc, i * c[5]), .fc_gelu = at(v->fcg, i * c[6]),
+        .out = at(v->out, i * c[7])};
   }
 }
 
 /* Layer activation i (BIG_NAMES order) of a. */
 static float **act_field(loom_block_acts *a, int i) {
-  float **const fields[BIG] = {&a->ln_1, &a->qkv, &a->att, &a->atty, &a->res_attn, &a->ln_2, &a->fc, &a->fc_gelu, &a->out};
+  float **const fields[BIG] = {&a->ln_1, &a->qkv, &a->atty, &a->res_attn, &a->ln_2, &a->fc, &a->fc_gelu, &a->out};
   return fields[i];
 }
 
 /* The activations a layer's weight grads read, the inputs of its four
  * linears: ln_1, atty, ln_2 and fc_gelu, by their place in BIG_NAMES. */
 enum { WEIGHT_INPUTS = 4 };
-static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 3, 5, 7};
+static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
 
 /* Views of a split backward's state: the linears' output grads of every
  * layer and, with recompute, their inputs (the slot keeps none of them). */
@@ -272,7 +273,6 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   want(l, &s->d_ln, "d_ln", d->N * d->h);
   want(l, &s->d_atty, "d_atty", d->N * d->w);
   want(l, &s->d_qkv, "d_qkv", d->N * d->qkv);
-  want(l, &s->d_att, "d_att", d->att);
   want(l, &s->d_fc, "d_fc", d->N * d->fc);
   want(l, &s->d_fc2, "d_fc2", d->N * d->f);
   want(l, &s->d_attn_out, "d_attn_out", d->N * d->h);
@@ -513,13 +513,15 @@ static loom_gpt_weights edge_weights(loom_gpt *m) {
 }
 
 /* The fp32 activations layer l computes in: the slot's own, or (recompute,
- * bf16) the one-layer scratch, with the slot's norm statistics in bf16 runs. */
+ * bf16) the one-layer scratch, with the slot's norm statistics and
+ * log-sum-exps in bf16 runs. */
 static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int l) {
   if (!m->recompute && !m->p.cfg.bf16) return s->blocks[l];
   loom_block_acts a = m->w.redo;
   if (!m->recompute) {
     a.ln_1_mean = s->blocks[l].ln_1_mean, a.ln_1_rstd = s->blocks[l].ln_1_rstd;
     a.ln_2_mean = s->blocks[l].ln_2_mean, a.ln_2_rstd = s->blocks[l].ln_2_rstd;
+    a.att_lse = s->blocks[l].att_lse;
   }
   return a;
 }
@@ -535,7 +537,7 @@ static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
  * hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a, bool pack, const int *which, int n) {
   const loom_block_packed *p = &s->packed[l];
-  uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->att, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
+  uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
   int64_t c[BIG];
   layer_counts(m, c);
   for (int k = 0; k < (which ? n : BIG); k++) {

@@ -26,7 +26,7 @@
 /* A layer's big activations kept as bf16 (bf16 runs without recompute);
  * its norm statistics stay fp32 in the slot's blocks. */
 typedef struct {
-  uint16_t *ln_1, *qkv, *att, *atty, *res_attn, *ln_2, *fc, *fc_gelu, *out;
+  uint16_t *ln_1, *qkv, *atty, *res_attn, *ln_2, *fc, *fc_gelu, *out;
 } loom_block_packed;
 
 /* One micro-batch's saved activations. N = T*B rows; n = N/tp under SP, else N. */

@@ -63,7 +63,7 @@ static double gemm_flops(const loom_ops *ops, bool bf16, int N, int C, int OC, d
  * (read and write, twice backward) reach. */
 typedef struct {
   const loom_ops *ops;
-  float *out, *att, *qkv, *dqkv, *datt, *dout, *mean, *rstd, *w, *dw, *b, *db;
+  float *out, *lse, *qkv, *dqkv, *dout, *mean, *rstd, *w, *dw, *b, *db;
   loom_attn_shape shape;
   int N, C;
 } op_ctx;
@@ -71,8 +71,8 @@ typedef struct {
 static void attention_once(void *p) {
   op_ctx *x = p;
   const loom_dropout none = {0};
-  x->ops->attention_forward(x->ops, x->out, x->att, x->qkv, &x->shape, &none);
-  x->ops->attention_backward(x->ops, x->dqkv, x->datt, x->dout, x->qkv, x->att, &x->shape, &none);
+  x->ops->attention_forward(x->ops, x->out, x->lse, x->qkv, &x->shape, &none);
+  x->ops->attention_backward(x->ops, x->dqkv, x->dout, x->out, x->qkv, x->lse, &x->shape, &none);
 }
 
 static void elementwise_once(void *p) {
@@ -89,12 +89,11 @@ static void measure_ops(const loom_ops *ops, double seconds, double peak_flops, 
   const loom_allocator *mem = ops->mem;
   op_ctx x = {.ops = ops, .shape = {.T = 256, .B = 4, .heads = 4, .kv_heads = 4, .head_dim = 64, .total_heads = 4}, .N = 8192, .C = 1024};
   const size_t rows = (size_t)x.shape.T * x.shape.B, width = loom_attn_qkv_width(&x.shape);
-  const size_t probs = (size_t)x.shape.B * x.shape.heads * x.shape.T * x.shape.T, n = (size_t)x.N * x.C;
+  const size_t rows_lse = (size_t)x.shape.B * x.shape.heads * x.shape.T, n = (size_t)x.N * x.C;
   const size_t big = n > rows * width ? n : rows * width;
   float **all[] = {&x.out, &x.qkv, &x.dqkv, &x.dout};
   for (int i = 0; i < 4; i++) *all[i] = loom_xzalloc(mem, big * sizeof(float), "calibration op");
-  x.att = loom_xzalloc(mem, probs * sizeof(float), "calibration op");
-  x.datt = loom_xzalloc(mem, probs * sizeof(float), "calibration op");
+  x.lse = loom_xzalloc(mem, rows_lse * sizeof(float), "calibration op");
   float **small[] = {&x.mean, &x.rstd, &x.w, &x.dw, &x.b, &x.db};
   for (int i = 0; i < 6; i++) *small[i] = loom_xzalloc(mem, (size_t)x.N * sizeof(float), "calibration op");
   attention_once(&x);
@@ -104,7 +103,7 @@ static void measure_ops(const loom_ops *ops, double seconds, double peak_flops, 
   const double bytes = 3.0 * (2.0 * n + 2.0 * n) * sizeof(float); /* norm and activation, forward and twice backward */
   *memory_eff = fmin(bytes / loom_measure_best_time(elementwise_once, &x, seconds) / (stream_gbs * 1e9), 1.0);
   for (int i = 0; i < 4; i++) mem->release(mem, *all[i]);
-  mem->release(mem, x.att), mem->release(mem, x.datt);
+  mem->release(mem, x.lse);
   for (int i = 0; i < 6; i++) mem->release(mem, *small[i]);
 }
 

@@ -264,7 +264,9 @@ static void unpack_rows(float *dst, size_t stride, const float *src, int T, int 
   for (int t = 0; t < T; t++) memcpy(dst + t * stride, src + (size_t)t * D, (size_t)D * sizeof(float));
 }
 
-static void cpu_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
+/* Flash attention's contract on the CPU: one query row at a time, its
+ * scores in a row buffer that is never kept; each row's log-sum-exp is. */
+static void cpu_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
@@ -272,7 +274,8 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *att, co
   const float scale = 1.0f / sqrtf((float)D);
 #pragma omp parallel
   {
-    float *k = loom_xmalloc(2 * (size_t)T * D * sizeof(float), "attention scratch"), *v = k + (size_t)T * D;
+    float *k = loom_xmalloc((2 * (size_t)T * D + T) * sizeof(float), "attention scratch"), *v = k + (size_t)T * D,
+          *p = v + (size_t)T * D;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
@@ -282,7 +285,6 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *att, co
         pack_rows(v, base + width + (size_t)s->kv_heads * D + kv, row3, T, D);
         for (int tq = 0; tq < T; tq++) {
           const float *q = qh + tq * row3;
-          float *p = att + (((size_t)b * H + h) * T + tq) * T;
           float maxv = -INFINITY;
           for (int tk = 0; tk <= tq; tk++) {
             p[tk] = dot(q, k + (size_t)tk * D, D) * scale;
@@ -293,21 +295,21 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *att, co
             p[tk] = loom_fast_expf(p[tk] - maxv);
             sum += p[tk];
           }
+          lse[((size_t)b * H + h) * T + tq] = maxv + logf(sum);
           const float inv = 1.0f / sum;
-          for (int tk = 0; tk <= tq; tk++) p[tk] *= inv;
-          for (int tk = tq + 1; tk < T; tk++) p[tk] = 0.0f;
           float *o = out + tq * row + (size_t)b * width + (size_t)h * D;
           memset(o, 0, (size_t)D * sizeof(float));
-          for (int tk = 0; tk <= tq; tk++) axpy(o, p[tk] * keep_scale(drop, s, b, h, tq, tk), v + (size_t)tk * D, D);
+          for (int tk = 0; tk <= tq; tk++) axpy(o, p[tk] * inv * keep_scale(drop, s, b, h, tq, tk), v + (size_t)tk * D, D);
         }
       }
     free(k);
   }
 }
 
-static void cpu_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
-                                   const float *att, const loom_attn_shape *s,
-                                   const loom_dropout *drop) {
+/* One pass per query row: p rebuilt from the saved log-sum-exp, and the
+ * softmax's sum_k p dp taken as dout . out (ops.h). */
+static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
+                                   const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   const int T = s->T, B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
   const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
@@ -326,22 +328,17 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, float *datt,
         pack_rows(dk, dqkv + kat, row3, T, D); /* accumulated into, as in place */
         pack_rows(dv, dqkv + vat, row3, T, D);
         for (int h = g * group; h < (g + 1) * group; h++) {
-          const size_t head = (size_t)b * w3 + (size_t)h * D;
+          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * D;
           for (int tq = 0; tq < T; tq++) {
-            const float *p = att + (((size_t)b * H + h) * T + tq) * T;
-            float *dp = datt + (((size_t)b * H + h) * T + tq) * T;
-            const float *dy = dout + tq * row + (size_t)b * width + (size_t)h * D;
-            float dot_pdp = 0.0f;
-            for (int tk = 0; tk <= tq; tk++) {
-              const float keep = keep_scale(drop, s, b, h, tq, tk);
-              dp[tk] = dot(dy, v + (size_t)tk * D, D) * keep;
-              axpy(dv + (size_t)tk * D, p[tk] * keep, dy, D);
-              dot_pdp += p[tk] * dp[tk];
-            }
+            const float *dy = dout + tq * row + at, *o = out + tq * row + at;
             const float *q = qkv + head + tq * row3;
             float *dq = dqkv + head + tq * row3;
+            const float l = lse[((size_t)b * H + h) * T + tq], dot_pdp = dot(dy, o, D);
             for (int tk = 0; tk <= tq; tk++) {
-              const float ds = p[tk] * (dp[tk] - dot_pdp) * scale;
+              const float p = loom_fast_expf(dot(q, k + (size_t)tk * D, D) * scale - l);
+              const float keep = keep_scale(drop, s, b, h, tq, tk);
+              axpy(dv + (size_t)tk * D, p * keep, dy, D);
+              const float ds = p * (dot(dy, v + (size_t)tk * D, D) * keep - dot_pdp) * scale;
               axpy(dq, ds, k + (size_t)tk * D, D);
               axpy(dk + (size_t)tk * D, ds, q, D);
             }

@@ -50,6 +50,13 @@ void loom_cuda_set_tf32(const loom_ops *be, bool on);
  * the bf16 values a bf16 run keeps) and multiplied on bf16 tensor cores with
  * fp32 accumulation and fp32 results. Off (default): fp32 GEMMs. */
 void loom_cuda_set_bf16_gemms(const loom_ops *be, bool on);
+/* Which implementation runs the attention ops (both keep ops.h's flash
+ * contract: out and each row's log-sum-exp, nothing T x T between calls):
+ * FUSED, the default, is cuda_flash.cu's tiled kernels, O(T) memory in
+ * all; CUBLAS materialises each call's scores in scratch and multiplies
+ * with cuBLAS, the reference the fused kernels are measured against. */
+typedef enum { LOOM_CUDA_ATTENTION_FUSED = 0, LOOM_CUDA_ATTENTION_CUBLAS = 1 } loom_cuda_attention;
+void loom_cuda_set_attention(const loom_ops *be, loom_cuda_attention kind);
 /* What the context's allocator has handed out and reserved, with peaks
  * (the context's own scratch included). */
 loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 extern "C" {
 #include "backend/cuda/cuda_backend.h"
+#include "backend/op_math.h"
 #include "core/block_cache.h"
 }
 
@@ -57,6 +58,7 @@ struct Backend {
   void *scratch = nullptr, *partials = nullptr, *operands = nullptr;
   size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0;
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
+  loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
   bool managed = false;    // memory is managed (host-addressable) rather than device
   loom_block_cache *cache = nullptr; // every block the allocator hands out
   loom_ops ops;
@@ -69,6 +71,39 @@ inline Backend &ctx(const loom_allocator *mem) { return *(Backend *)mem->state; 
 constexpr int THREADS = 256;
 inline unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 inline void launched(const char *what) { check(cudaGetLastError(), what); }
+
+// A causal attention call's shape and dropout keys, as kernels take them.
+struct AttnArgs {
+  int T, B, H, D;
+  int64_t sample_offset;
+  int head_offset, total_heads;
+  float p;
+  uint64_t seed, stream;
+};
+
+inline AttnArgs attn_args(const loom_attn_shape *s, const loom_dropout *d) {
+  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0};
+  if (d && d->p > 0.0f) {
+    a.p = d->p;
+    a.seed = d->seed;
+    a.stream = d->stream;
+    a.sample_offset = d->sample_offset;
+  }
+  return a;
+}
+
+// The factor dropout multiplies probability (b, h, tq, tk) by: 1/(1-p) or 0 (op_math.h's mask, as the CPU's).
+__device__ inline float keep_factor(const AttnArgs &a, int b, int h, int tq, int tk) {
+  if (a.p <= 0.0f) return 1.0f;
+  const uint64_t index = loom_attn_dropout_index_at(a.sample_offset, a.head_offset, a.total_heads, a.T, b, h, tq, tk);
+  return loom_dropout_keep_at(a.p, a.seed, a.stream, index) ? 1.0f / (1.0f - a.p) : 0.0f;
+}
+
+// The fused attention kernels (cuda_flash.cu) under ops.h's flash contract;
+// K is the local key/value heads.
+void flash_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const AttnArgs &a, int K);
+void flash_attention_backward(Backend &g, float *dqkv, const float *dout, const float *out, const float *qkv,
+                              const float *lse, const AttnArgs &a, int K);
 
 // A context-owned work buffer of at least `bytes`, from the block cache so
 // that the memory peak counts it. Growing needs no wait: the old block's

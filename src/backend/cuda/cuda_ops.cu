@@ -495,39 +495,18 @@ void cuda_dropout(const loom_ops *be, float *x, int T, int B, int C, const loom_
 }
 
 // ---- attention -------------------------------------------------------------------
-// Materialised attention, as the op interface saves the probabilities: for
-// each sample, strided-batched GEMMs over the heads, with a softmax kernel
-// between them. qkv rows are [t, b] with q|k|v of every local head.
+// Two implementations of the flash contract (ops.h: out and each row's
+// log-sum-exp are kept, nothing T x T): the fused, tiled kernels of
+// cuda_flash.cu (the default), and this one, which materialises the scores
+// in context scratch for each call: strided-batched cuBLAS GEMMs over the
+// heads with a softmax kernel between them, the backward rebuilding the
+// probabilities from the saved log-sum-exps. It is the reference the fused
+// kernels are timed against. qkv rows are [t, b] with q|k|v of every local head.
 
-struct AttnArgs {
-  int T, B, H, D;
-  int64_t sample_offset;
-  int head_offset, total_heads;
-  float p;
-  uint64_t seed, stream;
-};
-
-AttnArgs attn_args(const loom_attn_shape *s, const loom_dropout *d) {
-  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0};
-  if (d && d->p > 0.0f) {
-    a.p = d->p;
-    a.seed = d->seed;
-    a.stream = d->stream;
-    a.sample_offset = d->sample_offset;
-  }
-  return a;
-}
-
-// The factor dropout multiplies probability (b, h, tq, tk) by: 1/(1-p) or 0.
-__device__ float keep_factor(const AttnArgs &a, int b, int h, int tq, int tk) {
-  if (a.p <= 0.0f) return 1.0f;
-  const uint64_t index = loom_attn_dropout_index_at(a.sample_offset, a.head_offset, a.total_heads, a.T, b, h, tq, tk);
-  return loom_dropout_keep_at(a.p, a.seed, a.stream, index) ? 1.0f / (1.0f - a.p) : 0.0f;
-}
-
-// One block per row (b, h, tq) of scores: causal softmax in place; dropped
-// (if not null) gets the probabilities after dropout.
-__global__ void softmax_kernel(float *att, float *dropped, AttnArgs a) {
+// One block per row (b, h, tq) of scores: causal softmax in place, the
+// row's log-sum-exp saved; dropped (if not null) gets the probabilities
+// after dropout.
+__global__ void softmax_kernel(float *att, float *lse, float *dropped, AttnArgs a) {
   const int row = blockIdx.x, tq = row % a.T, h = row / a.T % a.H, b = row / (a.T * a.H);
   float *p = att + (size_t)row * a.T;
   float m = -INFINITY;
@@ -536,8 +515,21 @@ __global__ void softmax_kernel(float *att, float *dropped, AttnArgs a) {
   float s = 0.0f;
   for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) s += expf(p[tk] - m);
   s = block_sum(s);
+  if (threadIdx.x == 0) lse[row] = m + logf(s);
   for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) {
     const float prob = tk <= tq ? expf(p[tk] - m) / s : 0.0f;
+    p[tk] = prob;
+    if (dropped) dropped[(size_t)row * a.T + tk] = prob * keep_factor(a, b, h, tq, tk);
+  }
+}
+
+// Scores back to probabilities with the saved log-sum-exps, in place; dropped as above.
+__global__ void probs_kernel(float *att, const float *lse, float *dropped, AttnArgs a) {
+  const int row = blockIdx.x, tq = row % a.T, h = row / a.T % a.H, b = row / (a.T * a.H);
+  float *p = att + (size_t)row * a.T;
+  const float l = lse[row];
+  for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) {
+    const float prob = tk <= tq ? expf(p[tk] - l) : 0.0f;
     p[tk] = prob;
     if (dropped) dropped[(size_t)row * a.T + tk] = prob * keep_factor(a, b, h, tq, tk);
   }
@@ -562,31 +554,32 @@ unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 
 // Grouped-query attention: query head h = g * group + j reads key/value head g.
 // Each batched GEMM runs over the K key/value heads for one j, so its batch
 // members write distinct heads; the j loop accumulates dk and dv in order.
-void check_shape(const loom_attn_shape *s) {
-  if (loom_attn_shape_valid(s)) return;
-  fprintf(stderr, "loom: %s\n", LOOM_ATTN_SHAPE_RULE);
-  abort();
-}
-
-void cuda_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop) {
-  check_shape(s);
-  Backend &g = ctx(be);
-  const AttnArgs a = attn_args(s, drop);
-  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
-  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
-                  TT = (long long)T * T;
-  const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
-  for (int b = 0; b < a.B; b++) // scores[b, h] = scale * q k^T (column-major: k^T-view x q)
+// scores[b, h] = scale * q k^T for every (b, h), into att (column-major: k^T-view x q).
+void attention_scores(Backend &g, float *att, const float *qkv, const loom_attn_shape *s) {
+  const int T = s->T, H = s->heads, D = s->head_dim, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)s->B * w3, TT = (long long)T * T;
+  const float scale = 1.0f / sqrtf((float)D), zero = 0.0f;
+  for (int b = 0; b < s->B; b++)
     for (int j = 0; j < group; j++) {
       const float *q = qkv + (size_t)b * w3 + (size_t)j * D, *k = qkv + (size_t)b * w3 + (size_t)H * D;
       check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &scale, k, (int)ldq, D, q, (int)ldq,
                                            (long long)group * D, &zero, att + ((size_t)b * H + j) * TT, T, group * TT, K),
                  "attention scores");
     }
-  float *dropped = a.p > 0.0f ? scratch(g, (size_t)a.B * H * TT) : nullptr;
-  softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, dropped, a);
+}
+
+void cublas_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
+                              const loom_dropout *drop) {
+  const AttnArgs a = attn_args(s, drop);
+  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
+                  TT = (long long)T * T;
+  const size_t probs_n = (size_t)a.B * H * TT;
+  float *att = scratch(g, (a.p > 0.0f ? 2 : 1) * probs_n), *dropped = a.p > 0.0f ? att + probs_n : nullptr;
+  attention_scores(g, att, qkv, s);
+  softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, lse, dropped, a);
   launched("attention softmax");
-  const float *probs = dropped ? dropped : att;
+  const float *probs = dropped ? dropped : att, one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++) // out[b, h] = P v
     for (int j = 0; j < group; j++) {
       const float *v = qkv + (size_t)b * w3 + (size_t)(H + K) * D;
@@ -597,31 +590,19 @@ void cuda_attention_forward(const loom_ops *be, float *out, float *att, const fl
     }
 }
 
-// dst = att with the dropout mask applied: the probabilities that multiplied v.
-__global__ void apply_mask_kernel(float *dst, const float *att, AttnArgs a) {
-  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (size_t)a.B * a.H * a.T * a.T) return;
-  const int tk = (int)(i % a.T), tq = (int)(i / a.T % a.T), h = (int)(i / ((size_t)a.T * a.T) % a.H),
-            b = (int)(i / ((size_t)a.T * a.T * a.H));
-  dst[i] = att[i] * keep_factor(a, b, h, tq, tk);
-}
-
-void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                             const loom_attn_shape *s, const loom_dropout *drop) {
-  check_shape(s);
-  Backend &g = ctx(be);
+void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const float *qkv, const float *lse,
+                               const loom_attn_shape *s, const loom_dropout *drop) {
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
   const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
                   TT = (long long)T * T, qstride = (long long)group * D;
-  const float scale = 1.0f / sqrtf((float)D), one = 1.0f, zero = 0.0f;
-  const float *probs = att;
-  if (a.p > 0.0f) {
-    float *dropped = scratch(g, (size_t)a.B * H * TT);
-    apply_mask_kernel<<<blocks_for((size_t)a.B * H * TT), THREADS, 0, g.stream>>>(dropped, att, a);
-    launched("attention mask");
-    probs = dropped;
-  }
+  const size_t probs_n = (size_t)a.B * H * TT;
+  float *att = scratch(g, (a.p > 0.0f ? 3 : 2) * probs_n), *datt = att + probs_n;
+  float *dropped = a.p > 0.0f ? datt + probs_n : nullptr;
+  attention_scores(g, att, qkv, s);
+  probs_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, lse, dropped, a);
+  launched("attention probabilities");
+  const float *probs = dropped ? dropped : att, one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++)
     for (int j = 0; j < group; j++) {
       const size_t vat = (size_t)b * w3 + (size_t)(H + K) * D;
@@ -636,7 +617,7 @@ void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const
                                            probs + ((size_t)b * H + j) * TT, T, group * TT, &one, dv, (int)ldq, D, K),
                  "attention dv");
     }
-  softmax_backward_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(datt, att, a, scale);
+  softmax_backward_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(datt, att, a, 1.0f / sqrtf((float)D));
   launched("attention softmax backward");
   for (int b = 0; b < a.B; b++)
     for (int j = 0; j < group; j++) {
@@ -651,6 +632,29 @@ void cuda_attention_backward(const loom_ops *be, float *dqkv, float *datt, const
                                            group * TT, &one, dqkv + kat, (int)ldq, D, K),
                  "attention dk");
     }
+  (void)zero;
+}
+
+void check_shape(const loom_attn_shape *s) {
+  if (loom_attn_shape_valid(s)) return;
+  fprintf(stderr, "loom: %s\n", LOOM_ATTN_SHAPE_RULE);
+  abort();
+}
+
+void cuda_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
+                            const loom_dropout *drop) {
+  check_shape(s);
+  Backend &g = ctx(be);
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS) cublas_attention_forward(g, out, lse, qkv, s, drop);
+  else flash_attention_forward(g, out, lse, qkv, attn_args(s, drop), s->kv_heads);
+}
+
+void cuda_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
+                             const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  check_shape(s);
+  Backend &g = ctx(be);
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS) cublas_attention_backward(g, dqkv, dout, qkv, lse, s, drop);
+  else flash_attention_backward(g, dqkv, dout, out, qkv, lse, attn_args(s, drop), s->kv_heads);
 }
 
 // ---- embedding and positions ---------------------------------------------------------
@@ -1080,6 +1084,8 @@ void loom_cuda_set_tf32(const loom_ops *be, bool on) {
 }
 
 void loom_cuda_set_bf16_gemms(const loom_ops *be, bool on) { ctx(be).bf16_gemms = on; }
+
+void loom_cuda_set_attention(const loom_ops *be, loom_cuda_attention kind) { ctx(be).attention = kind; }
 
 loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be) { return loom_block_cache_stats_of(ctx(be).cache); }
 

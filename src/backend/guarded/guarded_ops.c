@@ -134,13 +134,13 @@ static void g_gelu_forward(const loom_ops *be, float *out, const float *inp, siz
 static void g_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
   CPU->gelu_backward(CPU, U(dinp), U(dout), U(inp), n);
 }
-static void g_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv, const loom_attn_shape *s,
+static void g_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
                                 const loom_dropout *drop) {
-  CPU->attention_forward(CPU, U(out), U(att), U(qkv), s, drop);
+  CPU->attention_forward(CPU, U(out), U(lse), U(qkv), s, drop);
 }
-static void g_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv, const float *att,
-                                 const loom_attn_shape *s, const loom_dropout *drop) {
-  CPU->attention_backward(CPU, U(dqkv), U(datt), U(dout), U(qkv), U(att), s, drop);
+static void g_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
+                                 const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  CPU->attention_backward(CPU, U(dqkv), U(dout), U(out), U(qkv), U(lse), s, drop);
 }
 static void g_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
                                 int B, int C) {

@@ -1,9 +1,11 @@
 /* The reference backend: naive loops, written to be obviously right. It is
  * the oracle every other backend is tested against, never the fast path. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "backend/op_math.h"
 #include "backend/ops.h"
+#include "core/check.h"
 
 static void ref_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight,
                                const float *bias, int N, int C, int OC) {
@@ -160,8 +162,13 @@ static size_t qkv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
 static size_t out_at(const loom_attn_shape *s, int t, int b, int h) {
   return ((size_t)t * s->B + b) * s->heads * s->head_dim + (size_t)h * s->head_dim;
 }
-static size_t att_at(const loom_attn_shape *s, int b, int h, int tq, int tk) {
-  return (((size_t)b * s->heads + h) * s->T + tq) * s->T + tk;
+static size_t lse_at(const loom_attn_shape *s, int b, int h, int tq) { return ((size_t)b * s->heads + h) * s->T + tq; }
+/* The scaled score of query row tq against key tk, in double. */
+static double score(const float *qkv, const loom_attn_shape *s, int b, int h, int tq, int tk) {
+  const float *q = qkv + qkv_at(s, tq, b, 0, h), *k = qkv + qkv_at(s, tk, b, 1, h);
+  double dot = 0.0;
+  for (int d = 0; d < s->head_dim; d++) dot += (double)q[d] * k[d];
+  return dot / sqrt((double)s->head_dim);
 }
 /* Probability after dropout (what multiplies v). */
 static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, int b, int h,
@@ -170,62 +177,60 @@ static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, i
   return loom_dropout_keep(d, loom_attn_dropout_index(d, s, b, h, tq, tk)) ? p / (1.0f - d->p) : 0.0f;
 }
 
-static void ref_attention_forward(const loom_ops *be, float *out, float *att, const float *qkv,
+static void ref_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   const int T = s->T, D = s->head_dim;
-  const float scale = 1.0f / sqrtf((float)D);
+  double *p = loom_xmalloc((size_t)T * sizeof(double), "attention row");
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
       for (int tq = 0; tq < T; tq++) {
-        const float *q = qkv + qkv_at(s, tq, b, 0, h);
-        float *p = att + att_at(s, b, h, tq, 0);
         double maxv = -INFINITY, sum = 0.0;
-        for (int tk = 0; tk < T; tk++) {
-          p[tk] = 0.0f;
-          if (tk > tq) continue;
-          const float *k = qkv + qkv_at(s, tk, b, 1, h);
-          double dot = 0.0;
-          for (int d = 0; d < D; d++) dot += (double)q[d] * k[d];
-          p[tk] = (float)(dot * scale);
+        for (int tk = 0; tk <= tq; tk++) {
+          p[tk] = score(qkv, s, b, h, tq, tk);
           if (p[tk] > maxv) maxv = p[tk];
         }
         for (int tk = 0; tk <= tq; tk++) sum += exp(p[tk] - maxv);
-        for (int tk = 0; tk <= tq; tk++) p[tk] = (float)(exp(p[tk] - maxv) / sum);
+        for (int tk = 0; tk <= tq; tk++) p[tk] = exp(p[tk] - maxv) / sum;
+        lse[lse_at(s, b, h, tq)] = (float)(maxv + log(sum));
         float *o = out + out_at(s, tq, b, h);
         for (int d = 0; d < D; d++) {
           double acc = 0.0;
           for (int tk = 0; tk <= tq; tk++)
-            acc += (double)dropped(drop, s, p[tk], b, h, tq, tk) * qkv[qkv_at(s, tk, b, 2, h) + d];
+            acc += (double)dropped(drop, s, (float)p[tk], b, h, tq, tk) * qkv[qkv_at(s, tk, b, 2, h) + d];
           o[d] = (float)acc;
         }
       }
+  free(p);
 }
 
-static void ref_attention_backward(const loom_ops *be, float *dqkv, float *datt, const float *dout, const float *qkv,
-                                   const float *att, const loom_attn_shape *s,
-                                   const loom_dropout *drop) {
+/* From first principles, as the oracle should be: each row's probabilities
+ * rebuilt from the saved log-sum-exp, and the softmax's sum_k p dp summed
+ * over the row (the fast backends take it as dout . out instead). */
+static void ref_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
+                                   const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
+  (void)out;
   const int T = s->T, D = s->head_dim;
   const float scale = 1.0f / sqrtf((float)D);
+  double *p = loom_xmalloc(2 * (size_t)T * sizeof(double), "attention row"), *dp = p + T;
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
       for (int tq = 0; tq < T; tq++) {
-        const float *p = att + att_at(s, b, h, tq, 0);
-        float *dp = datt + att_at(s, b, h, tq, 0);
         const float *dy = dout + out_at(s, tq, b, h);
         double dot_pdp = 0.0;
         for (int tk = 0; tk <= tq; tk++) {
+          p[tk] = exp(score(qkv, s, b, h, tq, tk) - lse[lse_at(s, b, h, tq)]);
           const float *v = qkv + qkv_at(s, tk, b, 2, h);
           float *dv = dqkv + qkv_at(s, tk, b, 2, h);
           const float keep = dropped(drop, s, 1.0f, b, h, tq, tk);
           double g = 0.0;
           for (int d = 0; d < D; d++) {
             g += (double)dy[d] * v[d];
-            dv[d] += p[tk] * keep * dy[d];
+            dv[d] += (float)p[tk] * keep * dy[d];
           }
-          dp[tk] = (float)(g * keep);
-          dot_pdp += (double)p[tk] * dp[tk];
+          dp[tk] = g * keep;
+          dot_pdp += p[tk] * dp[tk];
         }
         const float *q = qkv + qkv_at(s, tq, b, 0, h);
         float *dq = dqkv + qkv_at(s, tq, b, 0, h);
@@ -239,6 +244,7 @@ static void ref_attention_backward(const loom_ops *be, float *dqkv, float *datt,
           }
         }
       }
+  free(p);
 }
 
 static int owned(int token, int vocab_start, int rows) { return token >= vocab_start && token < vocab_start + rows; }

@@ -1,0 +1,266 @@
+// Fused causal attention under ops.h's flash contract: nothing T x T ever
+// reaches memory. Queries and keys go in tiles of 32, one per lane; a
+// block of four warps holds one tile of each kind, and its running sums in
+// shared memory.
+//
+// Forward: a block owns 32 query rows of one head and walks the key tiles
+// up to the diagonal with the online softmax (running max m, sum l, output
+// rescaled by exp(m_old - m_new)); it writes out = o / l and lse = m + log l.
+// Backward, deterministic (no atomics): delta = dout . out per row first;
+// then one kernel per key tile of one key/value head accumulates dk and dv
+// over every query row (of every query head it serves) at or below the
+// diagonal, and one per query tile accumulates dq over the keys, each
+// rebuilding p = exp(s - lse). Dropout is op_math.h's mask, as everywhere.
+//
+// The arithmetic is fp32 on CUDA cores; qkv holds bf16 values in bf16 runs.
+#include "backend/cuda/cuda_context.cuh"
+
+namespace loom_cuda {
+namespace {
+
+constexpr int TILE = 32;                      // rows of a tile: one per lane
+constexpr int WARPS = 4;                      // per block
+constexpr int ROWS_PER_WARP = TILE / WARPS;   // the rows (or keys) each warp owns
+constexpr int MAX_HEAD_DIM = 256;             // what fits a block's shared memory
+constexpr unsigned FULL = 0xffffffffu;
+
+// Where things are: qkv rows [t, b] of q (H heads) | k (K) | v (K); out rows [t, b] of H heads; lse [b, h, t].
+struct Layout {
+  AttnArgs a;
+  int K, w3, group;
+  float scale;
+  __device__ size_t q(int t, int b, int h) const { return ((size_t)t * a.B + b) * w3 + (size_t)h * a.D; }
+  __device__ size_t k(int t, int b, int g) const { return ((size_t)t * a.B + b) * w3 + (size_t)(a.H + g) * a.D; }
+  __device__ size_t v(int t, int b, int g) const { return ((size_t)t * a.B + b) * w3 + (size_t)(a.H + K + g) * a.D; }
+  __device__ size_t o(int t, int b, int h) const { return ((size_t)t * a.B + b) * a.H * a.D + (size_t)h * a.D; }
+  __device__ size_t row(int b, int h, int t) const { return ((size_t)b * a.H + h) * a.T + t; }
+};
+
+Layout layout_of(const AttnArgs &a, int K) {
+  return Layout{a, K, (a.H + 2 * K) * a.D, a.H / K, 1.0f / sqrtf((float)a.D)};
+}
+
+__device__ float warp_max(float v) {
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(FULL, v, off));
+  return v;
+}
+
+__device__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(FULL, v, off);
+  return v;
+}
+
+// Rows t0.. of one head of src (row i at src + at(t0 + i)) into a [TILE][D + 1]
+// tile (padded: lanes reading a column each hit distinct banks); rows past T are zero.
+template <typename At> __device__ void load_tile(float *tile, const float *src, At at, int t0, int T, int D) {
+  for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
+    const int r = i / D, d = i % D, t = t0 + r;
+    tile[r * (D + 1) + d] = t < T ? src[at(t) + d] : 0.0f;
+  }
+}
+
+__device__ float dot_rows(const float *x, const float *y, int D) {
+  float acc = 0.0f;
+  for (int d = 0; d < D; d++) acc += x[d] * y[d];
+  return acc;
+}
+
+// acc[d] (+)= sum over the tile's rows j of w[j] * rows[j][d], for this lane's columns d.
+__device__ void add_weighted_rows(float *acc, float scale, const float *w, const float *rows, int D) {
+  for (int d = threadIdx.x % 32; d < D; d += 32) {
+    float sum = acc[d] * scale;
+    for (int j = 0; j < TILE; j++) sum += w[j] * rows[j * (D + 1) + d];
+    acc[d] = sum;
+  }
+}
+
+__global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout L) {
+  extern __shared__ float smem[];
+  const int D = L.a.D, P = D + 1, T = L.a.T;
+  float *q = smem, *k = q + TILE * P, *v = k + TILE * P, *o = v + TILE * P; // o: [TILE][D]
+  __shared__ float m_row[TILE], l_row[TILE], weights[WARPS][TILE];
+  const int b = blockIdx.y / L.a.H, h = blockIdx.y % L.a.H, g = h / L.group, t0 = blockIdx.x * TILE;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, t0, T, D);
+  for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) o[i] = 0.0f;
+  if (threadIdx.x < TILE) m_row[threadIdx.x] = -INFINITY, l_row[threadIdx.x] = 0.0f;
+  const int last = min(t0 + TILE, T) - 1;
+  for (int k0 = 0; k0 <= last; k0 += TILE) { // tiles are aligned: every row sees key k0 at least
+    __syncthreads();
+    load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
+    load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
+    __syncthreads();
+    for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+      const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
+      if (tq >= T) break; // the same for the whole warp
+      const float m_old = m_row[r];
+      const bool seen = tk <= tq;
+      const float s = seen ? dot_rows(q + r * P, k + lane * P, D) * L.scale : -INFINITY;
+      const float m_new = fmaxf(m_old, warp_max(s));
+      const float p = seen ? expf(s - m_new) : 0.0f, alpha = expf(m_old - m_new);
+      const float sum = warp_sum(p);
+      weights[warp][lane] = seen ? p * keep_factor(L.a, b, h, tq, tk) : 0.0f;
+      __syncwarp();
+      add_weighted_rows(o + r * D, alpha, weights[warp], v, D);
+      if (lane == 0) m_row[r] = m_new, l_row[r] = l_row[r] * alpha + sum;
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+    const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r;
+    if (tq >= T) break;
+    const float inv = 1.0f / l_row[r];
+    for (int d = lane; d < D; d += 32) out[L.o(tq, b, h) + d] = o[r * D + d] * inv;
+    if (lane == 0) lse[L.row(b, h, tq)] = m_row[r] + logf(l_row[r]);
+  }
+}
+
+// delta[b, h, t] = dout . out over the row: the softmax backward's sum of p dp (ops.h). One warp per row.
+__global__ void delta_kernel(float *delta, const float *dout, const float *out, Layout L) {
+  const size_t row = (size_t)blockIdx.x * WARPS + threadIdx.x / 32;
+  if (row >= (size_t)L.a.B * L.a.H * L.a.T) return;
+  const int t = (int)(row % L.a.T), h = (int)(row / L.a.T % L.a.H), b = (int)(row / ((size_t)L.a.T * L.a.H));
+  const float *dy = dout + L.o(t, b, h), *y = out + L.o(t, b, h);
+  float acc = 0.0f;
+  for (int d = threadIdx.x % 32; d < L.a.D; d += 32) acc += dy[d] * y[d];
+  acc = warp_sum(acc);
+  if (threadIdx.x % 32 == 0) delta[row] = acc;
+}
+
+// dq for 32 query rows of one head, over the keys up to the diagonal.
+__global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, Layout L) {
+  extern __shared__ float smem[];
+  const int D = L.a.D, P = D + 1, T = L.a.T;
+  float *q = smem, *dy = q + TILE * P, *k = dy + TILE * P, *v = k + TILE * P, *dq = v + TILE * P; // dq: [TILE][D]
+  __shared__ float weights[WARPS][TILE];
+  const int b = blockIdx.y / L.a.H, h = blockIdx.y % L.a.H, g = h / L.group, t0 = blockIdx.x * TILE;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, t0, T, D);
+  load_tile(dy, dout, [&](int t) { return L.o(t, b, h); }, t0, T, D);
+  for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) dq[i] = 0.0f;
+  const int last = min(t0 + TILE, T) - 1;
+  for (int k0 = 0; k0 <= last; k0 += TILE) {
+    __syncthreads();
+    load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
+    load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
+    __syncthreads();
+    for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+      const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
+      if (tq >= T) break;
+      float ds = 0.0f;
+      if (tk <= tq) {
+        const float p = expf(dot_rows(q + r * P, k + lane * P, D) * L.scale - lse[L.row(b, h, tq)]);
+        const float dp = dot_rows(dy + r * P, v + lane * P, D) * keep_factor(L.a, b, h, tq, tk);
+        ds = p * (dp - delta[L.row(b, h, tq)]) * L.scale;
+      }
+      weights[warp][lane] = ds;
+      __syncwarp();
+      add_weighted_rows(dq + r * D, 1.0f, weights[warp], k, D);
+      __syncwarp();
+    }
+  }
+  __syncwarp();
+  for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
+    const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r;
+    if (tq >= T) break;
+    for (int d = lane; d < D; d += 32) dqkv[L.q(tq, b, h) + d] += dq[r * D + d];
+  }
+}
+
+// dk and dv for 32 keys of one key/value head, over every query row at or
+// below the diagonal of every query head it serves.
+__global__ void dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, Layout L) {
+  extern __shared__ float smem[];
+  const int D = L.a.D, P = D + 1, T = L.a.T;
+  float *k = smem, *v = k + TILE * P, *q = v + TILE * P, *dy = q + TILE * P, *dk = dy + TILE * P, *dv = dk + TILE * D;
+  __shared__ float row_lse[TILE], row_delta[TILE], pw[WARPS][TILE], dsw[WARPS][TILE];
+  const int b = blockIdx.y / L.K, g = blockIdx.y % L.K, k0 = blockIdx.x * TILE;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
+  load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
+  for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) dk[i] = dv[i] = 0.0f;
+  for (int h = g * L.group; h < (g + 1) * L.group; h++)
+    for (int q0 = k0; q0 < T; q0 += TILE) {
+      __syncthreads();
+      load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, q0, T, D);
+      load_tile(dy, dout, [&](int t) { return L.o(t, b, h); }, q0, T, D);
+      if (threadIdx.x < TILE) {
+        const int t = q0 + threadIdx.x;
+        row_lse[threadIdx.x] = t < T ? lse[L.row(b, h, t)] : 0.0f;
+        row_delta[threadIdx.x] = t < T ? delta[L.row(b, h, t)] : 0.0f;
+      }
+      __syncthreads();
+      for (int kk = 0; kk < ROWS_PER_WARP; kk++) {
+        const int j = warp * ROWS_PER_WARP + kk, tk = k0 + j, tq = q0 + lane;
+        if (tk >= T) break;
+        float pz = 0.0f, ds = 0.0f;
+        if (tq < T && tk <= tq) {
+          const float p = expf(dot_rows(q + lane * P, k + j * P, D) * L.scale - row_lse[lane]);
+          const float keep = keep_factor(L.a, b, h, tq, tk);
+          const float dp = dot_rows(dy + lane * P, v + j * P, D) * keep;
+          pz = p * keep;
+          ds = p * (dp - row_delta[lane]) * L.scale;
+        }
+        pw[warp][lane] = pz;
+        dsw[warp][lane] = ds;
+        __syncwarp();
+        add_weighted_rows(dv + j * D, 1.0f, pw[warp], dy, D);
+        add_weighted_rows(dk + j * D, 1.0f, dsw[warp], q, D);
+        __syncwarp();
+      }
+    }
+  __syncthreads();
+  for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) {
+    const int j = i / D, d = i % D, tk = k0 + j;
+    if (tk >= T) continue;
+    dqkv[L.k(tk, b, g) + d] += dk[i];
+    dqkv[L.v(tk, b, g) + d] += dv[i];
+  }
+}
+
+// Dynamic shared memory of a kernel holding `tiles` padded tiles and `accs` [TILE][D] sums.
+size_t shared_bytes(int D, int tiles, int accs) { return ((size_t)tiles * TILE * (D + 1) + (size_t)accs * TILE * D) * sizeof(float); }
+
+template <typename Kernel> void allow_shared(Kernel kernel, size_t bytes) {
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes), "attention shared memory");
+}
+
+void check_head_dim(int D) {
+  if (D >= 1 && D <= MAX_HEAD_DIM) return;
+  fprintf(stderr, "loom: fused attention takes head dims 1..%d, not %d (loom_cuda_set_attention CUBLAS takes any)\n",
+          MAX_HEAD_DIM, D);
+  abort();
+}
+
+} // namespace
+
+void flash_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const AttnArgs &a, int K) {
+  check_head_dim(a.D);
+  const Layout L = layout_of(a, K);
+  const size_t bytes = shared_bytes(a.D, 3, 1);
+  allow_shared(forward_kernel, bytes);
+  const dim3 grid((a.T + TILE - 1) / TILE, a.B * a.H);
+  forward_kernel<<<grid, WARPS * 32, bytes, g.stream>>>(out, lse, qkv, L);
+  launched("fused attention forward");
+}
+
+void flash_attention_backward(Backend &g, float *dqkv, const float *dout, const float *out, const float *qkv,
+                              const float *lse, const AttnArgs &a, int K) {
+  check_head_dim(a.D);
+  const Layout L = layout_of(a, K);
+  const size_t rows = (size_t)a.B * a.H * a.T;
+  float *delta = (float *)grow(g, g.scratch, g.scratch_bytes, rows * sizeof(float), "attention row sums");
+  delta_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), WARPS * 32, 0, g.stream>>>(delta, dout, out, L);
+  launched("fused attention delta");
+  const size_t dq_bytes = shared_bytes(a.D, 4, 1), dkv_bytes = shared_bytes(a.D, 4, 2);
+  allow_shared(dq_kernel, dq_bytes);
+  allow_shared(dkv_kernel, dkv_bytes);
+  const unsigned tiles = (unsigned)((a.T + TILE - 1) / TILE);
+  dq_kernel<<<dim3(tiles, a.B * a.H), WARPS * 32, dq_bytes, g.stream>>>(dqkv, dout, qkv, lse, delta, L);
+  launched("fused attention dq");
+  dkv_kernel<<<dim3(tiles, a.B * K), WARPS * 32, dkv_bytes, g.stream>>>(dqkv, dout, qkv, lse, delta, L);
+  launched("fused attention dk dv");
+}
+
+} // namespace loom_cuda
