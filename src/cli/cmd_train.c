@@ -180,7 +180,11 @@ int loom_cmd_train(int argc, char **argv) {
   loom_launch launch;
   loom_launch_init(&launch);
   loom_log_set_quiet(launch.rank != 0);
-  st = run(plan, &f, ops, device, launch.world, &err);
+  char collectives[128], described[320];
+  loom_comm *world = loom_device_world(launch.world, ops, collectives, sizeof collectives);
+  snprintf(described, sizeof described, "%s; collectives: %s", device, collectives);
+  st = run(plan, &f, ops, described, world, &err);
+  loom_device_world_free(world, launch.world);
   const int code = loom_report(st, &err);
   loom_launch_finish(&launch);
   loom_plan_free(plan);

@@ -8,6 +8,14 @@
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
+#ifdef LOOM_HAVE_NCCL
+#include <stdlib.h>
+#include <unistd.h>
+#include "comm/nccl/comm_nccl.h"
+#include "comm/nccl/nccl_watchdog.h"
+#include "core/check.h"
+#include "core/crc32c.h"
+#endif
 
 const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", "guarded", NULL};
 const char LOOM_DEVICE_HELP[] = "compute backend: auto (cuda when a GPU is visible), cpu, cuda or guarded";
@@ -57,4 +65,45 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
                      cmd);
 #endif
   return LOOM_OK;
+}
+
+#ifdef LOOM_HAVE_NCCL
+/* Whether two ranks of world drive the same GPU of the same host. Collective. */
+static bool ranks_share_gpu(loom_comm *world) {
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  const int64_t mine[2] = {(int64_t)loom_crc32c(0, host, strlen(host)), g_gpu};
+  const int n = loom_comm_size(world);
+  int64_t *all = loom_xmalloc((size_t)n * 2 * sizeof(int64_t), "GPU map");
+  loom_comm_allgather_typed(world, mine, all, 2, LOOM_DTYPE_I64);
+  bool shared = false;
+  for (int a = 0; a < n && !shared; a++)
+    for (int b = a + 1; b < n && !shared; b++) shared = all[2 * a] == all[2 * b] && all[2 * a + 1] == all[2 * b + 1];
+  free(all);
+  return shared;
+}
+#endif
+
+loom_comm *loom_device_world(loom_comm *world, const loom_ops *ops, char *desc, size_t len) {
+  snprintf(desc, len, "%s", loom_comm_size(world) > 1 ? "MPI" : "none (one rank)");
+#ifdef LOOM_HAVE_NCCL
+  if (!on_cuda(ops) || loom_comm_size(world) == 1) return world;
+  if (ranks_share_gpu(world)) {
+    snprintf(desc, len, "MPI through host memory (ranks share a GPU; NCCL takes one rank per GPU)");
+    return world;
+  }
+  loom_comm *nccl = loom_comm_nccl_create(world, loom_cuda_stream(ops));
+  LOOM_CHECK(nccl, "could not make the NCCL communicator (its error is above)");
+  loom_comm_use_memory(nccl, ops->mem);
+  loom_cuda_set_host_wait(ops, loom_nccl_wait_stream);
+  snprintf(desc, len, "NCCL (a communicator per group; pipeline transfers grouped; host values staged)");
+  return nccl;
+#else
+  (void)ops;
+  return world;
+#endif
+}
+
+void loom_device_world_free(loom_comm *device_world, loom_comm *world) {
+  if (device_world != world) loom_comm_free(device_world);
 }

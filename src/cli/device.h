@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include "backend/ops.h"
+#include "comm/comm.h"
 #include "core/status.h"
 
 extern const char *const LOOM_DEVICE_CHOICES[];
@@ -25,6 +26,16 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
  * runs the CUDA backend multiplies on bf16 tensor cores (the operands are
  * bf16 values already); the CPU backends need nothing. */
 void loom_device_set_bf16(const loom_ops *ops, bool bf16);
+
+/* The group a run's collectives go through. On GPUs with NCCL built in and
+ * one GPU per rank: an NCCL communicator over world (every group split from
+ * it is NCCL too), its host waits under the NCCL watchdog. Otherwise world
+ * itself: MPI, which stages device buffers through host memory (NCCL takes
+ * one rank per GPU, so ranks sharing a GPU stay on MPI). Collective over
+ * world; desc says which, for the log. Free the result with
+ * loom_device_world_free. */
+loom_comm *loom_device_world(loom_comm *world, const loom_ops *ops, char *desc, size_t len);
+void loom_device_world_free(loom_comm *device_world, loom_comm *world);
 
 /* The GPU (CUDA ordinal) setup chose for this rank, or -1 on the CPU. NVML
  * numbers devices by PCI order, CUDA fastest first unless

@@ -60,6 +60,11 @@ void loom_cuda_set_attention(const loom_ops *be, loom_cuda_attention kind);
 /* What the context's allocator has handed out and reserved, with peaks
  * (the context's own scratch included). */
 loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be);
+/* How the host waits for the compute stream (to_host, sumsq, sync): by
+ * default cudaStreamSynchronize; a multi-GPU run installs the NCCL
+ * watchdog's wait (comm/nccl/nccl_watchdog.h), which polls for NCCL errors
+ * and stalls. `what` names what the host waits for. */
+void loom_cuda_set_host_wait(const loom_ops *be, void (*wait)(void *stream, const char *what));
 /* The compute stream (a cudaStream_t) every op is queued on. */
 void *loom_cuda_stream(const loom_ops *be);
 /* Waits for every queued op. */

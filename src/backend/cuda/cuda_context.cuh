@@ -59,6 +59,7 @@ struct Backend {
   size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0;
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
   loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
+  void (*wait_hook)(void *stream, const char *what) = nullptr; // loom_cuda_set_host_wait
   bool managed = false;    // memory is managed (host-addressable) rather than device
   loom_block_cache *cache = nullptr; // every block the allocator hands out
   loom_ops ops;
@@ -123,7 +124,10 @@ inline void *grow(Backend &g, void *&buf, size_t &have, size_t bytes, const char
 
 // Waits on the host for everything queued on the context's stream: the one
 // place the host blocks on the device (transfers to the host, sumsq, close).
-inline void host_wait(Backend &g, const char *what) { check(cudaStreamSynchronize(g.stream), what); }
+inline void host_wait(Backend &g, const char *what) {
+  if (g.wait_hook) g.wait_hook(g.stream, what);
+  else check(cudaStreamSynchronize(g.stream), what);
+}
 
 // The context's allocator: CUDA managed memory (host-addressable, for the
 // synchronised correctness path) or device memory, both under a block cache.

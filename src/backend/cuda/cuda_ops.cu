@@ -1087,6 +1087,8 @@ void loom_cuda_set_bf16_gemms(const loom_ops *be, bool on) { ctx(be).bf16_gemms 
 
 void loom_cuda_set_attention(const loom_ops *be, loom_cuda_attention kind) { ctx(be).attention = kind; }
 
+void loom_cuda_set_host_wait(const loom_ops *be, void (*wait)(void *stream, const char *what)) { ctx(be).wait_hook = wait; }
+
 loom_block_cache_stats loom_cuda_memory_stats(const loom_ops *be) { return loom_block_cache_stats_of(ctx(be).cache); }
 
 void *loom_cuda_stream(const loom_ops *be) { return ctx(be).stream; }

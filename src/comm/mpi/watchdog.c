@@ -17,6 +17,9 @@ typedef struct {
 
 static double g_timeout;
 static MPI_Comm g_watch = MPI_COMM_NULL;
+static void (*g_on_abort)(void);
+
+void loom_watchdog_on_abort(void (*fn)(void)) { g_on_abort = fn; }
 
 void loom_watchdog_init(void) {
   if (g_watch == MPI_COMM_NULL) MPI_Comm_dup(MPI_COMM_WORLD, &g_watch);
@@ -104,21 +107,28 @@ static void survey_and_abort(const char *what, double waited) {
   } else {
     nap_ms((long)(grace * 1000)); /* the lowest waiting rank speaks and aborts */
   }
+  if (g_on_abort) g_on_abort();
   MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
 }
 
+static int request_done(void *req) {
+  int done;
+  MPI_Test(req, &done, MPI_STATUS_IGNORE);
+  return done;
+}
+
 void loom_watchdog_complete(MPI_Request *req, const char *what) {
-  if (g_timeout <= 0 || g_watch == MPI_COMM_NULL) {
-    MPI_Wait(req, MPI_STATUS_IGNORE);
-    return;
-  }
+  if (g_timeout <= 0 || g_watch == MPI_COMM_NULL) MPI_Wait(req, MPI_STATUS_IGNORE);
+  else loom_watchdog_poll(request_done, req, what);
+}
+
+void loom_watchdog_poll(int (*done)(void *ctx), void *ctx, const char *what) {
+  const bool watching = g_timeout > 0 && g_watch != MPI_COMM_NULL;
   const double start = MPI_Wtime();
   for (unsigned spin = 1;; spin++) {
-    int done;
-    MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (done) return;
-    if (spin % 256) continue; /* the clock and the report queue, now and then */
+    if (done(ctx)) return;
+    if (!watching || spin % 256) continue; /* the clock and the report queue, now and then */
     const double waited = MPI_Wtime() - start;
     int told;
     MPI_Iprobe(MPI_ANY_SOURCE, REPORT_TAG, g_watch, &told, MPI_STATUS_IGNORE);

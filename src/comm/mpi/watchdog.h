@@ -19,5 +19,10 @@ void loom_watchdog_set_timeout(double seconds);
 double loom_watchdog_timeout(void);
 /* Completes req (MPI_Wait when off); `what` names the operation and group. */
 void loom_watchdog_complete(MPI_Request *req, const char *what);
+/* The same for any wait: polls done(ctx) until it returns non-zero, under
+ * the timeout when one is set (the NCCL side waits for GPU streams so). */
+void loom_watchdog_poll(int (*done)(void *ctx), void *ctx, const char *what);
+/* Runs fn (once; the latest registered) just before the watchdog aborts the job: NCCL aborts its communicators. */
+void loom_watchdog_on_abort(void (*fn)(void));
 
 #endif

@@ -4,10 +4,21 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "comm/bootstrap.h"
 #include "comm/nccl/comm_nccl.h"
 #include "comm/nccl/nccl_id.h"
+#include "comm/nccl/nccl_watchdog.h"
 #include "core/check.h"
+
+/* A send or receive not yet handed to NCCL (see flush). */
+typedef struct {
+  void *buf; /* device memory: the caller's, or a staging copy */
+  size_t n;
+  int peer;
+  bool send;
+  loom_request *req;
+} pending_p2p;
 
 typedef struct {
   ncclComm_t comm;
@@ -15,11 +26,17 @@ typedef struct {
   bool owns_mpi;       /* made by a split, so freed with this group */
   cudaStream_t compute, comm_stream;
   float *scratch;      /* one float for barriers */
+  pending_p2p *pending;
+  int npending, cap;
 } nccl_impl;
 
 struct loom_request {
+  nccl_impl *m;
   cudaEvent_t done;
-  cudaStream_t compute;
+  bool launched;     /* handed to NCCL: done is recorded after it */
+  void *host, *stage; /* a host buffer and its device copy, freed on completion */
+  size_t bytes;
+  bool back;          /* a receive into a host buffer: stage is copied to host on completion */
 };
 
 static nccl_impl *impl_of(const loom_comm *c) { return (nccl_impl *)c->impl; }
@@ -52,74 +69,171 @@ static ncclDataType_t type_of(loom_dtype t) {
   return ncclUint8;
 }
 
+/* ---- host buffers ----
+ * The runtime hands every group host values too (a loss, a norm, counts,
+ * CRCs). NCCL reads device memory only, so those travel through a
+ * stream-ordered device copy; the host waits for what it reads back. */
+
+static bool on_device(const void *p) {
+  struct cudaPointerAttributes a;
+  const bool dev = cudaPointerGetAttributes(&a, p) == cudaSuccess &&
+                   (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged);
+  cudaGetLastError();
+  return dev;
+}
+
+/* A device copy of host[bytes] on `stream` (filled from it when fill), or host itself when on the device already. */
+static void *stage(cudaStream_t stream, const void *host, size_t bytes, bool fill) {
+  if (on_device(host)) return (void *)host;
+  void *dev = NULL;
+  check_cuda(cudaMallocAsync(&dev, bytes ? bytes : 1, stream), "staging allocation");
+  if (fill && bytes) check_cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream), "staging copy");
+  return dev;
+}
+
+/* Copies a staged result back (when back) and frees the copy; the host waits, as it reads the values at once. */
+static void unstage(cudaStream_t stream, const void *host, void *dev, size_t bytes, bool back, const char *what) {
+  if (dev == host) return;
+  if (back && bytes) check_cuda(cudaMemcpyAsync((void *)host, dev, bytes, cudaMemcpyDeviceToHost, stream), "staging copy");
+  check_cuda(cudaFreeAsync(dev, stream), "staging free");
+  loom_nccl_wait_stream(stream, what);
+}
+
+static void flush(nccl_impl *m);
+
+/* A blocking collective: queued on the compute stream, in order with the kernels around it. */
 static void nccl_allreduce(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
-  check_nccl(ncclAllReduce(buf, buf, n, type_of(type), red_of(op), impl_of(c)->comm, impl_of(c)->compute), "all-reduce");
+  nccl_impl *m = impl_of(c);
+  flush(m);
+  const size_t bytes = n * loom_dtype_size(type);
+  void *d = stage(m->compute, buf, bytes, true);
+  loom_nccl_issued("all-reduce", c->name);
+  check_nccl(ncclAllReduce(d, d, n, type_of(type), red_of(op), m->comm, m->compute), "all-reduce");
+  unstage(m->compute, buf, d, bytes, true, "an all-reduce of host values");
 }
 
-/* Starts work on the comm stream after everything queued on compute so far. */
-static loom_request *begin_async(nccl_impl *m) {
-  loom_request *r = loom_xmalloc(sizeof *r, "NCCL request");
-  r->compute = m->compute;
+static loom_request *new_request(nccl_impl *m) {
+  loom_request *r = loom_xcalloc(1, sizeof *r, "NCCL request");
+  r->m = m;
   check_cuda(cudaEventCreateWithFlags(&r->done, cudaEventDisableTiming), "event");
-  check_cuda(cudaEventRecord(r->done, m->compute), "event");
-  check_cuda(cudaStreamWaitEvent(m->comm_stream, r->done, 0), "stream wait");
   return r;
 }
 
-static loom_request *end_async(nccl_impl *m, loom_request *r) {
+/* Work on the comm stream starts after everything queued on compute so far. */
+static void comm_after_compute(nccl_impl *m) {
+  cudaEvent_t ready;
+  check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "event");
+  check_cuda(cudaEventRecord(ready, m->compute), "event");
+  check_cuda(cudaStreamWaitEvent(m->comm_stream, ready, 0), "stream wait");
+  cudaEventDestroy(ready);
+}
+
+static loom_request *launched(nccl_impl *m, loom_request *r) {
   check_cuda(cudaEventRecord(r->done, m->comm_stream), "event");
+  r->launched = true;
   return r;
 }
 
+/* Non-blocking collectives (the data-parallel buckets, ZeRO's traffic) run
+ * on the comm stream, overlapping compute; wait() orders compute after them.
+ * Their buffers are device memory (the runtime's grads and weights). */
 static loom_request *nccl_iallreduce(loom_comm *c, void *buf, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
-  loom_request *r = begin_async(m);
+  flush(m);
+  comm_after_compute(m);
+  loom_nccl_issued("all-reduce", c->name);
   check_nccl(ncclAllReduce(buf, buf, n, type_of(type), ncclSum, m->comm, m->comm_stream), "all-reduce");
-  return end_async(m, r);
+  return launched(m, new_request(m));
 }
 
 static void nccl_allgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
-  check_nccl(ncclAllGather(send, recv, n, type_of(type), impl_of(c)->comm, impl_of(c)->compute), "all-gather");
+  nccl_impl *m = impl_of(c);
+  flush(m);
+  const size_t bytes = n * loom_dtype_size(type);
+  void *s = stage(m->compute, send, bytes, true), *r = stage(m->compute, recv, bytes * (size_t)c->size, false);
+  loom_nccl_issued("all-gather", c->name);
+  check_nccl(ncclAllGather(s, r, n, type_of(type), m->comm, m->compute), "all-gather");
+  unstage(m->compute, send, s, bytes, false, "an all-gather of host values");
+  unstage(m->compute, recv, r, bytes * (size_t)c->size, true, "an all-gather of host values");
 }
 
 static void nccl_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
-  check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, impl_of(c)->comm, impl_of(c)->compute),
-             "reduce-scatter");
+  nccl_impl *m = impl_of(c);
+  flush(m);
+  loom_nccl_issued("reduce-scatter", c->name);
+  check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, m->comm, m->compute), "reduce-scatter");
 }
 
 static loom_request *nccl_iallgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
-  loom_request *r = begin_async(m);
+  flush(m);
+  comm_after_compute(m);
+  loom_nccl_issued("all-gather", c->name);
   check_nccl(ncclAllGather(send, recv, n, type_of(type), m->comm, m->comm_stream), "all-gather");
-  return end_async(m, r);
+  return launched(m, new_request(m));
 }
 
 static loom_request *nccl_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
   nccl_impl *m = impl_of(c);
-  loom_request *r = begin_async(m);
+  flush(m);
+  comm_after_compute(m);
+  loom_nccl_issued("reduce-scatter", c->name);
   check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, m->comm, m->comm_stream), "reduce-scatter");
-  return end_async(m, r);
+  return launched(m, new_request(m));
 }
 
 static void nccl_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
-  check_nccl(ncclBroadcast(buf, buf, n, type_of(type), root, impl_of(c)->comm, impl_of(c)->compute), "broadcast");
+  nccl_impl *m = impl_of(c);
+  flush(m);
+  const size_t bytes = n * loom_dtype_size(type);
+  void *d = stage(m->compute, buf, bytes, c->rank == root);
+  loom_nccl_issued("broadcast", c->name);
+  check_nccl(ncclBroadcast(d, d, n, type_of(type), root, m->comm, m->compute), "broadcast");
+  unstage(m->compute, buf, d, bytes, c->rank != root, "a broadcast of host values");
 }
 
-/* One grouped ncclSend or ncclRecv on the comm stream. Tags order messages
- * between two ranks; NCCL orders them by issue order, which loom's schedules keep. */
+/* ---- point to point ----
+ * An NCCL send waits on the GPU for its receive, where loom's schedules
+ * (and their verifier) take sends as buffered: two stages sending to each
+ * other before receiving would block each other's streams. So isend and
+ * irecv only queue; the first wait or test on any of this group's requests,
+ * or any collective, hands everything queued to NCCL as one group, which
+ * runs its sends and receives together. Every send queued before a receive
+ * is then in flight with it, as the schedule assumes. */
+
+static void flush(nccl_impl *m) {
+  if (!m->npending) return;
+  comm_after_compute(m);
+  check_nccl(ncclGroupStart(), "group");
+  for (int i = 0; i < m->npending; i++) {
+    const pending_p2p *p = &m->pending[i];
+    check_nccl(p->send ? ncclSend(p->buf, p->n, ncclFloat, p->peer, m->comm, m->comm_stream)
+                       : ncclRecv(p->buf, p->n, ncclFloat, p->peer, m->comm, m->comm_stream),
+               p->send ? "send" : "recv");
+  }
+  check_nccl(ncclGroupEnd(), "group");
+  loom_nccl_issued("send/recv", "pp");
+  for (int i = 0; i < m->npending; i++) launched(m, m->pending[i].req);
+  m->npending = 0;
+}
+
 static loom_request *p2p(loom_comm *c, float *buf, size_t n, int peer, bool send) {
   nccl_impl *m = impl_of(c);
-  loom_request *r = begin_async(m);
-  check_nccl(ncclGroupStart(), "group");
-  check_nccl(send ? ncclSend(buf, n, ncclFloat, peer, m->comm, m->comm_stream)
-                  : ncclRecv(buf, n, ncclFloat, peer, m->comm, m->comm_stream),
-             send ? "send" : "recv");
-  check_nccl(ncclGroupEnd(), "group");
-  return end_async(m, r);
+  loom_request *r = new_request(m);
+  r->bytes = n * sizeof(float);
+  void *d = stage(m->compute, buf, r->bytes, send);
+  if (d != buf) r->host = buf, r->stage = d, r->back = !send;
+  if (m->npending == m->cap) {
+    m->cap = m->cap ? 2 * m->cap : 8;
+    m->pending = realloc(m->pending, (size_t)m->cap * sizeof *m->pending);
+    LOOM_CHECK(m->pending, "out of memory queueing NCCL transfers");
+  }
+  m->pending[m->npending++] = (pending_p2p){.buf = d, .n = n, .peer = peer, .send = send, .req = r};
+  return r;
 }
 
 static loom_request *nccl_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
-  (void)tag;
+  (void)tag; /* NCCL matches transfers between two ranks in issue order, which loom's schedules keep */
   return p2p(c, (float *)buf, n, peer, true);
 }
 
@@ -128,43 +242,57 @@ static loom_request *nccl_irecv(loom_comm *c, float *buf, size_t n, int peer, in
   return p2p(c, buf, n, peer, false);
 }
 
-/* The compute stream waits for the transfer; the host does not. */
-static void nccl_wait(loom_request *r) {
-  check_cuda(cudaStreamWaitEvent(r->compute, r->done, 0), "stream wait");
+static void finish(loom_request *r) {
+  if (r->stage) { /* a host buffer: its received bytes go back, and the host has them on return */
+    if (r->back && r->bytes) check_cuda(cudaMemcpyAsync(r->host, r->stage, r->bytes, cudaMemcpyDeviceToHost, r->m->comm_stream), "staging copy");
+    check_cuda(cudaFreeAsync(r->stage, r->m->comm_stream), "staging free");
+    loom_nccl_wait_stream(r->m->comm_stream, "a transfer of host values");
+  }
   cudaEventDestroy(r->done);
   free(r);
 }
 
+/* The compute stream waits for the transfer; the host does not (unless it reads a host buffer). */
+static void nccl_wait(loom_request *r) {
+  if (!r->launched) flush(r->m);
+  check_cuda(cudaStreamWaitEvent(r->m->compute, r->done, 0), "stream wait");
+  finish(r);
+}
+
 static int nccl_test(loom_request *r) {
+  if (!r->launched) flush(r->m);
   const cudaError_t e = cudaEventQuery(r->done);
   if (e == cudaErrorNotReady) return 0;
   check_cuda(e, "event query");
-  cudaEventDestroy(r->done);
-  free(r);
+  finish(r);
   return 1;
 }
 
 static void nccl_barrier(loom_comm *c) {
   nccl_impl *m = impl_of(c);
   nccl_allreduce(c, m->scratch, 1, LOOM_DTYPE_F32, LOOM_REDUCE_SUM);
-  check_cuda(cudaStreamSynchronize(m->compute), "barrier");
+  loom_nccl_wait_stream(m->compute, "a barrier");
 }
 
 static loom_comm *make(loom_comm *mpi, bool owns_mpi, cudaStream_t compute);
 
 static loom_comm *nccl_split(loom_comm *c, int color, int key) {
+  flush(impl_of(c));
   loom_comm *sub = loom_comm_split(impl_of(c)->mpi, color, key, c->name);
   return sub ? make(sub, true, impl_of(c)->compute) : NULL;
 }
 
 static void nccl_free(loom_comm *c) {
   nccl_impl *m = impl_of(c);
+  flush(m);
   cudaStreamSynchronize(m->compute);
   cudaStreamSynchronize(m->comm_stream);
+  loom_nccl_forget(m->comm);
   ncclCommDestroy(m->comm);
   cudaStreamDestroy(m->comm_stream);
   cudaFree(m->scratch);
   if (m->owns_mpi) loom_comm_free(m->mpi);
+  free(m->pending);
   free(m);
   free(c);
 }
@@ -213,6 +341,7 @@ static loom_comm *make(loom_comm *mpi, bool owns_mpi, cudaStream_t compute) {
   c->size = size;
   snprintf(c->name, sizeof c->name, "%s", mpi ? mpi->name : "world");
   c->impl = m;
+  loom_nccl_watch(comm, c->name);
   return c;
 }
 
