@@ -79,6 +79,30 @@ int main(int argc, char **argv) {
     expect("reduce-scatter", part, sum + (size_t)rank * block, block);
     loom_cuda_free(part);
   }
+  /* Host values (a loss, counts) travel through staged device copies. */
+  double loss = rank + 0.5, want_loss = 0.0;
+  for (int q = 0; q < size; q++) want_loss += q + 0.5;
+  c->ops->allreduce(c, &loss, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  printf("  %-32s %s\n", "all-reduce of a host double", loss == want_loss ? "OK  " : "FAIL");
+  g_failures += loss != want_loss;
+  /* Both neighbours send before they receive, as 1F1B's stages do: queued
+   * transfers go to NCCL as one group at the wait, so neither blocks. */
+  float *out = upload(rank), *in = loom_cuda_malloc(N * sizeof(float)), from[N];
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  loom_request *s1 = c->ops->isend(c, out, N, next, 1);
+  loom_request *r1 = c->ops->irecv(c, in, N, prev, 1);
+  c->ops->wait(r1);
+  c->ops->wait(s1);
+  for (size_t i = 0; i < N; i++) from[i] = value(prev, i);
+  expect("send then receive, ring", in, from, N);
+  float token = (float)rank, got = -1.0f; /* a host buffer's transfer, as the idle barrier's */
+  loom_request *s2 = c->ops->isend(c, &token, 1, next, 2), *r2 = c->ops->irecv(c, &got, 1, prev, 2);
+  while (!c->ops->test(r2)) {
+  }
+  c->ops->wait(s2);
+  printf("  %-32s %s\n", "host-buffer send and receive", got == (float)prev ? "OK  " : "FAIL");
+  g_failures += got != (float)prev;
+  loom_cuda_free(in);
   c->ops->barrier(c);
   loom_comm_free(c);
   loom_cuda_close(g_cuda);
