@@ -6,7 +6,8 @@
 # resumes onto another layout there as it does on the CPU; and sampling from
 # the exported model gives the same text. The guarded backend faults on any
 # host access to tensor memory, so this also proves that nothing above the
-# backends touches it, on every path the matrix takes.
+# backends touches it, on every path the matrix takes; and its allocator's
+# memory peak checks the plan's estimate of what each layout holds.
 # Usage: tests/guarded.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
@@ -33,6 +34,12 @@ same() {
   grep -q eval_loss "$WORK/$1.cpu.numbers" || fail "$1: no held-out evaluation"
   cmp -s "$WORK/$1.cpu.numbers" "$WORK/$1.guarded.numbers" ||
     fail "$1: the guarded backend's numbers differ: $(diff "$WORK/$1.cpu.numbers" "$WORK/$1.guarded.numbers" | head -4)"
+  # The guarded allocator counts what the run holds, as a GPU's does: the
+  # plan's memory estimate must come within 5% of its peak.
+  off=$(sed -n "s/.*the busiest rank's guarded allocator peaked at .*, \([-+][0-9.]*\)% off$/\1/p" "$WORK/$1.guarded.txt")
+  [ -n "$off" ] || fail "$1: no memory report from the guarded allocator"
+  awk -v x="$off" 'BEGIN { exit !(x >= -5 && x <= 5) }' ||
+    fail "$1: the plan's memory estimate is $off% off the guarded allocator's peak (bound 5%)"
   if [ -f "$WORK/$1.cpu.bin" ]; then
     cmp -s "$WORK/$1.cpu.bin" "$WORK/$1.guarded.bin" || fail "$1: the exported weights differ"
   elif [ -d "$WORK/$1.cpu.bin" ]; then # a Hugging Face directory
