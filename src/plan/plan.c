@@ -289,7 +289,7 @@ void loom_plan_estimate(loom_plan *p) {
   const Loom__Model *m = p->model;
   const Loom__Parallel *l = p->parallel;
   const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
-  const double s = loom_plan_train_seq(p), b = p->batch->micro_batch, h = m->hidden, a = m->heads;
+  const double s = loom_plan_train_seq(p), b = p->batch->micro_batch, h = m->hidden;
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
   e->has_total_parameters = 1;
@@ -306,11 +306,13 @@ void loom_plan_estimate(loom_plan *p) {
   if (sound) in_flight(p, flight, deferred);
   /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
    * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP.
-   * An fp32 run keeps each value in twice the bytes. */
+   * The 5as/h term is the attention's softmax, its dropout mask and output,
+   * s x s per head: loom's attention keeps flash attention's contract (the
+   * output and a log-sum-exp per row, backend/ops.h), so it has none, as
+   * Megatron has none with flash attention. An fp32 run keeps each value in twice the bytes. */
   const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
   const double value = bf16 ? 1.0 : 2.0; /* bytes of a value over 16-bit's */
-  const double per_layer = value * (l->sequence_parallel ? s * b * h * (34.0 + 5.0 * a * s / h) / tp
-                                                         : s * b * h * (10.0 + 24.0 / tp + 5.0 * a * s / (h * tp)));
+  const double per_layer = value * (l->sequence_parallel ? s * b * h * 34.0 / tp : s * b * h * (10.0 + 24.0 / tp));
   const double per_layer_recompute = value * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];

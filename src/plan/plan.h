@@ -117,8 +117,8 @@ int64_t loom_plan_total_parameters(const loom_plan *plan);
 /* Fills plan->estimates: per stage parameters (from the layers' table) and
  * per-rank memory by kind (mixed-precision training: bf16 weights 2 B, fp32
  * grads 4 B, fp32 master weights and Adam moments 12 B, split 1/dp by
- * the ZeRO stage as loom_plan_chunk_state says, and its buffers in transit; activations by Megatron's s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes
- * per layer, or s*b*h*(34 + 5*a*s/h)/t with sequence parallelism, 2*s*b*h
+ * the ZeRO stage as loom_plan_chunk_state says, and its buffers in transit; activations by Megatron's s*b*h*(10 + 24/t) bytes
+ * per layer, or s*b*h*34/t with sequence parallelism (its flash-attention form: no s x s term), 2*s*b*h
  * with full recompute, times the micro-batches the verified schedule keeps
  * in flight on that rank), gradient compression's state and the bytes a
  * rank sends over dp per step (as ring collectives move them), and the
