@@ -28,6 +28,7 @@ typedef struct {
   float *scratch;      /* one float for barriers */
   pending_p2p *pending;
   int npending, cap;
+  const char *name; /* the group's (its loom_comm's, named after a split), for the watchdog */
 } nccl_impl;
 
 struct loom_request {
@@ -212,7 +213,7 @@ static void flush(nccl_impl *m) {
                p->send ? "send" : "recv");
   }
   check_nccl(ncclGroupEnd(), "group");
-  loom_nccl_issued("send/recv", "pp");
+  loom_nccl_issued("send/recv", m->name);
   for (int i = 0; i < m->npending; i++) launched(m, m->pending[i].req);
   m->npending = 0;
 }
@@ -340,8 +341,9 @@ static loom_comm *make(loom_comm *mpi, bool owns_mpi, cudaStream_t compute) {
   c->rank = rank;
   c->size = size;
   snprintf(c->name, sizeof c->name, "%s", mpi ? mpi->name : "world");
+  m->name = c->name;
   c->impl = m;
-  loom_nccl_watch(comm, c->name);
+  loom_nccl_watch(comm, c->name); /* named later by loom_comm_split: read when reported */
   return c;
 }
 

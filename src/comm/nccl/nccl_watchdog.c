@@ -11,7 +11,7 @@
 
 typedef struct {
   ncclComm_t comm;
-  char group[16];
+  const char *group; /* the group's loom_comm name, alive as long as the communicator */
 } watched;
 
 static watched *g_comms;
@@ -31,7 +31,7 @@ void loom_nccl_watch(void *comm, const char *group) {
   }
   watched *w = &g_comms[g_count++];
   w->comm = (ncclComm_t)comm;
-  snprintf(w->group, sizeof w->group, "%s", group);
+  w->group = group;
   loom_watchdog_on_abort(abort_all);
 }
 

@@ -10,7 +10,8 @@
 #ifndef LOOM_NCCL_WATCHDOG_H
 #define LOOM_NCCL_WATCHDOG_H
 
-/* Communicators (ncclComm_t) to poll for errors and abort; `group` names it. */
+/* Communicators (ncclComm_t) to poll for errors and abort; `group` names
+ * it (kept, not copied: the group's name, valid until loom_nccl_forget). */
 void loom_nccl_watch(void *comm, const char *group);
 void loom_nccl_forget(void *comm);
 /* The operation last handed to NCCL, named in a timeout's message. */
