@@ -59,6 +59,15 @@ template <typename At> __device__ void load_tile(float *tile, const float *src, 
   }
 }
 
+// The keys and values of key/value head g from k0, between barriers: every
+// warp is done with the previous tile before it is overwritten.
+__device__ void next_kv_tile(float *k, float *v, const float *qkv, const Layout &L, int b, int g, int k0) {
+  __syncthreads();
+  load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, L.a.T, L.a.D);
+  load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, L.a.T, L.a.D);
+  __syncthreads();
+}
+
 __device__ float dot_rows(const float *x, const float *y, int D) {
   float acc = 0.0f;
   for (int d = 0; d < D; d++) acc += x[d] * y[d];
@@ -86,10 +95,7 @@ __global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout 
   if (threadIdx.x < TILE) m_row[threadIdx.x] = -INFINITY, l_row[threadIdx.x] = 0.0f;
   const int last = min(t0 + TILE, T) - 1;
   for (int k0 = 0; k0 <= last; k0 += TILE) { // tiles are aligned: every row sees key k0 at least
-    __syncthreads();
-    load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
-    load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
-    __syncthreads();
+    next_kv_tile(k, v, qkv, L, b, g, k0);
     for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
       const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
       if (tq >= T) break; // the same for the whole warp
@@ -141,10 +147,7 @@ __global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, cons
   for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) dq[i] = 0.0f;
   const int last = min(t0 + TILE, T) - 1;
   for (int k0 = 0; k0 <= last; k0 += TILE) {
-    __syncthreads();
-    load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
-    load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
-    __syncthreads();
+    next_kv_tile(k, v, qkv, L, b, g, k0);
     for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
       const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
       if (tq >= T) break;
