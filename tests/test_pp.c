@@ -202,12 +202,15 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
 }
 
 /* bf16 mixed precision: the grid's run gives the serial bf16 run's losses
- * to relative 1e-3 and its fp32 master weights within NMSE 1e-6 (2.9e-7
- * measured at tp 2 x pp 2), every element within one learning rate: Adam's
- * normalised step moves a weight by up to lr wherever a tiny grad's sign
- * differs. Not bit for bit: a different summation order moves an fp32
- * result by an ulp, and that ulp can move its bf16 rounding by 2^-8 of its
- * value. The serial run is the runtime's on one rank. */
+ * to relative 1e-3 and its fp32 master weights within NMSE 1e-5, every
+ * element within two learning rates. Not bit for bit: a different summation
+ * order moves an fp32 result by an ulp, and that ulp can move its bf16
+ * rounding by 2^-8 of its value; where that flips a tiny grad's sign, Adam's
+ * normalised step moves the weight by about lr the other way (a little more
+ * than lr where the grad's second moment is still small). Whether a flip
+ * happens is chance: at dp 2, seed 21 measures NMSE 4.2e-6 and 1.06 lr,
+ * seeds 22 to 24 at most 3.5e-10; tp 2 and pp 2 1e-15 or less. The serial
+ * run is the runtime's on one rank. */
 static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, double worst_tol) {
   loom_dataset *data = loom_dataset_addition(2, 4);
   const pp_case pc = {.kind = g_pp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B, .v = g_pp > 1 ? 2 : 1,
@@ -266,7 +269,7 @@ START_TEST(bf16_matches_serial_bf16) {
    * reduction below (the worst measured was 3 lr). */
   const loom_gpt_config c = tiny();
   const bool replicated_kv = g_tp > loom_gpt_kv_heads(&c);
-  check_bf16(false, 1e-3, replicated_kv ? 1e-4 : 1e-6, replicated_kv ? STEPS * g_lr : g_lr);
+  check_bf16(false, 1e-3, replicated_kv ? 1e-4 : 1e-5, replicated_kv ? STEPS * g_lr : 2 * g_lr);
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; a
    * weight moves at most about lr a step, STEPS * lr in all. */
