@@ -264,61 +264,73 @@ static void unpack_rows(float *dst, size_t stride, const float *src, int T, int 
   for (int t = 0; t < T; t++) memcpy(dst + t * stride, src + (size_t)t * D, (size_t)D * sizeof(float));
 }
 
-/* Flash attention's contract on the CPU: one query row at a time, its
- * scores in a row buffer that is never kept; each row's log-sum-exp is. */
+enum { ATT_ROWS = 64 }; /* query rows per block of the attention ops */
+
+/* Flash attention's contract on the CPU, blocked with GEMMs: for each block
+ * of query rows, the scores against every key up to the block's last row
+ * (S = Q K^T), each row's softmax and log-sum-exp (kept), then O = P V. The
+ * scores live in a per-thread block buffer and are never kept. */
 static void cpu_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B;
+  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
   const float scale = 1.0f / sqrtf((float)D);
+  const loom_gemm_library lib = loom_cpu_gemm_library();
 #pragma omp parallel
   {
-    float *k = loom_xmalloc((2 * (size_t)T * D + T) * sizeof(float), "attention scratch"), *v = k + (size_t)T * D,
-          *p = v + (size_t)T * D;
+    float *k = loom_xmalloc((4 * block + (size_t)ATT_ROWS * T) * sizeof(float), "attention scratch");
+    float *v = k + block, *q = v + block, *o = q + block, *p = o + block;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
-        const float *base = qkv + (size_t)b * w3, *qh = base + (size_t)h * D;
+        const float *base = qkv + (size_t)b * w3;
         const size_t kv = (size_t)loom_attn_kv_head(s, h) * D;
+        pack_rows(q, base + (size_t)h * D, row3, T, D);
         pack_rows(k, base + width + kv, row3, T, D);
         pack_rows(v, base + width + (size_t)s->kv_heads * D + kv, row3, T, D);
-        for (int tq = 0; tq < T; tq++) {
-          const float *q = qh + tq * row3;
-          float maxv = -INFINITY;
-          for (int tk = 0; tk <= tq; tk++) {
-            p[tk] = dot(q, k + (size_t)tk * D, D) * scale;
-            maxv = p[tk] > maxv ? p[tk] : maxv;
+        for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
+          const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, n = i0 + R; /* keys 0..n-1 reach its last row */
+          loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, q + (size_t)i0 * D, D, k, D, 0.0f, p, n);
+          for (int r = 0; r < R; r++) {
+            const int tq = i0 + r;
+            float *pr = p + (size_t)r * n, maxv = -INFINITY, sum = 0.0f;
+            for (int tk = 0; tk <= tq; tk++) maxv = pr[tk] > maxv ? pr[tk] : maxv;
+            for (int tk = 0; tk <= tq; tk++) {
+              pr[tk] = loom_fast_expf(pr[tk] - maxv);
+              sum += pr[tk];
+            }
+            lse[((size_t)b * H + h) * T + tq] = maxv + logf(sum);
+            const float inv = 1.0f / sum;
+            for (int tk = 0; tk < n; tk++) pr[tk] = tk <= tq ? pr[tk] * inv * keep_scale(drop, s, b, h, tq, tk) : 0.0f;
           }
-          float sum = 0.0f;
-          for (int tk = 0; tk <= tq; tk++) {
-            p[tk] = loom_fast_expf(p[tk] - maxv);
-            sum += p[tk];
-          }
-          lse[((size_t)b * H + h) * T + tq] = maxv + logf(sum);
-          const float inv = 1.0f / sum;
-          float *o = out + tq * row + (size_t)b * width + (size_t)h * D;
-          memset(o, 0, (size_t)D * sizeof(float));
-          for (int tk = 0; tk <= tq; tk++) axpy(o, p[tk] * inv * keep_scale(drop, s, b, h, tq, tk), v + (size_t)tk * D, D);
+          loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, p, n, v, D, 0.0f, o + (size_t)i0 * D, D);
         }
+        unpack_rows(out + (size_t)b * width + (size_t)h * D, row, o, T, D);
       }
     free(k);
   }
 }
 
-/* One pass per query row: p rebuilt from the saved log-sum-exp, and the
- * softmax's sum_k p dp taken as dout . out (ops.h). */
+/* Blocked as flash attention's backward, with GEMMs: for each block of
+ * query rows, the scores against every key up to the block's last row
+ * (S = Q K^T), p rebuilt from the saved log-sum-exps, dP = dout V^T, then
+ * dS = p (dP - dout . out) scale (the softmax's sum_k p dp is dout . out,
+ * ops.h) and three products: dV += P^T dout, dK += dS^T Q, dQ += dS K. */
 static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
                                    const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   const int T = s->T, B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
   const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
+  const size_t tile = (size_t)ATT_ROWS * T;
   const float scale = 1.0f / sqrtf((float)D);
+  const loom_gemm_library lib = loom_cpu_gemm_library();
   /* Each (b, kv head) touches only its own columns of dqkv: its k and v, and the q of the heads it serves. */
 #pragma omp parallel
   {
-    float *k = loom_xmalloc(4 * block * sizeof(float), "attention scratch"), *v = k + block, *dk = v + block,
-          *dv = dk + block;
+    float *k = loom_xmalloc((7 * block + 2 * tile + (size_t)T) * sizeof(float), "attention scratch");
+    float *v = k + block, *dk = v + block, *dv = dk + block, *q = dv + block, *dy = q + block, *dq = dy + block;
+    float *p = dq + block, *dp = p + tile, *delta = dp + tile;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int g = 0; g < K; g++) {
@@ -329,20 +341,34 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float 
         pack_rows(dv, dqkv + vat, row3, T, D);
         for (int h = g * group; h < (g + 1) * group; h++) {
           const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * D;
-          for (int tq = 0; tq < T; tq++) {
-            const float *dy = dout + tq * row + at, *o = out + tq * row + at;
-            const float *q = qkv + head + tq * row3;
-            float *dq = dqkv + head + tq * row3;
-            const float l = lse[((size_t)b * H + h) * T + tq], dot_pdp = dot(dy, o, D);
-            for (int tk = 0; tk <= tq; tk++) {
-              const float p = loom_fast_expf(dot(q, k + (size_t)tk * D, D) * scale - l);
-              const float keep = keep_scale(drop, s, b, h, tq, tk);
-              axpy(dv + (size_t)tk * D, p * keep, dy, D);
-              const float ds = p * (dot(dy, v + (size_t)tk * D, D) * keep - dot_pdp) * scale;
-              axpy(dq, ds, k + (size_t)tk * D, D);
-              axpy(dk + (size_t)tk * D, ds, q, D);
+          const float *l = lse + ((size_t)b * H + h) * T;
+          pack_rows(q, qkv + head, row3, T, D);
+          pack_rows(dq, dqkv + head, row3, T, D);
+          pack_rows(dy, dout + at, row, T, D);
+          for (int t = 0; t < T; t++) delta[t] = dot(dy + (size_t)t * D, out + t * row + at, D);
+          for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
+            const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, n = i0 + R; /* keys 0..n-1 reach its last row */
+            const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
+            loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, qi, D, k, D, 0.0f, p, n);
+            loom_cpu_sgemm_with(lib, false, true, R, n, D, 1.0f, dyi, D, v, D, 0.0f, dp, n);
+            for (int r = 0; r < R; r++) {
+              const int tq = i0 + r;
+              float *pr = p + (size_t)r * n, *dpr = dp + (size_t)r * n;
+              for (int tk = 0; tk < n; tk++) {
+                if (tk > tq) {
+                  pr[tk] = dpr[tk] = 0.0f;
+                  continue;
+                }
+                const float prob = loom_fast_expf(pr[tk] - l[tq]), keep = keep_scale(drop, s, b, h, tq, tk);
+                pr[tk] = prob * keep;                                  /* what multiplied v */
+                dpr[tk] = prob * (dpr[tk] * keep - delta[tq]) * scale; /* dS */
+              }
             }
+            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, p, n, dyi, D, 1.0f, dv, D);
+            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, dp, n, qi, D, 1.0f, dk, D);
+            loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, dp, n, k, D, 1.0f, dq + (size_t)i0 * D, D);
           }
+          unpack_rows(dqkv + head, row3, dq, T, D);
         }
         unpack_rows(dqkv + kat, row3, dk, T, D);
         unpack_rows(dqkv + vat, row3, dv, T, D);
