@@ -91,7 +91,8 @@ static void want16(act_list *l, uint16_t **slot, const char *name, int64_t numel
 
 /* Shapes every table below is cut from. */
 typedef struct {
-  int64_t N, n, h, f, w, att, V;
+  int64_t N, n, h, f, w, V;
+  int64_t lse;            /* attention's log-sum-exps of a layer: B x local heads x T */
   int64_t qkv, fc;        /* row widths of the column-parallel outputs */
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
@@ -105,7 +106,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
-                .att = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
+                .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
@@ -127,7 +128,7 @@ typedef struct {
 
 /* The norm statistics and attention's log-sum-exps: fp32 in every run. */
 static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
-  want(l, &v->lse, "att_lse", L * d->att);
+  want(l, &v->lse, "att_lse", L * d->lse);
   want(l, &v->ln1m, "ln_1_mean", L * d->n);
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
   want(l, &v->ln2m, "ln_2_mean", L * d->n);
@@ -180,7 +181,7 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
   for (int i = 0; i < L; i++) {
     b[i] = (loom_block_acts){
         .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_2_mean = at(v->ln2m, i * d->n),
-        .ln_2_rstd = at(v->ln2r, i * d->n), .att_lse = at(v->lse, i * d->att), .ln_1 = at(v->ln1, i * c[0]),
+        .ln_2_rstd = at(v->ln2r, i * d->n), .att_lse = at(v->lse, i * d->lse), .ln_1 = at(v->ln1, i * c[0]),
         .qkv = at(v->qkv, i * c[1]), .atty = at(v->atty, i * c[2]), .res_attn = at(v->resa, i * c[3]),
         .ln_2 = at(v->ln2, i * c[4]), .fc = at(v->fc, i * c[5]), .fc_gelu = at(v->fcg, i * c[6]),
         .out = at(v->out, i * c[7])};
