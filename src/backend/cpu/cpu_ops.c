@@ -239,11 +239,6 @@ static inline float dot(const float *a, const float *b, int n) {
   return acc;
 }
 
-static inline void axpy(float *y, float a, const float *x, int n) {
-#pragma omp simd
-  for (int i = 0; i < n; i++) y[i] += a * x[i];
-}
-
 /* Multiplier of probability (b,h,tq,tk) on v: 1 without dropout, else mask/(1-p). */
 static inline float keep_scale(const loom_dropout *d, const loom_attn_shape *s, int b, int h,
                                int tq, int tk) {
