@@ -53,8 +53,7 @@ static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm 
   loom_trainer tr;
   *st = loom_trainer_init(&tr, world, plan, f->ops, &data, &o, err);
   const double best = *st == LOOM_OK ? loom_train_best_step(&tr, f->steps) : 0.0;
-  double state;
-  if (*st == LOOM_OK && estimate) *estimate = loom_trainer_memory_estimate(&tr, &state);
+  if (*st == LOOM_OK && estimate) *estimate = loom_trainer_memory_estimate(&tr, NULL);
   loom_trainer_free(&tr);
   return best;
 }
@@ -194,7 +193,7 @@ static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err)
   for (int i = 0; i < count; i++) {
     loom_plan *plan;
     loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
-    if (st == LOOM_OK) loom_device_set_bf16(f->ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
+    if (st == LOOM_OK) loom_device_match_plan(f->ops, plan);
     double estimate = 0.0;
     const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err, &estimate) : 0.0;
     const double tflops = st == LOOM_OK ? step_gflops(plan, dt) * 1e-3 : 0.0;

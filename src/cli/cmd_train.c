@@ -169,7 +169,7 @@ int loom_cmd_train(int argc, char **argv) {
   const loom_ops *ops = NULL;
   char device[160];
   if (st == LOOM_OK && !f.print_plan) st = loom_device_setup("loom train", f.device, &ops, device, sizeof device, &err);
-  if (st == LOOM_OK && !f.print_plan) loom_device_set_bf16(ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
+  if (st == LOOM_OK && !f.print_plan) loom_device_match_plan(ops, plan);
   if (st != LOOM_OK || f.print_plan) {
     loom_plan_free(plan);
     return loom_report(st, &err);

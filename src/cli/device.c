@@ -28,14 +28,13 @@ int loom_device_gpu(void) { return g_gpu; }
 static bool on_cuda(const loom_ops *ops) { return g_gpu >= 0 && ops && ops->mem->device == LOOM_DEVICE_CUDA; }
 #endif
 
-void loom_device_set_bf16(const loom_ops *ops, bool bf16) {
+void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan) {
 #ifdef LOOM_HAVE_CUDA
-  if (on_cuda(ops)) loom_cuda_set_bf16_gemms(ops, bf16);
+  if (on_cuda(ops)) loom_cuda_set_bf16_gemms(ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
 #else
-  (void)ops, (void)bf16;
+  (void)ops, (void)plan;
 #endif
 }
-
 
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {

@@ -12,6 +12,7 @@
 #include "backend/ops.h"
 #include "comm/comm.h"
 #include "core/status.h"
+#include "plan/plan.h"
 
 extern const char *const LOOM_DEVICE_CHOICES[];
 /* The flag's help text, the same in every command. */
@@ -25,7 +26,7 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
 /* Matches the backend to a run's precision once its plan is known: in bf16
  * runs the CUDA backend multiplies on bf16 tensor cores (the operands are
  * bf16 values already); the CPU backends need nothing. */
-void loom_device_set_bf16(const loom_ops *ops, bool bf16);
+void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan);
 
 /* The group a run's collectives go through. On GPUs with NCCL built in and
  * one GPU per rank: an NCCL communicator over world (every group split from

@@ -165,12 +165,13 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
 }
 
 double loom_trainer_memory_estimate(const loom_trainer *tr, double *state) {
-  *state = 0.0;
+  double held = 0.0;
   for (int c = 0; c < tr->pipe.v; c++) {
     const loom_stage_range *range = &tr->pipe.chunks[c].p.range;
-    *state += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
+    held += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
   }
-  return *state + (double)tr->pipe.act_bytes;
+  if (state) *state = held;
+  return held + (double)tr->pipe.act_bytes;
 }
 
 size_t loom_trainer_local_params(const loom_trainer *tr) {

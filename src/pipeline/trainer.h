@@ -78,7 +78,7 @@ size_t loom_trainer_local_params(const loom_trainer *tr);
 /* What the plan says this rank allocates, in bytes: weights, grads, Adam
  * state and ZeRO's buffers in transit (loom_plan_state_bytes, by precision
  * and ZeRO stage), gradient compression's state and the activation and
- * scratch buffers of this layout; *state gets the part without activations. */
+ * scratch buffers of this layout; *state (if not NULL) gets the part without activations. */
 double loom_trainer_memory_estimate(const loom_trainer *tr, double *state);
 /* Bytes this rank holds for its chunks' parameters, read off what it allocated. */
 typedef struct {

@@ -60,7 +60,6 @@ struct Backend {
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
   loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
   void (*wait_hook)(void *stream, const char *what) = nullptr; // loom_cuda_set_host_wait
-  bool managed = false;    // memory is managed (host-addressable) rather than device
   loom_block_cache *cache = nullptr; // every block the allocator hands out
   loom_ops ops;
   loom_allocator mem;
@@ -122,8 +121,9 @@ inline void *grow(Backend &g, void *&buf, size_t &have, size_t bytes, const char
   return buf;
 }
 
-// Waits on the host for everything queued on the context's stream: the one
-// place the host blocks on the device (transfers to the host, sumsq, close).
+// Waits on the host for everything queued on the context's stream: every
+// place the host blocks on the device goes through it (transfers to the
+// host, sumsq, the synchronised ops), except closing the context.
 inline void host_wait(Backend &g, const char *what) {
   if (g.wait_hook) g.wait_hook(g.stream, what);
   else check(cudaStreamSynchronize(g.stream), what);

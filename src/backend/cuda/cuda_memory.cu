@@ -32,7 +32,7 @@ void raw_release(void *, void *p) { cudaFree(p); } // cudaFree waits for the dev
 
 // Managed memory is read by host code between ops: its fills and copies finish before they return.
 void settle(Backend &g, const char *what) {
-  if (g.managed) host_wait(g, what);
+  if (g.mem.host_addressable) host_wait(g, what);
 }
 
 void *mem_zalloc(const loom_allocator *mem, size_t bytes) {
@@ -83,15 +83,17 @@ void mem_to_host(const loom_allocator *mem, void *host, const void *src, size_t 
 
 // Pageable host memory is staged by the driver before cudaMemcpyAsync
 // returns, so the caller may reuse it at once and the host need not wait for
-// the device; pinned memory is read later by DMA, so then the copy must finish.
+// the device; pinned memory is read later by DMA, so then the copy must
+// finish, as must every copy into managed memory (settle).
 void mem_from_host(const loom_allocator *mem, void *dst, const void *host, size_t bytes) {
   Backend &g = ctx(mem);
   if (!bytes) return;
   check(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, g.stream), "copy from host");
   cudaPointerAttributes a;
-  const bool pageable = cudaPointerGetAttributes(&a, host) == cudaSuccess && a.type == cudaMemoryTypeUnregistered;
+  const bool staged = !g.mem.host_addressable && cudaPointerGetAttributes(&a, host) == cudaSuccess &&
+                      a.type == cudaMemoryTypeUnregistered;
   cudaGetLastError();
-  if (g.managed || !pageable) host_wait(g, "copy from host");
+  if (!staged) host_wait(g, "copy from host");
 }
 
 bool mem_owns(const loom_allocator *mem, const void *p) { return loom_block_cache_owns(ctx(mem).cache, p); }
@@ -101,7 +103,6 @@ size_t mem_peak_bytes(const loom_allocator *mem) { return loom_block_cache_stats
 } // namespace
 
 loom_allocator make_allocator(Backend &g, bool managed) {
-  g.managed = managed;
   g.cache = loom_block_cache_new(loom_raw_memory{managed ? raw_managed : raw_device, raw_release, nullptr});
   if (!g.cache) {
     fprintf(stderr, "loom: out of host memory opening a CUDA context\n");

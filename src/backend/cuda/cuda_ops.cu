@@ -125,6 +125,15 @@ struct Operand {
 // bf16 copies of up to two operands, in the context's operand buffer.
 void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16);
 
+// c[m,n] (fp32, column-major, ldc m) = op(a) op(b) + beta c from bf16 a and b, accumulating in fp32.
+void gemm_bf16(Backend &g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const uint16_t *a, int lda,
+               const uint16_t *b, int ldb, float beta, float *c, const char *what) {
+  const float one = 1.0f;
+  check_blas(g.lib.gemm_ex(g.blas, ta, tb, m, n, k, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb, &beta, c, CUDA_R_32F, m,
+                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             what);
+}
+
 void gemm_f32(Backend &g, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const Operand &a,
               const Operand &b, float beta, float *c, const char *what) {
   const float one = 1.0f;
@@ -134,9 +143,7 @@ void gemm_f32(Backend &g, cublasOperation_t ta, cublasOperation_t tb, int m, int
   }
   const uint16_t *a16, *b16;
   to_bf16_pair(g, a, b, &a16, &b16);
-  check_blas(g.lib.gemm_ex(g.blas, ta, tb, m, n, k, &one, a16, CUDA_R_16BF, a.ld, b16, CUDA_R_16BF, b.ld, &beta, c,
-                           CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             what);
+  gemm_bf16(g, ta, tb, m, n, k, a16, a.ld, b16, b.ld, beta, c, what);
 }
 
 void cuda_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
@@ -632,7 +639,6 @@ void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const
                                            group * TT, &one, dqkv + kat, (int)ldq, D, K),
                  "attention dk");
     }
-  (void)zero;
 }
 
 void check_shape(const loom_attn_shape *s) {
@@ -892,11 +898,7 @@ void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n
 
 void cuda_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
                               int OC) {
-  Backend &g = ctx(be);
-  const float one = 1.0f, zero = 0.0f;
-  check_blas(g.lib.gemm_ex(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, CUDA_R_16BF, C, inp, CUDA_R_16BF, C,
-                          &zero, out, CUDA_R_32F, OC, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-             "matmul_forward_bf16");
+  gemm_bf16(ctx(be), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, 0.0f, out, "matmul_forward_bf16");
   if (bias) cuda_bias_forward(be, out, bias, N, OC);
 }
 
@@ -956,10 +958,10 @@ template <typename R, typename... A, R (*F)(const loom_ops *, A...)> struct Sync
   static R call(const loom_ops *be, A... a) {
     if constexpr (std::is_void_v<R>) {
       F(be, a...);
-      check(cudaStreamSynchronize(ctx(be).stream), "synced op");
+      host_wait(ctx(be), "synced op");
     } else {
       R r = F(be, a...);
-      check(cudaStreamSynchronize(ctx(be).stream), "synced op");
+      host_wait(ctx(be), "synced op");
       return r;
     }
   }
@@ -1069,7 +1071,7 @@ const loom_ops *loom_cuda_open(bool synced) { return &open_backend(synced)->ops;
 void loom_cuda_close(const loom_ops *be) {
   if (!be) return;
   Backend *g = &ctx(be);
-  check(cudaStreamSynchronize(g->stream), "close");
+  check(cudaStreamSynchronize(g->stream), "close"); // not host_wait: its hook's communicators may be gone
   g->lib.destroy(g->blas);
   loom_block_cache_delete(g->cache); // the scratch buffers, and any block still handed out
   cudaStreamDestroy(g->stream);
@@ -1106,13 +1108,13 @@ void loom_cuda_free(void *p) { check(cudaFree(p), "cudaFree"); }
 void loom_cuda_to_device(const loom_ops *be, void *dst, const void *src, size_t bytes) {
   Backend &g = ctx(be);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g.stream), "to_device");
-  check(cudaStreamSynchronize(g.stream), "to_device");
+  host_wait(g, "to_device");
 }
 
 void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t bytes) {
   Backend &g = ctx(be);
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream), "to_host");
-  check(cudaStreamSynchronize(g.stream), "to_host");
+  host_wait(g, "to_host");
 }
 
 double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int iters) {
@@ -1124,13 +1126,10 @@ double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int i
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
-  const float one = 1.0f, zero = 0.0f;
   double best = 0.0;
   for (int it = -1; it < iters; it++) { // one warm-up
     check(cudaEventRecord(start, g.stream), "event");
-    check_blas(g.lib.gemm_ex(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF, m, b, CUDA_R_16BF, k,
-                             &zero, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-               "gemm bench");
+    gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, a, m, b, k, 0.0f, c, "gemm bench");
     check(cudaEventRecord(stop, g.stream), "event");
     check(cudaEventSynchronize(stop), "event");
     float ms = 0.0f;
