@@ -1,5 +1,7 @@
 #!/bin/sh
-# Installs the Debian packages named on the command line that are missing.
+# Installs the Debian packages named on the command line that are missing,
+# printing one line; apt's and dpkg's own output goes to the log named by
+# LOOM_SETUP_LOG (default: a file in $TMPDIR), shown only on failure.
 # Usage: scripts/packages.sh PACKAGE...
 set -eu
 missing=""
@@ -9,9 +11,14 @@ for p in "$@"; do
   fi
 done
 [ -n "$missing" ] || exit 0
-echo "packages: installing$missing"
+log=${LOOM_SETUP_LOG:-${TMPDIR:-/tmp}/loom-packages.log}
+echo "packages: installing$missing (log: $log)"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-$SUDO apt-get update -qq
 # shellcheck disable=SC2086 # one word per package
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing; } \
+  >> "$log" 2>&1; then
+  tail -n 30 "$log"
+  echo "packages: apt-get failed installing$missing (last lines above; all of it in $log)"
+  exit 1
+fi

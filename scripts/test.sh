@@ -1,15 +1,35 @@
 #!/bin/sh
-# Sets up and builds loom (scripts/setup.sh), then runs the whole test suite:
-# once as built, then again built by clang under AddressSanitizer and UBSan
-# with the libFuzzer harnesses (tests/fuzz), each fuzzing for a bounded time.
+# Sets up and builds loom (scripts/setup.sh), then runs the test suite in
+# tiers (ctest labels, tests/CMakeLists.txt): the quick and gpu tiers as
+# built, then a second build by clang under AddressSanitizer and UBSan
+# running the sanitized tier and every libFuzzer harness (tests/fuzz) for a
+# bounded time. What .ci/run runs; under 20 minutes on 2 cores.
+# --full runs every tier in both builds: the whole multi-rank matrix, the
+# long runs, and all of it again under the sanitizers.
+# Usage: scripts/test.sh [--full] [extra cmake -D options]
 set -eu
 cd "$(dirname "$0")/.."
+full=0
+if [ "${1:-}" = --full ]; then
+  full=1
+  shift
+fi
+start=$(date +%s)
+elapsed() { echo "$(($(date +%s) - start)) s"; }
 scripts/setup.sh "$@"
 scripts/packages.sh python3 python3-torch # tests/sc21_table1.py; PyTorch's bf16 conversion, the reference for tests/export_bf16.py
-ctest --test-dir build --output-on-failure -j "$(nproc)"
+plain='quick|gpu' sanitized='sanitized|fuzz'
+[ $full = 0 ] || plain='quick|full|gpu' sanitized='quick|full|fuzz'
+echo "test: tiers $plain, as built ($(elapsed) so far)"
+ctest --test-dir build --output-on-failure -j "$(nproc)" -L "$plain"
 
 scripts/packages.sh clang libclang-rt-14-dev libomp-dev
+echo "test: building under ASan and UBSan into build-fuzz/ ($(elapsed) so far)"
+mkdir -p build-fuzz
 CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF \
-  -DLOOM_NPM_DIR="$PWD/build/npm" >/dev/null
-cmake --build build-fuzz -j "$(nproc)" > build-fuzz/build.log 2>&1 || { cat build-fuzz/build.log; exit 1; }
-ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)"
+  -DLOOM_NPM_DIR="$PWD/build/npm" > build-fuzz/build.log 2>&1 &&
+  cmake --build build-fuzz -j "$(nproc)" >> build-fuzz/build.log 2>&1 ||
+  { tail -n 40 build-fuzz/build.log; echo "test: the sanitized build failed (all of it in build-fuzz/build.log)"; exit 1; }
+echo "test: tiers $sanitized, under the sanitizers ($(elapsed) so far)"
+ctest --test-dir build-fuzz --output-on-failure -j "$(nproc)" -L "$sanitized"
+echo "test: passed in $(elapsed)"

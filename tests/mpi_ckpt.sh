@@ -37,7 +37,7 @@ np 4 --tp 2 --pp 2 --steps 9 --metrics "$WORK/full.jsonl" --save "$WORK/full.bin
 # and under the zero-bubble schedules (ZB-V's rank 0 holds the first and last stage).
 for layout in "--tp 2 --pp 2 --schedule zb_v --vpp 2" "--pp 2 --dp 2 --zero 1 --schedule zb_h1" "--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--tp 2 --pp 2 --precision bf16" "--pp 2 --dp 2 --zero 1 --precision bf16" \
   "--pp 2 --dp 2 --zero 3" "--pp 2 --dp 2 --zero 2 --precision bf16"; do
-  rm -rf "$WORK/ck"
+  rm -rf "$WORK/ck" "$WORK"/ref.* "$WORK"/res.*
   np 4 $layout --steps 9 --metrics "$WORK/ref.jsonl" --save "$WORK/ref.bin" > /dev/null 2>&1 || fail "reference ($layout)"
   np 4 $layout --steps 3 --ckpt "$WORK/ck" > "$WORK/a.txt" 2>&1 || fail "first third ($layout): $(cat "$WORK/a.txt")"
   np 4 $layout --steps 9 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" --save "$WORK/res.bin" > "$WORK/res.txt" 2>&1 ||
@@ -187,7 +187,7 @@ rm -rf "$WORK/sig"
 "$LOOM" train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 --eval-every 0 \
   --ckpt "$WORK/sig" --threads 1 > "$WORK/sig.txt" 2>&1 &
 pid=$!
-sleep 3
+wait_for "$WORK/sig.txt" "^step " 120 # training has begun: the signal lands between steps
 kill -TERM $pid
 wait $pid
 code=$?

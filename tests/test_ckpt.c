@@ -40,7 +40,7 @@ static const char *write_sample(const char *name, float *a, float *b) {
                             {.name = "ln_f.bias", .ndim = 1, .global = {3}, .offset = {0}, .local = {3}, .data = b}};
   loom_shard_set_whole(&t[1]);
   const char *path = tu_tmp_path(name);
-  loom_error err = {{0}};
+  loom_error err = {0};
   int64_t bytes;
   uint32_t crc;
   const loom_shard_binding binding = {0x5eed, 3, 1};
@@ -62,7 +62,7 @@ START_TEST(round_trip) {
   float a[8], b[3];
   const char *path = write_sample("shard.bin", a, b);
   loom_shard_file f;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_shard_file_read(path, &f, &err), LOOM_OK);
   ck_assert_int_eq(f.count, 2);
   ck_assert_str_eq(f.tensors[0].name, "h.0.attn.c_attn.weight");
@@ -80,7 +80,7 @@ END_TEST
 
 static void expect_refused(const char *path, const char *suffix) {
   loom_shard_file f;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_shard_file_read(path, &f, &err), LOOM_ERR_FORMAT);
   char want[700];
   snprintf(want, sizeof want, "%s: %s", path, suffix);
@@ -98,7 +98,7 @@ START_TEST(corruption_is_refused) {
   char *bytes = tu_read_bytes(good, &n);
   const char *bad = tu_tmp_path("bad.bin");
   loom_shard_file f;
-  loom_error err = {{0}};
+  loom_error err = {0};
   /* A flipped byte in the first piece's values, then one in its name: the CRC covers both. */
   const size_t value = n - LAST_DATA - LAST_HEADER - 1, name = FILE_HEADER + 2 + 9; /* the c of c_attn */
   const size_t flips[2] = {value, name};
@@ -191,7 +191,7 @@ static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params 
   const loom_gpt_config *t = tiny();
   const loom_plan_spec spec = {.model = *t, .tp = lay.tp, .pp = lay.pp, .dp = lay.dp, .vpp = 1, .micro_batch = 1, .global_batch = lay.dp};
   loom_plan *plan;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_build(&spec, &plan, &err), LOOM_OK);
   const loom_stage_range range = loom_plan_stage_range(plan, pp_rank);
   loom_plan_free(plan);
@@ -275,7 +275,7 @@ static char **save_layout(layout lay, const loom_gpt_params *whole, const loom_a
     paths[rank] = strdup(tu_tmp_path(name));
     int64_t bytes;
     uint32_t crc;
-    loom_error err = {{0}};
+    loom_error err = {0};
     const loom_shard_binding binding = {1, 1, rank};
     ck_assert_int_eq(loom_shard_file_write(paths[rank], &binding, pieces, count, &bytes, &crc, &err), LOOM_OK);
     free(pieces);
@@ -321,7 +321,7 @@ START_TEST(loads_onto_other_plans) {
   for (int k = 0; k < 6; k++)
     for (int rank = 0; rank < to[k].tp * to[k].pp * to[k].dp; rank++) {
       test_rank got, want;
-      loom_error err = {{0}};
+      loom_error err = {0};
       int opened;
       ck_assert_msg(load_rank(&got, to[k], rank, paths, 8, &opened, &err) == LOOM_OK, "%s", err.msg);
       make_rank(&want, to[k], rank, &whole, &opt.m, &opt.v);
@@ -334,7 +334,7 @@ START_TEST(loads_onto_other_plans) {
     }
   /* A missing shard leaves elements unfound; a shard given twice holds them twice. */
   test_rank r;
-  loom_error err = {{0}};
+  loom_error err = {0};
   int opened;
   ck_assert_int_eq(load_rank(&r, to[2], 0, paths, 7, &opened, &err), LOOM_ERR_FORMAT);
   ck_assert_msg(strstr(err.msg, "ckpt: the checkpoint holds ") && strstr(err.msg, "elements of"), "%s", err.msg);
@@ -384,7 +384,7 @@ static void expect_latest(const char *dir, int step) {
   ck_assert_msg(n == strlen(want) && memcmp(named, want, n) == 0, "latest does not name step %d", step);
   free(named);
   int shards, tensors;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_ckpt_verify(dir, &shards, &tensors, &err) == LOOM_OK, "%s", err.msg);
 }
 
@@ -406,7 +406,7 @@ START_TEST(writer_survives_allocation_failure) {
   loom_adamw opt;
   whole_state(&whole, &opt);
   save_case c = save_case_of("alloc_ckpt", &whole, &opt);
-  loom_error err = {{0}};
+  loom_error err = {0};
   int64_t bytes;
   ck_assert_msg(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err) == LOOM_OK, "%s", err.msg);
   ck_assert_int_ge(tu_each_allocation_failing(save_step2, step1_intact, &c), 5); /* the writer's own, each failed */
@@ -433,7 +433,7 @@ START_TEST(loads_refuse_what_verify_refuses) {
   loom_adamw opt;
   whole_state(&whole, &opt);
   save_case c = save_case_of("stale", &whole, &opt);
-  loom_error err = {{0}};
+  loom_error err = {0};
   int64_t bytes, step;
   char one[4200], two[4200], path[4300], keep[4400];
   loom_ckpt_step_dir(c.dir, 1, one, sizeof one);
@@ -484,7 +484,7 @@ START_TEST(manifest_sizes_are_bounded) {
   loom_adamw opt;
   whole_state(&whole, &opt);
   save_case c = save_case_of("bounds", &whole, &opt);
-  loom_error err = {{0}};
+  loom_error err = {0};
   int64_t bytes;
   ck_assert_int_eq(loom_ckpt_save(c.dir, 1, 0, &c.ch, 1, &c.ps, &c.run, &bytes, &err), LOOM_OK);
   char dir[4200], path[4300];

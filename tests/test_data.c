@@ -40,7 +40,7 @@ static const char *write_tokens(const char *name, int32_t magic, int32_t version
 
 static void expect_error(const char *path, int vocab, loom_status want, const char *suffix) {
   loom_token_file f;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_token_file_load(&f, path, vocab, &err), want);
   char expected[600];
   snprintf(expected, sizeof expected, "%s: %s", path, suffix);
@@ -51,7 +51,7 @@ START_TEST(token_file_round_trip) {
   uint16_t tokens[100];
   for (int i = 0; i < 100; i++) tokens[i] = (uint16_t)(i * 7 % 50);
   const char *path = tu_tmp_path("round.bin");
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_token_file_write(path, tokens, 100, &err), LOOM_OK);
   size_t n;
   int32_t *raw = tu_read_bytes(path, &n);
@@ -90,7 +90,7 @@ START_TEST(token_file_errors) {
   tu_write_bytes(tiny, "abc", 3);
   expect_error(tiny, 256, LOOM_ERR_FORMAT, "truncated token file: shorter than its 1024-byte header");
   loom_token_file f;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_token_file_load(&f, "/nonexistent/x.bin", 256, &err), LOOM_ERR_IO);
   ck_assert_str_eq(err.msg, "/nonexistent/x.bin: cannot open token file: No such file or directory");
 }
@@ -103,7 +103,7 @@ START_TEST(window_orders) {
   uint16_t tokens[COUNT];
   for (int i = 0; i < COUNT; i++) tokens[i] = (uint16_t)(i % 200);
   const char *path = tu_tmp_path("windows.bin");
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_token_file_write(path, tokens, COUNT, &err), LOOM_OK);
   loom_dataset *seq, *shuf;
   ck_assert_int_eq(loom_dataset_open_tokens(&seq, path, NULL, 256, T, LOOM_ORDER_SEQUENTIAL, 1, true, &err), LOOM_OK);
@@ -142,7 +142,7 @@ START_TEST(byte_tokenizer_prepares_token_files) {
   const char *txt = tu_tmp_path("in.txt"), *bin = tu_tmp_path("out.bin");
   const char text[] = "hello, loom\n\x01\xff";
   tu_write_bytes(txt, text, sizeof text - 1);
-  loom_error err = {{0}};
+  loom_error err = {0};
   const char *inputs[] = {txt};
   loom_prepare_options o = {.inputs = inputs, .ninputs = 1, .llmc_output = bin, .workers = 1};
   loom_prepare_stats s;

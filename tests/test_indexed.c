@@ -16,7 +16,7 @@
 static const char *write_dataset(const char *name, int docs, int dtype, int base) {
   const char *prefix = tu_tmp_path(name);
   loom_indexed_writer w;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_indexed_writer_open(&w, prefix, dtype, &err), LOOM_OK);
   for (int d = 0; d < docs; d++) {
     int32_t ids[16];
@@ -61,7 +61,7 @@ START_TEST(index_layout_and_round_trip) {
     for (int k = 0; k <= 5; k++) ck_assert_int_eq(get_i64(idx + 34 + 60 + 8 * k), k);
     free(idx);
     loom_indexed ix;
-    loom_error err = {{0}};
+    loom_error err = {0};
     ck_assert_int_eq(loom_indexed_open(&ix, prefix, 200000, &err), LOOM_OK);
     ck_assert_int_eq(ix.sequences, 5);
     for (int d = 0; d < 5; d++) {
@@ -93,7 +93,7 @@ static void corrupt_and_expect(const char *prefix, bool bin, size_t at, const vo
     free(data);
   }
   loom_indexed ix;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_ne(loom_indexed_open(&ix, copy, vocab, &err), LOOM_OK);
   char expected[1400];
   snprintf(expected, sizeof expected, "%s.%s: %s", copy, ext, want);
@@ -104,7 +104,7 @@ START_TEST(malformed_indexes_refused) {
   /* lengths 1, 8, 2, 9: 20 uint16 tokens, an index of 34 + 12*4 + 8*5 = 122 bytes */
   const char *prefix = write_dataset("good", 4, LOOM_INDEXED_DTYPE_UINT16, 0);
   loom_indexed ix;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_indexed_open(&ix, prefix, 5000, &err), LOOM_OK); /* the original opens */
   ck_assert_int_eq(ix.sequences, 4);
   loom_indexed_close(&ix);
@@ -144,7 +144,7 @@ static int *concatenated(const loom_indexed *ix, int64_t first, int64_t n, const
 START_TEST(samples_cross_documents) {
   const char *prefix = write_dataset("samples", 40, LOOM_INDEXED_DTYPE_UINT16, 0);
   loom_indexed ix;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_indexed_open(&ix, prefix, 60000, &err), LOOM_OK);
   const int T = 8;
   int64_t total;
@@ -212,7 +212,7 @@ END_TEST
 
 START_TEST(split_as_megatron_rounds) {
   int64_t b[4];
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_data_split_bounds("969,30,1", 1000, b, &err), LOOM_OK);
   ck_assert(b[0] == 0 && b[1] == 969 && b[2] == 999 && b[3] == 1000);
   ck_assert_int_eq(loom_data_split_bounds("98,2,0", 50, b, &err), LOOM_OK);
@@ -232,7 +232,7 @@ END_TEST
 
 static loom_dataset *open_blend(const char *spec, uint64_t seed, int T) {
   loom_dataset *ds;
-  loom_error err = {{0}};
+  loom_error err = {0};
   const loom_data_options o = {.data = spec, .split = "90,10,0", .vocab = 200000, .T = T, .shuffle = true, .seed = seed, .hold_out = true};
   ck_assert_msg(loom_dataset_open(&ds, &o, &err) == LOOM_OK, "%s", err.msg);
   return ds;
@@ -305,7 +305,7 @@ START_TEST(bad_specs_refused) {
   const char *a = write_dataset("spec", 10, LOOM_INDEXED_DTYPE_UINT16, 0);
   char spec[2400];
   loom_dataset *ds;
-  loom_error err = {{0}};
+  loom_error err = {0};
   loom_data_options o = {.split = "90,10,0", .vocab = 60000, .T = 4, .hold_out = true};
   snprintf(spec, sizeof spec, "0.5 %s 0.5", a);
   o.data = spec;

@@ -18,7 +18,7 @@ static const char *export_random(const char *name, uint64_t seed) {
   ck_assert_int_eq(loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory), LOOM_OK);
   loom_gpt_params_randomize(&p, seed);
   const char *path = tu_tmp_path(name);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_llmc_save(path, &p, &err), LOOM_OK);
   loom_gpt_params_free(&p);
   return path;
@@ -56,7 +56,7 @@ END_TEST
 START_TEST(export_import_is_byte_identical) {
   const char *a = export_random("a.bin", 9), *b = tu_tmp_path("b.bin");
   loom_gpt_config c;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_llmc_read_config(a, &c, &err), LOOM_OK);
   loom_gpt_params p;
   loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
@@ -79,7 +79,7 @@ static void expect_load_error(const char *name, const void *bytes, size_t n, con
   const loom_gpt_config c = cfg3();
   loom_gpt_params p;
   loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_llmc_load(path, &p, &err), LOOM_ERR_FORMAT);
   char expected[600];
   snprintf(expected, sizeof expected, "%s: %s", path, suffix);
@@ -132,7 +132,7 @@ START_TEST(non_gpt2_ffn_cannot_be_exported) {
   c.ffn = 24;
   loom_gpt_params p;
   loom_gpt_params_init(&p, &c, 0, 1, NULL, &loom_host_memory);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_llmc_save("/tmp/never-written.bin", &p, &err), LOOM_ERR_USAGE);
   ck_assert_str_eq(err.msg, "/tmp/never-written.bin: llm.c's format needs ffn = 4 * hidden (got ffn 24, hidden 16)");
   loom_gpt_params_free(&p);

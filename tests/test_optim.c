@@ -99,7 +99,7 @@ static void train(int micro, int steps, float *losses, float **weights) {
   const loom_plan_spec spec = {.model = cfg, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = micro,
                                .global_batch = 8, .schedule = LOOM_SCHEDULE_1F1B};
   loom_plan *plan;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
   loom_dataset *data = loom_dataset_addition(2, 5);
   const loom_trainer_options o = {.seed = 3, .weight_decay = loom_adamw_defaults().weight_decay,

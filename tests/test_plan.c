@@ -22,7 +22,7 @@ static loom_plan_spec base_spec(void) {
 
 static loom_plan *build(const loom_plan_spec *spec) {
   loom_plan *p;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_plan_build(spec, &p, &err) == LOOM_OK, "%s", err.msg);
   return p;
 }
@@ -52,7 +52,7 @@ static void protoc_agrees(const loom_plan *plan, const char *tag) {
   snprintf(ppb, sizeof ppb, "%s.protoc.pb", txt);
   snprintf(ptxt, sizeof ptxt, "%s.protoc.txt", txt);
   snprintf(back, sizeof back, "%s.back.txtpb", txt);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_write(txt, plan, &err), LOOM_OK);
   ck_assert_int_eq(loom_plan_write(pb, plan, &err), LOOM_OK);
   ck_assert_int_eq(protoc("encode", txt, ppb), 0);
@@ -104,7 +104,7 @@ END_TEST
 
 static void expect_text_error(const char *text, const char *message) {
   ProtobufCMessage *m = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_text_parse(&loom__partition_plan__descriptor, text, strlen(text), &m, &err), LOOM_ERR_FORMAT);
   ck_assert_ptr_null(m);
   ck_assert_str_eq(err.msg, message);
@@ -114,7 +114,7 @@ static void expect_text_error(const char *text, const char *message) {
  * for byte, protoc agrees, and it holds 51,982,647,296 parameters. */
 START_TEST(committed_plan_round_trips) {
   loom_plan *p;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_plan_read(g_gpt50b, &p, &err) == LOOM_OK, "%s", err.msg);
   const char *back = tu_tmp_path("gpt50b.txtpb");
   ck_assert_int_eq(loom_plan_write(back, p, &err), LOOM_OK);
@@ -150,7 +150,7 @@ START_TEST(malformed_text_is_refused) {
   expect_text_error("format_version 1", "line 1: field 'format_version': expected ':'");
   /* Comments, <> braces, lists and separators are all fine. */
   ProtobufCMessage *m;
-  loom_error err = {{0}};
+  loom_error err = {0};
   const char *ok = "# a plan\nmodel < layers: 2; hidden: 8, >\nstages [{ pp_rank: 0 }, { pp_rank: 1 }]\nname: 'a' \"b\"\n";
   ck_assert_int_eq(loom_text_parse(&loom__partition_plan__descriptor, ok, strlen(ok), &m, &err), LOOM_OK);
   loom_plan *p = (loom_plan *)m;
@@ -163,7 +163,7 @@ END_TEST
 
 START_TEST(bad_files_are_refused) {
   loom_plan *p;
-  loom_error err = {{0}};
+  loom_error err = {0};
   const char *pb = tu_tmp_path("garbage.pb");
   tu_write_bytes(pb, "\xff\xff\xff\xff\x0f", 5);
   ck_assert_int_eq(loom_plan_read(pb, &p, &err), LOOM_ERR_FORMAT);
@@ -361,7 +361,7 @@ END_TEST
 START_TEST(fit_world_lowers_dp) {
   loom_plan_spec spec = base_spec(); /* tp 2 x pp 2 x dp 2, micro-batch 2, global batch 16 */
   loom_plan *p = build(&spec);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_fit_world(p, 8, &err), LOOM_OK);
   ck_assert_int_eq(p->parallel->dp, 2);
   ck_assert_int_eq(loom_plan_fit_world(p, 4, &err), LOOM_OK);
@@ -448,7 +448,7 @@ START_TEST(in_flight_is_the_verifiers_peak) {
         loom_plan_model_config(p, &cfg);
         loom_schedule s;
         loom_schedule_report rep;
-        loom_error err = {{0}};
+        loom_error err = {0};
         ck_assert_int_eq(loom_schedule_build(&s, kinds[k], pp, vpp, m, &err), LOOM_OK);
         ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
         ck_assert_uint_eq(p->estimates->n_stages, (size_t)(pp * vpp));
@@ -552,7 +552,7 @@ static void no_plan(void *ctx, loom_status st, const loom_error *err, int k) {
  * and returns no plan, and the file is left as it was; then it loads. */
 START_TEST(loader_survives_allocation_failure) {
   loom_plan *plan;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_plan_read(g_tiny, &plan, &err) == LOOM_OK, "%s", err.msg);
   const char *pb = tu_tmp_path("alloc.pb");
   ck_assert_int_eq(loom_plan_write(pb, plan, &err), LOOM_OK);
@@ -576,7 +576,7 @@ END_TEST
 
 /* LOOM_FAULT's syntax: a bad spec is refused whole, with the reason. */
 START_TEST(fault_specs_are_checked) {
-  loom_error err = {{0}};
+  loom_error err = {0};
   const char *bad[] = {"nope:0:1", "alloc:0", "alloc:x:1", "alloc:0:1:fast", "slow:0:1:-3", "alloc:0:1:2:3"};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ck_assert_int_eq(loom_fault_arm(bad[i], &err), LOOM_ERR_USAGE);
@@ -782,7 +782,7 @@ START_TEST(undefined_enums_are_refused) {
   loom_plan *p = build(&spec);
   p->schedule = (Loom__ScheduleKind)9;
   const char *pb = tu_tmp_path("enum.pb");
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_write(pb, p, &err), LOOM_OK);
   loom_plan_free(p);
   ck_assert_msg(loom_plan_read(pb, &p, &err) == LOOM_OK, "%s", err.msg);

@@ -18,7 +18,7 @@ START_TEST(every_schedule_verifies) {
           if (kind != LOOM_SCHEDULE_INTERLEAVED && v != 1) continue;
           if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0) continue;
           loom_schedule s;
-          loom_error err = {{0}};
+          loom_error err = {0};
           ck_assert_msg(loom_schedule_build(&s, (loom_schedule_kind)kind, p, v, m, &err) == LOOM_OK, "%s", err.msg);
           loom_schedule_report rep;
           const loom_status st = loom_schedule_verify(&s, &rep);
@@ -39,7 +39,7 @@ END_TEST
 
 static void expect_refused(loom_schedule_kind kind, int p, int v, int m, const char *message) {
   loom_schedule s;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_schedule_build(&s, kind, p, v, m, &err), LOOM_ERR_USAGE);
   ck_assert_str_eq(err.msg, message);
 }
@@ -67,7 +67,7 @@ static int find(const loom_schedule *s, int r, loom_action_kind kind, int mb) {
 START_TEST(broken_schedules_are_caught) {
   loom_schedule s;
   loom_schedule_report rep;
-  loom_error err = {{0}};
+  loom_error err = {0};
   /* Rank 1 receives micro-batch 0's grad before sending its activation on: a wait cycle. */
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 3, 1, 4, &err), LOOM_OK);
   const int send = find(&s, 1, LOOM_ACT_SEND_ACT, 0), recv = find(&s, 1, LOOM_ACT_RECV_GRAD, 0);
@@ -114,7 +114,7 @@ START_TEST(zero_bubble_schedules_verify) {
       for (int m = 1; m <= 16; m++) {
         const int v = kinds[k] == LOOM_SCHEDULE_ZB_V ? 2 : 1, bound = v * (p < m ? p : m);
         loom_schedule s;
-        loom_error err = {{0}};
+        loom_error err = {0};
         ck_assert_msg(loom_schedule_build(&s, kinds[k], p, v, m, &err) == LOOM_OK, "%s", err.msg);
         loom_schedule_report rep;
         ck_assert_msg(loom_schedule_verify(&s, &rep) == LOOM_OK, "%s p=%d m=%d: %s", loom_schedule_kind_name(s.kind), p, m,
@@ -162,7 +162,7 @@ END_TEST
 START_TEST(broken_split_backward_is_caught) {
   loom_schedule s;
   loom_schedule_report rep;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_ZB_H1, 2, 1, 2, &err), LOOM_OK);
   const int b = find(&s, 1, LOOM_ACT_BACKWARD_INPUT, 0), w = find(&s, 1, LOOM_ACT_BACKWARD_WEIGHT, 0);
   ck_assert_int_lt(b, w);
@@ -185,7 +185,7 @@ END_TEST
 /* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
 START_TEST(one_f_one_b_warmup) {
   loom_schedule s;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 4, 1, 8, &err), LOOM_OK);
   for (int r = 0; r < 4; r++) {
     int forwards = 0;

@@ -13,7 +13,7 @@
 
 static loom_profile *builtin(const char *name) {
   loom_profile *p = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_profile_load(name, &p, &err) == LOOM_OK, "%s", err.msg);
   return p;
 }
@@ -22,7 +22,7 @@ static loom_plan *plan_of(loom_plan_spec spec) {
   loom_gpt_config_finish(&spec.model);
   if (!spec.schedule) spec.schedule = LOOM_SCHEDULE_1F1B;
   loom_plan *p = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_plan_build(&spec, &p, &err) == LOOM_OK, "%s", err.msg);
   char lines[2048];
   ck_assert_msg(loom_plan_check_rules(p, 0, 0, lines, sizeof lines) == 0, "%s", lines);
@@ -39,7 +39,7 @@ typedef struct {
 static void predict(predicted *x, const char *cluster, loom_plan_spec spec) {
   x->prof = builtin(cluster);
   x->plan = plan_of(spec);
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_msg(loom_sim_run(x->plan, x->prof, LOOM_FLOPS_MEGATRON, &x->r, &err) == LOOM_OK, "%s", err.msg);
 }
 
@@ -93,7 +93,7 @@ static loom_status parse_with(const char *from, const char *to, loom_error *err)
 }
 
 START_TEST(profiles_refuse_bad_figures) {
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(parse_with("name", "name", &err), LOOM_OK);
   const struct {
     const char *from, *to, *why;
@@ -123,7 +123,7 @@ END_TEST
 
 START_TEST(collectives_follow_ring_formulas) {
   loom_profile *p = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_profile_parse(GOOD, strlen(GOOD), "t", &p, &err), LOOM_OK);
   const double S = 1e9;
   double sent;
@@ -253,7 +253,7 @@ START_TEST(trace_is_drawn) {
   predict(&x, "h100-sxm", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
                                            .global_batch = 4, .schedule = LOOM_SCHEDULE_INTERLEAVED,
                                            .precision = LOOM__PRECISION__PRECISION_BF16});
-  loom_error err = {{0}};
+  loom_error err = {0};
   const char *json = tu_tmp_path("sim_trace.json"), *svg = tu_tmp_path("sim_trace.svg");
   ck_assert_int_eq(loom_sim_write_trace(&x.r, json, &err), LOOM_OK);
   ck_assert_msg(loom_trace_svg(json, svg, &err) == LOOM_OK, "%s", err.msg);
@@ -289,7 +289,7 @@ START_TEST(search_ranks_what_fits) {
   loom_plan *base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
                                              .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
   loom_search_result r;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
   ck_assert_int_gt(r.nranked, 10);
   int dropped = 0; /* every candidate is ranked or dropped for one reason */
@@ -336,7 +336,7 @@ START_TEST(mpi_tags_bound_micro_batches_per_chunk) {
                          .vpp = 2, .micro_batch = 1, .global_batch = 8192, .schedule = LOOM_SCHEDULE_INTERLEAVED};
   loom_gpt_config_finish(&spec.model);
   loom_plan *p = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   ck_assert_int_eq(loom_plan_build(&spec, &p, &err), LOOM_OK);
   char lines[2048];
   ck_assert_int_gt(loom_plan_check_rules(p, 0, 0, lines, sizeof lines), 0);

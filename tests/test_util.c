@@ -165,7 +165,7 @@ int tu_each_allocation_failing(loom_status (*attempt)(void *ctx, loom_error *err
                                void (*judge)(void *ctx, loom_status st, const loom_error *err, int k), void *ctx) {
   for (int k = 1; k < 100000; k++) {
     char spec[32];
-    loom_error err = {{0}};
+    loom_error err = {0};
     snprintf(spec, sizeof spec, "alloc:*:%d", k);
     ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
     const loom_status st = attempt(ctx, &err);

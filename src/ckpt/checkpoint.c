@@ -33,7 +33,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
     free(pieces);
     free(all);
     if (ps->rank == 0) discard_partial(dir, sub, step);
-    return st != LOOM_OK ? st : loom_fail(err, LOOM_ERR_IO, "%s: another rank could not start the checkpoint", sub);
+    return st != LOOM_OK ? st : loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "start the checkpoint");
   }
   /* One id for this save, rank 0's: every shard and the manifest carry it. */
   int64_t save_id = ps->rank == 0 ? (int64_t)loom_ckpt_fresh_save_id() : 0;
@@ -53,13 +53,13 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   /* Every rank reports success, size and checksum, as exact 64-bit integers. */
   const int64_t report[3] = {st == LOOM_OK, mine.crc32c, mine.bytes};
   loom_comm_allgather_typed(ps->world_group, report, all, 3, LOOM_DTYPE_I64);
-  int everyone = 1;
+  int failed = -1; /* the first rank that could not write its shard */
   *total_bytes = 0;
   for (int r = 0; r < ps->world; r++) {
-    everyone &= all[3 * r] == 1;
+    if (all[3 * r] != 1 && failed < 0) failed = r;
     *total_bytes += all[3 * r + 2];
   }
-  if (st == LOOM_OK && !everyone) st = loom_fail(err, LOOM_ERR_IO, "%s: another rank failed to write its shard; checkpoint not recorded", sub);
+  if (st == LOOM_OK && failed >= 0) st = loom_fail_elsewhere(err, LOOM_ERR_WRITE, failed, "write its shard; checkpoint not recorded");
   if (st == LOOM_OK && ps->rank == 0) {
     loom_shard_written *shards = loom_fault_calloc((size_t)ps->world, sizeof *shards);
     for (int r = 0; shards && r < ps->world; r++) {
@@ -73,7 +73,7 @@ loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_c
   free(all);
   bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
-  if (st == LOOM_OK && bad) st = loom_fail(err, LOOM_ERR_IO, "%s: rank 0 could not record the checkpoint", sub);
+  if (st == LOOM_OK && bad) st = loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "record the checkpoint");
   if (bad && ps->rank == 0) discard_partial(dir, sub, step);
   return st;
 }

@@ -6,6 +6,8 @@
 #include "ckpt/llmc_model.h"
 #include "ckpt/safetensors.h"
 #include "backend/op_math.h"
+#include "core/strbuf.h"
+#include "core/write_file.h"
 
 const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {
     [LOOM_FORMAT_LLMC] = "llmc", [LOOM_FORMAT_SAFETENSORS] = "safetensors", [LOOM_FORMAT_HF] = "hf"};
@@ -28,10 +30,6 @@ loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_
   return loom_hf_is_dir(path) ? loom_hf_source(s, path, err) : loom_llmc_source(s, path, err);
 }
 
-loom_status loom_model_file_config(const char *path, loom_gpt_config *cfg, loom_error *err) {
-  return loom_hf_is_dir(path) ? loom_hf_read_config(path, cfg, err) : loom_llmc_read_config(path, cfg, err);
-}
-
 loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *model_path,
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err) {
   if (dir) return loom_model_source_of_ckpt(s, dir, err);
@@ -47,6 +45,23 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
   s->state = p;
   s->free_state = free_params;
   return LOOM_OK;
+}
+
+loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
+                                    const char *out, bool force, loom_error *err) {
+  if (format == LOOM_FORMAT_HF && loom_hf_check_class(cfg, err) != LOOM_OK)
+    return loom_error_prefix(err, LOOM_ERR_USAGE, flag);
+  static const char *const FILE_SUFFIXES[] = {".safetensors", ".bin", ".json", ".txtpb", ".pb"};
+  const bool named_safetensors = loom_str_ends_with(out, ".safetensors");
+  bool named_file = false;
+  for (size_t i = 0; i < sizeof FILE_SUFFIXES / sizeof FILE_SUFFIXES[0]; i++) named_file |= loom_str_ends_with(out, FILE_SUFFIXES[i]);
+  const char *why = format == LOOM_FORMAT_SAFETENSORS && !named_safetensors ? "safetensors files end in .safetensors"
+                    : format == LOOM_FORMAT_LLMC && named_safetensors        ? "this is an llm.c file, not safetensors"
+                    : format == LOOM_FORMAT_HF && named_file ? "this is a Hugging Face directory, not a file" : NULL;
+  if (why)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s %s: the name contradicts what is written (%s): %s; rename it", flag, out,
+                     LOOM_MODEL_FORMAT_WHAT[format], why);
+  return loom_output_check(flag, out, format == LOOM_FORMAT_HF, force, err);
 }
 
 loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,

@@ -22,8 +22,13 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err);
 /* A model file as a source: a Hugging Face directory, else an llm.c file. */
 loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err);
-/* The config of a model file (as loom_model_file_source reads it). */
-loom_status loom_model_file_config(const char *path, loom_gpt_config *cfg, loom_error *err);
+/* Before any work: whether cfg's model can be written to out (named by
+ * `flag`) in format: a transformers class for hf; a name that does not
+ * contradict the format (safetensors ends in .safetensors, llm.c's does not,
+ * a directory's is no file name); and the output itself
+ * (loom_output_check: nothing there unless force, and writable). */
+loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
+                                    const char *out, bool force, loom_error *err);
 /* Writes src to out with values in dtype (LOOM_DTYPE_F32, or LOOM_DTYPE_BF16
  * rounded to nearest even: llm.c's version 5, safetensors' "BF16"). */
 loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,

@@ -328,6 +328,31 @@ static int entry_of(const loom_json *header, const char *name, bool gpt2) {
   return -1;
 }
 
+static const st_entry *g_sorting; /* qsort's context: the entries whose indices it sorts */
+static int by_begin(const void *a, const void *b) {
+  const uint64_t x = g_sorting[*(const size_t *)a].begin, y = g_sorting[*(const size_t *)b].begin;
+  return x < y ? -1 : x > y;
+}
+
+/* No two tensors share bytes (the safetensors library refuses such files too). */
+static loom_status refuse_overlaps(const char *path, const loom_json *header, const st_entry *entries, loom_error *err) {
+  size_t *order = loom_fault_calloc(header->count + 1, sizeof *order), n = 0;
+  if (!order) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  for (size_t i = 0; i < header->count; i++)
+    if (entries[i].end > entries[i].begin) order[n++] = i;
+  g_sorting = entries;
+  qsort(order, n, sizeof *order, by_begin);
+  loom_status st = LOOM_OK;
+  for (size_t i = 1; i < n && st == LOOM_OK; i++)
+    if (entries[order[i]].begin < entries[order[i - 1]].end)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensors %s and %s overlap in the data (data_offsets [%llu, %llu] and [%llu, %llu])",
+                     path, header->keys[order[i - 1]], header->keys[order[i]], (unsigned long long)entries[order[i - 1]].begin,
+                     (unsigned long long)entries[order[i - 1]].end, (unsigned long long)entries[order[i]].begin,
+                     (unsigned long long)entries[order[i]].end);
+  free(order);
+  return st;
+}
+
 /* Matches the header against the model's table: every tensor there, in dtype and shape, none left over. */
 static loom_status match_header(loom_model_source *s, hf_source *h, const loom_json *header, uint64_t data_len,
                                 loom_error *err) {
@@ -338,6 +363,7 @@ static loom_status match_header(loom_model_source *s, hf_source *h, const loom_j
     if (strcmp(header->keys[i], "__metadata__") == 0) entries[i].used = true;
     else st = read_entry(h->path, header->keys[i], &header->items[i], data_len, &entries[i], err);
   }
+  if (st == LOOM_OK) st = refuse_overlaps(h->path, header, entries, err);
   const bool gpt2 = loom_gpt_config_is_gpt2(&s->cfg);
   for (int k = 0; k < s->count && st == LOOM_OK; k++) {
     const char *name = s->specs[k].name;
@@ -424,6 +450,16 @@ loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *er
 
 /* ---- writing ---- */
 
+loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
+  if (loom_gpt_config_is_gpt2(c) ||
+      (c->norm == LOOM_NORM_RMSNORM && c->mlp == LOOM_MLP_SWIGLU && c->position == LOOM_POSITION_ROPE))
+    return LOOM_OK;
+  char arch[256];
+  return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class: a Hugging Face directory holds GPT-2's "
+                   "architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope (LlamaForCausalLM)",
+                   loom_gpt_config_architecture(c, 1, arch, sizeof arch));
+}
+
 /* config.json for the source's model, or an error if no transformers class holds it. */
 static loom_status config_json(const loom_model_source *src, loom_dtype dtype, char *out, size_t n, loom_error *err) {
   const loom_gpt_config *c = &src->cfg;
@@ -441,12 +477,8 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              (double)c->dropout, (double)c->dropout, c->untied ? "false" : "true", torch_dtype);
     return LOOM_OK;
   }
-  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE) {
-    char arch[256];
-    return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class: --format hf writes GPT-2's "
-                     "architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope (LlamaForCausalLM)",
-                     loom_gpt_config_architecture(c, 1, arch, sizeof arch));
-  }
+  const loom_status st = loom_hf_check_class(c, err);
+  if (st != LOOM_OK) return st;
   snprintf(out, n,
            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": %d,\n"
            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
@@ -463,8 +495,9 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
 loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
   char json[4096], path[4200];
   loom_status st = config_json(src, dtype, json, sizeof json, err);
-  if (st == LOOM_OK && mkdir(dir, 0755) != 0 && errno != EEXIST)
-    st = loom_fail(err, LOOM_ERR_IO, "%s: cannot create the model directory: %s", dir, strerror(errno));
+  bool made = false; /* a directory this call made is removed again if the write fails */
+  if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0) && errno != EEXIST)
+    st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create the model directory: %s", dir, strerror(errno));
   if (st == LOOM_OK) {
     join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
     st = loom_safetensors_write(path, src, dtype, err);
@@ -473,6 +506,11 @@ loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dt
     join(path, sizeof path, dir, LOOM_HF_CONFIG);
     const loom_chunk chunk = {json, strlen(json)};
     st = loom_write_file_atomic(path, &chunk, 1, err);
+  }
+  if (st != LOOM_OK && made) {
+    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
+    unlink(path);
+    rmdir(dir);
   }
   return st;
 }

@@ -28,6 +28,9 @@ loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_erro
 loom_status loom_hf_parse_config(const char *text, size_t len, const char *path, loom_gpt_config *cfg, loom_error *err);
 /* The model in dir as a source, its safetensors header checked on opening. */
 loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err);
+/* Whether a transformers class holds the model (GPT2LMHeadModel or
+ * LlamaForCausalLM); the error names its architecture. */
+loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err);
 /* Writes dir/config.json and dir/model.safetensors (values as dtype),
  * each atomically; makes dir. Refuses a model no transformers class holds. */
 loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, loom_error *err);

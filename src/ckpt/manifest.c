@@ -11,6 +11,7 @@
 #include "ckpt/manifest.h"
 #include "core/crc32c.h"
 #include "core/fault.h"
+#include "core/read_file.h"
 #include "core/rng.h"
 #include "ckpt/shard_file.h"
 #include "core/write_file.h"
@@ -231,9 +232,11 @@ loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *er
     return loom_fail(err, LOOM_ERR_IO, "%s: no checkpoint to load (%s)", path, strerror(why));
   }
   if (!S_ISREG(sb.st_mode)) return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a file; it should name a step directory", path);
-  FILE *fp = fopen(path, "r");
-  const size_t got = fp ? fread(line, 1, sizeof line - 1, fp) : 0;
-  if (fp) fclose(fp);
+  FILE *fp;
+  const loom_status opened = loom_open_for_reading(path, "checkpoint's latest file", &fp, err);
+  if (opened != LOOM_OK) return opened;
+  const size_t got = fread(line, 1, sizeof line - 1, fp);
+  fclose(fp);
   long long n;
   char tail[2];
   if (got != 14 || sscanf(line, "step_%8lld%1[\n]", &n, tail) != 2 || n < 0)
@@ -282,8 +285,10 @@ loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom
   if (st != LOOM_OK) return st;
   loom_ckpt_step_dir(dir, named, step_dir, len);
   snprintf(path, sizeof path, "%s/manifest.pb", step_dir);
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
+  FILE *fp;
+  if (access(path, F_OK) != 0 && errno == ENOENT)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: missing manifest: the checkpoint is incomplete", path);
+  if ((st = loom_open_for_reading(path, "checkpoint manifest", &fp, err)) != LOOM_OK) return st;
   struct stat sb;
   const size_t size = fstat(fileno(fp), &sb) == 0 ? (size_t)sb.st_size : 0;
   uint8_t *buf = loom_fault_malloc(size + 1);

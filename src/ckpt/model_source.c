@@ -1,4 +1,5 @@
 /* Model sources: in memory, or assembled from a checkpoint tensor by tensor. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,9 +95,18 @@ void loom_model_source_free(loom_model_source *s) {
   memset(s, 0, sizeof *s);
 }
 
+/* Tensor i into a run: a NaN or Inf weight is refused here, naming the
+ * tensor, rather than found later as a NaN loss blamed on the learning rate. */
 static loom_status load_tensor(const loom_piece_source *p, int i, float *dst, loom_error *err) {
   const loom_model_source *s = p->ctx;
-  return s->fetch(s, i, dst, err);
+  const loom_status st = s->fetch(s, i, dst, err);
+  const size_t n = loom_tensor_numel(&s->specs[i]);
+  for (size_t j = 0; st == LOOM_OK && j < n; j++)
+    if (!isfinite(dst[j]))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s holds %s at element %zu; a model with non-finite weights "
+                       "cannot be trained or evaluated", p->where ? p->where : "model", s->specs[i].name,
+                       isnan(dst[j]) ? "a NaN" : "an infinity", j);
+  return st;
 }
 
 loom_status loom_model_source_pieces(const loom_model_source *s, const char *where, loom_piece_source *out,

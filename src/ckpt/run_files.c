@@ -37,13 +37,14 @@ void loom_run_files_free(loom_run_files *f) {
   f->chunks = NULL;
 }
 
-/* Every rank's verdict: the first failure's message stays on its rank; the
- * others say another rank failed. */
+/* Every rank's verdict: a failing rank keeps its own message; the others
+ * fail too, quietly, naming the first rank that failed (loom_report). */
 static loom_status agree(const loom_run_files *f, loom_status st, const char *what, loom_error *err) {
-  int32_t bad = st != LOOM_OK;
-  loom_comm_allreduce_typed(f->tr->ps.world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
-  if (st != LOOM_OK || !bad) return st;
-  return loom_fail(err, LOOM_ERR_IO, "another rank could not %s", what);
+  const loom_parallel *ps = &f->tr->ps;
+  int32_t first = st != LOOM_OK ? -ps->rank : -ps->world; /* the lowest failing rank, as a max */
+  loom_comm_allreduce_typed(ps->world_group, &first, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  if (st != LOOM_OK || -first == ps->world) return st;
+  return loom_fail_elsewhere(err, LOOM_ERR_IO, -first, what);
 }
 
 /* The parameters of this rank's chunks, without optimizer state. */
@@ -106,11 +107,12 @@ static loom_status probe_dir(const char *dir, loom_error *err) {
   snprintf(path, sizeof path, "%s/.loom_probe_%d", dir, (int)getpid());
   FILE *fp = fopen(path, "w");
   const bool ok = fp && fputc('x', fp) != EOF;
-  if (fp && fclose(fp) != 0) st = LOOM_ERR_IO;
+  int why = errno; /* before unlink's own errno */
+  if (fp && fclose(fp) != 0) st = LOOM_ERR_IO, why = errno;
   unlink(path);
   if (!ok || st != LOOM_OK)
     return loom_fail(err, LOOM_ERR_IO, "--ckpt %s: cannot write there (%s); checkpoints would fail after hours of training",
-                     dir, strerror(errno));
+                     dir, why == EACCES ? "permission denied" : strerror(why));
   return LOOM_OK;
 }
 
@@ -159,8 +161,7 @@ loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
   return st;
 }
 
-/* The format --save writes: llm.c's file for GPT-2 (which it holds), else a Hugging Face directory. */
-static loom_model_format save_format(const loom_gpt_config *cfg) {
+loom_model_format loom_run_save_format(const loom_gpt_config *cfg) {
   return loom_gpt_config_is_gpt2(cfg) && !cfg->untied ? LOOM_FORMAT_LLMC : LOOM_FORMAT_HF;
 }
 
@@ -169,7 +170,7 @@ static loom_status write_model(const char *dir, const char *path, loom_error *er
   loom_model_source src;
   loom_status st = loom_model_source_of_ckpt(&src, dir, err);
   if (st != LOOM_OK) return st;
-  st = loom_model_export(&src, save_format(&src.cfg), LOOM_DTYPE_F32, path, err);
+  st = loom_model_export(&src, loom_run_save_format(&src.cfg), LOOM_DTYPE_F32, path, err);
   loom_model_source_free(&src);
   return st;
 }
@@ -191,6 +192,6 @@ loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, l
   st = agree(f, st, "write the model", err);
   if (dir == scratch && f->tr->ps.rank == 0) loom_ckpt_remove(scratch);
   if (st == LOOM_OK)
-    loom_log_info("saved %s (%s)", path, LOOM_MODEL_FORMAT_WHAT[save_format(&f->run.cfg)]);
+    loom_log_info("saved %s (%s)", path, LOOM_MODEL_FORMAT_WHAT[loom_run_save_format(&f->run.cfg)]);
   return st;
 }

@@ -8,6 +8,7 @@
 #ifndef LOOM_RUN_FILES_H
 #define LOOM_RUN_FILES_H
 
+#include "ckpt/export.h"
 #include "ckpt/checkpoint.h"
 #include "pipeline/trainer.h"
 
@@ -31,6 +32,8 @@ loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
 /* The training loop's save hook (ctx: the loom_run_files): checkpoint `step` under dir. */
 loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
+/* The format --save writes: llm.c's file for GPT-2 (which it holds), else a Hugging Face directory. */
+loom_model_format loom_run_save_format(const loom_gpt_config *cfg);
 /* Writes the model after `step` to path, an llm.c file for GPT-2 and a
  * Hugging Face directory for other models (--save): from dir/latest
  * when the run keeps checkpoints (it was just saved), else through a

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "core/read_file.h"
 #include "ckpt/shard_file.h"
 #include "core/fault.h"
 #include "core/crc32c.h"
@@ -172,8 +173,9 @@ static loom_status read_header(FILE *fp, const char *path, loom_shard_binding *b
 }
 
 loom_status loom_shard_read_binding(const char *path, loom_shard_binding *out, loom_error *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
+  FILE *fp;
+  loom_status opened = loom_open_for_reading(path, "checkpoint shard", &fp, err);
+  if (opened != LOOM_OK) return opened;
   uint32_t count;
   const loom_status st = read_header(fp, path, out, &count, err);
   fclose(fp);
@@ -183,12 +185,12 @@ loom_status loom_shard_read_binding(const char *path, loom_shard_binding *out, l
 loom_status loom_shard_index_open(const char *path, loom_shard_index *ix, loom_error *err) {
   memset(ix, 0, sizeof *ix);
   snprintf(ix->path, sizeof ix->path, "%s", path);
-  ix->fp = fopen(path, "rb");
   struct stat sb;
-  if (!ix->fp || fstat(fileno(ix->fp), &sb) != 0) {
-    loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
+  loom_status opened = loom_open_for_reading(path, "checkpoint shard", &ix->fp, err);
+  if (opened != LOOM_OK || fstat(fileno(ix->fp), &sb) != 0) {
+    if (opened == LOOM_OK) opened = loom_fail(err, LOOM_ERR_IO, "%s: cannot open checkpoint shard: %s", path, strerror(errno));
     loom_shard_index_close(ix);
-    return st;
+    return opened;
   }
   uint32_t count = 0;
   loom_status st = read_header(ix->fp, path, &ix->binding, &count, err);

@@ -25,9 +25,9 @@ int loom_cmd_sim_calibrate(int argc, char **argv) {
       {"--mem-mb", FLAG_FLOAT, &mem_mb, "MiB of the memory bandwidth test's arrays", 1, 65536, NULL, false, NULL},
       {"--links-from", FLAG_STRING, &links, "a profile whose links a one-rank calibration takes (one rank measures none)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--name", FLAG_STRING, &name, "the profile's name", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false, NULL},
+      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
   };
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   int npos;
   loom_status st = loom_cli_parse("loom sim calibrate", "mpirun -np N loom sim calibrate -o PROFILE.txtpb [flags]", table,
@@ -38,7 +38,11 @@ int loom_cmd_sim_calibrate(int argc, char **argv) {
   if (links && (st = loom_profile_load(links, &from, &err)) != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(threads ? threads : loom_launch_default_threads());
   loom_launch launch;
-  loom_launch_init(&launch);
+  if ((st = loom_launch_init(&launch, &err)) != LOOM_OK) {
+    const int code = loom_report(st, &err);
+    loom_launch_finish(&launch);
+    return code;
+  }
   const loom_ops *ops = loom_ops_cpu();
   const loom_calibrate_options o = {.seconds = seconds, .mem_bytes = (size_t)((double)mem_mb * 1048576.0),
                                     .links_from = from, .name = name};

@@ -19,7 +19,7 @@
 
 /* `loom ckpt verify DIR`: every checksum and shape of the latest checkpoint. */
 static int verify(int argc, char **argv) {
-  loom_error err = {{0}};
+  loom_error err = {0};
   if (argc != 1 || argv[0][0] == '-') {
     loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt verify: expected one checkpoint directory");
     return loom_report(LOOM_ERR_USAGE, &err);
@@ -65,7 +65,7 @@ static int reshard(int argc, char **argv) {
       {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false, NULL},
   };
   const int n = (int)(sizeof table / sizeof table[0]);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos, counts[LOOM_PLAN_MAX_STAGES], ncounts = 0;
@@ -99,13 +99,14 @@ static int reshard(int argc, char **argv) {
 static const char *const DTYPE_CHOICES[] = {"fp32", "bf16", NULL};
 
 static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
-                                const char *format, const char *dtype, const char *out, loom_error *err) {
+                                const char *format, const char *dtype, const char *out, bool force, loom_error *err) {
   loom_model_source src;
   loom_status st = loom_model_source_open(&src, dir, init_from, cfg, (uint64_t)seed, err);
   if (st != LOOM_OK) return st;
   const loom_model_format f = loom_model_format_of(format);
   const bool bf16 = strcmp(dtype, "bf16") == 0;
-  st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, out, err);
+  st = loom_model_export_check(&src.cfg, f, "-o", out, force, err);
+  if (st == LOOM_OK) st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, out, err);
   if (st == LOOM_OK)
     loom_log_info("wrote %s (%s, %s, %zu parameters)", out, LOOM_MODEL_FORMAT_WHAT[f], bf16 ? "bf16" : "fp32",
                   loom_gpt_param_count(&src.cfg, NULL, 1));
@@ -117,17 +118,19 @@ static int export_cmd(int argc, char **argv) {
   loom_model_flags mf = {.preset = "gpt-tiny"};
   const char *format = NULL, *out = NULL, *dtype = "fp32";
   int64_t seed = 1337;
-  loom_flag table[LOOM_MODEL_FLAG_COUNT + 4];
+  bool force = false;
+  loom_flag table[LOOM_MODEL_FLAG_COUNT + 5];
   loom_model_flags_table(&mf, table);
-  const loom_flag rest[4] = {
+  const loom_flag rest[5] = {
       {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
       {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--dtype", FLAG_STRING, &dtype, "value type: fp32, or bf16 rounded to nearest even", LOOM_NO_RANGE, DTYPE_CHOICES, false, NULL},
       {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
+      {"--force", FLAG_BOOL, &force, "replace an output that exists", LOOM_NO_RANGE, NULL, false, NULL},
   };
   memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
-  const int n = LOOM_MODEL_FLAG_COUNT + 4;
-  loom_error err = {{0}};
+  const int n = LOOM_MODEL_FLAG_COUNT + 5;
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;
@@ -142,7 +145,7 @@ static int export_cmd(int argc, char **argv) {
   loom_gpt_config cfg;
   int T;
   if (st == LOOM_OK && npos == 0) st = loom_model_flags_resolve("loom ckpt export", &mf, table, &cfg, &T, &err);
-  if (st == LOOM_OK) st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, dtype, out, &err);
+  if (st == LOOM_OK) st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, dtype, out, force, &err);
   return loom_report(st, &err);
 }
 
@@ -151,7 +154,7 @@ int loom_cmd_ckpt(int argc, char **argv) {
   if (strcmp(sub, "verify") == 0) return verify(argc - 1, argv + 1);
   if (strcmp(sub, "reshard") == 0) return reshard(argc - 1, argv + 1);
   if (strcmp(sub, "export") == 0) return export_cmd(argc - 1, argv + 1);
-  loom_error err = {{0}};
+  loom_error err = {0};
   loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt: expected 'verify DIR', 'reshard DIR ... -o OUT' or 'export [DIR] --format F -o OUT'");
   return loom_report(LOOM_ERR_USAGE, &err);
 }

@@ -12,7 +12,7 @@ int loom_cmd_data(int argc, char **argv) {
   if (strcmp(sub, "encode") == 0) return loom_cmd_data_encode(argc - 1, argv + 1);
   if (strcmp(sub, "decode") == 0) return loom_cmd_data_decode(argc - 1, argv + 1);
   if (strcmp(sub, "tokenizer") == 0) return loom_cmd_data_tokenizer(argc - 1, argv + 1);
-  loom_error err = {{0}};
+  loom_error err = {0};
   loom_fail(&err, LOOM_ERR_USAGE, "loom data: expected 'prepare', 'encode', 'decode' or 'tokenizer train'");
   return loom_report(LOOM_ERR_USAGE, &err);
 }

@@ -57,7 +57,7 @@ int loom_cmd_eval(int argc, char **argv) {
   };
   _Static_assert(sizeof rest / sizeof rest[0] == EVAL_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "EVAL_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;
@@ -80,9 +80,9 @@ int loom_cmd_eval(int argc, char **argv) {
     return loom_report(st, &err);
   }
   loom_launch launch;
-  loom_launch_init(&launch);
+  st = loom_launch_init(&launch, &err);
   loom_log_set_quiet(launch.rank != 0);
-  st = eval_run(plan, &f, ops, launch.world, &err);
+  if (st == LOOM_OK) st = eval_run(plan, &f, ops, launch.world, &err);
   const int code = loom_report(st, &err);
   loom_launch_finish(&launch);
   loom_plan_free(plan);

@@ -20,7 +20,7 @@ static int plan_new(int argc, char **argv) {
   loom_plan_flags_table(&pf, table);
   table[LOOM_PLAN_FLAG_COUNT] = (loom_flag){"-o", FLAG_STRING, &out, "output plan: .txtpb (text), .pb (binary) or - (text on standard output) (required)",
                                             LOOM_NO_RANGE, NULL, false, NULL};
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;
@@ -133,7 +133,7 @@ static void show(const loom_plan *p) {
 
 static int plan_show(int argc, char **argv) {
   loom_flag table[1];
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[2];
   int npos;
@@ -177,7 +177,7 @@ static int plan_check(int argc, char **argv) {
       {"--device-memory", FLAG_STRING, &memory, "memory of one device, e.g. 80GiB (default: the plan's cluster)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--world", FLAG_INT, &world, "ranks the job will have (0: unchecked)", 0, 1 << 24, NULL, false, NULL},
   };
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[2];
   int npos;

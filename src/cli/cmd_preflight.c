@@ -29,9 +29,9 @@ int loom_cmd_preflight(int argc, char **argv) {
       {"--mem-mb", FLAG_FLOAT, &mem_mb, "MiB of the memory bandwidth test's arrays", 1, 65536, NULL, false, NULL},
       {"--comm-mb", FLAG_FLOAT, &comm_mb, "MiB of each all-reduce and p2p message", 0.001, 4096, NULL, false, NULL},
       {"--device", FLAG_STRING, &device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false, NULL},
+      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
   };
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   int npos;
   loom_status st = loom_cli_parse("loom preflight", "loom preflight [--plan PLAN | --tp N --pp N] [flags]", table,
@@ -56,7 +56,11 @@ int loom_cmd_preflight(int argc, char **argv) {
   if (st != LOOM_OK) return loom_report(st, &err);
   loom_cpu_set_threads(threads ? threads : loom_launch_default_threads());
   loom_launch launch;
-  loom_launch_init(&launch);
+  if ((st = loom_launch_init(&launch, &err)) != LOOM_OK) {
+    const int code = loom_report(st, &err);
+    loom_launch_finish(&launch);
+    return code;
+  }
   loom_parallel ps;
   loom_comm_use_memory(launch.world, ops->mem);
   loom_parallel_init(&ps, launch.world, tp, pp, dp, false);

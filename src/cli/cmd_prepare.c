@@ -36,7 +36,7 @@ int loom_cmd_data_prepare(int argc, char **argv) {
       {"--force", FLAG_BOOL, &force, "replace outputs that exist", LOOM_NO_RANGE, NULL, false, NULL},
   };
   const int nflags = (int)(sizeof table / sizeof *table);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *inputs[MAX_INPUTS];
   int ninputs;

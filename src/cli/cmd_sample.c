@@ -84,7 +84,7 @@ int loom_cmd_sample(int argc, char **argv) {
   };
   _Static_assert(sizeof rest / sizeof rest[0] == SAMPLE_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "SAMPLE_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;

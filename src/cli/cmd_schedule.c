@@ -41,7 +41,7 @@ int loom_cmd_schedule(int argc, char **argv) {
       {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;

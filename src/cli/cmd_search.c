@@ -54,7 +54,7 @@ static loom_status draw(const char *path, const loom_search_result *r, const loo
   fprintf(fp, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">most memory one rank needs (GiB)</text>\n", left + w / 2, top + h + 36);
   fprintf(fp, "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">model TFLOP/s per GPU</text>\n</svg>\n",
           top + h / 2, top + h / 2);
-  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_IO, "--svg %s: write failed", path);
+  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_WRITE, "--svg %s: write failed", path);
 }
 
 int loom_cmd_plan_search(int argc, char **argv) {
@@ -73,7 +73,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
       loom_sim_flops_flag(&flops),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;

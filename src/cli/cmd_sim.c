@@ -138,7 +138,7 @@ static loom_status draw_sweep(const char *path, const sweep_point *pts, int n, c
   fprintf(fp, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">GPUs</text>\n"
               "<text x=\"16\" y=\"%.0f\" transform=\"rotate(-90 16 %.0f)\" text-anchor=\"middle\">tokens/s (log)</text>\n</svg>\n",
           left + w / 2, top + h + 36, top + h / 2, top + h / 2);
-  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_IO, "--svg %s: write failed", path);
+  return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_WRITE, "--svg %s: write failed", path);
 }
 
 static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, const char *list,
@@ -189,7 +189,7 @@ int loom_cmd_sim(int argc, char **argv) {
       {"--svg", FLAG_STRING, &svg, "with --sweep-gpus: draw the scaling curve", LOOM_NO_RANGE, NULL, false, NULL},
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;

@@ -21,7 +21,7 @@ static int run(int argc, char **argv, bool encode) {
       {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in the text become their ids", LOOM_NO_RANGE, NULL, false, NULL},
   };
   const char *cmd = encode ? "loom data encode" : "loom data decode";
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;

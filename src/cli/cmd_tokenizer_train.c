@@ -22,7 +22,7 @@ int loom_cmd_data_tokenizer(int argc, char **argv) {
       {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--force", FLAG_BOOL, &force, "replace a tokenizer in the output directory", LOOM_NO_RANGE, NULL, false, NULL},
   };
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[MAX_INPUTS + 1];
   int npos;

@@ -10,7 +10,7 @@ int loom_cmd_trace(int argc, char **argv) {
   loom_flag table[] = {
       {"-o", FLAG_STRING, &out, "output SVG file (required)", LOOM_NO_RANGE, NULL, false, NULL},
   };
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[2];
   int npos;

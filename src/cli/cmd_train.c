@@ -126,6 +126,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   loom_run_files_free(&files);
   loom_trainer_free(&tr);
   loom_metrics_close(&metrics);
+  if (st == LOOM_OK) st = loom_metrics_status(&metrics, err);
   loom_dataset_free(data);
   return st;
 }
@@ -146,7 +147,7 @@ int loom_cmd_train(int argc, char **argv) {
   loom_train_flags f = loom_train_flags_defaults();
   loom_flag table[LOOM_TRAIN_FLAG_COUNT];
   loom_train_flags_table(&f, table);
-  loom_error err = {{0}};
+  loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;
@@ -166,6 +167,8 @@ int loom_cmd_train(int argc, char **argv) {
     st = loom_plan_flags_refuse("loom train", plan, &limits, table, f.plan, &err);
   }
   if (st == LOOM_OK && !f.print_plan) st = loom_train_flags_check(&f, table, plan, &err);
+  /* Rank 0 writes every output but the checkpoint shards (whose directory each rank probes below). */
+  if (st == LOOM_OK && !f.print_plan && loom_launch_env_rank() == 0) st = loom_train_flags_check_outputs(&f, plan, &err);
   const loom_ops *ops = NULL;
   char device[160];
   if (st == LOOM_OK && !f.print_plan) st = loom_device_setup("loom train", f.device, &ops, device, sizeof device, &err);
@@ -178,13 +181,15 @@ int loom_cmd_train(int argc, char **argv) {
   catch_signals();
   loom_comm_mpi_set_watchdog(f.watchdog_timeout);
   loom_launch launch;
-  loom_launch_init(&launch);
+  st = loom_launch_init(&launch, &err);
   loom_log_set_quiet(launch.rank != 0);
-  char collectives[128], described[320];
-  loom_comm *world = loom_device_world(launch.world, ops, collectives, sizeof collectives);
-  snprintf(described, sizeof described, "%s; collectives: %s", device, collectives);
-  st = run(plan, &f, ops, described, world, &err);
-  loom_device_world_free(world, launch.world);
+  if (st == LOOM_OK) {
+    char collectives[128], described[320];
+    loom_comm *world = loom_device_world(launch.world, ops, collectives, sizeof collectives);
+    snprintf(described, sizeof described, "%s; collectives: %s", device, collectives);
+    st = run(plan, &f, ops, described, world, &err);
+    loom_device_world_free(world, launch.world);
+  }
   const int code = loom_report(st, &err);
   loom_launch_finish(&launch);
   loom_plan_free(plan);

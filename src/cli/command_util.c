@@ -1,6 +1,7 @@
 /* What every subcommand shares: flag parsing with --help, and error reporting. */
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/commands.h"
 #include "cli/launch.h"
 #include "comm/mpi/comm_mpi.h"
@@ -12,15 +13,19 @@ int loom_report(loom_status st, const loom_error *err) {
   const int rank = loom_launch_env_rank(), code = loom_status_exit_code(st);
   /* Bad usage is found the same way on every rank: rank 0 alone says so and
    * every rank exits. Anything else may be one rank's alone: it names
-   * itself and ends the whole job, so no other rank waits forever. */
+   * itself and ends the whole job, so no other rank waits forever. A rank
+   * that failed only because another did waits for that rank's abort, so
+   * the first line printed is the failing rank's own; it speaks only if
+   * that never comes. */
   if (st == LOOM_ERR_USAGE && rank != 0) return code;
-  if (loom_mpi_launched() && st != LOOM_ERR_USAGE) fprintf(stderr, "[rank %d] ", rank);
-  if (strncmp(msg, "loom ", 5) == 0) fprintf(stderr, "%s\n", msg); /* already names its command */
-  else loom_log_error("%s", msg);
-  if (loom_mpi_launched() && st != LOOM_ERR_USAGE) {
-    fflush(stderr);
-    loom_mpi_abort(code);
-  }
+  const bool launched = loom_mpi_launched();
+  if (launched && err->elsewhere) sleep(30);
+  char prefix[32] = "", line[sizeof err->msg + 64];
+  if (launched && st != LOOM_ERR_USAGE) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+  /* A message that names its command keeps it; the others get loom's name. */
+  snprintf(line, sizeof line, "%s%s%.*s\n", prefix, strncmp(msg, "loom ", 5) == 0 ? "" : "loom: ", (int)sizeof err->msg, msg);
+  loom_log_error_line(line);
+  if (launched && st != LOOM_ERR_USAGE) loom_mpi_abort(code);
   return code;
 }
 

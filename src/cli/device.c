@@ -38,6 +38,7 @@ void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan) {
 
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {
+  if (loom_cpu_gemm_choose_from_env(err) != LOOM_OK) return loom_error_prefix(err, LOOM_ERR_USAGE, cmd);
   if (strcmp(device, "guarded") == 0) { /* a check, not a speed: host code touching tensor memory faults */
     *ops = loom_ops_guarded();
     snprintf(desc, len, "guarded (the CPU kernels on memory host code cannot touch)");

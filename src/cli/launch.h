@@ -12,7 +12,7 @@ typedef struct {
 } loom_launch;
 
 /* This process's rank as the launcher set it in the environment (0 alone),
- * readable before MPI starts. */
+ * readable before MPI starts; after loom_launch_init, the communicator's. */
 int loom_launch_env_rank(void);
 /* The job's world size as the launcher set it (1 alone). */
 int loom_launch_env_size(void);
@@ -23,7 +23,11 @@ int loom_launch_local_rank(void);
  * the ranks of this node (OMPI_COMM_WORLD_LOCAL_SIZE), at least 1; 0 when
  * started alone (keep the library defaults). */
 int loom_launch_default_threads(void);
-void loom_launch_init(loom_launch *l);
+/* Starts MPI when a launcher started this process. The communicator's size
+ * and rank are the truth: where the launcher's environment says otherwise
+ * (variables set by hand, a process started outside mpirun), refuses,
+ * naming the variables; the job must not run as something it is not. */
+loom_status loom_launch_init(loom_launch *l, loom_error *err);
 void loom_launch_finish(loom_launch *l);
 
 #endif

@@ -1,6 +1,7 @@
 /* The loom program: dispatches to its subcommands. */
 #include <stdio.h>
 #include <string.h>
+#include "backend/cpu/cpu_peak.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
 #include "cli/sim_cli.h"
@@ -43,9 +44,10 @@ int main(int argc, char **argv) {
     return 0;
   }
   /* Test faults (core/fault.h), matched against the launcher's rank. */
-  loom_error err = {{0}};
+  loom_error err = {0};
   if (loom_fault_arm_from_env(&err) != LOOM_OK) return loom_report(LOOM_ERR_USAGE, &err);
   loom_fault_set_rank(loom_launch_env_rank());
+  if (loom_cpu_check_thread_env(&err) != LOOM_OK) return loom_report(LOOM_ERR_USAGE, &err);
   for (int i = 0; i < NCOMMANDS; i++)
     if (strcmp(argv[1], COMMANDS[i].name) == 0) return COMMANDS[i].run(argc - 2, argv + 2);
   char names[256] = "";

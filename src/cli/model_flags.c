@@ -44,8 +44,14 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)
         return loom_fail(err, LOOM_ERR_USAGE, "%s: %s cannot be combined with --init-from: the model file fixes the model",
                          cmd, SHAPE[i]);
-    loom_status st = loom_model_file_config(mf->init_from, cfg, err);
+    /* Opened as a source, not only its config read: the weights' header is
+     * checked against the config before anything the config sizes is built
+     * (a config claiming a larger model than its file holds is refused here). */
+    loom_model_source src;
+    loom_status st = loom_model_file_source(&src, mf->init_from, err);
     if (st != LOOM_OK) return st;
+    *cfg = src.cfg;
+    loom_model_source_free(&src);
     cfg->dropout = mf->dropout;
     *T = loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, "--seq")->set ? mf->seq : cfg->seq;
     if (*T > cfg->seq)

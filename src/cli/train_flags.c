@@ -2,7 +2,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include "backend/cpu/cpu_peak.h"
+#include "ckpt/export.h"
+#include "ckpt/run_files.h"
 #include "cli/device.h"
+#include "core/write_file.h"
 #include "cli/train_flags.h"
 #include "data/addition.h"
 #include "data/byte_tokenizer.h"
@@ -34,13 +39,14 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models", LOOM_NO_RANGE, NULL, false, NULL},
       {"--device", FLAG_STRING, &f->device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, 4096, NULL, false, NULL},
+      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false, NULL},
       {"--ckpt", FLAG_STRING, &f->ckpt, "checkpoint directory (sharded, one file per rank)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false, NULL},
       {"--watchdog-timeout", FLAG_FLOAT, &f->watchdog_timeout, "abort, naming the stalled ranks, when a collective waits this many seconds (0: never)", 0, 1e6, NULL, false, NULL},
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false, NULL},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--force", FLAG_BOOL, &f->force, "replace outputs that exist (--save, --metrics, --trace) and train afresh over --ckpt's checkpoints", LOOM_NO_RANGE, NULL, false, NULL},
       {"--elastic", FLAG_BOOL, &f->elastic, "on fewer ranks than the plan's, lower dp to world / (tp x pp), keeping the global batch (a restart after a lost host)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--preflight", FLAG_BOOL, &f->preflight, "first measure every rank, group and link as `loom preflight` does; stop if one is slow", LOOM_NO_RANGE, NULL, false, NULL},
       {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false, NULL},
@@ -79,4 +85,23 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, plan->model->vocab);
   return LOOM_OK;
+}
+
+loom_status loom_train_flags_check_outputs(const loom_train_flags *f, const loom_plan *plan, loom_error *err) {
+  loom_status st = LOOM_OK;
+  if (f->save) {
+    loom_gpt_config cfg;
+    loom_plan_model_config(plan, &cfg);
+    st = loom_model_export_check(&cfg, loom_run_save_format(&cfg), "--save", f->save, f->force, err);
+  }
+  if (st == LOOM_OK && f->metrics) st = loom_output_check("--metrics", f->metrics, false, f->force || f->resume, err);
+  if (st == LOOM_OK && f->trace) st = loom_output_check("--trace", f->trace, false, f->force, err);
+  if (st == LOOM_OK && f->ckpt && !f->resume && !f->force) {
+    char latest[4200];
+    snprintf(latest, sizeof latest, "%s/latest", f->ckpt);
+    if (access(latest, F_OK) == 0)
+      st = loom_fail(err, LOOM_ERR_USAGE, "--ckpt %s already holds a checkpoint; add --resume to continue it, or --force to "
+                     "train afresh there (its steps are then replaced as the new run saves)", f->ckpt);
+  }
+  return st == LOOM_OK ? LOOM_OK : loom_error_prefix(err, st, "loom train");
 }

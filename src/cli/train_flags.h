@@ -11,7 +11,7 @@
 typedef struct {
   loom_plan_flags layout;
   int steps, warmup, digits, eval_every, eval_batches, threads, log_every, save_every, keep;
-  bool resume, print_plan, elastic, preflight;
+  bool resume, print_plan, elastic, preflight, force;
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
@@ -19,7 +19,7 @@ typedef struct {
   const char *trace, *plan, *device;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 32)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 33)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* Writes the table of every `loom train` flag, pointing into f. */
@@ -27,6 +27,11 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *table);
 /* Cross-flag checks of the run's own flags (the plan's rules judge the layout). */
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *table, const loom_plan *plan,
                                    loom_error *err);
+/* Every output the run will write (--save, --metrics, --trace, --ckpt),
+ * checked before the first step on the rank that writes them: each can be
+ * written, none replaces what is there without --force, --save's name fits
+ * its format, and --ckpt over a checkpoint needs --resume or --force. */
+loom_status loom_train_flags_check_outputs(const loom_train_flags *f, const loom_plan *plan, loom_error *err);
 /* The plan to run: --plan's file (refusing flags it fixes), else the plan
  * flags through the same builder as `loom plan new`. */
 loom_status loom_train_plan(loom_train_flags *f, const loom_flag *table, loom_plan **plan, loom_error *err);

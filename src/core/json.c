@@ -27,6 +27,27 @@ static bool take(reader *r, const char *word) {
   return true;
 }
 
+static int compare_keys(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* An object naming a member twice is refused: readers disagree on which
+ * value counts (Python keeps the last, many C readers the first), so no
+ * choice of ours could be the writer's intent. Sorted copies of the keys
+ * keep a 128k-entry vocabulary linear-logarithmic. */
+static loom_status refuse_duplicate_keys(reader *r, const loom_json *v) {
+  if (v->count < 2) return LOOM_OK;
+  char **sorted = malloc(v->count * sizeof *sorted);
+  if (!sorted) return loom_fail(r->err, LOOM_ERR_NOMEM, "%s: out of memory reading JSON", r->what);
+  memcpy(sorted, v->keys, v->count * sizeof *sorted);
+  qsort(sorted, v->count, sizeof *sorted, compare_keys);
+  loom_status st = LOOM_OK;
+  for (size_t i = 1; i < v->count && st == LOOM_OK; i++)
+    if (strcmp(sorted[i - 1], sorted[i]) == 0)
+      st = loom_fail(r->err, LOOM_ERR_FORMAT, "%s: bad JSON before byte %zu: the member \"%.80s\" appears twice in one object",
+                     r->what, r->at, sorted[i]);
+  free(sorted);
+  return st;
+}
+
 static int hex_digit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -170,7 +191,7 @@ static loom_status read_items(reader *r, loom_json *v, int depth, bool object) {
     if (take(r, ",")) continue;
     if (r->at < r->len && r->s[r->at] == close) {
       r->at++;
-      return LOOM_OK;
+      return object ? refuse_duplicate_keys(r, v) : LOOM_OK;
     }
     return fail_at(r, object ? "expected ',' or '}'" : "expected ',' or ']'");
   }
@@ -206,6 +227,7 @@ static loom_status read_value(reader *r, loom_json *v, int depth) {
 loom_status loom_json_parse(const char *text, size_t len, const char *what, loom_json *out, loom_error *err) {
   memset(out, 0, sizeof *out);
   reader r = {text, len, 0, what, err};
+  if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0) r.at = 3; /* a UTF-8 byte order mark, as Python's utf-8-sig reads it */
   loom_status st = read_value(&r, out, 0);
   skip_space(&r);
   if (st == LOOM_OK && r.at != len) st = fail_at(&r, "text after the value");

@@ -68,6 +68,18 @@ void loom_log_status_end(void) {
   g_status[0] = '\0';
 }
 
+void loom_log_error_line(const char *line) {
+  if (g_status[0] && !g_quiet) { /* keep the error on its own line */
+    clear_status();
+    fflush(stdout);
+  }
+  /* One write: lines of ranks sharing the terminal do not interleave mid-line. */
+  const size_t n = strlen(line);
+  if (write(STDERR_FILENO, line, n) != (ssize_t)n) { /* nowhere left to say it */
+  }
+  if (!g_quiet) draw_status();
+}
+
 void loom_log_error(const char *fmt, ...) {
   va_list ap;
   if (g_status[0] && !g_quiet) { /* keep the error on its own line */

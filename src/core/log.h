@@ -12,6 +12,8 @@
 
 void loom_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void loom_log_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A whole error line (newline included) written to stderr at once. */
+void loom_log_error_line(const char *line);
 /* Replaces the status line (a no-op off a terminal or when quiet). */
 void loom_log_status(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Leaves the last status line on screen as an ordinary line. */

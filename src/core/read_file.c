@@ -1,5 +1,7 @@
 /* Opening a regular file for reading. */
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -7,19 +9,43 @@
 #include "core/fault.h"
 #include "core/read_file.h"
 
-loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp, loom_error *err) {
-  *fp = fopen(path, "rb");
+/* Why an open or stat failed, in a user's words where strerror's mislead. */
+static const char *why_not(int e) {
+  return e == EACCES ? "permission denied (this user may not read it)"
+         : e == ELOOP ? "a loop of symbolic links"
+                      : strerror(e);
+}
+
+loom_status loom_open_regular(const char *path, const char *what, int *fd, loom_error *err) {
+  /* O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever. */
+  *fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   struct stat sb;
-  if (!*fp || fstat(fileno(*fp), &sb) != 0) {
-    const loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open %s: %s", path, what, strerror(errno));
-    if (*fp) fclose(*fp);
-    *fp = NULL;
+  if (*fd < 0 || fstat(*fd, &sb) != 0) {
+    const loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open %s: %s", path, what, why_not(errno));
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
     return st;
   }
-  if (S_ISREG(sb.st_mode)) return LOOM_OK;
-  fclose(*fp);
+  if (S_ISREG(sb.st_mode)) {
+    fcntl(*fd, F_SETFL, fcntl(*fd, F_GETFL) & ~O_NONBLOCK);
+    return LOOM_OK;
+  }
+  close(*fd);
+  *fd = -1;
+  return loom_fail(err, LOOM_ERR_IO, "%s: is a %s, not a %s", path,
+                   S_ISDIR(sb.st_mode) ? "directory" : S_ISFIFO(sb.st_mode) ? "named pipe (FIFO)" : "special file", what);
+}
+
+loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp, loom_error *err) {
+  int fd;
   *fp = NULL;
-  return loom_fail(err, LOOM_ERR_IO, "%s: is a %s, not a %s", path, S_ISDIR(sb.st_mode) ? "directory" : "special file", what);
+  const loom_status st = loom_open_regular(path, what, &fd, err);
+  if (st != LOOM_OK) return st;
+  if (!(*fp = fdopen(fd, "rb"))) {
+    close(fd);
+    return loom_fail(err, LOOM_ERR_NOMEM, "%s: cannot open %s: %s", path, what, strerror(errno));
+  }
+  return LOOM_OK;
 }
 
 loom_status loom_read_small_file(const char *path, const char *what, size_t max, char **out, size_t *len, loom_error *err) {

@@ -6,7 +6,12 @@
 #include <stdio.h>
 #include "core/status.h"
 
-/* *fp gets path opened "rb"; what names the file's kind in errors ("model file"). */
+/* fd gets path opened read-only, refused without blocking unless it is a
+ * regular file (a FIFO, a device, a directory); what names the file's kind
+ * in errors ("model file"), which say "permission denied" and name a
+ * symbolic-link loop plainly. Every input loom reads opens through here. */
+loom_status loom_open_regular(const char *path, const char *what, int *fd, loom_error *err);
+/* *fp gets path opened "rb", as loom_open_regular. */
 loom_status loom_open_for_reading(const char *path, const char *what, FILE **fp, loom_error *err);
 /* Reads a whole small file (at most max bytes, else refused naming the
  * limit) into a NUL-terminated buffer the caller frees; *len its bytes. */

@@ -13,6 +13,12 @@ loom_status loom_fail(loom_error *err, loom_status st, const char *fmt, ...) {
   return st;
 }
 
+loom_status loom_fail_elsewhere(loom_error *err, loom_status st, int rank, const char *what) {
+  loom_fail(err, st, "rank %d could not %s (its own message says why)", rank, what);
+  if (err) err->elsewhere = true;
+  return st;
+}
+
 const char *loom_status_str(loom_status s) {
   switch (s) {
   case LOOM_OK: return "ok";
@@ -21,6 +27,7 @@ const char *loom_status_str(loom_status s) {
   case LOOM_ERR_FORMAT: return "malformed input";
   case LOOM_ERR_NOMEM: return "out of memory";
   case LOOM_ERR_RUNTIME: return "run failed";
+  case LOOM_ERR_WRITE: return "write failed";
   }
   return "unknown status";
 }

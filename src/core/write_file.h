@@ -3,6 +3,7 @@
 #ifndef LOOM_WRITE_FILE_H
 #define LOOM_WRITE_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "core/status.h"
 
@@ -18,6 +19,14 @@ loom_status loom_write_file_atomic(const char *path, const loom_chunk *chunks, i
  * call), 0 at the end, or sets *st (and err) to stop with that error. */
 typedef int (*loom_next_chunk)(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err);
 loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next, void *ctx, loom_error *err);
+
+/* Whether an output can be written, asked before any work is done, so a
+ * run never loses its result at the end: `path` (named by `flag` in the
+ * message) is not empty; nothing is there yet, unless `force` (then what is
+ * there must be a file, or a directory when `is_dir`); a character device
+ * such as /dev/null is taken as it is; and a file can be created beside it
+ * (probed by making and removing one). */
+loom_status loom_output_check(const char *flag, const char *path, bool is_dir, bool force, loom_error *err);
 
 /* mkdir -p: path and every missing parent; `what` names it in errors. */
 loom_status loom_make_dirs(const char *path, const char *what, loom_error *err);

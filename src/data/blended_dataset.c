@@ -201,13 +201,18 @@ static loom_status open_parts(blended *b, const char *flag, const char *spec, co
   double weights[MAX_PARTS];
   int n;
   loom_status st = parse_spec(flag, spec, prefixes, weights, &n, err);
-  double total = 0;
-  for (int i = 0; i < n; i++) total += weights[i];
+  /* Scaled by the largest first, so weights near DBL_MAX sum without overflow. */
+  double largest = 0, total = 0;
+  for (int i = 0; i < n; i++) largest = weights[i] > largest ? weights[i] : largest;
+  for (int i = 0; i < n; i++) total += weights[i] / largest;
   for (int i = 0; i < n; i++) {
     part *p = loom_xcalloc(1, sizeof *p, "dataset part");
     p->prefix = prefixes[i];
-    p->weight = weights[i] / total;
+    p->weight = weights[i] / largest / total;
     b->owned[b->nowned++] = p;
+    if (st == LOOM_OK && !(p->weight > 0))
+      st = loom_fail(err, LOOM_ERR_USAGE, "%s: weight %g of %s is too small beside the others (%g) to be drawn from", flag,
+                     weights[i], p->prefix, largest);
     if (st == LOOM_OK && !loom_indexed_exists(p->prefix))
       st = loom_fail(err, LOOM_ERR_USAGE, "%s: no %s.idx (a blend names Megatron indexed datasets by prefix)", flag, p->prefix);
     if (st == LOOM_OK) st = loom_indexed_open(&p->ix, p->prefix, o->vocab, err);

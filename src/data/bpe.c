@@ -165,7 +165,8 @@ void bpe_merges_from_ranks(loom_bpe *t) {
   }
 }
 
-void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool special) {
+bool bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool special) {
+  if (t->len[id] != BPE_UNUSED && (t->len[id] != len || memcmp(t->pool + t->off[id], text, len) != 0)) return false;
   t->specials = realloc(t->specials, (size_t)(t->nspecials + 1) * sizeof *t->specials);
   LOOM_CHECK(t->specials != NULL, "out of memory loading a tokenizer");
   t->specials[t->nspecials++] = (bpe_special){.id = id, .off = pool_add(t, text, len), .len = (uint32_t)len, .special = special};
@@ -175,6 +176,7 @@ void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool spe
   }
   if ((len == 13 && memcmp(text, "<|endoftext|>", 13) == 0) || (len == 15 && memcmp(text, "<|end_of_text|>", 15) == 0))
     t->eod = id;
+  return true;
 }
 
 /* Unicode's White_Space, which \\s means to Python's regex and Rust's regex (the

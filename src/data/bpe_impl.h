@@ -54,7 +54,7 @@ bool bpe_add_merge(loom_bpe *t, int left, int right, int32_t rank);
 /* Every split of every token into two tokens merges at the token's rank
  * (tiktoken's rule: a pair's rank is that of its concatenation). */
 void bpe_merges_from_ranks(loom_bpe *t);
-void bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool special);
+bool bpe_add_special(loom_bpe *t, int id, const char *text, size_t len, bool special);
 /* Compiles the split pattern and checks every byte has a token. */
 loom_status bpe_finish(loom_bpe *t, const char *pattern, const char *what, loom_error *err);
 

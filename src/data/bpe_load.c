@@ -156,7 +156,7 @@ static loom_status load_gpt2_files(loom_bpe **out, const char *vocab_path, const
   if (st == LOOM_OK) st = load_merges_text(t, merges_path, err);
   if (st == LOOM_OK) {
     const int eot = bpe_lookup(t, "<|endoftext|>", 13);
-    if (eot >= 0) bpe_add_special(t, eot, "<|endoftext|>", 13, true);
+    if (eot >= 0) (void)bpe_add_special(t, eot, "<|endoftext|>", 13, true); /* the vocabulary's own token */
     snprintf(t->describe, sizeof t->describe, "GPT-2 files, %d tokens", t->vocab);
     st = bpe_finish(t, BPE_PATTERN_GPT2, vocab_path, err);
   }
@@ -259,7 +259,7 @@ static loom_status load_added(loom_bpe *t, const loom_json *added, const char *w
     const unsigned char *have = loom_bpe_token_bytes(t, (int)id, &len);
     if (have && (len != content->length || memcmp(have, content->string, len) != 0))
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: added token %lld (\"%.40s\") is not the vocabulary's token %lld", what, id, content->string, id);
-    bpe_add_special(t, (int)id, content->string, content->length, flag(a, "special"));
+    (void)bpe_add_special(t, (int)id, content->string, content->length, flag(a, "special")); /* its bytes checked above */
   }
   return LOOM_OK;
 }
@@ -394,7 +394,12 @@ loom_status bpe_load_tiktoken(loom_bpe **out, const char *path, const char *name
   if (st == LOOM_OK) {
     bpe_merges_from_ranks(t);
     t->whole_word_first = true;
-    for (int i = 0; i < enc->nspecial; i++) bpe_add_special(t, enc->special[i].id, enc->special[i].text, strlen(enc->special[i].text), true);
+    for (int i = 0; st == LOOM_OK && i < enc->nspecial; i++)
+      if (!bpe_add_special(t, enc->special[i].id, enc->special[i].text, strlen(enc->special[i].text), true))
+        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: rank %d is %s's special token %s, but the file gives it to another token",
+                       path, enc->special[i].id, enc->name, enc->special[i].text);
+  }
+  if (st == LOOM_OK) {
     snprintf(t->describe, sizeof t->describe, "tiktoken %s, %d tokens", enc->name, t->vocab);
     st = bpe_finish(t, enc->pattern, path, err);
   }

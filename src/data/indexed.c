@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "core/read_file.h"
 #include "core/check.h"
 #include "core/write_file.h"
 #include "data/indexed.h"
@@ -71,13 +72,11 @@ int loom_indexed_exists(const char *prefix) {
 int loom_indexed_dtype_for_vocab(int vocab) { return vocab < 65500 ? LOOM_INDEXED_DTYPE_UINT16 : LOOM_INDEXED_DTYPE_INT32; }
 
 static loom_status map_file(const char *path, const unsigned char **map, size_t *bytes, loom_error *err) {
-  const int fd = open(path, O_RDONLY);
-  if (fd < 0) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  int fd;
+  const loom_status opened = loom_open_regular(path, "indexed dataset file", &fd, err);
+  if (opened != LOOM_OK) return opened;
   struct stat sb;
-  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    close(fd);
-    return loom_fail(err, LOOM_ERR_IO, "%s: not a regular file", path);
-  }
+  fstat(fd, &sb);
   *bytes = (size_t)sb.st_size;
   *map = NULL;
   if (*bytes) {
@@ -189,7 +188,7 @@ loom_status loom_indexed_writer_open(loom_indexed_writer *w, const char *prefix,
     if (st != LOOM_OK) return st;
   }
   w->bin = fopen(w->bin_tmp, "wb");
-  if (!w->bin) return loom_fail(err, LOOM_ERR_IO, "%s: cannot create: %s", w->bin_tmp, strerror(errno));
+  if (!w->bin) return loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create: %s", w->bin_tmp, strerror(errno));
   push(&w->doc_index, &w->documents, &w->doc_cap, 0);
   return LOOM_OK;
 }
@@ -209,7 +208,7 @@ loom_status loom_indexed_add(loom_indexed_writer *w, const int32_t *ids, size_t 
       i += k;
     }
   }
-  if (wrote != count) return loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", w->bin_tmp, strerror(errno));
+  if (wrote != count) return loom_fail(err, LOOM_ERR_WRITE, "%s: write failed: %s", w->bin_tmp, strerror(errno));
   push(&w->lengths, &w->sequences, &w->cap, (int64_t)count);
   w->tokens += (int64_t)count;
   return LOOM_OK;
@@ -223,7 +222,7 @@ loom_status loom_indexed_writer_finish(loom_indexed_writer *w, loom_error *err) 
   w->bin = NULL;
   if (fail) {
     unlink(w->bin_tmp);
-    return loom_fail(err, LOOM_ERR_IO, "%s: write failed: %s", w->bin_tmp, strerror(errno));
+    return loom_fail(err, LOOM_ERR_WRITE, "%s: write failed: %s", w->bin_tmp, strerror(errno));
   }
   const size_t n = (size_t)w->sequences, item = w->dtype == LOOM_INDEXED_DTYPE_INT32 ? 4 : 2;
   unsigned char header[HEADER_BYTES];
@@ -243,7 +242,7 @@ loom_status loom_indexed_writer_finish(loom_indexed_writer *w, loom_error *err) 
   }
   /* The .bin first: the .idx, written last, is what makes the dataset exist. */
   loom_status st = LOOM_OK;
-  if (rename(w->bin_tmp, w->bin_path) != 0) st = loom_fail(err, LOOM_ERR_IO, "%s: cannot rename into place: %s", w->bin_path, strerror(errno));
+  if (rename(w->bin_tmp, w->bin_path) != 0) st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot rename into place: %s", w->bin_path, strerror(errno));
   const loom_chunk chunks[] = {{header, sizeof header}, {lengths, n * 4}, {pointers, n * 8}, {w->doc_index, docs * 8}};
   if (st == LOOM_OK) st = loom_write_file_atomic(w->idx_path, chunks, 4, err);
   free(lengths);

@@ -7,7 +7,10 @@
 
 typedef struct {
   FILE *fp;
-  int fields; /* fields written on the current line */
+  const char *path;
+  int fields;       /* fields written on the current line */
+  int step;         /* the line being written */
+  int failed_errno; /* a write that failed (0: none); recording stopped there */
 } loom_metrics;
 
 /* Opens path for writing (NULL path: metrics off). A resumed run passes the
@@ -16,6 +19,9 @@ typedef struct {
  * times leaves one line per step; < 0 starts the file afresh. */
 loom_status loom_metrics_open(loom_metrics *m, const char *path, long keep_through, loom_error *err);
 void loom_metrics_close(loom_metrics *m);
+/* Every write is checked: a failed one (a full disk) is logged at once and
+ * recording stops, and this then fails the run at its end, naming the step. */
+loom_status loom_metrics_status(const loom_metrics *m, loom_error *err);
 void loom_metrics_begin(loom_metrics *m, int step);
 void loom_metrics_num(loom_metrics *m, const char *key, double value);
 void loom_metrics_end(loom_metrics *m);

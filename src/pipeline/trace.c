@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/read_file.h"
 #include "core/check.h"
 #include "pipeline/trace.h"
 #include "schedule/verify.h"
@@ -66,7 +67,7 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
   fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
               "\"micro_batches\": %d, \"schedule\": \"%s\", \"%s\": %.4f, \"bubble_theory\": %.4f}}\n",
           info->ranks, info->pp, info->vpp, info->m, info->schedule, info->bubble_label, info->bubble, info->theory);
-  if (fclose(fp) != 0) return loom_fail(err, LOOM_ERR_IO, "--trace %s: write failed", path);
+  if (fclose(fp) != 0) return loom_fail(err, LOOM_ERR_WRITE, "--trace %s: write failed", path);
   return LOOM_OK;
 }
 
@@ -125,8 +126,9 @@ static const char *fill_of(const char *cat) {
 }
 
 loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_error *err) {
-  FILE *in = fopen(json_path, "r");
-  if (!in) return loom_fail(err, LOOM_ERR_IO, "%s: cannot open trace: %s", json_path, strerror(errno));
+  FILE *in;
+  const loom_status opened = loom_open_for_reading(json_path, "trace", &in, err);
+  if (opened != LOOM_OK) return opened;
   span *spans = NULL;
   int n = 0, cap = 0, ranks = 0;
   double end = 0.0, measured = -1.0, theory = -1.0;
@@ -190,6 +192,6 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
   }
   fprintf(out, "</svg>\n");
   free(spans);
-  if (fclose(out) != 0) return loom_fail(err, LOOM_ERR_IO, "%s: write failed", svg_path);
+  if (fclose(out) != 0) return loom_fail(err, LOOM_ERR_WRITE, "%s: write failed", svg_path);
   return LOOM_OK;
 }

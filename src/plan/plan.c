@@ -821,7 +821,7 @@ int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *li
   if (bad) return bad;
   report r = {.out = lines, .cap = cap};
   loom_schedule s;
-  loom_error err = {{0}};
+  loom_error err = {0};
   if (loom_plan_schedule(p, &s, &err) != LOOM_OK) {
     violation(&r, "schedule: %s", err.msg);
     return r.count;

@@ -99,7 +99,7 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
 
 loom_status loom_profile_parse(const char *text, size_t len, const char *what, loom_profile **out, loom_error *err) {
   ProtobufCMessage *msg = NULL;
-  loom_error perr = {{0}};
+  loom_error perr = {0};
   if (loom_text_parse(&loom__cluster_profile__descriptor, text, len, &msg, &perr) != LOOM_OK)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a cluster profile: %s", what, perr.msg);
   loom_profile *p = (loom_profile *)msg;

@@ -46,7 +46,7 @@ static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_
                           loom_search_result *res) {
   res->considered++;
   loom_plan *plan = NULL;
-  loom_error err = {{0}};
+  loom_error err = {0};
   char lines[1024];
   if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK) {
     drop(res, err.msg);

@@ -1,5 +1,7 @@
 /* The CPU backend's GEMM libraries behind one call. */
 #include <cblas.h>
+#include <stdlib.h>
+#include <strings.h>
 #include "backend/cpu/cpu_gemm.h"
 #include "core/check.h"
 #ifdef LOOM_HAVE_ONEDNN
@@ -14,11 +16,27 @@ bool loom_cpu_gemm_available(loom_gemm_library lib) {
 #endif
 }
 
+static int g_forced = -1; /* a library LOOM_CPU_GEMM chose, or -1 */
+
 loom_gemm_library loom_cpu_gemm_library(void) {
+  if (g_forced >= 0) return (loom_gemm_library)g_forced;
   return loom_cpu_gemm_available(LOOM_GEMM_ONEDNN) ? LOOM_GEMM_ONEDNN : LOOM_GEMM_OPENBLAS;
 }
 
 const char *loom_cpu_gemm_name(loom_gemm_library lib) { return lib == LOOM_GEMM_ONEDNN ? "oneDNN" : "OpenBLAS"; }
+
+loom_status loom_cpu_gemm_choose_from_env(loom_error *err) {
+  const char *want = getenv(LOOM_CPU_GEMM_ENV);
+  if (!want || !*want) return LOOM_OK;
+  for (int lib = 0; lib < LOOM_GEMM_LIBRARIES; lib++) {
+    if (strcasecmp(want, loom_cpu_gemm_name((loom_gemm_library)lib)) != 0) continue;
+    if (!loom_cpu_gemm_available((loom_gemm_library)lib))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s=%s: this loom was built without %s", LOOM_CPU_GEMM_ENV, want, want);
+    g_forced = lib;
+    return LOOM_OK;
+  }
+  return loom_fail(err, LOOM_ERR_USAGE, "%s must be openblas or onednn, got '%s'", LOOM_CPU_GEMM_ENV, want);
+}
 
 void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                          int lda, const float *B, int ldb, float beta, float *C, int ldc) {

@@ -11,6 +11,7 @@
 #define LOOM_CPU_GEMM_H
 
 #include <stdbool.h>
+#include "core/status.h"
 
 typedef enum { LOOM_GEMM_OPENBLAS = 0, LOOM_GEMM_ONEDNN = 1, LOOM_GEMM_LIBRARIES } loom_gemm_library;
 
@@ -32,6 +33,11 @@ enum { LOOM_LINEAR_FORWARD, LOOM_LINEAR_INPUT_GRAD, LOOM_LINEAR_WEIGHT_GRAD, LOO
 void loom_cpu_linear_gemms(int N, int C, int OC, loom_gemm_shape out[LOOM_LINEAR_GEMMS]);
 /* Runs s through lib. */
 void loom_cpu_gemm_run(loom_gemm_library lib, const loom_gemm_shape *s, const float *A, const float *B, float *C);
+/* LOOM_CPU_GEMM=openblas|onednn (either case) makes every GEMM of this
+ * process use that library, so a check can force each (tests, sweeps);
+ * unset, the build's choice stands. A bad or missing one is refused. */
+#define LOOM_CPU_GEMM_ENV "LOOM_CPU_GEMM"
+loom_status loom_cpu_gemm_choose_from_env(loom_error *err);
 /* The library the backend uses, and whether a library is built in. */
 loom_gemm_library loom_cpu_gemm_library(void);
 bool loom_cpu_gemm_available(loom_gemm_library lib);

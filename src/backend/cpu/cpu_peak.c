@@ -1,4 +1,6 @@
 /* sgemm peak measurement and thread control for the CPU backend. */
+#include <unistd.h>
+#include <errno.h>
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -71,6 +73,26 @@ double loom_cpu_bf16_gemm_gflops(int n, double min_seconds) {
   free(c);
   free(ab);
   return best;
+}
+
+loom_status loom_cpu_check_thread_env(loom_error *err) {
+  static const char *const VARS[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_THREAD_LIMIT"};
+  for (size_t i = 0; i < sizeof VARS / sizeof VARS[0]; i++) {
+    const char *v = getenv(VARS[i]);
+    if (!v || !*v) continue;
+    /* OMP_NUM_THREADS may list a count per nesting level: "4,2". */
+    for (const char *p = v;;) {
+      char *end;
+      errno = 0;
+      const long n = strtol(p, &end, 10);
+      if (end == p || errno || n < 1 || n > LOOM_MAX_THREADS || (*end && *end != ','))
+        return loom_fail(err, LOOM_ERR_USAGE, "%s=%s: thread counts must be whole numbers in [1, %d] (this machine has %ld cores)",
+                         VARS[i], v, LOOM_MAX_THREADS, sysconf(_SC_NPROCESSORS_ONLN));
+      if (!*end) break;
+      p = end + 1;
+    }
+  }
+  return LOOM_OK;
 }
 
 void loom_cpu_set_threads(int n) {
