@@ -58,8 +58,19 @@ fi
 # shellcheck disable=SC2086
 "$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic" --tokenizer "$WORK/tok" > "$WORK/again.txt" 2>&1
 rc=$?
-[ $rc = 2 ] && [ "$(cat "$WORK/again.txt")" = "loom: $WORK/lic.bin exists (use --force to replace it)" ] ||
+[ $rc = 2 ] && [ "$(cat "$WORK/again.txt")" = "loom: --output-prefix $WORK/lic.bin: a file exists there; add --force to replace it" ] ||
   fail "an existing output: exit $rc, $(cat "$WORK/again.txt")"
+# A signal mid-prepare leaves no temporary file behind (the handler removes it).
+yes "a line of text to prepare, again and again" | head -c 50000000 > "$WORK/big.txt"
+"$LOOM" data prepare "$WORK/big.txt" --output-prefix "$WORK/sig" > "$WORK/sig.txt" 2>&1 &
+pid=$!
+wait_for_file() { _t=600; while [ $_t -gt 0 ] && [ ! -e "$1" ]; do sleep 0.1; _t=$((_t - 1)); done; [ -e "$1" ]; }
+wait_for_file "$WORK/sig.bin.tmp" || fail "prepare never started writing $WORK/sig.bin.tmp"
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc = 143 ] && [ ! -e "$WORK/sig.bin.tmp" ] && [ ! -e "$WORK/sig.bin" ] || fail "after SIGTERM: exit $rc, $(ls "$WORK" | grep sig)"
+rm -f "$WORK/big.txt"
 
 printf '{"text": "one"}\n\n{"text": "two"\n{"text": "three"}\n' > "$WORK/bad.jsonl"
 "$LOOM" data prepare "$WORK/bad.jsonl" --output-prefix "$WORK/bad" --tokenizer "$WORK/tok" > "$WORK/bad.txt" 2>&1

@@ -519,6 +519,18 @@ START_TEST(manifest_sizes_are_bounded) {
   ck_assert_int_eq(loom_manifest_decode(bad, len, 1, path, &out, &err), LOOM_ERR_FORMAT);
   ck_assert_msg(strstr(err.msg, "model.kv_heads = 3: must divide model.heads (4)"), "%s", err.msg);
   free(bad);
+  /* A manifest re-sealed to claim a wider model than its shards hold passes
+   * every check of the manifest alone; verify holds the shards to it. */
+  int shards, tensors;
+  ck_assert_msg(loom_ckpt_verify(c.dir, &shards, &tensors, &err) == LOOM_OK, "%s", err.msg);
+  mf->model->has_kv_heads = 0;
+  mf->model->hidden *= 2;
+  ck_assert(loom_manifest_seal(mf));
+  bad = malloc(loom__checkpoint_manifest__get_packed_size(mf));
+  tu_write_bytes(path, bad, loom__checkpoint_manifest__pack(mf, bad));
+  ck_assert_int_eq(loom_ckpt_verify(c.dir, &shards, &tensors, &err), LOOM_ERR_FORMAT);
+  ck_assert_msg(strstr(err.msg, "elements of it; the manifest's model (hidden ") && strstr(err.msg, "step_00000001"), "%s", err.msg);
+  free(bad);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   free(good);
   loom_ckpt_remove(c.dir);

@@ -1,5 +1,6 @@
 /* Test helpers: deterministic fills, error norms, temp files. */
 #define _XOPEN_SOURCE 700 /* nftw */
+#include <stdarg.h>
 #include <ftw.h>
 #include <math.h>
 #include <stdio.h>
@@ -176,4 +177,20 @@ int tu_each_allocation_failing(loom_status (*attempt)(void *ctx, loom_error *err
   }
   ck_abort_msg("still failing after 100000 allocations");
   return 0;
+}
+
+void tu_row(tu_rows *t, int ok, const char *fmt, ...) {
+  t->rows++;
+  if (ok) return;
+  t->failed++;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "row %d failed: ", t->rows);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
+
+void tu_rows_done(const tu_rows *t) {
+  ck_assert_msg(t->rows > 0 && t->failed == 0, "%d of %d rows failed (each printed above)", t->failed, t->rows);
 }

@@ -46,6 +46,15 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
 int tu_each_allocation_failing(loom_status (*attempt)(void *ctx, loom_error *err),
                                void (*judge)(void *ctx, loom_status st, const loom_error *err, int k), void *ctx);
 
+/* A table of cases that reports every failing row, not only the first:
+ * tu_row checks one row (printing it when it fails) and goes on;
+ * tu_rows_done fails the test if any row failed, or if none ran. */
+typedef struct {
+  int rows, failed;
+} tu_rows;
+void tu_row(tu_rows *t, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void tu_rows_done(const tu_rows *t);
+
 /* Runs a suite and returns the process exit code. */
 int tu_run(Suite *s);
 /* Runs a suite on one MPI rank without forking: rank 0 reports in full, other

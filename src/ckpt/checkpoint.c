@@ -159,6 +159,41 @@ static void count_piece(tally **t, int *n, const loom_shard_tensor *p) {
   (*t)[i].stored += p->count;
 }
 
+/* The shards against the model the manifest describes: every tensor they
+ * hold is one of its parameters (or that parameter's optimizer state) at
+ * its global size, and every parameter is there (a manifest re-sealed over
+ * another model's shards is caught here, not at load). */
+static loom_status match_model(const char *sub, const Loom__CheckpointManifest *mf, const tally *t, int nt, loom_error *err) {
+  loom_ckpt_run run;
+  loom_manifest_run(mf, &run);
+  const int n = loom_gpt_param_table(&run.cfg, NULL, 0, 1, NULL, NULL);
+  loom_tensor *specs = loom_fault_calloc((size_t)n + 1, sizeof *specs);
+  loom_param_meta *meta = loom_fault_calloc((size_t)n + 1, sizeof *meta);
+  loom_status st = specs && meta ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", sub);
+  if (st == LOOM_OK) loom_gpt_param_table(&run.cfg, NULL, 0, 1, specs, meta);
+  for (int i = 0; st == LOOM_OK && i < nt; i++) {
+    const char *slash = strchr(t[i].name, '/'), *name = slash ? slash + 1 : t[i].name;
+    int k = 0;
+    while (k < n && strcmp(specs[k].name, name) != 0) k++;
+    if (k == n)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is not part of the model the manifest describes", sub, t[i].name);
+    else if (t[i].global != meta[k].layout.rows * meta[k].layout.cols)
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: the shards hold %lld elements of it; the manifest's model "
+                     "(hidden %d, %d layers, vocab %d) has %lld", sub, t[i].name, (long long)t[i].global, run.cfg.hidden,
+                     run.cfg.layers, run.cfg.vocab, (long long)(meta[k].layout.rows * meta[k].layout.cols));
+  }
+  for (int k = 0; st == LOOM_OK && k < n; k++) {
+    char want[128];
+    snprintf(want, sizeof want, "param/%s", specs[k].name);
+    int i = 0;
+    while (i < nt && strcmp(t[i].name, want) != 0) i++;
+    if (i == nt) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the shards hold no %s, which the manifest's model has", sub, want);
+  }
+  free(specs);
+  free(meta);
+  return st;
+}
+
 loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_error *err) {
   char sub[4096];
   Loom__CheckpointManifest *mf;
@@ -191,6 +226,7 @@ loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_er
     if (t[i].stored != t[i].global)
       st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: the shards hold %lld of its %lld elements", sub, t[i].name,
                      (long long)t[i].stored, (long long)t[i].global);
+  if (st == LOOM_OK) st = match_model(sub, mf, t, nt, err);
   free(t);
   if (paths) loom_manifest_paths_free(paths, mf->n_shards);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);

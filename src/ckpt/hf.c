@@ -81,6 +81,17 @@ static loom_status float_field(const config_reader *c, const char *key, double f
   return LOOM_OK;
 }
 
+/* Dropout probabilities a config may carry: training settings that loom's
+ * --dropout replaces, but a value no dropout can have is refused, not ignored. */
+static loom_status dropout_fields(const config_reader *c, const char *const *keys) {
+  for (int i = 0; keys[i]; i++) {
+    const loom_json *v = loom_json_get(c->root, keys[i]);
+    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
+      return bad_field(c, keys[i], "must be a dropout probability in [0, 1) (loom trains with --dropout)");
+  }
+  return LOOM_OK;
+}
+
 static loom_status bool_field(const config_reader *c, const char *key, bool fallback, bool *out) {
   const loom_json *v = loom_json_get(c->root, key);
   if (!v) return *out = fallback, LOOM_OK;
@@ -125,6 +136,8 @@ static loom_status read_gpt2(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = int_field(c, "n_inner", 1, LOOM_PLAN_MAX_FFN, 0, &cfg->ffn);
   if (st == LOOM_OK) st = float_field(c, "layer_norm_epsilon", 1e-5, &cfg->norm_eps);
   if (st == LOOM_OK) st = string_field(c, "activation_function", GELU);
+  static const char *const DROPOUTS[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", NULL};
+  if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
   bool tied = true, inverse_layer = false, scaled = true;
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", true, &tied);
   cfg->untied = !tied;
@@ -149,6 +162,8 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = float_field(c, "rms_norm_eps", 1e-6, &cfg->norm_eps);
   if (st == LOOM_OK) st = float_field(c, "rope_theta", 10000.0, &cfg->rope_theta);
   if (st == LOOM_OK) st = string_field(c, "hidden_act", SILU);
+  static const char *const DROPOUTS[] = {"attention_dropout", NULL};
+  if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
   bool tied = false, attention_bias = false, mlp_bias = false;
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", false, &tied);
   if (st == LOOM_OK) st = bool_field(c, "attention_bias", false, &attention_bias);

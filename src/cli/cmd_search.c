@@ -105,7 +105,11 @@ int loom_cmd_plan_search(int argc, char **argv) {
     printf("  %4s %3s %4s %5s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp", "vpp",
            "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU", "bubble", "mem GiB");
     for (int i = 0; i < r.nranked && i < top; i++) print_row(i + 1, &r.ranked[i]);
-    if (r.nranked == 0) st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits; add GPUs or use a smaller model");
+    if (r.considered == 0)
+      st = loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: no layout of %d GPUs splits --global-batch %d into whole "
+                     "replicas (dp must divide it); choose a batch or a GPU count with common factors", gpus,
+                     base->batch->global_batch);
+    else if (r.nranked == 0) st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits; add GPUs or use a smaller model");
   }
   if (st == LOOM_OK && out) {
     loom_plan *best;

@@ -145,6 +145,7 @@ static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_f
                          const char *svg, loom_error *err) {
   sweep_point pts[64];
   int counts[64], n = 0;
+  if (!*list) return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '': expected up to 64 rising GPU counts like 64,128,256");
   for (const char *p = list; *p; n++) {
     char *end;
     const long g = strtol(p, &end, 10);

@@ -59,7 +59,7 @@ static int run(int argc, char **argv, bool encode) {
     while (st == LOOM_OK && (*at == ' ' || *at == '\n' || *at == '\t' || *at == '\r')) at++;
     if (st == LOOM_OK && at != text + len) st = loom_fail(&err, LOOM_ERR_FORMAT, "%s: token %zu is not a number", pos[0], ids.count + 1);
     loom_strbuf out = {0};
-    if (st == LOOM_OK) st = loom_bpe_decode(t, ids.ids, ids.count, &out, &err);
+    if (st == LOOM_OK && (st = loom_bpe_decode(t, ids.ids, ids.count, &out, &err)) != LOOM_OK) loom_error_prefix(&err, st, pos[0]);
     if (st == LOOM_OK) fwrite(out.buf, 1, out.len, stdout);
     free(out.buf);
   }

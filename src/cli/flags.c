@@ -2,9 +2,17 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli/flags.h"
+
+/* A bound as a person writes it: whole numbers in full (1048576, not 1.04858e+06). */
+static const char *bound(double v, char *buf, size_t n) {
+  if (v == floor(v) && fabs(v) < 1e18) snprintf(buf, n, "%.0f", v);
+  else snprintf(buf, n, "%g", v);
+  return buf;
+}
 
 static loom_status parse_number(const char *cmd, const loom_flag *f, const char *text, double *out,
                                 loom_error *err) {
@@ -18,7 +26,11 @@ static loom_status parse_number(const char *cmd, const loom_flag *f, const char 
   if (f->kind != FLAG_FLOAT && v != (double)(int64_t)v)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects an integer, got '%s'", cmd, f->name, text);
   if (f->min <= f->max && (v < f->min || v > f->max))
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%g, %g], got %s", cmd, f->name, f->min, f->max, text);
+  {
+    char lo[32], hi[32];
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%s, %s], got %s", cmd, f->name, bound(f->min, lo, sizeof lo),
+                     bound(f->max, hi, sizeof hi), text);
+  }
   *out = v;
   return LOOM_OK;
 }

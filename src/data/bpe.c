@@ -553,7 +553,9 @@ loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loo
   for (size_t i = 0; i < n; i++) {
     size_t len;
     const unsigned char *b = loom_bpe_token_bytes(t, ids[i], &len);
-    if (!b) return loom_fail(err, LOOM_ERR_FORMAT, "token id %d at position %zu is not in the vocabulary (%d)", ids[i], i, t->vocab);
+    if (!b)
+      return loom_fail(err, LOOM_ERR_FORMAT, "token %zu is id %d, which names no token of this tokenizer (ids below %d, some unused)",
+                       i + 1, ids[i], t->vocab);
     loom_strbuf_append(out, b, len);
   }
   if (!out->buf) loom_strbuf_append(out, "", 0);

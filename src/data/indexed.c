@@ -99,9 +99,13 @@ loom_status loom_indexed_check(loom_indexed *d, const char *idx_path, const char
   d->dtype = d->idx[17];
   d->item = dtype_size(d->dtype);
   if (!d->item) return loom_fail(err, LOOM_ERR_FORMAT, "%s: dtype code %d is not an integer token type (1-5, 8)", idx_path, d->dtype);
-  const uint64_t n = (uint64_t)load_i64(d->idx + 18), docs = (uint64_t)load_i64(d->idx + 26);
+  const int64_t claimed = load_i64(d->idx + 18), claimed_docs = load_i64(d->idx + 26);
+  if (claimed < 0 || claimed > (int64_t)1 << 40 || claimed_docs < 1 || claimed_docs > (int64_t)1 << 40)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: its header counts %lld sequences and %lld document indices; an index holds "
+                     "0 to 2^40 sequences and 1 to 2^40 indices", idx_path, (long long)claimed, (long long)claimed_docs);
+  const uint64_t n = (uint64_t)claimed, docs = (uint64_t)claimed_docs; /* small enough now that the sizes cannot wrap */
   const uint64_t expect = HEADER_BYTES + 12 * (uint64_t)n + 8 * (uint64_t)docs;
-  if (n > (uint64_t)1 << 40 || docs > (uint64_t)1 << 40 || docs < 1 || expect != d->idx_bytes)
+  if (expect != d->idx_bytes)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %zu bytes do not hold %llu sequences and %llu document indices (%llu bytes)", idx_path,
                      d->idx_bytes, (unsigned long long)n, (unsigned long long)docs, (unsigned long long)expect);
   d->sequences = (int64_t)n;

@@ -139,6 +139,13 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
     const char *at = strstr(line, "{\"name\": \"");
     if (at && sscanf(at, "{\"name\": \"%63[^\"]\", \"cat\": \"%15[^\"]\", \"ph\": \"X\", \"ts\": %lf, \"dur\": %lf, \"pid\": 0, \"tid\": %d",
                      s.name, s.cat, &s.ts, &s.dur, &s.tid) == 5) {
+      /* Microseconds of one step: finite, not negative, under a day; a rank a drawing can hold. */
+      if (!(s.ts >= 0 && s.dur >= 0 && s.ts + s.dur <= 8.64e10) || s.tid < 0 || s.tid >= 65536) {
+        fclose(in);
+        free(spans);
+        return loom_fail(err, LOOM_ERR_FORMAT, "%s: span \"%s\" has ts %g, dur %g, tid %d: a span is microseconds within a "
+                         "day of the step's start (ts, dur >= 0) on a rank 0 to 65535", json_path, s.name, s.ts, s.dur, s.tid);
+      }
       if (n == cap) spans = realloc(spans, (size_t)(cap = cap ? 2 * cap : 256) * sizeof *spans);
       LOOM_CHECK(spans != NULL, "out of memory reading a trace");
       spans[n++] = s;
@@ -153,6 +160,7 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
       if (b) sscanf(b, "\"bubble_measured\": %lf, \"bubble_theory\": %lf", &measured, &theory);
       else if (predicted && sscanf(predicted, "\"bubble_predicted\": %lf, \"bubble_theory\": %lf", &measured, &theory) == 2)
         kind = "predicted";
+      if (!(measured >= -1 && measured <= 1 && theory >= -1 && theory <= 1)) measured = theory = -1.0; /* not a share: not drawn */
     }
   }
   fclose(in);

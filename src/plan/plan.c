@@ -635,6 +635,25 @@ int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activatio
   return need;
 }
 
+/* The plan's cluster block, when it has one: every figure given is a count or a finite positive number. */
+static void check_cluster(report *r, const Loom__Cluster *c) {
+  if (!c) return;
+  if (c->has_nodes) check_size(r, "cluster.nodes", c->nodes, 1, INT_MAX);
+  if (c->has_devices_per_node) check_size(r, "cluster.devices_per_node", c->devices_per_node, 1, 4096);
+  if (c->has_device_memory_bytes) check_size(r, "cluster.device_memory_bytes", c->device_memory_bytes, 1, INT64_MAX);
+  const struct {
+    bool has;
+    double value;
+    const char *name;
+  } figures[] = {{c->has_intra_node_gbps, c->intra_node_gbps, "cluster.intra_node_gbps"},
+                 {c->has_inter_node_gbps, c->inter_node_gbps, "cluster.inter_node_gbps"},
+                 {c->has_intra_node_latency_us, c->intra_node_latency_us, "cluster.intra_node_latency_us"},
+                 {c->has_inter_node_latency_us, c->inter_node_latency_us, "cluster.inter_node_latency_us"}};
+  for (size_t i = 0; i < sizeof figures / sizeof figures[0]; i++)
+    if (figures[i].has && !(isfinite(figures[i].value) && figures[i].value > 0))
+      violation(r, "%s = %g: must be a finite number above 0", figures[i].name, figures[i].value);
+}
+
 int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, char *lines, size_t cap) {
   report r = {.out = lines, .cap = cap};
   if (lines && cap) lines[0] = '\0';
@@ -647,6 +666,7 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
   check_model(&r, p);
   check_batch(&r, p);
   check_stages(&r, p);
+  check_cluster(&r, p->cluster);
   const long long ranks = (long long)l->tp * l->pp * l->dp;
   if (world > 0 && ranks != world)
     violation(&r, "parallel: tp %d x pp %d x dp %d = %lld ranks, but the world has %d; launch %lld ranks or change the layout",

@@ -12,6 +12,10 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
       .balance = base->balance, .precision = base->precision, .grad_reduce = c->zero ? LOOM__PRECISION__PRECISION_FP32 : base->grad_reduce,
       .name = base->name};
+  if (base->grad_compression) { /* every candidate compresses as the user asked; the plan's dp bytes price it */
+    spec.compression = base->grad_compression->kind;
+    spec.compression_rank = base->grad_compression->rank;
+  }
   loom_plan_model_config(base, &spec.model);
   return loom_plan_build(&spec, out, err);
 }
