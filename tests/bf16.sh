@@ -9,14 +9,13 @@
 #   vectorised GELU (fp32's own rounding moved), both spiked at step 161-162,
 #   fp32 to 4.10 and bf16 to 3.99 (2.8% apart), with every other step within
 #   0.3% and the worst 10-step window 0.8%;
-# - the default run's layout (the README's: tp 2 x pp 2, the addition task)
-#   in bf16, trained 3000 steps, reaches at least 90% held-out exact match.
-#   It takes a minute. The task is learned in a sudden jump whose step
-#   moves with the machine's GEMM summation order: at the default 2000
-#   steps one machine jumped at step 1250-1500, while an AMD EPYC (Zen 4)
-#   had not jumped by step 2000 in fp32 or bf16 (22-25%). With 3000 steps
-#   (a slower cosine decay) that machine reached 100%. The sanitized pass (LOOM_TEST_SANITIZED=1), which checks memory,
-#   not numerics, leaves it out and compares 40 GPL steps, not 300.
+# - the README's main job itself (scripts/train.sh: tp 2 x pp 2, the
+#   addition task) in bf16 reaches at least 90% held-out exact match at
+#   step 2000. The sweep of seeds 1-8 with either GEMM library
+#   (bench/main_job_sweep.sh, docs/training.md) ended at 97% or more in
+#   every run, so 90% is a margin, not a coin toss. The sanitized pass
+#   (LOOM_TEST_SANITIZED=1), which checks memory, not numerics, leaves it
+#   out and compares 40 GPL steps, not 300.
 # Usage: tests/bf16.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
@@ -47,10 +46,9 @@ awk -v steps=$STEPS 'BEGIN { n = 0; worst = 0; window = 0 }
 awk -v steps=$STEPS 'NR == steps { if ($1 > 0.8 * first) exit 1 } NR == 1 { first = $1 }' "$WORK/both" || fail "the GPL losses did not fall"
 
 if [ "${LOOM_TEST_SANITIZED:-0}" = 1 ]; then echo "ok (the addition run left to the unsanitized pass)"; exit 0; fi
-"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --tp 2 --pp 2 --micro-batch 4 \
-  --micro-batches 4 --precision bf16 --steps 3000 --log-every 500 > "$WORK/addition.txt" 2>&1 ||
+LOOM_NO_SETUP=1 LOOM="$LOOM" "$(dirname "$0")/../scripts/train.sh" --precision bf16 --log-every 500 > "$WORK/addition.txt" 2>&1 ||
   fail "the bf16 addition run: $(tail -3 "$WORK/addition.txt")"
-last=$(grep "^eval  step  3000" "$WORK/addition.txt") || fail "no evaluation at step 3000: $(tail -3 "$WORK/addition.txt")"
+last=$(grep "^eval  step  2000" "$WORK/addition.txt") || fail "no evaluation at step 2000: $(tail -3 "$WORK/addition.txt")"
 echo "bf16 addition: $last"
 pct=$(echo "$last" | sed -n 's/.*exact match *\([0-9.]*\)%.*/\1/p')
 awk -v p="$pct" 'BEGIN { exit !(p >= 90) }' || fail "bf16 exact match $pct% is under 90%"

@@ -44,6 +44,15 @@ expect 2 "loom-run: -n x: expected a positive number" -n x train
 expect 2 "loom-run: unknown option --frobnicate (loom-run --help)" --frobnicate train
 expect 2 "loom-run: --hostfile /nonexistent/hosts: cannot read it as a file" --hostfile /nonexistent/hosts train
 expect 2 "loom-run: --hostfile $WORK: cannot read it as a file" --hostfile "$WORK" train
+# Hostfiles checked by loom-run itself: no host, a bad line, a host that does not resolve.
+printf '# nothing here\n\n' > "$WORK/empty_hosts"
+expect 2 "loom-run: --hostfile $WORK/empty_hosts: names no host (one per line: HOST slots=N)" --hostfile "$WORK/empty_hosts" train
+printf 'localhost slots=two\n' > "$WORK/bad_hosts"
+expect 2 "loom-run: --hostfile $WORK/bad_hosts: line 1: localhost slots=two: expected HOST [slots=N] [max_slots=N]" \
+  --hostfile "$WORK/bad_hosts" train
+printf 'localhost slots=2\nno-such-host.invalid slots=2\n' > "$WORK/unknown_hosts"
+expect 2 "loom-run: --hostfile $WORK/unknown_hosts: host no-such-host.invalid does not resolve (getent hosts no-such-host.invalid finds no address)" \
+  --hostfile "$WORK/unknown_hosts" train
 expect 2 "loom-run: --gpus-per-node abc: expected a number (0 on CPU machines)" --gpus-per-node abc train
 expect 2 "loom-run: --bind socket: expected core, numa or none" --bind socket train
 expect 2 "loom-run: --plan /nonexistent.txtpb: cannot read its world size (loom plan check /nonexistent.txtpb says why)" \
@@ -57,17 +66,22 @@ grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/run.txt" || fail "run layout: $(
 # A signal to loom-run (as Slurm or a person sends it to the launcher): the
 # ranks checkpoint after the step they are in, and the job exits 0 with the
 # line that says how to resume (mpirun alone exits 1 and loses the line).
-rm -rf "$WORK/sig"
-"$RUN" --gpus-per-node 0 -n 2 train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 \
-  --eval-every 0 --log-every 1000 --ckpt "$WORK/sig" > "$WORK/sig.txt" 2>&1 &
-job=$!
-wait_for "$WORK/sig.txt" "^step " 180
-kill -TERM $job
-wait $job
-code=$?
-[ "$code" = 0 ] || fail "SIGTERM to loom-run: exit $code: $(tail -5 "$WORK/sig.txt")"
-grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "no stop line: $(tail -5 "$WORK/sig.txt")"
-[ -f "$WORK/sig/latest" ] || fail "no checkpoint after the signal"
+# SIGHUP (the terminal closed) is a stop like SIGTERM: it once killed
+# loom-run alone and left mpirun and the ranks training with no one watching.
+for sig in TERM HUP; do
+  rm -rf "$WORK/sig"
+  "$RUN" --gpus-per-node 0 -n 2 train --dp 2 --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 1000000 \
+    --eval-every 0 --log-every 1000 --ckpt "$WORK/sig" > "$WORK/sig.txt" 2>&1 &
+  job=$!
+  wait_for "$WORK/sig.txt" "^step " 180
+  kill -$sig $job
+  wait $job
+  code=$?
+  [ "$code" = 0 ] || fail "SIG$sig to loom-run: exit $code: $(tail -5 "$WORK/sig.txt")"
+  grep -q "stopped by a signal after step [0-9]*; resume with --resume" "$WORK/sig.txt" || fail "SIG$sig: no stop line: $(tail -5 "$WORK/sig.txt")"
+  [ -f "$WORK/sig/latest" ] || fail "no checkpoint after SIG$sig"
+  ! pgrep -f "$WORK/sig" > /dev/null || fail "SIG$sig left ranks running: $(pgrep -af "$WORK/sig")"
+done
 
 # --max-restarts: a rank killed with SIGKILL mid-run; the job restarts from
 # the latest checkpoint and finishes every step with the uninterrupted run's

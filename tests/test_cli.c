@@ -17,6 +17,7 @@
 
 static const char *g_loom;
 static const char *g_env[4]; /* NAME=VALUE settings for the next runs' environment, NULL-ended */
+static uid_t g_uid;          /* run as this user when nonzero (a test run as root checking permissions) */
 
 typedef struct {
   int code;
@@ -45,6 +46,7 @@ static result *run_argv(const char *const *args) {
     dup2(open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), 2);
     setenv("OMP_NUM_THREADS", "1", 1);
     for (int i = 0; g_env[i]; i++) putenv((char *)g_env[i]);
+    if (g_uid && (setgid(g_uid) != 0 || setuid(g_uid) != 0)) _exit(126);
     execv(g_loom, (char *const *)argv);
     _exit(127);
   }
@@ -664,6 +666,25 @@ START_TEST(outputs_are_checked_before_the_work) {
   g_env[0] = "LOOM_CPU_GEMM=mkl";
   refusal_row(&t, TRAIN("--steps", "1"), 2, "loom train: LOOM_CPU_GEMM must be openblas or onednn, got 'mkl'");
   g_env[0] = NULL;
+  /* Permission, said as such (as root, the runs below are made as nobody):
+   * an unreadable latest or manifest, a checkpoint directory nobody may write. */
+  if (getuid() == 0) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s", tu_tmp_path(""));
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    ck_assert_int_eq(chmod(ck, 0777), 0); /* nobody may write there, but not read latest */
+    char latest[1024];
+    snprintf(latest, sizeof latest, "%s/latest", ck);
+    ck_assert_int_eq(chmod(latest, 0600), 0);
+    g_uid = 65534;
+    r = TRAIN("--steps", "4", "--ckpt", ck, "--resume");
+    tu_row(&t, r->code == 2 && strstr(r->err, "latest: cannot open checkpoint's latest file: permission denied"),
+           "an unreadable latest as nobody: exit %d, '%s'", r->code, r->err);
+    r = TRAIN("--steps", "1", "--ckpt", tu_tmp_path("nobody_may_make_this")); /* in root's 0755 folder */
+    tu_row(&t, r->code != 0 && strstr(r->err, "Permission denied"), "an unwritable --ckpt as nobody: exit %d, '%s'", r->code, r->err);
+    g_uid = 0;
+    ck_assert_int_eq(chmod(dir, 0700), 0);
+  }
   tu_rows_done(&t);
 #undef TRAIN
 }

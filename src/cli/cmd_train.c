@@ -18,7 +18,7 @@
 #include "core/sysinfo.h"
 #include "pipeline/train_loop.h"
 
-/* SIGTERM or SIGINT (Slurm preemption, Ctrl-C), or SIGUSR1 (what
+/* SIGTERM, SIGINT or SIGHUP (Slurm preemption, Ctrl-C, a closed terminal), or SIGUSR1 (what
  * launch/loom-run turns them into, as mpirun forwards it to every rank
  * where it would end the job on the others): finish the step, checkpoint,
  * exit 0. */
@@ -31,6 +31,7 @@ static void catch_signals(void) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL); /* the terminal closed: stop as cleanly as for SIGTERM */
   sigaction(SIGUSR1, &sa, NULL);
 }
 

@@ -241,6 +241,14 @@ bool loom_data_is_indexed(const char *spec) {
 
 loom_status loom_dataset_open(loom_dataset **out, const loom_data_options *o, loom_error *err) {
   *out = NULL;
+  /* Held-out data of the training data's kind: a token file beside a token
+   * file, indexed data beside indexed data (each read as its own kind). */
+  if (o->eval_data && loom_data_is_indexed(o->eval_data) != loom_data_is_indexed(o->data)) {
+    const bool indexed = loom_data_is_indexed(o->data);
+    return loom_fail(err, LOOM_ERR_USAGE, "--eval-data %s: %s, but --data %s is %s; give held-out data of the same kind",
+                     o->eval_data, indexed ? "not an indexed dataset (no PREFIX.idx) nor a blend" : "is an indexed dataset",
+                     o->data, indexed ? "indexed" : "an llm.c token file");
+  }
   if (!loom_data_is_indexed(o->data))
     return loom_dataset_open_tokens(out, o->data, o->eval_data, o->vocab, o->T, o->shuffle ? LOOM_ORDER_SHUFFLED : LOOM_ORDER_SEQUENTIAL,
                                     o->seed, true, err);

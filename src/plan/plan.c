@@ -266,19 +266,51 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
  * keeps live at once: the verifier's count, read off the schedule the
  * executor runs, into out[pp] (left 0 if the schedule cannot be built). */
+/* The counts depend on the schedule's shape alone (kind, pp, vpp,
+ * micro-batches), and a plan search asks for the same shape under many
+ * tp, sp, ZeRO and recompute choices: the last shapes verified are kept,
+ * each verified once (a shape of 12,288 micro-batches on 96 ranks is 7
+ * million actions). */
+typedef struct {
+  int kind, pp, vpp, m;
+  int *out, *deferred; /* [pp], [pp * vpp] */
+} in_flight_memo;
+enum { IN_FLIGHT_MEMOS = 64 };
+static in_flight_memo g_memo[IN_FLIGHT_MEMOS];
+static int g_memo_next;
+
 static void in_flight(const loom_plan *p, int *out, int *deferred) {
-  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks;
+  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks, m = loom_plan_micro_batches(p);
+  for (int i = 0; i < IN_FLIGHT_MEMOS; i++) {
+    const in_flight_memo *e = &g_memo[i];
+    if (e->out && e->kind == (int)p->schedule && e->pp == pp && e->vpp == vpp && e->m == m) {
+      memcpy(out, e->out, (size_t)pp * sizeof *out);
+      memcpy(deferred, e->deferred, (size_t)pp * vpp * sizeof *deferred);
+      return;
+    }
+  }
   loom_schedule s;
   loom_error err;
   if (loom_plan_schedule(p, &s, &err) != LOOM_OK) return;
   loom_schedule_report rep;
-  if (loom_schedule_verify(&s, &rep) == LOOM_OK)
+  const bool sound = loom_schedule_verify(&s, &rep) == LOOM_OK;
+  if (sound)
     for (int r = 0; r < pp; r++) {
       out[r] = rep.peak_live[r];
       for (int c = 0; c < vpp; c++) deferred[r * vpp + c] = loom_schedule_chunk_deferred_peak(&s, r, c);
     }
   loom_schedule_report_free(&rep);
   loom_schedule_free(&s);
+  if (!sound) return;
+  in_flight_memo *e = &g_memo[g_memo_next];
+  g_memo_next = (g_memo_next + 1) % IN_FLIGHT_MEMOS;
+  free(e->out);
+  free(e->deferred);
+  *e = (in_flight_memo){.kind = (int)p->schedule, .pp = pp, .vpp = vpp, .m = m,
+                        .out = loom_xmalloc((size_t)pp * sizeof *out, "schedule memo"),
+                        .deferred = loom_xmalloc((size_t)pp * vpp * sizeof *deferred, "schedule memo")};
+  memcpy(e->out, out, (size_t)pp * sizeof *out);
+  memcpy(e->deferred, deferred, (size_t)pp * vpp * sizeof *deferred);
 }
 
 void loom_plan_estimate(loom_plan *p) {

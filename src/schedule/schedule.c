@@ -132,19 +132,20 @@ typedef struct {
   action_list l;
   const loom_schedule *s;
   int r;
-  compute *deferred;
-  int ndeferred;
+  compute *deferred; /* [m * v]: each split backward's weight pass, queued once, taken from `oldest` */
+  int oldest, ndeferred;
 } rank_order;
 
 static void put(rank_order *o, compute c) {
   emit(&o->l, o->s, o->r, c);
-  if (c.pass == LOOM_ACT_BACKWARD_INPUT) o->deferred[o->ndeferred++] = (compute){LOOM_ACT_BACKWARD_WEIGHT, c.mb, c.chunk};
+  if (c.pass == LOOM_ACT_BACKWARD_INPUT)
+    o->deferred[o->oldest + o->ndeferred++] = (compute){LOOM_ACT_BACKWARD_WEIGHT, c.mb, c.chunk};
 }
 
 /* Places the oldest deferred weight pass. */
 static void put_weight(rank_order *o) {
-  emit(&o->l, o->s, o->r, o->deferred[0]);
-  memmove(o->deferred, o->deferred + 1, (size_t)--o->ndeferred * sizeof *o->deferred);
+  emit(&o->l, o->s, o->r, o->deferred[o->oldest++]);
+  o->ndeferred--;
 }
 
 /* GPipe, 1F1B, interleaved and ZB-H1 share one order of forwards and
@@ -229,6 +230,10 @@ static void build_rank(loom_schedule *s, int r) {
     return;
   }
   rank_order o = {.s = s, .r = r};
+  /* Sized once: each (micro-batch, chunk) emits at most 7 actions (a forward
+   * and a backward with their transfers, and a weight pass), then a few for the step. */
+  o.l.cap = 7 * s->m * s->v + 8;
+  o.l.list = loom_xmalloc((size_t)o.l.cap * sizeof *o.l.list, "schedule actions");
   o.deferred = loom_xmalloc((size_t)s->m * s->v * sizeof *o.deferred, "deferred weight passes");
   if (s->kind == LOOM_SCHEDULE_ZB_V) build_v(s, &o);
   else build_steady(s, &o);

@@ -68,11 +68,7 @@ static double flight(const sim *x, int r, const loom_action *a) {
 
 static void record_span(sim *x, int r, double start, double end) {
   loom_schedule_report *rep = x->rep;
-  const int n = rep->span_count[r];
-  if ((n & (n - 1)) == 0) { /* capacity doubles at each power of two */
-    rep->spans[r] = realloc(rep->spans[r], (size_t)(n ? 2 * n : 1) * sizeof(loom_span));
-    LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
-  }
+  /* At most one span per action: sized by the rank's actions up front, never grown. */
   rep->spans[r][rep->span_count[r]++] = (loom_span){start, end, x->pos[r]};
 }
 
@@ -216,6 +212,10 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.live && x.deferred && x.clock && x.busy && x.tied_arrival &&
                  rep->peak_live && rep->peak_deferred && rep->span_count && rep->spans,
              "out of memory verifying a schedule");
+  for (int r = 0; r < p; r++) {
+    rep->spans[r] = malloc(((size_t)s->count[r] + 1) * sizeof(loom_span));
+    LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
+  }
   for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
   int progress = 1, pending = 1, err = 0;

@@ -45,8 +45,9 @@ static void push(loom_candidate **list, int *n, const loom_candidate *c) {
   (*list)[(*n)++] = *c;
 }
 
-/* Predicts one candidate into the result, or counts why it cannot run. */
-static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
+/* Predicts one candidate into the result, or counts why it cannot run;
+ * returns whether it fits. */
+static bool try_candidate(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
                           loom_search_result *res) {
   res->considered++;
   loom_plan *plan = NULL;
@@ -54,12 +55,12 @@ static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_
   char lines[1024];
   if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK) {
     drop(res, err.msg);
-    return;
+    return false;
   }
   if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
     drop(res, lines);
     loom_plan_free(plan);
-    return;
+    return false;
   }
   /* Memory first, from the plan's estimates: a layout that does not fit is not worth a replay. */
   for (int q = 0; q < c.pp; q++) {
@@ -70,19 +71,20 @@ static void try_candidate(const loom_plan *base, const loom_profile *prof, loom_
     drop(res, "memory");
     push(&res->unfit, &res->nunfit, &c);
     loom_plan_free(plan);
-    return;
+    return false;
   }
   loom_sim_result r;
   if (loom_sim_run(plan, prof, formula, &r, &err) != LOOM_OK) {
     drop(res, err.msg);
     loom_plan_free(plan);
-    return;
+    return false;
   }
   c.step_s = r.step_s, c.tokens_per_s = r.tokens_per_s, c.tflops_per_gpu = r.tflops_per_gpu, c.mfu = r.mfu;
   c.bubble = r.bubble;
   push(&res->ranked, &res->nranked, &c);
   loom_sim_result_free(&r);
   loom_plan_free(plan);
+  return true;
 }
 
 /* The schedules worth trying for pp ranks with vpp chunks each and m
@@ -125,14 +127,18 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
           loom_schedule_kind kinds[3];
           const int nkinds = schedules_for(pp, vpp, m, kinds);
           for (int k = 0; k < nkinds; k++)
-            for (int rc = 0; rc < 2; rc++)
-              for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
-                for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
-                  if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
+            for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
+              for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
+                if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
+                /* Recompute only where the layout does not fit without it: it
+                 * adds a forward and saves nothing but memory, so a layout
+                 * that fits without it is always the faster of the two. */
+                for (int rc = 0; rc < 2; rc++) {
                   const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
                                             .sequence_parallel = sp, .recompute = rc, .schedule = kinds[k]};
-                  try_candidate(base, prof, formula, c, res);
+                  if (try_candidate(base, prof, formula, c, res)) break;
                 }
+              }
         }
       }
     }
