@@ -40,10 +40,10 @@ same() {
   [ -n "$off" ] || fail "$1: no memory report from the guarded allocator"
   awk -v x="$off" 'BEGIN { exit !(x >= -5 && x <= 5) }' ||
     fail "$1: the plan's memory estimate is $off% off the guarded allocator's peak (bound 5%)"
-  if [ -f "$WORK/$1.cpu.bin" ]; then
-    cmp -s "$WORK/$1.cpu.bin" "$WORK/$1.guarded.bin" || fail "$1: the exported weights differ"
-  elif [ -d "$WORK/$1.cpu.bin" ]; then # a Hugging Face directory
-    cmp -s "$WORK/$1.cpu.bin/model.safetensors" "$WORK/$1.guarded.bin/model.safetensors" || fail "$1: the exported weights differ"
+  if [ -f "$WORK/$1.cpu.model" ]; then
+    cmp -s "$WORK/$1.cpu.model" "$WORK/$1.guarded.model" || fail "$1: the exported weights differ"
+  elif [ -d "$WORK/$1.cpu.model" ]; then # a Hugging Face directory
+    cmp -s "$WORK/$1.cpu.model/model.safetensors" "$WORK/$1.guarded.model/model.safetensors" || fail "$1: the exported weights differ"
   fi
 }
 
@@ -51,7 +51,7 @@ layout() { # layout NAME RANKS FLAGS...: trained on both, with checkpoints and a
   name=$1 ranks=$2
   shift 2
   for dev in cpu guarded; do
-    run "$name" "$ranks" "$dev" 4 --ckpt "$WORK/$name.$dev.ckpt" --save-every 2 --save "$WORK/$name.$dev.bin" "$@"
+    run "$name" "$ranks" "$dev" 4 --ckpt "$WORK/$name.$dev.ckpt" --save-every 2 --save "$WORK/$name.$dev.model" "$@"
   done
   same "$name"
 }
@@ -83,7 +83,7 @@ layout bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
 for dev in cpu guarded; do
   cp -r "$WORK/tp2_dp2_zero1_recompute.$dev.ckpt" "$WORK/resumed.$dev.ckpt"
-  run resumed 2 "$dev" 6 --pp 2 --ckpt "$WORK/resumed.$dev.ckpt" --resume --save "$WORK/resumed.$dev.bin"
+  run resumed 2 "$dev" 6 --pp 2 --ckpt "$WORK/resumed.$dev.ckpt" --resume --save "$WORK/resumed.$dev.model"
 done
 same resumed
 grep -q '"step": 5,' "$WORK/resumed.guarded.jsonl" || fail "the resumed run did not train steps 5 and 6"
@@ -91,7 +91,7 @@ grep -q '"step": 5,' "$WORK/resumed.guarded.jsonl" || fail "the resumed run did 
 # Sampling from the exported model on each backend, greedy and at a temperature.
 for temperature in 0 0.8; do
   for dev in cpu guarded; do
-    "$LOOM" sample --device "$dev" --init-from "$WORK/serial.cpu.bin" --prompt "12+34=" --max-tokens 12 \
+    "$LOOM" sample --device "$dev" --init-from "$WORK/serial.cpu.model" --prompt "12+34=" --max-tokens 12 \
       --temperature $temperature > "$WORK/sample.$dev.txt" 2>&1 || fail "sample on $dev: $(tail -3 "$WORK/sample.$dev.txt")"
   done
   [ -s "$WORK/sample.cpu.txt" ] || fail "sampling printed nothing"

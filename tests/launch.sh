@@ -6,7 +6,7 @@
 # Usage: tests/launch.sh LOOM_RUN LOOM WORKDIR
 set -u
 RUN=$1 LOOM=$2 WORK=$3
-mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK" # a run before this one leaves its outputs, which loom will not replace
 . "$(dirname "$0")/lib.sh"
 export LOOM MPIRUN=mpirun
 unset OMP_NUM_THREADS

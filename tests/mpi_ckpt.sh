@@ -6,7 +6,7 @@
 # Usage: tests/mpi_ckpt.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
-mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK" # a run before this one leaves its outputs, which loom will not replace
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . "$(dirname "$0")/lib.sh"
 MODEL="--layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --eval-every 0 --dropout 0.1"
@@ -141,6 +141,13 @@ np 4 --tp 4 --steps 9 --ckpt "$WORK/os2" --resume --metrics "$WORK/os.jsonl" > "
 same_losses "$WORK/full.jsonl" "$WORK/os.jsonl" || fail "losses after offline resharding"
 "$LOOM" ckpt reshard "$WORK/os1" --tp 4 -o "$WORK/os2" > "$WORK/o.txt" 2>&1
 [ $? = 2 ] && grep -q "already holds a checkpoint" "$WORK/o.txt" || fail "reshard over a checkpoint: $(cat "$WORK/o.txt")"
+# A reshard that fails part way (a shard cut short) leaves no output behind, not an empty OUT/step_N.
+cp -r "$WORK/os1" "$WORK/cut"
+shard=$(find "$WORK/cut" -name '*.shard' | head -1)
+[ -n "$shard" ] || fail "no shard file in $WORK/cut: $(find "$WORK/cut")"
+head -c "$(($(wc -c < "$shard") / 2))" "$shard" > "$shard.half" && mv "$shard.half" "$shard"
+"$LOOM" ckpt reshard "$WORK/cut" --tp 4 -o "$WORK/cut_out" > "$WORK/o.txt" 2>&1 && fail "a reshard of a cut shard passed"
+[ ! -e "$WORK/cut_out" ] || fail "a failed reshard left $(find "$WORK/cut_out")"
 
 # A rank killed (SIGABRT, a test fault) mid-save at step 4, its shard
 # written and the manifest not: mpirun ends the job, latest still names step

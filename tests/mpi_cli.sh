@@ -6,7 +6,7 @@
 # Usage: tests/mpi_cli.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
-mkdir -p "$WORK"
+rm -rf "$WORK" && mkdir -p "$WORK" # a run before this one leaves its outputs, which loom will not replace
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run() { "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" "$@"; }
 . "$(dirname "$0")/lib.sh"

@@ -15,6 +15,7 @@ LOOM=${LOOM:-$root/build/loom}
 [ -x "$LOOM" ] || { echo "run_tiny.sh: no $LOOM; run scripts/setup.sh first" >&2; exit 2; }
 export LOOM
 mkdir -p "$out"
+rm -f "$out/parallel.jsonl" "$out/serial.jsonl" # this script's own outputs, from a run before (loom replaces no output it did not make)
 # The plan's model, trained by one rank: the serial reference.
 MODEL="--layers 64 --hidden 32 --heads 4 --vocab 256 --seq 32 --dropout 0.1 --micro-batch 1 --global-batch 16"
 

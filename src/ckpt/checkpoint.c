@@ -166,11 +166,13 @@ static void count_piece(tally **t, int *n, const loom_shard_tensor *p) {
 static loom_status match_model(const char *sub, const Loom__CheckpointManifest *mf, const tally *t, int nt, loom_error *err) {
   loom_ckpt_run run;
   loom_manifest_run(mf, &run);
-  const int n = loom_gpt_param_table(&run.cfg, NULL, 0, 1, NULL, NULL);
+  /* Global shapes as the writing layout padded them (the vocabulary to a multiple of its tp). */
+  const loom_gpt_config cfg = loom_gpt_config_for_tp(&run.cfg, run.tp);
+  const int n = loom_gpt_param_table(&cfg, NULL, 0, run.tp, NULL, NULL);
   loom_tensor *specs = loom_fault_calloc((size_t)n + 1, sizeof *specs);
   loom_param_meta *meta = loom_fault_calloc((size_t)n + 1, sizeof *meta);
   loom_status st = specs && meta ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", sub);
-  if (st == LOOM_OK) loom_gpt_param_table(&run.cfg, NULL, 0, 1, specs, meta);
+  if (st == LOOM_OK) loom_gpt_param_table(&cfg, NULL, 0, run.tp, specs, meta);
   for (int i = 0; st == LOOM_OK && i < nt; i++) {
     const char *slash = strchr(t[i].name, '/'), *name = slash ? slash + 1 : t[i].name;
     int k = 0;

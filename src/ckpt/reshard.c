@@ -1,6 +1,8 @@
 /* Offline resharding onto another plan, in one process: each target rank is
  * built, filled by global offsets and written in turn, so memory holds one
  * rank at a time. */
+#include <unistd.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,14 +128,21 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
   for (int v = 0; st == LOOM_OK && v < pp * vpp; v++) begin[v + 1] = loom_plan_stage_range(plan, v).layer_end;
   loom_plan_free(plan);
+  struct stat sb;
+  const bool made_dst = st == LOOM_OK && stat(dst, &sb) != 0; /* a failure removes what this call made, and only that */
   if (st == LOOM_OK) st = loom_ckpt_make_dir(dst, err);
   loom_ckpt_step_dir(dst, mf->step, out_dir, sizeof out_dir);
+  const bool began = st == LOOM_OK;
   if (st == LOOM_OK) st = loom_ckpt_make_dir(out_dir, err);
   loom_shard_written *written = calloc((size_t)world, sizeof *written);
   const uint64_t save_id = loom_ckpt_fresh_save_id();
   for (int rank = 0; rank < world && st == LOOM_OK; rank++)
     st = reshard_rank(sub, mf, &to, begin, rank, out_dir, save_id, &written[rank], err);
   if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, save_id, &to, written, world, 0, err);
+  if (st != LOOM_OK && began) {
+    loom_ckpt_remove_step(out_dir);
+    if (made_dst) rmdir(dst);
+  }
   free(written);
   free(begin);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
