@@ -646,6 +646,10 @@ START_TEST(outputs_are_checked_before_the_work) {
   tu_row(&t, r->code == 1 && strstr(r->err, "loom: --metrics /dev/full: writing step 1 failed (No space left on device); metrics stop recording here") &&
              strstr(r->err, "loom: --metrics /dev/full: stopped recording at step 1 (No space left on device)") && strstr(r->out, "step     2/2"),
          "metrics on a full disk: exit %d, '%s'", r->code, r->err);
+  /* Resumed onto a device: nothing to keep lines of (it once read /dev/full forever), and the full disk is said. */
+  r = TRAIN("--steps", "4", "--ckpt", ck, "--resume", "--metrics", "/dev/full");
+  tu_row(&t, r->code == 1 && strstr(r->err, "stopped recording at step 4"), "resume with metrics on a full disk: exit %d, '%s'",
+         r->code, r->err);
   /* Inputs that would block: a FIFO is refused without opening it for reading. */
   const char *fifo = tu_tmp_path("fifo");
   ck_assert_int_eq(mkfifo(fifo, 0600), 0);
@@ -694,6 +698,72 @@ START_TEST(outputs_are_checked_before_the_work) {
 }
 END_TEST
 
+/* One row: exit `code` and one stderr line holding `part`. */
+static void part_row(tu_rows *t, const result *r, int code, const char *part) {
+  const char *nl = strchr(r->err, '\n');
+  tu_row(t, r->code == code && nl && nl[1] == '\0' && strstr(r->err, part), "exit %d (want %d), stderr '%s' (want one line with '%s')",
+         r->code, code, r->err, part);
+}
+
+/* Well-formed input that means something wrong: refused, naming what and why. */
+START_TEST(meaningful_nonsense_is_refused) {
+  tu_rows t = {0};
+  /* A tiktoken rank on a special token's id: "he" and <|endoftext|> would encode alike. */
+  const char *ranks = tu_tmp_path("gpt2.tiktoken"), *txt = tu_tmp_path("t.txt");
+  tu_write_bytes(ranks, "aGU= 50256\n", 11);
+  tu_write_bytes(txt, "he", 2);
+  part_row(&t, run("data", "encode", "--tokenizer", ranks, txt, NULL), 2,
+           "rank 50256 is gpt2's special token <|endoftext|>, but the file gives it to another token");
+  /* A token file whose header counts fewer tokens than it holds; decode's error names its file. */
+  const char *tokens = tu_tmp_path("t.bin");
+  ck_assert_int_eq(run("data", "prepare", txt, "-o", tokens, NULL)->code, 0);
+  size_t n;
+  char *bytes = tu_read_bytes(tokens, &n);
+  char *longer = malloc(n + 2);
+  memcpy(longer, bytes, n);
+  longer[n] = longer[n + 1] = 0;
+  tu_write_bytes(tokens, longer, n + 2);
+  part_row(&t, run("train", "--data", tokens, "--steps", "1", NULL), 2, "header says 2 tokens but the file holds 6 bytes of them (3 tokens)");
+  free(longer);
+  free(bytes);
+  /* Held-out data of another kind than the training data. */
+  part_row(&t, run("train", "--data", tokens, "--eval-data", "a b", "--steps", "1", NULL), 2,
+           "--eval-data a b: is an indexed dataset, but --data");
+  /* A symbolic-link loop, said as one. */
+  const char *loop = tu_tmp_path("loop");
+  ck_assert_int_eq(symlink(loop, loop), 0);
+  part_row(&t, run("data", "decode", "--tokenizer", loop, txt, NULL), 2, "a loop of symbolic links");
+  /* Empty lists and names that write hidden files. */
+  part_row(&t, run("data", "prepare", txt, "--output-prefix", "", NULL), 2, "--output-prefix '': names no file");
+  part_row(&t, run("sim", "--cluster", "a100-80gb", "--model", "gpt-tiny", "--sweep-gpus", "", NULL), 2, "--sweep-gpus '': expected");
+  /* A plan's cluster block is range-checked like every other field. */
+  const char *plan = tu_tmp_path("c.txtpb");
+  ck_assert_int_eq(run("plan", "new", "-o", plan, NULL)->code, 0);
+  bytes = tu_read_bytes(plan, &n);
+  char *with = malloc(n + 64);
+  memcpy(with, bytes, n);
+  n += (size_t)snprintf(with + n, 64, "cluster { nodes: 0 device_memory_bytes: -1 }\n");
+  tu_write_bytes(plan, with, n);
+  free(with);
+  free(bytes);
+  const result *r = run("plan", "check", plan, NULL);
+  tu_row(&t, r->code == 1 && strstr(r->out, "cluster.nodes = 0: must be 1 to") && strstr(r->out, "cluster.device_memory_bytes = -1"),
+         "plan check of a bad cluster block: exit %d, '%s'", r->code, r->out);
+  /* A search whose batch no layout splits says so; a trace's spans are bounded. */
+  part_row(&t, run("plan", "search", "--model", "gpt-tiny", "--gpus", "3", "--global-batch", "16", "--cluster", "a100-80gb", NULL), 2,
+           "no layout of 3 GPUs splits --global-batch 16 into whole replicas");
+  const char *trace = tu_tmp_path("t.json");
+  const char span[] = "{\"traceEvents\": [\n{\"name\": \"F0\", \"cat\": \"forward\", \"ph\": \"X\", \"ts\": 1e308, \"dur\": 1e308, \"pid\": 0, \"tid\": 0}\n]}\n";
+  tu_write_bytes(trace, span, strlen(span));
+  part_row(&t, run("trace", "svg", trace, "-o", tu_tmp_path("t.svg"), NULL), 2, "a span is microseconds within a day");
+  /* Bench reports what it measured, named by the length it ran. */
+  r = run("bench", "step", "--model", "gpt-tiny", "--seq", "32", "--steps", "1", "--precision", "fp32", NULL);
+  tu_row(&t, r->code == 0 && strstr(r->out, "RESULT seq32_fp32_peak_frac=") && !strstr(r->out, "seq256") && !strstr(r->out, "=0.000"),
+         "bench step --seq 32: exit %d, '%s'", r->code, r->out);
+  tu_rows_done(&t);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_cli PATH_TO_LOOM\n");
@@ -705,6 +775,7 @@ int main(int argc, char **argv) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, bad_flags);
   tcase_add_test(tc, outputs_are_checked_before_the_work);
+  tcase_add_test(tc, meaningful_nonsense_is_refused);
   tcase_add_test(tc, subcommands_work_together);
   tcase_add_test(tc, train_runs_the_plan_plan_new_writes);
   tcase_add_test(tc, one_rule_in_every_command);
