@@ -51,7 +51,7 @@ printf 'localhost slots=two\n' > "$WORK/bad_hosts"
 expect 2 "loom-run: --hostfile $WORK/bad_hosts: line 1: localhost slots=two: expected HOST [slots=N] [max_slots=N]" \
   --hostfile "$WORK/bad_hosts" train
 printf 'localhost slots=2\nno-such-host.invalid slots=2\n' > "$WORK/unknown_hosts"
-expect 2 "loom-run: --hostfile $WORK/unknown_hosts: host no-such-host.invalid does not resolve (getent hosts no-such-host.invalid finds no address)" \
+expect 2 "loom-run: --hostfile $WORK/unknown_hosts: host no-such-host.invalid does not resolve (getent ahosts no-such-host.invalid finds no address)" \
   --hostfile "$WORK/unknown_hosts" train
 expect 2 "loom-run: --gpus-per-node abc: expected a number (0 on CPU machines)" --gpus-per-node abc train
 expect 2 "loom-run: --bind socket: expected core, numa or none" --bind socket train
