@@ -9,6 +9,7 @@ LOOM=$1
 shift
 log=$(mktemp "${TMPDIR:-/tmp}/loom_sweep.XXXXXX")
 trap 'rm -f "$log"' EXIT
+trap 'exit 143' TERM INT HUP # through the EXIT trap
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 printf '%-9s %-9s %4s %8s %14s %8s\n' precision gemm seed final first_at_97 seconds
 worst=100
