@@ -146,5 +146,9 @@ awk 'NR == 1 { first = $1 } END { exit !($1 < first) }' "$WORK/serial.loss" || f
 DATA="0.75 $WORK/lic 0.25 $WORK/gpl2" train blend 1 --micro-batch 4 --micro-batches 2
 grep -q "^data samples: $WORK/lic: weight 0.7500, 24 of 32 samples (75.00%), .*; $WORK/gpl2: weight 0.2500, 8 of 32 samples (25.00%)" \
   "$WORK/blend.txt" || fail "blend line: $(grep '^data' "$WORK/blend.txt")"
+# Weights near DBL_MAX: their sum once overflowed (weight -nan, every sample from the first).
+DATA="1e308 $WORK/lic 1e308 $WORK/gpl2" train huge 1 --micro-batch 4 --micro-batches 2
+grep -q "^data samples: $WORK/lic: weight 0.5000, 16 of 32 samples (50.00%), .*; $WORK/gpl2: weight 0.5000, 16 of 32 samples (50.00%)" \
+  "$WORK/huge.txt" || fail "blend of huge weights: $(grep '^data' "$WORK/huge.txt")"
 rm -rf "$WORK"
 echo "data pipeline: ok"

@@ -570,6 +570,8 @@ START_TEST(hf_directories_refuse_bad_input) {
        "field \"hidden_act\" must be \"silu\" (loom computes no other)"},
       {"config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256", "bad JSON at byte 90: expected ',' or '}'"},
       {"model.safetensors", "\"model.norm.weight\"", "\"model.norx.weight\"", "missing tensor model.norm.weight"},
+      {"config.json", "\"attention_dropout\": 0.0", "\"attention_dropout\": 1.5",
+       "field \"attention_dropout\" must be a dropout probability in [0, 1) (loom trains with --dropout)"},
       {"model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
        "tensor model.embed_tokens.weight has dtype I32; loom reads F32, BF16 and F16"},
       {"model.safetensors", "[256,64]", "[512,32]",
@@ -582,6 +584,14 @@ START_TEST(hf_directories_refuse_bad_input) {
   expect_hf_refused(good, "model.safetensors", "[65536,65792]", "[65280,65536]",
                     "tensors model.embed_tokens.weight and model.layers.0.input_layernorm.weight overlap in the data "
                     "(data_offsets [0, 65536] and [65280, 65536])");
+  /* A config claiming more than its weights hold (4000 layers, 16 GiB of state): refused from the
+   * weights' header before a byte of the model is built, not after allocating it or by the memory check. */
+  char bad_model[512];
+  snprintf(bad_model, sizeof bad_model, "%s", tu_tmp_path("hf_bad"));
+  copy_edited(good, bad_model, "model.safetensors", NULL, NULL);
+  copy_edited(good, bad_model, "config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 4000");
+  expect_fail_with(run("train", "--init-from", bad_model, "--steps", "1", NULL), 2,
+                   "model.safetensors: missing tensor model.layers.1.input_layernorm.weight");
   /* A member named twice (Python keeps the last, others the first): refused. A byte order mark: read past, as Python's utf-8-sig. */
   char bad[512];
   snprintf(bad, sizeof bad, "%s", tu_tmp_path("hf_bad"));

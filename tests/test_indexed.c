@@ -108,7 +108,7 @@ START_TEST(malformed_indexes_refused) {
   ck_assert_int_eq(loom_indexed_open(&ix, prefix, 5000, &err), LOOM_OK); /* the original opens */
   ck_assert_int_eq(ix.sequences, 4);
   loom_indexed_close(&ix);
-  const int64_t two = 2, seven = 7, many = 1000;
+  const int64_t two = 2, seven = 7, many = 1000, wrapping = (int64_t)1 << 62;
   const unsigned char float_code = 6;
   const int32_t long_len = 99;
   corrupt_and_expect(prefix, false, 0, "XMIDIDX", 7, 0, 5000, "idx", "not a Megatron indexed dataset index (no MMIDIDX header)");
@@ -116,6 +116,9 @@ START_TEST(malformed_indexes_refused) {
   corrupt_and_expect(prefix, false, 17, &float_code, 1, 0, 5000, "idx", "dtype code 6 is not an integer token type (1-5, 8)");
   corrupt_and_expect(prefix, false, 18, &many, 8, 0, 5000, "idx", "122 bytes do not hold 1000 sequences and 5 document indices (12074 bytes)");
   corrupt_and_expect(prefix, false, 0, NULL, 0, 100, 5000, "idx", "100 bytes do not hold 4 sequences and 5 document indices (122 bytes)");
+  /* A count whose byte size wraps 64 bits: refused by its range, never printed as a wrapped size. */
+  corrupt_and_expect(prefix, false, 18, &wrapping, 8, 0, 5000, "idx",
+                     "its header counts 4611686018427387904 sequences and 5 document indices; an index holds 0 to 2^40 sequences and 1 to 2^40 indices");
   corrupt_and_expect(prefix, false, 34 + 4, &long_len, 4, 0, 5000, "idx",
                      "sequence 2 has length 2 at pointer 18, expected a length >= 0 at 200");
   corrupt_and_expect(prefix, false, 34 + 48 + 8, &seven, 8, 0, 5000, "idx", "document index 1 is 7; they must rise from 0 to the 4 sequences");
