@@ -180,6 +180,10 @@ printf '\377' | dd of="$C/rank_00001.shard" bs=1 seek=$(($(wc -c < "$WORK/good.s
 [ $? = 1 ] && grep -q "rank_00001.shard: tensor .* fails its checksum" "$WORK/v.txt" || fail "verify of a flipped byte: $(cat "$WORK/v.txt")"
 np 4 --pp 2 --dp 2 --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
 [ $? != 0 ] && grep -q "rank_00001.shard: tensor .* fails its checksum .*: the file is corrupt" "$WORK/r.txt" || fail "flipped byte: $(cat "$WORK/r.txt")"
+# The first error line is the failing rank's own, whole; the ranks that failed only because it did say nothing.
+first=$(grep -m1 "loom: " "$WORK/r.txt")
+echo "$first" | grep -q "^\[rank [0-9]*\] loom: .*rank_00001.shard: tensor .* fails its checksum" && ! grep -q "could not load" "$WORK/r.txt" ||
+  fail "the first error is not the failing rank's: $(grep "loom: " "$WORK/r.txt")"
 head -c 5000 "$WORK/good.shard" > "$C/rank_00001.shard"
 np 4 --pp 2 --dp 2 --steps 12 --ckpt "$WORK/ck" --resume > "$WORK/r.txt" 2>&1
 [ $? != 0 ] && grep -q "rank_00001.shard: 5000 bytes, the manifest says [0-9]*: the shard is damaged" "$WORK/r.txt" || fail "truncated: $(cat "$WORK/r.txt")"

@@ -1,4 +1,5 @@
 /* What every subcommand shares: flag parsing with --help, and error reporting. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -19,7 +20,12 @@ int loom_report(loom_status st, const loom_error *err) {
    * that never comes. */
   if (st == LOOM_ERR_USAGE && rank != 0) return code;
   const bool launched = loom_mpi_launched();
-  if (launched && err->elsewhere) sleep(30);
+  if (launched && err->elsewhere) {
+    /* The launcher ends this rank with SIGTERM once the failing rank aborts: it must end it, not wake a handler. */
+    const int signals[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1};
+    for (size_t i = 0; i < sizeof signals / sizeof signals[0]; i++) signal(signals[i], SIG_DFL);
+    sleep(30);
+  }
   char prefix[32] = "", line[sizeof err->msg + 64];
   if (launched && st != LOOM_ERR_USAGE) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
   /* A message that names its command keeps it; the others get loom's name. */
