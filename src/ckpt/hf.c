@@ -343,28 +343,32 @@ static int entry_of(const loom_json *header, const char *name, bool gpt2) {
   return -1;
 }
 
-static const st_entry *g_sorting; /* qsort's context: the entries whose indices it sorts */
+/* A tensor's byte range in the data, and its place in the header. */
+typedef struct {
+  uint64_t begin, end;
+  size_t key;
+} st_range;
+
 static int by_begin(const void *a, const void *b) {
-  const uint64_t x = g_sorting[*(const size_t *)a].begin, y = g_sorting[*(const size_t *)b].begin;
+  const uint64_t x = ((const st_range *)a)->begin, y = ((const st_range *)b)->begin;
   return x < y ? -1 : x > y;
 }
 
 /* No two tensors share bytes (the safetensors library refuses such files too). */
 static loom_status refuse_overlaps(const char *path, const loom_json *header, const st_entry *entries, loom_error *err) {
-  size_t *order = loom_fault_calloc(header->count + 1, sizeof *order), n = 0;
-  if (!order) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  st_range *r = loom_fault_calloc(header->count + 1, sizeof *r);
+  if (!r) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
+  size_t n = 0;
   for (size_t i = 0; i < header->count; i++)
-    if (entries[i].end > entries[i].begin) order[n++] = i;
-  g_sorting = entries;
-  qsort(order, n, sizeof *order, by_begin);
+    if (entries[i].end > entries[i].begin) r[n++] = (st_range){entries[i].begin, entries[i].end, i};
+  qsort(r, n, sizeof *r, by_begin);
   loom_status st = LOOM_OK;
   for (size_t i = 1; i < n && st == LOOM_OK; i++)
-    if (entries[order[i]].begin < entries[order[i - 1]].end)
+    if (r[i].begin < r[i - 1].end)
       st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensors %s and %s overlap in the data (data_offsets [%llu, %llu] and [%llu, %llu])",
-                     path, header->keys[order[i - 1]], header->keys[order[i]], (unsigned long long)entries[order[i - 1]].begin,
-                     (unsigned long long)entries[order[i - 1]].end, (unsigned long long)entries[order[i]].begin,
-                     (unsigned long long)entries[order[i]].end);
-  free(order);
+                     path, header->keys[r[i - 1].key], header->keys[r[i].key], (unsigned long long)r[i - 1].begin,
+                     (unsigned long long)r[i - 1].end, (unsigned long long)r[i].begin, (unsigned long long)r[i].end);
+  free(r);
   return st;
 }
 

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "core/fault.h"
 #include "core/log.h"
+#include "core/read_file.h"
 #include "core/timer.h"
 
 void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, int keep, uint64_t seed, const char *data) {
@@ -112,7 +113,7 @@ static loom_status probe_dir(const char *dir, loom_error *err) {
   unlink(path);
   if (!ok || st != LOOM_OK)
     return loom_fail(err, LOOM_ERR_IO, "--ckpt %s: cannot write there (%s); checkpoints would fail after hours of training",
-                     dir, why == EACCES ? "permission denied" : strerror(why));
+                     dir, loom_errno_words(why));
   return LOOM_OK;
 }
 

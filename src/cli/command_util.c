@@ -29,7 +29,7 @@ int loom_report(loom_status st, const loom_error *err) {
   char prefix[32] = "", line[sizeof err->msg + 64];
   if (launched && st != LOOM_ERR_USAGE) snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
   /* A message that names its command keeps it; the others get loom's name. */
-  snprintf(line, sizeof line, "%s%s%.*s\n", prefix, strncmp(msg, "loom ", 5) == 0 ? "" : "loom: ", (int)sizeof err->msg, msg);
+  snprintf(line, sizeof line, "%s%s%s\n", prefix, strncmp(msg, "loom ", 5) == 0 ? "" : "loom: ", msg);
   loom_log_error_line(line);
   if (launched && st != LOOM_ERR_USAGE) loom_mpi_abort(code);
   return code;

@@ -1,5 +1,6 @@
 /* Single-line logging to stdout/stderr, with a status line on a terminal. */
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -81,16 +82,11 @@ void loom_log_error_line(const char *line) {
 }
 
 void loom_log_error(const char *fmt, ...) {
+  char line[2048] = "loom: ";
   va_list ap;
-  if (g_status[0] && !g_quiet) { /* keep the error on its own line */
-    clear_status();
-    fflush(stdout);
-  }
-  fputs("loom: ", stderr);
   va_start(ap, fmt);
-  vfprintf(stderr, fmt, ap);
+  vsnprintf(line + 6, sizeof line - 7, fmt, ap); /* room kept for the newline */
   va_end(ap);
-  fputc('\n', stderr);
-  fflush(stderr);
-  if (!g_quiet) draw_status();
+  strcat(line, "\n");
+  loom_log_error_line(line);
 }

@@ -9,11 +9,8 @@
 #include "core/fault.h"
 #include "core/read_file.h"
 
-/* Why an open or stat failed, in a user's words where strerror's mislead. */
-static const char *why_not(int e) {
-  return e == EACCES ? "permission denied (this user may not read it)"
-         : e == ELOOP ? "a loop of symbolic links"
-                      : strerror(e);
+const char *loom_errno_words(int e) {
+  return e == EACCES ? "permission denied" : e == ELOOP ? "a loop of symbolic links" : strerror(e);
 }
 
 loom_status loom_open_regular(const char *path, const char *what, int *fd, loom_error *err) {
@@ -21,7 +18,7 @@ loom_status loom_open_regular(const char *path, const char *what, int *fd, loom_
   *fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   struct stat sb;
   if (*fd < 0 || fstat(*fd, &sb) != 0) {
-    const loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open %s: %s", path, what, why_not(errno));
+    const loom_status st = loom_fail(err, LOOM_ERR_IO, "%s: cannot open %s: %s", path, what, loom_errno_words(errno));
     if (*fd >= 0) close(*fd);
     *fd = -1;
     return st;

@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include "core/status.h"
 
+/* Why an open, stat or create failed, in a user's words where strerror's
+ * mislead ("Permission denied" reads as a missing file to many; ELOOP's
+ * "Too many levels of symbolic links" hides a loop). */
+const char *loom_errno_words(int e);
 /* fd gets path opened read-only, refused without blocking unless it is a
  * regular file (a FIFO, a device, a directory); what names the file's kind
  * in errors ("model file"), which say "permission denied" and name a

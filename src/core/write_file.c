@@ -5,6 +5,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "core/read_file.h"
 #include "core/write_file.h"
 
 loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next, void *ctx, loom_error *err) {
@@ -71,8 +72,7 @@ static loom_status probe_dir(const char *flag, const char *path, const char *dir
   const int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
     const int e = errno;
-    return loom_fail(err, LOOM_ERR_IO, "%s %s: cannot write there: %s%s", flag, path, strerror(e),
-                     e == EACCES ? " (no permission to create files in that directory)" : "");
+    return loom_fail(err, LOOM_ERR_IO, "%s %s: cannot write there: %s", flag, path, loom_errno_words(e));
   }
   close(fd);
   unlink(probe);

@@ -421,10 +421,7 @@ loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err) {
   *out = NULL;
   struct stat sb;
   if (stat(path, &sb) != 0)
-    return loom_fail(err, LOOM_ERR_IO, "%s: %s", path,
-                     errno == ENOENT ? "no such tokenizer file or directory"
-                     : errno == ELOOP ? "a loop of symbolic links, not a tokenizer"
-                     : errno == EACCES ? "permission denied (this user may not read it)" : strerror(errno));
+    return loom_fail(err, LOOM_ERR_IO, "%s: %s", path, errno == ENOENT ? "no such tokenizer file or directory" : loom_errno_words(errno));
   if (S_ISDIR(sb.st_mode)) {
     char vocab[4096], merges[4096];
     if (exists(path, "tokenizer.json", vocab, sizeof vocab)) return bpe_load_tokenizer_json(out, vocab, err);

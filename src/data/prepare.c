@@ -1,18 +1,18 @@
 /* Corpus preparation: read documents in batches, tokenize each batch across
  * worker threads, write the batch in input order. */
-#include "core/write_file.h"
-#include <unistd.h>
-#include <signal.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "core/check.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "core/timer.h"
+#include "core/write_file.h"
 #include "data/documents.h"
 #include "data/indexed.h"
 #include "data/prepare.h"
@@ -166,19 +166,20 @@ static void show_progress(const loom_prepare_stats *s, double total_mb, double t
   if (last) loom_log_status_end();
 }
 
-/* The temporary files this process writes its outputs through, removed if a
- * signal ends it (a handler may only unlink and _exit). */
-static char g_tmp[3][4200];
+/* The temporary files this process writes its outputs through (PATH.tmp
+ * of each), removed if a signal ends it (a handler may only unlink and _exit). */
+static char g_tmp[2][4200];
 
 static void remove_temporaries(int sig) {
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 2; i++)
     if (g_tmp[i][0]) unlink(g_tmp[i]);
   _exit(128 + sig);
 }
 
-static void on_signal_remove_temporaries(const char *a, const char *b, const char *c) {
-  const char *paths[3] = {a, b, c};
-  for (int i = 0; i < 3; i++) snprintf(g_tmp[i], sizeof g_tmp[i], "%s%s", paths[i] ? paths[i] : "", paths[i] ? ".tmp" : "");
+/* outputs: one path or two, NULL-ended. */
+static void on_signal_remove_temporaries(const char *const *outputs) {
+  for (int i = 0; i < 2 && outputs[i]; i++)
+    if (snprintf(g_tmp[i], sizeof g_tmp[i], "%s.tmp", outputs[i]) >= (int)sizeof g_tmp[i]) g_tmp[i][0] = '\0'; /* no such path was made */
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = remove_temporaries;
@@ -187,18 +188,14 @@ static void on_signal_remove_temporaries(const char *a, const char *b, const cha
   sigaction(SIGHUP, &sa, NULL);
 }
 
-static loom_status refuse_existing(const char *flag, const char *path, bool force, loom_error *err) {
-  return loom_output_check(flag, path, false, force, err);
-}
-
 static loom_status open_output(output *out, const loom_prepare_options *o, loom_error *err) {
   const int vocab = o->tokenizer ? loom_bpe_vocab(o->tokenizer) : 256;
   if (o->llmc_output) {
     if (vocab > 65536)
       return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c token files hold uint16 ids, but the tokenizer has %d tokens (write an indexed dataset with --output-prefix)",
                        o->llmc_output, vocab);
-    on_signal_remove_temporaries(o->llmc_output, NULL, NULL);
-    return refuse_existing("-o", o->llmc_output, o->force, err);
+    on_signal_remove_temporaries((const char *const[]){o->llmc_output, NULL});
+    return loom_output_check("-o", o->llmc_output, false, o->force, err);
   }
   const char *base = strrchr(o->output_prefix, '/');
   if (!*(base ? base + 1 : o->output_prefix))
@@ -207,10 +204,10 @@ static loom_status open_output(output *out, const loom_prepare_options *o, loom_
   char bin[4200], idx[4200];
   snprintf(bin, sizeof bin, "%s.bin", o->output_prefix);
   snprintf(idx, sizeof idx, "%s.idx", o->output_prefix);
-  loom_status st = refuse_existing("--output-prefix", bin, o->force, err);
-  if (st == LOOM_OK) st = refuse_existing("--output-prefix", idx, o->force, err);
+  loom_status st = loom_output_check("--output-prefix", bin, false, o->force, err);
+  if (st == LOOM_OK) st = loom_output_check("--output-prefix", idx, false, o->force, err);
   if (st != LOOM_OK) return st;
-  on_signal_remove_temporaries(bin, idx, NULL);
+  on_signal_remove_temporaries((const char *const[]){bin, idx, NULL});
   st = loom_indexed_writer_open(&out->indexed, o->output_prefix, loom_indexed_dtype_for_vocab(vocab), err);
   if (st != LOOM_OK) loom_indexed_writer_free(&out->indexed);
   out->indexed_open = st == LOOM_OK;

@@ -34,19 +34,16 @@ loom_status loom_token_file_load(loom_token_file *f, const char *path, int vocab
     goto close_file;
   }
   f->count = (size_t)header[2];
-  /* The count from the header is checked against the file before it sizes an allocation. */
+  /* The body must be exactly the tokens the header counts, checked before the count sizes an
+   * allocation: fewer is a file cut short; more, a header that lies or two files run together. */
   struct stat sb;
   const off_t body = fstat(fileno(fp), &sb) == 0 && sb.st_size > (off_t)sizeof header ? sb.st_size - (off_t)sizeof header : 0;
   const size_t held = (size_t)body / sizeof(uint16_t);
-  if (held < f->count) {
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated token file: header says %zu tokens but the file holds %zu",
-                   path, f->count, held);
-    goto close_file;
-  }
-  /* Exactly the tokens the header counts: more means a header that lies, or two files run together. */
   if ((size_t)body != f->count * sizeof(uint16_t)) {
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: header says %zu tokens but the file holds %lld bytes of them (%zu tokens%s)",
-                   path, f->count, (long long)body, held, body % 2 ? " and a stray byte" : "");
+    st = held < f->count ? loom_fail(err, LOOM_ERR_FORMAT, "%s: truncated token file: header says %zu tokens but the file holds %zu",
+                                     path, f->count, held)
+                         : loom_fail(err, LOOM_ERR_FORMAT, "%s: header says %zu tokens but the file holds %lld bytes of them (%zu tokens%s)",
+                                     path, f->count, (long long)body, held, body % 2 ? " and a stray byte" : "");
     goto close_file;
   }
   f->tokens = malloc(f->count ? f->count * sizeof(uint16_t) : 1);

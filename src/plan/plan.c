@@ -265,8 +265,8 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
 
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
  * keeps live at once: the verifier's count, read off the schedule the
- * executor runs, into out[pp] (left 0 if the schedule cannot be built). */
-/* The counts depend on the schedule's shape alone (kind, pp, vpp,
+ * executor runs, into out[pp] (left 0 if the schedule cannot be built).
+ * The counts depend on the schedule's shape alone (kind, pp, vpp,
  * micro-batches), and a plan search asks for the same shape under many
  * tp, sp, ZeRO and recompute choices: the last shapes verified are kept,
  * each verified once (a shape of 12,288 micro-batches on 96 ranks is 7
@@ -671,7 +671,7 @@ int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activatio
 static void check_cluster(report *r, const Loom__Cluster *c) {
   if (!c) return;
   if (c->has_nodes) check_size(r, "cluster.nodes", c->nodes, 1, INT_MAX);
-  if (c->has_devices_per_node) check_size(r, "cluster.devices_per_node", c->devices_per_node, 1, 4096);
+  if (c->has_devices_per_node) check_size(r, "cluster.devices_per_node", c->devices_per_node, 1, LOOM_PLAN_MAX_DEVICES_PER_NODE);
   if (c->has_device_memory_bytes) check_size(r, "cluster.device_memory_bytes", c->device_memory_bytes, 1, INT64_MAX);
   const struct {
     bool has;

@@ -51,6 +51,7 @@ typedef struct {
 #define LOOM_PLAN_MAX_MICRO_BATCH (1 << 20)
 #define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
 #define LOOM_PLAN_MAX_COMPRESSION_RANK 1024
+#define LOOM_PLAN_MAX_DEVICES_PER_NODE 1024 /* a plan's cluster block and a cluster profile alike */
 
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/read_file.h"
+#include "plan/plan.h"
 #include "plan/plan_io.h"
 #include "plan/textformat.h"
 #include "sim/profile.h"
@@ -89,7 +90,7 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   if (!gemm_of(d, LOOM__PRECISION__PRECISION_BF16) || !gemm_of(d, LOOM__PRECISION__PRECISION_FP32))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm needs an entry for PRECISION_BF16 and one for PRECISION_FP32",
                      what);
-  CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, 1024.0);
+  CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, LOOM_PLAN_MAX_DEVICES_PER_NODE);
   loom_status st = check_link(what, "intra_node", p->intra_node, err);
   if (st == LOOM_OK) st = check_link(what, "inter_node", p->inter_node, err);
   if (st != LOOM_OK) return st;

@@ -16,13 +16,13 @@ double loom_cpu_sgemm_gflops(int n, double min_seconds);
 double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds);
 /* The same for the CPU backend's bf16 GEMM (bf16 operands, fp32 accumulation). */
 double loom_cpu_bf16_gemm_gflops(int n, double min_seconds);
-/* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
 /* The most CPU threads a rank may run: --threads' bound and the
  * environment's (OpenMP and OpenBLAS fail or crash creating 50,000). */
 #define LOOM_MAX_THREADS 4096
 /* Refuses OMP_NUM_THREADS, OPENBLAS_NUM_THREADS or OMP_THREAD_LIMIT outside
  * [1, LOOM_MAX_THREADS] (or not a count), before any thread pool starts. */
 loom_status loom_cpu_check_thread_env(loom_error *err);
+/* Sets the threads OpenMP loops and OpenBLAS use; n <= 0 leaves the defaults. */
 void loom_cpu_set_threads(int n);
 int loom_cpu_threads(void);
 /* Lets every thread of the OpenMP pool (which OpenBLAS shares) run on the
