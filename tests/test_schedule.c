@@ -37,6 +37,40 @@ START_TEST(every_schedule_verifies) {
 }
 END_TEST
 
+/* The counts read off a shape one rank at a time, never stored, are the
+ * built schedule's: its verifier's peak_live and its chunks' deferred peaks. */
+START_TEST(counted_shapes_match_built_schedules) {
+  const loom_schedule_kind kinds[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_INTERLEAVED,
+                                      LOOM_SCHEDULE_ZB_H1, LOOM_SCHEDULE_ZB_V, LOOM_SCHEDULE_FORWARD_ONLY};
+  int compared = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+    for (int p = 1; p <= 5; p++)
+      for (int m = 1; m <= 12; m++) {
+        const int v = kinds[k] == LOOM_SCHEDULE_INTERLEAVED || kinds[k] == LOOM_SCHEDULE_ZB_V ? 2 : 1;
+        loom_schedule s;
+        loom_error err = {0};
+        if (loom_schedule_build(&s, kinds[k], p, v, m, &err) != LOOM_OK) continue; /* interleaved needs m % p == 0 */
+        int live[5], deferred[10];
+        ck_assert_msg(loom_schedule_shape_peaks(kinds[k], p, v, m, live, deferred, &err) == LOOM_OK, "%s", err.msg);
+        loom_schedule_report rep;
+        ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+        for (int r = 0; r < p; r++) {
+          ck_assert_int_eq(live[r], rep.peak_live[r]);
+          if (kinds[k] == LOOM_SCHEDULE_1F1B) ck_assert_int_eq(live[r], p - r < m ? p - r : m);
+          for (int c = 0; c < v; c++) ck_assert_int_eq(deferred[r * v + c], loom_schedule_chunk_deferred_peak(&s, r, c));
+          compared++;
+        }
+        loom_schedule_report_free(&rep);
+        loom_schedule_free(&s);
+      }
+  ck_assert_int_gt(compared, 500);
+  loom_error err = {0};
+  int live[2], deferred[2];
+  ck_assert_int_eq(loom_schedule_shape_peaks(LOOM_SCHEDULE_ZB_V, 2, 1, 4, live, deferred, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 1");
+}
+END_TEST
+
 static void expect_refused(loom_schedule_kind kind, int p, int v, int m, const char *message) {
   loom_schedule s;
   loom_error err = {0};
@@ -202,6 +236,7 @@ int main(void) {
   TCase *tc = tcase_create("schedule");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, every_schedule_verifies);
+  tcase_add_test(tc, counted_shapes_match_built_schedules);
   tcase_add_test(tc, bad_requests_are_refused);
   tcase_add_test(tc, broken_schedules_are_caught);
   tcase_add_test(tc, one_f_one_b_warmup);

@@ -290,7 +290,7 @@ START_TEST(search_ranks_what_fits) {
                                              .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
   loom_search_result r;
   loom_error err = {0};
-  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &r, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){0}, &r, &err), LOOM_OK);
   ck_assert_int_gt(r.nranked, 10);
   int dropped = 0; /* every candidate is ranked or dropped for one reason */
   for (int i = 0; i < r.ndropped; i++) dropped += r.dropped[i].count;
@@ -322,6 +322,83 @@ START_TEST(search_ranks_what_fits) {
   loom_sim_result_free(&s);
   loom_plan_free(best);
   loom_search_result_free(&r);
+  loom_plan_free(base);
+  loom_profile_free(prof);
+}
+END_TEST
+
+/* The bound plan search prunes with never exceeds the replay, for every
+ * schedule kind, with and without recompute, and the 1F1B bound is close
+ * (its only slack is idling the replay finds and the bound cannot). */
+START_TEST(step_lower_bound_holds) {
+  loom_profile *prof = builtin("a100-80gb");
+  const struct {
+    loom_schedule_kind kind;
+    int vpp;
+  } kinds[] = {{LOOM_SCHEDULE_1F1B, 1}, {LOOM_SCHEDULE_GPIPE, 1}, {LOOM_SCHEDULE_ZB_H1, 1},
+               {LOOM_SCHEDULE_INTERLEAVED, 2}, {LOOM_SCHEDULE_ZB_V, 2}};
+  int checked = 0;
+  for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+    for (int pp = 2; pp <= 4; pp *= 2)
+      for (int m = pp; m <= 4 * pp; m += pp)
+        for (int rc = 0; rc < 2; rc++) {
+          loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 2, .pp = pp, .dp = 2, .vpp = kinds[k].vpp,
+                                                     .micro_batch = 2, .global_batch = 2 * 2 * m, .recompute = rc,
+                                                     .schedule = kinds[k].kind, .precision = LOOM__PRECISION__PRECISION_BF16});
+          loom_sim_result r;
+          loom_error err = {0};
+          ck_assert_msg(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err) == LOOM_OK, "%s", err.msg);
+          const double bound = loom_sim_step_lower_bound(&r.costs, loom_schedule_kind_splits_backward(kinds[k].kind));
+          ck_assert_msg(bound > 0.0 && bound <= r.step_s * (1.0 + 1e-12), "%s pp %d m %d recompute %d: bound %.6g over the replay's %.6g",
+                        loom_schedule_kind_name(kinds[k].kind), pp, m, rc, bound, r.step_s);
+          if (kinds[k].kind == LOOM_SCHEDULE_1F1B)
+            ck_assert_msg(bound >= 0.95 * r.step_s, "1F1B pp %d m %d: bound %.6g, replay %.6g", pp, m, bound, r.step_s);
+          checked++;
+          loom_sim_result_free(&r);
+          loom_plan_free(plan);
+        }
+  ck_assert_int_eq(checked, 5 * 2 * 4 * 2);
+  loom_profile_free(prof);
+}
+END_TEST
+
+/* Searching with keep leaves out only what cannot matter: the same top rows
+ * as predicting every layout, and every layout on the memory-throughput
+ * frontier (none faster with no more memory) still predicted. */
+START_TEST(search_bounds_only_what_cannot_matter) {
+  loom_profile *prof = builtin("a100-80gb");
+  loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 51200, .seq = 2048};
+  loom_plan *base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_search_result all, kept;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){0}, &all, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 5}, &kept, &err), LOOM_OK);
+  ck_assert_int_eq(all.bounded, 0);
+  ck_assert_int_eq(all.nranked, all.fit);
+  ck_assert_int_gt(kept.bounded, all.fit / 2); /* the bound does its work */
+  ck_assert_int_eq(kept.fit, all.fit);
+  ck_assert_int_eq(kept.nranked + kept.bounded, kept.fit);
+  for (int i = 0; i < 5; i++) {
+    ck_assert_int_eq(kept.ranked[i].order, all.ranked[i].order);
+    ck_assert_double_eq(kept.ranked[i].step_s, all.ranked[i].step_s);
+  }
+  int frontier = 0;
+  for (int i = 0; i < all.nranked; i++) {
+    const loom_candidate *c = &all.ranked[i];
+    bool beaten = false;
+    for (int j = 0; j < all.nranked && !beaten; j++)
+      beaten = all.ranked[j].step_s < c->step_s && all.ranked[j].memory <= c->memory;
+    if (beaten) continue;
+    frontier++;
+    bool found = false;
+    for (int j = 0; j < kept.nranked && !found; j++) found = kept.ranked[j].order == c->order;
+    ck_assert_msg(found, "frontier layout tp %d pp %d dp %d vpp %d micro %d zero %d was not predicted", c->tp, c->pp, c->dp,
+                  c->vpp, c->micro_batch, c->zero);
+  }
+  ck_assert_int_gt(frontier, 1);
+  loom_search_result_free(&all);
+  loom_search_result_free(&kept);
   loom_plan_free(base);
   loom_profile_free(prof);
 }
@@ -359,6 +436,8 @@ int main(void) {
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);
+  tcase_add_test(tc, step_lower_bound_holds);
+  tcase_add_test(tc, search_bounds_only_what_cannot_matter);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -4,6 +4,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
@@ -33,8 +35,9 @@ static loom_status draw(const char *path, const loom_search_result *r, const loo
   ymax *= 1.1;
   fprintf(fp, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"11\">\n"
               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-              "<text x=\"%.0f\" y=\"22\" font-size=\"14\">plan search on %s: %d layouts that fit (best ringed); %d more over memory, not drawn</text>\n",
-          W, H, left, prof->name ? prof->name : "cluster", r->nranked, r->nunfit);
+              "<text x=\"%.0f\" y=\"22\" font-size=\"14\">plan search on %s: %d layouts predicted (best ringed); not drawn: %d slower "
+              "than one with no more memory, %d over memory</text>\n",
+          W, H, left, prof->name ? prof->name : "cluster", r->nranked, r->bounded, r->nunfit);
   fprintf(fp, "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" fill=\"none\" stroke=\"#999\"/>\n", left, top, w, h);
   const double mem_x = left + w * (double)prof->device->memory_bytes / xmax;
   fprintf(fp, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#E45756\" stroke-dasharray=\"4 3\"/>"
@@ -57,6 +60,29 @@ static loom_status draw(const char *path, const loom_search_result *r, const loo
   return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_WRITE, "--svg %s: write failed", path);
 }
 
+static double seconds_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A progress line on stderr once a search has run a second, then each
+ * second: rewritten in place on a terminal, one line each otherwise. */
+typedef struct {
+  double start, last;
+  bool shown, tty;
+} progress_line;
+
+static void show_progress(const loom_search_result *r, void *ctx) {
+  progress_line *p = ctx;
+  const double now = seconds_now();
+  if (now - p->start < 1.0 || now - p->last < 1.0) return;
+  p->last = now, p->shown = true;
+  fprintf(stderr, "%sloom plan search: %d layouts considered, %d fit, %d predicted, %d bounded (%.0f s)%s",
+          p->tty ? "\r" : "", r->considered, r->fit, r->nranked, r->bounded, now - p->start, p->tty ? "" : "\n");
+  fflush(stderr);
+}
+
 int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
@@ -69,7 +95,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
       loom_sim_cluster_flag(&cluster),
       {"--top", FLAG_INT, &top, "candidates to print", 1, 1000, NULL, false, NULL},
       {"-o", FLAG_STRING, &out, "write the best plan here (.txtpb or .pb)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--svg", FLAG_STRING, &svg, "draw every candidate's throughput against its memory", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--svg", FLAG_STRING, &svg, "draw the predicted layouts' throughput against their memory", LOOM_NO_RANGE, NULL, false, NULL},
       loom_sim_flops_flag(&flops),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
@@ -93,12 +119,17 @@ int loom_cmd_plan_search(int argc, char **argv) {
   if (!pf.name && loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--model")->set) pf.name = pf.model.preset; /* the best plan is named after its model */
   if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);
   loom_search_result r = {0};
-  if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &r, &err);
+  progress_line line = {.start = seconds_now(), .tty = isatty(STDERR_FILENO)};
+  const loom_search_options opt = {.keep = top, .progress = show_progress, .ctx = &line};
+  if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &opt, &r, &err);
+  if (line.shown && line.tty) fputs("\n", stderr);
   if (st == LOOM_OK) {
-    printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit, "
-           "%d over memory\n", base->name ? base->name : "model", (long long)base->estimates->total_parameters, gpus,
+    printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit "
+           "(%d predicted, %d bounded slower than a predicted layout that needs no more memory), %d over memory\n",
+           base->name ? base->name : "model", (long long)base->estimates->total_parameters, gpus,
            prof->name ? prof->name : cluster, base->batch->global_batch,
-           base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.nranked, r.nunfit);
+           base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.fit, r.nranked, r.bounded,
+           r.nunfit);
     printf("  dropped:");
     for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
     printf("%s\n", r.ndropped ? "" : " none");

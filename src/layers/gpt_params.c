@@ -420,7 +420,9 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
   loom_stage_range r;
   memset(&r, 0, sizeof r); /* padding bytes too: the key is hashed and compared as bytes */
   const loom_stage_range given = range ? *range : loom_stage_whole(cfg);
-  r.layer_begin = given.layer_begin, r.layer_end = given.layer_end, r.first = given.first, r.last = given.last;
+  /* Keyed by how many layers and which edges, not where the range starts:
+   * every block has the same tensors, so a stage's count is its position's. */
+  r.layer_begin = 0, r.layer_end = given.layer_end - given.layer_begin, r.first = given.first, r.last = given.last;
   uint64_t h = fnv(fnv(fnv(1469598103934665603ull, cfg, sizeof *cfg), &r, sizeof r), &tp_size, sizeof tp_size);
   count_memo *m = &g_memo[h % (sizeof g_memo / sizeof g_memo[0])];
   if (m->used && m->tp == tp_size && memcmp(&m->range, &r, sizeof r) == 0 && memcmp(&m->cfg, cfg, sizeof *cfg) == 0)

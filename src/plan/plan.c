@@ -264,53 +264,70 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
 }
 
 /* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
- * keeps live at once: the verifier's count, read off the schedule the
- * executor runs, into out[pp] (left 0 if the schedule cannot be built).
- * The counts depend on the schedule's shape alone (kind, pp, vpp,
- * micro-batches), and a plan search asks for the same shape under many
- * tp, sp, ZeRO and recompute choices: the last shapes verified are kept,
- * each verified once (a shape of 12,288 micro-batches on 96 ranks is 7
+ * keeps live at once, read off each rank's order in the schedule the
+ * executor runs (the verifier's peak_live), into out[pp], and the weight
+ * passes each chunk defers into deferred[pp * vpp] (all 0 if the schedule
+ * cannot be built). The counts depend on the schedule's shape alone (kind,
+ * pp, vpp, micro-batches), and a plan search asks for the same shape under
+ * many tp, sp, ZeRO and recompute choices: the last shapes counted are
+ * kept, each counted once (a shape of 12,288 micro-batches on 96 ranks is 7
  * million actions). */
 typedef struct {
-  int kind, pp, vpp, m;
-  int *out, *deferred; /* [pp], [pp * vpp] */
+  int kind, pp, vpp, m; /* pp 0: an empty slot */
+  int *out, *deferred;  /* [pp], [pp * vpp] */
 } in_flight_memo;
-enum { IN_FLIGHT_MEMOS = 64 };
-static in_flight_memo g_memo[IN_FLIGHT_MEMOS];
-static int g_memo_next;
+/* An open-addressed table of shapes, emptied whenever it holds more than
+ * MEMO_MAX_COUNTS counts (64 MiB), so a long search stays bounded. */
+enum { MEMO_SLOTS = 1 << 13, MEMO_MAX_COUNTS = 1 << 24 };
+static in_flight_memo g_memo[MEMO_SLOTS];
+static int g_memo_shapes;
+static int64_t g_memo_counts;
+
+static in_flight_memo *memo_slot(int kind, int pp, int vpp, int m) {
+  uint64_t h = ((uint64_t)(unsigned)kind * 0x9E3779B97F4A7C15u) ^ ((uint64_t)(unsigned)pp << 40) ^
+               ((uint64_t)(unsigned)vpp << 32) ^ (uint64_t)(unsigned)m;
+  h *= 0xBF58476D1CE4E5B9u;
+  for (uint64_t i = h >> 51;; i = (i + 1) % MEMO_SLOTS) {
+    in_flight_memo *e = &g_memo[i];
+    if (!e->pp || (e->kind == kind && e->pp == pp && e->vpp == vpp && e->m == m)) return e;
+  }
+}
+
+static void memo_clear(void) {
+  for (int i = 0; i < MEMO_SLOTS; i++) {
+    free(g_memo[i].out);
+    free(g_memo[i].deferred);
+    g_memo[i] = (in_flight_memo){0};
+  }
+  g_memo_shapes = 0, g_memo_counts = 0;
+}
 
 static void in_flight(const loom_plan *p, int *out, int *deferred) {
   const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks, m = loom_plan_micro_batches(p);
-  for (int i = 0; i < IN_FLIGHT_MEMOS; i++) {
-    const in_flight_memo *e = &g_memo[i];
-    if (e->out && e->kind == (int)p->schedule && e->pp == pp && e->vpp == vpp && e->m == m) {
-      memcpy(out, e->out, (size_t)pp * sizeof *out);
-      memcpy(deferred, e->deferred, (size_t)pp * vpp * sizeof *deferred);
-      return;
-    }
+  const int kind = (int)p->schedule;
+  in_flight_memo *e = memo_slot(kind, pp, vpp, m);
+  if (e->pp) {
+    memcpy(out, e->out, (size_t)pp * sizeof *out);
+    memcpy(deferred, e->deferred, (size_t)pp * vpp * sizeof *deferred);
+    return;
   }
-  loom_schedule s;
   loom_error err;
-  if (loom_plan_schedule(p, &s, &err) != LOOM_OK) return;
-  loom_schedule_report rep;
-  const bool sound = loom_schedule_verify(&s, &rep) == LOOM_OK;
-  if (sound)
-    for (int r = 0; r < pp; r++) {
-      out[r] = rep.peak_live[r];
-      for (int c = 0; c < vpp; c++) deferred[r * vpp + c] = loom_schedule_chunk_deferred_peak(&s, r, c);
-    }
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
-  if (!sound) return;
-  in_flight_memo *e = &g_memo[g_memo_next];
-  g_memo_next = (g_memo_next + 1) % IN_FLIGHT_MEMOS;
-  free(e->out);
-  free(e->deferred);
-  *e = (in_flight_memo){.kind = (int)p->schedule, .pp = pp, .vpp = vpp, .m = m,
+  if (loom_schedule_shape_peaks(p->schedule, pp, vpp, m, out, deferred, &err) != LOOM_OK) {
+    memset(out, 0, (size_t)pp * sizeof *out);
+    memset(deferred, 0, (size_t)pp * vpp * sizeof *deferred);
+    return;
+  }
+  const int64_t counts = (int64_t)pp * (1 + vpp);
+  if (2 * (g_memo_shapes + 1) > MEMO_SLOTS || g_memo_counts + counts > MEMO_MAX_COUNTS) {
+    memo_clear();
+    e = memo_slot(kind, pp, vpp, m);
+  }
+  *e = (in_flight_memo){.kind = kind, .pp = pp, .vpp = vpp, .m = m,
                         .out = loom_xmalloc((size_t)pp * sizeof *out, "schedule memo"),
                         .deferred = loom_xmalloc((size_t)pp * vpp * sizeof *deferred, "schedule memo")};
   memcpy(e->out, out, (size_t)pp * sizeof *out);
   memcpy(e->deferred, deferred, (size_t)pp * vpp * sizeof *deferred);
+  g_memo_shapes++, g_memo_counts += counts;
 }
 
 void loom_plan_estimate(loom_plan *p) {
@@ -479,13 +496,16 @@ static void check_stages(report *r, const loom_plan *p) {
     return;
   }
   int *seen = loom_xcalloc((size_t)S, sizeof(int), "stage check");
+  const Loom__Stage **at = loom_xcalloc((size_t)S, sizeof *at, "stage check"); /* by virtual stage */
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
     if (s->pp_rank < 0 || s->pp_rank >= pp || s->chunk < 0 || s->chunk >= vpp) {
       violation(r, "stages[%zu]: pp_rank %d chunk %d is outside pp %d x chunks %d", k, s->pp_rank, s->chunk, pp, vpp);
       continue;
     }
-    seen[loom_plan_stage_index(p, s->pp_rank, s->chunk)]++;
+    const int v = loom_plan_stage_index(p, s->pp_rank, s->chunk);
+    seen[v]++;
+    at[v] = s;
   }
   for (int v = 0; v < S; v++) {
     int rank, chunk;
@@ -498,9 +518,7 @@ static void check_stages(report *r, const loom_plan *p) {
   /* In virtual stage order the ranges must tile [0, layers). */
   int next = 0;
   for (int v = 0; v < S && r->count == 0; v++) {
-    const Loom__Stage *s = NULL;
-    for (size_t k = 0; k < p->n_stages; k++)
-      if (loom_plan_stage_index(p, p->stages[k]->pp_rank, p->stages[k]->chunk) == v) s = p->stages[k];
+    const Loom__Stage *s = at[v];
     if (s->layer_begin != next || s->layer_end < s->layer_begin)
       violation(r, "stages (pp_rank %d chunk %d): layers [%d, %d) should start at %d; every layer must be covered exactly once, in order",
                 s->pp_rank, s->chunk, s->layer_begin, s->layer_end, next);
@@ -515,6 +533,7 @@ static void check_stages(report *r, const loom_plan *p) {
   if (r->count == 0 && next != p->model->layers)
     violation(r, "stages: cover layers [0, %d) but model.layers = %d; every layer must be covered exactly once", next,
               p->model->layers);
+  free(at);
 }
 
 static void check_compression(report *r, const loom_plan *p) {

@@ -63,12 +63,39 @@ const char *loom_action_name(loom_action_kind kind) {
   return NAMES[kind];
 }
 
+/* What one stream of a rank's actions holds at once, action by action: the
+ * one definition behind the verifier's peak_live, the executor's slots per
+ * chunk and its weight-grad states. */
+typedef struct {
+  bool forward_only; /* no backward holds a forward's activations */
+  int live, peak_live;       /* activations: a forward takes one, the end of its backward frees it */
+  int waiting, peak_waiting; /* split backwards whose weight half has not run */
+} tally;
+
+static void tally_add(tally *t, const loom_action *a) {
+  if (a->kind == LOOM_ACT_FORWARD) t->live++;
+  if (loom_action_ends_backward(a)) t->live--;
+  if (t->live > t->peak_live) t->peak_live = t->live;
+  if (a->kind == LOOM_ACT_FORWARD && t->forward_only) t->live--;
+  t->waiting += a->kind == LOOM_ACT_BACKWARD_INPUT ? 1 : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? -1 : 0;
+  if (t->waiting > t->peak_waiting) t->peak_waiting = t->waiting;
+}
+
+/* A rank's order as it is built: stored, or (tallies set) only counted, into
+ * tallies[0] for the whole rank and tallies[1 + c] for chunk c. */
 typedef struct {
   loom_action *list;
   int count, cap;
+  tally *tallies;
 } action_list;
 
 static void push(action_list *l, loom_action_kind kind, int mb, int chunk, int peer) {
+  if (l->tallies) {
+    const loom_action a = {kind, mb, chunk, peer};
+    tally_add(&l->tallies[0], &a);
+    if (chunk >= 0) tally_add(&l->tallies[1 + chunk], &a);
+    return;
+  }
   if (l->count == l->cap) {
     l->cap = l->cap ? 2 * l->cap : 64;
     l->list = realloc(l->list, (size_t)l->cap * sizeof *l->list);
@@ -214,8 +241,8 @@ static void build_v(loom_schedule *s, rank_order *o) {
 /* Forward-only: micro-batch by micro-batch through this rank's chunks. On
  * a V, whose chunk 1 waits for every rank's chunk 0, micro-batches go in
  * groups of p through chunk 0 and then chunk 1, so the ranks stay busy. */
-static void build_forward_only(loom_schedule *s, int r) {
-  action_list l = {0};
+static void build_forward_only(loom_schedule *s, int r, tally *tallies) {
+  action_list l = {.tallies = tallies};
   const int group = s->v_shape ? s->p : 1;
   for (int g = 0; g < s->m; g += group)
     for (int c = 0; c < s->v; c++)
@@ -224,16 +251,19 @@ static void build_forward_only(loom_schedule *s, int r) {
   s->count[r] = l.count;
 }
 
-static void build_rank(loom_schedule *s, int r) {
+/* Rank r's order into s, or with tallies (1 + v of them) only counted. */
+static void build_rank(loom_schedule *s, int r, tally *tallies) {
   if (s->kind == LOOM_SCHEDULE_FORWARD_ONLY) {
-    build_forward_only(s, r);
+    build_forward_only(s, r, tallies);
     return;
   }
-  rank_order o = {.s = s, .r = r};
+  rank_order o = {.s = s, .r = r, .l = {.tallies = tallies}};
   /* Sized once: each (micro-batch, chunk) emits at most 7 actions (a forward
    * and a backward with their transfers, and a weight pass), then a few for the step. */
-  o.l.cap = 7 * s->m * s->v + 8;
-  o.l.list = loom_xmalloc((size_t)o.l.cap * sizeof *o.l.list, "schedule actions");
+  if (!tallies) {
+    o.l.cap = 7 * s->m * s->v + 8;
+    o.l.list = loom_xmalloc((size_t)o.l.cap * sizeof *o.l.list, "schedule actions");
+  }
   o.deferred = loom_xmalloc((size_t)s->m * s->v * sizeof *o.deferred, "deferred weight passes");
   if (s->kind == LOOM_SCHEDULE_ZB_V) build_v(s, &o);
   else build_steady(s, &o);
@@ -261,7 +291,8 @@ void loom_schedule_untie(loom_schedule *s) {
   }
 }
 
-static loom_status build(loom_schedule *s, loom_schedule_kind kind, bool v_shape, int p, int v, int m, loom_error *err) {
+/* Checks the shape and sets s up for its p ranks' orders, none built yet. */
+static loom_status begin(loom_schedule *s, loom_schedule_kind kind, bool v_shape, int p, int v, int m, loom_error *err) {
   memset(s, 0, sizeof *s);
   if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);
   if (m < 1) return loom_fail(err, LOOM_ERR_USAGE, "--micro-batches must be at least 1 (got %d)", m);
@@ -285,7 +316,30 @@ static loom_status build(loom_schedule *s, loom_schedule_kind kind, bool v_shape
   s->count = calloc((size_t)p, sizeof *s->count);
   s->actions = calloc((size_t)p, sizeof *s->actions);
   LOOM_CHECK(s->count && s->actions, "out of memory building a schedule");
-  for (int r = 0; r < p; r++) build_rank(s, r);
+  return LOOM_OK;
+}
+
+static loom_status build(loom_schedule *s, loom_schedule_kind kind, bool v_shape, int p, int v, int m, loom_error *err) {
+  const loom_status st = begin(s, kind, v_shape, p, v, m, err);
+  if (st != LOOM_OK) return st;
+  for (int r = 0; r < p; r++) build_rank(s, r, NULL);
+  return LOOM_OK;
+}
+
+loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *deferred,
+                                      loom_error *err) {
+  loom_schedule s;
+  const loom_status st = begin(&s, kind, loom_schedule_kind_v_shape(kind), p, v, m, err);
+  if (st != LOOM_OK) return st;
+  tally *tallies = loom_xmalloc((size_t)(1 + v) * sizeof *tallies, "schedule tallies");
+  for (int r = 0; r < p; r++) { /* counted as built, never stored: a shape can run to millions of actions */
+    for (int t = 0; t <= v; t++) tallies[t] = (tally){.forward_only = kind == LOOM_SCHEDULE_FORWARD_ONLY};
+    build_rank(&s, r, tallies);
+    live[r] = tallies[0].peak_live;
+    for (int c = 0; c < v; c++) deferred[r * v + c] = tallies[1 + c].peak_waiting;
+  }
+  free(tallies);
+  loom_schedule_free(&s);
   return LOOM_OK;
 }
 
@@ -298,29 +352,18 @@ loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_
   return build(s, LOOM_SCHEDULE_FORWARD_ONLY, loom_schedule_kind_v_shape(train_kind), p, v, m, err);
 }
 
-int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) {
-  int live = 0, peak = 0;
-  for (int i = 0; i < s->count[r]; i++) {
-    const loom_action *a = &s->actions[r][i];
-    if (a->chunk != c) continue;
-    if (a->kind == LOOM_ACT_FORWARD) live++;
-    if (loom_action_ends_backward(a)) live--;
-    if (live > peak) peak = live;
-    if (a->kind == LOOM_ACT_FORWARD && s->kind == LOOM_SCHEDULE_FORWARD_ONLY) live--; /* no backward holds it */
-  }
-  return peak;
+/* Rank r's stored order tallied, only chunk c's actions if c >= 0. */
+static tally tally_rank(const loom_schedule *s, int r, int c) {
+  tally t = {.forward_only = s->kind == LOOM_SCHEDULE_FORWARD_ONLY};
+  for (int i = 0; i < s->count[r]; i++)
+    if (c < 0 || s->actions[r][i].chunk == c) tally_add(&t, &s->actions[r][i]);
+  return t;
 }
 
-int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c) {
-  int waiting = 0, peak = 0;
-  for (int i = 0; i < s->count[r]; i++) {
-    const loom_action *a = &s->actions[r][i];
-    if (a->chunk != c) continue;
-    waiting += a->kind == LOOM_ACT_BACKWARD_INPUT ? 1 : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? -1 : 0;
-    peak = waiting > peak ? waiting : peak;
-  }
-  return peak;
-}
+int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) { return tally_rank(s, r, c).peak_live; }
+int loom_schedule_peak_live(const loom_schedule *s, int r) { return tally_rank(s, r, -1).peak_live; }
+int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c) { return tally_rank(s, r, c).peak_waiting; }
+int loom_schedule_deferred_peak(const loom_schedule *s, int r) { return tally_rank(s, r, -1).peak_waiting; }
 
 void loom_schedule_free(loom_schedule *s) {
   for (int r = 0; s->actions && r < s->p; r++) free(s->actions[r]);

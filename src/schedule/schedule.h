@@ -104,9 +104,21 @@ const char *loom_action_name(loom_action_kind kind);
 /* The most micro-batches rank r's chunk c holds at once (forward taken,
  * backward not yet ended): the activation slots the executor gives it. */
 int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c);
+/* The same over all of rank r's chunks: the most (micro-batch, chunk)
+ * activations it holds at once. A rank runs its actions in order, so this
+ * is read off its order with no replay; the verifier reports it as peak_live. */
+int loom_schedule_peak_live(const loom_schedule *s, int r);
+/* loom_schedule_peak_live into live[p] and loom_schedule_chunk_deferred_peak
+ * into deferred[p * v] for the schedule of this shape, built one rank at a
+ * time (a plan search asks for thousands of shapes, some of millions of
+ * actions). Refuses a shape loom_schedule_build refuses. */
+loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *deferred,
+                                      loom_error *err);
 /* The most split backwards of rank r's chunk c waiting for their weight
  * half (B run, W not yet): the weight-grad states the executor gives it. */
 int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c);
+/* The same over all of rank r's chunks (the verifier's peak_deferred). */
+int loom_schedule_deferred_peak(const loom_schedule *s, int r);
 
 /* The one rule for where stages lie: the virtual stage of (rank, chunk) of
  * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),

@@ -13,7 +13,7 @@ typedef struct {
   double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
   char *received;    /* [2][m][S] */
   char *done;        /* [p][3][m][v] forward, backward's input half, its weight half done (a whole backward: both) */
-  int *pos, *live, *deferred; /* [p] */
+  int *pos; /* [p] */
   double *clock, *busy, *tied_arrival; /* [p]; tied_arrival -1 while not arrived */
 } sim;
 
@@ -111,12 +111,6 @@ static int step(sim *x, int r) {
     if (first > PASS_F && !*done_at(x, r, first - 1, a->mb, a->chunk))
       return fail(x, r, a, first == PASS_B ? "comes before its forward" : "comes before its input-grad backward");
     for (int pass = first; pass <= last; pass++) *done_at(x, r, pass, a->mb, a->chunk) = 1;
-    if (a->kind == LOOM_ACT_FORWARD) x->live[r]++;
-    if (loom_action_ends_backward(a)) x->live[r]--;
-    x->deferred[r] += a->kind == LOOM_ACT_BACKWARD_INPUT ? 1 : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? -1 : 0;
-    if (x->live[r] > x->rep->peak_live[r]) x->rep->peak_live[r] = x->live[r];
-    if (x->deferred[r] > x->rep->peak_deferred[r]) x->rep->peak_deferred[r] = x->deferred[r];
-    if (x->s->kind == LOOM_SCHEDULE_FORWARD_ONLY) x->live[r]--; /* nothing waits for a backward */
     break;
   }
   case LOOM_ACT_REDUCE_TIED: {
@@ -204,17 +198,18 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   x.received = calloc((size_t)2 * s->m * S, 1);
   x.done = calloc((size_t)p * PASSES * s->m * s->v, 1);
   x.pos = calloc((size_t)p, sizeof(int));
-  x.live = calloc((size_t)p, sizeof(int));
-  x.deferred = calloc((size_t)p, sizeof(int));
   x.clock = calloc((size_t)p, sizeof(double));
   x.busy = calloc((size_t)p, sizeof(double));
   x.tied_arrival = malloc((size_t)p * sizeof(double));
-  LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.live && x.deferred && x.clock && x.busy && x.tied_arrival &&
+  LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.clock && x.busy && x.tied_arrival &&
                  rep->peak_live && rep->peak_deferred && rep->span_count && rep->spans,
              "out of memory verifying a schedule");
   for (int r = 0; r < p; r++) {
     rep->spans[r] = malloc(((size_t)s->count[r] + 1) * sizeof(loom_span));
     LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
+    /* Properties of the rank's order, whatever the timing. */
+    rep->peak_live[r] = loom_schedule_peak_live(s, r);
+    rep->peak_deferred[r] = loom_schedule_deferred_peak(s, r);
   }
   for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
@@ -238,8 +233,6 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   free(x.received);
   free(x.done);
   free(x.pos);
-  free(x.live);
-  free(x.deferred);
   free(x.clock);
   free(x.busy);
   free(x.tied_arrival);

@@ -278,3 +278,32 @@ double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_act
   const bool away = a->peer != rank; /* a V's turn from chunk 0 to chunk 1 stays on its rank */
   return away && (a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD) ? c->p2p : 0.0;
 }
+
+/* The part of (rank, chunk) i's backward that the stage below waits for: a
+ * split one sends its input grad before its weight half runs. */
+static double backward_sent(const loom_sim_costs *c, int i, bool splits_backward) {
+  return c->backward[i] - (splits_backward ? c->weight[i] : 0.0);
+}
+
+double loom_sim_step_lower_bound(const loom_sim_costs *c, bool splits_backward) {
+  const int v = c->v;
+  const double tail = c->dp_exposed[0] + c->optimizer[0]; /* rank 0's last actions, after its last backward */
+  double bound = 0.0;
+  double arrival = 0.0; /* when micro-batch 0's activation can reach rank q (its first stage is stage q) */
+  double drain = 0.0;   /* from a backward of stage q to the end of stage 0's, through the stages below */
+  for (int q = 0; q < c->p; q++) {
+    double busy = c->dp_exposed[q] + c->optimizer[q], chained = 0.0;
+    for (int k = 0; k < v; k++) {
+      const int i = q * v + k;
+      busy += c->m * (c->forward[i] + c->backward[i]);
+      chained += c->m * (c->forward[i] + backward_sent(c, i, splits_backward));
+    }
+    /* Every forward and backward of rank q for a micro-batch comes before
+     * that micro-batch's backward of stage q (its chunk 0), whose grad then
+     * runs down to stage 0, after which rank 0 reduces and steps. */
+    bound = fmax(bound, fmax(arrival + busy, arrival + chained + drain + tail));
+    arrival += c->forward[q * v] + c->p2p;
+    drain += backward_sent(c, q * v, splits_backward) + c->p2p;
+  }
+  return bound;
+}

@@ -45,6 +45,14 @@ void loom_sim_costs_free(loom_sim_costs *c);
 double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
 /* The seconds a send's message takes to arrive. */
 double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
+/* A lower bound on the replay's step time under any schedule of the plan's
+ * (one whose backward is split if splits_backward), from the costs alone:
+ * no rank starts before the first micro-batch's activation reaches it
+ * (every stage on it lies at or past its first), then runs its actions one
+ * after another, and its last backward's grad must still reach stage 0
+ * before rank 0 can step. Plan search replays only the layouts whose bound
+ * could still beat what it has. */
+double loom_sim_step_lower_bound(const loom_sim_costs *c, bool splits_backward);
 
 /* Seconds for a collective over n ranks, per_node of them in each node, on
  * `bytes` (the whole buffer: what an all-reduce reduces, an all-gather's

@@ -45,11 +45,12 @@ static void push(loom_candidate **list, int *n, const loom_candidate *c) {
   (*list)[(*n)++] = *c;
 }
 
-/* Predicts one candidate into the result, or counts why it cannot run;
- * returns whether it fits. */
-static bool try_candidate(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
-                          loom_search_result *res) {
-  res->considered++;
+/* Sizes one candidate: refused by a rule (counted), over memory (kept in
+ * unfit), or fitting, into *fits with the lower bound on its step; returns
+ * whether it fits. */
+static bool measure(const loom_plan *base, const loom_profile *prof, loom_candidate c, loom_search_result *res,
+                    loom_candidate **fits, int *nfits) {
+  c.order = res->considered++;
   loom_plan *plan = NULL;
   loom_error err = {0};
   char lines[1024];
@@ -57,34 +58,62 @@ static bool try_candidate(const loom_plan *base, const loom_profile *prof, loom_
     drop(res, err.msg);
     return false;
   }
+  bool fit = false;
   if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {
     drop(res, lines);
-    loom_plan_free(plan);
-    return false;
+  } else {
+    /* Memory first, from the plan's estimates: a layout that does not fit is not worth a replay. */
+    for (int q = 0; q < c.pp; q++) {
+      const int64_t need = loom_plan_rank_bytes(plan, q, NULL);
+      c.memory = need > c.memory ? need : c.memory;
+    }
+    fit = c.memory <= prof->device->memory_bytes;
+    if (!fit) {
+      drop(res, "memory");
+      push(&res->unfit, &res->nunfit, &c);
+    } else {
+      loom_sim_costs costs;
+      loom_sim_costs_build(plan, prof, &costs);
+      c.bound_s = loom_sim_step_lower_bound(&costs, loom_schedule_kind_splits_backward(c.schedule));
+      loom_sim_costs_free(&costs);
+      res->fit++;
+      push(fits, nfits, &c);
+    }
   }
-  /* Memory first, from the plan's estimates: a layout that does not fit is not worth a replay. */
-  for (int q = 0; q < c.pp; q++) {
-    const int64_t need = loom_plan_rank_bytes(plan, q, NULL);
-    c.memory = need > c.memory ? need : c.memory;
-  }
-  if (c.memory > prof->device->memory_bytes) {
-    drop(res, "memory");
-    push(&res->unfit, &res->nunfit, &c);
-    loom_plan_free(plan);
-    return false;
-  }
+  loom_plan_free(plan);
+  return fit;
+}
+
+/* Replays one fitting candidate into the ranking. */
+static void predict(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
+                    loom_search_result *res) {
+  loom_plan *plan = NULL;
+  loom_error err = {0};
   loom_sim_result r;
-  if (loom_sim_run(plan, prof, formula, &r, &err) != LOOM_OK) {
-    drop(res, err.msg);
+  if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK || loom_sim_run(plan, prof, formula, &r, &err) != LOOM_OK) {
+    drop(res, err.msg); /* not expected: measure() built the same plan */
+    res->fit--;
     loom_plan_free(plan);
-    return false;
+    return;
   }
   c.step_s = r.step_s, c.tokens_per_s = r.tokens_per_s, c.tflops_per_gpu = r.tflops_per_gpu, c.mfu = r.mfu;
   c.bubble = r.bubble;
   push(&res->ranked, &res->nranked, &c);
   loom_sim_result_free(&r);
   loom_plan_free(plan);
-  return true;
+}
+
+/* Whether a replay of c cannot change the answer: `keep` predicted layouts
+ * are faster than c can be, and one of them needs no more memory than c. */
+static bool dominated(const loom_search_result *res, const loom_candidate *c, int keep) {
+  int faster = 0;
+  bool leaner = false;
+  for (int i = 0; i < res->nranked; i++)
+    if (res->ranked[i].step_s < c->bound_s) {
+      faster++;
+      leaner = leaner || res->ranked[i].memory <= c->memory;
+    }
+  return keep > 0 && faster >= keep && leaner;
 }
 
 /* The schedules worth trying for pp ranks with vpp chunks each and m
@@ -105,12 +134,21 @@ static int schedules_for(int pp, int vpp, int m, loom_schedule_kind *kinds) {
 
 static int faster_first(const void *a, const void *b) {
   const loom_candidate *x = a, *y = b;
-  return x->tokens_per_s < y->tokens_per_s ? 1 : x->tokens_per_s > y->tokens_per_s ? -1 : 0;
+  if (x->tokens_per_s != y->tokens_per_s) return x->tokens_per_s < y->tokens_per_s ? 1 : -1;
+  return x->order - y->order;
+}
+
+static int lowest_bound_first(const void *a, const void *b) {
+  const loom_candidate *x = a, *y = b;
+  if (x->bound_s != y->bound_s) return x->bound_s < y->bound_s ? -1 : 1;
+  return x->order - y->order;
 }
 
 loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, loom_flops_formula formula,
-                             loom_search_result *res, loom_error *err) {
+                             const loom_search_options *opt, loom_search_result *res, loom_error *err) {
   *res = (loom_search_result){0};
+  loom_candidate *fits = NULL;
+  int nfits = 0;
   const int global = base->batch->global_batch, layers = base->model->layers, node = prof->devices_per_node;
   if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
   for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
@@ -136,13 +174,25 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
                 for (int rc = 0; rc < 2; rc++) {
                   const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
                                             .sequence_parallel = sp, .recompute = rc, .schedule = kinds[k]};
-                  if (try_candidate(base, prof, formula, c, res)) break;
+                  const bool fit = measure(base, prof, c, res, &fits, &nfits);
+                  if (opt->progress) opt->progress(res, opt->ctx);
+                  if (fit) break;
                 }
               }
         }
       }
     }
   }
+  /* Replays, most promising first, so the layouts that cannot matter are known early. */
+  if (nfits > 1) qsort(fits, (size_t)nfits, sizeof *fits, lowest_bound_first);
+  for (int i = 0; i < nfits; i++) {
+    if (dominated(res, &fits[i], opt->keep))
+      res->bounded++;
+    else
+      predict(base, prof, formula, fits[i], res);
+    if (opt->progress) opt->progress(res, opt->ctx);
+  }
+  free(fits);
   if (res->nranked > 1) qsort(res->ranked, (size_t)res->nranked, sizeof *res->ranked, faster_first);
   return LOOM_OK;
 }

@@ -13,7 +13,9 @@ typedef struct {
   bool sequence_parallel, recompute;
   loom_schedule_kind schedule;
   double step_s, tokens_per_s, tflops_per_gpu, mfu, bubble;
+  double bound_s; /* the cost model's lower bound on step_s, known before any replay */
   int64_t memory; /* the most one rank needs */
+  int order;      /* when it was enumerated: equal candidates rank in this order */
 } loom_candidate;
 
 typedef struct {
@@ -25,17 +27,32 @@ typedef struct {
 
 typedef struct {
   int considered;
-  loom_candidate *ranked; /* fitting candidates, fastest first */
+  int fit;                /* valid layouts within the device's memory: ranked or bounded */
+  loom_candidate *ranked; /* fitting candidates predicted by a replay, fastest first */
   int nranked;
+  int bounded;            /* fitting candidates not replayed: slower, by their bound, than a predicted layout
+                           * that needs no more memory and than the `keep` fastest */
   loom_candidate *unfit;  /* valid layouts over the device's memory: their memory only, never replayed */
   int nunfit;
   loom_drop_count dropped[LOOM_SEARCH_MAX_REASONS];
   int ndropped;
 } loom_search_result;
 
-/* Searches the layouts of base's model, batch and precision on gpus GPUs. */
+typedef struct loom_search_options {
+  /* The fastest `keep` layouts are predicted exactly (a table's rows); so is
+   * every layout that no faster one beats on memory, so the memory-throughput
+   * frontier is whole. 0: every layout that fits is predicted. */
+  int keep;
+  /* Called after each candidate with the counts so far; may be NULL. */
+  void (*progress)(const loom_search_result *res, void *ctx);
+  void *ctx;
+} loom_search_options;
+
+/* Searches the layouts of base's model, batch and precision on gpus GPUs:
+ * every candidate's memory and cost bound first, then replays in order of
+ * the bound, skipping those that cannot matter (see keep). */
 loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, loom_flops_formula formula,
-                             loom_search_result *res, loom_error *err);
+                             const loom_search_options *opt, loom_search_result *res, loom_error *err);
 void loom_search_result_free(loom_search_result *res);
 /* The plan of a candidate (base's model, batch and precision). */
 loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, loom_plan **out, loom_error *err);
