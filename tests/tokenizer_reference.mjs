@@ -69,6 +69,11 @@ for (let i = 0; i < 300; i++) {
   cases.push(s);
 }
 cases.push("a".repeat(5000), " ".repeat(300) + "x", "\n".repeat(50), "9".repeat(100), "🤗".repeat(200), "ab".repeat(2000));
+{ // one piece of 8,000 letters with no space: long pieces are merged apart from the cache, with their own queue
+  let s = "";
+  for (let i = 0; i < 8000; i++) s += "etaoinshrdlucmfwypvbgkqjxz"[rand(rand(26) + 1)];
+  cases.push(s);
+}
 const invalid = [
   Buffer.from([0xff, 0xfe, 0x41]),
   Buffer.from([0x61, 0xc3, 0x28, 0x62]),                   // broken two-byte sequence
@@ -170,6 +175,36 @@ for (const t of tokenizers) {
   }
   console.log(`${t.name}: ${cases.length - bad} of ${cases.length} cases equal, round trip ${roundTrip ? "exact" : "BROKEN"}`);
   failures += bad + (roundTrip ? 0 : 1);
+}
+// Pieces of 100,000 bytes with no space (a minified or base64-like line): loom merges a piece this
+// long rank by rank rather than by its heap. Only the heap-based reference is quick enough for them.
+{
+  let letters = "";
+  for (let i = 0; i < 100000; i++) letters += "etaoinshrdlucmfwypvbgkqjxz"[rand(rand(26) + 1)];
+  const long = [letters, "ab".repeat(50000), "a".repeat(100001), "a".repeat(100002), "a".repeat(65542)];
+  // GPT-2's merges with "t he" moved first: merging "h e" then makes a pair that ranks lower than
+  // the one being merged, the order rank by rank cannot keep, and loom's heap takes over.
+  const moved = JSON.parse(fs.readFileSync(hfGpt2.file, "utf8"));
+  const at = moved.model.merges.findIndex((m) => (Array.isArray(m) ? m.join(" ") : m) === "t he");
+  if (at < 0) throw new Error("GPT-2's merges have no \"t he\"");
+  moved.model.merges.unshift(...moved.model.merges.splice(at, 1));
+  const movedFile = path.join(work, "moved-merges.json"), movedTokenizer = new Tokenizer(moved, {});
+  fs.writeFileSync(movedFile, JSON.stringify(moved));
+  long.push("the".repeat(33334));
+  const reordered = { file: movedFile, encode: (s) => movedTokenizer.encode(s, { add_special_tokens: false }).ids };
+  const file = path.join(work, "long.jsonl"), prefix = path.join(work, "long");
+  fs.writeFileSync(file, long.map((text) => JSON.stringify({ text })).join("\n") + "\n");
+  for (const [name, t] of [["GPT-2 tokenizer.json", hfGpt2], ["Llama 3 tokenizer.json", hfLlama3], ["GPT-2 with a merge moved first", reordered]]) {
+    execFileSync(loom, ["data", "prepare", file, "--output-prefix", prefix, "--tokenizer", t.file, "--force"], { stdio: ["ignore", "ignore", "inherit"] });
+    const got = readIndexed(prefix);
+    const equal = long.filter((c, i) => {
+      const want = t.encode(c);
+      compared += want.length;
+      return want.join(" ") === got[i].join(" ");
+    }).length;
+    console.log(`${name} / tokenizers.js, pieces of 100,000 bytes: ${equal} of ${long.length} equal`);
+    failures += long.length - equal;
+  }
 }
 fs.rmSync(work, { recursive: true, force: true });
 if (compared < 10000) throw new Error(`only ${compared} tokens compared`);

@@ -135,6 +135,8 @@ static void pair_put(loom_bpe *t, int left, int right, int32_t rank, int merged)
   const uint64_t key = pair_key(left, right);
   const size_t s = pair_slot(t, key);
   if (t->pair_keys[s]) return; /* the first rank of a pair stands */
+  LOOM_CHECK(rank >= 0, "merge ranks are not negative");
+  if (rank > t->pair_rank_max) t->pair_rank_max = rank;
   t->pair_keys[s] = key;
   t->pair_rank[s] = rank;
   t->pair_merged[s] = merged;
@@ -300,9 +302,32 @@ void loom_ids_free(loom_ids *v) {
 
 /* ---- encoding ---- */
 
+/* A queued pair: its rank in the high 32 bits and its first symbol's
+ * position in the low, so integer order is BPE's order (lowest rank, then
+ * leftmost). A pair that merged away is found stale when popped: the pair
+ * now at its position has another rank (pairs of one rank merge alike). */
+typedef uint64_t queued_pair;
+
+/* A long piece's queue by rank: the pairs it starts with sorted by rank
+ * (then position, as found), and those its merges make listed per rank.
+ * Popping rank by rank, each in position order, is the heap's order as long
+ * as every pair a merge makes ranks above the rank being merged, as a
+ * merge table's later merges do; the first that does not sends what is
+ * left to the heap. Sequential where the heap jumps about: a piece of
+ * megabytes merges several times faster. */
 typedef struct {
-  int32_t rank, pos, left, right;
-} heap_item;
+  bool on, fell_back;
+  int32_t rank;                /* the rank being merged */
+  int32_t *start;              /* [ranks + 1]: each rank's first pairs in first[] */
+  int32_t *first;              /* [n] */
+  int32_t *later, *later_next; /* pool of pairs made by merges: position, next of the same rank */
+  int32_t *later_head;         /* [ranks]: each rank's list, -1 empty */
+  size_t later_len, later_cap;
+  int32_t *items;              /* one rank's positions in order */
+  size_t ranks_cap, n_cap, items_cap;
+} rank_buckets;
+
+enum { BUCKETS_MIN_PIECE = 1 << 16 }; /* shorter pieces take the heap: a pass over every rank would cost more */
 
 typedef struct {
   uint64_t hash; /* 0: empty */
@@ -318,8 +343,9 @@ struct loom_bpe_encoder {
   bool allow_special;
   pcre2_match_data *match;
   int32_t *sym, *next, *prev; /* the piece's symbols as a linked list */
-  heap_item *heap;
-  size_t cap, heap_len;
+  queued_pair *heap;          /* a binary min-heap */
+  size_t cap, heap_cap, heap_len;
+  rank_buckets b;             /* a long piece's queue while its ranks only rise */
   cache_slot *cache;
   unsigned cache_used;
   unsigned char *cache_pool;
@@ -347,58 +373,182 @@ void loom_bpe_encoder_free(loom_bpe_encoder *e) {
   free(e->next);
   free(e->prev);
   free(e->heap);
+  free(e->b.start);
+  free(e->b.first);
+  free(e->b.later);
+  free(e->b.later_next);
+  free(e->b.later_head);
+  free(e->b.items);
   free(e->cache);
   free(e->cache_pool);
   free(e);
 }
 
-static bool heap_less(const heap_item *a, const heap_item *b) {
-  return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+static void sift_down(queued_pair *heap, size_t len, size_t i) {
+  const queued_pair x = heap[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= len) break;
+    if (c + 1 < len && heap[c + 1] < heap[c]) c++;
+    if (heap[c] >= x) break;
+    heap[i] = heap[c];
+    i = c;
+  }
+  heap[i] = x;
 }
 
-static void heap_push(loom_bpe_encoder *e, heap_item it) {
+static void heap_reserve(loom_bpe_encoder *e, size_t need) {
+  if (need <= e->heap_cap) return;
+  e->heap_cap = need > 2 * e->heap_cap ? need : 2 * e->heap_cap;
+  e->heap = realloc(e->heap, e->heap_cap * sizeof *e->heap);
+  LOOM_CHECK(e->heap != NULL, "out of memory merging a long piece");
+}
+
+static void heap_push(loom_bpe_encoder *e, queued_pair x) {
+  heap_reserve(e, e->heap_len + 1);
   size_t i = e->heap_len++;
-  while (i > 0 && heap_less(&it, &e->heap[(i - 1) / 2])) {
+  while (i > 0 && x < e->heap[(i - 1) / 2]) {
     e->heap[i] = e->heap[(i - 1) / 2];
     i = (i - 1) / 2;
   }
-  e->heap[i] = it;
+  e->heap[i] = x;
 }
 
-static heap_item heap_pop(loom_bpe_encoder *e) {
-  const heap_item top = e->heap[0], last = e->heap[--e->heap_len];
-  size_t i = 0;
-  for (;;) {
-    size_t c = 2 * i + 1;
-    if (c >= e->heap_len) break;
-    if (c + 1 < e->heap_len && heap_less(&e->heap[c + 1], &e->heap[c])) c++;
-    if (!heap_less(&e->heap[c], &last)) break;
-    e->heap[i] = e->heap[c];
-    i = c;
-  }
-  if (e->heap_len) e->heap[i] = last;
+static queued_pair heap_pop(loom_bpe_encoder *e) {
+  const queued_pair top = e->heap[0];
+  e->heap[0] = e->heap[--e->heap_len];
+  if (e->heap_len) sift_down(e->heap, e->heap_len, 0);
   return top;
+}
+
+/* The merge table's slot of the pair starting at symbol pos, or -1 if there is no pair or it does not merge. */
+static ptrdiff_t pair_at(const loom_bpe_encoder *e, int32_t pos) {
+  if (pos < 0 || e->next[pos] < 0 || !e->t->pair_keys) return -1;
+  const size_t s = pair_slot(e->t, pair_key(e->sym[pos], e->sym[e->next[pos]]));
+  return e->t->pair_keys[s] ? (ptrdiff_t)s : -1;
+}
+
+static queued_pair queued(int32_t rank, int32_t pos) { return (uint64_t)(uint32_t)rank << 32 | (uint32_t)pos; }
+
+static void *grow(void *p, size_t *cap, size_t need, size_t size) {
+  if (need <= *cap) return p;
+  *cap = need > 2 * *cap ? need : 2 * *cap;
+  p = realloc(p, *cap * size);
+  LOOM_CHECK(p != NULL, "out of memory merging a long piece");
+  return p;
 }
 
 /* Queues the pair starting at symbol pos if it merges. */
 static void offer_pair(loom_bpe_encoder *e, int32_t pos) {
-  if (pos < 0 || e->next[pos] < 0) return;
-  const int32_t left = e->sym[pos], right = e->sym[e->next[pos]];
-  const size_t s = pair_slot(e->t, pair_key(left, right));
-  if (e->t->pair_keys[s]) heap_push(e, (heap_item){e->t->pair_rank[s], pos, left, right});
+  const ptrdiff_t s = pair_at(e, pos);
+  if (s < 0) return;
+  const int32_t rank = e->t->pair_rank[s];
+  rank_buckets *b = &e->b;
+  if (!b->on || b->fell_back || rank <= b->rank) { /* the heap, or from now on the heap */
+    b->fell_back = b->on;
+    heap_push(e, queued(rank, pos));
+    return;
+  }
+  size_t cap = b->later_cap;
+  b->later = grow(b->later, &b->later_cap, b->later_len + 1, sizeof *b->later);
+  b->later_next = grow(b->later_next, &cap, b->later_len + 1, sizeof *b->later_next);
+  b->later[b->later_len] = pos;
+  b->later_next[b->later_len] = b->later_head[rank];
+  b->later_head[rank] = (int32_t)b->later_len++;
 }
 
+/* Room for a piece of n symbols; a piece far longer than those before gets exactly its size. */
 static void reserve_scratch(loom_bpe_encoder *e, size_t n) {
   if (n <= e->cap) return;
-  e->cap = n * 2;
+  e->cap = n < (1u << 20) ? 2 * n : n;
   e->sym = realloc(e->sym, e->cap * sizeof *e->sym);
   e->next = realloc(e->next, e->cap * sizeof *e->next);
   e->prev = realloc(e->prev, e->cap * sizeof *e->prev);
-  e->heap = realloc(e->heap, 3 * e->cap * sizeof *e->heap);
-  LOOM_CHECK(e->sym && e->next && e->prev && e->heap, "out of memory merging a long piece");
+  LOOM_CHECK(e->sym && e->next && e->prev, "out of memory merging a long piece");
 }
 
-/* Merges one piece from its bytes, appending its tokens. */
+/* Merges the pair at pos if the pair there is still one of this rank, and
+ * queues the pairs it makes with its neighbours. */
+static void merge_if_current(loom_bpe_encoder *e, int32_t pos, int32_t rank) {
+  if (e->sym[pos] < 0) return; /* merged into the symbol on its left */
+  const ptrdiff_t s = pair_at(e, pos);
+  if (s < 0 || e->t->pair_rank[s] != rank) return; /* stale: a neighbour merged since */
+  const int32_t nx = e->next[pos];
+  e->sym[pos] = e->t->pair_merged[s];
+  e->sym[nx] = -1;
+  e->next[pos] = e->next[nx];
+  if (e->next[nx] >= 0) e->prev[e->next[nx]] = pos;
+  offer_pair(e, e->prev[pos]);
+  offer_pair(e, pos);
+}
+
+static int by_position(const void *a, const void *b) {
+  const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Rank r's queued positions, in order, into b->items; returns how many. */
+static size_t rank_items(rank_buckets *b, int32_t r) {
+  const size_t begin = (size_t)b->start[r], end = (size_t)b->start[r + 1];
+  size_t n = end - begin;
+  for (int32_t k = b->later_head[r]; k >= 0; k = b->later_next[k]) n++;
+  b->items = grow(b->items, &b->items_cap, n, sizeof *b->items);
+  memcpy(b->items, b->first + begin, (end - begin) * sizeof *b->items);
+  size_t i = end - begin;
+  for (int32_t k = b->later_head[r]; k >= 0; k = b->later_next[k]) b->items[i++] = b->later[k];
+  if (i > end - begin) qsort(b->items, n, sizeof *b->items, by_position);
+  return n;
+}
+
+/* Merges the piece rank by rank; returns false if it handed over to the
+ * heap (what is left queued there). */
+static bool merge_by_rank(loom_bpe_encoder *e, size_t n) {
+  rank_buckets *b = &e->b;
+  const int32_t ranks = e->t->pair_rank_max + 1;
+  size_t cap = b->ranks_cap;
+  b->start = grow(b->start, &b->ranks_cap, (size_t)ranks + 1, sizeof *b->start);
+  b->later_head = grow(b->later_head, &cap, (size_t)ranks + 1, sizeof *b->later_head);
+  b->first = grow(b->first, &b->n_cap, n, sizeof *b->first);
+  memset(b->start, 0, ((size_t)ranks + 1) * sizeof *b->start);
+  memset(b->later_head, 0xff, (size_t)ranks * sizeof *b->later_head);
+  b->later_len = 0;
+  /* The first pairs by rank, a counting sort that keeps position order within a rank. */
+  int32_t *rank_at = e->prev; /* borrowed for the sort: prev is set again below */
+  for (size_t i = 0; i + 1 < n; i++) {
+    const ptrdiff_t s = pair_at(e, (int32_t)i);
+    rank_at[i] = s < 0 ? -1 : e->t->pair_rank[s];
+    if (s >= 0) b->start[rank_at[i] + 1]++;
+  }
+  for (int32_t r = 0; r < ranks; r++) b->start[r + 1] += b->start[r];
+  for (size_t i = 0; i + 1 < n; i++)
+    if (rank_at[i] >= 0) b->first[b->start[rank_at[i]]++] = (int32_t)i;
+  for (int32_t r = ranks; r > 0; r--) b->start[r] = b->start[r - 1]; /* each rank's start back */
+  b->start[0] = 0;
+  for (size_t i = 0; i < n; i++) e->prev[i] = (int32_t)i - 1;
+  b->on = true, b->fell_back = false;
+  for (int32_t r = 0; r < ranks; r++) {
+    const size_t count = rank_items(b, r);
+    b->rank = r;
+    for (size_t j = 0; j < count; j++) {
+      merge_if_current(e, b->items[j], r);
+      if (!b->fell_back) continue;
+      /* A merge made a pair of this rank or lower: the heap takes what is left. */
+      for (size_t k = j + 1; k < count; k++) heap_push(e, queued(r, b->items[k]));
+      for (int32_t q = r + 1; q < ranks; q++) {
+        for (int32_t i = b->start[q]; i < b->start[q + 1]; i++) heap_push(e, queued(q, b->first[i]));
+        for (int32_t k = b->later_head[q]; k >= 0; k = b->later_next[k]) heap_push(e, queued(q, b->later[k]));
+      }
+      b->on = false;
+      return false;
+    }
+  }
+  b->on = false;
+  return true;
+}
+
+/* Merges one piece from its bytes, appending its tokens: the lowest-ranked
+ * pair first (the leftmost among equals), in O(n log n) by a heap, or for a
+ * long piece rank by rank while that order holds. */
 static void merge_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, loom_ids *out) {
   LOOM_CHECK(n < INT32_MAX, "a piece over 2 GiB");
   reserve_scratch(e, n);
@@ -408,20 +558,20 @@ static void merge_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, l
     e->prev[i] = (int32_t)i - 1;
   }
   e->heap_len = 0;
-  if (e->t->pair_keys)
-    for (size_t i = 0; i + 1 < n; i++) offer_pair(e, (int32_t)i);
-  while (e->heap_len) {
-    const heap_item it = heap_pop(e);
-    const int32_t pos = it.pos, nx = e->next[pos];
-    /* Stale when either symbol has merged since it was queued. */
-    if (e->sym[pos] != it.left || nx < 0 || e->sym[nx] != it.right) continue;
-    e->sym[pos] = e->t->pair_merged[pair_slot(e->t, pair_key(it.left, it.right))];
-    e->sym[nx] = -1;
-    e->next[pos] = e->next[nx];
-    if (e->next[nx] >= 0) e->prev[e->next[nx]] = pos;
-    offer_pair(e, e->prev[pos]);
-    offer_pair(e, pos);
+  if (n >= BUCKETS_MIN_PIECE && e->t->pair_keys && merge_by_rank(e, n)) goto done;
+  if (e->heap_len == 0) { /* every merging pair, then heapified at once */
+    heap_reserve(e, n);
+    for (size_t i = 0; i + 1 < n; i++) {
+      const ptrdiff_t s = pair_at(e, (int32_t)i);
+      if (s >= 0) e->heap[e->heap_len++] = queued(e->t->pair_rank[s], (int32_t)i);
+    }
   }
+  for (size_t i = e->heap_len / 2; i-- > 0;) sift_down(e->heap, e->heap_len, i);
+  while (e->heap_len) {
+    const queued_pair top = heap_pop(e);
+    merge_if_current(e, (int32_t)(uint32_t)top, (int32_t)(top >> 32));
+  }
+done:
   for (int32_t i = 0; i >= 0; i = e->next[i]) loom_ids_push(out, e->sym[i]);
 }
 

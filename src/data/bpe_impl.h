@@ -25,6 +25,7 @@ struct loom_bpe {
   uint64_t *pair_keys;         /* open addressing: (left << 32 | right) + 1, 0 empty */
   int32_t *pair_rank, *pair_merged;
   size_t pair_mask, pair_count;
+  int32_t pair_rank_max;       /* the highest rank a pair merges at (ranks are 0 or more) */
   int32_t byte_token[256];     /* the token of each single byte */
   bool whole_word_first;       /* a piece that is a token is that token (tiktoken; HF ignore_merges) */
   bool add_prefix_space;       /* HF ByteLevel add_prefix_space */
