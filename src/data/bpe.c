@@ -492,6 +492,7 @@ static size_t rank_items(rank_buckets *b, int32_t r) {
   const size_t begin = (size_t)b->start[r], end = (size_t)b->start[r + 1];
   size_t n = end - begin;
   for (int32_t k = b->later_head[r]; k >= 0; k = b->later_next[k]) n++;
+  if (n == 0) return 0;
   b->items = grow(b->items, &b->items_cap, n, sizeof *b->items);
   memcpy(b->items, b->first + begin, (end - begin) * sizeof *b->items);
   size_t i = end - begin;
