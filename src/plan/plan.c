@@ -12,6 +12,15 @@
 #include "plan/plan.h"
 #include "schedule/verify.h"
 
+/* The model's enums and the plan's are one list each, bridged by the casts below. */
+_Static_assert(LOOM_NORM_LAYERNORM == (int)LOOM__NORM__NORM_LAYERNORM && LOOM_NORM_RMSNORM == (int)LOOM__NORM__NORM_RMSNORM,
+               "loom_norm_kind follows loom.proto's Norm");
+_Static_assert(LOOM_MLP_GELU == (int)LOOM__MLP__MLP_GELU && LOOM_MLP_SWIGLU == (int)LOOM__MLP__MLP_SWIGLU,
+               "loom_mlp_kind follows loom.proto's Mlp");
+_Static_assert(LOOM_POSITION_LEARNED == (int)LOOM__POSITION__POSITION_LEARNED &&
+                   LOOM_POSITION_ROPE == (int)LOOM__POSITION__POSITION_ROPE,
+               "loom_position_kind follows loom.proto's Position");
+
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
   *cfg = (loom_gpt_config){.layers = m->layers, .hidden = m->hidden, .heads = m->heads, .ffn = m->ffn,
                            .kv_heads = m->has_kv_heads ? m->kv_heads : 0, .vocab = m->vocab, .seq = m->seq,
