@@ -10,7 +10,7 @@ shift
 log=$(mktemp "${TMPDIR:-/tmp}/loom_sweep.XXXXXX")
 trap 'rm -f "$log"' EXIT
 trap 'exit 143' TERM INT HUP # through the EXIT trap
-echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
+echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //') ($(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx2\|avx512f\|avx512_bf16\|amx_bf16' | sort -u | tr '\n' ' ')), $(nproc) cores"
 printf '%-9s %-9s %4s %8s %14s %8s\n' precision gemm seed final first_at_97 seconds
 worst=100
 for precision in fp32 bf16; do
