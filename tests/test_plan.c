@@ -463,7 +463,7 @@ START_TEST(in_flight_is_the_verifiers_peak) {
           if (closed >= 0) ck_assert_int_eq(x->in_flight, closed);
           ck_assert_int_gt(x->in_flight, 0);
           const loom_stage_range r = loom_plan_stage_range(p, loom_plan_stage_index(p, x->pp_rank, x->chunk));
-          const int waiting = loom_schedule_chunk_deferred_peak(&s, x->pp_rank, x->chunk);
+          const int waiting = loom_schedule_rank_peaks(&s, x->pp_rank, x->chunk).deferred;
           const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 1) -
                                         loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 0));
           ck_assert_int_eq(x->weight_grad_states, one * waiting);

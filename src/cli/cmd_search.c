@@ -4,12 +4,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
 #include "core/log.h"
+#include "core/timer.h"
 #include "plan/plan_io.h"
 #include "sim/search.h"
 
@@ -60,12 +60,6 @@ static loom_status draw(const char *path, const loom_search_result *r, const loo
   return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_WRITE, "--svg %s: write failed", path);
 }
 
-static double seconds_now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* A progress line on stderr once a search has run a second, then each
  * second: rewritten in place on a terminal, one line each otherwise. */
 typedef struct {
@@ -75,7 +69,7 @@ typedef struct {
 
 static void show_progress(const loom_search_result *r, void *ctx) {
   progress_line *p = ctx;
-  const double now = seconds_now();
+  const double now = loom_now_s();
   if (now - p->start < 1.0 || now - p->last < 1.0) return;
   p->last = now, p->shown = true;
   fprintf(stderr, "%sloom plan search: %d layouts considered, %d fit, %d predicted, %d bounded (%.0f s)%s",
@@ -119,7 +113,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
   if (!pf.name && loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--model")->set) pf.name = pf.model.preset; /* the best plan is named after its model */
   if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);
   loom_search_result r = {0};
-  progress_line line = {.start = seconds_now(), .tty = isatty(STDERR_FILENO)};
+  progress_line line = {.start = loom_now_s(), .tty = isatty(STDERR_FILENO)};
   const loom_search_options opt = {.keep = top, .progress = show_progress, .ctx = &line};
   if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &opt, &r, &err);
   if (line.shown && line.tty) fputs("\n", stderr);

@@ -316,14 +316,22 @@ typedef uint64_t queued_pair;
  * left to the heap. Sequential where the heap jumps about: a piece of
  * megabytes merges several times faster. */
 typedef struct {
+  int32_t start; /* where the rank's first pairs begin in first[] (and, one rank on, end) */
+  int32_t later; /* the last pair of the rank its merges made, in later[]; -1 none */
+} rank_slot;
+
+typedef struct {
+  int32_t pos, next; /* next: the rank's pair made before it, -1 none */
+} later_pair;
+
+typedef struct {
   bool on, fell_back;
-  int32_t rank;                /* the rank being merged */
-  int32_t *start;              /* [ranks + 1]: each rank's first pairs in first[] */
-  int32_t *first;              /* [n] */
-  int32_t *later, *later_next; /* pool of pairs made by merges: position, next of the same rank */
-  int32_t *later_head;         /* [ranks]: each rank's list, -1 empty */
+  int32_t rank;       /* the rank being merged */
+  rank_slot *ranks;   /* [ranks + 1] */
+  int32_t *first;     /* [n] */
+  later_pair *later;  /* the pairs merges made */
   size_t later_len, later_cap;
-  int32_t *items;              /* one rank's positions in order */
+  int32_t *items;     /* one rank's positions in order */
   size_t ranks_cap, n_cap, items_cap;
 } rank_buckets;
 
@@ -373,11 +381,9 @@ void loom_bpe_encoder_free(loom_bpe_encoder *e) {
   free(e->next);
   free(e->prev);
   free(e->heap);
-  free(e->b.start);
+  free(e->b.ranks);
   free(e->b.first);
   free(e->b.later);
-  free(e->b.later_next);
-  free(e->b.later_head);
   free(e->b.items);
   free(e->cache);
   free(e->cache_pool);
@@ -402,6 +408,12 @@ static void heap_reserve(loom_bpe_encoder *e, size_t need) {
   e->heap_cap = need > 2 * e->heap_cap ? need : 2 * e->heap_cap;
   e->heap = realloc(e->heap, e->heap_cap * sizeof *e->heap);
   LOOM_CHECK(e->heap != NULL, "out of memory merging a long piece");
+}
+
+/* Appends without ordering: a heapify must follow. */
+static void heap_append(loom_bpe_encoder *e, queued_pair x) {
+  heap_reserve(e, e->heap_len + 1);
+  e->heap[e->heap_len++] = x;
 }
 
 static void heap_push(loom_bpe_encoder *e, queued_pair x) {
@@ -449,12 +461,9 @@ static void offer_pair(loom_bpe_encoder *e, int32_t pos) {
     heap_push(e, queued(rank, pos));
     return;
   }
-  size_t cap = b->later_cap;
   b->later = grow(b->later, &b->later_cap, b->later_len + 1, sizeof *b->later);
-  b->later_next = grow(b->later_next, &cap, b->later_len + 1, sizeof *b->later_next);
-  b->later[b->later_len] = pos;
-  b->later_next[b->later_len] = b->later_head[rank];
-  b->later_head[rank] = (int32_t)b->later_len++;
+  b->later[b->later_len] = (later_pair){pos, b->ranks[rank].later};
+  b->ranks[rank].later = (int32_t)b->later_len++;
 }
 
 /* Room for a piece of n symbols; a piece far longer than those before gets exactly its size. */
@@ -489,42 +498,39 @@ static int by_position(const void *a, const void *b) {
 
 /* Rank r's queued positions, in order, into b->items; returns how many. */
 static size_t rank_items(rank_buckets *b, int32_t r) {
-  const size_t begin = (size_t)b->start[r], end = (size_t)b->start[r + 1];
+  const size_t begin = (size_t)b->ranks[r].start, end = (size_t)b->ranks[r + 1].start;
   size_t n = end - begin;
-  for (int32_t k = b->later_head[r]; k >= 0; k = b->later_next[k]) n++;
+  for (int32_t k = b->ranks[r].later; k >= 0; k = b->later[k].next) n++;
   if (n == 0) return 0;
   b->items = grow(b->items, &b->items_cap, n, sizeof *b->items);
   memcpy(b->items, b->first + begin, (end - begin) * sizeof *b->items);
   size_t i = end - begin;
-  for (int32_t k = b->later_head[r]; k >= 0; k = b->later_next[k]) b->items[i++] = b->later[k];
+  for (int32_t k = b->ranks[r].later; k >= 0; k = b->later[k].next) b->items[i++] = b->later[k].pos;
   if (i > end - begin) qsort(b->items, n, sizeof *b->items, by_position);
   return n;
 }
 
 /* Merges the piece rank by rank; returns false if it handed over to the
- * heap (what is left queued there). */
+ * heap (what is left appended there, to be heapified). */
 static bool merge_by_rank(loom_bpe_encoder *e, size_t n) {
   rank_buckets *b = &e->b;
   const int32_t ranks = e->t->pair_rank_max + 1;
-  size_t cap = b->ranks_cap;
-  b->start = grow(b->start, &b->ranks_cap, (size_t)ranks + 1, sizeof *b->start);
-  b->later_head = grow(b->later_head, &cap, (size_t)ranks + 1, sizeof *b->later_head);
+  b->ranks = grow(b->ranks, &b->ranks_cap, (size_t)ranks + 1, sizeof *b->ranks);
   b->first = grow(b->first, &b->n_cap, n, sizeof *b->first);
-  memset(b->start, 0, ((size_t)ranks + 1) * sizeof *b->start);
-  memset(b->later_head, 0xff, (size_t)ranks * sizeof *b->later_head);
+  for (int32_t r = 0; r <= ranks; r++) b->ranks[r] = (rank_slot){0, -1};
   b->later_len = 0;
   /* The first pairs by rank, a counting sort that keeps position order within a rank. */
   int32_t *rank_at = e->prev; /* borrowed for the sort: prev is set again below */
   for (size_t i = 0; i + 1 < n; i++) {
     const ptrdiff_t s = pair_at(e, (int32_t)i);
     rank_at[i] = s < 0 ? -1 : e->t->pair_rank[s];
-    if (s >= 0) b->start[rank_at[i] + 1]++;
+    if (s >= 0) b->ranks[rank_at[i] + 1].start++;
   }
-  for (int32_t r = 0; r < ranks; r++) b->start[r + 1] += b->start[r];
+  for (int32_t r = 0; r < ranks; r++) b->ranks[r + 1].start += b->ranks[r].start;
   for (size_t i = 0; i + 1 < n; i++)
-    if (rank_at[i] >= 0) b->first[b->start[rank_at[i]]++] = (int32_t)i;
-  for (int32_t r = ranks; r > 0; r--) b->start[r] = b->start[r - 1]; /* each rank's start back */
-  b->start[0] = 0;
+    if (rank_at[i] >= 0) b->first[b->ranks[rank_at[i]].start++] = (int32_t)i;
+  for (int32_t r = ranks; r > 0; r--) b->ranks[r].start = b->ranks[r - 1].start; /* each rank's start back */
+  b->ranks[0].start = 0;
   for (size_t i = 0; i < n; i++) e->prev[i] = (int32_t)i - 1;
   b->on = true, b->fell_back = false;
   for (int32_t r = 0; r < ranks; r++) {
@@ -534,10 +540,10 @@ static bool merge_by_rank(loom_bpe_encoder *e, size_t n) {
       merge_if_current(e, b->items[j], r);
       if (!b->fell_back) continue;
       /* A merge made a pair of this rank or lower: the heap takes what is left. */
-      for (size_t k = j + 1; k < count; k++) heap_push(e, queued(r, b->items[k]));
+      for (size_t k = j + 1; k < count; k++) heap_append(e, queued(r, b->items[k]));
       for (int32_t q = r + 1; q < ranks; q++) {
-        for (int32_t i = b->start[q]; i < b->start[q + 1]; i++) heap_push(e, queued(q, b->first[i]));
-        for (int32_t k = b->later_head[q]; k >= 0; k = b->later_next[k]) heap_push(e, queued(q, b->later[k]));
+        for (int32_t i = b->ranks[q].start; i < b->ranks[q + 1].start; i++) heap_append(e, queued(q, b->first[i]));
+        for (int32_t k = b->ranks[q].later; k >= 0; k = b->later[k].next) heap_append(e, queued(q, b->later[k].pos));
       }
       b->on = false;
       return false;
@@ -560,14 +566,12 @@ static void merge_piece(loom_bpe_encoder *e, const unsigned char *p, size_t n, l
   }
   e->heap_len = 0;
   if (n >= BUCKETS_MIN_PIECE && e->t->pair_keys && merge_by_rank(e, n)) goto done;
-  if (e->heap_len == 0) { /* every merging pair, then heapified at once */
-    heap_reserve(e, n);
+  if (e->heap_len == 0) /* every merging pair (else what merge_by_rank left) */
     for (size_t i = 0; i + 1 < n; i++) {
       const ptrdiff_t s = pair_at(e, (int32_t)i);
-      if (s >= 0) e->heap[e->heap_len++] = queued(e->t->pair_rank[s], (int32_t)i);
+      if (s >= 0) heap_append(e, queued(e->t->pair_rank[s], (int32_t)i));
     }
-  }
-  for (size_t i = e->heap_len / 2; i-- > 0;) sift_down(e->heap, e->heap_len, i);
+  for (size_t i = e->heap_len / 2; i-- > 0;) sift_down(e->heap, e->heap_len, i); /* heapified at once */
   while (e->heap_len) {
     const queued_pair top = heap_pop(e);
     merge_if_current(e, (int32_t)(uint32_t)top, (int32_t)(top >> 32));

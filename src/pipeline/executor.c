@@ -105,10 +105,9 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
   int nslots = 0, nwstates = 0;
   for (int c = 0; c < pipe->v; c++) {
-    const int peak = loom_schedule_chunk_peak(&pipe->sched, ps->pp_rank, c);
-    const int waiting = loom_schedule_chunk_deferred_peak(&pipe->sched, ps->pp_rank, c);
-    nslots = peak > nslots ? peak : nslots;
-    nwstates = waiting > nwstates ? waiting : nwstates;
+    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, c);
+    nslots = peaks.live > nslots ? peaks.live : nslots;
+    nwstates = peaks.deferred > nwstates ? peaks.deferred : nwstates;
   }
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));

@@ -859,10 +859,10 @@ static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loo
   for (int c = 0; c < l->virtual_chunks; c++) {
     const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, pp_rank, c));
     *state += loom_plan_state_bytes(p, &range) + loom_plan_compression_cost(p, &range).state_bytes;
-    const int slots = loom_schedule_chunk_peak(s, pp_rank, c), waiting = loom_schedule_chunk_deferred_peak(s, pp_rank, c);
+    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, pp_rank, c);
     *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
-                                               l->sequence_parallel, &range, loom_plan_recompute(p), slots > 0 ? slots : 1,
-                                               waiting);
+                                               l->sequence_parallel, &range, loom_plan_recompute(p),
+                                               peaks.live > 0 ? peaks.live : 1, peaks.deferred);
   }
 }
 

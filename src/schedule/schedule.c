@@ -352,18 +352,12 @@ loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_
   return build(s, LOOM_SCHEDULE_FORWARD_ONLY, loom_schedule_kind_v_shape(train_kind), p, v, m, err);
 }
 
-/* Rank r's stored order tallied, only chunk c's actions if c >= 0. */
-static tally tally_rank(const loom_schedule *s, int r, int c) {
+loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c) {
   tally t = {.forward_only = s->kind == LOOM_SCHEDULE_FORWARD_ONLY};
   for (int i = 0; i < s->count[r]; i++)
     if (c < 0 || s->actions[r][i].chunk == c) tally_add(&t, &s->actions[r][i]);
-  return t;
+  return (loom_schedule_peaks){t.peak_live, t.peak_waiting};
 }
-
-int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c) { return tally_rank(s, r, c).peak_live; }
-int loom_schedule_peak_live(const loom_schedule *s, int r) { return tally_rank(s, r, -1).peak_live; }
-int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c) { return tally_rank(s, r, c).peak_waiting; }
-int loom_schedule_deferred_peak(const loom_schedule *s, int r) { return tally_rank(s, r, -1).peak_waiting; }
 
 void loom_schedule_free(loom_schedule *s) {
   for (int r = 0; s->actions && r < s->p; r++) free(s->actions[r]);

@@ -101,24 +101,22 @@ static inline bool loom_action_computes(const loom_action *a) {
 const char *const *loom_schedule_train_kind_names(void);
 const char *loom_action_name(loom_action_kind kind);
 
-/* The most micro-batches rank r's chunk c holds at once (forward taken,
- * backward not yet ended): the activation slots the executor gives it. */
-int loom_schedule_chunk_peak(const loom_schedule *s, int r, int c);
-/* The same over all of rank r's chunks: the most (micro-batch, chunk)
- * activations it holds at once. A rank runs its actions in order, so this
- * is read off its order with no replay; the verifier reports it as peak_live. */
-int loom_schedule_peak_live(const loom_schedule *s, int r);
-/* loom_schedule_peak_live into live[p] and loom_schedule_chunk_deferred_peak
- * into deferred[p * v] for the schedule of this shape, built one rank at a
- * time (a plan search asks for thousands of shapes, some of millions of
- * actions). Refuses a shape loom_schedule_build refuses. */
+/* What rank r holds at most at once, of its chunk c (of all its chunks if
+ * c < 0): live, the micro-batches whose forward has run and whose backward
+ * has not ended (the activation slots the executor gives a chunk; over all
+ * chunks, the verifier's peak_live); deferred, the split backwards waiting
+ * for their weight half (the weight-grad states). A rank runs its actions
+ * in order, so both are read off its order with no replay. */
+typedef struct {
+  int live, deferred;
+} loom_schedule_peaks;
+loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c);
+/* Over all chunks into live[p], per chunk into deferred[p * v], for the
+ * schedule of this shape, built one rank at a time and never stored (a plan
+ * search asks for thousands of shapes, some of millions of actions).
+ * Refuses a shape loom_schedule_build refuses. */
 loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *deferred,
                                       loom_error *err);
-/* The most split backwards of rank r's chunk c waiting for their weight
- * half (B run, W not yet): the weight-grad states the executor gives it. */
-int loom_schedule_chunk_deferred_peak(const loom_schedule *s, int r, int c);
-/* The same over all of rank r's chunks (the verifier's peak_deferred). */
-int loom_schedule_deferred_peak(const loom_schedule *s, int r);
 
 /* The one rule for where stages lie: the virtual stage of (rank, chunk) of
  * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),

@@ -208,8 +208,8 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
     rep->spans[r] = malloc(((size_t)s->count[r] + 1) * sizeof(loom_span));
     LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
     /* Properties of the rank's order, whatever the timing. */
-    rep->peak_live[r] = loom_schedule_peak_live(s, r);
-    rep->peak_deferred[r] = loom_schedule_deferred_peak(s, r);
+    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, r, -1);
+    rep->peak_live[r] = peaks.live, rep->peak_deferred[r] = peaks.deferred;
   }
   for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
