@@ -29,6 +29,7 @@
 #include "backend/ops.h"
 #include "comm/mpi/comm_mpi.h"
 #include "core/timer.h"
+#include "layers/gpt.h"
 #include "plan/plan.h"
 #ifdef LOOM_HAVE_NCCL
 #include "backend/cuda/cuda_backend.h"
@@ -178,7 +179,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--bucket-mb") == 0) bucket_mb = atof(argv[i + 1]);
     else if (strcmp(argv[i], "--backend") == 0) backend = argv[i + 1];
   }
-  size_t plan_floats[64], zero3_floats[64];
+  size_t plan_floats[64], zero3_floats[64], message_floats = 0; /* the plan's pipeline message (loom_gpt_boundary_floats) */
   int nplan = 0, nzero3 = 0;
   if (plan) {
     loom_plan *p;
@@ -190,10 +191,15 @@ int main(int argc, char **argv) {
     loom_plan_estimate(p);
     nplan = plan_sizes(p, bucket_mb, plan_floats, 64);
     nzero3 = zero3_sizes(p, zero3_floats, 64);
+    loom_gpt_config cfg;
+    loom_plan_model_config(p, &cfg);
+    message_floats = loom_gpt_boundary_floats(&cfg, loom_plan_train_seq(p), p->batch->micro_batch, p->parallel->tp,
+                                              p->parallel->sequence_parallel);
     loom_plan_free(p);
   }
   for (int i = 0; i < nplan; i++)
     if (plan_floats[i] * sizeof(float) > max_bytes) max_bytes = plan_floats[i] * sizeof(float);
+  if (message_floats * sizeof(float) > max_bytes) max_bytes = message_floats * sizeof(float);
   for (int i = 0; i < nzero3; i++) /* the gathered bucket, padded to the ranks */
     if ((zero3_floats[i] + (size_t)world->size) * sizeof(float) > max_bytes)
       max_bytes = (zero3_floats[i] + (size_t)world->size) * sizeof(float);
@@ -239,6 +245,11 @@ int main(int argc, char **argv) {
     const size_t rounded = plan_floats[i] / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
     failed |= bench_row(&b, OP_ALLREDUCE, "dp_bucket", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
   }
+  /* The plan's pipeline message, an activation or its grad between stages, as the executor sends it. */
+  if (message_floats) {
+    const size_t rounded = message_floats / (size_t)n * (size_t)n; /* whole floats per rank for the exact check */
+    failed |= bench_row(&b, OP_SENDRECV, "pp_message", send, recv, rounded > 0 ? rounded : (size_t)n, iters);
+  }
   /* ZeRO-3's gathers and reduce-scatters of the plan's buckets, each cut into one piece per rank. */
   for (int i = 0; i < nzero3; i++) {
     const size_t padded = (zero3_floats[i] + (size_t)n - 1) / (size_t)n * (size_t)n;
@@ -246,7 +257,8 @@ int main(int argc, char **argv) {
     failed |= bench_row(&b, OP_REDUCE_SCATTER, "zero3_scatter", send, recv, padded, iters);
   }
   if (world->rank == 0) printf("# algbw, busbw in GB/s; busbw factors as nccl-tests%s%s\n",
-                               nplan ? "; dp_bucket: the plan's data-parallel gradient buckets" : "",
+                               nplan ? "; dp_bucket: the plan's data-parallel gradient buckets; pp_message: its pipeline "
+                                       "message" : "",
                                nzero3 ? "; zero3_*: ZeRO-3's per-layer and edge buckets of the plan, over these ranks" : "");
 #ifdef LOOM_HAVE_NCCL
   if (b.device) {

@@ -54,13 +54,13 @@ int main(int argc, char **argv) {
   mem->from_host(mem, c.qkv, host, qkv * sizeof(float));
   mem->from_host(mem, c.dout, host, o * sizeof(float));
   free(host);
-  const double inputs = (double)mem->peak_bytes(mem), mib = 1048576.0;
+  const double inputs = (double)mem->counts(mem).peak, mib = 1048576.0;
   char name[256];
   loom_cuda_device_name(c.cu, name, sizeof name);
   printf("device: %s | causal attention, T %d, batch %d, %d heads of %d, fp32 | forward + backward, best of 5\n", name, T, B, H, D);
-  const double fused = time_pass(&c, 5), fused_peak = (double)mem->peak_bytes(mem) - inputs;
+  const double fused = time_pass(&c, 5), fused_peak = (double)mem->counts(mem).peak - inputs;
   loom_cuda_set_attention(c.cu, LOOM_CUDA_ATTENTION_CUBLAS);
-  const double cublas = time_pass(&c, 5), cublas_peak = (double)mem->peak_bytes(mem) - inputs;
+  const double cublas = time_pass(&c, 5), cublas_peak = (double)mem->counts(mem).peak - inputs;
   /* Causal: half the 4 T^2 D products a head's forward counts, and twice that backward (the fused kernels redo the scores). */
   const double flops = 3.0 * 4.0 * B * H * (double)T * T * D / 2.0;
   printf("fused:  %8.2f ms  %6.1f TFLOP/s  extra memory %8.1f MiB\n", fused * 1e3, flops / fused * 1e-12, fused_peak / mib);

@@ -165,10 +165,10 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("trace", "svg", "/nonexistent.json", "-o", "x.svg", NULL), 2,
               "loom: /nonexistent.json: cannot open trace: No such file or directory");
   refusal_row(&t, run("schedule", "show", "--schedule", "interleaved", "--vpp", "2", "--pp", "4", "--micro-batches", "6", NULL), 2,
-              "loom schedule show: --micro-batches 6 is not a multiple of --pp 4; the interleaved schedule moves "
+              "loom schedule show: --micro-batches 6: not a multiple of --pp (4); the interleaved schedule moves "
               "micro-batches through the chunks in groups of pp");
   refusal_row(&t, run("schedule", "show", "--vpp", "2", NULL), 2,
-              "loom schedule show: --vpp 2 needs --schedule interleaved or zb_v; 1f1b runs one chunk per rank");
+              "loom schedule show: --vpp 2: needs --schedule interleaved (or zb_v with 2); 1f1b runs one chunk per rank");
   const result *shown = run("schedule", "show", "--pp", "2", "--micro-batches", "3", NULL);
   ck_assert_int_eq(shown->code, 0);
   ck_assert_ptr_nonnull(strstr(shown->out, "verified deadlock-free"));
@@ -183,9 +183,9 @@ START_TEST(bad_flags) {
   /* Layouts that cannot be split are refused before anything is built. */
   /* The zero-bubble schedules: ZB-V's two chunks (its default), and no ZeRO-2/3. */
   refusal_row(&t, run("schedule", "show", "--schedule", "zb_v", "--vpp", "3", NULL), 2,
-              "loom schedule show: --schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 3");
+              "loom schedule show: --vpp 3: --schedule zb_v runs two chunks per rank (a V); set --vpp 2");
   refusal_row(&t, run("train", "--pp", "2", "--schedule", "zb_v", "--vpp", "1", NULL), 2,
-              "loom train: --vpp 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set --vpp 2");
+              "loom train: --vpp 1: --schedule zb_v runs two chunks per rank (a V); set --vpp 2");
   refusal_row(&t, run("train", "--pp", "2", "--dp", "2", "--zero", "2", "--schedule", "zb_h1", NULL), 2,
               "loom train: --schedule zb_h1 with --zero 2: ZeRO-2/3 reduce-scatter each layer's grads as its backward "
               "ends, but zero-bubble schedules run a layer's weight grads long after; use --zero 0 or 1, or --schedule 1f1b");

@@ -2,6 +2,7 @@
  * and gradient accumulation giving the same update for any split of the
  * global batch into micro-batches. */
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipeline/trainer.h"
@@ -160,6 +161,35 @@ START_TEST(accumulation_is_split_invariant) {
 }
 END_TEST
 
+/* The executor takes buffers only where its schedule's events say, and
+ * holds no more than their verified peak: a schedule whose events were
+ * changed after verification to keep micro-batch 0's slot past its backward
+ * makes micro-batch 1's forward take a slot the pool does not have, and
+ * the executor's check stops the run (SIGABRT) instead of running on. */
+START_TEST(executor_keeps_to_its_events) {
+  const loom_plan_spec spec = {.model = small(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2, .global_batch = 8,
+                               .schedule = LOOM_SCHEDULE_1F1B};
+  loom_plan *plan;
+  loom_error err = {0};
+  ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
+  loom_dataset *data = loom_dataset_addition(2, 5);
+  const loom_trainer_options o = {.seed = 3, .lr = schedule(1)};
+  loom_trainer tr;
+  ck_assert_msg(loom_trainer_init(&tr, NULL, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
+  loom_schedule *s = &tr.pipe.sched;
+  ck_assert_int_eq(tr.pipe.slots.cap[0], 1); /* one micro-batch at a time on one stage */
+  int dropped = -1;
+  for (int e = 0; e < s->event_at[0][s->count[0]] && dropped < 0; e++)
+    if (s->events[0][e].kind == LOOM_BUFFER_SLOT && !s->events[0][e].acquire && s->events[0][e].mb == 0) dropped = e;
+  ck_assert_int_ge(dropped, 0);
+  const int n = s->event_at[0][s->count[0]];
+  memmove(&s->events[0][dropped], &s->events[0][dropped + 1], (size_t)(n - dropped - 1) * sizeof s->events[0][0]);
+  for (int i = 0; i <= s->count[0]; i++)
+    if (s->event_at[0][i] > dropped) s->event_at[0][i]--;
+  loom_trainer_step(&tr, 0); /* aborts at micro-batch 1's forward */
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("optim");
   TCase *tc = tcase_create("optim");
@@ -167,6 +197,7 @@ int main(void) {
   tcase_add_test(tc, lr_warmup_then_cosine);
   tcase_add_test(tc, clipping_and_decay_follow_metadata);
   tcase_add_test(tc, accumulation_is_split_invariant);
+  tcase_add_test_raise_signal(tc, executor_keeps_to_its_events, SIGABRT);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "layers/gpt.h"
 #include "plan/plan.h"
 #include "plan/textformat.h"
 #include "schedule/verify.h"
@@ -300,10 +301,10 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "batch.global_batch = 10: must be a positive multiple of batch.micro_batch x parallel.dp (4); round it to a multiple");
   p->batch->global_batch = 12; /* 3 micro-batches: fine for 1F1B, not for interleaved on pp 2 */
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED;
-  expect_rule(p, "batch.global_batch = 12 gives 3 micro-batches, not a multiple of parallel.pp (2) as the interleaved schedule needs; use 16");
+  expect_rule(p, "micro-batches = 3: not a multiple of parallel.pp (2); the interleaved schedule moves micro-batches through the chunks in groups of pp (batch.global_batch = 12 over batch.micro_batch x parallel.dp = 4); use batch.global_batch = 16");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
   p->parallel->virtual_chunks = 2;
-  expect_rule(p, "parallel.virtual_chunks = 2: needs schedule SCHEDULE_INTERLEAVED (or SCHEDULE_ZB_V with 2); set virtual_chunks 1 or change the schedule");
+  expect_rule(p, "parallel.virtual_chunks = 2: needs schedule = interleaved (or zb_v with 2); 1f1b runs one chunk per rank");
   expect_rule(p, "stages: 2 entries, but parallel.pp x parallel.virtual_chunks = 4; give one stage per pipeline rank and chunk");
   p->parallel->virtual_chunks = 1;
   p->parallel->zero_stage = 4;
@@ -315,7 +316,7 @@ START_TEST(each_rule_has_its_message) {
                  "backward ends, but zero-bubble schedules run a layer's weight grads long after; use parallel.zero_stage = 0 "
                  "or 1, or schedule = 1f1b");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V;
-  expect_rule(p, "parallel.virtual_chunks = 1: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set parallel.virtual_chunks = 2");
+  expect_rule(p, "parallel.virtual_chunks = 1: schedule = zb_v runs two chunks per rank (a V); set parallel.virtual_chunks = 2");
   p->schedule = LOOM__SCHEDULE_KIND__SCHEDULE_1F1B;
   p->parallel->zero_stage = 0;
   ck_assert_int_eq(loom_plan_check_rules(p, 6, 0, lines, sizeof lines), 1);
@@ -480,6 +481,53 @@ START_TEST(in_flight_is_the_verifiers_peak) {
 }
 END_TEST
 
+/* The activations a plan's stage estimate adds per layer, one micro-batch in flight (no pipeline). */
+static double activations_per_layer(loom_plan_spec spec, bool recompute) {
+  spec.tp = spec.pp = spec.dp = 1;
+  spec.global_batch = spec.micro_batch;
+  spec.recompute = recompute;
+  double at[2];
+  for (int i = 0; i < 2; i++) {
+    spec.model.layers = 8 + i;
+    loom_plan *p = build(&spec);
+    ck_assert_int_eq(p->estimates->stages[0]->in_flight, 1);
+    at[i] = (double)(recompute ? p->estimates->stages[0]->activations_recompute : p->estimates->stages[0]->activations);
+    loom_plan_free(p);
+  }
+  return at[1] - at[0];
+}
+
+/* The memory model's activations per layer, read off the layers' tables,
+ * against Megatron's closed form (Korthikanti et al.), a cross-check and not
+ * a second source: s b h (10 + 24/t) 16-bit bytes per layer (34 at t 1,
+ * 34/t under SP), twice that in fp32, within 10%. loom keeps flash
+ * attention's contract (no s x s scores, as Megatron with flash attention),
+ * its norm statistics and log-sum-exps in fp32, and neither dropout mask
+ * (it redraws them from its counter-based RNG). With recompute, Megatron's
+ * 2 s b h is each layer's input in 16 bits; loom keeps it in fp32. */
+START_TEST(activations_cross_check_megatron) {
+  loom_plan_spec spec = base_spec();
+  const double s = spec.model.seq, b = spec.micro_batch, h = spec.model.hidden, sbh = s * b * h;
+  for (int bf16 = 0; bf16 <= 1; bf16++) {
+    spec.precision = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
+    const double bytes = bf16 ? 1.0 : 2.0, per = activations_per_layer(spec, false), megatron = bytes * 34.0 * sbh;
+    ck_assert_msg(fabs(per - megatron) <= 0.1 * megatron, "bf16 %d: %g bytes per layer, Megatron's %g", bf16, per, megatron);
+    ck_assert_double_eq(activations_per_layer(spec, true), 4.0 * sbh);
+  }
+  /* Under tensor parallelism, a model of a single stage: 10 + 24/t, and 34/t with SP. */
+  spec.precision = LOOM__PRECISION__PRECISION_BF16;
+  for (int sp = 0; sp <= 1; sp++) {
+    loom_gpt_config cfg = {.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .bf16 = true};
+    loom_gpt_config_finish(&cfg);
+    const loom_stage_range two = {1, 3, false, false}, one = {1, 2, false, false};
+    const double per = (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &two, false, 1, 0) -
+                       (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &one, false, 1, 0);
+    const double megatron = sp ? 34.0 * sbh / 2 : (10.0 + 24.0 / 2) * sbh;
+    ck_assert_msg(fabs(per - megatron) <= 0.1 * megatron, "tp 2 sp %d: %g bytes per layer, Megatron's %g", sp, per, megatron);
+  }
+}
+END_TEST
+
 START_TEST(estimates_follow_megatron) {
   loom_plan_spec spec = base_spec();
   spec.tp = 1;
@@ -490,12 +538,10 @@ START_TEST(estimates_follow_megatron) {
   spec.precision = LOOM__PRECISION__PRECISION_BF16;
   loom_plan *p = build(&spec);
   const Loom__StageEstimate *x = p->estimates->stages[0];
-  const double s = spec.model.seq, b = spec.micro_batch, h = spec.model.hidden, n = (double)x->parameters;
+  const double n = (double)x->parameters;
   ck_assert_double_gt(n, 0.0);
-  ck_assert_double_eq_tol((double)x->activations, spec.model.layers * s * b * h * 34.0, 1.0); /* flash attention: no 5as/h */
   ck_assert_double_eq_tol((double)(x->weights + x->master_weights + x->grads + x->optimizer), 18.0 * n, 4.0);
   ck_assert_double_eq_tol((double)x->master_weights, 4.0 * n, 1.0);
-  ck_assert_double_eq_tol((double)x->activations_recompute, spec.model.layers * 2.0 * s * b * h, 1.0);
   loom_plan_free(p);
   /* Under ZeRO-1, the distributed optimizer: the master weights and the moments are both 1/dp. */
   spec.zero_stage = 1;
@@ -508,13 +554,11 @@ START_TEST(estimates_follow_megatron) {
   spec.precision = LOOM__PRECISION__PRECISION_FP32;
   p = build(&spec);
   const Loom__StageEstimate *y = p->estimates->stages[0];
-  ck_assert_double_eq_tol((double)y->activations, 2.0 * spec.model.layers * s * b * h * 34.0, 2.0);
   ck_assert_double_eq_tol((double)(y->weights + y->grads + y->optimizer), 16.0 * n, 4.0);
   ck_assert_int_eq(y->master_weights, 0);
   loom_plan_free(p);
   /* ZeRO-2 shards the grads too, ZeRO-3 the weights too (an fp32 master of this replica's pieces, nothing
    * whole); what crosses in transit is apart, and the run's per-chunk cost is their sum. */
-  const loom_stage_range whole = {0, spec.model.layers, true, true};
   for (int zero = 2; zero <= 3; zero++)
     for (int bf16 = 0; bf16 <= 1; bf16++) {
       spec.zero_stage = zero;
@@ -527,8 +571,6 @@ START_TEST(estimates_follow_megatron) {
       ck_assert_double_eq_tol((double)x->master_weights, bf16 || zero == 3 ? 4.0 * n / 4 : 0.0, 1.0);
       ck_assert_msg(x->zero_transient > 0 && x->zero_transient < 4.0 * n, "ZeRO-%d transient %lld of %g", zero,
                     (long long)x->zero_transient, n);
-      ck_assert_double_eq_tol(loom_plan_state_bytes(p, &whole),
-                              (double)(x->weights + x->master_weights + x->grads + x->optimizer_zero1 + x->zero_transient), 8.0);
       loom_plan_free(p);
     }
 }
@@ -794,7 +836,7 @@ START_TEST(undefined_enums_are_refused) {
   ck_assert_int_eq((int)p->schedule, 9);
   char lines[1024];
   ck_assert_int_ge(loom_plan_validate(p, &(loom_plan_limits){.world = 8}, lines, sizeof lines), 1);
-  ck_assert_msg(strstr(lines, "schedule kind 9 is not one this loom knows"), "%s", lines);
+  ck_assert_msg(strstr(lines, "schedule = 9: not a schedule kind this loom knows"), "%s", lines);
   loom_plan_free(p);
 }
 END_TEST
@@ -823,6 +865,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, fit_world_lowers_dp);
   tcase_add_test(tc, balancing_and_counts);
   tcase_add_test(tc, estimates_follow_megatron);
+  tcase_add_test(tc, activations_cross_check_megatron);
   tcase_add_test(tc, in_flight_is_the_verifiers_peak);
   tcase_add_test(tc, loader_survives_allocation_failure);
   tcase_add_test(tc, fault_specs_are_checked);

@@ -18,6 +18,8 @@
 #include "comm/mpi/comm_mpi.h"
 #include "core/fault.h"
 #include "data/addition.h"
+#include "sim/cost.h"
+#include "sim/profile.h"
 #include "test_util.h"
 
 static loom_comm *g_world;
@@ -148,6 +150,37 @@ static void expect_sharded(const loom_trainer *tr) {
            g_dp, h.weights, h.grads, h.optimizer, h.transient, full);
 }
 
+/* The tensor memory this rank's allocator counted at its peak is the
+ * memory model's estimate (plan/memory.h) within 1%. The residue is what
+ * the model leaves out: the communicator's few bytes of scratch in the
+ * backend's memory. */
+static void expect_memory_as_modelled(const loom_trainer *tr) {
+  const loom_memory model = loom_trainer_memory(tr);
+  const double estimate = loom_memory_total(&model), peak = loom_trainer_tensor_peak(tr);
+  ck_assert_msg(peak > 0 && fabs(estimate - peak) <= 0.01 * peak, "rank %d (pp rank %d): the allocator counted a peak of %.0f "
+                "bytes, the memory model estimated %.0f (%+.3f%%)", g_world->rank, tr->ps.pp_rank, peak, estimate,
+                100.0 * (estimate - peak) / peak);
+  if (getenv("LOOM_TEST_MEMORY"))
+    printf("memory rank %d: peak %.0f estimate %.0f (%+.4f%%)\n", g_world->rank, peak, estimate, 100.0 * (estimate - peak) / peak);
+}
+
+/* The bytes this rank's pipeline messages carried to other ranks over
+ * `steps` steps are what `loom sim` costs them at (both from one
+ * function, loom_gpt_boundary_bytes), in fp32 and bf16 runs alike. */
+static void expect_p2p_as_simulated(const loom_trainer *tr, int steps) {
+  loom_profile *prof;
+  loom_error err = {0};
+  ck_assert_msg(loom_profile_load("h100-sxm", &prof, &err) == LOOM_OK, "%s", err.msg);
+  loom_sim_costs c;
+  loom_sim_costs_build(tr->plan, prof, &c);
+  const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)tr->pipe.p2p.bytes_sent;
+  loom_sim_costs_free(&c);
+  loom_profile_free(prof);
+  ck_assert_msg(sent == simulated, "rank %d: pipeline messages carried %.0f bytes, the sim counts %.0f", g_world->rank, sent,
+                simulated);
+  if (tr->ps.pp > 1) ck_assert_double_gt(sent, 0.0);
+}
+
 /* Trains a case through the runtime, as `loom train` would; the caller frees
  * tr, then *plan. */
 static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, loom_plan **plan_out, loom_dataset *data) {
@@ -159,6 +192,8 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
+  expect_memory_as_modelled(tr);
+  expect_p2p_as_simulated(tr, STEPS);
 }
 
 /* Chunk c's fp32 weights, gathered from the replicas' pieces where ZeRO keeps no whole copy; free them. */
@@ -215,7 +250,7 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
    * states as many as the backwards waiting at once, never more than the
    * micro-batches in flight: with few of those recompute can save nothing. */
   if (loom_schedule_kind_splits_backward(kind))
-    ck_assert(tr.pipe.wstates.n > 0 && tr.pipe.wstates.n <= tr.pipe.slots.n);
+    ck_assert(tr.pipe.wstates.most > 0 && tr.pipe.wstates.most <= tr.pipe.slots.most);
   loom_trainer_free(&tr);
   loom_plan_free(plan);
   loom_dataset_free(data);
@@ -260,6 +295,8 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
                   "bf16 tp %d pp %d dp %d%s: step %d loss %g vs serial %g", g_tp, g_pp, g_dp,
                   bf16_reduce ? " (bf16 reduction)" : "", s + 1, (double)got, (double)want);
   }
+  expect_memory_as_modelled(&tr); /* the serial run's memory, held throughout, is under the baseline */
+  expect_p2p_as_simulated(&tr, STEPS);
   loom_gpt *whole = &serial.pipe.chunks[0];
   for (int c = 0; c < tr.pipe.v; c++) {
     loom_gpt_params *p = &tr.pipe.chunks[c].p;

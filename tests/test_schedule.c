@@ -38,36 +38,54 @@ START_TEST(every_schedule_verifies) {
 END_TEST
 
 /* The counts read off a shape one rank at a time, never stored, are the
- * built schedule's: its verifier's peak_live and its chunks' deferred peaks. */
+ * built schedule's events' peaks: its verifier's peak_live, each chunk's
+ * slots and deferred weight passes; its send buffers stay within the bound
+ * the counted way gives. */
 START_TEST(counted_shapes_match_built_schedules) {
   const loom_schedule_kind kinds[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_INTERLEAVED,
                                       LOOM_SCHEDULE_ZB_H1, LOOM_SCHEDULE_ZB_V, LOOM_SCHEDULE_FORWARD_ONLY};
   int compared = 0;
   for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
-    for (int p = 1; p <= 5; p++)
-      for (int m = 1; m <= 12; m++) {
-        const int v = kinds[k] == LOOM_SCHEDULE_INTERLEAVED || kinds[k] == LOOM_SCHEDULE_ZB_V ? 2 : 1;
-        loom_schedule s;
-        loom_error err = {0};
-        if (loom_schedule_build(&s, kinds[k], p, v, m, &err) != LOOM_OK) continue; /* interleaved needs m % p == 0 */
-        int live[5], deferred[10];
-        ck_assert_msg(loom_schedule_shape_peaks(kinds[k], p, v, m, live, deferred, &err) == LOOM_OK, "%s", err.msg);
-        loom_schedule_report rep;
-        ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
-        for (int r = 0; r < p; r++) {
-          ck_assert_int_eq(live[r], rep.peak_live[r]);
-          if (kinds[k] == LOOM_SCHEDULE_1F1B) ck_assert_int_eq(live[r], p - r < m ? p - r : m);
-          for (int c = 0; c < v; c++) ck_assert_int_eq(deferred[r * v + c], loom_schedule_rank_peaks(&s, r, c).deferred);
-          compared++;
+    for (int p = 1; p <= 6; p++)
+      for (int v = 1; v <= 3; v++)
+        for (int m = 1; m <= 14; m++) {
+          loom_schedule s;
+          loom_error err = {0};
+          if (loom_schedule_build(&s, kinds[k], p, v, m, &err) != LOOM_OK) continue; /* a shape the kind refuses */
+          int live[6], slots[18], deferred[18], sends[6], built_live[6], built_slots[18], built_deferred[18], built_sends[6];
+          ck_assert_msg(loom_schedule_counted_peaks(kinds[k], p, v, m, live, slots, deferred, sends, &err) == LOOM_OK, "%s", err.msg);
+          ck_assert_int_eq(loom_schedule_shape_peaks(kinds[k], p, v, m, built_live, built_slots, built_deferred, built_sends, &err),
+                           LOOM_OK);
+          loom_schedule_report rep;
+          ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+          int held = 0; /* send buffers over the ranks */
+          for (int r = 0; r < p; r++) {
+            ck_assert_int_eq(live[r], rep.peak_live[r]);
+            ck_assert_int_eq(built_live[r], rep.peak_live[r]);
+            if (kinds[k] == LOOM_SCHEDULE_1F1B) ck_assert_int_eq(live[r], p - r < m ? p - r : m);
+            const loom_schedule_peaks all = loom_schedule_rank_peaks(&s, r, -1);
+            held += all.sends;
+            ck_assert_int_eq(built_sends[r], all.sends);
+            ck_assert_msg(all.sends <= sends[r], "%s p %d v %d m %d rank %d: %d send buffers over the bound %d",
+                          loom_schedule_kind_name(kinds[k]), p, v, m, r, all.sends, sends[r]);
+            for (int c = 0; c < v; c++) {
+              const loom_schedule_peaks one = loom_schedule_rank_peaks(&s, r, c);
+              ck_assert_int_eq(slots[r * v + c], one.live);
+              ck_assert_int_eq(deferred[r * v + c], one.deferred);
+              ck_assert_int_eq(built_slots[r * v + c], one.live);
+              ck_assert_int_eq(built_deferred[r * v + c], one.deferred);
+            }
+            compared++;
+          }
+          ck_assert_int_eq(held > 0, p > 1 || v > 1); /* a schedule of more than one stage sends */
+          loom_schedule_report_free(&rep);
+          loom_schedule_free(&s);
         }
-        loom_schedule_report_free(&rep);
-        loom_schedule_free(&s);
-      }
-  ck_assert_int_gt(compared, 500);
+  ck_assert_int_gt(compared, 2000);
   loom_error err = {0};
-  int live[2], deferred[2];
-  ck_assert_int_eq(loom_schedule_shape_peaks(LOOM_SCHEDULE_ZB_V, 2, 1, 4, live, deferred, &err), LOOM_ERR_USAGE);
-  ck_assert_str_eq(err.msg, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 1");
+  int live[2], slots[2], deferred[2], sends[2];
+  ck_assert_int_eq(loom_schedule_shape_peaks(LOOM_SCHEDULE_ZB_V, 2, 1, 4, live, slots, deferred, sends, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "parallel.virtual_chunks = 1: schedule = zb_v runs two chunks per rank (a V); set parallel.virtual_chunks = 2");
 }
 END_TEST
 
@@ -79,14 +97,14 @@ static void expect_refused(loom_schedule_kind kind, int p, int v, int m, const c
 }
 
 START_TEST(bad_requests_are_refused) {
-  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 2, 6, "--micro-batches 6 is not a multiple of --pp 4; the interleaved "
+  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 2, 6, "micro-batches = 6: not a multiple of parallel.pp (4); the interleaved "
                                                      "schedule moves micro-batches through the chunks in groups of pp");
-  expect_refused(LOOM_SCHEDULE_1F1B, 4, 1, 0, "--micro-batches must be at least 1 (got 0)");
-  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 0, 8, "--vpp must be at least 1 (got 0)");
-  expect_refused(LOOM_SCHEDULE_1F1B, 4, 2, 8, "--vpp 2 needs --schedule interleaved or zb_v; 1f1b runs one chunk per rank");
-  expect_refused(LOOM_SCHEDULE_ZB_H1, 4, 2, 8, "--vpp 2 needs --schedule interleaved or zb_v; zb_h1 runs one chunk per rank");
-  expect_refused(LOOM_SCHEDULE_ZB_V, 4, 3, 8, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not 3");
-  expect_refused(LOOM_SCHEDULE_GPIPE, 0, 1, 8, "--pp must be at least 1 (got 0)");
+  expect_refused(LOOM_SCHEDULE_1F1B, 4, 1, 0, "micro-batches = 0: a step needs at least 1");
+  expect_refused(LOOM_SCHEDULE_INTERLEAVED, 4, 0, 8, "parallel.virtual_chunks = 0: must be at least 1");
+  expect_refused(LOOM_SCHEDULE_1F1B, 4, 2, 8, "parallel.virtual_chunks = 2: needs schedule = interleaved (or zb_v with 2); 1f1b runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_ZB_H1, 4, 2, 8, "parallel.virtual_chunks = 2: needs schedule = interleaved (or zb_v with 2); zb_h1 runs one chunk per rank");
+  expect_refused(LOOM_SCHEDULE_ZB_V, 4, 3, 8, "parallel.virtual_chunks = 3: schedule = zb_v runs two chunks per rank (a V); set parallel.virtual_chunks = 2");
+  expect_refused(LOOM_SCHEDULE_GPIPE, 0, 1, 8, "parallel.pp = 0: must be at least 1");
 }
 END_TEST
 
@@ -216,6 +234,60 @@ START_TEST(broken_split_backward_is_caught) {
 }
 END_TEST
 
+/* Drops event e of rank r, as a schedule whose generator forgot it. */
+static void drop_event(loom_schedule *s, int r, int e) {
+  const int n = s->event_at[r][s->count[r]];
+  memmove(&s->events[r][e], &s->events[r][e + 1], (size_t)(n - e - 1) * sizeof s->events[r][0]);
+  for (int i = 0; i <= s->count[r]; i++)
+    if (s->event_at[r][i] > e) s->event_at[r][i]--;
+}
+
+/* The event of rank r's action i of this kind and direction, or -1. */
+static int event_of(const loom_schedule *s, int r, int i, loom_buffer_kind kind, bool acquire) {
+  for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++)
+    if (s->events[r][e].kind == kind && s->events[r][e].acquire == acquire) return e;
+  return -1;
+}
+
+/* The verifier holds the buffer events to the actions: a slot never given back, a slot used before it is taken
+ * and a send with no buffer are each refused, naming the action. */
+START_TEST(broken_buffer_events_are_caught) {
+  loom_schedule s;
+  loom_schedule_report rep;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_OK);
+  ck_assert_int_eq(rep.peak_live[1], 1);
+  loom_schedule_report_free(&rep);
+  /* Rank 1's slot of micro-batch 2 never given back. */
+  const int release = event_of(&s, 1, find(&s, 1, LOOM_ACT_SEND_GRAD, 2), LOOM_BUFFER_SLOT, false);
+  ck_assert_int_ge(release, 0);
+  drop_event(&s, 1, release);
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 1 still holds the activation slot of micro-batch 2 chunk 0 at the step's end");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+  /* Actions holding a slot the events do not: micro-batch 1's recv lands in a slot not yet taken. */
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
+  const int recv = find(&s, 1, LOOM_ACT_RECV_ACT, 1);
+  drop_event(&s, 1, event_of(&s, 1, recv, LOOM_BUFFER_SLOT, true));
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 1: recv activation of micro-batch 1 chunk 0 from rank 0 uses the activation slot of "
+                            "micro-batch 1 chunk 0, which its buffer events do not hold");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+  /* A send with no buffer taken. */
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
+  const int send = find(&s, 0, LOOM_ACT_SEND_ACT, 3);
+  drop_event(&s, 0, event_of(&s, 0, send, LOOM_BUFFER_SEND, true));
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, "rank 0: send activation of micro-batch 3 chunk 0 to rank 1 uses the send buffer of "
+                            "micro-batch 3 chunk 0, which its buffer events do not hold");
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+}
+END_TEST
+
 /* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
 START_TEST(one_f_one_b_warmup) {
   loom_schedule s;
@@ -243,6 +315,7 @@ int main(void) {
   tcase_add_test(tc, zero_bubble_schedules_verify);
   tcase_add_test(tc, v_shape_layout);
   tcase_add_test(tc, broken_split_backward_is_caught);
+  tcase_add_test(tc, broken_buffer_events_are_caught);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

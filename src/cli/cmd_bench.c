@@ -53,7 +53,10 @@ static double time_steps(const loom_plan *plan, const bench_flags *f, loom_comm 
   loom_trainer tr;
   *st = loom_trainer_init(&tr, world, plan, f->ops, &data, &o, err);
   const double best = *st == LOOM_OK ? loom_train_best_step(&tr, f->steps) : 0.0;
-  if (*st == LOOM_OK && estimate) *estimate = loom_trainer_memory_estimate(&tr, NULL);
+  if (*st == LOOM_OK && estimate) {
+    const loom_memory mem = loom_trainer_memory(&tr);
+    *estimate = loom_memory_total(&mem);
+  }
   loom_trainer_free(&tr);
   return best;
 }
@@ -206,7 +209,7 @@ static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err)
     loom_plan_free(plan);
     if (st != LOOM_OK) return st;
     /* Lengths run shortest first, so the allocator's peak so far is this length's. */
-    const double used = (double)f->ops->mem->peak_bytes(f->ops->mem), gib = 1073741824.0;
+    const double used = (double)f->ops->mem->counts(f->ops->mem).peak, gib = 1073741824.0;
     printf("seq %4d: step %8.1f ms | model %7.1f TFLOP/s | MFU %5.1f%% of bf16 peak | %5.1f%% of measured bf16 GEMM"
            " | memory peak %.2f GiB, plan's estimate %.2f GiB (%+.1f%%)\n",
            seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm, used / gib,

@@ -9,6 +9,7 @@
 #include "cli/sim_cli.h"
 #include "core/check.h"
 #include "core/log.h"
+#include "plan/memory.h"
 #include "plan/plan.h"
 
 /* ---- new ---- */
@@ -129,6 +130,19 @@ static void show(const loom_plan *p) {
          "adam z: Adam sharded by ZeRO over dp %d; transit: ZeRO's slices, and under ZeRO-2/3 the gathered weights and "
          "grads of the layers in flight; rc: with full recompute; B->W: what zero-bubble backwards keep from B to W; "
          "cmp: compression's error feedback and factors or messages)\n", l->dp);
+  printf("\nper pipeline rank, all its chunks (the memory model: what `loom train` allocates and reports, and what "
+         "--device-memory checks):\n");
+  for (int q = 0; q < l->pp; q++) {
+    const loom_memory mem = loom_plan_rank_memory(p, q);
+    printf("  pp_rank %-4d %9.2f", q, gib((int64_t)loom_memory_total(&mem)));
+    const char *sep = " =";
+    for (int k = 0; k < LOOM_MEM_KINDS; k++) {
+      if (mem.bytes[k] <= 0) continue;
+      printf("%s %s %.2f", sep, loom_memory_kind_name((loom_memory_kind)k), gib((int64_t)mem.bytes[k]));
+      sep = " +";
+    }
+    printf("\n");
+  }
 }
 
 static int plan_show(int argc, char **argv) {

@@ -2,6 +2,7 @@
  * as a rank x time grid, with its peak activations and bubble. */
 #include <string.h>
 #include "cli/commands.h"
+#include "cli/plan_flags.h"
 #include "schedule/render.h"
 #include "schedule/verify.h"
 
@@ -35,10 +36,12 @@ int loom_cmd_schedule(int argc, char **argv) {
   int p = 4, v = 1, m = 8;
   const char *kind_name = "1f1b";
   loom_flag table[] = {
-      {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, NULL},
-      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved; zb_v: 2, its default)", 1, 64, NULL, false, NULL},
-      {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, NULL},
-      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, NULL},
+      {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, "parallel.pp"},
+      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved; zb_v: 2, its default)", 1, 64, NULL, false,
+       "parallel.virtual_chunks"},
+      {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, "micro-batches"},
+      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false,
+       "schedule"},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {0};
@@ -53,5 +56,10 @@ int loom_cmd_schedule(int argc, char **argv) {
   loom_schedule_kind_parse(kind_name, &kind); /* the flag's choices guarantee a known kind */
   if (kind == LOOM_SCHEDULE_ZB_V && !loom_flags_find(table, n, "--vpp")->set) v = 2; /* a V's two chunks */
   if (st == LOOM_OK) st = show(kind, p, v, m, &err);
+  if (st != LOOM_OK) { /* the schedule's rules name the plan's fields: say this command's flags */
+    char named[sizeof err.msg];
+    loom_flags_name_fields(table, n, err.msg, named, sizeof named);
+    snprintf(err.msg, sizeof err.msg, "%s", named);
+  }
   return loom_report(st, &err);
 }

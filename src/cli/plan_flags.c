@@ -137,13 +137,13 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
 
 static bool word_char(char c) { return isalnum((unsigned char)c) || c == '_' || c == '.'; }
 
-void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap) {
+void loom_flags_name_fields(const loom_flag *table, int count, const char *in, char *out, size_t cap) {
   size_t used = 0;
   for (const char *p = in; *p && used + 1 < cap;) {
     const loom_flag *hit = NULL;
     size_t len = 0;
     if (p == in || !word_char(p[-1]))
-      for (int k = 0; k < LOOM_PLAN_FLAG_COUNT; k++) {
+      for (int k = 0; k < count; k++) {
         const char *field = table[k].field;
         const size_t n = field ? strlen(field) : 0;
         /* A dotted field anywhere; a bare one ("schedule") only as "schedule = x". */
@@ -160,6 +160,10 @@ void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *o
     if (used >= cap) used = cap - 1;
   }
   out[used] = '\0';
+}
+
+void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap) {
+  loom_flags_name_fields(table, LOOM_PLAN_FLAG_COUNT, in, out, cap);
 }
 
 loom_status loom_plan_flags_refuse(const char *cmd, const loom_plan *plan, const loom_plan_limits *limits,

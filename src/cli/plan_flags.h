@@ -33,6 +33,8 @@ loom_status loom_plan_flags_or_file(const char *cmd, const char *file, const loo
 /* Copies a rule message, naming each plan field by its flag: "model.heads = 6"
  * becomes "--heads 6", "parallel.tp (4)" becomes "--tp (4)". */
 void loom_plan_flags_name_fields(const loom_flag *table, const char *in, char *out, size_t cap);
+/* The same over any table of count flags, each naming its field. */
+void loom_flags_name_fields(const loom_flag *table, int count, const char *in, char *out, size_t cap);
 /* loom_plan_refuse as a command's refusal: the first problem, in flag names
  * when the plan came from flags (file NULL), else naming the plan file. */
 loom_status loom_plan_flags_refuse(const char *cmd, const loom_plan *plan, const loom_plan_limits *limits,

@@ -130,6 +130,13 @@ loom_block_cache_stats loom_block_cache_stats_of(loom_block_cache *c) {
   return s;
 }
 
+void loom_block_cache_reset_peaks(loom_block_cache *c) {
+  pthread_mutex_lock(&c->lock);
+  c->stats.peak_in_use = c->stats.in_use;
+  c->stats.peak_reserved = c->stats.reserved;
+  pthread_mutex_unlock(&c->lock);
+}
+
 void loom_block_cache_delete(loom_block_cache *c) {
   if (!c) return;
   for (size_t i = 0; i < c->count; i++) c->raw.release(c->raw.ctx, c->blocks[i].base);

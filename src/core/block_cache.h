@@ -48,6 +48,8 @@ bool loom_block_cache_owns(loom_block_cache *c, const void *p);
 /* Gives every cached (free) block back to the raw allocator. */
 void loom_block_cache_trim(loom_block_cache *c);
 loom_block_cache_stats loom_block_cache_stats_of(loom_block_cache *c);
+/* Sets both peaks to what is in use and reserved now. */
+void loom_block_cache_reset_peaks(loom_block_cache *c);
 /* Gives everything back, blocks still handed out included, and frees c. */
 void loom_block_cache_delete(loom_block_cache *c);
 

@@ -1,4 +1,6 @@
 /* Tensor specs and contiguous buffers of named views. */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
@@ -39,8 +41,33 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
   return t;
 }
 
-static void *host_zalloc(const loom_allocator *mem, size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
-static void host_release(const loom_allocator *mem, void *p) { free(p); }
+/* Host blocks carry their size in a header, so what is held is counted
+ * exactly; the header keeps malloc's 16-byte alignment. */
+enum { HOST_HEADER = 16 };
+static _Atomic size_t g_host_in_use, g_host_peak;
+
+static void *host_zalloc(const loom_allocator *mem, size_t bytes) {
+  if (bytes > SIZE_MAX - HOST_HEADER) return NULL;
+  char *block = calloc(bytes + HOST_HEADER, 1);
+  if (!block) return NULL;
+  memcpy(block, &bytes, sizeof bytes);
+  const size_t now = atomic_fetch_add(&g_host_in_use, bytes) + bytes;
+  size_t peak = atomic_load(&g_host_peak);
+  while (now > peak && !atomic_compare_exchange_weak(&g_host_peak, &peak, now)) {}
+  return block + HOST_HEADER;
+}
+static void host_release(const loom_allocator *mem, void *p) {
+  if (!p) return;
+  char *block = (char *)p - HOST_HEADER;
+  size_t bytes;
+  memcpy(&bytes, block, sizeof bytes);
+  atomic_fetch_sub(&g_host_in_use, bytes);
+  free(block);
+}
+static loom_memory_counts host_counts(const loom_allocator *mem) {
+  return (loom_memory_counts){atomic_load(&g_host_in_use), atomic_load(&g_host_peak)};
+}
+static void host_reset_peak(const loom_allocator *mem) { atomic_store(&g_host_peak, atomic_load(&g_host_in_use)); }
 static void host_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(dst, src, bytes);
 }
@@ -68,7 +95,9 @@ const loom_allocator loom_host_memory = {.name = "host",
                                          .fill32 = host_fill32,
                                          .to_host = host_copy,
                                          .from_host = host_copy,
-                                         .owns = host_owns};
+                                         .owns = host_owns,
+                                         .counts = host_counts,
+                                         .reset_peak = host_reset_peak};
 
 const loom_allocator *loom_allocator_host(void) { return &loom_host_memory; }
 

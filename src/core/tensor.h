@@ -50,6 +50,10 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
  * dereference (a GPU's, or the guarded CPU backend's) then works unchanged.
  * Sizes are in bytes; copy and copy_2d take this allocator's memory on both
  * sides and allow overlap (memmove semantics for copy). */
+typedef struct {
+  size_t in_use, peak;
+} loom_memory_counts;
+
 typedef struct loom_allocator {
   const char *name;
   loom_device device;
@@ -69,13 +73,15 @@ typedef struct loom_allocator {
   void (*from_host)(const struct loom_allocator *mem, void *dst, const void *host, size_t bytes);
   /* p points into memory this allocator handed out */
   bool (*owns)(const struct loom_allocator *mem, const void *p);
-  /* The most bytes it has had handed out at once, its backend's own work
-   * buffers included (a device's memory peak); NULL where the process's
-   * resident memory is the measure (host memory). */
-  size_t (*peak_bytes)(const struct loom_allocator *mem);
+  /* What it has handed out: bytes held now, and the most held at once
+   * since it started or since the last reset_peak (exact request sizes on
+   * the host; a caching allocator's rounded blocks on a device). The
+   * figure a run compares with its memory model (plan/memory.h). */
+  loom_memory_counts (*counts)(const struct loom_allocator *mem);
+  void (*reset_peak)(const struct loom_allocator *mem); /* peak := what is held now */
 } loom_allocator;
 
-/* Plain host memory (malloc): what the CPU and reference backends use. */
+/* Plain host memory (calloc, counted): what the CPU and reference backends use. */
 extern const loom_allocator loom_host_memory;
 const loom_allocator *loom_allocator_host(void);
 

@@ -310,7 +310,12 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
   const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
   const size_t wstate_bytes = weight_states ? loom_gpt_weight_state_bytes(cfg, T, B, tp, sequence_parallel, range, recompute) : 0;
   list_work(&l, &w, &v, &d);
-  return slot_bytes * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l);
+  const size_t tokens = 3 * (size_t)d.N * sizeof(int); /* the slot's tokens, targets and predictions */
+  return (slot_bytes + tokens) * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l);
+}
+
+size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
+  return (size_t)(sequence_parallel && tp > 1 ? T / tp : T) * (size_t)B * (size_t)cfg->hidden;
 }
 
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
@@ -778,13 +783,14 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
   loom_gpt_stage_backward(m, 0, batch, NULL, dloss);
 }
 
+void loom_gpt_sum_replicated_grad(const loom_gpt_params *p, const loom_tp *tp, int k, float *g, size_t n) {
+  if (tp && tp->sequence_parallel && p->meta[k].tp_replicated) loom_comm_allreduce(tp->group, g, n, LOOM_REDUCE_SUM);
+}
+
 void loom_gpt_sync_replicated_grads(loom_gpt *m) {
-  if (!m->tp.sequence_parallel || !m->p.grads.base) return; /* ZeRO-2/3 sum their grad pieces themselves */
-  for (int k = 0; k < m->p.grads.count; k++) {
-    if (!m->p.meta[k].tp_replicated) continue;
-    loom_comm_allreduce(m->tp.group, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]),
-                        LOOM_REDUCE_SUM);
-  }
+  if (!m->p.grads.base) return; /* ZeRO-2/3 sum their grad pieces themselves */
+  for (int k = 0; k < m->p.grads.count; k++)
+    loom_gpt_sum_replicated_grad(&m->p, &m->tp, k, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
 }
 
 void loom_gpt_zero_grad(loom_gpt *m) {

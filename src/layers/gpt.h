@@ -132,6 +132,15 @@ void loom_gpt_free(loom_gpt *m);
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);
 /* One slot of (T, B): for single-rank training and evaluation. */
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
+/* Values of one micro-batch's activation (or its grad) crossing a stage
+ * boundary, [T/tp under sequence parallelism, B, hidden]: the size of
+ * every pipeline message, for the executor, the memory model and the sim. */
+size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel);
+/* Bytes of one such message as the pipeline sends it: fp32 values, in
+ * every precision (the executor, the sim's p2p cost and its byte counts). */
+static inline double loom_gpt_boundary_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
+  return 4.0 * (double)loom_gpt_boundary_floats(cfg, T, B, tp, sequence_parallel);
+}
 /* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
@@ -172,6 +181,10 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
  * (norms, wpe, row-parallel biases) cover only its positions: sums them over
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
+/* The one rule behind it, for n values at g of tensor k's grad (a whole
+ * tensor, or a ZeRO piece of one): summed over tp's group when the tensor
+ * is TP-replicated under sequence parallelism, else left alone. */
+void loom_gpt_sum_replicated_grad(const loom_gpt_params *p, const loom_tp *tp, int k, float *g, size_t n);
 void loom_gpt_zero_grad(loom_gpt *m);
 /* Flat range [lo, hi) of local layers [l0, l1)'s tensors in the stage's
  * parameter buffers (params, grads and the bf16 copy share one layout). */

@@ -157,11 +157,12 @@ int loom_stage_range_parts(const loom_stage_range *r, loom_stage_range *edges, l
   return r->layer_end - r->layer_begin;
 }
 
-int loom_gpt_first_block_tensor(const loom_gpt_params *p) {
-  const loom_stage_range *r = &p->range;
-  const bool wte = r->first || (r->last && !p->cfg.untied);
-  return wte + (r->first && p->cfg.position == LOOM_POSITION_LEARNED);
+int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *r) {
+  const bool wte = r->first || (r->last && !cfg->untied);
+  return wte + (r->first && cfg->position == LOOM_POSITION_LEARNED);
 }
+
+int loom_gpt_first_block_tensor(const loom_gpt_params *p) { return loom_gpt_tensors_before_blocks(&p->cfg, &p->range); }
 
 /* Points w's views at tensors [k0, k1): at addr[k - k0], or (addr NULL) at views[k].data. */
 static void bind_range(const loom_gpt_params *p, int k0, int k1, float *const *addr, const loom_tensor *views,

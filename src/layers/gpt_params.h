@@ -113,6 +113,8 @@ typedef struct {
 int loom_gpt_block_tensors(const loom_gpt_config *cfg);
 /* Index in p's table of its first block tensor (the embedding's come first). */
 int loom_gpt_first_block_tensor(const loom_gpt_params *p);
+/* The same for any stage of cfg's model: the tensors its table lists before its blocks. */
+int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *range);
 /* Points the named views of w at the tensors [k0, k1) of p's table, tensor
  * k at addr[k - k0] (NULL: at nothing). Block views go to w->h[i], where i
  * counts the blocks from the first one of [k0, k1). */

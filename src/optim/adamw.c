@@ -25,19 +25,29 @@ void loom_adamw_free(loom_adamw *opt) {
 }
 
 double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp) {
-  return sqrt(loom_grad_sumsq(p, ops, tp, false));
+  return sqrt(loom_grad_sumsq(p, ops, tp, false, NULL));
 }
 
-double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared) {
-  double sums[2] = {0.0, 0.0}; /* [0] sharded, summed over the group; [1] replicated, the same everywhere */
-  for (int k = 0; k < p->grads.count; k++) {
-    const int part = loom_param_norm_part(&p->meta[k], p->tp_rank, p->tp_size);
-    if ((skip_shared && p->meta[k].shared) || part < 0) continue;
-    const loom_tensor *g = &p->grads.views[k];
-    sums[part] += ops->sumsq(ops, g->data, loom_tensor_numel(g));
+void loom_norm_sum_add(loom_norm_sum *s, const loom_gpt_params *p, int k, const float *g, size_t n, const loom_ops *ops) {
+  if (s->skip_shared && p->meta[k].shared) {
+    s->uncounted += ops->sumsq(ops, g, n);
+    return;
   }
-  if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
-  return sums[0] + sums[1];
+  const int part = loom_param_norm_part(&p->meta[k], p->tp_rank, p->tp_size);
+  if (part >= 0) s->sums[part] += ops->sumsq(ops, g, n);
+}
+
+double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp) {
+  if (tp) loom_comm_allreduce_typed(tp->group, &s->sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  return s->sums[0] + s->sums[1];
+}
+
+double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared, double *uncounted) {
+  loom_norm_sum s = {.skip_shared = skip_shared};
+  for (int k = 0; k < p->grads.count; k++)
+    loom_norm_sum_add(&s, p, k, p->grads.views[k].data, loom_tensor_numel(&p->grads.views[k]), ops);
+  if (uncounted) *uncounted = s.uncounted;
+  return loom_norm_sum_total(&s, tp);
 }
 
 float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm) {

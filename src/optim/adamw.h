@@ -26,10 +26,23 @@ void loom_adamw_free(loom_adamw *opt);
 /* Global L2 norm of all grads, each element counted once: shards are summed
  * over the TP group, TP-replicated tensors counted once (tp NULL: serial). */
 double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp);
-/* The squared norm behind it, for summing over pipeline stages; skip_shared
- * leaves out tensors shared with another stage (the last stage's copy of the
- * tied wte), so each element is still counted once. */
-double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared);
+/* The one rule for a grad norm's squared sum, fed piece by piece (whole
+ * tensors, or ZeRO's pieces of them): each piece enters the part
+ * loom_param_norm_part names for its tensor, and with skip_shared a tensor
+ * shared with another stage (the last stage's copy of the tied wte) enters
+ * `uncounted` instead, so each element is counted once while an inf or NaN
+ * in the copy is still seen. */
+typedef struct {
+  double sums[2];   /* [0] sharded over TP, summed over the group; [1] replicated, the same everywhere */
+  double uncounted; /* skipped shared copies */
+  bool skip_shared;
+} loom_norm_sum;
+void loom_norm_sum_add(loom_norm_sum *s, const loom_gpt_params *p, int k, const float *g, size_t n, const loom_ops *ops);
+/* The squared sum over this TP group (tp NULL: serial). */
+double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp);
+/* The squared norm of p's grads, for summing over pipeline stages, with
+ * skip_shared as above; *uncounted (if not NULL) gets the skipped copies'. */
+double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared, double *uncounted);
 /* The factor global-norm clipping multiplies the grads by: cfg's clip over
  * the norm when the norm exceeds it, else 1. */
 float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm);

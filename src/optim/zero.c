@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "layers/gpt.h"
 #include "optim/zero.h"
 
 static size_t round_of(const loom_zero *z) {
@@ -152,23 +153,13 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const l
     loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
     z->mem->copy(z->mem, (float *)p->grads.base + z->runs[0].lo, z->slice, (z->runs[0].hi - z->runs[0].lo) * sizeof(float));
   }
-  const bool sp_pieces = z->grad && tp && tp->sequence_parallel; /* each TP rank's pieces cover its positions only */
-  for (int i = 0; sp_pieces && i < z->nparts; i++)
-    if (p->meta[z->parts[i].k].tp_replicated)
-      loom_comm_allreduce(tp->group, grads_of(z, p, &z->parts[i]), z->parts[i].len, LOOM_REDUCE_SUM);
-  /* Squared norm of the pieces, each element once: shards over TP summed, replicas once. */
-  double sums[2] = {0.0, 0.0};
-  *uncounted = 0.0;
-  for (int i = 0; i < z->nparts; i++) {
-    const loom_zero_part *pt = &z->parts[i];
-    const int part = loom_param_norm_part(&p->meta[pt->k], p->tp_rank, p->tp_size);
-    if (part < 0) continue;
-    const double s = ops->sumsq(ops, grads_of(z, p, pt), pt->len);
-    if (skip_shared && p->meta[pt->k].shared) *uncounted += s;
-    else sums[part] += s;
-  }
-  if (tp) loom_comm_allreduce_typed(tp->group, &sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
-  double total = sums[0] + sums[1];
+  for (int i = 0; z->grad && i < z->nparts; i++) /* each TP rank's pieces cover its positions only */
+    loom_gpt_sum_replicated_grad(p, tp, z->parts[i].k, grads_of(z, p, &z->parts[i]), z->parts[i].len);
+  /* Squared norm of the pieces, each element once (loom_norm_sum's rule). */
+  loom_norm_sum s = {.skip_shared = skip_shared};
+  for (int i = 0; i < z->nparts; i++) loom_norm_sum_add(&s, p, z->parts[i].k, grads_of(z, p, &z->parts[i]), z->parts[i].len, ops);
+  *uncounted = s.uncounted;
+  double total = loom_norm_sum_total(&s, tp);
   loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return total;
 }

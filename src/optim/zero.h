@@ -30,11 +30,7 @@
 
 #include "comm/comm.h"
 #include "optim/adamw.h"
-
-/* Elements per replica of one round of a bucket's all-gather into the
- * model (ZeRO-2's after each step): bounds the staging to dp x 16 MiB,
- * however large a bucket (wte) is. */
-#define LOOM_ZERO_GATHER_ROUND ((size_t)1 << 22)
+#include "plan/memory.h" /* LOOM_ZERO_GATHER_ROUND: the memory model sizes what this allocates (loom_plan_zero_cut) */
 
 /* Flat elements [lo, hi) of a chunk whose state starts at `at` in a replica's arrays. */
 typedef struct {

@@ -6,16 +6,9 @@
 #include "core/fault.h"
 #include "core/timer.h"
 #include "pipeline/executor.h"
+#include "plan/memory.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
-
-/* Tags name the message by its destination stage, so both ends agree.
- * Between two ranks the destination's chunk fixes the stage, so the tag
- * needs only (micro-batch, chunk, kind): m x v x 2 of them, which the
- * plan's rules keep within MPI's guaranteed 32767. */
-static int tag_of(const loom_pipeline *pipe, int mb, int dst_stage, int grad) {
-  return (mb * pipe->v + dst_stage / pipe->ps->pp) * 2 + grad;
-}
 
 static int stage_of(const loom_pipeline *pipe, int chunk) { return loom_virtual_stage(&pipe->sched, pipe->ps->pp_rank, chunk); }
 /* The chunk of this rank holding stage `stage`, or -1. */
@@ -25,57 +18,7 @@ static int chunk_holding(const loom_pipeline *pipe, int stage) {
   return rank == pipe->ps->pp_rank ? chunk : -1;
 }
 static size_t act_floats(const loom_pipeline *pipe) {
-  return (size_t)loom_tp_local_rows(&pipe->tp, pipe->T) * pipe->B * pipe->chunks[0].p.cfg.hidden;
-}
-
-static void pool_init(loom_buffer_pool *pool, int v, int n, int stride) {
-  *pool = (loom_buffer_pool){.n = n, .stride = stride};
-  pool->of = loom_xmalloc((size_t)v * stride * sizeof(int), "buffer map");
-  pool->top = loom_xcalloc((size_t)v, sizeof(int), "free buffers");
-  pool->free = loom_xcalloc((size_t)v * (n > 0 ? n : 1), sizeof(int), "free buffers");
-}
-
-static void pool_free(loom_buffer_pool *pool) {
-  free(pool->of);
-  free(pool->top);
-  free(pool->free);
-  memset(pool, 0, sizeof *pool);
-}
-
-/* Room in the map for `stride` micro-batches per chunk (an evaluation may run more than a step's). */
-static void pool_widen(loom_buffer_pool *pool, int v, int stride) {
-  if (stride <= pool->stride) return;
-  free(pool->of);
-  pool->stride = stride;
-  pool->of = loom_xmalloc((size_t)v * stride * sizeof(int), "buffer map");
-}
-
-/* Every (chunk, micro-batch) entry of the map is cleared: it is stride
- * wide per chunk, which an evaluation of fewer micro-batches than a step's
- * does not fill. */
-static void pool_reset(loom_buffer_pool *pool, int v) {
-  for (int i = 0; i < v * pool->stride; i++) pool->of[i] = -1;
-  for (int c = 0; c < v; c++) {
-    pool->top[c] = pool->n;
-    for (int k = 0; k < pool->n; k++) pool->free[c * pool->n + k] = pool->n - 1 - k;
-  }
-}
-
-/* The buffer of (chunk c, mb), taken from the free stack on first use. */
-static int pool_take(loom_buffer_pool *pool, int c, int mb) {
-  int *at = &pool->of[c * pool->stride + mb];
-  if (*at >= 0) return *at;
-  LOOM_CHECK(pool->top[c] > 0, "the schedule holds more micro-batches than its peak");
-  *at = pool->free[c * pool->n + --pool->top[c]];
-  return *at;
-}
-
-static int pool_held(const loom_buffer_pool *pool, int c, int mb) { return pool->of[c * pool->stride + mb]; }
-
-static void pool_return(loom_buffer_pool *pool, int c, int mb) {
-  int *at = &pool->of[c * pool->stride + mb];
-  pool->free[c * pool->n + pool->top[c]++] = *at;
-  *at = -1;
+  return loom_gpt_boundary_floats(&pipe->chunks[0].p.cfg, pipe->T, pipe->B, pipe->tp.size, pipe->tp.sequence_parallel);
 }
 
 static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer);
@@ -103,29 +46,39 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   loom_status st = loom_plan_schedule(plan, &pipe->sched, err);
   if (st != LOOM_OK) return st;
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
-  int nslots = 0, nwstates = 0;
+  /* Each chunk's slots and weight-grad states, and the rank's send buffers, as the memory model counts them
+   * (plan/memory.h): at least what this schedule's events reach. */
+  int *nslots = loom_xcalloc((size_t)pipe->v, sizeof *nslots, "slot counts");
+  int *nwstates = loom_xcalloc((size_t)pipe->v, sizeof *nwstates, "weight-grad state counts");
+  int nsends;
+  loom_plan_rank_buffers(plan, ps->pp_rank, nslots, nwstates, &nsends);
   for (int c = 0; c < pipe->v; c++) {
     const loom_schedule_peaks peaks = loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, c);
-    nslots = peaks.live > nslots ? peaks.live : nslots;
-    nwstates = peaks.deferred > nwstates ? peaks.deferred : nwstates;
+    LOOM_CHECK(peaks.live <= nslots[c] && peaks.deferred <= nwstates[c], "the memory model holds the schedule's buffers");
   }
+  LOOM_CHECK(loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, -1).sends <= nsends, "the memory model holds the schedule's sends");
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
     st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp,
                              plan->parallel->zero_stage);
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
-    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots);
-    if (st == LOOM_OK && nwstates) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates);
+    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);
+    if (st == LOOM_OK && nwstates[c]) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates[c]);
     pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
-                                                          recompute, nslots, nwstates);
+                                                          recompute, nslots[c], nwstates[c]);
     pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
-                                                                            &range, false, nslots, nwstates);
+                                                                            &range, false, nslots[c], nwstates[c]);
   }
+  if (st == LOOM_OK) {
+    loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
+    loom_pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
+  }
+  free(nslots);
+  free(nwstates);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
-  pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
-  pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
   pipe->mem = ops->mem;
+  loom_p2p_init(&pipe->p2p, ps->pp_group, pipe->mem, act_floats(pipe), ps->pp, pipe->v, pipe->m, nsends);
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
@@ -167,11 +120,9 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->zero);
   for (int c = 0; pipe->chunks && c < pipe->v; c++) loom_gpt_free(&pipe->chunks[c]);
   free(pipe->chunks);
-  pool_free(&pipe->slots);
-  pool_free(&pipe->wstates);
-  for (int i = 0; i < pipe->nsend; i++) pipe->mem->release(pipe->mem, pipe->send_buf[i]);
-  free(pipe->send_buf);
-  free(pipe->send_req);
+  loom_pool_free(&pipe->slots);
+  loom_pool_free(&pipe->wstates);
+  loom_p2p_free(&pipe->p2p);
   if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
@@ -186,36 +137,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
   memset(pipe, 0, sizeof *pipe);
-}
-
-/* Sends a copy of data from a free send buffer: one whose send completed,
- * or a new one. Never waits, as the schedule's verifier assumes. */
-static void send_copy(loom_pipeline *pipe, const float *data, int peer, int tag) {
-  const size_t n = act_floats(pipe);
-  int k = -1;
-  for (int i = 0; i < pipe->nsend && k < 0; i++) {
-    if (pipe->send_req[i] && loom_comm_test(pipe->ps->pp_group, pipe->send_req[i])) pipe->send_req[i] = NULL;
-    if (!pipe->send_req[i]) k = i;
-  }
-  if (k < 0) {
-    k = pipe->nsend++;
-    pipe->send_buf = realloc(pipe->send_buf, (size_t)pipe->nsend * sizeof *pipe->send_buf);
-    pipe->send_req = realloc(pipe->send_req, (size_t)pipe->nsend * sizeof *pipe->send_req);
-    LOOM_CHECK(pipe->send_buf && pipe->send_req, "out of memory for send buffers");
-    pipe->send_buf[k] = loom_xzalloc(pipe->mem, n * sizeof(float), "send buffer");
-    pipe->send_req[k] = NULL;
-  }
-  pipe->mem->copy(pipe->mem, pipe->send_buf[k], data, n * sizeof(float));
-  pipe->send_req[k] = loom_comm_isend(pipe->ps->pp_group, pipe->send_buf[k], n, peer, tag);
-}
-
-/* At the step's end every peer has posted its recvs, so every send completes. */
-static void finish_sends(loom_pipeline *pipe) {
-  for (int i = 0; i < pipe->nsend; i++)
-    if (pipe->send_req[i]) {
-      loom_comm_wait(pipe->ps->pp_group, pipe->send_req[i]);
-      pipe->send_req[i] = NULL;
-    }
 }
 
 /* Sums the tied wte grads of stage 0 and stage S-1 so both copies step alike. */
@@ -360,7 +281,24 @@ static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, do
   e[4] = (float)(t1 * 1e6);
 }
 
-static bool split_backward(const loom_pipeline *pipe) { return loom_schedule_kind_splits_backward(pipe->sched.kind); }
+/* Takes (acquire) or gives back the buffers action i of schedule s names:
+ * the only places the executor's buffers change hands. */
+static void apply_events(loom_pipeline *pipe, const loom_schedule *s, int i, bool acquire) {
+  const int r = pipe->ps->pp_rank;
+  for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) {
+    const loom_buffer_event *x = &s->events[r][e];
+    if (x->acquire != acquire) continue;
+    loom_buffer_pool *pool = x->kind == LOOM_BUFFER_SLOT ? &pipe->slots : &pipe->wstates;
+    if (x->kind == LOOM_BUFFER_SEND) {
+      if (acquire) loom_p2p_acquire(&pipe->p2p, x->grad, x->chunk, x->mb);
+      else loom_p2p_release(&pipe->p2p, x->grad, x->chunk, x->mb);
+    } else if (acquire) {
+      loom_pool_take(pool, x->chunk, x->mb);
+    } else {
+      loom_pool_return(pool, x->chunk, x->mb);
+    }
+  }
+}
 
 /* What one run of an action list needs beyond the pipeline: the schedule,
  * whether it trains (dropout, grads, slots held until backward) and where
@@ -389,8 +327,9 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
   const int r = ps->pp_rank;
   const bool tracing = pipe->tracing && spec->train;
   run_totals out = {0};
-  pool_reset(&pipe->slots, pipe->v);
-  pool_reset(&pipe->wstates, pipe->v);
+  loom_pool_reset(&pipe->slots);
+  loom_pool_reset(&pipe->wstates);
+  loom_p2p_reset(&pipe->p2p);
   if (tracing) {
     pipe->trace_count = 0;
     loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
@@ -401,17 +340,18 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
     const double t0 = loom_now_s() - start;
     loom_gpt *m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL;
     const int stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1;
+    apply_events(pipe, sched, i, true);
     const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
                                   .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
                                   .train = spec->train};
     switch (a->kind) {
     case LOOM_ACT_RECV_ACT: {
-      const int slot = pool_take(&pipe->slots, a->chunk, a->mb);
-      loom_comm_recv(ps->pp_group, m->slots[slot].x0, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 0));
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
+      loom_p2p_recv(&pipe->p2p, false, a->mb, stage, m->slots[slot].x0, a->peer);
       break;
     }
     case LOOM_ACT_FORWARD: {
-      const int slot = pool_take(&pipe->slots, a->chunk, a->mb);
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
       const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
       const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
       if (m->p.range.last) {
@@ -429,44 +369,39 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
         loom_gpt_predict(m, pipe->pred);
         hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
       }
-      pool_return(&pipe->slots, a->chunk, a->mb);
       break;
     }
     case LOOM_ACT_SEND_ACT: {
-      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
-      send_copy(pipe, loom_gpt_stage_output(m, slot), a->peer, tag_of(pipe, a->mb, stage + 1, 0));
-      if (!spec->train) pool_return(&pipe->slots, a->chunk, a->mb);
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
+      loom_p2p_send(&pipe->p2p, false, a->chunk, a->mb, loom_gpt_stage_output(m, slot), a->peer, stage + 1);
       break;
     }
     case LOOM_ACT_RECV_GRAD:
-      loom_comm_recv(ps->pp_group, pipe->dout, act_floats(pipe), a->peer, tag_of(pipe, a->mb, stage, 1));
+      loom_p2p_recv(&pipe->p2p, true, a->mb, stage, pipe->dout, a->peer);
       break;
     case LOOM_ACT_BACKWARD:
     case LOOM_ACT_BACKWARD_WEIGHT: {
       /* Both end the micro-batch's backward on this chunk: under data
        * parallelism the chunk's grads are final after its last one. */
-      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
       pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe);
       if (a->kind == LOOM_ACT_BACKWARD) {
         loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       } else {
-        loom_gpt_stage_backward_weight(m, slot, pool_held(&pipe->wstates, a->chunk, a->mb), &batch);
-        pool_return(&pipe->wstates, a->chunk, a->mb);
+        loom_gpt_stage_backward_weight(m, slot, loom_pool_held(&pipe->wstates, a->chunk, a->mb), &batch);
       }
       pipe->final_backward = false;
-      if (stage == 0 || a->kind == LOOM_ACT_BACKWARD_WEIGHT) pool_return(&pipe->slots, a->chunk, a->mb); /* nothing left to send from it */
       break;
     }
     case LOOM_ACT_BACKWARD_INPUT: {
-      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
-      const int wstate = pool_take(&pipe->wstates, a->chunk, a->mb);
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
+      const int wstate = loom_pool_held(&pipe->wstates, a->chunk, a->mb);
       loom_gpt_stage_backward_input(m, slot, wstate, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       break;
     }
     case LOOM_ACT_SEND_GRAD: {
-      const int slot = pool_held(&pipe->slots, a->chunk, a->mb);
-      send_copy(pipe, m->slots[slot].dx0, a->peer, tag_of(pipe, a->mb, stage - 1, 1));
-      if (!split_backward(pipe)) pool_return(&pipe->slots, a->chunk, a->mb); /* else its weight half still needs it */
+      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
+      loom_p2p_send(&pipe->p2p, true, a->chunk, a->mb, m->slots[slot].dx0, a->peer, stage - 1);
       break;
     }
     case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
@@ -476,12 +411,12 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
       out.norm = hooks->optimizer_step(hooks->ctx, pipe);
       break;
     }
+    apply_events(pipe, sched, i, false);
     const double t1 = loom_now_s() - start;
     if (loom_action_computes(a)) out.compute += t1 - t0;
     else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) out.wait += t1 - t0;
     if (tracing) trace_event(pipe, a, t0, t1);
   }
-  finish_sends(pipe);
   return out;
 }
 
@@ -526,8 +461,9 @@ static loom_status eval_schedule(loom_pipeline *pipe, int batches, loom_error *e
     loom_schedule_report_free(&rep);
   }
   if (st == LOOM_OK) {
-    pool_widen(&pipe->slots, pipe->v, batches);
-    pool_widen(&pipe->wstates, pipe->v, batches);
+    loom_pool_widen(&pipe->slots, batches);
+    loom_pool_widen(&pipe->wstates, batches);
+    loom_p2p_reserve(&pipe->p2p, loom_schedule_rank_peaks(&pipe->eval_sched, pipe->ps->pp_rank, -1).sends, batches);
   }
   return st;
 }

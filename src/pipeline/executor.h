@@ -2,13 +2,11 @@
  *
  * A rank holds v model chunks (virtual stages r, p + r, ..., or a V's r and
  * 2p-1-r), each with its own parameters, optimizer state and activation
- * slots; a slot is taken when a micro-batch's forward starts and returned
- * when its backward ends, so memory follows the schedule's live count. A
- * split backward (zero-bubble schedules) also takes a weight-grad state at
- * its B and returns it at its W, as many as the schedule has W's waiting.
- * Activations and grads move between
- * neighbouring stages with non-blocking sends, whose buffers stay put until
- * the send completes; a recv waits where the schedule says. Grads accumulate
+ * slots. Slots, a split backward's weight-grad states and send buffers
+ * are taken and given back exactly where the schedule's buffer events say,
+ * and a rank holds as many of each as those events reach at their peak.
+ * Activations and grads move between neighbouring stages with non-blocking
+ * sends (pipeline/p2p.h); a recv waits where the schedule says. Grads accumulate
  * over micro-batches and the tied wte grads are summed over the first and
  * last stage. What data is and how parameters step are the caller's: it
  * passes them in as hooks (data and optimizers sit above this module). */
@@ -17,21 +15,14 @@
 
 #include "layers/gpt.h"
 #include "optim/grad_compress.h"
+#include "pipeline/buffer_pool.h"
+#include "pipeline/p2p.h"
 #include "pipeline/zero_runtime.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
 
 struct loom_pipeline;
-
-/* Buffers handed out per (chunk, micro-batch) and returned: activation
- * slots, or a split backward's weight-grad states. */
-typedef struct {
-  int n;           /* buffers per chunk */
-  int stride;      /* micro-batches the map has room for */
-  int *of;         /* [v * stride] buffer holding (chunk, mb), or -1 */
-  int *top, *free; /* per chunk stack of free buffers: [v], [v * n] */
-} loom_buffer_pool;
 
 /* The caller's side of a step. */
 typedef struct {
@@ -53,15 +44,10 @@ typedef struct loom_pipeline {
   int v, S, m, T, B;
   loom_gpt *chunks;       /* [v] */
   loom_schedule eval_sched; /* forward-only, built on the first evaluation */
-  loom_buffer_pool slots; /* activations: taken at a forward, returned when the backward ends */
+  /* The buffers the schedule's events hand out (schedule/schedule.h). */
+  loom_buffer_pool slots;   /* activations of a micro-batch on a chunk */
   loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */
-  /* Outgoing activations and grads are copied into send buffers, so a slot
-   * is never held by a send: with large messages MPI completes a send only
-   * once its recv is posted, and waiting for that before reusing a slot could
-   * stall the pipeline. Buffers are reused once their send completes. */
-  int nsend;
-  float **send_buf;       /* [nsend] */
-  loom_request **send_req; /* [nsend] in-flight send, or NULL when the buffer is free */
+  loom_p2p p2p;             /* transfers, and the send buffers */
   float *dout;            /* [n, h] received output grad */
   const loom_allocator *mem;  /* the backend's memory: slots, dout, send buffers */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */

@@ -25,5 +25,9 @@ loom_status loom_metrics_status(const loom_metrics *m, loom_error *err);
 void loom_metrics_begin(loom_metrics *m, int step);
 void loom_metrics_num(loom_metrics *m, const char *key, double value);
 void loom_metrics_end(loom_metrics *m);
+/* The run's last record, one line of its own: {"memory": {"rank": R,
+ * "estimate_bytes": E, "peak_bytes": P, "resident_peak_bytes": Q}}, the
+ * busiest rank's estimated and counted tensor memory and resident peak. */
+void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident);
 
 #endif

@@ -26,7 +26,7 @@ void loom_train_describe(const loom_trainer *tr) {
     loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
                   full / mib, (full - kept) / mib);
   else
-    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->slots.n);
+    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->slots.most);
   if (p->compress) {
     int64_t sent, whole;
     loom_pipeline_dp_words(p, &sent, &whole);
@@ -36,45 +36,38 @@ void loom_train_describe(const loom_trainer *tr) {
                   "bytes)", method, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
                   sent > 0 ? (double)whole / (double)sent : 0.0);
   }
-  const double unsharded = 4.0 * (double)loom_trainer_local_params(tr);
-  const loom_held_bytes h = loom_trainer_held_bytes(tr);
+  const loom_memory mem = loom_trainer_memory(tr);
+  const double *b = mem.bytes;
   char zero[32] = "without ZeRO";
   if (tr->zero) snprintf(zero, sizeof zero, "with ZeRO-%d over dp %d", tr->zero[0].stage, ps->dp);
+  const double unsharded = 4.0 * (double)loom_trainer_local_params(tr);
   loom_log_info("state on rank 0 %s: weights %.2f MiB, grads %.2f MiB, Adam %.2f MiB, in transit %.2f MiB (fp32 "
-                "weights whole: %.2f MiB)", zero, h.weights / mib, h.grads / mib, h.optimizer / mib, h.transient / mib,
-                unsharded / mib);
+                "weights whole: %.2f MiB); with activations and buffers %.2f MiB in all (loom plan show lists each kind)",
+                zero, (b[LOOM_MEM_WEIGHTS] + b[LOOM_MEM_MASTER]) / mib, b[LOOM_MEM_GRADS] / mib,
+                b[LOOM_MEM_OPTIMIZER] / mib, b[LOOM_MEM_ZERO_TRANSIENT] / mib, unsharded / mib, loom_memory_total(&mem) / mib);
 }
 
-/* Measured memory of the busiest rank against the plan's estimate of what
- * the run allocates (loom_trainer_memory_estimate). On the host, what the
- * process held before the run (MPI, BLAS, the program) is measured at the
- * start and set apart: the estimate is held to the growth over it. */
-static void report_memory(const loom_trainer *tr) {
-  const double params = (double)loom_trainer_local_params(tr);
-  double state;
-  const double estimate = loom_trainer_memory_estimate(tr, &state);
-  /* A device's allocator counts what it hands out: the figure itself. On
-   * the host, the process's resident growth over what it held at the start. */
-  const loom_allocator *mem = tr->pipe.chunks[0].ops->mem;
-  const bool device = mem->peak_bytes != NULL;
-  const double base = device ? 0.0 : (double)tr->baseline_rss;
-  const double peak = device ? (double)mem->peak_bytes(mem) : (double)loom_peak_rss_bytes();
-  const double mine[4] = {peak - base, estimate, peak, base};
+/* The busiest rank's tensor memory, the backend allocator's counted peak,
+ * beside the memory model's estimate of it; and apart from both, the
+ * process's resident peak, which holds what tensor memory leaves out. The
+ * metrics file gets the same as its last record. */
+static void report_memory(const loom_trainer *tr, loom_metrics *metrics) {
+  const loom_memory model = loom_trainer_memory(tr);
+  const double mine[3] = {loom_trainer_tensor_peak(tr), loom_memory_total(&model), (double)loom_peak_rss_bytes()};
   const int n = tr->ps.world;
-  double *all = loom_xmalloc((size_t)n * 4 * sizeof(double), "memory report");
-  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 4, LOOM_DTYPE_F64);
-  int busiest = 0; /* the rank that grew the most */
+  double *all = loom_xmalloc((size_t)n * 3 * sizeof(double), "memory report");
+  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 3, LOOM_DTYPE_F64);
+  int busiest = 0; /* the rank whose tensor memory peaked highest */
   for (int r = 1; r < n; r++)
-    if (all[4 * r] > all[4 * busiest]) busiest = r;
-  const double *b = all + 4 * busiest;
-  const double mib = 1048576.0, off = 100.0 * (b[1] - b[0]) / b[0];
-  if (device)
-    loom_log_info("memory: the busiest rank's %s allocator peaked at %.1f MiB; loom estimated %.1f MiB (%.1f B per "
-                  "parameter + activations), %+.1f%% off", mem->name, b[0] / mib, b[1] / mib, state / params, off);
-  else
-    loom_log_info("memory: the busiest rank grew by %.1f MiB over the %.1f MiB it held at the start (MPI, BLAS, the "
-                  "program), peak %.1f MiB; loom estimated the growth at %.1f MiB (%.1f B per parameter + activations), %+.1f%% off",
-                  b[0] / mib, b[3] / mib, b[2] / mib, b[1] / mib, state / params, off);
+    if (all[3 * r] > all[3 * busiest]) busiest = r;
+  const double *b = all + 3 * busiest, mib = 1048576.0;
+  const bool device = tr->mem->device != LOOM_DEVICE_CPU;
+  loom_log_info("memory: rank %d's tensor memory peaked at %.2f MiB (the %s allocator's count); loom estimated %.2f MiB, "
+                "%+.2f%% off; the process's resident peak %.1f MiB %s", busiest, b[0] / mib, tr->mem->name, b[1] / mib,
+                b[0] > 0 ? 100.0 * (b[1] - b[0]) / b[0] : 0.0, b[2] / mib,
+                device ? "is outside tensor memory (MPI, BLAS, the program)"
+                       : "holds it and what is outside tensor memory (MPI, BLAS, the program)");
+  loom_metrics_memory(metrics, busiest, b[1], b[0], b[2]);
   free(all);
 }
 
@@ -226,7 +219,7 @@ static bool stop_requested(const loom_trainer *tr, const loom_train_loop *loop) 
 }
 
 static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_error *err) {
-  report_memory(tr);
+  report_memory(tr, loop->metrics);
   if (!loop->trace) return LOOM_OK;
   double bubble;
   const loom_status st = loom_trace_write(&tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);

@@ -22,7 +22,10 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
   *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
                        .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch,
-                       .baseline_rss = loom_rss_bytes()};
+                       .baseline_rss = loom_rss_bytes(), .mem = ops->mem};
+  /* The run's tensor memory is counted from here: the allocator's peak over what it held before. */
+  ops->mem->reset_peak(ops->mem);
+  tr->baseline_tensor = ops->mem->counts(ops->mem).in_use;
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
@@ -83,9 +86,9 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
       uncounted += skipped;
       continue;
     }
-    sumsq += loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy);
-    for (int k = 0; tied_copy && k < m->p.grads.count; k++) /* not in the norm, but it steps too */
-      if (m->p.meta[k].shared) uncounted += m->ops->sumsq(m->ops, m->p.grads.views[k].data, loom_tensor_numel(&m->p.grads.views[k]));
+    double skipped; /* the tied copy: not in the norm, but it steps too */
+    sumsq += loom_grad_sumsq(&m->p, m->ops, &m->tp, tied_copy, &skipped);
+    uncounted += skipped;
   }
   double total = sumsq;
   loom_comm_allreduce_typed(pipe->ps->pp_group, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
@@ -164,14 +167,10 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   return st;
 }
 
-double loom_trainer_memory_estimate(const loom_trainer *tr, double *state) {
-  double held = 0.0;
-  for (int c = 0; c < tr->pipe.v; c++) {
-    const loom_stage_range *range = &tr->pipe.chunks[c].p.range;
-    held += loom_plan_state_bytes(tr->plan, range) + loom_plan_compression_cost(tr->plan, range).state_bytes;
-  }
-  if (state) *state = held;
-  return held + (double)tr->pipe.act_bytes;
+loom_memory loom_trainer_memory(const loom_trainer *tr) { return loom_plan_rank_memory(tr->plan, tr->ps.pp_rank); }
+
+double loom_trainer_tensor_peak(const loom_trainer *tr) {
+  return (double)tr->mem->counts(tr->mem).peak - (double)tr->baseline_tensor;
 }
 
 size_t loom_trainer_local_params(const loom_trainer *tr) {

@@ -16,6 +16,7 @@
 #include "optim/lr_schedule.h"
 #include "optim/zero.h"
 #include "pipeline/executor.h"
+#include "plan/memory.h"
 
 /* What a run needs beyond its plan. */
 typedef struct {
@@ -36,6 +37,8 @@ typedef struct {
   loom_lr_schedule lr;
   int T, micro_batch, global_batch;
   size_t baseline_rss; /* resident bytes before the run allocated anything: the process, MPI, BLAS */
+  const loom_allocator *mem; /* the backend's memory, counted */
+  size_t baseline_tensor;    /* bytes it held before the run */
   /* what the pipeline hooks read */
   loom_split split;
   int64_t first_sample;
@@ -75,11 +78,11 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
                               loom_error *err);
 /* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
-/* What the plan says this rank allocates, in bytes: weights, grads, Adam
- * state and ZeRO's buffers in transit (loom_plan_state_bytes, by precision
- * and ZeRO stage), gradient compression's state and the activation and
- * scratch buffers of this layout; *state (if not NULL) gets the part without activations. */
-double loom_trainer_memory_estimate(const loom_trainer *tr, double *state);
+/* The tensor memory this rank allocates by the memory model (plan/memory.h). */
+loom_memory loom_trainer_memory(const loom_trainer *tr);
+/* The most tensor memory this rank has held at once since loom_trainer_init
+ * began, over what its allocator held before: the backend allocator's count. */
+double loom_trainer_tensor_peak(const loom_trainer *tr);
 /* Bytes this rank holds for its chunks' parameters, read off what it allocated. */
 typedef struct {
   double weights;   /* the model's fp32 and bf16 weights, and ZeRO's master pieces */

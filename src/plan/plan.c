@@ -7,8 +7,8 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
-#include "optim/zero.h"
 #include "plan/grad_compression.h"
+#include "plan/memory.h"
 #include "plan/plan.h"
 #include "schedule/verify.h"
 
@@ -272,82 +272,13 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
   return bytes;
 }
 
-/* Micro-batches (chunk-micro-batches when interleaved) each pipeline rank
- * keeps live at once, read off each rank's order in the schedule the
- * executor runs (the verifier's peak_live), into out[pp], and the weight
- * passes each chunk defers into deferred[pp * vpp] (all 0 if the schedule
- * cannot be built). The counts depend on the schedule's shape alone (kind,
- * pp, vpp, micro-batches), and a plan search asks for the same shape under
- * many tp, sp, ZeRO and recompute choices: the last shapes counted are
- * kept, each counted once (a shape of 12,288 micro-batches on 96 ranks is 7
- * million actions). */
-typedef struct {
-  int kind, pp, vpp, m; /* pp 0: an empty slot */
-  int *out, *deferred;  /* [pp], [pp * vpp] */
-} in_flight_memo;
-/* An open-addressed table of shapes, emptied whenever it holds more than
- * MEMO_MAX_COUNTS counts (64 MiB), so a long search stays bounded. */
-enum { MEMO_SLOTS = 1 << 13, MEMO_MAX_COUNTS = 1 << 24 };
-static in_flight_memo g_memo[MEMO_SLOTS];
-static int g_memo_shapes;
-static int64_t g_memo_counts;
-
-static in_flight_memo *memo_slot(int kind, int pp, int vpp, int m) {
-  uint64_t h = ((uint64_t)(unsigned)kind * 0x9E3779B97F4A7C15u) ^ ((uint64_t)(unsigned)pp << 40) ^
-               ((uint64_t)(unsigned)vpp << 32) ^ (uint64_t)(unsigned)m;
-  h *= 0xBF58476D1CE4E5B9u;
-  for (uint64_t i = h >> 51;; i = (i + 1) % MEMO_SLOTS) {
-    in_flight_memo *e = &g_memo[i];
-    if (!e->pp || (e->kind == kind && e->pp == pp && e->vpp == vpp && e->m == m)) return e;
-  }
-}
-
-static void memo_clear(void) {
-  for (int i = 0; i < MEMO_SLOTS; i++) {
-    free(g_memo[i].out);
-    free(g_memo[i].deferred);
-    g_memo[i] = (in_flight_memo){0};
-  }
-  g_memo_shapes = 0, g_memo_counts = 0;
-}
-
-static void in_flight(const loom_plan *p, int *out, int *deferred) {
-  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks, m = loom_plan_micro_batches(p);
-  const int kind = (int)p->schedule;
-  in_flight_memo *e = memo_slot(kind, pp, vpp, m);
-  if (e->pp) {
-    memcpy(out, e->out, (size_t)pp * sizeof *out);
-    memcpy(deferred, e->deferred, (size_t)pp * vpp * sizeof *deferred);
-    return;
-  }
-  loom_error err;
-  if (loom_schedule_shape_peaks(p->schedule, pp, vpp, m, out, deferred, &err) != LOOM_OK) {
-    memset(out, 0, (size_t)pp * sizeof *out);
-    memset(deferred, 0, (size_t)pp * vpp * sizeof *deferred);
-    return;
-  }
-  const int64_t counts = (int64_t)pp * (1 + vpp);
-  if (2 * (g_memo_shapes + 1) > MEMO_SLOTS || g_memo_counts + counts > MEMO_MAX_COUNTS) {
-    memo_clear();
-    e = memo_slot(kind, pp, vpp, m);
-  }
-  *e = (in_flight_memo){.kind = kind, .pp = pp, .vpp = vpp, .m = m,
-                        .out = loom_xmalloc((size_t)pp * sizeof *out, "schedule memo"),
-                        .deferred = loom_xmalloc((size_t)pp * vpp * sizeof *deferred, "schedule memo")};
-  memcpy(e->out, out, (size_t)pp * sizeof *out);
-  memcpy(e->deferred, deferred, (size_t)pp * vpp * sizeof *deferred);
-  g_memo_shapes++, g_memo_counts += counts;
-}
-
 void loom_plan_estimate(loom_plan *p) {
   if (p->estimates) loom__estimates__free_unpacked(p->estimates, NULL);
   p->estimates = loom_xmalloc(sizeof *p->estimates, "plan estimates");
   loom__estimates__init(p->estimates);
   Loom__Estimates *e = p->estimates;
-  const Loom__Model *m = p->model;
   const Loom__Parallel *l = p->parallel;
   const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
-  const double s = loom_plan_train_seq(p), b = p->batch->micro_batch, h = m->hidden;
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
   e->has_total_parameters = 1;
@@ -359,65 +290,43 @@ void loom_plan_estimate(loom_plan *p) {
   e->stages = loom_xcalloc(p->n_stages, sizeof *e->stages, "stage estimates");
   /* Sizes of a plan that breaks a rule mean nothing (the rules say why): zeros. */
   const bool sound = loom_plan_check_rules(p, 0, 0, NULL, 0) == 0;
-  int *flight = loom_xcalloc((size_t)(pp > 0 ? pp : 1), sizeof(int), "in flight");
-  int *deferred = loom_xcalloc((size_t)(sound ? pp * vpp : 1), sizeof(int), "deferred weight grads");
-  if (sound) in_flight(p, flight, deferred);
-  /* Megatron (Korthikanti et al.): bytes per layer in 16-bit, s*b*h*(34 + 5as/h) unsplit;
-   * with tensor parallelism s*b*h*(10 + 24/t + 5as/(h t)), and all of it /t under SP.
-   * The 5as/h term is the attention's softmax, its dropout mask and output,
-   * s x s per head: loom's attention keeps flash attention's contract (the
-   * output and a log-sum-exp per row, backend/ops.h), so it has none, as
-   * Megatron has none with flash attention. An fp32 run keeps each value in twice the bytes. */
-  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
-  const double value = bf16 ? 1.0 : 2.0; /* bytes of a value over 16-bit's */
-  const double per_layer = value * (l->sequence_parallel ? s * b * h * 34.0 / tp : s * b * h * (10.0 + 24.0 / tp));
-  const double per_layer_recompute = value * 2.0 * s * b * h / (l->sequence_parallel ? tp : 1);
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
     Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
     loom__stage_estimate__init(x);
-    const int L = st->layer_end - st->layer_begin;
     const loom_stage_range range = {st->layer_begin, st->layer_end, st->embedding, st->head};
-    /* Parameters from the layers' table: the stage's, and one TP rank's share (exact, padding included). */
-    const int64_t params = sound ? (int64_t)loom_gpt_param_count(&cfg, &range, 1) : 0;
-    const double local = sound ? (double)loom_gpt_param_count(&cfg, &range, tp) : 0.0;
-    /* Interleaved counts chunk-micro-batches over the rank's chunks: share them out. */
-    const int flight_rank = flight[sound ? st->pp_rank : 0];
-    const int chunk_flight = (flight_rank + vpp - 1) / vpp;
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
     x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
+    x->has_zero_transient = x->has_weight_grad_states = x->has_grad_reduce_buffers = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
-    x->parameters = params;
-    x->in_flight = flight_rank;
-    /* As the runtime allocates them (loom_plan_chunk_state). */
-    const loom_chunk_state cs = sound ? loom_plan_chunk_state(p, &range) : (loom_chunk_state){0};
-    x->has_zero_transient = 1;
-    x->weights = (int64_t)cs.weights;
-    x->master_weights = (int64_t)cs.master;
-    x->grads = (int64_t)cs.grads;
-    x->optimizer = (int64_t)(8.0 * local);
-    x->optimizer_zero1 = (int64_t)(8.0 * local / dp);
-    x->zero_transient = (int64_t)cs.transient;
-    x->activations = (int64_t)(per_layer * L * chunk_flight);
-    x->activations_recompute = (int64_t)(per_layer_recompute * L * chunk_flight);
-    x->has_weight_grad_states = 1;
-    /* As the runtime allocates them: one state per W waiting at once. */
-    x->weight_grad_states = sound ? (int64_t)loom_gpt_weight_state_bytes(&cfg, (int)s, (int)b, tp, l->sequence_parallel, &range,
-                                                                           st->recompute) *
-                                        deferred[st->pp_rank * vpp + st->chunk]
-                                  : 0;
-    x->p2p_buffers = (int64_t)(2.0 * 2.0 * value * s * b * h / (l->sequence_parallel ? tp : 1));
-    if (sound) { /* compression's state, and what crosses dp, from the layers' table once */
-      const loom_compression_cost c = loom_plan_compression_cost(p, &range);
-      x->grad_compression = (int64_t)c.state_bytes;
-      x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
-    }
     e->stages[k] = x;
+    if (!sound) continue;
+    /* The memory model's (plan/memory.h): as the runtime allocates, with and without recompute. */
+    const loom_memory mem = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, false);
+    const loom_memory redo = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, true);
+    int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
+    int sends;
+    x->in_flight = loom_plan_rank_buffers(p, st->pp_rank, slots, deferred, &sends);
+    free(slots);
+    free(deferred);
+    x->parameters = (int64_t)loom_gpt_param_count(&cfg, &range, 1);
+    x->weights = (int64_t)mem.bytes[LOOM_MEM_WEIGHTS];
+    x->master_weights = (int64_t)mem.bytes[LOOM_MEM_MASTER];
+    x->grads = (int64_t)mem.bytes[LOOM_MEM_GRADS];
+    x->optimizer = (int64_t)mem.bytes[LOOM_MEM_OPTIMIZER];
+    x->optimizer_zero1 = (int64_t)(8.0 * (double)loom_gpt_param_count(&cfg, &range, tp) / dp); /* what ZeRO-1 would leave */
+    x->zero_transient = (int64_t)mem.bytes[LOOM_MEM_ZERO_TRANSIENT];
+    x->activations = (int64_t)mem.bytes[LOOM_MEM_ACTIVATIONS];
+    x->activations_recompute = (int64_t)redo.bytes[LOOM_MEM_ACTIVATIONS];
+    x->weight_grad_states = (int64_t)(st->recompute ? redo : mem).bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
+    x->p2p_buffers = (int64_t)mem.bytes[LOOM_MEM_P2P];
+    x->grad_reduce_buffers = (int64_t)mem.bytes[LOOM_MEM_GRAD_REDUCE];
+    x->grad_compression = (int64_t)mem.bytes[LOOM_MEM_COMPRESSION];
+    const loom_compression_cost c = loom_plan_compression_cost(p, &range); /* what crosses dp, from the layers' table */
+    x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
   }
-  free(flight);
-  free(deferred);
 }
 
 loom_status loom_plan_fit_world(loom_plan *p, int world, loom_error *err) {
@@ -578,14 +487,13 @@ static void check_compression(report *r, const loom_plan *p) {
 }
 
 static void check_batch(report *r, const loom_plan *p) {
+  char why[256];
   const Loom__Batch *b = p->batch;
   const int dp = p->parallel->dp, pp = p->parallel->pp;
   if (b->global_batch % (b->micro_batch * dp))
     violation(r, "batch.global_batch = %d: must be a positive multiple of batch.micro_batch x parallel.dp (%d); round it to a multiple",
               b->global_batch, b->micro_batch * dp);
-  else if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && loom_plan_micro_batches(p) % pp)
-    violation(r, "batch.global_batch = %d gives %d micro-batches, not a multiple of parallel.pp (%d) as the interleaved schedule needs; use %d",
-              b->global_batch, loom_plan_micro_batches(p), pp, (loom_plan_micro_batches(p) + pp - 1) / pp * pp * b->micro_batch * dp);
+
   if (!loom_schedule_kind_trains(p->schedule))
     violation(r, "schedule = %s: evaluation's schedule cannot train; use 1f1b, gpipe, interleaved, zb_h1 or zb_v",
               loom_schedule_kind_name(p->schedule));
@@ -613,13 +521,15 @@ static void check_batch(report *r, const loom_plan *p) {
       violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
       break;
     }
-  if (p->schedule == LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V && p->parallel->virtual_chunks != 2)
-    violation(r, "parallel.virtual_chunks = %d: schedule SCHEDULE_ZB_V runs two chunks per rank (a V); set parallel.virtual_chunks = 2",
-              p->parallel->virtual_chunks);
-  else if (p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_INTERLEAVED && p->schedule != LOOM__SCHEDULE_KIND__SCHEDULE_ZB_V &&
-           p->parallel->virtual_chunks != 1)
-    violation(r, "parallel.virtual_chunks = %d: needs schedule SCHEDULE_INTERLEAVED (or SCHEDULE_ZB_V with 2); set virtual_chunks 1 or change the schedule",
-              p->parallel->virtual_chunks);
+  /* The schedule's own rules, in its words; the micro-batches are the batch's. */
+  const int m = loom_plan_micro_batches(p), per = b->micro_batch * dp;
+  if (b->global_batch % per == 0 && protobuf_c_enum_descriptor_get_value(&loom__schedule_kind__descriptor, p->schedule) &&
+      loom_schedule_shape_problem(p->schedule, pp, p->parallel->virtual_chunks, m, why, sizeof why)) {
+    if (strncmp(why, "micro-batches", 13) == 0)
+      violation(r, "%s (batch.global_batch = %d over batch.micro_batch x parallel.dp = %d); use batch.global_batch = %d", why,
+                b->global_batch, per, (m + pp - 1) / pp * pp * per);
+    else violation(r, "%s", why);
+  }
 }
 
 static void check_size(report *r, const char *field, int64_t value, int64_t min, int64_t max) {
@@ -682,17 +592,9 @@ int loom_plan_check_model(const Loom__Model *model, char *lines, size_t cap) {
 }
 
 int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activations) {
-  int64_t need = 0, acts = 0;
-  for (size_t k = 0; k < p->estimates->n_stages; k++) {
-    const Loom__StageEstimate *x = p->estimates->stages[k];
-    if (x->pp_rank != pp_rank) continue; /* a rank holds every chunk it runs: their needs add up */
-    const int64_t a = p->stages[k]->recompute ? x->activations_recompute : x->activations;
-    acts += a;
-    need += x->weights + x->master_weights + x->grads + (p->parallel->zero_stage >= 1 ? x->optimizer_zero1 : x->optimizer) +
-            x->zero_transient + x->grad_compression + a + x->weight_grad_states + x->p2p_buffers;
-  }
-  if (activations) *activations = acts;
-  return need;
+  const loom_memory mem = loom_plan_rank_memory(p, pp_rank);
+  if (activations) *activations = (int64_t)(mem.bytes[LOOM_MEM_ACTIVATIONS] + mem.bytes[LOOM_MEM_WEIGHT_GRAD_STATES]);
+  return (int64_t)loom_memory_total(&mem);
 }
 
 /* The plan's cluster block, when it has one: every figure given is a count or a finite positive number. */
@@ -732,11 +634,8 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     violation(&r, "parallel: tp %d x pp %d x dp %d = %lld ranks, but the world has %d; launch %lld ranks or change the layout",
               l->tp, l->pp, l->dp, ranks, world, ranks);
   if (device_memory > 0 && r.count == 0) {
-    loom_plan copy = *p;
-    copy.estimates = NULL; /* fresh numbers for the check, leaving the plan's own alone */
-    loom_plan_estimate(&copy);
     int64_t *need = loom_xcalloc((size_t)l->pp, sizeof *need, "memory check"), *acts = loom_xcalloc((size_t)l->pp, sizeof *acts, "memory check");
-    for (int q = 0; q < l->pp; q++) need[q] = loom_plan_rank_bytes(&copy, q, &acts[q]);
+    for (int q = 0; q < l->pp; q++) need[q] = loom_plan_rank_bytes(p, q, &acts[q]);
     for (int q = 0; q < l->pp; q++) {
       char a[32], b[32], chunks[32] = " chunk 0";
       if (l->virtual_chunks > 1) snprintf(chunks, sizeof chunks, ", its %d chunks", l->virtual_chunks);
@@ -748,7 +647,6 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
     }
     free(need);
     free(acts);
-    loom__estimates__free_unpacked(copy.estimates, NULL);
   }
   return r.count;
 }
@@ -768,39 +666,6 @@ loom_zero_sizes loom_plan_zero_buckets(const loom_plan *p, const loom_stage_rang
   z.largest_edge = fmax(wte, fmax(wpe, ln_f));
   z.largest = fmax(z.layer, z.largest_edge);
   return z;
-}
-
-loom_chunk_state loom_plan_chunk_state(const loom_plan *p, const loom_stage_range *range) {
-  const Loom__Parallel *l = p->parallel;
-  const bool bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
-  const int zero = l->zero_stage;
-  const double dp = l->dp > 0 ? l->dp : 1, weight = bf16 ? 2.0 : 4.0;
-  loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
-  const double local = (double)loom_gpt_param_count(&cfg, range, l->tp);
-  loom_chunk_state c = {0};
-  /* The weights the model computes with (none held under ZeRO-3); the fp32 master where those are bf16 or
-   * absent (this replica's pieces under ZeRO); fp32 grads (this replica's pieces under ZeRO-2/3); Adam's moments. */
-  c.weights = zero == 3 ? 0.0 : weight * local;
-  c.master = bf16 || zero == 3 ? 4.0 * local / (zero ? dp : 1.0) : 0.0;
-  c.grads = 4.0 * local / (zero >= 2 ? dp : 1.0);
-  c.optimizer = 8.0 * local / (zero ? dp : 1.0);
-  if (zero == 1) c.transient = 4.0 * local / dp; /* the slice in transit (the collectives work in the padded buffers) */
-  if (zero >= 2) { /* zero.c's and zero_runtime.c's buffers */
-    const loom_zero_sizes b = loom_plan_zero_buckets(p, range);
-    const double layer_piece = b.layer / dp, round = fmin(b.largest / dp, (double)LOOM_ZERO_GATHER_ROUND);
-    c.transient = 4.0 * round                                        /* the optimizer's slice in transit */
-                  + 4.0 * (2.0 * b.layer + 2.0 * layer_piece)          /* two layers' grads and their pieces */
-                  + 4.0 * (b.edges + b.largest_edge / dp);             /* the edges' grads, an edge piece */
-    if (zero == 2) c.transient += 4.0 * round * dp;                  /* the staging of the gather after the step */
-    else c.transient += weight * (2.0 * b.layer + b.edges) + 4.0 * 2.0 * layer_piece; /* gathered weights, sends */
-  }
-  return c;
-}
-
-double loom_plan_state_bytes(const loom_plan *p, const loom_stage_range *range) {
-  const loom_chunk_state c = loom_plan_chunk_state(p, range);
-  return c.weights + c.master + c.grads + c.optimizer + c.transient;
 }
 
 loom_compression loom_plan_compression(const loom_plan *p) {
@@ -849,31 +714,12 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   return c;
 }
 
-/* Bytes one rank's CPU run holds: *state for weights, grads and Adam
- * (loom_plan_state_bytes), *acts for its chunks' activations for the
- * micro-batches the schedule keeps live. */
-static void rank_bytes(const loom_plan *p, const loom_gpt_config *cfg, const loom_schedule *s, int pp_rank, double *state,
-                       double *acts) {
-  const Loom__Parallel *l = p->parallel;
-  *state = *acts = 0.0;
-  for (int c = 0; c < l->virtual_chunks; c++) {
-    const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, pp_rank, c));
-    *state += loom_plan_state_bytes(p, &range) + loom_plan_compression_cost(p, &range).state_bytes;
-    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, pp_rank, c);
-    *acts += (double)loom_gpt_activation_bytes(cfg, loom_plan_train_seq(p), p->batch->micro_batch, l->tp,
-                                               l->sequence_parallel, &range, loom_plan_recompute(p),
-                                               peaks.live > 0 ? peaks.live : 1, peaks.deferred);
-  }
-}
-
-static void check_host_memory(report *r, const loom_plan *p, const loom_schedule *s, const loom_plan_limits *lim) {
-  loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
+static void check_host_memory(report *r, const loom_plan *p, const loom_plan_limits *lim) {
   double most = 0.0, state = 0.0, acts = 0.0;
-  for (int rank = 0; rank < p->parallel->pp; rank++) {
-    double st, ac;
-    rank_bytes(p, &cfg, s, rank, &st, &ac);
-    if (st + ac > most) most = st + ac, state = st, acts = ac;
+  for (int rank = 0; rank < p->parallel->pp; rank++) { /* the memory model's, each rank's */
+    int64_t ac;
+    const double all = (double)loom_plan_rank_bytes(p, rank, &ac);
+    if (all > most) most = all, state = all - (double)ac, acts = (double)ac;
   }
   const int ranks = lim->host_ranks > 0 ? lim->host_ranks : 1;
   const double need = most * ranks;
@@ -909,7 +755,7 @@ int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *li
   loom_schedule_report rep;
   if (loom_schedule_verify(&s, &rep) != LOOM_OK) violation(&r, "schedule: %s", rep.why);
   loom_schedule_report_free(&rep);
-  if (r.count == 0 && lim->host_memory > 0) check_host_memory(&r, p, &s, lim);
+  if (r.count == 0 && lim->host_memory > 0) check_host_memory(&r, p, lim);
   loom_schedule_free(&s);
   return r.count;
 }

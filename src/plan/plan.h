@@ -56,19 +56,6 @@ typedef struct {
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
 
-/* Bytes one rank's runtime allocates for a chunk's parameters, as it allocates them. */
-typedef struct {
-  double weights;   /* what the model computes with: fp32, or bf16 in bf16 runs; none under ZeRO-3 */
-  double master;    /* fp32 master weights where those are bf16 or absent: whole, or this replica's pieces under ZeRO */
-  double grads;     /* fp32: whole, or this replica's pieces under ZeRO-2/3 */
-  double optimizer; /* Adam's two moments: whole, or this replica's pieces under ZeRO */
-  double transient; /* ZeRO's buffers in transit: slices, gathered weights and grads of the layers in flight */
-} loom_chunk_state;
-loom_chunk_state loom_plan_chunk_state(const loom_plan *plan, const loom_stage_range *range);
-/* Their sum: besides activations, what a chunk costs a rank. The one
- * source of the per-parameter cost, for the plan's estimates and host
- * check and the run's memory report. */
-double loom_plan_state_bytes(const loom_plan *plan, const loom_stage_range *range);
 /* Parameter counts of one tp rank of a chunk that size ZeRO-2/3's buckets:
  * one layer, the edges (wte, wpe, final norm), the largest edge bucket and
  * the largest bucket. */

@@ -3,6 +3,7 @@
  * Bubble Pipeline Parallelism", ICLR 2024). Each kind fixes an order of
  * compute passes per rank; the transfers around them follow from the stage
  * graph. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
@@ -282,6 +283,155 @@ static void build_rank(loom_schedule *s, int r, tally *tallies) {
   s->count[r] = o.l.count;
 }
 
+bool loom_action_uses_slot(const loom_action *a) {
+  return a->mb >= 0 && a->kind != LOOM_ACT_RECV_GRAD; /* a received grad lands in the executor's own buffer */
+}
+
+/* ---- buffer events ---- */
+
+static bool is_send(const loom_action *a) { return a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD; }
+static bool is_recv(const loom_action *a) { return a->kind == LOOM_ACT_RECV_ACT || a->kind == LOOM_ACT_RECV_GRAD; }
+
+/* A message by its destination stage: (grad, mb, stage). */
+static int message_of(const loom_schedule *s, int r, const loom_action *a) {
+  const int stage = loom_virtual_stage(s, r, a->chunk);
+  const bool grad = a->kind == LOOM_ACT_SEND_GRAD || a->kind == LOOM_ACT_RECV_GRAD;
+  const int dst = a->kind == LOOM_ACT_SEND_ACT ? stage + 1 : a->kind == LOOM_ACT_SEND_GRAD ? stage - 1 : stage;
+  return ((grad ? 1 : 0) * s->m + a->mb) * s->p * s->v + dst;
+}
+
+/* For each send of each rank, the action after which its buffer is given
+ * back (see loom_buffer_event), into release[r][i] for send i (else -1):
+ * the ranks' orders are replayed with a vector clock per rank, each message
+ * carrying its sender's; a send is done once its rank's clock shows the
+ * peer past the recv. Messages are the only causality counted (the tied
+ * reduction is left out, which can only make a release later). */
+static void place_send_releases(const loom_schedule *s, int **release) {
+  const int p = s->p, messages = 2 * s->m * s->p * s->v;
+  int *clock = loom_xmalloc((size_t)p * p * sizeof *clock, "vector clocks"); /* [r][q]: q's last action r knows of */
+  int **carried = loom_xcalloc((size_t)messages, sizeof *carried, "message clocks");
+  int *recv_at = loom_xmalloc((size_t)messages * sizeof *recv_at, "message receipts");
+  int *pos = loom_xcalloc((size_t)p, sizeof *pos, "replay positions");
+  int **pending = loom_xcalloc((size_t)p, sizeof *pending, "sends in flight"); /* [r]: indices of sends not yet released */
+  int *npending = loom_xcalloc((size_t)p, sizeof *npending, "sends in flight");
+  for (int i = 0; i < p * p; i++) clock[i] = -1;
+  for (int i = 0; i < messages; i++) recv_at[i] = -1;
+  for (int r = 0; r < p; r++) pending[r] = loom_xmalloc(((size_t)s->count[r] + 1) * sizeof **pending, "sends in flight");
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; r++) {
+      int *mine = clock + (size_t)r * p;
+      for (; pos[r] < s->count[r]; pos[r]++) {
+        const int i = pos[r];
+        const loom_action *a = &s->actions[r][i];
+        if (is_recv(a)) {
+          const int k = message_of(s, r, a);
+          if (!carried[k]) break; /* waits for its send */
+          for (int q = 0; q < p; q++) mine[q] = carried[k][q] > mine[q] ? carried[k][q] : mine[q];
+          free(carried[k]);
+          carried[k] = NULL;
+          recv_at[k] = i;
+        }
+        mine[r] = i;
+        if (is_send(a)) {
+          const int k = message_of(s, r, a);
+          carried[k] = loom_xmalloc((size_t)p * sizeof **carried, "message clock");
+          memcpy(carried[k], mine, (size_t)p * sizeof *mine);
+          pending[r][npending[r]++] = i;
+        }
+        int kept = 0;
+        for (int j = 0; j < npending[r]; j++) {
+          const loom_action *send = &s->actions[r][pending[r][j]];
+          const int k = message_of(s, r, send);
+          if (recv_at[k] >= 0 && mine[send->peer] >= recv_at[k]) release[r][pending[r][j]] = i;
+          else pending[r][kept++] = pending[r][j];
+        }
+        npending[r] = kept;
+        progress = true;
+      }
+    }
+  }
+  for (int r = 0; r < p; r++) { /* what no message proves received goes back after the rank's last action */
+    for (int j = 0; j < npending[r]; j++) release[r][pending[r][j]] = s->count[r] - 1;
+    free(pending[r]);
+  }
+  for (int i = 0; i < messages; i++) free(carried[i]); /* a schedule the verifier will refuse may leave some */
+  free(clock), free(carried), free(recv_at), free(pos), free(pending), free(npending);
+}
+
+/* Rank r's events, action by action: counted (out NULL) or written. */
+static int rank_events(const loom_schedule *s, int r, const int *first, const int *last, const int *released,
+                       const int *next_released, int *event_at, loom_buffer_event *out) {
+  const loom_action *acts = s->actions[r];
+  int n = 0;
+#define EVENT(kind_, acquire_, a_) \
+  do { \
+    if (out) out[n] = (loom_buffer_event){kind_, acquire_, (a_)->mb, (a_)->chunk, (a_)->kind == LOOM_ACT_SEND_GRAD}; \
+    n++; \
+  } while (0)
+  for (int i = 0; i < s->count[r]; i++) {
+    const loom_action *a = &acts[i];
+    if (event_at) event_at[i] = n;
+    const int key = a->mb >= 0 ? a->mb * s->v + a->chunk : -1;
+    if (loom_action_uses_slot(a) && first[key] == i) EVENT(LOOM_BUFFER_SLOT, true, a);
+    if (a->kind == LOOM_ACT_BACKWARD_INPUT) EVENT(LOOM_BUFFER_WSTATE, true, a);
+    if (is_send(a)) EVENT(LOOM_BUFFER_SEND, true, a);
+    if (loom_action_uses_slot(a) && last[key] == i) EVENT(LOOM_BUFFER_SLOT, false, a);
+    if (a->kind == LOOM_ACT_BACKWARD_WEIGHT) EVENT(LOOM_BUFFER_WSTATE, false, a);
+    for (int j = released[i]; j >= 0; j = next_released[j]) EVENT(LOOM_BUFFER_SEND, false, &acts[j]);
+  }
+#undef EVENT
+  if (event_at) event_at[s->count[r]] = n;
+  return n;
+}
+
+/* Emits every rank's buffer events (see loom_buffer_event). */
+static void annotate(loom_schedule *s) {
+  s->event_at = loom_xcalloc((size_t)s->p, sizeof *s->event_at, "buffer events");
+  s->events = loom_xcalloc((size_t)s->p, sizeof *s->events, "buffer events");
+  int **release = loom_xcalloc((size_t)s->p, sizeof *release, "send releases");
+  for (int r = 0; r < s->p; r++) {
+    release[r] = loom_xmalloc(((size_t)s->count[r] + 1) * sizeof **release, "send releases");
+    for (int i = 0; i < s->count[r]; i++) release[r][i] = -1;
+  }
+  place_send_releases(s, release);
+  const size_t keys = (size_t)s->m * s->v;
+  int *first = loom_xmalloc(keys * sizeof *first, "slot lifetimes"), *last = loom_xmalloc(keys * sizeof *last, "slot lifetimes");
+  for (int r = 0; r < s->p; r++) {
+    /* The sends given back after action i: released[i], then next_released[...] (-1 ends). */
+    int *released = loom_xmalloc(((size_t)s->count[r] + 1) * sizeof *released, "send releases");
+    int *next_released = loom_xmalloc(((size_t)s->count[r] + 1) * sizeof *next_released, "send releases");
+    for (int i = 0; i < s->count[r]; i++) released[i] = -1;
+    for (int j = s->count[r] - 1; j >= 0; j--)
+      if (release[r][j] >= 0) next_released[j] = released[release[r][j]], released[release[r][j]] = j;
+    for (size_t k = 0; k < keys; k++) first[k] = last[k] = -1;
+    for (int i = 0; i < s->count[r]; i++) {
+      const loom_action *a = &s->actions[r][i];
+      if (!loom_action_uses_slot(a)) continue;
+      const int key = a->mb * s->v + a->chunk;
+      if (first[key] < 0) first[key] = i;
+      last[key] = i;
+    }
+    const int n = rank_events(s, r, first, last, released, next_released, NULL, NULL);
+    s->event_at[r] = loom_xmalloc(((size_t)s->count[r] + 1) * sizeof **s->event_at, "buffer events");
+    s->events[r] = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof **s->events, "buffer events");
+    rank_events(s, r, first, last, released, next_released, s->event_at[r], s->events[r]);
+    free(release[r]), free(released), free(next_released);
+  }
+  free(release), free(first), free(last);
+}
+
+static void events_free(loom_schedule *s) {
+  for (int r = 0; s->events && r < s->p; r++) {
+    free(s->events[r]);
+    free(s->event_at[r]);
+  }
+  free(s->events);
+  free(s->event_at);
+  s->events = NULL;
+  s->event_at = NULL;
+}
+
 void loom_schedule_untie(loom_schedule *s) {
   for (int r = 0; r < s->p; r++) {
     int kept = 0;
@@ -289,25 +439,32 @@ void loom_schedule_untie(loom_schedule *s) {
       if (s->actions[r][i].kind != LOOM_ACT_REDUCE_TIED) s->actions[r][kept++] = s->actions[r][i];
     s->count[r] = kept;
   }
+  events_free(s);
+  annotate(s);
+}
+
+int loom_schedule_shape_problem(loom_schedule_kind kind, int p, int v, int m, char *why, size_t n) {
+  if (p < 1) snprintf(why, n, "parallel.pp = %d: must be at least 1", p);
+  else if (v < 1) snprintf(why, n, "parallel.virtual_chunks = %d: must be at least 1", v);
+  else if (m < 1) snprintf(why, n, "micro-batches = %d: a step needs at least 1", m);
+  else if (!known(kind)) snprintf(why, n, "schedule = %d: not a schedule kind this loom knows", (int)kind);
+  else if (kind == LOOM_SCHEDULE_ZB_V && v != 2)
+    snprintf(why, n, "parallel.virtual_chunks = %d: schedule = zb_v runs two chunks per rank (a V); set parallel.virtual_chunks = 2", v);
+  else if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && kind != LOOM_SCHEDULE_ZB_V && v != 1)
+    snprintf(why, n, "parallel.virtual_chunks = %d: needs schedule = interleaved (or zb_v with 2); %s runs one chunk per rank", v,
+             loom_schedule_kind_name(kind));
+  else if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0)
+    snprintf(why, n, "micro-batches = %d: not a multiple of parallel.pp (%d); the interleaved schedule moves micro-batches "
+             "through the chunks in groups of pp", m, p);
+  else return 0;
+  return -1;
 }
 
 /* Checks the shape and sets s up for its p ranks' orders, none built yet. */
 static loom_status begin(loom_schedule *s, loom_schedule_kind kind, bool v_shape, int p, int v, int m, loom_error *err) {
   memset(s, 0, sizeof *s);
-  if (p < 1) return loom_fail(err, LOOM_ERR_USAGE, "--pp must be at least 1 (got %d)", p);
-  if (m < 1) return loom_fail(err, LOOM_ERR_USAGE, "--micro-batches must be at least 1 (got %d)", m);
-  if (v < 1) return loom_fail(err, LOOM_ERR_USAGE, "--vpp must be at least 1 (got %d)", v);
-  if (!known(kind))
-    return loom_fail(err, LOOM_ERR_USAGE, "schedule kind %d is not one this loom knows", (int)kind);
-  if (kind == LOOM_SCHEDULE_ZB_V && v != 2)
-    return loom_fail(err, LOOM_ERR_USAGE, "--schedule zb_v runs two chunks per rank (a V); set --vpp 2, not %d", v);
-  if (kind != LOOM_SCHEDULE_INTERLEAVED && kind != LOOM_SCHEDULE_FORWARD_ONLY && kind != LOOM_SCHEDULE_ZB_V && v != 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "--vpp %d needs --schedule interleaved or zb_v; %s runs one chunk per rank", v,
-                     loom_schedule_kind_name(kind));
-  if (kind == LOOM_SCHEDULE_INTERLEAVED && m % p != 0)
-    return loom_fail(err, LOOM_ERR_USAGE,
-                     "--micro-batches %d is not a multiple of --pp %d; the interleaved schedule moves micro-batches "
-                     "through the chunks in groups of pp", m, p);
+  char why[sizeof err->msg];
+  if (loom_schedule_shape_problem(kind, p, v, m, why, sizeof why)) return loom_fail(err, LOOM_ERR_USAGE, "%s", why);
   s->kind = kind;
   s->v_shape = v_shape;
   s->p = p;
@@ -323,20 +480,43 @@ static loom_status build(loom_schedule *s, loom_schedule_kind kind, bool v_shape
   const loom_status st = begin(s, kind, v_shape, p, v, m, err);
   if (st != LOOM_OK) return st;
   for (int r = 0; r < p; r++) build_rank(s, r, NULL);
+  annotate(s);
   return LOOM_OK;
 }
 
-loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *deferred,
-                                      loom_error *err) {
+loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *slots,
+                                      int *deferred, int *sends, loom_error *err) {
+  loom_schedule s;
+  const bool v_shape = loom_schedule_kind_v_shape(kind);
+  if ((int64_t)7 * p * v * m <= LOOM_SCHEDULE_BUILT_ACTIONS) { /* small enough to build: its events say */
+    const loom_status st = build(&s, kind, v_shape, p, v, m, err);
+    if (st != LOOM_OK) return st;
+    for (int r = 0; r < p; r++) {
+      const loom_schedule_peaks all = loom_schedule_rank_peaks(&s, r, -1);
+      live[r] = all.live, sends[r] = all.sends;
+      for (int c = 0; c < v; c++) {
+        const loom_schedule_peaks one = loom_schedule_rank_peaks(&s, r, c);
+        slots[r * v + c] = one.live, deferred[r * v + c] = one.deferred;
+      }
+    }
+    loom_schedule_free(&s);
+    return LOOM_OK;
+  }
+  return loom_schedule_counted_peaks(kind, p, v, m, live, slots, deferred, sends, err);
+}
+
+loom_status loom_schedule_counted_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *slots,
+                                        int *deferred, int *sends, loom_error *err) {
   loom_schedule s;
   const loom_status st = begin(&s, kind, loom_schedule_kind_v_shape(kind), p, v, m, err);
   if (st != LOOM_OK) return st;
   tally *tallies = loom_xmalloc((size_t)(1 + v) * sizeof *tallies, "schedule tallies");
-  for (int r = 0; r < p; r++) { /* counted as built, never stored: a shape can run to millions of actions */
+  for (int r = 0; r < p; r++) { /* counted as built, never stored */
     for (int t = 0; t <= v; t++) tallies[t] = (tally){.forward_only = kind == LOOM_SCHEDULE_FORWARD_ONLY};
     build_rank(&s, r, tallies);
     live[r] = tallies[0].peak_live;
-    for (int c = 0; c < v; c++) deferred[r * v + c] = tallies[1 + c].peak_waiting;
+    for (int c = 0; c < v; c++) slots[r * v + c] = tallies[1 + c].peak_live, deferred[r * v + c] = tallies[1 + c].peak_waiting;
+    sends[r] = loom_schedule_send_bound(kind, v, m, live[r]);
   }
   free(tallies);
   loom_schedule_free(&s);
@@ -353,15 +533,29 @@ loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_
 }
 
 loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c) {
-  tally t = {.forward_only = s->kind == LOOM_SCHEDULE_FORWARD_ONLY};
-  for (int i = 0; i < s->count[r]; i++)
-    if (c < 0 || s->actions[r][i].chunk == c) tally_add(&t, &s->actions[r][i]);
-  return (loom_schedule_peaks){t.peak_live, t.peak_waiting};
+  int held[LOOM_BUFFER_KINDS] = {0}, peak[LOOM_BUFFER_KINDS] = {0};
+  for (int i = 0; i < s->count[r]; i++) {
+    for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) { /* acquires, then releases */
+      const loom_buffer_event *x = &s->events[r][e];
+      if (c >= 0 && x->chunk != c) continue;
+      held[x->kind] += x->acquire ? 1 : -1;
+      if (held[x->kind] > peak[x->kind]) peak[x->kind] = held[x->kind];
+    }
+  }
+  return (loom_schedule_peaks){peak[LOOM_BUFFER_SLOT], peak[LOOM_BUFFER_WSTATE], peak[LOOM_BUFFER_SEND]};
 }
 
 void loom_schedule_free(loom_schedule *s) {
+  events_free(s);
   for (int r = 0; s->actions && r < s->p; r++) free(s->actions[r]);
   free(s->actions);
   free(s->count);
   memset(s, 0, sizeof *s);
+}
+
+/* A message needs a reply to be proven received: a forward-only pass over
+ * one chunk per rank gets none, so its sends are held to the end; a
+ * training rank's replies come within two of its live micro-batches. */
+int loom_schedule_send_bound(loom_schedule_kind kind, int v, int m, int live) {
+  return kind == LOOM_SCHEDULE_FORWARD_ONLY && v == 1 ? m : 2 * live + 1;
 }

@@ -9,18 +9,24 @@
  * V-shaped ZB-V: stage r for chunk 0, 2p-1-r for chunk 1); stage 0 holds the
  * embedding, stage S-1 the LM head and loss. Activations flow s -> s+1 and
  * grads s+1 -> s; between a rank's own chunks the message goes to itself.
- * Sends never block (non-blocking transfers whose buffers live until the
- * step ends); a recv waits for its send.
+ * Sends never block (non-blocking transfers from a send buffer of their
+ * own); a recv waits for its send.
  *
  * A backward is one action (BACKWARD), or under the zero-bubble kinds two:
  * BACKWARD_INPUT (B: the grad of the chunk's input, which the previous
  * stage waits for) and BACKWARD_WEIGHT (W: the weight grads, which nothing
- * waits for until the optimizer step). A micro-batch holds its activations
- * from its forward to the action that ends its backward. */
+ * waits for until the optimizer step).
+ *
+ * Every buffer an action needs is named with it, as buffer events the
+ * generator emits (loom_buffer_event): an activation slot, a weight-grad
+ * state, a send buffer. The verifier bounds and checks them, the executor
+ * takes and gives back buffers exactly there, and the memory model
+ * (plan/memory.h) sizes a rank from their peaks. */
 #ifndef LOOM_SCHEDULE_H
 #define LOOM_SCHEDULE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include "core/status.h"
 #include "loom.pb-c.h"
 
@@ -45,6 +51,27 @@ typedef struct {
   int peer;  /* pipeline rank at the other end of a transfer, else -1 */
 } loom_action;
 
+/* The buffers whose lifetimes a schedule states. */
+typedef enum {
+  LOOM_BUFFER_SLOT = 0, /* a micro-batch's activations on a chunk: from its first action there to its last */
+  LOOM_BUFFER_WSTATE,   /* a split backward's weight-grad state: from its B to its W */
+  LOOM_BUFFER_SEND,     /* a copy of an outgoing message: from its send until the sender knows it arrived */
+  LOOM_BUFFER_KINDS
+} loom_buffer_kind;
+
+/* One buffer taken before an action runs (acquire) or given back after it.
+ * A send buffer is given back after the first action of its rank that
+ * happens, in every run, after the peer's recv of it (a message chain from
+ * the peer proves it; else the rank's last action): the executor then
+ * waits for a send that has completed or must complete, never one whose
+ * recv may still be waiting on this rank. */
+typedef struct {
+  loom_buffer_kind kind;
+  bool acquire;
+  int mb, chunk; /* whose: a micro-batch on this rank's chunk (a send buffer: the send's) */
+  bool grad;     /* a send buffer: the message is a grad (else an activation) */
+} loom_buffer_event;
+
 /* The plan's enum (proto/loom.proto ScheduleKind) is the only one. */
 typedef Loom__ScheduleKind loom_schedule_kind;
 #define LOOM_SCHEDULE_1F1B LOOM__SCHEDULE_KIND__SCHEDULE_1F1B
@@ -60,11 +87,20 @@ typedef struct {
   int p, v, m;
   int *count;            /* [p] actions per rank */
   loom_action **actions; /* [p][count[r]] */
+  /* Action i of rank r has events[r][event_at[r][i]] up to (not including)
+   * events[r][event_at[r][i + 1]]: acquires, then releases. */
+  int **event_at;              /* [p][count[r] + 1] */
+  loom_buffer_event **events;  /* [p][event_at[r][count[r]]] */
 } loom_schedule;
 
-/* Builds the schedule, or refuses the request naming the rule:
- * m >= 1, v >= 1, v == 1 unless interleaved, ZB-V or forward-only, v == 2
- * for ZB-V, m % p == 0 when interleaved. A forward-only schedule
+/* Whether a schedule of this shape can be built: 0, or -1 with why[n]
+ * naming the rule it breaks: p, v and m at least 1, v == 1 unless
+ * interleaved, ZB-V or forward-only, v == 2 for ZB-V, m % p == 0 when
+ * interleaved. Worded once, in the plan's fields (every run is a plan; the
+ * CLI names its flags instead), for the plan's rules and for
+ * loom_schedule_build, which refuses such a shape with that message. */
+int loom_schedule_shape_problem(loom_schedule_kind kind, int p, int v, int m, char *why, size_t n);
+/* Builds the schedule, or refuses the request (see above). A forward-only schedule
  * (evaluation) runs micro-batches in order through every chunk, with no
  * backward, reduction or optimizer step. */
 loom_status loom_schedule_build(loom_schedule *s, loom_schedule_kind kind, int p, int v, int m, loom_error *err);
@@ -101,22 +137,35 @@ static inline bool loom_action_computes(const loom_action *a) {
 const char *const *loom_schedule_train_kind_names(void);
 const char *loom_action_name(loom_action_kind kind);
 
-/* What rank r holds at most at once, of its chunk c (of all its chunks if
- * c < 0): live, the micro-batches whose forward has run and whose backward
- * has not ended (the activation slots the executor gives a chunk; over all
- * chunks, the verifier's peak_live); deferred, the split backwards waiting
- * for their weight half (the weight-grad states). A rank runs its actions
- * in order, so both are read off its order with no replay. */
+/* The most buffers rank r holds at once by its events, of its chunk c (of
+ * all its chunks if c < 0): live, activation slots (the verifier's
+ * peak_live over all chunks); deferred, weight-grad states; sends, send
+ * buffers. A rank runs its actions in order, so all three are read off
+ * its events with no replay. */
 typedef struct {
-  int live, deferred;
+  int live, deferred, sends;
 } loom_schedule_peaks;
 loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c);
-/* Over all chunks into live[p], per chunk into deferred[p * v], for the
- * schedule of this shape, built one rank at a time and never stored (a plan
- * search asks for thousands of shapes, some of millions of actions).
- * Refuses a shape loom_schedule_build refuses. */
-loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *deferred,
-                                      loom_error *err);
+/* The same for the schedule of this shape, into live[p] (all chunks),
+ * deferred[p * v] and slots[p * v] (per chunk) and sends[p]. A shape of up
+ * to LOOM_SCHEDULE_BUILT_ACTIONS actions is built and read as above; a
+ * larger one (a plan search asks for thousands of shapes, some of millions
+ * of actions) is counted one rank at a time as it is generated, never
+ * stored, which gives the same slots and states, and for send buffers,
+ * whose release needs every rank's order, the bound of
+ * loom_schedule_send_bound. Refuses a shape loom_schedule_build refuses. */
+#define LOOM_SCHEDULE_BUILT_ACTIONS (1 << 21)
+loom_status loom_schedule_shape_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *slots,
+                                      int *deferred, int *sends, loom_error *err);
+/* The counted way, whatever the shape's size. */
+loom_status loom_schedule_counted_peaks(loom_schedule_kind kind, int p, int v, int m, int *live, int *slots,
+                                        int *deferred, int *sends, loom_error *err);
+/* A bound on the send buffers a rank holding `live` slots at most holds at
+ * once, for shapes too large to build (tests/test_schedule.c checks it on
+ * every shape it builds). */
+int loom_schedule_send_bound(loom_schedule_kind kind, int v, int m, int live);
+/* Whether action a reads or writes its (mb, chunk)'s activation slot. */
+bool loom_action_uses_slot(const loom_action *a);
 
 /* The one rule for where stages lie: the virtual stage of (rank, chunk) of
  * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),

@@ -72,9 +72,26 @@ static void record_span(sim *x, int r, double start, double end) {
   rep->spans[r][rep->span_count[r]++] = (loom_span){start, end, x->pos[r]};
 }
 
+/* Whether the sends whose buffers action i gives back have been received:
+ * the executor waits for them there before it runs on. */
+static bool releases_done(const sim *x, int r, int i) {
+  const loom_schedule *s = x->s;
+  for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) {
+    const loom_buffer_event *b = &s->events[r][e];
+    if (b->kind != LOOM_BUFFER_SEND || b->acquire || b->mb < 0 || b->mb >= s->m || b->chunk < 0 || b->chunk >= s->v)
+      continue; /* out of range: check_events names it */
+    const loom_action send = {b->grad ? LOOM_ACT_SEND_GRAD : LOOM_ACT_SEND_ACT, b->mb, b->chunk, -1};
+    int dst, peer;
+    route(x, r, &send, &dst, &peer);
+    if (dst >= 0 && dst < x->S && !x->received[msg_index(x, b->grad, b->mb, dst)]) return false;
+  }
+  return true;
+}
+
 /* Runs rank r's next action if it can; returns 1 if it ran, 0 if blocked, -1 on error. */
 static int step(sim *x, int r) {
   const loom_schedule *s = x->s;
+  if (x->pos[r] > 0 && !releases_done(x, r, x->pos[r] - 1)) return 0; /* waits for a send to be done */
   const loom_action *a = &s->actions[r][x->pos[r]];
   int dst, peer;
   switch (a->kind) {
@@ -180,6 +197,66 @@ static bool all_matched(sim *x) {
   return true;
 }
 
+/* Rank r's buffer events against its actions: every buffer an action uses
+ * is held (taken by an earlier or its own event, not yet given back), none
+ * is taken twice or given back unheld, and none is held at the end. The
+ * peaks are then what the rank needs, which the executor allocates. */
+static bool check_events(const loom_schedule *s, int r, loom_schedule_report *rep) {
+  const int keys = s->m * s->v;
+  char *held = calloc((size_t)LOOM_BUFFER_KINDS * 2 * keys, 1); /* [kind][grad][mb * v + chunk] */
+  LOOM_CHECK(held != NULL, "out of memory verifying a schedule");
+  static const char *const WHAT[LOOM_BUFFER_KINDS] = {"activation slot", "weight-grad state", "send buffer"};
+  bool ok = true;
+  for (int i = 0; i < s->count[r] && ok; i++) {
+    const loom_action *a = &s->actions[r][i];
+    char what[200];
+    for (int pass = 0; pass < 3 && ok; pass++) { /* acquires, then what the action uses, then releases */
+      if (pass == 1) {
+        const bool send = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD;
+        const bool wstate = a->kind == LOOM_ACT_BACKWARD_INPUT || a->kind == LOOM_ACT_BACKWARD_WEIGHT;
+        const int uses[LOOM_BUFFER_KINDS] = {loom_action_uses_slot(a), wstate, send};
+        for (int k = 0; k < LOOM_BUFFER_KINDS && ok; k++) {
+          const int grad = k == LOOM_BUFFER_SEND && a->kind == LOOM_ACT_SEND_GRAD;
+          if (uses[k] && !held[(k * 2 + grad) * keys + a->mb * s->v + a->chunk]) {
+            describe(what, sizeof what, r, a);
+            snprintf(rep->why, sizeof rep->why, "%s uses the %s of micro-batch %d chunk %d, which its buffer events do not hold",
+                     what, WHAT[k], a->mb, a->chunk);
+            ok = false;
+          }
+        }
+        continue;
+      }
+      for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1] && ok; e++) {
+        const loom_buffer_event *b = &s->events[r][e];
+        if (b->acquire != (pass == 0)) continue;
+        if (b->mb < 0 || b->mb >= s->m || b->chunk < 0 || b->chunk >= s->v) {
+          describe(what, sizeof what, r, a);
+          snprintf(rep->why, sizeof rep->why, "%s names a %s of micro-batch %d chunk %d, out of range", what, WHAT[b->kind], b->mb, b->chunk);
+          ok = false;
+          break;
+        }
+        char *h = &held[(b->kind * 2 + (b->kind == LOOM_BUFFER_SEND && b->grad)) * keys + b->mb * s->v + b->chunk];
+        if (*h == b->acquire) {
+          describe(what, sizeof what, r, a);
+          snprintf(rep->why, sizeof rep->why, "%s %s the %s of micro-batch %d chunk %d", what,
+                   b->acquire ? "takes again" : "gives back the unheld", WHAT[b->kind], b->mb, b->chunk);
+          ok = false;
+        }
+        *h = b->acquire;
+      }
+    }
+  }
+  for (int k = 0; k < LOOM_BUFFER_KINDS * 2 * keys && ok; k++)
+    if (held[k]) {
+      snprintf(rep->why, sizeof rep->why, "rank %d still holds the %s of micro-batch %d chunk %d at the step's end", r,
+               WHAT[k / (2 * keys)], k % keys / s->v, k % keys % s->v);
+      ok = false;
+    }
+  free(held);
+  if (!ok) rep->ok = false;
+  return ok;
+}
+
 loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep) {
   return loom_schedule_simulate(s, NULL, rep);
 }
@@ -191,6 +268,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   rep->p = p;
   rep->peak_live = calloc((size_t)p, sizeof(int));
   rep->peak_deferred = calloc((size_t)p, sizeof(int));
+  rep->peak_sends = calloc((size_t)p, sizeof(int));
   rep->span_count = calloc((size_t)p, sizeof(int));
   rep->spans = calloc((size_t)p, sizeof(loom_span *));
   sim x = {.s = s, .costs = costs, .rep = rep, .S = S};
@@ -202,14 +280,14 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   x.busy = calloc((size_t)p, sizeof(double));
   x.tied_arrival = malloc((size_t)p * sizeof(double));
   LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.clock && x.busy && x.tied_arrival &&
-                 rep->peak_live && rep->peak_deferred && rep->span_count && rep->spans,
+                 rep->peak_live && rep->peak_deferred && rep->peak_sends && rep->span_count && rep->spans,
              "out of memory verifying a schedule");
   for (int r = 0; r < p; r++) {
     rep->spans[r] = malloc(((size_t)s->count[r] + 1) * sizeof(loom_span));
     LOOM_CHECK(rep->spans[r] != NULL, "out of memory simulating a schedule");
     /* Properties of the rank's order, whatever the timing. */
     const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, r, -1);
-    rep->peak_live[r] = peaks.live, rep->peak_deferred[r] = peaks.deferred;
+    rep->peak_live[r] = peaks.live, rep->peak_deferred[r] = peaks.deferred, rep->peak_sends[r] = peaks.sends;
   }
   for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
@@ -227,6 +305,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   }
   if (rep->ok && pending) report_deadlock(&x);
   if (rep->ok) all_matched(&x);
+  for (int r = 0; r < p && rep->ok; r++) check_events(s, r, rep);
   for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
   for (int r = 0; r < p && rep->compute_end > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->compute_end) / p;
   free(x.sent);
@@ -245,6 +324,7 @@ void loom_schedule_report_free(loom_schedule_report *rep) {
   free(rep->span_count);
   free(rep->peak_live);
   free(rep->peak_deferred);
+  free(rep->peak_sends);
   memset(rep, 0, sizeof *rep);
 }
 

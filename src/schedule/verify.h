@@ -6,7 +6,9 @@
  * meets exactly one matching recv, that no ranks end up waiting on each other
  * (deadlock), and that each micro-batch's forward precedes its backward on
  * every stage, and under a split backward each weight half after its input
- * half. Timing uses unit costs, forward 1/v and backward 2/v per chunk (a
+ * half. It checks the buffer events against the actions (each buffer used
+ * is held, none taken twice or left held) and waits, as the executor does,
+ * where a send buffer is given back until that send was received. Timing uses unit costs, forward 1/v and backward 2/v per chunk (a
  * chunk is 1/v of a stage; each half of a split backward 1/v), which yields
  * each rank's busy spans, the bubble, and the peak number of live
  * activations per rank. The cost model (src/sim/) runs the same simulation
@@ -26,8 +28,10 @@ typedef struct {
   bool ok;
   char why[512];      /* the first problem, when !ok */
   int p;
-  int *peak_live;     /* [p] most (micro-batch, chunk) activations held at once, forward to backward's end */
-  int *peak_deferred; /* [p] most split backwards waiting for their weight half (each keeps its output grads) */
+  /* The most buffers each rank's events hold at once (loom_schedule_rank_peaks) */
+  int *peak_live;     /* [p] activation slots */
+  int *peak_deferred; /* [p] weight-grad states: split backwards waiting for their weight half */
+  int *peak_sends;    /* [p] send buffers */
   double makespan;     /* when the last rank finishes */
   double compute_end;  /* when the last forward or backward ends */
   double bubble;       /* mean over ranks of the idle share of [0, compute_end) */

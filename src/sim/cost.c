@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "core/check.h"
+#include "layers/gpt.h"
 #include "sim/cost.h"
 
 int loom_group_per_node(int n, int stride, int devices_per_node) {
@@ -196,8 +197,8 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
   c->p2p_link = p > 1 && stage_stride >= dpn ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
-  /* One activation (or its grad) between stages: 1/tp of it under SP. */
-  const double message = L.rows * L.cfg.hidden * L.e;
+  /* One activation (or its grad) between stages, as the executor sends it. */
+  const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
   pass lf = {0}, lg = {0}, lw = {0};
   layer_costs(&L, &lf, &lg, &lw);

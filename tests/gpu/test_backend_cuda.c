@@ -108,10 +108,10 @@ static void parity(const loom_ops *cu, const char *label, double tol) {
 /* The allocator: device memory the host cannot address, counted with its peak, a block reused after release. */
 static void allocator(const loom_ops *cu) {
   const loom_allocator *mem = cu->mem;
-  const size_t before = mem->peak_bytes(mem), bytes = (size_t)64 << 20;
+  const size_t before = mem->counts(mem).peak, bytes = (size_t)64 << 20;
   void *a = mem->zalloc(mem, bytes);
   const int counted = a && mem->owns(mem, a) && mem->owns(mem, (char *)a + bytes - 1) && !mem->host_addressable &&
-                      mem->peak_bytes(mem) >= before + bytes;
+                      mem->counts(mem).peak >= before + bytes;
   mem->release(mem, a);
   void *b = mem->zalloc(mem, bytes);
   const loom_block_cache_stats s = loom_cuda_memory_stats(cu);

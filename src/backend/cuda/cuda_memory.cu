@@ -98,7 +98,12 @@ void mem_from_host(const loom_allocator *mem, void *dst, const void *host, size_
 
 bool mem_owns(const loom_allocator *mem, const void *p) { return loom_block_cache_owns(ctx(mem).cache, p); }
 
-size_t mem_peak_bytes(const loom_allocator *mem) { return loom_block_cache_stats_of(ctx(mem).cache).peak_in_use; }
+loom_memory_counts mem_counts(const loom_allocator *mem) {
+  const loom_block_cache_stats s = loom_block_cache_stats_of(ctx(mem).cache);
+  return loom_memory_counts{s.in_use, s.peak_in_use};
+}
+
+void mem_reset_peak(const loom_allocator *mem) { loom_block_cache_reset_peaks(ctx(mem).cache); }
 
 } // namespace
 
@@ -122,7 +127,8 @@ loom_allocator make_allocator(Backend &g, bool managed) {
   m.to_host = mem_to_host;
   m.from_host = mem_from_host;
   m.owns = mem_owns;
-  m.peak_bytes = mem_peak_bytes;
+  m.counts = mem_counts;
+  m.reset_peak = mem_reset_peak;
   return m;
 }
 

@@ -59,7 +59,11 @@ static void guarded_release(const loom_allocator *mem, void *p) {
   }
 }
 
-static size_t guarded_peak_bytes(const loom_allocator *mem) { return loom_block_cache_stats_of(cache()).peak_in_use; }
+static loom_memory_counts guarded_counts(const loom_allocator *mem) {
+  const loom_block_cache_stats s = loom_block_cache_stats_of(cache());
+  return (loom_memory_counts){s.in_use, s.peak_in_use};
+}
+static void guarded_reset_peak(const loom_allocator *mem) { loom_block_cache_reset_peaks(cache()); }
 
 static void guarded_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(U(dst), U(src), bytes);
@@ -93,7 +97,8 @@ static const loom_allocator GUARDED_MEMORY = {.name = "guarded",
                                               .to_host = guarded_to_host,
                                               .from_host = guarded_from_host,
                                               .owns = guarded_owns,
-                                              .peak_bytes = guarded_peak_bytes};
+                                              .counts = guarded_counts,
+                                              .reset_peak = guarded_reset_peak};
 
 /* Each op: the CPU kernel with every tensor pointer untagged. */
 #define CPU (loom_ops_cpu())

@@ -1,0 +1,71 @@
+/* Point-to-point transfers between pipeline stages. */
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "pipeline/p2p.h"
+
+static int key_of(const loom_p2p *x, bool grad, int chunk, int mb) { return ((grad ? 1 : 0) * x->v + chunk) * x->m + mb; }
+
+void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_allocator *mem, size_t floats, int p, int v, int m, int n) {
+  *x = (loom_p2p){.group = group, .mem = mem, .floats = floats, .p = p, .v = v};
+  loom_p2p_reserve(x, n, m);
+}
+
+void loom_p2p_reserve(loom_p2p *x, int n, int m) {
+  if (n <= x->n && m <= x->m) return;
+  for (int i = 0; i < x->n; i++) LOOM_CHECK(x->req[i] == NULL, "send buffers regrown with a send in flight");
+  if (n > x->n) {
+    x->buf = realloc(x->buf, (size_t)n * sizeof *x->buf);
+    x->req = realloc(x->req, (size_t)n * sizeof *x->req);
+    LOOM_CHECK(x->buf && x->req, "out of memory for send buffers");
+    for (int i = x->n; i < n; i++) {
+      x->buf[i] = loom_xzalloc(x->mem, x->floats * sizeof(float), "send buffer");
+      x->req[i] = NULL;
+    }
+    x->n = n;
+  }
+  x->m = m > x->m ? m : x->m;
+  loom_pool_free(&x->pool);
+  loom_pool_init(&x->pool, 1, &x->n, 2 * x->v * x->m);
+}
+
+void loom_p2p_free(loom_p2p *x) {
+  for (int i = 0; i < x->n; i++) {
+    if (x->req[i]) loom_comm_wait(x->group, x->req[i]);
+    x->mem->release(x->mem, x->buf[i]);
+  }
+  free(x->buf);
+  free(x->req);
+  loom_pool_free(&x->pool);
+  memset(x, 0, sizeof *x);
+}
+
+void loom_p2p_reset(loom_p2p *x) {
+  for (int i = 0; i < x->n; i++) LOOM_CHECK(x->req[i] == NULL, "a send not given back by its schedule's events");
+  loom_pool_reset(&x->pool);
+}
+
+int loom_p2p_tag(const loom_p2p *x, int mb, int dst_stage, bool grad) {
+  return (mb * x->v + dst_stage / x->p) * 2 + (grad ? 1 : 0);
+}
+
+void loom_p2p_acquire(loom_p2p *x, bool grad, int chunk, int mb) { loom_pool_take(&x->pool, 0, key_of(x, grad, chunk, mb)); }
+
+void loom_p2p_release(loom_p2p *x, bool grad, int chunk, int mb) {
+  const int key = key_of(x, grad, chunk, mb), k = loom_pool_held(&x->pool, 0, key);
+  LOOM_CHECK(x->req[k] != NULL, "a send buffer given back before its send");
+  loom_comm_wait(x->group, x->req[k]);
+  x->req[k] = NULL;
+  loom_pool_return(&x->pool, 0, key);
+}
+
+void loom_p2p_send(loom_p2p *x, bool grad, int chunk, int mb, const float *data, int peer, int dst_stage) {
+  const int k = loom_pool_held(&x->pool, 0, key_of(x, grad, chunk, mb));
+  x->mem->copy(x->mem, x->buf[k], data, x->floats * sizeof(float));
+  x->req[k] = loom_comm_isend(x->group, x->buf[k], x->floats, peer, loom_p2p_tag(x, mb, dst_stage, grad));
+  if (peer != loom_comm_rank(x->group)) x->bytes_sent += (int64_t)(x->floats * sizeof(float)); /* what leaves the rank */
+}
+
+void loom_p2p_recv(loom_p2p *x, bool grad, int mb, int dst_stage, float *dst, int peer) {
+  loom_comm_recv(x->group, dst, x->floats, peer, loom_p2p_tag(x, mb, dst_stage, grad));
+}

@@ -1,0 +1,52 @@
+/* Point-to-point transfers between pipeline stages: activations up, grads
+ * down, each message one micro-batch's boundary activation
+ * (loom_gpt_boundary_floats values).
+ *
+ * An outgoing message is copied into a send buffer of its own, so a slot is
+ * never held by a send: with large messages MPI completes a send only once
+ * its recv is posted, and waiting for that before reusing a slot could
+ * stall the pipeline. Which buffer a send holds, and when it is given back
+ * (its send waited for), are the schedule's buffer events. */
+#ifndef LOOM_P2P_H
+#define LOOM_P2P_H
+
+#include <stdbool.h>
+#include "comm/comm.h"
+#include "core/tensor.h"
+#include "pipeline/buffer_pool.h"
+
+typedef struct {
+  loom_comm *group;          /* the pipeline group */
+  const loom_allocator *mem; /* the backend's memory, where the buffers live */
+  size_t floats;             /* values of one message */
+  int v, p;                  /* chunks per rank, pipeline ranks (tags) */
+  int m;                     /* micro-batches the map has room for */
+  int n;                     /* send buffers */
+  float **buf;               /* [n] */
+  loom_request **req;        /* [n] the send from each buffer, NULL once waited for */
+  loom_buffer_pool pool;     /* which send holds which buffer */
+  int64_t bytes_sent;        /* to other ranks, counted as they leave: the measured traffic */
+} loom_p2p;
+
+/* n send buffers of `floats` values each, for m micro-batches over v chunks. */
+void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_allocator *mem, size_t floats, int p, int v, int m, int n);
+/* At least n buffers and room for m micro-batches (an evaluation's schedule). */
+void loom_p2p_reserve(loom_p2p *x, int n, int m);
+void loom_p2p_free(loom_p2p *x);
+/* Every buffer free: at a schedule's start. */
+void loom_p2p_reset(loom_p2p *x);
+/* The tag of a message by its destination stage: both ends agree. Between
+ * two ranks the destination's chunk fixes the stage, so (micro-batch, chunk,
+ * kind) name it: m x v x 2 tags, which the plan's rules keep within MPI's
+ * guaranteed 32767. */
+int loom_p2p_tag(const loom_p2p *x, int mb, int dst_stage, bool grad);
+/* The buffer events of a send (grad or activation, this rank's chunk, mb):
+ * take its buffer, and give it back once its send is done. */
+void loom_p2p_acquire(loom_p2p *x, bool grad, int chunk, int mb);
+void loom_p2p_release(loom_p2p *x, bool grad, int chunk, int mb);
+/* Copies data into the send's buffer and starts sending it. */
+void loom_p2p_send(loom_p2p *x, bool grad, int chunk, int mb, const float *data, int peer, int dst_stage);
+/* Receives the message for dst_stage (this rank's) into dst. */
+void loom_p2p_recv(loom_p2p *x, bool grad, int mb, int dst_stage, float *dst, int peer);
+
+#endif

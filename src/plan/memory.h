@@ -1,0 +1,72 @@
+/* The memory model (DESIGN.md invariant 3b): every buffer a rank allocates
+ * for a plan, by kind, computed from the layers' tables (parameters,
+ * activations, weight-grad states, boundary messages) and the schedule's
+ * buffer events (how many slots, states and send buffers a rank holds at
+ * its peak). The runtime allocates these counts and sizes; the plan's
+ * estimates and rules, `plan show`, `plan search`, `loom sim` and the run's
+ * log read them, and the run compares the backend allocator's counted peak
+ * with their total.
+ *
+ * What it covers is tensor memory, the backend allocator's: it leaves out
+ * what the process holds besides (MPI, BLAS, the program, host staging of
+ * data and checkpoints) and the CPU kernels' per-call scratch (docs/plans.md). */
+#ifndef LOOM_PLAN_MEMORY_H
+#define LOOM_PLAN_MEMORY_H
+
+#include "plan/plan.h"
+
+typedef enum {
+  LOOM_MEM_WEIGHTS = 0,      /* what the layers compute with: fp32, or the bf16 copy (none kept whole under ZeRO-3) */
+  LOOM_MEM_MASTER,           /* fp32 master weights beside a bf16 copy or under ZeRO-3: this replica's pieces under ZeRO */
+  LOOM_MEM_GRADS,            /* fp32 grads: this replica's pieces under ZeRO-2/3 */
+  LOOM_MEM_OPTIMIZER,        /* Adam's two moments: this replica's pieces under ZeRO */
+  LOOM_MEM_ACTIVATIONS,      /* activation slots (each with its micro-batch's tokens) and the layers' shared scratch */
+  LOOM_MEM_WEIGHT_GRAD_STATES, /* split backwards' weight-grad states */
+  LOOM_MEM_P2P,              /* send buffers and the received grad */
+  LOOM_MEM_ZERO_TRANSIENT,   /* ZeRO's slices in transit and its gathered weights and grads in flight */
+  LOOM_MEM_GRAD_REDUCE,      /* grads as bf16 while they cross data parallelism (grad_reduce bf16) */
+  LOOM_MEM_COMPRESSION,      /* grad compression's error feedback and factors */
+  LOOM_MEM_KINDS
+} loom_memory_kind;
+
+typedef struct {
+  double bytes[LOOM_MEM_KINDS];
+} loom_memory;
+
+/* Elements per replica of one round of a bucket's all-gather into the
+ * model (ZeRO-2's after each step): bounds the staging to dp x 16 MiB,
+ * however large a bucket (wte) is. */
+#define LOOM_ZERO_GATHER_ROUND ((size_t)1 << 22)
+
+/* "weights", "master weights", ...: the kind's name in logs and tables. */
+const char *loom_memory_kind_name(loom_memory_kind kind);
+double loom_memory_total(const loom_memory *m);
+
+/* The buffers rank pp_rank's schedule events hold at their peak:
+ * activation slots and weight-grad states per chunk (slots[v],
+ * deferred[v]; a chunk keeps at least one slot, its scratch's shape) and
+ * send buffers. Returns the rank's peak of live micro-batches over all
+ * its chunks (the verifier's peak_live). From the schedule of the plan's
+ * shape (loom_schedule_shape_peaks); zeros if it cannot be built. */
+int loom_plan_rank_buffers(const loom_plan *plan, int pp_rank, int *slots, int *deferred, int *sends);
+
+/* The tensor memory chunk `chunk` of rank pp_rank allocates (the rank's
+ * own buffers, the transfers', on chunk 0), with its stages recomputing
+ * or not as `recompute` says. For a plan that passes the rules. */
+loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, bool recompute);
+/* Over every chunk of the rank, recomputing as the plan says. */
+loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
+
+/* ZeRO's cut of one chunk's flat buffer over dp replicas: ZeRO-1 one
+ * bucket, ZeRO-2/3 each edge tensor before the blocks alone, each layer,
+ * and the rest; each bucket padded to dp equal pieces. In elements. */
+typedef struct {
+  size_t shard;      /* this replica's pieces, over all buckets */
+  size_t max_shard;  /* the largest bucket's piece */
+  size_t layer_max;  /* the largest layer bucket, padded */
+  size_t edges;      /* the edge buckets, padded, together */
+  size_t edge_shard; /* the largest edge bucket's piece */
+} loom_zero_cut;
+loom_zero_cut loom_plan_zero_cut(const loom_plan *plan, const loom_stage_range *range);
+
+#endif
