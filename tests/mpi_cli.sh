@@ -53,6 +53,31 @@ grep -q "bubble measured" "$WORK/t.svg" || fail "svg title"
   --steps 2 --eval-every 0 > "$WORK/plan_run.txt" 2>&1 || fail "train --plan: $(cat "$WORK/plan_run.txt")"
 grep -q "parallel: 4 ranks, tp 2 x pp 2" "$WORK/plan_run.txt" || fail "plan layout not used"
 
+# What is checked is what runs: two plans run with --metrics, each ending
+# with the busiest rank's memory record, whose counted peak is the
+# estimate; a device limit set between the two peaks passes the smaller
+# plan and refuses the larger, naming its rank and both sizes.
+field() { sed -n "s/.*\"$2\": \([0-9]*\).*/\1/p" "$1" | tail -n 1; }
+for mb in 2 4; do
+  "$LOOM" plan new --pp 2 --layers 2 --hidden 64 --heads 2 --seq 32 --micro-batch $mb --micro-batches 4 \
+    -o "$WORK/mem$mb.txtpb" > /dev/null || fail "plan new micro-batch $mb"
+  run train --plan "$WORK/mem$mb.txtpb" --steps 1 --eval-every 0 --metrics "$WORK/mem$mb.jsonl" > "$WORK/mem$mb.txt" 2>&1 ||
+    fail "micro-batch $mb run: $(cat "$WORK/mem$mb.txt")"
+  grep -q '^{"memory": {"rank": [01], "estimate_bytes": [0-9]*, "peak_bytes": [0-9]*, "resident_peak_bytes": [0-9]*}}$' \
+    "$WORK/mem$mb.jsonl" || fail "micro-batch $mb: no memory record: $(tail -n 1 "$WORK/mem$mb.jsonl")"
+  [ "$(field "$WORK/mem$mb.jsonl" estimate_bytes)" = "$(field "$WORK/mem$mb.jsonl" peak_bytes)" ] ||
+    fail "micro-batch $mb: the estimate is not the counted peak: $(tail -n 1 "$WORK/mem$mb.jsonl")"
+  grep -q "memory: rank [01]'s tensor memory peaked at .* (the host allocator's count); loom estimated .*, +0.00% off" \
+    "$WORK/mem$mb.txt" || fail "micro-batch $mb: memory line: $(grep memory: "$WORK/mem$mb.txt")"
+done
+small=$(field "$WORK/mem2.jsonl" peak_bytes) large=$(field "$WORK/mem4.jsonl" peak_bytes)
+[ "$small" -gt 0 ] && [ "$large" -gt "$small" ] || fail "peaks $small and $large"
+limit=$(((small + large) / 2))
+"$LOOM" plan check "$WORK/mem2.txtpb" --device-memory "$limit" > "$WORK/fits.txt" 2>&1 ||
+  fail "a plan whose peak $small fits $limit is refused: $(cat "$WORK/fits.txt")"
+"$LOOM" plan check "$WORK/mem4.txtpb" --device-memory "$limit" > "$WORK/over.txt" 2>&1 && fail "a plan whose peak $large exceeds $limit passes"
+grep -q "stages (pp_rank [01] chunk 0): needs .* per rank, over the device's" "$WORK/over.txt" || fail "refusal: $(cat "$WORK/over.txt")"
+
 # The README's hand-written example plan checks and runs as the README says.
 PLANS="$(dirname "$0")/../examples/plans"
 "$LOOM" plan check "$PLANS/tiny-tp2-pp2.txtpb" --world 4 > /dev/null || fail "the example plan does not check"

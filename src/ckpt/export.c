@@ -5,7 +5,6 @@
 #include "ckpt/hf.h"
 #include "ckpt/llmc_model.h"
 #include "ckpt/safetensors.h"
-#include "backend/op_math.h"
 #include "core/strbuf.h"
 #include "core/write_file.h"
 
@@ -69,16 +68,4 @@ loom_status loom_model_export(const loom_model_source *src, loom_model_format fo
   if (format == LOOM_FORMAT_HF) return loom_hf_write(out, src, dtype, err);
   return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, dtype, err)
                                            : loom_llmc_write(out, src, dtype, err);
-}
-
-size_t loom_export_values(float *values, size_t n, loom_dtype dtype) {
-  if (dtype != LOOM_DTYPE_BF16) return n * sizeof(float);
-  char *bytes = (char *)values;
-  for (size_t i = 0; i < n; i++) { /* element i's 2 bytes land at or before its 4 are read */
-    float x;
-    memcpy(&x, bytes + i * sizeof x, sizeof x);
-    const uint16_t b = loom_bf16_round(x);
-    memcpy(bytes + i * sizeof b, &b, sizeof b);
-  }
-  return n * sizeof(uint16_t);
 }

@@ -33,8 +33,5 @@ loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_forma
  * rounded to nearest even: llm.c's version 5, safetensors' "BF16"). */
 loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
                               loom_error *err);
-/* Rewrites n fp32 values in place as dtype's (bf16: packed into the first
- * half of the buffer); returns their bytes. */
-size_t loom_export_values(float *values, size_t n, loom_dtype dtype);
 
 #endif

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/llmc_model.h"
-#include "ckpt/export.h"
 #include "core/fault.h"
 #include "core/read_file.h"
 #include "core/write_file.h"

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "ckpt/assemble.h"
 #include "ckpt/manifest.h"
+#include "backend/op_math.h"
 #include "ckpt/model_source.h"
 #include "core/fault.h"
 
@@ -136,4 +137,16 @@ size_t loom_model_source_max_numel(const loom_model_source *s) {
   for (int k = 0; k < s->count; k++)
     if (loom_tensor_numel(&s->specs[k]) > most) most = loom_tensor_numel(&s->specs[k]);
   return most;
+}
+
+size_t loom_export_values(float *values, size_t n, loom_dtype dtype) {
+  if (dtype != LOOM_DTYPE_BF16) return n * sizeof(float);
+  char *bytes = (char *)values;
+  for (size_t i = 0; i < n; i++) { /* element i's 2 bytes land at or before its 4 are read */
+    float x;
+    memcpy(&x, bytes + i * sizeof x, sizeof x);
+    const uint16_t b = loom_bf16_round(x);
+    memcpy(bytes + i * sizeof b, &b, sizeof b);
+  }
+  return n * sizeof(uint16_t);
 }

@@ -41,4 +41,9 @@ void loom_model_source_pieces_free(loom_piece_source *out);
 /* Elements of the largest tensor: the scratch a writer needs. */
 size_t loom_model_source_max_numel(const loom_model_source *s);
 
+/* Rewrites n fp32 values in place as dtype's (bf16: packed into the first
+ * half of the buffer); returns their bytes. What every single-file writer
+ * (llm.c, safetensors, a Hugging Face directory) stores of a tensor. */
+size_t loom_export_values(float *values, size_t n, loom_dtype dtype);
+
 #endif

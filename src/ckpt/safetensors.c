@@ -3,7 +3,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/safetensors.h"
-#include "ckpt/export.h"
 #include "core/write_file.h"
 
 loom_safetensors_shape loom_safetensors_shape_of(const loom_gpt_config *cfg, const loom_tensor *spec,

@@ -79,6 +79,10 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   if (st != LOOM_OK) return st;
   pipe->mem = ops->mem;
   loom_p2p_init(&pipe->p2p, ps->pp_group, pipe->mem, act_floats(pipe), ps->pp, pipe->v, pipe->m, nsends);
+  pipe->send_cap = loom_xcalloc((size_t)ps->pp, sizeof *pipe->send_cap, "send buffer counts");
+  int *scratch = loom_xcalloc(2 * (size_t)pipe->v, sizeof *scratch, "schedule peaks");
+  for (int r = 0; r < ps->pp; r++) loom_plan_rank_buffers(plan, r, scratch, scratch + pipe->v, &pipe->send_cap[r]);
+  free(scratch);
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
@@ -123,6 +127,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   loom_pool_free(&pipe->slots);
   loom_pool_free(&pipe->wstates);
   loom_p2p_free(&pipe->p2p);
+  free(pipe->send_cap);
   if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
@@ -308,6 +313,7 @@ typedef struct {
   bool train;
   int step;
   int64_t sample_offset; /* global index of micro-batch 0's first sample */
+  int first_mb;          /* the feed's index of micro-batch 0 (an evaluation's later rounds) */
   float dloss;           /* grad of the mean loss per scored target (training) */
   float *tally;          /* forward-only with a score hook: problems, correct */
 } run_spec;
@@ -318,15 +324,14 @@ typedef struct {
   double norm, compute, wait, dp_wait;
 } run_totals;
 
-/* Runs this rank's actions of a verified schedule. Forward-only schedules
- * free a slot once its output has left (or, on the last stage, once it is
- * scored); training ones when its backward is done. */
-static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, const run_spec *spec) {
+/* Runs this rank's actions of a verified schedule, adding to *totals;
+ * buffers change hands at the schedule's events alone. */
+static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, const run_spec *spec, run_totals *totals) {
   const loom_parallel *ps = pipe->ps;
   const loom_schedule *sched = spec->sched;
   const int r = ps->pp_rank;
   const bool tracing = pipe->tracing && spec->train;
-  run_totals out = {0};
+  run_totals out = *totals; /* an evaluation's rounds add up in one running sum, in micro-batch order */
   loom_pool_reset(&pipe->slots);
   loom_pool_reset(&pipe->wstates);
   loom_p2p_reset(&pipe->p2p);
@@ -352,7 +357,7 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
     }
     case LOOM_ACT_FORWARD: {
       const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      const int64_t counted = hooks->feed(hooks->ctx, a->mb, pipe->tokens, pipe->targets);
+      const int64_t counted = hooks->feed(hooks->ctx, spec->first_mb + a->mb, pipe->tokens, pipe->targets);
       const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
       if (m->p.range.last) {
         out.loss_sum += (double)loss * (double)counted;
@@ -417,7 +422,7 @@ static run_totals run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *ho
     else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) out.wait += t1 - t0;
     if (tracing) trace_event(pipe, a, t0, t1);
   }
-  return out;
+  *totals = out;
 }
 
 loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int step,
@@ -436,7 +441,8 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   }
   const run_spec spec = {.sched = &pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,
                          .dloss = scored ? 1.0f / (float)scored : 0.0f};
-  const run_totals t = run_actions(pipe, hooks, &spec);
+  run_totals t = {0};
+  run_actions(pipe, hooks, &spec, &t);
   /* The last stages know their replicas' losses; every rank reports the sum. */
   const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
   float loss = last ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
@@ -448,35 +454,76 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
                                .dp_overlap = (double)pipe->overlapped / (double)grads, .dp_wait_s = t.dp_wait};
 }
 
-/* The forward-only schedule over `batches` micro-batches, built and verified
- * once per batch count. */
-static loom_status eval_schedule(loom_pipeline *pipe, int batches, loom_error *err) {
-  if (pipe->eval_sched.count && pipe->eval_sched.m == batches) return LOOM_OK;
+/* The forward-only schedule over m micro-batches (kept while m stays), verified. */
+static loom_status eval_schedule(loom_pipeline *pipe, int m, loom_error *err) {
+  if (pipe->eval_sched.count && pipe->eval_sched.m == m) return LOOM_OK;
   loom_schedule_free(&pipe->eval_sched);
-  loom_status st = loom_schedule_build_eval(&pipe->eval_sched, pipe->sched.kind, pipe->ps->pp, pipe->v, batches, err);
+  loom_status st = loom_schedule_build_eval(&pipe->eval_sched, pipe->sched.kind, pipe->ps->pp, pipe->v, m, err);
   if (st == LOOM_OK) {
     loom_schedule_report rep;
     st = loom_schedule_verify(&pipe->eval_sched, &rep);
     if (st != LOOM_OK) st = loom_fail(err, st, "the forward-only schedule failed verification: %s", rep.why);
     loom_schedule_report_free(&rep);
   }
-  if (st == LOOM_OK) {
-    loom_pool_widen(&pipe->slots, batches);
-    loom_pool_widen(&pipe->wstates, batches);
-    loom_p2p_reserve(&pipe->p2p, loom_schedule_rank_peaks(&pipe->eval_sched, pipe->ps->pp_rank, -1).sends, batches);
+  if (st == LOOM_OK) { /* room in the maps for m micro-batches; the buffers are training's */
+    loom_pool_widen(&pipe->slots, m);
+    loom_pool_widen(&pipe->wstates, m);
+    loom_p2p_reserve(&pipe->p2p, pipe->p2p.n, m);
   }
   return st;
+}
+
+/* Whether the built forward-only schedule needs no more buffers on any rank
+ * than the memory model gave it for training. */
+static bool eval_fits(const loom_pipeline *pipe) {
+  const loom_schedule *s = &pipe->eval_sched;
+  for (int r = 0; r < s->p; r++)
+    if (loom_schedule_rank_peaks(s, r, -1).sends > pipe->send_cap[r]) return false;
+  for (int c = 0; c < pipe->v; c++)
+    if (loom_schedule_rank_peaks(s, pipe->ps->pp_rank, c).live > pipe->slots.cap[c]) return false;
+  return true;
+}
+
+/* Evaluation runs in rounds: the most micro-batches at once whose
+ * forward-only schedule fits training's buffers on every rank (a pass over
+ * one chunk per rank gets no reply that proves a send received, so a round
+ * holds its sends to its end), so evaluating allocates nothing the memory
+ * model does not count. Every rank reads the same schedules and counts, so
+ * all choose the same rounds. */
+static loom_status eval_round(loom_pipeline *pipe, int batches, int *round, loom_error *err) {
+  if (pipe->eval_batches == batches) {
+    *round = pipe->eval_round;
+    return LOOM_OK;
+  }
+  for (int m = batches; m >= 1; m--) {
+    const loom_status st = eval_schedule(pipe, m, err);
+    if (st != LOOM_OK) return st;
+    if (eval_fits(pipe) || m == 1) {
+      LOOM_CHECK(eval_fits(pipe), "one micro-batch of evaluation fits training's buffers");
+      pipe->eval_batches = batches, pipe->eval_round = *round = m;
+      return LOOM_OK;
+    }
+  }
+  return loom_fail(err, LOOM_ERR_USAGE, "evaluation needs at least one batch (got %d)", batches);
 }
 
 loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,
                                float *tally, loom_error *err) {
   const loom_parallel *ps = pipe->ps;
-  const loom_status st = eval_schedule(pipe, batches, err);
+  int round;
+  loom_status st = eval_round(pipe, batches, &round, err);
   if (st != LOOM_OK) return st;
   float local[2] = {0.0f, 0.0f};
   for (int c = 0; c < pipe->v; c++) loom_gpt_sync_compute_weights(&pipe->chunks[c]);
-  const run_spec spec = {.sched = &pipe->eval_sched, .train = false, .tally = local};
-  const run_totals t = run_actions(pipe, hooks, &spec);
+  run_totals t = {0};
+  for (int first = 0; first < batches && st == LOOM_OK; first += round) {
+    const int m = batches - first < round ? batches - first : round;
+    st = eval_schedule(pipe, m, err);
+    if (st != LOOM_OK) return st;
+    const run_spec spec = {.sched = &pipe->eval_sched, .train = false, .tally = local, .first_mb = first,
+                           .sample_offset = (int64_t)first * pipe->B};
+    run_actions(pipe, hooks, &spec, &t);
+  }
   const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
   float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
                       last ? local[1] : 0.0f};
