@@ -17,6 +17,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "| ZeRO | weights (MiB) | grads (MiB) | Adam (MiB) | in transit (MiB) | counted peak (MiB) | estimated (MiB) | step (ms) |"
 echo "|---|---|---|---|---|---|---|---|"
 for z in 0 1 2 3; do
+  rm -f "$WORK/m.jsonl" # loom train keeps an existing metrics file
   mpirun -np 2 -x OMP_NUM_THREADS=1 "$LOOM" train "$@" --dp 2 --zero $z --steps "$STEPS" --eval-every 0 \
     --metrics "$WORK/m.jsonl" > "$WORK/log" 2>&1 || { echo "ZeRO-$z run failed:" >&2; cat "$WORK/log" >&2; exit 1; }
   state=$(sed -n 's/.*weights \([0-9.]*\) MiB, grads \([0-9.]*\) MiB, Adam \([0-9.]*\) MiB, in transit \([0-9.]*\) MiB.*/\1 | \2 | \3 | \4/p' "$WORK/log")
