@@ -181,6 +181,28 @@ static void expect_p2p_as_simulated(const loom_trainer *tr, int steps) {
   if (tr->ps.pp > 1) ck_assert_double_gt(sent, 0.0);
 }
 
+/* The bytes this rank's data-parallel collectives moved over `steps` steps
+ * (counted by the communicator as ring algorithms move
+ * them) against the plan's estimate of them (dp_bytes_sent, which `loom sim`
+ * costs). The plan counts the grads and weights; the run also sums a few
+ * scalars per step (the token count, the loss, ZeRO's grad norm: 40 bytes
+ * at dp 2), and ZeRO pads each bucket to dp equal pieces, which the plan
+ * leaves out: up to 0.8% more on these tiny models (the Llama family's
+ * under ZeRO-3), so the run may move up to 1% more than the plan says. */
+static void expect_dp_as_planned(const loom_trainer *tr, int steps, double before) {
+  double planned = 0.0;
+  for (size_t k = 0; k < tr->plan->n_stages; k++)
+    if (tr->plan->estimates->stages[k]->pp_rank == tr->ps.pp_rank) planned += (double)tr->plan->estimates->stages[k]->dp_bytes_sent;
+  planned *= steps;
+  const double moved = tr->ps.dp_group->ring_bytes - before;
+  const double slack = steps * 64.0 + (tr->zero ? 0.01 * planned : 0.0);
+  ck_assert_msg(moved >= planned && moved <= planned + slack && (g_dp == 1 || planned > 0),
+                "rank %d: data-parallel collectives moved %.0f bytes, the plan counts %.0f (slack %.0f)", g_world->rank, moved,
+                planned, slack);
+  if (getenv("LOOM_TEST_MEMORY"))
+    printf("dp rank %d: moved %.0f planned %.0f (%+.0f)\n", g_world->rank, moved, planned, moved - planned);
+}
+
 /* Trains a case through the runtime, as `loom train` would; the caller frees
  * tr, then *plan. */
 static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, loom_plan **plan_out, loom_dataset *data) {
@@ -191,8 +213,10 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   ck_assert_msg(loom_trainer_init(tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
+  const double before = tr->ps.dp_group->ring_bytes;
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
   expect_p2p_as_simulated(tr, STEPS);
+  expect_dp_as_planned(tr, STEPS, before);
   /* An evaluation of more micro-batches than a step's runs in rounds within training's buffers. */
   loom_eval_stats e;
   ck_assert_msg(loom_trainer_eval(tr, 3 * pc->m, 0, &e, &err) == LOOM_OK, "%s", err.msg);

@@ -19,13 +19,21 @@ static void local_copy(const loom_comm *c, void *dst, const void *src, size_t by
   else memmove(dst, src, bytes);
 }
 
+/* The ring bytes of a collective: an all-reduce of n values (`reduce`), or an all-gather or reduce-scatter of n per rank. */
+static void count(loom_comm *c, size_t n, loom_dtype type, bool reduce) {
+  const double d = c->size, bytes = (double)n * (double)loom_dtype_size(type);
+  c->ring_bytes += reduce ? 2.0 * (d - 1.0) / d * bytes : (d - 1.0) * bytes;
+}
+
 int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
 int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
 
 void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op) {
   LOOM_CHECK(type != LOOM_DTYPE_BYTE && (type != LOOM_DTYPE_BF16 || op == LOOM_REDUCE_SUM),
              "all-reduce of bytes, or a bf16 max, is not defined");
-  if (!single(c)) c->ops->allreduce(c, buf, n, type, op);
+  if (single(c)) return;
+  count(c, n, type, true);
+  c->ops->allreduce(c, buf, n, type, op);
 }
 
 void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
@@ -34,7 +42,9 @@ void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) 
 
 loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type) {
   LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "non-blocking all-reduce sums f32 or bf16");
-  return single(c) ? NULL : c->ops->iallreduce(c, buf, n, type);
+  if (single(c)) return NULL;
+  count(c, n, type, true);
+  return c->ops->iallreduce(c, buf, n, type);
 }
 
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
@@ -46,6 +56,7 @@ void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_
     local_copy(c, recv, send, n * loom_dtype_size(type));
     return;
   }
+  count(c, n, type, false);
   c->ops->allgather(c, send, recv, n, type);
 }
 
@@ -58,17 +69,24 @@ void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size
     local_copy(c, recv, send, n * sizeof(float));
     return;
   }
+  count(c, n, LOOM_DTYPE_F32, false);
   c->ops->reduce_scatter(c, send, recv, n);
 }
 
 loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
-  if (!single(c)) return c->ops->iallgather(c, send, recv, n, type);
+  if (!single(c)) {
+    count(c, n, type, false);
+    return c->ops->iallgather(c, send, recv, n, type);
+  }
   local_copy(c, recv, send, n * loom_dtype_size(type));
   return NULL;
 }
 
 loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
-  if (!single(c)) return c->ops->ireduce_scatter(c, send, recv, n);
+  if (!single(c)) {
+    count(c, n, LOOM_DTYPE_F32, false);
+    return c->ops->ireduce_scatter(c, send, recv, n);
+  }
   local_copy(c, recv, send, n * sizeof(float));
   return NULL;
 }

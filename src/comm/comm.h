@@ -61,6 +61,11 @@ struct loom_comm {
    * given (NULL: host memory only). A comm backend that cannot reach it
    * stages through the host; sub-groups inherit it. */
   const loom_allocator *mem;
+  /* Bytes this rank has sent in the group's all-reduces, all-gathers and
+   * reduce-scatters, as ring algorithms move them (an all-reduce of B bytes
+   * sends 2 (d-1)/d B; an all-gather or reduce-scatter of B bytes per rank
+   * (d-1) B): the measured side of the plan's and the sim's dp traffic. */
+  double ring_bytes;
   void *impl;
 };
 

@@ -6,13 +6,14 @@
 #include "core/fault.h"
 #include "core/timer.h"
 #include "pipeline/executor.h"
+#include "pipeline/grad_sync.h"
 #include "plan/memory.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
 
 static int stage_of(const loom_pipeline *pipe, int chunk) { return loom_virtual_stage(&pipe->sched, pipe->ps->pp_rank, chunk); }
 /* The chunk of this rank holding stage `stage`, or -1. */
-static int chunk_holding(const loom_pipeline *pipe, int stage) {
+int loom_pipeline_chunk_holding(const loom_pipeline *pipe, int stage) {
   int rank, chunk;
   loom_stage_place(pipe->sched.v_shape, pipe->ps->pp, stage, &rank, &chunk);
   return rank == pipe->ps->pp_rank ? chunk : -1;
@@ -144,91 +145,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   memset(pipe, 0, sizeof *pipe);
 }
 
-/* Sums the tied wte grads of stage 0 and stage S-1 so both copies step alike. */
-/* Chunk c's wte grads: whole, or under ZeRO-2/3 this replica's piece of
- * them (the same elements on both stages: wte is a bucket of its own). */
-static float *wte_grads(loom_pipeline *pipe, int c, size_t *n) {
-  loom_gpt *m = &pipe->chunks[c];
-  if (!pipe->zero) {
-    *n = loom_tensor_numel(&m->p.grads.views[0]);
-    return m->p.g.wte;
-  }
-  size_t lo;
-  return loom_zero_tensor_grad(pipe->zero[c].z, 0, &lo, n);
-}
-
-static void reduce_tied(loom_pipeline *pipe) {
-  const loom_parallel *ps = pipe->ps;
-  const int first = chunk_holding(pipe, 0), last = chunk_holding(pipe, pipe->S - 1);
-  size_t n;
-  float *mine = wte_grads(pipe, first >= 0 ? first : last, &n);
-  if (first >= 0 && last >= 0 && first != last) { /* one rank holds both ends (pp 1 with chunks, or a V) */
-    float *other = wte_grads(pipe, last, &n);
-    if (n == 0) return;
-    pipe->chunks[0].ops->accumulate(pipe->chunks[0].ops, mine, other, n);
-    pipe->mem->copy(pipe->mem, other, mine, n * sizeof(float));
-    return;
-  }
-  loom_comm_allreduce(ps->embed_group, mine, n, LOOM_REDUCE_SUM);
-}
-
-/* Called after each layer's backward on a chunk's last micro-batch: its
- * grads are final, so they join the open bucket, which is all-reduced once it
- * is big enough or the chunk's first layer is done. Layers finish last to
- * first, so a bucket is one contiguous range. */
-/* Starts summing chunk c's grads [lo, hi) over the replicas: in place in
- * fp32, or (grad_reduce bf16) as bf16 values in grad16, unpacked by finish_sum. */
-static loom_request *start_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
-  loom_gpt *m = &pipe->chunks[c];
-  float *g = (float *)m->p.grads.base + lo;
-  if (!pipe->grad16) return loom_comm_iallreduce(pipe->ps->dp_group, g, hi - lo);
-  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
-  return loom_comm_iallreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16);
-}
-
-static void finish_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi, loom_request *req) {
-  loom_comm_wait(pipe->ps->dp_group, req);
-  loom_gpt *m = &pipe->chunks[c];
-  if (pipe->grad16) m->ops->from_bf16(m->ops, (float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
-}
-
-/* The same, blocking (MPI tunes its blocking all-reduce better). */
-static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
-  if (hi <= lo) return;
-  loom_gpt *m = &pipe->chunks[c];
-  float *g = (float *)m->p.grads.base + lo;
-  if (!pipe->grad16) {
-    loom_comm_allreduce(pipe->ps->dp_group, g, hi - lo, LOOM_REDUCE_SUM);
-    return;
-  }
-  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
-  loom_comm_allreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
-  m->ops->from_bf16(m->ops, g, pipe->grad16[c] + lo, hi - lo);
-}
-
-static void layer_done(loom_pipeline *pipe, loom_gpt *m, int l) {
-  size_t lo, hi;
-  loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
-  pipe->open_lo = lo;
-  if ((pipe->open_hi - pipe->open_lo) * sizeof(float) < pipe->bucket_bytes && l > 0) return;
-  const int c = (int)(m - pipe->chunks), k = pipe->nbucket++;
-  pipe->bucket_at[3 * k] = (size_t)c, pipe->bucket_at[3 * k + 1] = pipe->open_lo, pipe->bucket_at[3 * k + 2] = pipe->open_hi;
-  pipe->bucket_req[k] = start_sum(pipe, c, pipe->open_lo, pipe->open_hi);
-  pipe->overlapped += pipe->open_hi - pipe->open_lo;
-  pipe->open_lo = pipe->open_hi = 0;
-}
-
-void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *whole) {
-  *sent = *whole = 0;
-  for (int c = 0; pipe->compress && c < pipe->v; c++)
-    *sent += pipe->compress[c].sent_words, *whole += pipe->compress[c].whole_words;
-}
-
-static bool bucketing(const loom_pipeline *pipe) {
-  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
-}
-
 /* The model's hooks: ZeRO-2/3's gathers and reduce-scatters, and the
  * buckets of a chunk's last backward. */
 static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer) {
@@ -239,37 +155,7 @@ static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer) {
 static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer) {
   loom_pipeline *pipe = ctx;
   if (pipe->zero) loom_zero_runtime_after(&pipe->zero[m - pipe->chunks], backward, layer);
-  if (backward && layer >= 0 && pipe->final_backward) layer_done(pipe, m, layer);
-}
-
-/* Sums grads over the replicas: finishes the buckets started during backward
- * and reduces what they left out (the embedding, positions and final norm).
- * Compression sums them its own way, under ZeRO-1 too; otherwise under
- * ZeRO-1 the optimizer reduce-scatters instead, and ZeRO-2/3 have during
- * backward. Returns the seconds
- * spent waiting for the buckets. */
-static double reduce_dp(loom_pipeline *pipe) {
-  if (pipe->compress) { /* the whole chunk at once: its messages cover every grad matrix */
-    for (int c = 0; c < pipe->v; c++)
-      loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
-    return 0.0;
-  }
-  if (pipe->zero_stage) return 0.0; /* ZeRO-1's optimizer reduce-scatters; ZeRO-2/3 did during backward */
-  const double t0 = loom_now_s();
-  for (int i = 0; i < pipe->nbucket; i++) {
-    const size_t *at = &pipe->bucket_at[3 * i];
-    finish_sum(pipe, (int)at[0], at[1], at[2], pipe->bucket_req[i]);
-  }
-  const double waited = loom_now_s() - t0;
-  for (int c = 0; c < pipe->v; c++) {
-    loom_gpt *m = &pipe->chunks[c];
-    size_t lo = 0, hi = 0;
-    if (bucketing(pipe) && m->p.layers > 0) loom_gpt_block_range(m, 0, m->p.layers, &lo, &hi);
-    sum_now(pipe, c, 0, lo);
-    sum_now(pipe, c, hi, m->p.grads.numel);
-  }
-  pipe->nbucket = 0;
-  return waited;
+  if (backward && layer >= 0 && pipe->final_backward) loom_grad_sync_layer_done(pipe, m, layer);
 }
 
 static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, double t1) {
@@ -389,7 +275,7 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
       /* Both end the micro-batch's backward on this chunk: under data
        * parallelism the chunk's grads are final after its last one. */
       const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      pipe->final_backward = a->mb == pipe->m - 1 && bucketing(pipe);
+      pipe->final_backward = a->mb == pipe->m - 1 && loom_grad_sync_buckets(pipe);
       if (a->kind == LOOM_ACT_BACKWARD) {
         loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
       } else {
@@ -409,8 +295,8 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
       loom_p2p_send(&pipe->p2p, true, a->chunk, a->mb, m->slots[slot].dx0, a->peer, stage - 1);
       break;
     }
-    case LOOM_ACT_REDUCE_TIED: reduce_tied(pipe); break;
-    case LOOM_ACT_REDUCE_DP: out.dp_wait = reduce_dp(pipe); break;
+    case LOOM_ACT_REDUCE_TIED: loom_grad_sync_tied(pipe); break;
+    case LOOM_ACT_REDUCE_DP: out.dp_wait = loom_grad_sync_dp(pipe); break;
     case LOOM_ACT_OPTIMIZER_STEP:
       for (int c = 0; c < pipe->v; c++) loom_gpt_sync_replicated_grads(&pipe->chunks[c]);
       out.norm = hooks->optimizer_step(hooks->ctx, pipe);
@@ -444,7 +330,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
   run_totals t = {0};
   run_actions(pipe, hooks, &spec, &t);
   /* The last stages know their replicas' losses; every rank reports the sum. */
-  const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
+  const bool last = loom_pipeline_chunk_holding(pipe, pipe->S - 1) >= 0;
   float loss = last ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
   loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
@@ -524,7 +410,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *h
                            .sample_offset = (int64_t)first * pipe->B};
     run_actions(pipe, hooks, &spec, &t);
   }
-  const bool last = chunk_holding(pipe, pipe->S - 1) >= 0;
+  const bool last = loom_pipeline_chunk_holding(pipe, pipe->S - 1) >= 0;
   float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
                       last ? local[1] : 0.0f};
   loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);

@@ -96,6 +96,8 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
 /* Under ZeRO-2/3: runs the passes with the chunks' optimizers zero[v]
  * (loom_zero_runtime); a no-op otherwise. */
 loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero);
+/* The chunk of this rank holding virtual stage `stage`, or -1. */
+int loom_pipeline_chunk_holding(const loom_pipeline *pipe, int stage);
 /* Bytes of the ZeRO-2/3 transient buffers: gathered weights and grads in flight. */
 size_t loom_pipeline_transient_bytes(const loom_pipeline *pipe);
 void loom_pipeline_free(loom_pipeline *pipe);

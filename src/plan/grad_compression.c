@@ -1,7 +1,11 @@
 /* Which grads a compression method compresses, and what that costs. */
 #include <stdio.h>
+#include <stdlib.h>
 #include "backend/ops.h"
+#include "core/check.h"
+#include "layers/gpt.h"
 #include "plan/grad_compression.h"
+#include "plan/plan.h"
 
 void loom_compression_describe(const loom_compression *c, char *out, size_t len) {
   if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) snprintf(out, len, "PowerSGD rank %d", c->rank);
@@ -33,4 +37,52 @@ int64_t loom_compression_state_words(const loom_compression *c, const loom_tenso
   const int64_t error = (int64_t)n * m;
   if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) return error + ((int64_t)n + m) * c->rank;
   return error + (int64_t)(1 + c->dp) * (int64_t)loom_sign_message_words(loom_tensor_numel(t));
+}
+
+/* ---- the plan's compression and its cost, from the layers' table ---- */
+
+loom_compression loom_plan_compression(const loom_plan *p) {
+  const Loom__GradCompression *gc = p->grad_compression;
+  return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
+                            .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
+}
+
+/* The compression cost of one range's tensors, walked one by one. */
+static loom_compression_cost table_compression_cost(const loom_gpt_config *cfg, const loom_compression *gc,
+                                                    const loom_stage_range *range, int tp) {
+  loom_compression_cost c = {0.0, 0.0, 0.0, 0.0};
+  const int n = loom_gpt_param_table(cfg, range, 0, tp, NULL, NULL);
+  loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
+  loom_gpt_param_table(cfg, range, 0, tp, specs, meta);
+  for (int k = 0; k < n; k++) {
+    c.state_bytes += 4.0 * (double)loom_compression_state_words(gc, &specs[k]);
+    c.sent_words += (double)loom_compression_sent_words(gc, &specs[k]);
+    if (loom_compression_compresses(gc, &specs[k], NULL, NULL))
+      c.message_words += (double)loom_compression_sent_words(gc, &specs[k]);
+    c.whole_words += (double)loom_tensor_numel(&specs[k]);
+  }
+  free(specs);
+  free(meta);
+  return c;
+}
+
+loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_stage_range *range) {
+  const loom_compression gc = loom_plan_compression(p);
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const int tp = p->parallel->tp;
+  cfg = loom_gpt_config_for_tp(&cfg, tp);
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
+    const double whole = (double)loom_gpt_param_count(&cfg, range, tp);
+    return (loom_compression_cost){0.0, whole, whole, 0.0};
+  }
+  loom_stage_range edges, one;
+  const int layers = loom_stage_range_parts(range, &edges, &one);
+  if (layers <= 1) return table_compression_cost(&cfg, &gc, range, tp);
+  loom_compression_cost c = table_compression_cost(&cfg, &gc, &edges, tp);
+  const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one, tp);
+  c.state_bytes += layers * l.state_bytes, c.sent_words += layers * l.sent_words;
+  c.message_words += layers * l.message_words, c.whole_words += layers * l.whole_words;
+  return c;
 }

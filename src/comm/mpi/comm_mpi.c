@@ -286,7 +286,7 @@ static const loom_comm_ops MPI_OPS = {
 };
 
 static loom_comm *wrap(MPI_Comm comm) {
-  loom_comm *c = loom_xmalloc(sizeof *c, "communicator");
+  loom_comm *c = loom_xcalloc(1, sizeof *c, "communicator");
   MPI_Comm *impl = loom_xmalloc(sizeof *impl, "communicator");
   *impl = comm;
   c->ops = &MPI_OPS;

@@ -1,0 +1,160 @@
+/* Building a plan from a spec: stages, balancing, the world's dp. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "layers/gpt.h"
+#include "plan/grad_compression.h"
+#include "plan/memory.h"
+#include "plan/plan.h"
+#include "schedule/verify.h"
+
+/* ---- building ---- */
+
+static Loom__Stage *new_stage(int pp_rank, int chunk, int begin, int end, bool first, bool last, bool recompute) {
+  Loom__Stage *s = loom_xmalloc(sizeof *s, "plan stage");
+  loom__stage__init(s);
+  s->has_pp_rank = s->has_chunk = s->has_layer_begin = s->has_layer_end = 1;
+  s->pp_rank = pp_rank;
+  s->chunk = chunk;
+  s->layer_begin = begin;
+  s->layer_end = end;
+  s->has_embedding = s->has_head = s->has_recompute = 1;
+  s->embedding = first;
+  s->head = last;
+  s->recompute = recompute;
+  return s;
+}
+
+/* Layers per virtual stage so that each stage's load is as even as can be:
+ * every layer costs `layer`, stage 0 also carries `first`, the last `last`. */
+static void balance(int layers, int stages, double layer, double first, double last, int *counts) {
+  if (stages == 1) {
+    counts[0] = layers;
+    return;
+  }
+  const double target = (first + last + layers * layer) / stages;
+  int n0 = (int)lround((target - first) / layer), nl = (int)lround((target - last) / layer);
+  n0 = n0 < 0 ? 0 : n0 > layers ? layers : n0;
+  nl = nl < 0 ? 0 : nl > layers - n0 ? layers - n0 : nl;
+  const int middle = stages - 2, rest = layers - n0 - nl;
+  if (middle == 0) nl += rest; /* two stages: the last takes what is left */
+  counts[0] = n0;
+  counts[stages - 1] = nl;
+  for (int s = 1; s <= middle; s++) counts[s] = rest / middle + (s - 1 < rest % middle);
+}
+
+loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_error *err) {
+  *out = NULL;
+  loom_plan *p = loom_xmalloc(sizeof *p, "plan");
+  loom__partition_plan__init(p);
+  p->has_format_version = 1;
+  p->format_version = LOOM_PLAN_FORMAT_VERSION;
+  if (sp->name) p->name = strdup(sp->name);
+  p->model = loom_xmalloc(sizeof *p->model, "plan model");
+  loom__model__init(p->model);
+  loom_model_proto_fill(p->model, &sp->model);
+  p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
+  loom__parallel__init(p->parallel);
+  Loom__Parallel *l = p->parallel;
+  l->has_tp = l->has_pp = l->has_dp = l->has_virtual_chunks = 1;
+  l->tp = sp->tp;
+  l->pp = sp->pp;
+  l->dp = sp->dp;
+  l->virtual_chunks = sp->vpp;
+  l->has_sequence_parallel = sp->sequence_parallel;
+  l->sequence_parallel = sp->sequence_parallel;
+  l->has_zero_stage = sp->zero_stage != 0;
+  l->zero_stage = sp->zero_stage;
+  p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
+  loom__batch__init(p->batch);
+  p->batch->has_micro_batch = p->batch->has_global_batch = 1;
+  p->batch->micro_batch = sp->micro_batch;
+  p->batch->global_batch = sp->global_batch;
+  p->batch->has_seq = sp->train_seq > 0 && sp->train_seq != sp->model.seq;
+  p->batch->seq = p->batch->has_seq ? sp->train_seq : 0;
+  p->has_schedule = 1;
+  p->schedule = sp->schedule;
+  p->has_balance = 1;
+  p->balance = sp->balance;
+  p->has_precision = sp->precision != LOOM__PRECISION__PRECISION_FP32;
+  p->precision = sp->precision;
+  p->has_grad_reduce = sp->grad_reduce != LOOM__PRECISION__PRECISION_FP32;
+  p->grad_reduce = sp->grad_reduce;
+  if (sp->compression != LOOM__COMPRESSION_KIND__COMPRESSION_NONE || sp->compression_rank != 0) {
+    p->grad_compression = loom_xmalloc(sizeof *p->grad_compression, "plan grad compression");
+    loom__grad_compression__init(p->grad_compression);
+    p->grad_compression->has_kind = p->grad_compression->has_rank = 1;
+    p->grad_compression->kind = sp->compression;
+    p->grad_compression->rank = sp->compression_rank;
+  }
+  /* Stages: an explicit split, or balanced by the chosen measure. */
+  const int S = sp->pp * sp->vpp;
+  if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {
+    loom_plan_free(p);
+    return loom_fail(err, LOOM_ERR_USAGE, "parallel.pp x parallel.virtual_chunks = %d stages is out of range (1 to %d)", S,
+                     LOOM_PLAN_MAX_STAGES);
+  }
+  int *counts = loom_xmalloc((size_t)S * sizeof(int), "layer counts");
+  if (sp->layer_counts) {
+    if (sp->nlayer_counts != S) {
+      free(counts);
+      loom_plan_free(p);
+      return loom_fail(err, LOOM_ERR_USAGE, "stages: the layer split has %d entries but there are %d stages "
+                       "(parallel.pp x parallel.virtual_chunks); give one count per stage", sp->nlayer_counts, S);
+    }
+    memcpy(counts, sp->layer_counts, (size_t)S * sizeof(int));
+  } else if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) {
+    /* The one even split: earlier stages take the remainder. */
+    for (int v = 0; v < S; v++) counts[v] = p->model->layers / S + (v < p->model->layers % S);
+  } else {
+    /* Sizes and FLOPs of a layer and of the edges, from the layers' table and FLOPs count. */
+    loom_gpt_config cfg;
+    loom_plan_model_config(p, &cfg);
+    const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, head = {.last = true}, embed = {.first = true};
+    double layer = 1.0, first = 0.0, last = 0.0;
+    if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
+      layer = (double)loom_gpt_param_count(&cfg, &one, 1);
+      first = (double)loom_gpt_param_count(&cfg, &embed, 1);
+      last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
+    } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
+      layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON);
+      last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM head's matmul */
+    }
+    balance(p->model->layers, S, layer, first, last, counts);
+  }
+  p->n_stages = (size_t)S;
+  p->stages = loom_xcalloc((size_t)S, sizeof *p->stages, "plan stages");
+  int begin = 0;
+  for (int v = 0; v < S; v++) {
+    int rank, chunk;
+    loom_stage_place(loom_schedule_kind_v_shape(sp->schedule), sp->pp, v, &rank, &chunk);
+    p->stages[v] = new_stage(rank, chunk, begin, begin + counts[v], v == 0, v == S - 1, sp->recompute);
+    begin += counts[v];
+  }
+  free(counts);
+  loom_plan_estimate(p);
+  *out = p;
+  return LOOM_OK;
+}
+
+loom_status loom_plan_fit_world(loom_plan *p, int world, loom_error *err) {
+  Loom__Parallel *l = p->parallel;
+  const int64_t group = (int64_t)l->tp * l->pp, ranks = group * l->dp;
+  if (world >= ranks) return LOOM_OK;
+  const int64_t dp = world / group, per_step = (int64_t)p->batch->micro_batch * dp;
+  if (dp < 1)
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks cannot hold one tp %d x pp %d group of the plan", world, l->tp, l->pp);
+  if (dp * group != world)
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks are not whole tp %d x pp %d groups; launch %lld", world, l->tp, l->pp,
+                     (long long)(dp * group));
+  if (p->batch->global_batch % per_step)
+    return loom_fail(err, LOOM_ERR_USAGE, "dp %lld on %d ranks cannot keep batch.global_batch %d: not a multiple of batch.micro_batch x dp (%lld)",
+                     (long long)dp, world, p->batch->global_batch, (long long)per_step);
+  l->dp = (int)dp;
+  loom_plan_estimate(p);
+  return LOOM_OK;
+}

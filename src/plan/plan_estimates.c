@@ -1,0 +1,131 @@
+/* The plan's estimates: each stage's parameters, memory (the memory
+ * model's, plan/memory.h) and data-parallel traffic. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "layers/gpt.h"
+#include "plan/grad_compression.h"
+#include "plan/memory.h"
+#include "plan/plan.h"
+#include "schedule/verify.h"
+
+/* ---- estimates ---- */
+
+/* Bytes one rank sends over dp per step for a stage that costs c, as ring
+ * collectives move them (of a buffer of B bytes, an all-reduce sends
+ * 2 (d-1)/d B, a reduce-scatter or all-gather (d-1)/d B; an all-gather of a
+ * B-byte message from each rank, (d-1) B): the grads' all-reduce (in the
+ * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or compression's
+ * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
+ * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
+ * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
+static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, const loom_stage_range *range) {
+  const double d = p->parallel->dp;
+  if (d < 2) return 0.0;
+  const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
+  const double weight = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; /* bytes a gathered weight takes */
+  const double m = loom_plan_micro_batches(p);
+  const int zero = p->parallel->zero_stage;
+  const loom_compression gc = loom_plan_compression(p);
+  double bytes;
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
+    bytes = 2.0 * share * 4.0 * c->sent_words;
+  else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
+    bytes = (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
+  else if (zero >= 2) /* ZeRO-2/3 reduce-scatter fp32 grads after every micro-batch's backward */
+    bytes = m * share * 4.0 * c->whole_words;
+  else if (zero == 1) /* ZeRO-1 reduce-scatters fp32 grads once */
+    bytes = share * 4.0 * c->whole_words;
+  else
+    bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
+  if (zero == 1 || zero == 2) /* and all-gather the updated weights, in bf16 as the distributed optimizer */
+    bytes += share * weight * c->whole_words;
+  if (zero == 3) { /* every micro-batch gathers the weights for its forward, and again for its backward but the
+                    * edges, which only the head's stage needs then */
+    const double edges = range->last ? 0.0 : (double)loom_plan_zero_buckets(p, range).edges;
+    bytes += m * share * weight * (2.0 * c->whole_words - edges);
+  }
+  return bytes;
+}
+
+void loom_plan_estimate(loom_plan *p) {
+  if (p->estimates) loom__estimates__free_unpacked(p->estimates, NULL);
+  p->estimates = loom_xmalloc(sizeof *p->estimates, "plan estimates");
+  loom__estimates__init(p->estimates);
+  Loom__Estimates *e = p->estimates;
+  const Loom__Parallel *l = p->parallel;
+  const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  e->has_total_parameters = 1;
+  e->total_parameters = (int64_t)loom_gpt_param_count(&cfg, NULL, 1);
+  e->has_bubble = 1;
+  const loom_schedule shape = {.kind = p->schedule, .p = pp, .v = vpp, .m = mb}; /* all the theory reads */
+  e->bubble = mb > 0 && pp > 0 ? loom_schedule_theory_bubble(&shape) : 0.0;
+  e->n_stages = p->n_stages;
+  e->stages = loom_xcalloc(p->n_stages, sizeof *e->stages, "stage estimates");
+  /* Sizes of a plan that breaks a rule mean nothing (the rules say why): zeros. */
+  const bool sound = loom_plan_check_rules(p, 0, 0, NULL, 0) == 0;
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *st = p->stages[k];
+    Loom__StageEstimate *x = loom_xmalloc(sizeof *x, "stage estimate");
+    loom__stage_estimate__init(x);
+    const loom_stage_range range = {st->layer_begin, st->layer_end, st->embedding, st->head};
+    x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
+    x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
+    x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
+    x->has_zero_transient = x->has_weight_grad_states = x->has_grad_reduce_buffers = 1;
+    x->pp_rank = st->pp_rank;
+    x->chunk = st->chunk;
+    e->stages[k] = x;
+    if (!sound) continue;
+    /* The memory model's (plan/memory.h): as the runtime allocates, with and without recompute. */
+    const loom_memory mem = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, false);
+    const loom_memory redo = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, true);
+    int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
+    int sends;
+    x->in_flight = loom_plan_rank_buffers(p, st->pp_rank, slots, deferred, &sends);
+    free(slots);
+    free(deferred);
+    x->parameters = (int64_t)loom_gpt_param_count(&cfg, &range, 1);
+    x->weights = (int64_t)mem.bytes[LOOM_MEM_WEIGHTS];
+    x->master_weights = (int64_t)mem.bytes[LOOM_MEM_MASTER];
+    x->grads = (int64_t)mem.bytes[LOOM_MEM_GRADS];
+    x->optimizer = (int64_t)mem.bytes[LOOM_MEM_OPTIMIZER];
+    x->optimizer_zero1 = (int64_t)(8.0 * (double)loom_gpt_param_count(&cfg, &range, tp) / dp); /* what ZeRO-1 would leave */
+    x->zero_transient = (int64_t)mem.bytes[LOOM_MEM_ZERO_TRANSIENT];
+    x->activations = (int64_t)mem.bytes[LOOM_MEM_ACTIVATIONS];
+    x->activations_recompute = (int64_t)redo.bytes[LOOM_MEM_ACTIVATIONS];
+    x->weight_grad_states = (int64_t)(st->recompute ? redo : mem).bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
+    x->p2p_buffers = (int64_t)mem.bytes[LOOM_MEM_P2P];
+    x->grad_reduce_buffers = (int64_t)mem.bytes[LOOM_MEM_GRAD_REDUCE];
+    x->grad_compression = (int64_t)mem.bytes[LOOM_MEM_COMPRESSION];
+    const loom_compression_cost c = loom_plan_compression_cost(p, &range); /* what crosses dp, from the layers' table */
+    x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
+  }
+}
+
+int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activations) {
+  const loom_memory mem = loom_plan_rank_memory(p, pp_rank);
+  if (activations) *activations = (int64_t)(mem.bytes[LOOM_MEM_ACTIVATIONS] + mem.bytes[LOOM_MEM_WEIGHT_GRAD_STATES]);
+  return (int64_t)loom_memory_total(&mem);
+}
+
+loom_zero_sizes loom_plan_zero_buckets(const loom_plan *p, const loom_stage_range *range) {
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const int tp = p->parallel->tp, L = range->layer_end - range->layer_begin;
+  const double h = cfg.hidden;
+  const loom_stage_range one = {range->layer_begin, range->layer_begin + 1, false, false};
+  const loom_stage_range head = {0, 0, false, true};
+  const double wte = range->first || range->last ? (double)loom_gpt_param_count(&cfg, &head, tp) - 2.0 * h : 0.0;
+  const double wpe = range->first ? (double)cfg.seq * h : 0.0, ln_f = range->last ? 2.0 * h : 0.0;
+  loom_zero_sizes z = {.layer = L > 0 ? (double)loom_gpt_param_count(&cfg, &one, tp) : 0.0, .edges = wte + wpe + ln_f};
+  z.largest_edge = fmax(wte, fmax(wpe, ln_f));
+  z.largest = fmax(z.layer, z.largest_edge);
+  return z;
+}

@@ -1,0 +1,374 @@
+/* The plan's rules, the one validation: sizes, model, stages, batch,
+ * compression, the verified schedule and memory. */
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "layers/gpt.h"
+#include "plan/grad_compression.h"
+#include "plan/memory.h"
+#include "plan/plan.h"
+#include "schedule/verify.h"
+
+/* A size as a person reads it: GiB, MiB or KiB, never "0.0 GiB". */
+static const char *human_bytes(double bytes, char *buf, size_t n) {
+  if (bytes >= 0.95 * 1073741824.0) snprintf(buf, n, "%.1f GiB", bytes / 1073741824.0);
+  else if (bytes >= 0.95 * 1048576.0) snprintf(buf, n, "%.1f MiB", bytes / 1048576.0);
+  else snprintf(buf, n, "%.0f KiB", bytes / 1024.0);
+  return buf;
+}
+
+/* ---- rules ---- */
+
+typedef struct {
+  char *out;
+  size_t cap, used;
+  int count;
+} report;
+
+static void violation(report *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void violation(report *r, const char *fmt, ...) {
+  r->count++;
+  if (!r->out || r->used + 2 >= r->cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  const int n = vsnprintf(r->out + r->used, r->cap - r->used - 1, fmt, ap);
+  va_end(ap);
+  r->used += n > 0 ? (size_t)n : 0;
+  if (r->used >= r->cap - 1) r->used = r->cap - 2;
+  r->out[r->used++] = '\n';
+  r->out[r->used] = '\0';
+}
+
+/* The model's own rules, split tp ways (its sizes already in bounds). */
+static void check_model_shape(report *r, const Loom__Model *m, int tp) {
+  if (m->hidden % m->heads)
+    violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden", m->hidden, m->heads);
+  if (m->heads % tp)
+    violation(r, "model.heads = %d: must be divisible by parallel.tp (%d) so each rank holds whole heads; pick a tp that divides heads",
+              m->heads, tp);
+  if (m->ffn % tp)
+    violation(r, "model.ffn = %d: must be divisible by parallel.tp (%d); pick a tp that divides ffn", m->ffn, tp);
+  if (!(m->dropout >= 0.0f && m->dropout < 1.0f)) /* also catches nan */
+    violation(r, "model.dropout = %g: must be in [0, 1)", (double)m->dropout);
+  if (!(isfinite(m->norm_eps) && m->norm_eps > 0.0f))
+    violation(r, "model.norm_eps = %g: must be a positive finite number (1e-5 is GPT-2's)", (double)m->norm_eps);
+  const int kv = m->has_kv_heads ? m->kv_heads : m->heads;
+  if (m->heads % kv)
+    violation(r, "model.kv_heads = %d: must divide model.heads (%d), each key/value head serving a group of query heads",
+              kv, m->heads);
+  else if (kv != m->heads && kv % tp && tp % kv) /* multi-head attention: the heads' rule says it */
+    violation(r, "model.kv_heads = %d with parallel.tp = %d: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
+              "multiple of it (each head replicated over tp / kv_heads ranks); pick such a tp", kv, tp);
+  if (m->position == LOOM__POSITION__POSITION_ROPE && (m->hidden / m->heads) % 2)
+    violation(r, "model.position = POSITION_ROPE: needs an even head size, but hidden %d / heads %d = %d", m->hidden,
+              m->heads, m->hidden / m->heads);
+  if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
+    violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
+              (double)m->rope_theta);
+}
+
+static void check_model(report *r, const loom_plan *p) {
+  const int tp = p->parallel->tp;
+  check_model_shape(r, p->model, tp);
+  /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
+  if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
+    violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
+              loom_plan_train_seq(p), tp);
+}
+
+static void check_stages(report *r, const loom_plan *p) {
+  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks, S = pp * vpp;
+  if ((int)p->n_stages != S) {
+    violation(r, "stages: %zu entries, but parallel.pp x parallel.virtual_chunks = %d; give one stage per pipeline rank and chunk",
+              p->n_stages, S);
+    return;
+  }
+  int *seen = loom_xcalloc((size_t)S, sizeof(int), "stage check");
+  const Loom__Stage **at = loom_xcalloc((size_t)S, sizeof *at, "stage check"); /* by virtual stage */
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *s = p->stages[k];
+    if (s->pp_rank < 0 || s->pp_rank >= pp || s->chunk < 0 || s->chunk >= vpp) {
+      violation(r, "stages[%zu]: pp_rank %d chunk %d is outside pp %d x chunks %d", k, s->pp_rank, s->chunk, pp, vpp);
+      continue;
+    }
+    const int v = loom_plan_stage_index(p, s->pp_rank, s->chunk);
+    seen[v]++;
+    at[v] = s;
+  }
+  for (int v = 0; v < S; v++) {
+    int rank, chunk;
+    loom_stage_place(loom_schedule_kind_v_shape(p->schedule), pp, v, &rank, &chunk);
+    if (seen[v] != 1)
+      violation(r, "stages: pp_rank %d chunk %d appears %d times; every rank and chunk needs exactly one stage", rank,
+                chunk, seen[v]);
+  }
+  free(seen);
+  /* In virtual stage order the ranges must tile [0, layers). */
+  int next = 0;
+  for (int v = 0; v < S && r->count == 0; v++) {
+    const Loom__Stage *s = at[v];
+    if (s->layer_begin != next || s->layer_end < s->layer_begin)
+      violation(r, "stages (pp_rank %d chunk %d): layers [%d, %d) should start at %d; every layer must be covered exactly once, in order",
+                s->pp_rank, s->chunk, s->layer_begin, s->layer_end, next);
+    next = s->layer_end;
+    if (s->embedding != (v == 0))
+      violation(r, "stages (pp_rank %d chunk %d): embedding = %s; only the first stage holds the embedding", s->pp_rank,
+                s->chunk, s->embedding ? "true" : "false");
+    if (s->head != (v == S - 1))
+      violation(r, "stages (pp_rank %d chunk %d): head = %s; only the last stage holds the head", s->pp_rank, s->chunk,
+                s->head ? "true" : "false");
+  }
+  if (r->count == 0 && next != p->model->layers)
+    violation(r, "stages: cover layers [0, %d) but model.layers = %d; every layer must be covered exactly once", next,
+              p->model->layers);
+  free(at);
+}
+
+static void check_compression(report *r, const loom_plan *p) {
+  const Loom__GradCompression *c = p->grad_compression;
+  if (!c) return;
+  if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
+    if (c->rank != 0)
+      violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it or set the kind", c->rank);
+    return;
+  }
+  const bool powersgd = c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
+  if (!powersgd && c->kind != LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) {
+    violation(r, "grad_compression.kind = %d: loom knows COMPRESSION_NONE (0), COMPRESSION_POWERSGD (1) and "
+              "COMPRESSION_SIGN (2)", (int)c->kind);
+    return;
+  }
+  if (powersgd && (c->rank < 1 || c->rank > LOOM_PLAN_MAX_COMPRESSION_RANK))
+    violation(r, "grad_compression = powersgd:%d: PowerSGD's rank must be 1 to %d (4 is a common choice)", c->rank,
+              LOOM_PLAN_MAX_COMPRESSION_RANK);
+  if (!powersgd && c->rank != 0)
+    violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it for COMPRESSION_SIGN",
+              c->rank);
+  const char *name = powersgd ? "powersgd" : "sign";
+  if (p->parallel->dp < 2)
+    violation(r, "grad_compression = %s: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
+              "parallel.dp or drop grad_compression", name, p->parallel->dp);
+  if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
+    violation(r, "grad_compression = %s: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop "
+              "grad_compression", name);
+  if (p->parallel->zero_stage >= 2)
+    violation(r, "grad_compression = %s: compression sums whole grads, which ZeRO-%d never holds; use "
+              "parallel.zero_stage 0 or 1, or drop grad_compression", name, p->parallel->zero_stage);
+}
+
+static void check_batch(report *r, const loom_plan *p) {
+  char why[256];
+  const Loom__Batch *b = p->batch;
+  const int dp = p->parallel->dp, pp = p->parallel->pp;
+  if (b->global_batch % (b->micro_batch * dp))
+    violation(r, "batch.global_batch = %d: must be a positive multiple of batch.micro_batch x parallel.dp (%d); round it to a multiple",
+              b->global_batch, b->micro_batch * dp);
+
+  if (!loom_schedule_kind_trains(p->schedule))
+    violation(r, "schedule = %s: evaluation's schedule cannot train; use 1f1b, gpipe, interleaved, zb_h1 or zb_v",
+              loom_schedule_kind_name(p->schedule));
+  if (loom_schedule_kind_splits_backward(p->schedule) && p->parallel->zero_stage >= 2)
+    violation(r, "schedule = %s with parallel.zero_stage = %d: ZeRO-2/3 reduce-scatter each layer's grads as its "
+                 "backward ends, but zero-bubble schedules run a layer's weight grads long after; use parallel.zero_stage = 0 "
+                 "or 1, or schedule = 1f1b", loom_schedule_kind_name(p->schedule), p->parallel->zero_stage);
+  if (b->has_seq && (b->seq < 1 || b->seq > p->model->seq))
+    violation(r, "batch.seq = %d: the training sequence must be 1 to model.seq (%d)", b->seq, p->model->seq);
+  if (p->parallel->virtual_chunks > 1 && pp == 1)
+    violation(r, "parallel.virtual_chunks = %d: needs parallel.pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves",
+              p->parallel->virtual_chunks);
+  /* Transfers are tagged (micro-batch, destination chunk, kind): MPI guarantees tags up to 32767. */
+  if ((long long)loom_plan_micro_batches(p) * p->parallel->virtual_chunks * 2 > 32767)
+    violation(r, "batch.global_batch = %d: %d micro-batches x %d chunks per rank is too many for MPI tags (at most 16383); raise batch.micro_batch",
+              b->global_batch, loom_plan_micro_batches(p), p->parallel->virtual_chunks);
+  if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 3)
+    violation(r, "parallel.zero_stage = %d: ZeRO stages are 0 (none) to 3", p->parallel->zero_stage);
+  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage != 0)
+    violation(r, "grad_reduce = PRECISION_BF16: ZeRO reduce-scatters its grads in fp32 in this loom; set grad_reduce "
+                 "PRECISION_FP32 or parallel.zero_stage 0");
+  check_compression(r, p);
+  for (size_t k = 1; k < p->n_stages; k++)
+    if (p->stages[k]->recompute != p->stages[0]->recompute) {
+      violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
+      break;
+    }
+  /* The schedule's own rules, in its words; the micro-batches are the batch's. */
+  const int m = loom_plan_micro_batches(p), per = b->micro_batch * dp;
+  if (b->global_batch % per == 0 && protobuf_c_enum_descriptor_get_value(&loom__schedule_kind__descriptor, p->schedule) &&
+      loom_schedule_shape_problem(p->schedule, pp, p->parallel->virtual_chunks, m, why, sizeof why)) {
+    if (strncmp(why, "micro-batches", 13) == 0)
+      violation(r, "%s (batch.global_batch = %d over batch.micro_batch x parallel.dp = %d); use batch.global_batch = %d", why,
+                b->global_batch, per, (m + pp - 1) / pp * pp * per);
+    else violation(r, "%s", why);
+  }
+}
+
+static void check_size(report *r, const char *field, int64_t value, int64_t min, int64_t max) {
+  if (value < min || value > max)
+    violation(r, "%s = %lld: must be %lld to %lld", field, (long long)value, (long long)min, (long long)max);
+}
+
+static void check_product(report *r, const char *product, int64_t value, int64_t max) {
+  if (value > max) violation(r, "%s = %lld: must be at most %lld", product, (long long)value, (long long)max);
+}
+
+/* Each size within its bounds, then each product the runtime forms within
+ * its type, all in 64 bits. */
+static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l, const Loom__Batch *b) {
+  const int before = r->count;
+  if (m) {
+    check_size(r, "model.layers", m->layers, 1, LOOM_PLAN_MAX_LAYERS);
+    check_size(r, "model.hidden", m->hidden, 1, LOOM_PLAN_MAX_HIDDEN);
+    check_size(r, "model.heads", m->heads, 1, LOOM_PLAN_MAX_HEADS);
+    check_size(r, "model.ffn", m->ffn, 0, LOOM_PLAN_MAX_FFN);
+    check_size(r, "model.vocab", m->vocab, 2, LOOM_PLAN_MAX_VOCAB);
+    check_size(r, "model.seq", m->seq, 1, LOOM_PLAN_MAX_SEQ);
+    if (m->has_kv_heads) check_size(r, "model.kv_heads", m->kv_heads, 1, LOOM_PLAN_MAX_HEADS);
+    check_size(r, "model.norm", (int)m->norm, 0, LOOM__NORM__NORM_RMSNORM);
+    check_size(r, "model.mlp", (int)m->mlp, 0, LOOM__MLP__MLP_SWIGLU);
+    check_size(r, "model.position", (int)m->position, 0, LOOM__POSITION__POSITION_ROPE);
+  }
+  if (l) {
+    check_size(r, "parallel.tp", l->tp, 1, LOOM_PLAN_MAX_TP);
+    check_size(r, "parallel.pp", l->pp, 1, LOOM_PLAN_MAX_PP);
+    check_size(r, "parallel.dp", l->dp, 1, LOOM_PLAN_MAX_DP);
+    check_size(r, "parallel.virtual_chunks", l->virtual_chunks, 1, LOOM_PLAN_MAX_CHUNKS);
+  }
+  if (b) {
+    check_size(r, "batch.micro_batch", b->micro_batch, 1, LOOM_PLAN_MAX_MICRO_BATCH);
+    check_size(r, "batch.global_batch", b->global_batch, 1, LOOM_PLAN_MAX_GLOBAL_BATCH);
+  }
+  if (r->count > before) return r->count - before;
+  if (l) {
+    check_product(r, "parallel.tp x parallel.pp x parallel.dp", (int64_t)l->tp * l->pp * l->dp, INT_MAX);
+    check_product(r, "parallel.pp x parallel.virtual_chunks", (int64_t)l->pp * l->virtual_chunks, LOOM_PLAN_MAX_STAGES);
+  }
+  if (l && b) check_product(r, "batch.micro_batch x parallel.dp", (int64_t)b->micro_batch * l->dp, LOOM_PLAN_MAX_GLOBAL_BATCH);
+  if (m && b) check_product(r, "batch.micro_batch x model.seq", (int64_t)b->micro_batch * m->seq, INT_MAX);
+  return r->count - before;
+}
+
+int loom_plan_check_sizes(const Loom__Model *model, const Loom__Parallel *parallel, const Loom__Batch *batch, char *lines,
+                          size_t cap) {
+  report r = {.out = lines, .cap = cap};
+  if (lines && cap) lines[0] = '\0';
+  return check_sizes(&r, model, parallel, batch);
+}
+
+int loom_plan_check_model(const Loom__Model *model, char *lines, size_t cap) {
+  report r = {.out = lines, .cap = cap};
+  if (lines && cap) lines[0] = '\0';
+  if (check_sizes(&r, model, NULL, NULL) == 0) check_model_shape(&r, model, 1);
+  return r.count;
+}
+
+/* The plan's cluster block, when it has one: every figure given is a count or a finite positive number. */
+static void check_cluster(report *r, const Loom__Cluster *c) {
+  if (!c) return;
+  if (c->has_nodes) check_size(r, "cluster.nodes", c->nodes, 1, INT_MAX);
+  if (c->has_devices_per_node) check_size(r, "cluster.devices_per_node", c->devices_per_node, 1, LOOM_PLAN_MAX_DEVICES_PER_NODE);
+  if (c->has_device_memory_bytes) check_size(r, "cluster.device_memory_bytes", c->device_memory_bytes, 1, INT64_MAX);
+  const struct {
+    bool has;
+    double value;
+    const char *name;
+  } figures[] = {{c->has_intra_node_gbps, c->intra_node_gbps, "cluster.intra_node_gbps"},
+                 {c->has_inter_node_gbps, c->inter_node_gbps, "cluster.inter_node_gbps"},
+                 {c->has_intra_node_latency_us, c->intra_node_latency_us, "cluster.intra_node_latency_us"},
+                 {c->has_inter_node_latency_us, c->inter_node_latency_us, "cluster.inter_node_latency_us"}};
+  for (size_t i = 0; i < sizeof figures / sizeof figures[0]; i++)
+    if (figures[i].has && !(isfinite(figures[i].value) && figures[i].value > 0))
+      violation(r, "%s = %g: must be a finite number above 0", figures[i].name, figures[i].value);
+}
+
+int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, char *lines, size_t cap) {
+  report r = {.out = lines, .cap = cap};
+  if (lines && cap) lines[0] = '\0';
+  if (!p->model || !p->parallel || !p->batch) {
+    violation(&r, "plan: model, parallel and batch are all required");
+    return r.count;
+  }
+  const Loom__Parallel *l = p->parallel;
+  if (check_sizes(&r, p->model, p->parallel, p->batch)) return r.count; /* the other rules take sizes that fit */
+  check_model(&r, p);
+  check_batch(&r, p);
+  check_stages(&r, p);
+  check_cluster(&r, p->cluster);
+  const long long ranks = (long long)l->tp * l->pp * l->dp;
+  if (world > 0 && ranks != world)
+    violation(&r, "parallel: tp %d x pp %d x dp %d = %lld ranks, but the world has %d; launch %lld ranks or change the layout",
+              l->tp, l->pp, l->dp, ranks, world, ranks);
+  if (device_memory > 0 && r.count == 0) {
+    int64_t *need = loom_xcalloc((size_t)l->pp, sizeof *need, "memory check"), *acts = loom_xcalloc((size_t)l->pp, sizeof *acts, "memory check");
+    for (int q = 0; q < l->pp; q++) need[q] = loom_plan_rank_bytes(p, q, &acts[q]);
+    for (int q = 0; q < l->pp; q++) {
+      char a[32], b[32], chunks[32] = " chunk 0";
+      if (l->virtual_chunks > 1) snprintf(chunks, sizeof chunks, ", its %d chunks", l->virtual_chunks);
+      if (need[q] > device_memory)
+        violation(&r, "stages (pp_rank %d%s): needs %s per rank, over the device's %s; %s", q, chunks,
+                  human_bytes((double)need[q], a, sizeof a), human_bytes((double)device_memory, b, sizeof b),
+                  2 * acts[q] > need[q] ? "activations take most of it: turn on recompute, or lower batch.micro_batch or model.seq"
+                                        : "weights, grads and Adam state take most of it: raise tp or pp, or a ZeRO stage over dp");
+    }
+    free(need);
+    free(acts);
+  }
+  return r.count;
+}
+
+static void check_host_memory(report *r, const loom_plan *p, const loom_plan_limits *lim) {
+  double most = 0.0, state = 0.0, acts = 0.0;
+  for (int rank = 0; rank < p->parallel->pp; rank++) { /* the memory model's, each rank's */
+    int64_t ac;
+    const double all = (double)loom_plan_rank_bytes(p, rank, &ac);
+    if (all > most) most = all, state = all - (double)ac, acts = (double)ac;
+  }
+  const int ranks = lim->host_ranks > 0 ? lim->host_ranks : 1;
+  const double need = most * ranks;
+  if (need <= (double)lim->host_memory) return;
+  char total[32], one[32], st[32], ac[32], have[32];
+  human_bytes(need, total, sizeof total);
+  human_bytes(most, one, sizeof one);
+  human_bytes(state * ranks, st, sizeof st);
+  human_bytes(acts * ranks, ac, sizeof ac);
+  human_bytes((double)lim->host_memory, have, sizeof have);
+  /* The advice follows the larger term: the batch and sequence set the activations, the layout the state. */
+  if (acts >= state)
+    violation(r, "batch.micro_batch = %d: this run needs %s on this host (%d ranks of %s: activations for seq %d %s, fp32 "
+              "weights, grads and Adam state %s) but %s is available; lower batch.micro_batch or model.seq",
+              p->batch->micro_batch, total, ranks, one, loom_plan_train_seq(p), ac, st, have);
+  else
+    violation(r, "parallel.tp = %d: this run needs %s on this host (%d ranks of %s: fp32 weights, grads and Adam state %s, "
+              "activations %s) but %s is available; the model's state dominates: spread it over more ranks (tp or pp), "
+              "shard Adam with zero_stage 1 over dp, or use a machine with more memory",
+              p->parallel->tp, total, ranks, one, st, ac, have);
+}
+
+int loom_plan_validate(const loom_plan *p, const loom_plan_limits *lim, char *lines, size_t cap) {
+  const int bad = loom_plan_check_rules(p, lim->world, lim->device_memory, lines, cap);
+  if (bad) return bad;
+  report r = {.out = lines, .cap = cap};
+  loom_schedule s;
+  loom_error err = {0};
+  if (loom_plan_schedule(p, &s, &err) != LOOM_OK) {
+    violation(&r, "schedule: %s", err.msg);
+    return r.count;
+  }
+  loom_schedule_report rep;
+  if (loom_schedule_verify(&s, &rep) != LOOM_OK) violation(&r, "schedule: %s", rep.why);
+  loom_schedule_report_free(&rep);
+  if (r.count == 0 && lim->host_memory > 0) check_host_memory(&r, p, lim);
+  loom_schedule_free(&s);
+  return r.count;
+}
+
+loom_status loom_plan_refuse(const loom_plan *p, const loom_plan_limits *lim, loom_error *err) {
+  char lines[4096];
+  if (loom_plan_validate(p, lim, lines, sizeof lines) == 0) return LOOM_OK;
+  char *nl = strchr(lines, '\n');
+  if (nl) *nl = '\0';
+  return loom_fail(err, LOOM_ERR_USAGE, "%s", lines);
+}
