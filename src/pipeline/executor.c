@@ -210,6 +210,90 @@ typedef struct {
   double norm, compute, wait, dp_wait;
 } run_totals;
 
+/* One action as its handler sees it. */
+typedef struct {
+  loom_pipeline *pipe;
+  const loom_pipeline_hooks *hooks;
+  const run_spec *spec;
+  const loom_action *a;
+  loom_gpt *m;           /* the action's chunk, NULL for a step-wide action */
+  int stage;             /* its virtual stage, -1 for a step-wide action */
+  int slot;              /* the activation slot its events hold for it, -1 if none */
+  const loom_gpt_batch *batch;
+  run_totals *out;
+} act;
+
+static void on_recv_act(act *x) { loom_p2p_recv(&x->pipe->p2p, false, x->a->mb, x->stage, x->m->slots[x->slot].x0, x->a->peer); }
+
+static void on_forward(act *x) {
+  loom_pipeline *pipe = x->pipe;
+  const run_spec *spec = x->spec;
+  loom_gpt *m = x->m;
+  const int64_t counted = x->hooks->feed(x->hooks->ctx, spec->first_mb + x->a->mb, pipe->tokens, pipe->targets);
+  const float loss = loom_gpt_stage_forward(m, x->slot, x->batch, m->slots[x->slot].x0);
+  if (m->p.range.last) {
+    x->out->loss_sum += (double)loss * (double)counted;
+    x->out->scored += counted;
+  }
+  double slow_ms;
+  if (spec->train && loom_fault_fires(LOOM_FAULT_SLOW, spec->step + 1, &slow_ms)) { /* a throttled device */
+    const double s = slow_ms / 1000.0;
+    const struct timespec nap = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&nap, NULL);
+  }
+  if (spec->train || !m->p.range.last || !x->hooks->score) return;
+  loom_gpt_predict(m, pipe->pred);
+  x->hooks->score(x->hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
+}
+
+static void on_send_act(act *x) {
+  loom_p2p_send(&x->pipe->p2p, false, x->a->chunk, x->a->mb, loom_gpt_stage_output(x->m, x->slot), x->a->peer, x->stage + 1);
+}
+
+static void on_recv_grad(act *x) { loom_p2p_recv(&x->pipe->p2p, true, x->a->mb, x->stage, x->pipe->dout, x->a->peer); }
+
+/* A whole backward, or a split one's weight half: both end the micro-batch's
+ * backward on this chunk, and under data parallelism the chunk's grads are
+ * final after its last one. */
+static void on_backward(act *x) {
+  loom_pipeline *pipe = x->pipe;
+  loom_gpt *m = x->m;
+  pipe->final_backward = x->a->mb == pipe->m - 1 && loom_grad_sync_buckets(pipe);
+  if (x->a->kind == LOOM_ACT_BACKWARD)
+    loom_gpt_stage_backward(m, x->slot, x->batch, m->p.range.last ? NULL : pipe->dout, x->spec->dloss);
+  else loom_gpt_stage_backward_weight(m, x->slot, loom_pool_held(&pipe->wstates, x->a->chunk, x->a->mb), x->batch);
+  pipe->final_backward = false;
+}
+
+static void on_backward_input(act *x) {
+  loom_pipeline *pipe = x->pipe;
+  const int wstate = loom_pool_held(&pipe->wstates, x->a->chunk, x->a->mb);
+  loom_gpt_stage_backward_input(x->m, x->slot, wstate, x->batch, x->m->p.range.last ? NULL : pipe->dout, x->spec->dloss);
+}
+
+static void on_send_grad(act *x) {
+  loom_p2p_send(&x->pipe->p2p, true, x->a->chunk, x->a->mb, x->m->slots[x->slot].dx0, x->a->peer, x->stage - 1);
+}
+
+static void on_reduce_tied(act *x) { loom_grad_sync_tied(x->pipe); }
+static void on_reduce_dp(act *x) { x->out->dp_wait = loom_grad_sync_dp(x->pipe); }
+
+static void on_optimizer_step(act *x) {
+  for (int c = 0; c < x->pipe->v; c++) loom_gpt_sync_replicated_grads(&x->pipe->chunks[c]);
+  x->out->norm = x->hooks->optimizer_step(x->hooks->ctx, x->pipe);
+}
+
+/* Each action kind's handler, by loom_action_kind. */
+static void (*const HANDLERS[])(act *) = {
+    [LOOM_ACT_FORWARD] = on_forward,           [LOOM_ACT_BACKWARD] = on_backward,
+    [LOOM_ACT_RECV_ACT] = on_recv_act,         [LOOM_ACT_SEND_ACT] = on_send_act,
+    [LOOM_ACT_RECV_GRAD] = on_recv_grad,       [LOOM_ACT_SEND_GRAD] = on_send_grad,
+    [LOOM_ACT_REDUCE_TIED] = on_reduce_tied,   [LOOM_ACT_REDUCE_DP] = on_reduce_dp,
+    [LOOM_ACT_OPTIMIZER_STEP] = on_optimizer_step, [LOOM_ACT_BACKWARD_INPUT] = on_backward_input,
+    [LOOM_ACT_BACKWARD_WEIGHT] = on_backward,
+};
+_Static_assert(sizeof HANDLERS / sizeof HANDLERS[0] == LOOM_ACT_BACKWARD_WEIGHT + 1, "a handler for every action kind");
+
 /* Runs this rank's actions of a verified schedule, adding to *totals;
  * buffers change hands at the schedule's events alone. */
 static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, const run_spec *spec, run_totals *totals) {
@@ -229,79 +313,15 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
   for (int i = 0; i < sched->count[r]; i++) {
     const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
-    loom_gpt *m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL;
-    const int stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1;
     apply_events(pipe, sched, i, true);
     const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
                                   .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
                                   .train = spec->train};
-    switch (a->kind) {
-    case LOOM_ACT_RECV_ACT: {
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      loom_p2p_recv(&pipe->p2p, false, a->mb, stage, m->slots[slot].x0, a->peer);
-      break;
-    }
-    case LOOM_ACT_FORWARD: {
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      const int64_t counted = hooks->feed(hooks->ctx, spec->first_mb + a->mb, pipe->tokens, pipe->targets);
-      const float loss = loom_gpt_stage_forward(m, slot, &batch, m->slots[slot].x0);
-      if (m->p.range.last) {
-        out.loss_sum += (double)loss * (double)counted;
-        out.scored += counted;
-      }
-      double slow_ms;
-      if (spec->train && loom_fault_fires(LOOM_FAULT_SLOW, spec->step + 1, &slow_ms)) { /* a throttled device */
-        const double s = slow_ms / 1000.0;
-        const struct timespec nap = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-        nanosleep(&nap, NULL);
-      }
-      if (spec->train || !m->p.range.last) break;
-      if (hooks->score) {
-        loom_gpt_predict(m, pipe->pred);
-        hooks->score(hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
-      }
-      break;
-    }
-    case LOOM_ACT_SEND_ACT: {
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      loom_p2p_send(&pipe->p2p, false, a->chunk, a->mb, loom_gpt_stage_output(m, slot), a->peer, stage + 1);
-      break;
-    }
-    case LOOM_ACT_RECV_GRAD:
-      loom_p2p_recv(&pipe->p2p, true, a->mb, stage, pipe->dout, a->peer);
-      break;
-    case LOOM_ACT_BACKWARD:
-    case LOOM_ACT_BACKWARD_WEIGHT: {
-      /* Both end the micro-batch's backward on this chunk: under data
-       * parallelism the chunk's grads are final after its last one. */
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      pipe->final_backward = a->mb == pipe->m - 1 && loom_grad_sync_buckets(pipe);
-      if (a->kind == LOOM_ACT_BACKWARD) {
-        loom_gpt_stage_backward(m, slot, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
-      } else {
-        loom_gpt_stage_backward_weight(m, slot, loom_pool_held(&pipe->wstates, a->chunk, a->mb), &batch);
-      }
-      pipe->final_backward = false;
-      break;
-    }
-    case LOOM_ACT_BACKWARD_INPUT: {
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      const int wstate = loom_pool_held(&pipe->wstates, a->chunk, a->mb);
-      loom_gpt_stage_backward_input(m, slot, wstate, &batch, m->p.range.last ? NULL : pipe->dout, spec->dloss);
-      break;
-    }
-    case LOOM_ACT_SEND_GRAD: {
-      const int slot = loom_pool_held(&pipe->slots, a->chunk, a->mb);
-      loom_p2p_send(&pipe->p2p, true, a->chunk, a->mb, m->slots[slot].dx0, a->peer, stage - 1);
-      break;
-    }
-    case LOOM_ACT_REDUCE_TIED: loom_grad_sync_tied(pipe); break;
-    case LOOM_ACT_REDUCE_DP: out.dp_wait = loom_grad_sync_dp(pipe); break;
-    case LOOM_ACT_OPTIMIZER_STEP:
-      for (int c = 0; c < pipe->v; c++) loom_gpt_sync_replicated_grads(&pipe->chunks[c]);
-      out.norm = hooks->optimizer_step(hooks->ctx, pipe);
-      break;
-    }
+    act x = {.pipe = pipe, .hooks = hooks, .spec = spec, .a = a, .m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL,
+             .stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1,
+             .slot = loom_action_uses_slot(a) ? loom_pool_held(&pipe->slots, a->chunk, a->mb) : -1, .batch = &batch,
+             .out = &out};
+    HANDLERS[a->kind](&x);
     apply_events(pipe, sched, i, false);
     const double t1 = loom_now_s() - start;
     if (loom_action_computes(a)) out.compute += t1 - t0;
