@@ -45,6 +45,9 @@ for c in none powersgd:4 sign; do
   "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$LOOM" train --data "$WORK/gpl.bin" --dp 2 \
     --grad-compression $c --steps $STEPS --lr 1e-3 --eval-every 0 --log-every 100 --metrics "$WORK/$name.jsonl" \
     > "$WORK/$name.txt" 2>&1 || fail "dp 2, --grad-compression $c: $(tail -3 "$WORK/$name.txt")"
+  # The memory model counts compression's state: the allocator's peak is the estimate.
+  grep -q "tensor memory peaked at .* (the host allocator's count); loom estimated .*, +0.00% off" "$WORK/$name.txt" ||
+    fail "--grad-compression $c: the memory estimate is not the counted peak: $(grep memory: "$WORK/$name.txt")"
 done
 grep "grad compression" "$WORK/powersgd_4.txt" || fail "the PowerSGD run did not report what it sends"
 losses() { grep -o '"loss": [0-9.e+-]*' "$1" | cut -d' ' -f2; }
