@@ -164,6 +164,28 @@ int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_
 
 int loom_gpt_first_block_tensor(const loom_gpt_params *p) { return loom_gpt_tensors_before_blocks(&p->cfg, &p->range); }
 
+int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first) {
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  const int count = loom_gpt_param_table(cfg, &r, 0, 1, NULL, NULL);
+  int n = 0;
+#define CUT(k) \
+  do { \
+    if (first) first[n] = (k); \
+    n++; \
+  } while (0)
+  if (stage == 1) {
+    CUT(0);
+  } else {
+    const int before = loom_gpt_tensors_before_blocks(cfg, &r), per = loom_gpt_block_tensors(cfg), L = r.layer_end - r.layer_begin;
+    for (int k = 0; k < before; k++) CUT(k);
+    for (int l = 0; l < L; l++) CUT(before + l * per);
+    if (before + L * per < count) CUT(before + L * per);
+  }
+#undef CUT
+  if (first) first[n] = count;
+  return count > 0 ? n : 0;
+}
+
 /* Points w's views at tensors [k0, k1): at addr[k - k0], or (addr NULL) at views[k].data. */
 static void bind_range(const loom_gpt_params *p, int k0, int k1, float *const *addr, const loom_tensor *views,
                        loom_gpt_weights *w) {

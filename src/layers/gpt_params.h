@@ -115,6 +115,13 @@ int loom_gpt_block_tensors(const loom_gpt_config *cfg);
 int loom_gpt_first_block_tensor(const loom_gpt_params *p);
 /* The same for any stage of cfg's model: the tensors its table lists before its blocks. */
 int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *range);
+/* ZeRO's buckets of a stage's table: at stage 1 one bucket of every tensor;
+ * at stages 2 and 3 each tensor before the blocks alone, then each layer's
+ * tensors, then the rest (the final norm, an untied LM head). Returns the
+ * bucket count n; with first not NULL (room for the table's tensors + 1)
+ * bucket b holds tensors [first[b], first[b + 1]). The one cut, for the
+ * optimizer (optim/zero.c) and the memory model (plan/memory.c). */
+int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first);
 /* Points the named views of w at the tensors [k0, k1) of p's table, tensor
  * k at addr[k - k0] (NULL: at nothing). Block views go to w->h[i], where i
  * counts the blocks from the first one of [k0, k1). */

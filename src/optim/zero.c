@@ -19,20 +19,15 @@ static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
   b->shard = (b->hi - b->lo + (size_t)z->dp_size - 1) / (size_t)z->dp_size;
 }
 
-/* ZeRO-1: the whole buffer. ZeRO-2/3: each edge tensor before the blocks
- * alone, each layer, the final norm (with an untied LM head). */
+/* The buckets of loom_gpt_zero_buckets, the cut the memory model sizes. */
 static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
   const int count = p->params.count;
   z->buckets = loom_xcalloc((size_t)count + 1, sizeof *z->buckets, "ZeRO buckets");
   z->runs = loom_xcalloc((size_t)count + 1, sizeof *z->runs, "ZeRO pieces");
-  if (z->stage == 1) {
-    add_bucket(z, p, 0, count);
-  } else {
-    const int before = loom_gpt_first_block_tensor(p), per = p->block_tensors;
-    for (int k = 0; k < before; k++) add_bucket(z, p, k, k + 1);
-    for (int l = 0; l < p->layers; l++) add_bucket(z, p, before + l * per, before + (l + 1) * per);
-    add_bucket(z, p, before + p->layers * per, count);
-  }
+  int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
+  const int n = loom_gpt_zero_buckets(&p->cfg, &p->range, z->stage, first);
+  for (int b = 0; b < n; b++) add_bucket(z, p, first[b], first[b + 1]);
+  free(first);
   z->parts = loom_xcalloc((size_t)count + 1, sizeof *z->parts, "ZeRO parts"); /* a tensor lies in one bucket */
   for (int b = 0; b < z->nbuckets; b++) {
     loom_flat_run *r = &z->runs[b];

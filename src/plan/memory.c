@@ -97,41 +97,35 @@ loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *ran
   const int tp = p->parallel->tp, stage = p->parallel->zero_stage;
   const size_t dp = (size_t)(p->parallel->dp > 0 ? p->parallel->dp : 1);
   loom_zero_cut z = {0};
-  if (stage == 1) {
+  if (stage == 1) { /* one bucket: the whole chunk */
     z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(&cfg, range, tp), dp);
     return z;
   }
-  /* The edge tensors before the blocks each alone, then the layers, then the rest. */
-  loom_stage_range edges, one;
-  const int layers = loom_stage_range_parts(range, &edges, &one);
-  const int n = loom_gpt_param_table(&cfg, &edges, 0, tp, NULL, NULL), before = loom_gpt_tensors_before_blocks(&cfg, range);
-  loom_tensor *specs = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *specs, "parameter table");
-  loom_param_meta *meta = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *meta, "parameter table");
-  loom_gpt_param_table(&cfg, &edges, 0, tp, specs, meta);
-  size_t rest = 0;
-  for (int k = 0; k < n; k++) {
-    const size_t numel = loom_tensor_numel(&specs[k]);
-    if (k >= before) {
-      rest += numel;
-      continue;
-    }
+  /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces: the layers' and the edges'. */
+  const int count = loom_gpt_param_table(&cfg, range, 0, tp, NULL, NULL);
+  loom_tensor *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *meta, "parameter table");
+  int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
+  loom_gpt_param_table(&cfg, range, 0, tp, specs, meta);
+  const int n = loom_gpt_zero_buckets(&cfg, range, stage, first), before = loom_gpt_tensors_before_blocks(&cfg, range);
+  const int layers = range->layer_end - range->layer_begin;
+  for (int b = 0; b < n; b++) {
+    size_t numel = 0;
+    for (int k = first[b]; k < first[b + 1]; k++) numel += loom_tensor_numel(&specs[k]);
     const size_t shard = ceil_div(numel, dp);
-    z.shard += shard, z.edges += shard * dp;
-    z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
-  }
-  if (rest > 0) {
-    const size_t shard = ceil_div(rest, dp);
-    z.shard += shard, z.edges += shard * dp;
-    z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
-  }
-  if (layers > 0) {
-    const size_t shard = ceil_div((size_t)loom_gpt_param_count(&cfg, &one, tp), dp);
-    z.shard += (size_t)layers * shard;
-    z.layer_max = shard * dp;
+    const bool layer = b >= before && b < before + layers;
+    z.shard += shard;
     z.max_shard = shard > z.max_shard ? shard : z.max_shard;
+    if (layer) {
+      z.layer_max = shard * dp > z.layer_max ? shard * dp : z.layer_max;
+    } else {
+      z.edges += shard * dp;
+      z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
+    }
   }
   free(specs);
   free(meta);
+  free(first);
   return z;
 }
 

@@ -57,9 +57,9 @@ loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
 
-/* ZeRO's cut of one chunk's flat buffer over dp replicas: ZeRO-1 one
- * bucket, ZeRO-2/3 each edge tensor before the blocks alone, each layer,
- * and the rest; each bucket padded to dp equal pieces. In elements. */
+/* ZeRO's cut of one chunk's flat buffer over dp replicas: the optimizer's
+ * buckets (loom_gpt_zero_buckets), each padded to dp equal pieces. In
+ * elements. */
 typedef struct {
   size_t shard;      /* this replica's pieces, over all buckets */
   size_t max_shard;  /* the largest bucket's piece */
