@@ -101,27 +101,28 @@ loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *ran
     z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(&cfg, range, tp), dp);
     return z;
   }
-  /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces: the layers' and the edges'. */
-  const int count = loom_gpt_param_table(&cfg, range, 0, tp, NULL, NULL);
+  /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces. Every layer's bucket is the
+   * same, so the edges' are cut from the table of the stage without its layers (a few tensors, where the whole
+   * table of a deep stage costs a plan search dearly) and the layers' counted once. */
+  loom_stage_range edges, one;
+  const int layers = loom_stage_range_parts(range, &edges, &one);
+  const int count = loom_gpt_param_table(&cfg, &edges, 0, tp, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *meta, "parameter table");
   int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
-  loom_gpt_param_table(&cfg, range, 0, tp, specs, meta);
-  const int n = loom_gpt_zero_buckets(&cfg, range, stage, first), before = loom_gpt_tensors_before_blocks(&cfg, range);
-  const int layers = range->layer_end - range->layer_begin;
+  loom_gpt_param_table(&cfg, &edges, 0, tp, specs, meta);
+  const int n = loom_gpt_zero_buckets(&cfg, &edges, stage, first);
   for (int b = 0; b < n; b++) {
     size_t numel = 0;
     for (int k = first[b]; k < first[b + 1]; k++) numel += loom_tensor_numel(&specs[k]);
     const size_t shard = ceil_div(numel, dp);
-    const bool layer = b >= before && b < before + layers;
-    z.shard += shard;
+    z.shard += shard, z.edges += shard * dp;
+    z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
+  }
+  if (layers > 0) {
+    const size_t shard = ceil_div((size_t)loom_gpt_param_count(&cfg, &one, tp), dp);
+    z.shard += (size_t)layers * shard, z.layer_max = shard * dp;
     z.max_shard = shard > z.max_shard ? shard : z.max_shard;
-    if (layer) {
-      z.layer_max = shard * dp > z.layer_max ? shard * dp : z.layer_max;
-    } else {
-      z.edges += shard * dp;
-      z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
-    }
   }
   free(specs);
   free(meta);
