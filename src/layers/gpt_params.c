@@ -511,3 +511,41 @@ double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, lo
   const loom_stage_range whole = loom_stage_whole(cfg);
   return loom_gpt_stage_train_flops(cfg, &whole, T, tokens, formula);
 }
+
+static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp_size, int stage) {
+  const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
+  loom_zero_cut z = {0};
+  if (stage == 1) { /* one bucket: the whole chunk */
+    z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);
+    return z;
+  }
+  /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces. Every layer's bucket is the
+   * same, so the edges' are cut from the table of the stage without its layers (a few tensors, where the whole
+   * table of a deep stage costs a plan search dearly) and the layers' counted once. */
+  loom_stage_range edges, one;
+  const int layers = loom_stage_range_parts(range, &edges, &one);
+  const int count = loom_gpt_param_table(cfg, &edges, 0, tp, NULL, NULL);
+  loom_tensor *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *specs, "parameter table");
+  loom_param_meta *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *meta, "parameter table");
+  int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
+  loom_gpt_param_table(cfg, &edges, 0, tp, specs, meta);
+  const int n = loom_gpt_zero_buckets(cfg, &edges, stage, first);
+  for (int b = 0; b < n; b++) {
+    size_t numel = 0;
+    for (int k = first[b]; k < first[b + 1]; k++) numel += loom_tensor_numel(&specs[k]);
+    const size_t shard = ceil_div(numel, dp);
+    z.shard += shard, z.edges += shard * dp;
+    z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
+  }
+  if (layers > 0) {
+    const size_t shard = ceil_div((size_t)loom_gpt_param_count(cfg, &one, tp), dp);
+    z.shard += (size_t)layers * shard, z.layer_max = shard * dp;
+    z.max_shard = shard > z.max_shard ? shard : z.max_shard;
+  }
+  free(specs);
+  free(meta);
+  free(first);
+  return z;
+}

@@ -122,6 +122,18 @@ int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_
  * bucket b holds tensors [first[b], first[b + 1]). The one cut, for the
  * optimizer (optim/zero.c) and the memory model (plan/memory.c). */
 int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first);
+/* The sizes of that cut over dp replicas, each bucket padded to dp equal
+ * pieces, in elements of one tp rank's table: what ZeRO's optimizer and
+ * runtime allocate (optim/zero.c, pipeline/zero_runtime.c) and the memory
+ * model counts (plan/memory.c), from this one function. */
+typedef struct {
+  size_t shard;      /* this replica's pieces, over all buckets */
+  size_t max_shard;  /* the largest bucket's piece */
+  size_t layer_max;  /* the largest layer bucket, padded */
+  size_t edges;      /* the edge buckets, padded, together */
+  size_t edge_shard; /* the largest edge bucket's piece */
+} loom_zero_cut;
+loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp, int stage);
 /* Points the named views of w at the tensors [k0, k1) of p's table, tensor
  * k at addr[k - k0] (NULL: at nothing). Block views go to w->h[i], where i
  * counts the blocks from the first one of [k0, k1). */

@@ -69,14 +69,17 @@ loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, 
   z->stage = stage, z->dp_rank = dp_rank, z->dp_size = dp_size;
   z->mem = p->params.alloc;
   cut_buckets(z, p);
+  /* Sized by the one cut the memory model counts too; the buckets just cut must agree with it. */
+  z->cut = loom_gpt_zero_cut(&p->cfg, &p->range, p->tp_size, dp_size, stage);
+  LOOM_CHECK(z->cut.shard == z->shard && z->cut.max_shard == z->max_shard, "ZeRO's buckets are loom_gpt_zero_cut's");
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
-  z->m = state(z, z->shard);
-  z->v = state(z, z->shard);
-  z->slice_len = stage == 1 ? z->shard : round_of(z);
+  z->m = state(z, z->cut.shard);
+  z->v = state(z, z->cut.shard);
+  z->slice_len = stage == 1 ? z->cut.shard : round_of(z);
   z->slice = state(z, z->slice_len);
   bool ok = z->m && z->v && z->slice;
-  if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->shard));
-  if (stage >= 2) ok = ok && (z->grad = state(z, z->shard));
+  if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->cut.shard));
+  if (stage >= 2) ok = ok && (z->grad = state(z, z->cut.shard));
   if (stage == 2) ok = ok && (z->staging = state(z, z->slice_len * (size_t)dp_size));
   if (!ok) {
     loom_zero_free(z);

@@ -30,7 +30,7 @@
 
 #include "comm/comm.h"
 #include "optim/adamw.h"
-#include "plan/memory.h" /* LOOM_ZERO_GATHER_ROUND: the memory model sizes what this allocates (loom_plan_zero_cut) */
+#include "plan/memory.h" /* LOOM_ZERO_GATHER_ROUND */
 
 /* Flat elements [lo, hi) of a chunk whose state starts at `at` in a replica's arrays. */
 typedef struct {
@@ -60,6 +60,7 @@ typedef struct {
   loom_zero_part *parts;     /* [nparts] the pieces cut by tensor, in buffer order: what the step walks */
   size_t shard;              /* state elements: the buckets' shards summed */
   size_t max_shard;          /* the largest bucket's shard */
+  loom_zero_cut cut;         /* the sizes this allocates by (loom_gpt_zero_cut, the memory model's): shard, max_shard agree */
   float *m, *v;              /* [shard] Adam moments of the pieces */
   float *master;             /* [shard] the pieces' fp32 weights when the model holds none, else NULL */
   float *grad;               /* [shard] ZeRO-2/3: the pieces' summed grads, else NULL */

@@ -23,31 +23,33 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
   rt->wtype = m->p.cfg.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
   rt->edge = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge, "edge buckets");
   rt->edge_at = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge_at, "edge buckets");
-  size_t layer_max = 0, edges = 0, edge_shard = 0; /* the largest layer bucket (padded), the edges', the largest edge piece */
+  size_t edges = 0; /* where each edge bucket lies in the edges' buffer */
   for (int b = 0; b < z->nbuckets; b++) {
     if (!is_edge(z, &m->p, b)) {
-      layer_max = padded(z, b) > layer_max ? padded(z, b) : layer_max;
+      LOOM_CHECK(padded(z, b) <= z->cut.layer_max, "a layer bucket within loom_gpt_zero_cut's");
       continue;
     }
     rt->edge[rt->nedge] = b;
     rt->edge_at[rt->nedge++] = edges;
     edges += padded(z, b);
-    edge_shard = z->buckets[b].shard > edge_shard ? z->buckets[b].shard : edge_shard;
   }
+  LOOM_CHECK(edges == z->cut.edges, "the edge buckets are loom_gpt_zero_cut's");
+  /* Sized by the optimizer's cut, the one the memory model counts (loom_gpt_zero_cut). */
+  const size_t layer_max = z->cut.layer_max, edge_shard = z->cut.edge_shard;
   const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype), layer_shard = layer_max / (size_t)z->dp_size;
   for (int i = 0; i < 2; i++) {
     rt->gbuf[i] = take(rt, layer_max, f);
     rt->grecv[i] = take(rt, layer_shard, f);
     rt->gbucket[i] = rt->wbucket[i] = -1;
   }
-  rt->edge_g = take(rt, edges, f);
+  rt->edge_g = take(rt, z->cut.edges, f);
   rt->edge_piece = take(rt, edge_shard, f); /* room for either type */
   if (z->stage == 3) {
     for (int i = 0; i < 2; i++) {
       rt->wbuf[i] = take(rt, layer_max, w);
       rt->wsend[i] = take(rt, layer_shard, f);
     }
-    rt->edge_w = take(rt, edges, w);
+    rt->edge_w = take(rt, z->cut.edges, w);
   }
   return LOOM_OK;
 }

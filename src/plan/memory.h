@@ -57,16 +57,7 @@ loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
 
-/* ZeRO's cut of one chunk's flat buffer over dp replicas: the optimizer's
- * buckets (loom_gpt_zero_buckets), each padded to dp equal pieces. In
- * elements. */
-typedef struct {
-  size_t shard;      /* this replica's pieces, over all buckets */
-  size_t max_shard;  /* the largest bucket's piece */
-  size_t layer_max;  /* the largest layer bucket, padded */
-  size_t edges;      /* the edge buckets, padded, together */
-  size_t edge_shard; /* the largest edge bucket's piece */
-} loom_zero_cut;
+/* The plan's ZeRO cut of one chunk (loom_gpt_zero_cut at its tp, dp and stage). */
 loom_zero_cut loom_plan_zero_cut(const loom_plan *plan, const loom_stage_range *range);
 
 #endif
