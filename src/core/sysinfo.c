@@ -24,16 +24,6 @@ size_t loom_peak_rss_bytes(void) {
   return getrusage(RUSAGE_SELF, &u) == 0 ? (size_t)u.ru_maxrss * 1024 : 0; /* Linux reports KiB */
 }
 
-size_t loom_rss_bytes(void) {
-  FILE *fp = fopen("/proc/self/status", "r");
-  char line[256];
-  unsigned long long kib = 0;
-  while (fp && fgets(line, sizeof line, fp))
-    if (sscanf(line, "VmRSS: %llu kB", &kib) == 1) break;
-  if (fp) fclose(fp);
-  return (size_t)kib * 1024;
-}
-
 void loom_cpu_affinity(loom_cpu_mask *out) {
   memset(out, 0, sizeof *out);
   cpu_set_t set;

@@ -10,8 +10,6 @@
 size_t loom_mem_available_bytes(void);
 /* This process's peak resident memory so far, in bytes. */
 size_t loom_peak_rss_bytes(void);
-/* This process's resident memory now, in bytes (0 if unknown). */
-size_t loom_rss_bytes(void);
 
 /* CPUs this thread may run on (the first 1024), e.g. as mpirun bound it. */
 #define LOOM_CPU_MASK_WORDS 16

@@ -308,17 +308,44 @@ void loom_gpt_params_point(loom_gpt_params *p, loom_buffer *b, int k0, int k1, v
   loom_gpt_params_rebind(p);
 }
 
+
+
+/* What ZeRO `stage` (0: none) keeps of the model's buffers, and the multiple
+ * it pads them to: ZeRO-1 all three, padded to dp pieces; ZeRO-2 the weights
+ * it computes with; ZeRO-3 nothing whole. The fp32 weights are a layout
+ * only where the optimizer holds the master pieces (bf16, or ZeRO-3). */
+static keeps keeps_for(const loom_gpt_config *cfg, int stage, int dp, size_t *pad) {
+  *pad = stage == 1 ? (size_t)dp : 1;
+  if (stage == 0) return (keeps){STORED, STORED, STORED};
+  const keep master = cfg->bf16 || stage == 3 ? LAYOUT : STORED;
+  if (stage == 1) return (keeps){master, STORED, STORED};
+  return (keeps){master, LAYOUT, stage == 2 ? STORED : LAYOUT};
+}
+
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem) {
-  return init_params(p, cfg, tp_rank, tp_size, range, (keeps){STORED, STORED, STORED}, 1, mem);
+  size_t pad;
+  const keeps kept = keeps_for(cfg, 0, 1, &pad);
+  return init_params(p, cfg, tp_rank, tp_size, range, kept, pad, mem);
 }
 
 loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                           const loom_stage_range *range, const loom_allocator *mem, int dp, int stage) {
   LOOM_CHECK(dp >= 1 && stage >= 1 && stage <= 3, "ZeRO stage 1-3 over one replica or more");
-  const keep master = cfg->bf16 || stage == 3 ? LAYOUT : STORED;
-  if (stage == 1) return init_params(p, cfg, tp_rank, tp_size, range, (keeps){master, STORED, STORED}, (size_t)dp, mem);
-  return init_params(p, cfg, tp_rank, tp_size, range, (keeps){master, LAYOUT, stage == 2 ? STORED : LAYOUT}, 1, mem);
+  size_t pad;
+  const keeps kept = keeps_for(cfg, stage, dp, &pad);
+  return init_params(p, cfg, tp_rank, tp_size, range, kept, pad, mem);
+}
+
+loom_gpt_params_bytes loom_gpt_params_stored_bytes(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp,
+                                                   int stage) {
+  size_t pad;
+  const keeps kept = keeps_for(cfg, stage, dp, &pad);
+  const size_t n = (size_t)loom_gpt_param_count(cfg, range, tp), stored = (n + pad - 1) / pad * pad;
+  const double whole = (double)(stored ? stored : 1); /* as loom_buffer_init_padded allocates */
+  return (loom_gpt_params_bytes){.params = kept.params == STORED ? 4.0 * whole : 0.0,
+                                 .grads = kept.grads == STORED ? 4.0 * whole : 0.0,
+                                 .compute = cfg->bf16 && kept.compute == STORED ? 2.0 * whole : 0.0};
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
@@ -514,12 +541,19 @@ double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, lo
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* A gather's round and the piece in transit, from the cut's pieces. */
+static loom_zero_cut with_rounds(loom_zero_cut z, int stage) {
+  z.round = z.max_shard < LOOM_ZERO_GATHER_ROUND ? z.max_shard : LOOM_ZERO_GATHER_ROUND;
+  z.slice = stage == 1 ? z.shard : z.round;
+  return z;
+}
+
 loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp_size, int stage) {
   const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
   loom_zero_cut z = {0};
   if (stage == 1) { /* one bucket: the whole chunk */
     z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);
-    return z;
+    return with_rounds(z, stage);
   }
   /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces. Every layer's bucket is the
    * same, so the edges' are cut from the table of the stage without its layers (a few tensors, where the whole
@@ -547,5 +581,5 @@ loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_ran
   free(specs);
   free(meta);
   free(first);
-  return z;
+  return with_rounds(z, stage);
 }

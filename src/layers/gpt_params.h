@@ -122,6 +122,10 @@ int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_
  * bucket b holds tensors [first[b], first[b + 1]). The one cut, for the
  * optimizer (optim/zero.c) and the memory model (plan/memory.c). */
 int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first);
+/* Elements per replica of one round of a bucket's all-gather into the
+ * model (ZeRO-2's after each step): bounds the staging to dp x 16 MiB,
+ * however large a bucket (wte) is. */
+#define LOOM_ZERO_GATHER_ROUND ((size_t)1 << 22)
 /* The sizes of that cut over dp replicas, each bucket padded to dp equal
  * pieces, in elements of one tp rank's table: what ZeRO's optimizer and
  * runtime allocate (optim/zero.c, pipeline/zero_runtime.c) and the memory
@@ -132,6 +136,8 @@ typedef struct {
   size_t layer_max;  /* the largest layer bucket, padded */
   size_t edges;      /* the edge buckets, padded, together */
   size_t edge_shard; /* the largest edge bucket's piece */
+  size_t round;      /* a round of a bucket's all-gather, per replica: max_shard up to LOOM_ZERO_GATHER_ROUND */
+  size_t slice;      /* the piece in transit: ZeRO-1 the shard, else a round */
 } loom_zero_cut;
 loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp, int stage);
 /* Points the named views of w at the tensors [k0, k1) of p's table, tensor
@@ -150,6 +156,14 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
  * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem);
+/* The bytes a chunk's three buffers take as ZeRO `stage` (0: none) over dp
+ * keeps them (loom_gpt_params_init, loom_gpt_params_init_for_zero): the
+ * fp32 weights, the grads and, in bf16 runs, the weights computed with. */
+typedef struct {
+  double params, grads, compute;
+} loom_gpt_params_bytes;
+loom_gpt_params_bytes loom_gpt_params_stored_bytes(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp,
+                                                   int stage);
 /* The same for a run under ZeRO `stage` (1..3) over dp replicas
  * (optim/zero.h). ZeRO-1: params, grads and the bf16 copy are padded to a
  * multiple of dp elements (loom_buffer_init_padded), so the optimizer

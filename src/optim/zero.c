@@ -6,9 +6,6 @@
 #include "layers/gpt.h"
 #include "optim/zero.h"
 
-static size_t round_of(const loom_zero *z) {
-  return z->max_shard < LOOM_ZERO_GATHER_ROUND ? z->max_shard : LOOM_ZERO_GATHER_ROUND;
-}
 
 static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
   if (k1 <= k0) return;
@@ -75,7 +72,7 @@ loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, 
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
   z->m = state(z, z->cut.shard);
   z->v = state(z, z->cut.shard);
-  z->slice_len = stage == 1 ? z->cut.shard : round_of(z);
+  z->slice_len = z->cut.slice;
   z->slice = state(z, z->slice_len);
   bool ok = z->m && z->v && z->slice;
   if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->cut.shard));
@@ -184,7 +181,7 @@ loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, lo
  * model's own weights. */
 static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type, void *dst, float *send, float *staging,
                         loom_comm *dp, const loom_ops *ops) {
-  const size_t esize = loom_dtype_size(type), R = round_of(z);
+  const size_t esize = loom_dtype_size(type), R = z->cut.round;
   for (int b = 0; b < z->nbuckets; b++) {
     const loom_zero_bucket *k = &z->buckets[b];
     const loom_flat_run *r = &z->runs[b];
@@ -258,7 +255,7 @@ void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, loom_comm *
     z->mem->copy(z->mem, out, p->params.base, p->params.numel * sizeof(float));
     return;
   }
-  const size_t R = round_of(z);
+  const size_t R = z->cut.round;
   float *send = loom_xzalloc(z->mem, R * sizeof(float), "gathered weights");
   float *all = loom_xzalloc(z->mem, R * (size_t)z->dp_size * sizeof(float), "gathered weights");
   gather_into(z, p, LOOM_DTYPE_F32, out, send, all, dp, NULL);

@@ -30,7 +30,6 @@
 
 #include "comm/comm.h"
 #include "optim/adamw.h"
-#include "plan/memory.h" /* LOOM_ZERO_GATHER_ROUND */
 
 /* Flat elements [lo, hi) of a chunk whose state starts at `at` in a replica's arrays. */
 typedef struct {

@@ -47,12 +47,18 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   loom_status st = loom_plan_schedule(plan, &pipe->sched, err);
   if (st != LOOM_OK) return st;
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
-  /* Each chunk's slots and weight-grad states, and the rank's send buffers, as the memory model counts them
-   * (plan/memory.h): at least what this schedule's events reach. */
+  /* Each chunk's slots and weight-grad states, and every rank's send buffers (evaluation keeps to them too), as
+   * the memory model counts them (plan/memory.h): at least what this schedule's events reach. */
   int *nslots = loom_xcalloc((size_t)pipe->v, sizeof *nslots, "slot counts");
   int *nwstates = loom_xcalloc((size_t)pipe->v, sizeof *nwstates, "weight-grad state counts");
-  int nsends;
-  loom_plan_rank_buffers(plan, ps->pp_rank, nslots, nwstates, &nsends);
+  int *others = loom_xcalloc(2 * (size_t)pipe->v, sizeof *others, "schedule peaks");
+  pipe->send_cap = loom_xcalloc((size_t)ps->pp, sizeof *pipe->send_cap, "send buffer counts");
+  for (int r = 0; r < ps->pp; r++) {
+    const bool mine = r == ps->pp_rank;
+    loom_plan_rank_buffers(plan, r, mine ? nslots : others, mine ? nwstates : others + pipe->v, &pipe->send_cap[r]);
+  }
+  free(others);
+  const int nsends = pipe->send_cap[ps->pp_rank];
   for (int c = 0; c < pipe->v; c++) {
     const loom_schedule_peaks peaks = loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, c);
     LOOM_CHECK(peaks.live <= nslots[c] && peaks.deferred <= nwstates[c], "the memory model holds the schedule's buffers");
@@ -65,10 +71,6 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);
     if (st == LOOM_OK && nwstates[c]) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates[c]);
-    pipe->act_bytes += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel, &range,
-                                                          recompute, nslots[c], nwstates[c]);
-    pipe->act_bytes_without_recompute += (int64_t)loom_gpt_activation_bytes(cfg, T, B, ps->tp, ps->sequence_parallel,
-                                                                            &range, false, nslots[c], nwstates[c]);
   }
   if (st == LOOM_OK) {
     loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
@@ -80,10 +82,6 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   if (st != LOOM_OK) return st;
   pipe->mem = ops->mem;
   loom_p2p_init(&pipe->p2p, ps->pp_group, pipe->mem, act_floats(pipe), ps->pp, pipe->v, pipe->m, nsends);
-  pipe->send_cap = loom_xcalloc((size_t)ps->pp, sizeof *pipe->send_cap, "send buffer counts");
-  int *scratch = loom_xcalloc(2 * (size_t)pipe->v, sizeof *scratch, "schedule peaks");
-  for (int r = 0; r < ps->pp; r++) loom_plan_rank_buffers(plan, r, scratch, scratch + pipe->v, &pipe->send_cap[r]);
-  free(scratch);
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
@@ -179,15 +177,14 @@ static void apply_events(loom_pipeline *pipe, const loom_schedule *s, int i, boo
   for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) {
     const loom_buffer_event *x = &s->events[r][e];
     if (x->acquire != acquire) continue;
-    loom_buffer_pool *pool = x->kind == LOOM_BUFFER_SLOT ? &pipe->slots : &pipe->wstates;
     if (x->kind == LOOM_BUFFER_SEND) {
       if (acquire) loom_p2p_acquire(&pipe->p2p, x->grad, x->chunk, x->mb);
       else loom_p2p_release(&pipe->p2p, x->grad, x->chunk, x->mb);
-    } else if (acquire) {
-      loom_pool_take(pool, x->chunk, x->mb);
-    } else {
-      loom_pool_return(pool, x->chunk, x->mb);
+      continue;
     }
+    loom_buffer_pool *pool = x->kind == LOOM_BUFFER_SLOT ? &pipe->slots : &pipe->wstates;
+    if (acquire) loom_pool_take(pool, x->chunk, x->mb);
+    else loom_pool_return(pool, x->chunk, x->mb);
   }
 }
 
@@ -319,13 +316,13 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
                                   .train = spec->train};
     act x = {.pipe = pipe, .hooks = hooks, .spec = spec, .a = a, .m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL,
              .stage = a->chunk >= 0 ? stage_of(pipe, a->chunk) : -1,
-             .slot = loom_action_uses_slot(a) ? loom_pool_held(&pipe->slots, a->chunk, a->mb) : -1, .batch = &batch,
+             .slot = loom_action_uses(a, LOOM_BUFFER_SLOT) ? loom_pool_held(&pipe->slots, a->chunk, a->mb) : -1, .batch = &batch,
              .out = &out};
     HANDLERS[a->kind](&x);
     apply_events(pipe, sched, i, false);
     const double t1 = loom_now_s() - start;
     if (loom_action_computes(a)) out.compute += t1 - t0;
-    else if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) out.wait += t1 - t0;
+    else if (!loom_action_uses(a, LOOM_BUFFER_SEND)) out.wait += t1 - t0; /* a send leaves at once */
     if (tracing) trace_event(pipe, a, t0, t1);
   }
   *totals = out;
@@ -374,7 +371,7 @@ static loom_status eval_schedule(loom_pipeline *pipe, int m, loom_error *err) {
   if (st == LOOM_OK) { /* room in the maps for m micro-batches; the buffers are training's */
     loom_pool_widen(&pipe->slots, m);
     loom_pool_widen(&pipe->wstates, m);
-    loom_p2p_reserve(&pipe->p2p, pipe->p2p.n, m);
+    loom_p2p_widen(&pipe->p2p, m);
   }
   return st;
 }
@@ -401,16 +398,16 @@ static loom_status eval_round(loom_pipeline *pipe, int batches, int *round, loom
     *round = pipe->eval_round;
     return LOOM_OK;
   }
+  if (batches < 1) return loom_fail(err, LOOM_ERR_USAGE, "evaluation needs at least one batch (got %d)", batches);
   for (int m = batches; m >= 1; m--) {
     const loom_status st = eval_schedule(pipe, m, err);
     if (st != LOOM_OK) return st;
-    if (eval_fits(pipe) || m == 1) {
-      LOOM_CHECK(eval_fits(pipe), "one micro-batch of evaluation fits training's buffers");
-      pipe->eval_batches = batches, pipe->eval_round = *round = m;
-      return LOOM_OK;
-    }
+    if (!eval_fits(pipe)) continue;
+    pipe->eval_batches = batches, pipe->eval_round = *round = m;
+    return LOOM_OK;
   }
-  return loom_fail(err, LOOM_ERR_USAGE, "evaluation needs at least one batch (got %d)", batches);
+  LOOM_CHECK(false, "one micro-batch of evaluation fits training's buffers");
+  return LOOM_ERR_RUNTIME;
 }
 
 loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,

@@ -54,7 +54,6 @@ typedef struct loom_pipeline {
   const loom_allocator *mem;  /* the backend's memory: slots, dout, send buffers */
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int *pred;              /* [T * B] greedy predictions, for the score hook */
-  int64_t act_bytes, act_bytes_without_recompute; /* per rank, for the report */
   int zero_stage;          /* the plan's: 0 (none) to 3 */
   loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
   bool final_backward;     /* the backward under way is its chunk's last of the step */

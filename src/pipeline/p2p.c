@@ -7,26 +7,18 @@
 static int key_of(const loom_p2p *x, bool grad, int chunk, int mb) { return ((grad ? 1 : 0) * x->v + chunk) * x->m + mb; }
 
 void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_allocator *mem, size_t floats, int p, int v, int m, int n) {
-  *x = (loom_p2p){.group = group, .mem = mem, .floats = floats, .p = p, .v = v};
-  loom_p2p_reserve(x, n, m);
+  *x = (loom_p2p){.group = group, .mem = mem, .floats = floats, .p = p, .v = v, .n = n};
+  x->buf = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *x->buf, "send buffers");
+  x->req = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->req, "send buffers");
+  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(mem, floats * sizeof(float), "send buffer");
+  x->m = m;
+  loom_pool_init(&x->pool, 1, &x->n, 2 * v * m);
 }
 
-void loom_p2p_reserve(loom_p2p *x, int n, int m) {
-  if (n <= x->n && m <= x->m) return;
-  for (int i = 0; i < x->n; i++) LOOM_CHECK(x->req[i] == NULL, "send buffers regrown with a send in flight");
-  if (n > x->n) {
-    x->buf = realloc(x->buf, (size_t)n * sizeof *x->buf);
-    x->req = realloc(x->req, (size_t)n * sizeof *x->req);
-    LOOM_CHECK(x->buf && x->req, "out of memory for send buffers");
-    for (int i = x->n; i < n; i++) {
-      x->buf[i] = loom_xzalloc(x->mem, x->floats * sizeof(float), "send buffer");
-      x->req[i] = NULL;
-    }
-    x->n = n;
-  }
-  x->m = m > x->m ? m : x->m;
-  loom_pool_free(&x->pool);
-  loom_pool_init(&x->pool, 1, &x->n, 2 * x->v * x->m);
+void loom_p2p_widen(loom_p2p *x, int m) {
+  if (m <= x->m) return;
+  x->m = m;
+  loom_pool_widen(&x->pool, 2 * x->v * m);
 }
 
 void loom_p2p_free(loom_p2p *x) {

@@ -30,8 +30,8 @@ typedef struct {
 
 /* n send buffers of `floats` values each, for m micro-batches over v chunks. */
 void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_allocator *mem, size_t floats, int p, int v, int m, int n);
-/* At least n buffers and room for m micro-batches (an evaluation's schedule). */
-void loom_p2p_reserve(loom_p2p *x, int n, int m);
+/* Room in the map for m micro-batches (an evaluation's schedule); the buffers stay as they are. */
+void loom_p2p_widen(loom_p2p *x, int m);
 void loom_p2p_free(loom_p2p *x);
 /* Every buffer free: at a schedule's start. */
 void loom_p2p_reset(loom_p2p *x);

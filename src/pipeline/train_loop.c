@@ -21,7 +21,8 @@ void loom_train_describe(const loom_trainer *tr) {
   loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
                 ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
                 loom_schedule_kind_name(tr->plan->schedule), p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
-  const double mib = 1048576.0, kept = (double)p->act_bytes, full = (double)p->act_bytes_without_recompute;
+  const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, loom_plan_recompute(tr->plan)),
+               full = loom_plan_rank_activations(tr->plan, ps->pp_rank, false);
   if (p->chunks[0].recompute)
     loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
                   full / mib, (full - kept) / mib);

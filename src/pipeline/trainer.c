@@ -22,7 +22,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
   *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
                        .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch,
-                       .baseline_rss = loom_rss_bytes(), .mem = ops->mem};
+                       .mem = ops->mem};
   /* The run's tensor memory is counted from here: the allocator's peak over what it held before. */
   ops->mem->reset_peak(ops->mem);
   tr->baseline_tensor = ops->mem->counts(ops->mem).in_use;

@@ -36,7 +36,6 @@ typedef struct {
   loom_dataset *data; /* not owned */
   loom_lr_schedule lr;
   int T, micro_batch, global_batch;
-  size_t baseline_rss; /* resident bytes before the run allocated anything: the process, MPI, BLAS */
   const loom_allocator *mem; /* the backend's memory, counted */
   size_t baseline_tensor;    /* bytes it held before the run */
   /* what the pipeline hooks read */

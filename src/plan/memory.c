@@ -89,8 +89,6 @@ int loom_plan_rank_buffers(const loom_plan *p, int pp_rank, int *slots, int *def
 
 /* ---- ZeRO's cut ---- */
 
-static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
-
 loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *range) {
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
@@ -102,39 +100,34 @@ loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *ran
 /* Bytes of n elements of `size` where a zero-length buffer still takes one (as the runtime allocates it). */
 static double at_least_one(size_t n, size_t size) { return (double)(n ? n : 1) * (double)size; }
 
-/* Parameters, grads, Adam and ZeRO's buffers: as loom_gpt_init_stage, the
- * optimizers (optim/adamw.c, optim/zero.c) and ZeRO-2/3's runtime
- * (pipeline/zero_runtime.c) allocate them. */
+/* Parameters, grads, Adam and ZeRO's buffers: as the layers keep them
+ * (loom_gpt_params_stored_bytes), and as the optimizers (optim/adamw.c,
+ * optim/zero.c) and ZeRO-2/3's runtime (pipeline/zero_runtime.c) allocate
+ * them by ZeRO's cut (loom_gpt_zero_cut). */
 static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
   const int zero = p->parallel->zero_stage;
   const size_t dp = (size_t)p->parallel->dp, n = (size_t)loom_gpt_param_count(cfg, range, p->parallel->tp);
-  const bool bf16 = cfg->bf16;
   double *b = out->bytes;
+  const loom_gpt_params_bytes kept = loom_gpt_params_stored_bytes(cfg, range, p->parallel->tp, (int)dp, zero);
+  /* The fp32 weights are the master beside a bf16 copy, else what the layers compute with. */
+  b[cfg->bf16 ? LOOM_MEM_MASTER : LOOM_MEM_WEIGHTS] += kept.params;
+  b[LOOM_MEM_WEIGHTS] += kept.compute;
+  b[LOOM_MEM_GRADS] += kept.grads;
   if (zero == 0) {
-    b[bf16 ? LOOM_MEM_MASTER : LOOM_MEM_WEIGHTS] += at_least_one(n, 4);
-    if (bf16) b[LOOM_MEM_WEIGHTS] += at_least_one(n, 2);
-    b[LOOM_MEM_GRADS] += at_least_one(n, 4);
     b[LOOM_MEM_OPTIMIZER] += 2.0 * at_least_one(n, 4);
     return;
   }
-  /* The model's own buffers: ZeRO-1 keeps them whole and padded to dp pieces; ZeRO-2 keeps the weights it
-   * computes with; ZeRO-3 keeps nothing whole. */
-  const size_t padded = zero == 1 ? ceil_div(n, dp) * dp : n;
-  if (zero <= 2 && !bf16) b[LOOM_MEM_WEIGHTS] += at_least_one(padded, 4);
-  if (zero <= 2 && bf16) b[LOOM_MEM_WEIGHTS] += at_least_one(padded, 2);
-  if (zero == 1) b[LOOM_MEM_GRADS] += at_least_one(padded, 4);
   /* The optimizer's pieces. */
   const loom_zero_cut z = loom_plan_zero_cut(p, range);
-  const size_t slice = zero == 1 ? z.shard : (z.max_shard < LOOM_ZERO_GATHER_ROUND ? z.max_shard : LOOM_ZERO_GATHER_ROUND);
   b[LOOM_MEM_OPTIMIZER] += 2.0 * at_least_one(z.shard, 4);
-  b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(slice, 4);
-  if (bf16 || zero == 3) b[LOOM_MEM_MASTER] += at_least_one(z.shard, 4);
+  b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.slice, 4);
+  if (kept.params == 0.0) b[LOOM_MEM_MASTER] += at_least_one(z.shard, 4); /* the model keeps no fp32 weights */
   if (zero >= 2) b[LOOM_MEM_GRADS] += at_least_one(z.shard, 4);
-  if (zero == 2) b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(slice * dp, 4);
+  if (zero == 2) b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.slice * dp, 4);
   if (zero < 2) return;
   /* The runtime's: two layers' grads and their pieces in flight, the edges' grads and a piece; under ZeRO-3 two
    * layers' gathered weights, their sends and the edges' weights. */
-  const size_t w = bf16 ? 2 : 4, layer_piece = z.layer_max / dp;
+  const size_t w = cfg->bf16 ? 2 : 4, layer_piece = z.layer_max / dp;
   b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, 4) + at_least_one(layer_piece, 4)) +
                                 at_least_one(z.edges, 4) + at_least_one(z.edge_shard, 4);
   if (zero == 3)
@@ -157,7 +150,7 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, b
   out.bytes[LOOM_MEM_WEIGHT_GRAD_STATES] =
       (double)loom_gpt_weight_state_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute) * deferred[chunk];
   if (chunk == 0) /* the rank's send buffers and its received grad */
-    out.bytes[LOOM_MEM_P2P] = (double)(sends + 1) * 4.0 * (double)loom_gpt_boundary_floats(&cfg, T, B, l->tp, l->sequence_parallel);
+    out.bytes[LOOM_MEM_P2P] = (double)(sends + 1) * loom_gpt_boundary_bytes(&cfg, T, B, l->tp, l->sequence_parallel);
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
   if (l->dp > 1 && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) out.bytes[LOOM_MEM_GRAD_REDUCE] = at_least_one(n, 2);
   if (l->dp > 1 && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
@@ -174,4 +167,13 @@ loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {
     for (int k = 0; k < LOOM_MEM_KINDS; k++) out.bytes[k] += one.bytes[k];
   }
   return out;
+}
+
+double loom_plan_rank_activations(const loom_plan *p, int pp_rank, bool recompute) {
+  double bytes = 0.0;
+  for (int c = 0; c < p->parallel->virtual_chunks; c++) {
+    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, recompute);
+    bytes += one.bytes[LOOM_MEM_ACTIVATIONS] + one.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
+  }
+  return bytes;
 }

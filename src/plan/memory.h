@@ -33,10 +33,6 @@ typedef struct {
   double bytes[LOOM_MEM_KINDS];
 } loom_memory;
 
-/* Elements per replica of one round of a bucket's all-gather into the
- * model (ZeRO-2's after each step): bounds the staging to dp x 16 MiB,
- * however large a bucket (wte) is. */
-#define LOOM_ZERO_GATHER_ROUND ((size_t)1 << 22)
 
 /* "weights", "master weights", ...: the kind's name in logs and tables. */
 const char *loom_memory_kind_name(loom_memory_kind kind);
@@ -56,6 +52,8 @@ int loom_plan_rank_buffers(const loom_plan *plan, int pp_rank, int *slots, int *
 loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, bool recompute);
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
+/* The rank's activations and weight-grad states, recomputing or not. */
+double loom_plan_rank_activations(const loom_plan *plan, int pp_rank, bool recompute);
 
 /* The plan's ZeRO cut of one chunk (loom_gpt_zero_cut at its tp, dp and stage). */
 loom_zero_cut loom_plan_zero_cut(const loom_plan *plan, const loom_stage_range *range);

@@ -283,13 +283,18 @@ static void build_rank(loom_schedule *s, int r, tally *tallies) {
   s->count[r] = o.l.count;
 }
 
-bool loom_action_uses_slot(const loom_action *a) {
-  return a->mb >= 0 && a->kind != LOOM_ACT_RECV_GRAD; /* a received grad lands in the executor's own buffer */
+bool loom_action_uses(const loom_action *a, loom_buffer_kind kind) {
+  switch (kind) {
+  case LOOM_BUFFER_SLOT: return a->mb >= 0 && a->kind != LOOM_ACT_RECV_GRAD; /* a received grad lands in the executor's own buffer */
+  case LOOM_BUFFER_WSTATE: return a->kind == LOOM_ACT_BACKWARD_INPUT || a->kind == LOOM_ACT_BACKWARD_WEIGHT;
+  case LOOM_BUFFER_SEND: return a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD;
+  default: return false;
+  }
 }
 
 /* ---- buffer events ---- */
 
-static bool is_send(const loom_action *a) { return a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD; }
+static bool is_send(const loom_action *a) { return loom_action_uses(a, LOOM_BUFFER_SEND); }
 static bool is_recv(const loom_action *a) { return a->kind == LOOM_ACT_RECV_ACT || a->kind == LOOM_ACT_RECV_GRAD; }
 
 /* A message by its destination stage: (grad, mb, stage). */
@@ -373,10 +378,10 @@ static int rank_events(const loom_schedule *s, int r, const int *first, const in
     const loom_action *a = &acts[i];
     if (event_at) event_at[i] = n;
     const int key = a->mb >= 0 ? a->mb * s->v + a->chunk : -1;
-    if (loom_action_uses_slot(a) && first[key] == i) EVENT(LOOM_BUFFER_SLOT, true, a);
+    if (loom_action_uses(a, LOOM_BUFFER_SLOT) && first[key] == i) EVENT(LOOM_BUFFER_SLOT, true, a);
     if (a->kind == LOOM_ACT_BACKWARD_INPUT) EVENT(LOOM_BUFFER_WSTATE, true, a);
     if (is_send(a)) EVENT(LOOM_BUFFER_SEND, true, a);
-    if (loom_action_uses_slot(a) && last[key] == i) EVENT(LOOM_BUFFER_SLOT, false, a);
+    if (loom_action_uses(a, LOOM_BUFFER_SLOT) && last[key] == i) EVENT(LOOM_BUFFER_SLOT, false, a);
     if (a->kind == LOOM_ACT_BACKWARD_WEIGHT) EVENT(LOOM_BUFFER_WSTATE, false, a);
     for (int j = released[i]; j >= 0; j = next_released[j]) EVENT(LOOM_BUFFER_SEND, false, &acts[j]);
   }
@@ -407,7 +412,7 @@ static void annotate(loom_schedule *s) {
     for (size_t k = 0; k < keys; k++) first[k] = last[k] = -1;
     for (int i = 0; i < s->count[r]; i++) {
       const loom_action *a = &s->actions[r][i];
-      if (!loom_action_uses_slot(a)) continue;
+      if (!loom_action_uses(a, LOOM_BUFFER_SLOT)) continue;
       const int key = a->mb * s->v + a->chunk;
       if (first[key] < 0) first[key] = i;
       last[key] = i;

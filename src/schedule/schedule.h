@@ -167,8 +167,10 @@ loom_status loom_schedule_counted_peaks(loom_schedule_kind kind, int p, int v, i
  * once, for shapes too large to build (tests/test_schedule.c checks it on
  * every shape it builds). */
 int loom_schedule_send_bound(loom_schedule_kind kind, int v, int m, int live);
-/* Whether action a reads or writes its (mb, chunk)'s activation slot. */
-bool loom_action_uses_slot(const loom_action *a);
+/* Whether action a reads or writes a buffer of this kind of its (mb,
+ * chunk): the one rule the generator's events, the verifier's check and
+ * the executor follow. */
+bool loom_action_uses(const loom_action *a, loom_buffer_kind kind);
 
 /* The one rule for where stages lie: the virtual stage of (rank, chunk) of
  * p ranks, looped (c*p + r) or V-shaped (chunk 1 runs back down the ranks),

@@ -205,27 +205,13 @@ static bool check_events(const loom_schedule *s, int r, loom_schedule_report *re
   const int keys = s->m * s->v;
   char *held = calloc((size_t)LOOM_BUFFER_KINDS * 2 * keys, 1); /* [kind][grad][mb * v + chunk] */
   LOOM_CHECK(held != NULL, "out of memory verifying a schedule");
+#define HELD(kind, grad, mb, chunk) held[((kind) * 2 + ((kind) == LOOM_BUFFER_SEND && (grad))) * keys + (mb) * s->v + (chunk)]
   static const char *const WHAT[LOOM_BUFFER_KINDS] = {"activation slot", "weight-grad state", "send buffer"};
   bool ok = true;
+  char what[200];
   for (int i = 0; i < s->count[r] && ok; i++) {
     const loom_action *a = &s->actions[r][i];
-    char what[200];
-    for (int pass = 0; pass < 3 && ok; pass++) { /* acquires, then what the action uses, then releases */
-      if (pass == 1) {
-        const bool send = a->kind == LOOM_ACT_SEND_ACT || a->kind == LOOM_ACT_SEND_GRAD;
-        const bool wstate = a->kind == LOOM_ACT_BACKWARD_INPUT || a->kind == LOOM_ACT_BACKWARD_WEIGHT;
-        const int uses[LOOM_BUFFER_KINDS] = {loom_action_uses_slot(a), wstate, send};
-        for (int k = 0; k < LOOM_BUFFER_KINDS && ok; k++) {
-          const int grad = k == LOOM_BUFFER_SEND && a->kind == LOOM_ACT_SEND_GRAD;
-          if (uses[k] && !held[(k * 2 + grad) * keys + a->mb * s->v + a->chunk]) {
-            describe(what, sizeof what, r, a);
-            snprintf(rep->why, sizeof rep->why, "%s uses the %s of micro-batch %d chunk %d, which its buffer events do not hold",
-                     what, WHAT[k], a->mb, a->chunk);
-            ok = false;
-          }
-        }
-        continue;
-      }
+    for (int pass = 0; pass < 2 && ok; pass++) { /* acquires, then (after checking what the action uses) releases */
       for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1] && ok; e++) {
         const loom_buffer_event *b = &s->events[r][e];
         if (b->acquire != (pass == 0)) continue;
@@ -233,19 +219,25 @@ static bool check_events(const loom_schedule *s, int r, loom_schedule_report *re
           describe(what, sizeof what, r, a);
           snprintf(rep->why, sizeof rep->why, "%s names a %s of micro-batch %d chunk %d, out of range", what, WHAT[b->kind], b->mb, b->chunk);
           ok = false;
-          break;
-        }
-        char *h = &held[(b->kind * 2 + (b->kind == LOOM_BUFFER_SEND && b->grad)) * keys + b->mb * s->v + b->chunk];
-        if (*h == b->acquire) {
+        } else if (HELD(b->kind, b->grad, b->mb, b->chunk) == b->acquire) {
           describe(what, sizeof what, r, a);
           snprintf(rep->why, sizeof rep->why, "%s %s the %s of micro-batch %d chunk %d", what,
                    b->acquire ? "takes again" : "gives back the unheld", WHAT[b->kind], b->mb, b->chunk);
           ok = false;
+        } else {
+          HELD(b->kind, b->grad, b->mb, b->chunk) = b->acquire;
         }
-        *h = b->acquire;
       }
+      for (int k = 0; pass == 0 && k < LOOM_BUFFER_KINDS && ok; k++)
+        if (loom_action_uses(a, k) && !HELD(k, a->kind == LOOM_ACT_SEND_GRAD, a->mb, a->chunk)) {
+          describe(what, sizeof what, r, a);
+          snprintf(rep->why, sizeof rep->why, "%s uses the %s of micro-batch %d chunk %d, which its buffer events do not hold",
+                   what, WHAT[k], a->mb, a->chunk);
+          ok = false;
+        }
     }
   }
+#undef HELD
   for (int k = 0; k < LOOM_BUFFER_KINDS * 2 * keys && ok; k++)
     if (held[k]) {
       snprintf(rep->why, sizeof rep->why, "rank %d still holds the %s of micro-batch %d chunk %d at the step's end", r,
