@@ -137,15 +137,15 @@ static void expect_sharded(const loom_trainer *tr) {
   const loom_held_bytes h = loom_trainer_held_bytes(tr);
   double full = 0.0; /* fp32 bytes of this rank's parameters */
   int buckets = 0;
-  for (int c = 0; c < tr->pipe.v; c++) full += 4.0 * (double)tr->pipe.chunks[c].p.params.numel, buckets += tr->zero[c].nbuckets;
+  for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++) full += 4.0 * (double)loom_pipeline_chunk(tr->pipe, c)->p.params.numel, buckets += tr->zero[c].nbuckets;
   ck_assert_msg(full > 0 && share_of(h.optimizer, 2.0 * full, buckets, 2 * sizeof(float)), "Adam holds %g of %g bytes",
                 h.optimizer, 2.0 * full);
-  if (g_zero >= 2) ck_assert_msg(share_of(h.grads, full, buckets, sizeof(float)), "grads %g of %g bytes (%d buckets, stored %g)", h.grads, full, buckets, (double)tr->pipe.chunks[0].p.grads.capacity);
+  if (g_zero >= 2) ck_assert_msg(share_of(h.grads, full, buckets, sizeof(float)), "grads %g of %g bytes (%d buckets, stored %g)", h.grads, full, buckets, (double)loom_pipeline_chunk(tr->pipe, 0)->p.grads.capacity);
   else ck_assert_double_ge(h.grads, full);
   if (g_zero == 3) ck_assert_msg(share_of(h.weights, full, buckets, sizeof(float)), "weights %g of %g bytes", h.weights, full);
   else ck_assert_double_ge(h.weights, full / 2); /* the model's own: fp32, or bf16 beside the master pieces */
   if (g_zero >= 2) ck_assert_double_gt(h.transient, 0.0);
-  if (g_world->rank == 0 && tr->pipe.v == 1)
+  if (g_world->rank == 0 && loom_pipeline_chunk_count(tr->pipe) == 1)
     printf("ZeRO-%d dp %d rank 0: weights %.0f, grads %.0f, Adam %.0f, in transit %.0f bytes (fp32 whole %.0f)\n", g_zero,
            g_dp, h.weights, h.grads, h.optimizer, h.transient, full);
 }
@@ -173,7 +173,7 @@ static void expect_p2p_as_simulated(const loom_trainer *tr, int steps) {
   ck_assert_msg(loom_profile_load("h100-sxm", &prof, &err) == LOOM_OK, "%s", err.msg);
   loom_sim_costs c;
   loom_sim_costs_build(tr->plan, prof, &c);
-  const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)tr->pipe.p2p.bytes_sent;
+  const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)loom_pipeline_usage_of(tr->pipe).p2p_bytes;
   loom_sim_costs_free(&c);
   loom_profile_free(prof);
   ck_assert_msg(sent == simulated, "rank %d: pipeline messages carried %.0f bytes, the sim counts %.0f", g_world->rank, sent,
@@ -226,7 +226,7 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
 
 /* Chunk c's fp32 weights, gathered from the replicas' pieces where ZeRO keeps no whole copy; free them. */
 static float *weights_of(loom_trainer *tr, int c) {
-  loom_gpt_params *p = &tr->pipe.chunks[c].p;
+  loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
   float *got = malloc(p->params.numel * sizeof(float));
   if (tr->zero) loom_zero_gather_master(&tr->zero[c], p, tr->ps.dp_group, got);
   else memcpy(got, p->params.base, p->params.numel * sizeof(float));
@@ -235,8 +235,8 @@ static float *weights_of(loom_trainer *tr, int c) {
 
 /* Every chunk's weights equal this rank's slice of the serial model's. */
 static void expect_same_weights(loom_trainer *tr, const loom_gpt *serial, const char *what) {
-  for (int c = 0; c < tr->pipe.v; c++) {
-    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+  for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++) {
+    loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
     float *want = malloc(p->params.numel * sizeof(float)), *got = weights_of(tr, c);
     tu_slice_of(p, &serial->p.params, &serial->p, want);
     const double e = tu_nmse(got, want, p->params.numel);
@@ -271,14 +271,17 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   ck_assert_msg(memcmp(recomputed, losses, sizeof losses) == 0, "%s: recompute changed the losses", what);
   /* Keeping one input per layer saves memory once a chunk has two layers or more. */
   int fewest = LAYERS;
-  for (int c = 0; c < tr.pipe.v; c++) fewest = tr.pipe.chunks[c].p.layers < fewest ? tr.pipe.chunks[c].p.layers : fewest;
+  for (int c = 0; c < loom_pipeline_chunk_count(tr.pipe); c++) fewest = loom_pipeline_chunk(tr.pipe, c)->p.layers < fewest ? loom_pipeline_chunk(tr.pipe, c)->p.layers : fewest;
   if (fewest >= 2 && !loom_schedule_kind_splits_backward(kind))
     ck_assert_double_lt(loom_plan_rank_activations(plan, tr.ps.pp_rank, true), loom_plan_rank_activations(plan, tr.ps.pp_rank, false));
   /* A split backward keeps its linears' inputs from B to W, in weight-grad
    * states as many as the backwards waiting at once, never more than the
    * micro-batches in flight: with few of those recompute can save nothing. */
   if (loom_schedule_kind_splits_backward(kind))
-    ck_assert(tr.pipe.wstates.most > 0 && tr.pipe.wstates.most <= tr.pipe.slots.most);
+    {
+    const loom_pipeline_usage u = loom_pipeline_usage_of(tr.pipe);
+    ck_assert(u.weight_states > 0 && u.weight_states <= u.slots);
+  }
   loom_trainer_free(&tr);
   loom_plan_free(plan);
   loom_dataset_free(data);
@@ -308,13 +311,13 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   loom_trainer serial, tr;
   ck_assert_msg(loom_trainer_init(&serial, NULL, serial_plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
   ck_assert_msg(loom_trainer_init(&tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
-  ck_assert(tr.pipe.chunks[0].p.compute.numel == tr.pipe.chunks[0].p.params.numel); /* a bf16 copy that runs */
-  for (int c = 0; g_zero && c < tr.pipe.v; c++) {
+  ck_assert(loom_pipeline_chunk(tr.pipe, 0)->p.compute.numel == loom_pipeline_chunk(tr.pipe, 0)->p.params.numel); /* a bf16 copy that runs */
+  for (int c = 0; g_zero && c < loom_pipeline_chunk_count(tr.pipe); c++) {
     /* The distributed optimizer: no whole fp32 master on any replica; a slice of it next to the moments. */
     const loom_zero *z = &tr.zero[c];
-    ck_assert(!loom_gpt_params_have_master(&tr.pipe.chunks[c].p) && z->master != NULL);
+    ck_assert(!loom_gpt_params_have_master(&loom_pipeline_chunk(tr.pipe, c)->p) && z->master != NULL);
     ck_assert_uint_eq(loom_zero_state_bytes(z), 3 * z->shard * sizeof(float));
-    ck_assert_uint_le(z->shard, tr.pipe.chunks[c].p.params.numel / g_dp + (size_t)z->nbuckets);
+    ck_assert_uint_le(z->shard, loom_pipeline_chunk(tr.pipe, c)->p.params.numel / g_dp + (size_t)z->nbuckets);
   }
   if (g_zero) expect_sharded(&tr);
   for (int s = 0; s < STEPS; s++) {
@@ -325,9 +328,9 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   }
   expect_memory_as_modelled(&tr); /* the serial run's memory, held throughout, is under the baseline */
   expect_p2p_as_simulated(&tr, STEPS);
-  loom_gpt *whole = &serial.pipe.chunks[0];
-  for (int c = 0; c < tr.pipe.v; c++) {
-    loom_gpt_params *p = &tr.pipe.chunks[c].p;
+  loom_gpt *whole = loom_pipeline_chunk(serial.pipe, 0);
+  for (int c = 0; c < loom_pipeline_chunk_count(tr.pipe); c++) {
+    loom_gpt_params *p = &loom_pipeline_chunk(tr.pipe, c)->p;
     float *want = malloc(p->params.numel * sizeof(float)), *got = weights_of(&tr, c);
     tu_slice_of(p, &whole->p.params, &whole->p, want);
     const double e = tu_nmse(got, want, p->params.numel), worst = tu_max_abs_diff(got, want, p->params.numel);
@@ -448,7 +451,7 @@ static void nan_skips(loom_schedule_kind kind, int v) {
   ck_assert_int_eq(loom_fault_arm(spec, &err), LOOM_OK);
   const loom_step_stats bad = loom_trainer_step(&tr, 0);
   loom_fault_disarm();
-  const size_t n = tr.pipe.chunks[0].p.params.numel;
+  const size_t n = loom_pipeline_chunk(tr.pipe, 0)->p.params.numel;
   float *w = weights_of(&tr, 0), *w0 = weights_of(&fresh, 0);
   ck_assert(bad.skipped);
   ck_assert_mem_eq(w, w0, n * sizeof(float));

@@ -17,11 +17,11 @@
 #include "core/timer.h"
 
 void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, int keep, uint64_t seed, const char *data) {
-  const int v = tr->pipe.v;
+  const int v = loom_pipeline_chunk_count(tr->pipe);
   *f = (loom_run_files){.tr = tr, .dir = dir, .keep = keep};
   f->chunks = loom_xcalloc((size_t)v, sizeof *f->chunks, "checkpoint chunks");
   for (int c = 0; c < v; c++) {
-    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
     f->chunks[c] = tr->zero   ? loom_ckpt_chunk_zero(p, &tr->zero[c])
                    : tr->opts ? loom_ckpt_chunk_adamw(p, &tr->opts[c])
                               : (loom_ckpt_chunk){.p = p}; /* no optimizer */
@@ -50,7 +50,7 @@ static loom_status agree(const loom_run_files *f, loom_status st, const char *wh
 
 /* The parameters of this rank's chunks, without optimizer state. */
 static loom_ckpt_chunk *param_chunks(const loom_run_files *f) {
-  const int v = f->tr->pipe.v;
+  const int v = loom_pipeline_chunk_count(f->tr->pipe);
   loom_ckpt_chunk *p = loom_fault_calloc((size_t)v, sizeof *p);
   for (int c = 0; p && c < v; c++) {
     const loom_ckpt_chunk *all = &f->chunks[c];
@@ -69,7 +69,7 @@ static loom_status load_model_file(const loom_run_files *f, const char *path, lo
     return st;
   }
   loom_ckpt_chunk *chunks = param_chunks(f);
-  const int v = f->tr->pipe.v;
+  const int v = loom_pipeline_chunk_count(f->tr->pipe);
   loom_ckpt_want *want = chunks ? loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, v) + 1, sizeof *want) : NULL;
   loom_piece_source pieces = {0};
   loom_assembly *fill = NULL;
@@ -125,7 +125,7 @@ loom_status loom_run_check_dir(loom_run_files *f, loom_error *err) {
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) {
   const double t0 = loom_now_s();
   loom_ckpt_run from;
-  const int v = f->tr->pipe.v;
+  const int v = loom_pipeline_chunk_count(f->tr->pipe);
   loom_status st = agree(f, loom_ckpt_resume(f->dir, f->chunks, v, &f->run, &from, first, err), "load the checkpoint", err);
   if (st != LOOM_OK) return st;
   loom_trainer_publish_weights(f->tr);
@@ -154,7 +154,7 @@ loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
   loom_run_files *f = ctx;
   const double t0 = loom_now_s();
   int64_t bytes = 0;
-  const loom_status st = loom_ckpt_save(f->dir, step, f->keep, f->chunks, f->tr->pipe.v, &f->tr->ps, &f->run, &bytes, err);
+  const loom_status st = loom_ckpt_save(f->dir, step, f->keep, f->chunks, loom_pipeline_chunk_count(f->tr->pipe), &f->tr->ps, &f->run, &bytes, err);
   const double gb = (double)bytes / 1e9, dt = loom_now_s() - t0;
   if (st == LOOM_OK)
     loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
@@ -186,7 +186,7 @@ loom_status loom_run_export(loom_run_files *f, int64_t step, const char *path, l
     loom_ckpt_chunk *params = param_chunks(f);
     st = agree(f, params ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path), "save the model", err);
     int64_t bytes;
-    if (st == LOOM_OK) st = loom_ckpt_save(dir, step, 1, params, f->tr->pipe.v, &f->tr->ps, &f->run, &bytes, err);
+    if (st == LOOM_OK) st = loom_ckpt_save(dir, step, 1, params, loom_pipeline_chunk_count(f->tr->pipe), &f->tr->ps, &f->run, &bytes, err);
     free(params);
   }
   if (st == LOOM_OK && f->tr->ps.rank == 0) st = write_model(dir, path, err);

@@ -16,7 +16,7 @@ typedef struct {
   loom_trainer *tr;
   const char *dir; /* --ckpt, or NULL */
   int keep;
-  loom_ckpt_chunk *chunks; /* [tr->pipe.v] parameters and optimizer state */
+  loom_ckpt_chunk *chunks; /* [loom_pipeline_chunk_count(tr->pipe)] parameters and optimizer state */
   loom_ckpt_run run;
 } loom_run_files;
 

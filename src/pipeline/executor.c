@@ -5,7 +5,7 @@
 #include "core/check.h"
 #include "core/fault.h"
 #include "core/timer.h"
-#include "pipeline/executor.h"
+#include "pipeline/executor_state.h"
 #include "pipeline/grad_sync.h"
 #include "plan/memory.h"
 #include "schedule/verify.h"
@@ -25,9 +25,8 @@ static size_t act_floats(const loom_pipeline *pipe) {
 static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer);
 static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer);
 
-loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
-                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
-  memset(pipe, 0, sizeof *pipe);
+static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+                         uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
   LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp,
              "the grid is the plan's");
   loom_gpt_config model;
@@ -103,6 +102,30 @@ loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, con
   return LOOM_OK;
 }
 
+loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+                              uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
+  loom_pipeline *pipe = loom_xcalloc(1, sizeof *pipe, "pipeline");
+  const loom_status st = build(pipe, ps, plan, ops, seed, bucket_bytes, zero_dp, err);
+  if (st != LOOM_OK) loom_pipeline_free(pipe), pipe = NULL;
+  *out = pipe;
+  return st;
+}
+
+int loom_pipeline_chunk_count(const loom_pipeline *pipe) { return pipe->v; }
+loom_gpt *loom_pipeline_chunk(const loom_pipeline *pipe, int c) {
+  LOOM_CHECK(c >= 0 && c < pipe->v, "a chunk this rank holds");
+  return &pipe->chunks[c];
+}
+int loom_pipeline_micro_batches(const loom_pipeline *pipe) { return pipe->m; }
+const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe) { return &pipe->sched; }
+const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe) {
+  return pipe->compress ? &pipe->compress[0].cfg : NULL;
+}
+void loom_pipeline_set_tracing(loom_pipeline *pipe, bool on) { pipe->tracing = on; }
+loom_pipeline_usage loom_pipeline_usage_of(const loom_pipeline *pipe) {
+  return (loom_pipeline_usage){.slots = pipe->slots.most, .weight_states = pipe->wstates.most, .p2p_bytes = pipe->p2p.bytes_sent};
+}
+
 loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero) {
   if (pipe->zero_stage < 2) return LOOM_OK;
   pipe->zero = loom_xcalloc((size_t)pipe->v, sizeof *pipe->zero, "ZeRO runtimes");
@@ -119,6 +142,7 @@ size_t loom_pipeline_transient_bytes(const loom_pipeline *pipe) {
 }
 
 void loom_pipeline_free(loom_pipeline *pipe) {
+  if (!pipe) return;
   for (int c = 0; pipe->zero && c < pipe->v; c++) loom_zero_runtime_free(&pipe->zero[c]);
   free(pipe->zero);
   for (int c = 0; pipe->chunks && c < pipe->v; c++) loom_gpt_free(&pipe->chunks[c]);
@@ -140,7 +164,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->compress);
   loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
-  memset(pipe, 0, sizeof *pipe);
+  free(pipe);
 }
 
 /* The model's hooks: ZeRO-2/3's gathers and reduce-scatters, and the

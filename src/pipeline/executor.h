@@ -14,15 +14,14 @@
 #define LOOM_EXECUTOR_H
 
 #include "layers/gpt.h"
-#include "optim/grad_compress.h"
-#include "pipeline/buffer_pool.h"
-#include "pipeline/p2p.h"
-#include "pipeline/zero_runtime.h"
+#include "optim/zero.h"
+#include "plan/grad_compression.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
 
-struct loom_pipeline;
+/* Opaque: a pipeline is asked, through the accessors below, for what it holds. */
+typedef struct loom_pipeline loom_pipeline;
 
 /* The caller's side of a step. */
 typedef struct {
@@ -31,50 +30,12 @@ typedef struct {
    * targets [T * B]; returns how many targets are scored (>= 0). */
   int64_t (*feed)(void *ctx, int mb, int *tokens, int *targets);
   /* Steps every chunk's parameters once grads are final; returns the grad norm. */
-  double (*optimizer_step)(void *ctx, struct loom_pipeline *pipe);
+  double (*optimizer_step)(void *ctx, loom_pipeline *pipe);
   /* Evaluation only, on the last stage: scores micro-batch mb's greedy
    * predictions pred[T * B]; adds to tally[0] (problems) and tally[1] (correct). */
   void (*score)(void *ctx, const int *tokens, const int *targets, const int *pred, float *tally);
 } loom_pipeline_hooks;
 
-typedef struct loom_pipeline {
-  const loom_parallel *ps;
-  loom_tp tp;
-  loom_schedule sched;
-  int v, S, m, T, B;
-  loom_gpt *chunks;       /* [v] */
-  loom_schedule eval_sched; /* forward-only, built on the first evaluation */
-  int eval_batches, eval_round; /* the last evaluation's batches, and the rounds it ran them in */
-  int *send_cap;            /* [pp] each pipeline rank's send buffers, by the memory model */
-  /* The buffers the schedule's events hand out (schedule/schedule.h). */
-  loom_buffer_pool slots;   /* activations of a micro-batch on a chunk */
-  loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */
-  loom_p2p p2p;             /* transfers, and the send buffers */
-  float *dout;            /* [n, h] received output grad */
-  const loom_allocator *mem;  /* the backend's memory: slots, dout, send buffers */
-  int *tokens, *targets;  /* [T * B] the micro-batch being fed */
-  int *pred;              /* [T * B] greedy predictions, for the score hook */
-  int zero_stage;          /* the plan's: 0 (none) to 3 */
-  loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
-  bool final_backward;     /* the backward under way is its chunk's last of the step */
-  /* Data-parallel buckets: layers' grads, final after the last micro-batch's
-   * backward, are all-reduced in contiguous buckets while backward goes on. */
-  size_t bucket_bytes;
-  size_t open_lo, open_hi;   /* the bucket being filled (flat offsets in one chunk's grads) */
-  int nbucket;
-  loom_request **bucket_req; /* [layers + 1] in flight this step */
-  size_t *bucket_at;         /* [3 * (layers + 1)] each bucket's chunk, lo and hi */
-  uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
-  loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
-  size_t overlapped;         /* grad floats posted during backward this step */
-  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
-   * from the step's start (after a barrier over the world group). */
-  bool tracing;
-  float *trace;
-  int trace_count, trace_cap;
-} loom_pipeline;
-
-#define LOOM_TRACE_FIELDS 5
 
 typedef struct {
   float loss;       /* mean over the global batch's scored targets */
@@ -87,11 +48,33 @@ typedef struct {
 
 /* Builds this rank's chunks of a validated plan (loom_plan_validate): its
  * stages, schedule, micro-batches, recompute and ZeRO stage; ps is the plan's
- * grid. bucket_bytes: data-parallel grad buckets reduced during backward (0:
- * all at the end). zero_dp > 0: the chunks are built for the plan's ZeRO
- * stage over that many replicas (loom_gpt_init_stage). */
-loom_status loom_pipeline_init(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
-                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
+ * grid and must outlive the pipeline. bucket_bytes: data-parallel grad
+ * buckets reduced during backward (0: all at the end). zero_dp > 0: the
+ * chunks are built for the plan's ZeRO stage over that many replicas
+ * (loom_gpt_init_stage). On failure *out is NULL. */
+loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+                              uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
+/* Frees what loom_pipeline_new built (NULL is fine). */
+void loom_pipeline_free(loom_pipeline *pipe);
+/* This rank's chunks (the plan's virtual chunks), and chunk c of them. */
+int loom_pipeline_chunk_count(const loom_pipeline *pipe);
+loom_gpt *loom_pipeline_chunk(const loom_pipeline *pipe, int c);
+/* Micro-batches of a training step. */
+int loom_pipeline_micro_batches(const loom_pipeline *pipe);
+/* The verified training schedule this rank runs. */
+const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe);
+/* The grad compression this run's dp reduction uses, or NULL. */
+const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe);
+/* Trace the next steps' actions (for loom_trace_write) or not. */
+void loom_pipeline_set_tracing(loom_pipeline *pipe, bool on);
+/* What the run has used of its buffers: the most slots and weight-grad
+ * states any chunk holds (their pools' size), and the bytes its sends have
+ * carried to other ranks so far. */
+typedef struct {
+  int slots, weight_states;
+  int64_t p2p_bytes;
+} loom_pipeline_usage;
+loom_pipeline_usage loom_pipeline_usage_of(const loom_pipeline *pipe);
 /* Under ZeRO-2/3: runs the passes with the chunks' optimizers zero[v]
  * (loom_zero_runtime); a no-op otherwise. */
 loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero);
@@ -99,7 +82,6 @@ loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero);
 int loom_pipeline_chunk_holding(const loom_pipeline *pipe, int stage);
 /* Bytes of the ZeRO-2/3 transient buffers: gathered weights and grads in flight. */
 size_t loom_pipeline_transient_bytes(const loom_pipeline *pipe);
-void loom_pipeline_free(loom_pipeline *pipe);
 /* 32-bit words this rank's grads send over dp per step with compression,
  * and the words they would send whole (both 0 without compression). */
 void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *whole);

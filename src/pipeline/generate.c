@@ -26,7 +26,7 @@ loom_status loom_generate(loom_trainer *tr, const int *prompt, int len, const lo
     return loom_fail(err, LOOM_ERR_USAGE, "generation runs on one rank with micro-batch 1 (this plan has %d ranks, "
                      "micro-batch %d)", tr->ps.world, tr->micro_batch);
   if (len < 1) return loom_fail(err, LOOM_ERR_USAGE, "generation needs a prompt of at least one token");
-  loom_gpt *m = &tr->pipe.chunks[0];
+  loom_gpt *m = loom_pipeline_chunk(tr->pipe, 0);
   const loom_gpt_config *cfg = &m->p.cfg;
   const int T = tr->T, total = len + o->max_tokens;
   int *text = loom_xcalloc((size_t)total, sizeof(int), "generated text");

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "core/timer.h"
+#include "pipeline/executor_state.h"
 #include "pipeline/grad_sync.h"
 
 /* Chunk c's wte grads: whole, or under ZeRO-2/3 this replica's piece of

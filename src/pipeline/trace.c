@@ -6,6 +6,7 @@
 #include <string.h>
 #include "core/read_file.h"
 #include "core/check.h"
+#include "pipeline/executor_state.h"
 #include "pipeline/trace.h"
 #include "schedule/verify.h"
 

@@ -14,25 +14,27 @@
 enum { DEFAULT_LOG_EVERY = 10 };
 
 void loom_train_describe(const loom_trainer *tr) {
-  const loom_pipeline *p = &tr->pipe;
+  const loom_pipeline *p = tr->pipe;
   const loom_parallel *ps = &tr->ps;
   char dp[32] = "";
   if (ps->dp > 1) snprintf(dp, sizeof dp, " x dp %d", ps->dp);
   loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
                 ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
-                loom_schedule_kind_name(tr->plan->schedule), p->v, p->m, 100.0 * loom_schedule_theory_bubble(&p->sched));
+                loom_schedule_kind_name(tr->plan->schedule), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
+                100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(p)));
   const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, loom_plan_recompute(tr->plan)),
                full = loom_plan_rank_activations(tr->plan, ps->pp_rank, false);
-  if (p->chunks[0].recompute)
+  if (loom_pipeline_chunk(p, 0)->recompute)
     loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
                   full / mib, (full - kept) / mib);
   else
-    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, p->slots.most);
-  if (p->compress) {
+    loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, loom_pipeline_usage_of(p).slots);
+  const loom_compression *compression = loom_pipeline_compression(p);
+  if (compression) {
     int64_t sent, whole;
     loom_pipeline_dp_words(p, &sent, &whole);
     char method[64];
-    loom_compression_describe(&p->compress[0].cfg, method, sizeof method);
+    loom_compression_describe(compression, method, sizeof method);
     loom_log_info("grad compression on rank 0: %s sends %.3f MiB per step over dp instead of %.3f MiB (%.1fx fewer "
                   "bytes)", method, 4.0 * (double)sent / mib, 4.0 * (double)whole / mib,
                   sent > 0 ? (double)whole / (double)sent : 0.0);
@@ -92,8 +94,8 @@ typedef struct {
 
 static void watch_init(straggler_watch *w, const loom_trainer *tr) {
   w->expected = 0.0;
-  for (int c = 0; c < tr->pipe.v; c++)
-    w->expected += loom_gpt_stage_train_flops(&tr->pipe.chunks[c].p.cfg, &tr->pipe.chunks[c].p.range, tr->T, 1.0, LOOM_FLOPS_MEGATRON);
+  for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++)
+    w->expected += loom_gpt_stage_train_flops(&loom_pipeline_chunk(tr->pipe, c)->p.cfg, &loom_pipeline_chunk(tr->pipe, c)->p.range, tr->T, 1.0, LOOM_FLOPS_MEGATRON);
   w->slowness = loom_xmalloc((size_t)tr->ps.world * sizeof(double), "straggler watch");
   for (int r = 0; r < tr->ps.world; r++) w->slowness[r] = 1.0;
 }
@@ -196,9 +198,9 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   loom_metrics_num(mx, "peak_frac", gflops / loop->peak_gflops);
   loom_metrics_num(mx, "skipped", s->skipped);
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
-  if (tr->pipe.compress) {
+  if (loom_pipeline_compression(tr->pipe)) {
     int64_t sent, whole;
-    loom_pipeline_dp_words(&tr->pipe, &sent, &whole);
+    loom_pipeline_dp_words(tr->pipe, &sent, &whole);
     loom_metrics_num(mx, "dp_bytes", 4.0 * (double)sent);
     loom_metrics_num(mx, "dp_bytes_uncompressed", 4.0 * (double)whole);
   } else if (tr->ps.dp > 1 && !tr->zero) {
@@ -223,17 +225,17 @@ static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_er
   report_memory(tr, loop->metrics);
   if (!loop->trace) return LOOM_OK;
   double bubble;
-  const loom_status st = loom_trace_write(&tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);
+  const loom_status st = loom_trace_write(tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);
   if (st != LOOM_OK) return st;
   loom_log_info("trace %s: bubble measured %.1f%%, theory %.1f%% (loom trace svg %s -o FILE.svg draws it)", loop->trace,
-                100.0 * bubble, 100.0 * loom_schedule_theory_bubble(&tr->pipe.sched), loop->trace);
+                100.0 * bubble, 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(tr->pipe)), loop->trace);
   return LOOM_OK;
 }
 
 static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, straggler_watch *watch, bool *stopped,
                             loom_error *err) {
   const double tokens = (double)tr->global_batch * tr->T;
-  const double flops = loom_gpt_train_flops(&tr->pipe.chunks[0].p.cfg, tr->T, tokens, LOOM_FLOPS_MEGATRON);
+  const double flops = loom_gpt_train_flops(&loom_pipeline_chunk(tr->pipe, 0)->p.cfg, tr->T, tokens, LOOM_FLOPS_MEGATRON);
   const int first = loop->first_step;
   *stopped = false;
   loom_status st = loop->eval_every > 0 && first == 0 ? run_eval(tr, loop, 0, false, err) : LOOM_OK;
@@ -241,7 +243,7 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
   for (int step = first; step < loop->steps && st == LOOM_OK; step++) {
     if (loom_fault_fires(LOOM_FAULT_STALL, step + 1, NULL))
       for (;;) sleep(1);
-    tr->pipe.tracing = loop->trace && step + 1 == loop->steps;
+    loom_pipeline_set_tracing(tr->pipe, loop->trace && step + 1 == loop->steps);
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(tr, step);
     const double dt = loom_now_s() - t0, gflops = flops / dt * 1e-9;

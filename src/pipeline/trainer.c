@@ -8,7 +8,7 @@
 #include "data/addition.h"
 
 static void free_optimizers(loom_trainer *tr) {
-  for (int c = 0; tr->opts && c < tr->pipe.v; c++) {
+  for (int c = 0; tr->opts && c < loom_pipeline_chunk_count(tr->pipe); c++) {
     loom_adamw_free(&tr->opts[c]);
     if (tr->zero) loom_zero_free(&tr->zero[c]);
   }
@@ -30,29 +30,31 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
   const int zero_stage = plan->parallel->zero_stage, zero_dp = !o->forward_only && zero_stage ? plan->parallel->dp : 0;
-  loom_status st = loom_pipeline_init(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
+  loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
   oc.grad_clip = o->grad_clip;
-  const int v = tr->pipe.v;
+  const int v = loom_pipeline_chunk_count(tr->pipe);
   tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
   if (zero_stage) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO optimizers");
   for (int c = 0; c < v && st == LOOM_OK; c++) {
-    loom_gpt_params *p = &tr->pipe.chunks[c].p;
+    loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
     st = tr->zero ? loom_zero_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, zero_stage, &oc)
                   : loom_adamw_init(&tr->opts[c], p, &oc);
     if (st == LOOM_OK && tr->zero) loom_zero_randomize(&tr->zero[c], p, o->seed); /* each replica draws its own pieces */
   }
-  if (st == LOOM_OK && tr->zero) st = loom_pipeline_use_zero(&tr->pipe, tr->zero);
+  if (st == LOOM_OK && tr->zero) st = loom_pipeline_use_zero(tr->pipe, tr->zero);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);
   if (st == LOOM_OK) loom_trainer_publish_weights(tr);
   return st;
 }
 
 void loom_trainer_publish_weights(loom_trainer *tr) {
-  for (int c = 0; tr->zero && c < tr->pipe.v; c++)
-    loom_zero_publish(&tr->zero[c], &tr->pipe.chunks[c].p, tr->ps.dp_group, tr->pipe.chunks[c].ops);
+  for (int c = 0; tr->zero && c < loom_pipeline_chunk_count(tr->pipe); c++) {
+    loom_gpt *m = loom_pipeline_chunk(tr->pipe, c);
+    loom_zero_publish(&tr->zero[c], &m->p, tr->ps.dp_group, m->ops);
+  }
 }
 
 /* ---- pipeline hooks ---- */
@@ -70,19 +72,21 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
  * skip the step together. */
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
-  loom_comm *dp = pipe->ps->dp_group;
+  loom_comm *dp = tr->ps.dp_group;
+  const int v = loom_pipeline_chunk_count(pipe);
   if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) { /* a test fault: one poisoned grad */
     const float nan = NAN;
-    float *g = tr->zero && tr->zero[0].grad ? tr->zero[0].grad : pipe->chunks[0].p.grads.base;
-    pipe->chunks[0].ops->mem->from_host(pipe->chunks[0].ops->mem, g, &nan, sizeof nan);
+    const loom_gpt *first = loom_pipeline_chunk(pipe, 0);
+    float *g = tr->zero && tr->zero[0].grad ? tr->zero[0].grad : first->p.grads.base;
+    first->ops->mem->from_host(first->ops->mem, g, &nan, sizeof nan);
   }
   double sumsq = 0.0, uncounted = 0.0;
-  for (int c = 0; c < pipe->v; c++) {
-    loom_gpt *m = &pipe->chunks[c];
+  for (int c = 0; c < v; c++) {
+    loom_gpt *m = loom_pipeline_chunk(pipe, c);
     const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
     if (tr->zero) {
       double skipped;
-      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, pipe->compress != NULL, &skipped);
+      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, loom_pipeline_compression(pipe) != NULL, &skipped);
       uncounted += skipped;
       continue;
     }
@@ -91,14 +95,14 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
     uncounted += skipped;
   }
   double total = sumsq;
-  loom_comm_allreduce_typed(pipe->ps->pp_group, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  loom_comm_allreduce_typed(tr->ps.pp_group, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   /* Every rank must agree to skip, wherever the inf or NaN came from. */
   int32_t bad = !(isfinite(total) && isfinite(uncounted));
-  loom_comm_allreduce_typed(pipe->ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  loom_comm_allreduce_typed(tr->ps.world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
   const double norm = bad ? NAN : sqrt(total);
   if (!isfinite(norm)) return norm;
-  for (int c = 0; c < pipe->v; c++) {
-    loom_gpt *m = &pipe->chunks[c];
+  for (int c = 0; c < v; c++) {
+    loom_gpt *m = loom_pipeline_chunk(pipe, c);
     if (tr->zero) loom_zero_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
     else loom_adamw_step(&tr->opts[c], &m->p, tr->step_lr, norm, m->ops);
   }
@@ -137,18 +141,18 @@ static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
 
 void loom_trainer_free(loom_trainer *tr) {
   free_optimizers(tr);
-  loom_pipeline_free(&tr->pipe);
+  loom_pipeline_free(tr->pipe);
   loom_parallel_free(&tr->ps);
 }
 
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   tr->split = LOOM_SPLIT_TRAIN;
   /* Replica d takes its own m micro-batches of the global batch. */
-  tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * tr->pipe.m * tr->micro_batch;
+  tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * loom_pipeline_micro_batches(tr->pipe) * tr->micro_batch;
   tr->step_lr = loom_lr_at(&tr->lr, step);
   tr->step = step;
   const loom_pipeline_hooks hooks = hooks_of(tr, false);
-  const loom_pipeline_stats ps = loom_pipeline_step(&tr->pipe, &hooks, step, tr->first_sample);
+  const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
   return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
                            .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s,
                            .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
@@ -161,7 +165,7 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   tr->digits = addition_digits;
   const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
   float tally[2] = {0.0f, 0.0f};
-  const loom_status st = loom_pipeline_eval(&tr->pipe, &hooks, batches, &out->loss, tally, err);
+  const loom_status st = loom_pipeline_eval(tr->pipe, &hooks, batches, &out->loss, tally, err);
   out->problems = (int)tally[0];
   out->correct = (int)tally[1];
   return st;
@@ -175,7 +179,7 @@ double loom_trainer_tensor_peak(const loom_trainer *tr) {
 
 size_t loom_trainer_local_params(const loom_trainer *tr) {
   size_t n = 0;
-  for (int c = 0; c < tr->pipe.v; c++) n += tr->pipe.chunks[c].p.params.numel;
+  for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++) n += loom_pipeline_chunk(tr->pipe, c)->p.params.numel;
   return n;
 }
 
@@ -184,8 +188,8 @@ static double stored(const loom_buffer *b) { return b->base ? (double)b->capacit
 
 loom_held_bytes loom_trainer_held_bytes(const loom_trainer *tr) {
   loom_held_bytes h = {0};
-  for (int c = 0; c < tr->pipe.v; c++) {
-    const loom_gpt_params *p = &tr->pipe.chunks[c].p;
+  for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++) {
+    const loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
     h.weights += stored(&p->params) + stored(&p->compute);
     h.grads += stored(&p->grads);
     if (!tr->zero) {
@@ -198,6 +202,6 @@ loom_held_bytes loom_trainer_held_bytes(const loom_trainer *tr) {
     h.grads += (double)loom_zero_grad_bytes(z);
     h.transient += (double)loom_zero_transit_bytes(z);
   }
-  h.transient += (double)loom_pipeline_transient_bytes(&tr->pipe);
+  h.transient += (double)loom_pipeline_transient_bytes(tr->pipe);
   return h;
 }

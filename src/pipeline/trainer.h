@@ -30,9 +30,9 @@ typedef struct {
 typedef struct {
   const loom_plan *plan;
   loom_parallel ps;
-  loom_pipeline pipe;
-  loom_adamw *opts;  /* [pipe.v] */
-  loom_zero *zero;  /* [pipe.v] under ZeRO (then opts is unused), else NULL */
+  loom_pipeline *pipe;
+  loom_adamw *opts;  /* [loom_pipeline_chunk_count(pipe)] */
+  loom_zero *zero;  /* [loom_pipeline_chunk_count(pipe)] under ZeRO (then opts is unused), else NULL */
   loom_dataset *data; /* not owned */
   loom_lr_schedule lr;
   int T, micro_batch, global_batch;

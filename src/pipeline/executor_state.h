@@ -1,0 +1,52 @@
+/* What a pipeline holds: the executor's own (executor.c, grad_sync.c,
+ * trace.c and a test that breaks it on purpose read it); everyone else asks
+ * pipeline/executor.h's accessors. */
+#ifndef LOOM_EXECUTOR_STATE_H
+#define LOOM_EXECUTOR_STATE_H
+
+#include "optim/grad_compress.h"
+#include "pipeline/buffer_pool.h"
+#include "pipeline/executor.h"
+#include "pipeline/p2p.h"
+#include "pipeline/zero_runtime.h"
+
+struct loom_pipeline {
+  const loom_parallel *ps;
+  loom_tp tp;
+  loom_schedule sched;
+  int v, S, m, T, B;
+  loom_gpt *chunks;       /* [v] */
+  loom_schedule eval_sched; /* forward-only, built on the first evaluation */
+  int eval_batches, eval_round; /* the last evaluation's batches, and the rounds it ran them in */
+  int *send_cap;            /* [pp] each pipeline rank's send buffers, by the memory model */
+  /* The buffers the schedule's events hand out (schedule/schedule.h). */
+  loom_buffer_pool slots;   /* activations of a micro-batch on a chunk */
+  loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */
+  loom_p2p p2p;             /* transfers, and the send buffers */
+  float *dout;            /* [n, h] received output grad */
+  const loom_allocator *mem;  /* the backend's memory: slots, dout, send buffers */
+  int *tokens, *targets;  /* [T * B] the micro-batch being fed */
+  int *pred;              /* [T * B] greedy predictions, for the score hook */
+  int zero_stage;          /* the plan's: 0 (none) to 3 */
+  loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
+  bool final_backward;     /* the backward under way is its chunk's last of the step */
+  /* Data-parallel buckets: layers' grads, final after the last micro-batch's
+   * backward, are all-reduced in contiguous buckets while backward goes on. */
+  size_t bucket_bytes;
+  size_t open_lo, open_hi;   /* the bucket being filled (flat offsets in one chunk's grads) */
+  int nbucket;
+  loom_request **bucket_req; /* [layers + 1] in flight this step */
+  size_t *bucket_at;         /* [3 * (layers + 1)] each bucket's chunk, lo and hi */
+  uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
+  loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
+  size_t overlapped;         /* grad floats posted during backward this step */
+  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
+   * from the step's start (after a barrier over the world group). */
+  bool tracing;
+  float *trace;
+  int trace_count, trace_cap;
+};
+
+#define LOOM_TRACE_FIELDS 5
+
+#endif
