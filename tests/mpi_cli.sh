@@ -44,6 +44,13 @@ grep -q '"tid": 1' "$WORK/t.json" || fail "rank 1 missing from the trace"
 grep -q '"name": "B3b"' "$WORK/t.json" || fail "interleaved backward span missing"
 "$LOOM" trace svg "$WORK/t.json" -o "$WORK/t.svg" > /dev/null || fail "trace svg"
 grep -q "bubble measured" "$WORK/t.svg" || fail "svg title"
+# Each rank's buffers, counted off the schedule's events along its spans: some held, none left at the end.
+for r in 0 1; do
+  grep "\"name\": \"buffers, rank $r\"" "$WORK/t.json" | grep -q '"slots": [1-9]' || fail "rank $r holds no slot in the trace"
+  grep "\"name\": \"buffers, rank $r\"" "$WORK/t.json" | tail -1 | grep -q '"slots": 0, "weight_states": 0, "sends": 0' ||
+    fail "rank $r ends the traced step holding buffers"
+done
+grep -q "buffers held (at most" "$WORK/t.svg" || fail "svg draws no buffer counts"
 
 # A plan written by hand-equivalent `loom plan new`, checked, then run as is on 4 ranks.
 "$LOOM" plan new --layers 4 --hidden 32 --heads 4 --seq 32 --tp 2 --pp 2 --micro-batch 2 --global-batch 8 \

@@ -248,6 +248,36 @@ START_TEST(links_follow_the_rank_order) {
 }
 END_TEST
 
+/* A trace's buffer counters reach, rank by rank and kind by kind, the
+ * peaks the schedule's events give (what the memory model sizes), and end
+ * with nothing held. */
+static void expect_counted_buffers(const char *json, const loom_schedule *s) {
+  size_t n;
+  char *text = tu_read_bytes(json, &n);
+  int most[8][LOOM_BUFFER_KINDS] = {{0}}, last[8] = {0}, counters = 0;
+  ck_assert_int_le(s->p, 8);
+  for (const char *at = strstr(text, "\"ph\": \"C\""); at; at = strstr(at + 1, "\"ph\": \"C\"")) {
+    int tid, held[LOOM_BUFFER_KINDS];
+    ck_assert_int_eq(sscanf(at, "\"ph\": \"C\", \"ts\": %*f, \"pid\": 0, \"tid\": %d, \"args\": {\"slots\": %d, "
+                                "\"weight_states\": %d, \"sends\": %d}", &tid, &held[0], &held[1], &held[2]), 4);
+    ck_assert(tid >= 0 && tid < s->p);
+    for (int k = 0; k < LOOM_BUFFER_KINDS; k++) most[tid][k] = held[k] > most[tid][k] ? held[k] : most[tid][k];
+    last[tid] = held[0] + held[1] + held[2];
+    counters++;
+  }
+  ck_assert_int_gt(counters, 2 * s->p);
+  for (int r = 0; r < s->p; r++) {
+    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, r, -1);
+    ck_assert_int_gt(peaks.live, 0);
+    ck_assert_msg(most[r][LOOM_BUFFER_SLOT] == peaks.live && most[r][LOOM_BUFFER_WSTATE] == peaks.deferred &&
+                      most[r][LOOM_BUFFER_SEND] == peaks.sends,
+                  "rank %d: the trace counts %d slots, %d weight-grad states, %d sends at most; the events %d, %d, %d", r,
+                  most[r][0], most[r][1], most[r][2], peaks.live, peaks.deferred, peaks.sends);
+    ck_assert_int_eq(last[r], 0);
+  }
+  free(text);
+}
+
 START_TEST(trace_is_drawn) {
   predicted x;
   predict(&x, "h100-sxm", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
@@ -264,6 +294,7 @@ START_TEST(trace_is_drawn) {
   text = tu_read_bytes(json, &n);
   ck_assert(strstr(text, "\"bubble_predicted\"") && strstr(text, "optimizer step"));
   free(text);
+  expect_counted_buffers(json, &x.r.schedule);
   predicted_free(&x);
   /* ZB-V: weight passes drawn as W, on the V's chunks. */
   predict(&x, "h100-sxm", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 2, .micro_batch = 1,
@@ -275,8 +306,10 @@ START_TEST(trace_is_drawn) {
   free(text);
   ck_assert_msg(loom_trace_svg(json, svg, &err) == LOOM_OK, "%s", err.msg);
   text = tu_read_bytes(svg, &n);
-  ck_assert_msg(strstr(text, "zb_v schedule") && strstr(text, "weight grads (W)"), "%.300s", text);
+  ck_assert_msg(strstr(text, "zb_v schedule") && strstr(text, "weight grads (W)") && strstr(text, "buffers held (at most"),
+                "%.300s", text);
   free(text);
+  expect_counted_buffers(json, &x.r.schedule);
   unlink(json);
   unlink(svg);
   predicted_free(&x);

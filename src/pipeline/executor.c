@@ -180,7 +180,7 @@ static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer) {
   if (backward && layer >= 0 && pipe->final_backward) loom_grad_sync_layer_done(pipe, m, layer);
 }
 
-static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, double t1) {
+static void trace_event(loom_pipeline *pipe, const loom_action *a, int i, double t0, double t1) {
   if (pipe->trace_count == pipe->trace_cap) {
     pipe->trace_cap = pipe->trace_cap ? 2 * pipe->trace_cap : 256;
     pipe->trace = realloc(pipe->trace, (size_t)pipe->trace_cap * LOOM_TRACE_FIELDS * sizeof(float));
@@ -192,6 +192,7 @@ static void trace_event(loom_pipeline *pipe, const loom_action *a, double t0, do
   e[2] = (float)a->chunk;
   e[3] = (float)(t0 * 1e6);
   e[4] = (float)(t1 * 1e6);
+  e[5] = (float)i;
 }
 
 /* Takes (acquire) or gives back the buffers action i of schedule s names:
@@ -347,7 +348,7 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     const double t1 = loom_now_s() - start;
     if (loom_action_computes(a)) out.compute += t1 - t0;
     else if (!loom_action_uses(a, LOOM_BUFFER_SEND)) out.wait += t1 - t0; /* a send leaves at once */
-    if (tracing) trace_event(pipe, a, t0, t1);
+    if (tracing) trace_event(pipe, a, i, t0, t1);
   }
   *totals = out;
 }

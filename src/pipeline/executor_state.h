@@ -40,13 +40,14 @@ struct loom_pipeline {
   uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
   loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
   size_t overlapped;         /* grad floats posted during backward this step */
-  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us)
-   * from the step's start (after a barrier over the world group). */
+  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us,
+   * its index in the schedule) from the step's start (after a barrier over
+   * the world group). */
   bool tracing;
   float *trace;
   int trace_count, trace_cap;
 };
 
-#define LOOM_TRACE_FIELDS 5
+#define LOOM_TRACE_FIELDS 6
 
 #endif

@@ -46,6 +46,54 @@ static void write_span(FILE *fp, int *first, const char *name, const char *cat, 
   *first = 0;
 }
 
+/* A rank's buffers by its schedule's events, counted along its spans (in
+ * action order: a span's action and every one before it that left no span). */
+typedef struct {
+  const loom_schedule *sched; /* NULL: not counted */
+  int rank, next;             /* the schedule's rank; its next action to count */
+  int held[LOOM_BUFFER_KINDS], shown[LOOM_BUFFER_KINDS];
+} buffer_count;
+
+static void write_count(FILE *fp, int *first, buffer_count *c, double ts, int tid) {
+  if (memcmp(c->held, c->shown, sizeof c->held) == 0 && ts > 0.0) return;
+  memcpy(c->shown, c->held, sizeof c->held);
+  fprintf(fp, "%s\n{\"name\": \"buffers, rank %d\", \"ph\": \"C\", \"ts\": %.3f, \"pid\": 0, \"tid\": %d, "
+              "\"args\": {\"slots\": %d, \"weight_states\": %d, \"sends\": %d}}",
+          *first ? "" : ",", tid, ts, tid, c->held[LOOM_BUFFER_SLOT], c->held[LOOM_BUFFER_WSTATE], c->held[LOOM_BUFFER_SEND]);
+  *first = 0;
+}
+
+/* At a rank's first span: nothing held at the step's start. */
+static void count_buffers_from(buffer_count *c, FILE *fp, int *first, const loom_schedule *s, const loom_trace_span *e) {
+  *c = (buffer_count){.sched = s && e->stage_rank >= 0 && e->stage_rank < s->p ? s : NULL, .rank = e->stage_rank};
+  if (c->sched) write_count(fp, first, c, 0.0, e->rank);
+}
+
+/* One action at ts: what it holds while it runs, then what it gives back. */
+static void count_action(buffer_count *c, FILE *fp, int *first, double ts, int tid) {
+  loom_schedule_hold(c->sched, c->rank, c->next, true, c->held);
+  write_count(fp, first, c, ts, tid);
+  loom_schedule_hold(c->sched, c->rank, c->next++, false, c->held);
+}
+
+/* Through span e: the actions before it that left no span (instants, at
+ * its start), then its own (held from its start, given back at its end); at
+ * the rank's last span, every action left. Spans out of action order stop
+ * the count. */
+static void count_buffers_to(buffer_count *c, FILE *fp, int *first, const loom_trace_span *e, bool last_of_rank) {
+  if (!c->sched) return;
+  const int count = c->sched->count[c->rank];
+  if (e->action < c->next || e->action >= count) {
+    c->sched = NULL;
+    return;
+  }
+  while (c->next < e->action) count_action(c, fp, first, e->start_us, e->rank);
+  count_action(c, fp, first, e->start_us, e->rank);
+  write_count(fp, first, c, e->end_us, e->rank);
+  while (last_of_rank && c->next < count) count_action(c, fp, first, e->end_us, e->rank);
+  write_count(fp, first, c, e->end_us, e->rank);
+}
+
 loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans, int n, const loom_trace_info *info,
                                   loom_error *err) {
   FILE *fp = fopen(path, "w");
@@ -53,9 +101,11 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
   double makespan = 0.0;
   for (int i = 0; i < n; i++) makespan = fmax(makespan, spans[i].end_us);
   int first = 1;
+  buffer_count count = {0};
   fprintf(fp, "{\"traceEvents\": [");
   for (int i = 0; i < n; i++) {
     const loom_trace_span *e = &spans[i];
+    if (i == 0 || spans[i - 1].rank != e->rank) count_buffers_from(&count, fp, &first, info->sched, e);
     const double cursor = i > 0 && spans[i - 1].rank == e->rank ? spans[i - 1].end_us : 0.0;
     if (e->start_us > cursor + 20.0) /* gaps under 20 us are bookkeeping, not idle */
       write_span(fp, &first, "idle", "idle", cursor, e->start_us - cursor, e->rank);
@@ -63,6 +113,7 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
     span_name(name, sizeof name, e->kind, e->mb, e->chunk, info->vpp);
     write_span(fp, &first, name, category(e->kind), e->start_us, e->end_us - e->start_us, e->rank);
     const bool last_of_rank = i + 1 == n || spans[i + 1].rank != e->rank;
+    count_buffers_to(&count, fp, &first, e, last_of_rank);
     if (last_of_rank && makespan > e->end_us + 0.5) write_span(fp, &first, "idle", "idle", e->end_us, makespan - e->end_us, e->rank);
   }
   fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
@@ -99,10 +150,12 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
     for (int r = 0; r < ranks; r++)
       for (int i = 0; i < width; i++) {
         const float *e = all + ((size_t)r * width + i) * F;
-        if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4]};
+        int tp_rank, dp_rank, pp_rank;
+        loom_parallel_coords(r, pipe->ps->tp, pipe->ps->pp, pipe->ps->dp, &tp_rank, &dp_rank, &pp_rank);
+        if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4], pp_rank, (int)e[5]};
       }
     const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind),
-                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched)};
+                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched), &pipe->sched};
     st = loom_trace_write_json(path, spans, n, &info, err);
     free(spans);
   }
@@ -116,6 +169,12 @@ typedef struct {
   double ts, dur;
   int tid;
 } span;
+
+/* A rank's buffer counter from ts on (slots + weight-grad states + sends). */
+typedef struct {
+  double ts;
+  int tid, held;
+} level;
 
 static const char *fill_of(const char *cat) {
   if (strcmp(cat, "forward") == 0) return "#4C78A8";
@@ -131,7 +190,8 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
   const loom_status opened = loom_open_for_reading(json_path, "trace", &in, err);
   if (opened != LOOM_OK) return opened;
   span *spans = NULL;
-  int n = 0, cap = 0, ranks = 0;
+  level *levels = NULL;
+  int n = 0, cap = 0, ranks = 0, nlevels = 0, level_cap = 0, most_held = 0;
   double end = 0.0, measured = -1.0, theory = -1.0;
   char line[1024], schedule[32] = "?";
   const char *kind = "measured";
@@ -153,6 +213,19 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
       ranks = s.tid + 1 > ranks ? s.tid + 1 : ranks;
       end = fmax(end, s.ts + s.dur);
     }
+    level l;
+    int slots, states, sends;
+    at = strstr(line, "{\"name\": \"buffers, rank ");
+    if (at && sscanf(at, "{\"name\": \"buffers, rank %*d\", \"ph\": \"C\", \"ts\": %lf, \"pid\": 0, \"tid\": %d, \"args\": "
+                         "{\"slots\": %d, \"weight_states\": %d, \"sends\": %d}", &l.ts, &l.tid, &slots, &states, &sends) == 5 &&
+        l.ts >= 0 && l.ts <= 8.64e10 && l.tid >= 0 && l.tid < 65536 && slots >= 0 && states >= 0 && sends >= 0 &&
+        slots <= 1 << 20 && states <= 1 << 20 && sends <= 1 << 20) { /* a counter out of range is not drawn */
+      if (nlevels == level_cap) levels = realloc(levels, (size_t)(level_cap = level_cap ? 2 * level_cap : 256) * sizeof *levels);
+      LOOM_CHECK(levels != NULL, "out of memory reading a trace");
+      l.held = slots + states + sends;
+      most_held = l.held > most_held ? l.held : most_held;
+      levels[nlevels++] = l;
+    }
     const char *meta = strstr(line, "\"schedule\": \"");
     if (meta) {
       sscanf(meta, "\"schedule\": \"%31[^\"]\"", schedule);
@@ -167,11 +240,13 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
   fclose(in);
   if (n == 0 || end <= 0.0) {
     free(spans);
+    free(levels);
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: no trace spans found (write one with loom train --trace)", json_path);
   }
   FILE *out = fopen(svg_path, "w");
   if (!out) {
     free(spans);
+    free(levels);
     return loom_fail(err, LOOM_ERR_IO, "%s: cannot open for writing: %s", svg_path, strerror(errno));
   }
   const double left = 70.0, width = 1000.0, row = 34.0, top = 40.0, scale = width / end;
@@ -192,6 +267,19 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
       fprintf(out, "<text x=\"%.2f\" y=\"%.2f\" fill=\"white\" text-anchor=\"middle\">%s</text>\n", x + w / 2,
               y + row * 0.5, s->name);
   }
+  /* Each rank's buffers held, as a step line along the bottom of its row. */
+  for (int i = 0; i < nlevels && most_held > 0; i++) {
+    const level *l = &levels[i];
+    if (l->tid >= ranks) continue;
+    const bool last = i + 1 == nlevels || levels[i + 1].tid != l->tid;
+    const double x0 = left + l->ts * scale, x1 = left + (last ? end : fmax(levels[i + 1].ts, l->ts)) * scale;
+    const double y = top + row * (l->tid + 1) - 3.0 - (row - 10.0) * 0.4 * l->held / most_held;
+    fprintf(out, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#D62728\" stroke-width=\"1.2\"/>\n", x0, y, x1, y);
+    if (!last) {
+      const double next = top + row * (l->tid + 1) - 3.0 - (row - 10.0) * 0.4 * levels[i + 1].held / most_held;
+      fprintf(out, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#D62728\" stroke-width=\"1.2\"/>\n", x1, y, x1, next);
+    }
+  }
   const double ly = top + row * ranks + 25.0;
   const char *legend[][2] = {{"forward", "forward"}, {"backward", "backward (B)"}, {"weight", "weight grads (W)"},
                              {"send", "send/recv"}, {"reduce", "reductions, step"}, {"idle", "idle"}};
@@ -199,8 +287,12 @@ loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_err
     fprintf(out, "<rect x=\"%.0f\" y=\"%.0f\" width=\"12\" height=\"12\" fill=\"%s\" stroke=\"#666\"/><text x=\"%.0f\" y=\"%.0f\">%s</text>\n",
             left + 150.0 * k, ly - 10.0, fill_of(legend[k][0]), left + 150.0 * k + 18.0, ly, legend[k][1]);
   }
+  if (most_held > 0)
+    fprintf(out, "<line x1=\"%.0f\" y1=\"%.0f\" x2=\"%.0f\" y2=\"%.0f\" stroke=\"#D62728\" stroke-width=\"2\"/><text x=\"%.0f\" y=\"%.0f\">buffers held (at most %d)</text>\n",
+            left + 750.0, ly - 4.0, left + 762.0, ly - 4.0, left + 768.0, ly, most_held);
   fprintf(out, "</svg>\n");
   free(spans);
+  free(levels);
   if (fclose(out) != 0) return loom_fail(err, LOOM_ERR_WRITE, "%s: write failed", svg_path);
   return LOOM_OK;
 }

@@ -1,8 +1,12 @@
 /* Pipeline traces: one traced step of every rank on one timeline, written as
  * Chrome-trace JSON (chrome://tracing, Perfetto) and drawn as SVG. Spans are
  * forward, backward, send, recv, the step-wide reductions, and the idle gaps
- * between them; the measured bubble is the idle share of the step. Ranks of
- * one machine share its monotonic clock, so their spans line up. */
+ * between them; the measured bubble is the idle share of the step. Beside
+ * them each rank has a counter of the buffers it holds (activation slots,
+ * weight-grad states, send buffers), read off the schedule's buffer events
+ * at the end of each action: the buffers the memory model sizes, over
+ * time. Ranks of one machine share its monotonic clock, so their spans line
+ * up. */
 #ifndef LOOM_TRACE_H
 #define LOOM_TRACE_H
 
@@ -12,6 +16,7 @@
 typedef struct {
   int rank, kind, mb, chunk; /* kind: a loom_action_kind */
   double start_us, end_us;
+  int stage_rank, action;    /* the schedule's rank running it, and its index there */
 } loom_trace_span;
 
 /* What a trace's header says of it; bubble_label names the bubble
@@ -20,6 +25,7 @@ typedef struct {
   int ranks, pp, vpp, m;
   const char *schedule, *bubble_label;
   double bubble, theory;
+  const loom_schedule *sched; /* whose buffer events the counters count */
 } loom_trace_info;
 
 /* Writes spans (grouped by rank, each rank's in time order) as Chrome-trace

@@ -537,6 +537,11 @@ loom_status loom_schedule_build_eval(loom_schedule *s, loom_schedule_kind train_
   return build(s, LOOM_SCHEDULE_FORWARD_ONLY, loom_schedule_kind_v_shape(train_kind), p, v, m, err);
 }
 
+void loom_schedule_hold(const loom_schedule *s, int r, int i, bool acquire, int held[LOOM_BUFFER_KINDS]) {
+  for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++)
+    if (s->events[r][e].acquire == acquire) held[s->events[r][e].kind] += acquire ? 1 : -1;
+}
+
 loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c) {
   int held[LOOM_BUFFER_KINDS] = {0}, peak[LOOM_BUFFER_KINDS] = {0};
   for (int i = 0; i < s->count[r]; i++) {

@@ -146,6 +146,11 @@ typedef struct {
   int live, deferred, sends;
 } loom_schedule_peaks;
 loom_schedule_peaks loom_schedule_rank_peaks(const loom_schedule *s, int r, int c);
+/* Adds to held[kind] what rank r's action i takes (acquire) or gives back:
+ * called for each action in order, acquires then releases, held is what
+ * the rank holds while each runs and after it (the tracer's count of
+ * buffers over time). */
+void loom_schedule_hold(const loom_schedule *s, int r, int i, bool acquire, int held[LOOM_BUFFER_KINDS]);
 /* The same for the schedule of this shape, into live[p] (all chunks),
  * deferred[p * v] and slots[p * v] (per chunk) and sends[p]. A shape of up
  * to LOOM_SCHEDULE_BUILT_ACTIONS actions is built and read as above; a

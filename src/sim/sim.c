@@ -75,10 +75,10 @@ loom_status loom_sim_write_trace(const loom_sim_result *res, const char *path, l
     for (int i = 0; i < rep->span_count[r]; i++) {
       const loom_span *sp = &rep->spans[r][i];
       const loom_action *a = &s->actions[r][sp->action];
-      spans[n++] = (loom_trace_span){r, a->kind, a->mb, a->chunk, sp->start * 1e6, sp->end * 1e6};
+      spans[n++] = (loom_trace_span){r, a->kind, a->mb, a->chunk, sp->start * 1e6, sp->end * 1e6, r, sp->action};
     }
   const loom_trace_info info = {s->p, s->p, s->v, s->m, loom_schedule_kind_name(s->kind), "bubble_predicted", res->bubble,
-                                res->theory_bubble};
+                                res->theory_bubble, s};
   const loom_status st = loom_trace_write_json(path, spans, n, &info, err);
   free(spans);
   return st;
