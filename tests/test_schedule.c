@@ -288,6 +288,62 @@ START_TEST(broken_buffer_events_are_caught) {
 }
 END_TEST
 
+/* Moves rank r's event e to the end of action i's events (i before e's own action). */
+static void move_event(loom_schedule *s, int r, int e, int i) {
+  const loom_buffer_event moved = s->events[r][e];
+  drop_event(s, r, e);
+  const int at = s->event_at[r][i + 1], n = s->event_at[r][s->count[r]];
+  memmove(&s->events[r][at + 1], &s->events[r][at], (size_t)(n - at) * sizeof s->events[r][0]);
+  s->events[r][at] = moved;
+  for (int k = i + 1; k <= s->count[r]; k++) s->event_at[r][k]++;
+}
+
+static double unit_cost(void *ctx, int rank, const loom_action *a) {
+  (void)ctx, (void)rank;
+  return a->kind == LOOM_ACT_BACKWARD ? 2.0 : loom_action_computes(a) ? 1.0 : 0.0;
+}
+static double slow_flight(void *ctx, int rank, const loom_action *a) {
+  (void)ctx, (void)rank, (void)a;
+  return 10.0;
+}
+
+/* When rank r's forward of micro-batch mb starts, in a simulation with these costs. */
+static double forward_start(const loom_schedule *s, const loom_action_costs *costs, int r, int mb) {
+  loom_schedule_report rep;
+  ck_assert_msg(loom_schedule_simulate(s, costs, &rep) == LOOM_OK, "%s", rep.why);
+  const int i = find(s, r, LOOM_ACT_FORWARD, mb);
+  double start = -1.0;
+  for (int k = 0; k < rep.span_count[r]; k++)
+    if (rep.spans[r][k].action == i) start = rep.spans[r][k].start;
+  loom_schedule_report_free(&rep);
+  ck_assert_double_ge(start, 0.0);
+  return start;
+}
+
+/* The cost model reads the buffer events too: a rank waits where its events
+ * give a send buffer back until that send's recv is done. With 1F1B on two
+ * ranks, forwards of 1, messages 10 in flight, rank 0 sends micro-batch 0
+ * at 1 and runs its next forward at once; given back right after the send,
+ * the buffer holds rank 0 until rank 1 receives it, at 11. */
+START_TEST(send_releases_cost_their_wait) {
+  loom_schedule s;
+  loom_error err = {0};
+  const loom_action_costs costs = {unit_cost, slow_flight, NULL};
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
+  ck_assert_double_eq(forward_start(&s, &costs, 0, 1), 1.0);
+  const int send = find(&s, 0, LOOM_ACT_SEND_ACT, 0);
+  int release = -1;
+  for (int e = s.event_at[0][send]; e < s.event_at[0][s.count[0]] && release < 0; e++) {
+    const loom_buffer_event *b = &s.events[0][e];
+    if (b->kind == LOOM_BUFFER_SEND && !b->acquire && b->mb == 0 && !b->grad) release = e;
+  }
+  ck_assert_int_ge(release, s.event_at[0][send + 1]); /* given back later than the send itself */
+  move_event(&s, 0, release, send);
+  ck_assert_double_eq(forward_start(&s, &costs, 0, 1), 11.0);
+  loom_schedule_free(&s);
+}
+END_TEST
+
 /* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
 START_TEST(one_f_one_b_warmup) {
   loom_schedule s;
@@ -316,6 +372,7 @@ int main(void) {
   tcase_add_test(tc, v_shape_layout);
   tcase_add_test(tc, broken_split_backward_is_caught);
   tcase_add_test(tc, broken_buffer_events_are_caught);
+  tcase_add_test(tc, send_releases_cost_their_wait);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -11,7 +11,7 @@ typedef struct {
   loom_schedule_report *rep;
   int S;
   double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
-  char *received;    /* [2][m][S] */
+  double *received;  /* [2][m][S] time its recv completed, -1 if not yet */
   char *done;        /* [p][3][m][v] forward, backward's input half, its weight half done (a whole backward: both) */
   int *pos; /* [p] */
   double *clock, *busy, *tied_arrival; /* [p]; tied_arrival -1 while not arrived */
@@ -73,8 +73,9 @@ static void record_span(sim *x, int r, double start, double end) {
 }
 
 /* Whether the sends whose buffers action i gives back have been received:
- * the executor waits for them there before it runs on. */
-static bool releases_done(const sim *x, int r, int i) {
+ * the executor waits for them there before it runs on, so the rank's clock
+ * moves on to the latest of those receipts. */
+static bool releases_done(sim *x, int r, int i) {
   const loom_schedule *s = x->s;
   for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) {
     const loom_buffer_event *b = &s->events[r][e];
@@ -83,7 +84,10 @@ static bool releases_done(const sim *x, int r, int i) {
     const loom_action send = {b->grad ? LOOM_ACT_SEND_GRAD : LOOM_ACT_SEND_ACT, b->mb, b->chunk, -1};
     int dst, peer;
     route(x, r, &send, &dst, &peer);
-    if (dst >= 0 && dst < x->S && !x->received[msg_index(x, b->grad, b->mb, dst)]) return false;
+    if (dst < 0 || dst >= x->S) continue;
+    const double received = x->received[msg_index(x, b->grad, b->mb, dst)];
+    if (received < 0) return false;
+    if (received > x->clock[r]) x->clock[r] = received;
   }
   return true;
 }
@@ -111,9 +115,9 @@ static int step(sim *x, int r) {
     if (a->peer != peer) return fail(x, r, a, "expects the wrong rank");
     const int i = msg_index(x, a->kind == LOOM_ACT_RECV_GRAD, a->mb, dst);
     if (x->sent[i] < 0) return 0; /* waits for the send */
-    if (x->received[i]) return fail(x, r, a, "received twice");
-    x->received[i] = 1;
+    if (x->received[i] >= 0) return fail(x, r, a, "received twice");
     if (x->sent[i] > x->clock[r]) x->clock[r] = x->sent[i];
+    x->received[i] = x->clock[r];
     break;
   }
   case LOOM_ACT_FORWARD:
@@ -174,7 +178,7 @@ static void report_deadlock(sim *x) {
 
 static bool all_matched(sim *x) {
   for (int i = 0; i < 2 * x->s->m * x->S; i++) {
-    if (x->sent[i] >= 0 && !x->received[i]) {
+    if (x->sent[i] >= 0 && x->received[i] < 0) {
       const int stage = i % x->S, mb = i / x->S % x->s->m, grad = i / x->S / x->s->m;
       snprintf(x->rep->why, sizeof x->rep->why, "the %s of micro-batch %d to stage %d is never received",
                grad ? "grad" : "activation", mb, stage);
@@ -265,7 +269,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   rep->spans = calloc((size_t)p, sizeof(loom_span *));
   sim x = {.s = s, .costs = costs, .rep = rep, .S = S};
   x.sent = malloc((size_t)2 * s->m * S * sizeof(double));
-  x.received = calloc((size_t)2 * s->m * S, 1);
+  x.received = malloc((size_t)2 * s->m * S * sizeof(double));
   x.done = calloc((size_t)p * PASSES * s->m * s->v, 1);
   x.pos = calloc((size_t)p, sizeof(int));
   x.clock = calloc((size_t)p, sizeof(double));
@@ -281,7 +285,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
     const loom_schedule_peaks peaks = loom_schedule_rank_peaks(s, r, -1);
     rep->peak_live[r] = peaks.live, rep->peak_deferred[r] = peaks.deferred, rep->peak_sends[r] = peaks.sends;
   }
-  for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = -1.0;
+  for (int i = 0; i < 2 * s->m * S; i++) x.sent[i] = x.received[i] = -1.0;
   for (int r = 0; r < p; r++) x.tied_arrival[r] = -1.0;
   int progress = 1, pending = 1, err = 0;
   while (progress && pending && !err) {
@@ -296,7 +300,9 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
     }
   }
   if (rep->ok && pending) report_deadlock(&x);
-  if (rep->ok) all_matched(&x);
+  if (rep->ok && all_matched(&x))
+    for (int r = 0; r < p; r++) /* the waits for the sends a rank's last action gives back */
+      if (s->count[r] > 0) releases_done(&x, r, s->count[r] - 1);
   for (int r = 0; r < p && rep->ok; r++) check_events(s, r, rep);
   for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
   for (int r = 0; r < p && rep->compute_end > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->compute_end) / p;
