@@ -198,6 +198,10 @@ void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, fl
  * a tp_size split pads it (unless cfg is already padded to a multiple of that).
  * The one source of parameter counts. */
 size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+/* Of those, the ones every TP rank holds alike (tp_replicated: norms, wpe,
+ * row-parallel biases), whose grads sequence parallelism sums over the TP
+ * group each step (loom_gpt_sum_replicated_grad). */
+size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
 /* Whether the stage holds the second copy of the tied wte (the last stage
  * when it is not also the first): its grads are left out of the norm, and it
  * is neither saved nor counted twice. The one source of tied ownership. */

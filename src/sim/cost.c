@@ -248,6 +248,19 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
     const double per_param = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 30.0 : 28.0;
     const double shard = l->zero_stage >= 1 ? params / L.dp : params;
     c->optimizer[q] = loom_profile_memory_seconds(prof, per_param * shard) + 4.0 * L.overhead;
+    /* Under sequence parallelism, before the step, the fp32 grads of the
+     * parameters every tp rank holds alike are summed over tp. */
+    if (L.sp) {
+      double replicated = 0.0;
+      for (int k = 0; k < v; k++) {
+        const loom_stage_range r = loom_plan_stage_range(plan, loom_plan_stage_index(plan, q, k));
+        replicated += (double)loom_gpt_replicated_param_count(&L.cfg, &r, L.tp);
+      }
+      pass sum = {0};
+      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * 4.0);
+      c->optimizer[q] += sum.comm;
+      c->tp_bytes[q] += sum.tp_bytes;
+    }
   }
   /* The tied embedding's fp32 grads between the first and last stage. */
   const int tied_per_node = (p - 1) * stage_stride < dpn ? 2 : 1;
