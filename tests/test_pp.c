@@ -175,7 +175,8 @@ static void expect_memory_as_modelled(const loom_trainer *tr) {
  * than its own plan's count: the gap, until bf16 crosses tp. The sim
  * counts the layers', the edges' and sequence parallelism's collectives;
  * the run also sums a few scalars over tp per step (the grad norm's pieces,
- * the skip vote: 40 bytes at tp 2), which the sim leaves out as noise. */
+ * the skip vote: 40 bytes at tp 2), which the sim leaves out as noise.
+ * Compared on the mean over the dp replicas (see below). */
 static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, const loom_plan *wire_plan) {
   loom_profile *prof;
   loom_error err = {0};
@@ -183,7 +184,11 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
   loom_sim_costs c;
   loom_sim_costs_build(tr->plan, prof, &c);
   const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)loom_pipeline_usage_of(tr->pipe).p2p_bytes;
-  const double tp_counted = steps * c.tp_bytes[tr->ps.pp_rank], tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
+  const double tp_counted = steps * c.tp_bytes[tr->ps.pp_rank];
+  double tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
+  /* Under ZeRO-2/3 each replica sums its own pieces of the replicated grads, which the sim counts on the mean. */
+  loom_comm_allreduce_typed(tr->ps.dp_group, &tp_moved, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  tp_moved /= tr->ps.dp;
   loom_sim_costs_free(&c);
   loom_sim_costs_build(wire_plan, prof, &c);
   const double tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
@@ -234,8 +239,8 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   ck_assert(!pc->zero == !tr->zero);
   const double before = tr->ps.dp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
-  expect_traffic_as_simulated(tr, STEPS, tp_before, plan);
   expect_dp_as_planned(tr, STEPS, before);
+  expect_traffic_as_simulated(tr, STEPS, tp_before, plan);
   /* An evaluation of more micro-batches than a step's runs in rounds within training's buffers. */
   loom_eval_stats e;
   ck_assert_msg(loom_trainer_eval(tr, 3 * pc->m, 0, &e, &err) == LOOM_OK, "%s", err.msg);

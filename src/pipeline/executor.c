@@ -48,15 +48,12 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
   /* Each chunk's slots and weight-grad states, and every rank's send buffers (evaluation keeps to them too), as
    * the memory model counts them (plan/memory.h): at least what this schedule's events reach. */
-  int *nslots = loom_xcalloc((size_t)pipe->v, sizeof *nslots, "slot counts");
-  int *nwstates = loom_xcalloc((size_t)pipe->v, sizeof *nwstates, "weight-grad state counts");
-  int *others = loom_xcalloc(2 * (size_t)pipe->v, sizeof *others, "schedule peaks");
+  int *wstate_caps = loom_xcalloc((size_t)ps->pp * pipe->v, sizeof *wstate_caps, "weight-grad state counts");
+  pipe->slot_cap = loom_xcalloc((size_t)ps->pp * pipe->v, sizeof *pipe->slot_cap, "slot counts");
   pipe->send_cap = loom_xcalloc((size_t)ps->pp, sizeof *pipe->send_cap, "send buffer counts");
-  for (int r = 0; r < ps->pp; r++) {
-    const bool mine = r == ps->pp_rank;
-    loom_plan_rank_buffers(plan, r, mine ? nslots : others, mine ? nwstates : others + pipe->v, &pipe->send_cap[r]);
-  }
-  free(others);
+  for (int r = 0; r < ps->pp; r++)
+    loom_plan_rank_buffers(plan, r, &pipe->slot_cap[r * pipe->v], &wstate_caps[r * pipe->v], &pipe->send_cap[r]);
+  int *nslots = &pipe->slot_cap[ps->pp_rank * pipe->v], *nwstates = &wstate_caps[ps->pp_rank * pipe->v];
   const int nsends = pipe->send_cap[ps->pp_rank];
   for (int c = 0; c < pipe->v; c++) {
     const loom_schedule_peaks peaks = loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, c);
@@ -75,8 +72,7 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
     loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
     loom_pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
   }
-  free(nslots);
-  free(nwstates);
+  free(wstate_caps);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
   pipe->mem = ops->mem;
@@ -151,6 +147,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   loom_pool_free(&pipe->wstates);
   loom_p2p_free(&pipe->p2p);
   free(pipe->send_cap);
+  free(pipe->slot_cap);
   if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
@@ -402,13 +399,15 @@ static loom_status eval_schedule(loom_pipeline *pipe, int m, loom_error *err) {
 }
 
 /* Whether the built forward-only schedule needs no more buffers on any rank
- * than the memory model gave it for training. */
+ * than the memory model gave it for training: every rank asks of every
+ * rank, so all pick the same rounds. */
 static bool eval_fits(const loom_pipeline *pipe) {
   const loom_schedule *s = &pipe->eval_sched;
-  for (int r = 0; r < s->p; r++)
+  for (int r = 0; r < s->p; r++) {
     if (loom_schedule_rank_peaks(s, r, -1).sends > pipe->send_cap[r]) return false;
-  for (int c = 0; c < pipe->v; c++)
-    if (loom_schedule_rank_peaks(s, pipe->ps->pp_rank, c).live > pipe->slots.cap[c]) return false;
+    for (int c = 0; c < pipe->v; c++)
+      if (loom_schedule_rank_peaks(s, r, c).live > pipe->slot_cap[r * pipe->v + c]) return false;
+  }
   return true;
 }
 

@@ -19,6 +19,7 @@ struct loom_pipeline {
   loom_schedule eval_sched; /* forward-only, built on the first evaluation */
   int eval_batches, eval_round; /* the last evaluation's batches, and the rounds it ran them in */
   int *send_cap;            /* [pp] each pipeline rank's send buffers, by the memory model */
+  int *slot_cap;            /* [pp * v] each pipeline rank's slots per chunk, by the memory model */
   /* The buffers the schedule's events hand out (schedule/schedule.h). */
   loom_buffer_pool slots;   /* activations of a micro-batch on a chunk */
   loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */

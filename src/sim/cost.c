@@ -249,7 +249,8 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
     const double shard = l->zero_stage >= 1 ? params / L.dp : params;
     c->optimizer[q] = loom_profile_memory_seconds(prof, per_param * shard) + 4.0 * L.overhead;
     /* Under sequence parallelism, before the step, the fp32 grads of the
-     * parameters every tp rank holds alike are summed over tp. */
+     * parameters every tp rank holds alike are summed over tp: all of them,
+     * or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
     if (L.sp) {
       double replicated = 0.0;
       for (int k = 0; k < v; k++) {
@@ -257,7 +258,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
         replicated += (double)loom_gpt_replicated_param_count(&L.cfg, &r, L.tp);
       }
       pass sum = {0};
-      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * 4.0);
+      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * 4.0 / (l->zero_stage >= 2 ? L.dp : 1));
       c->optimizer[q] += sum.comm;
       c->tp_bytes[q] += sum.tp_bytes;
     }
