@@ -80,8 +80,10 @@ void *tu_read_bytes(const char *path, size_t *n) {
   fseek(fp, 0, SEEK_END);
   *n = (size_t)ftell(fp);
   fseek(fp, 0, SEEK_SET);
-  void *buf = malloc(*n ? *n : 1);
+  char *buf = malloc(*n + 1);
+  ck_assert_ptr_nonnull(buf);
   ck_assert_uint_eq(fread(buf, 1, *n, fp), *n);
+  buf[*n] = '\0'; /* a text file reads as a string */
   fclose(fp);
   return buf;
 }

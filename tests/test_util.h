@@ -18,7 +18,7 @@ int tu_all_finite(const float *x, size_t n);
 const char *tu_tmp_path(const char *name);
 /* Writes bytes to path; aborts the test on failure. */
 void tu_write_bytes(const char *path, const void *data, size_t n);
-/* Reads a whole file; *n gets its size. Caller frees. */
+/* Reads a whole file; *n gets its size, and a NUL follows the bytes (text reads as a string). Caller frees. */
 void *tu_read_bytes(const char *path, size_t *n);
 /* Writes this rank's slice of a whole model's tensors (its params or its
  * grads, `whole_buf`) into out, in the local layout of `local` (which may be
