@@ -683,6 +683,8 @@ START_TEST(outputs_are_checked_before_the_work) {
   g_env[1] = NULL;
   g_env[0] = "LOOM_CPU_GEMM=mkl";
   refusal_row(&t, TRAIN("--steps", "1"), 2, "loom train: LOOM_CPU_GEMM must be openblas or onednn, got 'mkl'");
+  g_env[0] = "LOOM_CPU_BF16_GEMM=amx";
+  refusal_row(&t, TRAIN("--steps", "1"), 2, "loom train: LOOM_CPU_BF16_GEMM must be native or widen, got 'amx'");
   g_env[0] = NULL;
   /* Permission, said as such (as root, the runs below are made as nobody):
    * an unreadable latest or manifest, a checkpoint directory nobody may write. */

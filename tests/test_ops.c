@@ -8,10 +8,12 @@
 #include <math.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_math.h"
 #include "backend/op_math.h"
 #include "backend/ops.h"
@@ -518,6 +520,65 @@ END_TEST
 
 /* Every backend's memory calls do what they say: fills, copies (overlapping
  * too), strided copies and host transfers, read back through the host. */
+/* The bf16 GEMM's two paths (cpu_bf16_gemm.h) against one another and
+ * against an fp64 sum of the same bf16 products, for every layout a linear
+ * layer asks for, overwriting and accumulating: NMSE <= 1e-12 (each product
+ * of two bf16 values is exact in fp32; only the summation order differs).
+ * Where this CPU has no bf16 instructions the native path is refused, and
+ * the widening path is checked alone. */
+static void bf16_gemm_case(loom_bf16_gemm_path path, const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B,
+                           const float *C0, const char *what) {
+  const size_t nc = (size_t)s->M * s->N;
+  float *c = copy_buf(C0, nc), *want = guarded(nc);
+  loom_cpu_bf16_gemm_run(path, s, A, B, c);
+  for (int i = 0; i < s->M; i++)
+    for (int j = 0; j < s->N; j++) {
+      double sum = s->beta != 0.0f ? (double)C0[(size_t)i * s->N + j] : 0.0;
+      for (int k = 0; k < s->K; k++) {
+        const uint16_t a = s->ta ? A[(size_t)k * s->M + i] : A[(size_t)i * s->K + k];
+        const uint16_t b = s->tb ? B[(size_t)j * s->K + k] : B[(size_t)k * s->N + j];
+        sum += (double)loom_bf16_value(a) * (double)loom_bf16_value(b);
+      }
+      want[(size_t)i * s->N + j] = (float)sum;
+    }
+  check_guard(c, nc, what);
+  const double e = tu_nmse(c, want, nc);
+  ck_assert_msg(e <= 1e-12, "%s (%s path): NMSE %.3g against the fp64 sum", what, loom_cpu_bf16_gemm_path_name(path), e);
+}
+
+START_TEST(bf16_gemm_paths_agree) {
+  const int N = 37, C = 61, OC = 53;
+  loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+  loom_cpu_linear_gemms(N, C, OC, g);
+  static const char *const ROLE[LOOM_LINEAR_GEMMS] = {"forward", "input grad", "weight grad"};
+  const bool native = loom_cpu_bf16_native_available();
+  const loom_bf16_gemm_path chosen = loom_cpu_bf16_gemm_path();
+  ck_assert_int_eq(chosen, native ? LOOM_BF16_GEMM_NATIVE : LOOM_BF16_GEMM_WIDEN);
+  char impl[128];
+  loom_cpu_bf16_gemm_describe(LOOM_BF16_GEMM_NATIVE, impl, sizeof impl);
+  printf("bf16 GEMM on this CPU: %s\n", impl);
+  if (native) ck_assert_msg(strstr(impl, "bf16") || strstr(impl, "amx"), "oneDNN runs %s", impl);
+  else ck_assert(!loom_cpu_bf16_gemm_force(LOOM_BF16_GEMM_NATIVE));
+  for (int r = 0; r < LOOM_LINEAR_GEMMS; r++) {
+    for (int beta = 0; beta < 2; beta++) {
+      loom_gemm_shape s = g[r];
+      s.beta = (float)beta;
+      const size_t na = (size_t)s.M * s.K, nb = (size_t)s.K * s.N;
+      float *a = random_buf(na, 10 + r, -2, 2), *b = random_buf(nb, 20 + r, -2, 2), *c0 = random_buf((size_t)s.M * s.N, 30 + r, -1, 1);
+      uint16_t *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B);
+      for (size_t i = 0; i < na; i++) A[i] = loom_bf16_round(a[i]);
+      for (size_t i = 0; i < nb; i++) B[i] = loom_bf16_round(b[i]);
+      char what[64];
+      snprintf(what, sizeof what, "%s, beta %d", ROLE[r], beta);
+      bf16_gemm_case(LOOM_BF16_GEMM_WIDEN, &s, A, B, c0, what);
+      if (native) bf16_gemm_case(LOOM_BF16_GEMM_NATIVE, &s, A, B, c0, what);
+      free(A);
+      free(B);
+    }
+  }
+}
+END_TEST
+
 START_TEST(memory_calls) {
   const loom_allocator *mems[] = {loom_ops_cpu()->mem, loom_ops_guarded()->mem};
   for (size_t k = 0; k < sizeof mems / sizeof *mems; k++) {
@@ -602,6 +663,7 @@ int main(void) {
   tcase_add_test(tc, every_op_is_set_and_tested);
   tcase_add_test(tc, memory_calls);
   tcase_add_test(tc, bf16_rounding);
+  tcase_add_test(tc, bf16_gemm_paths_agree);
   tcase_add_test(tc, guarded_memory_faults_on_host_access);
   suite_add_tcase(s, tc);
   return tu_run(s);

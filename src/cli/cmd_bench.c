@@ -99,8 +99,10 @@ static void gemm_peaks(double peak[2], const char *when) {
   loom_gemm_library fastest = LOOM_GEMM_OPENBLAS;
   peak[0] = loom_cpu_sgemm_peak(2048, 1.0, &fastest);
   peak[1] = loom_cpu_bf16_gemm_gflops(2048, 1.0);
-  printf("GEMM peak %s (2048^3, best of >= 1 s): fp32 %.1f GFLOP/s (%s, the fastest built in), bf16 %.1f GFLOP/s\n",
-         when, peak[0], loom_cpu_gemm_name(fastest), peak[1]);
+  char bf16[96];
+  loom_cpu_bf16_gemm_describe(loom_cpu_bf16_gemm_path(), bf16, sizeof bf16);
+  printf("GEMM peak %s (2048^3, best of >= 1 s): fp32 %.1f GFLOP/s (%s, the fastest built in), bf16 %.1f GFLOP/s (%s)\n",
+         when, peak[0], loom_cpu_gemm_name(fastest), peak[1], bf16);
 }
 
 /* --verbose: every GEMM of the step at T (each linear layer's forward,
@@ -116,7 +118,11 @@ static void gemm_shapes(const loom_plan *plan) {
   static const char *const ROLE[LOOM_LINEAR_GEMMS] = {"forward", "input grad", "weight grad"};
   const int tokens = plan->batch->micro_batch * loom_plan_train_seq(plan);
   const loom_gemm_library runs = loom_cpu_gemm_library();
-  printf("GEMMs of one micro-batch (%d tokens), GFLOP/s per library; * marks the one loom runs:\n", tokens);
+  const loom_bf16_gemm_path bf16_runs = loom_cpu_bf16_gemm_path();
+  char bf16[96];
+  loom_cpu_bf16_gemm_describe(LOOM_BF16_GEMM_NATIVE, bf16, sizeof bf16);
+  printf("GEMMs of one micro-batch (%d tokens), GFLOP/s per fp32 library and per bf16 path (native: %s); * marks the "
+         "ones loom runs:\n", tokens, bf16);
   for (int k = 0; k < n; k++) {
     const loom_tensor *w = &specs[k];
     /* The position table is no matmul; fused projections (k and v after q, up after gate) run in their first's GEMM. */
@@ -135,6 +141,11 @@ static void gemm_shapes(const loom_plan *plan) {
         if (loom_cpu_gemm_available((loom_gemm_library)lib))
           printf("  %s%s %6.1f", lib == (int)runs ? "*" : " ", loom_cpu_gemm_name((loom_gemm_library)lib),
                  loom_cpu_gemm_shape_gflops((loom_gemm_library)lib, &g[r], 0.2));
+      printf(" | bf16");
+      for (int path = 0; path < LOOM_BF16_GEMM_PATHS; path++)
+        if (path != LOOM_BF16_GEMM_NATIVE || loom_cpu_bf16_native_available())
+          printf("  %s%s %6.1f", path == (int)bf16_runs ? "*" : " ", loom_cpu_bf16_gemm_path_name((loom_bf16_gemm_path)path),
+                 loom_cpu_bf16_gemm_shape_gflops((loom_bf16_gemm_path)path, &g[r], 0.2));
       printf("\n");
     }
   }

@@ -1,6 +1,7 @@
 /* Choosing the compute backend for a run. */
 #include <stdio.h>
 #include <string.h>
+#include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "cli/device.h"
 #include "cli/launch.h"
@@ -38,14 +39,16 @@ void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan) {
 
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,
                               loom_error *err) {
-  if (loom_cpu_gemm_choose_from_env(err) != LOOM_OK) return loom_error_prefix(err, LOOM_ERR_USAGE, cmd);
+  if (loom_cpu_gemm_choose_from_env(err) != LOOM_OK || loom_cpu_bf16_gemm_choose_from_env(err) != LOOM_OK)
+    return loom_error_prefix(err, LOOM_ERR_USAGE, cmd);
   if (strcmp(device, "guarded") == 0) { /* a check, not a speed: host code touching tensor memory faults */
     *ops = loom_ops_guarded();
     snprintf(desc, len, "guarded (the CPU kernels on memory host code cannot touch)");
     return LOOM_OK;
   }
   *ops = loom_ops_cpu();
-  snprintf(desc, len, "cpu (%s GEMMs, OpenMP)", loom_cpu_gemm_name(loom_cpu_gemm_library()));
+  snprintf(desc, len, "cpu (%s GEMMs, bf16 GEMMs %s, OpenMP)", loom_cpu_gemm_name(loom_cpu_gemm_library()),
+           loom_cpu_bf16_gemm_path_name(loom_cpu_bf16_gemm_path()));
 #ifdef LOOM_HAVE_CUDA
   const bool gpu = loom_cuda_available();
   if (strcmp(device, "cuda") == 0 && !gpu) {

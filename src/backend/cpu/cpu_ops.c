@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_math.h"
 #include "backend/op_math.h"
@@ -553,17 +554,13 @@ static void cpu_round_bf16(const loom_ops *be, float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
 }
 
-/* This machine's GEMM libraries have no bf16 kernel it can run (OpenBLAS's
- * sbgemm is declared but absent from Debian's library; oneDNN's needs
- * AVX512-BF16 or AMX): the bf16 values are widened exactly to fp32 and go
- * through sgemm, which accumulates in fp32. */
+/* Native where the CPU has bf16 instructions, else widened exactly (cpu_bf16_gemm.h). */
 static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
                                     int C, int OC) {
-  float *wide = loom_xmalloc(((size_t)N * C + (size_t)OC * C) * sizeof(float), "bf16 GEMM operands");
-  cpu_from_bf16(be, wide, inp, (size_t)N * C);
-  cpu_from_bf16(be, wide + (size_t)N * C, weight, (size_t)OC * C);
-  cpu_matmul_forward(be, out, wide, wide + (size_t)N * C, bias, N, C, OC);
-  free(wide);
+  loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+  loom_cpu_linear_gemms(N, C, OC, g);
+  loom_cpu_bf16_gemm_run(loom_cpu_bf16_gemm_path(), &g[LOOM_LINEAR_FORWARD], inp, weight, out);
+  if (bias) cpu_bias_forward(be, out, bias, N, OC);
 }
 
 static void cpu_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,

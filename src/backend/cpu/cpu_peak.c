@@ -4,37 +4,67 @@
 #include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
+#include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
-#include "backend/ops.h"
+#include "backend/op_math.h"
 #include "backend/cpu/cpu_peak.h"
 #include "core/check.h"
 #include "core/rng.h"
 #include "core/timer.h"
 
 
-/* Best GFLOP/s of shape s through lib on operands a, b, c, over repeats lasting at least min_seconds. */
-static double library_gflops(loom_gemm_library lib, const loom_gemm_shape *s, const float *a, const float *b, float *c,
-                             double min_seconds) {
-  const double flops = 2.0 * s->M * (double)s->N * s->K;
-  loom_cpu_gemm_run(lib, s, a, b, c); /* warm-up (and oneDNN's JIT) */
+/* One GEMM to time: shape s on operands a, b (fp32, or bf16 when bf16) and c. */
+typedef struct {
+  const loom_gemm_shape *s;
+  bool bf16;
+  int via; /* a loom_gemm_library, or a loom_bf16_gemm_path when bf16 */
+  const void *a, *b;
+  float *c;
+} timed_gemm;
+
+static void run_timed(const timed_gemm *t) {
+  if (t->bf16) loom_cpu_bf16_gemm_run((loom_bf16_gemm_path)t->via, t->s, t->a, t->b, t->c);
+  else loom_cpu_gemm_run((loom_gemm_library)t->via, t->s, t->a, t->b, t->c);
+}
+
+/* Best GFLOP/s of t over repeats lasting at least min_seconds, after a warm-up (and oneDNN's JIT). */
+static double best_gflops(const timed_gemm *t, double min_seconds) {
+  const double flops = 2.0 * t->s->M * (double)t->s->N * t->s->K;
+  run_timed(t);
   double best = 0.0;
   const double start = loom_now_s();
   for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
     const double t0 = loom_now_s();
-    loom_cpu_gemm_run(lib, s, a, b, c);
+    run_timed(t);
     const double gflops = flops / (loom_now_s() - t0) * 1e-9;
     if (gflops > best) best = gflops;
   }
   return best;
 }
 
-double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds) {
+/* Times shape s with random operands (fp32, or rounded to bf16). */
+static double shape_gflops(const loom_gemm_shape *s, bool bf16, int via, double min_seconds) {
   const size_t na = (size_t)s->M * s->K, nb = (size_t)s->K * s->N, nc = (size_t)s->M * s->N;
   float *a = loom_xmalloc((na + nb + nc) * sizeof(float), "GEMM timing"), *b = a + na, *c = b + nb;
   loom_rng_fill_uniform(a, na + nb + nc, 1, 0xBE, 0); /* beta 1 accumulates into c: keep it finite */
-  const double g = library_gflops(lib, s, a, b, c, min_seconds);
+  uint16_t *a16 = NULL;
+  if (bf16) {
+    a16 = loom_xmalloc((na + nb) * sizeof(uint16_t), "GEMM timing");
+    for (size_t i = 0; i < na + nb; i++) a16[i] = loom_bf16_round(a[i]);
+  }
+  const timed_gemm t = {s, bf16, via, bf16 ? (const void *)a16 : a, bf16 ? (const void *)(a16 + na) : b, c};
+  const double g = best_gflops(&t, min_seconds);
+  free(a16);
   free(a);
   return g;
+}
+
+double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds) {
+  return shape_gflops(s, false, (int)lib, min_seconds);
+}
+
+double loom_cpu_bf16_gemm_shape_gflops(loom_bf16_gemm_path path, const loom_gemm_shape *s, double min_seconds) {
+  return shape_gflops(s, true, (int)path, min_seconds);
 }
 
 double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest) {
@@ -54,25 +84,8 @@ double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest
 double loom_cpu_sgemm_gflops(int n, double min_seconds) { return loom_cpu_sgemm_peak(n, min_seconds, NULL); }
 
 double loom_cpu_bf16_gemm_gflops(int n, double min_seconds) {
-  const loom_ops *ops = loom_ops_cpu();
-  const size_t nn = (size_t)n * n;
-  float *c = loom_xmalloc(nn * sizeof(float), "bf16 GEMM peak");
-  uint16_t *ab = loom_xmalloc(2 * nn * sizeof(uint16_t), "bf16 GEMM peak");
-  loom_rng_fill_uniform(c, nn, 1, 0xBE, 0);
-  ops->to_bf16(ops, ab, c, nn);
-  ops->to_bf16(ops, ab + nn, c, nn);
-  ops->matmul_forward_bf16(ops, c, ab, ab + nn, NULL, n, n, n); /* warm-up */
-  double best = 0.0;
-  const double start = loom_now_s();
-  for (int rep = 0; rep < 3 || loom_now_s() - start < min_seconds; rep++) {
-    const double t0 = loom_now_s();
-    ops->matmul_forward_bf16(ops, c, ab, ab + nn, NULL, n, n, n);
-    const double gflops = 2.0 * n * (double)nn / (loom_now_s() - t0) * 1e-9;
-    if (gflops > best) best = gflops;
-  }
-  free(c);
-  free(ab);
-  return best;
+  const loom_gemm_shape square = {.ta = false, .tb = true, .M = n, .N = n, .K = n, .beta = 0.0f};
+  return loom_cpu_bf16_gemm_shape_gflops(loom_cpu_bf16_gemm_path(), &square, min_seconds);
 }
 
 loom_status loom_cpu_check_thread_env(loom_error *err) {

@@ -5,6 +5,7 @@
 #define LOOM_CPU_PEAK_H
 
 #include "core/status.h"
+#include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "core/sysinfo.h"
 
@@ -14,7 +15,9 @@ double loom_cpu_sgemm_peak(int n, double min_seconds, loom_gemm_library *fastest
 double loom_cpu_sgemm_gflops(int n, double min_seconds);
 /* Best GFLOP/s of one GEMM shape through lib, over repeats lasting at least min_seconds. */
 double loom_cpu_gemm_shape_gflops(loom_gemm_library lib, const loom_gemm_shape *s, double min_seconds);
-/* The same for the CPU backend's bf16 GEMM (bf16 operands, fp32 accumulation). */
+/* The same through a bf16 GEMM path (bf16 operands, fp32 accumulation). */
+double loom_cpu_bf16_gemm_shape_gflops(loom_bf16_gemm_path path, const loom_gemm_shape *s, double min_seconds);
+/* The CPU backend's bf16 GEMM at n x n x n, through the path its bf16 GEMMs take. */
 double loom_cpu_bf16_gemm_gflops(int n, double min_seconds);
 /* The most CPU threads a rank may run: --threads' bound and the
  * environment's (OpenMP and OpenBLAS fail or crash creating 50,000). */
