@@ -116,6 +116,15 @@ static int find(const loom_schedule *s, int r, loom_action_kind kind, int mb) {
   return -1;
 }
 
+/* Verifying s fails, saying `why`; then s is freed. */
+static void expect_unverified(loom_schedule *s, const char *why) {
+  loom_schedule_report rep;
+  ck_assert_int_eq(loom_schedule_verify(s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_str_eq(rep.why, why);
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(s);
+}
+
 START_TEST(broken_schedules_are_caught) {
   loom_schedule s;
   loom_schedule_report rep;
@@ -137,17 +146,11 @@ START_TEST(broken_schedules_are_caught) {
   const loom_action t2 = s.actions[0][f];
   s.actions[0][f] = s.actions[0][b];
   s.actions[0][b] = t2;
-  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
-  ck_assert_str_eq(rep.why, "rank 0: backward of micro-batch 1 chunk 0 comes before its forward");
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
+  expect_unverified(&s, "rank 0: backward of micro-batch 1 chunk 0 comes before its forward");
   /* A send addressed to the wrong rank. */
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 3, 1, 2, &err), LOOM_OK);
   s.actions[0][find(&s, 0, LOOM_ACT_SEND_ACT, 1)].peer = 2;
-  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
-  ck_assert_str_eq(rep.why, "rank 0: send activation of micro-batch 1 chunk 0 to rank 2 addressed to the wrong rank");
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
+  expect_unverified(&s, "rank 0: send activation of micro-batch 1 chunk 0 to rank 2 addressed to the wrong rank");
 }
 END_TEST
 
@@ -263,28 +266,19 @@ START_TEST(broken_buffer_events_are_caught) {
   const int release = event_of(&s, 1, find(&s, 1, LOOM_ACT_SEND_GRAD, 2), LOOM_BUFFER_SLOT, false);
   ck_assert_int_ge(release, 0);
   drop_event(&s, 1, release);
-  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
-  ck_assert_str_eq(rep.why, "rank 1 still holds the activation slot of micro-batch 2 chunk 0 at the step's end");
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
+  expect_unverified(&s, "rank 1 still holds the activation slot of micro-batch 2 chunk 0 at the step's end");
   /* Actions holding a slot the events do not: micro-batch 1's recv lands in a slot not yet taken. */
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
   const int recv = find(&s, 1, LOOM_ACT_RECV_ACT, 1);
   drop_event(&s, 1, event_of(&s, 1, recv, LOOM_BUFFER_SLOT, true));
-  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
-  ck_assert_str_eq(rep.why, "rank 1: recv activation of micro-batch 1 chunk 0 from rank 0 uses the activation slot of "
-                            "micro-batch 1 chunk 0, which its buffer events do not hold");
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
+  expect_unverified(&s, "rank 1: recv activation of micro-batch 1 chunk 0 from rank 0 uses the activation slot of "
+                     "micro-batch 1 chunk 0, which its buffer events do not hold");
   /* A send with no buffer taken. */
   ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 4, &err), LOOM_OK);
   const int send = find(&s, 0, LOOM_ACT_SEND_ACT, 3);
   drop_event(&s, 0, event_of(&s, 0, send, LOOM_BUFFER_SEND, true));
-  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
-  ck_assert_str_eq(rep.why, "rank 0: send activation of micro-batch 3 chunk 0 to rank 1 uses the send buffer of "
-                            "micro-batch 3 chunk 0, which its buffer events do not hold");
-  loom_schedule_report_free(&rep);
-  loom_schedule_free(&s);
+  expect_unverified(&s, "rank 0: send activation of micro-batch 3 chunk 0 to rank 1 uses the send buffer of "
+                     "micro-batch 3 chunk 0, which its buffer events do not hold");
 }
 END_TEST
 

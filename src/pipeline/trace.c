@@ -55,7 +55,7 @@ typedef struct {
 } buffer_count;
 
 static void write_count(FILE *fp, int *first, buffer_count *c, double ts, int tid) {
-  if (memcmp(c->held, c->shown, sizeof c->held) == 0 && ts > 0.0) return;
+  if (memcmp(c->held, c->shown, sizeof c->held) == 0) return;
   memcpy(c->shown, c->held, sizeof c->held);
   fprintf(fp, "%s\n{\"name\": \"buffers, rank %d\", \"ph\": \"C\", \"ts\": %.3f, \"pid\": 0, \"tid\": %d, "
               "\"args\": {\"slots\": %d, \"weight_states\": %d, \"sends\": %d}}",
@@ -65,7 +65,8 @@ static void write_count(FILE *fp, int *first, buffer_count *c, double ts, int ti
 
 /* At a rank's first span: nothing held at the step's start. */
 static void count_buffers_from(buffer_count *c, FILE *fp, int *first, const loom_schedule *s, const loom_trace_span *e) {
-  *c = (buffer_count){.sched = s && e->stage_rank >= 0 && e->stage_rank < s->p ? s : NULL, .rank = e->stage_rank};
+  *c = (buffer_count){.sched = s && e->stage_rank >= 0 && e->stage_rank < s->p ? s : NULL, .rank = e->stage_rank,
+                      .shown = {-1, -1, -1}}; /* nothing shown yet: the zeros are written */
   if (c->sched) write_count(fp, first, c, 0.0, e->rank);
 }
 
@@ -147,13 +148,14 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
   if (loom_comm_rank(world) == 0) {
     loom_trace_span *spans = loom_xmalloc((size_t)width * ranks * sizeof *spans + 1, "trace");
     int n = 0;
-    for (int r = 0; r < ranks; r++)
+    for (int r = 0; r < ranks; r++) {
+      int tp_rank, dp_rank, pp_rank;
+      loom_parallel_coords(r, pipe->ps->tp, pipe->ps->pp, pipe->ps->dp, &tp_rank, &dp_rank, &pp_rank);
       for (int i = 0; i < width; i++) {
         const float *e = all + ((size_t)r * width + i) * F;
-        int tp_rank, dp_rank, pp_rank;
-        loom_parallel_coords(r, pipe->ps->tp, pipe->ps->pp, pipe->ps->dp, &tp_rank, &dp_rank, &pp_rank);
         if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4], pp_rank, (int)e[5]};
       }
+    }
     const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind),
                                   "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched), &pipe->sched};
     st = loom_trace_write_json(path, spans, n, &info, err);

@@ -72,10 +72,10 @@ static void record_span(sim *x, int r, double start, double end) {
   rep->spans[r][rep->span_count[r]++] = (loom_span){start, end, x->pos[r]};
 }
 
-/* Whether the sends whose buffers action i gives back have been received:
- * the executor waits for them there before it runs on, so the rank's clock
- * moves on to the latest of those receipts. */
-static bool releases_done(sim *x, int r, int i) {
+/* The executor waits, after action i, for the sends whose buffers it gives
+ * back: false while one of their recvs is still to come, else true with
+ * rank r's clock moved on to the latest of those receipts. */
+static bool wait_for_releases(sim *x, int r, int i) {
   const loom_schedule *s = x->s;
   for (int e = s->event_at[r][i]; e < s->event_at[r][i + 1]; e++) {
     const loom_buffer_event *b = &s->events[r][e];
@@ -95,7 +95,7 @@ static bool releases_done(sim *x, int r, int i) {
 /* Runs rank r's next action if it can; returns 1 if it ran, 0 if blocked, -1 on error. */
 static int step(sim *x, int r) {
   const loom_schedule *s = x->s;
-  if (x->pos[r] > 0 && !releases_done(x, r, x->pos[r] - 1)) return 0; /* waits for a send to be done */
+  if (x->pos[r] > 0 && !wait_for_releases(x, r, x->pos[r] - 1)) return 0; /* waits for a send to be done */
   const loom_action *a = &s->actions[r][x->pos[r]];
   int dst, peer;
   switch (a->kind) {
@@ -302,7 +302,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   if (rep->ok && pending) report_deadlock(&x);
   if (rep->ok && all_matched(&x))
     for (int r = 0; r < p; r++) /* the waits for the sends a rank's last action gives back */
-      if (s->count[r] > 0) releases_done(&x, r, s->count[r] - 1);
+      if (s->count[r] > 0) wait_for_releases(&x, r, s->count[r] - 1);
   for (int r = 0; r < p && rep->ok; r++) check_events(s, r, rep);
   for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
   for (int r = 0; r < p && rep->compute_end > 0; r++) rep->bubble += (1.0 - x.busy[r] / rep->compute_end) / p;

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <strings.h>
 #include "backend/cpu/cpu_bf16_gemm.h"
-#include "backend/op_math.h"
+#include "backend/ops.h"
 #include "core/check.h"
 #ifdef LOOM_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
@@ -50,18 +50,14 @@ loom_status loom_cpu_bf16_gemm_choose_from_env(loom_error *err) {
   return loom_fail(err, LOOM_ERR_USAGE, "%s must be native or widen, got '%s'", LOOM_CPU_BF16_GEMM_ENV, want);
 }
 
-/* ---- widening ---- */
-
-static void widen(float *out, const uint16_t *in, size_t n) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (size_t i = 0; i < n; i++) out[i] = loom_bf16_value(in[i]);
-}
+/* ---- widening: the CPU backend's exact cast, then the fp32 GEMM ---- */
 
 static void run_widened(const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B, float *C) {
+  const loom_ops *cpu = loom_ops_cpu();
   const size_t na = (size_t)s->M * s->K, nb = (size_t)s->K * s->N;
   float *wide = loom_xmalloc((na + nb) * sizeof(float), "bf16 GEMM operands");
-  widen(wide, A, na);
-  widen(wide + na, B, nb);
+  cpu->from_bf16(cpu, wide, A, na);
+  cpu->from_bf16(cpu, wide + na, B, nb);
   loom_cpu_gemm_run(loom_cpu_gemm_library(), s, wide, wide + na, C);
   free(wide);
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
-#include "backend/op_math.h"
+#include "backend/ops.h"
 #include "backend/cpu/cpu_peak.h"
 #include "core/check.h"
 #include "core/rng.h"
@@ -49,8 +49,9 @@ static double shape_gflops(const loom_gemm_shape *s, bool bf16, int via, double 
   loom_rng_fill_uniform(a, na + nb + nc, 1, 0xBE, 0); /* beta 1 accumulates into c: keep it finite */
   uint16_t *a16 = NULL;
   if (bf16) {
+    const loom_ops *cpu = loom_ops_cpu();
     a16 = loom_xmalloc((na + nb) * sizeof(uint16_t), "GEMM timing");
-    for (size_t i = 0; i < na + nb; i++) a16[i] = loom_bf16_round(a[i]);
+    cpu->to_bf16(cpu, a16, a, na + nb);
   }
   const timed_gemm t = {s, bf16, via, bf16 ? (const void *)a16 : a, bf16 ? (const void *)(a16 + na) : b, c};
   const double g = best_gflops(&t, min_seconds);
