@@ -420,10 +420,25 @@ static void bf16(const op_backend *b, op_report *r) {
   ref->round_bf16(ref, inp.host, ni);
   op->round_bf16(op, inp.dev, ni);
   expect(r, "round_bf16", &inp, 0.0);
-  ref->matmul_forward_bf16(ref, out.host, want, want + ni, bias.host, N, C, OC);
-  op->matmul_forward_bf16(op, out.dev, d16, d16 + ni, bias.dev, N, C, OC);
+  /* The bf16 linears: inp now holds bf16 values, the weight is bf16 bits;
+   * backward from a dout of bf16 values, accumulating into every grad. */
+  ref->matmul_forward_bf16(ref, out.host, inp.host, want + ni, bias.host, N, C, OC);
+  op->matmul_forward_bf16(op, out.dev, inp.dev, d16 + ni, bias.dev, N, C, OC);
   expect(r, "matmul_forward_bf16", &out, b->fp32_nmse);
-  mirror *all[] = {&inp, &w, &bias, &out, &back};
+  mirror dout = make(b, (size_t)N * OC, -1, 1), dinp = make(b, ni, -1, 1), dw = make(b, nw, -1, 1),
+         db = make(b, OC, -1, 1);
+  ref->round_bf16(ref, dout.host, dout.n);
+  op->round_bf16(op, dout.dev, dout.n);
+  ref->matmul_backward_bf16(ref, dinp.host, dw.host, db.host, dout.host, inp.host, want + ni, N, C, OC);
+  op->matmul_backward_bf16(op, dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, d16 + ni, N, C, OC);
+  expect(r, "matmul_backward_bf16 dinp", &dinp, b->fp32_nmse);
+  expect(r, "matmul_backward_bf16 dweight", &dw, b->fp32_nmse);
+  expect(r, "matmul_backward_bf16 dbias", &db, b->fp32_nmse);
+  /* The weight half alone (a split backward), with no weight. */
+  ref->matmul_backward_bf16(ref, NULL, dw.host, NULL, dout.host, inp.host, NULL, N, C, OC);
+  op->matmul_backward_bf16(op, NULL, dw.dev, NULL, dout.dev, inp.dev, NULL, N, C, OC);
+  expect(r, "matmul_backward_bf16 weight grad alone", &dw, b->fp32_nmse);
+  mirror *all[] = {&inp, &w, &bias, &out, &back, &dout, &dinp, &dw, &db};
   drop_all(all, sizeof all / sizeof *all);
   b->ops->mem->release(b->ops->mem, d16);
   free(want);
@@ -472,7 +487,7 @@ const op_case OP_CASES[] = {
     {"vocab-parallel loss pieces", loss,
      {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
       AT(log_shifted)}, 7},
-    {"bf16 casts and GEMM", bf16, {AT(to_bf16), AT(from_bf16), AT(round_bf16), AT(matmul_forward_bf16)}, 4},
+    {"bf16 casts and linears", bf16, {AT(to_bf16), AT(from_bf16), AT(round_bf16), AT(matmul_forward_bf16), AT(matmul_backward_bf16)}, 5},
     {"adamw", adamw, {AT(adamw)}, 1},
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);

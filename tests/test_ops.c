@@ -528,22 +528,32 @@ END_TEST
  * the widening path is checked alone. */
 static void bf16_gemm_case(loom_bf16_gemm_path path, const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B,
                            const float *C0, const char *what) {
-  const size_t nc = (size_t)s->M * s->N;
-  float *c = copy_buf(C0, nc), *want = guarded(nc);
-  loom_cpu_bf16_gemm_run(path, s, A, B, c);
+  const size_t nc = (size_t)s->M * s->N, na = (size_t)s->M * s->K, nb = (size_t)s->K * s->N;
+  float *want = guarded(nc), *a = guarded(na), *b = guarded(nb);
+  for (size_t i = 0; i < na; i++) a[i] = loom_bf16_value(A[i]);
+  for (size_t i = 0; i < nb; i++) b[i] = loom_bf16_value(B[i]);
   for (int i = 0; i < s->M; i++)
     for (int j = 0; j < s->N; j++) {
       double sum = s->beta != 0.0f ? (double)C0[(size_t)i * s->N + j] : 0.0;
       for (int k = 0; k < s->K; k++) {
-        const uint16_t a = s->ta ? A[(size_t)k * s->M + i] : A[(size_t)i * s->K + k];
-        const uint16_t b = s->tb ? B[(size_t)j * s->K + k] : B[(size_t)k * s->N + j];
-        sum += (double)loom_bf16_value(a) * (double)loom_bf16_value(b);
+        const uint16_t x = s->ta ? A[(size_t)k * s->M + i] : A[(size_t)i * s->K + k];
+        const uint16_t y = s->tb ? B[(size_t)j * s->K + k] : B[(size_t)k * s->N + j];
+        sum += (double)loom_bf16_value(x) * (double)loom_bf16_value(y);
       }
       want[(size_t)i * s->N + j] = (float)sum;
     }
-  check_guard(c, nc, what);
-  const double e = tu_nmse(c, want, nc);
-  ck_assert_msg(e <= 1e-12, "%s (%s path): NMSE %.3g against the fp64 sum", what, loom_cpu_bf16_gemm_path_name(path), e);
+  /* Operands as bf16 bits, or as fp32 holding the same values (a bf16 run's activations). */
+  const loom_bf16_operand forms[][2] = {{loom_bf16_bits(A), loom_bf16_bits(B)},
+                                        {loom_bf16_values(a), loom_bf16_bits(B)},
+                                        {loom_bf16_values(a), loom_bf16_values(b)}};
+  for (size_t f = 0; f < sizeof forms / sizeof forms[0]; f++) {
+    float *c = copy_buf(C0, nc);
+    loom_cpu_bf16_gemm_run(path, s, forms[f][0], forms[f][1], c);
+    check_guard(c, nc, what);
+    const double e = tu_nmse(c, want, nc);
+    ck_assert_msg(e <= 1e-12, "%s (%s path, operand form %zu): NMSE %.3g against the fp64 sum", what,
+                  loom_cpu_bf16_gemm_path_name(path), f, e);
+  }
 }
 
 START_TEST(bf16_gemm_paths_agree) {

@@ -202,10 +202,18 @@ struct loom_ops {
   void (*from_bf16)(const loom_ops *be, float *out, const uint16_t *in, size_t n);
   /* x[i] = the bf16 value nearest x[i], kept in fp32: what a bf16 tensor holds. */
   void (*round_bf16)(const loom_ops *be, float *x, size_t n);
-  /* out[N,OC] (fp32) = inp[N,C] @ weight[OC,C]^T + bias[OC] (may be NULL) from
-   * bf16 inputs, accumulating in fp32. */
-  void (*matmul_forward_bf16)(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
-                              int OC);
+  /* bf16 runs' linears: matmul_forward and matmul_backward with the weight
+   * [OC,C] in bf16 (raw bits, read in place) and inp and dout holding bf16
+   * values in fp32, as every activation and activation grad of a bf16 run
+   * does (other values are outside the contract: a backend may round them).
+   * Each product of two bf16 values is exact in fp32 and the sums are fp32,
+   * so backends differ by summation order alone; out and the grads are
+   * fp32. dweight is the fp32 grad, accumulated; weight may be NULL when
+   * dinp is. */
+  void (*matmul_forward_bf16)(const loom_ops *be, float *out, const float *inp, const uint16_t *weight, const float *bias,
+                              int N, int C, int OC);
+  void (*matmul_backward_bf16)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const uint16_t *weight, int N, int C, int OC);
 
   /* AdamW with decoupled weight decay, over n elements. */
   void (*adamw)(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,

@@ -56,7 +56,7 @@ static const float *branch_grad(float *copy, const float *dres, int n, const loo
 }
 
 void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *x,
-                        const loom_block_weights *w, const loom_block_shape *shape,
+                        const loom_block_compute_weights *w, const loom_block_shape *shape,
                         const loom_block_dropout *drop, const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
   const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
@@ -73,15 +73,15 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   /* Attention: QKV column-parallel (this rank's heads), c_proj row-parallel. */
   const size_t nh = (size_t)n * h;
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x,
-                    w->ln_1_w, w->ln_1_b, n, h);
+                    w->v->ln_1_w, w->v->ln_1_b, n, h);
   to_bf16_values(shape, ops, normed ? normed : a->ln_1, nh);
-  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn_w, w->c_attn_b, N, n, h, qkv);
+  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn, w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   rope(shape, ops, a->qkv, false);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
-  loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj_w, w->attn_proj_b, N, n, width, h);
+  loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj, w->v->attn_proj_b, N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_attn);
   to_bf16_values(shape, ops, branch, nh);
@@ -90,14 +90,14 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
 
   /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. */
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
-                    a->res_attn, w->ln_2_w, w->ln_2_b, n, h);
+                    a->res_attn, w->v->ln_2_w, w->v->ln_2_b, n, h);
   to_bf16_values(shape, ops, normed ? normed : a->ln_2, nh);
-  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc_w, w->c_fc_b, N, n, h, fc);
+  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc, w->v->c_fc_b, N, n, h, fc);
   to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
   else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
   to_bf16_values(shape, ops, a->fc_gelu, (size_t)N * f);
-  loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj_w, w->mlp_proj_b, N, n, f, h);
+  loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj, w->v->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
   to_bf16_values(shape, ops, branch, nh);
@@ -111,14 +111,14 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
  * sharing the heads, then added, so every replica holds the whole grad. The
  * input grad needs no such sum: the region's exit adds every rank's part. */
 static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
-                               const loom_block_acts *a, const loom_block_weights *w, const loom_block_shape *shape,
+                               const loom_block_acts *a, const loom_block_compute_weights *w, const loom_block_shape *shape,
                                const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
   const bool apart = tp->kv_group && g->c_attn_b; /* the bias grad is computed apart, then summed */
   float *db = apart ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
   if (apart) loom_mem_zero(ops->mem, db, (size_t)rows);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, a->ln_1, w->c_attn_w, N, n, h, rows);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, a->ln_1, w->c_attn, N, n, h, rows);
   if (!apart) return;
   loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
@@ -131,18 +131,18 @@ static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   const int N = shape->T * shape->B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
   if (!tp->kv_group) {
-    loom_linear_weight_grad(ops, g->c_attn_w, ws->d_qkv, a->ln_1, N, h, rows);
+    loom_linear_weight_grad(ops, g->c_attn_w, ws->d_qkv, a->ln_1, N, h, rows, shape->bf16);
     return;
   }
   float *dw = s->d_qkv_w;
   loom_mem_zero(ops->mem, dw, (size_t)rows * h);
-  loom_linear_weight_grad(ops, dw, ws->d_qkv, a->ln_1, N, h, rows);
+  loom_linear_weight_grad(ops, dw, ws->d_qkv, a->ln_1, N, h, rows, shape->bf16);
   loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
 }
 
 void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
-                               const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                               const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                                const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
                                const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
@@ -160,23 +160,23 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   loom_mem_zero(ops->mem, s->d_fc2, Nf);
-  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, a->fc_gelu, w->mlp_proj_w, N, n,
+  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, a->fc_gelu, w->mlp_proj, N, n,
                              f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
   loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
   else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
   to_bf16_values(shape, ops, ws->d_fc, (size_t)N * fc);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, a->ln_2, w->c_fc_w, N, n, h, fc);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, a->ln_2, w->c_fc, N, n, h, fc);
   to_bf16_values(shape, ops, d_normed, nh);
-  loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->ln_2_w, a->ln_2_mean,
+  loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
   to_bf16_values(shape, ops, dres, nh);
 
   /* Attention branch; dres becomes the grad of x. */
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
   loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
-  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, a->atty, w->attn_proj_w, N,
+  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, a->atty, w->attn_proj, N,
                              n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
@@ -186,7 +186,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
   qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
-  loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
+  loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->v->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
                      n, h);
   to_bf16_values(shape, ops, dres, nh);
 }
@@ -195,14 +195,15 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
-  loom_linear_weight_grad(ops, g->mlp_proj_w, ws->d_mlp, a->fc_gelu, N, shape->ffn, h);
-  loom_linear_weight_grad(ops, g->c_fc_w, ws->d_fc, a->ln_2, N, h, loom_block_fc_width(shape));
-  loom_linear_weight_grad(ops, g->attn_proj_w, ws->d_attn, a->atty, N, width, h);
+  const bool bf16 = shape->bf16;
+  loom_linear_weight_grad(ops, g->mlp_proj_w, ws->d_mlp, a->fc_gelu, N, shape->ffn, h, bf16);
+  loom_linear_weight_grad(ops, g->c_fc_w, ws->d_fc, a->ln_2, N, h, loom_block_fc_width(shape), bf16);
+  loom_linear_weight_grad(ops, g->attn_proj_w, ws->d_attn, a->atty, N, width, h, bf16);
   qkv_backward_weight(g, s, ws, a, shape, tp, ops);
 }
 
 void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
-                         const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                         const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
                          const loom_tp *tp, const loom_ops *ops) {
   const loom_block_wgrad ws = {.d_qkv = s->d_qkv, .d_attn = s->d_attn_out, .d_fc = s->d_fc, .d_mlp = s->d_mlp_out};

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
 /* Shapes of a block call on this rank. */
@@ -37,8 +38,16 @@ typedef struct {
   loom_norm_kind norm;
   loom_mlp_kind mlp;
   float rope_theta; /* rotary positions' base; 0: none (the embedding added positions) */
-  bool bf16;       /* round every activation and activation grad to bf16 values */
+  bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
 } loom_block_shape;
+
+/* The weights a block computes with: v's views for the norms and biases (in
+ * fp32 runs every view), and the four linears' weights, which bf16 runs
+ * read as the bf16 copy holds them. */
+typedef struct {
+  const loom_block_weights *v;
+  loom_linear_weight c_attn, attn_proj, c_fc, mlp_proj;
+} loom_block_compute_weights;
 
 /* Saved activations. N = T*B rows in [s, b] order inside the parallel
  * regions; n = N/tp rows outside them under sequence parallelism, else N. */
@@ -100,11 +109,11 @@ typedef struct {
 } loom_block_dropout;
 
 void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *x,
-                        const loom_block_weights *w, const loom_block_shape *shape,
+                        const loom_block_compute_weights *w, const loom_block_shape *shape,
                         const loom_block_dropout *drop, const loom_tp *tp, const loom_ops *ops);
 /* dres[n, h]: grad of the block output on entry, of the block input on exit. */
 void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,
-                         const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                         const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
                          const loom_tp *tp, const loom_ops *ops);
 /* The same backward in two halves, as zero-bubble schedules run it. The
@@ -114,7 +123,7 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
  * ws and the inputs a holds (ln_1, atty, ln_2, fc_gelu). Run back to back
  * they are loom_block_backward. */
 void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
-                               const loom_block_acts *a, const float *x, const loom_block_weights *w,
+                               const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                                const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
                                const loom_ops *ops);
 void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,

@@ -494,28 +494,58 @@ void loom_gpt_sync_compute_weights(loom_gpt *m) {
 }
 
 /* The weights layer l computes with: its fp32 parameters, or in bf16 runs
- * the bf16 copy's values unpacked into scratch. */
-static const loom_block_weights *layer_weights(loom_gpt *m, int l) {
-  if (!m->p.cfg.bf16) return &m->p.w.h[l];
-  size_t lo, hi;
-  loom_gpt_block_range(m, l, l + 1, &lo, &hi);
-  const void *first = m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors].data; /* the layer's tensors lie back to back */
-  m->ops->from_bf16(m->ops, m->w.layer_w.ln_1_w, first, hi - lo);
-  return &m->w.layer_w;
+ * the bf16 copy's linears in place and its norms and biases unpacked into
+ * the layer's scratch (the 1-D tensors: every 2-D one of a layer is a
+ * linear's weight). The scratch is laid out as the copy is, from its first
+ * tensor on, so one offset finds a view in both. */
+static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
+  if (!m->p.cfg.bf16) {
+    const loom_block_weights *v = &m->p.w.h[l];
+    return (loom_block_compute_weights){.v = v, .c_attn = loom_linear_fp32(v->c_attn_w),
+                                        .attn_proj = loom_linear_fp32(v->attn_proj_w),
+                                        .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w)};
+  }
+  const loom_tensor *t = &m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors];
+  const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
+  float *scratch = m->w.layer_w.ln_1_w;
+  for (int j = 0; j < m->p.block_tensors; j++)
+    if (t[j].ndim == 1) m->ops->from_bf16(m->ops, scratch + ((const uint16_t *)t[j].data - bits), t[j].data, loom_tensor_numel(&t[j]));
+  const loom_block_weights *v = &m->w.layer_w;
+#define BITS(view) ((loom_linear_weight){.bf16 = bits + (v->view - scratch)})
+  return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
+                                      .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w)};
+#undef BITS
 }
 
 static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from_bf16(m->ops, dst, t->data, loom_tensor_numel(t)); }
 
-/* The embedding's and head's weights the stage computes with, as layer_weights. */
-static loom_gpt_weights edge_weights(loom_gpt *m) {
+/* The embedding's and head's weights the stage computes with, as
+ * layer_weights: in bf16 runs the final norm's unpacked, and the embedding's
+ * tables too when `tables` (the lookup reads fp32 rows); the head reads its
+ * bits in place (head_weight). */
+static loom_gpt_weights edge_weights(loom_gpt *m, bool tables) {
   if (!m->p.cfg.bf16) return m->p.w;
   const loom_buffer *c = &m->p.compute;
   float *at = m->w.edges; /* where bind_weights put them */
   for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
-    unpack(m, at, &c->views[k]);
+    if (tables || c->views[k].ndim == 1) unpack(m, at, &c->views[k]);
     at += loom_tensor_numel(&c->views[k]);
   }
   return m->w.weights_of;
+}
+
+/* The LM head's weight: w's view, or in bf16 runs the bits of the tensor
+ * whose scratch that view is. */
+static loom_linear_weight head_weight(const loom_gpt *m, const loom_gpt_weights *w) {
+  if (!m->p.cfg.bf16) return loom_linear_fp32(w->lm_head);
+  const loom_buffer *c = &m->p.compute;
+  const float *at = m->w.edges;
+  for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
+    if (at == w->lm_head) return (loom_linear_weight){.bf16 = c->views[k].data};
+    at += loom_tensor_numel(&c->views[k]);
+  }
+  LOOM_CHECK(false, "the LM head is one of the stage's tensors");
+  return (loom_linear_weight){0};
 }
 
 /* The fp32 activations layer l computes in: the slot's own, or (recompute,
@@ -575,7 +605,7 @@ const float *loom_gpt_stage_output(const loom_gpt *m, int slot) {
 static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
   const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
   const size_t nh = (size_t)local_T * B * h;
-  const loom_gpt_weights w = edge_weights(m);
+  const loom_gpt_weights w = edge_weights(m, true);
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
   loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, w.wte, vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
@@ -610,11 +640,11 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const loom_gpt_config *c = &m->p.cfg;
   const int N = m->T * m->B, n = local_rows(m), h = c->hidden;
   const loom_vocab_range v = vocab_range(m);
-  const loom_gpt_weights w = edge_weights(m);
+  const loom_gpt_weights w = edge_weights(m, false);
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
   loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
   to_bf16_values(m, normed, (size_t)n * h);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, w.lm_head, NULL, N, n, h, v.rows);
+  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, head_weight(m, &w), NULL, N, n, h, v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
                                            s->targets, v, N);
 }
@@ -624,12 +654,12 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
 static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss) {
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden;
   const loom_vocab_range v = vocab_range(m);
-  const loom_gpt_weights w = edge_weights(m);
+  const loom_gpt_weights w = edge_weights(m, false);
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
   to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f, w.lm_head, N, n,
-                                h, v.rows);
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f, head_weight(m, &w),
+                                N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
   loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
@@ -638,7 +668,8 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
 }
 
 static void head_weight_grad(loom_gpt *m, loom_gpt_slot *s) {
-  loom_linear_weight_grad(m->ops, m->p.g.lm_head, s->logits, s->ln_f, m->T * m->B, m->p.cfg.hidden, vocab_range(m).rows);
+  loom_linear_weight_grad(m->ops, m->p.g.lm_head, s->logits, s->ln_f, m->T * m->B, m->p.cfg.hidden, vocab_range(m).rows,
+                          m->p.cfg.bf16);
 }
 
 /* Calls the runtime's hook before or after a layer's (or the edges') part of a pass. */
@@ -665,9 +696,9 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     hook(m, false, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
     const float *x = layer_input(m, s, l, false);
-    const loom_block_weights *w = layer_weights(m, l);
+    const loom_block_compute_weights w = layer_weights(m, l);
     loom_block_acts a = layer_acts(m, s, l);
-    loom_block_forward(&a, &m->w.block, x, w, &shape, &d, &m->tp, m->ops);
+    loom_block_forward(&a, &m->w.block, x, &w, &shape, &d, &m->tp, m->ops);
     hook(m, false, l, false);
     if (!m->recompute && !m->p.cfg.bf16) continue;
     /* Recompute keeps only each layer's input; bf16 runs keep the layer
@@ -686,7 +717,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
  * them bit for bit). */
 typedef struct {
   const float *x;
-  const loom_block_weights *w;
+  loom_block_compute_weights w;
   loom_block_acts a;
   loom_block_dropout d;
 } layer_pass;
@@ -695,7 +726,7 @@ static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_g
   layer_pass p = {.x = layer_input(m, s, l, true), .w = layer_weights(m, l), .a = layer_acts(m, s, l),
                   .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
   const loom_block_shape shape = block_shape(m);
-  if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, p.w, &shape, &p.d, &m->tp, m->ops);
+  if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
   else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, NULL, 0);
   return p;
 }
@@ -716,7 +747,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
     const layer_pass p = layer_for_backward(m, s, batch, l);
-    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &p.a, p.x, p.w, &shape, &p.d, &m->tp, m->ops);
+    loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &p.a, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
     hook(m, true, l, false);
   }
   if (m->p.range.first) embed_backward(m, s, batch, m->w.dres);
@@ -736,7 +767,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
   layer_counts(m, c);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     layer_pass p = layer_for_backward(m, s, batch, l);
-    loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, p.w, &shape, &p.d, &m->tp,
+    loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
     /* The weight half finds no activations in a recompute slot: keep the linears' inputs. */
     for (int k = 0; m->recompute && k < WEIGHT_INPUTS; k++) {

@@ -2,18 +2,31 @@
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/mappings.h"
 
+/* One local linear through the op table's fp32 or bf16 matmuls, as w is. */
+static void matmul_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const float *b,
+                           int N, int C, int OC) {
+  if (w.bf16) ops->matmul_forward_bf16(ops, out, inp, w.bf16, b, N, C, OC);
+  else ops->matmul_forward(ops, out, inp, w.f32, b, N, C, OC);
+}
+
+static void matmul_backward(const loom_ops *ops, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                            loom_linear_weight w, int N, int C, int OC) {
+  if (w.bf16) ops->matmul_backward_bf16(ops, dinp, dw, db, dout, inp, w.bf16, N, C, OC);
+  else ops->matmul_backward(ops, dinp, dw, db, dout, inp, w.f32, N, C, OC);
+}
+
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
-                                  const float *inp, const float *w, const float *b, int N, int n, int in,
+                                  const float *inp, loom_linear_weight w, const float *b, int N, int n, int in,
                                   int out_local) {
   loom_tp_enter_forward(tp, ops, inp, inp_full, (size_t)n * in);
-  ops->matmul_forward(ops, out, inp_full, w, b, N, in, out_local);
+  matmul_forward(ops, out, inp_full, w, b, N, in, out_local);
 }
 
 void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
                                    float *dw, float *db, const float *dout, const float *inp_full,
-                                   const float *w, int N, int n, int in, int out_local) {
+                                   loom_linear_weight w, int N, int n, int in, int out_local) {
   loom_mem_zero(ops->mem, dinp_full, (size_t)N * in);
-  ops->matmul_backward(ops, dinp_full, dw, db, dout, inp_full, w, N, in, out_local);
+  matmul_backward(ops, dinp_full, dw, db, dout, inp_full, w, N, in, out_local);
   loom_tp_enter_backward(tp, ops, dinp_full, dinp, (size_t)n * in);
 }
 
@@ -28,21 +41,23 @@ void loom_column_parallel_gather_output_backward(const loom_tp *tp, const loom_o
 }
 
 void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *partial,
-                               const float *inp, const float *w, const float *b, int N, int n, int in_local,
+                               const float *inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
                                int out_features) {
-  ops->matmul_forward(ops, partial, inp, w, NULL, N, in_local, out_features);
+  matmul_forward(ops, partial, inp, w, NULL, N, in_local, out_features);
   loom_tp_exit_forward(tp, ops, partial, out, (size_t)n * out_features);
   if (b) ops->bias_forward(ops, out, b, n, out_features); /* once, after the reduction */
 }
 
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
-                                const float *dout, float *dout_full, const float *inp, const float *w, int N,
+                                const float *dout, float *dout_full, const float *inp, loom_linear_weight w, int N,
                                 int n, int in_local, int out_features) {
   if (db) ops->bias_backward(ops, db, dout, n, out_features);
   loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
-  ops->matmul_backward(ops, dinp, dw, NULL, dout_full, inp, w, N, in_local, out_features);
+  matmul_backward(ops, dinp, dw, NULL, dout_full, inp, w, N, in_local, out_features);
 }
 
-void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out) {
-  ops->matmul_backward(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out,
+                             bool bf16) {
+  if (bf16) ops->matmul_backward_bf16(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+  else ops->matmul_backward(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
 }

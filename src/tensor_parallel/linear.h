@@ -21,16 +21,25 @@
 #include "backend/ops.h"
 #include "tensor_parallel/parallel_state.h"
 
+/* A linear's weight [out, in] as it computes: fp32, or in bf16 runs the bf16
+ * copy's bits, which the op table's bf16 linears read in place (inputs and
+ * output grads then hold bf16 values). Exactly one of the two is set. */
+typedef struct {
+  const float *f32;
+  const uint16_t *bf16;
+} loom_linear_weight;
+static inline loom_linear_weight loom_linear_fp32(const float *w) { return (loom_linear_weight){.f32 = w}; }
+
 /* out[N, out_local] = inp_full @ w^T + b, where inp_full[N, in] is inp[n, in]
  * brought into the region (saved for backward; may alias inp without SP). */
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
-                                  const float *inp, const float *w, const float *b, int N, int n, int in,
+                                  const float *inp, loom_linear_weight w, const float *b, int N, int n, int in,
                                   int out_local);
 /* dinp[n, in] = the input grad leaving the region (written, not added);
  * dinp_full[N, in] is scratch (may alias dinp without SP). */
 void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
                                    float *dw, float *db, const float *dout, const float *inp_full,
-                                   const float *w, int N, int n, int in, int out_local);
+                                   loom_linear_weight w, int N, int n, int in, int out_local);
 /* The optional gather of the output: full[N, out_local * tp] in global column
  * order; scratch holds N * out_local * tp floats. */
 void loom_column_parallel_gather_output(const loom_tp *tp, const loom_ops *ops, const float *out, float *full,
@@ -42,18 +51,20 @@ void loom_column_parallel_gather_output_backward(const loom_tp *tp, const loom_o
 /* out[n, out] = reduce over ranks of (inp[N, in_local] @ w^T) + b; partial[N, out]
  * is scratch (may alias out without SP). */
 void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *partial,
-                               const float *inp, const float *w, const float *b, int N, int n, int in_local,
+                               const float *inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
                                int out_features);
 /* dinp[N, in_local] += ...; dout[n, out] is the output grad; dout_full[N, out]
  * is scratch (may alias dout without SP). The bias grad covers this rank's
  * rows only under SP (summed over the group with the other replicated grads). */
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
-                                const float *dout, float *dout_full, const float *inp, const float *w, int N,
+                                const float *dout, float *dout_full, const float *inp, loom_linear_weight w, int N,
                                 int n, int in_local, int out_features);
 
 /* The weight grad a backward left out: dw[out, in] += dout[N, out]^T @ inp[N, in],
  * with the region's row-complete tensors (column-parallel: its output grad and
- * gathered input; row-parallel: its gathered output grad and split input). */
-void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out);
+ * gathered input; row-parallel: its gathered output grad and split input);
+ * bf16: they hold bf16 values, for the bf16 linear's GEMM. */
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out,
+                             bool bf16);
 
 #endif

@@ -50,16 +50,39 @@ loom_status loom_cpu_bf16_gemm_choose_from_env(loom_error *err) {
   return loom_fail(err, LOOM_ERR_USAGE, "%s must be native or widen, got '%s'", LOOM_CPU_BF16_GEMM_ENV, want);
 }
 
+/* ---- operand scratch ---- */
+
+/* One growing buffer per operand and thread, kept between calls: a step
+ * converts the same few shapes over and over, and a fresh allocation of
+ * megabytes each time costs its page faults every time. Host scratch of the
+ * CPU backend, as cuBLAS's workspace is the CUDA backend's. */
+static _Thread_local struct {
+  void *data;
+  size_t bytes;
+} g_scratch[2];
+
+static void *scratch(int which, size_t bytes) {
+  if (g_scratch[which].bytes < bytes) {
+    free(g_scratch[which].data);
+    g_scratch[which].data = loom_xmalloc(bytes, "bf16 GEMM operands");
+    g_scratch[which].bytes = bytes;
+  }
+  return g_scratch[which].data;
+}
+
 /* ---- widening: the CPU backend's exact cast, then the fp32 GEMM ---- */
 
-static void run_widened(const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B, float *C) {
+static const float *widened(int which, loom_bf16_operand x, size_t n) {
+  if (x.f32) return x.f32;
   const loom_ops *cpu = loom_ops_cpu();
-  const size_t na = (size_t)s->M * s->K, nb = (size_t)s->K * s->N;
-  float *wide = loom_xmalloc((na + nb) * sizeof(float), "bf16 GEMM operands");
-  cpu->from_bf16(cpu, wide, A, na);
-  cpu->from_bf16(cpu, wide + na, B, nb);
-  loom_cpu_gemm_run(loom_cpu_gemm_library(), s, wide, wide + na, C);
-  free(wide);
+  float *wide = scratch(which, n * sizeof(float));
+  cpu->from_bf16(cpu, wide, x.bf16, n);
+  return wide;
+}
+
+static void run_widened(const loom_gemm_shape *s, loom_bf16_operand A, loom_bf16_operand B, float *C) {
+  loom_cpu_gemm_run(loom_cpu_gemm_library(), s, widened(0, A, (size_t)s->M * s->K), widened(1, B, (size_t)s->K * s->N),
+                    C);
 }
 
 /* ---- native: oneDNN's matmul, one primitive per shape ---- */
@@ -139,10 +162,19 @@ static matmul *primitive_for(const loom_gemm_shape *s) {
   return mm;
 }
 
-static void run_native(const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B, float *C) {
+/* The operand as bf16 bits: itself, or packed (exactly: it holds bf16 values). */
+static const uint16_t *packed(int which, loom_bf16_operand x, size_t n) {
+  if (x.bf16) return x.bf16;
+  const loom_ops *cpu = loom_ops_cpu();
+  uint16_t *bits = scratch(which, n * sizeof(uint16_t));
+  cpu->to_bf16(cpu, bits, x.f32, n);
+  return bits;
+}
+
+static void run_native(const loom_gemm_shape *s, loom_bf16_operand A, loom_bf16_operand B, float *C) {
   matmul *mm = primitive_for(s);
-  DNNL_CHECK(dnnl_memory_set_data_handle(mm->a, (void *)A));
-  DNNL_CHECK(dnnl_memory_set_data_handle(mm->b, (void *)B));
+  DNNL_CHECK(dnnl_memory_set_data_handle(mm->a, (void *)packed(0, A, (size_t)s->M * s->K)));
+  DNNL_CHECK(dnnl_memory_set_data_handle(mm->b, (void *)packed(1, B, (size_t)s->K * s->N)));
   DNNL_CHECK(dnnl_memory_set_data_handle(mm->c, C));
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, mm->a}, {DNNL_ARG_WEIGHTS, mm->b}, {DNNL_ARG_DST, mm->c}};
   DNNL_CHECK(dnnl_primitive_execute(mm->prim, g_stream, 3, args));
@@ -162,8 +194,9 @@ void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len
   else snprintf(out, len, "widened to fp32, %s sgemm", loom_cpu_gemm_name(loom_cpu_gemm_library()));
 }
 
-void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B,
-                            float *C) {
+void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, loom_bf16_operand A,
+                            loom_bf16_operand B, float *C) {
+  LOOM_CHECK(!A.bf16 != !A.f32 && !B.bf16 != !B.f32, "a bf16 GEMM operand is bf16 bits or fp32 values, one of them");
 #ifdef LOOM_HAVE_ONEDNN
   if (path == LOOM_BF16_GEMM_NATIVE) {
     LOOM_CHECK(loom_cpu_bf16_native_available(), "the native bf16 GEMM runs on this CPU");

@@ -36,9 +36,19 @@ const char *loom_cpu_bf16_gemm_path_name(loom_bf16_gemm_path path);
  * matmul ("brg:avx512_core_amx_bf16", ...), or the widening and the fp32
  * GEMM library it feeds. */
 void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len);
-/* C[M,N] = op(A) op(B) + beta C (beta 0 or 1) with bf16 A and B laid out as
- * s says (loom_gemm_shape), through `path`. */
-void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, const uint16_t *A, const uint16_t *B,
-                            float *C);
+/* A bf16 GEMM operand: bf16 bits, or fp32 that holds bf16 values (a bf16
+ * run's activations and their grads), set in exactly one of the two. Each
+ * path converts what it must, exactly, in scratch of its own: the native
+ * one packs fp32 operands, widening widens bf16 ones. */
+typedef struct {
+  const uint16_t *bf16;
+  const float *f32;
+} loom_bf16_operand;
+static inline loom_bf16_operand loom_bf16_bits(const uint16_t *x) { return (loom_bf16_operand){.bf16 = x}; }
+static inline loom_bf16_operand loom_bf16_values(const float *x) { return (loom_bf16_operand){.f32 = x}; }
+/* C[M,N] = op(A) op(B) + beta C (beta 0 or 1) laid out as s says
+ * (loom_gemm_shape), through `path`. */
+void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, loom_bf16_operand A,
+                            loom_bf16_operand B, float *C);
 
 #endif

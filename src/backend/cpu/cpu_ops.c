@@ -555,12 +555,25 @@ static void cpu_round_bf16(const loom_ops *be, float *x, size_t n) {
 }
 
 /* Native where the CPU has bf16 instructions, else widened exactly (cpu_bf16_gemm.h). */
-static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
-                                    int C, int OC) {
+static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+                                    const float *bias, int N, int C, int OC) {
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
-  loom_cpu_bf16_gemm_run(loom_cpu_bf16_gemm_path(), &g[LOOM_LINEAR_FORWARD], inp, weight, out);
+  loom_cpu_bf16_gemm_run(loom_cpu_bf16_gemm_path(), &g[LOOM_LINEAR_FORWARD], loom_bf16_values(inp),
+                         loom_bf16_bits(weight), out);
   if (bias) cpu_bias_forward(be, out, bias, N, OC);
+}
+
+static void cpu_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const uint16_t *weight, int N, int C, int OC) {
+  loom_gemm_shape g[LOOM_LINEAR_GEMMS];
+  loom_cpu_linear_gemms(N, C, OC, g);
+  const loom_bf16_gemm_path path = loom_cpu_bf16_gemm_path();
+  if (dinp)
+    loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_INPUT_GRAD], loom_bf16_values(dout), loom_bf16_bits(weight), dinp);
+  if (dweight)
+    loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_WEIGHT_GRAD], loom_bf16_values(dout), loom_bf16_values(inp), dweight);
+  if (dbias) cpu_bias_backward(be, dbias, dout, N, OC);
 }
 
 static void cpu_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
@@ -622,6 +635,7 @@ static const loom_ops CPU_OPS = {
     .from_bf16 = cpu_from_bf16,
     .round_bf16 = cpu_round_bf16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
+    .matmul_backward_bf16 = cpu_matmul_backward_bf16,
     .adamw = cpu_adamw,
 };
 

@@ -23,7 +23,7 @@ typedef struct {
 } timed_gemm;
 
 static void run_timed(const timed_gemm *t) {
-  if (t->bf16) loom_cpu_bf16_gemm_run((loom_bf16_gemm_path)t->via, t->s, t->a, t->b, t->c);
+  if (t->bf16) loom_cpu_bf16_gemm_run((loom_bf16_gemm_path)t->via, t->s, loom_bf16_bits(t->a), loom_bf16_bits(t->b), t->c);
   else loom_cpu_gemm_run((loom_gemm_library)t->via, t->s, t->a, t->b, t->c);
 }
 

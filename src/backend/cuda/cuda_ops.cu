@@ -868,8 +868,8 @@ __global__ void round_bf16_kernel(float *x, size_t n) {
 
 void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16) {
   uint16_t *buf = (uint16_t *)grow(g, g.operands, g.operand_bytes, (a.elems + b.elems) * sizeof(uint16_t), "bf16 GEMM operands");
-  to_bf16_kernel<<<blocks_for(a.elems), THREADS, 0, g.stream>>>(buf, a.x, a.elems);
-  to_bf16_kernel<<<blocks_for(b.elems), THREADS, 0, g.stream>>>(buf + a.elems, b.x, b.elems);
+  if (a.elems) to_bf16_kernel<<<blocks_for(a.elems), THREADS, 0, g.stream>>>(buf, a.x, a.elems);
+  if (b.elems) to_bf16_kernel<<<blocks_for(b.elems), THREADS, 0, g.stream>>>(buf + a.elems, b.x, b.elems);
   launched("bf16 GEMM operands");
   *a16 = buf;
   *b16 = buf + a.elems;
@@ -896,10 +896,28 @@ void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n
   launched("from_bf16");
 }
 
-void cuda_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N, int C,
-                              int OC) {
-  gemm_bf16(ctx(be), CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, inp, C, 0.0f, out, "matmul_forward_bf16");
+// bf16 runs' linears: the weight is bf16 already; inp and dout (bf16 values in
+// fp32) get bf16 copies in the operand buffer, exactly.
+void cuda_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight, const float *bias,
+                              int N, int C, int OC) {
+  Backend &g = ctx(be);
+  const uint16_t *x16, *none;
+  to_bf16_pair(g, Operand{inp, (size_t)N * C, C}, Operand{nullptr, 0, 0}, &x16, &none);
+  gemm_bf16(g, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, x16, C, 0.0f, out, "matmul_forward_bf16");
   if (bias) cuda_bias_forward(be, out, bias, N, OC);
+}
+
+void cuda_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const uint16_t *weight, int N, int C, int OC) {
+  Backend &g = ctx(be);
+  const Operand dy = {dout, (size_t)N * OC, OC}, x = {dweight ? inp : nullptr, dweight ? (size_t)N * C : 0, C};
+  const uint16_t *dy16, *x16;
+  to_bf16_pair(g, dy, x, &dy16, &x16);
+  if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
+    gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dy16, OC, 1.0f, dinp, "matmul_backward_bf16 dinp");
+  if (dweight) // dweight[OC,C] += dout^T @ inp
+    gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x16, C, dy16, OC, 1.0f, dweight, "matmul_backward_bf16 dweight");
+  if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
 }
 
 loom_ops make_ops() {
@@ -946,6 +964,7 @@ loom_ops make_ops() {
   o.from_bf16 = cuda_from_bf16;
   o.round_bf16 = cuda_round_bf16;
   o.matmul_forward_bf16 = cuda_matmul_forward_bf16;
+  o.matmul_backward_bf16 = cuda_matmul_backward_bf16;
   o.adamw = cuda_adamw;
   return o;
 }
@@ -1011,6 +1030,7 @@ loom_ops make_synced_ops() {
   o.from_bf16 = SYNCED(cuda_from_bf16);
   o.round_bf16 = SYNCED(cuda_round_bf16);
   o.matmul_forward_bf16 = SYNCED(cuda_matmul_forward_bf16);
+  o.matmul_backward_bf16 = SYNCED(cuda_matmul_backward_bf16);
   o.adamw = SYNCED(cuda_adamw);
   return o;
 }

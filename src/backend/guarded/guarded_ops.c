@@ -211,9 +211,13 @@ static void g_dropout_backward(const loom_ops *be, float *dx, int T, int B, int 
 static void g_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) { CPU->to_bf16(CPU, U(out), U(in), n); }
 static void g_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) { CPU->from_bf16(CPU, U(out), U(in), n); }
 static void g_round_bf16(const loom_ops *be, float *x, size_t n) { CPU->round_bf16(CPU, U(x), n); }
-static void g_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
-                                  int C, int OC) {
+static void g_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+                                  const float *bias, int N, int C, int OC) {
   CPU->matmul_forward_bf16(CPU, U(out), U(inp), U(weight), U(bias), N, C, OC);
+}
+static void g_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const uint16_t *weight, int N, int C, int OC) {
+  CPU->matmul_backward_bf16(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
 }
 static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
   CPU->adamw(CPU, U(param), U(grad), U(m), U(v), n, args);
@@ -262,6 +266,7 @@ static const loom_ops GUARDED_OPS = {
     .from_bf16 = g_from_bf16,
     .round_bf16 = g_round_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
+    .matmul_backward_bf16 = g_matmul_backward_bf16,
     .adamw = g_adamw,
 };
 

@@ -390,16 +390,32 @@ static void ref_round_bf16(const loom_ops *be, float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = loom_bf16_value(loom_bf16_round(x[i]));
 }
 
-/* The fp32 matmul on the bf16 values, each product formed in fp32. */
-static void ref_matmul_forward_bf16(const loom_ops *be, float *out, const uint16_t *inp, const uint16_t *weight, const float *bias, int N,
-                                    int C, int OC) {
-  for (int n = 0; n < N; n++)
-    for (int o = 0; o < OC; o++) {
-      float acc = bias ? bias[o] : 0.0f;
-      for (int c = 0; c < C; c++)
-        acc += loom_bf16_value(inp[(size_t)n * C + c]) * loom_bf16_value(weight[(size_t)o * C + c]);
-      out[(size_t)n * OC + o] = acc;
-    }
+/* x widened to fp32 in a new array: bf16 bits exactly, fp32 values rounded to
+ * bf16 first (a no-op for the bf16 values the contract passes). */
+static float *ref_bf16_values(const uint16_t *bits, const float *values, size_t n) {
+  if (!bits && !values) return NULL;
+  float *out = loom_xmalloc((n ? n : 1) * sizeof(float), "bf16 operand");
+  for (size_t i = 0; i < n; i++) out[i] = bits ? loom_bf16_value(bits[i]) : loom_bf16_value(loom_bf16_round(values[i]));
+  return out;
+}
+
+/* The fp32 linears on the bf16 values. */
+static void ref_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+                                    const float *bias, int N, int C, int OC) {
+  float *x = ref_bf16_values(NULL, inp, (size_t)N * C), *w = ref_bf16_values(weight, NULL, (size_t)OC * C);
+  ref_matmul_forward(be, out, x, w, bias, N, C, OC);
+  free(x);
+  free(w);
+}
+
+static void ref_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const uint16_t *weight, int N, int C, int OC) {
+  float *dy = ref_bf16_values(NULL, dout, (size_t)N * OC), *x = ref_bf16_values(NULL, dweight ? inp : NULL, (size_t)N * C);
+  float *w = ref_bf16_values(dinp ? weight : NULL, NULL, (size_t)OC * C);
+  ref_matmul_backward(be, dinp, dweight, dbias, dy, x, w, N, C, OC);
+  free(dy);
+  free(x);
+  free(w);
 }
 
 static void ref_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
@@ -457,6 +473,7 @@ static const loom_ops REF_OPS = {
     .from_bf16 = ref_from_bf16,
     .round_bf16 = ref_round_bf16,
     .matmul_forward_bf16 = ref_matmul_forward_bf16,
+    .matmul_backward_bf16 = ref_matmul_backward_bf16,
     .adamw = ref_adamw,
 };
 
