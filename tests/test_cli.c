@@ -770,7 +770,8 @@ START_TEST(meaningful_nonsense_is_refused) {
   part_row(&t, run("trace", "svg", trace, "-o", tu_tmp_path("t.svg"), NULL), 2, "a span is microseconds within a day");
   /* Bench reports what it measured, named by the length it ran. */
   r = run("bench", "step", "--model", "gpt-tiny", "--seq", "32", "--steps", "1", "--precision", "fp32", NULL);
-  tu_row(&t, r->code == 0 && strstr(r->out, "RESULT seq32_fp32_peak_frac=") && !strstr(r->out, "seq256") && !strstr(r->out, "=0.000"),
+  tu_row(&t, r->code == 0 && strstr(r->out, "RESULT seq32_fp32_peak_frac=") && strstr(r->out, "seq32_fp32_roofline_frac=") &&
+             strstr(r->out, "    roofline: GEMMs ") && !strstr(r->out, "seq256") && !strstr(r->out, "=0.000"),
          "bench step --seq 32: exit %d, '%s'", r->code, r->out);
   tu_rows_done(&t);
 }

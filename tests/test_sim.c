@@ -248,6 +248,40 @@ START_TEST(links_follow_the_rank_order) {
 }
 END_TEST
 
+/* The memory-bound bytes a step moves (what `loom bench step`'s roofline
+ * holds to the triad): each micro-batch adds the same activation bytes, the
+ * rest is AdamW's pass over the rank's state, 28 bytes a parameter in fp32
+ * and 30 in bf16 (the bf16 copy written too), and bf16 activations move
+ * fewer bytes than fp32 ones. */
+static double step_memory_bytes(const loom_profile *prof, int micro_batches, Loom__Precision precision) {
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2,
+                                             .global_batch = 2 * micro_batches, .precision = precision});
+  loom_sim_costs c;
+  loom_sim_costs_build(plan, prof, &c);
+  const double bytes = c.memory_bytes[0];
+  loom_sim_costs_free(&c);
+  loom_plan_free(plan);
+  return bytes;
+}
+
+START_TEST(memory_bytes_add_up) {
+  loom_profile *prof = builtin("h100-sxm");
+  const loom_stage_range whole = {.layer_begin = 0, .layer_end = GPT.layers, .first = true, .last = true};
+  loom_gpt_config cfg = GPT;
+  loom_gpt_config_finish(&cfg);
+  const double params = (double)loom_gpt_param_count(&cfg, &whole, 1);
+  const Loom__Precision fp32 = LOOM__PRECISION__PRECISION_FP32, bf16 = LOOM__PRECISION__PRECISION_BF16;
+  const double one = step_memory_bytes(prof, 1, fp32), two = step_memory_bytes(prof, 2, fp32);
+  const double activations = two - one;
+  ck_assert_msg(activations > 0.0, "a micro-batch moves bytes: %g", activations);
+  ck_assert_double_eq_tol(one - activations, 28.0 * params, 1e-9 * one);
+  const double one16 = step_memory_bytes(prof, 1, bf16), two16 = step_memory_bytes(prof, 2, bf16);
+  ck_assert_double_eq_tol(one16 - (two16 - one16), 30.0 * params, 1e-9 * one16);
+  ck_assert_msg(two16 - one16 < activations, "bf16 activations move fewer bytes: %g, fp32 %g", two16 - one16, activations);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* A trace's buffer counters reach, rank by rank and kind by kind, the
  * peaks the schedule's events give (what the memory model sizes), and end
  * with nothing held. */
@@ -466,6 +500,7 @@ int main(void) {
   tcase_add_test(tc, replay_waits_for_transfers);
   tcase_add_test(tc, pipeline_bubble_follows_theory);
   tcase_add_test(tc, links_follow_the_rank_order);
+  tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);

@@ -11,7 +11,9 @@
 #include "cli/flags.h"
 #include "cli/launch.h"
 #include "cli/plan_flags.h"
+#include "pipeline/measure.h"
 #include "pipeline/train_loop.h"
+#include "sim/cost.h"
 #include "core/check.h"
 #include "core/log.h"
 #include "core/sysinfo.h"
@@ -153,47 +155,114 @@ static void gemm_shapes(const loom_plan *plan) {
   free(meta);
 }
 
+/* The memory bandwidth the roofline holds the memory-bound passes to:
+ * STREAM's triad over arrays far larger than any cache. */
+static double triad_gbs(const char *when) {
+  const double gbs = loom_measure_memory_gbs((size_t)384 << 20, 1.0);
+  printf("memory %s (STREAM triad, 384 MiB, best of >= 1 s): %.1f GB/s\n", when, gbs);
+  return gbs;
+}
+
+/* This machine as a roofline in the cost model's terms: GEMMs (attention's
+ * products too, as one fused kernel) at the measured peaks whatever their
+ * shape, memory-bound passes at the measured triad, nothing per op. */
+static loom_profile *roofline_profile(const double peak[2], double gbs) {
+  char text[1024];
+  snprintf(text, sizeof text,
+           "name: \"roofline\" devices_per_node: 1 op_overhead_us: 0 "
+           "device { name: \"this CPU\" peak_tflops_fp32: %.9g peak_tflops_bf16: %.9g memory_bytes: %lld "
+           "memory_bandwidth_gbs: %.9g memory_efficiency: 1 attention_efficiency: 1 "
+           "gemm { dtype: PRECISION_FP32 max_efficiency: 1 half_dim: 0 } "
+           "gemm { dtype: PRECISION_BF16 max_efficiency: 1 half_dim: 0 } } "
+           "intra_node { bandwidth_gbs: %.9g latency_us: 0 efficiency: 1 topology: TOPOLOGY_SWITCH } "
+           "inter_node { bandwidth_gbs: %.9g latency_us: 0 efficiency: 1 topology: TOPOLOGY_SWITCH }",
+           peak[0] * 1e-3, peak[1] * 1e-3, (long long)loom_mem_available_bytes(), gbs, gbs, gbs);
+  loom_profile *prof = NULL;
+  loom_error err;
+  LOOM_CHECK(loom_profile_parse(text, strlen(text), "the roofline", &prof, &err) == LOOM_OK, "the roofline profile parses");
+  return prof;
+}
+
+/* A step's roofline on one rank: its GEMMs at the dtype's peak plus its
+ * memory-bound bytes at the triad (the cost model's FLOPs and bytes). */
+typedef struct {
+  double gemm_s, memory_s, bytes;
+} roofline;
+
+static roofline roofline_of(const loom_plan *plan, const double peak[2], double gbs) {
+  loom_profile *prof = roofline_profile(peak, gbs);
+  loom_sim_costs c;
+  loom_sim_costs_build(plan, prof, &c);
+  const double step = c.m * (c.forward[0] + c.backward[0]) + c.optimizer[0];
+  roofline r = {.bytes = c.memory_bytes[0], .memory_s = c.memory_bytes[0] / (gbs * 1e9)};
+  r.gemm_s = step - r.memory_s;
+  loom_sim_costs_free(&c);
+  loom_profile_free(prof);
+  return r;
+}
+
+static double best_of(double a, double b) { return a > b ? a : b; }
+
 /* Single-rank bench: each sequence length (--seq's, else 64 and 256) and
- * precision against that dtype's GEMM peak, the best of the peaks measured
- * before and after the steps (a share of a slower reading would pass 100%). */
+ * precision against that dtype's GEMM peak and against the step's roofline,
+ * each from the best of the figures measured before and after the steps (a
+ * share of a slower reading would pass 100%). */
 static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *err) {
   static const char *const PRECISIONS[] = {"fp32", "bf16"};
   const bool one_precision = loom_flags_find(table, BENCH_FLAG_COUNT, "--precision")->set;
-  printf("the step's fp32 GEMMs: %s\n", loom_cpu_gemm_name(loom_cpu_gemm_library()));
+  printf("the step's fp32 GEMMs: %s; its bf16 GEMMs: %s\n", loom_cpu_gemm_name(loom_cpu_gemm_library()),
+         loom_cpu_bf16_gemm_path_name(loom_cpu_bf16_gemm_path()));
   double before[2], after[2];
   gemm_peaks(before, "before");
+  const double gbs_before = triad_gbs("before");
   const int seqs[2] = {seq_flag(table) ? f->layout.model.seq : 64, 256}, nseqs = seq_flag(table) ? 1 : 2;
-  double gflops[2][2] = {{0.0, 0.0}, {0.0, 0.0}}; /* 0: not measured */
-  for (int i = 0; i < nseqs; i++) {
+  double seconds[2][2] = {{0.0, 0.0}, {0.0, 0.0}}; /* 0: not measured */
+  loom_plan *plans[2][2] = {{NULL, NULL}, {NULL, NULL}};
+  loom_status st = LOOM_OK;
+  for (int i = 0; i < nseqs && st == LOOM_OK; i++) {
     bool shown = false; /* the GEMM shapes of this length (both dtypes run them in fp32 here) */
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 2 && st == LOOM_OK; k++) {
       if (one_precision && strcmp(f->layout.precision, PRECISIONS[k]) != 0) continue;
       bench_flags fk = *f;
       fk.layout.precision = PRECISIONS[k];
-      loom_plan *plan;
-      loom_status st = plan_at(&fk, table, seqs[i], false, 1, &plan, err);
-      if (st == LOOM_OK && f->verbose && !shown) gemm_shapes(plan);
+      st = plan_at(&fk, table, seqs[i], false, 1, &plans[i][k], err);
+      if (st == LOOM_OK && f->verbose && !shown) gemm_shapes(plans[i][k]);
       shown = true;
-      const double dt = st == LOOM_OK ? time_steps(plan, &fk, NULL, &st, err, NULL) : 0.0;
-      char label[16];
-      snprintf(label, sizeof label, " %s", PRECISIONS[k]);
-      if (st == LOOM_OK) print_step(label, plan, dt, before[k]);
-      if (st == LOOM_OK) gflops[i][k] = step_gflops(plan, dt);
-      loom_plan_free(plan);
-      if (st != LOOM_OK) return st;
+      if (st == LOOM_OK) seconds[i][k] = time_steps(plans[i][k], &fk, NULL, &st, err, NULL);
     }
   }
-  gemm_peaks(after, "after");
-  printf("drift: fp32 %+.1f%%, bf16 %+.1f%%\n", 100.0 * (after[0] - before[0]) / before[0],
-         100.0 * (after[1] - before[1]) / before[1]);
-  printf("RESULT");
-  for (int i = 0; i < nseqs; i++)
-    for (int k = 0; k < 2; k++)
-      if (gflops[i][k] > 0)
-        printf(" seq%d_%s_peak_frac=%.3f", seqs[i], PRECISIONS[k],
-               gflops[i][k] / (after[k] > before[k] ? after[k] : before[k]));
-  printf("\n");
-  return LOOM_OK;
+  if (st == LOOM_OK) {
+    gemm_peaks(after, "after");
+    const double gbs = best_of(gbs_before, triad_gbs("after")), peak[2] = {best_of(before[0], after[0]), best_of(before[1], after[1])};
+    printf("drift: fp32 %+.1f%%, bf16 %+.1f%%\n", 100.0 * (after[0] - before[0]) / before[0],
+           100.0 * (after[1] - before[1]) / before[1]);
+    char results[512] = "";
+    for (int i = 0; i < nseqs; i++)
+      for (int k = 0; k < 2; k++) {
+        if (seconds[i][k] <= 0.0) continue;
+        const double dt = seconds[i][k];
+        char label[16];
+        snprintf(label, sizeof label, " %s", PRECISIONS[k]);
+        print_step(label, plans[i][k], dt, peak[k]);
+        const roofline r = roofline_of(plans[i][k], peak, gbs);
+        const double limit = r.gemm_s + r.memory_s;
+        printf("    roofline: GEMMs %.1f ms at %.1f GFLOP/s + memory-bound passes %.2f GB in %.1f ms at %.1f GB/s = %.1f ms;"
+               " the step takes %.2fx it, %.1f%% of the limit\n",
+               r.gemm_s * 1e3, peak[k], r.bytes * 1e-9, r.memory_s * 1e3, gbs, limit * 1e3, dt / limit, 100.0 * limit / dt);
+        const size_t used = strlen(results);
+        snprintf(results + used, sizeof results - used, " seq%d_%s_peak_frac=%.3f seq%d_%s_roofline_frac=%.3f", seqs[i],
+                 PRECISIONS[k], step_gflops(plans[i][k], dt) / peak[k], seqs[i], PRECISIONS[k], limit / dt);
+      }
+    if (seconds[nseqs - 1][0] > 0.0 && seconds[nseqs - 1][1] > 0.0) {
+      const size_t used = strlen(results);
+      snprintf(results + used, sizeof results - used, " seq%d_bf16_over_fp32=%.3f", seqs[nseqs - 1],
+               seconds[nseqs - 1][1] / seconds[nseqs - 1][0]);
+    }
+    printf("RESULT%s\n", results);
+  }
+  for (int i = 0; i < 2; i++)
+    for (int k = 0; k < 2; k++) loom_plan_free(plans[i][k]);
+  return st;
 }
 
 #ifdef LOOM_HAVE_CUDA

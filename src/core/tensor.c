@@ -68,19 +68,35 @@ static loom_memory_counts host_counts(const loom_allocator *mem) {
   return (loom_memory_counts){atomic_load(&g_host_in_use), atomic_load(&g_host_peak)};
 }
 static void host_reset_peak(const loom_allocator *mem) { atomic_store(&g_host_peak, atomic_load(&g_host_in_use)); }
+/* Large copies and fills split across the OpenMP threads: one core alone
+ * reaches a fraction of the memory bandwidth, and the others would wait. */
+enum { PARALLEL_BYTES = 1 << 20, PIECE = 1 << 18 };
+
 static void host_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
-  if (bytes) memmove(dst, src, bytes);
+  const char *s = src;
+  char *d = dst;
+  if (bytes < PARALLEL_BYTES || (d < s + bytes && s < d + bytes)) { /* small, or overlapping */
+    if (bytes) memmove(dst, src, bytes);
+    return;
+  }
+  const size_t pieces = (bytes + PIECE - 1) / PIECE;
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < pieces; i++) {
+    const size_t at = i * PIECE;
+    memcpy(d + at, s + at, bytes - at < PIECE ? bytes - at : PIECE);
+  }
 }
 static void host_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
                          size_t width, size_t rows) {
   for (size_t r = 0; r < rows; r++) memcpy((char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
 }
 static void host_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
-  if (pattern == 0) {
+  uint32_t *d = dst;
+  if (pattern == 0 && count * sizeof pattern < PARALLEL_BYTES) {
     memset(dst, 0, count * sizeof pattern);
     return;
   }
-  uint32_t *d = dst;
+#pragma omp parallel for simd schedule(static) if (count * sizeof pattern >= PARALLEL_BYTES)
   for (size_t i = 0; i < count; i++) d[i] = pattern;
 }
 static bool host_owns(const loom_allocator *mem, const void *p) { return true; }

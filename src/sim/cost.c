@@ -65,7 +65,14 @@ typedef struct {
 typedef struct {
   double compute, comm; /* seconds */
   double tp_bytes;      /* sent */
+  double bytes;         /* moved by its memory-bound ops */
 } pass;
+
+/* Memory-bound ops over `bytes`, read and written: their time, and the bytes. */
+static void stream(const layout *L, pass *x, double bytes) {
+  x->compute += loom_profile_memory_seconds(L->prof, bytes);
+  x->bytes += bytes;
+}
 
 static double gemm(const layout *L, double m, double n, double k, double batch) {
   return loom_profile_gemm_seconds(L->prof, L->precision, m, n, k, batch);
@@ -122,10 +129,11 @@ static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   if (!fused) bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
   bytes += (c->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * T * ffn * e;
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
-  const double memory = loom_profile_memory_seconds(L->prof, bytes);
   const double ops = 14.0;
-  f->compute += memory + ops * L->overhead;
-  g->compute += 2.0 * memory + 2.0 * ops * L->overhead;
+  stream(L, f, bytes);
+  stream(L, g, 2.0 * bytes);
+  f->compute += ops * L->overhead;
+  g->compute += 2.0 * ops * L->overhead;
   /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
    * SP also their entries forward and exits backward (all-gathers), which are identities without it. */
   for (int i = 0; i < 2; i++) {
@@ -141,18 +149,21 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
   const double h = c->hidden, T = L->tokens, e = L->e, vocab = (double)c->vocab / L->tp;
   if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP,
                     * whose backward all-gathers the grads) */
-    f->compute += loom_profile_memory_seconds(L->prof, 3.0 * T * h * e) + 2.0 * L->overhead;
-    const double grads = loom_profile_memory_seconds(L->prof, 3.0 * T * h * 4.0) + 2.0 * L->overhead;
-    g->compute += grads, w->compute += grads; /* all of it weight grads */
+    stream(L, f, 3.0 * T * h * e);
+    f->compute += 2.0 * L->overhead;
+    const double grad_bytes = 3.0 * T * h * 4.0; /* all of it weight grads */
+    stream(L, g, grad_bytes);
+    g->compute += 2.0 * L->overhead;
+    w->compute += loom_profile_memory_seconds(L->prof, grad_bytes) + 2.0 * L->overhead;
     tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
     if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER);
   }
   if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
-    f->compute += gemm(L, T, vocab, h, 1) + loom_profile_memory_seconds(L->prof, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0) +
-                  6.0 * L->overhead;
+    f->compute += gemm(L, T, vocab, h, 1) + 6.0 * L->overhead;
+    stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0);
     w->compute += gemm(L, T, vocab, h, 1);
-    g->compute += gemm_backward(L, T, vocab, h, 1) +
-                  loom_profile_memory_seconds(L->prof, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0) + 6.0 * L->overhead;
+    g->compute += gemm_backward(L, T, vocab, h, 1) + 6.0 * L->overhead;
+    stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0);
     if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER);
     tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
     for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * 4.0); /* max, sum, target logit */
@@ -192,7 +203,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
   c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
-  c->tp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p);
+  c->tp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
   c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
@@ -207,16 +218,20 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       const int stage = loom_plan_stage_index(plan, q, k);
       const loom_stage_range r = loom_plan_stage_range(plan, stage);
       const double layers = r.layer_end - r.layer_begin;
-      pass f = {layers * lf.compute, layers * lf.comm, layers * lf.tp_bytes};
-      pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes};
-      pass w = {layers * lw.compute, 0.0, 0.0};
+      pass f = {layers * lf.compute, layers * lf.comm, layers * lf.tp_bytes, layers * lf.bytes};
+      pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes, layers * lg.bytes};
+      pass w = {layers * lw.compute, 0.0, 0.0, 0.0};
       edge_costs(&L, &r, &f, &g, &w);
-      if (L.recompute) g.compute += layers * lf.compute, g.comm += layers * lf.comm, g.tp_bytes += layers * lf.tp_bytes;
+      if (L.recompute) {
+        g.compute += layers * lf.compute, g.comm += layers * lf.comm;
+        g.tp_bytes += layers * lf.tp_bytes, g.bytes += layers * lf.bytes;
+      }
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
       c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
       c->weight[i] = w.compute;
       c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
+      c->memory_bytes[q] += m * (f.bytes + g.bytes);
       const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
       int up_rank = -1, down_rank = -1, chunk;
       if (stage < p * v - 1) loom_stage_place(v_shape, p, stage + 1, &up_rank, &chunk);
@@ -248,6 +263,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
     const double per_param = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 30.0 : 28.0;
     const double shard = l->zero_stage >= 1 ? params / L.dp : params;
     c->optimizer[q] = loom_profile_memory_seconds(prof, per_param * shard) + 4.0 * L.overhead;
+    c->memory_bytes[q] += per_param * shard;
     /* Under sequence parallelism, before the step, the fp32 grads of the
      * parameters every tp rank holds alike are summed over tp: all of them,
      * or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
@@ -271,7 +287,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 
 void loom_sim_costs_free(loom_sim_costs *c) {
   double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->weight, c->dp, c->dp_exposed,
-                   c->optimizer, c->tp_bytes, c->p2p_bytes, c->dp_bytes};
+                   c->optimizer, c->tp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
   *c = (loom_sim_costs){0};
 }

@@ -35,6 +35,11 @@ typedef struct {
   /* Bytes one rank of each pipeline rank sends per step: tensor-parallel,
    * between stages, data-parallel; and the link each kind crosses. */
   double *tp_bytes, *p2p_bytes, *dp_bytes; /* [p] */
+  /* Bytes one rank of each pipeline rank moves per step in its memory-bound
+   * passes (norms, activations, residual adds, the loss's passes over the
+   * logits, the optimizer's over its state), read and written: what a
+   * roofline holds against memory bandwidth. [p] */
+  double *memory_bytes;
   loom_link_kind tp_link, p2p_link, dp_link;
 } loom_sim_costs;
 
