@@ -345,6 +345,16 @@ static void embedding(const op_backend *b, op_report *r) {
   ref->embedding_forward(ref, out.host, tokens, wte.host, vocab_start, rows, T, B, C);
   op->embedding_forward(op, out.dev, dtok, wte.dev, vocab_start, rows, T, B, C);
   expect(r, "embedding_forward (vocab rows 10..33)", &out, 0.0);
+  /* From a bf16 table: the same lookup of the bf16 values, exactly. */
+  uint16_t *bits = malloc((size_t)rows * C * sizeof *bits);
+  ref->to_bf16(ref, bits, wte.host, (size_t)rows * C);
+  uint16_t *dbits = op->mem->zalloc(op->mem, (size_t)rows * C * sizeof *bits);
+  op->mem->from_host(op->mem, dbits, bits, (size_t)rows * C * sizeof *bits);
+  ref->embedding_forward_bf16(ref, out.host, tokens, bits, vocab_start, rows, T, B, C);
+  op->embedding_forward_bf16(op, out.dev, dtok, dbits, vocab_start, rows, T, B, C);
+  expect(r, "embedding_forward_bf16", &out, 0.0);
+  free(bits);
+  op->mem->release(op->mem, dbits);
   ref->position_forward(ref, out.host, wpe.host, T, B, C, 2);
   op->position_forward(op, out.dev, wpe.dev, T, B, C, 2);
   expect(r, "position_forward (offset 2)", &out, 0.0);
@@ -483,7 +493,7 @@ const op_case OP_CASES[] = {
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
     {"embedding and positions", embedding,
-     {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward)}, 4},
+     {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward), AT(embedding_forward_bf16)}, 5},
     {"vocab-parallel loss pieces", loss,
      {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
       AT(log_shifted)}, 7},

@@ -138,6 +138,24 @@ START_TEST(cpu_backend_matches_reference) {
 }
 END_TEST
 
+/* A bf16 run's activations and scratch take much less than an fp32 run's
+ * at GPT-2-small's shape: the saved activations are bf16, the linears and
+ * the embedding read the bf16 weights in place (no fp32 copy of a layer's
+ * matrices or of the vocabulary table). What stays fp32: the norm
+ * statistics, the logits and the loss, one layer's working activations and
+ * the grads' scratch. */
+START_TEST(bf16_activations_are_smaller) {
+  loom_gpt_config cfg;
+  loom_gpt_config_preset(&cfg, "gpt2-small");
+  cfg.seq = 256;
+  const double fp32 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, false, 1, 0);
+  cfg.bf16 = true;
+  const double bf16 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, false, 1, 0);
+  ck_assert_msg(fp32 > 0.0 && bf16 <= 0.8 * fp32, "bf16 activations %.1f MiB against fp32's %.1f MiB", bf16 / 1048576.0,
+                fp32 / 1048576.0);
+}
+END_TEST
+
 /* GPT-2's init predicts near-uniformly in every family: the loss starts
  * within 0.05 of ln V. */
 START_TEST(initial_loss_is_log_vocab) {
@@ -288,6 +306,7 @@ int main(void) {
   tcase_add_loop_test(tc, gradients_match_finite_differences_with_dropout, 0, FAMILIES);
   tcase_add_loop_test(tc, cpu_backend_matches_reference, 0, FAMILIES);
   tcase_add_loop_test(tc, initial_loss_is_log_vocab, 0, FAMILIES);
+  tcase_add_test(tc, bf16_activations_are_smaller);
   tcase_add_loop_test(tc, overfits_one_batch, 0, FAMILIES);
   tcase_add_test(tc, init_is_keyed_by_name_and_index);
   tcase_add_test(tc, llama_names_and_shapes);

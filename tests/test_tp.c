@@ -252,8 +252,8 @@ static void vocab_parallel(bool sp) {
   float *wte = rnd(LVP * H, 8), *e = malloc(LN * H * sizeof(float)), *e_l = malloc(LN * H * sizeof(float));
   float *scratch = malloc(LN * H * sizeof(float)), *de = rnd(LN * H, 9);
   float *dwte = calloc(LVP * H, sizeof(float)), *dwte_l = calloc((size_t)mine.rows * H, sizeof(float));
-  loom_vocab_parallel_embedding_forward(one, ops, e, scratch, tokens, wte, all, LT, LB, H);
-  loom_vocab_parallel_embedding_forward(&tp, ops, e_l, scratch, tokens, wte + (size_t)mine.start * H, mine, LT, LB, H);
+  loom_vocab_parallel_embedding_forward(one, ops, e, scratch, tokens, loom_linear_fp32(wte), all, LT, LB, H);
+  loom_vocab_parallel_embedding_forward(&tp, ops, e_l, scratch, tokens, loom_linear_fp32(wte + (size_t)mine.start * H), mine, LT, LB, H);
   expect_nmse(e_l, e + (size_t)row0 * H, (size_t)n * H, 1e-12, "vocab-parallel embedding output");
   loom_vocab_parallel_embedding_backward(one, ops, dwte, de, scratch, tokens, all, LT, LB, H);
   loom_vocab_parallel_embedding_backward(&tp, ops, dwte_l, de + (size_t)row0 * H, scratch, tokens, mine, LT, LB, H);

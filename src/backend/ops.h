@@ -133,6 +133,9 @@ struct loom_ops {
                             int T, int B, int C);
   void (*embedding_backward)(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                              int T, int B, int C);
+  /* embedding_forward from a bf16 table (bf16 runs' weights, read in place), each value widened exactly. */
+  void (*embedding_forward_bf16)(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte, int vocab_start,
+                                 int rows, int T, int B, int C);
   /* out[t,b,:] += wpe[pos_offset + t] */
   void (*position_forward)(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset);
   void (*position_backward)(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset);

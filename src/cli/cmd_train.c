@@ -46,6 +46,8 @@ static loom_status open_data(const loom_train_flags *f, const loom_plan *plan, l
   return loom_dataset_open(data, &o, err);
 }
 
+static bool run_in_bf16(const loom_plan *plan) { return plan->precision == LOOM__PRECISION__PRECISION_BF16; }
+
 static void log_run(const loom_trainer *tr, const loom_train_flags *f, const char *device, double peak) {
   loom_gpt_config cfg;
   loom_plan_model_config(tr->plan, &cfg);
@@ -55,9 +57,9 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   if (*loom_gpt_config_architecture(&cfg, tr->ps.tp, arch, sizeof arch)) loom_log_info("architecture: %s", arch);
   if (tr->ps.world > 1) loom_train_describe(tr);
   loom_log_info("device: %s", device);
-  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | sgemm peak %.1f GFLOP/s",
+  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | %s GEMM peak %.1f GFLOP/s",
                 f->data ? f->data : "synthetic addition", tr->global_batch, tr->T, tr->micro_batch, f->steps,
-                loom_cpu_threads(), tr->ps.world, peak);
+                loom_cpu_threads(), tr->ps.world, run_in_bf16(tr->plan) ? "bf16" : "sgemm", peak);
   if (tr->data->describe) {
     char drawn[4096];
     tr->data->describe(tr->data, (int64_t)f->steps * tr->global_batch, drawn, sizeof drawn);
@@ -96,11 +98,12 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,
       .lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac, .warmup_steps = f->warmup, .total_steps = f->steps}};
-  /* Every rank measures at once, so the sum is this job's sgemm peak; BLAS
-   * is warm before the trainer notes the memory the process starts from. A
-   * rank that failed alone skips every collective from here: it exits, and
-   * the launcher ends the job with its message. */
-  double peak = st == LOOM_OK ? loom_cpu_sgemm_gflops(1024, 0.3) : 0.0;
+  /* Every rank measures at once, so the sum is this job's GEMM peak in the
+   * run's dtype (what "% peak" is a share of); BLAS is warm before the
+   * trainer notes the memory the process starts from. A rank that failed
+   * alone skips every collective from here: it exits, and the launcher ends
+   * the job with its message. */
+  double peak = st != LOOM_OK ? 0.0 : run_in_bf16(plan) ? loom_cpu_bf16_gemm_gflops(1024, 0.3) : loom_cpu_sgemm_gflops(1024, 0.3);
   if (st == LOOM_OK) loom_comm_allreduce_typed(world, &peak, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);

@@ -116,8 +116,10 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
   if (!d.bf16) return d;
   const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, edges = {.first = d.first, .last = d.last};
+  /* The vocabulary tables (the embedding, an untied head) are read as bits, never unpacked. */
+  const int64_t tables = (d.first || (d.last && !c->untied) ? 1 : 0) + (d.last && c->untied ? 1 : 0);
   d.weight_scratch = (c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0) +
-                     (int64_t)loom_gpt_param_count(c, &edges, tp);
+                     (int64_t)loom_gpt_param_count(c, &edges, tp) - tables * d.V * d.h;
   return d;
 }
 
@@ -363,9 +365,16 @@ static int next_edge_tensor(const loom_gpt *m, int k) {
   return k + 1 == first ? end : k + 1;
 }
 
+/* Whether tensor k is a vocabulary table (the embedding, an untied LM
+ * head): bf16 runs read those as the bf16 copy holds them. */
+static bool vocab_table(const loom_gpt *m, int k) {
+  return m->p.meta[k].role == LOOM_ROLE_WTE || m->p.meta[k].role == LOOM_ROLE_LM_HEAD;
+}
+
 /* Points the weight scratch's views: one layer's tensors (laid out as in the
- * parameter buffer), then the embedding's and head's, one after another in
- * table order (edge_weights unpacks them in that order). */
+ * parameter buffer), then the embedding's and head's but the vocabulary
+ * tables (whose views stay NULL), one after another in table order
+ * (edge_weights unpacks them in that order). */
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
   const loom_buffer *b = stored_layout(m);
@@ -382,8 +391,8 @@ static void bind_weights(loom_gpt *m) {
   }
   m->w.edges = at;
   for (int k = next_edge_tensor(m, -1); k < count; k = next_edge_tensor(m, k)) {
-    addr[k] = at;
-    at += loom_tensor_numel(&b->views[k]);
+    addr[k] = vocab_table(m, k) ? NULL : at;
+    if (addr[k]) at += loom_tensor_numel(&b->views[k]);
   }
   loom_gpt_bind_views(&m->p, 0, first, addr, &m->w.weights_of);
   loom_gpt_bind_views(&m->p, end, count, addr + end, &m->w.weights_of);
@@ -520,31 +529,31 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
 static void unpack(loom_gpt *m, float *dst, const loom_tensor *t) { m->ops->from_bf16(m->ops, dst, t->data, loom_tensor_numel(t)); }
 
 /* The embedding's and head's weights the stage computes with, as
- * layer_weights: in bf16 runs the final norm's unpacked, and the embedding's
- * tables too when `tables` (the lookup reads fp32 rows); the head reads its
- * bits in place (head_weight). */
-static loom_gpt_weights edge_weights(loom_gpt *m, bool tables) {
+ * layer_weights: in bf16 runs the final norm's unpacked, and the learned
+ * positions too when `positions`; the vocabulary tables are read as bits
+ * (vocab_weight). */
+static loom_gpt_weights edge_weights(loom_gpt *m, bool positions) {
   if (!m->p.cfg.bf16) return m->p.w;
   const loom_buffer *c = &m->p.compute;
   float *at = m->w.edges; /* where bind_weights put them */
   for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
-    if (tables || c->views[k].ndim == 1) unpack(m, at, &c->views[k]);
+    if (vocab_table(m, k)) continue;
+    if (positions || c->views[k].ndim == 1) unpack(m, at, &c->views[k]);
     at += loom_tensor_numel(&c->views[k]);
   }
   return m->w.weights_of;
 }
 
-/* The LM head's weight: w's view, or in bf16 runs the bits of the tensor
- * whose scratch that view is. */
-static loom_linear_weight head_weight(const loom_gpt *m, const loom_gpt_weights *w) {
-  if (!m->p.cfg.bf16) return loom_linear_fp32(w->lm_head);
+/* A vocabulary table: the embedding's (role LOOM_ROLE_WTE) or the LM head's
+ * (the embedding's when tied), as w's view or, in bf16 runs, as the bits of
+ * the bf16 copy. */
+static loom_linear_weight vocab_weight(const loom_gpt *m, const loom_gpt_weights *w, loom_param_role role) {
+  if (role == LOOM_ROLE_LM_HEAD && !m->p.cfg.untied) role = LOOM_ROLE_WTE;
+  if (!m->p.cfg.bf16) return loom_linear_fp32(role == LOOM_ROLE_WTE ? w->wte : w->lm_head);
   const loom_buffer *c = &m->p.compute;
-  const float *at = m->w.edges;
-  for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
-    if (at == w->lm_head) return (loom_linear_weight){.bf16 = c->views[k].data};
-    at += loom_tensor_numel(&c->views[k]);
-  }
-  LOOM_CHECK(false, "the LM head is one of the stage's tensors");
+  for (int k = 0; k < c->count; k++)
+    if (m->p.meta[k].role == role) return (loom_linear_weight){.bf16 = c->views[k].data};
+  LOOM_CHECK(false, "the stage holds its vocabulary table");
   return (loom_linear_weight){0};
 }
 
@@ -607,7 +616,8 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   const size_t nh = (size_t)local_T * B * h;
   const loom_gpt_weights w = edge_weights(m, true);
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
-  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, w.wte, vocab_range(m), T, B, h);
+  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, vocab_weight(m, &w, LOOM_ROLE_WTE),
+                                        vocab_range(m), T, B, h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
   if (w.wpe) m->ops->position_forward(m->ops, s->x0, w.wpe, local_T, B, h, pos_offset);
   to_bf16_values(m, s->x0, nh);
@@ -644,7 +654,8 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
   loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
   to_bf16_values(m, normed, (size_t)n * h);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, head_weight(m, &w), NULL, N, n, h, v.rows);
+  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), NULL,
+                               N, n, h, v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
                                            s->targets, v, N);
 }
@@ -658,8 +669,8 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
   to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f, head_weight(m, &w),
-                                N, n, h, v.rows);
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f,
+                                vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
   loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,

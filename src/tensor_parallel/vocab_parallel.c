@@ -14,9 +14,10 @@ loom_vocab_range loom_vocab_range_of(const loom_tp *tp, int vocab, int padded_vo
 }
 
 void loom_vocab_parallel_embedding_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *full,
-                                           const int *tokens, const float *wte, loom_vocab_range v, int T, int B,
+                                           const int *tokens, loom_linear_weight wte, loom_vocab_range v, int T, int B,
                                            int h) {
-  ops->embedding_forward(ops, full, tokens, wte, v.start, v.rows, T, B, h);
+  if (wte.bf16) ops->embedding_forward_bf16(ops, full, tokens, wte.bf16, v.start, v.rows, T, B, h);
+  else ops->embedding_forward(ops, full, tokens, wte.f32, v.start, v.rows, T, B, h);
   loom_tp_exit_forward(tp, ops, full, out, (size_t)loom_tp_local_rows(tp, T) * B * h);
 }
 

@@ -8,6 +8,7 @@
 #define LOOM_VOCAB_PARALLEL_H
 
 #include "backend/ops.h"
+#include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
 /* This rank's vocab range: rows [start, start + rows) of the padded table,
@@ -22,7 +23,7 @@ loom_vocab_range loom_vocab_range_of(const loom_tp *tp, int vocab, int padded_vo
  * 0), reduced over the group onto this rank's rows (n = T*B, or T*B/tp under
  * SP). full[T*B, h] is scratch (may alias out without SP). */
 void loom_vocab_parallel_embedding_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *full,
-                                           const int *tokens, const float *wte, loom_vocab_range v, int T, int B,
+                                           const int *tokens, loom_linear_weight wte, loom_vocab_range v, int T, int B,
                                            int h);
 /* dwte += grads of this rank's rows; dout[n, h]; dfull[T*B, h] scratch (may alias dout without SP). */
 void loom_vocab_parallel_embedding_backward(const loom_tp *tp, const loom_ops *ops, float *dwte, const float *dout,

@@ -387,6 +387,19 @@ static void cpu_embedding_forward(const loom_ops *be, float *out, const int *tok
   }
 }
 
+static void cpu_embedding_forward_bf16(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte,
+                                       int vocab_start, int rows, int T, int B, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
+  for (int i = 0; i < T * B; i++) {
+    float *o = out + (size_t)i * C;
+    const int row = tokens[i] - vocab_start;
+    const uint16_t *w = wte + (size_t)(row < 0 || row >= rows ? 0 : row) * C;
+    const bool mine = row >= 0 && row < rows;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = mine ? loom_bf16_value(w[c]) : 0.0f;
+  }
+}
+
 static void cpu_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                                    int T, int B, int C) {
   /* Tokens repeat, so threads split the feature dimension, never the rows. */
@@ -610,6 +623,7 @@ static const loom_ops CPU_OPS = {
     .attention_forward = cpu_attention_forward,
     .attention_backward = cpu_attention_backward,
     .embedding_forward = cpu_embedding_forward,
+    .embedding_forward_bf16 = cpu_embedding_forward_bf16,
     .embedding_backward = cpu_embedding_backward,
     .position_forward = cpu_position_forward,
     .position_backward = cpu_position_backward,

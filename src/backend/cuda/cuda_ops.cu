@@ -673,6 +673,14 @@ __global__ void embedding_forward_kernel(float *out, const int *tokens, const fl
   out[i] = tok >= vocab_start && tok < vocab_start + rows ? wte[(size_t)(tok - vocab_start) * C + c] : 0.0f;
 }
 
+__global__ void embedding_forward_bf16_kernel(float *out, const int *tokens, const uint16_t *wte, int vocab_start,
+                                              int rows, int N, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * C) return;
+  const int n = (int)(i / C), c = (int)(i % C), tok = tokens[n];
+  out[i] = tok >= vocab_start && tok < vocab_start + rows ? loom_bf16_value(wte[(size_t)(tok - vocab_start) * C + c]) : 0.0f;
+}
+
 __global__ void embedding_backward_kernel(float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                                           int N, int C) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -704,6 +712,13 @@ void cuda_embedding_forward(const loom_ops *be, float *out, const int *tokens, c
   embedding_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start, rows,
                                                                                    T * B, C);
   launched("embedding_forward");
+}
+void cuda_embedding_forward_bf16(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte, int vocab_start,
+                                 int rows, int T, int B, int C) {
+  Backend &g = ctx(be);
+  embedding_forward_bf16_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start,
+                                                                                        rows, T * B, C);
+  launched("embedding_forward_bf16");
 }
 void cuda_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T, int B,
                              int C) {
@@ -939,6 +954,7 @@ loom_ops make_ops() {
   o.attention_forward = cuda_attention_forward;
   o.attention_backward = cuda_attention_backward;
   o.embedding_forward = cuda_embedding_forward;
+  o.embedding_forward_bf16 = cuda_embedding_forward_bf16;
   o.embedding_backward = cuda_embedding_backward;
   o.position_forward = cuda_position_forward;
   o.position_backward = cuda_position_backward;
@@ -1005,6 +1021,7 @@ loom_ops make_synced_ops() {
   o.attention_forward = SYNCED(cuda_attention_forward);
   o.attention_backward = SYNCED(cuda_attention_backward);
   o.embedding_forward = SYNCED(cuda_embedding_forward);
+  o.embedding_forward_bf16 = SYNCED(cuda_embedding_forward_bf16);
   o.embedding_backward = SYNCED(cuda_embedding_backward);
   o.position_forward = SYNCED(cuda_position_forward);
   o.position_backward = SYNCED(cuda_position_backward);

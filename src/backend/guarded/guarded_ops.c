@@ -157,6 +157,10 @@ static void g_embedding_forward(const loom_ops *be, float *out, const int *token
                                 int B, int C) {
   CPU->embedding_forward(CPU, U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
 }
+static void g_embedding_forward_bf16(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte, int vocab_start,
+                                     int rows, int T, int B, int C) {
+  CPU->embedding_forward_bf16(CPU, U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
+}
 static void g_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T,
                                  int B, int C) {
   CPU->embedding_backward(CPU, U(dwte), U(dout), U(tokens), vocab_start, rows, T, B, C);
@@ -241,6 +245,7 @@ static const loom_ops GUARDED_OPS = {
     .attention_forward = g_attention_forward,
     .attention_backward = g_attention_backward,
     .embedding_forward = g_embedding_forward,
+    .embedding_forward_bf16 = g_embedding_forward_bf16,
     .embedding_backward = g_embedding_backward,
     .position_forward = g_position_forward,
     .position_backward = g_position_backward,

@@ -256,6 +256,14 @@ static void ref_embedding_forward(const loom_ops *be, float *out, const int *tok
       out[(size_t)i * C + c] = owned(tokens[i], vocab_start, rows) ? wte[(size_t)(tokens[i] - vocab_start) * C + c] : 0.0f;
 }
 
+static void ref_embedding_forward_bf16(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte,
+                                       int vocab_start, int rows, int T, int B, int C) {
+  for (int i = 0; i < T * B; i++)
+    for (int c = 0; c < C; c++)
+      out[(size_t)i * C + c] =
+          owned(tokens[i], vocab_start, rows) ? loom_bf16_value(wte[(size_t)(tokens[i] - vocab_start) * C + c]) : 0.0f;
+}
+
 static void ref_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows,
                                    int T, int B, int C) {
   for (int i = 0; i < T * B; i++)
@@ -448,6 +456,7 @@ static const loom_ops REF_OPS = {
     .attention_forward = ref_attention_forward,
     .attention_backward = ref_attention_backward,
     .embedding_forward = ref_embedding_forward,
+    .embedding_forward_bf16 = ref_embedding_forward_bf16,
     .embedding_backward = ref_embedding_backward,
     .position_forward = ref_position_forward,
     .position_backward = ref_position_backward,
