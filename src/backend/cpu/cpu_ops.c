@@ -248,6 +248,61 @@ static inline float keep_scale(const loom_dropout *d, const loom_attn_shape *s, 
                                                                             : 0.0f;
 }
 
+/* The rows of the attention ops' blocks are vectorised: keys 0..tq of query
+ * row tq are computed in branch-free loops (dropout's mask in a loop of its
+ * own, only when there is one), and the keys past tq, which the causal mask
+ * zeroes, are filled apart. */
+static bool dropping(const loom_dropout *d) { return d && d->p > 0.0f; }
+
+/* Row tq of a block: its scores pr[0..n) become the probabilities that
+ * multiply v (dropout's mask and scale applied, 0 past tq); returns the
+ * row's log-sum-exp. */
+static float softmax_row(float *pr, int tq, int n, const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
+  const int m = tq + 1;
+  float maxv = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : maxv)
+  for (int tk = 0; tk < m; tk++) maxv = pr[tk] > maxv ? pr[tk] : maxv;
+#pragma omp simd reduction(+ : sum)
+  for (int tk = 0; tk < m; tk++) {
+    pr[tk] = loom_fast_expf(pr[tk] - maxv);
+    sum += pr[tk];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int tk = 0; tk < m; tk++) pr[tk] *= inv;
+  if (dropping(drop))
+    for (int tk = 0; tk < m; tk++) pr[tk] *= keep_scale(drop, s, b, h, tq, tk);
+  if (n > m) memset(pr + m, 0, (size_t)(n - m) * sizeof(float));
+  return maxv + logf(sum);
+}
+
+/* Row tq of a backward block: its scores pr and dp = dout v^T become the
+ * probabilities that multiplied v (p rebuilt from the saved log-sum-exp,
+ * dropout's mask and scale applied) and dS = p (dp keep - delta) scale, 0
+ * past tq. */
+static void softmax_grad_row(float *pr, float *dpr, int tq, int n, float lse, float delta, float scale,
+                             const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
+  const int m = tq + 1;
+  if (!dropping(drop)) {
+#pragma omp simd
+    for (int tk = 0; tk < m; tk++) {
+      const float prob = loom_fast_expf(pr[tk] - lse);
+      pr[tk] = prob;
+      dpr[tk] = prob * (dpr[tk] - delta) * scale;
+    }
+  } else {
+    for (int tk = 0; tk < m; tk++) {
+      const float prob = loom_fast_expf(pr[tk] - lse), keep = keep_scale(drop, s, b, h, tq, tk);
+      pr[tk] = prob * keep;                              /* what multiplied v */
+      dpr[tk] = prob * (dpr[tk] * keep - delta) * scale; /* dS */
+    }
+  }
+  if (n > m) {
+    memset(pr + m, 0, (size_t)(n - m) * sizeof(float));
+    memset(dpr + m, 0, (size_t)(n - m) * sizeof(float));
+  }
+}
+
 /* Rows t of one head's k or v (stride `stride` floats in qkv) copied to a
  * packed [T, D] block and back: qkv's rows lie 3 x hidden x B floats apart,
  * a multiple of 4 KiB at GPT shapes, so reading them in place keeps
@@ -288,18 +343,8 @@ static void cpu_attention_forward(const loom_ops *be, float *out, float *lse, co
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
           const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, n = i0 + R; /* keys 0..n-1 reach its last row */
           loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, q + (size_t)i0 * D, D, k, D, 0.0f, p, n);
-          for (int r = 0; r < R; r++) {
-            const int tq = i0 + r;
-            float *pr = p + (size_t)r * n, maxv = -INFINITY, sum = 0.0f;
-            for (int tk = 0; tk <= tq; tk++) maxv = pr[tk] > maxv ? pr[tk] : maxv;
-            for (int tk = 0; tk <= tq; tk++) {
-              pr[tk] = loom_fast_expf(pr[tk] - maxv);
-              sum += pr[tk];
-            }
-            lse[((size_t)b * H + h) * T + tq] = maxv + logf(sum);
-            const float inv = 1.0f / sum;
-            for (int tk = 0; tk < n; tk++) pr[tk] = tk <= tq ? pr[tk] * inv * keep_scale(drop, s, b, h, tq, tk) : 0.0f;
-          }
+          for (int r = 0; r < R; r++)
+            lse[((size_t)b * H + h) * T + i0 + r] = softmax_row(p + (size_t)r * n, i0 + r, n, drop, s, b, h);
           loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, p, n, v, D, 0.0f, o + (size_t)i0 * D, D);
         }
         unpack_rows(out + (size_t)b * width + (size_t)h * D, row, o, T, D);
@@ -347,19 +392,9 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float 
             const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
             loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, qi, D, k, D, 0.0f, p, n);
             loom_cpu_sgemm_with(lib, false, true, R, n, D, 1.0f, dyi, D, v, D, 0.0f, dp, n);
-            for (int r = 0; r < R; r++) {
-              const int tq = i0 + r;
-              float *pr = p + (size_t)r * n, *dpr = dp + (size_t)r * n;
-              for (int tk = 0; tk < n; tk++) {
-                if (tk > tq) {
-                  pr[tk] = dpr[tk] = 0.0f;
-                  continue;
-                }
-                const float prob = loom_fast_expf(pr[tk] - l[tq]), keep = keep_scale(drop, s, b, h, tq, tk);
-                pr[tk] = prob * keep;                                  /* what multiplied v */
-                dpr[tk] = prob * (dpr[tk] * keep - delta[tq]) * scale; /* dS */
-              }
-            }
+            for (int r = 0; r < R; r++)
+              softmax_grad_row(p + (size_t)r * n, dp + (size_t)r * n, i0 + r, n, l[i0 + r], delta[i0 + r], scale, drop,
+                               s, b, h);
             loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, p, n, dyi, D, 1.0f, dv, D);
             loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, dp, n, qi, D, 1.0f, dk, D);
             loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, dp, n, k, D, 1.0f, dq + (size_t)i0 * D, D);
