@@ -166,7 +166,8 @@ static void expect_memory_as_modelled(const loom_trainer *tr) {
 
 /* Over `steps` steps, the bytes this rank's pipeline messages carried to
  * other ranks are what `loom sim` costs them at (both from one function,
- * loom_gpt_boundary_bytes), in fp32 and bf16 runs alike; and its
+ * loom_gpt_boundary_bytes), in fp32 and bf16 runs alike, a bf16 run's
+ * half its fp32 twin's (its messages travel as bf16); and its
  * tensor-parallel collectives moved (counted by the communicator as ring
  * algorithms move them) what the sim counts for wire_plan: the run's own
  * plan in fp32. The activations cross tp as fp32 in bf16 runs too, while
@@ -194,6 +195,9 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
     loom_sim_costs_free(&c);
     loom_sim_costs_build(wire_plan, prof, &c);
     tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
+    const double twin_p2p = steps * c.p2p_bytes[tr->ps.pp_rank];
+    ck_assert_msg(2.0 * simulated == twin_p2p, "rank %d: bf16 messages %.0f bytes, fp32's %.0f", g_world->rank, simulated,
+                  twin_p2p);
   }
   loom_sim_costs_free(&c);
   loom_profile_free(prof);

@@ -136,10 +136,17 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
  * boundary, [T/tp under sequence parallelism, B, hidden]: the size of
  * every pipeline message, for the executor, the memory model and the sim. */
 size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel);
-/* Bytes of one such message as the pipeline sends it: fp32 values, in
- * every precision (the executor, the sim's p2p cost and its byte counts). */
+/* 32-bit words of one such message as the pipeline sends it: fp32 values,
+ * or in bf16 runs bf16 ones, two to a word (what it holds are bf16 values,
+ * so nothing is lost), an odd count's last word padded. */
+static inline size_t loom_gpt_boundary_words(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
+  const size_t n = loom_gpt_boundary_floats(cfg, T, B, tp, sequence_parallel);
+  return cfg->bf16 ? loom_bf16_words(n) : n;
+}
+/* Its bytes: the executor's send buffers and traffic, the memory model's,
+ * the sim's p2p cost and byte counts. */
 static inline double loom_gpt_boundary_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
-  return 4.0 * (double)loom_gpt_boundary_floats(cfg, T, B, tp, sequence_parallel);
+  return 4.0 * (double)loom_gpt_boundary_words(cfg, T, B, tp, sequence_parallel);
 }
 /* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */

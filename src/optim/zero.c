@@ -166,7 +166,7 @@ loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, lo
   const float *w = z->master ? z->master + r->at : (const float *)p->params.base + r->lo;
   LOOM_CHECK(z->master || p->params.base, "gathering weights nobody holds");
   if (type == LOOM_DTYPE_BF16) {
-    z->mem->fill32(z->mem, send, 0, (shard + 1) / 2);
+    z->mem->fill32(z->mem, send, 0, loom_bf16_words(shard));
     ops->to_bf16(ops, send, w, len);
   } else {
     loom_mem_zero(z->mem, send, shard);
@@ -189,7 +189,7 @@ static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type,
     for (size_t off = 0; off < k->shard; off += R) {
       const size_t len = k->shard - off < R ? k->shard - off : R;
       const size_t mine = r->hi - r->lo > off ? (r->hi - r->lo - off < len ? r->hi - r->lo - off : len) : 0;
-      z->mem->fill32(z->mem, send, 0, type == LOOM_DTYPE_BF16 ? (len + 1) / 2 : len);
+      z->mem->fill32(z->mem, send, 0, type == LOOM_DTYPE_BF16 ? loom_bf16_words(len) : len);
       if (type == LOOM_DTYPE_BF16) ops->to_bf16(ops, (uint16_t *)send, w + off, mine);
       else z->mem->copy(z->mem, send, w + off, mine * sizeof(float));
       loom_comm_allgather_typed(dp, send, staging, len, type);
@@ -245,7 +245,7 @@ void loom_zero_publish(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const lo
   }
   LOOM_CHECK(padded_for(z, &p->compute, (size_t)loom_comm_size(dp)), "the distributed optimizer needs the bf16 weights padded");
   uint16_t *slice = (uint16_t *)z->slice; /* bf16 in transit: half of the fp32 slice is enough */
-  z->mem->fill32(z->mem, slice, 0, (z->shard + 1) / 2);
+  z->mem->fill32(z->mem, slice, 0, loom_bf16_words(z->shard));
   ops->to_bf16(ops, slice, z->master, mine);
   loom_comm_allgather_typed(dp, slice, compute, z->shard, LOOM_DTYPE_BF16);
 }

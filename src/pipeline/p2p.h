@@ -1,6 +1,9 @@
 /* Point-to-point transfers between pipeline stages: activations up, grads
  * down, each message one micro-batch's boundary activation
- * (loom_gpt_boundary_floats values).
+ * (loom_gpt_boundary_floats values), sent as fp32 or, in bf16 runs, as bf16
+ * (loom_gpt_boundary_words): packed into the send buffer on the way out,
+ * received into a staging buffer and widened into place (both exact: the
+ * values are bf16 ones).
  *
  * An outgoing message is copied into a send buffer of its own, so a slot is
  * never held by a send: with large messages MPI completes a send only once
@@ -11,14 +14,19 @@
 #define LOOM_P2P_H
 
 #include <stdbool.h>
+#include "backend/ops.h"
 #include "comm/comm.h"
 #include "core/tensor.h"
 #include "pipeline/buffer_pool.h"
 
 typedef struct {
   loom_comm *group;          /* the pipeline group */
-  const loom_allocator *mem; /* the backend's memory, where the buffers live */
+  const loom_ops *ops;        /* the backend: its memory holds the buffers, its casts pack bf16 messages */
+  const loom_allocator *mem; /* ops->mem */
   size_t floats;             /* values of one message */
+  bool bf16;                 /* messages travel as bf16 */
+  size_t words;              /* 32-bit words of one message */
+  uint16_t *staging;         /* bf16: where a message is received before it is widened */
   int v, p;                  /* chunks per rank, pipeline ranks (tags) */
   int m;                     /* micro-batches the map has room for */
   int n;                     /* send buffers */
@@ -28,8 +36,10 @@ typedef struct {
   int64_t bytes_sent;        /* to other ranks, counted as they leave: the measured traffic */
 } loom_p2p;
 
-/* n send buffers of `floats` values each, for m micro-batches over v chunks. */
-void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_allocator *mem, size_t floats, int p, int v, int m, int n);
+/* n send buffers of `floats` values each (fp32, or bf16 when bf16), for m
+ * micro-batches over v chunks. */
+void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v, int m,
+                   int n);
 /* Room in the map for m micro-batches (an evaluation's schedule); the buffers stay as they are. */
 void loom_p2p_widen(loom_p2p *x, int m);
 void loom_p2p_free(loom_p2p *x);

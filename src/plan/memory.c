@@ -149,8 +149,11 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, b
       (double)loom_gpt_activation_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute, slots[chunk], 0);
   out.bytes[LOOM_MEM_WEIGHT_GRAD_STATES] =
       (double)loom_gpt_weight_state_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute) * deferred[chunk];
-  if (chunk == 0) /* the rank's send buffers and its received grad */
-    out.bytes[LOOM_MEM_P2P] = (double)(sends + 1) * loom_gpt_boundary_bytes(&cfg, T, B, l->tp, l->sequence_parallel);
+  if (chunk == 0) { /* the rank's send buffers, the received grad (fp32), and in bf16 runs a message's staging */
+    const double message = loom_gpt_boundary_bytes(&cfg, T, B, l->tp, l->sequence_parallel);
+    out.bytes[LOOM_MEM_P2P] = (double)(sends + (cfg.bf16 ? 1 : 0)) * message +
+                              4.0 * (double)loom_gpt_boundary_floats(&cfg, T, B, l->tp, l->sequence_parallel);
+  }
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
   if (l->dp > 1 && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) out.bytes[LOOM_MEM_GRAD_REDUCE] = at_least_one(n, 2);
   if (l->dp > 1 && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
