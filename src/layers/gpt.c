@@ -517,8 +517,11 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
   const loom_tensor *t = &m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors];
   const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
   float *scratch = m->w.layer_w.ln_1_w;
-  for (int j = 0; j < m->p.block_tensors; j++)
-    if (t[j].ndim == 1) m->ops->from_bf16(m->ops, scratch + ((const uint16_t *)t[j].data - bits), t[j].data, loom_tensor_numel(&t[j]));
+  for (int j = 0; j < m->p.block_tensors; j++) {
+    if (t[j].ndim != 1) continue;
+    const uint16_t *at = t[j].data;
+    m->ops->from_bf16(m->ops, scratch + (at - bits), at, loom_tensor_numel(&t[j]));
+  }
   const loom_block_weights *v = &m->w.layer_w;
 #define BITS(view) ((loom_linear_weight){.bf16 = bits + (v->view - scratch)})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
