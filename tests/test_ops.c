@@ -582,6 +582,10 @@ START_TEST(bf16_gemm_paths_agree) {
       snprintf(what, sizeof what, "%s, beta %d", ROLE[r], beta);
       bf16_gemm_case(LOOM_BF16_GEMM_WIDEN, &s, A, B, c0, what);
       if (native) bf16_gemm_case(LOOM_BF16_GEMM_NATIVE, &s, A, B, c0, what);
+      if (native) { /* each shape's own implementation, as `bench step --verbose` names it */
+        loom_cpu_bf16_gemm_impl(&s, impl, sizeof impl);
+        ck_assert_msg(strstr(impl, "bf16") || strstr(impl, "amx"), "%s: oneDNN runs %s", what, impl);
+      }
       free(A);
       free(B);
     }

@@ -148,6 +148,11 @@ static void gemm_shapes(const loom_plan *plan) {
         if (path != LOOM_BF16_GEMM_NATIVE || loom_cpu_bf16_native_available())
           printf("  %s%s %6.1f", path == (int)bf16_runs ? "*" : " ", loom_cpu_bf16_gemm_path_name((loom_bf16_gemm_path)path),
                  loom_cpu_bf16_gemm_shape_gflops((loom_bf16_gemm_path)path, &g[r], 0.2));
+      if (loom_cpu_bf16_native_available()) { /* oneDNN picks its implementation shape by shape */
+        char impl[64];
+        loom_cpu_bf16_gemm_impl(&g[r], impl, sizeof impl);
+        printf(" (%s)", impl);
+      }
       printf("\n");
     }
   }

@@ -182,14 +182,24 @@ static void run_native(const loom_gemm_shape *s, loom_bf16_operand A, loom_bf16_
 }
 #endif
 
-void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len) {
+void loom_cpu_bf16_gemm_impl(const loom_gemm_shape *s, char *out, size_t len) {
 #ifdef LOOM_HAVE_ONEDNN
-  if (path == LOOM_BF16_GEMM_NATIVE && loom_cpu_bf16_native_available()) {
-    const loom_gemm_shape probe = {.M = 64, .N = 64, .K = 64};
-    snprintf(out, len, "oneDNN matmul %s", primitive_for(&probe)->impl);
+  if (loom_cpu_bf16_native_available()) {
+    snprintf(out, len, "%s", primitive_for(s)->impl);
     return;
   }
 #endif
+  snprintf(out, len, "not on this CPU");
+}
+
+void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len) {
+  if (path == LOOM_BF16_GEMM_NATIVE && loom_cpu_bf16_native_available()) {
+    const loom_gemm_shape probe = {.M = 64, .N = 64, .K = 64};
+    char impl[64];
+    loom_cpu_bf16_gemm_impl(&probe, impl, sizeof impl);
+    snprintf(out, len, "oneDNN matmul %s", impl);
+    return;
+  }
   if (path == LOOM_BF16_GEMM_NATIVE) snprintf(out, len, "native: not on this CPU");
   else snprintf(out, len, "widened to fp32, %s sgemm", loom_cpu_gemm_name(loom_cpu_gemm_library()));
 }

@@ -36,6 +36,10 @@ const char *loom_cpu_bf16_gemm_path_name(loom_bf16_gemm_path path);
  * matmul ("brg:avx512_core_amx_bf16", ...), or the widening and the fp32
  * GEMM library it feeds. */
 void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len);
+/* The implementation oneDNN runs shape s on along the native path
+ * ("brg:avx512_core_amx_bf16", ...; its primitive is made and kept), or
+ * what stands in for it where the native path cannot run. */
+void loom_cpu_bf16_gemm_impl(const loom_gemm_shape *s, char *out, size_t len);
 /* A bf16 GEMM operand: bf16 bits, or fp32 that holds bf16 values (a bf16
  * run's activations and their grads), set in exactly one of the two. Each
  * path converts what it must, exactly, in scratch of its own: the native
