@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/op_math.h"
 #include "op_parity.h"
 #include "test_util.h"
 
@@ -459,18 +460,33 @@ static void adamw(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 20001;
   mirror p = make(b, n, -1, 1), g = make(b, n, -1, 1), m = make(b, n, -0.1f, 0.1f), v = make(b, n, 0, 0.01f);
+  uint16_t *want16 = malloc(n * sizeof(uint16_t)), *dev16 = op->mem->zalloc(op->mem, n * sizeof(uint16_t));
   for (int step = 1; step <= 3; step++) {
     /* Step 2 clips: its grads count at 0.3 of their value, inside the update. */
     const loom_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
                                .grad_scale = step == 2 ? 0.3f : 1.0f, .step = step};
-    ref->adamw(ref, p.host, g.host, m.host, v.host, n, &a);
-    op->adamw(op, p.dev, g.dev, m.dev, v.dev, n, &a);
+    /* The last step also writes the bf16 copy, as a bf16 run's does. */
+    ref->adamw(ref, p.host, g.host, m.host, v.host, step == 3 ? want16 : NULL, n, &a);
+    op->adamw(op, p.dev, g.dev, m.dev, v.dev, step == 3 ? dev16 : NULL, n, &a);
   }
   expect(r, "adamw params (3 steps)", &p, b->fp32_nmse);
+  /* The copy is the bf16 rounding of the params it wrote: exactly where they agree bit for bit. */
+  float *params = malloc(n * sizeof(float));
+  uint16_t *got16 = malloc(n * sizeof(uint16_t));
+  op->mem->to_host(op->mem, params, p.dev, n * sizeof(float));
+  op->mem->to_host(op->mem, got16, dev16, n * sizeof(uint16_t));
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) off += got16[i] != loom_bf16_round(params[i]);
+  r->checks++;
+  if (off) failed(r, "%s: %g of %g values are not its params rounded", "adamw's bf16 copy", (double)off, (double)n);
+  free(params);
+  free(got16);
   expect(r, "adamw m", &m, b->fp32_nmse);
   expect(r, "adamw v", &v, b->fp32_nmse);
   mirror *all[] = {&p, &g, &m, &v};
   drop_all(all, sizeof all / sizeof *all);
+  free(want16);
+  op->mem->release(op->mem, dev16);
 }
 
 #define AT(op) offsetof(loom_ops, op)

@@ -365,7 +365,7 @@ START_TEST(adamw) {
   /* First step moves each parameter by lr * (sign(g) + wd * p), Adam's hallmark. */
   float p = 0.5f, m = 0.0f, v = 0.0f, grad = -3.0f;
   const loom_adamw_args a1 = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 0.0f, .weight_decay = 0.1f, .grad_scale = 1.0f, .step = 1};
-  ref->adamw(ref, &p, &grad, &m, &v, 1, &a1);
+  ref->adamw(ref, &p, &grad, &m, &v, NULL, 1, &a1);
   ck_assert_double_eq_tol(p, 0.5 - 0.1 * (-1.0 + 0.1 * 0.5), 1e-6);
 }
 END_TEST

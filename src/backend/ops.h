@@ -218,8 +218,10 @@ struct loom_ops {
   void (*matmul_backward_bf16)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                const float *inp, const uint16_t *weight, int N, int C, int OC);
 
-  /* AdamW with decoupled weight decay, over n elements. */
-  void (*adamw)(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
+  /* AdamW with decoupled weight decay, over n elements. compute (NULL: none)
+   * gets each updated parameter rounded to bf16 in the same pass: a bf16
+   * run's compute copy, as to_bf16 would write it. */
+  void (*adamw)(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n,
                 const loom_adamw_args *args);
 };
 

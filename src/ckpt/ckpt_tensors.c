@@ -94,6 +94,7 @@ int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, boo
 int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out) {
   int count = 0;
   loom_shard_tensor pieces[LOOM_SHARD_MAX_PARTS];
+  for (int c = 0; c < n; c++) chunks[c].p->compute_fresh = false; /* the params are about to change: round them anew */
   for (int c = 0; c < n; c++)
     for (int kind = PARAM; kind <= ADAM_V; kind++)
       for (int k = 0; k < chunks[c].p->params.count; k++)

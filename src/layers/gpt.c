@@ -497,8 +497,11 @@ static void to_bf16_values(const loom_gpt *m, float *x, size_t n) {
 /* ---- bf16 runs: compute weights and packed activations ---- */
 
 void loom_gpt_sync_compute_weights(loom_gpt *m) {
-  /* Under the distributed optimizer there is no whole master here: the optimizer publishes the compute copy. */
-  if (m->p.cfg.bf16 && loom_gpt_params_have_master(&m->p))
+  /* Under the distributed optimizer there is no whole master here: the optimizer publishes the compute copy.
+   * Right after a plain AdamW step it is current too: the step wrote it. */
+  const bool fresh = m->p.compute_fresh;
+  m->p.compute_fresh = false;
+  if (m->p.cfg.bf16 && loom_gpt_params_have_master(&m->p) && !fresh)
     m->ops->to_bf16(m->ops, m->p.compute.base, m->p.params.base, m->p.params.numel);
 }
 

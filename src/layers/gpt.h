@@ -197,9 +197,11 @@ void loom_gpt_zero_grad(loom_gpt *m);
  * parameter buffers (params, grads and the bf16 copy share one layout). */
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi);
 /* bf16 runs: rounds the fp32 master weights into the bf16 copy the model
- * computes with (a no-op in fp32, and under the distributed optimizer, whose
- * all-gather writes that copy). Call after the master weights change and
- * before the next forward: the runtime does at each step and evaluation. */
+ * computes with (a no-op in fp32, under the distributed optimizer, whose
+ * all-gather writes that copy, and right after a plain AdamW step, which
+ * wrote it as it stepped: p.compute_fresh). Call after the master weights
+ * change and before the next forward: the runtime does at each step and
+ * evaluation. */
 void loom_gpt_sync_compute_weights(loom_gpt *m);
 /* Greedy next-token prediction for every row of slot 0's last forward, over
  * the whole vocab even when it is split across the TP group (collective

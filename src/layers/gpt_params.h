@@ -105,6 +105,8 @@ typedef struct {
   loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */
   loom_buffer compute;    /* bf16 runs: the weights the model computes with, params rounded to bf16 (else empty) */
+  bool compute_fresh;     /* AdamW's last step wrote compute as it stepped params: the next sync has nothing to do
+                           * (a checkpoint or model load clears it) */
   loom_param_meta *meta;  /* [params.count] */
   loom_gpt_weights w, g;  /* named views into params and grads */
 } loom_gpt_params;

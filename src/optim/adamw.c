@@ -57,12 +57,15 @@ float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm) {
 void loom_adamw_step(loom_adamw *opt, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {
   const float clip = loom_adamw_clip_scale(&opt->cfg, grad_norm); /* applied inside the update: no pass of its own */
   opt->step++;
+  /* A bf16 run's compute copy is written in the same pass, so no later pass rereads the params to round them. */
+  const bool publish = p->cfg.bf16 && loom_gpt_params_have_master(p);
   for (int i = 0; i < p->params.count; i++) {
     const loom_adamw_args args = {.lr = lr, .beta1 = opt->cfg.beta1, .beta2 = opt->cfg.beta2,
                                   .eps = opt->cfg.eps,
                                   .weight_decay = p->meta[i].weight_decay ? opt->cfg.weight_decay : 0.0f,
                                   .grad_scale = clip, .step = opt->step};
-    ops->adamw(ops, p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data,
-               opt->v.views[i].data, loom_tensor_numel(&p->params.views[i]), &args);
+    ops->adamw(ops, p->params.views[i].data, p->grads.views[i].data, opt->m.views[i].data, opt->v.views[i].data,
+               publish ? p->compute.views[i].data : NULL, loom_tensor_numel(&p->params.views[i]), &args);
   }
+  p->compute_fresh = publish;
 }

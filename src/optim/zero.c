@@ -210,7 +210,7 @@ void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm
     const loom_adamw_args args = {.lr = lr, .beta1 = z->cfg.beta1, .beta2 = z->cfg.beta2, .eps = z->cfg.eps,
                                   .weight_decay = p->meta[pt->k].weight_decay ? z->cfg.weight_decay : 0.0f,
                                   .grad_scale = clip, .step = z->step};
-    ops->adamw(ops, weights_of(z, p, pt), grads_of(z, p, pt), z->m + pt->at, z->v + pt->at, pt->len, &args);
+    ops->adamw(ops, weights_of(z, p, pt), grads_of(z, p, pt), z->m + pt->at, z->v + pt->at, NULL, pt->len, &args);
   }
   if (z->stage == 3) return; /* gathered before each use */
   if (z->master) {

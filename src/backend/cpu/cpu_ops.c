@@ -624,20 +624,29 @@ static void cpu_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dwe
   if (dbias) cpu_bias_backward(be, dbias, dout, N, OC);
 }
 
-static void cpu_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
-                      const loom_adamw_args *a) {
+/* One AdamW update of element i (the loop bodies below share it). */
+static inline float adamw_update(float *param, const float *grad, float *m, float *v, size_t i, float b1, float b2,
+                                 float lr, float wd, float eps, float gs, float c1, float c2) {
+  const float g = grad[i] * gs;
+  const float mi = b1 * m[i] + (1.0f - b1) * g;
+  const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+  m[i] = mi;
+  v[i] = vi;
+  return param[i] -= lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * param[i]);
+}
+
+static void cpu_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute,
+                      size_t n, const loom_adamw_args *a) {
   const float b1 = a->beta1, b2 = a->beta2, lr = a->lr, wd = a->weight_decay, eps = a->eps, gs = a->grad_scale;
   const float c1 = 1.0f / (float)(1.0 - pow(a->beta1, a->step));
   const float c2 = 1.0f / (float)(1.0 - pow(a->beta2, a->step));
+  if (!compute) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
-  for (size_t i = 0; i < n; i++) {
-    const float g = grad[i] * gs;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    param[i] -= lr * (mi * c1 / (sqrtf(vi * c2) + eps) + wd * param[i]);
+    for (size_t i = 0; i < n; i++) adamw_update(param, grad, m, v, i, b1, b2, lr, wd, eps, gs, c1, c2);
+    return;
   }
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
+  for (size_t i = 0; i < n; i++) compute[i] = loom_bf16_round(adamw_update(param, grad, m, v, i, b1, b2, lr, wd, eps, gs, c1, c2));
 }
 
 static const loom_ops CPU_OPS = {

@@ -843,8 +843,8 @@ void cuda_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n
 
 // ---- AdamW on fp32 master weights -----------------------------------------------------
 
-__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n, float lr, float beta1,
-                             float beta2, float eps, float wd, float c1, float c2, float gs) {
+__global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n, float lr,
+                             float beta1, float beta2, float eps, float wd, float c1, float c2, float gs) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float gi = grad[i] * gs;
@@ -852,13 +852,15 @@ __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v
   m[i] = mi;
   v[i] = vi;
   param[i] -= lr * ((mi / c1) / (sqrtf(vi / c2) + eps) + wd * param[i]);
+  if (compute) compute[i] = loom_bf16_round(param[i]);
 }
 
-void cuda_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *a) {
+void cuda_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n,
+                const loom_adamw_args *a) {
   Backend &g = ctx(be);
   if (!n) return;
   const float c1 = (float)(1.0 - pow(a->beta1, a->step)), c2 = (float)(1.0 - pow(a->beta2, a->step));
-  adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, n, a->lr, a->beta1, a->beta2, a->eps,
+  adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, compute, n, a->lr, a->beta1, a->beta2, a->eps,
                                                         a->weight_decay, c1, c2, a->grad_scale);
   launched("adamw");
 }

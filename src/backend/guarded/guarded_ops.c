@@ -223,8 +223,9 @@ static void g_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweig
                                    const float *inp, const uint16_t *weight, int N, int C, int OC) {
   CPU->matmul_backward_bf16(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
 }
-static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n, const loom_adamw_args *args) {
-  CPU->adamw(CPU, U(param), U(grad), U(m), U(v), n, args);
+static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n,
+                    const loom_adamw_args *args) {
+  CPU->adamw(CPU, U(param), U(grad), U(m), U(v), U(compute), n, args);
 }
 
 static const loom_ops GUARDED_OPS = {

@@ -426,8 +426,8 @@ static void ref_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dwe
   free(w);
 }
 
-static void ref_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, size_t n,
-                      const loom_adamw_args *a) {
+static void ref_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute,
+                      size_t n, const loom_adamw_args *a) {
   const double c1 = 1.0 - pow(a->beta1, a->step), c2 = 1.0 - pow(a->beta2, a->step);
   for (size_t i = 0; i < n; i++) {
     const float g = grad[i] * a->grad_scale;
@@ -435,6 +435,7 @@ static void ref_adamw(const loom_ops *be, float *param, const float *grad, float
     v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * g * g;
     const double mhat = m[i] / c1, vhat = v[i] / c2;
     param[i] -= (float)(a->lr * (mhat / (sqrt(vhat) + a->eps) + a->weight_decay * param[i]));
+    if (compute) compute[i] = loom_bf16_round(param[i]);
   }
 }
 
