@@ -25,6 +25,12 @@ static void to_bf16_values(const loom_block_shape *shape, const loom_ops *ops, f
   if (shape->bf16) ops->round_bf16(ops, x, n);
 }
 
+/* The same after an op that may have changed nothing (RoPE without
+ * rotary positions, dropout at p 0): x then holds bf16 values already. */
+static void to_bf16_values_if(bool changed, const loom_block_shape *shape, const loom_ops *ops, float *x, size_t n) {
+  if (changed) to_bf16_values(shape, ops, x, n);
+}
+
 void loom_norm_forward(const loom_ops *ops, loom_norm_kind kind, float eps, float *out, float *mean, float *rstd,
                        const float *x, const float *w, const float *b, int n, int h) {
   if (kind == LOOM_NORM_RMSNORM) ops->rmsnorm_forward(ops, out, rstd, x, w, n, h, eps);
@@ -78,13 +84,13 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn, w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   rope(shape, ops, a->qkv, false);
-  to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
+  to_bf16_values_if(shape->rope_theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
   ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj, w->v->attn_proj_b, N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_attn);
-  to_bf16_values(shape, ops, branch, nh);
+  to_bf16_values_if(d_attn.p > 0.0f, shape, ops, branch, nh);
   ops->add(ops, a->res_attn, x, branch, nh);
   to_bf16_values(shape, ops, a->res_attn, nh);
 
@@ -100,7 +106,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj, w->v->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
-  to_bf16_values(shape, ops, branch, nh);
+  to_bf16_values_if(d_mlp.p > 0.0f, shape, ops, branch, nh);
   ops->add(ops, a->out, a->res_attn, branch, nh);
   to_bf16_values(shape, ops, a->out, nh);
 }
@@ -183,7 +189,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
   to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
   rope(shape, ops, ws->d_qkv, true);
-  to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+  to_bf16_values_if(shape->rope_theta > 0.0f, shape, ops, ws->d_qkv, (size_t)N * qkv);
   qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->v->ln_1_w, a->ln_1_mean, a->ln_1_rstd,

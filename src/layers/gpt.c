@@ -630,7 +630,7 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_forward(m->ops, s->x0, local_T, B, h, &d_embed);
-  to_bf16_values(m, s->x0, nh);
+  if (d_embed.p > 0.0f) to_bf16_values(m, s->x0, nh); /* at p 0 it changed nothing */
 }
 
 /* The embedding's grads (all weight grads) from dres, the grad of its output. */
@@ -639,7 +639,7 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_backward(m->ops, dres, local_T, B, h, &d_embed);
-  to_bf16_values(m, dres, (size_t)local_T * B * h);
+  if (d_embed.p > 0.0f) to_bf16_values(m, dres, (size_t)local_T * B * h);
   const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
   if (m->p.g.wpe) m->ops->position_backward(m->ops, m->p.g.wpe, dres, local_T, B, h, pos_offset);
   float *dfull = m->tp.sequence_parallel ? m->w.embed_full : dres;
