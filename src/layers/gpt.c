@@ -117,9 +117,8 @@ static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
   if (!d.bf16) return d;
   const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, edges = {.first = d.first, .last = d.last};
   /* The vocabulary tables (the embedding, an untied head) are read as bits, never unpacked. */
-  const int64_t tables = (d.first || (d.last && !c->untied) ? 1 : 0) + (d.last && c->untied ? 1 : 0);
   d.weight_scratch = (c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0) +
-                     (int64_t)loom_gpt_param_count(c, &edges, tp) - tables * d.V * d.h;
+                     (int64_t)loom_gpt_param_count(c, &edges, tp) - (int64_t)loom_gpt_vocab_param_count(c, &edges, tp);
   return d;
 }
 
@@ -365,12 +364,6 @@ static int next_edge_tensor(const loom_gpt *m, int k) {
   return k + 1 == first ? end : k + 1;
 }
 
-/* Whether tensor k is a vocabulary table (the embedding, an untied LM
- * head): bf16 runs read those as the bf16 copy holds them. */
-static bool vocab_table(const loom_gpt *m, int k) {
-  return m->p.meta[k].role == LOOM_ROLE_WTE || m->p.meta[k].role == LOOM_ROLE_LM_HEAD;
-}
-
 /* Points the weight scratch's views: one layer's tensors (laid out as in the
  * parameter buffer), then the embedding's and head's but the vocabulary
  * tables (whose views stay NULL), one after another in table order
@@ -391,7 +384,7 @@ static void bind_weights(loom_gpt *m) {
   }
   m->w.edges = at;
   for (int k = next_edge_tensor(m, -1); k < count; k = next_edge_tensor(m, k)) {
-    addr[k] = vocab_table(m, k) ? NULL : at;
+    addr[k] = loom_param_is_vocab_table(&m->p.meta[k]) ? NULL : at;
     if (addr[k]) at += loom_tensor_numel(&b->views[k]);
   }
   loom_gpt_bind_views(&m->p, 0, first, addr, &m->w.weights_of);
@@ -543,7 +536,7 @@ static loom_gpt_weights edge_weights(loom_gpt *m, bool positions) {
   const loom_buffer *c = &m->p.compute;
   float *at = m->w.edges; /* where bind_weights put them */
   for (int k = next_edge_tensor(m, -1); k < c->count; k = next_edge_tensor(m, k)) {
-    if (vocab_table(m, k)) continue;
+    if (loom_param_is_vocab_table(&m->p.meta[k])) continue;
     if (positions || c->views[k].ndim == 1) unpack(m, at, &c->views[k]);
     at += loom_tensor_numel(&c->views[k]);
   }

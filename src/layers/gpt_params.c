@@ -435,14 +435,19 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
 
 /* Elements of the table of one range, walked tensor by tensor. */
 /* Values of one TP rank's tensors of a stage; only the TP-replicated ones if asked. */
-static size_t table_count(const loom_gpt_config *c, const loom_stage_range *range, int tp_size, bool replicated) {
+/* Which tensors a count takes. */
+typedef bool (*count_filter)(const loom_param_meta *m);
+static bool every_tensor(const loom_param_meta *m) { return true; }
+static bool tp_replicated(const loom_param_meta *m) { return m->tp_replicated; }
+
+static size_t table_count(const loom_gpt_config *c, const loom_stage_range *range, int tp_size, count_filter keep) {
   const int n = loom_gpt_param_table(c, range, 0, tp_size, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
   loom_gpt_param_table(c, range, 0, tp_size, specs, meta);
   size_t total = 0;
   for (int k = 0; k < n; k++)
-    if (!replicated || meta[k].tp_replicated) total += loom_tensor_numel(&specs[k]);
+    if (keep(&meta[k])) total += loom_tensor_numel(&specs[k]);
   free(specs);
   free(meta);
   return total;
@@ -460,7 +465,7 @@ typedef struct {
 } count_memo;
 static count_memo g_memo[4096]; /* a hash table: one entry per slot, the newest wins */
 
-static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size, bool replicated);
+static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size, count_filter keep);
 
 static uint64_t fnv(uint64_t h, const void *data, size_t n) {
   const unsigned char *b = data;
@@ -480,22 +485,27 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
   if (m->used && m->tp == tp_size && memcmp(&m->range, &r, sizeof r) == 0 && memcmp(&m->cfg, cfg, sizeof *cfg) == 0)
     return m->count;
   memcpy(&m->cfg, cfg, sizeof *cfg);
-  m->range = r, m->tp = tp_size, m->count = uncached_count(cfg, &r, tp_size, false), m->used = true;
+  m->range = r, m->tp = tp_size, m->count = uncached_count(cfg, &r, tp_size, every_tensor), m->used = true;
   return m->count;
 }
 
 size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
   const loom_stage_range whole = loom_stage_whole(cfg);
-  return uncached_count(cfg, range ? range : &whole, tp_size, true);
+  return uncached_count(cfg, range ? range : &whole, tp_size, tp_replicated);
 }
 
-static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size, bool replicated) {
+size_t loom_gpt_vocab_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
+  const loom_stage_range whole = loom_stage_whole(cfg);
+  return uncached_count(cfg, range ? range : &whole, tp_size, loom_param_is_vocab_table);
+}
+
+static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size, count_filter keep) {
   /* A config already padded for this split (or more) is counted as it is. */
   const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
   loom_stage_range edges, one;
   const int layers = loom_stage_range_parts(range, &edges, &one);
-  if (layers <= 1) return table_count(&c, range, tp_size, replicated);
-  return table_count(&c, &edges, tp_size, replicated) + (size_t)layers * table_count(&c, &one, tp_size, replicated);
+  if (layers <= 1) return table_count(&c, range, tp_size, keep);
+  return table_count(&c, &edges, tp_size, keep) + (size_t)layers * table_count(&c, &one, tp_size, keep);
 }
 
 /* Copies tensor k between rank `rank`'s shard (local) and the whole model's

@@ -204,6 +204,13 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
  * row-parallel biases), whose grads sequence parallelism sums over the TP
  * group each step (loom_gpt_sum_replicated_grad). */
 size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+/* Whether a tensor is a vocabulary table: the embedding, or an untied LM head. */
+static inline bool loom_param_is_vocab_table(const loom_param_meta *m) {
+  return m->role == LOOM_ROLE_WTE || m->role == LOOM_ROLE_LM_HEAD;
+}
+/* Of the stage's elements, those of its vocabulary tables (bf16 runs read
+ * them as the bf16 copy holds them, with no fp32 scratch). */
+size_t loom_gpt_vocab_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
 /* Whether the stage holds the second copy of the tied wte (the last stage
  * when it is not also the first): its grads are left out of the norm, and it
  * is neither saved nor counted twice. The one source of tied ownership. */

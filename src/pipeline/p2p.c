@@ -8,12 +8,12 @@ static int key_of(const loom_p2p *x, bool grad, int chunk, int mb) { return ((gr
 
 void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v, int m,
                    int n) {
-  *x = (loom_p2p){.group = group, .ops = ops, .mem = ops->mem, .floats = floats, .bf16 = bf16, .p = p, .v = v, .n = n,
+  *x = (loom_p2p){.group = group, .ops = ops, .floats = floats, .bf16 = bf16, .p = p, .v = v, .n = n,
                   .words = bf16 ? loom_bf16_words(floats) : floats};
   x->buf = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *x->buf, "send buffers");
   x->req = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->req, "send buffers");
-  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(x->mem, x->words * sizeof(float), "send buffer");
-  if (bf16) x->staging = loom_xzalloc(x->mem, x->words * sizeof(float), "receive buffer");
+  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(x->ops->mem, x->words * sizeof(float), "send buffer");
+  if (bf16 && p > 1) x->staging = loom_xzalloc(x->ops->mem, x->words * sizeof(float), "receive buffer");
   x->m = m;
   loom_pool_init(&x->pool, 1, &x->n, 2 * v * m);
 }
@@ -27,9 +27,9 @@ void loom_p2p_widen(loom_p2p *x, int m) {
 void loom_p2p_free(loom_p2p *x) {
   for (int i = 0; i < x->n; i++) {
     if (x->req[i]) loom_comm_wait(x->group, x->req[i]);
-    x->mem->release(x->mem, x->buf[i]);
+    x->ops->mem->release(x->ops->mem, x->buf[i]);
   }
-  if (x->staging) x->mem->release(x->mem, x->staging);
+  if (x->staging) x->ops->mem->release(x->ops->mem, x->staging);
   free(x->buf);
   free(x->req);
   loom_pool_free(&x->pool);
@@ -58,7 +58,7 @@ void loom_p2p_release(loom_p2p *x, bool grad, int chunk, int mb) {
 void loom_p2p_send(loom_p2p *x, bool grad, int chunk, int mb, const float *data, int peer, int dst_stage) {
   const int k = loom_pool_held(&x->pool, 0, key_of(x, grad, chunk, mb));
   if (x->bf16) x->ops->to_bf16(x->ops, (uint16_t *)x->buf[k], data, x->floats);
-  else x->mem->copy(x->mem, x->buf[k], data, x->floats * sizeof(float));
+  else x->ops->mem->copy(x->ops->mem, x->buf[k], data, x->floats * sizeof(float));
   x->req[k] = loom_comm_isend(x->group, x->buf[k], x->words, peer, loom_p2p_tag(x, mb, dst_stage, grad));
   if (peer != loom_comm_rank(x->group)) x->bytes_sent += (int64_t)(x->words * sizeof(float)); /* what leaves the rank */
 }

@@ -21,12 +21,11 @@
 
 typedef struct {
   loom_comm *group;          /* the pipeline group */
-  const loom_ops *ops;        /* the backend: its memory holds the buffers, its casts pack bf16 messages */
-  const loom_allocator *mem; /* ops->mem */
+  const loom_ops *ops;       /* the backend: its memory holds the buffers, its casts pack bf16 messages */
   size_t floats;             /* values of one message */
   bool bf16;                 /* messages travel as bf16 */
   size_t words;              /* 32-bit words of one message */
-  uint16_t *staging;         /* bf16: where a message is received before it is widened */
+  uint16_t *staging;         /* bf16 with stages to receive from: where a message lands before it is widened */
   int v, p;                  /* chunks per rank, pipeline ranks (tags) */
   int m;                     /* micro-batches the map has room for */
   int n;                     /* send buffers */

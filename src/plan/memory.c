@@ -149,9 +149,9 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, b
       (double)loom_gpt_activation_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute, slots[chunk], 0);
   out.bytes[LOOM_MEM_WEIGHT_GRAD_STATES] =
       (double)loom_gpt_weight_state_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute) * deferred[chunk];
-  if (chunk == 0) { /* the rank's send buffers, the received grad (fp32), and in bf16 runs a message's staging */
+  if (chunk == 0) { /* the rank's send buffers, the received grad (fp32), and with bf16 messages to receive their staging */
     const double message = loom_gpt_boundary_bytes(&cfg, T, B, l->tp, l->sequence_parallel);
-    out.bytes[LOOM_MEM_P2P] = (double)(sends + (cfg.bf16 ? 1 : 0)) * message +
+    out.bytes[LOOM_MEM_P2P] = (double)(sends + (cfg.bf16 && l->pp > 1 ? 1 : 0)) * message +
                               4.0 * (double)loom_gpt_boundary_floats(&cfg, T, B, l->tp, l->sequence_parallel);
   }
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);

@@ -428,10 +428,13 @@ static void cpu_embedding_forward_bf16(const loom_ops *be, float *out, const int
   for (int i = 0; i < T * B; i++) {
     float *o = out + (size_t)i * C;
     const int row = tokens[i] - vocab_start;
-    const uint16_t *w = wte + (size_t)(row < 0 || row >= rows ? 0 : row) * C;
-    const bool mine = row >= 0 && row < rows;
+    if (row < 0 || row >= rows) {
+      memset(o, 0, (size_t)C * sizeof(float));
+      continue;
+    }
+    const uint16_t *w = wte + (size_t)row * C;
 #pragma omp simd
-    for (int c = 0; c < C; c++) o[c] = mine ? loom_bf16_value(w[c]) : 0.0f;
+    for (int c = 0; c < C; c++) o[c] = loom_bf16_value(w[c]);
   }
 }
 
