@@ -70,19 +70,29 @@ static void *scratch(int which, size_t bytes) {
   return g_scratch[which].data;
 }
 
-/* ---- widening: the CPU backend's exact cast, then the fp32 GEMM ---- */
-
-static const float *widened(int which, loom_bf16_operand x, size_t n) {
-  if (x.f32) return x.f32;
+/* The operand as a path reads it, bf16 bits (native) or fp32 values
+ * (widening): itself, or converted into scratch `which` by the CPU
+ * backend's exact casts (an fp32 operand holds bf16 values). */
+static loom_bf16_operand converted(int which, loom_bf16_operand x, size_t n, bool to_bits) {
   const loom_ops *cpu = loom_ops_cpu();
-  float *wide = scratch(which, n * sizeof(float));
-  cpu->from_bf16(cpu, wide, x.bf16, n);
-  return wide;
+  if (to_bits && !x.bf16) {
+    uint16_t *bits = scratch(which, n * sizeof(uint16_t));
+    cpu->to_bf16(cpu, bits, x.f32, n);
+    return loom_bf16_bits(bits);
+  }
+  if (!to_bits && !x.f32) {
+    float *wide = scratch(which, n * sizeof(float));
+    cpu->from_bf16(cpu, wide, x.bf16, n);
+    return loom_bf16_values(wide);
+  }
+  return x;
 }
 
+/* ---- widening: the fp32 GEMM on the widened values ---- */
+
 static void run_widened(const loom_gemm_shape *s, loom_bf16_operand A, loom_bf16_operand B, float *C) {
-  loom_cpu_gemm_run(loom_cpu_gemm_library(), s, widened(0, A, (size_t)s->M * s->K), widened(1, B, (size_t)s->K * s->N),
-                    C);
+  loom_cpu_gemm_run(loom_cpu_gemm_library(), s, converted(0, A, (size_t)s->M * s->K, false).f32,
+                    converted(1, B, (size_t)s->K * s->N, false).f32, C);
 }
 
 /* ---- native: oneDNN's matmul, one primitive per shape ---- */
@@ -162,19 +172,10 @@ static matmul *primitive_for(const loom_gemm_shape *s) {
   return mm;
 }
 
-/* The operand as bf16 bits: itself, or packed (exactly: it holds bf16 values). */
-static const uint16_t *packed(int which, loom_bf16_operand x, size_t n) {
-  if (x.bf16) return x.bf16;
-  const loom_ops *cpu = loom_ops_cpu();
-  uint16_t *bits = scratch(which, n * sizeof(uint16_t));
-  cpu->to_bf16(cpu, bits, x.f32, n);
-  return bits;
-}
-
 static void run_native(const loom_gemm_shape *s, loom_bf16_operand A, loom_bf16_operand B, float *C) {
   matmul *mm = primitive_for(s);
-  DNNL_CHECK(dnnl_memory_set_data_handle(mm->a, (void *)packed(0, A, (size_t)s->M * s->K)));
-  DNNL_CHECK(dnnl_memory_set_data_handle(mm->b, (void *)packed(1, B, (size_t)s->K * s->N)));
+  DNNL_CHECK(dnnl_memory_set_data_handle(mm->a, (void *)converted(0, A, (size_t)s->M * s->K, true).bf16));
+  DNNL_CHECK(dnnl_memory_set_data_handle(mm->b, (void *)converted(1, B, (size_t)s->K * s->N, true).bf16));
   DNNL_CHECK(dnnl_memory_set_data_handle(mm->c, C));
   const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, mm->a}, {DNNL_ARG_WEIGHTS, mm->b}, {DNNL_ARG_DST, mm->c}};
   DNNL_CHECK(dnnl_primitive_execute(mm->prim, g_stream, 3, args));

@@ -408,17 +408,21 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float 
   }
 }
 
+/* The table row token i's output row o takes, or -1 with o zeroed (another rank's token). */
+static int embedding_row(float *o, int token, int vocab_start, int rows, int C) {
+  const int row = token - vocab_start;
+  if (row >= 0 && row < rows) return row;
+  memset(o, 0, (size_t)C * sizeof(float));
+  return -1;
+}
+
 static void cpu_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows,
                                   int T, int B, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int i = 0; i < T * B; i++) {
     float *o = out + (size_t)i * C;
-    const int row = tokens[i] - vocab_start;
-    if (row < 0 || row >= rows) {
-      memset(o, 0, (size_t)C * sizeof(float));
-      continue;
-    }
-    memcpy(o, wte + (size_t)row * C, (size_t)C * sizeof(float));
+    const int row = embedding_row(o, tokens[i], vocab_start, rows, C);
+    if (row >= 0) memcpy(o, wte + (size_t)row * C, (size_t)C * sizeof(float));
   }
 }
 
@@ -427,11 +431,8 @@ static void cpu_embedding_forward_bf16(const loom_ops *be, float *out, const int
 #pragma omp parallel for schedule(static) if ((size_t)T * B * C > PAR_MIN)
   for (int i = 0; i < T * B; i++) {
     float *o = out + (size_t)i * C;
-    const int row = tokens[i] - vocab_start;
-    if (row < 0 || row >= rows) {
-      memset(o, 0, (size_t)C * sizeof(float));
-      continue;
-    }
+    const int row = embedding_row(o, tokens[i], vocab_start, rows, C);
+    if (row < 0) continue;
     const uint16_t *w = wte + (size_t)row * C;
 #pragma omp simd
     for (int c = 0; c < C; c++) o[c] = loom_bf16_value(w[c]);
