@@ -433,25 +433,44 @@ static void bf16(const op_backend *b, op_report *r) {
   expect(r, "round_bf16", &inp, 0.0);
   /* The bf16 linears: inp now holds bf16 values, the weight is bf16 bits;
    * backward from a dout of bf16 values, accumulating into every grad. */
-  ref->matmul_forward_bf16(ref, out.host, inp.host, want + ni, bias.host, N, C, OC);
-  op->matmul_forward_bf16(op, out.dev, inp.dev, d16 + ni, bias.dev, N, C, OC);
+  ref->matmul_forward_bf16(ref, out.host, loom_bf16_values(inp.host), want + ni, bias.host, N, C, OC);
+  op->matmul_forward_bf16(op, out.dev, loom_bf16_values(inp.dev), d16 + ni, bias.dev, N, C, OC);
   expect(r, "matmul_forward_bf16", &out, b->fp32_nmse);
+  /* The same from the activations' bits, on both sides. */
+  ref->matmul_forward_bf16(ref, out.host, loom_bf16_bits(want), want + ni, bias.host, N, C, OC);
+  op->matmul_forward_bf16(op, out.dev, loom_bf16_bits(d16), d16 + ni, bias.dev, N, C, OC);
+  expect(r, "matmul_forward_bf16 from bits", &out, b->fp32_nmse);
   mirror dout = make(b, (size_t)N * OC, -1, 1), dinp = make(b, ni, -1, 1), dw = make(b, nw, -1, 1),
          db = make(b, OC, -1, 1);
   ref->round_bf16(ref, dout.host, dout.n);
   op->round_bf16(op, dout.dev, dout.n);
-  ref->matmul_backward_bf16(ref, dinp.host, dw.host, db.host, dout.host, inp.host, want + ni, N, C, OC);
-  op->matmul_backward_bf16(op, dinp.dev, dw.dev, db.dev, dout.dev, inp.dev, d16 + ni, N, C, OC);
+  ref->matmul_backward_bf16(ref, dinp.host, dw.host, db.host, loom_bf16_values(dout.host), loom_bf16_values(inp.host),
+                            want + ni, N, C, OC);
+  op->matmul_backward_bf16(op, dinp.dev, dw.dev, db.dev, loom_bf16_values(dout.dev), loom_bf16_values(inp.dev), d16 + ni,
+                           N, C, OC);
   expect(r, "matmul_backward_bf16 dinp", &dinp, b->fp32_nmse);
   expect(r, "matmul_backward_bf16 dweight", &dw, b->fp32_nmse);
   expect(r, "matmul_backward_bf16 dbias", &db, b->fp32_nmse);
+  /* From bits: dout's and inp's (the bias grad sums dout's bits). */
+  uint16_t *dy16 = malloc(dout.n * sizeof(uint16_t)), *ddy16 = b->ops->mem->zalloc(b->ops->mem, dout.n * sizeof(uint16_t));
+  ref->to_bf16(ref, dy16, dout.host, dout.n);
+  op->to_bf16(op, ddy16, dout.dev, dout.n);
+  ref->matmul_backward_bf16(ref, dinp.host, dw.host, db.host, loom_bf16_bits(dy16), loom_bf16_bits(want), want + ni, N, C,
+                            OC);
+  op->matmul_backward_bf16(op, dinp.dev, dw.dev, db.dev, loom_bf16_bits(ddy16), loom_bf16_bits(d16), d16 + ni, N, C, OC);
+  expect(r, "matmul_backward_bf16 dinp from bits", &dinp, b->fp32_nmse);
+  expect(r, "matmul_backward_bf16 dweight from bits", &dw, b->fp32_nmse);
+  expect(r, "matmul_backward_bf16 dbias from bits", &db, b->fp32_nmse);
   /* The weight half alone (a split backward), with no weight. */
-  ref->matmul_backward_bf16(ref, NULL, dw.host, NULL, dout.host, inp.host, NULL, N, C, OC);
-  op->matmul_backward_bf16(op, NULL, dw.dev, NULL, dout.dev, inp.dev, NULL, N, C, OC);
+  ref->matmul_backward_bf16(ref, NULL, dw.host, NULL, loom_bf16_values(dout.host), loom_bf16_values(inp.host), NULL, N, C,
+                            OC);
+  op->matmul_backward_bf16(op, NULL, dw.dev, NULL, loom_bf16_values(dout.dev), loom_bf16_values(inp.dev), NULL, N, C, OC);
   expect(r, "matmul_backward_bf16 weight grad alone", &dw, b->fp32_nmse);
   mirror *all[] = {&inp, &w, &bias, &out, &back, &dout, &dinp, &dw, &db};
   drop_all(all, sizeof all / sizeof *all);
   b->ops->mem->release(b->ops->mem, d16);
+  b->ops->mem->release(b->ops->mem, ddy16);
+  free(dy16);
   free(want);
   free(got);
 }

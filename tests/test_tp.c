@@ -189,19 +189,19 @@ static void column_and_row_parallel(bool sp) {
   /* Serial reference. */
   float *y = malloc(LN * LOUT * sizeof(float)), *dx = malloc(LN * LIN * sizeof(float)), *xf = malloc(LN * LIN * sizeof(float));
   float *dw = calloc(LOUT * LIN, sizeof(float)), *db = calloc(LOUT, sizeof(float)), *scratch = malloc(LN * LIN * sizeof(float));
-  loom_column_parallel_forward(one, ops, y, xf, x, loom_linear_fp32(w), b, LN, LN, LIN, LOUT);
-  loom_column_parallel_backward(one, ops, dx, scratch, dw, db, dy, xf, loom_linear_fp32(w), LN, LN, LIN, LOUT);
+  loom_column_parallel_forward(one, ops, y, xf, x, NULL, loom_linear_fp32(w), b, LN, LN, LIN, LOUT);
+  loom_column_parallel_backward(one, ops, dx, scratch, dw, db, dy, NULL, loom_bf16_values(xf), loom_linear_fp32(w), LN, LN, LIN, LOUT);
   /* ColumnParallelLinear: this rank's rows of w and b; input rows outside the region. */
   float *y_l = malloc(LN * oc * sizeof(float)), *xf_l = malloc(LN * LIN * sizeof(float)), *dx_l = malloc(LN * LIN * sizeof(float));
   float *dy_l = malloc(LN * oc * sizeof(float)), *dw_l = calloc(oc * LIN, sizeof(float)), *db_l = calloc(oc, sizeof(float));
   float *want = malloc(LN * LOUT * sizeof(float)), *full = malloc(LN * LOUT * sizeof(float)), *gs = malloc(LN * LOUT * sizeof(float));
-  loom_column_parallel_forward(&tp, ops, y_l, xf_l, x + (size_t)row0 * LIN, loom_linear_fp32(w + (size_t)r * oc * LIN), b + r * oc, LN, n, LIN, oc);
+  loom_column_parallel_forward(&tp, ops, y_l, xf_l, x + (size_t)row0 * LIN, NULL, loom_linear_fp32(w + (size_t)r * oc * LIN), b + r * oc, LN, n, LIN, oc);
   cols(want, y, LN, LOUT, r * oc, oc);
   expect_nmse(y_l, want, (size_t)LN * oc, 1e-12, "column-parallel output");
   loom_column_parallel_gather_output(&tp, ops, y_l, full, gs, LN, oc);
   expect_nmse(full, y, (size_t)LN * LOUT, 1e-12, "column-parallel gathered output");
   cols(dy_l, dy, LN, LOUT, r * oc, oc);
-  loom_column_parallel_backward(&tp, ops, dx_l, scratch, dw_l, db_l, dy_l, xf_l, loom_linear_fp32(w + (size_t)r * oc * LIN), LN, n, LIN, oc);
+  loom_column_parallel_backward(&tp, ops, dx_l, scratch, dw_l, db_l, dy_l, NULL, loom_bf16_values(xf_l), loom_linear_fp32(w + (size_t)r * oc * LIN), LN, n, LIN, oc);
   expect_nmse(dx_l, dx + (size_t)row0 * LIN, (size_t)n * LIN, 1e-12, "column-parallel input grad");
   expect_nmse(dw_l, dw + (size_t)r * oc * LIN, (size_t)oc * LIN, 1e-12, "column-parallel weight grad");
   expect_nmse(db_l, db + r * oc, (size_t)oc, 1e-12, "column-parallel bias grad");
@@ -214,14 +214,14 @@ static void column_and_row_parallel(bool sp) {
   float *w2 = rnd(O * LOUT, 5), *b2 = rnd(O, 6), *dz = rnd(LN * O, 7);
   float *z = malloc(LN * O * sizeof(float)), *part = malloc(LN * O * sizeof(float)), *dyy = calloc(LN * LOUT, sizeof(float));
   float *dw2 = calloc(O * LOUT, sizeof(float)), *db2 = calloc(O, sizeof(float)), *dzf = malloc(LN * O * sizeof(float));
-  loom_row_parallel_forward(one, ops, z, part, y, loom_linear_fp32(w2), b2, LN, LN, LOUT, O);
-  loom_row_parallel_backward(one, ops, dyy, dw2, db2, dz, dzf, y, loom_linear_fp32(w2), LN, LN, LOUT, O);
+  loom_row_parallel_forward(one, ops, z, part, loom_bf16_values(y), loom_linear_fp32(w2), b2, LN, LN, LOUT, O);
+  loom_row_parallel_backward(one, ops, dyy, dw2, db2, dz, dzf, NULL, loom_bf16_values(y), loom_linear_fp32(w2), LN, LN, LOUT, O);
   float *w2_l = malloc(O * ic * sizeof(float)), *z_l = malloc(LN * O * sizeof(float)), *dyy_l = calloc(LN * ic, sizeof(float));
   float *dw2_l = calloc(O * ic, sizeof(float)), *db2_l = calloc(O, sizeof(float)), *want2 = malloc(LN * ic * sizeof(float));
   cols(w2_l, w2, O, LOUT, r * ic, ic);
-  loom_row_parallel_forward(&tp, ops, z_l, part, y_l, loom_linear_fp32(w2_l), b2, LN, n, ic, O);
+  loom_row_parallel_forward(&tp, ops, z_l, part, loom_bf16_values(y_l), loom_linear_fp32(w2_l), b2, LN, n, ic, O);
   expect_nmse(z_l, z + (size_t)row0 * O, (size_t)n * O, 1e-12, "row-parallel output");
-  loom_row_parallel_backward(&tp, ops, dyy_l, dw2_l, db2_l, dz + (size_t)row0 * O, dzf, y_l, loom_linear_fp32(w2_l), LN, n, ic, O);
+  loom_row_parallel_backward(&tp, ops, dyy_l, dw2_l, db2_l, dz + (size_t)row0 * O, dzf, NULL, loom_bf16_values(y_l), loom_linear_fp32(w2_l), LN, n, ic, O);
   loom_comm_allreduce(sp ? tp.group : NULL, db2_l, O, LOOM_REDUCE_SUM); /* SP: bias grads are per-rows partial */
   cols(want2, dyy, LN, LOUT, r * ic, ic);
   expect_nmse(dyy_l, want2, (size_t)LN * ic, 1e-12, "row-parallel input grad");

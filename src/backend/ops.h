@@ -31,6 +31,18 @@ typedef struct {
   int seq_total;          /* global sequence length; 0 means the call's T */
 } loom_dropout;
 
+/* A bf16 GEMM operand: bf16 bits, or fp32 that holds bf16 values (a bf16
+ * run's activations and their grads); exactly one of the two is set, or
+ * neither for an operand the call does not read. A backend converts what
+ * its GEMM needs, exactly. */
+typedef struct {
+  const uint16_t *bf16;
+  const float *f32;
+} loom_bf16_operand;
+static inline loom_bf16_operand loom_bf16_bits(const uint16_t *x) { return (loom_bf16_operand){.bf16 = x}; }
+static inline loom_bf16_operand loom_bf16_values(const float *x) { return (loom_bf16_operand){.f32 = x}; }
+static inline bool loom_bf16_operand_set(loom_bf16_operand x) { return x.bf16 || x.f32; }
+
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {
   int T, B;          /* sequence length, micro-batch */
@@ -206,17 +218,18 @@ struct loom_ops {
   /* x[i] = the bf16 value nearest x[i], kept in fp32: what a bf16 tensor holds. */
   void (*round_bf16)(const loom_ops *be, float *x, size_t n);
   /* bf16 runs' linears: matmul_forward and matmul_backward with the weight
-   * [OC,C] in bf16 (raw bits, read in place) and inp and dout holding bf16
-   * values in fp32, as every activation and activation grad of a bf16 run
-   * does (other values are outside the contract: a backend may round them).
-   * Each product of two bf16 values is exact in fp32 and the sums are fp32,
-   * so backends differ by summation order alone; out and the grads are
-   * fp32. dweight is the fp32 grad, accumulated; weight may be NULL when
-   * dinp is. */
-  void (*matmul_forward_bf16)(const loom_ops *be, float *out, const float *inp, const uint16_t *weight, const float *bias,
-                              int N, int C, int OC);
-  void (*matmul_backward_bf16)(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const uint16_t *weight, int N, int C, int OC);
+   * [OC,C] in bf16 (raw bits, read in place) and inp and dout bf16 operands:
+   * bits, or fp32 holding bf16 values, as every activation and activation
+   * grad of a bf16 run does (other values are outside the contract: a
+   * backend may round them). Each product of two bf16 values is exact in
+   * fp32 and the sums are fp32, so backends differ by summation order
+   * alone; out and the grads are fp32, dbias the sum of dout's values.
+   * dweight is the fp32 grad, accumulated; weight may be NULL when dinp is,
+   * inp when dweight is. */
+  void (*matmul_forward_bf16)(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight,
+                              const float *bias, int N, int C, int OC);
+  void (*matmul_backward_bf16)(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
+                               loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC);
 
   /* AdamW with decoupled weight decay, over n elements. compute (NULL: none)
    * gets each updated parameter rounded to bf16 in the same pass: a bf16

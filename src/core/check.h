@@ -4,6 +4,7 @@
 #ifndef LOOM_CHECK_H
 #define LOOM_CHECK_H
 
+#include <stddef.h>
 #include <stdnoreturn.h>
 
 noreturn void loom_check_failed(const char *file, int line, const char *expr, const char *hint);

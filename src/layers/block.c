@@ -1,5 +1,6 @@
 /* Transformer block forward and hand-written backward: ops for the local
  * math, tensor_parallel/linear.h for the column- and row-parallel linears. */
+#include "core/check.h"
 #include "core/rng.h"
 #include "layers/block.h"
 #include "tensor_parallel/linear.h"
@@ -51,6 +52,17 @@ static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, boo
   turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope_theta);
 }
 
+/* A linear's input or output grad as its GEMMs read it: the bits bf16 runs
+ * keep, else the fp32 values. */
+static loom_bf16_operand operand(const float *x, const uint16_t *bits) {
+  return bits ? loom_bf16_bits(bits) : loom_bf16_values(x);
+}
+
+/* x[n] packed into bits (bf16 runs), where the GEMMs will read it. */
+static void pack(const loom_ops *ops, uint16_t *bits, const float *x, size_t n) {
+  if (bits) ops->to_bf16(ops, bits, x, n);
+}
+
 /* The grad of a residual branch: dres itself, or a masked copy under dropout. */
 static const float *branch_grad(float *copy, const float *dres, int n, const loom_dropout *drop,
                                 const loom_block_shape *shape, const loom_ops *ops) {
@@ -76,18 +88,24 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   float *normed = tp->sequence_parallel ? s->local : NULL;
   float *branch = tp->sequence_parallel ? s->local : s->full;
 
-  /* Attention: QKV column-parallel (this rank's heads), c_proj row-parallel. */
+  LOOM_CHECK(!shape->bf16 || (a->ln_1_bits && a->atty_bits && a->ln_2_bits && a->fc_gelu_bits),
+             "a bf16 block keeps its linears' inputs as bits");
+  /* Attention: QKV column-parallel (this rank's heads), c_proj row-parallel.
+   * In bf16 runs the linears' inputs are packed, not rounded: only the
+   * GEMMs read them (atty, which backward reads too, is both). */
   const size_t nh = (size_t)n * h;
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x,
                     w->v->ln_1_w, w->v->ln_1_b, n, h);
-  to_bf16_values(shape, ops, normed ? normed : a->ln_1, nh);
-  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, w->c_attn, w->v->c_attn_b, N, n, h, qkv);
+  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
+                               w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   rope(shape, ops, a->qkv, false);
   to_bf16_values_if(shape->rope_theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
   ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
-  loom_row_parallel_forward(tp, ops, branch, s->full, a->atty, w->attn_proj, w->v->attn_proj_b, N, n, width, h);
+  pack(ops, a->atty_bits, a->atty, (size_t)N * width);
+  loom_row_parallel_forward(tp, ops, branch, s->full, operand(a->atty, a->atty_bits), w->attn_proj, w->v->attn_proj_b,
+                            N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_attn);
   to_bf16_values_if(d_attn.p > 0.0f, shape, ops, branch, nh);
@@ -97,13 +115,14 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. */
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
                     a->res_attn, w->v->ln_2_w, w->v->ln_2_b, n, h);
-  to_bf16_values(shape, ops, normed ? normed : a->ln_2, nh);
-  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, w->c_fc, w->v->c_fc_b, N, n, h, fc);
+  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
+                               N, n, h, fc);
   to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
   else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
-  to_bf16_values(shape, ops, a->fc_gelu, (size_t)N * f);
-  loom_row_parallel_forward(tp, ops, branch, s->full, a->fc_gelu, w->mlp_proj, w->v->mlp_proj_b, N, n, f, h);
+  pack(ops, a->fc_gelu_bits, a->fc_gelu, (size_t)N * f);
+  loom_row_parallel_forward(tp, ops, branch, s->full, operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
+                            w->v->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
   to_bf16_values_if(d_mlp.p > 0.0f, shape, ops, branch, nh);
@@ -124,7 +143,8 @@ static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_bloc
   const bool apart = tp->kv_group && g->c_attn_b; /* the bias grad is computed apart, then summed */
   float *db = apart ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
   if (apart) loom_mem_zero(ops->mem, db, (size_t)rows);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, a->ln_1, w->c_attn, N, n, h, rows);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, ws->d_qkv_bits,
+                                operand(a->ln_1, a->ln_1_bits), w->c_attn, N, n, h, rows);
   if (!apart) return;
   loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
@@ -136,15 +156,23 @@ static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
+  const loom_bf16_operand dout = operand(ws->d_qkv, ws->d_qkv_bits), inp = operand(a->ln_1, a->ln_1_bits);
   if (!tp->kv_group) {
-    loom_linear_weight_grad(ops, g->c_attn_w, ws->d_qkv, a->ln_1, N, h, rows, shape->bf16);
+    loom_linear_weight_grad(ops, g->c_attn_w, dout, inp, N, h, rows, shape->bf16);
     return;
   }
   float *dw = s->d_qkv_w;
   loom_mem_zero(ops->mem, dw, (size_t)rows * h);
-  loom_linear_weight_grad(ops, dw, ws->d_qkv, a->ln_1, N, h, rows, shape->bf16);
+  loom_linear_weight_grad(ops, dw, dout, inp, N, h, rows, shape->bf16);
   loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
+}
+
+/* Where a row-parallel linear's output grad enters the region: ws's fp32
+ * copy, or in bf16 runs without SP dres itself (nothing is gathered, and
+ * the grad is packed straight from it). */
+static float *region_grad(float *kept, const uint16_t *bits, const float *dres, const loom_tp *tp) {
+  return bits && !tp->sequence_parallel ? (float *)dres : kept; /* aliases dres: the region's entry writes nothing */
 }
 
 void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
@@ -162,18 +190,22 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   float *d_normed = tp->sequence_parallel ? s->local : s->d_ln;
 
   /* MLP branch; dres becomes the grad of res_attn. The down projection's
-   * output grad enters the region into ws, where its weight grad finds it. */
+   * output grad enters the region into ws, where its weight grad finds it
+   * (bf16 runs: packed there, from dres itself without SP). The linears'
+   * output grads are packed, not rounded, in bf16 runs: only GEMMs and bias
+   * grads read them. */
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   loom_mem_zero(ops->mem, s->d_fc2, Nf);
-  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, a->fc_gelu, w->mlp_proj, N, n,
-                             f, h);
+  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, region_grad(ws->d_mlp, ws->d_mlp_bits, d_out, tp),
+                             ws->d_mlp_bits, operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
   loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
   else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
-  to_bf16_values(shape, ops, ws->d_fc, (size_t)N * fc);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, a->ln_2, w->c_fc, N, n, h, fc);
+  pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
+  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,
+                                operand(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
@@ -182,14 +214,17 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   /* Attention branch; dres becomes the grad of x. */
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
   loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
-  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, a->atty, w->attn_proj, N,
-                             n, width, h);
+  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out,
+                             region_grad(ws->d_attn, ws->d_attn_bits, d_out, tp), ws->d_attn_bits,
+                             operand(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
   ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
-  to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
-  rope(shape, ops, ws->d_qkv, true);
-  to_bf16_values_if(shape->rope_theta > 0.0f, shape, ops, ws->d_qkv, (size_t)N * qkv);
+  if (shape->rope_theta > 0.0f) { /* RoPE's turn reads bf16 values */
+    to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+    rope(shape, ops, ws->d_qkv, true);
+  }
+  pack(ops, ws->d_qkv_bits, ws->d_qkv, (size_t)N * qkv);
   qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->v->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
@@ -202,9 +237,12 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
   const bool bf16 = shape->bf16;
-  loom_linear_weight_grad(ops, g->mlp_proj_w, ws->d_mlp, a->fc_gelu, N, shape->ffn, h, bf16);
-  loom_linear_weight_grad(ops, g->c_fc_w, ws->d_fc, a->ln_2, N, h, loom_block_fc_width(shape), bf16);
-  loom_linear_weight_grad(ops, g->attn_proj_w, ws->d_attn, a->atty, N, width, h, bf16);
+  loom_linear_weight_grad(ops, g->mlp_proj_w, operand(ws->d_mlp, ws->d_mlp_bits), operand(a->fc_gelu, a->fc_gelu_bits), N,
+                          shape->ffn, h, bf16);
+  loom_linear_weight_grad(ops, g->c_fc_w, operand(ws->d_fc, ws->d_fc_bits), operand(a->ln_2, a->ln_2_bits), N, h,
+                          loom_block_fc_width(shape), bf16);
+  loom_linear_weight_grad(ops, g->attn_proj_w, operand(ws->d_attn, ws->d_attn_bits), operand(a->atty, a->atty_bits), N,
+                          width, h, bf16);
   qkv_backward_weight(g, s, ws, a, shape, tp, ops);
 }
 
@@ -212,7 +250,9 @@ void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch 
                          const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                          const loom_block_shape *shape, const loom_block_dropout *drop,
                          const loom_tp *tp, const loom_ops *ops) {
-  const loom_block_wgrad ws = {.d_qkv = s->d_qkv, .d_attn = s->d_attn_out, .d_fc = s->d_fc, .d_mlp = s->d_mlp_out};
+  const loom_block_wgrad ws = {.d_qkv = s->d_qkv, .d_attn = s->d_attn_out, .d_fc = s->d_fc, .d_mlp = s->d_mlp_out,
+                               .d_qkv_bits = s->d_qkv_bits, .d_attn_bits = s->d_attn_bits, .d_fc_bits = s->d_fc_bits,
+                               .d_mlp_bits = s->d_mlp_bits};
   loom_block_backward_input(dres, g, s, &ws, a, x, w, shape, drop, tp, ops);
   loom_block_backward_weight(g, s, &ws, a, shape, tp, ops);
 }

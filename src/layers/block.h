@@ -63,6 +63,10 @@ typedef struct {
   float *fc;                           /* [N, ffn] before GELU (SwiGLU: [N, 2 ffn] gate|up) */
   float *fc_gelu;                      /* [N, ffn] after the activation */
   float *out;                          /* [n, h] block output */
+  /* bf16 runs: the inputs of the four linears as bf16 bits, which forward
+   * packs and every GEMM reads (ln_1, atty, ln_2 and fc_gelu above are then
+   * scratch, and backward reads only atty of them); NULL in fp32 runs. */
+  uint16_t *ln_1_bits, *atty_bits, *ln_2_bits, *fc_gelu_bits;
 } loom_block_acts;
 
 /* Scratch shared by all blocks of a model; contents never outlive a call. */
@@ -76,6 +80,7 @@ typedef struct {
   float *d_fc2;          /* [N, ffn] */
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
   float *d_attn_out, *d_mlp_out; /* [N, h] a whole backward's output grads of the two row-parallel linears */
+  uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
 } loom_block_scratch;
 
 /* What a layer's weight grads need besides the inputs of its linears (the
@@ -86,6 +91,9 @@ typedef struct {
  * row-parallel ones (gathered along the sequence under SP). */
 typedef struct {
   float *d_qkv, *d_attn, *d_fc, *d_mlp;
+  /* bf16 runs: the same four as bf16 bits, which the input half packs and
+   * both halves' GEMMs read (the fp32 ones above are then scratch). */
+  uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits;
 } loom_block_wgrad;
 
 /* A LayerNorm (mean and rstd saved) or RMSNorm (rstd) over n rows of h;

@@ -39,6 +39,7 @@ loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_op
 static void wstates_free(loom_gpt *m) {
   for (int i = 0; i < m->nwstates; i++) {
     loom_buffer_free(&m->wstates[i].mem);
+    loom_buffer_free(&m->wstates[i].mem16);
     free(m->wstates[i].wgrad);
     free(m->wstates[i].winputs);
   }
@@ -59,6 +60,7 @@ static void slots_free(loom_gpt *m) {
   }
   free(m->slots);
   loom_buffer_free(&m->w.mem);
+  loom_buffer_free(&m->w.mem16);
   wstates_free(m);
   m->slots = m->a = NULL;
   m->nslots = m->T = m->B = 0;
@@ -122,9 +124,17 @@ static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
   return d;
 }
 
-/* Per-layer activation kinds: one view each, [L * per-layer size]. */
+/* The activations a layer's weight grads read, the inputs of its four
+ * linears: ln_1, atty, ln_2 and fc_gelu, by their place in BIG_NAMES below. */
+enum { WEIGHT_INPUTS = 4 };
+static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
+
+/* Per-layer activation kinds: one view each, [L * per-layer size]; bits:
+ * the linears' inputs as bf16 bits (WEIGHT_INPUT order), where a table
+ * keeps them. */
 typedef struct {
   float *ln1m, *ln1r, *lse, *ln1, *qkv, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
+  uint16_t *bits[WEIGHT_INPUTS];
 } layer_views;
 
 /* The norm statistics and attention's log-sum-exps: fp32 in every run. */
@@ -175,6 +185,13 @@ static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const 
 
 /* Layer views of v; fields v does not hold (bf16 runs: all but the statistics) come out NULL. */
 static float *at(float *base, int64_t offset) { return base ? base + offset : NULL; }
+static uint16_t *at16(uint16_t *base, int64_t offset) { return base ? base + offset : NULL; }
+
+/* The bits field of weight input k (WEIGHT_INPUT order) of a. */
+static uint16_t **act_bits_field(loom_block_acts *a, int k) {
+  uint16_t **const fields[WEIGHT_INPUTS] = {&a->ln_1_bits, &a->atty_bits, &a->ln_2_bits, &a->fc_gelu_bits};
+  return fields[k];
+}
 
 static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d, int L) {
   int64_t c[BIG];
@@ -186,6 +203,7 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
         .qkv = at(v->qkv, i * c[1]), .atty = at(v->atty, i * c[2]), .res_attn = at(v->resa, i * c[3]),
         .ln_2 = at(v->ln2, i * c[4]), .fc = at(v->fc, i * c[5]), .fc_gelu = at(v->fcg, i * c[6]),
         .out = at(v->out, i * c[7])};
+    for (int k = 0; k < WEIGHT_INPUTS; k++) *act_bits_field(&b[i], k) = at16(v->bits[k], i * c[WEIGHT_INPUT[k]]);
   }
 }
 
@@ -195,42 +213,66 @@ static float **act_field(loom_block_acts *a, int i) {
   return fields[i];
 }
 
-/* The activations a layer's weight grads read, the inputs of its four
- * linears: ln_1, atty, ln_2 and fc_gelu, by their place in BIG_NAMES. */
-enum { WEIGHT_INPUTS = 4 };
-static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
+/* The linears' output grads a split backward keeps: names and elements per layer. */
+enum { WGRADS = 4 };
+static const char *const WGRAD_NAMES[WGRADS] = {"w_d_qkv", "w_d_attn", "w_d_fc", "w_d_mlp"};
 
-/* Views of a split backward's state: the linears' output grads of every
- * layer and, with recompute, their inputs (the slot keeps none of them). */
-typedef struct {
-  float *d_qkv, *d_attn, *d_fc, *d_mlp;
-  float *inputs[WEIGHT_INPUTS];
-} wgrad_views;
-
-static void list_wstate(act_list *l, wgrad_views *v, const dims *d) {
-  *l = (act_list){.dtype = LOOM_DTYPE_F32};
-  memset(v, 0, sizeof *v);
-  if (d->L == 0) return;
-  want(l, &v->d_qkv, "w_d_qkv", d->L * d->N * d->qkv);
-  want(l, &v->d_attn, "w_d_attn", d->L * d->N * d->h);
-  want(l, &v->d_fc, "w_d_fc", d->L * d->N * d->fc);
-  want(l, &v->d_mlp, "w_d_mlp", d->L * d->N * d->h);
-  if (!d->recompute) return;
-  int64_t c[BIG];
-  big_counts(d, c);
-  for (int k = 0; k < WEIGHT_INPUTS; k++) want(l, &v->inputs[k], BIG_NAMES[WEIGHT_INPUT[k]], d->L * c[WEIGHT_INPUT[k]]);
+static void wgrad_counts(const dims *d, int64_t c[WGRADS]) {
+  const int64_t counts[WGRADS] = {d->N * d->qkv, d->N * d->h, d->N * d->fc, d->N * d->h};
+  memcpy(c, counts, sizeof counts);
 }
 
-static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d) {
+/* Views of a split backward's state: the linears' output grads of every
+ * layer and, with recompute, their inputs (the slot keeps none of them);
+ * fp32, or bits in bf16 runs. */
+typedef struct {
+  float *grads[WGRADS];
+  uint16_t *grad_bits[WGRADS];
+  float *inputs[WEIGHT_INPUTS];
+  uint16_t *input_bits[WEIGHT_INPUTS];
+} wgrad_views;
+
+static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *d) {
+  *l = (act_list){.dtype = LOOM_DTYPE_F32};
+  *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
+  memset(v, 0, sizeof *v);
+  if (d->L == 0) return;
+  int64_t g[WGRADS], c[BIG];
+  wgrad_counts(d, g);
+  big_counts(d, c);
+  for (int k = 0; k < WGRADS; k++) {
+    if (d->bf16) want16(l16, &v->grad_bits[k], WGRAD_NAMES[k], d->L * g[k]);
+    else want(l, &v->grads[k], WGRAD_NAMES[k], d->L * g[k]);
+  }
+  for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++) {
+    const int i = WEIGHT_INPUT[k];
+    if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], d->L * c[i]);
+    else want(l, &v->inputs[k], BIG_NAMES[i], d->L * c[i]);
+  }
+}
+
+/* bf16 runs' fp32 views of the grads are the block scratch's (scratch). */
+static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d, const loom_block_scratch *scratch) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
-  int64_t c[BIG];
+  int64_t g[WGRADS], c[BIG];
+  wgrad_counts(d, g);
   big_counts(d, c);
   for (int i = 0; i < d->L; i++) {
-    s->wgrad[i] = (loom_block_wgrad){.d_qkv = v->d_qkv + i * d->N * d->qkv, .d_attn = v->d_attn + i * d->N * d->h,
-                                     .d_fc = v->d_fc + i * d->N * d->fc, .d_mlp = v->d_mlp + i * d->N * d->h};
-    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++)
-      *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + i * c[WEIGHT_INPUT[k]];
+    loom_block_wgrad *w = &s->wgrad[i];
+    if (d->bf16)
+      *w = (loom_block_wgrad){.d_qkv = scratch->d_qkv, .d_attn = scratch->d_attn_out, .d_fc = scratch->d_fc,
+                              .d_mlp = scratch->d_mlp_out, .d_qkv_bits = v->grad_bits[0] + i * g[0],
+                              .d_attn_bits = v->grad_bits[1] + i * g[1], .d_fc_bits = v->grad_bits[2] + i * g[2],
+                              .d_mlp_bits = v->grad_bits[3] + i * g[3]};
+    else
+      *w = (loom_block_wgrad){.d_qkv = v->grads[0] + i * g[0], .d_attn = v->grads[1] + i * g[1],
+                              .d_fc = v->grads[2] + i * g[2], .d_mlp = v->grads[3] + i * g[3]};
+    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++) {
+      const int64_t offset = i * c[WEIGHT_INPUT[k]];
+      if (d->bf16) *act_bits_field(&s->winputs[i], k) = v->input_bits[k] + offset;
+      else *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + offset;
+    }
   }
 }
 
@@ -257,6 +299,7 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
     want(l, &s->ln_f_mean, "ln_f_mean", d->n);
     want(l, &s->ln_f_rstd, "ln_f_rstd", d->n);
     want(l, &s->ln_f, "ln_f", d->N * d->h);
+    if (d->bf16) want16(l16, &s->ln_f_bits, "ln_f_bits", d->N * d->h);
     want(l, &s->logits, "logits", d->N * d->V);
     want(l, &s->losses, "losses", d->N);
     want(l, &s->lse, "lse", d->N);
@@ -264,10 +307,11 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   }
 }
 
-/* Scratch every slot shares. */
-static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims *d) {
+/* Scratch every slot shares: fp32 views in l, bf16 ones in l16. */
+static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views *v, const dims *d) {
   loom_block_scratch *s = &w->block;
   *l = (act_list){.dtype = LOOM_DTYPE_F32};
+  *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
   memset(v, 0, sizeof *v);
   want(l, &s->local, "local", d->n * d->h);
   want(l, &s->local2, "local2", d->n * d->h);
@@ -288,6 +332,14 @@ static void list_work(act_list *l, loom_gpt_work *w, layer_views *v, const dims 
   if (d->bf16) {
     want(l, &w->xin, "xin", d->n * d->h);
     want(l, &w->weights, "weights", d->weight_scratch);
+    uint16_t **grads[WGRADS] = {&s->d_qkv_bits, &s->d_attn_bits, &s->d_fc_bits, &s->d_mlp_bits};
+    const char *const names[WGRADS] = {"d_qkv_bits", "d_attn_bits", "d_fc_bits", "d_mlp_bits"};
+    int64_t g[WGRADS], c[BIG];
+    wgrad_counts(d, g);
+    big_counts(d, c);
+    for (int k = 0; k < WGRADS; k++) want16(l16, grads[k], names[k], g[k]);
+    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++)
+      want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], c[WEIGHT_INPUT[k]]);
   }
 }
 
@@ -310,9 +362,9 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
   list_slot(&l, &l16, &s, &v, &p, &d);
   const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
   const size_t wstate_bytes = weight_states ? loom_gpt_weight_state_bytes(cfg, T, B, tp, sequence_parallel, range, recompute) : 0;
-  list_work(&l, &w, &v, &d);
+  list_work(&l, &l16, &w, &v, &d);
   const size_t tokens = 3 * (size_t)d.N * sizeof(int); /* the slot's tokens, targets and predictions */
-  return (slot_bytes + tokens) * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l);
+  return (slot_bytes + tokens) * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l) + list_bytes(&l16);
 }
 
 size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
@@ -324,10 +376,10 @@ size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
-  act_list l;
+  act_list l, l16;
   wgrad_views v;
-  list_wstate(&l, &v, &d);
-  return list_bytes(&l);
+  list_wstate(&l, &l16, &v, &d);
+  return list_bytes(&l) + list_bytes(&l16);
 }
 
 /* Allocates a table and points its slots at the views. */
@@ -425,8 +477,9 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     }
   }
   if (st == LOOM_OK) {
-    list_work(&l, &m->w, &v, &d);
+    list_work(&l, &l16, &m->w, &v, &d);
     st = place(&m->w.mem, &l, m->ops->mem);
+    if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && (m->recompute || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
@@ -450,11 +503,12 @@ loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
   m->nwstates = n;
   loom_status st = LOOM_OK;
   for (int i = 0; i < n && st == LOOM_OK; i++) {
-    act_list l;
+    act_list l, l16;
     wgrad_views v;
-    list_wstate(&l, &v, &d);
+    list_wstate(&l, &l16, &v, &d);
     st = place(&m->wstates[i].mem, &l, m->ops->mem);
-    if (st == LOOM_OK && d.L > 0) bind_wstate(&m->wstates[i], &v, &d);
+    if (st == LOOM_OK) st = place(&m->wstates[i].mem16, &l16, m->ops->mem);
+    if (st == LOOM_OK && d.L > 0) bind_wstate(&m->wstates[i], &v, &d, &m->w.block);
   }
   if (st != LOOM_OK) wstates_free(m);
   return st;
@@ -566,6 +620,8 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
     a.ln_1_mean = s->blocks[l].ln_1_mean, a.ln_1_rstd = s->blocks[l].ln_1_rstd;
     a.ln_2_mean = s->blocks[l].ln_2_mean, a.ln_2_rstd = s->blocks[l].ln_2_rstd;
     a.att_lse = s->blocks[l].att_lse;
+    const loom_block_packed *p = &s->packed[l]; /* the linears' inputs: read and written in place */
+    a.ln_1_bits = p->ln_1, a.atty_bits = p->atty, a.ln_2_bits = p->ln_2, a.fc_gelu_bits = p->fc_gelu;
   }
   return a;
 }
@@ -576,16 +632,23 @@ static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
   big_counts(&d, c);
 }
 
-/* Moves activations `which[n]` (BIG_NAMES places; NULL: all of them) of
- * layer l between the fp32 scratch and the slot's bf16 copy (exactly: they
- * hold bf16 values). */
+/* bf16 runs: the activations forward leaves in fp32 scratch and packs
+ * after the layer (qkv, res_attn, fc, out: the linears' inputs it packed as
+ * the linears read them), and those backward reads as fp32 (qkv, atty,
+ * res_attn, fc), by their place in BIG_NAMES. */
+enum { PACKED_AFTER = 4, READ_BACK = 4 };
+static const int PACKED_AFTER_LAYER[PACKED_AFTER] = {1, 3, 5, 7};
+static const int READ_IN_BACKWARD[READ_BACK] = {1, 2, 3, 5};
+
+/* Moves activations `which[n]` (BIG_NAMES places) of layer l between the
+ * fp32 scratch and the slot's bf16 copy (exactly: they hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a, bool pack, const int *which, int n) {
   const loom_block_packed *p = &s->packed[l];
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
   int64_t c[BIG];
   layer_counts(m, c);
-  for (int k = 0; k < (which ? n : BIG); k++) {
-    const int i = which ? which[k] : k;
+  for (int k = 0; k < n; k++) {
+    const int i = which[k];
     float *wide = *act_field(a, i);
     if (pack) m->ops->to_bf16(m->ops, narrow[i], wide, (size_t)c[i]);
     else m->ops->from_bf16(m->ops, wide, narrow[i], (size_t)c[i]);
@@ -652,24 +715,30 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const loom_gpt_weights w = edge_weights(m, false);
   float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
   loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
-  to_bf16_values(m, normed, (size_t)n * h);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), NULL,
-                               N, n, h, v.rows);
+  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, s->ln_f_bits,
+                               vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), NULL, N, n, h, v.rows);
   return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
                                            s->targets, v, N);
 }
 
+/* The head's input as its GEMMs read it: ln_f, or in bf16 runs its bits. */
+static loom_bf16_operand head_input(const loom_gpt_slot *s) {
+  return s->ln_f_bits ? loom_bf16_bits(s->ln_f_bits) : loom_bf16_values(s->ln_f);
+}
+
 /* Starts backward from the loss: leaves the grad of the head's input in
- * w.dres, and the grad of the logits in their place for head_weight_grad. */
-static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss) {
+ * w.dres, and the grad of the logits in their place for head_weight_grad,
+ * or adds the head's weight grad now (weight_grad: one op reads dlogits
+ * for both of its GEMMs). */
+static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss, bool weight_grad) {
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden;
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m, false);
   loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
   to_bf16_values(m, s->logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
-  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, NULL, NULL, s->logits, s->ln_f,
-                                vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), N, n, h, v.rows);
+  loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, weight_grad ? m->p.g.lm_head : NULL, NULL,
+                                s->logits, NULL, head_input(s), vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
   loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
@@ -678,8 +747,8 @@ static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float d
 }
 
 static void head_weight_grad(loom_gpt *m, loom_gpt_slot *s) {
-  loom_linear_weight_grad(m->ops, m->p.g.lm_head, s->logits, s->ln_f, m->T * m->B, m->p.cfg.hidden, vocab_range(m).rows,
-                          m->p.cfg.bf16);
+  loom_linear_weight_grad(m->ops, m->p.g.lm_head, loom_bf16_values(s->logits), head_input(s), m->T * m->B,
+                          m->p.cfg.hidden, vocab_range(m).rows, m->p.cfg.bf16);
 }
 
 /* Calls the runtime's hook before or after a layer's (or the edges') part of a pass. */
@@ -713,7 +782,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     if (!m->recompute && !m->p.cfg.bf16) continue;
     /* Recompute keeps only each layer's input; bf16 runs keep the layer
      * packed and pass its output on in w.xin. */
-    if (!m->recompute) pack_layer(m, s, l, &a, true, NULL, 0);
+    if (!m->recompute) pack_layer(m, s, l, &a, true, PACKED_AFTER_LAYER, PACKED_AFTER);
     float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
@@ -737,13 +806,14 @@ static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_g
                   .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
   const loom_block_shape shape = block_shape(m);
   if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
-  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, NULL, 0);
+  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, READ_IN_BACKWARD, READ_BACK);
   return p;
 }
 
-/* Starts a stage's backward: from the loss on the last stage, else from dout. */
-static void backward_begin(loom_gpt *m, loom_gpt_slot *s, int slot, const float *dout, float dloss) {
-  if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss);
+/* Starts a stage's backward: from the loss on the last stage (with the
+ * head's weight grad unless the backward is split), else from dout. */
+static void backward_begin(loom_gpt *m, loom_gpt_slot *s, int slot, const float *dout, float dloss, bool split) {
+  if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss, !split);
   else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, (size_t)local_rows(m) * m->p.cfg.hidden * sizeof(float));
 }
 
@@ -751,8 +821,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   loom_gpt_slot *s = &m->slots[slot];
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   hook(m, true, LOOM_GPT_EDGES, true);
-  backward_begin(m, s, slot, dout, dloss);
-  if (m->p.range.last) head_weight_grad(m, s);
+  backward_begin(m, s, slot, dout, dloss, false);
   const loom_block_shape shape = block_shape(m);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
@@ -771,7 +840,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
   loom_gpt_slot *s = &m->slots[slot];
   loom_gpt_wstate *ws = &m->wstates[wstate];
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
-  backward_begin(m, s, slot, dout, dloss);
+  backward_begin(m, s, slot, dout, dloss, true);
   const loom_block_shape shape = block_shape(m);
   int64_t c[BIG];
   layer_counts(m, c);
@@ -779,23 +848,23 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
     layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
-    /* The weight half finds no activations in a recompute slot: keep the linears' inputs. */
+    /* The weight half finds no activations in a recompute slot: keep the linears' inputs (bf16 runs: their bits). */
     for (int k = 0; m->recompute && k < WEIGHT_INPUTS; k++) {
       const int i = WEIGHT_INPUT[k];
-      m->ops->mem->copy(m->ops->mem, *act_field(&ws->winputs[l], i), *act_field(&p.a, i), (size_t)c[i] * sizeof(float));
+      if (m->p.cfg.bf16)
+        m->ops->mem->copy(m->ops->mem, *act_bits_field(&ws->winputs[l], k), *act_bits_field(&p.a, k),
+                          (size_t)c[i] * sizeof(uint16_t));
+      else
+        m->ops->mem->copy(m->ops->mem, *act_field(&ws->winputs[l], i), *act_field(&p.a, i), (size_t)c[i] * sizeof(float));
     }
   }
   m->ops->mem->copy(m->ops->mem, s->dx0, m->w.dres, nh * sizeof(float)); /* the stage input's grad, or the embedding's */
 }
 
-/* The linears' inputs of layer l for its weight half: the slot's, the kept
- * copies (recompute), or unpacked into scratch (bf16 runs). */
+/* The linears' inputs of layer l for its weight half: the slot's (bf16
+ * runs: its bits), or the kept copies (recompute). */
 static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, loom_gpt_wstate *ws, int l) {
-  if (m->recompute) return ws->winputs[l];
-  if (!m->p.cfg.bf16) return s->blocks[l];
-  loom_block_acts a = m->w.redo;
-  pack_layer(m, s, l, &a, false, WEIGHT_INPUT, WEIGHT_INPUTS);
-  return a;
+  return m->recompute ? ws->winputs[l] : layer_acts(m, s, l);
 }
 
 void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch) {

@@ -43,6 +43,7 @@ typedef struct {
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
   float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
   float *ln_f;              /* [N, h] (gathered under SP) */
+  uint16_t *ln_f_bits;      /* [N, h] bf16 runs: ln_f packed, which the head's GEMMs read */
   float *logits;            /* [N, Vp/tp]; backward overwrites it with dlogits */
   float *losses, *lse, *picked; /* [N] */
 } loom_gpt_slot;
@@ -54,16 +55,17 @@ typedef struct {
  * the embedding's, its slot's dx0. A stage holds as many as its schedule
  * has backwards waiting for their weight half. */
 typedef struct {
-  loom_buffer mem;
-  loom_block_wgrad *wgrad;  /* [layers] */
-  loom_block_acts *winputs; /* [layers] (with recompute) */
+  loom_buffer mem, mem16;   /* fp32 views, and bf16 runs' bits */
+  loom_block_wgrad *wgrad;  /* [layers] (bf16 runs: their bits; the fp32 views are the block scratch's) */
+  loom_block_acts *winputs; /* [layers] (with recompute; bf16 runs: their bits) */
 } loom_gpt_wstate;
 
 /* Scratch shared by every slot. */
 typedef struct {
-  loom_buffer mem;
+  loom_buffer mem, mem16;   /* fp32 views, and bf16 runs' bits */
   loom_block_scratch block;
-  loom_block_acts redo;     /* one layer's activations: recomputed in backward, or computed in fp32 in bf16 runs */
+  loom_block_acts redo;     /* one layer's activations: recomputed in backward, or computed in fp32 in bf16 runs
+                             * (bf16 runs with recompute: with its linears' inputs as bits) */
   float *xin;               /* [n, h] bf16 runs: the current layer's input */
   float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
   loom_block_weights layer_w; /* views of weights: one layer's */

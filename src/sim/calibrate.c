@@ -18,17 +18,19 @@ typedef struct {
   const loom_ops *ops;
   bool bf16;
   float *a, *b, *c, *da, *db;
-  uint16_t *bh; /* bf16: the weight */
+  uint16_t *ah, *bh, *ch; /* bf16: the input, the weight and the output grad, as bits */
   int N, C, OC;
 } gemm_ctx;
 
 /* A linear layer's GEMMs as the runtime runs them: the forward and both
- * grads (the cost model's three passes), in bf16 from the bf16 weight. */
+ * grads (the cost model's three passes), in bf16 from bits: the weight, the
+ * input and the output grad, as a bf16 block keeps them. */
 static void gemm_once(void *p) {
   gemm_ctx *g = p;
   if (g->bf16) {
-    g->ops->matmul_forward_bf16(g->ops, g->c, g->a, g->bh, NULL, g->N, g->C, g->OC);
-    g->ops->matmul_backward_bf16(g->ops, g->da, g->db, NULL, g->c, g->a, g->bh, g->N, g->C, g->OC);
+    g->ops->matmul_forward_bf16(g->ops, g->c, loom_bf16_bits(g->ah), g->bh, NULL, g->N, g->C, g->OC);
+    g->ops->matmul_backward_bf16(g->ops, g->da, g->db, NULL, loom_bf16_bits(g->ch), loom_bf16_bits(g->ah), g->bh, g->N,
+                                 g->C, g->OC);
     return;
   }
   g->ops->matmul_forward(g->ops, g->c, g->a, g->b, NULL, g->N, g->C, g->OC);
@@ -38,17 +40,22 @@ static void gemm_once(void *p) {
 /* FLOP/s of one linear's GEMMs through the backend (operands zero: speed does not depend on values). */
 static double gemm_flops(const loom_ops *ops, bool bf16, int N, int C, int OC, double seconds) {
   const loom_allocator *mem = ops->mem;
-  gemm_ctx g = {ops, bf16, NULL, NULL, NULL, NULL, NULL, NULL, N, C, OC};
+  gemm_ctx g = {.ops = ops, .bf16 = bf16, .N = N, .C = C, .OC = OC};
   g.c = loom_xzalloc(mem, (size_t)N * OC * sizeof(float), "calibration GEMM");
   g.a = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
   g.da = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
   g.db = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
-  if (bf16) g.bh = loom_xzalloc(mem, (size_t)OC * C * sizeof(uint16_t), "calibration GEMM");
-  else g.b = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
+  if (bf16) {
+    g.ah = loom_xzalloc(mem, (size_t)N * C * sizeof(uint16_t), "calibration GEMM");
+    g.bh = loom_xzalloc(mem, (size_t)OC * C * sizeof(uint16_t), "calibration GEMM");
+    g.ch = loom_xzalloc(mem, (size_t)N * OC * sizeof(uint16_t), "calibration GEMM");
+  } else {
+    g.b = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
+  }
   gemm_once(&g); /* warm-up */
   const double t = loom_measure_best_time(gemm_once, &g, seconds);
-  void *all[] = {g.a, g.b, g.c, g.da, g.db, g.bh};
-  for (int i = 0; i < 6; i++)
+  void *all[] = {g.a, g.b, g.c, g.da, g.db, g.ah, g.bh, g.ch};
+  for (int i = 0; i < 8; i++)
     if (all[i]) mem->release(mem, all[i]);
   return 6.0 * N * (double)C * OC / t;
 }

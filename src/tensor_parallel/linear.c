@@ -2,31 +2,45 @@
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/mappings.h"
 
-/* One local linear through the op table's fp32 or bf16 matmuls, as w is. */
-static void matmul_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const float *b,
+/* One local linear through the op table's fp32 or bf16 matmuls, as w is
+ * (fp32 linears read the operands' values). */
+static void matmul_forward(const loom_ops *ops, float *out, loom_bf16_operand inp, loom_linear_weight w, const float *b,
                            int N, int C, int OC) {
   if (w.bf16) ops->matmul_forward_bf16(ops, out, inp, w.bf16, b, N, C, OC);
-  else ops->matmul_forward(ops, out, inp, w.f32, b, N, C, OC);
+  else ops->matmul_forward(ops, out, inp.f32, w.f32, b, N, C, OC);
 }
 
-static void matmul_backward(const loom_ops *ops, float *dinp, float *dw, float *db, const float *dout, const float *inp,
-                            loom_linear_weight w, int N, int C, int OC) {
+static void matmul_backward(const loom_ops *ops, float *dinp, float *dw, float *db, loom_bf16_operand dout,
+                            loom_bf16_operand inp, loom_linear_weight w, int N, int C, int OC) {
   if (w.bf16) ops->matmul_backward_bf16(ops, dinp, dw, db, dout, inp, w.bf16, N, C, OC);
-  else ops->matmul_backward(ops, dinp, dw, db, dout, inp, w.f32, N, C, OC);
+  else ops->matmul_backward(ops, dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
+}
+
+/* x[n] as the GEMMs read it: packed into bits (when given, from x's values), else x's values. */
+static loom_bf16_operand packed(const loom_ops *ops, uint16_t *bits, const float *x, size_t n) {
+  if (!bits) return loom_bf16_values(x);
+  ops->to_bf16(ops, bits, x, n);
+  return loom_bf16_bits(bits);
+}
+
+/* The operand of values x, or of its bits where a caller keeps them. */
+static loom_bf16_operand either(const float *x, const uint16_t *bits) {
+  return bits ? loom_bf16_bits(bits) : loom_bf16_values(x);
 }
 
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
-                                  const float *inp, loom_linear_weight w, const float *b, int N, int n, int in,
-                                  int out_local) {
+                                  const float *inp, uint16_t *inp_bits, loom_linear_weight w, const float *b, int N,
+                                  int n, int in, int out_local) {
   loom_tp_enter_forward(tp, ops, inp, inp_full, (size_t)n * in);
-  matmul_forward(ops, out, inp_full, w, b, N, in, out_local);
+  matmul_forward(ops, out, packed(ops, inp_bits, inp_full, (size_t)N * in), w, b, N, in, out_local);
 }
 
 void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
-                                   float *dw, float *db, const float *dout, const float *inp_full,
-                                   loom_linear_weight w, int N, int n, int in, int out_local) {
+                                   float *dw, float *db, const float *dout, const uint16_t *dout_bits,
+                                   loom_bf16_operand inp_full, loom_linear_weight w, int N, int n, int in,
+                                   int out_local) {
   loom_mem_zero(ops->mem, dinp_full, (size_t)N * in);
-  matmul_backward(ops, dinp_full, dw, db, dout, inp_full, w, N, in, out_local);
+  matmul_backward(ops, dinp_full, dw, db, either(dout, dout_bits), inp_full, w, N, in, out_local);
   loom_tp_enter_backward(tp, ops, dinp_full, dinp, (size_t)n * in);
 }
 
@@ -41,7 +55,7 @@ void loom_column_parallel_gather_output_backward(const loom_tp *tp, const loom_o
 }
 
 void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *partial,
-                               const float *inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
+                               loom_bf16_operand inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
                                int out_features) {
   matmul_forward(ops, partial, inp, w, NULL, N, in_local, out_features);
   loom_tp_exit_forward(tp, ops, partial, out, (size_t)n * out_features);
@@ -49,15 +63,16 @@ void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *ou
 }
 
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
-                                const float *dout, float *dout_full, const float *inp, loom_linear_weight w, int N,
-                                int n, int in_local, int out_features) {
+                                const float *dout, float *dout_full, uint16_t *dout_bits, loom_bf16_operand inp,
+                                loom_linear_weight w, int N, int n, int in_local, int out_features) {
   if (db) ops->bias_backward(ops, db, dout, n, out_features);
   loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
-  matmul_backward(ops, dinp, dw, NULL, dout_full, inp, w, N, in_local, out_features);
+  matmul_backward(ops, dinp, dw, NULL, packed(ops, dout_bits, dout_full, (size_t)N * out_features), inp, w, N, in_local,
+                  out_features);
 }
 
-void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out,
-                             bool bf16) {
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,
+                             int out, bool bf16) {
   if (bf16) ops->matmul_backward_bf16(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
-  else ops->matmul_backward(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+  else ops->matmul_backward(ops, NULL, dw, NULL, dout.f32, inp.f32, NULL, N, in, out);
 }

@@ -30,16 +30,25 @@ typedef struct {
 } loom_linear_weight;
 static inline loom_linear_weight loom_linear_fp32(const float *w) { return (loom_linear_weight){.f32 = w}; }
 
+/* bf16 runs keep a linear's inputs and output grads as bf16 bits where the
+ * GEMMs read them in place (the `bits` arguments below; NULL: none, the
+ * GEMMs then read the fp32 values). A linear that brings such a tensor into
+ * its region packs it there, once, from the values it brought in. */
+
 /* out[N, out_local] = inp_full @ w^T + b, where inp_full[N, in] is inp[n, in]
- * brought into the region (saved for backward; may alias inp without SP). */
+ * brought into the region (saved for backward; may alias inp without SP),
+ * or packed into inp_bits[N, in] (saved instead; inp_full is then scratch). */
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
-                                  const float *inp, loom_linear_weight w, const float *b, int N, int n, int in,
-                                  int out_local);
+                                  const float *inp, uint16_t *inp_bits, loom_linear_weight w, const float *b, int N,
+                                  int n, int in, int out_local);
 /* dinp[n, in] = the input grad leaving the region (written, not added);
- * dinp_full[N, in] is scratch (may alias dinp without SP). */
+ * dinp_full[N, in] is scratch (may alias dinp without SP). dout_bits, when
+ * set, holds dout's values and is what the GEMM and the bias grad read;
+ * the weight grad, when asked, reads inp_full (its values, or its bits). */
 void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
-                                   float *dw, float *db, const float *dout, const float *inp_full,
-                                   loom_linear_weight w, int N, int n, int in, int out_local);
+                                   float *dw, float *db, const float *dout, const uint16_t *dout_bits,
+                                   loom_bf16_operand inp_full, loom_linear_weight w, int N, int n, int in,
+                                   int out_local);
 /* The optional gather of the output: full[N, out_local * tp] in global column
  * order; scratch holds N * out_local * tp floats. */
 void loom_column_parallel_gather_output(const loom_tp *tp, const loom_ops *ops, const float *out, float *full,
@@ -49,22 +58,25 @@ void loom_column_parallel_gather_output_backward(const loom_tp *tp, const loom_o
                                                  float *dout, int N, int out_local);
 
 /* out[n, out] = reduce over ranks of (inp[N, in_local] @ w^T) + b; partial[N, out]
- * is scratch (may alias out without SP). */
+ * is scratch (may alias out without SP). inp: its values, or its bits. */
 void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *partial,
-                               const float *inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
+                               loom_bf16_operand inp, loom_linear_weight w, const float *b, int N, int n, int in_local,
                                int out_features);
 /* dinp[N, in_local] += ...; dout[n, out] is the output grad; dout_full[N, out]
- * is scratch (may alias dout without SP). The bias grad covers this rank's
- * rows only under SP (summed over the group with the other replicated grads). */
+ * is where it is brought into the region (may alias dout without SP), or
+ * dout_bits[N, out] where it is packed (dout_full is then scratch). The bias
+ * grad covers this rank's rows only under SP (summed over the group with the
+ * other replicated grads). The weight grad, when asked, reads inp. */
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,
-                                const float *dout, float *dout_full, const float *inp, loom_linear_weight w, int N,
-                                int n, int in_local, int out_features);
+                                const float *dout, float *dout_full, uint16_t *dout_bits, loom_bf16_operand inp,
+                                loom_linear_weight w, int N, int n, int in_local, int out_features);
 
 /* The weight grad a backward left out: dw[out, in] += dout[N, out]^T @ inp[N, in],
  * with the region's row-complete tensors (column-parallel: its output grad and
  * gathered input; row-parallel: its gathered output grad and split input);
- * bf16: they hold bf16 values, for the bf16 linear's GEMM. */
-void loom_linear_weight_grad(const loom_ops *ops, float *dw, const float *dout, const float *inp, int N, int in, int out,
-                             bool bf16);
+ * bf16: they hold bf16 values or are bits, for the bf16 linear's GEMM (fp32
+ * runs pass values). */
+void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,
+                             int out, bool bf16);
 
 #endif

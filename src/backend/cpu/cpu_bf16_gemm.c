@@ -59,7 +59,7 @@ loom_status loom_cpu_bf16_gemm_choose_from_env(loom_error *err) {
 static _Thread_local struct {
   void *data;
   size_t bytes;
-} g_scratch[2];
+} g_scratch[3]; /* A, B, and an operand two GEMMs share (loom_cpu_bf16_gemm_operand) */
 
 static void *scratch(int which, size_t bytes) {
   if (g_scratch[which].bytes < bytes) {
@@ -86,6 +86,10 @@ static loom_bf16_operand converted(int which, loom_bf16_operand x, size_t n, boo
     return loom_bf16_values(wide);
   }
   return x;
+}
+
+loom_bf16_operand loom_cpu_bf16_gemm_operand(loom_bf16_gemm_path path, loom_bf16_operand x, size_t n) {
+  return converted(2, x, n, path == LOOM_BF16_GEMM_NATIVE);
 }
 
 /* ---- widening: the fp32 GEMM on the widened values ---- */

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/ops.h"
 #include "core/status.h"
 
 typedef enum { LOOM_BF16_GEMM_NATIVE = 0, LOOM_BF16_GEMM_WIDEN = 1, LOOM_BF16_GEMM_PATHS } loom_bf16_gemm_path;
@@ -40,16 +41,10 @@ void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len
  * ("brg:avx512_core_amx_bf16", ...; its primitive is made and kept), or
  * what stands in for it where the native path cannot run. */
 void loom_cpu_bf16_gemm_impl(const loom_gemm_shape *s, char *out, size_t len);
-/* A bf16 GEMM operand: bf16 bits, or fp32 that holds bf16 values (a bf16
- * run's activations and their grads), set in exactly one of the two. Each
- * path converts what it must, exactly, in scratch of its own: the native
- * one packs fp32 operands, widening widens bf16 ones. */
-typedef struct {
-  const uint16_t *bf16;
-  const float *f32;
-} loom_bf16_operand;
-static inline loom_bf16_operand loom_bf16_bits(const uint16_t *x) { return (loom_bf16_operand){.bf16 = x}; }
-static inline loom_bf16_operand loom_bf16_values(const float *x) { return (loom_bf16_operand){.f32 = x}; }
+/* x (n elements) as `path` reads it, converted if need be into scratch of
+ * its own that the next call of this function reuses: for an operand two
+ * GEMMs share, converted once. */
+loom_bf16_operand loom_cpu_bf16_gemm_operand(loom_bf16_gemm_path path, loom_bf16_operand x, size_t n);
 /* C[M,N] = op(A) op(B) + beta C (beta 0 or 1) laid out as s says
  * (loom_gemm_shape), through `path`. */
 void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, loom_bf16_operand A,

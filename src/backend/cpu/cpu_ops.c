@@ -27,17 +27,26 @@ static void cpu_bias_forward(const loom_ops *be, float *out, const float *bias, 
 }
 
 /* Column sums, blocked over output features so each thread owns its slice. */
-static void cpu_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
+/* dbias[o] += the sum of column o of dout[N, OC], held as fp32 or as bf16
+ * bits (one of the two), in 64-column strips. */
+static void column_sums(float *dbias, const float *dout, const uint16_t *bits, int N, int OC) {
 #pragma omp parallel for schedule(static) if ((size_t)N * OC > PAR_MIN)
   for (int o0 = 0; o0 < OC; o0 += 64) {
     const int o1 = o0 + 64 < OC ? o0 + 64 : OC;
     float acc[64] = {0};
     for (int n = 0; n < N; n++) {
-      const float *row = dout + (size_t)n * OC;
-      for (int o = o0; o < o1; o++) acc[o - o0] += row[o];
+      const size_t row = (size_t)n * OC;
+      if (bits)
+        for (int o = o0; o < o1; o++) acc[o - o0] += loom_bf16_value(bits[row + o]);
+      else
+        for (int o = o0; o < o1; o++) acc[o - o0] += dout[row + o];
     }
     for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
   }
+}
+
+static void cpu_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
+  column_sums(dbias, dout, NULL, N, OC);
 }
 
 static void cpu_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight,
@@ -607,25 +616,23 @@ static void cpu_round_bf16(const loom_ops *be, float *x, size_t n) {
 }
 
 /* Native where the CPU has bf16 instructions, else widened exactly (cpu_bf16_gemm.h). */
-static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+static void cpu_matmul_forward_bf16(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight,
                                     const float *bias, int N, int C, int OC) {
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
-  loom_cpu_bf16_gemm_run(loom_cpu_bf16_gemm_path(), &g[LOOM_LINEAR_FORWARD], loom_bf16_values(inp),
-                         loom_bf16_bits(weight), out);
+  loom_cpu_bf16_gemm_run(loom_cpu_bf16_gemm_path(), &g[LOOM_LINEAR_FORWARD], inp, loom_bf16_bits(weight), out);
   if (bias) cpu_bias_forward(be, out, bias, N, OC);
 }
 
-static void cpu_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const uint16_t *weight, int N, int C, int OC) {
+static void cpu_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
+                                     loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC) {
   loom_gemm_shape g[LOOM_LINEAR_GEMMS];
   loom_cpu_linear_gemms(N, C, OC, g);
   const loom_bf16_gemm_path path = loom_cpu_bf16_gemm_path();
-  if (dinp)
-    loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_INPUT_GRAD], loom_bf16_values(dout), loom_bf16_bits(weight), dinp);
-  if (dweight)
-    loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_WEIGHT_GRAD], loom_bf16_values(dout), loom_bf16_values(inp), dweight);
-  if (dbias) cpu_bias_backward(be, dbias, dout, N, OC);
+  if (dinp && dweight) dout = loom_cpu_bf16_gemm_operand(path, dout, (size_t)N * OC); /* converted once for both */
+  if (dinp) loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_INPUT_GRAD], dout, loom_bf16_bits(weight), dinp);
+  if (dweight) loom_cpu_bf16_gemm_run(path, &g[LOOM_LINEAR_WEIGHT_GRAD], dout, inp, dweight);
+  if (dbias) column_sums(dbias, dout.f32, dout.bf16, N, OC);
 }
 
 /* One AdamW update of element i (the loop bodies below share it). */

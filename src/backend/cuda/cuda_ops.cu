@@ -91,10 +91,15 @@ __global__ void bias_add_kernel(float *out, const float *bias, int N, int OC) {
 }
 
 // dbias[o] += sum over n of dout[n, o]: one block per column.
-__global__ void column_sum_kernel(float *dbias, const float *dout, int N, int OC) {
+__device__ __forceinline__ float widened(float x) { return x; }
+__device__ __forceinline__ float widened(uint16_t x) { return loom_bf16_value(x); }
+
+// dbias[o] += the sum of column o of dout[N, OC], fp32 or bf16 bits.
+template <typename T>
+__global__ void column_sum_kernel(float *dbias, const T *dout, int N, int OC) {
   const int o = blockIdx.x;
   float acc = 0.0f;
-  for (int n = threadIdx.x; n < N; n += blockDim.x) acc += dout[(size_t)n * OC + o];
+  for (int n = threadIdx.x; n < N; n += blockDim.x) acc += widened(dout[(size_t)n * OC + o]);
   acc = block_sum(acc);
   if (threadIdx.x == 0) dbias[o] += acc;
 }
@@ -120,9 +125,11 @@ struct Operand {
   const float *x;
   size_t elems;
   int ld;
+  const uint16_t *bits = nullptr; // a bf16 operand already in bits, read in place
 };
 
-// bf16 copies of up to two operands, in the context's operand buffer.
+// bf16 copies of up to two operands, in the context's operand buffer (an
+// operand given in bits is read where it is).
 void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16);
 
 // c[m,n] (fp32, column-major, ldc m) = op(a) op(b) + beta c from bf16 a and b, accumulating in fp32.
@@ -884,12 +891,13 @@ __global__ void round_bf16_kernel(float *x, size_t n) {
 }
 
 void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16) {
-  uint16_t *buf = (uint16_t *)grow(g, g.operands, g.operand_bytes, (a.elems + b.elems) * sizeof(uint16_t), "bf16 GEMM operands");
-  if (a.elems) to_bf16_kernel<<<blocks_for(a.elems), THREADS, 0, g.stream>>>(buf, a.x, a.elems);
-  if (b.elems) to_bf16_kernel<<<blocks_for(b.elems), THREADS, 0, g.stream>>>(buf + a.elems, b.x, b.elems);
+  const size_t a_elems = a.bits ? 0 : a.elems, b_elems = b.bits ? 0 : b.elems;
+  uint16_t *buf = (uint16_t *)grow(g, g.operands, g.operand_bytes, (a_elems + b_elems) * sizeof(uint16_t), "bf16 GEMM operands");
+  if (a_elems) to_bf16_kernel<<<blocks_for(a_elems), THREADS, 0, g.stream>>>(buf, a.x, a_elems);
+  if (b_elems) to_bf16_kernel<<<blocks_for(b_elems), THREADS, 0, g.stream>>>(buf + a_elems, b.x, b_elems);
   launched("bf16 GEMM operands");
-  *a16 = buf;
-  *b16 = buf + a.elems;
+  *a16 = a.bits ? a.bits : buf;
+  *b16 = b.bits ? b.bits : buf + a_elems;
 }
 
 void cuda_round_bf16(const loom_ops *be, float *x, size_t n) {
@@ -913,28 +921,41 @@ void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n
   launched("from_bf16");
 }
 
-// bf16 runs' linears: the weight is bf16 already; inp and dout (bf16 values in
-// fp32) get bf16 copies in the operand buffer, exactly.
-void cuda_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight, const float *bias,
-                              int N, int C, int OC) {
+// bf16 runs' linears: the weight is bf16 already; inp and dout are read in
+// place when they are bits, else (bf16 values in fp32) get bf16 copies in the
+// operand buffer, exactly.
+static Operand operand_of(loom_bf16_operand x, size_t elems, int ld) {
+  if (!loom_bf16_operand_set(x)) return Operand{nullptr, 0, 0};
+  Operand o = {x.f32, elems, ld};
+  o.bits = x.bf16;
+  return o;
+}
+
+void cuda_matmul_forward_bf16(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight,
+                              const float *bias, int N, int C, int OC) {
   Backend &g = ctx(be);
   const uint16_t *x16, *none;
-  to_bf16_pair(g, Operand{inp, (size_t)N * C, C}, Operand{nullptr, 0, 0}, &x16, &none);
+  to_bf16_pair(g, operand_of(inp, (size_t)N * C, C), Operand{nullptr, 0, 0}, &x16, &none);
   gemm_bf16(g, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight, C, x16, C, 0.0f, out, "matmul_forward_bf16");
   if (bias) cuda_bias_forward(be, out, bias, N, OC);
 }
 
-void cuda_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                               const float *inp, const uint16_t *weight, int N, int C, int OC) {
+void cuda_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
+                               loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC) {
   Backend &g = ctx(be);
-  const Operand dy = {dout, (size_t)N * OC, OC}, x = {dweight ? inp : nullptr, dweight ? (size_t)N * C : 0, C};
+  const Operand dy = operand_of(dout, (size_t)N * OC, OC);
+  const Operand x = dweight ? operand_of(inp, (size_t)N * C, C) : Operand{nullptr, 0, 0};
   const uint16_t *dy16, *x16;
   to_bf16_pair(g, dy, x, &dy16, &x16);
   if (dinp) // dinp[N,C] += dout[N,OC] @ weight[OC,C]
     gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, weight, C, dy16, OC, 1.0f, dinp, "matmul_backward_bf16 dinp");
   if (dweight) // dweight[OC,C] += dout^T @ inp
     gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x16, C, dy16, OC, 1.0f, dweight, "matmul_backward_bf16 dweight");
-  if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
+  if (dbias) {
+    if (dout.bf16) column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout.bf16, N, OC);
+    else column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout.f32, N, OC);
+    launched("bias_backward");
+  }
 }
 
 loom_ops make_ops() {

@@ -215,13 +215,15 @@ static void g_dropout_backward(const loom_ops *be, float *dx, int T, int B, int 
 static void g_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) { CPU->to_bf16(CPU, U(out), U(in), n); }
 static void g_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) { CPU->from_bf16(CPU, U(out), U(in), n); }
 static void g_round_bf16(const loom_ops *be, float *x, size_t n) { CPU->round_bf16(CPU, U(x), n); }
-static void g_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+/* An operand's pointer made usable by the CPU kernels. */
+static loom_bf16_operand UO(loom_bf16_operand x) { return (loom_bf16_operand){.bf16 = U(x.bf16), .f32 = U(x.f32)}; }
+static void g_matmul_forward_bf16(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight,
                                   const float *bias, int N, int C, int OC) {
-  CPU->matmul_forward_bf16(CPU, U(out), U(inp), U(weight), U(bias), N, C, OC);
+  CPU->matmul_forward_bf16(CPU, U(out), UO(inp), U(weight), U(bias), N, C, OC);
 }
-static void g_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const uint16_t *weight, int N, int C, int OC) {
-  CPU->matmul_backward_bf16(CPU, U(dinp), U(dweight), U(dbias), U(dout), U(inp), U(weight), N, C, OC);
+static void g_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
+                                   loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC) {
+  CPU->matmul_backward_bf16(CPU, U(dinp), U(dweight), U(dbias), UO(dout), UO(inp), U(weight), N, C, OC);
 }
 static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n,
                     const loom_adamw_args *args) {

@@ -399,27 +399,29 @@ static void ref_round_bf16(const loom_ops *be, float *x, size_t n) {
 }
 
 /* x widened to fp32 in a new array: bf16 bits exactly, fp32 values rounded to
- * bf16 first (a no-op for the bf16 values the contract passes). */
-static float *ref_bf16_values(const uint16_t *bits, const float *values, size_t n) {
-  if (!bits && !values) return NULL;
+ * bf16 first (a no-op for the bf16 values the contract passes); NULL for an
+ * operand the call does not read. */
+static float *ref_bf16_values(loom_bf16_operand x, size_t n) {
+  if (!loom_bf16_operand_set(x)) return NULL;
   float *out = loom_xmalloc((n ? n : 1) * sizeof(float), "bf16 operand");
-  for (size_t i = 0; i < n; i++) out[i] = bits ? loom_bf16_value(bits[i]) : loom_bf16_value(loom_bf16_round(values[i]));
+  for (size_t i = 0; i < n; i++) out[i] = x.bf16 ? loom_bf16_value(x.bf16[i]) : loom_bf16_value(loom_bf16_round(x.f32[i]));
   return out;
 }
 
 /* The fp32 linears on the bf16 values. */
-static void ref_matmul_forward_bf16(const loom_ops *be, float *out, const float *inp, const uint16_t *weight,
+static void ref_matmul_forward_bf16(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight,
                                     const float *bias, int N, int C, int OC) {
-  float *x = ref_bf16_values(NULL, inp, (size_t)N * C), *w = ref_bf16_values(weight, NULL, (size_t)OC * C);
+  float *x = ref_bf16_values(inp, (size_t)N * C), *w = ref_bf16_values(loom_bf16_bits(weight), (size_t)OC * C);
   ref_matmul_forward(be, out, x, w, bias, N, C, OC);
   free(x);
   free(w);
 }
 
-static void ref_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const uint16_t *weight, int N, int C, int OC) {
-  float *dy = ref_bf16_values(NULL, dout, (size_t)N * OC), *x = ref_bf16_values(NULL, dweight ? inp : NULL, (size_t)N * C);
-  float *w = ref_bf16_values(dinp ? weight : NULL, NULL, (size_t)OC * C);
+static void ref_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
+                                     loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC) {
+  const loom_bf16_operand none = {0};
+  float *dy = ref_bf16_values(dout, (size_t)N * OC), *x = ref_bf16_values(dweight ? inp : none, (size_t)N * C);
+  float *w = ref_bf16_values(dinp ? loom_bf16_bits(weight) : none, (size_t)OC * C);
   ref_matmul_backward(be, dinp, dweight, dbias, dy, x, w, N, C, OC);
   free(dy);
   free(x);
