@@ -166,42 +166,39 @@ static void expect_memory_as_modelled(const loom_trainer *tr) {
 
 /* Over `steps` steps, the bytes this rank's pipeline messages carried to
  * other ranks are what `loom sim` costs them at (both from one function,
- * loom_gpt_boundary_bytes), in fp32 and bf16 runs alike, a bf16 run's
- * half its fp32 twin's (its messages travel as bf16); and its
- * tensor-parallel collectives moved (counted by the communicator as ring
- * algorithms move them) what the sim counts for wire_plan: the run's own
- * plan in fp32. The activations cross tp as fp32 in bf16 runs too, while
- * the sim counts them at Megatron's 2 bytes (SC21's runs; issue 36 makes
- * them bf16), so a bf16 run is held to its plan's fp32 twin, and to more
- * than its own plan's count: the gap, until bf16 crosses tp. The sim
+ * loom_gpt_boundary_bytes), and its tensor-parallel collectives moved
+ * (counted by the communicator as ring algorithms move them) what the sim
+ * counts for the run's plan, in fp32 and bf16 runs alike. For a bf16 run,
+ * fp32_twin (NULL for an fp32 run) is its plan in fp32: the bf16 messages
+ * are half its bytes, and its tp collectives more than the bf16 run's
+ * (activations cross tp as bf16 too; the loss's scalars stay fp32). The sim
  * counts the layers', the edges' and sequence parallelism's collectives;
  * the run also sums a few scalars over tp per step (the grad norm's pieces,
  * the skip vote: 40 bytes at tp 2), which the sim leaves out as noise.
  * Compared on the mean over the dp replicas (see below). */
-static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, const loom_plan *wire_plan) {
+static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, const loom_plan *fp32_twin) {
   loom_profile *prof;
   loom_error err = {0};
   ck_assert_msg(loom_profile_load("h100-sxm", &prof, &err) == LOOM_OK, "%s", err.msg);
   loom_sim_costs c;
   loom_sim_costs_build(tr->plan, prof, &c);
   const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)loom_pipeline_usage_of(tr->pipe).p2p_bytes;
-  const double tp_counted = steps * c.tp_bytes[tr->ps.pp_rank];
+  const double tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
   double tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
   /* Under ZeRO-2/3 each replica sums its own pieces of the replicated grads, which the sim counts on the mean. */
   loom_comm_allreduce_typed(tr->ps.dp_group, &tp_moved, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   tp_moved /= tr->ps.dp;
-  double tp_simulated = tp_counted;
-  if (wire_plan != tr->plan) {
+  if (fp32_twin) {
     loom_sim_costs_free(&c);
-    loom_sim_costs_build(wire_plan, prof, &c);
-    tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
-    const double twin_p2p = steps * c.p2p_bytes[tr->ps.pp_rank];
+    loom_sim_costs_build(fp32_twin, prof, &c);
+    const double twin_p2p = steps * c.p2p_bytes[tr->ps.pp_rank], twin_tp = steps * c.tp_bytes[tr->ps.pp_rank];
     ck_assert_msg(2.0 * simulated == twin_p2p, "rank %d: bf16 messages %.0f bytes, fp32's %.0f", g_world->rank, simulated,
                   twin_p2p);
+    ck_assert_msg(tr->ps.tp == 1 || tp_simulated < twin_tp, "rank %d: bf16 tp collectives %.0f bytes, fp32's %.0f",
+                  g_world->rank, tp_simulated, twin_tp);
   }
   loom_sim_costs_free(&c);
   loom_profile_free(prof);
-  if (wire_plan != tr->plan) ck_assert_msg(tr->ps.tp == 1 || tp_counted < tp_simulated, "rank %d: bf16 crosses tp now?", g_world->rank);
   ck_assert_msg(sent == simulated, "rank %d: pipeline messages carried %.0f bytes, the sim counts %.0f", g_world->rank, sent,
                 simulated);
   if (tr->ps.pp > 1) ck_assert_double_gt(sent, 0.0);
@@ -247,7 +244,7 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   const double before = tr->ps.dp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
   for (int s = 0; s < STEPS; s++) losses[s] = loom_trainer_step(tr, s).loss;
   expect_dp_as_planned(tr, STEPS, before);
-  expect_traffic_as_simulated(tr, STEPS, tp_before, plan);
+  expect_traffic_as_simulated(tr, STEPS, tp_before, NULL);
   /* An evaluation of more micro-batches than a step's runs in rounds within training's buffers. */
   loom_eval_stats e;
   ck_assert_msg(loom_trainer_eval(tr, 3 * pc->m, 0, &e, &err) == LOOM_OK, "%s", err.msg);
@@ -382,17 +379,17 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
 }
 
 START_TEST(bf16_matches_serial_bf16) {
-  /* Replicated key/value heads (tp above kv_heads) round each rank's part
-   * of a head's activation grad to bf16 before the parts are summed, where
-   * the serial run rounds the sum once: one more bf16 rounding of those
-   * grads every micro-batch, which Adam's normalised steps carry into the
-   * weights (NMSE 4.9e-6 measured at tp 2, 3.0e-5 at tp 2 x pp 2
-   * interleaved, 4.4e-5 with SP). The NMSE bound is 100x wider there, and a
-   * weight may move by up to lr a step, STEPS * lr in all, as with the bf16
-   * reduction below (the worst measured was 3 lr). */
-  const loom_gpt_config c = tiny();
-  const bool replicated_kv = g_tp > loom_gpt_kv_heads(&c);
-  check_bf16(false, 1e-3, replicated_kv ? 1e-4 : 1e-5, replicated_kv ? STEPS * g_lr : 2 * g_lr);
+  /* With tp > 1 the parallel regions' collectives move bf16 (mappings.c):
+   * a sum rounds each rank's part to bf16 before adding it and the sum
+   * again, where the serial run rounds the fp32 sum once. That is one more
+   * bf16 rounding of every row-parallel output and column-parallel input
+   * grad, every micro-batch (and of replicated key/value heads' grads, as
+   * before), which Adam's normalised steps carry into the weights: measured
+   * at tp 2, losses up to 3.6e-3 apart by step 4 (Llama, SP), master
+   * weights NMSE up to 1.6e-4, the worst weight 2.7 lr. So tp runs get the
+   * bf16 reduction's bounds below: loss 1e-2, NMSE 1e-3, STEPS * lr. */
+  const bool bf16_sums = g_tp > 1;
+  check_bf16(false, bf16_sums ? 1e-2 : 1e-3, bf16_sums ? 1e-3 : 1e-5, bf16_sums ? STEPS * g_lr : 2 * g_lr);
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; a
    * weight moves at most about lr a step, STEPS * lr in all. */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "pipeline/trainer.h"
+#include "backend/op_math.h"
 #include "comm/mpi/comm_mpi.h"
 #include "data/addition.h"
 #include "core/rng.h"
@@ -388,6 +389,25 @@ START_TEST(large_reduce_scatter_is_exact) {
 }
 END_TEST
 
+/* The same in bf16, the sum a bf16 run's sequence-parallel regions use:
+ * small integers, whose every partial sum bf16 holds exactly. */
+START_TEST(large_bf16_reduce_scatter_is_exact) {
+  const size_t n = ((size_t)1 << 22) + 1000 + 3, size = (size_t)g_world->size;
+  ck_assert_uint_le(size, 8); /* sums stay below 2^8 */
+  uint16_t *send = malloc(size * n * sizeof(uint16_t)), *recv = malloc(n * sizeof(uint16_t));
+  ck_assert(send && recv);
+  for (size_t d = 0; d < size; d++)
+    for (size_t i = 0; i < n; i++) send[d * n + i] = loom_bf16_round((float)((g_world->rank + 1) * (int)(i % 4 + d)));
+  loom_comm_reduce_scatter_typed(g_world, send, recv, n, LOOM_DTYPE_BF16);
+  const float ranks = (float)(size * (size + 1) / 2);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; i++) wrong += loom_bf16_value(recv[i]) != ranks * (float)(i % 4 + (size_t)g_world->rank);
+  ck_assert_msg(wrong == 0, "rank %d: %zu of %zu elements wrong", g_world->rank, wrong, n);
+  free(send);
+  free(recv);
+}
+END_TEST
+
 /* The shard mapping: c_attn rank r owns the q, k and v rows of its heads. */
 START_TEST(qkv_shards_follow_heads) {
   const loom_shard_layout l = {.partition_dim = 0, .parts = 3, .rows = 24, .cols = 8};
@@ -414,6 +434,7 @@ int main(int argc, char **argv) {
   if (g_world->size >= 2) tcase_add_test(tc, point_to_point_is_exact);
   tcase_add_test(tc, typed_collectives_are_exact);
   tcase_add_test(tc, large_reduce_scatter_is_exact);
+  tcase_add_test(tc, large_bf16_reduce_scatter_is_exact);
   tcase_add_test(tc, groups_follow_rank_order);
   if (g_world->size == 4) tcase_add_test(tc, groups_of_four_ranks);
   tcase_add_test(tc, column_and_row_parallel_linear);

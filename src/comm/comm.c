@@ -64,13 +64,18 @@ void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n)
   loom_comm_allgather_typed(c, send, recv, n, LOOM_DTYPE_F32);
 }
 
-void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+void loom_comm_reduce_scatter_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "reduce-scatter sums f32 or bf16");
   if (single(c)) {
-    local_copy(c, recv, send, n * sizeof(float));
+    local_copy(c, recv, send, n * loom_dtype_size(type));
     return;
   }
-  count(c, n, LOOM_DTYPE_F32, false);
-  c->ops->reduce_scatter(c, send, recv, n);
+  count(c, n, type, false);
+  c->ops->reduce_scatter(c, send, recv, n, type);
+}
+
+void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  loom_comm_reduce_scatter_typed(c, send, recv, n, LOOM_DTYPE_F32);
 }
 
 loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {

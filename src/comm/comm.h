@@ -36,8 +36,8 @@ typedef struct {
   loom_request *(*iallreduce)(loom_comm *c, void *buf, size_t n, loom_dtype type);
   /* recv[size * n] = every rank's send[n], in rank order */
   void (*allgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
-  /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) */
-  void (*reduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
+  /* recv[n] = sum over ranks of send[rank * n .. rank * n + n) (f32, or bf16 summed as allreduce's) */
+  void (*reduce_scatter)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   /* Non-blocking all-gather and reduce-scatter (ZeRO-2/3's per-layer
    * traffic, overlapped with compute); complete them with wait. */
   loom_request *(*iallgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
@@ -85,6 +85,7 @@ loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
 loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type);
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n);
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
+void loom_comm_reduce_scatter_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
 /* Non-blocking forms; a group of one copies at once and returns NULL. */
 loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
 loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);

@@ -65,6 +65,7 @@ static void slots_free(loom_gpt *m) {
   m->slots = m->a = NULL;
   m->nslots = m->T = m->B = 0;
   memset(&m->w, 0, sizeof m->w);
+  m->tp.staging = NULL;
 }
 
 void loom_gpt_free(loom_gpt *m) {
@@ -98,7 +99,7 @@ typedef struct {
   int64_t qkv, fc;        /* row widths of the column-parallel outputs */
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
-  int L;
+  int L, tp;
   bool first, last, recompute, bf16;
 } dims;
 
@@ -111,8 +112,8 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
-                .L = r->layer_end - r->layer_begin, .first = r->first, .last = r->last, .recompute = recompute,
-                .bf16 = c->bf16};
+                .L = r->layer_end - r->layer_begin, .tp = tp, .first = r->first, .last = r->last,
+                .recompute = recompute, .bf16 = c->bf16};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
@@ -340,6 +341,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     for (int k = 0; k < WGRADS; k++) want16(l16, grads[k], names[k], g[k]);
     for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++)
       want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], c[WEIGHT_INPUT[k]]);
+    if (d->tp > 1) want16(l16, &w->tp_staging, "tp_staging", (int64_t)loom_tp_staging_elems(d->N, d->n, d->h));
   }
 }
 
@@ -481,6 +483,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     st = place(&m->w.mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && (m->recompute || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
+    if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
   if (st != LOOM_OK) {

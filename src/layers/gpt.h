@@ -75,6 +75,7 @@ typedef struct {
   float *dres;              /* [n, h] running residual grad */
   float *d_ln_f;            /* [N, h] */
   float *lse_scratch;       /* [N] */
+  uint16_t *tp_staging;     /* bf16 runs with tp > 1: the regions' collectives (loom_tp.staging) */
 } loom_gpt_work;
 
 struct loom_gpt_s;

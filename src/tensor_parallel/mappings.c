@@ -11,12 +11,34 @@ static void copy_if_apart(const loom_ops *ops, float *dst, const float *src, siz
  * leaving backward gather the sequence shards (or copy when there are none);
  * entering backward and leaving forward sum the partial results over the group
  * (scattered back to sequence shards under sequence parallelism). */
+/* In bf16 runs (tp->staging) both move bf16, half the bytes, as Megatron's
+ * bf16 activations do: the values are packed into the staging, exchanged
+ * and widened back. A gather moves bf16 values exactly; a sum rounds its
+ * partial results to bf16 first and each partial sum as it is formed
+ * (comm.h), as a bf16 all-reduce on GPUs does. */
 static void gather_to_full(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, size_t n_local) {
-  if (tp->sequence_parallel) loom_comm_allgather(tp->group, local, full, n_local);
-  else copy_if_apart(ops, full, local, n_local);
+  if (!tp->sequence_parallel) {
+    copy_if_apart(ops, full, local, n_local);
+  } else if (tp->staging) {
+    uint16_t *send = tp->staging, *recv = tp->staging + n_local;
+    ops->to_bf16(ops, send, local, n_local);
+    loom_comm_allgather_typed(tp->group, send, recv, n_local, LOOM_DTYPE_BF16);
+    ops->from_bf16(ops, full, recv, n_local * (size_t)tp->size);
+  } else {
+    loom_comm_allgather(tp->group, local, full, n_local);
+  }
 }
 
 static void reduce_to_local(const loom_tp *tp, const loom_ops *ops, float *partial_full, float *local, size_t n_local) {
+  if (tp->staging) {
+    const size_t n_full = tp->sequence_parallel ? n_local * (size_t)tp->size : n_local;
+    uint16_t *bits = tp->staging, *mine = tp->sequence_parallel ? tp->staging + n_full : bits;
+    ops->to_bf16(ops, bits, partial_full, n_full);
+    if (tp->sequence_parallel) loom_comm_reduce_scatter_typed(tp->group, bits, mine, n_local, LOOM_DTYPE_BF16);
+    else loom_comm_allreduce_typed(tp->group, bits, n_local, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
+    ops->from_bf16(ops, local, mine, n_local);
+    return;
+  }
   if (tp->sequence_parallel) {
     loom_comm_reduce_scatter(tp->group, partial_full, local, n_local);
     return;

@@ -27,7 +27,14 @@ typedef struct {
   int rank, size;
   bool sequence_parallel;
   loom_comm *kv_group; /* the ranks sharing this rank's replicated key/value heads (tp > kv_heads), else NULL; the model's */
+  /* bf16 runs with tp > 1: where the regions' collectives pack what they
+   * move, loom_tp_staging_elems of it (the model's); NULL: they move fp32. */
+  uint16_t *staging;
 } loom_tp;
+
+/* The staging a bf16 region collective needs for rows of `width` values:
+ * N rows brought together, n of them this rank's (N/tp under SP, else N). */
+static inline size_t loom_tp_staging_elems(size_t N, size_t n, size_t width) { return (N + n) * width; }
 
 loom_tp loom_tp_of(const loom_parallel *ps);
 

@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
   if (N % size == 0) {
     const size_t block = N / (size_t)size;
     float *part = loom_cuda_malloc(block * sizeof(float));
-    c->ops->reduce_scatter(c, f, part, block);
+    c->ops->reduce_scatter(c, f, part, block, LOOM_DTYPE_F32);
     expect("reduce-scatter", part, sum + (size_t)rank * block, block);
     loom_cuda_free(part);
   }

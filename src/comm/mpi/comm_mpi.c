@@ -171,27 +171,29 @@ static void mpi_allgather(loom_comm *c, const void *send, void *recv, size_t n, 
  * saves; in pieces of this size it stays at 2 x size x 16 MiB. */
 enum { REDUCE_SCATTER_PIECE = 1 << 22 };
 
-static void reduce_scatter_block(loom_comm *c, const float *send, float *recv, size_t n) {
+static void reduce_scatter_block(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  const MPI_Datatype t = type_of(type);
+  const MPI_Op op = op_of(type, LOOM_REDUCE_SUM);
   if (!watched()) {
-    MPI_Reduce_scatter_block(send, recv, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c));
+    MPI_Reduce_scatter_block(send, recv, count_of(n), t, op, mpi_of(c));
     return;
   }
   MPI_Request req;
-  MPI_Ireduce_scatter_block(send, recv, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &req);
+  MPI_Ireduce_scatter_block(send, recv, count_of(n), t, op, mpi_of(c), &req);
   complete(&req, "reduce-scatter", c);
 }
 
-static void mpi_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
-  const size_t bytes = n * sizeof(float), all = bytes * (size_t)c->size;
-  float *hs = stage(c, send, all, true), *hr = stage(c, recv, bytes, false);
+static void mpi_reduce_scatter(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  const size_t size = loom_dtype_size(type), bytes = n * size, all = bytes * (size_t)c->size;
+  char *hs = stage(c, send, all, true), *hr = stage(c, recv, bytes, false);
   if (n <= REDUCE_SCATTER_PIECE) {
-    reduce_scatter_block(c, hs, hr, n);
+    reduce_scatter_block(c, hs, hr, n, type);
   } else { /* each rank's block in pieces: piece j of every block, packed together */
-    float *packed = loom_xmalloc((size_t)c->size * REDUCE_SCATTER_PIECE * sizeof(float), "reduce-scatter piece");
+    char *packed = loom_xmalloc((size_t)c->size * REDUCE_SCATTER_PIECE * size, "reduce-scatter piece");
     for (size_t at = 0; at < n; at += REDUCE_SCATTER_PIECE) {
       const size_t len = n - at < REDUCE_SCATTER_PIECE ? n - at : REDUCE_SCATTER_PIECE;
-      for (int r = 0; r < c->size; r++) memcpy(packed + (size_t)r * len, hs + (size_t)r * n + at, len * sizeof(float));
-      reduce_scatter_block(c, packed, hr + at, len);
+      for (int r = 0; r < c->size; r++) memcpy(packed + (size_t)r * len * size, hs + ((size_t)r * n + at) * size, len * size);
+      reduce_scatter_block(c, packed, hr + at * size, len, type);
     }
     free(packed);
   }

@@ -158,11 +158,11 @@ static void nccl_allgather(loom_comm *c, const void *send, void *recv, size_t n,
   unstage(m->compute, recv, r, bytes * (size_t)c->size, true, "an all-gather of host values");
 }
 
-static void nccl_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+static void nccl_reduce_scatter(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
   flush(m);
   loom_nccl_issued("reduce-scatter", c->name);
-  check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, m->comm, m->compute), "reduce-scatter");
+  check_nccl(ncclReduceScatter(send, recv, n, type_of(type), ncclSum, m->comm, m->compute), "reduce-scatter");
 }
 
 static loom_request *nccl_iallgather(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
