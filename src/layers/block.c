@@ -84,8 +84,9 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   const loom_dropout d_attn = loom_dropout_for(drop, LOOM_SITE_ATTN_OUT, T, tp);
   const loom_dropout d_mlp = loom_dropout_for(drop, LOOM_SITE_MLP_OUT, T, tp);
   /* Without SP the norm writes straight into the region's saved input, and
-   * the row-parallel output is reduced in place. */
-  float *normed = tp->sequence_parallel ? s->local : NULL;
+   * the row-parallel output is reduced in place. bf16 runs save that input
+   * as bits alone: the norm writes into scratch, the linear packs it. */
+  float *normed = tp->sequence_parallel || shape->bf16 ? s->local : NULL;
   float *branch = tp->sequence_parallel ? s->local : s->full;
 
   LOOM_CHECK(!shape->bf16 || (a->ln_1_bits && a->atty_bits && a->ln_2_bits && a->fc_gelu_bits),
@@ -168,13 +169,6 @@ static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
 }
 
-/* Where a row-parallel linear's output grad enters the region: ws's fp32
- * copy, or in bf16 runs without SP dres itself (nothing is gathered, and
- * the grad is packed straight from it). */
-static float *region_grad(float *kept, const uint16_t *bits, const float *dres, const loom_tp *tp) {
-  return bits && !tp->sequence_parallel ? (float *)dres : kept; /* aliases dres: the region's entry writes nothing */
-}
-
 void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
                                const loom_block_acts *a, const float *x, const loom_block_compute_weights *w,
                                const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
@@ -191,14 +185,14 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
 
   /* MLP branch; dres becomes the grad of res_attn. The down projection's
    * output grad enters the region into ws, where its weight grad finds it
-   * (bf16 runs: packed there, from dres itself without SP). The linears'
+   * (bf16 runs: packed there, as bits alone). The linears'
    * output grads are packed, not rounded, in bf16 runs: only GEMMs and bias
    * grads read them. */
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   loom_mem_zero(ops->mem, s->d_fc2, Nf);
-  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, region_grad(ws->d_mlp, ws->d_mlp_bits, d_out, tp),
-                             ws->d_mlp_bits, operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
+  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, ws->d_mlp_bits,
+                             operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
   loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
@@ -214,8 +208,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   /* Attention branch; dres becomes the grad of x. */
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
   loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
-  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out,
-                             region_grad(ws->d_attn, ws->d_attn_bits, d_out, tp), ws->d_attn_bits,
+  loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, ws->d_attn_bits,
                              operand(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);

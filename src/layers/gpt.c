@@ -166,12 +166,15 @@ static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L)
   for (int i = 0; i < BIG; i++) want16(l, slots[i], BIG_NAMES[i], L * c[i]);
 }
 
+/* fp32 views of the big activations; bf16 runs keep ln_1 and ln_2 as bits
+ * alone (the norms write into block scratch, the linears pack from it). */
 static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
   want_stats(l, v, d, L);
   float **slots[BIG] = {&v->ln1, &v->qkv, &v->atty, &v->resa, &v->ln2, &v->fc, &v->fcg, &v->out};
   int64_t c[BIG];
   big_counts(d, c);
-  for (int i = 0; i < BIG; i++) want(l, slots[i], BIG_NAMES[i], L * c[i]);
+  for (int i = 0; i < BIG; i++)
+    if (!d->bf16 || (slots[i] != &v->ln1 && slots[i] != &v->ln2)) want(l, slots[i], BIG_NAMES[i], L * c[i]);
 }
 
 /* Layer i's slices of the packed views. */
@@ -299,8 +302,8 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   if (d->last) {
     want(l, &s->ln_f_mean, "ln_f_mean", d->n);
     want(l, &s->ln_f_rstd, "ln_f_rstd", d->n);
-    want(l, &s->ln_f, "ln_f", d->N * d->h);
-    if (d->bf16) want16(l16, &s->ln_f_bits, "ln_f_bits", d->N * d->h);
+    if (d->bf16) want16(l16, &s->ln_f_bits, "ln_f_bits", d->N * d->h); /* bits alone, as the layers' */
+    else want(l, &s->ln_f, "ln_f", d->N * d->h);
     want(l, &s->logits, "logits", d->N * d->V);
     want(l, &s->losses, "losses", d->N);
     want(l, &s->lse, "lse", d->N);
@@ -322,8 +325,10 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   want(l, &s->d_qkv, "d_qkv", d->N * d->qkv);
   want(l, &s->d_fc, "d_fc", d->N * d->fc);
   want(l, &s->d_fc2, "d_fc2", d->N * d->f);
-  want(l, &s->d_attn_out, "d_attn_out", d->N * d->h);
-  want(l, &s->d_mlp_out, "d_mlp_out", d->N * d->h);
+  if (!d->bf16) { /* bf16 runs bring these into the region as bits alone */
+    want(l, &s->d_attn_out, "d_attn_out", d->N * d->h);
+    want(l, &s->d_mlp_out, "d_mlp_out", d->N * d->h);
+  }
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
@@ -716,7 +721,7 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
   const int N = m->T * m->B, n = local_rows(m), h = c->hidden;
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m, false);
-  float *normed = m->tp.sequence_parallel ? m->w.block.local : s->ln_f;
+  float *normed = m->tp.sequence_parallel || c->bf16 ? m->w.block.local : s->ln_f;
   loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
   loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, s->ln_f_bits,
                                vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), NULL, N, n, h, v.rows);

@@ -42,8 +42,8 @@ typedef struct {
   float *out;               /* [n, h] stage output (with recompute or bf16, or an empty stage) */
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
   float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
-  float *ln_f;              /* [N, h] (gathered under SP) */
-  uint16_t *ln_f_bits;      /* [N, h] bf16 runs: ln_f packed, which the head's GEMMs read */
+  float *ln_f;              /* [N, h] (gathered under SP; fp32 runs) */
+  uint16_t *ln_f_bits;      /* [N, h] bf16 runs: ln_f packed, all the head's GEMMs read */
   float *logits;            /* [N, Vp/tp]; backward overwrites it with dlogits */
   float *losses, *lse, *picked; /* [N] */
 } loom_gpt_slot;

@@ -16,13 +16,6 @@ static void matmul_backward(const loom_ops *ops, float *dinp, float *dw, float *
   else ops->matmul_backward(ops, dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
-/* x[n] as the GEMMs read it: packed into bits (when given, from x's values), else x's values. */
-static loom_bf16_operand packed(const loom_ops *ops, uint16_t *bits, const float *x, size_t n) {
-  if (!bits) return loom_bf16_values(x);
-  ops->to_bf16(ops, bits, x, n);
-  return loom_bf16_bits(bits);
-}
-
 /* The operand of values x, or of its bits where a caller keeps them. */
 static loom_bf16_operand either(const float *x, const uint16_t *bits) {
   return bits ? loom_bf16_bits(bits) : loom_bf16_values(x);
@@ -31,8 +24,13 @@ static loom_bf16_operand either(const float *x, const uint16_t *bits) {
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
                                   const float *inp, uint16_t *inp_bits, loom_linear_weight w, const float *b, int N,
                                   int n, int in, int out_local) {
+  if (inp_bits) {
+    loom_tp_gather_packed(tp, ops, inp, inp_bits, (size_t)n * in);
+    matmul_forward(ops, out, loom_bf16_bits(inp_bits), w, b, N, in, out_local);
+    return;
+  }
   loom_tp_enter_forward(tp, ops, inp, inp_full, (size_t)n * in);
-  matmul_forward(ops, out, packed(ops, inp_bits, inp_full, (size_t)N * in), w, b, N, in, out_local);
+  matmul_forward(ops, out, loom_bf16_values(inp_full), w, b, N, in, out_local);
 }
 
 void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dinp_full,
@@ -66,9 +64,14 @@ void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *d
                                 const float *dout, float *dout_full, uint16_t *dout_bits, loom_bf16_operand inp,
                                 loom_linear_weight w, int N, int n, int in_local, int out_features) {
   if (db) ops->bias_backward(ops, db, dout, n, out_features);
-  loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
-  matmul_backward(ops, dinp, dw, NULL, packed(ops, dout_bits, dout_full, (size_t)N * out_features), inp, w, N, in_local,
-                  out_features);
+  loom_bf16_operand dy = loom_bf16_bits(dout_bits);
+  if (dout_bits) {
+    loom_tp_gather_packed(tp, ops, dout, dout_bits, (size_t)n * out_features);
+  } else {
+    loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
+    dy = loom_bf16_values(dout_full);
+  }
+  matmul_backward(ops, dinp, dw, NULL, dy, inp, w, N, in_local, out_features);
 }
 
 void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,

@@ -33,11 +33,12 @@ static inline loom_linear_weight loom_linear_fp32(const float *w) { return (loom
 /* bf16 runs keep a linear's inputs and output grads as bf16 bits where the
  * GEMMs read them in place (the `bits` arguments below; NULL: none, the
  * GEMMs then read the fp32 values). A linear that brings such a tensor into
- * its region packs it there, once, from the values it brought in. */
+ * its region brings it in packed (mappings.h), once. */
 
 /* out[N, out_local] = inp_full @ w^T + b, where inp_full[N, in] is inp[n, in]
  * brought into the region (saved for backward; may alias inp without SP),
- * or packed into inp_bits[N, in] (saved instead; inp_full is then scratch). */
+ * or inp_bits[N, in] where it is brought in packed (saved instead; inp_full
+ * is then unused and may be NULL). */
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
                                   const float *inp, uint16_t *inp_bits, loom_linear_weight w, const float *b, int N,
                                   int n, int in, int out_local);
@@ -64,7 +65,8 @@ void loom_row_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *ou
                                int out_features);
 /* dinp[N, in_local] += ...; dout[n, out] is the output grad; dout_full[N, out]
  * is where it is brought into the region (may alias dout without SP), or
- * dout_bits[N, out] where it is packed (dout_full is then scratch). The bias
+ * dout_bits[N, out] where it is brought in packed (dout_full is then unused
+ * and may be NULL). The bias
  * grad covers this rank's rows only under SP (summed over the group with the
  * other replicated grads). The weight grad, when asked, reads inp. */
 void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *dinp, float *dw, float *db,

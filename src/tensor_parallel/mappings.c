@@ -1,6 +1,7 @@
 /* Entering and leaving tensor-parallel regions, and vocab-parallel loss glue. */
 #include <math.h>
 #include <string.h>
+#include "core/check.h"
 #include "tensor_parallel/mappings.h"
 
 static void copy_if_apart(const loom_ops *ops, float *dst, const float *src, size_t n) {
@@ -61,6 +62,17 @@ void loom_tp_exit_forward(const loom_tp *tp, const loom_ops *ops, float *partial
 
 void loom_tp_exit_backward(const loom_tp *tp, const loom_ops *ops, const float *dlocal, float *dfull, size_t n_local) {
   gather_to_full(tp, ops, dlocal, dfull, n_local);
+}
+
+void loom_tp_gather_packed(const loom_tp *tp, const loom_ops *ops, const float *local, uint16_t *full_bits,
+                           size_t n_local) {
+  if (!tp->sequence_parallel) {
+    ops->to_bf16(ops, full_bits, local, n_local);
+    return;
+  }
+  LOOM_CHECK(tp->staging, "a bf16 gather along the sequence stages its send");
+  ops->to_bf16(ops, tp->staging, local, n_local);
+  loom_comm_allgather_typed(tp->group, tp->staging, full_bits, n_local, LOOM_DTYPE_BF16);
 }
 
 void loom_tp_gather_columns(const loom_tp *tp, const loom_ops *ops, const float *local, float *full, float *scratch,

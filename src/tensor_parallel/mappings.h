@@ -20,6 +20,12 @@ void loom_tp_enter_forward(const loom_tp *tp, const loom_ops *ops, const float *
 void loom_tp_enter_backward(const loom_tp *tp, const loom_ops *ops, float *dfull, float *dlocal, size_t n_local);
 void loom_tp_exit_forward(const loom_tp *tp, const loom_ops *ops, float *partial_full, float *local, size_t n_local);
 void loom_tp_exit_backward(const loom_tp *tp, const loom_ops *ops, const float *dlocal, float *dfull, size_t n_local);
+/* Entering forward and leaving backward (the gathering pair) straight into
+ * bf16 bits, for a tensor only GEMMs read: local is packed (rounded to
+ * bf16), and under SP gathered as bits (bf16 runs; tp->staging holds the
+ * send). */
+void loom_tp_gather_packed(const loom_tp *tp, const loom_ops *ops, const float *local, uint16_t *full_bits,
+                           size_t n_local);
 
 /* The other conjugate pair, along the last dimension: gathering every
  * rank's columns local[N, c] into full[N, c * tp] (scratch: N * c * tp
