@@ -103,7 +103,7 @@ def main():
         for name, bf16 in (("fp32", False), ("bf16", True)):
             if bf16 and seq not in bf16_seqs:
                 continue
-            dt = step_seconds(seq, bf16, a.steps if not bf16 else 1)
+            dt = step_seconds(seq, bf16, a.steps)
             g = model_flops(seq) / dt / 1e9
             print(f"seq {seq:4d} {name}: step {dt * 1e3:8.1f} ms | {B * seq / dt:6.0f} tok/s | model {g:6.1f} GFLOP/s "
                   f"| {100 * g / peaks[name]:5.1f}% of its {name} GEMM")
