@@ -393,7 +393,7 @@ START_TEST(bf16_matches_serial_bf16) {
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; a
    * weight moves at most about lr a step, STEPS * lr in all. */
-  if (g_dp > 1 && !g_zero) check_bf16(true, 1e-2, 1e-4, STEPS * g_lr);
+  if (g_dp > 1 && !g_zero) check_bf16(true, 1e-2, bf16_sums ? 1e-3 : 1e-4, STEPS * g_lr); /* with tp's bf16 sums: 1.1e-4 at tp 2 x pp 2 x dp 2 */
 }
 END_TEST
 
