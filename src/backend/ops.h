@@ -42,6 +42,10 @@ typedef struct {
 static inline loom_bf16_operand loom_bf16_bits(const uint16_t *x) { return (loom_bf16_operand){.bf16 = x}; }
 static inline loom_bf16_operand loom_bf16_values(const float *x) { return (loom_bf16_operand){.f32 = x}; }
 static inline bool loom_bf16_operand_set(loom_bf16_operand x) { return x.bf16 || x.f32; }
+/* A tensor a caller may also keep as bits: those where kept (bits set), else its values. */
+static inline loom_bf16_operand loom_bf16_kept(const float *values, const uint16_t *bits) {
+  return bits ? loom_bf16_bits(bits) : loom_bf16_values(values);
+}
 
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {

@@ -52,12 +52,6 @@ static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, boo
   turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope_theta);
 }
 
-/* A linear's input or output grad as its GEMMs read it: the bits bf16 runs
- * keep, else the fp32 values. */
-static loom_bf16_operand operand(const float *x, const uint16_t *bits) {
-  return bits ? loom_bf16_bits(bits) : loom_bf16_values(x);
-}
-
 /* x[n] packed into bits (bf16 runs), where the GEMMs will read it. */
 static void pack(const loom_ops *ops, uint16_t *bits, const float *x, size_t n) {
   if (bits) ops->to_bf16(ops, bits, x, n);
@@ -105,7 +99,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   pack(ops, a->atty_bits, a->atty, (size_t)N * width);
-  loom_row_parallel_forward(tp, ops, branch, s->full, operand(a->atty, a->atty_bits), w->attn_proj, w->v->attn_proj_b,
+  loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, w->v->attn_proj_b,
                             N, n, width, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_attn);
@@ -122,7 +116,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
   else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
   pack(ops, a->fc_gelu_bits, a->fc_gelu, (size_t)N * f);
-  loom_row_parallel_forward(tp, ops, branch, s->full, operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
+  loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
                             w->v->mlp_proj_b, N, n, f, h);
   to_bf16_values(shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
@@ -145,7 +139,7 @@ static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_bloc
   float *db = apart ? s->d_qkv_w + (size_t)rows * h : g->c_attn_b;
   if (apart) loom_mem_zero(ops->mem, db, (size_t)rows);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, db, ws->d_qkv, ws->d_qkv_bits,
-                                operand(a->ln_1, a->ln_1_bits), w->c_attn, N, n, h, rows);
+                                loom_bf16_kept(a->ln_1, a->ln_1_bits), w->c_attn, N, n, h, rows);
   if (!apart) return;
   loom_comm_allreduce(tp->kv_group, db + q_rows, (size_t)(rows - q_rows), LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
@@ -157,7 +151,7 @@ static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden;
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
-  const loom_bf16_operand dout = operand(ws->d_qkv, ws->d_qkv_bits), inp = operand(a->ln_1, a->ln_1_bits);
+  const loom_bf16_operand dout = loom_bf16_kept(ws->d_qkv, ws->d_qkv_bits), inp = loom_bf16_kept(a->ln_1, a->ln_1_bits);
   if (!tp->kv_group) {
     loom_linear_weight_grad(ops, g->c_attn_w, dout, inp, N, h, rows, shape->bf16);
     return;
@@ -192,14 +186,14 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   loom_mem_zero(ops->mem, s->d_fc2, Nf);
   loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, ws->d_mlp_bits,
-                             operand(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
+                             loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
   to_bf16_values(shape, ops, s->d_fc2, Nf);
   loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
   if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
   else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
   pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
   loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,
-                                operand(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
+                                loom_bf16_kept(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
@@ -209,7 +203,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   d_out = branch_grad(s->local2, dres, n, &d_attn, shape, ops);
   loom_mem_zero(ops->mem, s->d_atty, (size_t)N * width);
   loom_row_parallel_backward(tp, ops, s->d_atty, NULL, g->attn_proj_b, d_out, ws->d_attn, ws->d_attn_bits,
-                             operand(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
+                             loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
   ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
@@ -230,11 +224,11 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
   const bool bf16 = shape->bf16;
-  loom_linear_weight_grad(ops, g->mlp_proj_w, operand(ws->d_mlp, ws->d_mlp_bits), operand(a->fc_gelu, a->fc_gelu_bits), N,
+  loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits), loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N,
                           shape->ffn, h, bf16);
-  loom_linear_weight_grad(ops, g->c_fc_w, operand(ws->d_fc, ws->d_fc_bits), operand(a->ln_2, a->ln_2_bits), N, h,
+  loom_linear_weight_grad(ops, g->c_fc_w, loom_bf16_kept(ws->d_fc, ws->d_fc_bits), loom_bf16_kept(a->ln_2, a->ln_2_bits), N, h,
                           loom_block_fc_width(shape), bf16);
-  loom_linear_weight_grad(ops, g->attn_proj_w, operand(ws->d_attn, ws->d_attn_bits), operand(a->atty, a->atty_bits), N,
+  loom_linear_weight_grad(ops, g->attn_proj_w, loom_bf16_kept(ws->d_attn, ws->d_attn_bits), loom_bf16_kept(a->atty, a->atty_bits), N,
                           width, h, bf16);
   qkv_backward_weight(g, s, ws, a, shape, tp, ops);
 }

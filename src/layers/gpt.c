@@ -255,7 +255,9 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
   }
 }
 
-/* bf16 runs' fp32 views of the grads are the block scratch's (scratch). */
+/* bf16 runs keep the grads as bits; the fp32 views the input half computes
+ * d_qkv and d_fc in are the block scratch's (the row-parallel ones come in
+ * as bits alone). */
 static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d, const loom_block_scratch *scratch) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
@@ -265,8 +267,7 @@ static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d,
   for (int i = 0; i < d->L; i++) {
     loom_block_wgrad *w = &s->wgrad[i];
     if (d->bf16)
-      *w = (loom_block_wgrad){.d_qkv = scratch->d_qkv, .d_attn = scratch->d_attn_out, .d_fc = scratch->d_fc,
-                              .d_mlp = scratch->d_mlp_out, .d_qkv_bits = v->grad_bits[0] + i * g[0],
+      *w = (loom_block_wgrad){.d_qkv = scratch->d_qkv, .d_fc = scratch->d_fc, .d_qkv_bits = v->grad_bits[0] + i * g[0],
                               .d_attn_bits = v->grad_bits[1] + i * g[1], .d_fc_bits = v->grad_bits[2] + i * g[2],
                               .d_mlp_bits = v->grad_bits[3] + i * g[3]};
     else
@@ -730,9 +731,7 @@ static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
 }
 
 /* The head's input as its GEMMs read it: ln_f, or in bf16 runs its bits. */
-static loom_bf16_operand head_input(const loom_gpt_slot *s) {
-  return s->ln_f_bits ? loom_bf16_bits(s->ln_f_bits) : loom_bf16_values(s->ln_f);
-}
+static loom_bf16_operand head_input(const loom_gpt_slot *s) { return loom_bf16_kept(s->ln_f, s->ln_f_bits); }
 
 /* Starts backward from the loss: leaves the grad of the head's input in
  * w.dres, and the grad of the logits in their place for head_weight_grad,

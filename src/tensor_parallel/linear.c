@@ -16,11 +16,6 @@ static void matmul_backward(const loom_ops *ops, float *dinp, float *dw, float *
   else ops->matmul_backward(ops, dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
-/* The operand of values x, or of its bits where a caller keeps them. */
-static loom_bf16_operand either(const float *x, const uint16_t *bits) {
-  return bits ? loom_bf16_bits(bits) : loom_bf16_values(x);
-}
-
 void loom_column_parallel_forward(const loom_tp *tp, const loom_ops *ops, float *out, float *inp_full,
                                   const float *inp, uint16_t *inp_bits, loom_linear_weight w, const float *b, int N,
                                   int n, int in, int out_local) {
@@ -38,7 +33,7 @@ void loom_column_parallel_backward(const loom_tp *tp, const loom_ops *ops, float
                                    loom_bf16_operand inp_full, loom_linear_weight w, int N, int n, int in,
                                    int out_local) {
   loom_mem_zero(ops->mem, dinp_full, (size_t)N * in);
-  matmul_backward(ops, dinp_full, dw, db, either(dout, dout_bits), inp_full, w, N, in, out_local);
+  matmul_backward(ops, dinp_full, dw, db, loom_bf16_kept(dout, dout_bits), inp_full, w, N, in, out_local);
   loom_tp_enter_backward(tp, ops, dinp_full, dinp, (size_t)n * in);
 }
 
@@ -64,14 +59,9 @@ void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *d
                                 const float *dout, float *dout_full, uint16_t *dout_bits, loom_bf16_operand inp,
                                 loom_linear_weight w, int N, int n, int in_local, int out_features) {
   if (db) ops->bias_backward(ops, db, dout, n, out_features);
-  loom_bf16_operand dy = loom_bf16_bits(dout_bits);
-  if (dout_bits) {
-    loom_tp_gather_packed(tp, ops, dout, dout_bits, (size_t)n * out_features);
-  } else {
-    loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
-    dy = loom_bf16_values(dout_full);
-  }
-  matmul_backward(ops, dinp, dw, NULL, dy, inp, w, N, in_local, out_features);
+  if (dout_bits) loom_tp_gather_packed(tp, ops, dout, dout_bits, (size_t)n * out_features);
+  else loom_tp_exit_backward(tp, ops, dout, dout_full, (size_t)n * out_features);
+  matmul_backward(ops, dinp, dw, NULL, loom_bf16_kept(dout_full, dout_bits), inp, w, N, in_local, out_features);
 }
 
 void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,

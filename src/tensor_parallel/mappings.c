@@ -11,8 +11,8 @@ static void copy_if_apart(const loom_ops *ops, float *dst, const float *src, siz
 /* The conjugate pairs share their two collectives: entering forward and
  * leaving backward gather the sequence shards (or copy when there are none);
  * entering backward and leaving forward sum the partial results over the group
- * (scattered back to sequence shards under sequence parallelism). */
-/* In bf16 runs (tp->staging) both move bf16, half the bytes, as Megatron's
+ * (scattered back to sequence shards under sequence parallelism).
+ * In bf16 runs (tp->staging) both move bf16, half the bytes, as Megatron's
  * bf16 activations do: the values are packed into the staging, exchanged
  * and widened back. A gather moves bf16 values exactly; a sum rounds its
  * partial results to bf16 first and each partial sum as it is formed
@@ -21,10 +21,9 @@ static void gather_to_full(const loom_tp *tp, const loom_ops *ops, const float *
   if (!tp->sequence_parallel) {
     copy_if_apart(ops, full, local, n_local);
   } else if (tp->staging) {
-    uint16_t *send = tp->staging, *recv = tp->staging + n_local;
-    ops->to_bf16(ops, send, local, n_local);
-    loom_comm_allgather_typed(tp->group, send, recv, n_local, LOOM_DTYPE_BF16);
-    ops->from_bf16(ops, full, recv, n_local * (size_t)tp->size);
+    uint16_t *gathered = tp->staging + n_local; /* past the send loom_tp_gather_packed stages */
+    loom_tp_gather_packed(tp, ops, local, gathered, n_local);
+    ops->from_bf16(ops, full, gathered, n_local * (size_t)tp->size);
   } else {
     loom_comm_allgather(tp->group, local, full, n_local);
   }
