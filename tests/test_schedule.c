@@ -6,6 +6,7 @@
  * schedule is caught. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "schedule/verify.h"
 #include "test_util.h"
@@ -304,7 +305,7 @@ static double slow_flight(void *ctx, int rank, const loom_action *a) {
 /* When rank r's forward of micro-batch mb starts, in a simulation with these costs. */
 static double forward_start(const loom_schedule *s, const loom_action_costs *costs, int r, int mb) {
   loom_schedule_report rep;
-  ck_assert_msg(loom_schedule_simulate(s, costs, &rep) == LOOM_OK, "%s", rep.why);
+  ck_assert_msg(loom_schedule_simulate(s, costs, &LOOM_SENDS_BUFFERED, &rep) == LOOM_OK, "%s", rep.why);
   const int i = find(s, r, LOOM_ACT_FORWARD, mb);
   double start = -1.0;
   for (int k = 0; k < rep.span_count[r]; k++)
@@ -338,6 +339,117 @@ START_TEST(send_releases_cost_their_wait) {
 }
 END_TEST
 
+/* Every training kind at pp 2..8, vpp 1..3, m 1..16 (the shapes each
+ * kind takes) verifies under rendezvous sends, the semantics NCCL's
+ * transfers have: a send completes only when its recv is posted, matched
+ * in issue order per channel with no tags. */
+START_TEST(every_schedule_verifies_with_rendezvous_sends) {
+  const char *const *kinds = loom_schedule_train_kind_names();
+  int checked[8] = {0}, nkinds = 0;
+  for (int k = 0; kinds[k]; k++, nkinds++) {
+    loom_schedule_kind kind;
+    ck_assert_int_eq(loom_schedule_kind_parse(kinds[k], &kind), 0);
+    for (int p = 2; p <= 8; p++)
+      for (int v = 1; v <= 3; v++)
+        for (int m = 1; m <= 16; m++) {
+          char why[256];
+          if (loom_schedule_shape_problem(kind, p, v, m, why, sizeof why)) continue;
+          loom_schedule s;
+          loom_error err = {0};
+          ck_assert_msg(loom_schedule_build(&s, kind, p, v, m, &err) == LOOM_OK, "%s", err.msg);
+          loom_schedule_report rep;
+          ck_assert_msg(loom_schedule_verify_sends(&s, &LOOM_SENDS_RENDEZVOUS, &rep) == LOOM_OK, "%s p=%d v=%d m=%d: %s",
+                        kinds[k], p, v, m, rep.why);
+          loom_schedule_report_free(&rep);
+          loom_schedule_free(&s);
+          checked[k]++;
+        }
+  }
+  ck_assert_int_eq(nkinds, 5); /* 1f1b, gpipe, interleaved, zb_h1, zb_v */
+  for (int k = 0; k < nkinds; k++) ck_assert_msg(checked[k] >= 78, "%s: %d shapes", kinds[k], checked[k]);
+}
+END_TEST
+
+/* How many shapes of this kind (pp 2..8, vpp 1..3, m 1..16) fail under
+ * `model`; *why gets the first failure's reason, for (p, v, m) = at. */
+static int failures(loom_schedule_kind kind, const loom_send_model *model, const int at[3], char *why, size_t n) {
+  int bad = 0;
+  for (int p = 2; p <= 8; p++)
+    for (int v = 1; v <= 3; v++)
+      for (int m = 1; m <= 16; m++) {
+        char problem[256];
+        if (loom_schedule_shape_problem(kind, p, v, m, problem, sizeof problem)) continue;
+        loom_schedule s;
+        loom_error err = {0};
+        ck_assert_int_eq(loom_schedule_build(&s, kind, p, v, m, &err), LOOM_OK);
+        loom_schedule_report rep;
+        const bool failed = loom_schedule_verify_sends(&s, model, &rep) != LOOM_OK;
+        bad += failed;
+        if (p == at[0] && v == at[1] && m == at[2]) snprintf(why, n, "%s", failed ? rep.why : "verified");
+        loom_schedule_report_free(&rep);
+        loom_schedule_free(&s);
+      }
+  return bad;
+}
+
+/* Moves rank r's action `from`, with its buffer events, to index `to`. */
+static void move_action(loom_schedule *s, int r, int from, int to) {
+  const int n = s->count[r], events = s->event_at[r][n];
+  loom_action *acts = malloc((size_t)n * sizeof *acts);
+  loom_buffer_event *ev = malloc((size_t)events * sizeof *ev);
+  int *at = malloc(((size_t)n + 1) * sizeof *at);
+  ck_assert(acts && ev && at);
+  at[0] = 0;
+  for (int k = 0; k < n; k++) {
+    /* The action that lands at k. */
+    const int i = k == to ? from : from < to ? (k >= from && k < to ? k + 1 : k) : (k > to && k <= from ? k - 1 : k);
+    acts[k] = s->actions[r][i];
+    const int count = s->event_at[r][i + 1] - s->event_at[r][i];
+    memcpy(ev + at[k], s->events[r] + s->event_at[r][i], (size_t)count * sizeof *ev);
+    at[k + 1] = at[k] + count;
+  }
+  memcpy(s->actions[r], acts, (size_t)n * sizeof *acts);
+  memcpy(s->events[r], ev, (size_t)events * sizeof *ev);
+  memcpy(s->event_at[r], at, ((size_t)n + 1) * sizeof *at);
+  free(acts), free(ev), free(at);
+}
+
+/* The two ways a pipeline over NCCL broke before its transfers had
+ * channels of their own, each seen to fail the verifier: all of a rank's
+ * transfers on one stream, grouped up to each recv, deadlock interleaved
+ * schedules (a send waits for its recv, and holds up the recvs queued
+ * behind it); one channel per pair of ranks for both kinds of message
+ * delivers ZB-V's messages to the wrong recvs (no tags to tell them apart). */
+START_TEST(nccl_findings_fail_the_rendezvous_verifier) {
+  const loom_send_model shared = {.name = "shared", .rendezvous = true, .shared_stream = true};
+  const loom_send_model untyped = {.name = "untyped", .rendezvous = true};
+  char why[512] = "";
+  ck_assert_int_gt(failures(LOOM_SCHEDULE_INTERLEAVED, &shared, (const int[]){2, 2, 4}, why, sizeof why), 0);
+  ck_assert_str_eq(why, "deadlock: rank 0: recv activation of micro-batch 2 chunk 1 from rank 1 waits; rank 1: recv "
+                        "activation of micro-batch 3 chunk 0 from rank 0 waits;");
+  /* The model tells schedules apart: 1F1B was clean even then. */
+  ck_assert_int_eq(failures(LOOM_SCHEDULE_1F1B, &shared, (const int[]){2, 1, 4}, why, sizeof why), 0);
+  ck_assert_int_gt(failures(LOOM_SCHEDULE_ZB_V, &untyped, (const int[]){2, 2, 3}, why, sizeof why), 0);
+  ck_assert_str_eq(why, "rank 1: recv grad of micro-batch 0 chunk 1 from rank 0 would meet the activation of micro-batch 2 "
+                        "to stage 1: sends between two ranks meet their recvs in issue order, without tags");
+  /* loom_schedule_verify, which plans and runs go through, names the model that failed. */
+  loom_schedule s;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_schedule_build(&s, LOOM_SCHEDULE_1F1B, 2, 1, 2, &err), LOOM_OK);
+  /* Rank 0 sends micro-batch 1's activation before micro-batch 0's: buffered
+   * sends still match them by tag, rendezvous ones by order. */
+  move_action(&s, 0, find(&s, 0, LOOM_ACT_SEND_ACT, 0), find(&s, 0, LOOM_ACT_SEND_ACT, 1));
+  ck_assert_int_lt(find(&s, 0, LOOM_ACT_SEND_ACT, 1), find(&s, 0, LOOM_ACT_SEND_ACT, 0));
+  loom_schedule_report rep;
+  ck_assert_msg(loom_schedule_verify_sends(&s, &LOOM_SENDS_BUFFERED, &rep) == LOOM_OK, "%s", rep.why);
+  loom_schedule_report_free(&rep);
+  ck_assert_int_eq(loom_schedule_verify(&s, &rep), LOOM_ERR_RUNTIME);
+  ck_assert_msg(strncmp(rep.why, "with rendezvous sends (NCCL's): ", 32) == 0, "%s", rep.why);
+  loom_schedule_report_free(&rep);
+  loom_schedule_free(&s);
+}
+END_TEST
+
 /* 1F1B's shape: rank r warms up with min(p - r - 1, m) forwards. */
 START_TEST(one_f_one_b_warmup) {
   loom_schedule s;
@@ -367,6 +479,8 @@ int main(void) {
   tcase_add_test(tc, broken_split_backward_is_caught);
   tcase_add_test(tc, broken_buffer_events_are_caught);
   tcase_add_test(tc, send_releases_cost_their_wait);
+  tcase_add_test(tc, every_schedule_verifies_with_rendezvous_sends);
+  tcase_add_test(tc, nccl_findings_fail_the_rendezvous_verifier);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

@@ -6,14 +6,17 @@
 #include "schedule/render.h"
 #include "schedule/verify.h"
 
-static loom_status show(loom_schedule_kind kind, int p, int v, int m, loom_error *err) {
+/* sends: one model's name, or NULL for every model loom runs. */
+static loom_status show(loom_schedule_kind kind, int p, int v, int m, const char *sends, loom_error *err) {
   loom_schedule s;
   loom_status st = loom_error_prefix(err, loom_schedule_build(&s, kind, p, v, m, err), "loom schedule show");
   if (st != LOOM_OK) return st;
   loom_schedule_report rep;
-  st = loom_schedule_verify(&s, &rep);
-  printf("schedule %s: pp %d, micro-batches %d, vpp %d: %s\n", loom_schedule_kind_name(kind), p, m, v,
-         rep.ok ? "verified deadlock-free, every forward before its backward" : rep.why);
+  const loom_send_model *model = sends ? loom_send_model_named(sends) : NULL;
+  st = model ? loom_schedule_verify_sends(&s, model, &rep) : loom_schedule_verify(&s, &rep);
+  printf("schedule %s: pp %d, micro-batches %d, vpp %d: %s%s%s\n", loom_schedule_kind_name(kind), p, m, v,
+         rep.ok ? "verified deadlock-free, every forward before its backward, with " : rep.why,
+         rep.ok ? (model ? model->name : "buffered (MPI) and rendezvous (NCCL)") : "", rep.ok ? " sends" : "");
   if (st == LOOM_OK) {
     loom_schedule_render(stdout, &s, &rep);
     printf("peak live activations (micro-batch x chunk) per rank:");
@@ -34,7 +37,7 @@ static loom_status show(loom_schedule_kind kind, int p, int v, int m, loom_error
 
 int loom_cmd_schedule(int argc, char **argv) {
   int p = 4, v = 1, m = 8;
-  const char *kind_name = "1f1b";
+  const char *kind_name = "1f1b", *sends = NULL;
   loom_flag table[] = {
       {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, "parallel.pp"},
       {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved; zb_v: 2, its default)", 1, 64, NULL, false,
@@ -42,6 +45,8 @@ int loom_cmd_schedule(int argc, char **argv) {
       {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, "micro-batches"},
       {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false,
        "schedule"},
+      {"--sends", FLAG_STRING, &sends, "verify under one send model: buffered (MPI's) or rendezvous (NCCL's: a send "
+       "completes when its recv is posted, matched in issue order); default both", LOOM_NO_RANGE, loom_send_model_names(), false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
   loom_error err = {0};
@@ -55,7 +60,7 @@ int loom_cmd_schedule(int argc, char **argv) {
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
   loom_schedule_kind_parse(kind_name, &kind); /* the flag's choices guarantee a known kind */
   if (kind == LOOM_SCHEDULE_ZB_V && !loom_flags_find(table, n, "--vpp")->set) v = 2; /* a V's two chunks */
-  if (st == LOOM_OK) st = show(kind, p, v, m, &err);
+  if (st == LOOM_OK) st = show(kind, p, v, m, sends, &err);
   if (st != LOOM_OK) { /* the schedule's rules name the plan's fields: say this command's flags */
     char named[sizeof err.msg];
     loom_flags_name_fields(table, n, err.msg, named, sizeof named);

@@ -3,11 +3,35 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "schedule/rendezvous.h"
 #include "schedule/verify.h"
+
+const loom_send_model LOOM_SENDS_BUFFERED = {.name = "buffered"};
+const loom_send_model LOOM_SENDS_RENDEZVOUS = {.name = "rendezvous", .rendezvous = true, .by_kind = true};
+
+static const loom_send_model *const SEND_MODELS[] = {&LOOM_SENDS_BUFFERED, &LOOM_SENDS_RENDEZVOUS};
+enum { SEND_MODEL_COUNT = sizeof SEND_MODELS / sizeof SEND_MODELS[0] };
+
+const loom_send_model *loom_send_model_named(const char *name) {
+  for (int i = 0; i < SEND_MODEL_COUNT; i++)
+    if (strcmp(SEND_MODELS[i]->name, name) == 0) return SEND_MODELS[i];
+  return NULL;
+}
+
+const char *const *loom_send_model_names(void) {
+  static const char *names[SEND_MODEL_COUNT + 1];
+  for (int i = 0; i < SEND_MODEL_COUNT; i++) names[i] = SEND_MODELS[i]->name;
+  return names;
+}
 
 typedef struct {
   const loom_schedule *s;
   const loom_action_costs *costs; /* NULL: unit costs */
+  const loom_send_model *model;
+  loom_rendezvous *rdv;           /* the transfers, under a rendezvous model */
+  char *recv_posted;              /* [2][m][S] rendezvous: a recv of the message is posted */
+  int *posted_at;                 /* [p] rendezvous: the action whose recv the rank has posted, -1 */
+  char *finished;                 /* [p] rendezvous: past its last action's waits for sends */
   loom_schedule_report *rep;
   int S;
   double *sent;      /* [2][m][S] time a message to (kind, mb, dst stage) was sent, -1 if not */
@@ -81,6 +105,7 @@ static bool wait_for_releases(sim *x, int r, int i) {
     const loom_buffer_event *b = &s->events[r][e];
     if (b->kind != LOOM_BUFFER_SEND || b->acquire || b->mb < 0 || b->mb >= s->m || b->chunk < 0 || b->chunk >= s->v)
       continue; /* out of range: check_events names it */
+    if (x->rdv) loom_rendezvous_flush(x->rdv, r, x->clock[r]); /* a wait for a send hands over what was queued */
     const loom_action send = {b->grad ? LOOM_ACT_SEND_GRAD : LOOM_ACT_SEND_ACT, b->mb, b->chunk, -1};
     int dst, peer;
     route(x, r, &send, &dst, &peer);
@@ -90,6 +115,18 @@ static bool wait_for_releases(sim *x, int r, int i) {
     if (received > x->clock[r]) x->clock[r] = received;
   }
   return true;
+}
+
+/* Posts rank r's transfer of a (message i) under a rendezvous model: -1
+ * (through fail) if it would meet another message. */
+static int post(sim *x, int r, const loom_action *a, int i) {
+  int other;
+  if (loom_rendezvous_post(x->rdv, r, a, a->peer, i, x->clock[r], flight(x, r, a), &other) == 0) return 0;
+  const int stage = other % x->S, mb = other / x->S % x->s->m, grad = other / x->S / x->s->m;
+  char why[200];
+  snprintf(why, sizeof why, "would meet the %s of micro-batch %d to stage %d: sends between two ranks meet their recvs in issue order, without tags",
+           grad ? "grad" : "activation", mb, stage);
+  return fail(x, r, a, why);
 }
 
 /* Runs rank r's next action if it can; returns 1 if it ran, 0 if blocked, -1 on error. */
@@ -104,9 +141,14 @@ static int step(sim *x, int r) {
     route(x, r, a, &dst, &peer);
     if (dst < 0 || dst >= x->S) return fail(x, r, a, "there is no stage to send to");
     if (a->peer != peer) return fail(x, r, a, "addressed to the wrong rank");
-    double *t = &x->sent[msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst)];
-    if (*t >= 0) return fail(x, r, a, "sent twice");
-    *t = x->clock[r] + flight(x, r, a);
+    const int i = msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst);
+    if (x->sent[i] >= 0) return fail(x, r, a, "sent twice");
+    if (x->rdv && loom_send_travels(x->model, r, peer)) { /* it leaves when it meets its recv */
+      x->sent[i] = x->clock[r];
+      if (post(x, r, a, i) < 0) return -1;
+    } else {
+      x->sent[i] = x->clock[r] + flight(x, r, a);
+    }
     break;
   }
   case LOOM_ACT_RECV_ACT:
@@ -114,6 +156,18 @@ static int step(sim *x, int r) {
     route(x, r, a, &dst, &peer);
     if (a->peer != peer) return fail(x, r, a, "expects the wrong rank");
     const int i = msg_index(x, a->kind == LOOM_ACT_RECV_GRAD, a->mb, dst);
+    if (x->rdv && loom_send_travels(x->model, r, peer)) { /* posted once, then waited for until it meets its send */
+      if (x->posted_at[r] != x->pos[r]) {
+        if (x->recv_posted[i]) return fail(x, r, a, "received twice");
+        x->recv_posted[i] = 1;
+        x->posted_at[r] = x->pos[r];
+        if (post(x, r, a, i) < 0) return -1;
+        loom_rendezvous_flush(x->rdv, r, x->clock[r]);
+      }
+      if (x->received[i] < 0) return 0;
+      if (x->received[i] > x->clock[r]) x->clock[r] = x->received[i];
+      break;
+    }
     if (x->sent[i] < 0) return 0; /* waits for the send */
     if (x->received[i] >= 0) return fail(x, r, a, "received twice");
     if (x->sent[i] > x->clock[r]) x->clock[r] = x->sent[i];
@@ -137,6 +191,7 @@ static int step(sim *x, int r) {
   case LOOM_ACT_REDUCE_TIED: {
     /* Both ends arrive, then both leave at the later arrival. */
     const int other = a->peer;
+    if (x->rdv) loom_rendezvous_flush(x->rdv, r, x->clock[r]); /* a rank hands over what it queued before it waits */
     if (x->tied_arrival[r] < 0) x->tied_arrival[r] = x->clock[r];
     if (x->tied_arrival[other] < 0) return 0;
     const double t = x->tied_arrival[r] > x->tied_arrival[other] ? x->tied_arrival[r] : x->tied_arrival[other];
@@ -167,7 +222,11 @@ static void report_deadlock(sim *x) {
   char *w = x->rep->why;
   size_t used = (size_t)snprintf(w, sizeof x->rep->why, "deadlock:");
   for (int r = 0; r < x->s->p && used < sizeof x->rep->why; r++) {
-    if (x->pos[r] >= x->s->count[r]) continue;
+    if (x->pos[r] >= x->s->count[r]) {
+      if (x->rdv && x->s->count[r] > 0 && !x->finished[r])
+        used += (size_t)snprintf(w + used, sizeof x->rep->why - used, " rank %d: the wait for its last sends waits;", r);
+      continue;
+    }
     const loom_action *a = &x->s->actions[r][x->pos[r]];
     char what[200];
     describe(what, sizeof what, r, a);
@@ -254,10 +313,25 @@ static bool check_events(const loom_schedule *s, int r, loom_schedule_report *re
 }
 
 loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *rep) {
-  return loom_schedule_simulate(s, NULL, rep);
+  loom_status st = loom_schedule_verify_sends(s, &LOOM_SENDS_RENDEZVOUS, rep);
+  char why[sizeof rep->why];
+  snprintf(why, sizeof why, "%s", rep->why);
+  loom_schedule_report_free(rep);
+  const loom_status buffered = loom_schedule_verify_sends(s, &LOOM_SENDS_BUFFERED, rep);
+  if (buffered != LOOM_OK || st == LOOM_OK) return buffered;
+  rep->ok = false;
+  static const char PREFIX[] = "with rendezvous sends (NCCL's): ";
+  memcpy(rep->why, PREFIX, sizeof PREFIX - 1);
+  snprintf(rep->why + sizeof PREFIX - 1, sizeof rep->why - (sizeof PREFIX - 1), "%.*s", (int)(sizeof rep->why - sizeof PREFIX), why);
+  return st;
 }
 
-loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_costs *costs, loom_schedule_report *rep) {
+loom_status loom_schedule_verify_sends(const loom_schedule *s, const loom_send_model *model, loom_schedule_report *rep) {
+  return loom_schedule_simulate(s, NULL, model, rep);
+}
+
+loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_costs *costs, const loom_send_model *model,
+                                   loom_schedule_report *rep) {
   memset(rep, 0, sizeof *rep);
   const int p = s->p, S = s->p * s->v;
   rep->ok = true;
@@ -267,7 +341,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   rep->peak_sends = calloc((size_t)p, sizeof(int));
   rep->span_count = calloc((size_t)p, sizeof(int));
   rep->spans = calloc((size_t)p, sizeof(loom_span *));
-  sim x = {.s = s, .costs = costs, .rep = rep, .S = S};
+  sim x = {.s = s, .costs = costs, .model = model ? model : &LOOM_SENDS_BUFFERED, .rep = rep, .S = S};
   x.sent = malloc((size_t)2 * s->m * S * sizeof(double));
   x.received = malloc((size_t)2 * s->m * S * sizeof(double));
   x.done = calloc((size_t)p * PASSES * s->m * s->v, 1);
@@ -275,6 +349,14 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   x.clock = calloc((size_t)p, sizeof(double));
   x.busy = calloc((size_t)p, sizeof(double));
   x.tied_arrival = malloc((size_t)p * sizeof(double));
+  if (x.model->rendezvous) {
+    x.rdv = loom_rendezvous_new(s, x.model, x.received);
+    x.recv_posted = calloc((size_t)2 * s->m * S, 1);
+    x.posted_at = malloc((size_t)p * sizeof(int));
+    x.finished = calloc((size_t)p, 1);
+    LOOM_CHECK(x.recv_posted && x.posted_at && x.finished, "out of memory verifying a schedule");
+    for (int r = 0; r < p; r++) x.posted_at[r] = -1;
+  }
   LOOM_CHECK(x.sent && x.received && x.done && x.pos && x.clock && x.busy && x.tied_arrival &&
                  rep->peak_live && rep->peak_deferred && rep->peak_sends && rep->span_count && rep->spans,
              "out of memory verifying a schedule");
@@ -293,7 +375,11 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
     for (int r = 0; r < p && !err; r++) {
       int ran;
       while (x.pos[r] < s->count[r] && (ran = step(&x, r)) == 1) progress = 1;
-      if (x.pos[r] < s->count[r]) {
+      /* Rendezvous: the waits for the sends a rank's last action gives back hand
+       * over what it queued, so they run with the others (buffered: below). */
+      if (x.rdv && x.pos[r] == s->count[r] && s->count[r] > 0 && !x.finished[r] && wait_for_releases(&x, r, s->count[r] - 1))
+        x.finished[r] = 1, progress = 1;
+      if (x.pos[r] < s->count[r] || (x.rdv && s->count[r] > 0 && !x.finished[r])) {
         pending = 1;
         err = !rep->ok;
       }
@@ -301,7 +387,7 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   }
   if (rep->ok && pending) report_deadlock(&x);
   if (rep->ok && all_matched(&x))
-    for (int r = 0; r < p; r++) /* the waits for the sends a rank's last action gives back */
+    for (int r = 0; r < p && !x.rdv; r++) /* the waits for the sends a rank's last action gives back */
       if (s->count[r] > 0) wait_for_releases(&x, r, s->count[r] - 1);
   for (int r = 0; r < p && rep->ok; r++) check_events(s, r, rep);
   for (int r = 0; r < p; r++) rep->makespan = x.clock[r] > rep->makespan ? x.clock[r] : rep->makespan;
@@ -313,6 +399,10 @@ loom_status loom_schedule_simulate(const loom_schedule *s, const loom_action_cos
   free(x.clock);
   free(x.busy);
   free(x.tied_arrival);
+  free(x.recv_posted);
+  free(x.posted_at);
+  free(x.finished);
+  loom_rendezvous_free(x.rdv);
   return rep->ok ? LOOM_OK : LOOM_ERR_RUNTIME;
 }
 

@@ -17,7 +17,7 @@ loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_f
   if (st != LOOM_OK) return st;
   loom_sim_costs_build(plan, prof, &res->costs);
   const loom_action_costs costs = {action_seconds, flight_seconds, &res->costs};
-  if (loom_schedule_simulate(&res->schedule, &costs, &res->replay) != LOOM_OK) {
+  if (loom_schedule_simulate(&res->schedule, &costs, &LOOM_SENDS_BUFFERED, &res->replay) != LOOM_OK) {
     st = loom_fail(err, LOOM_ERR_USAGE, "schedule: %s", res->replay.why);
     loom_sim_result_free(res);
     return st;
