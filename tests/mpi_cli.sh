@@ -194,4 +194,8 @@ grep -q "^preflight: rank 1 (.*): GEMM" "$WORK/slowtrain.txt" &&
 run preflight --plan /nonexistent.txtpb --tp 2 > "$WORK/prebad.txt" 2>&1
 [ $? = 2 ] && grep -qx "loom preflight: --plan fixes the layout; drop --tp and --pp" "$WORK/prebad.txt" ||
   fail "preflight flags: $(cat "$WORK/prebad.txt")"
+# The point-to-point mode is one of two, named once, or the job ends before it starts.
+LOOM_P2P=nccl "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_P2P "$LOOM" train --pp 2 --steps 1 > "$WORK/p2p.txt" 2>&1
+[ $? = 2 ] && [ "$(grep -c "^loom: LOOM_P2P = 'nccl': must be buffered (MPI's default) or rendezvous$" "$WORK/p2p.txt")" = 1 ] ||
+  fail "LOOM_P2P=nccl: $(cat "$WORK/p2p.txt")"
 echo "ok"

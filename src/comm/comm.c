@@ -158,6 +158,10 @@ loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name) {
   return sub;
 }
 
+void loom_comm_flush(loom_comm *c) {
+  if (c && c->ops->flush) c->ops->flush(c);
+}
+
 void loom_comm_free(loom_comm *c) {
   if (c) c->ops->free(c);
 }

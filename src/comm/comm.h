@@ -23,6 +23,12 @@ static inline double loom_collective_factor(loom_collective kind, int n) {
   return kind == LOOM_COLL_ALLREDUCE ? 2.0 * share : kind == LOOM_COLL_SENDRECV ? 1.0 : share;
 }
 
+/* The send semantics of point-to-point transfers by name: what LOOM_P2P
+ * selects for the MPI backend and what the verifier's send models are
+ * called (schedule/verify.h). */
+#define LOOM_SENDS_BUFFERED_NAME "buffered"
+#define LOOM_SENDS_RENDEZVOUS_NAME "rendezvous"
+
 typedef struct loom_comm loom_comm;
 typedef struct loom_request loom_request;
 
@@ -43,10 +49,15 @@ typedef struct {
   loom_request *(*iallgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   loom_request *(*ireduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
   void (*broadcast)(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
+  /* Point to point. A backend may queue transfers (NCCL groups them) until
+   * a wait, a test, a collective or flush; tags pick the recv under
+   * buffered sends and are ignored under rendezvous ones, whose sends meet
+   * recvs in issue order (schedule/verify.h's send models). */
   loom_request *(*isend)(loom_comm *c, const float *buf, size_t n, int peer, int tag);
   loom_request *(*irecv)(loom_comm *c, float *buf, size_t n, int peer, int tag);
   void (*wait)(loom_request *r); /* completes and frees r */
   int (*test)(loom_request *r);  /* 1 (and frees r) if complete, else 0 */
+  void (*flush)(loom_comm *c);   /* hands what is queued to the network now, as one group (NULL: nothing queues) */
   void (*barrier)(loom_comm *c);
   /* Sub-group of the ranks passing the same color, ordered by key. */
   loom_comm *(*split)(loom_comm *c, int color, int key);
@@ -102,8 +113,12 @@ int loom_comm_test(loom_comm *c, loom_request *r);
  * when it is done. */
 void loom_comm_idle_barrier(loom_comm *c, int root);
 void loom_comm_barrier(loom_comm *c);
-/* Sub-group of the ranks passing the same color, ordered by key, named `name`. */
+/* Sub-group of the ranks passing the same color, ordered by key, named
+ * `name`; a rank passing LOOM_COMM_NO_COLOR joins none and gets NULL. */
+#define LOOM_COMM_NO_COLOR (-1)
 loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name);
+/* Hands the group's queued transfers to the network now (see isend). */
+void loom_comm_flush(loom_comm *c);
 void loom_comm_free(loom_comm *c);
 
 #endif

@@ -76,7 +76,8 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
   pipe->mem = ops->mem;
-  loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), pipe->chunks[0].p.cfg.bf16, ps->pp, pipe->v, pipe->m,
+  loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), pipe->chunks[0].p.cfg.bf16, ps->pp, pipe->v,
+                pipe->sched.v_shape, pipe->m,
                 nsends);
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");

@@ -3,11 +3,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "comm/comm.h"
 #include "schedule/rendezvous.h"
 #include "schedule/verify.h"
 
-const loom_send_model LOOM_SENDS_BUFFERED = {.name = "buffered"};
-const loom_send_model LOOM_SENDS_RENDEZVOUS = {.name = "rendezvous", .rendezvous = true, .by_kind = true};
+const loom_send_model LOOM_SENDS_BUFFERED = {.name = LOOM_SENDS_BUFFERED_NAME};
+const loom_send_model LOOM_SENDS_RENDEZVOUS = {.name = LOOM_SENDS_RENDEZVOUS_NAME, .rendezvous = true, .by_kind = true};
 
 static const loom_send_model *const SEND_MODELS[] = {&LOOM_SENDS_BUFFERED, &LOOM_SENDS_RENDEZVOUS};
 enum { SEND_MODEL_COUNT = sizeof SEND_MODELS / sizeof SEND_MODELS[0] };

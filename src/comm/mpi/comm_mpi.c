@@ -214,15 +214,25 @@ static void mpi_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, in
   unstage(c, buf, h, bytes, c->rank != root);
 }
 
+/* LOOM_P2P=rendezvous: point-to-point transfers with NCCL's semantics, so a
+ * CPU run proves what a GPU run will do. Sends are synchronous (MPI_Issend:
+ * complete only once the recv is posted) and every transfer carries one
+ * tag, so sends meet recvs in issue order per peer and communicator, as
+ * NCCL's ignore tags; each transfer is its own group, as loom's pipeline
+ * hands them to NCCL (pipeline/p2p.c). */
+static bool g_rendezvous;
+enum { RENDEZVOUS_TAG = 0 };
+
 static loom_request *mpi_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
   loom_request *r = request("send to", peer, c, buf, n * sizeof(float), false);
-  MPI_Isend(r->host, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
+  if (g_rendezvous) MPI_Issend(r->host, count_of(n), MPI_FLOAT, peer, RENDEZVOUS_TAG, mpi_of(c), &r->req);
+  else MPI_Isend(r->host, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
   return r;
 }
 
 static loom_request *mpi_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
   loom_request *r = request("receive from", peer, c, buf, n * sizeof(float), true);
-  MPI_Irecv(r->host, count_of(n), MPI_FLOAT, peer, tag, mpi_of(c), &r->req);
+  MPI_Irecv(r->host, count_of(n), MPI_FLOAT, peer, g_rendezvous ? RENDEZVOUS_TAG : tag, mpi_of(c), &r->req);
   return r;
 }
 
@@ -258,8 +268,8 @@ static loom_comm *wrap(MPI_Comm comm);
 
 static loom_comm *mpi_split(loom_comm *c, int color, int key) {
   MPI_Comm sub;
-  MPI_Comm_split(mpi_of(c), color, key, &sub);
-  return wrap(sub);
+  MPI_Comm_split(mpi_of(c), color == LOOM_COMM_NO_COLOR ? MPI_UNDEFINED : color, key, &sub);
+  return sub == MPI_COMM_NULL ? NULL : wrap(sub);
 }
 
 static void mpi_free(loom_comm *c) {
@@ -310,7 +320,19 @@ loom_comm *loom_comm_mpi_world(int *argc, char ***argv) {
   if (!ready) MPI_Init(argc, argv);
   if (g_bf16_sum == MPI_OP_NULL) MPI_Op_create(bf16_sum, 1, &g_bf16_sum);
   loom_watchdog_init();
-  return wrap(MPI_COMM_WORLD);
+  loom_comm *world = wrap(MPI_COMM_WORLD);
+  const char *mode = getenv("LOOM_P2P");
+  if (mode && *mode && strcmp(mode, LOOM_SENDS_BUFFERED_NAME) != 0 && strcmp(mode, LOOM_SENDS_RENDEZVOUS_NAME) != 0) {
+    if (world->rank == 0) fprintf(stderr, "loom: LOOM_P2P = '%s': must be %s (MPI's default) or %s\n", mode,
+                            LOOM_SENDS_BUFFERED_NAME, LOOM_SENDS_RENDEZVOUS_NAME);
+    MPI_Finalize();
+    exit(2);
+  }
+  g_rendezvous = mode && strcmp(mode, LOOM_SENDS_RENDEZVOUS_NAME) == 0;
+  if (g_rendezvous && world->rank == 0)
+    fprintf(stderr, "loom: LOOM_P2P=rendezvous: point-to-point sends are synchronous and meet their recvs in issue order "
+                    "per peer, tags ignored (NCCL's rules)\n");
+  return world;
 }
 
 void loom_mpi_abort(int code) {

@@ -194,13 +194,16 @@ static void nccl_broadcast(loom_comm *c, void *buf, size_t n, loom_dtype type, i
 }
 
 /* ---- point to point ----
- * An NCCL send waits on the GPU for its receive, where loom's schedules
- * (and their verifier) take sends as buffered: two stages sending to each
- * other before receiving would block each other's streams. So isend and
- * irecv only queue; the first wait or test on any of this group's requests,
- * or any collective, hands everything queued to NCCL as one group, which
- * runs its sends and receives together. Every send queued before a receive
- * is then in flight with it, as the schedule assumes. */
+ * An NCCL send waits on the GPU for its receive, and each group holds its
+ * stream until all of it has matched. isend and irecv only queue; flush,
+ * the first wait or test on any of this group's requests, or any
+ * collective hands everything queued to NCCL as one group. Callers that
+ * exchange on one group (preflight, measurements) post their receive and
+ * send before waiting, and so get them as one group. The pipeline moves its
+ * messages on channels of their own, one two-rank communicator (and stream)
+ * per ordered pair of ranks and kind of message, and flushes each transfer
+ * as it makes it (pipeline/p2p.c): the rendezvous semantics its schedules
+ * are verified under (schedule/verify.h, LOOM_SENDS_RENDEZVOUS). */
 
 static void flush(nccl_impl *m) {
   if (!m->npending) return;
@@ -234,7 +237,7 @@ static loom_request *p2p(loom_comm *c, float *buf, size_t n, int peer, bool send
 }
 
 static loom_request *nccl_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
-  (void)tag; /* NCCL matches transfers between two ranks in issue order, which loom's schedules keep */
+  (void)tag; /* NCCL matches transfers between two ranks in issue order: the verifier proves the pipeline's match */
   return p2p(c, (float *)buf, n, peer, true);
 }
 
@@ -268,6 +271,8 @@ static int nccl_test(loom_request *r) {
   finish(r);
   return 1;
 }
+
+static void nccl_flush(loom_comm *c) { flush(impl_of(c)); }
 
 static void nccl_barrier(loom_comm *c) {
   nccl_impl *m = impl_of(c);
@@ -309,6 +314,7 @@ static const loom_comm_ops NCCL_OPS = {
     .broadcast = nccl_broadcast,
     .isend = nccl_isend,
     .irecv = nccl_irecv,
+    .flush = nccl_flush,
     .wait = nccl_wait,
     .test = nccl_test,
     .barrier = nccl_barrier,
