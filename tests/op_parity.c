@@ -508,6 +508,92 @@ static void adamw(const op_backend *b, op_report *r) {
   op->mem->release(op->mem, dev16);
 }
 
+/* Every op on an empty shape (no rows, tokens or elements) is a no-op on
+ * every backend, as on the reference: nothing written (the weights' grads
+ * keep their values, the sentinels after an empty output survive), and a
+ * GPU launches no grid of no blocks, which CUDA refuses. And a row with no
+ * value above -inf (NaN and -inf only) gives argmax element 0, as the
+ * reference does, never a read past the row. */
+static void empty_shapes(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { C = 8, OC = 6, V = 5 };
+  const loom_ops *both[2] = {ref, op};
+  mirror none = make(b, 0, 0, 0), w = make(b, (size_t)OC * C, -1, 1), dw = make(b, (size_t)OC * C, -1, 1),
+         vec = make(b, OC, -1, 1), dvec = make(b, OC, -1, 1), wte = make(b, (size_t)V * C, -1, 1);
+  int *dtok = make_ints(b, (const int[]){0}, 1);
+  uint16_t *w16 = op->mem->zalloc(op->mem, (size_t)OC * C * sizeof(uint16_t));
+  uint16_t *h16 = calloc((size_t)OC * C, sizeof(uint16_t));
+  const loom_dropout d = {.p = 0.3f, .seed = 7, .stream = 99, .seq_total = 4};
+  const loom_attn_shape shape = {.T = 0, .B = 2, .heads = 2, .kv_heads = 1, .head_dim = 4, .total_heads = 2};
+  const loom_adamw_args args = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 1.0f, .step = 1};
+  for (int k = 0; k < 2; k++) {
+    const loom_ops *o = both[k];
+    const bool dev = k == 1;
+    float *x = dev ? none.dev : none.host, *pw = dev ? w.dev : w.host, *pdw = dev ? dw.dev : dw.host;
+    float *pv = dev ? vec.dev : vec.host, *pdv = dev ? dvec.dev : dvec.host, *pwte = dev ? wte.dev : wte.host;
+    const int *tok = dev ? dtok : (const int[]){0};
+    const uint16_t *bits = dev ? w16 : h16;
+    o->matmul_forward(o, x, x, pw, pv, 0, C, OC);
+    o->matmul_backward(o, x, pdw, pdv, x, x, pw, 0, C, OC);
+    o->matmul_forward_bf16(o, x, loom_bf16_values(x), bits, pv, 0, C, OC);
+    o->matmul_backward_bf16(o, x, pdw, pdv, loom_bf16_values(x), loom_bf16_values(x), bits, 0, C, OC);
+    o->layernorm_forward(o, x, x, x, x, pv, pv, 0, OC, 1e-5f);
+    o->layernorm_backward(o, x, pdv, pdv, x, x, pv, x, x, 0, OC);
+    o->rmsnorm_forward(o, x, x, x, pv, 0, OC, 1e-5f);
+    o->rmsnorm_backward(o, x, pdv, x, x, pv, x, 0, OC);
+    o->swiglu_forward(o, x, x, 0, 3);
+    o->swiglu_backward(o, x, x, x, 0, 3);
+    o->rope_forward(o, x, 0, 2, 8, 2, 4, 0, 10000.0f);
+    o->rope_backward(o, x, 0, 2, 8, 2, 4, 0, 10000.0f);
+    o->gelu_forward(o, x, x, 0);
+    o->gelu_backward(o, x, x, x, 0);
+    o->attention_forward(o, x, x, x, &shape, NULL);
+    o->attention_backward(o, x, x, x, x, x, &shape, NULL);
+    o->embedding_forward(o, x, tok, pwte, 0, V, 0, 2, C);
+    o->embedding_backward(o, pwte, x, tok, 0, V, 0, 2, C);
+    o->position_forward(o, x, pwte, 0, 2, C, 0);
+    o->position_backward(o, pwte, x, 0, 2, C, 0);
+    o->bias_forward(o, x, pv, 0, OC);
+    o->bias_backward(o, pdv, x, 0, OC);
+    o->logsumexp(o, x, x, 0, V, V);
+    o->pick_targets(o, x, x, tok, 0, 0, V, V);
+    o->crossentropy_backward(o, x, x, x, tok, 0, 1.0f, 0, V, V);
+    o->crossentropy_losses(o, x, x, x, tok, 0);
+    o->exp_shifted(o, x, x, 0);
+    o->log_shifted(o, x, x, 0);
+    o->argmax(o, x, dev ? dtok : (int[]){0}, x, 0, V, V);
+    o->add(o, x, x, x, 0);
+    o->accumulate(o, x, x, 0);
+    r->checks++;
+    if (o->sumsq(o, x, 0) != 0.0) failed(r, "%s: sumsq of nothing is %g, not %g", o->name, o->sumsq(o, x, 0), 0);
+    o->dropout_forward(o, x, 0, 2, C, &d);
+    o->dropout_backward(o, x, 0, 2, C, &d);
+    o->to_bf16(o, (uint16_t *)x, x, 0);
+    o->from_bf16(o, x, (const uint16_t *)x, 0);
+    o->round_bf16(o, x, 0);
+    o->adamw(o, x, x, x, x, NULL, 0, &args);
+  }
+  expect(r, "ops on empty shapes: what follows an empty output", &none, 0.0);
+  expect(r, "ops on empty shapes: the weight grads", &dw, 0.0);
+  expect(r, "ops on empty shapes: the vector grads", &dvec, 0.0);
+  expect(r, "ops on empty shapes: the embedding table", &wte, 0.0);
+  /* argmax over NaN and -inf only. */
+  mirror row = make(b, V, 0, 0), val = make(b, 1, 0, 0);
+  const float nan_row[V] = {NAN, -INFINITY, NAN, -INFINITY, NAN};
+  memcpy(row.host, nan_row, sizeof nan_row);
+  op->mem->from_host(op->mem, row.dev, nan_row, sizeof nan_row);
+  int want = -2, *didx = make_ints(b, (const int[]){-2}, 1);
+  ref->argmax(ref, val.host, &want, row.host, 1, V, V);
+  op->argmax(op, val.dev, didx, row.dev, 1, V, V);
+  expect_ints(r, b, "argmax of a row of NaN and -inf", didx, &want, 1);
+  mirror *all[] = {&none, &w, &dw, &vec, &dvec, &wte, &row, &val};
+  drop_all(all, sizeof all / sizeof *all);
+  op->mem->release(op->mem, dtok);
+  op->mem->release(op->mem, didx);
+  op->mem->release(op->mem, w16);
+  free(h16);
+}
+
 #define AT(op) offsetof(loom_ops, op)
 _Static_assert(offsetof(loom_ops, matmul_forward) == sizeof(const char *) + sizeof(const loom_allocator *) + sizeof(void *),
                "the op table is its name, memory and state, then its functions");
@@ -534,6 +620,7 @@ const op_case OP_CASES[] = {
       AT(log_shifted)}, 7},
     {"bf16 casts and linears", bf16, {AT(to_bf16), AT(from_bf16), AT(round_bf16), AT(matmul_forward_bf16), AT(matmul_backward_bf16)}, 5},
     {"adamw", adamw, {AT(adamw)}, 1},
+    {"empty shapes", empty_shapes, {AT(matmul_forward), AT(attention_forward), AT(argmax)}, 3},
 };
 const int OP_CASE_COUNT = (int)(sizeof OP_CASES / sizeof OP_CASES[0]);
 

@@ -211,6 +211,7 @@ void loom_cpu_bf16_gemm_describe(loom_bf16_gemm_path path, char *out, size_t len
 
 void loom_cpu_bf16_gemm_run(loom_bf16_gemm_path path, const loom_gemm_shape *s, loom_bf16_operand A,
                             loom_bf16_operand B, float *C) {
+  if (loom_cpu_gemm_empty(s->M, s->N, s->K, s->beta, C, s->N)) return; /* its operands may be empty scratch, NULL */
   LOOM_CHECK(!A.bf16 != !A.f32 && !B.bf16 != !B.f32, "a bf16 GEMM operand is bf16 bits or fp32 values, one of them");
 #ifdef LOOM_HAVE_ONEDNN
   if (path == LOOM_BF16_GEMM_NATIVE) {

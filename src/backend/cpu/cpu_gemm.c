@@ -38,8 +38,16 @@ loom_status loom_cpu_gemm_choose_from_env(loom_error *err) {
   return loom_fail(err, LOOM_ERR_USAGE, "%s must be openblas or onednn, got '%s'", LOOM_CPU_GEMM_ENV, want);
 }
 
+bool loom_cpu_gemm_empty(int M, int N, int K, float beta, float *C, int ldc) {
+  if (M > 0 && N > 0 && K > 0) return false;
+  for (int i = 0; K <= 0 && beta != 1.0f && i < M; i++) /* C = beta C: no products to add */
+    for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[(size_t)i * ldc + j];
+  return true;
+}
+
 void loom_cpu_sgemm_with(loom_gemm_library lib, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
                          int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  if (loom_cpu_gemm_empty(M, N, K, beta, C, ldc)) return;
 #ifdef LOOM_HAVE_ONEDNN
   if (lib == LOOM_GEMM_ONEDNN) {
     const dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -25,6 +25,9 @@ typedef struct {
   int M, N, K;
   float beta;
 } loom_gemm_shape;
+/* An empty product (M, N or K is 0), which oneDNN refuses: C = beta C where
+ * K is 0, nothing else; true if the shape was one (and is done). */
+bool loom_cpu_gemm_empty(int M, int N, int K, float beta, float *C, int ldc);
 enum { LOOM_LINEAR_FORWARD, LOOM_LINEAR_INPUT_GRAD, LOOM_LINEAR_WEIGHT_GRAD, LOOM_LINEAR_GEMMS };
 /* The GEMMs of a linear layer y[N,OC] = x[N,C] W[OC,C]^T: the forward, the
  * input grad (accumulated) and the weight grad (accumulated). The one

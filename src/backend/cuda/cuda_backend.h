@@ -81,7 +81,7 @@ void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t by
  * m x n x k product, in TFLOP/s (best of `iters` timed runs after a warm-up). */
 double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int iters);
 /* The device's dense bf16 tensor-core peak in TFLOP/s where loom knows it
- * (H100/H200 989, A100 312), else 0. */
+ * (SXM H100/H200 989, NVL 835, PCIe 756, A100 312), else 0. */
 double loom_cuda_bf16_peak_tflops(const loom_ops *be);
 
 #ifdef __cplusplus

@@ -59,6 +59,8 @@ struct Backend {
   size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0;
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
   loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
+  int shared_optin = 0;       // the device's opt-in shared memory per block, once asked
+  bool flash_refused = false; // a head dim the fused attention could not take has been reported
   void (*wait_hook)(void *stream, const char *what) = nullptr; // loom_cuda_set_host_wait
   loom_block_cache *cache = nullptr; // every block the allocator hands out
   loom_ops ops;
@@ -71,6 +73,15 @@ inline Backend &ctx(const loom_allocator *mem) { return *(Backend *)mem->state; 
 constexpr int THREADS = 256;
 inline unsigned blocks_for(size_t n) { return (unsigned)((n + THREADS - 1) / THREADS); }
 inline void launched(const char *what) { check(cudaGetLastError(), what); }
+// Launches kernel over grid (a count of blocks, or a dim3) on stream, or
+// nothing when the grid is empty: an op on an empty shape is a no-op, as on
+// the CPU, where CUDA would refuse a launch of no blocks.
+#define LAUNCH(kernel, grid, threads, shmem, stream, ...)                                   \
+  do {                                                                                      \
+    const dim3 launch_grid_ = (grid);                                                       \
+    if (launch_grid_.x && launch_grid_.y && launch_grid_.z)                                 \
+      kernel<<<launch_grid_, (threads), (shmem), (stream)>>>(__VA_ARGS__);                  \
+  } while (0)
 
 // A causal attention call's shape and dropout keys, as kernels take them.
 struct AttnArgs {
@@ -100,7 +111,10 @@ __device__ inline float keep_factor(const AttnArgs &a, int b, int h, int tq, int
 }
 
 // The fused attention kernels (cuda_flash.cu) under ops.h's flash contract;
-// K is the local key/value heads.
+// K is the local key/value heads. They run where flash_attention_fits: the
+// head dim within theirs and their shared memory within the device's (head
+// dim 256 needs about 193 KiB, which an H100 has and an A100 does not).
+bool flash_attention_fits(Backend &g, int D);
 void flash_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const AttnArgs &a, int K);
 void flash_attention_backward(Backend &g, float *dqkv, const float *dout, const float *out, const float *qkv,
                               const float *lse, const AttnArgs &a, int K);

@@ -88,7 +88,7 @@ __global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout 
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *q = smem, *k = q + TILE * P, *v = k + TILE * P, *o = v + TILE * P; // o: [TILE][D]
   __shared__ float m_row[TILE], l_row[TILE], weights[WARPS][TILE];
-  const int b = blockIdx.y / L.a.H, h = blockIdx.y % L.a.H, g = h / L.group, t0 = blockIdx.x * TILE;
+  const int b = blockIdx.x / L.a.H, h = blockIdx.x % L.a.H, g = h / L.group, t0 = blockIdx.y * TILE;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, t0, T, D);
   for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) o[i] = 0.0f;
@@ -140,7 +140,7 @@ __global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, cons
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *q = smem, *dy = q + TILE * P, *k = dy + TILE * P, *v = k + TILE * P, *dq = v + TILE * P; // dq: [TILE][D]
   __shared__ float weights[WARPS][TILE];
-  const int b = blockIdx.y / L.a.H, h = blockIdx.y % L.a.H, g = h / L.group, t0 = blockIdx.x * TILE;
+  const int b = blockIdx.x / L.a.H, h = blockIdx.x % L.a.H, g = h / L.group, t0 = blockIdx.y * TILE;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, t0, T, D);
   load_tile(dy, dout, [&](int t) { return L.o(t, b, h); }, t0, T, D);
@@ -178,7 +178,7 @@ __global__ void dkv_kernel(float *dqkv, const float *dout, const float *qkv, con
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *k = smem, *v = k + TILE * P, *q = v + TILE * P, *dy = q + TILE * P, *dk = dy + TILE * P, *dv = dk + TILE * D;
   __shared__ float row_lse[TILE], row_delta[TILE], pw[WARPS][TILE], dsw[WARPS][TILE];
-  const int b = blockIdx.y / L.K, g = blockIdx.y % L.K, k0 = blockIdx.x * TILE;
+  const int b = blockIdx.x / L.K, g = blockIdx.x % L.K, k0 = blockIdx.y * TILE;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   load_tile(k, qkv, [&](int t) { return L.k(t, b, g); }, k0, T, D);
   load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
@@ -238,13 +238,26 @@ void check_head_dim(int D) {
 
 } // namespace
 
+bool flash_attention_fits(Backend &g, int D) {
+  if (D < 1 || D > MAX_HEAD_DIM) return false;
+  if (!g.shared_optin) check(cudaDeviceGetAttribute(&g.shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device),
+                             "shared memory limit");
+  const size_t need = shared_bytes(D, 4, 2); // the dk/dv kernel's, the most of the three
+  if (need <= (size_t)g.shared_optin) return true;
+  if (!g.flash_refused) // once per context
+    fprintf(stderr, "loom: the fused attention at head dim %d needs %zu B of shared memory per block, this GPU allows %d: "
+                    "attention runs on cuBLAS\n", D, need, g.shared_optin);
+  g.flash_refused = true;
+  return false;
+}
+
 void flash_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const AttnArgs &a, int K) {
   check_head_dim(a.D);
   const Layout L = layout_of(a, K);
   const size_t bytes = shared_bytes(a.D, 3, 1);
   allow_shared(forward_kernel, bytes);
-  const dim3 grid((a.T + TILE - 1) / TILE, a.B * a.H);
-  forward_kernel<<<grid, WARPS * 32, bytes, g.stream>>>(out, lse, qkv, L);
+  const dim3 grid(a.B * a.H, (a.T + TILE - 1) / TILE); // heads in x, which takes 2^31 - 1 blocks; y takes 65535
+  LAUNCH(forward_kernel, grid, WARPS * 32, bytes, g.stream, out, lse, qkv, L);
   launched("fused attention forward");
 }
 
@@ -254,15 +267,15 @@ void flash_attention_backward(Backend &g, float *dqkv, const float *dout, const 
   const Layout L = layout_of(a, K);
   const size_t rows = (size_t)a.B * a.H * a.T;
   float *delta = (float *)grow(g, g.scratch, g.scratch_bytes, rows * sizeof(float), "attention row sums");
-  delta_kernel<<<(unsigned)((rows + WARPS - 1) / WARPS), WARPS * 32, 0, g.stream>>>(delta, dout, out, L);
+  LAUNCH(delta_kernel, (unsigned)((rows + WARPS - 1) / WARPS), WARPS * 32, 0, g.stream, delta, dout, out, L);
   launched("fused attention delta");
   const size_t dq_bytes = shared_bytes(a.D, 4, 1), dkv_bytes = shared_bytes(a.D, 4, 2);
   allow_shared(dq_kernel, dq_bytes);
   allow_shared(dkv_kernel, dkv_bytes);
   const unsigned tiles = (unsigned)((a.T + TILE - 1) / TILE);
-  dq_kernel<<<dim3(tiles, a.B * a.H), WARPS * 32, dq_bytes, g.stream>>>(dqkv, dout, qkv, lse, delta, L);
+  LAUNCH(dq_kernel, dim3(a.B * a.H, tiles), WARPS * 32, dq_bytes, g.stream, dqkv, dout, qkv, lse, delta, L);
   launched("fused attention dq");
-  dkv_kernel<<<dim3(tiles, a.B * K), WARPS * 32, dkv_bytes, g.stream>>>(dqkv, dout, qkv, lse, delta, L);
+  LAUNCH(dkv_kernel, dim3(a.B * K, tiles), WARPS * 32, dkv_bytes, g.stream, dqkv, dout, qkv, lse, delta, L);
   launched("fused attention dk dv");
 }
 

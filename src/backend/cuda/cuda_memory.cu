@@ -1,6 +1,6 @@
 // The CUDA backend's allocators (cuda_context.cuh): every block comes from
-// the context's block cache, over cudaMalloc (device memory, the fast path)
-// or cudaMallocManaged (the synchronised correctness path). Fills and copies
+// the context's block cache, over cudaMallocAsync (device memory, the fast
+// path) or cudaMallocManaged (the synchronised correctness path). Fills and copies
 // are queued on the compute stream, so a block reused after a release is
 // touched only after the work that used it before (one stream orders both).
 #include <string.h>
@@ -14,9 +14,14 @@ __global__ void fill32_kernel(uint32_t *d, uint32_t pattern, size_t n) {
   if (i < n) d[i] = pattern;
 }
 
-void *raw_device(void *, size_t bytes) {
+// Device memory is stream-ordered (cudaMallocAsync, cudaFreeAsync on the
+// compute stream): giving cached blocks back on an allocation miss never
+// waits for the whole device, as cudaFree would, which could wait forever
+// on an NCCL kernel whose peer waits on this rank. A block freed and then
+// allocated again on the one stream is reused in its order.
+void *raw_device(void *backend, size_t bytes) {
   void *p = nullptr;
-  if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+  if (cudaMallocAsync(&p, bytes, ((Backend *)backend)->stream) == cudaSuccess) return p;
   cudaGetLastError(); // out of memory is an answer, not a sticky error
   return nullptr;
 }
@@ -28,7 +33,8 @@ void *raw_managed(void *, size_t bytes) {
   return nullptr;
 }
 
-void raw_release(void *, void *p) { cudaFree(p); } // cudaFree waits for the device
+void raw_device_release(void *backend, void *p) { cudaFreeAsync(p, ((Backend *)backend)->stream); }
+void raw_managed_release(void *, void *p) { cudaFree(p); } // the synchronised path: cudaFree waits for the device
 
 // Managed memory is read by host code between ops: its fills and copies finish before they return.
 void settle(Backend &g, const char *what) {
@@ -69,7 +75,7 @@ void mem_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const v
 void mem_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
   Backend &g = ctx(mem);
   if (!count) return;
-  fill32_kernel<<<blocks_for(count), THREADS, 0, g.stream>>>((uint32_t *)dst, pattern, count);
+  LAUNCH(fill32_kernel, blocks_for(count), THREADS, 0, g.stream, (uint32_t *)dst, pattern, count);
   launched("fill32");
   settle(g, "fill32");
 }
@@ -108,7 +114,8 @@ void mem_reset_peak(const loom_allocator *mem) { loom_block_cache_reset_peaks(ct
 } // namespace
 
 loom_allocator make_allocator(Backend &g, bool managed) {
-  g.cache = loom_block_cache_new(loom_raw_memory{managed ? raw_managed : raw_device, raw_release, nullptr});
+  g.cache = loom_block_cache_new(managed ? loom_raw_memory{raw_managed, raw_managed_release, nullptr}
+                                         : loom_raw_memory{raw_device, raw_device_release, &g});
   if (!g.cache) {
     fprintf(stderr, "loom: out of host memory opening a CUDA context\n");
     abort();

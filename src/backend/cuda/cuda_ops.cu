@@ -106,13 +106,13 @@ __global__ void column_sum_kernel(float *dbias, const T *dout, int N, int OC) {
 
 void cuda_bias_forward(const loom_ops *be, float *out, const float *bias, int N, int OC) {
   Backend &g = ctx(be);
-  bias_add_kernel<<<blocks_for((size_t)N * OC), THREADS, 0, g.stream>>>(out, bias, N, OC);
+  LAUNCH(bias_add_kernel, blocks_for((size_t)N * OC), THREADS, 0, g.stream, out, bias, N, OC);
   launched("bias_forward");
 }
 
 void cuda_bias_backward(const loom_ops *be, float *dbias, const float *dout, int N, int OC) {
   Backend &g = ctx(be);
-  column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout, N, OC);
+  LAUNCH(column_sum_kernel, OC, THREADS, 0, g.stream, dbias, dout, N, OC);
   launched("bias_backward");
 }
 
@@ -212,14 +212,14 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *db
 void cuda_layernorm_forward(const loom_ops *be, float *out, float *mean, float *rstd, const float *inp, const float *weight,
                             const float *bias, int N, int C, float eps) {
   Backend &g = ctx(be);
-  layernorm_forward_kernel<<<N, THREADS, 0, g.stream>>>(out, mean, rstd, inp, weight, bias, C, eps);
+  LAUNCH(layernorm_forward_kernel, N, THREADS, 0, g.stream, out, mean, rstd, inp, weight, bias, C, eps);
   launched("layernorm_forward");
 }
 
 void cuda_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, const float *mean, const float *rstd, int N, int C) {
   Backend &g = ctx(be);
-  layernorm_backward_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
+  LAUNCH(layernorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
   launched("layernorm_backward");
 }
 
@@ -252,14 +252,14 @@ __global__ void rmsnorm_backward_kernel(float *dinp, float *dweight, const float
 void cuda_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
                           float eps) {
   Backend &g = ctx(be);
-  rmsnorm_forward_kernel<<<N, THREADS, 0, g.stream>>>(out, rstd, inp, weight, C, eps);
+  LAUNCH(rmsnorm_forward_kernel, N, THREADS, 0, g.stream, out, rstd, inp, weight, C, eps);
   launched("rmsnorm_forward");
 }
 
 void cuda_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
                            const float *weight, const float *rstd, int N, int C) {
   Backend &g = ctx(be);
-  rmsnorm_backward_kernel<<<N, THREADS, 0, g.stream>>>(dinp, dweight, dout, inp, weight, rstd, C);
+  LAUNCH(rmsnorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dweight, dout, inp, weight, rstd, C);
   launched("rmsnorm_backward");
 }
 
@@ -283,13 +283,13 @@ __global__ void swiglu_backward_kernel(float *dinp, const float *dout, const flo
 
 void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
   Backend &g = ctx(be);
-  swiglu_forward_kernel<<<blocks_for((size_t)N * F), THREADS, 0, g.stream>>>(out, inp, N, F);
+  LAUNCH(swiglu_forward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, out, inp, N, F);
   launched("swiglu_forward");
 }
 
 void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
   Backend &g = ctx(be);
-  swiglu_backward_kernel<<<blocks_for((size_t)N * F), THREADS, 0, g.stream>>>(dinp, dout, inp, N, F);
+  LAUNCH(swiglu_backward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, dinp, dout, inp, N, F);
   launched("swiglu_backward");
 }
 
@@ -311,7 +311,7 @@ __global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D
 
 void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta) {
   Backend &g = ctx(be);
-  rope_kernel<<<blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream>>>(x, T, B, stride, heads, D, pos_offset,
+  LAUNCH(rope_kernel, blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream, x, T, B, stride, heads, D, pos_offset,
                                                                                    theta, 1.0);
   launched("rope_forward");
 }
@@ -319,7 +319,7 @@ void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, i
 void cuda_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
                         float theta) {
   Backend &g = ctx(be);
-  rope_kernel<<<blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream>>>(dx, T, B, stride, heads, D,
+  LAUNCH(rope_kernel, blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream, dx, T, B, stride, heads, D,
                                                                                    pos_offset, theta, -1.0);
   launched("rope_backward");
 }
@@ -357,31 +357,31 @@ __global__ void sumsq_kernel(double *partials, const float *x, size_t n) {
 void cuda_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  gelu_forward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, inp, n);
+  LAUNCH(gelu_forward_kernel, blocks_for(n), THREADS, 0, g.stream, out, inp, n);
   launched("gelu_forward");
 }
 void cuda_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  gelu_backward_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(dinp, dout, inp, n);
+  LAUNCH(gelu_backward_kernel, blocks_for(n), THREADS, 0, g.stream, dinp, dout, inp, n);
   launched("gelu_backward");
 }
 void cuda_add(const loom_ops *be, float *out, const float *a, const float *b, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  add_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, a, b, n);
+  LAUNCH(add_kernel, blocks_for(n), THREADS, 0, g.stream, out, a, b, n);
   launched("add");
 }
 void cuda_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  accumulate_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(acc, x, n);
+  LAUNCH(accumulate_kernel, blocks_for(n), THREADS, 0, g.stream, acc, x, n);
   launched("accumulate");
 }
 double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
   Backend &g = ctx(be);
   if (!n) return 0.0;
-  sumsq_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(partials(g), x, n);
+  LAUNCH(sumsq_kernel, SUMSQ_BLOCKS, THREADS, 0, g.stream, partials(g), x, n);
   launched("sumsq");
   double host[SUMSQ_BLOCKS];
   check(cudaMemcpyAsync(host, g.partials, sizeof host, cudaMemcpyDeviceToHost, g.stream), "sumsq");
@@ -429,7 +429,7 @@ __global__ void orthonormalize_kernel(float *x, int n, int r) {
 void cuda_orthonormalize(const loom_ops *be, float *x, int n, int r) {
   Backend &g = ctx(be);
   if (n == 0 || r == 0) return;
-  orthonormalize_kernel<<<1, THREADS, 0, g.stream>>>(x, n, r);
+  LAUNCH(orthonormalize_kernel, 1, THREADS, 0, g.stream, x, n, r);
   launched("orthonormalize");
 }
 
@@ -460,9 +460,9 @@ __global__ void sign_bits_kernel(uint32_t *msg, const float *x, size_t n) {
 
 void cuda_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) {
   Backend &g = ctx(be);
-  abs_sum_kernel<<<SUMSQ_BLOCKS, THREADS, 0, g.stream>>>(partials(g), x, n);
-  sign_mean_kernel<<<1, 32, 0, g.stream>>>(msg, (double *)g.partials, SUMSQ_BLOCKS, n);
-  if (n) sign_bits_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(msg, x, n);
+  LAUNCH(abs_sum_kernel, SUMSQ_BLOCKS, THREADS, 0, g.stream, partials(g), x, n);
+  LAUNCH(sign_mean_kernel, 1, 32, 0, g.stream, msg, (double *)g.partials, SUMSQ_BLOCKS, n);
+  if (n) LAUNCH(sign_bits_kernel, blocks_for(n), THREADS, 0, g.stream, msg, x, n);
   launched("sign_pack");
 }
 
@@ -476,7 +476,7 @@ __global__ void sign_unpack_add_kernel(float *y, const uint32_t *msg, size_t n, 
 void cuda_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
   Backend &g = ctx(be);
   if (!n) return;
-  sign_unpack_add_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(y, msg, n, weight);
+  LAUNCH(sign_unpack_add_kernel, blocks_for(n), THREADS, 0, g.stream, y, msg, n, weight);
   launched("sign_unpack_add");
 }
 
@@ -503,8 +503,8 @@ __global__ void dropout_kernel(float *x, int T, int B, int C, DropoutArgs d) {
 
 void cuda_dropout(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *d) {
   Backend &g = ctx(be);
-  if (!d || d->p <= 0.0f || T * B * C == 0) return;
-  dropout_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(x, T, B, C, dropout_args(d));
+  if (!d || d->p <= 0.0f || (size_t)T * B * C == 0) return;
+  LAUNCH(dropout_kernel, blocks_for((size_t)T * B * C), THREADS, 0, g.stream, x, T, B, C, dropout_args(d));
   launched("dropout");
 }
 
@@ -591,7 +591,7 @@ void cublas_attention_forward(Backend &g, float *out, float *lse, const float *q
   const size_t probs_n = (size_t)a.B * H * TT;
   float *att = scratch(g, (a.p > 0.0f ? 2 : 1) * probs_n), *dropped = a.p > 0.0f ? att + probs_n : nullptr;
   attention_scores(g, att, qkv, s);
-  softmax_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, lse, dropped, a);
+  LAUNCH(softmax_kernel, a.B * H * T, row_threads(T), 0, g.stream, att, lse, dropped, a);
   launched("attention softmax");
   const float *probs = dropped ? dropped : att, one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++) // out[b, h] = P v
@@ -614,7 +614,7 @@ void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const
   float *att = scratch(g, (a.p > 0.0f ? 3 : 2) * probs_n), *datt = att + probs_n;
   float *dropped = a.p > 0.0f ? datt + probs_n : nullptr;
   attention_scores(g, att, qkv, s);
-  probs_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(att, lse, dropped, a);
+  LAUNCH(probs_kernel, a.B * H * T, row_threads(T), 0, g.stream, att, lse, dropped, a);
   launched("attention probabilities");
   const float *probs = dropped ? dropped : att, one = 1.0f, zero = 0.0f;
   for (int b = 0; b < a.B; b++)
@@ -631,7 +631,7 @@ void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const
                                            probs + ((size_t)b * H + j) * TT, T, group * TT, &one, dv, (int)ldq, D, K),
                  "attention dv");
     }
-  softmax_backward_kernel<<<a.B * H * T, row_threads(T), 0, g.stream>>>(datt, att, a, 1.0f / sqrtf((float)D));
+  LAUNCH(softmax_backward_kernel, a.B * H * T, row_threads(T), 0, g.stream, datt, att, a, 1.0f / sqrtf((float)D));
   launched("attention softmax backward");
   for (int b = 0; b < a.B; b++)
     for (int j = 0; j < group; j++) {
@@ -658,7 +658,8 @@ void cuda_attention_forward(const loom_ops *be, float *out, float *lse, const fl
                             const loom_dropout *drop) {
   check_shape(s);
   Backend &g = ctx(be);
-  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS) cublas_attention_forward(g, out, lse, qkv, s, drop);
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim))
+    cublas_attention_forward(g, out, lse, qkv, s, drop);
   else flash_attention_forward(g, out, lse, qkv, attn_args(s, drop), s->kv_heads);
 }
 
@@ -666,7 +667,8 @@ void cuda_attention_backward(const loom_ops *be, float *dqkv, const float *dout,
                              const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   check_shape(s);
   Backend &g = ctx(be);
-  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS) cublas_attention_backward(g, dqkv, dout, qkv, lse, s, drop);
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim))
+    cublas_attention_backward(g, dqkv, dout, qkv, lse, s, drop);
   else flash_attention_backward(g, dqkv, dout, out, qkv, lse, attn_args(s, drop), s->kv_heads);
 }
 
@@ -716,32 +718,32 @@ __global__ void position_backward_kernel(float *dwpe, const float *dout, int T, 
 void cuda_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T, int B,
                             int C) {
   Backend &g = ctx(be);
-  embedding_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start, rows,
+  LAUNCH(embedding_forward_kernel, blocks_for((size_t)T * B * C), THREADS, 0, g.stream, out, tokens, wte, vocab_start, rows,
                                                                                    T * B, C);
   launched("embedding_forward");
 }
 void cuda_embedding_forward_bf16(const loom_ops *be, float *out, const int *tokens, const uint16_t *wte, int vocab_start,
                                  int rows, int T, int B, int C) {
   Backend &g = ctx(be);
-  embedding_forward_bf16_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, tokens, wte, vocab_start,
+  LAUNCH(embedding_forward_bf16_kernel, blocks_for((size_t)T * B * C), THREADS, 0, g.stream, out, tokens, wte, vocab_start,
                                                                                         rows, T * B, C);
   launched("embedding_forward_bf16");
 }
 void cuda_embedding_backward(const loom_ops *be, float *dwte, const float *dout, const int *tokens, int vocab_start, int rows, int T, int B,
                              int C) {
   Backend &g = ctx(be);
-  embedding_backward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(dwte, dout, tokens, vocab_start,
+  LAUNCH(embedding_backward_kernel, blocks_for((size_t)T * B * C), THREADS, 0, g.stream, dwte, dout, tokens, vocab_start,
                                                                                     rows, T * B, C);
   launched("embedding_backward");
 }
 void cuda_position_forward(const loom_ops *be, float *out, const float *wpe, int T, int B, int C, int pos_offset) {
   Backend &g = ctx(be);
-  position_forward_kernel<<<blocks_for((size_t)T * B * C), THREADS, 0, g.stream>>>(out, wpe, T, B, C, pos_offset);
+  LAUNCH(position_forward_kernel, blocks_for((size_t)T * B * C), THREADS, 0, g.stream, out, wpe, T, B, C, pos_offset);
   launched("position_forward");
 }
 void cuda_position_backward(const loom_ops *be, float *dwpe, const float *dout, int T, int B, int C, int pos_offset) {
   Backend &g = ctx(be);
-  position_backward_kernel<<<blocks_for((size_t)T * C), THREADS, 0, g.stream>>>(dwpe, dout, T, B, C, pos_offset);
+  LAUNCH(position_backward_kernel, blocks_for((size_t)T * C), THREADS, 0, g.stream, dwpe, dout, T, B, C, pos_offset);
   launched("position_backward");
 }
 
@@ -788,32 +790,33 @@ __global__ void argmax_kernel(float *val, int *idx, const float *logits, int V, 
   __syncthreads();
   if (best == top && V > 0) atomicMin(&first, at);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    idx[blockIdx.x] = V > 0 ? first : -1;
-    val[blockIdx.x] = V > 0 ? z[first] : -INFINITY;
+  if (threadIdx.x == 0) { // no value above -inf (all NaN or -inf): element 0, as loom_row_argmax; never z[V]
+    const int at_first = first < V ? first : V > 0 ? 0 : -1;
+    idx[blockIdx.x] = at_first;
+    val[blockIdx.x] = at_first >= 0 ? z[at_first] : -INFINITY;
   }
 }
 
 void cuda_logsumexp(const loom_ops *be, float *lse, const float *logits, int N, int V, int width) {
   Backend &g = ctx(be);
-  logsumexp_kernel<<<N, THREADS, 0, g.stream>>>(lse, logits, V, width);
+  LAUNCH(logsumexp_kernel, N, THREADS, 0, g.stream, lse, logits, V, width);
   launched("logsumexp");
 }
 void cuda_pick_targets(const loom_ops *be, float *picked, const float *logits, const int *targets, int vocab_start, int N, int V, int width) {
   Backend &g = ctx(be);
-  pick_targets_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(picked, logits, targets, vocab_start, N, V, width);
+  LAUNCH(pick_targets_kernel, blocks_for(N), THREADS, 0, g.stream, picked, logits, targets, vocab_start, N, V, width);
   launched("pick_targets");
 }
 void cuda_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                 int vocab_start, float dloss, int N, int V, int width) {
   Backend &g = ctx(be);
-  crossentropy_backward_kernel<<<blocks_for((size_t)N * width), THREADS, 0, g.stream>>>(dlogits, logits, lse, targets,
+  LAUNCH(crossentropy_backward_kernel, blocks_for((size_t)N * width), THREADS, 0, g.stream, dlogits, logits, lse, targets,
                                                                                        vocab_start, dloss, N, V, width);
   launched("crossentropy_backward");
 }
 void cuda_argmax(const loom_ops *be, float *val, int *idx, const float *logits, int N, int V, int width) {
   Backend &g = ctx(be);
-  argmax_kernel<<<N, THREADS, 0, g.stream>>>(val, idx, logits, V, width);
+  LAUNCH(argmax_kernel, N, THREADS, 0, g.stream, val, idx, logits, V, width);
   launched("argmax");
 }
 
@@ -832,19 +835,19 @@ __global__ void log_shifted_kernel(float *x, const float *shift, size_t n) {
 }
 void cuda_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
   Backend &g = ctx(be);
-  crossentropy_losses_kernel<<<blocks_for(N), THREADS, 0, g.stream>>>(losses, lse, picked, targets, N);
+  LAUNCH(crossentropy_losses_kernel, blocks_for(N), THREADS, 0, g.stream, losses, lse, picked, targets, N);
   launched("crossentropy_losses");
 }
 void cuda_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
   Backend &g = ctx(be);
   if (n == 0) return;
-  exp_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
+  LAUNCH(exp_shifted_kernel, blocks_for(n), THREADS, 0, g.stream, x, shift, n);
   launched("exp_shifted");
 }
 void cuda_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
   Backend &g = ctx(be);
   if (n == 0) return;
-  log_shifted_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, shift, n);
+  LAUNCH(log_shifted_kernel, blocks_for(n), THREADS, 0, g.stream, x, shift, n);
   launched("log_shifted");
 }
 
@@ -867,7 +870,7 @@ void cuda_adamw(const loom_ops *be, float *param, const float *grad, float *m, f
   Backend &g = ctx(be);
   if (!n) return;
   const float c1 = (float)(1.0 - pow(a->beta1, a->step)), c2 = (float)(1.0 - pow(a->beta2, a->step));
-  adamw_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(param, grad, m, v, compute, n, a->lr, a->beta1, a->beta2, a->eps,
+  LAUNCH(adamw_kernel, blocks_for(n), THREADS, 0, g.stream, param, grad, m, v, compute, n, a->lr, a->beta1, a->beta2, a->eps,
                                                         a->weight_decay, c1, c2, a->grad_scale);
   launched("adamw");
 }
@@ -893,8 +896,8 @@ __global__ void round_bf16_kernel(float *x, size_t n) {
 void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t **a16, const uint16_t **b16) {
   const size_t a_elems = a.bits ? 0 : a.elems, b_elems = b.bits ? 0 : b.elems;
   uint16_t *buf = (uint16_t *)grow(g, g.operands, g.operand_bytes, (a_elems + b_elems) * sizeof(uint16_t), "bf16 GEMM operands");
-  if (a_elems) to_bf16_kernel<<<blocks_for(a_elems), THREADS, 0, g.stream>>>(buf, a.x, a_elems);
-  if (b_elems) to_bf16_kernel<<<blocks_for(b_elems), THREADS, 0, g.stream>>>(buf + a_elems, b.x, b_elems);
+  if (a_elems) LAUNCH(to_bf16_kernel, blocks_for(a_elems), THREADS, 0, g.stream, buf, a.x, a_elems);
+  if (b_elems) LAUNCH(to_bf16_kernel, blocks_for(b_elems), THREADS, 0, g.stream, buf + a_elems, b.x, b_elems);
   launched("bf16 GEMM operands");
   *a16 = a.bits ? a.bits : buf;
   *b16 = b.bits ? b.bits : buf + a_elems;
@@ -903,21 +906,21 @@ void to_bf16_pair(Backend &g, const Operand &a, const Operand &b, const uint16_t
 void cuda_round_bf16(const loom_ops *be, float *x, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  round_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(x, n);
+  LAUNCH(round_bf16_kernel, blocks_for(n), THREADS, 0, g.stream, x, n);
   launched("round_bf16");
 }
 
 void cuda_to_bf16(const loom_ops *be, uint16_t *out, const float *in, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  to_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+  LAUNCH(to_bf16_kernel, blocks_for(n), THREADS, 0, g.stream, out, in, n);
   launched("to_bf16");
 }
 
 void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n) {
   Backend &g = ctx(be);
   if (!n) return;
-  from_bf16_kernel<<<blocks_for(n), THREADS, 0, g.stream>>>(out, in, n);
+  LAUNCH(from_bf16_kernel, blocks_for(n), THREADS, 0, g.stream, out, in, n);
   launched("from_bf16");
 }
 
@@ -952,8 +955,8 @@ void cuda_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, 
   if (dweight) // dweight[OC,C] += dout^T @ inp
     gemm_bf16(g, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x16, C, dy16, OC, 1.0f, dweight, "matmul_backward_bf16 dweight");
   if (dbias) {
-    if (dout.bf16) column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout.bf16, N, OC);
-    else column_sum_kernel<<<OC, THREADS, 0, g.stream>>>(dbias, dout.f32, N, OC);
+    if (dout.bf16) LAUNCH(column_sum_kernel, OC, THREADS, 0, g.stream, dbias, dout.bf16, N, OC);
+    else LAUNCH(column_sum_kernel, OC, THREADS, 0, g.stream, dbias, dout.f32, N, OC);
     launched("bias_backward");
   }
 }
@@ -1177,12 +1180,30 @@ void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t by
   host_wait(g, "to_host");
 }
 
+} // extern "C"
+
+// bf16 values in [-1, 1] from a hash of (seed, i), for the GEMM benchmark.
+__global__ void bench_fill_kernel(uint16_t *x, size_t n, uint32_t seed) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t h = (uint32_t)i * 2654435761u ^ seed * 40503u;
+  h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
+  const float v = (float)(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+  uint32_t bits;
+  memcpy(&bits, &v, 4);
+  x[i] = (uint16_t)(bits >> 16);
+}
+
+extern "C" {
+
 double loom_cuda_bf16_gemm_tflops(const loom_ops *be, int m, int n, int k, int iters) {
   Backend &g = ctx(be);
   uint16_t *a = (uint16_t *)loom_cuda_malloc((size_t)m * k * 2), *b = (uint16_t *)loom_cuda_malloc((size_t)k * n * 2);
   float *c = (float *)loom_cuda_malloc((size_t)m * n * 4);
-  check(cudaMemsetAsync(a, 0, (size_t)m * k * 2, g.stream), "gemm bench");
-  check(cudaMemsetAsync(b, 0, (size_t)k * n * 2, g.stream), "gemm bench");
+  /* Values in [-1, 1], not zeros: tensor cores draw less power multiplying zeros, which would flatter the peak. */
+  LAUNCH(bench_fill_kernel, blocks_for((size_t)m * k), THREADS, 0, g.stream, a, (size_t)m * k, 1u);
+  LAUNCH(bench_fill_kernel, blocks_for((size_t)k * n), THREADS, 0, g.stream, b, (size_t)k * n, 2u);
+  launched("gemm bench fill");
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event");
   check(cudaEventCreate(&stop), "event");
@@ -1214,7 +1235,10 @@ void loom_cuda_device_name(const loom_ops *be, char *out, size_t len) {
 double loom_cuda_bf16_peak_tflops(const loom_ops *be) {
   char name[256];
   loom_cuda_device_name(be, name, sizeof name);
-  if (strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200")) return 989.0;
+  const bool hopper = strstr(name, "H100") || strstr(name, "H200") || strstr(name, "H800") || strstr(name, "GH200");
+  if (hopper && strstr(name, "PCIe")) return 756.0; // the PCIe cards' lower clock and power
+  if (hopper && strstr(name, "NVL")) return 835.0;  // H100 NVL, H200 NVL
+  if (hopper) return 989.0;                         // SXM
   if (strstr(name, "A100") || strstr(name, "A800")) return 312.0;
   return 0.0;
 }

@@ -42,17 +42,21 @@ struct loom_request {
 
 static nccl_impl *impl_of(const loom_comm *c) { return (nccl_impl *)c->impl; }
 
-/* A failed NCCL or CUDA call on one rank ends the job with its message (DESIGN.md invariant 4). */
+/* A failed NCCL or CUDA call on one rank ends the job with its message
+ * (DESIGN.md invariant 4), its communicators aborted so that no peer waits
+ * on them. */
 static void check_nccl(ncclResult_t r, const char *what) {
   if (r == ncclSuccess) return;
-  fprintf(stderr, "loom: NCCL %s failed: %s\n", what, ncclGetErrorString(r));
-  abort();
+  char line[256];
+  snprintf(line, sizeof line, "NCCL %s failed: %s", what, ncclGetErrorString(r));
+  loom_nccl_fail(line);
 }
 
 static void check_cuda(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return;
-  fprintf(stderr, "loom: CUDA %s failed: %s\n", what, cudaGetErrorString(e));
-  abort();
+  char line[256];
+  snprintf(line, sizeof line, "CUDA %s failed: %s", what, cudaGetErrorString(e));
+  loom_nccl_fail(line);
 }
 
 static ncclRedOp_t red_of(loom_reduce_op op) { return op == LOOM_REDUCE_MAX ? ncclMax : ncclSum; }

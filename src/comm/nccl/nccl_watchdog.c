@@ -42,7 +42,7 @@ void loom_nccl_forget(void *comm) {
 
 void loom_nccl_issued(const char *op, const char *group) { snprintf(g_last, sizeof g_last, "%s on group %s", op, group); }
 
-static void fail(const char *line) {
+void loom_nccl_fail(const char *line) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   fprintf(stderr, "[rank %d] loom: %s\n", rank, line);
@@ -59,7 +59,7 @@ static int stream_done(void *stream) {
     if (ncclCommGetAsyncError(g_comms[i].comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
       char line[256];
       snprintf(line, sizeof line, "NCCL error on group %s: %s", g_comms[i].group, ncclGetErrorString(r));
-      fail(line);
+      loom_nccl_fail(line);
     }
   }
   const cudaError_t e = cudaStreamQuery((cudaStream_t)stream);
@@ -67,7 +67,7 @@ static int stream_done(void *stream) {
   if (e != cudaErrorNotReady) {
     char line[256];
     snprintf(line, sizeof line, "CUDA error while waiting for the GPU: %s", cudaGetErrorString(e));
-    fail(line);
+    loom_nccl_fail(line);
   }
   const struct timespec nap = {0, 20000}; /* 20 us: the host has nothing else to do */
   nanosleep(&nap, NULL);

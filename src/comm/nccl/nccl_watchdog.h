@@ -16,6 +16,9 @@ void loom_nccl_watch(void *comm, const char *group);
 void loom_nccl_forget(void *comm);
 /* The operation last handed to NCCL, named in a timeout's message. */
 void loom_nccl_issued(const char *op, const char *group);
+/* Ends the job from this rank with one line, every communicator aborted
+ * first (ncclCommAbort), so no peer's kernel is left waiting on this one. */
+void loom_nccl_fail(const char *line);
 /* Waits on the host for everything queued on `stream` (a cudaStream_t), under the watchdog. */
 void loom_nccl_wait_stream(void *stream, const char *what);
 
