@@ -1,53 +1,87 @@
 #!/bin/sh
 # Every GPU check in one run, for a machine with an NVIDIA GPU (one H200 is
-# enough; it fits in 8 minutes there), ending with a summary table:
+# enough; sized for under 8 minutes there), ending with a summary table:
 #   - backend parity of every op against the reference backend, in fp32 and
 #     with bf16 GEMMs, both attention implementations (test_backend_cuda),
 #     and the model on the GPU against the CPU (test_model_cuda);
 #   - the NCCL backend: collectives, host values, grouped send/receive;
 #   - 50 steps of the default tiny model on the GPU against the CPU, fp32 and bf16;
-#   - two ranks sharing the GPU over MPI at tp 2 against the serial run;
-#   - the fused attention kernels' speed and memory against cuBLAS attention;
+#   - two ranks sharing the GPU over MPI: tp 2, and pp 2 under the
+#     interleaved and ZB-V schedules, each against the serial run;
+#   - the fused attention kernels' speed against cuBLAS attention;
 #   - a GPT of 1.3B parameters (24 layers, hidden 2048, seq 2048) in bf16 on
-#     one GPU: its MFU (Megatron's FLOPs formula against the dense bf16 peak,
-#     989 TFLOP/s on H100/H200) and its memory peak against the plan's estimate.
-# Everything goes to the log (default $OUT/device-check.log, else
-# build-gpu/device-check.log); the table is printed at the end of the log and
-# on stdout. The exit code is non-zero if any check fails.
-#   tests/gpu/device-check.sh [LOG]
+#     one GPU: its MFU (Megatron's FLOPs formula against the device's dense
+#     bf16 peak) and its memory peak against the plan's estimate;
+#   - NCCL's bus bandwidth where there are two GPUs or more.
+# It runs from the bundle tests/gpu/bundle.sh makes (unpack it, run its
+# device-check.sh: nothing is built), or from a source tree, which it builds
+# into build-gpu/ first. A check that crashes, fails or runs past its time
+# limit is FAIL in the table. Everything goes to the log (default
+# $OUT/device-check.log, else ./device-check.log); the table is printed at
+# the end of the log and on stdout. The exit code is non-zero if any check fails.
+#   device-check.sh [LOG]
 set -u
-root=$(cd "$(dirname "$0")/../.." && pwd)
-build=$root/build-gpu
-log=${1:-${OUT:-$build}/device-check.log}
-mkdir -p "$(dirname "$log")" "$build"
-table=$build/summary.txt
+here=$(cd "$(dirname "$0")" && pwd)
+log=${1:-${OUT:-.}/device-check.log}
+mkdir -p "$(dirname "$log")"
+work=$(mktemp -d)
+table=$work/summary.txt
 : > "$table"
+export m=$work/metrics shape="--layers 4 --micro-batches 4 --steps 20 --eval-every 0"
+mkdir -p "$m"
+# The helpers steps run (with $loom, set below): mpi CMD (ranks sharing the
+# machine), train OUT FLAGS (50 steps of the tiny model), run OUT CMD (the
+# pipeline comparisons' shape).
+cat > "$work/helpers.sh" << 'EOF'
+mpi() { mpirun --oversubscribe --bind-to none "$@"; }
+train() { out=$1; shift; "$loom" train --steps 50 --eval-every 0 --metrics "$m/$out.jsonl" "$@"; }
+run() { out=$1; shift; "$@" --device cuda $shape --metrics "$m/$out.jsonl"; }
+EOF
 exec 3>&1 > "$log" 2>&1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "== $(date -u) on $(hostname)"
 nvidia-smi || echo "nvidia-smi failed"
-nvcc --version | tail -1
 status=0
 start_all=$(date +%s)
 
 # record NAME RESULT MEASURED BOUND: one row of the summary.
 record() {
-  printf '%-34s %-6s %-44s %s\n' "$1" "$2" "$3" "$4" >> "$table"
+  printf '%-36s %-6s %-46s %s\n' "$1" "$2" "$3" "$4" >> "$table"
   [ "$2" = ok ] || status=1
 }
 
-# step NAME BOUND CMD...: runs CMD; the row says its exit code and time.
+# step NAME BOUND LIMIT_S CMD...: runs CMD (a program, or a helper below)
+# under a time limit; the row says its exit code and time, FAIL on a
+# non-zero exit, a crash or the limit.
 step() {
-  name=$1 bound=$2
-  shift 2
+  name=$1 bound=$2 limit=$3
+  shift 3
   echo "== $name"
   t0=$(date +%s)
-  "$@"
+  timeout -k 10 "$limit" sh -c '. "$0"; "$@"' "$work/helpers.sh" "$@"
   code=$?
-  echo "== $name: exit $code in $(($(date +%s) - t0)) s"
-  record "$name" "$([ $code = 0 ] && echo ok || echo FAIL)" "exit $code, $(($(date +%s) - t0)) s" "$bound"
+  took=$(($(date +%s) - t0))
+  echo "== $name: exit $code in $took s"
+  if [ $code = 0 ]; then record "$name" ok "exit 0, $took s" "$bound"
+  elif [ $code = 124 ] || [ $code = 137 ]; then record "$name" FAIL "timed out after $limit s" "$bound"
+  else record "$name" FAIL "exit $code, $took s" "$bound"; fi
   return $code
 }
+
+if [ -x "$here/bin/loom" ]; then # the bundle
+  BUNDLE_ENV=$here/env.sh . "$here/env.sh"
+  bin=$here/bin
+  bench=$bin tests=$bin
+else # a source tree: build what the checks run
+  root=$(cd "$here/../.." && pwd)
+  build=$root/build-gpu
+  step configure "-" 300 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 || exit 1
+  step build "-" 900 cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl \
+    loom_cuda_gemm_bench loom_cuda_attention_bench loom_comm_bench || exit 1
+  bin=$build bench=$build/bench tests=$build/tests
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+fi
+export loom=$bin/loom
 
 # worst relative difference of two metrics files' losses, over their common steps
 worst() {
@@ -65,59 +99,58 @@ compare() {
   record "$1" "$ok" "worst rel diff $3 over $4 steps" "rel $2"
 }
 
-step configure "-" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 || exit 1
-step build "-" cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl \
-  loom_cuda_gemm_bench loom_cuda_attention_bench loom_comm_bench || exit 1
-loom=$build/loom
+# result FILE KEY: the value of KEY= on FILE's RESULT line, or nothing.
+result() { sed -n "s/^RESULT.* $2=\([0-9.e+-]*\).*/\1/p; s/^RESULT $2=\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
 
-step "op parity (fp32, bf16, both attns)" "NMSE 1e-9 / 1e-4" "$build/tests/test_backend_cuda"
-step "model parity (GPU vs CPU)" "see test" "$build/tests/test_model_cuda"
-step "NCCL backend" "exact" mpirun --oversubscribe --bind-to none -np 1 "$build/tests/test_comm_nccl"
+step "op parity (fp32, bf16, both attns)" "NMSE 1e-9 / 1e-4" 120 "$tests/test_backend_cuda"
+step "model parity (GPU vs CPU)" "see test" 120 "$tests/test_model_cuda"
+step "NCCL backend" "exact" 60 mpi -np 1 "$tests/test_comm_nccl"
 
-m=$build/metrics
-mkdir -p "$m"
-train() { out=$1; shift; "$loom" train --steps 50 --eval-every 0 --metrics "$m/$out.jsonl" "$@"; }
-step "tiny fp32, GPU" "-" train cuda32 --device cuda &&
-  step "tiny fp32, CPU" "-" train cpu32 --device cpu &&
+step "tiny fp32, GPU" "-" 60 train cuda32 --device cuda &&
+  step "tiny fp32, CPU" "-" 60 train cpu32 --device cpu &&
   compare "tiny fp32: GPU vs CPU, 50 steps" "$m/cpu32.jsonl" "$m/cuda32.jsonl" 1e-3
 # bf16 keeps 8 mantissa bits: one value rounded the other way moves by 2^-8
 # (0.4%), and a different summation order flips some of them every step.
-step "tiny bf16, GPU" "-" train cuda16 --device cuda --precision bf16 &&
-  step "tiny bf16, CPU" "-" train cpu16 --device cpu --precision bf16 &&
+step "tiny bf16, GPU" "-" 60 train cuda16 --device cuda --precision bf16 &&
+  step "tiny bf16, CPU" "-" 60 train cpu16 --device cpu --precision bf16 &&
   compare "tiny bf16: GPU vs CPU, 50 steps" "$m/cpu16.jsonl" "$m/cuda16.jsonl" 2e-2
 
-serial() { "$loom" train --device cuda --steps 20 --eval-every 0 --metrics "$m/serial.jsonl"; }
-tp2() {
-  mpirun --oversubscribe --bind-to none -np 2 "$loom" train --device cuda --tp 2 --steps 20 --eval-every 0 \
-    --metrics "$m/tp2.jsonl"
-}
-step "serial run, GPU" "-" serial && step "tp 2, two ranks on one GPU (MPI)" "-" tp2 &&
+# Two ranks on the one GPU (MPI stages their messages) against one rank: tp
+# 2, then pp 2 under the schedules NCCL's send rules once broke.
+step "serial run, GPU" "-" 60 run serial "$loom" train &&
+  step "tp 2, two ranks on one GPU" "-" 90 run tp2 mpi -np 2 "$loom" train --tp 2 &&
   compare "tp 2 vs serial, 20 steps" "$m/serial.jsonl" "$m/tp2.jsonl" 1e-5
+step "pp 2 interleaved, two ranks" "-" 90 run inter mpi -np 2 "$loom" train --pp 2 --vpp 2 --schedule interleaved &&
+  compare "pp 2 interleaved vs serial" "$m/serial.jsonl" "$m/inter.jsonl" 1e-5
+step "pp 2 ZB-V, two ranks" "-" 90 run zbv mpi -np 2 "$loom" train --pp 2 --vpp 2 --schedule zb_v &&
+  compare "pp 2 ZB-V vs serial" "$m/serial.jsonl" "$m/zbv.jsonl" 1e-5
 
-step "fused vs cuBLAS attention" "-" sh -c "'$build/bench/loom_cuda_attention_bench' | tee '$m/attention.txt'"
-ratio=$(sed -n 's/^RESULT fused_over_cublas_time=//p' "$m/attention.txt")
+step "fused vs cuBLAS attention" "-" 120 sh -c "'$bench/loom_cuda_attention_bench' > '$m/attention.txt'"
+cat "$m/attention.txt"
+ratio=$(result "$m/attention.txt" fused_over_cublas_time)
 record "fused attention time / cuBLAS's" "$(awk -v r="${ratio:-9}" 'BEGIN { print (r <= 1.0) ? "ok" : "FAIL" }')" \
   "${ratio:-none} (T 2048, batch 4, 16 heads of 128)" "<= 1"
 
-step "cuBLAS bf16 GEMM" "-" "$build/bench/loom_cuda_gemm_bench" 8192
-step "1.3B bf16 step" "-" sh -c "timeout 300 '$loom' bench step --device cuda --model gpt-1.3b --precision bf16 \
-  --seq 2048 --micro-batch 4 --steps 3 | tee '$m/gpt13b.txt'"
-mfu=$(sed -n 's/^RESULT seq2048_mfu=\([0-9.]*\).*/\1/p' "$m/gpt13b.txt")
-mem=$(sed -n 's/.*seq2048_memory_estimate_over_peak=\([0-9.]*\).*/\1/p' "$m/gpt13b.txt")
-record "1.3B MFU (bf16 peak 989)" "$(awk -v x="${mfu:-0}" 'BEGIN { print (x >= 0.5) ? "ok" : "FAIL" }')" \
-  "${mfu:-none}" ">= 0.50"
+step "cuBLAS bf16 GEMM" "-" 60 "$bench/loom_cuda_gemm_bench" 8192
+step "1.3B bf16 step" "-" 300 sh -c "'$loom' bench step --device cuda --model gpt-1.3b --precision bf16 --seq 2048 \
+  --micro-batch 4 --steps 3 > '$m/gpt13b.txt'"
+cat "$m/gpt13b.txt"
+mfu=$(result "$m/gpt13b.txt" seq2048_mfu)
+mem=$(result "$m/gpt13b.txt" seq2048_memory_estimate_over_peak)
+record "1.3B bf16 MFU" "$(awk -v x="${mfu:-0}" 'BEGIN { print (x >= 0.4) ? "ok" : "FAIL" }')" "${mfu:-none}" ">= 0.40"
 record "1.3B memory: estimate / peak" \
   "$(awk -v x="${mem:-0}" 'BEGIN { print (x >= 0.9 && x <= 1.1) ? "ok" : "FAIL" }')" "${mem:-none}" "0.9 .. 1.1"
 
 gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
-step "NCCL bus bandwidth" "-" mpirun --oversubscribe --bind-to none -np "${gpus:-1}" "$build/bench/loom_comm_bench" \
-  --backend nccl --iters 20
+if [ "${gpus:-0}" -ge 2 ]; then # one rank moves nothing: no row
+  step "NCCL bus bandwidth, $gpus GPUs" "-" 120 mpi -np "$gpus" "$bench/loom_comm_bench" --backend nccl --iters 20
+fi
 
 {
   echo
   echo "device check: $(($(date +%s) - start_all)) s, $([ $status = 0 ] && echo ok || echo FAILED)"
-  printf '%-34s %-6s %-44s %s\n' check result measured bound
+  printf '%-36s %-6s %-46s %s\n' check result measured bound
   cat "$table"
 } | tee /dev/fd/3
+rm -rf "$work"
 exit $status
