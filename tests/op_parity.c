@@ -192,6 +192,16 @@ static void elementwise(const op_backend *b, op_report *r) {
   const double want = ref->sumsq(ref, x.host, n), got = op->sumsq(op, x.dev, n);
   r->checks++;
   if (!(fabs(got - want) <= 1e-9 * want)) failed(r, "%s: %.12g against the reference's %.12g", "sumsq", got, want);
+  /* The batch: each array as sumsq sums it, an empty one included. */
+  const float *xs[3] = {x.dev, y.dev, out.dev};
+  const size_t ns[3] = {n, 0, 1001};
+  double sums[3] = {-1, -1, -1};
+  op->sumsq_batch(op, xs, ns, 3, sums);
+  for (int i = 0; i < 3; i++) {
+    r->checks++;
+    const double one = op->sumsq(op, xs[i], ns[i]);
+    if (!(sums[i] == one)) failed(r, "%s: %.12g where sumsq gives %.12g", "sumsq_batch", sums[i], one);
+  }
   mirror *all[] = {&x, &y, &out};
   drop_all(all, sizeof all / sizeof *all);
 }
@@ -605,7 +615,7 @@ const op_case OP_CASES[] = {
     {"swiglu", swiglu, {AT(swiglu_forward), AT(swiglu_backward)}, 2},
     {"rope", rope, {AT(rope_forward), AT(rope_backward)}, 2},
     {"gelu", gelu, {AT(gelu_forward), AT(gelu_backward)}, 2},
-    {"elementwise", elementwise, {AT(add), AT(accumulate), AT(sumsq)}, 3},
+    {"elementwise", elementwise, {AT(add), AT(accumulate), AT(sumsq), AT(sumsq_batch)}, 4},
     {"gemm", gemm, {AT(gemm)}, 1},
     {"orthonormalize", orthonormalize, {AT(orthonormalize)}, 1},
     {"sign compression", sign_compression, {AT(sign_pack), AT(sign_unpack_add)}, 2},

@@ -190,6 +190,9 @@ struct loom_ops {
   void (*accumulate)(const loom_ops *be, float *acc, const float *x, size_t n);
   /* sum of squares in double */
   double (*sumsq)(const loom_ops *be, const float *x, size_t n);
+  /* out[i] = sumsq(x[i], n[i]) for count arrays, each summed as sumsq sums
+   * it: one call for a step's grads, so a device backend waits once. */
+  void (*sumsq_batch)(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out);
 
   /* General matrix product for algorithms above the layers (gradient
    * compression): row-major c[M,N] = alpha op(a) op(b) + beta c, a [M,K]
@@ -256,6 +259,8 @@ void loom_host_exp_shifted(const loom_ops *be, float *x, const float *shift, siz
 void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
 /* Serial on purpose: every data-parallel replica must get the same bits from
  * the same input, whatever its thread count (PowerSGD's P). */
+/* sumsq_batch by the backend's own sumsq, one array at a time (host backends). */
+void loom_host_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out);
 void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);

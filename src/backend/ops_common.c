@@ -27,6 +27,10 @@ int loom_row_argmax(const float *z, int V) {
   return best;
 }
 
+void loom_host_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out) {
+  for (int i = 0; i < count; i++) out[i] = be->sumsq(be, x[i], n[i]);
+}
+
 void loom_host_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked, const int *targets, int N) {
   for (int i = 0; i < N; i++) losses[i] = targets[i] < 0 ? 0.0f : lse[i] - picked[i];
 }

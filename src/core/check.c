@@ -10,6 +10,15 @@ void loom_check_failed(const char *file, int line, const char *expr, const char 
   abort();
 }
 
+void *loom_xrealloc(void *p, size_t bytes, const char *what) {
+  void *grown = realloc(p, bytes ? bytes : 1);
+  if (!grown) {
+    fprintf(stderr, "loom: out of memory allocating %zu bytes for %s\n", bytes, what);
+    exit(1);
+  }
+  return grown;
+}
+
 void *loom_xmalloc(size_t bytes, const char *what) {
   void *p = malloc(bytes ? bytes : 1);
   if (!p) {

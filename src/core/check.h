@@ -17,5 +17,6 @@ noreturn void loom_check_failed(const char *file, int line, const char *expr, co
 /* Allocation that must not fail (invariant-sized buffers); names what it was for. */
 void *loom_xmalloc(size_t bytes, const char *what);
 void *loom_xcalloc(size_t count, size_t size, const char *what);
+void *loom_xrealloc(void *p, size_t bytes, const char *what);
 
 #endif

@@ -1,5 +1,7 @@
 /* AdamW step and global grad norm over the flat parameter buffers. */
 #include <math.h>
+#include <stdlib.h>
+#include "core/check.h"
 #include "core/tensor.h"
 #include "comm/comm.h"
 #include "optim/adamw.h"
@@ -29,15 +31,33 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
 }
 
 void loom_norm_sum_add(loom_norm_sum *s, const loom_gpt_params *p, int k, const float *g, size_t n, const loom_ops *ops) {
-  if (s->skip_shared && p->meta[k].shared) {
-    s->uncounted += ops->sumsq(ops, g, n);
-    return;
+  const bool uncounted = s->skip_shared && p->meta[k].shared;
+  const int part = uncounted ? 2 : loom_param_norm_part(&p->meta[k], p->tp_rank, p->tp_size);
+  if (part < 0) return;
+  LOOM_CHECK(!s->ops || s->ops == ops, "a grad norm's pieces on one backend");
+  s->ops = ops;
+  if (s->count == s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 64;
+    s->piece = loom_xrealloc(s->piece, (size_t)s->cap * sizeof *s->piece, "grad norm");
+    s->len = loom_xrealloc(s->len, (size_t)s->cap * sizeof *s->len, "grad norm");
+    s->into = loom_xrealloc(s->into, (size_t)s->cap * sizeof *s->into, "grad norm");
   }
-  const int part = loom_param_norm_part(&p->meta[k], p->tp_rank, p->tp_size);
-  if (part >= 0) s->sums[part] += ops->sumsq(ops, g, n);
+  s->piece[s->count] = g, s->len[s->count] = n, s->into[s->count] = (signed char)part;
+  s->count++;
 }
 
 double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp) {
+  if (s->count > 0) {
+    double *sq = loom_xmalloc((size_t)s->count * sizeof *sq, "grad norm");
+    s->ops->sumsq_batch(s->ops, s->piece, s->len, s->count, sq);
+    for (int i = 0; i < s->count; i++) /* in the order added, as one sumsq at a time summed them */
+      if (s->into[i] == 2) s->uncounted += sq[i];
+      else s->sums[s->into[i]] += sq[i];
+    free(sq);
+  }
+  free(s->piece), free(s->len), free(s->into);
+  s->piece = NULL, s->len = NULL, s->into = NULL;
+  s->count = s->cap = 0;
   if (tp) loom_comm_allreduce_typed(tp->group, &s->sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return s->sums[0] + s->sums[1];
 }
@@ -46,8 +66,9 @@ double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom
   loom_norm_sum s = {.skip_shared = skip_shared};
   for (int k = 0; k < p->grads.count; k++)
     loom_norm_sum_add(&s, p, k, p->grads.views[k].data, loom_tensor_numel(&p->grads.views[k]), ops);
+  const double total = loom_norm_sum_total(&s, tp);
   if (uncounted) *uncounted = s.uncounted;
-  return loom_norm_sum_total(&s, tp);
+  return total;
 }
 
 float loom_adamw_clip_scale(const loom_adamw_config *cfg, double grad_norm) {

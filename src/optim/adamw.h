@@ -31,14 +31,20 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
  * loom_param_norm_part names for its tensor, and with skip_shared a tensor
  * shared with another stage (the last stage's copy of the tied wte) enters
  * `uncounted` instead, so each element is counted once while an inf or NaN
- * in the copy is still seen. */
+ * in the copy is still seen. The pieces are summed together at the total
+ * (the backend's sumsq_batch: a device waits once, not once a piece). */
 typedef struct {
   double sums[2];   /* [0] sharded over TP, summed over the group; [1] replicated, the same everywhere */
-  double uncounted; /* skipped shared copies */
+  double uncounted; /* skipped shared copies (known after the total) */
   bool skip_shared;
+  const loom_ops *ops;        /* the pieces' backend */
+  const float **piece;        /* [count] the pieces queued */
+  size_t *len;                /* [count] */
+  signed char *into;          /* [count] 0 or 1: sums[into]; 2: uncounted */
+  int count, cap;
 } loom_norm_sum;
 void loom_norm_sum_add(loom_norm_sum *s, const loom_gpt_params *p, int k, const float *g, size_t n, const loom_ops *ops);
-/* The squared sum over this TP group (tp NULL: serial). */
+/* The squared sum over this TP group (tp NULL: serial); frees the queue. */
 double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp);
 /* The squared norm of p's grads, for summing over pipeline stages, with
  * skip_shared as above; *uncounted (if not NULL) gets the skipped copies'. */

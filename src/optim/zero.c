@@ -153,8 +153,8 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const l
   /* Squared norm of the pieces, each element once (loom_norm_sum's rule). */
   loom_norm_sum s = {.skip_shared = skip_shared};
   for (int i = 0; i < z->nparts; i++) loom_norm_sum_add(&s, p, z->parts[i].k, grads_of(z, p, &z->parts[i]), z->parts[i].len, ops);
-  *uncounted = s.uncounted;
   double total = loom_norm_sum_total(&s, tp);
+  *uncounted = s.uncounted;
   loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return total;
 }

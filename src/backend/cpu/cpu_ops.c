@@ -694,6 +694,7 @@ static const loom_ops CPU_OPS = {
     .add = cpu_add,
     .accumulate = cpu_accumulate,
     .sumsq = cpu_sumsq,
+    .sumsq_batch = loom_host_sumsq_batch,
     .gemm = cpu_gemm,
     .orthonormalize = loom_host_orthonormalize,
     .sign_pack = cpu_sign_pack,

@@ -190,8 +190,42 @@ __global__ void layernorm_forward_kernel(float *out, float *mean, float *rstd, c
   }
 }
 
-__global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
-                                          const float *weight, const float *mean, const float *rstd, int C) {
+// The weight (and bias) grads of a norm, column by column, deterministic: a
+// block owns 32 columns (a lane each, so a warp reads 32 consecutive
+// floats), its 8 warps stride over the rows, and their partial sums are
+// added in warp order. dweight[c] += sum_n (x - mean[n]) rstd[n] dy and
+// dbias[c] += sum_n dy (mean, dbias NULL for RMSNorm, whose norm is x rstd).
+constexpr int NORM_COLS = 32, NORM_WARPS = 8;
+__global__ void norm_param_grad_kernel(float *dweight, float *dbias, const float *dout, const float *inp, const float *mean,
+                                       const float *rstd, int N, int C) {
+  __shared__ float part_w[NORM_WARPS][NORM_COLS], part_b[NORM_WARPS][NORM_COLS];
+  const int c = blockIdx.x * NORM_COLS + threadIdx.x;
+  float w = 0.0f, b = 0.0f;
+  for (int n = threadIdx.y; n < N && c < C; n += NORM_WARPS) {
+    const size_t i = (size_t)n * C + c;
+    const float norm = (inp[i] - (mean ? mean[n] : 0.0f)) * rstd[n];
+    w += norm * dout[i];
+    b += dout[i];
+  }
+  part_w[threadIdx.y][threadIdx.x] = w;
+  part_b[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= C) return;
+  for (int k = 1; k < NORM_WARPS; k++) w += part_w[k][threadIdx.x], b += part_b[k][threadIdx.x];
+  dweight[c] += w;
+  if (dbias) dbias[c] += b;
+}
+
+void norm_param_grads(Backend &g, float *dweight, float *dbias, const float *dout, const float *inp, const float *mean,
+                      const float *rstd, int N, int C, const char *what) {
+  LAUNCH(norm_param_grad_kernel, (unsigned)((C + NORM_COLS - 1) / NORM_COLS), dim3(NORM_COLS, NORM_WARPS), 0, g.stream,
+         dweight, dbias, dout, inp, mean, rstd, N, C);
+  launched(what);
+}
+
+// The input grad, a row a block (the weight and bias grads: norm_param_grads).
+__global__ void layernorm_backward_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
+                                          const float *mean, const float *rstd, int C) {
   const int n = blockIdx.x;
   const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
   float a = 0.0f, b = 0.0f;
@@ -203,8 +237,6 @@ __global__ void layernorm_backward_kernel(float *dinp, float *dweight, float *db
   const float dnorm_mean = block_sum(a) / C, dnorm_norm_mean = block_sum(b) / C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const float norm = (x[c] - mean[n]) * rstd[n], dnorm = weight[c] * dy[c];
-    atomicAdd(&dbias[c], dy[c]);
-    atomicAdd(&dweight[c], norm * dy[c]);
     dinp[(size_t)n * C + c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rstd[n];
   }
 }
@@ -219,8 +251,9 @@ void cuda_layernorm_forward(const loom_ops *be, float *out, float *mean, float *
 void cuda_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                              const float *weight, const float *mean, const float *rstd, int N, int C) {
   Backend &g = ctx(be);
-  LAUNCH(layernorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dweight, dbias, dout, inp, weight, mean, rstd, C);
+  LAUNCH(layernorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dout, inp, weight, mean, rstd, C);
   launched("layernorm_backward");
+  norm_param_grads(g, dweight, dbias, dout, inp, mean, rstd, N, C, "layernorm_backward weight grads");
 }
 
 // ---- RMSNorm, SwiGLU, RoPE ----------------------------------------------------------
@@ -235,18 +268,15 @@ __global__ void rmsnorm_forward_kernel(float *out, float *rstd, const float *inp
   if (threadIdx.x == 0) rstd[n] = r;
 }
 
-__global__ void rmsnorm_backward_kernel(float *dinp, float *dweight, const float *dout, const float *inp,
-                                        const float *weight, const float *rstd, int C) {
+__global__ void rmsnorm_backward_kernel(float *dinp, const float *dout, const float *inp, const float *weight,
+                                        const float *rstd, int C) {
   const int n = blockIdx.x;
   const float *x = inp + (size_t)n * C, *dy = dout + (size_t)n * C;
   const float r = rstd[n];
   float d = 0.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) d += weight[c] * dy[c] * x[c];
   const float k = r * r * r * block_sum(d) / C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    atomicAdd(&dweight[c], x[c] * r * dy[c]);
-    dinp[(size_t)n * C + c] += r * weight[c] * dy[c] - x[c] * k;
-  }
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dinp[(size_t)n * C + c] += r * weight[c] * dy[c] - x[c] * k;
 }
 
 void cuda_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C,
@@ -259,8 +289,9 @@ void cuda_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const flo
 void cuda_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
                            const float *weight, const float *rstd, int N, int C) {
   Backend &g = ctx(be);
-  LAUNCH(rmsnorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dweight, dout, inp, weight, rstd, C);
+  LAUNCH(rmsnorm_backward_kernel, N, THREADS, 0, g.stream, dinp, dout, inp, weight, rstd, C);
   launched("rmsnorm_backward");
+  norm_param_grads(g, dweight, nullptr, dout, inp, nullptr, rstd, N, C, "rmsnorm_backward weight grads");
 }
 
 __global__ void swiglu_forward_kernel(float *out, const float *inp, int N, int F) {
@@ -389,6 +420,30 @@ double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
   double total = 0.0;
   for (int i = 0; i < SUMSQ_BLOCKS; i++) total += host[i];
   return total;
+}
+
+// Every array's block sums into scratch, then one copy and one host wait;
+// each sum adds its blocks' in cuda_sumsq's order, so it equals sumsq's.
+void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out) {
+  Backend &g = ctx(be);
+  if (count <= 0) return;
+  const size_t bytes = (size_t)count * SUMSQ_BLOCKS * sizeof(double);
+  double *parts = (double *)grow(g, g.scratch, g.scratch_bytes, bytes, "sumsq_batch");
+  for (int i = 0; i < count; i++) LAUNCH(sumsq_kernel, SUMSQ_BLOCKS, THREADS, 0, g.stream, parts + (size_t)i * SUMSQ_BLOCKS, x[i], n[i]);
+  launched("sumsq_batch");
+  double *host = (double *)malloc(bytes);
+  if (!host) {
+    fprintf(stderr, "loom: out of host memory summing squares\n");
+    abort();
+  }
+  check(cudaMemcpyAsync(host, parts, bytes, cudaMemcpyDeviceToHost, g.stream), "sumsq_batch");
+  host_wait(g, "sumsq_batch");
+  for (int i = 0; i < count; i++) {
+    double total = 0.0;
+    for (int b = 0; b < SUMSQ_BLOCKS; b++) total += host[(size_t)i * SUMSQ_BLOCKS + b];
+    out[i] = total;
+  }
+  free(host);
 }
 
 // ---- general GEMM and Gram-Schmidt (gradient compression) -------------------------
@@ -996,6 +1051,7 @@ loom_ops make_ops() {
   o.add = cuda_add;
   o.accumulate = cuda_accumulate;
   o.sumsq = cuda_sumsq;
+  o.sumsq_batch = cuda_sumsq_batch;
   o.gemm = cuda_gemm;
   o.orthonormalize = cuda_orthonormalize;
   o.sign_pack = cuda_sign_pack;
@@ -1062,7 +1118,8 @@ loom_ops make_synced_ops() {
   o.argmax = SYNCED(cuda_argmax);
   o.add = SYNCED(cuda_add);
   o.accumulate = SYNCED(cuda_accumulate);
-  o.sumsq = cuda_sumsq; // waits already
+  o.sumsq = cuda_sumsq;
+  o.sumsq_batch = cuda_sumsq_batch; // waits already
   o.gemm = SYNCED(cuda_gemm);
   o.orthonormalize = SYNCED(cuda_orthonormalize);
   o.sign_pack = SYNCED(cuda_sign_pack);

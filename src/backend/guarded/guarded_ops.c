@@ -264,6 +264,7 @@ static const loom_ops GUARDED_OPS = {
     .add = g_add,
     .accumulate = g_accumulate,
     .sumsq = g_sumsq,
+    .sumsq_batch = loom_host_sumsq_batch,
     .gemm = g_gemm,
     .orthonormalize = g_orthonormalize,
     .sign_pack = g_sign_pack,

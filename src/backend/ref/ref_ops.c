@@ -475,6 +475,7 @@ static const loom_ops REF_OPS = {
     .add = ref_add,
     .accumulate = ref_accumulate,
     .sumsq = ref_sumsq,
+    .sumsq_batch = loom_host_sumsq_batch,
     .gemm = ref_gemm,
     .orthonormalize = loom_host_orthonormalize,
     .sign_pack = ref_sign_pack,
