@@ -59,15 +59,52 @@ def write_safetensors(path, tensors):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def write_bf16_safetensors(path, tensors):
+    """A file as the Hub ships one: BF16 values, in transformers' layout."""
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, t in tensors.items():
+        data = t.contiguous().to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return offset
+
+
+def write_shards(d, tensors, files):
+    """tensors split into `files` shards with the index save_pretrained writes; returns the index."""
+    names = list(tensors)
+    per = -(-len(names) // files)
+    index = {"metadata": {"total_size": 0}, "weight_map": {}}
+    for i in range(files):
+        shard = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
+        part = {k: tensors[k] for k in names[i * per:(i + 1) * per]}
+        index["metadata"]["total_size"] += write_bf16_safetensors(os.path.join(d, shard), part)
+        index["weight_map"].update({k: shard for k in part})
+    index["weight_map"] = dict(sorted(index["weight_map"].items()))
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f, indent=2)
+    return index
+
+
 def read_safetensors(path):
     with open(path, "rb") as f:
         raw = f.read()
     (n,) = struct.unpack("<Q", raw[:8])
     header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
     header.pop("__metadata__", None)
-    assert all(e["dtype"] == "F32" for e in header.values())
-    return {k: torch.frombuffer(bytearray(data[e["data_offsets"][0]:e["data_offsets"][1]]), dtype=torch.float32)
-            .view(e["shape"]) for k, e in header.items()}
+    out = {}
+    for k, e in header.items():
+        blob = bytearray(data[e["data_offsets"][0]:e["data_offsets"][1]])
+        if e["dtype"] == "BF16":
+            out[k] = torch.frombuffer(blob, dtype=torch.int16).view(torch.bfloat16).to(torch.float32).view(e["shape"])
+        else:
+            assert e["dtype"] == "F32"
+            out[k] = torch.frombuffer(blob, dtype=torch.float32).view(e["shape"])
+    return out
 
 
 def weight(*shape, scale=0.3):
@@ -196,6 +233,84 @@ def check(name, model_flags, weights_of, loss_of, layouts):
           f"{'the same' if same else 'changed'}")
 
 
+def check_sharded():
+    """A Llama directory in shards, as the Hub ships one (BF16 values, three
+    shards and their index), evaluates to the reference's loss of the same
+    bf16 weights, serial and tp 2; loom's export with a small
+    --max-shard-size writes several shards, each at most that size but for
+    a lone larger tensor, that give every tensor back exactly; and broken
+    shard sets are refused by name."""
+    global failures
+    d = os.path.join(work, "sharded")
+    run(["ckpt", "export", "--format", "hf", "-o", d, "--model", "llama-tiny", "--layers", "2"])
+    os.remove(os.path.join(d, "model.safetensors"))
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    w = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in llama_weights(config).items()}
+    index = write_shards(d, w, 3)
+    want = llama_loss(config, w, tokens)
+    for ranks, layout in [(1, []), (2, ["--tp", "2"])]:
+        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
+                  + layout, ranks)
+        got = float(out.split("mean loss ")[1].split()[0])
+        ok = abs(got - want) <= 1e-5 * abs(want)
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: 3 bf16 shards {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    # Back out in shards of at most 64 KiB.
+    out_dir, most = os.path.join(work, "sharded_out"), 65536
+    run(["ckpt", "export", "--init-from", d, "--format", "hf", "--dtype", "bf16", "--max-shard-size", "64KiB", "-o", out_dir])
+    with open(os.path.join(out_dir, "model.safetensors.index.json")) as f:
+        written = json.load(f)
+    shards = sorted(set(written["weight_map"].values()))
+    back, sizes_ok = {}, True
+    for name in shards:
+        part = read_safetensors(os.path.join(out_dir, name))
+        size = sum(t.numel() * 2 for t in part.values())
+        sizes_ok &= size <= most or len(part) == 1
+        sizes_ok &= all(written["weight_map"][k] == name for k in part)
+        back.update(part)
+    total = sum(t.numel() * 2 for t in back.values())
+    same = len(shards) > 3 and sizes_ok and written["metadata"]["total_size"] == total and \
+        not os.path.exists(os.path.join(out_dir, "model.safetensors")) and \
+        back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    failures += not same
+    print(f"{'ok' if same else 'FAIL'}: exported in {len(shards)} shards of at most {most} bytes, {len(back)} tensors back "
+          f"{'exactly' if same else 'WRONG'}")
+    # Broken shard sets, each refused with a message that names the problem.
+    first = next(k for k, v in index["weight_map"].items() if v == "model-00001-of-00003.safetensors")
+    breaks = {
+        "a shard missing": (lambda b: os.remove(os.path.join(b, "model-00002-of-00003.safetensors")),
+                            "model-00002-of-00003.safetensors"),
+        "a tensor in two shards": (lambda b: write_bf16_safetensors(
+            os.path.join(b, "model-00003-of-00003.safetensors"),
+            {**read_safetensors(os.path.join(b, "model-00003-of-00003.safetensors")), first: w[first]}), "is in both"),
+        "the index naming a tensor no shard has": (lambda b: edit_index(b, lambda i: i["weight_map"].update(
+            {"model.layers.9.mlp.up_proj.weight": "model-00001-of-00003.safetensors"})), "which does not hold it"),
+        "a total size that lies": (lambda b: edit_index(b, lambda i: i["metadata"].update(
+            total_size=i["metadata"]["total_size"] + 2)), "metadata.total_size"),
+    }
+    for what, (breaker, words) in breaks.items():
+        b = os.path.join(work, "broken")
+        shutil.rmtree(b, ignore_errors=True)
+        shutil.copytree(d, b)
+        breaker(b)
+        res = subprocess.run([loom, "eval", "--init-from", b, "--data", data, "--batches", "1", "--micro-batch", "1"],
+                             capture_output=True, text=True)
+        lines = res.stderr.strip().splitlines()
+        ok = res.returncode == 2 and len(lines) == 1 and words in lines[0]
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {what}: exit {res.returncode}, {lines}")
+
+
+def edit_index(d, change):
+    path = os.path.join(d, "model.safetensors.index.json")
+    with open(path) as f:
+        index = json.load(f)
+    change(index)
+    with open(path, "w") as f:
+        json.dump(index, f)
+
+
 data = os.path.join(work, "text.bin")
 run(["data", "prepare", "/usr/share/common-licenses/GPL-3", "-o", data])
 with open(data, "rb") as f:
@@ -206,6 +321,7 @@ check("llama", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_
 check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"], llama_weights, llama_loss,
       [(1, []), (2, ["--tp", "2"])])
 check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
+check_sharded()
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])

@@ -12,7 +12,7 @@ const char *const LOOM_MODEL_FORMAT_NAMES[LOOM_FORMAT_COUNT + 1] = {
     [LOOM_FORMAT_LLMC] = "llmc", [LOOM_FORMAT_SAFETENSORS] = "safetensors", [LOOM_FORMAT_HF] = "hf"};
 const char *const LOOM_MODEL_FORMAT_WHAT[LOOM_FORMAT_COUNT] = {
     [LOOM_FORMAT_LLMC] = "llm.c format", [LOOM_FORMAT_SAFETENSORS] = "safetensors, Hugging Face names",
-    [LOOM_FORMAT_HF] = "a Hugging Face directory: config.json and model.safetensors"};
+    [LOOM_FORMAT_HF] = "a Hugging Face directory: config.json and safetensors weights"};
 
 loom_model_format loom_model_format_of(const char *name) {
   for (int f = 0; f < LOOM_FORMAT_COUNT; f++)
@@ -63,9 +63,9 @@ loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_forma
   return loom_output_check(flag, out, format == LOOM_FORMAT_HF, force, err);
 }
 
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
-                              loom_error *err) {
-  if (format == LOOM_FORMAT_HF) return loom_hf_write(out, src, dtype, err);
-  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, dtype, err)
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype,
+                              uint64_t max_shard_bytes, const char *out, loom_error *err) {
+  if (format == LOOM_FORMAT_HF) return loom_hf_write(out, src, dtype, max_shard_bytes, err);
+  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, 0, src->count, dtype, err)
                                            : loom_llmc_write(out, src, dtype, err);
 }

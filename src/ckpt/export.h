@@ -8,7 +8,7 @@
 typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_HF, LOOM_FORMAT_COUNT } loom_model_format;
 
 /* "llmc", "safetensors", "hf", then NULL: the names a flag offers. hf
- * writes a directory (config.json and model.safetensors, hf.h). */
+ * writes a directory (config.json and the weights, sharded if large: hf.h). */
 extern const char *const LOOM_MODEL_FORMAT_NAMES[];
 /* What each format writes, for logs ("llm.c format", ...). */
 extern const char *const LOOM_MODEL_FORMAT_WHAT[];
@@ -30,8 +30,10 @@ loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_
 loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
                                     const char *out, bool force, loom_error *err);
 /* Writes src to out with values in dtype (LOOM_DTYPE_F32, or LOOM_DTYPE_BF16
- * rounded to nearest even: llm.c's version 5, safetensors' "BF16"). */
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype, const char *out,
-                              loom_error *err);
+ * rounded to nearest even: llm.c's version 5, safetensors' "BF16"); a
+ * Hugging Face directory's weights in shards of at most max_shard_bytes
+ * (0: transformers' default, hf.h). */
+loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype,
+                              uint64_t max_shard_bytes, const char *out, loom_error *err);
 
 #endif

@@ -1,5 +1,6 @@
-/* Hugging Face directories: config.json both ways, model.safetensors read
- * tensor by tensor (writing is safetensors.c's). */
+/* Hugging Face directories: config.json both ways, and the weights written
+ * as one file or as shards with their index (reading is hf_weights.c's,
+ * each file's writing safetensors.c's). */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -14,6 +15,8 @@
 #include "core/fault.h"
 #include "core/json.h"
 #include "core/read_file.h"
+#include "ckpt/manifest.h"
+#include "core/strbuf.h"
 #include "core/write_file.h"
 #include "plan/plan.h"
 
@@ -230,243 +233,6 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   return LOOM_OK;
 }
 
-/* ---- model.safetensors ---- */
-
-typedef enum { ST_F32, ST_BF16, ST_F16 } st_dtype;
-static const char *const ST_DTYPES[] = {"F32", "BF16", "F16"};
-static const size_t ST_SIZES[] = {4, 2, 2};
-
-typedef struct {
-  FILE *fp;
-  char path[4200];
-  uint64_t data_start;
-  uint64_t *at;    /* [count] file offset of canonical tensor k */
-  st_dtype *dtype; /* [count] */
-} hf_source;
-
-static void free_hf(void *state) {
-  hf_source *h = state;
-  if (h->fp) fclose(h->fp);
-  free(h->at);
-  free(h->dtype);
-  free(h);
-}
-
-static float f16_to_f32(uint16_t h) {
-  const int exp = h >> 10 & 0x1F, mant = h & 0x3FF;
-  const float sign = h & 0x8000 ? -1.0f : 1.0f;
-  if (exp == 0) return sign * ldexpf((float)mant, -24);
-  if (exp == 31) return mant ? NAN : sign * INFINITY;
-  return sign * ldexpf((float)(mant | 0x400), exp - 25);
-}
-
-/* Tensor k as loom holds it: read, widened to fp32, transposed back from
- * GPT-2's Conv1D, and its vocab padding zero. */
-static loom_status fetch_hf(const loom_model_source *s, int k, float *dst, loom_error *err) {
-  const hf_source *h = s->state;
-  const loom_safetensors_shape e = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
-  const size_t n = (size_t)e.rows * (size_t)(e.cols ? e.cols : 1), esize = ST_SIZES[h->dtype[k]];
-  void *raw = malloc(n * esize + 1);
-  float *wide = e.transpose ? malloc(n * sizeof(float) + 1) : dst;
-  loom_status st = LOOM_OK;
-  if (!raw || !wide) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading %s", h->path, s->specs[k].name);
-  else if (fseeko(h->fp, (off_t)(h->data_start + h->at[k]), SEEK_SET) != 0 || fread(raw, esize, n, h->fp) != n)
-    st = loom_fail(err, LOOM_ERR_IO, "%s: cannot read %s: %s", h->path, s->specs[k].name,
-                   ferror(h->fp) ? strerror(errno) : "the file ends inside it");
-  for (size_t i = 0; st == LOOM_OK && i < n; i++) {
-    if (h->dtype[k] == ST_F32) memcpy(&wide[i], (char *)raw + 4 * i, 4);
-    else {
-      uint16_t b;
-      memcpy(&b, (char *)raw + 2 * i, 2);
-      wide[i] = h->dtype[k] == ST_BF16 ? loom_bf16_value(b) : f16_to_f32(b);
-    }
-  }
-  if (st == LOOM_OK && e.transpose) /* the file's [in, out] into loom's [out, in] */
-    for (int64_t i = 0; i < e.rows; i++)
-      for (int64_t o = 0; o < e.cols; o++) dst[o * e.rows + i] = wide[i * e.cols + o];
-  const size_t whole = loom_tensor_numel(&s->specs[k]);
-  if (st == LOOM_OK && whole > n) memset(dst + n, 0, (whole - n) * sizeof(float)); /* vocab padding */
-  free(raw);
-  if (wide != dst) free(wide);
-  return st;
-}
-
-/* One entry of the header, checked: dtype, shape and its byte range. */
-typedef struct {
-  st_dtype dtype;
-  int ndim;
-  long long shape[2];
-  uint64_t begin, end;
-  bool used;
-} st_entry;
-
-static loom_status read_entry(const char *path, const char *name, const loom_json *v, uint64_t data_len, st_entry *e,
-                              loom_error *err) {
-  const loom_json *dt = loom_json_get(v, "dtype"), *shape = loom_json_get(v, "shape"), *off = loom_json_get(v, "data_offsets");
-  long long begin = -1, end = -1;
-  int d = 0;
-  while (dt && dt->kind == LOOM_JSON_STRING && d < 3 && strcmp(dt->string, ST_DTYPES[d]) != 0) d++;
-  if (!dt || dt->kind != LOOM_JSON_STRING || d == 3)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has dtype %s; loom reads F32, BF16 and F16", path, name,
-                     dt && dt->kind == LOOM_JSON_STRING ? dt->string : "(none)");
-  e->dtype = (st_dtype)d;
-  if (!shape || shape->kind != LOOM_JSON_ARRAY || shape->count < 1 || shape->count > 2)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: its shape must list 1 or 2 sizes", path, name);
-  e->ndim = (int)shape->count;
-  e->shape[1] = 1;
-  for (int i = 0; i < e->ndim; i++)
-    if (!loom_json_int(&shape->items[i], 0, INT_MAX, &e->shape[i]))
-      return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: a size in its shape is not a count", path, name);
-  if (!off || off->kind != LOOM_JSON_ARRAY || off->count != 2 || !loom_json_int(&off->items[0], 0, (long long)data_len, &begin) ||
-      !loom_json_int(&off->items[1], begin, (long long)data_len, &end))
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] inside the %llu bytes of data",
-                     path, name, (unsigned long long)data_len);
-  if ((uint64_t)(end - begin) != (uint64_t)e->shape[0] * (uint64_t)e->shape[1] * ST_SIZES[e->dtype])
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: %lld bytes of data for its shape's %llu", path, name,
-                     end - begin, (unsigned long long)e->shape[0] * (unsigned long long)e->shape[1] * ST_SIZES[e->dtype]);
-  e->begin = (uint64_t)begin, e->end = (uint64_t)end;
-  return LOOM_OK;
-}
-
-/* GPT-2's attention mask buffers, which older files carry beside the weights. */
-static bool is_gpt2_buffer(const char *name) {
-  const size_t n = strlen(name);
-  return (n > 9 && strcmp(name + n - 9, ".attn.bias") == 0) || (n > 16 && strcmp(name + n - 16, ".attn.masked_bias") == 0);
-}
-
-/* The header entry of canonical tensor k: its own name, or under GPT-2 also with transformers' "transformer." prefix. */
-static int entry_of(const loom_json *header, const char *name, bool gpt2) {
-  char prefixed[LOOM_NAME_LEN + 16];
-  snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
-  for (size_t i = 0; i < header->count; i++)
-    if (strcmp(header->keys[i], name) == 0 || (gpt2 && strcmp(header->keys[i], prefixed) == 0)) return (int)i;
-  return -1;
-}
-
-/* A tensor's byte range in the data, and its place in the header. */
-typedef struct {
-  uint64_t begin, end;
-  size_t key;
-} st_range;
-
-static int by_begin(const void *a, const void *b) {
-  const uint64_t x = ((const st_range *)a)->begin, y = ((const st_range *)b)->begin;
-  return x < y ? -1 : x > y;
-}
-
-/* No two tensors share bytes (the safetensors library refuses such files too). */
-static loom_status refuse_overlaps(const char *path, const loom_json *header, const st_entry *entries, loom_error *err) {
-  st_range *r = loom_fault_calloc(header->count + 1, sizeof *r);
-  if (!r) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", path);
-  size_t n = 0;
-  for (size_t i = 0; i < header->count; i++)
-    if (entries[i].end > entries[i].begin) r[n++] = (st_range){entries[i].begin, entries[i].end, i};
-  qsort(r, n, sizeof *r, by_begin);
-  loom_status st = LOOM_OK;
-  for (size_t i = 1; i < n && st == LOOM_OK; i++)
-    if (r[i].begin < r[i - 1].end)
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensors %s and %s overlap in the data (data_offsets [%llu, %llu] and [%llu, %llu])",
-                     path, header->keys[r[i - 1].key], header->keys[r[i].key], (unsigned long long)r[i - 1].begin,
-                     (unsigned long long)r[i - 1].end, (unsigned long long)r[i].begin, (unsigned long long)r[i].end);
-  free(r);
-  return st;
-}
-
-/* Matches the header against the model's table: every tensor there, in dtype and shape, none left over. */
-static loom_status match_header(loom_model_source *s, hf_source *h, const loom_json *header, uint64_t data_len,
-                                loom_error *err) {
-  st_entry *entries = loom_fault_calloc(header->count + 1, sizeof *entries);
-  if (!entries) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", h->path);
-  loom_status st = LOOM_OK;
-  for (size_t i = 0; i < header->count && st == LOOM_OK; i++) {
-    if (strcmp(header->keys[i], "__metadata__") == 0) entries[i].used = true;
-    else st = read_entry(h->path, header->keys[i], &header->items[i], data_len, &entries[i], err);
-  }
-  if (st == LOOM_OK) st = refuse_overlaps(h->path, header, entries, err);
-  const bool gpt2 = loom_gpt_config_is_gpt2(&s->cfg);
-  for (int k = 0; k < s->count && st == LOOM_OK; k++) {
-    const char *name = s->specs[k].name;
-    const loom_safetensors_shape want = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
-    const int i = entry_of(header, name, gpt2);
-    if (i < 0) {
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing tensor %s", h->path, name);
-      break;
-    }
-    st_entry *e = &entries[i];
-    const int ndim = want.cols ? 2 : 1;
-    if (e->ndim != ndim || e->shape[0] != want.rows || (ndim == 2 && e->shape[1] != want.cols))
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has shape [%lld%s%lld]; the config's model needs [%lld%s%lld]", h->path,
-                     name, e->shape[0], e->ndim == 2 ? ", " : "", e->ndim == 2 ? e->shape[1] : 0LL, (long long)want.rows,
-                     ndim == 2 ? ", " : "", ndim == 2 ? (long long)want.cols : 0LL);
-    e->used = true;
-    h->at[k] = e->begin;
-    h->dtype[k] = e->dtype;
-  }
-  for (size_t i = 0; i < header->count && st == LOOM_OK; i++)
-    if (!entries[i].used && !(gpt2 && is_gpt2_buffer(header->keys[i])))
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is not part of the model config.json describes", h->path,
-                     header->keys[i]);
-  free(entries);
-  return st;
-}
-
-/* Opens the weights and parses their header. */
-static loom_status open_weights(hf_source *h, loom_json *header, uint64_t *data_len, loom_error *err) {
-  loom_status st = loom_open_for_reading(h->path, "safetensors file", &h->fp, err);
-  if (st != LOOM_OK) return st;
-  uint8_t len8[8];
-  struct stat info;
-  if (fstat(fileno(h->fp), &info) != 0 || fread(len8, 1, 8, h->fp) != 8)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: shorter than a safetensors header", h->path);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
-  const uint64_t size = (uint64_t)info.st_size;
-  if (n < 2 || n > (100u << 20) || n > size - 8)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: header length %llu does not fit the %llu-byte file (at most 100 MiB)", h->path,
-                     (unsigned long long)n, (unsigned long long)size);
-  char *text = loom_fault_malloc(n + 1);
-  if (!text) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", h->path);
-  if (fread(text, 1, n, h->fp) != n) st = loom_fail(err, LOOM_ERR_IO, "%s: cannot read its header", h->path);
-  if (st == LOOM_OK) st = loom_json_parse(text, n, h->path, header, err);
-  free(text);
-  if (st == LOOM_OK && header->kind != LOOM_JSON_OBJECT) {
-    loom_json_free(header);
-    st = loom_fail(err, LOOM_ERR_FORMAT, "%s: its header is not a JSON object", h->path);
-  }
-  h->data_start = 8 + n;
-  *data_len = size - 8 - n;
-  return st;
-}
-
-loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err) {
-  memset(s, 0, sizeof *s);
-  loom_gpt_config cfg;
-  loom_status st = loom_hf_read_config(dir, &cfg, err);
-  if (st != LOOM_OK) return st;
-  hf_source *h = loom_fault_calloc(1, sizeof *h);
-  if (!h) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
-  join(h->path, sizeof h->path, dir, LOOM_HF_WEIGHTS);
-  s->cfg = cfg;
-  s->state = h;
-  s->free_state = free_hf;
-  s->fetch = fetch_hf;
-  st = loom_model_source_make_table(s, dir, err);
-  h->at = loom_fault_calloc((size_t)s->count + 1, sizeof *h->at);
-  h->dtype = loom_fault_calloc((size_t)s->count + 1, sizeof *h->dtype);
-  if (st == LOOM_OK && (!h->at || !h->dtype)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
-  if (st == LOOM_OK) {
-    loom_json header;
-    uint64_t data_len = 0;
-    st = open_weights(h, &header, &data_len, err);
-    if (st == LOOM_OK) {
-      st = match_header(s, h, &header, data_len, err);
-      loom_json_free(&header);
-    }
-  }
-  if (st != LOOM_OK) loom_model_source_free(s);
-  return st;
-}
-
 /* ---- writing ---- */
 
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
@@ -511,25 +277,103 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   return LOOM_OK;
 }
 
-loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
+/* Where each tensor goes when no file may hold more than max bytes of
+ * data (a larger tensor gets a file of its own; tensors are never split),
+ * in table order as transformers' save_pretrained fills its shards:
+ * shard[k] for tensor k; returns the number of files. */
+static int plan_shards(const loom_model_source *src, loom_dtype dtype, uint64_t max, int *shard) {
+  int files = 0;
+  uint64_t in_file = 0;
+  for (int k = 0; k < src->count; k++) {
+    const uint64_t bytes = loom_safetensors_bytes(src, k, dtype);
+    if (files == 0 || (in_file > 0 && in_file + bytes > max)) files++, in_file = 0;
+    shard[k] = files - 1;
+    in_file += bytes;
+  }
+  return files;
+}
+
+static void shard_name(char *out, size_t n, int i, int files) {
+  snprintf(out, n, "model-%05d-of-%05d.safetensors", i + 1, files);
+}
+
+static int by_name(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
+/* model.safetensors.index.json: the data's total size and each tensor's file, by name. */
+static loom_status write_index(const char *dir, const loom_model_source *src, loom_dtype dtype, const int *shard, int files,
+                               loom_error *err) {
+  const char **names = malloc(((size_t)src->count + 1) * sizeof *names);
+  loom_strbuf b = {0};
+  if (!names) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the index", dir);
+  uint64_t total = 0;
+  for (int k = 0; k < src->count; k++) names[k] = src->specs[k].name, total += loom_safetensors_bytes(src, k, dtype);
+  qsort(names, (size_t)src->count, sizeof *names, by_name);
+  loom_strbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
+                     (unsigned long long)total);
+  for (int i = 0; i < src->count; i++) {
+    int k = 0;
+    while (strcmp(src->specs[k].name, names[i]) != 0) k++;
+    char file[64];
+    shard_name(file, sizeof file, shard[k], files);
+    loom_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", names[i], file, i + 1 < src->count ? "," : "");
+  }
+  loom_strbuf_printf(&b, "  }\n}\n");
+  char path[4200];
+  join(path, sizeof path, dir, LOOM_HF_INDEX);
+  const loom_chunk chunk = {b.buf, b.len};
+  const loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
+  free(b.buf);
+  free(names);
+  return st;
+}
+
+/* The weights as one file, or as shards of at most max bytes with their
+ * index. Whichever is written, the other form's file (an earlier export's)
+ * is removed, as transformers would read model.safetensors before an index. */
+static loom_status write_weights(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max,
+                                 loom_error *err) {
+  int *shard = malloc(((size_t)src->count + 1) * sizeof *shard);
+  if (!shard) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
+  const int files = plan_shards(src, dtype, max, shard);
+  char path[4200];
+  loom_status st = LOOM_OK;
+  if (files <= 1) {
+    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
+    st = loom_safetensors_write(path, src, 0, src->count, dtype, err);
+    join(path, sizeof path, dir, LOOM_HF_INDEX);
+    if (st == LOOM_OK) unlink(path);
+  }
+  for (int i = 0, first = 0; files > 1 && i < files && st == LOOM_OK; i++) {
+    int last = first;
+    while (last < src->count && shard[last] == i) last++;
+    char file[64];
+    shard_name(file, sizeof file, i, files);
+    join(path, sizeof path, dir, file);
+    st = loom_safetensors_write(path, src, first, last, dtype, err);
+    first = last;
+  }
+  if (files > 1 && st == LOOM_OK) {
+    st = write_index(dir, src, dtype, shard, files, err);
+    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
+    if (st == LOOM_OK) unlink(path);
+  }
+  free(shard);
+  return st;
+}
+
+loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
+                          loom_error *err) {
   char json[4096], path[4200];
   loom_status st = config_json(src, dtype, json, sizeof json, err);
-  bool made = false; /* a directory this call made is removed again if the write fails */
+  bool made = false; /* a directory this call made is removed again, with what is in it, if the write fails */
   if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0) && errno != EEXIST)
     st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create the model directory: %s", dir, strerror(errno));
-  if (st == LOOM_OK) {
-    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
-    st = loom_safetensors_write(path, src, dtype, err);
-  }
+  if (st == LOOM_OK) st = write_weights(dir, src, dtype, max_shard_bytes ? max_shard_bytes : LOOM_HF_MAX_SHARD_DEFAULT, err);
   if (st == LOOM_OK) {
     join(path, sizeof path, dir, LOOM_HF_CONFIG);
     const loom_chunk chunk = {json, strlen(json)};
     st = loom_write_file_atomic(path, &chunk, 1, err);
   }
-  if (st != LOOM_OK && made) {
-    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
-    unlink(path);
-    rmdir(dir);
-  }
+  if (st != LOOM_OK && made) loom_ckpt_remove_step(dir); /* its files, then itself */
   return st;
 }

@@ -1,5 +1,6 @@
-/* Hugging Face model directories, offline: config.json and
- * model.safetensors as transformers writes and reads them, for
+/* Hugging Face model directories, offline: config.json and the weights
+ * (model.safetensors, or shards listed by model.safetensors.index.json, as
+ * the Hub ships every large model) as transformers writes and reads them, for
  * GPT2LMHeadModel (loom's GPT-2 setting) and LlamaForCausalLM (RMSNorm,
  * SwiGLU, RoPE; grouped-query attention, biases and a tied head as the
  * config says). The Llama family's canonical names are transformers' own,
@@ -9,8 +10,10 @@
  * Reading checks everything before a value is used: the architecture and
  * every field of config.json (a field loom does not know is refused, not
  * ignored), every tensor's presence, dtype (F32, BF16, F16) and shape, and
- * that no tensor is left over. Tensors are read one at a time, never the
- * whole file. */
+ * that no tensor is left over. Shards are checked against their index:
+ * each holds exactly the tensors the index puts in it, no tensor is in two,
+ * and their bytes add up to the index's metadata.total_size. Tensors are
+ * read one at a time, never a whole file. */
 #ifndef LOOM_HF_H
 #define LOOM_HF_H
 
@@ -19,6 +22,9 @@
 
 #define LOOM_HF_CONFIG "config.json"
 #define LOOM_HF_WEIGHTS "model.safetensors"
+#define LOOM_HF_INDEX "model.safetensors.index.json"
+/* transformers' save_pretrained default max_shard_size, "5GB" (10^9 bytes a GB). */
+#define LOOM_HF_MAX_SHARD_DEFAULT 5000000000ull
 
 /* Whether path is a directory (a Hugging Face model, not an llm.c file). */
 bool loom_hf_is_dir(const char *path);
@@ -31,8 +37,12 @@ loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *er
 /* Whether a transformers class holds the model (GPT2LMHeadModel or
  * LlamaForCausalLM); the error names its architecture. */
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err);
-/* Writes dir/config.json and dir/model.safetensors (values as dtype),
- * each atomically; makes dir. Refuses a model no transformers class holds. */
-loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, loom_error *err);
+/* Writes dir/config.json and the weights (values as dtype): one
+ * model.safetensors, or where the data exceeds max_shard_bytes (0: the
+ * default), shards model-0000i-of-0000N.safetensors of at most that much
+ * each (a larger tensor alone), tensors never split, and the index; every
+ * file atomically. Makes dir. Refuses a model no transformers class holds. */
+loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
+                          loom_error *err);
 
 #endif

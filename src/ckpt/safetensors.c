@@ -24,8 +24,13 @@ static uint64_t bytes_of(exported e, loom_dtype dtype) {
   return (uint64_t)(e.rows * (e.cols ? e.cols : 1)) * loom_dtype_size(dtype);
 }
 
+uint64_t loom_safetensors_bytes(const loom_model_source *src, int k, loom_dtype dtype) {
+  return bytes_of(shape_of(src, k), dtype);
+}
+
 typedef struct {
   const loom_model_source *src;
+  int first, last; /* the tensors written: [first, last) of the table */
   const uint64_t *header_len;
   const char *json;
   float *fetched, *out;
@@ -37,8 +42,8 @@ static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom
   if (i == 0) *chunk = (loom_chunk){w->header_len, 8};
   else if (i == 1) *chunk = (loom_chunk){w->json, (size_t)*w->header_len};
   if (i < 2) return 1;
-  const int k = i - 2;
-  if (k >= w->src->count) return 0;
+  const int k = w->first + i - 2;
+  if (k >= w->last) return 0;
   const exported e = shape_of(w->src, k);
   *st = w->src->fetch(w->src, k, w->fetched, err);
   if (*st != LOOM_OK) return 0;
@@ -52,9 +57,9 @@ static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom
   return 1;
 }
 
-loom_status loom_safetensors_write(const char *path, const loom_model_source *src, loom_dtype dtype, loom_error *err) {
-  const int n = src->count;
-  size_t cap = 256 + (size_t)n * 160, len = 0;
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, int first, int last, loom_dtype dtype,
+                                   loom_error *err) {
+  size_t cap = 256 + (size_t)(last - first) * 160, len = 0;
   char *json = malloc(cap);
   const size_t most = loom_model_source_max_numel(src) + 1;
   float *fetched = malloc(most * sizeof(float)), *out = malloc(most * sizeof(float));
@@ -64,7 +69,7 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
   } else {
     len += (size_t)snprintf(json + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     uint64_t offset = 0;
-    for (int k = 0; k < n; k++) {
+    for (int k = first; k < last; k++) {
       const exported e = shape_of(src, k);
       char shape[64];
       if (e.cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
@@ -77,7 +82,7 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
     len += (size_t)snprintf(json + len, cap - len, "}");
     while (len % 8) json[len++] = ' '; /* the data starts 8-byte aligned */
     const uint64_t header = len;
-    st_writer w = {src, &header, json, fetched, out, dtype};
+    st_writer w = {src, first, last, &header, json, fetched, out, dtype};
     st = loom_write_file_atomic_stream(path, next_chunk, &w, err);
   }
   free(json);

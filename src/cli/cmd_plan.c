@@ -171,19 +171,6 @@ static int plan_show(int argc, char **argv) {
 
 /* ---- check ---- */
 
-/* "80GiB", "512MiB", "1e9" (bytes). */
-static int64_t parse_bytes(const char *text) {
-  char *end;
-  const double v = strtod(text, &end);
-  double unit = 1.0;
-  if (strcmp(end, "GiB") == 0) unit = 1073741824.0;
-  else if (strcmp(end, "MiB") == 0) unit = 1048576.0;
-  else if (strcmp(end, "GB") == 0) unit = 1e9;
-  else if (strcmp(end, "MB") == 0) unit = 1e6;
-  else if (*end && strcmp(end, "B") != 0) return -1;
-  return end == text || v <= 0 ? -1 : (int64_t)(v * unit);
-}
-
 static int plan_check(int argc, char **argv) {
   const char *memory = NULL;
   int world = 0;
@@ -198,7 +185,7 @@ static int plan_check(int argc, char **argv) {
   loom_status st = loom_cli_parse("loom plan check", "loom plan check PLAN [flags]", table, 2, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (npos != 1) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: expected one plan file"), &err);
-  const int64_t device = memory ? parse_bytes(memory) : 0;
+  const int64_t device = memory ? loom_cli_parse_bytes(memory) : 0;
   if (device < 0)
     return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: --device-memory '%s' is not a size like 80GiB", memory), &err);
   loom_plan *plan;

@@ -1,5 +1,7 @@
 /* What every subcommand shares: flag parsing with --help, and error reporting. */
 #include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,4 +43,17 @@ loom_status loom_cli_parse(const char *cmd, const char *usage, loom_flag *table,
   loom_status st = loom_flags_parse(cmd, table, n, argc, argv, positional, max_positional, npositional, done, err);
   if (st == LOOM_OK && *done) loom_flags_print_help(stdout, usage, table, n);
   return st;
+}
+
+int64_t loom_cli_parse_bytes(const char *text) {
+  static const struct {
+    const char *suffix;
+    double unit;
+  } UNITS[] = {{"", 1.0}, {"B", 1.0}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+               {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  char *end;
+  const double v = strtod(text, &end);
+  for (size_t i = 0; end != text && v > 0 && i < sizeof UNITS / sizeof UNITS[0]; i++)
+    if (strcmp(end, UNITS[i].suffix) == 0 && v * UNITS[i].unit < 9.2e18) return (int64_t)(v * UNITS[i].unit);
+  return -1;
 }

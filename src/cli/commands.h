@@ -3,6 +3,7 @@
 #ifndef LOOM_COMMANDS_H
 #define LOOM_COMMANDS_H
 
+#include <stdint.h>
 #include "cli/flags.h"
 #include "core/status.h"
 
@@ -19,6 +20,11 @@ int loom_cmd_plan(int argc, char **argv);
 
 /* Prints err's message as one "loom: ..." line and returns st's exit code. */
 int loom_report(loom_status st, const loom_error *err);
+
+/* A byte count as people write one: "80GiB", "512MiB", "5GB" (10^9, as
+ * transformers reads max_shard_size), "1e9", "1000B"; -1 if it is none, or
+ * not positive. */
+int64_t loom_cli_parse_bytes(const char *text);
 
 /* Parses a subcommand's flags; with -h/--help prints usage and the table and
  * sets *done. Returns LOOM_ERR_USAGE with err filled on bad input. */
