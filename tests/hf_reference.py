@@ -46,25 +46,13 @@ def run(args, ranks=1):
     return out.stdout + out.stderr
 
 
-def write_safetensors(path, tensors):
+def write_safetensors(path, tensors, dtype="F32"):
+    """A safetensors file in transformers' layout, values F32 or BF16 (as the Hub ships them); returns its data's bytes."""
     header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
     for name, t in tensors.items():
-        data = t.contiguous().to(torch.float32).numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        offset += len(data)
-        blobs.append(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def write_bf16_safetensors(path, tensors):
-    """A file as the Hub ships one: BF16 values, in transformers' layout."""
-    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, t in tensors.items():
-        data = t.contiguous().to(torch.bfloat16).view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        t = t.contiguous()
+        data = (t.to(torch.bfloat16).view(torch.int16) if dtype == "BF16" else t.to(torch.float32)).numpy().tobytes()
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         blobs.append(data)
     text = json.dumps(header).encode()
@@ -82,7 +70,7 @@ def write_shards(d, tensors, files):
     for i in range(files):
         shard = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
         part = {k: tensors[k] for k in names[i * per:(i + 1) * per]}
-        index["metadata"]["total_size"] += write_bf16_safetensors(os.path.join(d, shard), part)
+        index["metadata"]["total_size"] += write_safetensors(os.path.join(d, shard), part, "BF16")
         index["weight_map"].update({k: shard for k in part})
     index["weight_map"] = dict(sorted(index["weight_map"].items()))
     with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
@@ -281,9 +269,9 @@ def check_sharded():
     breaks = {
         "a shard missing": (lambda b: os.remove(os.path.join(b, "model-00002-of-00003.safetensors")),
                             "model-00002-of-00003.safetensors"),
-        "a tensor in two shards": (lambda b: write_bf16_safetensors(
+        "a tensor in two shards": (lambda b: write_safetensors(
             os.path.join(b, "model-00003-of-00003.safetensors"),
-            {**read_safetensors(os.path.join(b, "model-00003-of-00003.safetensors")), first: w[first]}), "is in both"),
+            {**read_safetensors(os.path.join(b, "model-00003-of-00003.safetensors")), first: w[first]}, "BF16"), "is in both"),
         "the index naming a tensor no shard has": (lambda b: edit_index(b, lambda i: i["weight_map"].update(
             {"model.layers.9.mlp.up_proj.weight": "model-00001-of-00003.safetensors"})), "which does not hold it"),
         "a total size that lies": (lambda b: edit_index(b, lambda i: i["metadata"].update(

@@ -70,6 +70,15 @@ static void ends(const loom_action *a, int r, int peer, int *src, int *dst) {
   *dst = is_send(a) ? peer : r;
 }
 
+/* The channel key of rank r's action a, if it is a transfer that travels (else false). */
+static bool travelling(const loom_rendezvous *x, int r, const loom_action *a, int64_t *key) {
+  if (!is_transfer(a) || a->peer < 0 || a->peer >= x->s->p || !loom_send_travels(x->model, r, a->peer)) return false;
+  int src, dst;
+  ends(a, r, a->peer, &src, &dst);
+  *key = key_of(x, src, dst, is_grad(a));
+  return true;
+}
+
 loom_rendezvous *loom_rendezvous_new(const loom_schedule *s, const loom_send_model *model, double *arrival) {
   loom_rendezvous *x = loom_xcalloc(1, sizeof *x, "rendezvous replay");
   x->s = s, x->model = model, x->arrival = arrival;
@@ -80,11 +89,8 @@ loom_rendezvous *loom_rendezvous_new(const loom_schedule *s, const loom_send_mod
   x->chan_key = loom_xmalloc(n * sizeof *x->chan_key, "rendezvous replay");
   for (int r = 0; r < s->p; r++)
     for (int i = 0; i < s->count[r]; i++) {
-      const loom_action *a = &s->actions[r][i];
-      if (!is_transfer(a) || a->peer < 0 || a->peer >= s->p || !loom_send_travels(x->model, r, a->peer)) continue;
-      int src, dst;
-      ends(a, r, a->peer, &src, &dst);
-      x->chan_key[x->nchan++] = key_of(x, src, dst, is_grad(a));
+      int64_t key;
+      if (travelling(x, r, &s->actions[r][i], &key)) x->chan_key[x->nchan++] = key;
     }
   qsort(x->chan_key, (size_t)x->nchan, sizeof *x->chan_key, cmp_key);
   int unique = 0;
@@ -99,11 +105,8 @@ loom_rendezvous *loom_rendezvous_new(const loom_schedule *s, const loom_send_mod
   /* Each channel side's capacity: the transfers the schedule names on it. */
   for (int r = 0; r < s->p; r++)
     for (int i = 0; i < s->count[r]; i++) {
-      const loom_action *a = &s->actions[r][i];
-      if (!is_transfer(a) || a->peer < 0 || a->peer >= s->p || !loom_send_travels(x->model, r, a->peer)) continue;
-      int src, dst;
-      ends(a, r, a->peer, &src, &dst);
-      x->start[is_send(a) ? 0 : 1][channel_of(x, key_of(x, src, dst, is_grad(a))) + 1]++;
+      int64_t key;
+      if (travelling(x, r, &s->actions[r][i], &key)) x->start[is_send(&s->actions[r][i]) ? 0 : 1][channel_of(x, key) + 1]++;
     }
   for (int side = 0; side < 2; side++)
     for (int c = 0; c < x->nchan; c++) x->start[side][c + 1] += x->start[side][c];
