@@ -132,10 +132,24 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def llama3_scaled(inv, scaling):
+    """Llama 3.1's rope_scaling as transformers' _compute_llama3_parameters applies it to the inverse frequencies."""
+    if not scaling:
+        return inv
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    llama = torch.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+    return torch.where(medium, smoothed, llama)
+
+
 def llama_loss(c, w, tokens):
     x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
     n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
-    inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    inv = llama3_scaled(1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), c.get("rope_scaling"))
     ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
     cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
     mask = torch.full((n, n), float("-inf")).triu(1)
@@ -190,12 +204,16 @@ def gpt2_loss(c, w, tokens):
     return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
 
 
-def check(name, model_flags, weights_of, loss_of, layouts):
+def check(name, model_flags, weights_of, loss_of, layouts, config_edit=None):
     global failures
     d = os.path.join(work, name)
     run(["ckpt", "export", "--format", "hf", "-o", d] + model_flags)
     with open(os.path.join(d, "config.json")) as f:
         config = json.load(f)
+    if config_edit:  # a field loom's own export would not write, set as a Hub config sets it
+        config.update(config_edit)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(config, f, indent=2)
     w = weights_of(config)
     write_safetensors(os.path.join(d, "model.safetensors"), w)
     want = loss_of(config, w, tokens)
@@ -211,7 +229,7 @@ def check(name, model_flags, weights_of, loss_of, layouts):
     again = os.path.join(work, name + "_again")
     run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
     with open(os.path.join(d, "config.json"), "rb") as a, open(os.path.join(again, "config.json"), "rb") as b:
-        same_config = a.read() == b.read()
+        same_config = json.loads(a.read()) == json.loads(b.read()) if config_edit else a.read() == b.read()
     back = read_safetensors(os.path.join(again, "model.safetensors"))
     out = run(["eval", "--init-from", again, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)])
     same = same_config and back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w) and \
@@ -308,6 +326,11 @@ check("llama", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_
       [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"], llama_weights, llama_loss,
       [(1, []), (2, ["--tp", "2"])])
+# Llama 3.1's RoPE scaling, its original length shrunk to 64 positions so that llama-tiny's
+# 16-wide heads have a frequency in each band (kept, interpolated, divided by the factor).
+check("llama31", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
+      {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                        "original_max_position_embeddings": 64, "rope_type": "llama3"}})
 check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
 check_sharded()
 # GPT-2's directory holds the same safetensors file as the single-file export.

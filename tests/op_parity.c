@@ -156,12 +156,21 @@ static void rope(const op_backend *b, op_report *r) {
   const int T = 33, B = 3, D = 16, heads = 6 + 2, stride = (6 + 2 * 2) * D;
   const size_t n = (size_t)T * B * stride;
   mirror x = make(b, n, -2, 2);
-  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, 10000.0f);
-  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, 10000.0f);
+  const loom_rope plain = {.theta = 10000.0f}, llama31 = {.theta = 500000.0f, .factor = 8.0f, .low_freq_factor = 1.0f,
+                                                         .high_freq_factor = 4.0f, .original_max_position = 64};
+  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, plain);
+  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, plain);
   expect(r, "rope_forward", &x, b->fp32_nmse);
-  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, 500000.0f);
-  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, 500000.0f);
+  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, (loom_rope){.theta = 500000.0f});
+  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, (loom_rope){.theta = 500000.0f});
   expect(r, "rope_backward", &x, b->fp32_nmse);
+  /* Scaled as Llama 3.1 (its 8192 original positions shrunk to 64, so a 16-wide head has all three bands). */
+  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, llama31);
+  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, llama31);
+  expect(r, "rope_forward, llama3 scaling", &x, b->fp32_nmse);
+  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, llama31);
+  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, llama31);
+  expect(r, "rope_backward, llama3 scaling", &x, b->fp32_nmse);
   drop(&x);
 }
 
@@ -553,8 +562,8 @@ static void empty_shapes(const op_backend *b, op_report *r) {
     o->rmsnorm_backward(o, x, pdv, x, x, pv, x, 0, OC);
     o->swiglu_forward(o, x, x, 0, 3);
     o->swiglu_backward(o, x, x, x, 0, 3);
-    o->rope_forward(o, x, 0, 2, 8, 2, 4, 0, 10000.0f);
-    o->rope_backward(o, x, 0, 2, 8, 2, 4, 0, 10000.0f);
+    o->rope_forward(o, x, 0, 2, 8, 2, 4, 0, (loom_rope){.theta = 10000.0f});
+    o->rope_backward(o, x, 0, 2, 8, 2, 4, 0, (loom_rope){.theta = 10000.0f});
     o->gelu_forward(o, x, x, 0);
     o->gelu_backward(o, x, x, x, 0);
     o->attention_forward(o, x, x, x, &shape, NULL);

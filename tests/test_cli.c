@@ -565,7 +565,18 @@ START_TEST(hf_directories_refuse_bad_input) {
       {"config.json", "\"num_hidden_layers\": 1", "\"num_hidden_layers\": 1.5",
        "field \"num_hidden_layers\" must be an integer from 1 to 4096"},
       {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
-       "field \"rope_scaling\" must be null: loom's RoPE has no frequency scaling (Llama 3.1's is not built)"},
+       "field \"rope_scaling\" must name its rope_type"},
+      {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8}",
+       "rope_scaling's rope_type \"yarn\": loom computes Llama 3.1's \"llama3\" scaling only (not linear, dynamic, yarn, "
+       "longrope or su)"},
+      {"config.json", "\"rope_scaling\": null",
+       "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}",
+       "rope_scaling: field \"original_max_position_embeddings\" is missing"},
+      {"config.json", "\"rope_scaling\": null",
+       "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, \"high_freq_factor\": 1, "
+       "\"original_max_position_embeddings\": 8192}",
+       "model.rope_scaling: low_freq_factor 4 and high_freq_factor 1 must be finite with 0 < low < high (Llama 3.1's: 1 "
+       "and 4)"},
       {"config.json", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"",
        "field \"hidden_act\" must be \"silu\" (loom computes no other)"},
       {"config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256", "bad JSON at byte 90: expected ',' or '}'"},

@@ -27,7 +27,7 @@ static void as_family(loom_gpt_config *c, int family) {
   if (family == LLAMA) {
     c->heads = 4, c->kv_heads = 2, c->ffn = 12;
     c->norm = LOOM_NORM_RMSNORM, c->mlp = LOOM_MLP_SWIGLU, c->position = LOOM_POSITION_ROPE;
-    c->rope_theta = 100.0f; /* turns quickly enough to matter over a few positions */
+    c->rope.theta = 100.0f; /* turns quickly enough to matter over a few positions */
     c->no_bias = c->untied = true;
   } else if (family == MIXED) {
     c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;

@@ -426,7 +426,7 @@ typedef struct { float *x, *work, *r; } rope_ctx;
 static double rope_loss(void *p) {
   rope_ctx *c = p;
   memcpy(c->work, c->x, RT * RB * RSTRIDE * sizeof(float));
-  loom_ops_ref()->rope_forward(loom_ops_ref(), c->work, RT, RB, RSTRIDE, RHEADS, RD, 5, 100.0f);
+  loom_ops_ref()->rope_forward(loom_ops_ref(), c->work, RT, RB, RSTRIDE, RHEADS, RD, 5, (loom_rope){.theta = 100.0f});
   return dot_loss(c->work, c->r, RT * RB * RSTRIDE);
 }
 
@@ -443,8 +443,34 @@ START_TEST(rope) {
   ck_assert_mem_eq(c.work + 3 * RD, c.x + 3 * RD, RD * sizeof(float));
   /* Backward: the grad of x is the transpose turn of the output's grad. */
   float *dx = copy_buf(c.r, n);
-  ref->rope_backward(ref, dx, RT, RB, RSTRIDE, RHEADS, RD, 5, 100.0f);
+  ref->rope_backward(ref, dx, RT, RB, RSTRIDE, RHEADS, RD, 5, (loom_rope){.theta = 100.0f});
   fd_check(c.x, n, dx, rope_loss, &c, "rope dx");
+}
+END_TEST
+
+/* Llama 3.1's scaled frequencies (theta 500000, head 128, factor 8, low 1,
+ * high 4, 8192 original positions) in each of the three bands, worked out
+ * here: a wavelength 2 pi / f under 8192 / 4 keeps f, one over 8192 / 1 is
+ * divided by 8, and one between mixes the two by s = (8192 / wavelength -
+ * 1) / (4 - 1). Unscaled, every frequency is theta^(-2i/128). */
+START_TEST(rope_scaling_frequencies) {
+  const loom_rope plain = {.theta = 500000.0f}, scaled = {.theta = 500000.0f, .factor = 8.0f, .low_freq_factor = 1.0f,
+                                                          .high_freq_factor = 4.0f, .original_max_position = 8192};
+  const int D = 128;
+  for (int i = 0; i < D / 2; i++) {
+    const double f = pow(500000.0, -2.0 * i / D), wavelength = 2.0 * 3.14159265358979323846 / f;
+    ck_assert_double_eq_tol(loom_rope_frequency(i, D, plain), f, 1e-12 * f);
+    double want = f; /* the high band */
+    if (wavelength > 8192.0) want = f / 8.0;
+    else if (wavelength >= 2048.0) want = (1.0 - (8192.0 / wavelength - 1.0) / 3.0) * f / 8.0 + (8192.0 / wavelength - 1.0) / 3.0 * f;
+    ck_assert_double_eq_tol(loom_rope_frequency(i, D, scaled), want, 1e-12 * f);
+  }
+  /* The bands are where the text says: i 0..28 kept, 29..34 mixed, 35.. divided (wavelengths 2048 and 8192). */
+  ck_assert_double_eq(loom_rope_frequency(28, D, scaled), loom_rope_frequency(28, D, plain));
+  ck_assert_double_lt(loom_rope_frequency(30, D, scaled), loom_rope_frequency(30, D, plain));
+  ck_assert_double_gt(loom_rope_frequency(30, D, scaled), loom_rope_frequency(30, D, plain) / 8.0);
+  ck_assert_double_eq_tol(loom_rope_frequency(40, D, scaled), loom_rope_frequency(40, D, plain) / 8.0, 1e-18);
+  ck_assert_double_eq(loom_rope_angle(3, 40, D, scaled), 3.0 * loom_rope_frequency(40, D, scaled));
 }
 END_TEST
 
@@ -665,6 +691,7 @@ int main(void) {
   tcase_add_test(tc, rmsnorm);
   tcase_add_test(tc, swiglu);
   tcase_add_test(tc, rope);
+  tcase_add_test(tc, rope_scaling_frequencies);
   tcase_add_test(tc, gelu);
   tcase_add_loop_test(tc, attention, 0, 3);
   tcase_add_loop_test(tc, attention_with_dropout, 0, 3);

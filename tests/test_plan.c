@@ -278,6 +278,21 @@ START_TEST(each_rule_has_its_message) {
   p->model->rope_theta = NAN;
   expect_rule(p, "model.rope_theta = nan: must be a finite number above 1");
   p->model->rope_theta = 10000.0f;
+  /* Llama 3.1's RoPE scaling: each field in range. */
+  Loom__RopeScaling sc = LOOM__ROPE_SCALING__INIT;
+  sc.factor = 8.0f, sc.low_freq_factor = 1.0f, sc.high_freq_factor = 4.0f, sc.original_max_position_embeddings = 8192;
+  p->model->rope_scaling = &sc;
+  sc.factor = 0.5f;
+  expect_rule(p, "model.rope_scaling.factor = 0.5: must be a finite number of at least 1");
+  sc.factor = 8.0f, sc.high_freq_factor = 1.0f;
+  expect_rule(p, "model.rope_scaling: low_freq_factor 1 and high_freq_factor 1 must be finite with 0 < low < high");
+  sc.high_freq_factor = 4.0f, sc.original_max_position_embeddings = 0;
+  expect_rule(p, "model.rope_scaling.original_max_position_embeddings = 0: must be at least 1");
+  sc.original_max_position_embeddings = 8192;
+  p->model->position = LOOM__POSITION__POSITION_LEARNED;
+  expect_rule(p, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
+  p->model->position = LOOM__POSITION__POSITION_ROPE;
+  p->model->rope_scaling = NULL;
   p->model->position = (Loom__Position)7;
   expect_rule(p, "model.position = 7: must be 0 to 1");
   p->model->position = LOOM__POSITION__POSITION_LEARNED;

@@ -30,12 +30,20 @@ LOOM_HD float loom_silu_grad_at(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
-/* The angle RoPE turns dims i and i + D/2 of a head at position pos by:
- * pos * theta^(-2i/D), formed in double so every backend turns by the same
- * cos and sin. */
-LOOM_HD double loom_rope_angle(int pos, int i, int D, float theta) {
-  return (double)pos * pow((double)theta, -2.0 * (double)i / (double)D);
+/* The frequency of dims i and i + D/2 of a head: theta^(-2i/D), scaled as above. */
+LOOM_HD double loom_rope_frequency(int i, int D, loom_rope r) {
+  const double f = pow((double)r.theta, -2.0 * (double)i / (double)D);
+  if (!(r.factor > 0.0f)) return f;
+  const double wavelength = 2.0 * 3.14159265358979323846 / f, old = (double)r.original_max_position;
+  if (wavelength > old / r.low_freq_factor) return f / r.factor;
+  if (wavelength < old / r.high_freq_factor) return f;
+  const double smooth = (old / wavelength - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1.0 - smooth) * f / r.factor + smooth * f;
 }
+
+/* The angle RoPE turns dims i and i + D/2 of a head at position pos by,
+ * formed in double so every backend turns by the same cos and sin. */
+LOOM_HD double loom_rope_angle(int pos, int i, int D, loom_rope r) { return (double)pos * loom_rope_frequency(i, D, r); }
 
 /* 1 if dropout element `index` survives. */
 LOOM_HD int loom_dropout_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {

@@ -47,6 +47,19 @@ static inline loom_bf16_operand loom_bf16_kept(const float *values, const uint16
   return bits ? loom_bf16_bits(bits) : loom_bf16_values(values);
 }
 
+/* RoPE's frequencies: the base theta, and where factor > 0 Llama 3.1's
+ * rope_scaling ("rope_type": "llama3", as transformers computes it): the
+ * frequencies whose wavelength exceeds original_max_position /
+ * low_freq_factor are divided by factor, those shorter than
+ * original_max_position / high_freq_factor kept, and those between
+ * interpolated linearly in original_max_position / wavelength. */
+typedef struct {
+  float theta;
+  float factor; /* 0: no scaling */
+  float low_freq_factor, high_freq_factor;
+  int original_max_position;
+} loom_rope;
+
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {
   int T, B;          /* sequence length, micro-batch */
@@ -117,12 +130,12 @@ struct loom_ops {
   /* Rotary position embedding in place. x holds T*B rows [t, b] of `stride`
    * floats; the first `heads` heads of D of each row are turned: dims i and
    * i + D/2 (the halves, as Megatron and Hugging Face pair them) by the
-   * angle (pos_offset + t) * theta^(-2i/D) (loom_rope_angle). Backward turns
+   * angle (pos_offset + t) times dims i's frequency (loom_rope_angle). Backward turns
    * the grads back by the same angle (the transpose). */
   void (*rope_forward)(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
-                       float theta);
+                       loom_rope rope);
   void (*rope_backward)(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
-                        float theta);
+                        loom_rope rope);
 
   /* GELU, tanh approximation, elementwise over n */
   void (*gelu_forward)(const loom_ops *be, float *out, const float *inp, size_t n);

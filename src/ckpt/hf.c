@@ -152,6 +152,44 @@ static loom_status read_gpt2(const config_reader *c, loom_gpt_config *cfg) {
   return st;
 }
 
+/* Refuses a field outside the family's list. */
+static loom_status known_fields(const config_reader *c, const char *const *fields) {
+  for (size_t i = 0; i < c->root->count; i++) {
+    int j = 0;
+    while (fields[j] && strcmp(fields[j], c->root->keys[i]) != 0) j++;
+    if (!fields[j]) return bad_field(c, c->root->keys[i], "is unknown to loom; remove it if it does not change the model");
+  }
+  return LOOM_OK;
+}
+
+/* rope_scaling: null, or Llama 3.1's ("rope_type": "llama3", older files'
+ * "type"), its four numbers required; any other kind refused by name. The
+ * numbers' ranges are the plan's rules (loom_plan_check_model). */
+static loom_status read_rope_scaling(const config_reader *c, loom_rope *rope) {
+  static const char *const FIELDS[] = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings", NULL};
+  const loom_json *s = loom_json_get(c->root, "rope_scaling");
+  if (!s || s->kind == LOOM_JSON_NULL) return LOOM_OK;
+  if (s->kind != LOOM_JSON_OBJECT) return bad_field(c, "rope_scaling", "must be null or an object");
+  const loom_json *type = loom_json_get(s, "rope_type");
+  if (!type) type = loom_json_get(s, "type");
+  if (!type || type->kind != LOOM_JSON_STRING) return bad_field(c, "rope_scaling", "must name its rope_type");
+  if (strcmp(type->string, "default") == 0) return LOOM_OK; /* transformers' name for none */
+  if (strcmp(type->string, "llama3") != 0)
+    return loom_fail(c->err, LOOM_ERR_FORMAT, "%s: rope_scaling's rope_type \"%s\": loom computes Llama 3.1's \"llama3\" "
+                     "scaling only (not linear, dynamic, yarn, longrope or su)", c->path, type->string);
+  char path[4300];
+  snprintf(path, sizeof path, "%s: rope_scaling", c->path);
+  const config_reader sc = {s, path, c->err};
+  loom_status st = known_fields(&sc, FIELDS);
+  static const char *const NUMBERS[] = {"factor", "low_freq_factor", "high_freq_factor"};
+  float *into[] = {&rope->factor, &rope->low_freq_factor, &rope->high_freq_factor};
+  for (int i = 0; i < 3 && st == LOOM_OK; i++)
+    st = loom_json_get(s, NUMBERS[i]) ? float_field(&sc, NUMBERS[i], 0.0, into[i]) : bad_field(&sc, NUMBERS[i], "is missing");
+  if (st == LOOM_OK) st = int_field(&sc, "original_max_position_embeddings", 1, LOOM_PLAN_MAX_SEQ, -1, &rope->original_max_position);
+  return st;
+}
+
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   static const char *const SILU[] = {"silu", NULL};
   cfg->norm = LOOM_NORM_RMSNORM, cfg->mlp = LOOM_MLP_SWIGLU, cfg->position = LOOM_POSITION_ROPE;
@@ -163,7 +201,7 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = int_field(c, "num_key_value_heads", 1, LOOM_PLAN_MAX_HEADS, cfg->heads, &cfg->kv_heads);
   if (st == LOOM_OK) st = int_field(c, "max_position_embeddings", 1, LOOM_PLAN_MAX_SEQ, -1, &cfg->seq);
   if (st == LOOM_OK) st = float_field(c, "rms_norm_eps", 1e-6, &cfg->norm_eps);
-  if (st == LOOM_OK) st = float_field(c, "rope_theta", 10000.0, &cfg->rope_theta);
+  if (st == LOOM_OK) st = float_field(c, "rope_theta", 10000.0, &cfg->rope.theta);
   if (st == LOOM_OK) st = string_field(c, "hidden_act", SILU);
   static const char *const DROPOUTS[] = {"attention_dropout", NULL};
   if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
@@ -180,21 +218,10 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK && head_dim && head_dim * cfg->heads != cfg->hidden)
     st = bad_field(c, "head_dim", "must be hidden_size / num_attention_heads (loom's head size)");
   if (st == LOOM_OK) st = int_field(c, "pretraining_tp", 1, 1, 1, &tp);
-  const loom_json *scaling = loom_json_get(c->root, "rope_scaling");
-  if (st == LOOM_OK && scaling && scaling->kind != LOOM_JSON_NULL)
-    st = bad_field(c, "rope_scaling", "must be null: loom's RoPE has no frequency scaling (Llama 3.1's is not built)");
+  if (st == LOOM_OK) st = read_rope_scaling(c, &cfg->rope);
   return st;
 }
 
-/* Refuses a field outside the family's list. */
-static loom_status known_fields(const config_reader *c, const char *const *fields) {
-  for (size_t i = 0; i < c->root->count; i++) {
-    int j = 0;
-    while (fields[j] && strcmp(fields[j], c->root->keys[i]) != 0) j++;
-    if (!fields[j]) return bad_field(c, c->root->keys[i], "is unknown to loom; remove it if it does not change the model");
-  }
-  return LOOM_OK;
-}
 
 loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_error *err) {
   char path[4200];
@@ -227,7 +254,8 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   loom_gpt_config_finish(cfg);
   char why[512];
   Loom__Model m = LOOM__MODEL__INIT;
-  loom_model_proto_fill(&m, cfg);
+  Loom__RopeScaling scaling;
+  loom_model_proto_fill(&m, cfg, &scaling);
   if (loom_plan_check_model(&m, why, sizeof why))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %.*s", path, (int)strcspn(why, "\n"), why);
   return LOOM_OK;
@@ -264,15 +292,22 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   }
   const loom_status st = loom_hf_check_class(c, err);
   if (st != LOOM_OK) return st;
+  char scaling[256] = "null";
+  if (c->rope.factor > 0.0f)
+    snprintf(scaling, sizeof scaling,
+             "{\n    \"factor\": %.9g,\n    \"low_freq_factor\": %.9g,\n    \"high_freq_factor\": %.9g,\n"
+             "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",
+             (double)c->rope.factor, (double)c->rope.low_freq_factor, (double)c->rope.high_freq_factor,
+             c->rope.original_max_position);
   snprintf(out, n,
            "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": %d,\n"
            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
            "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
-           "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.7g,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": null,\n"
+           "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.7g,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n"
            "  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n  \"mlp_bias\": %s,\n  \"attention_dropout\": 0.0,\n"
            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
            c->vocab, c->hidden, c->ffn, c->layers, c->heads, loom_gpt_kv_heads(c), loom_gpt_head_dim(c), c->seq,
-           (double)c->norm_eps, (double)c->rope_theta, c->no_bias ? "false" : "true", c->no_bias ? "false" : "true",
+           (double)c->norm_eps, (double)c->rope.theta, scaling, c->no_bias ? "false" : "true", c->no_bias ? "false" : "true",
            c->untied ? "false" : "true", torch_dtype);
   return LOOM_OK;
 }

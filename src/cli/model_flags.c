@@ -72,7 +72,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (flag_set(table, "--norm")) cfg->norm = (loom_norm_kind)loom_flag_choice_index(LOOM_NORM_NAMES, mf->norm);
   if (flag_set(table, "--mlp")) cfg->mlp = (loom_mlp_kind)loom_flag_choice_index(LOOM_MLP_NAMES, mf->mlp);
   if (flag_set(table, "--position")) cfg->position = (loom_position_kind)loom_flag_choice_index(LOOM_POSITION_NAMES, mf->position);
-  if (flag_set(table, "--rope-theta")) cfg->rope_theta = mf->rope_theta;
+  if (flag_set(table, "--rope-theta")) cfg->rope.theta = mf->rope_theta;
   if (flag_set(table, "--rope-theta") && cfg->position != LOOM_POSITION_ROPE)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --rope-theta sets RoPE's base, but this model has learned positions; add "
                      "--position rope", cmd);

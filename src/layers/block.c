@@ -46,10 +46,10 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
 
 /* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
 static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, bool backward) {
-  if (s->rope_theta <= 0.0f) return;
-  void (*turn)(const loom_ops *, float *, int, int, int, int, int, int, float) =
+  if (s->rope.theta <= 0.0f) return;
+  void (*turn)(const loom_ops *, float *, int, int, int, int, int, int, loom_rope) =
       backward ? ops->rope_backward : ops->rope_forward;
-  turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope_theta);
+  turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope);
 }
 
 /* x[n] packed into bits (bf16 runs), where the GEMMs will read it. */
@@ -95,7 +95,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
                                w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
   rope(shape, ops, a->qkv, false);
-  to_bf16_values_if(shape->rope_theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
+  to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
   ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   pack(ops, a->atty_bits, a->atty, (size_t)N * width);
@@ -207,7 +207,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
   ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
-  if (shape->rope_theta > 0.0f) { /* RoPE's turn reads bf16 values */
+  if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
     to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
     rope(shape, ops, ws->d_qkv, true);
   }

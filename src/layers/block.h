@@ -37,7 +37,7 @@ typedef struct {
   float norm_eps;
   loom_norm_kind norm;
   loom_mlp_kind mlp;
-  float rope_theta; /* rotary positions' base; 0: none (the embedding added positions) */
+  loom_rope rope;   /* rotary positions (theta 0: none, the embedding added positions) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
 } loom_block_shape;
 

@@ -530,7 +530,7 @@ static loom_block_shape block_shape(const loom_gpt *m) {
                             .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
                             .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps, .norm = c->norm, .mlp = c->mlp,
-                            .rope_theta = c->position == LOOM_POSITION_ROPE ? c->rope_theta : 0.0f, .bf16 = c->bf16};
+                            .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .bf16 = c->bf16};
 }
 
 static loom_block_dropout block_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int layer) {

@@ -30,11 +30,11 @@ static const loom_gpt_config PRESETS[] = {
     {.layers = 40, .hidden = 5120, .heads = 40, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f},
     {.layers = 64, .hidden = 8192, .heads = 64, .ffn = 32768, .vocab = 51200, .seq = 2048, .norm_eps = 1e-5f},
     {.layers = 96, .hidden = 12288, .heads = 96, .vocab = 50257, .seq = 2048, .norm_eps = 1e-5f},
-    {.layers = 3, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA, .rope_theta = 10000.0f},
+    {.layers = 3, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 176, .vocab = 256, .seq = 64, LLAMA, .rope = {.theta = 10000.0f}},
     {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 128256, .seq = 8192, LLAMA,
-     .rope_theta = 500000.0f},
+     .rope = {.theta = 500000.0f}},
     {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256, .seq = 8192, LLAMA,
-     .rope_theta = 500000.0f},
+     .rope = {.theta = 500000.0f}},
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
@@ -54,7 +54,7 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
   if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
-  if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope_theta > 0.0f)) cfg->rope_theta = LOOM_ROPE_THETA_DEFAULT;
+  if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope.theta > 0.0f)) cfg->rope.theta = LOOM_ROPE_THETA_DEFAULT;
   if (cfg->vocab > 0) {
     cfg->padded_vocab = (cfg->vocab + LOOM_VOCAB_ALIGN - 1) / LOOM_VOCAB_ALIGN * LOOM_VOCAB_ALIGN;
   }
@@ -76,13 +76,14 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
-         (a->position != LOOM_POSITION_ROPE || a->rope_theta == b->rope_theta) && a->no_bias == b->no_bias &&
+         (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
          a->untied == b->untied;
 }
 
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
   char rope[48] = "learned positions";
-  if (c->position == LOOM_POSITION_ROPE) snprintf(rope, sizeof rope, "rope %g", (double)c->rope_theta);
+  if (c->position == LOOM_POSITION_ROPE)
+    snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta, c->rope.factor > 0.0f ? " scaled (llama3)" : "");
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
            LOOM_MLP_NAMES[c->mlp & 1], rope, c->no_bias ? "no bias" : "biases", c->untied ? "untied" : "tied");
@@ -101,7 +102,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   }
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
-  if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope_theta);
+  if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
   if (c->no_bias) PUT("%sno biases", used ? ", " : "");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
 #undef PUT

@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include "backend/ops.h"
 
 /* Each enum's values are those of its proto enum (proto/loom.proto). */
 typedef enum { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1 } loom_norm_kind;
@@ -34,7 +35,7 @@ typedef struct {
   loom_norm_kind norm;
   loom_mlp_kind mlp;
   loom_position_kind position;
-  float rope_theta; /* RoPE's base; 0 means 10000 */
+  loom_rope rope;   /* RoPE's base (0 means 10000) and Llama 3.1's scaling (factor 0: none) */
   bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
@@ -47,7 +48,7 @@ typedef struct {
 int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name);
 /* The preset names, NULL-terminated, for flag choices, help and errors. */
 extern const char *const LOOM_GPT_PRESET_NAMES[];
-/* Recomputes derived fields (ffn, kv_heads and rope_theta if 0, padded_vocab). */
+/* Recomputes derived fields (ffn, kv_heads and RoPE's theta if 0, padded_vocab). */
 void loom_gpt_config_finish(loom_gpt_config *cfg);
 /* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
  * Megatron does, so every rank holds an equal vocab range. */

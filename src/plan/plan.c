@@ -28,11 +28,16 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .kv_heads = m->has_kv_heads ? m->kv_heads : 0, .vocab = m->vocab, .seq = m->seq,
                            .dropout = m->dropout, .norm_eps = m->norm_eps, .norm = (loom_norm_kind)m->norm,
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
-                           .rope_theta = m->rope_theta, .no_bias = !m->bias, .untied = !m->tied_embeddings};
+                           .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .untied = !m->tied_embeddings};
+  if (m->rope_scaling)
+    cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
+                            .low_freq_factor = m->rope_scaling->low_freq_factor,
+                            .high_freq_factor = m->rope_scaling->high_freq_factor,
+                            .original_max_position = m->rope_scaling->original_max_position_embeddings};
   loom_gpt_config_finish(cfg);
 }
 
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c) {
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room) {
   m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
   m->layers = c->layers, m->hidden = c->hidden, m->heads = c->heads, m->vocab = c->vocab, m->seq = c->seq;
   m->ffn = c->ffn > 0 ? c->ffn : 4 * c->hidden;
@@ -50,7 +55,15 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c) {
   m->has_position = c->position != LOOM_POSITION_LEARNED;
   m->position = (Loom__Position)c->position;
   m->has_rope_theta = c->position == LOOM_POSITION_ROPE;
-  if (m->has_rope_theta) m->rope_theta = c->rope_theta > 0.0f ? c->rope_theta : LOOM_ROPE_THETA_DEFAULT;
+  if (m->has_rope_theta) m->rope_theta = c->rope.theta > 0.0f ? c->rope.theta : LOOM_ROPE_THETA_DEFAULT;
+  if (c->position == LOOM_POSITION_ROPE && c->rope.factor > 0.0f) {
+    loom__rope_scaling__init(room);
+    room->has_factor = room->has_low_freq_factor = room->has_high_freq_factor = 1;
+    room->has_original_max_position_embeddings = 1;
+    room->factor = c->rope.factor, room->low_freq_factor = c->rope.low_freq_factor;
+    room->high_freq_factor = c->rope.high_freq_factor, room->original_max_position_embeddings = c->rope.original_max_position;
+    m->rope_scaling = room;
+  }
   m->has_bias = c->no_bias;
   m->bias = !c->no_bias;
   m->has_tied_embeddings = c->untied;

@@ -72,9 +72,11 @@ loom_status loom_plan_schedule(const loom_plan *plan, loom_schedule *s, loom_err
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The one translation between the Model message and the layers' config
  * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
- * every field of c into m, which the caller has initialised. */
+ * every field of c into m, which the caller has initialised; RoPE scaling,
+ * where c has it, goes into *room, which m->rope_scaling then points at
+ * (the caller's to keep alive, or to free where m is not left holding it). */
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c);
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */

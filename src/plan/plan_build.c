@@ -56,7 +56,9 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   if (sp->name) p->name = strdup(sp->name);
   p->model = loom_xmalloc(sizeof *p->model, "plan model");
   loom__model__init(p->model);
-  loom_model_proto_fill(p->model, &sp->model);
+  Loom__RopeScaling *scaling = loom_xmalloc(sizeof *scaling, "plan model");
+  loom_model_proto_fill(p->model, &sp->model, scaling);
+  if (p->model->rope_scaling != scaling) free(scaling);
   p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
   loom__parallel__init(p->parallel);
   Loom__Parallel *l = p->parallel;

@@ -69,6 +69,18 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
     violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
               (double)m->rope_theta);
+  const Loom__RopeScaling *sc = m->rope_scaling;
+  if (sc && m->position != LOOM__POSITION__POSITION_ROPE)
+    violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
+  else if (sc && !(isfinite(sc->factor) && sc->factor >= 1.0f))
+    violation(r, "model.rope_scaling.factor = %g: must be a finite number of at least 1 (Llama 3.1's is 8)", (double)sc->factor);
+  else if (sc && !(isfinite(sc->low_freq_factor) && isfinite(sc->high_freq_factor) && sc->low_freq_factor > 0.0f &&
+                   sc->high_freq_factor > sc->low_freq_factor))
+    violation(r, "model.rope_scaling: low_freq_factor %g and high_freq_factor %g must be finite with 0 < low < high "
+              "(Llama 3.1's: 1 and 4)", (double)sc->low_freq_factor, (double)sc->high_freq_factor);
+  else if (sc && sc->original_max_position_embeddings < 1)
+    violation(r, "model.rope_scaling.original_max_position_embeddings = %d: must be at least 1 (Llama 3.1's is 8192)",
+              sc->original_max_position_embeddings);
 }
 
 static void check_model(report *r, const loom_plan *p) {

@@ -197,12 +197,12 @@ static void cpu_swiglu_backward(const loom_ops *be, float *dinp, const float *do
 }
 
 /* RoPE with one table of each position's cos and sin, shared by the batch and the heads. */
-static void cpu_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+static void cpu_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope, double sign) {
   const int half = D / 2;
   float *cs = loom_xmalloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      const double a = sign * loom_rope_angle(pos_offset + t, i, D, theta);
+      const double a = sign * loom_rope_angle(pos_offset + t, i, D, rope);
       cs[((size_t)t * half + i) * 2] = (float)cos(a);
       cs[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
     }
@@ -223,13 +223,13 @@ static void cpu_rope(float *x, int T, int B, int stride, int heads, int D, int p
 }
 
 static void cpu_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
-                             float theta) {
-  cpu_rope(x, T, B, stride, heads, D, pos_offset, theta, 1.0);
+                             loom_rope rope) {
+  cpu_rope(x, T, B, stride, heads, D, pos_offset, rope, 1.0);
 }
 
 static void cpu_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
-                              float theta) {
-  cpu_rope(dx, T, B, stride, heads, D, pos_offset, theta, -1.0);
+                              loom_rope rope) {
+  cpu_rope(dx, T, B, stride, heads, D, pos_offset, rope, -1.0);
 }
 
 static void cpu_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {

@@ -325,14 +325,14 @@ void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, co
 }
 
 /* One thread per (row, head, pair). */
-__global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+__global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope, double sign) {
   const int half = D / 2;
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)T * B * heads * half) return;
   const int p = (int)(i % half);
   const size_t rh = i / half, row = rh / heads;
   const int t = (int)(row / B);
-  const double a = sign * loom_rope_angle(pos_offset + t, p, D, theta);
+  const double a = sign * loom_rope_angle(pos_offset + t, p, D, rope);
   const float c = (float)cos(a), s = (float)sin(a);
   float *x1 = x + row * stride + (rh % heads) * D + p, *x2 = x1 + half;
   const float u = *x1, v = *x2;
@@ -340,18 +340,18 @@ __global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D
   *x2 = v * c + u * s;
 }
 
-void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta) {
+void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope) {
   Backend &g = ctx(be);
   LAUNCH(rope_kernel, blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream, x, T, B, stride, heads, D, pos_offset,
-                                                                                   theta, 1.0);
+                                                                                   rope, 1.0);
   launched("rope_forward");
 }
 
 void cuda_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
-                        float theta) {
+                        loom_rope rope) {
   Backend &g = ctx(be);
   LAUNCH(rope_kernel, blocks_for((size_t)T * B * heads * (D / 2)), THREADS, 0, g.stream, dx, T, B, stride, heads, D,
-                                                                                   pos_offset, theta, -1.0);
+                                                                                   pos_offset, rope, -1.0);
   launched("rope_backward");
 }
 

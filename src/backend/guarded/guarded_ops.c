@@ -134,12 +134,12 @@ static void g_swiglu_backward(const loom_ops *be, float *dinp, const float *dout
   CPU->swiglu_backward(CPU, U(dinp), U(dout), U(inp), N, F);
 }
 static void g_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
-                           float theta) {
-  CPU->rope_forward(CPU, U(x), T, B, stride, heads, D, pos_offset, theta);
+                           loom_rope rope) {
+  CPU->rope_forward(CPU, U(x), T, B, stride, heads, D, pos_offset, rope);
 }
 static void g_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
-                            float theta) {
-  CPU->rope_backward(CPU, U(dx), T, B, stride, heads, D, pos_offset, theta);
+                            loom_rope rope) {
+  CPU->rope_backward(CPU, U(dx), T, B, stride, heads, D, pos_offset, rope);
 }
 static void g_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) { CPU->gelu_forward(CPU, U(out), U(inp), n); }
 static void g_gelu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n) {

@@ -119,11 +119,11 @@ static void ref_swiglu_backward(const loom_ops *be, float *dinp, const float *do
 }
 
 /* Turns each pair (dims i, i + D/2) of the first `heads` heads by +angle (forward) or -angle (backward). */
-static void ref_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, float theta, double sign) {
+static void ref_rope(float *x, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope, double sign) {
   const int half = D / 2;
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      const double a = sign * loom_rope_angle(pos_offset + t, i, D, theta);
+      const double a = sign * loom_rope_angle(pos_offset + t, i, D, rope);
       const float c = (float)cos(a), s = (float)sin(a);
       for (int b = 0; b < B; b++)
         for (int h = 0; h < heads; h++) {
@@ -136,13 +136,13 @@ static void ref_rope(float *x, int T, int B, int stride, int heads, int D, int p
 }
 
 static void ref_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
-                             float theta) {
-  ref_rope(x, T, B, stride, heads, D, pos_offset, theta, 1.0);
+                             loom_rope rope) {
+  ref_rope(x, T, B, stride, heads, D, pos_offset, rope, 1.0);
 }
 
 static void ref_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset,
-                              float theta) {
-  ref_rope(dx, T, B, stride, heads, D, pos_offset, theta, -1.0);
+                              loom_rope rope) {
+  ref_rope(dx, T, B, stride, heads, D, pos_offset, rope, -1.0);
 }
 
 static void ref_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n) {
