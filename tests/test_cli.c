@@ -554,8 +554,11 @@ START_TEST(hf_directories_refuse_bad_input) {
   static const struct {
     const char *file, *from, *with, *why;
   } CASES[] = {
-      {"config.json", "LlamaForCausalLM", "MistralForCausalLM",
-       "unknown architecture \"MistralForCausalLM\": loom reads GPT2LMHeadModel and LlamaForCausalLM"},
+      {"config.json", "LlamaForCausalLM", "GemmaForCausalLM",
+       "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM"},
+      {"config.json", "[\"LlamaForCausalLM\"]", "[\"MistralForCausalLM\"], \"sliding_window\": 16",
+       "field \"sliding_window\" is 16, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
+       "so it computes a sliding window only as long as the sequence"},
       {"config.json", "\"vocab_size\"", "\"sliding_window\": 4096, \"vocab_size\"",
        "field \"sliding_window\" is unknown to loom; remove it if it does not change the model"},
       {"config.json", "\"hidden_size\"", "\"hidden_sizes\"",

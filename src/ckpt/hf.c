@@ -20,9 +20,11 @@
 #include "core/write_file.h"
 #include "plan/plan.h"
 
-enum { GPT2, LLAMA };
-static const char *const ARCHITECTURES[] = {"GPT2LMHeadModel", "LlamaForCausalLM"};
-static const char *const MODEL_TYPES[] = {"gpt2", "llama"};
+/* Mistral's is Llama's model but for a sliding attention window, which
+ * loom takes where it covers the whole sequence (then it changes nothing). */
+enum { GPT2, LLAMA, MISTRAL, FAMILIES };
+static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral"};
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -119,13 +121,14 @@ static loom_status family_of(const config_reader *c, int *family) {
   const loom_json *a = loom_json_get(c->root, "architectures"), *t = loom_json_get(c->root, "model_type");
   const char *name = a && a->kind == LOOM_JSON_ARRAY && a->count == 1 && a->items[0].kind == LOOM_JSON_STRING
                          ? a->items[0].string : NULL;
-  for (int f = GPT2; f <= LLAMA; f++)
+  for (int f = GPT2; f < FAMILIES; f++)
     if ((name && strcmp(name, ARCHITECTURES[f]) == 0) ||
         (!name && t && t->kind == LOOM_JSON_STRING && strcmp(t->string, MODEL_TYPES[f]) == 0)) {
       *family = f;
       return LOOM_OK;
     }
-  return loom_fail(c->err, LOOM_ERR_FORMAT, "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel and LlamaForCausalLM",
+  return loom_fail(c->err, LOOM_ERR_FORMAT,
+                   "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -152,13 +155,17 @@ static loom_status read_gpt2(const config_reader *c, loom_gpt_config *cfg) {
   return st;
 }
 
-/* Refuses a field outside the family's list. */
-static loom_status known_fields(const config_reader *c, const char *const *fields) {
-  for (size_t i = 0; i < c->root->count; i++) {
-    int j = 0;
-    while (fields[j] && strcmp(fields[j], c->root->keys[i]) != 0) j++;
-    if (!fields[j]) return bad_field(c, c->root->keys[i], "is unknown to loom; remove it if it does not change the model");
-  }
+static bool listed(const char *const *names, const char *name) {
+  for (int j = 0; names && names[j]; j++)
+    if (strcmp(names[j], name) == 0) return true;
+  return false;
+}
+
+/* Refuses a field outside the family's lists (extra: NULL, or more names). */
+static loom_status known_fields(const config_reader *c, const char *const *fields, const char *const *extra) {
+  for (size_t i = 0; i < c->root->count; i++)
+    if (!listed(fields, c->root->keys[i]) && !listed(extra, c->root->keys[i]))
+      return bad_field(c, c->root->keys[i], "is unknown to loom; remove it if it does not change the model");
   return LOOM_OK;
 }
 
@@ -181,13 +188,25 @@ static loom_status read_rope_scaling(const config_reader *c, loom_rope *rope) {
   char path[4300];
   snprintf(path, sizeof path, "%s: rope_scaling", c->path);
   const config_reader sc = {s, path, c->err};
-  loom_status st = known_fields(&sc, FIELDS);
+  loom_status st = known_fields(&sc, FIELDS, NULL);
   static const char *const NUMBERS[] = {"factor", "low_freq_factor", "high_freq_factor"};
   float *into[] = {&rope->factor, &rope->low_freq_factor, &rope->high_freq_factor};
   for (int i = 0; i < 3 && st == LOOM_OK; i++)
     st = loom_json_get(s, NUMBERS[i]) ? float_field(&sc, NUMBERS[i], 0.0, into[i]) : bad_field(&sc, NUMBERS[i], "is missing");
   if (st == LOOM_OK) st = int_field(&sc, "original_max_position_embeddings", 1, LOOM_PLAN_MAX_SEQ, -1, &rope->original_max_position);
   return st;
+}
+
+/* Mistral's sliding_window: null (none), or at least the model's sequence,
+ * where every query sees every earlier key as in full causal attention. */
+static loom_status read_sliding_window(const config_reader *c, const loom_gpt_config *cfg) {
+  int window = 0;
+  const loom_status st = int_field(c, "sliding_window", 1, INT_MAX, 0, &window);
+  if (st != LOOM_OK || window == 0 || window >= cfg->seq) return st;
+  char why[200];
+  snprintf(why, sizeof why, "is %d, shorter than max_position_embeddings %d: loom's attention sees the whole causal "
+           "past, so it computes a sliding window only as long as the sequence", window, cfg->seq);
+  return bad_field(c, "sliding_window", why);
 }
 
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
@@ -247,8 +266,10 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   memset(cfg, 0, sizeof *cfg);
   if (root.kind != LOOM_JSON_OBJECT) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a JSON object", path);
   if (st == LOOM_OK) st = family_of(&c, &family);
-  if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS);
+  static const char *const WINDOW[] = {"sliding_window", NULL};
+  if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, family == MISTRAL ? WINDOW : NULL);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
+  if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
   loom_json_free(&root);
   if (st != LOOM_OK) return st;
   loom_gpt_config_finish(cfg);

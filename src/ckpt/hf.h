@@ -1,9 +1,10 @@
 /* Hugging Face model directories, offline: config.json and the weights
  * (model.safetensors, or shards listed by model.safetensors.index.json, as
  * the Hub ships every large model) as transformers writes and reads them, for
- * GPT2LMHeadModel (loom's GPT-2 setting) and LlamaForCausalLM (RMSNorm,
- * SwiGLU, RoPE; grouped-query attention, biases and a tied head as the
- * config says). The Llama family's canonical names are transformers' own,
+ * GPT2LMHeadModel (loom's GPT-2 setting), LlamaForCausalLM (RMSNorm,
+ * SwiGLU, RoPE; grouped-query attention, biases, a tied head and Llama
+ * 3.1's RoPE scaling as the config says) and MistralForCausalLM (Llama's
+ * model, its sliding window taken where it spans the whole sequence). The Llama family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
  *
