@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "cli/megatron_flags.h"
+#include "cli/train_flags.h"
 #include "ckpt/manifest.h"
 #include "test_util.h"
 
@@ -546,6 +548,101 @@ START_TEST(sim_and_search_refuse_bad_input) {
 }
 END_TEST
 
+/* The value an alias's test gives a flag of this kind (a choice where it has them). */
+static const char *sample_value(const loom_flag *f) {
+  if (f->choices) return f->choices[1] ? f->choices[1] : f->choices[0];
+  return f->kind == FLAG_STRING ? "some/path" : f->kind == FLAG_FLOAT ? "2.5" : "2";
+}
+
+/* Every Megatron-LM alias sets the loom flag it names to what loom's own
+ * name would (table-driven over LOOM_MEGATRON_ALIASES, on loom train's
+ * table); a switch of Megatron's takes no value; Megatron's flags loom does
+ * not implement are refused by name, never ignored. */
+START_TEST(megatron_flag_names) {
+  /* What each Megatron-LM flag means in loom, written here from Megatron-LM's arguments.py. */
+  static const loom_megatron_alias WANT[] = {
+      {"--tensor-model-parallel-size", "--tp", NULL}, {"--pipeline-model-parallel-size", "--pp", NULL},
+      {"--num-layers-per-virtual-pipeline-stage", "--layers-per-virtual-stage", NULL},
+      {"--micro-batch-size", "--micro-batch", NULL}, {"--global-batch-size", "--global-batch", NULL},
+      {"--seq-length", "--seq", NULL}, {"--num-layers", "--layers", NULL}, {"--hidden-size", "--hidden", NULL},
+      {"--num-attention-heads", "--heads", NULL}, {"--num-query-groups", "--kv-heads", NULL},
+      {"--ffn-hidden-size", "--ffn", NULL}, {"--rotary-base", "--rope-theta", NULL}, {"--train-iters", "--steps", NULL},
+      {"--lr-warmup-iters", "--warmup", NULL}, {"--clip-grad", "--grad-clip", NULL}, {"--save-interval", "--save-every", NULL},
+      {"--eval-interval", "--eval-every", NULL}, {"--eval-iters", "--eval-batches", NULL},
+      {"--log-interval", "--log-every", NULL}, {"--data-path", "--data", NULL},
+      {"--recompute-granularity", "--recompute", NULL}, {"--use-distributed-optimizer", "--zero", "1"},
+      {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
+      {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
+      {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+  };
+  const int nwant = (int)(sizeof WANT / sizeof WANT[0]);
+  int in_table = 0;
+  for (const loom_megatron_alias *a = LOOM_MEGATRON_ALIASES; a->megatron; a++) in_table++;
+  ck_assert_int_eq(in_table, nwant);
+  int checked = 0;
+  for (int w = 0; w < nwant; w++) {
+    const loom_megatron_alias *a = loom_megatron_alias_of(WANT[w].megatron, strlen(WANT[w].megatron));
+    ck_assert_msg(a != NULL, "%s is not taken", WANT[w].megatron);
+    ck_assert_msg(!a->loom == !WANT[w].loom && (!a->loom || strcmp(a->loom, WANT[w].loom) == 0), "%s sets %s, not %s",
+                  a->megatron, a->loom ? a->loom : "nothing", WANT[w].loom ? WANT[w].loom : "nothing");
+    ck_assert_msg(!a->value == !WANT[w].value && (!a->value || strcmp(a->value, WANT[w].value) == 0), "%s's value", a->megatron);
+    ck_assert(loom_megatron_flag(a->megatron, strlen(a->megatron))); /* a name Megatron-LM has */
+    loom_train_flags mine = loom_train_flags_defaults(), theirs = loom_train_flags_defaults();
+    loom_flag tm[LOOM_TRAIN_FLAG_COUNT], tt[LOOM_TRAIN_FLAG_COUNT];
+    loom_train_flags_table(&mine, tm);
+    loom_train_flags_table(&theirs, tt);
+    loom_error err = {0};
+    bool help;
+    const char *pos[1];
+    int npos;
+    if (!a->loom) { /* a switch that says what loom does anyway: taken, nothing set */
+      char *argv[] = {(char *)a->megatron};
+      ck_assert_msg(loom_flags_parse("t", tt, LOOM_TRAIN_FLAG_COUNT, 1, argv, pos, 0, &npos, &help, &err) == LOOM_OK, "%s",
+                    err.msg);
+      for (int k = 0; k < LOOM_TRAIN_FLAG_COUNT; k++) ck_assert(!tt[k].set);
+      continue;
+    }
+    const loom_flag *f = loom_flags_find(tm, LOOM_TRAIN_FLAG_COUNT, a->loom);
+    ck_assert_msg(f != NULL, "%s names %s, which loom train does not have", a->megatron, a->loom);
+    const char *value = a->value ? a->value : sample_value(f);
+    char *loom_argv[] = {(char *)a->loom, (char *)value}, *megatron_argv[] = {(char *)a->megatron, (char *)value};
+    const int loom_argc = f->kind == FLAG_BOOL ? 1 : 2, megatron_argc = a->value ? 1 : 2;
+    ck_assert_msg(loom_flags_parse("t", tm, LOOM_TRAIN_FLAG_COUNT, loom_argc, loom_argv, pos, 0, &npos, &help, &err) == LOOM_OK,
+                  "%s %s: %s", a->loom, value, err.msg);
+    ck_assert_msg(loom_flags_parse("t", tt, LOOM_TRAIN_FLAG_COUNT, megatron_argc, megatron_argv, pos, 0, &npos, &help, &err) ==
+                      LOOM_OK, "%s: %s", a->megatron, err.msg);
+    ck_assert_msg(memcmp(&mine, &theirs, sizeof mine) == 0, "%s does not set what %s %s sets", a->megatron, a->loom, value);
+    const loom_flag *g = loom_flags_find(tt, LOOM_TRAIN_FLAG_COUNT, a->loom);
+    ck_assert_msg(g->set, "%s leaves %s unset", a->megatron, a->loom);
+    checked++;
+  }
+  ck_assert_int_ge(checked, 20);
+  /* Through the program: the same run either way, a Megatron switch given a value, a flag loom lacks, help. */
+  expect_fail(run("train", "--bf16=yes", NULL), 2, "loom train: --bf16 takes no value");
+  expect_fail(run("train", "--fp16", NULL), 2,
+              "loom train: --fp16 is Megatron-LM's flag, which loom does not implement (see loom train --help for the "
+              "Megatron-LM names it takes)");
+  expect_fail(run("train", "--tp", "2", "--tensor-model-parallel-size", "2", NULL), 2, "loom train: --tp given more than once");
+  expect_fail(run("train", "--made-up-flag", NULL), 2, "loom train: unknown flag --made-up-flag (see loom train --help)");
+  result *h = run("train", "--help", NULL);
+  ck_assert_ptr_nonnull(strstr(h->out, "--tp N"));
+  ck_assert_ptr_nonnull(strstr(h->out, "[Megatron-LM: --tensor-model-parallel-size]"));
+  ck_assert_ptr_nonnull(strstr(h->out, "[Megatron-LM: --bf16, for bf16]"));
+  /* Megatron's interleaving by layers per chunk: 4 layers, pp 2, 1 a chunk -> vpp 2, interleaved. */
+  char plan[1024], text[4096] = "";
+  snprintf(plan, sizeof plan, "%s", tu_tmp_path("megatron.txtpb"));
+  result *p = run("plan", "new", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                  "--num-layers-per-virtual-pipeline-stage", "1", "--micro-batches", "2", "-o", plan, NULL);
+  ck_assert_msg(p->code == 0, "%s", p->err);
+  slurp(plan, text, sizeof text);
+  ck_assert_msg(strstr(text, "SCHEDULE_INTERLEAVED") && strstr(text, "virtual_chunks: 2"), "%s", text);
+  expect_fail(run("plan", "new", "--num-layers", "4", "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "3", "-o", plan,
+                  NULL), 2,
+              "loom plan new: --layers-per-virtual-stage 3: the 4 layers do not split into 2 stages of chunks of 3 layers "
+              "each");
+}
+END_TEST
+
 START_TEST(hf_directories_refuse_bad_input) {
   char good[1024];
   snprintf(good, sizeof good, "%s", tu_tmp_path("hf_good"));
@@ -807,6 +904,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, train_runs_the_plan_plan_new_writes);
   tcase_add_test(tc, one_rule_in_every_command);
   tcase_add_test(tc, hf_directories_refuse_bad_input);
+  tcase_add_test(tc, megatron_flag_names);
   tcase_add_test(tc, sim_and_search_refuse_bad_input);
   suite_add_tcase(s, tc);
   return tu_run(s);

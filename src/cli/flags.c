@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/flags.h"
+#include "cli/megatron_flags.h"
 
 /* A bound as a person writes it: whole numbers in full (1048576, not 1.04858e+06). */
 static const char *bound(double v, char *buf, size_t n) {
@@ -70,6 +71,12 @@ static loom_status assign(const char *cmd, loom_flag *f, const char *text, loom_
   return st;
 }
 
+static loom_flag *find(loom_flag *flags, int nflags, const char *name, size_t len) {
+  for (int k = 0; k < nflags; k++)
+    if (strlen(flags[k].name) == len && strncmp(flags[k].name, name, len) == 0) return &flags[k];
+  return NULL;
+}
+
 loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int argc, char **argv,
                              const char **positional, int max_positional, int *npositional,
                              bool *help, loom_error *err) {
@@ -90,15 +97,24 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
     /* --flag VALUE, or --flag=VALUE as argparse and Megatron's launchers write it. */
     const char *eq = strchr(arg, '=');
     const size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-    loom_flag *f = NULL;
-    for (int k = 0; k < nflags && !f; k++)
-      if (strlen(flags[k].name) == name_len && strncmp(flags[k].name, arg, name_len) == 0) f = &flags[k];
+    loom_flag *f = find(flags, nflags, arg, name_len);
+    /* Megatron-LM's name for one of loom's flags, or a switch of its that says what loom does anyway. */
+    const loom_megatron_alias *alias = f ? NULL : loom_megatron_alias_of(arg, name_len);
+    if (alias && eq && (alias->value || !alias->loom))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: %s takes no value", cmd, alias->megatron);
+    if (alias && !alias->loom) continue;
+    if (alias) f = find(flags, nflags, alias->loom, strlen(alias->loom));
+    if (!f && loom_megatron_flag(arg, name_len))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: %.*s is Megatron-LM's flag, which loom does not implement%s (see %s --help "
+                       "for the Megatron-LM names it takes)", cmd, (int)name_len, arg, alias ? " here" : "", cmd);
     if (!f)
       return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %.*s (see %s --help)", cmd, (int)name_len, arg, cmd);
     if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, f->name);
-    const char *value = "";
+    const char *value = alias && alias->value ? alias->value : "";
     if (f->kind == FLAG_BOOL && eq) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s takes no value", cmd, f->name);
-    if (eq) {
+    if (alias && alias->value) {
+      /* a Megatron switch: its value is fixed */
+    } else if (eq) {
       value = eq + 1;
     } else if (f->kind != FLAG_BOOL) {
       if (i + 1 >= argc) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s needs a value", cmd, arg);
@@ -128,6 +144,9 @@ void loom_flags_print_help(FILE *fp, const char *usage, const loom_flag *flags, 
       break;
     case FLAG_BOOL: break;
     }
+    for (const loom_megatron_alias *a = LOOM_MEGATRON_ALIASES; a->megatron; a++)
+      if (a->loom && strcmp(a->loom, f->name) == 0)
+        fprintf(fp, a->value && *a->value ? " [Megatron-LM: %s, for %s]" : " [Megatron-LM: %s]", a->megatron, a->value);
     fputc('\n', fp);
   }
 }

@@ -23,6 +23,9 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved; zb_v: 2, its default)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
+      {"--layers-per-virtual-stage", FLAG_INT, &f->layers_per_virtual_stage, "layers in each model chunk of a rank "
+       "(Megatron-LM's convention): sets --vpp to layers / (pp x this), and the interleaved schedule unless --schedule "
+       "names one", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, NULL},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage over the dp replicas: 1 shards Adam state, 2 also the grads, 3 also the weights", 0, 3, NULL, false, "parallel.zero_stage"},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
@@ -117,7 +120,17 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   /* ZB-V runs two chunks per rank: what --vpp means when not given. */
   const bool vpp_given = loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--vpp")->set;
-  const int vpp = kind == LOOM_SCHEDULE_ZB_V && !vpp_given ? 2 : f->vpp;
+  int vpp = kind == LOOM_SCHEDULE_ZB_V && !vpp_given ? 2 : f->vpp;
+  if (f->layers_per_virtual_stage) { /* Megatron's way to ask for interleaving: layers per chunk */
+    const int per = f->layers_per_virtual_stage;
+    if (vpp_given)
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: --layers-per-virtual-stage sets --vpp; give one of them", cmd);
+    if (cfg.layers % (f->pp * per))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: --layers-per-virtual-stage %d: the %d layers do not split into %d stages of "
+                       "chunks of %d layers each", cmd, per, cfg.layers, f->pp, per);
+    vpp = cfg.layers / (f->pp * per);
+    if (!loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--schedule")->set && vpp > 1) kind = LOOM_SCHEDULE_INTERLEAVED;
+  }
   const loom_plan_spec spec = {
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero,
       .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
