@@ -643,6 +643,28 @@ START_TEST(megatron_flag_names) {
 }
 END_TEST
 
+/* WSD's flags make sense together, and a checkpoint resumes only under the schedule it was trained with. */
+START_TEST(wsd_flags_and_resume) {
+  expect_fail(run("train", "--lr-decay-style", "WSD", NULL), 2,
+              "loom train: --lr-decay-style WSD needs --lr-wsd-decay-iters, the steps that anneal");
+  expect_fail(run("train", "--lr-wsd-decay-iters", "5", NULL), 2,
+              "loom train: --lr-wsd-decay-iters and --lr-wsd-decay-style shape WSD's annealing; add --lr-decay-style WSD");
+  expect_fail(run("train", "--steps", "10", "--warmup", "4", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "7", NULL), 2,
+              "loom train: --warmup 4 + --lr-wsd-decay-iters 7 exceed --steps 10: WSD's warmup and annealing must fit in the "
+              "run");
+  char ckpt[1024];
+  snprintf(ckpt, sizeof ckpt, "%s", tu_tmp_path("wsd_ckpt"));
+  result *r = run("train", "--steps", "4", "--warmup", "1", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "2",
+                  "--lr-wsd-decay-style", "cosine", "--eval-every", "0", "--ckpt", ckpt, "--save-every", "2", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  expect_fail_with(run("train", "--steps", "6", "--warmup", "1", "--eval-every", "0", "--ckpt", ckpt, "--resume", NULL), 2,
+                   "trained with --lr-decay-style WSD and cosine; resume with the same schedule");
+  r = run("train", "--steps", "6", "--warmup", "1", "--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "2",
+          "--lr-wsd-decay-style", "cosine", "--eval-every", "0", "--ckpt", ckpt, "--resume", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+}
+END_TEST
+
 START_TEST(hf_directories_refuse_bad_input) {
   char good[1024];
   snprintf(good, sizeof good, "%s", tu_tmp_path("hf_good"));
@@ -905,6 +927,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, one_rule_in_every_command);
   tcase_add_test(tc, hf_directories_refuse_bad_input);
   tcase_add_test(tc, megatron_flag_names);
+  tcase_add_test(tc, wsd_flags_and_resume);
   tcase_add_test(tc, sim_and_search_refuse_bad_input);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -32,6 +32,32 @@ static loom_gpt_config small(void) {
 }
 
 /* Clipping scales grads to the max norm inside the update; decay skips biases and norm weights. */
+/* WSD at every phase boundary, in each of its four annealing shapes:
+ * 1000 steps, warmup 10, the last 200 annealing from 1.0 to 0.1. The
+ * coefficients at a quarter, half and all of the annealing are worked out
+ * here from Megatron-LM's formulas. */
+START_TEST(lr_wsd_phases) {
+  static const double QUARTER[4] = {1.681792830507429 - 1.0, 0.75, 0.8535533905932737, 0.5};  /* 2*0.5^0.25-1, ... */
+  static const double HALF[4] = {0.41421356237309515, 0.5, 0.5, 0.29289321881345254};        /* 2*sqrt(0.5)-1, ... */
+  for (int shape = LOOM_WSD_EXPONENTIAL; shape <= LOOM_WSD_MINUS_SQRT; shape++) {
+    const loom_lr_schedule s = {.max_lr = 1.0f, .min_lr = 0.1f, .warmup_steps = 10, .total_steps = 1000,
+                                .decay = LOOM_LR_WSD, .wsd_decay_steps = 200, .wsd_shape = (loom_wsd_shape)shape};
+    ck_assert_float_eq_tol(loom_lr_at(&s, 0), 0.1f, 1e-7);   /* warmup's first step */
+    ck_assert_float_eq_tol(loom_lr_at(&s, 9), 1.0f, 1e-7);   /* warmup's last */
+    ck_assert_float_eq_tol(loom_lr_at(&s, 10), 1.0f, 1e-7);  /* stable from here */
+    ck_assert_float_eq_tol(loom_lr_at(&s, 799), 1.0f, 1e-7); /* the last stable step: 999 - 200 */
+    ck_assert_float_lt(loom_lr_at(&s, 800), 1.0f);           /* the annealing's first */
+    ck_assert_float_eq_tol(loom_lr_at(&s, 849), (float)(0.1 + 0.9 * QUARTER[shape]), 1e-6);
+    ck_assert_float_eq_tol(loom_lr_at(&s, 899), (float)(0.1 + 0.9 * HALF[shape]), 1e-6);
+    ck_assert_float_eq_tol(loom_lr_at(&s, 999), 0.1f, 1e-6); /* min_lr at the run's last step */
+    ck_assert_float_eq_tol(loom_lr_at(&s, 1200), 0.1f, 1e-6);
+    for (int i = 801; i < 1000; i++) ck_assert(loom_lr_at(&s, i) < loom_lr_at(&s, i - 1));
+  }
+  ck_assert_str_eq(LOOM_LR_DECAY_NAMES[LOOM_LR_WSD], "WSD"); /* Megatron-LM's spelling */
+  ck_assert_str_eq(LOOM_WSD_SHAPE_NAMES[LOOM_WSD_MINUS_SQRT], "minus_sqrt");
+}
+END_TEST
+
 START_TEST(clipping_and_decay_follow_metadata) {
   const loom_gpt_config cfg = small();
   loom_gpt_params p;
@@ -196,6 +222,7 @@ int main(void) {
   TCase *tc = tcase_create("optim");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, lr_warmup_then_cosine);
+  tcase_add_test(tc, lr_wsd_phases);
   tcase_add_test(tc, clipping_and_decay_follow_metadata);
   tcase_add_test(tc, accumulation_is_split_invariant);
   tcase_add_test_raise_signal(tc, executor_keeps_to_its_events, SIGABRT);

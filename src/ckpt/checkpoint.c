@@ -100,6 +100,12 @@ static loom_status check_run(const char *sub, const loom_ckpt_run *have, const l
   if (have->lr.max_lr != want->lr.max_lr || have->lr.min_lr != want->lr.min_lr || have->lr.warmup_steps != want->lr.warmup_steps)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with --lr %g (min %g, warmup %d); resume with the same schedule", sub,
                      (double)have->lr.max_lr, (double)have->lr.min_lr, have->lr.warmup_steps);
+  if (have->lr.decay != want->lr.decay ||
+      (have->lr.decay == LOOM_LR_WSD && (have->lr.wsd_decay_steps != want->lr.wsd_decay_steps ||
+                                         have->lr.wsd_shape != want->lr.wsd_shape)))
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: trained with --lr-decay-style %s%s%s; resume with the same schedule", sub,
+                     LOOM_LR_DECAY_NAMES[have->lr.decay], have->lr.decay == LOOM_LR_WSD ? " and " : "",
+                     have->lr.decay == LOOM_LR_WSD ? LOOM_WSD_SHAPE_NAMES[have->lr.wsd_shape] : "");
   return LOOM_OK;
 }
 

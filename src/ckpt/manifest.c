@@ -174,6 +174,8 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   ts.has_max_lr = ts.has_min_lr = ts.has_warmup_steps = ts.has_total_steps = ts.has_samples_seen = ts.has_loss_scale = 1;
   ts.max_lr = run->lr.max_lr, ts.min_lr = run->lr.min_lr, ts.warmup_steps = run->lr.warmup_steps;
   ts.total_steps = run->lr.total_steps, ts.samples_seen = step * run->global_batch, ts.loss_scale = 1.0f;
+  ts.has_lr_decay = ts.has_wsd_decay_steps = ts.has_wsd_shape = run->lr.decay == LOOM_LR_WSD;
+  ts.lr_decay = (int32_t)run->lr.decay, ts.wsd_decay_steps = run->lr.wsd_decay_steps, ts.wsd_shape = (int32_t)run->lr.wsd_shape;
   ts.data = (char *)(run->data ? run->data : "");
   Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
   mf.has_format_version = mf.has_step = mf.has_seed = mf.has_save_id = 1;
@@ -311,7 +313,10 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
   run->seed = mf->seed;
   const Loom__TrainState *ts = mf->state;
   if (ts) {
-    run->lr = (loom_lr_schedule){ts->max_lr, ts->min_lr, ts->warmup_steps, ts->total_steps};
+    run->lr = (loom_lr_schedule){ts->max_lr, ts->min_lr, ts->warmup_steps, ts->total_steps,
+                                 ts->lr_decay == LOOM_LR_WSD ? LOOM_LR_WSD : LOOM_LR_COSINE, ts->wsd_decay_steps,
+                                 ts->wsd_shape >= 0 && ts->wsd_shape <= LOOM_WSD_MINUS_SQRT ? (loom_wsd_shape)ts->wsd_shape
+                                                                                          : LOOM_WSD_EXPONENTIAL};
     run->data = ts->data && ts->data[0] ? ts->data : NULL;
   }
 }

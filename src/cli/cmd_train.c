@@ -97,7 +97,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   const loom_trainer_options o = {
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,
-      .lr = {.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac, .warmup_steps = f->warmup, .total_steps = f->steps}};
+      .lr = loom_train_flags_lr(f)};
   /* Every rank measures at once, so the sum is this job's GEMM peak in the
    * run's dtype (what "% peak" is a share of); BLAS is warm before the
    * trainer notes the memory the process starts from. A rank that failed

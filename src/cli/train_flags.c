@@ -22,8 +22,14 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
   const loom_flag rest[] = {
       {"--steps", FLAG_INT, &f->steps, "optimizer steps", 1, 1e9, NULL, false, NULL},
       {"--lr", FLAG_FLOAT, &f->lr, "peak learning rate", 0, 10, NULL, false, NULL},
-      {"--min-lr-frac", FLAG_FLOAT, &f->min_lr_frac, "final cosine LR as a fraction of --lr", 0, 1, NULL, false, NULL},
+      {"--min-lr-frac", FLAG_FLOAT, &f->min_lr_frac, "final LR as a fraction of --lr", 0, 1, NULL, false, NULL},
       {"--warmup", FLAG_INT, &f->warmup, "linear warmup steps", 0, 1e9, NULL, false, NULL},
+      {"--lr-decay-style", FLAG_STRING, &f->lr_decay, "after warmup: cosine over the rest of the run, or WSD (stable, "
+       "then the last --lr-wsd-decay-iters steps anneal)", LOOM_NO_RANGE, LOOM_LR_DECAY_NAMES, false, NULL},
+      {"--lr-wsd-decay-iters", FLAG_INT, &f->wsd_decay_steps, "WSD: the steps that anneal, the run's last ones", 1, 1e9,
+       NULL, false, NULL},
+      {"--lr-wsd-decay-style", FLAG_STRING, &f->wsd_shape, "WSD: the annealing's shape", LOOM_NO_RANGE,
+       LOOM_WSD_SHAPE_NAMES, false, NULL},
       {"--weight-decay", FLAG_FLOAT, &f->weight_decay, "AdamW decoupled weight decay", 0, 10, NULL, false, NULL},
       {"--grad-clip", FLAG_FLOAT, &f->grad_clip, "max global grad norm (0: off)", 0, 1e9, NULL, false, NULL},
       {"--seed", FLAG_INT64, &f->seed, "seed of init, data order and dropout", 0, 9007199254740991.0, NULL, false, NULL},
@@ -67,11 +73,30 @@ loom_train_flags loom_train_flags_defaults(void) {
                             .digits = LOOM_ADDITION_DEFAULT_DIGITS, .eval_every = 250, .eval_batches = 8, .threads = 0,
                             .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
                             .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f, .grad_clip = 1.0f,
-                            .split = LOOM_DEFAULT_SPLIT, .synthetic = "addition", .device = "auto"};
+                            .split = LOOM_DEFAULT_SPLIT, .synthetic = "addition", .device = "auto", .lr_decay = "cosine",
+                            .wsd_shape = "exponential"};
+}
+
+loom_lr_schedule loom_train_flags_lr(const loom_train_flags *f) {
+  return (loom_lr_schedule){.max_lr = f->lr, .min_lr = f->lr * f->min_lr_frac, .warmup_steps = f->warmup,
+                            .total_steps = f->steps,
+                            .decay = (loom_lr_decay)loom_flag_choice_index(LOOM_LR_DECAY_NAMES, f->lr_decay),
+                            .wsd_decay_steps = f->wsd_decay_steps,
+                            .wsd_shape = (loom_wsd_shape)loom_flag_choice_index(LOOM_WSD_SHAPE_NAMES, f->wsd_shape)};
 }
 
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t, const loom_plan *plan,
                                    loom_error *err) {
+  const bool wsd = strcmp(f->lr_decay, "WSD") == 0;
+  if (wsd && !f->wsd_decay_steps)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --lr-decay-style WSD needs --lr-wsd-decay-iters, the steps that anneal");
+  if (!wsd && (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--lr-wsd-decay-iters")->set ||
+               loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--lr-wsd-decay-style")->set))
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --lr-wsd-decay-iters and --lr-wsd-decay-style shape WSD's annealing; "
+                     "add --lr-decay-style WSD");
+  if (wsd && f->warmup + f->wsd_decay_steps > f->steps)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --warmup %d + --lr-wsd-decay-iters %d exceed --steps %d: WSD's warmup "
+                     "and annealing must fit in the run", f->warmup, f->wsd_decay_steps, f->steps);
   if (f->data && loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--synthetic")->set)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: give --data or --synthetic, not both");
   if (f->eval_data && !f->data)

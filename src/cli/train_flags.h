@@ -7,21 +7,24 @@
 #include <stdint.h>
 #include "cli/flags.h"
 #include "cli/plan_flags.h"
+#include "optim/lr_schedule.h"
 
 typedef struct {
   loom_plan_flags layout;
-  int steps, warmup, digits, eval_every, eval_batches, threads, log_every, save_every, keep;
+  int steps, warmup, wsd_decay_steps, digits, eval_every, eval_batches, threads, log_every, save_every, keep;
   bool resume, print_plan, elastic, preflight, force;
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
   const char *data, *eval_data, *split, *data_order, *synthetic, *metrics, *save;
-  const char *trace, *plan, *device;
+  const char *trace, *plan, *device, *lr_decay, *wsd_shape;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 33)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 36)
 
 loom_train_flags loom_train_flags_defaults(void);
+/* The learning-rate schedule the flags ask for. */
+loom_lr_schedule loom_train_flags_lr(const loom_train_flags *f);
 /* Writes the table of every `loom train` flag, pointing into f. */
 void loom_train_flags_table(loom_train_flags *f, loom_flag *table);
 /* Cross-flag checks of the run's own flags (the plan's rules judge the layout). */
