@@ -339,41 +339,13 @@ START_TEST(send_releases_cost_their_wait) {
 }
 END_TEST
 
-/* Every training kind at pp 2..8, vpp 1..3, m 1..16 (the shapes each
- * kind takes) verifies under rendezvous sends, the semantics NCCL's
- * transfers have: a send completes only when its recv is posted, matched
- * in issue order per channel with no tags. */
-START_TEST(every_schedule_verifies_with_rendezvous_sends) {
-  const char *const *kinds = loom_schedule_train_kind_names();
-  int checked[8] = {0}, nkinds = 0;
-  for (int k = 0; kinds[k]; k++, nkinds++) {
-    loom_schedule_kind kind;
-    ck_assert_int_eq(loom_schedule_kind_parse(kinds[k], &kind), 0);
-    for (int p = 2; p <= 8; p++)
-      for (int v = 1; v <= 3; v++)
-        for (int m = 1; m <= 16; m++) {
-          char why[256];
-          if (loom_schedule_shape_problem(kind, p, v, m, why, sizeof why)) continue;
-          loom_schedule s;
-          loom_error err = {0};
-          ck_assert_msg(loom_schedule_build(&s, kind, p, v, m, &err) == LOOM_OK, "%s", err.msg);
-          loom_schedule_report rep;
-          ck_assert_msg(loom_schedule_verify_sends(&s, &LOOM_SENDS_RENDEZVOUS, &rep) == LOOM_OK, "%s p=%d v=%d m=%d: %s",
-                        kinds[k], p, v, m, rep.why);
-          loom_schedule_report_free(&rep);
-          loom_schedule_free(&s);
-          checked[k]++;
-        }
-  }
-  ck_assert_int_eq(nkinds, 5); /* 1f1b, gpipe, interleaved, zb_h1, zb_v */
-  for (int k = 0; k < nkinds; k++) ck_assert_msg(checked[k] >= 78, "%s: %d shapes", kinds[k], checked[k]);
-}
-END_TEST
-
 /* How many shapes of this kind (pp 2..8, vpp 1..3, m 1..16) fail under
- * `model`; *why gets the first failure's reason, for (p, v, m) = at. */
-static int failures(loom_schedule_kind kind, const loom_send_model *model, const int at[3], char *why, size_t n) {
+ * `model`, of *shapes built; *why gets the reason at (p, v, m) = at, or
+ * with at NULL the first failure's. */
+static int failures(loom_schedule_kind kind, const loom_send_model *model, const int at[3], char *why, size_t n,
+                    int *shapes) {
   int bad = 0;
+  *shapes = 0;
   for (int p = 2; p <= 8; p++)
     for (int v = 1; v <= 3; v++)
       for (int m = 1; m <= 16; m++) {
@@ -384,13 +356,34 @@ static int failures(loom_schedule_kind kind, const loom_send_model *model, const
         ck_assert_int_eq(loom_schedule_build(&s, kind, p, v, m, &err), LOOM_OK);
         loom_schedule_report rep;
         const bool failed = loom_schedule_verify_sends(&s, model, &rep) != LOOM_OK;
+        if (at ? p == at[0] && v == at[1] && m == at[2] : failed && !bad)
+          snprintf(why, n, "p=%d v=%d m=%d: %.400s", p, v, m, failed ? rep.why : "verified");
         bad += failed;
-        if (p == at[0] && v == at[1] && m == at[2]) snprintf(why, n, "%s", failed ? rep.why : "verified");
+        (*shapes)++;
         loom_schedule_report_free(&rep);
         loom_schedule_free(&s);
       }
   return bad;
 }
+
+/* Every training kind at pp 2..8, vpp 1..3, m 1..16 (the shapes each
+ * kind takes) verifies under rendezvous sends, the semantics NCCL's
+ * transfers have: a send completes only when its recv is posted, matched
+ * in issue order per channel with no tags. */
+START_TEST(every_schedule_verifies_with_rendezvous_sends) {
+  const char *const *kinds = loom_schedule_train_kind_names();
+  int nkinds = 0;
+  for (; kinds[nkinds]; nkinds++) {
+    loom_schedule_kind kind;
+    ck_assert_int_eq(loom_schedule_kind_parse(kinds[nkinds], &kind), 0);
+    char why[512] = "";
+    int shapes;
+    ck_assert_msg(failures(kind, &LOOM_SENDS_RENDEZVOUS, NULL, why, sizeof why, &shapes) == 0, "%s %s", kinds[nkinds], why);
+    ck_assert_msg(shapes >= 78, "%s: %d shapes", kinds[nkinds], shapes);
+  }
+  ck_assert_int_eq(nkinds, 5); /* 1f1b, gpipe, interleaved, zb_h1, zb_v */
+}
+END_TEST
 
 /* Moves rank r's action `from`, with its buffer events, to index `to`. */
 static void move_action(loom_schedule *s, int r, int from, int to) {
@@ -424,13 +417,14 @@ START_TEST(nccl_findings_fail_the_rendezvous_verifier) {
   const loom_send_model shared = {.name = "shared", .rendezvous = true, .shared_stream = true};
   const loom_send_model untyped = {.name = "untyped", .rendezvous = true};
   char why[512] = "";
-  ck_assert_int_gt(failures(LOOM_SCHEDULE_INTERLEAVED, &shared, (const int[]){2, 2, 4}, why, sizeof why), 0);
-  ck_assert_str_eq(why, "deadlock: rank 0: recv activation of micro-batch 2 chunk 1 from rank 1 waits; rank 1: recv "
+  int shapes;
+  ck_assert_int_gt(failures(LOOM_SCHEDULE_INTERLEAVED, &shared, (const int[]){2, 2, 4}, why, sizeof why, &shapes), 0);
+  ck_assert_str_eq(why, "p=2 v=2 m=4: deadlock: rank 0: recv activation of micro-batch 2 chunk 1 from rank 1 waits; rank 1: recv "
                         "activation of micro-batch 3 chunk 0 from rank 0 waits;");
   /* The model tells schedules apart: 1F1B was clean even then. */
-  ck_assert_int_eq(failures(LOOM_SCHEDULE_1F1B, &shared, (const int[]){2, 1, 4}, why, sizeof why), 0);
-  ck_assert_int_gt(failures(LOOM_SCHEDULE_ZB_V, &untyped, (const int[]){2, 2, 3}, why, sizeof why), 0);
-  ck_assert_str_eq(why, "rank 1: recv grad of micro-batch 0 chunk 1 from rank 0 would meet the activation of micro-batch 2 "
+  ck_assert_int_eq(failures(LOOM_SCHEDULE_1F1B, &shared, (const int[]){2, 1, 4}, why, sizeof why, &shapes), 0);
+  ck_assert_int_gt(failures(LOOM_SCHEDULE_ZB_V, &untyped, (const int[]){2, 2, 3}, why, sizeof why, &shapes), 0);
+  ck_assert_str_eq(why, "p=2 v=2 m=3: rank 1: recv grad of micro-batch 0 chunk 1 from rank 0 would meet the activation of micro-batch 2 "
                         "to stage 1: sends between two ranks meet their recvs in issue order, without tags");
   /* loom_schedule_verify, which plans and runs go through, names the model that failed. */
   loom_schedule s;

@@ -276,9 +276,10 @@ static loom_status match_files(loom_model_source *s, hf_source *h, const char *w
 }
 
 /* The shards against their index: each file holds exactly the tensors the
- * index puts in it, and their bytes add up to metadata.total_size. */
-static loom_status match_index(const hf_source *h, const char *path, const loom_json *map, long long total,
-                               loom_error *err) {
+ * index puts in it, and their bytes (the entries match_files read) add up
+ * to metadata.total_size. */
+static loom_status match_index(const hf_source *h, st_entry *const *entries, const char *path, const loom_json *map,
+                               long long total, loom_error *err) {
   unsigned long long held = 0;
   for (int f = 0; f < h->nfiles; f++) {
     const st_file *file = &h->files[f];
@@ -290,8 +291,7 @@ static loom_status match_index(const hf_source *h, const char *path, const loom_
       if (strcmp(v->string, file->name) != 0)
         return loom_fail(err, LOOM_ERR_FORMAT, "%s: the index puts tensor %s in %s, but %s holds it", path, key, v->string,
                          file->path);
-      const loom_json *off = loom_json_get(&file->header.items[i], "data_offsets");
-      held += (unsigned long long)(off->items[1].number - off->items[0].number);
+      held += entries[f][i].end - entries[f][i].begin;
     }
   }
   for (size_t i = 0; i < map->count; i++) {
@@ -342,7 +342,7 @@ static loom_status read_weights(loom_model_source *s, hf_source *h, const char *
   st_entry **entries = loom_fault_calloc((size_t)h->nfiles + 1, sizeof *entries);
   if (st == LOOM_OK && !entries) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
   if (st == LOOM_OK) st = match_files(s, h, path, entries, err);
-  if (st == LOOM_OK && map) st = match_index(h, path, map, total, err);
+  if (st == LOOM_OK && map) st = match_index(h, entries, path, map, total, err);
   for (int f = 0; entries && f < h->nfiles; f++) free(entries[f]);
   free(entries);
   if (sharded) loom_json_free(&index);

@@ -110,13 +110,12 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
     if (!f)
       return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %.*s (see %s --help)", cmd, (int)name_len, arg, cmd);
     if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, f->name);
-    const char *value = alias && alias->value ? alias->value : "";
     if (f->kind == FLAG_BOOL && eq) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s takes no value", cmd, f->name);
-    if (alias && alias->value) {
-      /* a Megatron switch: its value is fixed */
-    } else if (eq) {
+    const bool fixed = alias && alias->value; /* a Megatron switch: its value is fixed */
+    const char *value = fixed ? alias->value : "";
+    if (!fixed && eq) {
       value = eq + 1;
-    } else if (f->kind != FLAG_BOOL) {
+    } else if (!fixed && f->kind != FLAG_BOOL) {
       if (i + 1 >= argc) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s needs a value", cmd, arg);
       value = argv[++i];
     }

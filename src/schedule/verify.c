@@ -321,9 +321,7 @@ loom_status loom_schedule_verify(const loom_schedule *s, loom_schedule_report *r
   const loom_status buffered = loom_schedule_verify_sends(s, &LOOM_SENDS_BUFFERED, rep);
   if (buffered != LOOM_OK || st == LOOM_OK) return buffered;
   rep->ok = false;
-  static const char PREFIX[] = "with rendezvous sends (NCCL's): ";
-  memcpy(rep->why, PREFIX, sizeof PREFIX - 1);
-  snprintf(rep->why + sizeof PREFIX - 1, sizeof rep->why - (sizeof PREFIX - 1), "%.*s", (int)(sizeof rep->why - sizeof PREFIX), why);
+  snprintf(rep->why, sizeof rep->why, "with rendezvous sends (NCCL's): %.*s", (int)sizeof rep->why - 40, why);
   return st;
 }
 

@@ -21,7 +21,7 @@ build=$root/build
 [ -x "$build/loom" ] || "$root/scripts/setup.sh" > /dev/null
 grep -q '^LOOM_CUDA:BOOL=ON' "$build/CMakeCache.txt" && [ -f "$build/tests/test_backend_cuda" ] ||
   { echo "bundle: build/ has no CUDA backend (nvcc missing?)" >&2; exit 1; }
-cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl test_pp \
+cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl \
   loom_cuda_gemm_bench loom_cuda_attention_bench loom_comm_bench > /dev/null
 
 mkdir -p "$out"
@@ -30,7 +30,7 @@ trap 'rm -rf "$stage"' EXIT
 b=$stage/loom-gpu-bundle
 ompi_lib=/usr/lib/$(gcc -dumpmachine)/openmpi/lib
 mkdir -p "$b/bin" "$b/lib" "$b/ompi/bin" "$b/ompi/share"
-for p in loom tests/test_backend_cuda tests/test_model_cuda tests/test_comm_nccl tests/test_pp \
+for p in loom tests/test_backend_cuda tests/test_model_cuda tests/test_comm_nccl \
   bench/loom_cuda_gemm_bench bench/loom_cuda_attention_bench bench/loom_comm_bench; do
   cp "$build/$p" "$b/bin/"
 done

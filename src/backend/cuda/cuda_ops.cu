@@ -409,21 +409,9 @@ void cuda_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
   LAUNCH(accumulate_kernel, blocks_for(n), THREADS, 0, g.stream, acc, x, n);
   launched("accumulate");
 }
-double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
-  Backend &g = ctx(be);
-  if (!n) return 0.0;
-  LAUNCH(sumsq_kernel, SUMSQ_BLOCKS, THREADS, 0, g.stream, partials(g), x, n);
-  launched("sumsq");
-  double host[SUMSQ_BLOCKS];
-  check(cudaMemcpyAsync(host, g.partials, sizeof host, cudaMemcpyDeviceToHost, g.stream), "sumsq");
-  host_wait(g, "sumsq");
-  double total = 0.0;
-  for (int i = 0; i < SUMSQ_BLOCKS; i++) total += host[i];
-  return total;
-}
 
-// Every array's block sums into scratch, then one copy and one host wait;
-// each sum adds its blocks' in cuda_sumsq's order, so it equals sumsq's.
+// Every array's block sums into scratch, then one copy and one host wait,
+// each array's blocks added in order (sumsq is a batch of one).
 void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out) {
   Backend &g = ctx(be);
   if (count <= 0) return;
@@ -444,6 +432,12 @@ void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n
     out[i] = total;
   }
   free(host);
+}
+
+double cuda_sumsq(const loom_ops *be, const float *x, size_t n) {
+  double total = 0.0;
+  if (n) cuda_sumsq_batch(be, &x, &n, 1, &total);
+  return total;
 }
 
 // ---- general GEMM and Gram-Schmidt (gradient compression) -------------------------
