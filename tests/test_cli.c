@@ -636,6 +636,8 @@ START_TEST(megatron_flag_names) {
   ck_assert_msg(p->code == 0, "%s", p->err);
   slurp(plan, text, sizeof text);
   ck_assert_msg(strstr(text, "SCHEDULE_INTERLEAVED") && strstr(text, "virtual_chunks: 2"), "%s", text);
+  expect_fail(run("plan", "new", "--num-layers", "4", "--pp", "2", "--vpp", "2", "--layers-per-virtual-stage", "1", "-o", plan,
+                  NULL), 2, "loom plan new: --layers-per-virtual-stage sets --vpp; give one of them");
   expect_fail(run("plan", "new", "--num-layers", "4", "--pp", "2", "--num-layers-per-virtual-pipeline-stage", "3", "-o", plan,
                   NULL), 2,
               "loom plan new: --layers-per-virtual-stage 3: the 4 layers do not split into 2 stages of chunks of 3 layers "
@@ -668,6 +670,12 @@ END_TEST
 START_TEST(hf_directories_refuse_bad_input) {
   char good[1024];
   snprintf(good, sizeof good, "%s", tu_tmp_path("hf_good"));
+  /* The shard size: a size, and only for a directory. */
+  expect_fail(run("ckpt", "export", "--model", "llama-tiny", "--format", "hf", "-o", good, "--max-shard-size", "5XB", NULL), 2,
+              "loom ckpt export: --max-shard-size '5XB' is not a size like 5GB or 500MB");
+  expect_fail(run("ckpt", "export", "--model", "llama-tiny", "--format", "llmc", "-o", tu_tmp_path("one.bin"),
+                  "--max-shard-size", "5GB", NULL), 2,
+              "loom ckpt export: --max-shard-size shards a Hugging Face directory; --format llmc writes one file");
   result *r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", good, NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
   static const struct {
