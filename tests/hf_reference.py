@@ -103,8 +103,12 @@ def norm_weight(n):
     return 1.0 + 0.2 * torch.randn(n)
 
 
+def head_dim(c):
+    return c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]  # Qwen2's config has none
+
+
 def llama_weights(c):
-    h, f, d = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+    h, f, d = c["hidden_size"], c["intermediate_size"], head_dim(c)
     q, kv = c["num_attention_heads"] * d, c["num_key_value_heads"] * d
     w = {"model.embed_tokens.weight": weight(c["vocab_size"], h, scale=1.0)}
     for i in range(c["num_hidden_layers"]):
@@ -113,13 +117,17 @@ def llama_weights(c):
         w[p + "self_attn.q_proj.weight"] = weight(q, h)
         w[p + "self_attn.k_proj.weight"] = weight(kv, h)
         w[p + "self_attn.v_proj.weight"] = weight(kv, h)
+        if c["model_type"] == "qwen2":  # biases on q, k and v, none elsewhere
+            for name, rows in (("q", q), ("k", kv), ("v", kv)):
+                w[p + f"self_attn.{name}_proj.bias"] = weight(rows, scale=0.5)
         w[p + "self_attn.o_proj.weight"] = weight(h, q, scale=0.1)
         w[p + "post_attention_layernorm.weight"] = norm_weight(h)
         w[p + "mlp.gate_proj.weight"] = weight(f, h)
         w[p + "mlp.up_proj.weight"] = weight(f, h)
         w[p + "mlp.down_proj.weight"] = weight(h, f, scale=0.1)
     w["model.norm.weight"] = norm_weight(h)
-    w["lm_head.weight"] = weight(c["vocab_size"], h)
+    if not c["tie_word_embeddings"]:
+        w["lm_head.weight"] = weight(c["vocab_size"], h)
     return w
 
 
@@ -148,7 +156,7 @@ def llama3_scaled(inv, scaling):
 
 def llama_loss(c, w, tokens):
     x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
-    n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     inv = llama3_scaled(1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), c.get("rope_scaling"))
     ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
     cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
@@ -156,9 +164,10 @@ def llama_loss(c, w, tokens):
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         a = rms_norm(x, w[p + "input_layernorm.weight"], c["rms_norm_eps"])
-        q = (a @ w[p + "self_attn.q_proj.weight"].T).view(n, H, d).transpose(0, 1)
-        k = (a @ w[p + "self_attn.k_proj.weight"].T).view(n, K, d).transpose(0, 1)
-        v = (a @ w[p + "self_attn.v_proj.weight"].T).view(n, K, d).transpose(0, 1)
+        linear = lambda x, name: x @ w[p + name + ".weight"].T + w.get(p + name + ".bias", 0)  # nn.Linear
+        q = linear(a, "self_attn.q_proj").view(n, H, d).transpose(0, 1)
+        k = linear(a, "self_attn.k_proj").view(n, K, d).transpose(0, 1)
+        v = linear(a, "self_attn.v_proj").view(n, K, d).transpose(0, 1)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
@@ -166,7 +175,8 @@ def llama_loss(c, w, tokens):
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
         gated = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
         x = x + gated @ w[p + "mlp.down_proj.weight"].T
-    logits = rms_norm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ w["lm_head.weight"].T
+    head = w["model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"]
+    logits = rms_norm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ head.T
     return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
 
 
@@ -230,8 +240,9 @@ def check(name, model_flags, weights_of, loss_of, layouts, config_edit=None):
     run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
     with open(os.path.join(d, "config.json"), "rb") as a, open(os.path.join(again, "config.json"), "rb") as b:
         if config_edit:  # a Mistral comes back as the Llama it computes (transformers loads its weights either way)
-            mine = {k: v for k, v in json.loads(a.read()).items() if k not in ("architectures", "model_type", "sliding_window")}
-            back_config = {k: v for k, v in json.loads(b.read()).items() if k not in ("architectures", "model_type")}
+            renamed = ("architectures", "model_type", "sliding_window") if "architectures" in config_edit else ()
+            mine = {k: v for k, v in json.loads(a.read()).items() if k not in renamed}
+            back_config = {k: v for k, v in json.loads(b.read()).items() if k not in renamed[:2]}
             same_config = mine == back_config
         else:
             same_config = a.read() == b.read()
@@ -244,9 +255,18 @@ def check(name, model_flags, weights_of, loss_of, layouts, config_edit=None):
           f"{'the same' if same else 'changed'}")
 
 
+# What a Hub Llama 3.1 config.json holds beside the shape: its RoPE scaling (the original
+# length shrunk to 64 positions so that llama-tiny's 16-wide heads have a frequency in each
+# band: kept, interpolated, divided by the factor), base, token ids and dtype.
+LLAMA31_HUB_FIELDS = {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 64, "rope_type": "llama3"},
+                      "rope_theta": 500000.0, "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+                      "torch_dtype": "bfloat16", "transformers_version": "4.43.0.dev0", "use_cache": True}
+
+
 def check_sharded():
-    """A Llama directory in shards, as the Hub ships one (BF16 values, three
-    shards and their index), evaluates to the reference's loss of the same
+    """A Llama 3.1 directory in shards, as the Hub ships one (its config's
+    fields, BF16 values, three shards and their index), evaluates to the reference's loss of the same
     bf16 weights, serial and tp 2; loom's export with a small
     --max-shard-size writes several shards, each at most that size but for
     a lone larger tensor, that give every tensor back exactly; and broken
@@ -257,6 +277,9 @@ def check_sharded():
     os.remove(os.path.join(d, "model.safetensors"))
     with open(os.path.join(d, "config.json")) as f:
         config = json.load(f)
+    config.update(LLAMA31_HUB_FIELDS)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
     w = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in llama_weights(config).items()}
     index = write_shards(d, w, 3)
     want = llama_loss(config, w, tokens)
@@ -331,14 +354,16 @@ check("llama", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_
       [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"], llama_weights, llama_loss,
       [(1, []), (2, ["--tp", "2"])])
-# Llama 3.1's RoPE scaling, its original length shrunk to 64 positions so that llama-tiny's
-# 16-wide heads have a frequency in each band (kept, interpolated, divided by the factor).
 check("llama31", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
-      {"rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                        "original_max_position_embeddings": 64, "rope_type": "llama3"}})
+      {"rope_scaling": LLAMA31_HUB_FIELDS["rope_scaling"]})
 # Mistral: Llama's model under another name, with a sliding window as long as the sequence.
 check("mistral", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
       {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64})
+# Qwen2: biases on q, k and v only, loom's --qkv-bias; untied, and tied as the small Qwen2.5 models ship.
+check("qwen2", ["--model", "llama-tiny", "--layers", "2", "--qkv-bias"], llama_weights, llama_loss,
+      [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
+check("qwen2_tied", ["--model", "llama-tiny", "--layers", "2", "--qkv-bias"], llama_weights, llama_loss,
+      [(1, []), (2, ["--tp", "2"])], {"tie_word_embeddings": True})
 check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
 check_sharded()
 # GPT-2's directory holds the same safetensors file as the single-file export.

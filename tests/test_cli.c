@@ -104,6 +104,9 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   refusal_row(&t, run("train", "--rope-theta", "500", NULL), 2,
               "loom train: --rope-theta sets RoPE's base, but this model has learned positions; add --position rope");
+  refusal_row(&t, run("train", "--qkv-bias", NULL), 2,
+              "loom train: --qkv-bias keeps q, k and v's biases where the others are dropped, but this model has biases on "
+              "every linear; add --no-bias");
   refusal_row(&t, run("train", "--model", "llama-tiny", "--kv-heads", "3", NULL), 2,
               "loom train: --kv-heads 3: must divide --heads (4), each key/value head serving a group of query heads");
   refusal_row(&t, run("train", "--lr", NULL), 2, "loom train: --lr needs a value");
@@ -573,7 +576,7 @@ START_TEST(megatron_flag_names) {
       {"--recompute-granularity", "--recompute", NULL}, {"--use-distributed-optimizer", "--zero", "1"},
       {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
       {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
-      {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+      {"--add-qkv-bias", "--qkv-bias", ""}, {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
   };
   const int nwant = (int)(sizeof WANT / sizeof WANT[0]);
   int in_table = 0;
@@ -682,7 +685,11 @@ START_TEST(hf_directories_refuse_bad_input) {
     const char *file, *from, *with, *why;
   } CASES[] = {
       {"config.json", "LlamaForCausalLM", "GemmaForCausalLM",
-       "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM"},
+       "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
+       "Qwen2ForCausalLM"},
+      {"config.json", "[\"LlamaForCausalLM\"]", "[\"Qwen2ForCausalLM\"]",
+       "field \"attention_bias\" is not Qwen2's: its q, k and v projections always have biases and its other linears never "
+       "(transformers' Qwen2 reads no such field)"},
       {"config.json", "[\"LlamaForCausalLM\"]", "[\"MistralForCausalLM\"], \"sliding_window\": 16",
        "field \"sliding_window\" is 16, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
        "so it computes a sliding window only as long as the sequence"},
@@ -721,6 +728,29 @@ START_TEST(hf_directories_refuse_bad_input) {
   };
   for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
     expect_hf_refused(good, CASES[i].file, CASES[i].from, CASES[i].with, CASES[i].why);
+  /* Qwen2's own fields: a sliding window only as long as the sequence, one position axis, an attention kind per layer. */
+  char qwen[1024];
+  snprintf(qwen, sizeof qwen, "%s", tu_tmp_path("hf_qwen2"));
+  r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--qkv-bias", "--format", "hf", "-o", qwen, NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  static const struct {
+    const char *from, *with, *why;
+  } QWEN2[] = {
+      {"\"use_sliding_window\": false,\n  \"sliding_window\": null", "\"use_sliding_window\": true,\n  \"sliding_window\": 16",
+       "field \"sliding_window\" is 16, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
+       "so it computes a sliding window only as long as the sequence"},
+      {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"use_mrope\": true",
+       "field \"use_mrope\" must be false: loom computes RoPE over one position axis"},
+      {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"layer_types\": [\"full_attention\", \"full_attention\"]",
+       "field \"layer_types\" must be a list of one attention kind per layer"},
+      {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"layer_types\": [\"chunked_attention\"]",
+       "field \"layer_types\" must hold \"full_attention\" or \"sliding_attention\" per layer"},
+      {"\"sliding_window\": null", "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\"]",
+       "field \"sliding_window\" is 8, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
+       "so it computes a sliding window only as long as the sequence"},
+  };
+  for (size_t i = 0; i < sizeof QWEN2 / sizeof QWEN2[0]; i++)
+    expect_hf_refused(qwen, "config.json", QWEN2[i].from, QWEN2[i].with, QWEN2[i].why);
   /* Two tensors sharing bytes (the same length of header, so only the offsets change). */
   expect_hf_refused(good, "model.safetensors", "[65536,65792]", "[65280,65536]",
                     "tensors model.embed_tokens.weight and model.layers.0.input_layernorm.weight overlap in the data "

@@ -293,6 +293,10 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
   p->model->position = LOOM__POSITION__POSITION_ROPE;
   p->model->rope_scaling = NULL;
+  /* Qwen2's biases on q, k and v alone mean something only without the others. */
+  p->model->has_qkv_bias = p->model->qkv_bias = 1;
+  expect_rule(p, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is true");
+  p->model->has_qkv_bias = p->model->qkv_bias = 0;
   p->model->position = (Loom__Position)7;
   expect_rule(p, "model.position = 7: must be 0 to 1");
   p->model->position = LOOM__POSITION__POSITION_LEARNED;

@@ -21,10 +21,12 @@
 #include "plan/plan.h"
 
 /* Mistral's is Llama's model but for a sliding attention window, which
- * loom takes where it covers the whole sequence (then it changes nothing). */
-enum { GPT2, LLAMA, MISTRAL, FAMILIES };
-static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM"};
-static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral"};
+ * loom takes where it covers the whole sequence (then it changes nothing);
+ * Qwen2's is Llama's with biases on q, k and v and no others. */
+enum { GPT2, LLAMA, MISTRAL, QWEN2, FAMILIES };
+static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM",
+                                                    "Qwen2ForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2"};
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -41,6 +43,10 @@ static const char *const LLAMA_FIELDS[] = {
     "rope_scaling", "hidden_act", "tie_word_embeddings", "attention_bias", "mlp_bias", "pretraining_tp",
     "attention_dropout", "torch_dtype", "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range",
     "transformers_version", "use_cache", "_name_or_path", NULL};
+/* What Mistral's and Qwen2's configs add to Llama's. */
+static const char *const MISTRAL_FIELDS[] = {"sliding_window", NULL};
+static const char *const QWEN2_FIELDS[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+                                           "use_mrope", NULL};
 
 bool loom_hf_is_dir(const char *path) {
   struct stat st;
@@ -128,7 +134,8 @@ static loom_status family_of(const config_reader *c, int *family) {
       return LOOM_OK;
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
-                   "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM and MistralForCausalLM",
+                   "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
+                   "Qwen2ForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -209,6 +216,49 @@ static loom_status read_sliding_window(const config_reader *c, const loom_gpt_co
   return bad_field(c, "sliding_window", why);
 }
 
+/* Llama's and Mistral's biases: on every linear or none. */
+static loom_status read_llama_biases(const config_reader *c, loom_gpt_config *cfg) {
+  bool attention_bias = false, mlp_bias = false;
+  loom_status st = bool_field(c, "attention_bias", false, &attention_bias);
+  if (st == LOOM_OK) st = bool_field(c, "mlp_bias", false, &mlp_bias);
+  if (st == LOOM_OK && attention_bias != mlp_bias)
+    st = bad_field(c, "mlp_bias", "must equal attention_bias (loom's biases are on or off for every linear)");
+  cfg->no_bias = !attention_bias;
+  return st;
+}
+
+/* Qwen2's: biases on q, k and v, none elsewhere (its config has no field
+ * for them); a sliding window only where use_sliding_window turns it on
+ * (then as Mistral's), attention of one kind in every layer_types entry,
+ * and no multimodal RoPE. */
+static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
+  static const char *const FIXED[] = {"attention_bias", "mlp_bias"};
+  for (int i = 0; i < 2; i++)
+    if (loom_json_get(c->root, FIXED[i]))
+      return bad_field(c, FIXED[i], "is not Qwen2's: its q, k and v projections always have biases and its other "
+                       "linears never (transformers' Qwen2 reads no such field)");
+  cfg->no_bias = true, cfg->qkv_bias = true;
+  bool sliding = false, mrope = false;
+  int layers = 0;
+  loom_status st = bool_field(c, "use_sliding_window", false, &sliding);
+  if (st == LOOM_OK && sliding) st = read_sliding_window(c, cfg);
+  if (st == LOOM_OK) st = int_field(c, "max_window_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &layers);
+  if (st == LOOM_OK) st = bool_field(c, "use_mrope", false, &mrope);
+  if (st == LOOM_OK && mrope) st = bad_field(c, "use_mrope", "must be false: loom computes RoPE over one position axis");
+  const loom_json *types = loom_json_get(c->root, "layer_types");
+  if (st != LOOM_OK || !types) return st;
+  if (types->kind != LOOM_JSON_ARRAY || types->count != (size_t)cfg->layers)
+    return bad_field(c, "layer_types", "must be a list of one attention kind per layer");
+  for (size_t i = 0; i < types->count; i++) {
+    const loom_json *t = &types->items[i];
+    const bool full = t->kind == LOOM_JSON_STRING && strcmp(t->string, "full_attention") == 0;
+    if (!full && !(t->kind == LOOM_JSON_STRING && strcmp(t->string, "sliding_attention") == 0))
+      return bad_field(c, "layer_types", "must hold \"full_attention\" or \"sliding_attention\" per layer");
+    if (!full && (st = read_sliding_window(c, cfg)) != LOOM_OK) return st;
+  }
+  return LOOM_OK;
+}
+
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   static const char *const SILU[] = {"silu", NULL};
   cfg->norm = LOOM_NORM_RMSNORM, cfg->mlp = LOOM_MLP_SWIGLU, cfg->position = LOOM_POSITION_ROPE;
@@ -224,14 +274,9 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = string_field(c, "hidden_act", SILU);
   static const char *const DROPOUTS[] = {"attention_dropout", NULL};
   if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
-  bool tied = false, attention_bias = false, mlp_bias = false;
+  bool tied = false;
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", false, &tied);
-  if (st == LOOM_OK) st = bool_field(c, "attention_bias", false, &attention_bias);
-  if (st == LOOM_OK) st = bool_field(c, "mlp_bias", false, &mlp_bias);
-  if (st == LOOM_OK && attention_bias != mlp_bias)
-    st = bad_field(c, "mlp_bias", "must equal attention_bias (loom's biases are on or off for every linear)");
   cfg->untied = !tied;
-  cfg->no_bias = !attention_bias;
   int head_dim = 0, tp = 1;
   if (st == LOOM_OK) st = int_field(c, "head_dim", 1, LOOM_PLAN_MAX_HIDDEN, 0, &head_dim);
   if (st == LOOM_OK && head_dim && head_dim * cfg->heads != cfg->hidden)
@@ -266,9 +311,10 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   memset(cfg, 0, sizeof *cfg);
   if (root.kind != LOOM_JSON_OBJECT) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a JSON object", path);
   if (st == LOOM_OK) st = family_of(&c, &family);
-  static const char *const WINDOW[] = {"sliding_window", NULL};
-  if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, family == MISTRAL ? WINDOW : NULL);
+  static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS};
+  if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
+  if (st == LOOM_OK && family != GPT2) st = family == QWEN2 ? read_qwen2(&c, cfg) : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
   loom_json_free(&root);
   if (st != LOOM_OK) return st;
@@ -290,7 +336,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
     return LOOM_OK;
   char arch[256];
   return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class: a Hugging Face directory holds GPT-2's "
-                   "architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope (LlamaForCausalLM)",
+                   "architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope (LlamaForCausalLM; Qwen2ForCausalLM with --qkv-bias)",
                    loom_gpt_config_architecture(c, 1, arch, sizeof arch));
 }
 
@@ -320,15 +366,24 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",
              (double)c->rope.factor, (double)c->rope.low_freq_factor, (double)c->rope.high_freq_factor,
              c->rope.original_max_position);
+  /* Qwen2 (biases on q, k and v alone) has no bias fields, Llama its two. */
+  const int family = c->qkv_bias ? QWEN2 : LLAMA;
+  char own[160];
+  if (family == QWEN2)
+    snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n",
+             c->layers);
+  else
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n  \"mlp_bias\": %s,\n",
+             loom_gpt_head_dim(c), c->no_bias ? "false" : "true", c->no_bias ? "false" : "true");
   snprintf(out, n,
-           "{\n  \"architectures\": [\"LlamaForCausalLM\"],\n  \"model_type\": \"llama\",\n  \"vocab_size\": %d,\n"
+           "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"vocab_size\": %d,\n"
            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"
-           "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n  \"head_dim\": %d,\n"
+           "  \"num_attention_heads\": %d,\n  \"num_key_value_heads\": %d,\n"
            "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.7g,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n"
-           "  \"hidden_act\": \"silu\",\n  \"attention_bias\": %s,\n  \"mlp_bias\": %s,\n  \"attention_dropout\": 0.0,\n"
+           "  \"hidden_act\": \"silu\",\n%s  \"attention_dropout\": 0.0,\n"
            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
-           c->vocab, c->hidden, c->ffn, c->layers, c->heads, loom_gpt_kv_heads(c), loom_gpt_head_dim(c), c->seq,
-           (double)c->norm_eps, (double)c->rope.theta, scaling, c->no_bias ? "false" : "true", c->no_bias ? "false" : "true",
+           ARCHITECTURES[family], MODEL_TYPES[family], c->vocab, c->hidden, c->ffn, c->layers, c->heads,
+           loom_gpt_kv_heads(c), c->seq, (double)c->norm_eps, (double)c->rope.theta, scaling, own,
            c->untied ? "false" : "true", torch_dtype);
   return LOOM_OK;
 }

@@ -3,8 +3,10 @@
  * the Hub ships every large model) as transformers writes and reads them, for
  * GPT2LMHeadModel (loom's GPT-2 setting), LlamaForCausalLM (RMSNorm,
  * SwiGLU, RoPE; grouped-query attention, biases, a tied head and Llama
- * 3.1's RoPE scaling as the config says) and MistralForCausalLM (Llama's
- * model, its sliding window taken where it spans the whole sequence). The Llama family's canonical names are transformers' own,
+ * 3.1's RoPE scaling as the config says), MistralForCausalLM (Llama's
+ * model, its sliding window taken where it spans the whole sequence) and
+ * Qwen2ForCausalLM (Llama's with biases on q, k and v alone). The Llama
+ * family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
  *

@@ -25,6 +25,8 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--rope-theta", FLAG_FLOAT, &mf->rope_theta, "RoPE's base (10000; Llama 3: 500000)", 1.0001, 1e12, NULL, false,
        "model.rope_theta"},
       {"--no-bias", FLAG_BOOL, &mf->no_bias, "linears without biases (Llama)", LOOM_NO_RANGE, NULL, false, "model.bias"},
+      {"--qkv-bias", FLAG_BOOL, &mf->qkv_bias, "with --no-bias: q, k and v keep their biases (Qwen2)", LOOM_NO_RANGE, NULL,
+       false, "model.qkv_bias"},
       {"--untied", FLAG_BOOL, &mf->untied, "an LM head of its own, not the input embedding", LOOM_NO_RANGE, NULL, false,
        "model.tied_embeddings"},
   };
@@ -38,7 +40,7 @@ static bool flag_set(const loom_flag *table, const char *name) {
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
-                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--untied"};
+                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied"};
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)
@@ -77,6 +79,10 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --rope-theta sets RoPE's base, but this model has learned positions; add "
                      "--position rope", cmd);
   if (flag_set(table, "--no-bias")) cfg->no_bias = mf->no_bias;
+  if (flag_set(table, "--qkv-bias") && !cfg->no_bias)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --qkv-bias keeps q, k and v's biases where the others are dropped, but this "
+                     "model has biases on every linear; add --no-bias", cmd);
+  if (flag_set(table, "--qkv-bias")) cfg->qkv_bias = mf->qkv_bias;
   if (flag_set(table, "--untied")) cfg->untied = mf->untied;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */

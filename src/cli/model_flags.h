@@ -12,10 +12,10 @@ typedef struct {
   int layers, hidden, heads, vocab, seq, ffn, kv_heads;
   float dropout, rope_theta;
   const char *norm, *mlp, *position;
-  bool no_bias, untied;
+  bool no_bias, qkv_bias, untied;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 16
+#define LOOM_MODEL_FLAG_COUNT 17
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

@@ -54,6 +54,7 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
   if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
+  if (!cfg->no_bias) cfg->qkv_bias = false; /* every linear's bias already: one way to say it */
   if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope.theta > 0.0f)) cfg->rope.theta = LOOM_ROPE_THETA_DEFAULT;
   if (cfg->vocab > 0) {
     cfg->padded_vocab = (cfg->vocab + LOOM_VOCAB_ALIGN - 1) / LOOM_VOCAB_ALIGN * LOOM_VOCAB_ALIGN;
@@ -77,7 +78,7 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
-         a->untied == b->untied;
+         loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied;
 }
 
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
@@ -86,7 +87,7 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
     snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta, c->rope.factor > 0.0f ? " scaled (llama3)" : "");
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
-           LOOM_MLP_NAMES[c->mlp & 1], rope, c->no_bias ? "no bias" : "biases", c->untied ? "untied" : "tied");
+           LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
   return buf;
 }
 
@@ -103,7 +104,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
-  if (c->no_bias) PUT("%sno biases", used ? ", " : "");
+  if (c->no_bias) PUT("%s%s", used ? ", " : "", c->qkv_bias ? "biases on q, k and v only" : "no biases");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
 #undef PUT
   return buf;

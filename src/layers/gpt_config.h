@@ -37,6 +37,7 @@ typedef struct {
   loom_position_kind position;
   loom_rope rope;   /* RoPE's base (0 means 10000) and Llama 3.1's scaling (factor 0: none) */
   bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */
+  bool qkv_bias;    /* with no_bias: q, k and v keep their biases (Qwen2; Megatron's --add-qkv-bias) */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
 } loom_gpt_config;
@@ -70,6 +71,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
 
 static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
 static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
+/* Whether q, k and v have biases: every linear's, or theirs alone (qkv_bias). */
+static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no_bias || c->qkv_bias; }
 /* Whether the config is GPT-2's architecture (LayerNorm, GELU, learned
  * positions, biases, multi-head): its tensors then carry GPT-2's names, else
  * the Llama family's (Hugging Face's LlamaForCausalLM names). */

@@ -91,14 +91,15 @@ typedef struct {
   loom_param_meta meta;
 } projection;
 
-static void add_fused(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const projection *p, int np) {
+static void add_fused(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const projection *p, int np,
+                      bool biased) {
   name n;
   char what[64];
   for (int j = 0; j < np; j++) {
     snprintf(what, sizeof what, "%s.weight", p[j].suffix);
     add(t, j ? LOOM_ROLE_FUSED : w_role, named(&n, "model.layers.", i, what), 2, p[j].rows, c->hidden, p[j].meta);
   }
-  for (int j = 0; j < np && !c->no_bias; j++) {
+  for (int j = 0; j < np && biased; j++) {
     snprintf(what, sizeof what, "%s.bias", p[j].suffix);
     add(t, j ? LOOM_ROLE_FUSED : w_role + 1, named(&n, "model.layers.", i, what), 1, p[j].rows, 0, column_bias(p[j].meta));
   }
@@ -128,11 +129,11 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   name n, m;
   add_norm(t, c, LOOM_ROLE_LN_1_W, named(&n, "model.layers.", i, "input_layernorm.weight"),
            named(&m, "model.layers.", i, "input_layernorm.bias"));
-  add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3);
+  add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3, loom_gpt_qkv_biased(c));
   add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
   add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
            named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
-  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1);
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, !c->no_bias);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f);
 }
 

@@ -28,7 +28,8 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .kv_heads = m->has_kv_heads ? m->kv_heads : 0, .vocab = m->vocab, .seq = m->seq,
                            .dropout = m->dropout, .norm_eps = m->norm_eps, .norm = (loom_norm_kind)m->norm,
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
-                           .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .untied = !m->tied_embeddings};
+                           .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias,
+                           .untied = !m->tied_embeddings};
   if (m->rope_scaling)
     cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
                             .low_freq_factor = m->rope_scaling->low_freq_factor,
@@ -66,6 +67,8 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
   }
   m->has_bias = c->no_bias;
   m->bias = !c->no_bias;
+  m->has_qkv_bias = c->no_bias && c->qkv_bias;
+  m->qkv_bias = m->has_qkv_bias;
   m->has_tied_embeddings = c->untied;
   m->tied_embeddings = !c->untied;
 }
