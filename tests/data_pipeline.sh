@@ -8,7 +8,9 @@
 #   --force; a bad JSON line is refused naming its line, and leaves nothing;
 #   empty documents are skipped and counted; a corpus of special tokens and a
 #   100 MB one-line document are handled; an llm.c file cannot hold ids past
-#   uint16, an indexed dataset then holds int32;
+#   uint16, an indexed dataset then holds int32; a post-processor template
+#   is applied (and named) unless --no-add-special-tokens, and one loom does
+#   not apply is refused;
 # - training on the prefix gives the same losses (relative 1e-5) at tp 2, pp 2
 #   and dp 2 as on one rank, and with the batch in other micro-batches: the
 #   sample at each global index does not depend on the layout; the model
@@ -37,6 +39,38 @@ for t in "$WORK/tok/tokenizer.json" "$WORK/gpt2_files"; do
   cmp -s "$WORK/all.txt" "$WORK/back.txt" || fail "decode(encode(corpus)) differs with $t"
 done
 [ "$(wc -w < "$WORK/ids.txt")" -lt "$(($(wc -c < "$WORK/all.txt") / 3))" ] || fail "the trained BPE compresses less than 3 bytes a token"
+
+# A post-processor template (Hugging Face's TemplateProcessing), here <|endoftext|> (999) on both
+# sides of each text: encode and prepare add it unless --no-add-special-tokens, and prepare names it.
+with_post() { # with_post NAME JSON: the trained tokenizer.json with that post-processor, as $WORK/NAME.json
+  sed "s/\"post_processor\": {[^}]*}/\"post_processor\": $2/" "$WORK/tok/tokenizer.json" > "$WORK/$1.json"
+}
+EOT='{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}' A='{"Sequence": {"id": "A", "type_id": 0}}'
+SPECIALS='"special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [999], "tokens": ["<|endoftext|>"]}}'
+with_post template "{\"type\": \"TemplateProcessing\", \"single\": [$EOT, $A, $EOT], \"pair\": [], $SPECIALS}"
+printf 'the licensee' > "$WORK/one.txt"
+plain=$("$LOOM" data encode --tokenizer "$WORK/tok/tokenizer.json" "$WORK/one.txt") || fail "encode plain"
+[ -n "$plain" ] || fail "encode plain: no ids"
+[ "$("$LOOM" data encode --tokenizer "$WORK/template.json" "$WORK/one.txt")" = "999 $plain 999" ] || fail "encode with the template"
+[ "$("$LOOM" data encode --tokenizer "$WORK/template.json" --no-add-special-tokens "$WORK/one.txt")" = "$plain" ] ||
+  fail "encode with --no-add-special-tokens"
+"$LOOM" data prepare "$WORK/one.txt" --output-prefix "$WORK/tpl" --tokenizer "$WORK/template.json" > "$WORK/tpl.txt" 2>&1 ||
+  fail "prepare with the template: $(cat "$WORK/tpl.txt")"
+grep -q "^tokenizer post-processor adds <|endoftext|> (999) before and <|endoftext|> (999) after each text (add_special_tokens; --no-add-special-tokens leaves it out)$" \
+  "$WORK/tpl.txt" || fail "prepare's template line: $(cat "$WORK/tpl.txt")"
+grep -q "^prepared 1 documents (0 empty skipped), $(($(echo "$plain" | wc -w) + 2)) tokens" "$WORK/tpl.txt" || fail "templated tokens: $(cat "$WORK/tpl.txt")"
+# Post-processors loom does not apply, and templates that lie, are refused by name.
+with_post bert '{"type": "BertProcessing", "sep": ["x", 1], "cls": ["y", 2]}'
+with_post no_a "{\"type\": \"TemplateProcessing\", \"single\": [$EOT], \"pair\": [], $SPECIALS}"
+with_post wrong_id "{\"type\": \"TemplateProcessing\", \"single\": [$EOT, $A], \"pair\": [], $(echo "$SPECIALS" | sed 's/\[999\]/[5]/')}"
+for bad in "bert:post-processor BertProcessing is not supported (loom applies ByteLevel and TemplateProcessing, alone or in a Sequence)" \
+           "no_a:the post-processor's single template must hold the sequence \"A\" once" \
+           "wrong_id:the post-processor's special token \"<|endoftext|>\" has an id that is not its token in the vocabulary"; do
+  "$LOOM" data prepare "$WORK/one.txt" --output-prefix "$WORK/bad" --tokenizer "$WORK/${bad%%:*}.json" > "$WORK/bad.txt" 2>&1
+  code=$?
+  [ "$code" = 2 ] && [ "$(cat "$WORK/bad.txt")" = "loom: $WORK/${bad%%:*}.json: ${bad#*:}" ] && [ ! -e "$WORK/bad.idx" ] ||
+    fail "post-processor ${bad%%:*}: exit $code, $(cat "$WORK/bad.txt")"
+done
 
 # shellcheck disable=SC2086
 "$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic" --tokenizer "$WORK/tok" --append-eod --workers 2 > "$WORK/prep.txt" 2>&1 ||
@@ -130,6 +164,10 @@ train serial 1 --micro-batch 4 --micro-batches 2 --save "$WORK/serial.bin"
 "$LOOM" sample --init-from "$WORK/serial.bin" --tokenizer "$WORK/tok" --prompt "The licensee" --max-tokens 4 > "$WORK/sample.txt" 2>&1 ||
   fail "sample: $(cat "$WORK/sample.txt")"
 grep -q "^The licensee" "$WORK/sample.txt" || fail "sample: $(cat "$WORK/sample.txt")"
+"$LOOM" sample --init-from "$WORK/serial.bin" --tokenizer "$WORK/template.json" --prompt "The licensee" --max-tokens 4 \
+  > "$WORK/sample.txt" 2>&1 || fail "sample with a template: $(cat "$WORK/sample.txt")"
+grep -q "^tokenizer post-processor adds <|endoftext|> (999) before and <|endoftext|> (999) after each text" "$WORK/sample.txt" ||
+  fail "sample's template line: $(cat "$WORK/sample.txt")"
 "$LOOM" sample --init-from "$WORK/serial.bin" --tokenizer "$WORK/wide.json" --prompt "x" > "$WORK/sample.txt" 2>&1
 [ "$(cat "$WORK/sample.txt")" = "loom sample: $WORK/serial.bin has vocab 1000; the --tokenizer tokenizer needs at least 70001" ] ||
   fail "sample with a larger tokenizer: $(cat "$WORK/sample.txt")"

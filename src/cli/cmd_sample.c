@@ -6,6 +6,7 @@
 #include <string.h>
 #include "ckpt/run_files.h"
 #include "cli/commands.h"
+#include "cli/data_cli.h"
 #include "cli/device.h"
 #include "cli/plan_flags.h"
 #include "core/check.h"
@@ -18,9 +19,10 @@ typedef struct {
   const char *prompt, *device, *tokenizer;
   loom_generate_options gen;
   int64_t seed;
+  bool no_template; /* --no-add-special-tokens */
 } sample_flags;
 
-#define SAMPLE_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 6)
+#define SAMPLE_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 7)
 
 static void print_byte_token(void *ctx, int token) {
   loom_byte_print(ctx, token);
@@ -50,8 +52,10 @@ static loom_status sample_run(const loom_plan *plan, sample_flags *f, const loom
   if (st == LOOM_OK) st = loom_run_init_from(&files, f->layout.model.init_from, err);
   loom_ids prompt = {0};
   if (bpe) {
+    loom_data_log_template(bpe, f->no_template);
     loom_bpe_encoder *e = loom_bpe_encoder_new(bpe, true);
-    loom_bpe_encode(e, f->prompt, strlen(f->prompt), &prompt);
+    if (f->no_template) loom_bpe_encode(e, f->prompt, strlen(f->prompt), &prompt);
+    else loom_bpe_encode_templated(e, f->prompt, strlen(f->prompt), &prompt);
     loom_bpe_encoder_free(e);
   } else {
     for (const char *c = f->prompt; *c; c++) loom_ids_push(&prompt, (unsigned char)*c);
@@ -81,6 +85,7 @@ int loom_cmd_sample(int argc, char **argv) {
       {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false, NULL},
       {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
       {"--tokenizer", FLAG_STRING, &f.tokenizer, "the model's BPE tokenizer (GPT-2 files, tokenizer.json, NAME.tiktoken; default: bytes)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_data_template_flag(&f.no_template),
   };
   _Static_assert(sizeof rest / sizeof rest[0] == SAMPLE_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "SAMPLE_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

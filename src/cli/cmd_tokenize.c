@@ -8,26 +8,40 @@
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/read_file.h"
+#include "core/log.h"
 #include "data/bpe.h"
 
 #define MAX_TEXT ((size_t)1 << 32)
 
+loom_flag loom_data_template_flag(bool *no_template) {
+  return (loom_flag){"--no-add-special-tokens", FLAG_BOOL, no_template,
+                     "leave out the tokenizer's post-processor template, such as Llama 3's <|begin_of_text|> (Hugging Face's "
+                     "add_special_tokens=False)", LOOM_NO_RANGE, NULL, false, NULL};
+}
+
+void loom_data_log_template(const loom_bpe *t, bool no_template) {
+  const char *what = t ? loom_bpe_template_describe(t) : NULL;
+  if (what && no_template) loom_log_info("tokenizer post-processor left out (--no-add-special-tokens): %s", what);
+  else if (what) loom_log_info("tokenizer post-processor adds %s (add_special_tokens; --no-add-special-tokens leaves it out)", what);
+}
+
 static int run(int argc, char **argv, bool encode) {
   const char *tokenizer = NULL;
-  bool allow_special = false;
+  bool allow_special = false, no_template = false;
   loom_flag table[] = {
       {"--tokenizer", FLAG_STRING, &tokenizer, "tokenizer: GPT-2 files' directory, tokenizer.json or NAME.tiktoken (required)",
        LOOM_NO_RANGE, NULL, false, NULL},
       {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in the text become their ids", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_data_template_flag(&no_template),
   };
   const char *cmd = encode ? "loom data encode" : "loom data decode";
   loom_error err = {0};
   bool help;
   const char *pos[1];
   int npos;
-  loom_status st = loom_cli_parse(cmd, encode ? "loom data encode --tokenizer T [--allow-special] FILE"
+  loom_status st = loom_cli_parse(cmd, encode ? "loom data encode --tokenizer T [--allow-special] [--no-add-special-tokens] FILE"
                                               : "loom data decode --tokenizer T FILE",
-                                  table, encode ? 2 : 1, argc, argv, pos, 1, &npos, &help, &err);
+                                  table, encode ? 3 : 1, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!tokenizer) st = loom_fail(&err, LOOM_ERR_USAGE, "%s: --tokenizer is required", cmd);
   else if (npos != 1) st = loom_fail(&err, LOOM_ERR_USAGE, "%s: expected one input file", cmd);
@@ -39,7 +53,8 @@ static int run(int argc, char **argv, bool encode) {
   loom_ids ids = {0};
   if (st == LOOM_OK && encode) {
     loom_bpe_encoder *e = loom_bpe_encoder_new(t, allow_special);
-    loom_bpe_encode(e, text, len, &ids);
+    if (no_template) loom_bpe_encode(e, text, len, &ids);
+    else loom_bpe_encode_templated(e, text, len, &ids);
     loom_bpe_encoder_free(e);
     for (size_t i = 0; i < ids.count; i++) printf(i ? " %d" : "%d", ids.ids[i]);
     printf("\n");

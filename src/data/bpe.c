@@ -704,6 +704,17 @@ void loom_bpe_encode(loom_bpe_encoder *e, const char *text, size_t len, loom_ids
   encode_text(e, p + start, len - start, out);
 }
 
+void loom_bpe_encode_templated(loom_bpe_encoder *e, const char *text, size_t len, loom_ids *out) {
+  const loom_bpe *t = e->t;
+  for (int i = 0; i < t->template_before; i++) loom_ids_push(out, t->template_ids[i]);
+  loom_bpe_encode(e, text, len, out);
+  for (int i = 0; i < t->template_after; i++) loom_ids_push(out, t->template_ids[t->template_before + i]);
+}
+
+const char *loom_bpe_template_describe(const loom_bpe *t) {
+  return t->template_before + t->template_after ? t->template_names : NULL;
+}
+
 loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err) {
   for (size_t i = 0; i < n; i++) {
     size_t len;

@@ -60,6 +60,16 @@ void loom_bpe_encoder_free(loom_bpe_encoder *e);
 /* Appends the ids of text[0..len) to out. */
 void loom_bpe_encode(loom_bpe_encoder *e, const char *text, size_t len, loom_ids *out);
 
+/* A tokenizer.json's post-processor, as Hugging Face applies it with
+ * add_special_tokens=True: a TemplateProcessing's special tokens around
+ * each text (Llama 3's <|begin_of_text|> before it). ByteLevel's changes no
+ * id; other kinds are refused when loading. loom_bpe_encode leaves the
+ * template out (add_special_tokens=False); this one puts it in. */
+void loom_bpe_encode_templated(loom_bpe_encoder *e, const char *text, size_t len, loom_ids *out);
+/* What the template adds, for logs: "<|begin_of_text|> (128000) before each
+ * text"; NULL when the tokenizer has no template. */
+const char *loom_bpe_template_describe(const loom_bpe *t);
+
 /* Appends the bytes of ids[0..n) to out; an id outside the vocabulary is an error. */
 loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err);
 

@@ -8,6 +8,7 @@
 #include "data/bpe.h"
 
 #define BPE_UNUSED UINT32_MAX
+#define BPE_TEMPLATE_MAX 16 /* ids a post-processor may add around one text */
 
 typedef struct {
   int32_t id;
@@ -33,6 +34,12 @@ struct loom_bpe {
   bpe_special *specials;
   int nspecials;
   int eod;
+  /* The post-processor's template (a tokenizer.json TemplateProcessing):
+   * template_ids[0..template_before) before each text, the next
+   * template_after after it; template_names says which, for logs. */
+  int32_t template_ids[BPE_TEMPLATE_MAX];
+  int template_before, template_after;
+  char template_names[200];
   char describe[160];
 };
 

@@ -265,6 +265,86 @@ static loom_status load_added(loom_bpe *t, const loom_json *added, const char *w
   return LOOM_OK;
 }
 
+/* Appends "NAME (ID)" to a template's list of names. */
+static void name_token(char *names, size_t n, const unsigned char *text, size_t len, long long id) {
+  const size_t used = strlen(names);
+  snprintf(names + used, n - used, "%s%.*s (%lld)", used ? ", " : "", (int)(len < 40 ? len : 40), (const char *)text, id);
+}
+
+/* A TemplateProcessing's template for one text: special tokens (each one or
+ * more ids of its special_tokens entry, whose tokens are the vocabulary's)
+ * around the sequence "A", held once. Token type ids are not used. */
+static loom_status template_processing(loom_bpe *t, const loom_json *pp, const char *what, loom_error *err) {
+  const loom_json *single = loom_json_get(pp, "single"), *specials = loom_json_get(pp, "special_tokens");
+  if (!single || single->kind != LOOM_JSON_ARRAY)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: the TemplateProcessing post-processor has no \"single\" template", what);
+  char names[2][96] = {"", ""};
+  int n = 0, before = -1;
+  for (size_t i = 0; i < single->count; i++) {
+    const loom_json *seq = loom_json_get(&single->items[i], "Sequence");
+    const loom_json *sp = loom_json_get(&single->items[i], "SpecialToken"), *name = loom_json_get(sp, "id");
+    if (seq) {
+      const loom_json *id = loom_json_get(seq, "id");
+      if (before >= 0 || !id || id->kind != LOOM_JSON_STRING || strcmp(id->string, "A") != 0)
+        return loom_fail(err, LOOM_ERR_FORMAT, "%s: the post-processor's single template must hold the sequence \"A\" once",
+                         what);
+      before = n;
+      continue;
+    }
+    if (!name || name->kind != LOOM_JSON_STRING)
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: item %zu of the post-processor's template is neither a SpecialToken nor a "
+                       "Sequence", what, i + 1);
+    const loom_json *entry = loom_json_get(specials, name->string), *ids = loom_json_get(entry, "ids");
+    const loom_json *tokens = loom_json_get(entry, "tokens");
+    if (!ids || ids->kind != LOOM_JSON_ARRAY || (tokens && (tokens->kind != LOOM_JSON_ARRAY || tokens->count != ids->count)))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: the post-processor's special token \"%.40s\" has no ids (and tokens as "
+                       "many) in its special_tokens", what, name->string);
+    for (size_t k = 0; k < ids->count; k++) {
+      long long id;
+      size_t len;
+      const loom_json *text = tokens ? &tokens->items[k] : NULL;
+      const unsigned char *have = loom_json_int(&ids->items[k], 0, t->vocab - 1, &id) ? loom_bpe_token_bytes(t, (int)id, &len) : NULL;
+      if (!have || (text && (text->kind != LOOM_JSON_STRING || text->length != len || memcmp(have, text->string, len) != 0)))
+        return loom_fail(err, LOOM_ERR_FORMAT, "%s: the post-processor's special token \"%.40s\" has an id that is not its "
+                         "token in the vocabulary", what, name->string);
+      if (n == BPE_TEMPLATE_MAX)
+        return loom_fail(err, LOOM_ERR_FORMAT, "%s: the post-processor's template adds more than %d ids", what, BPE_TEMPLATE_MAX);
+      t->template_ids[n++] = (int32_t)id;
+      name_token(names[before >= 0], sizeof names[0], have, len, id);
+    }
+  }
+  if (before < 0)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: the post-processor's single template must hold the sequence \"A\" once", what);
+  t->template_before = before, t->template_after = n - before;
+  snprintf(t->template_names, sizeof t->template_names, "%s%s%s%s%s each text", names[0], *names[0] ? " before" : "",
+           *names[0] && *names[1] ? " and " : "", names[1], *names[1] ? " after" : "");
+  return LOOM_OK;
+}
+
+/* The post-processor: none, ByteLevel (which changes offsets only), a
+ * TemplateProcessing, or a Sequence of those with one template at most. */
+static loom_status post_processor(loom_bpe *t, const loom_json *pp, const char *what, loom_error *err) {
+  if (!pp || pp->kind == LOOM_JSON_NULL || is_type(pp, "ByteLevel")) return LOOM_OK;
+  if (is_type(pp, "TemplateProcessing")) return template_processing(t, pp, what, err);
+  const loom_json *list = loom_json_get(pp, "processors");
+  if (!is_type(pp, "Sequence") || !list || list->kind != LOOM_JSON_ARRAY) {
+    const loom_json *type = loom_json_get(pp, "type");
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: post-processor %.40s is not supported (loom applies ByteLevel and "
+                     "TemplateProcessing, alone or in a Sequence)", what,
+                     type && type->kind == LOOM_JSON_STRING ? type->string : "without a type");
+  }
+  int templates = 0;
+  for (size_t i = 0; i < list->count; i++) {
+    const loom_json *p = &list->items[i];
+    if (is_type(p, "Sequence") || (is_type(p, "TemplateProcessing") && templates++))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: a post-processor Sequence may hold one TemplateProcessing, not nested "
+                       "sequences or a second template", what);
+    const loom_status st = post_processor(t, p, what, err);
+    if (st != LOOM_OK) return st;
+  }
+  return LOOM_OK;
+}
+
 loom_status bpe_load_tokenizer_json(loom_bpe **out, const char *path, loom_error *err) {
   loom_json j;
   loom_status st = load_json_file(path, "tokenizer file", &j, err);
@@ -290,6 +370,7 @@ loom_status bpe_load_tokenizer_json(loom_bpe **out, const char *path, loom_error
   if (st == LOOM_OK) st = pre_tokenizer(t, loom_json_get(&j, "pre_tokenizer"), path, &pattern, err);
   if (st == LOOM_OK) st = load_merges_json(t, loom_json_get(model, "merges"), path, err);
   if (st == LOOM_OK) st = load_added(t, added, path, err);
+  if (st == LOOM_OK) st = post_processor(t, loom_json_get(&j, "post_processor"), path, err);
   if (st == LOOM_OK) {
     t->whole_word_first = flag(model, "ignore_merges");
     snprintf(t->describe, sizeof t->describe, "tokenizer.json, %d tokens", t->vocab);

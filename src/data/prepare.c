@@ -85,7 +85,9 @@ static void *work(void *arg) {
       return NULL;
     }
     const size_t before = w->ids.count;
-    if (w->enc) {
+    if (w->enc && w->o->add_special_tokens) {
+      loom_bpe_encode_templated(w->enc, text, len, &w->ids);
+    } else if (w->enc) {
       loom_bpe_encode(w->enc, text, len, &w->ids);
     } else {
       for (size_t k = 0; k < len; k++) loom_ids_push(&w->ids, (unsigned char)text[k]);

@@ -17,6 +17,7 @@ typedef struct {
   const loom_bpe *tokenizer;  /* NULL: bytes (token i is byte i) */
   bool append_eod;            /* end every document with the tokenizer's end-of-document token */
   bool allow_special;         /* special tokens written in documents become their ids */
+  bool add_special_tokens;    /* the tokenizer's post-processor template around each document (Hugging Face's default) */
   const char *output_prefix;  /* write PREFIX.bin + PREFIX.idx ... */
   const char *llmc_output;    /* ... or one llm.c token file */
   bool force;                 /* replace outputs that exist */
