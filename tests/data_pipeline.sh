@@ -59,6 +59,20 @@ plain=$("$LOOM" data encode --tokenizer "$WORK/tok/tokenizer.json" "$WORK/one.tx
 grep -q "^tokenizer post-processor adds <|endoftext|> (999) before and <|endoftext|> (999) after each text (add_special_tokens; --no-add-special-tokens leaves it out)$" \
   "$WORK/tpl.txt" || fail "prepare's template line: $(cat "$WORK/tpl.txt")"
 grep -q "^prepared 1 documents (0 empty skipped), $(($(echo "$plain" | wc -w) + 2)) tokens" "$WORK/tpl.txt" || fail "templated tokens: $(cat "$WORK/tpl.txt")"
+# An exported model's tokenizer must fit its vocab and go into a directory; nothing is written otherwise.
+for bad in "gpt-tiny:hf:loom: --tokenizer $WORK/tok: its ids reach 1000, past the model's vocab of 256" \
+           "gpt-tiny:llmc:loom ckpt export: --tokenizer goes into a Hugging Face directory; --format llmc writes one file"; do
+  model=${bad%%:*} rest=${bad#*:}
+  "$LOOM" ckpt export --model "$model" --format "${rest%%:*}" -o "$WORK/exported" --tokenizer "$WORK/tok" > "$WORK/bad.txt" 2>&1
+  code=$?
+  [ "$code" = 2 ] && [ "$(cat "$WORK/bad.txt")" = "${rest#*:}" ] && [ ! -e "$WORK/exported" ] || fail "export ${rest%%:*}: exit $code, $(cat "$WORK/bad.txt")"
+done
+"$LOOM" ckpt export --model gpt-tiny --vocab 1000 --format hf -o "$WORK/exported" --tokenizer "$WORK/tok" > "$WORK/exp.txt" 2>&1 ||
+  fail "export with a tokenizer: $(cat "$WORK/exp.txt")"
+for f in config.json generation_config.json tokenizer.json tokenizer_config.json model.safetensors; do
+  [ -s "$WORK/exported/$f" ] || fail "export with a tokenizer wrote no $f"
+done
+grep -q '"eos_token_id": 999' "$WORK/exported/generation_config.json" || fail "generation config: $(cat "$WORK/exported/generation_config.json")"
 # Post-processors loom does not apply, and templates that lie, are refused by name.
 with_post bert '{"type": "BertProcessing", "sep": ["x", 1], "cls": ["y", 2]}'
 with_post no_a "{\"type\": \"TemplateProcessing\", \"single\": [$EOT], \"pair\": [], $SPECIALS}"

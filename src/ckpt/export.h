@@ -3,6 +3,7 @@
 #ifndef LOOM_EXPORT_H
 #define LOOM_EXPORT_H
 
+#include "ckpt/hf_tokenizer.h"
 #include "ckpt/model_source.h"
 
 typedef enum { LOOM_FORMAT_LLMC, LOOM_FORMAT_SAFETENSORS, LOOM_FORMAT_HF, LOOM_FORMAT_COUNT } loom_model_format;
@@ -29,11 +30,17 @@ loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_
  * (loom_output_check: nothing there unless force, and writable). */
 loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
                                     const char *out, bool force, loom_error *err);
-/* Writes src to out with values in dtype (LOOM_DTYPE_F32, or LOOM_DTYPE_BF16
- * rounded to nearest even: llm.c's version 5, safetensors' "BF16"); a
- * Hugging Face directory's weights in shards of at most max_shard_bytes
- * (0: transformers' default, hf.h). */
-loom_status loom_model_export(const loom_model_source *src, loom_model_format format, loom_dtype dtype,
-                              uint64_t max_shard_bytes, const char *out, loom_error *err);
+/* How a model is written: values in dtype (LOOM_DTYPE_F32, or
+ * LOOM_DTYPE_BF16 rounded to nearest even: llm.c's version 5, safetensors'
+ * "BF16"); a Hugging Face directory's weights in shards of at most
+ * max_shard_bytes (0: transformers' default, hf.h), with the tokenizer tok
+ * beside them (NULL: none). */
+typedef struct {
+  loom_model_format format;
+  loom_dtype dtype;
+  uint64_t max_shard_bytes;
+  const loom_hf_tokenizer *tok;
+} loom_export_options;
+loom_status loom_model_export(const loom_model_source *src, const loom_export_options *o, const char *out, loom_error *err);
 
 #endif

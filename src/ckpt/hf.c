@@ -473,13 +473,14 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
 }
 
 loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
-                          loom_error *err) {
+                          const loom_hf_tokenizer *tok, loom_error *err) {
   char json[4096], path[4200];
   loom_status st = config_json(src, dtype, json, sizeof json, err);
   bool made = false; /* a directory this call made is removed again, with what is in it, if the write fails */
   if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0) && errno != EEXIST)
     st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create the model directory: %s", dir, strerror(errno));
   if (st == LOOM_OK) st = write_weights(dir, src, dtype, max_shard_bytes ? max_shard_bytes : LOOM_HF_MAX_SHARD_DEFAULT, err);
+  if (st == LOOM_OK) st = loom_hf_write_tokenizer(dir, tok, src->cfg.seq, err);
   if (st == LOOM_OK) {
     join(path, sizeof path, dir, LOOM_HF_CONFIG);
     const loom_chunk chunk = {json, strlen(json)};

@@ -21,6 +21,7 @@
 #define LOOM_HF_H
 
 #include <stdbool.h>
+#include "ckpt/hf_tokenizer.h"
 #include "ckpt/model_source.h"
 
 #define LOOM_HF_CONFIG "config.json"
@@ -40,12 +41,13 @@ loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *er
 /* Whether a transformers class holds the model (GPT2LMHeadModel or
  * LlamaForCausalLM); the error names its architecture. */
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err);
-/* Writes dir/config.json and the weights (values as dtype): one
+/* Writes dir/config.json, generation_config.json, tok's files where tok is
+ * not NULL (hf_tokenizer.h) and the weights (values as dtype): one
  * model.safetensors, or where the data exceeds max_shard_bytes (0: the
  * default), shards model-0000i-of-0000N.safetensors of at most that much
  * each (a larger tensor alone), tensors never split, and the index; every
  * file atomically. Makes dir. Refuses a model no transformers class holds. */
 loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
-                          loom_error *err);
+                          const loom_hf_tokenizer *tok, loom_error *err);
 
 #endif

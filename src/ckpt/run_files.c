@@ -171,7 +171,8 @@ static loom_status write_model(const char *dir, const char *path, loom_error *er
   loom_model_source src;
   loom_status st = loom_model_source_of_ckpt(&src, dir, err);
   if (st != LOOM_OK) return st;
-  st = loom_model_export(&src, loom_run_save_format(&src.cfg), LOOM_DTYPE_F32, 0, path, err);
+  const loom_export_options o = {.format = loom_run_save_format(&src.cfg), .dtype = LOOM_DTYPE_F32};
+  st = loom_model_export(&src, &o, path, err);
   loom_model_source_free(&src);
   return st;
 }

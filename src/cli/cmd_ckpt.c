@@ -98,42 +98,53 @@ static int reshard(int argc, char **argv) {
 /* Writes the model: the checkpoint's, a model file's or a fresh one, streamed tensor by tensor. */
 static const char *const DTYPE_CHOICES[] = {"fp32", "bf16", NULL};
 
-static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, int64_t seed,
-                                const char *format, const char *dtype, uint64_t max_shard, const char *out, bool force,
-                                loom_error *err) {
+typedef struct {
+  const char *format, *out, *dtype, *max_shard, *tokenizer;
+  int64_t seed;
+  bool force;
+} export_flags;
+
+static loom_status export_model(const char *dir, const loom_gpt_config *cfg, const char *init_from, const export_flags *x,
+                                uint64_t max_shard, loom_error *err) {
   loom_model_source src;
-  loom_status st = loom_model_source_open(&src, dir, init_from, cfg, (uint64_t)seed, err);
+  loom_status st = loom_model_source_open(&src, dir, init_from, cfg, (uint64_t)x->seed, err);
   if (st != LOOM_OK) return st;
-  const loom_model_format f = loom_model_format_of(format);
-  const bool bf16 = strcmp(dtype, "bf16") == 0;
-  st = loom_model_export_check(&src.cfg, f, "-o", out, force, err);
-  if (st == LOOM_OK) st = loom_model_export(&src, f, bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32, max_shard, out, err);
+  const bool bf16 = strcmp(x->dtype, "bf16") == 0;
+  loom_hf_tokenizer tok = {0};
+  const loom_export_options o = {.format = loom_model_format_of(x->format), .dtype = bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32,
+                                 .max_shard_bytes = max_shard, .tok = x->tokenizer ? &tok : NULL};
+  st = loom_model_export_check(&src.cfg, o.format, "-o", x->out, x->force, err);
+  if (st == LOOM_OK && x->tokenizer) st = loom_hf_tokenizer_open(&tok, x->tokenizer, src.cfg.vocab, err);
+  if (st == LOOM_OK) st = loom_model_export(&src, &o, x->out, err);
   if (st == LOOM_OK)
-    loom_log_info("wrote %s (%s, %s, %zu parameters)", out, LOOM_MODEL_FORMAT_WHAT[f], bf16 ? "bf16" : "fp32",
-                  loom_gpt_param_count(&src.cfg, NULL, 1));
+    loom_log_info("wrote %s (%s, %s, %zu parameters%s%s)", x->out, LOOM_MODEL_FORMAT_WHAT[o.format], bf16 ? "bf16" : "fp32",
+                  loom_gpt_param_count(&src.cfg, NULL, 1), x->tokenizer ? ", tokenizer: " : "",
+                  x->tokenizer ? loom_bpe_describe(tok.bpe) : "");
+  loom_hf_tokenizer_close(&tok);
   loom_model_source_free(&src);
   return st;
 }
 
 static int export_cmd(int argc, char **argv) {
   loom_model_flags mf = {.preset = "gpt-tiny"};
-  const char *format = NULL, *out = NULL, *dtype = "fp32", *max_shard = NULL;
-  int64_t seed = 1337;
-  bool force = false;
-  loom_flag table[LOOM_MODEL_FLAG_COUNT + 6];
+  export_flags x = {.dtype = "fp32", .seed = 1337};
+  enum { REST = 7 };
+  loom_flag table[LOOM_MODEL_FLAG_COUNT + REST];
   loom_model_flags_table(&mf, table);
-  const loom_flag rest[6] = {
-      {"--format", FLAG_STRING, &format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
-      {"-o", FLAG_STRING, &out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--dtype", FLAG_STRING, &dtype, "value type: fp32, or bf16 rounded to nearest even", LOOM_NO_RANGE, DTYPE_CHOICES, false, NULL},
-      {"--seed", FLAG_INT64, &seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--force", FLAG_BOOL, &force, "replace an output that exists", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--max-shard-size", FLAG_STRING, &max_shard, "hf: the most weight data a file holds, as save_pretrained's "
+  const loom_flag rest[REST] = {
+      {"--format", FLAG_STRING, &x.format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
+      {"-o", FLAG_STRING, &x.out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--dtype", FLAG_STRING, &x.dtype, "value type: fp32, or bf16 rounded to nearest even", LOOM_NO_RANGE, DTYPE_CHOICES, false, NULL},
+      {"--seed", FLAG_INT64, &x.seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
+      {"--force", FLAG_BOOL, &x.force, "replace an output that exists", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--max-shard-size", FLAG_STRING, &x.max_shard, "hf: the most weight data a file holds, as save_pretrained's "
        "max_shard_size (5GB, 500MB, 2GiB); more is written as shards with model.safetensors.index.json (default 5GB)",
        LOOM_NO_RANGE, NULL, false, NULL},
+      {"--tokenizer", FLAG_STRING, &x.tokenizer, "hf: the model's tokenizer (GPT-2 files or tokenizer.json), written beside "
+       "it with tokenizer_config.json", LOOM_NO_RANGE, NULL, false, NULL},
   };
   memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
-  const int n = LOOM_MODEL_FLAG_COUNT + 6;
+  const int n = LOOM_MODEL_FLAG_COUNT + REST;
   loom_error err = {0};
   bool help;
   const char *pos[1];
@@ -141,13 +152,14 @@ static int export_cmd(int argc, char **argv) {
   loom_status st = loom_cli_parse("loom ckpt export", "loom ckpt export [CKPT_DIR] --format llmc|safetensors|hf [--dtype fp32|bf16] -o OUT [model flags]",
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (!format || !out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", format ? "-o OUT" : "--format");
-  const int64_t shard_bytes = max_shard ? loom_cli_parse_bytes(max_shard) : 0;
+  if (!x.format || !x.out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", x.format ? "-o OUT" : "--format");
+  const int64_t shard_bytes = x.max_shard ? loom_cli_parse_bytes(x.max_shard) : 0;
   if (st == LOOM_OK && shard_bytes < 0)
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size '%s' is not a size like 5GB or 500MB", max_shard);
-  if (st == LOOM_OK && max_shard && strcmp(format, "hf") != 0)
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size shards a Hugging Face directory; --format %s "
-                   "writes one file", format);
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size '%s' is not a size like 5GB or 500MB", x.max_shard);
+  const char *hf_only = x.max_shard ? "--max-shard-size shards" : x.tokenizer ? "--tokenizer goes into" : NULL;
+  if (st == LOOM_OK && hf_only && strcmp(x.format, "hf") != 0)
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s a Hugging Face directory; --format %s writes one file", hf_only,
+                   x.format);
   for (int i = 0; st == LOOM_OK && npos == 1 && i < LOOM_MODEL_FLAG_COUNT; i++)
     if (table[i].set)
       st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s cannot be combined with a checkpoint, which fixes the model",
@@ -156,7 +168,7 @@ static int export_cmd(int argc, char **argv) {
   int T;
   if (st == LOOM_OK && npos == 0) st = loom_model_flags_resolve("loom ckpt export", &mf, table, &cfg, &T, &err);
   if (st == LOOM_OK)
-    st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, seed, format, dtype, (uint64_t)shard_bytes, out, force, &err);
+    st = export_model(npos ? pos[0] : NULL, &cfg, mf.init_from, &x, (uint64_t)shard_bytes, &err);
   return loom_report(st, &err);
 }
 

@@ -711,6 +711,15 @@ void loom_bpe_encode_templated(loom_bpe_encoder *e, const char *text, size_t len
   for (int i = 0; i < t->template_after; i++) loom_ids_push(out, t->template_ids[t->template_before + i]);
 }
 
+int loom_bpe_bos(const loom_bpe *t) {
+  if (t->template_before) return t->template_ids[0];
+  return t->format == LOOM_BPE_GPT2_FILES ? t->eod : -1;
+}
+
+loom_bpe_format loom_bpe_format_of(const loom_bpe *t) { return t->format; }
+
+const char *loom_bpe_file(const loom_bpe *t, int i) { return t->files[i][0] ? t->files[i] : NULL; }
+
 const char *loom_bpe_template_describe(const loom_bpe *t) {
   return t->template_before + t->template_after ? t->template_names : NULL;
 }

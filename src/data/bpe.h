@@ -31,6 +31,13 @@ typedef struct loom_bpe loom_bpe;
 loom_status loom_bpe_load(loom_bpe **out, const char *path, loom_error *err);
 void loom_bpe_free(loom_bpe *t);
 
+/* The form a tokenizer was read from, and its files: [0] the vocabulary
+ * (encoder.json or vocab.json, the tokenizer.json, the rank file), [1]
+ * GPT-2's merges (vocab.bpe or merges.txt; NULL for the other forms). */
+typedef enum { LOOM_BPE_GPT2_FILES, LOOM_BPE_TOKENIZER_JSON, LOOM_BPE_TIKTOKEN } loom_bpe_format;
+loom_bpe_format loom_bpe_format_of(const loom_bpe *t);
+const char *loom_bpe_file(const loom_bpe *t, int i);
+
 /* One more than the largest token id. */
 int loom_bpe_vocab(const loom_bpe *t);
 /* The end-of-document token (<|endoftext|>, <|end_of_text|>), or -1. */
@@ -69,6 +76,10 @@ void loom_bpe_encode_templated(loom_bpe_encoder *e, const char *text, size_t len
 /* What the template adds, for logs: "<|begin_of_text|> (128000) before each
  * text"; NULL when the tokenizer has no template. */
 const char *loom_bpe_template_describe(const loom_bpe *t);
+/* The beginning-of-text token: the template's first before each text
+ * (Llama 3's <|begin_of_text|>), else GPT-2's <|endoftext|> for GPT-2's
+ * files (its tokenizer's bos), else -1. */
+int loom_bpe_bos(const loom_bpe *t);
 
 /* Appends the bytes of ids[0..n) to out; an id outside the vocabulary is an error. */
 loom_status loom_bpe_decode(const loom_bpe *t, const int32_t *ids, size_t n, loom_strbuf *out, loom_error *err);

@@ -40,6 +40,8 @@ struct loom_bpe {
   int32_t template_ids[BPE_TEMPLATE_MAX];
   int template_before, template_after;
   char template_names[200];
+  loom_bpe_format format;
+  char files[2][4096];         /* what it was read from (loom_bpe_file) */
   char describe[160];
 };
 

@@ -159,6 +159,9 @@ static loom_status load_gpt2_files(loom_bpe **out, const char *vocab_path, const
     const int eot = bpe_lookup(t, "<|endoftext|>", 13);
     if (eot >= 0) (void)bpe_add_special(t, eot, "<|endoftext|>", 13, true); /* the vocabulary's own token */
     snprintf(t->describe, sizeof t->describe, "GPT-2 files, %d tokens", t->vocab);
+    t->format = LOOM_BPE_GPT2_FILES;
+    snprintf(t->files[0], sizeof t->files[0], "%s", vocab_path);
+    snprintf(t->files[1], sizeof t->files[1], "%s", merges_path);
     st = bpe_finish(t, BPE_PATTERN_GPT2, vocab_path, err);
   }
   if (st != LOOM_OK) loom_bpe_free(t);
@@ -374,6 +377,8 @@ loom_status bpe_load_tokenizer_json(loom_bpe **out, const char *path, loom_error
   if (st == LOOM_OK) {
     t->whole_word_first = flag(model, "ignore_merges");
     snprintf(t->describe, sizeof t->describe, "tokenizer.json, %d tokens", t->vocab);
+    t->format = LOOM_BPE_TOKENIZER_JSON;
+    snprintf(t->files[0], sizeof t->files[0], "%s", path);
     st = bpe_finish(t, pattern, path, err);
   }
   loom_json_free(&j);
@@ -483,6 +488,8 @@ loom_status bpe_load_tiktoken(loom_bpe **out, const char *path, const char *name
   }
   if (st == LOOM_OK) {
     snprintf(t->describe, sizeof t->describe, "tiktoken %s, %d tokens", enc->name, t->vocab);
+    t->format = LOOM_BPE_TIKTOKEN;
+    snprintf(t->files[0], sizeof t->files[0], "%s", path);
     st = bpe_finish(t, enc->pattern, path, err);
   }
   if (st != LOOM_OK) loom_bpe_free(t);
