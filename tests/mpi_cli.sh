@@ -152,7 +152,7 @@ if command -v script > /dev/null 2>&1; then
   script -qec "$LOOM train --layers 1 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --steps 25 --eval-every 20" /dev/null \
     > "$WORK/tty.txt" 2>&1 || fail "run on a terminal: $(cat "$WORK/tty.txt")"
   cr=$(printf '\r') esc=$(printf '\033')
-  [ "$(grep -c "${cr}${esc}\[Kstep [0-9]*/25 | loss [0-9.]* | [0-9]* tok/s | .* | elapsed [0-9]*s | ETA [0-9]*s" "$WORK/tty.txt")" -ge 1 ] ||
+  [ "$(grep -c "${cr}${esc}\[Kstep [0-9]*/25 | loss [0-9.]* | [0-9]* tok/s/dev | MFU [0-9.]*% | elapsed [0-9]*s | ETA [0-9]*s" "$WORK/tty.txt")" -ge 1 ] ||
     fail "no status line on a terminal: $(od -c "$WORK/tty.txt" | head -20)"
   grep -q "^step .*| lr " "$WORK/tty.txt" && fail "plain step lines on a terminal"
   grep -q "${esc}\[Keval  step    20 | held-out loss" "$WORK/tty.txt" || fail "eval not printed over the status line"

@@ -104,6 +104,8 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   refusal_row(&t, run("train", "--rope-theta", "500", NULL), 2,
               "loom train: --rope-theta sets RoPE's base, but this model has learned positions; add --position rope");
+  refusal_row(&t, run("train", "--tensorboard-dir", "/etc/passwd", NULL), 2,
+              "loom train: --tensorboard-dir /etc/passwd: is a file, not a directory of event files");
   refusal_row(&t, run("train", "--qkv-bias", NULL), 2,
               "loom train: --qkv-bias keeps q, k and v's biases where the others are dropped, but this model has biases on "
               "every linear; add --no-bias");
@@ -379,8 +381,12 @@ START_TEST(subcommands_work_together) {
           "--steps", "3", "--eval-every", "2", "--metrics", metrics, "--save", model, NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);
   ck_assert_ptr_nonnull(strstr(r->out, "step     3/3 | loss"));
-  ck_assert_ptr_nonnull(strstr(r->out, "% peak"));
+  ck_assert_msg(strstr(r->out, " tok/s/dev | ") && strstr(r->out, " TFLOP/s/dev | MFU ") && strstr(r->out, " | skipped 0\n"),
+                "%s", r->out);
+  ck_assert_ptr_nonnull(strstr(r->out, "MFU: the share of the job's dense peak"));
   ck_assert_int_eq(lines_with(metrics, "\"step\"", "\"loss\""), 3);
+  ck_assert_int_eq(lines_with(metrics, "\"tflops_per_device\"", "\"max_allocated_bytes\""), 3);
+  ck_assert_int_eq(lines_with(metrics, "\"mfu\"", "\"skipped_iterations\": 0"), 3);
   ck_assert_int_eq(lines_with(metrics, "\"tokens_per_s\"", "\"grad_norm\""), 3);
   ck_assert_int_eq(lines_with(metrics, "\"eval_loss\"", "\"eval_accuracy\""), 2);
 
@@ -577,6 +583,8 @@ START_TEST(megatron_flag_names) {
       {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
       {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
       {"--add-qkv-bias", "--qkv-bias", ""}, {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+      {"--log-throughput", NULL, NULL}, {"--log-timers-to-tensorboard", NULL, NULL},
+      {"--log-memory-to-tensorboard", NULL, NULL},
   };
   const int nwant = (int)(sizeof WANT / sizeof WANT[0]);
   int in_table = 0;

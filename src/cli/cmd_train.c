@@ -48,7 +48,8 @@ static loom_status open_data(const loom_train_flags *f, const loom_plan *plan, l
 
 static bool run_in_bf16(const loom_plan *plan) { return plan->precision == LOOM__PRECISION__PRECISION_BF16; }
 
-static void log_run(const loom_trainer *tr, const loom_train_flags *f, const char *device, double peak) {
+static void log_run(const loom_trainer *tr, const loom_train_flags *f, const char *device, double peak,
+                    const char *peak_what) {
   loom_gpt_config cfg;
   loom_plan_model_config(tr->plan, &cfg);
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters", cfg.layers,
@@ -57,9 +58,11 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   if (*loom_gpt_config_architecture(&cfg, tr->ps.tp, arch, sizeof arch)) loom_log_info("architecture: %s", arch);
   if (tr->ps.world > 1) loom_train_describe(tr);
   loom_log_info("device: %s", device);
-  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks | %s GEMM peak %.1f GFLOP/s",
+  loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks",
                 f->data ? f->data : "synthetic addition", tr->global_batch, tr->T, tr->micro_batch, f->steps,
-                loom_cpu_threads(), tr->ps.world, run_in_bf16(tr->plan) ? "bf16" : "sgemm", peak);
+                loom_cpu_threads(), tr->ps.world);
+  loom_log_info("MFU: the share of the job's dense peak, %.1f TFLOP/s over %d device%s (%s), that the model's FLOPs "
+                "(Megatron-LM's count) reach", peak * 1e-3, tr->ps.world, tr->ps.world == 1 ? "" : "s", peak_what);
   if (tr->data->describe) {
     char drawn[4096];
     tr->data->describe(tr->data, (int64_t)f->steps * tr->global_batch, drawn, sizeof drawn);
@@ -98,18 +101,19 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,
       .lr = loom_train_flags_lr(f)};
-  /* Every rank measures at once, so the sum is this job's GEMM peak in the
-   * run's dtype (what "% peak" is a share of); BLAS is warm before the
+  /* Every rank takes its device's peak at once (on the CPU, measured), so
+   * the sum is this job's, what MFU is a share of; BLAS is warm before the
    * trainer notes the memory the process starts from. A rank that failed
    * alone skips every collective from here: it exits, and the launcher ends
    * the job with its message. */
-  double peak = st != LOOM_OK ? 0.0 : run_in_bf16(plan) ? loom_cpu_bf16_gemm_gflops(1024, 0.3) : loom_cpu_sgemm_gflops(1024, 0.3);
+  char peak_what[256] = "";
+  double peak = st != LOOM_OK ? 0.0 : loom_device_peak_gflops(ops, run_in_bf16(plan), peak_what, sizeof peak_what);
   if (st == LOOM_OK) loom_comm_allreduce_typed(world, &peak, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);
   if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
-  if (st == LOOM_OK) log_run(&tr, f, device, peak);
+  if (st == LOOM_OK) log_run(&tr, f, device, peak, peak_what);
   if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
   int64_t first = 0;
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
@@ -119,6 +123,9 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
                   (long long)first + 1);
   if (st == LOOM_OK)
     st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, f->resume ? (long)first : -1, err);
+  if (st == LOOM_OK)
+    st = loom_metrics_open_tensorboard(&metrics, loom_comm_rank(world) == 0 ? f->tensorboard_dir : NULL,
+                                       f->resume ? (long)first : -1, err);
   const loom_train_loop loop = {.first_step = (int)first, .steps = f->steps, .log_every = f->log_every,
                                 .eval_every = f->eval_every, .eval_batches = f->eval_batches,
                                 .digits = f->data ? 0 : f->digits, .straggler_factor = f->straggler_factor,

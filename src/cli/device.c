@@ -3,6 +3,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_bf16_gemm.h"
 #include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_peak.h"
 #include "cli/device.h"
 #include "cli/launch.h"
 #include "core/tensor.h"
@@ -35,6 +36,28 @@ void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan) {
 #else
   (void)ops, (void)plan;
 #endif
+}
+
+double loom_device_peak_gflops(const loom_ops *ops, bool bf16, char *what, size_t n) {
+#ifdef LOOM_HAVE_CUDA
+  if (on_cuda(ops)) {
+    char name[256];
+    loom_cuda_device_name(ops, name, sizeof name);
+    const double sheet = loom_cuda_bf16_peak_tflops(ops);
+    if (sheet > 0.0) {
+      snprintf(what, n, "%s's datasheet bf16 dense peak, %.0f TFLOP/s", name, sheet);
+      return sheet * 1e3;
+    }
+    const double measured = loom_cuda_bf16_gemm_tflops(ops, 8192, 8192, 8192, 5);
+    snprintf(what, n, "%s's cuBLAS bf16 GEMM, measured %.1f TFLOP/s (no datasheet figure for it)", name, measured);
+    return measured * 1e3;
+  }
+#else
+  (void)ops;
+#endif
+  const double peak = bf16 ? loom_cpu_bf16_gemm_gflops(1024, 0.3) : loom_cpu_sgemm_gflops(1024, 0.3);
+  snprintf(what, n, "the %s GEMM peak measured on each rank, %.1f GFLOP/s here", bf16 ? "bf16" : "fp32", peak);
+  return peak;
 }
 
 loom_status loom_device_setup(const char *cmd, const char *device, const loom_ops **ops, char *desc, size_t len,

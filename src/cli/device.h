@@ -38,6 +38,13 @@ void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan);
 loom_comm *loom_device_world(loom_comm *world, const loom_ops *ops, char *desc, size_t len);
 void loom_device_world_free(loom_comm *device_world, loom_comm *world);
 
+/* The dense peak a run's MFU is a share of, per device (rank) in GFLOP/s,
+ * and what it is, for the log: on a GPU its datasheet bf16 figure
+ * (loom_cuda_bf16_peak_tflops; a GPU loom does not know: its cuBLAS bf16
+ * GEMM, measured); on the CPU the GEMM peak of the run's dtype, measured on
+ * this rank now (so every rank measures at once, on the cores they share). */
+double loom_device_peak_gflops(const loom_ops *ops, bool bf16, char *what, size_t n);
+
 /* The GPU (CUDA ordinal) setup chose for this rank, or -1 on the CPU. NVML
  * numbers devices by PCI order, CUDA fastest first unless
  * CUDA_DEVICE_ORDER=PCI_BUS_ID: set that where a node mixes GPU models. */

@@ -1,7 +1,9 @@
 /* `loom train`'s flags: table, defaults, cross-flag checks, the plan. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/export.h"
@@ -43,6 +45,8 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--eval-batches", FLAG_INT, &f->eval_batches, "micro-batches per evaluation", 1, 1e6, NULL, false, NULL},
       {"--log-every", FLAG_INT, &f->log_every, "a plain progress line every N steps (0: one status line on a terminal, else every 10)", 0, 1e9, NULL, false, NULL},
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--tensorboard-dir", FLAG_STRING, &f->tensorboard_dir, "write TensorBoard event files of the same numbers here, under "
+       "Megatron-LM's scalar names (a new file per run, beside earlier runs' files)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models", LOOM_NO_RANGE, NULL, false, NULL},
       {"--device", FLAG_STRING, &f->device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
@@ -121,6 +125,15 @@ loom_status loom_train_flags_check_outputs(const loom_train_flags *f, const loom
   }
   if (st == LOOM_OK && f->metrics) st = loom_output_check("--metrics", f->metrics, false, f->force || f->resume, err);
   if (st == LOOM_OK && f->trace) st = loom_output_check("--trace", f->trace, false, f->force, err);
+  /* A directory of runs' files: one that exists is written into, as TensorBoard's writers do. */
+  struct stat sb;
+  const bool exists = f->tensorboard_dir && stat(f->tensorboard_dir, &sb) == 0;
+  if (st == LOOM_OK && exists && !S_ISDIR(sb.st_mode))
+    st = loom_fail(err, LOOM_ERR_USAGE, "--tensorboard-dir %s: is a file, not a directory of event files", f->tensorboard_dir);
+  else if (st == LOOM_OK && exists && access(f->tensorboard_dir, W_OK) != 0)
+    st = loom_fail(err, LOOM_ERR_USAGE, "--tensorboard-dir %s: cannot write into it: %s", f->tensorboard_dir, strerror(errno));
+  else if (st == LOOM_OK && f->tensorboard_dir && !exists)
+    st = loom_output_check("--tensorboard-dir", f->tensorboard_dir, true, false, err);
   if (st == LOOM_OK && f->ckpt && !f->resume && !f->force) {
     char latest[4200];
     snprintf(latest, sizeof latest, "%s/latest", f->ckpt);

@@ -16,11 +16,11 @@ typedef struct {
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
-  const char *data, *eval_data, *split, *data_order, *synthetic, *metrics, *save;
+  const char *data, *eval_data, *split, *data_order, *synthetic, *metrics, *save, *tensorboard_dir;
   const char *trace, *plan, *device, *lr_decay, *wsd_shape;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 36)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 37)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* The learning-rate schedule the flags ask for. */

@@ -55,32 +55,71 @@ loom_status loom_metrics_open(loom_metrics *m, const char *path, long keep_throu
 /* A write that failed: said once, loudly; the file is closed and no more is written. */
 static void failed(loom_metrics *m) {
   m->failed_errno = errno ? errno : EIO;
+  m->failed_step = m->step;
   fclose(m->fp);
   m->fp = NULL;
   loom_log_error("--metrics %s: writing step %d failed (%s); metrics stop recording here, training goes on", m->path,
                  m->step, strerror(m->failed_errno));
 }
 
+loom_status loom_metrics_open_tensorboard(loom_metrics *m, const char *dir, long keep_through, loom_error *err) {
+  return dir ? loom_tensorboard_open(&m->tb, dir, keep_through > 0 ? keep_through + 1 : 0, err) : LOOM_OK;
+}
+
 void loom_metrics_close(loom_metrics *m) {
   if (m->fp && fclose(m->fp) != 0 && !m->failed_errno) m->failed_errno = errno ? errno : EIO;
   m->fp = NULL;
+  loom_error tb_err = {0};
+  if (loom_tensorboard_close(m->tb, &tb_err) != LOOM_OK) snprintf(m->tb_error, sizeof m->tb_error, "%s", tb_err.msg);
+  m->tb = NULL;
 }
 
 loom_status loom_metrics_status(const loom_metrics *m, loom_error *err) {
+  if (m->tb_error[0]) return loom_fail(err, LOOM_ERR_WRITE, "%s", m->tb_error);
   if (!m->failed_errno) return LOOM_OK;
   return loom_fail(err, LOOM_ERR_WRITE, "--metrics %s: stopped recording at step %d (%s); the run itself went on to its end",
-                   m->path, m->step, strerror(m->failed_errno));
+                   m->path, m->failed_step, strerror(m->failed_errno));
+}
+
+/* Each metric TensorBoard shows, under Megatron-LM's name where it has one
+ * (training.py's training_log and evaluate_and_print_results), scaled to
+ * its unit (iteration-time in seconds). */
+static const struct {
+  const char *key, *tag;
+  double scale;
+} TENSORBOARD_TAGS[] = {
+    {"loss", "lm loss", 1.0},
+    {"lr", "learning-rate", 1.0},
+    {"grad_norm", "grad-norm", 1.0},
+    {"batch_size", "batch-size", 1.0},
+    {"ms", "iteration-time", 1e-3},
+    {"tflops_per_device", "throughput", 1.0},
+    {"tokens_per_s_per_device", "tokens-per-sec-per-device", 1.0},
+    {"mfu", "mfu", 1.0},
+    {"max_allocated_bytes", "mem-max-allocated-bytes", 1.0},
+    {"skipped_iterations", "skipped-iterations", 1.0},
+    {"eval_loss", "lm loss validation", 1.0},
+    {"eval_accuracy", "exact match validation", 1.0},
+};
+
+static void tensorboard_scalar(loom_metrics *m, const char *key, double value) {
+  for (size_t i = 0; m->tb && i < sizeof TENSORBOARD_TAGS / sizeof TENSORBOARD_TAGS[0]; i++)
+    if (strcmp(key, TENSORBOARD_TAGS[i].key) == 0) loom_tensorboard_scalar(m->tb, TENSORBOARD_TAGS[i].tag, m->step,
+                                                                          value * TENSORBOARD_TAGS[i].scale);
+  if (m->tb && strcmp(key, "eval_loss") == 0) /* Megatron's perplexity, its exponent capped at 20 */
+    loom_tensorboard_scalar(m->tb, "lm loss validation ppl", m->step, exp(value < 20.0 ? value : 20.0));
 }
 
 void loom_metrics_begin(loom_metrics *m, int step) {
-  if (!m->fp) return;
   m->step = step;
+  if (!m->fp) return;
   errno = 0;
   if (fprintf(m->fp, "{\"step\": %d", step) < 0) failed(m);
   m->fields = 1;
 }
 
 void loom_metrics_num(loom_metrics *m, const char *key, double value) {
+  tensorboard_scalar(m, key, value);
   if (!m->fp) return;
   /* JSON has no NaN or Infinity; null keeps each line parseable. */
   const int n = isfinite(value) ? fprintf(m->fp, ", \"%s\": %.9g", key, value) : fprintf(m->fp, ", \"%s\": null", key);

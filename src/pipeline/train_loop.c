@@ -166,37 +166,58 @@ static void format_duration(double s, char *out, size_t n) {
   else snprintf(out, n, "%lds", t);
 }
 
+/* One step's numbers as Megatron-LM and torchtitan log them: per device
+ * (rank), against the job's dense peak, with rank 0's counted peak of
+ * allocated tensor memory and the iterations skipped so far. */
+typedef struct {
+  double ms, tokens_per_s, tflops_per_device, mfu, max_allocated;
+  int skipped_iterations;
+} step_numbers;
+
+static step_numbers step_numbers_of(const loom_trainer *tr, const loom_train_loop *loop, double dt, double tokens,
+                                    double gflops, int skipped) {
+  const double devices = tr->ps.world;
+  return (step_numbers){.ms = dt * 1e3, .tokens_per_s = tokens / dt / devices, .tflops_per_device = gflops / devices * 1e-3,
+                        .mfu = gflops / loop->peak_gflops, .max_allocated = loom_trainer_tensor_peak(tr),
+                        .skipped_iterations = skipped};
+}
+
 /* The step's line: the status line on a terminal, else a plain line every log_every steps. */
-static void show_progress(const loom_train_loop *loop, int step, const loom_step_stats *s, double dt, double tokens,
-                          double gflops, double started, int first) {
+static void show_progress(const loom_train_loop *loop, int step, const loom_step_stats *s, const step_numbers *n,
+                          double started, int first) {
   const int done = step + 1, every = loop->log_every ? loop->log_every : DEFAULT_LOG_EVERY;
   if (loop->log_every == 0 && loom_log_on_terminal()) {
     const double elapsed = loom_now_s() - started, eta = elapsed / (done - first) * (loop->steps - done);
     char el[48], left[48];
     format_duration(elapsed, el, sizeof el);
     format_duration(eta, left, sizeof left);
-    loom_log_status("step %d/%d | loss %.4f | %.0f tok/s | %.1f%% peak | elapsed %s | ETA %s", done, loop->steps,
-                    (double)s->loss, tokens / dt, 100.0 * gflops / loop->peak_gflops, el, left);
+    loom_log_status("step %d/%d | loss %.4f | %.0f tok/s/dev | MFU %.1f%% | elapsed %s | ETA %s", done, loop->steps,
+                    (double)s->loss, n->tokens_per_s, 100.0 * n->mfu, el, left);
     return;
   }
   if (done % every == 0 || step == first || done == loop->steps)
-    loom_log_info("step %5d/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | %6.1f GFLOP/s | %4.1f%% peak",
-                  done, loop->steps, (double)s->loss, (double)s->lr, s->grad_norm, dt * 1e3, tokens / dt, gflops,
-                  100.0 * gflops / loop->peak_gflops);
+    loom_log_info("step %5d/%d | loss %.4f | lr %.2e | grad norm %.3f | %7.1f ms/iter | %7.0f tok/s/dev | %6.3f TFLOP/s/dev | "
+                  "MFU %4.1f%% | max alloc %.1f MiB | skipped %d",
+                  done, loop->steps, (double)s->loss, (double)s->lr, s->grad_norm, n->ms, n->tokens_per_s,
+                  n->tflops_per_device, 100.0 * n->mfu, n->max_allocated / 1048576.0, n->skipped_iterations);
 }
 
 static void record_step(const loom_trainer *tr, const loom_train_loop *loop, straggler_watch *w, int step,
-                        const loom_step_stats *s, double dt, double tokens, double gflops) {
+                        const loom_step_stats *s, const step_numbers *n) {
   loom_metrics *mx = loop->metrics;
   loom_metrics_begin(mx, step + 1);
   loom_metrics_num(mx, "loss", s->loss);
   loom_metrics_num(mx, "lr", s->lr);
   loom_metrics_num(mx, "grad_norm", s->grad_norm);
-  loom_metrics_num(mx, "ms", dt * 1e3);
-  loom_metrics_num(mx, "tokens_per_s", tokens / dt);
-  loom_metrics_num(mx, "gflops", gflops);
-  loom_metrics_num(mx, "peak_frac", gflops / loop->peak_gflops);
+  loom_metrics_num(mx, "ms", n->ms);
+  loom_metrics_num(mx, "tokens_per_s", n->tokens_per_s * tr->ps.world);
+  loom_metrics_num(mx, "tokens_per_s_per_device", n->tokens_per_s);
+  loom_metrics_num(mx, "tflops_per_device", n->tflops_per_device);
+  loom_metrics_num(mx, "mfu", n->mfu);
+  loom_metrics_num(mx, "max_allocated_bytes", n->max_allocated);
+  loom_metrics_num(mx, "batch_size", tr->global_batch);
   loom_metrics_num(mx, "skipped", s->skipped);
+  loom_metrics_num(mx, "skipped_iterations", n->skipped_iterations);
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
   if (loom_pipeline_compression(tr->pipe)) {
     int64_t sent, whole;
@@ -240,6 +261,7 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
   *stopped = false;
   loom_status st = loop->eval_every > 0 && first == 0 ? run_eval(tr, loop, 0, false, err) : LOOM_OK;
   const double started = loom_now_s();
+  int skipped = 0;
   for (int step = first; step < loop->steps && st == LOOM_OK; step++) {
     if (loom_fault_fires(LOOM_FAULT_STALL, step + 1, NULL))
       for (;;) sleep(1);
@@ -252,8 +274,10 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
       return loom_fail(err, LOOM_ERR_RUNTIME, "loss became %g at step %d; lower --lr or check the data",
                        (double)s.loss, step + 1);
     }
-    show_progress(loop, step, &s, dt, tokens, gflops, started, first);
-    record_step(tr, loop, watch, step, &s, dt, tokens, gflops);
+    skipped += s.skipped;
+    const step_numbers n = step_numbers_of(tr, loop, dt, tokens, gflops, skipped);
+    show_progress(loop, step, &s, &n, started, first);
+    record_step(tr, loop, watch, step, &s, &n);
     if (loop->eval_every > 0 && ((step + 1) % loop->eval_every == 0 || step + 1 == loop->steps))
       st = run_eval(tr, loop, step + 1, true, err);
     loom_metrics_end(loop->metrics);

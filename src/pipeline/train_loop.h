@@ -18,7 +18,7 @@ typedef struct {
   float straggler_factor;   /* a rank slower than the median compute time by this is named */
   const char *trace;        /* NULL, or where the last step's Chrome trace goes */
   loom_metrics *metrics;
-  double peak_gflops;       /* the job's sgemm peak, for the utilisation column */
+  double peak_gflops;       /* the job's dense peak, every device's (cli/device.h) summed: what MFU is a share of */
   const volatile sig_atomic_t *stop; /* nonzero on any rank: finish the step, save, return */
   /* Checkpoints every save_every steps (0: never), at the last step and on a stop. */
   int save_every;
