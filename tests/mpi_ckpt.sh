@@ -161,6 +161,33 @@ LOOM_FAULT=kill_in_save:1:4 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x O
 np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/kill" --resume --metrics "$WORK/kill.jsonl" > "$WORK/kr.txt" 2>&1 || fail "resume after the kill: $(cat "$WORK/kr.txt")"
 [ "$(losses "$WORK/kill.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -7)" ] || fail "losses after the kill differ"
 
+# Asynchronous saves: a run without faults leaves the same checkpoint as a synchronous one (its
+# resume gives the uninterrupted losses); a rank killed while copying its shard to host memory,
+# halfway through writing it on the writer thread, or with it written and the manifest not, leaves
+# latest on step 2 (step 4 never recorded), and --resume finishes with the uninterrupted losses.
+rm -rf "$WORK/async"
+np 4 --tp 2 --pp 2 --steps 6 --save-every 2 --async-save --ckpt "$WORK/async" > "$WORK/async.txt" 2>&1 || fail "async: $(cat "$WORK/async.txt")"
+grep -q "^checkpoint $WORK/async/step_00000006: .* written in the background in .*; the step loop stalled .* ms for it" "$WORK/async.txt" ||
+  fail "async save's line: $(cat "$WORK/async.txt")"
+"$LOOM" ckpt verify "$WORK/async" | grep -q "ok (4 shards" || fail "verify of an asynchronous checkpoint"
+np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/async" --resume --metrics "$WORK/async.jsonl" > "$WORK/ar.txt" 2>&1 || fail "resume async: $(cat "$WORK/ar.txt")"
+[ "$(losses "$WORK/async.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -3)" ] || fail "losses after an asynchronous save differ"
+for fault in kill_in_stage:1:4 kill_in_write:2:4 kill_in_save:3:4; do
+  rm -rf "$WORK/akill"
+  LOOM_FAULT=$fault "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" train $MODEL \
+    --tp 2 --pp 2 --steps 9 --save-every 2 --async-save --ckpt "$WORK/akill" > "$WORK/akill.txt" 2>&1 && fail "$fault: the killed run exited 0"
+  [ "$(cat "$WORK/akill/latest")" = step_00000002 ] || fail "$fault: latest is $(cat "$WORK/akill/latest"), not the last complete step 2"
+  [ ! -f "$WORK/akill/step_00000004/manifest.pb" ] || fail "$fault: step 4 was recorded"
+  case $fault in # where each fault left step 4: a shard missing, half written, all written
+    kill_in_stage*) [ ! -e "$WORK/akill/step_00000004/rank_00001.shard" ] ;;
+    kill_in_write*) [ -f "$WORK/akill/step_00000004/rank_00002.shard.tmp" ] && [ ! -e "$WORK/akill/step_00000004/rank_00002.shard" ] ;;
+    kill_in_save*) [ -f "$WORK/akill/step_00000004/rank_00003.shard" ] ;;
+  esac || fail "$fault: step 4 holds $(ls "$WORK/akill/step_00000004" | tr '\n' ' ')"
+  np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/akill" --resume --async-save --metrics "$WORK/akill.jsonl" > "$WORK/akr.txt" 2>&1 ||
+    fail "$fault: resume: $(cat "$WORK/akr.txt")"
+  [ "$(losses "$WORK/akill.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -7)" ] || fail "$fault: losses after the kill differ"
+done
+
 # --keep 2 leaves the two newest steps.
 rm -rf "$WORK/keep"
 np 2 --dp 2 --steps 4 --save-every 1 --keep 2 --ckpt "$WORK/keep" > /dev/null 2>&1 || fail "--keep run"

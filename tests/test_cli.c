@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,8 +249,10 @@ START_TEST(bad_flags) {
               "loom train: --hidden cannot be combined with --plan: the plan fixes the model and layout");
   refusal_row(&t, run("plan", "check", "/nonexistent.txtpb", NULL), 2, "loom: /nonexistent.txtpb: cannot open plan: No such file or directory");
   refusal_row(&t, run("plan", "new", "--tp", "2", NULL), 2, "loom plan new: -o PLAN is required");
-  refusal_row(&t, run("train", "--resume", NULL), 2, "loom train: --resume, --save-every and --keep need --ckpt DIR");
-  refusal_row(&t, run("train", "--keep", "2", NULL), 2, "loom train: --resume, --save-every and --keep need --ckpt DIR");
+  refusal_row(&t, run("train", "--resume", NULL), 2, "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");
+  refusal_row(&t, run("train", "--keep", "2", NULL), 2, "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");
+  refusal_row(&t, run("train", "--async-save", NULL), 2,
+              "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");
   refusal_row(&t, run("train", "--watchdog-timeout", "-1", NULL), 2, "loom train: --watchdog-timeout must be in [0, 1000000], got -1");
   refusal_row(&t, run("train", "--ckpt", "/nonexistent-dir/ck", "--resume", NULL), 2,
               "loom: /nonexistent-dir/ck/latest: no checkpoint to load (No such file or directory)");
@@ -952,6 +955,16 @@ START_TEST(meaningful_nonsense_is_refused) {
   tu_row(&t, r->code == 0 && strstr(r->out, "RESULT seq32_fp32_peak_frac=") && strstr(r->out, "seq32_fp32_roofline_frac=") &&
              strstr(r->out, "    roofline: GEMMs ") && !strstr(r->out, "seq256") && !strstr(r->out, "=0.000"),
          "bench step --seq 32: exit %d, '%s'", r->code, r->out);
+  /* bench ckpt saves both ways, trains during the asynchronous write, and leaves nothing in $TMPDIR. */
+  r = run("bench", "ckpt", "--model", "gpt-tiny", "--steps", "1", NULL);
+  const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  bool left = false;
+  DIR *d = opendir(tmpdir);
+  for (struct dirent *e; d && (e = readdir(d));) left |= strncmp(e->d_name, "loom_bench_ckpt_", 16) == 0;
+  if (d) closedir(d);
+  tu_row(&t, r->code == 0 && strstr(r->out, "RESULT ckpt_sync_stall_s=") && strstr(r->out, " ckpt_async_over_sync=") &&
+             strstr(r->out, "asynchronous save: the step loop stalled ") && !left,
+         "bench ckpt: exit %d, '%s', %s left in %s", r->code, r->out, left ? "a directory" : "nothing", tmpdir);
   tu_rows_done(&t);
 }
 END_TEST

@@ -1,4 +1,7 @@
 /* Sharded checkpoint save, resume onto any plan, and verify. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,6 +11,7 @@
 #include "core/check.h"
 #include "core/fault.h"
 #include "core/crc32c.h"
+#include "core/timer.h"
 
 /* A save that failed anywhere leaves latest on the previous step; its
  * partial directory goes, unless latest names it (a step saved before). */
@@ -17,65 +21,205 @@ static void discard_partial(const char *dir, const char *sub, int64_t step) {
   if (loom_ckpt_latest_step(dir, &latest, &ignored) != LOOM_OK || latest != step) loom_ckpt_remove_step(sub);
 }
 
-loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
-                           const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
-  char sub[4096], path[4200];
-  loom_ckpt_step_dir(dir, step, sub, sizeof sub);
-  /* Every allocation comes first, so a rank short of memory fails the vote below, before anything is written. */
-  loom_shard_tensor *pieces = loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *pieces);
-  int64_t *all = loom_fault_calloc((size_t)ps->world * 3, sizeof(int64_t));
-  loom_status st = pieces && all ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", sub);
+/* One save, from its collective start to its manifest: the state the
+ * phases below share (a synchronous save runs them in a row; an
+ * asynchronous one writes the shard on a thread between them). */
+struct loom_ckpt_async {
+  char dir[4096], sub[4096], path[4200];
+  int64_t step;
+  int keep;
+  const loom_parallel *ps;
+  loom_ckpt_run run;
+  int64_t *all;              /* [world * 3] every rank's report */
+  loom_shard_binding binding;
+  loom_shard_tensor *pieces;
+  int count;
+  loom_shard_written mine;
+  loom_status st;            /* the shard's write */
+  loom_error err;
+  pthread_t writer;
+  bool writing;              /* a writer thread runs (joined at the end) */
+  atomic_bool written;       /* the writer finished, well or not */
+  double staged_s, write_s;  /* seconds the copy to host took, and the write */
+};
+
+static void free_save(loom_ckpt_async *a) {
+  free(a->pieces);
+  free(a->all);
+  free(a);
+}
+
+/* The collective start: every allocation (a rank short of memory fails the
+ * vote, before anything is written), the step directory, one save id
+ * (rank 0's, which every shard and the manifest carry) and this rank's
+ * pieces. NULL on failure, every rank alike. */
+static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
+                                   const loom_parallel *ps, const loom_ckpt_run *run, loom_status *out, loom_error *err) {
+  loom_ckpt_async *a = loom_fault_calloc(1, sizeof *a);
+  loom_status st = a ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", dir);
+  if (a) {
+    *a = (loom_ckpt_async){.step = step, .keep = keep, .ps = ps, .run = *run};
+    snprintf(a->dir, sizeof a->dir, "%s", dir);
+    loom_ckpt_step_dir(dir, step, a->sub, sizeof a->sub);
+    a->pieces = loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *a->pieces);
+    a->all = loom_fault_calloc((size_t)ps->world * 3, sizeof(int64_t));
+    if (!a->pieces || !a->all) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", a->sub);
+  }
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(dir, err);
-  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(sub, err);
+  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(a->sub, err);
   int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
   if (bad) {
-    free(pieces);
-    free(all);
-    if (ps->rank == 0) discard_partial(dir, sub, step);
-    return st != LOOM_OK ? st : loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "start the checkpoint");
+    if (a && ps->rank == 0) discard_partial(dir, a->sub, step);
+    if (a) free_save(a);
+    *out = st != LOOM_OK ? st : loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "start the checkpoint");
+    return NULL;
   }
-  /* One id for this save, rank 0's: every shard and the manifest carry it. */
   int64_t save_id = ps->rank == 0 ? (int64_t)loom_ckpt_fresh_save_id() : 0;
   loom_comm_broadcast_typed(ps->world_group, &save_id, 1, LOOM_DTYPE_I64, 0);
-  const loom_shard_binding binding = {(uint64_t)save_id, step, ps->rank};
-  loom_ckpt_shard_path(sub, ps->rank, path, sizeof path);
-  const int count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero >= 1, pieces);
-  loom_shard_written mine = {0, 0};
-  loom_ckpt_staging staging;
-  st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, pieces, sizeof *pieces, count, true, err);
-  if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &mine.bytes, &mine.crc32c, err);
-  loom_ckpt_unstage(&staging, false);
-  free(pieces);
+  a->binding = (loom_shard_binding){(uint64_t)save_id, step, ps->rank};
+  loom_ckpt_shard_path(a->sub, ps->rank, a->path, sizeof a->path);
+  a->count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, run->zero >= 1, a->pieces);
+  *out = LOOM_OK;
+  return a;
+}
+
+static void write_shard(loom_ckpt_async *a) {
+  const double t0 = loom_now_s();
+  a->st = loom_shard_file_write(a->path, &a->binding, a->pieces, a->count, &a->mine.bytes, &a->mine.crc32c, &a->err);
+  a->write_s = loom_now_s() - t0;
+}
+
+/* The collective end: every rank reports success, size and checksum (as
+ * exact 64-bit integers); rank 0 then writes the manifest and moves latest;
+ * a failure anywhere leaves latest on the previous step. Frees a. */
+static loom_status end_save(loom_ckpt_async *a, int64_t *total_bytes, loom_error *err) {
+  const loom_parallel *ps = a->ps;
+  loom_status st = a->st;
+  if (st != LOOM_OK) *err = a->err;
   /* A test fault: this rank dies here, its shard written and the manifest
    * not, as a node lost mid-save would. */
-  if (loom_fault_fires(LOOM_FAULT_KILL_IN_SAVE, step, NULL)) abort();
-  /* Every rank reports success, size and checksum, as exact 64-bit integers. */
-  const int64_t report[3] = {st == LOOM_OK, mine.crc32c, mine.bytes};
-  loom_comm_allgather_typed(ps->world_group, report, all, 3, LOOM_DTYPE_I64);
+  if (loom_fault_fires(LOOM_FAULT_KILL_IN_SAVE, a->step, NULL)) abort();
+  const int64_t report[3] = {st == LOOM_OK, a->mine.crc32c, a->mine.bytes};
+  loom_comm_allgather_typed(ps->world_group, report, a->all, 3, LOOM_DTYPE_I64);
   int failed = -1; /* the first rank that could not write its shard */
   *total_bytes = 0;
   for (int r = 0; r < ps->world; r++) {
-    if (all[3 * r] != 1 && failed < 0) failed = r;
-    *total_bytes += all[3 * r + 2];
+    if (a->all[3 * r] != 1 && failed < 0) failed = r;
+    *total_bytes += a->all[3 * r + 2];
   }
   if (st == LOOM_OK && failed >= 0) st = loom_fail_elsewhere(err, LOOM_ERR_WRITE, failed, "write its shard; checkpoint not recorded");
   if (st == LOOM_OK && ps->rank == 0) {
     loom_shard_written *shards = loom_fault_calloc((size_t)ps->world, sizeof *shards);
     for (int r = 0; shards && r < ps->world; r++) {
-      shards[r].bytes = all[3 * r + 2];
-      shards[r].crc32c = (uint32_t)all[3 * r + 1];
+      shards[r].bytes = a->all[3 * r + 2];
+      shards[r].crc32c = (uint32_t)a->all[3 * r + 1];
     }
-    st = shards ? loom_manifest_publish(dir, step, (uint64_t)save_id, run, shards, ps->world, keep, err)
-                : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
+    st = shards ? loom_manifest_publish(a->dir, a->step, a->binding.save_id, &a->run, shards, ps->world, a->keep, err)
+                : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", a->sub);
     free(shards);
   }
-  free(all);
-  bad = st != LOOM_OK;
+  int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* nobody goes on before the manifest */
   if (st == LOOM_OK && bad) st = loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "record the checkpoint");
-  if (bad && ps->rank == 0) discard_partial(dir, sub, step);
+  if (bad && ps->rank == 0) discard_partial(a->dir, a->sub, a->step);
+  free_save(a);
   return st;
+}
+
+loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
+                           const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
+  loom_status st;
+  loom_ckpt_async *a = begin_save(dir, step, keep, chunks, n, ps, run, &st, err);
+  if (!a) return st;
+  loom_ckpt_staging staging;
+  a->st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, a->pieces, sizeof *a->pieces, a->count, true, &a->err);
+  if (a->st == LOOM_OK) write_shard(a);
+  loom_ckpt_unstage(&staging, false);
+  return end_save(a, total_bytes, err);
+}
+
+/* ---- asynchronous saves ---- */
+
+static void *writer_main(void *arg) {
+  loom_ckpt_async *a = arg;
+  write_shard(a);
+  atomic_store(&a->written, true);
+  return NULL;
+}
+
+void loom_ckpt_arena_free(loom_ckpt_arena *arena) {
+  free(arena->data);
+  *arena = (loom_ckpt_arena){0};
+}
+
+/* Copies every piece's values into the arena, LOOM_CKPT_STAGE_BYTES at a
+ * time (a GPU's pinned staging stays bounded), and points the pieces at the
+ * copies: the model may change from here on. */
+static loom_status snapshot(loom_ckpt_async *a, const loom_allocator *mem, loom_ckpt_arena *arena, loom_error *err) {
+  const double t0 = loom_now_s();
+  size_t floats = 0;
+  for (int i = 0; i < a->count; i++) floats += (size_t)a->pieces[i].count;
+  if (floats > arena->floats) {
+    loom_ckpt_arena_free(arena);
+    arena->data = loom_fault_malloc(floats * sizeof(float));
+    if (!arena->data) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory staging the checkpoint (%.3f GB)", a->sub,
+                                       (double)floats * 4e-9);
+    arena->floats = floats;
+  }
+  float *at = arena->data;
+  for (int i = 0; i < a->count; i++) {
+    loom_shard_tensor *t = &a->pieces[i];
+    const size_t bytes = (size_t)t->count * sizeof(float);
+    if (i == a->count / 2 && loom_fault_fires(LOOM_FAULT_KILL_IN_STAGE, a->step, NULL)) abort();
+    for (size_t done = 0; done < bytes; done += LOOM_CKPT_STAGE_BYTES) {
+      const size_t part = bytes - done < LOOM_CKPT_STAGE_BYTES ? bytes - done : LOOM_CKPT_STAGE_BYTES;
+      if (mem->host_addressable) memcpy((char *)at + done, (const char *)t->data + done, part);
+      else mem->to_host(mem, (char *)at + done, (const char *)t->data + done, part);
+    }
+    t->data = at;
+    at += t->count;
+  }
+  a->staged_s = loom_now_s() - t0;
+  return LOOM_OK;
+}
+
+loom_status loom_ckpt_async_begin(loom_ckpt_async **out, const char *dir, int64_t step, int keep,
+                                  const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
+                                  loom_ckpt_arena *arena, loom_error *err) {
+  loom_status st;
+  *out = NULL;
+  loom_ckpt_async *a = begin_save(dir, step, keep, chunks, n, ps, run, &st, err);
+  if (!a) return st;
+  a->st = snapshot(a, chunks[0].p->params.alloc, arena, &a->err);
+  if (a->st == LOOM_OK && pthread_create(&a->writer, NULL, writer_main, a) == 0) a->writing = true;
+  else if (a->st == LOOM_OK) a->st = loom_fail(&a->err, LOOM_ERR_RUNTIME, "%s: cannot start the checkpoint writer thread", a->sub);
+  if (!a->writing) atomic_store(&a->written, true); /* nothing to wait for: the end reports the failure */
+  *out = a;
+  return LOOM_OK;
+}
+
+void loom_ckpt_async_abandon(loom_ckpt_async **pa) {
+  loom_ckpt_async *a = *pa;
+  if (!a) return;
+  if (a->writing) pthread_join(a->writer, NULL);
+  free_save(a);
+  *pa = NULL;
+}
+
+loom_status loom_ckpt_async_finish(loom_ckpt_async **pa, bool blocking, loom_ckpt_async_report *report, loom_error *err) {
+  loom_ckpt_async *a = *pa;
+  *report = (loom_ckpt_async_report){0};
+  if (!a) return LOOM_OK;
+  if (!blocking) { /* every rank's writer done, or no rank settles yet */
+    int32_t busy = !atomic_load(&a->written);
+    loom_comm_allreduce_typed(a->ps->world_group, &busy, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+    if (busy) return LOOM_OK;
+  }
+  if (a->writing) pthread_join(a->writer, NULL);
+  *report = (loom_ckpt_async_report){.done = true, .step = a->step, .staged_s = a->staged_s, .write_s = a->write_s};
+  *pa = NULL;
+  return end_save(a, &report->bytes, err);
 }
 
 /* Refuses a checkpoint this run cannot continue: another model, or a

@@ -34,6 +34,8 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
 }
 
 void loom_run_files_free(loom_run_files *f) {
+  loom_ckpt_async_abandon(&f->pending);
+  loom_ckpt_arena_free(&f->arena);
   free(f->chunks);
   f->chunks = NULL;
 }
@@ -150,15 +152,36 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
   return LOOM_OK;
 }
 
+loom_status loom_run_settle(void *ctx, bool blocking, loom_error *err) {
+  loom_run_files *f = ctx;
+  if (!f->pending) return LOOM_OK;
+  loom_ckpt_async_report r;
+  const loom_status st = loom_ckpt_async_finish(&f->pending, blocking, &r, err);
+  if (st == LOOM_OK && r.done)
+    loom_log_info("checkpoint %s/step_%08lld: %.3f GB written in the background in %.2f s; the step loop stalled %.1f ms "
+                  "for it (copying %.1f ms of it to host memory): every rank's shard, then the manifest, then latest",
+                  f->dir, (long long)r.step, (double)r.bytes / 1e9, r.write_s, 1e3 * f->pending_stall_s, 1e3 * r.staged_s);
+  return st;
+}
+
 loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
   loom_run_files *f = ctx;
+  if (f->async_save) {
+    loom_status st = loom_run_settle(f, true, err); /* one save in flight at a time */
+    const double t0 = loom_now_s();
+    if (st == LOOM_OK)
+      st = loom_ckpt_async_begin(&f->pending, f->dir, step, f->keep, f->chunks, loom_pipeline_chunk_count(f->tr->pipe),
+                                 &f->tr->ps, &f->run, &f->arena, err);
+    f->pending_stall_s = loom_now_s() - t0;
+    return st;
+  }
   const double t0 = loom_now_s();
   int64_t bytes = 0;
   const loom_status st = loom_ckpt_save(f->dir, step, f->keep, f->chunks, loom_pipeline_chunk_count(f->tr->pipe), &f->tr->ps, &f->run, &bytes, err);
   const double gb = (double)bytes / 1e9, dt = loom_now_s() - t0;
   if (st == LOOM_OK)
-    loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s): every rank's shard, then the manifest, then latest",
-                  f->dir, (long long)step, gb, dt, gb / dt);
+    loom_log_info("checkpoint %s/step_%08lld: %.3f GB in %.2f s (%.2f GB/s), the step loop stalled for all of it: every "
+                  "rank's shard, then the manifest, then latest", f->dir, (long long)step, gb, dt, gb / dt);
   return st;
 }
 

@@ -18,6 +18,10 @@ typedef struct {
   int keep;
   loom_ckpt_chunk *chunks; /* [loom_pipeline_chunk_count(tr->pipe)] parameters and optimizer state */
   loom_ckpt_run run;
+  bool async_save;          /* --async-save: the shard written on a thread while training goes on */
+  loom_ckpt_async *pending; /* the asynchronous save in flight, or NULL */
+  double pending_stall_s;   /* the step loop's stall starting it */
+  loom_ckpt_arena arena;    /* the host copy of this rank's shard, kept between saves */
 } loom_run_files;
 
 /* seed and data describe the run in the checkpoint's manifest. */
@@ -30,8 +34,13 @@ loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *
 loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
 /* Loads dir/latest, from whatever plan wrote it; *first gets its step. */
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
-/* The training loop's save hook (ctx: the loom_run_files): checkpoint `step` under dir. */
+/* The training loop's save hook (ctx: the loom_run_files): checkpoint `step`
+ * under dir; with async_save, once an earlier save in flight is recorded,
+ * start this one and return when its pieces are in host memory. */
 loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
+/* The loop's hook after each step (blocking: at the end of the run): record
+ * an asynchronous save once every rank's shard is written. Collective. */
+loom_status loom_run_settle(void *ctx, bool blocking, loom_error *err);
 /* The format --save writes: llm.c's file for GPT-2 (which it holds), else a Hugging Face directory. */
 loom_model_format loom_run_save_format(const loom_gpt_config *cfg);
 /* Writes the model after `step` to path, an llm.c file for GPT-2 and a

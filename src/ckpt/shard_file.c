@@ -64,6 +64,23 @@ static void put_piece_header(bytes *b, const loom_shard_tensor *t) {
   put(b, &crc, 4);
 }
 
+/* The file's chunks in order; halfway, the kill_in_write fault (a test's:
+ * this rank dies with the file half written, as a node lost mid-write). */
+typedef struct {
+  const loom_chunk *chunks;
+  int count;
+  int64_t step;
+} chunk_list;
+
+static int next_chunk(void *ctx, int i, loom_chunk *out, loom_status *st, loom_error *err) {
+  (void)st, (void)err;
+  const chunk_list *l = ctx;
+  if (i >= l->count) return 0;
+  if (i == l->count / 2 && loom_fault_fires(LOOM_FAULT_KILL_IN_WRITE, l->step, NULL)) abort();
+  *out = l->chunks[i];
+  return 1;
+}
+
 loom_status loom_shard_file_write(const char *path, const loom_shard_binding *binding, const loom_shard_tensor *tensors,
                                   int count, int64_t *file_bytes, uint32_t *file_crc, loom_error *err) {
   bytes *meta = loom_fault_calloc((size_t)count + 1, sizeof *meta);
@@ -88,8 +105,9 @@ loom_status loom_shard_file_write(const char *path, const loom_shard_binding *bi
   }
   bool failed = false;
   for (int i = 0; i <= count; i++) failed |= meta[i].failed;
+  const chunk_list list = {chunks, 1 + 2 * count, binding->step};
   const loom_status st = failed ? loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing a checkpoint shard", path)
-                                : loom_write_file_atomic(path, chunks, 1 + 2 * count, err);
+                                : loom_write_file_atomic_stream(path, next_chunk, (void *)&list, err);
   *file_bytes = 0;
   *file_crc = 0;
   for (int i = 0; i < 1 + 2 * count; i++) {

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
+#include "ckpt/manifest.h"
+#include "ckpt/run_files.h"
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/flags.h"
@@ -270,6 +272,74 @@ static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *er
   return st;
 }
 
+/* `loom bench ckpt`: the step loop's stall for one checkpoint of the
+ * model, synchronous against asynchronous, measured in one run: the same
+ * process saves the same trained state both ways, alternating, --steps
+ * times each, into fresh directories under $TMPDIR; while the asynchronous
+ * save's shard is written, training steps go on, and the background write
+ * is timed too. Best of each (a shared machine's noise only slows). */
+static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err) {
+  loom_plan *plan = NULL;
+  loom_status st = plan_at(f, table, seq_flag(table) ? f->layout.model.seq : 64, false, 1, &plan, err);
+  loom_dataset data = {.name = "random", .window = random_window, .free = no_free};
+  const loom_trainer_options o = {
+      .seed = 1, .weight_decay = loom_adamw_defaults().weight_decay, .grad_clip = loom_adamw_defaults().grad_clip,
+      .lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .total_steps = 1000}};
+  loom_trainer tr = {0};
+  if (st == LOOM_OK) st = loom_trainer_init(&tr, NULL, plan, f->ops, &data, &o, err);
+  const char *tmp = getenv("TMPDIR");
+  char root[4096];
+  snprintf(root, sizeof root, "%s/loom_bench_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (st == LOOM_OK && !mkdtemp(root)) st = loom_fail(err, LOOM_ERR_IO, "loom bench ckpt: cannot make %s", root);
+  const bool made = st == LOOM_OK;
+  char dirs[2][4200];
+  snprintf(dirs[0], sizeof dirs[0], "%s/sync", root);
+  snprintf(dirs[1], sizeof dirs[1], "%s/async", root);
+  loom_run_files files = {0};
+  if (st == LOOM_OK) loom_run_files_init(&files, &tr, dirs[0], 1, 1, NULL);
+  int step = 0;
+  if (st == LOOM_OK) loom_trainer_step(&tr, step++); /* the Adam state exists, pages are touched */
+  double sync_s = 0.0, stall_s = 0.0, write_s = 0.0;
+  int during = 0;
+  for (int i = 0; i < f->steps && st == LOOM_OK; i++) {
+    files.async_save = false, files.dir = dirs[0];
+    double t0 = loom_now_s();
+    st = loom_run_save(&files, step, err);
+    const double s = loom_now_s() - t0;
+    sync_s = i == 0 || s < sync_s ? s : sync_s;
+    files.async_save = true, files.dir = dirs[1];
+    t0 = loom_now_s();
+    if (st == LOOM_OK) st = loom_run_save(&files, step, err);
+    const double stall = loom_now_s() - t0;
+    stall_s = i == 0 || stall < stall_s ? stall : stall_s;
+    int steps = 0;
+    while (st == LOOM_OK && files.pending) { /* train while the shard is written */
+      loom_trainer_step(&tr, step++);
+      steps++;
+      st = loom_run_settle(&files, false, err);
+    }
+    const double written = loom_now_s() - t0;
+    if (i == 0 || written < write_s) write_s = written, during = steps;
+  }
+  if (st == LOOM_OK) {
+    const double gb = (double)loom_ckpt_load_bytes(files.chunks, loom_pipeline_chunk_count(tr.pipe)) / 1e9;
+    char cpu[256];
+    printf("bench ckpt: %s shape, %.3f GB per checkpoint (weights and AdamW state), into %s; %s, copies by memcpy\n",
+           f->layout.model.preset, gb, root, loom_cpu_model(cpu, sizeof cpu));
+    printf("synchronous save: the step loop stalled %.3f s (best of %d)\n", sync_s, f->steps);
+    printf("asynchronous save: the step loop stalled %.3f s (best of %d), %.3fx the synchronous stall; its shard was "
+           "written in the background in %.2f s, while %d training step%s ran\n", stall_s, f->steps, stall_s / sync_s,
+           write_s, during, during == 1 ? "" : "s");
+    printf("RESULT ckpt_sync_stall_s=%.4f ckpt_async_stall_s=%.4f ckpt_async_over_sync=%.4f ckpt_gb=%.3f\n", sync_s, stall_s,
+           stall_s / sync_s, gb);
+  }
+  loom_run_files_free(&files);
+  if (made) loom_ckpt_remove(root);
+  loom_trainer_free(&tr);
+  loom_plan_free(plan);
+  return st;
+}
+
 #ifdef LOOM_HAVE_CUDA
 /* GPU bench: each sequence length's model TFLOP/s against the device's dense
  * bf16 peak (stated) and against cuBLAS's bf16 GEMM measured in this run. */
@@ -414,9 +484,11 @@ int loom_cmd_bench(int argc, char **argv) {
                                   "or 256 for a parallel plan under mpirun)", table, BENCH_FLAG_COUNT, argc, argv, pos,
                                   1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
-  if (st == LOOM_OK && (npos != 1 || strcmp(pos[0], "step") != 0))
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom bench: expected the benchmark name 'step'%s%s%s",
+  const bool ckpt = npos == 1 && strcmp(pos[0], "ckpt") == 0;
+  if (st == LOOM_OK && !ckpt && (npos != 1 || strcmp(pos[0], "step") != 0))
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom bench: expected the benchmark name 'step' or 'ckpt'%s%s%s",
                    npos ? ", got '" : "", npos ? pos[0] : "", npos ? "'" : "");
-  if (st == LOOM_OK) st = bench_step(&f, table, &err);
+  if (st == LOOM_OK && ckpt) st = loom_device_setup("loom bench ckpt", f.device, &f.ops, (char[160]){0}, 160, &err);
+  if (st == LOOM_OK) st = ckpt ? bench_ckpt(&f, table, &err) : bench_step(&f, table, &err);
   return loom_report(st, &err);
 }

@@ -112,6 +112,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK) st = loom_trainer_init(&tr, world, plan, ops, data, &o, err);
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);
   if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
+  files.async_save = f->async_save;
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
   if (st == LOOM_OK) log_run(&tr, f, device, peak, peak_what);
   if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
@@ -130,7 +131,8 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
                                 .eval_every = f->eval_every, .eval_batches = f->eval_batches,
                                 .digits = f->data ? 0 : f->digits, .straggler_factor = f->straggler_factor,
                                 .trace = f->trace, .metrics = &metrics, .peak_gflops = peak, .stop = &g_stop,
-                                .save_every = f->save_every, .save_ctx = &files, .save = f->ckpt ? loom_run_save : NULL};
+                                .save_every = f->save_every, .save_ctx = &files, .save = f->ckpt ? loom_run_save : NULL,
+                                .settle = f->ckpt && f->async_save ? loom_run_settle : NULL};
   bool stopped = false;
   if (st == LOOM_OK) st = loom_train_run(&tr, &loop, &stopped, err);
   if (st == LOOM_OK && !stopped && f->save) st = loom_run_export(&files, f->steps, f->save, err);

@@ -55,6 +55,8 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false, NULL},
       {"--watchdog-timeout", FLAG_FLOAT, &f->watchdog_timeout, "abort, naming the stalled ranks, when a collective waits this many seconds (0: never)", 0, 1e6, NULL, false, NULL},
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false, NULL},
+      {"--async-save", FLAG_BOOL, &f->async_save, "write checkpoints on a thread while training goes on: the step loop "
+       "stalls only to copy the shard to host memory (Megatron-LM's --async-save)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false, NULL},
       {"--force", FLAG_BOOL, &f->force, "replace outputs that exist (--save, --metrics, --trace) and train afresh over --ckpt's checkpoints", LOOM_NO_RANGE, NULL, false, NULL},
       {"--elastic", FLAG_BOOL, &f->elastic, "on fewer ranks than the plan's, lower dp to world / (tp x pp), keeping the global batch (a restart after a lost host)", LOOM_NO_RANGE, NULL, false, NULL},
@@ -107,9 +109,9 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
   if (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--split")->set && !(f->data && loom_data_is_indexed(f->data)))
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --split applies to indexed datasets (--data PREFIX or a blend)");
-  if ((f->resume || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
+  if ((f->resume || f->async_save || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
        loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--keep")->set) && !f->ckpt)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --save-every and --keep need --ckpt DIR");
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");
   if (!f->data && plan->model->vocab < LOOM_BYTE_VOCAB)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, plan->model->vocab);

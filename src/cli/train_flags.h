@@ -12,7 +12,7 @@
 typedef struct {
   loom_plan_flags layout;
   int steps, warmup, wsd_decay_steps, digits, eval_every, eval_batches, threads, log_every, save_every, keep;
-  bool resume, print_plan, elastic, preflight, force;
+  bool resume, async_save, print_plan, elastic, preflight, force;
   const char *ckpt;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
@@ -20,7 +20,7 @@ typedef struct {
   const char *trace, *plan, *device, *lr_decay, *wsd_shape;
 } loom_train_flags;
 
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 37)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 38)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* The learning-rate schedule the flags ask for. */

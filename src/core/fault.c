@@ -15,12 +15,13 @@ typedef struct {
 static const char *const g_names[LOOM_FAULT_COUNT] = {
     [LOOM_FAULT_SETUP] = "setup",     [LOOM_FAULT_STALL] = "stall",
     [LOOM_FAULT_NAN_GRAD] = "nan_grad", [LOOM_FAULT_SLOW] = "slow",
-    [LOOM_FAULT_KILL_IN_SAVE] = "kill_in_save", [LOOM_FAULT_ALLOC] = "alloc",
+    [LOOM_FAULT_KILL_IN_SAVE] = "kill_in_save", [LOOM_FAULT_KILL_IN_STAGE] = "kill_in_stage",
+    [LOOM_FAULT_KILL_IN_WRITE] = "kill_in_write", [LOOM_FAULT_ALLOC] = "alloc",
 };
 
 static armed_fault g_armed[MAX_FAULTS];
 static int g_count, g_rank;
-static int64_t g_allocs; /* allocations through this registry since arming */
+static _Atomic int64_t g_allocs; /* allocations through this registry since arming (a checkpoint writer thread's too) */
 
 const char *loom_fault_name(loom_fault_point p) { return p >= 0 && p < LOOM_FAULT_COUNT ? g_names[p] : "?"; }
 

@@ -6,7 +6,7 @@
  *
  * where rank and step may be `*` (any). What `step` counts is the point's:
  * the training step (1-based) for step faults, the checkpoint's step for
- * kill_in_save, the allocation's number (1-based, since arming) for alloc.
+ * kill_in_save, kill_in_stage and kill_in_write, the allocation's number (1-based, since arming) for alloc.
  * Unarmed, a point costs one branch. */
 #ifndef LOOM_FAULT_H
 #define LOOM_FAULT_H
@@ -22,6 +22,8 @@ typedef enum {
   LOOM_FAULT_NAN_GRAD,     /* a NaN in the rank's grads at the step */
   LOOM_FAULT_SLOW,         /* each forward sleeps arg ms on the rank (a throttled device) */
   LOOM_FAULT_KILL_IN_SAVE, /* the rank dies after writing its shard, before the manifest */
+  LOOM_FAULT_KILL_IN_STAGE, /* the rank dies with half its pieces copied to host memory (async save) */
+  LOOM_FAULT_KILL_IN_WRITE, /* the rank dies halfway through writing its shard file (its .tmp half written) */
   LOOM_FAULT_ALLOC,        /* the allocation fails (loom_fault_malloc and friends) */
   LOOM_FAULT_COUNT
 } loom_fault_point;

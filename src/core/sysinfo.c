@@ -46,3 +46,18 @@ int loom_cpu_mask_count(const loom_cpu_mask *mask) {
   for (int w = 0; w < LOOM_CPU_MASK_WORDS; w++) n += __builtin_popcountll(mask->bits[w]);
   return n;
 }
+
+const char *loom_cpu_model(char *buf, size_t n) {
+  snprintf(buf, n, "unknown CPU");
+  FILE *fp = fopen("/proc/cpuinfo", "r");
+  char line[512];
+  while (fp && fgets(line, sizeof line, fp)) {
+    const char *colon = strchr(line, ':');
+    if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+    colon += 1 + (colon[1] == ' ');
+    snprintf(buf, n, "%.*s", (int)strcspn(colon, "\n"), colon);
+    break;
+  }
+  if (fp) fclose(fp);
+  return buf;
+}

@@ -10,6 +10,9 @@
 size_t loom_mem_available_bytes(void);
 /* This process's peak resident memory so far, in bytes. */
 size_t loom_peak_rss_bytes(void);
+/* The CPU's model name (/proc/cpuinfo's "model name"), for benchmarks'
+ * reports; "unknown CPU" where the system does not say. */
+const char *loom_cpu_model(char *buf, size_t n);
 
 /* CPUs this thread may run on (the first 1024), e.g. as mpirun bound it. */
 #define LOOM_CPU_MASK_WORDS 16

@@ -284,6 +284,7 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
     *stopped = stop_requested(tr, loop);
     const bool due = (loop->save_every && (step + 1) % loop->save_every == 0) || step + 1 == loop->steps;
     if (st == LOOM_OK && loop->save && (*stopped || due)) st = loop->save(loop->save_ctx, step + 1, err);
+    if (st == LOOM_OK && loop->settle) st = loop->settle(loop->save_ctx, *stopped || step + 1 == loop->steps, err);
     if (*stopped) {
       loom_log_status_end();
       if (st == LOOM_OK)

@@ -24,6 +24,9 @@ typedef struct {
   int save_every;
   void *save_ctx;
   loom_status (*save)(void *ctx, int64_t step, loom_error *err); /* NULL: no checkpoints */
+  /* After each step, and blocking at the end or a stop: record a save that
+   * was written in the background (NULL: saves are synchronous). */
+  loom_status (*settle)(void *ctx, bool blocking, loom_error *err);
 } loom_train_loop;
 
 /* Logs the layout, the schedule's bubble, what recompute saves and what each rank holds. */
