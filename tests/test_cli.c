@@ -169,7 +169,7 @@ START_TEST(bad_flags) {
               "loom ckpt reshard: --plan fixes the layout; drop the layout flags");
   refusal_row(&t, run("ckpt", "reshard", "/nonexistent-ck", "--tp", "2", "-o", "out", NULL), 2,
               "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
-  refusal_row(&t, run("bench", NULL), 2, "loom bench: expected the benchmark name 'step'");
+  refusal_row(&t, run("bench", NULL), 2, "loom bench: expected the benchmark name 'step' or 'ckpt'");
   refusal_row(&t, run("trace", "svg", "/nonexistent.json", "-o", "x.svg", NULL), 2,
               "loom: /nonexistent.json: cannot open trace: No such file or directory");
   refusal_row(&t, run("schedule", "show", "--schedule", "interleaved", "--vpp", "2", "--pp", "4", "--micro-batches", "6", NULL), 2,

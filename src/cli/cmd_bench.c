@@ -5,6 +5,7 @@
  * device's bf16 peak and against cuBLAS's bf16 GEMM measured in the run. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/manifest.h"
 #include "ckpt/run_files.h"
@@ -334,7 +335,8 @@ static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err)
            stall_s / sync_s, gb);
   }
   loom_run_files_free(&files);
-  if (made) loom_ckpt_remove(root);
+  for (int k = 0; made && k < 2; k++) loom_ckpt_remove(dirs[k]);
+  if (made) rmdir(root);
   loom_trainer_free(&tr);
   loom_plan_free(plan);
   return st;
