@@ -15,7 +15,9 @@
 #   (bench/main_job_sweep.sh, docs/training.md) ended at 97% or more in
 #   every run, so 90% is a margin, not a coin toss. The sanitized pass
 #   (LOOM_TEST_SANITIZED=1), which checks memory, not numerics, leaves it
-#   out and compares 40 GPL steps, not 300.
+#   out and compares 40 GPL steps, not 300;
+# - partial (block) and full recompute give bf16's losses bit for bit, at
+#   tp 2 x pp 2 and under ZB-V, with memory as modelled.
 # Usage: tests/bf16.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
@@ -44,6 +46,38 @@ awk -v steps=$STEPS 'BEGIN { n = 0; worst = 0; window = 0 }
            exit !(n == steps && window <= 0.02 && worst <= 0.05) }' "$WORK/both" ||
   fail "the bf16 curve leaves fp32's on the GPL (2% over 10 steps, 5% at any step): $(tail -1 "$WORK/gpl.bf16.txt")"
 awk -v steps=$STEPS 'NR == steps { if ($1 > 0.8 * first) exit 1 } NR == 1 { first = $1 }' "$WORK/both" || fail "the GPL losses did not fall"
+
+# Recompute in bf16, partial (Megatron's block method: each stage's first layer) and full, at tp 2 x pp 2 and
+# under ZB-V: the losses of the run without it, bit for bit, each run's tensor memory as its plan modelled it,
+# and partial between none and full.
+rc_run() { # rc_run NAME RANKS FLAGS...: losses into $WORK/NAME.losses, the log in $WORK/NAME.txt
+  run=$1 ranks=$2
+  shift 2
+  "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" -x OMP_NUM_THREADS=1 "$LOOM" train --precision bf16 --dropout 0.1 \
+    --steps 3 --eval-every 0 --micro-batches 4 --metrics "$WORK/$run.jsonl" "$@" > "$WORK/$run.txt" 2>&1 ||
+    fail "recompute run $run: $(tail -3 "$WORK/$run.txt")"
+  losses "$WORK/$run.jsonl" > "$WORK/$run.losses"
+  [ "$(wc -l < "$WORK/$run.losses")" = 3 ] || fail "$run: $(wc -l < "$WORK/$run.losses") losses"
+  grep -q "loom estimated .* MiB, +0.00% off" "$WORK/$run.txt" || fail "$run: memory not as modelled: $(grep '^memory' "$WORK/$run.txt")"
+}
+BLOCK="--recompute full --recompute-method block --recompute-num-layers 1"
+# shellcheck disable=SC2086 # one word per flag
+for grid in "tp2pp2 4 --tp 2 --pp 2 --layers 6" "zbv 2 --pp 2 --layers 8 --schedule zb_v"; do
+  set -- $grid
+  name=$1 np=$2
+  shift 2
+  rc_run "${name}_none" "$np" "$@"
+  rc_run "${name}_block" "$np" "$@" $BLOCK
+  rc_run "${name}_full" "$np" "$@" --recompute full
+  for rc in block full; do
+    cmp -s "$WORK/${name}_none.losses" "$WORK/${name}_$rc.losses" || fail "$name: recompute $rc changed the bf16 losses"
+  done
+done
+grep -q "activations on rank 0: .* MiB with recompute of 1 of 3 layers (block), .* MiB without" "$WORK/tp2pp2_block.txt" ||
+  fail "the block run's activations line: $(grep activations "$WORK/tp2pp2_block.txt")"
+acts() { sed -n 's/.*activations on rank 0: \([0-9.]*\) MiB.*/\1/p' "$WORK/$1.txt"; }
+awk -v n="$(acts tp2pp2_none)" -v b="$(acts tp2pp2_block)" -v f="$(acts tp2pp2_full)" 'BEGIN { exit !(f < b && b < n) }' ||
+  fail "activations none $(acts tp2pp2_none), block $(acts tp2pp2_block), full $(acts tp2pp2_full) MiB are not in order"
 
 if [ "${LOOM_TEST_SANITIZED:-0}" = 1 ]; then echo "ok (the addition run left to the unsanitized pass)"; exit 0; fi
 LOOM_NO_SETUP=1 LOOM="$LOOM" "$(dirname "$0")/../scripts/train.sh" --precision bf16 --log-every 500 > "$WORK/addition.txt" 2>&1 ||

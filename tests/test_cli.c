@@ -105,6 +105,14 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--lr", "abc", NULL), 2, "loom train: --lr expects a number, got 'abc'");
   refusal_row(&t, run("train", "--rope-theta", "500", NULL), 2,
               "loom train: --rope-theta sets RoPE's base, but this model has learned positions; add --position rope");
+  refusal_row(&t, run("train", "--recompute-method", "block", NULL), 2,
+              "loom train: --recompute-method and --recompute-num-layers shape full recompute; add --recompute full "
+              "(Megatron-LM's --recompute-granularity full)");
+  refusal_row(&t, run("train", "--recompute", "full", "--recompute-method", "block", NULL), 2,
+              "loom train: --recompute-method block needs --recompute-num-layers, the layers of each stage that recompute");
+  refusal_row(&t, run("train", "--recompute", "full", "--recompute-num-layers", "2", NULL), 2,
+              "loom train: --recompute-num-layers 2 with the uniform method: loom keeps every layer's input (groups of 1 "
+              "layer); groups of more are not implemented: use --recompute-method block");
   refusal_row(&t, run("train", "--tensorboard-dir", "/etc/passwd", NULL), 2,
               "loom train: --tensorboard-dir /etc/passwd: is a file, not a directory of event files");
   refusal_row(&t, run("train", "--qkv-bias", NULL), 2,

@@ -316,6 +316,12 @@ START_TEST(each_rule_has_its_message) {
   p->stages[1]->embedding = 1;
   expect_rule(p, "stages (pp_rank 1 chunk 0): embedding = true; only the first stage holds the embedding");
   p->stages[1]->embedding = 0;
+  /* Megatron's block method: a count of the stage's first layers, with recompute on. */
+  p->stages[1]->has_recompute_layers = 1, p->stages[1]->recompute_layers = 2;
+  expect_rule(p, "stages[1].recompute_layers = 2: says how many layers recompute, but the stage has recompute off");
+  p->stages[0]->recompute = p->stages[1]->recompute = 1, p->stages[1]->recompute_layers = 5;
+  expect_rule(p, "stages[1].recompute_layers = 5: must be 1 to the stage's 4 layers (its first ones recompute)");
+  p->stages[0]->recompute = p->stages[1]->recompute = 0, p->stages[1]->has_recompute_layers = 0;
   p->batch->global_batch = 10;
   expect_rule(p, "batch.global_batch = 10: must be a positive multiple of batch.micro_batch x parallel.dp (4); round it to a multiple");
   p->batch->global_batch = 12; /* 3 micro-batches: fine for 1F1B, not for interleaved on pp 2 */
@@ -484,8 +490,9 @@ START_TEST(in_flight_is_the_verifiers_peak) {
           ck_assert_int_gt(x->in_flight, 0);
           const loom_stage_range r = loom_plan_stage_range(p, loom_plan_stage_index(p, x->pp_rank, x->chunk));
           const int waiting = loom_schedule_rank_peaks(&s, x->pp_rank, x->chunk).deferred;
-          const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 1) -
-                                        loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, rc, 1, 0));
+          const int redo = rc ? LOOM_RECOMPUTE_ALL : 0;
+          const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, redo, 1, 1) -
+                                        loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, redo, 1, 0));
           ck_assert_int_eq(x->weight_grad_states, one * waiting);
           if (loom_schedule_kind_splits_backward(kinds[k])) ck_assert(waiting > 0 && one > 0), split++;
           else ck_assert_int_eq(waiting, 0);

@@ -8,6 +8,7 @@
 
 static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NULL};
 static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
+static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
@@ -33,6 +34,11 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, "schedule"},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
+      {"--recompute-method", FLAG_STRING, &f->recompute_method, "with --recompute full: uniform (every layer keeps only "
+       "its input) or block (only each stage's first --recompute-num-layers do; the rest keep their activations)",
+       LOOM_NO_RANGE, RECOMPUTE_METHODS, false, NULL},
+      {"--recompute-num-layers", FLAG_INT, &f->recompute_num_layers, "block: the layers of each stage (each model chunk) "
+       "that recompute; uniform: layers per recomputed group (1)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "stages"},
       {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
@@ -131,9 +137,22 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
     vpp = cfg.layers / (f->pp * per);
     if (!loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--schedule")->set && vpp > 1) kind = LOOM_SCHEDULE_INTERLEAVED;
   }
+  /* Megatron's partial recompute: its method and layer count refine --recompute full. */
+  const bool full = strcmp(f->recompute, "full") == 0, block = f->recompute_method && strcmp(f->recompute_method, "block") == 0;
+  if ((f->recompute_method || f->recompute_num_layers) && !full)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method and --recompute-num-layers shape full recompute; add "
+                     "--recompute full (Megatron-LM's --recompute-granularity full)", cmd);
+  if (block && !f->recompute_num_layers)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method block needs --recompute-num-layers, the layers of each "
+                     "stage that recompute", cmd);
+  if (!block && f->recompute_num_layers > 1)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-num-layers %d with the uniform method: loom keeps every layer's "
+                     "input (groups of 1 layer); groups of more are not implemented: use --recompute-method block",
+                     cmd, f->recompute_num_layers);
   const loom_plan_spec spec = {
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero,
-      .sequence_parallel = f->sequence_parallel, .recompute = strcmp(f->recompute, "full") == 0, .micro_batch = f->micro_batch,
+      .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
+      .micro_batch = f->micro_batch,
       .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)loom_flag_choice_index(BALANCE_CHOICES, f->balance),
       .precision = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->precision),
       .grad_reduce = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->grad_reduce),

@@ -10,12 +10,13 @@
 #include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp,
+                                const loom_tp *tp, const loom_stage_range *range, int recompute_layers, int zero_dp,
                                 int zero_stage) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
   m->seed = seed;
-  m->recompute = recompute;
+  const int L = range ? range->layer_end - range->layer_begin : cfg->layers;
+  m->recompute_layers = recompute_layers < 0 ? 0 : recompute_layers > L ? L : recompute_layers;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   m->tp.kv_group = NULL;
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
@@ -100,20 +101,21 @@ typedef struct {
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L, tp;
-  bool first, last, recompute, bf16;
+  int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
+  bool first, last, bf16;
 } dims;
 
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
-static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, bool recompute) {
+static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, int recompute) {
+  const int L = r->layer_end - r->layer_begin, R = recompute < 0 ? 0 : recompute > L ? L : recompute;
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
-                .L = r->layer_end - r->layer_begin, .tp = tp, .first = r->first, .last = r->last,
-                .recompute = recompute, .bf16 = c->bf16};
+                .L = L, .tp = tp, .R = R, .K = L - R, .first = r->first, .last = r->last, .bf16 = c->bf16};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
@@ -227,8 +229,8 @@ static void wgrad_counts(const dims *d, int64_t c[WGRADS]) {
 }
 
 /* Views of a split backward's state: the linears' output grads of every
- * layer and, with recompute, their inputs (the slot keeps none of them);
- * fp32, or bits in bf16 runs. */
+ * layer and the inputs of the recomputed layers' (the slot keeps none of
+ * theirs); fp32, or bits in bf16 runs. */
 typedef struct {
   float *grads[WGRADS];
   uint16_t *grad_bits[WGRADS];
@@ -248,10 +250,10 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
     if (d->bf16) want16(l16, &v->grad_bits[k], WGRAD_NAMES[k], d->L * g[k]);
     else want(l, &v->grads[k], WGRAD_NAMES[k], d->L * g[k]);
   }
-  for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++) {
+  for (int k = 0; d->R && k < WEIGHT_INPUTS; k++) {
     const int i = WEIGHT_INPUT[k];
-    if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], d->L * c[i]);
-    else want(l, &v->inputs[k], BIG_NAMES[i], d->L * c[i]);
+    if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], d->R * c[i]);
+    else want(l, &v->inputs[k], BIG_NAMES[i], d->R * c[i]);
   }
 }
 
@@ -260,7 +262,7 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
  * as bits alone). */
 static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d, const loom_block_scratch *scratch) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
-  if (d->recompute) s->winputs = loom_xcalloc((size_t)d->L, sizeof *s->winputs, "weight-grad inputs");
+  if (d->R) s->winputs = loom_xcalloc((size_t)d->R, sizeof *s->winputs, "weight-grad inputs");
   int64_t g[WGRADS], c[BIG];
   wgrad_counts(d, g);
   big_counts(d, c);
@@ -273,7 +275,7 @@ static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d,
     else
       *w = (loom_block_wgrad){.d_qkv = v->grads[0] + i * g[0], .d_attn = v->grads[1] + i * g[1],
                               .d_fc = v->grads[2] + i * g[2], .d_mlp = v->grads[3] + i * g[3]};
-    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++) {
+    for (int k = 0; i < d->R && k < WEIGHT_INPUTS; k++) {
       const int64_t offset = i * c[WEIGHT_INPUT[k]];
       if (d->bf16) *act_bits_field(&s->winputs[i], k) = v->input_bits[k] + offset;
       else *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + offset;
@@ -290,15 +292,15 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   memset(v, 0, sizeof *v);
   want(l, &s->x0, "x0", d->n * d->h);
   want(l, &s->dx0, "dx0", d->n * d->h);
-  if (d->recompute) {
-    want(l, &s->inputs, "inputs", d->L * d->n * d->h);
-    want(l, &s->out, "out", d->n * d->h);
-  } else if (d->L > 0 && d->bf16) {
-    want_stats(l, v, d, d->L);
-    want(l, &s->out, "out", d->n * d->h);
-    want_packed(l16, p, d, d->L);
-  } else if (d->L > 0) {
-    want_layers(l, v, d, d->L);
+  /* The recomputed layers' inputs (slot l for layer l; layer 0's is x0),
+   * and the first kept layer's, which the last recomputed one gives it. */
+  if (d->R) want(l, &s->inputs, "inputs", (d->K ? d->R + 1 : d->R) * d->n * d->h);
+  if (d->L > 0 && (d->K == 0 || d->bf16)) want(l, &s->out, "out", d->n * d->h);
+  if (d->K > 0 && d->bf16) {
+    want_stats(l, v, d, d->K);
+    want_packed(l16, p, d, d->K);
+  } else if (d->K > 0) {
+    want_layers(l, v, d, d->K);
   }
   if (d->last) {
     want(l, &s->ln_f_mean, "ln_f_mean", d->n);
@@ -335,7 +337,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
   want(l, &w->lse_scratch, "lse_scratch", d->N);
-  if (d->recompute || d->bf16) want_layers(l, v, d, 1);
+  if (d->R || d->bf16) want_layers(l, v, d, 1);
   if (d->bf16) {
     want(l, &w->xin, "xin", d->n * d->h);
     want(l, &w->weights, "weights", d->weight_scratch);
@@ -345,7 +347,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     wgrad_counts(d, g);
     big_counts(d, c);
     for (int k = 0; k < WGRADS; k++) want16(l16, grads[k], names[k], g[k]);
-    for (int k = 0; d->recompute && k < WEIGHT_INPUTS; k++)
+    for (int k = 0; d->R && k < WEIGHT_INPUTS; k++)
       want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], c[WEIGHT_INPUT[k]]);
     if (d->tp > 1) want16(l16, &w->tp_staging, "tp_staging", (int64_t)loom_tp_staging_elems(d->N, d->n, d->h));
   }
@@ -358,7 +360,7 @@ static size_t list_bytes(const act_list *l) {
 }
 
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, bool recompute, int slots, int weight_states) {
+                                 const loom_stage_range *range, int recompute, int slots, int weight_states) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
@@ -380,7 +382,7 @@ size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp
 }
 
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, bool recompute) {
+                                   const loom_stage_range *range, int recompute) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
@@ -458,7 +460,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
-  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute),
+  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers),
                                      c, m->tp.size);
   act_list l, l16;
   layer_views v;
@@ -475,20 +477,20 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     list_slot(&l, &l16, s, &v, &p, &d);
     st = place(&s->mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
-    if (st == LOOM_OK && !m->recompute && d.L > 0) {
-      s->blocks = loom_xcalloc((size_t)d.L, sizeof *s->blocks, "block activations");
-      bind_layers(s->blocks, &v, &d, d.L);
+    if (st == LOOM_OK && d.K > 0) { /* the kept layers', blocks[l - R] for layer l */
+      s->blocks = loom_xcalloc((size_t)d.K, sizeof *s->blocks, "block activations");
+      bind_layers(s->blocks, &v, &d, d.K);
     }
-    if (st == LOOM_OK && !m->recompute && d.bf16 && d.L > 0) {
-      s->packed = loom_xcalloc((size_t)d.L, sizeof *s->packed, "packed activations");
-      bind_packed(s->packed, &p, &d, d.L);
+    if (st == LOOM_OK && d.K > 0 && d.bf16) {
+      s->packed = loom_xcalloc((size_t)d.K, sizeof *s->packed, "packed activations");
+      bind_packed(s->packed, &p, &d, d.K);
     }
   }
   if (st == LOOM_OK) {
     list_work(&l, &l16, &m->w, &v, &d);
     st = place(&m->w.mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
-    if (st == LOOM_OK && (m->recompute || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
+    if (st == LOOM_OK && (d.R || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
@@ -507,7 +509,7 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) { return loom_gp
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
   LOOM_CHECK(m->nslots > 0 && n >= 0, "weight-grad states come after the slots");
   wstates_free(m);
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers);
   m->wstates = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *m->wstates, "weight-grad states");
   m->nwstates = n;
   loom_status st = LOOM_OK;
@@ -619,17 +621,21 @@ static loom_linear_weight vocab_weight(const loom_gpt *m, const loom_gpt_weights
   return (loom_linear_weight){0};
 }
 
+/* Whether local layer l recomputes in backward: the first recompute_layers do. */
+static bool redone(const loom_gpt *m, int l) { return l < m->recompute_layers; }
+
 /* The fp32 activations layer l computes in: the slot's own, or (recompute,
  * bf16) the one-layer scratch, with the slot's norm statistics and
  * log-sum-exps in bf16 runs. */
 static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int l) {
-  if (!m->recompute && !m->p.cfg.bf16) return s->blocks[l];
+  const int k = l - m->recompute_layers; /* a kept layer's place in the slot */
+  if (!redone(m, l) && !m->p.cfg.bf16) return s->blocks[k];
   loom_block_acts a = m->w.redo;
-  if (!m->recompute) {
-    a.ln_1_mean = s->blocks[l].ln_1_mean, a.ln_1_rstd = s->blocks[l].ln_1_rstd;
-    a.ln_2_mean = s->blocks[l].ln_2_mean, a.ln_2_rstd = s->blocks[l].ln_2_rstd;
-    a.att_lse = s->blocks[l].att_lse;
-    const loom_block_packed *p = &s->packed[l]; /* the linears' inputs: read and written in place */
+  if (!redone(m, l)) {
+    a.ln_1_mean = s->blocks[k].ln_1_mean, a.ln_1_rstd = s->blocks[k].ln_1_rstd;
+    a.ln_2_mean = s->blocks[k].ln_2_mean, a.ln_2_rstd = s->blocks[k].ln_2_rstd;
+    a.att_lse = s->blocks[k].att_lse;
+    const loom_block_packed *p = &s->packed[k]; /* the linears' inputs: read and written in place */
     a.ln_1_bits = p->ln_1, a.atty_bits = p->atty, a.ln_2_bits = p->ln_2, a.fc_gelu_bits = p->fc_gelu;
   }
   return a;
@@ -637,7 +643,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
 
 /* Elements of each of a layer's big activations in this model's slots. */
 static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers);
   big_counts(&d, c);
 }
 
@@ -652,7 +658,7 @@ static const int READ_IN_BACKWARD[READ_BACK] = {1, 2, 3, 5};
 /* Moves activations `which[n]` (BIG_NAMES places) of layer l between the
  * fp32 scratch and the slot's bf16 copy (exactly: they hold bf16 values). */
 static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a, bool pack, const int *which, int n) {
-  const loom_block_packed *p = &s->packed[l];
+  const loom_block_packed *p = &s->packed[l - m->recompute_layers];
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
   int64_t c[BIG];
   layer_counts(m, c);
@@ -665,20 +671,24 @@ static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a,
 }
 
 /* Layer l's input: the stage input for layer 0, else the previous layer's
- * output, which recompute keeps in the slot, and bf16 runs in w.xin (during
- * forward, where it was left; in backward, unpacked from the slot). */
+ * output, which the slot's inputs keep for the recomputed layers and the
+ * first kept one, a kept layer's activations for the next, and bf16 runs
+ * in w.xin (during forward, where it was left; in backward, unpacked from
+ * the slot). */
 static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool backward) {
   if (l == 0) return s->x0;
-  if (m->recompute) return s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden;
-  if (!m->p.cfg.bf16) return s->blocks[l - 1].out;
-  if (backward) m->ops->from_bf16(m->ops, m->w.xin, s->packed[l - 1].out, (size_t)local_rows(m) * m->p.cfg.hidden);
+  const int R = m->recompute_layers;
+  if (l <= R) return s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden;
+  if (!m->p.cfg.bf16) return s->blocks[l - 1 - R].out;
+  if (backward) m->ops->from_bf16(m->ops, m->w.xin, s->packed[l - 1 - R].out, (size_t)local_rows(m) * m->p.cfg.hidden);
   return m->w.xin;
 }
 
 const float *loom_gpt_stage_output(const loom_gpt *m, int slot) {
   const loom_gpt_slot *s = &m->slots[slot];
   if (m->p.layers == 0) return s->x0;
-  return m->recompute || m->p.cfg.bf16 ? s->out : s->blocks[m->p.layers - 1].out;
+  const int kept = m->p.layers - m->recompute_layers;
+  return kept == 0 || m->p.cfg.bf16 ? s->out : s->blocks[kept - 1].out;
 }
 
 /* Vocab-parallel embedding onto this rank's rows, plus positions and dropout. */
@@ -786,11 +796,11 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     loom_block_acts a = layer_acts(m, s, l);
     loom_block_forward(&a, &m->w.block, x, &w, &shape, &d, &m->tp, m->ops);
     hook(m, false, l, false);
-    if (!m->recompute && !m->p.cfg.bf16) continue;
-    /* Recompute keeps only each layer's input; bf16 runs keep the layer
-     * packed and pass its output on in w.xin. */
-    if (!m->recompute) pack_layer(m, s, l, &a, true, PACKED_AFTER_LAYER, PACKED_AFTER);
-    float *next = l + 1 == L ? s->out : m->recompute ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
+    if (!redone(m, l) && !m->p.cfg.bf16) continue;
+    /* A recomputed layer keeps only its output, as the next layer's input;
+     * bf16 runs keep a layer packed and pass its output on in w.xin. */
+    if (!redone(m, l)) pack_layer(m, s, l, &a, true, PACKED_AFTER_LAYER, PACKED_AFTER);
+    float *next = l + 1 == L ? s->out : redone(m, l) ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
   const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
@@ -812,7 +822,7 @@ static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_g
   layer_pass p = {.x = layer_input(m, s, l, true), .w = layer_weights(m, l), .a = layer_acts(m, s, l),
                   .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
   const loom_block_shape shape = block_shape(m);
-  if (m->recompute) loom_block_forward(&p.a, &m->w.block, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
+  if (redone(m, l)) loom_block_forward(&p.a, &m->w.block, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
   else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, READ_IN_BACKWARD, READ_BACK);
   return p;
 }
@@ -856,7 +866,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
     /* The weight half finds no activations in a recompute slot: keep the linears' inputs (bf16 runs: their bits). */
-    for (int k = 0; m->recompute && k < WEIGHT_INPUTS; k++) {
+    for (int k = 0; redone(m, l) && k < WEIGHT_INPUTS; k++) {
       const int i = WEIGHT_INPUT[k];
       if (m->p.cfg.bf16)
         m->ops->mem->copy(m->ops->mem, *act_bits_field(&ws->winputs[l], k), *act_bits_field(&p.a, k),
@@ -871,7 +881,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
 /* The linears' inputs of layer l for its weight half: the slot's (bf16
  * runs: its bits), or the kept copies (recompute). */
 static loom_block_acts weight_inputs(loom_gpt *m, loom_gpt_slot *s, loom_gpt_wstate *ws, int l) {
-  return m->recompute ? ws->winputs[l] : layer_acts(m, s, l);
+  return redone(m, l) ? ws->winputs[l] : layer_acts(m, s, l);
 }
 
 void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch) {

@@ -10,20 +10,23 @@
  *
  * Activations of a micro-batch live in a slot; a pipeline stage keeps as many
  * slots as its schedule has micro-batches in flight. Scratch is shared by all
- * slots. With recompute on, a slot keeps only each layer's input and the
- * backward pass runs each layer's forward again before its backward. In
+ * slots. The stage's first recompute_layers layers (all of them under full
+ * recompute; Megatron's block method picks how many) keep only their input
+ * in a slot, and the backward pass runs each one's forward again before its
+ * backward. In
  * bf16 runs (cfg.bf16) each layer runs in fp32 scratch on bf16 values, and
  * a slot keeps its activations packed as bf16. */
 #ifndef LOOM_GPT_H
 #define LOOM_GPT_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "backend/ops.h"
 #include "layers/block.h"
 #include "layers/gpt_params.h"
 
-/* A layer's big activations kept as bf16 (bf16 runs without recompute);
+/* A kept layer's big activations as bf16 (bf16 runs);
  * its norm statistics stay fp32 in the slot's blocks. */
 typedef struct {
   uint16_t *ln_1, *qkv, *atty, *res_attn, *ln_2, *fc, *fc_gelu, *out;
@@ -33,13 +36,14 @@ typedef struct {
 typedef struct {
   loom_buffer mem;
   loom_buffer mem16;        /* bf16 runs: the packed activations */
-  loom_block_packed *packed; /* [layers] (bf16 runs without recompute) */
+  loom_block_packed *packed; /* [kept layers] (bf16 runs): layer l's at l - recompute_layers */
   int *tokens, *targets;    /* [N] [s, b] order */
   int *pred;                /* [N] greedy predictions */
   float *x0;                /* [n, h] stage input: the embedding output, or the received activation */
-  loom_block_acts *blocks;  /* [layers] (without recompute; only the norm statistics in bf16 runs) */
-  float *inputs;            /* [layers, n, h] each layer's input (with recompute; layer 0's is x0) */
-  float *out;               /* [n, h] stage output (with recompute or bf16, or an empty stage) */
+  loom_block_acts *blocks;  /* [kept layers] layer l's at l - recompute_layers (only the norm statistics in bf16 runs) */
+  float *inputs;            /* [R (+1 when some are kept), n, h] layer l's input for l <= R = recompute_layers
+                             * (layer 0's is x0) */
+  float *out;               /* [n, h] stage output (when every layer recomputes, or bf16, or an empty stage) */
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
   float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
   float *ln_f;              /* [N, h] (gathered under SP; fp32 runs) */
@@ -49,15 +53,15 @@ typedef struct {
 } loom_gpt_slot;
 
 /* A split backward's state, from its input half to its weight half: the
- * linears' output grads per layer, and with recompute their inputs (only
- * ln_1, atty, ln_2 and fc_gelu are set), which a recompute slot does not
- * keep. The LM head's are its slot's logits (by then their grads) and ln_f;
+ * linears' output grads per layer, and the recomputed layers' inputs (only
+ * ln_1, atty, ln_2 and fc_gelu are set), which a slot does not keep for
+ * them. The LM head's are its slot's logits (by then their grads) and ln_f;
  * the embedding's, its slot's dx0. A stage holds as many as its schedule
  * has backwards waiting for their weight half. */
 typedef struct {
   loom_buffer mem, mem16;   /* fp32 views, and bf16 runs' bits */
   loom_block_wgrad *wgrad;  /* [layers] (bf16 runs: their bits; the fp32 views are the block scratch's) */
-  loom_block_acts *winputs; /* [layers] (with recompute; bf16 runs: their bits) */
+  loom_block_acts *winputs; /* [recompute_layers] (bf16 runs: their bits) */
 } loom_gpt_wstate;
 
 /* Scratch shared by every slot. */
@@ -99,7 +103,7 @@ typedef struct loom_gpt_s {
   const loom_ops *ops;
   uint64_t seed;
   loom_tp tp;
-  bool recompute;
+  int recompute_layers; /* the stage's first layers that recompute in backward (0: none; its layer count: all) */
   int T, B, nslots;
   loom_gpt_slot *slots;
   int nwstates;
@@ -118,17 +122,22 @@ typedef struct {
   bool train;             /* enables dropout */
 } loom_gpt_batch;
 
+/* A recompute_layers count that means every layer of a stage. */
+#define LOOM_RECOMPUTE_ALL INT_MAX
+
 /* Builds and initialises this rank's part of the whole model. tp NULL:
  * serial. Under TP the vocab is padded to a multiple of 128 * tp. */
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
-/* The same for one pipeline stage (or chunk): the layers of `range`.
+/* The same for one pipeline stage (or chunk): the layers of `range`, the
+ * first recompute_layers of them (clamped to their count) recomputed in
+ * backward.
  * zero_dp > 0: trained by ZeRO `zero_stage` over that many replicas, with
  * parameters as loom_gpt_params_init_for_zero builds them; where they get
  * no fp32 master (bf16 runs, ZeRO-3) they get no initial values either,
  * which the distributed optimizer holds and draws. */
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, bool recompute, int zero_dp,
+                                const loom_tp *tp, const loom_stage_range *range, int recompute_layers, int zero_dp,
                                 int zero_stage);
 void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
@@ -154,11 +163,11 @@ static inline double loom_gpt_boundary_bytes(const loom_gpt_config *cfg, int T, 
 /* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, bool recompute, int slots, int weight_states);
+                                 const loom_stage_range *range, int recompute_layers, int slots, int weight_states);
 /* Bytes of one weight-grad state (loom_gpt_wstate) on one rank of a tp-way
  * split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, bool recompute);
+                                   const loom_stage_range *range, int recompute_layers);
 /* (Re)sizes the weight-grad states of a split backward, after the slots. */
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n);
 

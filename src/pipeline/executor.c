@@ -33,7 +33,6 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   loom_plan_model_config(plan, &model);
   const loom_gpt_config *cfg = &model;
   const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
-  const bool recompute = loom_plan_recompute(plan);
   pipe->ps = ps;
   pipe->tp = loom_tp_of(ps);
   pipe->v = plan->parallel->virtual_chunks;
@@ -62,7 +61,8 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   LOOM_CHECK(loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, -1).sends <= nsends, "the memory model holds the schedule's sends");
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
-    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range, recompute, zero_dp,
+    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range,
+                             loom_plan_stage_recompute_layers(plan, stage_of(pipe, c)), zero_dp,
                              plan->parallel->zero_stage);
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);

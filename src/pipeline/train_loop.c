@@ -22,10 +22,14 @@ void loom_train_describe(const loom_trainer *tr) {
                 ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
                 loom_schedule_kind_name(tr->plan->schedule), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
                 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(p)));
-  const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, loom_plan_recompute(tr->plan)),
-               full = loom_plan_rank_activations(tr->plan, ps->pp_rank, false);
-  if (loom_pipeline_chunk(p, 0)->recompute)
-    loom_log_info("activations on rank 0: %.2f MiB with full recompute, %.2f MiB without: saves %.2f MiB", kept / mib,
+  const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, LOOM_RECOMPUTE_PLAN),
+               full = loom_plan_rank_activations(tr->plan, ps->pp_rank, 0);
+  const loom_gpt *c0 = loom_pipeline_chunk(p, 0);
+  char which[64] = "full recompute";
+  if (c0->recompute_layers < c0->p.layers)
+    snprintf(which, sizeof which, "recompute of %d of %d layers (block)", c0->recompute_layers, c0->p.layers);
+  if (c0->recompute_layers)
+    loom_log_info("activations on rank 0: %.2f MiB with %s, %.2f MiB without: saves %.2f MiB", kept / mib, which,
                   full / mib, (full - kept) / mib);
   else
     loom_log_info("activations on rank 0: %.2f MiB for %d micro-batches in flight", kept / mib, loom_pipeline_usage_of(p).slots);

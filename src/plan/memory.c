@@ -134,12 +134,14 @@ static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_confi
     b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, w) + at_least_one(layer_piece, 4)) + at_least_one(z.edges, w);
 }
 
-loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, bool recompute) {
+loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
   loom_memory out = {0};
   const Loom__Parallel *l = p->parallel;
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
-  const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, pp_rank, chunk));
+  const int stage = loom_plan_stage_index(p, pp_rank, chunk);
+  const loom_stage_range range = loom_plan_stage_range(p, stage);
+  const int recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute_layers(p, stage) : recompute_layers;
   const int T = loom_plan_train_seq(p), B = p->batch->micro_batch, vpp = l->virtual_chunks;
   int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
   int sends;
@@ -166,16 +168,16 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, b
 loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {
   loom_memory out = {0};
   for (int c = 0; c < p->parallel->virtual_chunks; c++) {
-    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, loom_plan_recompute(p));
+    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, LOOM_RECOMPUTE_PLAN);
     for (int k = 0; k < LOOM_MEM_KINDS; k++) out.bytes[k] += one.bytes[k];
   }
   return out;
 }
 
-double loom_plan_rank_activations(const loom_plan *p, int pp_rank, bool recompute) {
+double loom_plan_rank_activations(const loom_plan *p, int pp_rank, int recompute_layers) {
   double bytes = 0.0;
   for (int c = 0; c < p->parallel->virtual_chunks; c++) {
-    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, recompute);
+    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, recompute_layers);
     bytes += one.bytes[LOOM_MEM_ACTIVATIONS] + one.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
   }
   return bytes;

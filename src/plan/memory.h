@@ -46,14 +46,18 @@ double loom_memory_total(const loom_memory *m);
  * shape (loom_schedule_shape_peaks); zeros if it cannot be built. */
 int loom_plan_rank_buffers(const loom_plan *plan, int pp_rank, int *slots, int *deferred, int *sends);
 
+/* recompute_layers below: how many of each stage's first layers
+ * recompute: the plan's own (LOOM_RECOMPUTE_PLAN), or a count (0: none,
+ * LOOM_RECOMPUTE_ALL: every one). */
+#define LOOM_RECOMPUTE_PLAN (-1)
 /* The tensor memory chunk `chunk` of rank pp_rank allocates (the rank's
- * own buffers, the transfers', on chunk 0), with its stages recomputing
- * or not as `recompute` says. For a plan that passes the rules. */
-loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, bool recompute);
+ * own buffers, the transfers', on chunk 0), with its stage's first
+ * recompute_layers layers recomputed. For a plan that passes the rules. */
+loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, int recompute_layers);
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
-/* The rank's activations and weight-grad states, recomputing or not. */
-double loom_plan_rank_activations(const loom_plan *plan, int pp_rank, bool recompute);
+/* The rank's activations and weight-grad states, recomputing as asked. */
+double loom_plan_rank_activations(const loom_plan *plan, int pp_rank, int recompute_layers);
 
 /* The plan's ZeRO cut of one chunk (loom_gpt_zero_cut at its tp, dp and stage). */
 loom_zero_cut loom_plan_zero_cut(const loom_plan *plan, const loom_stage_range *range);

@@ -95,6 +95,13 @@ int64_t loom_plan_total_parameters(const loom_plan *p) {
 
 bool loom_plan_recompute(const loom_plan *p) { return p->n_stages > 0 && p->stages[0]->recompute; }
 
+int loom_plan_stage_recompute_layers(const loom_plan *p, int v) {
+  const Loom__Stage *s = p->stages[v];
+  const int layers = s->layer_end - s->layer_begin;
+  if (!s->recompute) return 0;
+  return s->has_recompute_layers && s->recompute_layers < layers ? s->recompute_layers : layers;
+}
+
 int loom_plan_micro_batches(const loom_plan *p) {
   const int64_t per = (int64_t)p->batch->micro_batch * p->parallel->dp;
   return per > 0 ? (int)(p->batch->global_batch / per) : 0;

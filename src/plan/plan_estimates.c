@@ -83,9 +83,11 @@ void loom_plan_estimate(loom_plan *p) {
     x->chunk = st->chunk;
     e->stages[k] = x;
     if (!sound) continue;
-    /* The memory model's (plan/memory.h): as the runtime allocates, with and without recompute. */
-    const loom_memory mem = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, false);
-    const loom_memory redo = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, true);
+    /* The memory model's (plan/memory.h): as the runtime allocates, without recompute and with the stage's
+     * (every layer's where it has none). */
+    const loom_memory mem = loom_plan_chunk_memory(p, st->pp_rank, st->chunk, 0);
+    const loom_memory redo =
+        loom_plan_chunk_memory(p, st->pp_rank, st->chunk, st->recompute ? LOOM_RECOMPUTE_PLAN : LOOM_RECOMPUTE_ALL);
     int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
     int sends;
     x->in_flight = loom_plan_rank_buffers(p, st->pp_rank, slots, deferred, &sends);

@@ -210,6 +210,16 @@ static void check_batch(report *r, const loom_plan *p) {
       violation(r, "stages: stages disagree on recompute; this loom recomputes all stages or none");
       break;
     }
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *s = p->stages[k];
+    if (!s->has_recompute_layers) continue;
+    if (!s->recompute)
+      violation(r, "stages[%zu].recompute_layers = %d: says how many layers recompute, but the stage has recompute off", k,
+                s->recompute_layers);
+    else if (s->recompute_layers < 1 || s->recompute_layers > s->layer_end - s->layer_begin)
+      violation(r, "stages[%zu].recompute_layers = %d: must be 1 to the stage's %d layers (its first ones recompute)", k,
+                s->recompute_layers, s->layer_end - s->layer_begin);
+  }
   /* The schedule's own rules, in its words; the micro-batches are the batch's. */
   const int m = loom_plan_micro_batches(p), per = b->micro_batch * dp;
   if (b->global_batch % per == 0 && protobuf_c_enum_descriptor_get_value(&loom__schedule_kind__descriptor, p->schedule) &&

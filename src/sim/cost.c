@@ -57,7 +57,7 @@ typedef struct {
   double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch */
   double rows;         /* tokens whose hidden vectors one rank holds in elementwise ops (1/tp under SP) */
   int tp, dp, pp;
-  bool sp, recompute;
+  bool sp;
   int tp_per_node, dp_per_node;
   double overhead; /* seconds per op */
 } layout;
@@ -187,7 +187,7 @@ static double *zeros(int n) { return loom_xcalloc((size_t)(n > 0 ? n : 1), sizeo
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c) {
   const Loom__Parallel *l = plan->parallel;
   layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = l->dp, .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
-              .recompute = loom_plan_recompute(plan), .precision = plan->precision};
+              .precision = plan->precision};
   loom_plan_model_config(plan, &L.cfg);
   L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   L.s = loom_plan_train_seq(plan);
@@ -222,10 +222,9 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes, layers * lg.bytes};
       pass w = {layers * lw.compute, 0.0, 0.0, 0.0};
       edge_costs(&L, &r, &f, &g, &w);
-      if (L.recompute) {
-        g.compute += layers * lf.compute, g.comm += layers * lf.comm;
-        g.tp_bytes += layers * lf.tp_bytes, g.bytes += layers * lf.bytes;
-      }
+      const double redo = loom_plan_stage_recompute_layers(plan, stage); /* layers whose forward backward runs again */
+      g.compute += redo * lf.compute, g.comm += redo * lf.comm;
+      g.tp_bytes += redo * lf.tp_bytes, g.bytes += redo * lf.bytes;
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
       c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
