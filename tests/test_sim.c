@@ -429,6 +429,36 @@ START_TEST(step_lower_bound_holds) {
 }
 END_TEST
 
+/* Recompute costs each recomputed layer's forward once more in backward:
+ * with each stage's first N layers recomputed (Megatron's block method),
+ * N of full recompute's L extra forwards, stage by stage; forward costs and
+ * the weight halves stay as they are. */
+START_TEST(partial_recompute_is_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  const loom_plan_spec base = {.model = GPT, .tp = 2, .pp = 4, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 8,
+                               .schedule = LOOM_SCHEDULE_1F1B, .precision = LOOM__PRECISION__PRECISION_BF16};
+  loom_sim_costs c[3];
+  const int redo[3] = {0, 3, LOOM_RECOMPUTE_ALL};
+  for (int i = 0; i < 3; i++) {
+    loom_plan_spec spec = base;
+    spec.recompute = redo[i] > 0;
+    spec.recompute_layers = redo[i] == LOOM_RECOMPUTE_ALL ? 0 : redo[i];
+    loom_plan *plan = plan_of(spec);
+    loom_sim_costs_build(plan, prof, &c[i]);
+    loom_plan_free(plan);
+  }
+  const double L = GPT.layers / 4.0; /* 8 layers a stage */
+  for (int q = 0; q < 4; q++) {
+    const double full_extra = c[2].backward[q] - c[0].backward[q], block_extra = c[1].backward[q] - c[0].backward[q];
+    ck_assert_msg(full_extra > 0.0 && fabs(block_extra - 3.0 / L * full_extra) <= 1e-9 * full_extra,
+                  "stage %d: block 3 adds %.6g s, full %.6g s", q, block_extra, full_extra);
+    ck_assert(c[1].forward[q] == c[0].forward[q] && c[2].forward[q] == c[0].forward[q]);
+  }
+  for (int i = 0; i < 3; i++) loom_sim_costs_free(&c[i]);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* Searching with keep leaves out only what cannot matter: the same top rows
  * as predicting every layout, and every layout on the memory-throughput
  * frontier (none faster with no more memory) still predicted. */
@@ -505,6 +535,7 @@ int main(void) {
   tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);
   tcase_add_test(tc, step_lower_bound_holds);
+  tcase_add_test(tc, partial_recompute_is_costed);
   tcase_add_test(tc, search_bounds_only_what_cannot_matter);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
   suite_add_tcase(s, tc);

@@ -15,11 +15,13 @@
 
 /* Layout flags the search chooses itself. */
 static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
-                                     "--micro-batches", "--schedule", "--recompute", "--layer-split", NULL};
+                                     "--micro-batches", "--schedule", "--recompute", "--recompute-method",
+                                     "--recompute-num-layers", "--layer-split", NULL};
 
 static void print_row(int rank, const loom_candidate *c) {
+  char rc[32];
   printf("  %4d %3d %4d %5d %4d %6d %-12s %-9s %3s %5d %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
-         c->dp, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), c->recompute ? "full" : "none",
+         c->dp, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), loom_candidate_recompute(c, rc, sizeof rc),
          c->sequence_parallel ? "yes" : "no", c->zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
          100.0 * c->bubble, (double)c->memory / 1073741824.0);
 }
@@ -43,11 +45,12 @@ static loom_status draw(const char *path, const loom_search_result *r, const loo
   fprintf(fp, "<line x1=\"%.1f\" y1=\"%.0f\" x2=\"%.1f\" y2=\"%.0f\" stroke=\"#E45756\" stroke-dasharray=\"4 3\"/>"
               "<text x=\"%.1f\" y=\"%.0f\" fill=\"#E45756\">device memory</text>\n", mem_x, top, mem_x, top + h, mem_x + 4, top + 14);
   for (int i = r->nranked - 1; i >= 0; i--) {
+    char rc[32];
     const double x = left + w * fmin((double)r->ranked[i].memory / xmax, 1.0), y = top + h - h * r->ranked[i].tflops_per_gpu / ymax;
     fprintf(fp, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"%s\" fill=\"%s\" fill-opacity=\"0.6\"><title>tp %d pp %d dp %d vpp %d "
                 "micro %d %s recompute %s sp %d zero %d</title></circle>\n", x, y, i == 0 ? "6" : "2.5", i == 0 ? "#54A24B" : "#4C78A8",
             r->ranked[i].tp, r->ranked[i].pp, r->ranked[i].dp, r->ranked[i].vpp, r->ranked[i].micro_batch,
-            loom_schedule_kind_name(r->ranked[i].schedule), r->ranked[i].recompute ? "full" : "none",
+            loom_schedule_kind_name(r->ranked[i].schedule), loom_candidate_recompute(&r->ranked[i], rc, sizeof rc),
             r->ranked[i].sequence_parallel, r->ranked[i].zero);
   }
   for (int t = 0; t <= 4; t++) {

@@ -9,6 +9,7 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
   loom_plan_spec spec = {
       .train_seq = base->batch->has_seq ? base->batch->seq : 0, .tp = c->tp, .pp = c->pp, .dp = c->dp, .vpp = c->vpp,
       .zero_stage = c->zero, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
+      .recompute_layers = c->recompute_layers,
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
       .balance = base->balance, .precision = base->precision, .grad_reduce = c->zero ? LOOM__PRECISION__PRECISION_FP32 : base->grad_reduce,
       .name = base->name};
@@ -18,6 +19,13 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
   }
   loom_plan_model_config(base, &spec.model);
   return loom_plan_build(&spec, out, err);
+}
+
+const char *loom_candidate_recompute(const loom_candidate *c, char *buf, size_t n) {
+  if (!c->recompute) snprintf(buf, n, "none");
+  else if (c->recompute_layers) snprintf(buf, n, "block %d", c->recompute_layers);
+  else snprintf(buf, n, "full");
+  return buf;
 }
 
 /* Counts a refusal under the field its rule names: "parallel.tp = 3: ..." -> "parallel.tp". */
@@ -82,6 +90,41 @@ static bool measure(const loom_plan *base, const loom_profile *prof, loom_candid
   }
   loom_plan_free(plan);
   return fit;
+}
+
+/* Whether c is a valid plan within the device's memory, judged as measure()
+ * does but recording nothing. */
+static bool fits_memory(const loom_plan *base, const loom_profile *prof, const loom_candidate *c) {
+  loom_plan *plan = NULL;
+  loom_error err = {0};
+  char lines[1024];
+  bool fit = loom_candidate_plan(base, c, &plan, &err) == LOOM_OK && loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) == 0;
+  for (int q = 0; fit && q < c->pp; q++) fit = loom_plan_rank_bytes(plan, q, NULL) <= prof->device->memory_bytes;
+  loom_plan_free(plan);
+  return fit;
+}
+
+/* Recompute only where the layout does not fit without it: it adds a
+ * forward and saves nothing but memory, so of the settings that fit the
+ * one recomputing least is the fastest. None; else full, and where full
+ * fits, also the fewest of each stage's first layers (Megatron's block
+ * method) that fit, found by bisection (memory falls as layers are
+ * recomputed). Records what it measures. */
+static void measure_recompute(const loom_plan *base, const loom_profile *prof, loom_candidate c, loom_search_result *res,
+                              loom_candidate **fits, int *nfits) {
+  if (measure(base, prof, c, res, fits, nfits)) return;
+  c.recompute = true;
+  if (!measure(base, prof, c, res, fits, nfits)) return;
+  int lo = 0, hi = base->model->layers / (c.pp * c.vpp); /* hi fits (it is full recompute for a stage that short) */
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    loom_candidate probe = c;
+    probe.recompute_layers = mid;
+    if (fits_memory(base, prof, &probe)) hi = mid;
+    else lo = mid;
+  }
+  c.recompute_layers = hi;
+  if (hi < base->model->layers / (c.pp * c.vpp)) measure(base, prof, c, res, fits, nfits);
 }
 
 /* Replays one fitting candidate into the ranking. */
@@ -168,16 +211,10 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
             for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
               for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++) {
                 if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
-                /* Recompute only where the layout does not fit without it: it
-                 * adds a forward and saves nothing but memory, so a layout
-                 * that fits without it is always the faster of the two. */
-                for (int rc = 0; rc < 2; rc++) {
-                  const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
-                                            .sequence_parallel = sp, .recompute = rc, .schedule = kinds[k]};
-                  const bool fit = measure(base, prof, c, res, &fits, &nfits);
-                  if (opt->progress) opt->progress(res, opt->ctx);
-                  if (fit) break;
-                }
+                const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
+                                          .sequence_parallel = sp, .schedule = kinds[k]};
+                measure_recompute(base, prof, c, res, &fits, &nfits);
+                if (opt->progress) opt->progress(res, opt->ctx);
               }
         }
       }

@@ -1,5 +1,6 @@
 /* `loom plan search`: every layout of a model on N GPUs of a cluster (tp
- * within a node, pp, dp, interleaved chunks, micro-batch, recompute,
+ * within a node, pp, dp, interleaved chunks, micro-batch, recompute (none,
+ * the fewest of each stage's first layers that fit, or full),
  * sequence parallelism, ZeRO stage and schedule), each refused by the
  * plan's own rules or its memory estimate or else predicted by `loom sim`'s
  * cost model, ranked by throughput. */
@@ -11,12 +12,15 @@
 typedef struct {
   int tp, pp, dp, vpp, micro_batch, zero;
   bool sequence_parallel, recompute;
+  int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method); 0: all */
   loom_schedule_kind schedule;
   double step_s, tokens_per_s, tflops_per_gpu, mfu, bubble;
   double bound_s; /* the cost model's lower bound on step_s, known before any replay */
   int64_t memory; /* the most one rank needs */
   int order;      /* when it was enumerated: equal candidates rank in this order */
 } loom_candidate;
+/* "none", "full" or "block N": a candidate's recompute, for tables. */
+const char *loom_candidate_recompute(const loom_candidate *c, char *buf, size_t n);
 
 typedef struct {
   char reason[96]; /* the rule's field ("batch.global_batch"), or "memory": over the device's */
