@@ -378,6 +378,24 @@ START_TEST(search_ranks_what_fits) {
     if (loom_schedule_kind_splits_backward(c->schedule)) ck_assert_int_le(c->zero, 1);
   }
   ck_assert(zb_h1 > 0 && zb_v > 0);
+  /* Partial recompute where a layout fits only with some: the fewest of each stage's first layers that fit. */
+  int blocks = 0;
+  for (int i = 0; i < r.nranked; i++) {
+    loom_candidate c = r.ranked[i];
+    if (!c.recompute || !c.recompute_layers) continue;
+    blocks++;
+    loom_plan *plan;
+    ck_assert_int_eq(loom_candidate_plan(base, &c, &plan, &err), LOOM_OK);
+    ck_assert(c.recompute_layers < loom_plan_stage_range(plan, 0).layer_end); /* fewer than a stage's layers */
+    loom_plan_free(plan);
+    c.recompute_layers--, c.recompute = c.recompute_layers > 0; /* one layer fewer: over memory */
+    ck_assert_int_eq(loom_candidate_plan(base, &c, &plan, &err), LOOM_OK);
+    int64_t most = 0;
+    for (int q = 0; q < c.pp; q++) most = loom_plan_rank_bytes(plan, q, NULL) > most ? loom_plan_rank_bytes(plan, q, NULL) : most;
+    ck_assert_msg(most > prof->device->memory_bytes, "block %d fits too", c.recompute_layers);
+    loom_plan_free(plan);
+  }
+  ck_assert_int_gt(blocks, 0);
   /* The best candidate's plan, simulated on its own, predicts what the search printed. */
   loom_plan *best;
   ck_assert_int_eq(loom_candidate_plan(base, &r.ranked[0], &best, &err), LOOM_OK);
