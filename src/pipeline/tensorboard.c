@@ -59,6 +59,14 @@ static double wall_time(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* An event stamped now, at `step` (< 0: none, as the file version's). */
+static Loom__Tb__Event event_at(int64_t step) {
+  Loom__Tb__Event e = LOOM__TB__EVENT__INIT;
+  e.has_wall_time = 1, e.wall_time = wall_time();
+  e.has_step = step >= 0, e.step = step >= 0 ? step : 0;
+  return e;
+}
+
 loom_status loom_tensorboard_open(loom_tensorboard **out, const char *dir, int64_t first_step, loom_error *err) {
   *out = NULL;
   struct stat sb;
@@ -77,16 +85,13 @@ loom_status loom_tensorboard_open(loom_tensorboard **out, const char *dir, int64
     free(tb);
     return loom_fail(err, LOOM_ERR_IO, "--tensorboard-dir %s: cannot create an event file: %s", dir, strerror(why));
   }
-  Loom__Tb__Event e = LOOM__TB__EVENT__INIT;
-  e.has_wall_time = 1, e.wall_time = wall_time();
+  Loom__Tb__Event e = event_at(-1);
   e.file_version = "brain.Event:2";
   write_event(tb, &e);
   if (first_step > 0) {
     Loom__Tb__SessionLog restart = LOOM__TB__SESSION_LOG__INIT;
     restart.has_status = 1, restart.status = LOOM__TB__SESSION_LOG__SESSION_STATUS__START;
-    Loom__Tb__Event r = LOOM__TB__EVENT__INIT;
-    r.has_wall_time = 1, r.wall_time = wall_time();
-    r.has_step = 1, r.step = first_step;
+    Loom__Tb__Event r = event_at(first_step);
     r.session_log = &restart;
     write_event(tb, &r);
   }
@@ -102,9 +107,7 @@ void loom_tensorboard_scalar(loom_tensorboard *tb, const char *tag, int64_t step
   Loom__Tb__Summary__Value *values[1] = {&v};
   Loom__Tb__Summary s = LOOM__TB__SUMMARY__INIT;
   s.n_value = 1, s.value = values;
-  Loom__Tb__Event e = LOOM__TB__EVENT__INIT;
-  e.has_wall_time = 1, e.wall_time = wall_time();
-  e.has_step = 1, e.step = step;
+  Loom__Tb__Event e = event_at(step);
   e.summary = &s;
   write_event(tb, &e);
 }
