@@ -16,8 +16,9 @@
 #   every run, so 90% is a margin, not a coin toss. The sanitized pass
 #   (LOOM_TEST_SANITIZED=1), which checks memory, not numerics, leaves it
 #   out and compares 40 GPL steps, not 300;
-# - partial (block) and full recompute give bf16's losses bit for bit, at
-#   tp 2 x pp 2 and under ZB-V, with memory as modelled.
+# - partial (block), uniform in groups of 2 and full recompute give bf16's
+#   losses bit for bit, at tp 2 x pp 2 and under ZB-V, with memory as
+#   modelled.
 # Usage: tests/bf16.sh MPIEXEC LOOM WORKDIR
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3
@@ -69,7 +70,8 @@ for grid in "tp2pp2 4 --tp 2 --pp 2 --layers 6" "zbv 2 --pp 2 --layers 8 --sched
   rc_run "${name}_none" "$np" "$@"
   rc_run "${name}_block" "$np" "$@" $BLOCK
   rc_run "${name}_full" "$np" "$@" --recompute full
-  for rc in block full; do
+  rc_run "${name}_uniform" "$np" "$@" --recompute full --recompute-method uniform --recompute-num-layers 2
+  for rc in block full uniform; do
     cmp -s "$WORK/${name}_none.losses" "$WORK/${name}_$rc.losses" || fail "$name: recompute $rc changed the bf16 losses"
   done
 done

@@ -110,9 +110,9 @@ START_TEST(bad_flags) {
               "(Megatron-LM's --recompute-granularity full)");
   refusal_row(&t, run("train", "--recompute", "full", "--recompute-method", "block", NULL), 2,
               "loom train: --recompute-method block needs --recompute-num-layers, the layers of each stage that recompute");
-  refusal_row(&t, run("train", "--recompute", "full", "--recompute-num-layers", "2", NULL), 2,
-              "loom train: --recompute-num-layers 2 with the uniform method: loom keeps every layer's input (groups of 1 "
-              "layer); groups of more are not implemented: use --recompute-method block");
+  refusal_row(&t, run("train", "--recompute", "full", "--recompute-num-layers", "2", "--dp", "2", "--zero", "3", NULL), 2,
+              "loom train: stages[0].recompute_group = 2 with --zero 3: ZeRO-3 gathers one layer's weights at a time, and "
+              "recomputing a group of layers needs all of theirs; use groups of 1");
   refusal_row(&t, run("train", "--tensorboard-dir", "/etc/passwd", NULL), 2,
               "loom train: --tensorboard-dir /etc/passwd: is a file, not a directory of event files");
   refusal_row(&t, run("train", "--qkv-bias", NULL), 2,

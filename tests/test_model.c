@@ -148,9 +148,9 @@ START_TEST(bf16_activations_are_smaller) {
   loom_gpt_config cfg;
   loom_gpt_config_preset(&cfg, "gpt2-small");
   cfg.seq = 256;
-  const double fp32 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, false, 1, 0);
+  const double fp32 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, (loom_recompute){0}, 1, 0);
   cfg.bf16 = true;
-  const double bf16 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, false, 1, 0);
+  const double bf16 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, (loom_recompute){0}, 1, 0);
   ck_assert_msg(fp32 > 0.0 && bf16 <= 0.8 * fp32, "bf16 activations %.1f MiB against fp32's %.1f MiB", bf16 / 1048576.0,
                 fp32 / 1048576.0);
 }
@@ -169,7 +169,7 @@ START_TEST(initial_loss_is_log_vocab) {
   int tokens[T * B], targets[T * B];
   make_batch(tokens, targets, T, B, cfg.vocab, 3);
   const loom_gpt_batch batch = {.tokens = tokens, .targets = targets};
-  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B, 1, false, NULL, false, 1, 0), /* the slot's tokens, targets, predictions too */
+  ck_assert_uint_eq(loom_gpt_activation_bytes(&cfg, T, B, 1, false, NULL, (loom_recompute){0}, 1, 0), /* the slot's tokens, targets, predictions too */
                     (m.a->mem.numel + m.w.mem.numel) * sizeof(float) + 3 * (size_t)T * B * sizeof(int));
   const float loss = loom_gpt_forward(&m, &batch);
   ck_assert_msg(fabs(loss - log(cfg.vocab)) < 0.05, "initial loss %g vs ln V %g", (double)loss, log(cfg.vocab));

@@ -491,8 +491,8 @@ START_TEST(in_flight_is_the_verifiers_peak) {
           const loom_stage_range r = loom_plan_stage_range(p, loom_plan_stage_index(p, x->pp_rank, x->chunk));
           const int waiting = loom_schedule_rank_peaks(&s, x->pp_rank, x->chunk).deferred;
           const int redo = rc ? LOOM_RECOMPUTE_ALL : 0;
-          const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, redo, 1, 1) -
-                                        loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, redo, 1, 0));
+          const int64_t one = (int64_t)(loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, (loom_recompute){redo, 1}, 1, 1) -
+                                        loom_gpt_activation_bytes(&cfg, 16, 1, 1, false, &r, (loom_recompute){redo, 1}, 1, 0));
           ck_assert_int_eq(x->weight_grad_states, one * waiting);
           if (loom_schedule_kind_splits_backward(kinds[k])) ck_assert(waiting > 0 && one > 0), split++;
           else ck_assert_int_eq(waiting, 0);
@@ -546,8 +546,8 @@ START_TEST(activations_cross_check_megatron) {
     loom_gpt_config cfg = {.layers = 8, .hidden = 64, .heads = 4, .vocab = 256, .seq = 32, .bf16 = true};
     loom_gpt_config_finish(&cfg);
     const loom_stage_range two = {1, 3, false, false}, one = {1, 2, false, false};
-    const double per = (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &two, false, 1, 0) -
-                       (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &one, false, 1, 0);
+    const double per = (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &two, (loom_recompute){0}, 1, 0) -
+                       (double)loom_gpt_activation_bytes(&cfg, (int)s, (int)b, 2, sp, &one, (loom_recompute){0}, 1, 0);
     const double megatron = sp ? 34.0 * sbh / 2 : (10.0 + 24.0 / 2) * sbh;
     ck_assert_msg(fabs(per - megatron) <= 0.1 * megatron, "tp 2 sp %d: %g bytes per layer, Megatron's %g", sp, per, megatron);
   }

@@ -96,6 +96,7 @@ typedef struct {
   int zero; /* ZeRO stage */
   bool recompute, bf16, bf16_reduce;
   int recompute_layers; /* with recompute: each chunk's first N layers (Megatron's block method); 0: all */
+  int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0: 1 */
   size_t bucket_bytes;
 } pp_case;
 
@@ -105,7 +106,8 @@ static loom_plan *plan_built(const pp_case *pc, int tp, int pp, int dp, bool sp)
   const loom_gpt_config cfg = tiny();
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
-                               .recompute_layers = pc->recompute_layers, .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
+                               .recompute_layers = pc->recompute_layers, .recompute_group = pc->recompute_group,
+                               .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,
                                .precision = pc->bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32,
                                .grad_reduce = pc->bf16_reduce ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32};
@@ -318,6 +320,16 @@ static void check(loom_schedule_kind kind, int v, int m, const int *split, int n
   if (fewest >= 2 && !loom_schedule_kind_splits_backward(kind))
     ck_assert_double_lt(loom_plan_rank_activations(plan, tr.ps.pp_rank, LOOM_RECOMPUTE_ALL),
                         loom_plan_rank_activations(plan, tr.ps.pp_rank, LOOM_RECOMPUTE_PLAN));
+  /* Megatron's uniform method in groups of 2 (under ZeRO-3 the plan refuses it): every layer recomputes, each
+   * group from its first layer's input; the same losses, bit for bit, and memory as modelled. */
+  if (g_zero < 3) {
+    loom_trainer_free(&tr);
+    loom_plan_free(plan);
+    pc.recompute_layers = 0, pc.recompute_group = 2;
+    train_pipeline(&pc, partial, &tr, &plan, data);
+    ck_assert_msg(memcmp(partial, losses, sizeof losses) == 0, "%s: recomputing in groups of 2 changed the losses", what);
+    ck_assert_int_eq(loom_pipeline_chunk(tr.pipe, 0)->recompute_group, 2);
+  }
   /* A split backward keeps its linears' inputs from B to W, in weight-grad
    * states as many as the backwards waiting at once, never more than the
    * micro-batches in flight: with few of those recompute can save nothing. */

@@ -34,11 +34,12 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
       {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, "schedule"},
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
-      {"--recompute-method", FLAG_STRING, &f->recompute_method, "with --recompute full: uniform (every layer keeps only "
-       "its input) or block (only each stage's first --recompute-num-layers do; the rest keep their activations)",
+      {"--recompute-method", FLAG_STRING, &f->recompute_method, "with --recompute full: uniform (every layer recomputes, in "
+       "groups of --recompute-num-layers keeping the first one's input) or block (only each stage's first "
+       "--recompute-num-layers recompute; the rest keep their activations)",
        LOOM_NO_RANGE, RECOMPUTE_METHODS, false, NULL},
       {"--recompute-num-layers", FLAG_INT, &f->recompute_num_layers, "block: the layers of each stage (each model chunk) "
-       "that recompute; uniform: layers per recomputed group (1)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "stages"},
+       "that recompute; uniform: layers per recomputed group (default 1)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "stages"},
       {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
       {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
@@ -145,13 +146,10 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   if (block && !f->recompute_num_layers)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method block needs --recompute-num-layers, the layers of each "
                      "stage that recompute", cmd);
-  if (!block && f->recompute_num_layers > 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-num-layers %d with the uniform method: loom keeps every layer's "
-                     "input (groups of 1 layer); groups of more are not implemented: use --recompute-method block",
-                     cmd, f->recompute_num_layers);
   const loom_plan_spec spec = {
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero,
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
+      .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,
       .global_batch = (int)global, .schedule = kind, .balance = (Loom__Balance)loom_flag_choice_index(BALANCE_CHOICES, f->balance),
       .precision = (Loom__Precision)loom_flag_choice_index(PRECISION_CHOICES, f->precision),

@@ -10,13 +10,14 @@
 #include "tensor_parallel/vocab_parallel.h"
 
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, int recompute_layers, int zero_dp,
+                                const loom_tp *tp, const loom_stage_range *range, loom_recompute recompute, int zero_dp,
                                 int zero_stage) {
   memset(m, 0, sizeof *m);
   m->ops = ops;
   m->seed = seed;
   const int L = range ? range->layer_end - range->layer_begin : cfg->layers;
-  m->recompute_layers = recompute_layers < 0 ? 0 : recompute_layers > L ? L : recompute_layers;
+  m->recompute_layers = recompute.layers < 0 ? 0 : recompute.layers > L ? L : recompute.layers;
+  m->recompute_group = recompute.group > 1 ? recompute.group : 1;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   m->tp.kv_group = NULL;
   const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
@@ -34,7 +35,7 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
 
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp) {
-  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, false, 0, 0);
+  return loom_gpt_init_stage(m, cfg, ops, seed, tp, NULL, (loom_recompute){0}, 0, 0);
 }
 
 static void wstates_free(loom_gpt *m) {
@@ -60,6 +61,7 @@ static void slots_free(loom_gpt *m) {
     if (m->slots[i].pred) m->ops->mem->release(m->ops->mem, m->slots[i].pred);
   }
   free(m->slots);
+  free(m->w.redo);
   loom_buffer_free(&m->w.mem);
   loom_buffer_free(&m->w.mem16);
   wstates_free(m);
@@ -102,20 +104,22 @@ typedef struct {
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
+  int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
   bool first, last, bf16;
 } dims;
 
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
-static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, int recompute) {
-  const int L = r->layer_end - r->layer_begin, R = recompute < 0 ? 0 : recompute > L ? L : recompute;
+static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, loom_recompute rc) {
+  const int L = r->layer_end - r->layer_begin, R = rc.layers < 0 ? 0 : rc.layers > L ? L : rc.layers;
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
   return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
-                .L = L, .tp = tp, .R = R, .K = L - R, .first = r->first, .last = r->last, .bf16 = c->bf16};
+                .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
+                .bf16 = c->bf16};
 }
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
@@ -292,9 +296,11 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   memset(v, 0, sizeof *v);
   want(l, &s->x0, "x0", d->n * d->h);
   want(l, &s->dx0, "dx0", d->n * d->h);
-  /* The recomputed layers' inputs (slot l for layer l; layer 0's is x0),
-   * and the first kept layer's, which the last recomputed one gives it. */
-  if (d->R) want(l, &s->inputs, "inputs", (d->K ? d->R + 1 : d->R) * d->n * d->h);
+  /* The input of each recomputed group's first layer (slot g for group g;
+   * group 0's is x0), and the first kept layer's, which the last recomputed
+   * one gives it. */
+  const int groups = (d->R + d->G - 1) / d->G;
+  if (d->R) want(l, &s->inputs, "inputs", (d->K ? groups + 1 : groups) * d->n * d->h);
   if (d->L > 0 && (d->K == 0 || d->bf16)) want(l, &s->out, "out", d->n * d->h);
   if (d->K > 0 && d->bf16) {
     want_stats(l, v, d, d->K);
@@ -313,6 +319,10 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
     want(l, &s->picked, "picked", d->N);
   }
 }
+
+/* Layers the scratch computes a layer in holds: a recompute group's (at
+ * most the recomputed layers), or one. */
+static int redo_layers(const dims *d) { return d->R ? (d->G < d->R ? d->G : d->R) : 1; }
 
 /* Scratch every slot shares: fp32 views in l, bf16 ones in l16. */
 static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views *v, const dims *d) {
@@ -337,7 +347,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
   want(l, &w->lse_scratch, "lse_scratch", d->N);
-  if (d->R || d->bf16) want_layers(l, v, d, 1);
+  if (d->R || d->bf16) want_layers(l, v, d, redo_layers(d));
   if (d->bf16) {
     want(l, &w->xin, "xin", d->n * d->h);
     want(l, &w->weights, "weights", d->weight_scratch);
@@ -348,7 +358,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     big_counts(d, c);
     for (int k = 0; k < WGRADS; k++) want16(l16, grads[k], names[k], g[k]);
     for (int k = 0; d->R && k < WEIGHT_INPUTS; k++)
-      want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], c[WEIGHT_INPUT[k]]);
+      want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], redo_layers(d) * c[WEIGHT_INPUT[k]]);
     if (d->tp > 1) want16(l16, &w->tp_staging, "tp_staging", (int64_t)loom_tp_staging_elems(d->N, d->n, d->h));
   }
 }
@@ -360,7 +370,7 @@ static size_t list_bytes(const act_list *l) {
 }
 
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, int recompute, int slots, int weight_states) {
+                                 const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
@@ -382,7 +392,7 @@ size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp
 }
 
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, int recompute) {
+                                   const loom_stage_range *range, loom_recompute recompute) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
@@ -390,6 +400,11 @@ size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int
   wgrad_views v;
   list_wstate(&l, &l16, &v, &d);
   return list_bytes(&l) + list_bytes(&l16);
+}
+
+/* What the model recomputes, as its shapes take it. */
+static loom_recompute recompute_of(const loom_gpt *m) {
+  return (loom_recompute){.layers = m->recompute_layers, .group = m->recompute_group};
 }
 
 /* Allocates a table and points its slots at the views. */
@@ -460,7 +475,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
-  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers),
+  const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, recompute_of(m)),
                                      c, m->tp.size);
   act_list l, l16;
   layer_views v;
@@ -490,7 +505,10 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     list_work(&l, &l16, &m->w, &v, &d);
     st = place(&m->w.mem, &l, m->ops->mem);
     if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
-    if (st == LOOM_OK && (d.R || d.bf16)) bind_layers(&m->w.redo, &v, &d, 1);
+    if (st == LOOM_OK && (d.R || d.bf16)) {
+      m->w.redo = loom_xcalloc((size_t)redo_layers(&d), sizeof *m->w.redo, "recompute scratch");
+      bind_layers(m->w.redo, &v, &d, redo_layers(&d));
+    }
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
@@ -509,7 +527,7 @@ loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B) { return loom_gp
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
   LOOM_CHECK(m->nslots > 0 && n >= 0, "weight-grad states come after the slots");
   wstates_free(m);
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, recompute_of(m));
   m->wstates = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *m->wstates, "weight-grad states");
   m->nwstates = n;
   loom_status st = LOOM_OK;
@@ -623,6 +641,13 @@ static loom_linear_weight vocab_weight(const loom_gpt *m, const loom_gpt_weights
 
 /* Whether local layer l recomputes in backward: the first recompute_layers do. */
 static bool redone(const loom_gpt *m, int l) { return l < m->recompute_layers; }
+/* Whether a recomputed layer starts its group (its input kept in the slot). */
+static bool group_start(const loom_gpt *m, int l) { return l % m->recompute_group == 0; }
+/* The last layer of recomputed layer l's group. */
+static int group_end(const loom_gpt *m, int l) {
+  const int end = (l / m->recompute_group + 1) * m->recompute_group - 1;
+  return end < m->recompute_layers ? end : m->recompute_layers - 1;
+}
 
 /* The fp32 activations layer l computes in: the slot's own, or (recompute,
  * bf16) the one-layer scratch, with the slot's norm statistics and
@@ -630,7 +655,7 @@ static bool redone(const loom_gpt *m, int l) { return l < m->recompute_layers; }
 static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int l) {
   const int k = l - m->recompute_layers; /* a kept layer's place in the slot */
   if (!redone(m, l) && !m->p.cfg.bf16) return s->blocks[k];
-  loom_block_acts a = m->w.redo;
+  loom_block_acts a = m->w.redo[redone(m, l) ? l % m->recompute_group : 0];
   if (!redone(m, l)) {
     a.ln_1_mean = s->blocks[k].ln_1_mean, a.ln_1_rstd = s->blocks[k].ln_1_rstd;
     a.ln_2_mean = s->blocks[k].ln_2_mean, a.ln_2_rstd = s->blocks[k].ln_2_rstd;
@@ -643,7 +668,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
 
 /* Elements of each of a layer's big activations in this model's slots. */
 static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
-  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, m->recompute_layers);
+  const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, recompute_of(m));
   big_counts(&d, c);
 }
 
@@ -677,8 +702,11 @@ static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a,
  * the slot). */
 static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool backward) {
   if (l == 0) return s->x0;
-  const int R = m->recompute_layers;
-  if (l <= R) return s->inputs + (size_t)l * local_rows(m) * m->p.cfg.hidden;
+  const int R = m->recompute_layers, G = m->recompute_group;
+  const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
+  if (l < R && !group_start(m, l)) return m->w.redo[(l - 1) % G].out; /* within a group: the previous layer's output */
+  if (l < R) return s->inputs + (size_t)(l / G) * nh;
+  if (l == R) return s->inputs + (size_t)((R + G - 1) / G) * nh;
   if (!m->p.cfg.bf16) return s->blocks[l - 1 - R].out;
   if (backward) m->ops->from_bf16(m->ops, m->w.xin, s->packed[l - 1 - R].out, (size_t)local_rows(m) * m->p.cfg.hidden);
   return m->w.xin;
@@ -800,7 +828,8 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     /* A recomputed layer keeps only its output, as the next layer's input;
      * bf16 runs keep a layer packed and pass its output on in w.xin. */
     if (!redone(m, l)) pack_layer(m, s, l, &a, true, PACKED_AFTER_LAYER, PACKED_AFTER);
-    float *next = l + 1 == L ? s->out : redone(m, l) ? s->inputs + (size_t)(l + 1) * nh : m->w.xin;
+    if (redone(m, l) && l + 1 < m->recompute_layers && !group_start(m, l + 1)) continue; /* read from the scratch */
+    float *next = l + 1 == L ? s->out : redone(m, l) ? (float *)layer_input(m, s, l + 1, false) : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
   const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
@@ -819,11 +848,18 @@ typedef struct {
 } layer_pass;
 
 static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int l) {
+  const loom_block_shape shape = block_shape(m);
+  /* A recomputed group's last layer reruns the group's forward, from its
+   * first layer's kept input, into the scratch its backwards then read. */
+  for (int j = l - l % m->recompute_group; redone(m, l) && l == group_end(m, l) && j <= l; j++) {
+    const loom_block_compute_weights w = layer_weights(m, j);
+    const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + j);
+    loom_block_acts a = layer_acts(m, s, j);
+    loom_block_forward(&a, &m->w.block, layer_input(m, s, j, true), &w, &shape, &d, &m->tp, m->ops);
+  }
   layer_pass p = {.x = layer_input(m, s, l, true), .w = layer_weights(m, l), .a = layer_acts(m, s, l),
                   .d = block_dropout(m, batch, m->p.range.layer_begin + l)};
-  const loom_block_shape shape = block_shape(m);
-  if (redone(m, l)) loom_block_forward(&p.a, &m->w.block, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
-  else if (m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, READ_IN_BACKWARD, READ_BACK);
+  if (!redone(m, l) && m->p.cfg.bf16) pack_layer(m, s, l, &p.a, false, READ_IN_BACKWARD, READ_BACK);
   return p;
 }
 

@@ -19,7 +19,6 @@
 #ifndef LOOM_GPT_H
 #define LOOM_GPT_H
 
-#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include "backend/ops.h"
@@ -41,8 +40,8 @@ typedef struct {
   int *pred;                /* [N] greedy predictions */
   float *x0;                /* [n, h] stage input: the embedding output, or the received activation */
   loom_block_acts *blocks;  /* [kept layers] layer l's at l - recompute_layers (only the norm statistics in bf16 runs) */
-  float *inputs;            /* [R (+1 when some are kept), n, h] layer l's input for l <= R = recompute_layers
-                             * (layer 0's is x0) */
+  float *inputs;            /* [groups (+1 when some layers are kept), n, h] the input of each recomputed group's
+                             * first layer (group 0's is x0), then the first kept layer's */
   float *out;               /* [n, h] stage output (when every layer recomputes, or bf16, or an empty stage) */
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
   float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
@@ -68,8 +67,8 @@ typedef struct {
 typedef struct {
   loom_buffer mem, mem16;   /* fp32 views, and bf16 runs' bits */
   loom_block_scratch block;
-  loom_block_acts redo;     /* one layer's activations: recomputed in backward, or computed in fp32 in bf16 runs
-                             * (bf16 runs with recompute: with its linears' inputs as bits) */
+  loom_block_acts *redo;    /* [a recompute group's layers, or 1] activations recomputed in backward, or computed in
+                             * fp32 in bf16 runs (bf16 runs with recompute: with the linears' inputs as bits) */
   float *xin;               /* [n, h] bf16 runs: the current layer's input */
   float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
   loom_block_weights layer_w; /* views of weights: one layer's */
@@ -104,6 +103,7 @@ typedef struct loom_gpt_s {
   uint64_t seed;
   loom_tp tp;
   int recompute_layers; /* the stage's first layers that recompute in backward (0: none; its layer count: all) */
+  int recompute_group;  /* in groups of this many (1: each alone) */
   int T, B, nslots;
   loom_gpt_slot *slots;
   int nwstates;
@@ -122,22 +122,19 @@ typedef struct {
   bool train;             /* enables dropout */
 } loom_gpt_batch;
 
-/* A recompute_layers count that means every layer of a stage. */
-#define LOOM_RECOMPUTE_ALL INT_MAX
 
 /* Builds and initialises this rank's part of the whole model. tp NULL:
  * serial. Under TP the vocab is padded to a multiple of 128 * tp. */
 loom_status loom_gpt_init(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
                           const loom_tp *tp);
-/* The same for one pipeline stage (or chunk): the layers of `range`, the
- * first recompute_layers of them (clamped to their count) recomputed in
- * backward.
+/* The same for one pipeline stage (or chunk): the layers of `range`,
+ * recomputing in backward what `recompute` says.
  * zero_dp > 0: trained by ZeRO `zero_stage` over that many replicas, with
  * parameters as loom_gpt_params_init_for_zero builds them; where they get
  * no fp32 master (bf16 runs, ZeRO-3) they get no initial values either,
  * which the distributed optimizer holds and draws. */
 loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const loom_ops *ops, uint64_t seed,
-                                const loom_tp *tp, const loom_stage_range *range, int recompute_layers, int zero_dp,
+                                const loom_tp *tp, const loom_stage_range *range, loom_recompute recompute, int zero_dp,
                                 int zero_stage);
 void loom_gpt_free(loom_gpt *m);
 /* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
@@ -163,11 +160,11 @@ static inline double loom_gpt_boundary_bytes(const loom_gpt_config *cfg, int T, 
 /* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
  * one rank of a tp-way split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, int recompute_layers, int slots, int weight_states);
+                                 const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states);
 /* Bytes of one weight-grad state (loom_gpt_wstate) on one rank of a tp-way
  * split of stage `range` (NULL: the whole model). */
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, int recompute_layers);
+                                   const loom_stage_range *range, loom_recompute recompute);
 /* (Re)sizes the weight-grad states of a split backward, after the slots. */
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n);
 

@@ -7,9 +7,21 @@
 #ifndef LOOM_GPT_CONFIG_H
 #define LOOM_GPT_CONFIG_H
 
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include "backend/ops.h"
+
+/* What a stage recomputes in backward: its first `layers` layers (0: none;
+ * LOOM_RECOMPUTE_ALL or any count past its layers: every one), in groups
+ * of `group` consecutive layers (0 or 1: each layer alone) of which a slot
+ * keeps only the first one's input and backward reruns the whole group's
+ * forward before the group's backwards (Megatron-LM's uniform method with
+ * --recompute-num-layers; its block method is `layers` with groups of 1). */
+#define LOOM_RECOMPUTE_ALL INT_MAX
+typedef struct {
+  int layers, group;
+} loom_recompute;
 
 /* Each enum's values are those of its proto enum (proto/loom.proto). */
 typedef enum { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1 } loom_norm_kind;

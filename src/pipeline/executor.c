@@ -62,7 +62,7 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
     const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
     st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range,
-                             loom_plan_stage_recompute_layers(plan, stage_of(pipe, c)), zero_dp,
+                             loom_plan_stage_recompute(plan, stage_of(pipe, c)), zero_dp,
                              plan->parallel->zero_stage);
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);

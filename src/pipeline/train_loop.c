@@ -28,6 +28,8 @@ void loom_train_describe(const loom_trainer *tr) {
   char which[64] = "full recompute";
   if (c0->recompute_layers < c0->p.layers)
     snprintf(which, sizeof which, "recompute of %d of %d layers (block)", c0->recompute_layers, c0->p.layers);
+  else if (c0->recompute_group > 1)
+    snprintf(which, sizeof which, "full recompute in groups of %d layers (uniform)", c0->recompute_group);
   if (c0->recompute_layers)
     loom_log_info("activations on rank 0: %.2f MiB with %s, %.2f MiB without: saves %.2f MiB", kept / mib, which,
                   full / mib, (full - kept) / mib);

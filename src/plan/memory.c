@@ -141,7 +141,8 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, i
   loom_plan_model_config(p, &cfg);
   const int stage = loom_plan_stage_index(p, pp_rank, chunk);
   const loom_stage_range range = loom_plan_stage_range(p, stage);
-  const int recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute_layers(p, stage) : recompute_layers;
+  const loom_recompute recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute(p, stage)
+                                                                          : (loom_recompute){recompute_layers, 1};
   const int T = loom_plan_train_seq(p), B = p->batch->micro_batch, vpp = l->virtual_chunks;
   int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
   int sends;

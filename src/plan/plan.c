@@ -95,11 +95,12 @@ int64_t loom_plan_total_parameters(const loom_plan *p) {
 
 bool loom_plan_recompute(const loom_plan *p) { return p->n_stages > 0 && p->stages[0]->recompute; }
 
-int loom_plan_stage_recompute_layers(const loom_plan *p, int v) {
+loom_recompute loom_plan_stage_recompute(const loom_plan *p, int v) {
   const Loom__Stage *s = p->stages[v];
   const int layers = s->layer_end - s->layer_begin;
-  if (!s->recompute) return 0;
-  return s->has_recompute_layers && s->recompute_layers < layers ? s->recompute_layers : layers;
+  if (!s->recompute) return (loom_recompute){0, 1};
+  return (loom_recompute){.layers = s->has_recompute_layers && s->recompute_layers < layers ? s->recompute_layers : layers,
+                          .group = s->has_recompute_group && s->recompute_group > 1 ? s->recompute_group : 1};
 }
 
 int loom_plan_micro_batches(const loom_plan *p) {

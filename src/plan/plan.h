@@ -22,6 +22,7 @@ typedef struct {
   int tp, pp, dp, vpp, zero_stage;
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
+  int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
   int micro_batch, global_batch;
   Loom__ScheduleKind schedule;
   Loom__Balance balance;
@@ -82,9 +83,10 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
 int loom_plan_train_seq(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */
 bool loom_plan_recompute(const loom_plan *plan);
-/* How many of stage v's layers recompute in backward, its first ones: 0
- * without recompute, stages[v].recompute_layers where set, else all. */
-int loom_plan_stage_recompute_layers(const loom_plan *plan, int v);
+/* What stage v recomputes in backward: its first layers (none without
+ * recompute, stages[v].recompute_layers where set, else all) in groups of
+ * stages[v].recompute_group (where set, else 1). */
+loom_recompute loom_plan_stage_recompute(const loom_plan *plan, int v);
 /* Micro-batches per step and replica: global / (micro x dp). */
 int loom_plan_micro_batches(const loom_plan *plan);
 /* Layers and ends of virtual stage v (loom_plan_stage_index) of a checked plan. */

@@ -15,7 +15,7 @@
 /* ---- building ---- */
 
 static Loom__Stage *new_stage(int pp_rank, int chunk, int begin, int end, bool first, bool last, bool recompute,
-                              int recompute_layers) {
+                              int recompute_layers, int recompute_group) {
   Loom__Stage *s = loom_xmalloc(sizeof *s, "plan stage");
   loom__stage__init(s);
   s->has_pp_rank = s->has_chunk = s->has_layer_begin = s->has_layer_end = 1;
@@ -30,6 +30,8 @@ static Loom__Stage *new_stage(int pp_rank, int chunk, int begin, int end, bool f
   /* The block method's count, capped at the stage's layers (all of them then: plain full recompute). */
   s->has_recompute_layers = recompute && recompute_layers > 0 && recompute_layers < end - begin;
   s->recompute_layers = s->has_recompute_layers ? recompute_layers : 0;
+  s->has_recompute_group = recompute && recompute_group > 1;
+  s->recompute_group = s->has_recompute_group ? recompute_group : 0;
   return s;
 }
 
@@ -139,7 +141,7 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
     int rank, chunk;
     loom_stage_place(loom_schedule_kind_v_shape(sp->schedule), sp->pp, v, &rank, &chunk);
     p->stages[v] = new_stage(rank, chunk, begin, begin + counts[v], v == 0, v == S - 1, sp->recompute,
-                           sp->recompute_layers);
+                           sp->recompute_layers, sp->recompute_group);
     begin += counts[v];
   }
   free(counts);

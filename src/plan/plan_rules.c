@@ -212,6 +212,15 @@ static void check_batch(report *r, const loom_plan *p) {
     }
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *s = p->stages[k];
+    if (s->has_recompute_group && (!s->recompute || s->recompute_group < 1))
+      violation(r, "stages[%zu].recompute_group = %d: layers per recomputed group, 1 or more, with recompute on", k,
+                s->recompute_group);
+    else if (s->has_recompute_group && s->recompute_group > 1 && s->has_recompute_layers)
+      violation(r, "stages[%zu]: recompute_layers and recompute_group are Megatron-LM's block and uniform methods; give "
+                "one of them", k);
+    else if (s->has_recompute_group && s->recompute_group > 1 && p->parallel->zero_stage == 3)
+      violation(r, "stages[%zu].recompute_group = %d with parallel.zero_stage = 3: ZeRO-3 gathers one layer's weights at a "
+                "time, and recomputing a group of layers needs all of theirs; use groups of 1", k, s->recompute_group);
     if (!s->has_recompute_layers) continue;
     if (!s->recompute)
       violation(r, "stages[%zu].recompute_layers = %d: says how many layers recompute, but the stage has recompute off", k,

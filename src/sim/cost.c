@@ -222,7 +222,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes, layers * lg.bytes};
       pass w = {layers * lw.compute, 0.0, 0.0, 0.0};
       edge_costs(&L, &r, &f, &g, &w);
-      const double redo = loom_plan_stage_recompute_layers(plan, stage); /* layers whose forward backward runs again */
+      const double redo = loom_plan_stage_recompute(plan, stage).layers; /* layers whose forward backward runs again */
       g.compute += redo * lf.compute, g.comm += redo * lf.comm;
       g.tp_bytes += redo * lf.tp_bytes, g.bytes += redo * lf.bytes;
       const int i = q * v + k;
