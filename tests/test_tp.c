@@ -370,6 +370,43 @@ START_TEST(typed_collectives_are_exact) {
 }
 END_TEST
 
+/* All-to-all-v, as MoE's dispatch moves tokens: rank s sends rank d
+ * (s + 2d) % 3 rows (so some pairs move nothing, the rank itself too), each
+ * value naming its sender, receiver and place; the counts exchanged first
+ * are what each sender sends; the bytes sent to peers count in ring_bytes.
+ * Then the same in i64, values a float would round. */
+START_TEST(alltoallv_moves_each_peers_rows) {
+  const int n = g_world->size, me = g_world->rank, w = 5; /* values per row */
+  size_t *sc = calloc((size_t)n, sizeof *sc), *rc = calloc((size_t)n, sizeof *rc), sent = 0, to_peers = 0;
+  for (int d = 0; d < n; d++) sent += sc[d] = (size_t)((me + 2 * d) % 3) * w, to_peers += d == me ? 0 : sc[d];
+  loom_comm_alltoall_counts(g_world, sc, rc);
+  size_t got = 0;
+  for (int s = 0; s < n; s++) {
+    ck_assert_uint_eq(rc[s], (size_t)((s + 2 * me) % 3) * w);
+    got += rc[s];
+  }
+  float *send = malloc((sent + 1) * sizeof *send), *recv = malloc((got + 1) * sizeof *recv);
+  int64_t *send64 = malloc((sent + 1) * sizeof *send64), *recv64 = malloc((got + 1) * sizeof *recv64);
+  size_t at = 0;
+  for (int d = 0; d < n; d++)
+    for (size_t i = 0; i < sc[d]; i++, at++)
+      send[at] = (float)(1000 * me + 100 * d + (int)i), send64[at] = ((int64_t)1 << 40) * (me + 1) + 1000 * d + (int64_t)i;
+  const double before = g_world->ring_bytes;
+  loom_comm_alltoallv_typed(g_world, send, sc, recv, rc, LOOM_DTYPE_F32);
+  ck_assert_double_eq(g_world->ring_bytes - before, 4.0 * (double)to_peers);
+  loom_comm_alltoallv_typed(g_world, send64, sc, recv64, rc, LOOM_DTYPE_I64);
+  at = 0;
+  for (int s = 0; s < n; s++)
+    for (size_t i = 0; i < rc[s]; i++, at++) {
+      ck_assert_msg(recv[at] == (float)(1000 * s + 100 * me + (int)i), "rank %d: value %zu from rank %d is %g", me, i, s,
+                    (double)recv[at]);
+      ck_assert(recv64[at] == ((int64_t)1 << 40) * (s + 1) + 1000 * me + (int64_t)i);
+    }
+  ck_assert_uint_eq(at, got);
+  free(send), free(recv), free(send64), free(recv64), free(sc), free(rc);
+}
+END_TEST
+
 /* A reduce-scatter past the MPI backend's piece size (2^22 elements per
  * rank, which it sends in pieces) sums every element exactly, the ragged
  * last piece included: integer values, exact in a float. */
@@ -433,6 +470,7 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, collectives_are_exact);
   if (g_world->size >= 2) tcase_add_test(tc, point_to_point_is_exact);
   tcase_add_test(tc, typed_collectives_are_exact);
+  tcase_add_test(tc, alltoallv_moves_each_peers_rows);
   tcase_add_test(tc, large_reduce_scatter_is_exact);
   tcase_add_test(tc, large_bf16_reduce_scatter_is_exact);
   tcase_add_test(tc, groups_follow_rank_order);

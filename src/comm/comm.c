@@ -1,6 +1,7 @@
 /* Dispatch through a group's table, with the size-1 shortcuts every backend
  * would otherwise repeat. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "comm/comm.h"
@@ -98,6 +99,28 @@ loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *
 
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
   if (!single(c)) c->ops->broadcast(c, buf, n, type, root);
+}
+
+void loom_comm_alltoall_counts(loom_comm *c, const size_t *send_counts, size_t *recv_counts) {
+  const int n = loom_comm_size(c), me = loom_comm_rank(c);
+  int64_t *mine = loom_xmalloc((size_t)n * sizeof *mine, "all-to-all counts");
+  int64_t *all = loom_xmalloc((size_t)n * (size_t)n * sizeof *all, "all-to-all counts");
+  for (int r = 0; r < n; r++) mine[r] = (int64_t)send_counts[r];
+  loom_comm_allgather_typed(c, mine, all, (size_t)n, LOOM_DTYPE_I64); /* row r: rank r's counts for every peer */
+  for (int r = 0; r < n; r++) recv_counts[r] = (size_t)all[(size_t)r * (size_t)n + (size_t)me];
+  free(mine);
+  free(all);
+}
+
+void loom_comm_alltoallv_typed(loom_comm *c, const void *send, const size_t *send_counts, void *recv,
+                               const size_t *recv_counts, loom_dtype type) {
+  if (single(c)) {
+    local_copy(c, recv, send, send_counts[0] * loom_dtype_size(type));
+    return;
+  }
+  for (int r = 0; r < c->size; r++)
+    if (r != c->rank) c->ring_bytes += (double)send_counts[r] * (double)loom_dtype_size(type);
+  c->ops->alltoallv(c, send, send_counts, recv, recv_counts, type);
 }
 
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root) {

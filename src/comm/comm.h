@@ -49,6 +49,11 @@ typedef struct {
   loom_request *(*iallgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   loom_request *(*ireduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
   void (*broadcast)(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
+  /* All-to-all with a count per peer (MoE's token dispatch and combine):
+   * send_counts[r] elements of send go to rank r, recv_counts[r] from rank r
+   * land in recv, each side packed in rank order. */
+  void (*alltoallv)(loom_comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                    loom_dtype type);
   /* Point to point. A backend may queue transfers (NCCL groups them) until
    * a wait, a test, a collective or flush; tags pick the recv under
    * buffered sends and are ignored under rendezvous ones, whose sends meet
@@ -90,6 +95,13 @@ void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op);
 void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, loom_reduce_op op);
 void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
+/* What every peer will send this rank, exchanged before an all-to-all-v:
+ * recv_counts[r] = rank r's send_counts[this rank]. */
+void loom_comm_alltoall_counts(loom_comm *c, const size_t *send_counts, size_t *recv_counts);
+/* The all-to-all-v above (counts from loom_comm_alltoall_counts); the bytes
+ * this rank sends to its peers count in ring_bytes. */
+void loom_comm_alltoallv_typed(loom_comm *c, const void *send, const size_t *send_counts, void *recv,
+                               const size_t *recv_counts, loom_dtype type);
 /* Starts a sum all-reduce of buf; NULL (nothing to wait for) on a group of one. */
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n);
 /* The same for f32 or bf16 (bf16 sums round each partial sum to bf16). */

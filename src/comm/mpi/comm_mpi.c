@@ -279,6 +279,40 @@ static void mpi_free(loom_comm *c) {
   free(c);
 }
 
+/* MPI's counts and displacements are ints: every peer's count and the
+ * running total of them must fit. */
+static void int_counts(const loom_comm *c, const size_t *counts, int *ints, int *displs, size_t *total) {
+  *total = 0;
+  for (int r = 0; r < c->size; r++) {
+    displs[r] = count_of(*total);
+    ints[r] = count_of(counts[r]);
+    *total += counts[r];
+  }
+  (void)count_of(*total);
+}
+
+static void mpi_alltoallv(loom_comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                          loom_dtype type) {
+  int *ints = loom_xmalloc(4 * (size_t)c->size * sizeof *ints, "all-to-all counts");
+  int *sc = ints, *sd = ints + c->size, *rc = ints + 2 * c->size, *rd = ints + 3 * c->size;
+  size_t sent, got;
+  int_counts(c, send_counts, sc, sd, &sent);
+  int_counts(c, recv_counts, rc, rd, &got);
+  const size_t size = loom_dtype_size(type);
+  void *hs = stage(c, send, sent * size, true), *hr = stage(c, recv, got * size, false);
+  const MPI_Datatype t = type_of(type);
+  if (!watched()) {
+    MPI_Alltoallv(hs, sc, sd, t, hr, rc, rd, t, mpi_of(c));
+  } else {
+    MPI_Request req;
+    MPI_Ialltoallv(hs, sc, sd, t, hr, rc, rd, t, mpi_of(c), &req);
+    complete(&req, "all-to-all", c);
+  }
+  unstage(c, send, hs, sent * size, false);
+  unstage(c, recv, hr, got * size, true);
+  free(ints);
+}
+
 static const loom_comm_ops MPI_OPS = {
     .name = "mpi",
     .allreduce = mpi_allreduce,
@@ -288,6 +322,7 @@ static const loom_comm_ops MPI_OPS = {
     .iallgather = mpi_iallgather,
     .ireduce_scatter = mpi_ireduce_scatter,
     .broadcast = mpi_broadcast,
+    .alltoallv = mpi_alltoallv,
     .isend = mpi_isend,
     .irecv = mpi_irecv,
     .wait = mpi_wait,

@@ -162,6 +162,30 @@ static void nccl_allgather(loom_comm *c, const void *send, void *recv, size_t n,
   unstage(m->compute, recv, r, bytes * (size_t)c->size, true, "an all-gather of host values");
 }
 
+/* NCCL has no all-to-all-v: one group of a send and a receive per peer,
+ * on the compute stream (a peer with nothing to move still posts its zero
+ * counts, which NCCL skips). */
+static void nccl_alltoallv(loom_comm *c, const void *send, const size_t *send_counts, void *recv, const size_t *recv_counts,
+                           loom_dtype type) {
+  nccl_impl *m = impl_of(c);
+  flush(m);
+  const size_t size = loom_dtype_size(type);
+  size_t sent = 0, got = 0;
+  for (int r = 0; r < c->size; r++) sent += send_counts[r], got += recv_counts[r];
+  char *s = stage(m->compute, send, sent * size, true), *d = stage(m->compute, recv, got * size, false);
+  loom_nccl_issued("all-to-all", c->name);
+  check_nccl(ncclGroupStart(), "group");
+  size_t at_s = 0, at_r = 0;
+  for (int r = 0; r < c->size; r++) {
+    check_nccl(ncclSend(s + at_s * size, send_counts[r], type_of(type), r, m->comm, m->compute), "all-to-all send");
+    check_nccl(ncclRecv(d + at_r * size, recv_counts[r], type_of(type), r, m->comm, m->compute), "all-to-all recv");
+    at_s += send_counts[r], at_r += recv_counts[r];
+  }
+  check_nccl(ncclGroupEnd(), "group");
+  unstage(m->compute, send, s, sent * size, false, "an all-to-all of host values");
+  unstage(m->compute, recv, d, got * size, true, "an all-to-all of host values");
+}
+
 static void nccl_reduce_scatter(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
   flush(m);
@@ -316,6 +340,7 @@ static const loom_comm_ops NCCL_OPS = {
     .iallgather = nccl_iallgather,
     .ireduce_scatter = nccl_ireduce_scatter,
     .broadcast = nccl_broadcast,
+    .alltoallv = nccl_alltoallv,
     .isend = nccl_isend,
     .irecv = nccl_irecv,
     .flush = nccl_flush,
