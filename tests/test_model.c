@@ -17,6 +17,7 @@
 #include <string.h>
 #include "core/rng.h"
 #include "layers/gpt.h"
+#include "layers/moe_router.h"
 #include "optim/adamw.h"
 #include "test_util.h"
 
@@ -271,6 +272,91 @@ END_TEST
  * SwiGLU] + 6 V h for the logits), with attention's scores and values
  * counted whole (12 L h T, SC21's convention, where Megatron's current
  * code halves them for causality). Written out here on its own. */
+/* The MoE router, case by case: ties go to the lower expert; the weights
+ * are the softmax of the chosen logits, or (pre-softmax) the chosen
+ * probabilities, or the chosen sigmoids normalised, the expert bias moving
+ * the choice but not the weights; the load, the aux loss as Megatron's
+ * docstring writes it (E * sum f_i P_i) and the z-loss, worked out here. */
+START_TEST(moe_router_routes_as_megatron) {
+  const float logits[2][4] = {{1.0f, 3.0f, 3.0f, 0.0f}, {0.5f, -1.0f, 2.0f, 2.0f}};
+  int experts[4];
+  float weights[4];
+  int64_t load[4];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load};
+  loom_moe_router c = {.experts = 4, .topk = 2, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.01f, .z_loss_coeff = 0.001f};
+  loom_moe_route(&c, &logits[0][0], 2, &r);
+  ck_assert(experts[0] == 1 && experts[1] == 2 && experts[2] == 2 && experts[3] == 3); /* equal scores: lower index first */
+  ck_assert(fabsf(weights[0] - 0.5f) < 1e-7f && fabsf(weights[2] - 0.5f) < 1e-7f);
+  ck_assert(load[0] == 0 && load[1] == 1 && load[2] == 2 && load[3] == 1);
+  /* The aux loss: f_i = count_i / (T k), P_i = mean softmax; E * sum f_i P_i * coeff. The z-loss: coeff * mean lse^2. */
+  double P[4] = {0}, z = 0.0;
+  for (int n = 0; n < 2; n++) {
+    double sum = 0.0;
+    for (int e = 0; e < 4; e++) sum += exp(logits[n][e]);
+    for (int e = 0; e < 4; e++) P[e] += exp(logits[n][e]) / sum / 2.0;
+    z += log(sum) * log(sum) / 2.0;
+  }
+  double aux = 0.0;
+  for (int e = 0; e < 4; e++) aux += (double)load[e] / (2.0 * 2.0) * P[e];
+  ck_assert_double_eq_tol(r.aux_loss, 0.01 * 4.0 * aux, 1e-7 * r.aux_loss); /* coeff is a float */
+  ck_assert_double_eq_tol(r.z_loss, 0.001 * z, 1e-7 * r.z_loss);
+  c.topk = 1; /* one expert: the tie still goes low, its weight is 1 */
+  loom_moe_route(&c, &logits[0][0], 1, &r);
+  ck_assert(experts[0] == 1 && weights[0] == 1.0f);
+  c.topk = 2, c.pre_softmax = true; /* the probabilities over all four, unnormalised */
+  loom_moe_route(&c, &logits[1][0], 1, &r);
+  const double sum = exp(0.5) + exp(-1.0) + 2.0 * exp(2.0);
+  ck_assert(experts[0] == 2 && experts[1] == 3 && fabs(weights[0] - exp(2.0) / sum) < 1e-7);
+  const float bias[4] = {0.0f, 0.9f, 0.0f, 0.0f}; /* sigmoid: the bias picks expert 1 over 0, not its weight */
+  c = (loom_moe_router){.experts = 4, .topk = 2, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias};
+  loom_moe_route(&c, &logits[1][0], 1, &r);
+  const double s1 = 1.0 / (1.0 + exp(1.0)), s2 = 1.0 / (1.0 + exp(-2.0));
+  ck_assert(experts[0] == 1 && experts[1] == 2); /* 0.27 + 0.9 first, then the tie at 0.88 goes to 2 */
+  ck_assert(fabs(weights[0] - s1 / (s1 + s2)) < 1e-6 && fabs(weights[1] - s2 / (s1 + s2)) < 1e-6);
+}
+END_TEST
+
+/* The router's backward against central differences of
+ * sum(dw . weights) + daux * aux + dz * z over random logits (apart enough
+ * that a step of h moves no choice), in every score mode. */
+START_TEST(moe_router_gradients_match_finite_differences) {
+  enum { N = 6, E = 8, K = 3 };
+  float logits[N * E], dw[N * K], dlogits[N * E];
+  for (int i = 0; i < N * E; i++) logits[i] = (float)(i % E) * 0.37f + (float)((i * 7919) % 13) * 0.11f - 1.5f;
+  for (int i = 0; i < N * K; i++) dw[i] = 0.1f * (float)((i * 31) % 7) - 0.3f;
+  const float bias[E] = {0.05f, -0.02f, 0.0f, 0.03f, 0.0f, -0.04f, 0.01f, 0.0f};
+  const loom_moe_router modes[3] = {
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f},
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .pre_softmax = true, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f},
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f}};
+  int experts[N * K];
+  float weights[N * K];
+  int64_t load[E];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load};
+  for (int m = 0; m < 3; m++) {
+    const loom_moe_router *c = &modes[m];
+    loom_moe_route(c, logits, N, &r);
+    loom_moe_route_backward(c, logits, N, &r, dw, 1.5f, 2.0f, dlogits);
+    double worst = 0.0, biggest = 0.0;
+    for (int i = 0; i < N * E; i++) {
+      double f[2];
+      for (int side = 0; side < 2; side++) {
+        float x[N * E];
+        memcpy(x, logits, sizeof x);
+        x[i] += side ? -1e-3f : 1e-3f;
+        loom_moe_route(c, x, N, &r);
+        f[side] = 1.5 * r.aux_loss + 2.0 * r.z_loss;
+        for (int j = 0; j < N * K; j++) f[side] += (double)dw[j] * weights[j];
+      }
+      const double fd = (f[0] - f[1]) / 2e-3;
+      worst = fmax(worst, fabs(fd - dlogits[i]));
+      biggest = fmax(biggest, fabs(fd));
+    }
+    ck_assert_msg(biggest > 1e-3 && worst <= 2e-3 * biggest, "mode %d: worst %g of the largest grad %g", m, worst, biggest);
+  }
+}
+END_TEST
+
 START_TEST(flops_follow_megatron) {
   const char *const names[] = {"gpt2-small", "llama3-8b", "llama3-70b", "llama-tiny"};
   for (int i = 0; i < 4; i++) {
@@ -311,6 +397,8 @@ int main(void) {
   tcase_add_test(tc, init_is_keyed_by_name_and_index);
   tcase_add_test(tc, llama_names_and_shapes);
   tcase_add_test(tc, flops_follow_megatron);
+  tcase_add_test(tc, moe_router_routes_as_megatron);
+  tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }

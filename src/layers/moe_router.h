@@ -1,0 +1,48 @@
+/* The router of a Mixture-of-Experts layer, as Megatron-Core computes it
+ * (megatron/core/transformer/moe/moe_utils.py, v0.15): from each token's
+ * router logits over the experts, its top-k experts and their weights, the
+ * Switch/GShard load-balancing loss and the ST-MoE z-loss, and the grads of
+ * all three back to the logits. It runs in fp32 on host values: the
+ * reference every backend's router is held to, and the rule routing
+ * follows everywhere (ties between equal scores go to the lower expert
+ * index, so routing is a function of the logits alone, the same under every
+ * plan). */
+#ifndef LOOM_MOE_ROUTER_H
+#define LOOM_MOE_ROUTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef enum { LOOM_MOE_SCORE_SOFTMAX = 0, LOOM_MOE_SCORE_SIGMOID = 1 } loom_moe_score;
+
+typedef struct {
+  int experts, topk;
+  loom_moe_score score;
+  /* softmax: over every expert before the top-k (Megatron's
+   * --moe-router-pre-softmax; the weights are those probabilities), else
+   * over the chosen k logits after it. */
+  bool pre_softmax;
+  /* sigmoid: [experts] added to the scores for choosing only (DeepSeek-V3's
+   * aux-loss-free balancing); NULL: none. */
+  const float *expert_bias;
+  float aux_loss_coeff, z_loss_coeff;
+} loom_moe_router;
+
+/* One micro-batch's routing of N tokens. */
+typedef struct {
+  int *experts;          /* [N, topk] chosen experts, highest score first */
+  float *weights;        /* [N, topk] their weights in the combine */
+  int64_t *load;         /* [experts] tokens routed to each */
+  double aux_loss;       /* coeff * E / (N^2 k) * sum over e of (sum over tokens of its score) * (its aux top-k count) */
+  double z_loss;         /* coeff * mean over tokens of logsumexp(logits)^2 */
+} loom_moe_routing;
+
+/* Routes logits[N, experts] into r, whose arrays the caller sizes. */
+void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_moe_routing *r);
+/* dlogits[N, experts] = the grad of dweights . weights + daux * aux_loss +
+ * dz * z_loss with respect to the logits (the chosen experts and the
+ * counts are constants, as in Megatron). */
+void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, const loom_moe_routing *r,
+                             const float *dweights, float daux, float dz, float *dlogits);
+
+#endif
