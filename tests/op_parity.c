@@ -291,6 +291,39 @@ static void sign_compression(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
+/* Mixture-of-experts rows: 7 tokens to 2 experts each, gathered into a
+ * shuffled expert order, combined back with weights (two slots dropped),
+ * and the combine's backward, against the reference. */
+static void moe_rows(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { N = 7, K = 2, C = 37, M = N * K };
+  int rows[M], slots[M];
+  for (int i = 0; i < M; i++) rows[i] = (i * 5 + 3) % N;             /* each token twice, in a shuffled order */
+  for (int i = 0; i < M; i++) slots[i] = (i * 9 + 4) % M;            /* a permutation of the M rows */
+  slots[3] = slots[10] = -1;                                          /* two tokens dropped by their expert */
+  int *drows = make_ints(b, rows, M), *dslots = make_ints(b, slots, M);
+  mirror x = make(b, (size_t)N * C, -1, 1), g = make(b, (size_t)M * C, 0, 0), w = make(b, M, 0, 1);
+  mirror y = make(b, (size_t)N * C, 0, 0), dy = make(b, (size_t)N * C, -1, 1), dx = make(b, (size_t)M * C, 0, 0),
+         dw = make(b, M, 0, 0), back = make(b, (size_t)N * C, 0, 0);
+  ref->rows_gather(ref, g.host, x.host, rows, M, C);
+  op->rows_gather(op, g.dev, x.dev, drows, M, C);
+  expect(r, "rows_gather", &g, 0.0);
+  ref->rows_combine(ref, y.host, g.host, slots, w.host, N, K, C);
+  op->rows_combine(op, y.dev, g.dev, dslots, w.dev, N, K, C);
+  expect(r, "rows_combine", &y, b->fp32_nmse);
+  ref->rows_combine(ref, back.host, g.host, slots, NULL, N, K, C);
+  op->rows_combine(op, back.dev, g.dev, dslots, NULL, N, K, C);
+  expect(r, "rows_combine (unweighted)", &back, b->fp32_nmse);
+  ref->rows_combine_backward(ref, dx.host, dw.host, dy.host, g.host, slots, w.host, N, K, C);
+  op->rows_combine_backward(op, dx.dev, dw.dev, dy.dev, g.dev, dslots, w.dev, N, K, C);
+  expect(r, "rows_combine_backward (dx)", &dx, b->fp32_nmse);
+  expect(r, "rows_combine_backward (dw)", &dw, b->fp32_nmse);
+  mirror *all[] = {&x, &g, &w, &y, &dy, &dx, &dw, &back};
+  drop_all(all, sizeof all / sizeof *all);
+  op->mem->release(op->mem, drows);
+  op->mem->release(op->mem, dslots);
+}
+
 /* The same keyed mask, bit for bit: zeros where the reference has them. */
 static void dropout(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
@@ -628,6 +661,7 @@ const op_case OP_CASES[] = {
     {"gemm", gemm, {AT(gemm)}, 1},
     {"orthonormalize", orthonormalize, {AT(orthonormalize)}, 1},
     {"sign compression", sign_compression, {AT(sign_pack), AT(sign_unpack_add)}, 2},
+    {"moe rows", moe_rows, {AT(rows_gather), AT(rows_combine), AT(rows_combine_backward)}, 3},
     {"dropout", dropout, {AT(dropout_forward), AT(dropout_backward)}, 2},
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},

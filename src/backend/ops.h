@@ -226,6 +226,21 @@ struct loom_ops {
   void (*sign_pack)(const loom_ops *be, uint32_t *msg, const float *x, size_t n);
   void (*sign_unpack_add)(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight);
 
+  /* Mixture-of-experts token movement, rows of width C. rows_gather:
+   * out[i] = x[rows[i]] for i < M (the tokens into their experts' order).
+   * rows_combine: y[n] = sum over j < k, in order, of w[n k + j] (1 when w
+   * is NULL) times x[slots[n k + j]] for n < N (the experts' outputs back
+   * into token order; unweighted, the gather's backward); a slot < 0 (a
+   * token its expert dropped) adds nothing. rows_combine_backward:
+   * dx[slots[n k + j]] = w[n k + j] dy[n] (each slot once: the slots are
+   * distinct) and, where dw is not NULL, dw[n k + j] = dy[n] . x[slots[n k + j]]
+   * (0 for a dropped slot). Each element is one product or one ordered sum,
+   * so backends differ at most by a fused multiply-add's rounding. */
+  void (*rows_gather)(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C);
+  void (*rows_combine)(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k, int C);
+  void (*rows_combine_backward)(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x, const int *slots,
+                                const float *w, int N, int k, int C);
+
   /* In-place keyed dropout on x[T,B,C]: element (t,b,c) has index
    * ((sample_offset+b)*T + t)*C + c. Backward applies the same mask to dx. */
   void (*dropout_forward)(const loom_ops *be, float *x, int T, int B, int C, const loom_dropout *drop);

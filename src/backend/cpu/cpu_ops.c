@@ -580,6 +580,44 @@ static void cpu_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, siz
   }
 }
 
+static void cpu_rows_gather(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)M * C > PAR_MIN)
+  for (int i = 0; i < M; i++) memcpy(out + (size_t)i * C, x + (size_t)rows[i] * C, (size_t)C * sizeof(float));
+}
+
+/* Threads own tokens; each element sums its k terms in order, as the reference does. */
+static void cpu_rows_combine(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k,
+                             int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C * k > PAR_MIN)
+  for (int n = 0; n < N; n++) {
+    float *o = y + (size_t)n * C;
+    for (int c = 0; c < C; c++) o[c] = 0.0f;
+    for (int j = 0; j < k; j++) {
+      const int s = slots[(size_t)n * k + j];
+      if (s < 0) continue;
+      const float wj = w ? w[(size_t)n * k + j] : 1.0f, *r = x + (size_t)s * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] += wj * r[c];
+    }
+  }
+}
+
+static void cpu_rows_combine_backward(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x,
+                                      const int *slots, const float *w, int N, int k, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C * k > PAR_MIN)
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < k; j++) {
+      const int s = slots[(size_t)n * k + j];
+      const float wj = w[(size_t)n * k + j], *d = dy + (size_t)n * C;
+      float dot = 0.0f;
+      for (int c = 0; s >= 0 && c < C; c++) { /* in order: the dot product sums as the reference's */
+        dx[(size_t)s * C + c] = wj * d[c];
+        dot += d[c] * x[(size_t)s * C + c];
+      }
+      if (dw) dw[(size_t)n * k + j] = dot;
+    }
+}
+
 static void cpu_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
   float mean;
   memcpy(&mean, &msg[0], sizeof mean);
@@ -699,6 +737,9 @@ static const loom_ops CPU_OPS = {
     .orthonormalize = loom_host_orthonormalize,
     .sign_pack = cpu_sign_pack,
     .sign_unpack_add = cpu_sign_unpack_add,
+    .rows_gather = cpu_rows_gather,
+    .rows_combine = cpu_rows_combine,
+    .rows_combine_backward = cpu_rows_combine_backward,
     .dropout_forward = cpu_dropout_apply,
     .dropout_backward = cpu_dropout_apply,
     .to_bf16 = cpu_to_bf16,

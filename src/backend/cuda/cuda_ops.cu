@@ -529,6 +529,65 @@ void cuda_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, siz
   launched("sign_unpack_add");
 }
 
+// ---- mixture-of-experts rows -----------------------------------------------------
+// One thread per element; a combine's element sums its k terms in order and
+// its backward's dot product runs over C in order, as the reference does.
+
+__global__ void rows_gather_kernel(float *out, const float *x, const int *rows, int M, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)M * C) return;
+  out[i] = x[(size_t)rows[i / C] * C + i % C];
+}
+
+__global__ void rows_combine_kernel(float *y, const float *x, const int *slots, const float *w, int N, int k, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * C) return;
+  const size_t n = i / C, c = i % C;
+  float acc = 0.0f;
+  for (int j = 0; j < k; j++) {
+    const int s = slots[n * k + j];
+    if (s >= 0) acc += (w ? w[n * k + j] : 1.0f) * x[(size_t)s * C + c];
+  }
+  y[i] = acc;
+}
+
+__global__ void rows_scatter_kernel(float *dx, const float *dy, const int *slots, const float *w, int N, int k, int C) {
+  const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (size_t)N * k * C) return;
+  const size_t nj = i / C, c = i % C;
+  const int s = slots[nj];
+  if (s >= 0) dx[(size_t)s * C + c] = w[nj] * dy[(nj / k) * C + c];
+}
+
+__global__ void rows_weight_grad_kernel(float *dw, const float *dy, const float *x, const int *slots, int N, int k, int C) {
+  const size_t nj = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (nj >= (size_t)N * k) return;
+  const int s = slots[nj];
+  float dot = 0.0f;
+  for (int c = 0; s >= 0 && c < C; c++) dot += dy[(nj / k) * C + c] * x[(size_t)s * C + c];
+  dw[nj] = dot;
+}
+
+void cuda_rows_gather(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C) {
+  Backend &g = ctx(be);
+  LAUNCH(rows_gather_kernel, blocks_for((size_t)M * C), THREADS, 0, g.stream, out, x, rows, M, C);
+  launched("rows_gather");
+}
+
+void cuda_rows_combine(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k, int C) {
+  Backend &g = ctx(be);
+  LAUNCH(rows_combine_kernel, blocks_for((size_t)N * C), THREADS, 0, g.stream, y, x, slots, w, N, k, C);
+  launched("rows_combine");
+}
+
+void cuda_rows_combine_backward(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x, const int *slots,
+                                const float *w, int N, int k, int C) {
+  Backend &g = ctx(be);
+  LAUNCH(rows_scatter_kernel, blocks_for((size_t)N * k * C), THREADS, 0, g.stream, dx, dy, slots, w, N, k, C);
+  if (dw) LAUNCH(rows_weight_grad_kernel, blocks_for((size_t)N * k), THREADS, 0, g.stream, dw, dy, x, slots, N, k, C);
+  launched("rows_combine_backward");
+}
+
 // ---- dropout ---------------------------------------------------------------------
 
 struct DropoutArgs {
@@ -1050,6 +1109,9 @@ loom_ops make_ops() {
   o.orthonormalize = cuda_orthonormalize;
   o.sign_pack = cuda_sign_pack;
   o.sign_unpack_add = cuda_sign_unpack_add;
+  o.rows_gather = cuda_rows_gather;
+  o.rows_combine = cuda_rows_combine;
+  o.rows_combine_backward = cuda_rows_combine_backward;
   o.dropout_forward = cuda_dropout;
   o.dropout_backward = cuda_dropout;
   o.to_bf16 = cuda_to_bf16;
@@ -1118,6 +1180,9 @@ loom_ops make_synced_ops() {
   o.orthonormalize = SYNCED(cuda_orthonormalize);
   o.sign_pack = SYNCED(cuda_sign_pack);
   o.sign_unpack_add = SYNCED(cuda_sign_unpack_add);
+  o.rows_gather = SYNCED(cuda_rows_gather);
+  o.rows_combine = SYNCED(cuda_rows_combine);
+  o.rows_combine_backward = SYNCED(cuda_rows_combine_backward);
   o.dropout_forward = SYNCED(cuda_dropout);
   o.dropout_backward = SYNCED(cuda_dropout);
   o.to_bf16 = SYNCED(cuda_to_bf16);

@@ -202,6 +202,16 @@ static void g_gemm(const loom_ops *be, bool ta, bool tb, int M, int N, int K, fl
 }
 static void g_orthonormalize(const loom_ops *be, float *x, int n, int r) { CPU->orthonormalize(CPU, U(x), n, r); }
 static void g_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, size_t n) { CPU->sign_pack(CPU, U(msg), U(x), n); }
+static void g_rows_gather(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C) {
+  CPU->rows_gather(CPU, U(out), U(x), U(rows), M, C);
+}
+static void g_rows_combine(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k, int C) {
+  CPU->rows_combine(CPU, U(y), U(x), U(slots), U(w), N, k, C);
+}
+static void g_rows_combine_backward(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x,
+                                    const int *slots, const float *w, int N, int k, int C) {
+  CPU->rows_combine_backward(CPU, U(dx), U(dw), U(dy), U(x), U(slots), U(w), N, k, C);
+}
 static void g_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
   CPU->sign_unpack_add(CPU, U(y), U(msg), n, weight);
 }
@@ -269,6 +279,9 @@ static const loom_ops GUARDED_OPS = {
     .orthonormalize = g_orthonormalize,
     .sign_pack = g_sign_pack,
     .sign_unpack_add = g_sign_unpack_add,
+    .rows_gather = g_rows_gather,
+    .rows_combine = g_rows_combine,
+    .rows_combine_backward = g_rows_combine_backward,
     .dropout_forward = g_dropout_forward,
     .dropout_backward = g_dropout_backward,
     .to_bf16 = g_to_bf16,

@@ -366,6 +366,38 @@ static void ref_sign_pack(const loom_ops *be, uint32_t *msg, const float *x, siz
     if (x[i] >= 0.0f) msg[1 + i / 32] |= 1u << (i % 32);
 }
 
+static void ref_rows_gather(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C) {
+  for (int i = 0; i < M; i++)
+    for (int c = 0; c < C; c++) out[(size_t)i * C + c] = x[(size_t)rows[i] * C + c];
+}
+
+static void ref_rows_combine(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k,
+                             int C) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++) {
+      float acc = 0.0f;
+      for (int j = 0; j < k; j++) {
+        const int s = slots[(size_t)n * k + j];
+        if (s >= 0) acc += (w ? w[(size_t)n * k + j] : 1.0f) * x[(size_t)s * C + c];
+      }
+      y[(size_t)n * C + c] = acc;
+    }
+}
+
+static void ref_rows_combine_backward(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x,
+                                      const int *slots, const float *w, int N, int k, int C) {
+  for (int n = 0; n < N; n++)
+    for (int j = 0; j < k; j++) {
+      const int s = slots[(size_t)n * k + j];
+      float dot = 0.0f;
+      for (int c = 0; s >= 0 && c < C; c++) {
+        dx[(size_t)s * C + c] = w[(size_t)n * k + j] * dy[(size_t)n * C + c];
+        dot += dy[(size_t)n * C + c] * x[(size_t)s * C + c];
+      }
+      if (dw) dw[(size_t)n * k + j] = dot;
+    }
+}
+
 static void ref_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, size_t n, float weight) {
   float mean;
   memcpy(&mean, &msg[0], sizeof mean);
@@ -480,6 +512,9 @@ static const loom_ops REF_OPS = {
     .orthonormalize = loom_host_orthonormalize,
     .sign_pack = ref_sign_pack,
     .sign_unpack_add = ref_sign_unpack_add,
+    .rows_gather = ref_rows_gather,
+    .rows_combine = ref_rows_combine,
+    .rows_combine_backward = ref_rows_combine_backward,
     .dropout_forward = ref_dropout_apply,
     .dropout_backward = ref_dropout_apply,
     .to_bf16 = ref_to_bf16,
