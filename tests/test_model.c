@@ -17,6 +17,7 @@
 #include <string.h>
 #include "core/rng.h"
 #include "layers/gpt.h"
+#include "layers/moe_dispatch.h"
 #include "layers/moe_router.h"
 #include "optim/adamw.h"
 #include "test_util.h"
@@ -357,6 +358,43 @@ START_TEST(moe_router_gradients_match_finite_differences) {
 }
 END_TEST
 
+/* Dispatch: 5 tokens' top-2 choices over 4 experts. Dropless, every
+ * choice has a row, expert by expert in token order, and each row is its
+ * token's; with capacity 2 (factor 0.8: ceil(5 * 2 / 4 * 0.8)) expert 1's
+ * four choices keep their two highest weights (an equal weight: the
+ * earlier token), or under the position policy its two earliest tokens; the
+ * rows of two expert-parallel ranks are their experts'. */
+START_TEST(moe_dispatch_places_every_choice) {
+  enum { N = 5, K = 2, E = 4 };
+  const int experts[N * K] = {1, 0, 1, 3, 2, 1, 1, 0, 3, 2};
+  const float weights[N * K] = {0.6f, 0.4f, 0.7f, 0.3f, 0.55f, 0.45f, 0.7f, 0.3f, 0.5f, 0.5f};
+  int64_t counts[E], rows_to[2];
+  int rows[N * K], slots[N * K];
+  loom_moe_dispatch d = {.counts = counts, .rows = rows, .slots = slots};
+  loom_moe_dispatch_config c = {.experts = E, .topk = K};
+  loom_moe_dispatch_plan(&c, experts, weights, N, &d);
+  ck_assert(d.rows_total == N * K && d.dropped == 0);
+  ck_assert(counts[0] == 2 && counts[1] == 4 && counts[2] == 2 && counts[3] == 2);
+  const int want_rows[N * K] = {0, 3, 0, 1, 2, 3, 2, 4, 1, 4}; /* expert 0: tokens 0, 3; 1: 0, 1, 2, 3; 2: 2, 4; 3: 1, 4 */
+  for (int i = 0; i < N * K; i++) {
+    ck_assert_int_eq(rows[i], want_rows[i]);
+    ck_assert_int_eq(rows[slots[i]], i / K); /* each choice's row holds its token */
+  }
+  loom_moe_rank_rows(&d, E, 2, rows_to);
+  ck_assert(rows_to[0] == 6 && rows_to[1] == 4);
+  c.capacity_factor = 0.8;
+  ck_assert_int_eq(loom_moe_capacity(&c, N), 2);
+  loom_moe_dispatch_plan(&c, experts, weights, N, &d);
+  /* Expert 1's choices: token 0 (0.6), 1 (0.7), 2 (0.45), 3 (0.7): 0.7 twice, tokens 1 and 3 kept. */
+  ck_assert(d.dropped == 2 && counts[1] == 2 && slots[0] == -1 && slots[5] == -1 && slots[2] >= 0 && slots[6] >= 0);
+  ck_assert(rows[slots[2]] == 1 && rows[slots[6]] == 3 && slots[2] < slots[6]); /* kept in token order */
+  c.drop_by_position = true;
+  loom_moe_dispatch_plan(&c, experts, weights, N, &d);
+  ck_assert(d.dropped == 2 && slots[0] >= 0 && slots[2] >= 0 && slots[5] == -1 && slots[6] == -1);
+  ck_assert_int_eq(d.rows_total, 8);
+}
+END_TEST
+
 START_TEST(flops_follow_megatron) {
   const char *const names[] = {"gpt2-small", "llama3-8b", "llama3-70b", "llama-tiny"};
   for (int i = 0; i < 4; i++) {
@@ -399,6 +437,7 @@ int main(void) {
   tcase_add_test(tc, flops_follow_megatron);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
+  tcase_add_test(tc, moe_dispatch_places_every_choice);
   suite_add_tcase(s, tc);
   return tu_run(s);
 }
