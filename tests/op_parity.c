@@ -291,6 +291,36 @@ static void sign_compression(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
+/* The experts' linears over their rows: four experts, one with none,
+ * against the reference; and the empty expert's weight grad untouched. */
+static void grouped_matmul(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { E = 4, C = 17, OC = 11 };
+  const int counts[E] = {3, 0, 5, 2}, M = 10;
+  mirror inp = make(b, (size_t)M * C, -1, 1), w = make(b, (size_t)E * OC * C, -1, 1), out = make(b, (size_t)M * OC, 0, 0);
+  mirror dout = make(b, (size_t)M * OC, -1, 1), dinp = make(b, (size_t)M * C, -1, 1), dw = make(b, (size_t)E * OC * C, -1, 1);
+  ref->grouped_matmul_forward(ref, out.host, inp.host, w.host, counts, E, C, OC);
+  op->grouped_matmul_forward(op, out.dev, inp.dev, w.dev, counts, E, C, OC);
+  expect(r, "grouped_matmul_forward", &out, b->fp32_nmse);
+  /* The reference's grouping itself: each expert's rows times its own matrix, written out here. */
+  float alone[M * OC];
+  for (int e = 0, row = 0; e < E; row += counts[e], e++)
+    if (counts[e]) ref->matmul_forward(ref, alone + row * OC, inp.host + row * C, w.host + e * OC * C, NULL, counts[e], C, OC);
+  r->checks++;
+  if (memcmp(alone, out.host, sizeof alone) != 0) failed(r, "%s: not each expert's rows times its matrix (%g, %g)",
+                                                         "grouped_matmul_forward", alone[0], out.host[0]);
+  const float empty_before = dw.host[(size_t)OC * C]; /* expert 1's first weight grad */
+  ref->grouped_matmul_backward(ref, dinp.host, dw.host, dout.host, inp.host, w.host, counts, E, C, OC);
+  op->grouped_matmul_backward(op, dinp.dev, dw.dev, dout.dev, inp.dev, w.dev, counts, E, C, OC);
+  expect(r, "grouped_matmul_backward dinp", &dinp, b->fp32_nmse);
+  expect(r, "grouped_matmul_backward dweight", &dw, b->fp32_nmse);
+  r->checks++;
+  if (dw.host[(size_t)OC * C] != empty_before) failed(r, "%s: the empty expert's grad moved (%g, %g)", "grouped_matmul_backward",
+                                                      dw.host[(size_t)OC * C], empty_before);
+  mirror *all[] = {&inp, &w, &out, &dout, &dinp, &dw};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
 /* Mixture-of-experts rows: 7 tokens to 2 experts each, gathered into a
  * shuffled expert order, combined back with weights (two slots dropped),
  * and the combine's backward, against the reference. */
@@ -662,6 +692,7 @@ const op_case OP_CASES[] = {
     {"orthonormalize", orthonormalize, {AT(orthonormalize)}, 1},
     {"sign compression", sign_compression, {AT(sign_pack), AT(sign_unpack_add)}, 2},
     {"moe rows", moe_rows, {AT(rows_gather), AT(rows_combine), AT(rows_combine_backward)}, 3},
+    {"grouped matmul", grouped_matmul, {AT(grouped_matmul_forward), AT(grouped_matmul_backward)}, 2},
     {"dropout", dropout, {AT(dropout_forward), AT(dropout_backward)}, 2},
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},

@@ -236,6 +236,16 @@ struct loom_ops {
    * distinct) and, where dw is not NULL, dw[n k + j] = dy[n] . x[slots[n k + j]]
    * (0 for a dropped slot). Each element is one product or one ordered sum,
    * so backends differ at most by a fused multiply-add's rounding. */
+  /* The experts' linears over their rows (a grouped GEMM): expert e's
+   * counts[e] consecutive rows of inp (experts in order) times its weight,
+   * the e-th [OC,C] matrix of weight: out rows as matmul_forward's,
+   * backward's grads as matmul_backward's (accumulated; dinp or dweight
+   * NULL: not computed), no bias. counts is host memory; an expert with no
+   * rows costs nothing. */
+  void (*grouped_matmul_forward)(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
+                                 int experts, int C, int OC);
+  void (*grouped_matmul_backward)(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const int *counts, int experts, int C, int OC);
   void (*rows_gather)(const loom_ops *be, float *out, const float *x, const int *rows, int M, int C);
   void (*rows_combine)(const loom_ops *be, float *y, const float *x, const int *slots, const float *w, int N, int k, int C);
   void (*rows_combine_backward)(const loom_ops *be, float *dx, float *dw, const float *dy, const float *x, const int *slots,
@@ -289,6 +299,13 @@ void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, siz
  * the same input, whatever its thread count (PowerSGD's P). */
 /* sumsq_batch by the backend's own sumsq, one array at a time (host backends). */
 void loom_host_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out);
+/* grouped_matmul_forward and _backward as one of the backend's own
+ * matmul_forward and matmul_backward calls per expert with rows. */
+void loom_grouped_matmul_by_expert(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
+                                   int experts, int C, int OC);
+void loom_grouped_matmul_backward_by_expert(const loom_ops *be, float *dinp, float *dweight, const float *dout,
+                                            const float *inp, const float *weight, const int *counts, int experts, int C,
+                                            int OC);
 void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
