@@ -292,6 +292,16 @@ static void members(loom_comm *group, int *out) {
 START_TEST(groups_follow_rank_order) {
   int t, d, p;
   loom_parallel_coords(13, 2, 2, 4, &t, &d, &p); /* 13 = 1 + 2 * (2 + 4 * 1) */
+  /* Experts regroup the same ranks: in a stage of tp 2 x dp 4, etp 1 x ep 4 puts ranks 0-3 in one EP group and
+   * 4-7 in the next (edp 2), etp 2 x ep 2 strides the EP group by 2; world rank 13 is the second stage's 5. */
+  loom_expert_coords x;
+  ck_assert_int_eq(loom_expert_coords_of(13, 2, 4, 1, 4, &x), 0);
+  ck_assert(x.etp_rank == 0 && x.ep_rank == 1 && x.edp_rank == 1 && x.edp == 2);
+  ck_assert_int_eq(loom_expert_coords_of(13, 2, 4, 2, 2, &x), 0);
+  ck_assert(x.etp_rank == 1 && x.ep_rank == 0 && x.edp_rank == 1 && x.edp == 2);
+  ck_assert_int_eq(loom_expert_coords_of(6, 2, 4, 1, 8, &x), 0);
+  ck_assert(x.ep_rank == 6 && x.edp_rank == 0 && x.edp == 1);
+  ck_assert_int_eq(loom_expert_coords_of(0, 2, 3, 4, 1, &x), -1); /* etp 4 does not divide a stage of 6 */
   ck_assert_int_eq(t, 1);
   ck_assert_int_eq(d, 2);
   ck_assert_int_eq(p, 1);

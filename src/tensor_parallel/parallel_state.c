@@ -16,6 +16,15 @@ void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *d
   *pp_rank = rank / (tp * dp);
 }
 
+int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c) {
+  const int stage = tp * dp;
+  if (etp < 1 || ep < 1 || stage % (etp * ep)) return -1;
+  const int local = rank % stage; /* pp is slowest: the stage's ranks are consecutive */
+  *c = (loom_expert_coords){.etp_rank = local % etp, .ep_rank = local / etp % ep, .edp_rank = local / (etp * ep),
+                            .edp = stage / (etp * ep)};
+  return 0;
+}
+
 loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
                                 int heads, int hidden, int ffn, int T, loom_error *err) {
   if (hidden % tp)

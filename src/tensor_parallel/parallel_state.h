@@ -42,6 +42,19 @@ loom_tp loom_tp_of(const loom_parallel *ps);
 loom_parallel loom_parallel_serial(void);
 /* Coordinates of `rank` in a (tp, pp, dp) grid. */
 void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *dp_rank, int *pp_rank);
+/* Where a rank sits among a Mixture-of-Experts layer's groups, as
+ * Megatron-Core's expert rank generator places it: its pipeline stage's
+ * tp x dp ranks regrouped with expert-tensor-parallel fastest, then
+ * expert-parallel, then expert-data-parallel (edp = tp dp / (etp ep)), so
+ * the ranks of an EP group stride by etp and its experts' replicas by
+ * etp x ep. */
+typedef struct {
+  int etp_rank, ep_rank, edp_rank;
+  int edp; /* the expert-data-parallel size */
+} loom_expert_coords;
+/* 0, or -1 where etp x ep does not divide tp x dp (the plan's rule). */
+int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c);
+
 /* Refuses layouts that cannot run, naming the value and the rule:
  * world != tp*pp*dp, heads, hidden or ffn not divisible by tp, and sequence
  * parallelism with a sequence length not divisible by tp. */
