@@ -282,8 +282,8 @@ START_TEST(moe_router_routes_as_megatron) {
   const float logits[2][4] = {{1.0f, 3.0f, 3.0f, 0.0f}, {0.5f, -1.0f, 2.0f, 2.0f}};
   int experts[4];
   float weights[4];
-  int64_t load[4];
-  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load};
+  int64_t load[4], aux_load[4];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load};
   loom_moe_router c = {.experts = 4, .topk = 2, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.01f, .z_loss_coeff = 0.001f};
   loom_moe_route(&c, &logits[0][0], 2, &r);
   ck_assert(experts[0] == 1 && experts[1] == 2 && experts[2] == 2 && experts[3] == 3); /* equal scores: lower index first */
@@ -332,8 +332,8 @@ START_TEST(moe_router_gradients_match_finite_differences) {
       {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f}};
   int experts[N * K];
   float weights[N * K];
-  int64_t load[E];
-  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load};
+  int64_t load[E], aux_load[E];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load};
   for (int m = 0; m < 3; m++) {
     const loom_moe_router *c = &modes[m];
     loom_moe_route(c, logits, N, &r);

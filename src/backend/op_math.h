@@ -98,4 +98,26 @@ LOOM_HD float loom_bf16_value(uint16_t b) {
   return v.f;
 }
 
+/* grouped_matmul_forward and _backward as one of the backend's own
+ * matmul_forward and matmul_backward calls per expert with rows: every
+ * backend's, the CUDA one's too until a cuBLAS grouped GEMM takes them in
+ * one call. */
+static inline void loom_grouped_matmul_by_expert(const loom_ops *be, float *out, const float *inp, const float *weight,
+                                                 const int *counts, int experts, int C, int OC) {
+  size_t row = 0;
+  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
+    if (counts[e] > 0)
+      be->matmul_forward(be, out + row * OC, inp + row * C, weight + (size_t)e * OC * C, NULL, counts[e], C, OC);
+}
+
+static inline void loom_grouped_matmul_backward_by_expert(const loom_ops *be, float *dinp, float *dweight, const float *dout,
+                                                          const float *inp, const float *weight, const int *counts,
+                                                          int experts, int C, int OC) {
+  size_t row = 0;
+  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
+    if (counts[e] > 0)
+      be->matmul_backward(be, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
+                          dout + row * OC, inp + row * C, weight + (size_t)e * OC * C, counts[e], C, OC);
+}
+
 #endif

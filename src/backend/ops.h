@@ -299,13 +299,6 @@ void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, siz
  * the same input, whatever its thread count (PowerSGD's P). */
 /* sumsq_batch by the backend's own sumsq, one array at a time (host backends). */
 void loom_host_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out);
-/* grouped_matmul_forward and _backward as one of the backend's own
- * matmul_forward and matmul_backward calls per expert with rows. */
-void loom_grouped_matmul_by_expert(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
-                                   int experts, int C, int OC);
-void loom_grouped_matmul_backward_by_expert(const loom_ops *be, float *dinp, float *dweight, const float *dout,
-                                            const float *inp, const float *weight, const int *counts, int experts, int C,
-                                            int OC);
 void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);

@@ -63,21 +63,3 @@ void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r) {
     for (int k = 0; k < n; k++) x[(size_t)k * r + j] = (float)(x[(size_t)k * r + j] * scale);
   }
 }
-
-void loom_grouped_matmul_by_expert(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
-                                   int experts, int C, int OC) {
-  size_t row = 0;
-  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
-    if (counts[e] > 0)
-      be->matmul_forward(be, out + row * OC, inp + row * C, weight + (size_t)e * OC * C, NULL, counts[e], C, OC);
-}
-
-void loom_grouped_matmul_backward_by_expert(const loom_ops *be, float *dinp, float *dweight, const float *dout,
-                                            const float *inp, const float *weight, const int *counts, int experts, int C,
-                                            int OC) {
-  size_t row = 0;
-  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
-    if (counts[e] > 0)
-      be->matmul_backward(be, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
-                          dout + row * OC, inp + row * C, weight + (size_t)e * OC * C, counts[e], C, OC);
-}

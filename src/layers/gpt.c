@@ -110,6 +110,10 @@ typedef struct {
 
 /* The activation shapes; weight_scratch (what only allocation needs, read
  * off the parameter table) is filled by with_weight_scratch. */
+/* Groups the first R layers make in groups of G, the last maybe short: the
+ * slot's kept inputs before the first kept layer's. */
+static int recompute_groups(int R, int G) { return (R + G - 1) / G; }
+
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, loom_recompute rc) {
   const int L = r->layer_end - r->layer_begin, R = rc.layers < 0 ? 0 : rc.layers > L ? L : rc.layers;
   const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
@@ -299,7 +303,7 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   /* The input of each recomputed group's first layer (slot g for group g;
    * group 0's is x0), and the first kept layer's, which the last recomputed
    * one gives it. */
-  const int groups = (d->R + d->G - 1) / d->G;
+  const int groups = recompute_groups(d->R, d->G);
   if (d->R) want(l, &s->inputs, "inputs", (d->K ? groups + 1 : groups) * d->n * d->h);
   if (d->L > 0 && (d->K == 0 || d->bf16)) want(l, &s->out, "out", d->n * d->h);
   if (d->K > 0 && d->bf16) {
@@ -706,7 +710,7 @@ static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   if (l < R && !group_start(m, l)) return m->w.redo[(l - 1) % G].out; /* within a group: the previous layer's output */
   if (l < R) return s->inputs + (size_t)(l / G) * nh;
-  if (l == R) return s->inputs + (size_t)((R + G - 1) / G) * nh;
+  if (l == R) return s->inputs + (size_t)recompute_groups(R, G) * nh;
   if (!m->p.cfg.bf16) return s->blocks[l - 1 - R].out;
   if (backward) m->ops->from_bf16(m->ops, m->w.xin, s->packed[l - 1 - R].out, (size_t)local_rows(m) * m->p.cfg.hidden);
   return m->w.xin;

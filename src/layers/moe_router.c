@@ -48,10 +48,10 @@ void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_m
   const int E = c->experts, k = c->topk;
   LOOM_CHECK(E >= 1 && k >= 1 && k <= E && N >= 0, "router shape out of range");
   double *s = malloc((size_t)E * sizeof *s), *q = malloc((size_t)E * sizeof *q), *psum = calloc((size_t)E, sizeof *psum);
-  int64_t *aux_count = calloc((size_t)E, sizeof *aux_count);
   int *idx = malloc((size_t)k * sizeof *idx);
-  LOOM_CHECK(s && q && psum && aux_count && idx, "out of memory routing");
+  LOOM_CHECK(s && q && psum && idx, "out of memory routing");
   memset(r->load, 0, (size_t)E * sizeof *r->load);
+  memset(r->aux_load, 0, (size_t)E * sizeof *r->aux_load);
   double z = 0.0;
   for (int n = 0; n < N; n++) {
     const float *x = logits + (size_t)n * E;
@@ -79,27 +79,20 @@ void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_m
     aux_scores(c, x, q);
     for (int e = 0; e < E; e++) psum[e] += q[e];
     top_k(q, E, k, idx);
-    for (int j = 0; j < k; j++) aux_count[idx[j]]++;
+    for (int j = 0; j < k; j++) r->aux_load[idx[j]]++;
   }
   double aux = 0.0;
-  for (int e = 0; e < E; e++) aux += psum[e] * (double)aux_count[e];
+  for (int e = 0; e < E; e++) aux += psum[e] * (double)r->aux_load[e];
   r->aux_loss = N ? aux * c->aux_loss_coeff * E / ((double)N * N * k) : 0.0;
   r->z_loss = N ? c->z_loss_coeff * z / N : 0.0;
-  free(s), free(q), free(psum), free(aux_count), free(idx);
+  free(s), free(q), free(psum), free(idx);
 }
 
 void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, const loom_moe_routing *r,
                              const float *dweights, float daux, float dz, float *dlogits) {
   const int E = c->experts, k = c->topk;
   double *p = malloc((size_t)E * sizeof *p), *q = malloc((size_t)E * sizeof *q), *dq = malloc((size_t)E * sizeof *dq);
-  int64_t *aux_count = calloc((size_t)E, sizeof *aux_count);
-  int *idx = malloc((size_t)k * sizeof *idx);
-  LOOM_CHECK(p && q && dq && aux_count && idx, "out of memory routing");
-  for (int n = 0; n < N; n++) { /* the aux loss's counts, as forward took them */
-    aux_scores(c, logits + (size_t)n * E, q);
-    top_k(q, E, k, idx);
-    for (int j = 0; j < k; j++) aux_count[idx[j]]++;
-  }
+  LOOM_CHECK(p && q && dq, "out of memory routing");
   const double aux_scale = N ? (double)daux * c->aux_loss_coeff * E / ((double)N * N * k) : 0.0;
   for (int n = 0; n < N; n++) {
     const float *x = logits + (size_t)n * E;
@@ -127,7 +120,7 @@ void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int 
     }
     if (aux_scale == 0.0) continue;
     aux_scores(c, x, q);
-    for (int e = 0; e < E; e++) dq[e] = aux_scale * (double)aux_count[e];
+    for (int e = 0; e < E; e++) dq[e] = aux_scale * (double)r->aux_load[e];
     double qdq = 0.0;
     for (int e = 0; e < E; e++) qdq += q[e] * dq[e];
     if (c->score == LOOM_MOE_SCORE_SOFTMAX) {
@@ -141,5 +134,5 @@ void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int 
       }
     }
   }
-  free(p), free(q), free(dq), free(aux_count), free(idx);
+  free(p), free(q), free(dq);
 }

@@ -33,6 +33,7 @@ typedef struct {
   int *experts;          /* [N, topk] chosen experts, highest score first */
   float *weights;        /* [N, topk] their weights in the combine */
   int64_t *load;         /* [experts] tokens routed to each */
+  int64_t *aux_load;     /* [experts] each one's count in the aux loss's own top-k of the unbiased scores */
   double aux_loss;       /* coeff * E / (N^2 k) * sum over e of (sum over tokens of its score) * (its aux top-k count) */
   double z_loss;         /* coeff * mean over tokens of logsumexp(logits)^2 */
 } loom_moe_routing;
@@ -40,8 +41,8 @@ typedef struct {
 /* Routes logits[N, experts] into r, whose arrays the caller sizes. */
 void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_moe_routing *r);
 /* dlogits[N, experts] = the grad of dweights . weights + daux * aux_loss +
- * dz * z_loss with respect to the logits (the chosen experts and the
- * counts are constants, as in Megatron). */
+ * dz * z_loss with respect to the logits, from r, the routing of these
+ * logits (the chosen experts and the counts are constants, as in Megatron). */
 void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, const loom_moe_routing *r,
                              const float *dweights, float daux, float dz, float *dlogits);
 

@@ -53,6 +53,16 @@ static void push(loom_candidate **list, int *n, const loom_candidate *c) {
   (*list)[(*n)++] = *c;
 }
 
+/* The most memory one rank of a plan's pp ranks needs. */
+static int64_t busiest_bytes(const loom_plan *plan, int pp) {
+  int64_t most = 0;
+  for (int q = 0; q < pp; q++) {
+    const int64_t need = loom_plan_rank_bytes(plan, q, NULL);
+    most = need > most ? need : most;
+  }
+  return most;
+}
+
 /* Sizes one candidate: refused by a rule (counted), over memory (kept in
  * unfit), or fitting, into *fits with the lower bound on its step; returns
  * whether it fits. */
@@ -71,10 +81,7 @@ static bool measure(const loom_plan *base, const loom_profile *prof, loom_candid
     drop(res, lines);
   } else {
     /* Memory first, from the plan's estimates: a layout that does not fit is not worth a replay. */
-    for (int q = 0; q < c.pp; q++) {
-      const int64_t need = loom_plan_rank_bytes(plan, q, NULL);
-      c.memory = need > c.memory ? need : c.memory;
-    }
+    c.memory = busiest_bytes(plan, c.pp);
     fit = c.memory <= prof->device->memory_bytes;
     if (!fit) {
       drop(res, "memory");
@@ -98,8 +105,9 @@ static bool fits_memory(const loom_plan *base, const loom_profile *prof, const l
   loom_plan *plan = NULL;
   loom_error err = {0};
   char lines[1024];
-  bool fit = loom_candidate_plan(base, c, &plan, &err) == LOOM_OK && loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) == 0;
-  for (int q = 0; fit && q < c->pp; q++) fit = loom_plan_rank_bytes(plan, q, NULL) <= prof->device->memory_bytes;
+  const bool fit = loom_candidate_plan(base, c, &plan, &err) == LOOM_OK &&
+                   loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) == 0 &&
+                   busiest_bytes(plan, c->pp) <= prof->device->memory_bytes;
   loom_plan_free(plan);
   return fit;
 }

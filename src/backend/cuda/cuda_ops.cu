@@ -530,25 +530,6 @@ void cuda_sign_unpack_add(const loom_ops *be, float *y, const uint32_t *msg, siz
 }
 
 // ---- mixture-of-experts rows -----------------------------------------------------
-// The experts' linears: one cuBLAS GEMM per expert with rows, for now
-// (cublasGemmGroupedBatchedEx would take them in one call).
-
-void cuda_grouped_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
-                                 int experts, int C, int OC) {
-  size_t row = 0;
-  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
-    if (counts[e] > 0) cuda_matmul_forward(be, out + row * OC, inp + row * C, weight + (size_t)e * OC * C, NULL, counts[e], C, OC);
-}
-
-void cuda_grouped_matmul_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
-                                  const float *weight, const int *counts, int experts, int C, int OC) {
-  size_t row = 0;
-  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
-    if (counts[e] > 0)
-      cuda_matmul_backward(be, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
-                           dout + row * OC, inp + row * C, weight + (size_t)e * OC * C, counts[e], C, OC);
-}
-
 // One thread per element; a combine's element sums its k terms in order and
 // its backward's dot product runs over C in order, as the reference does.
 
@@ -1128,8 +1109,8 @@ loom_ops make_ops() {
   o.orthonormalize = cuda_orthonormalize;
   o.sign_pack = cuda_sign_pack;
   o.sign_unpack_add = cuda_sign_unpack_add;
-  o.grouped_matmul_forward = cuda_grouped_matmul_forward;
-  o.grouped_matmul_backward = cuda_grouped_matmul_backward;
+  o.grouped_matmul_forward = loom_grouped_matmul_by_expert; /* cuBLAS per expert, through matmul_forward */
+  o.grouped_matmul_backward = loom_grouped_matmul_backward_by_expert;
   o.rows_gather = cuda_rows_gather;
   o.rows_combine = cuda_rows_combine;
   o.rows_combine_backward = cuda_rows_combine_backward;
@@ -1201,8 +1182,8 @@ loom_ops make_synced_ops() {
   o.orthonormalize = SYNCED(cuda_orthonormalize);
   o.sign_pack = SYNCED(cuda_sign_pack);
   o.sign_unpack_add = SYNCED(cuda_sign_unpack_add);
-  o.grouped_matmul_forward = SYNCED(cuda_grouped_matmul_forward);
-  o.grouped_matmul_backward = SYNCED(cuda_grouped_matmul_backward);
+  o.grouped_matmul_forward = SYNCED(loom_grouped_matmul_by_expert);
+  o.grouped_matmul_backward = SYNCED(loom_grouped_matmul_backward_by_expert);
   o.rows_gather = SYNCED(cuda_rows_gather);
   o.rows_combine = SYNCED(cuda_rows_combine);
   o.rows_combine_backward = SYNCED(cuda_rows_combine_backward);

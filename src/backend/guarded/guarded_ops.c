@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "backend/op_math.h"
 #include "backend/ops.h"
 #include "core/block_cache.h"
 
