@@ -135,7 +135,7 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, got 'gpt-huge'");
+  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, got 'gpt-huge'");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   refusal_row(&t, run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");

@@ -22,7 +22,7 @@
 #include "optim/adamw.h"
 #include "test_util.h"
 
-enum { GPT2, LLAMA, MIXED, FAMILIES };
+enum { GPT2, LLAMA, MIXED, MOE, FAMILIES };
 
 /* Sets the architecture switches of a family on c (its sizes stay). */
 static void as_family(loom_gpt_config *c, int family) {
@@ -33,6 +33,9 @@ static void as_family(loom_gpt_config *c, int family) {
     c->no_bias = c->untied = true;
   } else if (family == MIXED) {
     c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;
+  } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a shared expert, both router losses on */
+    as_family(c, LLAMA);
+    c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .aux_loss_coeff = 0.1f, .z_loss_coeff = 0.01f};
   }
   loom_gpt_config_finish(c);
 }
@@ -41,6 +44,14 @@ static loom_gpt_config tiny(float dropout, int family) {
   loom_gpt_config c = {.layers = 2, .hidden = 8, .heads = 2, .vocab = 20, .seq = 6, .dropout = dropout, .norm_eps = 1e-5f};
   as_family(&c, family);
   return c;
+}
+
+/* The loss backward differentiates: the mean loss, plus a MoE model's
+ * router losses at their weight (dloss per token times the tokens). */
+static double objective(loom_gpt *m, const loom_gpt_batch *batch, double router_weight) {
+  loom_gpt_moe_stats_reset(m);
+  const double loss = loom_gpt_forward(m, batch);
+  return loss + router_weight * (m->moe_stats.aux_loss + m->moe_stats.z_loss);
 }
 
 /* A fixed batch of T x B tokens below vocab. */
@@ -72,7 +83,13 @@ static void grad_check(float dropout, int family) {
   const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = 4, .step = 2, .train = true};
   loom_gpt_zero_grad(&m);
   loom_gpt_forward(&m, &batch);
-  loom_gpt_backward(&m, &batch, 1.0f / (T * B - 1));
+  const float dloss = 1.0f / (T * B - 1);
+  loom_gpt_backward(&m, &batch, dloss);
+  const double router_weight = (double)(dloss * T * B);
+  if (family == MOE) { /* the router losses are there to check */
+    objective(&m, &batch, router_weight);
+    ck_assert(m.moe_stats.aux_loss > 1e-3 && m.moe_stats.z_loss > 1e-3);
+  }
   for (int i = 0; i < m.p.params.count; i++) {
     loom_tensor *t = &m.p.params.views[i];
     const float *g = m.p.grads.views[i].data;
@@ -82,9 +99,9 @@ static void grad_check(float dropout, int family) {
     for (size_t k = 0; k < n; k++) {
       const float saved = w[k], h = 3e-3f;
       w[k] = saved + h;
-      const double lp = loom_gpt_forward(&m, &batch);
+      const double lp = objective(&m, &batch, router_weight);
       w[k] = saved - h;
-      const double lm = loom_gpt_forward(&m, &batch);
+      const double lm = objective(&m, &batch, router_weight);
       w[k] = saved;
       const double fd = (lp - lm) / (2.0 * h);
       ck_assert_msg(fabs(g[k] - fd) <= 5e-4 + 5e-2 * fabs(fd), "%s[%zu]: analytic %g vs fd %g", t->name, k, (double)g[k], fd);
@@ -163,7 +180,7 @@ END_TEST
 START_TEST(initial_loss_is_log_vocab) {
   enum { T = 32, B = 4 };
   loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, _i == LLAMA ? "llama-tiny" : "gpt-tiny");
+  loom_gpt_config_preset(&cfg, _i == LLAMA ? "llama-tiny" : _i == MOE ? "moe-tiny" : "gpt-tiny");
   if (_i == MIXED) as_family(&cfg, MIXED);
   loom_gpt m;
   ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 1, NULL), LOOM_OK);
@@ -283,7 +300,8 @@ START_TEST(moe_router_routes_as_megatron) {
   int experts[4];
   float weights[4];
   int64_t load[4], aux_load[4];
-  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load};
+  double score_sum[4];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load, .score_sum = score_sum};
   loom_moe_router c = {.experts = 4, .topk = 2, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.01f, .z_loss_coeff = 0.001f};
   loom_moe_route(&c, &logits[0][0], 2, &r);
   ck_assert(experts[0] == 1 && experts[1] == 2 && experts[2] == 2 && experts[3] == 3); /* equal scores: lower index first */
@@ -333,11 +351,12 @@ START_TEST(moe_router_gradients_match_finite_differences) {
   int experts[N * K];
   float weights[N * K];
   int64_t load[E], aux_load[E];
-  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load};
+  double score_sum[E];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load, .score_sum = score_sum};
   for (int m = 0; m < 3; m++) {
     const loom_moe_router *c = &modes[m];
     loom_moe_route(c, logits, N, &r);
-    loom_moe_route_backward(c, logits, N, &r, dw, 1.5f, 2.0f, dlogits);
+    loom_moe_route_backward(c, logits, N, N, &r, dw, 1.5f, 2.0f, dlogits);
     double worst = 0.0, biggest = 0.0;
     for (int i = 0; i < N * E; i++) {
       double f[2];

@@ -38,6 +38,17 @@ static loom_gpt_config tiny(void) {
   return c;
 }
 
+/* tiny() with its MLPs 4 experts of 16 (top 2) beside a shared expert, the
+ * router losses on, and (capacity > 0) a capacity factor that drops. */
+static loom_gpt_config tiny_moe(double capacity) {
+  loom_gpt_config c = tiny();
+  c.no_bias = true;
+  c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 16, .aux_loss_coeff = 0.1f,
+                            .z_loss_coeff = 0.01f, .capacity_factor = capacity};
+  loom_gpt_config_finish(&c);
+  return c;
+}
+
 static void expect_nmse(const float *got, const float *want, size_t n, double limit, const char *what) {
   const double e = tu_nmse(got, want, n);
   ck_assert_msg(e <= limit, "rank %d: %s NMSE %g > %g", g_world->rank, what, e, limit);
@@ -50,12 +61,11 @@ static void fixed_batch(int *tokens, int *targets, int N) {
   }
 }
 
-static void layers_match(bool sp) {
+static void layers_match(bool sp, const loom_gpt_config cfg) {
   enum { T = 8, B = 2, N = T * B };
   loom_parallel ps;
   loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
   const loom_tp tp = loom_tp_of(&ps);
-  const loom_gpt_config cfg = tiny();
   loom_gpt serial, split;
   ck_assert_int_eq(loom_gpt_init(&serial, &cfg, loom_ops_cpu(), 9, NULL), LOOM_OK);
   ck_assert_int_eq(loom_gpt_init(&split, &cfg, loom_ops_cpu(), 9, &tp), LOOM_OK);
@@ -75,6 +85,13 @@ static void layers_match(bool sp) {
   loom_gpt_backward(&split, &batch, 1.0f / N);
   loom_gpt_sync_replicated_grads(&split);
   ck_assert_msg(fabs(lt - ls) <= 1e-6 * fabs(ls), "loss %g vs serial %g", (double)lt, (double)ls);
+  if (loom_gpt_is_moe(&cfg)) { /* the router losses and drops: this rank's shares of the serial ones */
+    double got[3] = {split.moe_stats.aux_loss, split.moe_stats.z_loss, (double)split.moe_stats.dropped};
+    if (sp) loom_comm_allreduce_typed(tp.group, got, 3, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+    const double want[3] = {serial.moe_stats.aux_loss, serial.moe_stats.z_loss, (double)serial.moe_stats.dropped};
+    for (int i = 0; i < 3; i++) ck_assert_msg(fabs(got[i] - want[i]) <= 1e-6 * want[i], "router %d: %g vs serial %g", i, got[i], want[i]);
+    ck_assert(want[0] > 0.0 && want[1] > 0.0 && (cfg.moe.capacity_factor > 0.0) == (want[2] > 0.0));
+  }
   /* Activations outside the regions: this rank's rows of the serial ones. */
   const int n = loom_tp_local_rows(&tp, T) * B, row0 = sp ? tp.rank * n : 0, h = cfg.hidden;
   expect_nmse(split.a->x0, serial.a->x0 + (size_t)row0 * h, (size_t)n * h, 1e-10, "embedding output");
@@ -94,7 +111,9 @@ static void layers_match(bool sp) {
   const double ns = loom_grad_norm(&serial.p, serial.ops, NULL), nt = loom_grad_norm(&split.p, split.ops, &tp);
   ck_assert_msg(fabs(nt - ns) <= 1e-6 * ns, "grad norm %g vs serial %g", nt, ns);
   /* Replicated LayerNorm grads are bit-identical on every rank of the group. */
-  const int k = loom_gpt_params_find(&split.p, "h.1.ln_2.weight");
+  const int k = loom_gpt_params_find(&split.p, loom_gpt_is_moe(&cfg) ? "model.layers.1.post_attention_layernorm.weight"
+                                                                      : "h.1.ln_2.weight");
+  ck_assert_int_ge(k, 0);
   float *all = malloc((size_t)tp.size * h * sizeof(float));
   loom_comm_allgather(tp.group, split.p.grads.views[k].data, all, (size_t)h);
   for (int r = 1; r < tp.size; r++) ck_assert_mem_eq(all + r * h, all, (size_t)h * sizeof(float));
@@ -104,9 +123,18 @@ static void layers_match(bool sp) {
   loom_parallel_free(&ps);
 }
 
-START_TEST(layers_match_serial) { layers_match(false); }
+START_TEST(layers_match_serial) { layers_match(false, tiny()); }
 END_TEST
-START_TEST(layers_match_serial_sequence_parallel) { layers_match(true); }
+START_TEST(layers_match_serial_sequence_parallel) { layers_match(true, tiny()); }
+END_TEST
+/* Mixture-of-Experts layers: every rank routes all the tokens alike, or
+ * under SP its own, with the drops a capacity factor makes planned over the
+ * whole micro-batch. */
+START_TEST(moe_layers_match_serial) { layers_match(false, tiny_moe(0.0)); }
+END_TEST
+START_TEST(moe_layers_match_serial_sequence_parallel) { layers_match(true, tiny_moe(0.0)); }
+END_TEST
+START_TEST(moe_layers_with_capacity_match_serial_sequence_parallel) { layers_match(true, tiny_moe(1.0)); }
 END_TEST
 
 /* Trains 10 steps; returns the losses and leaves the model in *m. */
@@ -491,6 +519,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, vocab_parallel_embedding_and_loss_sequence_parallel);
   tcase_add_test(tc, layers_match_serial);
   tcase_add_test(tc, layers_match_serial_sequence_parallel);
+  tcase_add_test(tc, moe_layers_match_serial);
+  tcase_add_test(tc, moe_layers_match_serial_sequence_parallel);
+  tcase_add_test(tc, moe_layers_with_capacity_match_serial_sequence_parallel);
   tcase_add_test(tc, training_matches_serial);
   tcase_add_test(tc, training_matches_serial_sequence_parallel);
   tcase_add_test(tc, training_on_a_token_file_matches_serial);

@@ -44,6 +44,11 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
   else ops->layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd, n, h);
 }
 
+/* The ranks a MoE layer's micro-batch is spread over along the sequence:
+ * the tensor-parallel group under sequence parallelism (without it every
+ * rank of the group routes the same tokens alike). */
+static loom_comm *moe_group(const loom_tp *tp) { return tp->sequence_parallel ? tp->group : NULL; }
+
 /* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
 static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, bool backward) {
   if (s->rope.theta <= 0.0f) return;
@@ -107,18 +112,28 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   ops->add(ops, a->res_attn, x, branch, nh);
   to_bf16_values(shape, ops, a->res_attn, nh);
 
-  /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. */
+  /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. A MoE
+   * layer's experts take this rank's normed rows first (the shared
+   * expert's row-parallel output may land where they lie) and add their
+   * output to the shared expert's, if any. */
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
                     a->res_attn, w->v->ln_2_w, w->v->ln_2_b, n, h);
-  loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
-                               N, n, h, fc);
-  to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
-  else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
-  pack(ops, a->fc_gelu_bits, a->fc_gelu, (size_t)N * f);
-  loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
-                            w->v->mlp_proj_b, N, n, f, h);
-  to_bf16_values(shape, ops, branch, nh);
+  if (shape->moe) loom_moe_forward(&a->moe, &s->moe, s->moe_out, normed ? normed : a->ln_2, &w->moe, shape->moe,
+                                   moe_group(tp), ops);
+  if (f > 0) {
+    loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
+                                 N, n, h, fc);
+    to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
+    else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
+    pack(ops, a->fc_gelu_bits, a->fc_gelu, (size_t)N * f);
+    loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
+                              w->v->mlp_proj_b, N, n, f, h);
+    to_bf16_values(shape, ops, branch, nh);
+  }
+  if (shape->moe && f > 0) ops->add(ops, branch, branch, s->moe_out, nh);
+  else if (shape->moe) ops->mem->copy(ops->mem, branch, s->moe_out, nh * sizeof(float));
+  to_bf16_values_if(shape->moe && f > 0, shape, ops, branch, nh);
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
   to_bf16_values_if(d_mlp.p > 0.0f, shape, ops, branch, nh);
   ops->add(ops, a->out, a->res_attn, branch, nh);
@@ -184,16 +199,24 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
    * grads read them. */
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
-  loom_mem_zero(ops->mem, s->d_fc2, Nf);
-  loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, ws->d_mlp_bits,
-                             loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
-  to_bf16_values(shape, ops, s->d_fc2, Nf);
-  loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
-  else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
-  pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
-  loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,
-                                loom_bf16_kept(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
+  if (f > 0) {
+    loom_mem_zero(ops->mem, s->d_fc2, Nf);
+    loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, ws->d_mlp_bits,
+                               loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
+    to_bf16_values(shape, ops, s->d_fc2, Nf);
+    loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
+    else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
+    pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
+    loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,
+                                  loom_bf16_kept(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
+  } else {
+    loom_mem_zero(ops->mem, d_normed, nh);
+  }
+  /* The experts' weight grads are taken here, not in the weight half. */
+  if (shape->moe)
+    loom_moe_backward(d_normed, g->router_w, g->experts_fc_w, g->experts_proj_w, d_out, &a->moe, &s->moe, &w->moe,
+                      shape->moe, shape->moe_loss_weight, moe_group(tp), ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
@@ -224,10 +247,12 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
   const bool bf16 = shape->bf16;
-  loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits), loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N,
-                          shape->ffn, h, bf16);
-  loom_linear_weight_grad(ops, g->c_fc_w, loom_bf16_kept(ws->d_fc, ws->d_fc_bits), loom_bf16_kept(a->ln_2, a->ln_2_bits), N, h,
-                          loom_block_fc_width(shape), bf16);
+  if (shape->ffn > 0) {
+    loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits),
+                            loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N, shape->ffn, h, bf16);
+    loom_linear_weight_grad(ops, g->c_fc_w, loom_bf16_kept(ws->d_fc, ws->d_fc_bits), loom_bf16_kept(a->ln_2, a->ln_2_bits),
+                            N, h, loom_block_fc_width(shape), bf16);
+  }
   loom_linear_weight_grad(ops, g->attn_proj_w, loom_bf16_kept(ws->d_attn, ws->d_attn_bits), loom_bf16_kept(a->atty, a->atty_bits), N,
                           width, h, bf16);
   qkv_backward_weight(g, s, ws, a, shape, tp, ops);

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "layers/moe.h"
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
@@ -33,12 +34,14 @@ typedef struct {
   int head_offset; /* global index of this rank's first head */
   int total_heads;
   int kv_heads;    /* this rank's key/value heads */
-  int ffn;         /* this rank's MLP columns (SwiGLU: of each of gate and up) */
+  int ffn;         /* this rank's MLP columns (SwiGLU: of each of gate and up); a MoE layer's shared expert's (0: none) */
   float norm_eps;
   loom_norm_kind norm;
   loom_mlp_kind mlp;
   loom_rope rope;   /* rotary positions (theta 0: none, the embedding added positions) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
+  const loom_moe_shape *moe; /* a Mixture-of-Experts MLP (with the shared expert's, if any, beside it); NULL: dense */
+  float moe_loss_weight;     /* backward: the router losses' weight in the step's loss */
 } loom_block_shape;
 
 /* The weights a block computes with: v's views for the norms and biases (in
@@ -47,6 +50,7 @@ typedef struct {
 typedef struct {
   const loom_block_weights *v;
   loom_linear_weight c_attn, attn_proj, c_fc, mlp_proj;
+  loom_moe_weights moe;
 } loom_block_compute_weights;
 
 /* Saved activations. N = T*B rows in [s, b] order inside the parallel
@@ -67,6 +71,7 @@ typedef struct {
    * packs and every GEMM reads (ln_1, atty, ln_2 and fc_gelu above are then
    * scratch, and backward reads only atty of them); NULL in fp32 runs. */
   uint16_t *ln_1_bits, *atty_bits, *ln_2_bits, *fc_gelu_bits;
+  loom_moe_acts moe;                   /* a MoE layer's (fp32 in every run) */
 } loom_block_acts;
 
 /* Scratch shared by all blocks of a model; contents never outlive a call. */
@@ -81,6 +86,8 @@ typedef struct {
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
   float *d_attn_out, *d_mlp_out; /* [N, h] a whole backward's output grads of the two row-parallel linears */
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
+  float *moe_out;                /* [n, h] a MoE layer's experts' output */
+  loom_moe_scratch moe;
 } loom_block_scratch;
 
 /* What a layer's weight grads need besides the inputs of its linears (the

@@ -30,6 +30,8 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
     return st;
   }
   if (loom_gpt_params_have_master(&m->p)) loom_gpt_params_randomize(&m->p, seed); /* else the optimizer draws its slice */
+  if (loom_gpt_is_moe(&c))
+    m->moe_stats.load = loom_xcalloc((size_t)m->p.layers * (size_t)c.moe.experts + 1, sizeof(int64_t), "expert load");
   return LOOM_OK;
 }
 
@@ -50,8 +52,15 @@ static void wstates_free(loom_gpt *m) {
   m->nwstates = 0;
 }
 
+/* Frees the routing host state of L layers' activations. */
+static void moe_hosts_free(loom_block_acts *a, int L) {
+  for (int i = 0; a && i < L; i++) loom_moe_host_free(a[i].moe.host);
+}
+
 static void slots_free(loom_gpt *m) {
+  const int kept = m->p.layers - m->recompute_layers;
   for (int i = 0; i < m->nslots; i++) {
+    moe_hosts_free(m->slots[i].blocks, kept);
     loom_buffer_free(&m->slots[i].mem);
     loom_buffer_free(&m->slots[i].mem16);
     free(m->slots[i].blocks);
@@ -61,7 +70,9 @@ static void slots_free(loom_gpt *m) {
     if (m->slots[i].pred) m->ops->mem->release(m->ops->mem, m->slots[i].pred);
   }
   free(m->slots);
+  moe_hosts_free(m->w.redo, m->w.redo_count);
   free(m->w.redo);
+  free(m->w.block.moe.host);
   loom_buffer_free(&m->w.mem);
   loom_buffer_free(&m->w.mem16);
   wstates_free(m);
@@ -73,6 +84,8 @@ static void slots_free(loom_gpt *m) {
 
 void loom_gpt_free(loom_gpt *m) {
   slots_free(m);
+  free(m->moe_stats.load);
+  m->moe_stats.load = NULL;
   if (m->tp.kv_group) loom_comm_free(m->tp.kv_group);
   m->tp.kv_group = NULL;
   loom_gpt_params_free(&m->p);
@@ -80,14 +93,14 @@ void loom_gpt_free(loom_gpt *m) {
 
 /* Builder for activation tables of one dtype: specs are appended, then pointers bound. */
 typedef struct {
-  loom_tensor specs[48];
-  void *slots[48]; /* float ** (F32) or uint16_t ** (BF16) */
+  loom_tensor specs[64];
+  void *slots[64]; /* float ** (F32) or uint16_t ** (BF16) */
   loom_dtype dtype;
   int count;
 } act_list;
 
 static void want_as(act_list *l, void *slot, const char *name, int64_t numel) {
-  LOOM_CHECK(l->count < 48, "too many activation views");
+  LOOM_CHECK(l->count < 64, "too many activation views");
   l->specs[l->count] = loom_tensor_spec(name, l->dtype, 1, &numel);
   l->slots[l->count++] = slot;
 }
@@ -102,6 +115,8 @@ typedef struct {
   int64_t qkv, fc;        /* row widths of the column-parallel outputs */
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
+  int64_t E, k, M;        /* a MoE model's experts and top-k, and the rows its experts take (n k); else 0 */
+  int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
   int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
@@ -116,9 +131,12 @@ static int recompute_groups(int R, int G) { return (R + G - 1) / G; }
 
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, loom_recompute rc) {
   const int L = r->layer_end - r->layer_begin, R = rc.layers < 0 ? 0 : rc.layers > L ? L : rc.layers;
-  const int64_t N = (int64_t)T * B, f = c->ffn / tp, D = loom_gpt_head_dim(c);
-  const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D;
-  return (dims){.N = N, .n = sp ? N / tp : N, .h = c->hidden, .f = f, .w = c->hidden / tp,
+  const bool moe = loom_gpt_is_moe(c);
+  const int64_t N = (int64_t)T * B, f = (moe ? c->moe.shared_ffn : c->ffn) / tp, D = loom_gpt_head_dim(c);
+  const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
+  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0;
+  return (dims){.N = N, .n = n, .h = c->hidden, .f = f, .w = c->hidden / tp,
+                .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
@@ -146,15 +164,48 @@ static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
 typedef struct {
   float *ln1m, *ln1r, *lse, *ln1, *qkv, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
   uint16_t *bits[WEIGHT_INPUTS];
+  loom_moe_acts moe; /* a MoE model's, for every layer */
 } layer_views;
 
-/* The norm statistics and attention's log-sum-exps: fp32 in every run. */
+/* Ints in an fp32 table: views of as many 4-byte elements. */
+static void want_ints(act_list *l, int **slot, const char *name, int64_t numel) {
+  _Static_assert(sizeof(int) == sizeof(float), "an int takes a float's room");
+  want_as(l, slot, name, numel);
+}
+
+/* A MoE layer's activations, fp32 in every run (dims_of sizes them). */
+static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
+  if (!d->E) return;
+  want(l, &v->x, "moe_x", L * d->n * d->h);
+  want(l, &v->logits, "moe_logits", L * d->n * d->E);
+  want(l, &v->weights, "moe_weights", L * d->n * d->k);
+  want_ints(l, &v->slots, "moe_slots", L * d->n * d->k);
+  want_ints(l, &v->rows, "moe_rows", L * d->M);
+  want(l, &v->perm, "moe_perm", L * d->M * d->h);
+  want(l, &v->fc, "moe_fc", L * d->M * d->fce);
+  want(l, &v->act, "moe_act", L * d->M * d->fe);
+  want(l, &v->y, "moe_y", L * d->M * d->h);
+}
+
+/* Layer i's slices of the MoE views, with its routing's host state. */
+static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
+  if (!d->E) return (loom_moe_acts){0};
+  return (loom_moe_acts){.x = v->x + i * d->n * d->h, .logits = v->logits + i * d->n * d->E,
+                         .weights = v->weights + i * d->n * d->k, .slots = v->slots + i * d->n * d->k,
+                         .rows = v->rows + i * d->M, .perm = v->perm + i * d->M * d->h, .fc = v->fc + i * d->M * d->fce,
+                         .act = v->act + i * d->M * d->fe, .y = v->y + i * d->M * d->h,
+                         .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k)};
+}
+
+/* The norm statistics, attention's log-sum-exps and a MoE layer's
+ * activations: fp32 in every run. */
 static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
   want(l, &v->lse, "att_lse", L * d->lse);
   want(l, &v->ln1m, "ln_1_mean", L * d->n);
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
   want(l, &v->ln2m, "ln_2_mean", L * d->n);
   want(l, &v->ln2r, "ln_2_rstd", L * d->n);
+  want_moe(l, &v->moe, d, L);
 }
 
 /* A layer's big activations, in one order for every table: names, and
@@ -216,7 +267,7 @@ static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d,
         .ln_2_rstd = at(v->ln2r, i * d->n), .att_lse = at(v->lse, i * d->lse), .ln_1 = at(v->ln1, i * c[0]),
         .qkv = at(v->qkv, i * c[1]), .atty = at(v->atty, i * c[2]), .res_attn = at(v->resa, i * c[3]),
         .ln_2 = at(v->ln2, i * c[4]), .fc = at(v->fc, i * c[5]), .fc_gelu = at(v->fcg, i * c[6]),
-        .out = at(v->out, i * c[7])};
+        .out = at(v->out, i * c[7]), .moe = moe_layer(&v->moe, d, i)};
     for (int k = 0; k < WEIGHT_INPUTS; k++) *act_bits_field(&b[i], k) = at16(v->bits[k], i * c[WEIGHT_INPUT[k]]);
   }
 }
@@ -347,6 +398,16 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     want(l, &s->d_mlp_out, "d_mlp_out", d->N * d->h);
   }
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
+  if (d->E) {
+    want(l, &s->moe_out, "moe_out", d->n * d->h);
+    want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);
+    want(l, &s->moe.d_y, "moe_d_y", d->M * d->h);
+    want(l, &s->moe.d_perm, "moe_d_perm", d->M * d->h);
+    want(l, &s->moe.d_act, "moe_d_act", d->M * d->fe);
+    want(l, &s->moe.d_fc, "moe_d_fc", d->M * d->fce);
+    want(l, &s->moe.d_weights, "moe_d_weights", d->n * d->k);
+    want(l, &s->moe.d_logits, "moe_d_logits", d->n * d->E);
+  }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
@@ -511,8 +572,11 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && (d.R || d.bf16)) {
       m->w.redo = loom_xcalloc((size_t)redo_layers(&d), sizeof *m->w.redo, "recompute scratch");
+      m->w.redo_count = redo_layers(&d);
       bind_layers(m->w.redo, &v, &d, redo_layers(&d));
     }
+    if (st == LOOM_OK && d.E)
+      m->w.block.moe.host = loom_xmalloc((size_t)(d.n * (d.k + d.E)) * sizeof(float), "router grads");
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
@@ -523,6 +587,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   m->T = T;
   m->B = B;
   m->a = &m->slots[0];
+  m->moe = loom_moe_shape_of(c, (int)d.n);
   return LOOM_OK;
 }
 
@@ -547,14 +612,39 @@ loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
   return st;
 }
 
-static loom_block_shape block_shape(const loom_gpt *m) {
+/* The blocks' shape; backward's with the router losses' weight, dloss per
+ * token times the micro-batch's tokens (with every target scored, 1 over
+ * the global batch's micro-batches: each micro-batch's router losses count
+ * as its mean loss does). */
+static loom_block_shape block_shape(const loom_gpt *m, float dloss) {
   const loom_gpt_config *c = &m->p.cfg;
   const int heads = c->heads / m->tp.size;
+  const bool moe = loom_gpt_is_moe(c);
   return (loom_block_shape){.T = m->T, .B = m->B, .hidden = c->hidden, .heads = heads,
                             .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
-                            .ffn = c->ffn / m->tp.size, .norm_eps = c->norm_eps, .norm = c->norm, .mlp = c->mlp,
-                            .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .bf16 = c->bf16};
+                            .ffn = (moe ? c->moe.shared_ffn : c->ffn) / m->tp.size, .norm_eps = c->norm_eps,
+                            .norm = c->norm, .mlp = c->mlp,
+                            .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .bf16 = c->bf16,
+                            .moe = moe ? &m->moe : NULL, .moe_loss_weight = dloss * (float)m->T * (float)m->B};
+}
+
+void loom_gpt_moe_stats_reset(loom_gpt *m) {
+  loom_gpt_moe_stats *st = &m->moe_stats;
+  if (st->load) memset(st->load, 0, (size_t)m->p.layers * (size_t)m->p.cfg.moe.experts * sizeof *st->load);
+  st->aux_loss = st->z_loss = 0.0;
+  st->dropped = 0;
+  st->forwards = 0;
+}
+
+/* Adds a layer's routing in one forward to the statistics. */
+static void moe_count(loom_gpt *m, int l, const loom_moe_host *h) {
+  loom_gpt_moe_stats *st = &m->moe_stats;
+  const int E = m->p.cfg.moe.experts;
+  st->aux_loss += h->routing.aux_loss;
+  st->z_loss += h->routing.z_loss;
+  st->dropped += h->dispatch.dropped;
+  for (int e = 0; e < E; e++) st->load[(size_t)l * E + e] += h->routing.load[e];
 }
 
 static loom_block_dropout block_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int layer) {
@@ -595,20 +685,24 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
     const loom_block_weights *v = &m->p.w.h[l];
     return (loom_block_compute_weights){.v = v, .c_attn = loom_linear_fp32(v->c_attn_w),
                                         .attn_proj = loom_linear_fp32(v->attn_proj_w),
-                                        .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w)};
+                                        .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w),
+                                        .moe = {.router = v->router_w, .fc = loom_linear_fp32(v->experts_fc_w),
+                                                .proj = loom_linear_fp32(v->experts_proj_w)}};
   }
-  const loom_tensor *t = &m->p.compute.views[loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors];
+  const int first = loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors;
+  const loom_tensor *t = &m->p.compute.views[first];
   const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
   float *scratch = m->w.layer_w.ln_1_w;
-  for (int j = 0; j < m->p.block_tensors; j++) {
-    if (t[j].ndim != 1) continue;
+  for (int j = 0; j < m->p.block_tensors; j++) { /* the 1-D tensors, and the router, which runs in fp32 */
+    if (t[j].ndim != 1 && m->p.meta[first + j].role != LOOM_ROLE_ROUTER_W) continue;
     const uint16_t *at = t[j].data;
     m->ops->from_bf16(m->ops, scratch + (at - bits), at, loom_tensor_numel(&t[j]));
   }
   const loom_block_weights *v = &m->w.layer_w;
-#define BITS(view) ((loom_linear_weight){.bf16 = bits + (v->view - scratch)})
+#define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
-                                      .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w)};
+                                      .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
+                                      .moe = {.router = v->router_w, .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w)}};
 #undef BITS
 }
 
@@ -664,6 +758,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
     a.ln_1_mean = s->blocks[k].ln_1_mean, a.ln_1_rstd = s->blocks[k].ln_1_rstd;
     a.ln_2_mean = s->blocks[k].ln_2_mean, a.ln_2_rstd = s->blocks[k].ln_2_rstd;
     a.att_lse = s->blocks[k].att_lse;
+    a.moe = s->blocks[k].moe;
     const loom_block_packed *p = &s->packed[k]; /* the linears' inputs: read and written in place */
     a.ln_1_bits = p->ln_1, a.atty_bits = p->atty, a.ln_2_bits = p->ln_2, a.fc_gelu_bits = p->fc_gelu;
   }
@@ -819,7 +914,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   hook(m, false, LOOM_GPT_EDGES, true);
   if (m->p.range.first) embed_forward(m, s, batch);
   else if (input != s->x0) mem->copy(mem, s->x0, input, nh * sizeof(float));
-  const loom_block_shape shape = block_shape(m);
+  const loom_block_shape shape = block_shape(m, 0.0f);
   for (int l = 0; l < L; l++) {
     hook(m, false, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -827,6 +922,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     const loom_block_compute_weights w = layer_weights(m, l);
     loom_block_acts a = layer_acts(m, s, l);
     loom_block_forward(&a, &m->w.block, x, &w, &shape, &d, &m->tp, m->ops);
+    if (shape.moe) moe_count(m, l, a.moe.host);
     hook(m, false, l, false);
     if (!redone(m, l) && !m->p.cfg.bf16) continue;
     /* A recomputed layer keeps only its output, as the next layer's input;
@@ -836,6 +932,7 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     float *next = l + 1 == L ? s->out : redone(m, l) ? (float *)layer_input(m, s, l + 1, false) : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
+  m->moe_stats.forwards++;
   const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
   hook(m, false, LOOM_GPT_EDGES, false);
   return loss;
@@ -852,7 +949,7 @@ typedef struct {
 } layer_pass;
 
 static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int l) {
-  const loom_block_shape shape = block_shape(m);
+  const loom_block_shape shape = block_shape(m, 0.0f);
   /* A recomputed group's last layer reruns the group's forward, from its
    * first layer's kept input, into the scratch its backwards then read. */
   for (int j = l - l % m->recompute_group; redone(m, l) && l == group_end(m, l) && j <= l; j++) {
@@ -879,7 +976,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   hook(m, true, LOOM_GPT_EDGES, true);
   backward_begin(m, s, slot, dout, dloss, false);
-  const loom_block_shape shape = block_shape(m);
+  const loom_block_shape shape = block_shape(m, dloss);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
     const layer_pass p = layer_for_backward(m, s, batch, l);
@@ -898,7 +995,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
   loom_gpt_wstate *ws = &m->wstates[wstate];
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   backward_begin(m, s, slot, dout, dloss, true);
-  const loom_block_shape shape = block_shape(m);
+  const loom_block_shape shape = block_shape(m, dloss);
   int64_t c[BIG];
   layer_counts(m, c);
   for (int l = m->p.layers - 1; l >= 0; l--) {
@@ -930,7 +1027,7 @@ void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loo
   loom_gpt_wstate *ws = &m->wstates[wstate];
   hook(m, true, LOOM_GPT_EDGES, true);
   if (m->p.range.last) head_weight_grad(m, s);
-  const loom_block_shape shape = block_shape(m);
+  const loom_block_shape shape = block_shape(m, 0.0f);
   for (int l = m->p.layers - 1; l >= 0; l--) {
     hook(m, true, l, true);
     const loom_block_acts a = weight_inputs(m, s, ws, l);

@@ -69,6 +69,7 @@ typedef struct {
   loom_block_scratch block;
   loom_block_acts *redo;    /* [a recompute group's layers, or 1] activations recomputed in backward, or computed in
                              * fp32 in bf16 runs (bf16 runs with recompute: with the linears' inputs as bits) */
+  int redo_count;
   float *xin;               /* [n, h] bf16 runs: the current layer's input */
   float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
   loom_block_weights layer_w; /* views of weights: one layer's */
@@ -97,6 +98,15 @@ typedef struct {
   void (*after)(void *ctx, struct loom_gpt_s *m, bool backward, int layer);
 } loom_gpt_hooks;
 
+/* What a MoE model's routing came to over the forwards since the last
+ * loom_gpt_moe_stats_reset (recomputes left out): this rank's shares. */
+typedef struct {
+  double aux_loss, z_loss; /* summed over layers and forwards, each forward's weighted by its tokens' share (dloss) */
+  int64_t dropped;         /* choices dropped over capacity */
+  int64_t *load;           /* [layers * experts] tokens routed to each expert of each local layer */
+  int forwards;            /* micro-batch forwards counted */
+} loom_gpt_moe_stats;
+
 typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
@@ -111,6 +121,8 @@ typedef struct loom_gpt_s {
   loom_gpt_slot *a;         /* slots[0], what single-micro-batch callers read */
   loom_gpt_work w;
   loom_gpt_hooks hooks;
+  loom_moe_shape moe;           /* a MoE model's layer shape (set with the slots) */
+  loom_gpt_moe_stats moe_stats; /* a MoE model's routing since the last reset */
 } loom_gpt;
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */
@@ -193,6 +205,8 @@ void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loo
  * the global batch to average). */
 float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch);
 void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
+/* Clears the routing statistics (a MoE model's; a no-op for a dense one). */
+void loom_gpt_moe_stats_reset(loom_gpt *m);
 /* Under sequence parallelism each rank's grads of TP-replicated parameters
  * (norms, wpe, row-parallel biases) cover only its positions: sums them over
  * the TP group. Call once per step after the last backward. */

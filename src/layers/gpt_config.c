@@ -6,6 +6,7 @@
 const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
 const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
 const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
+const char *const LOOM_MOE_SCORE_NAMES[] = {"softmax", "sigmoid", NULL};
 
 /* The Llama family's settings; the sizes are Meta's published configs
  * (Llama 3 model card and params.json: rms_norm_eps 1e-5, rope_theta 500000,
@@ -22,7 +23,8 @@ const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
  * attention sat on the plateau at 2000 steps for one seed of two, and 8
  * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
-                                             "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", NULL};
+                                             "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
+                                             "mixtral-8x7b", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -35,6 +37,14 @@ static const loom_gpt_config PRESETS[] = {
      .rope = {.theta = 500000.0f}},
     {.layers = 80, .hidden = 8192, .heads = 64, .kv_heads = 8, .ffn = 28672, .vocab = 128256, .seq = 8192, LLAMA,
      .rope = {.theta = 500000.0f}},
+    /* moe-tiny: llama-tiny's attention with 8 SwiGLU experts of 64, top 2,
+     * and the load-balancing loss at Megatron's usual 1e-2. */
+    {.layers = 2, .hidden = 64, .heads = 4, .kv_heads = 2, .ffn = 64, .vocab = 256, .seq = 64, LLAMA, .rope = {.theta = 10000.0f},
+     .moe = {.experts = 8, .topk = 2, .aux_loss_coeff = 1e-2f}},
+    /* Mistral AI's Mixtral 8x7B (its config.json: 32768 positions, rope_theta
+     * 1e6, vocab 32000, 8 experts of 14336, top 2; router_aux_loss_coef 0.02). */
+    {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 32000, .seq = 32768, LLAMA,
+     .rope = {.theta = 1000000.0f}, .moe = {.experts = 8, .topk = 2, .aux_loss_coeff = 2e-2f}},
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
@@ -56,6 +66,7 @@ void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
   if (!cfg->no_bias) cfg->qkv_bias = false; /* every linear's bias already: one way to say it */
   if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope.theta > 0.0f)) cfg->rope.theta = LOOM_ROPE_THETA_DEFAULT;
+  if (cfg->moe.experts > 0 && cfg->moe.ffn <= 0) cfg->moe.ffn = cfg->ffn;
   if (cfg->vocab > 0) {
     cfg->padded_vocab = (cfg->vocab + LOOM_VOCAB_ALIGN - 1) / LOOM_VOCAB_ALIGN * LOOM_VOCAB_ALIGN;
   }
@@ -70,7 +81,7 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
 
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
-         !c->no_bias && loom_gpt_kv_heads(c) == c->heads;
+         !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c);
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
@@ -78,7 +89,10 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
-         loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied;
+         loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied && a->moe.experts == b->moe.experts &&
+         (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
+                                  a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
+                                  a->moe.pre_softmax == b->moe.pre_softmax));
 }
 
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
@@ -88,6 +102,10 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
            LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
+  const size_t used = strlen(buf);
+  if (loom_gpt_is_moe(c) && used < n)
+    snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
+             c->moe.shared_ffn ? ", shared" : "");
   return buf;
 }
 
@@ -106,6 +124,11 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
   if (c->no_bias) PUT("%s%s", used ? ", " : "", c->qkv_bias ? "biases on q, k and v only" : "no biases");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
+  if (loom_gpt_is_moe(c)) {
+    PUT("%s%d experts of %d, top %d (%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
+        LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "");
+    if (c->moe.shared_ffn) PUT(", a shared expert of %d", c->moe.shared_ffn);
+  }
 #undef PUT
   return buf;
 }

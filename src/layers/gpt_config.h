@@ -27,11 +27,32 @@ typedef struct {
 typedef enum { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1 } loom_norm_kind;
 typedef enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 } loom_mlp_kind;
 typedef enum { LOOM_POSITION_LEARNED = 0, LOOM_POSITION_ROPE = 1 } loom_position_kind;
+typedef enum { LOOM_MOE_SCORE_SOFTMAX = 0, LOOM_MOE_SCORE_SIGMOID = 1 } loom_moe_score;
 
 /* Their names, indexed by value and NULL-terminated (flags, messages). */
 extern const char *const LOOM_NORM_NAMES[];
 extern const char *const LOOM_MLP_NAMES[];
 extern const char *const LOOM_POSITION_NAMES[];
+extern const char *const LOOM_MOE_SCORE_NAMES[];
+
+/* A Mixture-of-Experts model's MLPs, with Megatron-Core's settings (its
+ * flag names in the comments): experts 0 is a dense model. Each MoE layer's
+ * MLP is a router over `experts` MLPs of the model's kind (GELU or SwiGLU),
+ * each `ffn` wide, of which every token takes its top `topk`, plus the
+ * shared experts' MLP (one MLP `shared_ffn` wide, which every token takes).
+ * The first group of fields is the architecture; the rest are training's. */
+typedef struct {
+  int experts;            /* --num-experts */
+  int topk;               /* --moe-router-topk */
+  int ffn;                /* --moe-ffn-hidden-size (0: the model's ffn) */
+  int shared_ffn;         /* --moe-shared-expert-intermediate-size (0: none) */
+  loom_moe_score score;   /* --moe-router-score-function */
+  bool pre_softmax;       /* --moe-router-pre-softmax: softmax over every expert, then the top-k */
+  float aux_loss_coeff;   /* --moe-aux-loss-coeff: the Switch/GShard load-balancing loss */
+  float z_loss_coeff;     /* --moe-z-loss-coeff: ST-MoE's router z-loss */
+  double capacity_factor; /* --moe-expert-capacity-factor (0: dropless) */
+  bool drop_by_position;  /* --moe-token-drop-policy position (else probs) */
+} loom_moe_config;
 
 typedef struct {
   int layers;
@@ -52,6 +73,7 @@ typedef struct {
   bool qkv_bias;    /* with no_bias: q, k and v keep their biases (Qwen2; Megatron's --add-qkv-bias) */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
+  loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128
@@ -85,6 +107,9 @@ static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_hea
 static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
 /* Whether q, k and v have biases: every linear's, or theirs alone (qkv_bias). */
 static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no_bias || c->qkv_bias; }
+/* Whether the model's MLPs are Mixtures of Experts, and its experts' width. */
+static inline bool loom_gpt_is_moe(const loom_gpt_config *c) { return c->moe.experts > 0; }
+static inline int loom_gpt_expert_ffn(const loom_gpt_config *c) { return c->moe.ffn > 0 ? c->moe.ffn : c->ffn; }
 /* Whether the config is GPT-2's architecture (LayerNorm, GELU, learned
  * positions, biases, multi-head): its tensors then carry GPT-2's names, else
  * the Llama family's (Hugging Face's LlamaForCausalLM names). */

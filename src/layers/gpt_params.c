@@ -115,6 +115,37 @@ static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_rol
   if (!c->no_bias) add(t, w_role + 1, named(&n, "model.layers.", i, what), 1, c->hidden, 0, ZERO_B);
 }
 
+/* A Mixture-of-Experts MLP, in Hugging Face's Qwen2-MoE names: the router
+ * (mlp.gate), each expert's gate and up projections, expert after expert,
+ * then their down projections, so that every expert's matrices lie back to
+ * back (one view each, the grouped GEMMs' operands), and the shared
+ * expert's MLP, split across tp as the dense MLP is. Every expert is whole
+ * on the ranks that hold it: drawn from its global name, it is the same
+ * under every split. The experts have no biases (the rules refuse them). */
+static void add_experts(table *t, const loom_gpt_config *c, int i) {
+  const int64_t h = c->hidden, fe = loom_gpt_expert_ffn(c), fs = c->moe.shared_ffn;
+  const bool swiglu = c->mlp == LOOM_MLP_SWIGLU;
+  const loom_param_meta whole = weight(0.02f, -1, 1), resid = weight(0.02f / sqrtf(2.0f * (float)c->layers), -1, 1);
+  name n;
+  char what[96];
+  add(t, LOOM_ROLE_ROUTER_W, named(&n, "model.layers.", i, "mlp.gate.weight"), 2, c->moe.experts, h, whole);
+  for (int e = 0; e < c->moe.experts; e++)
+    for (int j = swiglu ? 0 : 1; j < 2; j++) {
+      snprintf(what, sizeof what, "mlp.experts.%d.%s.weight", e, j ? "up_proj" : "gate_proj");
+      add(t, e == 0 && j == (swiglu ? 0 : 1) ? LOOM_ROLE_EXPERTS_FC_W : LOOM_ROLE_FUSED, named(&n, "model.layers.", i, what), 2,
+          fe, h, whole);
+    }
+  for (int e = 0; e < c->moe.experts; e++) {
+    snprintf(what, sizeof what, "mlp.experts.%d.down_proj.weight", e);
+    add(t, e ? LOOM_ROLE_FUSED : LOOM_ROLE_EXPERTS_PROJ_W, named(&n, "model.layers.", i, what), 2, h, fe, resid);
+  }
+  if (fs == 0) return;
+  const projection gate_up[2] = {{"mlp.shared_expert.gate_proj", fs, weight(0.02f, 0, 1)},
+                                 {"mlp.shared_expert.up_proj", fs, weight(0.02f, 0, 1)}};
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, false);
+  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs);
+}
+
 /* The Llama family's block, in Hugging Face's names: separate q, k and v
  * projections (k and v of kv_heads heads, whole heads per rank, replicated
  * when tp exceeds them), and SwiGLU's gate and up projections. */
@@ -133,6 +164,10 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
   add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
            named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
+  if (loom_gpt_is_moe(c)) {
+    add_experts(t, c, i);
+    return;
+  }
   add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, !c->no_bias);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f);
 }
@@ -490,6 +525,13 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
   return m->count;
 }
 
+size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
+  const size_t total = loom_gpt_param_count(cfg, NULL, 1);
+  if (!loom_gpt_is_moe(cfg)) return total;
+  const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_expert_ffn(cfg);
+  return total - (size_t)cfg->layers * (size_t)(cfg->moe.experts - cfg->moe.topk) * expert;
+}
+
 size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
   const loom_stage_range whole = loom_stage_whole(cfg);
   return uncached_count(cfg, range ? range : &whole, tp_size, tp_replicated);
@@ -545,7 +587,10 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
                                   loom_flops_formula formula) {
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
   const double q = (double)cfg->heads * loom_gpt_head_dim(cfg), kv = 2.0 * loom_gpt_kv_heads(cfg) * loom_gpt_head_dim(cfg);
-  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * f; /* gate, up and down; or up and down */
+  /* gate, up and down; or up and down. A MoE layer's: its top-k experts' and its shared expert's (the router's
+   * E x h, as Megatron, left out). */
+  const double width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : f;
+  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * width;
   const double layer_matmul = layers * (h * (q + kv) + q * h + mlp), head = range->last ? (double)cfg->vocab * h : 0.0;
   const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;

@@ -19,6 +19,7 @@ typedef enum { LOOM_INIT_NORMAL, LOOM_INIT_ZEROS, LOOM_INIT_ONES } loom_init_kin
 typedef enum {
   LOOM_ROLE_LN_1_W, LOOM_ROLE_LN_1_B, LOOM_ROLE_QKV_W, LOOM_ROLE_QKV_B, LOOM_ROLE_ATTN_PROJ_W, LOOM_ROLE_ATTN_PROJ_B,
   LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
+  LOOM_ROLE_ROUTER_W, LOOM_ROLE_EXPERTS_FC_W, LOOM_ROLE_EXPERTS_PROJ_W,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
   LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
@@ -50,7 +51,10 @@ static inline int loom_param_norm_part(const loom_param_meta *m, int tp_rank, in
  * config has no such tensor (biases, RMSNorm's shift). Fused views run over
  * consecutive tensors: c_attn_w is this rank's rows of q | k | v (GPT-2's
  * c_attn, or the Llama family's q_proj, k_proj, v_proj), c_fc_w its rows of
- * gate | up under SwiGLU. */
+ * gate | up under SwiGLU. In a Mixture-of-Experts layer c_fc_w and
+ * mlp_proj_w are the shared expert's (NULL: none), and the experts' views
+ * run over every expert the rank holds, each expert's matrix after the
+ * previous one's. */
 typedef struct {
   float *ln_1_w, *ln_1_b;           /* [h], [h] */
   float *c_attn_w, *c_attn_b;       /* [(H + 2K) D, h] rows q|k|v, [(H + 2K) D] */
@@ -58,6 +62,9 @@ typedef struct {
   float *ln_2_w, *ln_2_b;           /* [h], [h] */
   float *c_fc_w, *c_fc_b;           /* [f, h] (SwiGLU: [2f, h] rows gate|up), [f] or [2f] */
   float *mlp_proj_w, *mlp_proj_b;   /* [h, f], [h] */
+  float *router_w;                  /* [E, h] the router's */
+  float *experts_fc_w;              /* [E][fe, h] (SwiGLU: [E][2fe, h], each expert's rows gate|up) */
+  float *experts_proj_w;            /* [E][h, fe] */
 } loom_block_weights;
 
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),
@@ -200,6 +207,10 @@ void loom_gpt_params_randomize_slice(const loom_gpt_params *p, uint64_t seed, fl
  * a tp_size split pads it (unless cfg is already padded to a multiple of that).
  * The one source of parameter counts. */
 size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+/* Of the whole model's, those a token computes with: a MoE model's total
+ * less, in each layer, the experts beyond its top-k (Mixtral 8x7B's 12.9B
+ * of 46.7B). */
+size_t loom_gpt_active_param_count(const loom_gpt_config *cfg);
 /* Of those, the ones every TP rank holds alike (tp_replicated: norms, wpe,
  * row-parallel biases), whose grads sequence parallelism sums over the TP
  * group each step (loom_gpt_sum_replicated_grad). */

@@ -32,15 +32,17 @@ void loom_moe_dispatch_plan(const loom_moe_dispatch_config *c, const int *expert
   int64_t *next = calloc((size_t)E + 1, sizeof *next);
   choice *bucket = malloc(((size_t)M + 1) * sizeof *bucket);
   LOOM_CHECK(next && bucket, "out of memory planning a dispatch");
+  d->dropped = 0;
   for (int i = 0; i < M; i++) {
-    LOOM_CHECK(experts[i] >= 0 && experts[i] < E, "a routed expert out of range");
-    next[experts[i] + 1]++;
+    LOOM_CHECK(experts[i] < E, "a routed expert out of range");
+    d->slots[i] = experts[i] < 0 ? -1 : 0;
+    d->dropped += experts[i] < 0;
+    if (experts[i] >= 0) next[experts[i] + 1]++;
   }
   for (int e = 0; e < E; e++) next[e + 1] += next[e];
-  for (int i = 0; i < M; i++) bucket[next[experts[i]]++] = (choice){weights[i], i}; /* each expert's in token order */
+  for (int i = 0; i < M; i++) /* each expert's in token order */
+    if (experts[i] >= 0) bucket[next[experts[i]]++] = (choice){weights[i], i};
   /* Over capacity, each expert keeps the first cap of its choices as the policy orders them. */
-  d->dropped = 0;
-  for (int i = 0; i < M; i++) d->slots[i] = 0;
   for (int e = 0, begin = 0; e < E; begin = (int)next[e], e++) {
     const int64_t n = next[e] - begin;
     d->counts[e] = n < cap ? n : cap;

@@ -31,7 +31,9 @@ typedef struct {
 } loom_moe_dispatch;
 
 /* Plans the dispatch of N tokens' choices experts[N k] (weights[N k], read
- * for the "probs" policy) into d, whose arrays the caller sizes. */
+ * for the "probs" policy) into d, whose arrays the caller sizes. A choice
+ * of expert -1 is one dropped already (by a plan over a larger set of
+ * tokens these are part of): it gets no row, and counts as dropped. */
 void loom_moe_dispatch_plan(const loom_moe_dispatch_config *c, const int *experts, const float *weights, int N,
                             loom_moe_dispatch *d);
 /* Rows for each of ep ranks, each owning experts / ep consecutive experts

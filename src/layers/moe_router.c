@@ -47,9 +47,10 @@ static void aux_scores(const loom_moe_router *c, const float *x, double *q) {
 void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_moe_routing *r) {
   const int E = c->experts, k = c->topk;
   LOOM_CHECK(E >= 1 && k >= 1 && k <= E && N >= 0, "router shape out of range");
-  double *s = malloc((size_t)E * sizeof *s), *q = malloc((size_t)E * sizeof *q), *psum = calloc((size_t)E, sizeof *psum);
+  double *s = malloc((size_t)E * sizeof *s), *q = malloc((size_t)E * sizeof *q), *psum = r->score_sum;
   int *idx = malloc((size_t)k * sizeof *idx);
-  LOOM_CHECK(s && q && psum && idx, "out of memory routing");
+  LOOM_CHECK(s && q && idx, "out of memory routing");
+  memset(psum, 0, (size_t)E * sizeof *psum);
   memset(r->load, 0, (size_t)E * sizeof *r->load);
   memset(r->aux_load, 0, (size_t)E * sizeof *r->aux_load);
   double z = 0.0;
@@ -81,26 +82,31 @@ void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_m
     top_k(q, E, k, idx);
     for (int j = 0; j < k; j++) r->aux_load[idx[j]]++;
   }
-  double aux = 0.0;
-  for (int e = 0; e < E; e++) aux += psum[e] * (double)r->aux_load[e];
-  r->aux_loss = N ? aux * c->aux_loss_coeff * E / ((double)N * N * k) : 0.0;
-  r->z_loss = N ? c->z_loss_coeff * z / N : 0.0;
-  free(s), free(q), free(psum), free(idx);
+  r->z_sum = z;
+  loom_moe_route_losses(c, N, r);
+  free(s), free(q), free(idx);
 }
 
-void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, const loom_moe_routing *r,
-                             const float *dweights, float daux, float dz, float *dlogits) {
+void loom_moe_route_losses(const loom_moe_router *c, int64_t tokens, loom_moe_routing *r) {
+  double aux = 0.0;
+  for (int e = 0; e < c->experts; e++) aux += r->score_sum[e] * (double)r->aux_load[e];
+  r->aux_loss = tokens ? aux * c->aux_loss_coeff * c->experts / ((double)tokens * (double)tokens * c->topk) : 0.0;
+  r->z_loss = tokens ? c->z_loss_coeff * r->z_sum / (double)tokens : 0.0;
+}
+
+void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, int64_t tokens,
+                             const loom_moe_routing *r, const float *dweights, float daux, float dz, float *dlogits) {
   const int E = c->experts, k = c->topk;
   double *p = malloc((size_t)E * sizeof *p), *q = malloc((size_t)E * sizeof *q), *dq = malloc((size_t)E * sizeof *dq);
   LOOM_CHECK(p && q && dq, "out of memory routing");
-  const double aux_scale = N ? (double)daux * c->aux_loss_coeff * E / ((double)N * N * k) : 0.0;
+  const double aux_scale = tokens ? (double)daux * c->aux_loss_coeff * E / ((double)tokens * (double)tokens * k) : 0.0;
   for (int n = 0; n < N; n++) {
     const float *x = logits + (size_t)n * E;
     const int *chosen = r->experts + (size_t)n * k;
     const float *w = r->weights + (size_t)n * k, *dw = dweights + (size_t)n * k;
     float *dx = dlogits + (size_t)n * E;
     const double lse = softmax(x, E, p);
-    for (int e = 0; e < E; e++) dx[e] = (float)(N ? dz * c->z_loss_coeff * 2.0 * lse / N * p[e] : 0.0);
+    for (int e = 0; e < E; e++) dx[e] = (float)(tokens ? dz * c->z_loss_coeff * 2.0 * lse / (double)tokens * p[e] : 0.0);
     double wdw = 0.0;
     for (int j = 0; j < k; j++) wdw += (double)w[j] * dw[j];
     if (c->score == LOOM_MOE_SCORE_SOFTMAX && c->pre_softmax) { /* w = p at the chosen: through the whole softmax */

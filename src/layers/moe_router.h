@@ -12,8 +12,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-
-typedef enum { LOOM_MOE_SCORE_SOFTMAX = 0, LOOM_MOE_SCORE_SIGMOID = 1 } loom_moe_score;
+#include "layers/gpt_config.h"
 
 typedef struct {
   int experts, topk;
@@ -28,22 +27,33 @@ typedef struct {
   float aux_loss_coeff, z_loss_coeff;
 } loom_moe_router;
 
-/* One micro-batch's routing of N tokens. */
+/* The routing of N tokens: a micro-batch's, or (sequence parallelism) one
+ * rank's share of it, whose losses then count the whole micro-batch's
+ * tokens (Megatron sums the counts over the tensor-parallel group). */
 typedef struct {
   int *experts;          /* [N, topk] chosen experts, highest score first */
   float *weights;        /* [N, topk] their weights in the combine */
   int64_t *load;         /* [experts] tokens routed to each */
   int64_t *aux_load;     /* [experts] each one's count in the aux loss's own top-k of the unbiased scores */
-  double aux_loss;       /* coeff * E / (N^2 k) * sum over e of (sum over tokens of its score) * (its aux top-k count) */
-  double z_loss;         /* coeff * mean over tokens of logsumexp(logits)^2 */
+  double *score_sum;     /* [experts] the sum over these tokens of each one's score in the aux loss */
+  double z_sum;          /* the sum over these tokens of logsumexp(logits)^2 */
+  /* For a micro-batch of `tokens` tokens whose aux_load is summed over its
+   * ranks (loom_moe_route_losses), these tokens' shares of: */
+  double aux_loss;       /* coeff * E / (tokens^2 k) * sum over e of score_sum[e] * aux_load[e] */
+  double z_loss;         /* coeff * z_sum / tokens */
 } loom_moe_routing;
 
-/* Routes logits[N, experts] into r, whose arrays the caller sizes. */
+/* Routes logits[N, experts] into r, whose arrays the caller sizes; the
+ * losses are those of a micro-batch of these N tokens alone. */
 void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_moe_routing *r);
+/* Sets r's losses for a micro-batch of `tokens` tokens, r->aux_load being
+ * the whole micro-batch's counts. */
+void loom_moe_route_losses(const loom_moe_router *c, int64_t tokens, loom_moe_routing *r);
 /* dlogits[N, experts] = the grad of dweights . weights + daux * aux_loss +
  * dz * z_loss with respect to the logits, from r, the routing of these
- * logits (the chosen experts and the counts are constants, as in Megatron). */
-void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, const loom_moe_routing *r,
-                             const float *dweights, float daux, float dz, float *dlogits);
+ * logits in a micro-batch of `tokens` tokens (the chosen experts and the
+ * counts are constants, as in Megatron). */
+void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, int64_t tokens,
+                             const loom_moe_routing *r, const float *dweights, float daux, float dz, float *dlogits);
 
 #endif

@@ -1,0 +1,178 @@
+/* A Mixture-of-Experts MLP on one rank (see moe.h). */
+#include <stdlib.h>
+#include <string.h>
+#include "core/check.h"
+#include "layers/moe.h"
+
+loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n) {
+  const loom_moe_config *m = &cfg->moe;
+  return (loom_moe_shape){
+      .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_expert_ffn(cfg), .mlp = cfg->mlp,
+      .router = {.experts = m->experts, .topk = m->topk, .score = m->score, .pre_softmax = m->pre_softmax,
+                 .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff},
+      .dispatch = {.experts = m->experts, .topk = m->topk, .capacity_factor = m->capacity_factor,
+                   .drop_by_position = m->drop_by_position},
+      .bf16 = cfg->bf16};
+}
+
+loom_moe_host *loom_moe_host_new(int n, int experts, int topk) {
+  const size_t E = (size_t)experts, nk = (size_t)n * (size_t)topk, nE = (size_t)n * E;
+  loom_moe_host *h = loom_xcalloc(1, sizeof *h, "routing");
+  h->routing = (loom_moe_routing){.experts = loom_xmalloc(nk * sizeof(int) + 1, "routing"),
+                                  .weights = loom_xmalloc(nk * sizeof(float) + 1, "routing"),
+                                  .load = loom_xmalloc(E * sizeof(int64_t), "routing"),
+                                  .aux_load = loom_xmalloc(E * sizeof(int64_t), "routing"),
+                                  .score_sum = loom_xmalloc(E * sizeof(double), "routing")};
+  h->dispatch = (loom_moe_dispatch){.counts = loom_xmalloc(E * sizeof(int64_t), "routing"),
+                                    .rows = loom_xmalloc(nk * sizeof(int) + 1, "routing"),
+                                    .slots = loom_xmalloc(nk * sizeof(int) + 1, "routing")};
+  h->counts = loom_xmalloc(E * sizeof(int), "routing");
+  h->logits = loom_xmalloc(nE * sizeof(float) + 1, "routing");
+  return h;
+}
+
+void loom_moe_host_free(loom_moe_host *h) {
+  if (!h) return;
+  free(h->routing.experts), free(h->routing.weights), free(h->routing.load), free(h->routing.aux_load);
+  free(h->routing.score_sum), free(h->dispatch.counts), free(h->dispatch.rows), free(h->dispatch.slots);
+  free(h->counts), free(h->logits), free(h);
+}
+
+static void to_bf16_values(const loom_moe_shape *s, const loom_ops *ops, float *x, size_t n) {
+  if (s->bf16) ops->round_bf16(ops, x, n);
+}
+
+/* The experts' linear over their rows: out[M, OC] = each expert's rows of
+ * inp[M, C] times its [OC, C] matrix (bf16 runs: the bf16 copy's, one of
+ * the backend's bf16 GEMMs per expert with rows). */
+static void experts_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const int *counts,
+                            int E, int C, int OC) {
+  if (w.f32) {
+    ops->grouped_matmul_forward(ops, out, inp, w.f32, counts, E, C, OC);
+    return;
+  }
+  size_t row = 0;
+  for (int e = 0; e < E; row += (size_t)counts[e], e++)
+    if (counts[e] > 0)
+      ops->matmul_forward_bf16(ops, out + row * OC, loom_bf16_values(inp + row * C), w.bf16 + (size_t)e * OC * C, NULL,
+                               counts[e], C, OC);
+}
+
+/* Its backward: dinp[M, C] += and dweight[E][OC, C] += (either NULL: not computed). */
+static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
+                             loom_linear_weight w, const int *counts, int E, int C, int OC) {
+  if (w.f32) {
+    ops->grouped_matmul_backward(ops, dinp, dweight, dout, inp, w.f32, counts, E, C, OC);
+    return;
+  }
+  size_t row = 0;
+  for (int e = 0; e < E; row += (size_t)counts[e], e++)
+    if (counts[e] > 0)
+      ops->matmul_backward_bf16(ops, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
+                                loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
+                                w.bf16 + (size_t)e * OC * C, counts[e], C, OC);
+}
+
+/* The dispatch of this rank's tokens. With a capacity factor under
+ * sequence parallelism the experts keep their choices from the whole
+ * micro-batch's (gathered over the group): the plan over every rank's
+ * choices decides the drops, this rank's rows are its kept choices. */
+static void plan_dispatch(loom_moe_host *h, const loom_moe_shape *shape, loom_comm *group) {
+  const int n = shape->n, k = shape->router.topk, ranks = group ? loom_comm_size(group) : 1;
+  const loom_moe_routing *r = &h->routing;
+  if (!(shape->dispatch.capacity_factor > 0.0) || ranks == 1) {
+    loom_moe_dispatch_plan(&shape->dispatch, r->experts, r->weights, n, &h->dispatch);
+    return;
+  }
+  const size_t nk = (size_t)n * k, all = nk * (size_t)ranks;
+  int *experts = loom_xmalloc(all * sizeof(int), "dispatch"), *rows = loom_xmalloc(all * sizeof(int), "dispatch");
+  int *slots = loom_xmalloc(all * sizeof(int), "dispatch");
+  float *weights = loom_xmalloc(all * sizeof(float), "dispatch");
+  int64_t *counts = loom_xmalloc((size_t)shape->router.experts * sizeof(int64_t), "dispatch");
+  loom_comm_allgather_typed(group, r->experts, experts, nk, LOOM_DTYPE_I32);
+  loom_comm_allgather_typed(group, r->weights, weights, nk, LOOM_DTYPE_F32);
+  loom_moe_dispatch whole = {.counts = counts, .rows = rows, .slots = slots};
+  loom_moe_dispatch_plan(&shape->dispatch, experts, weights, n * ranks, &whole);
+  int *mine = experts + nk * (size_t)loom_comm_rank(group);
+  const int *kept = slots + nk * (size_t)loom_comm_rank(group);
+  for (size_t i = 0; i < nk; i++) mine[i] = kept[i] < 0 ? -1 : mine[i];
+  loom_moe_dispatch_config dropless = shape->dispatch;
+  dropless.capacity_factor = 0.0;
+  loom_moe_dispatch_plan(&dropless, mine, r->weights, n, &h->dispatch);
+  free(experts), free(rows), free(slots), free(weights), free(counts);
+}
+
+loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
+                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_comm *group,
+                                  const loom_ops *ops) {
+  const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
+  const int fc = loom_moe_fc_width(shape);
+  const loom_allocator *mem = ops->mem;
+  loom_moe_host *host = a->host;
+  (void)s;
+  if (a->x != x) mem->copy(mem, a->x, x, (size_t)n * h * sizeof(float));
+  /* The router, in fp32; its choices and the dispatch on the host. */
+  ops->matmul_forward(ops, a->logits, a->x, w->router, NULL, n, h, E);
+  mem->to_host(mem, host->logits, a->logits, (size_t)n * E * sizeof(float));
+  loom_moe_routing *r = &host->routing;
+  loom_moe_route(&shape->router, host->logits, n, r);
+  const int ranks = group ? loom_comm_size(group) : 1;
+  if (ranks > 1) { /* the load-balancing loss counts the whole micro-batch's choices */
+    loom_comm_allreduce_typed(group, r->aux_load, (size_t)E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+    loom_moe_route_losses(&shape->router, (int64_t)n * ranks, r);
+  }
+  plan_dispatch(host, shape, group);
+  const loom_moe_dispatch *d = &host->dispatch;
+  for (int e = 0; e < E; e++) host->counts[e] = (int)d->counts[e];
+  const int M = (int)d->rows_total;
+  mem->from_host(mem, a->weights, r->weights, (size_t)n * k * sizeof(float));
+  mem->from_host(mem, a->slots, d->slots, (size_t)n * k * sizeof(int));
+  if (M > 0) mem->from_host(mem, a->rows, d->rows, (size_t)M * sizeof(int));
+  /* The experts over their rows. */
+  ops->rows_gather(ops, a->perm, a->x, a->rows, M, h);
+  experts_forward(ops, a->fc, a->perm, w->fc, host->counts, E, h, fc);
+  to_bf16_values(shape, ops, a->fc, (size_t)M * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->act, a->fc, M, f);
+  else ops->gelu_forward(ops, a->act, a->fc, (size_t)M * f);
+  to_bf16_values(shape, ops, a->act, (size_t)M * f);
+  experts_forward(ops, a->y, a->act, w->proj, host->counts, E, f, h);
+  to_bf16_values(shape, ops, a->y, (size_t)M * h);
+  ops->rows_combine(ops, out, a->y, a->slots, a->weights, n, k, h);
+  to_bf16_values(shape, ops, out, (size_t)n * h);
+  return (loom_moe_outcome){.aux_loss = r->aux_loss, .z_loss = r->z_loss, .dropped = d->dropped};
+}
+
+void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
+                       const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
+                       float loss_weight, loom_comm *group, const loom_ops *ops) {
+  const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
+  const int fc = loom_moe_fc_width(shape);
+  const loom_allocator *mem = ops->mem;
+  const loom_moe_host *host = a->host;
+  const int M = (int)host->dispatch.rows_total, ranks = group ? loom_comm_size(group) : 1;
+  /* The combine: each row's grad, and each choice's weight's. */
+  ops->rows_combine_backward(ops, s->d_y, s->d_weights, dout, a->y, a->slots, a->weights, n, k, h);
+  to_bf16_values(shape, ops, s->d_y, (size_t)M * h);
+  /* The experts, down then up. */
+  loom_mem_zero(mem, s->d_act, (size_t)M * f);
+  experts_backward(ops, s->d_act, d_proj, s->d_y, a->act, w->proj, host->counts, E, f, h);
+  to_bf16_values(shape, ops, s->d_act, (size_t)M * f);
+  loom_mem_zero(mem, s->d_fc, (size_t)M * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_act, a->fc, M, f);
+  else ops->gelu_backward(ops, s->d_fc, s->d_act, a->fc, (size_t)M * f);
+  to_bf16_values(shape, ops, s->d_fc, (size_t)M * fc);
+  loom_mem_zero(mem, s->d_perm, (size_t)M * h);
+  experts_backward(ops, s->d_perm, d_fc, s->d_fc, a->perm, w->fc, host->counts, E, h, fc);
+  to_bf16_values(shape, ops, s->d_perm, (size_t)M * h);
+  /* The gather's backward: each token's rows summed back (a combine without weights). */
+  ops->rows_combine(ops, s->d_x, s->d_perm, a->slots, NULL, n, k, h);
+  /* The router: the weights' grads and the losses' through its backward, on the host. */
+  float *dw = s->host, *dlogits = s->host + (size_t)n * k;
+  mem->to_host(mem, dw, s->d_weights, (size_t)n * k * sizeof(float));
+  loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * ranks, &host->routing, dw, loss_weight,
+                          loss_weight, dlogits);
+  mem->from_host(mem, s->d_logits, dlogits, (size_t)n * E * sizeof(float));
+  ops->matmul_backward(ops, s->d_x, d_router, NULL, s->d_logits, a->x, w->router, n, h, E);
+  to_bf16_values(shape, ops, s->d_x, (size_t)n * h);
+  ops->add(ops, dx, dx, s->d_x, (size_t)n * h);
+}
