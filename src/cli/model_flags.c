@@ -29,6 +29,30 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
        false, "model.qkv_bias"},
       {"--untied", FLAG_BOOL, &mf->untied, "an LM head of its own, not the input embedding", LOOM_NO_RANGE, NULL, false,
        "model.tied_embeddings"},
+      {"--num-experts", FLAG_INT, &mf->experts, "experts in each layer's MLP: a Mixture of Experts (0: dense)", 0,
+       LOOM_PLAN_MAX_EXPERTS, NULL, false, "model.moe.experts"},
+      {"--moe-router-topk", FLAG_INT, &mf->moe_topk, "experts each token takes (2)", 1, LOOM_PLAN_MAX_EXPERTS, NULL, false,
+       "model.moe.topk"},
+      {"--moe-ffn-hidden-size", FLAG_INT, &mf->moe_ffn, "each expert's MLP width (0: --ffn)", 0, LOOM_PLAN_MAX_FFN, NULL, false,
+       "model.moe.ffn"},
+      {"--moe-shared-expert-intermediate-size", FLAG_INT, &mf->moe_shared_ffn,
+       "the shared expert's MLP width, beside the routed ones (0: none)", 0, LOOM_PLAN_MAX_FFN, NULL, false,
+       "model.moe.shared_ffn"},
+      {"--moe-router-score-function", FLAG_STRING, &mf->moe_score, "the router's scores (softmax; sigmoid: DeepSeek-V3's)",
+       LOOM_NO_RANGE, LOOM_MOE_SCORE_NAMES, false, "model.moe.score"},
+      {"--moe-router-pre-softmax", FLAG_BOOL, &mf->moe_pre_softmax,
+       "softmax over every expert, then the top-k (Mixtral's order; else softmax over the chosen)", LOOM_NO_RANGE, NULL,
+       false, "model.moe.pre_softmax"},
+      {"--moe-aux-loss-coeff", FLAG_FLOAT, &mf->moe_aux_loss_coeff, "the load-balancing loss's weight (0: none; 1e-2 usual)",
+       0, 1e6, NULL, false, "model.moe.aux_loss_coeff"},
+      {"--moe-z-loss-coeff", FLAG_FLOAT, &mf->moe_z_loss_coeff, "the router z-loss's weight (0: none; 1e-3 usual)", 0, 1e6,
+       NULL, false, "model.moe.z_loss_coeff"},
+      {"--moe-expert-capacity-factor", FLAG_FLOAT, &mf->moe_capacity_factor,
+       "tokens an expert takes over its even share, the rest dropped (unset: dropless)", 1e-6,
+       LOOM_PLAN_MAX_CAPACITY_FACTOR, NULL, false, "model.moe.capacity_factor"},
+      {"--moe-token-drop-policy", FLAG_STRING, &mf->moe_drop_policy,
+       "over capacity, drop the choices of lowest weight (probs) or the latest tokens (position)", LOOM_NO_RANGE,
+       LOOM_MOE_DROP_POLICY_NAMES, false, "model.moe.drop_by_position"},
   };
   memcpy(out, table, sizeof table);
 }
@@ -37,10 +61,47 @@ static bool flag_set(const loom_flag *table, const char *name) {
   return loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, name)->set;
 }
 
+/* The MoE flags onto cfg: --num-experts makes a dense preset a Mixture of
+ * Experts (top 2 unless told), and the other flags need one. */
+static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, const loom_flag *table, loom_gpt_config *cfg,
+                               loom_error *err) {
+  static const char *const SETTINGS[] = {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+                                         "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
+                                         "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy"};
+  loom_moe_config *e = &cfg->moe;
+  if (flag_set(table, "--num-experts")) {
+    if (mf->experts == 0) *e = (loom_moe_config){0};
+    else if (e->experts == 0) *e = (loom_moe_config){.experts = mf->experts, .topk = 2};
+    else e->experts = mf->experts;
+  }
+  for (size_t i = 0; i < sizeof SETTINGS / sizeof SETTINGS[0]; i++)
+    if (flag_set(table, SETTINGS[i]) && e->experts == 0)
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: %s configures a Mixture of Experts, but this model is dense; add "
+                       "--num-experts", cmd, SETTINGS[i]);
+  if (flag_set(table, "--moe-router-topk")) e->topk = mf->moe_topk;
+  if (flag_set(table, "--moe-ffn-hidden-size")) e->ffn = mf->moe_ffn;
+  if (flag_set(table, "--moe-shared-expert-intermediate-size")) e->shared_ffn = mf->moe_shared_ffn;
+  if (flag_set(table, "--moe-router-score-function"))
+    e->score = (loom_moe_score)loom_flag_choice_index(LOOM_MOE_SCORE_NAMES, mf->moe_score);
+  if (flag_set(table, "--moe-router-pre-softmax")) e->pre_softmax = mf->moe_pre_softmax;
+  if (flag_set(table, "--moe-aux-loss-coeff")) e->aux_loss_coeff = mf->moe_aux_loss_coeff;
+  if (flag_set(table, "--moe-z-loss-coeff")) e->z_loss_coeff = mf->moe_z_loss_coeff;
+  if (flag_set(table, "--moe-expert-capacity-factor")) e->capacity_factor = mf->moe_capacity_factor;
+  if (flag_set(table, "--moe-token-drop-policy"))
+    e->drop_by_position = loom_flag_choice_index(LOOM_MOE_DROP_POLICY_NAMES, mf->moe_drop_policy) == 1;
+  if (e->experts > 0 && !cfg->no_bias)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --num-experts: the experts have no biases, but this model has biases on its "
+                     "linears; add --no-bias (Megatron's --disable-bias-linear)", cmd);
+  return LOOM_OK;
+}
+
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
-                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied"};
+                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                                      "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
+                                      "--moe-router-pre-softmax"};
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)
@@ -84,6 +145,8 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                      "model has biases on every linear; add --no-bias", cmd);
   if (flag_set(table, "--qkv-bias")) cfg->qkv_bias = mf->qkv_bias;
   if (flag_set(table, "--untied")) cfg->untied = mf->untied;
+  loom_status st = resolve_moe(cmd, mf, table, cfg, err);
+  if (st != LOOM_OK) return st;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */
   *T = cfg->seq;

@@ -7,6 +7,7 @@ const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
 const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
 const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
 const char *const LOOM_MOE_SCORE_NAMES[] = {"softmax", "sigmoid", NULL};
+const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
 
 /* The Llama family's settings; the sizes are Meta's published configs
  * (Llama 3 model card and params.json: rms_norm_eps 1e-5, rope_theta 500000,

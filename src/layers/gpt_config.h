@@ -34,6 +34,7 @@ extern const char *const LOOM_NORM_NAMES[];
 extern const char *const LOOM_MLP_NAMES[];
 extern const char *const LOOM_POSITION_NAMES[];
 extern const char *const LOOM_MOE_SCORE_NAMES[];
+extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
 
 /* A Mixture-of-Experts model's MLPs, with Megatron-Core's settings (its
  * flag names in the comments): experts 0 is a dense model. Each MoE layer's

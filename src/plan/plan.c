@@ -19,6 +19,9 @@ _Static_assert(LOOM_NORM_LAYERNORM == (int)LOOM__NORM__NORM_LAYERNORM && LOOM_NO
                "loom_norm_kind follows loom.proto's Norm");
 _Static_assert(LOOM_MLP_GELU == (int)LOOM__MLP__MLP_GELU && LOOM_MLP_SWIGLU == (int)LOOM__MLP__MLP_SWIGLU,
                "loom_mlp_kind follows loom.proto's Mlp");
+_Static_assert(LOOM_MOE_SCORE_SOFTMAX == (int)LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX &&
+                   LOOM_MOE_SCORE_SIGMOID == (int)LOOM__MOE_SCORE__MOE_SCORE_SIGMOID,
+               "loom_moe_score follows loom.proto's MoeScore");
 _Static_assert(LOOM_POSITION_LEARNED == (int)LOOM__POSITION__POSITION_LEARNED &&
                    LOOM_POSITION_ROPE == (int)LOOM__POSITION__POSITION_ROPE,
                "loom_position_kind follows loom.proto's Position");
@@ -30,6 +33,12 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
                            .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias,
                            .untied = !m->tied_embeddings};
+  if (m->moe)
+    cfg->moe = (loom_moe_config){.experts = m->moe->experts, .topk = m->moe->topk, .ffn = m->moe->ffn,
+                                 .shared_ffn = m->moe->shared_ffn, .score = (loom_moe_score)m->moe->score,
+                                 .pre_softmax = m->moe->pre_softmax, .aux_loss_coeff = m->moe->aux_loss_coeff,
+                                 .z_loss_coeff = m->moe->z_loss_coeff, .capacity_factor = m->moe->capacity_factor,
+                                 .drop_by_position = m->moe->drop_by_position};
   if (m->rope_scaling)
     cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
                             .low_freq_factor = m->rope_scaling->low_freq_factor,
@@ -38,7 +47,7 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
   loom_gpt_config_finish(cfg);
 }
 
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room) {
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room, Loom__Moe *moe_room) {
   m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
   m->layers = c->layers, m->hidden = c->hidden, m->heads = c->heads, m->vocab = c->vocab, m->seq = c->seq;
   m->ffn = c->ffn > 0 ? c->ffn : 4 * c->hidden;
@@ -71,6 +80,20 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
   m->qkv_bias = m->has_qkv_bias;
   m->has_tied_embeddings = c->untied;
   m->tied_embeddings = !c->untied;
+  if (!loom_gpt_is_moe(c)) return;
+  const loom_moe_config *e = &c->moe;
+  loom__moe__init(moe_room);
+  moe_room->has_experts = moe_room->has_topk = 1;
+  moe_room->experts = e->experts, moe_room->topk = e->topk;
+  moe_room->has_ffn = e->ffn > 0 && e->ffn != c->ffn, moe_room->ffn = e->ffn;
+  moe_room->has_shared_ffn = e->shared_ffn > 0, moe_room->shared_ffn = e->shared_ffn;
+  moe_room->has_score = e->score != LOOM_MOE_SCORE_SOFTMAX, moe_room->score = (Loom__MoeScore)e->score;
+  moe_room->has_pre_softmax = e->pre_softmax, moe_room->pre_softmax = e->pre_softmax;
+  moe_room->has_aux_loss_coeff = e->aux_loss_coeff != 0.0f, moe_room->aux_loss_coeff = e->aux_loss_coeff;
+  moe_room->has_z_loss_coeff = e->z_loss_coeff != 0.0f, moe_room->z_loss_coeff = e->z_loss_coeff;
+  moe_room->has_capacity_factor = e->capacity_factor != 0.0, moe_room->capacity_factor = e->capacity_factor;
+  moe_room->has_drop_by_position = e->drop_by_position, moe_room->drop_by_position = e->drop_by_position;
+  m->moe = moe_room;
 }
 
 void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {

@@ -53,7 +53,9 @@ typedef struct {
 #define LOOM_PLAN_MAX_MICRO_BATCH (1 << 20)
 #define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
 #define LOOM_PLAN_MAX_COMPRESSION_RANK 1024
-#define LOOM_PLAN_MAX_DEVICES_PER_NODE 1024 /* a plan's cluster block and a cluster profile alike */
+#define LOOM_PLAN_MAX_DEVICES_PER_NODE 1024
+#define LOOM_PLAN_MAX_EXPERTS 4096
+#define LOOM_PLAN_MAX_CAPACITY_FACTOR 1024.0 /* a plan's cluster block and a cluster profile alike */
 
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
@@ -76,9 +78,10 @@ void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
  * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
  * every field of c into m, which the caller has initialised; RoPE scaling,
  * where c has it, goes into *room, which m->rope_scaling then points at
- * (the caller's to keep alive, or to free where m is not left holding it). */
+ * (the caller's to keep alive, or to free where m is not left holding it); a MoE
+ * model's settings likewise go into *moe_room, which m->moe then points at. */
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room);
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room, Loom__Moe *moe_room);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */

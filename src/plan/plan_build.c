@@ -63,8 +63,10 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   p->model = loom_xmalloc(sizeof *p->model, "plan model");
   loom__model__init(p->model);
   Loom__RopeScaling *scaling = loom_xmalloc(sizeof *scaling, "plan model");
-  loom_model_proto_fill(p->model, &sp->model, scaling);
+  Loom__Moe *moe = loom_xmalloc(sizeof *moe, "plan model");
+  loom_model_proto_fill(p->model, &sp->model, scaling, moe);
   if (p->model->rope_scaling != scaling) free(scaling);
+  if (p->model->moe != moe) free(moe);
   p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
   loom__parallel__init(p->parallel);
   Loom__Parallel *l = p->parallel;

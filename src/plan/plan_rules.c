@@ -43,6 +43,28 @@ static void violation(report *r, const char *fmt, ...) {
   r->out[r->used] = '\0';
 }
 
+/* A Mixture-of-Experts model's rules (its sizes already in bounds). */
+static void check_moe(report *r, const Loom__Model *m, int tp) {
+  const Loom__Moe *e = m->moe;
+  if (e->topk > e->experts)
+    violation(r, "model.moe.topk = %d: a token's experts must be at most model.moe.experts (%d)", e->topk, e->experts);
+  if (m->bias)
+    violation(r, "model.moe: the experts have no biases (as Megatron-Core's grouped experts), but model.bias is true; set "
+              "bias = false (--disable-bias-linear)");
+  if (e->shared_ffn % tp)
+    violation(r, "model.moe.shared_ffn = %d: must be divisible by parallel.tp (%d), the shared expert split as the dense "
+              "MLP is; pick a tp that divides it", e->shared_ffn, tp);
+  if (e->has_capacity_factor && !(isfinite(e->capacity_factor) && e->capacity_factor > 0.0 &&
+                                  e->capacity_factor <= LOOM_PLAN_MAX_CAPACITY_FACTOR))
+    violation(r, "model.moe.capacity_factor = %g: must be a positive finite number up to %g (absent: dropless)",
+              e->capacity_factor, LOOM_PLAN_MAX_CAPACITY_FACTOR);
+  if (!(isfinite(e->aux_loss_coeff) && e->aux_loss_coeff >= 0.0f) || !(isfinite(e->z_loss_coeff) && e->z_loss_coeff >= 0.0f))
+    violation(r, "model.moe: aux_loss_coeff %g and z_loss_coeff %g must be finite and at least 0 (Megatron's usual: 1e-2 "
+              "and 1e-3)", (double)e->aux_loss_coeff, (double)e->z_loss_coeff);
+  if (e->pre_softmax && e->score != LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX)
+    violation(r, "model.moe.pre_softmax = true: orders a softmax before the top-k, but model.moe.score is sigmoid");
+}
+
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (m->hidden % m->heads)
@@ -72,6 +94,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (m->qkv_bias && m->bias)
     violation(r, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is "
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
+  if (m->moe) check_moe(r, m, tp);
   const Loom__RopeScaling *sc = m->rope_scaling;
   if (sc && m->position != LOOM__POSITION__POSITION_ROPE)
     violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
@@ -264,6 +287,13 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "model.norm", (int)m->norm, 0, LOOM__NORM__NORM_RMSNORM);
     check_size(r, "model.mlp", (int)m->mlp, 0, LOOM__MLP__MLP_SWIGLU);
     check_size(r, "model.position", (int)m->position, 0, LOOM__POSITION__POSITION_ROPE);
+    if (m->moe) {
+      check_size(r, "model.moe.experts", m->moe->experts, 1, LOOM_PLAN_MAX_EXPERTS);
+      check_size(r, "model.moe.topk", m->moe->topk, 1, LOOM_PLAN_MAX_EXPERTS);
+      check_size(r, "model.moe.ffn", m->moe->ffn, 0, LOOM_PLAN_MAX_FFN);
+      check_size(r, "model.moe.shared_ffn", m->moe->shared_ffn, 0, LOOM_PLAN_MAX_FFN);
+      check_size(r, "model.moe.score", (int)m->moe->score, 0, LOOM__MOE_SCORE__MOE_SCORE_SIGMOID);
+    }
   }
   if (l) {
     check_size(r, "parallel.tp", l->tp, 1, LOOM_PLAN_MAX_TP);
@@ -282,6 +312,8 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
   }
   if (l && b) check_product(r, "batch.micro_batch x parallel.dp", (int64_t)b->micro_batch * l->dp, LOOM_PLAN_MAX_GLOBAL_BATCH);
   if (m && b) check_product(r, "batch.micro_batch x model.seq", (int64_t)b->micro_batch * m->seq, INT_MAX);
+  if (m && b && m->moe) /* the rows the experts take: every token's choices */
+    check_product(r, "batch.micro_batch x model.seq x model.moe.topk", (int64_t)b->micro_batch * m->seq * m->moe->topk, INT_MAX);
   return r->count - before;
 }
 

@@ -94,13 +94,42 @@ static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind) {
   tp_collective(L, x, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e);
 }
 
+/* A Mixture-of-Experts MLP with every expert on the rank, as the runtime
+ * runs it (layers/moe.c) on the tokens the rank routes (its share under SP,
+ * else all of them): the router's GEMM, each expert's GEMMs over an even
+ * share of the choices (E equal GEMMs: load imbalance is not modelled), the
+ * rows' gather and combine and the activation between the GEMMs, and under
+ * SP the load-balancing counts summed over the group (with a capacity
+ * factor also every rank's choices gathered). The router's and experts'
+ * weight grads are taken with the input grads (no W work). */
+static void moe_costs(const layout *L, pass *f, pass *g) {
+  const loom_gpt_config *c = &L->cfg;
+  const double E = c->moe.experts, k = c->moe.topk, n = L->rows, h = c->hidden, fe = loom_gpt_expert_ffn(c), e = L->e;
+  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = n * k / E;
+  const double shapes[][4] = {{n, E, h, 1}, {r, up, h, E}, {r, h, fe, E}};
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+    f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+  }
+  const double bytes = 2.0 * n * k * h * e + (n * k + n) * h * e + (up + fe) * n * k * e;
+  stream(L, f, bytes);
+  stream(L, g, 2.0 * bytes);
+  f->compute += 6.0 * L->overhead;
+  g->compute += 8.0 * L->overhead;
+  if (!L->sp) return;
+  tp_collective(L, f, LOOM_COLL_ALLREDUCE, 8.0 * E);
+  if (c->moe.capacity_factor > 0.0)
+    for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * 4.0);
+}
+
 /* One transformer layer for one micro-batch: forward into f, backward (without recompute) into g. */
 /* f and g: a layer's forward and whole backward; w: the part of g that is
  * its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
 static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
-  const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = c->ffn / t, T = L->tokens, s = L->s;
+  const bool moe = loom_gpt_is_moe(c);
+  const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn, e = L->e;
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
   const double shapes[][4] = {
@@ -110,7 +139,7 @@ static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   const Loom__DeviceProfile *dev = L->prof->device;
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    if (fused && (i == 1 || i == 2)) continue;
+    if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     if (i != 1 && i != 2) w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
@@ -134,6 +163,7 @@ static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   stream(L, g, 2.0 * bytes);
   f->compute += ops * L->overhead;
   g->compute += 2.0 * ops * L->overhead;
+  if (moe) moe_costs(L, f, g);
   /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
    * SP also their entries forward and exits backward (all-gathers), which are identities without it. */
   for (int i = 0; i < 2; i++) {
