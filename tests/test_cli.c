@@ -136,6 +136,24 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
   refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, got 'gpt-huge'");
+  /* Mixture of Experts: its flags need one, its experts no biases, its rules by flag name. */
+  refusal_row(&t, run("train", "--moe-router-topk", "2", NULL), 2,
+              "loom train: --moe-router-topk configures a Mixture of Experts, but this model is dense; add --num-experts");
+  refusal_row(&t, run("train", "--num-experts", "4", NULL), 2,
+              "loom train: --num-experts: the experts have no biases, but this model has biases on its linears; add --no-bias "
+              "(Megatron's --disable-bias-linear)");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-topk", "9", NULL), 2,
+              "loom train: --moe-router-topk 9: a token's experts must be at most --num-experts (8)");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-shared-expert-intermediate-size", "3", "--tp", "2", NULL), 2,
+              "loom train: --moe-shared-expert-intermediate-size 3: must be divisible by --tp (2), the shared expert split as the "
+              "dense MLP is; pick a tp that divides it");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-expert-capacity-factor", "0", NULL), 2,
+              "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
+              2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--expert-model-parallel-size", "2", NULL), 2,
+              "loom train: --expert-model-parallel-size is Megatron-LM's flag, which loom does not implement (see loom train "
+              "--help for the Megatron-LM names it takes)");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   refusal_row(&t, run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");
@@ -171,6 +189,12 @@ START_TEST(bad_flags) {
               "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
   refusal_row(&t, run("ckpt", "export", "ck", "--layers", "3", "--format", "llmc", "-o", "m.bin", NULL), 2,
               "loom ckpt export: --layers cannot be combined with a checkpoint, which fixes the model");
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--format", "hf", "-o", "moe_hf", NULL), 2,
+              "loom: -o: this model is a Mixture of Experts, which loom does not write as a Hugging Face directory yet "
+              "(MixtralForCausalLM and Qwen3MoeForCausalLM are to come); save it as a loom checkpoint");
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--format", "llmc", "-o", "moe.bin", NULL), 2,
+              "loom: moe.bin: llm.c's format holds GPT-2 models only (LayerNorm, GELU, learned positions, biases, tied "
+              "embeddings, dense MLPs)");
   refusal_row(&t, run("ckpt", NULL), 2, "loom ckpt: expected 'verify DIR', 'reshard DIR ... -o OUT' or 'export [DIR] --format F -o OUT'");
   refusal_row(&t, run("ckpt", "reshard", "ck", "--tp", "2", NULL), 2, "loom ckpt reshard: -o OUT is required");
   refusal_row(&t, run("ckpt", "reshard", "ck", "--plan", "p.txtpb", "--tp", "2", "-o", "out", NULL), 2,

@@ -441,6 +441,27 @@ START_TEST(flops_follow_megatron) {
 }
 END_TEST
 
+/* Mixtral 8x7B's counts as Mistral AI publishes them (46.7B parameters,
+ * 12.9B active per token; to the parameter, from its safetensors index:
+ * 46,702,792,704 and, less six of eight experts in each of 32 layers,
+ * 12,879,925,248), and its FLOPs as Megatron-LM's formula counts a MoE
+ * layer's MLP: its top-k experts', 3 x 2 x h x (k x fe) x 3/2 under SwiGLU. */
+START_TEST(mixtral_counts_as_published) {
+  loom_gpt_config c;
+  ck_assert_int_eq(loom_gpt_config_preset(&c, "mixtral-8x7b"), 0);
+  ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), 46702792704u);
+  ck_assert_uint_eq(loom_gpt_active_param_count(&c), 12879925248u);
+  const double L = c.layers, h = c.hidden, V = c.vocab, T = 4096, G = loom_gpt_kv_heads(&c), H = c.heads;
+  const double mlp = 2.0 * 14336 * 1.5; /* top 2 experts of 14336, gated */
+  const double want = 12.0 * L * h * h * ((1.0 + G / H + T / h / 2.0) + mlp / h) + 6.0 * V * h;
+  const double got = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
+  ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%g FLOPs per token, want %g", got, want);
+  loom_gpt_config dense;
+  ck_assert_int_eq(loom_gpt_config_preset(&dense, "llama-tiny"), 0);
+  ck_assert_uint_eq(loom_gpt_active_param_count(&dense), loom_gpt_param_count(&dense, NULL, 1));
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
@@ -454,6 +475,7 @@ int main(void) {
   tcase_add_test(tc, init_is_keyed_by_name_and_index);
   tcase_add_test(tc, llama_names_and_shapes);
   tcase_add_test(tc, flops_follow_megatron);
+  tcase_add_test(tc, mixtral_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   tcase_add_test(tc, moe_dispatch_places_every_choice);

@@ -297,6 +297,32 @@ START_TEST(each_rule_has_its_message) {
   p->model->has_qkv_bias = p->model->qkv_bias = 1;
   expect_rule(p, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is true");
   p->model->has_qkv_bias = p->model->qkv_bias = 0;
+  /* A Mixture of Experts: sizes, then its rules. */
+  Loom__Moe moe = LOOM__MOE__INIT;
+  moe.experts = 8, moe.topk = 2;
+  p->model->moe = &moe;
+  expect_rule(p, "model.moe: the experts have no biases (as Megatron-Core's grouped experts), but model.bias is true");
+  p->model->has_bias = 1, p->model->bias = 0;
+  moe.experts = 0;
+  expect_rule(p, "model.moe.experts = 0: must be 1 to 4096");
+  moe.experts = 8, moe.topk = 9;
+  expect_rule(p, "model.moe.topk = 9: a token's experts must be at most model.moe.experts (8)");
+  moe.topk = 2, moe.score = (Loom__MoeScore)2;
+  expect_rule(p, "model.moe.score = 2: must be 0 to 1");
+  moe.score = LOOM__MOE_SCORE__MOE_SCORE_SIGMOID, moe.pre_softmax = 1;
+  expect_rule(p, "model.moe.pre_softmax = true: orders a softmax before the top-k, but model.moe.score is sigmoid");
+  moe.pre_softmax = 0, moe.shared_ffn = 6; /* tp 4 */
+  expect_rule(p, "model.moe.shared_ffn = 6: must be divisible by parallel.tp (4)");
+  moe.shared_ffn = 0, moe.has_capacity_factor = 1, moe.capacity_factor = -1.0;
+  expect_rule(p, "model.moe.capacity_factor = -1: must be a positive finite number up to 1024 (absent: dropless)");
+  moe.capacity_factor = NAN;
+  expect_rule(p, "model.moe.capacity_factor = nan: must be a positive finite number");
+  moe.has_capacity_factor = 0, moe.aux_loss_coeff = -1.0f;
+  expect_rule(p, "model.moe: aux_loss_coeff -1 and z_loss_coeff 0 must be finite and at least 0");
+  moe.aux_loss_coeff = 0.0f, moe.z_loss_coeff = INFINITY;
+  expect_rule(p, "model.moe: aux_loss_coeff 0 and z_loss_coeff inf must be finite and at least 0");
+  p->model->moe = NULL;
+  p->model->has_bias = 0, p->model->bias = 1;
   p->model->position = (Loom__Position)7;
   expect_rule(p, "model.position = 7: must be 0 to 1");
   p->model->position = LOOM__POSITION__POSITION_LEARNED;

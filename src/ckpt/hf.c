@@ -332,6 +332,9 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
 /* ---- writing ---- */
 
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
+  if (loom_gpt_is_moe(c))
+    return loom_fail(err, LOOM_ERR_USAGE, "this model is a Mixture of Experts, which loom does not write as a Hugging Face "
+                     "directory yet (MixtralForCausalLM and Qwen3MoeForCausalLM are to come); save it as a loom checkpoint");
   if (loom_gpt_config_is_gpt2(c) ||
       (c->norm == LOOM_NORM_RMSNORM && c->mlp == LOOM_MLP_SWIGLU && c->position == LOOM_POSITION_ROPE))
     return LOOM_OK;

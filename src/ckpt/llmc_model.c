@@ -124,7 +124,8 @@ loom_status loom_llmc_write(const char *path, const loom_model_source *src, loom
   const loom_gpt_config *c = &src->cfg;
   if (!loom_gpt_config_is_gpt2(c) || c->untied)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format holds GPT-2 models only (LayerNorm, GELU, learned positions, "
-                     "biases, tied embeddings); export this model with --format hf", path);
+                     "biases, tied embeddings, dense MLPs)%s", path,
+                     loom_gpt_is_moe(c) ? "" : "; export this model with --format hf");
   if (c->ffn != 4 * c->hidden)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: llm.c's format needs ffn = 4 * hidden (got ffn %d, hidden %d)",
                      path, c->ffn, c->hidden);

@@ -186,6 +186,7 @@ loom_status loom_run_save(void *ctx, int64_t step, loom_error *err) {
 }
 
 loom_model_format loom_run_save_format(const loom_gpt_config *cfg) {
+  if (loom_gpt_is_moe(cfg)) return LOOM_FORMAT_SAFETENSORS; /* its tensors by their Hugging Face names, no class yet */
   return loom_gpt_config_is_gpt2(cfg) && !cfg->untied ? LOOM_FORMAT_LLMC : LOOM_FORMAT_HF;
 }
 

@@ -41,7 +41,8 @@ loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
 /* The loop's hook after each step (blocking: at the end of the run): record
  * an asynchronous save once every rank's shard is written. Collective. */
 loom_status loom_run_settle(void *ctx, bool blocking, loom_error *err);
-/* The format --save writes: llm.c's file for GPT-2 (which it holds), else a Hugging Face directory. */
+/* The format --save writes: llm.c's file for GPT-2 (which it holds), a safetensors file for a Mixture of Experts
+ * (its tensors by their Hugging Face names), else a Hugging Face directory. */
 loom_model_format loom_run_save_format(const loom_gpt_config *cfg);
 /* Writes the model after `step` to path, an llm.c file for GPT-2 and a
  * Hugging Face directory for other models (--save): from dir/latest

@@ -47,7 +47,8 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--metrics", FLAG_STRING, &f->metrics, "write JSON lines of per-step metrics here", LOOM_NO_RANGE, NULL, false, NULL},
       {"--tensorboard-dir", FLAG_STRING, &f->tensorboard_dir, "write TensorBoard event files of the same numbers here, under "
        "Megatron-LM's scalar names (a new file per run, beside earlier runs' files)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models (a Mixture of Experts: "
+       "a .safetensors file)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--device", FLAG_STRING, &f->device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
       {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false, NULL},

@@ -98,6 +98,8 @@ static const struct {
     {"mfu", "mfu", 1.0},
     {"max_allocated_bytes", "mem-max-allocated-bytes", 1.0},
     {"skipped_iterations", "skipped-iterations", 1.0},
+    {"load_balancing_loss", "load_balancing_loss", 1.0},
+    {"z_loss", "z_loss", 1.0},
     {"eval_loss", "lm loss validation", 1.0},
     {"eval_accuracy", "exact match validation", 1.0},
 };
@@ -124,6 +126,18 @@ void loom_metrics_num(loom_metrics *m, const char *key, double value) {
   /* JSON has no NaN or Infinity; null keeps each line parseable. */
   const int n = isfinite(value) ? fprintf(m->fp, ", \"%s\": %.9g", key, value) : fprintf(m->fp, ", \"%s\": null", key);
   if (n < 0) failed(m);
+  m->fields++;
+}
+
+void loom_metrics_list(loom_metrics *m, const char *key, const int64_t *v, int rows, int cols) {
+  if (!m->fp) return;
+  bool ok = fprintf(m->fp, ", \"%s\": [", key) >= 0;
+  for (int r = 0; r < rows && ok; r++) {
+    ok = fputs(r ? ", [" : "[", m->fp) >= 0;
+    for (int c = 0; c < cols && ok; c++) ok = fprintf(m->fp, c ? ", %lld" : "%lld", (long long)v[(size_t)r * cols + c]) >= 0;
+    ok = ok && fputc(']', m->fp) != EOF;
+  }
+  if (!ok || fputc(']', m->fp) == EOF) failed(m);
   m->fields++;
 }
 

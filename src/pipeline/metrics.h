@@ -4,6 +4,7 @@
 #ifndef LOOM_METRICS_H
 #define LOOM_METRICS_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include "core/status.h"
 #include "pipeline/tensorboard.h"
@@ -33,6 +34,8 @@ void loom_metrics_close(loom_metrics *m);
 loom_status loom_metrics_status(const loom_metrics *m, loom_error *err);
 void loom_metrics_begin(loom_metrics *m, int step);
 void loom_metrics_num(loom_metrics *m, const char *key, double value);
+/* rows x cols counts as a list of rows: "key": [[...], ...] (the JSON line only). */
+void loom_metrics_list(loom_metrics *m, const char *key, const int64_t *v, int rows, int cols);
 void loom_metrics_end(loom_metrics *m);
 /* The run's last record, one line of its own: {"memory": {"rank": R,
  * "estimate_bytes": E, "peak_bytes": P, "resident_peak_bytes": Q}}, the

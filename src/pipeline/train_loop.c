@@ -178,6 +178,7 @@ static void format_duration(double s, char *out, size_t n) {
 typedef struct {
   double ms, tokens_per_s, tflops_per_device, mfu, max_allocated;
   int skipped_iterations;
+  bool moe; /* a Mixture-of-Experts model: its routing is logged too */
 } step_numbers;
 
 static step_numbers step_numbers_of(const loom_trainer *tr, const loom_train_loop *loop, double dt, double tokens,
@@ -185,7 +186,7 @@ static step_numbers step_numbers_of(const loom_trainer *tr, const loom_train_loo
   const double devices = tr->ps.world;
   return (step_numbers){.ms = dt * 1e3, .tokens_per_s = tokens / dt / devices, .tflops_per_device = gflops / devices * 1e-3,
                         .mfu = gflops / loop->peak_gflops, .max_allocated = loom_trainer_tensor_peak(tr),
-                        .skipped_iterations = skipped};
+                        .skipped_iterations = skipped, .moe = tr->moe_load != NULL};
 }
 
 /* The step's line: the status line on a terminal, else a plain line every log_every steps. */
@@ -206,6 +207,9 @@ static void show_progress(const loom_train_loop *loop, int step, const loom_step
                   "MFU %4.1f%% | max alloc %.1f MiB | skipped %d",
                   done, loop->steps, (double)s->loss, (double)s->lr, s->grad_norm, n->ms, n->tokens_per_s,
                   n->tflops_per_device, 100.0 * n->mfu, n->max_allocated / 1048576.0, n->skipped_iterations);
+  if ((done % every == 0 || step == first || done == loop->steps) && n->moe)
+    loom_log_info("step %5d/%d | load_balancing_loss %.4e | z_loss %.4e | expert load max/mean %.2f | dropped %lld", done,
+                  loop->steps, s->moe_aux_loss, s->moe_z_loss, s->moe_load_imbalance, (long long)s->moe_dropped);
 }
 
 static void record_step(const loom_trainer *tr, const loom_train_loop *loop, straggler_watch *w, int step,
@@ -224,6 +228,14 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   loom_metrics_num(mx, "batch_size", tr->global_batch);
   loom_metrics_num(mx, "skipped", s->skipped);
   loom_metrics_num(mx, "skipped_iterations", n->skipped_iterations);
+  if (n->moe) {
+    const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+    loom_metrics_num(mx, "load_balancing_loss", s->moe_aux_loss);
+    loom_metrics_num(mx, "z_loss", s->moe_z_loss);
+    loom_metrics_num(mx, "moe_dropped_tokens", (double)s->moe_dropped);
+    loom_metrics_num(mx, "moe_load_imbalance", s->moe_load_imbalance);
+    loom_metrics_list(mx, "moe_tokens_per_expert", tr->moe_load, c->layers, c->moe.experts);
+  }
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
   if (loom_pipeline_compression(tr->pipe)) {
     int64_t sent, whole;

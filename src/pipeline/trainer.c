@@ -1,5 +1,6 @@
 /* A run built from a plan: optimizers, the step and evaluation through the pipeline hooks. */
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 #include "pipeline/trainer.h"
 #include "core/check.h"
@@ -140,22 +141,62 @@ static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
 }
 
 void loom_trainer_free(loom_trainer *tr) {
+  free(tr->moe_load);
+  tr->moe_load = NULL;
   free_optimizers(tr);
   loom_pipeline_free(tr->pipe);
   loom_parallel_free(&tr->ps);
 }
 
+double loom_trainer_moe_imbalance(const loom_trainer *tr, int l) {
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  const int E = c->moe.experts;
+  const int64_t *load = tr->moe_load + (size_t)l * E;
+  int64_t most = 0, sum = 0;
+  for (int e = 0; e < E; e++) most = load[e] > most ? load[e] : most, sum += load[e];
+  return sum ? (double)most * E / (double)sum : 0.0;
+}
+
+/* A MoE model's routing over the step: every rank's statistics summed
+ * (collective over the world). Under SP each rank of a tp group routed its
+ * share of the tokens; without it each routed them all, and one counts. */
+static void moe_step(loom_trainer *tr, loom_step_stats *s) {
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  if (!loom_gpt_is_moe(c)) return;
+  const int L = c->layers, E = c->moe.experts;
+  const bool counts = tr->ps.sequence_parallel || tr->ps.tp_rank == 0;
+  double sums[3] = {0.0, 0.0, 0.0};
+  if (!tr->moe_load) tr->moe_load = loom_xmalloc((size_t)L * E * sizeof *tr->moe_load, "expert load");
+  memset(tr->moe_load, 0, (size_t)L * E * sizeof *tr->moe_load);
+  for (int k = 0; counts && k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    const loom_gpt *m = loom_pipeline_chunk(tr->pipe, k);
+    sums[0] += m->moe_stats.aux_loss, sums[1] += m->moe_stats.z_loss, sums[2] += (double)m->moe_stats.dropped;
+    for (size_t i = 0; i < (size_t)m->p.layers * E; i++)
+      tr->moe_load[(size_t)m->p.range.layer_begin * E + i] += m->moe_stats.load[i];
+  }
+  loom_comm_allreduce_typed(tr->ps.world_group, sums, 3, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  loom_comm_allreduce_typed(tr->ps.world_group, tr->moe_load, (size_t)L * E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+  const double per = (double)(tr->global_batch / tr->micro_batch) * L; /* micro-batches x MoE layers */
+  s->moe_aux_loss = sums[0] / per, s->moe_z_loss = sums[1] / per, s->moe_dropped = (int64_t)sums[2];
+  for (int l = 0; l < L; l++) {
+    const double r = loom_trainer_moe_imbalance(tr, l);
+    s->moe_load_imbalance = r > s->moe_load_imbalance ? r : s->moe_load_imbalance;
+  }
+}
+
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   tr->split = LOOM_SPLIT_TRAIN;
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) loom_gpt_moe_stats_reset(loom_pipeline_chunk(tr->pipe, k));
   /* Replica d takes its own m micro-batches of the global batch. */
   tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * loom_pipeline_micro_batches(tr->pipe) * tr->micro_batch;
   tr->step_lr = loom_lr_at(&tr->lr, step);
   tr->step = step;
   const loom_pipeline_hooks hooks = hooks_of(tr, false);
   const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
-  return (loom_step_stats){.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm,
-                           .skipped = !isfinite(ps.grad_norm), .compute_s = ps.compute_s, .wait_s = ps.wait_s,
-                           .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
+  loom_step_stats s = {.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm, .skipped = !isfinite(ps.grad_norm),
+                       .compute_s = ps.compute_s, .wait_s = ps.wait_s, .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
+  moe_step(tr, &s);
+  return s;
 }
 
 loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,

@@ -44,6 +44,7 @@ typedef struct {
   float step_lr;
   int step;
   int digits;
+  int64_t *moe_load; /* a MoE model's tokens per expert of each layer [layers * experts] in the last step, every rank's */
 } loom_trainer;
 
 typedef struct {
@@ -53,6 +54,14 @@ typedef struct {
   bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */
   double compute_s, wait_s; /* this rank's compute and waiting time */
   double dp_overlap, dp_wait_s; /* data-parallel grad bytes reduced during backward, and the wait after it */
+  /* A MoE model's routing over the step, the same on every rank (0 for a
+   * dense model): the router losses per MoE layer and micro-batch, their
+   * coefficients included (as Megatron-LM logs load_balancing_loss and
+   * z_loss), the choices dropped over capacity, and the busiest expert's
+   * tokens over the mean at the most unbalanced layer (tokens per expert of
+   * each layer: loom_trainer.moe_load). */
+  double moe_aux_loss, moe_z_loss, moe_load_imbalance;
+  int64_t moe_dropped;
 } loom_step_stats;
 
 typedef struct {
@@ -75,6 +84,8 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
 loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,
                               loom_error *err);
+/* The busiest expert's tokens over the mean in layer l of the last step (a MoE model's). */
+double loom_trainer_moe_imbalance(const loom_trainer *tr, int l);
 /* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
 /* The tensor memory this rank allocates by the memory model (plan/memory.h). */
