@@ -137,6 +137,77 @@ END_TEST
 START_TEST(moe_layers_with_capacity_match_serial_sequence_parallel) { layers_match(true, tiny_moe(1.0)); }
 END_TEST
 
+/* Expert parallelism over the whole world (tp 1, dp = ep = world): rank r
+ * routes micro-batch r, sending each expert's rows to the rank holding it.
+ * Against one model that runs every micro-batch alone: each rank's loss and
+ * router losses are its micro-batch's, the grads of everything but the
+ * experts summed over the ranks are the serial sums, and each rank's
+ * experts' grads (summed over nobody: the expert-data-parallel group is one
+ * rank) are the serial grads of the same experts, by name. With a capacity
+ * factor the same choices drop. */
+static void experts_match(double capacity, bool bf16) {
+  enum { T = 8, B = 2, N = T * B };
+  const int P = g_world->size;
+  loom_parallel ps;
+  loom_parallel_init(&ps, g_world, 1, 1, P, false);
+  loom_parallel_init_experts(&ps, P);
+  const loom_tp tp = loom_tp_of(&ps);
+  ck_assert(tp.ep_group != NULL && ps.edp == 1);
+  loom_gpt_config cfg = tiny_moe(capacity);
+  cfg.moe.experts = 4 * P; /* four on each rank */
+  cfg.bf16 = bf16;
+  loom_gpt serial, split;
+  ck_assert_int_eq(loom_gpt_init(&serial, &cfg, loom_ops_cpu(), 9, NULL), LOOM_OK);
+  ck_assert_int_eq(loom_gpt_init(&split, &cfg, loom_ops_cpu(), 9, &tp), LOOM_OK);
+  loom_gpt_set_batch_shape(&serial, T, B);
+  loom_gpt_set_batch_shape(&split, T, B);
+  ck_assert_int_eq(split.moe.local_experts, 4);
+  loom_gpt_zero_grad(&serial);
+  loom_gpt_zero_grad(&split);
+  int tokens[N], targets[N];
+  double mine[4] = {0}, want[4] = {0};
+  for (int r = 0; r < P; r++) {
+    for (int i = 0; i < N; i++) {
+      tokens[i] = (int)(loom_rng_u32(5, 10 + (uint64_t)r, (uint64_t)i) % 256u);
+      targets[i] = i % 7 == 3 ? -1 : (int)(loom_rng_u32(5, 20 + (uint64_t)r, (uint64_t)i) % 256u);
+    }
+    const loom_gpt_batch batch = {.tokens = tokens, .targets = targets, .sample_offset = 2 * r, .step = 3, .train = true};
+    loom_gpt_moe_stats_reset(&serial);
+    const double ls = loom_gpt_forward(&serial, &batch);
+    loom_gpt_backward(&serial, &batch, 1.0f / N);
+    if (r != ps.rank) continue;
+    want[0] = ls, want[1] = serial.moe_stats.aux_loss, want[2] = serial.moe_stats.z_loss, want[3] = (double)serial.moe_stats.dropped;
+    mine[0] = loom_gpt_forward(&split, &batch);
+    loom_gpt_backward(&split, &batch, 1.0f / N);
+    mine[1] = split.moe_stats.aux_loss, mine[2] = split.moe_stats.z_loss, mine[3] = (double)split.moe_stats.dropped;
+  }
+  const double tol = bf16 ? 1e-3 : 1e-6;
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(fabs(mine[i] - want[i]) <= tol * fabs(want[i]), "rank %d: %d: %g vs serial %g", ps.rank, i, mine[i], want[i]);
+  ck_assert(want[1] > 0.0 && (capacity > 0.0) == (want[3] > 0.0));
+  int experts = 0;
+  for (int k = 0; k < split.p.grads.count; k++) {
+    loom_tensor *g = &split.p.grads.views[k];
+    const size_t n = loom_tensor_numel(g);
+    if (!split.p.meta[k].expert) loom_comm_allreduce(ps.dp_group, g->data, n, LOOM_REDUCE_SUM);
+    experts += split.p.meta[k].expert;
+    const int j = loom_gpt_params_find(&serial.p, g->name);
+    ck_assert_int_ge(j, 0);
+    expect_nmse(g->data, serial.p.grads.views[j].data, n, bf16 ? 1e-4 : 1e-10, g->name);
+  }
+  ck_assert_int_eq(experts, cfg.layers * 4 * 2); /* up and down (GELU experts) of four in each layer */
+  loom_gpt_free(&serial);
+  loom_gpt_free(&split);
+  loom_parallel_free(&ps);
+}
+
+START_TEST(experts_match_serial) { experts_match(0.0, false); }
+END_TEST
+START_TEST(experts_with_capacity_match_serial) { experts_match(1.0, false); }
+END_TEST
+START_TEST(experts_match_serial_bf16) { experts_match(0.0, true); }
+END_TEST
+
 /* Trains 10 steps; returns the losses and leaves the model in *m. */
 static void train10(loom_gpt *m, const loom_tp *tp, loom_dataset *data, float *losses) {
   const loom_gpt_config cfg = tiny();
@@ -522,6 +593,9 @@ int main(int argc, char **argv) {
   tcase_add_test(tc, moe_layers_match_serial);
   tcase_add_test(tc, moe_layers_match_serial_sequence_parallel);
   tcase_add_test(tc, moe_layers_with_capacity_match_serial_sequence_parallel);
+  tcase_add_test(tc, experts_match_serial);
+  tcase_add_test(tc, experts_with_capacity_match_serial);
+  tcase_add_test(tc, experts_match_serial_bf16);
   tcase_add_test(tc, training_matches_serial);
   tcase_add_test(tc, training_matches_serial_sequence_parallel);
   tcase_add_test(tc, training_on_a_token_file_matches_serial);

@@ -44,10 +44,13 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
   else ops->layernorm_backward(ops, dx, dw, db, dout, x, w, mean, rstd, n, h);
 }
 
-/* The ranks a MoE layer's micro-batch is spread over along the sequence:
- * the tensor-parallel group under sequence parallelism (without it every
- * rank of the group routes the same tokens alike). */
-static loom_comm *moe_group(const loom_tp *tp) { return tp->sequence_parallel ? tp->group : NULL; }
+/* A MoE layer's groups: the ranks its micro-batch is spread over along the
+ * sequence, the tensor-parallel group under sequence parallelism (without
+ * it every rank of the group routes the same tokens alike), and the
+ * expert-parallel group. */
+static loom_moe_groups moe_groups(const loom_tp *tp) {
+  return (loom_moe_groups){.seq = tp->sequence_parallel ? tp->group : NULL, .ep = tp->ep_group};
+}
 
 /* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
 static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, bool backward) {
@@ -119,7 +122,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
                     a->res_attn, w->v->ln_2_w, w->v->ln_2_b, n, h);
   if (shape->moe) loom_moe_forward(&a->moe, &s->moe, s->moe_out, normed ? normed : a->ln_2, &w->moe, shape->moe,
-                                   moe_group(tp), ops);
+                                   moe_groups(tp), ops);
   if (f > 0) {
     loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
                                  N, n, h, fc);
@@ -216,7 +219,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   /* The experts' weight grads are taken here, not in the weight half. */
   if (shape->moe)
     loom_moe_backward(d_normed, g->router_w, g->experts_fc_w, g->experts_proj_w, d_out, &a->moe, &s->moe, &w->moe,
-                      shape->moe, shape->moe_loss_weight, moe_group(tp), ops);
+                      shape->moe, shape->moe_loss_weight, moe_groups(tp), ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);

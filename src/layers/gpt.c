@@ -20,7 +20,8 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
   m->recompute_group = recompute.group > 1 ? recompute.group : 1;
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   m->tp.kv_group = NULL;
-  const loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
+  loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
+  if (m->tp.ep_group) c = loom_gpt_config_for_ep(&c, loom_comm_size(m->tp.ep_group), loom_comm_rank(m->tp.ep_group));
   const int replicas = loom_gpt_kv_replicas(&c, m->tp.size); /* consecutive ranks holding one key/value head */
   if (replicas > 1) m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / replicas, m->tp.rank, "kv heads");
   loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
@@ -115,7 +116,8 @@ typedef struct {
   int64_t qkv, fc;        /* row widths of the column-parallel outputs */
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
-  int64_t E, k, M;        /* a MoE model's experts and top-k, and the rows its experts take (n k); else 0 */
+  int64_t E, k, M, taken; /* a MoE model's experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
+  int64_t El, ep;         /* its experts on this rank, and the expert-parallel group's size */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
@@ -136,7 +138,9 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0;
   return (dims){.N = N, .n = n, .h = c->hidden, .f = f, .w = c->hidden / tp,
-                .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe,
+                .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0,
+                .El = moe ? loom_gpt_local_experts(c) : 0, .ep = c->moe.ep > 1 ? c->moe.ep : 1,
+                .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
@@ -181,9 +185,13 @@ static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
   want(l, &v->weights, "moe_weights", L * d->n * d->k);
   want_ints(l, &v->slots, "moe_slots", L * d->n * d->k);
   want_ints(l, &v->rows, "moe_rows", L * d->M);
-  want(l, &v->perm, "moe_perm", L * d->M * d->h);
-  want(l, &v->fc, "moe_fc", L * d->M * d->fce);
-  want(l, &v->act, "moe_act", L * d->M * d->fe);
+  if (d->ep > 1) {
+    want_ints(l, &v->sort, "moe_sort", L * d->taken);
+    want_ints(l, &v->unsort, "moe_unsort", L * d->taken);
+  }
+  want(l, &v->perm, "moe_perm", L * d->taken * d->h);
+  want(l, &v->fc, "moe_fc", L * d->taken * d->fce);
+  want(l, &v->act, "moe_act", L * d->taken * d->fe);
   want(l, &v->y, "moe_y", L * d->M * d->h);
 }
 
@@ -192,9 +200,10 @@ static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
   if (!d->E) return (loom_moe_acts){0};
   return (loom_moe_acts){.x = v->x + i * d->n * d->h, .logits = v->logits + i * d->n * d->E,
                          .weights = v->weights + i * d->n * d->k, .slots = v->slots + i * d->n * d->k,
-                         .rows = v->rows + i * d->M, .perm = v->perm + i * d->M * d->h, .fc = v->fc + i * d->M * d->fce,
-                         .act = v->act + i * d->M * d->fe, .y = v->y + i * d->M * d->h,
-                         .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k)};
+                         .rows = v->rows + i * d->M, .sort = v->sort ? v->sort + i * d->taken : NULL,
+                         .unsort = v->unsort ? v->unsort + i * d->taken : NULL, .perm = v->perm + i * d->taken * d->h,
+                         .fc = v->fc + i * d->taken * d->fce, .act = v->act + i * d->taken * d->fe, .y = v->y + i * d->M * d->h,
+                         .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
 }
 
 /* The norm statistics, attention's log-sum-exps and a MoE layer's
@@ -402,9 +411,16 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     want(l, &s->moe_out, "moe_out", d->n * d->h);
     want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);
     want(l, &s->moe.d_y, "moe_d_y", d->M * d->h);
-    want(l, &s->moe.d_perm, "moe_d_perm", d->M * d->h);
-    want(l, &s->moe.d_act, "moe_d_act", d->M * d->fe);
-    want(l, &s->moe.d_fc, "moe_d_fc", d->M * d->fce);
+    want(l, &s->moe.d_perm, "moe_d_perm", d->taken * d->h);
+    want(l, &s->moe.d_act, "moe_d_act", d->taken * d->fe);
+    want(l, &s->moe.d_fc, "moe_d_fc", d->taken * d->fce);
+    if (d->ep > 1) {
+      want(l, &s->moe.send, "moe_send", d->M * d->h);
+      want(l, &s->moe.recv, "moe_recv", d->taken * d->h);
+      want(l, &s->moe.recv2, "moe_recv2", d->taken * d->h);
+      const int64_t wire = (d->M > d->taken ? d->M : d->taken) * d->h;
+      if (d->bf16) want16(l16, &s->moe.wire, "moe_wire", wire), want16(l16, &s->moe.wire2, "moe_wire2", wire);
+    }
     want(l, &s->moe.d_weights, "moe_d_weights", d->n * d->k);
     want(l, &s->moe.d_logits, "moe_d_logits", d->n * d->E);
   }
@@ -587,7 +603,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
   m->T = T;
   m->B = B;
   m->a = &m->slots[0];
-  m->moe = loom_moe_shape_of(c, (int)d.n);
+  m->moe = loom_moe_shape_of(c, (int)d.n, m->tp.sequence_parallel ? m->tp.size : 1);
   return LOOM_OK;
 }
 

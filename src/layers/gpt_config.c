@@ -80,6 +80,12 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
   return c;
 }
 
+loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int ep, int ep_rank) {
+  loom_gpt_config c = *cfg;
+  if (loom_gpt_is_moe(&c)) c.moe.ep = ep, c.moe.ep_rank = ep_rank;
+  return c;
+}
+
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
          !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c);

@@ -53,6 +53,10 @@ typedef struct {
   float z_loss_coeff;     /* --moe-z-loss-coeff: ST-MoE's router z-loss */
   double capacity_factor; /* --moe-expert-capacity-factor (0: dropless) */
   bool drop_by_position;  /* --moe-token-drop-policy position (else probs) */
+  /* Where the experts are, not what they are: a rank of an expert-parallel
+   * group of ep (0 or 1: every expert here) holds experts
+   * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep). */
+  int ep, ep_rank;
 } loom_moe_config;
 
 typedef struct {
@@ -89,6 +93,13 @@ void loom_gpt_config_finish(loom_gpt_config *cfg);
 /* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
  * Megatron does, so every rank holds an equal vocab range. */
 loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
+
+/* The config one rank of an expert-parallel group of ep holds: its
+ * experts' share of a MoE model (sizes and names; ep_rank 0 for sizes). */
+loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int ep, int ep_rank);
+/* Experts this rank holds, and the global index of its first. */
+static inline int loom_gpt_local_experts(const loom_gpt_config *c) { return c->moe.ep > 1 ? c->moe.experts / c->moe.ep : c->moe.experts; }
+static inline int loom_gpt_first_expert(const loom_gpt_config *c) { return c->moe.ep > 1 ? c->moe.ep_rank * loom_gpt_local_experts(c) : 0; }
 
 /* Whether a and b are the same architecture and shape (what a checkpoint
  * or model file must match; dropout and precision are the run's own). */

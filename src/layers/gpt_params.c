@@ -125,19 +125,23 @@ static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_rol
 static void add_experts(table *t, const loom_gpt_config *c, int i) {
   const int64_t h = c->hidden, fe = loom_gpt_expert_ffn(c), fs = c->moe.shared_ffn;
   const bool swiglu = c->mlp == LOOM_MLP_SWIGLU;
-  const loom_param_meta whole = weight(0.02f, -1, 1), resid = weight(0.02f / sqrtf(2.0f * (float)c->layers), -1, 1);
+  loom_param_meta whole = weight(0.02f, -1, 1), expert = whole, resid = weight(0.02f / sqrtf(2.0f * (float)c->layers), -1, 1);
+  /* Under expert parallelism the group's ranks hold different experts: none is the same on every tp rank. */
+  expert.expert = resid.expert = true;
+  expert.tp_replicated = resid.tp_replicated = c->moe.ep <= 1;
+  const int first = loom_gpt_first_expert(c), end = first + loom_gpt_local_experts(c);
   name n;
   char what[96];
   add(t, LOOM_ROLE_ROUTER_W, named(&n, "model.layers.", i, "mlp.gate.weight"), 2, c->moe.experts, h, whole);
-  for (int e = 0; e < c->moe.experts; e++)
+  for (int e = first; e < end; e++)
     for (int j = swiglu ? 0 : 1; j < 2; j++) {
       snprintf(what, sizeof what, "mlp.experts.%d.%s.weight", e, j ? "up_proj" : "gate_proj");
-      add(t, e == 0 && j == (swiglu ? 0 : 1) ? LOOM_ROLE_EXPERTS_FC_W : LOOM_ROLE_FUSED, named(&n, "model.layers.", i, what), 2,
-          fe, h, whole);
+      add(t, e == first && j == (swiglu ? 0 : 1) ? LOOM_ROLE_EXPERTS_FC_W : LOOM_ROLE_FUSED, named(&n, "model.layers.", i, what),
+          2, fe, h, expert);
     }
-  for (int e = 0; e < c->moe.experts; e++) {
+  for (int e = first; e < end; e++) {
     snprintf(what, sizeof what, "mlp.experts.%d.down_proj.weight", e);
-    add(t, e ? LOOM_ROLE_FUSED : LOOM_ROLE_EXPERTS_PROJ_W, named(&n, "model.layers.", i, what), 2, h, fe, resid);
+    add(t, e > first ? LOOM_ROLE_FUSED : LOOM_ROLE_EXPERTS_PROJ_W, named(&n, "model.layers.", i, what), 2, h, fe, resid);
   }
   if (fs == 0) return;
   const projection gate_up[2] = {{"mlp.shared_expert.gate_proj", fs, weight(0.02f, 0, 1)},

@@ -36,13 +36,16 @@ typedef struct {
   loom_shard_layout layout;  /* global shape and how tensor parallelism splits it */
   bool tp_replicated;        /* identical on every TP rank (norms, wpe, row-parallel biases) */
   bool shared;               /* lives on more than one pipeline stage (tied wte) */
+  bool expert;               /* a MoE expert's: under expert parallelism its grads sum over the expert-data-parallel
+                              * group, and the expert-parallel group's ranks hold different ones */
 } loom_param_meta;
 
 /* Where a tensor's grad enters the squared grad norm on this TP rank: 0 in
  * the part summed over the TP group, 1 in the part every rank holds alike
- * (counted once), -1 nowhere (a replicated key/value head that its first
- * replica counts). */
+ * (counted once), 3 in the part summed over the expert-parallel group, -1
+ * nowhere (a replicated key/value head that its first replica counts). */
 static inline int loom_param_norm_part(const loom_param_meta *m, int tp_rank, int tp_size) {
+  if (m->expert && !m->tp_replicated) return 3; /* an expert-parallel rank's own experts: summed over the EP group */
   if (m->tp_replicated) return 1;
   return loom_shard_primary(&m->layout, tp_rank, tp_size) ? 0 : -1;
 }

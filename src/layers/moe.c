@@ -4,7 +4,18 @@
 #include "core/check.h"
 #include "layers/moe.h"
 
-loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n) {
+int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq) {
+  const int64_t k = cfg->moe.topk, ep = cfg->moe.ep > 1 ? cfg->moe.ep : 1, local = loom_gpt_local_experts(cfg);
+  if (ep == 1) return n * k;
+  int64_t most = ep * n * (k < local ? k : local);
+  const loom_moe_dispatch_config d = {.experts = cfg->moe.experts, .topk = cfg->moe.topk,
+                                      .capacity_factor = cfg->moe.capacity_factor};
+  const int64_t cap = loom_moe_capacity(&d, (int)(n * seq)), per = cap < n ? cap : n;
+  if (cfg->moe.capacity_factor > 0.0 && ep * local * per < most) most = ep * local * per;
+  return most;
+}
+
+loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq) {
   const loom_moe_config *m = &cfg->moe;
   return (loom_moe_shape){
       .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_expert_ffn(cfg), .mlp = cfg->mlp,
@@ -12,11 +23,12 @@ loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n) {
                  .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff},
       .dispatch = {.experts = m->experts, .topk = m->topk, .capacity_factor = m->capacity_factor,
                    .drop_by_position = m->drop_by_position},
-      .bf16 = cfg->bf16};
+      .bf16 = cfg->bf16, .ep = m->ep > 1 ? m->ep : 1, .ep_rank = m->ep > 1 ? m->ep_rank : 0,
+      .local_experts = loom_gpt_local_experts(cfg), .recv_rows = loom_moe_recv_rows(cfg, n, seq)};
 }
 
-loom_moe_host *loom_moe_host_new(int n, int experts, int topk) {
-  const size_t E = (size_t)experts, nk = (size_t)n * (size_t)topk, nE = (size_t)n * E;
+loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep) {
+  const size_t E = (size_t)experts, nk = (size_t)n * (size_t)topk, nE = (size_t)n * E, P = (size_t)(ep > 1 ? ep : 1);
   loom_moe_host *h = loom_xcalloc(1, sizeof *h, "routing");
   h->routing = (loom_moe_routing){.experts = loom_xmalloc(nk * sizeof(int) + 1, "routing"),
                                   .weights = loom_xmalloc(nk * sizeof(float) + 1, "routing"),
@@ -28,6 +40,9 @@ loom_moe_host *loom_moe_host_new(int n, int experts, int topk) {
                                     .slots = loom_xmalloc(nk * sizeof(int) + 1, "routing")};
   h->counts = loom_xmalloc(E * sizeof(int), "routing");
   h->logits = loom_xmalloc(nE * sizeof(float) + 1, "routing");
+  h->send_rows = loom_xmalloc(P * sizeof(size_t), "routing");
+  h->recv_rows = loom_xmalloc(P * sizeof(size_t), "routing");
+  h->peer_counts = loom_xmalloc(P * E * sizeof(int64_t), "routing");
   return h;
 }
 
@@ -35,7 +50,7 @@ void loom_moe_host_free(loom_moe_host *h) {
   if (!h) return;
   free(h->routing.experts), free(h->routing.weights), free(h->routing.load), free(h->routing.aux_load);
   free(h->routing.score_sum), free(h->dispatch.counts), free(h->dispatch.rows), free(h->dispatch.slots);
-  free(h->counts), free(h->logits), free(h);
+  free(h->counts), free(h->logits), free(h->send_rows), free(h->recv_rows), free(h->peer_counts), free(h);
 }
 
 static void to_bf16_values(const loom_moe_shape *s, const loom_ops *ops, float *x, size_t n) {
@@ -102,41 +117,110 @@ static void plan_dispatch(loom_moe_host *h, const loom_moe_shape *shape, loom_co
   free(experts), free(rows), free(slots), free(weights), free(counts);
 }
 
+/* Expert parallelism: who sends whom how many rows. Every peer's rows
+ * per expert are gathered; this rank sends peer p its rows for p's
+ * experts and receives from q q's rows for its own. The rows it receives
+ * lie peer by peer, each peer's expert by expert; its experts take them
+ * expert by expert, each expert's peer by peer: sort[i] is the received row
+ * of expert row i, unsort the inverse. */
+static void plan_exchange(loom_moe_host *h, const loom_moe_shape *shape, loom_comm *ep, int *sort, int *unsort) {
+  const int P = shape->ep, E = shape->router.experts, El = shape->local_experts, me = shape->ep_rank;
+  loom_comm_allgather_typed(ep, h->dispatch.counts, h->peer_counts, (size_t)E, LOOM_DTYPE_I64);
+  const int64_t *mine = h->peer_counts + (size_t)me * E;
+  for (int p = 0; p < P; p++) {
+    h->send_rows[p] = h->recv_rows[p] = 0;
+    for (int j = 0; j < El; j++) {
+      h->send_rows[p] += (size_t)mine[p * El + j];
+      h->recv_rows[p] += (size_t)h->peer_counts[(size_t)p * E + me * El + j];
+    }
+  }
+  int64_t at = 0;
+  for (int j = 0; j < El; j++) {
+    int64_t rows = 0;
+    for (int q = 0, base = 0; q < P; base += (int)h->recv_rows[q], q++) {
+      int64_t offset = base; /* expert j's rows from peer q: after q's rows for this rank's earlier experts */
+      for (int i = 0; i < j; i++) offset += h->peer_counts[(size_t)q * E + me * El + i];
+      const int64_t n = h->peer_counts[(size_t)q * E + me * El + j];
+      for (int64_t r = 0; r < n; r++) sort[at + rows + r] = (int)(offset + r);
+      rows += n;
+    }
+    h->counts[j] = (int)rows;
+    at += rows;
+  }
+  h->received = at;
+  LOOM_CHECK(at <= shape->recv_rows, "an expert-parallel rank takes at most its bound's rows");
+  for (int64_t i = 0; i < at; i++) unsort[sort[i]] = (int)i;
+}
+
+/* Rows of width h between the EP group's ranks: send's rows to each peer
+ * (send_rows), recv's from each (recv_rows); bf16 runs move their bf16
+ * values as bf16. */
+static void exchange(const loom_moe_shape *shape, const loom_moe_scratch *s, loom_comm *ep, float *recv, const float *send,
+                     const size_t *send_rows, const size_t *recv_rows, const loom_ops *ops) {
+  const int P = shape->ep, h = shape->hidden;
+  size_t sc[P], rc[P], out = 0, in = 0;
+  for (int p = 0; p < P; p++) sc[p] = send_rows[p] * (size_t)h, rc[p] = recv_rows[p] * (size_t)h, out += sc[p], in += rc[p];
+  if (!shape->bf16) {
+    loom_comm_alltoallv_typed(ep, send, sc, recv, rc, LOOM_DTYPE_F32);
+    return;
+  }
+  ops->to_bf16(ops, s->wire, send, out);
+  loom_comm_alltoallv_typed(ep, s->wire, sc, s->wire2, rc, LOOM_DTYPE_BF16);
+  ops->from_bf16(ops, recv, s->wire2, in);
+}
+
 loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
-                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_comm *group,
+                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_moe_groups g,
                                   const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
-  const int fc = loom_moe_fc_width(shape);
+  const int fc = loom_moe_fc_width(shape), El = shape->local_experts;
   const loom_allocator *mem = ops->mem;
   loom_moe_host *host = a->host;
-  (void)s;
   if (a->x != x) mem->copy(mem, a->x, x, (size_t)n * h * sizeof(float));
   /* The router, in fp32; its choices and the dispatch on the host. */
   ops->matmul_forward(ops, a->logits, a->x, w->router, NULL, n, h, E);
   mem->to_host(mem, host->logits, a->logits, (size_t)n * E * sizeof(float));
   loom_moe_routing *r = &host->routing;
   loom_moe_route(&shape->router, host->logits, n, r);
-  const int ranks = group ? loom_comm_size(group) : 1;
+  const int ranks = loom_comm_size(g.seq);
   if (ranks > 1) { /* the load-balancing loss counts the whole micro-batch's choices */
-    loom_comm_allreduce_typed(group, r->aux_load, (size_t)E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+    loom_comm_allreduce_typed(g.seq, r->aux_load, (size_t)E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
     loom_moe_route_losses(&shape->router, (int64_t)n * ranks, r);
   }
-  plan_dispatch(host, shape, group);
+  plan_dispatch(host, shape, g.seq);
   const loom_moe_dispatch *d = &host->dispatch;
-  for (int e = 0; e < E; e++) host->counts[e] = (int)d->counts[e];
   const int M = (int)d->rows_total;
   mem->from_host(mem, a->weights, r->weights, (size_t)n * k * sizeof(float));
   mem->from_host(mem, a->slots, d->slots, (size_t)n * k * sizeof(int));
   if (M > 0) mem->from_host(mem, a->rows, d->rows, (size_t)M * sizeof(int));
+  /* The rows into this rank's experts' order: in place without expert parallelism, else through the group. */
+  int R = M;
+  if (shape->ep == 1) {
+    for (int e = 0; e < E; e++) host->counts[e] = (int)d->counts[e];
+    ops->rows_gather(ops, a->perm, a->x, a->rows, M, h);
+  } else {
+    int *sort = loom_xmalloc(2 * (size_t)shape->recv_rows * sizeof(int) + 1, "expert rows"), *unsort = sort + shape->recv_rows;
+    plan_exchange(host, shape, g.ep, sort, unsort);
+    R = (int)host->received;
+    if (R > 0) mem->from_host(mem, a->sort, sort, (size_t)R * sizeof(int)), mem->from_host(mem, a->unsort, unsort, (size_t)R * sizeof(int));
+    free(sort);
+    ops->rows_gather(ops, s->send, a->x, a->rows, M, h);
+    exchange(shape, s, g.ep, s->recv, s->send, host->send_rows, host->recv_rows, ops);
+    ops->rows_gather(ops, a->perm, s->recv, a->sort, R, h);
+  }
   /* The experts over their rows. */
-  ops->rows_gather(ops, a->perm, a->x, a->rows, M, h);
-  experts_forward(ops, a->fc, a->perm, w->fc, host->counts, E, h, fc);
-  to_bf16_values(shape, ops, a->fc, (size_t)M * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->act, a->fc, M, f);
-  else ops->gelu_forward(ops, a->act, a->fc, (size_t)M * f);
-  to_bf16_values(shape, ops, a->act, (size_t)M * f);
-  experts_forward(ops, a->y, a->act, w->proj, host->counts, E, f, h);
-  to_bf16_values(shape, ops, a->y, (size_t)M * h);
+  float *y = shape->ep == 1 ? a->y : s->recv;
+  experts_forward(ops, a->fc, a->perm, w->fc, host->counts, El, h, fc);
+  to_bf16_values(shape, ops, a->fc, (size_t)R * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->act, a->fc, R, f);
+  else ops->gelu_forward(ops, a->act, a->fc, (size_t)R * f);
+  to_bf16_values(shape, ops, a->act, (size_t)R * f);
+  experts_forward(ops, y, a->act, w->proj, host->counts, El, f, h);
+  to_bf16_values(shape, ops, y, (size_t)R * h);
+  if (shape->ep > 1) { /* back in arrival order, and home */
+    ops->rows_gather(ops, s->recv2, s->recv, a->unsort, R, h);
+    exchange(shape, s, g.ep, a->y, s->recv2, host->recv_rows, host->send_rows, ops);
+  }
   ops->rows_combine(ops, out, a->y, a->slots, a->weights, n, k, h);
   to_bf16_values(shape, ops, out, (size_t)n * h);
   return (loom_moe_outcome){.aux_loss = r->aux_loss, .z_loss = r->z_loss, .dropped = d->dropped};
@@ -144,33 +228,45 @@ loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, f
 
 void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
-                       float loss_weight, loom_comm *group, const loom_ops *ops) {
+                       float loss_weight, loom_moe_groups g, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
-  const int fc = loom_moe_fc_width(shape);
+  const int fc = loom_moe_fc_width(shape), El = shape->local_experts;
   const loom_allocator *mem = ops->mem;
   const loom_moe_host *host = a->host;
-  const int M = (int)host->dispatch.rows_total, ranks = group ? loom_comm_size(group) : 1;
-  /* The combine: each row's grad, and each choice's weight's. */
+  const int M = (int)host->dispatch.rows_total, R = shape->ep == 1 ? M : (int)host->received;
+  /* The combine: each row's grad, and each choice's weight's; sent to the rows' experts. */
   ops->rows_combine_backward(ops, s->d_y, s->d_weights, dout, a->y, a->slots, a->weights, n, k, h);
   to_bf16_values(shape, ops, s->d_y, (size_t)M * h);
+  const float *d_y = s->d_y;
+  if (shape->ep > 1) {
+    exchange(shape, s, g.ep, s->recv, s->d_y, host->send_rows, host->recv_rows, ops);
+    ops->rows_gather(ops, s->recv2, s->recv, a->sort, R, h);
+    d_y = s->recv2;
+  }
   /* The experts, down then up. */
-  loom_mem_zero(mem, s->d_act, (size_t)M * f);
-  experts_backward(ops, s->d_act, d_proj, s->d_y, a->act, w->proj, host->counts, E, f, h);
-  to_bf16_values(shape, ops, s->d_act, (size_t)M * f);
-  loom_mem_zero(mem, s->d_fc, (size_t)M * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_act, a->fc, M, f);
-  else ops->gelu_backward(ops, s->d_fc, s->d_act, a->fc, (size_t)M * f);
-  to_bf16_values(shape, ops, s->d_fc, (size_t)M * fc);
-  loom_mem_zero(mem, s->d_perm, (size_t)M * h);
-  experts_backward(ops, s->d_perm, d_fc, s->d_fc, a->perm, w->fc, host->counts, E, h, fc);
-  to_bf16_values(shape, ops, s->d_perm, (size_t)M * h);
-  /* The gather's backward: each token's rows summed back (a combine without weights). */
-  ops->rows_combine(ops, s->d_x, s->d_perm, a->slots, NULL, n, k, h);
+  loom_mem_zero(mem, s->d_act, (size_t)R * f);
+  experts_backward(ops, s->d_act, d_proj, d_y, a->act, w->proj, host->counts, El, f, h);
+  to_bf16_values(shape, ops, s->d_act, (size_t)R * f);
+  loom_mem_zero(mem, s->d_fc, (size_t)R * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_act, a->fc, R, f);
+  else ops->gelu_backward(ops, s->d_fc, s->d_act, a->fc, (size_t)R * f);
+  to_bf16_values(shape, ops, s->d_fc, (size_t)R * fc);
+  loom_mem_zero(mem, s->d_perm, (size_t)R * h);
+  experts_backward(ops, s->d_perm, d_fc, s->d_fc, a->perm, w->fc, host->counts, El, h, fc);
+  to_bf16_values(shape, ops, s->d_perm, (size_t)R * h);
+  /* Home again (expert parallelism), then the gather's backward: each token's rows summed (a combine without weights). */
+  const float *d_rows = s->d_perm;
+  if (shape->ep > 1) {
+    ops->rows_gather(ops, s->recv, s->d_perm, a->unsort, R, h);
+    exchange(shape, s, g.ep, s->d_y, s->recv, host->recv_rows, host->send_rows, ops);
+    d_rows = s->d_y;
+  }
+  ops->rows_combine(ops, s->d_x, d_rows, a->slots, NULL, n, k, h);
   /* The router: the weights' grads and the losses' through its backward, on the host. */
   float *dw = s->host, *dlogits = s->host + (size_t)n * k;
   mem->to_host(mem, dw, s->d_weights, (size_t)n * k * sizeof(float));
-  loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * ranks, &host->routing, dw, loss_weight,
-                          loss_weight, dlogits);
+  loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * loom_comm_size(g.seq), &host->routing, dw,
+                          loss_weight, loss_weight, dlogits);
   mem->from_host(mem, s->d_logits, dlogits, (size_t)n * E * sizeof(float));
   ops->matmul_backward(ops, s->d_x, d_router, NULL, s->d_logits, a->x, w->router, n, h, E);
   to_bf16_values(shape, ops, s->d_x, (size_t)n * h);

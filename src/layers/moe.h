@@ -4,8 +4,15 @@
  * losses), the rows each expert receives (moe_dispatch.h), the tokens
  * gathered into those rows (rows_gather), each expert's MLP over its rows
  * (grouped GEMMs, GELU or SwiGLU between them), and the rows weighted back
- * into token order (rows_combine). Every expert of the layer is on this
- * rank.
+ * into token order (rows_combine).
+ *
+ * Under expert parallelism each rank of the EP group holds E / ep of the
+ * experts and routes its own tokens: each expert's rows go to the rank
+ * holding it in an all-to-all-v (the counts per expert gathered first), are
+ * sorted there by expert (each expert's rows from every peer together, peer
+ * by peer), computed, put back in arrival order and returned the same way.
+ * In bf16 runs the rows travel as bf16 (they hold bf16 values: nothing is
+ * lost).
  *
  * Under sequence parallelism each rank routes its own n of the micro-batch's
  * tokens, and everything that reads the whole micro-batch sums over the
@@ -34,13 +41,23 @@ typedef struct {
   loom_moe_router router;
   loom_moe_dispatch_config dispatch;
   bool bf16;         /* round every activation and activation grad to bf16 values; the experts' GEMMs run in bf16 */
+  int ep, ep_rank;   /* the expert-parallel group's size (1: every expert here) and this rank's place in it */
+  int local_experts; /* E / ep, experts [ep_rank x local_experts, ...) */
+  int64_t recv_rows; /* the most rows this rank's experts take (loom_moe_recv_rows) */
 } loom_moe_shape;
 
+/* The most rows one rank's experts take in a micro-batch of cfg's model
+ * (placed by loom_gpt_config_for_ep) whose ranks each route n tokens, seq
+ * of them sharing a micro-batch along the sequence: every choice's (n k)
+ * without expert parallelism; with it, every peer's tokens routed here,
+ * ep n min(k, E / ep), or with a capacity factor ep (E / ep) min(n,
+ * capacity), whichever is less. The memory model's bound, and the buffers'. */
+int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq);
 /* The shape of a layer of cfg's model routing n tokens per rank. */
-loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n);
+loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq);
 /* Floats in one row of the experts' first GEMM's output (SwiGLU: gate|up). */
 static inline int loom_moe_fc_width(const loom_moe_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
-/* Rows the experts' buffers hold: every choice's, n k (dropless, the most). */
+/* Rows a rank dispatches: every choice's, n k (dropless, the most). */
 static inline int64_t loom_moe_rows(const loom_moe_shape *s) { return (int64_t)s->n * s->router.topk; }
 
 /* One micro-batch's routing in one layer, in host memory: the router's
@@ -48,33 +65,46 @@ static inline int64_t loom_moe_rows(const loom_moe_shape *s) { return (int64_t)s
 typedef struct {
   loom_moe_routing routing;
   loom_moe_dispatch dispatch;
-  int *counts;    /* [E] each expert's rows, as the grouped GEMMs take them */
+  int *counts;    /* [local experts] each of this rank's experts' rows, as the grouped GEMMs take them */
   float *logits;  /* [n, E] the router's logits */
+  /* Expert parallelism: rows sent to and received from each peer, and every
+   * peer's rows per expert ([ep, E], row q: peer q's dispatch counts). */
+  size_t *send_rows, *recv_rows;
+  int64_t *peer_counts;
+  int64_t received;  /* rows this rank's experts took */
 } loom_moe_host;
 
-/* Allocates (and frees) one: for n tokens routed to their top-k of E experts. */
-loom_moe_host *loom_moe_host_new(int n, int experts, int topk);
+/* Allocates (and frees) one: for n tokens routed to their top-k of E
+ * experts over an expert-parallel group of ep. */
+loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep);
 void loom_moe_host_free(loom_moe_host *h);
 
-/* What backward reads, in the backend's memory (M = loom_moe_rows rows). */
+/* What backward reads, in the backend's memory (M = loom_moe_rows rows
+ * dispatched, R = recv_rows rows taken). */
 typedef struct {
   float *x;        /* [n, h] the layer's input */
   float *logits;   /* [n, E] */
   float *weights;  /* [n, k] each choice's combine weight */
   int *slots;      /* [n, k] each choice's row, -1 where dropped */
-  int *rows;       /* [M] each row's token */
-  float *perm;     /* [M, h] the experts' inputs */
-  float *fc;       /* [M, fc width] before the activation */
-  float *act;      /* [M, ffn] after it */
-  float *y;        /* [M, h] the experts' outputs */
+  int *rows;       /* [M] each dispatched row's token */
+  int *sort;       /* [R] expert parallelism: the received row each of this rank's experts' rows is */
+  int *unsort;     /* [R] and back: the expert row each received row is */
+  float *perm;     /* [R, h] this rank's experts' inputs, expert by expert */
+  float *fc;       /* [R, fc width] before the activation */
+  float *act;      /* [R, ffn] after it */
+  float *y;        /* [M, h] the experts' outputs, in dispatch order */
   loom_moe_host *host;
 } loom_moe_acts;
 
 /* Scratch; contents never outlive a call. */
 typedef struct {
-  float *d_y, *d_perm;  /* [M, h] */
-  float *d_act;         /* [M, ffn] */
-  float *d_fc;          /* [M, fc width] */
+  float *d_y;           /* [M, h] */
+  float *d_perm;        /* [R, h] */
+  float *d_act;         /* [R, ffn] */
+  float *d_fc;          /* [R, fc width] */
+  float *recv, *recv2;  /* [R, h] expert parallelism: rows as they arrive, and as they leave */
+  float *send;          /* [M, h] expert parallelism: rows as they are sent */
+  uint16_t *wire, *wire2; /* [max(M, R), h] bf16 runs with expert parallelism: the rows in transit */
   float *d_weights;     /* [n, k] */
   float *d_logits;      /* [n, E] */
   float *d_x;           /* [n, h] */
@@ -95,16 +125,21 @@ typedef struct {
   int64_t dropped;         /* choices dropped over capacity, of this rank's tokens */
 } loom_moe_outcome;
 
-/* out[n, h] = the layer's output for x[n, h] (x saved in a). group: the
- * ranks sharing the micro-batch along the sequence (NULL: none). */
+/* The groups a call talks to (NULL: none): the ranks sharing the
+ * micro-batch along the sequence, and the expert-parallel group. */
+typedef struct {
+  loom_comm *seq, *ep;
+} loom_moe_groups;
+
+/* out[n, h] = the layer's output for x[n, h] (x saved in a). */
 loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
-                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_comm *group,
+                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_moe_groups g,
                                   const loom_ops *ops);
 /* dx[n, h] += the grad of x, from dout[n, h] and the router losses weighted
  * by loss_weight (their share of the step's loss); the weight grads
  * (d_router [E, h], d_fc and d_proj as the experts' views) are added to. */
 void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
-                       float loss_weight, loom_comm *group, const loom_ops *ops);
+                       float loss_weight, loom_moe_groups g, const loom_ops *ops);
 
 #endif

@@ -1,5 +1,6 @@
 /* Rank coordinates, layout checks and group construction. */
 #include <string.h>
+#include "core/check.h"
 #include "tensor_parallel/parallel_state.h"
 
 loom_parallel loom_parallel_serial(void) {
@@ -50,6 +51,7 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
   ps->tp = tp;
   ps->pp = pp;
   ps->dp = dp;
+  ps->ep = ps->edp = 1;
   ps->world_group = world;
   ps->rank = loom_comm_rank(world);
   ps->world = loom_comm_size(world);
@@ -65,7 +67,18 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
   else loom_comm_free(embed);
 }
 
+void loom_parallel_init_experts(loom_parallel *ps, int ep) {
+  loom_expert_coords c = {0};
+  LOOM_CHECK(loom_expert_coords_of(ps->rank, ps->tp, ps->dp, 1, ep, &c) == 0, "ep divides tp x dp (the plan's rule)");
+  ps->ep = ep, ps->edp = c.edp, ps->ep_rank = c.ep_rank, ps->edp_rank = c.edp_rank;
+  if (ep <= 1) return;
+  ps->ep_group = loom_comm_split(ps->world_group, c.edp_rank + c.edp * ps->pp_rank, c.ep_rank, "ep");
+  ps->edp_group = loom_comm_split(ps->world_group, c.ep_rank + ep * ps->pp_rank, c.edp_rank, "edp");
+}
+
 void loom_parallel_free(loom_parallel *ps) {
+  if (ps->ep_group) loom_comm_free(ps->ep_group);
+  if (ps->edp_group) loom_comm_free(ps->edp_group);
   loom_comm_free(ps->tp_group);
   loom_comm_free(ps->dp_group);
   loom_comm_free(ps->pp_group);
@@ -75,5 +88,5 @@ void loom_parallel_free(loom_parallel *ps) {
 
 loom_tp loom_tp_of(const loom_parallel *ps) {
   return (loom_tp){.group = ps->tp > 1 ? ps->tp_group : NULL, .rank = ps->tp_rank, .size = ps->tp,
-                   .sequence_parallel = ps->sequence_parallel && ps->tp > 1};
+                   .sequence_parallel = ps->sequence_parallel && ps->tp > 1, .ep_group = ps->ep_group};
 }

@@ -18,6 +18,12 @@ typedef struct {
   loom_comm *world_group;         /* not owned */
   loom_comm *tp_group, *dp_group, *pp_group;
   loom_comm *embed_group;         /* first and last pipeline stage of this (tp, dp); NULL elsewhere */
+  /* A MoE model's expert grid (loom_parallel_init_experts; ep 1: every
+   * expert on every rank, no groups): the expert-parallel group whose ranks
+   * hold different experts and exchange their tokens, and the
+   * expert-data-parallel group of the ranks holding the same experts. */
+  int ep, edp, ep_rank, edp_rank;
+  loom_comm *ep_group, *edp_group;
 } loom_parallel;
 
 /* What a tensor-parallel layer needs: its group, and whether activations
@@ -27,6 +33,7 @@ typedef struct {
   int rank, size;
   bool sequence_parallel;
   loom_comm *kv_group; /* the ranks sharing this rank's replicated key/value heads (tp > kv_heads), else NULL; the model's */
+  loom_comm *ep_group; /* a MoE model's expert-parallel group (NULL: every expert on this rank), not owned */
   /* bf16 runs with tp > 1: where the regions' collectives pack what they
    * move, loom_tp_staging_elems of it (the model's); NULL: they move fp32. */
   uint16_t *staging;
@@ -62,6 +69,9 @@ loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence
                                 int heads, int hidden, int ffn, int T, loom_error *err);
 /* Builds this rank's groups by splitting `world` (collective over world). */
 void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel);
+/* Adds the expert grid of expert-parallel size ep (ep 1: none; expert
+ * tensor parallelism 1) to ps (collective over its world). */
+void loom_parallel_init_experts(loom_parallel *ps, int ep);
 void loom_parallel_free(loom_parallel *ps);
 
 #endif
