@@ -151,9 +151,23 @@ START_TEST(bad_flags) {
               "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
               2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
-  refusal_row(&t, run("train", "--model", "moe-tiny", "--expert-model-parallel-size", "2", NULL), 2,
-              "loom train: --expert-model-parallel-size is Megatron-LM's flag, which loom does not implement (see loom train "
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--expert-tensor-parallel-size", "2", NULL), 2,
+              "loom train: --expert-tensor-parallel-size is Megatron-LM's flag, which loom does not implement (see loom train "
               "--help for the Megatron-LM names it takes)");
+  /* Expert parallelism's rules. */
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--ep", "2", NULL), 2,
+              "loom train: --ep 2: must divide --tp x --dp (1), the ranks of a stage a MoE layer regroups; pick such an ep");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--dp", "2", "--ep", "3", NULL), 2,
+              "loom train: --ep 3: must divide --num-experts (8), each rank holding as many; pick such an ep");
+  refusal_row(&t, run("train", "--dp", "2", "--expert-model-parallel-size", "2", NULL), 2,
+              "loom train: --ep 2: expert parallelism splits a Mixture of Experts' experts, but the model is dense; give it "
+              "--num-experts or drop ep");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--zero", "1", NULL), 2,
+              "loom train: --ep 2 with --zero 1: ZeRO does not yet shard the experts over their expert-data-parallel group; "
+              "drop zero_stage or ep");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--tp", "2", "--ep", "2", NULL), 2,
+              "loom train: --ep 2 with --tp 2: each rank of an expert-parallel group sends its own tokens, so the tp ranks "
+              "must split the sequence; set --sequence-parallel (as Megatron-Core requires)");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   refusal_row(&t, run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");
@@ -617,7 +631,8 @@ START_TEST(megatron_flag_names) {
       {"--recompute-granularity", "--recompute", NULL}, {"--use-distributed-optimizer", "--zero", "1"},
       {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
       {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
-      {"--add-qkv-bias", "--qkv-bias", ""}, {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+      {"--add-qkv-bias", "--qkv-bias", ""}, {"--expert-model-parallel-size", "--ep", NULL},
+      {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
       {"--log-throughput", NULL, NULL}, {"--log-timers-to-tensorboard", NULL, NULL},
       {"--log-memory-to-tensorboard", NULL, NULL},
   };

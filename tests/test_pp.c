@@ -1,11 +1,12 @@
-/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP MODEL;
+/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP MODEL [EP];
  * world = TP * PP * DP; ZERO 1-3 is the ZeRO stage, whose measured Adam
  * state must be 1/dp of the full amount, and also the grads under ZeRO-2
  * and the weights under ZeRO-3; SP 1 turns on sequence parallelism; MODEL
  * is gpt (GPT-2's architecture), llama (RMSNorm, SwiGLU, RoPE, no biases,
  * an untied head, 8 query heads sharing 2 key/value heads), mqa (the same
  * with one key/value head, replicated over the TP ranks) or moe (llama's
- * with its MLPs Mixtures of 4 experts, top 2, and a shared expert)): for every
+ * with its MLPs Mixtures of 4 experts, top 2, and a shared expert; EP its
+ * expert-parallel size)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -24,7 +25,7 @@
 #include "test_util.h"
 
 static loom_comm *g_world;
-static int g_tp, g_pp, g_dp, g_zero, g_sp;
+static int g_tp, g_pp, g_dp, g_zero, g_sp, g_ep = 1;
 
 enum { STEPS = 10, LAYERS = 8, MB = 2 };
 
@@ -110,6 +111,7 @@ static loom_plan *plan_built(const pp_case *pc, int tp, int pp, int dp, bool sp)
   const loom_gpt_config cfg = tiny();
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
+                               .ep = (tp * dp) % g_ep == 0 ? g_ep : 1, /* the serial reference: none */
                                .recompute_layers = pc->recompute_layers, .recompute_group = pc->recompute_group,
                                .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,
@@ -554,6 +556,7 @@ int main(int argc, char **argv) {
   g_zero = argc > 3 ? atoi(argv[3]) : 0;
   g_sp = argc > 4 ? atoi(argv[4]) : 0;
   g_model = argc > 5 ? argv[5] : "gpt";
+  g_ep = argc > 6 ? atoi(argv[6]) : 1;
   g_pp = g_world->size / (g_tp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");

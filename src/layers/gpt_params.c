@@ -529,11 +529,18 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
   return m->count;
 }
 
-size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
-  const size_t total = loom_gpt_param_count(cfg, NULL, 1);
-  if (!loom_gpt_is_moe(cfg)) return total;
+size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range) {
+  if (!loom_gpt_is_moe(cfg)) return 0;
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_expert_ffn(cfg);
-  return total - (size_t)cfg->layers * (size_t)(cfg->moe.experts - cfg->moe.topk) * expert;
+  return (size_t)(r.layer_end - r.layer_begin) * (size_t)loom_gpt_local_experts(cfg) * expert;
+}
+
+size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
+  const loom_gpt_config whole = loom_gpt_config_for_ep(cfg, 1, 0);
+  const size_t total = loom_gpt_param_count(&whole, NULL, 1);
+  if (!loom_gpt_is_moe(cfg)) return total;
+  return total - loom_gpt_expert_param_count(&whole, NULL) / (size_t)cfg->moe.experts * (size_t)(cfg->moe.experts - cfg->moe.topk);
 }
 
 size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {

@@ -214,6 +214,9 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
  * less, in each layer, the experts beyond its top-k (Mixtral 8x7B's 12.9B
  * of 46.7B). */
 size_t loom_gpt_active_param_count(const loom_gpt_config *cfg);
+/* Of the stage `range`'s (NULL: every layer's) elements, its routed
+ * experts' on one rank (those of loom_gpt_local_experts). */
+size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range);
 /* Of those, the ones every TP rank holds alike (tp_replicated: norms, wpe,
  * row-parallel biases), whose grads sequence parallelism sums over the TP
  * group each step (loom_gpt_sum_replicated_grad). */

@@ -51,18 +51,36 @@ static void finish_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi, loom_re
   if (pipe->grad16) m->ops->from_bf16(m->ops, (float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
 }
 
-/* The same, blocking (MPI tunes its blocking all-reduce better). */
-static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
+/* The same over `group`, blocking (MPI tunes its blocking all-reduce better). */
+static void sum_over(loom_pipeline *pipe, loom_comm *group, int c, size_t lo, size_t hi) {
   if (hi <= lo) return;
   loom_gpt *m = &pipe->chunks[c];
   float *g = (float *)m->p.grads.base + lo;
   if (!pipe->grad16) {
-    loom_comm_allreduce(pipe->ps->dp_group, g, hi - lo, LOOM_REDUCE_SUM);
+    loom_comm_allreduce(group, g, hi - lo, LOOM_REDUCE_SUM);
     return;
   }
   m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
-  loom_comm_allreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
+  loom_comm_allreduce_typed(group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
   m->ops->from_bf16(m->ops, g, pipe->grad16[c] + lo, hi - lo);
+}
+
+/* Sums chunk c's grads [lo, hi) over the replicas: over dp, and under
+ * expert parallelism each run of expert tensors over the ranks holding the
+ * same experts (the expert-data-parallel group) instead. */
+static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
+  if (pipe->ps->ep <= 1) {
+    sum_over(pipe, pipe->ps->dp_group, c, lo, hi);
+    return;
+  }
+  const loom_gpt_params *p = &pipe->chunks[c].p;
+  for (int k = 0, run = 0; k <= p->grads.count; k++) { /* runs [run, k) of tensors alike */
+    if (k < p->grads.count && p->meta[k].expert == p->meta[run].expert) continue;
+    const size_t a = loom_buffer_offset(&p->grads, run), b = k < p->grads.count ? loom_buffer_offset(&p->grads, k) : p->grads.numel;
+    const size_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+    sum_over(pipe, p->meta[run].expert ? pipe->ps->edp_group : pipe->ps->dp_group, c, from, to);
+    run = k;
+  }
 }
 
 void loom_grad_sync_layer_done(loom_pipeline *pipe, loom_gpt *m, int l) {
@@ -85,7 +103,9 @@ void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *w
 }
 
 bool loom_grad_sync_buckets(const loom_pipeline *pipe) {
-  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
+  /* Under expert parallelism a layer's grads cross two groups: summed at the end. */
+  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1 &&
+         pipe->ps->ep <= 1;
 }
 
 /* Sums grads over the replicas: finishes the buckets started during backward

@@ -22,6 +22,12 @@ void loom_train_describe(const loom_trainer *tr) {
                 ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
                 loom_schedule_kind_name(tr->plan->schedule), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
                 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(p)));
+  if (ps->ep > 1) {
+    const loom_gpt_config *c = &loom_pipeline_chunk(p, 0)->p.cfg;
+    loom_log_info("experts: ep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank; their tokens "
+                  "cross the ep group in all-to-alls, their grads the expert-data-parallel group (after backward)", ps->ep,
+                  ps->edp, loom_gpt_local_experts(c), c->moe.experts);
+  }
   const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, LOOM_RECOMPUTE_PLAN),
                full = loom_plan_rank_activations(tr->plan, ps->pp_rank, 0);
   const loom_gpt *c0 = loom_pipeline_chunk(p, 0);

@@ -74,7 +74,10 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   const int tp = p->parallel->tp;
   cfg = loom_gpt_config_for_tp(&cfg, tp);
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
-    const double whole = (double)loom_gpt_param_count(&cfg, range, tp);
+    /* but the experts of an expert-parallel run, which cross their expert-data-parallel group instead */
+    const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, p->parallel->ep, 0);
+    const double whole = (double)loom_gpt_param_count(&placed, range, tp) -
+                         (p->parallel->ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
     return (loom_compression_cost){0.0, whole, whole, 0.0};
   }
   loom_stage_range edges, one;

@@ -91,7 +91,7 @@ int loom_plan_rank_buffers(const loom_plan *p, int pp_rank, int *slots, int *def
 
 loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *range) {
   loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
+  loom_plan_rank_config(p, &cfg);
   return loom_gpt_zero_cut(&cfg, range, p->parallel->tp, p->parallel->dp, p->parallel->zero_stage);
 }
 
@@ -138,7 +138,7 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, i
   loom_memory out = {0};
   const Loom__Parallel *l = p->parallel;
   loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
+  loom_plan_rank_config(p, &cfg);
   const int stage = loom_plan_stage_index(p, pp_rank, chunk);
   const loom_stage_range range = loom_plan_stage_range(p, stage);
   const loom_recompute recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute(p, stage)

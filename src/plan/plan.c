@@ -101,6 +101,11 @@ void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
   cfg->bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
 }
 
+void loom_plan_rank_config(const loom_plan *p, loom_gpt_config *cfg) {
+  loom_plan_model_config(p, cfg);
+  *cfg = loom_gpt_config_for_ep(cfg, p->parallel->ep, 0);
+}
+
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {
   const loom_status st = loom_schedule_build(s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks,
                                              loom_plan_micro_batches(p), err);

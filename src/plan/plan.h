@@ -20,6 +20,7 @@ typedef struct {
   loom_gpt_config model; /* finished (loom_gpt_config_finish); precision comes from the field below */
   int train_seq; /* the training sequence when shorter than model.seq, else 0 */
   int tp, pp, dp, vpp, zero_stage;
+  int ep; /* a MoE model's expert-parallel size (0 or 1: none) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -54,7 +55,7 @@ typedef struct {
 #define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
 #define LOOM_PLAN_MAX_COMPRESSION_RANK 1024
 #define LOOM_PLAN_MAX_DEVICES_PER_NODE 1024
-#define LOOM_PLAN_MAX_EXPERTS 4096
+#define LOOM_PLAN_MAX_EXPERTS 4096 /* and the expert-parallel size */
 #define LOOM_PLAN_MAX_CAPACITY_FACTOR 1024.0 /* a plan's cluster block and a cluster profile alike */
 
 /* Builds the plan (with stages and estimates); the caller frees it. */
@@ -74,6 +75,10 @@ loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_r
 loom_status loom_plan_schedule(const loom_plan *plan, loom_schedule *s, loom_error *err);
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
+/* The same as one rank holds it: a MoE model's experts placed over its
+ * expert-parallel group (loom_gpt_config_for_ep, at ep rank 0: every rank
+ * holds as many), for the sizes one rank allocates and computes. */
+void loom_plan_rank_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The one translation between the Model message and the layers' config
  * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
  * every field of c into m, which the caller has initialised; RoPE scaling,

@@ -79,6 +79,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   l->sequence_parallel = sp->sequence_parallel;
   l->has_zero_stage = sp->zero_stage != 0;
   l->zero_stage = sp->zero_stage;
+  l->has_ep = sp->ep > 1;
+  l->ep = sp->ep > 1 ? sp->ep : 1;
   p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
   loom__batch__init(p->batch);
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;

@@ -109,9 +109,38 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
               sc->original_max_position_embeddings);
 }
 
+/* Expert parallelism's rules (its size in bounds). */
+static void check_experts(report *r, const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  const int ep = l->ep;
+  if (ep <= 1) return;
+  const Loom__Moe *e = p->model->moe;
+  if (!e) {
+    violation(r, "parallel.ep = %d: expert parallelism splits a Mixture of Experts' experts, but the model is dense; give "
+              "it model.moe.experts or drop ep", ep);
+    return;
+  }
+  if (e->experts % ep)
+    violation(r, "parallel.ep = %d: must divide model.moe.experts (%d), each rank holding as many; pick such an ep", ep,
+              e->experts);
+  if (((int64_t)l->tp * l->dp) % ep)
+    violation(r, "parallel.ep = %d: must divide parallel.tp x parallel.dp (%d), the ranks of a stage a MoE layer regroups; "
+              "pick such an ep", ep, l->tp * l->dp);
+  if (l->tp > 1 && !l->sequence_parallel)
+    violation(r, "parallel.ep = %d with parallel.tp = %d: each rank of an expert-parallel group sends its own tokens, so the "
+              "tp ranks must split the sequence; set parallel.sequence_parallel (as Megatron-Core requires)", ep, l->tp);
+  if (l->zero_stage)
+    violation(r, "parallel.ep = %d with parallel.zero_stage = %d: ZeRO does not yet shard the experts over their "
+              "expert-data-parallel group; drop zero_stage or ep", ep, l->zero_stage);
+  if (p->grad_compression && p->grad_compression->kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
+    violation(r, "parallel.ep = %d: gradient compression does not yet cross the expert-data-parallel group; drop "
+              "grad_compression or ep", ep);
+}
+
 static void check_model(report *r, const loom_plan *p) {
   const int tp = p->parallel->tp;
   check_model_shape(r, p->model, tp);
+  check_experts(r, p);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
@@ -300,6 +329,7 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "parallel.pp", l->pp, 1, LOOM_PLAN_MAX_PP);
     check_size(r, "parallel.dp", l->dp, 1, LOOM_PLAN_MAX_DP);
     check_size(r, "parallel.virtual_chunks", l->virtual_chunks, 1, LOOM_PLAN_MAX_CHUNKS);
+    check_size(r, "parallel.ep", l->ep, 1, LOOM_PLAN_MAX_EXPERTS);
   }
   if (b) {
     check_size(r, "batch.micro_batch", b->micro_batch, 1, LOOM_PLAN_MAX_MICRO_BATCH);

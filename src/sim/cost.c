@@ -59,6 +59,7 @@ typedef struct {
   int tp, dp, pp;
   bool sp;
   int tp_per_node, dp_per_node;
+  int ep, ep_per_node; /* a MoE model's expert-parallel group: ep consecutive ranks of a stage */
   double overhead; /* seconds per op */
 } layout;
 
@@ -94,19 +95,30 @@ static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind) {
   tp_collective(L, x, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e);
 }
 
-/* A Mixture-of-Experts MLP with every expert on the rank, as the runtime
- * runs it (layers/moe.c) on the tokens the rank routes (its share under SP,
- * else all of them): the router's GEMM, each expert's GEMMs over an even
- * share of the choices (E equal GEMMs: load imbalance is not modelled), the
- * rows' gather and combine and the activation between the GEMMs, and under
- * SP the load-balancing counts summed over the group (with a capacity
- * factor also every rank's choices gathered). The router's and experts'
- * weight grads are taken with the input grads (no W work). */
+/* An all-to-all-v over the expert-parallel group moving `bytes` of rows,
+ * spread evenly: each rank keeps 1/ep of them and sends the rest. */
+static void ep_exchange(const layout *L, pass *x, double bytes) {
+  if (L->ep < 2) return;
+  double bw, latency;
+  group_link(L->prof, L->ep, L->ep_per_node, &bw, &latency);
+  x->comm += bytes * (L->ep - 1.0) / L->ep / bw + (L->ep - 1.0) * latency;
+}
+
+/* A Mixture-of-Experts MLP as the runtime runs it (layers/moe.c) on the
+ * tokens the rank routes (its share under SP, else all of them): the
+ * router's GEMM, each of its E / ep experts' GEMMs over an even share of
+ * the group's choices (equal GEMMs: load imbalance is not modelled), the
+ * rows' gather and combine and the activation between the GEMMs, under
+ * expert parallelism the rows' all-to-alls there and back in each pass,
+ * and under SP the load-balancing counts summed over the group (with a
+ * capacity factor also every rank's choices gathered). The router's and
+ * experts' weight grads are taken with the input grads (no W work). */
 static void moe_costs(const layout *L, pass *f, pass *g) {
   const loom_gpt_config *c = &L->cfg;
-  const double E = c->moe.experts, k = c->moe.topk, n = L->rows, h = c->hidden, fe = loom_gpt_expert_ffn(c), e = L->e;
-  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = n * k / E;
-  const double shapes[][4] = {{n, E, h, 1}, {r, up, h, E}, {r, h, fe, E}};
+  const double E = c->moe.experts, El = loom_gpt_local_experts(c), k = c->moe.topk, n = L->rows, h = c->hidden;
+  const double fe = loom_gpt_expert_ffn(c), e = L->e;
+  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = n * k / El; /* each expert's rows from the whole group */
+  const double shapes[][4] = {{n, E, h, 1}, {r, up, h, El}, {r, h, fe, El}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
@@ -116,6 +128,7 @@ static void moe_costs(const layout *L, pass *f, pass *g) {
   stream(L, g, 2.0 * bytes);
   f->compute += 6.0 * L->overhead;
   g->compute += 8.0 * L->overhead;
+  for (int i = 0; i < 2; i++) ep_exchange(L, f, n * k * h * e), ep_exchange(L, g, n * k * h * e);
   if (!L->sp) return;
   tp_collective(L, f, LOOM_COLL_ALLREDUCE, 8.0 * E);
   if (c->moe.capacity_factor > 0.0)
@@ -218,7 +231,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   const Loom__Parallel *l = plan->parallel;
   layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = l->dp, .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
               .precision = plan->precision};
-  loom_plan_model_config(plan, &L.cfg);
+  loom_plan_rank_config(plan, &L.cfg);
   L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   L.s = loom_plan_train_seq(plan);
   L.b = plan->batch->micro_batch;
@@ -227,6 +240,8 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   const int dpn = prof->devices_per_node;
   L.tp_per_node = loom_group_per_node(L.tp, 1, dpn);
   L.dp_per_node = loom_group_per_node(L.dp, L.tp, dpn);
+  L.ep = l->ep > 1 ? l->ep : 1;
+  L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;
   const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
