@@ -102,6 +102,29 @@ np 2 --dp 2 $MOE --steps 9 --ckpt "$WORK/moe_copy" --resume --metrics "$WORK/moe
   fail "MoE resumed on (1,1,2): $(cat "$WORK/moe_dp.txt")"
 same_losses "$WORK/moe_ref.jsonl" "$WORK/moe_dp.jsonl" || fail "MoE losses after resharding onto (1,1,2)"
 
+# Expert parallelism: a checkpoint holds each expert by its global name, whatever the ep. 3 steps at ep 2
+# over dp 2 resume there to 9 bit for bit (losses and the final weights); 3 steps at ep 4 over dp 4 resume at
+# ep 2 over dp 2 to 6 and on one rank to 9, equal to the one-rank run within fp32's 1e-5.
+rm -rf "$WORK"/ep*
+np 2 --dp 2 --ep 2 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save "$WORK/ep_ref.safetensors" > "$WORK/ep_ref.txt" 2>&1 ||
+  fail "ep 2 reference: $(cat "$WORK/ep_ref.txt")"
+np 2 --dp 2 --ep 2 $MOE --steps 3 --ckpt "$WORK/ep" > "$WORK/ep0.txt" 2>&1 || fail "ep 2 first third: $(cat "$WORK/ep0.txt")"
+np 2 --dp 2 --ep 2 $MOE --steps 9 --ckpt "$WORK/ep" --resume --metrics "$WORK/ep_res.jsonl" --save "$WORK/ep_res.safetensors" \
+  > "$WORK/ep_res.txt" 2>&1 || fail "ep 2 resume: $(cat "$WORK/ep_res.txt")"
+[ "$(losses "$WORK/ep_res.jsonl")" = "$(losses "$WORK/ep_ref.jsonl" | tail -6)" ] || fail "ep 2 resumed losses differ"
+cmp -s "$WORK/ep_ref.safetensors" "$WORK/ep_res.safetensors" || fail "ep 2 resumed final weights differ"
+"$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOE --steps 9 \
+  --metrics "$WORK/ep_one.jsonl" > "$WORK/ep_one.txt" 2>&1 || fail "MoE on one rank: $(cat "$WORK/ep_one.txt")"
+np 4 --dp 4 --ep 4 $MOE --steps 3 --ckpt "$WORK/ep4" > "$WORK/ep40.txt" 2>&1 || fail "ep 4 first third: $(cat "$WORK/ep40.txt")"
+np 2 --dp 2 --ep 2 $MOE --steps 6 --ckpt "$WORK/ep4" --resume --metrics "$WORK/ep42.jsonl" > "$WORK/ep42.txt" 2>&1 ||
+  fail "ep 4 resumed at ep 2: $(cat "$WORK/ep42.txt")"
+"$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOE --steps 9 --ckpt "$WORK/ep4" \
+  --resume --metrics "$WORK/ep41.jsonl" > "$WORK/ep41.txt" 2>&1 || fail "ep 2 resumed on one rank: $(cat "$WORK/ep41.txt")"
+same_losses "$WORK/ep_one.jsonl" "$WORK/ep_ref.jsonl" || fail "ep 2's losses against one rank's"
+same_losses "$WORK/ep_one.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep 2: losses"
+same_losses "$WORK/ep_one.jsonl" "$WORK/ep41.jsonl" || fail "ep 2 resumed on one rank: losses"
+[ "$(losses "$WORK/ep41.jsonl" | wc -l)" = 3 ] || fail "the one-rank resume should train steps 7-9"
+
 # Resharding by --resume: (2,2,1) for 3 steps, (1,1,2) to 6, (4,1,1) to 9.
 rm -rf "$WORK/rs"
 np 4 --tp 2 --pp 2 --steps 3 --ckpt "$WORK/rs" > /dev/null 2>&1 || fail "reshard: first third"

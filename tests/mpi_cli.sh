@@ -18,7 +18,7 @@ grep -q "parallel: 2 ranks, tp 2 (sequence parallel) x pp 1 | schedule 1f1b" "$W
 [ "$(grep -c '"loss"' "$WORK/m.jsonl")" = 3 ] || fail "metrics"
 "$LOOM" sample --init-from "$WORK/tp2.bin" --prompt "1+1=" --max-tokens 2 > /dev/null || fail "sample of the tp 2 model"
 # An expert-parallel run of a Mixture of Experts trains, logs its expert grid and routing, and equals the
-# one-rank run's losses (relative 1e-5); asked to save, it is refused before it trains (rank 0 says why).
+# one-rank run's losses (relative 1e-5).
 MOE="--model moe-tiny --seq 16 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0"
 "$LOOM" train $MOE --metrics "$WORK/moe1.jsonl" > "$WORK/moe1.txt" 2>&1 || fail "MoE one rank: $(cat "$WORK/moe1.txt")"
 run train $MOE --dp 2 --ep 2 --log-every 1 --metrics "$WORK/moe2.jsonl" > "$WORK/moe2.txt" 2>&1 || fail "MoE ep 2: $(cat "$WORK/moe2.txt")"
@@ -29,9 +29,6 @@ for i in 1 2 3; do
   b=$(grep "\"step\": $i," "$WORK/moe2.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
   awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' || fail "MoE step $i: ep 2 $b, one rank $a"
 done
-run train $MOE --dp 2 --ep 2 --ckpt "$WORK/moe_ck" > "$WORK/moe3.txt" 2>&1 && fail "an expert-parallel --ckpt was not refused"
-grep -q "loom train: --ckpt: loom does not yet write an expert-parallel run's model" "$WORK/moe3.txt" || fail "MoE --ckpt: $(cat "$WORK/moe3.txt")"
-[ ! -e "$WORK/moe_ck" ] || fail "the refused run left a checkpoint directory"
 # loom eval runs a plan too: the same model split tp 2 over 2 ranks scores a
 # token file as one rank does (relative 1e-5).
 seq 1 600 > "$WORK/text.txt"

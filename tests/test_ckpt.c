@@ -269,7 +269,7 @@ static char **save_layout(layout lay, const loom_gpt_params *whole, const loom_a
     test_rank r;
     make_rank(&r, lay, rank, whole, &opt->m, &opt->v);
     loom_shard_tensor *pieces = calloc((size_t)loom_ckpt_max_pieces(&r.ch, 1), sizeof *pieces);
-    const int count = loom_ckpt_save_pieces(&r.ch, 1, rank / lay.tp % lay.dp, lay.zero, pieces);
+    const int count = loom_ckpt_save_pieces(&r.ch, 1, rank / lay.tp % lay.dp, rank / lay.tp % lay.dp, lay.zero, pieces);
     char name[64];
     snprintf(name, sizeof name, "%s_%d.shard", tag, rank);
     paths[rank] = strdup(tu_tmp_path(name));

@@ -8,7 +8,8 @@
  * Saving writes each element once: tensor-parallel replicas (norms, biases
  * after a row-parallel reduction, wpe) only from tp rank 0, data-parallel
  * replicas only from dp rank 0 (ZeRO moments, and in bf16 runs the
- * master weights, are already split), and the
+ * master weights, are already split; an expert-parallel run's experts from
+ * their expert-data-parallel rank 0, wherever that is), and the
  * tied wte only from the first stage. Loading wants every element a rank
  * holds, and takes each from whichever rank of the old plan wrote it. */
 #ifndef LOOM_CKPT_TENSORS_H
@@ -46,8 +47,9 @@ typedef struct {
 /* Upper bound on the pieces of n chunks. */
 int loom_ckpt_max_pieces(const loom_ckpt_chunk *chunks, int n);
 /* The pieces this rank writes (dp_rank picks the replica that writes
- * replicated state); returns how many. `zero` says m and v are slices. */
-int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, bool zero, loom_shard_tensor *out);
+ * replicated state, edp_rank an expert-parallel run's experts' replica);
+ * returns how many. `zero` says m and v are slices. */
+int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, int edp_rank, bool zero, loom_shard_tensor *out);
 /* Every piece this rank holds, to be filled from a checkpoint. */
 int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *out);
 

@@ -82,7 +82,8 @@ static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest 
   loom_want_index_free(ix);
   char path[4200];
   loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
-  const int count = loom_ckpt_save_pieces(r.chunks, r.n, rank / to->tp % to->dp, to->zero >= 1, pieces);
+  const int dp_rank = rank / to->tp % to->dp; /* the layout written holds every expert on every rank: ep 1 */
+  const int count = loom_ckpt_save_pieces(r.chunks, r.n, dp_rank, dp_rank, to->zero >= 1, pieces);
   const loom_shard_binding binding = {save_id, mf->step, rank};
   if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &written->bytes, &written->crc32c, err);
   free(want);

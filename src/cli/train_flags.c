@@ -113,10 +113,6 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
   if ((f->resume || f->async_save || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
        loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--keep")->set) && !f->ckpt)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");
-  if ((f->ckpt || f->save) && plan->parallel->ep > 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: %s: loom does not yet write an expert-parallel run's model (each rank "
-                     "of an --ep group holds different experts, and checkpoints gather them by tp rank); train with --ep 1 "
-                     "to save it", f->ckpt ? "--ckpt" : "--save");
   if (!f->data && plan->model->vocab < LOOM_BYTE_VOCAB)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --synthetic %s needs --vocab of at least %d (byte tokens), got %d",
                      f->synthetic, LOOM_BYTE_VOCAB, plan->model->vocab);
