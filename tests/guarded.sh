@@ -43,6 +43,8 @@ same() {
     fail "$1: the plan's memory estimate is $off% off the guarded allocator's peak (bound 5%)"
   if [ -f "$WORK/$1.cpu.model" ]; then
     cmp -s "$WORK/$1.cpu.model" "$WORK/$1.guarded.model" || fail "$1: the exported weights differ"
+  elif [ -f "$WORK/$1.cpu.model.safetensors" ]; then # a Mixture of Experts
+    cmp -s "$WORK/$1.cpu.model.safetensors" "$WORK/$1.guarded.model.safetensors" || fail "$1: the exported weights differ"
   elif [ -d "$WORK/$1.cpu.model" ]; then # a Hugging Face directory
     cmp -s "$WORK/$1.cpu.model/model.safetensors" "$WORK/$1.guarded.model/model.safetensors" || fail "$1: the exported weights differ"
   fi
@@ -51,8 +53,10 @@ same() {
 layout() { # layout NAME RANKS FLAGS...: trained on both, with checkpoints and an export
   name=$1 ranks=$2
   shift 2
+  suffix="" # a Mixture of Experts saves a safetensors file
+  case "$*" in *--num-experts*) suffix=.safetensors ;; esac
   for dev in cpu guarded; do
-    run "$name" "$ranks" "$dev" 4 --ckpt "$WORK/$name.$dev.ckpt" --save-every 2 --save "$WORK/$name.$dev.model" "$@"
+    run "$name" "$ranks" "$dev" 4 --ckpt "$WORK/$name.$dev.ckpt" --save-every 2 --save "$WORK/$name.$dev.model$suffix" "$@"
   done
   same "$name"
 }
@@ -80,6 +84,11 @@ layout bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
 LLAMA="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied"
 layout llama_tp2_sp_dp2_zero3 4 --tp 2 --sequence-parallel --dp 2 --zero 3 --kv-heads 2 $LLAMA
 layout bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 --recompute full $LLAMA
+# Mixtures of Experts (saved as safetensors): expert parallelism over tp 2 (SP) x dp 2, and in bf16 over dp 2
+# with a capacity factor, its tokens crossing the EP group in all-to-alls.
+MOE="$LLAMA --num-experts 4 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01"
+layout moe_ep2_tp2_sp_dp2 4 --tp 2 --sequence-parallel --dp 2 --ep 2 $MOE
+layout bf16_moe_ep2_dp2_capacity 2 --dp 2 --ep 2 --precision bf16 --moe-expert-capacity-factor 1 $MOE
 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
 for dev in cpu guarded; do
