@@ -53,11 +53,16 @@ static void show(const loom_plan *p) {
   const int ranks = l->tp * l->pp * l->dp;
   char zero[16] = "";
   if (l->zero_stage) snprintf(zero, sizeof zero, ", ZeRO-%d", l->zero_stage);
-  printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters\n", p->name ? " " : "",
-         p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
-         (long long)p->estimates->total_parameters);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
+  char active[64] = "";
+  if (loom_gpt_is_moe(&cfg)) snprintf(active, sizeof active, " (%zu active per token)", loom_gpt_active_param_count(&cfg));
+  printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters%s\n", p->name ? " " : "",
+         p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
+         (long long)p->estimates->total_parameters, active);
+  if (l->ep > 1)
+    printf("experts: ep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank\n", l->ep,
+           l->tp * l->dp / l->ep, cfg.moe.experts / l->ep, cfg.moe.experts);
   char arch[256];
   if (*loom_gpt_config_architecture(&cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
   printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",

@@ -25,7 +25,7 @@ const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
  * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
-                                             "mixtral-8x7b", NULL};
+                                             "mixtral-8x7b", "mixtral-8x22b", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -46,6 +46,11 @@ static const loom_gpt_config PRESETS[] = {
      * 1e6, vocab 32000, 8 experts of 14336, top 2; router_aux_loss_coef 0.02). */
     {.layers = 32, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 14336, .vocab = 32000, .seq = 32768, LLAMA,
      .rope = {.theta = 1000000.0f}, .moe = {.experts = 8, .topk = 2, .aux_loss_coeff = 2e-2f}},
+    /* Mixtral 8x22B (its config.json: 56 layers, hidden 6144, 48 heads, 8 kv
+     * heads, 8 experts of 16384, top 2, vocab 32768, 65536 positions,
+     * rope_theta 1e6, router_aux_loss_coef 0.001). */
+    {.layers = 56, .hidden = 6144, .heads = 48, .kv_heads = 8, .ffn = 16384, .vocab = 32768, .seq = 65536, LLAMA,
+     .rope = {.theta = 1000000.0f}, .moe = {.experts = 8, .topk = 2, .aux_loss_coeff = 1e-3f}},
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
