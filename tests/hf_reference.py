@@ -1,14 +1,14 @@
 #!/usr/bin/python3
-"""Hugging Face directories against an independent reference: for GPT-2 and
+"""Hugging Face directories against an independent reference: for GPT-2,
 for the Llama family (grouped-query attention, RMSNorm, SwiGLU, RoPE, an
-untied head), this script takes the config.json loom writes, fills
+untied head) and for Mixtral (its MLPs Mixtures of Experts), this script takes the config.json loom writes, fills
 model.safetensors with its own random weights (large enough that a wrong
 layout, a transposed matrix or RoPE pairing adjacent dimensions instead of
 halves moves the loss by far more than the bound), computes the loss of a
 text window with PyTorch as transformers' GPT2LMHeadModel and
 LlamaForCausalLM compute it (written here from their definitions:
 Conv1D [in, out] weights and tanh GELU; rotate_half RoPE, repeat_kv, SiLU
-gating), and requires `loom eval --init-from DIR` to give the same loss to
+gating; Mixtral's softmax router, top-k renormalised), and requires `loom eval --init-from DIR` to give the same loss to
 relative 1e-5 (fp32 sums in another order), under tp 1 and, through
 mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
 Re-exporting the directory gives every tensor back bit for bit and the same
@@ -154,7 +154,7 @@ def llama3_scaled(inv, scaling):
     return torch.where(medium, smoothed, llama)
 
 
-def llama_loss(c, w, tokens):
+def llama_loss(c, w, tokens, mlp=None):
     x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
     n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     inv = llama3_scaled(1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), c.get("rope_scaling"))
@@ -173,11 +173,51 @@ def llama_loss(c, w, tokens):
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
         x = x + (att @ v).transpose(0, 1).reshape(n, H * d) @ w[p + "self_attn.o_proj.weight"].T
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
+        if mlp:  # a Mixture of Experts
+            x = x + mlp(p, m)
+            continue
         gated = torch.nn.functional.silu(m @ w[p + "mlp.gate_proj.weight"].T) * (m @ w[p + "mlp.up_proj.weight"].T)
         x = x + gated @ w[p + "mlp.down_proj.weight"].T
     head = w["model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"]
     logits = rms_norm(x, w["model.norm.weight"], c["rms_norm_eps"]) @ head.T
     return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
+
+
+def mixtral_weights(c):
+    """Llama's attention, each MLP Mixtral's: a router over num_local_experts experts, each SwiGLU's w1 (gate),
+    w3 (up) and w2 (down). The router's weights are large, so no two of a token's scores nearly tie."""
+    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k}
+    h, f, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}.block_sparse_moe."
+        w[p + "gate.weight"] = weight(E, h, scale=1.0)
+        for e in range(E):
+            w[p + f"experts.{e}.w1.weight"] = weight(f, h)
+            w[p + f"experts.{e}.w3.weight"] = weight(f, h)
+            w[p + f"experts.{e}.w2.weight"] = weight(h, f, scale=0.1)
+    return w
+
+
+def mixtral_moe(c, w, p, m):
+    """transformers' MixtralSparseMoeBlock: softmax over every expert, the top k, renormalised, each token's experts'
+    outputs weighted and summed."""
+    probs = torch.softmax(m @ w[p + "gate.weight"].T, -1)
+    top, chosen = probs.topk(c["num_experts_per_tok"], -1)
+    top = top / top.sum(-1, keepdim=True)
+    out = torch.zeros_like(m)
+    for j in range(chosen.shape[1]):
+        for e in range(c["num_local_experts"]):
+            rows = chosen[:, j] == e
+            if rows.any():
+                x = m[rows]
+                y = (torch.nn.functional.silu(x @ w[p + f"experts.{e}.w1.weight"].T) * (x @ w[p + f"experts.{e}.w3.weight"].T)) @ \
+                    w[p + f"experts.{e}.w2.weight"].T
+                out[rows] += top[rows, j:j + 1] * y
+    return out
+
+
+def mixtral_loss(c, w, tokens):
+    return llama_loss(c, w, tokens, mlp=lambda p, m: mixtral_moe(c, w, p + "block_sparse_moe.", m))
 
 
 def gpt2_weights(c):
@@ -365,6 +405,25 @@ check("qwen2", ["--model", "llama-tiny", "--layers", "2", "--qkv-bias"], llama_w
 check("qwen2_tied", ["--model", "llama-tiny", "--layers", "2", "--qkv-bias"], llama_weights, llama_loss,
       [(1, []), (2, ["--tp", "2"])], {"tie_word_embeddings": True})
 check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["--tp", "2"])])
+# Mixtral: 4 experts of 32, top 2, under tp 2 (each rank routing every token) and with sequence parallelism (each its own).
+check("mixtral", ["--model", "moe-tiny", "--num-experts", "4", "--moe-ffn-hidden-size", "32"], mixtral_weights, mixtral_loss,
+      [(1, []), (2, ["--tp", "2"]), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
+# A Mixtral config.json loom cannot compute is refused by name: router noise, a bias field.
+for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"), ("attention_bias", False, "attention_bias")):
+    bad = os.path.join(work, "mixtral_bad")
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(os.path.join(work, "mixtral"), bad)
+    with open(os.path.join(bad, "config.json")) as f:
+        config = json.load(f)
+    config[field] = value
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump(config, f)
+    res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
+                         capture_output=True, text=True)
+    lines = res.stderr.strip().splitlines()
+    ok = res.returncode == 2 and len(lines) == 1 and f'field "{words}"' in lines[0]
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: a Mixtral config with {field} {value}: exit {res.returncode}, {lines}")
 check_sharded()
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])

@@ -65,6 +65,6 @@ loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_forma
 
 loom_status loom_model_export(const loom_model_source *src, const loom_export_options *o, const char *out, loom_error *err) {
   if (o->format == LOOM_FORMAT_HF) return loom_hf_write(out, src, o->dtype, o->max_shard_bytes, o->tok, err);
-  return o->format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, 0, src->count, o->dtype, err)
+  return o->format == LOOM_FORMAT_SAFETENSORS ? loom_safetensors_write(out, src, 0, src->count, o->dtype, false, err)
                                               : loom_llmc_write(out, src, o->dtype, err);
 }

@@ -22,11 +22,13 @@
 
 /* Mistral's is Llama's model but for a sliding attention window, which
  * loom takes where it covers the whole sequence (then it changes nothing);
- * Qwen2's is Llama's with biases on q, k and v and no others. */
-enum { GPT2, LLAMA, MISTRAL, QWEN2, FAMILIES };
+ * Qwen2's is Llama's with biases on q, k and v and no others; Mixtral's is
+ * Mistral's with each MLP a Mixture of Experts (a softmax router's top-k,
+ * renormalised: loom's softmax over the chosen logits). */
+enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, FAMILIES };
 static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM",
-                                                    "Qwen2ForCausalLM"};
-static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2"};
+                                                    "Qwen2ForCausalLM", "MixtralForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral"};
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -47,6 +49,28 @@ static const char *const LLAMA_FIELDS[] = {
 static const char *const MISTRAL_FIELDS[] = {"sliding_window", NULL};
 static const char *const QWEN2_FIELDS[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
                                            "use_mrope", NULL};
+static const char *const MIXTRAL_FIELDS[] = {"sliding_window", "num_local_experts", "num_experts_per_tok",
+                                             "router_aux_loss_coef", "router_jitter_noise", "output_router_logits", NULL};
+
+const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n) {
+  static const char *const LOOM[] = {"mlp.gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+  static const char *const HF[] = {"block_sparse_moe.gate.weight", "w1.weight", "w3.weight", "w2.weight"};
+  const char *mlp = strstr(name, ".mlp.");
+  if (!loom_gpt_is_moe(cfg) || !mlp) return name;
+  const char *rest = mlp + 1; /* "mlp...." */
+  if (strcmp(rest, LOOM[0]) == 0) {
+    snprintf(buf, n, "%.*s.%s", (int)(mlp - name), name, HF[0]);
+    return buf;
+  }
+  int e, used = 0;
+  if (sscanf(rest, "mlp.experts.%d.%n", &e, &used) != 1 || used == 0) return name;
+  for (int i = 1; i < 4; i++)
+    if (strcmp(rest + used, LOOM[i]) == 0) {
+      snprintf(buf, n, "%.*s.block_sparse_moe.experts.%d.%s", (int)(mlp - name), name, e, HF[i]);
+      return buf;
+    }
+  return name;
+}
 
 bool loom_hf_is_dir(const char *path) {
   struct stat st;
@@ -134,8 +158,8 @@ static loom_status family_of(const config_reader *c, int *family) {
       return LOOM_OK;
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
-                   "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
-                   "Qwen2ForCausalLM",
+                   "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
+                   "Qwen2ForCausalLM and MixtralForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -259,6 +283,32 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
   return LOOM_OK;
 }
 
+/* Mixtral's: no biases (its config has no field for them), its experts of
+ * intermediate_size each, its top-k, its load-balancing loss's
+ * coefficient, no router jitter, and a sliding window as Mistral's. */
+static loom_status read_mixtral(const config_reader *c, loom_gpt_config *cfg) {
+  static const char *const FIXED[] = {"attention_bias", "mlp_bias"};
+  for (int i = 0; i < 2; i++)
+    if (loom_json_get(c->root, FIXED[i]))
+      return bad_field(c, FIXED[i], "is not Mixtral's: its linears never have biases (transformers' Mixtral reads no such "
+                       "field)");
+  cfg->no_bias = true;
+  loom_moe_config *e = &cfg->moe;
+  loom_status st = int_field(c, "num_local_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 2, &e->topk);
+  const loom_json *aux = loom_json_get(c->root, "router_aux_loss_coef"), *jitter = loom_json_get(c->root, "router_jitter_noise");
+  if (st == LOOM_OK && aux && !(aux->kind == LOOM_JSON_NUMBER && aux->number >= 0.0 && isfinite(aux->number)))
+    st = bad_field(c, "router_aux_loss_coef", "must be a finite number of at least 0");
+  e->aux_loss_coeff = aux ? (float)aux->number : 0.001f; /* transformers' default */
+  if (st == LOOM_OK && jitter && !(jitter->kind == LOOM_JSON_NUMBER && jitter->number == 0.0))
+    st = bad_field(c, "router_jitter_noise", "must be 0: loom's router is a function of its inputs alone (no noise)");
+  bool logits = false;
+  if (st == LOOM_OK) st = bool_field(c, "output_router_logits", false, &logits);
+  if (st == LOOM_OK) st = read_sliding_window(c, cfg);
+  e->ffn = cfg->ffn;
+  return st;
+}
+
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   static const char *const SILU[] = {"silu", NULL};
   cfg->norm = LOOM_NORM_RMSNORM, cfg->mlp = LOOM_MLP_SWIGLU, cfg->position = LOOM_POSITION_ROPE;
@@ -311,10 +361,12 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   memset(cfg, 0, sizeof *cfg);
   if (root.kind != LOOM_JSON_OBJECT) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a JSON object", path);
   if (st == LOOM_OK) st = family_of(&c, &family);
-  static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS};
+  static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS,
+                                                     [MIXTRAL] = MIXTRAL_FIELDS};
   if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
-  if (st == LOOM_OK && family != GPT2) st = family == QWEN2 ? read_qwen2(&c, cfg) : read_llama_biases(&c, cfg);
+  if (st == LOOM_OK && family != GPT2)
+    st = family == QWEN2 ? read_qwen2(&c, cfg) : family == MIXTRAL ? read_mixtral(&c, cfg) : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
   loom_json_free(&root);
   if (st != LOOM_OK) return st;
@@ -331,10 +383,21 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
 
 /* ---- writing ---- */
 
+/* Why Mixtral's class cannot hold a MoE model, or NULL where it can. */
+static const char *not_mixtral(const loom_gpt_config *c) {
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
+      c->qkv_bias)
+    return "its experts' layers are not Mixtral's (rmsnorm, swiglu experts, rope, no biases)";
+  if (c->moe.shared_ffn) return "it has a shared expert, which Mixtral has not";
+  if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX || c->moe.pre_softmax)
+    return "its router is not Mixtral's (a softmax over every expert, its top-k renormalised)";
+  return NULL;
+}
+
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
-  if (loom_gpt_is_moe(c))
-    return loom_fail(err, LOOM_ERR_USAGE, "this model is a Mixture of Experts, which loom does not write as a Hugging Face "
-                     "directory yet (MixtralForCausalLM and Qwen3MoeForCausalLM are to come); save it as a loom checkpoint");
+  if (loom_gpt_is_moe(c) && not_mixtral(c))
+    return loom_fail(err, LOOM_ERR_USAGE, "this Mixture of Experts has no Hugging Face class: %s; save it as a loom "
+                     "checkpoint or a safetensors file", not_mixtral(c));
   if (loom_gpt_config_is_gpt2(c) ||
       (c->norm == LOOM_NORM_RMSNORM && c->mlp == LOOM_MLP_SWIGLU && c->position == LOOM_POSITION_ROPE))
     return LOOM_OK;
@@ -370,10 +433,15 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",
              (double)c->rope.factor, (double)c->rope.low_freq_factor, (double)c->rope.high_freq_factor,
              c->rope.original_max_position);
-  /* Qwen2 (biases on q, k and v alone) has no bias fields, Llama its two. */
-  const int family = c->qkv_bias ? QWEN2 : LLAMA;
-  char own[160];
-  if (family == QWEN2)
+  /* Qwen2 (biases on q, k and v alone) and Mixtral have no bias fields, Llama its two. */
+  const int family = loom_gpt_is_moe(c) ? MIXTRAL : c->qkv_bias ? QWEN2 : LLAMA;
+  char own[256];
+  if (family == MIXTRAL)
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
+             "  \"num_experts_per_tok\": %d,\n  \"router_aux_loss_coef\": %.7g,\n  \"router_jitter_noise\": 0.0,\n"
+             "  \"output_router_logits\": false,\n", loom_gpt_head_dim(c), c->moe.experts, c->moe.topk,
+             (double)c->moe.aux_loss_coeff);
+  else if (family == QWEN2)
     snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n",
              c->layers);
   else
@@ -386,7 +454,8 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
            "  \"max_position_embeddings\": %d,\n  \"rms_norm_eps\": %.7g,\n  \"rope_theta\": %.9g,\n  \"rope_scaling\": %s,\n"
            "  \"hidden_act\": \"silu\",\n%s  \"attention_dropout\": 0.0,\n"
            "  \"tie_word_embeddings\": %s,\n  \"torch_dtype\": \"%s\"\n}\n",
-           ARCHITECTURES[family], MODEL_TYPES[family], c->vocab, c->hidden, c->ffn, c->layers, c->heads,
+           ARCHITECTURES[family], MODEL_TYPES[family], c->vocab, c->hidden, family == MIXTRAL ? loom_gpt_expert_ffn(c) : c->ffn,
+           c->layers, c->heads,
            loom_gpt_kv_heads(c), c->seq, (double)c->norm_eps, (double)c->rope.theta, scaling, own,
            c->untied ? "false" : "true", torch_dtype);
   return LOOM_OK;
@@ -421,13 +490,17 @@ static loom_status write_index(const char *dir, const loom_model_source *src, lo
   loom_strbuf b = {0};
   if (!names) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the index", dir);
   uint64_t total = 0;
-  for (int k = 0; k < src->count; k++) names[k] = src->specs[k].name, total += loom_safetensors_bytes(src, k, dtype);
+  char (*hf)[LOOM_NAME_LEN + 32] = malloc(((size_t)src->count + 1) * sizeof *hf);
+  if (!hf) return free(names), loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the index", dir);
+  for (int k = 0; k < src->count; k++)
+    names[k] = loom_hf_tensor_name(&src->cfg, src->specs[k].name, hf[k], sizeof hf[k]), total += loom_safetensors_bytes(src, k, dtype);
   qsort(names, (size_t)src->count, sizeof *names, by_name);
   loom_strbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
                      (unsigned long long)total);
   for (int i = 0; i < src->count; i++) {
     int k = 0;
-    while (strcmp(src->specs[k].name, names[i]) != 0) k++;
+    char buf[LOOM_NAME_LEN + 32];
+    while (strcmp(loom_hf_tensor_name(&src->cfg, src->specs[k].name, buf, sizeof buf), names[i]) != 0) k++;
     char file[64];
     shard_name(file, sizeof file, shard[k], files);
     loom_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", names[i], file, i + 1 < src->count ? "," : "");
@@ -439,6 +512,7 @@ static loom_status write_index(const char *dir, const loom_model_source *src, lo
   const loom_status st = loom_write_file_atomic(path, &chunk, 1, err);
   free(b.buf);
   free(names);
+  free(hf);
   return st;
 }
 
@@ -454,7 +528,7 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
   loom_status st = LOOM_OK;
   if (files <= 1) {
     join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
-    st = loom_safetensors_write(path, src, 0, src->count, dtype, err);
+    st = loom_safetensors_write(path, src, 0, src->count, dtype, true, err);
     join(path, sizeof path, dir, LOOM_HF_INDEX);
     if (st == LOOM_OK) unlink(path);
   }
@@ -464,7 +538,7 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
     char file[64];
     shard_name(file, sizeof file, i, files);
     join(path, sizeof path, dir, file);
-    st = loom_safetensors_write(path, src, first, last, dtype, err);
+    st = loom_safetensors_write(path, src, first, last, dtype, true, err);
     first = last;
   }
   if (files > 1 && st == LOOM_OK) {

@@ -4,8 +4,9 @@
  * GPT2LMHeadModel (loom's GPT-2 setting), LlamaForCausalLM (RMSNorm,
  * SwiGLU, RoPE; grouped-query attention, biases, a tied head and Llama
  * 3.1's RoPE scaling as the config says), MistralForCausalLM (Llama's
- * model, its sliding window taken where it spans the whole sequence) and
- * Qwen2ForCausalLM (Llama's with biases on q, k and v alone). The Llama
+ * model, its sliding window taken where it spans the whole sequence),
+ * Qwen2ForCausalLM (Llama's with biases on q, k and v alone) and
+ * MixtralForCausalLM (Mistral's, each MLP a Mixture of Experts). The Llama
  * family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
@@ -30,6 +31,11 @@
 /* transformers' save_pretrained default max_shard_size, "5GB" (10^9 bytes a GB). */
 #define LOOM_HF_MAX_SHARD_DEFAULT 5000000000ull
 
+/* The name tensor `name` (canonical) has in a Hugging Face directory of
+ * cfg's model: the same, but for a Mixture of Experts' Mixtral names
+ * (block_sparse_moe.gate, block_sparse_moe.experts.N.w1 / w3 / w2 for
+ * gate, up and down); buf holds it when it differs. */
+const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n);
 /* Whether path is a directory (a Hugging Face model, not an llm.c file). */
 bool loom_hf_is_dir(const char *path);
 /* The model config.json in dir describes. */
@@ -38,8 +44,9 @@ loom_status loom_hf_read_config(const char *dir, loom_gpt_config *cfg, loom_erro
 loom_status loom_hf_parse_config(const char *text, size_t len, const char *path, loom_gpt_config *cfg, loom_error *err);
 /* The model in dir as a source, its safetensors header checked on opening. */
 loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err);
-/* Whether a transformers class holds the model (GPT2LMHeadModel or
- * LlamaForCausalLM); the error names its architecture. */
+/* Whether a transformers class holds the model (GPT2LMHeadModel,
+ * LlamaForCausalLM, Qwen2ForCausalLM or MixtralForCausalLM); the error
+ * names its architecture, or what keeps a MoE model from Mixtral's. */
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err);
 /* Writes dir/config.json, generation_config.json, tok's files where tok is
  * not NULL (hf_tokenizer.h) and the weights (values as dtype): one

@@ -244,7 +244,8 @@ static loom_status match_files(loom_model_source *s, hf_source *h, const char *w
     const loom_safetensors_shape want = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
     int found = -1, at = -1;
     for (int f = 0; f < h->nfiles && st == LOOM_OK; f++) {
-      const int i = entry_of(&h->files[f].header, name, gpt2);
+      char hf_name[LOOM_NAME_LEN + 32];
+      const int i = entry_of(&h->files[f].header, loom_hf_tensor_name(&s->cfg, name, hf_name, sizeof hf_name), gpt2);
       if (i < 0) continue;
       if (found >= 0)
         st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is in both %s and %s", where, name, h->files[found].path,

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 #include "core/write_file.h"
 
@@ -57,7 +58,7 @@ static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom
   return 1;
 }
 
-loom_status loom_safetensors_write(const char *path, const loom_model_source *src, int first, int last, loom_dtype dtype,
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, int first, int last, loom_dtype dtype, bool hf,
                                    loom_error *err) {
   size_t cap = 256 + (size_t)(last - first) * 160, len = 0;
   char *json = malloc(cap);
@@ -74,8 +75,9 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
       char shape[64];
       if (e.cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
       else snprintf(shape, sizeof shape, "%lld", (long long)e.rows);
+      char name[LOOM_NAME_LEN + 32];
       len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
-                              src->specs[k].name, dtype == LOOM_DTYPE_BF16 ? "BF16" : "F32", shape,
+                              hf ? loom_hf_tensor_name(&src->cfg, src->specs[k].name, name, sizeof name) : src->specs[k].name, dtype == LOOM_DTYPE_BF16 ? "BF16" : "F32", shape,
                               (unsigned long long)offset, (unsigned long long)(offset + bytes_of(e, dtype)));
       offset += bytes_of(e, dtype);
     }

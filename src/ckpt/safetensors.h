@@ -24,7 +24,7 @@ loom_safetensors_shape loom_safetensors_shape_of(const loom_gpt_config *cfg, con
 /* Writes tensors [first, last) of src's table (a whole model: 0 and
  * src->count; a shard: a run of them) atomically, one tensor in memory at a
  * time, as "F32" or "BF16" values. */
-loom_status loom_safetensors_write(const char *path, const loom_model_source *src, int first, int last, loom_dtype dtype,
+loom_status loom_safetensors_write(const char *path, const loom_model_source *src, int first, int last, loom_dtype dtype, bool hf,
                                    loom_error *err);
 /* The bytes of tensor k's data in such a file. */
 uint64_t loom_safetensors_bytes(const loom_model_source *src, int k, loom_dtype dtype);
