@@ -39,7 +39,9 @@ fi
 small="--layers 2 --hidden 16 --heads 2 --vocab 256 --seq 8"
 n=0
 for layout in "" "--tp 2 --pp 2 --dp 2 --global-batch 32" "--pp 2 --vpp 2 --schedule interleaved --global-batch 64" \
-              "--zero 1 --dp 2 --sequence-parallel --tp 2 --recompute full --global-batch 32"; do
+              "--zero 1 --dp 2 --sequence-parallel --tp 2 --recompute full --global-batch 32" \
+              "--norm rmsnorm --mlp swiglu --position rope --no-bias --untied --num-experts 4 --moe-expert-capacity-factor 1.5
+               --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01 --dp 2 --ep 2 --global-batch 32"; do
   n=$((n + 1))
   # shellcheck disable=SC2086 # the words of $small and $layout are flags
   "$loom" plan new $small $layout -o "$out/fuzz_plan_text/plan$n.txtpb" >/dev/null
@@ -55,7 +57,7 @@ cp "$work"/ckpt/step_*/rank_00000.shard "$out/fuzz_shard/rank_00000.shard"
 
 printf '12+34=46\n5+6=11\nThe plan is the one source of truth.\n' > "$work/text.txt"
 "$loom" data prepare "$work/text.txt" -o "$out/fuzz_tokens/tokens.bin" --force >/dev/null
-for model in gpt-tiny llama-tiny; do
+for model in gpt-tiny llama-tiny moe-tiny; do
   "$loom" ckpt export --model $model --format hf -o "$work/$model" >/dev/null
   cp "$work/$model/config.json" "$out/fuzz_hf_config/$model.json"
 done
