@@ -80,8 +80,8 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
                 pipe->sched.v_shape, pipe->m,
                 nsends);
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
-  pipe->bucket_req = loom_xcalloc((size_t)cfg->layers + 1, sizeof *pipe->bucket_req, "bucket requests");
-  pipe->bucket_at = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
+  pipe->bucket_req = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_req, "bucket requests");
+  pipe->bucket_at = loom_xcalloc(12 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
   if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp > 1) {
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++)

@@ -36,8 +36,9 @@ struct loom_pipeline {
   size_t bucket_bytes;
   size_t open_lo, open_hi;   /* the bucket being filled (flat offsets in one chunk's grads) */
   int nbucket;
-  loom_request **bucket_req; /* [layers + 1] in flight this step */
-  size_t *bucket_at;         /* [3 * (layers + 1)] each bucket's chunk, lo and hi */
+  loom_request **bucket_req; /* [3 (layers + 1)] in flight this step: a bucket's, or under expert parallelism each run of
+                              * it alike (experts or not: at most 3 a layer) */
+  size_t *bucket_at;         /* [4 of each] its chunk, lo, hi, and 1 where it sums experts over expert data parallelism */
   uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
   loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
   size_t overlapped;         /* grad floats posted during backward this step */

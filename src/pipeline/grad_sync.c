@@ -35,42 +35,49 @@ void loom_grad_sync_tied(loom_pipeline *pipe) {
   loom_comm_allreduce(ps->embed_group, mine, n, LOOM_REDUCE_SUM);
 }
 
-/* Starts summing chunk c's grads [lo, hi) over the replicas: in place in
- * fp32, or (grad_reduce bf16) as bf16 values in grad16, unpacked by finish_sum. */
-static loom_request *start_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
-  loom_gpt *m = &pipe->chunks[c];
-  float *g = (float *)m->p.grads.base + lo;
-  if (!pipe->grad16) return loom_comm_iallreduce(pipe->ps->dp_group, g, hi - lo);
-  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
-  return loom_comm_iallreduce_typed(pipe->ps->dp_group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16);
+/* The group a run of grads sums over: dp, or for experts under expert
+ * parallelism the ranks holding the same experts. */
+static loom_comm *group_of(const loom_pipeline *pipe, bool experts) {
+  return experts ? pipe->ps->edp_group : pipe->ps->dp_group;
 }
 
-static void finish_sum(loom_pipeline *pipe, int c, size_t lo, size_t hi, loom_request *req) {
-  loom_comm_wait(pipe->ps->dp_group, req);
+/* Starts summing chunk c's grads [lo, hi) over their group: in place in
+ * fp32, or (grad_reduce bf16) as bf16 values in grad16, unpacked by finish_sum. */
+static loom_request *start_sum(loom_pipeline *pipe, bool experts, int c, size_t lo, size_t hi) {
+  loom_gpt *m = &pipe->chunks[c];
+  float *g = (float *)m->p.grads.base + lo;
+  if (!pipe->grad16) return loom_comm_iallreduce(group_of(pipe, experts), g, hi - lo);
+  m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
+  return loom_comm_iallreduce_typed(group_of(pipe, experts), pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16);
+}
+
+static void finish_sum(loom_pipeline *pipe, bool experts, int c, size_t lo, size_t hi, loom_request *req) {
+  loom_comm_wait(group_of(pipe, experts), req);
   loom_gpt *m = &pipe->chunks[c];
   if (pipe->grad16) m->ops->from_bf16(m->ops, (float *)m->p.grads.base + lo, pipe->grad16[c] + lo, hi - lo);
 }
 
-/* The same over `group`, blocking (MPI tunes its blocking all-reduce better). */
-static void sum_over(loom_pipeline *pipe, loom_comm *group, int c, size_t lo, size_t hi) {
+/* The same, blocking (MPI tunes its blocking all-reduce better). */
+static void sum_over(loom_pipeline *pipe, bool experts, int c, size_t lo, size_t hi) {
   if (hi <= lo) return;
   loom_gpt *m = &pipe->chunks[c];
   float *g = (float *)m->p.grads.base + lo;
   if (!pipe->grad16) {
-    loom_comm_allreduce(group, g, hi - lo, LOOM_REDUCE_SUM);
+    loom_comm_allreduce(group_of(pipe, experts), g, hi - lo, LOOM_REDUCE_SUM);
     return;
   }
   m->ops->to_bf16(m->ops, pipe->grad16[c] + lo, g, hi - lo);
-  loom_comm_allreduce_typed(group, pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
+  loom_comm_allreduce_typed(group_of(pipe, experts), pipe->grad16[c] + lo, hi - lo, LOOM_DTYPE_BF16, LOOM_REDUCE_SUM);
   m->ops->from_bf16(m->ops, g, pipe->grad16[c] + lo, hi - lo);
 }
 
-/* Sums chunk c's grads [lo, hi) over the replicas: over dp, and under
- * expert parallelism each run of expert tensors over the ranks holding the
- * same experts (the expert-data-parallel group) instead. */
-static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
+/* Calls fn on each run of chunk c's grads [lo, hi) whose tensors sum over
+ * one group: the whole range, or under expert parallelism each run of
+ * experts' tensors or of others'. */
+typedef void (*run_fn)(loom_pipeline *pipe, bool experts, int c, size_t lo, size_t hi);
+static void for_runs(loom_pipeline *pipe, int c, size_t lo, size_t hi, run_fn fn) {
   if (pipe->ps->ep <= 1) {
-    sum_over(pipe, pipe->ps->dp_group, c, lo, hi);
+    if (hi > lo) fn(pipe, false, c, lo, hi);
     return;
   }
   const loom_gpt_params *p = &pipe->chunks[c].p;
@@ -78,9 +85,17 @@ static void sum_now(loom_pipeline *pipe, int c, size_t lo, size_t hi) {
     if (k < p->grads.count && p->meta[k].expert == p->meta[run].expert) continue;
     const size_t a = loom_buffer_offset(&p->grads, run), b = k < p->grads.count ? loom_buffer_offset(&p->grads, k) : p->grads.numel;
     const size_t from = a > lo ? a : lo, to = b < hi ? b : hi;
-    sum_over(pipe, p->meta[run].expert ? pipe->ps->edp_group : pipe->ps->dp_group, c, from, to);
+    if (to > from) fn(pipe, p->meta[run].expert, c, from, to);
     run = k;
   }
+}
+
+/* Starts one run's sum during backward, one entry of the step's list. */
+static void post(loom_pipeline *pipe, bool experts, int c, size_t lo, size_t hi) {
+  const int k = pipe->nbucket++;
+  size_t *at = &pipe->bucket_at[4 * k];
+  at[0] = (size_t)c, at[1] = lo, at[2] = hi, at[3] = experts;
+  pipe->bucket_req[k] = start_sum(pipe, experts, c, lo, hi);
 }
 
 void loom_grad_sync_layer_done(loom_pipeline *pipe, loom_gpt *m, int l) {
@@ -89,9 +104,7 @@ void loom_grad_sync_layer_done(loom_pipeline *pipe, loom_gpt *m, int l) {
   if (pipe->open_hi == pipe->open_lo) pipe->open_hi = hi;
   pipe->open_lo = lo;
   if ((pipe->open_hi - pipe->open_lo) * sizeof(float) < pipe->bucket_bytes && l > 0) return;
-  const int c = (int)(m - pipe->chunks), k = pipe->nbucket++;
-  pipe->bucket_at[3 * k] = (size_t)c, pipe->bucket_at[3 * k + 1] = pipe->open_lo, pipe->bucket_at[3 * k + 2] = pipe->open_hi;
-  pipe->bucket_req[k] = start_sum(pipe, c, pipe->open_lo, pipe->open_hi);
+  for_runs(pipe, (int)(m - pipe->chunks), pipe->open_lo, pipe->open_hi, post);
   pipe->overlapped += pipe->open_hi - pipe->open_lo;
   pipe->open_lo = pipe->open_hi = 0;
 }
@@ -103,9 +116,7 @@ void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *w
 }
 
 bool loom_grad_sync_buckets(const loom_pipeline *pipe) {
-  /* Under expert parallelism a layer's grads cross two groups: summed at the end. */
-  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1 &&
-         pipe->ps->ep <= 1;
+  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
 }
 
 /* Sums grads over the replicas: finishes the buckets started during backward
@@ -123,16 +134,16 @@ double loom_grad_sync_dp(loom_pipeline *pipe) {
   if (pipe->zero_stage) return 0.0; /* ZeRO-1's optimizer reduce-scatters; ZeRO-2/3 did during backward */
   const double t0 = loom_now_s();
   for (int i = 0; i < pipe->nbucket; i++) {
-    const size_t *at = &pipe->bucket_at[3 * i];
-    finish_sum(pipe, (int)at[0], at[1], at[2], pipe->bucket_req[i]);
+    const size_t *at = &pipe->bucket_at[4 * i];
+    finish_sum(pipe, at[3] != 0, (int)at[0], at[1], at[2], pipe->bucket_req[i]);
   }
   const double waited = loom_now_s() - t0;
   for (int c = 0; c < pipe->v; c++) {
     loom_gpt *m = &pipe->chunks[c];
     size_t lo = 0, hi = 0;
     if (loom_grad_sync_buckets(pipe) && m->p.layers > 0) loom_gpt_block_range(m, 0, m->p.layers, &lo, &hi);
-    sum_now(pipe, c, 0, lo);
-    sum_now(pipe, c, hi, m->p.grads.numel);
+    for_runs(pipe, c, 0, lo, sum_over);
+    for_runs(pipe, c, hi, m->p.grads.numel, sum_over);
   }
   pipe->nbucket = 0;
   return waited;

@@ -25,7 +25,7 @@ void loom_train_describe(const loom_trainer *tr) {
   if (ps->ep > 1) {
     const loom_gpt_config *c = &loom_pipeline_chunk(p, 0)->p.cfg;
     loom_log_info("experts: ep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank; their tokens "
-                  "cross the ep group in all-to-alls, their grads the expert-data-parallel group (after backward)", ps->ep,
+                  "cross the ep group in all-to-alls, their grads the expert-data-parallel group", ps->ep,
                   ps->edp, loom_gpt_local_experts(c), c->moe.experts);
   }
   const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, LOOM_RECOMPUTE_PLAN),
