@@ -117,7 +117,7 @@ static inline void loom_grouped_matmul_backward_by_expert(const loom_ops *be, fl
   for (int e = 0; e < experts; row += (size_t)counts[e], e++)
     if (counts[e] > 0)
       be->matmul_backward(be, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
-                          dout + row * OC, inp + row * C, weight + (size_t)e * OC * C, counts[e], C, OC);
+                          dout + row * OC, inp + row * C, weight ? weight + (size_t)e * OC * C : NULL, counts[e], C, OC);
 }
 
 #endif

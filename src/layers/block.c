@@ -216,10 +216,10 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   } else {
     loom_mem_zero(ops->mem, d_normed, nh);
   }
-  /* The experts' weight grads are taken here, not in the weight half. */
+  /* The router's and experts' weight grads: here, or in the weight half where ws keeps what they need. */
   if (shape->moe)
     loom_moe_backward(d_normed, g->router_w, g->experts_fc_w, g->experts_proj_w, d_out, &a->moe, &s->moe, &w->moe,
-                      shape->moe, shape->moe_loss_weight, moe_groups(tp), ops);
+                      shape->moe, shape->moe_loss_weight, moe_groups(tp), ws->moe.d_fc ? &ws->moe : NULL, ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_2_w, g->ln_2_b, d_normed, a->res_attn, w->v->ln_2_w, a->ln_2_mean,
                      a->ln_2_rstd, n, h);
@@ -250,6 +250,8 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                                 const loom_ops *ops) {
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
   const bool bf16 = shape->bf16;
+  if (shape->moe && ws->moe.d_fc)
+    loom_moe_backward_weight(g->router_w, g->experts_fc_w, g->experts_proj_w, &a->moe, &ws->moe, shape->moe, ops);
   if (shape->ffn > 0) {
     loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits),
                             loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N, shape->ffn, h, bf16);

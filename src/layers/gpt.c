@@ -304,6 +304,7 @@ typedef struct {
   uint16_t *grad_bits[WGRADS];
   float *inputs[WEIGHT_INPUTS];
   uint16_t *input_bits[WEIGHT_INPUTS];
+  loom_moe_wgrad moe; /* a MoE model's kept layers' (a recomputed one's weight grads are taken in the input half) */
 } wgrad_views;
 
 static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *d) {
@@ -322,6 +323,11 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
     const int i = WEIGHT_INPUT[k];
     if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], d->R * c[i]);
     else want(l, &v->inputs[k], BIG_NAMES[i], d->R * c[i]);
+  }
+  if (d->E && d->K) {
+    want(l, &v->moe.d_fc, "w_moe_d_fc", d->K * d->taken * d->fce);
+    want(l, &v->moe.d_y, "w_moe_d_y", d->K * d->taken * d->h);
+    want(l, &v->moe.d_logits, "w_moe_d_logits", d->K * d->n * d->E);
   }
 }
 
@@ -348,6 +354,10 @@ static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d,
       if (d->bf16) *act_bits_field(&s->winputs[i], k) = v->input_bits[k] + offset;
       else *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + offset;
     }
+    const int64_t kept = i - d->R;
+    if (d->E && kept >= 0)
+      w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + kept * d->taken * d->fce, .d_y = v->moe.d_y + kept * d->taken * d->h,
+                                .d_logits = v->moe.d_logits + kept * d->n * d->E};
   }
 }
 

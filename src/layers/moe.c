@@ -73,10 +73,11 @@ static void experts_forward(const loom_ops *ops, float *out, const float *inp, l
                                counts[e], C, OC);
 }
 
-/* Its backward: dinp[M, C] += and dweight[E][OC, C] += (either NULL: not computed). */
+/* Its backward: dinp[M, C] += and dweight[E][OC, C] += (either NULL: not
+ * computed; without dinp the weights are not read and may be absent). */
 static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
-                             loom_linear_weight w, const int *counts, int E, int C, int OC) {
-  if (w.f32) {
+                             loom_linear_weight w, const int *counts, int E, int C, int OC, bool bf16) {
+  if (!bf16) {
     ops->grouped_matmul_backward(ops, dinp, dweight, dout, inp, w.f32, counts, E, C, OC);
     return;
   }
@@ -85,7 +86,7 @@ static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, c
     if (counts[e] > 0)
       ops->matmul_backward_bf16(ops, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
                                 loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
-                                w.bf16 + (size_t)e * OC * C, counts[e], C, OC);
+                                w.bf16 ? w.bf16 + (size_t)e * OC * C : NULL, counts[e], C, OC);
 }
 
 /* The dispatch of this rank's tokens. With a capacity factor under
@@ -226,9 +227,18 @@ loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, f
   return (loom_moe_outcome){.aux_loss = r->aux_loss, .z_loss = r->z_loss, .dropped = d->dropped};
 }
 
+void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,
+                              const loom_moe_shape *shape, const loom_ops *ops) {
+  const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
+  const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
+  experts_backward(ops, NULL, d_proj, ws->d_y, a->act, none, a->host->counts, El, f, h, shape->bf16);
+  experts_backward(ops, NULL, d_fc, ws->d_fc, a->perm, none, a->host->counts, El, h, loom_moe_fc_width(shape), shape->bf16);
+  ops->matmul_backward(ops, NULL, d_router, NULL, ws->d_logits, a->x, NULL, n, h, E);
+}
+
 void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
-                       float loss_weight, loom_moe_groups g, const loom_ops *ops) {
+                       float loss_weight, loom_moe_groups g, const loom_moe_wgrad *ws, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
   const int fc = loom_moe_fc_width(shape), El = shape->local_experts;
   const loom_allocator *mem = ops->mem;
@@ -240,19 +250,22 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   const float *d_y = s->d_y;
   if (shape->ep > 1) {
     exchange(shape, s, g.ep, s->recv, s->d_y, host->send_rows, host->recv_rows, ops);
-    ops->rows_gather(ops, s->recv2, s->recv, a->sort, R, h);
-    d_y = s->recv2;
+    ops->rows_gather(ops, ws ? ws->d_y : s->recv2, s->recv, a->sort, R, h);
+    d_y = ws ? ws->d_y : s->recv2;
+  } else if (ws) {
+    mem->copy(mem, ws->d_y, s->d_y, (size_t)R * h * sizeof(float));
   }
-  /* The experts, down then up. */
+  /* The experts, down then up (a split backward leaves their weight grads for the weight half). */
   loom_mem_zero(mem, s->d_act, (size_t)R * f);
-  experts_backward(ops, s->d_act, d_proj, d_y, a->act, w->proj, host->counts, El, f, h);
+  experts_backward(ops, s->d_act, ws ? NULL : d_proj, d_y, a->act, w->proj, host->counts, El, f, h, shape->bf16);
   to_bf16_values(shape, ops, s->d_act, (size_t)R * f);
-  loom_mem_zero(mem, s->d_fc, (size_t)R * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, s->d_fc, s->d_act, a->fc, R, f);
-  else ops->gelu_backward(ops, s->d_fc, s->d_act, a->fc, (size_t)R * f);
-  to_bf16_values(shape, ops, s->d_fc, (size_t)R * fc);
+  float *d_up = ws ? ws->d_fc : s->d_fc;
+  loom_mem_zero(mem, d_up, (size_t)R * fc);
+  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, d_up, s->d_act, a->fc, R, f);
+  else ops->gelu_backward(ops, d_up, s->d_act, a->fc, (size_t)R * f);
+  to_bf16_values(shape, ops, d_up, (size_t)R * fc);
   loom_mem_zero(mem, s->d_perm, (size_t)R * h);
-  experts_backward(ops, s->d_perm, d_fc, s->d_fc, a->perm, w->fc, host->counts, El, h, fc);
+  experts_backward(ops, s->d_perm, ws ? NULL : d_fc, d_up, a->perm, w->fc, host->counts, El, h, fc, shape->bf16);
   to_bf16_values(shape, ops, s->d_perm, (size_t)R * h);
   /* Home again (expert parallelism), then the gather's backward: each token's rows summed (a combine without weights). */
   const float *d_rows = s->d_perm;
@@ -267,8 +280,9 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   mem->to_host(mem, dw, s->d_weights, (size_t)n * k * sizeof(float));
   loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * loom_comm_size(g.seq), &host->routing, dw,
                           loss_weight, loss_weight, dlogits);
-  mem->from_host(mem, s->d_logits, dlogits, (size_t)n * E * sizeof(float));
-  ops->matmul_backward(ops, s->d_x, d_router, NULL, s->d_logits, a->x, w->router, n, h, E);
+  float *d_logits = ws ? ws->d_logits : s->d_logits;
+  mem->from_host(mem, d_logits, dlogits, (size_t)n * E * sizeof(float));
+  ops->matmul_backward(ops, s->d_x, ws ? NULL : d_router, NULL, d_logits, a->x, w->router, n, h, E);
   to_bf16_values(shape, ops, s->d_x, (size_t)n * h);
   ops->add(ops, dx, dx, s->d_x, (size_t)n * h);
 }

@@ -135,11 +135,26 @@ typedef struct {
 loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
                                   const loom_moe_weights *w, const loom_moe_shape *shape, loom_moe_groups g,
                                   const loom_ops *ops);
+/* What the weight GEMMs of a split backward read besides the activations:
+ * the grads of the experts' two GEMMs' outputs (this rank's experts' rows,
+ * expert by expert) and of the router's logits. */
+typedef struct {
+  float *d_fc;     /* [R, fc width] */
+  float *d_y;      /* [R, h] */
+  float *d_logits; /* [n, E] */
+} loom_moe_wgrad;
+
 /* dx[n, h] += the grad of x, from dout[n, h] and the router losses weighted
- * by loss_weight (their share of the step's loss); the weight grads
- * (d_router [E, h], d_fc and d_proj as the experts' views) are added to. */
+ * by loss_weight (their share of the step's loss). The weight grads
+ * (d_router [E, h], d_fc and d_proj as the experts' views) are added to
+ * now, or with ws not NULL (a split backward) left in ws for
+ * loom_moe_backward_weight (d_router, d_fc and d_proj unused). */
 void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
-                       float loss_weight, loom_moe_groups g, const loom_ops *ops);
+                       float loss_weight, loom_moe_groups g, const loom_moe_wgrad *ws, const loom_ops *ops);
+/* The weight half: the router's and the experts' weight grads from ws and
+ * a's activations (zero-bubble schedules' W work). */
+void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,
+                              const loom_moe_shape *shape, const loom_ops *ops);
 
 #endif

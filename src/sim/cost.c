@@ -112,8 +112,8 @@ static void ep_exchange(const layout *L, pass *x, double bytes) {
  * expert parallelism the rows' all-to-alls there and back in each pass,
  * and under SP the load-balancing counts summed over the group (with a
  * capacity factor also every rank's choices gathered). The router's and
- * experts' weight grads are taken with the input grads (no W work). */
-static void moe_costs(const layout *L, pass *f, pass *g) {
+ * the experts' weight-grad GEMMs are W work, as the dense linears'. */
+static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double E = c->moe.experts, El = loom_gpt_local_experts(c), k = c->moe.topk, n = L->rows, h = c->hidden;
   const double fe = loom_gpt_expert_ffn(c), e = L->e;
@@ -122,6 +122,7 @@ static void moe_costs(const layout *L, pass *f, pass *g) {
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   }
   const double bytes = 2.0 * n * k * h * e + (n * k + n) * h * e + (up + fe) * n * k * e;
   stream(L, f, bytes);
@@ -176,7 +177,7 @@ static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
   stream(L, g, 2.0 * bytes);
   f->compute += ops * L->overhead;
   g->compute += 2.0 * ops * L->overhead;
-  if (moe) moe_costs(L, f, g);
+  if (moe) moe_costs(L, f, g, w);
   /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
    * SP also their entries forward and exits backward (all-gathers), which are identities without it. */
   for (int i = 0; i < 2; i++) {
