@@ -255,16 +255,21 @@ static loom_status read_llama_biases(const config_reader *c, loom_gpt_config *cf
  * for them); a sliding window only where use_sliding_window turns it on
  * (then as Mistral's), attention of one kind in every layer_types entry,
  * and no multimodal RoPE. */
-static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
+/* Llama's bias fields, refused in a family whose biases are fixed (why: its own words). */
+static loom_status no_bias_fields(const config_reader *c, const char *why) {
   static const char *const FIXED[] = {"attention_bias", "mlp_bias"};
   for (int i = 0; i < 2; i++)
-    if (loom_json_get(c->root, FIXED[i]))
-      return bad_field(c, FIXED[i], "is not Qwen2's: its q, k and v projections always have biases and its other "
-                       "linears never (transformers' Qwen2 reads no such field)");
+    if (loom_json_get(c->root, FIXED[i])) return bad_field(c, FIXED[i], why);
+  return LOOM_OK;
+}
+
+static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
   cfg->no_bias = true, cfg->qkv_bias = true;
   bool sliding = false, mrope = false;
   int layers = 0;
-  loom_status st = bool_field(c, "use_sliding_window", false, &sliding);
+  loom_status st = no_bias_fields(c, "is not Qwen2's: its q, k and v projections always have biases and its other "
+                                  "linears never (transformers' Qwen2 reads no such field)");
+  if (st == LOOM_OK) st = bool_field(c, "use_sliding_window", false, &sliding);
   if (st == LOOM_OK && sliding) st = read_sliding_window(c, cfg);
   if (st == LOOM_OK) st = int_field(c, "max_window_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &layers);
   if (st == LOOM_OK) st = bool_field(c, "use_mrope", false, &mrope);
@@ -287,14 +292,11 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
  * intermediate_size each, its top-k, its load-balancing loss's
  * coefficient, no router jitter, and a sliding window as Mistral's. */
 static loom_status read_mixtral(const config_reader *c, loom_gpt_config *cfg) {
-  static const char *const FIXED[] = {"attention_bias", "mlp_bias"};
-  for (int i = 0; i < 2; i++)
-    if (loom_json_get(c->root, FIXED[i]))
-      return bad_field(c, FIXED[i], "is not Mixtral's: its linears never have biases (transformers' Mixtral reads no such "
-                       "field)");
   cfg->no_bias = true;
   loom_moe_config *e = &cfg->moe;
-  loom_status st = int_field(c, "num_local_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  loom_status st = no_bias_fields(c, "is not Mixtral's: its linears never have biases (transformers' Mixtral reads no such "
+                                  "field)");
+  if (st == LOOM_OK) st = int_field(c, "num_local_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
   if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 2, &e->topk);
   const loom_json *aux = loom_json_get(c->root, "router_aux_loss_coef"), *jitter = loom_json_get(c->root, "router_jitter_noise");
   if (st == LOOM_OK && aux && !(aux->kind == LOOM_JSON_NUMBER && aux->number >= 0.0 && isfinite(aux->number)))
