@@ -633,7 +633,7 @@ START_TEST(megatron_flag_names) {
       {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
       {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
       {"--add-qkv-bias", "--qkv-bias", ""}, {"--expert-model-parallel-size", "--ep", NULL},
-      {"--group-query-attention", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+      {"--group-query-attention", NULL, NULL}, {"--moe-grouped-gemm", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
       {"--log-throughput", NULL, NULL}, {"--log-timers-to-tensorboard", NULL, NULL},
       {"--log-memory-to-tensorboard", NULL, NULL},
   };

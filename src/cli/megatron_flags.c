@@ -35,6 +35,7 @@ const loom_megatron_alias LOOM_MEGATRON_ALIASES[] = {
     {"--group-query-attention", NULL, NULL},  /* --num-query-groups (--kv-heads) sets the groups */
     {"--use-flash-attn", NULL, NULL},         /* every backend's attention keeps flash attention's contract */
     {"--use-mcore-models", NULL, NULL},
+    {"--moe-grouped-gemm", NULL, NULL},           /* the experts' GEMMs are grouped by expert on every backend */
     {"--log-throughput", NULL, NULL},             /* the step line and metrics carry TFLOP/s per device and MFU */
     {"--log-timers-to-tensorboard", NULL, NULL},  /* --tensorboard-dir gets iteration-time and throughput */
     {"--log-memory-to-tensorboard", NULL, NULL},  /* ... and mem-max-allocated-bytes */
