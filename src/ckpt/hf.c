@@ -500,9 +500,8 @@ static loom_status write_index(const char *dir, const loom_model_source *src, lo
   loom_strbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
                      (unsigned long long)total);
   for (int i = 0; i < src->count; i++) {
-    int k = 0;
-    char buf[LOOM_NAME_LEN + 32];
-    while (strcmp(loom_hf_tensor_name(&src->cfg, src->specs[k].name, buf, sizeof buf), names[i]) != 0) k++;
+    int k = 0; /* the tensor whose name this is: each name points at its spec's, or at its hf[k] */
+    while (names[i] != src->specs[k].name && names[i] != hf[k]) k++;
     char file[64];
     shard_name(file, sizeof file, shard[k], files);
     loom_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", names[i], file, i + 1 < src->count ? "," : "");

@@ -117,12 +117,13 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
 
   /* MLP: up (SwiGLU: gate|up) column-parallel, down row-parallel. A MoE
    * layer's experts take this rank's normed rows first (the shared
-   * expert's row-parallel output may land where they lie) and add their
-   * output to the shared expert's, if any. */
+   * expert's row-parallel output may land where they lie; they read a copy,
+   * so without a shared expert they write the branch in their place) and
+   * add their output to the shared expert's, if any. */
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_2, a->ln_2_mean, a->ln_2_rstd,
                     a->res_attn, w->v->ln_2_w, w->v->ln_2_b, n, h);
-  if (shape->moe) loom_moe_forward(&a->moe, &s->moe, s->moe_out, normed ? normed : a->ln_2, &w->moe, shape->moe,
-                                   moe_groups(tp), ops);
+  if (shape->moe) loom_moe_forward(&a->moe, &s->moe, f > 0 ? s->moe_out : branch, normed ? normed : a->ln_2, &w->moe,
+                                   shape->moe, moe_groups(tp), ops);
   if (f > 0) {
     loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
                                  N, n, h, fc);
@@ -134,9 +135,10 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
                               w->v->mlp_proj_b, N, n, f, h);
     to_bf16_values(shape, ops, branch, nh);
   }
-  if (shape->moe && f > 0) ops->add(ops, branch, branch, s->moe_out, nh);
-  else if (shape->moe) ops->mem->copy(ops->mem, branch, s->moe_out, nh * sizeof(float));
-  to_bf16_values_if(shape->moe && f > 0, shape, ops, branch, nh);
+  if (shape->moe && f > 0) {
+    ops->add(ops, branch, branch, s->moe_out, nh);
+    to_bf16_values(shape, ops, branch, nh);
+  }
   ops->dropout_forward(ops, branch, n / B, B, h, &d_mlp);
   to_bf16_values_if(d_mlp.p > 0.0f, shape, ops, branch, nh);
   ops->add(ops, a->out, a->res_attn, branch, nh);

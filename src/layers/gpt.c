@@ -117,7 +117,7 @@ typedef struct {
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int64_t E, k, M, taken; /* a MoE model's experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
-  int64_t El, ep;         /* its experts on this rank, and the expert-parallel group's size */
+  int64_t ep;             /* its expert-parallel group's size */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
@@ -139,7 +139,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0;
   return (dims){.N = N, .n = n, .h = c->hidden, .f = f, .w = c->hidden / tp,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0,
-                .El = moe ? loom_gpt_local_experts(c) : 0, .ep = c->moe.ep > 1 ? c->moe.ep : 1,
+                .ep = c->moe.ep > 1 ? c->moe.ep : 1,
                 .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
@@ -418,7 +418,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   }
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
   if (d->E) {
-    want(l, &s->moe_out, "moe_out", d->n * d->h);
+    if (d->f) want(l, &s->moe_out, "moe_out", d->n * d->h); /* beside a shared expert's output */
     want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);
     want(l, &s->moe.d_y, "moe_d_y", d->M * d->h);
     want(l, &s->moe.d_perm, "moe_d_perm", d->taken * d->h);
@@ -660,7 +660,6 @@ void loom_gpt_moe_stats_reset(loom_gpt *m) {
   if (st->load) memset(st->load, 0, (size_t)m->p.layers * (size_t)m->p.cfg.moe.experts * sizeof *st->load);
   st->aux_loss = st->z_loss = 0.0;
   st->dropped = 0;
-  st->forwards = 0;
 }
 
 /* Adds a layer's routing in one forward to the statistics. */
@@ -958,7 +957,6 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     float *next = l + 1 == L ? s->out : redone(m, l) ? (float *)layer_input(m, s, l + 1, false) : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
-  m->moe_stats.forwards++;
   const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
   hook(m, false, LOOM_GPT_EDGES, false);
   return loss;

@@ -101,10 +101,9 @@ typedef struct {
 /* What a MoE model's routing came to over the forwards since the last
  * loom_gpt_moe_stats_reset (recomputes left out): this rank's shares. */
 typedef struct {
-  double aux_loss, z_loss; /* summed over layers and forwards, each forward's weighted by its tokens' share (dloss) */
+  double aux_loss, z_loss; /* summed over layers and forwards (each forward's micro-batch losses as routed) */
   int64_t dropped;         /* choices dropped over capacity */
   int64_t *load;           /* [layers * experts] tokens routed to each expert of each local layer */
-  int forwards;            /* micro-batch forwards counted */
 } loom_gpt_moe_stats;
 
 typedef struct loom_gpt_s {

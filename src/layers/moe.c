@@ -170,9 +170,8 @@ static void exchange(const loom_moe_shape *shape, const loom_moe_scratch *s, loo
   ops->from_bf16(ops, recv, s->wire2, in);
 }
 
-loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
-                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_moe_groups g,
-                                  const loom_ops *ops) {
+void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x, const loom_moe_weights *w,
+                      const loom_moe_shape *shape, loom_moe_groups g, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
   const int fc = loom_moe_fc_width(shape), El = shape->local_experts;
   const loom_allocator *mem = ops->mem;
@@ -224,7 +223,6 @@ loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, f
   }
   ops->rows_combine(ops, out, a->y, a->slots, a->weights, n, k, h);
   to_bf16_values(shape, ops, out, (size_t)n * h);
-  return (loom_moe_outcome){.aux_loss = r->aux_loss, .z_loss = r->z_loss, .dropped = d->dropped};
 }
 
 void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,

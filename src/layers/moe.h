@@ -119,22 +119,17 @@ typedef struct {
   loom_linear_weight fc, proj;
 } loom_moe_weights;
 
-/* What a layer's routing came to in one micro-batch, for the log. */
-typedef struct {
-  double aux_loss, z_loss; /* this rank's shares of the micro-batch's */
-  int64_t dropped;         /* choices dropped over capacity, of this rank's tokens */
-} loom_moe_outcome;
-
 /* The groups a call talks to (NULL: none): the ranks sharing the
  * micro-batch along the sequence, and the expert-parallel group. */
 typedef struct {
   loom_comm *seq, *ep;
 } loom_moe_groups;
 
-/* out[n, h] = the layer's output for x[n, h] (x saved in a). */
-loom_moe_outcome loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x,
-                                  const loom_moe_weights *w, const loom_moe_shape *shape, loom_moe_groups g,
-                                  const loom_ops *ops);
+/* out[n, h] = the layer's output for x[n, h] (x saved in a); what the
+ * routing came to (its losses, this rank's shares; loads; drops) stays in
+ * a->host. */
+void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, const float *x, const loom_moe_weights *w,
+                      const loom_moe_shape *shape, loom_moe_groups g, const loom_ops *ops);
 /* What the weight GEMMs of a split backward read besides the activations:
  * the grads of the experts' two GEMMs' outputs (this rank's experts' rows,
  * expert by expert) and of the router's logits. */

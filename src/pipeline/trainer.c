@@ -149,7 +149,8 @@ void loom_trainer_free(loom_trainer *tr) {
   loom_parallel_free(&tr->ps);
 }
 
-double loom_trainer_moe_imbalance(const loom_trainer *tr, int l) {
+/* The busiest expert's tokens over the mean in layer l of the last step. */
+static double moe_imbalance(const loom_trainer *tr, int l) {
   const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
   const int E = c->moe.experts;
   const int64_t *load = tr->moe_load + (size_t)l * E;
@@ -180,7 +181,7 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   const double per = (double)(tr->global_batch / tr->micro_batch) * L; /* micro-batches x MoE layers */
   s->moe_aux_loss = sums[0] / per, s->moe_z_loss = sums[1] / per, s->moe_dropped = (int64_t)sums[2];
   for (int l = 0; l < L; l++) {
-    const double r = loom_trainer_moe_imbalance(tr, l);
+    const double r = moe_imbalance(tr, l);
     s->moe_load_imbalance = r > s->moe_load_imbalance ? r : s->moe_load_imbalance;
   }
 }

@@ -84,8 +84,6 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step);
 /* Mean loss over `batches` held-out micro-batches; scores addition if digits > 0. */
 loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits, loom_eval_stats *out,
                               loom_error *err);
-/* The busiest expert's tokens over the mean in layer l of the last step (a MoE model's). */
-double loom_trainer_moe_imbalance(const loom_trainer *tr, int l);
 /* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
 /* The tensor memory this rank allocates by the memory model (plan/memory.h). */
