@@ -104,7 +104,10 @@ same_losses "$WORK/moe_ref.jsonl" "$WORK/moe_dp.jsonl" || fail "MoE losses after
 
 # Expert parallelism: a checkpoint holds each expert by its global name, whatever the ep. 3 steps at ep 2
 # over dp 2 resume there to 9 bit for bit (losses and the final weights); 3 steps at ep 4 over dp 4 resume at
-# ep 2 over dp 2 to 6 and on one rank to 9, equal to the one-rank run within fp32's 1e-5.
+# ep 2 over dp 2 to 6 and on one rank to 9, equal to the one-rank run within fp32's 1e-5. That chain routes
+# with DeepSeek-V3's expert bias, which the manifest carries from step to step (a resume from a bias of 0
+# routes differently).
+MOEB="$MOE --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.02"
 rm -rf "$WORK"/ep*
 np 2 --dp 2 --ep 2 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save "$WORK/ep_ref.safetensors" > "$WORK/ep_ref.txt" 2>&1 ||
   fail "ep 2 reference: $(cat "$WORK/ep_ref.txt")"
@@ -115,14 +118,23 @@ np 2 --dp 2 --ep 2 $MOE --steps 9 --ckpt "$WORK/ep" --resume --metrics "$WORK/ep
 cmp -s "$WORK/ep_ref.safetensors" "$WORK/ep_res.safetensors" || fail "ep 2 resumed final weights differ"
 "$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOE --steps 9 \
   --metrics "$WORK/ep_one.jsonl" > "$WORK/ep_one.txt" 2>&1 || fail "MoE on one rank: $(cat "$WORK/ep_one.txt")"
-np 4 --dp 4 --ep 4 $MOE --steps 3 --ckpt "$WORK/ep4" > "$WORK/ep40.txt" 2>&1 || fail "ep 4 first third: $(cat "$WORK/ep40.txt")"
-np 2 --dp 2 --ep 2 $MOE --steps 6 --ckpt "$WORK/ep4" --resume --metrics "$WORK/ep42.jsonl" > "$WORK/ep42.txt" 2>&1 ||
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $(echo "$MODEL" | sed 's/--eval-every 0/--eval-every 3/') \
+  --dp 4 --ep 4 $MOEB --steps 3 --ckpt "$WORK/ep4" > "$WORK/ep40.txt" 2>&1 || fail "ep 4 first third: $(cat "$WORK/ep40.txt")"
+# The checkpoint as a model (--init-from DIR, as eval and sample load it) routes with its bias: its held-out loss is the run's.
+"$LOOM" train --seq 16 --micro-batch 2 --global-batch 8 --init-from "$WORK/ep4" --steps 1 --eval-every 1 > "$WORK/ep4_init.txt" 2>&1 ||
+  fail "--init-from a checkpoint: $(cat "$WORK/ep4_init.txt")"
+held_out() { grep "^eval  step *$2 " "$1" | sed 's/.*held-out loss \([0-9.]*\).*/\1/'; }
+[ -n "$(held_out "$WORK/ep40.txt" 3)" ] && [ "$(held_out "$WORK/ep40.txt" 3)" = "$(held_out "$WORK/ep4_init.txt" 0)" ] ||
+  fail "--init-from the checkpoint: held-out loss $(held_out "$WORK/ep4_init.txt" 0), the run's $(held_out "$WORK/ep40.txt" 3)"
+np 2 --dp 2 --ep 2 $MOEB --steps 6 --ckpt "$WORK/ep4" --resume --metrics "$WORK/ep42.jsonl" > "$WORK/ep42.txt" 2>&1 ||
   fail "ep 4 resumed at ep 2: $(cat "$WORK/ep42.txt")"
-"$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOE --steps 9 --ckpt "$WORK/ep4" \
+"$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOEB --steps 9 --ckpt "$WORK/ep4" \
   --resume --metrics "$WORK/ep41.jsonl" > "$WORK/ep41.txt" 2>&1 || fail "ep 2 resumed on one rank: $(cat "$WORK/ep41.txt")"
+"$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOEB --steps 9 \
+  --metrics "$WORK/ep_oneb.jsonl" > "$WORK/ep_oneb.txt" 2>&1 || fail "MoE with expert bias on one rank: $(cat "$WORK/ep_oneb.txt")"
 same_losses "$WORK/ep_one.jsonl" "$WORK/ep_ref.jsonl" || fail "ep 2's losses against one rank's"
-same_losses "$WORK/ep_one.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep 2: losses"
-same_losses "$WORK/ep_one.jsonl" "$WORK/ep41.jsonl" || fail "ep 2 resumed on one rank: losses"
+same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep 2 (expert bias): losses"
+same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep41.jsonl" || fail "ep 2 resumed on one rank (expert bias): losses"
 [ "$(losses "$WORK/ep41.jsonl" | wc -l)" = 3 ] || fail "the one-rank resume should train steps 7-9"
 
 # Resharding by --resume: (2,2,1) for 3 steps, (1,1,2) to 6, (4,1,1) to 9.

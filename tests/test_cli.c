@@ -151,6 +151,13 @@ START_TEST(bad_flags) {
               "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
               2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-enable-expert-bias", NULL), 2,
+              "loom train: --moe-router-enable-expert-bias true: DeepSeek-V3's aux-loss-free balancing biases sigmoid scores, "
+              "but --moe-router-score-function is softmax; set it to sigmoid, as Megatron-Core requires");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                      "--save", "m.safetensors", NULL), 2,
+              "loom train: --save m.safetensors: this model routes with an expert bias (--moe-router-enable-expert-bias), which "
+              "only a loom checkpoint holds so far; keep its checkpoint (--ckpt) and evaluate or sample from that (--init-from DIR)");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--expert-tensor-parallel-size", "2", NULL), 2,
               "loom train: --expert-tensor-parallel-size is Megatron-LM's flag, which loom does not implement (see loom train "
               "--help for the Megatron-LM names it takes)");

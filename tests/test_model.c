@@ -377,6 +377,41 @@ START_TEST(moe_router_gradients_match_finite_differences) {
 }
 END_TEST
 
+/* DeepSeek-V3's expert bias (Megatron-Core's get_updated_expert_bias):
+ * each expert's bias moves by the rate toward the mean load, and not at
+ * all at it; then a bias that has grown on an idle expert turns a choice
+ * toward it (ties still to the lower index). */
+START_TEST(moe_expert_bias_steps_toward_the_mean_load) {
+  enum { E = 4 };
+  float bias[E] = {0.5f, 0.0f, -0.25f, 0.0f};
+  const int64_t load[E] = {9, 1, 3, 3}; /* mean 4 */
+  loom_moe_expert_bias_update(bias, load, E, 0.125f);
+  const float want[E] = {0.375f, 0.125f, -0.125f, 0.125f};
+  for (int e = 0; e < E; e++) ck_assert_msg(bias[e] == want[e], "expert %d: bias %g, want %g", e, (double)bias[e], (double)want[e]);
+  const int64_t even[E] = {2, 2, 2, 2};
+  loom_moe_expert_bias_update(bias, even, E, 0.125f);
+  for (int e = 0; e < E; e++) ck_assert_msg(bias[e] == want[e], "expert %d moved at the mean load", e);
+  /* Sigmoid scores 0.6, 0.5, 0.5, 0.4: top 1 is expert 0 unbiased, expert 3 once its bias passes 0.2. */
+  const float logits[E] = {0.405465f, 0.0f, 0.0f, -0.405465f};
+  const float lift[E] = {0.0f, 0.0f, 0.0f, 0.25f}, tie[E] = {0.0f, 0.25f, 0.25f, 0.0f}, even_logits[E] = {0};
+  int chosen[1];
+  float weight[1];
+  int64_t l[E], aux[E];
+  double ss[E];
+  loom_moe_routing r = {.experts = chosen, .weights = weight, .load = l, .aux_load = aux, .score_sum = ss};
+  loom_moe_router c = {.experts = E, .topk = 1, .score = LOOM_MOE_SCORE_SIGMOID};
+  loom_moe_route(&c, logits, 1, &r);
+  ck_assert_int_eq(chosen[0], 0);
+  c.expert_bias = lift;
+  loom_moe_route(&c, logits, 1, &r);
+  ck_assert_int_eq(chosen[0], 3);
+  ck_assert_float_eq_tol(weight[0], 0.4f, 1e-5f); /* the weight is the unbiased score */
+  c.expert_bias = tie;
+  loom_moe_route(&c, even_logits, 1, &r);
+  ck_assert_int_eq(chosen[0], 1); /* 0.75 against 0.75: the lower index */
+}
+END_TEST
+
 /* Dispatch: 5 tokens' top-2 choices over 4 experts. Dropless, every
  * choice has a row, expert by expert in token order, and each row is its
  * token's; with capacity 2 (factor 0.8: ceil(5 * 2 / 4 * 0.8)) expert 1's
@@ -478,6 +513,7 @@ int main(void) {
   tcase_add_test(tc, mixtral_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
+  tcase_add_test(tc, moe_expert_bias_steps_toward_the_mean_load);
   tcase_add_test(tc, moe_dispatch_places_every_choice);
   suite_add_tcase(s, tc);
   return tu_run(s);

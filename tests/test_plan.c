@@ -321,6 +321,14 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "model.moe: aux_loss_coeff -1 and z_loss_coeff 0 must be finite and at least 0");
   moe.aux_loss_coeff = 0.0f, moe.z_loss_coeff = INFINITY;
   expect_rule(p, "model.moe: aux_loss_coeff 0 and z_loss_coeff inf must be finite and at least 0");
+  moe.z_loss_coeff = 0.0f, moe.score = LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX, moe.expert_bias = 1;
+  expect_rule(p, "model.moe.expert_bias = true: DeepSeek-V3's aux-loss-free balancing biases sigmoid scores, but "
+              "model.moe.score is softmax");
+  moe.score = LOOM__MOE_SCORE__MOE_SCORE_SIGMOID, moe.has_bias_update_rate = 1, moe.bias_update_rate = NAN;
+  expect_rule(p, "model.moe.bias_update_rate = nan: must be finite, from 0 to 1");
+  moe.bias_update_rate = 2.0f;
+  expect_rule(p, "model.moe.bias_update_rate = 2: must be finite, from 0 to 1");
+  moe.expert_bias = 0, moe.has_bias_update_rate = 0;
   p->model->moe = NULL;
   p->model->has_bias = 0, p->model->bias = 1;
   p->model->position = (Loom__Position)7;

@@ -4,9 +4,10 @@
  * and the weights under ZeRO-3; SP 1 turns on sequence parallelism; MODEL
  * is gpt (GPT-2's architecture), llama (RMSNorm, SwiGLU, RoPE, no biases,
  * an untied head, 8 query heads sharing 2 key/value heads), mqa (the same
- * with one key/value head, replicated over the TP ranks) or moe (llama's
+ * with one key/value head, replicated over the TP ranks), moe (llama's
  * with its MLPs Mixtures of 4 experts, top 2, and a shared expert; EP its
- * expert-parallel size)): for every
+ * expert-parallel size) or moe_bias (moe's with sigmoid scores and
+ * DeepSeek-V3's expert bias, which each step moves by every rank's loads)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -34,6 +35,8 @@ static float g_lr = 1e-2f;
 
 static const char *g_model = "gpt";
 
+static bool is_moe(void) { return strncmp(g_model, "moe", 3) == 0; }
+
 static loom_gpt_config tiny(void) {
   loom_gpt_config c = {.layers = LAYERS, .hidden = g_hidden, .heads = 4, .vocab = 256, .seq = g_seq, .dropout = 0.1f,
                        .norm_eps = 1e-5f};
@@ -46,9 +49,11 @@ static loom_gpt_config tiny(void) {
     c.position = LOOM_POSITION_ROPE;
     c.no_bias = c.untied = true;
   }
-  if (strcmp(g_model, "moe") == 0) /* the llama model's MLPs 4 experts (top 2) beside a shared expert */
+  if (is_moe()) /* the llama model's MLPs 4 experts (top 2) beside a shared expert */
     c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 8, .aux_loss_coeff = 1e-2f,
                               .z_loss_coeff = 1e-3f};
+  if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run */
+    c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f;
   loom_gpt_config_finish(&c);
   return c;
 }
@@ -429,7 +434,7 @@ START_TEST(bf16_matches_serial_bf16) {
    * at tp 2 x dp 2 ZeRO-3, 1.3e-3 at dp 2 with the bf16 reduction; the
    * worst weight 0.75 lr), so its bound wherever bf16 sums cross ranks is
    * 1e-2. */
-  const bool bf16_sums = g_tp > 1, moe = strcmp(g_model, "moe") == 0;
+  const bool bf16_sums = g_tp > 1, moe = is_moe();
   check_bf16(false, bf16_sums ? 1e-2 : 1e-3, bf16_sums ? (moe ? 1e-2 : 1e-3) : 1e-5, bf16_sums ? STEPS * g_lr : 2 * g_lr);
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; a

@@ -10,6 +10,7 @@
 #include <unistd.h>
 #include "comm/mpi/comm_mpi.h"
 #include "core/rng.h"
+#include "layers/moe_router.h"
 #include "core/fault.h"
 #include "test_util.h"
 
@@ -139,7 +140,12 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
   const int T = m->T, B = m->B, micro_steps = global / B;
   ck_assert_int_eq(global % B, 0);
   int *tokens = malloc((size_t)T * B * sizeof(int)), *targets = malloc((size_t)T * B * sizeof(int));
+  const loom_moe_config *moe = &m->p.cfg.moe;
+  const size_t biases = moe->expert_bias ? (size_t)m->p.layers * (size_t)moe->experts : 0;
+  float *bias = biases ? calloc(biases, sizeof *bias) : NULL;
+  m->expert_bias = bias;
   for (int step = 0; step < steps; step++) {
+    loom_gpt_moe_stats_reset(m);
     const int64_t first_sample = (int64_t)step * global;
     int64_t scored = 0; /* every micro-batch's grads are weighted alike: count first */
     for (int k = 0; k < micro_steps; k++)
@@ -159,7 +165,12 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
     loom_gpt_sync_replicated_grads(m);
     const double norm = loom_grad_norm(&m->p, m->ops, &m->tp);
     if (isfinite(norm)) loom_adamw_step(opt, &m->p, loom_lr_at(&lr, step), norm, m->ops);
+    for (size_t l = 0; l < biases / (size_t)moe->experts; l++) /* as the trainer steps it, from this step's loads */
+      loom_moe_expert_bias_update(bias + l * moe->experts, m->moe_stats.load + l * moe->experts, moe->experts,
+                                  moe->bias_update_rate);
   }
+  m->expert_bias = NULL;
+  free(bias);
   free(tokens);
   free(targets);
 }

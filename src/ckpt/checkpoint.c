@@ -44,6 +44,7 @@ struct loom_ckpt_async {
 };
 
 static void free_save(loom_ckpt_async *a) {
+  free(a->run.expert_bias);
   free(a->pieces);
   free(a->all);
   free(a);
@@ -59,11 +60,15 @@ static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, cons
   loom_status st = a ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", dir);
   if (a) {
     *a = (loom_ckpt_async){.step = step, .keep = keep, .ps = ps, .run = *run};
+    /* The bias as of this step (training moves it on while the shard is written). */
+    a->run.expert_bias = run->expert_bias_count ? loom_fault_malloc(run->expert_bias_count * sizeof(float)) : NULL;
+    if (a->run.expert_bias) memcpy(a->run.expert_bias, run->expert_bias, run->expert_bias_count * sizeof(float));
+    else a->run.expert_bias_count = 0;
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     loom_ckpt_step_dir(dir, step, a->sub, sizeof a->sub);
     a->pieces = loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *a->pieces);
     a->all = loom_fault_calloc((size_t)ps->world * 3, sizeof(int64_t));
-    if (!a->pieces || !a->all) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", a->sub);
+    if (!a->pieces || !a->all || a->run.expert_bias_count != run->expert_bias_count) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", a->sub);
   }
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(dir, err);
   if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(a->sub, err);
@@ -282,6 +287,7 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
   if (st != LOOM_OK) return st;
   loom_manifest_run(mf, from);
   st = check_run(sub, from, run, err);
+  if (st == LOOM_OK) st = loom_manifest_expert_bias(sub, mf, run->expert_bias, run->expert_bias_count, err);
   if (st == LOOM_OK) st = load_chunks(sub, mf, chunks, n, err);
   *step = mf->step;
   from->data = NULL; /* it pointed into mf */

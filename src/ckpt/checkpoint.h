@@ -25,6 +25,10 @@ typedef struct {
   uint64_t seed;
   loom_lr_schedule lr;
   const char *data; /* the token file, or NULL for the addition task */
+  /* model.moe.expert_bias: the trainer's [layers x experts], which a save
+   * records and a resume fills (NULL, 0: none) */
+  float *expert_bias;
+  size_t expert_bias_count;
 } loom_ckpt_run;
 
 /* Saves step `step` (optimizer steps taken) of this rank's chunks under dir,

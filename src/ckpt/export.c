@@ -1,6 +1,8 @@
 /* Exporting a model source to one file. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "ckpt/export.h"
 #include "ckpt/hf.h"
 #include "ckpt/llmc_model.h"
@@ -25,7 +27,15 @@ static void free_params(void *state) {
   free(state);
 }
 
+/* Whether path is a directory of loom checkpoints (it has a latest). */
+static bool is_ckpt_dir(const char *path) {
+  char latest[4200];
+  snprintf(latest, sizeof latest, "%s/latest", path);
+  return loom_hf_is_dir(path) && access(latest, F_OK) == 0;
+}
+
 loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err) {
+  if (is_ckpt_dir(path)) return loom_model_source_of_ckpt(s, path, err);
   return loom_hf_is_dir(path) ? loom_hf_source(s, path, err) : loom_llmc_source(s, path, err);
 }
 
@@ -48,6 +58,10 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
 
 loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
                                     const char *out, bool force, loom_error *err) {
+  if (loom_gpt_is_moe(cfg) && cfg->moe.expert_bias)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s %s: this model routes with an expert bias (--moe-router-enable-expert-bias), "
+                     "which only a loom checkpoint holds so far; keep its checkpoint (--ckpt) and evaluate or sample from "
+                     "that (--init-from DIR)", flag, out);
   if (format == LOOM_FORMAT_HF && loom_hf_check_class(cfg, err) != LOOM_OK)
     return loom_error_prefix(err, LOOM_ERR_USAGE, flag);
   static const char *const FILE_SUFFIXES[] = {".safetensors", ".bin", ".json", ".txtpb", ".pb"};

@@ -21,7 +21,8 @@ loom_model_format loom_model_format_of(const char *name);
  * initialised from seed. */
 loom_status loom_model_source_open(loom_model_source *s, const char *dir, const char *model_path,
                                    const loom_gpt_config *cfg, uint64_t seed, loom_error *err);
-/* A model file as a source: a Hugging Face directory, else an llm.c file. */
+/* A model file as a source: a directory of loom checkpoints (its latest),
+ * a Hugging Face directory, else an llm.c file. */
 loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err);
 /* Before any work: whether cfg's model can be written to out (named by
  * `flag`) in format: a transformers class for hf; a name that does not

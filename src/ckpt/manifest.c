@@ -1,6 +1,7 @@
 /* Checkpoint manifests, DIR/latest, and pruning old steps. */
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include "ckpt/manifest.h"
 #include "core/crc32c.h"
 #include "core/fault.h"
+#include "core/log.h"
 #include "core/read_file.h"
 #include "core/rng.h"
 #include "ckpt/shard_file.h"
@@ -178,6 +180,7 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   ts.has_lr_decay = ts.has_wsd_decay_steps = ts.has_wsd_shape = run->lr.decay == LOOM_LR_WSD;
   ts.lr_decay = (int32_t)run->lr.decay, ts.wsd_decay_steps = run->lr.wsd_decay_steps, ts.wsd_shape = (int32_t)run->lr.wsd_shape;
   ts.data = (char *)(run->data ? run->data : "");
+  ts.n_expert_bias = run->expert_bias_count, ts.expert_bias = run->expert_bias;
   Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
   mf.has_format_version = mf.has_step = mf.has_seed = mf.has_save_id = 1;
   mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed, mf.save_id = save_id;
@@ -320,6 +323,29 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
                                                                                           : LOOM_WSD_EXPONENTIAL};
     run->data = ts->data && ts->data[0] ? ts->data : NULL;
   }
+}
+
+loom_status loom_manifest_expert_bias(const char *where, const Loom__CheckpointManifest *mf, float *bias, size_t count,
+                                      loom_error *err) {
+  const size_t have = mf->state ? mf->state->n_expert_bias : 0;
+  if (!count) {
+    if (have) loom_log_info("%s: its expert bias (model.moe.expert_bias) is left unused: this run routes without one", where);
+    return LOOM_OK;
+  }
+  if (!have) {
+    memset(bias, 0, count * sizeof *bias);
+    loom_log_info("%s: holds no expert bias (trained without --moe-router-enable-expert-bias); it starts from 0", where);
+    return LOOM_OK;
+  }
+  if (have != count)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: holds %zu expert-bias values, but the model has layers x experts = %zu",
+                     where, have, count);
+  for (size_t i = 0; i < have; i++)
+    if (!isfinite(mf->state->expert_bias[i]))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: expert-bias value %zu is %g; the checkpoint is damaged", where, i,
+                       (double)mf->state->expert_bias[i]);
+  memcpy(bias, mf->state->expert_bias, count * sizeof *bias);
+  return LOOM_OK;
 }
 
 /* Whether shard info holds a piece the index wants (every shard when there is no index). */

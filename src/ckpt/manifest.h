@@ -42,6 +42,12 @@ loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, c
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
 /* The run a manifest describes (run->data points into mf). */
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
+/* Fills bias[count] (a model's expert bias, layers x experts; count 0:
+ * the run has none, so any recorded is left, with a line saying so) from
+ * the manifest's: all 0 when the manifest holds none (a checkpoint of a run
+ * without it), refused when it holds another count or a value not finite. */
+loom_status loom_manifest_expert_bias(const char *where, const Loom__CheckpointManifest *mf, float *bias, size_t count,
+                                      loom_error *err);
 /* A fresh id for a save (random bits; a save shares rank 0's). */
 uint64_t loom_ckpt_fresh_save_id(void);
 /* The paths of a manifest's shard files that hold a piece `wants` needs

@@ -8,6 +8,7 @@
 #include "backend/op_math.h"
 #include "ckpt/model_source.h"
 #include "core/fault.h"
+#include "core/log.h"
 
 static loom_status fetch_params(const loom_model_source *s, int k, float *dst, loom_error *err) {
   (void)err;
@@ -75,6 +76,19 @@ loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loo
   st = loom_model_source_make_table(s, dir, err);
   if (st != LOOM_OK) loom_model_source_free(s);
   return st;
+}
+
+loom_status loom_model_source_expert_bias(const loom_model_source *s, const char *where, float *bias, size_t count,
+                                          loom_error *err) {
+  if (s->fetch == fetch_ckpt) {
+    const ckpt_state *c = s->state;
+    return loom_manifest_expert_bias(c->step_dir, c->mf, bias, count, err);
+  }
+  if (count) {
+    memset(bias, 0, count * sizeof *bias);
+    loom_log_info("%s: a model file holds no expert bias (only a loom checkpoint does); it starts from 0", where);
+  }
+  return LOOM_OK;
 }
 
 loom_status loom_model_source_make_table(loom_model_source *s, const char *where, loom_error *err) {

@@ -32,6 +32,11 @@ void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p)
 /* The checkpoint dir/latest names. */
 loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err);
 void loom_model_source_free(loom_model_source *s);
+/* Fills bias[count] with the model's expert bias (model.moe.expert_bias,
+ * layers x experts) as loom_manifest_expert_bias does: a checkpoint's, else
+ * all 0 with a line saying so (a model file holds none). */
+loom_status loom_model_source_expert_bias(const loom_model_source *s, const char *where, float *bias, size_t count,
+                                          loom_error *err);
 /* The source's tensors as whole pieces ("param/<name>"), to fill a rank's
  * wanted pieces by global offsets (assemble.h) one tensor at a time; where
  * names the source in errors and must outlive out. */

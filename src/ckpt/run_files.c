@@ -29,7 +29,7 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
   const loom_plan *plan = tr->plan;
   f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
                            .micro_batch = tr->micro_batch, .global_batch = tr->global_batch, .seed = seed, .lr = tr->lr,
-                           .data = data};
+                           .data = data, .expert_bias = tr->expert_bias, .expert_bias_count = tr->expert_bias_count};
   loom_plan_model_config(plan, &f->run.cfg);
 }
 
@@ -89,6 +89,7 @@ static loom_status load_model_file(const loom_run_files *f, const char *path, lo
     st = loom_assembly_finish(fill, st, path, err);
   }
   loom_ckpt_unstage(&staging, st == LOOM_OK);
+  if (st == LOOM_OK) st = loom_model_source_expert_bias(&src, path, f->tr->expert_bias, f->tr->expert_bias_count, err);
   loom_model_source_pieces_free(&pieces);
   free(want);
   free(chunks);

@@ -53,6 +53,11 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--moe-token-drop-policy", FLAG_STRING, &mf->moe_drop_policy,
        "over capacity, drop the choices of lowest weight (probs) or the latest tokens (position)", LOOM_NO_RANGE,
        LOOM_MOE_DROP_POLICY_NAMES, false, "model.moe.drop_by_position"},
+      {"--moe-router-enable-expert-bias", FLAG_BOOL, &mf->moe_expert_bias,
+       "DeepSeek-V3's aux-loss-free balancing: sigmoid scores plus a per-expert bias, moved each step toward the less "
+       "loaded experts", LOOM_NO_RANGE, NULL, false, "model.moe.expert_bias"},
+      {"--moe-router-bias-update-rate", FLAG_FLOAT, &mf->moe_bias_update_rate,
+       "the expert bias's step each training step (1e-3)", 0, 1, NULL, false, "model.moe.bias_update_rate"},
   };
   memcpy(out, table, sizeof table);
 }
@@ -67,7 +72,8 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
                                loom_error *err) {
   static const char *const SETTINGS[] = {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
                                          "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
-                                         "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy"};
+                                         "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
+                                         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate"};
   loom_moe_config *e = &cfg->moe;
   if (flag_set(table, "--num-experts")) {
     if (mf->experts == 0) *e = (loom_moe_config){0};
@@ -89,6 +95,9 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-expert-capacity-factor")) e->capacity_factor = mf->moe_capacity_factor;
   if (flag_set(table, "--moe-token-drop-policy"))
     e->drop_by_position = loom_flag_choice_index(LOOM_MOE_DROP_POLICY_NAMES, mf->moe_drop_policy) == 1;
+  if (flag_set(table, "--moe-router-enable-expert-bias")) e->expert_bias = mf->moe_expert_bias;
+  if (e->expert_bias && e->bias_update_rate == 0.0f) e->bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE;
+  if (flag_set(table, "--moe-router-bias-update-rate")) e->bias_update_rate = mf->moe_bias_update_rate;
   if (e->experts > 0 && !cfg->no_bias)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --num-experts: the experts have no biases, but this model has biases on its "
                      "linears; add --no-bias (Megatron's --disable-bias-linear)", cmd);

@@ -700,6 +700,10 @@ void loom_gpt_sync_compute_weights(loom_gpt *m) {
     m->ops->to_bf16(m->ops, m->p.compute.base, m->p.params.base, m->p.params.numel);
 }
 
+static const float *expert_bias(const loom_gpt *m, int l) {
+  return m->expert_bias ? m->expert_bias + (size_t)l * (size_t)m->p.cfg.moe.experts : NULL;
+}
+
 /* The weights layer l computes with: its fp32 parameters, or in bf16 runs
  * the bf16 copy's linears in place and its norms and biases unpacked into
  * the layer's scratch (the 1-D tensors: every 2-D one of a layer is a
@@ -711,7 +715,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
     return (loom_block_compute_weights){.v = v, .c_attn = loom_linear_fp32(v->c_attn_w),
                                         .attn_proj = loom_linear_fp32(v->attn_proj_w),
                                         .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w),
-                                        .moe = {.router = v->router_w, .fc = loom_linear_fp32(v->experts_fc_w),
+                                        .moe = {.router = v->router_w, .expert_bias = expert_bias(m, l),
+                                                .fc = loom_linear_fp32(v->experts_fc_w),
                                                 .proj = loom_linear_fp32(v->experts_proj_w)}};
   }
   const int first = loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors;
@@ -727,7 +732,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
 #define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
                                       .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
-                                      .moe = {.router = v->router_w, .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w)}};
+                                      .moe = {.router = v->router_w, .expert_bias = expert_bias(m, l),
+                                              .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w)}};
 #undef BITS
 }
 

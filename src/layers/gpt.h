@@ -122,6 +122,10 @@ typedef struct loom_gpt_s {
   loom_gpt_hooks hooks;
   loom_moe_shape moe;           /* a MoE model's layer shape (set with the slots) */
   loom_gpt_moe_stats moe_stats; /* a MoE model's routing since the last reset */
+  /* [layers * experts] host memory: the expert bias of this stage's layers
+   * (model.moe.expert_bias), owned by whoever trains the model (the
+   * trainer keeps the whole model's); NULL: routing without one. */
+  const float *expert_bias;
 } loom_gpt;
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */

@@ -137,8 +137,9 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->no_bias) PUT("%s%s", used ? ", " : "", c->qkv_bias ? "biases on q, k and v only" : "no biases");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
   if (loom_gpt_is_moe(c)) {
-    PUT("%s%d experts of %d, top %d (%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
-        LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "");
+    PUT("%s%d experts of %d, top %d (%s%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
+        LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
+        c->moe.expert_bias ? ", expert bias" : "");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d", c->moe.shared_ffn);
   }
 #undef PUT

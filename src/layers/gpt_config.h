@@ -42,6 +42,7 @@ extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
  * each `ffn` wide, of which every token takes its top `topk`, plus the
  * shared experts' MLP (one MLP `shared_ffn` wide, which every token takes).
  * The first group of fields is the architecture; the rest are training's. */
+#define LOOM_MOE_BIAS_UPDATE_RATE 1e-3f /* Megatron-Core's default --moe-router-bias-update-rate */
 typedef struct {
   int experts;            /* --num-experts */
   int topk;               /* --moe-router-topk */
@@ -53,6 +54,13 @@ typedef struct {
   float z_loss_coeff;     /* --moe-z-loss-coeff: ST-MoE's router z-loss */
   double capacity_factor; /* --moe-expert-capacity-factor (0: dropless) */
   bool drop_by_position;  /* --moe-token-drop-policy position (else probs) */
+  /* --moe-router-enable-expert-bias: DeepSeek-V3's aux-loss-free balancing.
+   * Sigmoid routers choose by score plus a per-layer, per-expert bias (not a
+   * parameter: no grad) that each step moves by bias_update_rate
+   * (--moe-router-bias-update-rate) toward the experts below the mean load
+   * (loom_moe_expert_bias_update); the trainer keeps it, checkpoints too. */
+  bool expert_bias;
+  float bias_update_rate;
   /* Where the experts are, not what they are: a rank of an expert-parallel
    * group of ep (0 or 1: every expert here) holds experts
    * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep). */

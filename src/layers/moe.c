@@ -181,7 +181,9 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   ops->matmul_forward(ops, a->logits, a->x, w->router, NULL, n, h, E);
   mem->to_host(mem, host->logits, a->logits, (size_t)n * E * sizeof(float));
   loom_moe_routing *r = &host->routing;
-  loom_moe_route(&shape->router, host->logits, n, r);
+  loom_moe_router router = shape->router;
+  router.expert_bias = w->expert_bias;
+  loom_moe_route(&router, host->logits, n, r);
   const int ranks = loom_comm_size(g.seq);
   if (ranks > 1) { /* the load-balancing loss counts the whole micro-batch's choices */
     loom_comm_allreduce_typed(g.seq, r->aux_load, (size_t)E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);

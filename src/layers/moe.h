@@ -112,10 +112,11 @@ typedef struct {
 } loom_moe_scratch;
 
 /* The weights a layer computes with: the router's fp32 values (in bf16 runs
- * the bf16 copy's, widened: the router runs in fp32), and the experts'
+ * the bf16 copy's, widened: the router runs in fp32), its expert bias, and the experts'
  * [E][fc width, h] and [E][h, ffn] matrices. */
 typedef struct {
   const float *router;
+  const float *expert_bias; /* [E] host memory: the sigmoid router's bias for choosing (NULL: none) */
   loom_linear_weight fc, proj;
 } loom_moe_weights;
 

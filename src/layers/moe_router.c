@@ -142,3 +142,12 @@ void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int 
   }
   free(p), free(q), free(dq);
 }
+
+void loom_moe_expert_bias_update(float *bias, const int64_t *load, int experts, float rate) {
+  int64_t sum = 0;
+  for (int e = 0; e < experts; e++) sum += load[e];
+  for (int e = 0; e < experts; e++) { /* mean - load[e], times experts: exact in integers */
+    const int64_t offset = sum - load[e] * experts;
+    bias[e] += offset > 0 ? rate : offset < 0 ? -rate : 0.0f;
+  }
+}

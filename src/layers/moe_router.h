@@ -56,4 +56,11 @@ void loom_moe_route_losses(const loom_moe_router *c, int64_t tokens, loom_moe_ro
 void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int N, int64_t tokens,
                              const loom_moe_routing *r, const float *dweights, float daux, float dz, float *dlogits);
 
+/* DeepSeek-V3's aux-loss-free balancing, as Megatron-Core steps it
+ * (moe_utils.get_updated_expert_bias): bias[e] += rate * sign(mean - load[e])
+ * over one layer's experts, load being a step's tokens per expert summed
+ * over every rank that routed them (a common factor, such as tensor-parallel
+ * ranks each counting the same tokens, changes no sign). */
+void loom_moe_expert_bias_update(float *bias, const int64_t *load, int experts, float rate);
+
 #endif

@@ -7,6 +7,7 @@
 #include "core/fault.h"
 #include "core/sysinfo.h"
 #include "data/addition.h"
+#include "layers/moe_router.h"
 
 static void free_optimizers(loom_trainer *tr) {
   for (int c = 0; tr->opts && c < loom_pipeline_chunk_count(tr->pipe); c++) {
@@ -17,6 +18,19 @@ static void free_optimizers(loom_trainer *tr) {
   free(tr->zero);
   tr->opts = NULL;
   tr->zero = NULL;
+}
+
+/* A model with model.moe.expert_bias: the whole model's bias, from 0, each
+ * chunk routing with its layers' rows. */
+static void expert_bias_init(loom_trainer *tr) {
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  if (!loom_gpt_is_moe(c) || !c->moe.expert_bias) return;
+  tr->expert_bias_count = (size_t)c->layers * (size_t)c->moe.experts;
+  tr->expert_bias = loom_xcalloc(tr->expert_bias_count, sizeof *tr->expert_bias, "expert bias");
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    loom_gpt *m = loom_pipeline_chunk(tr->pipe, k);
+    m->expert_bias = tr->expert_bias + (size_t)m->p.range.layer_begin * (size_t)c->moe.experts;
+  }
 }
 
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
@@ -33,6 +47,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_parallel_init_experts(&tr->ps, plan->parallel->ep);
   const int zero_stage = plan->parallel->zero_stage, zero_dp = !o->forward_only && zero_stage ? plan->parallel->dp : 0;
   loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
+  if (st == LOOM_OK) expert_bias_init(tr);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
@@ -143,7 +158,9 @@ static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
 
 void loom_trainer_free(loom_trainer *tr) {
   free(tr->moe_load);
+  free(tr->expert_bias);
   tr->moe_load = NULL;
+  tr->expert_bias = NULL;
   free_optimizers(tr);
   loom_pipeline_free(tr->pipe);
   loom_parallel_free(&tr->ps);
@@ -160,7 +177,7 @@ static double moe_imbalance(const loom_trainer *tr, int l) {
 }
 
 /* A MoE model's routing over the step: every rank's statistics summed
- * (collective over the world). Under SP each rank of a tp group routed its
+ * (collective over the world), and the expert bias stepped by them. Under SP each rank of a tp group routed its
  * share of the tokens; without it each routed them all, and one counts. */
 static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
@@ -180,6 +197,8 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   loom_comm_allreduce_typed(tr->ps.world_group, tr->moe_load, (size_t)L * E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
   const double per = (double)(tr->global_batch / tr->micro_batch) * L; /* micro-batches x MoE layers */
   s->moe_aux_loss = sums[0] / per, s->moe_z_loss = sums[1] / per, s->moe_dropped = (int64_t)sums[2];
+  for (int l = 0; tr->expert_bias && l < L; l++) /* every rank alike, from the same counts */
+    loom_moe_expert_bias_update(tr->expert_bias + (size_t)l * E, tr->moe_load + (size_t)l * E, E, c->moe.bias_update_rate);
   for (int l = 0; l < L; l++) {
     const double r = moe_imbalance(tr, l);
     s->moe_load_imbalance = r > s->moe_load_imbalance ? r : s->moe_load_imbalance;

@@ -45,6 +45,10 @@ typedef struct {
   int step;
   int digits;
   int64_t *moe_load; /* a MoE model's tokens per expert of each layer [layers * experts] in the last step, every rank's */
+  /* model.moe.expert_bias: every layer's bias per expert [layers * experts],
+   * the same on every rank (the chunks route with their rows); NULL: none. */
+  float *expert_bias;
+  size_t expert_bias_count;
 } loom_trainer;
 
 typedef struct {

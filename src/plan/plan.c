@@ -38,7 +38,9 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                                  .shared_ffn = m->moe->shared_ffn, .score = (loom_moe_score)m->moe->score,
                                  .pre_softmax = m->moe->pre_softmax, .aux_loss_coeff = m->moe->aux_loss_coeff,
                                  .z_loss_coeff = m->moe->z_loss_coeff, .capacity_factor = m->moe->capacity_factor,
-                                 .drop_by_position = m->moe->drop_by_position};
+                                 .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
+                                 .bias_update_rate = m->moe->has_bias_update_rate ? m->moe->bias_update_rate
+                                                                                  : LOOM_MOE_BIAS_UPDATE_RATE};
   if (m->rope_scaling)
     cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
                             .low_freq_factor = m->rope_scaling->low_freq_factor,
@@ -93,6 +95,9 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
   moe_room->has_z_loss_coeff = e->z_loss_coeff != 0.0f, moe_room->z_loss_coeff = e->z_loss_coeff;
   moe_room->has_capacity_factor = e->capacity_factor != 0.0, moe_room->capacity_factor = e->capacity_factor;
   moe_room->has_drop_by_position = e->drop_by_position, moe_room->drop_by_position = e->drop_by_position;
+  moe_room->has_expert_bias = e->expert_bias, moe_room->expert_bias = e->expert_bias;
+  moe_room->has_bias_update_rate = e->expert_bias && e->bias_update_rate != LOOM_MOE_BIAS_UPDATE_RATE;
+  moe_room->bias_update_rate = e->bias_update_rate;
   m->moe = moe_room;
 }
 

@@ -61,6 +61,12 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
   if (!(isfinite(e->aux_loss_coeff) && e->aux_loss_coeff >= 0.0f) || !(isfinite(e->z_loss_coeff) && e->z_loss_coeff >= 0.0f))
     violation(r, "model.moe: aux_loss_coeff %g and z_loss_coeff %g must be finite and at least 0 (Megatron's usual: 1e-2 "
               "and 1e-3)", (double)e->aux_loss_coeff, (double)e->z_loss_coeff);
+  if (e->expert_bias && e->score != LOOM__MOE_SCORE__MOE_SCORE_SIGMOID)
+    violation(r, "model.moe.expert_bias = true: DeepSeek-V3's aux-loss-free balancing biases sigmoid scores, but "
+              "model.moe.score is softmax; set it to sigmoid, as Megatron-Core requires");
+  if (e->has_bias_update_rate && !(isfinite(e->bias_update_rate) && e->bias_update_rate >= 0.0f && e->bias_update_rate <= 1.0f))
+    violation(r, "model.moe.bias_update_rate = %g: must be finite, from 0 to 1 (Megatron-Core's default: 1e-3)",
+              (double)e->bias_update_rate);
   if (e->pre_softmax && e->score != LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX)
     violation(r, "model.moe.pre_softmax = true: orders a softmax before the top-k, but model.moe.score is sigmoid");
 }
