@@ -13,7 +13,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 grep -q '^LOOM_CUDA:BOOL=ON' "$root/build/CMakeCache.txt" || { echo "skip: no CUDA build"; exit 77; }
 unshare -m true 2> /dev/null || { echo "skip: no mount namespaces here"; exit 77; }
 rm -rf "$work" && mkdir -p "$work"
-"$root/tests/gpu/bundle.sh" "$work" > "$work/bundle.txt" 2>&1 || fail "bundle: $(cat "$work/bundle.txt")"
+LOOM_BUNDLE_XZ_LEVEL=0 "$root/tests/gpu/bundle.sh" "$work" > "$work/bundle.txt" 2>&1 || fail "bundle: $(cat "$work/bundle.txt")"
 cat "$work/bundle.txt"
 clean=$(mktemp -d)
 trap 'rm -rf "$clean"' EXIT
