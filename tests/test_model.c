@@ -33,9 +33,10 @@ static void as_family(loom_gpt_config *c, int family) {
     c->no_bias = c->untied = true;
   } else if (family == MIXED) {
     c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;
-  } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a shared expert, both router losses on */
+  } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a gated shared expert, both router losses on */
     as_family(c, LLAMA);
-    c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .aux_loss_coeff = 0.1f, .z_loss_coeff = 0.01f};
+    c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .shared_gate = true, .aux_loss_coeff = 0.1f,
+                               .z_loss_coeff = 0.01f};
   }
   loom_gpt_config_finish(c);
 }

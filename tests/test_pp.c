@@ -6,8 +6,9 @@
  * an untied head, 8 query heads sharing 2 key/value heads), mqa (the same
  * with one key/value head, replicated over the TP ranks), moe (llama's
  * with its MLPs Mixtures of 4 experts, top 2, and a shared expert; EP its
- * expert-parallel size) or moe_bias (moe's with sigmoid scores and
- * DeepSeek-V3's expert bias, which each step moves by every rank's loads)): for every
+ * expert-parallel size) or moe_bias (moe's with sigmoid scores,
+ * DeepSeek-V3's expert bias, which each step moves by every rank's loads,
+ * and Qwen2-MoE's gate on the shared expert)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -52,8 +53,8 @@ static loom_gpt_config tiny(void) {
   if (is_moe()) /* the llama model's MLPs 4 experts (top 2) beside a shared expert */
     c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 8, .aux_loss_coeff = 1e-2f,
                               .z_loss_coeff = 1e-3f};
-  if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run */
-    c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f;
+  if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run; the shared expert gated */
+    c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f, c.moe.shared_gate = true;
   loom_gpt_config_finish(&c);
   return c;
 }

@@ -38,12 +38,13 @@ static loom_gpt_config tiny(void) {
   return c;
 }
 
-/* tiny() with its MLPs 4 experts of 16 (top 2) beside a shared expert, the
- * router losses on, and (capacity > 0) a capacity factor that drops. */
+/* tiny() with its MLPs 4 experts of 16 (top 2) beside a gated shared
+ * expert, the router losses on, and (capacity > 0) a capacity factor that
+ * drops. */
 static loom_gpt_config tiny_moe(double capacity) {
   loom_gpt_config c = tiny();
   c.no_bias = true;
-  c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 16, .aux_loss_coeff = 0.1f,
+  c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 16, .shared_gate = true, .aux_loss_coeff = 0.1f,
                             .z_loss_coeff = 0.01f, .capacity_factor = capacity};
   loom_gpt_config_finish(&c);
   return c;

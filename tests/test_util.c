@@ -165,7 +165,7 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
     loom_gpt_sync_replicated_grads(m);
     const double norm = loom_grad_norm(&m->p, m->ops, &m->tp);
     if (isfinite(norm)) loom_adamw_step(opt, &m->p, loom_lr_at(&lr, step), norm, m->ops);
-    for (size_t l = 0; l < biases / (size_t)moe->experts; l++) /* as the trainer steps it, from this step's loads */
+    for (size_t l = 0; bias && l < (size_t)m->p.layers; l++) /* as the trainer steps it, from this step's loads */
       loom_moe_expert_bias_update(bias + l * moe->experts, m->moe_stats.load + l * moe->experts, moe->experts,
                                   moe->bias_update_rate);
   }

@@ -38,6 +38,9 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--moe-shared-expert-intermediate-size", FLAG_INT, &mf->moe_shared_ffn,
        "the shared expert's MLP width, beside the routed ones (0: none)", 0, LOOM_PLAN_MAX_FFN, NULL, false,
        "model.moe.shared_ffn"},
+      {"--moe-shared-expert-gate", FLAG_BOOL, &mf->moe_shared_gate,
+       "the shared expert's output times a sigmoid gate of the token (Qwen2-MoE's shared_expert_gate)", LOOM_NO_RANGE, NULL,
+       false, "model.moe.shared_gate"},
       {"--moe-router-score-function", FLAG_STRING, &mf->moe_score, "the router's scores (softmax; sigmoid: DeepSeek-V3's)",
        LOOM_NO_RANGE, LOOM_MOE_SCORE_NAMES, false, "model.moe.score"},
       {"--moe-router-pre-softmax", FLAG_BOOL, &mf->moe_pre_softmax,
@@ -73,7 +76,8 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   static const char *const SETTINGS[] = {"--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
                                          "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
                                          "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
-                                         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate"};
+                                         "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+                                         "--moe-shared-expert-gate"};
   loom_moe_config *e = &cfg->moe;
   if (flag_set(table, "--num-experts")) {
     if (mf->experts == 0) *e = (loom_moe_config){0};
@@ -87,6 +91,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-router-topk")) e->topk = mf->moe_topk;
   if (flag_set(table, "--moe-ffn-hidden-size")) e->ffn = mf->moe_ffn;
   if (flag_set(table, "--moe-shared-expert-intermediate-size")) e->shared_ffn = mf->moe_shared_ffn;
+  if (flag_set(table, "--moe-shared-expert-gate")) e->shared_gate = mf->moe_shared_gate;
   if (flag_set(table, "--moe-router-score-function"))
     e->score = (loom_moe_score)loom_flag_choice_index(LOOM_MOE_SCORE_NAMES, mf->moe_score);
   if (flag_set(table, "--moe-router-pre-softmax")) e->pre_softmax = mf->moe_pre_softmax;

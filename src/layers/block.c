@@ -134,6 +134,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
     loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
                               w->v->mlp_proj_b, N, n, f, h);
     to_bf16_values(shape, ops, branch, nh);
+    if (w->v->shared_gate_w) loom_moe_gate_forward(&a->moe, &s->moe, branch, w->v->shared_gate_w, shape->moe, ops);
   }
   if (shape->moe && f > 0) {
     ops->add(ops, branch, branch, s->moe_out, nh);
@@ -205,8 +206,14 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   const size_t nh = (size_t)n * h;
   const float *d_out = branch_grad(s->local2, dres, n, &d_mlp, shape, ops);
   if (f > 0) {
+    /* A gated shared expert: its output's grad through the gate, in moe_out (free in backward). */
+    const float *d_shared = d_out;
+    if (w->v->shared_gate_w) {
+      loom_moe_gate_backward(s->moe_out, d_out, &a->moe, &s->moe, shape->moe, ops);
+      d_shared = s->moe_out;
+    }
     loom_mem_zero(ops->mem, s->d_fc2, Nf);
-    loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_out, ws->d_mlp, ws->d_mlp_bits,
+    loom_row_parallel_backward(tp, ops, s->d_fc2, NULL, g->mlp_proj_b, d_shared, ws->d_mlp, ws->d_mlp_bits,
                                loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
     to_bf16_values(shape, ops, s->d_fc2, Nf);
     loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
@@ -215,6 +222,8 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
     pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
     loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,
                                   loom_bf16_kept(a->ln_2, a->ln_2_bits), w->c_fc, N, n, h, fc);
+    if (w->v->shared_gate_w)
+      loom_moe_gate_backward_weights(d_normed, g->shared_gate_w, &a->moe, &s->moe, w->v->shared_gate_w, shape->moe, ops);
   } else {
     loom_mem_zero(ops->mem, d_normed, nh);
   }

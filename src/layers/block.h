@@ -86,7 +86,7 @@ typedef struct {
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
   float *d_attn_out, *d_mlp_out; /* [N, h] a whole backward's output grads of the two row-parallel linears */
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
-  float *moe_out;                /* [n, h] a MoE layer's experts' output beside a shared expert's (else unused) */
+  float *moe_out;                /* [n, h] a MoE layer's experts' output beside a shared expert's (else unused); in backward, a gated shared expert's output grad */
   loom_moe_scratch moe;
 } loom_block_scratch;
 

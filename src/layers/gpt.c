@@ -119,6 +119,7 @@ typedef struct {
   int64_t E, k, M, taken; /* a MoE model's experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
   int64_t ep;             /* its expert-parallel group's size */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
+  bool gate;              /* a MoE model's shared expert is gated */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
   int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
@@ -140,7 +141,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   return (dims){.N = N, .n = n, .h = c->hidden, .f = f, .w = c->hidden / tp,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0,
                 .ep = c->moe.ep > 1 ? c->moe.ep : 1,
-                .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe,
+                .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
@@ -193,6 +194,10 @@ static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
   want(l, &v->fc, "moe_fc", L * d->taken * d->fce);
   want(l, &v->act, "moe_act", L * d->taken * d->fe);
   want(l, &v->y, "moe_y", L * d->M * d->h);
+  if (d->gate) {
+    want(l, &v->shared, "moe_shared", L * d->n * d->h);
+    want(l, &v->gate, "moe_gate", L * d->n);
+  }
 }
 
 /* Layer i's slices of the MoE views, with its routing's host state. */
@@ -203,6 +208,7 @@ static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
                          .rows = v->rows + i * d->M, .sort = v->sort ? v->sort + i * d->taken : NULL,
                          .unsort = v->unsort ? v->unsort + i * d->taken : NULL, .perm = v->perm + i * d->taken * d->h,
                          .fc = v->fc + i * d->taken * d->fce, .act = v->act + i * d->taken * d->fe, .y = v->y + i * d->M * d->h,
+                         .shared = v->shared ? v->shared + i * d->n * d->h : NULL, .gate = v->gate ? v->gate + i * d->n : NULL,
                          .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
 }
 
@@ -433,6 +439,7 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     }
     want(l, &s->moe.d_weights, "moe_d_weights", d->n * d->k);
     want(l, &s->moe.d_logits, "moe_d_logits", d->n * d->E);
+    if (d->gate) want(l, &s->moe.gate_d, "moe_gate_d", d->n), want_ints(l, &s->moe.gate_rows, "moe_gate_rows", d->n);
   }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
@@ -723,8 +730,9 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
   const loom_tensor *t = &m->p.compute.views[first];
   const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
   float *scratch = m->w.layer_w.ln_1_w;
-  for (int j = 0; j < m->p.block_tensors; j++) { /* the 1-D tensors, and the router, which runs in fp32 */
-    if (t[j].ndim != 1 && m->p.meta[first + j].role != LOOM_ROLE_ROUTER_W) continue;
+  for (int j = 0; j < m->p.block_tensors; j++) { /* the 1-D tensors, and the router and gate, which run in fp32 */
+    const loom_param_role role = m->p.meta[first + j].role;
+    if (t[j].ndim != 1 && role != LOOM_ROLE_ROUTER_W && role != LOOM_ROLE_SHARED_GATE_W) continue;
     const uint16_t *at = t[j].data;
     m->ops->from_bf16(m->ops, scratch + (at - bits), at, loom_tensor_numel(&t[j]));
   }

@@ -104,7 +104,7 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied && a->moe.experts == b->moe.experts &&
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
-                                  a->moe.pre_softmax == b->moe.pre_softmax));
+                                  a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate));
 }
 
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
@@ -140,7 +140,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
     PUT("%s%d experts of %d, top %d (%s%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
-    if (c->moe.shared_ffn) PUT(", a shared expert of %d", c->moe.shared_ffn);
+    if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
   }
 #undef PUT
   return buf;

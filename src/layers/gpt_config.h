@@ -48,6 +48,7 @@ typedef struct {
   int topk;               /* --moe-router-topk */
   int ffn;                /* --moe-ffn-hidden-size (0: the model's ffn) */
   int shared_ffn;         /* --moe-shared-expert-intermediate-size (0: none) */
+  bool shared_gate;       /* --moe-shared-expert-gate: the shared expert's output times sigmoid(x . w), w [1, h] (Qwen2-MoE) */
   loom_moe_score score;   /* --moe-router-score-function */
   bool pre_softmax;       /* --moe-router-pre-softmax: softmax over every expert, then the top-k */
   float aux_loss_coeff;   /* --moe-aux-loss-coeff: the Switch/GShard load-balancing loss */

@@ -148,6 +148,7 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
                                  {"mlp.shared_expert.up_proj", fs, weight(0.02f, 0, 1)}};
   add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, false);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs);
+  if (c->moe.shared_gate) add(t, LOOM_ROLE_SHARED_GATE_W, named(&n, "model.layers.", i, "mlp.shared_expert_gate.weight"), 2, 1, h, whole);
 }
 
 /* The Llama family's block, in Hugging Face's names: separate q, k and v

@@ -1,5 +1,6 @@
 /* A Mixture-of-Experts MLP on one rank (see moe.h). */
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include "core/check.h"
 #include "layers/moe.h"
@@ -40,6 +41,9 @@ loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep) {
                                     .slots = loom_xmalloc(nk * sizeof(int) + 1, "routing")};
   h->counts = loom_xmalloc(E * sizeof(int), "routing");
   h->logits = loom_xmalloc(nE * sizeof(float) + 1, "routing");
+  h->gate = loom_xmalloc((size_t)n * sizeof(float) + 1, "routing");
+  h->identity = loom_xmalloc((size_t)n * sizeof(int) + 1, "routing");
+  for (int i = 0; i < n; i++) h->identity[i] = i;
   h->send_rows = loom_xmalloc(P * sizeof(size_t), "routing");
   h->recv_rows = loom_xmalloc(P * sizeof(size_t), "routing");
   h->peer_counts = loom_xmalloc(P * E * sizeof(int64_t), "routing");
@@ -50,6 +54,7 @@ void loom_moe_host_free(loom_moe_host *h) {
   if (!h) return;
   free(h->routing.experts), free(h->routing.weights), free(h->routing.load), free(h->routing.aux_load);
   free(h->routing.score_sum), free(h->dispatch.counts), free(h->dispatch.rows), free(h->dispatch.slots);
+  free(h->gate), free(h->identity);
   free(h->counts), free(h->logits), free(h->send_rows), free(h->recv_rows), free(h->peer_counts), free(h);
 }
 
@@ -285,4 +290,41 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   ops->matmul_backward(ops, s->d_x, ws ? NULL : d_router, NULL, d_logits, a->x, w->router, n, h, E);
   to_bf16_values(shape, ops, s->d_x, (size_t)n * h);
   ops->add(ops, dx, dx, s->d_x, (size_t)n * h);
+}
+
+void loom_moe_gate_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *shared, const float *w,
+                           const loom_moe_shape *shape, const loom_ops *ops) {
+  const int n = shape->n, h = shape->hidden;
+  const loom_allocator *mem = ops->mem;
+  loom_moe_host *host = a->host;
+  mem->copy(mem, a->shared, shared, (size_t)n * h * sizeof(float));
+  ops->matmul_forward(ops, s->gate_d, a->x, w, NULL, n, h, 1);
+  mem->to_host(mem, host->gate, s->gate_d, (size_t)n * sizeof(float));
+  for (int i = 0; i < n; i++) host->gate[i] = (float)(1.0 / (1.0 + exp(-(double)host->gate[i])));
+  mem->from_host(mem, a->gate, host->gate, (size_t)n * sizeof(float));
+  mem->from_host(mem, s->gate_rows, host->identity, (size_t)n * sizeof(int));
+  ops->rows_combine(ops, shared, a->shared, s->gate_rows, a->gate, n, 1, h);
+  to_bf16_values(shape, ops, shared, (size_t)n * h);
+}
+
+void loom_moe_gate_backward(float *d_shared, const float *dout, const loom_moe_acts *a, const loom_moe_scratch *s,
+                            const loom_moe_shape *shape, const loom_ops *ops) {
+  const int n = shape->n, h = shape->hidden;
+  const loom_allocator *mem = ops->mem;
+  loom_moe_host *host = a->host;
+  float *g = loom_xmalloc((size_t)n * sizeof(float) + 1, "gate grads");
+  mem->from_host(mem, s->gate_rows, host->identity, (size_t)n * sizeof(int));
+  ops->rows_combine_backward(ops, d_shared, s->gate_d, dout, a->shared, s->gate_rows, a->gate, n, 1, h);
+  to_bf16_values(shape, ops, d_shared, (size_t)n * h);
+  /* d logit = d gate x gate (1 - gate), on the host as the router's are. */
+  mem->to_host(mem, host->gate, s->gate_d, (size_t)n * sizeof(float));
+  mem->to_host(mem, g, a->gate, (size_t)n * sizeof(float));
+  for (int i = 0; i < n; i++) host->gate[i] *= g[i] * (1.0f - g[i]);
+  free(g);
+  mem->from_host(mem, s->gate_d, host->gate, (size_t)n * sizeof(float));
+}
+
+void loom_moe_gate_backward_weights(float *dx, float *dw, const loom_moe_acts *a, const loom_moe_scratch *s, const float *w,
+                                    const loom_moe_shape *shape, const loom_ops *ops) {
+  ops->matmul_backward(ops, dx, dw, NULL, s->gate_d, a->x, w, shape->n, shape->hidden, 1);
 }

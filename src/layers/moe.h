@@ -72,6 +72,8 @@ typedef struct {
   size_t *send_rows, *recv_rows;
   int64_t *peer_counts;
   int64_t received;  /* rows this rank's experts took */
+  float *gate;       /* [n] the shared expert's gates, then their logits' grads */
+  int *identity;     /* [n] 0, 1, ..., n - 1: each token's own row (the gate's rows_combine) */
 } loom_moe_host;
 
 /* Allocates (and frees) one: for n tokens routed to their top-k of E
@@ -93,6 +95,8 @@ typedef struct {
   float *fc;       /* [R, fc width] before the activation */
   float *act;      /* [R, ffn] after it */
   float *y;        /* [M, h] the experts' outputs, in dispatch order */
+  float *shared;   /* [n, h] a gated shared expert's output before its gate (else NULL) */
+  float *gate;     /* [n] its gates, sigmoid(x . w) */
   loom_moe_host *host;
 } loom_moe_acts;
 
@@ -109,6 +113,8 @@ typedef struct {
   float *d_logits;      /* [n, E] */
   float *d_x;           /* [n, h] */
   float *host;          /* host memory: [n k] weight grads, then [n E] logit grads */
+  float *gate_d;        /* [n] a gated shared expert's: its gate logits, then their grads */
+  int *gate_rows;       /* [n] the identity rows (loom_moe_host.identity) */
 } loom_moe_scratch;
 
 /* The weights a layer computes with: the router's fp32 values (in bf16 runs
@@ -152,5 +158,21 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
  * a's activations (zero-bubble schedules' W work). */
 void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,
                               const loom_moe_shape *shape, const loom_ops *ops);
+
+/* The shared expert's gate (Qwen2-MoE's shared_expert_gate, Megatron-Core's
+ * moe_shared_expert_gate): shared[n, h], the shared expert's output on this
+ * rank's n tokens, times sigmoid(x . w) per token, x the layer's input as
+ * loom_moe_forward kept it (so after it) and w [1, h] in fp32. What backward
+ * reads is kept in a. */
+void loom_moe_gate_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *shared, const float *w,
+                           const loom_moe_shape *shape, const loom_ops *ops);
+/* d_shared[n, h] = the grad of the ungated output from dout[n, h]; the
+ * gate logits' grads stay in s for loom_moe_gate_backward_weights. */
+void loom_moe_gate_backward(float *d_shared, const float *dout, const loom_moe_acts *a, const loom_moe_scratch *s,
+                            const loom_moe_shape *shape, const loom_ops *ops);
+/* dx[n, h] and dw[1, h] += the gate's grads of its input and weight, once
+ * the input's grad is under way (the shared expert's backward writes it). */
+void loom_moe_gate_backward_weights(float *dx, float *dw, const loom_moe_acts *a, const loom_moe_scratch *s, const float *w,
+                                    const loom_moe_shape *shape, const loom_ops *ops);
 
 #endif

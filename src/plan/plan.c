@@ -35,7 +35,7 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .untied = !m->tied_embeddings};
   if (m->moe)
     cfg->moe = (loom_moe_config){.experts = m->moe->experts, .topk = m->moe->topk, .ffn = m->moe->ffn,
-                                 .shared_ffn = m->moe->shared_ffn, .score = (loom_moe_score)m->moe->score,
+                                 .shared_ffn = m->moe->shared_ffn, .shared_gate = m->moe->shared_gate, .score = (loom_moe_score)m->moe->score,
                                  .pre_softmax = m->moe->pre_softmax, .aux_loss_coeff = m->moe->aux_loss_coeff,
                                  .z_loss_coeff = m->moe->z_loss_coeff, .capacity_factor = m->moe->capacity_factor,
                                  .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
@@ -89,6 +89,7 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
   moe_room->experts = e->experts, moe_room->topk = e->topk;
   moe_room->has_ffn = e->ffn > 0 && e->ffn != c->ffn, moe_room->ffn = e->ffn;
   moe_room->has_shared_ffn = e->shared_ffn > 0, moe_room->shared_ffn = e->shared_ffn;
+  moe_room->has_shared_gate = e->shared_gate, moe_room->shared_gate = e->shared_gate;
   moe_room->has_score = e->score != LOOM_MOE_SCORE_SOFTMAX, moe_room->score = (Loom__MoeScore)e->score;
   moe_room->has_pre_softmax = e->pre_softmax, moe_room->pre_softmax = e->pre_softmax;
   moe_room->has_aux_loss_coeff = e->aux_loss_coeff != 0.0f, moe_room->aux_loss_coeff = e->aux_loss_coeff;

@@ -54,6 +54,8 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
   if (e->shared_ffn % tp)
     violation(r, "model.moe.shared_ffn = %d: must be divisible by parallel.tp (%d), the shared expert split as the dense "
               "MLP is; pick a tp that divides it", e->shared_ffn, tp);
+  if (e->shared_gate && e->shared_ffn == 0)
+    violation(r, "model.moe.shared_gate = true: gates the shared expert, but model.moe.shared_ffn is 0 (no shared expert)");
   if (e->has_capacity_factor && !(isfinite(e->capacity_factor) && e->capacity_factor > 0.0 &&
                                   e->capacity_factor <= LOOM_PLAN_MAX_CAPACITY_FACTOR))
     violation(r, "model.moe.capacity_factor = %g: must be a positive finite number up to %g (absent: dropless)",
