@@ -1,14 +1,15 @@
 #!/usr/bin/python3
 """Hugging Face directories against an independent reference: for GPT-2,
 for the Llama family (grouped-query attention, RMSNorm, SwiGLU, RoPE, an
-untied head) and for Mixtral (its MLPs Mixtures of Experts), this script takes the config.json loom writes, fills
+untied head) and for Mixtral and Qwen2-MoE (their MLPs Mixtures of Experts), this script takes the config.json loom writes, fills
 model.safetensors with its own random weights (large enough that a wrong
 layout, a transposed matrix or RoPE pairing adjacent dimensions instead of
 halves moves the loss by far more than the bound), computes the loss of a
 text window with PyTorch as transformers' GPT2LMHeadModel and
 LlamaForCausalLM compute it (written here from their definitions:
 Conv1D [in, out] weights and tanh GELU; rotate_half RoPE, repeat_kv, SiLU
-gating; Mixtral's softmax router, top-k renormalised), and requires `loom eval --init-from DIR` to give the same loss to
+gating; Mixtral's softmax router, top-k renormalised; Qwen2-MoE's, renormalised or not, beside a sigmoid-gated shared
+expert), and requires `loom eval --init-from DIR` to give the same loss to
 relative 1e-5 (fp32 sums in another order), under tp 1 and, through
 mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
 Re-exporting the directory gives every tensor back bit for bit and the same
@@ -117,7 +118,7 @@ def llama_weights(c):
         w[p + "self_attn.q_proj.weight"] = weight(q, h)
         w[p + "self_attn.k_proj.weight"] = weight(kv, h)
         w[p + "self_attn.v_proj.weight"] = weight(kv, h)
-        if c["model_type"] == "qwen2":  # biases on q, k and v, none elsewhere
+        if c["model_type"] in ("qwen2", "qwen2_moe"):  # biases on q, k and v, none elsewhere
             for name, rows in (("q", q), ("k", kv), ("v", kv)):
                 w[p + f"self_attn.{name}_proj.bias"] = weight(rows, scale=0.5)
         w[p + "self_attn.o_proj.weight"] = weight(h, q, scale=0.1)
@@ -218,6 +219,44 @@ def mixtral_moe(c, w, p, m):
 
 def mixtral_loss(c, w, tokens):
     return llama_loss(c, w, tokens, mlp=lambda p, m: mixtral_moe(c, w, p + "block_sparse_moe.", m))
+
+
+def qwen2_moe_weights(c):
+    """Qwen2's attention, each MLP Qwen2-MoE's: a router over num_experts experts of moe_intermediate_size
+    (gate_proj, up_proj, down_proj each), a shared expert of shared_expert_intermediate_size and its gate, one row.
+    The router's weights are large, so no two of a token's scores nearly tie."""
+    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k}
+    h, f, s, E = c["hidden_size"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"], c["num_experts"]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp."
+        w[p + "gate.weight"] = weight(E, h, scale=1.0)
+        for e, rows in [(f"experts.{e}.", f) for e in range(E)] + [("shared_expert.", s)]:
+            w[p + e + "gate_proj.weight"] = weight(rows, h)
+            w[p + e + "up_proj.weight"] = weight(rows, h)
+            w[p + e + "down_proj.weight"] = weight(h, rows, scale=0.1)
+        w[p + "shared_expert_gate.weight"] = weight(1, h, scale=1.0)
+    return w
+
+
+def qwen2_moe_loss(c, w, tokens):
+    """transformers' Qwen2MoeSparseMoeBlock: softmax over every expert, the top k (renormalised only with
+    norm_topk_prob), each token's experts' SwiGLU outputs weighted and summed, plus the shared expert's output
+    times the sigmoid of its gate."""
+    def moe(p, m):
+        swiglu = lambda x, e: (torch.nn.functional.silu(x @ w[p + e + "gate_proj.weight"].T) * (x @ w[p + e + "up_proj.weight"].T)) @ \
+            w[p + e + "down_proj.weight"].T
+        probs = torch.softmax(m @ w[p + "gate.weight"].T, -1)
+        top, chosen = probs.topk(c["num_experts_per_tok"], -1)
+        if c["norm_topk_prob"]:
+            top = top / top.sum(-1, keepdim=True)
+        out = torch.zeros_like(m)
+        for j in range(chosen.shape[1]):
+            for e in range(c["num_experts"]):
+                rows = chosen[:, j] == e
+                if rows.any():
+                    out[rows] += top[rows, j:j + 1] * swiglu(m[rows], f"experts.{e}.")
+        return out + torch.sigmoid(m @ w[p + "shared_expert_gate.weight"].T) * swiglu(m, "shared_expert.")
+    return llama_loss(c, w, tokens, mlp=lambda p, m: moe(p + "mlp.", m))
 
 
 def gpt2_weights(c):
@@ -408,6 +447,28 @@ check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["
 # Mixtral: 4 experts of 32, top 2, under tp 2 (each rank routing every token) and with sequence parallelism (each its own).
 check("mixtral", ["--model", "moe-tiny", "--num-experts", "4", "--moe-ffn-hidden-size", "32"], mixtral_weights, mixtral_loss,
       [(1, []), (2, ["--tp", "2"]), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
+# Qwen2-MoE: 4 experts of 32, top 2, a gated shared expert of 48, biases on q, k and v; the probabilities taken as they
+# are (norm_topk_prob false, as Qwen1.5-MoE ships) and renormalised (loom's own export).
+QWEN2_MOE = ["--model", "moe-tiny", "--num-experts", "4", "--moe-ffn-hidden-size", "32", "--qkv-bias",
+             "--moe-shared-expert-intermediate-size", "48", "--moe-shared-expert-gate"]
+check("qwen2_moe", QWEN2_MOE, qwen2_moe_weights, qwen2_moe_loss,
+      [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])], {"norm_topk_prob": False})
+check("qwen2_moe_renormalised", QWEN2_MOE, qwen2_moe_weights, qwen2_moe_loss, [(1, []), (2, ["--tp", "2"])])
+# A Qwen2-MoE config with a dense layer among its experts is refused by name.
+bad = os.path.join(work, "qwen2_moe_bad")
+shutil.rmtree(bad, ignore_errors=True)
+shutil.copytree(os.path.join(work, "qwen2_moe"), bad)
+with open(os.path.join(bad, "config.json")) as f:
+    config = json.load(f)
+config["mlp_only_layers"] = [0]
+with open(os.path.join(bad, "config.json"), "w") as f:
+    json.dump(config, f)
+res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
+                     capture_output=True, text=True)
+lines = res.stderr.strip().splitlines()
+ok = res.returncode == 2 and len(lines) == 1 and 'field "mlp_only_layers"' in lines[0]
+failures += not ok
+print(f"{'ok' if ok else 'FAIL'}: a Qwen2-MoE config with a dense layer: exit {res.returncode}, {lines}")
 # A Mixtral config.json loom cannot compute is refused by name: router noise, a bias field.
 for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"), ("attention_bias", False, "attention_bias")):
     bad = os.path.join(work, "mixtral_bad")

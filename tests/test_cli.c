@@ -210,10 +210,13 @@ START_TEST(bad_flags) {
               "loom: /nonexistent-ck/latest: no checkpoint to load (No such file or directory)");
   refusal_row(&t, run("ckpt", "export", "ck", "--layers", "3", "--format", "llmc", "-o", "m.bin", NULL), 2,
               "loom ckpt export: --layers cannot be combined with a checkpoint, which fixes the model");
-  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-shared-expert-intermediate-size", "64", "--format", "hf",
-                      "-o", "moe_hf", NULL), 2,
-              "loom: -o: this Mixture of Experts has no Hugging Face class: it has a shared expert, which Mixtral has not; "
-              "save it as a loom checkpoint or a safetensors file");
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-shared-expert-intermediate-size", "64", "--qkv-bias",
+                      "--format", "hf", "-o", "moe_hf", NULL), 2,
+              "loom: -o: this Mixture of Experts has no Hugging Face class (Qwen2MoeForCausalLM): its shared expert has no "
+              "gate, which Qwen2-MoE's has (--moe-shared-expert-gate); save it as a loom checkpoint or a safetensors file");
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-router-pre-softmax", "--format", "hf", "-o", "moe_hf", NULL),
+              2, "loom: -o: this Mixture of Experts has no Hugging Face class (MixtralForCausalLM): its router is not Mixtral's (a "
+              "softmax over every expert, its top-k renormalised); save it as a loom checkpoint or a safetensors file");
   refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--format", "llmc", "-o", "moe.bin", NULL), 2,
               "loom: moe.bin: llm.c's format holds GPT-2 models only (LayerNorm, GELU, learned positions, biases, tied "
               "embeddings, dense MLPs)");
@@ -752,7 +755,7 @@ START_TEST(hf_directories_refuse_bad_input) {
   } CASES[] = {
       {"config.json", "LlamaForCausalLM", "GemmaForCausalLM",
        "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-       "Qwen2ForCausalLM and MixtralForCausalLM"},
+       "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM"},
       {"config.json", "[\"LlamaForCausalLM\"]", "[\"Qwen2ForCausalLM\"]",
        "field \"attention_bias\" is not Qwen2's: its q, k and v projections always have biases and its other linears never "
        "(transformers' Qwen2 reads no such field)"},

@@ -24,11 +24,16 @@
  * loom takes where it covers the whole sequence (then it changes nothing);
  * Qwen2's is Llama's with biases on q, k and v and no others; Mixtral's is
  * Mistral's with each MLP a Mixture of Experts (a softmax router's top-k,
- * renormalised: loom's softmax over the chosen logits). */
-enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, FAMILIES };
+ * renormalised: loom's softmax over the chosen logits); Qwen2-MoE's is
+ * Qwen2's with each MLP a Mixture of Experts beside a gated shared expert.
+ * A MoE model without a shared expert is Mixtral's, one with it Qwen2-MoE's
+ * (whose tensor names are loom's own). */
+enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, FAMILIES };
 static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM",
-                                                    "Qwen2ForCausalLM", "MixtralForCausalLM"};
-static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral"};
+                                                    "Qwen2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
+
+static int moe_family(const loom_gpt_config *c) { return c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -51,12 +56,16 @@ static const char *const QWEN2_FIELDS[] = {"use_sliding_window", "sliding_window
                                            "use_mrope", NULL};
 static const char *const MIXTRAL_FIELDS[] = {"sliding_window", "num_local_experts", "num_experts_per_tok",
                                              "router_aux_loss_coef", "router_jitter_noise", "output_router_logits", NULL};
+static const char *const QWEN2_MOE_FIELDS[] = {
+    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "qkv_bias", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
+    "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits", NULL};
 
 const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n) {
   static const char *const LOOM[] = {"mlp.gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   static const char *const HF[] = {"block_sparse_moe.gate.weight", "w1.weight", "w3.weight", "w2.weight"};
   const char *mlp = strstr(name, ".mlp.");
-  if (!loom_gpt_is_moe(cfg) || !mlp) return name;
+  if (!loom_gpt_is_moe(cfg) || moe_family(cfg) != MIXTRAL || !mlp) return name;
   const char *rest = mlp + 1; /* "mlp...." */
   if (strcmp(rest, LOOM[0]) == 0) {
     snprintf(buf, n, "%.*s.%s", (int)(mlp - name), name, HF[0]);
@@ -159,7 +168,7 @@ static loom_status family_of(const config_reader *c, int *family) {
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
                    "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM and MixtralForCausalLM",
+                   "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -288,6 +297,16 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
   return LOOM_OK;
 }
 
+/* A MoE family's router_aux_loss_coef (absent: transformers' 0.001) and output_router_logits. */
+static loom_status read_router_fields(const config_reader *c, loom_moe_config *e) {
+  const loom_json *aux = loom_json_get(c->root, "router_aux_loss_coef");
+  if (aux && !(aux->kind == LOOM_JSON_NUMBER && aux->number >= 0.0 && isfinite(aux->number)))
+    return bad_field(c, "router_aux_loss_coef", "must be a finite number of at least 0");
+  e->aux_loss_coeff = aux ? (float)aux->number : 0.001f;
+  bool logits = false;
+  return bool_field(c, "output_router_logits", false, &logits);
+}
+
 /* Mixtral's: no biases (its config has no field for them), its experts of
  * intermediate_size each, its top-k, its load-balancing loss's
  * coefficient, no router jitter, and a sliding window as Mistral's. */
@@ -298,16 +317,42 @@ static loom_status read_mixtral(const config_reader *c, loom_gpt_config *cfg) {
                                   "field)");
   if (st == LOOM_OK) st = int_field(c, "num_local_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
   if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 2, &e->topk);
-  const loom_json *aux = loom_json_get(c->root, "router_aux_loss_coef"), *jitter = loom_json_get(c->root, "router_jitter_noise");
-  if (st == LOOM_OK && aux && !(aux->kind == LOOM_JSON_NUMBER && aux->number >= 0.0 && isfinite(aux->number)))
-    st = bad_field(c, "router_aux_loss_coef", "must be a finite number of at least 0");
-  e->aux_loss_coeff = aux ? (float)aux->number : 0.001f; /* transformers' default */
+  const loom_json *jitter = loom_json_get(c->root, "router_jitter_noise");
   if (st == LOOM_OK && jitter && !(jitter->kind == LOOM_JSON_NUMBER && jitter->number == 0.0))
     st = bad_field(c, "router_jitter_noise", "must be 0: loom's router is a function of its inputs alone (no noise)");
-  bool logits = false;
-  if (st == LOOM_OK) st = bool_field(c, "output_router_logits", false, &logits);
+  if (st == LOOM_OK) st = read_router_fields(c, e);
   if (st == LOOM_OK) st = read_sliding_window(c, cfg);
   e->ffn = cfg->ffn;
+  return st;
+}
+
+/* Qwen2-MoE's: Qwen2's attention (biases on q, k and v unless qkv_bias is
+ * false), and in every layer a softmax router's top num_experts_per_tok of
+ * num_experts experts of moe_intermediate_size, the probabilities
+ * renormalised over them with norm_topk_prob (loom's softmax over the chosen
+ * logits) or taken as they are (loom's pre-softmax order), beside a shared
+ * expert of shared_expert_intermediate_size under its sigmoid gate. Dense
+ * layers among them (decoder_sparse_step, mlp_only_layers) are refused. */
+static loom_status read_qwen2_moe(const config_reader *c, loom_gpt_config *cfg) {
+  loom_moe_config *e = &cfg->moe;
+  loom_status st = read_qwen2(c, cfg);
+  bool qkv = true, renormalised = false;
+  if (st == LOOM_OK) st = bool_field(c, "qkv_bias", true, &qkv);
+  cfg->qkv_bias = qkv;
+  if (st == LOOM_OK) st = int_field(c, "num_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 4, &e->topk);
+  if (st == LOOM_OK) st = int_field(c, "moe_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->ffn);
+  if (st == LOOM_OK) st = int_field(c, "shared_expert_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->shared_ffn);
+  if (st == LOOM_OK) st = bool_field(c, "norm_topk_prob", false, &renormalised);
+  e->pre_softmax = !renormalised, e->shared_gate = true;
+  int step = 1;
+  if (st == LOOM_OK) st = int_field(c, "decoder_sparse_step", 1, LOOM_PLAN_MAX_LAYERS, 1, &step);
+  if (st == LOOM_OK && step != 1)
+    st = bad_field(c, "decoder_sparse_step", "must be 1: loom makes every layer a Mixture of Experts (no --moe-layer-freq yet)");
+  const loom_json *dense = loom_json_get(c->root, "mlp_only_layers");
+  if (st == LOOM_OK && dense && !(dense->kind == LOOM_JSON_NULL || (dense->kind == LOOM_JSON_ARRAY && dense->count == 0)))
+    st = bad_field(c, "mlp_only_layers", "must be empty: loom makes every layer a Mixture of Experts (no --moe-layer-freq yet)");
+  if (st == LOOM_OK) st = read_router_fields(c, e);
   return st;
 }
 
@@ -364,11 +409,14 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   if (root.kind != LOOM_JSON_OBJECT) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a JSON object", path);
   if (st == LOOM_OK) st = family_of(&c, &family);
   static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS,
-                                                     [MIXTRAL] = MIXTRAL_FIELDS};
+                                                     [MIXTRAL] = MIXTRAL_FIELDS, [QWEN2_MOE] = QWEN2_MOE_FIELDS};
   if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
   if (st == LOOM_OK && family != GPT2)
-    st = family == QWEN2 ? read_qwen2(&c, cfg) : family == MIXTRAL ? read_mixtral(&c, cfg) : read_llama_biases(&c, cfg);
+    st = family == QWEN2       ? read_qwen2(&c, cfg)
+         : family == MIXTRAL   ? read_mixtral(&c, cfg)
+         : family == QWEN2_MOE ? read_qwen2_moe(&c, cfg)
+                               : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
   loom_json_free(&root);
   if (st != LOOM_OK) return st;
@@ -390,16 +438,26 @@ static const char *not_mixtral(const loom_gpt_config *c) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
       c->qkv_bias)
     return "its experts' layers are not Mixtral's (rmsnorm, swiglu experts, rope, no biases)";
-  if (c->moe.shared_ffn) return "it has a shared expert, which Mixtral has not";
   if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX || c->moe.pre_softmax)
     return "its router is not Mixtral's (a softmax over every expert, its top-k renormalised)";
   return NULL;
 }
 
+/* Why Qwen2-MoE's class cannot hold a MoE model with a shared expert, or NULL where it can. */
+static const char *not_qwen2_moe(const loom_gpt_config *c) {
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
+      !c->qkv_bias)
+    return "its layers are not Qwen2-MoE's (rmsnorm, swiglu experts, rope, biases on q, k and v alone)";
+  if (!c->moe.shared_gate) return "its shared expert has no gate, which Qwen2-MoE's has (--moe-shared-expert-gate)";
+  if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX) return "its router is not Qwen2-MoE's (a softmax over every expert)";
+  return NULL;
+}
+
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
-  if (loom_gpt_is_moe(c) && not_mixtral(c))
-    return loom_fail(err, LOOM_ERR_USAGE, "this Mixture of Experts has no Hugging Face class: %s; save it as a loom "
-                     "checkpoint or a safetensors file", not_mixtral(c));
+  const char *why = !loom_gpt_is_moe(c) ? NULL : moe_family(c) == MIXTRAL ? not_mixtral(c) : not_qwen2_moe(c);
+  if (why)
+    return loom_fail(err, LOOM_ERR_USAGE, "this Mixture of Experts has no Hugging Face class (%s): %s; save it as a loom "
+                     "checkpoint or a safetensors file", ARCHITECTURES[moe_family(c)], why);
   if (loom_gpt_config_is_gpt2(c) ||
       (c->norm == LOOM_NORM_RMSNORM && c->mlp == LOOM_MLP_SWIGLU && c->position == LOOM_POSITION_ROPE))
     return LOOM_OK;
@@ -435,10 +493,17 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",
              (double)c->rope.factor, (double)c->rope.low_freq_factor, (double)c->rope.high_freq_factor,
              c->rope.original_max_position);
-  /* Qwen2 (biases on q, k and v alone) and Mixtral have no bias fields, Llama its two. */
-  const int family = loom_gpt_is_moe(c) ? MIXTRAL : c->qkv_bias ? QWEN2 : LLAMA;
-  char own[256];
-  if (family == MIXTRAL)
+  /* Qwen2 (biases on q, k and v alone) and the MoE families have no bias fields, Llama its two. */
+  const int family = loom_gpt_is_moe(c) ? moe_family(c) : c->qkv_bias ? QWEN2 : LLAMA;
+  char own[768];
+  if (family == QWEN2_MOE)
+    snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n"
+             "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
+             "  \"shared_expert_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
+             "  \"mlp_only_layers\": [],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": false,\n", c->layers,
+             c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c), c->moe.shared_ffn, c->moe.pre_softmax ? "false" : "true",
+             (double)c->moe.aux_loss_coeff);
+  else if (family == MIXTRAL)
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n  \"router_aux_loss_coef\": %.7g,\n  \"router_jitter_noise\": 0.0,\n"
              "  \"output_router_logits\": false,\n", loom_gpt_head_dim(c), c->moe.experts, c->moe.topk,

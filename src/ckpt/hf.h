@@ -5,8 +5,10 @@
  * SwiGLU, RoPE; grouped-query attention, biases, a tied head and Llama
  * 3.1's RoPE scaling as the config says), MistralForCausalLM (Llama's
  * model, its sliding window taken where it spans the whole sequence),
- * Qwen2ForCausalLM (Llama's with biases on q, k and v alone) and
- * MixtralForCausalLM (Mistral's, each MLP a Mixture of Experts). The Llama
+ * Qwen2ForCausalLM (Llama's with biases on q, k and v alone),
+ * MixtralForCausalLM (Mistral's, each MLP a Mixture of Experts) and
+ * Qwen2MoeForCausalLM (Qwen2's, each MLP a Mixture of Experts beside a
+ * gated shared expert). The Llama
  * family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
@@ -45,8 +47,10 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
 /* The model in dir as a source, its safetensors header checked on opening. */
 loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *err);
 /* Whether a transformers class holds the model (GPT2LMHeadModel,
- * LlamaForCausalLM, Qwen2ForCausalLM or MixtralForCausalLM); the error
- * names its architecture, or what keeps a MoE model from Mixtral's. */
+ * LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM or
+ * Qwen2MoeForCausalLM); the error names its architecture, or what keeps a
+ * MoE model from its class (Mixtral's without a shared expert, Qwen2-MoE's
+ * with one). */
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err);
 /* Writes dir/config.json, generation_config.json, tok's files where tok is
  * not NULL (hf_tokenizer.h) and the weights (values as dtype): one
