@@ -199,22 +199,29 @@ def mixtral_weights(c):
     return w
 
 
-def mixtral_moe(c, w, p, m):
-    """transformers' MixtralSparseMoeBlock: softmax over every expert, the top k, renormalised, each token's experts'
+def swiglu(x, w, gate, up, down):
+    return (torch.nn.functional.silu(x @ w[gate].T) * (x @ w[up].T)) @ w[down].T
+
+
+def top_k_mixture(m, router, k, experts, renormalise, expert):
+    """A softmax over every expert's logit, the top k (renormalised over them when asked), each token's experts'
     outputs weighted and summed."""
-    probs = torch.softmax(m @ w[p + "gate.weight"].T, -1)
-    top, chosen = probs.topk(c["num_experts_per_tok"], -1)
-    top = top / top.sum(-1, keepdim=True)
+    top, chosen = torch.softmax(m @ router.T, -1).topk(k, -1)
+    if renormalise:
+        top = top / top.sum(-1, keepdim=True)
     out = torch.zeros_like(m)
     for j in range(chosen.shape[1]):
-        for e in range(c["num_local_experts"]):
+        for e in range(experts):
             rows = chosen[:, j] == e
             if rows.any():
-                x = m[rows]
-                y = (torch.nn.functional.silu(x @ w[p + f"experts.{e}.w1.weight"].T) * (x @ w[p + f"experts.{e}.w3.weight"].T)) @ \
-                    w[p + f"experts.{e}.w2.weight"].T
-                out[rows] += top[rows, j:j + 1] * y
+                out[rows] += top[rows, j:j + 1] * expert(m[rows], e)
     return out
+
+
+def mixtral_moe(c, w, p, m):
+    """transformers' MixtralSparseMoeBlock: the top k renormalised, each expert SwiGLU's w1 (gate), w3 (up), w2 (down)."""
+    return top_k_mixture(m, w[p + "gate.weight"], c["num_experts_per_tok"], c["num_local_experts"], True,
+                         lambda x, e: swiglu(x, w, *(p + f"experts.{e}.{n}.weight" for n in ("w1", "w3", "w2"))))
 
 
 def mixtral_loss(c, w, tokens):
@@ -243,19 +250,10 @@ def qwen2_moe_loss(c, w, tokens):
     norm_topk_prob), each token's experts' SwiGLU outputs weighted and summed, plus the shared expert's output
     times the sigmoid of its gate."""
     def moe(p, m):
-        swiglu = lambda x, e: (torch.nn.functional.silu(x @ w[p + e + "gate_proj.weight"].T) * (x @ w[p + e + "up_proj.weight"].T)) @ \
-            w[p + e + "down_proj.weight"].T
-        probs = torch.softmax(m @ w[p + "gate.weight"].T, -1)
-        top, chosen = probs.topk(c["num_experts_per_tok"], -1)
-        if c["norm_topk_prob"]:
-            top = top / top.sum(-1, keepdim=True)
-        out = torch.zeros_like(m)
-        for j in range(chosen.shape[1]):
-            for e in range(c["num_experts"]):
-                rows = chosen[:, j] == e
-                if rows.any():
-                    out[rows] += top[rows, j:j + 1] * swiglu(m[rows], f"experts.{e}.")
-        return out + torch.sigmoid(m @ w[p + "shared_expert_gate.weight"].T) * swiglu(m, "shared_expert.")
+        mlp = lambda x, e: swiglu(x, w, *(p + e + n for n in ("gate_proj.weight", "up_proj.weight", "down_proj.weight")))
+        out = top_k_mixture(m, w[p + "gate.weight"], c["num_experts_per_tok"], c["num_experts"], c["norm_topk_prob"],
+                            lambda x, e: mlp(x, f"experts.{e}."))
+        return out + torch.sigmoid(m @ w[p + "shared_expert_gate.weight"].T) * mlp(m, "shared_expert.")
     return llama_loss(c, w, tokens, mlp=lambda p, m: moe(p + "mlp.", m))
 
 
