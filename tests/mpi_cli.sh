@@ -23,6 +23,10 @@ MOE="--model moe-tiny --seq 16 --micro-batch 2 --global-batch 4 --steps 3 --eval
 "$LOOM" train $MOE --metrics "$WORK/moe1.jsonl" > "$WORK/moe1.txt" 2>&1 || fail "MoE one rank: $(cat "$WORK/moe1.txt")"
 run train $MOE --dp 2 --ep 2 --log-every 1 --metrics "$WORK/moe2.jsonl" > "$WORK/moe2.txt" 2>&1 || fail "MoE ep 2: $(cat "$WORK/moe2.txt")"
 grep -q "experts: ep 2 x expert-data-parallel 1 in each MoE layer, 4 of 8 experts on each rank" "$WORK/moe2.txt" || fail "no experts line"
+# The busiest experts' rows over the run, within the dropless bound the buffers hold (ep n min(k, E / ep)).
+rows=$(sed -n 's/.*experts: the busiest rank.s experts took at most \([0-9]*\) rows.* of the \([0-9]*\) its buffers.*/\1 \2/p' "$WORK/moe2.txt")
+[ -n "$rows" ] && [ "${rows% *}" -gt 0 ] && [ "${rows% *}" -le "${rows#* }" ] || fail "expert rows against their bound: '$rows'"
+grep -q '"moe_expert_rows_max": ' "$WORK/moe2.jsonl" || fail "no moe_expert_rows_max in the metrics"
 grep -q "load_balancing_loss .* expert load max/mean" "$WORK/moe2.txt" || fail "no routing line"
 for i in 1 2 3; do
   a=$(grep "\"step\": $i," "$WORK/moe1.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')

@@ -667,6 +667,7 @@ void loom_gpt_moe_stats_reset(loom_gpt *m) {
   if (st->load) memset(st->load, 0, (size_t)m->p.layers * (size_t)m->p.cfg.moe.experts * sizeof *st->load);
   st->aux_loss = st->z_loss = 0.0;
   st->dropped = 0;
+  st->most_rows = 0;
 }
 
 /* Adds a layer's routing in one forward to the statistics. */
@@ -676,6 +677,7 @@ static void moe_count(loom_gpt *m, int l, const loom_moe_host *h) {
   st->aux_loss += h->routing.aux_loss;
   st->z_loss += h->routing.z_loss;
   st->dropped += h->dispatch.dropped;
+  st->most_rows = h->received > st->most_rows ? h->received : st->most_rows;
   for (int e = 0; e < E; e++) st->load[(size_t)l * E + e] += h->routing.load[e];
 }
 

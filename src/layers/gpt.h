@@ -103,6 +103,7 @@ typedef struct {
 typedef struct {
   double aux_loss, z_loss; /* summed over layers and forwards (each forward's micro-batch losses as routed) */
   int64_t dropped;         /* choices dropped over capacity */
+  int64_t most_rows;       /* the most rows this rank's experts took in one layer's forward */
   int64_t *load;           /* [layers * experts] tokens routed to each expert of each local layer */
 } loom_gpt_moe_stats;
 

@@ -203,6 +203,7 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   /* The rows into this rank's experts' order: in place without expert parallelism, else through the group. */
   int R = M;
   if (shape->ep == 1) {
+    host->received = M;
     for (int e = 0; e < E; e++) host->counts[e] = (int)d->counts[e];
     ops->rows_gather(ops, a->perm, a->x, a->rows, M, h);
   } else {
@@ -248,7 +249,7 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   const int fc = loom_moe_fc_width(shape), El = shape->local_experts;
   const loom_allocator *mem = ops->mem;
   const loom_moe_host *host = a->host;
-  const int M = (int)host->dispatch.rows_total, R = shape->ep == 1 ? M : (int)host->received;
+  const int M = (int)host->dispatch.rows_total, R = (int)host->received;
   /* The combine: each row's grad, and each choice's weight's; sent to the rows' experts. */
   ops->rows_combine_backward(ops, s->d_y, s->d_weights, dout, a->y, a->slots, a->weights, n, k, h);
   to_bf16_values(shape, ops, s->d_y, (size_t)M * h);

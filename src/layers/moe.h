@@ -71,7 +71,7 @@ typedef struct {
    * peer's rows per expert ([ep, E], row q: peer q's dispatch counts). */
   size_t *send_rows, *recv_rows;
   int64_t *peer_counts;
-  int64_t received;  /* rows this rank's experts took */
+  int64_t received;  /* rows this rank's experts took (without expert parallelism: every choice kept) */
   float *gate;       /* [n] the shared expert's gates, then their logits' grads */
   int *identity;     /* [n] 0, 1, ..., n - 1: each token's own row (the gate's rows_combine) */
 } loom_moe_host;

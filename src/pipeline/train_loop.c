@@ -240,6 +240,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
     loom_metrics_num(mx, "z_loss", s->moe_z_loss);
     loom_metrics_num(mx, "moe_dropped_tokens", (double)s->moe_dropped);
     loom_metrics_num(mx, "moe_load_imbalance", s->moe_load_imbalance);
+    loom_metrics_num(mx, "moe_expert_rows_max", (double)s->moe_rows);
     loom_metrics_list(mx, "moe_tokens_per_expert", tr->moe_load, c->layers, c->moe.experts);
   }
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
@@ -266,8 +267,22 @@ static bool stop_requested(const loom_trainer *tr, const loom_train_loop *loop) 
   return stop != 0;
 }
 
+/* A MoE model's busiest experts over the run against the rows the memory
+ * model gave them (loom_moe_recv_rows: dropless, the worst case). */
+static void report_expert_rows(const loom_trainer *tr) {
+  const loom_gpt *m = loom_pipeline_chunk(tr->pipe, 0);
+  if (!loom_gpt_is_moe(&m->p.cfg) || !tr->moe_load) return;
+  const int64_t bound = m->moe.recv_rows;
+  loom_log_info("experts: the busiest rank's experts took at most %lld rows in one layer's micro-batch, %.1f%% of the %lld "
+                "its buffers and the memory model allot (%s)", (long long)tr->moe_rows_peak,
+                bound ? 100.0 * (double)tr->moe_rows_peak / (double)bound : 0.0, (long long)bound,
+                m->p.cfg.moe.capacity_factor > 0.0 ? "as the capacity factor caps them"
+                                                   : "dropless: as if every token routed there");
+}
+
 static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_error *err) {
   report_memory(tr, loop->metrics);
+  report_expert_rows(tr);
   if (!loop->trace) return LOOM_OK;
   double bubble;
   const loom_status st = loom_trace_write(tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);

@@ -194,6 +194,12 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
       tr->moe_load[(size_t)m->p.range.layer_begin * E + i] += m->moe_stats.load[i];
   }
   loom_comm_allreduce_typed(tr->ps.world_group, sums, 3, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    const int64_t most = loom_pipeline_chunk(tr->pipe, k)->moe_stats.most_rows;
+    s->moe_rows = most > s->moe_rows ? most : s->moe_rows;
+  }
+  loom_comm_allreduce_typed(tr->ps.world_group, &s->moe_rows, 1, LOOM_DTYPE_I64, LOOM_REDUCE_MAX);
+  tr->moe_rows_peak = s->moe_rows > tr->moe_rows_peak ? s->moe_rows : tr->moe_rows_peak;
   loom_comm_allreduce_typed(tr->ps.world_group, tr->moe_load, (size_t)L * E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
   const double per = (double)(tr->global_batch / tr->micro_batch) * L; /* micro-batches x MoE layers */
   s->moe_aux_loss = sums[0] / per, s->moe_z_loss = sums[1] / per, s->moe_dropped = (int64_t)sums[2];

@@ -49,6 +49,7 @@ typedef struct {
    * the same on every rank (the chunks route with their rows); NULL: none. */
   float *expert_bias;
   size_t expert_bias_count;
+  int64_t moe_rows_peak; /* the most rows any rank's experts took in one layer's forward, over the run's steps */
 } loom_trainer;
 
 typedef struct {
@@ -66,6 +67,8 @@ typedef struct {
    * each layer: loom_trainer.moe_load). */
   double moe_aux_loss, moe_z_loss, moe_load_imbalance;
   int64_t moe_dropped;
+  int64_t moe_rows; /* the most rows any rank's experts took in one layer's forward (the memory model allots
+                     * loom_moe_recv_rows: loom_trainer_moe_rows_bound) */
 } loom_step_stats;
 
 typedef struct {
