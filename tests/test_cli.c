@@ -151,6 +151,14 @@ START_TEST(bad_flags) {
               "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
               2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-layer-freq", "([1]*1)", NULL), 2,
+              "loom train: --moe-layer-freq ([1]*1): gives 1 entries for the model's 2 layers (give N, one MoE layer in every "
+              "N, or Megatron's list form such as ([0]*3+[1]*58))");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-layer-freq", "([0]*1+[1]*1)", NULL), 2,
+              "loom train: --moe-layer-freq: 1 of 2 layers are dense; loom makes every layer a Mixture of Experts so far "
+              "(Megatron's 1, or ([1]*2))");
+  refusal_row(&t, run("train", "--moe-layer-freq", "1", NULL), 2,
+              "loom train: --moe-layer-freq configures a Mixture of Experts, but this model is dense; add --num-experts");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-enable-expert-bias", NULL), 2,
               "loom train: --moe-router-enable-expert-bias true: DeepSeek-V3's aux-loss-free balancing biases sigmoid scores, "
               "but --moe-router-score-function is softmax; set it to sigmoid, as Megatron-Core requires");

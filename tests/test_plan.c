@@ -223,6 +223,39 @@ static void expect_rule(loom_plan *p, const char *line) {
   tu_row(&g_rules, n >= 1 && strstr(lines, line) != NULL, "expected \"%s\" in:\n%s", line, n >= 1 ? lines : "(no rule broken)");
 }
 
+/* Megatron-LM's --moe-layer-freq in its every form, into the config's
+ * pattern: an integer N (layer l a MoE layer where l % N == 0), and
+ * Python's lists with repetitions and sums, quoted as shell scripts pass
+ * them; malformed text and a wrong length refused with why. */
+START_TEST(moe_layer_freq_parses_megatrons_forms) {
+  static const struct {
+    const char *text;
+    const char *moe; /* per layer of 8: 1 MoE, 0 dense; NULL: refused */
+    const char *why;
+  } cases[] = {
+      {"1", "11111111", NULL},          {"2", "10101010", NULL},          {"3", "10010010", NULL},
+      {"([0]*3+[1]*5)", "00011111", NULL}, {"'([1]*8)'", "11111111", NULL}, {"\"[1,0,1,1,0,1,1,0]\"", "10110110", NULL},
+      {"([1,1,0]*2+[0]+([1]*1))", "11011001", NULL}, {"( [0] * 2 + [1] * 6 )", "00111111", NULL},
+      {"([1]*7)", NULL, "gives 7 entries for the model's 8 layers"}, {"([1]*9)", NULL, "more entries than the model's layers"},
+      {"[1,2]", NULL, "each entry must be 1 (a Mixture of Experts) or 0 (dense)"}, {"0", NULL, "an integer must be at least 1"},
+      {"([1]*8", NULL, "expected ')'"}, {"[1]*8]", NULL, "unexpected text after the list"}, {"x", NULL, "expected '[' or '('"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    loom_gpt_config c = {.layers = 8, .moe = {.experts = 4, .topk = 2}};
+    char why[160] = "";
+    const int rc = loom_gpt_parse_moe_layer_freq(&c, cases[i].text, why, sizeof why);
+    if (!cases[i].moe) {
+      ck_assert_msg(rc != 0 && strstr(why, cases[i].why), "%s: rc %d, why '%s'", cases[i].text, rc, why);
+      continue;
+    }
+    ck_assert_msg(rc == 0, "%s: %s", cases[i].text, why);
+    for (int l = 0; l < 8; l++)
+      ck_assert_msg(loom_gpt_layer_is_moe(&c, l) == (cases[i].moe[l] == '1'), "%s: layer %d", cases[i].text, l);
+    ck_assert(loom_gpt_has_dense_layers(&c) == (strchr(cases[i].moe, '0') != NULL));
+  }
+}
+END_TEST
+
 START_TEST(each_rule_has_its_message) {
   g_rules = (tu_rows){0};
   loom_plan_spec spec = base_spec();
@@ -329,6 +362,14 @@ START_TEST(each_rule_has_its_message) {
   moe.bias_update_rate = 2.0f;
   expect_rule(p, "model.moe.bias_update_rate = 2: must be finite, from 0 to 1");
   moe.expert_bias = 0, moe.has_bias_update_rate = 0;
+  int32_t pattern[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+  moe.layer_pattern = pattern, moe.n_layer_pattern = 9; /* 8 layers */
+  expect_rule(p, "model.moe.layer_pattern: 9 entries, but model.layers = 8; give one per layer (1: MoE, 0: dense)");
+  moe.n_layer_pattern = 8, pattern[3] = 2;
+  expect_rule(p, "model.moe.layer_pattern[3] = 2: must be 1 (a Mixture of Experts) or 0 (the dense MLP)");
+  pattern[3] = 0, pattern[5] = 0;
+  expect_rule(p, "model.moe.layer_pattern: 2 of 8 layers are dense; loom makes every layer a Mixture of Experts so far");
+  moe.n_layer_pattern = 0;
   p->model->moe = NULL;
   p->model->has_bias = 0, p->model->bias = 1;
   p->model->position = (Loom__Position)7;
@@ -913,6 +954,7 @@ int main(int argc, char **argv) {
   Suite *s = suite_create("plan");
   TCase *tc = tcase_create("plan");
   tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, moe_layer_freq_parses_megatrons_forms);
   tcase_add_test(tc, bytes_equal_protoc);
   tcase_add_test(tc, committed_plan_round_trips);
   tcase_add_test(tc, malformed_text_is_refused);

@@ -423,9 +423,8 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   loom_gpt_config_finish(cfg);
   char why[512];
   Loom__Model m = LOOM__MODEL__INIT;
-  Loom__RopeScaling scaling;
-  Loom__Moe moe;
-  loom_model_proto_fill(&m, cfg, &scaling, &moe);
+  loom_model_rooms rooms;
+  loom_model_proto_fill(&m, cfg, &rooms);
   if (loom_plan_check_model(&m, why, sizeof why))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %.*s", path, (int)strcspn(why, "\n"), why);
   return LOOM_OK;

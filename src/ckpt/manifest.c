@@ -164,9 +164,8 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
   Loom__Model m = LOOM__MODEL__INIT;
-  Loom__RopeScaling scaling;
-  Loom__Moe moe;
-  loom_model_proto_fill(&m, c, &scaling, &moe);
+  loom_model_rooms rooms;
+  loom_model_proto_fill(&m, c, &rooms);
   Loom__Parallel l = LOOM__PARALLEL__INIT;
   l.has_tp = l.has_pp = l.has_dp = l.has_virtual_chunks = l.has_zero_stage = 1;
   l.tp = run->tp, l.pp = run->pp, l.dp = run->dp, l.virtual_chunks = run->vpp, l.zero_stage = run->zero;

@@ -38,6 +38,9 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--moe-shared-expert-intermediate-size", FLAG_INT, &mf->moe_shared_ffn,
        "the shared expert's MLP width, beside the routed ones (0: none)", 0, LOOM_PLAN_MAX_FFN, NULL, false,
        "model.moe.shared_ffn"},
+      {"--moe-layer-freq", FLAG_STRING, &mf->moe_layer_freq,
+       "which layers are MoE layers: N (one in every N) or Megatron's list form, such as ([0]*3+[1]*58) (1: every layer)",
+       LOOM_NO_RANGE, NULL, false, "model.moe.layer_pattern"},
       {"--moe-shared-expert-gate", FLAG_BOOL, &mf->moe_shared_gate,
        "the shared expert's output times a sigmoid gate of the token (Qwen2-MoE's shared_expert_gate)", LOOM_NO_RANGE, NULL,
        false, "model.moe.shared_gate"},
@@ -77,7 +80,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
                                          "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
                                          "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
                                          "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
-                                         "--moe-shared-expert-gate"};
+                                         "--moe-shared-expert-gate", "--moe-layer-freq"};
   loom_moe_config *e = &cfg->moe;
   if (flag_set(table, "--num-experts")) {
     if (mf->experts == 0) *e = (loom_moe_config){0};
@@ -92,6 +95,10 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-ffn-hidden-size")) e->ffn = mf->moe_ffn;
   if (flag_set(table, "--moe-shared-expert-intermediate-size")) e->shared_ffn = mf->moe_shared_ffn;
   if (flag_set(table, "--moe-shared-expert-gate")) e->shared_gate = mf->moe_shared_gate;
+  char why[160];
+  if (flag_set(table, "--moe-layer-freq") && loom_gpt_parse_moe_layer_freq(cfg, mf->moe_layer_freq, why, sizeof why) != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq %s: %s (give N, one MoE layer in every N, or Megatron's list "
+                     "form such as ([0]*3+[1]*58))", cmd, mf->moe_layer_freq, why);
   if (flag_set(table, "--moe-router-score-function"))
     e->score = (loom_moe_score)loom_flag_choice_index(LOOM_MOE_SCORE_NAMES, mf->moe_score);
   if (flag_set(table, "--moe-router-pre-softmax")) e->pre_softmax = mf->moe_pre_softmax;
@@ -115,7 +122,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                                       "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
-                                      "--moe-router-pre-softmax"};
+                                      "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)

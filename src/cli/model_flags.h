@@ -15,12 +15,12 @@ typedef struct {
   bool no_bias, qkv_bias, untied;
   /* Mixture of Experts, in Megatron-Core's flag names */
   int experts, moe_topk, moe_ffn, moe_shared_ffn;
-  const char *moe_score, *moe_drop_policy;
+  const char *moe_score, *moe_drop_policy, *moe_layer_freq;
   bool moe_pre_softmax, moe_expert_bias, moe_shared_gate;
   float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 30
+#define LOOM_MODEL_FLAG_COUNT 31
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

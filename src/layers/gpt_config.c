@@ -1,5 +1,6 @@
 /* Model presets, derived sizes and descriptions (the rules are the plan's: loom_plan_check_model). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "layers/gpt_config.h"
 
@@ -104,7 +105,8 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied && a->moe.experts == b->moe.experts &&
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
-                                  a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate));
+                                  a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate &&
+                                  memcmp(a->moe.dense, b->moe.dense, sizeof a->moe.dense) == 0));
 }
 
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
@@ -141,6 +143,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
+
   }
 #undef PUT
   return buf;
@@ -157,4 +160,136 @@ int loom_flops_formula_parse(const char *name, loom_flops_formula *f) {
       return 0;
     }
   return -1;
+}
+
+/* ---- --moe-layer-freq ---- */
+
+bool loom_gpt_has_dense_layers(const loom_gpt_config *c) {
+  for (int w = 0; loom_gpt_is_moe(c) && w < LOOM_MOE_PATTERN_WORDS; w++)
+    if (c->moe.dense[w]) return true;
+  return false;
+}
+
+void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense) {
+  const uint64_t bit = (uint64_t)1 << (l & 63);
+  c->moe.dense[l >> 6] = dense ? c->moe.dense[l >> 6] | bit : c->moe.dense[l >> 6] & ~bit;
+}
+
+/* Python's list form, read into out[cap]: expr = term ('+' term)*, term =
+ * ('[' 0|1 (',' 0|1)* ']' | '(' expr ')') ('*' count)?. */
+typedef struct {
+  const char *at;
+  uint8_t *out;
+  int len, cap;
+  const char *why;
+} freq_parser;
+
+static void skip_spaces(freq_parser *p) {
+  while (*p->at == ' ') p->at++;
+}
+
+static bool fail_freq(freq_parser *p, const char *why) {
+  if (!p->why) p->why = why;
+  return false;
+}
+
+static bool read_count(freq_parser *p, long *v) {
+  skip_spaces(p);
+  char *end;
+  *v = strtol(p->at, &end, 10);
+  if (end == p->at) return fail_freq(p, "expected a number");
+  p->at = end;
+  return true;
+}
+
+static bool freq_expr(freq_parser *p);
+
+static bool freq_term(freq_parser *p) {
+  skip_spaces(p);
+  const int from = p->len;
+  if (*p->at == '[') {
+    p->at++;
+    do {
+      long v;
+      if (!read_count(p, &v)) return false;
+      if (v != 0 && v != 1) return fail_freq(p, "each entry must be 1 (a Mixture of Experts) or 0 (dense)");
+      if (p->len == p->cap) return fail_freq(p, "more entries than the model's layers");
+      p->out[p->len++] = (uint8_t)v;
+      skip_spaces(p);
+    } while (*p->at == ',' && p->at++);
+    if (*p->at != ']') return fail_freq(p, "expected ']'");
+    p->at++;
+  } else if (*p->at == '(') {
+    p->at++;
+    if (!freq_expr(p)) return false;
+    skip_spaces(p);
+    if (*p->at != ')') return fail_freq(p, "expected ')'");
+    p->at++;
+  } else {
+    return fail_freq(p, "expected '[' or '('");
+  }
+  skip_spaces(p);
+  if (*p->at != '*') return true;
+  p->at++;
+  long times;
+  if (!read_count(p, &times)) return false;
+  if (times < 0 || times > LOOM_GPT_MAX_LAYERS) return fail_freq(p, "a repetition count out of range");
+  const int one = p->len - from;
+  if (times == 0) p->len = from;
+  for (long t = 1; t < times; t++) {
+    if (p->len + one > p->cap) return fail_freq(p, "more entries than the model's layers");
+    memmove(p->out + p->len, p->out + from, (size_t)one);
+    p->len += one;
+  }
+  return true;
+}
+
+static bool freq_expr(freq_parser *p) {
+  if (!freq_term(p)) return false;
+  for (skip_spaces(p); *p->at == '+'; skip_spaces(p)) {
+    p->at++;
+    if (!freq_term(p)) return false;
+  }
+  return true;
+}
+
+int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
+  char body[4096];
+  size_t len = strlen(text);
+  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0]) text++, len -= 2;
+  if (len >= sizeof body) {
+    snprintf(why, n, "too long");
+    return -1;
+  }
+  memcpy(body, text, len);
+  body[len] = '\0';
+  uint8_t *moe = calloc((size_t)LOOM_GPT_MAX_LAYERS, 1);
+  if (!moe) {
+    snprintf(why, n, "out of memory");
+    return -1;
+  }
+  char *end;
+  const long every = strtol(body, &end, 10);
+  freq_parser p = {.at = body, .out = moe, .cap = c->layers};
+  if (end != body && *end == '\0') { /* an integer: one MoE layer in every N */
+    if (every < 1 || every > LOOM_GPT_MAX_LAYERS) p.why = "an integer must be at least 1 (1: every layer a Mixture of Experts)";
+    for (int l = 0; !p.why && l < c->layers; l++) moe[l] = l % every == 0;
+    p.len = c->layers;
+  } else if (freq_expr(&p)) {
+    skip_spaces(&p);
+    if (*p.at != '\0') p.why = "unexpected text after the list";
+  }
+  if (!p.why && p.len != c->layers) {
+    snprintf(why, n, "gives %d entries for the model's %d layers", p.len, c->layers);
+    free(moe);
+    return -1;
+  }
+  if (p.why) {
+    snprintf(why, n, "%s", p.why);
+    free(moe);
+    return -1;
+  }
+  for (int l = 0; l < c->layers; l++) loom_gpt_set_dense_layer(c, l, !moe[l]);
+  free(moe);
+  return 0;
 }

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include "backend/ops.h"
 
 /* What a stage recomputes in backward: its first `layers` layers (0: none;
@@ -43,6 +44,8 @@ extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
  * shared experts' MLP (one MLP `shared_ffn` wide, which every token takes).
  * The first group of fields is the architecture; the rest are training's. */
 #define LOOM_MOE_BIAS_UPDATE_RATE 1e-3f /* Megatron-Core's default --moe-router-bias-update-rate */
+#define LOOM_GPT_MAX_LAYERS 4096        /* a model's layers at most (the plan's bound) */
+#define LOOM_MOE_PATTERN_WORDS (LOOM_GPT_MAX_LAYERS / 64)
 typedef struct {
   int experts;            /* --num-experts */
   int topk;               /* --moe-router-topk */
@@ -62,6 +65,12 @@ typedef struct {
    * (loom_moe_expert_bias_update); the trainer keeps it, checkpoints too. */
   bool expert_bias;
   float bias_update_rate;
+  /* --moe-layer-freq: bit l of dense (l / 64, l % 64) set makes layer l a
+   * dense MLP of the model's ffn (DeepSeek-V3's first layers, Llama 4's
+   * every other one); all clear: every layer a Mixture of Experts. The
+   * plan's rules refuse dense layers so far: every layer computes as a MoE
+   * layer (loom_gpt_is_moe). */
+  uint64_t dense[LOOM_MOE_PATTERN_WORDS];
   /* Where the experts are, not what they are: a rank of an expert-parallel
    * group of ep (0 or 1: every expert here) holds experts
    * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep). */
@@ -131,6 +140,20 @@ static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no
 /* Whether the model's MLPs are Mixtures of Experts, and its experts' width. */
 static inline bool loom_gpt_is_moe(const loom_gpt_config *c) { return c->moe.experts > 0; }
 static inline int loom_gpt_expert_ffn(const loom_gpt_config *c) { return c->moe.ffn > 0 ? c->moe.ffn : c->ffn; }
+/* Whether layer l's MLP is a Mixture of Experts (else the dense MLP). */
+static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
+  return loom_gpt_is_moe(c) && !((c->moe.dense[l >> 6] >> (l & 63)) & 1u);
+}
+/* Whether a MoE model has dense layers among its MoE layers. */
+bool loom_gpt_has_dense_layers(const loom_gpt_config *c);
+/* Makes layer l of a MoE model dense (or a MoE layer again). */
+void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense);
+/* Parses Megatron-LM's --moe-layer-freq for a model of `layers` layers
+ * into c->moe.dense: an integer N (layer l a MoE layer where l % N == 0),
+ * or Python's list form of 1 (MoE) and 0 (dense) per layer, with its
+ * repetitions and sums ("[0,1,1]", "([0]*3+[1]*58)", "([1,1,0]*4)"),
+ * quotes around it allowed; 0 on success, else -1 with why filled. */
+int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *why, size_t n);
 /* Whether the config is GPT-2's architecture (LayerNorm, GELU, learned
  * positions, biases, multi-head): its tensors then carry GPT-2's names, else
  * the Llama family's (Hugging Face's LlamaForCausalLM names). */

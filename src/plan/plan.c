@@ -41,6 +41,8 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                                  .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
                                  .bias_update_rate = m->moe->has_bias_update_rate ? m->moe->bias_update_rate
                                                                                   : LOOM_MOE_BIAS_UPDATE_RATE};
+  for (size_t l = 0; m->moe && l < m->moe->n_layer_pattern && l < (size_t)LOOM_GPT_MAX_LAYERS; l++)
+    if (m->moe->layer_pattern[l] == 0) loom_gpt_set_dense_layer(cfg, (int)l, true);
   if (m->rope_scaling)
     cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
                             .low_freq_factor = m->rope_scaling->low_freq_factor,
@@ -49,7 +51,9 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
   loom_gpt_config_finish(cfg);
 }
 
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room, Loom__Moe *moe_room) {
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms) {
+  Loom__RopeScaling *room = &rooms->scaling;
+  Loom__Moe *moe_room = &rooms->moe;
   m->has_layers = m->has_hidden = m->has_heads = m->has_ffn = m->has_vocab = m->has_seq = 1;
   m->layers = c->layers, m->hidden = c->hidden, m->heads = c->heads, m->vocab = c->vocab, m->seq = c->seq;
   m->ffn = c->ffn > 0 ? c->ffn : 4 * c->hidden;
@@ -99,6 +103,10 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeS
   moe_room->has_expert_bias = e->expert_bias, moe_room->expert_bias = e->expert_bias;
   moe_room->has_bias_update_rate = e->expert_bias && e->bias_update_rate != LOOM_MOE_BIAS_UPDATE_RATE;
   moe_room->bias_update_rate = e->bias_update_rate;
+  if (loom_gpt_has_dense_layers(c)) {
+    for (int l = 0; l < c->layers; l++) rooms->pattern[l] = loom_gpt_layer_is_moe(c, l);
+    moe_room->n_layer_pattern = (size_t)c->layers, moe_room->layer_pattern = rooms->pattern;
+  }
   m->moe = moe_room;
 }
 

@@ -40,7 +40,7 @@ typedef struct {
  * (ranks, virtual stages, micro-batch x dp, micro-batch x seq), every size
  * the runtime forms fits its type: ranks and GEMM dimensions in int,
  * element and parameter counts in int64. */
-#define LOOM_PLAN_MAX_LAYERS 4096
+#define LOOM_PLAN_MAX_LAYERS LOOM_GPT_MAX_LAYERS
 #define LOOM_PLAN_MAX_HIDDEN (1 << 20)
 #define LOOM_PLAN_MAX_HEADS 4096
 #define LOOM_PLAN_MAX_FFN (1 << 22)
@@ -82,11 +82,17 @@ void loom_plan_rank_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The one translation between the Model message and the layers' config
  * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
  * every field of c into m, which the caller has initialised; RoPE scaling,
- * where c has it, goes into *room, which m->rope_scaling then points at
- * (the caller's to keep alive, or to free where m is not left holding it); a MoE
- * model's settings likewise go into *moe_room, which m->moe then points at. */
+ * where c has it, goes into rooms->scaling, which m->rope_scaling then
+ * points at, and a MoE model's settings into rooms->moe (its layer pattern,
+ * where it has dense layers, into rooms->pattern): the caller's to keep
+ * alive as long as m, or to copy where m outlives them. */
+typedef struct {
+  Loom__RopeScaling scaling;
+  Loom__Moe moe;
+  int32_t pattern[LOOM_GPT_MAX_LAYERS];
+} loom_model_rooms;
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
-void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, Loom__RopeScaling *room, Loom__Moe *moe_room);
+void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */

@@ -53,6 +53,12 @@ static void balance(int layers, int stages, double layer, double first, double l
   for (int s = 1; s <= middle; s++) counts[s] = rest / middle + (s - 1 < rest % middle);
 }
 
+static void *plan_copy(const void *from, size_t bytes, const char *what) {
+  void *to = loom_xmalloc(bytes, what);
+  memcpy(to, from, bytes);
+  return to;
+}
+
 loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_error *err) {
   *out = NULL;
   loom_plan *p = loom_xmalloc(sizeof *p, "plan");
@@ -62,11 +68,17 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   if (sp->name) p->name = strdup(sp->name);
   p->model = loom_xmalloc(sizeof *p->model, "plan model");
   loom__model__init(p->model);
-  Loom__RopeScaling *scaling = loom_xmalloc(sizeof *scaling, "plan model");
-  Loom__Moe *moe = loom_xmalloc(sizeof *moe, "plan model");
-  loom_model_proto_fill(p->model, &sp->model, scaling, moe);
-  if (p->model->rope_scaling != scaling) free(scaling);
-  if (p->model->moe != moe) free(moe);
+  loom_model_rooms *rooms = loom_xmalloc(sizeof *rooms, "plan model");
+  loom_model_proto_fill(p->model, &sp->model, rooms);
+  /* The plan owns its submessages, each its own allocation (freed as a decoded message's are). */
+  if (p->model->rope_scaling) p->model->rope_scaling = plan_copy(&rooms->scaling, sizeof rooms->scaling, "plan model");
+  if (p->model->moe) {
+    Loom__Moe *moe = plan_copy(&rooms->moe, sizeof rooms->moe, "plan model");
+    if (moe->n_layer_pattern)
+      moe->layer_pattern = plan_copy(rooms->pattern, moe->n_layer_pattern * sizeof *rooms->pattern, "plan model");
+    p->model->moe = moe;
+  }
+  free(rooms);
   p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
   loom__parallel__init(p->parallel);
   Loom__Parallel *l = p->parallel;

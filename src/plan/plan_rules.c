@@ -54,6 +54,22 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
   if (e->shared_ffn % tp)
     violation(r, "model.moe.shared_ffn = %d: must be divisible by parallel.tp (%d), the shared expert split as the dense "
               "MLP is; pick a tp that divides it", e->shared_ffn, tp);
+  if (e->n_layer_pattern) {
+    size_t moe_layers = 0, bad = e->n_layer_pattern;
+    for (size_t l = 0; l < e->n_layer_pattern; l++) {
+      moe_layers += e->layer_pattern[l] == 1;
+      if (e->layer_pattern[l] != 0 && e->layer_pattern[l] != 1 && bad == e->n_layer_pattern) bad = l;
+    }
+    if (e->n_layer_pattern != (size_t)m->layers)
+      violation(r, "model.moe.layer_pattern: %zu entries, but model.layers = %d; give one per layer (1: MoE, 0: dense)",
+                e->n_layer_pattern, m->layers);
+    else if (bad < e->n_layer_pattern)
+      violation(r, "model.moe.layer_pattern[%zu] = %d: must be 1 (a Mixture of Experts) or 0 (the dense MLP)", bad,
+                e->layer_pattern[bad]);
+    else if (moe_layers < e->n_layer_pattern)
+      violation(r, "model.moe.layer_pattern: %zu of %d layers are dense; loom makes every layer a Mixture of Experts so "
+                "far (Megatron's 1, or ([1]*%d))", e->n_layer_pattern - moe_layers, m->layers, m->layers);
+  }
   if (e->shared_gate && e->shared_ffn == 0)
     violation(r, "model.moe.shared_gate = true: gates the shared expert, but model.moe.shared_ffn is 0 (no shared expert)");
   if (e->has_capacity_factor && !(isfinite(e->capacity_factor) && e->capacity_factor > 0.0 &&
