@@ -14,6 +14,7 @@
  * analytic one must be rounding noise, under 1e-6. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include "core/rng.h"
 #include "layers/gpt.h"
@@ -279,10 +280,54 @@ START_TEST(llama_names_and_shapes) {
     ck_assert_int_eq(p.meta[k].layout.cols, want[i].cols);
   }
   /* 3 layers of 9 tensors, the embedding, the final norm and the head: nothing else (no biases, no positions). */
-  ck_assert_int_eq(loom_gpt_block_tensors(&c), 9);
+  ck_assert_int_eq(loom_gpt_block_tensors(&c, 0), 9);
   ck_assert_int_eq(p.params.count, 3 * 9 + 3);
   ck_assert_int_lt(loom_gpt_params_find(&p, "model.layers.0.self_attn.q_proj.bias"), 0);
   loom_gpt_params_free(&p);
+}
+END_TEST
+
+/* A MoE model with dense layers among its MoE layers (the plan's rules
+ * refuse it to a run so far; its tables and counts are ready): each layer's
+ * tensors are its kind's, and every count by layer kind (parameters over
+ * any stage, ZeRO's per-layer buckets, FLOPs) equals the table walked
+ * tensor by tensor. */
+START_TEST(dense_layers_among_moe_layers_count_by_kind) {
+  loom_gpt_config c;
+  ck_assert_int_eq(loom_gpt_config_preset(&c, "moe-tiny"), 0);
+  c.layers = 5;
+  loom_gpt_config_finish(&c);
+  const loom_gpt_config all_moe = c;
+  char why[128];
+  ck_assert_int_eq(loom_gpt_parse_moe_layer_freq(&c, "([0]*2+[1,0,1])", why, sizeof why), 0);
+  ck_assert_int_eq(loom_gpt_moe_layers(&c, 0, 5), 2);
+  ck_assert(loom_gpt_block_tensors(&c, 0) == 9 && loom_gpt_block_tensors(&c, 2) == loom_gpt_block_tensors(&all_moe, 0));
+  for (int begin = 0; begin < 5; begin++)
+    for (int end = begin; end <= 5; end++) {
+      const loom_stage_range r = {begin, end, begin == 0, end == 5};
+      const int count = loom_gpt_param_table(&c, &r, 0, 1, NULL, NULL);
+      loom_tensor *specs = calloc((size_t)count + 1, sizeof *specs);
+      loom_param_meta *meta = calloc((size_t)count + 1, sizeof *meta);
+      loom_gpt_param_table(&c, &r, 0, 1, specs, meta);
+      size_t numel = 0;
+      for (int k = 0; k < count; k++) numel += loom_tensor_numel(&specs[k]);
+      ck_assert_msg(loom_gpt_param_count(&c, &r, 1) == numel, "layers [%d, %d): %zu counted, %zu in the table", begin, end,
+                    loom_gpt_param_count(&c, &r, 1), numel);
+      int first[64];
+      const int n = loom_gpt_zero_buckets(&c, &r, 2, first);
+      for (int b = 0, l = begin; b < n; b++) /* a layer's bucket starts at its input norm */
+        if (meta[first[b]].role == LOOM_ROLE_LN_1_W) ck_assert_str_eq(specs[first[b]].name, (snprintf(why, sizeof why,
+                                                                        "model.layers.%d.input_layernorm.weight", l++), why));
+      free(specs), free(meta);
+    }
+  /* FLOPs: the dense layers' MLPs at ffn, the MoE layers' at top-k experts plus the shared expert. */
+  const loom_stage_range whole = loom_stage_whole(&c), layer0 = {0, 1, false, false}, layer2 = {2, 3, false, false};
+  const double dense = loom_gpt_stage_train_flops(&c, &layer0, 64, 1.0, LOOM_FLOPS_MEGATRON);
+  const double moe = loom_gpt_stage_train_flops(&c, &layer2, 64, 1.0, LOOM_FLOPS_MEGATRON);
+  const double edges = loom_gpt_stage_train_flops(&c, &(loom_stage_range){0, 0, true, true}, 64, 1.0, LOOM_FLOPS_MEGATRON);
+  ck_assert(dense != moe);
+  ck_assert_double_eq_tol(loom_gpt_stage_train_flops(&c, &whole, 64, 1.0, LOOM_FLOPS_MEGATRON), edges + 3 * dense + 2 * moe,
+                          1e-6 * (edges + 3 * dense + 2 * moe));
 }
 END_TEST
 
@@ -515,6 +560,7 @@ int main(void) {
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   tcase_add_test(tc, moe_expert_bias_steps_toward_the_mean_load);
+  tcase_add_test(tc, dense_layers_among_moe_layers_count_by_kind);
   tcase_add_test(tc, moe_dispatch_places_every_choice);
   suite_add_tcase(s, tc);
   return tu_run(s);

@@ -15,7 +15,7 @@ enum { H_MAGIC, H_VERSION, H_SEQ, H_VOCAB, H_LAYERS, H_HEADS, H_HIDDEN, H_PADDED
  * each block tensor kind across all layers, then ln_f. Our per-block order
  * matches llm.c's kinds. */
 static int llmc_order(const loom_gpt_config *c, int *order) {
-  const int L = c->layers, per = loom_gpt_block_tensors(c);
+  const int L = c->layers, per = loom_gpt_block_tensors(c, 0); /* GPT-2: every layer alike */
   int n = 0;
   order[n++] = 0;
   order[n++] = 1;

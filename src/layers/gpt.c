@@ -525,17 +525,16 @@ static const loom_buffer *stored_layout(const loom_gpt *m) {
 }
 
 void loom_gpt_block_range(const loom_gpt *m, int l0, int l1, size_t *lo, size_t *hi) {
-  const int first = loom_gpt_first_block_tensor(&m->p), per = m->p.block_tensors;
   const loom_buffer *b = stored_layout(m);
-  *lo = loom_buffer_offset(b, first + l0 * per);
-  const int next = first + l1 * per;
+  *lo = loom_buffer_offset(b, m->p.layer_tensor[l0]);
+  const int next = m->p.layer_tensor[l1];
   *hi = next < b->count ? loom_buffer_offset(b, next) : b->numel;
 }
 
 /* The tensors outside the blocks, [0, first) and [end, count), in table
  * order: the next one after k (k = -1: the first), or count after the last. */
 static int next_edge_tensor(const loom_gpt *m, int k) {
-  const int first = loom_gpt_first_block_tensor(&m->p), end = first + m->p.layers * m->p.block_tensors;
+  const int first = loom_gpt_first_block_tensor(&m->p), end = m->p.layer_tensor[m->p.layers];
   return k + 1 == first ? end : k + 1;
 }
 
@@ -546,11 +545,11 @@ static int next_edge_tensor(const loom_gpt *m, int k) {
 static void bind_weights(loom_gpt *m) {
   float *at = m->w.weights;
   const loom_buffer *b = stored_layout(m);
-  const int count = b->count, first = loom_gpt_first_block_tensor(&m->p), end = first + m->p.layers * m->p.block_tensors;
+  const int count = b->count, first = loom_gpt_first_block_tensor(&m->p), end = m->p.layer_tensor[m->p.layers];
   float **addr = loom_xmalloc(((size_t)count + 1) * sizeof *addr, "weight views");
   m->w.weights_of = (loom_gpt_weights){.h = &m->w.layer_w};
   if (m->p.layers > 0) {
-    const int per = m->p.block_tensors;
+    const int per = m->p.layer_tensor[1] - first; /* every layer's tensors are layer 0's (no dense layers among MoE ones) */
     size_t lo, hi;
     loom_gpt_block_range(m, 0, 1, &lo, &hi);
     for (int j = 0; j < per; j++) addr[j] = at + (loom_buffer_offset(b, first + j) - lo);
@@ -728,11 +727,11 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
                                                 .fc = loom_linear_fp32(v->experts_fc_w),
                                                 .proj = loom_linear_fp32(v->experts_proj_w)}};
   }
-  const int first = loom_gpt_first_block_tensor(&m->p) + l * m->p.block_tensors;
+  const int first = m->p.layer_tensor[l], count = m->p.layer_tensor[l + 1] - first;
   const loom_tensor *t = &m->p.compute.views[first];
   const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
   float *scratch = m->w.layer_w.ln_1_w;
-  for (int j = 0; j < m->p.block_tensors; j++) { /* the 1-D tensors, and the router and gate, which run in fp32 */
+  for (int j = 0; j < count; j++) { /* the 1-D tensors, and the router and gate, which run in fp32 */
     const loom_param_role role = m->p.meta[first + j].role;
     if (t[j].ndim != 1 && role != LOOM_ROLE_ROUTER_W && role != LOOM_ROLE_SHARED_GATE_W) continue;
     const uint16_t *at = t[j].data;

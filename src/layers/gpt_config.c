@@ -170,6 +170,12 @@ bool loom_gpt_has_dense_layers(const loom_gpt_config *c) {
   return false;
 }
 
+int loom_gpt_moe_layers(const loom_gpt_config *c, int begin, int end) {
+  int n = 0;
+  for (int l = begin; l < end; l++) n += loom_gpt_layer_is_moe(c, l);
+  return n;
+}
+
 void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense) {
   const uint64_t bit = (uint64_t)1 << (l & 63);
   c->moe.dense[l >> 6] = dense ? c->moe.dense[l >> 6] | bit : c->moe.dense[l >> 6] & ~bit;

@@ -146,6 +146,8 @@ static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
 }
 /* Whether a MoE model has dense layers among its MoE layers. */
 bool loom_gpt_has_dense_layers(const loom_gpt_config *c);
+/* Layers of [begin, end) whose MLP is a Mixture of Experts. */
+int loom_gpt_moe_layers(const loom_gpt_config *c, int begin, int end);
 /* Makes layer l of a MoE model dense (or a MoE layer again). */
 void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense);
 /* Parses Megatron-LM's --moe-layer-freq for a model of `layers` layers

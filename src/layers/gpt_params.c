@@ -169,7 +169,7 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
   add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
            named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
-  if (loom_gpt_is_moe(c)) {
+  if (loom_gpt_layer_is_moe(c, i)) {
     add_experts(t, c, i);
     return;
   }
@@ -182,9 +182,9 @@ static void add_block(table *t, int i, const loom_gpt_config *c) {
   else add_llama_block(t, i, c);
 }
 
-int loom_gpt_block_tensors(const loom_gpt_config *cfg) {
+int loom_gpt_block_tensors(const loom_gpt_config *cfg, int layer) {
   table t = {0};
-  add_block(&t, 0, cfg);
+  add_block(&t, layer, cfg);
   return t.count;
 }
 
@@ -192,10 +192,14 @@ loom_stage_range loom_stage_whole(const loom_gpt_config *cfg) {
   return (loom_stage_range){.layer_begin = 0, .layer_end = cfg->layers, .first = true, .last = true};
 }
 
-int loom_stage_range_parts(const loom_stage_range *r, loom_stage_range *edges, loom_stage_range *one) {
+void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *r, loom_stage_range *edges,
+                            loom_stage_range kinds[LOOM_LAYER_KINDS], int counts[LOOM_LAYER_KINDS]) {
   *edges = (loom_stage_range){r->layer_begin, r->layer_begin, r->first, r->last};
-  *one = (loom_stage_range){r->layer_begin, r->layer_begin + 1, false, false};
-  return r->layer_end - r->layer_begin;
+  counts[0] = counts[1] = 0;
+  for (int l = r->layer_begin; l < r->layer_end; l++) {
+    const int k = loom_gpt_layer_is_moe(cfg, l);
+    if (counts[k]++ == 0) kinds[k] = (loom_stage_range){l, l + 1, false, false};
+  }
 }
 
 int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *r) {
@@ -217,10 +221,13 @@ int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *ra
   if (stage == 1) {
     CUT(0);
   } else {
-    const int before = loom_gpt_tensors_before_blocks(cfg, &r), per = loom_gpt_block_tensors(cfg), L = r.layer_end - r.layer_begin;
-    for (int k = 0; k < before; k++) CUT(k);
-    for (int l = 0; l < L; l++) CUT(before + l * per);
-    if (before + L * per < count) CUT(before + L * per);
+    int at = loom_gpt_tensors_before_blocks(cfg, &r);
+    for (int k = 0; k < at; k++) CUT(k);
+    for (int l = r.layer_begin; l < r.layer_end; l++) {
+      CUT(at);
+      at += loom_gpt_block_tensors(cfg, l);
+    }
+    if (at < count) CUT(at);
   }
 #undef CUT
   if (first) first[n] = count;
@@ -309,7 +316,9 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->cfg = *cfg;
   p->range = r;
   p->layers = r.layer_end - r.layer_begin;
-  p->block_tensors = loom_gpt_block_tensors(cfg);
+  p->layer_tensor = loom_xmalloc(((size_t)p->layers + 1) * sizeof *p->layer_tensor, "layer tensors");
+  p->layer_tensor[0] = loom_gpt_tensors_before_blocks(cfg, &r);
+  for (int l = 0; l < p->layers; l++) p->layer_tensor[l + 1] = p->layer_tensor[l] + loom_gpt_block_tensors(cfg, r.layer_begin + l);
   p->tp_rank = tp_rank;
   p->tp_size = tp_size;
   const int count = loom_gpt_param_table(cfg, &r, tp_rank, tp_size, NULL, NULL);
@@ -399,6 +408,7 @@ void loom_gpt_params_free(loom_gpt_params *p) {
   loom_buffer_free(&p->grads);
   loom_buffer_free(&p->compute);
   free(p->meta);
+  free(p->layer_tensor);
   free(p->w.h);
   free(p->g.h);
   memset(p, 0, sizeof *p);
@@ -518,9 +528,11 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
   loom_stage_range r;
   memset(&r, 0, sizeof r); /* padding bytes too: the key is hashed and compared as bytes */
   const loom_stage_range given = range ? *range : loom_stage_whole(cfg);
-  /* Keyed by how many layers and which edges, not where the range starts:
-   * every block has the same tensors, so a stage's count is its position's. */
-  r.layer_begin = 0, r.layer_end = given.layer_end - given.layer_begin, r.first = given.first, r.last = given.last;
+  /* Keyed by how many layers and which edges, not where the range starts
+   * where every block has the same tensors (a stage's count is then its
+   * position's); with dense layers among MoE ones, by the range itself. */
+  const int begin = loom_gpt_has_dense_layers(cfg) ? given.layer_begin : 0;
+  r.layer_begin = begin, r.layer_end = begin + given.layer_end - given.layer_begin, r.first = given.first, r.last = given.last;
   uint64_t h = fnv(fnv(fnv(1469598103934665603ull, cfg, sizeof *cfg), &r, sizeof r), &tp_size, sizeof tp_size);
   count_memo *m = &g_memo[h % (sizeof g_memo / sizeof g_memo[0])];
   if (m->used && m->tp == tp_size && memcmp(&m->range, &r, sizeof r) == 0 && memcmp(&m->cfg, cfg, sizeof *cfg) == 0)
@@ -534,7 +546,7 @@ size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_
   if (!loom_gpt_is_moe(cfg)) return 0;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
   const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_expert_ffn(cfg);
-  return (size_t)(r.layer_end - r.layer_begin) * (size_t)loom_gpt_local_experts(cfg) * expert;
+  return (size_t)loom_gpt_moe_layers(cfg, r.layer_begin, r.layer_end) * (size_t)loom_gpt_local_experts(cfg) * expert;
 }
 
 size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
@@ -557,10 +569,14 @@ size_t loom_gpt_vocab_param_count(const loom_gpt_config *cfg, const loom_stage_r
 static size_t uncached_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size, count_filter keep) {
   /* A config already padded for this split (or more) is counted as it is. */
   const loom_gpt_config c = cfg->padded_vocab % (LOOM_VOCAB_ALIGN * tp_size) ? loom_gpt_config_for_tp(cfg, tp_size) : *cfg;
-  loom_stage_range edges, one;
-  const int layers = loom_stage_range_parts(range, &edges, &one);
-  if (layers <= 1) return table_count(&c, range, tp_size, keep);
-  return table_count(&c, &edges, tp_size, keep) + (size_t)layers * table_count(&c, &one, tp_size, keep);
+  loom_stage_range edges, one[LOOM_LAYER_KINDS];
+  int counts[LOOM_LAYER_KINDS];
+  loom_stage_range_kinds(&c, range, &edges, one, counts);
+  if (counts[0] + counts[1] <= 1) return table_count(&c, range, tp_size, keep);
+  size_t n = table_count(&c, &edges, tp_size, keep);
+  for (int k = 0; k < LOOM_LAYER_KINDS; k++)
+    if (counts[k]) n += (size_t)counts[k] * table_count(&c, &one[k], tp_size, keep);
+  return n;
 }
 
 /* Copies tensor k between rank `rank`'s shard (local) and the whole model's
@@ -598,12 +614,14 @@ void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int 
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
                                   loom_flops_formula formula) {
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
+  const double moe_layers = loom_gpt_moe_layers(cfg, range->layer_begin, range->layer_end);
   const double q = (double)cfg->heads * loom_gpt_head_dim(cfg), kv = 2.0 * loom_gpt_kv_heads(cfg) * loom_gpt_head_dim(cfg);
   /* gate, up and down; or up and down. A MoE layer's: its top-k experts' and its shared expert's (the router's
    * E x h, as Megatron, left out). */
-  const double width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : f;
-  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * width;
-  const double layer_matmul = layers * (h * (q + kv) + q * h + mlp), head = range->last ? (double)cfg->vocab * h : 0.0;
+  const double moe_width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : 0.0;
+  const double widths = moe_layers * moe_width + (layers - moe_layers) * f; /* the layers' MLPs' widths summed */
+  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * widths;
+  const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
   const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
   return (6.0 * (layer_matmul + head) + 6.0 * attention) * tokens;
@@ -633,8 +651,9 @@ loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_ran
   /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces. Every layer's bucket is the
    * same, so the edges' are cut from the table of the stage without its layers (a few tensors, where the whole
    * table of a deep stage costs a plan search dearly) and the layers' counted once. */
-  loom_stage_range edges, one;
-  const int layers = loom_stage_range_parts(range, &edges, &one);
+  loom_stage_range edges, one[LOOM_LAYER_KINDS];
+  int layers[LOOM_LAYER_KINDS];
+  loom_stage_range_kinds(cfg, range, &edges, one, layers);
   const int count = loom_gpt_param_table(cfg, &edges, 0, tp, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *meta, "parameter table");
@@ -648,9 +667,10 @@ loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_ran
     z.shard += shard, z.edges += shard * dp;
     z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
   }
-  if (layers > 0) {
-    const size_t shard = ceil_div((size_t)loom_gpt_param_count(cfg, &one, tp), dp);
-    z.shard += (size_t)layers * shard, z.layer_max = shard * dp;
+  for (int k = 0; k < LOOM_LAYER_KINDS; k++) {
+    if (!layers[k]) continue;
+    const size_t shard = ceil_div((size_t)loom_gpt_param_count(cfg, &one[k], tp), dp);
+    z.shard += (size_t)layers[k] * shard, z.layer_max = shard * dp > z.layer_max ? shard * dp : z.layer_max;
     z.max_shard = shard > z.max_shard ? shard : z.max_shard;
   }
   free(specs);

@@ -91,11 +91,15 @@ typedef struct {
 
 /* Every layer, first and last: the whole model. */
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg);
+/* Layer kinds: a dense layer (0) and a MoE layer (1), whose tensors differ
+ * (loom_gpt_layer_is_moe); layers of one kind hold the same tensors. */
+enum { LOOM_LAYER_KINDS = 2 };
 /* A range's parts for sizes that add up per tensor: *edges (its embedding
- * and head, no layer) and *one (its first layer alone). Every layer holds
- * the same tensors, so a range's sum is the edges' plus the layer count
- * (returned) times one layer's. */
-int loom_stage_range_parts(const loom_stage_range *r, loom_stage_range *edges, loom_stage_range *one);
+ * and head, no layer), and per kind k one of its layers of that kind alone
+ * (kinds[k]) and how many it holds (counts[k]; 0: none, kinds[k] unset).
+ * A range's sum is the edges' plus each kind's count times its layer's. */
+void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *r, loom_stage_range *edges,
+                            loom_stage_range kinds[LOOM_LAYER_KINDS], int counts[LOOM_LAYER_KINDS]);
 /* Model FLOPs of one training step of a stage's part on `tokens` tokens of
  * length T, by a formula of gpt_config.h. Megatron's: 6 x its matmul
  * parameters (q, k and v with the config's key/value heads, the output
@@ -111,7 +115,7 @@ typedef struct {
   loom_gpt_config cfg;
   loom_stage_range range; /* the layers this part holds */
   int layers;             /* layer_end - layer_begin */
-  int block_tensors;      /* tensors per block: loom_gpt_block_tensors(&cfg), read where layers are walked */
+  int *layer_tensor;      /* [layers + 1] each layer's first tensor in the table, then the blocks' end */
   int tp_rank, tp_size;   /* this rank's slice of every partitioned tensor */
   loom_buffer params;     /* views in canonical order: wte, wpe, h.0.*, ..., ln_f.* (local shapes) */
   loom_buffer grads;      /* same layout as params */
@@ -123,7 +127,7 @@ typedef struct {
 } loom_gpt_params;
 
 /* Tensors in one block of cfg's model: the same in every layer. */
-int loom_gpt_block_tensors(const loom_gpt_config *cfg);
+int loom_gpt_block_tensors(const loom_gpt_config *cfg, int layer);
 /* Index in p's table of its first block tensor (the embedding's come first). */
 int loom_gpt_first_block_tensor(const loom_gpt_params *p);
 /* The same for any stage of cfg's model: the tensors its table lists before its blocks. */

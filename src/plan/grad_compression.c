@@ -80,12 +80,16 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
                          (p->parallel->ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
     return (loom_compression_cost){0.0, whole, whole, 0.0};
   }
-  loom_stage_range edges, one;
-  const int layers = loom_stage_range_parts(range, &edges, &one);
-  if (layers <= 1) return table_compression_cost(&cfg, &gc, range, tp);
+  loom_stage_range edges, one[LOOM_LAYER_KINDS];
+  int layers[LOOM_LAYER_KINDS];
+  loom_stage_range_kinds(&cfg, range, &edges, one, layers);
+  if (layers[0] + layers[1] <= 1) return table_compression_cost(&cfg, &gc, range, tp);
   loom_compression_cost c = table_compression_cost(&cfg, &gc, &edges, tp);
-  const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one, tp);
-  c.state_bytes += layers * l.state_bytes, c.sent_words += layers * l.sent_words;
-  c.message_words += layers * l.message_words, c.whole_words += layers * l.whole_words;
+  for (int k = 0; k < LOOM_LAYER_KINDS; k++) {
+    if (!layers[k]) continue;
+    const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one[k], tp);
+    c.state_bytes += layers[k] * l.state_bytes, c.sent_words += layers[k] * l.sent_words;
+    c.message_words += layers[k] * l.message_words, c.whole_words += layers[k] * l.whole_words;
+  }
   return c;
 }
