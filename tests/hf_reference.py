@@ -232,9 +232,10 @@ def qwen2_moe_weights(c):
     """Qwen2's attention, each MLP Qwen2-MoE's: a router over num_experts experts of moe_intermediate_size
     (gate_proj, up_proj, down_proj each), a shared expert of shared_expert_intermediate_size and its gate, one row.
     The router's weights are large, so no two of a token's scores nearly tie."""
-    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k}
+    dense = set(c["mlp_only_layers"])  # these keep Llama's MLP of intermediate_size
+    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k or int(k.split(".")[2]) in dense}
     h, f, s, E = c["hidden_size"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"], c["num_experts"]
-    for i in range(c["num_hidden_layers"]):
+    for i in (i for i in range(c["num_hidden_layers"]) if i not in dense):
         p = f"model.layers.{i}.mlp."
         w[p + "gate.weight"] = weight(E, h, scale=1.0)
         for e, rows in [(f"experts.{e}.", f) for e in range(E)] + [("shared_expert.", s)]:
@@ -254,7 +255,9 @@ def qwen2_moe_loss(c, w, tokens):
         out = top_k_mixture(m, w[p + "gate.weight"], c["num_experts_per_tok"], c["num_experts"], c["norm_topk_prob"],
                             lambda x, e: mlp(x, f"experts.{e}."))
         return out + torch.sigmoid(m @ w[p + "shared_expert_gate.weight"].T) * mlp(m, "shared_expert.")
-    return llama_loss(c, w, tokens, mlp=lambda p, m: moe(p + "mlp.", m))
+    dense = lambda p, m: swiglu(m, w, *(p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")))
+    return llama_loss(c, w, tokens, mlp=lambda p, m: (dense if int(p.split(".")[2]) in c["mlp_only_layers"] else
+                                                      lambda p, m: moe(p + "mlp.", m))(p, m))
 
 
 def gpt2_weights(c):
@@ -446,27 +449,31 @@ check("gpt2", ["--model", "gpt-tiny"], gpt2_weights, gpt2_loss, [(1, []), (2, ["
 check("mixtral", ["--model", "moe-tiny", "--num-experts", "4", "--moe-ffn-hidden-size", "32"], mixtral_weights, mixtral_loss,
       [(1, []), (2, ["--tp", "2"]), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
 # Qwen2-MoE: 4 experts of 32, top 2, a gated shared expert of 48, biases on q, k and v; the probabilities taken as they
-# are (norm_topk_prob false, as Qwen1.5-MoE ships) and renormalised (loom's own export).
+# are (norm_topk_prob false, as Qwen1.5-MoE ships) and renormalised (loom's own export); and with layer 0's MLP dense
+# (mlp_only_layers [0], loom's --moe-layer-freq ([0]+[1]), its tensors Qwen2's dense ones).
 QWEN2_MOE = ["--model", "moe-tiny", "--num-experts", "4", "--moe-ffn-hidden-size", "32", "--qkv-bias",
              "--moe-shared-expert-intermediate-size", "48", "--moe-shared-expert-gate"]
 check("qwen2_moe", QWEN2_MOE, qwen2_moe_weights, qwen2_moe_loss,
       [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])], {"norm_topk_prob": False})
 check("qwen2_moe_renormalised", QWEN2_MOE, qwen2_moe_weights, qwen2_moe_loss, [(1, []), (2, ["--tp", "2"])])
-# A Qwen2-MoE config with a dense layer among its experts is refused by name.
-bad = os.path.join(work, "qwen2_moe_bad")
+check("qwen2_moe_dense_first", QWEN2_MOE + ["--moe-layer-freq", "([0]+[1])"], qwen2_moe_weights, qwen2_moe_loss,
+      [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
+# decoder_sparse_step 2 makes the odd layers' MLPs the MoE ones: layer 0 dense, layer 1 MoE, as mlp_only_layers [0] does.
+bad = os.path.join(work, "qwen2_moe_step")
 shutil.rmtree(bad, ignore_errors=True)
-shutil.copytree(os.path.join(work, "qwen2_moe"), bad)
+shutil.copytree(os.path.join(work, "qwen2_moe_dense_first"), bad)
 with open(os.path.join(bad, "config.json")) as f:
     config = json.load(f)
-config["mlp_only_layers"] = [0]
+config["mlp_only_layers"], config["decoder_sparse_step"] = [], 2
 with open(os.path.join(bad, "config.json"), "w") as f:
     json.dump(config, f)
-res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
-                     capture_output=True, text=True)
-lines = res.stderr.strip().splitlines()
-ok = res.returncode == 2 and len(lines) == 1 and 'field "mlp_only_layers"' in lines[0]
+out = run(["eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)])
+got = float(out.split("mean loss ")[1].split()[0])
+with open(os.path.join(work, "qwen2_moe_dense_first", "config.json")) as f:
+    want = qwen2_moe_loss(json.load(f), read_safetensors(os.path.join(bad, "model.safetensors")), tokens)
+ok = abs(got - want) <= 1e-5 * abs(want)
 failures += not ok
-print(f"{'ok' if ok else 'FAIL'}: a Qwen2-MoE config with a dense layer: exit {res.returncode}, {lines}")
+print(f"{'ok' if ok else 'FAIL'}: a Qwen2-MoE config with decoder_sparse_step 2: loom {got:.6f}, reference {want:.6f}")
 # A Mixtral config.json loom cannot compute is refused by name: router noise, a bias field.
 for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"), ("attention_bias", False, "attention_bias")):
     bad = os.path.join(work, "mixtral_bad")

@@ -34,10 +34,12 @@ static void as_family(loom_gpt_config *c, int family) {
     c->no_bias = c->untied = true;
   } else if (family == MIXED) {
     c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;
-  } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a gated shared expert, both router losses on */
+  } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a gated shared expert, both router losses on,
+                                * but for the first layer's, which stays dense (--moe-layer-freq ([0]+[1]*(L-1))) */
     as_family(c, LLAMA);
     c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .shared_gate = true, .aux_loss_coeff = 0.1f,
                                .z_loss_coeff = 0.01f};
+    if (c->layers > 1) loom_gpt_set_dense_layer(c, 0, true);
   }
   loom_gpt_config_finish(c);
 }

@@ -367,8 +367,8 @@ START_TEST(each_rule_has_its_message) {
   expect_rule(p, "model.moe.layer_pattern: 9 entries, but model.layers = 8; give one per layer (1: MoE, 0: dense)");
   moe.n_layer_pattern = 8, pattern[3] = 2;
   expect_rule(p, "model.moe.layer_pattern[3] = 2: must be 1 (a Mixture of Experts) or 0 (the dense MLP)");
-  pattern[3] = 0, pattern[5] = 0;
-  expect_rule(p, "model.moe.layer_pattern: 2 of 8 layers are dense; loom makes every layer a Mixture of Experts so far");
+  for (int l = 0; l < 8; l++) pattern[l] = 0;
+  expect_rule(p, "model.moe.layer_pattern: no layer is a Mixture of Experts; make one a MoE layer, or give the model no experts");
   moe.n_layer_pattern = 0;
   p->model->moe = NULL;
   p->model->has_bias = 0, p->model->bias = 1;

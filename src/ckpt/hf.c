@@ -345,13 +345,19 @@ static loom_status read_qwen2_moe(const config_reader *c, loom_gpt_config *cfg) 
   if (st == LOOM_OK) st = int_field(c, "shared_expert_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->shared_ffn);
   if (st == LOOM_OK) st = bool_field(c, "norm_topk_prob", false, &renormalised);
   e->pre_softmax = !renormalised, e->shared_gate = true;
+  /* Layer l is a MoE layer where (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers. */
   int step = 1;
   if (st == LOOM_OK) st = int_field(c, "decoder_sparse_step", 1, LOOM_PLAN_MAX_LAYERS, 1, &step);
-  if (st == LOOM_OK && step != 1)
-    st = bad_field(c, "decoder_sparse_step", "must be 1: loom makes every layer a Mixture of Experts (no --moe-layer-freq yet)");
+  for (int l = 0; st == LOOM_OK && l < cfg->layers; l++) loom_gpt_set_dense_layer(cfg, l, (l + 1) % step != 0);
   const loom_json *dense = loom_json_get(c->root, "mlp_only_layers");
-  if (st == LOOM_OK && dense && !(dense->kind == LOOM_JSON_NULL || (dense->kind == LOOM_JSON_ARRAY && dense->count == 0)))
-    st = bad_field(c, "mlp_only_layers", "must be empty: loom makes every layer a Mixture of Experts (no --moe-layer-freq yet)");
+  if (st == LOOM_OK && dense && dense->kind != LOOM_JSON_NULL && dense->kind != LOOM_JSON_ARRAY)
+    st = bad_field(c, "mlp_only_layers", "must be a list of layer indices");
+  for (size_t i = 0; st == LOOM_OK && dense && dense->kind == LOOM_JSON_ARRAY && i < dense->count; i++) {
+    long long l;
+    if (!loom_json_int(&dense->items[i], 0, cfg->layers - 1, &l))
+      st = bad_field(c, "mlp_only_layers", "must hold layer indices from 0 to num_hidden_layers - 1");
+    else loom_gpt_set_dense_layer(cfg, (int)l, true);
+  }
   if (st == LOOM_OK) st = read_router_fields(c, e);
   return st;
 }
@@ -439,6 +445,7 @@ static const char *not_mixtral(const loom_gpt_config *c) {
     return "its experts' layers are not Mixtral's (rmsnorm, swiglu experts, rope, no biases)";
   if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX || c->moe.pre_softmax)
     return "its router is not Mixtral's (a softmax over every expert, its top-k renormalised)";
+  if (loom_gpt_has_dense_layers(c)) return "it has dense layers among its MoE layers, which Mixtral has not";
   return NULL;
 }
 
@@ -494,14 +501,16 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              c->rope.original_max_position);
   /* Qwen2 (biases on q, k and v alone) and the MoE families have no bias fields, Llama its two. */
   const int family = loom_gpt_is_moe(c) ? moe_family(c) : c->qkv_bias ? QWEN2 : LLAMA;
-  char own[768];
+  char own[768 + 6 * LOOM_GPT_MAX_LAYERS], dense[6 * LOOM_GPT_MAX_LAYERS] = "";
+  for (int l = 0, used = 0; l < c->layers; l++) /* Qwen2-MoE's dense layers, by index */
+    if (!loom_gpt_layer_is_moe(c, l)) used += snprintf(dense + used, sizeof dense - (size_t)used, "%s%d", used ? ", " : "", l);
   if (family == QWEN2_MOE)
     snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n"
              "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
              "  \"shared_expert_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
-             "  \"mlp_only_layers\": [],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": false,\n", c->layers,
+             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": false,\n", c->layers,
              c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c), c->moe.shared_ffn, c->moe.pre_softmax ? "false" : "true",
-             (double)c->moe.aux_loss_coeff);
+             dense, (double)c->moe.aux_loss_coeff);
   else if (family == MIXTRAL)
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n  \"router_aux_loss_coef\": %.7g,\n  \"router_jitter_noise\": 0.0,\n"
@@ -617,7 +626,7 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
 
 loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
                           const loom_hf_tokenizer *tok, loom_error *err) {
-  char json[4096], path[4200];
+  char json[4096 + 6 * LOOM_GPT_MAX_LAYERS], path[4200]; /* room for every layer in mlp_only_layers */
   loom_status st = config_json(src, dtype, json, sizeof json, err);
   bool made = false; /* a directory this call made is removed again, with what is in it, if the write fails */
   if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0) && errno != EEXIST)

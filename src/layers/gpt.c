@@ -111,12 +111,15 @@ static void want16(act_list *l, uint16_t **slot, const char *name, int64_t numel
 
 /* Shapes every table below is cut from. */
 typedef struct {
-  int64_t N, n, h, f, w, V;
+  int64_t N, n, h, f, w, V; /* f: the widest MLP of the stage's layers (the scratch's) */
   int64_t lse;            /* attention's log-sum-exps of a layer: B x local heads x T */
-  int64_t qkv, fc;        /* row widths of the column-parallel outputs */
+  int64_t qkv, fc;        /* row widths of the column-parallel outputs (fc: the widest layer's) */
+  int64_t fk[LOOM_LAYER_KINDS], fck[LOOM_LAYER_KINDS]; /* a dense (0) and a MoE layer's (1) MLP width and fc row */
+  const loom_gpt_config *cfg; /* whose layers [layer0, layer0 + L) the stage holds: their kinds */
+  int layer0;
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
-  int64_t E, k, M, taken; /* a MoE model's experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
+  int64_t E, k, M, taken; /* a stage with MoE layers: experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
   int64_t ep;             /* its expert-parallel group's size */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   bool gate;              /* a MoE model's shared expert is gated */
@@ -134,16 +137,20 @@ static int recompute_groups(int R, int G) { return (R + G - 1) / G; }
 
 static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, const loom_stage_range *r, loom_recompute rc) {
   const int L = r->layer_end - r->layer_begin, R = rc.layers < 0 ? 0 : rc.layers > L ? L : rc.layers;
-  const bool moe = loom_gpt_is_moe(c);
-  const int64_t N = (int64_t)T * B, f = (moe ? c->moe.shared_ffn : c->ffn) / tp, D = loom_gpt_head_dim(c);
+  const int moe_layers = loom_gpt_moe_layers(c, r->layer_begin, r->layer_end);
+  const bool moe = moe_layers > 0, dense = moe_layers < L;
+  const int64_t fk[LOOM_LAYER_KINDS] = {c->ffn / tp, loom_gpt_is_moe(c) ? c->moe.shared_ffn / tp : 0};
+  const int64_t f = dense && fk[0] > (moe ? fk[1] : 0) ? fk[0] : moe ? fk[1] : 0, D = loom_gpt_head_dim(c);
+  const int64_t N = (int64_t)T * B;
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
-  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0;
-  return (dims){.N = N, .n = n, .h = c->hidden, .f = f, .w = c->hidden / tp,
+  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0, wide = c->mlp == LOOM_MLP_SWIGLU ? 2 : 1;
+  return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = c->hidden / tp,
+                .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0,
                 .ep = c->moe.ep > 1 ? c->moe.ep : 1,
                 .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
-                .fc = c->mlp == LOOM_MLP_SWIGLU ? 2 * f : f,
+                .fc = wide * (L ? f : fk[0]),
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
@@ -151,9 +158,15 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
 
 static dims with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
   if (!d.bf16) return d;
-  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, edges = {.first = d.first, .last = d.last};
+  const loom_stage_range range = {d.layer0, d.layer0 + d.L, false, false}, edges = {.first = d.first, .last = d.last};
+  loom_stage_range unused, one[LOOM_LAYER_KINDS];
+  int counts[LOOM_LAYER_KINDS];
+  loom_stage_range_kinds(c, &range, &unused, one, counts);
+  int64_t layer = 0; /* the largest layer's weights (either kind's) */
+  for (int k = 0; k < LOOM_LAYER_KINDS; k++)
+    if (counts[k] && (int64_t)loom_gpt_param_count(c, &one[k], tp) > layer) layer = (int64_t)loom_gpt_param_count(c, &one[k], tp);
   /* The vocabulary tables (the embedding, an untied head) are read as bits, never unpacked. */
-  d.weight_scratch = (c->layers > 0 ? (int64_t)loom_gpt_param_count(c, &one, tp) : 0) +
+  d.weight_scratch = layer +
                      (int64_t)loom_gpt_param_count(c, &edges, tp) - (int64_t)loom_gpt_vocab_param_count(c, &edges, tp);
   return d;
 }
@@ -178,9 +191,28 @@ static void want_ints(act_list *l, int **slot, const char *name, int64_t numel) 
   want_as(l, slot, name, numel);
 }
 
-/* A MoE layer's activations, fp32 in every run (dims_of sizes them). */
+/* The layers a table holds: the stage's layers [first, first + L), or
+ * (first < 0) L layers of scratch, each as large as the stage's largest
+ * layer of each kind (a recompute group computes in it, whatever its
+ * layers' kinds). */
+typedef struct {
+  int first, L;
+} span;
+
+/* Kind of layer j of s: 0 dense, 1 MoE; -1 for scratch (the largest of each). */
+static int kind_in(const dims *d, span s, int j) {
+  return s.first < 0 ? -1 : loom_gpt_layer_is_moe(d->cfg, d->layer0 + s.first + j);
+}
+/* MoE layers among s's first j (scratch: each of them, when the stage has any). */
+static int moe_before(const dims *d, span s, int j) {
+  if (s.first < 0) return d->E ? j : 0;
+  return loom_gpt_moe_layers(d->cfg, d->layer0 + s.first, d->layer0 + s.first + j);
+}
+
+/* A MoE layer's activations, fp32 in every run (dims_of sizes them), for
+ * the MoE layers among L. */
 static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
-  if (!d->E) return;
+  if (!d->E || !L) return;
   want(l, &v->x, "moe_x", L * d->n * d->h);
   want(l, &v->logits, "moe_logits", L * d->n * d->E);
   want(l, &v->weights, "moe_weights", L * d->n * d->k);
@@ -200,7 +232,7 @@ static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
   }
 }
 
-/* Layer i's slices of the MoE views, with its routing's host state. */
+/* MoE layer i's slices of the MoE views (i counting MoE layers), with its routing's host state. */
 static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
   if (!d->E) return (loom_moe_acts){0};
   return (loom_moe_acts){.x = v->x + i * d->n * d->h, .logits = v->logits + i * d->n * d->E,
@@ -212,15 +244,16 @@ static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
                          .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
 }
 
-/* The norm statistics, attention's log-sum-exps and a MoE layer's
- * activations: fp32 in every run. */
-static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
+/* The norm statistics, attention's log-sum-exps and the MoE layers'
+ * activations of s: fp32 in every run. */
+static void want_stats(act_list *l, layer_views *v, const dims *d, span s) {
+  const int L = s.L;
   want(l, &v->lse, "att_lse", L * d->lse);
   want(l, &v->ln1m, "ln_1_mean", L * d->n);
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
   want(l, &v->ln2m, "ln_2_mean", L * d->n);
   want(l, &v->ln2r, "ln_2_rstd", L * d->n);
-  want_moe(l, &v->moe, d, L);
+  want_moe(l, &v->moe, d, moe_before(d, s, L));
 }
 
 /* A layer's big activations, in one order for every table: names, and
@@ -228,39 +261,45 @@ static void want_stats(act_list *l, layer_views *v, const dims *d, int L) {
 enum { BIG = 8 };
 static const char *const BIG_NAMES[BIG] = {"ln_1", "qkv", "atty", "res_attn", "ln_2", "fc", "fc_gelu", "out"};
 
-static void big_counts(const dims *d, int64_t c[BIG]) {
+/* Of a layer of a kind (-1: the stage's largest, scratch's). */
+static void big_counts(const dims *d, int kind, int64_t c[BIG]) {
+  const int64_t fc = kind < 0 ? d->fc : d->fck[kind], f = kind < 0 ? d->f : d->fk[kind];
   const int64_t counts[BIG] = {d->N * d->h, d->N * d->qkv, d->N * d->w, d->n * d->h,
-                               d->N * d->h, d->N * d->fc, d->N * d->f, d->n * d->h};
+                               d->N * d->h, d->N * fc,     d->N * f,    d->n * d->h};
   memcpy(c, counts, sizeof counts);
 }
 
+/* Elements of big activation i that s's first j layers take, and all of s's. */
+static int64_t big_offset(const dims *d, span s, int j, int i) {
+  int64_t at = 0, c[BIG];
+  for (int q = 0; q < j; q++) big_counts(d, kind_in(d, s, q), c), at += c[i];
+  return at;
+}
+
 /* bf16 runs: the big activations, packed. */
-static void want_packed(act_list *l, loom_block_packed *p, const dims *d, int L) {
+static void want_packed(act_list *l, loom_block_packed *p, const dims *d, span s) {
   uint16_t **slots[BIG] = {&p->ln_1, &p->qkv, &p->atty, &p->res_attn, &p->ln_2, &p->fc, &p->fc_gelu, &p->out};
-  int64_t c[BIG];
-  big_counts(d, c);
-  for (int i = 0; i < BIG; i++) want16(l, slots[i], BIG_NAMES[i], L * c[i]);
+  for (int i = 0; i < BIG; i++) want16(l, slots[i], BIG_NAMES[i], big_offset(d, s, s.L, i));
 }
 
 /* fp32 views of the big activations; bf16 runs keep ln_1 and ln_2 as bits
  * alone (the norms write into block scratch, the linears pack from it). */
-static void want_layers(act_list *l, layer_views *v, const dims *d, int L) {
-  want_stats(l, v, d, L);
+static void want_layers(act_list *l, layer_views *v, const dims *d, span s) {
+  want_stats(l, v, d, s);
   float **slots[BIG] = {&v->ln1, &v->qkv, &v->atty, &v->resa, &v->ln2, &v->fc, &v->fcg, &v->out};
-  int64_t c[BIG];
-  big_counts(d, c);
   for (int i = 0; i < BIG; i++)
-    if (!d->bf16 || (slots[i] != &v->ln1 && slots[i] != &v->ln2)) want(l, slots[i], BIG_NAMES[i], L * c[i]);
+    if (!d->bf16 || (slots[i] != &v->ln1 && slots[i] != &v->ln2)) want(l, slots[i], BIG_NAMES[i], big_offset(d, s, s.L, i));
 }
 
-/* Layer i's slices of the packed views. */
-static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const dims *d, int L) {
-  int64_t c[BIG];
-  big_counts(d, c);
-  for (int i = 0; i < L; i++)
-    b[i] = (loom_block_packed){.ln_1 = p->ln_1 + i * c[0], .qkv = p->qkv + i * c[1], .atty = p->atty + i * c[2],
-                               .res_attn = p->res_attn + i * c[3], .ln_2 = p->ln_2 + i * c[4], .fc = p->fc + i * c[5],
-                               .fc_gelu = p->fc_gelu + i * c[6], .out = p->out + i * c[7]};
+/* Layer j's slices of the packed views. */
+static void bind_packed(loom_block_packed *b, const loom_block_packed *p, const dims *d, span s) {
+  for (int j = 0; j < s.L; j++) {
+    int64_t o[BIG];
+    for (int i = 0; i < BIG; i++) o[i] = big_offset(d, s, j, i);
+    b[j] = (loom_block_packed){.ln_1 = p->ln_1 + o[0], .qkv = p->qkv + o[1], .atty = p->atty + o[2],
+                               .res_attn = p->res_attn + o[3], .ln_2 = p->ln_2 + o[4], .fc = p->fc + o[5],
+                               .fc_gelu = p->fc_gelu + o[6], .out = p->out + o[7]};
+  }
 }
 
 /* Layer views of v; fields v does not hold (bf16 runs: all but the statistics) come out NULL. */
@@ -273,17 +312,18 @@ static uint16_t **act_bits_field(loom_block_acts *a, int k) {
   return fields[k];
 }
 
-static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d, int L) {
-  int64_t c[BIG];
-  big_counts(d, c);
-  for (int i = 0; i < L; i++) {
-    b[i] = (loom_block_acts){
-        .ln_1_mean = at(v->ln1m, i * d->n), .ln_1_rstd = at(v->ln1r, i * d->n), .ln_2_mean = at(v->ln2m, i * d->n),
-        .ln_2_rstd = at(v->ln2r, i * d->n), .att_lse = at(v->lse, i * d->lse), .ln_1 = at(v->ln1, i * c[0]),
-        .qkv = at(v->qkv, i * c[1]), .atty = at(v->atty, i * c[2]), .res_attn = at(v->resa, i * c[3]),
-        .ln_2 = at(v->ln2, i * c[4]), .fc = at(v->fc, i * c[5]), .fc_gelu = at(v->fcg, i * c[6]),
-        .out = at(v->out, i * c[7]), .moe = moe_layer(&v->moe, d, i)};
-    for (int k = 0; k < WEIGHT_INPUTS; k++) *act_bits_field(&b[i], k) = at16(v->bits[k], i * c[WEIGHT_INPUT[k]]);
+static void bind_layers(loom_block_acts *b, const layer_views *v, const dims *d, span s) {
+  for (int j = 0; j < s.L; j++) {
+    int64_t o[BIG];
+    for (int i = 0; i < BIG; i++) o[i] = big_offset(d, s, j, i);
+    const bool moe = kind_in(d, s, j) != 0; /* scratch: MoE acts where the stage has MoE layers */
+    b[j] = (loom_block_acts){
+        .ln_1_mean = at(v->ln1m, j * d->n), .ln_1_rstd = at(v->ln1r, j * d->n), .ln_2_mean = at(v->ln2m, j * d->n),
+        .ln_2_rstd = at(v->ln2r, j * d->n), .att_lse = at(v->lse, j * d->lse), .ln_1 = at(v->ln1, o[0]),
+        .qkv = at(v->qkv, o[1]), .atty = at(v->atty, o[2]), .res_attn = at(v->resa, o[3]),
+        .ln_2 = at(v->ln2, o[4]), .fc = at(v->fc, o[5]), .fc_gelu = at(v->fcg, o[6]),
+        .out = at(v->out, o[7]), .moe = moe ? moe_layer(&v->moe, d, moe_before(d, s, j)) : (loom_moe_acts){0}};
+    for (int k = 0; k < WEIGHT_INPUTS; k++) *act_bits_field(&b[j], k) = at16(v->bits[k], o[WEIGHT_INPUT[k]]);
   }
 }
 
@@ -297,9 +337,17 @@ static float **act_field(loom_block_acts *a, int i) {
 enum { WGRADS = 4 };
 static const char *const WGRAD_NAMES[WGRADS] = {"w_d_qkv", "w_d_attn", "w_d_fc", "w_d_mlp"};
 
-static void wgrad_counts(const dims *d, int64_t c[WGRADS]) {
-  const int64_t counts[WGRADS] = {d->N * d->qkv, d->N * d->h, d->N * d->fc, d->N * d->h};
+/* Of a layer of a kind (-1: the largest). */
+static void wgrad_counts(const dims *d, int kind, int64_t c[WGRADS]) {
+  const int64_t counts[WGRADS] = {d->N * d->qkv, d->N * d->h, d->N * (kind < 0 ? d->fc : d->fck[kind]), d->N * d->h};
   memcpy(c, counts, sizeof counts);
+}
+
+/* Elements of weight grad k that s's first j layers take. */
+static int64_t wgrad_offset(const dims *d, span s, int j, int k) {
+  int64_t at = 0, c[WGRADS];
+  for (int q = 0; q < j; q++) wgrad_counts(d, kind_in(d, s, q), c), at += c[k];
+  return at;
 }
 
 /* Views of a split backward's state: the linears' output grads of every
@@ -318,22 +366,21 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
   *l16 = (act_list){.dtype = LOOM_DTYPE_BF16};
   memset(v, 0, sizeof *v);
   if (d->L == 0) return;
-  int64_t g[WGRADS], c[BIG];
-  wgrad_counts(d, g);
-  big_counts(d, c);
+  const span all = {0, d->L}, redone = {0, d->R}, kept = {d->R, d->K};
   for (int k = 0; k < WGRADS; k++) {
-    if (d->bf16) want16(l16, &v->grad_bits[k], WGRAD_NAMES[k], d->L * g[k]);
-    else want(l, &v->grads[k], WGRAD_NAMES[k], d->L * g[k]);
+    if (d->bf16) want16(l16, &v->grad_bits[k], WGRAD_NAMES[k], wgrad_offset(d, all, d->L, k));
+    else want(l, &v->grads[k], WGRAD_NAMES[k], wgrad_offset(d, all, d->L, k));
   }
   for (int k = 0; d->R && k < WEIGHT_INPUTS; k++) {
     const int i = WEIGHT_INPUT[k];
-    if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], d->R * c[i]);
-    else want(l, &v->inputs[k], BIG_NAMES[i], d->R * c[i]);
+    if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], big_offset(d, redone, d->R, i));
+    else want(l, &v->inputs[k], BIG_NAMES[i], big_offset(d, redone, d->R, i));
   }
-  if (d->E && d->K) {
-    want(l, &v->moe.d_fc, "w_moe_d_fc", d->K * d->taken * d->fce);
-    want(l, &v->moe.d_y, "w_moe_d_y", d->K * d->taken * d->h);
-    want(l, &v->moe.d_logits, "w_moe_d_logits", d->K * d->n * d->E);
+  const int moe_kept = moe_before(d, kept, d->K);
+  if (d->E && moe_kept) {
+    want(l, &v->moe.d_fc, "w_moe_d_fc", moe_kept * d->taken * d->fce);
+    want(l, &v->moe.d_y, "w_moe_d_y", moe_kept * d->taken * d->h);
+    want(l, &v->moe.d_logits, "w_moe_d_logits", moe_kept * d->n * d->E);
   }
 }
 
@@ -343,27 +390,28 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
 static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d, const loom_block_scratch *scratch) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->R) s->winputs = loom_xcalloc((size_t)d->R, sizeof *s->winputs, "weight-grad inputs");
-  int64_t g[WGRADS], c[BIG];
-  wgrad_counts(d, g);
-  big_counts(d, c);
+  const span all = {0, d->L}, kept = {d->R, d->K};
   for (int i = 0; i < d->L; i++) {
     loom_block_wgrad *w = &s->wgrad[i];
+    int64_t g[WGRADS];
+    for (int k = 0; k < WGRADS; k++) g[k] = wgrad_offset(d, all, i, k);
     if (d->bf16)
-      *w = (loom_block_wgrad){.d_qkv = scratch->d_qkv, .d_fc = scratch->d_fc, .d_qkv_bits = v->grad_bits[0] + i * g[0],
-                              .d_attn_bits = v->grad_bits[1] + i * g[1], .d_fc_bits = v->grad_bits[2] + i * g[2],
-                              .d_mlp_bits = v->grad_bits[3] + i * g[3]};
+      *w = (loom_block_wgrad){.d_qkv = scratch->d_qkv, .d_fc = scratch->d_fc, .d_qkv_bits = v->grad_bits[0] + g[0],
+                              .d_attn_bits = v->grad_bits[1] + g[1], .d_fc_bits = v->grad_bits[2] + g[2],
+                              .d_mlp_bits = v->grad_bits[3] + g[3]};
     else
-      *w = (loom_block_wgrad){.d_qkv = v->grads[0] + i * g[0], .d_attn = v->grads[1] + i * g[1],
-                              .d_fc = v->grads[2] + i * g[2], .d_mlp = v->grads[3] + i * g[3]};
+      *w = (loom_block_wgrad){.d_qkv = v->grads[0] + g[0], .d_attn = v->grads[1] + g[1],
+                              .d_fc = v->grads[2] + g[2], .d_mlp = v->grads[3] + g[3]};
     for (int k = 0; i < d->R && k < WEIGHT_INPUTS; k++) {
-      const int64_t offset = i * c[WEIGHT_INPUT[k]];
+      const int64_t offset = big_offset(d, (span){0, d->R}, i, WEIGHT_INPUT[k]);
       if (d->bf16) *act_bits_field(&s->winputs[i], k) = v->input_bits[k] + offset;
       else *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + offset;
     }
-    const int64_t kept = i - d->R;
-    if (d->E && kept >= 0)
-      w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + kept * d->taken * d->fce, .d_y = v->moe.d_y + kept * d->taken * d->h,
-                                .d_logits = v->moe.d_logits + kept * d->n * d->E};
+    if (d->E && i >= d->R && loom_gpt_layer_is_moe(d->cfg, d->layer0 + i)) {
+      const int64_t q = moe_before(d, kept, i - d->R); /* its place among the kept MoE layers */
+      w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + q * d->taken * d->fce, .d_y = v->moe.d_y + q * d->taken * d->h,
+                                .d_logits = v->moe.d_logits + q * d->n * d->E};
+    }
   }
 }
 
@@ -382,11 +430,12 @@ static void list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_views 
   const int groups = recompute_groups(d->R, d->G);
   if (d->R) want(l, &s->inputs, "inputs", (d->K ? groups + 1 : groups) * d->n * d->h);
   if (d->L > 0 && (d->K == 0 || d->bf16)) want(l, &s->out, "out", d->n * d->h);
+  const span kept = {d->R, d->K};
   if (d->K > 0 && d->bf16) {
-    want_stats(l, v, d, d->K);
-    want_packed(l16, p, d, d->K);
+    want_stats(l, v, d, kept);
+    want_packed(l16, p, d, kept);
   } else if (d->K > 0) {
-    want_layers(l, v, d, d->K);
+    want_layers(l, v, d, kept);
   }
   if (d->last) {
     want(l, &s->ln_f_mean, "ln_f_mean", d->n);
@@ -445,18 +494,17 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
   want(l, &w->lse_scratch, "lse_scratch", d->N);
-  if (d->R || d->bf16) want_layers(l, v, d, redo_layers(d));
+  if (d->R || d->bf16) want_layers(l, v, d, (span){-1, redo_layers(d)});
   if (d->bf16) {
     want(l, &w->xin, "xin", d->n * d->h);
     want(l, &w->weights, "weights", d->weight_scratch);
     uint16_t **grads[WGRADS] = {&s->d_qkv_bits, &s->d_attn_bits, &s->d_fc_bits, &s->d_mlp_bits};
     const char *const names[WGRADS] = {"d_qkv_bits", "d_attn_bits", "d_fc_bits", "d_mlp_bits"};
-    int64_t g[WGRADS], c[BIG];
-    wgrad_counts(d, g);
-    big_counts(d, c);
+    int64_t g[WGRADS];
+    wgrad_counts(d, -1, g);
     for (int k = 0; k < WGRADS; k++) want16(l16, grads[k], names[k], g[k]);
     for (int k = 0; d->R && k < WEIGHT_INPUTS; k++)
-      want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], redo_layers(d) * c[WEIGHT_INPUT[k]]);
+      want16(l16, &v->bits[k], BIG_NAMES[WEIGHT_INPUT[k]], big_offset(d, (span){-1, redo_layers(d)}, redo_layers(d), WEIGHT_INPUT[k]));
     if (d->tp > 1) want16(l16, &w->tp_staging, "tp_staging", (int64_t)loom_tp_staging_elems(d->N, d->n, d->h));
   }
 }
@@ -547,15 +595,21 @@ static void bind_weights(loom_gpt *m) {
   const loom_buffer *b = stored_layout(m);
   const int count = b->count, first = loom_gpt_first_block_tensor(&m->p), end = m->p.layer_tensor[m->p.layers];
   float **addr = loom_xmalloc(((size_t)count + 1) * sizeof *addr, "weight views");
-  m->w.weights_of = (loom_gpt_weights){.h = &m->w.layer_w};
-  if (m->p.layers > 0) {
-    const int per = m->p.layer_tensor[1] - first; /* every layer's tensors are layer 0's (no dense layers among MoE ones) */
+  m->w.weights_of = (loom_gpt_weights){.h = m->w.layer_w};
+  size_t widest = 0;
+  bool bound[LOOM_LAYER_KINDS] = {false, false};
+  for (int l = 0; l < m->p.layers; l++) { /* the first layer of each kind lays its kind's views out */
+    const int kind = loom_gpt_layer_is_moe(&m->p.cfg, m->p.range.layer_begin + l), k0 = m->p.layer_tensor[l];
+    if (bound[kind]) continue;
+    bound[kind] = true;
     size_t lo, hi;
-    loom_gpt_block_range(m, 0, 1, &lo, &hi);
-    for (int j = 0; j < per; j++) addr[j] = at + (loom_buffer_offset(b, first + j) - lo);
-    loom_gpt_bind_views(&m->p, first, first + per, addr, &m->w.weights_of);
-    at += hi - lo;
+    loom_gpt_block_range(m, l, l + 1, &lo, &hi);
+    for (int k = k0; k < m->p.layer_tensor[l + 1]; k++) addr[k - k0] = at + (loom_buffer_offset(b, k) - lo);
+    loom_gpt_weights views = {.h = &m->w.layer_w[kind]};
+    loom_gpt_bind_views(&m->p, k0, m->p.layer_tensor[l + 1], addr, &views);
+    widest = hi - lo > widest ? hi - lo : widest;
   }
+  at += widest;
   m->w.edges = at;
   for (int k = next_edge_tensor(m, -1); k < count; k = next_edge_tensor(m, k)) {
     addr[k] = loom_param_is_vocab_table(&m->p.meta[k]) ? NULL : at;
@@ -591,11 +645,11 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
     if (st == LOOM_OK && d.K > 0) { /* the kept layers', blocks[l - R] for layer l */
       s->blocks = loom_xcalloc((size_t)d.K, sizeof *s->blocks, "block activations");
-      bind_layers(s->blocks, &v, &d, d.K);
+      bind_layers(s->blocks, &v, &d, (span){d.R, d.K});
     }
     if (st == LOOM_OK && d.K > 0 && d.bf16) {
       s->packed = loom_xcalloc((size_t)d.K, sizeof *s->packed, "packed activations");
-      bind_packed(s->packed, &p, &d, d.K);
+      bind_packed(s->packed, &p, &d, (span){d.R, d.K});
     }
   }
   if (st == LOOM_OK) {
@@ -605,7 +659,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     if (st == LOOM_OK && (d.R || d.bf16)) {
       m->w.redo = loom_xcalloc((size_t)redo_layers(&d), sizeof *m->w.redo, "recompute scratch");
       m->w.redo_count = redo_layers(&d);
-      bind_layers(m->w.redo, &v, &d, redo_layers(&d));
+      bind_layers(m->w.redo, &v, &d, (span){-1, redo_layers(&d)});
     }
     if (st == LOOM_OK && d.E)
       m->w.block.moe.host = loom_xmalloc((size_t)(d.n * (d.k + d.E)) * sizeof(float), "router grads");
@@ -648,10 +702,10 @@ loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
  * token times the micro-batch's tokens (with every target scored, 1 over
  * the global batch's micro-batches: each micro-batch's router losses count
  * as its mean loss does). */
-static loom_block_shape block_shape(const loom_gpt *m, float dloss) {
+static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
   const loom_gpt_config *c = &m->p.cfg;
   const int heads = c->heads / m->tp.size;
-  const bool moe = loom_gpt_is_moe(c);
+  const bool moe = loom_gpt_layer_is_moe(c, m->p.range.layer_begin + l);
   return (loom_block_shape){.T = m->T, .B = m->B, .hidden = c->hidden, .heads = heads,
                             .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
@@ -730,14 +784,14 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
   const int first = m->p.layer_tensor[l], count = m->p.layer_tensor[l + 1] - first;
   const loom_tensor *t = &m->p.compute.views[first];
   const uint16_t *bits = t[0].data; /* the layer's tensors lie back to back */
-  float *scratch = m->w.layer_w.ln_1_w;
+  const loom_block_weights *v = &m->w.layer_w[loom_gpt_layer_is_moe(&m->p.cfg, m->p.range.layer_begin + l)];
+  float *scratch = v->ln_1_w;
   for (int j = 0; j < count; j++) { /* the 1-D tensors, and the router and gate, which run in fp32 */
     const loom_param_role role = m->p.meta[first + j].role;
     if (t[j].ndim != 1 && role != LOOM_ROLE_ROUTER_W && role != LOOM_ROLE_SHARED_GATE_W) continue;
     const uint16_t *at = t[j].data;
     m->ops->from_bf16(m->ops, scratch + (at - bits), at, loom_tensor_numel(&t[j]));
   }
-  const loom_block_weights *v = &m->w.layer_w;
 #define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
                                       .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
@@ -805,10 +859,10 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
   return a;
 }
 
-/* Elements of each of a layer's big activations in this model's slots. */
-static void layer_counts(const loom_gpt *m, int64_t c[BIG]) {
+/* Elements of each of local layer l's big activations in this model's slots. */
+static void layer_counts(const loom_gpt *m, int l, int64_t c[BIG]) {
   const dims d = dims_of(&m->p.cfg, m->T, m->B, m->tp.size, m->tp.sequence_parallel, &m->p.range, recompute_of(m));
-  big_counts(&d, c);
+  big_counts(&d, loom_gpt_layer_is_moe(&m->p.cfg, m->p.range.layer_begin + l), c);
 }
 
 /* bf16 runs: the activations forward leaves in fp32 scratch and packs
@@ -825,7 +879,7 @@ static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a,
   const loom_block_packed *p = &s->packed[l - m->recompute_layers];
   uint16_t *const narrow[BIG] = {p->ln_1, p->qkv, p->atty, p->res_attn, p->ln_2, p->fc, p->fc_gelu, p->out};
   int64_t c[BIG];
-  layer_counts(m, c);
+  layer_counts(m, l, c);
   for (int k = 0; k < n; k++) {
     const int i = which[k];
     float *wide = *act_field(a, i);
@@ -954,8 +1008,8 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   hook(m, false, LOOM_GPT_EDGES, true);
   if (m->p.range.first) embed_forward(m, s, batch);
   else if (input != s->x0) mem->copy(mem, s->x0, input, nh * sizeof(float));
-  const loom_block_shape shape = block_shape(m, 0.0f);
   for (int l = 0; l < L; l++) {
+    const loom_block_shape shape = block_shape(m, l, 0.0f);
     hook(m, false, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
     const float *x = layer_input(m, s, l, false);
@@ -988,10 +1042,10 @@ typedef struct {
 } layer_pass;
 
 static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int l) {
-  const loom_block_shape shape = block_shape(m, 0.0f);
   /* A recomputed group's last layer reruns the group's forward, from its
    * first layer's kept input, into the scratch its backwards then read. */
   for (int j = l - l % m->recompute_group; redone(m, l) && l == group_end(m, l) && j <= l; j++) {
+    const loom_block_shape shape = block_shape(m, j, 0.0f);
     const loom_block_compute_weights w = layer_weights(m, j);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + j);
     loom_block_acts a = layer_acts(m, s, j);
@@ -1015,8 +1069,8 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   hook(m, true, LOOM_GPT_EDGES, true);
   backward_begin(m, s, slot, dout, dloss, false);
-  const loom_block_shape shape = block_shape(m, dloss);
   for (int l = m->p.layers - 1; l >= 0; l--) {
+    const loom_block_shape shape = block_shape(m, l, dloss);
     hook(m, true, l, true);
     const layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &p.a, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
@@ -1034,10 +1088,10 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
   loom_gpt_wstate *ws = &m->wstates[wstate];
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
   backward_begin(m, s, slot, dout, dloss, true);
-  const loom_block_shape shape = block_shape(m, dloss);
-  int64_t c[BIG];
-  layer_counts(m, c);
   for (int l = m->p.layers - 1; l >= 0; l--) {
+    const loom_block_shape shape = block_shape(m, l, dloss);
+    int64_t c[BIG];
+    layer_counts(m, l, c);
     layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
@@ -1066,8 +1120,8 @@ void loom_gpt_stage_backward_weight(loom_gpt *m, int slot, int wstate, const loo
   loom_gpt_wstate *ws = &m->wstates[wstate];
   hook(m, true, LOOM_GPT_EDGES, true);
   if (m->p.range.last) head_weight_grad(m, s);
-  const loom_block_shape shape = block_shape(m, 0.0f);
   for (int l = m->p.layers - 1; l >= 0; l--) {
+    const loom_block_shape shape = block_shape(m, l, 0.0f);
     hook(m, true, l, true);
     const loom_block_acts a = weight_inputs(m, s, ws, l);
     loom_block_backward_weight(&m->p.g.h[l], &m->w.block, &ws->wgrad[l], &a, &shape, &m->tp, m->ops);

@@ -72,8 +72,8 @@ typedef struct {
   int redo_count;
   float *xin;               /* [n, h] bf16 runs: the current layer's input */
   float *weights;           /* bf16 runs: the fp32 values of the compute weights in use */
-  loom_block_weights layer_w; /* views of weights: one layer's */
-  loom_gpt_weights weights_of; /* views of weights: the embedding's and head's, and h = &layer_w */
+  loom_block_weights layer_w[LOOM_LAYER_KINDS]; /* views of weights: one layer's, of each kind (they share its start) */
+  loom_gpt_weights weights_of; /* views of weights: the embedding's and head's, and h = layer_w */
   float *edges;             /* where the embedding's and head's weights start in weights */
   float *embed_full;        /* [N, h] */
   float *dres;              /* [n, h] running residual grad */

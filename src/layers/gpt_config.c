@@ -123,6 +123,20 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
   return buf;
 }
 
+/* Megatron's list form of c's MoE layers, run by run: "([0]*3+[1]*58)". */
+static const char *layer_freq(const loom_gpt_config *c, char *buf, size_t n) {
+  size_t used = (size_t)snprintf(buf, n, "(");
+  for (int l = 0; l < c->layers && used < n;) {
+    const bool moe = loom_gpt_layer_is_moe(c, l);
+    int run = 1;
+    while (l + run < c->layers && loom_gpt_layer_is_moe(c, l + run) == moe) run++;
+    used += (size_t)snprintf(buf + used, n - used, "%s[%d]*%d", l ? "+" : "", moe, run);
+    l += run;
+  }
+  if (used < n) snprintf(buf + used, n - used, ")");
+  return buf;
+}
+
 const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char *buf, size_t n) {
   size_t used = 0;
   buf[0] = '\0';
@@ -143,6 +157,9 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
+    char freq[160];
+    if (loom_gpt_has_dense_layers(c))
+      PUT(", in %d of %d layers %s", loom_gpt_moe_layers(c, 0, c->layers), c->layers, layer_freq(c, freq, sizeof freq));
 
   }
 #undef PUT

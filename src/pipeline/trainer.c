@@ -201,7 +201,7 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   loom_comm_allreduce_typed(tr->ps.world_group, &s->moe_rows, 1, LOOM_DTYPE_I64, LOOM_REDUCE_MAX);
   tr->moe_rows_peak = s->moe_rows > tr->moe_rows_peak ? s->moe_rows : tr->moe_rows_peak;
   loom_comm_allreduce_typed(tr->ps.world_group, tr->moe_load, (size_t)L * E, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
-  const double per = (double)(tr->global_batch / tr->micro_batch) * L; /* micro-batches x MoE layers */
+  const double per = (double)(tr->global_batch / tr->micro_batch) * loom_gpt_moe_layers(c, 0, L); /* micro-batches x MoE layers */
   s->moe_aux_loss = sums[0] / per, s->moe_z_loss = sums[1] / per, s->moe_dropped = (int64_t)sums[2];
   for (int l = 0; tr->expert_bias && l < L; l++) /* every rank alike, from the same counts */
     loom_moe_expert_bias_update(tr->expert_bias + (size_t)l * E, tr->moe_load + (size_t)l * E, E, c->moe.bias_update_rate);

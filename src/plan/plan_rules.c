@@ -66,9 +66,9 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
     else if (bad < e->n_layer_pattern)
       violation(r, "model.moe.layer_pattern[%zu] = %d: must be 1 (a Mixture of Experts) or 0 (the dense MLP)", bad,
                 e->layer_pattern[bad]);
-    else if (moe_layers < e->n_layer_pattern)
-      violation(r, "model.moe.layer_pattern: %zu of %d layers are dense; loom makes every layer a Mixture of Experts so "
-                "far (Megatron's 1, or ([1]*%d))", e->n_layer_pattern - moe_layers, m->layers, m->layers);
+    else if (moe_layers == 0)
+      violation(r, "model.moe.layer_pattern: no layer is a Mixture of Experts; make one a MoE layer, or give the model no "
+                "experts");
   }
   if (e->shared_gate && e->shared_ffn == 0)
     violation(r, "model.moe.shared_gate = true: gates the shared expert, but model.moe.shared_ffn is 0 (no shared expert)");

@@ -136,13 +136,12 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
     for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * 4.0);
 }
 
-/* One transformer layer for one micro-batch: forward into f, backward (without recompute) into g. */
-/* f and g: a layer's forward and whole backward; w: the part of g that is
- * its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
-static void layer_costs(const layout *L, pass *f, pass *g, pass *w) {
+/* One transformer layer for one micro-batch, a MoE layer or a dense one:
+ * forward into f, backward (without recompute) into g; w: the part of g
+ * that is its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
+static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
-  const bool moe = loom_gpt_is_moe(c);
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn, e = L->e;
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
@@ -257,20 +256,29 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   /* One activation (or its grad) between stages, as the executor sends it. */
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
-  pass lf = {0}, lg = {0}, lw = {0};
-  layer_costs(&L, &lf, &lg, &lw);
+  pass lf[2] = {{0}}, lg[2] = {{0}}, lw[2] = {{0}}; /* a dense layer's and a MoE layer's */
+  for (int kind = 0; kind < 2; kind++) layer_costs(&L, kind == 1 && loom_gpt_is_moe(&L.cfg), &lf[kind], &lg[kind], &lw[kind]);
   for (int q = 0; q < p; q++) {
     for (int k = 0; k < v; k++) {
       const int stage = loom_plan_stage_index(plan, q, k);
       const loom_stage_range r = loom_plan_stage_range(plan, stage);
-      const double layers = r.layer_end - r.layer_begin;
-      pass f = {layers * lf.compute, layers * lf.comm, layers * lf.tp_bytes, layers * lf.bytes};
-      pass g = {layers * lg.compute, layers * lg.comm, layers * lg.tp_bytes, layers * lg.bytes};
-      pass w = {layers * lw.compute, 0.0, 0.0, 0.0};
+      const int redo_layers = loom_plan_stage_recompute(plan, stage).layers; /* the first ones: forward runs again in backward */
+      const int redo_end = r.layer_begin + (redo_layers < r.layer_end - r.layer_begin ? redo_layers : r.layer_end - r.layer_begin);
+      const double moe = loom_gpt_moe_layers(&L.cfg, r.layer_begin, r.layer_end), redo_moe = loom_gpt_moe_layers(&L.cfg, r.layer_begin, redo_end);
+      const double layers[2] = {r.layer_end - r.layer_begin - moe, moe}, redo[2] = {redo_end - r.layer_begin - redo_moe, redo_moe};
+      pass f = {0}, g = {0}, w = {0};
+      for (int kind = 0; kind < 2; kind++) {
+        f.compute += layers[kind] * lf[kind].compute, f.comm += layers[kind] * lf[kind].comm;
+        f.tp_bytes += layers[kind] * lf[kind].tp_bytes, f.bytes += layers[kind] * lf[kind].bytes;
+        g.compute += layers[kind] * lg[kind].compute, g.comm += layers[kind] * lg[kind].comm;
+        g.tp_bytes += layers[kind] * lg[kind].tp_bytes, g.bytes += layers[kind] * lg[kind].bytes;
+        w.compute += layers[kind] * lw[kind].compute;
+      }
       edge_costs(&L, &r, &f, &g, &w);
-      const double redo = loom_plan_stage_recompute(plan, stage).layers; /* layers whose forward backward runs again */
-      g.compute += redo * lf.compute, g.comm += redo * lf.comm;
-      g.tp_bytes += redo * lf.tp_bytes, g.bytes += redo * lf.bytes;
+      for (int kind = 0; kind < 2; kind++) {
+        g.compute += redo[kind] * lf[kind].compute, g.comm += redo[kind] * lf[kind].comm;
+        g.tp_bytes += redo[kind] * lf[kind].tp_bytes, g.bytes += redo[kind] * lf[kind].bytes;
+      }
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
       c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
