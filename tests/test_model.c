@@ -539,6 +539,14 @@ START_TEST(mixtral_counts_as_published) {
   const double want = 12.0 * L * h * h * ((1.0 + G / H + T / h / 2.0) + mlp / h) + 6.0 * V * h;
   const double got = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
   ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%g FLOPs per token, want %g", got, want);
+  /* Qwen1.5-MoE-A2.7B, counted by hand from its config.json: per layer q, k, v (with biases) and o, 16,783,360; two
+   * norms, 4,096; the router, 122,880; 60 experts of 3 x 2048 x 1408, 519,045,120; the shared expert, 34,603,008, and
+   * its gate, 2,048; 24 layers, an untied head and embedding of 151,936 x 2048 each and the final norm: 14,315,784,192
+   * (Qwen's "14.3B"), of which 4 of the 60 experts active: 2,689,173,504 (Qwen's "2.7B activated"). */
+  loom_gpt_config qwen;
+  ck_assert_int_eq(loom_gpt_config_preset(&qwen, "qwen1.5-moe-a2.7b"), 0);
+  ck_assert_uint_eq(loom_gpt_param_count(&qwen, NULL, 1), 14315784192u);
+  ck_assert_uint_eq(loom_gpt_active_param_count(&qwen), 2689173504u);
   loom_gpt_config dense;
   ck_assert_int_eq(loom_gpt_config_preset(&dense, "llama-tiny"), 0);
   ck_assert_uint_eq(loom_gpt_active_param_count(&dense), loom_gpt_param_count(&dense, NULL, 1));

@@ -7,7 +7,7 @@
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
   const loom_flag table[LOOM_MODEL_FLAG_COUNT] = {
       {"--model", FLAG_STRING, &mf->preset, "model preset", LOOM_NO_RANGE, LOOM_GPT_PRESET_NAMES, false, NULL},
-      {"--init-from", FLAG_STRING, &mf->init_from, "start from a model instead of random init: an llm.c file, or a Hugging Face directory (config.json, model.safetensors)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--init-from", FLAG_STRING, &mf->init_from, "start from a model instead of random init: an llm.c file, a Hugging Face directory (config.json, model.safetensors) or a directory of loom checkpoints (its latest)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--layers", FLAG_INT, &mf->layers, "transformer layers (overrides the preset)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "model.layers"},
       {"--hidden", FLAG_INT, &mf->hidden, "hidden size", 1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.hidden"},
       {"--heads", FLAG_INT, &mf->heads, "attention heads", 1, LOOM_PLAN_MAX_HEADS, NULL, false, "model.heads"},

@@ -26,7 +26,7 @@ const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
  * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
-                                             "mixtral-8x7b", "mixtral-8x22b", NULL};
+                                             "mixtral-8x7b", "mixtral-8x22b", "qwen1.5-moe-a2.7b", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -52,6 +52,16 @@ static const loom_gpt_config PRESETS[] = {
      * rope_theta 1e6, router_aux_loss_coef 0.001). */
     {.layers = 56, .hidden = 6144, .heads = 48, .kv_heads = 8, .ffn = 16384, .vocab = 32768, .seq = 65536, LLAMA,
      .rope = {.theta = 1000000.0f}, .moe = {.experts = 8, .topk = 2, .aux_loss_coeff = 1e-3f}},
+    /* Qwen1.5-MoE-A2.7B (its config.json, Qwen2MoeForCausalLM: 24 layers,
+     * hidden 2048, 16 heads, 60 experts of 1408, top 4 taken as their
+     * probabilities (norm_topk_prob false: the pre-softmax order), a gated
+     * shared expert of 5632, biases on q, k and v, vocab 151936, 8192
+     * positions, rope_theta 1e6, rms_norm_eps 1e-6, router_aux_loss_coef 0.001). */
+    {.layers = 24, .hidden = 2048, .heads = 16, .ffn = 5632, .vocab = 151936, .seq = 8192, .norm = LOOM_NORM_RMSNORM,
+     .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, .qkv_bias = true, .untied = true,
+     .norm_eps = 1e-6f, .rope = {.theta = 1000000.0f},
+     .moe = {.experts = 60, .topk = 4, .ffn = 1408, .shared_ffn = 5632, .shared_gate = true, .pre_softmax = true,
+             .aux_loss_coeff = 1e-3f}},
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
@@ -109,20 +119,6 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
                                   memcmp(a->moe.dense, b->moe.dense, sizeof a->moe.dense) == 0));
 }
 
-const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
-  char rope[48] = "learned positions";
-  if (c->position == LOOM_POSITION_ROPE)
-    snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta, c->rope.factor > 0.0f ? " scaled (llama3)" : "");
-  snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
-           c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
-           LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
-  const size_t used = strlen(buf);
-  if (loom_gpt_is_moe(c) && used < n)
-    snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
-             c->moe.shared_ffn ? ", shared" : "");
-  return buf;
-}
-
 /* Megatron's list form of c's MoE layers, run by run: "([0]*3+[1]*58)". */
 static const char *layer_freq(const loom_gpt_config *c, char *buf, size_t n) {
   size_t used = (size_t)snprintf(buf, n, "(");
@@ -134,6 +130,24 @@ static const char *layer_freq(const loom_gpt_config *c, char *buf, size_t n) {
     l += run;
   }
   if (used < n) snprintf(buf + used, n - used, ")");
+  return buf;
+}
+
+const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
+  char rope[48] = "learned positions";
+  if (c->position == LOOM_POSITION_ROPE)
+    snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta, c->rope.factor > 0.0f ? " scaled (llama3)" : "");
+  snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
+           c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
+           LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
+  const size_t used = strlen(buf);
+  if (loom_gpt_is_moe(c) && used < n)
+    snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
+             c->moe.shared_ffn ? ", shared" : "");
+  const size_t more = strlen(buf);
+  char freq[160];
+  if (loom_gpt_has_dense_layers(c) && more < n)
+    snprintf(buf + more, n - more, ", MoE layers %s", layer_freq(c, freq, sizeof freq));
   return buf;
 }
 
