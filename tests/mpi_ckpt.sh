@@ -106,8 +106,9 @@ same_losses "$WORK/moe_ref.jsonl" "$WORK/moe_dp.jsonl" || fail "MoE losses after
 # over dp 2 resume there to 9 bit for bit (losses and the final weights); 3 steps at ep 4 over dp 4 resume at
 # ep 2 over dp 2 to 6 and on one rank to 9, equal to the one-rank run within fp32's 1e-5. That chain routes
 # with DeepSeek-V3's expert bias, which the manifest carries from step to step (a resume from a bias of 0
-# routes differently).
-MOEB="$MOE --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.02"
+# routes differently), and keeps its first layer's MLP dense (--moe-layer-freq).
+MOEB="$MOE --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.02
+  --moe-layer-freq ([0]+[1])"
 rm -rf "$WORK"/ep*
 np 2 --dp 2 --ep 2 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save "$WORK/ep_ref.safetensors" > "$WORK/ep_ref.txt" 2>&1 ||
   fail "ep 2 reference: $(cat "$WORK/ep_ref.txt")"
