@@ -6,7 +6,7 @@
  * an untied head, 8 query heads sharing 2 key/value heads), mqa (the same
  * with one key/value head, replicated over the TP ranks), moe (llama's
  * with its MLPs Mixtures of 4 experts, top 2, and a shared expert, but
- * for layers 0 and 5, whose MLPs stay dense; EP its
+ * for layers 0, 1 and 5, whose MLPs stay dense; EP its
  * expert-parallel size) or moe_bias (moe's with sigmoid scores,
  * DeepSeek-V3's expert bias, which each step moves by every rank's loads,
  * and Qwen2-MoE's gate on the shared expert)): for every
@@ -51,10 +51,11 @@ static loom_gpt_config tiny(void) {
     c.position = LOOM_POSITION_ROPE;
     c.no_bias = c.untied = true;
   }
-  if (is_moe()) { /* the llama model's MLPs 4 experts (top 2) beside a shared expert, but layers 0 and 5 dense */
+  if (is_moe()) { /* the llama model's MLPs 4 experts (top 2) beside a shared expert, but layers 0, 1 and 5 dense
+                   * (interleaved chunks of two layers: the first chunk is dense alone) */
     c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 8, .aux_loss_coeff = 1e-2f,
                               .z_loss_coeff = 1e-3f};
-    loom_gpt_set_dense_layer(&c, 0, true), loom_gpt_set_dense_layer(&c, 5, true);
+    for (int l = 0; l < LAYERS; l++) loom_gpt_set_dense_layer(&c, l, l == 0 || l == 1 || l == 5);
   }
   if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run; the shared expert gated */
     c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f, c.moe.shared_gate = true;
