@@ -102,7 +102,7 @@ typedef struct {
    * both halves' GEMMs read (the fp32 ones above are then scratch). */
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits;
   /* A MoE layer's router and experts (NULL: their weight grads are taken
-   * in the input half, as a whole backward and a recomputed layer do). */
+   * in the input half, as a whole backward does). */
   loom_moe_wgrad moe;
 } loom_block_wgrad;
 

@@ -46,6 +46,8 @@ static void wstates_free(loom_gpt *m) {
     loom_buffer_free(&m->wstates[i].mem);
     loom_buffer_free(&m->wstates[i].mem16);
     free(m->wstates[i].wgrad);
+    for (int l = 0; m->wstates[i].winputs && l < m->recompute_layers && l < m->p.layers; l++)
+      loom_moe_host_free(m->wstates[i].winputs[l].moe.host);
     free(m->wstates[i].winputs);
   }
   free(m->wstates);
@@ -358,7 +360,8 @@ typedef struct {
   uint16_t *grad_bits[WGRADS];
   float *inputs[WEIGHT_INPUTS];
   uint16_t *input_bits[WEIGHT_INPUTS];
-  loom_moe_wgrad moe; /* a MoE model's kept layers' (a recomputed one's weight grads are taken in the input half) */
+  loom_moe_wgrad moe; /* every MoE layer's */
+  loom_moe_acts moe_inputs; /* the recomputed MoE layers': x, perm and act, copied from the recompute scratch */
 } wgrad_views;
 
 static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *d) {
@@ -376,11 +379,17 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
     if (d->bf16) want16(l16, &v->input_bits[k], BIG_NAMES[i], big_offset(d, redone, d->R, i));
     else want(l, &v->inputs[k], BIG_NAMES[i], big_offset(d, redone, d->R, i));
   }
-  const int moe_kept = moe_before(d, kept, d->K);
-  if (d->E && moe_kept) {
-    want(l, &v->moe.d_fc, "w_moe_d_fc", moe_kept * d->taken * d->fce);
-    want(l, &v->moe.d_y, "w_moe_d_y", moe_kept * d->taken * d->h);
-    want(l, &v->moe.d_logits, "w_moe_d_logits", moe_kept * d->n * d->E);
+  const int moe_layers = moe_before(d, all, d->L), moe_redone = moe_before(d, redone, d->R);
+  (void)kept;
+  if (d->E && moe_layers) {
+    want(l, &v->moe.d_fc, "w_moe_d_fc", moe_layers * d->taken * d->fce);
+    want(l, &v->moe.d_y, "w_moe_d_y", moe_layers * d->taken * d->h);
+    want(l, &v->moe.d_logits, "w_moe_d_logits", moe_layers * d->n * d->E);
+  }
+  if (d->E && moe_redone) { /* what the experts' and router's weight GEMMs read, which the recompute scratch does not keep */
+    want(l, &v->moe_inputs.x, "w_moe_x", moe_redone * d->n * d->h);
+    want(l, &v->moe_inputs.perm, "w_moe_perm", moe_redone * d->taken * d->h);
+    want(l, &v->moe_inputs.act, "w_moe_act", moe_redone * d->taken * d->fe);
   }
 }
 
@@ -390,7 +399,7 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
 static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d, const loom_block_scratch *scratch) {
   s->wgrad = loom_xcalloc((size_t)d->L, sizeof *s->wgrad, "weight-grad state");
   if (d->R) s->winputs = loom_xcalloc((size_t)d->R, sizeof *s->winputs, "weight-grad inputs");
-  const span all = {0, d->L}, kept = {d->R, d->K};
+  const span all = {0, d->L}, redone = {0, d->R};
   for (int i = 0; i < d->L; i++) {
     loom_block_wgrad *w = &s->wgrad[i];
     int64_t g[WGRADS];
@@ -407,11 +416,15 @@ static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d,
       if (d->bf16) *act_bits_field(&s->winputs[i], k) = v->input_bits[k] + offset;
       else *act_field(&s->winputs[i], WEIGHT_INPUT[k]) = v->inputs[k] + offset;
     }
-    if (d->E && i >= d->R && loom_gpt_layer_is_moe(d->cfg, d->layer0 + i)) {
-      const int64_t q = moe_before(d, kept, i - d->R); /* its place among the kept MoE layers */
-      w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + q * d->taken * d->fce, .d_y = v->moe.d_y + q * d->taken * d->h,
-                                .d_logits = v->moe.d_logits + q * d->n * d->E};
-    }
+    if (!d->E || !loom_gpt_layer_is_moe(d->cfg, d->layer0 + i)) continue;
+    const int64_t q = moe_before(d, all, i); /* its place among the MoE layers */
+    w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + q * d->taken * d->fce, .d_y = v->moe.d_y + q * d->taken * d->h,
+                              .d_logits = v->moe.d_logits + q * d->n * d->E};
+    if (i >= d->R) continue;
+    const int64_t r = moe_before(d, redone, i); /* a recomputed MoE layer: its inputs' copies, and its counts' */
+    s->winputs[i].moe = (loom_moe_acts){.x = v->moe_inputs.x + r * d->n * d->h, .perm = v->moe_inputs.perm + r * d->taken * d->h,
+                                        .act = v->moe_inputs.act + r * d->taken * d->fe,
+                                        .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
   }
 }
 
@@ -1081,6 +1094,18 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   hook(m, true, LOOM_GPT_EDGES, false);
 }
 
+/* A recomputed MoE layer's inputs to its weight GEMMs, out of the recompute scratch into the weight-grad state. */
+static void keep_moe_inputs(const loom_gpt *m, loom_moe_acts *kept, const loom_moe_acts *a) {
+  const loom_allocator *mem = m->ops->mem;
+  const loom_moe_shape *s = &m->moe;
+  const size_t rows = (size_t)a->host->received;
+  mem->copy(mem, kept->x, a->x, (size_t)s->n * s->hidden * sizeof(float));
+  mem->copy(mem, kept->perm, a->perm, rows * s->hidden * sizeof(float));
+  mem->copy(mem, kept->act, a->act, rows * s->ffn * sizeof(float));
+  memcpy(kept->host->counts, a->host->counts, (size_t)s->local_experts * sizeof *kept->host->counts);
+  kept->host->received = a->host->received;
+}
+
 void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch, const float *dout,
                                    float dloss) {
   LOOM_CHECK(wstate >= 0 && wstate < m->nwstates, "weight-grad state out of range (set them first)");
@@ -1095,7 +1120,9 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
     layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
-    /* The weight half finds no activations in a recompute slot: keep the linears' inputs (bf16 runs: their bits). */
+    /* The weight half finds no activations in a recompute slot: keep the linears' inputs (bf16 runs: their bits),
+     * and a MoE layer's router input, expert rows and activations, with its experts' row counts. */
+    if (redone(m, l) && shape.moe) keep_moe_inputs(m, &ws->winputs[l].moe, &p.a.moe);
     for (int k = 0; redone(m, l) && k < WEIGHT_INPUTS; k++) {
       const int i = WEIGHT_INPUT[k];
       if (m->p.cfg.bf16)
