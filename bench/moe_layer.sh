@@ -15,6 +15,7 @@
 # Usage: bench/moe_layer.sh LOOM [train flags that shape both models...]
 #   e.g. bench/moe_layer.sh build/loom
 set -u
+. "$(dirname "$0")/lib.sh"
 LOOM=$1
 shift
 STEPS=${STEPS:-8}
@@ -24,16 +25,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 E=8 K=2 FE=256
 SHAPE="--layers 2 --hidden 256 --heads 4 --kv-heads 2 --seq 256 --micro-batch 8 --global-batch 32 --vocab 256
   --norm rmsnorm --mlp swiglu --position rope --no-bias --untied"
-median_ms() {
-  grep -o '"ms": [0-9.]*' "$1" | tail -n +2 | sed 's/.*: //' | sort -n |
-    awk '{ v[NR] = $1 } END { if (NR) printf "%.1f\n", v[int((NR + 1) / 2)]; else print "?" }'
-}
 run() { # run NAME FLAGS...: STEPS steps at dp 2; prints the median step in ms
   name=$1
   shift
   mpirun -np 2 -x OMP_NUM_THREADS=1 "$LOOM" train $SHAPE --dp 2 --steps "$STEPS" --eval-every 0 --metrics "$WORK/$name.jsonl" \
     "$@" > "$WORK/$name.log" 2>&1 || { echo "$name failed:" >&2; cat "$WORK/$name.log" >&2; exit 1; }
-  median_ms "$WORK/$name.jsonl"
+  median_step_ms "$WORK/$name.jsonl"
 }
 dense=$(run dense --ffn $((K * FE)) "$@")
 sed -n 's/^device: /device: /p' "$WORK/dense.log" | head -1

@@ -7,6 +7,7 @@
 # Usage: bench/slow_link.sh LOOM "RATE..." "COMPRESSION..." [train flags...]
 #   e.g. bench/slow_link.sh build/loom "200mbit 1gbit none" "none powersgd:4 sign" --model gpt2-small --seq 64 --micro-batch 2
 set -u
+. "$(dirname "$0")/lib.sh"
 LOOM=$(realpath "$1") RATES=$2 METHODS=$3
 shift 3
 STEPS=${STEPS:-4}
@@ -43,7 +44,7 @@ for rate in $RATES; do
     ip netns exec $A mpirun --hostfile "$WORK/hosts" -np 2 --bind-to none -x OMP_NUM_THREADS=1 "$LOOM" train --dp 2 \
       --grad-compression "$m" --steps "$STEPS" --eval-every 0 --log-every 1 --metrics "$WORK/m.jsonl" "$@" \
       > "$WORK/run.txt" 2>&1 || { tail -3 "$WORK/run.txt" >&2; exit 1; }
-    ms=$(grep -o '"ms": [0-9.e+-]*' "$WORK/m.jsonl" | tail -n +2 | cut -d' ' -f2 | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    ms=$(median_step_ms "$WORK/m.jsonl")
     bytes=$(grep -o '"dp_bytes": [0-9.e+-]*' "$WORK/m.jsonl" | tail -1 | cut -d' ' -f2)
     printf ' | %8.0f ms, %8s MB' "$ms" "$(awk -v b="${bytes:-0}" 'BEGIN { if (b > 0) printf "%.3f", b / 1e6; else printf "whole" }')"
   done

@@ -8,6 +8,7 @@
 # Usage: bench/zero_stages.sh LOOM [train flags...]
 #   e.g. bench/zero_stages.sh build/loom --model gpt2-small --seq 64 --micro-batch 4 --global-batch 8
 set -u
+. "$(dirname "$0")/lib.sh"
 LOOM=$1
 shift
 STEPS=${STEPS:-4}
@@ -22,7 +23,6 @@ for z in 0 1 2 3; do
     --metrics "$WORK/m.jsonl" > "$WORK/log" 2>&1 || { echo "ZeRO-$z run failed:" >&2; cat "$WORK/log" >&2; exit 1; }
   state=$(sed -n 's/.*weights \([0-9.]*\) MiB, grads \([0-9.]*\) MiB, Adam \([0-9.]*\) MiB, in transit \([0-9.]*\) MiB.*/\1 | \2 | \3 | \4/p' "$WORK/log")
   memory=$(sed -n "s/.*tensor memory peaked at \([0-9.]*\) MiB .*; loom estimated \([0-9.]*\) MiB.*/\1 | \2/p" "$WORK/log")
-  step=$(grep -o '"ms": [0-9.]*' "$WORK/m.jsonl" | tail -n +2 | sed 's/.*: //' | sort -n |
-    awk '{ v[NR] = $1 } END { if (NR) printf "%.0f\n", v[int((NR + 1) / 2)]; else print "?" }')
+  step=$(median_step_ms "$WORK/m.jsonl" %.0f)
   echo "| $([ $z = 0 ] && echo none || echo $z) | $state | $memory | $step |"
 done

@@ -300,33 +300,26 @@ int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *wh
   }
   memcpy(body, text, len);
   body[len] = '\0';
-  uint8_t *moe = calloc((size_t)LOOM_GPT_MAX_LAYERS, 1);
-  if (!moe) {
-    snprintf(why, n, "out of memory");
-    return -1;
-  }
+  uint8_t moe[LOOM_GPT_MAX_LAYERS] = {0};
   char *end;
   const long every = strtol(body, &end, 10);
-  freq_parser p = {.at = body, .out = moe, .cap = c->layers};
+  freq_parser p = {.at = body, .out = moe, .cap = c->layers < LOOM_GPT_MAX_LAYERS ? c->layers : LOOM_GPT_MAX_LAYERS};
   if (end != body && *end == '\0') { /* an integer: one MoE layer in every N */
     if (every < 1 || every > LOOM_GPT_MAX_LAYERS) p.why = "an integer must be at least 1 (1: every layer a Mixture of Experts)";
-    for (int l = 0; !p.why && l < c->layers; l++) moe[l] = l % every == 0;
-    p.len = c->layers;
+    for (int l = 0; !p.why && l < p.cap; l++) moe[l] = l % every == 0;
+    p.len = p.cap;
   } else if (freq_expr(&p)) {
     skip_spaces(&p);
     if (*p.at != '\0') p.why = "unexpected text after the list";
   }
-  if (!p.why && p.len != c->layers) {
-    snprintf(why, n, "gives %d entries for the model's %d layers", p.len, c->layers);
-    free(moe);
-    return -1;
-  }
   if (p.why) {
     snprintf(why, n, "%s", p.why);
-    free(moe);
+    return -1;
+  }
+  if (p.len != c->layers) {
+    snprintf(why, n, "gives %d entries for the model's %d layers", p.len, c->layers);
     return -1;
   }
   for (int l = 0; l < c->layers; l++) loom_gpt_set_dense_layer(c, l, !moe[l]);
-  free(moe);
   return 0;
 }

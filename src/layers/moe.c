@@ -42,6 +42,7 @@ loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep) {
   h->counts = loom_xmalloc(E * sizeof(int), "routing");
   h->logits = loom_xmalloc(nE * sizeof(float) + 1, "routing");
   h->gate = loom_xmalloc((size_t)n * sizeof(float) + 1, "routing");
+  h->gate_grad = loom_xmalloc((size_t)n * sizeof(float) + 1, "routing");
   h->identity = loom_xmalloc((size_t)n * sizeof(int) + 1, "routing");
   for (int i = 0; i < n; i++) h->identity[i] = i;
   h->send_rows = loom_xmalloc(P * sizeof(size_t), "routing");
@@ -54,7 +55,7 @@ void loom_moe_host_free(loom_moe_host *h) {
   if (!h) return;
   free(h->routing.experts), free(h->routing.weights), free(h->routing.load), free(h->routing.aux_load);
   free(h->routing.score_sum), free(h->dispatch.counts), free(h->dispatch.rows), free(h->dispatch.slots);
-  free(h->gate), free(h->identity);
+  free(h->gate), free(h->gate_grad), free(h->identity);
   free(h->counts), free(h->logits), free(h->send_rows), free(h->recv_rows), free(h->peer_counts), free(h);
 }
 
@@ -313,16 +314,13 @@ void loom_moe_gate_backward(float *d_shared, const float *dout, const loom_moe_a
   const int n = shape->n, h = shape->hidden;
   const loom_allocator *mem = ops->mem;
   loom_moe_host *host = a->host;
-  float *g = loom_xmalloc((size_t)n * sizeof(float) + 1, "gate grads");
   mem->from_host(mem, s->gate_rows, host->identity, (size_t)n * sizeof(int));
   ops->rows_combine_backward(ops, d_shared, s->gate_d, dout, a->shared, s->gate_rows, a->gate, n, 1, h);
   to_bf16_values(shape, ops, d_shared, (size_t)n * h);
-  /* d logit = d gate x gate (1 - gate), on the host as the router's are. */
-  mem->to_host(mem, host->gate, s->gate_d, (size_t)n * sizeof(float));
-  mem->to_host(mem, g, a->gate, (size_t)n * sizeof(float));
-  for (int i = 0; i < n; i++) host->gate[i] *= g[i] * (1.0f - g[i]);
-  free(g);
-  mem->from_host(mem, s->gate_d, host->gate, (size_t)n * sizeof(float));
+  /* d logit = d gate x gate (1 - gate), on the host as the router's are, with the forward's gates. */
+  mem->to_host(mem, host->gate_grad, s->gate_d, (size_t)n * sizeof(float));
+  for (int i = 0; i < n; i++) host->gate_grad[i] *= host->gate[i] * (1.0f - host->gate[i]);
+  mem->from_host(mem, s->gate_d, host->gate_grad, (size_t)n * sizeof(float));
 }
 
 void loom_moe_gate_backward_weights(float *dx, float *dw, const loom_moe_acts *a, const loom_moe_scratch *s, const float *w,

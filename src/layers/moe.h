@@ -72,7 +72,8 @@ typedef struct {
   size_t *send_rows, *recv_rows;
   int64_t *peer_counts;
   int64_t received;  /* rows this rank's experts took (without expert parallelism: every choice kept) */
-  float *gate;       /* [n] the shared expert's gates, then their logits' grads */
+  float *gate;       /* [n] the shared expert's gates, as the forward left them (backward reads them) */
+  float *gate_grad;  /* [n] their logits' grads */
   int *identity;     /* [n] 0, 1, ..., n - 1: each token's own row (the gate's rows_combine) */
 } loom_moe_host;
 
