@@ -103,17 +103,19 @@ np 2 --dp 2 $MOE --steps 9 --ckpt "$WORK/moe_copy" --resume --metrics "$WORK/moe
 same_losses "$WORK/moe_ref.jsonl" "$WORK/moe_dp.jsonl" || fail "MoE losses after resharding onto (1,1,2)"
 
 # Expert parallelism: a checkpoint holds each expert by its global name, whatever the ep. 3 steps at ep 2
-# over dp 2 resume there to 9 bit for bit (losses and the final weights); 3 steps at ep 4 over dp 4 resume at
-# ep 2 over dp 2 to 6 and on one rank to 9, equal to the one-rank run within fp32's 1e-5. That chain routes
+# over dp 2 under ZeRO-1 (bucket by bucket: the experts' apart) resume there to 9 bit for bit (losses and the
+# final weights); 3 steps at ep 4 over dp 4 resume at
+# ep 2 over dp 4 under ZeRO-3 to 6 (each expert's state in pieces over its 2 replicas, the rest over 4) and on
+# one rank to 9, equal to the one-rank run within fp32's 1e-5. That chain routes
 # with DeepSeek-V3's expert bias, which the manifest carries from step to step (a resume from a bias of 0
 # routes differently), and keeps its first layer's MLP dense (--moe-layer-freq).
 MOEB="$MOE --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-bias-update-rate 0.02
   --moe-layer-freq ([0]+[1])"
 rm -rf "$WORK"/ep*
-np 2 --dp 2 --ep 2 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save "$WORK/ep_ref.safetensors" > "$WORK/ep_ref.txt" 2>&1 ||
+np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save "$WORK/ep_ref.safetensors" > "$WORK/ep_ref.txt" 2>&1 ||
   fail "ep 2 reference: $(cat "$WORK/ep_ref.txt")"
-np 2 --dp 2 --ep 2 $MOE --steps 3 --ckpt "$WORK/ep" > "$WORK/ep0.txt" 2>&1 || fail "ep 2 first third: $(cat "$WORK/ep0.txt")"
-np 2 --dp 2 --ep 2 $MOE --steps 9 --ckpt "$WORK/ep" --resume --metrics "$WORK/ep_res.jsonl" --save "$WORK/ep_res.safetensors" \
+np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 3 --ckpt "$WORK/ep" > "$WORK/ep0.txt" 2>&1 || fail "ep 2 first third: $(cat "$WORK/ep0.txt")"
+np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 9 --ckpt "$WORK/ep" --resume --metrics "$WORK/ep_res.jsonl" --save "$WORK/ep_res.safetensors" \
   > "$WORK/ep_res.txt" 2>&1 || fail "ep 2 resume: $(cat "$WORK/ep_res.txt")"
 [ "$(losses "$WORK/ep_res.jsonl")" = "$(losses "$WORK/ep_ref.jsonl" | tail -6)" ] || fail "ep 2 resumed losses differ"
 cmp -s "$WORK/ep_ref.safetensors" "$WORK/ep_res.safetensors" || fail "ep 2 resumed final weights differ"
@@ -127,14 +129,14 @@ cmp -s "$WORK/ep_ref.safetensors" "$WORK/ep_res.safetensors" || fail "ep 2 resum
 held_out() { grep "^eval  step *$2 " "$1" | sed 's/.*held-out loss \([0-9.]*\).*/\1/'; }
 [ -n "$(held_out "$WORK/ep40.txt" 3)" ] && [ "$(held_out "$WORK/ep40.txt" 3)" = "$(held_out "$WORK/ep4_init.txt" 0)" ] ||
   fail "--init-from the checkpoint: held-out loss $(held_out "$WORK/ep4_init.txt" 0), the run's $(held_out "$WORK/ep40.txt" 3)"
-np 2 --dp 2 --ep 2 $MOEB --steps 6 --ckpt "$WORK/ep4" --resume --metrics "$WORK/ep42.jsonl" > "$WORK/ep42.txt" 2>&1 ||
-  fail "ep 4 resumed at ep 2: $(cat "$WORK/ep42.txt")"
+np 4 --dp 4 --ep 2 --zero 3 $MOEB --steps 6 --ckpt "$WORK/ep4" --resume --metrics "$WORK/ep42.jsonl" > "$WORK/ep42.txt" 2>&1 ||
+  fail "ep 4 resumed at ep 2 under ZeRO-3: $(cat "$WORK/ep42.txt")"
 "$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOEB --steps 9 --ckpt "$WORK/ep4" \
   --resume --metrics "$WORK/ep41.jsonl" > "$WORK/ep41.txt" 2>&1 || fail "ep 2 resumed on one rank: $(cat "$WORK/ep41.txt")"
 "$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOEB --steps 9 \
   --metrics "$WORK/ep_oneb.jsonl" > "$WORK/ep_oneb.txt" 2>&1 || fail "MoE with expert bias on one rank: $(cat "$WORK/ep_oneb.txt")"
 same_losses "$WORK/ep_one.jsonl" "$WORK/ep_ref.jsonl" || fail "ep 2's losses against one rank's"
-same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep 2 (expert bias): losses"
+same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep 2 under ZeRO-3 (expert bias): losses"
 same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep41.jsonl" || fail "ep 2 resumed on one rank (expert bias): losses"
 [ "$(losses "$WORK/ep41.jsonl" | wc -l)" = 3 ] || fail "the one-rank resume should train steps 7-9"
 

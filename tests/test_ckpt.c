@@ -210,7 +210,8 @@ static void make_rank(test_rank *r, layout lay, int rank, const loom_gpt_params 
     for (size_t i = 0; i < n; i++) ((float *)r->p.params.base)[i] = m[i] = v[i] = NAN;
   }
   if (lay.zero) {
-    ck_assert_int_eq(loom_zero_init(&r->z, &r->p, dp_rank, lay.dp, lay.zero, &oc), LOOM_OK);
+    const loom_zero_group dp = {dp_rank, lay.dp, NULL}, groups[LOOM_ZERO_GROUPS] = {dp, dp};
+    ck_assert_int_eq(loom_zero_init(&r->z, &r->p, groups, lay.zero, &oc), LOOM_OK);
     for (int b = 0; b < r->z.nbuckets; b++) { /* this replica's piece of each bucket */
       const loom_flat_run *run = &r->z.runs[b];
       memcpy(r->z.m + run->at, m + run->lo, (run->hi - run->lo) * sizeof(float));

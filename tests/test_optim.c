@@ -153,7 +153,7 @@ static void train_reference(int steps, float *losses, float **weights) {
   loom_gpt_set_batch_shape(&m, cfg.seq, 8);
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &m.p, &oc);
-  tu_train_serial(&m, &opt, data, 8, schedule(steps), steps, losses);
+  tu_train_serial(&m, &opt, data, 8, schedule(steps), steps, losses, NULL);
   *weights = malloc(m.p.params.numel * sizeof(float));
   memcpy(*weights, m.p.params.base, m.p.params.numel * sizeof(float));
   loom_adamw_free(&opt);

@@ -218,7 +218,7 @@ static void train10(loom_gpt *m, const loom_tp *tp, loom_dataset *data, float *l
   const loom_adamw_config oc = loom_adamw_defaults();
   loom_adamw_init(&opt, &m->p, &oc);
   const loom_lr_schedule lr = {.max_lr = 1e-2f, .min_lr = 1e-3f, .warmup_steps = 2, .total_steps = 10};
-  tu_train_serial(m, &opt, data, 4, lr, 10, losses);
+  tu_train_serial(m, &opt, data, 4, lr, 10, losses, NULL);
   loom_adamw_free(&opt);
 }
 

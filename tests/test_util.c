@@ -136,7 +136,7 @@ int tu_run_mpi(Suite *s, loom_comm *world) {
 }
 
 void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int global, loom_lr_schedule lr, int steps,
-                     float *losses) {
+                     float *losses, double *norms) {
   const int T = m->T, B = m->B, micro_steps = global / B;
   ck_assert_int_eq(global % B, 0);
   int *tokens = malloc((size_t)T * B * sizeof(int)), *targets = malloc((size_t)T * B * sizeof(int));
@@ -164,6 +164,7 @@ void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int globa
     losses[step] = scored ? (float)(loss_sum / (double)scored) : 0.0f;
     loom_gpt_sync_replicated_grads(m);
     const double norm = loom_grad_norm(&m->p, m->ops, &m->tp);
+    if (norms) norms[step] = norm;
     if (isfinite(norm)) loom_adamw_step(opt, &m->p, loom_lr_at(&lr, step), norm, m->ops);
     for (size_t l = 0; bias && l < (size_t)m->p.layers; l++) /* as the trainer steps it, from this step's loads */
       loom_moe_expert_bias_update(bias + l * moe->experts, m->moe_stats.load + l * moe->experts, moe->experts,

@@ -31,13 +31,14 @@ void tu_slice_of(const loom_gpt_params *local, const loom_buffer *whole_buf, con
  * batch `global` as micro-batches of m's batch shape, the loss averaged over
  * every scored target, grads synced over TP replicas, clipped by the global
  * norm), written directly over the layers' forward and backward, not through
- * the runtime. losses[steps] gets each step's loss. */
+ * the runtime. losses[steps] gets each step's loss, and norms[steps] (unless
+ * NULL) its grad norm before clipping. */
 #include "data/dataset.h"
 #include "layers/gpt.h"
 #include "optim/adamw.h"
 #include "optim/lr_schedule.h"
 void tu_train_serial(loom_gpt *m, loom_adamw *opt, loom_dataset *data, int global, loom_lr_schedule lr, int steps,
-                     float *losses);
+                     float *losses, double *norms);
 
 /* Runs attempt(ctx) with allocation k (through the fault registry) failing,
  * for k = 1, 2, ... until an attempt succeeds; after each failed one,

@@ -73,16 +73,18 @@ static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_ten
   return count;
 }
 
-/* Whether this rank is the one that writes tensor k's state of `kind`. An
- * expert of an expert-parallel run is on one rank of each EP group: the
- * first expert-data-parallel replica's writes it (its tp rank whichever). */
+/* Whether this rank is the one that writes tensor k's state of `kind`:
+ * every replica its own pieces of what ZeRO shards, else the first. An
+ * expert of an expert-parallel run is on one rank of each EP group, and its
+ * replicas are the expert-data-parallel group's (their tp ranks whichever). */
 static bool writes(const loom_ckpt_chunk *ch, int k, int kind, int dp_rank, int edp_rank, bool zero) {
   const loom_gpt_params *p = ch->p;
   const loom_param_meta *m = &p->meta[k];
-  if (m->expert && !m->tp_replicated) return edp_rank == 0;
+  const bool pieces = kind == PARAM ? ch->master != NULL : zero;
+  if (m->expert && !m->tp_replicated) return edp_rank == 0 || pieces;
   if (!loom_shard_primary(&m->layout, p->tp_rank, p->tp_size)) return false; /* a replica: its first rank writes it */
   if (m->shared && loom_stage_holds_tied_copy(&p->range)) return false; /* written once, from the first stage */
-  return dp_rank == 0 || (kind == PARAM ? ch->master != NULL : zero);
+  return dp_rank == 0 || pieces;
 }
 
 int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, int edp_rank, bool zero, loom_shard_tensor *out) {

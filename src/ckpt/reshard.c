@@ -52,7 +52,8 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
     const int s = loom_stage_of(false, to->pp, pp_rank, c); /* the layouts it writes are looped (1f1b, interleaved) */
     const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
     st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range, &loom_host_memory);
-    if (st == LOOM_OK) st = to->zero ? loom_zero_init(&r->z[c], &r->p[c], dp_rank, to->dp, to->zero, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
+    const loom_zero_group dp = {dp_rank, to->dp, NULL}, groups[LOOM_ZERO_GROUPS] = {dp, dp}; /* ep 1 */
+    if (st == LOOM_OK) st = to->zero ? loom_zero_init(&r->z[c], &r->p[c], groups, to->zero, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
     if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
   }
   return st;

@@ -209,27 +209,45 @@ int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_
 
 int loom_gpt_first_block_tensor(const loom_gpt_params *p) { return loom_gpt_tensors_before_blocks(&p->cfg, &p->range); }
 
+/* The table of the stage r on tp rank 0 of tp: names, shapes and metadata (free both). */
+static int table_of(const loom_gpt_config *cfg, const loom_stage_range *r, int tp, loom_tensor **specs,
+                    loom_param_meta **meta) {
+  const int count = loom_gpt_param_table(cfg, r, 0, tp, NULL, NULL);
+  *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof **specs, "parameter table");
+  *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof **meta, "parameter table");
+  loom_gpt_param_table(cfg, r, 0, tp, *specs, *meta);
+  return count;
+}
+
 int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first) {
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const int count = loom_gpt_param_table(cfg, &r, 0, 1, NULL, NULL);
+  const bool apart = loom_gpt_zero_experts_apart(cfg);
+  loom_tensor *specs = NULL;
+  loom_param_meta *meta = NULL; /* with the experts apart: which tensors are experts' */
+  const int count = apart ? table_of(cfg, &r, 1, &specs, &meta) : loom_gpt_param_table(cfg, &r, 0, 1, NULL, NULL);
   int n = 0;
 #define CUT(k) \
   do { \
     if (first) first[n] = (k); \
     n++; \
   } while (0)
-  if (stage == 1) {
+  if (loom_gpt_zero_in_place(cfg, stage)) {
     CUT(0);
   } else {
     int at = loom_gpt_tensors_before_blocks(cfg, &r);
     for (int k = 0; k < at; k++) CUT(k);
     for (int l = r.layer_begin; l < r.layer_end; l++) {
+      const int end = at + loom_gpt_block_tensors(cfg, l);
       CUT(at);
-      at += loom_gpt_block_tensors(cfg, l);
+      for (int k = at + 1; apart && k < end; k++)
+        if (meta[k].expert != meta[k - 1].expert) CUT(k);
+      at = end;
     }
     if (at < count) CUT(at);
   }
 #undef CUT
+  free(specs);
+  free(meta);
   if (first) first[n] = count;
   return count > 0 ? n : 0;
 }
@@ -361,11 +379,11 @@ void loom_gpt_params_point(loom_gpt_params *p, loom_buffer *b, int k0, int k1, v
 
 
 /* What ZeRO `stage` (0: none) keeps of the model's buffers, and the multiple
- * it pads them to: ZeRO-1 all three, padded to dp pieces; ZeRO-2 the weights
+ * it pads them to: ZeRO-1 all three, padded to dp pieces where it reduces them in place; ZeRO-2 the weights
  * it computes with; ZeRO-3 nothing whole. The fp32 weights are a layout
  * only where the optimizer holds the master pieces (bf16, or ZeRO-3). */
 static keeps keeps_for(const loom_gpt_config *cfg, int stage, int dp, size_t *pad) {
-  *pad = stage == 1 ? (size_t)dp : 1;
+  *pad = loom_gpt_zero_in_place(cfg, stage) ? (size_t)dp : 1;
   if (stage == 0) return (keeps){STORED, STORED, STORED};
   const keep master = cfg->bf16 || stage == 3 ? LAYOUT : STORED;
   if (stage == 1) return (keeps){master, STORED, STORED};
@@ -634,47 +652,61 @@ double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, lo
 
 static size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
-/* A gather's round and the piece in transit, from the cut's pieces. */
-static loom_zero_cut with_rounds(loom_zero_cut z, int stage) {
-  z.round = z.max_shard < LOOM_ZERO_GATHER_ROUND ? z.max_shard : LOOM_ZERO_GATHER_ROUND;
-  z.slice = stage == 1 ? z.shard : z.round;
-  return z;
-}
 
-loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp_size, int stage) {
-  const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
-  loom_zero_cut z = {0};
-  if (stage == 1) { /* one bucket: the whole chunk */
-    z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);
-    return with_rounds(z, stage);
-  }
-  /* The optimizer's buckets (loom_gpt_zero_buckets), each padded to dp pieces. Every layer's bucket is the
-   * same, so the edges' are cut from the table of the stage without its layers (a few tensors, where the whole
-   * table of a deep stage costs a plan search dearly) and the layers' counted once. */
-  loom_stage_range edges, one[LOOM_LAYER_KINDS];
-  int layers[LOOM_LAYER_KINDS];
-  loom_stage_range_kinds(cfg, range, &edges, one, layers);
-  const int count = loom_gpt_param_table(cfg, &edges, 0, tp, NULL, NULL);
-  loom_tensor *specs = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *specs, "parameter table");
-  loom_param_meta *meta = loom_xmalloc((size_t)(count > 0 ? count : 1) * sizeof *meta, "parameter table");
+/* The buckets of one stage's table, each padded to pieces over its group. */
+typedef struct {
+  size_t shard, padded, max_shard;
+} bucket_sizes;
+
+static bucket_sizes sum_buckets(const loom_gpt_config *cfg, const loom_stage_range *r, int tp, int stage, size_t dp,
+                                size_t edp) {
+  loom_tensor *specs;
+  loom_param_meta *meta;
+  const int count = table_of(cfg, r, tp, &specs, &meta);
   int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
-  loom_gpt_param_table(cfg, &edges, 0, tp, specs, meta);
-  const int n = loom_gpt_zero_buckets(cfg, &edges, stage, first);
+  const int n = loom_gpt_zero_buckets(cfg, r, stage, first);
+  bucket_sizes s = {0};
   for (int b = 0; b < n; b++) {
     size_t numel = 0;
     for (int k = first[b]; k < first[b + 1]; k++) numel += loom_tensor_numel(&specs[k]);
-    const size_t shard = ceil_div(numel, dp);
-    z.shard += shard, z.edges += shard * dp;
-    z.max_shard = shard > z.max_shard ? shard : z.max_shard, z.edge_shard = shard > z.edge_shard ? shard : z.edge_shard;
-  }
-  for (int k = 0; k < LOOM_LAYER_KINDS; k++) {
-    if (!layers[k]) continue;
-    const size_t shard = ceil_div((size_t)loom_gpt_param_count(cfg, &one[k], tp), dp);
-    z.shard += (size_t)layers[k] * shard, z.layer_max = shard * dp > z.layer_max ? shard * dp : z.layer_max;
-    z.max_shard = shard > z.max_shard ? shard : z.max_shard;
+    const size_t size = meta[first[b]].expert && loom_gpt_zero_experts_apart(cfg) ? edp : dp, shard = ceil_div(numel, size);
+    s.shard += shard, s.padded += shard * size;
+    s.max_shard = shard > s.max_shard ? shard : s.max_shard;
   }
   free(specs);
   free(meta);
   free(first);
-  return with_rounds(z, stage);
+  return s;
+}
+
+loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp_size, int stage) {
+  const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
+  const bool apart = loom_gpt_zero_experts_apart(cfg);
+  /* The experts' replicas: the stage's tp x dp ranks over the expert-parallel size (expert tensor parallelism 1). */
+  const size_t edp = apart ? (size_t)tp * dp / (size_t)cfg->moe.ep : dp;
+  loom_zero_cut z = {0};
+  if (loom_gpt_zero_in_place(cfg, stage)) { /* one bucket: the whole chunk */
+    z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);
+  } else {
+    /* The optimizer's buckets (loom_gpt_zero_buckets). Every layer of a kind is cut alike, so the edges' are cut
+     * from the table of the stage without its layers (a few tensors, where the whole table of a deep stage costs a
+     * plan search dearly) and one layer's of each kind counted for all. */
+    loom_stage_range edges, one[LOOM_LAYER_KINDS];
+    int layers[LOOM_LAYER_KINDS];
+    loom_stage_range_kinds(cfg, range, &edges, one, layers);
+    const bucket_sizes e = sum_buckets(cfg, &edges, tp, stage, dp, edp);
+    z.shard = e.shard, z.edges = e.padded, z.edge_shard = z.max_shard = e.max_shard;
+    for (int k = 0; k < LOOM_LAYER_KINDS; k++) {
+      if (!layers[k]) continue;
+      const bucket_sizes l = sum_buckets(cfg, &one[k], tp, stage, dp, edp);
+      z.shard += (size_t)layers[k] * l.shard;
+      z.layer_max = l.padded > z.layer_max ? l.padded : z.layer_max;
+      z.layer_shard = l.shard > z.layer_shard ? l.shard : z.layer_shard;
+      z.max_shard = l.max_shard > z.max_shard ? l.max_shard : z.max_shard;
+    }
+  }
+  z.round = z.max_shard < LOOM_ZERO_GATHER_ROUND ? z.max_shard : LOOM_ZERO_GATHER_ROUND;
+  z.slice = loom_gpt_zero_in_place(cfg, stage) ? z.shard : z.round;
+  if (stage == 2 || (stage == 1 && !loom_gpt_zero_in_place(cfg, stage))) z.staging = z.round * (edp > dp ? edp : dp);
+  return z;
 }

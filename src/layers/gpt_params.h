@@ -132,29 +132,45 @@ int loom_gpt_block_tensors(const loom_gpt_config *cfg, int layer);
 int loom_gpt_first_block_tensor(const loom_gpt_params *p);
 /* The same for any stage of cfg's model: the tensors its table lists before its blocks. */
 int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *range);
-/* ZeRO's buckets of a stage's table: at stage 1 one bucket of every tensor;
- * at stages 2 and 3 each tensor before the blocks alone, then each layer's
- * tensors, then the rest (the final norm, an untied LM head). Returns the
- * bucket count n; with first not NULL (room for the table's tensors + 1)
- * bucket b holds tensors [first[b], first[b + 1]). The one cut, for the
- * optimizer (optim/zero.c) and the memory model (plan/memory.c). */
+/* Whether ZeRO cuts a model's experts into buckets of their own, sharded
+ * over the ranks holding the same experts (the expert-data-parallel group,
+ * tp x dp / ep of them) where the rest is sharded over dp: under expert
+ * parallelism, where the ranks of a dp group hold different experts. */
+static inline bool loom_gpt_zero_experts_apart(const loom_gpt_config *cfg) { return cfg->moe.ep > 1; }
+/* Whether ZeRO-1 reduce-scatters and all-gathers the whole buffer in place
+ * as one bucket (padded to dp pieces), rather than bucket by bucket. */
+static inline bool loom_gpt_zero_in_place(const loom_gpt_config *cfg, int stage) {
+  return stage == 1 && !loom_gpt_zero_experts_apart(cfg);
+}
+/* ZeRO's buckets of a stage's table: in place (loom_gpt_zero_in_place) one
+ * bucket of every tensor; else each tensor before the blocks alone, then
+ * each layer's tensors, then the rest (the final norm, an untied LM head),
+ * and with the experts apart each layer's runs of experts' and of other
+ * tensors as buckets of their own. Returns the bucket count n; with first
+ * not NULL (room for the table's tensors + 1) bucket b holds tensors
+ * [first[b], first[b + 1]). The one cut, for the optimizer (optim/zero.c)
+ * and the memory model (plan/memory.c). */
 int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first);
 /* Elements per replica of one round of a bucket's all-gather into the
  * model (ZeRO-2's after each step): bounds the staging to dp x 16 MiB,
  * however large a bucket (wte) is. */
 #define LOOM_ZERO_GATHER_ROUND ((size_t)1 << 22)
-/* The sizes of that cut over dp replicas, each bucket padded to dp equal
- * pieces, in elements of one tp rank's table: what ZeRO's optimizer and
- * runtime allocate (optim/zero.c, pipeline/zero_runtime.c) and the memory
- * model counts (plan/memory.c), from this one function. */
+/* The sizes of that cut, each bucket padded to equal pieces over its group
+ * (dp, or the experts' replicas), in elements of one tp rank's table: what
+ * ZeRO's optimizer and runtime allocate (optim/zero.c,
+ * pipeline/zero_runtime.c) and the memory model counts (plan/memory.c),
+ * from this one function. */
 typedef struct {
-  size_t shard;      /* this replica's pieces, over all buckets */
-  size_t max_shard;  /* the largest bucket's piece */
-  size_t layer_max;  /* the largest layer bucket, padded */
-  size_t edges;      /* the edge buckets, padded, together */
-  size_t edge_shard; /* the largest edge bucket's piece */
-  size_t round;      /* a round of a bucket's all-gather, per replica: max_shard up to LOOM_ZERO_GATHER_ROUND */
-  size_t slice;      /* the piece in transit: ZeRO-1 the shard, else a round */
+  size_t shard;       /* this replica's pieces, over all buckets */
+  size_t max_shard;   /* the largest bucket's piece */
+  size_t layer_max;   /* the largest layer's buckets, padded, together */
+  size_t layer_shard; /* the largest layer's pieces, together */
+  size_t edges;       /* the edge buckets, padded, together */
+  size_t edge_shard;  /* the largest edge bucket's piece */
+  size_t round;       /* a round of a bucket's collective, per replica: max_shard up to LOOM_ZERO_GATHER_ROUND */
+  size_t slice;       /* the piece in transit: in place the shard, else a round */
+  size_t staging;     /* a round from every replica of the largest group, where buckets cross one by one through
+                       * it (ZeRO-2's gathers, ZeRO-1 not in place); else 0 */
 } loom_zero_cut;
 loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp, int stage);
 /* Points the named views of w at the tensors [k0, k1) of p's table, tensor

@@ -13,7 +13,9 @@ static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
   b->k0 = k0, b->k1 = k1;
   b->lo = loom_buffer_offset(&p->params, k0);
   b->hi = k1 < p->params.count ? loom_buffer_offset(&p->params, k1) : p->params.numel;
-  b->shard = (b->hi - b->lo + (size_t)z->dp_size - 1) / (size_t)z->dp_size;
+  b->group = p->meta[k0].expert && loom_gpt_zero_experts_apart(&p->cfg) ? LOOM_ZERO_EXPERTS : LOOM_ZERO_DENSE;
+  const size_t size = (size_t)z->group[b->group].size;
+  b->shard = (b->hi - b->lo + size - 1) / size;
 }
 
 /* The buckets of loom_gpt_zero_buckets, the cut the memory model sizes. */
@@ -25,6 +27,13 @@ static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
   const int n = loom_gpt_zero_buckets(&p->cfg, &p->range, z->stage, first);
   for (int b = 0; b < n; b++) add_bucket(z, p, first[b], first[b + 1]);
   free(first);
+  if (!z->in_place) { /* each layer's first bucket starts at its first tensor */
+    z->layer_first = loom_xcalloc((size_t)p->layers + 1, sizeof *z->layer_first, "ZeRO layers");
+    for (int l = 0, b = 0; l <= p->layers; l++) {
+      while (b < z->nbuckets && z->buckets[b].k0 < p->layer_tensor[l]) b++;
+      z->layer_first[l] = b;
+    }
+  }
   z->parts = loom_xcalloc((size_t)count + 1, sizeof *z->parts, "ZeRO parts"); /* a tensor lies in one bucket */
   for (int b = 0; b < z->nbuckets; b++) {
     loom_flat_run *r = &z->runs[b];
@@ -45,29 +54,32 @@ static void cut_buckets(loom_zero *z, const loom_gpt_params *p) {
 
 void loom_zero_piece(const loom_zero *z, int b, size_t *lo, size_t *hi) {
   const loom_zero_bucket *k = &z->buckets[b];
-  const size_t from = k->lo + k->shard * (size_t)z->dp_rank;
+  const size_t from = k->lo + k->shard * (size_t)z->group[k->group].rank;
   *lo = from < k->hi ? from : k->hi;
   *hi = from + k->shard < k->hi ? from + k->shard : k->hi;
 }
 
-int loom_zero_layer_bucket(const loom_zero *z, const loom_gpt_params *p, int l) {
-  LOOM_CHECK(z->stage >= 2 && l >= 0 && l < p->layers, "layer buckets are ZeRO-2/3's");
-  return loom_gpt_first_block_tensor(p) + l;
-}
-
+loom_comm *loom_zero_comm(const loom_zero *z, int b) { return z->group[z->buckets[b].group].comm; }
+int loom_zero_group_size(const loom_zero *z, int b) { return z->group[z->buckets[b].group].size; }
 
 static void *state(loom_zero *z, size_t n) { return z->mem->zalloc(z->mem, (n ? n : 1) * sizeof(float)); }
 
-loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, int dp_size, int stage,
-                           const loom_adamw_config *cfg) {
-  LOOM_CHECK(stage >= 1 && stage <= 3 && dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size, "ZeRO stage and replica");
+loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, const loom_zero_group groups[LOOM_ZERO_GROUPS],
+                           int stage, const loom_adamw_config *cfg) {
+  LOOM_CHECK(stage >= 1 && stage <= 3, "ZeRO stage 1, 2 or 3");
+  for (int g = 0; g < LOOM_ZERO_GROUPS; g++)
+    LOOM_CHECK(groups[g].size >= 1 && groups[g].rank >= 0 && groups[g].rank < groups[g].size, "ZeRO replica in its group");
+  LOOM_CHECK(loom_gpt_zero_experts_apart(&p->cfg) || (groups[1].size == groups[0].size && groups[1].rank == groups[0].rank),
+             "the experts' group is dp unless they are apart");
   memset(z, 0, sizeof *z);
   z->cfg = *cfg;
-  z->stage = stage, z->dp_rank = dp_rank, z->dp_size = dp_size;
+  z->stage = stage;
+  memcpy(z->group, groups, sizeof z->group);
+  z->in_place = loom_gpt_zero_in_place(&p->cfg, stage);
   z->mem = p->params.alloc;
   cut_buckets(z, p);
   /* Sized by the one cut the memory model counts too; the buckets just cut must agree with it. */
-  z->cut = loom_gpt_zero_cut(&p->cfg, &p->range, p->tp_size, dp_size, stage);
+  z->cut = loom_gpt_zero_cut(&p->cfg, &p->range, p->tp_size, groups[0].size, stage);
   LOOM_CHECK(z->cut.shard == z->shard && z->cut.max_shard == z->max_shard, "ZeRO's buckets are loom_gpt_zero_cut's");
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
   z->m = state(z, z->cut.shard);
@@ -77,7 +89,7 @@ loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, 
   bool ok = z->m && z->v && z->slice;
   if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->cut.shard));
   if (stage >= 2) ok = ok && (z->grad = state(z, z->cut.shard));
-  if (stage == 2) ok = ok && (z->staging = state(z, z->slice_len * (size_t)dp_size));
+  if (z->cut.staging) ok = ok && (z->staging = state(z, z->cut.staging));
   if (!ok) {
     loom_zero_free(z);
     return LOOM_ERR_NOMEM;
@@ -90,6 +102,7 @@ void loom_zero_free(loom_zero *z) {
   for (size_t i = 0; i < sizeof held / sizeof *held; i++)
     if (held[i]) z->mem->release(z->mem, held[i]);
   free(z->buckets);
+  free(z->layer_first);
   free(z->runs);
   free(z->parts);
   memset(z, 0, sizeof *z);
@@ -104,7 +117,7 @@ size_t loom_zero_state_bytes(const loom_zero *z) { return (z->master ? 3 : 2) * 
 size_t loom_zero_grad_bytes(const loom_zero *z) { return z->grad ? z->shard * sizeof(float) : 0; }
 
 size_t loom_zero_transit_bytes(const loom_zero *z) {
-  return z->slice_len * (z->staging ? 1 + (size_t)z->dp_size : 1) * sizeof(float);
+  return (z->slice_len + (z->staging ? z->cut.staging : 0)) * sizeof(float);
 }
 
 void loom_zero_zero_grad(loom_zero *z) {
@@ -140,10 +153,46 @@ float *loom_zero_tensor_grad(const loom_zero *z, int k, size_t *lo, size_t *len)
 /* Whether buffer b can be cut into dp blocks of the shard in place. */
 static bool padded_for(const loom_zero *z, const loom_buffer *b, size_t dp) { return b->capacity >= z->shard * dp; }
 
-double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
-                        bool skip_shared, bool summed, double *uncounted) {
+/* A round [off, off + len) of replica q's piece of bucket k: its first flat element, and how many of it lie in the bucket. */
+static size_t round_at(const loom_zero_bucket *k, int q, size_t off, size_t len, size_t *valid) {
+  const size_t at = k->lo + (size_t)q * k->shard + off;
+  *valid = at >= k->hi ? 0 : (k->hi - at < len ? k->hi - at : len);
+  return at;
+}
+
+/* Not in place, ZeRO-1 reduce-scatters p's grads bucket by bucket, in
+ * rounds: round j brings elements [j R, (j + 1) R) of every replica's piece
+ * together in the staging (zero past the bucket), sums them over the
+ * bucket's group, and writes this replica's back in place. */
+static void reduce_buckets(loom_zero *z, loom_gpt_params *p) {
+  float *g = p->grads.base;
+  for (int b = 0; b < z->nbuckets; b++) {
+    const loom_zero_bucket *k = &z->buckets[b];
+    const int size = loom_zero_group_size(z, b);
+    if (size == 1) continue; /* the piece is the sum */
+    for (size_t off = 0; off < k->shard; off += z->cut.round) {
+      const size_t len = k->shard - off < z->cut.round ? k->shard - off : z->cut.round;
+      for (int q = 0; q < size; q++) {
+        size_t valid;
+        const size_t at = round_at(k, q, off, len, &valid);
+        float *to = z->staging + (size_t)q * len;
+        z->mem->copy(z->mem, to, g + at, valid * sizeof(float));
+        loom_mem_zero(z->mem, to + valid, len - valid);
+      }
+      loom_comm_reduce_scatter(loom_zero_comm(z, b), z->staging, z->slice, len);
+      size_t mine;
+      const size_t at = round_at(k, z->group[k->group].rank, off, len, &mine);
+      z->mem->copy(z->mem, g + at, z->slice, mine * sizeof(float));
+    }
+  }
+}
+
+double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared,
+                        bool summed, double *uncounted) {
+  loom_comm *dp = z->group[LOOM_ZERO_DENSE].comm;
   const int size = loom_comm_size(dp);
-  if (z->stage == 1 && size > 1 && !summed) {
+  if (z->stage == 1 && !summed && !z->in_place) reduce_buckets(z, p);
+  if (z->stage == 1 && size > 1 && !summed && z->in_place) {
     LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
     loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
     z->mem->copy(z->mem, (float *)p->grads.base + z->runs[0].lo, z->slice, (z->runs[0].hi - z->runs[0].lo) * sizeof(float));
@@ -155,12 +204,19 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const l
   for (int i = 0; i < z->nparts; i++) loom_norm_sum_add(&s, p, z->parts[i].k, grads_of(z, p, &z->parts[i]), z->parts[i].len, ops);
   double total = loom_norm_sum_total(&s, tp);
   *uncounted = s.uncounted;
+  if (loom_gpt_zero_experts_apart(&p->cfg)) { /* the experts' pieces, summed over ep already, and over their replicas */
+    double experts = s.sums[2];
+    total -= experts;
+    loom_comm_allreduce_typed(z->group[LOOM_ZERO_EXPERTS].comm, &experts, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+    loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+    return total + experts;
+  }
   loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return total;
 }
 
 loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, loom_dtype type, void *send, void *out,
-                               loom_comm *dp, const loom_ops *ops) {
+                               const loom_ops *ops) {
   const loom_flat_run *r = &z->runs[b];
   const size_t len = r->hi - r->lo, shard = z->buckets[b].shard;
   const float *w = z->master ? z->master + r->at : (const float *)p->params.base + r->lo;
@@ -172,15 +228,15 @@ loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, lo
     loom_mem_zero(z->mem, send, shard);
     z->mem->copy(z->mem, send, w, len * sizeof(float));
   }
-  return loom_comm_iallgather_typed(dp, send, out, shard, type);
+  return loom_comm_iallgather_typed(loom_zero_comm(z, b), send, out, shard, type);
 }
 
 /* Every bucket all-gathered into dst (p's params, or in bf16 runs its
  * compute copy) in rounds: round j moves elements [j R, (j + 1) R) of every
- * replica's piece through staging[R * dp]. From the master pieces, or the
+ * replica's piece through staging[R * size]. From the master pieces, or the
  * model's own weights. */
 static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type, void *dst, float *send, float *staging,
-                        loom_comm *dp, const loom_ops *ops) {
+                        const loom_ops *ops) {
   const size_t esize = loom_dtype_size(type), R = z->cut.round;
   for (int b = 0; b < z->nbuckets; b++) {
     const loom_zero_bucket *k = &z->buckets[b];
@@ -192,17 +248,17 @@ static void gather_into(loom_zero *z, const loom_gpt_params *p, loom_dtype type,
       z->mem->fill32(z->mem, send, 0, type == LOOM_DTYPE_BF16 ? loom_bf16_words(len) : len);
       if (type == LOOM_DTYPE_BF16) ops->to_bf16(ops, (uint16_t *)send, w + off, mine);
       else z->mem->copy(z->mem, send, w + off, mine * sizeof(float));
-      loom_comm_allgather_typed(dp, send, staging, len, type);
-      for (int q = 0; q < z->dp_size; q++) { /* replica q's round, clipped to the bucket */
-        const size_t at = k->lo + (size_t)q * k->shard + off;
-        const size_t valid = at >= k->hi ? 0 : (k->hi - at < len ? k->hi - at : len);
+      loom_comm_allgather_typed(loom_zero_comm(z, b), send, staging, len, type);
+      for (int q = 0; q < loom_zero_group_size(z, b); q++) { /* replica q's round, clipped to the bucket */
+        size_t valid;
+        const size_t at = round_at(k, q, off, len, &valid);
         z->mem->copy(z->mem, (char *)dst + at * esize, (char *)staging + (size_t)q * len * esize, valid * esize);
       }
     }
   }
 }
 
-void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops) {
+void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops) {
   const float clip = loom_adamw_clip_scale(&z->cfg, grad_norm);
   z->step++;
   for (int i = 0; i < z->nparts; i++) {
@@ -214,14 +270,15 @@ void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm
   }
   if (z->stage == 3) return; /* gathered before each use */
   if (z->master) {
-    loom_zero_publish(z, p, dp, ops);
+    loom_zero_publish(z, p, ops);
     return;
   }
-  if (z->stage == 2) {
-    gather_into(z, p, LOOM_DTYPE_F32, p->params.base, z->slice, z->staging, dp, ops);
+  if (!z->in_place) {
+    gather_into(z, p, LOOM_DTYPE_F32, p->params.base, z->slice, z->staging, ops);
     return;
   }
-  /* ZeRO-1: every replica gets every piece back, in place. */
+  /* ZeRO-1 in place: every replica gets every piece back. */
+  loom_comm *dp = z->group[LOOM_ZERO_DENSE].comm;
   const int size = loom_comm_size(dp);
   if (size == 1) return;
   LOOM_CHECK(padded_for(z, &p->params, (size_t)size), "ZeRO-1 needs the parameters padded for its all-gather");
@@ -231,12 +288,13 @@ void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm
   loom_comm_allgather(dp, z->slice, p->params.base, z->shard);
 }
 
-void loom_zero_publish(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops) {
+void loom_zero_publish(loom_zero *z, loom_gpt_params *p, const loom_ops *ops) {
   if (!z->master || z->stage == 3) return;
-  if (z->stage == 2) {
-    gather_into(z, p, LOOM_DTYPE_BF16, p->compute.base, z->slice, z->staging, dp, ops);
+  if (!z->in_place) {
+    gather_into(z, p, LOOM_DTYPE_BF16, p->compute.base, z->slice, z->staging, ops);
     return;
   }
+  loom_comm *dp = z->group[LOOM_ZERO_DENSE].comm;
   const size_t mine = z->runs[0].hi - z->runs[0].lo;
   uint16_t *compute = p->compute.base;
   if (loom_comm_size(dp) == 1) {
@@ -250,15 +308,16 @@ void loom_zero_publish(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const lo
   loom_comm_allgather_typed(dp, slice, compute, z->shard, LOOM_DTYPE_BF16);
 }
 
-void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, loom_comm *dp, float *out) {
+void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, float *out) {
   if (!z->master) {
     z->mem->copy(z->mem, out, p->params.base, p->params.numel * sizeof(float));
     return;
   }
   const size_t R = z->cut.round;
+  const int most = z->group[0].size > z->group[1].size ? z->group[0].size : z->group[1].size;
   float *send = loom_xzalloc(z->mem, R * sizeof(float), "gathered weights");
-  float *all = loom_xzalloc(z->mem, R * (size_t)z->dp_size * sizeof(float), "gathered weights");
-  gather_into(z, p, LOOM_DTYPE_F32, out, send, all, dp, NULL);
+  float *all = loom_xzalloc(z->mem, R * (size_t)most * sizeof(float), "gathered weights");
+  gather_into(z, p, LOOM_DTYPE_F32, out, send, all, NULL);
   z->mem->release(z->mem, send);
   z->mem->release(z->mem, all);
 }

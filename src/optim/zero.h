@@ -1,20 +1,27 @@
 /* ZeRO stages 1, 2 and 3 over flat parameter buffers (DeepSpeed ZeRO,
  * Megatron's distributed optimizer).
  *
- * The flat buffer of a chunk is cut into buckets, and each bucket into dp
- * pieces of ceil(len / dp) elements: replica r owns piece r of every bucket
- * (the last pieces may be short or empty). ZeRO-1 has one bucket, the whole
- * buffer; ZeRO-2 and ZeRO-3 have one per layer, plus the tied wte alone (so
- * the first and last stage own the same part of it), wpe, and the final
- * norm, so that a layer's grads are reduce-scattered, and under ZeRO-3 its
- * weights all-gathered, as one balanced collective while the pass goes on.
- * A replica keeps Adam moments for its pieces only and steps them with the
- * same math as plain AdamW: every element is stepped exactly once.
+ * The flat buffer of a chunk is cut into buckets (loom_gpt_zero_buckets),
+ * and each bucket into one piece per replica of its group, ceil(len / size)
+ * elements: replica r owns piece r of every bucket (the last pieces may be
+ * short or empty). The group is dp; under expert parallelism the experts'
+ * buckets are sharded over the ranks holding the same experts instead (the
+ * expert-data-parallel group, as Megatron-Core's distributed optimizer
+ * shards them), the rest over dp. ZeRO-1 has one bucket, the whole buffer,
+ * unless the experts are apart; otherwise there is one per layer (per run
+ * of a layer's experts' or other tensors with the experts apart), plus the
+ * tied wte alone (so the first and last stage own the same part of it),
+ * wpe, and the final norm, so that a layer's grads are reduce-scattered,
+ * and under ZeRO-3 its weights all-gathered, as balanced collectives while
+ * the pass goes on. A replica keeps Adam moments for its pieces only and
+ * steps them with the same math as plain AdamW: every element is stepped
+ * exactly once.
  *
  * - ZeRO-1: grads are whole on every replica and reduce-scattered after the
- *   last backward; the updated weights are all-gathered back. The model's
- *   buffers are padded to a multiple of dp (loom_gpt_params_init_for_zero),
- *   so both happen in place.
+ *   last backward; the updated weights are all-gathered back. With one
+ *   bucket the model's buffers are padded to a multiple of dp
+ *   (loom_gpt_params_init_for_zero), so both happen in place; else bucket
+ *   by bucket, in rounds through a staging buffer.
  * - ZeRO-2: grads are never whole: each layer's are reduce-scattered as its
  *   backward ends, every micro-batch, and summed into this replica's piece
  *   (`grad`). The weights are whole and all-gathered after the step.
@@ -42,18 +49,32 @@ typedef struct {
   size_t from, len, at;
 } loom_zero_part;
 
-/* A bucket: flat [lo, hi), tensors [k0, k1), cut into dp pieces of `shard`. */
+/* The groups buckets are sharded over: the data-parallel replicas, and the
+ * experts' (expert-data-parallel) replicas, the same as dp but under expert
+ * parallelism. comm NULL: a layout built offline (a reshard), which never
+ * communicates. */
+enum { LOOM_ZERO_DENSE, LOOM_ZERO_EXPERTS, LOOM_ZERO_GROUPS };
+typedef struct {
+  int rank, size;
+  loom_comm *comm;
+} loom_zero_group;
+
+/* A bucket: flat [lo, hi), tensors [k0, k1), cut into its group's size pieces of `shard`. */
 typedef struct {
   size_t lo, hi, shard;
   int k0, k1;
+  int group; /* LOOM_ZERO_DENSE or LOOM_ZERO_EXPERTS */
 } loom_zero_bucket;
 
 typedef struct {
   loom_adamw_config cfg;
   int stage;                 /* 1, 2 or 3 */
-  int dp_rank, dp_size;
+  loom_zero_group group[LOOM_ZERO_GROUPS];
+  bool in_place;             /* ZeRO-1 as one bucket, reduced and gathered in place (loom_gpt_zero_in_place) */
   int nbuckets;
   loom_zero_bucket *buckets; /* [nbuckets] in buffer order */
+  int *layer_first;          /* [layers + 1] local layer l's buckets are [layer_first[l], layer_first[l + 1]);
+                              * NULL in place */
   loom_flat_run *runs;       /* [nbuckets] this replica's piece of each (possibly empty) */
   int nparts;
   loom_zero_part *parts;     /* [nparts] the pieces cut by tensor, in buffer order: what the step walks */
@@ -63,9 +84,10 @@ typedef struct {
   float *m, *v;              /* [shard] Adam moments of the pieces */
   float *master;             /* [shard] the pieces' fp32 weights when the model holds none, else NULL */
   float *grad;               /* [shard] ZeRO-2/3: the pieces' summed grads, else NULL */
-  size_t slice_len;          /* ZeRO-1: shard; else a gather round, max_shard up to LOOM_ZERO_GATHER_ROUND */
+  size_t slice_len;          /* in place: shard; else a round, max_shard up to LOOM_ZERO_GATHER_ROUND */
   float *slice;              /* [slice_len] a piece in transit */
-  float *staging;            /* [slice_len * dp] ZeRO-2: a round of a bucket being all-gathered, else NULL */
+  float *staging;            /* [cut.staging] a round of a bucket crossing its group (ZeRO-2's gathers, ZeRO-1 not
+                              * in place), else NULL */
   const loom_allocator *mem; /* the parameters' backend memory, where all of the above lives */
   int step;
 } loom_zero;
@@ -74,17 +96,21 @@ typedef struct {
  * for a model without master weights (loom_gpt_params_have_master false)
  * also the master pieces, which the caller fills (loom_zero_randomize, or
  * a checkpoint) and then publishes. p is built by
- * loom_gpt_params_init_for_zero for the same stage and dp. */
-loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, int dp_rank, int dp_size, int stage,
-                           const loom_adamw_config *cfg);
+ * loom_gpt_params_init_for_zero for the same stage and dp; groups are this
+ * rank's in the dense and the experts' groups (the same but where
+ * loom_gpt_zero_experts_apart). */
+loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, const loom_zero_group groups[LOOM_ZERO_GROUPS],
+                           int stage, const loom_adamw_config *cfg);
 void loom_zero_free(loom_zero *z);
 /* Draws the master pieces from (seed, canonical names), as
  * loom_gpt_params_randomize draws the whole model. */
 void loom_zero_randomize(loom_zero *z, const loom_gpt_params *p, uint64_t seed);
-/* This replica's piece of bucket b: its first element (lo + dp_rank * shard, at most hi) and end. */
+/* This replica's piece of bucket b: its first element (lo + rank * shard in
+ * the bucket's group, at most hi) and end. */
 void loom_zero_piece(const loom_zero *z, int b, size_t *lo, size_t *hi);
-/* The bucket of local layer l under ZeRO-2/3. */
-int loom_zero_layer_bucket(const loom_zero *z, const loom_gpt_params *p, int l);
+/* Bucket b's group: its communicator, and its size. */
+loom_comm *loom_zero_comm(const loom_zero *z, int b);
+int loom_zero_group_size(const loom_zero *z, int b);
 /* Zeroes the summed grads (ZeRO-2/3; a no-op under ZeRO-1). */
 void loom_zero_zero_grad(loom_zero *z);
 /* Adds a reduce-scattered piece of bucket b (its shard's worth, padding
@@ -93,34 +119,36 @@ void loom_zero_add_grad(loom_zero *z, int b, const float *piece, const loom_ops 
 /* The summed grads of this replica's part of tensor k under ZeRO-2/3 (NULL
  * and 0 if it owns none); *lo gets its first flat element. */
 float *loom_zero_tensor_grad(const loom_zero *z, int k, size_t *lo, size_t *len);
-/* Makes the grads the sum over dp: ZeRO-1 reduce-scatters p's grads (unless
- * `summed` says they hold the sum already: grad compression sums them
- * whole); ZeRO-2/3 have summed them during backward, and sum the
+/* Makes the grads the sum over their groups: ZeRO-1 reduce-scatters p's
+ * grads (unless `summed` says they hold the sum already: grad compression
+ * sums them whole); ZeRO-2/3 have summed them during backward, and sum the
  * TP-replicated ones over TP under sequence parallelism. Returns the
  * squared norm of this replica's grads, each element once over TP as in
- * loom_grad_sumsq, summed over dp; the tied copy's (skip_shared) go to
- * *uncounted instead, summed locally (collective over tp and dp). */
-double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops, const loom_tp *tp,
-                        bool skip_shared, bool summed, double *uncounted);
+ * loom_grad_sumsq, summed over its groups; the tied copy's (skip_shared)
+ * go to *uncounted instead, summed locally (collective over tp, dp and
+ * the experts' groups). */
+double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared,
+                        bool summed, double *uncounted);
 /* Clips by grad_norm and steps this replica's pieces with AdamW; then
- * ZeRO-1 and ZeRO-2 all-gather the weights (collective over dp), and
- * ZeRO-3 leaves them to the next gather. */
-void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, loom_comm *dp, const loom_ops *ops);
+ * ZeRO-1 and ZeRO-2 all-gather the weights (collective over the groups),
+ * and ZeRO-3 leaves them to the next gather. */
+void loom_zero_step(loom_zero *z, loom_gpt_params *p, float lr, double grad_norm, const loom_ops *ops);
 /* With master pieces under ZeRO-1/2: rounds them to bf16 and all-gathers
- * every replica's into p's compute copy (collective over dp); call after
- * the pieces were loaded. A no-op when the model holds its master weights,
- * and under ZeRO-3, which gathers before each use. */
-void loom_zero_publish(loom_zero *z, loom_gpt_params *p, loom_comm *dp, const loom_ops *ops);
-/* All-gathers bucket b's weights into out[shard * dp] (backend memory;
- * the first hi - lo are the bucket's): the master pieces rounded to bf16
- * when `type` is bf16, else as fp32 (the model's own where it holds them).
- * Non-blocking: `send` ([max_shard] of `type`) and out must stay until the
- * request completes (loom_comm_wait; NULL: done). */
+ * every replica's into p's compute copy (collective over the groups); call
+ * after the pieces were loaded. A no-op when the model holds its master
+ * weights, and under ZeRO-3, which gathers before each use. */
+void loom_zero_publish(loom_zero *z, loom_gpt_params *p, const loom_ops *ops);
+/* All-gathers bucket b's weights over its group into out[shard * size]
+ * (backend memory; the first hi - lo are the bucket's): the master pieces
+ * rounded to bf16 when `type` is bf16, else as fp32 (the model's own where
+ * it holds them). Non-blocking: `send` ([max_shard] of `type`) and out
+ * must stay until the request completes (loom_comm_wait on
+ * loom_zero_comm; NULL: done). */
 loom_request *loom_zero_gather(loom_zero *z, const loom_gpt_params *p, int b, loom_dtype type, void *send, void *out,
-                               loom_comm *dp, const loom_ops *ops);
+                               const loom_ops *ops);
 /* Every replica's fp32 weights gathered into out[numel] (backend memory),
- * in p's layout (collective over dp). */
-void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, loom_comm *dp, float *out);
+ * in p's layout (collective over the groups). */
+void loom_zero_gather_master(loom_zero *z, const loom_gpt_params *p, float *out);
 /* Optimizer-state bytes this replica holds: the moments, and the master pieces if any. */
 size_t loom_zero_state_bytes(const loom_zero *z);
 /* Grad bytes it holds between steps: the summed pieces (ZeRO-2/3), else 0. */

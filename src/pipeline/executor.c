@@ -129,7 +129,7 @@ loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero) {
   pipe->zero = loom_xcalloc((size_t)pipe->v, sizeof *pipe->zero, "ZeRO runtimes");
   loom_status st = LOOM_OK;
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
-    st = loom_zero_runtime_init(&pipe->zero[c], &zero[c], &pipe->chunks[c], pipe->ps->dp_group);
+    st = loom_zero_runtime_init(&pipe->zero[c], &zero[c], &pipe->chunks[c]);
   return st;
 }
 

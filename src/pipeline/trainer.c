@@ -55,9 +55,13 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   const int v = loom_pipeline_chunk_count(tr->pipe);
   tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
   if (zero_stage) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO optimizers");
+  /* The experts' pieces go over the ranks holding the same experts under expert parallelism, else over dp too. */
+  const loom_zero_group dense = {tr->ps.dp_rank, tr->ps.dp, tr->ps.dp_group};
+  const loom_zero_group groups[LOOM_ZERO_GROUPS] = {
+      dense, tr->ps.ep > 1 ? (loom_zero_group){tr->ps.edp_rank, tr->ps.edp, tr->ps.edp_group} : dense};
   for (int c = 0; c < v && st == LOOM_OK; c++) {
     loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
-    st = tr->zero ? loom_zero_init(&tr->zero[c], p, tr->ps.dp_rank, tr->ps.dp, zero_stage, &oc)
+    st = tr->zero ? loom_zero_init(&tr->zero[c], p, groups, zero_stage, &oc)
                   : loom_adamw_init(&tr->opts[c], p, &oc);
     if (st == LOOM_OK && tr->zero) loom_zero_randomize(&tr->zero[c], p, o->seed); /* each replica draws its own pieces */
   }
@@ -70,7 +74,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
 void loom_trainer_publish_weights(loom_trainer *tr) {
   for (int c = 0; tr->zero && c < loom_pipeline_chunk_count(tr->pipe); c++) {
     loom_gpt *m = loom_pipeline_chunk(tr->pipe, c);
-    loom_zero_publish(&tr->zero[c], &m->p, tr->ps.dp_group, m->ops);
+    loom_zero_publish(&tr->zero[c], &m->p, m->ops);
   }
 }
 
@@ -89,7 +93,6 @@ static int64_t hook_feed(void *ctx, int mb, int *tokens, int *targets) {
  * skip the step together. */
 static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   loom_trainer *tr = ctx;
-  loom_comm *dp = tr->ps.dp_group;
   const int v = loom_pipeline_chunk_count(pipe);
   if (loom_fault_fires(LOOM_FAULT_NAN_GRAD, tr->step + 1, NULL)) { /* a test fault: one poisoned grad */
     const float nan = NAN;
@@ -103,7 +106,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
     const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
     if (tr->zero) {
       double skipped;
-      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, dp, m->ops, &m->tp, tied_copy, loom_pipeline_compression(pipe) != NULL, &skipped);
+      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, m->ops, &m->tp, tied_copy, loom_pipeline_compression(pipe) != NULL, &skipped);
       uncounted += skipped;
       continue;
     }
@@ -120,7 +123,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
   if (!isfinite(norm)) return norm;
   for (int c = 0; c < v; c++) {
     loom_gpt *m = loom_pipeline_chunk(pipe, c);
-    if (tr->zero) loom_zero_step(&tr->zero[c], &m->p, tr->step_lr, norm, dp, m->ops);
+    if (tr->zero) loom_zero_step(&tr->zero[c], &m->p, tr->step_lr, norm, m->ops);
     else loom_adamw_step(&tr->opts[c], &m->p, tr->step_lr, norm, m->ops);
   }
   return norm;

@@ -4,10 +4,10 @@
 #include "core/check.h"
 #include "pipeline/zero_runtime.h"
 
-static size_t padded(const loom_zero *z, int b) { return z->buckets[b].shard * (size_t)z->dp_size; }
+static size_t padded(const loom_zero *z, int b) { return z->buckets[b].shard * (size_t)loom_zero_group_size(z, b); }
 
 static bool is_edge(const loom_zero *z, const loom_gpt_params *p, int b) {
-  return p->layers == 0 || b < loom_zero_layer_bucket(z, p, 0) || b > loom_zero_layer_bucket(z, p, p->layers - 1);
+  return b < z->layer_first[0] || b >= z->layer_first[p->layers];
 }
 
 static void *take(loom_zero_runtime *rt, size_t elements, size_t esize) {
@@ -16,38 +16,50 @@ static void *take(loom_zero_runtime *rt, size_t elements, size_t esize) {
   return loom_xzalloc(rt->mem, bytes, "ZeRO transient buffer");
 }
 
-loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m, loom_comm *dp) {
-  LOOM_CHECK(z->stage >= 2, "the ZeRO runtime is ZeRO-2/3's");
+/* Where bucket b of local layer l starts in a layer's buffers: padded elements before it, or (pieces) its pieces'. */
+static size_t layer_offset(const loom_zero *z, int l, int bucket, bool pieces) {
+  size_t at = 0;
+  for (int b = z->layer_first[l]; b < bucket; b++) at += pieces ? z->buckets[b].shard : padded(z, b);
+  return at;
+}
+
+loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m) {
+  LOOM_CHECK(z->stage >= 2 && z->layer_first, "the ZeRO runtime is ZeRO-2/3's");
   memset(rt, 0, sizeof *rt);
-  rt->z = z, rt->m = m, rt->dp = dp, rt->mem = z->mem;
+  rt->z = z, rt->m = m, rt->mem = z->mem;
   rt->wtype = m->p.cfg.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
   rt->edge = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge, "edge buckets");
   rt->edge_at = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge_at, "edge buckets");
   size_t edges = 0; /* where each edge bucket lies in the edges' buffer */
   for (int b = 0; b < z->nbuckets; b++) {
-    if (!is_edge(z, &m->p, b)) {
-      LOOM_CHECK(padded(z, b) <= z->cut.layer_max, "a layer bucket within loom_gpt_zero_cut's");
-      continue;
-    }
+    if (!is_edge(z, &m->p, b)) continue;
     rt->edge[rt->nedge] = b;
     rt->edge_at[rt->nedge++] = edges;
     edges += padded(z, b);
   }
   LOOM_CHECK(edges == z->cut.edges, "the edge buckets are loom_gpt_zero_cut's");
+  for (int l = 0; l < m->p.layers; l++) {
+    const int end = z->layer_first[l + 1];
+    LOOM_CHECK(layer_offset(z, l, end, false) <= z->cut.layer_max && layer_offset(z, l, end, true) <= z->cut.layer_shard,
+               "a layer's buckets within loom_gpt_zero_cut's");
+    if (end - z->layer_first[l] > rt->most) rt->most = end - z->layer_first[l];
+  }
   /* Sized by the optimizer's cut, the one the memory model counts (loom_gpt_zero_cut). */
-  const size_t layer_max = z->cut.layer_max, edge_shard = z->cut.edge_shard;
-  const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype), layer_shard = layer_max / (size_t)z->dp_size;
+  const size_t layer_max = z->cut.layer_max, layer_shard = z->cut.layer_shard;
+  const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype);
   for (int i = 0; i < 2; i++) {
     rt->gbuf[i] = take(rt, layer_max, f);
     rt->grecv[i] = take(rt, layer_shard, f);
-    rt->gbucket[i] = rt->wbucket[i] = -1;
+    rt->glayer[i] = rt->wlayer[i] = -1;
+    rt->greq[i] = loom_xcalloc((size_t)rt->most + 1, sizeof *rt->greq[i], "ZeRO requests");
+    rt->wreq[i] = loom_xcalloc((size_t)rt->most + 1, sizeof *rt->wreq[i], "ZeRO requests");
   }
   rt->edge_g = take(rt, z->cut.edges, f);
-  rt->edge_piece = take(rt, edge_shard, f); /* room for either type */
+  rt->edge_piece = take(rt, z->cut.edge_shard, f); /* room for either type */
   if (z->stage == 3) {
     for (int i = 0; i < 2; i++) {
       rt->wbuf[i] = take(rt, layer_max, w);
-      rt->wsend[i] = take(rt, layer_shard, f);
+      rt->wsend[i] = take(rt, layer_shard, f); /* room for either type */
     }
     rt->edge_w = take(rt, z->cut.edges, w);
   }
@@ -60,6 +72,7 @@ void loom_zero_runtime_free(loom_zero_runtime *rt) {
                         rt->wbuf[0], rt->wbuf[1], rt->wsend[0], rt->wsend[1], rt->edge_w};
   for (size_t i = 0; i < sizeof held / sizeof *held; i++)
     if (held[i]) mem->release(mem, held[i]);
+  for (int i = 0; i < 2; i++) free(rt->greq[i]), free(rt->wreq[i]);
   free(rt->edge);
   free(rt->edge_at);
   memset(rt, 0, sizeof *rt);
@@ -74,69 +87,86 @@ static void point(loom_zero_runtime *rt, loom_buffer *b, int bucket, void *base)
   loom_gpt_params_point(&rt->m->p, b, rt->z->buckets[bucket].k0, rt->z->buckets[bucket].k1, base);
 }
 
+/* Points layer l's views of buf into base (elements of esize) as the layer's buffers hold them, or at nothing. */
+static void point_layer(loom_zero_runtime *rt, loom_buffer *buf, int l, void *base, size_t esize) {
+  for (int b = rt->z->layer_first[l]; b < rt->z->layer_first[l + 1]; b++)
+    point(rt, buf, b, base ? (char *)base + layer_offset(rt->z, l, b, false) * esize : NULL);
+}
+
 /* ---- weights (ZeRO-3) ---- */
 
 static loom_request *gather(loom_zero_runtime *rt, int b, void *send, void *out) {
-  return loom_zero_gather(rt->z, &rt->m->p, b, rt->wtype, send, out, rt->dp, rt->m->ops);
+  return loom_zero_gather(rt->z, &rt->m->p, b, rt->wtype, send, out, rt->m->ops);
 }
 
-/* Issues layer l's gather into its buffer (l's parity), unless it is there or under way. */
+/* Issues layer l's gathers into its buffer (l's parity), unless it is there or under way. */
 static void prefetch(loom_zero_runtime *rt, int l) {
   if (l < 0 || l >= rt->m->p.layers) return;
-  const int b = loom_zero_layer_bucket(rt->z, &rt->m->p, l), i = l & 1;
-  if (rt->wbucket[i] == b) return;
-  LOOM_CHECK(rt->wreq[i] == NULL, "a layer's weights buffer is still being gathered");
-  rt->wbucket[i] = b;
-  rt->wreq[i] = gather(rt, b, rt->wsend[i], rt->wbuf[i]);
+  const int i = l & 1, b0 = rt->z->layer_first[l];
+  if (rt->wlayer[i] == l) return;
+  rt->wlayer[i] = l;
+  const size_t w = loom_dtype_size(rt->wtype);
+  for (int b = b0; b < rt->z->layer_first[l + 1]; b++) {
+    LOOM_CHECK(rt->wreq[i][b - b0] == NULL, "a layer's weights buffer is still being gathered");
+    rt->wreq[i][b - b0] = gather(rt, b, (float *)rt->wsend[i] + layer_offset(rt->z, l, b, true),
+                                 (char *)rt->wbuf[i] + layer_offset(rt->z, l, b, false) * w);
+  }
 }
 
 static void gather_layer(loom_zero_runtime *rt, bool backward, int l) {
-  const int i = l & 1;
+  const int i = l & 1, b0 = rt->z->layer_first[l];
   prefetch(rt, l);
-  loom_comm_wait(rt->dp, rt->wreq[i]);
-  rt->wreq[i] = NULL;
-  point(rt, weight_views(rt), rt->wbucket[i], rt->wbuf[i]);
+  for (int b = b0; b < rt->z->layer_first[l + 1]; b++) {
+    loom_comm_wait(loom_zero_comm(rt->z, b), rt->wreq[i][b - b0]);
+    rt->wreq[i][b - b0] = NULL;
+  }
+  point_layer(rt, weight_views(rt), l, rt->wbuf[i], loom_dtype_size(rt->wtype));
   prefetch(rt, backward ? l - 1 : l + 1);
 }
 
 static void release_layer(loom_zero_runtime *rt, int l) {
-  const int i = l & 1;
-  point(rt, weight_views(rt), rt->wbucket[i], NULL);
-  rt->wbucket[i] = -1;
+  point_layer(rt, weight_views(rt), l, NULL, 0);
+  rt->wlayer[l & 1] = -1;
 }
 
 static void gather_edges(loom_zero_runtime *rt, bool gather_them) {
   const size_t w = loom_dtype_size(rt->wtype);
   for (int e = 0; e < rt->nedge; e++) {
     char *at = (char *)rt->edge_w + rt->edge_at[e] * w;
-    if (gather_them) loom_comm_wait(rt->dp, gather(rt, rt->edge[e], rt->edge_piece, at));
+    if (gather_them) loom_comm_wait(loom_zero_comm(rt->z, rt->edge[e]), gather(rt, rt->edge[e], rt->edge_piece, at));
     point(rt, weight_views(rt), rt->edge[e], gather_them ? at : NULL);
   }
 }
 
 /* ---- grads (ZeRO-2/3) ---- */
 
-/* Completes buffer i's reduce-scatter and adds this replica's piece to the summed grads. */
+/* Completes buffer i's reduce-scatters and adds this replica's pieces to the summed grads. */
 static void settle(loom_zero_runtime *rt, int i) {
-  if (rt->gbucket[i] < 0) return;
-  loom_comm_wait(rt->dp, rt->greq[i]);
-  rt->greq[i] = NULL;
-  loom_zero_add_grad(rt->z, rt->gbucket[i], rt->grecv[i], rt->m->ops);
-  rt->gbucket[i] = -1;
+  const int l = rt->glayer[i];
+  if (l < 0) return;
+  const int b0 = rt->z->layer_first[l];
+  for (int b = b0; b < rt->z->layer_first[l + 1]; b++) {
+    loom_comm_wait(loom_zero_comm(rt->z, b), rt->greq[i][b - b0]);
+    rt->greq[i][b - b0] = NULL;
+    loom_zero_add_grad(rt->z, b, rt->grecv[i] + layer_offset(rt->z, l, b, true), rt->m->ops);
+  }
+  rt->glayer[i] = -1;
 }
 
 static void open_layer_grads(loom_zero_runtime *rt, int l) {
-  const int i = l & 1, b = loom_zero_layer_bucket(rt->z, &rt->m->p, l);
+  const int i = l & 1;
   settle(rt, i);
-  loom_mem_zero(rt->z->mem, rt->gbuf[i], padded(rt->z, b));
-  point(rt, &rt->m->p.grads, b, rt->gbuf[i]);
+  loom_mem_zero(rt->z->mem, rt->gbuf[i], layer_offset(rt->z, l, rt->z->layer_first[l + 1], false));
+  point_layer(rt, &rt->m->p.grads, l, rt->gbuf[i], sizeof(float));
 }
 
 static void reduce_layer_grads(loom_zero_runtime *rt, int l) {
-  const int i = l & 1, b = loom_zero_layer_bucket(rt->z, &rt->m->p, l);
-  point(rt, &rt->m->p.grads, b, NULL);
-  rt->gbucket[i] = b;
-  rt->greq[i] = loom_comm_ireduce_scatter(rt->dp, rt->gbuf[i], rt->grecv[i], rt->z->buckets[b].shard);
+  const int i = l & 1, b0 = rt->z->layer_first[l];
+  point_layer(rt, &rt->m->p.grads, l, NULL, 0);
+  rt->glayer[i] = l;
+  for (int b = b0; b < rt->z->layer_first[l + 1]; b++)
+    rt->greq[i][b - b0] = loom_comm_ireduce_scatter(loom_zero_comm(rt->z, b), rt->gbuf[i] + layer_offset(rt->z, l, b, false),
+                                                    rt->grecv[i] + layer_offset(rt->z, l, b, true), rt->z->buckets[b].shard);
 }
 
 static void open_edge_grads(loom_zero_runtime *rt) {
@@ -152,7 +182,7 @@ static void reduce_edge_grads(loom_zero_runtime *rt) {
   for (int e = 0; e < rt->nedge; e++) {
     const int b = rt->edge[e];
     point(rt, &rt->m->p.grads, b, NULL);
-    loom_comm_reduce_scatter(rt->dp, rt->edge_g + rt->edge_at[e], rt->edge_piece, rt->z->buckets[b].shard);
+    loom_comm_reduce_scatter(loom_zero_comm(rt->z, b), rt->edge_g + rt->edge_at[e], rt->edge_piece, rt->z->buckets[b].shard);
     loom_zero_add_grad(rt->z, b, rt->edge_piece, rt->m->ops);
   }
 }

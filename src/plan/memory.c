@@ -123,11 +123,11 @@ static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_confi
   b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.slice, 4);
   if (kept.params == 0.0) b[LOOM_MEM_MASTER] += at_least_one(z.shard, 4); /* the model keeps no fp32 weights */
   if (zero >= 2) b[LOOM_MEM_GRADS] += at_least_one(z.shard, 4);
-  if (zero == 2) b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.slice * dp, 4);
+  if (z.staging) b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.staging, 4);
   if (zero < 2) return;
   /* The runtime's: two layers' grads and their pieces in flight, the edges' grads and a piece; under ZeRO-3 two
    * layers' gathered weights, their sends and the edges' weights. */
-  const size_t w = cfg->bf16 ? 2 : 4, layer_piece = z.layer_max / dp;
+  const size_t w = cfg->bf16 ? 2 : 4, layer_piece = z.layer_shard;
   b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, 4) + at_least_one(layer_piece, 4)) +
                                 at_least_one(z.edges, 4) + at_least_one(z.edge_shard, 4);
   if (zero == 3)

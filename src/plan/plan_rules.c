@@ -153,9 +153,6 @@ static void check_experts(report *r, const loom_plan *p) {
   if (l->tp > 1 && !l->sequence_parallel)
     violation(r, "parallel.ep = %d with parallel.tp = %d: each rank of an expert-parallel group sends its own tokens, so the "
               "tp ranks must split the sequence; set parallel.sequence_parallel (as Megatron-Core requires)", ep, l->tp);
-  if (l->zero_stage)
-    violation(r, "parallel.ep = %d with parallel.zero_stage = %d: ZeRO does not yet shard the experts over their "
-              "expert-data-parallel group; drop zero_stage or ep", ep, l->zero_stage);
   if (p->grad_compression && p->grad_compression->kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
     violation(r, "parallel.ep = %d: gradient compression does not yet cross the expert-data-parallel group; drop "
               "grad_compression or ep", ep);

@@ -221,7 +221,7 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
               for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
                 for (int ep = 1; ep <= experts && ep <= tp * dp; ep *= 2) { /* a dense model: 1 alone */
                   if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
-                  if (ep > 1 && (zero || (tp > 1 && !sp) || experts % ep || (tp * dp) % ep)) continue; /* and these */
+                  if (ep > 1 && ((tp > 1 && !sp) || experts % ep || (tp * dp) % ep)) continue; /* and these */
                   const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
                                             .ep = ep, .sequence_parallel = sp, .schedule = kinds[k]};
                   measure_recompute(base, prof, c, res, &fits, &nfits);
