@@ -99,9 +99,9 @@ LOOM_HD float loom_bf16_value(uint16_t b) {
 }
 
 /* grouped_matmul_forward and _backward as one of the backend's own
- * matmul_forward and matmul_backward calls per expert with rows: every
- * backend's, the CUDA one's too until a cuBLAS grouped GEMM takes them in
- * one call. */
+ * matmul_forward and matmul_backward calls per expert with rows: every CPU
+ * backend's, and the CUDA one's where cuBLAS's grouped GEMM cannot take
+ * them in one call (bf16 GEMMs, a cuBLAS before 12.5). */
 static inline void loom_grouped_matmul_by_expert(const loom_ops *be, float *out, const float *inp, const float *weight,
                                                  const int *counts, int experts, int C, int OC) {
   size_t row = 0;

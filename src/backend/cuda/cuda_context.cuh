@@ -44,6 +44,8 @@ struct Blas {
   cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
                             const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+  // cuBLAS 12.5's grouped GEMM, the experts' GEMMs in one call; nullptr in an older cuBLAS (they go one by one).
+  decltype(&cublasGemmGroupedBatchedEx) gemm_grouped = nullptr;
 };
 
 // One CUDA context: what every op and transfer of its table runs on. Its op
@@ -54,9 +56,10 @@ struct Backend {
   Blas lib;
   cublasHandle_t blas = nullptr;
   // Work buffers the context owns, grown on demand (grow()): attention
-  // probabilities after dropout, sumsq's block sums, a GEMM's bf16 operands.
-  void *scratch = nullptr, *partials = nullptr, *operands = nullptr;
-  size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0;
+  // probabilities after dropout, sumsq's block sums, a GEMM's bf16 operands,
+  // a grouped GEMM's operand pointers.
+  void *scratch = nullptr, *partials = nullptr, *operands = nullptr, *pointers = nullptr;
+  size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0, pointer_bytes = 0;
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
   loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
   int shared_optin = 0;       // the device's opt-in shared memory per block, once asked

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <type_traits>
+#include <vector>
 extern "C" {
 #include "backend/op_math.h"
 }
@@ -41,6 +42,7 @@ Blas load_blas() {
          load(b, lib, "cublasSgemm_v2", &b.sgemm) &&
          load(b, lib, "cublasSgemmStridedBatched", &b.sgemm_strided_batched) &&
          load(b, lib, "cublasGemmEx", &b.gemm_ex);
+  b.gemm_grouped = (decltype(b.gemm_grouped))dlsym(lib, "cublasGemmGroupedBatchedEx"); /* optional */
   return b;
 }
 
@@ -169,6 +171,89 @@ void cuda_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float
   if (dweight) // dweight[OC,C] += dout^T @ inp
     gemm_f32(g, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, x, dy, 1.0f, dweight, "matmul_backward dweight");
   if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
+}
+
+// ---- the experts' grouped GEMMs ----------------------------------------------
+
+// One expert's product in a grouped GEMM: c[m,n] (column-major, ldc m) = beta c + op(a) op(b).
+struct Group {
+  int m, n, k;
+  const float *a, *b;
+  int lda, ldb;
+  float *c;
+};
+
+// The groups as one cuBLAS grouped GEMM (cublasGemmGroupedBatchedEx), each
+// a group of one: its operand pointers copied to the context's pointer
+// buffer on the stream (cuBLAS reads them from the device), the rest from
+// the host. fp32 operands and accumulation, as gemm_f32's sgemm.
+void gemm_grouped(Backend &g, cublasOperation_t ta, cublasOperation_t tb, const std::vector<Group> &gs, float beta,
+                  const char *what) {
+  const int count = (int)gs.size();
+  if (count == 0) return;
+  std::vector<cublasOperation_t> opa(count, ta), opb(count, tb);
+  std::vector<int> m(count), n(count), k(count), lda(count), ldb(count), ldc(count), one(count, 1);
+  std::vector<float> alpha(count, 1.0f), betas(count, beta);
+  std::vector<const void *> ptrs(3 * (size_t)count); // a's, b's, then c's
+  for (int i = 0; i < count; i++) {
+    m[i] = gs[i].m, n[i] = gs[i].n, k[i] = gs[i].k, lda[i] = gs[i].lda, ldb[i] = gs[i].ldb, ldc[i] = gs[i].m;
+    ptrs[i] = gs[i].a, ptrs[count + i] = gs[i].b, ptrs[2 * (size_t)count + i] = gs[i].c;
+  }
+  const size_t bytes = ptrs.size() * sizeof(void *);
+  void **dev = (void **)grow(g, g.pointers, g.pointer_bytes, bytes, "grouped GEMM pointers");
+  check(cudaMemcpyAsync(dev, ptrs.data(), bytes, cudaMemcpyHostToDevice, g.stream), what); // staged: ptrs may go
+  check_blas(g.lib.gemm_grouped(g.blas, opa.data(), opb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                                (const void *const *)dev, CUDA_R_32F, lda.data(), (const void *const *)(dev + count),
+                                CUDA_R_32F, ldb.data(), betas.data(), dev + 2 * (size_t)count, CUDA_R_32F, ldc.data(),
+                                count, one.data(), CUBLAS_COMPUTE_32F),
+             what);
+}
+
+// Whether the experts' GEMMs go as one grouped GEMM: fp32 GEMMs and a cuBLAS that has it.
+bool grouped(const Backend &g) { return g.lib.gemm_grouped && !g.bf16_gemms; }
+
+// The experts with rows: each call of fn(e, first row) in expert order.
+template <typename F> void for_experts(const int *counts, int experts, F fn) {
+  size_t row = 0;
+  for (int e = 0; e < experts; row += (size_t)counts[e], e++)
+    if (counts[e] > 0) fn(e, row);
+}
+
+void cuda_grouped_matmul_forward(const loom_ops *be, float *out, const float *inp, const float *weight, const int *counts,
+                                 int experts, int C, int OC) {
+  Backend &g = ctx(be);
+  if (!grouped(g)) {
+    loom_grouped_matmul_by_expert(be, out, inp, weight, counts, experts, C, OC);
+    return;
+  }
+  std::vector<Group> gs; // out_e^T[OC, N_e] = weight_e^T-view x inp_e, as cuda_matmul_forward
+  for_experts(counts, experts, [&](int e, size_t row) {
+    gs.push_back({OC, counts[e], C, weight + (size_t)e * OC * C, inp + row * C, C, C, out + row * OC});
+  });
+  gemm_grouped(g, CUBLAS_OP_T, CUBLAS_OP_N, gs, 0.0f, "grouped_matmul_forward");
+}
+
+void cuda_grouped_matmul_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
+                                  const float *weight, const int *counts, int experts, int C, int OC) {
+  Backend &g = ctx(be);
+  if (!grouped(g)) {
+    loom_grouped_matmul_backward_by_expert(be, dinp, dweight, dout, inp, weight, counts, experts, C, OC);
+    return;
+  }
+  std::vector<Group> gs;
+  if (dinp) { // dinp_e[N_e,C] += dout_e[N_e,OC] @ weight_e[OC,C]
+    for_experts(counts, experts, [&](int e, size_t row) {
+      gs.push_back({C, counts[e], OC, weight + (size_t)e * OC * C, dout + row * OC, C, OC, dinp + row * C});
+    });
+    gemm_grouped(g, CUBLAS_OP_N, CUBLAS_OP_N, gs, 1.0f, "grouped_matmul_backward dinp");
+  }
+  gs.clear();
+  if (dweight) { // dweight_e[OC,C] += dout_e^T @ inp_e
+    for_experts(counts, experts, [&](int e, size_t row) {
+      gs.push_back({C, OC, counts[e], inp + row * C, dout + row * OC, C, OC, dweight + (size_t)e * OC * C});
+    });
+    gemm_grouped(g, CUBLAS_OP_N, CUBLAS_OP_T, gs, 1.0f, "grouped_matmul_backward dweight");
+  }
 }
 
 // ---- layernorm ---------------------------------------------------------------
@@ -1109,8 +1194,8 @@ loom_ops make_ops() {
   o.orthonormalize = cuda_orthonormalize;
   o.sign_pack = cuda_sign_pack;
   o.sign_unpack_add = cuda_sign_unpack_add;
-  o.grouped_matmul_forward = loom_grouped_matmul_by_expert; /* cuBLAS per expert, through matmul_forward */
-  o.grouped_matmul_backward = loom_grouped_matmul_backward_by_expert;
+  o.grouped_matmul_forward = cuda_grouped_matmul_forward; /* one cuBLAS grouped GEMM over the experts with rows */
+  o.grouped_matmul_backward = cuda_grouped_matmul_backward;
   o.rows_gather = cuda_rows_gather;
   o.rows_combine = cuda_rows_combine;
   o.rows_combine_backward = cuda_rows_combine_backward;
@@ -1182,8 +1267,8 @@ loom_ops make_synced_ops() {
   o.orthonormalize = SYNCED(cuda_orthonormalize);
   o.sign_pack = SYNCED(cuda_sign_pack);
   o.sign_unpack_add = SYNCED(cuda_sign_unpack_add);
-  o.grouped_matmul_forward = SYNCED(loom_grouped_matmul_by_expert);
-  o.grouped_matmul_backward = SYNCED(loom_grouped_matmul_backward_by_expert);
+  o.grouped_matmul_forward = SYNCED(cuda_grouped_matmul_forward);
+  o.grouped_matmul_backward = SYNCED(cuda_grouped_matmul_backward);
   o.rows_gather = SYNCED(cuda_rows_gather);
   o.rows_combine = SYNCED(cuda_rows_combine);
   o.rows_combine_backward = SYNCED(cuda_rows_combine_backward);
