@@ -84,17 +84,18 @@ cmp -s "$WORK/ll_ref/model.safetensors" "$WORK/ll_export/model.safetensors" || f
 grep -q '"architectures": \["LlamaForCausalLM"\]' "$WORK/ll_export/config.json" || fail "Llama config.json"
 
 # A Mixture of Experts (4 experts, top 2, a shared expert, both router losses): 3 steps on (2,2,1) with
-# SP resumed to 9 there equals the uninterrupted run to the last bit (losses and final weights, whose
-# experts each rank saved by name); resumed onto (1,1,2) instead, the losses equal it within fp32's 1e-5.
+# SP and each expert split over the tp group (--etp 2) resumed to 9 there equals the uninterrupted run to
+# the last bit (losses and final weights, whose experts' slices each rank saved by name); resumed onto
+# (1,1,2) instead, every expert whole on each rank, the losses equal it within fp32's 1e-5.
 MOE="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied --num-experts 4 --moe-ffn-hidden-size 32
   --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01 --moe-z-loss-coeff 0.001"
 rm -rf "$WORK/moe" "$WORK"/moe_*
-np 4 --tp 2 --pp 2 --sequence-parallel $MOE --steps 9 --metrics "$WORK/moe_ref.jsonl" --save "$WORK/moe_ref.safetensors" \
+np 4 --tp 2 --pp 2 --sequence-parallel --etp 2 $MOE --steps 9 --metrics "$WORK/moe_ref.jsonl" --save "$WORK/moe_ref.safetensors" \
   > "$WORK/moe_ref.txt" 2>&1 || fail "MoE reference: $(cat "$WORK/moe_ref.txt")"
 grep -q '"load_balancing_loss": ' "$WORK/moe_ref.jsonl" || fail "MoE metrics hold no load_balancing_loss"
-np 4 --tp 2 --pp 2 --sequence-parallel $MOE --steps 3 --ckpt "$WORK/moe" > "$WORK/moe_0.txt" 2>&1 || fail "MoE first third: $(cat "$WORK/moe_0.txt")"
+np 4 --tp 2 --pp 2 --sequence-parallel --etp 2 $MOE --steps 3 --ckpt "$WORK/moe" > "$WORK/moe_0.txt" 2>&1 || fail "MoE first third: $(cat "$WORK/moe_0.txt")"
 cp -r "$WORK/moe" "$WORK/moe_copy" # the same 3 steps, for a resume elsewhere
-np 4 --tp 2 --pp 2 --sequence-parallel $MOE --steps 9 --ckpt "$WORK/moe" --resume --metrics "$WORK/moe_res.jsonl" \
+np 4 --tp 2 --pp 2 --sequence-parallel --etp 2 $MOE --steps 9 --ckpt "$WORK/moe" --resume --metrics "$WORK/moe_res.jsonl" \
   --save "$WORK/moe_res.safetensors" > "$WORK/moe_res.txt" 2>&1 || fail "MoE resume: $(cat "$WORK/moe_res.txt")"
 [ "$(losses "$WORK/moe_res.jsonl")" = "$(losses "$WORK/moe_ref.jsonl" | tail -6)" ] || fail "MoE resumed losses differ"
 cmp -s "$WORK/moe_ref.safetensors" "$WORK/moe_res.safetensors" || fail "MoE resumed final weights differ"

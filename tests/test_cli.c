@@ -166,9 +166,6 @@ START_TEST(bad_flags) {
                       "--save", "m.safetensors", NULL), 2,
               "loom train: --save m.safetensors: this model routes with an expert bias (--moe-router-enable-expert-bias), which "
               "only a loom checkpoint holds so far; keep its checkpoint (--ckpt) and evaluate or sample from that (--init-from DIR)");
-  refusal_row(&t, run("train", "--model", "moe-tiny", "--expert-tensor-parallel-size", "2", NULL), 2,
-              "loom train: --expert-tensor-parallel-size is Megatron-LM's flag, which loom does not implement (see loom train "
-              "--help for the Megatron-LM names it takes)");
   /* Expert parallelism's rules. */
   refusal_row(&t, run("train", "--model", "moe-tiny", "--ep", "2", NULL), 2,
               "loom train: --ep 2: must divide --tp x --dp (1), the ranks of a stage a MoE layer regroups; pick such an ep");
@@ -180,6 +177,19 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--grad-compression", "sign", NULL), 2,
               "loom train: --ep 2: gradient compression does not yet cross the expert-data-parallel group; drop "
               "grad_compression or ep");
+  /* Expert tensor parallelism's: 1 or tp, with sequence parallelism, on a MoE model, ep then dividing dp. */
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--tp", "2", "--sequence-parallel", "--etp", "4", NULL), 2,
+              "loom train: --etp 4: must be 1 or --tp (2): the experts split over the tp group or not at all (another size "
+              "is not supported yet)");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--tp", "2", "--expert-tensor-parallel-size", "2", NULL), 2,
+              "loom train: --etp 2: the experts' rows are gathered over the tp group from its ranks' shares of the sequence; "
+              "set --sequence-parallel (as Megatron-Core requires)");
+  refusal_row(&t, run("train", "--tp", "2", "--sequence-parallel", "--etp", "2", NULL), 2,
+              "loom train: --etp 2: expert tensor parallelism splits a Mixture of Experts' experts, but the model is dense; "
+              "give it --num-experts or drop etp");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--tp", "2", "--sequence-parallel", "--etp", "2", "--ep", "2", NULL), 2,
+              "loom train: --ep 2 with --etp 2: etp x ep (4) must divide --tp x --dp (2), the ranks of a stage a MoE layer "
+              "regroups, so ep divides dp; pick such an ep");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--tp", "2", "--ep", "2", NULL), 2,
               "loom train: --ep 2 with --tp 2: each rank of an expert-parallel group sends its own tokens, so the tp ranks "
               "must split the sequence; set --sequence-parallel (as Megatron-Core requires)");
@@ -651,7 +661,7 @@ START_TEST(megatron_flag_names) {
       {"--bf16", "--precision", "bf16"}, {"--swiglu", "--mlp", "swiglu"},
       {"--untie-embeddings-and-output-weights", "--untied", ""}, {"--disable-bias-linear", "--no-bias", ""},
       {"--add-qkv-bias", "--qkv-bias", ""}, {"--expert-model-parallel-size", "--ep", NULL},
-      {"--group-query-attention", NULL, NULL}, {"--moe-grouped-gemm", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
+      {"--expert-tensor-parallel-size", "--etp", NULL}, {"--group-query-attention", NULL, NULL}, {"--moe-grouped-gemm", NULL, NULL}, {"--use-flash-attn", NULL, NULL}, {"--use-mcore-models", NULL, NULL},
       {"--log-throughput", NULL, NULL}, {"--log-timers-to-tensorboard", NULL, NULL},
       {"--log-memory-to-tensorboard", NULL, NULL},
   };

@@ -1,4 +1,4 @@
-/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP MODEL [EP];
+/* Pipeline and data parallelism under mpirun (args: TP DP ZERO SP MODEL [EP [ETP]];
  * world = TP * PP * DP; ZERO 1-3 is the ZeRO stage, whose measured Adam
  * state must be 1/dp of the full amount, and also the grads under ZeRO-2
  * and the weights under ZeRO-3; SP 1 turns on sequence parallelism; MODEL
@@ -7,7 +7,7 @@
  * with one key/value head, replicated over the TP ranks), moe (llama's
  * with its MLPs Mixtures of 4 experts, top 2, and a shared expert, but
  * for layers 0, 1 and 5, whose MLPs stay dense; EP its
- * expert-parallel size) or moe_bias (moe's with sigmoid scores,
+ * expert-parallel size, ETP its expert-tensor-parallel size, 1 or TP) or moe_bias (moe's with sigmoid scores,
  * DeepSeek-V3's expert bias, which each step moves by every rank's loads,
  * and Qwen2-MoE's gate on the shared expert)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
@@ -28,7 +28,7 @@
 #include "test_util.h"
 
 static loom_comm *g_world;
-static int g_tp, g_pp, g_dp, g_zero, g_sp, g_ep = 1;
+static int g_tp, g_pp, g_dp, g_zero, g_sp, g_ep = 1, g_etp = 1;
 
 enum { STEPS = 10, LAYERS = 8, MB = 2 };
 
@@ -125,6 +125,7 @@ static loom_plan *plan_built(const pp_case *pc, int tp, int pp, int dp, bool sp)
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
                                .ep = (tp * dp) % g_ep == 0 ? g_ep : 1, /* the serial reference: none */
+                               .etp = tp == g_etp ? g_etp : 1,
                                .recompute_layers = pc->recompute_layers, .recompute_group = pc->recompute_group,
                                .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,
@@ -152,7 +153,7 @@ static loom_plan *plan_of(const pp_case *pc) { return plan_on(pc, g_tp, g_pp, g_
  * distributed optimizer shards them. `most`: the larger group. */
 static double zero_share(const loom_trainer *tr, int *most) {
   double share = 0.0;
-  const int edp = g_tp * g_dp / g_ep;
+  const int edp = g_tp * g_dp / (g_ep * g_etp);
   *most = g_ep > 1 && edp > g_dp ? edp : g_dp;
   for (int c = 0; c < loom_pipeline_chunk_count(tr->pipe); c++) {
     const loom_gpt_params *p = &loom_pipeline_chunk(tr->pipe, c)->p;
@@ -215,6 +216,32 @@ static void expect_memory_as_modelled(const loom_trainer *tr) {
  * the run also sums a few scalars over tp per step (the grad norm's pieces,
  * the skip vote: 40 bytes at tp 2), which the sim leaves out as noise.
  * Compared on the mean over the dp replicas (see below). */
+/* Expert tensor parallelism's collectives (over a group of their own, the
+ * tp group's ranks, since the run began): each MoE layer gathers every
+ * rank's rows for the experts and reduce-scatters their partial sums, in
+ * blocks padded to the largest rank's rows. Dropless without expert
+ * parallelism every rank's experts take its n k choices, as the sim counts
+ * them: the bytes are the sim's. With it the blocks follow the routing: over
+ * the world never fewer than the sim's (a block is at least each of its
+ * ranks' rows, and the rows all ranks take are all ranks' choices), on one
+ * rank at most ep times them (the most a rank can take). */
+static void expect_expert_tp_as_simulated(const loom_trainer *tr, double simulated) {
+  if (!tr->ps.etp_group) {
+    ck_assert_double_eq(simulated, 0.0);
+    return;
+  }
+  const double moved = tr->ps.etp_group->ring_bytes;
+  ck_assert_msg(simulated > 0 && moved <= tr->ps.ep * simulated + 1e-6 * simulated,
+                "rank %d: the experts' tp collectives moved %.0f bytes, the sim counts %.0f", g_world->rank, moved, simulated);
+  if (tr->ps.ep == 1)
+    ck_assert_msg(fabs(moved - simulated) <= 1e-9 * simulated, "rank %d: the experts' tp collectives moved %.0f bytes, "
+                  "the sim counts %.0f", g_world->rank, moved, simulated);
+  double sums[2] = {moved, simulated};
+  loom_comm_allreduce_typed(tr->ps.world_group, sums, 2, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  ck_assert_msg(sums[0] >= sums[1] * (1.0 - 1e-9), "the experts' tp collectives moved %.0f bytes over the world, the sim "
+                "counts %.0f", sums[0], sums[1]);
+}
+
 static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, const loom_plan *fp32_twin) {
   loom_profile *prof;
   loom_error err = {0};
@@ -224,6 +251,7 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
   const double simulated = steps * c.p2p_bytes[tr->ps.pp_rank], sent = (double)loom_pipeline_usage_of(tr->pipe).p2p_bytes;
   const double tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
   double tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
+  expect_expert_tp_as_simulated(tr, steps * c.etp_bytes[tr->ps.pp_rank]);
   /* Under ZeRO-2/3 each replica sums its own pieces of the replicated grads, which the sim counts on the mean. */
   loom_comm_allreduce_typed(tr->ps.dp_group, &tp_moved, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   tp_moved /= tr->ps.dp;
@@ -600,6 +628,7 @@ int main(int argc, char **argv) {
   g_sp = argc > 4 ? atoi(argv[4]) : 0;
   g_model = argc > 5 ? argv[5] : "gpt";
   g_ep = argc > 6 ? atoi(argv[6]) : 1;
+  g_etp = argc > 7 ? atoi(argv[7]) : 1;
   g_pp = g_world->size / (g_tp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");

@@ -151,7 +151,7 @@ static void experts_match(double capacity, bool bf16) {
   const int P = g_world->size;
   loom_parallel ps;
   loom_parallel_init(&ps, g_world, 1, 1, P, false);
-  loom_parallel_init_experts(&ps, P);
+  loom_parallel_init_experts(&ps, 1, P);
   const loom_tp tp = loom_tp_of(&ps);
   ck_assert(tp.ep_group != NULL && ps.edp == 1);
   loom_gpt_config cfg = tiny_moe(capacity);

@@ -60,9 +60,13 @@ static void show(const loom_plan *p) {
   printf("plan%s%s: %d layers, hidden %d, heads %d, ffn %d, vocab %d, seq %d: %lld parameters%s\n", p->name ? " " : "",
          p->name ? p->name : "", m->layers, m->hidden, m->heads, m->ffn, m->vocab, m->seq,
          (long long)p->estimates->total_parameters, active);
-  if (l->ep > 1)
-    printf("experts: ep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank\n", l->ep,
-           l->tp * l->dp / l->ep, cfg.moe.experts / l->ep, cfg.moe.experts);
+  const int etp = l->etp > 1 ? l->etp : 1;
+  char split[32] = "";
+  if (etp > 1) snprintf(split, sizeof split, "etp %d x ", etp);
+  if (l->ep > 1 || etp > 1)
+    printf("experts: %sep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank%s\n", split, l->ep,
+           l->tp * l->dp / (l->ep * etp), cfg.moe.experts / l->ep, cfg.moe.experts,
+           etp > 1 ? ", each split over the tp group" : "");
   char arch[256];
   if (*loom_gpt_config_architecture(&cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
   printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",

@@ -12,7 +12,7 @@ static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
-  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .micro_batch = 16,
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
                            .grad_reduce = "fp32", .grad_compression = "none"};
 }
@@ -30,6 +30,8 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--ep", FLAG_INT, &f->ep, "a MoE model's expert-parallel ranks: each holds experts / ep of the experts and "
        "trades tokens with the others (its MoE layers regroup tp x dp as ep x the rest)", 1, LOOM_PLAN_MAX_EXPERTS, NULL,
        false, "parallel.ep"},
+      {"--etp", FLAG_INT, &f->etp, "a MoE model's expert tensor parallelism: 1 (each expert whole on its rank) or --tp (each "
+       "expert's MLP split over the tp group as the dense MLP is)", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.etp"},
       {"--zero", FLAG_INT, &f->zero, "ZeRO stage over the dp replicas: 1 shards Adam state, 2 also the grads, 3 also the weights", 0, 3, NULL, false, "parallel.zero_stage"},
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
@@ -150,7 +152,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method block needs --recompute-num-layers, the layers of each "
                      "stage that recompute", cmd);
   const loom_plan_spec spec = {
-      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep,
+      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp,
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

@@ -49,7 +49,8 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
  * it every rank of the group routes the same tokens alike), and the
  * expert-parallel group. */
 static loom_moe_groups moe_groups(const loom_tp *tp) {
-  return (loom_moe_groups){.seq = tp->sequence_parallel ? tp->group : NULL, .ep = tp->ep_group};
+  return (loom_moe_groups){.seq = tp->sequence_parallel ? tp->group : NULL, .ep = tp->ep_group,
+                           .etp = tp->etp_group};
 }
 
 /* RoPE over the q and k heads of each qkv row (they lie first, side by side). */

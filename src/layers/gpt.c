@@ -21,7 +21,8 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
   m->tp = tp ? *tp : (loom_tp){.group = NULL, .rank = 0, .size = 1, .sequence_parallel = false};
   m->tp.kv_group = NULL;
   loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
-  if (m->tp.ep_group) c = loom_gpt_config_for_ep(&c, loom_comm_size(m->tp.ep_group), loom_comm_rank(m->tp.ep_group));
+  if (m->tp.ep_group || m->tp.etp_group)
+    c = loom_gpt_config_for_ep(&c, loom_comm_size(m->tp.etp_group), loom_comm_size(m->tp.ep_group), loom_comm_rank(m->tp.ep_group));
   const int replicas = loom_gpt_kv_replicas(&c, m->tp.size); /* consecutive ranks holding one key/value head */
   if (replicas > 1) m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / replicas, m->tp.rank, "kv heads");
   loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
@@ -122,7 +123,8 @@ typedef struct {
   int64_t d_qkv_w;        /* replicated key/value heads: the q|k|v grads computed apart */
   int64_t weight_scratch; /* bf16 runs: fp32 values of one layer's weights and the embedding's and head's */
   int64_t E, k, M, taken; /* a stage with MoE layers: experts and top-k, the rows a rank dispatches (n k) and its experts take; else 0 */
-  int64_t ep;             /* its expert-parallel group's size */
+  int64_t X;              /* the rows its experts compute over: taken, or under expert tensor parallelism every rank's */
+  int64_t ep, etp;        /* its expert-parallel group's size, and the expert-tensor-parallel one's */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   bool gate;              /* a MoE model's shared expert is gated */
   int L, tp;
@@ -145,11 +147,12 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t f = dense && fk[0] > (moe ? fk[1] : 0) ? fk[0] : moe ? fk[1] : 0, D = loom_gpt_head_dim(c);
   const int64_t N = (int64_t)T * B;
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
-  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_expert_ffn(c) : 0, wide = c->mlp == LOOM_MLP_SWIGLU ? 2 : 1;
+  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = c->mlp == LOOM_MLP_SWIGLU ? 2 : 1;
+  const int64_t taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0, etp = loom_gpt_expert_tp(c);
   return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = c->hidden / tp,
                 .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
-                .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0,
-                .ep = c->moe.ep > 1 ? c->moe.ep : 1,
+                .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = taken, .X = etp * taken,
+                .ep = c->moe.ep > 1 ? c->moe.ep : 1, .etp = etp,
                 .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = wide * (L ? f : fk[0]),
@@ -224,9 +227,9 @@ static void want_moe(act_list *l, loom_moe_acts *v, const dims *d, int L) {
     want_ints(l, &v->sort, "moe_sort", L * d->taken);
     want_ints(l, &v->unsort, "moe_unsort", L * d->taken);
   }
-  want(l, &v->perm, "moe_perm", L * d->taken * d->h);
-  want(l, &v->fc, "moe_fc", L * d->taken * d->fce);
-  want(l, &v->act, "moe_act", L * d->taken * d->fe);
+  want(l, &v->perm, "moe_perm", L * d->X * d->h);
+  want(l, &v->fc, "moe_fc", L * d->X * d->fce);
+  want(l, &v->act, "moe_act", L * d->X * d->fe);
   want(l, &v->y, "moe_y", L * d->M * d->h);
   if (d->gate) {
     want(l, &v->shared, "moe_shared", L * d->n * d->h);
@@ -240,10 +243,10 @@ static loom_moe_acts moe_layer(const loom_moe_acts *v, const dims *d, int i) {
   return (loom_moe_acts){.x = v->x + i * d->n * d->h, .logits = v->logits + i * d->n * d->E,
                          .weights = v->weights + i * d->n * d->k, .slots = v->slots + i * d->n * d->k,
                          .rows = v->rows + i * d->M, .sort = v->sort ? v->sort + i * d->taken : NULL,
-                         .unsort = v->unsort ? v->unsort + i * d->taken : NULL, .perm = v->perm + i * d->taken * d->h,
-                         .fc = v->fc + i * d->taken * d->fce, .act = v->act + i * d->taken * d->fe, .y = v->y + i * d->M * d->h,
+                         .unsort = v->unsort ? v->unsort + i * d->taken : NULL, .perm = v->perm + i * d->X * d->h,
+                         .fc = v->fc + i * d->X * d->fce, .act = v->act + i * d->X * d->fe, .y = v->y + i * d->M * d->h,
                          .shared = v->shared ? v->shared + i * d->n * d->h : NULL, .gate = v->gate ? v->gate + i * d->n : NULL,
-                         .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
+                         .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep, (int)d->etp)};
 }
 
 /* The norm statistics, attention's log-sum-exps and the MoE layers'
@@ -382,14 +385,14 @@ static void list_wstate(act_list *l, act_list *l16, wgrad_views *v, const dims *
   const int moe_layers = moe_before(d, all, d->L), moe_redone = moe_before(d, redone, d->R);
   (void)kept;
   if (d->E && moe_layers) {
-    want(l, &v->moe.d_fc, "w_moe_d_fc", moe_layers * d->taken * d->fce);
-    want(l, &v->moe.d_y, "w_moe_d_y", moe_layers * d->taken * d->h);
+    want(l, &v->moe.d_fc, "w_moe_d_fc", moe_layers * d->X * d->fce);
+    want(l, &v->moe.d_y, "w_moe_d_y", moe_layers * d->X * d->h);
     want(l, &v->moe.d_logits, "w_moe_d_logits", moe_layers * d->n * d->E);
   }
   if (d->E && moe_redone) { /* what the experts' and router's weight GEMMs read, which the recompute scratch does not keep */
     want(l, &v->moe_inputs.x, "w_moe_x", moe_redone * d->n * d->h);
-    want(l, &v->moe_inputs.perm, "w_moe_perm", moe_redone * d->taken * d->h);
-    want(l, &v->moe_inputs.act, "w_moe_act", moe_redone * d->taken * d->fe);
+    want(l, &v->moe_inputs.perm, "w_moe_perm", moe_redone * d->X * d->h);
+    want(l, &v->moe_inputs.act, "w_moe_act", moe_redone * d->X * d->fe);
   }
 }
 
@@ -418,13 +421,13 @@ static void bind_wstate(loom_gpt_wstate *s, const wgrad_views *v, const dims *d,
     }
     if (!d->E || !loom_gpt_layer_is_moe(d->cfg, d->layer0 + i)) continue;
     const int64_t q = moe_before(d, all, i); /* its place among the MoE layers */
-    w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + q * d->taken * d->fce, .d_y = v->moe.d_y + q * d->taken * d->h,
+    w->moe = (loom_moe_wgrad){.d_fc = v->moe.d_fc + q * d->X * d->fce, .d_y = v->moe.d_y + q * d->X * d->h,
                               .d_logits = v->moe.d_logits + q * d->n * d->E};
     if (i >= d->R) continue;
     const int64_t r = moe_before(d, redone, i); /* a recomputed MoE layer: its inputs' copies, and its counts' */
-    s->winputs[i].moe = (loom_moe_acts){.x = v->moe_inputs.x + r * d->n * d->h, .perm = v->moe_inputs.perm + r * d->taken * d->h,
-                                        .act = v->moe_inputs.act + r * d->taken * d->fe,
-                                        .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep)};
+    s->winputs[i].moe = (loom_moe_acts){.x = v->moe_inputs.x + r * d->n * d->h, .perm = v->moe_inputs.perm + r * d->X * d->h,
+                                        .act = v->moe_inputs.act + r * d->X * d->fe,
+                                        .host = loom_moe_host_new((int)d->n, (int)d->E, (int)d->k, (int)d->ep, (int)d->etp)};
   }
 }
 
@@ -489,9 +492,13 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     if (d->f) want(l, &s->moe_out, "moe_out", d->n * d->h); /* beside a shared expert's output */
     want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);
     want(l, &s->moe.d_y, "moe_d_y", d->M * d->h);
-    want(l, &s->moe.d_perm, "moe_d_perm", d->taken * d->h);
-    want(l, &s->moe.d_act, "moe_d_act", d->taken * d->fe);
-    want(l, &s->moe.d_fc, "moe_d_fc", d->taken * d->fce);
+    want(l, &s->moe.d_perm, "moe_d_perm", d->X * d->h);
+    want(l, &s->moe.d_act, "moe_d_act", d->X * d->fe);
+    want(l, &s->moe.d_fc, "moe_d_fc", d->X * d->fce);
+    if (d->etp > 1) {
+      want(l, &s->moe.mine, "moe_mine", d->taken * d->h);
+      want(l, &s->moe.part, "moe_part", d->X * d->h);
+    }
     if (d->ep > 1) {
       want(l, &s->moe.send, "moe_send", d->M * d->h);
       want(l, &s->moe.recv, "moe_recv", d->taken * d->h);
@@ -1098,12 +1105,14 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
 static void keep_moe_inputs(const loom_gpt *m, loom_moe_acts *kept, const loom_moe_acts *a) {
   const loom_allocator *mem = m->ops->mem;
   const loom_moe_shape *s = &m->moe;
-  const size_t rows = (size_t)a->host->received;
+  const size_t El = (size_t)s->local_experts; /* the rows: a block per rank under expert tensor parallelism */
+  const size_t rows = s->etp > 1 ? (size_t)s->etp * (size_t)a->host->block_rows : (size_t)a->host->received;
   mem->copy(mem, kept->x, a->x, (size_t)s->n * s->hidden * sizeof(float));
   mem->copy(mem, kept->perm, a->perm, rows * s->hidden * sizeof(float));
   mem->copy(mem, kept->act, a->act, rows * s->ffn * sizeof(float));
-  memcpy(kept->host->counts, a->host->counts, (size_t)s->local_experts * sizeof *kept->host->counts);
-  kept->host->received = a->host->received;
+  memcpy(kept->host->counts, a->host->counts, El * sizeof *kept->host->counts);
+  memcpy(kept->host->block_counts, a->host->block_counts, (size_t)s->etp * El * sizeof *kept->host->block_counts);
+  kept->host->received = a->host->received, kept->host->block_rows = a->host->block_rows;
 }
 
 void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom_gpt_batch *batch, const float *dout,

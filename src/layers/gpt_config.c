@@ -96,9 +96,9 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
   return c;
 }
 
-loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int ep, int ep_rank) {
+loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int ep, int ep_rank) {
   loom_gpt_config c = *cfg;
-  if (loom_gpt_is_moe(&c)) c.moe.ep = ep, c.moe.ep_rank = ep_rank;
+  if (loom_gpt_is_moe(&c)) c.moe.etp = etp, c.moe.ep = ep, c.moe.ep_rank = ep_rank;
   return c;
 }
 

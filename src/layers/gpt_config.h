@@ -73,8 +73,10 @@ typedef struct {
   uint64_t dense[LOOM_MOE_PATTERN_WORDS];
   /* Where the experts are, not what they are: a rank of an expert-parallel
    * group of ep (0 or 1: every expert here) holds experts
-   * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep). */
-  int ep, ep_rank;
+   * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep),
+   * each expert's MLP whole (etp 0 or 1) or split over the tp group as the
+   * dense MLP is (etp = tp). */
+  int ep, ep_rank, etp;
 } loom_moe_config;
 
 typedef struct {
@@ -113,8 +115,9 @@ void loom_gpt_config_finish(loom_gpt_config *cfg);
 loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
 
 /* The config one rank of an expert-parallel group of ep holds: its
- * experts' share of a MoE model (sizes and names; ep_rank 0 for sizes). */
-loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int ep, int ep_rank);
+ * experts' share of a MoE model (sizes and names; ep_rank 0 for sizes),
+ * each expert split over etp (1, or the tp size). */
+loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int ep, int ep_rank);
 /* Experts this rank holds, and the global index of its first. */
 static inline int loom_gpt_local_experts(const loom_gpt_config *c) { return c->moe.ep > 1 ? c->moe.experts / c->moe.ep : c->moe.experts; }
 static inline int loom_gpt_first_expert(const loom_gpt_config *c) { return c->moe.ep > 1 ? c->moe.ep_rank * loom_gpt_local_experts(c) : 0; }
@@ -140,6 +143,9 @@ static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no
 /* Whether the model's MLPs are Mixtures of Experts, and its experts' width. */
 static inline bool loom_gpt_is_moe(const loom_gpt_config *c) { return c->moe.experts > 0; }
 static inline int loom_gpt_expert_ffn(const loom_gpt_config *c) { return c->moe.ffn > 0 ? c->moe.ffn : c->ffn; }
+/* The experts' split over the tp group (1: whole), and an expert's width on one rank of it. */
+static inline int loom_gpt_expert_tp(const loom_gpt_config *c) { return c->moe.etp > 1 ? c->moe.etp : 1; }
+static inline int loom_gpt_local_expert_ffn(const loom_gpt_config *c) { return loom_gpt_expert_ffn(c) / loom_gpt_expert_tp(c); }
 /* Whether layer l's MLP is a Mixture of Experts (else the dense MLP). */
 static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
   return loom_gpt_is_moe(c) && !((c->moe.dense[l >> 6] >> (l & 63)) & 1u);

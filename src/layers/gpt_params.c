@@ -120,15 +120,19 @@ static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_rol
  * then their down projections, so that every expert's matrices lie back to
  * back (one view each, the grouped GEMMs' operands), and the shared
  * expert's MLP, split across tp as the dense MLP is. Every expert is whole
- * on the ranks that hold it: drawn from its global name, it is the same
- * under every split. The experts have no biases (the rules refuse them). */
+ * on the ranks that hold it, or under expert tensor parallelism split over
+ * tp as the dense MLP is (gate and up by rows, down by columns): drawn from
+ * its global name, it is the same under every split. The experts have no
+ * biases (the rules refuse them). */
 static void add_experts(table *t, const loom_gpt_config *c, int i) {
   const int64_t h = c->hidden, fe = loom_gpt_expert_ffn(c), fs = c->moe.shared_ffn;
-  const bool swiglu = c->mlp == LOOM_MLP_SWIGLU;
-  loom_param_meta whole = weight(0.02f, -1, 1), expert = whole, resid = weight(0.02f / sqrtf(2.0f * (float)c->layers), -1, 1);
-  /* Under expert parallelism the group's ranks hold different experts: none is the same on every tp rank. */
+  const bool swiglu = c->mlp == LOOM_MLP_SWIGLU, split = loom_gpt_expert_tp(c) > 1;
+  const float resid_std = 0.02f / sqrtf(2.0f * (float)c->layers);
+  loom_param_meta whole = weight(0.02f, -1, 1), expert = weight(0.02f, split ? 0 : -1, 1), resid = weight(resid_std, split ? 1 : -1, 1);
+  /* Under expert parallelism the group's ranks hold different experts, and under expert tensor parallelism
+   * different slices of them: none is the same on every tp rank. */
   expert.expert = resid.expert = true;
-  expert.tp_replicated = resid.tp_replicated = c->moe.ep <= 1;
+  expert.tp_replicated = resid.tp_replicated = c->moe.ep <= 1 && !split;
   const int first = loom_gpt_first_expert(c), end = first + loom_gpt_local_experts(c);
   name n;
   char what[96];
@@ -563,12 +567,12 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
 size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range) {
   if (!loom_gpt_is_moe(cfg)) return 0;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_expert_ffn(cfg);
+  const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_local_expert_ffn(cfg);
   return (size_t)loom_gpt_moe_layers(cfg, r.layer_begin, r.layer_end) * (size_t)loom_gpt_local_experts(cfg) * expert;
 }
 
 size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
-  const loom_gpt_config whole = loom_gpt_config_for_ep(cfg, 1, 0);
+  const loom_gpt_config whole = loom_gpt_config_for_ep(cfg, 1, 1, 0);
   const size_t total = loom_gpt_param_count(&whole, NULL, 1);
   if (!loom_gpt_is_moe(cfg)) return total;
   return total - loom_gpt_expert_param_count(&whole, NULL) / (size_t)cfg->moe.experts * (size_t)(cfg->moe.experts - cfg->moe.topk);
@@ -682,8 +686,8 @@ static bucket_sizes sum_buckets(const loom_gpt_config *cfg, const loom_stage_ran
 loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp_size, int stage) {
   const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
   const bool apart = loom_gpt_zero_experts_apart(cfg);
-  /* The experts' replicas: the stage's tp x dp ranks over the expert-parallel size (expert tensor parallelism 1). */
-  const size_t edp = apart ? (size_t)tp * dp / (size_t)cfg->moe.ep : dp;
+  /* The experts' replicas: the stage's tp x dp ranks over the expert-parallel and expert-tensor-parallel sizes. */
+  const size_t edp = apart ? (size_t)tp * dp / ((size_t)cfg->moe.ep * (size_t)loom_gpt_expert_tp(cfg)) : dp;
   loom_zero_cut z = {0};
   if (loom_gpt_zero_in_place(cfg, stage)) { /* one bucket: the whole chunk */
     z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);

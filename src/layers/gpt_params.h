@@ -45,7 +45,8 @@ typedef struct {
  * (counted once), 3 in the part summed over the expert-parallel group, -1
  * nowhere (a replicated key/value head that its first replica counts). */
 static inline int loom_param_norm_part(const loom_param_meta *m, int tp_rank, int tp_size) {
-  if (m->expert && !m->tp_replicated) return 3; /* an expert-parallel rank's own experts: summed over the EP group */
+  if (m->expert && !m->tp_replicated) return 3; /* an expert-parallel rank's own experts (or slices of them): summed over
+                                                 * the EP group (and the tp group that splits them) */
   if (m->tp_replicated) return 1;
   return loom_shard_primary(&m->layout, tp_rank, tp_size) ? 0 : -1;
 }
@@ -236,7 +237,8 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
  * of 46.7B). */
 size_t loom_gpt_active_param_count(const loom_gpt_config *cfg);
 /* Of the stage `range`'s (NULL: every layer's) elements, its routed
- * experts' on one rank (those of loom_gpt_local_experts). */
+ * experts' on one rank (those of loom_gpt_local_experts, their slices under
+ * expert tensor parallelism). */
 size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range);
 /* Of those, the ones every TP rank holds alike (tp_replicated: norms, wpe,
  * row-parallel biases), whose grads sequence parallelism sums over the TP

@@ -19,16 +19,17 @@ int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq) {
 loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq) {
   const loom_moe_config *m = &cfg->moe;
   return (loom_moe_shape){
-      .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_expert_ffn(cfg), .mlp = cfg->mlp,
+      .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_local_expert_ffn(cfg), .mlp = cfg->mlp,
       .router = {.experts = m->experts, .topk = m->topk, .score = m->score, .pre_softmax = m->pre_softmax,
                  .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff},
       .dispatch = {.experts = m->experts, .topk = m->topk, .capacity_factor = m->capacity_factor,
                    .drop_by_position = m->drop_by_position},
       .bf16 = cfg->bf16, .ep = m->ep > 1 ? m->ep : 1, .ep_rank = m->ep > 1 ? m->ep_rank : 0,
-      .local_experts = loom_gpt_local_experts(cfg), .recv_rows = loom_moe_recv_rows(cfg, n, seq)};
+      .local_experts = loom_gpt_local_experts(cfg), .recv_rows = loom_moe_recv_rows(cfg, n, seq),
+      .etp = loom_gpt_expert_tp(cfg)};
 }
 
-loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep) {
+loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep, int etp) {
   const size_t E = (size_t)experts, nk = (size_t)n * (size_t)topk, nE = (size_t)n * E, P = (size_t)(ep > 1 ? ep : 1);
   loom_moe_host *h = loom_xcalloc(1, sizeof *h, "routing");
   h->routing = (loom_moe_routing){.experts = loom_xmalloc(nk * sizeof(int) + 1, "routing"),
@@ -40,6 +41,7 @@ loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep) {
                                     .rows = loom_xmalloc(nk * sizeof(int) + 1, "routing"),
                                     .slots = loom_xmalloc(nk * sizeof(int) + 1, "routing")};
   h->counts = loom_xmalloc(E * sizeof(int), "routing");
+  h->block_counts = loom_xmalloc((size_t)(etp > 1 ? etp : 1) * E * sizeof(int), "routing");
   h->logits = loom_xmalloc(nE * sizeof(float) + 1, "routing");
   h->gate = loom_xmalloc((size_t)n * sizeof(float) + 1, "routing");
   h->gate_grad = loom_xmalloc((size_t)n * sizeof(float) + 1, "routing");
@@ -56,18 +58,39 @@ void loom_moe_host_free(loom_moe_host *h) {
   free(h->routing.experts), free(h->routing.weights), free(h->routing.load), free(h->routing.aux_load);
   free(h->routing.score_sum), free(h->dispatch.counts), free(h->dispatch.rows), free(h->dispatch.slots);
   free(h->gate), free(h->gate_grad), free(h->identity);
-  free(h->counts), free(h->logits), free(h->send_rows), free(h->recv_rows), free(h->peer_counts), free(h);
+  free(h->counts), free(h->block_counts), free(h->logits), free(h->send_rows), free(h->recv_rows), free(h->peer_counts), free(h);
 }
 
 static void to_bf16_values(const loom_moe_shape *s, const loom_ops *ops, float *x, size_t n) {
   if (s->bf16) ops->round_bf16(ops, x, n);
 }
 
-/* The experts' linear over their rows: out[M, OC] = each expert's rows of
- * inp[M, C] times its [OC, C] matrix (bf16 runs: the bf16 copy's, one of
- * the backend's bf16 GEMMs per expert with rows). */
-static void experts_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const int *counts,
-                            int E, int C, int OC) {
+/* The rows the experts compute over: block q (one without expert tensor
+ * parallelism, else one per rank of the group splitting them) holds rank
+ * q's rows from row q x stride, counts[q E + e] of them expert e's. */
+typedef struct {
+  int blocks;
+  int64_t stride;
+  const int *counts;
+} expert_rows;
+
+static expert_rows rows_of(const loom_moe_host *h, const loom_moe_shape *s) {
+  if (s->etp == 1) return (expert_rows){1, h->received, h->counts};
+  return (expert_rows){s->etp, h->block_rows, h->block_counts};
+}
+
+/* Block q's rows, all experts'. */
+static int block_len(const expert_rows *r, int q, int E) {
+  int n = 0;
+  for (int e = 0; e < E; e++) n += r->counts[(size_t)q * E + e];
+  return n;
+}
+
+/* The experts' linear over one block's rows: out[M, OC] = each expert's
+ * rows of inp[M, C] times its [OC, C] matrix (bf16 runs: the bf16 copy's,
+ * one of the backend's bf16 GEMMs per expert with rows). */
+static void block_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const int *counts, int E,
+                          int C, int OC) {
   if (w.f32) {
     ops->grouped_matmul_forward(ops, out, inp, w.f32, counts, E, C, OC);
     return;
@@ -81,8 +104,8 @@ static void experts_forward(const loom_ops *ops, float *out, const float *inp, l
 
 /* Its backward: dinp[M, C] += and dweight[E][OC, C] += (either NULL: not
  * computed; without dinp the weights are not read and may be absent). */
-static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
-                             loom_linear_weight w, const int *counts, int E, int C, int OC, bool bf16) {
+static void block_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
+                           loom_linear_weight w, const int *counts, int E, int C, int OC, bool bf16) {
   if (!bf16) {
     ops->grouped_matmul_backward(ops, dinp, dweight, dout, inp, w.f32, counts, E, C, OC);
     return;
@@ -93,6 +116,59 @@ static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, c
       ops->matmul_backward_bf16(ops, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
                                 loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
                                 w.bf16 ? w.bf16 + (size_t)e * OC * C : NULL, counts[e], C, OC);
+}
+
+/* The same over every block. */
+static void experts_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const expert_rows *r,
+                            int E, int C, int OC) {
+  for (int q = 0; q < r->blocks; q++)
+    block_forward(ops, out + q * r->stride * OC, inp + q * r->stride * C, w, r->counts + (size_t)q * E, E, C, OC);
+}
+
+static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
+                             loom_linear_weight w, const expert_rows *r, int E, int C, int OC, bool bf16) {
+  for (int q = 0; q < r->blocks; q++)
+    block_backward(ops, dinp ? dinp + q * r->stride * C : NULL, dweight, dout + q * r->stride * OC, inp + q * r->stride * C,
+                   w, r->counts + (size_t)q * E, E, C, OC, bf16);
+}
+
+/* The activation (and its bf16 rounding) over every block's rows of fc[., fc width] into act[., f]. */
+static void experts_activation(const loom_moe_shape *shape, const loom_ops *ops, float *act, const float *fc,
+                               const expert_rows *r) {
+  const int f = shape->ffn, fc_w = loom_moe_fc_width(shape);
+  for (int q = 0; q < r->blocks; q++) {
+    const int rows = block_len(r, q, shape->local_experts);
+    float *out = act + q * r->stride * f;
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, out, fc + q * r->stride * fc_w, rows, f);
+    else ops->gelu_forward(ops, out, fc + q * r->stride * fc_w, (size_t)rows * f);
+    to_bf16_values(shape, ops, out, (size_t)rows * f);
+  }
+}
+
+/* Rounds every block's rows of x[., width] to bf16 values (bf16 runs). */
+static void round_blocks(const loom_moe_shape *shape, const loom_ops *ops, float *x, const expert_rows *r, int width) {
+  for (int q = 0; q < r->blocks; q++) to_bf16_values(shape, ops, x + q * r->stride * width, (size_t)block_len(r, q, shape->local_experts) * width);
+}
+
+/* Expert tensor parallelism: every rank's rows per expert gathered over
+ * the group, and the block they are padded to. */
+static void plan_blocks(loom_moe_host *h, const loom_moe_shape *shape, loom_comm *etp) {
+  const int El = shape->local_experts;
+  loom_comm_allgather_typed(etp, h->counts, h->block_counts, (size_t)El, LOOM_DTYPE_I32);
+  const expert_rows r = {shape->etp, 0, h->block_counts};
+  h->block_rows = 0;
+  for (int q = 0; q < shape->etp; q++) h->block_rows = block_len(&r, q, El) > h->block_rows ? block_len(&r, q, El) : h->block_rows;
+  LOOM_CHECK(h->block_rows <= shape->recv_rows, "every rank's experts take at most their bound's rows");
+}
+
+/* This rank's R rows of src[R, h] gathered with every rank's over the
+ * group into all[etp blocks, h], through the scratch's block (zero past R). */
+static void gather_blocks(const loom_moe_shape *shape, const loom_moe_scratch *s, loom_comm *etp, float *all, const float *src,
+                          int64_t R, int64_t block, const loom_allocator *mem) {
+  const size_t h = (size_t)shape->hidden;
+  if (src != s->mine) mem->copy(mem, s->mine, src, (size_t)R * h * sizeof(float));
+  loom_mem_zero(mem, s->mine + (size_t)R * h, (size_t)(block - R) * h);
+  loom_comm_allgather_typed(etp, s->mine, all, (size_t)block * h, LOOM_DTYPE_F32);
 }
 
 /* The dispatch of this rank's tokens. With a capacity factor under
@@ -201,12 +277,15 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   mem->from_host(mem, a->weights, r->weights, (size_t)n * k * sizeof(float));
   mem->from_host(mem, a->slots, d->slots, (size_t)n * k * sizeof(int));
   if (M > 0) mem->from_host(mem, a->rows, d->rows, (size_t)M * sizeof(int));
-  /* The rows into this rank's experts' order: in place without expert parallelism, else through the group. */
+  /* The rows into this rank's experts' order: in place without expert parallelism, else through the group; under
+   * expert tensor parallelism gathered with the rest of the group's after. */
+  const bool split = shape->etp > 1;
+  float *mine = split ? s->mine : a->perm;
   int R = M;
   if (shape->ep == 1) {
     host->received = M;
     for (int e = 0; e < E; e++) host->counts[e] = (int)d->counts[e];
-    ops->rows_gather(ops, a->perm, a->x, a->rows, M, h);
+    ops->rows_gather(ops, mine, a->x, a->rows, M, h);
   } else {
     int *sort = loom_xmalloc(2 * (size_t)shape->recv_rows * sizeof(int) + 1, "expert rows"), *unsort = sort + shape->recv_rows;
     plan_exchange(host, shape, g.ep, sort, unsort);
@@ -215,16 +294,21 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
     free(sort);
     ops->rows_gather(ops, s->send, a->x, a->rows, M, h);
     exchange(shape, s, g.ep, s->recv, s->send, host->send_rows, host->recv_rows, ops);
-    ops->rows_gather(ops, a->perm, s->recv, a->sort, R, h);
+    ops->rows_gather(ops, mine, s->recv, a->sort, R, h);
   }
-  /* The experts over their rows. */
-  float *y = shape->ep == 1 ? a->y : s->recv;
-  experts_forward(ops, a->fc, a->perm, w->fc, host->counts, El, h, fc);
-  to_bf16_values(shape, ops, a->fc, (size_t)R * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->act, a->fc, R, f);
-  else ops->gelu_forward(ops, a->act, a->fc, (size_t)R * f);
-  to_bf16_values(shape, ops, a->act, (size_t)R * f);
-  experts_forward(ops, y, a->act, w->proj, host->counts, El, f, h);
+  if (split) {
+    plan_blocks(host, shape, g.etp);
+    gather_blocks(shape, s, g.etp, a->perm, mine, R, host->block_rows, mem);
+  }
+  /* The experts over their rows (split: their slices over every rank's, the partial sums reduce-scattered home). */
+  const expert_rows rows = rows_of(host, shape);
+  float *y = shape->ep == 1 ? a->y : s->recv, *partial = split ? s->part : y;
+  if (split) loom_mem_zero(mem, s->part, (size_t)(rows.blocks * rows.stride) * h);
+  experts_forward(ops, a->fc, a->perm, w->fc, &rows, El, h, fc);
+  round_blocks(shape, ops, a->fc, &rows, fc);
+  experts_activation(shape, ops, a->act, a->fc, &rows);
+  experts_forward(ops, partial, a->act, w->proj, &rows, El, f, h);
+  if (split) loom_comm_reduce_scatter(g.etp, s->part, y, (size_t)rows.stride * h);
   to_bf16_values(shape, ops, y, (size_t)R * h);
   if (shape->ep > 1) { /* back in arrival order, and home */
     ops->rows_gather(ops, s->recv2, s->recv, a->unsort, R, h);
@@ -238,8 +322,9 @@ void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const
                               const loom_moe_shape *shape, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
   const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
-  experts_backward(ops, NULL, d_proj, ws->d_y, a->act, none, a->host->counts, El, f, h, shape->bf16);
-  experts_backward(ops, NULL, d_fc, ws->d_fc, a->perm, none, a->host->counts, El, h, loom_moe_fc_width(shape), shape->bf16);
+  const expert_rows rows = rows_of(a->host, shape);
+  experts_backward(ops, NULL, d_proj, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, NULL, d_fc, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
   ops->matmul_backward(ops, NULL, d_router, NULL, ws->d_logits, a->x, NULL, n, h, E);
 }
 
@@ -254,30 +339,44 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   /* The combine: each row's grad, and each choice's weight's; sent to the rows' experts. */
   ops->rows_combine_backward(ops, s->d_y, s->d_weights, dout, a->y, a->slots, a->weights, n, k, h);
   to_bf16_values(shape, ops, s->d_y, (size_t)M * h);
-  const float *d_y = s->d_y;
+  /* This rank's experts' rows' grads, expert by expert (a split backward keeps them for the weight half); under
+   * expert tensor parallelism gathered with the rest of the group's. */
+  const bool split = shape->etp > 1;
+  const expert_rows rows = rows_of(host, shape);
+  const size_t X = (size_t)(rows.blocks * rows.stride);
+  float *d_y = split ? s->mine : ws ? ws->d_y : shape->ep > 1 ? s->recv2 : s->d_y;
   if (shape->ep > 1) {
     exchange(shape, s, g.ep, s->recv, s->d_y, host->send_rows, host->recv_rows, ops);
-    ops->rows_gather(ops, ws ? ws->d_y : s->recv2, s->recv, a->sort, R, h);
-    d_y = ws ? ws->d_y : s->recv2;
-  } else if (ws) {
-    mem->copy(mem, ws->d_y, s->d_y, (size_t)R * h * sizeof(float));
+    ops->rows_gather(ops, d_y, s->recv, a->sort, R, h);
+  } else if (d_y != s->d_y) {
+    mem->copy(mem, d_y, s->d_y, (size_t)R * h * sizeof(float));
+  }
+  if (split) {
+    float *all = ws ? ws->d_y : s->part;
+    gather_blocks(shape, s, g.etp, all, d_y, R, rows.stride, mem);
+    d_y = all;
   }
   /* The experts, down then up (a split backward leaves their weight grads for the weight half). */
-  loom_mem_zero(mem, s->d_act, (size_t)R * f);
-  experts_backward(ops, s->d_act, ws ? NULL : d_proj, d_y, a->act, w->proj, host->counts, El, f, h, shape->bf16);
-  to_bf16_values(shape, ops, s->d_act, (size_t)R * f);
+  loom_mem_zero(mem, s->d_act, X * f);
+  experts_backward(ops, s->d_act, ws ? NULL : d_proj, d_y, a->act, w->proj, &rows, El, f, h, shape->bf16);
+  round_blocks(shape, ops, s->d_act, &rows, f);
   float *d_up = ws ? ws->d_fc : s->d_fc;
-  loom_mem_zero(mem, d_up, (size_t)R * fc);
-  if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, d_up, s->d_act, a->fc, R, f);
-  else ops->gelu_backward(ops, d_up, s->d_act, a->fc, (size_t)R * f);
-  to_bf16_values(shape, ops, d_up, (size_t)R * fc);
-  loom_mem_zero(mem, s->d_perm, (size_t)R * h);
-  experts_backward(ops, s->d_perm, ws ? NULL : d_fc, d_up, a->perm, w->fc, host->counts, El, h, fc, shape->bf16);
-  to_bf16_values(shape, ops, s->d_perm, (size_t)R * h);
+  loom_mem_zero(mem, d_up, X * fc);
+  for (int q = 0; q < rows.blocks; q++) {
+    const size_t at = (size_t)(q * rows.stride), n_q = (size_t)block_len(&rows, q, El);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, d_up + at * fc, s->d_act + at * f, a->fc + at * fc, (int)n_q, f);
+    else ops->gelu_backward(ops, d_up + at * fc, s->d_act + at * f, a->fc + at * fc, n_q * f);
+  }
+  round_blocks(shape, ops, d_up, &rows, fc);
+  loom_mem_zero(mem, s->d_perm, X * h);
+  experts_backward(ops, s->d_perm, ws ? NULL : d_fc, d_up, a->perm, w->fc, &rows, El, h, fc, shape->bf16);
+  float *d_perm = s->d_perm; /* split: the partial sums reduce-scattered home */
+  if (split) loom_comm_reduce_scatter(g.etp, s->d_perm, d_perm = s->mine, (size_t)rows.stride * h);
+  to_bf16_values(shape, ops, d_perm, (size_t)R * h);
   /* Home again (expert parallelism), then the gather's backward: each token's rows summed (a combine without weights). */
-  const float *d_rows = s->d_perm;
+  const float *d_rows = d_perm;
   if (shape->ep > 1) {
-    ops->rows_gather(ops, s->recv, s->d_perm, a->unsort, R, h);
+    ops->rows_gather(ops, s->recv, d_perm, a->unsort, R, h);
     exchange(shape, s, g.ep, s->d_y, s->recv, host->recv_rows, host->send_rows, ops);
     d_rows = s->d_y;
   }

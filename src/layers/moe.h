@@ -14,6 +14,14 @@
  * In bf16 runs the rows travel as bf16 (they hold bf16 values: nothing is
  * lost).
  *
+ * Under expert tensor parallelism the tp group splits each expert's MLP as
+ * it splits the dense one (gate and up by rows, down by columns), and each
+ * of its ranks computes every rank's rows through its slice: the rows its
+ * experts took are all-gathered over the group (a block per rank, padded to
+ * the largest), and the down projection's partial sums reduce-scattered
+ * back, as Megatron-Core's all-to-all dispatcher gathers them over its
+ * expert-tensor-parallel group; backward the same the other way.
+ *
  * Under sequence parallelism each rank routes its own n of the micro-batch's
  * tokens, and everything that reads the whole micro-batch sums over the
  * group: the load-balancing loss's counts (as Megatron does) and, with a
@@ -36,7 +44,7 @@
 /* Shapes of a call on this rank. */
 typedef struct {
   int n;             /* tokens this rank routes (rows of x) */
-  int hidden, ffn;   /* ffn: each expert's width */
+  int hidden, ffn;   /* ffn: each expert's width on this rank (its slice under expert tensor parallelism) */
   loom_mlp_kind mlp;
   loom_moe_router router;
   loom_moe_dispatch_config dispatch;
@@ -44,6 +52,7 @@ typedef struct {
   int ep, ep_rank;   /* the expert-parallel group's size (1: every expert here) and this rank's place in it */
   int local_experts; /* E / ep, experts [ep_rank x local_experts, ...) */
   int64_t recv_rows; /* the most rows this rank's experts take (loom_moe_recv_rows) */
+  int etp;           /* the group splitting each expert (1: whole) */
 } loom_moe_shape;
 
 /* The most rows one rank's experts take in a micro-batch of cfg's model
@@ -55,6 +64,10 @@ typedef struct {
 int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq);
 /* The shape of a layer of cfg's model routing n tokens per rank. */
 loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq);
+/* The most rows the experts compute over on one rank: the rows they take,
+ * from every rank of the group splitting them (each a block of at most
+ * recv_rows). */
+static inline int64_t loom_moe_expert_rows(const loom_moe_shape *s) { return (int64_t)s->etp * s->recv_rows; }
 /* Floats in one row of the experts' first GEMM's output (SwiGLU: gate|up). */
 static inline int loom_moe_fc_width(const loom_moe_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
 /* Rows a rank dispatches: every choice's, n k (dropless, the most). */
@@ -72,18 +85,23 @@ typedef struct {
   size_t *send_rows, *recv_rows;
   int64_t *peer_counts;
   int64_t received;  /* rows this rank's experts took (without expert parallelism: every choice kept) */
+  /* Expert tensor parallelism: every rank's rows per local expert ([etp, local experts], row q: rank q's
+   * counts), and the rows of a block (the most any rank took; the gathered buffers hold a block per rank). */
+  int *block_counts;
+  int64_t block_rows;
   float *gate;       /* [n] the shared expert's gates, as the forward left them (backward reads them) */
   float *gate_grad;  /* [n] their logits' grads */
   int *identity;     /* [n] 0, 1, ..., n - 1: each token's own row (the gate's rows_combine) */
 } loom_moe_host;
 
 /* Allocates (and frees) one: for n tokens routed to their top-k of E
- * experts over an expert-parallel group of ep. */
-loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep);
+ * experts over an expert-parallel group of ep, each expert split over etp. */
+loom_moe_host *loom_moe_host_new(int n, int experts, int topk, int ep, int etp);
 void loom_moe_host_free(loom_moe_host *h);
 
 /* What backward reads, in the backend's memory (M = loom_moe_rows rows
- * dispatched, R = recv_rows rows taken). */
+ * dispatched, R = recv_rows rows taken, X = loom_moe_expert_rows the experts
+ * compute over: R but under expert tensor parallelism). */
 typedef struct {
   float *x;        /* [n, h] the layer's input */
   float *logits;   /* [n, E] */
@@ -92,9 +110,9 @@ typedef struct {
   int *rows;       /* [M] each dispatched row's token */
   int *sort;       /* [R] expert parallelism: the received row each of this rank's experts' rows is */
   int *unsort;     /* [R] and back: the expert row each received row is */
-  float *perm;     /* [R, h] this rank's experts' inputs, expert by expert */
-  float *fc;       /* [R, fc width] before the activation */
-  float *act;      /* [R, ffn] after it */
+  float *perm;     /* [X, h] this rank's experts' inputs, expert by expert (block by block) */
+  float *fc;       /* [X, fc width] before the activation */
+  float *act;      /* [X, ffn] after it */
   float *y;        /* [M, h] the experts' outputs, in dispatch order */
   float *shared;   /* [n, h] a gated shared expert's output before its gate (else NULL) */
   float *gate;     /* [n] its gates, sigmoid(x . w) */
@@ -104,9 +122,12 @@ typedef struct {
 /* Scratch; contents never outlive a call. */
 typedef struct {
   float *d_y;           /* [M, h] */
-  float *d_perm;        /* [R, h] */
-  float *d_act;         /* [R, ffn] */
-  float *d_fc;          /* [R, fc width] */
+  float *d_perm;        /* [X, h] */
+  float *d_act;         /* [X, ffn] */
+  float *d_fc;          /* [X, fc width] */
+  float *mine;          /* [R, h] expert tensor parallelism: this rank's block of rows, before a gather or after a
+                         * reduce-scatter */
+  float *part;          /* [X, h] expert tensor parallelism: the experts' partial outputs, then the grads' */
   float *recv, *recv2;  /* [R, h] expert parallelism: rows as they arrive, and as they leave */
   float *send;          /* [M, h] expert parallelism: rows as they are sent */
   uint16_t *wire, *wire2; /* [max(M, R), h] bf16 runs with expert parallelism: the rows in transit */
@@ -128,9 +149,10 @@ typedef struct {
 } loom_moe_weights;
 
 /* The groups a call talks to (NULL: none): the ranks sharing the
- * micro-batch along the sequence, and the expert-parallel group. */
+ * micro-batch along the sequence, the expert-parallel group, and the group
+ * splitting each expert (expert tensor parallelism). */
 typedef struct {
-  loom_comm *seq, *ep;
+  loom_comm *seq, *ep, *etp;
 } loom_moe_groups;
 
 /* out[n, h] = the layer's output for x[n, h] (x saved in a); what the
@@ -142,8 +164,8 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
  * the grads of the experts' two GEMMs' outputs (this rank's experts' rows,
  * expert by expert) and of the router's logits. */
 typedef struct {
-  float *d_fc;     /* [R, fc width] */
-  float *d_y;      /* [R, h] */
+  float *d_fc;     /* [X, fc width] */
+  float *d_y;      /* [X, h] */
   float *d_logits; /* [n, E] */
 } loom_moe_wgrad;
 

@@ -60,6 +60,8 @@ double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp) {
   s->count = s->cap = 0;
   if (tp) loom_comm_allreduce_typed(tp->group, &s->sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (tp) loom_comm_allreduce_typed(tp->ep_group, &s->sums[2], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  if (tp && tp->etp_group) /* the experts' slices: over the tp group's ranks (the scalar with tp's traffic) */
+    loom_comm_allreduce_typed(tp->group, &s->sums[2], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   return s->sums[0] + s->sums[1] + s->sums[2];
 }
 

@@ -35,7 +35,7 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
  * (the backend's sumsq_batch: a device waits once, not once a piece). */
 typedef struct {
   double sums[3];   /* [0] sharded over TP, summed over the group; [1] replicated, the same everywhere; [2] experts,
-                     * summed over the expert-parallel group */
+                     * summed over the expert-parallel group (and over TP where it splits them) */
   double uncounted; /* skipped shared copies (known after the total) */
   bool skip_shared;
   const loom_ops *ops;        /* the pieces' backend */

@@ -44,7 +44,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
   loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
                      plan->parallel->sequence_parallel);
-  loom_parallel_init_experts(&tr->ps, plan->parallel->ep);
+  loom_parallel_init_experts(&tr->ps, plan->parallel->etp, plan->parallel->ep);
   const int zero_stage = plan->parallel->zero_stage, zero_dp = !o->forward_only && zero_stage ? plan->parallel->dp : 0;
   loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
   if (st == LOOM_OK) expert_bias_init(tr);

@@ -75,7 +75,7 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   cfg = loom_gpt_config_for_tp(&cfg, tp);
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
     /* but the experts of an expert-parallel run, which cross their expert-data-parallel group instead */
-    const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, p->parallel->ep, 0);
+    const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, p->parallel->etp, p->parallel->ep, 0);
     const double whole = (double)loom_gpt_param_count(&placed, range, tp) -
                          (p->parallel->ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
     return (loom_compression_cost){0.0, whole, whole, 0.0};

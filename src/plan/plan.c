@@ -117,7 +117,7 @@ void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
 
 void loom_plan_rank_config(const loom_plan *p, loom_gpt_config *cfg) {
   loom_plan_model_config(p, cfg);
-  *cfg = loom_gpt_config_for_ep(cfg, p->parallel->ep, 0);
+  *cfg = loom_gpt_config_for_ep(cfg, p->parallel->etp, p->parallel->ep, 0);
 }
 
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {

@@ -21,6 +21,7 @@ typedef struct {
   int train_seq; /* the training sequence when shorter than model.seq, else 0 */
   int tp, pp, dp, vpp, zero_stage;
   int ep; /* a MoE model's expert-parallel size (0 or 1: none) */
+  int etp; /* its expert-tensor-parallel size (0 or 1: none; else tp) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */

@@ -93,6 +93,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   l->zero_stage = sp->zero_stage;
   l->has_ep = sp->ep > 1;
   l->ep = sp->ep > 1 ? sp->ep : 1;
+  l->has_etp = sp->etp > 1;
+  l->etp = sp->etp > 1 ? sp->etp : 1;
   p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
   loom__batch__init(p->batch);
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;

@@ -133,10 +133,36 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
               sc->original_max_position_embeddings);
 }
 
+/* Expert tensor parallelism's rules: 1, or the tp group splitting each expert as it splits the dense MLP. */
+static void check_expert_tp(report *r, const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  const int etp = l->etp;
+  if (etp <= 1) return;
+  const Loom__Moe *e = p->model->moe;
+  if (!e) {
+    violation(r, "parallel.etp = %d: expert tensor parallelism splits a Mixture of Experts' experts, but the model is "
+              "dense; give it model.moe.experts or drop etp", etp);
+    return;
+  }
+  if (etp != l->tp) {
+    violation(r, "parallel.etp = %d: must be 1 or parallel.tp (%d): the experts split over the tp group or not at all "
+              "(another size is not supported yet)", etp, l->tp);
+    return;
+  }
+  const int ffn = e->has_ffn && e->ffn > 0 ? e->ffn : p->model->ffn;
+  if (ffn % etp)
+    violation(r, "parallel.etp = %d: must divide the experts' ffn (%d), each rank holding an equal slice of each; pick such "
+              "an etp", etp, ffn);
+  if (!l->sequence_parallel)
+    violation(r, "parallel.etp = %d: the experts' rows are gathered over the tp group from its ranks' shares of the "
+              "sequence; set parallel.sequence_parallel (as Megatron-Core requires)", etp);
+}
+
 /* Expert parallelism's rules (its size in bounds). */
 static void check_experts(report *r, const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
-  const int ep = l->ep;
+  const int ep = l->ep, etp = l->etp > 1 ? l->etp : 1;
+  check_expert_tp(r, p);
   if (ep <= 1) return;
   const Loom__Moe *e = p->model->moe;
   if (!e) {
@@ -147,9 +173,12 @@ static void check_experts(report *r, const loom_plan *p) {
   if (e->experts % ep)
     violation(r, "parallel.ep = %d: must divide model.moe.experts (%d), each rank holding as many; pick such an ep", ep,
               e->experts);
-  if (((int64_t)l->tp * l->dp) % ep)
+  if (etp == 1 && ((int64_t)l->tp * l->dp) % ep)
     violation(r, "parallel.ep = %d: must divide parallel.tp x parallel.dp (%d), the ranks of a stage a MoE layer regroups; "
               "pick such an ep", ep, l->tp * l->dp);
+  if (etp > 1 && ((int64_t)l->tp * l->dp) % ((int64_t)ep * etp))
+    violation(r, "parallel.ep = %d with parallel.etp = %d: etp x ep (%d) must divide parallel.tp x parallel.dp (%d), the "
+              "ranks of a stage a MoE layer regroups, so ep divides dp; pick such an ep", ep, etp, etp * ep, l->tp * l->dp);
   if (l->tp > 1 && !l->sequence_parallel)
     violation(r, "parallel.ep = %d with parallel.tp = %d: each rank of an expert-parallel group sends its own tokens, so the "
               "tp ranks must split the sequence; set parallel.sequence_parallel (as Megatron-Core requires)", ep, l->tp);
@@ -351,6 +380,7 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "parallel.dp", l->dp, 1, LOOM_PLAN_MAX_DP);
     check_size(r, "parallel.virtual_chunks", l->virtual_chunks, 1, LOOM_PLAN_MAX_CHUNKS);
     check_size(r, "parallel.ep", l->ep, 1, LOOM_PLAN_MAX_EXPERTS);
+    check_size(r, "parallel.etp", l->etp, 1, LOOM_PLAN_MAX_TP);
   }
   if (b) {
     check_size(r, "batch.micro_batch", b->micro_batch, 1, LOOM_PLAN_MAX_MICRO_BATCH);

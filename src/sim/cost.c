@@ -60,12 +60,14 @@ typedef struct {
   bool sp;
   int tp_per_node, dp_per_node;
   int ep, ep_per_node; /* a MoE model's expert-parallel group: ep consecutive ranks of a stage */
+  int etp;             /* 1, or tp: the tp group splitting each expert */
   double overhead; /* seconds per op */
 } layout;
 
 typedef struct {
   double compute, comm; /* seconds */
   double tp_bytes;      /* sent */
+  double etp_bytes;     /* sent over the tp group's ranks splitting the experts (counted apart from tp_bytes) */
   double bytes;         /* moved by its memory-bound ops */
 } pass;
 
@@ -87,6 +89,13 @@ static void tp_collective(const layout *L, pass *x, loom_collective kind, double
   double sent;
   x->comm += loom_collective_seconds(L->prof, kind, bytes, L->tp, L->tp_per_node, &sent);
   x->tp_bytes += sent;
+}
+
+/* The same over the ranks splitting the experts (the tp group's), counted apart. */
+static void etp_collective(const layout *L, pass *x, loom_collective kind, double bytes) {
+  double sent;
+  x->comm += loom_collective_seconds(L->prof, kind, bytes, L->etp, L->tp_per_node, &sent);
+  x->etp_bytes += sent;
 }
 
 /* A block's entry or exit across the tp group: an all-reduce, or under SP
@@ -111,13 +120,18 @@ static void ep_exchange(const layout *L, pass *x, double bytes) {
  * rows' gather and combine and the activation between the GEMMs, under
  * expert parallelism the rows' all-to-alls there and back in each pass,
  * and under SP the load-balancing counts summed over the group (with a
- * capacity factor also every rank's choices gathered). The router's and
- * the experts' weight-grad GEMMs are W work, as the dense linears'. */
+ * capacity factor also every rank's choices gathered). Under expert tensor
+ * parallelism each rank runs every rank's rows through its slice of the
+ * experts: the rows (fp32) all-gathered and the partial sums
+ * reduce-scattered in each pass, with the counts gathered first. The
+ * router's and the experts' weight-grad GEMMs are W work, as the dense
+ * linears'. */
 static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double E = c->moe.experts, El = loom_gpt_local_experts(c), k = c->moe.topk, n = L->rows, h = c->hidden;
-  const double fe = loom_gpt_expert_ffn(c), e = L->e;
-  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = n * k / El; /* each expert's rows from the whole group */
+  const double fe = loom_gpt_local_expert_ffn(c), e = L->e, etp = L->etp;
+  /* each expert's rows from the whole group (and from every rank splitting the experts) */
+  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = etp * n * k / El;
   const double shapes[][4] = {{n, E, h, 1}, {r, up, h, El}, {r, h, fe, El}};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
@@ -130,6 +144,14 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   f->compute += 6.0 * L->overhead;
   g->compute += 8.0 * L->overhead;
   for (int i = 0; i < 2; i++) ep_exchange(L, f, n * k * h * e), ep_exchange(L, g, n * k * h * e);
+  if (L->etp > 1) { /* the gathered buffers: a block of each rank's n k rows (its counts first) */
+    etp_collective(L, f, LOOM_COLL_ALLGATHER, etp * El * 4.0);
+    for (int i = 0; i < 2; i++) {
+      pass *x = i ? g : f;
+      etp_collective(L, x, LOOM_COLL_ALLGATHER, etp * n * k * h * 4.0);
+      etp_collective(L, x, LOOM_COLL_REDUCE_SCATTER, etp * n * k * h * 4.0);
+    }
+  }
   if (!L->sp) return;
   tp_collective(L, f, LOOM_COLL_ALLREDUCE, 8.0 * E);
   if (c->moe.capacity_factor > 0.0)
@@ -242,13 +264,14 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   L.dp_per_node = loom_group_per_node(L.dp, L.tp, dpn);
   L.ep = l->ep > 1 ? l->ep : 1;
   L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
+  L.etp = loom_gpt_expert_tp(&L.cfg);
   L.overhead = prof->op_overhead_us * 1e-6;
   const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
   c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
-  c->tp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
+  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
   c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
@@ -270,6 +293,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       for (int kind = 0; kind < 2; kind++) {
         f.compute += layers[kind] * lf[kind].compute, f.comm += layers[kind] * lf[kind].comm;
         f.tp_bytes += layers[kind] * lf[kind].tp_bytes, f.bytes += layers[kind] * lf[kind].bytes;
+        f.etp_bytes += layers[kind] * lf[kind].etp_bytes, g.etp_bytes += layers[kind] * lg[kind].etp_bytes;
         g.compute += layers[kind] * lg[kind].compute, g.comm += layers[kind] * lg[kind].comm;
         g.tp_bytes += layers[kind] * lg[kind].tp_bytes, g.bytes += layers[kind] * lg[kind].bytes;
         w.compute += layers[kind] * lw[kind].compute;
@@ -278,12 +302,14 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       for (int kind = 0; kind < 2; kind++) {
         g.compute += redo[kind] * lf[kind].compute, g.comm += redo[kind] * lf[kind].comm;
         g.tp_bytes += redo[kind] * lf[kind].tp_bytes, g.bytes += redo[kind] * lf[kind].bytes;
+        g.etp_bytes += redo[kind] * lf[kind].etp_bytes;
       }
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
       c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
       c->weight[i] = w.compute;
       c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
+      c->etp_bytes[q] += m * (f.etp_bytes + g.etp_bytes);
       c->memory_bytes[q] += m * (f.bytes + g.bytes);
       const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
       int up_rank = -1, down_rank = -1, chunk;
@@ -340,7 +366,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 
 void loom_sim_costs_free(loom_sim_costs *c) {
   double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->weight, c->dp, c->dp_exposed,
-                   c->optimizer, c->tp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
+                   c->optimizer, c->tp_bytes, c->etp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
   *c = (loom_sim_costs){0};
 }

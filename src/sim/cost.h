@@ -35,6 +35,7 @@ typedef struct {
   /* Bytes one rank of each pipeline rank sends per step: tensor-parallel,
    * between stages, data-parallel; and the link each kind crosses. */
   double *tp_bytes, *p2p_bytes, *dp_bytes; /* [p] */
+  double *etp_bytes; /* [p] sent over the tp group's ranks splitting a MoE model's experts (expert tensor parallelism) */
   /* Bytes one rank of each pipeline rank moves per step in its memory-bound
    * passes (norms, activations, residual adds, the loss's passes over the
    * logits, the optimizer's over its state), read and written: what a

@@ -11,7 +11,8 @@
 
 typedef struct {
   int tp, pp, dp, vpp, micro_batch, zero;
-  int ep; /* a MoE model's expert-parallel size (0 or 1: none) */
+  int ep;  /* a MoE model's expert-parallel size (0 or 1: none) */
+  int etp; /* and its expert-tensor-parallel size (0 or 1: none; else tp) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method); 0: all */
   loom_schedule_kind schedule;

@@ -67,18 +67,23 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
   else loom_comm_free(embed);
 }
 
-void loom_parallel_init_experts(loom_parallel *ps, int ep) {
+void loom_parallel_init_experts(loom_parallel *ps, int etp, int ep) {
   loom_expert_coords c = {0};
-  LOOM_CHECK(loom_expert_coords_of(ps->rank, ps->tp, ps->dp, 1, ep, &c) == 0, "ep divides tp x dp (the plan's rule)");
-  ps->ep = ep, ps->edp = c.edp, ps->ep_rank = c.ep_rank, ps->edp_rank = c.edp_rank;
+  etp = etp > 1 ? etp : 1;
+  LOOM_CHECK(etp == 1 || etp == ps->tp, "etp is 1 or tp (the plan's rule)");
+  LOOM_CHECK(loom_expert_coords_of(ps->rank, ps->tp, ps->dp, etp, ep, &c) == 0, "etp x ep divides tp x dp (the plan's rule)");
+  ps->etp = etp, ps->ep = ep, ps->edp = c.edp, ps->ep_rank = c.ep_rank, ps->edp_rank = c.edp_rank;
+  if (etp > 1) ps->etp_group = loom_comm_split(ps->tp_group, 0, ps->tp_rank, "etp");
   if (ep <= 1) return;
-  ps->ep_group = loom_comm_split(ps->world_group, c.edp_rank + c.edp * ps->pp_rank, c.ep_rank, "ep");
-  ps->edp_group = loom_comm_split(ps->world_group, c.ep_rank + ep * ps->pp_rank, c.edp_rank, "edp");
+  /* Split by the other two coordinates, and the stage: an EP group holds one etp rank (its experts' slice) of one replica. */
+  ps->ep_group = loom_comm_split(ps->world_group, c.etp_rank + etp * (c.edp_rank + c.edp * ps->pp_rank), c.ep_rank, "ep");
+  ps->edp_group = loom_comm_split(ps->world_group, c.etp_rank + etp * (c.ep_rank + ep * ps->pp_rank), c.edp_rank, "edp");
 }
 
 void loom_parallel_free(loom_parallel *ps) {
   if (ps->ep_group) loom_comm_free(ps->ep_group);
   if (ps->edp_group) loom_comm_free(ps->edp_group);
+  if (ps->etp_group) loom_comm_free(ps->etp_group);
   loom_comm_free(ps->tp_group);
   loom_comm_free(ps->dp_group);
   loom_comm_free(ps->pp_group);
@@ -88,5 +93,6 @@ void loom_parallel_free(loom_parallel *ps) {
 
 loom_tp loom_tp_of(const loom_parallel *ps) {
   return (loom_tp){.group = ps->tp > 1 ? ps->tp_group : NULL, .rank = ps->tp_rank, .size = ps->tp,
-                   .sequence_parallel = ps->sequence_parallel && ps->tp > 1, .ep_group = ps->ep_group};
+                   .sequence_parallel = ps->sequence_parallel && ps->tp > 1, .ep_group = ps->ep_group,
+                   .etp_group = ps->etp_group};
 }

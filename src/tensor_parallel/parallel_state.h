@@ -23,7 +23,9 @@ typedef struct {
    * hold different experts and exchange their tokens, and the
    * expert-data-parallel group of the ranks holding the same experts. */
   int ep, edp, ep_rank, edp_rank;
+  int etp; /* 1, or tp: each expert split over the tp group's ranks */
   loom_comm *ep_group, *edp_group;
+  loom_comm *etp_group; /* etp > 1: those ranks as a group of their own (its traffic counted apart from tp's) */
 } loom_parallel;
 
 /* What a tensor-parallel layer needs: its group, and whether activations
@@ -34,6 +36,7 @@ typedef struct {
   bool sequence_parallel;
   loom_comm *kv_group; /* the ranks sharing this rank's replicated key/value heads (tp > kv_heads), else NULL; the model's */
   loom_comm *ep_group; /* a MoE model's expert-parallel group (NULL: every expert on this rank), not owned */
+  loom_comm *etp_group; /* expert tensor parallelism: this group's ranks splitting each expert's MLP (NULL: whole), not owned */
   /* bf16 runs with tp > 1: where the regions' collectives pack what they
    * move, loom_tp_staging_elems of it (the model's); NULL: they move fp32. */
   uint16_t *staging;
@@ -69,9 +72,10 @@ loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence
                                 int heads, int hidden, int ffn, int T, loom_error *err);
 /* Builds this rank's groups by splitting `world` (collective over world). */
 void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel);
-/* Adds the expert grid of expert-parallel size ep (ep 1: none; expert
- * tensor parallelism 1) to ps (collective over its world). */
-void loom_parallel_init_experts(loom_parallel *ps, int ep);
+/* Adds the expert grid of expert-parallel size ep (ep 1: none) and expert
+ * tensor parallelism etp (1, or tp: the tp group splits each expert) to ps
+ * (collective over its world). */
+void loom_parallel_init_experts(loom_parallel *ps, int etp, int ep);
 void loom_parallel_free(loom_parallel *ps);
 
 #endif
