@@ -284,18 +284,28 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
  * at dp 2), and ZeRO pads each bucket to dp equal pieces, which the plan
  * leaves out: up to 0.8% more on these tiny models (the Llama family's
  * under ZeRO-3), so the run may move up to 1% more than the plan says. */
-static void expect_dp_as_planned(const loom_trainer *tr, int steps, double before) {
-  double planned = 0.0;
+static void expect_dp_as_planned(const loom_trainer *tr, int steps, double before, double edp_before) {
+  double planned = 0.0, edp_planned = 0.0;
   for (size_t k = 0; k < tr->plan->n_stages; k++)
-    if (tr->plan->estimates->stages[k]->pp_rank == tr->ps.pp_rank) planned += (double)tr->plan->estimates->stages[k]->dp_bytes_sent;
-  planned *= steps;
+    if (tr->plan->estimates->stages[k]->pp_rank == tr->ps.pp_rank) {
+      planned += (double)tr->plan->estimates->stages[k]->dp_bytes_sent;
+      edp_planned += (double)tr->plan->estimates->stages[k]->edp_bytes_sent;
+    }
+  planned *= steps, edp_planned *= steps;
   const double moved = tr->ps.dp_group->ring_bytes - before;
   const double slack = steps * 64.0 + (tr->zero ? 0.01 * planned : 0.0);
   ck_assert_msg(moved >= planned && moved <= planned + slack && (g_dp == 1 || planned > 0),
                 "rank %d: data-parallel collectives moved %.0f bytes, the plan counts %.0f (slack %.0f)", g_world->rank, moved,
                 planned, slack);
+  /* Under expert parallelism the experts' grads (and under ZeRO their weights) cross their own replicas' group. */
+  const double edp_moved = tr->ps.edp_group ? tr->ps.edp_group->ring_bytes - edp_before : 0.0;
+  const double edp_slack = steps * 64.0 + (tr->zero ? 0.01 * edp_planned : 0.0);
+  ck_assert_msg(edp_moved >= edp_planned && edp_moved <= edp_planned + edp_slack && (!tr->ps.edp_group || tr->ps.edp <= 1 || edp_planned > 0),
+                "rank %d: the experts' data-parallel collectives moved %.0f bytes, the plan counts %.0f (slack %.0f)",
+                g_world->rank, edp_moved, edp_planned, edp_slack);
   if (getenv("LOOM_TEST_MEMORY"))
-    printf("dp rank %d: moved %.0f planned %.0f (%+.0f)\n", g_world->rank, moved, planned, moved - planned);
+    printf("dp rank %d: moved %.0f planned %.0f (%+.0f); experts' %.0f planned %.0f\n", g_world->rank, moved, planned,
+           moved - planned, edp_moved, edp_planned);
 }
 
 /* Trains a case through the runtime, as `loom train` would; the caller frees
@@ -309,12 +319,13 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
   const double before = tr->ps.dp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
+  const double edp_before = tr->ps.edp_group ? tr->ps.edp_group->ring_bytes : 0.0;
   for (int s = 0; s < STEPS; s++) {
     const loom_step_stats st = loom_trainer_step(tr, s);
     losses[s] = st.loss;
     if (pc->norms) pc->norms[s] = st.grad_norm;
   }
-  expect_dp_as_planned(tr, STEPS, before);
+  expect_dp_as_planned(tr, STEPS, before, edp_before);
   expect_traffic_as_simulated(tr, STEPS, tp_before, NULL);
   /* An evaluation of more micro-batches than a step's runs in rounds within training's buffers. */
   loom_eval_stats e;

@@ -86,7 +86,8 @@ static void show(const loom_plan *p) {
   const double psi_bytes = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   const loom_compression gc = loom_plan_compression(p);
   double sent = 0.0, whole = 0.0, *rank_bytes = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"),
-         *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic");
+         *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"), experts_most = 0.0;
+  double *expert_bytes = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic");
   for (size_t k = 0; k < p->n_stages; k++) {
     const Loom__Stage *st = p->stages[k];
     const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, st->pp_rank, st->chunk));
@@ -94,7 +95,14 @@ static void show(const loom_plan *p) {
     sent += c.sent_words, whole += c.whole_words;
     rank_bytes[st->pp_rank] += (double)p->estimates->stages[k]->dp_bytes_sent;
     rank_words[st->pp_rank] += c.whole_words;
+    expert_bytes[st->pp_rank] += (double)p->estimates->stages[k]->edp_bytes_sent;
   }
+  for (int r = 0; r < l->pp; r++) experts_most = expert_bytes[r] > experts_most ? expert_bytes[r] : experts_most;
+  if (experts_most > 0.0)
+    printf("expert traffic: a rank sends up to %.2f MiB per step over its experts' data-parallel group of %d (their grads%s)\n",
+           experts_most / 1048576.0, l->tp * l->dp / (l->ep * (l->etp > 1 ? l->etp : 1)),
+           l->zero_stage ? " and weights, sharded as ZeRO shards them" : "");
+  free(expert_bytes);
   if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
     char method[64];
     loom_compression_describe(&gc, method, sizeof method);

@@ -51,10 +51,15 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
   if (l->pp > 16) printf(" ... (%d pipeline ranks)", l->pp);
   printf("; most %.2f GiB of %.2f GiB%s\n", (double)r->max_rank_memory_bytes / gib, (double)prof->device->memory_bytes / gib,
          r->max_rank_memory_bytes > prof->device->memory_bytes ? ": DOES NOT FIT" : "");
-  double tp = 0, p2p = 0, dp = 0;
-  for (int q = 0; q < l->pp; q++) tp += r->costs.tp_bytes[q] / l->pp, p2p += r->costs.p2p_bytes[q] / l->pp, dp += r->costs.dp_bytes[q] / l->pp;
-  printf("  bytes per step   one rank sends: TP %.4g GB (%s) | between stages %.4g GB (%s) | DP %.4g GB (%s)\n", tp / 1e9,
-         link_name(r->costs.tp_link), p2p / 1e9, link_name(r->costs.p2p_link), dp / 1e9, link_name(r->costs.dp_link));
+  double tp = 0, p2p = 0, dp = 0, etp = 0, edp = 0;
+  for (int q = 0; q < l->pp; q++) {
+    tp += r->costs.tp_bytes[q] / l->pp, p2p += r->costs.p2p_bytes[q] / l->pp, dp += r->costs.dp_bytes[q] / l->pp;
+    etp += r->costs.etp_bytes[q] / l->pp, edp += r->costs.edp_bytes[q] / l->pp;
+  }
+  char experts[96] = ""; /* a MoE model's: over the tp ranks splitting its experts, and over their replicas */
+  if (etp > 0 || edp > 0) snprintf(experts, sizeof experts, " | experts' TP %.4g GB, experts' DP %.4g GB", etp / 1e9, edp / 1e9);
+  printf("  bytes per step   one rank sends: TP %.4g GB (%s) | between stages %.4g GB (%s) | DP %.4g GB (%s)%s\n", tp / 1e9,
+         link_name(r->costs.tp_link), p2p / 1e9, link_name(r->costs.p2p_link), dp / 1e9, link_name(r->costs.dp_link), experts);
 }
 
 static void print_json(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r) {

@@ -15,41 +15,59 @@
 
 /* ---- estimates ---- */
 
-/* Bytes one rank sends over dp per step for a stage that costs c, as ring
- * collectives move them (of a buffer of B bytes, an all-reduce sends
- * 2 (d-1)/d B, a reduce-scatter or all-gather (d-1)/d B; an all-gather of a
- * B-byte message from each rank, (d-1) B): the grads' all-reduce (in the
- * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or compression's
- * collectives; plus ZeRO-1's all-gather of the weights (bf16 in bf16 runs).
- * 0 at dp 1. In units of the fp32 shard (4 bytes per local parameter),
- * plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for large d. */
-static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, const loom_stage_range *range) {
-  const double d = p->parallel->dp;
+/* Bytes one rank sends per step summing `words` grads of a stage over a
+ * group of d replicas without compression, as ring collectives move them
+ * (of a buffer of B bytes, an all-reduce sends 2 (d-1)/d B, a
+ * reduce-scatter or all-gather (d-1)/d B): the grads' all-reduce (in the
+ * grad_reduce type), or ZeRO-1's fp32 reduce-scatter, or ZeRO-2/3's after
+ * every micro-batch; plus ZeRO-1/2's all-gather of the weights (bf16 in
+ * bf16 runs), or ZeRO-3's before each forward and backward but of
+ * `forward_only` words (the edges, which only the head's stage needs in
+ * backward). 0 at d 1. In units of the fp32 shard (4 bytes per local
+ * parameter), plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for
+ * large d. */
+static double group_bytes_sent(const loom_plan *p, double d, double words, double forward_only) {
   if (d < 2) return 0.0;
   const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
   const double weight = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; /* bytes a gathered weight takes */
   const double m = loom_plan_micro_batches(p);
   const int zero = p->parallel->zero_stage;
-  const loom_compression gc = loom_plan_compression(p);
   double bytes;
-  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
-    bytes = 2.0 * share * 4.0 * c->sent_words;
-  else if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
-    bytes = (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
-  else if (zero >= 2) /* ZeRO-2/3 reduce-scatter fp32 grads after every micro-batch's backward */
-    bytes = m * share * 4.0 * c->whole_words;
-  else if (zero == 1) /* ZeRO-1 reduce-scatters fp32 grads once */
-    bytes = share * 4.0 * c->whole_words;
-  else
-    bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * c->whole_words;
-  if (zero == 1 || zero == 2) /* and all-gather the updated weights, in bf16 as the distributed optimizer */
-    bytes += share * weight * c->whole_words;
-  if (zero == 3) { /* every micro-batch gathers the weights for its forward, and again for its backward but the
-                    * edges, which only the head's stage needs then */
-    const double edges = range->last ? 0.0 : (double)loom_plan_zero_buckets(p, range).edges;
-    bytes += m * share * weight * (2.0 * c->whole_words - edges);
-  }
+  if (zero >= 2) bytes = m * share * 4.0 * words;
+  else if (zero == 1) bytes = share * 4.0 * words;
+  else bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * words;
+  if (zero == 1 || zero == 2) bytes += share * weight * words;
+  if (zero == 3) bytes += m * share * weight * (2.0 * words - forward_only);
   return bytes;
+}
+
+/* Bytes one rank sends over dp per step for a stage that costs c: as
+ * group_bytes_sent over what crosses whole, or compression's collectives
+ * (an all-gather of a B-byte message from each rank sends (d-1) B). */
+static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, const loom_stage_range *range) {
+  const double d = p->parallel->dp;
+  if (d < 2) return 0.0;
+  const double share = (d - 1.0) / d;
+  const loom_compression gc = loom_plan_compression(p);
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) /* all-reduces of the factors and of what crosses whole */
+    return 2.0 * share * 4.0 * c->sent_words;
+  if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
+    return (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
+  const double edges = p->parallel->zero_stage == 3 && !range->last ? (double)loom_plan_zero_buckets(p, range).edges : 0.0;
+  return group_bytes_sent(p, d, c->whole_words, edges);
+}
+
+/* Under expert parallelism, the bytes one rank sends over its experts'
+ * data-parallel group (tp dp / (etp ep) replicas) per step: their grads,
+ * and under ZeRO their weights, the same collectives as dp's (compression
+ * is refused there). */
+static double edp_bytes_sent(const loom_plan *p, const loom_stage_range *range) {
+  const Loom__Parallel *l = p->parallel;
+  if (l->ep <= 1) return 0.0;
+  loom_gpt_config cfg;
+  loom_plan_rank_config(p, &cfg);
+  const double edp = (double)l->tp * l->dp / ((double)l->ep * (l->etp > 1 ? l->etp : 1));
+  return group_bytes_sent(p, edp, (double)loom_gpt_expert_param_count(&cfg, range), 0.0);
 }
 
 void loom_plan_estimate(loom_plan *p) {
@@ -78,6 +96,7 @@ void loom_plan_estimate(loom_plan *p) {
     x->has_pp_rank = x->has_chunk = x->has_parameters = x->has_weights = x->has_grads = 1;
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
     x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
+    x->has_edp_bytes_sent = p->parallel->ep > 1;
     x->has_zero_transient = x->has_weight_grad_states = x->has_grad_reduce_buffers = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
@@ -108,6 +127,7 @@ void loom_plan_estimate(loom_plan *p) {
     x->grad_compression = (int64_t)mem.bytes[LOOM_MEM_COMPRESSION];
     const loom_compression_cost c = loom_plan_compression_cost(p, &range); /* what crosses dp, from the layers' table */
     x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
+    x->edp_bytes_sent = (int64_t)edp_bytes_sent(p, &range);
   }
 }
 

@@ -271,7 +271,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
   c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
-  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
+  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->edp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
   c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
@@ -319,17 +319,28 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       c->p2p_bytes[q] += m * message * ((sends_up ? 1.0 : 0.0) + (sends_down ? 1.0 : 0.0));
     }
     /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
-     * stage, compression and all), at the dp group's bus bandwidth. */
-    double layers, dp_sent = 0.0;
+     * stage, compression and all), at the dp group's bus bandwidth; under
+     * expert parallelism also the experts' over their own replicas' group. */
+    double layers, dp_sent = 0.0, edp_sent = 0.0;
     const double params = rank_params(&L, q, &layers);
     for (size_t k = 0; k < plan->n_stages; k++)
-      if (plan->stages[k]->pp_rank == q) dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
-    c->dp_bytes[q] = dp_sent;
-    if (L.dp > 1) {
-      double bw, latency;
-      group_link(prof, L.dp, L.dp_per_node, &bw, &latency);
+      if (plan->stages[k]->pp_rank == q) {
+        dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
+        edp_sent += (double)plan->estimates->stages[k]->edp_bytes_sent;
+      }
+    c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
+    if (L.dp > 1 || edp_sent > 0.0) {
       const double buckets = l->zero_stage >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
-      c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L.dp) * latency;
+      double bw, latency;
+      if (L.dp > 1) {
+        group_link(prof, L.dp, L.dp_per_node, &bw, &latency);
+        c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L.dp) * latency;
+      }
+      if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
+        const int edp = L.tp * L.dp / (L.ep * L.etp);
+        group_link(prof, edp, loom_group_per_node(edp, L.ep * L.etp, dpn), &bw, &latency);
+        c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
+      }
       /* Buckets go as their layers' grads are ready, behind the last backward
        * (under ZeRO-2/3, behind every micro-batch's); what it cannot hide, and
        * the last bucket, stay exposed. */
@@ -366,7 +377,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 
 void loom_sim_costs_free(loom_sim_costs *c) {
   double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->weight, c->dp, c->dp_exposed,
-                   c->optimizer, c->tp_bytes, c->etp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
+                   c->optimizer, c->tp_bytes, c->etp_bytes, c->edp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
   *c = (loom_sim_costs){0};
 }

@@ -29,13 +29,14 @@ typedef struct {
   double *weight;   /* [p * v] the part of backward a split one runs as its weight half */
   double p2p;       /* seconds for one activation or grad to cross between stages */
   double tied;      /* the tied-embedding grads' all-reduce */
-  double *dp;       /* [p] data-parallel traffic of a step, whole */
+  double *dp;       /* [p] data-parallel traffic of a step, whole (the experts' over their replicas too) */
   double *dp_exposed; /* [p] what of it backward does not hide */
   double *optimizer;  /* [p] the optimizer step, with ZeRO's weight gather */
   /* Bytes one rank of each pipeline rank sends per step: tensor-parallel,
    * between stages, data-parallel; and the link each kind crosses. */
   double *tp_bytes, *p2p_bytes, *dp_bytes; /* [p] */
   double *etp_bytes; /* [p] sent over the tp group's ranks splitting a MoE model's experts (expert tensor parallelism) */
+  double *edp_bytes; /* [p] sent over the experts' data-parallel group (expert parallelism); dp_bytes is the rest's */
   /* Bytes one rank of each pipeline rank moves per step in its memory-bound
    * passes (norms, activations, residual adds, the loss's passes over the
    * logits, the optimizer's over its state), read and written: what a
