@@ -133,17 +133,21 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
               sc->original_max_position_embeddings);
 }
 
+/* The experts a size of parallel.`field` splits (`what`), or NULL, said, where the model is dense. */
+static const Loom__Moe *experts_to_split(report *r, const loom_plan *p, const char *field, int size, const char *what) {
+  if (!p->model->moe)
+    violation(r, "parallel.%s = %d: %s splits a Mixture of Experts' experts, but the model is dense; give it "
+              "model.moe.experts or drop %s", field, size, what, field);
+  return p->model->moe;
+}
+
 /* Expert tensor parallelism's rules: 1, or the tp group splitting each expert as it splits the dense MLP. */
 static void check_expert_tp(report *r, const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
   const int etp = l->etp;
   if (etp <= 1) return;
-  const Loom__Moe *e = p->model->moe;
-  if (!e) {
-    violation(r, "parallel.etp = %d: expert tensor parallelism splits a Mixture of Experts' experts, but the model is "
-              "dense; give it model.moe.experts or drop etp", etp);
-    return;
-  }
+  const Loom__Moe *e = experts_to_split(r, p, "etp", etp, "expert tensor parallelism");
+  if (!e) return;
   if (etp != l->tp) {
     violation(r, "parallel.etp = %d: must be 1 or parallel.tp (%d): the experts split over the tp group or not at all "
               "(another size is not supported yet)", etp, l->tp);
@@ -164,12 +168,8 @@ static void check_experts(report *r, const loom_plan *p) {
   const int ep = l->ep, etp = l->etp > 1 ? l->etp : 1;
   check_expert_tp(r, p);
   if (ep <= 1) return;
-  const Loom__Moe *e = p->model->moe;
-  if (!e) {
-    violation(r, "parallel.ep = %d: expert parallelism splits a Mixture of Experts' experts, but the model is dense; give "
-              "it model.moe.experts or drop ep", ep);
-    return;
-  }
+  const Loom__Moe *e = experts_to_split(r, p, "ep", ep, "expert parallelism");
+  if (!e) return;
   if (e->experts % ep)
     violation(r, "parallel.ep = %d: must divide model.moe.experts (%d), each rank holding as many; pick such an ep", ep,
               e->experts);
