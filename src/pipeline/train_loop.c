@@ -28,6 +28,9 @@ void loom_train_describe(const loom_trainer *tr) {
                   "cross the ep group in all-to-alls, their grads the expert-data-parallel group", ps->ep,
                   ps->edp, loom_gpt_local_experts(c), c->moe.experts);
   }
+  if (ps->etp > 1)
+    loom_log_info("experts: each split over the tp group (etp %d), every rank's rows gathered for them and their outputs "
+                  "reduce-scattered back", ps->etp);
   const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, LOOM_RECOMPUTE_PLAN),
                full = loom_plan_rank_activations(tr->plan, ps->pp_rank, 0);
   const loom_gpt *c0 = loom_pipeline_chunk(p, 0);
