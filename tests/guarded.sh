@@ -84,10 +84,11 @@ layout bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
 LLAMA="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied"
 layout llama_tp2_sp_dp2_zero3 4 --tp 2 --sequence-parallel --dp 2 --zero 3 --kv-heads 2 $LLAMA
 layout bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 --recompute full $LLAMA
-# Mixtures of Experts (saved as safetensors): expert parallelism over tp 2 (SP) x dp 2, and in bf16 over dp 2
-# with a capacity factor, its tokens crossing the EP group in all-to-alls.
+# Mixtures of Experts (saved as safetensors): over tp 2 (SP) x dp 2 each expert split over the tp group (etp 2)
+# and ep 2 over dp under ZeRO-1, its rows gathered over tp; and in bf16 ep 2 over dp 2 with a capacity factor,
+# its tokens crossing the EP group in all-to-alls.
 MOE="$LLAMA --num-experts 4 --moe-ffn-hidden-size 32 --moe-shared-expert-intermediate-size 16 --moe-aux-loss-coeff 0.01"
-layout moe_ep2_tp2_sp_dp2 4 --tp 2 --sequence-parallel --dp 2 --ep 2 $MOE
+layout moe_etp2_ep2_tp2_sp_dp2_zero1 4 --tp 2 --sequence-parallel --dp 2 --ep 2 --etp 2 --zero 1 $MOE
 layout bf16_moe_ep2_dp2_capacity 2 --dp 2 --ep 2 --precision bf16 --moe-expert-capacity-factor 1 $MOE
 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
