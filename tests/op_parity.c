@@ -417,6 +417,46 @@ static void attention_dropout(const op_backend *b, op_report *r) {
   attention_at(b, r, 0.3f, 6, 2);
 }
 
+/* Context-parallel attention's blocks: 6 query rows (two chunks of a
+ * longer sequence) against two blocks of 4 keys, the second merged into
+ * the first; three rows see none of the first block's keys. */
+static void attention_blocks_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  enum { TQ = 6, TK = 4 };
+  const loom_attn_shape s = {.T = 16, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
+                             .total_heads = 2 * heads};
+  const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
+  const int q_pos[TQ] = {4, 5, 6, 9, 10, 11}, k_pos[2][TK] = {{7, 8, 14, 15}, {0, 1, 2, 3}};
+  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), kvw = 2 * (size_t)kv_heads * s.head_dim;
+  mirror q = make(b, (size_t)TQ * s.B * w3, -1, 1), out = make(b, (size_t)TQ * s.B * width, 0, 0);
+  mirror lse = make(b, (size_t)s.B * s.heads * TQ, 0, 0), dout = make(b, (size_t)TQ * s.B * width, -1, 1);
+  mirror dq = make(b, (size_t)TQ * s.B * w3, -1, 1), kv[2], dkv[2];
+  for (int k = 0; k < 2; k++) kv[k] = make(b, (size_t)TK * s.B * kvw, -1, 1), dkv[k] = make(b, (size_t)TK * s.B * kvw, -1, 1);
+  for (int k = 0; k < 2; k++) {
+    ref->attention_block_forward(ref, out.host, lse.host, q.host, kv[k].host, TQ, TK, q_pos, k_pos[k], &s, &d, k == 0);
+    op->attention_block_forward(op, out.dev, lse.dev, q.dev, kv[k].dev, TQ, TK, q_pos, k_pos[k], &s, &d, k == 0);
+  }
+  expect(r, "attention_block_forward out", &out, b->fp32_nmse);
+  expect(r, "attention_block_forward log-sum-exps", &lse, b->fp32_nmse);
+  for (int k = 0; k < 2; k++) {
+    ref->attention_block_backward(ref, dq.host, dkv[k].host, dout.host, out.host, q.host, kv[k].host, TQ, TK, q_pos, k_pos[k],
+                                  lse.host, &s, &d);
+    op->attention_block_backward(op, dq.dev, dkv[k].dev, dout.dev, out.dev, q.dev, kv[k].dev, TQ, TK, q_pos, k_pos[k], lse.dev,
+                                 &s, &d);
+  }
+  expect(r, "attention_block_backward dq", &dq, b->fp32_nmse);
+  expect(r, "attention_block_backward dkv (first block)", &dkv[0], b->fp32_nmse);
+  expect(r, "attention_block_backward dkv (second block)", &dkv[1], b->fp32_nmse);
+  mirror *all[] = {&q, &out, &lse, &dout, &dq, &kv[0], &kv[1], &dkv[0], &dkv[1]};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void attention_blocks(const op_backend *b, op_report *r) {
+  attention_blocks_at(b, r, 0.0f, 3, 3);
+  attention_blocks_at(b, r, 0.0f, 6, 2);
+  attention_blocks_at(b, r, 0.3f, 4, 1);
+}
+
 static void embedding(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   enum { T = 7, B = 3, C = 19, N = T * B };
@@ -697,6 +737,7 @@ const op_case OP_CASES[] = {
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
+    {"attention blocks", attention_blocks, {AT(attention_block_forward), AT(attention_block_backward)}, 2},
     {"embedding and positions", embedding,
      {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward), AT(embedding_forward_bf16)}, 5},
     {"vocab-parallel loss pieces", loss,

@@ -154,6 +154,26 @@ struct loom_ops {
    * dout . out (dropout included), so no row is stored or summed twice. */
   void (*attention_backward)(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
                              const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
+  /* One block of context-parallel (ring) attention, the same contract
+   * over blocks of keys: the local queries q (Tq rows [t, b] of the qkv
+   * layout, loom_attn_qkv_width apart, q first) against a block of keys
+   * and values kv (Tk rows [t, b] of k | v of the K key/value heads, 2 K D
+   * apart), a key seen by a query where its global position is at most
+   * the query's (q_pos[Tq] and k_pos[Tk], host memory), dropout keyed by
+   * the global positions (s->T: the whole sequence). The block's softmax
+   * joins out[Tq, B, H D] and lse[B, H, Tq] by their log-sum-exps (first:
+   * it is the first block, whose rows are written; a row that sees none of
+   * its keys gets 0 and -inf), so that after every block they are the
+   * attention over all the keys. */
+  void (*attention_block_forward)(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq,
+                                  int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
+                                  const loom_dropout *drop, bool first);
+  /* dq (rows as q's) and dkv (as kv's) += the block's share of the grads,
+   * from dout and the out and lse every block made (the softmax's
+   * sum_k p dp for each row is dout . out, which spans the blocks). */
+  void (*attention_block_backward)(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out,
+                                   const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos,
+                                   const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
 
   /* out[T,B,C] = wte[tokens[t,b] - vocab_start] for tokens this call owns
    * (vocab_start <= token < vocab_start + rows), 0 for the rest: under

@@ -417,6 +417,147 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float 
   }
 }
 
+/* ---- context-parallel attention's blocks ---- */
+
+/* Row pos of a block's scores pr[0..n) (keys at k_pos): the probabilities
+ * that multiply v over the keys at or before the query's position (mask and
+ * scale of dropout applied by the global positions; 0 for the rest); returns
+ * the row's log-sum-exp over them, -inf where it sees none. */
+static float block_softmax_row(float *pr, int n, int pos, const int *k_pos, const loom_dropout *drop,
+                               const loom_attn_shape *s, int b, int h) {
+  float maxv = -INFINITY, sum = 0.0f;
+  for (int tk = 0; tk < n; tk++)
+    if (k_pos[tk] <= pos && pr[tk] > maxv) maxv = pr[tk];
+  if (maxv == -INFINITY) {
+    memset(pr, 0, (size_t)n * sizeof(float));
+    return -INFINITY;
+  }
+  for (int tk = 0; tk < n; tk++) {
+    pr[tk] = k_pos[tk] <= pos ? loom_fast_expf(pr[tk] - maxv) : 0.0f;
+    sum += pr[tk];
+  }
+  const float inv = 1.0f / sum;
+  for (int tk = 0; tk < n; tk++) pr[tk] *= inv * (pr[tk] > 0.0f ? keep_scale(drop, s, b, h, pos, k_pos[tk]) : 1.0f);
+  return maxv + logf(sum);
+}
+
+/* Folds a block's row (its output o_blk and log-sum-exp) into what earlier blocks left in o and *lse. */
+static void merge_row(float *o, float *lse, const float *o_blk, float blk, int D, bool first) {
+  if (blk == -INFINITY) {
+    if (first) memset(o, 0, (size_t)D * sizeof(float)), *lse = -INFINITY;
+    return;
+  }
+  const float old = first ? -INFINITY : *lse;
+  const float merged = old > blk ? old + log1pf(expf(blk - old)) : blk + log1pf(expf(old - blk));
+  const float keep = old == -INFINITY ? 0.0f : expf(old - merged), add = expf(blk - merged);
+  for (int d = 0; d < D; d++) o[d] = keep * o[d] + add * o_blk[d];
+  *lse = merged;
+}
+
+/* Blocked as attention_forward, with GEMMs: for each tile of query rows
+ * the scores against the block's keys (S = Q K^T), each row's softmax over
+ * the keys before it, O = P V, and each row merged into out. */
+static void cpu_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq,
+                                        int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
+                                        const loom_dropout *drop, bool first) {
+  loom_attn_shape_check(s);
+  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim;
+  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), kvw = 2 * (size_t)K * D;
+  const float scale = 1.0f / sqrtf((float)D);
+  const loom_gemm_library lib = loom_cpu_gemm_library();
+#pragma omp parallel
+  {
+    float *k = loom_xmalloc((2 * (size_t)Tk * D + 2 * (size_t)Tq * D + (size_t)ATT_ROWS * Tk) * sizeof(float),
+                            "attention scratch");
+    float *v = k + (size_t)Tk * D, *x = v + (size_t)Tk * D, *o = x + (size_t)Tq * D, *p = o + (size_t)Tq * D;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++) {
+        const size_t g = (size_t)loom_attn_kv_head(s, h) * D;
+        pack_rows(x, q + (size_t)b * w3 + (size_t)h * D, w3 * B, Tq, D);
+        pack_rows(k, kv + (size_t)b * kvw + g, kvw * B, Tk, D);
+        pack_rows(v, kv + (size_t)b * kvw + (size_t)K * D + g, kvw * B, Tk, D);
+        for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
+          const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
+          loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, x + (size_t)i0 * D, D, k, D, 0.0f, p, Tk);
+          float blk[ATT_ROWS];
+          for (int r = 0; r < R; r++) blk[r] = block_softmax_row(p + (size_t)r * Tk, Tk, q_pos[i0 + r], k_pos, drop, s, b, h);
+          loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, p, Tk, v, D, 0.0f, o + (size_t)i0 * D, D);
+          for (int r = 0; r < R; r++) {
+            const int t = i0 + r;
+            merge_row(out + ((size_t)t * B + b) * width + (size_t)h * D, lse + ((size_t)b * H + h) * Tq + t,
+                      o + (size_t)t * D, blk[r], D, first);
+          }
+        }
+      }
+    free(k);
+  }
+}
+
+/* Blocked as attention_backward: per key/value head, the block's keys and
+ * values against the query tiles of every head they serve, p rebuilt from
+ * the merged log-sum-exps, dS = p (dP keep - dout . out) scale, and
+ * dV += P^T dout, dK += dS^T Q, dQ += dS K. */
+static void cpu_attention_block_backward(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out,
+                                         const float *q, const float *kv, int Tq, int Tk, const int *q_pos,
+                                         const int *k_pos, const float *lse, const loom_attn_shape *s,
+                                         const loom_dropout *drop) {
+  loom_attn_shape_check(s);
+  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
+  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), kvw = 2 * (size_t)K * D;
+  const size_t keys = (size_t)Tk * D, rows = (size_t)Tq * D, tile = (size_t)ATT_ROWS * Tk;
+  const float scale = 1.0f / sqrtf((float)D);
+  const loom_gemm_library lib = loom_cpu_gemm_library();
+  /* Each (b, kv head) touches only its own columns: its k and v, and the q of the heads it serves. */
+#pragma omp parallel
+  {
+    float *k = loom_xmalloc((4 * keys + 3 * rows + 2 * tile + (size_t)Tq) * sizeof(float), "attention scratch");
+    float *v = k + keys, *dk = v + keys, *dv = dk + keys, *x = dv + keys, *dx = x + rows, *dy = dx + rows;
+    float *p = dy + rows, *dp = p + tile, *delta = dp + tile;
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++)
+      for (int g = 0; g < K; g++) {
+        const size_t kat = (size_t)b * kvw + (size_t)g * D, vat = kat + (size_t)K * D;
+        pack_rows(k, kv + kat, kvw * B, Tk, D);
+        pack_rows(v, kv + vat, kvw * B, Tk, D);
+        pack_rows(dk, dkv + kat, kvw * B, Tk, D);
+        pack_rows(dv, dkv + vat, kvw * B, Tk, D);
+        for (int h = g * group; h < (g + 1) * group; h++) {
+          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * D;
+          const float *l = lse + ((size_t)b * H + h) * Tq;
+          pack_rows(x, q + head, w3 * B, Tq, D);
+          pack_rows(dx, dq + head, w3 * B, Tq, D);
+          pack_rows(dy, dout + at, width * B, Tq, D);
+          for (int t = 0; t < Tq; t++) delta[t] = dot(dy + (size_t)t * D, out + (size_t)t * width * B + at, D);
+          for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
+            const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
+            const float *xi = x + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
+            loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, xi, D, k, D, 0.0f, p, Tk);
+            loom_cpu_sgemm_with(lib, false, true, R, Tk, D, 1.0f, dyi, D, v, D, 0.0f, dp, Tk);
+            for (int r = 0; r < R; r++) {
+              const int t = i0 + r;
+              float *pr = p + (size_t)r * Tk, *dpr = dp + (size_t)r * Tk;
+              for (int tk = 0; tk < Tk; tk++) {
+                const bool seen = k_pos[tk] <= q_pos[t] && l[t] != -INFINITY;
+                const float prob = seen ? loom_fast_expf(pr[tk] - l[t]) : 0.0f;
+                const float keep = seen ? keep_scale(drop, s, b, h, q_pos[t], k_pos[tk]) : 0.0f;
+                pr[tk] = prob * keep;
+                dpr[tk] = prob * (dpr[tk] * keep - delta[t]) * scale;
+              }
+            }
+            loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, p, Tk, dyi, D, 1.0f, dv, D);
+            loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, dp, Tk, xi, D, 1.0f, dk, D);
+            loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, dp, Tk, k, D, 1.0f, dx + (size_t)i0 * D, D);
+          }
+          unpack_rows(dq + head, w3 * B, dx, Tq, D);
+        }
+        unpack_rows(dkv + kat, kvw * B, dk, Tk, D);
+        unpack_rows(dkv + vat, kvw * B, dv, Tk, D);
+      }
+    free(k);
+  }
+}
+
 /* The table row token i's output row o takes, or -1 with o zeroed (another rank's token). */
 static int embedding_row(float *o, int token, int vocab_start, int rows, int C) {
   const int row = token - vocab_start;
@@ -714,6 +855,8 @@ static const loom_ops CPU_OPS = {
     .gelu_forward = cpu_gelu_forward,
     .gelu_backward = cpu_gelu_backward,
     .attention_forward = cpu_attention_forward,
+    .attention_block_forward = cpu_attention_block_forward,
+    .attention_block_backward = cpu_attention_block_backward,
     .attention_backward = cpu_attention_backward,
     .embedding_forward = cpu_embedding_forward,
     .embedding_forward_bf16 = cpu_embedding_forward_bf16,

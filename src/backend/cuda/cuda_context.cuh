@@ -57,9 +57,9 @@ struct Backend {
   cublasHandle_t blas = nullptr;
   // Work buffers the context owns, grown on demand (grow()): attention
   // probabilities after dropout, sumsq's block sums, a GEMM's bf16 operands,
-  // a grouped GEMM's operand pointers.
-  void *scratch = nullptr, *partials = nullptr, *operands = nullptr, *pointers = nullptr;
-  size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0, pointer_bytes = 0;
+  // a grouped GEMM's operand pointers, attention blocks' row positions.
+  void *scratch = nullptr, *partials = nullptr, *operands = nullptr, *pointers = nullptr, *positions = nullptr;
+  size_t scratch_bytes = 0, partials_bytes = 0, operand_bytes = 0, pointer_bytes = 0, position_bytes = 0;
   bool bf16_gemms = false; // matmuls on bf16 tensor cores (loom_cuda_set_bf16_gemms)
   loom_cuda_attention attention = LOOM_CUDA_ATTENTION_FUSED;
   int shared_optin = 0;       // the device's opt-in shared memory per block, once asked

@@ -173,6 +173,148 @@ void cuda_matmul_backward(const loom_ops *be, float *dinp, float *dweight, float
   if (dbias) cuda_bias_backward(be, dbias, dout, N, OC);
 }
 
+// ---- context-parallel attention's blocks ---------------------------------------
+// A direct version of the contract: a block of threads per query row (or
+// key row) and head, a thread per head dimension, each score a block sum;
+// deterministic (every grad summed by the thread that owns it, no
+// atomics), not yet tiled as the fused kernels are.
+
+void check_shape(const loom_attn_shape *s); // below, with the fused attention's
+
+// The rows' global positions (host memory) copied to the context's buffer on the stream: q's, then k's.
+const int *device_positions(Backend &g, const int *q_pos, int Tq, const int *k_pos, int Tk) {
+  int *dev = (int *)grow(g, g.positions, g.position_bytes, ((size_t)Tq + Tk) * sizeof(int), "attention positions");
+  check(cudaMemcpyAsync(dev, q_pos, (size_t)Tq * sizeof(int), cudaMemcpyHostToDevice, g.stream), "attention positions");
+  check(cudaMemcpyAsync(dev + Tq, k_pos, (size_t)Tk * sizeof(int), cudaMemcpyHostToDevice, g.stream), "attention positions");
+  return dev;
+}
+
+// Where a block's rows lie: q's among qkv rows, k's and v's among kv rows (part 0, 1).
+struct BlockRows {
+  int Tq, Tk, K;
+  size_t w3, kvw;
+  __device__ const float *q(const float *base, const AttnArgs &a, int t, int b, int h) const {
+    return base + ((size_t)t * a.B + b) * w3 + (size_t)h * a.D;
+  }
+  __device__ const float *kv(const float *base, const AttnArgs &a, int t, int b, int part, int g) const {
+    return base + ((size_t)t * a.B + b) * kvw + ((size_t)part * K + g) * a.D;
+  }
+};
+
+inline BlockRows block_rows(const loom_attn_shape *s, int Tq, int Tk) {
+  return BlockRows{Tq, Tk, s->kv_heads, loom_attn_qkv_width(s), 2 * (size_t)s->kv_heads * s->head_dim};
+}
+
+// A thread per dimension, rounded up to whole warps.
+inline unsigned dim_threads(int D) { return (unsigned)((D + 31) / 32 * 32); }
+
+__device__ inline float row_dot(const float *x, const float *y, int D) {
+  const int d = threadIdx.x;
+  return block_sum(d < D ? x[d] * y[d] : 0.0f);
+}
+
+__global__ void attention_block_forward_kernel(float *out, float *lse, const float *q, const float *kv, const int *pos,
+                                               BlockRows r, AttnArgs a, bool first) {
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, g = h / (a.H / r.K);
+  const int *k_pos = pos + r.Tq, qp = pos[t];
+  const float scale = rsqrtf((float)D), *x = r.q(q, a, t, b, h);
+  float *o = out + ((size_t)t * a.B + b) * a.H * D + (size_t)h * D, *l = lse + ((size_t)b * a.H + h) * r.Tq + t;
+  const float old = first ? -INFINITY : *l;
+  __syncthreads(); // every thread has read *l before thread 0 writes it
+  float maxv = -INFINITY, sum = 0.0f, acc = 0.0f;
+  for (int tk = 0; tk < r.Tk; tk++)
+    if (k_pos[tk] <= qp) maxv = fmaxf(maxv, row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale);
+  if (maxv == -INFINITY) { // no key of this block is before the query
+    if (first && d < D) o[d] = 0.0f;
+    if (first && d == 0) *l = -INFINITY;
+    return;
+  }
+  for (int tk = 0; tk < r.Tk; tk++)
+    if (k_pos[tk] <= qp) sum += expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - maxv);
+  const float blk = maxv + logf(sum);
+  for (int tk = 0; tk < r.Tk; tk++) {
+    if (k_pos[tk] > qp) continue;
+    const float p = expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - blk) * keep_factor(a, b, h, qp, k_pos[tk]);
+    if (d < D) acc += p * r.kv(kv, a, tk, b, 1, g)[d];
+  }
+  const float merged = old > blk ? old + log1pf(expf(blk - old)) : blk + log1pf(expf(old - blk));
+  const float keep = old == -INFINITY ? 0.0f : expf(old - merged), add = expf(blk - merged);
+  if (d < D) o[d] = keep * o[d] + add * acc;
+  if (d == 0) *l = merged;
+}
+
+// dq of one query row and head: its block's keys, p from the merged log-sum-exp, dS = p (dP keep - dout . out) scale.
+__global__ void attention_block_dq_kernel(float *dq, const float *dout, const float *out, const float *q, const float *kv,
+                                          const float *lse, const int *pos, BlockRows r, AttnArgs a) {
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, g = h / (a.H / r.K);
+  const int *k_pos = pos + r.Tq, qp = pos[t];
+  const float l = lse[((size_t)b * a.H + h) * r.Tq + t];
+  if (l == -INFINITY) return;
+  const float scale = rsqrtf((float)D), *x = r.q(q, a, t, b, h);
+  const size_t at = ((size_t)t * a.B + b) * a.H * D + (size_t)h * D;
+  const float delta = row_dot(dout + at, out + at, D);
+  float acc = 0.0f;
+  for (int tk = 0; tk < r.Tk; tk++) {
+    if (k_pos[tk] > qp) continue;
+    const float *k = r.kv(kv, a, tk, b, 0, g);
+    const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, qp, k_pos[tk]);
+    const float ds = p * (row_dot(dout + at, r.kv(kv, a, tk, b, 1, g), D) * keep - delta) * scale;
+    if (d < D) acc += ds * k[d];
+  }
+  if (d < D) dq[((size_t)t * a.B + b) * r.w3 + (size_t)h * D + d] += acc;
+}
+
+// dk and dv of one key row and key/value head: every query row of the heads it serves that sees it.
+__global__ void attention_block_dkv_kernel(float *dkv, const float *dout, const float *out, const float *q, const float *kv,
+                                           const float *lse, const int *pos, BlockRows r, AttnArgs a) {
+  const int tk = blockIdx.x, g = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, group = a.H / r.K;
+  const int kp = pos[r.Tq + tk];
+  const float scale = rsqrtf((float)D), *k = r.kv(kv, a, tk, b, 0, g), *v = r.kv(kv, a, tk, b, 1, g);
+  float dk = 0.0f, dv = 0.0f;
+  for (int h = g * group; h < (g + 1) * group; h++)
+    for (int t = 0; t < r.Tq; t++) {
+      const float l = lse[((size_t)b * a.H + h) * r.Tq + t];
+      if (pos[t] < kp || l == -INFINITY) continue;
+      const float *x = r.q(q, a, t, b, h);
+      const size_t at = ((size_t)t * a.B + b) * a.H * D + (size_t)h * D;
+      const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, pos[t], kp);
+      const float ds = p * (row_dot(dout + at, v, D) * keep - row_dot(dout + at, out + at, D)) * scale;
+      if (d < D) dv += p * keep * dout[at + d], dk += ds * x[d];
+    }
+  if (d < D) {
+    dkv[((size_t)tk * a.B + b) * r.kvw + (size_t)g * D + d] += dk;
+    dkv[((size_t)tk * a.B + b) * r.kvw + ((size_t)r.K + g) * D + d] += dv;
+  }
+}
+
+void cuda_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq, int Tk,
+                                  const int *q_pos, const int *k_pos, const loom_attn_shape *s, const loom_dropout *drop,
+                                  bool first) {
+  Backend &g = ctx(be);
+  check_shape(s);
+  if (Tq == 0) return;
+  const int *pos = device_positions(g, q_pos, Tq, k_pos, Tk);
+  LAUNCH(attention_block_forward_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+         g.stream, out, lse, q, kv, pos, block_rows(s, Tq, Tk), attn_args(s, drop), first);
+  launched("attention_block_forward");
+}
+
+void cuda_attention_block_backward(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out,
+                                   const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos,
+                                   const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  Backend &g = ctx(be);
+  check_shape(s);
+  if (Tq == 0 || Tk == 0) return;
+  const int *pos = device_positions(g, q_pos, Tq, k_pos, Tk);
+  const BlockRows r = block_rows(s, Tq, Tk);
+  const AttnArgs a = attn_args(s, drop);
+  LAUNCH(attention_block_dq_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+         g.stream, dq, dout, out, q, kv, lse, pos, r, a);
+  LAUNCH(attention_block_dkv_kernel, dim3((unsigned)Tk, (unsigned)s->kv_heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+         g.stream, dkv, dout, out, q, kv, lse, pos, r, a);
+  launched("attention_block_backward");
+}
+
 // ---- the experts' grouped GEMMs ----------------------------------------------
 
 // One expert's product in a grouped GEMM: c[m,n] (column-major, ldc m) = beta c + op(a) op(b).
@@ -1172,6 +1314,8 @@ loom_ops make_ops() {
   o.gelu_backward = cuda_gelu_backward;
   o.attention_forward = cuda_attention_forward;
   o.attention_backward = cuda_attention_backward;
+  o.attention_block_forward = cuda_attention_block_forward;
+  o.attention_block_backward = cuda_attention_block_backward;
   o.embedding_forward = cuda_embedding_forward;
   o.embedding_forward_bf16 = cuda_embedding_forward_bf16;
   o.embedding_backward = cuda_embedding_backward;
@@ -1245,6 +1389,8 @@ loom_ops make_synced_ops() {
   o.rope_backward = SYNCED(cuda_rope_backward);
   o.attention_forward = SYNCED(cuda_attention_forward);
   o.attention_backward = SYNCED(cuda_attention_backward);
+  o.attention_block_forward = SYNCED(cuda_attention_block_forward);
+  o.attention_block_backward = SYNCED(cuda_attention_block_backward);
   o.embedding_forward = SYNCED(cuda_embedding_forward);
   o.embedding_forward_bf16 = SYNCED(cuda_embedding_forward_bf16);
   o.embedding_backward = SYNCED(cuda_embedding_backward);

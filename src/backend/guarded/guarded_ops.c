@@ -154,6 +154,16 @@ static void g_attention_backward(const loom_ops *be, float *dqkv, const float *d
                                  const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   CPU->attention_backward(CPU, U(dqkv), U(dout), U(out), U(qkv), U(lse), s, drop);
 }
+static void g_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq,
+                                      int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
+                                      const loom_dropout *drop, bool first) {
+  CPU->attention_block_forward(CPU, U(out), U(lse), U(q), U(kv), Tq, Tk, q_pos, k_pos, s, drop, first);
+}
+static void g_attention_block_backward(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out,
+                                       const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos,
+                                       const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  CPU->attention_block_backward(CPU, U(dq), U(dkv), U(dout), U(out), U(q), U(kv), Tq, Tk, q_pos, k_pos, U(lse), s, drop);
+}
 static void g_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
                                 int B, int C) {
   CPU->embedding_forward(CPU, U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
@@ -257,6 +267,8 @@ static const loom_ops GUARDED_OPS = {
     .gelu_forward = g_gelu_forward,
     .gelu_backward = g_gelu_backward,
     .attention_forward = g_attention_forward,
+    .attention_block_forward = g_attention_block_forward,
+    .attention_block_backward = g_attention_block_backward,
     .attention_backward = g_attention_backward,
     .embedding_forward = g_embedding_forward,
     .embedding_forward_bf16 = g_embedding_forward_bf16,

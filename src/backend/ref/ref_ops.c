@@ -204,6 +204,102 @@ static void ref_attention_forward(const loom_ops *be, float *out, float *lse, co
   free(p);
 }
 
+/* ---- context-parallel attention's blocks ---- */
+
+/* Offsets of query head h's q among q's rows, and of its key/value head's k or v (part 0, 1) among kv's. */
+static size_t block_q_at(const loom_attn_shape *s, int t, int b, int h) {
+  return ((size_t)t * s->B + b) * loom_attn_qkv_width(s) + (size_t)h * s->head_dim;
+}
+static size_t block_kv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
+  const size_t D = (size_t)s->head_dim, K = (size_t)s->kv_heads;
+  return ((size_t)t * s->B + b) * 2 * K * D + ((size_t)part * K + (size_t)loom_attn_kv_head(s, h)) * D;
+}
+static double block_score(const float *q, const float *kv, const loom_attn_shape *s, int b, int h, int tq, int tk) {
+  const float *x = q + block_q_at(s, tq, b, h), *k = kv + block_kv_at(s, tk, b, 0, h);
+  double dot = 0.0;
+  for (int d = 0; d < s->head_dim; d++) dot += (double)x[d] * k[d];
+  return dot / sqrt((double)s->head_dim);
+}
+
+/* Each row's softmax over the keys it sees in the block, its output, and
+ * the merge with what earlier blocks left by the two log-sum-exps. */
+static void ref_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq,
+                                        int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
+                                        const loom_dropout *drop, bool first) {
+  loom_attn_shape_check(s);
+  const int D = s->head_dim;
+  double *p = loom_xmalloc(((size_t)Tk + (size_t)D + 1) * sizeof(double), "attention row"), *acc = p + Tk;
+  for (int b = 0; b < s->B; b++)
+    for (int h = 0; h < s->heads; h++)
+      for (int tq = 0; tq < Tq; tq++) {
+        float *o = out + out_at(s, tq, b, h), *l = lse + ((size_t)b * s->heads + h) * Tq + tq;
+        double maxv = -INFINITY, sum = 0.0;
+        for (int tk = 0; tk < Tk; tk++)
+          if (k_pos[tk] <= q_pos[tq]) {
+            p[tk] = block_score(q, kv, s, b, h, tq, tk);
+            if (p[tk] > maxv) maxv = p[tk];
+          }
+        if (maxv == -INFINITY) { /* no key of this block is before the query */
+          if (first) memset(o, 0, (size_t)D * sizeof *o), *l = -INFINITY;
+          continue;
+        }
+        for (int tk = 0; tk < Tk; tk++)
+          if (k_pos[tk] <= q_pos[tq]) sum += exp(p[tk] - maxv);
+        const double block_lse = maxv + log(sum);
+        for (int d = 0; d < D; d++) acc[d] = 0.0;
+        for (int tk = 0; tk < Tk; tk++) {
+          if (k_pos[tk] > q_pos[tq]) continue;
+          const double w = dropped(drop, s, (float)exp(p[tk] - block_lse), b, h, q_pos[tq], k_pos[tk]);
+          const float *v = kv + block_kv_at(s, tk, b, 1, h);
+          for (int d = 0; d < D; d++) acc[d] += w * v[d];
+        }
+        const double old = first ? -INFINITY : *l, merged = old > block_lse ? old + log1p(exp(block_lse - old))
+                                                                            : block_lse + log1p(exp(old - block_lse));
+        const double keep = old == -INFINITY ? 0.0 : exp(old - merged), add = exp(block_lse - merged);
+        for (int d = 0; d < D; d++) o[d] = (float)(keep * o[d] + add * acc[d]);
+        *l = (float)merged;
+      }
+  free(p);
+}
+
+/* The block's grads from first principles but for the row's sum_k p dp,
+ * which spans the blocks: dout . out. */
+static void ref_attention_block_backward(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out,
+                                         const float *q, const float *kv, int Tq, int Tk, const int *q_pos,
+                                         const int *k_pos, const float *lse, const loom_attn_shape *s,
+                                         const loom_dropout *drop) {
+  loom_attn_shape_check(s);
+  const int D = s->head_dim;
+  const float scale = 1.0f / sqrtf((float)D);
+  for (int b = 0; b < s->B; b++)
+    for (int h = 0; h < s->heads; h++)
+      for (int tq = 0; tq < Tq; tq++) {
+        const double l = lse[((size_t)b * s->heads + h) * Tq + tq];
+        if (l == -INFINITY) continue;
+        const float *dy = dout + out_at(s, tq, b, h), *o = out + out_at(s, tq, b, h), *x = q + block_q_at(s, tq, b, h);
+        double dot = 0.0;
+        for (int d = 0; d < D; d++) dot += (double)dy[d] * o[d];
+        float *dx = dq + block_q_at(s, tq, b, h);
+        for (int tk = 0; tk < Tk; tk++) {
+          if (k_pos[tk] > q_pos[tq]) continue;
+          const double p = exp(block_score(q, kv, s, b, h, tq, tk) - l);
+          const float keep = dropped(drop, s, 1.0f, b, h, q_pos[tq], k_pos[tk]);
+          const float *k = kv + block_kv_at(s, tk, b, 0, h), *v = kv + block_kv_at(s, tk, b, 1, h);
+          float *dk = dkv + block_kv_at(s, tk, b, 0, h), *dv = dkv + block_kv_at(s, tk, b, 1, h);
+          double g = 0.0;
+          for (int d = 0; d < D; d++) {
+            g += (double)dy[d] * v[d];
+            dv[d] += (float)p * keep * dy[d];
+          }
+          const float ds = (float)(p * (g * keep - dot)) * scale;
+          for (int d = 0; d < D; d++) {
+            dx[d] += ds * k[d];
+            dk[d] += ds * x[d];
+          }
+        }
+      }
+}
+
 /* From first principles, as the oracle should be: each row's probabilities
  * rebuilt from the saved log-sum-exp, and the softmax's sum_k p dp summed
  * over the row (the fast backends take it as dout . out instead). */
@@ -490,6 +586,8 @@ static const loom_ops REF_OPS = {
     .gelu_backward = ref_gelu_backward,
     .attention_forward = ref_attention_forward,
     .attention_backward = ref_attention_backward,
+    .attention_block_forward = ref_attention_block_forward,
+    .attention_block_backward = ref_attention_block_backward,
     .embedding_forward = ref_embedding_forward,
     .embedding_forward_bf16 = ref_embedding_forward_bf16,
     .embedding_backward = ref_embedding_backward,
