@@ -22,30 +22,14 @@ static void rank_positions(int cp, int r, int *pos) {
   for (int i = 0; i < C; i++) pos[i] = r * C + i, pos[C + i] = (2 * cp - 1 - r) * C + i;
 }
 
-/* Largest difference between a and b relative to b's largest magnitude (b must hold something). */
-static double rel_diff(const float *a, const float *b, size_t n) {
-  double most = 0.0, diff = 0.0;
-  for (size_t i = 0; i < n; i++) {
-    most = fmax(most, fabs(b[i]));
-    diff = fmax(diff, fabs((double)a[i] - b[i]));
-  }
-  ck_assert_msg(most > 0.0, "nothing to compare");
-  return diff / most;
-}
-
 static void check_ring(const loom_ops *ref, int cp, int heads, int kv_heads, float dropout, bool reversed) {
   const int T = 2 * cp * C, L = 2 * C;
   const loom_attn_shape s = {.T = T, .B = B, .heads = heads, .kv_heads = kv_heads, .head_dim = D, .head_offset = 0,
                              .total_heads = heads};
   const size_t W = loom_attn_qkv_width(&s), KV = 2 * (size_t)kv_heads * D, HD = (size_t)heads * D;
   const loom_dropout drop = {.p = dropout, .seed = 7, .stream = 3, .seq_total = T};
-  float *qkv = malloc((size_t)T * B * W * sizeof(float)), *dout = malloc((size_t)T * B * HD * sizeof(float));
-  float *out = malloc((size_t)T * B * HD * sizeof(float)), *lse = malloc((size_t)B * heads * T * sizeof(float));
-  float *dqkv = calloc((size_t)T * B * W, sizeof(float));
-  tu_fill(qkv, (size_t)T * B * W, 11, -1.0f, 1.0f);
-  tu_fill(dout, (size_t)T * B * HD, 12, -1.0f, 1.0f);
-  ref->attention_forward(ref, out, lse, qkv, &s, &drop);
-  ref->attention_backward(ref, dqkv, dout, out, qkv, lse, &s, &drop);
+  tu_attention_case one = tu_attention_case_new(ref, &s, &drop, 11);
+  const float *qkv = one.qkv, *dout = one.dout, *out = one.out, *lse = one.lse, *dqkv = one.dqkv;
   /* Each rank's rows: its queries (the qkv layout), its keys and values, its output grads. */
   int *pos = malloc((size_t)cp * L * sizeof(int));
   float *q = malloc((size_t)cp * L * B * W * sizeof(float)), *kv = malloc((size_t)cp * L * B * KV * sizeof(float));
@@ -94,10 +78,11 @@ static void check_ring(const loom_ops *ref, int cp, int heads, int kv_heads, flo
   char what[96];
   snprintf(what, sizeof what, "%s: cp %d, %d heads over %d kv heads, dropout %g%s", ref->name, cp, heads, kv_heads,
            (double)dropout, reversed ? ", blocks reversed" : "");
-  ck_assert_msg(rel_diff(got_out, out, (size_t)T * B * HD) <= 1e-5, "%s: outputs", what);
-  ck_assert_msg(rel_diff(got_lse, lse, (size_t)B * heads * T) <= 1e-5, "%s: log-sum-exps", what);
-  ck_assert_msg(rel_diff(got_d, dqkv, (size_t)T * B * W) <= 1e-5, "%s: grads", what);
-  free(qkv), free(dout), free(out), free(lse), free(dqkv), free(pos), free(q), free(kv), free(dy), free(o), free(l);
+  ck_assert_msg(tu_rel_max_diff(got_out, out, (size_t)T * B * HD) <= 1e-5, "%s: outputs", what);
+  ck_assert_msg(tu_rel_max_diff(got_lse, lse, (size_t)B * heads * T) <= 1e-5, "%s: log-sum-exps", what);
+  ck_assert_msg(tu_rel_max_diff(got_d, dqkv, (size_t)T * B * W) <= 1e-5, "%s: grads", what);
+  tu_attention_case_free(&one);
+  free(pos), free(q), free(kv), free(dy), free(o), free(l);
   free(dq), free(dkv), free(got_out), free(got_lse), free(got_d);
 }
 

@@ -33,6 +33,30 @@ double tu_max_abs_diff(const float *a, const float *b, size_t n) {
   return m;
 }
 
+double tu_rel_max_diff(const float *a, const float *b, size_t n) {
+  double most = 0.0;
+  for (size_t i = 0; i < n; i++) most = fmax(most, fabs(b[i]));
+  ck_assert_msg(most > 0.0, "nothing to compare");
+  return tu_max_abs_diff(a, b, n) / most;
+}
+
+tu_attention_case tu_attention_case_new(const loom_ops *ops, const loom_attn_shape *s, const loom_dropout *drop, uint64_t seed) {
+  const size_t rows = (size_t)s->T * s->B, W = loom_attn_qkv_width(s), HD = (size_t)s->heads * s->head_dim;
+  tu_attention_case c = {.qkv = malloc(rows * W * sizeof(float)), .dout = malloc(rows * HD * sizeof(float)),
+                         .out = malloc(rows * HD * sizeof(float)),
+                         .lse = malloc((size_t)s->B * s->heads * s->T * sizeof(float)), .dqkv = calloc(rows * W, sizeof(float))};
+  tu_fill(c.qkv, rows * W, seed, -1.0f, 1.0f);
+  tu_fill(c.dout, rows * HD, seed + 1, -1.0f, 1.0f);
+  ops->attention_forward(ops, c.out, c.lse, c.qkv, s, drop);
+  ops->attention_backward(ops, c.dqkv, c.dout, c.out, c.qkv, c.lse, s, drop);
+  return c;
+}
+
+void tu_attention_case_free(tu_attention_case *c) {
+  free(c->qkv), free(c->dout), free(c->out), free(c->lse), free(c->dqkv);
+  memset(c, 0, sizeof *c);
+}
+
 int tu_all_finite(const float *x, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (!isfinite(x[i])) return 0;

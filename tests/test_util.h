@@ -5,6 +5,7 @@
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "backend/ops.h"
 
 /* Fills x[n] with uniform values in [lo, hi) from a fixed-seed stream. */
 void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi);
@@ -12,6 +13,17 @@ void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi);
 double tu_nmse(const float *a, const float *b, size_t n);
 /* Largest |a - b|. */
 double tu_max_abs_diff(const float *a, const float *b, size_t n);
+/* Largest |a - b| over b's largest magnitude; b must hold something (a check fails if it is all zero). */
+double tu_rel_max_diff(const float *a, const float *b, size_t n);
+
+/* A random sequence of shape s (its q | k | v rows and output grads, from
+ * streams seed and seed + 1 in [-1, 1)) and one-rank attention over it on
+ * ops (host memory): its output, log-sum-exps and grads. */
+typedef struct {
+  float *qkv, *dout, *out, *lse, *dqkv;
+} tu_attention_case;
+tu_attention_case tu_attention_case_new(const loom_ops *ops, const loom_attn_shape *s, const loom_dropout *drop, uint64_t seed);
+void tu_attention_case_free(tu_attention_case *c);
 /* 1 if every element is finite. */
 int tu_all_finite(const float *x, size_t n);
 /* A path under the test's temporary directory, unique per name. */

@@ -1,0 +1,76 @@
+/* Context parallelism's ring attention (see ring_attention.h). */
+#include "layers/ring_attention.h"
+
+enum { RING_TAG_KV = 0x5249, RING_TAG_DKV = 0x5250 }; /* the cp group carries nothing else */
+
+void loom_cp_positions(int cp, int rank, int T, int *pos) {
+  const int c = T / (2 * cp);
+  for (int i = 0; i < c; i++) pos[i] = rank * c + i, pos[c + i] = (2 * cp - 1 - rank) * c + i;
+}
+
+/* Floats in one [t, b] row of a packed block: k | v of the key/value heads. */
+static size_t kv_width(const loom_attn_shape *s) { return 2 * (size_t)s->kv_heads * s->head_dim; }
+
+void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int rows, const loom_attn_shape *s) {
+  const size_t w3 = loom_attn_qkv_width(s), w = kv_width(s), q = (size_t)s->heads * s->head_dim;
+  for (size_t i = 0; i < (size_t)rows * s->B; i++) ops->mem->copy(ops->mem, kv + i * w, qkv + i * w3 + q, w * sizeof(float));
+}
+
+void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, int rows, const loom_attn_shape *s) {
+  const size_t w3 = loom_attn_qkv_width(s), w = kv_width(s), q = (size_t)s->heads * s->head_dim;
+  for (size_t i = 0; i < (size_t)rows * s->B; i++) {
+    float *d = dqkv + i * w3 + q;
+    ops->add(ops, d, d, dkv + i * w, w);
+  }
+}
+
+/* Posts the next block's transfer round the ring (from the previous rank into `into`, `from` to the next) and
+ * hands it to the network, so that it moves while this rank computes. */
+static void pass_on(const loom_ring *r, float *into, const float *from, size_t n, int tag, loom_request **recv,
+                    loom_request **send) {
+  const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
+  *recv = loom_comm_irecv(r->group, into, n, (me - 1 + cp) % cp, tag);
+  *send = loom_comm_isend(r->group, from, n, (me + 1) % cp, tag);
+  loom_comm_flush(r->group);
+}
+
+static void settle(const loom_ring *r, loom_request *recv, loom_request *send) {
+  loom_comm_wait(r->group, send);
+  loom_comm_wait(r->group, recv);
+}
+
+void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float *out, float *lse, const float *qkv,
+                                 const loom_attn_shape *s, const loom_dropout *drop) {
+  const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
+  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  for (int j = 0; j < cp; j++) { /* step j: the block of the rank j back */
+    const int cur = j & 1;
+    loom_request *recv = NULL, *send = NULL;
+    if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
+    loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
+    ops->attention_block_forward(ops, out, lse, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
+    settle(r, recv, send);
+  }
+}
+
+void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
+                                  const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
+  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  loom_mem_zero(ops->mem, r->dkv[0], n); /* this rank's block's grads start here */
+  for (int j = 0; j < cp; j++) {
+    const int cur = j & 1;
+    loom_request *recv = NULL, *send = NULL;
+    if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
+    loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
+    ops->attention_block_backward(ops, dqkv, r->dkv[cur], dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
+                                  lse, s, drop);
+    settle(r, recv, send);
+    /* The block's grads go on with it: after the last hop each rank holds its own block's, every rank's share in. */
+    if (cp > 1) {
+      pass_on(r, r->dkv[1 - cur], r->dkv[cur], n, RING_TAG_DKV, &recv, &send);
+      settle(r, recv, send);
+    }
+  }
+  loom_ring_unpack_dkv(ops, dqkv, r->dkv[cp > 1 ? cp & 1 : 0], r->rows, s);
+}

@@ -1,0 +1,51 @@
+/* Context parallelism's attention, as Megatron-Core's ring ("p2p") runs it.
+ *
+ * The sequence of T rows is cut into 2 cp chunks and rank r of the cp
+ * group holds chunks r and 2 cp - 1 - r (the load-balanced causal split:
+ * every rank does the same causal work). Each rank's queries meet every
+ * rank's keys and values: its own block first, then each peer's as the
+ * blocks travel round the ring (rank r sends to r + 1, receives from
+ * r - 1), the next block's transfer posted before the current block is
+ * computed, so the two overlap. The blocks' softmaxes merge by their
+ * log-sum-exps (ops.h's attention_block_forward). Backward passes the
+ * blocks round again, each with its dk/dv accumulating as it goes, one more
+ * hop bringing them home. Only the key/value heads travel (grouped-query
+ * and multi-query send their few heads). */
+#ifndef LOOM_RING_ATTENTION_H
+#define LOOM_RING_ATTENTION_H
+
+#include "backend/ops.h"
+#include "comm/comm.h"
+
+/* The global positions of rank r's rows out of cp: chunk r's, then chunk
+ * 2 cp - 1 - r's, each T / (2 cp) rows (T a multiple of 2 cp). */
+void loom_cp_positions(int cp, int rank, int T, int *pos);
+
+/* Rows (a block's, [rows, B]) of k | v packed from qkv rows (the q | k | v layout of s) into kv (2 K D apart). */
+void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int rows, const loom_attn_shape *s);
+/* And back: the packed grads dkv added into dqkv's k | v columns. */
+void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, int rows, const loom_attn_shape *s);
+
+/* What a ring call needs besides its tensors: the cp group (NULL: one
+ * rank), this rank's positions (host, [rows]) and room for a peer's,
+ * and two travelling blocks of keys and values (backend memory,
+ * [rows, B, 2 K D] each) and, backward, two of their grads. */
+typedef struct {
+  loom_comm *group;
+  int rows;            /* this rank's rows: T / cp */
+  const int *pos;      /* [rows] their global positions */
+  int *peer_pos;       /* [rows] scratch: a block's positions */
+  float *kv[2], *dkv[2];
+} loom_ring;
+
+/* out[rows, B, H D] and lse[B, H, rows]: this rank's queries (qkv rows,
+ * the whole sequence's attention by s->T) against every rank's keys and
+ * values; kv[0] holds this rank's packed block on entry. */
+void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float *out, float *lse, const float *qkv,
+                                 const loom_attn_shape *s, const loom_dropout *drop);
+/* dqkv += this rank's q grads and its own k and v's, every rank's queries'
+ * share of them come home; kv[0] holds this rank's packed block on entry. */
+void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
+                                  const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
+
+#endif
