@@ -223,12 +223,12 @@ static int table_of(const loom_gpt_config *cfg, const loom_stage_range *r, int t
   return count;
 }
 
-int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first) {
-  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+/* loom_gpt_zero_buckets over a table of `count` tensors whose metadata
+ * (which tensors are experts') the caller has where the experts are apart. */
+static int cut_table(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, const loom_param_meta *meta,
+                     int count, int *first) {
+  const loom_stage_range r = *range;
   const bool apart = loom_gpt_zero_experts_apart(cfg);
-  loom_tensor *specs = NULL;
-  loom_param_meta *meta = NULL; /* with the experts apart: which tensors are experts' */
-  const int count = apart ? table_of(cfg, &r, 1, &specs, &meta) : loom_gpt_param_table(cfg, &r, 0, 1, NULL, NULL);
   int n = 0;
 #define CUT(k) \
   do { \
@@ -250,10 +250,21 @@ int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *ra
     if (at < count) CUT(at);
   }
 #undef CUT
-  free(specs);
-  free(meta);
   if (first) first[n] = count;
   return count > 0 ? n : 0;
+}
+
+int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *range, int stage, int *first) {
+  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
+  if (!loom_gpt_zero_experts_apart(cfg))
+    return cut_table(cfg, &r, stage, NULL, loom_gpt_param_table(cfg, &r, 0, 1, NULL, NULL), first);
+  loom_tensor *specs;
+  loom_param_meta *meta;
+  const int count = table_of(cfg, &r, 1, &specs, &meta);
+  const int n = cut_table(cfg, &r, stage, meta, count, first);
+  free(specs);
+  free(meta);
+  return n;
 }
 
 /* Points w's views at tensors [k0, k1): at addr[k - k0], or (addr NULL) at views[k].data. */
@@ -668,7 +679,7 @@ static bucket_sizes sum_buckets(const loom_gpt_config *cfg, const loom_stage_ran
   loom_param_meta *meta;
   const int count = table_of(cfg, r, tp, &specs, &meta);
   int *first = loom_xmalloc(((size_t)count + 2) * sizeof *first, "ZeRO buckets");
-  const int n = loom_gpt_zero_buckets(cfg, r, stage, first);
+  const int n = cut_table(cfg, r, stage, meta, count, first); /* the table at hand: experts' wherever tp splits them */
   bucket_sizes s = {0};
   for (int b = 0; b < n; b++) {
     size_t numel = 0;

@@ -16,6 +16,10 @@ int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq) {
   return most;
 }
 
+int64_t loom_moe_expert_rows(const loom_gpt_config *cfg, int64_t n, int seq) {
+  return (int64_t)loom_gpt_expert_tp(cfg) * loom_moe_recv_rows(cfg, n, seq);
+}
+
 loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq) {
   const loom_moe_config *m = &cfg->moe;
   return (loom_moe_shape){

@@ -64,10 +64,11 @@ typedef struct {
 int64_t loom_moe_recv_rows(const loom_gpt_config *cfg, int64_t n, int seq);
 /* The shape of a layer of cfg's model routing n tokens per rank. */
 loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq);
-/* The most rows the experts compute over on one rank: the rows they take,
- * from every rank of the group splitting them (each a block of at most
- * recv_rows). */
-static inline int64_t loom_moe_expert_rows(const loom_moe_shape *s) { return (int64_t)s->etp * s->recv_rows; }
+/* The most rows the experts compute over on one rank of that model: the
+ * rows they take (loom_moe_recv_rows), from every rank of the group
+ * splitting them under expert tensor parallelism, a block of them each. The
+ * buffers' and the memory model's size. */
+int64_t loom_moe_expert_rows(const loom_gpt_config *cfg, int64_t n, int seq);
 /* Floats in one row of the experts' first GEMM's output (SwiGLU: gate|up). */
 static inline int loom_moe_fc_width(const loom_moe_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
 /* Rows a rank dispatches: every choice's, n k (dropless, the most). */

@@ -202,7 +202,9 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
   int nfits = 0;
   const int global = base->batch->global_batch, layers = base->model->layers, node = prof->devices_per_node;
   const int experts = base->model->moe ? base->model->moe->experts : 1;
-  const int expert_ffn = base->model->moe && base->model->moe->ffn > 0 ? base->model->moe->ffn : base->model->ffn;
+  loom_gpt_config model;
+  loom_plan_model_config(base, &model);
+  const int expert_ffn = loom_gpt_expert_ffn(&model);
   if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
   for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
     if (gpus % tp) continue;
