@@ -83,6 +83,27 @@ same_losses "$WORK/ll_ref.jsonl" "$WORK/ll2.jsonl" || fail "Llama losses after r
 cmp -s "$WORK/ll_ref/model.safetensors" "$WORK/ll_export/model.safetensors" || fail "the Llama export differs from --save's"
 grep -q '"architectures": \["LlamaForCausalLM"\]' "$WORK/ll_export/config.json" || fail "Llama config.json"
 
+# Context parallelism: a checkpoint is independent of cp. The Llama family (two key/value heads, RoPE) 3
+# steps at cp 2 resumed to 9 at cp 1 and at cp 4 (ZeRO-1 over dp x cp's four ranks) gives the one-rank
+# run's losses within fp32's 1e-5, and the same run at cp 2 resumed there equals itself bit for bit.
+LLAMA2="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied --kv-heads 2"
+rm -rf "$WORK"/cp*
+np 1 $LLAMA2 --steps 9 --metrics "$WORK/cp_ref.jsonl" > "$WORK/cp_ref.txt" 2>&1 || fail "cp reference: $(cat "$WORK/cp_ref.txt")"
+np 2 --cp 2 $LLAMA2 --steps 9 --metrics "$WORK/cp2_ref.jsonl" > "$WORK/cp2_ref.txt" 2>&1 || fail "cp 2 run: $(cat "$WORK/cp2_ref.txt")"
+np 2 --cp 2 $LLAMA2 --steps 3 --ckpt "$WORK/cp" > "$WORK/cp0.txt" 2>&1 || fail "cp 2 first third: $(cat "$WORK/cp0.txt")"
+cp -r "$WORK/cp" "$WORK/cp_copy" && cp -r "$WORK/cp" "$WORK/cp_same"
+np 1 $LLAMA2 --steps 9 --ckpt "$WORK/cp" --resume --metrics "$WORK/cp1.jsonl" > "$WORK/cp1.txt" 2>&1 ||
+  fail "cp 2 resumed at cp 1: $(cat "$WORK/cp1.txt")"
+np 4 --cp 4 --zero 1 $LLAMA2 --steps 9 --ckpt "$WORK/cp_copy" --resume --metrics "$WORK/cp4.jsonl" > "$WORK/cp4.txt" 2>&1 ||
+  fail "cp 2 resumed at cp 4: $(cat "$WORK/cp4.txt")"
+np 2 --cp 2 $LLAMA2 --steps 9 --ckpt "$WORK/cp_same" --resume --metrics "$WORK/cp2.jsonl" > "$WORK/cp2.txt" 2>&1 ||
+  fail "cp 2 resumed at cp 2: $(cat "$WORK/cp2.txt")"
+[ "$(losses "$WORK/cp1.jsonl" | wc -l)" = 6 ] && [ "$(losses "$WORK/cp4.jsonl" | wc -l)" = 6 ] || fail "the resumed cp runs should train steps 4-9"
+same_losses "$WORK/cp_ref.jsonl" "$WORK/cp2_ref.jsonl" || fail "cp 2's losses differ from the one-rank run's"
+same_losses "$WORK/cp_ref.jsonl" "$WORK/cp1.jsonl" || fail "losses of cp 2's checkpoint resumed at cp 1"
+same_losses "$WORK/cp_ref.jsonl" "$WORK/cp4.jsonl" || fail "losses of cp 2's checkpoint resumed at cp 4"
+[ "$(losses "$WORK/cp2.jsonl")" = "$(losses "$WORK/cp2_ref.jsonl" | tail -6)" ] || fail "cp 2 resumed at cp 2: losses differ"
+
 # A Mixture of Experts (4 experts, top 2, a shared expert, both router losses): 3 steps on (2,2,1) with
 # SP and each expert split over the tp group (--etp 2) resumed to 9 there equals the uninterrupted run to
 # the last bit (losses and final weights, whose experts' slices each rank saved by name); resumed onto

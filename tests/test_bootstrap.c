@@ -41,7 +41,7 @@ static int same_group(int a, int b, int dp) { return dp ? a % 2 == b % 2 : a / 2
 START_TEST(members_share_their_group_rank_0s_id) {
   ck_assert_int_eq(g_world->size, 4);
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, 2, 1, 2, false);
+  loom_parallel_init(&ps, g_world, 2, 1, 2, 1, false);
   for (int dp = 0; dp < 2; dp++) {
     loom_comm *group = dp ? ps.dp_group : ps.tp_group;
     unsigned char id[ID_BYTES];

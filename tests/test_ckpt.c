@@ -365,7 +365,7 @@ typedef struct {
 static save_case save_case_of(const char *name, loom_gpt_params *whole, loom_adamw *opt) {
   save_case c = {.dir = tu_tmp_path(name), .ch = loom_ckpt_chunk_adamw(whole, opt),
                  .run = {.cfg = *tiny(), .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1, .seed = 7}};
-  loom_parallel_init(&c.ps, NULL, 1, 1, 1, false);
+  loom_parallel_init(&c.ps, NULL, 1, 1, 1, 1, false);
   return c;
 }
 
@@ -497,7 +497,7 @@ START_TEST(manifest_sizes_are_bounded) {
   ck_assert_msg(loom_manifest_decode(good, n, 1, path, &mf, &err) == LOOM_OK, "%s", err.msg);
   const int32_t tps[2] = {0, 4096};
   const char *expected[2] = {"parallel.tp = 0: must be 1 to 4096",
-                             "parallel.tp x parallel.pp x parallel.dp = 4294967296: must be at most 2147483647"};
+                             "parallel.tp x parallel.cp x parallel.dp x parallel.pp = 4294967296: must be at most 2147483647"};
   for (int k = 0; k < 2; k++) {
     mf->parallel->tp = tps[k];
     mf->parallel->dp = 1 << 20;

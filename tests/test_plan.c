@@ -454,7 +454,7 @@ START_TEST(sizes_are_bounded) {
   expect_bound(spec, wrapping_micro_times_dp, "batch.micro_batch x parallel.dp = 4294967296: must be at most 1073741824");
   expect_bound(spec, huge_vocab, "model.vocab = 2147483647: must be 2 to 16777216");
   expect_bound(spec, wrapping_rows, "batch.micro_batch x model.seq = 1099511627776: must be at most 2147483647");
-  expect_bound(spec, wrapping_ranks, "parallel.tp x parallel.pp x parallel.dp = 17592186044416: must be at most 2147483647");
+  expect_bound(spec, wrapping_ranks, "parallel.tp x parallel.cp x parallel.dp x parallel.pp = 17592186044416: must be at most 2147483647");
   expect_bound(spec, too_many_stages, "parallel.pp x parallel.virtual_chunks = 262144: must be at most 4096");
 }
 END_TEST
@@ -476,12 +476,12 @@ START_TEST(fit_world_lowers_dp) {
   char lines[1024];
   ck_assert_int_eq(loom_plan_validate(p, &(loom_plan_limits){.world = 4}, lines, sizeof lines), 0);
   ck_assert_int_eq(loom_plan_fit_world(p, 3, &err), LOOM_ERR_USAGE);
-  ck_assert_str_eq(err.msg, "3 ranks cannot hold one tp 2 x pp 2 group of the plan");
+  ck_assert_str_eq(err.msg, "3 ranks cannot hold one tp 2 x cp 1 x pp 2 group of the plan");
   loom_plan_free(p);
   spec.dp = 4, spec.global_batch = 8; /* one micro-batch of 2 per replica */
   p = build(&spec);
   ck_assert_int_eq(loom_plan_fit_world(p, 10, &err), LOOM_ERR_USAGE);
-  ck_assert_str_eq(err.msg, "10 ranks are not whole tp 2 x pp 2 groups; launch 8");
+  ck_assert_str_eq(err.msg, "10 ranks are not whole tp 2 x cp 1 x pp 2 groups; launch 8");
   ck_assert_int_eq(loom_plan_fit_world(p, 12, &err), LOOM_ERR_USAGE);
   ck_assert_str_eq(err.msg, "dp 3 on 12 ranks cannot keep batch.global_batch 8: not a multiple of batch.micro_batch x dp (6)");
   ck_assert_int_eq(p->parallel->dp, 4);
@@ -784,7 +784,7 @@ START_TEST(compression_rules_and_estimates) {
   expect_rule(p, "grad_compression = powersgd: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop grad_compression");
   p->grad_reduce = LOOM__PRECISION__PRECISION_FP32;
   p->parallel->dp = 1;
-  expect_rule(p, "grad_compression = powersgd: parallel.dp is 1, so no grads cross data parallelism to compress");
+  expect_rule(p, "grad_compression = powersgd: parallel.dp x parallel.cp is 1, so no grads cross data parallelism to compress");
   p->parallel->dp = 2;
   p->grad_compression->kind = (Loom__CompressionKind)7;
   expect_rule(p, "grad_compression.kind = 7: loom knows COMPRESSION_NONE (0), COMPRESSION_POWERSGD (1) and COMPRESSION_SIGN (2)");
@@ -794,7 +794,7 @@ START_TEST(compression_rules_and_estimates) {
   expect_rule(p, "grad_compression.rank = 4: only COMPRESSION_POWERSGD has a rank; remove it for COMPRESSION_SIGN");
   p->grad_compression->rank = 0;
   p->parallel->dp = 1;
-  expect_rule(p, "grad_compression = sign: parallel.dp is 1, so no grads cross data parallelism to compress");
+  expect_rule(p, "grad_compression = sign: parallel.dp x parallel.cp is 1, so no grads cross data parallelism to compress");
   p->parallel->dp = 2;
   ck_assert_int_eq(loom_plan_check_rules(p, 8, 0, lines, sizeof lines), 0);
   p->grad_compression->kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;

@@ -65,7 +65,7 @@ static void fixed_batch(int *tokens, int *targets, int N) {
 static void layers_match(bool sp, const loom_gpt_config cfg) {
   enum { T = 8, B = 2, N = T * B };
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, 1, sp);
   const loom_tp tp = loom_tp_of(&ps);
   loom_gpt serial, split;
   ck_assert_int_eq(loom_gpt_init(&serial, &cfg, loom_ops_cpu(), 9, NULL), LOOM_OK);
@@ -150,7 +150,7 @@ static void experts_match(double capacity, bool bf16) {
   enum { T = 8, B = 2, N = T * B };
   const int P = g_world->size;
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, 1, 1, P, false);
+  loom_parallel_init(&ps, g_world, 1, 1, P, 1, false);
   loom_parallel_init_experts(&ps, 1, P);
   const loom_tp tp = loom_tp_of(&ps);
   ck_assert(tp.ep_group != NULL && ps.edp == 1);
@@ -224,7 +224,7 @@ static void train10(loom_gpt *m, const loom_tp *tp, loom_dataset *data, float *l
 
 static void training_matches(bool sp, bool token_file) {
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, 1, sp);
   const loom_tp tp = loom_tp_of(&ps);
   loom_dataset *data;
   if (token_file) {
@@ -281,7 +281,7 @@ static const loom_tp SERIAL_TP = {.group = NULL, .rank = 0, .size = 1, .sequence
 
 static void column_and_row_parallel(bool sp) {
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, 1, sp);
   const loom_tp tp = loom_tp_of(&ps), *one = &SERIAL_TP;
   const loom_ops *ops = loom_ops_cpu();
   const int r = tp.rank, t = tp.size, n = loom_tp_local_rows(&tp, LT) * LB, row0 = sp ? r * n : 0;
@@ -339,7 +339,7 @@ END_TEST
 
 static void vocab_parallel(bool sp) {
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, sp);
+  loom_parallel_init(&ps, g_world, g_world->size, 1, 1, 1, sp);
   const loom_tp tp = loom_tp_of(&ps), *one = &SERIAL_TP;
   const loom_ops *ops = loom_ops_cpu();
   const int n = loom_tp_local_rows(&tp, LT) * LB, row0 = sp ? tp.rank * n : 0, H = 8;
@@ -388,10 +388,13 @@ static void members(loom_comm *group, int *out) {
   for (int i = 0; i < loom_comm_size(group); i++) out[i] = (int)all[i];
 }
 
-/* Rank order is tp fastest, then dp, then pp; each group shares the other coordinates. */
+/* Rank order is tp fastest, then cp, then dp, then pp; each group shares the other coordinates. */
 START_TEST(groups_follow_rank_order) {
-  int t, d, p;
-  loom_parallel_coords(13, 2, 2, 4, &t, &d, &p); /* 13 = 1 + 2 * (2 + 4 * 1) */
+  const loom_grid_coords c = loom_parallel_coords(13, (loom_grid_coords){.tp = 2, .cp = 1, .dp = 4, .pp = 2});
+  const int t = c.tp, d = c.dp, p = c.pp; /* 13 = 1 + 2 * (2 + 4 * 1) */
+  /* With cp 2 between them: 29 = 1 + 2 * (0 + 2 * (3 + 4 * 1)) */
+  const loom_grid_coords w = loom_parallel_coords(29, (loom_grid_coords){.tp = 2, .cp = 2, .dp = 4, .pp = 2});
+  ck_assert(w.tp == 1 && w.cp == 0 && w.dp == 3 && w.pp == 1);
   /* Experts regroup the same ranks: in a stage of tp 2 x dp 4, etp 1 x ep 4 puts ranks 0-3 in one EP group and
    * 4-7 in the next (edp 2), etp 2 x ep 2 strides the EP group by 2; world rank 13 is the second stage's 5. */
   loom_expert_coords x;
@@ -411,7 +414,7 @@ END_TEST
 /* On four ranks (registered only there): the groups tp 2 x pp 2 and dp 4 make. */
 START_TEST(groups_of_four_ranks) {
   loom_parallel ps;
-  loom_parallel_init(&ps, g_world, 2, 2, 1, false); /* tp 2 x pp 2 */
+  loom_parallel_init(&ps, g_world, 2, 2, 1, 1, false); /* tp 2 x pp 2 */
   int m[4];
   const int r = g_world->rank;
   members(ps.tp_group, m);
@@ -426,9 +429,25 @@ START_TEST(groups_of_four_ranks) {
   ck_assert_int_eq(m[0], r % 2);
   ck_assert_int_eq(m[1], r % 2 + 2);
   loom_parallel_free(&ps);
-  loom_parallel_init(&ps, g_world, 1, 1, 4, false); /* dp 4 */
+  loom_parallel_init(&ps, g_world, 1, 1, 4, 1, false); /* dp 4 */
   ck_assert_int_eq(loom_comm_size(ps.dp_group), 4);
   ck_assert_int_eq(ps.dp_rank, r);
+  ck_assert_ptr_eq(ps.dp_cp_group, ps.dp_group); /* no cp: grads cross dp alone */
+  ck_assert_ptr_null(ps.cp_group);
+  loom_parallel_free(&ps);
+  loom_parallel_init(&ps, g_world, 1, 1, 2, 2, false); /* cp 2 x dp 2: the cp group is the faster pair */
+  members(ps.cp_group, m);
+  ck_assert(ps.cp_rank == r % 2 && m[0] == r / 2 * 2 && m[1] == r / 2 * 2 + 1);
+  members(ps.dp_group, m);
+  ck_assert(ps.dp_rank == r / 2 && m[0] == r % 2 && m[1] == r % 2 + 2);
+  ck_assert_int_eq(loom_comm_size(ps.dp_cp_group), 4);
+  ck_assert_int_eq(ps.dp_cp_rank, r);
+  loom_parallel_free(&ps);
+  loom_parallel_init(&ps, g_world, 2, 1, 1, 2, false); /* tp 2 x cp 2: tp fastest */
+  members(ps.cp_group, m);
+  ck_assert(m[0] == r % 2 && m[1] == r % 2 + 2);
+  members(ps.tp_group, m);
+  ck_assert(m[0] == r / 2 * 2 && m[1] == r / 2 * 2 + 1);
   loom_parallel_free(&ps);
 }
 END_TEST

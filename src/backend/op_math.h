@@ -50,12 +50,24 @@ LOOM_HD int loom_dropout_keep_at(float p, uint64_t seed, uint64_t stream, uint64
   return loom_rng_uniform_at(seed, stream, index) >= p;
 }
 
-/* Global index of element (t, b, c) of a [T, B, C] site. */
-LOOM_HD uint64_t loom_dropout_index_at(int64_t sample_offset, int seq_offset, int seq_total, int t, int b, int c,
-                                       int T, int C) {
+/* Context parallelism's load-balanced causal split: a sequence of T is cut
+ * into 2 cp chunks and rank `rank` of the cp group holds chunks rank and
+ * 2 cp - 1 - rank, in that order (Megatron-Core's); the global position of
+ * its local row r. */
+LOOM_HD int loom_cp_position(int cp, int rank, int T, int r) {
+  const int chunk = T / (2 * cp);
+  return r < chunk ? rank * chunk + r : (2 * cp - 1 - rank) * chunk + (r - chunk);
+}
+
+/* Global index of element (t, b, c) of a [T, B, C] site whose row t is
+ * local row seq_offset + t of a sequence of seq_total (0: T), that of
+ * rank cp_rank of a cp-way split (cp 0 or 1: the whole sequence). */
+LOOM_HD uint64_t loom_dropout_index_at(int64_t sample_offset, int seq_offset, int seq_total, int cp, int cp_rank, int t,
+                                       int b, int c, int T, int C) {
   const uint64_t sample = (uint64_t)(sample_offset + b);
-  const uint64_t total = (uint64_t)(seq_total ? seq_total : T);
-  return (sample * total + (uint64_t)(seq_offset + t)) * (uint64_t)C + (uint64_t)c;
+  const int total = seq_total ? seq_total : T, row = seq_offset + t;
+  const int pos = cp > 1 ? loom_cp_position(cp, cp_rank, total, row) : row;
+  return (sample * (uint64_t)total + (uint64_t)pos) * (uint64_t)C + (uint64_t)c;
 }
 
 /* Index of attention element (b, h, tq, tk). */

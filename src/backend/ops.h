@@ -27,8 +27,10 @@ typedef struct {
   uint64_t seed;
   uint64_t stream;        /* hash of (step, layer, site) */
   int64_t sample_offset;  /* global index of local sample b = 0 */
-  int seq_offset;         /* global position of local row t = 0 (sequence parallelism) */
+  int seq_offset;         /* position of local row t = 0 in the rank's sequence (sequence parallelism) */
   int seq_total;          /* global sequence length; 0 means the call's T */
+  int cp, cp_rank;        /* context parallelism (cp > 1): the rank's sequence is its chunks of the global one
+                           * (loom_cp_position); else it is the global one */
 } loom_dropout;
 
 /* A bf16 GEMM operand: bf16 bits, or fp32 that holds bf16 values (a bf16

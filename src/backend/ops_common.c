@@ -10,7 +10,7 @@ int loom_dropout_keep(const loom_dropout *d, uint64_t index) {
 }
 
 uint64_t loom_dropout_index(const loom_dropout *d, int t, int b, int c, int T, int C) {
-  return loom_dropout_index_at(d->sample_offset, d->seq_offset, d->seq_total, t, b, c, T, C);
+  return loom_dropout_index_at(d->sample_offset, d->seq_offset, d->seq_total, d->cp, d->cp_rank, t, b, c, T, C);
 }
 
 void loom_attn_shape_check(const loom_attn_shape *s) { LOOM_CHECK(loom_attn_shape_valid(s), LOOM_ATTN_SHAPE_RULE); }

@@ -84,7 +84,8 @@ static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, cons
   loom_comm_broadcast_typed(ps->world_group, &save_id, 1, LOOM_DTYPE_I64, 0);
   a->binding = (loom_shard_binding){(uint64_t)save_id, step, ps->rank};
   loom_ckpt_shard_path(a->sub, ps->rank, a->path, sizeof a->path);
-  a->count = loom_ckpt_save_pieces(chunks, n, ps->dp_rank, ps->edp_rank, run->zero >= 1, a->pieces);
+  /* One writer of each replicated piece: the first of the ranks holding the same parameters (dp x cp). */
+  a->count = loom_ckpt_save_pieces(chunks, n, ps->dp_cp_rank, ps->edp_rank, run->zero >= 1, a->pieces);
   *out = LOOM_OK;
   return a;
 }

@@ -442,7 +442,7 @@ static loom_status bench_step(bench_flags *f, loom_flag *table, loom_error *err)
   if (st != LOOM_OK) return st;
   loom_gpt_config cfg;
   loom_plan_model_config(plan, &cfg);
-  const bool parallel = plan->parallel->tp * plan->parallel->pp * plan->parallel->dp > 1;
+  const bool parallel = loom_plan_ranks(plan) > 1;
   loom_plan_free(plan);
   loom_launch launch;
   if ((st = loom_launch_init(&launch, err)) != LOOM_OK) {

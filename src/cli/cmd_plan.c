@@ -36,7 +36,7 @@ static int plan_new(int argc, char **argv) {
   if (st == LOOM_OK) st = loom_plan_write(out, plan, &err);
   if (st == LOOM_OK && strcmp(out, "-") != 0)
     loom_log_info("wrote %s (%lld parameters, %lld ranks)", out, (long long)plan->estimates->total_parameters,
-                  (long long)pf.tp * pf.pp * pf.dp);
+                  (long long)loom_plan_ranks(plan));
   loom_plan_free(plan);
   return loom_report(st, &err);
 }
@@ -50,7 +50,7 @@ static double gib(int64_t bytes) { return (double)bytes / g_unit; }
 static void show(const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
   const Loom__Model *m = p->model;
-  const int ranks = l->tp * l->pp * l->dp;
+  const long long ranks = (long long)loom_plan_ranks(p);
   char zero[16] = "";
   if (l->zero_stage) snprintf(zero, sizeof zero, ", ZeRO-%d", l->zero_stage);
   loom_gpt_config cfg;
@@ -69,8 +69,14 @@ static void show(const loom_plan *p) {
            etp > 1 ? ", each split over the tp group" : "");
   char arch[256];
   if (*loom_gpt_config_architecture(&cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
-  printf("layout: tp %d x pp %d x dp %d = %d ranks (tp fastest, then dp, then pp), %d chunks per pipeline rank%s%s\n",
-         l->tp, l->pp, l->dp, ranks, l->virtual_chunks, l->sequence_parallel ? ", sequence parallel" : "", zero);
+  char cp[96] = "";
+  if (l->cp > 1) snprintf(cp, sizeof cp, " x cp %d", l->cp);
+  printf("layout: tp %d x pp %d x dp %d%s = %lld ranks (tp fastest, then %sdp, then pp), %d chunks per pipeline rank%s%s\n",
+         l->tp, l->pp, l->dp, cp, ranks, l->cp > 1 ? "cp, then " : "", l->virtual_chunks,
+         l->sequence_parallel ? ", sequence parallel" : "", zero);
+  if (l->cp > 1)
+    printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), attention round a ring\n",
+           loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1);
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
@@ -78,9 +84,9 @@ static void show(const loom_plan *p) {
   const double per_token = loom_gpt_train_flops(&cfg, T, 1.0, LOOM_FLOPS_MEGATRON);
   printf("model FLOPs: %.1f GFLOP per token of a %d-token sequence (Megatron's count, causal attention halved), %.4g PFLOP per step\n",
          per_token / 1e9, T, per_token * (double)p->batch->global_batch * T / 1e15);
-  printf("precision: %s, grads reduced over dp in %s\n",
+  printf("precision: %s, grads reduced over %s in %s\n",
          p->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
-         p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
+         l->cp > 1 ? "dp x cp" : "dp", p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
   /* What the grads send over dp: in all, and from the pipeline rank that sends the most. Psi counts in the
    * run's precision, as DeepSpeed's volumes do (its grads and weights are fp16). */
   const double psi_bytes = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
@@ -120,11 +126,15 @@ static void show(const loom_plan *p) {
   }
   free(rank_bytes);
   free(rank_words);
-  printf("\nrank grid (global rank: tp, dp, pp):\n");
-  const int shown = ranks < 64 ? ranks : 64;
-  for (int r = 0; r < shown; r++)
-    printf("  %4d: tp %d dp %d pp %d%s", r, r % l->tp, r / l->tp % l->dp, r / (l->tp * l->dp), (r + 1) % 4 == 0 || r + 1 == shown ? "\n" : "");
-  if (shown < ranks) printf("  ... %d more ranks, same pattern\n", ranks - shown);
+  printf("\nrank grid (global rank: tp,%s dp, pp):\n", l->cp > 1 ? " cp," : "");
+  const int shown = ranks < 64 ? (int)ranks : 64;
+  for (int r = 0; r < shown; r++) {
+    const loom_grid_coords c = loom_parallel_coords(r, (loom_grid_coords){l->tp, l->cp, l->dp, l->pp});
+    char at[16] = "";
+    if (l->cp > 1) snprintf(at, sizeof at, " cp %d", c.cp);
+    printf("  %4d: tp %d%s dp %d pp %d%s", r, c.tp, at, c.dp, c.pp, (r + 1) % 4 == 0 || r + 1 == shown ? "\n" : "");
+  }
+  if (shown < ranks) printf("  ... %lld more ranks, same pattern\n", ranks - shown);
   int64_t most = 0;
   for (size_t k = 0; k < p->n_stages; k++) most = p->estimates->stages[k]->activations > most ? p->estimates->stages[k]->activations : most;
   g_unit = most >= 1073741824 ? 1073741824.0 : 1048576.0;
@@ -144,9 +154,9 @@ static void show(const loom_plan *p) {
            gib(x->activations_recompute), gib(x->weight_grad_states), gib(x->p2p_buffers), gib(x->grad_compression));
   }
   printf("  (E: holds the embedding, H: the LM head; weights, master and grads as the plan's ZeRO stage keeps them; "
-         "adam z: Adam sharded by ZeRO over dp %d; transit: ZeRO's slices, and under ZeRO-2/3 the gathered weights and "
+         "adam z: Adam sharded by ZeRO over dp%s %d; transit: ZeRO's slices, and under ZeRO-2/3 the gathered weights and "
          "grads of the layers in flight; rc: with full recompute; B->W: what zero-bubble backwards keep from B to W; "
-         "cmp: compression's error feedback and factors or messages)\n", l->dp);
+         "cmp: compression's error feedback and factors or messages)\n", l->cp > 1 ? " x cp" : "", loom_plan_grad_replicas(p));
   printf("\nper pipeline rank, all its chunks (the memory model: what `loom train` allocates and reports, and what "
          "--device-memory checks):\n");
   for (int q = 0; q < l->pp; q++) {

@@ -63,7 +63,7 @@ int loom_cmd_preflight(int argc, char **argv) {
   }
   loom_parallel ps;
   loom_comm_use_memory(launch.world, ops->mem);
-  loom_parallel_init(&ps, launch.world, tp, pp, dp, false);
+  loom_parallel_init(&ps, launch.world, tp, pp, dp, 1, false);
   loom_preflight_options o = loom_preflight_defaults();
   o.factor = factor, o.seconds = seconds, o.gemm_n = gemm_n;
   o.mem_bytes = (size_t)((double)mem_mb * 1048576.0), o.comm_bytes = (size_t)((double)comm_mb * 1048576.0) / 4 * 4;

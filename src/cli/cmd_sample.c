@@ -102,8 +102,8 @@ int loom_cmd_sample(int argc, char **argv) {
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom sample: --prompt must not be empty");
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_plan_flags_build("loom sample", &f.layout, table, &plan, &err);
-  if (st == LOOM_OK && plan->parallel->tp * plan->parallel->pp * plan->parallel->dp != 1)
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom sample: generation runs on one rank; drop --tp, --pp and --dp");
+  if (st == LOOM_OK && loom_plan_ranks(plan) != 1)
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom sample: generation runs on one rank; drop --tp, --pp, --dp and --cp");
   const loom_plan_limits limits = {.world = 1};
   if (st == LOOM_OK) st = loom_plan_flags_refuse("loom sample", plan, &limits, table, NULL, &err);
   const loom_ops *ops = NULL;

@@ -35,9 +35,11 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
   const double gib = 1073741824.0;
   const char *chunks = l->virtual_chunks == 1 ? "" : loom_schedule_kind_v_shape(plan->schedule) ? " (V-shaped chunks)"
                                                                                                   : " (interleaved chunks)";
-  printf("loom sim: %s on %s (%s, %d per node): tp %d x pp %d x dp %d = %d GPUs, %d micro-batches of %d, %s%s\n",
+  char cp[32] = "";
+  if (l->cp > 1) snprintf(cp, sizeof cp, " x cp %d", l->cp);
+  printf("loom sim: %s on %s (%s, %d per node): tp %d x pp %d x dp %d%s = %d GPUs, %d micro-batches of %d, %s%s\n",
          plan->name ? plan->name : "plan", prof->name ? prof->name : "cluster",
-         prof->device->name ? prof->device->name : "device", prof->devices_per_node, l->tp, l->pp, l->dp, r->gpus,
+         prof->device->name ? prof->device->name : "device", prof->devices_per_node, l->tp, l->pp, l->dp, cp, r->gpus,
          r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule), chunks);
   printf("  step time        %.4g s, %.4g tokens/s\n", r->step_s, r->tokens_per_s);
   printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s\n",
@@ -95,9 +97,10 @@ typedef struct {
 static loom_status predict_at(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, int gpus,
                               sweep_point *pt, loom_error *err) {
   Loom__Parallel *l = plan->parallel;
-  const int group = l->tp * l->pp;
+  const int group = l->tp * l->cp * l->pp;
   if (gpus % group)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus %d is not whole tp %d x pp %d groups", gpus, l->tp, l->pp);
+    return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus %d is not whole tp %d x cp %d x pp %d groups", gpus, l->tp,
+                     l->cp, l->pp);
   l->dp = gpus / group;
   char lines[1024];
   if (loom_plan_check_rules(plan, 0, 0, lines, sizeof lines) > 0) {

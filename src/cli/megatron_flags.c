@@ -32,6 +32,7 @@ const loom_megatron_alias LOOM_MEGATRON_ALIASES[] = {
     {"--add-qkv-bias", "--qkv-bias", ""},
     {"--expert-model-parallel-size", "--ep", NULL},
     {"--expert-tensor-parallel-size", "--etp", NULL},
+    {"--context-parallel-size", "--cp", NULL},
     /* Switches that say what loom does anyway. */
     {"--group-query-attention", NULL, NULL},  /* --num-query-groups (--kv-heads) sets the groups */
     {"--use-flash-attn", NULL, NULL},         /* every backend's attention keeps flash attention's contract */

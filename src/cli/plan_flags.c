@@ -12,7 +12,7 @@ static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
-  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .micro_batch = 16,
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
                            .grad_reduce = "fp32", .grad_compression = "none"};
 }
@@ -21,8 +21,11 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
   loom_model_flags_table(&f->model, out);
   const loom_flag rest[] = {
       {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.tp"},
-      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x pp x dp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
+      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x cp x dp x pp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
       {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
+      {"--cp", FLAG_INT, &f->cp, "context-parallel ranks: each sample's sequence split over them (2 cp chunks, rank r "
+       "holding chunks r and 2 cp - 1 - r), attention passing keys and values round a ring", 1, LOOM_PLAN_MAX_CP, NULL,
+       false, "parallel.cp"},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved; zb_v: 2, its default)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
       {"--layers-per-virtual-stage", FLAG_INT, &f->layers_per_virtual_stage, "layers in each model chunk of a rank "
        "(Megatron-LM's convention): sets --vpp to layers / (pp x this), and the interleaved schedule unless --schedule "
@@ -152,7 +155,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method block needs --recompute-num-layers, the layers of each "
                      "stage that recompute", cmd);
   const loom_plan_spec spec = {
-      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp,
+      .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp, .cp = f->cp,
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

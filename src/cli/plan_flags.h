@@ -11,12 +11,12 @@
 
 typedef struct {
   loom_model_flags model;
-  int tp, pp, dp, vpp, layers_per_virtual_stage, zero, micro_batch, global_batch, micro_batches, recompute_num_layers, ep, etp;
+  int tp, pp, dp, vpp, layers_per_virtual_stage, zero, micro_batch, global_batch, micro_batches, recompute_num_layers, ep, etp, cp;
   bool sequence_parallel;
   const char *schedule, *recompute, *recompute_method, *balance, *precision, *grad_reduce, *grad_compression, *layer_split, *name;
 } loom_plan_flags;
 
-#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 22)
+#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 23)
 
 loom_plan_flags loom_plan_flags_defaults(void);
 /* Writes the table's entries into out[LOOM_PLAN_FLAG_COUNT], pointing into f. */

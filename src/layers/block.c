@@ -9,9 +9,10 @@
 loom_dropout loom_dropout_for(const loom_block_dropout *d, int site, int T, const loom_tp *tp) {
   uint64_t stream = loom_hash_u64(loom_hash_u64(loom_hash_u64(0x100Du, (uint64_t)d->step),
                                                 (uint64_t)d->layer), (uint64_t)site);
-  const int local_T = loom_tp_local_rows(tp, T);
+  const int local_T = loom_tp_local_rows(tp, T), cp = loom_tp_cp(tp);
   return (loom_dropout){.p = d->p, .seed = d->seed, .stream = stream, .sample_offset = d->sample_offset,
-                        .seq_offset = local_T == T ? 0 : tp->rank * local_T, .seq_total = T};
+                        .seq_offset = local_T == T ? 0 : tp->rank * local_T, .seq_total = T * cp, .cp = cp,
+                        .cp_rank = tp->cp_rank};
 }
 
 static loom_attn_shape attn_shape(const loom_block_shape *s) {
@@ -53,12 +54,45 @@ static loom_moe_groups moe_groups(const loom_tp *tp) {
                            .etp = tp->etp_group};
 }
 
-/* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
-static void rope(const loom_block_shape *s, const loom_ops *ops, float *qkv, bool backward) {
+/* RoPE over the q and k heads of each qkv row (they lie first, side by
+ * side), each run of rows at its global positions (under context
+ * parallelism the rank's two chunks). */
+static void rope(const loom_block_shape *s, const loom_tp *tp, const loom_ops *ops, float *qkv, bool backward) {
   if (s->rope.theta <= 0.0f) return;
   void (*turn)(const loom_ops *, float *, int, int, int, int, int, int, loom_rope) =
       backward ? ops->rope_backward : ops->rope_forward;
-  turn(ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, 0, s->rope);
+  const int cp = loom_tp_cp(tp), width = loom_block_qkv_width(s);
+  loom_cp_run runs[2];
+  const int n = loom_cp_runs(cp, tp->cp_rank, s->T * cp, 0, s->T, runs);
+  for (int i = 0; i < n; i++)
+    turn(ops, qkv + (size_t)runs[i].row * s->B * width, runs[i].rows, s->B, width, s->heads + s->kv_heads, s->head_dim,
+         runs[i].pos, s->rope);
+}
+
+/* Attention of the rank's queries, alone or round the cp group's ring
+ * (whose calls see the whole sequence's length, for dropout's keys). */
+static void attention_forward(loom_block_acts *a, loom_block_scratch *s, const loom_attn_shape *as, const loom_dropout *d,
+                              const loom_ops *ops) {
+  if (!s->ring.group) {
+    ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, as, d);
+    return;
+  }
+  loom_attn_shape whole = *as;
+  whole.T = as->T * loom_comm_size(s->ring.group);
+  loom_ring_pack_kv(ops, s->ring.kv[0], a->qkv, as->T, as);
+  loom_ring_attention_forward(ops, &s->ring, a->atty, a->att_lse, a->qkv, &whole, d);
+}
+
+static void attention_backward(float *dqkv, const loom_block_acts *a, loom_block_scratch *s, const loom_attn_shape *as,
+                               const loom_dropout *d, const loom_ops *ops) {
+  if (!s->ring.group) {
+    ops->attention_backward(ops, dqkv, s->d_atty, a->atty, a->qkv, a->att_lse, as, d);
+    return;
+  }
+  loom_attn_shape whole = *as;
+  whole.T = as->T * loom_comm_size(s->ring.group);
+  loom_ring_pack_kv(ops, s->ring.kv[0], a->qkv, as->T, as);
+  loom_ring_attention_backward(ops, &s->ring, dqkv, s->d_atty, a->atty, a->qkv, a->att_lse, &whole, d);
 }
 
 /* x[n] packed into bits (bf16 runs), where the GEMMs will read it. */
@@ -103,9 +137,9 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
                                w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
-  rope(shape, ops, a->qkv, false);
+  rope(shape, tp, ops, a->qkv, false);
   to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
-  ops->attention_forward(ops, a->atty, a->att_lse, a->qkv, &as, &d_probs);
+  attention_forward(a, s, &as, &d_probs, ops);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   pack(ops, a->atty_bits, a->atty, (size_t)N * width);
   loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, w->v->attn_proj_b,
@@ -244,10 +278,10 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
                              loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
-  ops->attention_backward(ops, ws->d_qkv, s->d_atty, a->atty, a->qkv, a->att_lse, &as, &d_probs);
+  attention_backward(ws->d_qkv, a, s, &as, &d_probs, ops);
   if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
     to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
-    rope(shape, ops, ws->d_qkv, true);
+    rope(shape, tp, ops, ws->d_qkv, true);
   }
   pack(ops, ws->d_qkv_bits, ws->d_qkv, (size_t)N * qkv);
   qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);

@@ -22,12 +22,13 @@
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
 #include "layers/moe.h"
+#include "layers/ring_attention.h"
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
 /* Shapes of a block call on this rank. */
 typedef struct {
-  int T, B;        /* full sequence length and micro-batch */
+  int T, B;        /* this rank's sequence length (its chunks' rows under context parallelism) and micro-batch */
   int hidden;
   int heads;       /* this rank's heads */
   int head_dim;
@@ -88,6 +89,7 @@ typedef struct {
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
   float *moe_out;                /* [n, h] a MoE layer's experts' output beside a shared expert's (else unused); in backward, a gated shared expert's output grad */
   loom_moe_scratch moe;
+  loom_ring ring; /* context parallelism: attention's ring over the cp group (group NULL: none) */
 } loom_block_scratch;
 
 /* What a layer's weight grads need besides the inputs of its linears (the

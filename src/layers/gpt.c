@@ -23,6 +23,8 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
   loom_gpt_config c = m->tp.size > 1 ? loom_gpt_config_for_tp(cfg, m->tp.size) : *cfg;
   if (m->tp.ep_group || m->tp.etp_group)
     c = loom_gpt_config_for_ep(&c, loom_comm_size(m->tp.etp_group), loom_comm_size(m->tp.ep_group), loom_comm_rank(m->tp.ep_group));
+  LOOM_CHECK(loom_gpt_cp(cfg) == 1 || loom_gpt_cp(cfg) == loom_tp_cp(&m->tp), "the model's cp split is its cp group's");
+  c.cp = loom_tp_cp(&m->tp);
   const int replicas = loom_gpt_kv_replicas(&c, m->tp.size); /* consecutive ranks holding one key/value head */
   if (replicas > 1) m->tp.kv_group = loom_comm_split(m->tp.group, m->tp.rank / replicas, m->tp.rank, "kv heads");
   loom_status st = zero_dp ? loom_gpt_params_init_for_zero(&m->p, &c, m->tp.rank, m->tp.size, range, ops->mem, zero_dp, zero_stage)
@@ -77,6 +79,8 @@ static void slots_free(loom_gpt *m) {
   moe_hosts_free(m->w.redo, m->w.redo_count);
   free(m->w.redo);
   free(m->w.block.moe.host);
+  free(m->cp_pos);
+  m->cp_pos = NULL;
   loom_buffer_free(&m->w.mem);
   loom_buffer_free(&m->w.mem16);
   wstates_free(m);
@@ -126,6 +130,7 @@ typedef struct {
   int64_t X;              /* the rows its experts compute over: taken, or under expert tensor parallelism every rank's */
   int64_t ep, etp;        /* its expert-parallel group's size, and the expert-tensor-parallel one's */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
+  int64_t ring;           /* context parallelism: one travelling block of keys and values (0: none) */
   bool gate;              /* a MoE model's shared expert is gated */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
@@ -133,8 +138,9 @@ typedef struct {
   bool first, last, bf16;
 } dims;
 
-/* The activation shapes; weight_scratch (what only allocation needs, read
- * off the parameter table) is filled by with_weight_scratch. */
+/* The activation shapes at this rank's sequence length T (its chunks'
+ * rows under context parallelism); weight_scratch (what only allocation
+ * needs, read off the parameter table) is filled by with_weight_scratch. */
 /* Groups the first R layers make in groups of G, the last maybe short: the
  * slot's kept inputs before the first kept layer's. */
 static int recompute_groups(int R, int G) { return (R + G - 1) / G; }
@@ -156,6 +162,7 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
                 .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = wide * (L ? f : fk[0]),
+                .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
@@ -510,6 +517,11 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     want(l, &s->moe.d_logits, "moe_d_logits", d->n * d->E);
     if (d->gate) want(l, &s->moe.gate_d, "moe_gate_d", d->n), want_ints(l, &s->moe.gate_rows, "moe_gate_rows", d->n);
   }
+  if (d->ring) { /* the two blocks of keys and values travelling round the ring, and their grads */
+    loom_ring *r = &s->ring;
+    want(l, &r->kv[0], "ring_kv", d->ring), want(l, &r->kv[1], "ring_kv2", d->ring);
+    want(l, &r->dkv[0], "ring_dkv", d->ring), want(l, &r->dkv[1], "ring_dkv2", d->ring);
+  }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
@@ -539,7 +551,8 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
                                  const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = with_weight_scratch(dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
+  const dims d =
+      with_weight_scratch(dims_of(&c, loom_gpt_local_seq(cfg, T), B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
   act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
@@ -554,14 +567,15 @@ size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int t
 }
 
 size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
-  return (size_t)(sequence_parallel && tp > 1 ? T / tp : T) * (size_t)B * (size_t)cfg->hidden;
+  const int rows = loom_gpt_local_seq(cfg, T);
+  return (size_t)(sequence_parallel && tp > 1 ? rows / tp : rows) * (size_t)B * (size_t)cfg->hidden;
 }
 
 size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
                                    const loom_stage_range *range, loom_recompute recompute) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = dims_of(&c, T, B, tp, sequence_parallel && tp > 1, &r, recompute);
+  const dims d = dims_of(&c, loom_gpt_local_seq(cfg, T), B, tp, sequence_parallel && tp > 1, &r, recompute);
   act_list l, l16;
   wgrad_views v;
   list_wstate(&l, &l16, &v, &d);
@@ -640,10 +654,12 @@ static void bind_weights(loom_gpt *m) {
   free(addr);
 }
 
-loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
+loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   const loom_gpt_config *c = &m->p.cfg;
-  LOOM_CHECK(T >= 1 && T <= c->seq && B >= 1 && slots >= 1, "micro-batch shape out of range");
-  LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T divisible by tp");
+  const int cp = loom_gpt_cp(c), T = loom_gpt_local_seq(c, seq); /* this rank's rows of each sequence */
+  LOOM_CHECK(seq >= 1 && seq <= c->seq && B >= 1 && slots >= 1, "micro-batch shape out of range");
+  LOOM_CHECK(cp == 1 || seq % (2 * cp) == 0, "context parallelism needs T divisible by 2 cp");
+  LOOM_CHECK(!m->tp.sequence_parallel || T % m->tp.size == 0, "sequence parallelism needs T / cp divisible by tp");
   if (m->T == T && m->B == B && m->nslots == slots) return LOOM_OK;
   slots_free(m);
   const dims d = with_weight_scratch(dims_of(c, T, B, m->tp.size, m->tp.sequence_parallel, &m->p.range, recompute_of(m)),
@@ -684,6 +700,13 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots) {
     if (st == LOOM_OK && d.E)
       m->w.block.moe.host = loom_xmalloc((size_t)(d.n * (d.k + d.E)) * sizeof(float), "router grads");
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
+    if (st == LOOM_OK && cp > 1) { /* the ring's positions, host memory */
+      loom_ring *r = &m->w.block.ring;
+      r->group = m->tp.cp_group, r->rows = T;
+      m->cp_pos = loom_xmalloc(2 * (size_t)T * sizeof *m->cp_pos, "context-parallel positions");
+      loom_cp_positions(cp, m->tp.cp_rank, seq, m->cp_pos);
+      r->pos = m->cp_pos, r->peer_pos = m->cp_pos + T;
+    }
     if (st == LOOM_OK && d.bf16) bind_weights(m);
   }
   if (st != LOOM_OK) {
@@ -932,6 +955,20 @@ const float *loom_gpt_stage_output(const loom_gpt *m, int slot) {
   return kept == 0 || m->p.cfg.bf16 ? s->out : s->blocks[kept - 1].out;
 }
 
+/* The learned positions of this rank's rows [n, h] (its share of the
+ * sequence under sequence and context parallelism) added to x, or
+ * backward their grads added into dwpe, run by run of global positions. */
+static void learned_positions(loom_gpt *m, float *x, const float *wpe, float *dwpe) {
+  const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T), cp = loom_tp_cp(&m->tp);
+  loom_cp_run runs[2];
+  const int n = loom_cp_runs(cp, m->tp.cp_rank, T * cp, local_T == T ? 0 : m->tp.rank * local_T, local_T, runs);
+  for (int i = 0; i < n; i++) {
+    float *rows = x + (size_t)runs[i].row * B * h;
+    if (dwpe) m->ops->position_backward(m->ops, dwpe, rows, runs[i].rows, B, h, runs[i].pos);
+    else m->ops->position_forward(m->ops, rows, wpe, runs[i].rows, B, h, runs[i].pos);
+  }
+}
+
 /* Vocab-parallel embedding onto this rank's rows, plus positions and dropout. */
 static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
   const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
@@ -940,8 +977,7 @@ static void embed_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *b
   float *full = m->tp.size > 1 ? m->w.embed_full : s->x0;
   loom_vocab_parallel_embedding_forward(&m->tp, m->ops, s->x0, full, s->tokens, vocab_weight(m, &w, LOOM_ROLE_WTE),
                                         vocab_range(m), T, B, h);
-  const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  if (w.wpe) m->ops->position_forward(m->ops, s->x0, w.wpe, local_T, B, h, pos_offset);
+  if (w.wpe) learned_positions(m, s->x0, w.wpe, NULL);
   to_bf16_values(m, s->x0, nh);
   const loom_block_dropout d0 = block_dropout(m, batch, -1);
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
@@ -956,8 +992,7 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   const loom_dropout d_embed = loom_dropout_for(&d0, LOOM_SITE_EMBED, T, &m->tp);
   m->ops->dropout_backward(m->ops, dres, local_T, B, h, &d_embed);
   if (d_embed.p > 0.0f) to_bf16_values(m, dres, (size_t)local_T * B * h);
-  const int pos_offset = local_T == T ? 0 : m->tp.rank * local_T;
-  if (m->p.g.wpe) m->ops->position_backward(m->ops, m->p.g.wpe, dres, local_T, B, h, pos_offset);
+  if (m->p.g.wpe) learned_positions(m, dres, NULL, m->p.g.wpe);
   float *dfull = m->tp.sequence_parallel ? m->w.embed_full : dres;
   loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, dres, dfull, s->tokens, vocab_range(m), T, B, h);
 }

@@ -114,7 +114,8 @@ typedef struct loom_gpt_s {
   loom_tp tp;
   int recompute_layers; /* the stage's first layers that recompute in backward (0: none; its layer count: all) */
   int recompute_group;  /* in groups of this many (1: each alone) */
-  int T, B, nslots;
+  int T, B, nslots; /* T: this rank's rows of each sequence (its chunks' under context parallelism) */
+  int *cp_pos;      /* context parallelism: their global positions, and room for a peer's (host, [2 T]) */
   loom_gpt_slot *slots;
   int nwstates;
   loom_gpt_wstate *wstates; /* [nwstates] */
@@ -153,12 +154,14 @@ loom_status loom_gpt_init_stage(loom_gpt *m, const loom_gpt_config *cfg, const l
                                 const loom_tp *tp, const loom_stage_range *range, loom_recompute recompute, int zero_dp,
                                 int zero_stage);
 void loom_gpt_free(loom_gpt *m);
-/* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq. */
+/* (Re)sizes activations for `slots` micro-batches of (T, B); T <= cfg.seq
+ * (under context parallelism a multiple of 2 cp, this rank holding T / cp
+ * rows of each sequence). */
 loom_status loom_gpt_set_slots(loom_gpt *m, int T, int B, int slots);
 /* One slot of (T, B): for single-rank training and evaluation. */
 loom_status loom_gpt_set_batch_shape(loom_gpt *m, int T, int B);
 /* Values of one micro-batch's activation (or its grad) crossing a stage
- * boundary, [T/tp under sequence parallelism, B, hidden]: the size of
+ * boundary, [T / cp (/ tp under sequence parallelism), B, hidden]: the size of
  * every pipeline message, for the executor, the memory model and the sim. */
 size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel);
 /* 32-bit words of one such message as the pipeline sends it: fp32 values,

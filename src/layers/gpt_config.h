@@ -99,6 +99,10 @@ typedef struct {
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
+  /* Where the sequence is, not what the model is: split over a context-
+   * parallel group of cp ranks (0 or 1: whole), each holding T / cp rows of
+   * a micro-batch's sequence of T (loom_cp_position). */
+  int cp;
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128
@@ -138,6 +142,9 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
 
 static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
 static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
+/* The context-parallel split (1: none), and the rows of a sequence of T one rank holds. */
+static inline int loom_gpt_cp(const loom_gpt_config *c) { return c->cp > 1 ? c->cp : 1; }
+static inline int loom_gpt_local_seq(const loom_gpt_config *c, int T) { return T / loom_gpt_cp(c); }
 /* Whether q, k and v have biases: every linear's, or theirs alone (qkv_bias). */
 static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no_bias || c->qkv_bias; }
 /* Whether the model's MLPs are Mixtures of Experts, and its experts' width. */

@@ -1,11 +1,22 @@
 /* Context parallelism's ring attention (see ring_attention.h). */
 #include "layers/ring_attention.h"
+#include "backend/op_math.h"
 
 enum { RING_TAG_KV = 0x5249, RING_TAG_DKV = 0x5250 }; /* the cp group carries nothing else */
 
 void loom_cp_positions(int cp, int rank, int T, int *pos) {
-  const int c = T / (2 * cp);
-  for (int i = 0; i < c; i++) pos[i] = rank * c + i, pos[c + i] = (2 * cp - 1 - rank) * c + i;
+  for (int r = 0; r < T / cp; r++) pos[r] = loom_cp_position(cp, rank, T, r);
+}
+
+int loom_cp_runs(int cp, int rank, int T, int first, int rows, loom_cp_run runs[2]) {
+  const int chunk = cp > 1 ? T / (2 * cp) : T, end = first + rows;
+  int n = 0;
+  for (int r = first; r < end && n < 2;) {
+    const int stop = r < chunk && chunk < end ? chunk : end;
+    runs[n++] = (loom_cp_run){.row = r - first, .rows = stop - r, .pos = cp > 1 ? loom_cp_position(cp, rank, T, r) : r};
+    r = stop;
+  }
+  return n;
 }
 
 /* Floats in one [t, b] row of a packed block: k | v of the key/value heads. */

@@ -21,6 +21,17 @@
  * 2 cp - 1 - r's, each T / (2 cp) rows (T a multiple of 2 cp). */
 void loom_cp_positions(int cp, int rank, int T, int *pos);
 
+/* Rows [row, row + rows) of a rank's share whose global positions run on
+ * from pos. */
+typedef struct {
+  int row, rows, pos;
+} loom_cp_run;
+/* The runs of consecutive global positions among rows [first, first +
+ * rows) of rank `rank`'s share of a sequence of T split over cp (cp 1:
+ * the sequence itself, one run): at most two, as a run ends with the
+ * rank's first chunk. Returns how many; their row counts from 0. */
+int loom_cp_runs(int cp, int rank, int T, int first, int rows, loom_cp_run runs[2]);
+
 /* Rows (a block's, [rows, B]) of k | v packed from qkv rows (the q | k | v layout of s) into kv (2 K D apart). */
 void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int rows, const loom_attn_shape *s);
 /* And back: the packed grads dkv added into dqkv's k | v columns. */

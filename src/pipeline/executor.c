@@ -27,10 +27,12 @@ static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer);
 
 static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
                          uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
-  LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp,
+  LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp &&
+                 ps->cp == plan->parallel->cp,
              "the grid is the plan's");
   loom_gpt_config model;
   loom_plan_model_config(plan, &model);
+  model.cp = ps->cp;
   const loom_gpt_config *cfg = &model;
   const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
   pipe->ps = ps;
@@ -82,13 +84,13 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(12 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
-  if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp > 1) {
+  if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1) {
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++)
       pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.numel * sizeof(uint16_t), "bf16 grads");
   }
   const loom_compression gc = loom_plan_compression(plan);
-  if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp > 1) {
+  if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp * ps->cp > 1) {
     pipe->compress = loom_xcalloc((size_t)pipe->v, sizeof *pipe->compress, "grad compression");
     for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
       st = loom_grad_compress_init(&pipe->compress[c], &gc, &pipe->chunks[c].p, seed, ops);
@@ -97,6 +99,14 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
   pipe->pred = loom_xmalloc((size_t)T * B * sizeof(int), "predictions");
+  if (ps->cp > 1) { /* this rank's rows of them, and their positions */
+    const size_t rows = (size_t)loom_gpt_local_seq(&model, T);
+    pipe->local_tokens = loom_xmalloc(rows * B * sizeof(int), "tokens");
+    pipe->local_targets = loom_xmalloc(rows * B * sizeof(int), "targets");
+    pipe->local_pred = loom_xmalloc(rows * B * sizeof(int), "predictions");
+    pipe->cp_pos = loom_xmalloc(rows * sizeof(int), "positions");
+    loom_cp_positions(ps->cp, ps->cp_rank, T, pipe->cp_pos);
+  }
   return LOOM_OK;
 }
 
@@ -153,6 +163,10 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
+  free(pipe->local_tokens);
+  free(pipe->local_targets);
+  free(pipe->local_pred);
+  free(pipe->cp_pos);
   free(pipe->pred);
   free(pipe->trace);
   free(pipe->bucket_req);
@@ -246,14 +260,41 @@ typedef struct {
 
 static void on_recv_act(act *x) { loom_p2p_recv(&x->pipe->p2p, false, x->a->mb, x->stage, x->m->slots[x->slot].x0, x->a->peer); }
 
+/* Context parallelism: this rank's rows of the micro-batch just fed (its
+ * row t is the sequence's row cp_pos[t]); returns how many of their
+ * targets are scored. */
+static int64_t take_local_rows(loom_pipeline *pipe) {
+  const int rows = pipe->T / pipe->ps->cp, B = pipe->B;
+  int64_t scored = 0;
+  for (int t = 0; t < rows; t++)
+    for (int b = 0; b < B; b++) {
+      const size_t from = (size_t)pipe->cp_pos[t] * B + b, to = (size_t)t * B + b;
+      pipe->local_tokens[to] = pipe->tokens[from];
+      pipe->local_targets[to] = pipe->targets[from];
+      scored += pipe->targets[from] >= 0;
+    }
+  return scored;
+}
+
+/* The greedy predictions of every rank's rows, in pred: each cp rank's
+ * placed at their positions, then summed over the cp group (collective). */
+static void gather_predictions(loom_pipeline *pipe) {
+  const int rows = pipe->T / pipe->ps->cp, B = pipe->B;
+  memset(pipe->pred, 0, (size_t)pipe->T * B * sizeof(int));
+  for (int t = 0; t < rows; t++)
+    memcpy(pipe->pred + (size_t)pipe->cp_pos[t] * B, pipe->local_pred + (size_t)t * B, (size_t)B * sizeof(int));
+  loom_comm_allreduce_typed(pipe->ps->cp_group, pipe->pred, (size_t)pipe->T * B, LOOM_DTYPE_I32, LOOM_REDUCE_SUM);
+}
+
 static void on_forward(act *x) {
   loom_pipeline *pipe = x->pipe;
   const run_spec *spec = x->spec;
   loom_gpt *m = x->m;
   const int64_t counted = x->hooks->feed(x->hooks->ctx, spec->first_mb + x->a->mb, pipe->tokens, pipe->targets);
+  const int64_t mine = pipe->cp_pos ? take_local_rows(pipe) : counted; /* the targets this rank's loss is over */
   const float loss = loom_gpt_stage_forward(m, x->slot, x->batch, m->slots[x->slot].x0);
   if (m->p.range.last) {
-    x->out->loss_sum += (double)loss * (double)counted;
+    x->out->loss_sum += (double)loss * (double)mine;
     x->out->scored += counted;
   }
   double slow_ms;
@@ -263,7 +304,8 @@ static void on_forward(act *x) {
     nanosleep(&nap, NULL);
   }
   if (spec->train || !m->p.range.last || !x->hooks->score) return;
-  loom_gpt_predict(m, pipe->pred);
+  loom_gpt_predict(m, pipe->cp_pos ? pipe->local_pred : pipe->pred);
+  if (pipe->cp_pos) gather_predictions(pipe);
   x->hooks->score(x->hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
 }
 
@@ -335,7 +377,8 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
     apply_events(pipe, sched, i, true);
-    const loom_gpt_batch batch = {.tokens = pipe->tokens, .targets = pipe->targets,
+    const loom_gpt_batch batch = {.tokens = pipe->cp_pos ? pipe->local_tokens : pipe->tokens,
+                                  .targets = pipe->cp_pos ? pipe->local_targets : pipe->targets,
                                   .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
                                   .train = spec->train};
     act x = {.pipe = pipe, .hooks = hooks, .spec = spec, .a = a, .m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL,
@@ -370,11 +413,11 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
                          .dloss = scored ? 1.0f / (float)scored : 0.0f};
   run_totals t = {0};
   run_actions(pipe, hooks, &spec, &t);
-  /* The last stages know their replicas' losses; every rank reports the sum. */
+  /* The last stages know their replicas' losses (each cp rank its rows'); every rank reports the sum. */
   const bool last = loom_pipeline_chunk_holding(pipe, pipe->S - 1) >= 0;
   float loss = last ? (float)(scored ? t.loss_sum / (double)scored : 0.0) : 0.0f;
   loom_comm_allreduce(ps->pp_group, &loss, 1, LOOM_REDUCE_SUM);
-  loom_comm_allreduce(ps->dp_group, &loss, 1, LOOM_REDUCE_SUM);
+  loom_comm_allreduce(ps->dp_cp_group, &loss, 1, LOOM_REDUCE_SUM);
   size_t grads = 0;
   for (int c = 0; c < pipe->v; c++) grads += pipe->chunks[c].p.grads.numel;
   return (loom_pipeline_stats){.loss = loss, .grad_norm = t.norm, .compute_s = t.compute, .wait_s = t.wait,
@@ -456,6 +499,7 @@ loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *h
   const bool last = loom_pipeline_chunk_holding(pipe, pipe->S - 1) >= 0;
   float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
                       last ? local[1] : 0.0f};
+  if (ps->cp_group) loom_comm_allreduce(ps->cp_group, results, 1, LOOM_REDUCE_SUM); /* each cp rank's rows' loss; tallies alike */
   loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);
   *loss = results[0];
   if (tally) {

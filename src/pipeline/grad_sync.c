@@ -35,10 +35,11 @@ void loom_grad_sync_tied(loom_pipeline *pipe) {
   loom_comm_allreduce(ps->embed_group, mine, n, LOOM_REDUCE_SUM);
 }
 
-/* The group a run of grads sums over: dp, or for experts under expert
- * parallelism the ranks holding the same experts. */
+/* The group a run of grads sums over: dp x cp (the ranks holding the same
+ * parameters; dp alone without context parallelism), or for experts under
+ * expert parallelism the ranks holding the same experts. */
 static loom_comm *group_of(const loom_pipeline *pipe, bool experts) {
-  return experts ? pipe->ps->edp_group : pipe->ps->dp_group;
+  return experts ? pipe->ps->edp_group : pipe->ps->dp_cp_group;
 }
 
 /* Starts summing chunk c's grads [lo, hi) over their group: in place in
@@ -116,7 +117,7 @@ void loom_pipeline_dp_words(const loom_pipeline *pipe, int64_t *sent, int64_t *w
 }
 
 bool loom_grad_sync_buckets(const loom_pipeline *pipe) {
-  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_group) > 1;
+  return pipe->bucket_bytes > 0 && !pipe->zero_stage && !pipe->compress && loom_comm_size(pipe->ps->dp_cp_group) > 1;
 }
 
 /* Sums grads over the replicas: finishes the buckets started during backward
@@ -128,7 +129,7 @@ bool loom_grad_sync_buckets(const loom_pipeline *pipe) {
 double loom_grad_sync_dp(loom_pipeline *pipe) {
   if (pipe->compress) { /* the whole chunk at once: its messages cover every grad matrix */
     for (int c = 0; c < pipe->v; c++)
-      loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_group, pipe->chunks[c].ops);
+      loom_grad_compress_reduce(&pipe->compress[c], &pipe->chunks[c].p, pipe->ps->dp_cp_group, pipe->chunks[c].ops);
     return 0.0;
   }
   if (pipe->zero_stage) return 0.0; /* ZeRO-1's optimizer reduce-scatters; ZeRO-2/3 did during backward */

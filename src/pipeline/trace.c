@@ -149,8 +149,8 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
     loom_trace_span *spans = loom_xmalloc((size_t)width * ranks * sizeof *spans + 1, "trace");
     int n = 0;
     for (int r = 0; r < ranks; r++) {
-      int tp_rank, dp_rank, pp_rank;
-      loom_parallel_coords(r, pipe->ps->tp, pipe->ps->pp, pipe->ps->dp, &tp_rank, &dp_rank, &pp_rank);
+      const loom_parallel *ps = pipe->ps;
+      const int pp_rank = loom_parallel_coords(r, (loom_grid_coords){ps->tp, ps->cp, ps->dp, ps->pp}).pp;
       for (int i = 0; i < width; i++) {
         const float *e = all + ((size_t)r * width + i) * F;
         if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4], pp_rank, (int)e[5]};

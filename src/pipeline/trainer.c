@@ -42,10 +42,12 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   ops->mem->reset_peak(ops->mem);
   tr->baseline_tensor = ops->mem->counts(ops->mem).in_use;
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
-  loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp,
+  loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp, plan->parallel->cp,
                      plan->parallel->sequence_parallel);
   loom_parallel_init_experts(&tr->ps, plan->parallel->etp, plan->parallel->ep);
-  const int zero_stage = plan->parallel->zero_stage, zero_dp = !o->forward_only && zero_stage ? plan->parallel->dp : 0;
+  /* ZeRO shards over the ranks holding the same parameters: dp x cp (Megatron-Core's data-parallel group with cp). */
+  const int zero_stage = plan->parallel->zero_stage;
+  const int zero_dp = !o->forward_only && zero_stage ? loom_plan_grad_replicas(plan) : 0;
   loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
   if (st == LOOM_OK) expert_bias_init(tr);
   if (st != LOOM_OK || o->forward_only) return st;
@@ -56,7 +58,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   tr->opts = loom_xcalloc((size_t)v, sizeof *tr->opts, "optimizers");
   if (zero_stage) tr->zero = loom_xcalloc((size_t)v, sizeof *tr->zero, "ZeRO optimizers");
   /* The experts' pieces go over the ranks holding the same experts under expert parallelism, else over dp too. */
-  const loom_zero_group dense = {tr->ps.dp_rank, tr->ps.dp, tr->ps.dp_group};
+  const loom_zero_group dense = {tr->ps.dp_cp_rank, tr->ps.dp * tr->ps.cp, tr->ps.dp_cp_group};
   const loom_zero_group groups[LOOM_ZERO_GROUPS] = {
       dense, tr->ps.ep > 1 ? (loom_zero_group){tr->ps.edp_rank, tr->ps.edp, tr->ps.edp_group} : dense};
   for (int c = 0; c < v && st == LOOM_OK; c++) {

@@ -44,7 +44,7 @@ int64_t loom_compression_state_words(const loom_compression *c, const loom_tenso
 loom_compression loom_plan_compression(const loom_plan *p) {
   const Loom__GradCompression *gc = p->grad_compression;
   return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
-                            .rank = gc ? gc->rank : 0, .dp = p->parallel->dp};
+                            .rank = gc ? gc->rank : 0, .dp = loom_plan_grad_replicas(p)};
 }
 
 /* The compression cost of one range's tensors, walked one by one. */

@@ -92,7 +92,7 @@ int loom_plan_rank_buffers(const loom_plan *p, int pp_rank, int *slots, int *def
 loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *range) {
   loom_gpt_config cfg;
   loom_plan_rank_config(p, &cfg);
-  return loom_gpt_zero_cut(&cfg, range, p->parallel->tp, p->parallel->dp, p->parallel->zero_stage);
+  return loom_gpt_zero_cut(&cfg, range, p->parallel->tp, loom_plan_grad_replicas(p), p->parallel->zero_stage);
 }
 
 /* ---- a chunk's buffers ---- */
@@ -106,7 +106,7 @@ static double at_least_one(size_t n, size_t size) { return (double)(n ? n : 1) *
  * them by ZeRO's cut (loom_gpt_zero_cut). */
 static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
   const int zero = p->parallel->zero_stage;
-  const size_t dp = (size_t)p->parallel->dp, n = (size_t)loom_gpt_param_count(cfg, range, p->parallel->tp);
+  const size_t dp = (size_t)loom_plan_grad_replicas(p), n = (size_t)loom_gpt_param_count(cfg, range, p->parallel->tp);
   double *b = out->bytes;
   const loom_gpt_params_bytes kept = loom_gpt_params_stored_bytes(cfg, range, p->parallel->tp, (int)dp, zero);
   /* The fp32 weights are the master beside a bf16 copy, else what the layers compute with. */
@@ -158,8 +158,9 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, i
                               4.0 * (double)loom_gpt_boundary_floats(&cfg, T, B, l->tp, l->sequence_parallel);
   }
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
-  if (l->dp > 1 && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) out.bytes[LOOM_MEM_GRAD_REDUCE] = at_least_one(n, 2);
-  if (l->dp > 1 && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
+  const bool reduced = loom_plan_grad_replicas(p) > 1;
+  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) out.bytes[LOOM_MEM_GRAD_REDUCE] = at_least_one(n, 2);
+  if (reduced && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
     out.bytes[LOOM_MEM_COMPRESSION] = loom_plan_compression_cost(p, &range).state_bytes;
   free(slots);
   free(deferred);

@@ -118,6 +118,7 @@ void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
 void loom_plan_rank_config(const loom_plan *p, loom_gpt_config *cfg) {
   loom_plan_model_config(p, cfg);
   *cfg = loom_gpt_config_for_ep(cfg, p->parallel->etp, p->parallel->ep, 0);
+  cfg->cp = p->parallel->cp;
 }
 
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {
@@ -128,6 +129,13 @@ loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error 
 }
 
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
+
+int loom_plan_grad_replicas(const loom_plan *p) { return p->parallel->dp * p->parallel->cp; }
+
+int64_t loom_plan_ranks(const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  return (int64_t)l->tp * l->cp * l->dp * l->pp;
+}
 
 int64_t loom_plan_total_parameters(const loom_plan *p) {
   loom_gpt_config cfg;

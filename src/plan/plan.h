@@ -22,6 +22,7 @@ typedef struct {
   int tp, pp, dp, vpp, zero_stage;
   int ep; /* a MoE model's expert-parallel size (0 or 1: none) */
   int etp; /* its expert-tensor-parallel size (0 or 1: none; else tp) */
+  int cp;  /* context-parallel size (0 or 1: none) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -48,6 +49,7 @@ typedef struct {
 #define LOOM_PLAN_MAX_VOCAB (1 << 24)
 #define LOOM_PLAN_MAX_SEQ (1 << 20)
 #define LOOM_PLAN_MAX_TP 4096
+#define LOOM_PLAN_MAX_CP 4096
 #define LOOM_PLAN_MAX_PP 4096
 #define LOOM_PLAN_MAX_DP (1 << 20)
 #define LOOM_PLAN_MAX_CHUNKS 64
@@ -96,6 +98,11 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
 void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
+/* Ranks the plan runs on: tp x cp x dp x pp. */
+int64_t loom_plan_ranks(const loom_plan *plan);
+/* The ranks holding the same parameters, over which grads sum and ZeRO
+ * shards: dp x cp (Megatron-Core's data-parallel group with cp). */
+int loom_plan_grad_replicas(const loom_plan *plan);
 /* Whether the stages recompute activations in backward (a rule makes them agree). */
 bool loom_plan_recompute(const loom_plan *plan);
 /* What stage v recomputes in backward: its first layers (none without

@@ -95,6 +95,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   l->ep = sp->ep > 1 ? sp->ep : 1;
   l->has_etp = sp->etp > 1;
   l->etp = sp->etp > 1 ? sp->etp : 1;
+  l->has_cp = sp->cp > 1;
+  l->cp = sp->cp > 1 ? sp->cp : 1;
   p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
   loom__batch__init(p->batch);
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;
@@ -170,14 +172,15 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
 
 loom_status loom_plan_fit_world(loom_plan *p, int world, loom_error *err) {
   Loom__Parallel *l = p->parallel;
-  const int64_t group = (int64_t)l->tp * l->pp, ranks = group * l->dp;
+  const int64_t group = (int64_t)l->tp * l->cp * l->pp, ranks = group * l->dp;
   if (world >= ranks) return LOOM_OK;
   const int64_t dp = world / group, per_step = (int64_t)p->batch->micro_batch * dp;
   if (dp < 1)
-    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks cannot hold one tp %d x pp %d group of the plan", world, l->tp, l->pp);
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks cannot hold one tp %d x cp %d x pp %d group of the plan", world, l->tp,
+                     l->cp, l->pp);
   if (dp * group != world)
-    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks are not whole tp %d x pp %d groups; launch %lld", world, l->tp, l->pp,
-                     (long long)(dp * group));
+    return loom_fail(err, LOOM_ERR_USAGE, "%d ranks are not whole tp %d x cp %d x pp %d groups; launch %lld", world, l->tp,
+                     l->cp, l->pp, (long long)(dp * group));
   if (p->batch->global_batch % per_step)
     return loom_fail(err, LOOM_ERR_USAGE, "dp %lld on %d ranks cannot keep batch.global_batch %d: not a multiple of batch.micro_batch x dp (%lld)",
                      (long long)dp, world, p->batch->global_batch, (long long)per_step);

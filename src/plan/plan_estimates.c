@@ -41,11 +41,11 @@ static double group_bytes_sent(const loom_plan *p, double d, double words, doubl
   return bytes;
 }
 
-/* Bytes one rank sends over dp per step for a stage that costs c: as
+/* Bytes one rank sends over dp (dp x cp: the ranks summing its grads) per step for a stage that costs c: as
  * group_bytes_sent over what crosses whole, or compression's collectives
  * (an all-gather of a B-byte message from each rank sends (d-1) B). */
 static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, const loom_stage_range *range) {
-  const double d = p->parallel->dp;
+  const double d = loom_plan_grad_replicas(p);
   if (d < 2) return 0.0;
   const double share = (d - 1.0) / d;
   const loom_compression gc = loom_plan_compression(p);
@@ -76,7 +76,7 @@ void loom_plan_estimate(loom_plan *p) {
   loom__estimates__init(p->estimates);
   Loom__Estimates *e = p->estimates;
   const Loom__Parallel *l = p->parallel;
-  const int tp = l->tp, dp = l->dp, pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
+  const int tp = l->tp, dp = loom_plan_grad_replicas(p), pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
   e->has_total_parameters = 1;

@@ -187,10 +187,26 @@ static void check_experts(report *r, const loom_plan *p) {
               "grad_compression or ep", ep);
 }
 
+/* Context parallelism's rules (its size in bounds). */
+static void check_context(report *r, const loom_plan *p) {
+  const int cp = p->parallel->cp, T = loom_plan_train_seq(p), tp = p->parallel->tp;
+  if (cp <= 1) return;
+  if (T % (2 * cp))
+    violation(r, "parallel.cp = %d: the sequence (%d) must be divisible by 2 x cp (%d), each rank holding two equal chunks "
+              "of it (the load-balanced causal split); pick such a seq or cp", cp, T, 2 * cp);
+  else if (p->parallel->sequence_parallel && (T / cp) % tp)
+    violation(r, "parallel.cp = %d with sequence parallelism: each rank's %d rows (seq / cp) must be divisible by "
+              "parallel.tp (%d); pick such a seq, cp or tp", cp, T / cp, tp);
+  if (p->model->moe)
+    violation(r, "parallel.cp = %d: context parallelism with a Mixture of Experts is not supported yet (its routing "
+              "losses over a sequence split across ranks); drop cp or the experts", cp);
+}
+
 static void check_model(report *r, const loom_plan *p) {
   const int tp = p->parallel->tp;
   check_model_shape(r, p->model, tp);
   check_experts(r, p);
+  check_context(r, p);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",
@@ -266,9 +282,9 @@ static void check_compression(report *r, const loom_plan *p) {
     violation(r, "grad_compression.rank = %d: only COMPRESSION_POWERSGD has a rank; remove it for COMPRESSION_SIGN",
               c->rank);
   const char *name = powersgd ? "powersgd" : "sign";
-  if (p->parallel->dp < 2)
-    violation(r, "grad_compression = %s: parallel.dp is %d, so no grads cross data parallelism to compress; raise "
-              "parallel.dp or drop grad_compression", name, p->parallel->dp);
+  if (loom_plan_grad_replicas(p) < 2)
+    violation(r, "grad_compression = %s: parallel.dp x parallel.cp is %d, so no grads cross data parallelism to compress; "
+              "raise parallel.dp or drop grad_compression", name, loom_plan_grad_replicas(p));
   if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32)
     violation(r, "grad_compression = %s: compression decides what crosses; set grad_reduce PRECISION_FP32 or drop "
               "grad_compression", name);
@@ -381,6 +397,7 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "parallel.virtual_chunks", l->virtual_chunks, 1, LOOM_PLAN_MAX_CHUNKS);
     check_size(r, "parallel.ep", l->ep, 1, LOOM_PLAN_MAX_EXPERTS);
     check_size(r, "parallel.etp", l->etp, 1, LOOM_PLAN_MAX_TP);
+    check_size(r, "parallel.cp", l->cp, 1, LOOM_PLAN_MAX_CP);
   }
   if (b) {
     check_size(r, "batch.micro_batch", b->micro_batch, 1, LOOM_PLAN_MAX_MICRO_BATCH);
@@ -388,7 +405,7 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
   }
   if (r->count > before) return r->count - before;
   if (l) {
-    check_product(r, "parallel.tp x parallel.pp x parallel.dp", (int64_t)l->tp * l->pp * l->dp, INT_MAX);
+    check_product(r, "parallel.tp x parallel.cp x parallel.dp x parallel.pp", (int64_t)l->tp * l->cp * l->dp * l->pp, INT_MAX);
     check_product(r, "parallel.pp x parallel.virtual_chunks", (int64_t)l->pp * l->virtual_chunks, LOOM_PLAN_MAX_STAGES);
   }
   if (l && b) check_product(r, "batch.micro_batch x parallel.dp", (int64_t)b->micro_batch * l->dp, LOOM_PLAN_MAX_GLOBAL_BATCH);
@@ -444,10 +461,12 @@ int loom_plan_check_rules(const loom_plan *p, int world, int64_t device_memory, 
   check_batch(&r, p);
   check_stages(&r, p);
   check_cluster(&r, p->cluster);
-  const long long ranks = (long long)l->tp * l->pp * l->dp;
+  const long long ranks = (long long)loom_plan_ranks(p);
+  char cp[32] = "";
+  if (l->cp > 1) snprintf(cp, sizeof cp, " x cp %d", l->cp);
   if (world > 0 && ranks != world)
-    violation(&r, "parallel: tp %d x pp %d x dp %d = %lld ranks, but the world has %d; launch %lld ranks or change the layout",
-              l->tp, l->pp, l->dp, ranks, world, ranks);
+    violation(&r, "parallel: tp %d x pp %d x dp %d%s = %lld ranks, but the world has %d; launch %lld ranks or change the layout",
+              l->tp, l->pp, l->dp, cp, ranks, world, ranks);
   if (device_memory > 0 && r.count == 0) {
     int64_t *need = loom_xcalloc((size_t)l->pp, sizeof *need, "memory check"), *acts = loom_xcalloc((size_t)l->pp, sizeof *acts, "memory check");
     for (int q = 0; q < l->pp; q++) need[q] = loom_plan_rank_bytes(p, q, &acts[q]);

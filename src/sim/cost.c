@@ -54,9 +54,10 @@ typedef struct {
   loom_gpt_config cfg;
   Loom__Precision precision;
   double e;            /* bytes of an activation value */
-  double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch */
+  double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch one rank holds (s / cp of each sequence) */
+  double sq;           /* the queries of a sequence one rank holds: s, or s / cp under context parallelism */
   double rows;         /* tokens whose hidden vectors one rank holds in elementwise ops (1/tp under SP) */
-  int tp, dp, pp;
+  int tp, dp, pp; /* dp: the ranks summing a rank's grads, dp x cp */
   bool sp;
   int tp_per_node, dp_per_node;
   int ep, ep_per_node; /* a MoE model's expert-parallel group: ep consecutive ranks of a stage */
@@ -165,10 +166,11 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
+  const double sq = L->sq; /* a rank's queries meet every key of the sequence */
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn, e = L->e;
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
   const double shapes[][4] = {
-      {T, (heads + 2.0 * kv) * hd, h, 1}, {s, s, hd, L->b * heads}, {s, hd, s, L->b * heads},
+      {T, (heads + 2.0 * kv) * hd, h, 1}, {sq, s, hd, L->b * heads}, {sq, hd, s, L->b * heads},
       {T, h, heads * hd, 1},              {T, up, h, 1},            {T, h, ffn, 1},
   };
   const Loom__DeviceProfile *dev = L->prof->device;
@@ -180,7 +182,7 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
     if (i != 1 && i != 2) w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   }
   if (fused) {
-    const double flops = 4.0 * L->b * heads * s * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
+    const double flops = 4.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
     f->compute += flops / rate;
     g->compute += 2.0 * flops / rate;
   }
@@ -188,7 +190,7 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
    * (with a byte of mask each under dropout), the fused scale-mask-softmax and
    * the attention dropout, the activation, RoPE's turn of q and k. */
   const double hidden_values = L->rows * h, drop = c->dropout > 0.0f ? 1.0 : 0.0;
-  const double probs = L->b * heads * s * s;
+  const double probs = L->b * heads * sq * s;
   double bytes = 2.0 * 2.0 * hidden_values * e + 2.0 * (3.0 * e + drop) * hidden_values;
   if (!fused) bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
   bytes += (c->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * T * ffn * e;
@@ -251,13 +253,14 @@ static double *zeros(int n) { return loom_xcalloc((size_t)(n > 0 ? n : 1), sizeo
 
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c) {
   const Loom__Parallel *l = plan->parallel;
-  layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = l->dp, .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
+  layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = loom_plan_grad_replicas(plan), .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
               .precision = plan->precision};
   loom_plan_rank_config(plan, &L.cfg);
   L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   L.s = loom_plan_train_seq(plan);
+  L.sq = loom_gpt_local_seq(&L.cfg, (int)L.s);
   L.b = plan->batch->micro_batch;
-  L.tokens = L.s * L.b;
+  L.tokens = L.sq * L.b;
   L.rows = L.sp ? L.tokens / L.tp : L.tokens;
   const int dpn = prof->devices_per_node;
   L.tp_per_node = loom_group_per_node(L.tp, 1, dpn);

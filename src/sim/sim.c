@@ -27,7 +27,7 @@ loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_f
   loom_gpt_config cfg;
   loom_plan_model_config(plan, &cfg);
   const double T = loom_plan_train_seq(plan), tokens = (double)plan->batch->global_batch * T;
-  res->gpus = l->tp * l->pp * l->dp;
+  res->gpus = (int)loom_plan_ranks(plan);
   res->formula = formula;
   res->model_flops = loom_gpt_train_flops(&cfg, (int)T, tokens, formula);
   res->peak_flops = loom_profile_peak_flops(prof, plan->precision);

@@ -6,15 +6,13 @@
 loom_parallel loom_parallel_serial(void) {
   loom_parallel ps;
   memset(&ps, 0, sizeof ps);
-  ps.tp = ps.pp = ps.dp = ps.world = 1;
+  ps.tp = ps.pp = ps.dp = ps.cp = ps.world = 1;
   return ps;
 }
 
-void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *dp_rank, int *pp_rank) {
-  (void)pp;
-  *tp_rank = rank % tp;
-  *dp_rank = rank / tp % dp;
-  *pp_rank = rank / (tp * dp);
+loom_grid_coords loom_parallel_coords(int rank, loom_grid_coords n) {
+  return (loom_grid_coords){.tp = rank % n.tp, .cp = rank / n.tp % n.cp, .dp = rank / (n.tp * n.cp) % n.dp,
+                            .pp = rank / (n.tp * n.cp * n.dp)};
 }
 
 int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c) {
@@ -26,43 +24,33 @@ int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert
   return 0;
 }
 
-loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
-                                int heads, int hidden, int ffn, int T, loom_error *err) {
-  if (hidden % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--hidden %d is not divisible by --tp %d; pick a tp that divides hidden",
-                     hidden, tp);
-  if (heads % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--heads %d is not divisible by --tp %d; each rank needs whole heads",
-                     heads, tp);
-  if (ffn % tp)
-    return loom_fail(err, LOOM_ERR_USAGE, "--ffn %d is not divisible by --tp %d; pick a tp that divides ffn", ffn, tp);
-  if (sequence_parallel && T % tp)
-    return loom_fail(err, LOOM_ERR_USAGE,
-                     "--seq %d is not divisible by --tp %d; sequence parallelism splits the sequence evenly", T, tp);
-  if ((long long)tp * pp * dp != world)
-    return loom_fail(err, LOOM_ERR_USAGE,
-                     "world size %d != tp %d x pp %d x dp %d; launch tp*pp*dp ranks (mpirun -np %lld)",
-                     world, tp, pp, dp, (long long)tp * pp * dp);
-  return LOOM_OK;
-}
-
-void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel) {
+void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, int cp, bool sequence_parallel) {
   memset(ps, 0, sizeof *ps);
   ps->tp = tp;
   ps->pp = pp;
   ps->dp = dp;
+  ps->cp = cp;
   ps->ep = ps->edp = 1;
   ps->world_group = world;
   ps->rank = loom_comm_rank(world);
   ps->world = loom_comm_size(world);
   ps->sequence_parallel = sequence_parallel;
-  loom_parallel_coords(ps->rank, tp, pp, dp, &ps->tp_rank, &ps->dp_rank, &ps->pp_rank);
+  const loom_grid_coords at = loom_parallel_coords(ps->rank, (loom_grid_coords){tp, cp, dp, pp});
+  ps->tp_rank = at.tp, ps->cp_rank = at.cp, ps->dp_rank = at.dp, ps->pp_rank = at.pp;
   /* Each split's color names the coordinates the group shares. */
-  ps->tp_group = loom_comm_split(world, ps->dp_rank + dp * ps->pp_rank, ps->tp_rank, "tp");
-  ps->dp_group = loom_comm_split(world, ps->tp_rank + tp * ps->pp_rank, ps->dp_rank, "dp");
-  ps->pp_group = loom_comm_split(world, ps->tp_rank + tp * ps->dp_rank, ps->pp_rank, "pp");
-  const bool edge = ps->pp_rank == 0 || ps->pp_rank == pp - 1;
-  loom_comm *embed = loom_comm_split(world, edge ? ps->tp_rank + tp * ps->dp_rank : tp * dp + ps->rank, ps->pp_rank, "embedding");
+  const int tcd = tp * cp * dp;
+  ps->tp_group = loom_comm_split(world, at.cp + cp * (at.dp + dp * at.pp), at.tp, "tp");
+  ps->dp_group = loom_comm_split(world, at.tp + tp * (at.cp + cp * at.pp), at.dp, "dp");
+  ps->pp_group = loom_comm_split(world, at.tp + tp * (at.cp + cp * at.dp), at.pp, "pp");
+  ps->dp_cp_rank = at.cp + cp * at.dp;
+  if (cp > 1) {
+    ps->cp_group = loom_comm_split(world, at.tp + tp * (at.dp + dp * at.pp), at.cp, "cp");
+    ps->dp_cp_group = loom_comm_split(world, at.tp + tp * at.pp, ps->dp_cp_rank, "dp x cp");
+  } else {
+    ps->dp_cp_group = ps->dp_group;
+  }
+  const bool edge = at.pp == 0 || at.pp == pp - 1;
+  loom_comm *embed = loom_comm_split(world, edge ? at.tp + tp * (at.cp + cp * at.dp) : tcd + ps->rank, at.pp, "embedding");
   if (edge) ps->embed_group = embed;
   else loom_comm_free(embed);
 }
@@ -70,8 +58,10 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
 void loom_parallel_init_experts(loom_parallel *ps, int etp, int ep) {
   loom_expert_coords c = {0};
   etp = etp > 1 ? etp : 1;
+  LOOM_CHECK(ps->cp == 1 || (etp == 1 && ep <= 1), "context parallelism with experts split is refused (the plan's rule)");
   LOOM_CHECK(etp == 1 || etp == ps->tp, "etp is 1 or tp (the plan's rule)");
-  LOOM_CHECK(loom_expert_coords_of(ps->rank, ps->tp, ps->dp, etp, ep, &c) == 0, "etp x ep divides tp x dp (the plan's rule)");
+  /* The stage's tp x cp x dp ranks (Megatron-Core's expert grid regroups them all; cp runs with ep 1 so far). */
+  LOOM_CHECK(loom_expert_coords_of(ps->rank, ps->tp, ps->cp * ps->dp, etp, ep, &c) == 0, "etp x ep divides tp x dp (the plan's rule)");
   ps->etp = etp, ps->ep = ep, ps->edp = c.edp, ps->ep_rank = c.ep_rank, ps->edp_rank = c.edp_rank;
   if (etp > 1) ps->etp_group = loom_comm_split(ps->tp_group, 0, ps->tp_rank, "etp");
   if (ep <= 1) return;
@@ -84,6 +74,8 @@ void loom_parallel_free(loom_parallel *ps) {
   if (ps->ep_group) loom_comm_free(ps->ep_group);
   if (ps->edp_group) loom_comm_free(ps->edp_group);
   if (ps->etp_group) loom_comm_free(ps->etp_group);
+  if (ps->cp_group) loom_comm_free(ps->cp_group);
+  if (ps->dp_cp_group != ps->dp_group) loom_comm_free(ps->dp_cp_group);
   loom_comm_free(ps->tp_group);
   loom_comm_free(ps->dp_group);
   loom_comm_free(ps->pp_group);
@@ -94,5 +86,5 @@ void loom_parallel_free(loom_parallel *ps) {
 loom_tp loom_tp_of(const loom_parallel *ps) {
   return (loom_tp){.group = ps->tp > 1 ? ps->tp_group : NULL, .rank = ps->tp_rank, .size = ps->tp,
                    .sequence_parallel = ps->sequence_parallel && ps->tp > 1, .ep_group = ps->ep_group,
-                   .etp_group = ps->etp_group};
+                   .etp_group = ps->etp_group, .cp_group = ps->cp_group, .cp_rank = ps->cp_rank};
 }

@@ -1,7 +1,8 @@
-/* Parallel state: where this rank sits in the (tp, dp, pp) grid and the
- * groups it talks to. Rank order puts tp fastest, then dp, then pp:
- * rank = tp_rank + TP * (dp_rank + DP * pp_rank), so a tensor-parallel group
- * is a run of consecutive ranks (one node's GPUs in production). */
+/* Parallel state: where this rank sits in the (tp, cp, dp, pp) grid and the
+ * groups it talks to. Rank order puts tp fastest, then cp, then dp, then pp
+ * (Megatron-Core's): rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP *
+ * pp_rank)), so a tensor-parallel group is a run of consecutive ranks (one
+ * node's GPUs in production). */
 #ifndef LOOM_PARALLEL_STATE_H
 #define LOOM_PARALLEL_STATE_H
 
@@ -11,12 +12,17 @@
 #include "core/status.h"
 
 typedef struct {
-  int tp, pp, dp;                 /* group sizes */
+  int tp, pp, dp, cp;             /* group sizes */
   int rank, world;                /* global rank and world size */
-  int tp_rank, pp_rank, dp_rank;  /* this rank's coordinates */
+  int tp_rank, pp_rank, dp_rank, cp_rank; /* this rank's coordinates */
   bool sequence_parallel;
   loom_comm *world_group;         /* not owned */
   loom_comm *tp_group, *dp_group, *pp_group;
+  /* Context parallelism: the cp group splitting each sample's sequence
+   * (NULL: cp 1), and the cp x dp ranks holding the same parameters, over
+   * which grads are summed and ZeRO shards (dp_group itself when cp is 1). */
+  loom_comm *cp_group, *dp_cp_group;
+  int dp_cp_rank;
   loom_comm *embed_group;         /* first and last pipeline stage of this (tp, dp); NULL elsewhere */
   /* A MoE model's expert grid (loom_parallel_init_experts; ep 1: every
    * expert on every rank, no groups): the expert-parallel group whose ranks
@@ -40,7 +46,15 @@ typedef struct {
   /* bf16 runs with tp > 1: where the regions' collectives pack what they
    * move, loom_tp_staging_elems of it (the model's); NULL: they move fp32. */
   uint16_t *staging;
+  /* Context parallelism: the cp group whose ranks hold the other chunks of
+   * the sequence (NULL: this rank holds all of it; not owned), and this
+   * rank's place in it. The rows are its chunks (loom_cp_position). */
+  loom_comm *cp_group;
+  int cp_rank;
 } loom_tp;
+
+/* The cp group's size: 1 without one. */
+static inline int loom_tp_cp(const loom_tp *tp) { return tp->cp_group ? loom_comm_size(tp->cp_group) : 1; }
 
 /* The staging a bf16 region collective needs for rows of `width` values:
  * N rows brought together, n of them this rank's (N/tp under SP, else N). */
@@ -50,8 +64,11 @@ loom_tp loom_tp_of(const loom_parallel *ps);
 
 /* The grid of a single process: every size 1, no groups. */
 loom_parallel loom_parallel_serial(void);
-/* Coordinates of `rank` in a (tp, pp, dp) grid. */
-void loom_parallel_coords(int rank, int tp, int pp, int dp, int *tp_rank, int *dp_rank, int *pp_rank);
+/* Coordinates of `rank` in a grid of tp x cp x dp x pp. */
+typedef struct {
+  int tp, cp, dp, pp;
+} loom_grid_coords;
+loom_grid_coords loom_parallel_coords(int rank, loom_grid_coords sizes);
 /* Where a rank sits among a Mixture-of-Experts layer's groups, as
  * Megatron-Core's expert rank generator places it: its pipeline stage's
  * tp x dp ranks regrouped with expert-tensor-parallel fastest, then
@@ -65,13 +82,9 @@ typedef struct {
 /* 0, or -1 where etp x ep does not divide tp x dp (the plan's rule). */
 int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c);
 
-/* Refuses layouts that cannot run, naming the value and the rule:
- * world != tp*pp*dp, heads, hidden or ffn not divisible by tp, and sequence
- * parallelism with a sequence length not divisible by tp. */
-loom_status loom_parallel_check(int tp, int pp, int dp, int world, bool sequence_parallel,
-                                int heads, int hidden, int ffn, int T, loom_error *err);
-/* Builds this rank's groups by splitting `world` (collective over world). */
-void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, bool sequence_parallel);
+/* Builds this rank's groups by splitting `world` (collective over world):
+ * a grid of tp x cp x dp x pp. */
+void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int dp, int cp, bool sequence_parallel);
 /* Adds the expert grid of expert-parallel size ep (ep 1: none) and expert
  * tensor parallelism etp (1, or tp: the tp group splits each expert) to ps
  * (collective over its world). */

@@ -821,18 +821,18 @@ struct DropoutArgs {
   float p;
   uint64_t seed, stream;
   int64_t sample_offset;
-  int seq_offset, seq_total;
+  int seq_offset, seq_total, cp, cp_rank;
 };
 
 DropoutArgs dropout_args(const loom_dropout *d) {
-  return DropoutArgs{d->p, d->seed, d->stream, d->sample_offset, d->seq_offset, d->seq_total};
+  return DropoutArgs{d->p, d->seed, d->stream, d->sample_offset, d->seq_offset, d->seq_total, d->cp, d->cp_rank};
 }
 
 __global__ void dropout_kernel(float *x, int T, int B, int C, DropoutArgs d) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)T * B * C) return;
   const int c = (int)(i % C), b = (int)(i / C % B), t = (int)(i / ((size_t)C * B));
-  const uint64_t index = loom_dropout_index_at(d.sample_offset, d.seq_offset, d.seq_total, t, b, c, T, C);
+  const uint64_t index = loom_dropout_index_at(d.sample_offset, d.seq_offset, d.seq_total, d.cp, d.cp_rank, t, b, c, T, C);
   x[i] = loom_dropout_keep_at(d.p, d.seed, d.stream, index) ? x[i] / (1.0f - d.p) : 0.0f;
 }
 
