@@ -33,8 +33,9 @@ for i in 1 2 3; do
   b=$(grep "\"step\": $i," "$WORK/moe2.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
   awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' || fail "MoE step $i: ep 2 $b, one rank $a"
 done
-# loom eval runs a plan too: the same model split tp 2 over 2 ranks scores a
-# token file as one rank does (relative 1e-5).
+# loom eval runs a plan too: the same model split tp 2 over 2 ranks, and
+# each sequence split over cp 2, scores a token file as one rank does
+# (relative 1e-5).
 seq 1 600 > "$WORK/text.txt"
 "$LOOM" data prepare "$WORK/text.txt" -o "$WORK/tok.bin" --force > /dev/null || fail "data prepare"
 one=$("$LOOM" eval --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval: $one"
@@ -43,6 +44,17 @@ a=$(echo "$one" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 1
 b=$(echo "$two" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 16 tokens$/\1/p')
 [ -n "$a" ] && [ -n "$b" ] || fail "eval lines: '$one' / '$two'"
 awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' || fail "eval: tp 2 gives $b, one rank $a"
+cp2=$(run eval --cp 2 --init-from "$WORK/tp2.bin" --data "$WORK/tok.bin" --micro-batch 2 --batches 4) || fail "eval cp 2: $cp2"
+b=$(echo "$cp2" | sed -n 's/^eval: mean loss \([0-9.]*\) over 4 batches of 2 x 16 tokens$/\1/p')
+[ -n "$b" ] || fail "eval line at cp 2: '$cp2'"
+awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-5 * a) }' || fail "eval: cp 2 gives $b, one rank $a"
+# Training's evaluation at cp 2 scores the held-out sums as one rank does, from the predictions of every
+# rank's rows (60 steps of the default model get some right: 10 of 768).
+run train --cp 2 --steps 60 --eval-every 60 > "$WORK/cp_ev.txt" 2>&1 || fail "cp 2 run: $(cat "$WORK/cp_ev.txt")"
+"$LOOM" train --steps 60 --eval-every 60 > "$WORK/one_ev.txt" 2>&1 || fail "one-rank run: $(cat "$WORK/one_ev.txt")"
+grep -q '^eval  step    60 .*exact match .* ([1-9][0-9]*/768 held-out sums)' "$WORK/one_ev.txt" &&
+  [ "$(grep '^eval  step' "$WORK/cp_ev.txt" | sed 's/held-out loss [0-9.]*//')" = "$(grep '^eval  step' "$WORK/one_ev.txt" | sed 's/held-out loss [0-9.]*//')" ] ||
+  fail "cp 2's evaluation differs: $(grep '^eval' "$WORK/cp_ev.txt") vs $(grep '^eval' "$WORK/one_ev.txt")"
 
 # Pipeline stages: pp 2 with an uneven split and recompute; its saved model
 # (assembled from both stages) samples on one rank and evaluates the same.

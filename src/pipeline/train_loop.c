@@ -16,10 +16,11 @@ enum { DEFAULT_LOG_EVERY = 10 };
 void loom_train_describe(const loom_trainer *tr) {
   const loom_pipeline *p = tr->pipe;
   const loom_parallel *ps = &tr->ps;
-  char dp[32] = "";
+  char dp[32] = "", cp[32] = "";
   if (ps->dp > 1) snprintf(dp, sizeof dp, " x dp %d", ps->dp);
-  loom_log_info("parallel: %d ranks, tp %d%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
-                ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", ps->pp, dp,
+  if (ps->cp > 1) snprintf(cp, sizeof cp, " x cp %d", ps->cp);
+  loom_log_info("parallel: %d ranks, tp %d%s%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
+                ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", cp, ps->pp, dp,
                 loom_schedule_kind_name(tr->plan->schedule), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
                 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(p)));
   if (ps->ep > 1) {
@@ -28,6 +29,10 @@ void loom_train_describe(const loom_trainer *tr) {
                   "cross the ep group in all-to-alls, their grads the expert-data-parallel group", ps->ep,
                   ps->edp, loom_gpt_local_experts(c), c->moe.experts);
   }
+  if (ps->cp > 1)
+    loom_log_info("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r); keys and values "
+                  "pass round the cp ring, grads sum over dp x cp (%d ranks)", tr->T, ps->cp, tr->T / ps->cp, 2 * ps->cp - 1,
+                  ps->dp * ps->cp);
   if (ps->etp > 1)
     loom_log_info("experts: each split over the tp group (etp %d), every rank's rows gathered for them and their outputs "
                   "reduce-scattered back", ps->etp);
@@ -56,8 +61,8 @@ void loom_train_describe(const loom_trainer *tr) {
   }
   const loom_memory mem = loom_trainer_memory(tr);
   const double *b = mem.bytes;
-  char zero[32] = "without ZeRO";
-  if (tr->zero) snprintf(zero, sizeof zero, "with ZeRO-%d over dp %d", tr->zero[0].stage, ps->dp);
+  char zero[48] = "without ZeRO";
+  if (tr->zero) snprintf(zero, sizeof zero, "with ZeRO-%d over dp%s %d", tr->zero[0].stage, ps->cp > 1 ? " x cp" : "", ps->dp * ps->cp);
   const double unsharded = 4.0 * (double)loom_trainer_local_params(tr);
   loom_log_info("state on rank 0 %s: weights %.2f MiB, grads %.2f MiB, Adam %.2f MiB, in transit %.2f MiB (fp32 "
                 "weights whole: %.2f MiB); with activations and buffers %.2f MiB in all (loom plan show lists each kind)",
