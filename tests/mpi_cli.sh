@@ -98,7 +98,7 @@ for mb in 2 4; do
     -o "$WORK/mem$mb.txtpb" > /dev/null || fail "plan new micro-batch $mb"
   run train --plan "$WORK/mem$mb.txtpb" --steps 1 --eval-every 0 --metrics "$WORK/mem$mb.jsonl" > "$WORK/mem$mb.txt" 2>&1 ||
     fail "micro-batch $mb run: $(cat "$WORK/mem$mb.txt")"
-  grep -q '^{"memory": {"rank": [01], "estimate_bytes": [0-9]*, "peak_bytes": [0-9]*, "resident_peak_bytes": [0-9]*}}$' \
+  grep -q '^{"memory": {"rank": [01], "estimate_bytes": [0-9]*, "peak_bytes": [0-9]*, "resident_peak_bytes": [0-9]*, "activation_estimate_bytes": [0-9]*}}$' \
     "$WORK/mem$mb.jsonl" || fail "micro-batch $mb: no memory record: $(tail -n 1 "$WORK/mem$mb.jsonl")"
   [ "$(field "$WORK/mem$mb.jsonl" estimate_bytes)" = "$(field "$WORK/mem$mb.jsonl" peak_bytes)" ] ||
     fail "micro-batch $mb: the estimate is not the counted peak: $(tail -n 1 "$WORK/mem$mb.jsonl")"
@@ -112,6 +112,21 @@ limit=$(((small + large) / 2))
   fail "a plan whose peak $small fits $limit is refused: $(cat "$WORK/fits.txt")"
 "$LOOM" plan check "$WORK/mem4.txtpb" --device-memory "$limit" > "$WORK/over.txt" 2>&1 && fail "a plan whose peak $large exceeds $limit passes"
 grep -q "stages (pp_rank [01] chunk 0): needs .* per rank, over the device's" "$WORK/over.txt" || fail "refusal: $(cat "$WORK/over.txt")"
+
+# Context parallelism shrinks activations: at a sequence of 1024, the busiest rank's counted peak of what
+# activations took (its peak less the model's state) is at cp 4 at most 0.3 x cp 1's, and the counted
+# peak equals the memory model's estimate at both (which now holds the ring's blocks of keys and values).
+LONG="--model llama-tiny --seq 1024 --micro-batch 1 --global-batch 1 --steps 1 --eval-every 0"
+"$LOOM" train $LONG --metrics "$WORK/cp1.jsonl" > "$WORK/cp1.txt" 2>&1 || fail "seq 1024 on one rank: $(cat "$WORK/cp1.txt")"
+"$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train $LONG --cp 4 --metrics "$WORK/cp4.jsonl" \
+  > "$WORK/cp4.txt" 2>&1 || fail "seq 1024 at cp 4: $(cat "$WORK/cp4.txt")"
+for c in 1 4; do
+  [ "$(field "$WORK/cp$c.jsonl" estimate_bytes)" = "$(field "$WORK/cp$c.jsonl" peak_bytes)" ] ||
+    fail "cp $c: the estimate is not the counted peak: $(tail -n 1 "$WORK/cp$c.jsonl")"
+done
+acts() { echo $(($(field "$1" peak_bytes) - $(field "$1" estimate_bytes) + $(field "$1" activation_estimate_bytes))); }
+one=$(acts "$WORK/cp1.jsonl") four=$(acts "$WORK/cp4.jsonl")
+[ "$four" -gt 0 ] && [ $((10 * four)) -le $((3 * one)) ] || fail "activations at cp 4 took $four bytes, at cp 1 $one: over 0.3x"
 
 # The README's hand-written example plan checks and runs as the README says.
 PLANS="$(dirname "$0")/../examples/plans"

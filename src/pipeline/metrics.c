@@ -148,10 +148,11 @@ void loom_metrics_end(loom_metrics *m) {
   if (fputs("}\n", m->fp) < 0 || fflush(m->fp) != 0 || ferror(m->fp)) failed(m);
 }
 
-void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident) {
+void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident, double activations) {
   if (!m || !m->fp) return;
   errno = 0;
-  if (fprintf(m->fp, "{\"memory\": {\"rank\": %d, \"estimate_bytes\": %.0f, \"peak_bytes\": %.0f, \"resident_peak_bytes\": %.0f}}\n",
-              rank, estimate, peak, resident) < 0 || fflush(m->fp) != 0 || ferror(m->fp))
+  if (fprintf(m->fp, "{\"memory\": {\"rank\": %d, \"estimate_bytes\": %.0f, \"peak_bytes\": %.0f, \"resident_peak_bytes\": %.0f, "
+              "\"activation_estimate_bytes\": %.0f}}\n", rank, estimate, peak, resident, activations) < 0 ||
+      fflush(m->fp) != 0 || ferror(m->fp))
     failed(m);
 }

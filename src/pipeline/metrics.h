@@ -38,8 +38,11 @@ void loom_metrics_num(loom_metrics *m, const char *key, double value);
 void loom_metrics_list(loom_metrics *m, const char *key, const int64_t *v, int rows, int cols);
 void loom_metrics_end(loom_metrics *m);
 /* The run's last record, one line of its own: {"memory": {"rank": R,
- * "estimate_bytes": E, "peak_bytes": P, "resident_peak_bytes": Q}}, the
- * busiest rank's estimated and counted tensor memory and resident peak. */
-void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident);
+ * "estimate_bytes": E, "peak_bytes": P, "resident_peak_bytes": Q,
+ * "activation_estimate_bytes": A}}, the busiest rank's estimated and
+ * counted tensor memory, resident peak, and the share of E that is
+ * activations and weight-grad states (what the batch and sequence set;
+ * P - (E - A) is then the counted peak of what they took). */
+void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident, double activations);
 
 #endif

@@ -76,21 +76,23 @@ void loom_train_describe(const loom_trainer *tr) {
  * metrics file gets the same as its last record. */
 static void report_memory(const loom_trainer *tr, loom_metrics *metrics) {
   const loom_memory model = loom_trainer_memory(tr);
-  const double mine[3] = {loom_trainer_tensor_peak(tr), loom_memory_total(&model), (double)loom_peak_rss_bytes()};
+  enum { F = 4 };
+  const double mine[F] = {loom_trainer_tensor_peak(tr), loom_memory_total(&model), (double)loom_peak_rss_bytes(),
+                          model.bytes[LOOM_MEM_ACTIVATIONS] + model.bytes[LOOM_MEM_WEIGHT_GRAD_STATES]};
   const int n = tr->ps.world;
-  double *all = loom_xmalloc((size_t)n * 3 * sizeof(double), "memory report");
-  loom_comm_allgather_typed(tr->ps.world_group, mine, all, 3, LOOM_DTYPE_F64);
+  double *all = loom_xmalloc((size_t)n * F * sizeof(double), "memory report");
+  loom_comm_allgather_typed(tr->ps.world_group, mine, all, F, LOOM_DTYPE_F64);
   int busiest = 0; /* the rank whose tensor memory peaked highest */
   for (int r = 1; r < n; r++)
-    if (all[3 * r] > all[3 * busiest]) busiest = r;
-  const double *b = all + 3 * busiest, mib = 1048576.0;
+    if (all[F * r] > all[F * busiest]) busiest = r;
+  const double *b = all + F * busiest, mib = 1048576.0;
   const bool device = tr->mem->device != LOOM_DEVICE_CPU;
   loom_log_info("memory: rank %d's tensor memory peaked at %.2f MiB (the %s allocator's count); loom estimated %.2f MiB, "
                 "%+.2f%% off; the process's resident peak %.1f MiB %s", busiest, b[0] / mib, tr->mem->name, b[1] / mib,
                 b[0] > 0 ? 100.0 * (b[1] - b[0]) / b[0] : 0.0, b[2] / mib,
                 device ? "is outside tensor memory (MPI, BLAS, the program)"
                        : "holds it and what is outside tensor memory (MPI, BLAS, the program)");
-  loom_metrics_memory(metrics, busiest, b[1], b[0], b[2]);
+  loom_metrics_memory(metrics, busiest, b[1], b[0], b[2], b[3]);
   free(all);
 }
 
