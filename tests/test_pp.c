@@ -243,7 +243,8 @@ static void expect_expert_tp_as_simulated(const loom_trainer *tr, double simulat
                 "counts %.0f", sums[0], sums[1]);
 }
 
-static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, const loom_plan *fp32_twin) {
+static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, double cp_before,
+                                        const loom_plan *fp32_twin) {
   loom_profile *prof;
   loom_error err = {0};
   ck_assert_msg(loom_profile_load("h100-sxm", &prof, &err) == LOOM_OK, "%s", err.msg);
@@ -253,6 +254,10 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
   const double tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
   double tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
   expect_expert_tp_as_simulated(tr, steps * c.etp_bytes[tr->ps.pp_rank]);
+  /* The ring's hops: what this rank sent round its cp group is what the sim counts. */
+  const double ring_sent = tr->ps.cp_group ? tr->ps.cp_group->sent_bytes - cp_before : 0.0, ring = steps * c.cp_bytes[tr->ps.pp_rank];
+  ck_assert_msg(ring_sent == ring && (tr->ps.cp == 1 || ring > 0), "rank %d: the cp ring carried %.0f bytes, the sim counts %.0f",
+                g_world->rank, ring_sent, ring);
   /* Under ZeRO-2/3 each replica sums its own pieces of the replicated grads, which the sim counts on the mean. */
   loom_comm_allreduce_typed(tr->ps.dp_group, &tp_moved, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   tp_moved /= tr->ps.dp;
@@ -320,6 +325,7 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
   const double before = tr->ps.dp_cp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
+  const double cp_before = tr->ps.cp_group ? tr->ps.cp_group->sent_bytes : 0.0;
   const double edp_before = tr->ps.edp_group ? tr->ps.edp_group->ring_bytes : 0.0;
   for (int s = 0; s < STEPS; s++) {
     const loom_step_stats st = loom_trainer_step(tr, s);
@@ -327,7 +333,7 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
     if (pc->norms) pc->norms[s] = st.grad_norm;
   }
   expect_dp_as_planned(tr, STEPS, before, edp_before);
-  expect_traffic_as_simulated(tr, STEPS, tp_before, NULL);
+  expect_traffic_as_simulated(tr, STEPS, tp_before, cp_before, NULL);
   /* An evaluation of more micro-batches than a step's runs in rounds within training's buffers. */
   loom_eval_stats e;
   ck_assert_msg(loom_trainer_eval(tr, 3 * pc->m, 0, &e, &err) == LOOM_OK, "%s", err.msg);
@@ -465,7 +471,7 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
     ck_assert_uint_lt(z->shard, loom_pipeline_chunk(tr.pipe, c)->p.params.numel); /* a slice (expect_sharded: which) */
   }
   if (g_zero) expect_sharded(&tr);
-  const double tp_before = tr.ps.tp_group->ring_bytes;
+  const double tp_before = tr.ps.tp_group->ring_bytes, cp_before = tr.ps.cp_group ? tr.ps.cp_group->sent_bytes : 0.0;
   for (int s = 0; s < STEPS; s++) {
     const float want = loom_trainer_step(&serial, s).loss, got = loom_trainer_step(&tr, s).loss;
     ck_assert_msg(isfinite(want) && fabs(got - want) <= loss_tol * fabs(want),
@@ -475,7 +481,7 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   expect_memory_as_modelled(&tr); /* the serial run's memory, held throughout, is under the baseline */
   loom_plan *fp32_twin = plan_on(&(pp_case){.kind = pc.kind, .v = pc.v, .m = pc.m, .zero = pc.zero}, g_tp, g_cp, g_pp, g_dp, g_sp);
   ck_assert(fp32_twin->precision != LOOM__PRECISION__PRECISION_BF16);
-  expect_traffic_as_simulated(&tr, STEPS, tp_before, fp32_twin);
+  expect_traffic_as_simulated(&tr, STEPS, tp_before, cp_before, fp32_twin);
   loom_plan_free(fp32_twin);
   loom_gpt *whole = loom_pipeline_chunk(serial.pipe, 0);
   for (int c = 0; c < loom_pipeline_chunk_count(tr.pipe); c++) {

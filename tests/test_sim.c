@@ -248,6 +248,46 @@ START_TEST(links_follow_the_rank_order) {
 }
 END_TEST
 
+/* Context parallelism's ring against a hand count on GPT's 32 layers at cp
+ * 2, tp 1 (no other communication in a layer): a block of keys and values
+ * is the rank's 512 rows of 16 heads' k and v in fp32, a hop that block's
+ * send-receive between two GPUs of a node. Where communication cannot
+ * overlap compute, a layer's forward waits for its cp - 1 hops and its
+ * backward for cp - 1 more and the grads' cp; where it can, the forward
+ * hides its hops behind the blocks' attention (less, never below 0) and
+ * the backward still waits for the grads' hops. The bytes: 3 cp - 2
+ * blocks per layer and micro-batch. At cp 16 the ring leaves the node. */
+START_TEST(ring_is_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  ck_assert(prof->comm_overlaps_compute);
+  const int cp = 2, layers = GPT.layers;
+  loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .cp = cp, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+  const double block = GPT.seq / cp * 2.0 * GPT.heads * (GPT.hidden / GPT.heads) * 4.0;
+  const double hop = loom_collective_seconds(prof, LOOM_COLL_SENDRECV, block, 2, 2, NULL);
+  loom_sim_costs hidden, waited;
+  loom_sim_costs_build(plan, prof, &hidden);
+  prof->comm_overlaps_compute = false;
+  loom_sim_costs_build(plan, prof, &waited);
+  ck_assert(hop > 0 && waited.cp_link == LOOM_LINK_INTRA);
+  ck_assert_double_eq_tol(waited.forward_comm[0], layers * (cp - 1) * hop, 1e-12);
+  ck_assert_double_eq_tol(waited.backward_comm[0], layers * (2 * cp - 1) * hop, 1e-12);
+  ck_assert(hidden.forward_comm[0] >= 0.0 && hidden.forward_comm[0] < waited.forward_comm[0]);
+  ck_assert(hidden.backward_comm[0] >= layers * cp * hop - 1e-12 && hidden.backward_comm[0] < waited.backward_comm[0]);
+  ck_assert_double_eq(hidden.cp_bytes[0], layers * (3.0 * cp - 2.0) * block);
+  loom_sim_costs_free(&hidden);
+  loom_sim_costs_free(&waited);
+  loom_plan_free(plan);
+  plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .cp = 16, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                  .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_costs_build(plan, prof, &waited);
+  ck_assert_int_eq(waited.cp_link, LOOM_LINK_INTER);
+  loom_sim_costs_free(&waited);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* The memory-bound bytes a step moves (what `loom bench step`'s roofline
  * holds to the triad): each micro-batch adds the same activation bytes, the
  * rest is AdamW's pass over the rank's state, 28 bytes a parameter in fp32
@@ -412,6 +452,37 @@ START_TEST(search_ranks_what_fits) {
 }
 END_TEST
 
+/* Plan search tries context parallelism for long sequences: at 32K a
+ * 7B model on 16 H100s fits only with the sequence split (cp 2 or more,
+ * each rank keeping at least LOOM_SEARCH_CP_MIN_ROWS rows), and every
+ * layout it tries keeps tp x cp x dp x pp = 16; at 2048 it tries none. */
+START_TEST(search_tries_context_parallelism) {
+  loom_profile *prof = builtin("h100-sxm");
+  const loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 32000, .seq = 32768};
+  loom_search_result r;
+  loom_error err = {0};
+  for (int seq = 2048; seq <= 32768; seq *= 16) {
+    loom_plan *base = plan_of((loom_plan_spec){.model = model, .train_seq = seq, .tp = 1, .pp = 1, .dp = 1, .vpp = 1,
+                                               .micro_batch = 1, .global_batch = 16,
+                                               .precision = LOOM__PRECISION__PRECISION_BF16});
+    ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 4}, &r, &err), LOOM_OK);
+    int split = 0;
+    for (int i = 0; i < r.nranked; i++) {
+      const loom_candidate *c = &r.ranked[i];
+      ck_assert_int_eq(c->tp * (c->cp > 1 ? c->cp : 1) * c->dp * c->pp, 16);
+      if (c->cp <= 1) continue;
+      split++;
+      ck_assert_int_ge(seq / c->cp, LOOM_SEARCH_CP_MIN_ROWS);
+    }
+    if (seq == 2048) ck_assert_int_eq(split, 0);
+    else ck_assert(r.nranked > 0 && r.ranked[0].cp > 1 && split > 0);
+    loom_search_result_free(&r);
+    loom_plan_free(base);
+  }
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* The bound plan search prunes with never exceeds the replay, for every
  * schedule kind, with and without recompute, and the 1F1B bound is close
  * (its only slack is idling the replay finds and the bound cannot). */
@@ -548,6 +619,8 @@ int main(void) {
   tcase_add_test(tc, replay_waits_for_transfers);
   tcase_add_test(tc, pipeline_bubble_follows_theory);
   tcase_add_test(tc, links_follow_the_rank_order);
+  tcase_add_test(tc, ring_is_costed);
+  tcase_add_test(tc, search_tries_context_parallelism);
   tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);

@@ -45,23 +45,26 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
   printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s\n",
          r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12);
   printf("  pipeline bubble  %.1f%% (theory %.1f%%)\n", 100.0 * r->bubble, 100.0 * r->theory_bubble);
-  printf("  time by kind     compute %.4g s | exposed TP %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
+  printf("  time by kind     compute %.4g s | exposed TP%s %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
          "(mean over pipeline ranks); messages between stages in flight %.4g s\n",
-         r->compute_s, r->tp_s, r->dp_s, r->optimizer_s, r->idle_s, r->p2p_s);
+         r->compute_s, l->cp > 1 ? " and CP ring" : "", r->tp_s, r->dp_s, r->optimizer_s, r->idle_s, r->p2p_s);
   printf("  memory per rank ");
   for (int q = 0; q < l->pp && q < 16; q++) printf(" pp %d: %.2f GiB%s", q, (double)r->rank_memory_bytes[q] / gib, q + 1 < l->pp ? "," : "");
   if (l->pp > 16) printf(" ... (%d pipeline ranks)", l->pp);
   printf("; most %.2f GiB of %.2f GiB%s\n", (double)r->max_rank_memory_bytes / gib, (double)prof->device->memory_bytes / gib,
          r->max_rank_memory_bytes > prof->device->memory_bytes ? ": DOES NOT FIT" : "");
-  double tp = 0, p2p = 0, dp = 0, etp = 0, edp = 0;
+  double tp = 0, p2p = 0, dp = 0, etp = 0, edp = 0, ring_bytes = 0;
   for (int q = 0; q < l->pp; q++) {
     tp += r->costs.tp_bytes[q] / l->pp, p2p += r->costs.p2p_bytes[q] / l->pp, dp += r->costs.dp_bytes[q] / l->pp;
-    etp += r->costs.etp_bytes[q] / l->pp, edp += r->costs.edp_bytes[q] / l->pp;
+    etp += r->costs.etp_bytes[q] / l->pp, edp += r->costs.edp_bytes[q] / l->pp, ring_bytes += r->costs.cp_bytes[q] / l->pp;
   }
   char experts[96] = ""; /* a MoE model's: over the tp ranks splitting its experts, and over their replicas */
   if (etp > 0 || edp > 0) snprintf(experts, sizeof experts, " | experts' TP %.4g GB, experts' DP %.4g GB", etp / 1e9, edp / 1e9);
-  printf("  bytes per step   one rank sends: TP %.4g GB (%s) | between stages %.4g GB (%s) | DP %.4g GB (%s)%s\n", tp / 1e9,
-         link_name(r->costs.tp_link), p2p / 1e9, link_name(r->costs.p2p_link), dp / 1e9, link_name(r->costs.dp_link), experts);
+  char ring[64] = ""; /* context parallelism's keys and values round the cp group */
+  if (ring_bytes > 0) snprintf(ring, sizeof ring, " | CP ring %.4g GB (%s)", ring_bytes / 1e9, link_name(r->costs.cp_link));
+  printf("  bytes per step   one rank sends: TP %.4g GB (%s) | between stages %.4g GB (%s) | DP %.4g GB (%s)%s%s\n", tp / 1e9,
+         link_name(r->costs.tp_link), p2p / 1e9, link_name(r->costs.p2p_link), dp / 1e9, link_name(r->costs.dp_link), ring,
+         experts);
 }
 
 static void print_json(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r) {

@@ -141,6 +141,7 @@ void loom_comm_recv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
 
 loom_request *loom_comm_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
   LOOM_CHECK(!single(c), "send needs a group of two or more ranks");
+  c->sent_bytes += (double)n * sizeof(float);
   return c->ops->isend(c, buf, n, peer, tag);
 }
 

@@ -82,6 +82,7 @@ struct loom_comm {
    * sends 2 (d-1)/d B; an all-gather or reduce-scatter of B bytes per rank
    * (d-1) B): the measured side of the plan's and the sim's dp traffic. */
   double ring_bytes;
+  double sent_bytes; /* bytes this rank has sent point to point (the context-parallel ring's measured side) */
   void *impl;
 };
 

@@ -62,6 +62,7 @@ typedef struct {
   int tp_per_node, dp_per_node;
   int ep, ep_per_node; /* a MoE model's expert-parallel group: ep consecutive ranks of a stage */
   int etp;             /* 1, or tp: the tp group splitting each expert */
+  int cp, cp_per_node; /* the context-parallel group: cp ranks tp apart */
   double overhead; /* seconds per op */
 } layout;
 
@@ -69,6 +70,7 @@ typedef struct {
   double compute, comm; /* seconds */
   double tp_bytes;      /* sent */
   double etp_bytes;     /* sent over the tp group's ranks splitting the experts (counted apart from tp_bytes) */
+  double cp_bytes;      /* sent round the context-parallel ring */
   double bytes;         /* moved by its memory-bound ops */
 } pass;
 
@@ -159,6 +161,26 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
     for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * 4.0);
 }
 
+/* Context parallelism's ring as layers/ring_attention.c runs it, given a
+ * layer's attention compute forward and backward (att_f, att_g): forward,
+ * the cp - 1 blocks of keys and values (fp32, the rank's rows of its kv
+ * heads) hop round the cp group, each hop posted before the block before
+ * it computes, so only what outlasts a block's share of the attention is
+ * exposed (all of it where the profile's communication does not overlap
+ * compute); backward, the blocks hop again as overlapped, and their grads
+ * cp hops, each waited for. */
+static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double att_g) {
+  if (L->cp < 2) return;
+  const double block = L->tokens * 2.0 * loom_gpt_local_kv_heads(&L->cfg, L->tp) * loom_gpt_head_dim(&L->cfg) * 4.0;
+  const double hop = loom_collective_seconds(L->prof, LOOM_COLL_SENDRECV, block, 2, L->cp_per_node < L->cp ? 1 : 2, NULL);
+  const bool overlaps = L->prof->comm_overlaps_compute;
+  const double cp = L->cp, hidden_f = overlaps ? att_f / cp : 0.0, hidden_g = overlaps ? att_g / cp : 0.0;
+  f->comm += (cp - 1.0) * fmax(0.0, hop - hidden_f);
+  g->comm += (cp - 1.0) * fmax(0.0, hop - hidden_g) + cp * hop;
+  f->cp_bytes += (cp - 1.0) * block;
+  g->cp_bytes += (2.0 * cp - 1.0) * block;
+}
+
 /* One transformer layer for one micro-batch, a MoE layer or a dense one:
  * forward into f, backward (without recompute) into g; w: the part of g
  * that is its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
@@ -175,17 +197,22 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   };
   const Loom__DeviceProfile *dev = L->prof->device;
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
+  double att_f = 0.0, att_g = 0.0; /* the attention's own compute (what the ring's hops hide behind) */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
-    f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    if (i != 1 && i != 2) w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    const double fw = gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    const double bw = gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    f->compute += fw, g->compute += bw;
+    if (i != 1 && i != 2) w->compute += fw;
+    else att_f += fw, att_g += bw;
   }
   if (fused) {
     const double flops = 4.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
+    att_f += flops / rate, att_g += 2.0 * flops / rate;
     f->compute += flops / rate;
     g->compute += 2.0 * flops / rate;
   }
+  ring_costs(L, f, g, att_f, att_g);
   /* Memory-bound ops, read and write: two norms, two bias-dropout-residual adds
    * (with a byte of mask each under dropout), the fused scale-mask-softmax and
    * the attention dropout, the activation, RoPE's turn of q and k. */
@@ -268,16 +295,19 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   L.ep = l->ep > 1 ? l->ep : 1;
   L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
   L.etp = loom_gpt_expert_tp(&L.cfg);
+  L.cp = l->cp;
+  L.cp_per_node = loom_group_per_node(L.cp, L.tp, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;
   const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
   c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
-  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->edp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
+  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->edp_bytes = zeros(p), c->cp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
   c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
-  const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages */
+  c->cp_link = L.cp_per_node < L.cp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages (dp counts cp's) */
   c->p2p_link = p > 1 && stage_stride >= dpn ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
   /* One activation (or its grad) between stages, as the executor sends it. */
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
@@ -297,6 +327,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
         f.compute += layers[kind] * lf[kind].compute, f.comm += layers[kind] * lf[kind].comm;
         f.tp_bytes += layers[kind] * lf[kind].tp_bytes, f.bytes += layers[kind] * lf[kind].bytes;
         f.etp_bytes += layers[kind] * lf[kind].etp_bytes, g.etp_bytes += layers[kind] * lg[kind].etp_bytes;
+        f.cp_bytes += layers[kind] * lf[kind].cp_bytes, g.cp_bytes += layers[kind] * lg[kind].cp_bytes;
         g.compute += layers[kind] * lg[kind].compute, g.comm += layers[kind] * lg[kind].comm;
         g.tp_bytes += layers[kind] * lg[kind].tp_bytes, g.bytes += layers[kind] * lg[kind].bytes;
         w.compute += layers[kind] * lw[kind].compute;
@@ -305,7 +336,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       for (int kind = 0; kind < 2; kind++) {
         g.compute += redo[kind] * lf[kind].compute, g.comm += redo[kind] * lf[kind].comm;
         g.tp_bytes += redo[kind] * lf[kind].tp_bytes, g.bytes += redo[kind] * lf[kind].bytes;
-        g.etp_bytes += redo[kind] * lf[kind].etp_bytes;
+        g.etp_bytes += redo[kind] * lf[kind].etp_bytes, g.cp_bytes += redo[kind] * lf[kind].cp_bytes;
       }
       const int i = q * v + k;
       c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
@@ -313,6 +344,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
       c->weight[i] = w.compute;
       c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
       c->etp_bytes[q] += m * (f.etp_bytes + g.etp_bytes);
+      c->cp_bytes[q] += m * (f.cp_bytes + g.cp_bytes);
       c->memory_bytes[q] += m * (f.bytes + g.bytes);
       const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
       int up_rank = -1, down_rank = -1, chunk;
@@ -380,7 +412,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 
 void loom_sim_costs_free(loom_sim_costs *c) {
   double *all[] = {c->forward, c->backward, c->forward_comm, c->backward_comm, c->weight, c->dp, c->dp_exposed,
-                   c->optimizer, c->tp_bytes, c->etp_bytes, c->edp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
+                   c->optimizer, c->tp_bytes, c->etp_bytes, c->edp_bytes, c->cp_bytes, c->p2p_bytes, c->dp_bytes, c->memory_bytes};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
   *c = (loom_sim_costs){0};
 }

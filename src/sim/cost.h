@@ -5,7 +5,10 @@
  * collectives (exposed: they sit between the GEMMs that need them);
  * backward adds the forward again under full recompute. A split backward's
  * weight half (W) is its weight-grad GEMMs and the embedding's grads; the
- * input half (B) is the rest, recompute included. Transfers between
+ * input half (B) is the rest, recompute included. Under context
+ * parallelism a layer's attention adds the ring's hops, each hidden behind
+ * a block's share of the attention as far as it can be (the blocks' grads'
+ * hops, waited for, not). Transfers between
  * stages, the tied-embedding reduction, the data-parallel reduction (as
  * much of it as backward cannot hide) and the optimizer step complete the
  * step. Collectives cost as rings (or trees, for a latency-bound
@@ -37,12 +40,13 @@ typedef struct {
   double *tp_bytes, *p2p_bytes, *dp_bytes; /* [p] */
   double *etp_bytes; /* [p] sent over the tp group's ranks splitting a MoE model's experts (expert tensor parallelism) */
   double *edp_bytes; /* [p] sent over the experts' data-parallel group (expert parallelism); dp_bytes is the rest's */
+  double *cp_bytes;  /* [p] sent round the context-parallel ring (keys and values, and their grads) */
   /* Bytes one rank of each pipeline rank moves per step in its memory-bound
    * passes (norms, activations, residual adds, the loss's passes over the
    * logits, the optimizer's over its state), read and written: what a
    * roofline holds against memory bandwidth. [p] */
   double *memory_bytes;
-  loom_link_kind tp_link, p2p_link, dp_link;
+  loom_link_kind tp_link, p2p_link, dp_link, cp_link;
 } loom_sim_costs;
 
 /* Costs every action of the plan (checked, with estimates) on the profile. */

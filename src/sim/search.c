@@ -8,7 +8,7 @@
 loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, loom_plan **out, loom_error *err) {
   loom_plan_spec spec = {
       .train_seq = base->batch->has_seq ? base->batch->seq : 0, .tp = c->tp, .pp = c->pp, .dp = c->dp, .vpp = c->vpp,
-      .zero_stage = c->zero, .ep = c->ep, .etp = c->etp, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
+      .zero_stage = c->zero, .ep = c->ep, .etp = c->etp, .cp = c->cp, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
       .recompute_layers = c->recompute_layers,
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
       .balance = base->balance, .precision = base->precision, .grad_reduce = c->zero ? LOOM__PRECISION__PRECISION_FP32 : base->grad_reduce,
@@ -204,13 +204,16 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
   const int experts = base->model->moe ? base->model->moe->experts : 1;
   loom_gpt_config model;
   loom_plan_model_config(base, &model);
-  const int expert_ffn = loom_gpt_expert_ffn(&model);
+  const int expert_ffn = loom_gpt_expert_ffn(&model), seq = loom_plan_train_seq(base);
   if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
   for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
     if (gpus % tp) continue;
-    for (int pp = 1; pp <= layers && tp * pp <= gpus; pp++) {
-      if (gpus % (tp * pp)) continue;
-      const int dp = gpus / (tp * pp);
+    /* Context parallelism for a dense model's long sequences: cp 2, 4, ... while each rank keeps at least
+     * LOOM_SEARCH_CP_MIN_ROWS rows of a sequence (shorter, and a ring's blocks are too small to hide their hops). */
+    for (int cp = 1; cp == 1 || (!base->model->moe && seq / cp >= LOOM_SEARCH_CP_MIN_ROWS && tp * cp <= gpus); cp *= 2)
+    for (int pp = 1; pp <= layers && tp * cp * pp <= gpus; pp++) {
+      if (gpus % (tp * cp * pp) || seq % (2 * cp)) continue;
+      const int dp = gpus / (tp * cp * pp);
       if (global % dp) continue; /* each replica takes a whole share of the global batch */
       for (int mb = 1; mb <= global / dp; mb *= 2) {
         if ((global / dp) % mb) continue;
@@ -222,14 +225,14 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
           for (int k = 0; k < nkinds; k++)
             for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
               for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
-                for (int ep = 1; ep <= experts && ep <= tp * dp; ep *= 2) /* a dense model: 1 alone */
+                for (int ep = 1; ep <= experts && ep <= tp * dp; ep *= 2) /* a dense model (or cp > 1): 1 alone */
                   for (int split = 0; split < (experts > 1 && tp > 1 && sp ? 2 : 1); split++) { /* etp 1, or tp */
                     const int etp = split ? tp : 1;
                     if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
                     if (ep > 1 && ((tp > 1 && !sp) || experts % ep || (tp * dp) % (ep * etp))) continue; /* and these */
                     if (expert_ffn % etp) continue;
                     const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
-                                              .ep = ep, .etp = etp, .sequence_parallel = sp, .schedule = kinds[k]};
+                                              .ep = ep, .etp = etp, .cp = cp, .sequence_parallel = sp, .schedule = kinds[k]};
                     measure_recompute(base, prof, c, res, &fits, &nfits);
                     if (opt->progress) opt->progress(res, opt->ctx);
                   }

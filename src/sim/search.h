@@ -13,6 +13,7 @@ typedef struct {
   int tp, pp, dp, vpp, micro_batch, zero;
   int ep;  /* a MoE model's expert-parallel size (0 or 1: none) */
   int etp; /* and its expert-tensor-parallel size (0 or 1: none; else tp) */
+  int cp;  /* context-parallel size (0 or 1: none) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method); 0: all */
   loom_schedule_kind schedule;
@@ -30,6 +31,10 @@ typedef struct {
 } loom_drop_count;
 
 #define LOOM_SEARCH_MAX_REASONS 32
+/* The search tries context parallelism (a dense model's) only where each
+ * rank keeps at least this many rows of a sequence: cp is for long
+ * sequences, and below it a ring's blocks grow too small to hide their hops. */
+#define LOOM_SEARCH_CP_MIN_ROWS 4096
 
 typedef struct {
   int considered;
