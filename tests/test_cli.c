@@ -203,6 +203,11 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--model", "moe-tiny", "--cp", "2", NULL), 2,
               "loom train: --cp 2: context parallelism with a Mixture of Experts is not supported yet (its routing losses "
               "over a sequence split across ranks); drop cp or the experts");
+  refusal_row(&t, run("train", "--cp-comm-type", "all_gather", NULL), 2,
+              "loom train: --cp-comm-type all_gather: says how context parallelism exchanges keys and values, but --cp is 1; "
+              "set --cp 2 or more, or drop cp_comm_type");
+  refusal_row(&t, run("train", "--cp", "2", "--cp-comm-type", "a2a", NULL), 2,
+              "loom train: --cp-comm-type must be one of p2p, all_gather, got 'a2a'");
   refusal_row(&t, run("train", "--cp", "2", NULL), 2,
               "loom train: parallel: tp 1 x pp 1 x dp 1 x cp 2 = 2 ranks, but the world has 1; launch 2 ranks or change the "
               "layout");

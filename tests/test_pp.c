@@ -1,5 +1,5 @@
 /* Pipeline, data and context parallelism under mpirun (args: TP DP ZERO SP
- * MODEL [EP [ETP [CP]]]; world = TP * CP * DP * PP; ZERO 1-3 is the ZeRO stage, whose measured Adam
+ * MODEL [EP [ETP [CP [p2p|all_gather]]]]; world = TP * CP * DP * PP; ZERO 1-3 is the ZeRO stage, whose measured Adam
  * state must be 1/dp of the full amount, and also the grads under ZeRO-2
  * and the weights under ZeRO-3; SP 1 turns on sequence parallelism; MODEL
  * is gpt (GPT-2's architecture), llama (RMSNorm, SwiGLU, RoPE, no biases,
@@ -29,6 +29,7 @@
 
 static loom_comm *g_world;
 static int g_tp, g_pp, g_dp, g_zero, g_sp, g_ep = 1, g_etp = 1, g_cp = 1;
+static bool g_cp_gather; /* context parallelism's all-gather variant, not the ring */
 
 enum { STEPS = 10, LAYERS = 8, MB = 2 };
 
@@ -122,6 +123,7 @@ typedef struct {
 static loom_plan *plan_built(const pp_case *pc, int tp, int cp, int pp, int dp, bool sp) {
   const loom_gpt_config cfg = tiny();
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .cp = cp, .pp = pp, .dp = dp, .vpp = pc->v,
+                               .cp_comm = cp > 1 && g_cp_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
                                .ep = (tp * dp) % g_ep == 0 ? g_ep : 1, /* the serial reference: none */
                                .etp = tp == g_etp ? g_etp : 1,
@@ -243,6 +245,11 @@ static void expect_expert_tp_as_simulated(const loom_trainer *tr, double simulat
                 "counts %.0f", sums[0], sums[1]);
 }
 
+/* Bytes this rank has sent over its cp group, point to point and in collectives. */
+static double cp_traffic(const loom_trainer *tr) {
+  return tr->ps.cp_group ? tr->ps.cp_group->sent_bytes + tr->ps.cp_group->ring_bytes : 0.0;
+}
+
 static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, double tp_before, double cp_before,
                                         const loom_plan *fp32_twin) {
   loom_profile *prof;
@@ -254,8 +261,8 @@ static void expect_traffic_as_simulated(const loom_trainer *tr, int steps, doubl
   const double tp_simulated = steps * c.tp_bytes[tr->ps.pp_rank];
   double tp_moved = tr->ps.tp_group->ring_bytes - tp_before;
   expect_expert_tp_as_simulated(tr, steps * c.etp_bytes[tr->ps.pp_rank]);
-  /* The ring's hops: what this rank sent round its cp group is what the sim counts. */
-  const double ring_sent = tr->ps.cp_group ? tr->ps.cp_group->sent_bytes - cp_before : 0.0, ring = steps * c.cp_bytes[tr->ps.pp_rank];
+  /* The ring's hops (or the all-gather variant's collectives): what this rank sent over its cp group is what the sim counts. */
+  const double ring_sent = cp_traffic(tr) - cp_before, ring = steps * c.cp_bytes[tr->ps.pp_rank];
   ck_assert_msg(ring_sent == ring && (tr->ps.cp == 1 || ring > 0), "rank %d: the cp ring carried %.0f bytes, the sim counts %.0f",
                 g_world->rank, ring_sent, ring);
   /* Under ZeRO-2/3 each replica sums its own pieces of the replicated grads, which the sim counts on the mean. */
@@ -325,7 +332,7 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
   const double before = tr->ps.dp_cp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
-  const double cp_before = tr->ps.cp_group ? tr->ps.cp_group->sent_bytes : 0.0;
+  const double cp_before = cp_traffic(tr);
   const double edp_before = tr->ps.edp_group ? tr->ps.edp_group->ring_bytes : 0.0;
   for (int s = 0; s < STEPS; s++) {
     const loom_step_stats st = loom_trainer_step(tr, s);
@@ -471,7 +478,7 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
     ck_assert_uint_lt(z->shard, loom_pipeline_chunk(tr.pipe, c)->p.params.numel); /* a slice (expect_sharded: which) */
   }
   if (g_zero) expect_sharded(&tr);
-  const double tp_before = tr.ps.tp_group->ring_bytes, cp_before = tr.ps.cp_group ? tr.ps.cp_group->sent_bytes : 0.0;
+  const double tp_before = tr.ps.tp_group->ring_bytes, cp_before = cp_traffic(&tr);
   for (int s = 0; s < STEPS; s++) {
     const float want = loom_trainer_step(&serial, s).loss, got = loom_trainer_step(&tr, s).loss;
     ck_assert_msg(isfinite(want) && fabs(got - want) <= loss_tol * fabs(want),
@@ -657,6 +664,7 @@ int main(int argc, char **argv) {
   g_ep = argc > 6 ? atoi(argv[6]) : 1;
   g_etp = argc > 7 ? atoi(argv[7]) : 1;
   g_cp = argc > 8 ? atoi(argv[8]) : 1;
+  g_cp_gather = argc > 9 && strcmp(argv[9], "all_gather") == 0;
   g_pp = g_world->size / (g_tp * g_cp * g_dp);
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");

@@ -3,7 +3,8 @@
  * chunks of one sequence (Megatron's load-balanced split); its outputs,
  * log-sum-exps and grads (its own k and v's coming home from every rank's
  * queries) equal one-rank attention's over the whole sequence at its rows,
- * with grouped-query heads and dropout keyed by global position. */
+ * with grouped-query heads and dropout keyed by global position; and the
+ * same of Megatron's all-gather variant behind the same calls. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -16,7 +17,7 @@ static loom_comm *g_world;
 
 enum { B = 2, D = 8, C = 5 }; /* micro-batch, head width, rows of a chunk */
 
-static void check_ring(int heads, int kv_heads, float dropout) {
+static void check_ring(int heads, int kv_heads, float dropout, bool all_gather) {
   const loom_ops *ops = loom_ops_cpu();
   const int cp = loom_comm_size(g_world), me = loom_comm_rank(g_world), T = 2 * cp * C, L = 2 * C;
   const loom_attn_shape s = {.T = T, .B = B, .heads = heads, .kv_heads = kv_heads, .head_dim = D, .head_offset = 0,
@@ -31,15 +32,16 @@ static void check_ring(int heads, int kv_heads, float dropout) {
   loom_cp_positions(cp, me, T, pos);
   float *q = malloc((size_t)L * B * W * sizeof(float)), *dy = malloc((size_t)L * B * HD * sizeof(float));
   float *o = malloc((size_t)L * B * HD * sizeof(float)), *l = malloc((size_t)B * heads * L * sizeof(float));
-  float *dq = calloc((size_t)L * B * W, sizeof(float)), *blocks = malloc(4 * (size_t)L * B * KV * sizeof(float));
+  /* The two buffers of each: a block, and the all-gather's cp blocks (loom_ring_buffer_blocks). */
+  const size_t block = (size_t)L * B * KV, wide = (size_t)loom_ring_buffer_blocks(cp, all_gather, 1) * block;
+  float *dq = calloc((size_t)L * B * W, sizeof(float)), *blocks = malloc(2 * (block + wide) * sizeof(float));
   for (int t = 0; t < L; t++)
     for (int b = 0; b < B; b++) {
       memcpy(q + ((size_t)t * B + b) * W, qkv + ((size_t)pos[t] * B + b) * W, W * sizeof(float));
       memcpy(dy + ((size_t)t * B + b) * HD, dout + ((size_t)pos[t] * B + b) * HD, HD * sizeof(float));
     }
-  const size_t block = (size_t)L * B * KV;
-  const loom_ring r = {.group = g_world, .rows = L, .pos = pos, .peer_pos = peer_pos,
-                       .kv = {blocks, blocks + block}, .dkv = {blocks + 2 * block, blocks + 3 * block}};
+  const loom_ring r = {.group = g_world, .rows = L, .pos = pos, .peer_pos = peer_pos, .all_gather = all_gather,
+                       .kv = {blocks, blocks + block}, .dkv = {blocks + block + wide, blocks + 2 * block + wide}};
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s);
   loom_ring_attention_forward(ops, &r, o, l, q, &s, &drop);
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s); /* the block travelled: this rank's again */
@@ -53,19 +55,22 @@ static void check_ring(int heads, int kv_heads, float dropout) {
       memcpy(want_d + ((size_t)t * B + b) * W, dqkv + ((size_t)pos[t] * B + b) * W, W * sizeof(float));
       for (int h = 0; h < heads; h++) want_l[((size_t)b * heads + h) * L + t] = lse[((size_t)b * heads + h) * T + pos[t]];
     }
-  ck_assert_msg(tu_rel_max_diff(o, want_o, (size_t)L * B * HD) <= 1e-5, "rank %d of cp %d (%d/%d heads, dropout %g): outputs", me, cp,
-                heads, kv_heads, (double)dropout);
-  ck_assert_msg(tu_rel_max_diff(l, want_l, (size_t)B * heads * L) <= 1e-5, "rank %d of cp %d: log-sum-exps", me, cp);
-  ck_assert_msg(tu_rel_max_diff(dq, want_d, (size_t)L * B * W) <= 1e-5, "rank %d of cp %d (%d/%d heads, dropout %g): grads", me, cp,
-                heads, kv_heads, (double)dropout);
+  const char *how = all_gather ? "all-gather" : "ring";
+  ck_assert_msg(tu_rel_max_diff(o, want_o, (size_t)L * B * HD) <= 1e-5, "%s: rank %d of cp %d (%d/%d heads, dropout %g): outputs",
+                how, me, cp, heads, kv_heads, (double)dropout);
+  ck_assert_msg(tu_rel_max_diff(l, want_l, (size_t)B * heads * L) <= 1e-5, "%s: rank %d of cp %d: log-sum-exps", how, me, cp);
+  ck_assert_msg(tu_rel_max_diff(dq, want_d, (size_t)L * B * W) <= 1e-5, "%s: rank %d of cp %d (%d/%d heads, dropout %g): grads",
+                how, me, cp, heads, kv_heads, (double)dropout);
   tu_attention_case_free(&one);
   free(q), free(dy), free(o), free(l), free(dq), free(blocks);
   free(want_o), free(want_l), free(want_d);
 }
 
 START_TEST(ring_equals_one_rank) {
-  check_ring(4, 2, 0.0f); /* grouped-query: two key/value heads travel */
-  check_ring(2, 2, 0.2f); /* multi-head, dropout by global position */
+  for (int gather = 0; gather < 2; gather++) {
+    check_ring(4, 2, 0.0f, gather); /* grouped-query: two key/value heads travel */
+    check_ring(2, 2, 0.2f, gather); /* multi-head, dropout by global position */
+  }
 }
 END_TEST
 

@@ -256,7 +256,9 @@ END_TEST
  * backward for cp - 1 more and the grads' cp; where it can, the forward
  * hides its hops behind the blocks' attention (less, never below 0) and
  * the backward still waits for the grads' hops. The bytes: 3 cp - 2
- * blocks per layer and micro-batch. At cp 16 the ring leaves the node. */
+ * blocks per layer and micro-batch. At cp 16 the ring leaves the node.
+ * The all-gather variant waits for its all-gather in each pass and for the
+ * grads' reduce-scatter, 3 (cp - 1) blocks. */
 START_TEST(ring_is_costed) {
   loom_profile *prof = builtin("h100-sxm");
   ck_assert(prof->comm_overlaps_compute);
@@ -277,6 +279,17 @@ START_TEST(ring_is_costed) {
   ck_assert_double_eq(hidden.cp_bytes[0], layers * (3.0 * cp - 2.0) * block);
   loom_sim_costs_free(&hidden);
   loom_sim_costs_free(&waited);
+  loom_plan_free(plan);
+  plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .cp = cp, .cp_comm = LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER, .pp = 1,
+                                  .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1,
+                                  .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_sim_costs_build(plan, prof, &hidden);
+  const double gather = loom_collective_seconds(prof, LOOM_COLL_ALLGATHER, cp * block, cp, cp, NULL);
+  const double scatter = loom_collective_seconds(prof, LOOM_COLL_REDUCE_SCATTER, cp * block, cp, cp, NULL);
+  ck_assert_double_eq_tol(hidden.forward_comm[0], layers * gather, 1e-12);
+  ck_assert_double_eq_tol(hidden.backward_comm[0], layers * (gather + scatter), 1e-12);
+  ck_assert_double_eq(hidden.cp_bytes[0], layers * 3.0 * (cp - 1) * block);
+  loom_sim_costs_free(&hidden);
   loom_plan_free(plan);
   plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .cp = 16, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
                                   .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});

@@ -75,8 +75,9 @@ static void show(const loom_plan *p) {
          l->tp, l->pp, l->dp, cp, ranks, l->cp > 1 ? "cp, then " : "", l->virtual_chunks,
          l->sequence_parallel ? ", sequence parallel" : "", zero);
   if (l->cp > 1)
-    printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), attention round a ring\n",
-           loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1);
+    printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
+           loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,
+           l->cp_comm_type == LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER ? "all-gathered" : "round a ring");
   const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);

@@ -14,15 +14,16 @@
 #include "sim/search.h"
 
 /* Layout flags the search chooses itself. */
-static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--ep", "--etp", "--cp", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
+static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--ep", "--etp", "--cp", "--cp-comm-type", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
                                      "--micro-batches", "--schedule", "--recompute", "--recompute-method",
                                      "--recompute-num-layers", "--layer-split", NULL};
 
-/* A MoE model's rows have ep and etp columns after dp; a search that tried context parallelism a cp column. */
+/* A MoE model's rows have ep and etp columns after dp; a search that tried context parallelism a cp column
+ * ("ag": the all-gather variant). */
 static void print_row(int rank, const loom_candidate *c, bool moe, bool cp) {
   char rc[32], ep[24] = "", ring[16] = "";
   if (moe) snprintf(ep, sizeof ep, " %3d %3d", c->ep > 1 ? c->ep : 1, c->etp > 1 ? c->etp : 1);
-  if (cp) snprintf(ring, sizeof ring, " %3d", c->cp > 1 ? c->cp : 1);
+  if (cp) snprintf(ring, sizeof ring, " %3d%s", c->cp > 1 ? c->cp : 1, c->cp_all_gather ? " ag" : "   ");
   printf("  %4d %3d %4d %5d%s%s %4d %6d %-12s %-9s %3s %5d %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
          c->dp, ep, ring, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), loom_candidate_recompute(c, rc, sizeof rc),
          c->sequence_parallel ? "yes" : "no", c->zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
@@ -135,7 +136,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
     printf("%s\n", r.ndropped ? "" : " none");
     const bool moe = base->model->moe != NULL, cp = !moe && loom_plan_train_seq(base) / 2 >= LOOM_SEARCH_CP_MIN_ROWS;
     printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp",
-           moe ? "  ep etp" : "", cp ? "  cp" : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
+           moe ? "  ep etp" : "", cp ? "  cp   " : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
            "bubble", "mem GiB");
     for (int i = 0; i < r.nranked && i < top; i++) print_row(i + 1, &r.ranked[i], moe, cp);
     if (r.considered == 0)

@@ -10,9 +10,10 @@ static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NU
 static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
 static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
+static const char *const CP_COMM_CHOICES[] = {"p2p", "all_gather", NULL}; /* in Loom__CpCommType's order (Megatron's names) */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
-  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .micro_batch = 16,
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .cp_comm_type = "p2p", .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
                            .grad_reduce = "fp32", .grad_compression = "none"};
 }
@@ -26,6 +27,9 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--cp", FLAG_INT, &f->cp, "context-parallel ranks: each sample's sequence split over them (2 cp chunks, rank r "
        "holding chunks r and 2 cp - 1 - r), attention passing keys and values round a ring", 1, LOOM_PLAN_MAX_CP, NULL,
        false, "parallel.cp"},
+      {"--cp-comm-type", FLAG_STRING, &f->cp_comm_type, "how context parallelism's attention meets the other ranks' keys "
+       "and values: p2p (round a ring, each transfer overlapped with a block's attention) or all_gather (gathered before "
+       "it, their grads reduce-scattered after)", LOOM_NO_RANGE, CP_COMM_CHOICES, false, "parallel.cp_comm_type"},
       {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved; zb_v: 2, its default)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
       {"--layers-per-virtual-stage", FLAG_INT, &f->layers_per_virtual_stage, "layers in each model chunk of a rank "
        "(Megatron-LM's convention): sets --vpp to layers / (pp x this), and the interleaved schedule unless --schedule "
@@ -156,6 +160,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
                      "stage that recompute", cmd);
   const loom_plan_spec spec = {
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp, .cp = f->cp,
+      .cp_comm = (Loom__CpCommType)loom_flag_choice_index(CP_COMM_CHOICES, f->cp_comm_type),
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

@@ -14,9 +14,10 @@ typedef struct {
   int tp, pp, dp, vpp, layers_per_virtual_stage, zero, micro_batch, global_batch, micro_batches, recompute_num_layers, ep, etp, cp;
   bool sequence_parallel;
   const char *schedule, *recompute, *recompute_method, *balance, *precision, *grad_reduce, *grad_compression, *layer_split, *name;
+  const char *cp_comm_type; /* --cp-comm-type: p2p or all_gather */
 } loom_plan_flags;
 
-#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 23)
+#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 24)
 
 loom_plan_flags loom_plan_flags_defaults(void);
 /* Writes the table's entries into out[LOOM_PLAN_FLAG_COUNT], pointing into f. */

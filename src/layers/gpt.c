@@ -131,6 +131,8 @@ typedef struct {
   int64_t ep, etp;        /* its expert-parallel group's size, and the expert-tensor-parallel one's */
   int64_t fe, fce;        /* an expert's width, and its first GEMM's output row's (SwiGLU: 2 fe) */
   int64_t ring;           /* context parallelism: one travelling block of keys and values (0: none) */
+  int64_t cp;             /* its group's size */
+  bool cp_all_gather;     /* every rank's blocks gathered, not passed round a ring */
   bool gate;              /* a MoE model's shared expert is gated */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
@@ -162,7 +164,8 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
                 .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = wide * (L ? f : fk[0]),
-                .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0,
+                .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0, .cp = loom_gpt_cp(c),
+                .cp_all_gather = c->cp_all_gather,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
@@ -517,10 +520,11 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
     want(l, &s->moe.d_logits, "moe_d_logits", d->n * d->E);
     if (d->gate) want(l, &s->moe.gate_d, "moe_gate_d", d->n), want_ints(l, &s->moe.gate_rows, "moe_gate_rows", d->n);
   }
-  if (d->ring) { /* the two blocks of keys and values travelling round the ring, and their grads */
+  if (d->ring) { /* the blocks of keys and values travelling round the ring (or all gathered), and their grads */
     loom_ring *r = &s->ring;
-    want(l, &r->kv[0], "ring_kv", d->ring), want(l, &r->kv[1], "ring_kv2", d->ring);
-    want(l, &r->dkv[0], "ring_dkv", d->ring), want(l, &r->dkv[1], "ring_dkv2", d->ring);
+    const int64_t blocks = loom_ring_buffer_blocks((int)d->cp, d->cp_all_gather, 1);
+    want(l, &r->kv[0], "ring_kv", d->ring), want(l, &r->kv[1], "ring_kv2", blocks * d->ring);
+    want(l, &r->dkv[0], "ring_dkv", d->ring), want(l, &r->dkv[1], "ring_dkv2", blocks * d->ring);
   }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);
@@ -702,7 +706,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
     if (st == LOOM_OK && cp > 1) { /* the ring's positions, host memory */
       loom_ring *r = &m->w.block.ring;
-      r->group = m->tp.cp_group, r->rows = T;
+      r->group = m->tp.cp_group, r->rows = T, r->all_gather = c->cp_all_gather;
       m->cp_pos = loom_xmalloc(2 * (size_t)T * sizeof *m->cp_pos, "context-parallel positions");
       loom_cp_positions(cp, m->tp.cp_rank, seq, m->cp_pos);
       r->pos = m->cp_pos, r->peer_pos = m->cp_pos + T;

@@ -101,8 +101,11 @@ typedef struct {
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Where the sequence is, not what the model is: split over a context-
    * parallel group of cp ranks (0 or 1: whole), each holding T / cp rows of
-   * a micro-batch's sequence of T (loom_cp_position). */
+   * a micro-batch's sequence of T (loom_cp_position); its attention meets
+   * the other ranks' keys and values round a ring, or (cp_all_gather) all
+   * gathered at once. */
   int cp;
+  bool cp_all_gather;
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128

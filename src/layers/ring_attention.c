@@ -50,8 +50,39 @@ static void settle(const loom_ring *r, loom_request *recv, loom_request *send) {
   loom_comm_wait(r->group, recv);
 }
 
+/* The all-gather variant: every rank's block at once, then each one's share. */
+static void gathered_forward(const loom_ops *ops, const loom_ring *r, float *out, float *lse, const float *qkv,
+                             const loom_attn_shape *s, const loom_dropout *drop) {
+  const int cp = loom_comm_size(r->group);
+  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
+  for (int j = 0; j < cp; j++) {
+    loom_cp_positions(cp, j, s->T, r->peer_pos);
+    ops->attention_block_forward(ops, out, lse, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
+  }
+}
+
+static void gathered_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
+                              const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  const int cp = loom_comm_size(r->group);
+  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
+  loom_mem_zero(ops->mem, r->dkv[1], (size_t)cp * n);
+  for (int j = 0; j < cp; j++) {
+    loom_cp_positions(cp, j, s->T, r->peer_pos);
+    ops->attention_block_backward(ops, dqkv, r->dkv[1] + j * n, dout, out, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos,
+                                  r->peer_pos, lse, s, drop);
+  }
+  loom_comm_reduce_scatter(r->group, r->dkv[1], r->dkv[0], n); /* each block's grads, every rank's share in, home */
+  loom_ring_unpack_dkv(ops, dqkv, r->dkv[0], r->rows, s);
+}
+
 void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float *out, float *lse, const float *qkv,
                                  const loom_attn_shape *s, const loom_dropout *drop) {
+  if (r->all_gather) {
+    gathered_forward(ops, r, out, lse, qkv, s, drop);
+    return;
+  }
   const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
   for (int j = 0; j < cp; j++) { /* step j: the block of the rank j back */
@@ -66,6 +97,10 @@ void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float 
 
 void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
                                   const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
+  if (r->all_gather) {
+    gathered_backward(ops, r, dqkv, dout, out, qkv, lse, s, drop);
+    return;
+  }
   const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
   loom_mem_zero(ops->mem, r->dkv[0], n); /* this rank's block's grads start here */

@@ -10,7 +10,12 @@
  * log-sum-exps (ops.h's attention_block_forward). Backward passes the
  * blocks round again, each with its dk/dv accumulating as it goes, one more
  * hop bringing them home. Only the key/value heads travel (grouped-query
- * and multi-query send their few heads). */
+ * and multi-query send their few heads).
+ *
+ * Megatron-Core's all-gather variant (--cp-comm-type all_gather, as Llama
+ * 3 trained) runs behind the same calls: every rank's block all-gathered
+ * before the attention (again in backward), each block's share computed
+ * from it, and the blocks' grads reduce-scattered home after. */
 #ifndef LOOM_RING_ATTENTION_H
 #define LOOM_RING_ATTENTION_H
 
@@ -39,15 +44,21 @@ void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, in
 
 /* What a ring call needs besides its tensors: the cp group (NULL: one
  * rank), this rank's positions (host, [rows]) and room for a peer's,
- * and two travelling blocks of keys and values (backend memory,
- * [rows, B, 2 K D] each) and, backward, two of their grads. */
+ * and (backend memory, a block [rows, B, 2 K D]) two travelling blocks of
+ * keys and values and, backward, two of their grads; all_gather: kv[0]
+ * and dkv[0] this rank's block and its grads, kv[1] and dkv[1] every
+ * rank's, cp blocks each (loom_ring_buffer_blocks). */
 typedef struct {
   loom_comm *group;
   int rows;            /* this rank's rows: T / cp */
   const int *pos;      /* [rows] their global positions */
   int *peer_pos;       /* [rows] scratch: a block's positions */
+  bool all_gather;     /* Megatron's all-gather variant, not the ring */
   float *kv[2], *dkv[2];
 } loom_ring;
+
+/* Blocks buffer i (0 or 1) of kv and of dkv holds, of a cp group's ring or all-gather. */
+static inline int loom_ring_buffer_blocks(int cp, bool all_gather, int i) { return all_gather && i == 1 ? cp : 1; }
 
 /* out[rows, B, H D] and lse[B, H, rows]: this rank's queries (qkv rows,
  * the whole sequence's attention by s->T) against every rank's keys and

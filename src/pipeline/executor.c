@@ -32,7 +32,7 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
              "the grid is the plan's");
   loom_gpt_config model;
   loom_plan_model_config(plan, &model);
-  model.cp = ps->cp;
+  loom_plan_context_config(plan, &model);
   const loom_gpt_config *cfg = &model;
   const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
   pipe->ps = ps;

@@ -31,7 +31,9 @@ void loom_train_describe(const loom_trainer *tr) {
   }
   if (ps->cp > 1)
     loom_log_info("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r); keys and values "
-                  "pass round the cp ring, grads sum over dp x cp (%d ranks)", tr->T, ps->cp, tr->T / ps->cp, 2 * ps->cp - 1,
+                  "%s, grads sum over dp x cp (%d ranks)", tr->T, ps->cp, tr->T / ps->cp, 2 * ps->cp - 1,
+                  loom_pipeline_chunk(p, 0)->p.cfg.cp_all_gather ? "all-gathered over the cp group (--cp-comm-type all_gather)"
+                                                                 : "pass round the cp ring",
                   ps->dp * ps->cp);
   if (ps->etp > 1)
     loom_log_info("experts: each split over the tp group (etp %d), every rank's rows gathered for them and their outputs "

@@ -118,7 +118,12 @@ void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
 void loom_plan_rank_config(const loom_plan *p, loom_gpt_config *cfg) {
   loom_plan_model_config(p, cfg);
   *cfg = loom_gpt_config_for_ep(cfg, p->parallel->etp, p->parallel->ep, 0);
+  loom_plan_context_config(p, cfg);
+}
+
+void loom_plan_context_config(const loom_plan *p, loom_gpt_config *cfg) {
   cfg->cp = p->parallel->cp;
+  cfg->cp_all_gather = p->parallel->cp_comm_type == LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER;
 }
 
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {

@@ -23,6 +23,7 @@ typedef struct {
   int ep; /* a MoE model's expert-parallel size (0 or 1: none) */
   int etp; /* its expert-tensor-parallel size (0 or 1: none; else tp) */
   int cp;  /* context-parallel size (0 or 1: none) */
+  Loom__CpCommType cp_comm; /* how its attention meets the other ranks' keys and values */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -82,6 +83,10 @@ void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
  * expert-parallel group (loom_gpt_config_for_ep, at ep rank 0: every rank
  * holds as many), for the sizes one rank allocates and computes. */
 void loom_plan_rank_config(const loom_plan *plan, loom_gpt_config *cfg);
+/* Where the sequence is: the plan's context-parallel split and how its
+ * attention exchanges keys and values, into cfg (the rank config's part
+ * the runtime sets on the whole model's). */
+void loom_plan_context_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The one translation between the Model message and the layers' config
  * (plans and checkpoint manifests): of reads m (bf16 false), fill writes
  * every field of c into m, which the caller has initialised; RoPE scaling,

@@ -97,6 +97,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   l->etp = sp->etp > 1 ? sp->etp : 1;
   l->has_cp = sp->cp > 1;
   l->cp = sp->cp > 1 ? sp->cp : 1;
+  l->has_cp_comm_type = sp->cp_comm != LOOM__CP_COMM_TYPE__CP_COMM_P2P;
+  l->cp_comm_type = sp->cp_comm;
   p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
   loom__batch__init(p->batch);
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;

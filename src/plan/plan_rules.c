@@ -190,6 +190,12 @@ static void check_experts(report *r, const loom_plan *p) {
 /* Context parallelism's rules (its size in bounds). */
 static void check_context(report *r, const loom_plan *p) {
   const int cp = p->parallel->cp, T = loom_plan_train_seq(p), tp = p->parallel->tp;
+  const Loom__CpCommType comm = p->parallel->cp_comm_type;
+  if (comm != LOOM__CP_COMM_TYPE__CP_COMM_P2P && comm != LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER)
+    violation(r, "parallel.cp_comm_type = %d: loom knows CP_COMM_P2P (0) and CP_COMM_ALL_GATHER (1)", (int)comm);
+  else if (cp <= 1 && comm != LOOM__CP_COMM_TYPE__CP_COMM_P2P)
+    violation(r, "parallel.cp_comm_type = all_gather: says how context parallelism exchanges keys and values, but "
+              "parallel.cp is 1; set parallel.cp 2 or more, or drop cp_comm_type");
   if (cp <= 1) return;
   if (T % (2 * cp))
     violation(r, "parallel.cp = %d: the sequence (%d) must be divisible by 2 x cp (%d), each rank holding two equal chunks "

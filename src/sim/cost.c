@@ -63,6 +63,7 @@ typedef struct {
   int ep, ep_per_node; /* a MoE model's expert-parallel group: ep consecutive ranks of a stage */
   int etp;             /* 1, or tp: the tp group splitting each expert */
   int cp, cp_per_node; /* the context-parallel group: cp ranks tp apart */
+  bool cp_all_gather;  /* its keys and values all-gathered, not passed round a ring */
   double overhead; /* seconds per op */
 } layout;
 
@@ -168,10 +169,20 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
  * it computes, so only what outlasts a block's share of the attention is
  * exposed (all of it where the profile's communication does not overlap
  * compute); backward, the blocks hop again as overlapped, and their grads
- * cp hops, each waited for. */
+ * cp hops, each waited for. The all-gather variant waits for every block
+ * gathered in each pass and, backward, for the grads' reduce-scatter. */
 static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double att_g) {
   if (L->cp < 2) return;
   const double block = L->tokens * 2.0 * loom_gpt_local_kv_heads(&L->cfg, L->tp) * loom_gpt_head_dim(&L->cfg) * 4.0;
+  if (L->cp_all_gather) {
+    double gathered, scattered;
+    const double gather = loom_collective_seconds(L->prof, LOOM_COLL_ALLGATHER, L->cp * block, L->cp, L->cp_per_node, &gathered);
+    const double scatter =
+        loom_collective_seconds(L->prof, LOOM_COLL_REDUCE_SCATTER, L->cp * block, L->cp, L->cp_per_node, &scattered);
+    f->comm += gather, g->comm += gather + scatter;
+    f->cp_bytes += gathered, g->cp_bytes += gathered + scattered;
+    return;
+  }
   const double hop = loom_collective_seconds(L->prof, LOOM_COLL_SENDRECV, block, 2, L->cp_per_node < L->cp ? 1 : 2, NULL);
   const bool overlaps = L->prof->comm_overlaps_compute;
   const double cp = L->cp, hidden_f = overlaps ? att_f / cp : 0.0, hidden_g = overlaps ? att_g / cp : 0.0;
@@ -296,6 +307,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
   L.etp = loom_gpt_expert_tp(&L.cfg);
   L.cp = l->cp;
+  L.cp_all_gather = L.cfg.cp_all_gather;
   L.cp_per_node = loom_group_per_node(L.cp, L.tp, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;
   const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
