@@ -1,8 +1,34 @@
 /* Context parallelism's ring attention (see ring_attention.h). */
 #include "layers/ring_attention.h"
+#include <stdlib.h>
 #include "backend/op_math.h"
+#include "core/check.h"
+#include "core/timer.h"
 
 enum { RING_TAG_KV = 0x5249, RING_TAG_DKV = 0x5250 }; /* the cp group carries nothing else */
+
+const char *const LOOM_RING_SPAN_NAMES[] = {"ring block", "ring wait", "ring grads hop", "ring all-gather", NULL};
+
+void loom_ring_log_free(loom_ring_log *log) {
+  free(log->spans);
+  *log = (loom_ring_log){0};
+}
+
+/* The clock for a span that starts now (0 when not tracing). */
+static double tick(const loom_ring *r) { return r->log && r->log->on ? loom_now_s() : 0.0; }
+
+/* A span from t0 to now, kept while tracing. */
+static void note(const loom_ring *r, loom_ring_span_kind kind, double t0) {
+  loom_ring_log *g = r->log;
+  if (!g || !g->on) return;
+  if (g->count == g->cap) {
+    g->cap = g->cap ? 2 * g->cap : 256;
+    g->spans = realloc(g->spans, (size_t)g->cap * 3 * sizeof(float));
+    LOOM_CHECK(g->spans != NULL, "out of memory tracing the ring");
+  }
+  float *s = g->spans + 3 * (size_t)g->count++;
+  s[0] = (float)kind, s[1] = (float)((t0 - g->origin) * 1e6), s[2] = (float)((loom_now_s() - g->origin) * 1e6);
+}
 
 void loom_cp_positions(int cp, int rank, int T, int *pos) {
   for (int r = 0; r < T / cp; r++) pos[r] = loom_cp_position(cp, rank, T, r);
@@ -55,25 +81,35 @@ static void gathered_forward(const loom_ops *ops, const loom_ring *r, float *out
                              const loom_attn_shape *s, const loom_dropout *drop) {
   const int cp = loom_comm_size(r->group);
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  double t = tick(r);
   loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
+  note(r, LOOM_RING_GATHER, t);
+  t = tick(r);
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
     ops->attention_block_forward(ops, out, lse, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
   }
+  note(r, LOOM_RING_BLOCK, t);
 }
 
 static void gathered_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
                               const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   const int cp = loom_comm_size(r->group);
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  double t = tick(r);
   loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
+  note(r, LOOM_RING_GATHER, t);
+  t = tick(r);
   loom_mem_zero(ops->mem, r->dkv[1], (size_t)cp * n);
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
     ops->attention_block_backward(ops, dqkv, r->dkv[1] + j * n, dout, out, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos,
                                   r->peer_pos, lse, s, drop);
   }
+  note(r, LOOM_RING_BLOCK, t);
+  t = tick(r);
   loom_comm_reduce_scatter(r->group, r->dkv[1], r->dkv[0], n); /* each block's grads, every rank's share in, home */
+  note(r, LOOM_RING_GATHER, t);
   loom_ring_unpack_dkv(ops, dqkv, r->dkv[0], r->rows, s);
 }
 
@@ -88,10 +124,14 @@ void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float 
   for (int j = 0; j < cp; j++) { /* step j: the block of the rank j back */
     const int cur = j & 1;
     loom_request *recv = NULL, *send = NULL;
+    double t = tick(r);
     if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
     ops->attention_block_forward(ops, out, lse, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
+    note(r, LOOM_RING_BLOCK, t);
+    t = tick(r);
     settle(r, recv, send);
+    if (j + 1 < cp) note(r, LOOM_RING_WAIT, t);
   }
 }
 
@@ -107,15 +147,21 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
   for (int j = 0; j < cp; j++) {
     const int cur = j & 1;
     loom_request *recv = NULL, *send = NULL;
+    double t = tick(r);
     if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
     ops->attention_block_backward(ops, dqkv, r->dkv[cur], dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
                                   lse, s, drop);
+    note(r, LOOM_RING_BLOCK, t);
+    t = tick(r);
     settle(r, recv, send);
+    if (j + 1 < cp) note(r, LOOM_RING_WAIT, t);
     /* The block's grads go on with it: after the last hop each rank holds its own block's, every rank's share in. */
     if (cp > 1) {
+      t = tick(r);
       pass_on(r, r->dkv[1 - cur], r->dkv[cur], n, RING_TAG_DKV, &recv, &send);
       settle(r, recv, send);
+      note(r, LOOM_RING_GRADS, t);
     }
   }
   loom_ring_unpack_dkv(ops, dqkv, r->dkv[cp > 1 ? cp & 1 : 0], r->rows, s);

@@ -42,6 +42,22 @@ void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int row
 /* And back: the packed grads dkv added into dqkv's k | v columns. */
 void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, int rows, const loom_attn_shape *s);
 
+/* What the ring did with its time, kept while `on` (traces): spans of
+ * (kind, start, end) in microseconds from `origin` (a loom_now_s time).
+ * BLOCK: a block's attention (the next block in flight beside it, where
+ * the ring posted one); WAIT: waiting for a block's transfer after it;
+ * GRADS: a block's grads' hop, sent and waited for; GATHER: the
+ * all-gather variant's collectives. */
+typedef enum { LOOM_RING_BLOCK = 0, LOOM_RING_WAIT, LOOM_RING_GRADS, LOOM_RING_GATHER, LOOM_RING_SPAN_KINDS } loom_ring_span_kind;
+extern const char *const LOOM_RING_SPAN_NAMES[]; /* "ring block", ... by kind */
+typedef struct {
+  bool on;
+  double origin;
+  float *spans; /* [count][3] */
+  int count, cap;
+} loom_ring_log;
+void loom_ring_log_free(loom_ring_log *log);
+
 /* What a ring call needs besides its tensors: the cp group (NULL: one
  * rank), this rank's positions (host, [rows]) and room for a peer's,
  * and (backend memory, a block [rows, B, 2 K D]) two travelling blocks of
@@ -55,6 +71,7 @@ typedef struct {
   int *peer_pos;       /* [rows] scratch: a block's positions */
   bool all_gather;     /* Megatron's all-gather variant, not the ring */
   float *kv[2], *dkv[2];
+  loom_ring_log *log;  /* where its time goes while tracing (NULL: nowhere) */
 } loom_ring;
 
 /* Blocks buffer i (0 or 1) of kv and of dkv holds, of a cp group's ring or all-gather. */

@@ -69,6 +69,7 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
     pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
     if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);
     if (st == LOOM_OK && nwstates[c]) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates[c]);
+    if (st == LOOM_OK) pipe->chunks[c].w.block.ring.log = &pipe->ring_log;
   }
   if (st == LOOM_OK) {
     loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
@@ -169,6 +170,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->cp_pos);
   free(pipe->pred);
   free(pipe->trace);
+  loom_ring_log_free(&pipe->ring_log);
   free(pipe->bucket_req);
   free(pipe->bucket_at);
   for (int c = 0; pipe->grad16 && c < pipe->v; c++) pipe->mem->release(pipe->mem, pipe->grad16[c]);
@@ -373,6 +375,7 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     loom_comm_barrier(ps->world_group); /* one start line for every rank's clock */
   }
   const double start = loom_now_s();
+  pipe->ring_log = (loom_ring_log){.on = tracing, .origin = start, .spans = pipe->ring_log.spans, .cap = pipe->ring_log.cap};
   for (int i = 0; i < sched->count[r]; i++) {
     const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
@@ -392,6 +395,7 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     else if (!loom_action_uses(a, LOOM_BUFFER_SEND)) out.wait += t1 - t0; /* a send leaves at once */
     if (tracing) trace_event(pipe, a, i, t0, t1);
   }
+  pipe->ring_log.on = false;
   *totals = out;
 }
 

@@ -49,6 +49,7 @@ struct loom_pipeline {
    * its index in the schedule) from the step's start (after a barrier over
    * the world group). */
   bool tracing;
+  loom_ring_log ring_log; /* context parallelism: the ring's spans of the traced step (every chunk's ring keeps them here) */
   float *trace;
   int trace_count, trace_cap;
 };

@@ -117,6 +117,13 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
     count_buffers_to(&count, fp, &first, e, last_of_rank);
     if (last_of_rank && makespan > e->end_us + 0.5) write_span(fp, &first, "idle", "idle", e->end_us, makespan - e->end_us, e->rank);
   }
+  if (info->nring) /* the ring's spans: a process of their own, a row per rank */
+    fprintf(fp, ",\n{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"args\": {\"name\": \"context-parallel ring\"}}");
+  for (int i = 0; i < info->nring; i++) {
+    const float *e = info->ring + 4 * (size_t)i;
+    fprintf(fp, ",\n{\"name\": \"%s\", \"cat\": \"ring\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, \"tid\": %d}",
+            LOOM_RING_SPAN_NAMES[(int)e[1]], (double)e[2], (double)(e[3] - e[2]), (int)e[0]);
+  }
   fprintf(fp, "\n],\n\"displayTimeUnit\": \"ms\",\n\"loom\": {\"ranks\": %d, \"pp\": %d, \"vpp\": %d, "
               "\"micro_batches\": %d, \"schedule\": \"%s\", \"%s\": %.4f, \"bubble_theory\": %.4f}}\n",
           info->ranks, info->pp, info->vpp, info->m, info->schedule, info->bubble_label, info->bubble, info->theory);
@@ -124,8 +131,40 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
   return LOOM_OK;
 }
 
-loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, double *bubble,
+/* Every rank's ring spans, gathered on every rank: [rank, kind, start, end] each, their count in *n; *sum gets
+ * each kind's mean time per rank. NULL when no rank kept any. */
+static float *gather_ring(const loom_pipeline *pipe, loom_comm *world, int *n, loom_trace_summary *sum) {
+  const loom_ring_log *g = &pipe->ring_log;
+  const int ranks = loom_comm_size(world);
+  float most = (float)g->count;
+  loom_comm_allreduce(world, &most, 1, LOOM_REDUCE_MAX);
+  const int width = (int)most;
+  *n = 0;
+  if (width == 0) return NULL;
+  float *mine = loom_xmalloc((size_t)width * 3 * sizeof(float), "ring trace");
+  float *all = loom_xmalloc((size_t)width * 3 * ranks * sizeof(float), "ring trace");
+  float *out = loom_xmalloc((size_t)width * 4 * ranks * sizeof(float), "ring trace");
+  for (int i = 0; i < width * 3; i++) mine[i] = i < g->count * 3 ? g->spans[i] : -1.0f;
+  loom_comm_allgather(world, mine, all, (size_t)width * 3);
+  for (int r = 0; r < ranks; r++)
+    for (int i = 0; i < width; i++) {
+      const float *e = all + ((size_t)r * width + i) * 3;
+      if (e[0] < 0) continue;
+      float *o = out + 4 * (size_t)(*n)++;
+      o[0] = (float)r, o[1] = e[0], o[2] = e[1], o[3] = e[2];
+      sum->ring_us[(int)e[0]] += (double)(e[2] - e[1]) / ranks;
+    }
+  free(mine);
+  free(all);
+  return out;
+}
+
+loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, loom_trace_summary *sum,
                              loom_error *err) {
+  *sum = (loom_trace_summary){0};
+  double *bubble = &sum->bubble;
+  int nring;
+  float *ring = gather_ring(pipe, world, &nring, sum);
   const int ranks = loom_comm_size(world), F = LOOM_TRACE_FIELDS;
   float most = (float)pipe->trace_count;
   loom_comm_allreduce(world, &most, 1, LOOM_REDUCE_MAX);
@@ -157,12 +196,14 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
       }
     }
     const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind),
-                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched), &pipe->sched};
+                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched), &pipe->sched,
+                                  ring, nring};
     st = loom_trace_write_json(path, spans, n, &info, err);
     free(spans);
   }
   free(mine);
   free(all);
+  free(ring);
   return st;
 }
 

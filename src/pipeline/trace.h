@@ -26,7 +26,20 @@ typedef struct {
   const char *schedule, *bubble_label;
   double bubble, theory;
   const loom_schedule *sched; /* whose buffer events the counters count */
+  /* Context parallelism's ring (layers/ring_attention.h), written as a
+   * process of its own ("pid": 1, a row per rank): nring spans of (rank,
+   * kind, start us, end us); NULL: none. */
+  const float *ring;
+  int nring;
 } loom_trace_info;
+
+/* What a written trace measured: the bubble, and under context
+ * parallelism the ring's time by kind (loom_ring_span_kind), in
+ * microseconds per rank on the mean. */
+typedef struct {
+  double bubble;
+  double ring_us[LOOM_RING_SPAN_KINDS];
+} loom_trace_summary;
 
 /* Writes spans (grouped by rank, each rank's in time order) as Chrome-trace
  * JSON with the idle gaps between them: the one trace writer. */
@@ -34,8 +47,8 @@ loom_status loom_trace_write_json(const char *path, const loom_trace_span *spans
                                   loom_error *err);
 
 /* Gathers the traced step of every rank (collective over world) and writes it
- * from rank 0. *bubble gets the measured bubble on every rank. */
-loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, double *bubble,
+ * from rank 0; *sum gets what it measured on every rank. */
+loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const char *path, loom_trace_summary *sum,
                              loom_error *err);
 /* Draws a trace file written by loom_trace_write as an SVG timeline. */
 loom_status loom_trace_svg(const char *json_path, const char *svg_path, loom_error *err);

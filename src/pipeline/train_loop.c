@@ -296,11 +296,17 @@ static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_er
   report_memory(tr, loop->metrics);
   report_expert_rows(tr);
   if (!loop->trace) return LOOM_OK;
-  double bubble;
-  const loom_status st = loom_trace_write(tr->pipe, tr->ps.world_group, loop->trace, &bubble, err);
+  loom_trace_summary sum;
+  const loom_status st = loom_trace_write(tr->pipe, tr->ps.world_group, loop->trace, &sum, err);
   if (st != LOOM_OK) return st;
   loom_log_info("trace %s: bubble measured %.1f%%, theory %.1f%% (loom trace svg %s -o FILE.svg draws it)", loop->trace,
-                100.0 * bubble, 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(tr->pipe)), loop->trace);
+                100.0 * sum.bubble, 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(tr->pipe)), loop->trace);
+  const double *u = sum.ring_us, ring = u[LOOM_RING_BLOCK] + u[LOOM_RING_WAIT] + u[LOOM_RING_GRADS] + u[LOOM_RING_GATHER];
+  if (ring > 0.0)
+    loom_log_info("trace %s: the cp ring, per rank: %.2f ms of attention blocks with the next block in flight, %.2f ms "
+                  "waiting for blocks after them, %.2f ms on the grads' hops, %.2f ms in all-gathers (%.0f%% of its time "
+                  "waiting)", loop->trace, u[LOOM_RING_BLOCK] / 1e3, u[LOOM_RING_WAIT] / 1e3, u[LOOM_RING_GRADS] / 1e3,
+                  u[LOOM_RING_GATHER] / 1e3, 100.0 * (ring - u[LOOM_RING_BLOCK]) / ring);
   return LOOM_OK;
 }
 

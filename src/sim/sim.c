@@ -78,7 +78,7 @@ loom_status loom_sim_write_trace(const loom_sim_result *res, const char *path, l
       spans[n++] = (loom_trace_span){r, a->kind, a->mb, a->chunk, sp->start * 1e6, sp->end * 1e6, r, sp->action};
     }
   const loom_trace_info info = {s->p, s->p, s->v, s->m, loom_schedule_kind_name(s->kind), "bubble_predicted", res->bubble,
-                                res->theory_bubble, s};
+                                res->theory_bubble, s, NULL, 0};
   const loom_status st = loom_trace_write_json(path, spans, n, &info, err);
   free(spans);
   return st;

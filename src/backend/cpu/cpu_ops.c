@@ -419,25 +419,101 @@ static void cpu_attention_backward(const loom_ops *be, float *dqkv, const float 
 
 /* ---- context-parallel attention's blocks ---- */
 
-/* Row pos of a block's scores pr[0..n) (keys at k_pos): the probabilities
+/* A block's keys as runs of consecutive positions (a ring's blocks are
+ * two): run r is keys [at, at + len) at positions first, first + 1, ...;
+ * a query at pos sees a prefix of each (key_prefix). */
+typedef struct {
+  int at, len, first;
+} key_run;
+
+/* The runs of k_pos[0..n) into runs (room for n); returns how many. */
+static int key_runs(const int *k_pos, int n, key_run *runs) {
+  int count = 0;
+  for (int t = 0; t < n; t++) {
+    if (count && k_pos[t] == runs[count - 1].first + runs[count - 1].len && runs[count - 1].at + runs[count - 1].len == t)
+      runs[count - 1].len++;
+    else runs[count++] = (key_run){t, 1, k_pos[t]};
+  }
+  return count;
+}
+
+/* The keys of run u that a query at pos sees: a prefix of it. */
+static int key_prefix(const key_run *u, int pos) {
+  const int m = pos - u->first + 1;
+  return m < 0 ? 0 : m > u->len ? u->len : m;
+}
+
+/* Whether any key of the runs is at or before pos. */
+static bool sees_any(const key_run *runs, int nruns, int pos) {
+  for (int i = 0; i < nruns; i++)
+    if (runs[i].first <= pos) return true;
+  return false;
+}
+
+/* Row pos of a backward block: its scores pr and dp = dout v^T become the
+ * probabilities that multiplied v and dS = p (dp keep - delta) scale over
+ * the keys it sees (p rebuilt from the merged log-sum-exp lse), 0 for the
+ * rest, as softmax_grad_row's, run by run. */
+static void block_softmax_grad_row(float *pr, float *dpr, int pos, const key_run *runs, int nruns, const int *k_pos,
+                                   float lse, float delta, float scale, const loom_dropout *drop, const loom_attn_shape *s,
+                                   int b, int h) {
+  for (int i = 0; i < nruns; i++) {
+    float *x = pr + runs[i].at, *dx = dpr + runs[i].at;
+    const int m = lse == -INFINITY ? 0 : key_prefix(&runs[i], pos);
+    if (!dropping(drop)) {
+#pragma omp simd
+      for (int t = 0; t < m; t++) {
+        const float prob = loom_fast_expf(x[t] - lse);
+        x[t] = prob;
+        dx[t] = prob * (dx[t] - delta) * scale;
+      }
+    } else {
+      for (int t = 0; t < m; t++) {
+        const float prob = loom_fast_expf(x[t] - lse), keep = keep_scale(drop, s, b, h, pos, k_pos[runs[i].at + t]);
+        x[t] = prob * keep;
+        dx[t] = prob * (dx[t] * keep - delta) * scale;
+      }
+    }
+    if (runs[i].len > m) {
+      memset(x + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
+      memset(dx + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
+    }
+  }
+}
+
+/* Row pos of a block's scores pr[0..n) (keys in runs): the probabilities
  * that multiply v over the keys at or before the query's position (mask and
  * scale of dropout applied by the global positions; 0 for the rest); returns
- * the row's log-sum-exp over them, -inf where it sees none. */
-static float block_softmax_row(float *pr, int n, int pos, const int *k_pos, const loom_dropout *drop,
-                               const loom_attn_shape *s, int b, int h) {
+ * the row's log-sum-exp over them, -inf where it sees none. Each run's
+ * visible prefix in branch-free loops, as softmax_row's. */
+static float block_softmax_row(float *pr, int n, int pos, const key_run *runs, int nruns, const int *k_pos,
+                               const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
   float maxv = -INFINITY, sum = 0.0f;
-  for (int tk = 0; tk < n; tk++)
-    if (k_pos[tk] <= pos && pr[tk] > maxv) maxv = pr[tk];
+  for (int i = 0; i < nruns; i++) {
+    const float *x = pr + runs[i].at;
+    const int m = key_prefix(&runs[i], pos);
+#pragma omp simd reduction(max : maxv)
+    for (int t = 0; t < m; t++) maxv = x[t] > maxv ? x[t] : maxv;
+  }
   if (maxv == -INFINITY) {
     memset(pr, 0, (size_t)n * sizeof(float));
     return -INFINITY;
   }
-  for (int tk = 0; tk < n; tk++) {
-    pr[tk] = k_pos[tk] <= pos ? loom_fast_expf(pr[tk] - maxv) : 0.0f;
-    sum += pr[tk];
+  for (int i = 0; i < nruns; i++) {
+    float *x = pr + runs[i].at;
+    const int m = key_prefix(&runs[i], pos);
+#pragma omp simd reduction(+ : sum)
+    for (int t = 0; t < m; t++) {
+      x[t] = loom_fast_expf(x[t] - maxv);
+      sum += x[t];
+    }
+    if (runs[i].len > m) memset(x + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
   }
   const float inv = 1.0f / sum;
-  for (int tk = 0; tk < n; tk++) pr[tk] *= inv * (pr[tk] > 0.0f ? keep_scale(drop, s, b, h, pos, k_pos[tk]) : 1.0f);
+#pragma omp simd
+  for (int t = 0; t < n; t++) pr[t] *= inv;
+  if (dropping(drop))
+    for (int t = 0; t < n; t++) pr[t] *= pr[t] > 0.0f ? keep_scale(drop, s, b, h, pos, k_pos[t]) : 1.0f;
   return maxv + logf(sum);
 }
 
@@ -465,6 +541,8 @@ static void cpu_attention_block_forward(const loom_ops *be, float *out, float *l
   const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), kvw = 2 * (size_t)K * D;
   const float scale = 1.0f / sqrtf((float)D);
   const loom_gemm_library lib = loom_cpu_gemm_library();
+  key_run *runs = loom_xmalloc((size_t)Tk * sizeof *runs, "attention key runs");
+  const int nruns = key_runs(k_pos, Tk, runs);
 #pragma omp parallel
   {
     float *k = loom_xmalloc((2 * (size_t)Tk * D + 2 * (size_t)Tq * D + (size_t)ATT_ROWS * Tk) * sizeof(float),
@@ -479,10 +557,18 @@ static void cpu_attention_block_forward(const loom_ops *be, float *out, float *l
         pack_rows(v, kv + (size_t)b * kvw + (size_t)K * D + g, kvw * B, Tk, D);
         for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
           const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
-          loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, x + (size_t)i0 * D, D, k, D, 0.0f, p, Tk);
           float blk[ATT_ROWS];
-          for (int r = 0; r < R; r++) blk[r] = block_softmax_row(p + (size_t)r * Tk, Tk, q_pos[i0 + r], k_pos, drop, s, b, h);
-          loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, p, Tk, v, D, 0.0f, o + (size_t)i0 * D, D);
+          int last = q_pos[i0]; /* the tile's latest query: where no key is at or before it, no row sees any */
+          for (int r = 1; r < R; r++) last = q_pos[i0 + r] > last ? q_pos[i0 + r] : last;
+          if (sees_any(runs, nruns, last)) {
+            loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, x + (size_t)i0 * D, D, k, D, 0.0f, p, Tk);
+            for (int r = 0; r < R; r++)
+              blk[r] = block_softmax_row(p + (size_t)r * Tk, Tk, q_pos[i0 + r], runs, nruns, k_pos, drop, s, b, h);
+            loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, p, Tk, v, D, 0.0f, o + (size_t)i0 * D, D);
+          } else {
+            for (int r = 0; r < R; r++) blk[r] = -INFINITY;
+            memset(o + (size_t)i0 * D, 0, (size_t)R * D * sizeof(float));
+          }
           for (int r = 0; r < R; r++) {
             const int t = i0 + r;
             merge_row(out + ((size_t)t * B + b) * width + (size_t)h * D, lse + ((size_t)b * H + h) * Tq + t,
@@ -492,6 +578,7 @@ static void cpu_attention_block_forward(const loom_ops *be, float *out, float *l
       }
     free(k);
   }
+  free(runs);
 }
 
 /* Blocked as attention_backward: per key/value head, the block's keys and
@@ -508,6 +595,8 @@ static void cpu_attention_block_backward(const loom_ops *be, float *dq, float *d
   const size_t keys = (size_t)Tk * D, rows = (size_t)Tq * D, tile = (size_t)ATT_ROWS * Tk;
   const float scale = 1.0f / sqrtf((float)D);
   const loom_gemm_library lib = loom_cpu_gemm_library();
+  key_run *runs = loom_xmalloc((size_t)Tk * sizeof *runs, "attention key runs");
+  const int nruns = key_runs(k_pos, Tk, runs);
   /* Each (b, kv head) touches only its own columns: its k and v, and the q of the heads it serves. */
 #pragma omp parallel
   {
@@ -532,18 +621,15 @@ static void cpu_attention_block_backward(const loom_ops *be, float *dq, float *d
           for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
             const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
             const float *xi = x + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
+            int last = q_pos[i0]; /* a tile none of whose rows sees a key adds nothing */
+            for (int r = 1; r < R; r++) last = q_pos[i0 + r] > last ? q_pos[i0 + r] : last;
+            if (!sees_any(runs, nruns, last)) continue;
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, xi, D, k, D, 0.0f, p, Tk);
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, 1.0f, dyi, D, v, D, 0.0f, dp, Tk);
             for (int r = 0; r < R; r++) {
               const int t = i0 + r;
               float *pr = p + (size_t)r * Tk, *dpr = dp + (size_t)r * Tk;
-              for (int tk = 0; tk < Tk; tk++) {
-                const bool seen = k_pos[tk] <= q_pos[t] && l[t] != -INFINITY;
-                const float prob = seen ? loom_fast_expf(pr[tk] - l[t]) : 0.0f;
-                const float keep = seen ? keep_scale(drop, s, b, h, q_pos[t], k_pos[tk]) : 0.0f;
-                pr[tk] = prob * keep;
-                dpr[tk] = prob * (dpr[tk] * keep - delta[t]) * scale;
-              }
+              block_softmax_grad_row(pr, dpr, q_pos[t], runs, nruns, k_pos, l[t], delta[t], scale, drop, s, b, h);
             }
             loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, p, Tk, dyi, D, 1.0f, dv, D);
             loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, dp, Tk, xi, D, 1.0f, dk, D);
@@ -556,6 +642,7 @@ static void cpu_attention_block_backward(const loom_ops *be, float *dq, float *d
       }
     free(k);
   }
+  free(runs);
 }
 
 /* The table row token i's output row o takes, or -1 with o zeroed (another rank's token). */
