@@ -34,14 +34,16 @@ static void check_ring(int heads, int kv_heads, float dropout, bool all_gather) 
   float *o = malloc((size_t)L * B * HD * sizeof(float)), *l = malloc((size_t)B * heads * L * sizeof(float));
   /* The two buffers of each: a block, and the all-gather's cp blocks (loom_ring_buffer_blocks). */
   const size_t block = (size_t)L * B * KV, wide = (size_t)loom_ring_buffer_blocks(cp, all_gather, 1) * block;
-  float *dq = calloc((size_t)L * B * W, sizeof(float)), *blocks = malloc(2 * (block + wide) * sizeof(float));
+  const size_t third = (size_t)loom_ring_buffer_blocks(cp, all_gather, 2) * block;
+  float *dq = calloc((size_t)L * B * W, sizeof(float)), *blocks = malloc((2 * (block + wide) + third) * sizeof(float));
   for (int t = 0; t < L; t++)
     for (int b = 0; b < B; b++) {
       memcpy(q + ((size_t)t * B + b) * W, qkv + ((size_t)pos[t] * B + b) * W, W * sizeof(float));
       memcpy(dy + ((size_t)t * B + b) * HD, dout + ((size_t)pos[t] * B + b) * HD, HD * sizeof(float));
     }
   const loom_ring r = {.group = g_world, .rows = L, .pos = pos, .peer_pos = peer_pos, .all_gather = all_gather,
-                       .kv = {blocks, blocks + block}, .dkv = {blocks + block + wide, blocks + 2 * block + wide}};
+                       .kv = {blocks, blocks + block},
+                       .dkv = {blocks + block + wide, blocks + 2 * block + wide, blocks + 2 * (block + wide)}};
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s);
   loom_ring_attention_forward(ops, &r, o, l, q, &s, &drop);
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s); /* the block travelled: this rank's again */

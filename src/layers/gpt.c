@@ -522,9 +522,11 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   }
   if (d->ring) { /* the blocks of keys and values travelling round the ring (or all gathered), and their grads */
     loom_ring *r = &s->ring;
-    const int64_t blocks = loom_ring_buffer_blocks((int)d->cp, d->cp_all_gather, 1);
-    want(l, &r->kv[0], "ring_kv", d->ring), want(l, &r->kv[1], "ring_kv2", blocks * d->ring);
-    want(l, &r->dkv[0], "ring_dkv", d->ring), want(l, &r->dkv[1], "ring_dkv2", blocks * d->ring);
+    const int cp = (int)d->cp;
+    const bool gather = d->cp_all_gather;
+    want(l, &r->kv[0], "ring_kv", d->ring), want(l, &r->kv[1], "ring_kv2", loom_ring_buffer_blocks(cp, gather, 1) * d->ring);
+    want(l, &r->dkv[0], "ring_dkv", d->ring), want(l, &r->dkv[1], "ring_dkv2", loom_ring_buffer_blocks(cp, gather, 1) * d->ring);
+    if (loom_ring_buffer_blocks(cp, gather, 2)) want(l, &r->dkv[2], "ring_dkv3", loom_ring_buffer_blocks(cp, gather, 2) * d->ring);
   }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
   want(l, &w->dres, "dres", d->n * d->h);

@@ -7,7 +7,7 @@
 
 enum { RING_TAG_KV = 0x5249, RING_TAG_DKV = 0x5250 }; /* the cp group carries nothing else */
 
-const char *const LOOM_RING_SPAN_NAMES[] = {"ring block", "ring wait", "ring grads hop", "ring all-gather", NULL};
+const char *const LOOM_RING_SPAN_NAMES[] = {"ring block", "ring wait", "ring grads home", "ring all-gather", NULL};
 
 void loom_ring_log_free(loom_ring_log *log) {
   free(log->spans);
@@ -141,28 +141,46 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
     gathered_backward(ops, r, dqkv, dout, out, qkv, lse, s, drop);
     return;
   }
-  const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
+  const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group), prev = (me - 1 + cp) % cp, next = (me + 1) % cp;
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
-  loom_mem_zero(ops->mem, r->dkv[0], n); /* this rank's block's grads start here */
+  /* The grads of the block in hand travel with it: at step j this rank receives what the ranks before it summed
+   * for the block (dkv[j & 1]) while its own queries' share computes (in dkv[2]), adds it and passes the sum on,
+   * sent beside the next step's compute; one more hop brings each block's sum home. A buffer is received into
+   * again only once its last sum has left (sent[]). */
+  loom_request *sent[2] = {NULL, NULL};
   for (int j = 0; j < cp; j++) {
     const int cur = j & 1;
-    loom_request *recv = NULL, *send = NULL;
+    float *sum = r->dkv[cur], *mine = j > 0 ? r->dkv[2] : sum;
+    loom_request *recv = NULL, *send = NULL, *grads = NULL;
     double t = tick(r);
     if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
+    if (j > 0) {
+      loom_comm_wait(r->group, sent[cur]);
+      grads = loom_comm_irecv(r->group, sum, n, prev, RING_TAG_DKV);
+      loom_comm_flush(r->group);
+    }
+    loom_mem_zero(ops->mem, mine, n);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
-    ops->attention_block_backward(ops, dqkv, r->dkv[cur], dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
+    ops->attention_block_backward(ops, dqkv, mine, dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
                                   lse, s, drop);
     note(r, LOOM_RING_BLOCK, t);
     t = tick(r);
     settle(r, recv, send);
-    if (j + 1 < cp) note(r, LOOM_RING_WAIT, t);
-    /* The block's grads go on with it: after the last hop each rank holds its own block's, every rank's share in. */
+    if (grads) loom_comm_wait(r->group, grads);
+    if (j > 0) note(r, LOOM_RING_WAIT, t);
+    if (j > 0) ops->add(ops, sum, sum, mine, n);
     if (cp > 1) {
-      t = tick(r);
-      pass_on(r, r->dkv[1 - cur], r->dkv[cur], n, RING_TAG_DKV, &recv, &send);
-      settle(r, recv, send);
-      note(r, LOOM_RING_GRADS, t);
+      sent[cur] = loom_comm_isend(r->group, sum, n, next, RING_TAG_DKV);
+      loom_comm_flush(r->group);
     }
   }
-  loom_ring_unpack_dkv(ops, dqkv, r->dkv[cp > 1 ? cp & 1 : 0], r->rows, s);
+  float *home = r->dkv[cp & 1];
+  if (cp > 1) { /* this rank's own block's sum, from the last rank to hold it */
+    const double t = tick(r);
+    loom_comm_wait(r->group, sent[cp & 1]);
+    loom_comm_recv(r->group, home, n, prev, RING_TAG_DKV);
+    loom_comm_wait(r->group, sent[(cp - 1) & 1]);
+    note(r, LOOM_RING_GRADS, t);
+  }
+  loom_ring_unpack_dkv(ops, dqkv, home, r->rows, s);
 }

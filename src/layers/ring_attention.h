@@ -8,8 +8,9 @@
  * r - 1), the next block's transfer posted before the current block is
  * computed, so the two overlap. The blocks' softmaxes merge by their
  * log-sum-exps (ops.h's attention_block_forward). Backward passes the
- * blocks round again, each with its dk/dv accumulating as it goes, one more
- * hop bringing them home. Only the key/value heads travel (grouped-query
+ * blocks round again, each with its dk/dv accumulating as it goes (each
+ * rank's share computed while the sum before it arrives, the new sum sent
+ * beside the next block's compute), one more hop bringing them home. Only the key/value heads travel (grouped-query
  * and multi-query send their few heads).
  *
  * Megatron-Core's all-gather variant (--cp-comm-type all_gather, as Llama
@@ -46,7 +47,7 @@ void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, in
  * (kind, start, end) in microseconds from `origin` (a loom_now_s time).
  * BLOCK: a block's attention (the next block in flight beside it, where
  * the ring posted one); WAIT: waiting for a block's transfer after it;
- * GRADS: a block's grads' hop, sent and waited for; GATHER: the
+ * GRADS: the last hop bringing this rank's block's grads home; GATHER: the
  * all-gather variant's collectives. */
 typedef enum { LOOM_RING_BLOCK = 0, LOOM_RING_WAIT, LOOM_RING_GRADS, LOOM_RING_GATHER, LOOM_RING_SPAN_KINDS } loom_ring_span_kind;
 extern const char *const LOOM_RING_SPAN_NAMES[]; /* "ring block", ... by kind */
@@ -61,21 +62,24 @@ void loom_ring_log_free(loom_ring_log *log);
 /* What a ring call needs besides its tensors: the cp group (NULL: one
  * rank), this rank's positions (host, [rows]) and room for a peer's,
  * and (backend memory, a block [rows, B, 2 K D]) two travelling blocks of
- * keys and values and, backward, two of their grads; all_gather: kv[0]
- * and dkv[0] this rank's block and its grads, kv[1] and dkv[1] every
- * rank's, cp blocks each (loom_ring_buffer_blocks). */
+ * keys and values and, backward, three of their grads (two travelling
+ * sums, and this rank's share); all_gather: kv[0] and dkv[0] this rank's
+ * block and its grads, kv[1] and dkv[1] every rank's, cp blocks each, no
+ * dkv[2] (loom_ring_buffer_blocks). */
 typedef struct {
   loom_comm *group;
   int rows;            /* this rank's rows: T / cp */
   const int *pos;      /* [rows] their global positions */
   int *peer_pos;       /* [rows] scratch: a block's positions */
   bool all_gather;     /* Megatron's all-gather variant, not the ring */
-  float *kv[2], *dkv[2];
+  float *kv[2], *dkv[3];
   loom_ring_log *log;  /* where its time goes while tracing (NULL: nowhere) */
 } loom_ring;
 
-/* Blocks buffer i (0 or 1) of kv and of dkv holds, of a cp group's ring or all-gather. */
-static inline int loom_ring_buffer_blocks(int cp, bool all_gather, int i) { return all_gather && i == 1 ? cp : 1; }
+/* Blocks buffer i of kv (0 or 1) and of dkv (0 to 2) holds, of a cp group's ring or all-gather. */
+static inline int loom_ring_buffer_blocks(int cp, bool all_gather, int i) {
+  return !all_gather ? 1 : i == 1 ? cp : i == 2 ? 0 : 1;
+}
 
 /* out[rows, B, H D] and lse[B, H, rows]: this rank's queries (qkv rows,
  * the whole sequence's attention by s->T) against every rank's keys and

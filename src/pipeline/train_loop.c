@@ -304,8 +304,8 @@ static loom_status finish(loom_trainer *tr, const loom_train_loop *loop, loom_er
   const double *u = sum.ring_us, ring = u[LOOM_RING_BLOCK] + u[LOOM_RING_WAIT] + u[LOOM_RING_GRADS] + u[LOOM_RING_GATHER];
   if (ring > 0.0)
     loom_log_info("trace %s: the cp ring, per rank: %.2f ms of attention blocks with the next block in flight, %.2f ms "
-                  "waiting for blocks after them, %.2f ms on the grads' hops, %.2f ms in all-gathers (%.0f%% of its time "
-                  "waiting)", loop->trace, u[LOOM_RING_BLOCK] / 1e3, u[LOOM_RING_WAIT] / 1e3, u[LOOM_RING_GRADS] / 1e3,
+                  "waiting for blocks and sums after them, %.2f ms on the grads' last hop home, %.2f ms in all-gathers (%.0f%% "
+                  "of its time waiting)", loop->trace, u[LOOM_RING_BLOCK] / 1e3, u[LOOM_RING_WAIT] / 1e3, u[LOOM_RING_GRADS] / 1e3,
                   u[LOOM_RING_GATHER] / 1e3, 100.0 * (ring - u[LOOM_RING_BLOCK]) / ring);
   return LOOM_OK;
 }

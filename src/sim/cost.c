@@ -168,8 +168,10 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
  * heads) hop round the cp group, each hop posted before the block before
  * it computes, so only what outlasts a block's share of the attention is
  * exposed (all of it where the profile's communication does not overlap
- * compute); backward, the blocks hop again as overlapped, and their grads
- * cp hops, each waited for. The all-gather variant waits for every block
+ * compute); backward, beside each block's compute the next block and the
+ * sum of the grads before it travel (both on the same link: one hop, then
+ * cp - 2 steps of two, then the last sum's one), and the last sum's hop
+ * home is waited for. The all-gather variant waits for every block
  * gathered in each pass and, backward, for the grads' reduce-scatter. */
 static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double att_g) {
   if (L->cp < 2) return;
@@ -187,7 +189,7 @@ static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double a
   const bool overlaps = L->prof->comm_overlaps_compute;
   const double cp = L->cp, hidden_f = overlaps ? att_f / cp : 0.0, hidden_g = overlaps ? att_g / cp : 0.0;
   f->comm += (cp - 1.0) * fmax(0.0, hop - hidden_f);
-  g->comm += (cp - 1.0) * fmax(0.0, hop - hidden_g) + cp * hop;
+  g->comm += 2.0 * fmax(0.0, hop - hidden_g) + (cp - 2.0) * fmax(0.0, 2.0 * hop - hidden_g) + hop;
   f->cp_bytes += (cp - 1.0) * block;
   g->cp_bytes += (2.0 * cp - 1.0) * block;
 }

@@ -7,8 +7,8 @@
  * weight half (W) is its weight-grad GEMMs and the embedding's grads; the
  * input half (B) is the rest, recompute included. Under context
  * parallelism a layer's attention adds the ring's hops, each hidden behind
- * a block's share of the attention as far as it can be (the blocks' grads'
- * hops, waited for, not). Transfers between
+ * a block's share of the attention as far as it can be (but the grads'
+ * last hop home). Transfers between
  * stages, the tied-embedding reduction, the data-parallel reduction (as
  * much of it as backward cannot hide) and the optimizer step complete the
  * step. Collectives cost as rings (or trees, for a latency-bound
