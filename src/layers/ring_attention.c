@@ -76,15 +76,21 @@ static void settle(const loom_ring *r, loom_request *recv, loom_request *send) {
   loom_comm_wait(r->group, recv);
 }
 
-/* The all-gather variant: every rank's block at once, then each one's share. */
+/* The all-gather variant: every rank's block at once into kv[1]; returns a block's floats. */
+static size_t gather_blocks(const loom_ring *r, const loom_attn_shape *s) {
+  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  const double t = tick(r);
+  loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
+  note(r, LOOM_RING_GATHER, t);
+  return n;
+}
+
+/* Then each block's share of the attention. */
 static void gathered_forward(const loom_ops *ops, const loom_ring *r, float *out, float *lse, const float *qkv,
                              const loom_attn_shape *s, const loom_dropout *drop) {
   const int cp = loom_comm_size(r->group);
-  const size_t n = (size_t)r->rows * s->B * kv_width(s);
-  double t = tick(r);
-  loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
-  note(r, LOOM_RING_GATHER, t);
-  t = tick(r);
+  const size_t n = gather_blocks(r, s);
+  const double t = tick(r);
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
     ops->attention_block_forward(ops, out, lse, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
@@ -95,11 +101,8 @@ static void gathered_forward(const loom_ops *ops, const loom_ring *r, float *out
 static void gathered_backward(const loom_ops *ops, const loom_ring *r, float *dqkv, const float *dout, const float *out,
                               const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   const int cp = loom_comm_size(r->group);
-  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  const size_t n = gather_blocks(r, s);
   double t = tick(r);
-  loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
-  note(r, LOOM_RING_GATHER, t);
-  t = tick(r);
   loom_mem_zero(ops->mem, r->dkv[1], (size_t)cp * n);
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
