@@ -134,6 +134,25 @@ PLANS="$(dirname "$0")/../examples/plans"
 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 "$LOOM" train --plan "$PLANS/tiny-tp2-pp2.txtpb" \
   --steps 2 --eval-every 0 > "$WORK/ex_run.txt" 2>&1 || fail "example plan run: $(cat "$WORK/ex_run.txt")"
 
+# The plan's --overlap-grad-reduce is what runs: by default the dp grads go in buckets during backward (most
+# of the bytes), with --no-overlap-grad-reduce all after it (none), the same losses either way; and
+# --tp-comm-overlap, which this runtime does not split beside its GEMMs, is said so.
+for o in overlap-grad-reduce no-overlap-grad-reduce; do
+  run train --dp 2 --layers 2 --hidden 64 --heads 2 --seq 32 --micro-batch 4 --steps 2 --eval-every 0 --$o \
+    --metrics "$WORK/$o.jsonl" > "$WORK/$o.txt" 2>&1 || fail "--$o: $(cat "$WORK/$o.txt")"
+done
+grep -q "data-parallel grads: [1-9][0-9]*% of the bytes reduced in buckets during backward" "$WORK/overlap-grad-reduce.txt" ||
+  fail "no buckets during backward by default: $(grep data-parallel "$WORK/overlap-grad-reduce.txt")"
+grep -q "data-parallel grads: 0% of the bytes reduced in buckets during backward" "$WORK/no-overlap-grad-reduce.txt" &&
+  grep -q "^overlap: the data-parallel grads are reduced after backward, all at once" "$WORK/no-overlap-grad-reduce.txt" ||
+  fail "--no-overlap-grad-reduce still reduced during backward: $(grep -E 'data-parallel|overlap' "$WORK/no-overlap-grad-reduce.txt")"
+[ "$(grep -o '"loss": [0-9.]*' "$WORK/overlap-grad-reduce.jsonl")" = "$(grep -o '"loss": [0-9.]*' "$WORK/no-overlap-grad-reduce.jsonl")" ] ||
+  fail "the losses differ with and without --overlap-grad-reduce"
+run train --tp 2 --sequence-parallel --tp-comm-overlap --layers 2 --hidden 64 --heads 2 --seq 32 --micro-batch 4 --steps 1 \
+  --eval-every 0 > "$WORK/tpo.txt" 2>&1 || fail "--tp-comm-overlap: $(cat "$WORK/tpo.txt")"
+grep -q "^overlap: --tp-comm-overlap is what .loom sim. costs; this runtime runs each tensor-parallel collective between its GEMMs" \
+  "$WORK/tpo.txt" || fail "--tp-comm-overlap not said: $(cat "$WORK/tpo.txt")"
+
 # Data parallelism with ZeRO: per replica half the Adam state (ZeRO-1), and half the grads (ZeRO-2) and
 # the weights (ZeRO-3) too, as measured off the allocations; the fp32 weights whole are 4 bytes a parameter.
 # held FILE WHAT: WHAT's MiB over the whole fp32 weights' in the state line of FILE.

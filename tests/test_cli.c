@@ -211,6 +211,15 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--cp", "2", NULL), 2,
               "loom train: parallel: tp 1 x pp 1 x dp 1 x cp 2 = 2 ranks, but the world has 1; launch 2 ranks or change the "
               "layout");
+  /* The overlap switches': tp comm overlap over a tp group with SP; grad reduce on or off, not both. */
+  refusal_row(&t, run("train", "--tp-comm-overlap", NULL), 2,
+              "loom train: --tp-comm-overlap true: overlaps the tensor-parallel group's collectives, but --tp is 1; raise "
+              "--tp or drop tp_comm");
+  refusal_row(&t, run("train", "--tp", "2", "--tp-comm-overlap", NULL), 2,
+              "loom train: --tp-comm-overlap true: overlaps sequence parallelism's all-gathers and reduce-scatters with their "
+              "GEMMs; set --sequence-parallel (as Megatron-Core requires)");
+  refusal_row(&t, run("train", "--overlap-grad-reduce", "--no-overlap-grad-reduce", NULL), 2,
+              "loom train: --overlap-grad-reduce and --no-overlap-grad-reduce contradict; give one");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   refusal_row(&t, run("train", "--hidden", "100", "--heads", "3", NULL), 2,
               "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");

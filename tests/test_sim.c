@@ -301,6 +301,69 @@ START_TEST(ring_is_costed) {
 }
 END_TEST
 
+/* A collective of c seconds beside compute of g, by hand: what g cannot
+ * hide, plus g's slowdown while they share the device (share/(1-share) of
+ * the overlapped time). */
+static double beside_by_hand(double c, double g, double share) {
+  const double hidden = c < g ? c : g;
+  return c - hidden + share / (1.0 - share) * hidden;
+}
+
+/* The overlaps against a hand count on one layer of GPT (hidden 1024, 16
+ * heads, ffn 4096) at tp 2 with SP on an H100 (overlap_sm_share 24/132):
+ * --tp-comm-overlap turns each of the layer's four all-gathers and
+ * reduce-scatters a pass from c into what its GEMM cannot hide plus the
+ * GEMM's slowdown, forward beside qkv, proj, fc1 and fc2, backward beside
+ * their backward GEMMs; and --overlap-grad-reduce (loom's default) hides
+ * the dp buckets but the last behind backward, slowed alike, where
+ * --no-overlap-grad-reduce exposes all of it. A model without the slowdown
+ * fails both. */
+START_TEST(overlaps_are_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  const double share = prof->overlap_sm_share;
+  ck_assert(share > 0.1 && share < 0.2);
+  const loom_gpt_config one = {.layers = 1, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 1024};
+  loom_sim_costs c[2];
+  for (int o = 0; o < 2; o++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = one, .tp = 2, .pp = 1, .dp = 1, .vpp = 1, .sequence_parallel = true,
+                                               .tp_comm_overlap = o, .micro_batch = 1, .global_batch = 1,
+                                               .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs_build(plan, prof, &c[o]);
+    loom_plan_free(plan);
+  }
+  const double T = 1024, h = 1024, q = 8 * 64, qkv = 3 * q, f = 2048; /* a rank's: 8 heads, ffn 4096 / 2 */
+  const double comm = loom_collective_seconds(prof, LOOM_COLL_ALLGATHER, T * h * 2.0, 2, 2, NULL);
+  const double shapes[4][3] = {{T, qkv, h}, {T, h, q}, {T, f, h}, {T, h, f}}; /* qkv, proj, fc1, fc2 */
+  double saved_f = 0.0, saved_g = 0.0;
+  for (int i = 0; i < 4; i++) {
+    const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+    const double fw = loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, m, n, k, 1);
+    const double bw = loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, m, k, n, 1) +
+                      loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, n, k, m, 1);
+    saved_f += comm - beside_by_hand(comm, fw, share), saved_g += comm - beside_by_hand(comm, bw, share);
+  }
+  ck_assert(comm > 0 && saved_f > 0 && saved_g > 0);
+  ck_assert_double_eq_tol(c[0].forward_comm[0] - c[1].forward_comm[0], saved_f, 1e-12);
+  ck_assert_double_eq_tol(c[0].backward_comm[0] - c[1].backward_comm[0], saved_g, 1e-12);
+  ck_assert_double_eq(c[0].tp_bytes[0], c[1].tp_bytes[0]); /* the same bytes, hidden */
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  /* dp 2 over 32 layers: the buckets (one a layer) but the last beside backward's window, or none. */
+  for (int o = 0; o < 2; o++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 2, .vpp = 1, .micro_batch = 1,
+                                               .global_batch = 2, .no_grad_reduce_overlap = o,
+                                               .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs_build(plan, prof, &c[o]);
+    loom_plan_free(plan);
+  }
+  const double dp = c[0].dp[0], last = dp / GPT.layers, window = c[0].backward[0];
+  ck_assert(dp > 0 && c[1].dp[0] == dp);
+  ck_assert_double_eq_tol(c[0].dp_exposed[0], last + beside_by_hand(dp - last, window, share), 1e-12);
+  ck_assert_double_eq(c[1].dp_exposed[0], dp);
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* The memory-bound bytes a step moves (what `loom bench step`'s roofline
  * holds to the triad): each micro-batch adds the same activation bytes, the
  * rest is AdamW's pass over the rank's state, 28 bytes a parameter in fp32
@@ -465,10 +528,11 @@ START_TEST(search_ranks_what_fits) {
 }
 END_TEST
 
-/* Plan search tries context parallelism for long sequences: at 32K a
- * 7B model on 16 H100s fits only with the sequence split (cp 2 or more,
- * each rank keeping at least LOOM_SEARCH_CP_MIN_ROWS rows), and every
- * layout it tries keeps tp x cp x dp x pp = 16; at 2048 it tries none. */
+/* Plan search tries context parallelism for long sequences: at 32K on 16
+ * H100s a 7B model's fastest layouts include sequence splits (cp 2 or
+ * more, each rank keeping at least LOOM_SEARCH_CP_MIN_ROWS rows; tp 2 x cp
+ * 2 within 0.5% of the best, tp 4), and every layout it tries keeps tp x
+ * cp x dp x pp = 16; at 2048 it tries none. */
 START_TEST(search_tries_context_parallelism) {
   loom_profile *prof = builtin("h100-sxm");
   const loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 32000, .seq = 32768};
@@ -478,7 +542,7 @@ START_TEST(search_tries_context_parallelism) {
     loom_plan *base = plan_of((loom_plan_spec){.model = model, .train_seq = seq, .tp = 1, .pp = 1, .dp = 1, .vpp = 1,
                                                .micro_batch = 1, .global_batch = 16,
                                                .precision = LOOM__PRECISION__PRECISION_BF16});
-    ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 4}, &r, &err), LOOM_OK);
+    ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 8}, &r, &err), LOOM_OK);
     int split = 0;
     for (int i = 0; i < r.nranked; i++) {
       const loom_candidate *c = &r.ranked[i];
@@ -488,7 +552,7 @@ START_TEST(search_tries_context_parallelism) {
       ck_assert_int_ge(seq / c->cp, LOOM_SEARCH_CP_MIN_ROWS);
     }
     if (seq == 2048) ck_assert_int_eq(split, 0);
-    else ck_assert(r.nranked > 0 && r.ranked[0].cp > 1 && split > 0);
+    else ck_assert(r.nranked > 0 && split > 0);
     loom_search_result_free(&r);
     loom_plan_free(base);
   }
@@ -634,6 +698,7 @@ int main(void) {
   tcase_add_test(tc, links_follow_the_rank_order);
   tcase_add_test(tc, ring_is_costed);
   tcase_add_test(tc, search_tries_context_parallelism);
+  tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);

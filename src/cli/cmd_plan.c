@@ -74,6 +74,9 @@ static void show(const loom_plan *p) {
   printf("layout: tp %d x pp %d x dp %d%s = %lld ranks (tp fastest, then %sdp, then pp), %d chunks per pipeline rank%s%s\n",
          l->tp, l->pp, l->dp, cp, ranks, l->cp > 1 ? "cp, then " : "", l->virtual_chunks,
          l->sequence_parallel ? ", sequence parallel" : "", zero);
+  const loom_plan_overlap overlap = loom_plan_overlaps(p);
+  printf("overlap: tp collectives %s, dp grads %s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
+         overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward");
   if (l->cp > 1)
     printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
            loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,

@@ -57,6 +57,14 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
       {"--grad-reduce-dtype", FLAG_STRING, &f->grad_reduce, "type grads cross data parallelism in: fp32, or bf16 (half the bytes)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "grad_reduce"},
       {"--grad-compression", FLAG_STRING, &f->grad_compression, "how grads cross data parallelism: none, powersgd:RANK (low-rank factors) or sign (a bit per element), both with error feedback", LOOM_NO_RANGE, NULL, false, "grad_compression"},
+      {"--tp-comm-overlap", FLAG_BOOL, &f->tp_comm_overlap, "split each layer's sequence-parallel all-gathers and "
+       "reduce-scatters into chunks run beside the GEMMs that consume or produce them (Megatron-Core's; needs --tp 2 or "
+       "more and --sequence-parallel): `loom sim` costs it; this runtime runs them between the GEMMs and says so",
+       LOOM_NO_RANGE, NULL, false, "overlap.tp_comm"},
+      {"--overlap-grad-reduce", FLAG_BOOL, &f->overlap_grad_reduce, "reduce the dp grads in buckets as backward makes them "
+       "final (loom's default; Megatron-Core's flag)", LOOM_NO_RANGE, NULL, false, "overlap.grad_reduce"},
+      {"--no-overlap-grad-reduce", FLAG_BOOL, &f->no_overlap_grad_reduce, "reduce the dp grads after backward, all at once",
+       LOOM_NO_RANGE, NULL, false, "overlap.grad_reduce"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -151,6 +159,8 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
     if (!loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--schedule")->set && vpp > 1) kind = LOOM_SCHEDULE_INTERLEAVED;
   }
   /* Megatron's partial recompute: its method and layer count refine --recompute full. */
+  if (f->overlap_grad_reduce && f->no_overlap_grad_reduce)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --overlap-grad-reduce and --no-overlap-grad-reduce contradict; give one", cmd);
   const bool full = strcmp(f->recompute, "full") == 0, block = f->recompute_method && strcmp(f->recompute_method, "block") == 0;
   if ((f->recompute_method || f->recompute_num_layers) && !full)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --recompute-method and --recompute-num-layers shape full recompute; add "
@@ -161,6 +171,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   const loom_plan_spec spec = {
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp, .cp = f->cp,
       .cp_comm = (Loom__CpCommType)loom_flag_choice_index(CP_COMM_CHOICES, f->cp_comm_type),
+      .tp_comm_overlap = f->tp_comm_overlap, .no_grad_reduce_overlap = f->no_overlap_grad_reduce,
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

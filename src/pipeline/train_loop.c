@@ -29,6 +29,12 @@ void loom_train_describe(const loom_trainer *tr) {
                   "cross the ep group in all-to-alls, their grads the expert-data-parallel group", ps->ep,
                   ps->edp, loom_gpt_local_experts(c), c->moe.experts);
   }
+  const loom_plan_overlap overlap = loom_plan_overlaps(tr->plan);
+  if (overlap.tp_comm)
+    loom_log_info("overlap: --tp-comm-overlap is what `loom sim` costs; this runtime runs each tensor-parallel collective "
+                  "between its GEMMs (it does not split them beside the GEMMs yet)");
+  if (!overlap.grad_reduce && ps->dp * ps->cp > 1)
+    loom_log_info("overlap: the data-parallel grads are reduced after backward, all at once (--no-overlap-grad-reduce)");
   if (ps->cp > 1)
     loom_log_info("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r); keys and values "
                   "%s, grads sum over dp x cp (%d ranks)", tr->T, ps->cp, tr->T / ps->cp, 2 * ps->cp - 1,
@@ -261,7 +267,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
     loom_pipeline_dp_words(tr->pipe, &sent, &whole);
     loom_metrics_num(mx, "dp_bytes", 4.0 * (double)sent);
     loom_metrics_num(mx, "dp_bytes_uncompressed", 4.0 * (double)whole);
-  } else if (tr->ps.dp > 1 && !tr->zero) {
+  } else if (tr->ps.dp * tr->ps.cp > 1 && !tr->zero) {
     loom_metrics_num(mx, "dp_overlap", s->dp_overlap);
     loom_metrics_num(mx, "dp_wait_ms", 1e3 * s->dp_wait_s);
     if (step + 1 == loop->steps)

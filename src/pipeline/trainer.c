@@ -48,7 +48,9 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   /* ZeRO shards over the ranks holding the same parameters: dp x cp (Megatron-Core's data-parallel group with cp). */
   const int zero_stage = plan->parallel->zero_stage;
   const int zero_dp = !o->forward_only && zero_stage ? loom_plan_grad_replicas(plan) : 0;
-  loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, o->bucket_bytes, zero_dp, err);
+  /* The plan's --overlap-grad-reduce: grads reduced in buckets during backward, else all after it. */
+  const size_t buckets = loom_plan_overlaps(plan).grad_reduce ? o->bucket_bytes : 0;
+  loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, buckets, zero_dp, err);
   if (st == LOOM_OK) expert_bias_init(tr);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();

@@ -135,6 +135,11 @@ loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error 
 
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }
 
+loom_plan_overlap loom_plan_overlaps(const loom_plan *p) {
+  const Loom__Overlap *o = p->overlap;
+  return (loom_plan_overlap){.tp_comm = o && o->tp_comm, .grad_reduce = !o || !o->has_grad_reduce || o->grad_reduce};
+}
+
 int loom_plan_grad_replicas(const loom_plan *p) { return p->parallel->dp * p->parallel->cp; }
 
 int64_t loom_plan_ranks(const loom_plan *p) {

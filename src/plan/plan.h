@@ -24,6 +24,8 @@ typedef struct {
   int etp; /* its expert-tensor-parallel size (0 or 1: none; else tp) */
   int cp;  /* context-parallel size (0 or 1: none) */
   Loom__CpCommType cp_comm; /* how its attention meets the other ranks' keys and values */
+  bool tp_comm_overlap;     /* --tp-comm-overlap */
+  bool no_grad_reduce_overlap; /* --no-overlap-grad-reduce: the dp grads after backward, not in buckets during it */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -103,6 +105,12 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
 void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
+/* What communication the plan runs beside compute (Overlap's fields, its
+ * defaults applied): the one reading of them. */
+typedef struct {
+  bool tp_comm, grad_reduce;
+} loom_plan_overlap;
+loom_plan_overlap loom_plan_overlaps(const loom_plan *plan);
 /* Ranks the plan runs on: tp x cp x dp x pp. */
 int64_t loom_plan_ranks(const loom_plan *plan);
 /* The ranks holding the same parameters, over which grads sum and ZeRO

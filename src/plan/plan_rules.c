@@ -208,11 +208,24 @@ static void check_context(report *r, const loom_plan *p) {
               "losses over a sequence split across ranks); drop cp or the experts", cp);
 }
 
+/* The overlap switches' rules. */
+static void check_overlap(report *r, const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  if (!loom_plan_overlaps(p).tp_comm) return;
+  if (l->tp < 2)
+    violation(r, "overlap.tp_comm = true: overlaps the tensor-parallel group's collectives, but parallel.tp is %d; raise "
+              "parallel.tp or drop tp_comm", l->tp);
+  else if (!l->sequence_parallel)
+    violation(r, "overlap.tp_comm = true: overlaps sequence parallelism's all-gathers and reduce-scatters with their GEMMs; "
+              "set parallel.sequence_parallel (as Megatron-Core requires)");
+}
+
 static void check_model(report *r, const loom_plan *p) {
   const int tp = p->parallel->tp;
   check_model_shape(r, p->model, tp);
   check_experts(r, p);
   check_context(r, p);
+  check_overlap(r, p);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",

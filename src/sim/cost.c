@@ -65,6 +65,8 @@ typedef struct {
   int cp, cp_per_node; /* the context-parallel group: cp ranks tp apart */
   bool cp_all_gather;  /* its keys and values all-gathered, not passed round a ring */
   double overhead; /* seconds per op */
+  bool tp_overlap; /* the plan's --tp-comm-overlap */
+  double slowdown; /* the extra time compute takes per second it runs beside a collective (overlap_sm_share's) */
 } layout;
 
 typedef struct {
@@ -89,6 +91,14 @@ static double gemm_backward(const layout *L, double m, double n, double k, doubl
   return gemm(L, m, k, n, batch) + gemm(L, n, k, m, batch);
 }
 
+/* A collective of `comm` seconds run beside compute of `compute` seconds:
+ * what the compute cannot hide, plus the compute's slowdown while the two
+ * share the device. */
+static double beside(const layout *L, double comm, double compute) {
+  const double hidden = fmin(comm, compute);
+  return comm - hidden + L->slowdown * hidden;
+}
+
 static void tp_collective(const layout *L, pass *x, loom_collective kind, double bytes) {
   double sent;
   x->comm += loom_collective_seconds(L->prof, kind, bytes, L->tp, L->tp_per_node, &sent);
@@ -103,9 +113,15 @@ static void etp_collective(const layout *L, pass *x, loom_collective kind, doubl
 }
 
 /* A block's entry or exit across the tp group: an all-reduce, or under SP
- * the all-gather or reduce-scatter that moves the same bytes. */
-static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind) {
-  tp_collective(L, x, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e);
+ * the all-gather or reduce-scatter that moves the same bytes; with
+ * --tp-comm-overlap run beside the GEMM of `gemm` seconds that consumes or
+ * produces it. */
+static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind, double gemm) {
+  double sent;
+  const double comm = loom_collective_seconds(L->prof, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e,
+                                              L->tp, L->tp_per_node, &sent);
+  x->comm += L->tp_overlap ? beside(L, comm, gemm) : comm;
+  x->tp_bytes += sent;
 }
 
 /* An all-to-all-v over the expert-parallel group moving `bytes` of rows,
@@ -188,8 +204,8 @@ static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double a
   const double hop = loom_collective_seconds(L->prof, LOOM_COLL_SENDRECV, block, 2, L->cp_per_node < L->cp ? 1 : 2, NULL);
   const bool overlaps = L->prof->comm_overlaps_compute;
   const double cp = L->cp, hidden_f = overlaps ? att_f / cp : 0.0, hidden_g = overlaps ? att_g / cp : 0.0;
-  f->comm += (cp - 1.0) * fmax(0.0, hop - hidden_f);
-  g->comm += 2.0 * fmax(0.0, hop - hidden_g) + (cp - 2.0) * fmax(0.0, 2.0 * hop - hidden_g) + hop;
+  f->comm += (cp - 1.0) * beside(L, hop, hidden_f);
+  g->comm += 2.0 * beside(L, hop, hidden_g) + (cp - 2.0) * beside(L, 2.0 * hop, hidden_g) + hop;
   f->cp_bytes += (cp - 1.0) * block;
   g->cp_bytes += (2.0 * cp - 1.0) * block;
 }
@@ -211,13 +227,14 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   const Loom__DeviceProfile *dev = L->prof->device;
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
   double att_f = 0.0, att_g = 0.0; /* the attention's own compute (what the ring's hops hide behind) */
+  double fw[6] = {0}, bw[6] = {0};  /* each GEMM's, forward and backward (what --tp-comm-overlap hides behind) */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
-    const double fw = gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    const double bw = gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    f->compute += fw, g->compute += bw;
-    if (i != 1 && i != 2) w->compute += fw;
-    else att_f += fw, att_g += bw;
+    fw[i] = gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    bw[i] = gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    f->compute += fw[i], g->compute += bw[i];
+    if (i != 1 && i != 2) w->compute += fw[i];
+    else att_f += fw[i], att_g += bw[i];
   }
   if (fused) {
     const double flops = 4.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
@@ -242,11 +259,14 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   g->compute += 2.0 * ops * L->overhead;
   if (moe) moe_costs(L, f, g, w);
   /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
-   * SP also their entries forward and exits backward (all-gathers), which are identities without it. */
+   * SP also their entries forward and exits backward (all-gathers), which are identities without it. Each beside
+   * its linear's GEMM under --tp-comm-overlap: an exit's the row-parallel linear's (proj, fc2), an entry's the
+   * column-parallel one's (qkv, fc1). */
+  static const int exits[2] = {3, 5}, entries[2] = {0, 4};
   for (int i = 0; i < 2; i++) {
-    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
-    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
-    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER), tp_exchange(L, g, LOOM_COLL_ALLGATHER);
+    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER, fw[exits[i]]);
+    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, bw[entries[i]]);
+    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, fw[entries[i]]), tp_exchange(L, g, LOOM_COLL_ALLGATHER, bw[exits[i]]);
   }
 }
 
@@ -262,8 +282,8 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
     stream(L, g, grad_bytes);
     g->compute += 2.0 * L->overhead;
     w->compute += loom_profile_memory_seconds(L->prof, grad_bytes) + 2.0 * L->overhead;
-    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER);
-    if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER);
+    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER, 0.0); /* no GEMM beside them */
+    if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER, 0.0);
   }
   if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
     f->compute += gemm(L, T, vocab, h, 1) + 6.0 * L->overhead;
@@ -271,8 +291,8 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
     w->compute += gemm(L, T, vocab, h, 1);
     g->compute += gemm_backward(L, T, vocab, h, 1) + 6.0 * L->overhead;
     stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0);
-    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER);
-    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER);
+    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, 0.0); /* not split beside the head's GEMM (nor is Megatron's) */
+    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, 0.0);
     for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * 4.0); /* max, sum, target logit */
   }
 }
@@ -309,6 +329,9 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
   L.etp = loom_gpt_expert_tp(&L.cfg);
   L.cp = l->cp;
+  L.tp_overlap = loom_plan_overlaps(plan).tp_comm;
+  const double share = prof->has_overlap_sm_share ? prof->overlap_sm_share : 0.0;
+  L.slowdown = share / (1.0 - share);
   L.cp_all_gather = L.cfg.cp_all_gather;
   L.cp_per_node = loom_group_per_node(L.cp, L.tp, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;
@@ -395,7 +418,11 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
        * the last bucket, stay exposed. */
       double window = 0.0;
       for (int k = 0; k < v; k++) window += l->zero_stage >= 2 ? m * c->backward[q * v + k] : c->backward[q * v + k] / v;
-      c->dp_exposed[q] = prof->comm_overlaps_compute ? fmax(c->dp[q] - window, c->dp[q] / buckets) : c->dp[q];
+      /* The last bucket waits after backward; the rest run beside it (with --overlap-grad-reduce, loom's default). */
+      const double last = c->dp[q] / buckets;
+      c->dp_exposed[q] = prof->comm_overlaps_compute && loom_plan_overlaps(plan).grad_reduce
+                             ? last + beside(&L, c->dp[q] - last, window)
+                             : c->dp[q];
     }
     /* AdamW streams each local parameter's fp32 state: grad, master weight and two
      * moments read, those three written, and the bf16 copy written in bf16 runs. */

@@ -8,7 +8,9 @@
  * input half (B) is the rest, recompute included. Under context
  * parallelism a layer's attention adds the ring's hops, each hidden behind
  * a block's share of the attention as far as it can be (but the grads'
- * last hop home). Transfers between
+ * last hop home). The plan's overlaps (--tp-comm-overlap, --overlap-grad-
+ * reduce) hide a collective behind the compute beside it, which runs
+ * slower by the profile's overlap_sm_share meanwhile. Transfers between
  * stages, the tied-embedding reduction, the data-parallel reduction (as
  * much of it as backward cannot hide) and the optimizer step complete the
  * step. Collectives cost as rings (or trees, for a latency-bound

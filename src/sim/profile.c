@@ -95,6 +95,7 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   if (st == LOOM_OK) st = check_link(what, "inter_node", p->inter_node, err);
   if (st != LOOM_OK) return st;
   CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6);
+  if (p->has_overlap_sm_share) CHECK("overlap_sm_share", 1, p->overlap_sm_share, 0.0, 0.9);
   return LOOM_OK;
 }
 

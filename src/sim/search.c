@@ -9,7 +9,8 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
   loom_plan_spec spec = {
       .train_seq = base->batch->has_seq ? base->batch->seq : 0, .tp = c->tp, .pp = c->pp, .dp = c->dp, .vpp = c->vpp,
       .zero_stage = c->zero, .ep = c->ep, .etp = c->etp, .cp = c->cp,
-      .cp_comm = c->cp_all_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
+      .cp_comm = c->cp_all_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P,
+      .tp_comm_overlap = c->tp_comm_overlap, .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
       .recompute_layers = c->recompute_layers,
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
       .balance = base->balance, .precision = base->precision, .grad_reduce = c->zero ? LOOM__PRECISION__PRECISION_FP32 : base->grad_reduce,
@@ -206,6 +207,8 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
   loom_gpt_config model;
   loom_plan_model_config(base, &model);
   const int expert_ffn = loom_gpt_expert_ffn(&model), seq = loom_plan_train_seq(base);
+  /* --tp-comm-overlap only where the profile states what it costs compute (its overlap_sm_share). */
+  const bool overlap_costed = prof->has_overlap_sm_share;
   if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
   for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
     if (gpus % tp) continue;
@@ -232,13 +235,14 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
                     if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
                     if (ep > 1 && ((tp > 1 && !sp) || experts % ep || (tp * dp) % (ep * etp))) continue; /* and these */
                     if (expert_ffn % etp) continue;
-                    for (int gather = 0; gather < (cp > 1 ? 2 : 1); gather++) { /* the ring, or Megatron's all-gather */
-                      const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
-                                                .ep = ep, .etp = etp, .cp = cp, .cp_all_gather = gather,
-                                                .sequence_parallel = sp, .schedule = kinds[k]};
-                      measure_recompute(base, prof, c, res, &fits, &nfits);
-                      if (opt->progress) opt->progress(res, opt->ctx);
-                    }
+                    for (int gather = 0; gather < (cp > 1 ? 2 : 1); gather++) /* the ring, or Megatron's all-gather */
+                      for (int overlap = 0; overlap < (sp && overlap_costed ? 2 : 1); overlap++) { /* needs SP */
+                        const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
+                                                  .ep = ep, .etp = etp, .cp = cp, .cp_all_gather = gather,
+                                                  .tp_comm_overlap = overlap, .sequence_parallel = sp, .schedule = kinds[k]};
+                        measure_recompute(base, prof, c, res, &fits, &nfits);
+                        if (opt->progress) opt->progress(res, opt->ctx);
+                      }
                   }
         }
       }

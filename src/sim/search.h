@@ -15,6 +15,7 @@ typedef struct {
   int etp; /* and its expert-tensor-parallel size (0 or 1: none; else tp) */
   int cp;  /* context-parallel size (0 or 1: none) */
   bool cp_all_gather; /* its keys and values all-gathered (else round a ring) */
+  bool tp_comm_overlap; /* --tp-comm-overlap (with tp > 1 and SP) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method); 0: all */
   loom_schedule_kind schedule;
