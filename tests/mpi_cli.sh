@@ -152,6 +152,10 @@ run train --tp 2 --sequence-parallel --tp-comm-overlap --layers 2 --hidden 64 --
   --eval-every 0 > "$WORK/tpo.txt" 2>&1 || fail "--tp-comm-overlap: $(cat "$WORK/tpo.txt")"
 grep -q "^overlap: --tp-comm-overlap is what .loom sim. costs; this runtime runs each tensor-parallel collective between its GEMMs" \
   "$WORK/tpo.txt" || fail "--tp-comm-overlap not said: $(cat "$WORK/tpo.txt")"
+run train --dp 2 --zero 1 --overlap-param-gather --layers 2 --hidden 64 --heads 2 --seq 32 --micro-batch 4 --steps 1 \
+  --eval-every 0 > "$WORK/pgo.txt" 2>&1 || fail "--overlap-param-gather: $(cat "$WORK/pgo.txt")"
+grep -q "^overlap: --overlap-param-gather is what .loom sim. costs; this runtime gathers the stepped weights after the optimizer step" \
+  "$WORK/pgo.txt" || fail "--overlap-param-gather not said: $(cat "$WORK/pgo.txt")"
 
 # Data parallelism with ZeRO: per replica half the Adam state (ZeRO-1), and half the grads (ZeRO-2) and
 # the weights (ZeRO-3) too, as measured off the allocations; the fp32 weights whole are 4 bytes a parameter.

@@ -218,6 +218,12 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--tp", "2", "--tp-comm-overlap", NULL), 2,
               "loom train: --tp-comm-overlap true: overlaps sequence parallelism's all-gathers and reduce-scatters with their "
               "GEMMs; set --sequence-parallel (as Megatron-Core requires)");
+  refusal_row(&t, run("train", "--dp", "2", "--overlap-param-gather", NULL), 2,
+              "loom train: --overlap-param-gather true: overlaps ZeRO-1/2's all-gather of the stepped weights, but --zero is "
+              "0; use zero_stage 1 or 2, or drop param_gather");
+  refusal_row(&t, run("train", "--dp", "2", "--zero", "1", "--overlap-param-gather", "--no-overlap-grad-reduce", NULL), 2,
+              "loom train: --overlap-param-gather true: needs the grads reduced during backward too (as Megatron-Core "
+              "requires); drop --no-overlap-grad-reduce or param_gather");
   refusal_row(&t, run("train", "--overlap-grad-reduce", "--no-overlap-grad-reduce", NULL), 2,
               "loom train: --overlap-grad-reduce and --no-overlap-grad-reduce contradict; give one");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");

@@ -316,8 +316,11 @@ static double beside_by_hand(double c, double g, double share) {
  * GEMM's slowdown, forward beside qkv, proj, fc1 and fc2, backward beside
  * their backward GEMMs; and --overlap-grad-reduce (loom's default) hides
  * the dp buckets but the last behind backward, slowed alike, where
- * --no-overlap-grad-reduce exposes all of it. A model without the slowdown
- * fails both. */
+ * --no-overlap-grad-reduce exposes all of it; under ZeRO-1 the stepped
+ * weights' all-gather (the plan's dp_gather_bytes_sent over the node's
+ * link) is waited for after the step, or with --overlap-param-gather runs
+ * beside the next first forward. A model without the slowdown fails all
+ * three. */
 START_TEST(overlaps_are_costed) {
   loom_profile *prof = builtin("h100-sxm");
   const double share = prof->overlap_sm_share;
@@ -359,6 +362,20 @@ START_TEST(overlaps_are_costed) {
   ck_assert(dp > 0 && c[1].dp[0] == dp);
   ck_assert_double_eq_tol(c[0].dp_exposed[0], last + beside_by_hand(dp - last, window, share), 1e-12);
   ck_assert_double_eq(c[1].dp_exposed[0], dp);
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  double gathered = 0.0;
+  for (int o = 0; o < 2; o++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 2, .vpp = 1, .micro_batch = 1,
+                                               .global_batch = 2, .zero_stage = 1, .param_gather_overlap = o,
+                                               .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs_build(plan, prof, &c[o]);
+    gathered = (double)plan->estimates->stages[0]->dp_gather_bytes_sent;
+    loom_plan_free(plan);
+  }
+  const double bw = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
+  const double gather = gathered / bw, forward = c[0].forward[0];
+  ck_assert(gathered > 0 && gather < forward);
+  ck_assert_double_eq_tol(c[0].dp_exposed[0] - c[1].dp_exposed[0], gather - beside_by_hand(gather, forward, share), 1e-12);
   for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
   loom_profile_free(prof);
 }

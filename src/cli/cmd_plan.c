@@ -75,8 +75,9 @@ static void show(const loom_plan *p) {
          l->tp, l->pp, l->dp, cp, ranks, l->cp > 1 ? "cp, then " : "", l->virtual_chunks,
          l->sequence_parallel ? ", sequence parallel" : "", zero);
   const loom_plan_overlap overlap = loom_plan_overlaps(p);
-  printf("overlap: tp collectives %s, dp grads %s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
-         overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward");
+  printf("overlap: tp collectives %s, dp grads %s%s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
+         overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward",
+         overlap.param_gather ? ", ZeRO's weight gather beside the next forward (--overlap-param-gather)" : "");
   if (l->cp > 1)
     printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
            loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,

@@ -65,6 +65,9 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
        "final (loom's default; Megatron-Core's flag)", LOOM_NO_RANGE, NULL, false, "overlap.grad_reduce"},
       {"--no-overlap-grad-reduce", FLAG_BOOL, &f->no_overlap_grad_reduce, "reduce the dp grads after backward, all at once",
        LOOM_NO_RANGE, NULL, false, "overlap.grad_reduce"},
+      {"--overlap-param-gather", FLAG_BOOL, &f->overlap_param_gather, "run ZeRO-1/2's all-gather of the stepped weights "
+       "beside the next step's first forward (Megatron-Core's distributed optimizer): `loom sim` costs it; this runtime "
+       "gathers them after the step and says so", LOOM_NO_RANGE, NULL, false, "overlap.param_gather"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -172,6 +175,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp, .cp = f->cp,
       .cp_comm = (Loom__CpCommType)loom_flag_choice_index(CP_COMM_CHOICES, f->cp_comm_type),
       .tp_comm_overlap = f->tp_comm_overlap, .no_grad_reduce_overlap = f->no_overlap_grad_reduce,
+      .param_gather_overlap = f->overlap_param_gather,
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

@@ -33,6 +33,9 @@ void loom_train_describe(const loom_trainer *tr) {
   if (overlap.tp_comm)
     loom_log_info("overlap: --tp-comm-overlap is what `loom sim` costs; this runtime runs each tensor-parallel collective "
                   "between its GEMMs (it does not split them beside the GEMMs yet)");
+  if (overlap.param_gather)
+    loom_log_info("overlap: --overlap-param-gather is what `loom sim` costs; this runtime gathers the stepped weights "
+                  "after the optimizer step, before the next forward");
   if (!overlap.grad_reduce && ps->dp * ps->cp > 1)
     loom_log_info("overlap: the data-parallel grads are reduced after backward, all at once (--no-overlap-grad-reduce)");
   if (ps->cp > 1)

@@ -26,6 +26,7 @@ typedef struct {
   Loom__CpCommType cp_comm; /* how its attention meets the other ranks' keys and values */
   bool tp_comm_overlap;     /* --tp-comm-overlap */
   bool no_grad_reduce_overlap; /* --no-overlap-grad-reduce: the dp grads after backward, not in buckets during it */
+  bool param_gather_overlap;   /* --overlap-param-gather */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -108,7 +109,7 @@ int loom_plan_train_seq(const loom_plan *plan);
 /* What communication the plan runs beside compute (Overlap's fields, its
  * defaults applied): the one reading of them. */
 typedef struct {
-  bool tp_comm, grad_reduce;
+  bool tp_comm, grad_reduce, param_gather;
 } loom_plan_overlap;
 loom_plan_overlap loom_plan_overlaps(const loom_plan *plan);
 /* Ranks the plan runs on: tp x cp x dp x pp. */

@@ -121,11 +121,12 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
     p->grad_compression->kind = sp->compression;
     p->grad_compression->rank = sp->compression_rank;
   }
-  if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap) { /* else absent: the runtime's own */
+  if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap) { /* else absent: the runtime's own */
     p->overlap = loom_xmalloc(sizeof *p->overlap, "plan overlap");
     loom__overlap__init(p->overlap);
     p->overlap->has_tp_comm = sp->tp_comm_overlap, p->overlap->tp_comm = sp->tp_comm_overlap;
     p->overlap->has_grad_reduce = sp->no_grad_reduce_overlap, p->overlap->grad_reduce = !sp->no_grad_reduce_overlap;
+    p->overlap->has_param_gather = sp->param_gather_overlap, p->overlap->param_gather = sp->param_gather_overlap;
   }
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;

@@ -26,18 +26,26 @@
  * backward). 0 at d 1. In units of the fp32 shard (4 bytes per local
  * parameter), plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for
  * large d. */
+/* Bytes a gathered weight takes: bf16 in bf16 runs. */
+static double weight_bytes(const loom_plan *p) { return p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; }
+
+/* Of those, ZeRO-1/2's all-gather of `words` stepped weights over d replicas; 0 otherwise. */
+static double gather_bytes_sent(const loom_plan *p, double d, double words) {
+  const int zero = p->parallel->zero_stage;
+  return d < 2 || (zero != 1 && zero != 2) ? 0.0 : (d - 1.0) / d * weight_bytes(p) * words;
+}
+
 static double group_bytes_sent(const loom_plan *p, double d, double words, double forward_only) {
   if (d < 2) return 0.0;
   const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
-  const double weight = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; /* bytes a gathered weight takes */
   const double m = loom_plan_micro_batches(p);
   const int zero = p->parallel->zero_stage;
   double bytes;
   if (zero >= 2) bytes = m * share * 4.0 * words;
   else if (zero == 1) bytes = share * 4.0 * words;
   else bytes = 2.0 * share * (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0) * words;
-  if (zero == 1 || zero == 2) bytes += share * weight * words;
-  if (zero == 3) bytes += m * share * weight * (2.0 * words - forward_only);
+  bytes += gather_bytes_sent(p, d, words);
+  if (zero == 3) bytes += m * share * weight_bytes(p) * (2.0 * words - forward_only);
   return bytes;
 }
 
@@ -97,6 +105,7 @@ void loom_plan_estimate(loom_plan *p) {
     x->has_optimizer = x->has_optimizer_zero1 = x->has_activations = x->has_activations_recompute = x->has_p2p_buffers = 1;
     x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
     x->has_edp_bytes_sent = p->parallel->ep > 1;
+    x->has_dp_gather_bytes_sent = p->parallel->zero_stage == 1 || p->parallel->zero_stage == 2;
     x->has_zero_transient = x->has_weight_grad_states = x->has_grad_reduce_buffers = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
@@ -127,6 +136,8 @@ void loom_plan_estimate(loom_plan *p) {
     x->grad_compression = (int64_t)mem.bytes[LOOM_MEM_COMPRESSION];
     const loom_compression_cost c = loom_plan_compression_cost(p, &range); /* what crosses dp, from the layers' table */
     x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
+    const bool whole = loom_plan_compression(p).kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE; /* dp_bytes_sent's own split */
+    x->dp_gather_bytes_sent = whole ? (int64_t)gather_bytes_sent(p, loom_plan_grad_replicas(p), c.whole_words) : 0;
     x->edp_bytes_sent = (int64_t)edp_bytes_sent(p, &range);
   }
 }

@@ -211,7 +211,15 @@ static void check_context(report *r, const loom_plan *p) {
 /* The overlap switches' rules. */
 static void check_overlap(report *r, const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
-  if (!loom_plan_overlaps(p).tp_comm) return;
+  const loom_plan_overlap o = loom_plan_overlaps(p);
+  if (o.param_gather && l->zero_stage != 1 && l->zero_stage != 2)
+    violation(r, "overlap.param_gather = true: overlaps ZeRO-1/2's all-gather of the stepped weights, but "
+              "parallel.zero_stage is %d%s; use zero_stage 1 or 2, or drop param_gather", l->zero_stage,
+              l->zero_stage == 3 ? " (ZeRO-3 gathers each layer's weights as its forward needs them)" : "");
+  else if (o.param_gather && !o.grad_reduce)
+    violation(r, "overlap.param_gather = true: needs the grads reduced during backward too (as Megatron-Core requires); "
+              "drop --no-overlap-grad-reduce or param_gather");
+  if (!o.tp_comm) return;
   if (l->tp < 2)
     violation(r, "overlap.tp_comm = true: overlaps the tensor-parallel group's collectives, but parallel.tp is %d; raise "
               "parallel.tp or drop tp_comm", l->tp);

@@ -393,20 +393,22 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
     /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
      * stage, compression and all), at the dp group's bus bandwidth; under
      * expert parallelism also the experts' over their own replicas' group. */
-    double layers, dp_sent = 0.0, edp_sent = 0.0;
+    double layers, dp_sent = 0.0, edp_sent = 0.0, gather_sent = 0.0;
     const double params = rank_params(&L, q, &layers);
     for (size_t k = 0; k < plan->n_stages; k++)
       if (plan->stages[k]->pp_rank == q) {
         dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
         edp_sent += (double)plan->estimates->stages[k]->edp_bytes_sent;
+        gather_sent += (double)plan->estimates->stages[k]->dp_gather_bytes_sent;
       }
     c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
     if (L.dp > 1 || edp_sent > 0.0) {
       const double buckets = l->zero_stage >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
-      double bw, latency;
+      double bw, latency, gather = 0.0; /* ZeRO-1/2's all-gather of the stepped weights, which runs after the step */
       if (L.dp > 1) {
         group_link(prof, L.dp, L.dp_per_node, &bw, &latency);
         c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L.dp) * latency;
+        gather = gather_sent / bw;
       }
       if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
         const int edp = L.tp * L.dp / (L.ep * L.etp);
@@ -418,10 +420,15 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
        * the last bucket, stay exposed. */
       double window = 0.0;
       for (int k = 0; k < v; k++) window += l->zero_stage >= 2 ? m * c->backward[q * v + k] : c->backward[q * v + k] / v;
-      /* The last bucket waits after backward; the rest run beside it (with --overlap-grad-reduce, loom's default). */
-      const double last = c->dp[q] / buckets;
-      c->dp_exposed[q] = prof->comm_overlaps_compute && loom_plan_overlaps(plan).grad_reduce
-                             ? last + beside(&L, c->dp[q] - last, window)
+      /* The grads' last bucket waits after backward; the rest run beside it (with --overlap-grad-reduce, loom's
+       * default). ZeRO-1/2's weight gather follows the step: waited for, or with --overlap-param-gather run beside
+       * the next step's first forward of the rank's chunks. */
+      const loom_plan_overlap o = loom_plan_overlaps(plan);
+      const double reduce = c->dp[q] - gather, last = reduce / buckets;
+      double forward = 0.0;
+      for (int k = 0; k < v; k++) forward += c->forward[q * v + k];
+      c->dp_exposed[q] = prof->comm_overlaps_compute && o.grad_reduce
+                             ? last + beside(&L, reduce - last, window) + (o.param_gather ? beside(&L, gather, forward) : gather)
                              : c->dp[q];
     }
     /* AdamW streams each local parameter's fp32 state: grad, master weight and two
