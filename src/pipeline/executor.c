@@ -100,13 +100,11 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
   pipe->pred = loom_xmalloc((size_t)T * B * sizeof(int), "predictions");
-  if (ps->cp > 1) { /* this rank's rows of them, and their positions */
+  if (ps->cp > 1) { /* this rank's rows of them */
     const size_t rows = (size_t)loom_gpt_local_seq(&model, T);
     pipe->local_tokens = loom_xmalloc(rows * B * sizeof(int), "tokens");
     pipe->local_targets = loom_xmalloc(rows * B * sizeof(int), "targets");
     pipe->local_pred = loom_xmalloc(rows * B * sizeof(int), "predictions");
-    pipe->cp_pos = loom_xmalloc(rows * sizeof(int), "positions");
-    loom_cp_positions(ps->cp, ps->cp_rank, T, pipe->cp_pos);
   }
   return LOOM_OK;
 }
@@ -167,7 +165,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->local_tokens);
   free(pipe->local_targets);
   free(pipe->local_pred);
-  free(pipe->cp_pos);
   free(pipe->pred);
   free(pipe->trace);
   loom_ring_log_free(&pipe->ring_log);
@@ -262,15 +259,21 @@ typedef struct {
 
 static void on_recv_act(act *x) { loom_p2p_recv(&x->pipe->p2p, false, x->a->mb, x->stage, x->m->slots[x->slot].x0, x->a->peer); }
 
-/* Context parallelism: this rank's rows of the micro-batch just fed (its
- * row t is the sequence's row cp_pos[t]); returns how many of their
- * targets are scored. */
+/* Context parallelism: whether this rank holds chunks of each sequence, and the global positions of its rows
+ * (the model's, every chunk's alike). */
+static bool split_sequence(const loom_pipeline *pipe) { return pipe->ps->cp > 1; }
+static const int *row_positions(const loom_pipeline *pipe) { return pipe->chunks[0].cp_pos; }
+
+/* This rank's rows of the micro-batch just fed (its row t is the
+ * sequence's row at row_positions[t]); returns how many of their targets
+ * are scored. */
 static int64_t take_local_rows(loom_pipeline *pipe) {
   const int rows = pipe->T / pipe->ps->cp, B = pipe->B;
+  const int *pos = row_positions(pipe);
   int64_t scored = 0;
   for (int t = 0; t < rows; t++)
     for (int b = 0; b < B; b++) {
-      const size_t from = (size_t)pipe->cp_pos[t] * B + b, to = (size_t)t * B + b;
+      const size_t from = (size_t)pos[t] * B + b, to = (size_t)t * B + b;
       pipe->local_tokens[to] = pipe->tokens[from];
       pipe->local_targets[to] = pipe->targets[from];
       scored += pipe->targets[from] >= 0;
@@ -282,9 +285,10 @@ static int64_t take_local_rows(loom_pipeline *pipe) {
  * placed at their positions, then summed over the cp group (collective). */
 static void gather_predictions(loom_pipeline *pipe) {
   const int rows = pipe->T / pipe->ps->cp, B = pipe->B;
+  const int *pos = row_positions(pipe);
   memset(pipe->pred, 0, (size_t)pipe->T * B * sizeof(int));
   for (int t = 0; t < rows; t++)
-    memcpy(pipe->pred + (size_t)pipe->cp_pos[t] * B, pipe->local_pred + (size_t)t * B, (size_t)B * sizeof(int));
+    memcpy(pipe->pred + (size_t)pos[t] * B, pipe->local_pred + (size_t)t * B, (size_t)B * sizeof(int));
   loom_comm_allreduce_typed(pipe->ps->cp_group, pipe->pred, (size_t)pipe->T * B, LOOM_DTYPE_I32, LOOM_REDUCE_SUM);
 }
 
@@ -293,7 +297,7 @@ static void on_forward(act *x) {
   const run_spec *spec = x->spec;
   loom_gpt *m = x->m;
   const int64_t counted = x->hooks->feed(x->hooks->ctx, spec->first_mb + x->a->mb, pipe->tokens, pipe->targets);
-  const int64_t mine = pipe->cp_pos ? take_local_rows(pipe) : counted; /* the targets this rank's loss is over */
+  const int64_t mine = split_sequence(pipe) ? take_local_rows(pipe) : counted; /* the targets this rank's loss is over */
   const float loss = loom_gpt_stage_forward(m, x->slot, x->batch, m->slots[x->slot].x0);
   if (m->p.range.last) {
     x->out->loss_sum += (double)loss * (double)mine;
@@ -306,8 +310,8 @@ static void on_forward(act *x) {
     nanosleep(&nap, NULL);
   }
   if (spec->train || !m->p.range.last || !x->hooks->score) return;
-  loom_gpt_predict(m, pipe->cp_pos ? pipe->local_pred : pipe->pred);
-  if (pipe->cp_pos) gather_predictions(pipe);
+  loom_gpt_predict(m, split_sequence(pipe) ? pipe->local_pred : pipe->pred);
+  if (split_sequence(pipe)) gather_predictions(pipe);
   x->hooks->score(x->hooks->ctx, pipe->tokens, pipe->targets, pipe->pred, spec->tally);
 }
 
@@ -380,8 +384,8 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
     apply_events(pipe, sched, i, true);
-    const loom_gpt_batch batch = {.tokens = pipe->cp_pos ? pipe->local_tokens : pipe->tokens,
-                                  .targets = pipe->cp_pos ? pipe->local_targets : pipe->targets,
+    const loom_gpt_batch batch = {.tokens = split_sequence(pipe) ? pipe->local_tokens : pipe->tokens,
+                                  .targets = split_sequence(pipe) ? pipe->local_targets : pipe->targets,
                                   .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
                                   .train = spec->train};
     act x = {.pipe = pipe, .hooks = hooks, .spec = spec, .a = a, .m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL,

@@ -29,8 +29,8 @@ struct loom_pipeline {
   int *tokens, *targets;  /* [T * B] the micro-batch being fed */
   int *pred;              /* [T * B] greedy predictions, for the score hook */
   /* Context parallelism: this rank's rows of those, [T / cp * B] (what
-   * the model sees), and their global positions [T / cp]; else NULL. */
-  int *local_tokens, *local_targets, *local_pred, *cp_pos;
+   * the model sees, at its chunks' cp_pos); else NULL. */
+  int *local_tokens, *local_targets, *local_pred;
   int zero_stage;          /* the plan's: 0 (none) to 3 */
   loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
   bool final_backward;     /* the backward under way is its chunk's last of the step */

@@ -117,11 +117,10 @@ static void etp_collective(const layout *L, pass *x, loom_collective kind, doubl
  * --tp-comm-overlap run beside the GEMM of `gemm` seconds that consumes or
  * produces it. */
 static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind, double gemm) {
-  double sent;
-  const double comm = loom_collective_seconds(L->prof, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e,
-                                              L->tp, L->tp_per_node, &sent);
-  x->comm += L->tp_overlap ? beside(L, comm, gemm) : comm;
-  x->tp_bytes += sent;
+  pass alone = {0};
+  tp_collective(L, &alone, L->sp ? sp_kind : LOOM_COLL_ALLREDUCE, L->tokens * L->cfg.hidden * L->e);
+  x->comm += L->tp_overlap ? beside(L, alone.comm, gemm) : alone.comm;
+  x->tp_bytes += alone.tp_bytes;
 }
 
 /* An all-to-all-v over the expert-parallel group moving `bytes` of rows,
