@@ -17,7 +17,7 @@ fi
 start=$(date +%s)
 elapsed() { echo "$(($(date +%s) - start)) s"; }
 scripts/setup.sh "$@"
-scripts/packages.sh python3 python3-torch # tests/sc21_table1.py; PyTorch's bf16 conversion, the reference for tests/export_bf16.py
+scripts/packages.sh python3 python3-torch # tests/sim_tables.py; PyTorch's bf16 conversion, the reference for tests/export_bf16.py
 plain='quick|gpu' sanitized='sanitized|fuzz'
 [ $full = 0 ] || plain='quick|full|gpu' sanitized='quick|full|fuzz'
 echo "test: tiers $plain, as built ($(elapsed) so far)"

@@ -224,6 +224,15 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--dp", "2", "--zero", "1", "--overlap-param-gather", "--no-overlap-grad-reduce", NULL), 2,
               "loom train: --overlap-param-gather true: needs the grads reduced during backward too (as Megatron-Core "
               "requires); drop --no-overlap-grad-reduce or param_gather");
+  /* fp8 GEMMs: costed by the sim beside bf16, never trained. */
+  refusal_row(&t, run("train", "--fp8-format", "hybrid", NULL), 2,
+              "loom train: --fp8-format FP8_HYBRID: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set "
+              "precision PRECISION_BF16");
+  refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e4m3", NULL), 2,
+              "loom train: the plan asks for fp8 GEMMs (--fp8-format), which `loom sim` costs but this runtime does not run "
+              "(its GEMMs are bf16 or fp32); drop --fp8-format to train in bf16");
+  refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e5m2", NULL), 2,
+              "loom train: --fp8-format must be one of none, hybrid, e4m3, got 'e5m2'");
   refusal_row(&t, run("train", "--overlap-grad-reduce", "--no-overlap-grad-reduce", NULL), 2,
               "loom train: --overlap-grad-reduce and --no-overlap-grad-reduce contradict; give one");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
@@ -346,6 +355,15 @@ START_TEST(bad_flags) {
   ck_assert_ptr_nonnull(strstr(rp->out, "[0,4)EH"));
   rp = run("plan", "check", plan, "--world", "2", NULL);
   ck_assert_int_eq(rp->code, 0);
+  /* An fp8 plan: shown as what the sim costs and the runtime refuses, its field in the plan text. */
+  const char *fp8 = tu_tmp_path("fp8.txtpb");
+  rp = run("plan", "new", "--precision", "bf16", "--fp8-format", "hybrid", "-o", fp8, NULL);
+  ck_assert_msg(rp->code == 0, "%s", rp->err);
+  rp = run("plan", "show", fp8, NULL);
+  ck_assert_ptr_nonnull(strstr(rp->out, "fp8: the linear layers' GEMMs in fp8 (hybrid: e4m3 forward, e5m2 grads, --fp8-format)"));
+  rp = run("plan", "new", "--precision", "bf16", "--fp8-format", "hybrid", "-o", "-", NULL);
+  ck_assert_ptr_nonnull(strstr(rp->out, "fp8: FP8_HYBRID"));
+  unlink(fp8);
   rp = run("plan", "check", plan, "--world", "3", NULL);
   ck_assert_int_eq(rp->code, 1);
   ck_assert_ptr_nonnull(strstr(rp->out, "parallel: tp 2 x pp 1 x dp 1 = 2 ranks, but the world has 3; launch 2 ranks or change the layout"));
@@ -643,7 +661,10 @@ START_TEST(sim_and_search_refuse_bad_input) {
   expect_fail(run("sim", "--cluster", "a100-80gb", "--plan", "x.txtpb", "--tp", "2", NULL), 2,
               "loom sim: --tp cannot be combined with --plan: the plan fixes the model and layout");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--flops", "palm", NULL), 2,
-              "loom sim: --flops must be one of megatron, sc21, got 'palm'");
+              "loom sim: --flops must be one of megatron, sc21, nemo, got 'palm'");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--precision", "bf16", "--fp8-format", "hybrid", NULL), 2,
+              "loom sim: --fp8-format: the profile a100-80gb prices no fp8 GEMMs (device.peak_tflops_fp8 and a PRECISION_FP8 "
+              "gemm entry); drop --fp8-format or use a profile that gives them");
   expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--hidden 100: must be divisible by --heads (3)");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--svg", "x.svg", NULL), 2, "loom sim: --svg draws a --sweep-gpus curve; give both");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--sweep-gpus", "64,32", NULL), 2,

@@ -78,6 +78,9 @@ static void show(const loom_plan *p) {
   printf("overlap: tp collectives %s, dp grads %s%s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
          overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward",
          overlap.param_gather ? ", ZeRO's weight gather beside the next forward (--overlap-param-gather)" : "");
+  if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE)
+    printf("fp8: the linear layers' GEMMs in fp8 (%s, --fp8-format), as `loom sim` costs them; `loom train` refuses it\n",
+           p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "hybrid: e4m3 forward, e5m2 grads" : "e4m3");
   if (l->cp > 1)
     printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
            loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,

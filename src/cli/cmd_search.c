@@ -14,7 +14,8 @@
 #include "sim/search.h"
 
 /* Layout flags the search chooses itself. */
-static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--ep", "--etp", "--cp", "--cp-comm-type", "--tp-comm-overlap", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
+static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--ep", "--etp", "--cp", "--cp-comm-type", "--tp-comm-overlap",
+                                     "--overlap-param-gather", "--vpp", "--zero", "--sequence-parallel", "--micro-batch",
                                      "--micro-batches", "--schedule", "--recompute", "--recompute-method",
                                      "--recompute-num-layers", "--layer-split", NULL};
 
@@ -24,9 +25,11 @@ static void print_row(int rank, const loom_candidate *c, bool moe, bool cp) {
   char rc[32], ep[24] = "", ring[16] = "";
   if (moe) snprintf(ep, sizeof ep, " %3d %3d", c->ep > 1 ? c->ep : 1, c->etp > 1 ? c->etp : 1);
   if (cp) snprintf(ring, sizeof ring, " %3d%s", c->cp > 1 ? c->cp : 1, c->cp_all_gather ? " ag" : "   ");
-  printf("  %4d %3d %4d %5d%s%s %4d %6d %-12s %-9s %3s %5d %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
+  char zero[8];
+  snprintf(zero, sizeof zero, "%d%s", c->zero, c->param_gather_overlap ? " pg" : "");
+  printf("  %4d %3d %4d %5d%s%s %4d %6d %-12s %-9s %3s %5s %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
          c->dp, ep, ring, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), loom_candidate_recompute(c, rc, sizeof rc),
-         c->sequence_parallel ? (c->tp_comm_overlap ? "ov" : "yes") : "no", c->zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
+         c->sequence_parallel ? (c->tp_comm_overlap ? "ov" : "yes") : "no", zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
          100.0 * c->bubble, (double)c->memory / 1073741824.0);
 }
 
@@ -138,9 +141,11 @@ int loom_cmd_plan_search(int argc, char **argv) {
     printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp",
            moe ? "  ep etp" : "", cp ? "  cp   " : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
            "bubble", "mem GiB");
-    bool overlapped = false;
-    for (int i = 0; i < r.nranked && i < top; i++) print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap;
+    bool overlapped = false, gathered = false;
+    for (int i = 0; i < r.nranked && i < top; i++)
+      print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
     if (overlapped) printf("  (sp ov: sequence parallel with --tp-comm-overlap)\n");
+    if (gathered) printf("  (zero pg: with --overlap-param-gather)\n");
     if (r.considered == 0)
       st = loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: no layout of %d GPUs splits --global-batch %d into whole "
                      "replicas (dp must divide it); choose a batch or a GPU count with common factors", gpus,

@@ -18,7 +18,7 @@ loom_flag loom_sim_cluster_flag(const char **dst) {
 }
 
 loom_flag loom_sim_flops_flag(const char **dst) {
-  return (loom_flag){"--flops", FLAG_STRING, dst, "model FLOPs definition: megatron (current code) or sc21 (Narayanan et al. 2021)",
+  return (loom_flag){"--flops", FLAG_STRING, dst, "model FLOPs definition: megatron (current code), sc21 (Narayanan et al. 2021) or nemo (NeMo's and Megatron Bridge's published TFLOP/s: attention whole, not causal)",
                      LOOM_NO_RANGE, LOOM_FLOPS_FORMULA_NAMES, false, NULL};
 }
 
@@ -42,8 +42,9 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
          prof->device->name ? prof->device->name : "device", prof->devices_per_node, l->tp, l->pp, l->dp, cp, r->gpus,
          r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule), chunks);
   printf("  step time        %.4g s, %.4g tokens/s\n", r->step_s, r->tokens_per_s);
-  printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s\n",
-         r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12);
+  printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s%s\n",
+         r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12,
+         plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? " (bf16's; the linear layers' GEMMs in fp8, --fp8-format)" : "");
   printf("  pipeline bubble  %.1f%% (theory %.1f%%)\n", 100.0 * r->bubble, 100.0 * r->theory_bubble);
   printf("  time by kind     compute %.4g s | exposed TP%s %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
          "(mean over pipeline ranks); messages between stages in flight %.4g s\n",

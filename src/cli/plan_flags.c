@@ -11,9 +11,10 @@ static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
 static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
 static const char *const CP_COMM_CHOICES[] = {"p2p", "all_gather", NULL}; /* in Loom__CpCommType's order (Megatron's names) */
+static const char *const FP8_CHOICES[] = {"none", "hybrid", "e4m3", NULL}; /* in Loom__Fp8Format's order (Megatron's names) */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
-  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .cp_comm_type = "p2p", .micro_batch = 16,
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .cp_comm_type = "p2p", .fp8_format = "none", .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
                            .grad_reduce = "fp32", .grad_compression = "none"};
 }
@@ -68,6 +69,9 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--overlap-param-gather", FLAG_BOOL, &f->overlap_param_gather, "run ZeRO-1/2's all-gather of the stepped weights "
        "beside the next step's first forward (Megatron-Core's distributed optimizer): `loom sim` costs it; this runtime "
        "gathers them after the step and says so", LOOM_NO_RANGE, NULL, false, "overlap.param_gather"},
+      {"--fp8-format", FLAG_STRING, &f->fp8_format, "the linear layers' GEMMs in fp8 as Transformer Engine runs them "
+       "(hybrid: e4m3 forward, e5m2 grads; needs --precision bf16): `loom sim` costs it; this runtime's GEMMs are bf16 or "
+       "fp32, so `loom train` refuses it", LOOM_NO_RANGE, FP8_CHOICES, false, "fp8"},
       {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -176,6 +180,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .cp_comm = (Loom__CpCommType)loom_flag_choice_index(CP_COMM_CHOICES, f->cp_comm_type),
       .tp_comm_overlap = f->tp_comm_overlap, .no_grad_reduce_overlap = f->no_overlap_grad_reduce,
       .param_gather_overlap = f->overlap_param_gather,
+      .fp8 = (Loom__Fp8Format)loom_flag_choice_index(FP8_CHOICES, f->fp8_format),
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

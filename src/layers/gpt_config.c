@@ -180,9 +180,11 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   return buf;
 }
 
-const char *const LOOM_FLOPS_FORMULA_NAMES[] = {"megatron", "sc21", NULL};
+const char *const LOOM_FLOPS_FORMULA_NAMES[] = {"megatron", "sc21", "nemo", NULL};
 
-const char *loom_flops_formula_name(loom_flops_formula f) { return LOOM_FLOPS_FORMULA_NAMES[f == LOOM_FLOPS_SC21]; }
+const char *loom_flops_formula_name(loom_flops_formula f) {
+  return LOOM_FLOPS_FORMULA_NAMES[f == LOOM_FLOPS_SC21 || f == LOOM_FLOPS_NEMO ? f : LOOM_FLOPS_MEGATRON];
+}
 
 int loom_flops_formula_parse(const char *name, loom_flops_formula *f) {
   for (int i = 0; LOOM_FLOPS_FORMULA_NAMES[i]; i++)

@@ -195,9 +195,11 @@ static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
  *   and causal attention halved;
  * - SC21, Narayanan et al. 2021 (Appendix), for runs with full recompute:
  *   4 passes over the layers' GEMMs, attention whole, 3 over the LM head,
- *   96 B s l h^2 (1 + s/6h + V/16lh) for a GPT. */
-typedef enum { LOOM_FLOPS_MEGATRON = 0, LOOM_FLOPS_SC21 } loom_flops_formula;
-/* "megatron", "sc21", by enum value, NULL-terminated (flag choices); a
+ *   96 B s l h^2 (1 + s/6h + V/16lh) for a GPT;
+ * - NEMO, NeMo's and Megatron Bridge's published TFLOP/s (their
+ *   flops_formulas.py): MEGATRON's with attention counted whole, not causal. */
+typedef enum { LOOM_FLOPS_MEGATRON = 0, LOOM_FLOPS_SC21, LOOM_FLOPS_NEMO } loom_flops_formula;
+/* "megatron", "sc21", "nemo", by enum value, NULL-terminated (flag choices); a
  * formula's name, and back (0 on success, -1 for an unknown name). */
 extern const char *const LOOM_FLOPS_FORMULA_NAMES[];
 const char *loom_flops_formula_name(loom_flops_formula f);

@@ -657,7 +657,7 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
   const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
   const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
-  return (6.0 * (layer_matmul + head) + 6.0 * attention) * tokens;
+  return (6.0 * (layer_matmul + head) + (formula == LOOM_FLOPS_NEMO ? 12.0 : 6.0) * attention) * tokens;
 }
 
 double loom_gpt_train_flops(const loom_gpt_config *cfg, int T, double tokens, loom_flops_formula formula) {

@@ -27,6 +27,7 @@ typedef struct {
   bool tp_comm_overlap;     /* --tp-comm-overlap */
   bool no_grad_reduce_overlap; /* --no-overlap-grad-reduce: the dp grads after backward, not in buckets during it */
   bool param_gather_overlap;   /* --overlap-param-gather */
+  Loom__Fp8Format fp8;         /* --fp8-format */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */

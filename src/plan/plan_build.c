@@ -121,6 +121,8 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
     p->grad_compression->kind = sp->compression;
     p->grad_compression->rank = sp->compression_rank;
   }
+  p->has_fp8 = sp->fp8 != LOOM__FP8_FORMAT__FP8_NONE;
+  p->fp8 = sp->fp8;
   if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap) { /* else absent: the runtime's own */
     p->overlap = loom_xmalloc(sizeof *p->overlap, "plan overlap");
     loom__overlap__init(p->overlap);

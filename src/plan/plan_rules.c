@@ -208,6 +208,20 @@ static void check_context(report *r, const loom_plan *p) {
               "losses over a sequence split across ranks); drop cp or the experts", cp);
 }
 
+/* What a run computes in: fp32 or bf16, with fp8 GEMMs only beside bf16. */
+static void check_precision(report *r, const loom_plan *p) {
+  if (p->precision != LOOM__PRECISION__PRECISION_FP32 && p->precision != LOOM__PRECISION__PRECISION_BF16)
+    violation(r, "precision = %d: a run computes in PRECISION_FP32 or PRECISION_BF16 (fp8 GEMMs are fp8 = FP8_HYBRID "
+              "beside bf16)", (int)p->precision);
+  if (p->grad_reduce != LOOM__PRECISION__PRECISION_FP32 && p->grad_reduce != LOOM__PRECISION__PRECISION_BF16)
+    violation(r, "grad_reduce = %d: grads cross data parallelism in PRECISION_FP32 or PRECISION_BF16", (int)p->grad_reduce);
+  if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->fp8 != LOOM__FP8_FORMAT__FP8_HYBRID && p->fp8 != LOOM__FP8_FORMAT__FP8_E4M3)
+    violation(r, "fp8 = %d: not an fp8 format (FP8_NONE, FP8_HYBRID, FP8_E4M3)", (int)p->fp8);
+  else if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->precision != LOOM__PRECISION__PRECISION_BF16)
+    violation(r, "fp8 = %s: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set precision "
+              "PRECISION_BF16", p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "FP8_HYBRID" : "FP8_E4M3");
+}
+
 /* The overlap switches' rules. */
 static void check_overlap(report *r, const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
@@ -234,6 +248,7 @@ static void check_model(report *r, const loom_plan *p) {
   check_experts(r, p);
   check_context(r, p);
   check_overlap(r, p);
+  check_precision(r, p);
   /* Any vocab splits over tp: the layers pad it to a multiple of 128 x tp. */
   if (p->parallel->sequence_parallel && loom_plan_train_seq(p) % tp)
     violation(r, "model.seq = %d: must be divisible by parallel.tp (%d) under sequence parallelism; pick seq or tp to divide",

@@ -101,7 +101,8 @@ static void measure_ops(const loom_ops *ops, double seconds, double peak_flops, 
   float **small[] = {&x.mean, &x.rstd, &x.w, &x.dw, &x.b, &x.db};
   for (int i = 0; i < 6; i++) *small[i] = loom_xzalloc(mem, (size_t)x.N * sizeof(float), "calibration op");
   attention_once(&x);
-  const double flops = 3.0 * 4.0 * x.shape.B * x.shape.heads * (double)x.shape.T * x.shape.T * x.shape.head_dim;
+  /* causal: the scores and values of the unmasked half (the FLOPs FlashAttention's benchmarks count) */
+  const double flops = 3.0 * 2.0 * x.shape.B * x.shape.heads * (double)x.shape.T * x.shape.T * x.shape.head_dim;
   *attention_eff = fmin(flops / loom_measure_best_time(attention_once, &x, seconds) / peak_flops, 1.0);
   elementwise_once(&x);
   const double bytes = 3.0 * (2.0 * n + 2.0 * n) * sizeof(float); /* norm and activation, forward and twice backward */

@@ -53,6 +53,7 @@ typedef struct {
   const loom_profile *prof;
   loom_gpt_config cfg;
   Loom__Precision precision;
+  Loom__Precision linear; /* the linear layers' GEMMs: the precision's, or fp8 under --fp8-format */
   double e;            /* bytes of an activation value */
   double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch one rank holds (s / cp of each sequence) */
   double sq;           /* the queries of a sequence one rank holds: s, or s / cp under context parallelism */
@@ -83,12 +84,36 @@ static void stream(const layout *L, pass *x, double bytes) {
   x->bytes += bytes;
 }
 
+static double gemm_in(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
+  return loom_profile_gemm_seconds(L->prof, dtype, m, n, k, batch);
+}
 static double gemm(const layout *L, double m, double n, double k, double batch) {
-  return loom_profile_gemm_seconds(L->prof, L->precision, m, n, k, batch);
+  return gemm_in(L, L->precision, m, n, k, batch);
 }
 /* A GEMM's backward: the input's grad (m x k over n) and the weight's (n x k over m). */
+static double gemm_backward_in(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
+  return gemm_in(L, dtype, m, k, n, batch) + gemm_in(L, dtype, n, k, m, batch);
+}
 static double gemm_backward(const layout *L, double m, double n, double k, double batch) {
-  return gemm(L, m, k, n, batch) + gemm(L, n, k, m, batch);
+  return gemm_backward_in(L, L->precision, m, n, k, batch);
+}
+
+/* Under --fp8-format, the passes Transformer Engine adds to a linear layer's fp8 GEMMs (m rows, n outputs, k
+ * inputs): forward, its bf16 input read (2 bytes) and written in fp8 (1), unless the kernel before it writes fp8
+ * itself (a norm fused with the linear, as TE's LayerNormLinear: `fused_input`); backward, its output's grad read
+ * and written in fp8 twice, as it is and transposed for the weight grad. */
+static void fp8_casts(const layout *L, pass *f, pass *g, double m, double n, double k, double batch, bool fused_input) {
+  if (L->linear != LOOM__PRECISION__PRECISION_FP8) return;
+  if (!fused_input) stream(L, f, 3.0 * m * k * batch);
+  stream(L, g, 4.0 * m * n * batch);
+}
+
+/* A linear layer's GEMMs, forward, backward and the weight grad's share of it, in the linear layers' dtype. */
+static void linear_costs(const layout *L, pass *f, pass *g, pass *w, double m, double n, double k, double batch) {
+  f->compute += gemm_in(L, L->linear, m, n, k, batch);
+  g->compute += gemm_backward_in(L, L->linear, m, n, k, batch);
+  w->compute += gemm_in(L, L->linear, m, n, k, batch);
+  fp8_casts(L, f, g, m, n, k, batch, false);
 }
 
 /* A collective of `comm` seconds run beside compute of `compute` seconds:
@@ -151,12 +176,12 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const double fe = loom_gpt_local_expert_ffn(c), e = L->e, etp = L->etp;
   /* each expert's rows from the whole group (and from every rank splitting the experts) */
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = etp * n * k / El;
-  const double shapes[][4] = {{n, E, h, 1}, {r, up, h, El}, {r, h, fe, El}};
-  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
-    f->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    g->compute += gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    w->compute += gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-  }
+  const double shapes[][4] = {{r, up, h, El}, {r, h, fe, El}};
+  f->compute += gemm(L, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
+  g->compute += gemm_backward(L, n, E, h, 1);
+  w->compute += gemm(L, n, E, h, 1);
+  for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+    linear_costs(L, f, g, w, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   const double bytes = 2.0 * n * k * h * e + (n * k + n) * h * e + (up + fe) * n * k * e;
   stream(L, f, bytes);
   stream(L, g, 2.0 * bytes);
@@ -229,14 +254,17 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   double fw[6] = {0}, bw[6] = {0};  /* each GEMM's, forward and backward (what --tp-comm-overlap hides behind) */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
-    fw[i] = gemm(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    bw[i] = gemm_backward(L, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    const bool attention = i == 1 || i == 2; /* the scores and values: never fp8 (nor are they under Transformer Engine) */
+    const Loom__Precision dtype = attention ? L->precision : L->linear;
+    fw[i] = gemm_in(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    bw[i] = gemm_backward_in(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    if (!attention) fp8_casts(L, f, g, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i == 0 || i == 4);
     f->compute += fw[i], g->compute += bw[i];
-    if (i != 1 && i != 2) w->compute += fw[i];
+    if (!attention) w->compute += fw[i];
     else att_f += fw[i], att_g += bw[i];
   }
-  if (fused) {
-    const double flops = 4.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
+  if (fused) { /* a causal kernel skips the masked half of the score tiles (FlashAttention's, cuDNN's) */
+    const double flops = 2.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
     att_f += flops / rate, att_g += 2.0 * flops / rate;
     f->compute += flops / rate;
     g->compute += 2.0 * flops / rate;
@@ -296,6 +324,48 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
   }
 }
 
+/* One micro-batch's mean forward or backward of a rank's v chunks. */
+static double mean_of(const double *x, int v) {
+  double sum = 0.0;
+  for (int k = 0; k < v; k++) sum += x[k];
+  return sum / v;
+}
+
+/* The dp grads' reduce under --overlap-grad-reduce when they are summed once a step (ZeRO 0 or 1), given the rank's
+ * chunks' backward of one micro-batch: what it adds after the rank's last backward, and the slowdown of the compute
+ * it runs beside. Each chunk's grads become final during its last backward, bucket by bucket, and go on one stream
+ * in that order. The interleaved cooldown (Megatron's and loom's) runs the last pp micro-batches' backwards chunk by
+ * chunk, chunk v - 1 first, so chunk k's last backward ends k pp steps before the rank's last one; a chunk's last
+ * bucket goes after its backward. */
+static double reduce_exposed(const layout *L, const double *backward, int v, double reduce, double buckets) {
+  const double step = mean_of(backward, v), each = reduce / v, last = each / fmax(buckets / v, 1.0);
+  double done = -INFINITY; /* when the stream finishes what is queued; time 0: the end of the last backward */
+  for (int k = v - 1; k >= 0; k--) {
+    const double end = -k * L->pp * step;
+    done = fmax(done, end - backward[k]) + each;
+    done = fmax(done, end + last);
+  }
+  const double exposed = fmax(done, 0.0);
+  return exposed + L->slowdown * fmax(reduce - exposed, 0.0);
+}
+
+/* ZeRO-1/2's all-gather of the stepped weights under --overlap-param-gather, given the rank's chunks' forward of one
+ * micro-batch: how long the next step's forwards wait for it, plus the slowdown of the compute it runs beside. The
+ * gathers go on one stream from the step's end, chunk by chunk and bucket by bucket, each chunk's first bucket needed
+ * when its first forward starts (chunk k's after k pp forwards: the interleaved warmup runs the first pp
+ * micro-batches chunk by chunk) and the rest before that forward ends. */
+static double gather_exposed(const layout *L, const double *forward, int v, double gather, double buckets) {
+  const double step = mean_of(forward, v), each = gather / v, first = each / fmax(buckets / v, 1.0);
+  double done = 0.0, wait = 0.0;
+  for (int k = 0; k < v; k++) {
+    const double start = k * L->pp * step + wait; /* chunk k's first forward, as late as the waits before it made it */
+    wait += fmax(done + first - start, 0.0);
+    done += each;
+    wait += fmax(done - (k * L->pp * step + wait + forward[k]), 0.0);
+  }
+  return wait + L->slowdown * fmax(gather - wait, 0.0);
+}
+
 /* Parameters one tp rank of pipeline rank q holds, over its chunks. */
 static double rank_params(const layout *L, int q, double *layers) {
   double n = 0.0;
@@ -313,7 +383,8 @@ static double *zeros(int n) { return loom_xcalloc((size_t)(n > 0 ? n : 1), sizeo
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c) {
   const Loom__Parallel *l = plan->parallel;
   layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = loom_plan_grad_replicas(plan), .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
-              .precision = plan->precision};
+              .precision = plan->precision,
+              .linear = plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? LOOM__PRECISION__PRECISION_FP8 : plan->precision};
   loom_plan_rank_config(plan, &L.cfg);
   L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   L.s = loom_plan_train_seq(plan);
@@ -414,20 +485,18 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
         group_link(prof, edp, loom_group_per_node(edp, L.ep * L.etp, dpn), &bw, &latency);
         c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
       }
-      /* Buckets go as their layers' grads are ready, behind the last backward
-       * (under ZeRO-2/3, behind every micro-batch's); what it cannot hide, and
-       * the last bucket, stay exposed. */
-      double window = 0.0;
-      for (int k = 0; k < v; k++) window += l->zero_stage >= 2 ? m * c->backward[q * v + k] : c->backward[q * v + k] / v;
-      /* The grads' last bucket waits after backward; the rest run beside it (with --overlap-grad-reduce, loom's
-       * default). ZeRO-1/2's weight gather follows the step: waited for, or with --overlap-param-gather run beside
-       * the next step's first forward of the rank's chunks. */
+      /* With --overlap-grad-reduce (loom's default) buckets go as their layers' grads are ready: once a step
+       * (reduce_exposed), or under ZeRO-2/3 behind every micro-batch's backward, the last bucket waited for.
+       * ZeRO-1/2's weight gather follows the step: waited for, or with --overlap-param-gather run beside the next
+       * step's first forwards (gather_exposed). */
       const loom_plan_overlap o = loom_plan_overlaps(plan);
       const double reduce = c->dp[q] - gather, last = reduce / buckets;
-      double forward = 0.0;
-      for (int k = 0; k < v; k++) forward += c->forward[q * v + k];
+      double window = 0.0;
+      for (int k = 0; k < v; k++) window += m * c->backward[q * v + k];
+      const double reduced = l->zero_stage >= 2 ? last + beside(&L, reduce - last, window)
+                                                : reduce_exposed(&L, c->backward + q * v, v, reduce, buckets);
       c->dp_exposed[q] = prof->comm_overlaps_compute && o.grad_reduce
-                             ? last + beside(&L, reduce - last, window) + (o.param_gather ? beside(&L, gather, forward) : gather)
+                             ? reduced + (o.param_gather ? gather_exposed(&L, c->forward + q * v, v, gather, buckets) : gather)
                              : c->dp[q];
     }
     /* AdamW streams each local parameter's fp32 state: grad, master weight and two

@@ -77,16 +77,20 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   CHECK("device.memory_bytes", d->has_memory_bytes, d->memory_bytes, 1048576.0, 1e15);
   CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, MIN_RATE, 1e6);
   CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, MIN_EFFICIENCY, 1.0);
+  if (d->has_peak_tflops_fp8) CHECK("device.peak_tflops_fp8", 1, d->peak_tflops_fp8, MIN_RATE, 1e6);
   if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, MIN_EFFICIENCY, 1.0);
   for (size_t i = 0; i < d->n_gemm; i++) {
     const Loom__GemmEfficiency *g = d->gemm[i];
-    CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 1.0);
+    CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 2.0);
     CHECK("device.gemm.max_efficiency", g->has_max_efficiency, g->max_efficiency, MIN_EFFICIENCY, 1.0);
     CHECK("device.gemm.half_dim", g->has_half_dim, g->half_dim, 0.0, 1e6);
     if (gemm_of(d, g->dtype) != g)
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm gives dtype %s twice", what,
-                       g->dtype == LOOM__PRECISION__PRECISION_BF16 ? "PRECISION_BF16" : "PRECISION_FP32");
+                       protobuf_c_enum_descriptor_get_value(&loom__precision__descriptor, g->dtype)->name);
   }
+  if (d->has_peak_tflops_fp8 != (gemm_of(d, LOOM__PRECISION__PRECISION_FP8) != NULL))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.peak_tflops_fp8 and a PRECISION_FP8 device.gemm entry come together "
+                     "(a device's fp8 figures are both or neither)", what);
   if (!gemm_of(d, LOOM__PRECISION__PRECISION_BF16) || !gemm_of(d, LOOM__PRECISION__PRECISION_FP32))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm needs an entry for PRECISION_BF16 and one for PRECISION_FP32",
                      what);
@@ -144,6 +148,7 @@ void loom_profile_free(loom_profile *p) {
 double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision) {
   const Loom__DeviceProfile *d = p->device;
   if (precision == LOOM__PRECISION__PRECISION_BF16) return d->peak_tflops_bf16 * 1e12;
+  if (precision == LOOM__PRECISION__PRECISION_FP8) return d->peak_tflops_fp8 * 1e12;
   return (d->fp32_uses_tf32 ? d->peak_tflops_tf32 : d->peak_tflops_fp32) * 1e12;
 }
 
@@ -155,6 +160,8 @@ double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precisio
   const double efficiency = g->max_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h));
   return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * efficiency);
 }
+
+bool loom_profile_has_fp8(const loom_profile *p) { return p->device->has_peak_tflops_fp8; }
 
 double loom_profile_memory_seconds(const loom_profile *p, double bytes) {
   return bytes / (p->device->memory_bandwidth_gbs * 1e9 * p->device->memory_efficiency);

@@ -5,6 +5,7 @@
 #ifndef LOOM_SIM_PROFILE_H
 #define LOOM_SIM_PROFILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include "core/status.h"
 #include "loom.pb-c.h"
@@ -23,6 +24,8 @@ const char *loom_profile_builtin_names(void);
 /* Dense peak in FLOP/s for GEMMs of a precision (bf16: the bf16 tensor peak;
  * fp32: TF32's when the device runs fp32 GEMMs on it, else fp32's). */
 double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision);
+/* Whether the device's fp8 GEMMs are priced (its fp8 peak and gemm entry). */
+bool loom_profile_has_fp8(const loom_profile *p);
 /* Seconds for `batch` GEMMs of m x n x k, through the efficiency model. */
 double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
                                  double batch);

@@ -11,6 +11,7 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
       .zero_stage = c->zero, .ep = c->ep, .etp = c->etp, .cp = c->cp,
       .cp_comm = c->cp_all_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P,
       .tp_comm_overlap = c->tp_comm_overlap, .no_grad_reduce_overlap = !loom_plan_overlaps(base).grad_reduce, /* as asked */
+      .param_gather_overlap = c->param_gather_overlap, .fp8 = base->fp8,
       .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
       .recompute_layers = c->recompute_layers,
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,
@@ -208,8 +209,10 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
   loom_gpt_config model;
   loom_plan_model_config(base, &model);
   const int expert_ffn = loom_gpt_expert_ffn(&model), seq = loom_plan_train_seq(base);
-  /* --tp-comm-overlap only where the profile states what it costs compute (its overlap_sm_share). */
+  /* --tp-comm-overlap only where the profile states what it costs compute (its overlap_sm_share);
+   * --overlap-param-gather where collectives run beside compute and the grads are reduced during backward. */
   const bool overlap_costed = prof->has_overlap_sm_share;
+  const bool gather_costed = prof->comm_overlaps_compute && loom_plan_overlaps(base).grad_reduce;
   if (gpus < 1) return loom_fail(err, LOOM_ERR_USAGE, "--gpus %d: need at least 1", gpus);
   for (int tp = 1; tp <= node && tp <= gpus; tp *= 2) {
     if (gpus % tp) continue;
@@ -237,10 +240,12 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
                     if (ep > 1 && ((tp > 1 && !sp) || experts % ep || (tp * dp) % (ep * etp))) continue; /* and these */
                     if (expert_ffn % etp) continue;
                     for (int gather = 0; gather < (cp > 1 ? 2 : 1); gather++) /* the ring, or Megatron's all-gather */
-                      for (int overlap = 0; overlap < (sp && overlap_costed ? 2 : 1); overlap++) { /* needs SP */
+                      for (int overlap = 0; overlap < (sp && overlap_costed ? 2 : 1); overlap++) /* needs SP */
+                      for (int pg = 0; pg < ((zero == 1 || zero == 2) && gather_costed ? 2 : 1); pg++) {
                         const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = vpp, .micro_batch = mb, .zero = zero,
                                                   .ep = ep, .etp = etp, .cp = cp, .cp_all_gather = gather,
-                                                  .tp_comm_overlap = overlap, .sequence_parallel = sp, .schedule = kinds[k]};
+                                                  .tp_comm_overlap = overlap, .param_gather_overlap = pg,
+                                                  .sequence_parallel = sp, .schedule = kinds[k]};
                         measure_recompute(base, prof, c, res, &fits, &nfits);
                         if (opt->progress) opt->progress(res, opt->ctx);
                       }

@@ -16,6 +16,7 @@ typedef struct {
   int cp;  /* context-parallel size (0 or 1: none) */
   bool cp_all_gather; /* its keys and values all-gathered (else round a ring) */
   bool tp_comm_overlap; /* --tp-comm-overlap (with tp > 1 and SP) */
+  bool param_gather_overlap; /* --overlap-param-gather (ZeRO 1 or 2, the grads reduced during backward) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method); 0: all */
   loom_schedule_kind schedule;

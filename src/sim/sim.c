@@ -13,6 +13,9 @@ static double flight_seconds(void *ctx, int rank, const loom_action *a) {
 loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
                          loom_error *err) {
   *res = (loom_sim_result){0};
+  if (plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE && !loom_profile_has_fp8(prof))
+    return loom_fail(err, LOOM_ERR_USAGE, "--fp8-format: the profile %s prices no fp8 GEMMs (device.peak_tflops_fp8 and a "
+                     "PRECISION_FP8 gemm entry); drop --fp8-format or use a profile that gives them", prof->name);
   loom_status st = loom_plan_schedule(plan, &res->schedule, err);
   if (st != LOOM_OK) return st;
   loom_sim_costs_build(plan, prof, &res->costs);
