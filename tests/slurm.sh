@@ -39,7 +39,8 @@ pkill -TERM -P "$(cat "$WORK/srun.log.pid")" || fail "no job step to preempt" # 
 kill -TERM $job
 wait $job
 code=$?
-[ $code = 0 ] || fail "preempted job exited $code: $(tail -5 "$WORK/job1.txt")"
+# On failure, the ranks' own last lines (mpirun's banner after them says only which rank ended how).
+[ $code = 0 ] || fail "preempted job exited $code: $(grep -v -e '^-----' -e '^ *$' "$WORK/job1.txt" | tail -25)"
 grep -q "stopped by a signal after step" "$WORK/job1.txt" || fail "no checkpoint on SIGTERM: $(tail -5 "$WORK/job1.txt")"
 grep -qx "requeue 42" "$WORK/scontrol.log" || fail "the preempted job did not requeue"
 grep -q -- "--mpi=pmix" "$WORK/srun.log" || fail "srun without PMIx: $(cat "$WORK/srun.log")"
