@@ -428,6 +428,46 @@ START_TEST(fp8_is_costed) {
 }
 END_TEST
 
+/* The experts' load as the sim states it, against a hand count on one MoE
+ * layer (hidden 1024, 8 SwiGLU experts of 1024, top 2, 1024 tokens, one
+ * rank) on an H100: dropless, each expert's GEMMs over an even share of the
+ * 2048 choices (256 rows); with a capacity factor of 1.5, over 1.5 times
+ * it (384), the busiest expert at its capacity. Forward, backward and the
+ * weight grads each differ by just those GEMMs. A model that ignores the
+ * capacity factor fails. */
+START_TEST(expert_load_is_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  loom_gpt_config moe = {.layers = 1, .hidden = 1024, .heads = 16, .ffn = 1024, .vocab = 1024, .seq = 1024,
+                         .mlp = LOOM_MLP_SWIGLU, .no_bias = true, .moe = {.experts = 8, .topk = 2}};
+  loom_gpt_config_finish(&moe);
+  loom_sim_costs c[2];
+  for (int o = 0; o < 2; o++) {
+    moe.moe.capacity_factor = o ? 1.5 : 0.0;
+    loom_plan *plan = plan_of((loom_plan_spec){.model = moe, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                               .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs_build(plan, prof, &c[o]);
+    loom_plan_free(plan);
+  }
+  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
+  double fw = 0.0, bw = 0.0;
+  for (int o = 0; o < 2; o++) {
+    const double r = (o ? 1.5 : 1.0) * 1024 * 2 / 8, sign = o ? 1.0 : -1.0;
+    const double shapes[2][3] = {{r, 2048, 1024}, {r, 1024, 1024}}; /* gate|up, down */
+    for (int i = 0; i < 2; i++) {
+      const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+      fw += sign * loom_profile_gemm_seconds(prof, bf16, m, n, k, 8);
+      bw += sign * (loom_profile_gemm_seconds(prof, bf16, m, k, n, 8) + loom_profile_gemm_seconds(prof, bf16, n, k, m, 8));
+    }
+  }
+  ck_assert(fw > 0 && bw > 0);
+  ck_assert_double_eq_tol(c[1].forward[0] - c[0].forward[0], fw, 1e-12);
+  ck_assert_double_eq_tol(c[1].backward[0] - c[0].backward[0], bw, 1e-12);
+  ck_assert_double_eq_tol(c[1].weight[0] - c[0].weight[0], fw, 1e-12);
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* The memory-bound bytes a step moves (what `loom bench step`'s roofline
  * holds to the triad): each micro-batch adds the same activation bytes, the
  * rest is AdamW's pass over the rank's state, 28 bytes a parameter in fp32
@@ -764,6 +804,7 @@ int main(void) {
   tcase_add_test(tc, search_tries_context_parallelism);
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
+  tcase_add_test(tc, expert_load_is_costed);
   tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);

@@ -159,8 +159,11 @@ static void ep_exchange(const layout *L, pass *x, double bytes) {
 
 /* A Mixture-of-Experts MLP as the runtime runs it (layers/moe.c) on the
  * tokens the rank routes (its share under SP, else all of them): the
- * router's GEMM, each of its E / ep experts' GEMMs over an even share of
- * the group's choices (equal GEMMs: load imbalance is not modelled), the
+ * router's GEMM, each of its E / ep experts' GEMMs over its rows (the load
+ * the sim states: an even share of the group's choices for a dropless run,
+ * as the published MoE benchmarks force their routing to; with a capacity
+ * factor C, C times that share, the busiest expert at its capacity, which
+ * bounds an uneven routing and is what Megatron pads every expert to), the
  * rows' gather and combine and the activation between the GEMMs, under
  * expert parallelism the rows' all-to-alls there and back in each pass,
  * and under SP the load-balancing counts summed over the group (with a
@@ -175,7 +178,8 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const double E = c->moe.experts, El = loom_gpt_local_experts(c), k = c->moe.topk, n = L->rows, h = c->hidden;
   const double fe = loom_gpt_local_expert_ffn(c), e = L->e, etp = L->etp;
   /* each expert's rows from the whole group (and from every rank splitting the experts) */
-  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = etp * n * k / El;
+  const double load = c->moe.capacity_factor > 0.0 ? c->moe.capacity_factor : 1.0;
+  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = load * etp * n * k / El;
   const double shapes[][4] = {{r, up, h, El}, {r, h, fe, El}};
   f->compute += gemm(L, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
   g->compute += gemm_backward(L, n, E, h, 1);
