@@ -468,6 +468,40 @@ START_TEST(expert_load_is_costed) {
 }
 END_TEST
 
+/* Under expert parallelism with ZeRO-1 the experts' stepped weights are
+ * gathered over their own data-parallel group (the plan's
+ * edp_gather_bytes_sent, apart from the rest's dp_gather_bytes_sent), and
+ * --overlap-param-gather runs both beside the next forward: a hand count at
+ * dp 4, ep 2 (each group inside a node) gives what it saves, the first
+ * bucket still waited for. A model that leaves the experts' gather with
+ * their grads fails. */
+START_TEST(expert_gathers_are_split) {
+  loom_profile *prof = builtin("h100-sxm");
+  const double share = prof->overlap_sm_share;
+  loom_gpt_config moe = {.layers = 4, .hidden = 256, .heads = 4, .ffn = 256, .vocab = 512, .seq = 256,
+                         .mlp = LOOM_MLP_SWIGLU, .no_bias = true, .moe = {.experts = 4, .topk = 2}};
+  loom_gpt_config_finish(&moe);
+  loom_sim_costs c[2];
+  double dense = 0.0, experts = 0.0;
+  for (int o = 0; o < 2; o++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = moe, .tp = 1, .pp = 1, .dp = 4, .vpp = 1, .ep = 2, .zero_stage = 1,
+                                               .param_gather_overlap = o, .micro_batch = 1, .global_batch = 4,
+                                               .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs_build(plan, prof, &c[o]);
+    dense = (double)plan->estimates->stages[0]->dp_gather_bytes_sent;
+    experts = (double)plan->estimates->stages[0]->edp_gather_bytes_sent;
+    loom_plan_free(plan);
+  }
+  const double bw = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
+  const double gather = (dense + experts) / bw, first = gather / moe.layers, forward = c[0].forward[0];
+  ck_assert(dense > 0 && experts > 0 && gather < forward);
+  ck_assert_double_eq_tol(c[0].dp_exposed[0] - c[1].dp_exposed[0], gather - first - beside_by_hand(gather - first, forward, share),
+                          1e-12);
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* The memory-bound bytes a step moves (what `loom bench step`'s roofline
  * holds to the triad): each micro-batch adds the same activation bytes, the
  * rest is AdamW's pass over the rank's state, 28 bytes a parameter in fp32
@@ -805,6 +839,7 @@ int main(void) {
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
   tcase_add_test(tc, expert_load_is_costed);
+  tcase_add_test(tc, expert_gathers_are_split);
   tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);

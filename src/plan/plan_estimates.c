@@ -69,13 +69,16 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
  * data-parallel group (tp dp / (etp ep) replicas) per step: their grads,
  * and under ZeRO their weights, the same collectives as dp's (compression
  * is refused there). */
-static double edp_bytes_sent(const loom_plan *p, const loom_stage_range *range) {
+static double edp_bytes_sent(const loom_plan *p, const loom_stage_range *range, double *gathered) {
   const Loom__Parallel *l = p->parallel;
+  *gathered = 0.0;
   if (l->ep <= 1) return 0.0;
   loom_gpt_config cfg;
   loom_plan_rank_config(p, &cfg);
   const double edp = (double)l->tp * l->dp / ((double)l->ep * (l->etp > 1 ? l->etp : 1));
-  return group_bytes_sent(p, edp, (double)loom_gpt_expert_param_count(&cfg, range), 0.0);
+  const double words = (double)loom_gpt_expert_param_count(&cfg, range);
+  *gathered = gather_bytes_sent(p, edp, words);
+  return group_bytes_sent(p, edp, words, 0.0);
 }
 
 void loom_plan_estimate(loom_plan *p) {
@@ -106,6 +109,7 @@ void loom_plan_estimate(loom_plan *p) {
     x->has_in_flight = x->has_master_weights = x->has_grad_compression = x->has_dp_bytes_sent = 1;
     x->has_edp_bytes_sent = p->parallel->ep > 1;
     x->has_dp_gather_bytes_sent = p->parallel->zero_stage == 1 || p->parallel->zero_stage == 2;
+    x->has_edp_gather_bytes_sent = x->has_edp_bytes_sent && x->has_dp_gather_bytes_sent;
     x->has_zero_transient = x->has_weight_grad_states = x->has_grad_reduce_buffers = 1;
     x->pp_rank = st->pp_rank;
     x->chunk = st->chunk;
@@ -138,7 +142,9 @@ void loom_plan_estimate(loom_plan *p) {
     x->dp_bytes_sent = (int64_t)dp_bytes_sent(p, &c, &range);
     const bool whole = loom_plan_compression(p).kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE; /* dp_bytes_sent's own split */
     x->dp_gather_bytes_sent = whole ? (int64_t)gather_bytes_sent(p, loom_plan_grad_replicas(p), c.whole_words) : 0;
-    x->edp_bytes_sent = (int64_t)edp_bytes_sent(p, &range);
+    double edp_gathered;
+    x->edp_bytes_sent = (int64_t)edp_bytes_sent(p, &range, &edp_gathered);
+    x->edp_gather_bytes_sent = (int64_t)edp_gathered;
   }
 }
 

@@ -467,13 +467,14 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
     /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
      * stage, compression and all), at the dp group's bus bandwidth; under
      * expert parallelism also the experts' over their own replicas' group. */
-    double layers, dp_sent = 0.0, edp_sent = 0.0, gather_sent = 0.0;
+    double layers, dp_sent = 0.0, edp_sent = 0.0, gather_sent = 0.0, edp_gather_sent = 0.0;
     const double params = rank_params(&L, q, &layers);
     for (size_t k = 0; k < plan->n_stages; k++)
       if (plan->stages[k]->pp_rank == q) {
         dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
         edp_sent += (double)plan->estimates->stages[k]->edp_bytes_sent;
         gather_sent += (double)plan->estimates->stages[k]->dp_gather_bytes_sent;
+        edp_gather_sent += (double)plan->estimates->stages[k]->edp_gather_bytes_sent;
       }
     c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
     if (L.dp > 1 || edp_sent > 0.0) {
@@ -488,6 +489,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
         const int edp = L.tp * L.dp / (L.ep * L.etp);
         group_link(prof, edp, loom_group_per_node(edp, L.ep * L.etp, dpn), &bw, &latency);
         c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
+        gather += edp_gather_sent / bw; /* the experts' own, on their group's link */
       }
       /* With --overlap-grad-reduce (loom's default) buckets go as their layers' grads are ready: once a step
        * (reduce_exposed), or under ZeRO-2/3 behind every micro-batch's backward, the last bucket waited for.
