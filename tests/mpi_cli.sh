@@ -26,6 +26,10 @@ grep -q "experts: ep 2 x expert-data-parallel 1 in each MoE layer, 4 of 8 expert
 # The busiest experts' rows over the run, within the dropless bound the buffers hold (ep n min(k, E / ep)).
 rows=$(sed -n 's/.*experts: the busiest rank.s experts took at most \([0-9]*\) rows.* of the \([0-9]*\) its buffers.*/\1 \2/p' "$WORK/moe2.txt")
 [ -n "$rows" ] && [ "${rows% *}" -gt 0 ] && [ "${rows% *}" -le "${rows#* }" ] || fail "expert rows against their bound: '$rows'"
+# ... and over an even share (the busiest of two ranks takes at least half): the factor loom sim takes.
+share=$(sed -n 's/.*took at most \([0-9]*\) rows.*, \([0-9.]*\)x an even share of \([0-9]*\) (loom sim --moe-rank-imbalance).*/\1 \2 \3/p' "$WORK/moe2.txt")
+awk -v s="$share" 'BEGIN { split(s, x, " "); r = x[1] / x[3]; exit !(x[3] > 0 && r >= 1 && x[2] - r < 0.006 && r - x[2] < 0.006) }' ||
+  fail "expert rows over an even share: '$share'"
 grep -q '"moe_expert_rows_max": ' "$WORK/moe2.jsonl" || fail "no moe_expert_rows_max in the metrics"
 grep -q "load_balancing_loss .* expert load max/mean" "$WORK/moe2.txt" || fail "no routing line"
 for i in 1 2 3; do

@@ -665,6 +665,19 @@ START_TEST(sim_and_search_refuse_bad_input) {
   expect_fail(run("sim", "--cluster", "a100-80gb", "--precision", "bf16", "--fp8-format", "hybrid", NULL), 2,
               "loom sim: --fp8-format: the profile a100-80gb prices no fp8 GEMMs (device.peak_tflops_fp8 and a PRECISION_FP8 "
               "gemm entry); drop --fp8-format or use a profile that gives them");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--moe-rank-imbalance", "2", NULL), 2,
+              "loom sim: --moe-rank-imbalance 2: the plan's model has no experts");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--moe-rank-imbalance", "3", NULL), 2,
+              "loom sim: --moe-rank-imbalance 3: the busiest of ep 2 ranks takes at most 2 times an even share of the rows "
+              "(every row of its group)");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--model", "moe-tiny", "--moe-expert-capacity-factor", "1.5",
+                  "--moe-rank-imbalance", "1.5", NULL), 2,
+              "loom sim: --moe-rank-imbalance 1.5: the plan's capacity factor 1.5 already costs each expert at its capacity; "
+              "drop one of them");
+  expect_fail_with(run("sim", "--cluster", "a100-80gb", "--model", "moe-tiny", "--moe-rank-imbalance", "0.5", NULL), 2,
+                   "--moe-rank-imbalance");
+  expect_fail(run("plan", "search", "--gpus", "8", "--cluster", "a100-80gb", "--global-batch", "64", "--moe-rank-imbalance",
+                  "1.5", NULL), 2, "loom plan search: --moe-rank-imbalance 1.5: the plan's model has no experts");
   expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--hidden 100: must be divisible by --heads (3)");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--svg", "x.svg", NULL), 2, "loom sim: --svg draws a --sweep-gpus curve; give both");
   expect_fail(run("sim", "--cluster", "a100-80gb", "--sweep-gpus", "64,32", NULL), 2,

@@ -40,7 +40,7 @@ static void predict(predicted *x, const char *cluster, loom_plan_spec spec) {
   x->prof = builtin(cluster);
   x->plan = plan_of(spec);
   loom_error err = {0};
-  ck_assert_msg(loom_sim_run(x->plan, x->prof, LOOM_FLOPS_MEGATRON, &x->r, &err) == LOOM_OK, "%s", err.msg);
+  ck_assert_msg(loom_sim_run(x->plan, x->prof, &LOOM_SIM_ASSUME_BALANCED, &x->r, &err) == LOOM_OK, "%s", err.msg);
 }
 
 static void predicted_free(predicted *x) {
@@ -468,6 +468,69 @@ START_TEST(expert_load_is_costed) {
 }
 END_TEST
 
+/* A dropless run's stated rank imbalance F: the busiest ep rank's experts
+ * take F times an even share of the rows, in their GEMMs and in the
+ * all-to-alls there and back in each pass. A hand count at ep 2 (one node)
+ * gives the forward's, backward's and weight half's growth from F = 1 to
+ * 1.5; a model that leaves the all-to-alls even fails. loom_sim_run
+ * refuses F over ep, and for a dense model or one with a capacity factor. */
+START_TEST(rank_imbalance_is_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  loom_gpt_config moe = {.layers = 1, .hidden = 1024, .heads = 16, .ffn = 1024, .vocab = 1024, .seq = 1024,
+                         .mlp = LOOM_MLP_SWIGLU, .no_bias = true, .moe = {.experts = 8, .topk = 2}};
+  loom_plan *plan = plan_of((loom_plan_spec){.model = moe, .tp = 1, .pp = 1, .dp = 2, .ep = 2, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 2, .precision = LOOM__PRECISION__PRECISION_BF16});
+  const double F = 1.5;
+  loom_sim_costs c[2];
+  for (int o = 0; o < 2; o++) {
+    loom_sim_assumptions a = LOOM_SIM_ASSUME_BALANCED;
+    a.moe_rank_imbalance = o ? F : 1.0;
+    loom_sim_costs_build_assuming(plan, prof, &a, &c[o]);
+  }
+  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
+  double fw = 0.0, bw = 0.0;
+  for (int o = 0; o < 2; o++) {
+    const double r = (o ? F : 1.0) * 1024 * 2 / 4, sign = o ? 1.0 : -1.0; /* 4 local experts */
+    const double shapes[2][3] = {{r, 2048, 1024}, {r, 1024, 1024}};
+    for (int i = 0; i < 2; i++) {
+      const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+      fw += sign * loom_profile_gemm_seconds(prof, bf16, m, n, k, 4);
+      bw += sign * (loom_profile_gemm_seconds(prof, bf16, m, k, n, 4) + loom_profile_gemm_seconds(prof, bf16, n, k, m, 4));
+    }
+  }
+  const double bus = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
+  const double a2a = 2.0 * (F - 1.0) * 1024 * 2 * 1024 * 2.0 / 2.0 / bus; /* there and back, half the rows leave */
+  ck_assert(fw > 0 && bw > 0 && a2a > 0);
+  ck_assert_double_eq_tol(c[1].forward[0] - c[0].forward[0], fw + a2a, 1e-12);
+  ck_assert_double_eq_tol(c[1].backward[0] - c[0].backward[0], bw + a2a, 1e-12);
+  ck_assert_double_eq_tol(c[1].weight[0] - c[0].weight[0], fw, 1e-12);
+  for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_error err = {0};
+  loom_sim_result r;
+  loom_sim_assumptions a = LOOM_SIM_ASSUME_BALANCED;
+  a.moe_rank_imbalance = 2.5;
+  ck_assert_int_eq(loom_sim_run(plan, prof, &a, &r, &err), LOOM_ERR_USAGE);
+  ck_assert_msg(strstr(err.msg, "at most 2 times") != NULL, "%s", err.msg);
+  a.moe_rank_imbalance = 2.0;
+  ck_assert_int_eq(loom_sim_run(plan, prof, &a, &r, &err), LOOM_OK);
+  loom_sim_result_free(&r);
+  loom_plan_free(plan);
+  moe.moe.capacity_factor = 1.25;
+  plan = plan_of((loom_plan_spec){.model = moe, .tp = 1, .pp = 1, .dp = 2, .ep = 2, .vpp = 1, .micro_batch = 1,
+                                  .global_batch = 2, .precision = LOOM__PRECISION__PRECISION_BF16});
+  ck_assert_int_eq(loom_sim_check_imbalance(plan, 1.5, &err), LOOM_ERR_USAGE);
+  ck_assert_msg(strstr(err.msg, "capacity factor") != NULL, "%s", err.msg);
+  loom_plan_free(plan);
+  plan = plan_of((loom_plan_spec){.model = GPT, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1});
+  ck_assert_int_eq(loom_sim_check_imbalance(plan, 1.5, &err), LOOM_ERR_USAGE);
+  ck_assert_msg(strstr(err.msg, "no experts") != NULL, "%s", err.msg);
+  ck_assert_int_eq(loom_sim_check_imbalance(plan, 1.0, &err), LOOM_OK);
+  ck_assert_int_eq(loom_sim_check_imbalance(plan, 0.5, &err), LOOM_ERR_USAGE);
+  loom_plan_free(plan);
+  loom_profile_free(prof);
+}
+END_TEST
+
 /* Under expert parallelism with ZeRO-1 the experts' stepped weights are
  * gathered over their own data-parallel group (the plan's
  * edp_gather_bytes_sent, apart from the rest's dp_gather_bytes_sent), and
@@ -611,7 +674,7 @@ START_TEST(search_ranks_what_fits) {
                                              .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
   loom_search_result r;
   loom_error err = {0};
-  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){0}, &r, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){0}, &r, &err), LOOM_OK);
   ck_assert_int_gt(r.nranked, 10);
   int dropped = 0; /* every candidate is ranked or dropped for one reason */
   for (int i = 0; i < r.ndropped; i++) dropped += r.dropped[i].count;
@@ -656,7 +719,7 @@ START_TEST(search_ranks_what_fits) {
   char lines[1024];
   ck_assert_msg(loom_plan_check_rules(best, 16, prof->device->memory_bytes, lines, sizeof lines) == 0, "%s", lines);
   loom_sim_result s;
-  ck_assert_int_eq(loom_sim_run(best, prof, LOOM_FLOPS_MEGATRON, &s, &err), LOOM_OK);
+  ck_assert_int_eq(loom_sim_run(best, prof, &LOOM_SIM_ASSUME_BALANCED, &s, &err), LOOM_OK);
   ck_assert_double_eq_tol(s.step_s, r.ranked[0].step_s, 1e-12 * s.step_s);
   loom_sim_result_free(&s);
   loom_plan_free(best);
@@ -680,7 +743,7 @@ START_TEST(search_tries_context_parallelism) {
     loom_plan *base = plan_of((loom_plan_spec){.model = model, .train_seq = seq, .tp = 1, .pp = 1, .dp = 1, .vpp = 1,
                                                .micro_batch = 1, .global_batch = 16,
                                                .precision = LOOM__PRECISION__PRECISION_BF16});
-    ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 8}, &r, &err), LOOM_OK);
+    ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){.keep = 8}, &r, &err), LOOM_OK);
     int split = 0;
     for (int i = 0; i < r.nranked; i++) {
       const loom_candidate *c = &r.ranked[i];
@@ -718,7 +781,7 @@ START_TEST(step_lower_bound_holds) {
                                                      .schedule = kinds[k].kind, .precision = LOOM__PRECISION__PRECISION_BF16});
           loom_sim_result r;
           loom_error err = {0};
-          ck_assert_msg(loom_sim_run(plan, prof, LOOM_FLOPS_MEGATRON, &r, &err) == LOOM_OK, "%s", err.msg);
+          ck_assert_msg(loom_sim_run(plan, prof, &LOOM_SIM_ASSUME_BALANCED, &r, &err) == LOOM_OK, "%s", err.msg);
           const double bound = loom_sim_step_lower_bound(&r.costs, loom_schedule_kind_splits_backward(kinds[k].kind));
           ck_assert_msg(bound > 0.0 && bound <= r.step_s * (1.0 + 1e-12), "%s pp %d m %d recompute %d: bound %.6g over the replay's %.6g",
                         loom_schedule_kind_name(kinds[k].kind), pp, m, rc, bound, r.step_s);
@@ -773,8 +836,8 @@ START_TEST(search_bounds_only_what_cannot_matter) {
                                              .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
   loom_search_result all, kept;
   loom_error err = {0};
-  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){0}, &all, &err), LOOM_OK);
-  ck_assert_int_eq(loom_plan_search(base, 16, prof, LOOM_FLOPS_MEGATRON, &(loom_search_options){.keep = 5}, &kept, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){0}, &all, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){.keep = 5}, &kept, &err), LOOM_OK);
   ck_assert_int_eq(all.bounded, 0);
   ck_assert_int_eq(all.nranked, all.fit);
   ck_assert_int_gt(kept.bounded, all.fit / 2); /* the bound does its work */
@@ -839,6 +902,7 @@ int main(void) {
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
   tcase_add_test(tc, expert_load_is_costed);
+  tcase_add_test(tc, rank_imbalance_is_costed);
   tcase_add_test(tc, expert_gathers_are_split);
   tcase_add_test(tc, memory_bytes_add_up);
   tcase_add_test(tc, trace_is_drawn);

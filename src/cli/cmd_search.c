@@ -90,8 +90,9 @@ static void show_progress(const loom_search_result *r, void *ctx) {
 int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
+  float imbalance = 1.0f;
   int gpus = 0, top = 10;
-  enum { EXTRA = 6 };
+  enum { EXTRA = 7 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
@@ -101,6 +102,7 @@ int loom_cmd_plan_search(int argc, char **argv) {
       {"-o", FLAG_STRING, &out, "write the best plan here (.txtpb or .pb)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--svg", FLAG_STRING, &svg, "draw the predicted layouts' throughput against their memory", LOOM_NO_RANGE, NULL, false, NULL},
       loom_sim_flops_flag(&flops),
+      loom_sim_imbalance_flag(&imbalance),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};
@@ -115,17 +117,18 @@ int loom_cmd_plan_search(int argc, char **argv) {
       return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: %s is what the search chooses; leave it out", CHOSEN[i]), &err);
   if (!gpus || !cluster || !pf.global_batch)
     return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: --gpus, --cluster and --global-batch are required"), &err);
-  loom_flops_formula formula;
+  loom_sim_assumptions assume;
   loom_profile *prof = NULL;
   loom_plan *base = NULL;
-  st = loom_sim_flag_values(cluster, flops, &prof, &formula, &err);
+  st = loom_sim_flag_values(cluster, flops, imbalance, &prof, &assume, &err);
   pf.dp = 1, pf.micro_batch = 1; /* the base plan carries the model, batch and precision only */
   if (!pf.name && loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--model")->set) pf.name = pf.model.preset; /* the best plan is named after its model */
   if (st == LOOM_OK) st = loom_plan_flags_build("loom plan search", &pf, table, &base, &err);
+  if (st == LOOM_OK) st = loom_error_prefix(&err, loom_sim_check_imbalance(base, assume.moe_rank_imbalance, &err), "loom plan search");
   loom_search_result r = {0};
   progress_line line = {.start = loom_now_s(), .tty = isatty(STDERR_FILENO)};
   const loom_search_options opt = {.keep = top, .progress = show_progress, .ctx = &line};
-  if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, formula, &opt, &r, &err);
+  if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, &assume, &opt, &r, &err);
   if (line.shown && line.tty) fputs("\n", stderr);
   if (st == LOOM_OK) {
     printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit "

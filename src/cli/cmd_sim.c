@@ -22,9 +22,18 @@ loom_flag loom_sim_flops_flag(const char **dst) {
                      LOOM_NO_RANGE, LOOM_FLOPS_FORMULA_NAMES, false, NULL};
 }
 
-loom_status loom_sim_flag_values(const char *cluster, const char *flops, loom_profile **prof, loom_flops_formula *formula,
-                                 loom_error *err) {
-  loom_flops_formula_parse(flops, formula); /* the flag's choices guarantee a known name */
+loom_flag loom_sim_imbalance_flag(float *dst) {
+  return (loom_flag){"--moe-rank-imbalance", FLAG_FLOAT, dst,
+                     "a dropless MoE run's busiest expert-parallel rank: its experts' rows over an even share (1: balanced, "
+                     "as NVIDIA's MoE benchmarks force; at most ep; loom train's closing \"experts:\" line measures it)",
+                     1, 65536, NULL, false, NULL};
+}
+
+loom_status loom_sim_flag_values(const char *cluster, const char *flops, float imbalance, loom_profile **prof,
+                                 loom_sim_assumptions *assume, loom_error *err) {
+  *assume = LOOM_SIM_ASSUME_BALANCED;
+  loom_flops_formula_parse(flops, &assume->formula); /* the flag's choices guarantee a known name */
+  assume->moe_rank_imbalance = imbalance;
   return loom_profile_load(cluster, prof, err);
 }
 
@@ -98,7 +107,7 @@ typedef struct {
 } sweep_point;
 
 /* The plan on `gpus` GPUs: its tp x pp groups, dp the rest, the same global batch. */
-static loom_status predict_at(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, int gpus,
+static loom_status predict_at(loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *assume, int gpus,
                               sweep_point *pt, loom_error *err) {
   Loom__Parallel *l = plan->parallel;
   const int group = l->tp * l->cp * l->pp;
@@ -113,7 +122,7 @@ static loom_status predict_at(loom_plan *plan, const loom_profile *prof, loom_fl
   }
   loom_plan_estimate(plan);
   loom_sim_result r;
-  loom_status st = loom_error_prefix(err, loom_sim_run(plan, prof, formula, &r, err), "loom sim");
+  loom_status st = loom_error_prefix(err, loom_sim_run(plan, prof, assume, &r, err), "loom sim");
   if (st != LOOM_OK) return st;
   *pt = (sweep_point){gpus, l->dp, r.costs.m, r.step_s, r.tokens_per_s, r.tflops_per_gpu, r.mfu, r.bubble, r.max_rank_memory_bytes};
   loom_sim_result_free(&r);
@@ -153,7 +162,7 @@ static loom_status draw_sweep(const char *path, const sweep_point *pts, int n, c
   return fclose(fp) == 0 ? LOOM_OK : loom_fail(err, LOOM_ERR_WRITE, "--svg %s: write failed", path);
 }
 
-static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, const char *list,
+static loom_status sweep(loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *assume, const char *list,
                          const char *svg, loom_error *err) {
   sweep_point pts[64];
   int counts[64], n = 0;
@@ -167,7 +176,7 @@ static loom_status sweep(loom_plan *plan, const loom_profile *prof, loom_flops_f
     p = *end ? end + 1 : end;
   }
   for (int i = 0; i < n; i++) {
-    const loom_status st = predict_at(plan, prof, formula, counts[i], &pts[i], err);
+    const loom_status st = predict_at(plan, prof, assume, counts[i], &pts[i], err);
     if (st != LOOM_OK) return st;
   }
   printf("loom sim: scaling of tp %d x pp %d at global batch %d on %s\n", plan->parallel->tp, plan->parallel->pp,
@@ -188,8 +197,9 @@ int loom_cmd_sim(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron", *gpus = NULL, *svg = NULL;
+  float imbalance = 1.0f;
   bool json = false;
-  enum { EXTRA = 7 };
+  enum { EXTRA = 8 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
@@ -198,6 +208,7 @@ int loom_cmd_sim(int argc, char **argv) {
       {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
       {"--trace", FLAG_STRING, &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL, false, NULL},
       loom_sim_flops_flag(&flops),
+      loom_sim_imbalance_flag(&imbalance),
       {"--sweep-gpus", FLAG_STRING, &gpus, "predict the plan on each of these GPU counts (dp scaled, the global batch kept): 64,128,256", LOOM_NO_RANGE, NULL, false, NULL},
       {"--svg", FLAG_STRING, &svg, "with --sweep-gpus: draw the scaling curve", LOOM_NO_RANGE, NULL, false, NULL},
   };
@@ -211,19 +222,19 @@ int loom_cmd_sim(int argc, char **argv) {
                                   table, LOOM_PLAN_FLAG_COUNT + EXTRA, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!cluster) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --cluster is required (built in: %s)", loom_profile_builtin_names()), &err);
-  loom_flops_formula formula;
+  loom_sim_assumptions assume;
   loom_profile *prof = NULL;
-  st = loom_sim_flag_values(cluster, flops, &prof, &formula, &err);
+  st = loom_sim_flag_values(cluster, flops, imbalance, &prof, &assume, &err);
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_plan_flags_or_file("loom sim", file, &pf, table, &plan, &err);
   loom_sim_result res;
   if (svg && !gpus && st == LOOM_OK) st = loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --svg draws a --sweep-gpus curve; give both");
   if (st == LOOM_OK) st = loom_plan_flags_refuse("loom sim", plan, &(loom_plan_limits){0}, table, file, &err);
   if (st == LOOM_OK && gpus) {
-    st = sweep(plan, prof, formula, gpus, svg, &err);
+    st = sweep(plan, prof, &assume, gpus, svg, &err);
   } else if (st == LOOM_OK) {
     loom_plan_estimate(plan); /* a plan file's own estimates may be stale */
-    st = loom_error_prefix(&err, loom_sim_run(plan, prof, formula, &res, &err), "loom sim");
+    st = loom_error_prefix(&err, loom_sim_run(plan, prof, &assume, &res, &err), "loom sim");
     if (st == LOOM_OK) {
       if (json) print_json(plan, prof, &res);
       else print_text(plan, prof, &res);

@@ -288,14 +288,17 @@ static bool stop_requested(const loom_trainer *tr, const loom_train_loop *loop) 
   return stop != 0;
 }
 
-/* A MoE model's busiest experts over the run against the rows the memory
- * model gave them (loom_moe_recv_rows: dropless, the worst case). */
+/* A MoE model's busiest experts over the run against an even share of the
+ * rows (n tokens routed k ways: what `loom sim --moe-rank-imbalance` takes
+ * as the ratio) and against the rows the memory model gave them
+ * (loom_moe_recv_rows: dropless, the worst case). */
 static void report_expert_rows(const loom_trainer *tr) {
   const loom_gpt *m = loom_pipeline_chunk(tr->pipe, 0);
   if (!loom_gpt_is_moe(&m->p.cfg) || !tr->moe_load) return;
-  const int64_t bound = m->moe.recv_rows;
-  loom_log_info("experts: the busiest rank's experts took at most %lld rows in one layer's micro-batch, %.1f%% of the %lld "
-                "its buffers and the memory model allot (%s)", (long long)tr->moe_rows_peak,
+  const int64_t bound = m->moe.recv_rows, even = (int64_t)m->moe.n * m->p.cfg.moe.topk;
+  loom_log_info("experts: the busiest rank's experts took at most %lld rows in one layer's micro-batch, %.2fx an even "
+                "share of %lld (loom sim --moe-rank-imbalance) and %.1f%% of the %lld its buffers and the memory model allot "
+                "(%s)", (long long)tr->moe_rows_peak, even ? (double)tr->moe_rows_peak / (double)even : 0.0, (long long)even,
                 bound ? 100.0 * (double)tr->moe_rows_peak / (double)bound : 0.0, (long long)bound,
                 m->p.cfg.moe.capacity_factor > 0.0 ? "as the capacity factor caps them"
                                                    : "dropless: as if every token routed there");

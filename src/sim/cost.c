@@ -68,6 +68,7 @@ typedef struct {
   double overhead; /* seconds per op */
   bool tp_overlap; /* the plan's --tp-comm-overlap */
   double slowdown; /* the extra time compute takes per second it runs beside a collective (overlap_sm_share's) */
+  double moe_imbalance; /* loom_sim_assumptions' moe_rank_imbalance */
 } layout;
 
 typedef struct {
@@ -160,12 +161,13 @@ static void ep_exchange(const layout *L, pass *x, double bytes) {
 /* A Mixture-of-Experts MLP as the runtime runs it (layers/moe.c) on the
  * tokens the rank routes (its share under SP, else all of them): the
  * router's GEMM, each of its E / ep experts' GEMMs over its rows (the load
- * the sim states: an even share of the group's choices for a dropless run,
- * as the published MoE benchmarks force their routing to; with a capacity
- * factor C, C times that share, the busiest expert at its capacity, which
- * bounds an uneven routing and is what Megatron pads every expert to), the
- * rows' gather and combine and the activation between the GEMMs, under
- * expert parallelism the rows' all-to-alls there and back in each pass,
+ * the sim states: for a dropless run the assumed imbalance times an even
+ * share of the group's choices, the busiest rank's, which every rank waits
+ * for; with a capacity factor C, C times that share, the busiest expert at
+ * its capacity, which bounds an uneven routing and is what Megatron pads
+ * every expert to), the rows' gather and combine and the activation between
+ * the GEMMs, under expert parallelism the rows' all-to-alls there and back
+ * in each pass (a dropless run's busiest rank receiving its load's rows),
  * and under SP the load-balancing counts summed over the group (with a
  * capacity factor also every rank's choices gathered). Under expert tensor
  * parallelism each rank runs every rank's rows through its slice of the
@@ -178,7 +180,8 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const double E = c->moe.experts, El = loom_gpt_local_experts(c), k = c->moe.topk, n = L->rows, h = c->hidden;
   const double fe = loom_gpt_local_expert_ffn(c), e = L->e, etp = L->etp;
   /* each expert's rows from the whole group (and from every rank splitting the experts) */
-  const double load = c->moe.capacity_factor > 0.0 ? c->moe.capacity_factor : 1.0;
+  const bool dropless = c->moe.capacity_factor <= 0.0;
+  const double load = dropless ? L->moe_imbalance : c->moe.capacity_factor;
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = load * etp * n * k / El;
   const double shapes[][4] = {{r, up, h, El}, {r, h, fe, El}};
   f->compute += gemm(L, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
@@ -191,7 +194,8 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   stream(L, g, 2.0 * bytes);
   f->compute += 6.0 * L->overhead;
   g->compute += 8.0 * L->overhead;
-  for (int i = 0; i < 2; i++) ep_exchange(L, f, n * k * h * e), ep_exchange(L, g, n * k * h * e);
+  const double exchanged = (dropless ? load : 1.0) * n * k * h * e;
+  for (int i = 0; i < 2; i++) ep_exchange(L, f, exchanged), ep_exchange(L, g, exchanged);
   if (L->etp > 1) { /* the gathered buffers: a block of each rank's n k rows (its counts first) */
     etp_collective(L, f, LOOM_COLL_ALLGATHER, etp * El * 4.0);
     for (int i = 0; i < 2; i++) {
@@ -385,6 +389,11 @@ static double rank_params(const layout *L, int q, double *layers) {
 static double *zeros(int n) { return loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof(double), "cost model"); }
 
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c) {
+  loom_sim_costs_build_assuming(plan, prof, &LOOM_SIM_ASSUME_BALANCED, c);
+}
+
+void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
+                                   loom_sim_costs *c) {
   const Loom__Parallel *l = plan->parallel;
   layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = loom_plan_grad_replicas(plan), .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
               .precision = plan->precision,
@@ -406,6 +415,7 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   L.tp_overlap = loom_plan_overlaps(plan).tp_comm;
   const double share = prof->has_overlap_sm_share ? prof->overlap_sm_share : 0.0;
   L.slowdown = share / (1.0 - share);
+  L.moe_imbalance = a->moe_rank_imbalance;
   L.cp_all_gather = L.cfg.cp_all_gather;
   L.cp_per_node = loom_group_per_node(L.cp, L.tp, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;

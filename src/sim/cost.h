@@ -51,7 +51,23 @@ typedef struct {
   loom_link_kind tp_link, p2p_link, dp_link, cp_link;
 } loom_sim_costs;
 
-/* Costs every action of the plan (checked, with estimates) on the profile. */
+/* What a prediction takes as given beyond the plan and the profile. */
+typedef struct {
+  loom_flops_formula formula; /* the model FLOPs its TFLOP/s and MFU count */
+  /* A dropless MoE run's busiest expert-parallel rank: the rows its experts
+   * take in a layer over an even share of the group's (1: balanced, as
+   * NVIDIA's published MoE benchmarks force their routing to be; at most
+   * ep, every row of the group). Its expert GEMMs and its all-to-alls take
+   * that many times the rows, and every rank waits for it. loom train's
+   * closing "experts:" line measures it on a run. */
+  double moe_rank_imbalance;
+} loom_sim_assumptions;
+#define LOOM_SIM_ASSUME_BALANCED ((loom_sim_assumptions){.formula = LOOM_FLOPS_MEGATRON, .moe_rank_imbalance = 1.0})
+
+/* Costs every action of the plan (checked, with estimates) on the profile,
+ * under the assumptions (loom_sim_costs_build: LOOM_SIM_ASSUME_BALANCED's). */
+void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
+                                   loom_sim_costs *c);
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c);
 void loom_sim_costs_free(loom_sim_costs *c);
 /* The seconds rank r is busy with action a (a send: none, it leaves at once). */

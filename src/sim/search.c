@@ -1,4 +1,5 @@
 /* Plan search: enumerate, refuse by the plan's rules and memory, predict, rank. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,8 +71,15 @@ static int64_t busiest_bytes(const loom_plan *plan, int pp) {
 /* Sizes one candidate: refused by a rule (counted), over memory (kept in
  * unfit), or fitting, into *fits with the lower bound on its step; returns
  * whether it fits. */
-static bool measure(const loom_plan *base, const loom_profile *prof, loom_candidate c, loom_search_result *res,
-                    loom_candidate **fits, int *nfits) {
+/* The assumptions for a candidate: an imbalance of at most its ep (its busiest rank takes at most every row). */
+static loom_sim_assumptions for_candidate(const loom_sim_assumptions *assume, const loom_candidate *c) {
+  loom_sim_assumptions a = *assume;
+  a.moe_rank_imbalance = fmin(a.moe_rank_imbalance, (double)c->ep);
+  return a;
+}
+
+static bool measure(const loom_plan *base, const loom_profile *prof, const loom_sim_assumptions *assume, loom_candidate c,
+                    loom_search_result *res, loom_candidate **fits, int *nfits) {
   c.order = res->considered++;
   loom_plan *plan = NULL;
   loom_error err = {0};
@@ -92,7 +100,8 @@ static bool measure(const loom_plan *base, const loom_profile *prof, loom_candid
       push(&res->unfit, &res->nunfit, &c);
     } else {
       loom_sim_costs costs;
-      loom_sim_costs_build(plan, prof, &costs);
+      const loom_sim_assumptions a = for_candidate(assume, &c);
+      loom_sim_costs_build_assuming(plan, prof, &a, &costs);
       c.bound_s = loom_sim_step_lower_bound(&costs, loom_schedule_kind_splits_backward(c.schedule));
       loom_sim_costs_free(&costs);
       res->fit++;
@@ -122,11 +131,11 @@ static bool fits_memory(const loom_plan *base, const loom_profile *prof, const l
  * fits, also the fewest of each stage's first layers (Megatron's block
  * method) that fit, found by bisection (memory falls as layers are
  * recomputed). Records what it measures. */
-static void measure_recompute(const loom_plan *base, const loom_profile *prof, loom_candidate c, loom_search_result *res,
-                              loom_candidate **fits, int *nfits) {
-  if (measure(base, prof, c, res, fits, nfits)) return;
+static void measure_recompute(const loom_plan *base, const loom_profile *prof, const loom_sim_assumptions *assume,
+                              loom_candidate c, loom_search_result *res, loom_candidate **fits, int *nfits) {
+  if (measure(base, prof, assume, c, res, fits, nfits)) return;
   c.recompute = true;
-  if (!measure(base, prof, c, res, fits, nfits)) return;
+  if (!measure(base, prof, assume, c, res, fits, nfits)) return;
   int lo = 0, hi = base->model->layers / (c.pp * c.vpp); /* hi fits (it is full recompute for a stage that short) */
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
@@ -136,16 +145,17 @@ static void measure_recompute(const loom_plan *base, const loom_profile *prof, l
     else lo = mid;
   }
   c.recompute_layers = hi;
-  if (hi < base->model->layers / (c.pp * c.vpp)) measure(base, prof, c, res, fits, nfits);
+  if (hi < base->model->layers / (c.pp * c.vpp)) measure(base, prof, assume, c, res, fits, nfits);
 }
 
 /* Replays one fitting candidate into the ranking. */
-static void predict(const loom_plan *base, const loom_profile *prof, loom_flops_formula formula, loom_candidate c,
+static void predict(const loom_plan *base, const loom_profile *prof, const loom_sim_assumptions *assume, loom_candidate c,
                     loom_search_result *res) {
   loom_plan *plan = NULL;
   loom_error err = {0};
   loom_sim_result r;
-  if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK || loom_sim_run(plan, prof, formula, &r, &err) != LOOM_OK) {
+  const loom_sim_assumptions a = for_candidate(assume, &c);
+  if (loom_candidate_plan(base, &c, &plan, &err) != LOOM_OK || loom_sim_run(plan, prof, &a, &r, &err) != LOOM_OK) {
     drop(res, err.msg); /* not expected: measure() built the same plan */
     res->fit--;
     loom_plan_free(plan);
@@ -199,7 +209,7 @@ static int lowest_bound_first(const void *a, const void *b) {
   return x->order - y->order;
 }
 
-loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, loom_flops_formula formula,
+loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, const loom_sim_assumptions *assume,
                              const loom_search_options *opt, loom_search_result *res, loom_error *err) {
   *res = (loom_search_result){0};
   loom_candidate *fits = NULL;
@@ -246,7 +256,7 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
                                                   .ep = ep, .etp = etp, .cp = cp, .cp_all_gather = gather,
                                                   .tp_comm_overlap = overlap, .param_gather_overlap = pg,
                                                   .sequence_parallel = sp, .schedule = kinds[k]};
-                        measure_recompute(base, prof, c, res, &fits, &nfits);
+                        measure_recompute(base, prof, assume, c, res, &fits, &nfits);
                         if (opt->progress) opt->progress(res, opt->ctx);
                       }
                   }
@@ -260,7 +270,7 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
     if (dominated(res, &fits[i], opt->keep))
       res->bounded++;
     else
-      predict(base, prof, formula, fits[i], res);
+      predict(base, prof, assume, fits[i], res);
     if (opt->progress) opt->progress(res, opt->ctx);
   }
   free(fits);

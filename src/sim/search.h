@@ -64,8 +64,9 @@ typedef struct loom_search_options {
 
 /* Searches the layouts of base's model, batch and precision on gpus GPUs:
  * every candidate's memory and cost bound first, then replays in order of
- * the bound, skipping those that cannot matter (see keep). */
-loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, loom_flops_formula formula,
+ * the bound, skipping those that cannot matter (see keep). A candidate's
+ * MoE load imbalance is the assumed one, or its ep where that is less. */
+loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile *prof, const loom_sim_assumptions *assume,
                              const loom_search_options *opt, loom_search_result *res, loom_error *err);
 void loom_search_result_free(loom_search_result *res);
 /* The plan of a candidate (base's model, batch and precision). */

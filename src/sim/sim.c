@@ -1,4 +1,5 @@
 /* The replay of a plan's schedule with the cost model's times. */
+#include <math.h>
 #include <stdlib.h>
 #include "core/check.h"
 #include "sim/sim.h"
@@ -10,15 +11,34 @@ static double flight_seconds(void *ctx, int rank, const loom_action *a) {
   return loom_sim_flight_seconds(ctx, rank, a);
 }
 
-loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
-                         loom_error *err) {
+loom_status loom_sim_check_imbalance(const loom_plan *plan, double imbalance, loom_error *err) {
+  const Loom__Moe *moe = plan->model->moe;
+  if (!(isfinite(imbalance) && imbalance >= 1.0))
+    return loom_fail(err, LOOM_ERR_USAGE, "--moe-rank-imbalance %g: the busiest rank takes at least an even share (1)", imbalance);
+  if (imbalance == 1.0) return LOOM_OK;
+  if (!moe || moe->experts < 2)
+    return loom_fail(err, LOOM_ERR_USAGE, "--moe-rank-imbalance %g: the plan's model has no experts", imbalance);
+  if (moe->has_capacity_factor)
+    return loom_fail(err, LOOM_ERR_USAGE, "--moe-rank-imbalance %g: the plan's capacity factor %g already costs each expert at "
+                     "its capacity; drop one of them", imbalance, moe->capacity_factor);
+  return LOOM_OK;
+}
+
+loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *assume,
+                         loom_sim_result *res, loom_error *err) {
   *res = (loom_sim_result){0};
+  loom_status st = loom_sim_check_imbalance(plan, assume->moe_rank_imbalance, err);
+  if (st != LOOM_OK) return st;
+  const int ep = plan->parallel->ep > 1 ? plan->parallel->ep : 1;
+  if (assume->moe_rank_imbalance > ep)
+    return loom_fail(err, LOOM_ERR_USAGE, "--moe-rank-imbalance %g: the busiest of ep %d ranks takes at most %d times an even "
+                     "share of the rows (every row of its group)", assume->moe_rank_imbalance, ep, ep);
   if (plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE && !loom_profile_has_fp8(prof))
     return loom_fail(err, LOOM_ERR_USAGE, "--fp8-format: the profile %s prices no fp8 GEMMs (device.peak_tflops_fp8 and a "
                      "PRECISION_FP8 gemm entry); drop --fp8-format or use a profile that gives them", prof->name);
-  loom_status st = loom_plan_schedule(plan, &res->schedule, err);
+  st = loom_plan_schedule(plan, &res->schedule, err);
   if (st != LOOM_OK) return st;
-  loom_sim_costs_build(plan, prof, &res->costs);
+  loom_sim_costs_build_assuming(plan, prof, assume, &res->costs);
   const loom_action_costs costs = {action_seconds, flight_seconds, &res->costs};
   if (loom_schedule_simulate(&res->schedule, &costs, &LOOM_SENDS_BUFFERED, &res->replay) != LOOM_OK) {
     st = loom_fail(err, LOOM_ERR_USAGE, "schedule: %s", res->replay.why);
@@ -31,8 +51,8 @@ loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_f
   loom_plan_model_config(plan, &cfg);
   const double T = loom_plan_train_seq(plan), tokens = (double)plan->batch->global_batch * T;
   res->gpus = (int)loom_plan_ranks(plan);
-  res->formula = formula;
-  res->model_flops = loom_gpt_train_flops(&cfg, (int)T, tokens, formula);
+  res->formula = assume->formula;
+  res->model_flops = loom_gpt_train_flops(&cfg, (int)T, tokens, assume->formula);
   res->peak_flops = loom_profile_peak_flops(prof, plan->precision);
   res->step_s = res->replay.makespan;
   res->tokens_per_s = tokens / res->step_s;

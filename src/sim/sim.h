@@ -29,11 +29,15 @@ typedef struct {
   loom_schedule_report replay;
 } loom_sim_result;
 
+/* An MoE load imbalance the plan's model can have: 1, or for a dropless
+ * MoE model any finite factor from 1 (loom_sim_run also bounds it by ep). */
+loom_status loom_sim_check_imbalance(const loom_plan *plan, double imbalance, loom_error *err);
 /* Predicts one training step of a plan that passes its rules, with fresh
- * estimates (loom_plan_build's, or loom_plan_estimate's). Refuses a plan
- * whose schedule cannot be built. */
-loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, loom_flops_formula formula, loom_sim_result *res,
-                         loom_error *err);
+ * estimates (loom_plan_build's, or loom_plan_estimate's), under the
+ * assumptions. Refuses a plan whose schedule cannot be built, and an
+ * imbalance loom_sim_check_imbalance refuses or over the plan's ep. */
+loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *assume,
+                         loom_sim_result *res, loom_error *err);
 void loom_sim_result_free(loom_sim_result *res);
 /* The predicted timeline as Chrome-trace JSON (`loom trace svg` draws it). */
 loom_status loom_sim_write_trace(const loom_sim_result *res, const char *path, loom_error *err);

@@ -14,7 +14,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   loom_profile *p = NULL;
   if (loom_profile_parse((const char *)data, size, "profile.txtpb", &p, &err) != LOOM_OK) return 0;
   loom_sim_result r;
-  if (loom_sim_run(plan, p, LOOM_FLOPS_MEGATRON, &r, &err) == LOOM_OK) loom_sim_result_free(&r);
+  if (loom_sim_run(plan, p, &LOOM_SIM_ASSUME_BALANCED, &r, &err) == LOOM_OK) loom_sim_result_free(&r);
   loom_profile_free(p);
   return 0;
 }
