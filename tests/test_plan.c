@@ -843,6 +843,17 @@ START_TEST(dp_traffic_follows_ring_collectives) {
   ck_assert_double_eq(dp_bytes(spec), 0.5 * 4 * local + 0.5 * 4 * local);
   spec.precision = LOOM__PRECISION__PRECISION_BF16; /* the distributed optimizer gathers bf16 */
   ck_assert_double_eq(dp_bytes(spec), 0.5 * 4 * local + 0.5 * 2 * local);
+  spec.grad_reduce = LOOM__PRECISION__PRECISION_BF16; /* and with bf16 grads (Megatron's default) reduce-scatters bf16 */
+  ck_assert_double_eq(dp_bytes(spec), 0.5 * 2 * local + 0.5 * 2 * local);
+  spec.zero_stage = 2; /* ZeRO-2/3 reduce-scatter in fp32 only: the rules refuse bf16 */
+  p = build(&spec);
+  g_rules = (tu_rows){0};
+  expect_rule(p, "grad_reduce = PRECISION_BF16: ZeRO-2/3 reduce-scatter their grads in fp32 in this loom; set grad_reduce "
+                 "PRECISION_FP32 or parallel.zero_stage 0 or 1");
+  tu_rows_done(&g_rules);
+  loom_plan_free(p);
+  spec.zero_stage = 1;
+  spec.grad_reduce = LOOM__PRECISION__PRECISION_FP32;
   spec.precision = LOOM__PRECISION__PRECISION_FP32;
   /* ZeRO-2 reduce-scatters every micro-batch's grads and gathers the weights once: 2 (d-1)/d Psi at one
    * micro-batch. ZeRO-3 gathers them before each forward and each backward (the first stage's edges, wte

@@ -187,16 +187,31 @@ static void reduce_buckets(loom_zero *z, loom_gpt_params *p) {
   }
 }
 
+/* In place, ZeRO-1 reduce-scatters the padded grads as one bucket: in fp32, or as bf16 values through grad16 (the
+ * padded count of them), each rank's sum widened back into its piece. */
+static void reduce_in_place(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, uint16_t *grad16, int size) {
+  loom_comm *dp = z->group[LOOM_ZERO_DENSE].comm;
+  float *g = p->grads.base;
+  const size_t mine = z->runs[0].hi - z->runs[0].lo;
+  LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
+  if (!grad16) {
+    loom_comm_reduce_scatter(dp, g, z->slice, z->shard); /* the padding is zero */
+    z->mem->copy(z->mem, g + z->runs[0].lo, z->slice, mine * sizeof(float));
+    return;
+  }
+  uint16_t *sum = (uint16_t *)z->slice; /* a bf16 piece takes half of the fp32 slice */
+  ops->to_bf16(ops, grad16, g, z->shard * (size_t)size);
+  loom_comm_reduce_scatter_typed(dp, grad16, sum, z->shard, LOOM_DTYPE_BF16);
+  ops->from_bf16(ops, g + z->runs[0].lo, sum, mine);
+}
+
 double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared,
-                        bool summed, double *uncounted) {
+                        bool summed, uint16_t *grad16, double *uncounted) {
   loom_comm *dp = z->group[LOOM_ZERO_DENSE].comm;
   const int size = loom_comm_size(dp);
+  LOOM_CHECK(!grad16 || (z->stage == 1 && z->in_place), "bf16 grads cross dp under ZeRO-1 in place only");
   if (z->stage == 1 && !summed && !z->in_place) reduce_buckets(z, p);
-  if (z->stage == 1 && size > 1 && !summed && z->in_place) {
-    LOOM_CHECK(padded_for(z, &p->grads, (size_t)size), "ZeRO-1 needs the grads padded for its reduce-scatter");
-    loom_comm_reduce_scatter(dp, p->grads.base, z->slice, z->shard); /* the padding is zero */
-    z->mem->copy(z->mem, (float *)p->grads.base + z->runs[0].lo, z->slice, (z->runs[0].hi - z->runs[0].lo) * sizeof(float));
-  }
+  if (z->stage == 1 && size > 1 && !summed && z->in_place) reduce_in_place(z, p, ops, grad16, size);
   for (int i = 0; z->grad && i < z->nparts; i++) /* each TP rank's pieces cover its positions only */
     loom_gpt_sum_replicated_grad(p, tp, z->parts[i].k, grads_of(z, p, &z->parts[i]), z->parts[i].len);
   /* Squared norm of the pieces, each element once (loom_norm_sum's rule). */

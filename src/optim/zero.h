@@ -121,14 +121,16 @@ void loom_zero_add_grad(loom_zero *z, int b, const float *piece, const loom_ops 
 float *loom_zero_tensor_grad(const loom_zero *z, int k, size_t *lo, size_t *len);
 /* Makes the grads the sum over their groups: ZeRO-1 reduce-scatters p's
  * grads (unless `summed` says they hold the sum already: grad compression
- * sums them whole); ZeRO-2/3 have summed them during backward, and sum the
+ * sums them whole), in fp32 or, given grad16 (room for the padded grads;
+ * in place only), as bf16 values, each partial sum rounded to bf16 as
+ * NCCL's bf16 reduction rounds; ZeRO-2/3 have summed them during backward, and sum the
  * TP-replicated ones over TP under sequence parallelism. Returns the
  * squared norm of this replica's grads, each element once over TP as in
  * loom_grad_sumsq, summed over its groups; the tied copy's (skip_shared)
  * go to *uncounted instead, summed locally (collective over tp, dp and
  * the experts' groups). */
 double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared,
-                        bool summed, double *uncounted);
+                        bool summed, uint16_t *grad16, double *uncounted);
 /* Clips by grad_norm and steps this replica's pieces with AdamW; then
  * ZeRO-1 and ZeRO-2 all-gather the weights (collective over the groups),
  * and ZeRO-3 leaves them to the next gather. */

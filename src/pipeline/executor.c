@@ -88,7 +88,7 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1) {
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++)
-      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.numel * sizeof(uint16_t), "bf16 grads");
+      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.capacity * sizeof(uint16_t), "bf16 grads"); /* ZeRO-1 pads */
   }
   const loom_compression gc = loom_plan_compression(plan);
   if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp * ps->cp > 1) {
@@ -128,6 +128,7 @@ const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe) { return 
 const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe) {
   return pipe->compress ? &pipe->compress[0].cfg : NULL;
 }
+uint16_t *loom_pipeline_grad16(const loom_pipeline *pipe, int c) { return pipe->grad16 ? pipe->grad16[c] : NULL; }
 void loom_pipeline_set_tracing(loom_pipeline *pipe, bool on) { pipe->tracing = on; }
 loom_pipeline_usage loom_pipeline_usage_of(const loom_pipeline *pipe) {
   return (loom_pipeline_usage){.slots = pipe->slots.most, .weight_states = pipe->wstates.most, .p2p_bytes = pipe->p2p.bytes_sent};

@@ -65,6 +65,8 @@ int loom_pipeline_micro_batches(const loom_pipeline *pipe);
 const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe);
 /* The grad compression this run's dp reduction uses, or NULL. */
 const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe);
+/* Chunk c's bf16 grads as they cross dp (grad_reduce bf16), room for its padded grads; NULL in fp32. */
+uint16_t *loom_pipeline_grad16(const loom_pipeline *pipe, int c);
 /* Trace the next steps' actions (for loom_trace_write) or not. */
 void loom_pipeline_set_tracing(loom_pipeline *pipe, bool on);
 /* What the run has used of its buffers: the most slots and weight-grad

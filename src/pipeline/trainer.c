@@ -110,7 +110,8 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
     const bool tied_copy = loom_stage_holds_tied_copy(&m->p.range);
     if (tr->zero) {
       double skipped;
-      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, m->ops, &m->tp, tied_copy, loom_pipeline_compression(pipe) != NULL, &skipped);
+      sumsq += loom_zero_reduce(&tr->zero[c], &m->p, m->ops, &m->tp, tied_copy, loom_pipeline_compression(pipe) != NULL,
+                                loom_pipeline_grad16(pipe, c), &skipped);
       uncounted += skipped;
       continue;
     }

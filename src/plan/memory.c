@@ -159,7 +159,10 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, i
   }
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
   const bool reduced = loom_plan_grad_replicas(p) > 1;
-  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) out.bytes[LOOM_MEM_GRAD_REDUCE] = at_least_one(n, 2);
+  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) /* the grads' count, padded as ZeRO-1 pads them */
+    out.bytes[LOOM_MEM_GRAD_REDUCE] = loom_gpt_zero_in_place(&cfg, l->zero_stage)
+                                          ? at_least_one(loom_plan_zero_cut(p, &range).shard * loom_plan_grad_replicas(p), 2)
+                                          : at_least_one(n, 2);
   if (reduced && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
     out.bytes[LOOM_MEM_COMPRESSION] = loom_plan_compression_cost(p, &range).state_bytes;
   free(slots);
