@@ -160,6 +160,10 @@ run train --dp 2 --zero 1 --overlap-param-gather --layers 2 --hidden 64 --heads 
   --eval-every 0 > "$WORK/pgo.txt" 2>&1 || fail "--overlap-param-gather: $(cat "$WORK/pgo.txt")"
 grep -q "^overlap: --overlap-param-gather is what .loom sim. costs; this runtime gathers the stepped weights after the optimizer step" \
   "$WORK/pgo.txt" || fail "--overlap-param-gather not said: $(cat "$WORK/pgo.txt")"
+run train --pp 2 --no-overlap-p2p-communication --layers 2 --hidden 64 --heads 2 --seq 32 --micro-batch 4 --steps 1 \
+  --eval-every 0 > "$WORK/p2po.txt" 2>&1 || fail "--no-overlap-p2p-communication: $(cat "$WORK/p2po.txt")"
+grep -q "^overlap: --no-overlap-p2p-communication is what .loom sim. costs; this runtime posts each pipeline transfer as it makes it" \
+  "$WORK/p2po.txt" || fail "--no-overlap-p2p-communication not said: $(cat "$WORK/p2po.txt")"
 
 # Data parallelism with ZeRO: per replica half the Adam state (ZeRO-1), and half the grads (ZeRO-2) and
 # the weights (ZeRO-3) too, as measured off the allocations; the fp32 weights whole are 4 bytes a parameter.

@@ -232,6 +232,9 @@ START_TEST(bad_flags) {
                       "--grad-reduce-dtype", "bf16", NULL), 2,
               "loom train: --grad-reduce-dtype PRECISION_BF16: ZeRO-1 with the experts apart (--ep 2) reduce-scatters bucket by "
               "bucket in fp32 in this loom; set grad_reduce PRECISION_FP32, --zero 0, or ep 1");
+  refusal_row(&t, run("train", "--no-overlap-p2p-communication", NULL), 2,
+              "loom train: --no-overlap-p2p-communication: waiting for each pipeline send needs transfers between stages, but "
+              "--pp is 1; raise --pp or drop it");
   refusal_row(&t, run("train", "--fp8-format", "hybrid", NULL), 2,
               "loom train: --fp8-format FP8_HYBRID: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set "
               "precision PRECISION_BF16");

@@ -761,6 +761,28 @@ START_TEST(search_tries_context_parallelism) {
 }
 END_TEST
 
+/* --no-overlap-p2p-communication: each sender waits for its message to
+ * cross. At pp 2 with two micro-batches of 1F1B the last backward waits on
+ * a chain that holds one more of those waits than the overlapped run's
+ * (rank 0's second send, then rank 1's last grad after its first one), so
+ * the compute ends exactly one crossing later; a replay that ignores the
+ * sender's wait fails. The bound stays a bound. */
+START_TEST(p2p_waits_are_costed) {
+  double end[2], crossing = 0.0;
+  for (int o = 0; o < 2; o++) {
+    predicted x;
+    predict(&x, "a100-80gb", (loom_plan_spec){.model = GPT, .tp = 1, .pp = 2, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                              .global_batch = 2, .no_p2p_overlap = o == 1});
+    ck_assert(x.r.costs.p2p_waited == (o == 1));
+    end[o] = x.r.replay.compute_end, crossing = x.r.costs.p2p;
+    ck_assert(loom_sim_step_lower_bound(&x.r.costs, false) <= x.r.step_s);
+    predicted_free(&x);
+  }
+  ck_assert(crossing > 0.0);
+  ck_assert_double_eq_tol(end[1] - end[0], crossing, 1e-12);
+}
+END_TEST
+
 /* The bound plan search prunes with never exceeds the replay, for every
  * schedule kind, with and without recompute, and the 1F1B bound is close
  * (its only slack is idling the replay finds and the bound cannot). */
@@ -909,6 +931,7 @@ int main(void) {
   tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);
   tcase_add_test(tc, step_lower_bound_holds);
+  tcase_add_test(tc, p2p_waits_are_costed);
   tcase_add_test(tc, partial_recompute_is_costed);
   tcase_add_test(tc, search_bounds_only_what_cannot_matter);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);

@@ -75,9 +75,10 @@ static void show(const loom_plan *p) {
          l->tp, l->pp, l->dp, cp, ranks, l->cp > 1 ? "cp, then " : "", l->virtual_chunks,
          l->sequence_parallel ? ", sequence parallel" : "", zero);
   const loom_plan_overlap overlap = loom_plan_overlaps(p);
-  printf("overlap: tp collectives %s, dp grads %s%s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
+  printf("overlap: tp collectives %s, dp grads %s%s%s\n", overlap.tp_comm ? "beside their GEMMs (--tp-comm-overlap)" : "between GEMMs",
          overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward",
-         overlap.param_gather ? ", ZeRO's weight gather beside the next forward (--overlap-param-gather)" : "");
+         overlap.param_gather ? ", ZeRO's weight gather beside the next forward (--overlap-param-gather)" : "",
+         overlap.p2p ? "" : ", each pipeline send waited for (--no-overlap-p2p-communication)");
   if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE)
     printf("fp8: the linear layers' GEMMs in fp8 (%s, --fp8-format), as `loom sim` costs them; `loom train` refuses it\n",
            p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "hybrid: e4m3 forward, e5m2 grads" : "e4m3");

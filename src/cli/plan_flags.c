@@ -69,6 +69,9 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--overlap-param-gather", FLAG_BOOL, &f->overlap_param_gather, "run ZeRO-1/2's all-gather of the stepped weights "
        "beside the next step's first forward (Megatron-Core's distributed optimizer): `loom sim` costs it; this runtime "
        "gathers them after the step and says so", LOOM_NO_RANGE, NULL, false, "overlap.param_gather"},
+      {"--no-overlap-p2p-communication", FLAG_BOOL, &f->no_overlap_p2p, "wait for each pipeline send before going on, "
+       "as Megatron's 1F1B does without overlap: `loom sim` costs it; this runtime posts its transfers as it makes them "
+       "and says so", LOOM_NO_RANGE, NULL, false, "overlap.p2p"},
       {"--fp8-format", FLAG_STRING, &f->fp8_format, "the linear layers' GEMMs in fp8 as Transformer Engine runs them "
        "(hybrid: e4m3 forward, e5m2 grads; needs --precision bf16): `loom sim` costs it; this runtime's GEMMs are bf16 or "
        "fp32, so `loom train` refuses it", LOOM_NO_RANGE, FP8_CHOICES, false, "fp8"},
@@ -179,7 +182,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .model = cfg, .train_seq = T, .tp = f->tp, .pp = f->pp, .dp = f->dp, .vpp = vpp, .zero_stage = f->zero, .ep = f->ep, .etp = f->etp, .cp = f->cp,
       .cp_comm = (Loom__CpCommType)loom_flag_choice_index(CP_COMM_CHOICES, f->cp_comm_type),
       .tp_comm_overlap = f->tp_comm_overlap, .no_grad_reduce_overlap = f->no_overlap_grad_reduce,
-      .param_gather_overlap = f->overlap_param_gather,
+      .param_gather_overlap = f->overlap_param_gather, .no_p2p_overlap = f->no_overlap_p2p,
       .fp8 = (Loom__Fp8Format)loom_flag_choice_index(FP8_CHOICES, f->fp8_format),
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,

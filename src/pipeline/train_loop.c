@@ -36,6 +36,9 @@ void loom_train_describe(const loom_trainer *tr) {
   if (overlap.param_gather)
     loom_log_info("overlap: --overlap-param-gather is what `loom sim` costs; this runtime gathers the stepped weights "
                   "after the optimizer step, before the next forward");
+  if (!overlap.p2p)
+    loom_log_info("overlap: --no-overlap-p2p-communication is what `loom sim` costs; this runtime posts each pipeline "
+                  "transfer as it makes it and waits for it only where its buffer or its data is needed");
   if (!overlap.grad_reduce && ps->dp * ps->cp > 1)
     loom_log_info("overlap: the data-parallel grads are reduced after backward, all at once (--no-overlap-grad-reduce)");
   if (ps->cp > 1)

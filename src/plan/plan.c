@@ -138,7 +138,7 @@ int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batc
 loom_plan_overlap loom_plan_overlaps(const loom_plan *p) {
   const Loom__Overlap *o = p->overlap;
   return (loom_plan_overlap){.tp_comm = o && o->tp_comm, .grad_reduce = !o || !o->has_grad_reduce || o->grad_reduce,
-                             .param_gather = o && o->param_gather};
+                             .param_gather = o && o->param_gather, .p2p = !o || !o->has_p2p || o->p2p};
 }
 
 int loom_plan_grad_replicas(const loom_plan *p) { return p->parallel->dp * p->parallel->cp; }

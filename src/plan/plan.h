@@ -27,6 +27,7 @@ typedef struct {
   bool tp_comm_overlap;     /* --tp-comm-overlap */
   bool no_grad_reduce_overlap; /* --no-overlap-grad-reduce: the dp grads after backward, not in buckets during it */
   bool param_gather_overlap;   /* --overlap-param-gather */
+  bool no_p2p_overlap;         /* --no-overlap-p2p-communication: each pipeline send waited for */
   Loom__Fp8Format fp8;         /* --fp8-format */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
@@ -110,7 +111,7 @@ int loom_plan_train_seq(const loom_plan *plan);
 /* What communication the plan runs beside compute (Overlap's fields, its
  * defaults applied): the one reading of them. */
 typedef struct {
-  bool tp_comm, grad_reduce, param_gather;
+  bool tp_comm, grad_reduce, param_gather, p2p;
 } loom_plan_overlap;
 loom_plan_overlap loom_plan_overlaps(const loom_plan *plan);
 /* Ranks the plan runs on: tp x cp x dp x pp. */

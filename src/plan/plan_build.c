@@ -123,12 +123,13 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   }
   p->has_fp8 = sp->fp8 != LOOM__FP8_FORMAT__FP8_NONE;
   p->fp8 = sp->fp8;
-  if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap) { /* else absent: the runtime's own */
+  if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap || sp->no_p2p_overlap) { /* else absent: the runtime's own */
     p->overlap = loom_xmalloc(sizeof *p->overlap, "plan overlap");
     loom__overlap__init(p->overlap);
     p->overlap->has_tp_comm = sp->tp_comm_overlap, p->overlap->tp_comm = sp->tp_comm_overlap;
     p->overlap->has_grad_reduce = sp->no_grad_reduce_overlap, p->overlap->grad_reduce = !sp->no_grad_reduce_overlap;
     p->overlap->has_param_gather = sp->param_gather_overlap, p->overlap->param_gather = sp->param_gather_overlap;
+    p->overlap->has_p2p = sp->no_p2p_overlap, p->overlap->p2p = !sp->no_p2p_overlap;
   }
   /* Stages: an explicit split, or balanced by the chosen measure. */
   const int S = sp->pp * sp->vpp;

@@ -233,6 +233,9 @@ static void check_overlap(report *r, const loom_plan *p) {
   else if (o.param_gather && !o.grad_reduce)
     violation(r, "overlap.param_gather = true: needs the grads reduced during backward too (as Megatron-Core requires); "
               "drop --no-overlap-grad-reduce or param_gather");
+  if (!o.p2p && l->pp < 2)
+    violation(r, "overlap.p2p: waiting for each pipeline send needs transfers between stages, but parallel.pp is %d; "
+                 "raise parallel.pp or drop it", l->pp);
   if (!o.tp_comm) return;
   if (l->tp < 2)
     violation(r, "overlap.tp_comm = true: overlaps the tensor-parallel group's collectives, but parallel.tp is %d; raise "

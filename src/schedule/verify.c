@@ -202,8 +202,9 @@ static int step(sim *x, int r) {
   case LOOM_ACT_REDUCE_DP:
   case LOOM_ACT_OPTIMIZER_STEP: break;
   }
-  /* Sends leave at once; everything else keeps the rank busy for its cost. */
-  if (a->kind != LOOM_ACT_SEND_ACT && a->kind != LOOM_ACT_SEND_GRAD) {
+  /* Every action keeps the rank busy for its cost: a send's is 0 (it leaves at once) unless the caller's costs make
+   * the sender wait for it (`loom sim` under --no-overlap-p2p-communication). */
+  {
     const double cost = duration(x, r, a);
     const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
     const bool compute = loom_action_computes(a);

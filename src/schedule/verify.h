@@ -69,9 +69,9 @@ typedef struct {
 } loom_schedule_report;
 
 /* What each action costs, for a simulation with real times: duration is how
- * long the rank is busy with an action (a send's is ignored: sends leave at
- * once), flight how long a send's message takes to reach its recv (NULL:
- * no time). */
+ * long the rank is busy with an action (a send's: 0 where sends leave at
+ * once, else the sender's wait for it), flight how long a send's message
+ * takes to reach its recv (NULL: no time). */
 typedef struct {
   double (*duration)(void *ctx, int rank, const loom_action *a);
   double (*flight)(void *ctx, int rank, const loom_action *a);

@@ -433,6 +433,7 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
   /* One activation (or its grad) between stages, as the executor sends it. */
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
+  c->p2p_waited = !loom_plan_overlaps(plan).p2p;
   pass lf[2] = {{0}}, lg[2] = {{0}}, lw[2] = {{0}}; /* a dense layer's and a MoE layer's */
   for (int kind = 0; kind < 2; kind++) layer_costs(&L, kind == 1 && loom_gpt_is_moe(&L.cfg), &lf[kind], &lg[kind], &lw[kind]);
   for (int q = 0; q < p; q++) {
@@ -551,6 +552,8 @@ void loom_sim_costs_free(loom_sim_costs *c) {
 
 double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_action *a) {
   switch (a->kind) {
+  case LOOM_ACT_SEND_ACT:
+  case LOOM_ACT_SEND_GRAD: return c->p2p_waited ? loom_sim_flight_seconds(c, rank, a) : 0.0;
   case LOOM_ACT_FORWARD: return c->forward[rank * c->v + a->chunk];
   case LOOM_ACT_BACKWARD: return c->backward[rank * c->v + a->chunk];
   case LOOM_ACT_BACKWARD_INPUT: return c->backward[rank * c->v + a->chunk] - c->weight[rank * c->v + a->chunk];

@@ -33,6 +33,7 @@ typedef struct {
   double *forward, *backward, *forward_comm, *backward_comm;
   double *weight;   /* [p * v] the part of backward a split one runs as its weight half */
   double p2p;       /* seconds for one activation or grad to cross between stages */
+  bool p2p_waited;  /* --no-overlap-p2p-communication: the sender waits for each of them */
   double tied;      /* the tied-embedding grads' all-reduce */
   double *dp;       /* [p] data-parallel traffic of a step, whole (the experts' over their replicas too) */
   double *dp_exposed; /* [p] what of it backward does not hide */
@@ -70,7 +71,8 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
                                    loom_sim_costs *c);
 void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_sim_costs *c);
 void loom_sim_costs_free(loom_sim_costs *c);
-/* The seconds rank r is busy with action a (a send: none, it leaves at once). */
+/* The seconds rank r is busy with action a (a send: none, it leaves at
+ * once; with p2p_waited, its message's crossing when it leaves the rank). */
 double loom_sim_action_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
 /* The seconds a send's message takes to arrive. */
 double loom_sim_flight_seconds(const loom_sim_costs *c, int rank, const loom_action *a);
