@@ -374,6 +374,14 @@ START_TEST(bad_flags) {
   rp = run("plan", "new", "--precision", "bf16", "--fp8-format", "hybrid", "-o", "-", NULL);
   ck_assert_ptr_nonnull(strstr(rp->out, "fp8: FP8_HYBRID"));
   unlink(fp8);
+  /* A plan whose sends are waited for says so; loom sim states the experts' load it assumes, in text and JSON. */
+  rp = run("plan", "new", "--pp", "2", "--no-overlap-p2p-communication", "-o", "-", NULL);
+  ck_assert_ptr_nonnull(strstr(rp->out, "p2p: false"));
+  rp = run("sim", "--cluster", "h100-sxm", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--moe-rank-imbalance", "1.5", NULL);
+  ck_assert_msg(rp->code == 0, "%s", rp->err);
+  ck_assert_ptr_nonnull(strstr(rp->out, "experts          dropless, the busiest ep rank at 1.5x an even share of the rows"));
+  rp = run("sim", "--cluster", "h100-sxm", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--moe-rank-imbalance", "1.5", "--json", NULL);
+  ck_assert_ptr_nonnull(strstr(rp->out, "\"moe_rank_imbalance\": 1.5,"));
   rp = run("plan", "check", plan, "--world", "3", NULL);
   ck_assert_int_eq(rp->code, 1);
   ck_assert_ptr_nonnull(strstr(rp->out, "parallel: tp 2 x pp 1 x dp 1 = 2 ranks, but the world has 3; launch 2 ranks or change the layout"));

@@ -137,6 +137,9 @@ int loom_cmd_plan_search(int argc, char **argv) {
            prof->name ? prof->name : cluster, base->batch->global_batch,
            base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.fit, r.nranked, r.bounded,
            r.nunfit);
+    if (assume.moe_rank_imbalance != 1.0)
+      printf("  experts: dropless, each layout's busiest ep rank at %.3gx an even share of the rows, or ep times where "
+             "that is less (--moe-rank-imbalance)\n", assume.moe_rank_imbalance);
     printf("  dropped:");
     for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
     printf("%s\n", r.ndropped ? "" : " none");

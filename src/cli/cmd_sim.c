@@ -55,6 +55,12 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
          r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12,
          plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? " (bf16's; the linear layers' GEMMs in fp8, --fp8-format)" : "");
   printf("  pipeline bubble  %.1f%% (theory %.1f%%)\n", 100.0 * r->bubble, 100.0 * r->theory_bubble);
+  const Loom__Moe *moe = plan->model->moe;
+  if (moe && moe->experts > 1 && moe->has_capacity_factor)
+    printf("  experts          each at its capacity, %.3gx an even share of the rows (the capacity factor)\n", moe->capacity_factor);
+  else if (moe && moe->experts > 1)
+    printf("  experts          dropless, the busiest ep rank at %.3gx an even share of the rows (--moe-rank-imbalance)\n",
+           r->moe_rank_imbalance);
   printf("  time by kind     compute %.4g s | exposed TP%s %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
          "(mean over pipeline ranks); messages between stages in flight %.4g s\n",
          r->compute_s, l->cp > 1 ? " and CP ring" : "", r->tp_s, r->dp_s, r->optimizer_s, r->idle_s, r->p2p_s);
@@ -81,13 +87,13 @@ static void print_json(const loom_plan *plan, const loom_profile *prof, const lo
   const Loom__Parallel *l = plan->parallel;
   printf("{\"cluster\": \"%s\", \"gpus\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"vpp\": %d, \"micro_batch\": %d, "
          "\"micro_batches\": %d, \"schedule\": \"%s\", \"step_time_s\": %.9g, \"tokens_per_s\": %.9g, "
-         "\"flops_formula\": \"%s\", \"model_flops_per_step\": %.9g, \"tflops_per_gpu\": %.6g, \"mfu\": %.6g, "
+         "\"flops_formula\": \"%s\", \"moe_rank_imbalance\": %.6g, \"model_flops_per_step\": %.9g, \"tflops_per_gpu\": %.6g, \"mfu\": %.6g, "
          "\"bubble\": %.6g, \"theory_bubble\": %.6g, \"time_s\": {\"compute\": %.9g, \"exposed_tp\": %.9g, "
          "\"p2p_in_flight\": %.9g, \"exposed_dp\": %.9g, \"optimizer\": %.9g, \"idle\": %.9g}, "
          "\"max_rank_memory_bytes\": %lld, \"device_memory_bytes\": %lld, \"rank_memory_bytes\": [",
          prof->name ? prof->name : "", r->gpus, l->tp, l->pp, l->dp, l->virtual_chunks, plan->batch->micro_batch,
          r->costs.m, loom_schedule_kind_name(plan->schedule), r->step_s, r->tokens_per_s, loom_flops_formula_name(r->formula),
-         r->model_flops, r->tflops_per_gpu, r->mfu, r->bubble, r->theory_bubble, r->compute_s, r->tp_s, r->p2p_s, r->dp_s,
+         r->moe_rank_imbalance, r->model_flops, r->tflops_per_gpu, r->mfu, r->bubble, r->theory_bubble, r->compute_s, r->tp_s, r->p2p_s, r->dp_s,
          r->optimizer_s, r->idle_s, (long long)r->max_rank_memory_bytes, (long long)prof->device->memory_bytes);
   for (int q = 0; q < l->pp; q++) printf("%s%lld", q ? ", " : "", (long long)r->rank_memory_bytes[q]);
   printf("], \"bytes_per_step\": [");

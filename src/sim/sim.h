@@ -13,6 +13,7 @@
 typedef struct {
   int gpus;
   loom_flops_formula formula;
+  double moe_rank_imbalance; /* the assumed one (loom_sim_assumptions') */
   double model_flops;  /* per step, by formula */
   double peak_flops;   /* one device's dense peak in the plan's precision */
   double step_s, tokens_per_s, tflops_per_gpu, mfu;
