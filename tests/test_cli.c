@@ -225,9 +225,6 @@ START_TEST(bad_flags) {
               "loom train: --overlap-param-gather true: needs the grads reduced during backward too (as Megatron-Core "
               "requires); drop --no-overlap-grad-reduce or param_gather");
   /* fp8 GEMMs: costed by the sim beside bf16, never trained. */
-  refusal_row(&t, run("train", "--dp", "2", "--zero", "2", "--precision", "bf16", "--grad-reduce-dtype", "bf16", NULL), 2,
-              "loom train: --grad-reduce-dtype PRECISION_BF16: ZeRO-2/3 reduce-scatter their grads in fp32 in this loom; set "
-              "grad_reduce PRECISION_FP32 or --zero 0 or 1");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--zero", "1", "--precision", "bf16",
                       "--grad-reduce-dtype", "bf16", NULL), 2,
               "loom train: --grad-reduce-dtype PRECISION_BF16: ZeRO-1 with the experts apart (--ep 2) reduce-scatters bucket by "

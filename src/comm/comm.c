@@ -88,13 +88,18 @@ loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *r
   return NULL;
 }
 
-loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+loom_request *loom_comm_ireduce_scatter_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "reduce-scatter sums f32 or bf16");
   if (!single(c)) {
-    count(c, n, LOOM_DTYPE_F32, false);
-    return c->ops->ireduce_scatter(c, send, recv, n);
+    count(c, n, type, false);
+    return c->ops->ireduce_scatter(c, send, recv, n, type);
   }
-  local_copy(c, recv, send, n * sizeof(float));
+  local_copy(c, recv, send, n * loom_dtype_size(type));
   return NULL;
+}
+
+loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+  return loom_comm_ireduce_scatter_typed(c, send, recv, n, LOOM_DTYPE_F32);
 }
 
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {

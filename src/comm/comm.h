@@ -47,7 +47,7 @@ typedef struct {
   /* Non-blocking all-gather and reduce-scatter (ZeRO-2/3's per-layer
    * traffic, overlapped with compute); complete them with wait. */
   loom_request *(*iallgather)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
-  loom_request *(*ireduce_scatter)(loom_comm *c, const float *send, float *recv, size_t n);
+  loom_request *(*ireduce_scatter)(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
   void (*broadcast)(loom_comm *c, void *buf, size_t n, loom_dtype type, int root);
   /* All-to-all with a count per peer (MoE's token dispatch and combine):
    * send_counts[r] elements of send go to rank r, recv_counts[r] from rank r
@@ -113,6 +113,7 @@ void loom_comm_reduce_scatter_typed(loom_comm *c, const void *send, void *recv, 
 /* Non-blocking forms; a group of one copies at once and returns NULL. */
 loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
 loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n);
+loom_request *loom_comm_ireduce_scatter_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type);
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root);
 void loom_comm_broadcast_bytes(loom_comm *c, void *buf, size_t bytes, int root);
 void loom_comm_send(loom_comm *c, const float *buf, size_t n, int peer, int tag);

@@ -85,7 +85,8 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
   pipe->bucket_req = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(12 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
-  if (plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1) {
+  pipe->grads_bf16 = plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1;
+  if (pipe->grads_bf16 && pipe->zero_stage < 2) { /* ZeRO-2/3's runtime keeps its own, a layer at a time */
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++)
       pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.capacity * sizeof(uint16_t), "bf16 grads"); /* ZeRO-1 pads */
@@ -139,7 +140,7 @@ loom_status loom_pipeline_use_zero(loom_pipeline *pipe, loom_zero *zero) {
   pipe->zero = loom_xcalloc((size_t)pipe->v, sizeof *pipe->zero, "ZeRO runtimes");
   loom_status st = LOOM_OK;
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
-    st = loom_zero_runtime_init(&pipe->zero[c], &zero[c], &pipe->chunks[c]);
+    st = loom_zero_runtime_init(&pipe->zero[c], &zero[c], &pipe->chunks[c], pipe->grads_bf16);
   return st;
 }
 

@@ -32,6 +32,7 @@ struct loom_pipeline {
    * the model sees, at its chunks' cp_pos); else NULL. */
   int *local_tokens, *local_targets, *local_pred;
   int zero_stage;          /* the plan's: 0 (none) to 3 */
+  bool grads_bf16;         /* grad_reduce bf16 with dp x cp > 1: grads cross dp as bf16 */
   loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */
   bool final_backward;     /* the backward under way is its chunk's last of the step */
   /* Data-parallel buckets: layers' grads, final after the last micro-batch's

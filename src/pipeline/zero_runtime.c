@@ -23,11 +23,12 @@ static size_t layer_offset(const loom_zero *z, int l, int bucket, bool pieces) {
   return at;
 }
 
-loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m) {
+loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m, bool grads_bf16) {
   LOOM_CHECK(z->stage >= 2 && z->layer_first, "the ZeRO runtime is ZeRO-2/3's");
   memset(rt, 0, sizeof *rt);
   rt->z = z, rt->m = m, rt->mem = z->mem;
   rt->wtype = m->p.cfg.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+  rt->gtype = grads_bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
   rt->edge = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge, "edge buckets");
   rt->edge_at = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge_at, "edge buckets");
   size_t edges = 0; /* where each edge bucket lies in the edges' buffer */
@@ -56,6 +57,12 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
   }
   rt->edge_g = take(rt, z->cut.edges, f);
   rt->edge_piece = take(rt, z->cut.edge_shard, f); /* room for either type */
+  if (grads_bf16) {
+    const size_t h = sizeof(uint16_t);
+    for (int i = 0; i < 2; i++) rt->gsend[i] = take(rt, layer_max, h), rt->grecv16[i] = take(rt, layer_shard, h);
+    rt->edge_gsend = take(rt, z->cut.edges, h);
+    rt->edge_recv16 = take(rt, z->cut.edge_shard, h);
+  }
   if (z->stage == 3) {
     for (int i = 0; i < 2; i++) {
       rt->wbuf[i] = take(rt, layer_max, w);
@@ -69,7 +76,8 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
 void loom_zero_runtime_free(loom_zero_runtime *rt) {
   const loom_allocator *mem = rt->mem; /* the optimizer may be gone already */
   void *const held[] = {rt->gbuf[0], rt->gbuf[1], rt->grecv[0], rt->grecv[1], rt->edge_g, rt->edge_piece,
-                        rt->wbuf[0], rt->wbuf[1], rt->wsend[0], rt->wsend[1], rt->edge_w};
+                        rt->wbuf[0], rt->wbuf[1], rt->wsend[0], rt->wsend[1], rt->edge_w, rt->gsend[0], rt->gsend[1],
+                        rt->grecv16[0], rt->grecv16[1], rt->edge_gsend, rt->edge_recv16};
   for (size_t i = 0; i < sizeof held / sizeof *held; i++)
     if (held[i]) mem->release(mem, held[i]);
   for (int i = 0; i < 2; i++) free(rt->greq[i]), free(rt->wreq[i]);
@@ -140,7 +148,7 @@ static void gather_edges(loom_zero_runtime *rt, bool gather_them) {
 
 /* ---- grads (ZeRO-2/3) ---- */
 
-/* Completes buffer i's reduce-scatters and adds this replica's pieces to the summed grads. */
+/* Completes buffer i's reduce-scatters and adds this replica's pieces to the summed grads (bf16 ones widened first). */
 static void settle(loom_zero_runtime *rt, int i) {
   const int l = rt->glayer[i];
   if (l < 0) return;
@@ -148,7 +156,9 @@ static void settle(loom_zero_runtime *rt, int i) {
   for (int b = b0; b < rt->z->layer_first[l + 1]; b++) {
     loom_comm_wait(loom_zero_comm(rt->z, b), rt->greq[i][b - b0]);
     rt->greq[i][b - b0] = NULL;
-    loom_zero_add_grad(rt->z, b, rt->grecv[i] + layer_offset(rt->z, l, b, true), rt->m->ops);
+    float *piece = rt->grecv[i] + layer_offset(rt->z, l, b, true);
+    if (rt->gsend[i]) rt->m->ops->from_bf16(rt->m->ops, piece, rt->grecv16[i] + layer_offset(rt->z, l, b, true), rt->z->buckets[b].shard);
+    loom_zero_add_grad(rt->z, b, piece, rt->m->ops);
   }
   rt->glayer[i] = -1;
 }
@@ -164,9 +174,14 @@ static void reduce_layer_grads(loom_zero_runtime *rt, int l) {
   const int i = l & 1, b0 = rt->z->layer_first[l];
   point_layer(rt, &rt->m->p.grads, l, NULL, 0);
   rt->glayer[i] = l;
-  for (int b = b0; b < rt->z->layer_first[l + 1]; b++)
-    rt->greq[i][b - b0] = loom_comm_ireduce_scatter(loom_zero_comm(rt->z, b), rt->gbuf[i] + layer_offset(rt->z, l, b, false),
-                                                    rt->grecv[i] + layer_offset(rt->z, l, b, true), rt->z->buckets[b].shard);
+  const size_t padded_layer = layer_offset(rt->z, l, rt->z->layer_first[l + 1], false);
+  if (rt->gsend[i]) rt->m->ops->to_bf16(rt->m->ops, rt->gsend[i], rt->gbuf[i], padded_layer); /* the padding is zero */
+  for (int b = b0; b < rt->z->layer_first[l + 1]; b++) {
+    const size_t at = layer_offset(rt->z, l, b, false), piece = layer_offset(rt->z, l, b, true), n = rt->z->buckets[b].shard;
+    loom_comm *c = loom_zero_comm(rt->z, b);
+    rt->greq[i][b - b0] = rt->gsend[i] ? loom_comm_ireduce_scatter_typed(c, rt->gsend[i] + at, rt->grecv16[i] + piece, n, LOOM_DTYPE_BF16)
+                                       : loom_comm_ireduce_scatter(c, rt->gbuf[i] + at, rt->grecv[i] + piece, n);
+  }
 }
 
 static void open_edge_grads(loom_zero_runtime *rt) {
@@ -181,8 +196,16 @@ static void reduce_edge_grads(loom_zero_runtime *rt) {
   settle(rt, 1);
   for (int e = 0; e < rt->nedge; e++) {
     const int b = rt->edge[e];
+    const size_t n = rt->z->buckets[b].shard;
+    loom_comm *c = loom_zero_comm(rt->z, b);
     point(rt, &rt->m->p.grads, b, NULL);
-    loom_comm_reduce_scatter(loom_zero_comm(rt->z, b), rt->edge_g + rt->edge_at[e], rt->edge_piece, rt->z->buckets[b].shard);
+    if (rt->edge_gsend) {
+      rt->m->ops->to_bf16(rt->m->ops, rt->edge_gsend, rt->edge_g + rt->edge_at[e], padded(rt->z, b));
+      loom_comm_reduce_scatter_typed(c, rt->edge_gsend, rt->edge_recv16, n, LOOM_DTYPE_BF16);
+      rt->m->ops->from_bf16(rt->m->ops, rt->edge_piece, rt->edge_recv16, n);
+    } else {
+      loom_comm_reduce_scatter(c, rt->edge_g + rt->edge_at[e], rt->edge_piece, n);
+    }
     loom_zero_add_grad(rt->z, b, rt->edge_piece, rt->m->ops);
   }
 }

@@ -3,8 +3,9 @@
  *
  * Grads (ZeRO-2 and 3): a layer's backward writes into a transient buffer,
  * zeroed before it; when the layer is done its buckets are reduce-scattered
- * (non-blocking) and this replica's piece is added into the optimizer's
- * summed grads. Two buffers alternate, so one layer's reduce-scatter runs
+ * (non-blocking), in fp32 or (grad_reduce bf16) as bf16 values through a
+ * bf16 copy of the layer's buffer, and this replica's piece is added into
+ * the optimizer's summed grads. Two buffers alternate, so one layer's reduce-scatter runs
  * while the next layer's backward fills the other; each micro-batch's
  * backward is reduced this way, and the full grads never exist. The edges
  * (wte, wpe, final norm), written at both ends of a stage's backward, keep
@@ -42,14 +43,17 @@ typedef struct {
   loom_request **wreq[2];    /* [most] its buckets' gathers under way */
   /* grads of two layers, and of the edges */
   float *gbuf[2], *grecv[2], *edge_g;
+  loom_dtype gtype;          /* what the grads cross dp as: f32, or bf16 (grad_reduce) */
+  /* bf16: the layers' and the edges' grads as they cross, and the pieces they sum to (widened into grecv, edge_piece) */
+  uint16_t *gsend[2], *grecv16[2], *edge_gsend, *edge_recv16;
   int glayer[2];             /* the layer whose grads buffer i is reducing, or -1 */
   loom_request **greq[2];    /* [most] its buckets' reduce-scatters under way */
   size_t transient_bytes;    /* what the buffers above take */
 } loom_zero_runtime;
 
 /* Buffers for ZeRO z (stage 2 or 3) of chunk m, whose hooks then call
- * loom_zero_runtime_before/after. */
-loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m);
+ * loom_zero_runtime_before/after; grads_bf16: they cross dp as bf16. */
+loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt *m, bool grads_bf16);
 void loom_zero_runtime_free(loom_zero_runtime *rt);
 /* The model hooks' halves (loom_gpt_hooks). */
 void loom_zero_runtime_before(loom_zero_runtime *rt, bool backward, int layer);

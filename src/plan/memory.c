@@ -132,6 +132,9 @@ static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_confi
                                 at_least_one(z.edges, 4) + at_least_one(z.edge_shard, 4);
   if (zero == 3)
     b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, w) + at_least_one(layer_piece, 4)) + at_least_one(z.edges, w);
+  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && dp > 1) /* the grads' bf16 twins as they cross, and their pieces */
+    b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, 2) + at_least_one(layer_piece, 2)) +
+                                  at_least_one(z.edges, 2) + at_least_one(z.edge_shard, 2);
 }
 
 loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
@@ -159,7 +162,8 @@ loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, i
   }
   const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
   const bool reduced = loom_plan_grad_replicas(p) > 1;
-  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16) /* the grads' count, padded as ZeRO-1 pads them */
+  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && l->zero_stage < 2) /* padded as ZeRO-1 pads them;
+                                                                                        * ZeRO-2/3's are transient */
     out.bytes[LOOM_MEM_GRAD_REDUCE] = loom_gpt_zero_in_place(&cfg, l->zero_stage)
                                           ? at_least_one(loom_plan_zero_cut(p, &range).shard * loom_plan_grad_replicas(p), 2)
                                           : at_least_one(n, 2);

@@ -18,8 +18,8 @@
 /* Bytes one rank sends per step summing `words` grads of a stage over a
  * group of d replicas without compression, as ring collectives move them
  * (of a buffer of B bytes, an all-reduce sends 2 (d-1)/d B, a
- * reduce-scatter or all-gather (d-1)/d B): the grads' all-reduce or ZeRO-1's
- * reduce-scatter (in the grad_reduce type), or ZeRO-2/3's fp32 one after
+ * reduce-scatter or all-gather (d-1)/d B), in the grad_reduce type: the
+ * grads' all-reduce, or ZeRO-1's reduce-scatter, or ZeRO-2/3's after
  * every micro-batch; plus ZeRO-1/2's all-gather of the weights (bf16 in
  * bf16 runs), or ZeRO-3's before each forward and backward but of
  * `forward_only` words (the edges, which only the head's stage needs in
@@ -41,7 +41,7 @@ static double group_bytes_sent(const loom_plan *p, double d, double words, doubl
   const double m = loom_plan_micro_batches(p);
   const int zero = p->parallel->zero_stage;
   double bytes;
-  const double grad = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; /* ZeRO-2/3: fp32 (the rules) */
+  const double grad = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
   if (zero >= 2) bytes = m * share * grad * words;
   else if (zero == 1) bytes = share * grad * words;
   else bytes = 2.0 * share * grad * words;

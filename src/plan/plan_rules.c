@@ -364,10 +364,7 @@ static void check_batch(report *r, const loom_plan *p) {
               b->global_batch, loom_plan_micro_batches(p), p->parallel->virtual_chunks);
   if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 3)
     violation(r, "parallel.zero_stage = %d: ZeRO stages are 0 (none) to 3", p->parallel->zero_stage);
-  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage >= 2)
-    violation(r, "grad_reduce = PRECISION_BF16: ZeRO-2/3 reduce-scatter their grads in fp32 in this loom; set grad_reduce "
-                 "PRECISION_FP32 or parallel.zero_stage 0 or 1");
-  else if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage == 1 && p->parallel->ep > 1)
+  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage == 1 && p->parallel->ep > 1)
     violation(r, "grad_reduce = PRECISION_BF16: ZeRO-1 with the experts apart (parallel.ep = %d) reduce-scatters bucket "
                  "by bucket in fp32 in this loom; set grad_reduce PRECISION_FP32, parallel.zero_stage 0, or ep 1",
               p->parallel->ep);

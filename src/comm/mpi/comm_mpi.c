@@ -143,10 +143,11 @@ static loom_request *mpi_iallgather(loom_comm *c, const void *send, void *recv, 
   return r;
 }
 
-static loom_request *mpi_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
-  const size_t bytes = n * sizeof(float);
+static loom_request *mpi_ireduce_scatter(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
+  const size_t bytes = n * loom_dtype_size(type);
   loom_request *r = request2("reduce-scatter", c, send, bytes * (size_t)c->size, recv, bytes);
-  MPI_Ireduce_scatter_block(r->send_host, r->host, count_of(n), MPI_FLOAT, MPI_SUM, mpi_of(c), &r->req);
+  MPI_Ireduce_scatter_block(r->send_host, r->host, count_of(n), type_of(type), op_of(type, LOOM_REDUCE_SUM), mpi_of(c),
+                            &r->req);
   return r;
 }
 

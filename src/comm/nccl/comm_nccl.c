@@ -202,12 +202,12 @@ static loom_request *nccl_iallgather(loom_comm *c, const void *send, void *recv,
   return launched(m, new_request(m));
 }
 
-static loom_request *nccl_ireduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
+static loom_request *nccl_ireduce_scatter(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   nccl_impl *m = impl_of(c);
   flush(m);
   comm_after_compute(m);
   loom_nccl_issued("reduce-scatter", c->name);
-  check_nccl(ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, m->comm, m->comm_stream), "reduce-scatter");
+  check_nccl(ncclReduceScatter(send, recv, n, type_of(type), ncclSum, m->comm, m->comm_stream), "reduce-scatter");
   return launched(m, new_request(m));
 }
 
