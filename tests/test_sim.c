@@ -108,6 +108,10 @@ START_TEST(profiles_refuse_bad_figures) {
       {"inter_node { bandwidth_gbs: 10 latency_us: 5 efficiency: 1 }\n", "", "inter_node is missing"},
       {"latency_us: 5", "latency_us: -5", "inter_node.latency_us = -5 must be >= 0"},
       {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 2", "device.attention_efficiency = 2"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_half_seq: 512",
+       "t.txtpb: device.attention_half_seq shapes device.attention_efficiency, which is absent; give both or neither"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 0.5 attention_half_seq: -1",
+       "device.attention_half_seq = -1 must be >= 0"},
       {"devices_per_node: 8", "devices_per_nodes: 8", "not a cluster profile"},
       {"name: \"t\"", "name: \"a\\\"b\"", "t.txtpb: name may hold printable ASCII only, without quotes or backslashes"},
       {"peak_tflops_fp32: 10 ", "peak_tflops_fp32: 10 peak_tflops_fp8: 400 ",
@@ -424,6 +428,46 @@ START_TEST(fp8_is_costed) {
   ck_assert_double_eq_tol(c[0].backward[0] - c[1].backward[0], bw[0] - bw[1] - cast_g, 1e-12);
   ck_assert_double_eq_tol(c[0].weight[0] - c[1].weight[0], fw[0] - fw[1], 1e-12);
   for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_profile_free(prof);
+}
+END_TEST
+
+/* A fused attention kernel's efficiency by length: attention_efficiency x
+ * keys / (keys + attention_half_seq), the keys being what one kernel's
+ * queries meet (the whole sequence, or a ring's block of it under context
+ * parallelism). One layer of GPT (16 heads of 64, 1024 tokens, causal) on
+ * an H100 against the same profile without the length term: the forward
+ * grows by the attention's FLOPs at the flat rate times half / keys, the
+ * backward by twice that (their compute: the ring's hops hide behind it),
+ * the weight half not at all; at cp 2 the keys are 512. A model that
+ * ignores the length, or the ring's blocks, fails. */
+START_TEST(attention_follows_its_length) {
+  loom_profile *prof = builtin("h100-sxm");
+  const Loom__DeviceProfile *d = prof->device;
+  ck_assert(d->has_attention_half_seq && d->attention_half_seq > 0);
+  const loom_gpt_config one = {.layers = 1, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 1024};
+  for (int cp = 1; cp <= 2; cp++) {
+    loom_plan *plan = plan_of((loom_plan_spec){.model = one, .tp = 1, .pp = 1, .dp = 1, .cp = cp, .vpp = 1, .micro_batch = 1,
+                                               .global_batch = 1, .precision = LOOM__PRECISION__PRECISION_BF16});
+    loom_sim_costs c[2];
+    for (int o = 0; o < 2; o++) {
+      prof->device->has_attention_half_seq = o == 0;
+      loom_sim_costs_build(plan, prof, &c[o]);
+    }
+    prof->device->has_attention_half_seq = 1;
+    const double keys = 1024.0 / cp, flops = 2.0 * 16 * (1024.0 / cp) * 1024 * 64;
+    const double flat = flops / (loom_profile_peak_flops(prof, LOOM__PRECISION__PRECISION_BF16) * d->attention_efficiency);
+    const double more = flat * d->attention_half_seq / keys;
+    ck_assert(more > 0);
+    /* compute alone: the ring's hops hide behind the attention, so what of them shows moves too */
+    const double f[2] = {c[0].forward[0] - c[0].forward_comm[0], c[1].forward[0] - c[1].forward_comm[0]};
+    const double g[2] = {c[0].backward[0] - c[0].backward_comm[0], c[1].backward[0] - c[1].backward_comm[0]};
+    ck_assert_double_eq_tol(f[0] - f[1], more, 1e-12);
+    ck_assert_double_eq_tol(g[0] - g[1], 2.0 * more, 1e-12);
+    ck_assert_double_eq_tol(c[0].weight[0] - c[1].weight[0], 0.0, 1e-15);
+    for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+    loom_plan_free(plan);
+  }
   loom_profile_free(prof);
 }
 END_TEST
@@ -923,6 +967,7 @@ int main(void) {
   tcase_add_test(tc, search_tries_context_parallelism);
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
+  tcase_add_test(tc, attention_follows_its_length);
   tcase_add_test(tc, expert_load_is_costed);
   tcase_add_test(tc, rank_imbalance_is_costed);
   tcase_add_test(tc, expert_gathers_are_split);

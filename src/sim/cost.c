@@ -272,7 +272,10 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
     else att_f += fw[i], att_g += bw[i];
   }
   if (fused) { /* a causal kernel skips the masked half of the score tiles (FlashAttention's, cuDNN's) */
-    const double flops = 2.0 * L->b * heads * sq * s * hd, rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency;
+    const double keys = L->cp > 1 && !L->cp_all_gather ? s / L->cp : s; /* what one kernel's queries meet */
+    const double length = dev->has_attention_half_seq ? keys / (keys + dev->attention_half_seq) : 1.0;
+    const double flops = 2.0 * L->b * heads * sq * s * hd;
+    const double rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency * length;
     att_f += flops / rate, att_g += 2.0 * flops / rate;
     f->compute += flops / rate;
     g->compute += 2.0 * flops / rate;

@@ -79,6 +79,12 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, MIN_EFFICIENCY, 1.0);
   if (d->has_peak_tflops_fp8) CHECK("device.peak_tflops_fp8", 1, d->peak_tflops_fp8, MIN_RATE, 1e6);
   if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, MIN_EFFICIENCY, 1.0);
+  if (d->has_attention_half_seq) {
+    CHECK("device.attention_half_seq", 1, d->attention_half_seq, 0.0, 1e7);
+    if (!d->has_attention_efficiency)
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.attention_half_seq shapes device.attention_efficiency, which is "
+                       "absent; give both or neither", what);
+  }
   for (size_t i = 0; i < d->n_gemm; i++) {
     const Loom__GemmEfficiency *g = d->gemm[i];
     CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 2.0);
