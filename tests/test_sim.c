@@ -472,6 +472,23 @@ START_TEST(attention_follows_its_length) {
 }
 END_TEST
 
+/* A hand count of what one MoE layer's expert GEMMs (SwiGLU, hidden and
+ * expert ffn 1024, bf16) grow by when each of `experts` local experts
+ * takes `to` rows instead of `from`: forward into *fw, backward into *bw. */
+static void expert_gemms_grow(const loom_profile *prof, double from, double to, double experts, double *fw, double *bw) {
+  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
+  *fw = *bw = 0.0;
+  for (int o = 0; o < 2; o++) {
+    const double r = o ? to : from, sign = o ? 1.0 : -1.0;
+    const double shapes[2][3] = {{r, 2048, 1024}, {r, 1024, 1024}}; /* gate|up, down */
+    for (int i = 0; i < 2; i++) {
+      const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+      *fw += sign * loom_profile_gemm_seconds(prof, bf16, m, n, k, experts);
+      *bw += sign * (loom_profile_gemm_seconds(prof, bf16, m, k, n, experts) + loom_profile_gemm_seconds(prof, bf16, n, k, m, experts));
+    }
+  }
+}
+
 /* The experts' load as the sim states it, against a hand count on one MoE
  * layer (hidden 1024, 8 SwiGLU experts of 1024, top 2, 1024 tokens, one
  * rank) on an H100: dropless, each expert's GEMMs over an even share of the
@@ -492,17 +509,8 @@ START_TEST(expert_load_is_costed) {
     loom_sim_costs_build(plan, prof, &c[o]);
     loom_plan_free(plan);
   }
-  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
-  double fw = 0.0, bw = 0.0;
-  for (int o = 0; o < 2; o++) {
-    const double r = (o ? 1.5 : 1.0) * 1024 * 2 / 8, sign = o ? 1.0 : -1.0;
-    const double shapes[2][3] = {{r, 2048, 1024}, {r, 1024, 1024}}; /* gate|up, down */
-    for (int i = 0; i < 2; i++) {
-      const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
-      fw += sign * loom_profile_gemm_seconds(prof, bf16, m, n, k, 8);
-      bw += sign * (loom_profile_gemm_seconds(prof, bf16, m, k, n, 8) + loom_profile_gemm_seconds(prof, bf16, n, k, m, 8));
-    }
-  }
+  double fw, bw;
+  expert_gemms_grow(prof, 1024 * 2 / 8, 1.5 * 1024 * 2 / 8, 8, &fw, &bw);
   ck_assert(fw > 0 && bw > 0);
   ck_assert_double_eq_tol(c[1].forward[0] - c[0].forward[0], fw, 1e-12);
   ck_assert_double_eq_tol(c[1].backward[0] - c[0].backward[0], bw, 1e-12);
@@ -531,17 +539,8 @@ START_TEST(rank_imbalance_is_costed) {
     a.moe_rank_imbalance = o ? F : 1.0;
     loom_sim_costs_build_assuming(plan, prof, &a, &c[o]);
   }
-  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
-  double fw = 0.0, bw = 0.0;
-  for (int o = 0; o < 2; o++) {
-    const double r = (o ? F : 1.0) * 1024 * 2 / 4, sign = o ? 1.0 : -1.0; /* 4 local experts */
-    const double shapes[2][3] = {{r, 2048, 1024}, {r, 1024, 1024}};
-    for (int i = 0; i < 2; i++) {
-      const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
-      fw += sign * loom_profile_gemm_seconds(prof, bf16, m, n, k, 4);
-      bw += sign * (loom_profile_gemm_seconds(prof, bf16, m, k, n, 4) + loom_profile_gemm_seconds(prof, bf16, n, k, m, 4));
-    }
-  }
+  double fw, bw;
+  expert_gemms_grow(prof, 1024 * 2 / 4, F * 1024 * 2 / 4, 4, &fw, &bw); /* 4 local experts */
   const double bus = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
   const double a2a = 2.0 * (F - 1.0) * 1024 * 2 * 1024 * 2.0 / 2.0 / bus; /* there and back, half the rows leave */
   ck_assert(fw > 0 && bw > 0 && a2a > 0);

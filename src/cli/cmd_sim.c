@@ -52,7 +52,7 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
          r->costs.m, plan->batch->micro_batch, loom_schedule_kind_name(plan->schedule), chunks);
   printf("  step time        %.4g s, %.4g tokens/s\n", r->step_s, r->tokens_per_s);
   printf("  model FLOPs      %.4g per step (%s formula): %.1f TFLOP/s per GPU, MFU %.1f%% of %.1f TFLOP/s%s\n",
-         r->model_flops, loom_flops_formula_name(r->formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12,
+         r->model_flops, loom_flops_formula_name(r->assumed.formula), r->tflops_per_gpu, 100.0 * r->mfu, r->peak_flops / 1e12,
          plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? " (bf16's; the linear layers' GEMMs in fp8, --fp8-format)" : "");
   printf("  pipeline bubble  %.1f%% (theory %.1f%%)\n", 100.0 * r->bubble, 100.0 * r->theory_bubble);
   const Loom__Moe *moe = plan->model->moe;
@@ -60,7 +60,7 @@ static void print_text(const loom_plan *plan, const loom_profile *prof, const lo
     printf("  experts          each at its capacity, %.3gx an even share of the rows (the capacity factor)\n", moe->capacity_factor);
   else if (moe && moe->experts > 1)
     printf("  experts          dropless, the busiest ep rank at %.3gx an even share of the rows (--moe-rank-imbalance)\n",
-           r->moe_rank_imbalance);
+           r->assumed.moe_rank_imbalance);
   printf("  time by kind     compute %.4g s | exposed TP%s %.4g s | exposed DP %.4g s | optimizer %.4g s | idle %.4g s "
          "(mean over pipeline ranks); messages between stages in flight %.4g s\n",
          r->compute_s, l->cp > 1 ? " and CP ring" : "", r->tp_s, r->dp_s, r->optimizer_s, r->idle_s, r->p2p_s);
@@ -92,8 +92,8 @@ static void print_json(const loom_plan *plan, const loom_profile *prof, const lo
          "\"p2p_in_flight\": %.9g, \"exposed_dp\": %.9g, \"optimizer\": %.9g, \"idle\": %.9g}, "
          "\"max_rank_memory_bytes\": %lld, \"device_memory_bytes\": %lld, \"rank_memory_bytes\": [",
          prof->name ? prof->name : "", r->gpus, l->tp, l->pp, l->dp, l->virtual_chunks, plan->batch->micro_batch,
-         r->costs.m, loom_schedule_kind_name(plan->schedule), r->step_s, r->tokens_per_s, loom_flops_formula_name(r->formula),
-         r->moe_rank_imbalance, r->model_flops, r->tflops_per_gpu, r->mfu, r->bubble, r->theory_bubble, r->compute_s, r->tp_s, r->p2p_s, r->dp_s,
+         r->costs.m, loom_schedule_kind_name(plan->schedule), r->step_s, r->tokens_per_s, loom_flops_formula_name(r->assumed.formula),
+         r->assumed.moe_rank_imbalance, r->model_flops, r->tflops_per_gpu, r->mfu, r->bubble, r->theory_bubble, r->compute_s, r->tp_s, r->p2p_s, r->dp_s,
          r->optimizer_s, r->idle_s, (long long)r->max_rank_memory_bytes, (long long)prof->device->memory_bytes);
   for (int q = 0; q < l->pp; q++) printf("%s%lld", q ? ", " : "", (long long)r->rank_memory_bytes[q]);
   printf("], \"bytes_per_step\": [");

@@ -28,7 +28,6 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
   memset(rt, 0, sizeof *rt);
   rt->z = z, rt->m = m, rt->mem = z->mem;
   rt->wtype = m->p.cfg.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
-  rt->gtype = grads_bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
   rt->edge = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge, "edge buckets");
   rt->edge_at = loom_xcalloc((size_t)z->nbuckets, sizeof *rt->edge_at, "edge buckets");
   size_t edges = 0; /* where each edge bucket lies in the edges' buffer */

@@ -43,7 +43,6 @@ typedef struct {
   loom_request **wreq[2];    /* [most] its buckets' gathers under way */
   /* grads of two layers, and of the edges */
   float *gbuf[2], *grecv[2], *edge_g;
-  loom_dtype gtype;          /* what the grads cross dp as: f32, or bf16 (grad_reduce) */
   /* bf16: the layers' and the edges' grads as they cross, and the pieces they sum to (widened into grecv, edge_piece) */
   uint16_t *gsend[2], *grecv16[2], *edge_gsend, *edge_recv16;
   int glayer[2];             /* the layer whose grads buffer i is reducing, or -1 */

@@ -40,12 +40,9 @@ static double group_bytes_sent(const loom_plan *p, double d, double words, doubl
   const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
   const double m = loom_plan_micro_batches(p);
   const int zero = p->parallel->zero_stage;
-  double bytes;
   const double grad = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
-  if (zero >= 2) bytes = m * share * grad * words;
-  else if (zero == 1) bytes = share * grad * words;
-  else bytes = 2.0 * share * grad * words;
-  bytes += gather_bytes_sent(p, d, words);
+  const double passes = zero >= 2 ? m : zero == 1 ? 1.0 : 2.0; /* reduce-scatters per micro-batch, one, an all-reduce's two */
+  double bytes = passes * share * grad * words + gather_bytes_sent(p, d, words);
   if (zero == 3) bytes += m * share * weight_bytes(p) * (2.0 * words - forward_only);
   return bytes;
 }

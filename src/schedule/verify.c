@@ -204,16 +204,14 @@ static int step(sim *x, int r) {
   }
   /* Every action keeps the rank busy for its cost: a send's is 0 (it leaves at once) unless the caller's costs make
    * the sender wait for it (`loom sim` under --no-overlap-p2p-communication). */
-  {
-    const double cost = duration(x, r, a);
-    const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
-    const bool compute = loom_action_computes(a);
-    x->clock[r] = begin + cost;
-    if (cost > 0.0 || compute) record_span(x, r, begin, x->clock[r]);
-    if (compute) {
-      x->busy[r] += cost;
-      x->rep->compute_end = x->clock[r] > x->rep->compute_end ? x->clock[r] : x->rep->compute_end;
-    }
+  const double cost = duration(x, r, a);
+  const double begin = x->clock[r]; /* after any wait for a recv or a reduction */
+  const bool compute = loom_action_computes(a);
+  x->clock[r] = begin + cost;
+  if (cost > 0.0 || compute) record_span(x, r, begin, x->clock[r]);
+  if (compute) {
+    x->busy[r] += cost;
+    x->rep->compute_end = x->clock[r] > x->rep->compute_end ? x->clock[r] : x->rep->compute_end;
   }
   x->pos[r]++;
   return 1;

@@ -85,18 +85,12 @@ static void stream(const layout *L, pass *x, double bytes) {
   x->bytes += bytes;
 }
 
-static double gemm_in(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
+static double gemm(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
   return loom_profile_gemm_seconds(L->prof, dtype, m, n, k, batch);
 }
-static double gemm(const layout *L, double m, double n, double k, double batch) {
-  return gemm_in(L, L->precision, m, n, k, batch);
-}
 /* A GEMM's backward: the input's grad (m x k over n) and the weight's (n x k over m). */
-static double gemm_backward_in(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
-  return gemm_in(L, dtype, m, k, n, batch) + gemm_in(L, dtype, n, k, m, batch);
-}
-static double gemm_backward(const layout *L, double m, double n, double k, double batch) {
-  return gemm_backward_in(L, L->precision, m, n, k, batch);
+static double gemm_backward(const layout *L, Loom__Precision dtype, double m, double n, double k, double batch) {
+  return gemm(L, dtype, m, k, n, batch) + gemm(L, dtype, n, k, m, batch);
 }
 
 /* Under --fp8-format, the passes Transformer Engine adds to a linear layer's fp8 GEMMs (m rows, n outputs, k
@@ -109,11 +103,17 @@ static void fp8_casts(const layout *L, pass *f, pass *g, double m, double n, dou
   stream(L, g, 4.0 * m * n * batch);
 }
 
-/* A linear layer's GEMMs, forward, backward and the weight grad's share of it, in the linear layers' dtype. */
+/* A GEMM's forward, backward and the weight grad's share of it (as long as the forward), in dtype. */
+static void gemm_costs(const layout *L, Loom__Precision dtype, pass *f, pass *g, pass *w, double m, double n, double k,
+                       double batch) {
+  f->compute += gemm(L, dtype, m, n, k, batch);
+  g->compute += gemm_backward(L, dtype, m, n, k, batch);
+  w->compute += gemm(L, dtype, m, n, k, batch);
+}
+
+/* A linear layer's GEMMs in the linear layers' dtype, with fp8's casts. */
 static void linear_costs(const layout *L, pass *f, pass *g, pass *w, double m, double n, double k, double batch) {
-  f->compute += gemm_in(L, L->linear, m, n, k, batch);
-  g->compute += gemm_backward_in(L, L->linear, m, n, k, batch);
-  w->compute += gemm_in(L, L->linear, m, n, k, batch);
+  gemm_costs(L, L->linear, f, g, w, m, n, k, batch);
   fp8_casts(L, f, g, m, n, k, batch, false);
 }
 
@@ -184,9 +184,7 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const double load = dropless ? L->moe_imbalance : c->moe.capacity_factor;
   const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = load * etp * n * k / El;
   const double shapes[][4] = {{r, up, h, El}, {r, h, fe, El}};
-  f->compute += gemm(L, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
-  g->compute += gemm_backward(L, n, E, h, 1);
-  w->compute += gemm(L, n, E, h, 1);
+  gemm_costs(L, L->precision, f, g, w, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
     linear_costs(L, f, g, w, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
   const double bytes = 2.0 * n * k * h * e + (n * k + n) * h * e + (up + fe) * n * k * e;
@@ -264,8 +262,8 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
     const bool attention = i == 1 || i == 2; /* the scores and values: never fp8 (nor are they under Transformer Engine) */
     const Loom__Precision dtype = attention ? L->precision : L->linear;
-    fw[i] = gemm_in(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    bw[i] = gemm_backward_in(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    fw[i] = gemm(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
+    bw[i] = gemm_backward(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
     if (!attention) fp8_casts(L, f, g, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i == 0 || i == 4);
     f->compute += fw[i], g->compute += bw[i];
     if (!attention) w->compute += fw[i];
@@ -324,10 +322,10 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
     if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER, 0.0);
   }
   if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
-    f->compute += gemm(L, T, vocab, h, 1) + 6.0 * L->overhead;
+    gemm_costs(L, L->precision, f, g, w, T, vocab, h, 1);
+    f->compute += 6.0 * L->overhead;
+    g->compute += 6.0 * L->overhead;
     stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0);
-    w->compute += gemm(L, T, vocab, h, 1);
-    g->compute += gemm_backward(L, T, vocab, h, 1) + 6.0 * L->overhead;
     stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0);
     if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, 0.0); /* not split beside the head's GEMM (nor is Megatron's) */
     tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, 0.0);

@@ -68,15 +68,16 @@ static int64_t busiest_bytes(const loom_plan *plan, int pp) {
   return most;
 }
 
-/* Sizes one candidate: refused by a rule (counted), over memory (kept in
- * unfit), or fitting, into *fits with the lower bound on its step; returns
- * whether it fits. */
 /* The assumptions for a candidate: an imbalance of at most its ep (its busiest rank takes at most every row). */
 static loom_sim_assumptions for_candidate(const loom_sim_assumptions *assume, const loom_candidate *c) {
   loom_sim_assumptions a = *assume;
   a.moe_rank_imbalance = fmin(a.moe_rank_imbalance, (double)c->ep);
   return a;
 }
+
+/* Sizes one candidate: refused by a rule (counted), over memory (kept in
+ * unfit), or fitting, into *fits with the lower bound on its step; returns
+ * whether it fits. */
 
 static bool measure(const loom_plan *base, const loom_profile *prof, const loom_sim_assumptions *assume, loom_candidate c,
                     loom_search_result *res, loom_candidate **fits, int *nfits) {

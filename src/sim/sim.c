@@ -51,8 +51,7 @@ loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, const 
   loom_plan_model_config(plan, &cfg);
   const double T = loom_plan_train_seq(plan), tokens = (double)plan->batch->global_batch * T;
   res->gpus = (int)loom_plan_ranks(plan);
-  res->formula = assume->formula;
-  res->moe_rank_imbalance = assume->moe_rank_imbalance;
+  res->assumed = *assume;
   res->model_flops = loom_gpt_train_flops(&cfg, (int)T, tokens, assume->formula);
   res->peak_flops = loom_profile_peak_flops(prof, plan->precision);
   res->step_s = res->replay.makespan;

@@ -12,9 +12,8 @@
 
 typedef struct {
   int gpus;
-  loom_flops_formula formula;
-  double moe_rank_imbalance; /* the assumed one (loom_sim_assumptions') */
-  double model_flops;  /* per step, by formula */
+  loom_sim_assumptions assumed; /* what the prediction took as given */
+  double model_flops;  /* per step, by the assumed formula */
   double peak_flops;   /* one device's dense peak in the plan's precision */
   double step_s, tokens_per_s, tflops_per_gpu, mfu;
   double bubble;       /* the replay's idle share before the last backward, averaged over pipeline ranks */
