@@ -48,8 +48,11 @@ double loom_device_peak_gflops(const loom_ops *ops, bool bf16, char *what, size_
       snprintf(what, n, "%s's datasheet bf16 dense peak, %.0f TFLOP/s", name, sheet);
       return sheet * 1e3;
     }
-    const double measured = loom_cuda_bf16_gemm_tflops(ops, 8192, 8192, 8192, 5);
-    snprintf(what, n, "%s's cuBLAS bf16 GEMM, measured %.1f TFLOP/s (no datasheet figure for it)", name, measured);
+    /* A small GEMM first: a device far below a GPU's speed (the emulated one) is measured at that size, not 8192. */
+    const double probe = loom_cuda_bf16_gemm_tflops(ops, 256, 256, 256, 2);
+    const double measured = probe < 1.0 ? probe : loom_cuda_bf16_gemm_tflops(ops, 8192, 8192, 8192, 5);
+    snprintf(what, n, "%s's cuBLAS bf16 GEMM, measured %.*f TFLOP/s (no datasheet figure for it)", name,
+             measured < 1.0 ? 4 : 1, measured);
     return measured * 1e3;
   }
 #else

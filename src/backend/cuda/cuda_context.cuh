@@ -32,6 +32,9 @@ inline void check_blas(cublasStatus_t s, const char *what) {
 // one, and runs where the CUDA libraries are absent (on the CPU backend).
 #define LOOM_STR2(x) #x
 #define LOOM_STR(x) LOOM_STR2(x)
+#ifndef LOOM_CUBLAS_LIBRARY // the emulated GPU's cublas_v2.h names its own
+#define LOOM_CUBLAS_LIBRARY "libcublas.so." LOOM_STR(CUBLAS_VER_MAJOR)
+#endif
 struct Blas {
   bool ok = false;
   char error[256] = "";
@@ -83,8 +86,14 @@ inline void launched(const char *what) { check(cudaGetLastError(), what); }
   do {                                                                                      \
     const dim3 launch_grid_ = (grid);                                                       \
     if (launch_grid_.x && launch_grid_.y && launch_grid_.z)                                 \
-      kernel<<<launch_grid_, (threads), (shmem), (stream)>>>(__VA_ARGS__);                  \
+      LOOM_KERNEL_CALL(kernel, launch_grid_, (threads), (shmem), (stream), __VA_ARGS__);    \
   } while (0)
+// The emulated GPU's headers (src/backend/cuda/emu/include) define their own
+// kernel call and dynamic shared memory; nvcc's are these.
+#ifndef LOOM_KERNEL_CALL
+#define LOOM_KERNEL_CALL(kernel, grid, threads, shmem, stream, ...) kernel<<<grid, threads, shmem, stream>>>(__VA_ARGS__)
+#define LOOM_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#endif
 
 // A causal attention call's shape and dropout keys, as kernels take them.
 struct AttnArgs {

@@ -84,7 +84,7 @@ __device__ void add_weighted_rows(float *acc, float scale, const float *w, const
 }
 
 __global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout L) {
-  extern __shared__ float smem[];
+  LOOM_DYNAMIC_SHARED(float, smem);
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *q = smem, *k = q + TILE * P, *v = k + TILE * P, *o = v + TILE * P; // o: [TILE][D]
   __shared__ float m_row[TILE], l_row[TILE], weights[WARPS][TILE];
@@ -136,7 +136,7 @@ __global__ void delta_kernel(float *delta, const float *dout, const float *out, 
 
 // dq for 32 query rows of one head, over the keys up to the diagonal.
 __global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, Layout L) {
-  extern __shared__ float smem[];
+  LOOM_DYNAMIC_SHARED(float, smem);
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *q = smem, *dy = q + TILE * P, *k = dy + TILE * P, *v = k + TILE * P, *dq = v + TILE * P; // dq: [TILE][D]
   __shared__ float weights[WARPS][TILE];
@@ -174,7 +174,7 @@ __global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, cons
 // dk and dv for 32 keys of one key/value head, over every query row at or
 // below the diagonal of every query head it serves.
 __global__ void dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse, const float *delta, Layout L) {
-  extern __shared__ float smem[];
+  LOOM_DYNAMIC_SHARED(float, smem);
   const int D = L.a.D, P = D + 1, T = L.a.T;
   float *k = smem, *v = k + TILE * P, *q = v + TILE * P, *dy = q + TILE * P, *dk = dy + TILE * P, *dv = dk + TILE * D;
   __shared__ float row_lse[TILE], row_delta[TILE], pw[WARPS][TILE], dsw[WARPS][TILE];

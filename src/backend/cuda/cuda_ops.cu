@@ -29,7 +29,7 @@ template <typename F> bool load(Blas &b, void *lib, const char *name, F *out) {
 // references, so each context loading its own costs nothing after the first.
 Blas load_blas() {
   Blas b;
-  const char *names[] = {"libcublas.so." LOOM_STR(CUBLAS_VER_MAJOR), "libcublas.so"};
+  const char *names[] = {LOOM_CUBLAS_LIBRARY, "libcublas.so"};
   void *lib = nullptr;
   for (const char *name : names)
     if ((lib = dlopen(name, RTLD_NOW | RTLD_LOCAL))) break;
@@ -917,8 +917,12 @@ void attention_scores(Backend &g, float *att, const float *qkv, const loom_attn_
     }
 }
 
+// Whether an attention call has no rows: cuBLAS refuses its leading dimensions (ldc T below max(1, m)).
+bool no_rows(const loom_attn_shape *s) { return s->T == 0 || s->B == 0 || s->heads == 0; }
+
 void cublas_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
                               const loom_dropout *drop) {
+  if (no_rows(s)) return;
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
   const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
@@ -941,6 +945,7 @@ void cublas_attention_forward(Backend &g, float *out, float *lse, const float *q
 
 void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const float *qkv, const float *lse,
                                const loom_attn_shape *s, const loom_dropout *drop) {
+  if (no_rows(s)) return;
   const AttnArgs a = attn_args(s, drop);
   const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
   const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
