@@ -23,10 +23,20 @@ plain='quick|gpu' sanitized='sanitized|fuzz'
 echo "test: tiers $plain, as built ($(elapsed) so far)"
 ctest --test-dir build --output-on-failure -j "$(nproc)" -L "$plain"
 
+# The emulated GPU (src/backend/cuda/emu): the CUDA backend and NCCL built
+# by the host compiler, and the emu tier run on them.
+echo "test: building the CUDA backend on the emulated GPU into build-emu/ ($(elapsed) so far)"
+mkdir -p build-emu
+cmake -S . -B build-emu -DCMAKE_BUILD_TYPE=Release -DLOOM_WERROR=ON -DLOOM_CUDA_EMU=ON > build-emu/build.log 2>&1 &&
+  cmake --build build-emu -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl >> build-emu/build.log 2>&1 ||
+  { tail -n 40 build-emu/build.log; echo "test: the emulated GPU's build failed (all of it in build-emu/build.log)"; exit 1; }
+echo "test: tier emu, on the emulated GPU ($(elapsed) so far)"
+ctest --test-dir build-emu --output-on-failure -j "$(nproc)" -L emu
+
 scripts/packages.sh clang libclang-rt-14-dev libomp-dev
 echo "test: building under ASan and UBSan into build-fuzz/ ($(elapsed) so far)"
 mkdir -p build-fuzz
-CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA=OFF \
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLOOM_FUZZ=ON -DLOOM_WERROR=ON -DLOOM_CUDA_EMU=ON \
   -DLOOM_NPM_DIR="$PWD/build/npm" > build-fuzz/build.log 2>&1 &&
   cmake --build build-fuzz -j "$(nproc)" >> build-fuzz/build.log 2>&1 ||
   { tail -n 40 build-fuzz/build.log; echo "test: the sanitized build failed (all of it in build-fuzz/build.log)"; exit 1; }

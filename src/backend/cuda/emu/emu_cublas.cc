@@ -68,7 +68,7 @@ void run(const Gemm &g) {
           element(g.b, g.bt, g.tb == CUBLAS_OP_N ? (size_t)j * g.ldb + p : (size_t)p * g.ldb + j, g.tf32);
   for (int j = 0; j < g.n; j++)
     for (int i = 0; i < g.m; i++) {
-      const float *x = &a[(size_t)i * g.k], *y = &b[(size_t)j * g.k];
+      const float *x = a.data() + (size_t)i * g.k, *y = b.data() + (size_t)j * g.k; // (k may be 0)
       float acc = 0.0f;
       for (int p = 0; p < g.k; p++) acc += x[p] * y[p];
       float &c = g.c[(size_t)j * g.ldc + i];

@@ -1,0 +1,52 @@
+#!/bin/sh
+# The CUDA backend and NCCL on the emulated GPU (a -DLOOM_CUDA_EMU=ON build):
+# every parallel layout below trains the same tiny model for 3 steps with
+# --device cuda, its ranks talking through the emulated NCCL (rendezvous
+# sends, collectives matched by issue order), and gives the serial CPU run's
+# losses to relative 1e-5 (fp32 on both: summation order only). Each layout's
+# activations are larger than the emulator's one-message staging needs.
+# Usage: tests/emu_layouts.sh MPIEXEC LOOM WORKDIR
+set -u
+MPIEXEC=$1 LOOM=$2 WORK=$3
+rm -rf "$WORK" && mkdir -p "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+. "$(dirname "$0")/lib.sh"
+
+GPT="--layers 4 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --global-batch 8 --steps 3 --eval-every 0 --log-every 1"
+GPT24="--layers 2 --hidden 16 --heads 2 --seq 24 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
+MOE="--model moe-tiny --seq 16 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
+
+# serial NAME MODEL: the one-rank CPU run.
+serial() {
+  "$LOOM" train $2 --device cpu --metrics "$WORK/$1.jsonl" > "$WORK/$1.txt" 2>&1 || fail "serial $1: $(tail -3 "$WORK/$1.txt")"
+}
+
+# layout NAME RANKS SERIAL MODEL FLAGS...: the run on the emulated GPU against the serial one.
+layout() {
+  name=$1 np=$2 base=$3 model=$4
+  shift 4
+  "$MPIEXEC" --oversubscribe --bind-to none -np "$np" -x OMP_NUM_THREADS=1 "$LOOM" train $model --device cuda "$@" \
+    --metrics "$WORK/$name.jsonl" > "$WORK/$name.txt" 2>&1 || fail "$name: $(tail -5 "$WORK/$name.txt")"
+  grep -q "loom emulated GPU" "$WORK/$name.txt" || fail "$name: the device line does not name the emulated GPU"
+  for i in 1 2 3; do
+    a=$(grep "\"step\": $i," "$WORK/$base.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+    b=$(grep "\"step\": $i," "$WORK/$name.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && b > 0 && d <= 1e-5 * a) }' ||
+      fail "$name step $i: emulated GPU '$b', serial CPU '$a'"
+  done
+  echo "ok: $name ($np ranks) equals the serial run"
+}
+
+serial gpt "$GPT"
+serial gpt24 "$GPT24"
+serial moe "$MOE"
+layout tp2_sp 2 gpt "$GPT" --tp 2 --sequence-parallel
+layout pp2_interleaved 2 gpt "$GPT" --pp 2 --vpp 2 --schedule interleaved --micro-batches 4
+layout pp2_zb_h1 2 gpt "$GPT" --pp 2 --schedule zb_h1 --micro-batches 4
+layout pp2_zb_v 2 gpt "$GPT" --pp 2 --schedule zb_v --micro-batches 4
+layout dp2_zero1 2 gpt "$GPT" --dp 2 --zero 1
+layout dp2_zero3 2 gpt "$GPT" --dp 2 --zero 3
+layout cp2 2 gpt "$GPT" --cp 2
+layout cp3 3 gpt24 "$GPT24" --cp 3
+layout ep2 2 moe "$MOE" --dp 2 --ep 2
+echo "emu_layouts: ok"
