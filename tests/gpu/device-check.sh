@@ -1,17 +1,21 @@
 #!/bin/sh
-# Every GPU check in one run, for a machine with an NVIDIA GPU (one H200 is
-# enough; sized for under 8 minutes there), ending with a summary table:
-#   - backend parity of every op against the reference backend, in fp32 and
-#     with bf16 GEMMs, both attention implementations (test_backend_cuda),
-#     and the model on the GPU against the CPU (test_model_cuda);
-#   - the NCCL backend: collectives, host values, grouped send/receive;
-#   - 50 steps of the default tiny model on the GPU against the CPU, fp32 and bf16;
-#   - two ranks sharing the GPU over MPI: tp 2, and pp 2 under the
-#     interleaved and ZB-V schedules, each against the serial run;
-#   - the fused attention kernels' speed against cuBLAS attention;
-#   - a GPT of 1.3B parameters (24 layers, hidden 2048, seq 2048) in bf16 on
-#     one GPU: its MFU (Megatron's FLOPs formula against the device's dense
-#     bf16 peak) and its memory peak against the plan's estimate;
+# What only a real GPU can show, in one run on one H100 (sized for under 6
+# minutes of device time: each step's limit below, 330 s in all), ending
+# with a summary table. Whether the CUDA kernels, cuBLAS calls and NCCL
+# collectives are right is proven before a GPU is lent, on the emulated GPU
+# in CI (docs/gpus.md: the op table, the model, every parallel layout over
+# NCCL); here:
+#   - the op table once more on the device's own math (expf, tanhf, rsqrtf)
+#     and tensor cores (TF32, bf16 with fp32 accumulation), at the bounds
+#     the emulator is held to (test_backend_cuda);
+#   - the real NCCL library and its transports (test_comm_nccl);
+#   - 50 steps of the default tiny model in bf16 on the GPU against the CPU:
+#     the tensor cores' accumulation over a whole run;
+#   - speed: the fused attention kernels against cuBLAS attention, cuBLAS's
+#     bf16 GEMM, and a GPT of 1.3B parameters (24 layers, hidden 2048, seq
+#     2048) in bf16 on one GPU: its MFU (Megatron's FLOPs formula against the
+#     device's dense bf16 peak) and its memory peak, real allocations under a
+#     real device's memory, against the plan's estimate;
 #   - NCCL's bus bandwidth where there are two GPUs or more.
 # It runs from the bundle tests/gpu/bundle.sh makes (unpack it, run its
 # device-check.sh: nothing is built), or from a source tree, which it builds
@@ -27,15 +31,13 @@ mkdir -p "$(dirname "$log")"
 work=$(mktemp -d)
 table=$work/summary.txt
 : > "$table"
-export m=$work/metrics shape="--layers 4 --micro-batches 4 --steps 20 --eval-every 0"
+export m=$work/metrics
 mkdir -p "$m"
 # The helpers steps run (with $loom, set below): mpi CMD (ranks sharing the
-# machine), train OUT FLAGS (50 steps of the tiny model), run OUT CMD (the
-# pipeline comparisons' shape).
+# machine), train OUT FLAGS (50 steps of the tiny model).
 cat > "$work/helpers.sh" << 'EOF'
 mpi() { mpirun --oversubscribe --bind-to none "$@"; }
 train() { out=$1; shift; "$loom" train --steps 50 --eval-every 0 --metrics "$m/$out.jsonl" "$@"; }
-run() { out=$1; shift; "$@" --device cuda $shape --metrics "$m/$out.jsonl"; }
 EOF
 exec 3>&1 > "$log" 2>&1
 echo "== $(date -u) on $(hostname)"
@@ -76,7 +78,7 @@ else # a source tree: build what the checks run
   build=$root/build-gpu
   step configure "-" 300 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DLOOM_CUDA=ON -DLOOM_WERROR=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 || exit 1
-  step build "-" 900 cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_model_cuda test_comm_nccl \
+  step build "-" 900 cmake --build "$build" -j "$(nproc)" --target loom test_backend_cuda test_comm_nccl \
     loom_cuda_gemm_bench loom_cuda_attention_bench loom_comm_bench || exit 1
   bin=$build bench=$build/bench tests=$build/tests
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -102,37 +104,23 @@ compare() {
 # result FILE KEY: the value of KEY= on FILE's RESULT line, or nothing.
 result() { sed -n "s/^RESULT.* $2=\([0-9.e+-]*\).*/\1/p; s/^RESULT $2=\([0-9.e+-]*\).*/\1/p" "$1" | head -n 1; }
 
-step "op parity (fp32, bf16, both attns)" "NMSE 1e-9 / 1e-4" 120 "$tests/test_backend_cuda"
-step "model parity (GPU vs CPU)" "see test" 120 "$tests/test_model_cuda"
-step "NCCL backend" "exact" 60 mpi -np 1 "$tests/test_comm_nccl"
+step "op parity (fp32, bf16, both attns)" "NMSE 1e-9 / 1e-4" 45 "$tests/test_backend_cuda"
+step "NCCL backend" "exact" 30 mpi -np 1 "$tests/test_comm_nccl"
 
-step "tiny fp32, GPU" "-" 60 train cuda32 --device cuda &&
-  step "tiny fp32, CPU" "-" 60 train cpu32 --device cpu &&
-  compare "tiny fp32: GPU vs CPU, 50 steps" "$m/cpu32.jsonl" "$m/cuda32.jsonl" 1e-3
 # bf16 keeps 8 mantissa bits: one value rounded the other way moves by 2^-8
 # (0.4%), and a different summation order flips some of them every step.
-step "tiny bf16, GPU" "-" 60 train cuda16 --device cuda --precision bf16 &&
-  step "tiny bf16, CPU" "-" 60 train cpu16 --device cpu --precision bf16 &&
+step "tiny bf16, GPU" "-" 30 train cuda16 --device cuda --precision bf16 &&
+  step "tiny bf16, CPU" "-" 30 train cpu16 --device cpu --precision bf16 &&
   compare "tiny bf16: GPU vs CPU, 50 steps" "$m/cpu16.jsonl" "$m/cuda16.jsonl" 2e-2
 
-# Two ranks on the one GPU (MPI stages their messages) against one rank: tp
-# 2, then pp 2 under the schedules NCCL's send rules once broke.
-step "serial run, GPU" "-" 60 run serial "$loom" train &&
-  step "tp 2, two ranks on one GPU" "-" 90 run tp2 mpi -np 2 "$loom" train --tp 2 &&
-  compare "tp 2 vs serial, 20 steps" "$m/serial.jsonl" "$m/tp2.jsonl" 1e-5
-step "pp 2 interleaved, two ranks" "-" 90 run inter mpi -np 2 "$loom" train --pp 2 --vpp 2 --schedule interleaved &&
-  compare "pp 2 interleaved vs serial" "$m/serial.jsonl" "$m/inter.jsonl" 1e-5
-step "pp 2 ZB-V, two ranks" "-" 90 run zbv mpi -np 2 "$loom" train --pp 2 --vpp 2 --schedule zb_v &&
-  compare "pp 2 ZB-V vs serial" "$m/serial.jsonl" "$m/zbv.jsonl" 1e-5
-
-step "fused vs cuBLAS attention" "-" 120 sh -c "'$bench/loom_cuda_attention_bench' > '$m/attention.txt'"
+step "fused vs cuBLAS attention" "-" 45 sh -c "'$bench/loom_cuda_attention_bench' > '$m/attention.txt'"
 cat "$m/attention.txt"
 ratio=$(result "$m/attention.txt" fused_over_cublas_time)
 record "fused attention time / cuBLAS's" "$(awk -v r="${ratio:-9}" 'BEGIN { print (r <= 1.0) ? "ok" : "FAIL" }')" \
   "${ratio:-none} (T 2048, batch 4, 16 heads of 128)" "<= 1"
 
-step "cuBLAS bf16 GEMM" "-" 60 "$bench/loom_cuda_gemm_bench" 8192
-step "1.3B bf16 step" "-" 300 sh -c "'$loom' bench step --device cuda --model gpt-1.3b --precision bf16 --seq 2048 \
+step "cuBLAS bf16 GEMM" "-" 30 "$bench/loom_cuda_gemm_bench" 8192
+step "1.3B bf16 step" "-" 120 sh -c "'$loom' bench step --device cuda --model gpt-1.3b --precision bf16 --seq 2048 \
   --micro-batch 4 --steps 3 > '$m/gpt13b.txt'"
 cat "$m/gpt13b.txt"
 mfu=$(result "$m/gpt13b.txt" seq2048_mfu)

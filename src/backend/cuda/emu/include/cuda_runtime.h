@@ -1,5 +1,5 @@
 /* The emulated GPU's stand-in for CUDA's cuda_runtime.h (loom's
- * -DLOOM_CUDA_EMU=ON build, src/backend/cuda/emu/README.md): the part of the
+ * -DLOOM_CUDA_EMU=ON build; docs/gpus.md, "The emulated GPU"): the part of the
  * runtime API loom calls, with CUDA's names, values and semantics, served by
  * libloomemu on the CPU. C code (the NCCL communicator) sees the API; C++
  * (the backend's .cu sources, compiled by the host compiler) also gets the
