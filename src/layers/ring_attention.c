@@ -149,19 +149,21 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
   /* The grads of the block in hand travel with it: at step j this rank receives what the ranks before it summed
    * for the block (dkv[j & 1]) while its own queries' share computes (in dkv[2]), adds it and passes the sum on,
    * sent beside the next step's compute; one more hop brings each block's sum home. A buffer is received into
-   * again only once its last sum has left (sent[]). */
+   * again only once its last sum has left (sent[]). Between two ranks the messages go block j-1's sum, then
+   * block j, on both sides: under NCCL's rules (and LOOM_P2P=rendezvous) sends meet receives in issue order,
+   * whatever their tags, and the two are the same size, so receiving them the other way round would swap them. */
   loom_request *sent[2] = {NULL, NULL};
   for (int j = 0; j < cp; j++) {
     const int cur = j & 1;
     float *sum = r->dkv[cur], *mine = j > 0 ? r->dkv[2] : sum;
     loom_request *recv = NULL, *send = NULL, *grads = NULL;
     double t = tick(r);
-    if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
-    if (j > 0) {
+    if (j > 0) { /* the sum the previous rank sent at step j - 1, after block j - 1 */
       loom_comm_wait(r->group, sent[cur]);
       grads = loom_comm_irecv(r->group, sum, n, prev, RING_TAG_DKV);
       loom_comm_flush(r->group);
     }
+    if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
     loom_mem_zero(ops->mem, mine, n);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
     ops->attention_block_backward(ops, dqkv, mine, dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,

@@ -637,6 +637,10 @@ void cuda_accumulate(const loom_ops *be, float *acc, const float *x, size_t n) {
   launched("accumulate");
 }
 
+// The blocks summing n squares: one per THREADS elements up to SUMSQ_BLOCKS
+// (the blocks past an array's end would only add zeros, exactly).
+unsigned sumsq_blocks(size_t n) { return n < (size_t)SUMSQ_BLOCKS * THREADS ? blocks_for(n) : SUMSQ_BLOCKS; }
+
 // Every array's block sums into scratch, then one copy and one host wait,
 // each array's blocks added in order (sumsq is a batch of one).
 void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out) {
@@ -644,7 +648,7 @@ void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n
   if (count <= 0) return;
   const size_t bytes = (size_t)count * SUMSQ_BLOCKS * sizeof(double);
   double *parts = (double *)grow(g, g.scratch, g.scratch_bytes, bytes, "sumsq_batch");
-  for (int i = 0; i < count; i++) LAUNCH(sumsq_kernel, SUMSQ_BLOCKS, THREADS, 0, g.stream, parts + (size_t)i * SUMSQ_BLOCKS, x[i], n[i]);
+  for (int i = 0; i < count; i++) LAUNCH(sumsq_kernel, sumsq_blocks(n[i]), THREADS, 0, g.stream, parts + (size_t)i * SUMSQ_BLOCKS, x[i], n[i]);
   launched("sumsq_batch");
   double *host = (double *)malloc(bytes);
   if (!host) {
@@ -655,7 +659,7 @@ void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n
   host_wait(g, "sumsq_batch");
   for (int i = 0; i < count; i++) {
     double total = 0.0;
-    for (int b = 0; b < SUMSQ_BLOCKS; b++) total += host[(size_t)i * SUMSQ_BLOCKS + b];
+    for (unsigned b = 0; b < sumsq_blocks(n[i]); b++) total += host[(size_t)i * SUMSQ_BLOCKS + b];
     out[i] = total;
   }
   free(host);

@@ -85,7 +85,7 @@ void queue(cudaStream_t stream, std::vector<std::shared_ptr<Part>> parts) {
     for (const auto &p : parts) {
       if (p->comm->aborted) continue;
       int done = 0;
-      if (!p->requests.empty()) {
+      if (!p->requests.empty() && p->statuses.empty()) { // (a finished request's status is read once: it is spent)
         std::vector<MPI_Status> st(p->requests.size());
         if (MPI_Testall((int)p->requests.size(), p->requests.data(), &done, st.data()) != MPI_SUCCESS) {
           p->comm->async = ncclRemoteError;

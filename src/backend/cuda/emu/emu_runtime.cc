@@ -41,6 +41,17 @@ double now_ms() {
 
 int g_device = 0;
 
+// The devices a process sees, LOOM_EMU_DEVICES (default 8, an HGX node's):
+// each rank on a host picks its own, as on a GPU node, and whichever it
+// picks, the device is this process's own (its memory and streams).
+int device_count() {
+  static const int n = [] {
+    const char *v = getenv("LOOM_EMU_DEVICES");
+    return v && atoi(v) > 0 && atoi(v) <= 1024 ? atoi(v) : 8;
+  }();
+  return n;
+}
+
 size_t device_memory() {
   const char *limit = getenv("LOOM_EMU_MEMORY_MIB");
   return (limit && atol(limit) > 0 ? (size_t)atol(limit) : 16384) << 20;
@@ -160,12 +171,14 @@ cudaError_t cudaPeekAtLastError(void) { return sticky() ? sticky() : g_last; }
 
 cudaError_t cudaGetDeviceCount(int *count) {
   if (!count) return cudaErrorInvalidValue;
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return refuse(cudaErrorInvalidDevice, "cudaSetDevice(%d): the emulator has one device, 0", device);
+  if (device < 0 || device >= device_count())
+    return refuse(cudaErrorInvalidDevice, "cudaSetDevice(%d): the emulator shows %d devices (LOOM_EMU_DEVICES)", device,
+                  device_count());
   g_device = device;
   return cudaSuccess;
 }
@@ -177,7 +190,7 @@ cudaError_t cudaGetDevice(int *device) {
 }
 
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
-  if (!prop || device != 0) return cudaErrorInvalidDevice;
+  if (!prop || device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   memset(prop, 0, sizeof *prop);
   snprintf(prop->name, sizeof prop->name, "loom emulated GPU (sm_90 limits, on the CPU)");
   prop->totalGlobalMem = device_memory();
@@ -196,7 +209,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
 }
 
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
-  if (!value || device != 0) return cudaErrorInvalidDevice;
+  if (!value || device < 0 || device >= device_count()) return cudaErrorInvalidDevice;
   switch (attr) {
   case cudaDevAttrMaxThreadsPerBlock: *value = SM90_THREADS; return cudaSuccess;
   case cudaDevAttrMaxSharedMemoryPerBlock: *value = SM90_SHARED; return cudaSuccess;

@@ -59,22 +59,25 @@ namespace {
 constexpr int MAX_THREADS = 1024, MAX_DIM_Z = 64;
 constexpr unsigned MAX_GRID_Y = 65535;
 constexpr size_t DEFAULT_SHARED = 48 << 10, OPTIN_SHARED = 227 << 10;
+// A thread's stack. Kernels are shallow; small stacks, side by side in one
+// mapping, keep a block's 1024 of them within the TLB's reach (a switch
+// from thread to thread touches each one's top). A guard page under each.
 #ifdef LOOM_EMU_ASAN
-constexpr size_t STACK = 512 << 10;
+constexpr size_t STACK = 256 << 10;
 #else
-constexpr size_t STACK = 128 << 10;
+constexpr size_t STACK = 28 << 10;
 #endif
+constexpr size_t GUARD = 4096;
 
 // ---- fibers ----
 #if defined(__x86_64__)
-// Saves the callee-saved registers and the FP control words on the current
-// stack, stores its pointer in *save, and resumes the stack at `to`.
+// Saves the callee-saved registers on the current stack, stores its pointer
+// in *save, and resumes the stack at `to`. The FP control words are left as
+// they are: every fiber runs on one host thread, and no kernel changes them.
 asm(".text\n.globl loom_emu_switch\n.hidden loom_emu_switch\n.type loom_emu_switch,@function\n"
     "loom_emu_switch:\n"
     "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  subq $8, %rsp\n  stmxcsr (%rsp)\n  fnstcw 4(%rsp)\n"
     "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n  fldcw 4(%rsp)\n  addq $8, %rsp\n"
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
     ".size loom_emu_switch, .-loom_emu_switch\n");
 extern "C" void loom_emu_switch(void **save, void *to);
@@ -83,10 +86,9 @@ struct Context {
 };
 void start_context(Context &c, char *stack, size_t size, void (*entry)()) {
   uint64_t *sp = (uint64_t *)(((uintptr_t)(stack + size)) & ~(uintptr_t)15);
-  *--sp = 0;                // entry's return address: it never returns
-  *--sp = (uint64_t)entry;  // where the first switch to it returns to
+  *--sp = 0;               // entry's return address: it never returns
+  *--sp = (uint64_t)entry; // where the first switch to it returns to
   for (int i = 0; i < 6; i++) *--sp = 0;
-  *--sp = 0x037f00001f80ull; // MXCSR and the x87 control word at their defaults
   c.sp = sp;
 }
 inline void switch_context(Context &from, Context &to) { loom_emu_switch(&from.sp, to.sp); }
@@ -141,7 +143,6 @@ void *g_scheduler_fake;
 const void *g_scheduler_stack;
 size_t g_scheduler_stack_size;
 #endif
-std::vector<char *> g_stacks;
 std::vector<char> g_dynamic;
 size_t g_max_dynamic_allowed = DEFAULT_SHARED; // the largest cudaFuncSetAttribute granted
 uint64_t g_launches;
@@ -157,16 +158,17 @@ const char *op_name(WarpOp op) {
 }
 
 char *stack_for(size_t i) {
-  while (g_stacks.size() <= i) {
-    char *s = (char *)mmap(nullptr, STACK + 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (s == MAP_FAILED) {
+  static char *stacks = nullptr;
+  if (!stacks) {
+    const size_t bytes = (size_t)MAX_THREADS * (STACK + GUARD);
+    stacks = (char *)mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (stacks == MAP_FAILED) {
       fprintf(stderr, "loom emu: out of memory for thread stacks\n");
       abort();
     }
-    mprotect(s, 4096, PROT_NONE); // a guard page under each stack
-    g_stacks.push_back(s + 4096);
+    for (size_t t = 0; t < (size_t)MAX_THREADS; t++) mprotect(stacks + t * (STACK + GUARD), GUARD, PROT_NONE);
   }
-  return g_stacks[i];
+  return stacks + i * (STACK + GUARD) + GUARD;
 }
 
 void to_lane(Lane &l) {

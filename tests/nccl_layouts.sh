@@ -1,18 +1,26 @@
 #!/bin/sh
-# The CUDA backend and NCCL on the emulated GPU (a -DLOOM_CUDA_EMU=ON build):
-# every parallel layout below trains the same tiny model for 3 steps with
-# --device cuda, its ranks talking through the emulated NCCL (rendezvous
-# sends, collectives matched by issue order), and gives the serial CPU run's
-# losses to relative 1e-5 (fp32 on both: summation order only). Each layout's
-# activations are larger than the emulator's one-message staging needs.
-# Usage: tests/emu_layouts.sh MPIEXEC LOOM WORKDIR
+# Every parallel layout under NCCL's rules for point-to-point transfers (a
+# send completes only once its receive is posted; sends meet receives in
+# issue order per peer, tags ignored), each training the same tiny model for
+# 3 steps and giving the serial CPU run's losses to relative 1e-5 (fp32 on
+# both: summation order only). MODE cuda runs them with --device cuda on the
+# emulated GPU (a -DLOOM_CUDA_EMU=ON build), its ranks talking through the
+# emulated NCCL; MODE rendezvous runs them on the CPU under
+# LOOM_P2P=rendezvous, MPI with NCCL's rules.
+# Usage: tests/nccl_layouts.sh MPIEXEC LOOM WORKDIR MODE
 set -u
-MPIEXEC=$1 LOOM=$2 WORK=$3
+MPIEXEC=$1 LOOM=$2 WORK=$3 MODE=$4
 rm -rf "$WORK" && mkdir -p "$WORK"
+case $MODE in
+cuda) device=cuda ;;
+rendezvous) device=cpu LOOM_P2P=rendezvous && export LOOM_P2P ;;
+*) fail "MODE is cuda or rendezvous, not '$MODE'" ;;
+esac
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 . "$(dirname "$0")/lib.sh"
 
 GPT="--layers 4 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --global-batch 8 --steps 3 --eval-every 0 --log-every 1"
+GPT32="--layers 2 --hidden 16 --heads 2 --seq 32 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 GPT24="--layers 2 --hidden 16 --heads 2 --seq 24 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 MOE="--model moe-tiny --seq 16 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 
@@ -25,20 +33,22 @@ serial() {
 layout() {
   name=$1 np=$2 base=$3 model=$4
   shift 4
-  "$MPIEXEC" --oversubscribe --bind-to none -np "$np" -x OMP_NUM_THREADS=1 "$LOOM" train $model --device cuda "$@" \
+  "$MPIEXEC" --oversubscribe --bind-to none -np "$np" -x OMP_NUM_THREADS=1 ${LOOM_P2P:+-x LOOM_P2P} "$LOOM" train $model --device $device "$@" \
     --metrics "$WORK/$name.jsonl" > "$WORK/$name.txt" 2>&1 || fail "$name: $(tail -5 "$WORK/$name.txt")"
-  grep -q "loom emulated GPU" "$WORK/$name.txt" || fail "$name: the device line does not name the emulated GPU"
+  [ $MODE = rendezvous ] || grep -q "loom emulated GPU" "$WORK/$name.txt" || fail "$name: the device line does not name the emulated GPU"
+  [ $MODE = cuda ] || grep -q "LOOM_P2P=rendezvous" "$WORK/$name.txt" || fail "$name: not under LOOM_P2P=rendezvous"
   for i in 1 2 3; do
     a=$(grep "\"step\": $i," "$WORK/$base.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
     b=$(grep "\"step\": $i," "$WORK/$name.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && b > 0 && d <= 1e-5 * a) }' ||
-      fail "$name step $i: emulated GPU '$b', serial CPU '$a'"
+      fail "$name step $i: $MODE '$b', serial CPU '$a'"
   done
-  echo "ok: $name ($np ranks) equals the serial run"
+  echo "ok: $name ($np ranks, $MODE) equals the serial run"
 }
 
 serial gpt "$GPT"
 serial gpt24 "$GPT24"
+serial gpt32 "$GPT32"
 serial moe "$MOE"
 layout tp2_sp 2 gpt "$GPT" --tp 2 --sequence-parallel
 layout pp2_interleaved 2 gpt "$GPT" --pp 2 --vpp 2 --schedule interleaved --micro-batches 4
@@ -48,5 +58,7 @@ layout dp2_zero1 2 gpt "$GPT" --dp 2 --zero 1
 layout dp2_zero3 2 gpt "$GPT" --dp 2 --zero 3
 layout cp2 2 gpt "$GPT" --cp 2
 layout cp3 3 gpt24 "$GPT24" --cp 3
+layout cp4 4 gpt32 "$GPT32" --cp 4
+layout cp2_all_gather 2 gpt "$GPT" --cp 2 --cp-comm-type all_gather
 layout ep2 2 moe "$MOE" --dp 2 --ep 2
-echo "emu_layouts: ok"
+echo "nccl_layouts ($MODE): ok"
