@@ -155,6 +155,16 @@ inline void host_wait(Backend &g, const char *what) {
   else check(cudaStreamSynchronize(g.stream), what);
 }
 
+// Copies device memory into pageable host memory. Such a copy blocks the
+// host inside cudaMemcpyAsync until the stream's earlier work is done, out
+// of the watchdog's sight (an NCCL transfer that never matches would hang
+// it silently), so the stream is waited for first through host_wait.
+inline void copy_to_host(Backend &g, void *host, const void *src, size_t bytes, const char *what) {
+  host_wait(g, what);
+  if (bytes) check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, g.stream), what);
+  host_wait(g, what);
+}
+
 // The context's allocator: CUDA managed memory (host-addressable, for the
 // synchronised correctness path) or device memory, both under a block cache.
 loom_allocator make_allocator(Backend &g, bool managed);

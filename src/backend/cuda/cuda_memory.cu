@@ -83,8 +83,7 @@ void mem_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t c
 // The runtime reads what it asked for at once (a loss, a norm, a checkpoint piece): wait.
 void mem_to_host(const loom_allocator *mem, void *host, const void *src, size_t bytes) {
   Backend &g = ctx(mem);
-  if (bytes) check(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, g.stream), "copy to host");
-  host_wait(g, "copy to host");
+  copy_to_host(g, host, src, bytes, "copy to host");
 }
 
 // Pageable host memory is staged by the driver before cudaMemcpyAsync

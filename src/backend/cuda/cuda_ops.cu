@@ -655,8 +655,7 @@ void cuda_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n
     fprintf(stderr, "loom: out of host memory summing squares\n");
     abort();
   }
-  check(cudaMemcpyAsync(host, parts, bytes, cudaMemcpyDeviceToHost, g.stream), "sumsq_batch");
-  host_wait(g, "sumsq_batch");
+  copy_to_host(g, host, parts, bytes, "sumsq_batch");
   for (int i = 0; i < count; i++) {
     double total = 0.0;
     for (unsigned b = 0; b < sumsq_blocks(n[i]); b++) total += host[(size_t)i * SUMSQ_BLOCKS + b];
@@ -1536,8 +1535,7 @@ void loom_cuda_to_device(const loom_ops *be, void *dst, const void *src, size_t 
 
 void loom_cuda_to_host(const loom_ops *be, void *dst, const void *src, size_t bytes) {
   Backend &g = ctx(be);
-  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g.stream), "to_host");
-  host_wait(g, "to_host");
+  copy_to_host(g, dst, src, bytes, "to_host");
 }
 
 } // extern "C"

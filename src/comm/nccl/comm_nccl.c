@@ -99,6 +99,8 @@ static void *stage(cudaStream_t stream, const void *host, size_t bytes, bool fil
 /* Copies a staged result back (when back) and frees the copy; the host waits, as it reads the values at once. */
 static void unstage(cudaStream_t stream, const void *host, void *dev, size_t bytes, bool back, const char *what) {
   if (dev == host) return;
+  /* A copy into pageable memory blocks inside cudaMemcpyAsync, out of the watchdog's sight: wait through it first. */
+  if (back && bytes) loom_nccl_wait_stream(stream, what);
   if (back && bytes) check_cuda(cudaMemcpyAsync((void *)host, dev, bytes, cudaMemcpyDeviceToHost, stream), "staging copy");
   check_cuda(cudaFreeAsync(dev, stream), "staging free");
   loom_nccl_wait_stream(stream, what);
@@ -276,6 +278,7 @@ static loom_request *nccl_irecv(loom_comm *c, float *buf, size_t n, int peer, in
 
 static void finish(loom_request *r) {
   if (r->stage) { /* a host buffer: its received bytes go back, and the host has them on return */
+    if (r->back && r->bytes) loom_nccl_wait_stream(r->m->comm_stream, "a transfer of host values"); /* as unstage */
     if (r->back && r->bytes) check_cuda(cudaMemcpyAsync(r->host, r->stage, r->bytes, cudaMemcpyDeviceToHost, r->m->comm_stream), "staging copy");
     check_cuda(cudaFreeAsync(r->stage, r->m->comm_stream), "staging free");
     loom_nccl_wait_stream(r->m->comm_stream, "a transfer of host values");
