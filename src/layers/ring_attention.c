@@ -147,23 +147,26 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
   const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group), prev = (me - 1 + cp) % cp, next = (me + 1) % cp;
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
   /* The grads of the block in hand travel with it: at step j this rank receives what the ranks before it summed
-   * for the block (dkv[j & 1]) while its own queries' share computes (in dkv[2]), adds it and passes the sum on,
-   * sent beside the next step's compute; one more hop brings each block's sum home. A buffer is received into
-   * again only once its last sum has left (sent[]). Between two ranks the messages go block j-1's sum, then
-   * block j, on both sides: under NCCL's rules (and LOOM_P2P=rendezvous) sends meet receives in issue order,
-   * whatever their tags, and the two are the same size, so receiving them the other way round would swap them. */
+   * for the block (into dkv[j & 1]) while its own queries' share computes (in dkv[2]), adds it, and passes the
+   * sum on at the start of the next step; one more hop brings each block's sum home. Each step's transfers go
+   * as one group (flushed together): the previous step's sum out and in, then this step's keys and values. So
+   * between two ranks the messages go block j-1's sum, then block j, in that order on both sides, as NCCL's
+   * rules need (sends meet receives in issue order, tags ignored; the two are the same size), and no transfer
+   * waits on one queued behind it (an NCCL send holds its stream until matched). A buffer is received into
+   * again only once its last sum has left (sent[]). */
   loom_request *sent[2] = {NULL, NULL};
   for (int j = 0; j < cp; j++) {
     const int cur = j & 1;
     float *sum = r->dkv[cur], *mine = j > 0 ? r->dkv[2] : sum;
     loom_request *recv = NULL, *send = NULL, *grads = NULL;
     double t = tick(r);
-    if (j > 0) { /* the sum the previous rank sent at step j - 1, after block j - 1 */
+    if (j > 0) {
       loom_comm_wait(r->group, sent[cur]);
+      sent[1 - cur] = loom_comm_isend(r->group, r->dkv[1 - cur], n, next, RING_TAG_DKV);
       grads = loom_comm_irecv(r->group, sum, n, prev, RING_TAG_DKV);
-      loom_comm_flush(r->group);
     }
     if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
+    else loom_comm_flush(r->group);
     loom_mem_zero(ops->mem, mine, n);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
     ops->attention_block_backward(ops, dqkv, mine, dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
@@ -174,16 +177,15 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
     if (grads) loom_comm_wait(r->group, grads);
     if (j > 0) note(r, LOOM_RING_WAIT, t);
     if (j > 0) ops->add(ops, sum, sum, mine, n);
-    if (cp > 1) {
-      sent[cur] = loom_comm_isend(r->group, sum, n, next, RING_TAG_DKV);
-      loom_comm_flush(r->group);
-    }
   }
   float *home = r->dkv[cp & 1];
-  if (cp > 1) { /* this rank's own block's sum, from the last rank to hold it */
+  if (cp > 1) { /* the last sum on, and this rank's own block's sum in, from the last rank to hold it */
     const double t = tick(r);
     loom_comm_wait(r->group, sent[cp & 1]);
-    loom_comm_recv(r->group, home, n, prev, RING_TAG_DKV);
+    sent[(cp - 1) & 1] = loom_comm_isend(r->group, r->dkv[(cp - 1) & 1], n, next, RING_TAG_DKV);
+    loom_request *in = loom_comm_irecv(r->group, home, n, prev, RING_TAG_DKV);
+    loom_comm_flush(r->group);
+    loom_comm_wait(r->group, in);
     loom_comm_wait(r->group, sent[(cp - 1) & 1]);
     note(r, LOOM_RING_GRADS, t);
   }
