@@ -8,8 +8,19 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <functional>
 #include <mutex>
+
+// Whether this build runs under AddressSanitizer (clang's and gcc's ways of saying so).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LOOM_EMU_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define LOOM_EMU_ASAN 1
+#endif
 
 namespace loom_emu {
 
@@ -32,6 +43,14 @@ std::recursive_mutex &api_lock();
 // LOOM_EMU_SEED (default 1): the order threads and blocks take turns in;
 // 0 runs them in index order.
 uint64_t seed();
+
+// A bf16 value's float (bf16 is fp32's top half, so exactly).
+inline float bf16_value(uint16_t b) {
+  const uint32_t u = (uint32_t)b << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
 
 // ---- memory ----
 enum Space { SPACE_HOST, SPACE_DEVICE, SPACE_MANAGED };

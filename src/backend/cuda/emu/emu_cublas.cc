@@ -30,13 +30,6 @@ float tf32(float x) { // round to nearest even at mantissa bit 13, as the tensor
   return x;
 }
 
-float bf16_value(uint16_t b) {
-  const uint32_t u = (uint32_t)b << 16;
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
 // One GEMM's operands as the device sees them.
 struct Gemm {
   cublasOperation_t ta, tb;

@@ -118,13 +118,6 @@ size_t type_size(ncclDataType_t t) {
   return 0;
 }
 
-float bf16_value(uint16_t b) {
-  const uint32_t u = (uint32_t)b << 16;
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
-
 uint16_t bf16_round(float x) { // round to nearest even, NaN kept a NaN: __float2bfloat16's
   uint32_t u;
   memcpy(&u, &x, 4);
@@ -181,6 +174,16 @@ ncclResult_t check_call(const char *call, ncclComm_t comm, ncclDataType_t type, 
     return ncclInvalidArgument;
   }
   return ncclSuccess;
+}
+
+// check_call's checks, and a peer within the communicator.
+ncclResult_t check_p2p(const char *call, ncclComm_t comm, ncclDataType_t type, const void *p, size_t bytes, int peer) {
+  const ncclResult_t r = check_call(call, comm, type, p, bytes);
+  if (r == ncclSuccess && (peer < 0 || peer >= comm->size)) {
+    note("%s: peer %d of %d ranks", call, peer, comm->size);
+    return ncclInvalidArgument;
+  }
+  return r;
 }
 
 int next_tag(ncclComm_t c) {
@@ -449,12 +452,8 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
                       cudaStream_t stream) {
   LOOM_EMU_LOCK;
   const size_t bytes = count * type_size(type);
-  const ncclResult_t r = check_call("ncclSend", comm, type, send, bytes);
+  const ncclResult_t r = check_p2p("ncclSend", comm, type, send, bytes, peer);
   if (r != ncclSuccess) return r;
-  if (peer < 0 || peer >= comm->size) {
-    note("ncclSend: peer %d of %d ranks", peer, comm->size);
-    return ncclInvalidArgument;
-  }
   if (!count) return ncclSuccess; // NCCL moves nothing and matches nothing
   auto p = part(comm, "send", 1);
   p->start = [=](Part &p) {
@@ -468,12 +467,8 @@ ncclResult_t ncclSend(const void *send, size_t count, ncclDataType_t type, int p
 ncclResult_t ncclRecv(void *recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
   LOOM_EMU_LOCK;
   const size_t bytes = count * type_size(type);
-  const ncclResult_t r = check_call("ncclRecv", comm, type, recv, bytes);
+  const ncclResult_t r = check_p2p("ncclRecv", comm, type, recv, bytes, peer);
   if (r != ncclSuccess) return r;
-  if (peer < 0 || peer >= comm->size) {
-    note("ncclRecv: peer %d of %d ranks", peer, comm->size);
-    return ncclInvalidArgument;
-  }
   if (!count) return ncclSuccess;
   auto p = part(comm, "recv", 1);
   // One byte more than expected, so that a longer send shows as one rather than as a truncation error.

@@ -20,16 +20,8 @@
 #include <memory>
 #include <string>
 #include <vector>
-#include "emu.h"
 
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LOOM_EMU_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define LOOM_EMU_ASAN 1
-#endif
+#include "emu.h"
 #ifdef LOOM_EMU_ASAN
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
