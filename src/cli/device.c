@@ -20,9 +20,12 @@
 #endif
 
 const char *const LOOM_DEVICE_CHOICES[] = {"auto", "cpu", "cuda", "guarded", NULL};
-const char LOOM_DEVICE_HELP[] = "compute backend: auto (cuda when a GPU is visible), cpu, cuda or guarded";
+const char LOOM_DEVICE_HELP[] = "compute backend: auto (cuda when a GPU is visible; never the emulated GPU), cpu, cuda or guarded";
 
 static int g_gpu = -1; /* the CUDA ordinal setup chose, -1 on the CPU */
+#ifdef LOOM_HAVE_CUDA
+static const loom_ops *g_cuda_ops; /* its context, kept for the process's lifetime (and so not a leak) */
+#endif
 
 int loom_device_gpu(void) { return g_gpu; }
 
@@ -82,9 +85,9 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
     loom_cuda_unavailable_reason(why, sizeof why);
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --device cuda: no usable GPU (%s)", cmd, why);
   }
-  if (strcmp(device, "cpu") == 0 || !gpu) return LOOM_OK;
+  if (strcmp(device, "cpu") == 0 || !gpu || (strcmp(device, "auto") == 0 && loom_cuda_emulated())) return LOOM_OK;
   g_gpu = loom_cuda_select_device(loom_launch_local_rank());
-  *ops = loom_cuda_open(false); /* this process's context, for its lifetime */
+  *ops = g_cuda_ops = loom_cuda_open(false); /* this process's context, for its lifetime */
   char name[256];
   loom_cuda_device_name(*ops, name, sizeof name);
   snprintf(desc, len, "cuda %d (%s), device memory, one compute stream", g_gpu, name);

@@ -22,6 +22,9 @@ extern "C" {
 /* Whether a CUDA device is present and usable: a GPU is visible and cuBLAS,
  * opened at run time, loads (false on a machine without either). */
 bool loom_cuda_available(void);
+/* Whether this build's device is the emulated GPU (-DLOOM_CUDA_EMU=ON,
+ * docs/gpus.md): correct and slow, so --device auto never picks it. */
+bool loom_cuda_emulated(void);
 /* Why not, in a few words ("" when available), into out[len]. */
 void loom_cuda_unavailable_reason(char *out, size_t len);
 /* Makes device `ordinal` (a launcher's local rank modulo the device count)

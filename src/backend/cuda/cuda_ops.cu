@@ -1470,6 +1470,14 @@ bool loom_cuda_available(void) {
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0 && load_blas().ok;
 }
 
+bool loom_cuda_emulated(void) {
+#ifdef LOOM_CUDA_EMULATED // (the emulated GPU's cuda_runtime.h)
+  return true;
+#else
+  return false;
+#endif
+}
+
 void loom_cuda_unavailable_reason(char *out, size_t len) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

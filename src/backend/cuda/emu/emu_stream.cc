@@ -27,9 +27,10 @@ namespace {
 
 cudaError_t g_sticky = cudaSuccess;
 
+// Never destroyed: work may still be queued when the process exits.
 std::vector<CUstream_st *> &streams() {
-  static std::vector<CUstream_st *> all{new CUstream_st}; // [0]: the legacy default stream
-  return all;
+  static std::vector<CUstream_st *> *all = new std::vector<CUstream_st *>{new CUstream_st}; // [0]: the legacy default stream
+  return *all;
 }
 
 void vprint(const char *fmt, va_list ap) {
