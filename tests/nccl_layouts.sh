@@ -22,6 +22,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 GPT="--layers 4 --hidden 16 --heads 2 --seq 16 --micro-batch 2 --global-batch 8 --steps 3 --eval-every 0 --log-every 1"
 GPT32="--layers 2 --hidden 16 --heads 2 --seq 32 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 GPT24="--layers 2 --hidden 16 --heads 2 --seq 24 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
+# Messages past every eager limit (pipeline activations and cp blocks of 64 KiB): sent only once matched.
+WIDE="--layers 2 --hidden 128 --heads 4 --seq 64 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 MAIN="--seq 16 --micro-batch 16 --micro-batches 4 --steps 3 --eval-every 0 --log-every 1" # scripts/train.sh's job
 MOE="--model moe-tiny --seq 16 --micro-batch 2 --global-batch 4 --steps 3 --eval-every 0 --log-every 1"
 
@@ -52,6 +54,7 @@ serial gpt24 "$GPT24"
 serial gpt32 "$GPT32"
 serial moe "$MOE"
 serial main "$MAIN"
+serial wide "$WIDE"
 layout tp2_sp 2 gpt "$GPT" --tp 2 --sequence-parallel
 layout pp2_interleaved 2 gpt "$GPT" --pp 2 --vpp 2 --schedule interleaved --micro-batches 4
 layout pp2_zb_h1 2 gpt "$GPT" --pp 2 --schedule zb_h1 --micro-batches 4
@@ -63,5 +66,7 @@ layout cp3 3 gpt24 "$GPT24" --cp 3
 layout cp4 4 gpt32 "$GPT32" --cp 4
 layout cp2_all_gather 2 gpt "$GPT" --cp 2 --cp-comm-type all_gather
 layout ep2 2 moe "$MOE" --dp 2 --ep 2
+layout pp2_wide 2 wide "$WIDE" --pp 2 --micro-batches 2
+layout cp2_wide 2 wide "$WIDE" --cp 2
 layout main_job 4 main "$MAIN" --tp 2 --pp 2
 echo "nccl_layouts ($MODE): ok"
