@@ -59,6 +59,8 @@ Space space_of(const void *p);
 bool inside_allocation(const void *p, size_t bytes);
 // Describes where p lies ("3 KiB into a 64 KiB allocation at 0x..."), into out[len].
 void describe(const void *p, char *out, size_t len);
+// The device's memory: LOOM_EMU_MEMORY_MIB, 16 GiB by default.
+size_t device_memory();
 void *device_alloc(size_t bytes);  // NULL when the device is full
 void *managed_alloc(size_t bytes); // NULL when out of memory
 // Frees a live allocation; false if p is not the start of one.

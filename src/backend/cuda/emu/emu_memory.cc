@@ -43,7 +43,7 @@ struct Allocation {
 struct Memory {
   char *arena = nullptr;
   size_t top = 0;                       // arena bytes ever used (the high-water mark)
-  size_t limit = 0, in_use = 0;         // the device's memory, and what is allocated
+  size_t in_use = 0;                    // device memory allocated (device_memory() the most)
   std::map<size_t, size_t> holes;       // free arena ranges: offset -> bytes
   std::map<uintptr_t, Allocation> live; // by user pointer
   int access = 0;                       // nested DeviceAccess scopes
@@ -93,8 +93,6 @@ void open_arena(Memory &m) {
     abort();
   }
   m.arena = (char *)p;
-  const char *limit = getenv("LOOM_EMU_MEMORY_MIB");
-  m.limit = (limit && atol(limit) > 0 ? (size_t)atol(limit) : 16384) << 20;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_segv;
@@ -128,6 +126,14 @@ const std::pair<const uintptr_t, Allocation> *holding(const void *p) {
 
 } // namespace
 
+size_t device_memory() {
+  static const size_t bytes = [] {
+    const char *mib = getenv("LOOM_EMU_MEMORY_MIB");
+    return (mib && atol(mib) > 0 ? (size_t)atol(mib) : 16384) << 20;
+  }();
+  return bytes;
+}
+
 DeviceAccess::DeviceAccess() {
   Memory &m = mem();
   if (m.access++ == 0) set_access(m, PROT_READ | PROT_WRITE);
@@ -143,7 +149,7 @@ void *device_alloc(size_t bytes) {
   Memory &m = mem();
   open_arena(m);
   const size_t user = round_up(bytes ? bytes : 1, REDZONE), span = user + 2 * REDZONE;
-  if (m.in_use + span > m.limit) return nullptr;
+  if (m.in_use + span > device_memory()) return nullptr;
   size_t at = m.top;
   auto hole = m.holes.begin();
   for (; hole != m.holes.end(); ++hole)

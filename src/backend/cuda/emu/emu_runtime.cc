@@ -52,11 +52,6 @@ int device_count() {
   return n;
 }
 
-size_t device_memory() {
-  const char *limit = getenv("LOOM_EMU_MEMORY_MIB");
-  return (limit && atol(limit) > 0 ? (size_t)atol(limit) : 16384) << 20;
-}
-
 // Checks one side of a copy: its kind and, on the device, its range.
 cudaError_t check_side(const char *call, const char *side, const void *p, size_t bytes, bool device_side) {
   if (!p) return refuse(cudaErrorInvalidValue, "%s: a null %s pointer with %zu bytes to copy", call, side, bytes);

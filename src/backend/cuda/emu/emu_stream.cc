@@ -19,7 +19,6 @@ struct CUstream_st {
     std::function<bool()> step;
   };
   std::deque<Op> ops;
-  unsigned flags = 0;
 };
 
 namespace loom_emu {
@@ -146,8 +145,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
   LOOM_EMU_LOCK;
   if (!s) return refuse(cudaErrorInvalidValue, "cudaStreamCreateWithFlags: a null stream pointer");
   if (sticky()) return sticky();
-  *s = new CUstream_st;
-  (*s)->flags = flags;
+  *s = new CUstream_st; // every stream is non-blocking: the legacy default stream's implicit syncs are not emulated
   streams().push_back(*s);
   return cudaSuccess;
 }
@@ -155,7 +153,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
   LOOM_EMU_LOCK;
   if (!s) return refuse(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: the default stream");
-  // Work already queued still runs (as CUDA lets it); the handle goes at once.
+  // Work already queued still runs, as CUDA lets it: here, before the handle goes.
   wait_until([s] { return s->ops.empty(); }, "cudaStreamDestroy");
   auto &all = streams();
   for (size_t i = 0; i < all.size(); i++)
