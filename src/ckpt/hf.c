@@ -125,13 +125,34 @@ static loom_status float_field(const config_reader *c, const char *key, double f
   return LOOM_OK;
 }
 
-/* Dropout probabilities a config may carry: training settings that loom's
- * --dropout replaces, but a value no dropout can have is refused, not ignored. */
-static loom_status dropout_fields(const config_reader *c, const char *const *keys) {
+/* The dropout a config trains with, as loom's one probability (the
+ * model's dropout, which --dropout replaces): `keys` are the fields that
+ * drop where loom's dropout does (embeddings, attention probabilities and
+ * both residual branches), and must agree; `partial` are fields that drop at
+ * only some of those sites, which loom cannot match unless they are 0.
+ * Absent fields are 0. */
+static loom_status dropout_fields(const config_reader *c, const char *const *keys, const char *const *partial,
+                                  float *dropout) {
+  *dropout = 0.0f;
+  const char *first = NULL;
   for (int i = 0; keys[i]; i++) {
     const loom_json *v = loom_json_get(c->root, keys[i]);
-    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
+    if (!v) continue;
+    if (!(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
       return bad_field(c, keys[i], "must be a dropout probability in [0, 1) (loom trains with --dropout)");
+    if (first && (float)v->number != *dropout) {
+      char why[240];
+      snprintf(why, sizeof why, "is %g where \"%s\" is %g: loom drops embeddings, attention and residuals with one "
+               "probability; make them equal, or remove them and train with --dropout", v->number, first, (double)*dropout);
+      return bad_field(c, keys[i], why);
+    }
+    first = keys[i], *dropout = (float)v->number;
+  }
+  for (int i = 0; partial && partial[i]; i++) {
+    const loom_json *v = loom_json_get(c->root, partial[i]);
+    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number == 0.0))
+      return bad_field(c, partial[i], "must be 0: it drops attention probabilities alone, and loom's dropout also drops "
+                       "the embeddings and residual branches; remove it and train with --dropout");
   }
   return LOOM_OK;
 }
@@ -182,8 +203,9 @@ static loom_status read_gpt2(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = int_field(c, "n_inner", 1, LOOM_PLAN_MAX_FFN, 0, &cfg->ffn);
   if (st == LOOM_OK) st = float_field(c, "layer_norm_epsilon", 1e-5, &cfg->norm_eps);
   if (st == LOOM_OK) st = string_field(c, "activation_function", GELU);
-  static const char *const DROPOUTS[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout", NULL};
-  if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
+  /* summary_first_dropout is the dropout of GPT2DoubleHeadsModel's classifier, which a causal LM has not. */
+  static const char *const DROPOUTS[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop", NULL};
+  if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS, NULL, &cfg->dropout);
   bool tied = true, inverse_layer = false, scaled = true;
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", true, &tied);
   cfg->untied = !tied;
@@ -375,8 +397,8 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = float_field(c, "rms_norm_eps", 1e-6, &cfg->norm_eps);
   if (st == LOOM_OK) st = float_field(c, "rope_theta", 10000.0, &cfg->rope.theta);
   if (st == LOOM_OK) st = string_field(c, "hidden_act", SILU);
-  static const char *const DROPOUTS[] = {"attention_dropout", NULL};
-  if (st == LOOM_OK) st = dropout_fields(c, DROPOUTS);
+  static const char *const NONE[] = {NULL}, *const ATTENTION_ONLY[] = {"attention_dropout", NULL};
+  if (st == LOOM_OK) st = dropout_fields(c, NONE, ATTENTION_ONLY, &cfg->dropout);
   bool tied = false;
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", false, &tied);
   cfg->untied = !tied;

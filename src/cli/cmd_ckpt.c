@@ -155,7 +155,8 @@ static int export_cmd(int argc, char **argv) {
   if (!x.format || !x.out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", x.format ? "-o OUT" : "--format");
   const int64_t shard_bytes = x.max_shard ? loom_cli_parse_bytes(x.max_shard) : 0;
   if (st == LOOM_OK && shard_bytes < 0)
-    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size '%s' is not a size like 5GB or 500MB", x.max_shard);
+    st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size " LOOM_QUOTE_FMT " is not a size like 5GB or 500MB",
+                   LOOM_QUOTE(x.max_shard));
   const char *hf_only = x.max_shard ? "--max-shard-size shards" : x.tokenizer ? "--tokenizer goes into" : NULL;
   if (st == LOOM_OK && hf_only && strcmp(x.format, "hf") != 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s a Hugging Face directory; --format %s writes one file", hf_only,

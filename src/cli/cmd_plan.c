@@ -223,7 +223,8 @@ static int plan_check(int argc, char **argv) {
   if (npos != 1) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: expected one plan file"), &err);
   const int64_t device = memory ? loom_cli_parse_bytes(memory) : 0;
   if (device < 0)
-    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: --device-memory '%s' is not a size like 80GiB", memory), &err);
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom plan check: --device-memory " LOOM_QUOTE_FMT " is not a size like 80GiB",
+                                           LOOM_QUOTE(memory)), &err);
   loom_plan *plan;
   st = loom_plan_read(pos[0], &plan, &err);
   if (st != LOOM_OK) return loom_report(st, &err);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/decimal.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
@@ -174,10 +175,12 @@ static loom_status sweep(loom_plan *plan, const loom_profile *prof, const loom_s
   int counts[64], n = 0;
   if (!*list) return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '': expected up to 64 rising GPU counts like 64,128,256");
   for (const char *p = list; *p; n++) {
-    char *end;
-    const long g = strtol(p, &end, 10);
-    if (n == 64 || end == p || g < 1 || g > (1L << 24) || (*end && *end != ',') || (n && g <= counts[n - 1]))
-      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '%s': expected up to 64 rising GPU counts like 64,128,256", list);
+    const char *end;
+    int64_t g;
+    if (n == 64 || loom_parse_decimal(p, &end, 1, 1L << 24, &g) != LOOM_DECIMAL_OK || (*end && *end != ',') ||
+        (n && g <= counts[n - 1]))
+      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus " LOOM_QUOTE_FMT ": expected up to 64 rising GPU counts like "
+                       "64,128,256", LOOM_QUOTE(list));
     counts[n] = (int)g;
     p = *end ? end + 1 : end;
   }

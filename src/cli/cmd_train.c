@@ -46,6 +46,22 @@ static loom_status open_data(const loom_train_flags *f, const loom_plan *plan, l
   return loom_dataset_open(data, &o, err);
 }
 
+/* A run in which no position has a target trains nothing (loss 0, gradient
+ * 0, every step): refused before step 1. The first global batch is read (at
+ * most a few dozen samples: every window of the synthetic task has the
+ * same shape, and data whose first samples are all masked is broken). */
+static loom_status check_targets(const loom_train_flags *f, const loom_plan *plan, loom_dataset *data, loom_error *err) {
+  const int T = loom_plan_train_seq(plan), samples = plan->batch->global_batch < 64 ? plan->batch->global_batch : 64;
+  if (loom_dataset_count_targets(data, LOOM_SPLIT_TRAIN, 0, samples, T) > 0) return LOOM_OK;
+  if (!f->data)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: no position has a target, so the run cannot learn: the addition task "
+                     "with --digits %d puts its first target (the sum) at position %d, past the sequence of %d; give --seq "
+                     "%d or more, or fewer --digits", f->digits, loom_addition_first_target(f->digits), T,
+                     loom_addition_first_target(f->digits));
+  return loom_fail(err, LOOM_ERR_USAGE, "loom train: no position of the first %d samples of %s has a target (every token "
+                   "is masked), so the run cannot learn", samples, f->data);
+}
+
 static bool run_in_bf16(const loom_plan *plan) { return plan->precision == LOOM__PRECISION__PRECISION_BF16; }
 
 static void log_run(const loom_trainer *tr, const loom_train_flags *f, const char *device, double peak,
@@ -99,6 +115,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   loom_status st = loom_fault_fires(LOOM_FAULT_SETUP, 0, NULL)
                        ? loom_fail(err, LOOM_ERR_IO, "injected failure on this rank (LOOM_FAULT setup)")
                        : open_data(f, plan, &data, err);
+  if (st == LOOM_OK) st = check_targets(f, plan, data, err);
   const loom_trainer_options o = {
       .seed = (uint64_t)f->seed, .bucket_bytes = (size_t)(f->bucket_mb * 1048576.0), .weight_decay = f->weight_decay,
       .grad_clip = f->grad_clip,

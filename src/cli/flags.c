@@ -7,6 +7,7 @@
 #include <string.h>
 #include "cli/flags.h"
 #include "cli/megatron_flags.h"
+#include "core/decimal.h"
 
 /* A bound as a person writes it: whole numbers in full (1048576, not 1.04858e+06). */
 static const char *bound(double v, char *buf, size_t n) {
@@ -15,23 +16,37 @@ static const char *bound(double v, char *buf, size_t n) {
   return buf;
 }
 
-static loom_status parse_number(const char *cmd, const loom_flag *f, const char *text, double *out,
-                                loom_error *err) {
+static loom_status out_of_range(const char *cmd, const loom_flag *f, const char *text, loom_error *err) {
+  char lo[32], hi[32];
+  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%s, %s], got " LOOM_QUOTE_FMT, cmd, f->name,
+                   bound(f->min, lo, sizeof lo), bound(f->max, hi, sizeof hi), LOOM_QUOTE(text));
+}
+
+/* An integer flag takes decimal digits only (core/decimal.h). */
+static loom_status parse_integer(const char *cmd, const loom_flag *f, const char *text, int64_t *out, loom_error *err) {
+  const bool ranged = f->min <= f->max;
+  const int64_t lo = f->kind == FLAG_INT ? INT32_MIN : INT64_MIN, hi = f->kind == FLAG_INT ? INT32_MAX : INT64_MAX;
+  switch (loom_parse_decimal(text, NULL, ranged ? (int64_t)f->min : lo, ranged ? (int64_t)f->max : hi, out)) {
+  case LOOM_DECIMAL_OK: return LOOM_OK;
+  case LOOM_DECIMAL_NONE:
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects an integer in decimal digits, got " LOOM_QUOTE_FMT, cmd, f->name,
+                     LOOM_QUOTE(text));
+  case LOOM_DECIMAL_RANGE:
+    if (ranged) return out_of_range(cmd, f, text, err);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s is out of range, got " LOOM_QUOTE_FMT, cmd, f->name, LOOM_QUOTE(text));
+  }
+  return LOOM_ERR_USAGE;
+}
+
+static loom_status parse_float(const char *cmd, const loom_flag *f, const char *text, double *out, loom_error *err) {
   char *end;
   errno = 0;
   const double v = strtod(text, &end);
   if (*text == '\0' || *end != '\0' || errno == ERANGE)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a number, got '%s'", cmd, f->name, text);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a number, got " LOOM_QUOTE_FMT, cmd, f->name, LOOM_QUOTE(text));
   if (!isfinite(v)) /* nan passes every comparison below; no flag means anything by inf */
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a finite number, got '%s'", cmd, f->name, text);
-  if (f->kind != FLAG_FLOAT && v != (double)(int64_t)v)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects an integer, got '%s'", cmd, f->name, text);
-  if (f->min <= f->max && (v < f->min || v > f->max))
-  {
-    char lo[32], hi[32];
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%s, %s], got %s", cmd, f->name, bound(f->min, lo, sizeof lo),
-                     bound(f->max, hi, sizeof hi), text);
-  }
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s expects a finite number, got " LOOM_QUOTE_FMT, cmd, f->name, LOOM_QUOTE(text));
+  if (f->min <= f->max && (v < f->min || v > f->max)) return out_of_range(cmd, f, text, err);
   *out = v;
   return LOOM_OK;
 }
@@ -44,7 +59,7 @@ static loom_status check_choice(const char *cmd, const loom_flag *f, const char 
     if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);
     strncat(list, *c, sizeof list - strlen(list) - 1);
   }
-  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be one of %s, got '%s'", cmd, f->name, list, text);
+  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be one of %s, got " LOOM_QUOTE_FMT, cmd, f->name, list, LOOM_QUOTE(text));
 }
 
 static loom_status assign(const char *cmd, loom_flag *f, const char *text, loom_error *err) {
@@ -56,15 +71,16 @@ static loom_status assign(const char *cmd, loom_flag *f, const char *text, loom_
     if (st == LOOM_OK) *(const char **)f->dst = text;
     break;
   case FLAG_INT:
-  case FLAG_INT64:
+  case FLAG_INT64: {
+    int64_t n = 0;
+    st = parse_integer(cmd, f, text, &n, err);
+    if (st == LOOM_OK && f->kind == FLAG_INT) *(int *)f->dst = (int)n;
+    else if (st == LOOM_OK) *(int64_t *)f->dst = n;
+    break;
+  }
   case FLAG_FLOAT:
-    st = parse_number(cmd, f, text, &v, err);
-    if (st != LOOM_OK) break;
-    if (f->kind == FLAG_INT && (v < -2147483648.0 || v > 2147483647.0))
-      st = loom_fail(err, LOOM_ERR_USAGE, "%s: %s is out of range, got %s", cmd, f->name, text);
-    else if (f->kind == FLAG_INT) *(int *)f->dst = (int)v;
-    else if (f->kind == FLAG_INT64) *(int64_t *)f->dst = (int64_t)v;
-    else *(float *)f->dst = (float)v;
+    st = parse_float(cmd, f, text, &v, err);
+    if (st == LOOM_OK) *(float *)f->dst = (float)v;
     break;
   case FLAG_BOOL: *(bool *)f->dst = true; break;
   }
@@ -90,7 +106,7 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
     }
     if (arg[0] != '-' || arg[1] == '\0') {
       if (*npositional >= max_positional)
-        return loom_fail(err, LOOM_ERR_USAGE, "%s: unexpected argument '%s' (see %s --help)", cmd, arg, cmd);
+        return loom_fail(err, LOOM_ERR_USAGE, "%s: unexpected argument " LOOM_QUOTE_FMT " (see %s --help)", cmd, LOOM_QUOTE(arg), cmd);
       positional[(*npositional)++] = arg;
       continue;
     }
@@ -108,7 +124,8 @@ loom_status loom_flags_parse(const char *cmd, loom_flag *flags, int nflags, int 
       return loom_fail(err, LOOM_ERR_USAGE, "%s: %.*s is Megatron-LM's flag, which loom does not implement%s (see %s --help "
                        "for the Megatron-LM names it takes)", cmd, (int)name_len, arg, alias ? " here" : "", cmd);
     if (!f)
-      return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %.*s (see %s --help)", cmd, (int)name_len, arg, cmd);
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: unknown flag %.*s%s (see %s --help)", cmd,
+                       (int)(name_len < LOOM_QUOTE_MAX ? name_len : LOOM_QUOTE_MAX), arg, name_len > LOOM_QUOTE_MAX ? "..." : "", cmd);
     if (f->set) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s given more than once", cmd, f->name);
     if (f->kind == FLAG_BOOL && eq) return loom_fail(err, LOOM_ERR_USAGE, "%s: %s takes no value", cmd, f->name);
     const bool fixed = alias && alias->value; /* a Megatron switch: its value is fixed */

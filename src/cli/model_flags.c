@@ -97,8 +97,8 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-shared-expert-gate")) e->shared_gate = mf->moe_shared_gate;
   char why[160];
   if (flag_set(table, "--moe-layer-freq") && loom_gpt_parse_moe_layer_freq(cfg, mf->moe_layer_freq, why, sizeof why) != 0)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq %s: %s (give N, one MoE layer in every N, or Megatron's list "
-                     "form such as ([0]*3+[1]*58))", cmd, mf->moe_layer_freq, why);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq " LOOM_QUOTE_FMT ": %s (give N, one MoE layer in every N, or Megatron's list "
+                     "form such as ([0]*3+[1]*58))", cmd, LOOM_QUOTE(mf->moe_layer_freq), why);
   if (flag_set(table, "--moe-router-score-function"))
     e->score = (loom_moe_score)loom_flag_choice_index(LOOM_MOE_SCORE_NAMES, mf->moe_score);
   if (flag_set(table, "--moe-router-pre-softmax")) e->pre_softmax = mf->moe_pre_softmax;
@@ -136,7 +136,8 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
     if (st != LOOM_OK) return st;
     *cfg = src.cfg;
     loom_model_source_free(&src);
-    cfg->dropout = mf->dropout;
+    /* The config's dropout (hf.c reads it as loom's one probability), unless --dropout replaces it. */
+    if (flag_set(table, "--dropout")) cfg->dropout = mf->dropout;
     *T = loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, "--seq")->set ? mf->seq : cfg->seq;
     if (*T > cfg->seq)
       return loom_fail(err, LOOM_ERR_USAGE, "%s: --seq %d exceeds the model's maximum sequence length %d",

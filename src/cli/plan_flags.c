@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/plan_flags.h"
+#include "core/decimal.h"
 
 static const char *const BALANCE_CHOICES[] = {"uniform", "params", "compute", NULL};
 static const char *const RECOMPUTE_CHOICES[] = {"none", "full", NULL};
@@ -99,9 +100,9 @@ bool loom_plan_flags_fixed(const loom_flag *e) {
 int loom_plan_flags_parse_split(const char *text, int *counts, int max) {
   int n = 0;
   for (const char *p = text; *p;) {
-    char *end;
-    const long v = strtol(p, &end, 10);
-    if (end == p || n == max || v < 0 || v > 1000000) return -1;
+    const char *end;
+    int64_t v;
+    if (n == max || loom_parse_decimal(p, &end, 0, 1000000, &v) != LOOM_DECIMAL_OK) return -1;
     counts[n++] = (int)v;
     if (*end == ',') end++;
     else if (*end != '\0') return -1;
@@ -120,11 +121,11 @@ static loom_status parse_compression(const char *cmd, const char *text, Loom__Co
     return LOOM_OK;
   }
   const char *prefix = "powersgd:";
-  char *end = NULL;
-  const long r = strncmp(text, prefix, strlen(prefix)) == 0 ? strtol(text + strlen(prefix), &end, 10) : 0;
-  if (!end || end == text + strlen(prefix) || *end != '\0' || r < INT_MIN || r > INT_MAX)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --grad-compression '%s': expected none, sign or powersgd:RANK (e.g. powersgd:4)",
-                     cmd, text);
+  int64_t r = 0;
+  if (strncmp(text, prefix, strlen(prefix)) != 0 ||
+      loom_parse_decimal(text + strlen(prefix), NULL, INT_MIN, INT_MAX, &r) != LOOM_DECIMAL_OK)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --grad-compression " LOOM_QUOTE_FMT ": expected none, sign or powersgd:RANK (e.g. "
+                     "powersgd:4)", cmd, LOOM_QUOTE(text));
   *kind = LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD, *rank = (int)r;
   return LOOM_OK;
 }
@@ -139,8 +140,8 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   int counts[LOOM_PLAN_MAX_STAGES];
   const int ncounts = f->layer_split ? loom_plan_flags_parse_split(f->layer_split, counts, LOOM_PLAN_MAX_STAGES) : 0;
   if (ncounts < 0)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --layer-split '%s' is not a comma-separated list of layer counts", cmd,
-                     f->layer_split);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --layer-split " LOOM_QUOTE_FMT " is not a comma-separated list of layer counts", cmd,
+                     LOOM_QUOTE(f->layer_split));
   const long long per_step = (long long)f->micro_batch * f->dp;
   if (f->micro_batches && f->global_batch && f->global_batch != f->micro_batches * per_step)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --global-batch %d != --micro-batches %d x --micro-batch %d%s", cmd,

@@ -123,7 +123,13 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
 }
 
 loom_status loom_train_flags_check_outputs(const loom_train_flags *f, const loom_plan *plan, loom_error *err) {
-  loom_status st = LOOM_OK;
+  const loom_path_use uses[] = {
+      {"--metrics", f->metrics, LOOM_PATH_OUTPUT},   {"--trace", f->trace, LOOM_PATH_OUTPUT},
+      {"--save", f->save, LOOM_PATH_REPLACED},       {"--ckpt", f->ckpt, LOOM_PATH_OUTPUT},
+      {"--tensorboard-dir", f->tensorboard_dir, LOOM_PATH_OUTPUT},
+      {"--init-from", f->layout.model.init_from, LOOM_PATH_INPUT}, {"--plan", f->plan, LOOM_PATH_INPUT}};
+  loom_status st = loom_paths_distinct("loom train", uses, sizeof uses / sizeof uses[0], err);
+  if (st != LOOM_OK) return st;
   if (f->save) {
     loom_gpt_config cfg;
     loom_plan_model_config(plan, &cfg);

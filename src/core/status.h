@@ -4,6 +4,7 @@
 #define LOOM_STATUS_H
 
 #include <stdbool.h>
+#include <string.h>
 
 typedef enum {
   LOOM_OK = 0,
@@ -35,6 +36,14 @@ loom_status loom_fail(loom_error *err, loom_status st, const char *fmt, ...)
 loom_status loom_fail_elsewhere(loom_error *err, loom_status st, int rank, const char *what);
 /* Puts "prefix: " before err's message (naming the command that failed); returns st. */
 loom_status loom_error_prefix(loom_error *err, loom_status st, const char *prefix);
+
+/* A value from outside quoted in a message by at most LOOM_QUOTE_MAX of its
+ * bytes, "..." where cut, so a long value never pushes the reason out of
+ * the message: loom_fail(err, st, "--x " LOOM_QUOTE_FMT ": why", LOOM_QUOTE(text)). */
+#define LOOM_QUOTE_MAX 48
+#define LOOM_QUOTE_FMT "'%.*s%s'"
+#define LOOM_QUOTE(s) loom_quote_len(s), (s), strlen(s) > LOOM_QUOTE_MAX ? "..." : ""
+static inline int loom_quote_len(const char *s) { return strlen(s) > LOOM_QUOTE_MAX ? LOOM_QUOTE_MAX : (int)strlen(s); }
 
 /* Exit code for the CLI, as DESIGN.md fixes them: 1 run failed, 2 bad input. */
 int loom_status_exit_code(loom_status s);

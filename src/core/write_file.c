@@ -1,6 +1,9 @@
 /* Temp-file-and-rename writer. */
+#define _DEFAULT_SOURCE /* realpath */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -76,6 +79,70 @@ static loom_status probe_dir(const char *flag, const char *path, const char *dir
   }
   close(fd);
   unlink(probe);
+  return LOOM_OK;
+}
+
+/* path made absolute and canonical as far as it exists: realpath of the
+ * longest existing prefix, the rest appended with "." and ".." resolved. */
+static void canonical_path(const char *path, char *out, size_t n) {
+  char joined[8192], head[8192];
+  if (path[0] == '/') snprintf(joined, sizeof joined, "%s", path);
+  else {
+    char cwd[4096];
+    snprintf(joined, sizeof joined, "%s/%s", getcwd(cwd, sizeof cwd) ? cwd : ".", path);
+  }
+  /* The longest prefix (at a '/') that exists, resolved by realpath. */
+  size_t cut = strlen(joined);
+  for (;;) {
+    snprintf(head, sizeof head, "%.*s", (int)cut, joined);
+    char resolved[PATH_MAX];
+    if (cut == 0 || realpath(head, resolved)) {
+      snprintf(out, n, "%s", cut == 0 || strcmp(resolved, "/") == 0 ? "" : resolved);
+      break;
+    }
+    while (cut > 0 && joined[cut - 1] != '/') cut--;
+    while (cut > 0 && joined[cut - 1] == '/') cut--;
+  }
+  /* The rest, word by word. */
+  for (char *word = strtok(joined + cut, "/"); word; word = strtok(NULL, "/")) {
+    if (strcmp(word, ".") == 0) continue;
+    if (strcmp(word, "..") == 0) {
+      char *slash = strrchr(out, '/');
+      if (slash) *slash = '\0';
+      continue;
+    }
+    const size_t len = strlen(out);
+    snprintf(out + len, n - len, "/%s", word);
+  }
+  if (!*out) snprintf(out, n, "/");
+}
+
+/* Whether canonical path a lies inside directory b (or is b). */
+static bool path_within(const char *a, const char *b) {
+  const size_t len = strlen(b);
+  return strncmp(a, b, len) == 0 && (a[len] == '\0' || a[len] == '/' || (len == 1 && b[0] == '/'));
+}
+
+loom_status loom_paths_distinct(const char *cmd, const loom_path_use *uses, int n, loom_error *err) {
+  char a[8192], b[8192];
+  struct stat sb;
+  for (int i = 0; i < n; i++) {
+    /* /dev/null and the like take any number of outputs (loom_output_check). */
+    if (!uses[i].path || !*uses[i].path || (stat(uses[i].path, &sb) == 0 && S_ISCHR(sb.st_mode))) continue;
+    canonical_path(uses[i].path, a, sizeof a);
+    for (int j = 0; j < n; j++) {
+      if (j == i || !uses[j].path || !*uses[j].path || (stat(uses[j].path, &sb) == 0 && S_ISCHR(sb.st_mode))) continue;
+      canonical_path(uses[j].path, b, sizeof b);
+      const bool written = uses[i].role != LOOM_PATH_INPUT || uses[j].role != LOOM_PATH_INPUT;
+      if (j > i && written && strcmp(a, b) == 0)
+        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s and %s both name %s: one path, one %s", cmd, uses[i].flag, uses[j].flag,
+                         uses[i].path, uses[i].role == LOOM_PATH_INPUT || uses[j].role == LOOM_PATH_INPUT
+                                           ? "use (an output would overwrite what the run reads)" : "output");
+      if (uses[j].role == LOOM_PATH_REPLACED && strcmp(a, b) != 0 && path_within(a, b))
+        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s %s lies inside %s %s, which is replaced whole when it is written",
+                         cmd, uses[i].flag, uses[i].path, uses[j].flag, uses[j].path);
+    }
+  }
   return LOOM_OK;
 }
 

@@ -28,6 +28,25 @@ loom_status loom_write_file_atomic_stream(const char *path, loom_next_chunk next
  * (probed by making and removing one). */
 loom_status loom_output_check(const char *flag, const char *path, bool is_dir, bool force, loom_error *err);
 
+/* One path, one output: what a command reads and writes, checked before any
+ * work starts so no output overwrites another (or an input) at the end. */
+typedef enum {
+  LOOM_PATH_INPUT,    /* read: no output may be it */
+  LOOM_PATH_OUTPUT,   /* a file, or a directory others may write into (checkpoints, TensorBoard) */
+  LOOM_PATH_REPLACED, /* an output replaced whole (an export): nothing else may be it or lie inside it */
+} loom_path_role;
+
+typedef struct {
+  const char *flag; /* "--metrics" */
+  const char *path; /* NULL: not given */
+  loom_path_role role;
+} loom_path_use;
+
+/* Fails naming both flags where two uses collide: the same path (after
+ * resolving "." and "..", symlinks of what exists, and the working
+ * directory), at least one of them written; or a path inside a replaced output. */
+loom_status loom_paths_distinct(const char *cmd, const loom_path_use *uses, int n, loom_error *err);
+
 /* mkdir -p: path and every missing parent; `what` names it in errors. */
 loom_status loom_make_dirs(const char *path, const char *what, loom_error *err);
 

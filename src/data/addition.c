@@ -18,6 +18,8 @@ static int64_t pow10i(int e) {
 
 static int line_length(int digits) { return 3 * digits + 4; }
 
+int loom_addition_first_target(int digits) { return 2 * digits + 2; } /* after "a+b=" */
+
 static int is_heldout(const addition_ds *d, int64_t a, int64_t b) {
   const uint64_t h = loom_hash_u64(loom_hash_u64(d->seed ^ 0xADD, (uint64_t)a), (uint64_t)b);
   return h % 10 == 0;
@@ -50,7 +52,7 @@ static int write_line(int *out, int64_t a, int64_t b, int digits) {
 static void addition_window(loom_dataset *ds, loom_split split, int64_t g, int T, int *window,
                             unsigned char *scored) {
   const addition_ds *d = ds->impl;
-  const int len = line_length(d->digits), answer = 2 * d->digits + 2; /* offset of the sum's first digit */
+  const int len = line_length(d->digits), answer = loom_addition_first_target(d->digits);
   int line[64];
   for (int pos = 0, k = 0; pos <= T; k++) {
     int64_t a, b;

@@ -19,6 +19,10 @@
 /* A dataset of windows packed with whole problems (a window starts a line). */
 loom_dataset *loom_dataset_addition(int digits, uint64_t seed);
 
+/* The window position of a problem's first target (its sum's first digit):
+ * a window of fewer tokens than this holds no target at all. */
+int loom_addition_first_target(int digits);
+
 /* Exact-match scoring of one window: problems whose whole answer lies in the
  * window, and how many of them had every answer digit predicted right.
  * predicted[t] is the model's argmax after reading window[0..t]. */

@@ -36,6 +36,8 @@ struct loom_dataset {
  * Returns the number of unmasked targets. */
 int64_t loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sample, int T, int B,
                            int *tokens, int *targets);
+/* Targets (unmasked tokens past the first) in windows first .. first+count-1 of the split. */
+int64_t loom_dataset_count_targets(loom_dataset *ds, loom_split split, int64_t first, int count, int T);
 void loom_dataset_free(loom_dataset *ds);
 
 /* A dataset over an llm.c token file. Train uses windows of T+1 tokens at

@@ -201,8 +201,8 @@ static loom_status open_output(output *out, const loom_prepare_options *o, loom_
   }
   const char *base = strrchr(o->output_prefix, '/');
   if (!*(base ? base + 1 : o->output_prefix))
-    return loom_fail(err, LOOM_ERR_USAGE, "--output-prefix '%s': names no file (it would write hidden .bin and .idx files); "
-                     "give a name such as data/corpus", o->output_prefix);
+    return loom_fail(err, LOOM_ERR_USAGE, "--output-prefix " LOOM_QUOTE_FMT ": names no file (it would write hidden .bin and .idx files); "
+                     "give a name such as data/corpus", LOOM_QUOTE(o->output_prefix));
   char bin[4200], idx[4200];
   snprintf(bin, sizeof bin, "%s.bin", o->output_prefix);
   snprintf(idx, sizeof idx, "%s.idx", o->output_prefix);

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/decimal.h"
 #include "layers/gpt_config.h"
 
 const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
@@ -232,12 +233,14 @@ static bool fail_freq(freq_parser *p, const char *why) {
   return false;
 }
 
+/* A count of at most LOOM_GPT_MAX_LAYERS: an entry or a repetition. */
 static bool read_count(freq_parser *p, long *v) {
   skip_spaces(p);
-  char *end;
-  *v = strtol(p->at, &end, 10);
-  if (end == p->at) return fail_freq(p, "expected a number");
-  p->at = end;
+  int64_t n;
+  const loom_decimal d = loom_parse_decimal(p->at, &p->at, 0, LOOM_GPT_MAX_LAYERS, &n);
+  if (d == LOOM_DECIMAL_NONE) return fail_freq(p, "expected a number");
+  if (d == LOOM_DECIMAL_RANGE) return fail_freq(p, "a count out of range");
+  *v = (long)n;
   return true;
 }
 
@@ -303,12 +306,15 @@ int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *wh
   memcpy(body, text, len);
   body[len] = '\0';
   uint8_t moe[LOOM_GPT_MAX_LAYERS] = {0};
-  char *end;
-  const long every = strtol(body, &end, 10);
+  int64_t every = 0;
+  const loom_decimal whole = loom_parse_decimal(body, NULL, 1, LOOM_GPT_MAX_LAYERS, &every);
   freq_parser p = {.at = body, .out = moe, .cap = c->layers < LOOM_GPT_MAX_LAYERS ? c->layers : LOOM_GPT_MAX_LAYERS};
-  if (end != body && *end == '\0') { /* an integer: one MoE layer in every N */
-    if (every < 1 || every > LOOM_GPT_MAX_LAYERS) p.why = "an integer must be at least 1 (1: every layer a Mixture of Experts)";
-    for (int l = 0; !p.why && l < p.cap; l++) moe[l] = l % every == 0;
+  if (whole != LOOM_DECIMAL_NONE) { /* an integer: one MoE layer in every N */
+    if (whole == LOOM_DECIMAL_RANGE) {
+      snprintf(why, n, "an integer must be in [1, %d] (1: every layer a Mixture of Experts)", LOOM_GPT_MAX_LAYERS);
+      return -1;
+    }
+    for (int l = 0; l < p.cap; l++) moe[l] = l % every == 0;
     p.len = p.cap;
   } else if (freq_expr(&p)) {
     skip_spaces(&p);
