@@ -129,9 +129,9 @@ START_TEST(bad_flags) {
   /* nan passes every range comparison, and inf means nothing to any flag. */
   refusal_row(&t, run("train", "--lr", "nan", NULL), 2, "loom train: --lr expects a finite number, got 'nan'");
   refusal_row(&t, run("train", "--grad-clip", "inf", NULL), 2, "loom train: --grad-clip expects a finite number, got 'inf'");
-  refusal_row(&t, run("train", "--steps", "NaN", NULL), 2, "loom train: --steps expects a finite number, got 'NaN'");
+  refusal_row(&t, run("train", "--steps", "NaN", NULL), 2, "loom train: --steps expects an integer in decimal digits, got 'NaN'");
   refusal_row(&t, run("train", "--steps", "0", NULL), 2, "loom train: --steps must be in [1, 1000000000], got 0");
-  refusal_row(&t, run("train", "--steps", "1.5", NULL), 2, "loom train: --steps expects an integer, got '1.5'");
+  refusal_row(&t, run("train", "--steps", "1.5", NULL), 2, "loom train: --steps expects an integer in decimal digits, got '1.5'");
   refusal_row(&t, run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");

@@ -3,6 +3,7 @@
  * each file's writing safetensors.c's). */
 #include <errno.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,8 +120,13 @@ static loom_status int_field(const config_reader *c, const char *key, long long 
 static loom_status float_field(const config_reader *c, const char *key, double fallback, float *out) {
   const loom_json *v = loom_json_get(c->root, key);
   if (!v) return *out = (float)fallback, LOOM_OK;
-  if (v->kind != LOOM_JSON_NUMBER || !(v->number > 0.0) || !isfinite((float)v->number))
-    return bad_field(c, key, "must be a positive number");
+  if (v->kind != LOOM_JSON_NUMBER) return bad_field(c, key, "must be a number");
+  if (!(v->number > 0.0)) return bad_field(c, key, "must be greater than 0");
+  if (v->number > FLT_MAX) {
+    char why[128];
+    snprintf(why, sizeof why, "is %g, past %g, the largest value loom's float32 holds", v->number, (double)FLT_MAX);
+    return bad_field(c, key, why);
+  }
   *out = (float)v->number;
   return LOOM_OK;
 }
@@ -150,7 +156,9 @@ static loom_status dropout_fields(const config_reader *c, const char *const *key
   }
   for (int i = 0; partial && partial[i]; i++) {
     const loom_json *v = loom_json_get(c->root, partial[i]);
-    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number == 0.0))
+    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
+      return bad_field(c, partial[i], "must be a dropout probability in [0, 1) (loom trains with --dropout)");
+    if (v && v->number != 0.0)
       return bad_field(c, partial[i], "must be 0: it drops attention probabilities alone, and loom's dropout also drops "
                        "the embeddings and residual branches; remove it and train with --dropout");
   }
@@ -613,8 +621,7 @@ static loom_status write_index(const char *dir, const loom_model_source *src, lo
 }
 
 /* The weights as one file, or as shards of at most max bytes with their
- * index. Whichever is written, the other form's file (an earlier export's)
- * is removed, as transformers would read model.safetensors before an index. */
+ * index, into a fresh directory (loom_hf_write swaps it in whole). */
 static loom_status write_weights(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max,
                                  loom_error *err) {
   int *shard = malloc(((size_t)src->count + 1) * sizeof *shard);
@@ -625,8 +632,6 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
   if (files <= 1) {
     join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
     st = loom_safetensors_write(path, src, 0, src->count, dtype, true, err);
-    join(path, sizeof path, dir, LOOM_HF_INDEX);
-    if (st == LOOM_OK) unlink(path);
   }
   for (int i = 0, first = 0; files > 1 && i < files && st == LOOM_OK; i++) {
     int last = first;
@@ -639,19 +644,38 @@ static loom_status write_weights(const char *dir, const loom_model_source *src, 
   }
   if (files > 1 && st == LOOM_OK) {
     st = write_index(dir, src, dtype, shard, files, err);
-    join(path, sizeof path, dir, LOOM_HF_WEIGHTS);
-    if (st == LOOM_OK) unlink(path);
   }
   free(shard);
   return st;
 }
 
-loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
+/* The directory written whole, then swapped in for `dir` (an earlier
+ * export there, which --force allowed, goes entirely: no stale shard, index
+ * or tokenizer file of it survives). Until the swap the old one stays intact. */
+static loom_status swap_in(const char *stage, const char *dir, loom_error *err) {
+  char old[4200];
+  snprintf(old, sizeof old, "%s.replaced-%d", dir, (int)getpid());
+  const bool existed = rename(dir, old) == 0;
+  if (!existed && errno != ENOENT)
+    return loom_fail(err, LOOM_ERR_WRITE, "%s: cannot move the previous export aside: %s", dir, strerror(errno));
+  if (rename(stage, dir) != 0) {
+    const int e = errno;
+    if (existed) rename(old, dir);
+    return loom_fail(err, LOOM_ERR_WRITE, "%s: cannot put the new export in place: %s", dir, strerror(e));
+  }
+  if (existed) loom_ckpt_remove_step(old);
+  return LOOM_OK;
+}
+
+loom_status loom_hf_write(const char *out_dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
                           const loom_hf_tokenizer *tok, loom_error *err) {
-  char json[4096 + 6 * LOOM_GPT_MAX_LAYERS], path[4200]; /* room for every layer in mlp_only_layers */
+  char json[4096 + 6 * LOOM_GPT_MAX_LAYERS], path[4200], target[4096], dir[4120]; /* room for every layer in mlp_only_layers */
+  snprintf(target, sizeof target, "%s", out_dir);
+  for (size_t n = strlen(target); n > 1 && target[n - 1] == '/'; n--) target[n - 1] = '\0';
+  snprintf(dir, sizeof dir, "%s.partial-%d", target, (int)getpid());
   loom_status st = config_json(src, dtype, json, sizeof json, err);
-  bool made = false; /* a directory this call made is removed again, with what is in it, if the write fails */
-  if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0) && errno != EEXIST)
+  bool made = false; /* the staging directory, removed again with what is in it if the write fails */
+  if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0))
     st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create the model directory: %s", dir, strerror(errno));
   if (st == LOOM_OK) st = write_weights(dir, src, dtype, max_shard_bytes ? max_shard_bytes : LOOM_HF_MAX_SHARD_DEFAULT, err);
   if (st == LOOM_OK) st = loom_hf_write_tokenizer(dir, tok, src->cfg.seq, err);
@@ -660,6 +684,7 @@ loom_status loom_hf_write(const char *dir, const loom_model_source *src, loom_dt
     const loom_chunk chunk = {json, strlen(json)};
     st = loom_write_file_atomic(path, &chunk, 1, err);
   }
+  if (st == LOOM_OK) st = swap_in(dir, target, err);
   if (st != LOOM_OK && made) loom_ckpt_remove_step(dir); /* its files, then itself */
   return st;
 }

@@ -226,7 +226,8 @@ static loom_status index_files(hf_source *h, const char *dir, const char *path, 
 
 /* Every file's entries, checked; then each tensor of the model found in
  * exactly one file, in dtype and shape; none left over. */
-static loom_status match_files(loom_model_source *s, hf_source *h, const char *where, st_entry **entries, loom_error *err) {
+static loom_status match_files(loom_model_source *s, hf_source *h, const char *where, const loom_json *map,
+                               st_entry **entries, loom_error *err) {
   loom_status st = LOOM_OK;
   for (int f = 0; f < h->nfiles && st == LOOM_OK; f++) {
     const st_file *file = &h->files[f];
@@ -254,7 +255,13 @@ static loom_status match_files(loom_model_source *s, hf_source *h, const char *w
     }
     if (st != LOOM_OK) break;
     if (found < 0) {
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing tensor %s", where, name);
+      char buf[LOOM_NAME_LEN + 32];
+      const char *hf_name = loom_hf_tensor_name(&s->cfg, name, buf, sizeof buf);
+      const loom_json *listed = map ? loom_json_get(map, hf_name) : NULL;
+      if (listed && listed->kind == LOOM_JSON_STRING) /* index_files checked every entry names a shard */
+        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the index puts tensor %s in %s, which does not hold it", where, hf_name,
+                       listed->string);
+      else st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing tensor %s", where, name);
       break;
     }
     st_entry *e = &entries[found][at];
@@ -317,6 +324,13 @@ static loom_status read_weights(loom_model_source *s, hf_source *h, const char *
   long long total = 0;
   loom_status st = LOOM_OK;
   const bool sharded = access(path, F_OK) == 0;
+  char single[4200];
+  join(single, sizeof single, dir, LOOM_HF_WEIGHTS);
+  /* transformers reads model.safetensors where both are, and loom once read the shards: which was meant cannot be known. */
+  if (sharded && access(single, F_OK) == 0)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: holds both %s and %s (with its shards): transformers reads %s and ignores the "
+                     "shards, so which weights are meant is ambiguous; remove the one that is stale", dir, LOOM_HF_WEIGHTS,
+                     LOOM_HF_INDEX, LOOM_HF_WEIGHTS);
   if (sharded) {
     char *text = NULL;
     size_t len = 0;
@@ -342,7 +356,7 @@ static loom_status read_weights(loom_model_source *s, hf_source *h, const char *
   for (int f = 0; f < h->nfiles && st == LOOM_OK; f++) st = open_file(&h->files[f], err);
   st_entry **entries = loom_fault_calloc((size_t)h->nfiles + 1, sizeof *entries);
   if (st == LOOM_OK && !entries) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", dir);
-  if (st == LOOM_OK) st = match_files(s, h, path, entries, err);
+  if (st == LOOM_OK) st = match_files(s, h, path, map, entries, err);
   if (st == LOOM_OK && map) st = match_index(h, entries, path, map, total, err);
   for (int f = 0; entries && f < h->nfiles; f++) free(entries[f]);
   free(entries);

@@ -1,9 +1,11 @@
 /* Model files and checkpoints of a training run. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include "ckpt/llmc_model.h"
 #include "ckpt/manifest.h"
@@ -15,6 +17,8 @@
 #include "core/log.h"
 #include "core/read_file.h"
 #include "core/timer.h"
+
+#define LOCK_FILE ".lock"
 
 void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, int keep, uint64_t seed, const char *data) {
   const int v = loom_pipeline_chunk_count(tr->pipe);
@@ -35,6 +39,13 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
 
 void loom_run_files_free(loom_run_files *f) {
   loom_ckpt_async_abandon(&f->pending);
+  if (f->locked) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", f->dir, LOCK_FILE);
+    unlink(path);
+    close(f->lock_fd);
+    f->locked = false;
+  }
   loom_ckpt_arena_free(&f->arena);
   free(f->chunks);
   f->chunks = NULL;
@@ -120,8 +131,39 @@ static loom_status probe_dir(const char *dir, loom_error *err) {
   return LOOM_OK;
 }
 
+/* Two runs on one directory would overwrite each other's steps and latest:
+ * the first holds an exclusive flock for its life (the kernel drops it when
+ * the process ends, however it ends); the second is refused, told who holds it. */
+static loom_status lock_dir(loom_run_files *f, loom_error *err) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s", f->dir, LOCK_FILE);
+  const int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return loom_fail(err, LOOM_ERR_IO, "--ckpt %s: cannot open %s: %s", f->dir, path, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char holder[256] = "";
+    const ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
+    holder[n > 0 ? n : 0] = '\0';
+    holder[strcspn(holder, "\n")] = '\0';
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return loom_fail(err, LOOM_ERR_USAGE, "--ckpt %s: another run holds this checkpoint directory (%s); two runs on one "
+                       "directory would overwrite each other's steps", f->dir, *holder ? holder : "its holder unnamed");
+    return loom_fail(err, LOOM_ERR_IO, "--ckpt %s: cannot lock %s: %s", f->dir, path, strerror(e));
+  }
+  char host[128] = "?", line[256];
+  gethostname(host, sizeof host - 1);
+  const int len = snprintf(line, sizeof line, "loom train, pid %d on %s\n", (int)getpid(), host);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+    /* The lock holds without its note; a refused run then says its holder is unnamed. */
+  }
+  f->locked = true, f->lock_fd = fd;
+  return LOOM_OK;
+}
+
 loom_status loom_run_check_dir(loom_run_files *f, loom_error *err) {
-  const loom_status st = f->tr->ps.rank == 0 ? probe_dir(f->dir, err) : LOOM_OK;
+  loom_status st = f->tr->ps.rank == 0 ? probe_dir(f->dir, err) : LOOM_OK;
+  if (st == LOOM_OK && f->tr->ps.rank == 0) st = lock_dir(f, err);
   return agree(f, st, "reach the checkpoint directory", err);
 }
 

@@ -22,6 +22,8 @@ typedef struct {
   loom_ckpt_async *pending; /* the asynchronous save in flight, or NULL */
   double pending_stall_s;   /* the step loop's stall starting it */
   loom_ckpt_arena arena;    /* the host copy of this rank's shard, kept between saves */
+  bool locked;              /* rank 0 holds dir/.lock (lock_fd) for the run's life */
+  int lock_fd;
 } loom_run_files;
 
 /* seed and data describe the run in the checkpoint's manifest. */
@@ -30,7 +32,9 @@ void loom_run_files_free(loom_run_files *f);
 /* Loads an llm.c model file's weights; the file's model must be the plan's. */
 loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *err);
 /* Refuses a checkpoint directory that cannot be made or written, before
- * the first step rather than at the first save. */
+ * the first step rather than at the first save, or that another run holds:
+ * rank 0 locks it (flock on dir/.lock, which names the holder) until
+ * loom_run_files_free. */
 loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
 /* Loads dir/latest, from whatever plan wrote it; *first gets its step. */
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);

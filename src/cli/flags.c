@@ -18,7 +18,7 @@ static const char *bound(double v, char *buf, size_t n) {
 
 static loom_status out_of_range(const char *cmd, const loom_flag *f, const char *text, loom_error *err) {
   char lo[32], hi[32];
-  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%s, %s], got " LOOM_QUOTE_FMT, cmd, f->name,
+  return loom_fail(err, LOOM_ERR_USAGE, "%s: %s must be in [%s, %s], got %.*s%s", cmd, f->name,
                    bound(f->min, lo, sizeof lo), bound(f->max, hi, sizeof hi), LOOM_QUOTE(text));
 }
 
@@ -33,7 +33,7 @@ static loom_status parse_integer(const char *cmd, const loom_flag *f, const char
                      LOOM_QUOTE(text));
   case LOOM_DECIMAL_RANGE:
     if (ranged) return out_of_range(cmd, f, text, err);
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s is out of range, got " LOOM_QUOTE_FMT, cmd, f->name, LOOM_QUOTE(text));
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: %s is out of range, got %.*s%s", cmd, f->name, LOOM_QUOTE(text));
   }
   return LOOM_ERR_USAGE;
 }

@@ -97,7 +97,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-shared-expert-gate")) e->shared_gate = mf->moe_shared_gate;
   char why[160];
   if (flag_set(table, "--moe-layer-freq") && loom_gpt_parse_moe_layer_freq(cfg, mf->moe_layer_freq, why, sizeof why) != 0)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq " LOOM_QUOTE_FMT ": %s (give N, one MoE layer in every N, or Megatron's list "
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq %.*s%s: %s (give N, one MoE layer in every N, or Megatron's list "
                      "form such as ([0]*3+[1]*58))", cmd, LOOM_QUOTE(mf->moe_layer_freq), why);
   if (flag_set(table, "--moe-router-score-function"))
     e->score = (loom_moe_score)loom_flag_choice_index(LOOM_MOE_SCORE_NAMES, mf->moe_score);
