@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <sys/wait.h>
@@ -887,6 +888,13 @@ START_TEST(hf_directories_refuse_bad_input) {
        "field \"hidden_act\" must be \"silu\" (loom computes no other)"},
       {"config.json", "\"vocab_size\": 256,", "\"vocab_size\": 256", "bad JSON at byte 90: expected ',' or '}'"},
       {"model.safetensors", "\"model.norm.weight\"", "\"model.norx.weight\"", "missing tensor model.norm.weight"},
+      {"config.json", "\"attention_dropout\": 0.0", "\"attention_dropout\": 0.5",
+       "field \"attention_dropout\" must be 0: it drops attention probabilities alone, and loom's dropout also drops the "
+       "embeddings and residual branches; remove it and train with --dropout"},
+      {"config.json", "\"rope_scaling\": null",
+       "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 1e300, \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+       "\"original_max_position_embeddings\": 8192}",
+       "rope_scaling: field \"factor\" is 1e+300, outside [1.17549e-38, 3.40282e+38], the range of loom's float32"},
       {"config.json", "\"attention_dropout\": 0.0", "\"attention_dropout\": 1.5",
        "field \"attention_dropout\" must be a dropout probability in [0, 1) (loom trains with --dropout)"},
       {"model.safetensors", "\"dtype\":\"F32\"", "\"dtype\":\"I32\"",
@@ -1127,6 +1135,141 @@ START_TEST(meaningful_nonsense_is_refused) {
 }
 END_TEST
 
+
+/* Hostile pass, round 3: each finding's one line and exit code, or its now-correct behaviour. */
+START_TEST(hostile_round_3) {
+  tu_rows t = {0};
+  /* Integers are decimal digits only; a huge one is out of range, not "not an integer". */
+  refusal_row(&t, run("train", "--tp", "0x2", NULL), 2, "loom train: --tp expects an integer in decimal digits, got '0x2'");
+  refusal_row(&t, run("train", "--tp", "1e0", NULL), 2, "loom train: --tp expects an integer in decimal digits, got '1e0'");
+  refusal_row(&t, run("train", "--tp", "+2", NULL), 2, "loom train: --tp expects an integer in decimal digits, got '+2'");
+  refusal_row(&t, run("train", "--steps", "99999999999999999999", NULL), 2,
+              "loom train: --steps must be in [1, 1000000000], got 99999999999999999999");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-layer-freq", "99999999999999999999", NULL), 2,
+              "loom train: --moe-layer-freq 99999999999999999999: an integer must be in [1, 4096] (1: every layer a Mixture "
+              "of Experts) (give N, one MoE layer in every N, or Megatron's list form such as ([0]*3+[1]*58))");
+  /* A value longer than a message: a bounded prefix of it is quoted, and the reason still ends the one line. */
+  static char longest[2048];
+  memset(longest, 0, sizeof longest);
+  strcpy(longest, "[1");
+  for (int i = 0; i < 600; i++) strcat(longest, ",1");
+  strcat(longest, "]");
+  part_row(&t, run("train", "--model", "moe-tiny", "--moe-layer-freq", longest, NULL), 2,
+           "1,1,1...: more entries than the model's layers (give N, one MoE layer in every N");
+  part_row(&t, run("train", "--grad-compression", longest, NULL), 2, "...': expected none, sign or powersgd:RANK");
+  /* A run in which no position has a target is refused before step 1. */
+  refusal_row(&t, run("train", "--seq", "4", NULL), 2,
+              "loom train: no position has a target, so the run cannot learn: the addition task with --digits 2 puts its "
+              "first target (the sum) at position 6, past the sequence of 4; give --seq 6 or more, or fewer --digits");
+  refusal_row(&t, run("train", "--seq", "16", "--digits", "8", NULL), 2,
+              "loom train: no position has a target, so the run cannot learn: the addition task with --digits 8 puts its "
+              "first target (the sum) at position 18, past the sequence of 16; give --seq 18 or more, or fewer --digits");
+  tu_row(&t, run("train", "--seq", "6", "--steps", "1", "--eval-every", "0", NULL)->code == 0, "--seq 6 has a target");
+  /* One path, one output, checked before any work: nothing is written. */
+  char a[512], b[600], line[2048];
+  snprintf(a, sizeof a, "%s", tu_tmp_path("one.json"));
+  /* The same file spelled another way: TMP/../NAME/./one.json. */
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s", a);
+  *strrchr(dir, '/') = '\0';
+  snprintf(b, sizeof b, "%s/../%s/./one.json", dir, strrchr(dir, '/') + 1);
+  snprintf(line, sizeof line, "loom train: --metrics and --trace both name %s: one path, one output", a);
+  refusal_row(&t, run("train", "--steps", "1", "--metrics", a, "--trace", b, NULL), 2, line);
+  snprintf(a, sizeof a, "%s", tu_tmp_path("D"));
+  snprintf(line, sizeof line, "loom train: --save and --ckpt both name %s: one path, one output", a);
+  refusal_row(&t, run("train", "--steps", "1", "--save", a, "--ckpt", a, NULL), 2, line);
+  snprintf(b, sizeof b, "%s/ck", a);
+  snprintf(line, sizeof line, "loom train: --ckpt %s lies inside --save %s, which is replaced whole when it is written", b, a);
+  refusal_row(&t, run("train", "--steps", "1", "--save", a, "--ckpt", b, NULL), 2, line);
+  snprintf(b, sizeof b, "%s", tu_tmp_path("m.bin"));
+  ck_assert_int_eq(run("ckpt", "export", "--model", "gpt-tiny", "--layers", "1", "--format", "llmc", "-o", b, NULL)->code, 0);
+  snprintf(line, sizeof line, "loom train: --metrics and --init-from both name %s: one path, one use (an output would "
+           "overwrite what the run reads)", b);
+  refusal_row(&t, run("train", "--steps", "1", "--init-from", b, "--metrics", b, "--force", NULL), 2, line);
+  tu_row(&t, access(a, F_OK) != 0, "a refused run wrote %s", a);
+  /* The checkpoint directory is held for the run's life: a second run is refused, told who holds it. */
+  snprintf(a, sizeof a, "%s", tu_tmp_path("held"));
+  ck_assert_int_eq(mkdir(a, 0755), 0);
+  snprintf(b, sizeof b, "%s/.lock", a);
+  const int fd = open(b, O_RDWR | O_CREAT, 0644);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(flock(fd, LOCK_EX), 0);
+  ck_assert_int_eq(write(fd, "loom train, pid 1 on elsewhere\n", 31), 31);
+  snprintf(line, sizeof line, "loom: --ckpt %s: another run holds this checkpoint directory (loom train, pid 1 on elsewhere); "
+           "two runs on one directory would overwrite each other's steps", a);
+  refusal_row(&t, run("train", "--steps", "1", "--eval-every", "0", "--ckpt", a, NULL), 2, line);
+  close(fd);
+  tu_row(&t, run("train", "--steps", "1", "--eval-every", "0", "--ckpt", a, NULL)->code == 0, "the lock released");
+  tu_row(&t, access(b, F_OK) != 0, "the run left its lock file behind");
+  tu_rows_done(&t);
+}
+END_TEST
+
+/* Hostile pass, round 3, on Hugging Face directories: an ambiguous one, a
+ * weight_map that points elsewhere, a config's dropout, an export over an export. */
+START_TEST(hf_directories_mean_one_thing) {
+  tu_rows t = {0};
+  char sharded[512], path[1200], line[2400];
+  snprintf(sharded, sizeof sharded, "%s", tu_tmp_path("hf_sharded"));
+  result *r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", sharded,
+                  "--max-shard-size", "100KB", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  snprintf(path, sizeof path, "%s/model-00004-of-00004.safetensors", sharded);
+  ck_assert_msg(access(path, F_OK) == 0, "the export is not in 4 shards");
+  /* Both forms in one directory: transformers reads model.safetensors, loom read the shards; now refused, naming both. */
+  snprintf(path, sizeof path, "%s/model.safetensors", sharded);
+  tu_write_bytes(path, "x", 1);
+  snprintf(line, sizeof line, "loom: %s: holds both model.safetensors and model.safetensors.index.json (with its shards): "
+           "transformers reads model.safetensors and ignores the shards, so which weights are meant is ambiguous; remove "
+           "the one that is stale", sharded);
+  refusal_row(&t, run("train", "--init-from", sharded, "--steps", "1", NULL), 2, line);
+  unlink(path);
+  /* An index entry whose shard lacks the tensor: said so, naming that shard, not "missing". */
+  char bad[512];
+  snprintf(bad, sizeof bad, "%s", tu_tmp_path("hf_bad_index"));
+  for (int i = 1; i <= 4; i++) { /* model.norm.weight is in the third, renamed there (the index still lists it) */
+    char shard[64];
+    snprintf(shard, sizeof shard, "model-%05d-of-00004.safetensors", i);
+    copy_edited(sharded, bad, shard, i == 3 ? "\"model.norm.weight\"" : NULL, "\"model.norx.weight\"");
+  }
+  copy_edited(sharded, bad, "config.json", NULL, NULL);
+  copy_edited(sharded, bad, "model.safetensors.index.json", NULL, NULL);
+  r = run("train", "--init-from", bad, "--steps", "1", NULL);
+  part_row(&t, r, 2, "the index puts tensor model.norm.weight in model-00003-of-00004.safetensors, which does not hold it");
+  /* A config's dropout is applied (--print-plan shows it) or refused by name. */
+  char gpt2[512];
+  snprintf(gpt2, sizeof gpt2, "%s", tu_tmp_path("hf_gpt2"));
+  ck_assert_int_eq(run("ckpt", "export", "--model", "gpt-tiny", "--layers", "1", "--format", "hf", "-o", gpt2, NULL)->code, 0);
+  snprintf(bad, sizeof bad, "%s", tu_tmp_path("hf_gpt2_drop"));
+  copy_edited(gpt2, bad, "model.safetensors", NULL, NULL);
+  copy_edited(gpt2, bad, "config.json", "\"resid_pdrop\": 0,\n  \"embd_pdrop\": 0,\n  \"attn_pdrop\": 0",
+              "\"resid_pdrop\": 0.25,\n  \"embd_pdrop\": 0.25,\n  \"attn_pdrop\": 0.25");
+  r = run("train", "--init-from", bad, "--print-plan", NULL);
+  tu_row(&t, r->code == 0 && strstr(r->out, "dropout: 0.25"), "GPT-2's pdrop fields applied: exit %d, '%s'", r->code, r->err);
+  r = run("train", "--init-from", bad, "--dropout", "0", "--print-plan", NULL);
+  tu_row(&t, r->code == 0 && !strstr(r->out, "dropout: 0.25"), "--dropout replaces the config's: exit %d", r->code);
+  copy_edited(gpt2, bad, "config.json", "\"attn_pdrop\": 0", "\"attn_pdrop\": 0.5");
+  snprintf(line, sizeof line, "loom: %s/config.json: field \"attn_pdrop\" is 0.5 where \"embd_pdrop\" is 0: loom drops "
+           "embeddings, attention and residuals with one probability; make them equal, or remove them and train with "
+           "--dropout", bad);
+  refusal_row(&t, run("train", "--init-from", bad, "--steps", "1", NULL), 2, line);
+  /* An export replaces the whole previous one: no shard of the sharded export survives an unsharded one over it. */
+  r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", sharded, "--force", NULL);
+  ck_assert_msg(r->code == 0, "%s", r->err);
+  DIR *d = opendir(sharded);
+  int files = 0, stale = 0;
+  for (struct dirent *e; d && (e = readdir(d));) {
+    files += e->d_name[0] != '.';
+    stale += strncmp(e->d_name, "model-", 6) == 0 || strstr(e->d_name, "index.json") != NULL;
+  }
+  if (d) closedir(d);
+  tu_row(&t, files > 0 && stale == 0, "export over a sharded export: %d files, %d of them stale", files, stale);
+  tu_row(&t, run("train", "--init-from", sharded, "--steps", "1", "--eval-every", "0", NULL)->code == 0,
+         "the replaced export trains");
+  tu_rows_done(&t);
+}
+END_TEST
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: test_cli PATH_TO_LOOM\n");
@@ -1137,6 +1280,8 @@ int main(int argc, char **argv) {
   TCase *tc = tcase_create("cli");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, bad_flags);
+  tcase_add_test(tc, hostile_round_3);
+  tcase_add_test(tc, hf_directories_mean_one_thing);
   tcase_add_test(tc, outputs_are_checked_before_the_work);
   tcase_add_test(tc, meaningful_nonsense_is_refused);
   tcase_add_test(tc, subcommands_work_together);

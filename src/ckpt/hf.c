@@ -122,9 +122,10 @@ static loom_status float_field(const config_reader *c, const char *key, double f
   if (!v) return *out = (float)fallback, LOOM_OK;
   if (v->kind != LOOM_JSON_NUMBER) return bad_field(c, key, "must be a number");
   if (!(v->number > 0.0)) return bad_field(c, key, "must be greater than 0");
-  if (v->number > FLT_MAX) {
+  if (v->number > FLT_MAX || v->number < FLT_MIN) {
     char why[128];
-    snprintf(why, sizeof why, "is %g, past %g, the largest value loom's float32 holds", v->number, (double)FLT_MAX);
+    snprintf(why, sizeof why, "is %g, outside [%g, %g], the range of loom's float32", v->number, (double)FLT_MIN,
+             (double)FLT_MAX);
     return bad_field(c, key, why);
   }
   *out = (float)v->number;
