@@ -237,7 +237,7 @@ START_TEST(moe_layer_freq_parses_megatrons_forms) {
       {"([0]*3+[1]*5)", "00011111", NULL}, {"'([1]*8)'", "11111111", NULL}, {"\"[1,0,1,1,0,1,1,0]\"", "10110110", NULL},
       {"([1,1,0]*2+[0]+([1]*1))", "11011001", NULL}, {"( [0] * 2 + [1] * 6 )", "00111111", NULL},
       {"([1]*7)", NULL, "gives 7 entries for the model's 8 layers"}, {"([1]*9)", NULL, "more entries than the model's layers"},
-      {"[1,2]", NULL, "each entry must be 1 (a Mixture of Experts) or 0 (dense)"}, {"0", NULL, "an integer must be at least 1"},
+      {"[1,2]", NULL, "each entry must be 1 (a Mixture of Experts) or 0 (dense)"}, {"0", NULL, "an integer must be in [1, 4096]"},
       {"([1]*8", NULL, "expected ')'"}, {"[1]*8]", NULL, "unexpected text after the list"}, {"x", NULL, "expected '[' or '('"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -44,6 +44,9 @@ static void check_ring(int heads, int kv_heads, float dropout, bool all_gather) 
   const loom_ring r = {.group = g_world, .rows = L, .pos = pos, .peer_pos = peer_pos, .all_gather = all_gather,
                        .kv = {blocks, blocks + block},
                        .dkv = {blocks + block + wide, blocks + 2 * block + wide, blocks + 2 * (block + wide)}};
+  /* The outputs start as NaN: the first block writes them without reading what was there (0 * NaN is NaN). */
+  for (size_t i = 0; i < (size_t)L * B * HD; i++) o[i] = NAN;
+  for (size_t i = 0; i < (size_t)B * heads * L; i++) l[i] = NAN;
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s);
   loom_ring_attention_forward(ops, &r, o, l, q, &s, &drop);
   loom_ring_pack_kv(ops, r.kv[0], q, L, &s); /* the block travelled: this rank's again */

@@ -18,7 +18,18 @@ void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi) {
   for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * loom_rng_uniform(42, stream, i);
 }
 
+/* Every comparison below treats a NaN or infinity in either input as the
+ * worst difference there is (INFINITY), so "diff <= tol" fails on it and
+ * "diff > tol" catches it; fmax alone would drop a NaN and pass. */
+static bool any_nonfinite(const float *a, const float *b, size_t n) {
+  ck_assert_msg(n > 0, "nothing to compare");
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(a[i]) || !isfinite(b[i])) return true;
+  return false;
+}
+
 double tu_nmse(const float *a, const float *b, size_t n) {
+  if (any_nonfinite(a, b, n)) return INFINITY;
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; i++) {
     num += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
@@ -28,12 +39,14 @@ double tu_nmse(const float *a, const float *b, size_t n) {
 }
 
 double tu_max_abs_diff(const float *a, const float *b, size_t n) {
+  if (any_nonfinite(a, b, n)) return INFINITY;
   double m = 0.0;
   for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
   return m;
 }
 
 double tu_rel_max_diff(const float *a, const float *b, size_t n) {
+  if (any_nonfinite(a, b, n)) return INFINITY;
   double most = 0.0;
   for (size_t i = 0; i < n; i++) most = fmax(most, fabs(b[i]));
   ck_assert_msg(most > 0.0, "nothing to compare");

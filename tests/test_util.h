@@ -9,7 +9,10 @@
 
 /* Fills x[n] with uniform values in [lo, hi) from a fixed-seed stream. */
 void tu_fill(float *x, size_t n, uint64_t stream, float lo, float hi);
-/* Normalised mean squared error ||a - b||^2 / ||b||^2 (0 if both zero). */
+/* The comparisons: a NaN or infinity anywhere in a or b is the worst
+ * difference, INFINITY (so `diff <= tol` fails on it), and n must be
+ * positive (a check fails on nothing to compare). */
+/* Normalised mean squared error ||a - b||^2 / ||b||^2 (||a - b||^2 if b is all zero). */
 double tu_nmse(const float *a, const float *b, size_t n);
 /* Largest |a - b|. */
 double tu_max_abs_diff(const float *a, const float *b, size_t n);

@@ -526,7 +526,11 @@ static void merge_row(float *o, float *lse, const float *o_blk, float blk, int D
   const float old = first ? -INFINITY : *lse;
   const float merged = old > blk ? old + log1pf(expf(blk - old)) : blk + log1pf(expf(old - blk));
   const float keep = old == -INFINITY ? 0.0f : expf(old - merged), add = expf(blk - merged);
-  for (int d = 0; d < D; d++) o[d] = keep * o[d] + add * o_blk[d];
+  /* Nothing before (the first block): o is not read, as it may hold anything, a NaN included (0 * NaN is NaN). */
+  if (old == -INFINITY)
+    for (int d = 0; d < D; d++) o[d] = add * o_blk[d];
+  else
+    for (int d = 0; d < D; d++) o[d] = keep * o[d] + add * o_blk[d];
   *lse = merged;
 }
 

@@ -239,7 +239,7 @@ __global__ void attention_block_forward_kernel(float *out, float *lse, const flo
   }
   const float merged = old > blk ? old + log1pf(expf(blk - old)) : blk + log1pf(expf(old - blk));
   const float keep = old == -INFINITY ? 0.0f : expf(old - merged), add = expf(blk - merged);
-  if (d < D) o[d] = keep * o[d] + add * acc;
+  if (d < D) o[d] = old == -INFINITY ? add * acc : keep * o[d] + add * acc; /* o unread first: it may hold a NaN */
   if (d == 0) *l = merged;
 }
 

@@ -256,7 +256,7 @@ static void ref_attention_block_forward(const loom_ops *be, float *out, float *l
         const double old = first ? -INFINITY : *l, merged = old > block_lse ? old + log1p(exp(block_lse - old))
                                                                             : block_lse + log1p(exp(old - block_lse));
         const double keep = old == -INFINITY ? 0.0 : exp(old - merged), add = exp(block_lse - merged);
-        for (int d = 0; d < D; d++) o[d] = (float)(keep * o[d] + add * acc[d]);
+        for (int d = 0; d < D; d++) o[d] = (float)(old == -INFINITY ? add * acc[d] : keep * o[d] + add * acc[d]); /* o unread first */
         *l = (float)merged;
       }
   free(p);
