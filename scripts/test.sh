@@ -15,6 +15,8 @@ if [ "${1:-}" = --full ]; then
   shift
 fi
 start=$(date +%s)
+# The interop references (PyTorch, the npm tokenizers) are required here: a missing one fails its test, never skips it.
+export LOOM_REQUIRE_REFERENCES=1
 elapsed() { echo "$(($(date +%s) - start)) s"; }
 scripts/setup.sh "$@"
 scripts/packages.sh python3 python3-torch # tests/sim_tables.py; PyTorch's bf16 conversion, the reference for tests/export_bf16.py

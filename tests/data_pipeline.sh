@@ -97,12 +97,11 @@ grep -q "prepare:" "$WORK/prep.txt" && fail "a progress line off a terminal"
 "$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic1" --tokenizer "$WORK/tok" --append-eod --workers 1 > /dev/null 2>&1 || fail "prepare, 1 worker"
 cmp -s "$WORK/lic.bin" "$WORK/lic1.bin" && cmp -s "$WORK/lic.idx" "$WORK/lic1.idx" || fail "1 and 2 workers wrote different datasets"
 # On a terminal (script(1) gives loom a pty), a progress status line.
-if command -v script > /dev/null 2>&1; then
-  script -qec "$LOOM data prepare $CORPUS --output-prefix $WORK/tty --tokenizer $WORK/tok" /dev/null > "$WORK/tty.txt" 2>&1 ||
-    fail "prepare on a terminal: $(cat "$WORK/tty.txt")"
-  grep -q "prepare: 6 documents, [0-9.]* of [0-9.]* MB, [0-9.]* MB/s, ETA 0m00s" "$WORK/tty.txt" ||
-    fail "no progress line on a terminal: $(od -c "$WORK/tty.txt" | head -20)"
-fi
+command -v script > /dev/null 2>&1 || fail "script(1) (util-linux) runs loom on a terminal here; it is missing"
+script -qec "$LOOM data prepare $CORPUS --output-prefix $WORK/tty --tokenizer $WORK/tok" /dev/null > "$WORK/tty.txt" 2>&1 ||
+  fail "prepare on a terminal: $(cat "$WORK/tty.txt")"
+grep -q "prepare: 6 documents, [0-9.]* of [0-9.]* MB, [0-9.]* MB/s, ETA 0m00s" "$WORK/tty.txt" ||
+  fail "no progress line on a terminal: $(od -c "$WORK/tty.txt" | head -20)"
 # shellcheck disable=SC2086
 "$LOOM" data prepare $CORPUS --output-prefix "$WORK/lic" --tokenizer "$WORK/tok" > "$WORK/again.txt" 2>&1
 rc=$?

@@ -47,6 +47,8 @@ same() {
     cmp -s "$WORK/$1.cpu.model.safetensors" "$WORK/$1.guarded.model.safetensors" || fail "$1: the exported weights differ"
   elif [ -d "$WORK/$1.cpu.model" ]; then # a Hugging Face directory
     cmp -s "$WORK/$1.cpu.model/model.safetensors" "$WORK/$1.guarded.model/model.safetensors" || fail "$1: the exported weights differ"
+  else
+    fail "$1: the CPU run saved no weights to compare"
   fi
 }
 

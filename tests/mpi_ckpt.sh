@@ -43,7 +43,7 @@ for layout in "--tp 2 --pp 2 --schedule zb_v --vpp 2" "--pp 2 --dp 2 --zero 1 --
   np 4 $layout --steps 9 --ckpt "$WORK/ck" --resume --metrics "$WORK/res.jsonl" --save "$WORK/res.bin" > "$WORK/res.txt" 2>&1 ||
     fail "resume ($layout): $(cat "$WORK/res.txt")"
   grep -q "resumed from .*/latest at step 3: .* GB/s" "$WORK/res.txt" || fail "no resume line ($layout)"
-  [ "$(losses "$WORK/res.jsonl")" = "$(losses "$WORK/ref.jsonl" | tail -6)" ] || fail "resumed losses differ ($layout)"
+  exact_losses "$WORK/res.jsonl" "$WORK/ref.jsonl" 6 || fail "resumed losses differ ($layout)"
   cmp -s "$WORK/ref.bin" "$WORK/res.bin" || fail "resumed final weights differ ($layout)"
 done
 # A checkpoint of ZB-V's layout resumes under 1F1B: the first 3 steps on
@@ -102,7 +102,7 @@ np 2 --cp 2 $LLAMA2 --steps 9 --ckpt "$WORK/cp_same" --resume --metrics "$WORK/c
 same_losses "$WORK/cp_ref.jsonl" "$WORK/cp2_ref.jsonl" || fail "cp 2's losses differ from the one-rank run's"
 same_losses "$WORK/cp_ref.jsonl" "$WORK/cp1.jsonl" || fail "losses of cp 2's checkpoint resumed at cp 1"
 same_losses "$WORK/cp_ref.jsonl" "$WORK/cp4.jsonl" || fail "losses of cp 2's checkpoint resumed at cp 4"
-[ "$(losses "$WORK/cp2.jsonl")" = "$(losses "$WORK/cp2_ref.jsonl" | tail -6)" ] || fail "cp 2 resumed at cp 2: losses differ"
+exact_losses "$WORK/cp2.jsonl" "$WORK/cp2_ref.jsonl" 6 || fail "cp 2 resumed at cp 2: losses differ"
 
 # A Mixture of Experts (4 experts, top 2, a shared expert, both router losses): 3 steps on (2,2,1) with
 # SP and each expert split over the tp group (--etp 2) resumed to 9 there equals the uninterrupted run to
@@ -118,7 +118,7 @@ np 4 --tp 2 --pp 2 --sequence-parallel --etp 2 $MOE --steps 3 --ckpt "$WORK/moe"
 cp -r "$WORK/moe" "$WORK/moe_copy" # the same 3 steps, for a resume elsewhere
 np 4 --tp 2 --pp 2 --sequence-parallel --etp 2 $MOE --steps 9 --ckpt "$WORK/moe" --resume --metrics "$WORK/moe_res.jsonl" \
   --save "$WORK/moe_res.safetensors" > "$WORK/moe_res.txt" 2>&1 || fail "MoE resume: $(cat "$WORK/moe_res.txt")"
-[ "$(losses "$WORK/moe_res.jsonl")" = "$(losses "$WORK/moe_ref.jsonl" | tail -6)" ] || fail "MoE resumed losses differ"
+exact_losses "$WORK/moe_res.jsonl" "$WORK/moe_ref.jsonl" 6 || fail "MoE resumed losses differ"
 cmp -s "$WORK/moe_ref.safetensors" "$WORK/moe_res.safetensors" || fail "MoE resumed final weights differ"
 np 2 --dp 2 $MOE --steps 9 --ckpt "$WORK/moe_copy" --resume --metrics "$WORK/moe_dp.jsonl" > "$WORK/moe_dp.txt" 2>&1 ||
   fail "MoE resumed on (1,1,2): $(cat "$WORK/moe_dp.txt")"
@@ -139,7 +139,7 @@ np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 9 --metrics "$WORK/ep_ref.jsonl" --save
 np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 3 --ckpt "$WORK/ep" > "$WORK/ep0.txt" 2>&1 || fail "ep 2 first third: $(cat "$WORK/ep0.txt")"
 np 2 --dp 2 --ep 2 --zero 1 $MOE --steps 9 --ckpt "$WORK/ep" --resume --metrics "$WORK/ep_res.jsonl" --save "$WORK/ep_res.safetensors" \
   > "$WORK/ep_res.txt" 2>&1 || fail "ep 2 resume: $(cat "$WORK/ep_res.txt")"
-[ "$(losses "$WORK/ep_res.jsonl")" = "$(losses "$WORK/ep_ref.jsonl" | tail -6)" ] || fail "ep 2 resumed losses differ"
+exact_losses "$WORK/ep_res.jsonl" "$WORK/ep_ref.jsonl" 6 || fail "ep 2 resumed losses differ"
 cmp -s "$WORK/ep_ref.safetensors" "$WORK/ep_res.safetensors" || fail "ep 2 resumed final weights differ"
 "$MPIEXEC" --oversubscribe --bind-to none -np 1 -x OMP_NUM_THREADS=1 "$LOOM" train $MODEL $MOE --steps 9 \
   --metrics "$WORK/ep_one.jsonl" > "$WORK/ep_one.txt" 2>&1 || fail "MoE on one rank: $(cat "$WORK/ep_one.txt")"
@@ -238,7 +238,7 @@ LOOM_FAULT=kill_in_save:1:4 "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x O
 [ "$(cat "$WORK/kill/latest")" = step_00000002 ] || fail "latest moved past the last complete checkpoint"
 [ -f "$WORK/kill/step_00000004/rank_00001.shard" ] && [ ! -f "$WORK/kill/step_00000004/manifest.pb" ] || fail "not killed mid-save"
 np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/kill" --resume --metrics "$WORK/kill.jsonl" > "$WORK/kr.txt" 2>&1 || fail "resume after the kill: $(cat "$WORK/kr.txt")"
-[ "$(losses "$WORK/kill.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -7)" ] || fail "losses after the kill differ"
+exact_losses "$WORK/kill.jsonl" "$WORK/full.jsonl" 7 || fail "losses after the kill differ"
 
 # Asynchronous saves: a run without faults leaves the same checkpoint as a synchronous one (its
 # resume gives the uninterrupted losses); a rank killed while copying its shard to host memory,
@@ -250,7 +250,7 @@ grep -q "^checkpoint $WORK/async/step_00000006: .* written in the background in 
   fail "async save's line: $(cat "$WORK/async.txt")"
 "$LOOM" ckpt verify "$WORK/async" | grep -q "ok (4 shards" || fail "verify of an asynchronous checkpoint"
 np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/async" --resume --metrics "$WORK/async.jsonl" > "$WORK/ar.txt" 2>&1 || fail "resume async: $(cat "$WORK/ar.txt")"
-[ "$(losses "$WORK/async.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -3)" ] || fail "losses after an asynchronous save differ"
+exact_losses "$WORK/async.jsonl" "$WORK/full.jsonl" 3 || fail "losses after an asynchronous save differ"
 for fault in kill_in_stage:1:4 kill_in_write:2:4 kill_in_save:3:4; do
   rm -rf "$WORK/akill"
   LOOM_FAULT=$fault "$MPIEXEC" --oversubscribe --bind-to none -np 4 -x OMP_NUM_THREADS=1 -x LOOM_FAULT "$LOOM" train $MODEL \
@@ -264,7 +264,7 @@ for fault in kill_in_stage:1:4 kill_in_write:2:4 kill_in_save:3:4; do
   esac || fail "$fault: step 4 holds $(ls "$WORK/akill/step_00000004" | tr '\n' ' ')"
   np 4 --tp 2 --pp 2 --steps 9 --ckpt "$WORK/akill" --resume --async-save --metrics "$WORK/akill.jsonl" > "$WORK/akr.txt" 2>&1 ||
     fail "$fault: resume: $(cat "$WORK/akr.txt")"
-  [ "$(losses "$WORK/akill.jsonl")" = "$(losses "$WORK/full.jsonl" | tail -7)" ] || fail "$fault: losses after the kill differ"
+  exact_losses "$WORK/akill.jsonl" "$WORK/full.jsonl" 7 || fail "$fault: losses after the kill differ"
 done
 
 # --keep 2 leaves the two newest steps.

@@ -53,7 +53,7 @@ mv "$WORK/m.jsonl" "$WORK/m1.jsonl"
 SLURM_RESTART_COUNT=1 LOOM_STEPS=30 bash "$SBATCH" > "$WORK/job2.txt" 2>&1 || fail "requeued job: $(tail -5 "$WORK/job2.txt")"
 grep -q "resuming from step $stopped" "$WORK/job2.txt" || fail "no resume: $(head -3 "$WORK/job2.txt")"
 [ ! -s "$WORK/scontrol.log" ] || fail "a finished job requeued"
-[ "$(losses "$WORK/m.jsonl")" = "$(losses "$WORK/ref.jsonl" | tail -n $((30 - stopped)))" ] || fail "resumed losses differ from the uninterrupted run"
+exact_losses "$WORK/m.jsonl" "$WORK/ref.jsonl" $((30 - stopped)) || fail "resumed losses differ from the uninterrupted run"
 
 # A plan that does not fit the job: refused before srun, exit 2.
 SLURM_NTASKS=8 LOOM_STEPS=30 bash "$SBATCH" > "$WORK/job3.txt" 2>&1

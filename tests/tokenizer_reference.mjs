@@ -25,8 +25,11 @@ try {
   ranks = { gpt2: require("js-tiktoken/ranks/gpt2"), cl100k_base: require("js-tiktoken/ranks/cl100k_base") };
   for (const m of ["tokenizer-gpt2", "tokenizer-llama3"]) fs.accessSync(path.join(modules, "@lenml", m, "models", "tokenizer.json"));
 } catch (e) {
-  console.log(`tokenizer_reference: skipped: the npm references are not installed in ${modules} (scripts/setup.sh installs them): ${e.message}`);
-  process.exit(77);
+  // In CI (scripts/test.sh sets LOOM_REQUIRE_REFERENCES=1) the references are required: their absence fails.
+  const required = process.env.LOOM_REQUIRE_REFERENCES === "1";
+  console.log(`tokenizer_reference: ${required ? "FAILED (required: LOOM_REQUIRE_REFERENCES=1)" : "skipped"}: the npm references ` +
+              `are not installed in ${modules} (scripts/setup.sh installs them): ${e.message}`);
+  process.exit(required ? 1 : 77);
 }
 fs.rmSync(work, { recursive: true, force: true });
 fs.mkdirSync(work, { recursive: true });
