@@ -78,23 +78,29 @@ int tu_all_finite(const float *x, size_t n) {
 
 /* Every test process writes under one folder of its own, removed with all it
  * holds when the process exits, so a test run leaves $TMPDIR as it found it. */
-static char g_tmp_dir[512];
+static char g_tmp_dir[600];
 static pid_t g_tmp_owner;
+/* Under tu_run, the runner's own folder, which each forked test's folder
+ * goes inside: a test that fails leaves by _exit, past atexit, and the
+ * runner removes what it left. */
+static char g_root[512];
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
   (void)sb, (void)flag, (void)ftw;
   return remove(path);
 }
 
+void tu_remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
 static void remove_tmp_dir(void) {
-  if (g_tmp_dir[0] && getpid() == g_tmp_owner) nftw(g_tmp_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (g_tmp_dir[0] && getpid() == g_tmp_owner) tu_remove_tree(g_tmp_dir);
 }
 
 const char *tu_tmp_path(const char *name) {
   static char paths[64][1024];
   static int next;
   if (!g_tmp_dir[0] || g_tmp_owner != getpid()) { /* a forked test child makes its own */
-    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    const char *dir = g_root[0] ? g_root : getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     snprintf(g_tmp_dir, sizeof g_tmp_dir, "%s/loom_test_XXXXXX", dir);
     ck_assert_msg(mkdtemp(g_tmp_dir) != NULL, "cannot make a folder under %s", dir);
     if (!g_tmp_owner) atexit(remove_tmp_dir);
@@ -127,10 +133,18 @@ void *tu_read_bytes(const char *path, size_t *n) {
 }
 
 int tu_run(Suite *s) {
+  const char *tmp = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+  snprintf(g_root, sizeof g_root, "%s/loom_tests_XXXXXX", tmp);
+  if (!mkdtemp(g_root)) {
+    fprintf(stderr, "cannot make a folder under %s\n", tmp);
+    return 1;
+  }
+  chmod(g_root, 0755); /* as the folder was before: a test may run a command as another user inside */
   SRunner *sr = srunner_create(s);
   srunner_run_all(sr, CK_NORMAL);
   const int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
+  tu_remove_tree(g_root);
   return failed == 0 ? 0 : 1;
 }
 

@@ -31,6 +31,8 @@ void tu_attention_case_free(tu_attention_case *c);
 int tu_all_finite(const float *x, size_t n);
 /* A path under the test's temporary directory, unique per name. */
 const char *tu_tmp_path(const char *name);
+/* rm -r path. */
+void tu_remove_tree(const char *path);
 /* Writes bytes to path; aborts the test on failure. */
 void tu_write_bytes(const char *path, const void *data, size_t n);
 /* Reads a whole file; *n gets its size, and a NUL follows the bytes (text reads as a string). Caller frees. */
