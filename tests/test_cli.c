@@ -1161,6 +1161,18 @@ START_TEST(meaningful_nonsense_is_refused) {
 END_TEST
 
 
+/* The losses a --metrics file holds, as text, one after another ("" for none). */
+static void metrics_losses(const char *path, char *out, size_t cap) {
+  size_t n;
+  char *text = tu_read_bytes(path, &n), *at = text;
+  out[0] = '\0';
+  for (size_t len = 0; (at = strstr(at, "\"loss\": ")) != NULL; at += 8) {
+    const size_t w = strcspn(at + 8, ",}");
+    if (len + w + 2 < cap) len += (size_t)snprintf(out + len, cap - len, "%.*s ", (int)w, at + 8);
+  }
+  free(text);
+}
+
 /* Hostile pass, round 3: each finding's one line and exit code, or its now-correct behaviour. */
 START_TEST(hostile_round_3) {
   tu_rows t = {0};
@@ -1226,6 +1238,27 @@ START_TEST(hostile_round_3) {
   close(fd);
   tu_row(&t, run("train", "--steps", "1", "--eval-every", "0", "--ckpt", a, NULL)->code == 0, "the lock released");
   tu_row(&t, access(b, F_OK) != 0, "the run left its lock file behind");
+  /* Everything a checkpoint holds survives reshard: an expert-bias run resumed from its resharded copy trains as from the original. */
+  char ck[512], copy[512], m1[512], m2[512], l1[4096], l2[4096];
+  snprintf(ck, sizeof ck, "%s", tu_tmp_path("bias_ck"));
+  snprintf(copy, sizeof copy, "%s", tu_tmp_path("bias_copy"));
+  snprintf(m1, sizeof m1, "%s", tu_tmp_path("bias_1.jsonl"));
+  snprintf(m2, sizeof m2, "%s", tu_tmp_path("bias_2.jsonl"));
+#define BIAS "--model", "moe-tiny", "--layers", "2", "--eval-every", "0", "--moe-router-score-function", "sigmoid", \
+             "--moe-router-enable-expert-bias"
+  ck_assert_int_eq(run("train", BIAS, "--steps", "3", "--ckpt", ck, NULL)->code, 0);
+  ck_assert_int_eq(run("ckpt", "reshard", ck, "-o", copy, "--tp", "1", NULL)->code, 0);
+  ck_assert_int_eq(run("train", BIAS, "--steps", "5", "--ckpt", ck, "--resume", "--metrics", m1, NULL)->code, 0);
+  result *r = run("train", BIAS, "--steps", "5", "--ckpt", copy, "--resume", "--metrics", m2, NULL);
+  metrics_losses(m1, l1, sizeof l1);
+  metrics_losses(m2, l2, sizeof l2);
+  tu_row(&t, r->code == 0 && l1[0] && strcmp(l1, l2) == 0 && !strstr(r->out, "holds no expert bias"),
+         "the resharded checkpoint's expert bias: losses '%s' against the original's '%s'", l2, l1);
+  r = run("train", "--model", "moe-tiny", "--layers", "2", "--eval-every", "0", "--moe-router-score-function", "sigmoid",
+          "--steps", "6", "--ckpt", ck, "--resume", NULL);
+  tu_row(&t, r->code == 0 && strstr(r->out, "its expert bias (model.moe.expert_bias) is dropped: this run routes without one"),
+         "a resume that drops the expert bias says so: '%s'", r->out);
+#undef BIAS
   tu_rows_done(&t);
 }
 END_TEST

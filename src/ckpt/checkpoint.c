@@ -291,7 +291,7 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
   if (st == LOOM_OK) st = loom_manifest_expert_bias(sub, mf, run->expert_bias, run->expert_bias_count, err);
   if (st == LOOM_OK) st = load_chunks(sub, mf, chunks, n, err);
   *step = mf->step;
-  from->data = NULL; /* it pointed into mf */
+  from->data = NULL, from->expert_bias = NULL; /* they pointed into mf */
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }

@@ -321,6 +321,8 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
                                  ts->wsd_shape >= 0 && ts->wsd_shape <= LOOM_WSD_MINUS_SQRT ? (loom_wsd_shape)ts->wsd_shape
                                                                                           : LOOM_WSD_EXPONENTIAL};
     run->data = ts->data && ts->data[0] ? ts->data : NULL;
+    /* Held state travels with the run (into mf's memory): a tool that rewrites the checkpoint writes it again. */
+    run->expert_bias = ts->n_expert_bias ? ts->expert_bias : NULL, run->expert_bias_count = ts->n_expert_bias;
   }
 }
 
@@ -328,7 +330,9 @@ loom_status loom_manifest_expert_bias(const char *where, const Loom__CheckpointM
                                       loom_error *err) {
   const size_t have = mf->state ? mf->state->n_expert_bias : 0;
   if (!count) {
-    if (have) loom_log_info("%s: its expert bias (model.moe.expert_bias) is left unused: this run routes without one", where);
+    if (have)
+      loom_log_info("%s: its expert bias (model.moe.expert_bias) is dropped: this run routes without one (add "
+                    "--moe-router-enable-expert-bias to keep it)", where);
     return LOOM_OK;
   }
   if (!have) {
