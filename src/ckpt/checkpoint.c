@@ -9,6 +9,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
 #include "core/check.h"
+#include "core/log.h"
 #include "core/fault.h"
 #include "core/crc32c.h"
 #include "core/timer.h"
@@ -259,6 +260,33 @@ static loom_status check_run(const char *sub, const loom_ckpt_run *have, const l
   return LOOM_OK;
 }
 
+/* Whether the checkpoint's grad compression state (from `have`) resumes
+ * into this run (`want`): the same method over the same layout. Where it
+ * does not, a line says what starts fresh or is dropped, and why. */
+static bool compression_resumes(const char *sub, int64_t step, const loom_ckpt_run *have, const loom_ckpt_run *want) {
+  const bool held = have->compression_layout != NULL, wanted = want->compression_layout != NULL;
+  const bool powersgd = want->compression_kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD;
+  const char *state = powersgd ? "PowerSGD's error feedback and warm start" : "the sign method's error feedback";
+  if (!wanted) {
+    if (held) loom_log_info("%s: its grad compression state is dropped: this run compresses no grads", sub);
+    return false;
+  }
+  if (held && have->compression_kind == want->compression_kind && have->compression_rank == want->compression_rank &&
+      strcmp(have->compression_layout, want->compression_layout) == 0)
+    return true;
+  if (!held)
+    loom_log_info("resume: %s begin fresh at step %lld: %s holds none (saved without grad compression, or resharded)",
+                  state, (long long)step + 1, sub);
+  else if (have->compression_kind != want->compression_kind || have->compression_rank != want->compression_rank)
+    loom_log_info("resume: %s begin fresh at step %lld: %s was saved under another compression method", state,
+                  (long long)step + 1, sub);
+  else
+    loom_log_info("resume: %s begin fresh at step %lld: %s was saved by %s, and this run is %s (each rank's state is its "
+                  "own, so only the same layout resumes it)", state, (long long)step + 1, sub, have->compression_layout,
+                  want->compression_layout);
+  return false;
+}
+
 /* Fills chunks from the checkpoint mf describes and sets their steps. */
 static loom_status load_chunks(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_chunk *chunks, int n,
                                loom_error *err) {
@@ -289,9 +317,17 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
   loom_manifest_run(mf, from);
   st = check_run(sub, from, run, err);
   if (st == LOOM_OK) st = loom_manifest_expert_bias(sub, mf, run->expert_bias, run->expert_bias_count, err);
-  if (st == LOOM_OK) st = load_chunks(sub, mf, chunks, n, err);
+  /* Grad compression's state loads only into the layout and method that saved it; otherwise the chunks load without it. */
+  loom_ckpt_chunk *fresh = NULL;
+  if (st == LOOM_OK && !compression_resumes(sub, mf->step, from, run)) {
+    fresh = loom_fault_calloc((size_t)n + 1, sizeof *fresh);
+    if (!fresh) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", sub);
+    for (int c = 0; fresh && c < n; c++) fresh[c] = chunks[c], fresh[c].compress = NULL;
+  }
+  if (st == LOOM_OK) st = load_chunks(sub, mf, fresh ? fresh : chunks, n, err);
+  free(fresh);
   *step = mf->step;
-  from->data = NULL, from->expert_bias = NULL; /* they pointed into mf */
+  from->data = NULL, from->expert_bias = NULL, from->compression_layout = NULL; /* they pointed into mf */
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
@@ -331,6 +367,7 @@ static loom_status match_model(const char *sub, const Loom__CheckpointManifest *
   loom_status st = specs && meta ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", sub);
   if (st == LOOM_OK) loom_gpt_param_table(&cfg, NULL, 0, run.tp, specs, meta);
   for (int i = 0; st == LOOM_OK && i < nt; i++) {
+    if (strncmp(t[i].name, LOOM_CKPT_COMPRESSION_PREFIX, strlen(LOOM_CKPT_COMPRESSION_PREFIX)) == 0) continue; /* not a parameter's */
     const char *slash = strchr(t[i].name, '/'), *name = slash ? slash + 1 : t[i].name;
     int k = 0;
     while (k < n && strcmp(specs[k].name, name) != 0) k++;

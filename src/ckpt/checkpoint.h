@@ -29,6 +29,12 @@ typedef struct {
    * records and a resume fills (NULL, 0: none) */
   float *expert_bias;
   size_t expert_bias_count;
+  /* Grad compression: its method (kind NONE: none) and the layout whose
+   * ranks hold its state in the shards ("tp 2 cp 1 dp 2 ..."), which only
+   * the same layout and method resume; NULL: no state saved. */
+  Loom__CompressionKind compression_kind;
+  int compression_rank;
+  const char *compression_layout;
 } loom_ckpt_run;
 
 /* Saves step `step` (optimizer steps taken) of this rank's chunks under dir,

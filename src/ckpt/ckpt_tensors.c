@@ -9,11 +9,12 @@ enum { PARAM, ADAM_M, ADAM_V };
 static const char *const KINDS[3] = {"param", "adam_m", "adam_v"};
 
 loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt) {
-  return (loom_ckpt_chunk){p, opt->m.base, opt->v.base, NULL, NULL, 0, &opt->step};
+  return (loom_ckpt_chunk){.p = p, .m = opt->m.base, .v = opt->v.base, .step = &opt->step};
 }
 
 loom_ckpt_chunk loom_ckpt_chunk_zero(loom_gpt_params *p, loom_zero *z) {
-  return (loom_ckpt_chunk){p, z->m, z->v, z->master, z->runs, z->nbuckets, &z->step};
+  return (loom_ckpt_chunk){.p = p, .m = z->m, .v = z->v, .master = z->master, .runs = z->runs, .nruns = z->nbuckets,
+                           .step = &z->step};
 }
 
 /* Row blocks of tensor k that are contiguous in the global tensor: c_attn's
@@ -25,6 +26,7 @@ static int parts_of(const loom_gpt_params *p, int k) {
 
 int loom_ckpt_max_pieces(const loom_ckpt_chunk *chunks, int n) {
   int count = 0;
+  for (int c = 0; c < n; c++) count += chunks[c].compress ? 2 : 0; /* its error feedback and Q */
   for (int c = 0; c < n; c++)
     for (int k = 0; k < chunks[c].p->params.count; k++) count += 3 * parts_of(chunks[c].p, k); /* a tensor lies in one run at most */
   return count;
@@ -73,6 +75,28 @@ static int add_pieces(const loom_ckpt_chunk *ch, int k, int kind, loom_shard_ten
   return count;
 }
 
+/* One whole buffer of grad compression's state as a piece of its own. */
+static int compression_piece(const loom_ckpt_chunk *ch, int c, const char *what, float *data, size_t n, loom_shard_tensor *t) {
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, LOOM_CKPT_COMPRESSION_PREFIX "rank_%05d/chunk_%d/%s", ch->rank, c, what);
+  t->ndim = 2;
+  t->global[0] = t->local[0] = 1;
+  t->global[1] = t->local[1] = (int64_t)n;
+  t->count = (int64_t)n;
+  t->data = data;
+  return 1;
+}
+
+/* Chunk c's compression state: every rank's error feedback is its own, and PowerSGD's Q is each tp and pp
+ * rank's own (its replicas agree on it). The sign method's buffers are one step's messages, not state. */
+static int compression_pieces(const loom_ckpt_chunk *ch, int c, loom_shard_tensor *out) {
+  const loom_grad_compress *s = ch->compress;
+  if (!s || !s->count) return 0;
+  int count = compression_piece(ch, c, "error", s->error, s->error_floats, out);
+  if (s->cfg.kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) count += compression_piece(ch, c, "q", s->b, s->b_words, out + count);
+  return count;
+}
+
 /* Whether this rank is the one that writes tensor k's state of `kind`:
  * every replica its own pieces of what ZeRO shards, else the first. An
  * expert of an expert-parallel run is on one rank of each EP group, and its
@@ -93,6 +117,7 @@ int loom_ckpt_save_pieces(const loom_ckpt_chunk *chunks, int n, int dp_rank, int
     for (int kind = PARAM; kind <= ADAM_V; kind++)
       for (int k = 0; k < chunks[c].p->params.count; k++)
         if (writes(&chunks[c], k, kind, dp_rank, edp_rank, zero)) count += add_pieces(&chunks[c], k, kind, out + count);
+  for (int c = 0; c < n; c++) count += compression_pieces(&chunks[c], c, out + count);
   return count;
 }
 
@@ -109,6 +134,9 @@ int loom_ckpt_load_pieces(const loom_ckpt_chunk *chunks, int n, loom_ckpt_want *
           out[count].padded = m->init_rows > 0;
           out[count++].valid_rows = m->init_rows > 0 ? m->init_rows : m->layout.rows;
         }
+  for (int c = 0; c < n; c++)
+    for (int b = 0, got = compression_pieces(&chunks[c], c, pieces); b < got; b++)
+      out[count++] = (loom_ckpt_want){.t = pieces[b], .valid_rows = 1};
   return count;
 }
 

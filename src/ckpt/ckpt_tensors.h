@@ -19,6 +19,7 @@
 #include "ckpt/shard_file.h"
 #include "layers/gpt_params.h"
 #include "optim/adamw.h"
+#include "optim/grad_compress.h"
 #include "optim/zero.h"
 
 #define LOOM_SHARD_MAX_PARTS 4 /* row blocks of one tensor (c_attn has q, k, v) */
@@ -31,7 +32,15 @@ typedef struct {
   const loom_flat_run *runs; /* [nruns] this replica's ZeRO pieces, each with its place in m, v and master; */
   int nruns;                 /* NULL: the whole buffer */
   int *step;           /* the optimizer's step counter */
+  /* Grad compression's state on this rank (error feedback, PowerSGD's Q),
+   * saved as pieces named by the world rank `rank` under
+   * LOOM_CKPT_COMPRESSION_PREFIX, which only a run of the same layout
+   * resumes (loom_ckpt_resume decides); NULL: none. */
+  loom_grad_compress *compress;
+  int rank;
 } loom_ckpt_chunk;
+
+#define LOOM_CKPT_COMPRESSION_PREFIX "grad_compress/"
 
 /* A chunk with plain AdamW state, or with this replica's ZeRO pieces of it. */
 loom_ckpt_chunk loom_ckpt_chunk_adamw(loom_gpt_params *p, loom_adamw *opt);

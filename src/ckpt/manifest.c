@@ -180,6 +180,11 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   ts.lr_decay = (int32_t)run->lr.decay, ts.wsd_decay_steps = run->lr.wsd_decay_steps, ts.wsd_shape = (int32_t)run->lr.wsd_shape;
   ts.data = (char *)(run->data ? run->data : "");
   ts.n_expert_bias = run->expert_bias_count, ts.expert_bias = run->expert_bias;
+  Loom__GradCompression gc = LOOM__GRAD_COMPRESSION__INIT;
+  if (run->compression_layout) {
+    gc.has_kind = gc.has_rank = 1, gc.kind = run->compression_kind, gc.rank = run->compression_rank;
+    ts.grad_compression = &gc, ts.grad_compression_layout = (char *)run->compression_layout;
+  }
   Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
   mf.has_format_version = mf.has_step = mf.has_seed = mf.has_save_id = 1;
   mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed, mf.save_id = save_id;
@@ -323,6 +328,10 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run) {
     run->data = ts->data && ts->data[0] ? ts->data : NULL;
     /* Held state travels with the run (into mf's memory): a tool that rewrites the checkpoint writes it again. */
     run->expert_bias = ts->n_expert_bias ? ts->expert_bias : NULL, run->expert_bias_count = ts->n_expert_bias;
+    if (ts->grad_compression && ts->grad_compression_layout && ts->grad_compression_layout[0]) {
+      run->compression_kind = ts->grad_compression->kind, run->compression_rank = ts->grad_compression->rank;
+      run->compression_layout = ts->grad_compression_layout;
+    }
   }
 }
 

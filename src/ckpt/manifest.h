@@ -40,7 +40,7 @@ loom_status loom_manifest_decode(const uint8_t *bytes, size_t n, int64_t step, c
                                  Loom__CheckpointManifest **out, loom_error *err);
 /* Reads and decodes the manifest DIR/latest names; *step_dir gets its directory. */
 loom_status loom_manifest_read(const char *dir, char *step_dir, size_t len, Loom__CheckpointManifest **out, loom_error *err);
-/* The run a manifest describes (run->data and run->expert_bias point into mf). */
+/* The run a manifest describes (run->data, expert_bias and compression_layout point into mf). */
 void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
 /* Fills bias[count] (a model's expert bias, layers x experts; count 0:
  * the run has none, so any recorded is left, with a line saying so) from

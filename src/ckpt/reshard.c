@@ -9,6 +9,7 @@
 #include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
+#include "core/log.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
 
@@ -107,6 +108,13 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
     return st;
   }
   to.tp = tp, to.pp = pp, to.dp = dp, to.vpp = vpp, to.zero = zero;
+  /* Each rank's compression state belongs to the layout that wrote it (loom_ckpt_resume): the copy goes without it. */
+  if (to.compression_layout)
+    loom_log_info("loom ckpt reshard: grad compression's state (each rank's error feedback%s, saved by %s) is not carried: "
+                  "a run resumed from %s starts it fresh", to.compression_kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD
+                                                               ? ", PowerSGD's warm start" : "",
+                  to.compression_layout, dst);
+  to.compression_layout = NULL;
   const int world = tp * pp * dp;
   /* The new layout is a plan, built and validated as every run's is. Its
    * micro-batch only needs to split the global batch over dp (and into a

@@ -29,12 +29,21 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
     f->chunks[c] = tr->zero   ? loom_ckpt_chunk_zero(p, &tr->zero[c])
                    : tr->opts ? loom_ckpt_chunk_adamw(p, &tr->opts[c])
                               : (loom_ckpt_chunk){.p = p}; /* no optimizer */
+    f->chunks[c].compress = loom_pipeline_compression_state(tr->pipe, c);
+    f->chunks[c].rank = tr->ps.rank;
   }
   const loom_plan *plan = tr->plan;
   f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
                            .micro_batch = tr->micro_batch, .global_batch = tr->global_batch, .seed = seed, .lr = tr->lr,
                            .data = data, .expert_bias = tr->expert_bias, .expert_bias_count = tr->expert_bias_count};
   loom_plan_model_config(plan, &f->run.cfg);
+  const loom_compression *gc = loom_pipeline_compression(tr->pipe);
+  if (gc) { /* every coordinate that says which rank holds which state */
+    const Loom__Parallel *l = plan->parallel;
+    snprintf(f->compression_layout, sizeof f->compression_layout, "tp %d cp %d dp %d pp %d vpp %d ep %d etp %d zero %d order %d",
+             l->tp, l->cp, l->dp, l->pp, l->virtual_chunks, l->ep, l->etp, l->zero_stage, (int)l->rank_order);
+    f->run.compression_kind = gc->kind, f->run.compression_rank = gc->rank, f->run.compression_layout = f->compression_layout;
+  }
 }
 
 void loom_run_files_free(loom_run_files *f) {

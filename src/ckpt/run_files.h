@@ -22,6 +22,7 @@ typedef struct {
   loom_ckpt_async *pending; /* the asynchronous save in flight, or NULL */
   double pending_stall_s;   /* the step loop's stall starting it */
   loom_ckpt_arena arena;    /* the host copy of this rank's shard, kept between saves */
+  char compression_layout[160]; /* run.compression_layout's text */
   bool locked;              /* rank 0 holds dir/.lock (lock_fd) for the run's life */
   int lock_fd;
 } loom_run_files;

@@ -137,10 +137,6 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
   int64_t first = 0;
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
-  if (st == LOOM_OK && f->resume && loom_pipeline_compression(tr.pipe))
-    loom_log_info("resume: PowerSGD's error feedback and warm start begin again from step %lld (checkpoints do not "
-                  "hold them yet), so the losses after it differ slightly from an uninterrupted run's",
-                  (long long)first + 1);
   if (st == LOOM_OK)
     st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, f->resume ? (long)first : -1, err);
   if (st == LOOM_OK)

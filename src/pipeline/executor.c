@@ -129,6 +129,10 @@ const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe) { return 
 const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe) {
   return pipe->compress ? &pipe->compress[0].cfg : NULL;
 }
+
+loom_grad_compress *loom_pipeline_compression_state(const loom_pipeline *pipe, int c) {
+  return pipe->compress ? &pipe->compress[c] : NULL;
+}
 uint16_t *loom_pipeline_grad16(const loom_pipeline *pipe, int c) { return pipe->grad16 ? pipe->grad16[c] : NULL; }
 void loom_pipeline_set_tracing(loom_pipeline *pipe, bool on) { pipe->tracing = on; }
 loom_pipeline_usage loom_pipeline_usage_of(const loom_pipeline *pipe) {

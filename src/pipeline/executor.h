@@ -15,6 +15,7 @@
 
 #include "layers/gpt.h"
 #include "optim/zero.h"
+#include "optim/grad_compress.h"
 #include "plan/grad_compression.h"
 #include "plan/plan.h"
 #include "schedule/schedule.h"
@@ -65,6 +66,8 @@ int loom_pipeline_micro_batches(const loom_pipeline *pipe);
 const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe);
 /* The grad compression this run's dp reduction uses, or NULL. */
 const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe);
+/* Chunk c's grad compression state (what checkpoints hold of it), or NULL without compression. */
+loom_grad_compress *loom_pipeline_compression_state(const loom_pipeline *pipe, int c);
 /* Chunk c's bf16 grads as they cross dp (grad_reduce bf16), room for its padded grads; NULL in fp32. */
 uint16_t *loom_pipeline_grad16(const loom_pipeline *pipe, int c);
 /* Trace the next steps' actions (for loom_trace_write) or not. */
