@@ -710,6 +710,45 @@ START_TEST(trace_is_drawn) {
 }
 END_TEST
 
+/* Memory prunes the search: a grid (or a micro-batch) whose leanest layout is over the device's memory is not
+ * enumerated, and pruning loses no layout that fits; a search in which nothing can fit ends at once, saying so
+ * (the issue's Mixtral 8x22B with 64 experts, top 8, on 4096 H100s once ran past 139,286 layouts). */
+START_TEST(search_prunes_what_cannot_fit) {
+  loom_profile *prof = builtin("a100-80gb");
+  loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 51200, .seq = 2048};
+  loom_plan *base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                             .global_batch = 64, .precision = LOOM__PRECISION__PRECISION_BF16});
+  loom_search_result pruned, all;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){0}, &pruned, &err), LOOM_OK);
+  ck_assert_int_eq(loom_plan_search(base, 16, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){.exhaustive = true}, &all,
+                                    &err), LOOM_OK);
+  ck_assert_int_gt(all.fit, 10);
+  ck_assert_int_lt(pruned.considered, all.considered); /* something was pruned */
+  ck_assert_int_eq(pruned.fit, all.fit);                /* and nothing that fits */
+  ck_assert_int_eq(pruned.nranked, all.nranked);
+  for (int i = 0; i < all.nranked; i++) ck_assert_double_eq(pruned.ranked[i].step_s, all.ranked[i].step_s);
+  loom_search_result_free(&pruned);
+  loom_search_result_free(&all);
+  loom_plan_free(base);
+  loom_profile_free(prof);
+  prof = builtin("h100-sxm");
+  ck_assert_int_eq(loom_gpt_config_preset(&model, "mixtral-8x22b"), 0);
+  model.layers = 64, model.moe.experts = 64, model.moe.topk = 8;
+  loom_gpt_config_finish(&model);
+  base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,
+                                  .global_batch = 4096, .precision = LOOM__PRECISION__PRECISION_BF16});
+  ck_assert_int_eq(loom_plan_search(base, 4096, prof, &LOOM_SIM_ASSUME_BALANCED, &(loom_search_options){0}, &pruned, &err), LOOM_OK);
+  ck_assert_int_eq(pruned.fit, 0);
+  ck_assert_int_gt(pruned.pruned, 0);
+  ck_assert_int_gt(pruned.pruned_least_bytes, prof->device->memory_bytes);
+  ck_assert_int_le(pruned.considered, 100); /* layouts it had to evaluate, where it once enumerated 139,286 and more */
+  loom_search_result_free(&pruned);
+  loom_plan_free(base);
+  loom_profile_free(prof);
+}
+END_TEST
+
 START_TEST(search_ranks_what_fits) {
   loom_profile *prof = builtin("a100-80gb");
   loom_gpt_config model = {.layers = 32, .hidden = 4096, .heads = 32, .vocab = 51200, .seq = 2048}; /* 6.7B: not every layout fits */
@@ -974,6 +1013,7 @@ int main(void) {
   tcase_add_test(tc, trace_is_drawn);
   tcase_add_test(tc, zero_bubble_is_costed);
   tcase_add_test(tc, search_ranks_what_fits);
+  tcase_add_test(tc, search_prunes_what_cannot_fit);
   tcase_add_test(tc, step_lower_bound_holds);
   tcase_add_test(tc, p2p_waits_are_costed);
   tcase_add_test(tc, partial_recompute_is_costed);

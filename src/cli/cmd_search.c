@@ -152,7 +152,16 @@ int loom_cmd_plan_search(int argc, char **argv) {
       print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
     if (overlapped) printf("  (sp ov: sequence parallel with --tp-comm-overlap)\n");
     if (gathered) printf("  (zero pg: with --overlap-param-gather)\n");
-    if (r.considered == 0)
+    if (r.pruned)
+      printf("  pruned: %d grid%s of tp x cp x pp not enumerated: even %s leanest layout (micro-batch 1, the least of every "
+             "ZeRO stage, recompute and sequence parallelism, the widest ep) needs %.1f GiB or more, over the device's %.1f GiB\n", r.pruned,
+             r.pruned == 1 ? "" : "s", r.pruned == 1 ? "its" : "their", (double)r.pruned_least_bytes / 1073741824.0,
+             (double)prof->device->memory_bytes / 1073741824.0);
+    if (r.considered == 0 && r.pruned)
+      st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits: the leanest layout of every grid of %d GPUs "
+                     "needs at least %.1f GiB of the device's %.1f GiB; add GPUs, or use a smaller model, batch or sequence",
+                     gpus, (double)r.pruned_least_bytes / 1073741824.0, (double)prof->device->memory_bytes / 1073741824.0);
+    else if (r.considered == 0)
       st = loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: no layout of %d GPUs splits --global-batch %d into whole "
                      "replicas (dp must divide it); choose a batch or a GPU count with common factors", gpus,
                      base->batch->global_batch);

@@ -182,6 +182,43 @@ static bool dominated(const loom_search_result *res, const loom_candidate *c, in
   return keep > 0 && faster >= keep && leaner;
 }
 
+/* A lower bound on the memory of every layout of a grid (tp, cp, pp and
+ * so dp) at micro-batch `mb`: the least any variant needs that differs in
+ * what can lower memory (ZeRO stage, recompute none or full, sequence
+ * parallelism, expert parallelism as wide as the grid allows, with expert
+ * tensor parallelism or without), under 1F1B with one chunk per stage
+ * (more chunks, GPipe and the zero-bubble schedules hold more in flight)
+ * and without overlap's buffers. Memory grows with the micro-batch, so a
+ * micro-batch whose bound is over the device's memory ends the grid's
+ * search. The bytes are the plan's estimate, read whether or not the rules
+ * accept the variant (they judge other things); -1 where no variant can be
+ * built (then nothing is pruned). */
+static int64_t leanest_bytes(const loom_plan *base, int tp, int cp, int pp, int dp, int mb, int experts, int expert_ffn) {
+  int64_t least = -1;
+  for (int split = 0; split < (experts > 1 && tp > 1 ? 2 : 1); split++) {
+    const int etp = split ? tp : 1;
+    if (expert_ffn % etp) continue;
+    int ep = 1;
+    for (int e = 2; e <= experts && e <= tp * dp; e *= 2)
+      if (experts % e == 0 && (tp * dp) % (e * etp) == 0) ep = e;
+    for (int zero = 0; zero <= (dp > 1 ? 3 : 0); zero++)
+      for (int recompute = 0; recompute < 2; recompute++)
+        for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++) {
+          const loom_candidate c = {.tp = tp, .pp = pp, .dp = dp, .vpp = 1, .micro_batch = mb, .zero = zero, .ep = ep,
+                                    .etp = etp, .cp = cp, .sequence_parallel = sp, .recompute = recompute,
+                                    .schedule = LOOM_SCHEDULE_1F1B};
+          loom_plan *plan = NULL;
+          loom_error err = {0};
+          if (loom_candidate_plan(base, &c, &plan, &err) == LOOM_OK) {
+            const int64_t bytes = busiest_bytes(plan, pp);
+            least = least < 0 || bytes < least ? bytes : least;
+          }
+          loom_plan_free(plan);
+        }
+  }
+  return least;
+}
+
 /* The schedules worth trying for pp ranks with vpp chunks each and m
  * micro-batches: without a pipeline only 1F1B (the others equal it); with
  * one chunk 1F1B, GPipe and ZB-H1; with two, interleaved (when m splits
@@ -234,8 +271,16 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
       if (gpus % (tp * cp * pp) || seq % (2 * cp)) continue;
       const int dp = gpus / (tp * cp * pp);
       if (global % dp) continue; /* each replica takes a whole share of the global batch */
+      const int64_t lean = opt->exhaustive ? -1 : leanest_bytes(base, tp, cp, pp, dp, 1, experts, expert_ffn);
+      if (lean > prof->device->memory_bytes) { /* nothing in this grid fits: not enumerated */
+        res->pruned++;
+        res->pruned_least_bytes = res->pruned == 1 || lean < res->pruned_least_bytes ? lean : res->pruned_least_bytes;
+        continue;
+      }
       for (int mb = 1; mb <= global / dp; mb *= 2) {
         if ((global / dp) % mb) continue;
+        if (mb > 1 && !opt->exhaustive && leanest_bytes(base, tp, cp, pp, dp, mb, experts, expert_ffn) > prof->device->memory_bytes)
+          break; /* this micro-batch's leanest layout is over memory, and every larger one's more */
         const int m = global / dp / mb;
         for (int vpp = 1; vpp <= 8; vpp++) {
           if (vpp > 1 && (pp == 1 || layers % (pp * vpp))) continue; /* chunks need a pipeline and even layers */

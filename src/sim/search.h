@@ -50,6 +50,12 @@ typedef struct {
   int nunfit;
   loom_drop_count dropped[LOOM_SEARCH_MAX_REASONS];
   int ndropped;
+  /* Grids (tp, cp, pp and so dp) not enumerated: their leanest layout
+   * already needs more than the device holds (search.c's leanest_bytes),
+   * and the least of those needs. Micro-batches past a grid's first that
+   * are over memory by the same bound are not enumerated either. */
+  int pruned;
+  int64_t pruned_least_bytes;
 } loom_search_result;
 
 typedef struct loom_search_options {
@@ -60,6 +66,8 @@ typedef struct loom_search_options {
   /* Called after each candidate with the counts so far; may be NULL. */
   void (*progress)(const loom_search_result *res, void *ctx);
   void *ctx;
+  /* Enumerate every layout, pruning nothing by memory (the tests' check that pruning loses no layout that fits). */
+  bool exhaustive;
 } loom_search_options;
 
 /* Searches the layouts of base's model, batch and precision on gpus GPUs:
