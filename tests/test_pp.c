@@ -125,8 +125,8 @@ static loom_plan *plan_built(const pp_case *pc, int tp, int cp, int pp, int dp, 
   const loom_plan_spec spec = {.model = cfg, .tp = tp, .cp = cp, .pp = pp, .dp = dp, .vpp = pc->v,
                                .cp_comm = cp > 1 && g_cp_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P,
                                .zero_stage = pc->zero, .sequence_parallel = sp, .recompute = pc->recompute,
-                               .ep = (tp * dp) % g_ep == 0 ? g_ep : 1, /* the serial reference: none */
-                               .etp = tp == g_etp ? g_etp : 1,
+                               /* the registered grid's expert layout (main checked it fits); the serial reference: none */
+                               .ep = tp == g_tp && dp == g_dp ? g_ep : 1, .etp = tp == g_tp && dp == g_dp ? g_etp : 1,
                                .recompute_layers = pc->recompute_layers, .recompute_group = pc->recompute_group,
                                .micro_batch = MB, .global_batch = pc->m * MB * g_dp, .schedule = pc->kind,
                                .layer_counts = pc->split, .nlayer_counts = pc->nsplit,
@@ -669,6 +669,19 @@ int main(int argc, char **argv) {
   g_cp = argc > 8 ? atoi(argv[8]) : 1;
   g_cp_gather = argc > 9 && strcmp(argv[9], "all_gather") == 0;
   g_pp = g_world->size / (g_tp * g_cp * g_dp);
+  /* The registration's layout is what runs, or the test fails: never a quiet fallback to a smaller one. */
+  const char *bad = g_tp < 1 || g_dp < 1 || g_cp < 1 || g_world->size % (g_tp * g_cp * g_dp) ? "tp x cp x dp must divide the ranks"
+                    : g_ep < 1 || g_etp < 1 || (g_tp * g_dp) % (g_ep * g_etp)        ? "ep x etp must divide tp x dp"
+                    : g_etp != 1 && g_etp != g_tp                                        ? "etp must be 1 or tp"
+                                                                                         : NULL;
+  if (bad) {
+    if (g_world->rank == 0)
+      fprintf(stderr, "test_pp: registered with tp %d dp %d cp %d ep %d etp %d on %d ranks: %s\n", g_tp, g_dp, g_cp, g_ep, g_etp,
+              g_world->size, bad);
+    loom_comm_free(g_world);
+    loom_mpi_finalize();
+    return 1;
+  }
   Suite *s = suite_create("pp");
   TCase *tc = tcase_create("pp");
   tcase_add_test(tc, gpipe_and_1f1b_match_serial);

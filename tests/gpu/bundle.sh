@@ -19,7 +19,7 @@
 set -eu
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: tests/gpu/bundle.sh OUT}
-build=$root/build
+build=${LOOM_BUILD:-$root/build} # the build to bundle (bundle_test.sh names the one under test)
 [ -x "$build/loom" ] || "$root/scripts/setup.sh" > /dev/null
 grep -q '^LOOM_CUDA:BOOL=ON' "$build/CMakeCache.txt" && [ -f "$build/tests/test_backend_cuda" ] ||
   { echo "bundle: build/ has no CUDA backend (nvcc missing?)" >&2; exit 1; }

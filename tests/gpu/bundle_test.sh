@@ -4,16 +4,18 @@
 # library it carries, Open MPI's tree and its launcher are hidden, the
 # bundle's loom trains on the CPU backend, alone and as two pipeline ranks
 # under the bundle's mpirun, and its GPU programs load (they skip, with no
-# GPU). Skips (77) where loom was built without CUDA or namespaces are refused.
-#   tests/gpu/bundle_test.sh WORKDIR
+# GPU). It bundles the build under test (BUILD), never another. Skips (77)
+# where that build has no CUDA backend, nvcc is missing, or namespaces are refused.
+#   tests/gpu/bundle_test.sh WORKDIR BUILD
 set -u
-work=$1
+work=$1 build=$(cd "$2" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 fail() { echo "FAIL: $*"; exit 1; }
-grep -q '^LOOM_CUDA:BOOL=ON' "$root/build/CMakeCache.txt" || { echo "skip: no CUDA build"; exit 77; }
+grep -q '^LOOM_CUDA:BOOL=ON' "$build/CMakeCache.txt" || { echo "skip: $build has no CUDA backend"; exit 77; }
+command -v nvcc > /dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ] || { echo "skip: no nvcc to build the bundle's GPU programs"; exit 77; }
 unshare -m true 2> /dev/null || { echo "skip: no mount namespaces here"; exit 77; }
 rm -rf "$work" && mkdir -p "$work"
-LOOM_BUNDLE_XZ_LEVEL=0 "$root/tests/gpu/bundle.sh" "$work" > "$work/bundle.txt" 2>&1 || fail "bundle: $(cat "$work/bundle.txt")"
+LOOM_BUILD=$build LOOM_BUNDLE_XZ_LEVEL=0 "$root/tests/gpu/bundle.sh" "$work" > "$work/bundle.txt" 2>&1 || fail "bundle: $(cat "$work/bundle.txt")"
 cat "$work/bundle.txt"
 clean=$(mktemp -d)
 trap 'rm -rf "$clean"' EXIT
