@@ -407,6 +407,33 @@ static void ref_pick_targets(const loom_ops *be, float *picked, const float *log
   }
 }
 
+/* The reference's own loops, in double, apart from the host helpers the CPU backend uses (ops_common.c), so
+ * op_parity compares two computations, not one with itself. */
+static void ref_crossentropy_losses(const loom_ops *be, float *losses, const float *lse, const float *picked,
+                                    const int *targets, int N) {
+  (void)be;
+  for (int i = 0; i < N; i++) losses[i] = targets[i] < 0 ? 0.0f : (float)((double)lse[i] - (double)picked[i]);
+}
+
+static void ref_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
+  (void)be;
+  for (size_t i = 0; i < n; i++) x[i] = (float)exp((double)x[i] - (double)shift[i]);
+}
+
+static void ref_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n) {
+  (void)be;
+  for (size_t i = 0; i < n; i++) x[i] = (float)((double)shift[i] + log((double)x[i]));
+}
+
+static void ref_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out) {
+  (void)be;
+  for (int i = 0; i < count; i++) {
+    double s = 0.0;
+    for (size_t j = 0; j < n[i]; j++) s += (double)x[i][j] * (double)x[i][j];
+    out[i] = s;
+  }
+}
+
 static void ref_crossentropy_backward(const loom_ops *be, float *dlogits, const float *logits, const float *lse, const int *targets,
                                       int vocab_start, float dloss, int N, int V, int width) {
   for (int n = 0; n < N; n++) {
@@ -598,14 +625,14 @@ static const loom_ops REF_OPS = {
     .logsumexp = ref_logsumexp,
     .pick_targets = ref_pick_targets,
     .crossentropy_backward = ref_crossentropy_backward,
-    .crossentropy_losses = loom_host_crossentropy_losses,
-    .exp_shifted = loom_host_exp_shifted,
-    .log_shifted = loom_host_log_shifted,
+    .crossentropy_losses = ref_crossentropy_losses,
+    .exp_shifted = ref_exp_shifted,
+    .log_shifted = ref_log_shifted,
     .argmax = ref_argmax,
     .add = ref_add,
     .accumulate = ref_accumulate,
     .sumsq = ref_sumsq,
-    .sumsq_batch = loom_host_sumsq_batch,
+    .sumsq_batch = ref_sumsq_batch,
     .gemm = ref_gemm,
     .orthonormalize = loom_host_orthonormalize,
     .sign_pack = ref_sign_pack,
