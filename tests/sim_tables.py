@@ -6,7 +6,10 @@ its settings in `#!` lines:
 
   #! cluster: NAME        the built-in cluster profile the runs are predicted on
   #! role: fit|validation fit: the profile's constants marked "fitted" were fitted on this table, once
-  #! bounds: MEAN ROW     the largest mean absolute error and the largest error of any row (what CI holds)
+  #! bounds: MEAN ROW     the largest mean absolute error and the largest error of any row (what CI holds):
+                          a regression guard, set from an argument the table's header states (its errors
+                          when admitted, rounded up), and moved only in a change of its own that says why,
+                          never in the change that moves the errors
   #! target: MEAN ROW     where a table is not yet within the bounds the model aims at: those (reported, not held)
   #! flops: FORMULA       loom sim --flops, for tables that publish TFLOP/s and not tokens/s
   #! flags: ...           loom sim flags for every row
