@@ -715,7 +715,8 @@ START_TEST(sim_and_search_refuse_bad_input) {
               "loom plan search: --gpus must be in [1, 1048576], got 0");
   /* A model too big for any layout of one GPU: a clear refusal, not an empty table. */
   expect_fail_with(run("plan", "search", "--model", "gpt-175b", "--gpus", "1", "--cluster", "a100-80gb", "--global-batch", "8", NULL),
-                   1, "no layout fits; add GPUs or use a smaller model");
+                   1, "no layout fits: the leanest layout of every grid of 1 GPUs needs at least 2615.1 GiB of the device's "
+                   "80.0 GiB; add GPUs, or use a smaller model, batch or sequence");
 }
 END_TEST
 
@@ -1311,6 +1312,17 @@ START_TEST(hf_directories_mean_one_thing) {
            "embeddings, attention and residuals with one probability; make them equal, or remove them and train with "
            "--dropout", bad);
   refusal_row(&t, run("train", "--init-from", bad, "--steps", "1", NULL), 2, line);
+  /* A MoE config's load-balancing loss as transformers trains it: only with output_router_logits. */
+  char moe[512];
+  snprintf(moe, sizeof moe, "%s", tu_tmp_path("hf_moe"));
+  ck_assert_int_eq(run("ckpt", "export", "--model", "moe-tiny", "--layers", "1", "--format", "hf", "-o", moe, NULL)->code, 0);
+  r = run("train", "--init-from", moe, "--print-plan", NULL);
+  tu_row(&t, r->code == 0 && strstr(r->out, "aux_loss_coeff: 0.01"), "the exported aux loss read back: '%s'", r->err);
+  snprintf(bad, sizeof bad, "%s", tu_tmp_path("hf_moe_no_logits"));
+  copy_edited(moe, bad, "model.safetensors", NULL, NULL);
+  copy_edited(moe, bad, "config.json", "\"output_router_logits\": true", "\"output_router_logits\": false");
+  r = run("train", "--init-from", bad, "--print-plan", NULL);
+  tu_row(&t, r->code == 0 && !strstr(r->out, "aux_loss_coeff: 0.01"), "output_router_logits false trains without the aux loss");
   /* An export replaces the whole previous one: no shard of the sharded export survives an unsharded one over it. */
   r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--format", "hf", "-o", sharded, "--force", NULL);
   ck_assert_msg(r->code == 0, "%s", r->err);

@@ -328,14 +328,18 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
   return LOOM_OK;
 }
 
-/* A MoE family's router_aux_loss_coef (absent: transformers' 0.001) and output_router_logits. */
+/* A MoE family's load-balancing loss as transformers trains it: its
+ * coefficient router_aux_loss_coef (absent: transformers' 0.001), added to
+ * the loss only where output_router_logits is true (absent: false), so
+ * without it the coefficient loom trains with is 0. */
 static loom_status read_router_fields(const config_reader *c, loom_moe_config *e) {
   const loom_json *aux = loom_json_get(c->root, "router_aux_loss_coef");
   if (aux && !(aux->kind == LOOM_JSON_NUMBER && aux->number >= 0.0 && isfinite(aux->number)))
     return bad_field(c, "router_aux_loss_coef", "must be a finite number of at least 0");
-  e->aux_loss_coeff = aux ? (float)aux->number : 0.001f;
   bool logits = false;
-  return bool_field(c, "output_router_logits", false, &logits);
+  const loom_status st = bool_field(c, "output_router_logits", false, &logits);
+  e->aux_loss_coeff = !logits ? 0.0f : aux ? (float)aux->number : 0.001f;
+  return st;
 }
 
 /* Mixtral's: no biases (its config has no field for them), its experts of
@@ -539,14 +543,14 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
     snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n"
              "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
              "  \"shared_expert_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
-             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": false,\n", c->layers,
+             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n", c->layers,
              c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c), c->moe.shared_ffn, c->moe.pre_softmax ? "false" : "true",
-             dense, (double)c->moe.aux_loss_coeff);
+             dense, (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
   else if (family == MIXTRAL)
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n  \"router_aux_loss_coef\": %.7g,\n  \"router_jitter_noise\": 0.0,\n"
-             "  \"output_router_logits\": false,\n", loom_gpt_head_dim(c), c->moe.experts, c->moe.topk,
-             (double)c->moe.aux_loss_coeff);
+             "  \"output_router_logits\": %s,\n", loom_gpt_head_dim(c), c->moe.experts, c->moe.topk,
+             (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false"); /* transformers adds the loss only then */
   else if (family == QWEN2)
     snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n",
              c->layers);
