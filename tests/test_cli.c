@@ -1225,6 +1225,14 @@ START_TEST(hostile_round_3) {
            "overwrite what the run reads)", b);
   refusal_row(&t, run("train", "--steps", "1", "--init-from", b, "--metrics", b, "--force", NULL), 2, line);
   tu_row(&t, access(a, F_OK) != 0, "a refused run wrote %s", a);
+  /* The tools' outputs against their inputs: an export over the checkpoint it reads, a reshard onto its source. */
+  snprintf(a, sizeof a, "%s", tu_tmp_path("tool_ck"));
+  ck_assert_int_eq(run("train", "--steps", "1", "--eval-every", "0", "--ckpt", a, NULL)->code, 0);
+  snprintf(line, sizeof line, "loom ckpt export: the checkpoint and -o both name %s: one path, one use (an output would "
+           "overwrite what the run reads)", a);
+  refusal_row(&t, run("ckpt", "export", a, "--format", "hf", "-o", a, "--force", NULL), 2, line);
+  snprintf(b, sizeof b, "%s/latest", a);
+  tu_row(&t, access(b, F_OK) == 0, "the refused export left the checkpoint in place");
   /* The checkpoint directory is held for the run's life: a second run is refused, told who holds it. */
   snprintf(a, sizeof a, "%s", tu_tmp_path("held"));
   ck_assert_int_eq(mkdir(a, 0755), 0);

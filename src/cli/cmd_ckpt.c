@@ -13,6 +13,7 @@
 #include "cli/model_flags.h"
 #include "cli/train_flags.h"
 #include "core/log.h"
+#include "core/write_file.h"
 #include "cli/plan_flags.h"
 #include "plan/plan.h"
 
@@ -84,6 +85,9 @@ static int reshard(int argc, char **argv) {
   else if (plan) st = layout_from_plan(plan, &tp, &pp, &dp, &vpp, &zero, counts, &ncounts, &model, &err);
   else if (split && (ncounts = loom_plan_flags_parse_split(split, counts, LOOM_PLAN_MAX_STAGES)) < 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt reshard: --layer-split %s: expected layer counts like 3,4,4,3", split);
+  const loom_path_use uses[] = {{"the checkpoint", npos == 1 ? pos[0] : NULL, LOOM_PATH_INPUT}, {"-o", out, LOOM_PATH_OUTPUT},
+                                {"--plan", plan, LOOM_PATH_INPUT}};
+  if (st == LOOM_OK) st = loom_paths_distinct("loom ckpt reshard", uses, 3, &err);
   char model_from[4200] = "";
   if (plan) snprintf(model_from, sizeof model_from, "the plan %s", plan);
   if (st == LOOM_OK)
@@ -153,6 +157,10 @@ static int export_cmd(int argc, char **argv) {
                                   table, n, argc, argv, pos, 1, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!x.format || !x.out) st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: %s is required", x.format ? "-o OUT" : "--format");
+  const loom_path_use uses[] = {{"the checkpoint", npos == 1 ? pos[0] : NULL, LOOM_PATH_INPUT},
+                                {"--init-from", mf.init_from, LOOM_PATH_INPUT}, {"--tokenizer", x.tokenizer, LOOM_PATH_INPUT},
+                                {"-o", x.out, LOOM_PATH_REPLACED}};
+  if (st == LOOM_OK) st = loom_paths_distinct("loom ckpt export", uses, 4, &err);
   const int64_t shard_bytes = x.max_shard ? loom_cli_parse_bytes(x.max_shard) : 0;
   if (st == LOOM_OK && shard_bytes < 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom ckpt export: --max-shard-size " LOOM_QUOTE_FMT " is not a size like 5GB or 500MB",
