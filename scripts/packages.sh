@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages named on the command line that are missing,
 # printing one line; apt's and dpkg's own output goes to the log named by
-# LOOM_SETUP_LOG (default: a file in $TMPDIR), shown only on failure.
+# LOOM_SETUP_LOG (default: build/packages.log, never $TMPDIR, which the test
+# suite leaves as it found it), shown only on failure.
 # Usage: scripts/packages.sh PACKAGE...
 set -eu
 missing=""
@@ -11,7 +12,9 @@ for p in "$@"; do
   fi
 done
 [ -n "$missing" ] || exit 0
-log=${LOOM_SETUP_LOG:-${TMPDIR:-/tmp}/loom-packages.log}
+root=$(cd "$(dirname "$0")/.." && pwd)
+[ -n "${LOOM_SETUP_LOG:-}" ] || mkdir -p "$root/build"
+log=${LOOM_SETUP_LOG:-$root/build/packages.log}
 echo "packages: installing$missing (log: $log)"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
