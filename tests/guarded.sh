@@ -52,7 +52,15 @@ same() {
   fi
 }
 
-layout() { # layout NAME RANKS FLAGS...: trained on both, with checkpoints and an export
+layout() { # layout NAME RANKS FLAGS...: trained on both, with checkpoints and an export (the quick tier's part)
+  part quick || return 0
+  layout_on "$@"
+}
+layout_more() { # the same, a second configuration of what a quick layout covers: the full tier's part (guarded_more)
+  part more || return 0
+  layout_on "$@"
+}
+layout_on() {
   name=$1 ranks=$2
   shift 2
   suffix="" # a Mixture of Experts saves a safetensors file
@@ -64,28 +72,28 @@ layout() { # layout NAME RANKS FLAGS...: trained on both, with checkpoints and a
 }
 
 layout serial 1
-layout tp2 2 --tp 2
+layout_more tp2 2 --tp 2
 layout tp2_sp 2 --tp 2 --sequence-parallel
-layout pp2 2 --pp 2
+layout_more pp2 2 --pp 2
 layout pp2_interleaved 2 --pp 2 --vpp 2 --schedule interleaved
-layout dp2 2 --dp 2
+layout_more dp2 2 --dp 2
 layout dp2_zero1 2 --dp 2 --zero 1
-layout dp2_zero2 2 --dp 2 --zero 2
+layout_more dp2_zero2 2 --dp 2 --zero 2
 layout pp2_dp2_zero3_recompute 4 --pp 2 --dp 2 --zero 3 --recompute full
 layout bf16_dp2_zero3 2 --dp 2 --zero 3 --precision bf16
 layout dp2_powersgd 2 --dp 2 --grad-compression powersgd:2
-layout dp2_sign 2 --dp 2 --grad-compression sign
-layout bf16_dp2_zero1_powersgd 2 --dp 2 --zero 1 --precision bf16 --grad-compression powersgd:2
+layout_more dp2_sign 2 --dp 2 --grad-compression sign
+layout_more bf16_dp2_zero1_powersgd 2 --dp 2 --zero 1 --precision bf16 --grad-compression powersgd:2
 layout tp2_dp2_zero1_recompute 4 --tp 2 --dp 2 --zero 1 --recompute full
-layout tp2_pp2_dropout 4 --tp 2 --pp 2 --dropout 0.1
+layout_more tp2_pp2_dropout 4 --tp 2 --pp 2 --dropout 0.1
 layout bf16_tp2_sp 2 --tp 2 --sequence-parallel --precision bf16
-layout bf16_pp2_dp2_zero1 4 --pp 2 --dp 2 --zero 1 --precision bf16
-layout bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
+layout_more bf16_pp2_dp2_zero1 4 --pp 2 --dp 2 --zero 1 --precision bf16
+layout_more bf16_recompute 1 --recompute full --precision bf16 --dropout 0.1
 # The Llama family (saved as Hugging Face directories): grouped-query
 # attention under SP, and one key/value head replicated over tp 2 in bf16.
 LLAMA="--norm rmsnorm --mlp swiglu --position rope --no-bias --untied"
 layout llama_tp2_sp_dp2_zero3 4 --tp 2 --sequence-parallel --dp 2 --zero 3 --kv-heads 2 $LLAMA
-layout bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 --recompute full $LLAMA
+layout_more bf16_mqa_tp2_pp2_recompute 4 --tp 2 --pp 2 --kv-heads 1 --precision bf16 --recompute full $LLAMA
 # Mixtures of Experts (saved as safetensors): over tp 2 (SP) x dp 2 each expert split over the tp group (etp 2)
 # and ep 2 over dp under ZeRO-1, its rows gathered over tp; and in bf16 ep 2 over dp 2 with a capacity factor,
 # its tokens crossing the EP group in all-to-alls.
@@ -94,6 +102,7 @@ layout moe_etp2_ep2_tp2_sp_dp2_zero1 4 --tp 2 --sequence-parallel --dp 2 --ep 2 
 layout bf16_moe_ep2_dp2_capacity 2 --dp 2 --ep 2 --precision bf16 --moe-expert-capacity-factor 1 $MOE
 
 # Resume a guarded checkpoint (tp 2, dp 2, ZeRO-1) onto pp 2: the same numbers as on the CPU.
+part quick || { echo "ok: the guarded backend equals the CPU's over the full tier's layouts"; exit 0; }
 for dev in cpu guarded; do
   cp -r "$WORK/tp2_dp2_zero1_recompute.$dev.ckpt" "$WORK/resumed.$dev.ckpt"
   run resumed 2 "$dev" 6 --pp 2 --ckpt "$WORK/resumed.$dev.ckpt" --resume --save "$WORK/resumed.$dev.model"

@@ -33,3 +33,10 @@ skip() {
   echo "SKIP: $*"
   exit 77
 }
+
+# part quick|more: whether this run holds that part of a test split across
+# tiers (tests/CMakeLists.txt registers it twice: LOOM_TEST_PART=quick in the
+# quick tier, =more, the rest, in the full tier); unset, it holds both.
+part() {
+  [ "${LOOM_TEST_PART:-all}" = all ] || [ "$LOOM_TEST_PART" = "$1" ]
+}

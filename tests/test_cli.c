@@ -1354,21 +1354,24 @@ int main(int argc, char **argv) {
     return 2;
   }
   g_loom = argv[1];
+  /* Two cases, which ctest runs side by side (CK_RUN_CASE): refusals, and commands working together. */
   Suite *s = suite_create("cli");
-  TCase *tc = tcase_create("cli");
-  tcase_set_timeout(tc, 300);
-  tcase_add_test(tc, bad_flags);
-  tcase_add_test(tc, hostile_round_3);
-  tcase_add_test(tc, hf_directories_mean_one_thing);
-  tcase_add_test(tc, outputs_are_checked_before_the_work);
-  tcase_add_test(tc, meaningful_nonsense_is_refused);
-  tcase_add_test(tc, subcommands_work_together);
-  tcase_add_test(tc, train_runs_the_plan_plan_new_writes);
-  tcase_add_test(tc, one_rule_in_every_command);
-  tcase_add_test(tc, hf_directories_refuse_bad_input);
-  tcase_add_test(tc, megatron_flag_names);
-  tcase_add_test(tc, wsd_flags_and_resume);
-  tcase_add_test(tc, sim_and_search_refuse_bad_input);
-  suite_add_tcase(s, tc);
+  TCase *refusals = tcase_create("refusals"), *commands = tcase_create("commands");
+  tcase_set_timeout(refusals, 300);
+  tcase_set_timeout(commands, 300);
+  tcase_add_test(refusals, bad_flags);
+  tcase_add_test(refusals, outputs_are_checked_before_the_work);
+  tcase_add_test(refusals, meaningful_nonsense_is_refused);
+  tcase_add_test(refusals, sim_and_search_refuse_bad_input);
+  tcase_add_test(commands, hostile_round_3);
+  tcase_add_test(commands, hf_directories_mean_one_thing);
+  tcase_add_test(commands, subcommands_work_together);
+  tcase_add_test(commands, train_runs_the_plan_plan_new_writes);
+  tcase_add_test(commands, one_rule_in_every_command);
+  tcase_add_test(commands, hf_directories_refuse_bad_input);
+  tcase_add_test(commands, megatron_flag_names);
+  tcase_add_test(commands, wsd_flags_and_resume);
+  suite_add_tcase(s, refusals);
+  suite_add_tcase(s, commands);
   return tu_run(s);
 }
