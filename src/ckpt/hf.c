@@ -138,28 +138,36 @@ static loom_status float_field(const config_reader *c, const char *key, double f
  * both residual branches), and must agree; `partial` are fields that drop at
  * only some of those sites, which loom cannot match unless they are 0.
  * Absent fields are 0. */
+/* A dropout field's probability in [0, 1), or refused; absent: *p = -1. */
+static loom_status dropout_value(const config_reader *c, const char *key, double *p) {
+  const loom_json *v = loom_json_get(c->root, key);
+  *p = v && v->kind == LOOM_JSON_NUMBER ? v->number : -1.0;
+  if (v && !(*p >= 0.0 && *p < 1.0))
+    return bad_field(c, key, "must be a dropout probability in [0, 1) (loom trains with --dropout)");
+  return LOOM_OK;
+}
+
 static loom_status dropout_fields(const config_reader *c, const char *const *keys, const char *const *partial,
                                   float *dropout) {
   *dropout = 0.0f;
   const char *first = NULL;
+  double p;
   for (int i = 0; keys[i]; i++) {
-    const loom_json *v = loom_json_get(c->root, keys[i]);
-    if (!v) continue;
-    if (!(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
-      return bad_field(c, keys[i], "must be a dropout probability in [0, 1) (loom trains with --dropout)");
-    if (first && (float)v->number != *dropout) {
+    const loom_status st = dropout_value(c, keys[i], &p);
+    if (st != LOOM_OK) return st;
+    if (p < 0.0) continue;
+    if (first && (float)p != *dropout) {
       char why[240];
       snprintf(why, sizeof why, "is %g where \"%s\" is %g: loom drops embeddings, attention and residuals with one "
-               "probability; make them equal, or remove them and train with --dropout", v->number, first, (double)*dropout);
+               "probability; make them equal, or remove them and train with --dropout", p, first, (double)*dropout);
       return bad_field(c, keys[i], why);
     }
-    first = keys[i], *dropout = (float)v->number;
+    first = keys[i], *dropout = (float)p;
   }
   for (int i = 0; partial && partial[i]; i++) {
-    const loom_json *v = loom_json_get(c->root, partial[i]);
-    if (v && !(v->kind == LOOM_JSON_NUMBER && v->number >= 0.0 && v->number < 1.0))
-      return bad_field(c, partial[i], "must be a dropout probability in [0, 1) (loom trains with --dropout)");
-    if (v && v->number != 0.0)
+    const loom_status st = dropout_value(c, partial[i], &p);
+    if (st != LOOM_OK) return st;
+    if (p > 0.0)
       return bad_field(c, partial[i], "must be 0: it drops attention probabilities alone, and loom's dropout also drops "
                        "the embeddings and residual branches; remove it and train with --dropout");
   }

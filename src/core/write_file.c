@@ -124,26 +124,29 @@ static bool path_within(const char *a, const char *b) {
 }
 
 loom_status loom_paths_distinct(const char *cmd, const loom_path_use *uses, int n, loom_error *err) {
-  char a[8192], b[8192];
+  /* Each path canonical once; "" for one not given, or a device such as /dev/null, which takes any number of outputs. */
+  char (*canon)[4096] = calloc((size_t)n + 1, sizeof *canon);
+  if (!canon) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory checking its paths", cmd);
   struct stat sb;
-  for (int i = 0; i < n; i++) {
-    /* /dev/null and the like take any number of outputs (loom_output_check). */
-    if (!uses[i].path || !*uses[i].path || (stat(uses[i].path, &sb) == 0 && S_ISCHR(sb.st_mode))) continue;
-    canonical_path(uses[i].path, a, sizeof a);
-    for (int j = 0; j < n; j++) {
-      if (j == i || !uses[j].path || !*uses[j].path || (stat(uses[j].path, &sb) == 0 && S_ISCHR(sb.st_mode))) continue;
-      canonical_path(uses[j].path, b, sizeof b);
-      const bool written = uses[i].role != LOOM_PATH_INPUT || uses[j].role != LOOM_PATH_INPUT;
-      if (j > i && written && strcmp(a, b) == 0)
-        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s and %s both name %s: one path, one %s", cmd, uses[i].flag, uses[j].flag,
-                         uses[i].path, uses[i].role == LOOM_PATH_INPUT || uses[j].role == LOOM_PATH_INPUT
-                                           ? "use (an output would overwrite what the run reads)" : "output");
-      if (uses[j].role == LOOM_PATH_REPLACED && strcmp(a, b) != 0 && path_within(a, b))
-        return loom_fail(err, LOOM_ERR_USAGE, "%s: %s %s lies inside %s %s, which is replaced whole when it is written",
-                         cmd, uses[i].flag, uses[i].path, uses[j].flag, uses[j].path);
+  for (int i = 0; i < n; i++)
+    if (uses[i].path && *uses[i].path && !(stat(uses[i].path, &sb) == 0 && S_ISCHR(sb.st_mode)))
+      canonical_path(uses[i].path, canon[i], sizeof canon[i]);
+  loom_status st = LOOM_OK;
+  for (int i = 0; i < n && st == LOOM_OK; i++)
+    for (int j = 0; j < n && st == LOOM_OK && canon[i][0]; j++) {
+      if (j == i || !canon[j][0]) continue;
+      const bool same = strcmp(canon[i], canon[j]) == 0;
+      const bool read_only = uses[i].role == LOOM_PATH_INPUT && uses[j].role == LOOM_PATH_INPUT;
+      if (j > i && same && !read_only)
+        st = loom_fail(err, LOOM_ERR_USAGE, "%s: %s and %s both name %s: one path, one %s", cmd, uses[i].flag, uses[j].flag,
+                       uses[i].path, uses[i].role == LOOM_PATH_INPUT || uses[j].role == LOOM_PATH_INPUT
+                                         ? "use (an output would overwrite what the run reads)" : "output");
+      else if (uses[j].role == LOOM_PATH_REPLACED && !same && path_within(canon[i], canon[j]))
+        st = loom_fail(err, LOOM_ERR_USAGE, "%s: %s %s lies inside %s %s, which is replaced whole when it is written",
+                       cmd, uses[i].flag, uses[i].path, uses[j].flag, uses[j].path);
     }
-  }
-  return LOOM_OK;
+  free(canon);
+  return st;
 }
 
 loom_status loom_output_check(const char *flag, const char *path, bool is_dir, bool force, loom_error *err) {

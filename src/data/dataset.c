@@ -22,15 +22,11 @@ int64_t loom_dataset_batch(loom_dataset *ds, loom_split split, int64_t first_sam
 }
 
 int64_t loom_dataset_count_targets(loom_dataset *ds, loom_split split, int64_t first, int count, int T) {
-  int *window = loom_xmalloc((size_t)(T + 1) * sizeof(int), "data window");
-  unsigned char *scored = loom_xmalloc((size_t)(T + 1), "data window mask");
-  int64_t counted = 0;
-  for (int b = 0; b < count; b++) {
-    ds->window(ds, split, first + b, T, window, scored);
-    for (int t = 1; t <= T; t++) counted += scored[t];
-  }
-  free(window);
-  free(scored);
+  int *tokens = loom_xmalloc((size_t)T * (size_t)count * sizeof(int), "data batch");
+  int *targets = loom_xmalloc((size_t)T * (size_t)count * sizeof(int), "data batch targets");
+  const int64_t counted = loom_dataset_batch(ds, split, first, T, count, tokens, targets);
+  free(tokens);
+  free(targets);
   return counted;
 }
 
