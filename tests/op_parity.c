@@ -20,7 +20,7 @@ typedef struct {
 static uint64_t g_stream = 1;
 
 static mirror make(const op_backend *b, size_t n, float lo, float hi) {
-  mirror m = {b, malloc((n + 1) * sizeof(float)), b->ops->mem->zalloc(b->ops->mem, (n + SENTINELS) * sizeof(float)), n};
+  mirror m = {b, malloc((n + 1) * sizeof(float)), b->ops->mem->zalloc(b->ops->mem, (n + SENTINELS) * sizeof(float), "test"), n};
   tu_fill(m.host, n, g_stream++, lo, hi);
   float *staged = malloc((n + SENTINELS) * sizeof(float));
   memcpy(staged, m.host, n * sizeof(float));
@@ -40,7 +40,7 @@ static void drop_all(mirror **all, size_t n) {
 }
 
 static int *make_ints(const op_backend *b, const int *host, size_t n) {
-  int *d = b->ops->mem->zalloc(b->ops->mem, n * sizeof(int));
+  int *d = b->ops->mem->zalloc(b->ops->mem, n * sizeof(int), "test");
   b->ops->mem->from_host(b->ops->mem, d, host, n * sizeof(int));
   return d;
 }
@@ -270,7 +270,7 @@ static void sign_compression(const op_backend *b, op_report *r) {
   x.host[7] = 0.0f;
   op->mem->from_host(op->mem, x.dev, x.host, n * sizeof(float));
   uint32_t *want = malloc(words * sizeof *want), *got = malloc(words * sizeof *got);
-  uint32_t *dev = op->mem->zalloc(op->mem, words * sizeof *dev);
+  uint32_t *dev = op->mem->zalloc(op->mem, words * sizeof *dev, "test");
   ref->sign_pack(ref, want, x.host, n);
   op->sign_pack(op, dev, x.dev, n);
   op->mem->to_host(op->mem, got, dev, words * sizeof *got);
@@ -471,7 +471,7 @@ static void embedding(const op_backend *b, op_report *r) {
   /* From a bf16 table: the same lookup of the bf16 values, exactly. */
   uint16_t *bits = malloc((size_t)rows * C * sizeof *bits);
   ref->to_bf16(ref, bits, wte.host, (size_t)rows * C);
-  uint16_t *dbits = op->mem->zalloc(op->mem, (size_t)rows * C * sizeof *bits);
+  uint16_t *dbits = op->mem->zalloc(op->mem, (size_t)rows * C * sizeof *bits, "test");
   op->mem->from_host(op->mem, dbits, bits, (size_t)rows * C * sizeof *bits);
   ref->embedding_forward_bf16(ref, out.host, tokens, bits, vocab_start, rows, T, B, C);
   op->embedding_forward_bf16(op, out.dev, dtok, dbits, vocab_start, rows, T, B, C);
@@ -539,7 +539,7 @@ static void bf16(const op_backend *b, op_report *r) {
   mirror inp = make(b, ni, -3, 3), w = make(b, nw, -1, 1), bias = make(b, OC, -1, 1), out = make(b, (size_t)N * OC, 0, 0),
          back = make(b, ni, 0, 0);
   uint16_t *want = malloc((ni + nw) * sizeof(uint16_t)), *got = malloc((ni + nw) * sizeof(uint16_t));
-  uint16_t *d16 = b->ops->mem->zalloc(b->ops->mem, (ni + nw) * sizeof(uint16_t));
+  uint16_t *d16 = b->ops->mem->zalloc(b->ops->mem, (ni + nw) * sizeof(uint16_t), "test");
   ref->to_bf16(ref, want, inp.host, ni);
   ref->to_bf16(ref, want + ni, w.host, nw);
   op->to_bf16(op, d16, inp.dev, ni);
@@ -574,7 +574,7 @@ static void bf16(const op_backend *b, op_report *r) {
   expect(r, "matmul_backward_bf16 dweight", &dw, b->fp32_nmse);
   expect(r, "matmul_backward_bf16 dbias", &db, b->fp32_nmse);
   /* From bits: dout's and inp's (the bias grad sums dout's bits). */
-  uint16_t *dy16 = malloc(dout.n * sizeof(uint16_t)), *ddy16 = b->ops->mem->zalloc(b->ops->mem, dout.n * sizeof(uint16_t));
+  uint16_t *dy16 = malloc(dout.n * sizeof(uint16_t)), *ddy16 = b->ops->mem->zalloc(b->ops->mem, dout.n * sizeof(uint16_t), "test");
   ref->to_bf16(ref, dy16, dout.host, dout.n);
   op->to_bf16(op, ddy16, dout.dev, dout.n);
   ref->matmul_backward_bf16(ref, dinp.host, dw.host, db.host, loom_bf16_bits(dy16), loom_bf16_bits(want), want + ni, N, C,
@@ -601,7 +601,7 @@ static void adamw(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 20001;
   mirror p = make(b, n, -1, 1), g = make(b, n, -1, 1), m = make(b, n, -0.1f, 0.1f), v = make(b, n, 0, 0.01f);
-  uint16_t *want16 = malloc(n * sizeof(uint16_t)), *dev16 = op->mem->zalloc(op->mem, n * sizeof(uint16_t));
+  uint16_t *want16 = malloc(n * sizeof(uint16_t)), *dev16 = op->mem->zalloc(op->mem, n * sizeof(uint16_t), "test");
   for (int step = 1; step <= 3; step++) {
     /* Step 2 clips: its grads count at 0.3 of their value, inside the update. */
     const loom_adamw_args a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
@@ -643,7 +643,7 @@ static void empty_shapes(const op_backend *b, op_report *r) {
   mirror none = make(b, 0, 0, 0), w = make(b, (size_t)OC * C, -1, 1), dw = make(b, (size_t)OC * C, -1, 1),
          vec = make(b, OC, -1, 1), dvec = make(b, OC, -1, 1), wte = make(b, (size_t)V * C, -1, 1);
   int *dtok = make_ints(b, (const int[]){0}, 1);
-  uint16_t *w16 = op->mem->zalloc(op->mem, (size_t)OC * C * sizeof(uint16_t));
+  uint16_t *w16 = op->mem->zalloc(op->mem, (size_t)OC * C * sizeof(uint16_t), "test");
   uint16_t *h16 = calloc((size_t)OC * C, sizeof(uint16_t));
   const loom_dropout d = {.p = 0.3f, .seed = 7, .stream = 99, .seq_total = 4};
   const loom_attn_shape shape = {.T = 0, .B = 2, .heads = 2, .kv_heads = 1, .head_dim = 4, .total_heads = 2};

@@ -280,10 +280,10 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("ckpt", "export", "ck", "--layers", "3", "--format", "llmc", "-o", "m.bin", NULL), 2,
               "loom ckpt export: --layers cannot be combined with a checkpoint, which fixes the model");
   refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-shared-expert-intermediate-size", "64", "--qkv-bias",
-                      "--format", "hf", "-o", "moe_hf", NULL), 2,
+                      "--format", "hf", "-o", tu_tmp_path("moe_hf"), NULL), 2,
               "loom: -o: this Mixture of Experts has no Hugging Face class (Qwen2MoeForCausalLM): its shared expert has no "
               "gate, which Qwen2-MoE's has (--moe-shared-expert-gate); save it as a loom checkpoint or a safetensors file");
-  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-router-pre-softmax", "--format", "hf", "-o", "moe_hf", NULL),
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-router-pre-softmax", "--format", "hf", "-o", tu_tmp_path("moe_hf"), NULL),
               2, "loom: -o: this Mixture of Experts has no Hugging Face class (MixtralForCausalLM): its router is not Mixtral's (a "
               "softmax over every expert, its top-k renormalised); save it as a loom checkpoint or a safetensors file");
   refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--format", "llmc", "-o", "moe.bin", NULL), 2,

@@ -662,7 +662,7 @@ START_TEST(guarded_memory_faults_on_host_access) {
   if (child == 0) {
     dup2(err[1], STDERR_FILENO);
     const loom_allocator *mem = loom_ops_guarded()->mem;
-    volatile float *x = mem->zalloc(mem, 16 * sizeof(float));
+    volatile float *x = mem->zalloc(mem, 16 * sizeof(float), "test");
     x[3] = 1.0f; /* the stray access */
     _exit(0);
   }

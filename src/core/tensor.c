@@ -46,7 +46,7 @@ loom_tensor loom_tensor_spec(const char *name, loom_dtype dtype, int ndim, const
 enum { HOST_HEADER = 16 };
 static _Atomic size_t g_host_in_use, g_host_peak;
 
-static void *host_zalloc(const loom_allocator *mem, size_t bytes) {
+static void *host_zalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   if (bytes > SIZE_MAX - HOST_HEADER) return NULL;
   char *block = calloc(bytes + HOST_HEADER, 1);
   if (!block) return NULL;
@@ -118,13 +118,13 @@ const loom_allocator loom_host_memory = {.name = "host",
 const loom_allocator *loom_allocator_host(void) { return &loom_host_memory; }
 
 void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
-  void *p = mem->zalloc(mem, bytes);
+  void *p = mem->zalloc(mem, bytes, what);
   LOOM_CHECK(p, what);
   return p;
 }
 
 static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem, bool storage,
-                         size_t multiple) {
+                         size_t multiple, const char *what) {
   memset(buf, 0, sizeof *buf);
   if (count <= 0) return LOOM_OK;
   buf->dtype = specs[0].dtype;
@@ -138,7 +138,7 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
   buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
   const size_t capacity = (total + multiple - 1) / multiple * multiple;
-  buf->base = storage ? buf->alloc->zalloc(buf->alloc, (capacity ? capacity : 1) * esize) : NULL;
+  buf->base = storage ? buf->alloc->zalloc(buf->alloc, (capacity ? capacity : 1) * esize, what) : NULL;
   if (!buf->views || (storage && !buf->base)) {
     free(buf->views);
     if (buf->base) buf->alloc->release(buf->alloc, buf->base);
@@ -158,18 +158,19 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
   return LOOM_OK;
 }
 
-loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
-  return place(buf, specs, count, mem, true, 1);
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
+                             const char *what) {
+  return place(buf, specs, count, mem, true, 1, what);
 }
 
 loom_status loom_buffer_init_padded(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
-                                    size_t multiple) {
+                                    size_t multiple, const char *what) {
   LOOM_CHECK(multiple >= 1, "pad to a positive multiple");
-  return place(buf, specs, count, mem, true, multiple);
+  return place(buf, specs, count, mem, true, multiple, what);
 }
 
 loom_status loom_buffer_layout(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem) {
-  return place(buf, specs, count, mem, false, 1);
+  return place(buf, specs, count, mem, false, 1, NULL);
 }
 
 void loom_buffer_free(loom_buffer *buf) {

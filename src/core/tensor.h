@@ -65,7 +65,8 @@ typedef struct loom_allocator {
    * orders its copies), NULL where there is none. Every function below
    * receives its allocator as `mem`. */
   void *state;
-  void *(*zalloc)(const struct loom_allocator *mem, size_t bytes); /* zero-filled, NULL on failure */
+  /* zero-filled, NULL on failure; `what` names the buffer (a recording allocator keeps it) */
+  void *(*zalloc)(const struct loom_allocator *mem, size_t bytes, const char *what);
   void (*release)(const struct loom_allocator *mem, void *p);
   void (*copy)(const struct loom_allocator *mem, void *dst, const void *src, size_t bytes);
   /* rows of `width` bytes, dst_pitch / src_pitch bytes apart (cudaMemcpy2D) */
@@ -104,13 +105,14 @@ typedef struct {
   loom_tensor *views; /* views[i].data points into base, in spec order */
 } loom_buffer;
 
-/* Places `count` same-dtype specs back to back in one zeroed allocation from `mem`. */
-loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem);
+/* Places `count` same-dtype specs back to back in one zeroed allocation from `mem`, named `what`. */
+loom_status loom_buffer_init(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
+                             const char *what);
 /* The same with the allocation rounded up to a multiple of `multiple`
  * elements, zero past numel: collectives that cut a buffer into equal
  * blocks (ZeRO's reduce-scatter and all-gather) work on it in place. */
 loom_status loom_buffer_init_padded(loom_buffer *buf, const loom_tensor *specs, int count, const loom_allocator *mem,
-                                    size_t multiple);
+                                    size_t multiple, const char *what);
 /* The same layout without storage: base and every view's data are NULL,
  * numel, count, offsets and alloc (the memory the values belong to) are
  * as loom_buffer_init would set them. For state that lives elsewhere in

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
+#include "layers/run_buffers.h"
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/mappings.h"
 #include "tensor_parallel/vocab_parallel.h"
@@ -547,45 +548,46 @@ static void list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_views 
   }
 }
 
-static size_t list_bytes(const act_list *l) {
-  size_t bytes = 0;
-  for (int i = 0; i < l->count; i++) bytes += loom_tensor_bytes(&l->specs[i]);
-  return bytes;
+/* Elements the allocation of a table takes (place, loom_buffer_init): none for an empty table, else at least one. */
+static size_t list_elements(const act_list *l) {
+  size_t n = 0;
+  for (int i = 0; i < l->count; i++) n += loom_tensor_numel(&l->specs[i]);
+  return l->count == 0 ? 0 : n ? n : 1;
 }
 
-size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                 const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states) {
+loom_gpt_activation_sizes loom_gpt_activation_sizes_of(const loom_gpt_config *cfg, int T, int B, int tp,
+                                                        bool sequence_parallel, const loom_stage_range *range,
+                                                        loom_recompute recompute) {
   const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d =
-      with_weight_scratch(dims_of(&c, loom_gpt_local_seq(cfg, T), B, tp, sequence_parallel && tp > 1, &r, recompute), &c, tp);
+  const dims plain = dims_of(&c, loom_gpt_local_seq(cfg, T), B, tp, sequence_parallel && tp > 1, &r, recompute);
+  const dims d = with_weight_scratch(plain, &c, tp);
   act_list l, l16;
   loom_gpt_slot s;
   loom_gpt_work w;
   layer_views v;
   loom_block_packed p;
+  wgrad_views wv;
+  loom_gpt_activation_sizes out = {.tokens = (size_t)d.N};
   list_slot(&l, &l16, &s, &v, &p, &d);
-  const size_t slot_bytes = list_bytes(&l) + list_bytes(&l16);
-  const size_t wstate_bytes = weight_states ? loom_gpt_weight_state_bytes(cfg, T, B, tp, sequence_parallel, range, recompute) : 0;
+  out.slot = list_elements(&l), out.slot16 = list_elements(&l16);
   list_work(&l, &l16, &w, &v, &d);
-  const size_t tokens = 3 * (size_t)d.N * sizeof(int); /* the slot's tokens, targets and predictions */
-  return (slot_bytes + tokens) * (size_t)slots + wstate_bytes * (size_t)weight_states + list_bytes(&l) + list_bytes(&l16);
+  out.work = list_elements(&l), out.work16 = list_elements(&l16);
+  list_wstate(&l, &l16, &wv, &plain); /* as loom_gpt_set_weight_states lists them */
+  out.wstate = list_elements(&l), out.wstate16 = list_elements(&l16);
+  return out;
+}
+
+size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
+                                 const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states) {
+  const loom_gpt_activation_sizes a = loom_gpt_activation_sizes_of(cfg, T, B, tp, sequence_parallel, range, recompute);
+  const size_t slot = 4 * a.slot + 2 * a.slot16 + 3 * sizeof(int) * a.tokens; /* with its tokens, targets and predictions */
+  return slot * (size_t)slots + (4 * a.wstate + 2 * a.wstate16) * (size_t)weight_states + 4 * a.work + 2 * a.work16;
 }
 
 size_t loom_gpt_boundary_floats(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
   const int rows = loom_gpt_local_seq(cfg, T);
   return (size_t)(sequence_parallel && tp > 1 ? rows / tp : rows) * (size_t)B * (size_t)cfg->hidden;
-}
-
-size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, loom_recompute recompute) {
-  const loom_gpt_config c = tp > 1 ? loom_gpt_config_for_tp(cfg, tp) : *cfg;
-  const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const dims d = dims_of(&c, loom_gpt_local_seq(cfg, T), B, tp, sequence_parallel && tp > 1, &r, recompute);
-  act_list l, l16;
-  wgrad_views v;
-  list_wstate(&l, &l16, &v, &d);
-  return list_bytes(&l) + list_bytes(&l16);
 }
 
 /* What the model recomputes, as its shapes take it. */
@@ -594,8 +596,8 @@ static loom_recompute recompute_of(const loom_gpt *m) {
 }
 
 /* Allocates a table and points its slots at the views. */
-static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *backend) {
-  loom_status st = loom_buffer_init(mem, l->specs, l->count, backend);
+static loom_status place(loom_buffer *mem, act_list *l, const loom_allocator *backend, loom_run_buffer name) {
+  loom_status st = loom_buffer_init(mem, l->specs, l->count, backend, loom_run_buffer_name(name));
   if (st != LOOM_OK) return st;
   for (int i = 0; i < l->count; i++) {
     if (l->dtype == LOOM_DTYPE_BF16) *(uint16_t **)l->slots[i] = mem->views[i].data;
@@ -678,13 +680,17 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   loom_status st = LOOM_OK;
   for (int i = 0; i < slots && st == LOOM_OK; i++) {
     loom_gpt_slot *s = &m->slots[i];
-    s->tokens = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
-    s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
-    s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int));
-    LOOM_CHECK(s->tokens && s->targets && s->pred, "out of memory for a micro-batch's tokens");
+    const char *tokens = loom_run_buffer_name(LOOM_BUF_SLOT_TOKENS);
+    s->tokens = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
+    s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
+    s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
+    if (!s->tokens || !s->targets || !s->pred) {
+      st = LOOM_ERR_NOMEM;
+      break;
+    }
     list_slot(&l, &l16, s, &v, &p, &d);
-    st = place(&s->mem, &l, m->ops->mem);
-    if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem);
+    st = place(&s->mem, &l, m->ops->mem, LOOM_BUF_SLOT);
+    if (st == LOOM_OK) st = place(&s->mem16, &l16, m->ops->mem, LOOM_BUF_SLOT_BF16);
     if (st == LOOM_OK && d.K > 0) { /* the kept layers', blocks[l - R] for layer l */
       s->blocks = loom_xcalloc((size_t)d.K, sizeof *s->blocks, "block activations");
       bind_layers(s->blocks, &v, &d, (span){d.R, d.K});
@@ -696,8 +702,8 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   }
   if (st == LOOM_OK) {
     list_work(&l, &l16, &m->w, &v, &d);
-    st = place(&m->w.mem, &l, m->ops->mem);
-    if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem);
+    st = place(&m->w.mem, &l, m->ops->mem, LOOM_BUF_WORK);
+    if (st == LOOM_OK) st = place(&m->w.mem16, &l16, m->ops->mem, LOOM_BUF_WORK_BF16);
     if (st == LOOM_OK && (d.R || d.bf16)) {
       m->w.redo = loom_xcalloc((size_t)redo_layers(&d), sizeof *m->w.redo, "recompute scratch");
       m->w.redo_count = redo_layers(&d);
@@ -739,8 +745,8 @@ loom_status loom_gpt_set_weight_states(loom_gpt *m, int n) {
     act_list l, l16;
     wgrad_views v;
     list_wstate(&l, &l16, &v, &d);
-    st = place(&m->wstates[i].mem, &l, m->ops->mem);
-    if (st == LOOM_OK) st = place(&m->wstates[i].mem16, &l16, m->ops->mem);
+    st = place(&m->wstates[i].mem, &l, m->ops->mem, LOOM_BUF_WSTATE);
+    if (st == LOOM_OK) st = place(&m->wstates[i].mem16, &l16, m->ops->mem, LOOM_BUF_WSTATE_BF16);
     if (st == LOOM_OK && d.L > 0) bind_wstate(&m->wstates[i], &v, &d, &m->w.block);
   }
   if (st != LOOM_OK) wstates_free(m);

@@ -176,14 +176,23 @@ static inline size_t loom_gpt_boundary_words(const loom_gpt_config *cfg, int T, 
 static inline double loom_gpt_boundary_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel) {
   return 4.0 * (double)loom_gpt_boundary_words(cfg, T, B, tp, sequence_parallel);
 }
-/* Bytes of activations and scratch `slots` micro-batches of (T, B) take on
- * one rank of a tp-way split of stage `range` (NULL: the whole model). */
+/* The elements of each allocation the activations of one rank of a tp-way
+ * split of stage `range` (NULL: the whole model) take at micro-batches of
+ * (T, B), as loom_gpt_set_slots and loom_gpt_set_weight_states make them:
+ * per slot its fp32 and bf16 tables and its tokens, targets and predictions
+ * (three int buffers of `tokens`), the chunk's shared scratch once, and per
+ * weight-grad state its two tables. 0: no allocation (an empty table). */
+typedef struct {
+  size_t slot, slot16, tokens;
+  size_t work, work16;
+  size_t wstate, wstate16;
+} loom_gpt_activation_sizes;
+loom_gpt_activation_sizes loom_gpt_activation_sizes_of(const loom_gpt_config *cfg, int T, int B, int tp,
+                                                        bool sequence_parallel, const loom_stage_range *range,
+                                                        loom_recompute recompute);
+/* Their bytes over `slots` slots and `weight_states` states. */
 size_t loom_gpt_activation_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
                                  const loom_stage_range *range, loom_recompute recompute, int slots, int weight_states);
-/* Bytes of one weight-grad state (loom_gpt_wstate) on one rank of a tp-way
- * split of stage `range` (NULL: the whole model). */
-size_t loom_gpt_weight_state_bytes(const loom_gpt_config *cfg, int T, int B, int tp, bool sequence_parallel,
-                                   const loom_stage_range *range, loom_recompute recompute);
 /* (Re)sizes the weight-grad states of a split backward, after the slots. */
 loom_status loom_gpt_set_weight_states(loom_gpt *m, int n);
 

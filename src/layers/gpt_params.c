@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "core/rng.h"
 #include "layers/gpt_params.h"
+#include "layers/run_buffers.h"
 
 typedef struct {
   loom_tensor *specs;
@@ -332,9 +333,10 @@ typedef struct {
 } keeps;
 
 static loom_status make_buffer(loom_buffer *b, keep k, const loom_tensor *specs, int count, const loom_allocator *mem,
-                               size_t pad) {
+                               size_t pad, loom_run_buffer name) {
   if (k == NONE) return LOOM_OK;
-  return k == STORED ? loom_buffer_init_padded(b, specs, count, mem, pad) : loom_buffer_layout(b, specs, count, mem);
+  return k == STORED ? loom_buffer_init_padded(b, specs, count, mem, pad, loom_run_buffer_name(name))
+                     : loom_buffer_layout(b, specs, count, mem);
 }
 
 static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
@@ -361,11 +363,11 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
-  loom_status st = make_buffer(&p->params, kept.params, t.specs, count, mem, pad);
-  if (st == LOOM_OK) st = make_buffer(&p->grads, kept.grads, t.specs, count, mem, pad);
+  loom_status st = make_buffer(&p->params, kept.params, t.specs, count, mem, pad, LOOM_BUF_PARAMS);
+  if (st == LOOM_OK) st = make_buffer(&p->grads, kept.grads, t.specs, count, mem, pad, LOOM_BUF_GRADS);
   if (st == LOOM_OK && cfg->bf16 && kept.compute != NONE) { /* the bf16 copy that runs; params are the fp32 master */
     for (int k = 0; k < count; k++) t.specs[k].dtype = LOOM_DTYPE_BF16;
-    st = make_buffer(&p->compute, kept.compute, t.specs, count, mem, pad);
+    st = make_buffer(&p->compute, kept.compute, t.specs, count, mem, pad, LOOM_BUF_COMPUTE);
   }
   free(t.specs);
   if (st != LOOM_OK) {
@@ -420,15 +422,14 @@ loom_status loom_gpt_params_init_for_zero(loom_gpt_params *p, const loom_gpt_con
   return init_params(p, cfg, tp_rank, tp_size, range, kept, pad, mem);
 }
 
-loom_gpt_params_bytes loom_gpt_params_stored_bytes(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp,
-                                                   int stage) {
+loom_gpt_params_elements loom_gpt_params_stored_elements(const loom_gpt_config *cfg, const loom_stage_range *range, int tp,
+                                                         int dp, int stage) {
   size_t pad;
   const keeps kept = keeps_for(cfg, stage, dp, &pad);
   const size_t n = (size_t)loom_gpt_param_count(cfg, range, tp), stored = (n + pad - 1) / pad * pad;
-  const double whole = (double)(stored ? stored : 1); /* as loom_buffer_init_padded allocates */
-  return (loom_gpt_params_bytes){.params = kept.params == STORED ? 4.0 * whole : 0.0,
-                                 .grads = kept.grads == STORED ? 4.0 * whole : 0.0,
-                                 .compute = cfg->bf16 && kept.compute == STORED ? 2.0 * whole : 0.0};
+  const size_t whole = stored ? stored : 1; /* as loom_buffer_init_padded allocates */
+  return (loom_gpt_params_elements){.params = kept.params == STORED ? whole : 0, .grads = kept.grads == STORED ? whole : 0,
+                                    .compute = cfg->bf16 && kept.compute == STORED ? whole : 0};
 }
 
 loom_status loom_gpt_params_init_weights(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,

@@ -190,14 +190,15 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
  * padded vocab must be a multiple of tp_size (see loom_gpt_config_for_tp). */
 loom_status loom_gpt_params_init(loom_gpt_params *p, const loom_gpt_config *cfg, int tp_rank, int tp_size,
                                  const loom_stage_range *range, const loom_allocator *mem);
-/* The bytes a chunk's three buffers take as ZeRO `stage` (0: none) over dp
- * keeps them (loom_gpt_params_init, loom_gpt_params_init_for_zero): the
- * fp32 weights, the grads and, in bf16 runs, the weights computed with. */
+/* The elements a chunk's three buffers take as ZeRO `stage` (0: none)
+ * over dp keeps them (loom_gpt_params_init, loom_gpt_params_init_for_zero):
+ * the fp32 weights, the fp32 grads and, in bf16 runs, the bf16 weights
+ * computed with; 0 where it keeps none. */
 typedef struct {
-  double params, grads, compute;
-} loom_gpt_params_bytes;
-loom_gpt_params_bytes loom_gpt_params_stored_bytes(const loom_gpt_config *cfg, const loom_stage_range *range, int tp, int dp,
-                                                   int stage);
+  size_t params, grads, compute;
+} loom_gpt_params_elements;
+loom_gpt_params_elements loom_gpt_params_stored_elements(const loom_gpt_config *cfg, const loom_stage_range *range, int tp,
+                                                         int dp, int stage);
 /* The same for a run under ZeRO `stage` (1..3) over dp replicas
  * (optim/zero.h). ZeRO-1: params, grads and the bf16 copy are padded to a
  * multiple of dp elements (loom_buffer_init_padded), so the optimizer

@@ -5,6 +5,7 @@
 #include "core/tensor.h"
 #include "comm/comm.h"
 #include "optim/adamw.h"
+#include "layers/run_buffers.h"
 
 loom_adamw_config loom_adamw_defaults(void) {
   return (loom_adamw_config){.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
@@ -14,9 +15,9 @@ loom_adamw_config loom_adamw_defaults(void) {
 loom_status loom_adamw_init(loom_adamw *opt, const loom_gpt_params *p, const loom_adamw_config *cfg) {
   opt->cfg = *cfg;
   opt->step = 0;
-  loom_status st = loom_buffer_init(&opt->m, p->params.views, p->params.count, p->params.alloc);
+  loom_status st = loom_buffer_init(&opt->m, p->params.views, p->params.count, p->params.alloc, loom_run_buffer_name(LOOM_BUF_ADAM_M));
   if (st != LOOM_OK) return st;
-  st = loom_buffer_init(&opt->v, p->params.views, p->params.count, p->params.alloc);
+  st = loom_buffer_init(&opt->v, p->params.views, p->params.count, p->params.alloc, loom_run_buffer_name(LOOM_BUF_ADAM_V));
   if (st != LOOM_OK) loom_buffer_free(&opt->m);
   return st;
 }

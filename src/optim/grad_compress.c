@@ -3,6 +3,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "core/rng.h"
+#include "layers/run_buffers.h"
 #include "optim/grad_compress.h"
 
 #define POWERSGD_RNG_STREAM 0x505347ULL /* "PSG": Q's first draw, apart from every other keyed stream */
@@ -35,18 +36,14 @@ loom_status loom_grad_compress_init(loom_grad_compress *s, const loom_compressio
     if (!loom_compression_compresses(cfg, &g->views[k], &n, &m)) continue;
     s->item[s->count++] = (loom_compressed_grad){.tensor = k, .rows = n, .cols = m, .error_at = s->error_floats,
                                                  .a_at = s->a_words, .b_at = s->b_words};
-    s->error_floats += (size_t)n * (size_t)m;
-    if (powersgd(s)) {
-      s->a_words += (size_t)n * (size_t)cfg->rank;
-      s->b_words += (size_t)m * (size_t)cfg->rank;
-    } else {
-      s->a_words += loom_sign_message_words((size_t)n * (size_t)m);
-    }
+    const loom_compression_state st = loom_compression_state_of(cfg, &g->views[k]); /* the one the memory model counts */
+    s->error_floats += (size_t)st.error, s->a_words += (size_t)st.a;
+    s->b_words += (size_t)st.b; /* PowerSGD's Q; signs: every replica's messages, in rank order */
   }
-  if (!powersgd(s)) s->b_words = (size_t)cfg->dp * s->a_words; /* every replica's messages, in rank order */
-  s->error = s->mem->zalloc(s->mem, (s->error_floats ? s->error_floats : 1) * sizeof(float));
-  s->a = s->mem->zalloc(s->mem, (s->a_words ? s->a_words : 1) * sizeof(float));
-  s->b = s->mem->zalloc(s->mem, (s->b_words ? s->b_words : 1) * sizeof(float));
+  s->error = s->mem->zalloc(s->mem, (s->error_floats ? s->error_floats : 1) * sizeof(float),
+                            loom_run_buffer_name(LOOM_BUF_COMPRESS_ERROR));
+  s->a = s->mem->zalloc(s->mem, (s->a_words ? s->a_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_A));
+  s->b = s->mem->zalloc(s->mem, (s->b_words ? s->b_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_B));
   if (!s->error || !s->a || !s->b) {
     loom_grad_compress_free(s);
     return LOOM_ERR_NOMEM;

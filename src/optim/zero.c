@@ -5,6 +5,7 @@
 #include "core/check.h"
 #include "layers/gpt.h"
 #include "optim/zero.h"
+#include "layers/run_buffers.h"
 
 
 static void add_bucket(loom_zero *z, const loom_gpt_params *p, int k0, int k1) {
@@ -62,7 +63,9 @@ void loom_zero_piece(const loom_zero *z, int b, size_t *lo, size_t *hi) {
 loom_comm *loom_zero_comm(const loom_zero *z, int b) { return z->group[z->buckets[b].group].comm; }
 int loom_zero_group_size(const loom_zero *z, int b) { return z->group[z->buckets[b].group].size; }
 
-static void *state(loom_zero *z, size_t n) { return z->mem->zalloc(z->mem, (n ? n : 1) * sizeof(float)); }
+static void *state(loom_zero *z, size_t n, loom_run_buffer name) {
+  return z->mem->zalloc(z->mem, (n ? n : 1) * sizeof(float), loom_run_buffer_name(name));
+}
 
 loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, const loom_zero_group groups[LOOM_ZERO_GROUPS],
                            int stage, const loom_adamw_config *cfg) {
@@ -82,14 +85,14 @@ loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, const loom_ze
   z->cut = loom_gpt_zero_cut(&p->cfg, &p->range, p->tp_size, groups[0].size, stage);
   LOOM_CHECK(z->cut.shard == z->shard && z->cut.max_shard == z->max_shard, "ZeRO's buckets are loom_gpt_zero_cut's");
   /* Optimizer state and staging live in the backend's memory, as the parameters do. */
-  z->m = state(z, z->cut.shard);
-  z->v = state(z, z->cut.shard);
+  z->m = state(z, z->cut.shard, LOOM_BUF_ADAM_M);
+  z->v = state(z, z->cut.shard, LOOM_BUF_ADAM_V);
   z->slice_len = z->cut.slice;
-  z->slice = state(z, z->slice_len);
+  z->slice = state(z, z->slice_len, LOOM_BUF_ZERO_SLICE);
   bool ok = z->m && z->v && z->slice;
-  if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->cut.shard));
-  if (stage >= 2) ok = ok && (z->grad = state(z, z->cut.shard));
-  if (z->cut.staging) ok = ok && (z->staging = state(z, z->cut.staging));
+  if (!loom_gpt_params_have_master(p)) ok = ok && (z->master = state(z, z->cut.shard, LOOM_BUF_ZERO_MASTER));
+  if (stage >= 2) ok = ok && (z->grad = state(z, z->cut.shard, LOOM_BUF_ZERO_GRAD));
+  if (z->cut.staging) ok = ok && (z->staging = state(z, z->cut.staging, LOOM_BUF_ZERO_STAGING));
   if (!ok) {
     loom_zero_free(z);
     return LOOM_ERR_NOMEM;

@@ -7,6 +7,7 @@
 #include "core/timer.h"
 #include "pipeline/executor_state.h"
 #include "pipeline/grad_sync.h"
+#include "layers/run_buffers.h"
 #include "plan/memory.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
@@ -82,14 +83,14 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), pipe->chunks[0].p.cfg.bf16, ps->pp, pipe->v,
                 pipe->sched.v_shape, pipe->m,
                 nsends);
-  pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), "grad buffer");
+  pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), loom_run_buffer_name(LOOM_BUF_DOUT));
   pipe->bucket_req = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(12 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
   pipe->grads_bf16 = plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1;
   if (pipe->grads_bf16 && pipe->zero_stage < 2) { /* ZeRO-2/3's runtime keeps its own, a layer at a time */
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++)
-      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.capacity * sizeof(uint16_t), "bf16 grads"); /* ZeRO-1 pads */
+      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.capacity * sizeof(uint16_t), loom_run_buffer_name(LOOM_BUF_GRAD_BF16)); /* ZeRO-1 pads */
   }
   const loom_compression gc = loom_plan_compression(plan);
   if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp * ps->cp > 1) {

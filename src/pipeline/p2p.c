@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "layers/run_buffers.h"
 #include "pipeline/p2p.h"
 #include "schedule/schedule.h"
 
@@ -41,8 +42,8 @@ void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t fl
   x->buf = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *x->buf, "send buffers");
   x->req = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->req, "send buffers");
   x->sent = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->sent, "send buffers");
-  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(x->ops->mem, x->words * sizeof(float), "send buffer");
-  if (bf16 && p > 1) x->staging = loom_xzalloc(x->ops->mem, x->words * sizeof(float), "receive buffer");
+  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_SEND));
+  if (bf16 && p > 1) x->staging = loom_xzalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_RECEIVE));
   x->m = m;
   loom_pool_init(&x->pool, 1, &x->n, 2 * v * m);
   open_channels(x);

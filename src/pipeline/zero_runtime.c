@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/check.h"
+#include "layers/run_buffers.h"
 #include "pipeline/zero_runtime.h"
 
 static size_t padded(const loom_zero *z, int b) { return z->buckets[b].shard * (size_t)loom_zero_group_size(z, b); }
@@ -10,10 +11,10 @@ static bool is_edge(const loom_zero *z, const loom_gpt_params *p, int b) {
   return b < z->layer_first[0] || b >= z->layer_first[p->layers];
 }
 
-static void *take(loom_zero_runtime *rt, size_t elements, size_t esize) {
+static void *take(loom_zero_runtime *rt, size_t elements, size_t esize, loom_run_buffer name) {
   const size_t bytes = (elements ? elements : 1) * esize;
   rt->transient_bytes += bytes;
-  return loom_xzalloc(rt->mem, bytes, "ZeRO transient buffer");
+  return loom_xzalloc(rt->mem, bytes, loom_run_buffer_name(name));
 }
 
 /* Where bucket b of local layer l starts in a layer's buffers: padded elements before it, or (pieces) its pieces'. */
@@ -48,26 +49,28 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
   const size_t layer_max = z->cut.layer_max, layer_shard = z->cut.layer_shard;
   const size_t f = sizeof(float), w = loom_dtype_size(rt->wtype);
   for (int i = 0; i < 2; i++) {
-    rt->gbuf[i] = take(rt, layer_max, f);
-    rt->grecv[i] = take(rt, layer_shard, f);
+    rt->gbuf[i] = take(rt, layer_max, f, LOOM_BUF_ZERO_LAYER_GRADS);
+    rt->grecv[i] = take(rt, layer_shard, f, LOOM_BUF_ZERO_LAYER_PIECE);
     rt->glayer[i] = rt->wlayer[i] = -1;
     rt->greq[i] = loom_xcalloc((size_t)rt->most + 1, sizeof *rt->greq[i], "ZeRO requests");
     rt->wreq[i] = loom_xcalloc((size_t)rt->most + 1, sizeof *rt->wreq[i], "ZeRO requests");
   }
-  rt->edge_g = take(rt, z->cut.edges, f);
-  rt->edge_piece = take(rt, z->cut.edge_shard, f); /* room for either type */
+  rt->edge_g = take(rt, z->cut.edges, f, LOOM_BUF_ZERO_EDGE_GRADS);
+  rt->edge_piece = take(rt, z->cut.edge_shard, f, LOOM_BUF_ZERO_EDGE_PIECE); /* room for either type */
   if (grads_bf16) {
     const size_t h = sizeof(uint16_t);
-    for (int i = 0; i < 2; i++) rt->gsend[i] = take(rt, layer_max, h), rt->grecv16[i] = take(rt, layer_shard, h);
-    rt->edge_gsend = take(rt, z->cut.edges, h);
-    rt->edge_recv16 = take(rt, z->cut.edge_shard, h);
+    for (int i = 0; i < 2; i++)
+      rt->gsend[i] = take(rt, layer_max, h, LOOM_BUF_ZERO_LAYER_GRADS_BF16),
+      rt->grecv16[i] = take(rt, layer_shard, h, LOOM_BUF_ZERO_LAYER_PIECE_BF16);
+    rt->edge_gsend = take(rt, z->cut.edges, h, LOOM_BUF_ZERO_EDGE_GRADS_BF16);
+    rt->edge_recv16 = take(rt, z->cut.edge_shard, h, LOOM_BUF_ZERO_EDGE_PIECE_BF16);
   }
   if (z->stage == 3) {
     for (int i = 0; i < 2; i++) {
-      rt->wbuf[i] = take(rt, layer_max, w);
-      rt->wsend[i] = take(rt, layer_shard, f); /* room for either type */
+      rt->wbuf[i] = take(rt, layer_max, w, LOOM_BUF_ZERO_LAYER_WEIGHTS);
+      rt->wsend[i] = take(rt, layer_shard, f, LOOM_BUF_ZERO_LAYER_SEND); /* room for either type */
     }
-    rt->edge_w = take(rt, z->cut.edges, w);
+    rt->edge_w = take(rt, z->cut.edges, w, LOOM_BUF_ZERO_EDGE_WEIGHTS);
   }
   return LOOM_OK;
 }

@@ -31,12 +31,14 @@ int64_t loom_compression_sent_words(const loom_compression *c, const loom_tensor
   return (int64_t)loom_sign_message_words(loom_tensor_numel(t));
 }
 
-int64_t loom_compression_state_words(const loom_compression *c, const loom_tensor *t) {
+loom_compression_state loom_compression_state_of(const loom_compression *c, const loom_tensor *t) {
   int n, m;
-  if (!loom_compression_compresses(c, t, &n, &m)) return 0;
+  if (!loom_compression_compresses(c, t, &n, &m)) return (loom_compression_state){0, 0, 0};
   const int64_t error = (int64_t)n * m;
-  if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD) return error + ((int64_t)n + m) * c->rank;
-  return error + (int64_t)(1 + c->dp) * (int64_t)loom_sign_message_words(loom_tensor_numel(t));
+  if (c->kind == LOOM__COMPRESSION_KIND__COMPRESSION_POWERSGD)
+    return (loom_compression_state){error, (int64_t)n * c->rank, (int64_t)m * c->rank};
+  const int64_t message = (int64_t)loom_sign_message_words(loom_tensor_numel(t));
+  return (loom_compression_state){error, message, (int64_t)c->dp * message};
 }
 
 /* ---- the plan's compression and its cost, from the layers' table ---- */
@@ -50,13 +52,14 @@ loom_compression loom_plan_compression(const loom_plan *p) {
 /* The compression cost of one range's tensors, walked one by one. */
 static loom_compression_cost table_compression_cost(const loom_gpt_config *cfg, const loom_compression *gc,
                                                     const loom_stage_range *range, int tp) {
-  loom_compression_cost c = {0.0, 0.0, 0.0, 0.0};
+  loom_compression_cost c = {0};
   const int n = loom_gpt_param_table(cfg, range, 0, tp, NULL, NULL);
   loom_tensor *specs = loom_xmalloc((size_t)n * sizeof *specs, "parameter table");
   loom_param_meta *meta = loom_xmalloc((size_t)n * sizeof *meta, "parameter table");
   loom_gpt_param_table(cfg, range, 0, tp, specs, meta);
   for (int k = 0; k < n; k++) {
-    c.state_bytes += 4.0 * (double)loom_compression_state_words(gc, &specs[k]);
+    const loom_compression_state st = loom_compression_state_of(gc, &specs[k]);
+    c.error_words += (double)st.error, c.a_words += (double)st.a, c.b_words += (double)st.b;
     c.sent_words += (double)loom_compression_sent_words(gc, &specs[k]);
     if (loom_compression_compresses(gc, &specs[k], NULL, NULL))
       c.message_words += (double)loom_compression_sent_words(gc, &specs[k]);
@@ -78,7 +81,7 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
     const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, p->parallel->etp, p->parallel->ep, 0);
     const double whole = (double)loom_gpt_param_count(&placed, range, tp) -
                          (p->parallel->ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
-    return (loom_compression_cost){0.0, whole, whole, 0.0};
+    return (loom_compression_cost){.sent_words = whole, .whole_words = whole};
   }
   loom_stage_range edges, one[LOOM_LAYER_KINDS];
   int layers[LOOM_LAYER_KINDS];
@@ -88,7 +91,8 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   for (int k = 0; k < LOOM_LAYER_KINDS; k++) {
     if (!layers[k]) continue;
     const loom_compression_cost l = table_compression_cost(&cfg, &gc, &one[k], tp);
-    c.state_bytes += layers[k] * l.state_bytes, c.sent_words += layers[k] * l.sent_words;
+    c.error_words += layers[k] * l.error_words, c.a_words += layers[k] * l.a_words, c.b_words += layers[k] * l.b_words;
+    c.sent_words += layers[k] * l.sent_words;
     c.message_words += layers[k] * l.message_words, c.whole_words += layers[k] * l.whole_words;
   }
   return c;

@@ -1,6 +1,6 @@
 /* How each grad tensor crosses data parallelism under the plan's
- * grad_compression: the one source for the runtime (optim/powersgd,
- * optim/ef_sign) and the plan's estimates. Sizes are in 32-bit words.
+ * grad_compression: the one source for the runtime (optim/grad_compress.c)
+ * and the plan's estimates. Sizes are in 32-bit words.
  *
  * PowerSGD of rank r: a tensor of two dimensions is a matrix M [n, m]; it
  * crosses as its factors P [n, r] and Q [m, r] when they are smaller than
@@ -35,7 +35,12 @@ void loom_compression_describe(const loom_compression *c, char *out, size_t len)
 bool loom_compression_compresses(const loom_compression *c, const loom_tensor *t, int *rows, int *cols);
 /* Words t sends per step from one replica (its compressed form, or all of it). */
 int64_t loom_compression_sent_words(const loom_compression *c, const loom_tensor *t);
-/* Words of state one replica keeps for t (0 when it crosses whole). */
-int64_t loom_compression_state_words(const loom_compression *c, const loom_tensor *t);
+/* Words of state one replica keeps for t (all 0 when it crosses whole): its
+ * error feedback, and PowerSGD's P and Q or the sign message and every
+ * replica's gathered ones (optim/grad_compress.c's three buffers). */
+typedef struct {
+  int64_t error, a, b;
+} loom_compression_state;
+loom_compression_state loom_compression_state_of(const loom_compression *c, const loom_tensor *t);
 
 #endif

@@ -97,81 +97,157 @@ loom_zero_cut loom_plan_zero_cut(const loom_plan *p, const loom_stage_range *ran
 
 /* ---- a chunk's buffers ---- */
 
-/* Bytes of n elements of `size` where a zero-length buffer still takes one (as the runtime allocates it). */
-static double at_least_one(size_t n, size_t size) { return (double)(n ? n : 1) * (double)size; }
+double loom_buffer_row_bytes(const loom_buffer_row *r) {
+  return (double)r->count * (double)r->elements * (double)loom_dtype_size(r->dtype);
+}
+
+loom_memory loom_buffer_rows_memory(const loom_buffer_row *rows, int n) {
+  loom_memory out = {0};
+  for (int i = 0; i < n; i++) out.bytes[rows[i].kind] += loom_buffer_row_bytes(&rows[i]);
+  return out;
+}
+
+/* The rows of one chunk as they are added. */
+typedef struct {
+  loom_buffer_row *rows;
+  int count, chunk;
+} row_list;
+
+static void add(row_list *l, loom_memory_kind kind, loom_run_buffer name, int count, size_t elements, loom_dtype dtype,
+                loom_buffer_life life) {
+  LOOM_CHECK(l->count < LOOM_CHUNK_ROWS, "a chunk's buffer rows fit LOOM_CHUNK_ROWS");
+  if (count > 0 && elements > 0)
+    l->rows[l->count++] = (loom_buffer_row){.name = name, .kind = kind, .chunk = l->chunk,
+                                            .count = count, .elements = elements, .dtype = dtype, .life = life};
+}
+
+/* A buffer held for the whole run; a zero-length one still takes one element (as the runtime allocates it). */
+static void add_held(row_list *l, loom_memory_kind kind, loom_run_buffer name, int count, size_t elements, loom_dtype dtype) {
+  add(l, kind, name, count, elements ? elements : 1, dtype, LOOM_LIFE_RUN);
+}
+
+/* The fp32 type, and the one weights are gathered and grads cross dp in. */
+static loom_dtype weight_dtype(const loom_gpt_config *cfg) { return cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32; }
 
 /* Parameters, grads, Adam and ZeRO's buffers: as the layers keep them
- * (loom_gpt_params_stored_bytes), and as the optimizers (optim/adamw.c,
+ * (loom_gpt_params_stored_elements), and as the optimizers (optim/adamw.c,
  * optim/zero.c) and ZeRO-2/3's runtime (pipeline/zero_runtime.c) allocate
  * them by ZeRO's cut (loom_gpt_zero_cut). */
-static void add_state(loom_memory *out, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
+static void add_state(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
   const int zero = p->parallel->zero_stage;
   const size_t dp = (size_t)loom_plan_grad_replicas(p), n = (size_t)loom_gpt_param_count(cfg, range, p->parallel->tp);
-  double *b = out->bytes;
-  const loom_gpt_params_bytes kept = loom_gpt_params_stored_bytes(cfg, range, p->parallel->tp, (int)dp, zero);
+  const loom_dtype f32 = LOOM_DTYPE_F32, bf16 = LOOM_DTYPE_BF16;
+  const loom_gpt_params_elements kept = loom_gpt_params_stored_elements(cfg, range, p->parallel->tp, (int)dp, zero);
   /* The fp32 weights are the master beside a bf16 copy, else what the layers compute with. */
-  b[cfg->bf16 ? LOOM_MEM_MASTER : LOOM_MEM_WEIGHTS] += kept.params;
-  b[LOOM_MEM_WEIGHTS] += kept.compute;
-  b[LOOM_MEM_GRADS] += kept.grads;
+  add_held(l, cfg->bf16 ? LOOM_MEM_MASTER : LOOM_MEM_WEIGHTS, LOOM_BUF_PARAMS, kept.params > 0, kept.params, f32);
+  add_held(l, LOOM_MEM_GRADS, LOOM_BUF_GRADS, kept.grads > 0, kept.grads, f32);
+  add_held(l, LOOM_MEM_WEIGHTS, LOOM_BUF_COMPUTE, kept.compute > 0, kept.compute, bf16);
   if (zero == 0) {
-    b[LOOM_MEM_OPTIMIZER] += 2.0 * at_least_one(n, 4);
+    add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_M, 1, n, f32);
+    add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_V, 1, n, f32);
     return;
   }
   /* The optimizer's pieces. */
   const loom_zero_cut z = loom_plan_zero_cut(p, range);
-  b[LOOM_MEM_OPTIMIZER] += 2.0 * at_least_one(z.shard, 4);
-  b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.slice, 4);
-  if (kept.params == 0.0) b[LOOM_MEM_MASTER] += at_least_one(z.shard, 4); /* the model keeps no fp32 weights */
-  if (zero >= 2) b[LOOM_MEM_GRADS] += at_least_one(z.shard, 4);
-  if (z.staging) b[LOOM_MEM_ZERO_TRANSIENT] += at_least_one(z.staging, 4);
+  add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_M, 1, z.shard, f32);
+  add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_V, 1, z.shard, f32);
+  add_held(l, LOOM_MEM_ZERO_TRANSIENT, LOOM_BUF_ZERO_SLICE, 1, z.slice, f32);
+  add_held(l, LOOM_MEM_MASTER, LOOM_BUF_ZERO_MASTER, kept.params == 0, z.shard, f32); /* the model keeps no fp32 weights */
+  add_held(l, LOOM_MEM_GRADS, LOOM_BUF_ZERO_GRAD, zero >= 2, z.shard, f32);
+  add_held(l, LOOM_MEM_ZERO_TRANSIENT, LOOM_BUF_ZERO_STAGING, z.staging > 0, z.staging, f32);
   if (zero < 2) return;
   /* The runtime's: two layers' grads and their pieces in flight, the edges' grads and a piece; under ZeRO-3 two
-   * layers' gathered weights, their sends and the edges' weights. */
-  const size_t w = cfg->bf16 ? 2 : 4, layer_piece = z.layer_shard;
-  b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, 4) + at_least_one(layer_piece, 4)) +
-                                at_least_one(z.edges, 4) + at_least_one(z.edge_shard, 4);
-  if (zero == 3)
-    b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, w) + at_least_one(layer_piece, 4)) + at_least_one(z.edges, w);
-  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && dp > 1) /* the grads' bf16 twins as they cross, and their pieces */
-    b[LOOM_MEM_ZERO_TRANSIENT] += 2.0 * (at_least_one(z.layer_max, 2) + at_least_one(layer_piece, 2)) +
-                                  at_least_one(z.edges, 2) + at_least_one(z.edge_shard, 2);
+   * layers' gathered weights, their sends and the edges' weights; with bf16 grad reduction the grads' bf16 twins
+   * as they cross, and their pieces. */
+  const loom_memory_kind t = LOOM_MEM_ZERO_TRANSIENT;
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_GRADS, 2, z.layer_max, f32);
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE, 2, z.layer_shard, f32);
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS, 1, z.edges, f32);
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE, 1, z.edge_shard, f32);
+  const int twins = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && dp > 1;
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_GRADS_BF16, 2 * twins, z.layer_max, bf16);
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE_BF16, 2 * twins, z.layer_shard, bf16);
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS_BF16, twins, z.edges, bf16);
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE_BF16, twins, z.edge_shard, bf16);
+  const int three = zero == 3;
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_WEIGHTS, 2 * three, z.layer_max, weight_dtype(cfg));
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_SEND, 2 * three, z.layer_shard, f32);
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_WEIGHTS, three, z.edges, weight_dtype(cfg));
 }
 
-loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
-  loom_memory out = {0};
-  const Loom__Parallel *l = p->parallel;
+/* Activation slots, weight-grad states and the chunk's scratch, as the layers list them. */
+static void add_activations(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range,
+                            loom_recompute recompute, int slots, int deferred) {
+  const Loom__Parallel *x = p->parallel;
+  const loom_gpt_activation_sizes a = loom_gpt_activation_sizes_of(cfg, loom_plan_train_seq(p), p->batch->micro_batch,
+                                                                   x->tp, x->sequence_parallel, range, recompute);
+  const loom_memory_kind act = LOOM_MEM_ACTIVATIONS, ws = LOOM_MEM_WEIGHT_GRAD_STATES;
+  add(l, act, LOOM_BUF_SLOT, slots, a.slot, LOOM_DTYPE_F32, LOOM_LIFE_SLOT);
+  add(l, act, LOOM_BUF_SLOT_BF16, slots, a.slot16, LOOM_DTYPE_BF16, LOOM_LIFE_SLOT);
+  add(l, act, LOOM_BUF_SLOT_TOKENS, 3 * slots, a.tokens, LOOM_DTYPE_I32, LOOM_LIFE_SLOT);
+  add(l, act, LOOM_BUF_WORK, 1, a.work, LOOM_DTYPE_F32, LOOM_LIFE_RUN);
+  add(l, act, LOOM_BUF_WORK_BF16, 1, a.work16, LOOM_DTYPE_BF16, LOOM_LIFE_RUN);
+  add(l, ws, LOOM_BUF_WSTATE, deferred, a.wstate, LOOM_DTYPE_F32, LOOM_LIFE_WEIGHT_STATE);
+  add(l, ws, LOOM_BUF_WSTATE_BF16, deferred, a.wstate16, LOOM_DTYPE_BF16, LOOM_LIFE_WEIGHT_STATE);
+}
+
+/* The rank's transfers (chunk -1): its send buffers, the received grad (fp32), and with bf16 messages to receive
+ * their staging. */
+static void add_transfers(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, int sends) {
+  const Loom__Parallel *x = p->parallel;
+  const int chunk = l->chunk;
+  l->chunk = -1;
+  const int T = loom_plan_train_seq(p), B = p->batch->micro_batch;
+  const size_t words = loom_gpt_boundary_words(cfg, T, B, x->tp, x->sequence_parallel);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_SEND, sends, words, LOOM_DTYPE_F32, LOOM_LIFE_SEND);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_RECEIVE, cfg->bf16 && x->pp > 1, words, LOOM_DTYPE_F32, LOOM_LIFE_RUN);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_DOUT, 1, loom_gpt_boundary_floats(cfg, T, B, x->tp, x->sequence_parallel), LOOM_DTYPE_F32,
+      LOOM_LIFE_RUN);
+  l->chunk = chunk;
+}
+
+/* What crosses data parallelism: the grads as bf16 (padded as ZeRO-1 pads them; ZeRO-2/3's are transient) and
+ * grad compression's state. */
+static void add_dp(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
+  const Loom__Parallel *x = p->parallel;
+  if (loom_plan_grad_replicas(p) < 2) return;
+  const size_t n = (size_t)loom_gpt_param_count(cfg, range, x->tp);
+  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && x->zero_stage < 2)
+    add_held(l, LOOM_MEM_GRAD_REDUCE, LOOM_BUF_GRAD_BF16, 1,
+             loom_gpt_zero_in_place(cfg, x->zero_stage)
+                 ? loom_plan_zero_cut(p, range).shard * (size_t)loom_plan_grad_replicas(p) : n,
+             LOOM_DTYPE_BF16);
+  if (loom_plan_compression(p).kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) return;
+  const loom_compression_cost c = loom_plan_compression_cost(p, range);
+  add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_ERROR, 1, (size_t)c.error_words, LOOM_DTYPE_F32);
+  add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_A, 1, (size_t)c.a_words, LOOM_DTYPE_F32);
+  add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_B, 1, (size_t)c.b_words, LOOM_DTYPE_F32);
+}
+
+int loom_plan_chunk_rows(const loom_plan *p, int pp_rank, int chunk, int recompute_layers,
+                         loom_buffer_row rows[LOOM_CHUNK_ROWS]) {
+  const int vpp = p->parallel->virtual_chunks;
   loom_gpt_config cfg;
   loom_plan_rank_config(p, &cfg);
   const int stage = loom_plan_stage_index(p, pp_rank, chunk);
   const loom_stage_range range = loom_plan_stage_range(p, stage);
   const loom_recompute recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute(p, stage)
                                                                           : (loom_recompute){recompute_layers, 1};
-  const int T = loom_plan_train_seq(p), B = p->batch->micro_batch, vpp = l->virtual_chunks;
-  int *slots = loom_xmalloc((size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = loom_xmalloc((size_t)vpp * sizeof *deferred, "schedule peaks");
-  int sends;
+  int *slots = loom_xmalloc(2 * (size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = slots + vpp, sends;
   loom_plan_rank_buffers(p, pp_rank, slots, deferred, &sends);
-  add_state(&out, p, &cfg, &range);
-  out.bytes[LOOM_MEM_ACTIVATIONS] =
-      (double)loom_gpt_activation_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute, slots[chunk], 0);
-  out.bytes[LOOM_MEM_WEIGHT_GRAD_STATES] =
-      (double)loom_gpt_weight_state_bytes(&cfg, T, B, l->tp, l->sequence_parallel, &range, recompute) * deferred[chunk];
-  if (chunk == 0) { /* the rank's send buffers, the received grad (fp32), and with bf16 messages to receive their staging */
-    const double message = loom_gpt_boundary_bytes(&cfg, T, B, l->tp, l->sequence_parallel);
-    out.bytes[LOOM_MEM_P2P] = (double)(sends + (cfg.bf16 && l->pp > 1 ? 1 : 0)) * message +
-                              4.0 * (double)loom_gpt_boundary_floats(&cfg, T, B, l->tp, l->sequence_parallel);
-  }
-  const size_t n = (size_t)loom_gpt_param_count(&cfg, &range, l->tp);
-  const bool reduced = loom_plan_grad_replicas(p) > 1;
-  if (reduced && p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && l->zero_stage < 2) /* padded as ZeRO-1 pads them;
-                                                                                        * ZeRO-2/3's are transient */
-    out.bytes[LOOM_MEM_GRAD_REDUCE] = loom_gpt_zero_in_place(&cfg, l->zero_stage)
-                                          ? at_least_one(loom_plan_zero_cut(p, &range).shard * loom_plan_grad_replicas(p), 2)
-                                          : at_least_one(n, 2);
-  if (reduced && loom_plan_compression(p).kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE)
-    out.bytes[LOOM_MEM_COMPRESSION] = loom_plan_compression_cost(p, &range).state_bytes;
+  row_list l = {.rows = rows, .chunk = chunk};
+  add_state(&l, p, &cfg, &range);
+  add_activations(&l, p, &cfg, &range, recompute, slots[chunk], deferred[chunk]);
+  if (chunk == 0) add_transfers(&l, p, &cfg, sends);
+  add_dp(&l, p, &cfg, &range);
   free(slots);
-  free(deferred);
-  return out;
+  return l.count;
+}
+
+loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
+  loom_buffer_row rows[LOOM_CHUNK_ROWS];
+  const int n = loom_plan_chunk_rows(p, pp_rank, chunk, recompute_layers, rows);
+  return loom_buffer_rows_memory(rows, n);
 }
 
 loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {

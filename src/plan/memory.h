@@ -13,6 +13,7 @@
 #ifndef LOOM_PLAN_MEMORY_H
 #define LOOM_PLAN_MEMORY_H
 
+#include "layers/run_buffers.h"
 #include "plan/plan.h"
 
 typedef enum {
@@ -46,13 +47,37 @@ double loom_memory_total(const loom_memory *m);
  * shape (loom_schedule_shape_peaks); zeros if it cannot be built. */
 int loom_plan_rank_buffers(const loom_plan *plan, int pp_rank, int *slots, int *deferred, int *sends);
 
+/* The buffer list: one row per kind of buffer a rank allocates, `count`
+ * alike buffers of `elements` of `dtype` each, under the name the runtime
+ * gives the allocator (layers/run_buffers.h). Its life is the whole run,
+ * or as long as the schedule's slot, weight-grad state or send events hold
+ * it (schedule/schedule.h), which set the counts. The rank's transfers are
+ * chunk -1. */
+typedef enum { LOOM_LIFE_RUN, LOOM_LIFE_SLOT, LOOM_LIFE_WEIGHT_STATE, LOOM_LIFE_SEND } loom_buffer_life;
+typedef struct {
+  loom_run_buffer name;
+  loom_memory_kind kind;
+  int chunk;
+  int count;
+  size_t elements;
+  loom_dtype dtype;
+  loom_buffer_life life;
+} loom_buffer_row;
+#define LOOM_CHUNK_ROWS 48 /* rows of one chunk, its rank's transfers included */
+double loom_buffer_row_bytes(const loom_buffer_row *r);
+/* Bytes by kind: the sums over the rows. */
+loom_memory loom_buffer_rows_memory(const loom_buffer_row *rows, int n);
+
 /* recompute_layers below: how many of each stage's first layers
  * recompute: the plan's own (LOOM_RECOMPUTE_PLAN), or a count (0: none,
  * LOOM_RECOMPUTE_ALL: every one). */
 #define LOOM_RECOMPUTE_PLAN (-1)
-/* The tensor memory chunk `chunk` of rank pp_rank allocates (the rank's
- * own buffers, the transfers', on chunk 0), with its stage's first
- * recompute_layers layers recomputed. For a plan that passes the rules. */
+/* The rows of chunk `chunk` of rank pp_rank (the rank's transfers with
+ * chunk 0's), with its stage's first recompute_layers layers recomputed,
+ * into rows; returns their number. For a plan that passes the rules. */
+int loom_plan_chunk_rows(const loom_plan *plan, int pp_rank, int chunk, int recompute_layers,
+                         loom_buffer_row rows[LOOM_CHUNK_ROWS]);
+/* Their bytes by kind: the tensor memory the chunk allocates. */
 loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, int recompute_layers);
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);

@@ -136,11 +136,14 @@ int loom_plan_stage_index(const loom_plan *plan, int pp_rank, int chunk);
 /* The plan's grad_compression, with its dp (NONE when absent). */
 loom_compression loom_plan_compression(const loom_plan *plan);
 /* What gradient compression costs and saves one rank for the stage `range`,
- * from the layers' table (plan/grad_compression.h): the bytes of state it
- * keeps, and the 32-bit words its grads send over dp per step against the
- * words they would send whole (equal, and no state, without compression). */
+ * from the layers' table (plan/grad_compression.h): the 32-bit words of
+ * state it keeps (its error feedback, and its two message buffers as
+ * optim/grad_compress.c allocates them), and the words its grads send over
+ * dp per step against the words they would send whole (equal, and no
+ * state, without compression). */
 typedef struct {
-  double state_bytes, sent_words, whole_words;
+  double error_words, a_words, b_words; /* the state */
+  double sent_words, whole_words;
   double message_words; /* the part of sent_words that is compressed tensors' messages (the rest crosses whole) */
 } loom_compression_cost;
 loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
@@ -148,13 +151,10 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const lo
 /* Parameters of the whole model, from the layers' parameter table. */
 int64_t loom_plan_total_parameters(const loom_plan *plan);
 
-/* Fills plan->estimates: per stage parameters (from the layers' table) and
- * per-rank memory by kind (mixed-precision training: bf16 weights 2 B, fp32
- * grads 4 B, fp32 master weights and Adam moments 12 B, split 1/dp by
- * the ZeRO stage as loom_plan_chunk_state says, and its buffers in transit; activations by Megatron's s*b*h*(10 + 24/t) bytes
- * per layer, or s*b*h*34/t with sequence parallelism (its flash-attention form: no s x s term), 2*s*b*h
- * with full recompute, times the micro-batches the verified schedule keeps
- * in flight on that rank), gradient compression's state and the bytes a
+/* Fills plan->estimates: per stage parameters (from the layers' table),
+ * per-rank memory by kind from the memory model (plan/memory.h: the
+ * buffers a rank allocates, from the layers' tables and the verified
+ * schedule's buffer events), gradient compression's state, the bytes a
  * rank sends over dp per step (as ring collectives move them), and the
  * bubble. */
 void loom_plan_estimate(loom_plan *plan);

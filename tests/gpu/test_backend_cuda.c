@@ -110,11 +110,11 @@ static void allocator(const loom_ops *cu) {
   const loom_allocator *mem = cu->mem;
   mem->reset_peak(mem); /* the peak from here: what is in use now, then this block */
   const size_t before = mem->counts(mem).in_use, bytes = (size_t)64 << 20;
-  void *a = mem->zalloc(mem, bytes);
+  void *a = mem->zalloc(mem, bytes, "round trip");
   const int counted = a && mem->owns(mem, a) && mem->owns(mem, (char *)a + bytes - 1) && !mem->host_addressable &&
                       mem->counts(mem).peak >= before + bytes;
   mem->release(mem, a);
-  void *b = mem->zalloc(mem, bytes);
+  void *b = mem->zalloc(mem, bytes, "round trip");
   const loom_block_cache_stats s = loom_cuda_memory_stats(cu);
   const int reused = b == a && s.reuses >= 1;
   float zero[4];

@@ -41,7 +41,7 @@ void settle(Backend &g, const char *what) {
   if (g.mem.host_addressable) host_wait(g, what);
 }
 
-void *mem_zalloc(const loom_allocator *mem, size_t bytes) {
+void *mem_zalloc(const loom_allocator *mem, size_t bytes, const char *) {
   Backend &g = ctx(mem);
   void *p = loom_block_cache_alloc(g.cache, bytes);
   if (!p) return nullptr;

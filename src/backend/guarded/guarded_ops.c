@@ -47,7 +47,7 @@ static loom_block_cache *cache(void) {
 
 static bool guarded_owns(const loom_allocator *mem, const void *p) { return loom_block_cache_owns(cache(), p); }
 
-static void *guarded_zalloc(const loom_allocator *mem, size_t bytes) {
+static void *guarded_zalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   void *p = loom_block_cache_alloc(cache(), bytes);
   if (p) memset(U(p), 0, bytes);
   return p;
