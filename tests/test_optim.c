@@ -203,7 +203,7 @@ START_TEST(executor_keeps_to_its_events) {
   const loom_trainer_options o = {.seed = 3, .lr = schedule(1)};
   loom_trainer tr;
   ck_assert_msg(loom_trainer_init(&tr, NULL, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
-  loom_schedule *s = &tr.pipe->sched;
+  loom_schedule *s = &tr.sheet.schedule; /* the schedule the pipeline runs, broken on purpose */
   ck_assert_int_eq(tr.pipe->slots.cap[0], 1); /* one micro-batch at a time on one stage */
   int dropped = -1;
   for (int e = 0; e < s->event_at[0][s->count[0]] && dropped < 0; e++)

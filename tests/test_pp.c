@@ -193,18 +193,42 @@ static void expect_sharded(const loom_trainer *tr) {
            g_dp, h.weights, h.grads, h.optimizer, h.transient, full);
 }
 
-/* The tensor memory this rank's allocator counted at its peak is the
- * memory model's estimate (plan/memory.h) within 1%. The residue is what
- * the model leaves out: the communicator's few bytes of scratch in the
- * backend's memory. */
+/* What this rank's allocator handed out since the trainer began (the
+ * recorder's, g_recorder) is the memory model's buffer list, row by row:
+ * every allocation is one of a row's buffers, by name and size, and every
+ * row's buffers were all allocated. The counted peak is then the list's sum,
+ * exactly: every buffer is held from the start of the run to its end. */
+static tu_recorder g_recorder;
+static loom_ops g_recorded_ops;
+
 static void expect_memory_as_modelled(const loom_trainer *tr) {
+  const loom_buffer_row *rows;
+  const int n = loom_trainer_buffers(tr, &rows);
+  int *left = calloc((size_t)n, sizeof *left);
+  double listed = 0.0;
+  for (int i = 0; i < n; i++) left[i] = rows[i].count, listed += loom_buffer_row_bytes(&rows[i]);
+  ck_assert_msg(n > 0 && g_recorder.count > 0, "rank %d: %d rows listed, %d allocations recorded", g_world->rank, n,
+                g_recorder.count);
+  for (int a = 0; a < g_recorder.count; a++) {
+    const tu_allocation *x = &g_recorder.rows[a];
+    int i = 0;
+    while (i < n && !(left[i] > 0 && strcmp(loom_run_buffer_name(rows[i].name), x->what) == 0 &&
+                      (double)x->bytes == (double)rows[i].elements * (double)loom_dtype_size(rows[i].dtype)))
+      i++;
+    ck_assert_msg(i < n, "rank %d (pp rank %d): allocation %d, '%s' of %zu bytes, is in no row of the buffer list",
+                  g_world->rank, tr->ps.pp_rank, a, x->what, x->bytes);
+    left[i]--;
+  }
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(left[i] == 0, "rank %d (pp rank %d): %d of the %d '%s' buffers of chunk %d (%zu elements) listed were "
+                  "never allocated", g_world->rank, tr->ps.pp_rank, left[i], rows[i].count,
+                  loom_run_buffer_name(rows[i].name), rows[i].chunk, rows[i].elements);
+  free(left);
+  const double peak = loom_trainer_tensor_peak(tr);
+  ck_assert_msg(peak == listed, "rank %d (pp rank %d): the allocator counted a peak of %.0f bytes, the buffer list sums "
+                "to %.0f", g_world->rank, tr->ps.pp_rank, peak, listed);
   const loom_memory model = loom_trainer_memory(tr);
-  const double estimate = loom_memory_total(&model), peak = loom_trainer_tensor_peak(tr);
-  ck_assert_msg(peak > 0 && fabs(estimate - peak) <= 0.01 * peak, "rank %d (pp rank %d): the allocator counted a peak of %.0f "
-                "bytes, the memory model estimated %.0f (%+.3f%%)", g_world->rank, tr->ps.pp_rank, peak, estimate,
-                100.0 * (estimate - peak) / peak);
-  if (getenv("LOOM_TEST_MEMORY"))
-    printf("memory rank %d: peak %.0f estimate %.0f (%+.4f%%)\n", g_world->rank, peak, estimate, 100.0 * (estimate - peak) / peak);
+  ck_assert_double_eq(loom_memory_total(&model), listed);
 }
 
 /* Over `steps` steps, the bytes this rank's pipeline messages carried to
@@ -356,7 +380,9 @@ static void train_pipeline(const pp_case *pc, float *losses, loom_trainer *tr, l
   loom_plan *plan = *plan_out = plan_of(pc);
   const loom_trainer_options o = {.seed = 21, .bucket_bytes = pc->bucket_bytes, .weight_decay = loom_adamw_defaults().weight_decay,
                                   .grad_clip = loom_adamw_defaults().grad_clip, .lr = lr()};
-  ck_assert_msg(loom_trainer_init(tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
+  tu_recorder_free(&g_recorder);
+  tu_recorder_init(&g_recorder, loom_ops_cpu(), &g_recorded_ops);
+  ck_assert_msg(loom_trainer_init(tr, g_world, plan, &g_recorded_ops, data, &o, &err) == LOOM_OK, "%s", err.msg);
   if (tr->zero) expect_sharded(tr);
   ck_assert(!pc->zero == !tr->zero);
   const double before = tr->ps.dp_cp_group->ring_bytes, tp_before = tr->ps.tp_group->ring_bytes;
@@ -496,7 +522,9 @@ static void check_bf16(bool bf16_reduce, double loss_tol, double nmse_tol, doubl
   ck_assert(serial_plan->precision == LOOM__PRECISION__PRECISION_BF16);
   loom_trainer serial, tr;
   ck_assert_msg(loom_trainer_init(&serial, NULL, serial_plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
-  ck_assert_msg(loom_trainer_init(&tr, g_world, plan, loom_ops_cpu(), data, &o, &err) == LOOM_OK, "%s", err.msg);
+  tu_recorder_free(&g_recorder);
+  tu_recorder_init(&g_recorder, loom_ops_cpu(), &g_recorded_ops);
+  ck_assert_msg(loom_trainer_init(&tr, g_world, plan, &g_recorded_ops, data, &o, &err) == LOOM_OK, "%s", err.msg);
   ck_assert(loom_pipeline_chunk(tr.pipe, 0)->p.compute.numel == loom_pipeline_chunk(tr.pipe, 0)->p.params.numel); /* a bf16 copy that runs */
   for (int c = 0; g_zero && c < loom_pipeline_chunk_count(tr.pipe); c++) {
     /* The distributed optimizer: no whole fp32 master on any replica; a slice of it next to the moments. */

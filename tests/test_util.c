@@ -262,3 +262,66 @@ void tu_row(tu_rows *t, int ok, const char *fmt, ...) {
 void tu_rows_done(const tu_rows *t) {
   ck_assert_msg(t->rows > 0 && t->failed == 0, "%d of %d rows failed (each printed above)", t->failed, t->rows);
 }
+
+/* ---- the recording allocator ---- */
+
+static tu_recorder *recorder_of(const loom_allocator *mem) { return (tu_recorder *)mem; }
+static const loom_allocator *inner_of(const loom_allocator *mem) { return recorder_of(mem)->inner; }
+
+static void *rec_zalloc(const loom_allocator *mem, size_t bytes, const char *what) {
+  tu_recorder *r = recorder_of(mem);
+  void *p = r->inner->zalloc(r->inner, bytes, what);
+  if (!p) return NULL;
+  if (r->count == r->cap) {
+    r->cap = r->cap ? 2 * r->cap : 256;
+    r->rows = realloc(r->rows, (size_t)r->cap * sizeof *r->rows);
+    ck_assert_ptr_nonnull(r->rows);
+  }
+  r->rows[r->count++] = (tu_allocation){.what = what ? what : "unnamed", .bytes = bytes, .p = p, .held = 1};
+  return p;
+}
+static void rec_release(const loom_allocator *mem, void *p) {
+  tu_recorder *r = recorder_of(mem);
+  for (int i = r->count - 1; p && i >= 0; i--)
+    if (r->rows[i].p == p && r->rows[i].held) {
+      r->rows[i].held = 0;
+      break;
+    }
+  r->inner->release(r->inner, p);
+}
+static void rec_copy(const loom_allocator *mem, void *dst, const void *src, size_t bytes) {
+  inner_of(mem)->copy(inner_of(mem), dst, src, bytes);
+}
+static void rec_copy_2d(const loom_allocator *mem, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                        size_t width, size_t rows) {
+  inner_of(mem)->copy_2d(inner_of(mem), dst, dst_pitch, src, src_pitch, width, rows);
+}
+static void rec_fill32(const loom_allocator *mem, void *dst, uint32_t pattern, size_t count) {
+  inner_of(mem)->fill32(inner_of(mem), dst, pattern, count);
+}
+static void rec_to_host(const loom_allocator *mem, void *host, const void *src, size_t bytes) {
+  inner_of(mem)->to_host(inner_of(mem), host, src, bytes);
+}
+static void rec_from_host(const loom_allocator *mem, void *dst, const void *host, size_t bytes) {
+  inner_of(mem)->from_host(inner_of(mem), dst, host, bytes);
+}
+static bool rec_owns(const loom_allocator *mem, const void *p) { return inner_of(mem)->owns(inner_of(mem), p); }
+static loom_memory_counts rec_counts(const loom_allocator *mem) { return inner_of(mem)->counts(inner_of(mem)); }
+static void rec_reset_peak(const loom_allocator *mem) { inner_of(mem)->reset_peak(inner_of(mem)); }
+
+void tu_recorder_init(tu_recorder *r, const loom_ops *base, loom_ops *ops) {
+  const loom_allocator *inner = base->mem;
+  *r = (tu_recorder){.inner = inner};
+  r->base = *inner;
+  r->base.zalloc = rec_zalloc, r->base.release = rec_release, r->base.copy = rec_copy, r->base.copy_2d = rec_copy_2d;
+  r->base.fill32 = rec_fill32, r->base.to_host = rec_to_host, r->base.from_host = rec_from_host, r->base.owns = rec_owns;
+  r->base.counts = rec_counts, r->base.reset_peak = rec_reset_peak;
+  *ops = *base;
+  ops->mem = &r->base;
+}
+
+void tu_recorder_free(tu_recorder *r) {
+  free(r->rows);
+  r->rows = NULL;
+  r->count = r->cap = 0;
+}

@@ -29,6 +29,25 @@ tu_attention_case tu_attention_case_new(const loom_ops *ops, const loom_attn_sha
 void tu_attention_case_free(tu_attention_case *c);
 /* 1 if every element is finite. */
 int tu_all_finite(const float *x, size_t n);
+/* An allocator that hands out `inner`'s memory and records every
+ * allocation made through it: its name (what the caller told zalloc), its
+ * bytes, and whether it is still held. */
+typedef struct {
+  const char *what;
+  size_t bytes;
+  void *p;
+  int held;
+} tu_allocation;
+typedef struct {
+  loom_allocator base; /* first: the functions find the recorder through it */
+  const loom_allocator *inner;
+  tu_allocation *rows;
+  int count, cap;
+} tu_recorder;
+/* Points ops at a copy of base with its memory the recorder's; free with tu_recorder_free. */
+void tu_recorder_init(tu_recorder *r, const loom_ops *base, loom_ops *ops);
+void tu_recorder_free(tu_recorder *r);
+
 /* A path under the test's temporary directory, unique per name. */
 const char *tu_tmp_path(const char *name);
 /* rm -r path. */

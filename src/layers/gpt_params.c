@@ -639,7 +639,8 @@ static const loom_tensor *whole_of(const loom_gpt_params *p, int k, const loom_g
 }
 
 void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int to_local) {
-  LOOM_CHECK(p->params.alloc == full->params.alloc, "copy shards between models in the same backend's memory");
+  LOOM_CHECK(p->params.alloc->owns(p->params.alloc, full->params.base),
+             "copy shards between models in memory one allocator copies");
   for (int k = 0; k < p->params.count; k++)
     copy_shard(p->params.alloc, &p->meta[k], p->tp_rank, p->tp_size, whole_of(p, k, full), p->params.views[k].data,
                to_local);

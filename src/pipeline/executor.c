@@ -8,15 +8,15 @@
 #include "pipeline/executor_state.h"
 #include "pipeline/grad_sync.h"
 #include "layers/run_buffers.h"
-#include "plan/memory.h"
+#include "plan/rank_sheet.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/mappings.h"
 
-static int stage_of(const loom_pipeline *pipe, int chunk) { return loom_virtual_stage(&pipe->sched, pipe->ps->pp_rank, chunk); }
+static int stage_of(const loom_pipeline *pipe, int chunk) { return loom_virtual_stage(pipe->sched, pipe->ps->pp_rank, chunk); }
 /* The chunk of this rank holding stage `stage`, or -1. */
 int loom_pipeline_chunk_holding(const loom_pipeline *pipe, int stage) {
   int rank, chunk;
-  loom_stage_place(pipe->sched.v_shape, pipe->ps->pp, stage, &rank, &chunk);
+  loom_stage_place(pipe->sched->v_shape, pipe->ps->pp, stage, &rank, &chunk);
   return rank == pipe->ps->pp_rank ? chunk : -1;
 }
 static size_t act_floats(const loom_pipeline *pipe) {
@@ -26,84 +26,90 @@ static size_t act_floats(const loom_pipeline *pipe) {
 static void hook_before(void *ctx, loom_gpt *m, bool backward, int layer);
 static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer);
 
-static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+/* Each chunk's layers with the sheet's slots and weight-grad states (the memory model's counts; evaluation keeps to
+ * them too). */
+static loom_status build_chunks(loom_pipeline *pipe, const loom_rank_sheet *sheet, const loom_ops *ops, uint64_t seed,
+                                int zero_dp) {
+  loom_status st = LOOM_OK;
+  pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
+  for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
+    const loom_sheet_chunk *k = &sheet->chunk[c];
+    st = loom_gpt_init_stage(&pipe->chunks[c], &sheet->model, ops, seed, &pipe->tp, &k->range, k->recompute, zero_dp,
+                             sheet->zero_stage);
+    pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
+    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], sheet->seq, sheet->micro_batch, k->slots);
+    if (st == LOOM_OK && k->weight_states) st = loom_gpt_set_weight_states(&pipe->chunks[c], k->weight_states);
+    if (st == LOOM_OK) pipe->chunks[c].w.block.ring.log = &pipe->ring_log;
+  }
+  return st;
+}
+
+/* What crosses data parallelism beside the grads: their bf16 twins, and grad compression's state. */
+static loom_status build_dp(loom_pipeline *pipe, const loom_rank_sheet *sheet, const loom_ops *ops, uint64_t seed,
+                            loom_error *err) {
+  pipe->grads_bf16 = sheet->grad_dtype == LOOM_DTYPE_BF16;
+  if (pipe->grads_bf16 && pipe->zero_stage < 2) { /* ZeRO-2/3's runtime keeps its own, a layer at a time */
+    pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
+    for (int c = 0; c < pipe->v; c++) { /* ZeRO-1 pads */
+      const size_t bytes = pipe->chunks[c].p.grads.capacity * sizeof(uint16_t);
+      pipe->grad16[c] = ops->mem->zalloc(ops->mem, bytes, loom_run_buffer_name(LOOM_BUF_GRAD_BF16));
+      if (!pipe->grad16[c])
+        return loom_fail(err, LOOM_ERR_NOMEM, "out of memory: %s of %zu bytes on pipeline stage %d",
+                         loom_run_buffer_name(LOOM_BUF_GRAD_BF16), bytes, pipe->ps->pp_rank);
+    }
+  }
+  if (sheet->compression.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) return LOOM_OK;
+  pipe->compress = loom_xcalloc((size_t)pipe->v, sizeof *pipe->compress, "grad compression");
+  loom_status st = LOOM_OK;
+  for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
+    st = loom_grad_compress_init(&pipe->compress[c], &sheet->compression, &pipe->chunks[c].p, seed, ops);
+  if (st != LOOM_OK) return loom_fail(err, st, "out of memory for grad compression's state on pipeline stage %d", pipe->ps->pp_rank);
+  return LOOM_OK;
+}
+
+static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loom_rank_sheet *sheet, const loom_ops *ops,
                          uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
-  LOOM_CHECK(ps->tp == plan->parallel->tp && ps->pp == plan->parallel->pp && ps->dp == plan->parallel->dp &&
-                 ps->cp == plan->parallel->cp,
-             "the grid is the plan's");
-  loom_gpt_config model;
-  loom_plan_model_config(plan, &model);
-  loom_plan_context_config(plan, &model);
-  const loom_gpt_config *cfg = &model;
-  const int T = loom_plan_train_seq(plan), B = plan->batch->micro_batch;
+  LOOM_CHECK(ps->tp == sheet->size.tp && ps->pp == sheet->size.pp && ps->dp == sheet->size.dp && ps->cp == sheet->size.cp &&
+                 ps->pp_rank == sheet->at.pp,
+             "the grid is the sheet's");
+  const int T = sheet->seq, B = sheet->micro_batch;
   pipe->ps = ps;
+  pipe->sheet = sheet;
   pipe->tp = loom_tp_of(ps);
-  pipe->v = plan->parallel->virtual_chunks;
+  pipe->v = sheet->chunks;
   pipe->S = ps->pp * pipe->v;
-  pipe->m = loom_plan_micro_batches(plan);
-  pipe->zero_stage = plan->parallel->zero_stage;
+  pipe->m = sheet->micro_batches;
+  pipe->zero_stage = sheet->zero_stage;
   pipe->bucket_bytes = bucket_bytes;
   pipe->T = T;
   pipe->B = B;
-  loom_status st = loom_plan_schedule(plan, &pipe->sched, err);
-  if (st != LOOM_OK) return st;
-  pipe->chunks = loom_xcalloc((size_t)pipe->v, sizeof *pipe->chunks, "chunks");
-  /* Each chunk's slots and weight-grad states, and every rank's send buffers (evaluation keeps to them too), as
-   * the memory model counts them (plan/memory.h): at least what this schedule's events reach. */
-  int *wstate_caps = loom_xcalloc((size_t)ps->pp * pipe->v, sizeof *wstate_caps, "weight-grad state counts");
-  pipe->slot_cap = loom_xcalloc((size_t)ps->pp * pipe->v, sizeof *pipe->slot_cap, "slot counts");
-  pipe->send_cap = loom_xcalloc((size_t)ps->pp, sizeof *pipe->send_cap, "send buffer counts");
-  for (int r = 0; r < ps->pp; r++)
-    loom_plan_rank_buffers(plan, r, &pipe->slot_cap[r * pipe->v], &wstate_caps[r * pipe->v], &pipe->send_cap[r]);
-  int *nslots = &pipe->slot_cap[ps->pp_rank * pipe->v], *nwstates = &wstate_caps[ps->pp_rank * pipe->v];
-  const int nsends = pipe->send_cap[ps->pp_rank];
-  for (int c = 0; c < pipe->v; c++) {
-    const loom_schedule_peaks peaks = loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, c);
-    LOOM_CHECK(peaks.live <= nslots[c] && peaks.deferred <= nwstates[c], "the memory model holds the schedule's buffers");
-  }
-  LOOM_CHECK(loom_schedule_rank_peaks(&pipe->sched, ps->pp_rank, -1).sends <= nsends, "the memory model holds the schedule's sends");
-  for (int c = 0; c < pipe->v && st == LOOM_OK; c++) {
-    const loom_stage_range range = loom_plan_stage_range(plan, stage_of(pipe, c));
-    st = loom_gpt_init_stage(&pipe->chunks[c], cfg, ops, seed, &pipe->tp, &range,
-                             loom_plan_stage_recompute(plan, stage_of(pipe, c)), zero_dp,
-                             plan->parallel->zero_stage);
-    pipe->chunks[c].hooks = (loom_gpt_hooks){.ctx = pipe, .before = hook_before, .after = hook_after};
-    if (st == LOOM_OK) st = loom_gpt_set_slots(&pipe->chunks[c], T, B, nslots[c]);
-    if (st == LOOM_OK && nwstates[c]) st = loom_gpt_set_weight_states(&pipe->chunks[c], nwstates[c]);
-    if (st == LOOM_OK) pipe->chunks[c].w.block.ring.log = &pipe->ring_log;
-  }
+  pipe->sched = &sheet->schedule;
+  loom_status st = build_chunks(pipe, sheet, ops, seed, zero_dp);
   if (st == LOOM_OK) {
+    int nslots[LOOM_PLAN_MAX_CHUNKS], nwstates[LOOM_PLAN_MAX_CHUNKS];
+    for (int c = 0; c < pipe->v; c++) nslots[c] = sheet->chunk[c].slots, nwstates[c] = sheet->chunk[c].weight_states;
     loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
     loom_pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
   }
-  free(wstate_caps);
   if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
   pipe->mem = ops->mem;
-  loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), pipe->chunks[0].p.cfg.bf16, ps->pp, pipe->v,
-                pipe->sched.v_shape, pipe->m,
-                nsends);
-  pipe->dout = loom_xzalloc(pipe->mem, act_floats(pipe) * sizeof(float), loom_run_buffer_name(LOOM_BUF_DOUT));
-  pipe->bucket_req = loom_xcalloc(3 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_req, "bucket requests");
-  pipe->bucket_at = loom_xcalloc(12 * ((size_t)cfg->layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
-  pipe->grads_bf16 = plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && ps->dp * ps->cp > 1;
-  if (pipe->grads_bf16 && pipe->zero_stage < 2) { /* ZeRO-2/3's runtime keeps its own, a layer at a time */
-    pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
-    for (int c = 0; c < pipe->v; c++)
-      pipe->grad16[c] = loom_xzalloc(ops->mem, pipe->chunks[c].p.grads.capacity * sizeof(uint16_t), loom_run_buffer_name(LOOM_BUF_GRAD_BF16)); /* ZeRO-1 pads */
-  }
-  const loom_compression gc = loom_plan_compression(plan);
-  if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE && ps->dp * ps->cp > 1) {
-    pipe->compress = loom_xcalloc((size_t)pipe->v, sizeof *pipe->compress, "grad compression");
-    for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
-      st = loom_grad_compress_init(&pipe->compress[c], &gc, &pipe->chunks[c].p, seed, ops);
-    if (st != LOOM_OK) return loom_fail(err, st, "out of memory for grad compression's state on pipeline stage %d", ps->pp_rank);
-  }
+  loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), sheet->model.bf16, ps->pp, pipe->v, pipe->sched->v_shape,
+                pipe->m, sheet->sends);
+  const size_t dout = act_floats(pipe) * sizeof(float);
+  pipe->dout = ops->mem->zalloc(ops->mem, dout, loom_run_buffer_name(LOOM_BUF_DOUT));
+  if (!pipe->dout)
+    return loom_fail(err, LOOM_ERR_NOMEM, "out of memory: %s of %zu bytes on pipeline stage %d",
+                     loom_run_buffer_name(LOOM_BUF_DOUT), dout, ps->pp_rank);
+  pipe->bucket_req = loom_xcalloc(3 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_req, "bucket requests");
+  pipe->bucket_at = loom_xcalloc(12 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
+  st = build_dp(pipe, sheet, ops, seed, err);
+  if (st != LOOM_OK) return st;
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
   pipe->targets = loom_xmalloc((size_t)T * B * sizeof(int), "targets");
   pipe->pred = loom_xmalloc((size_t)T * B * sizeof(int), "predictions");
   if (ps->cp > 1) { /* this rank's rows of them */
-    const size_t rows = (size_t)loom_gpt_local_seq(&model, T);
+    const size_t rows = (size_t)loom_gpt_local_seq(&sheet->model, T);
     pipe->local_tokens = loom_xmalloc(rows * B * sizeof(int), "tokens");
     pipe->local_targets = loom_xmalloc(rows * B * sizeof(int), "targets");
     pipe->local_pred = loom_xmalloc(rows * B * sizeof(int), "predictions");
@@ -111,10 +117,10 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
   return LOOM_OK;
 }
 
-loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_rank_sheet *sheet, const loom_ops *ops,
                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err) {
   loom_pipeline *pipe = loom_xcalloc(1, sizeof *pipe, "pipeline");
-  const loom_status st = build(pipe, ps, plan, ops, seed, bucket_bytes, zero_dp, err);
+  const loom_status st = build(pipe, ps, sheet, ops, seed, bucket_bytes, zero_dp, err);
   if (st != LOOM_OK) loom_pipeline_free(pipe), pipe = NULL;
   *out = pipe;
   return st;
@@ -126,7 +132,7 @@ loom_gpt *loom_pipeline_chunk(const loom_pipeline *pipe, int c) {
   return &pipe->chunks[c];
 }
 int loom_pipeline_micro_batches(const loom_pipeline *pipe) { return pipe->m; }
-const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe) { return &pipe->sched; }
+const loom_schedule *loom_pipeline_schedule(const loom_pipeline *pipe) { return pipe->sched; }
 const loom_compression *loom_pipeline_compression(const loom_pipeline *pipe) {
   return pipe->compress ? &pipe->compress[0].cfg : NULL;
 }
@@ -164,8 +170,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   loom_pool_free(&pipe->slots);
   loom_pool_free(&pipe->wstates);
   loom_p2p_free(&pipe->p2p);
-  free(pipe->send_cap);
-  free(pipe->slot_cap);
   if (pipe->dout) pipe->mem->release(pipe->mem, pipe->dout);
   free(pipe->tokens);
   free(pipe->targets);
@@ -181,7 +185,6 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->grad16);
   for (int c = 0; pipe->compress && c < pipe->v; c++) loom_grad_compress_free(&pipe->compress[c]);
   free(pipe->compress);
-  loom_schedule_free(&pipe->sched);
   loom_schedule_free(&pipe->eval_sched);
   free(pipe);
 }
@@ -424,7 +427,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
     if (pipe->zero) loom_zero_zero_grad(pipe->zero[c].z);
     loom_gpt_sync_compute_weights(&pipe->chunks[c]); /* the master weights as the last step (or a load) left them */
   }
-  const run_spec spec = {.sched = &pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,
+  const run_spec spec = {.sched = pipe->sched, .train = true, .step = step, .sample_offset = sample_offset,
                          .dloss = scored ? 1.0f / (float)scored : 0.0f};
   run_totals t = {0};
   run_actions(pipe, hooks, &spec, &t);
@@ -443,7 +446,7 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
 static loom_status eval_schedule(loom_pipeline *pipe, int m, loom_error *err) {
   if (pipe->eval_sched.count && pipe->eval_sched.m == m) return LOOM_OK;
   loom_schedule_free(&pipe->eval_sched);
-  loom_status st = loom_schedule_build_eval(&pipe->eval_sched, pipe->sched.kind, pipe->ps->pp, pipe->v, m, err);
+  loom_status st = loom_schedule_build_eval(&pipe->eval_sched, pipe->sched->kind, pipe->ps->pp, pipe->v, m, err);
   if (st == LOOM_OK) {
     loom_schedule_report rep;
     st = loom_schedule_verify(&pipe->eval_sched, &rep);
@@ -464,9 +467,9 @@ static loom_status eval_schedule(loom_pipeline *pipe, int m, loom_error *err) {
 static bool eval_fits(const loom_pipeline *pipe) {
   const loom_schedule *s = &pipe->eval_sched;
   for (int r = 0; r < s->p; r++) {
-    if (loom_schedule_rank_peaks(s, r, -1).sends > pipe->send_cap[r]) return false;
+    if (loom_schedule_rank_peaks(s, r, -1).sends > pipe->sheet->rank_sends[r]) return false;
     for (int c = 0; c < pipe->v; c++)
-      if (loom_schedule_rank_peaks(s, r, c).live > pipe->slot_cap[r * pipe->v + c]) return false;
+      if (loom_schedule_rank_peaks(s, r, c).live > pipe->sheet->rank_slots[r * pipe->v + c]) return false;
   }
   return true;
 }

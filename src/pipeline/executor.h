@@ -17,7 +17,7 @@
 #include "optim/zero.h"
 #include "optim/grad_compress.h"
 #include "plan/grad_compression.h"
-#include "plan/plan.h"
+#include "plan/rank_sheet.h"
 #include "schedule/schedule.h"
 #include "tensor_parallel/parallel_state.h"
 
@@ -47,13 +47,13 @@ typedef struct {
   double dp_wait_s;    /* time spent finishing those reductions after backward */
 } loom_pipeline_stats;
 
-/* Builds this rank's chunks of a validated plan (loom_plan_validate): its
- * stages, schedule, micro-batches, recompute and ZeRO stage; ps is the plan's
- * grid and must outlive the pipeline. bucket_bytes: data-parallel grad
+/* Builds this rank's chunks from its sheet (plan/rank_sheet.h): their
+ * stages, recompute and buffers, the schedule, the micro-batches and the ZeRO
+ * stage; ps is the sheet's grid. Both must outlive the pipeline. bucket_bytes: data-parallel grad
  * buckets reduced during backward (0: all at the end). zero_dp > 0: the
  * chunks are built for the plan's ZeRO stage over that many replicas
  * (loom_gpt_init_stage). On failure *out is NULL. */
-loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_plan *plan, const loom_ops *ops,
+loom_status loom_pipeline_new(loom_pipeline **out, const loom_parallel *ps, const loom_rank_sheet *sheet, const loom_ops *ops,
                               uint64_t seed, size_t bucket_bytes, int zero_dp, loom_error *err);
 /* Frees what loom_pipeline_new built (NULL is fine). */
 void loom_pipeline_free(loom_pipeline *pipe);

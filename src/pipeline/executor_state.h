@@ -12,14 +12,13 @@
 
 struct loom_pipeline {
   const loom_parallel *ps;
+  const loom_rank_sheet *sheet; /* what the pipeline is built from */
   loom_tp tp;
-  loom_schedule sched;
+  const loom_schedule *sched;   /* the sheet's */
   int v, S, m, T, B;
   loom_gpt *chunks;       /* [v] */
   loom_schedule eval_sched; /* forward-only, built on the first evaluation */
   int eval_batches, eval_round; /* the last evaluation's batches, and the rounds it ran them in */
-  int *send_cap;            /* [pp] each pipeline rank's send buffers, by the memory model */
-  int *slot_cap;            /* [pp * v] each pipeline rank's slots per chunk, by the memory model */
   /* The buffers the schedule's events hand out (schedule/schedule.h). */
   loom_buffer_pool slots;   /* activations of a micro-batch on a chunk */
   loom_buffer_pool wstates; /* split backwards' weight-grad states: taken at B, returned at W */

@@ -195,8 +195,8 @@ loom_status loom_trace_write(const loom_pipeline *pipe, loom_comm *world, const 
         if (e[0] >= 0) spans[n++] = (loom_trace_span){r, (int)e[0], (int)e[1], (int)e[2], e[3], e[4], pp_rank, (int)e[5]};
       }
     }
-    const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched.kind),
-                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(&pipe->sched), &pipe->sched,
+    const loom_trace_info info = {ranks, pipe->ps->pp, pipe->v, pipe->m, loom_schedule_kind_name(pipe->sched->kind),
+                                  "bubble_measured", *bubble, loom_schedule_theory_bubble(pipe->sched), pipe->sched,
                                   ring, nring};
     st = loom_trace_write_json(path, spans, n, &info, err);
     free(spans);

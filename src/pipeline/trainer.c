@@ -35,22 +35,24 @@ static void expert_bias_init(loom_trainer *tr) {
 
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
-  *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .T = loom_plan_train_seq(plan),
-                       .micro_batch = plan->batch->micro_batch, .global_batch = plan->batch->global_batch,
-                       .mem = ops->mem};
+  *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .mem = ops->mem};
+  /* Everything resolved about this rank's part, once. */
+  loom_status st = loom_rank_sheet_fill(&tr->sheet, plan, loom_comm_rank(world), err);
+  if (st != LOOM_OK) return st;
+  const loom_rank_sheet *sh = &tr->sheet;
+  tr->T = sh->seq, tr->micro_batch = sh->micro_batch, tr->global_batch = sh->global_batch;
   /* The run's tensor memory is counted from here: the allocator's peak over what it held before. */
   ops->mem->reset_peak(ops->mem);
   tr->baseline_tensor = ops->mem->counts(ops->mem).in_use;
   loom_comm_use_memory(world, ops->mem); /* the groups' buffers are the backend's */
-  loom_parallel_init(&tr->ps, world, plan->parallel->tp, plan->parallel->pp, plan->parallel->dp, plan->parallel->cp,
-                     plan->parallel->sequence_parallel);
-  loom_parallel_init_experts(&tr->ps, plan->parallel->etp, plan->parallel->ep);
+  loom_parallel_init(&tr->ps, world, sh->size.tp, sh->size.pp, sh->size.dp, sh->size.cp, sh->sequence_parallel);
+  loom_parallel_init_experts(&tr->ps, sh->etp, sh->ep);
   /* ZeRO shards over the ranks holding the same parameters: dp x cp (Megatron-Core's data-parallel group with cp). */
-  const int zero_stage = plan->parallel->zero_stage;
-  const int zero_dp = !o->forward_only && zero_stage ? loom_plan_grad_replicas(plan) : 0;
+  const int zero_stage = sh->zero_stage;
+  const int zero_dp = !o->forward_only && zero_stage ? sh->grad_replicas : 0;
   /* The plan's --overlap-grad-reduce: grads reduced in buckets during backward, else all after it. */
-  const size_t buckets = loom_plan_overlaps(plan).grad_reduce ? o->bucket_bytes : 0;
-  loom_status st = loom_pipeline_new(&tr->pipe, &tr->ps, plan, ops, o->seed, buckets, zero_dp, err);
+  const size_t buckets = sh->overlap.grad_reduce ? o->bucket_bytes : 0;
+  st = loom_pipeline_new(&tr->pipe, &tr->ps, sh, ops, o->seed, buckets, zero_dp, err);
   if (st == LOOM_OK) expert_bias_init(tr);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
@@ -172,6 +174,7 @@ void loom_trainer_free(loom_trainer *tr) {
   free_optimizers(tr);
   loom_pipeline_free(tr->pipe);
   loom_parallel_free(&tr->ps);
+  loom_rank_sheet_free(&tr->sheet);
 }
 
 /* The busiest expert's tokens over the mean in layer l of the last step. */
@@ -247,7 +250,12 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   return st;
 }
 
-loom_memory loom_trainer_memory(const loom_trainer *tr) { return loom_plan_rank_memory(tr->plan, tr->ps.pp_rank); }
+loom_memory loom_trainer_memory(const loom_trainer *tr) { return loom_rank_sheet_memory(&tr->sheet); }
+
+int loom_trainer_buffers(const loom_trainer *tr, const loom_buffer_row **rows) {
+  *rows = tr->sheet.buffers;
+  return tr->sheet.nbuffers;
+}
 
 double loom_trainer_tensor_peak(const loom_trainer *tr) {
   return (double)tr->mem->counts(tr->mem).peak - (double)tr->baseline_tensor;

@@ -29,6 +29,7 @@ typedef struct {
 
 typedef struct {
   const loom_plan *plan;
+  loom_rank_sheet sheet; /* this rank's part of the plan, which everything below is built from */
   loom_parallel ps;
   loom_pipeline *pipe;
   loom_adamw *opts;  /* [loom_pipeline_chunk_count(pipe)] */
@@ -93,8 +94,10 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
                               loom_error *err);
 /* Local parameters over this rank's chunks. */
 size_t loom_trainer_local_params(const loom_trainer *tr);
-/* The tensor memory this rank allocates by the memory model (plan/memory.h). */
+/* The tensor memory this rank allocates by the memory model (plan/memory.h): its sheet's buffer list by kind. */
 loom_memory loom_trainer_memory(const loom_trainer *tr);
+/* That list, row by row; returns the number of rows. */
+int loom_trainer_buffers(const loom_trainer *tr, const loom_buffer_row **rows);
 /* The most tensor memory this rank has held at once since loom_trainer_init
  * began, over what its allocator held before: the backend allocator's count. */
 double loom_trainer_tensor_peak(const loom_trainer *tr);
