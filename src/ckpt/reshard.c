@@ -10,7 +10,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/manifest.h"
 #include "core/log.h"
-#include "plan/plan.h"
+#include "plan/rank_sheet.h"
 #include "schedule/schedule.h"
 
 /* One rank of a layout, built without communication. */
@@ -35,11 +35,9 @@ static void free_rank(offline_rank *r) {
   memset(r, 0, sizeof *r);
 }
 
-/* Rank `rank` of `to` (tp fastest, then dp, then pp), with stage s holding
- * layers [begin[s], begin[s + 1]). */
-static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int rank, offline_rank *r) {
-  const int tp_rank = rank % to->tp, dp_rank = rank / to->tp % to->dp, pp_rank = rank / (to->tp * to->dp);
-  const int stages = to->pp * to->vpp;
+/* The rank of `to` its sheet describes (its coordinates and its chunks' layers). */
+static loom_status build_rank(const loom_ckpt_run *to, const loom_rank_sheet *sheet, offline_rank *r) {
+  const int tp_rank = sheet->at.tp, dp_rank = sheet->at.dp;
   const loom_gpt_config cfg = loom_gpt_config_for_tp(&to->cfg, to->tp);
   const loom_adamw_config oc = loom_adamw_defaults();
   memset(r, 0, sizeof *r);
@@ -50,9 +48,7 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
   else r->opt = calloc((size_t)r->n, sizeof *r->opt);
   loom_status st = r->p && r->chunks && (r->z || r->opt) ? LOOM_OK : LOOM_ERR_NOMEM;
   for (int c = 0; c < r->n && st == LOOM_OK; c++) {
-    const int s = loom_stage_of(false, to->pp, pp_rank, c); /* the layouts it writes are looped (1f1b, interleaved) */
-    const loom_stage_range range = {begin[s], begin[s + 1], s == 0, s == stages - 1};
-    st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &range, &loom_host_memory);
+    st = loom_gpt_params_init_weights(&r->p[c], &cfg, tp_rank, to->tp, &sheet->chunk[c].range, &loom_host_memory);
     const loom_zero_group dp = {dp_rank, to->dp, NULL}, groups[LOOM_ZERO_GROUPS] = {dp, dp}; /* ep 1 */
     if (st == LOOM_OK) st = to->zero ? loom_zero_init(&r->z[c], &r->p[c], groups, to->zero, &oc) : loom_adamw_init(&r->opt[c], &r->p[c], &oc);
     if (st == LOOM_OK) r->chunks[c] = to->zero ? loom_ckpt_chunk_zero(&r->p[c], &r->z[c]) : loom_ckpt_chunk_adamw(&r->p[c], &r->opt[c]);
@@ -63,10 +59,14 @@ static loom_status build_rank(const loom_ckpt_run *to, const int *begin, int ran
 /* Fills rank `rank` of `to` from the checkpoint (only the shard files holding
  * its pieces) and writes its shard under out_dir. */
 static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_run *to,
-                                const int *begin, int rank, const char *out_dir, uint64_t save_id,
+                                const loom_plan *plan, int rank, const char *out_dir, uint64_t save_id,
                                 loom_shard_written *written, loom_error *err) {
-  offline_rank r;
-  loom_status st = build_rank(to, begin, rank, &r);
+  loom_rank_sheet sheet;
+  loom_status st = loom_rank_sheet_fill(&sheet, plan, rank, err);
+  offline_rank r = {0};
+  if (st == LOOM_OK) st = build_rank(to, &sheet, &r);
+  const int dp_rank = sheet.at.dp; /* the layout written holds every expert on every rank: ep 1 */
+  loom_rank_sheet_free(&sheet);
   if (st != LOOM_OK) {
     free_rank(&r);
     return loom_fail(err, st, "loom ckpt reshard: out of memory building rank %d", rank);
@@ -84,7 +84,6 @@ static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest 
   loom_want_index_free(ix);
   char path[4200];
   loom_ckpt_shard_path(out_dir, rank, path, sizeof path);
-  const int dp_rank = rank / to->tp % to->dp; /* the layout written holds every expert on every rank: ep 1 */
   const int count = loom_ckpt_save_pieces(r.chunks, r.n, dp_rank, dp_rank, to->zero >= 1, pieces);
   const loom_shard_binding binding = {save_id, mf->step, rank};
   if (st == LOOM_OK) st = loom_shard_file_write(path, &binding, pieces, count, &written->bytes, &written->crc32c, err);
@@ -117,27 +116,25 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   to.compression_layout = NULL;
   const int world = tp * pp * dp;
   /* The new layout is a plan, built and validated as every run's is. Its
-   * micro-batch only needs to split the global batch over dp (and into a
-   * multiple of pp micro-batches when interleaved): the run that resumes
+   * micro-batch only needs to split the global batch over dp into a count
+   * the schedule takes (loom_schedule_shape_problem): the run that resumes
    * brings its own. */
+  const loom_schedule_kind kind = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B;
   int micro = to.micro_batch;
   for (int b = to.micro_batch; b >= 1; b--)
-    if (to.global_batch % (b * dp) == 0 && (vpp == 1 || to.global_batch / (b * dp) % pp == 0)) {
+    if (to.global_batch % (b * dp) == 0 && !loom_schedule_shape_problem(kind, pp, vpp, to.global_batch / (b * dp), NULL, 0)) {
       micro = b;
       break;
     }
   const loom_plan_spec spec = {.model = to.cfg, .tp = tp, .pp = pp,
                                .dp = dp, .vpp = vpp, .zero_stage = zero, .micro_batch = micro,
                                .global_batch = to.global_batch,
-                               .schedule = vpp > 1 ? LOOM_SCHEDULE_INTERLEAVED : LOOM_SCHEDULE_1F1B,
+                               .schedule = kind,
                                .layer_counts = layer_counts, .nlayer_counts = ncounts};
   loom_plan *plan = NULL;
   if (st == LOOM_OK) st = loom_error_prefix(err, loom_plan_build(&spec, &plan, err), "loom ckpt reshard");
   if (st == LOOM_OK) st = loom_error_prefix(err, loom_plan_refuse(plan, &(loom_plan_limits){.world = world}, err),
                                              "loom ckpt reshard");
-  int *begin = calloc((size_t)(pp * vpp) + 1, sizeof *begin);
-  for (int v = 0; st == LOOM_OK && v < pp * vpp; v++) begin[v + 1] = loom_plan_stage_range(plan, v).layer_end;
-  loom_plan_free(plan);
   struct stat sb;
   const bool made_dst = st == LOOM_OK && stat(dst, &sb) != 0; /* a failure removes what this call made, and only that */
   if (st == LOOM_OK) st = loom_ckpt_make_dir(dst, err);
@@ -147,14 +144,14 @@ loom_status loom_ckpt_reshard(const char *src, const char *dst, int tp, int pp, 
   loom_shard_written *written = calloc((size_t)world, sizeof *written);
   const uint64_t save_id = loom_ckpt_fresh_save_id();
   for (int rank = 0; rank < world && st == LOOM_OK; rank++)
-    st = reshard_rank(sub, mf, &to, begin, rank, out_dir, save_id, &written[rank], err);
+    st = reshard_rank(sub, mf, &to, plan, rank, out_dir, save_id, &written[rank], err);
   if (st == LOOM_OK) st = loom_manifest_publish(dst, mf->step, save_id, &to, written, world, 0, err);
   if (st != LOOM_OK && began) {
     loom_ckpt_remove_step(out_dir);
     if (made_dst) rmdir(dst);
   }
   free(written);
-  free(begin);
+  loom_plan_free(plan);
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }
