@@ -30,7 +30,7 @@
 #include "comm/mpi/comm_mpi.h"
 #include "core/timer.h"
 #include "layers/gpt.h"
-#include "plan/plan.h"
+#include "plan/memory.h"
 #ifdef LOOM_HAVE_NCCL
 #include "backend/cuda/cuda_backend.h"
 #include "comm/nccl/comm_nccl.h"
@@ -129,14 +129,15 @@ static int plan_sizes(const loom_plan *plan, double bucket_mb, size_t *sizes, in
   return n;
 }
 
-/* ZeRO-3's bucket sizes (floats of one tp rank) in a plan: each stage's layer and edges. Returns how many. */
+/* ZeRO-3's bucket sizes (floats of one tp rank, padded over the replicas as ZeRO's cut pads them) in a plan: each
+ * stage's largest layer and its edges. Returns how many. */
 static int zero3_sizes(const loom_plan *plan, size_t *sizes, int cap) {
   int n = 0;
   for (size_t k = 0; k < plan->n_stages; k++) {
     const loom_stage_range range = loom_plan_stage_range(plan, (int)k);
-    const loom_zero_sizes z = loom_plan_zero_buckets(plan, &range);
-    n = add_distinct(sizes, n, cap, (size_t)z.layer);
-    n = add_distinct(sizes, n, cap, (size_t)z.edges);
+    const loom_zero_cut z = loom_plan_zero_cut(plan, &range);
+    n = add_distinct(sizes, n, cap, z.layer_max);
+    n = add_distinct(sizes, n, cap, z.edges);
   }
   return n;
 }

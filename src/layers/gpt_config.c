@@ -97,6 +97,8 @@ loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp) {
   return c;
 }
 
+int loom_gpt_vocab_shard(const loom_gpt_config *cfg, int tp) { return loom_gpt_config_for_tp(cfg, tp).padded_vocab / tp; }
+
 loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int ep, int ep_rank) {
   loom_gpt_config c = *cfg;
   if (loom_gpt_is_moe(&c)) c.moe.etp = etp, c.moe.ep = ep, c.moe.ep_rank = ep_rank;

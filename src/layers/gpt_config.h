@@ -120,6 +120,8 @@ void loom_gpt_config_finish(loom_gpt_config *cfg);
 /* The config a tp-way split uses: vocab padded to a multiple of 128 * tp, as
  * Megatron does, so every rank holds an equal vocab range. */
 loom_gpt_config loom_gpt_config_for_tp(const loom_gpt_config *cfg, int tp);
+/* Rows of the vocabulary (its padded table: embedding, head, logits) each of tp ranks holds. */
+int loom_gpt_vocab_shard(const loom_gpt_config *cfg, int tp);
 
 /* The config one rank of an expert-parallel group of ep holds: its
  * experts' share of a MoE model (sizes and names; ep_rank 0 for sizes),

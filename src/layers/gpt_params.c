@@ -7,6 +7,7 @@
 #include "core/rng.h"
 #include "layers/gpt_params.h"
 #include "layers/run_buffers.h"
+#include "tensor_parallel/parallel_state.h"
 
 typedef struct {
   loom_tensor *specs;
@@ -700,7 +701,7 @@ loom_zero_cut loom_gpt_zero_cut(const loom_gpt_config *cfg, const loom_stage_ran
   const size_t dp = (size_t)(dp_size > 0 ? dp_size : 1);
   const bool apart = loom_gpt_zero_experts_apart(cfg);
   /* The experts' replicas: the stage's tp x dp ranks over the expert-parallel and expert-tensor-parallel sizes. */
-  const size_t edp = apart ? (size_t)tp * dp / ((size_t)cfg->moe.ep * (size_t)loom_gpt_expert_tp(cfg)) : dp;
+  const size_t edp = apart ? (size_t)loom_expert_data_size(tp, dp, loom_gpt_expert_tp(cfg), cfg->moe.ep) : dp;
   loom_zero_cut z = {0};
   if (loom_gpt_zero_in_place(cfg, stage)) { /* one bucket: the whole chunk */
     z.shard = z.max_shard = ceil_div((size_t)loom_gpt_param_count(cfg, range, tp), dp);

@@ -126,9 +126,6 @@ static void add_held(row_list *l, loom_memory_kind kind, loom_run_buffer name, i
   add(l, kind, name, count, elements ? elements : 1, dtype, LOOM_LIFE_RUN);
 }
 
-/* The fp32 type, and the one weights are gathered and grads cross dp in. */
-static loom_dtype weight_dtype(const loom_gpt_config *cfg) { return cfg->bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32; }
-
 /* Parameters, grads, Adam and ZeRO's buffers: as the layers keep them
  * (loom_gpt_params_stored_elements), and as the optimizers (optim/adamw.c,
  * optim/zero.c) and ZeRO-2/3's runtime (pipeline/zero_runtime.c) allocate
@@ -164,15 +161,15 @@ static void add_state(row_list *l, const loom_plan *p, const loom_gpt_config *cf
   add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE, 2, z.layer_shard, f32);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS, 1, z.edges, f32);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE, 1, z.edge_shard, f32);
-  const int twins = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && dp > 1;
+  const int twins = loom_plan_grad_reduce_dtype(p) == LOOM_DTYPE_BF16 && dp > 1;
   add_held(l, t, LOOM_BUF_ZERO_LAYER_GRADS_BF16, 2 * twins, z.layer_max, bf16);
   add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE_BF16, 2 * twins, z.layer_shard, bf16);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS_BF16, twins, z.edges, bf16);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE_BF16, twins, z.edge_shard, bf16);
   const int three = zero == 3;
-  add_held(l, t, LOOM_BUF_ZERO_LAYER_WEIGHTS, 2 * three, z.layer_max, weight_dtype(cfg));
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_WEIGHTS, 2 * three, z.layer_max, loom_plan_compute_dtype(p));
   add_held(l, t, LOOM_BUF_ZERO_LAYER_SEND, 2 * three, z.layer_shard, f32);
-  add_held(l, t, LOOM_BUF_ZERO_EDGE_WEIGHTS, three, z.edges, weight_dtype(cfg));
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_WEIGHTS, three, z.edges, loom_plan_compute_dtype(p));
 }
 
 /* Activation slots, weight-grad states and the chunk's scratch, as the layers list them. */
@@ -212,7 +209,7 @@ static void add_dp(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, 
   const Loom__Parallel *x = p->parallel;
   if (loom_plan_grad_replicas(p) < 2) return;
   const size_t n = (size_t)loom_gpt_param_count(cfg, range, x->tp);
-  if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && x->zero_stage < 2)
+  if (loom_plan_grad_reduce_dtype(p) == LOOM_DTYPE_BF16 && x->zero_stage < 2)
     add_held(l, LOOM_MEM_GRAD_REDUCE, LOOM_BUF_GRAD_BF16, 1,
              loom_gpt_zero_in_place(cfg, x->zero_stage)
                  ? loom_plan_zero_cut(p, range).shard * (size_t)loom_plan_grad_replicas(p) : n,

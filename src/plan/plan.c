@@ -13,6 +13,7 @@
 #include "plan/memory.h"
 #include "plan/plan.h"
 #include "schedule/verify.h"
+#include "tensor_parallel/parallel_state.h"
 
 /* The model's enums and the plan's are one list each, bridged by the casts below. */
 _Static_assert(LOOM_NORM_LAYERNORM == (int)LOOM__NORM__NORM_LAYERNORM && LOOM_NORM_RMSNORM == (int)LOOM__NORM__NORM_RMSNORM,
@@ -131,6 +132,19 @@ loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error 
                                              loom_plan_micro_batches(p), err);
   if (st == LOOM_OK && p->model->has_tied_embeddings && !p->model->tied_embeddings) loom_schedule_untie(s);
   return st;
+}
+
+loom_dtype loom_plan_compute_dtype(const loom_plan *p) {
+  return p->precision == LOOM__PRECISION__PRECISION_BF16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+}
+
+loom_dtype loom_plan_grad_reduce_dtype(const loom_plan *p) {
+  return p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
+}
+
+int loom_plan_expert_replicas(const loom_plan *p) {
+  const Loom__Parallel *l = p->parallel;
+  return l->ep > 1 ? loom_expert_data_size(l->tp, l->cp * l->dp, l->etp > 1 ? l->etp : 1, l->ep) : loom_plan_grad_replicas(p);
 }
 
 int loom_plan_train_seq(const loom_plan *p) { return p->batch->has_seq ? p->batch->seq : p->model->seq; }

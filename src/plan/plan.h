@@ -70,13 +70,6 @@ typedef struct {
 /* Builds the plan (with stages and estimates); the caller frees it. */
 loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_error *err);
 
-/* Parameter counts of one tp rank of a chunk that size ZeRO-2/3's buckets:
- * one layer, the edges (wte, wpe, final norm), the largest edge bucket and
- * the largest bucket. */
-typedef struct {
-  double layer, edges, largest_edge, largest;
-} loom_zero_sizes;
-loom_zero_sizes loom_plan_zero_buckets(const loom_plan *plan, const loom_stage_range *range);
 
 /* The training schedule the plan's ranks run (its kind, pp, chunks and
  * micro-batches), without the tied-embedding reduction when the model's
@@ -106,6 +99,15 @@ typedef struct {
 } loom_model_rooms;
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
 void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms);
+/* What the layers compute with (bf16 in mixed precision, else fp32), and
+ * what grads cross dp in (the plan's grad_reduce): their sizes are
+ * loom_dtype_size's. */
+loom_dtype loom_plan_compute_dtype(const loom_plan *plan);
+loom_dtype loom_plan_grad_reduce_dtype(const loom_plan *plan);
+/* The size of the experts' data-parallel groups (loom_expert_data_size:
+ * tp x cp x dp / (etp x ep)), the dense ones' (grad replicas) without
+ * expert parallelism. */
+int loom_plan_expert_replicas(const loom_plan *plan);
 /* The training sequence length: batch.seq, else model.seq. */
 int loom_plan_train_seq(const loom_plan *plan);
 /* What communication the plan runs beside compute (Overlap's fields, its

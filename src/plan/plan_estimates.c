@@ -27,7 +27,7 @@
  * parameter), plain data parallelism is 2 (d-1)/d: DeepSpeed's "2 Psi" for
  * large d. */
 /* Bytes a gathered weight takes: bf16 in bf16 runs. */
-static double weight_bytes(const loom_plan *p) { return p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0; }
+static double weight_bytes(const loom_plan *p) { return (double)loom_dtype_size(loom_plan_compute_dtype(p)); }
 
 /* Of those, ZeRO-1/2's all-gather of `words` stepped weights over d replicas; 0 otherwise. */
 static double gather_bytes_sent(const loom_plan *p, double d, double words) {
@@ -40,11 +40,21 @@ static double group_bytes_sent(const loom_plan *p, double d, double words, doubl
   const double share = (d - 1.0) / d; /* of a buffer each rank sends in a ring reduce-scatter or all-gather */
   const double m = loom_plan_micro_batches(p);
   const int zero = p->parallel->zero_stage;
-  const double grad = p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
+  const double grad = (double)loom_dtype_size(loom_plan_grad_reduce_dtype(p));
   const double passes = zero >= 2 ? m : zero == 1 ? 1.0 : 2.0; /* reduce-scatters per micro-batch, one, an all-reduce's two */
   double bytes = passes * share * grad * words + gather_bytes_sent(p, d, words);
   if (zero == 3) bytes += m * share * weight_bytes(p) * (2.0 * words - forward_only);
   return bytes;
+}
+
+/* Parameters of one tp rank of the range's embedding and head (no layer), from the layers' table. */
+static double edge_parameters(const loom_plan *p, const loom_stage_range *range) {
+  loom_gpt_config cfg;
+  loom_plan_rank_config(p, &cfg);
+  loom_stage_range edges, one[LOOM_LAYER_KINDS];
+  int layers[LOOM_LAYER_KINDS];
+  loom_stage_range_kinds(&cfg, range, &edges, one, layers);
+  return (double)loom_gpt_param_count(&cfg, &edges, p->parallel->tp);
 }
 
 /* Bytes one rank sends over dp (dp x cp: the ranks summing its grads) per step for a stage that costs c: as
@@ -59,7 +69,7 @@ static double dp_bytes_sent(const loom_plan *p, const loom_compression_cost *c, 
     return 2.0 * share * 4.0 * c->sent_words;
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_SIGN) /* the messages all-gathered, the rest all-reduced */
     return (d - 1.0) * 4.0 * c->message_words + 2.0 * share * 4.0 * (c->sent_words - c->message_words);
-  const double edges = p->parallel->zero_stage == 3 && !range->last ? (double)loom_plan_zero_buckets(p, range).edges : 0.0;
+  const double edges = p->parallel->zero_stage == 3 && !range->last ? edge_parameters(p, range) : 0.0;
   return group_bytes_sent(p, d, c->whole_words, edges);
 }
 
@@ -73,10 +83,17 @@ static double edp_bytes_sent(const loom_plan *p, const loom_stage_range *range, 
   if (l->ep <= 1) return 0.0;
   loom_gpt_config cfg;
   loom_plan_rank_config(p, &cfg);
-  const double edp = (double)l->tp * l->dp / ((double)l->ep * (l->etp > 1 ? l->etp : 1));
+  const double edp = loom_plan_expert_replicas(p);
   const double words = (double)loom_gpt_expert_param_count(&cfg, range);
   *gathered = gather_bytes_sent(p, edp, words);
   return group_bytes_sent(p, edp, words, 0.0);
+}
+
+/* The elements of one replica's optimizer piece of a range under ZeRO-1, padded as the optimizer pads it. */
+static size_t zero1_piece(const loom_plan *p, const loom_stage_range *range) {
+  loom_gpt_config cfg;
+  loom_plan_rank_config(p, &cfg);
+  return loom_gpt_zero_cut(&cfg, range, p->parallel->tp, loom_plan_grad_replicas(p), 1).shard;
 }
 
 void loom_plan_estimate(loom_plan *p) {
@@ -85,7 +102,7 @@ void loom_plan_estimate(loom_plan *p) {
   loom__estimates__init(p->estimates);
   Loom__Estimates *e = p->estimates;
   const Loom__Parallel *l = p->parallel;
-  const int tp = l->tp, dp = loom_plan_grad_replicas(p), pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
+  const int pp = l->pp, vpp = l->virtual_chunks, mb = loom_plan_micro_batches(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
   e->has_total_parameters = 1;
@@ -128,7 +145,8 @@ void loom_plan_estimate(loom_plan *p) {
     x->master_weights = (int64_t)mem.bytes[LOOM_MEM_MASTER];
     x->grads = (int64_t)mem.bytes[LOOM_MEM_GRADS];
     x->optimizer = (int64_t)mem.bytes[LOOM_MEM_OPTIMIZER];
-    x->optimizer_zero1 = (int64_t)(8.0 * (double)loom_gpt_param_count(&cfg, &range, tp) / dp); /* what ZeRO-1 would leave */
+    /* What ZeRO-1 would leave: Adam's two moments of the replica's padded piece (loom_gpt_zero_cut). */
+    x->optimizer_zero1 = (int64_t)(2.0 * (double)loom_dtype_size(LOOM_DTYPE_F32) * (double)zero1_piece(p, &range));
     x->zero_transient = (int64_t)mem.bytes[LOOM_MEM_ZERO_TRANSIENT];
     x->activations = (int64_t)mem.bytes[LOOM_MEM_ACTIVATIONS];
     x->activations_recompute = (int64_t)redo.bytes[LOOM_MEM_ACTIVATIONS];
@@ -150,19 +168,4 @@ int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activatio
   const loom_memory mem = loom_plan_rank_memory(p, pp_rank);
   if (activations) *activations = (int64_t)(mem.bytes[LOOM_MEM_ACTIVATIONS] + mem.bytes[LOOM_MEM_WEIGHT_GRAD_STATES]);
   return (int64_t)loom_memory_total(&mem);
-}
-
-loom_zero_sizes loom_plan_zero_buckets(const loom_plan *p, const loom_stage_range *range) {
-  loom_gpt_config cfg;
-  loom_plan_model_config(p, &cfg);
-  const int tp = p->parallel->tp, L = range->layer_end - range->layer_begin;
-  const double h = cfg.hidden;
-  const loom_stage_range one = {range->layer_begin, range->layer_begin + 1, false, false};
-  const loom_stage_range head = {0, 0, false, true};
-  const double wte = range->first || range->last ? (double)loom_gpt_param_count(&cfg, &head, tp) - 2.0 * h : 0.0;
-  const double wpe = range->first ? (double)cfg.seq * h : 0.0, ln_f = range->last ? 2.0 * h : 0.0;
-  loom_zero_sizes z = {.layer = L > 0 ? (double)loom_gpt_param_count(&cfg, &one, tp) : 0.0, .edges = wte + wpe + ln_f};
-  z.largest_edge = fmax(wte, fmax(wpe, ln_f));
-  z.largest = fmax(z.layer, z.largest_edge);
-  return z;
 }

@@ -55,9 +55,8 @@ loom_status loom_rank_sheet_fill(loom_rank_sheet *s, const loom_plan *plan, int 
   s->seq = loom_plan_train_seq(plan);
   s->micro_batch = plan->batch->micro_batch, s->global_batch = plan->batch->global_batch;
   s->micro_batches = loom_plan_micro_batches(plan);
-  s->compute_dtype = s->model.bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32;
-  s->grad_dtype = plan->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && s->grad_replicas > 1 ? LOOM_DTYPE_BF16
-                                                                                                 : LOOM_DTYPE_F32;
+  s->compute_dtype = loom_plan_compute_dtype(plan);
+  s->grad_dtype = s->grad_replicas > 1 ? loom_plan_grad_reduce_dtype(plan) : LOOM_DTYPE_F32;
   s->zero_stage = plan->parallel->zero_stage;
   s->overlap = loom_plan_overlaps(plan);
   s->compression = loom_plan_compression(plan);

@@ -55,6 +55,7 @@ typedef struct {
   Loom__Precision precision;
   Loom__Precision linear; /* the linear layers' GEMMs: the precision's, or fp8 under --fp8-format */
   double e;            /* bytes of an activation value */
+  double f32;          /* bytes of an fp32 value (grads, the loss's statistics, what crosses ranks in fp32) */
   double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch one rank holds (s / cp of each sequence) */
   double sq;           /* the queries of a sequence one rank holds: s, or s / cp under context parallelism */
   double rows;         /* tokens whose hidden vectors one rank holds in elementwise ops (1/tp under SP) */
@@ -100,7 +101,7 @@ static double gemm_backward(const layout *L, Loom__Precision dtype, double m, do
 static void fp8_casts(const layout *L, pass *f, pass *g, double m, double n, double k, double batch, bool fused_input) {
   if (L->linear != LOOM__PRECISION__PRECISION_FP8) return;
   if (!fused_input) stream(L, f, 3.0 * m * k * batch);
-  stream(L, g, 4.0 * m * n * batch);
+  stream(L, g, 4.0 * m * n * batch); /* one byte each: read and written twice */
 }
 
 /* A GEMM's forward, backward and the weight grad's share of it (as long as the forward), in dtype. */
@@ -195,17 +196,17 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   const double exchanged = (dropless ? load : 1.0) * n * k * h * e;
   for (int i = 0; i < 2; i++) ep_exchange(L, f, exchanged), ep_exchange(L, g, exchanged);
   if (L->etp > 1) { /* the gathered buffers: a block of each rank's n k rows (its counts first) */
-    etp_collective(L, f, LOOM_COLL_ALLGATHER, etp * El * 4.0);
+    etp_collective(L, f, LOOM_COLL_ALLGATHER, etp * El * L->f32);
     for (int i = 0; i < 2; i++) {
       pass *x = i ? g : f;
-      etp_collective(L, x, LOOM_COLL_ALLGATHER, etp * n * k * h * 4.0);
-      etp_collective(L, x, LOOM_COLL_REDUCE_SCATTER, etp * n * k * h * 4.0);
+      etp_collective(L, x, LOOM_COLL_ALLGATHER, etp * n * k * h * L->f32);
+      etp_collective(L, x, LOOM_COLL_REDUCE_SCATTER, etp * n * k * h * L->f32);
     }
   }
   if (!L->sp) return;
   tp_collective(L, f, LOOM_COLL_ALLREDUCE, 8.0 * E);
   if (c->moe.capacity_factor > 0.0)
-    for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * 4.0);
+    for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * L->f32);
 }
 
 /* Context parallelism's ring as layers/ring_attention.c runs it, given a
@@ -221,7 +222,7 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
  * gathered in each pass and, backward, for the grads' reduce-scatter. */
 static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double att_g) {
   if (L->cp < 2) return;
-  const double block = L->tokens * 2.0 * loom_gpt_local_kv_heads(&L->cfg, L->tp) * loom_gpt_head_dim(&L->cfg) * 4.0;
+  const double block = L->tokens * 2.0 * loom_gpt_local_kv_heads(&L->cfg, L->tp) * loom_gpt_head_dim(&L->cfg) * L->f32;
   if (L->cp_all_gather) {
     double gathered, scattered;
     const double gather = loom_collective_seconds(L->prof, LOOM_COLL_ALLGATHER, L->cp * block, L->cp, L->cp_per_node, &gathered);
@@ -309,12 +310,12 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
 /* The embedding (first stage) and the final norm, LM head and loss (last). */
 static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
-  const double h = c->hidden, T = L->tokens, e = L->e, vocab = (double)c->vocab / L->tp;
+  const double h = c->hidden, T = L->tokens, e = L->e, vocab = loom_gpt_vocab_shard(c, L->tp), f32 = L->f32;
   if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP,
                     * whose backward all-gathers the grads) */
     stream(L, f, 3.0 * T * h * e);
     f->compute += 2.0 * L->overhead;
-    const double grad_bytes = 3.0 * T * h * 4.0; /* all of it weight grads */
+    const double grad_bytes = 3.0 * T * h * f32; /* all of it weight grads */
     stream(L, g, grad_bytes);
     g->compute += 2.0 * L->overhead;
     w->compute += loom_profile_memory_seconds(L->prof, grad_bytes) + 2.0 * L->overhead;
@@ -325,11 +326,11 @@ static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass
     gemm_costs(L, L->precision, f, g, w, T, vocab, h, 1);
     f->compute += 6.0 * L->overhead;
     g->compute += 6.0 * L->overhead;
-    stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * 4.0);
-    stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * 4.0);
+    stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * f32);
+    stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * f32);
     if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, 0.0); /* not split beside the head's GEMM (nor is Megatron's) */
     tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, 0.0);
-    for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * 4.0); /* max, sum, target logit */
+    for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * f32); /* max, sum, target logit */
   }
 }
 
@@ -400,7 +401,8 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
               .precision = plan->precision,
               .linear = plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? LOOM__PRECISION__PRECISION_FP8 : plan->precision};
   loom_plan_rank_config(plan, &L.cfg);
-  L.e = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
+  L.e = (double)loom_dtype_size(loom_plan_compute_dtype(plan));
+  L.f32 = (double)loom_dtype_size(LOOM_DTYPE_F32);
   L.s = loom_plan_train_seq(plan);
   L.sq = loom_gpt_local_seq(&L.cfg, (int)L.s);
   L.b = plan->batch->micro_batch;
@@ -498,7 +500,7 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
         gather = gather_sent / bw;
       }
       if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
-        const int edp = L.tp * L.dp / (L.ep * L.etp);
+        const int edp = loom_plan_expert_replicas(plan);
         group_link(prof, edp, loom_group_per_node(edp, L.ep * L.etp, dpn), &bw, &latency);
         c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
         gather += edp_gather_sent / bw; /* the experts' own, on their group's link */
@@ -533,14 +535,14 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
         replicated += (double)loom_gpt_replicated_param_count(&L.cfg, &r, L.tp);
       }
       pass sum = {0};
-      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * 4.0 / (l->zero_stage >= 2 ? L.dp : 1));
+      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * L.f32 / (l->zero_stage >= 2 ? L.dp : 1));
       c->optimizer[q] += sum.comm;
       c->tp_bytes[q] += sum.tp_bytes;
     }
   }
   /* The tied embedding's fp32 grads between the first and last stage. */
   const int tied_per_node = (p - 1) * stage_stride < dpn ? 2 : 1;
-  c->tied = loom_collective_seconds(prof, LOOM_COLL_ALLREDUCE, (double)L.cfg.vocab / L.tp * L.cfg.hidden * 4.0, 2,
+  c->tied = loom_collective_seconds(prof, LOOM_COLL_ALLREDUCE, (double)loom_gpt_vocab_shard(&L.cfg, L.tp) * L.cfg.hidden * L.f32, 2,
                                     tied_per_node, NULL);
 }
 

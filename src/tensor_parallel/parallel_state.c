@@ -15,12 +15,16 @@ loom_grid_coords loom_parallel_coords(int rank, loom_grid_coords n) {
                             .pp = rank / (n.tp * n.cp * n.dp)};
 }
 
-int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c) {
+int loom_expert_data_size(int tp, int dp, int etp, int ep) {
   const int stage = tp * dp;
-  if (etp < 1 || ep < 1 || stage % (etp * ep)) return -1;
-  const int local = rank % stage; /* pp is slowest: the stage's ranks are consecutive */
-  *c = (loom_expert_coords){.etp_rank = local % etp, .ep_rank = local / etp % ep, .edp_rank = local / (etp * ep),
-                            .edp = stage / (etp * ep)};
+  return etp < 1 || ep < 1 || stage % (etp * ep) ? 0 : stage / (etp * ep);
+}
+
+int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c) {
+  const int edp = loom_expert_data_size(tp, dp, etp, ep);
+  if (!edp) return -1;
+  const int local = rank % (tp * dp); /* pp is slowest: the stage's ranks are consecutive */
+  *c = (loom_expert_coords){.etp_rank = local % etp, .ep_rank = local / etp % ep, .edp_rank = local / (etp * ep), .edp = edp};
   return 0;
 }
 

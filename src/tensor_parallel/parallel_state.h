@@ -81,6 +81,8 @@ typedef struct {
 } loom_expert_coords;
 /* 0, or -1 where etp x ep does not divide tp x dp (the plan's rule). */
 int loom_expert_coords_of(int rank, int tp, int dp, int etp, int ep, loom_expert_coords *c);
+/* The expert-data-parallel size: tp dp / (etp ep) (0 where it does not divide). */
+int loom_expert_data_size(int tp, int dp, int etp, int ep);
 
 /* Builds this rank's groups by splitting `world` (collective over world):
  * a grid of tp x cp x dp x pp. */
