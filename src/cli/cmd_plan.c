@@ -65,7 +65,7 @@ static void show(const loom_plan *p) {
   if (etp > 1) snprintf(split, sizeof split, "etp %d x ", etp);
   if (l->ep > 1 || etp > 1)
     printf("experts: %sep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank%s\n", split, l->ep,
-           l->tp * l->dp / (l->ep * etp), cfg.moe.experts / l->ep, cfg.moe.experts,
+           loom_plan_expert_replicas(p), cfg.moe.experts / l->ep, cfg.moe.experts,
            etp > 1 ? ", each split over the tp group" : "");
   char arch[256];
   if (*loom_gpt_config_architecture(&cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
@@ -86,7 +86,7 @@ static void show(const loom_plan *p) {
     printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
            loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,
            l->cp_comm_type == LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER ? "all-gathered" : "round a ring");
-  const int mb = p->batch->global_batch / (p->batch->micro_batch * l->dp);
+  const int mb = loom_plan_micro_batches(p);
   printf("batch: %d sequences per step = %d micro-batches of %d x dp %d | schedule %s | bubble %.1f%%\n",
          p->batch->global_batch, mb, p->batch->micro_batch, l->dp, loom_schedule_kind_name(p->schedule), 100.0 * p->estimates->bubble);
   const int T = loom_plan_train_seq(p);
@@ -98,7 +98,7 @@ static void show(const loom_plan *p) {
          l->cp > 1 ? "dp x cp" : "dp", p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32");
   /* What the grads send over dp: in all, and from the pipeline rank that sends the most. Psi counts in the
    * run's precision, as DeepSpeed's volumes do (its grads and weights are fp16). */
-  const double psi_bytes = p->precision == LOOM__PRECISION__PRECISION_BF16 ? 2.0 : 4.0;
+  const double psi_bytes = (double)loom_dtype_size(loom_plan_compute_dtype(p)), f32 = (double)loom_dtype_size(LOOM_DTYPE_F32);
   const loom_compression gc = loom_plan_compression(p);
   double sent = 0.0, whole = 0.0, *rank_bytes = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"),
          *rank_words = loom_xcalloc((size_t)l->pp, sizeof(double), "dp traffic"), experts_most = 0.0;
@@ -115,7 +115,7 @@ static void show(const loom_plan *p) {
   for (int r = 0; r < l->pp; r++) experts_most = expert_bytes[r] > experts_most ? expert_bytes[r] : experts_most;
   if (experts_most > 0.0)
     printf("expert traffic: a rank sends up to %.2f MiB per step over its experts' data-parallel group of %d (their grads%s)\n",
-           experts_most / 1048576.0, l->tp * l->dp / (l->ep * (l->etp > 1 ? l->etp : 1)),
+           experts_most / 1048576.0, loom_plan_expert_replicas(p),
            l->zero_stage ? " and weights, sharded as ZeRO shards them" : "");
   free(expert_bytes);
   if (gc.kind != LOOM__COMPRESSION_KIND__COMPRESSION_NONE) {
@@ -130,7 +130,7 @@ static void show(const loom_plan *p) {
     printf("dp traffic: a rank sends up to %.2f MiB per step over dp, %.2f x its fp32 shard, %.2f Psi for a shard of "
            "Psi parameters in the run's precision (ring collectives, %d micro-batches; plain data parallelism and "
            "ZeRO-1/2 at one micro-batch send 2(d-1)/d Psi, ZeRO-3 3(d-1)/d Psi)\n", rank_bytes[most] / 1048576.0,
-           rank_words[most] > 0 ? rank_bytes[most] / (4.0 * rank_words[most]) : 0.0,
+           rank_words[most] > 0 ? rank_bytes[most] / (f32 * rank_words[most]) : 0.0,
            rank_words[most] > 0 ? rank_bytes[most] / (psi_bytes * rank_words[most]) : 0.0, mb);
   }
   free(rank_bytes);

@@ -117,7 +117,7 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
 
 /* Floats in one row of qkv and of fc, the column-parallel outputs. */
 static inline int loom_block_qkv_width(const loom_block_shape *s) { return (s->heads + 2 * s->kv_heads) * s->head_dim; }
-static inline int loom_block_fc_width(const loom_block_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
+static inline int loom_block_fc_width(const loom_block_shape *s) { return loom_mlp_fc_factor(s->mlp) * s->ffn; }
 
 /* Dropout keys of one block in one step; p == 0 disables dropout. */
 typedef struct {

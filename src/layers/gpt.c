@@ -156,13 +156,13 @@ static dims dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp, con
   const int64_t f = dense && fk[0] > (moe ? fk[1] : 0) ? fk[0] : moe ? fk[1] : 0, D = loom_gpt_head_dim(c);
   const int64_t N = (int64_t)T * B;
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
-  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = c->mlp == LOOM_MLP_SWIGLU ? 2 : 1;
+  const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = loom_mlp_fc_factor(c->mlp);
   const int64_t taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0, rows = moe ? loom_moe_expert_rows(c, n, sp ? tp : 1) : 0;
   return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = c->hidden / tp,
                 .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = taken, .X = rows,
                 .ep = c->moe.ep > 1 ? c->moe.ep : 1, .etp = loom_gpt_expert_tp(c),
-                .fe = fe, .fce = c->mlp == LOOM_MLP_SWIGLU ? 2 * fe : fe, .gate = moe && c->moe.shared_gate,
+                .fe = fe, .fce = loom_mlp_fc_factor(c->mlp) * fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = wide * (L ? f : fk[0]),
                 .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0, .cp = loom_gpt_cp(c),

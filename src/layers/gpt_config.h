@@ -27,6 +27,10 @@ typedef struct {
 /* Each enum's values are those of its proto enum (proto/loom.proto). */
 typedef enum { LOOM_NORM_LAYERNORM = 0, LOOM_NORM_RMSNORM = 1 } loom_norm_kind;
 typedef enum { LOOM_MLP_GELU = 0, LOOM_MLP_SWIGLU = 1 } loom_mlp_kind;
+/* The first MLP GEMM's outputs per unit of its width: SwiGLU's gate and up halves (2), GELU's one (1); the MLP's
+ * weight matrices are that many and the down projection. The one statement of SwiGLU's doubling. */
+static inline int loom_mlp_fc_factor(loom_mlp_kind mlp) { return mlp == LOOM_MLP_SWIGLU ? 2 : 1; }
+static inline int loom_mlp_matrices(loom_mlp_kind mlp) { return loom_mlp_fc_factor(mlp) + 1; }
 typedef enum { LOOM_POSITION_LEARNED = 0, LOOM_POSITION_ROPE = 1 } loom_position_kind;
 typedef enum { LOOM_MOE_SCORE_SOFTMAX = 0, LOOM_MOE_SCORE_SIGMOID = 1 } loom_moe_score;
 

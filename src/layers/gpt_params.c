@@ -152,7 +152,7 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
   if (fs == 0) return;
   const projection gate_up[2] = {{"mlp.shared_expert.gate_proj", fs, weight(0.02f, 0, 1)},
                                  {"mlp.shared_expert.up_proj", fs, weight(0.02f, 0, 1)}};
-  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, false);
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), false);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs);
   if (c->moe.shared_gate) add(t, LOOM_ROLE_SHARED_GATE_W, named(&n, "model.layers.", i, "mlp.shared_expert_gate.weight"), 2, 1, h, whole);
 }
@@ -179,7 +179,7 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
     add_experts(t, c, i);
     return;
   }
-  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, swiglu ? 2 : 1, !c->no_bias);
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), !c->no_bias);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f);
 }
 
@@ -580,7 +580,7 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
 size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range) {
   if (!loom_gpt_is_moe(cfg)) return 0;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const size_t expert = (size_t)(cfg->mlp == LOOM_MLP_SWIGLU ? 3 : 2) * (size_t)cfg->hidden * (size_t)loom_gpt_local_expert_ffn(cfg);
+  const size_t expert = (size_t)loom_mlp_matrices(cfg->mlp) * (size_t)cfg->hidden * (size_t)loom_gpt_local_expert_ffn(cfg);
   return (size_t)loom_gpt_moe_layers(cfg, r.layer_begin, r.layer_end) * (size_t)loom_gpt_local_experts(cfg) * expert;
 }
 
@@ -656,7 +656,7 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
    * E x h, as Megatron, left out). */
   const double moe_width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : 0.0;
   const double widths = moe_layers * moe_width + (layers - moe_layers) * f; /* the layers' MLPs' widths summed */
-  const double mlp = (cfg->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * h * widths;
+  const double mlp = loom_mlp_matrices(cfg->mlp) * h * widths;
   const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
   const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;

@@ -70,7 +70,7 @@ loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq);
  * buffers' and the memory model's size. */
 int64_t loom_moe_expert_rows(const loom_gpt_config *cfg, int64_t n, int seq);
 /* Floats in one row of the experts' first GEMM's output (SwiGLU: gate|up). */
-static inline int loom_moe_fc_width(const loom_moe_shape *s) { return s->mlp == LOOM_MLP_SWIGLU ? 2 * s->ffn : s->ffn; }
+static inline int loom_moe_fc_width(const loom_moe_shape *s) { return loom_mlp_fc_factor(s->mlp) * s->ffn; }
 /* Rows a rank dispatches: every choice's, n k (dropless, the most). */
 static inline int64_t loom_moe_rows(const loom_moe_shape *s) { return (int64_t)s->n * s->router.topk; }
 

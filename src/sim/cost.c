@@ -183,7 +183,7 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
   /* each expert's rows from the whole group (and from every rank splitting the experts) */
   const bool dropless = c->moe.capacity_factor <= 0.0;
   const double load = dropless ? L->moe_imbalance : c->moe.capacity_factor;
-  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * fe : fe, r = load * etp * n * k / El;
+  const double up = loom_mlp_fc_factor(c->mlp) * fe, r = load * etp * n * k / El;
   const double shapes[][4] = {{r, up, h, El}, {r, h, fe, El}};
   gemm_costs(L, L->precision, f, g, w, n, E, h, 1); /* the router's, in the run's precision (not a Transformer Engine linear) */
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -249,7 +249,7 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
   const double sq = L->sq; /* a rank's queries meet every key of the sequence */
-  const double up = c->mlp == LOOM_MLP_SWIGLU ? 2.0 * ffn : ffn, e = L->e;
+  const double up = loom_mlp_fc_factor(c->mlp) * ffn, e = L->e;
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
   const double shapes[][4] = {
       {T, (heads + 2.0 * kv) * hd, h, 1}, {sq, s, hd, L->b * heads}, {sq, hd, s, L->b * heads},
@@ -287,7 +287,7 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   const double probs = L->b * heads * sq * s;
   double bytes = 2.0 * 2.0 * hidden_values * e + 2.0 * (3.0 * e + drop) * hidden_values;
   if (!fused) bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
-  bytes += (c->mlp == LOOM_MLP_SWIGLU ? 3.0 : 2.0) * T * ffn * e;
+  bytes += loom_mlp_matrices(c->mlp) * T * ffn * e; /* the fc outputs read, the activation written */
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
   const double ops = 14.0;
   stream(L, f, bytes);

@@ -220,18 +220,20 @@ static int64_t leanest_bytes(const loom_plan *base, int tp, int cp, int pp, int 
 }
 
 /* The schedules worth trying for pp ranks with vpp chunks each and m
- * micro-batches: without a pipeline only 1F1B (the others equal it); with
- * one chunk 1F1B, GPipe and ZB-H1; with two, interleaved (when m splits
- * into groups of pp) and ZB-V; with more, interleaved. */
+ * micro-batches: without a pipeline only 1F1B (the others equal it), else
+ * each training kind whose shape rule (loom_schedule_shape_problem) takes
+ * (pp, vpp, m), but interleaving one chunk (1F1B itself). */
 static int schedules_for(int pp, int vpp, int m, loom_schedule_kind *kinds) {
-  int n = 0;
-  if (vpp == 1) {
-    kinds[n++] = LOOM_SCHEDULE_1F1B;
-    if (pp > 1) kinds[n++] = LOOM_SCHEDULE_GPIPE, kinds[n++] = LOOM_SCHEDULE_ZB_H1;
-    return n;
+  if (pp == 1) {
+    kinds[0] = LOOM_SCHEDULE_1F1B;
+    return vpp == 1;
   }
-  if (m % pp == 0) kinds[n++] = LOOM_SCHEDULE_INTERLEAVED;
-  if (vpp == 2) kinds[n++] = LOOM_SCHEDULE_ZB_V;
+  static const loom_schedule_kind TRAINING[] = {LOOM_SCHEDULE_1F1B, LOOM_SCHEDULE_GPIPE, LOOM_SCHEDULE_ZB_H1,
+                                                 LOOM_SCHEDULE_INTERLEAVED, LOOM_SCHEDULE_ZB_V};
+  int n = 0;
+  for (size_t i = 0; i < sizeof TRAINING / sizeof *TRAINING; i++)
+    if (!(TRAINING[i] == LOOM_SCHEDULE_INTERLEAVED && vpp == 1) && !loom_schedule_shape_problem(TRAINING[i], pp, vpp, m, NULL, 0))
+      kinds[n++] = TRAINING[i];
   return n;
 }
 
@@ -284,7 +286,7 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
         const int m = global / dp / mb;
         for (int vpp = 1; vpp <= 8; vpp++) {
           if (vpp > 1 && (pp == 1 || layers % (pp * vpp))) continue; /* chunks need a pipeline and even layers */
-          loom_schedule_kind kinds[3];
+          loom_schedule_kind kinds[8];
           const int nkinds = schedules_for(pp, vpp, m, kinds);
           for (int k = 0; k < nkinds; k++)
             for (int sp = 0; sp < (tp > 1 ? 2 : 1); sp++)
@@ -292,9 +294,6 @@ loom_status loom_plan_search(const loom_plan *base, int gpus, const loom_profile
                 for (int ep = 1; ep <= experts && ep <= tp * dp; ep *= 2) /* a dense model (or cp > 1): 1 alone */
                   for (int split = 0; split < (experts > 1 && tp > 1 && sp ? 2 : 1); split++) { /* etp 1, or tp */
                     const int etp = split ? tp : 1;
-                    if (loom_schedule_kind_splits_backward(kinds[k]) && zero >= 2) continue; /* the plan's rules refuse it */
-                    if (ep > 1 && ((tp > 1 && !sp) || experts % ep || (tp * dp) % (ep * etp))) continue; /* and these */
-                    if (expert_ffn % etp) continue;
                     for (int gather = 0; gather < (cp > 1 ? 2 : 1); gather++) /* the ring, or Megatron's all-gather */
                       for (int overlap = 0; overlap < (sp && overlap_costed ? 2 : 1); overlap++) /* needs SP */
                       for (int pg = 0; pg < ((zero == 1 || zero == 2) && gather_costed ? 2 : 1); pg++) {
