@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/manifest.h"
 #include "ckpt/run_files.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/flags.h"
@@ -470,9 +471,9 @@ int loom_cmd_bench(int argc, char **argv) {
   loom_flag table[BENCH_FLAG_COUNT];
   loom_plan_flags_table(&f.layout, table);
   const loom_flag rest[] = {
-      {"--steps", FLAG_INT, &f.steps, "timed steps per sequence length (best is kept)", 1, 1000, NULL, false, NULL},
-      {"--threads", FLAG_INT, &f.threads, "CPU threads (0: all cores; 1 per rank in a parallel plan)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      loom_flag_def_as("--steps", &f.steps, "timed steps per sequence length (best is kept)"),
+      loom_flag_def_as("--threads", &f.threads, "CPU threads (0: all cores; 1 per rank in a parallel plan)"),
+      loom_flag_def("--device", &f.device),
       {"--verbose", FLAG_BOOL, &f.verbose, "also time each GEMM shape of the step in every library built in, and name the one that runs it",
        LOOM_NO_RANGE, NULL, false, NULL},
   };

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
 #include "cli/sim_cli.h"
@@ -20,12 +21,12 @@ int loom_cmd_sim_calibrate(int argc, char **argv) {
   float seconds = 0.2f, mem_mb = 192.0f;
   int threads = 0;
   loom_flag table[CALIBRATE_FLAGS] = {
-      {"-o", FLAG_STRING, &out, "the profile to write (.txtpb) (required)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--seconds", FLAG_FLOAT, &seconds, "the least time each measurement runs", 0.01, 60, NULL, false, NULL},
-      {"--mem-mb", FLAG_FLOAT, &mem_mb, "MiB of the memory bandwidth test's arrays", 1, 65536, NULL, false, NULL},
+      loom_flag_def_as("-o", &out, "the profile to write (.txtpb) (required)"),
+      loom_flag_def("--seconds", &seconds),
+      loom_flag_def("--mem-mb", &mem_mb),
       {"--links-from", FLAG_STRING, &links, "a profile whose links a one-rank calibration takes (one rank measures none)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--name", FLAG_STRING, &name, "the profile's name", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
+      loom_flag_def_as("--name", &name, "the profile's name"),
+      loom_flag_def("--threads", &threads),
   };
   loom_error err = {0};
   bool help;

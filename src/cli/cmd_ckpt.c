@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "ckpt/checkpoint.h"
 #include "ckpt/export.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/model_flags.h"
 #include "cli/train_flags.h"
@@ -56,14 +57,14 @@ static int reshard(int argc, char **argv) {
   const char *plan = NULL, *out = NULL, *split = NULL;
   int tp = 1, pp = 1, dp = 1, vpp = 1, zero = 0;
   loom_flag table[] = {
-      {"--plan", FLAG_STRING, &plan, "the new plan (instead of the layout flags)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--tp", FLAG_INT, &tp, "tensor-parallel ranks", 1, 4096, NULL, false, NULL},
-      {"--pp", FLAG_INT, &pp, "pipeline stages", 1, 4096, NULL, false, NULL},
-      {"--dp", FLAG_INT, &dp, "data-parallel replicas", 1, 1 << 20, NULL, false, NULL},
-      {"--vpp", FLAG_INT, &vpp, "model chunks per pipeline rank", 1, 64, NULL, false, NULL},
-      {"--zero", FLAG_INT, &zero, "ZeRO stage of the new layout", 0, 3, NULL, false, NULL},
-      {"--layer-split", FLAG_STRING, &split, "layers per stage, e.g. 3,4,4,3", LOOM_NO_RANGE, NULL, false, NULL},
-      {"-o", FLAG_STRING, &out, "output checkpoint directory, new or empty (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--plan", &plan, "the new plan (instead of the layout flags)"),
+      loom_flag_def("--tp", &tp),
+      loom_flag_def_as("--pp", &pp, "pipeline stages"),
+      loom_flag_def_as("--dp", &dp, "data-parallel replicas"),
+      loom_flag_def_as("--vpp", &vpp, "model chunks per pipeline rank"),
+      loom_flag_def_as("--zero", &zero, "ZeRO stage of the new layout"),
+      loom_flag_def_as("--layer-split", &split, "layers per stage, e.g. 3,4,4,3"),
+      loom_flag_def_as("-o", &out, "output checkpoint directory, new or empty (required)"),
   };
   const int n = (int)(sizeof table / sizeof table[0]);
   loom_error err = {0};
@@ -137,15 +138,15 @@ static int export_cmd(int argc, char **argv) {
   loom_model_flags_table(&mf, table);
   const loom_flag rest[REST] = {
       {"--format", FLAG_STRING, &x.format, "output format (required)", LOOM_NO_RANGE, LOOM_MODEL_FORMAT_NAMES, false, NULL},
-      {"-o", FLAG_STRING, &x.out, "output file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("-o", &x.out, "output file (required)"),
       {"--dtype", FLAG_STRING, &x.dtype, "value type: fp32, or bf16 rounded to nearest even", LOOM_NO_RANGE, DTYPE_CHOICES, false, NULL},
-      {"--seed", FLAG_INT64, &x.seed, "init seed when not --init-from", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--force", FLAG_BOOL, &x.force, "replace an output that exists", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--seed", &x.seed, "init seed when not --init-from"),
+      loom_flag_def_as("--force", &x.force, "replace an output that exists"),
       {"--max-shard-size", FLAG_STRING, &x.max_shard, "hf: the most weight data a file holds, as save_pretrained's "
        "max_shard_size (5GB, 500MB, 2GiB); more is written as shards with model.safetensors.index.json (default 5GB)",
        LOOM_NO_RANGE, NULL, false, NULL},
-      {"--tokenizer", FLAG_STRING, &x.tokenizer, "hf: the model's tokenizer (GPT-2 files or tokenizer.json), written beside "
-       "it with tokenizer_config.json", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--tokenizer", &x.tokenizer, "hf: the model's tokenizer (GPT-2 files or tokenizer.json), written beside "
+       "it with tokenizer_config.json"),
   };
   memcpy(table + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);
   const int n = LOOM_MODEL_FLAG_COUNT + REST;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "ckpt/run_files.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/launch.h"
@@ -51,9 +52,9 @@ int loom_cmd_eval(int argc, char **argv) {
   loom_flag table[EVAL_FLAG_COUNT];
   loom_plan_flags_table(&f.layout, table);
   const loom_flag rest[] = {
-      {"--data", FLAG_STRING, &f.data, "an llm.c token file, a Megatron indexed dataset PREFIX, or a blend (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--data", &f.data, "an llm.c token file, a Megatron indexed dataset PREFIX, or a blend (required)"),
       {"--batches", FLAG_INT, &f.batches, "micro-batches to average over", 1, 1e9, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
+      loom_flag_def("--device", &f.device),
   };
   _Static_assert(sizeof rest / sizeof rest[0] == EVAL_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "EVAL_FLAG_COUNT");
   memcpy(table + LOOM_PLAN_FLAG_COUNT, rest, sizeof rest);

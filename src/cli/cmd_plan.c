@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
@@ -19,8 +20,7 @@ static int plan_new(int argc, char **argv) {
   const char *out = NULL;
   loom_flag table[LOOM_PLAN_FLAG_COUNT + 1];
   loom_plan_flags_table(&pf, table);
-  table[LOOM_PLAN_FLAG_COUNT] = (loom_flag){"-o", FLAG_STRING, &out, "output plan: .txtpb (text), .pb (binary) or - (text on standard output) (required)",
-                                            LOOM_NO_RANGE, NULL, false, NULL};
+  table[LOOM_PLAN_FLAG_COUNT] = loom_flag_def_as("-o", &out, "output plan: .txtpb (text), .pb (binary) or - (text on standard output) (required)");
   loom_error err = {0};
   bool help;
   const char *pos[1];

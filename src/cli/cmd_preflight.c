@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/cpu/cpu_peak.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/device.h"
 #include "cli/launch.h"
@@ -20,16 +21,16 @@ int loom_cmd_preflight(int argc, char **argv) {
   int tp = 1, pp = 1, threads = 0, gemm_n = 1024;
   float factor = 1.5f, seconds = 0.3f, mem_mb = 192.0f, comm_mb = 16.0f;
   loom_flag table[PREFLIGHT_FLAG_COUNT] = {
-      {"--plan", FLAG_STRING, &plan_path, "measure the groups of this plan (its ranks must be the world's)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--tp", FLAG_INT, &tp, "tensor-parallel group size without --plan (dp: the world / (tp x pp))", 1, LOOM_PLAN_MAX_TP, NULL, false, NULL},
-      {"--pp", FLAG_INT, &pp, "pipeline stages without --plan", 1, LOOM_PLAN_MAX_PP, NULL, false, NULL},
+      loom_flag_def_as("--plan", &plan_path, "measure the groups of this plan (its ranks must be the world's)"),
+      loom_flag_def_as("--tp", &tp, "tensor-parallel group size without --plan (dp: the world / (tp x pp))"),
+      loom_flag_def_as("--pp", &pp, "pipeline stages without --plan"),
       {"--factor", FLAG_FLOAT, &factor, "name a rank, group or link slower than its kind's median by more than this", 1.05, 100, NULL, false, NULL},
-      {"--seconds", FLAG_FLOAT, &seconds, "the least time each measurement runs", 0.01, 60, NULL, false, NULL},
+      loom_flag_def("--seconds", &seconds),
       {"--gemm-n", FLAG_INT, &gemm_n, "the GEMM's n (n x n x n)", 64, 16384, NULL, false, NULL},
-      {"--mem-mb", FLAG_FLOAT, &mem_mb, "MiB of the memory bandwidth test's arrays", 1, 65536, NULL, false, NULL},
+      loom_flag_def("--mem-mb", &mem_mb),
       {"--comm-mb", FLAG_FLOAT, &comm_mb, "MiB of each all-reduce and p2p message", 0.001, 4096, NULL, false, NULL},
-      {"--device", FLAG_STRING, &device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--threads", FLAG_INT, &threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
+      loom_flag_def("--device", &device),
+      loom_flag_def("--threads", &threads),
   };
   loom_error err = {0};
   bool help;

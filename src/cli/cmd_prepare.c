@@ -6,6 +6,7 @@
  * line; other files are one document each. Without --tokenizer, bytes. */
 #include <stdio.h>
 #include <string.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/log.h"
@@ -27,14 +28,14 @@ int loom_cmd_data_prepare(int argc, char **argv) {
   int workers = 1;
   loom_flag table[] = {
       {"--output-prefix", FLAG_STRING, &prefix, "write PREFIX.bin and PREFIX.idx, a Megatron indexed dataset", LOOM_NO_RANGE, NULL, false, NULL},
-      {"-o", FLAG_STRING, &llmc, "write one llm.c token file instead", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--tokenizer", FLAG_STRING, &tokenizer, "GPT-2 files' directory, tokenizer.json or NAME.tiktoken (default: bytes)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("-o", &llmc, "write one llm.c token file instead"),
+      loom_flag_def_as("--tokenizer", &tokenizer, "GPT-2 files' directory, tokenizer.json or NAME.tiktoken (default: bytes)"),
+      loom_flag_def("--json-key", &json_key),
       {"--append-eod", FLAG_BOOL, &append_eod, "end each document with the end-of-document token", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in documents become their ids", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--allow-special", &allow_special, "special tokens written in documents become their ids"),
       loom_data_template_flag(&no_template),
       {"--workers", FLAG_INT, &workers, "tokenizing threads", 1, 256, NULL, false, NULL},
-      {"--force", FLAG_BOOL, &force, "replace outputs that exist", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def("--force", &force),
   };
   const int nflags = (int)(sizeof table / sizeof *table);
   loom_error err = {0};

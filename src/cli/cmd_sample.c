@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/run_files.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "cli/device.h"
@@ -82,9 +83,9 @@ int loom_cmd_sample(int argc, char **argv) {
       {"--prompt", FLAG_STRING, &f.prompt, "text to continue (required)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--max-tokens", FLAG_INT, &f.gen.max_tokens, "tokens to generate", 1, 1e6, NULL, false, NULL},
       {"--temperature", FLAG_FLOAT, &f.gen.temperature, "sampling temperature (0: greedy)", 0, 100, NULL, false, NULL},
-      {"--seed", FLAG_INT64, &f.seed, "sampling seed", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f.device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--tokenizer", FLAG_STRING, &f.tokenizer, "the model's BPE tokenizer (GPT-2 files, tokenizer.json, NAME.tiktoken; default: bytes)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--seed", &f.seed, "sampling seed"),
+      loom_flag_def("--device", &f.device),
+      loom_flag_def_as("--tokenizer", &f.tokenizer, "the model's BPE tokenizer (GPT-2 files, tokenizer.json, NAME.tiktoken; default: bytes)"),
       loom_data_template_flag(&f.no_template),
   };
   _Static_assert(sizeof rest / sizeof rest[0] == SAMPLE_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "SAMPLE_FLAG_COUNT");

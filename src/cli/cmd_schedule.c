@@ -1,6 +1,7 @@
 /* `loom schedule show`: builds a pipeline schedule, verifies it and draws it
  * as a rank x time grid, with its peak activations and bubble. */
 #include <string.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "schedule/render.h"
@@ -39,16 +40,15 @@ int loom_cmd_schedule(int argc, char **argv) {
   int p = 4, v = 1, m = 8;
   const char *kind_name = "1f1b", *sends = NULL;
   loom_flag table[] = {
-      {"--pp", FLAG_INT, &p, "pipeline stages (ranks)", 1, 1024, NULL, false, "parallel.pp"},
-      {"--vpp", FLAG_INT, &v, "model chunks per rank (interleaved; zb_v: 2, its default)", 1, 64, NULL, false,
-       "parallel.virtual_chunks"},
-      {"--micro-batches", FLAG_INT, &m, "micro-batches per step", 1, 4096, NULL, false, "micro-batches"},
-      {"--schedule", FLAG_STRING, &kind_name, "schedule kind", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false,
-       "schedule"},
+      loom_flag_def_as("--pp", &p, "pipeline stages (ranks)"),
+      loom_flag_def_as("--vpp", &v, "model chunks per rank (interleaved; zb_v: 2, its default)"),
+      loom_flag_def_as("--micro-batches", &m, "micro-batches per step"),
+      loom_flag_def_as("--schedule", &kind_name, "schedule kind"),
       {"--sends", FLAG_STRING, &sends, "verify under one send model: buffered (MPI's) or rendezvous (NCCL's: a send "
        "completes when its recv is posted, matched in issue order); default both", LOOM_NO_RANGE, loom_send_model_names(), false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
+  table[2].field = "micro-batches"; /* the schedule's own rules name it so */
   loom_error err = {0};
   bool help;
   const char *pos[1];

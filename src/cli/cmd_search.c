@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
@@ -99,8 +100,8 @@ int loom_cmd_plan_search(int argc, char **argv) {
       {"--gpus", FLAG_INT, &gpus, "GPUs to lay the model out on (required)", 1, 1 << 20, NULL, false, NULL},
       loom_sim_cluster_flag(&cluster),
       {"--top", FLAG_INT, &top, "candidates to print", 1, 1000, NULL, false, NULL},
-      {"-o", FLAG_STRING, &out, "write the best plan here (.txtpb or .pb)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--svg", FLAG_STRING, &svg, "draw the predicted layouts' throughput against their memory", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("-o", &out, "write the best plan here (.txtpb or .pb)"),
+      loom_flag_def_as("--svg", &svg, "draw the predicted layouts' throughput against their memory"),
       loom_sim_flops_flag(&flops),
       loom_sim_imbalance_flag(&imbalance),
   };

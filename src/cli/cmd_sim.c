@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/decimal.h"
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
@@ -212,14 +213,14 @@ int loom_cmd_sim(int argc, char **argv) {
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
-      {"--plan", FLAG_STRING, &file, "a partition plan (.txtpb or .pb) instead of the model and layout flags", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--plan", &file, "a partition plan (.txtpb or .pb) instead of the model and layout flags"),
       loom_sim_cluster_flag(&cluster),
       {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--trace", FLAG_STRING, &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--trace", &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)"),
       loom_sim_flops_flag(&flops),
       loom_sim_imbalance_flag(&imbalance),
       {"--sweep-gpus", FLAG_STRING, &gpus, "predict the plan on each of these GPU counts (dp scaled, the global batch kept): 64,128,256", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--svg", FLAG_STRING, &svg, "with --sweep-gpus: draw the scaling curve", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--svg", &svg, "with --sweep-gpus: draw the scaling curve"),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};

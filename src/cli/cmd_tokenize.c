@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/read_file.h"
@@ -29,9 +30,8 @@ static int run(int argc, char **argv, bool encode) {
   const char *tokenizer = NULL;
   bool allow_special = false, no_template = false;
   loom_flag table[] = {
-      {"--tokenizer", FLAG_STRING, &tokenizer, "tokenizer: GPT-2 files' directory, tokenizer.json or NAME.tiktoken (required)",
-       LOOM_NO_RANGE, NULL, false, NULL},
-      {"--allow-special", FLAG_BOOL, &allow_special, "special tokens written in the text become their ids", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--tokenizer", &tokenizer, "tokenizer: GPT-2 files' directory, tokenizer.json or NAME.tiktoken (required)"),
+      loom_flag_def("--allow-special", &allow_special),
       loom_data_template_flag(&no_template),
   };
   const char *cmd = encode ? "loom data encode" : "loom data decode";

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/data_cli.h"
 #include "core/log.h"
@@ -18,9 +19,9 @@ int loom_cmd_data_tokenizer(int argc, char **argv) {
   bool force = false;
   loom_flag table[] = {
       {"--vocab-size", FLAG_INT, &vocab_size, "tokens: 256 bytes, the merges, and <|endoftext|> (required)", 257, LOOM_BPE_MAX_TRAIN_VOCAB, NULL, false, NULL},
-      {"-o", FLAG_STRING, &out, "output directory: encoder.json, vocab.bpe, tokenizer.json (required)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--json-key", FLAG_STRING, &json_key, "read JSONL, each document in this member (default for *.jsonl: text)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--force", FLAG_BOOL, &force, "replace a tokenizer in the output directory", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("-o", &out, "output directory: encoder.json, vocab.bpe, tokenizer.json (required)"),
+      loom_flag_def("--json-key", &json_key),
+      loom_flag_def_as("--force", &force, "replace a tokenizer in the output directory"),
   };
   loom_error err = {0};
   bool help;

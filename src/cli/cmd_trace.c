@@ -1,6 +1,7 @@
 /* `loom trace svg FILE.json -o FILE.svg`: draws a pipeline trace written by
  * `loom train --trace` as a rank x time picture. */
 #include <string.h>
+#include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "core/log.h"
 #include "pipeline/trace.h"
@@ -8,7 +9,7 @@
 int loom_cmd_trace(int argc, char **argv) {
   const char *out = NULL;
   loom_flag table[] = {
-      {"-o", FLAG_STRING, &out, "output SVG file (required)", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("-o", &out, "output SVG file (required)"),
   };
   loom_error err = {0};
   bool help;

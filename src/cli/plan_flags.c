@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cli/flag_defs.h"
 #include "cli/plan_flags.h"
 #include "core/decimal.h"
 
@@ -23,16 +24,16 @@ loom_plan_flags loom_plan_flags_defaults(void) {
 void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
   loom_model_flags_table(&f->model, out);
   const loom_flag rest[] = {
-      {"--tp", FLAG_INT, &f->tp, "tensor-parallel ranks", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.tp"},
-      {"--pp", FLAG_INT, &f->pp, "pipeline stages (world size = tp x cp x dp x pp)", 1, LOOM_PLAN_MAX_PP, NULL, false, "parallel.pp"},
-      {"--dp", FLAG_INT, &f->dp, "data-parallel replicas, each taking its share of the global batch", 1, LOOM_PLAN_MAX_DP, NULL, false, "parallel.dp"},
+      loom_flag_def("--tp", &f->tp),
+      loom_flag_def("--pp", &f->pp),
+      loom_flag_def("--dp", &f->dp),
       {"--cp", FLAG_INT, &f->cp, "context-parallel ranks: each sample's sequence split over them (2 cp chunks, rank r "
        "holding chunks r and 2 cp - 1 - r), attention passing keys and values round a ring", 1, LOOM_PLAN_MAX_CP, NULL,
        false, "parallel.cp"},
       {"--cp-comm-type", FLAG_STRING, &f->cp_comm_type, "how context parallelism's attention meets the other ranks' keys "
        "and values: p2p (round a ring, each transfer overlapped with a block's attention) or all_gather (gathered before "
        "it, their grads reduce-scattered after)", LOOM_NO_RANGE, CP_COMM_CHOICES, false, "parallel.cp_comm_type"},
-      {"--vpp", FLAG_INT, &f->vpp, "model chunks per pipeline rank (--schedule interleaved; zb_v: 2, its default)", 1, LOOM_PLAN_MAX_CHUNKS, NULL, false, "parallel.virtual_chunks"},
+      loom_flag_def("--vpp", &f->vpp),
       {"--layers-per-virtual-stage", FLAG_INT, &f->layers_per_virtual_stage, "layers in each model chunk of a rank "
        "(Megatron-LM's convention): sets --vpp to layers / (pp x this), and the interleaved schedule unless --schedule "
        "names one", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, NULL},
@@ -41,12 +42,12 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
        false, "parallel.ep"},
       {"--etp", FLAG_INT, &f->etp, "a MoE model's expert tensor parallelism: 1 (each expert whole on its rank) or --tp (each "
        "expert's MLP split over the tp group as the dense MLP is)", 1, LOOM_PLAN_MAX_TP, NULL, false, "parallel.etp"},
-      {"--zero", FLAG_INT, &f->zero, "ZeRO stage over the dp replicas: 1 shards Adam state, 2 also the grads, 3 also the weights", 0, 3, NULL, false, "parallel.zero_stage"},
+      loom_flag_def("--zero", &f->zero),
       {"--sequence-parallel", FLAG_BOOL, &f->sequence_parallel, "split norms and dropout along the sequence across the TP group", LOOM_NO_RANGE, NULL, false, "parallel.sequence_parallel"},
       {"--micro-batch", FLAG_INT, &f->micro_batch, "sequences per micro-batch", 1, LOOM_PLAN_MAX_MICRO_BATCH, NULL, false, "batch.micro_batch"},
       {"--global-batch", FLAG_INT, &f->global_batch, "sequences per optimizer step (0: micro-batches x micro-batch x dp)", 0, LOOM_PLAN_MAX_GLOBAL_BATCH, NULL, false, "batch.global_batch"},
-      {"--micro-batches", FLAG_INT, &f->micro_batches, "micro-batches per step and replica (0: global batch / (micro-batch x dp))", 0, 16383, NULL, false, NULL},
-      {"--schedule", FLAG_STRING, &f->schedule, "pipeline schedule", LOOM_NO_RANGE, loom_schedule_train_kind_names(), false, "schedule"},
+      loom_flag_def("--micro-batches", &f->micro_batches),
+      loom_flag_def("--schedule", &f->schedule),
       {"--recompute", FLAG_STRING, &f->recompute, "activation recomputation in backward, on every stage", LOOM_NO_RANGE, RECOMPUTE_CHOICES, false, NULL},
       {"--recompute-method", FLAG_STRING, &f->recompute_method, "with --recompute full: uniform (every layer recomputes, in "
        "groups of --recompute-num-layers keeping the first one's input) or block (only each stage's first "
@@ -55,7 +56,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--recompute-num-layers", FLAG_INT, &f->recompute_num_layers, "block: the layers of each stage (each model chunk) "
        "that recompute; uniform: layers per recomputed group (default 1)", 1, LOOM_PLAN_MAX_LAYERS, NULL, false, "stages"},
       {"--balance", FLAG_STRING, &f->balance, "how layers spread over stages", LOOM_NO_RANGE, BALANCE_CHOICES, false, "balance"},
-      {"--layer-split", FLAG_STRING, &f->layer_split, "explicit layers per stage, e.g. 7,8,8,7 (default: --balance)", LOOM_NO_RANGE, NULL, false, "stages"},
+      loom_flag_def("--layer-split", &f->layer_split),
       {"--precision", FLAG_STRING, &f->precision, "fp32, or bf16 mixed precision (bf16 weights and activations, fp32 master weights and grads)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "precision"},
       {"--grad-reduce-dtype", FLAG_STRING, &f->grad_reduce, "type grads cross data parallelism in: fp32, or bf16 (half the bytes)", LOOM_NO_RANGE, PRECISION_CHOICES, false, "grad_reduce"},
       {"--grad-compression", FLAG_STRING, &f->grad_compression, "how grads cross data parallelism: none, powersgd:RANK (low-rank factors) or sign (a bit per element), both with error feedback", LOOM_NO_RANGE, NULL, false, "grad_compression"},
@@ -76,7 +77,7 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--fp8-format", FLAG_STRING, &f->fp8_format, "the linear layers' GEMMs in fp8 as Transformer Engine runs them "
        "(hybrid: e4m3 forward, e5m2 grads; needs --precision bf16): `loom sim` costs it; this runtime's GEMMs are bf16 or "
        "fp32, so `loom train` refuses it", LOOM_NO_RANGE, FP8_CHOICES, false, "fp8"},
-      {"--name", FLAG_STRING, &f->name, "a name for the plan", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--name", &f->name, "a name for the plan"),
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
   memcpy(out + LOOM_MODEL_FLAG_COUNT, rest, sizeof rest);

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_peak.h"
 #include "ckpt/export.h"
 #include "ckpt/run_files.h"
+#include "cli/flag_defs.h"
 #include "cli/device.h"
 #include "core/write_file.h"
 #include "cli/train_flags.h"
@@ -22,7 +23,7 @@ static const char *const SYNTHETIC_CHOICES[] = {"addition", NULL};
 void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
   loom_plan_flags_table(&f->layout, t);
   const loom_flag rest[] = {
-      {"--steps", FLAG_INT, &f->steps, "optimizer steps", 1, 1e9, NULL, false, NULL},
+      loom_flag_def("--steps", &f->steps),
       {"--lr", FLAG_FLOAT, &f->lr, "peak learning rate", 0, 10, NULL, false, NULL},
       {"--min-lr-frac", FLAG_FLOAT, &f->min_lr_frac, "final LR as a fraction of --lr", 0, 1, NULL, false, NULL},
       {"--warmup", FLAG_INT, &f->warmup, "linear warmup steps", 0, 1e9, NULL, false, NULL},
@@ -34,8 +35,8 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
        LOOM_WSD_SHAPE_NAMES, false, NULL},
       {"--weight-decay", FLAG_FLOAT, &f->weight_decay, "AdamW decoupled weight decay", 0, 10, NULL, false, NULL},
       {"--grad-clip", FLAG_FLOAT, &f->grad_clip, "max global grad norm (0: off)", 0, 1e9, NULL, false, NULL},
-      {"--seed", FLAG_INT64, &f->seed, "seed of init, data order and dropout", 0, 9007199254740991.0, NULL, false, NULL},
-      {"--data", FLAG_STRING, &f->data, "train on an llm.c token file, a Megatron indexed dataset PREFIX, or a blend \"W1 PREFIX1 W2 PREFIX2 ...\"", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--seed", &f->seed, "seed of init, data order and dropout"),
+      loom_flag_def_as("--data", &f->data, "train on an llm.c token file, a Megatron indexed dataset PREFIX, or a blend \"W1 PREFIX1 W2 PREFIX2 ...\""),
       {"--eval-data", FLAG_STRING, &f->eval_data, "held-out data of the same kinds (default: the tail of a token file, --split's share of indexed data)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--split", FLAG_STRING, &f->split, "indexed data: shares of documents for train,held-out,test (Megatron's --split)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--data-order", FLAG_STRING, &f->data_order, "order of --data samples (default: sequential for a token file, shuffled for indexed data)", LOOM_NO_RANGE, ORDER_CHOICES, false, NULL},
@@ -49,8 +50,8 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
        "Megatron-LM's scalar names (a new file per run, beside earlier runs' files)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save", FLAG_STRING, &f->save, "save the final model: an llm.c file for GPT-2, a Hugging Face directory for other models (a Mixture of Experts: "
        "a .safetensors file)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--device", FLAG_STRING, &f->device, LOOM_DEVICE_HELP, LOOM_NO_RANGE, LOOM_DEVICE_CHOICES, false, NULL},
-      {"--threads", FLAG_INT, &f->threads, "CPU threads per rank (0: the node's cores shared among its ranks)", 0, LOOM_MAX_THREADS, NULL, false, NULL},
+      loom_flag_def("--device", &f->device),
+      loom_flag_def("--threads", &f->threads),
       {"--straggler-factor", FLAG_FLOAT, &f->straggler_factor, "name a rank whose compute time exceeds the median by this factor", 1, 100, NULL, false, NULL},
       {"--ckpt", FLAG_STRING, &f->ckpt, "checkpoint directory (sharded, one file per rank)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false, NULL},
@@ -59,12 +60,12 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--async-save", FLAG_BOOL, &f->async_save, "write checkpoints on a thread while training goes on: the step loop "
        "stalls only to copy the shard to host memory (Megatron-LM's --async-save)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--force", FLAG_BOOL, &f->force, "replace outputs that exist (--save, --metrics, --trace) and train afresh over --ckpt's checkpoints", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--force", &f->force, "replace outputs that exist (--save, --metrics, --trace) and train afresh over --ckpt's checkpoints"),
       {"--elastic", FLAG_BOOL, &f->elastic, "on fewer ranks than the plan's, lower dp to world / (tp x pp), keeping the global batch (a restart after a lost host)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--preflight", FLAG_BOOL, &f->preflight, "first measure every rank, group and link as `loom preflight` does; stop if one is slow", LOOM_NO_RANGE, NULL, false, NULL},
       {"--dp-bucket-mb", FLAG_FLOAT, &f->bucket_mb, "grad all-reduce bucket size in MiB, reduced during backward (0: at the end)", 0, 1e5, NULL, false, NULL},
-      {"--trace", FLAG_STRING, &f->trace, "write the last step's pipeline timeline as Chrome-trace JSON", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--plan", FLAG_STRING, &f->plan, "run a partition plan (.txtpb or .pb); it fixes the model and layout", LOOM_NO_RANGE, NULL, false, NULL},
+      loom_flag_def_as("--trace", &f->trace, "write the last step's pipeline timeline as Chrome-trace JSON"),
+      loom_flag_def_as("--plan", &f->plan, "run a partition plan (.txtpb or .pb); it fixes the model and layout"),
       {"--print-plan", FLAG_BOOL, &f->print_plan, "print the plan this run would execute (text format) and exit", LOOM_NO_RANGE, NULL, false, NULL},
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_TRAIN_FLAG_COUNT - LOOM_PLAN_FLAG_COUNT, "LOOM_TRAIN_FLAG_COUNT");

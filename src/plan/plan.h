@@ -61,6 +61,7 @@ typedef struct {
 #define LOOM_PLAN_MAX_CHUNKS 64
 #define LOOM_PLAN_MAX_STAGES 4096 /* pp x virtual_chunks */
 #define LOOM_PLAN_MAX_MICRO_BATCH (1 << 20)
+#define LOOM_PLAN_MAX_MICRO_BATCHES 16383 /* per step and replica: x chunks x 2 within MPI's 32767 tags */
 #define LOOM_PLAN_MAX_GLOBAL_BATCH (1 << 30)
 #define LOOM_PLAN_MAX_COMPRESSION_RANK 1024
 #define LOOM_PLAN_MAX_DEVICES_PER_NODE 1024

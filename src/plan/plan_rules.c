@@ -359,9 +359,9 @@ static void check_batch(report *r, const loom_plan *p) {
     violation(r, "parallel.virtual_chunks = %d: needs parallel.pp 2 or more; with one pipeline rank its chunks would only pass activations to themselves",
               p->parallel->virtual_chunks);
   /* Transfers are tagged (micro-batch, destination chunk, kind): MPI guarantees tags up to 32767. */
-  if ((long long)loom_plan_micro_batches(p) * p->parallel->virtual_chunks * 2 > 32767)
-    violation(r, "batch.global_batch = %d: %d micro-batches x %d chunks per rank is too many for MPI tags (at most 16383); raise batch.micro_batch",
-              b->global_batch, loom_plan_micro_batches(p), p->parallel->virtual_chunks);
+  if ((long long)loom_plan_micro_batches(p) * p->parallel->virtual_chunks > LOOM_PLAN_MAX_MICRO_BATCHES)
+    violation(r, "batch.global_batch = %d: %d micro-batches x %d chunks per rank is too many for MPI tags (at most %d); raise batch.micro_batch",
+              b->global_batch, loom_plan_micro_batches(p), p->parallel->virtual_chunks, LOOM_PLAN_MAX_MICRO_BATCHES);
   if (p->parallel->zero_stage < 0 || p->parallel->zero_stage > 3)
     violation(r, "parallel.zero_stage = %d: ZeRO stages are 0 (none) to 3", p->parallel->zero_stage);
   if (p->grad_reduce == LOOM__PRECISION__PRECISION_BF16 && p->parallel->zero_stage == 1 && p->parallel->ep > 1)
