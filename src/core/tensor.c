@@ -18,6 +18,18 @@ size_t loom_dtype_size(loom_dtype dtype) {
   return 0;
 }
 
+const char *loom_dtype_name(loom_dtype dtype) {
+  switch (dtype) {
+  case LOOM_DTYPE_F32: return "f32";
+  case LOOM_DTYPE_I32: return "i32";
+  case LOOM_DTYPE_BF16: return "bf16";
+  case LOOM_DTYPE_F64: return "f64";
+  case LOOM_DTYPE_I64: return "i64";
+  case LOOM_DTYPE_BYTE: return "byte";
+  }
+  return "unknown";
+}
+
 size_t loom_tensor_numel(const loom_tensor *t) {
   size_t n = 1;
   for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];

@@ -38,6 +38,8 @@ typedef struct {
 } loom_tensor;
 
 size_t loom_dtype_size(loom_dtype dtype);
+/* "f32", "bf16", ...: its name in tables. */
+const char *loom_dtype_name(loom_dtype dtype);
 /* 32-bit words n bf16 values fill, two to a word (an odd count's last word
  * half padding): how bf16 travels through calls that count fp32 words. */
 static inline size_t loom_bf16_words(size_t n) { return (n + 1) / 2; }

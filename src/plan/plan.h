@@ -162,6 +162,19 @@ int64_t loom_plan_total_parameters(const loom_plan *plan);
  * bubble. */
 void loom_plan_estimate(loom_plan *plan);
 
+/* What grads cross dp with per step, from the estimates: the words one tp
+ * rank's model sends (compressed where the plan compresses) against its
+ * whole grads' words; the pipeline rank that sends the most over dp, its
+ * bytes and the whole words they carry; and the most bytes any pipeline
+ * rank sends over its experts' data-parallel group. */
+typedef struct {
+  double sent_words, whole_words;
+  int busiest;
+  double busiest_bytes, busiest_words;
+  double expert_most;
+} loom_dp_traffic;
+loom_dp_traffic loom_plan_dp_traffic(const loom_plan *plan);
+
 /* Bytes pipeline rank pp_rank needs on its device by the plan's estimates
  * (filled by loom_plan_estimate), over every chunk it runs; *activations,
  * if not NULL, gets the activations' part. */

@@ -169,3 +169,25 @@ int64_t loom_plan_rank_bytes(const loom_plan *p, int pp_rank, int64_t *activatio
   if (activations) *activations = (int64_t)(mem.bytes[LOOM_MEM_ACTIVATIONS] + mem.bytes[LOOM_MEM_WEIGHT_GRAD_STATES]);
   return (int64_t)loom_memory_total(&mem);
 }
+
+loom_dp_traffic loom_plan_dp_traffic(const loom_plan *p) {
+  const int pp = p->parallel->pp;
+  loom_dp_traffic t = {0};
+  double *bytes = loom_xcalloc(3 * (size_t)pp, sizeof *bytes, "dp traffic"), *words = bytes + pp, *experts = words + pp;
+  for (size_t k = 0; k < p->n_stages; k++) {
+    const Loom__Stage *st = p->stages[k];
+    const loom_stage_range range = loom_plan_stage_range(p, loom_plan_stage_index(p, st->pp_rank, st->chunk));
+    const loom_compression_cost c = loom_plan_compression_cost(p, &range);
+    t.sent_words += c.sent_words, t.whole_words += c.whole_words;
+    bytes[st->pp_rank] += (double)p->estimates->stages[k]->dp_bytes_sent;
+    words[st->pp_rank] += c.whole_words;
+    experts[st->pp_rank] += (double)p->estimates->stages[k]->edp_bytes_sent;
+  }
+  for (int r = 0; r < pp; r++) {
+    if (bytes[r] > bytes[t.busiest]) t.busiest = r;
+    t.expert_most = fmax(t.expert_most, experts[r]);
+  }
+  t.busiest_bytes = bytes[t.busiest], t.busiest_words = words[t.busiest];
+  free(bytes);
+  return t;
+}
