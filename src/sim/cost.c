@@ -381,7 +381,7 @@ static double rank_params(const layout *L, int q, double *layers) {
   double n = 0.0;
   *layers = 0.0;
   for (int c = 0; c < L->plan->parallel->virtual_chunks; c++) {
-    const loom_stage_range range = loom_plan_stage_range(L->plan, c * L->pp + q);
+    const loom_stage_range range = loom_plan_stage_range(L->plan, loom_plan_stage_index(L->plan, q, c));
     n += (double)loom_gpt_param_count(&L->cfg, &range, L->tp);
     *layers += range.layer_end - range.layer_begin;
   }
@@ -394,8 +394,8 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   loom_sim_costs_build_assuming(plan, prof, &LOOM_SIM_ASSUME_BALANCED, c);
 }
 
-void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
-                                   loom_sim_costs *c) {
+/* What a layout puts where, for the plan on the profile's cluster. */
+static layout layout_of(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a) {
   const Loom__Parallel *l = plan->parallel;
   layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = loom_plan_grad_replicas(plan), .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
               .precision = plan->precision,
@@ -422,17 +422,139 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
   L.cp_all_gather = L.cfg.cp_all_gather;
   L.cp_per_node = loom_group_per_node(L.cp, L.tp, dpn);
   L.overhead = prof->op_overhead_us * 1e-6;
-  const int p = l->pp, v = l->virtual_chunks, m = loom_plan_micro_batches(plan);
+  return L;
+}
+
+/* The costs' arrays, zeroed, and the links each group's traffic crosses. */
+static void costs_init(const layout *L, loom_sim_costs *c) {
+  const int p = L->pp, v = L->plan->parallel->virtual_chunks, m = loom_plan_micro_batches(L->plan);
+  const int dpn = L->prof->devices_per_node;
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
   c->weight = zeros(p * v);
   c->dp = zeros(p), c->dp_exposed = zeros(p), c->optimizer = zeros(p);
-  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->edp_bytes = zeros(p), c->cp_bytes = zeros(p), c->p2p_bytes = zeros(p), c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
-  c->tp_link = L.tp_per_node < L.tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
-  c->dp_link = L.dp_per_node < L.dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
-  c->cp_link = L.cp_per_node < L.cp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
-  const int stage_stride = L.tp * L.dp; /* ranks between adjacent pipeline stages (dp counts cp's) */
-  c->p2p_link = p > 1 && stage_stride >= dpn ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  c->tp_bytes = zeros(p), c->etp_bytes = zeros(p), c->edp_bytes = zeros(p), c->cp_bytes = zeros(p), c->p2p_bytes = zeros(p),
+  c->dp_bytes = zeros(p), c->memory_bytes = zeros(p);
+  c->tp_link = L->tp_per_node < L->tp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  c->dp_link = L->dp_per_node < L->dp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  c->cp_link = L->cp_per_node < L->cp ? LOOM_LINK_INTER : LOOM_LINK_INTRA;
+  c->p2p_link = p > 1 && L->tp * L->dp >= dpn ? LOOM_LINK_INTER : LOOM_LINK_INTRA; /* tp x dp ranks between stages */
+}
+
+/* Adds n of a layer's passes (x) to a stage's (to). */
+static void add_layers(pass *to, const pass *x, double n) {
+  to->compute += n * x->compute, to->comm += n * x->comm, to->tp_bytes += n * x->tp_bytes, to->bytes += n * x->bytes;
+  to->etp_bytes += n * x->etp_bytes, to->cp_bytes += n * x->cp_bytes;
+}
+
+/* Chunk k of pipeline rank q: its forward, backward (with what it recomputes) and weight grads of one
+ * micro-batch from its layers' (lf, lg, lw: a dense layer's and a MoE layer's) and edges' costs, and what it sends
+ * over tp, etp, cp and p2p and streams through memory in a step. */
+static void chunk_costs(const layout *L, loom_sim_costs *c, int q, int k, const pass lf[2], const pass lg[2],
+                        const pass lw[2], double message) {
+  const loom_plan *plan = L->plan;
+  const int p = c->p, v = c->v, m = c->m, stage = loom_plan_stage_index(plan, q, k);
+  const loom_stage_range r = loom_plan_stage_range(plan, stage);
+  const int count = r.layer_end - r.layer_begin, redone = loom_plan_stage_recompute(plan, stage).layers;
+  const int redo_end = r.layer_begin + (redone < count ? redone : count); /* the first ones: forward runs again in backward */
+  const double moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, r.layer_end), redo_moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, redo_end);
+  const double layers[2] = {count - moe, moe}, redo[2] = {redo_end - r.layer_begin - redo_moe, redo_moe};
+  pass f = {0}, g = {0}, w = {0};
+  for (int kind = 0; kind < 2; kind++) {
+    add_layers(&f, &lf[kind], layers[kind]);
+    add_layers(&g, &lg[kind], layers[kind]);
+    w.compute += layers[kind] * lw[kind].compute;
+  }
+  edge_costs(L, &r, &f, &g, &w);
+  for (int kind = 0; kind < 2; kind++) add_layers(&g, &lf[kind], redo[kind]);
+  const int i = q * v + k;
+  c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
+  c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
+  c->weight[i] = w.compute;
+  c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
+  c->etp_bytes[q] += m * (f.etp_bytes + g.etp_bytes);
+  c->cp_bytes[q] += m * (f.cp_bytes + g.cp_bytes);
+  c->memory_bytes[q] += m * (f.bytes + g.bytes);
+  const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
+  int up_rank = -1, down_rank = -1, chunk;
+  if (stage < p * v - 1) loom_stage_place(v_shape, p, stage + 1, &up_rank, &chunk);
+  if (stage > 0) loom_stage_place(v_shape, p, stage - 1, &down_rank, &chunk);
+  const bool sends_up = up_rank >= 0 && up_rank != q, sends_down = down_rank >= 0 && down_rank != q;
+  c->p2p_bytes[q] += m * message * ((sends_up ? 1.0 : 0.0) + (sends_down ? 1.0 : 0.0));
+}
+
+/* Data parallelism of pipeline rank q: the plan's own count of the bytes a rank sends (ZeRO stage, compression and
+ * all), at the dp group's bus bandwidth; under expert parallelism also the experts' over their own replicas' group.
+ * `layers`: the rank's layers (its buckets). */
+static void dp_costs(const layout *L, loom_sim_costs *c, int q, double layers) {
+  const loom_plan *plan = L->plan;
+  const loom_profile *prof = L->prof;
+  const int v = c->v, m = c->m, zero = plan->parallel->zero_stage;
+  double dp_sent = 0.0, edp_sent = 0.0, gather_sent = 0.0, edp_gather_sent = 0.0;
+  for (size_t k = 0; k < plan->n_stages; k++)
+    if (plan->stages[k]->pp_rank == q) {
+      dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
+      edp_sent += (double)plan->estimates->stages[k]->edp_bytes_sent;
+      gather_sent += (double)plan->estimates->stages[k]->dp_gather_bytes_sent;
+      edp_gather_sent += (double)plan->estimates->stages[k]->edp_gather_bytes_sent;
+    }
+  c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
+  if (L->dp < 2 && edp_sent <= 0.0) return;
+  const double buckets = zero >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
+  double bw, latency, gather = 0.0; /* ZeRO-1/2's all-gather of the stepped weights, which runs after the step */
+  if (L->dp > 1) {
+    group_link(prof, L->dp, L->dp_per_node, &bw, &latency);
+    c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L->dp) * latency;
+    gather = gather_sent / bw;
+  }
+  if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
+    const int edp = loom_plan_expert_replicas(plan);
+    group_link(prof, edp, loom_group_per_node(edp, L->ep * L->etp, prof->devices_per_node), &bw, &latency);
+    c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
+    gather += edp_gather_sent / bw; /* the experts' own, on their group's link */
+  }
+  /* With --overlap-grad-reduce (loom's default) buckets go as their layers' grads are ready: once a step
+   * (reduce_exposed), or under ZeRO-2/3 behind every micro-batch's backward, the last bucket waited for.
+   * ZeRO-1/2's weight gather follows the step: waited for, or with --overlap-param-gather run beside the next
+   * step's first forwards (gather_exposed). */
+  const loom_plan_overlap o = loom_plan_overlaps(plan);
+  const double reduce = c->dp[q] - gather, last = reduce / buckets;
+  double window = 0.0;
+  for (int k = 0; k < v; k++) window += m * c->backward[q * v + k];
+  const double reduced = zero >= 2 ? last + beside(L, reduce - last, window)
+                                   : reduce_exposed(L, c->backward + q * v, v, reduce, buckets);
+  c->dp_exposed[q] = prof->comm_overlaps_compute && o.grad_reduce
+                         ? reduced + (o.param_gather ? gather_exposed(L, c->forward + q * v, v, gather, buckets) : gather)
+                         : c->dp[q];
+}
+
+/* The optimizer step of pipeline rank q (`params`: one tp rank's parameters over its chunks). AdamW streams each
+ * local parameter's fp32 state: grad, master weight and two moments read, those three written, and the bf16 copy
+ * written in bf16 runs. Under sequence parallelism, before the step, the fp32 grads of the parameters every tp rank
+ * holds alike are summed over tp: all of them, or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
+static void optimizer_costs(const layout *L, loom_sim_costs *c, int q, double params) {
+  const int zero = L->plan->parallel->zero_stage;
+  const double f32 = L->f32, per_param = 7.0 * f32 + (L->e < f32 ? L->e : 0.0);
+  const double shard = zero >= 1 ? params / L->dp : params;
+  c->optimizer[q] = loom_profile_memory_seconds(L->prof, per_param * shard) + 4.0 * L->overhead;
+  c->memory_bytes[q] += per_param * shard;
+  if (!L->sp) return;
+  double replicated = 0.0;
+  for (int k = 0; k < c->v; k++) {
+    const loom_stage_range r = loom_plan_stage_range(L->plan, loom_plan_stage_index(L->plan, q, k));
+    replicated += (double)loom_gpt_replicated_param_count(&L->cfg, &r, L->tp);
+  }
+  pass sum = {0};
+  tp_collective(L, &sum, LOOM_COLL_ALLREDUCE, replicated * f32 / (zero >= 2 ? L->dp : 1));
+  c->optimizer[q] += sum.comm;
+  c->tp_bytes[q] += sum.tp_bytes;
+}
+
+void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
+                                   loom_sim_costs *c) {
+  const layout L = layout_of(plan, prof, a);
+  costs_init(&L, c);
+  const int p = c->p, v = c->v;
   /* One activation (or its grad) between stages, as the executor sends it. */
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
@@ -440,108 +562,14 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
   pass lf[2] = {{0}}, lg[2] = {{0}}, lw[2] = {{0}}; /* a dense layer's and a MoE layer's */
   for (int kind = 0; kind < 2; kind++) layer_costs(&L, kind == 1 && loom_gpt_is_moe(&L.cfg), &lf[kind], &lg[kind], &lw[kind]);
   for (int q = 0; q < p; q++) {
-    for (int k = 0; k < v; k++) {
-      const int stage = loom_plan_stage_index(plan, q, k);
-      const loom_stage_range r = loom_plan_stage_range(plan, stage);
-      const int redo_layers = loom_plan_stage_recompute(plan, stage).layers; /* the first ones: forward runs again in backward */
-      const int redo_end = r.layer_begin + (redo_layers < r.layer_end - r.layer_begin ? redo_layers : r.layer_end - r.layer_begin);
-      const double moe = loom_gpt_moe_layers(&L.cfg, r.layer_begin, r.layer_end), redo_moe = loom_gpt_moe_layers(&L.cfg, r.layer_begin, redo_end);
-      const double layers[2] = {r.layer_end - r.layer_begin - moe, moe}, redo[2] = {redo_end - r.layer_begin - redo_moe, redo_moe};
-      pass f = {0}, g = {0}, w = {0};
-      for (int kind = 0; kind < 2; kind++) {
-        f.compute += layers[kind] * lf[kind].compute, f.comm += layers[kind] * lf[kind].comm;
-        f.tp_bytes += layers[kind] * lf[kind].tp_bytes, f.bytes += layers[kind] * lf[kind].bytes;
-        f.etp_bytes += layers[kind] * lf[kind].etp_bytes, g.etp_bytes += layers[kind] * lg[kind].etp_bytes;
-        f.cp_bytes += layers[kind] * lf[kind].cp_bytes, g.cp_bytes += layers[kind] * lg[kind].cp_bytes;
-        g.compute += layers[kind] * lg[kind].compute, g.comm += layers[kind] * lg[kind].comm;
-        g.tp_bytes += layers[kind] * lg[kind].tp_bytes, g.bytes += layers[kind] * lg[kind].bytes;
-        w.compute += layers[kind] * lw[kind].compute;
-      }
-      edge_costs(&L, &r, &f, &g, &w);
-      for (int kind = 0; kind < 2; kind++) {
-        g.compute += redo[kind] * lf[kind].compute, g.comm += redo[kind] * lf[kind].comm;
-        g.tp_bytes += redo[kind] * lf[kind].tp_bytes, g.bytes += redo[kind] * lf[kind].bytes;
-        g.etp_bytes += redo[kind] * lf[kind].etp_bytes, g.cp_bytes += redo[kind] * lf[kind].cp_bytes;
-      }
-      const int i = q * v + k;
-      c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
-      c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
-      c->weight[i] = w.compute;
-      c->tp_bytes[q] += m * (f.tp_bytes + g.tp_bytes);
-      c->etp_bytes[q] += m * (f.etp_bytes + g.etp_bytes);
-      c->cp_bytes[q] += m * (f.cp_bytes + g.cp_bytes);
-      c->memory_bytes[q] += m * (f.bytes + g.bytes);
-      const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
-      int up_rank = -1, down_rank = -1, chunk;
-      if (stage < p * v - 1) loom_stage_place(v_shape, p, stage + 1, &up_rank, &chunk);
-      if (stage > 0) loom_stage_place(v_shape, p, stage - 1, &down_rank, &chunk);
-      const bool sends_up = up_rank >= 0 && up_rank != q, sends_down = down_rank >= 0 && down_rank != q;
-      c->p2p_bytes[q] += m * message * ((sends_up ? 1.0 : 0.0) + (sends_down ? 1.0 : 0.0));
-    }
-    /* Data parallelism: the plan's own count of the bytes a rank sends (ZeRO
-     * stage, compression and all), at the dp group's bus bandwidth; under
-     * expert parallelism also the experts' over their own replicas' group. */
-    double layers, dp_sent = 0.0, edp_sent = 0.0, gather_sent = 0.0, edp_gather_sent = 0.0;
+    for (int k = 0; k < v; k++) chunk_costs(&L, c, q, k, lf, lg, lw, message);
+    double layers;
     const double params = rank_params(&L, q, &layers);
-    for (size_t k = 0; k < plan->n_stages; k++)
-      if (plan->stages[k]->pp_rank == q) {
-        dp_sent += (double)plan->estimates->stages[k]->dp_bytes_sent;
-        edp_sent += (double)plan->estimates->stages[k]->edp_bytes_sent;
-        gather_sent += (double)plan->estimates->stages[k]->dp_gather_bytes_sent;
-        edp_gather_sent += (double)plan->estimates->stages[k]->edp_gather_bytes_sent;
-      }
-    c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
-    if (L.dp > 1 || edp_sent > 0.0) {
-      const double buckets = l->zero_stage >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
-      double bw, latency, gather = 0.0; /* ZeRO-1/2's all-gather of the stepped weights, which runs after the step */
-      if (L.dp > 1) {
-        group_link(prof, L.dp, L.dp_per_node, &bw, &latency);
-        c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L.dp) * latency;
-        gather = gather_sent / bw;
-      }
-      if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
-        const int edp = loom_plan_expert_replicas(plan);
-        group_link(prof, edp, loom_group_per_node(edp, L.ep * L.etp, dpn), &bw, &latency);
-        c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
-        gather += edp_gather_sent / bw; /* the experts' own, on their group's link */
-      }
-      /* With --overlap-grad-reduce (loom's default) buckets go as their layers' grads are ready: once a step
-       * (reduce_exposed), or under ZeRO-2/3 behind every micro-batch's backward, the last bucket waited for.
-       * ZeRO-1/2's weight gather follows the step: waited for, or with --overlap-param-gather run beside the next
-       * step's first forwards (gather_exposed). */
-      const loom_plan_overlap o = loom_plan_overlaps(plan);
-      const double reduce = c->dp[q] - gather, last = reduce / buckets;
-      double window = 0.0;
-      for (int k = 0; k < v; k++) window += m * c->backward[q * v + k];
-      const double reduced = l->zero_stage >= 2 ? last + beside(&L, reduce - last, window)
-                                                : reduce_exposed(&L, c->backward + q * v, v, reduce, buckets);
-      c->dp_exposed[q] = prof->comm_overlaps_compute && o.grad_reduce
-                             ? reduced + (o.param_gather ? gather_exposed(&L, c->forward + q * v, v, gather, buckets) : gather)
-                             : c->dp[q];
-    }
-    /* AdamW streams each local parameter's fp32 state: grad, master weight and two
-     * moments read, those three written, and the bf16 copy written in bf16 runs. */
-    const double per_param = plan->precision == LOOM__PRECISION__PRECISION_BF16 ? 30.0 : 28.0;
-    const double shard = l->zero_stage >= 1 ? params / L.dp : params;
-    c->optimizer[q] = loom_profile_memory_seconds(prof, per_param * shard) + 4.0 * L.overhead;
-    c->memory_bytes[q] += per_param * shard;
-    /* Under sequence parallelism, before the step, the fp32 grads of the
-     * parameters every tp rank holds alike are summed over tp: all of them,
-     * or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
-    if (L.sp) {
-      double replicated = 0.0;
-      for (int k = 0; k < v; k++) {
-        const loom_stage_range r = loom_plan_stage_range(plan, loom_plan_stage_index(plan, q, k));
-        replicated += (double)loom_gpt_replicated_param_count(&L.cfg, &r, L.tp);
-      }
-      pass sum = {0};
-      tp_collective(&L, &sum, LOOM_COLL_ALLREDUCE, replicated * L.f32 / (l->zero_stage >= 2 ? L.dp : 1));
-      c->optimizer[q] += sum.comm;
-      c->tp_bytes[q] += sum.tp_bytes;
-    }
+    dp_costs(&L, c, q, layers);
+    optimizer_costs(&L, c, q, params);
   }
   /* The tied embedding's fp32 grads between the first and last stage. */
-  const int tied_per_node = (p - 1) * stage_stride < dpn ? 2 : 1;
+  const int tied_per_node = (p - 1) * L.tp * L.dp < prof->devices_per_node ? 2 : 1;
   c->tied = loom_collective_seconds(prof, LOOM_COLL_ALLREDUCE, (double)loom_gpt_vocab_shard(&L.cfg, L.tp) * L.cfg.hidden * L.f32, 2,
                                     tied_per_node, NULL);
 }
