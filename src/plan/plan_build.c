@@ -59,70 +59,58 @@ static void *plan_copy(const void *from, size_t bytes, const char *what) {
   return to;
 }
 
-loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_error *err) {
-  *out = NULL;
-  loom_plan *p = loom_xmalloc(sizeof *p, "plan");
-  loom__partition_plan__init(p);
-  p->has_format_version = 1;
-  p->format_version = LOOM_PLAN_FORMAT_VERSION;
-  if (sp->name) p->name = strdup(sp->name);
-  p->model = loom_xmalloc(sizeof *p->model, "plan model");
-  loom__model__init(p->model);
+/* The model message from the spec's config; the plan owns its submessages, each its own allocation (freed as a
+ * decoded message's are). */
+static Loom__Model *model_of(const loom_plan_spec *sp) {
+  Loom__Model *m = loom_xmalloc(sizeof *m, "plan model");
+  loom__model__init(m);
   loom_model_rooms *rooms = loom_xmalloc(sizeof *rooms, "plan model");
-  loom_model_proto_fill(p->model, &sp->model, rooms);
-  /* The plan owns its submessages, each its own allocation (freed as a decoded message's are). */
-  if (p->model->rope_scaling) p->model->rope_scaling = plan_copy(&rooms->scaling, sizeof rooms->scaling, "plan model");
-  if (p->model->moe) {
+  loom_model_proto_fill(m, &sp->model, rooms);
+  if (m->rope_scaling) m->rope_scaling = plan_copy(&rooms->scaling, sizeof rooms->scaling, "plan model");
+  if (m->moe) {
     Loom__Moe *moe = plan_copy(&rooms->moe, sizeof rooms->moe, "plan model");
     if (moe->n_layer_pattern)
       moe->layer_pattern = plan_copy(rooms->pattern, moe->n_layer_pattern * sizeof *rooms->pattern, "plan model");
-    p->model->moe = moe;
+    m->moe = moe;
   }
   free(rooms);
-  p->parallel = loom_xmalloc(sizeof *p->parallel, "plan layout");
-  loom__parallel__init(p->parallel);
-  Loom__Parallel *l = p->parallel;
+  return m;
+}
+
+static Loom__Parallel *parallel_of(const loom_plan_spec *sp) {
+  Loom__Parallel *l = loom_xmalloc(sizeof *l, "plan layout");
+  loom__parallel__init(l);
   l->has_tp = l->has_pp = l->has_dp = l->has_virtual_chunks = 1;
-  l->tp = sp->tp;
-  l->pp = sp->pp;
-  l->dp = sp->dp;
-  l->virtual_chunks = sp->vpp;
-  l->has_sequence_parallel = sp->sequence_parallel;
-  l->sequence_parallel = sp->sequence_parallel;
-  l->has_zero_stage = sp->zero_stage != 0;
-  l->zero_stage = sp->zero_stage;
-  l->has_ep = sp->ep > 1;
-  l->ep = sp->ep > 1 ? sp->ep : 1;
-  l->has_etp = sp->etp > 1;
-  l->etp = sp->etp > 1 ? sp->etp : 1;
-  l->has_cp = sp->cp > 1;
-  l->cp = sp->cp > 1 ? sp->cp : 1;
-  l->has_cp_comm_type = sp->cp_comm != LOOM__CP_COMM_TYPE__CP_COMM_P2P;
-  l->cp_comm_type = sp->cp_comm;
+  l->tp = sp->tp, l->pp = sp->pp, l->dp = sp->dp, l->virtual_chunks = sp->vpp;
+  l->has_sequence_parallel = sp->sequence_parallel, l->sequence_parallel = sp->sequence_parallel;
+  l->has_zero_stage = sp->zero_stage != 0, l->zero_stage = sp->zero_stage;
+  l->has_ep = sp->ep > 1, l->ep = sp->ep > 1 ? sp->ep : 1;
+  l->has_etp = sp->etp > 1, l->etp = sp->etp > 1 ? sp->etp : 1;
+  l->has_cp = sp->cp > 1, l->cp = sp->cp > 1 ? sp->cp : 1;
+  l->has_cp_comm_type = sp->cp_comm != LOOM__CP_COMM_TYPE__CP_COMM_P2P, l->cp_comm_type = sp->cp_comm;
+  return l;
+}
+
+/* The batch, schedule, precision, compression, fp8 and overlap fields, each present only where it leaves the
+ * default. */
+static void settings_of(const loom_plan_spec *sp, loom_plan *p) {
   p->batch = loom_xmalloc(sizeof *p->batch, "plan batch");
   loom__batch__init(p->batch);
   p->batch->has_micro_batch = p->batch->has_global_batch = 1;
-  p->batch->micro_batch = sp->micro_batch;
-  p->batch->global_batch = sp->global_batch;
+  p->batch->micro_batch = sp->micro_batch, p->batch->global_batch = sp->global_batch;
   p->batch->has_seq = sp->train_seq > 0 && sp->train_seq != sp->model.seq;
   p->batch->seq = p->batch->has_seq ? sp->train_seq : 0;
-  p->has_schedule = 1;
-  p->schedule = sp->schedule;
-  p->has_balance = 1;
-  p->balance = sp->balance;
-  p->has_precision = sp->precision != LOOM__PRECISION__PRECISION_FP32;
-  p->precision = sp->precision;
-  p->has_grad_reduce = sp->grad_reduce != LOOM__PRECISION__PRECISION_FP32;
-  p->grad_reduce = sp->grad_reduce;
+  p->has_schedule = 1, p->schedule = sp->schedule;
+  p->has_balance = 1, p->balance = sp->balance;
+  p->has_precision = sp->precision != LOOM__PRECISION__PRECISION_FP32, p->precision = sp->precision;
+  p->has_grad_reduce = sp->grad_reduce != LOOM__PRECISION__PRECISION_FP32, p->grad_reduce = sp->grad_reduce;
   if (sp->compression != LOOM__COMPRESSION_KIND__COMPRESSION_NONE || sp->compression_rank != 0) {
     p->grad_compression = loom_xmalloc(sizeof *p->grad_compression, "plan grad compression");
     loom__grad_compression__init(p->grad_compression);
     p->grad_compression->has_kind = p->grad_compression->has_rank = 1;
-    p->grad_compression->kind = sp->compression;
-    p->grad_compression->rank = sp->compression_rank;
+    p->grad_compression->kind = sp->compression, p->grad_compression->rank = sp->compression_rank;
   }
-  p->has_fp8 = sp->fp8 != LOOM__FP8_FORMAT__FP8_NONE;
-  p->fp8 = sp->fp8;
+  p->has_fp8 = sp->fp8 != LOOM__FP8_FORMAT__FP8_NONE, p->fp8 = sp->fp8;
   if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap || sp->no_p2p_overlap) { /* else absent: the runtime's own */
     p->overlap = loom_xmalloc(sizeof *p->overlap, "plan overlap");
     loom__overlap__init(p->overlap);
@@ -131,50 +119,66 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
     p->overlap->has_param_gather = sp->param_gather_overlap, p->overlap->param_gather = sp->param_gather_overlap;
     p->overlap->has_p2p = sp->no_p2p_overlap, p->overlap->p2p = !sp->no_p2p_overlap;
   }
-  /* Stages: an explicit split, or balanced by the chosen measure. */
-  const int S = sp->pp * sp->vpp;
-  if (S < 1 || S > LOOM_PLAN_MAX_STAGES) {
-    loom_plan_free(p);
-    return loom_fail(err, LOOM_ERR_USAGE, "parallel.pp x parallel.virtual_chunks = %d stages is out of range (1 to %d)", S,
-                     LOOM_PLAN_MAX_STAGES);
-  }
-  int *counts = loom_xmalloc((size_t)S * sizeof(int), "layer counts");
+}
+
+/* Layers per stage into counts[S]: an explicit split, or balanced by the chosen measure. */
+static loom_status layer_counts(const loom_plan_spec *sp, const loom_plan *p, int S, int *counts, loom_error *err) {
   if (sp->layer_counts) {
-    if (sp->nlayer_counts != S) {
-      free(counts);
-      loom_plan_free(p);
+    if (sp->nlayer_counts != S)
       return loom_fail(err, LOOM_ERR_USAGE, "stages: the layer split has %d entries but there are %d stages "
                        "(parallel.pp x parallel.virtual_chunks); give one count per stage", sp->nlayer_counts, S);
-    }
     memcpy(counts, sp->layer_counts, (size_t)S * sizeof(int));
-  } else if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) {
-    /* The one even split: earlier stages take the remainder. */
+    return LOOM_OK;
+  }
+  if (sp->balance == LOOM__BALANCE__BALANCE_UNIFORM) { /* the one even split: earlier stages take the remainder */
     for (int v = 0; v < S; v++) counts[v] = p->model->layers / S + (v < p->model->layers % S);
-  } else {
-    /* Sizes and FLOPs of a layer and of the edges, from the layers' table and FLOPs count. */
-    loom_gpt_config cfg;
-    loom_plan_model_config(p, &cfg);
-    const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, head = {.last = true}, embed = {.first = true};
-    double layer = 1.0, first = 0.0, last = 0.0;
-    if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
-      layer = (double)loom_gpt_param_count(&cfg, &one, 1);
-      first = (double)loom_gpt_param_count(&cfg, &embed, 1);
-      last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
-    } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
-      layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON);
-      last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM head's matmul */
-    }
-    balance(p->model->layers, S, layer, first, last, counts);
+    return LOOM_OK;
+  }
+  /* Sizes and FLOPs of a layer and of the edges, from the layers' table and FLOPs count. */
+  loom_gpt_config cfg;
+  loom_plan_model_config(p, &cfg);
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, head = {.last = true}, embed = {.first = true};
+  double layer = 1.0, first = 0.0, last = 0.0;
+  if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
+    layer = (double)loom_gpt_param_count(&cfg, &one, 1);
+    first = (double)loom_gpt_param_count(&cfg, &embed, 1);
+    last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
+  } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
+    layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON);
+    last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM head's matmul */
+  }
+  balance(p->model->layers, S, layer, first, last, counts);
+  return LOOM_OK;
+}
+
+loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_error *err) {
+  *out = NULL;
+  const int S = sp->pp * sp->vpp;
+  if (S < 1 || S > LOOM_PLAN_MAX_STAGES)
+    return loom_fail(err, LOOM_ERR_USAGE, "parallel.pp x parallel.virtual_chunks = %d stages is out of range (1 to %d)", S,
+                     LOOM_PLAN_MAX_STAGES);
+  loom_plan *p = loom_xmalloc(sizeof *p, "plan");
+  loom__partition_plan__init(p);
+  p->has_format_version = 1;
+  p->format_version = LOOM_PLAN_FORMAT_VERSION;
+  if (sp->name) p->name = strdup(sp->name);
+  p->model = model_of(sp);
+  p->parallel = parallel_of(sp);
+  settings_of(sp, p);
+  int *counts = loom_xmalloc((size_t)S * sizeof(int), "layer counts");
+  const loom_status st = layer_counts(sp, p, S, counts, err);
+  if (st != LOOM_OK) {
+    free(counts);
+    loom_plan_free(p);
+    return st;
   }
   p->n_stages = (size_t)S;
   p->stages = loom_xcalloc((size_t)S, sizeof *p->stages, "plan stages");
-  int begin = 0;
-  for (int v = 0; v < S; v++) {
+  for (int v = 0, begin = 0; v < S; begin += counts[v++]) {
     int rank, chunk;
     loom_stage_place(loom_schedule_kind_v_shape(sp->schedule), sp->pp, v, &rank, &chunk);
     p->stages[v] = new_stage(rank, chunk, begin, begin + counts[v], v == 0, v == S - 1, sp->recompute,
-                           sp->recompute_layers, sp->recompute_group);
-    begin += counts[v];
+                             sp->recompute_layers, sp->recompute_group);
   }
   free(counts);
   loom_plan_estimate(p);
