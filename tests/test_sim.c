@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "pipeline/trace.h"
+#include "schedule/timeline.h"
 #include "sim/search.h"
 #include "test_util.h"
 

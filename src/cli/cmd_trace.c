@@ -4,7 +4,7 @@
 #include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "core/log.h"
-#include "pipeline/trace.h"
+#include "schedule/timeline.h"
 
 int loom_cmd_trace(int argc, char **argv) {
   const char *out = NULL;

@@ -1,5 +1,6 @@
 /* Context parallelism's ring attention (see ring_attention.h). */
 #include "layers/ring_attention.h"
+#include <math.h>
 #include <stdlib.h>
 #include "backend/op_math.h"
 #include "core/check.h"
@@ -23,11 +24,11 @@ static void note(const loom_ring *r, loom_ring_span_kind kind, double t0) {
   if (!g || !g->on) return;
   if (g->count == g->cap) {
     g->cap = g->cap ? 2 * g->cap : 256;
-    g->spans = realloc(g->spans, (size_t)g->cap * 3 * sizeof(float));
+    g->spans = realloc(g->spans, (size_t)g->cap * 3 * sizeof *g->spans);
     LOOM_CHECK(g->spans != NULL, "out of memory tracing the ring");
   }
-  float *s = g->spans + 3 * (size_t)g->count++;
-  s[0] = (float)kind, s[1] = (float)((t0 - g->origin) * 1e6), s[2] = (float)((loom_now_s() - g->origin) * 1e6);
+  int64_t *s = g->spans + 3 * (size_t)g->count++;
+  s[0] = kind, s[1] = llround((t0 - g->origin) * 1e9), s[2] = llround((loom_now_s() - g->origin) * 1e9);
 }
 
 void loom_cp_positions(int cp, int rank, int T, int *pos) {

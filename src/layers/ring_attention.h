@@ -44,7 +44,8 @@ void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int row
 void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, int rows, const loom_attn_shape *s);
 
 /* What the ring did with its time, kept while `on` (traces): spans of
- * (kind, start, end) in microseconds from `origin` (a loom_now_s time).
+ * (kind, start, end), the times in nanoseconds from `origin` (a loom_now_s
+ * time).
  * BLOCK: a block's attention (the next block in flight beside it, where
  * the ring posted one); WAIT: waiting for a block's transfer after it;
  * GRADS: the last hop bringing this rank's block's grads home; GATHER: the
@@ -54,7 +55,7 @@ extern const char *const LOOM_RING_SPAN_NAMES[]; /* "ring block", ... by kind */
 typedef struct {
   bool on;
   double origin;
-  float *spans; /* [count][3] */
+  int64_t *spans; /* [count][3] */
   int count, cap;
 } loom_ring_log;
 void loom_ring_log_free(loom_ring_log *log);

@@ -1,4 +1,5 @@
 /* Running a schedule: slots, transfers, grad reductions and the step. */
+#include <math.h>
 #include <stdlib.h>
 #include <time.h>
 #include <string.h>
@@ -205,16 +206,11 @@ static void hook_after(void *ctx, loom_gpt *m, bool backward, int layer) {
 static void trace_event(loom_pipeline *pipe, const loom_action *a, int i, double t0, double t1) {
   if (pipe->trace_count == pipe->trace_cap) {
     pipe->trace_cap = pipe->trace_cap ? 2 * pipe->trace_cap : 256;
-    pipe->trace = realloc(pipe->trace, (size_t)pipe->trace_cap * LOOM_TRACE_FIELDS * sizeof(float));
+    pipe->trace = realloc(pipe->trace, (size_t)pipe->trace_cap * LOOM_TRACE_FIELDS * sizeof *pipe->trace);
     LOOM_CHECK(pipe->trace != NULL, "out of memory tracing");
   }
-  float *e = pipe->trace + (size_t)pipe->trace_count++ * LOOM_TRACE_FIELDS;
-  e[0] = (float)a->kind;
-  e[1] = (float)a->mb;
-  e[2] = (float)a->chunk;
-  e[3] = (float)(t0 * 1e6);
-  e[4] = (float)(t1 * 1e6);
-  e[5] = (float)i;
+  int64_t *e = pipe->trace + (size_t)pipe->trace_count++ * LOOM_TRACE_FIELDS;
+  e[0] = a->kind, e[1] = a->mb, e[2] = a->chunk, e[3] = llround(t0 * 1e9), e[4] = llround(t1 * 1e9), e[5] = i;
 }
 
 /* Takes (acquire) or gives back the buffers action i of schedule s names:
@@ -245,7 +241,7 @@ typedef struct {
   int64_t sample_offset; /* global index of micro-batch 0's first sample */
   int first_mb;          /* the feed's index of micro-batch 0 (an evaluation's later rounds) */
   float dloss;           /* grad of the mean loss per scored target (training) */
-  float *tally;          /* forward-only with a score hook: problems, correct */
+  int64_t *tally;        /* forward-only with a score hook: problems, correct */
 } run_spec;
 
 typedef struct {
@@ -498,12 +494,12 @@ static loom_status eval_round(loom_pipeline *pipe, int batches, int *round, loom
 }
 
 loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,
-                               float *tally, loom_error *err) {
+                               int64_t *tally, loom_error *err) {
   const loom_parallel *ps = pipe->ps;
   int round;
   loom_status st = eval_round(pipe, batches, &round, err);
   if (st != LOOM_OK) return st;
-  float local[2] = {0.0f, 0.0f};
+  int64_t local[2] = {0, 0};
   for (int c = 0; c < pipe->v; c++) loom_gpt_sync_compute_weights(&pipe->chunks[c]);
   run_totals t = {0};
   for (int first = 0; first < batches && st == LOOM_OK; first += round) {
@@ -515,14 +511,12 @@ loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *h
     run_actions(pipe, hooks, &spec, &t);
   }
   const bool last = loom_pipeline_chunk_holding(pipe, pipe->S - 1) >= 0;
-  float results[3] = {last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f, last ? local[0] : 0.0f,
-                      last ? local[1] : 0.0f};
-  if (ps->cp_group) loom_comm_allreduce(ps->cp_group, results, 1, LOOM_REDUCE_SUM); /* each cp rank's rows' loss; tallies alike */
-  loom_comm_allreduce(ps->pp_group, results, 3, LOOM_REDUCE_SUM);
-  *loss = results[0];
-  if (tally) {
-    tally[0] = results[1];
-    tally[1] = results[2];
-  }
+  float mean = last && t.scored ? (float)(t.loss_sum / (double)t.scored) : 0.0f;
+  int64_t counts[2] = {last ? local[0] : 0, last ? local[1] : 0}; /* counts cross as integers, exact however many */
+  if (ps->cp_group) loom_comm_allreduce(ps->cp_group, &mean, 1, LOOM_REDUCE_SUM); /* each cp rank's rows' loss; tallies alike */
+  loom_comm_allreduce(ps->pp_group, &mean, 1, LOOM_REDUCE_SUM);
+  loom_comm_allreduce_typed(ps->pp_group, counts, 2, LOOM_DTYPE_I64, LOOM_REDUCE_SUM);
+  *loss = mean;
+  if (tally) tally[0] = counts[0], tally[1] = counts[1];
   return LOOM_OK;
 }

@@ -34,7 +34,7 @@ typedef struct {
   double (*optimizer_step)(void *ctx, loom_pipeline *pipe);
   /* Evaluation only, on the last stage: scores micro-batch mb's greedy
    * predictions pred[T * B]; adds to tally[0] (problems) and tally[1] (correct). */
-  void (*score)(void *ctx, const int *tokens, const int *targets, const int *pred, float *tally);
+  void (*score)(void *ctx, const int *tokens, const int *targets, const int *pred, int64_t *tally);
 } loom_pipeline_hooks;
 
 
@@ -101,6 +101,6 @@ loom_pipeline_stats loom_pipeline_step(loom_pipeline *pipe, const loom_pipeline_
  * *loss is their mean loss and, with a score hook, tally[2] gets its totals.
  * The results reach every rank. */
 loom_status loom_pipeline_eval(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, int batches, float *loss,
-                               float *tally, loom_error *err);
+                               int64_t *tally, loom_error *err);
 
 #endif

@@ -45,12 +45,12 @@ struct loom_pipeline {
   uint16_t **grad16;         /* [v] with grad_reduce bf16: each chunk's grads as they cross dp, else NULL */
   loom_grad_compress *compress; /* [v] with grad compression: each chunk's state, else NULL (no buckets then) */
   size_t overlapped;         /* grad floats posted during backward this step */
-  /* When tracing, each action of a step as (kind, mb, chunk, start us, end us,
+  /* When tracing, each action of a step as (kind, mb, chunk, start ns, end ns,
    * its index in the schedule) from the step's start (after a barrier over
-   * the world group). */
+   * the world group): integers, exact however long the step. */
   bool tracing;
   loom_ring_log ring_log; /* context parallelism: the ring's spans of the traced step (every chunk's ring keeps them here) */
-  float *trace;
+  int64_t *trace;
   int trace_count, trace_cap;
 };
 

@@ -138,7 +138,7 @@ static double hook_optimizer_step(void *ctx, loom_pipeline *pipe) {
 
 /* Exact-match scoring of one micro-batch of the addition task. */
 static void score_addition(int digits, int T, int B, const int *tokens, const int *targets, const int *pred,
-                           float *tally) {
+                           int64_t *tally) {
   int *window = loom_xmalloc((size_t)(T + 1) * sizeof(int), "eval window");
   int *row = loom_xmalloc((size_t)T * sizeof(int), "eval row");
   for (int b = 0; b < B; b++) {
@@ -149,14 +149,14 @@ static void score_addition(int digits, int T, int B, const int *tokens, const in
     window[T] = targets[(T - 1) * B + b]; /* may be -1 (masked); scoring only reads answers */
     int problems, correct;
     loom_addition_score(window, row, T, digits, &problems, &correct);
-    tally[0] += (float)problems;
-    tally[1] += (float)correct;
+    tally[0] += problems;
+    tally[1] += correct;
   }
   free(window);
   free(row);
 }
 
-static void hook_score(void *ctx, const int *tokens, const int *targets, const int *pred, float *tally) {
+static void hook_score(void *ctx, const int *tokens, const int *targets, const int *pred, int64_t *tally) {
   const loom_trainer *tr = ctx;
   score_addition(tr->digits, tr->T, tr->micro_batch, tokens, targets, pred, tally);
 }
@@ -243,7 +243,7 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   tr->first_sample = 0;
   tr->digits = addition_digits;
   const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
-  float tally[2] = {0.0f, 0.0f};
+  int64_t tally[2] = {0, 0};
   const loom_status st = loom_pipeline_eval(tr->pipe, &hooks, batches, &out->loss, tally, err);
   out->problems = (int)tally[0];
   out->correct = (int)tally[1];

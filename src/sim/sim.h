@@ -6,7 +6,7 @@
 #ifndef LOOM_SIM_H
 #define LOOM_SIM_H
 
-#include "pipeline/trace.h"
+#include "schedule/timeline.h"
 #include "schedule/verify.h"
 #include "sim/cost.h"
 

@@ -97,26 +97,3 @@ void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *
 }
 
 int loom_tp_local_rows(const loom_tp *tp, int rows) { return tp->sequence_parallel ? rows / tp->size : rows; }
-
-void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n) {
-  if (!tp->group) return;
-  ops->mem->copy(ops->mem, scratch, lse, (size_t)n * sizeof(float));
-  loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX); /* global max of the partial lse */
-  ops->exp_shifted(ops, lse, scratch, (size_t)n);                           /* 0 for a rank with no vocab (-inf) */
-  loom_comm_allreduce(tp->group, lse, (size_t)n, LOOM_REDUCE_SUM);
-  ops->log_shifted(ops, lse, scratch, (size_t)n);
-}
-
-void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n) {
-  loom_comm_allreduce(tp->group, picked, (size_t)n, LOOM_REDUCE_SUM);
-}
-
-void loom_tp_combine_argmax(const loom_tp *tp, float *val, int *idx, float *scratch, int n) {
-  if (!tp->group) return;
-  memcpy(scratch, val, (size_t)n * sizeof(float));
-  loom_comm_allreduce(tp->group, val, (size_t)n, LOOM_REDUCE_MAX);
-  /* Ranks holding the winning value offer -id; the max of those is the lowest id. */
-  for (int i = 0; i < n; i++) scratch[i] = idx[i] >= 0 && scratch[i] == val[i] ? -(float)idx[i] : -INFINITY;
-  loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX);
-  for (int i = 0; i < n; i++) idx[i] = (int)-scratch[i];
-}

@@ -36,14 +36,4 @@ void loom_tp_split_columns(const loom_tp *tp, const loom_ops *ops, const float *
 /* Rows a rank holds outside the regions: N/tp under SP, else N. */
 int loom_tp_local_rows(const loom_tp *tp, int rows);
 
-/* Vocab-parallel cross-entropy glue: turns each rank's log-sum-exp over its
- * vocab range into the global one (a max and a sum of n floats cross the
- * group), and sums the picked target logits (each target lives on one rank). */
-void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n);
-void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n);
-/* Global greedy prediction from each rank's best (val, idx) over its vocab
- * range (idx already global): the largest value wins, ties to the lowest id.
- * val, idx and scratch are host memory. */
-void loom_tp_combine_argmax(const loom_tp *tp, float *val, int *idx, float *scratch, int n);
-
 #endif

@@ -1,5 +1,7 @@
 /* Vocab-parallel embedding and cross-entropy. */
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include "core/check.h"
 #include "tensor_parallel/mappings.h"
 #include "tensor_parallel/vocab_parallel.h"
@@ -55,4 +57,30 @@ void loom_vocab_parallel_cross_entropy_backward(const loom_ops *ops, float *dlog
                                                 const float *lse, const int *targets, loom_vocab_range v,
                                                 float dloss, int N) {
   ops->crossentropy_backward(ops, dlogits, logits, lse, targets, v.start, dloss, N, v.valid, v.rows);
+}
+
+/* ---- combining each rank's vocabulary range ---- */
+
+void loom_tp_combine_logsumexp(const loom_tp *tp, const loom_ops *ops, float *lse, float *scratch, int n) {
+  if (!tp->group) return;
+  ops->mem->copy(ops->mem, scratch, lse, (size_t)n * sizeof(float));
+  loom_comm_allreduce(tp->group, scratch, (size_t)n, LOOM_REDUCE_MAX); /* global max of the partial lse */
+  ops->exp_shifted(ops, lse, scratch, (size_t)n);                           /* 0 for a rank with no vocab (-inf) */
+  loom_comm_allreduce(tp->group, lse, (size_t)n, LOOM_REDUCE_SUM);
+  ops->log_shifted(ops, lse, scratch, (size_t)n);
+}
+
+void loom_tp_combine_picked(const loom_tp *tp, float *picked, int n) {
+  loom_comm_allreduce(tp->group, picked, (size_t)n, LOOM_REDUCE_SUM);
+}
+
+void loom_tp_combine_argmax(const loom_tp *tp, float *val, int *idx, float *scratch, int n) {
+  if (!tp->group) return;
+  memcpy(scratch, val, (size_t)n * sizeof(float));
+  loom_comm_allreduce(tp->group, val, (size_t)n, LOOM_REDUCE_MAX);
+  /* Ranks holding the winning value offer -id (as int32: ids stay exact); the max of those is the lowest id. */
+  _Static_assert(sizeof(int) == sizeof(int32_t), "token ids are int32");
+  for (int i = 0; i < n; i++) idx[i] = idx[i] >= 0 && scratch[i] == val[i] ? -idx[i] : INT32_MIN;
+  loom_comm_allreduce_typed(tp->group, idx, (size_t)n, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+  for (int i = 0; i < n; i++) idx[i] = -idx[i];
 }
