@@ -15,7 +15,7 @@
 #include "cli/flags.h"
 #include "cli/launch.h"
 #include "cli/plan_flags.h"
-#include "pipeline/measure.h"
+#include "comm/measure.h"
 #include "pipeline/train_loop.h"
 #include "sim/cost.h"
 #include "core/check.h"

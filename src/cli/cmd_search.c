@@ -88,6 +88,50 @@ static void show_progress(const loom_search_result *r, void *ctx) {
   fflush(stderr);
 }
 
+/* The search's report: what was considered and dropped, the ranked table, and why nothing fits where nothing
+ * does (an error). */
+static loom_status report(const loom_plan *base, const loom_profile *prof, const char *cluster, int gpus,
+                          const loom_sim_assumptions *assume, const loom_search_result *res, int top, loom_error *err) {
+  const loom_search_result r = *res;
+  loom_status st = LOOM_OK;
+  printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit "
+         "(%d predicted, %d bounded slower than a predicted layout that needs no more memory), %d over memory\n",
+         base->name ? base->name : "model", (long long)base->estimates->total_parameters, gpus,
+         prof->name ? prof->name : cluster, base->batch->global_batch,
+         base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.fit, r.nranked, r.bounded,
+         r.nunfit);
+  if (assume->moe_rank_imbalance != 1.0)
+    printf("  experts: dropless, each layout's busiest ep rank at %.3gx an even share of the rows, or ep times where "
+           "that is less (--moe-rank-imbalance)\n", assume->moe_rank_imbalance);
+  printf("  dropped:");
+  for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
+  printf("%s\n", r.ndropped ? "" : " none");
+  const bool moe = base->model->moe != NULL, cp = !moe && loom_plan_train_seq(base) / 2 >= LOOM_SEARCH_CP_MIN_ROWS;
+  printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp",
+         moe ? "  ep etp" : "", cp ? "  cp   " : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
+         "bubble", "mem GiB");
+  bool overlapped = false, gathered = false;
+  for (int i = 0; i < r.nranked && i < top; i++)
+    print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
+  if (overlapped) printf("  (sp ov: sequence parallel with --tp-comm-overlap)\n");
+  if (gathered) printf("  (zero pg: with --overlap-param-gather)\n");
+  if (r.pruned)
+    printf("  pruned: %d grid%s of tp x cp x pp not enumerated: even %s leanest layout (micro-batch 1, the least of every "
+           "ZeRO stage, recompute and sequence parallelism, the widest ep) needs %.1f GiB or more, over the device's %.1f GiB\n", r.pruned,
+           r.pruned == 1 ? "" : "s", r.pruned == 1 ? "its" : "their", (double)r.pruned_least_bytes / 1073741824.0,
+           (double)prof->device->memory_bytes / 1073741824.0);
+  if (r.considered == 0 && r.pruned)
+    st = loom_fail(err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits: the leanest layout of every grid of %d GPUs "
+                   "needs at least %.1f GiB of the device's %.1f GiB; add GPUs, or use a smaller model, batch or sequence",
+                   gpus, (double)r.pruned_least_bytes / 1073741824.0, (double)prof->device->memory_bytes / 1073741824.0);
+  else if (r.considered == 0)
+    st = loom_fail(err, LOOM_ERR_USAGE, "loom plan search: no layout of %d GPUs splits --global-batch %d into whole "
+                   "replicas (dp must divide it); choose a batch or a GPU count with common factors", gpus,
+                   base->batch->global_batch);
+  else if (r.nranked == 0) st = loom_fail(err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits; add GPUs or use a smaller model");
+  return st;
+}
+
 int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
@@ -131,45 +175,9 @@ int loom_cmd_plan_search(int argc, char **argv) {
   const loom_search_options opt = {.keep = top, .progress = show_progress, .ctx = &line};
   if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, &assume, &opt, &r, &err);
   if (line.shown && line.tty) fputs("\n", stderr);
-  if (st == LOOM_OK) {
-    printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit "
-           "(%d predicted, %d bounded slower than a predicted layout that needs no more memory), %d over memory\n",
-           base->name ? base->name : "model", (long long)base->estimates->total_parameters, gpus,
-           prof->name ? prof->name : cluster, base->batch->global_batch,
-           base->precision == LOOM__PRECISION__PRECISION_BF16 ? "bf16" : "fp32", r.considered, r.fit, r.nranked, r.bounded,
-           r.nunfit);
-    if (assume.moe_rank_imbalance != 1.0)
-      printf("  experts: dropless, each layout's busiest ep rank at %.3gx an even share of the rows, or ep times where "
-             "that is less (--moe-rank-imbalance)\n", assume.moe_rank_imbalance);
-    printf("  dropped:");
-    for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
-    printf("%s\n", r.ndropped ? "" : " none");
-    const bool moe = base->model->moe != NULL, cp = !moe && loom_plan_train_seq(base) / 2 >= LOOM_SEARCH_CP_MIN_ROWS;
-    printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp",
-           moe ? "  ep etp" : "", cp ? "  cp   " : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
-           "bubble", "mem GiB");
-    bool overlapped = false, gathered = false;
-    for (int i = 0; i < r.nranked && i < top; i++)
-      print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
-    if (overlapped) printf("  (sp ov: sequence parallel with --tp-comm-overlap)\n");
-    if (gathered) printf("  (zero pg: with --overlap-param-gather)\n");
-    if (r.pruned)
-      printf("  pruned: %d grid%s of tp x cp x pp not enumerated: even %s leanest layout (micro-batch 1, the least of every "
-             "ZeRO stage, recompute and sequence parallelism, the widest ep) needs %.1f GiB or more, over the device's %.1f GiB\n", r.pruned,
-             r.pruned == 1 ? "" : "s", r.pruned == 1 ? "its" : "their", (double)r.pruned_least_bytes / 1073741824.0,
-             (double)prof->device->memory_bytes / 1073741824.0);
-    if (r.considered == 0 && r.pruned)
-      st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits: the leanest layout of every grid of %d GPUs "
-                     "needs at least %.1f GiB of the device's %.1f GiB; add GPUs, or use a smaller model, batch or sequence",
-                     gpus, (double)r.pruned_least_bytes / 1073741824.0, (double)prof->device->memory_bytes / 1073741824.0);
-    else if (r.considered == 0)
-      st = loom_fail(&err, LOOM_ERR_USAGE, "loom plan search: no layout of %d GPUs splits --global-batch %d into whole "
-                     "replicas (dp must divide it); choose a batch or a GPU count with common factors", gpus,
-                     base->batch->global_batch);
-    else if (r.nranked == 0) st = loom_fail(&err, LOOM_ERR_RUNTIME, "loom plan search: no layout fits; add GPUs or use a smaller model");
-  }
+  if (st == LOOM_OK) st = report(base, prof, cluster, gpus, &assume, &r, top, &err);
   if (st == LOOM_OK && out) {
-    loom_plan *best;
+    loom_plan *best = NULL;
     st = loom_candidate_plan(base, &r.ranked[0], &best, &err);
     if (st == LOOM_OK) st = loom_plan_write(out, best, &err);
     if (st == LOOM_OK) loom_log_info("wrote the best plan to %s", out);

@@ -14,7 +14,7 @@
 #include "core/nvml.h"
 #include "core/tensor.h"
 #include "core/timer.h"
-#include "pipeline/measure.h"
+#include "comm/measure.h"
 #include "pipeline/preflight.h"
 
 /* What each rank measures, gathered from all; -1 where a rank has nothing to say. */

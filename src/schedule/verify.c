@@ -130,78 +130,90 @@ static int post(sim *x, int r, const loom_action *a, int i) {
   return fail(x, r, a, why);
 }
 
+/* Each action kind's turn: 1 if it ran (its clock moved to when it may start), 0 if blocked, -1 on error. */
+
+static int run_send(sim *x, int r, const loom_action *a) {
+  int dst, peer;
+  route(x, r, a, &dst, &peer);
+  if (dst < 0 || dst >= x->S) return fail(x, r, a, "there is no stage to send to");
+  if (a->peer != peer) return fail(x, r, a, "addressed to the wrong rank");
+  const int i = msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst);
+  if (x->sent[i] >= 0) return fail(x, r, a, "sent twice");
+  if (x->rdv && loom_send_travels(x->model, r, peer)) { /* it leaves when it meets its recv */
+    x->sent[i] = x->clock[r];
+    if (post(x, r, a, i) < 0) return -1;
+  } else {
+    x->sent[i] = x->clock[r] + flight(x, r, a);
+  }
+  return 1;
+}
+
+static int run_recv(sim *x, int r, const loom_action *a) {
+  int dst, peer;
+  route(x, r, a, &dst, &peer);
+  if (a->peer != peer) return fail(x, r, a, "expects the wrong rank");
+  const int i = msg_index(x, a->kind == LOOM_ACT_RECV_GRAD, a->mb, dst);
+  if (x->rdv && loom_send_travels(x->model, r, peer)) { /* posted once, then waited for until it meets its send */
+    if (x->posted_at[r] != x->pos[r]) {
+      if (x->recv_posted[i]) return fail(x, r, a, "received twice");
+      x->recv_posted[i] = 1;
+      x->posted_at[r] = x->pos[r];
+      if (post(x, r, a, i) < 0) return -1;
+      loom_rendezvous_flush(x->rdv, r, x->clock[r]);
+    }
+    if (x->received[i] < 0) return 0;
+    if (x->received[i] > x->clock[r]) x->clock[r] = x->received[i];
+    return 1;
+  }
+  if (x->sent[i] < 0) return 0; /* waits for the send */
+  if (x->received[i] >= 0) return fail(x, r, a, "received twice");
+  if (x->sent[i] > x->clock[r]) x->clock[r] = x->sent[i];
+  x->received[i] = x->clock[r];
+  return 1;
+}
+
+/* The passes a whole backward is, or the one half of a split one. */
+static int run_pass(sim *x, int r, const loom_action *a) {
+  const int first = a->kind == LOOM_ACT_FORWARD ? PASS_F : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? PASS_W : PASS_B;
+  const int last = a->kind == LOOM_ACT_BACKWARD ? PASS_W : first;
+  for (int pass = first; pass <= last; pass++)
+    if (*done_at(x, r, pass, a->mb, a->chunk)) return fail(x, r, a, "runs twice");
+  if (first > PASS_F && !*done_at(x, r, first - 1, a->mb, a->chunk))
+    return fail(x, r, a, first == PASS_B ? "comes before its forward" : "comes before its input-grad backward");
+  for (int pass = first; pass <= last; pass++) *done_at(x, r, pass, a->mb, a->chunk) = 1;
+  return 1;
+}
+
+/* Both ends arrive, then both leave at the later arrival. */
+static int run_tied(sim *x, int r, const loom_action *a) {
+  const int other = a->peer;
+  if (x->rdv) loom_rendezvous_flush(x->rdv, r, x->clock[r]); /* a rank hands over what it queued before it waits */
+  if (x->tied_arrival[r] < 0) x->tied_arrival[r] = x->clock[r];
+  if (x->tied_arrival[other] < 0) return 0;
+  const double t = x->tied_arrival[r] > x->tied_arrival[other] ? x->tied_arrival[r] : x->tied_arrival[other];
+  x->clock[r] = t;
+  return 1;
+}
+
 /* Runs rank r's next action if it can; returns 1 if it ran, 0 if blocked, -1 on error. */
 static int step(sim *x, int r) {
-  const loom_schedule *s = x->s;
   if (x->pos[r] > 0 && !wait_for_releases(x, r, x->pos[r] - 1)) return 0; /* waits for a send to be done */
-  const loom_action *a = &s->actions[r][x->pos[r]];
-  int dst, peer;
+  const loom_action *a = &x->s->actions[r][x->pos[r]];
+  int ran = 1;
   switch (a->kind) {
   case LOOM_ACT_SEND_ACT:
-  case LOOM_ACT_SEND_GRAD: {
-    route(x, r, a, &dst, &peer);
-    if (dst < 0 || dst >= x->S) return fail(x, r, a, "there is no stage to send to");
-    if (a->peer != peer) return fail(x, r, a, "addressed to the wrong rank");
-    const int i = msg_index(x, a->kind == LOOM_ACT_SEND_GRAD, a->mb, dst);
-    if (x->sent[i] >= 0) return fail(x, r, a, "sent twice");
-    if (x->rdv && loom_send_travels(x->model, r, peer)) { /* it leaves when it meets its recv */
-      x->sent[i] = x->clock[r];
-      if (post(x, r, a, i) < 0) return -1;
-    } else {
-      x->sent[i] = x->clock[r] + flight(x, r, a);
-    }
-    break;
-  }
+  case LOOM_ACT_SEND_GRAD: ran = run_send(x, r, a); break;
   case LOOM_ACT_RECV_ACT:
-  case LOOM_ACT_RECV_GRAD: {
-    route(x, r, a, &dst, &peer);
-    if (a->peer != peer) return fail(x, r, a, "expects the wrong rank");
-    const int i = msg_index(x, a->kind == LOOM_ACT_RECV_GRAD, a->mb, dst);
-    if (x->rdv && loom_send_travels(x->model, r, peer)) { /* posted once, then waited for until it meets its send */
-      if (x->posted_at[r] != x->pos[r]) {
-        if (x->recv_posted[i]) return fail(x, r, a, "received twice");
-        x->recv_posted[i] = 1;
-        x->posted_at[r] = x->pos[r];
-        if (post(x, r, a, i) < 0) return -1;
-        loom_rendezvous_flush(x->rdv, r, x->clock[r]);
-      }
-      if (x->received[i] < 0) return 0;
-      if (x->received[i] > x->clock[r]) x->clock[r] = x->received[i];
-      break;
-    }
-    if (x->sent[i] < 0) return 0; /* waits for the send */
-    if (x->received[i] >= 0) return fail(x, r, a, "received twice");
-    if (x->sent[i] > x->clock[r]) x->clock[r] = x->sent[i];
-    x->received[i] = x->clock[r];
-    break;
-  }
+  case LOOM_ACT_RECV_GRAD: ran = run_recv(x, r, a); break;
   case LOOM_ACT_FORWARD:
   case LOOM_ACT_BACKWARD:
   case LOOM_ACT_BACKWARD_INPUT:
-  case LOOM_ACT_BACKWARD_WEIGHT: {
-    /* The passes a whole backward is, or the one half of a split one. */
-    const int first = a->kind == LOOM_ACT_FORWARD ? PASS_F : a->kind == LOOM_ACT_BACKWARD_WEIGHT ? PASS_W : PASS_B;
-    const int last = a->kind == LOOM_ACT_BACKWARD ? PASS_W : first;
-    for (int pass = first; pass <= last; pass++)
-      if (*done_at(x, r, pass, a->mb, a->chunk)) return fail(x, r, a, "runs twice");
-    if (first > PASS_F && !*done_at(x, r, first - 1, a->mb, a->chunk))
-      return fail(x, r, a, first == PASS_B ? "comes before its forward" : "comes before its input-grad backward");
-    for (int pass = first; pass <= last; pass++) *done_at(x, r, pass, a->mb, a->chunk) = 1;
-    break;
-  }
-  case LOOM_ACT_REDUCE_TIED: {
-    /* Both ends arrive, then both leave at the later arrival. */
-    const int other = a->peer;
-    if (x->rdv) loom_rendezvous_flush(x->rdv, r, x->clock[r]); /* a rank hands over what it queued before it waits */
-    if (x->tied_arrival[r] < 0) x->tied_arrival[r] = x->clock[r];
-    if (x->tied_arrival[other] < 0) return 0;
-    const double t = x->tied_arrival[r] > x->tied_arrival[other] ? x->tied_arrival[r] : x->tied_arrival[other];
-    x->clock[r] = t;
-    break;
-  }
+  case LOOM_ACT_BACKWARD_WEIGHT: ran = run_pass(x, r, a); break;
+  case LOOM_ACT_REDUCE_TIED: ran = run_tied(x, r, a); break;
   case LOOM_ACT_REDUCE_DP:
   case LOOM_ACT_OPTIMIZER_STEP: break;
   }
+  if (ran != 1) return ran;
   /* Every action keeps the rank busy for its cost: a send's is 0 (it leaves at once) unless the caller's costs make
    * the sender wait for it (`loom sim` under --no-overlap-p2p-communication). */
   const double cost = duration(x, r, a);

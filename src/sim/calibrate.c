@@ -7,7 +7,7 @@
 #include "core/check.h"
 #include "core/timer.h"
 #include "core/strbuf.h"
-#include "pipeline/measure.h"
+#include "comm/measure.h"
 #include "sim/calibrate.h"
 
 /* The grid: every (N, C, OC) of these sizes, and the large GEMM that gives the peak. */
@@ -176,6 +176,86 @@ static Loom__Link *copy_link(const Loom__Link *from) {
   return l;
 }
 
+/* The GEMMs' peaks and efficiency fits, fp32 and bf16: the peak from the large shape, then the grid's efficiencies
+ * against it. */
+static void calibrate_gemms(loom_comm *world, const loom_ops *ops, double seconds, Loom__DeviceProfile *d, loom_strbuf *t) {
+  d->n_gemm = 2;
+  d->gemm = loom_xcalloc(2, sizeof *d->gemm, "profile GEMMs");
+  for (int k = 0; k < 2; k++) {
+    const bool bf16 = k == 1;
+    double peak = best_of_ranks(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, seconds)), eff[SHAPES];
+    loom_strbuf_printf(t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
+    double flops[SHAPES];
+    for (int i = 0; i < SHAPES; i++) {
+      const int N = GRID[i / (GRID_N * GRID_N)], C = GRID[i / GRID_N % GRID_N], OC = GRID[i % GRID_N];
+      flops[i] = best_of_ranks(world, gemm_flops(ops, bf16, N, C, OC, seconds / 2));
+      peak = fmax(peak, flops[i]);
+      loom_strbuf_printf(t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
+    }
+    for (int i = 0; i < SHAPES; i++) eff[i] = flops[i] / peak;
+    loom_strbuf_printf(t, "\n");
+    Loom__GemmEfficiency *g = d->gemm[k] = loom_xmalloc(sizeof *g, "profile GEMM");
+    loom__gemm_efficiency__init(g);
+    g->has_dtype = 1, g->dtype = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
+    fit_gemm(eff, g);
+    if (bf16) d->has_peak_tflops_bf16 = 1, d->peak_tflops_bf16 = peak / 1e12;
+    else d->has_peak_tflops_fp32 = 1, d->peak_tflops_fp32 = peak / 1e12;
+  }
+}
+
+/* Memory bandwidth, the memory-bound ops' and attention's efficiencies, memory per rank and an op's fixed cost. */
+static void calibrate_memory(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, int ranks,
+                             loom_profile *p, loom_strbuf *t) {
+  Loom__DeviceProfile *d = p->device;
+  d->has_memory_bandwidth_gbs = d->has_memory_efficiency = 1;
+  d->memory_bandwidth_gbs = best_of_ranks(world, loom_measure_memory_gbs(o->mem_bytes, o->seconds));
+  double attention_eff, memory_eff;
+  measure_ops(ops, o->seconds, d->peak_tflops_fp32 * 1e12, d->memory_bandwidth_gbs, &attention_eff, &memory_eff);
+  d->has_attention_efficiency = 1;
+  d->attention_efficiency = best_of_ranks(world, attention_eff);
+  d->memory_efficiency = best_of_ranks(world, memory_eff);
+  /* Memory per rank: the host's, shared among the launched ranks. */
+  d->has_memory_bytes = 1;
+  d->memory_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
+  p->has_op_overhead_us = 1;
+  /* An 8x8x8 linear is all overhead: its three GEMMs' time, per GEMM. */
+  p->op_overhead_us = 2.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6;
+  loom_strbuf_printf(t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
+      "attention %.0f%% of the fp32 peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
+      d->memory_bandwidth_gbs, 100.0 * d->memory_efficiency, 100.0 * d->attention_efficiency, p->op_overhead_us);
+}
+
+/* The links: each collective timed over the ranks at several sizes and fitted; or, on one rank, --links-from's. */
+static void calibrate_links(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, int ranks,
+                            loom_profile *p, loom_strbuf *t) {
+  if (ranks < 2) {
+    p->intra_node = copy_link(o->links_from->intra_node);
+    p->inter_node = copy_link(o->links_from->inter_node);
+    p->devices_per_node = o->links_from->devices_per_node;
+    loom_strbuf_printf(t, "# links: copied from --links-from (one rank measures none)\n");
+    return;
+  }
+  static const double SIZES[] = {65536, 262144, 1048576, 4194304, 16777216};
+  enum { NS = sizeof SIZES / sizeof SIZES[0] };
+  double latency[LOOM_COLL_KINDS], busbw[LOOM_COLL_KINDS];
+  static const char *const NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
+  for (int k = 0; k < LOOM_COLL_KINDS; k++) {
+    double times[NS];
+    loom_strbuf_printf(t, "# %s over %d ranks, us (bytes):", NAMES[k], ranks);
+    for (int i = 0; i < NS; i++) {
+      times[i] = loom_measure_collective_seconds(world, ops->mem, (loom_collective)k, (size_t)SIZES[i], o->seconds / 4);
+      loom_strbuf_printf(t, " %.0f (%.0f)", times[i] * 1e6, SIZES[i]);
+    }
+    fit_link(SIZES, times, NS, (loom_collective)k, ranks, &latency[k], &busbw[k]);
+    loom_strbuf_printf(t, "; fitted %.2f us per step, bus bandwidth %.2f GB/s\n", latency[k], busbw[k]);
+  }
+  /* The link runs at send/recv's rate; a collective reaches the all-reduce's share of it. */
+  const double link = busbw[LOOM_COLL_SENDRECV];
+  p->intra_node = new_link(link, latency[LOOM_COLL_ALLREDUCE], fmin(busbw[LOOM_COLL_ALLREDUCE] / link, 1.0));
+  p->inter_node = copy_link(p->intra_node);
+  loom_strbuf_printf(t, "# inter_node: this is one host, so it repeats intra_node\n");
+}
+
 loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, loom_profile **out,
                                char **notes, loom_error *err) {
   *out = NULL, *notes = NULL;
@@ -191,80 +271,17 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   p->device = d;
   loom_strbuf_printf(&t, "# Measured by `loom sim calibrate` on %d rank%s of this machine, each with its threads (one rank is one device).\n",
       ranks, ranks > 1 ? "s" : "");
-  /* GEMMs: the peak from the large shape, then the grid's efficiencies against it. */
-  d->n_gemm = 2;
-  d->gemm = loom_xcalloc(2, sizeof *d->gemm, "profile GEMMs");
-  for (int k = 0; k < 2; k++) {
-    const bool bf16 = k == 1;
-    double peak = best_of_ranks(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, o->seconds)), eff[SHAPES];
-    loom_strbuf_printf(&t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
-    double flops[SHAPES];
-    for (int i = 0; i < SHAPES; i++) {
-      const int N = GRID[i / (GRID_N * GRID_N)], C = GRID[i / GRID_N % GRID_N], OC = GRID[i % GRID_N];
-      flops[i] = best_of_ranks(world, gemm_flops(ops, bf16, N, C, OC, o->seconds / 2));
-      peak = fmax(peak, flops[i]);
-      loom_strbuf_printf(&t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
-    }
-    for (int i = 0; i < SHAPES; i++) eff[i] = flops[i] / peak;
-    loom_strbuf_printf(&t, "\n");
-    Loom__GemmEfficiency *g = d->gemm[k] = loom_xmalloc(sizeof *g, "profile GEMM");
-    loom__gemm_efficiency__init(g);
-    g->has_dtype = 1, g->dtype = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
-    fit_gemm(eff, g);
-    if (bf16) d->has_peak_tflops_bf16 = 1, d->peak_tflops_bf16 = peak / 1e12;
-    else d->has_peak_tflops_fp32 = 1, d->peak_tflops_fp32 = peak / 1e12;
-  }
-  d->has_memory_bandwidth_gbs = d->has_memory_efficiency = 1;
-  d->memory_bandwidth_gbs = best_of_ranks(world, loom_measure_memory_gbs(o->mem_bytes, o->seconds));
-  double attention_eff, memory_eff;
-  measure_ops(ops, o->seconds, d->peak_tflops_fp32 * 1e12, d->memory_bandwidth_gbs, &attention_eff, &memory_eff);
-  d->has_attention_efficiency = 1;
-  d->attention_efficiency = best_of_ranks(world, attention_eff);
-  d->memory_efficiency = best_of_ranks(world, memory_eff);
-  /* Memory per rank: the host's, shared among the launched ranks. */
-  d->has_memory_bytes = 1;
-  d->memory_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
-  p->has_op_overhead_us = 1;
-  /* An 8x8x8 linear is all overhead: its three GEMMs' time, per GEMM. */
-  p->op_overhead_us = 2.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6;
-  loom_strbuf_printf(&t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
-      "attention %.0f%% of the fp32 peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
-      d->memory_bandwidth_gbs, 100.0 * d->memory_efficiency, 100.0 * d->attention_efficiency, p->op_overhead_us);
+  calibrate_gemms(world, ops, o->seconds, d, &t);
+  calibrate_memory(world, ops, o, ranks, p, &t);
   p->has_devices_per_node = 1;
   p->devices_per_node = ranks;
   p->has_comm_overlaps_compute = 1;
   p->comm_overlaps_compute = false; /* MPI on CPUs progresses only inside its calls, on the cores that compute */
-  if (ranks >= 2) {
-    static const double SIZES[] = {65536, 262144, 1048576, 4194304, 16777216};
-    enum { NS = sizeof SIZES / sizeof SIZES[0] };
-    double latency[LOOM_COLL_KINDS], busbw[LOOM_COLL_KINDS];
-    static const char *const NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
-    for (int k = 0; k < LOOM_COLL_KINDS; k++) {
-      double times[NS];
-      loom_strbuf_printf(&t, "# %s over %d ranks, us (bytes):", NAMES[k], ranks);
-      for (int i = 0; i < NS; i++) {
-        times[i] = loom_measure_collective_seconds(world, ops->mem, (loom_collective)k, (size_t)SIZES[i], o->seconds / 4);
-        loom_strbuf_printf(&t, " %.0f (%.0f)", times[i] * 1e6, SIZES[i]);
-      }
-      fit_link(SIZES, times, NS, (loom_collective)k, ranks, &latency[k], &busbw[k]);
-      loom_strbuf_printf(&t, "; fitted %.2f us per step, bus bandwidth %.2f GB/s\n", latency[k], busbw[k]);
-    }
-    /* The link runs at send/recv's rate; a collective reaches the all-reduce's share of it. */
-    const double link = busbw[LOOM_COLL_SENDRECV];
-    p->intra_node = new_link(link, latency[LOOM_COLL_ALLREDUCE], fmin(busbw[LOOM_COLL_ALLREDUCE] / link, 1.0));
-    p->inter_node = copy_link(p->intra_node);
-    loom_strbuf_printf(&t, "# inter_node: this is one host, so it repeats intra_node\n");
-  } else {
-    p->intra_node = copy_link(o->links_from->intra_node);
-    p->inter_node = copy_link(o->links_from->inter_node);
-    p->devices_per_node = o->links_from->devices_per_node;
-    loom_strbuf_printf(&t, "# links: copied from --links-from (one rank measures none)\n");
-  }
+  calibrate_links(world, ops, o, ranks, p, &t);
   p->name = strdup(o->name ? o->name : "calibrated");
   p->source = strdup("loom sim calibrate");
   d->name = strdup("this machine's rank");
   *out = p;
   *notes = t.buf;
-  (void)err;
   return LOOM_OK;
 }

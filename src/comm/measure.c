@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include "core/check.h"
 #include "core/timer.h"
-#include "pipeline/measure.h"
+#include "comm/measure.h"
 
 double loom_measure_best_time(void (*run)(void *), void *ctx, double seconds) {
   double best = INFINITY;
