@@ -3,6 +3,7 @@
  * global batch into micro-batches. */
 #include <math.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "pipeline/trainer.h"
@@ -217,6 +218,52 @@ START_TEST(executor_keeps_to_its_events) {
 }
 END_TEST
 
+/* A device allocation that fails is a status, not an abort: with each of a
+ * run's allocations failing in turn (a recording allocator's), building the
+ * run returns LOOM_ERR_NOMEM with a message naming that buffer and its size,
+ * and freeing what was built gives every other allocation back. In bf16
+ * with two micro-batches in flight, so the bf16 copy, the slots' bf16 tables
+ * and the receive staging are among them. */
+START_TEST(allocation_failures_are_statuses) {
+  loom_gpt_config model = small();
+  const loom_plan_spec spec = {.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 2, .global_batch = 4,
+                               .schedule = LOOM_SCHEDULE_1F1B, .precision = LOOM__PRECISION__PRECISION_BF16};
+  loom_plan *plan;
+  loom_error err = {0};
+  ck_assert_msg(loom_plan_build(&spec, &plan, &err) == LOOM_OK, "%s", err.msg);
+  loom_dataset *data = loom_dataset_addition(2, 5);
+  const loom_trainer_options o = {.seed = 3, .lr = schedule(1)};
+  int failed = 0;
+  for (int k = 1;; k++) {
+    tu_recorder rec;
+    loom_ops ops;
+    tu_recorder_init(&rec, loom_ops_cpu(), &ops);
+    rec.fail_at = k;
+    loom_trainer tr;
+    err = (loom_error){0};
+    const loom_status st = loom_trainer_init(&tr, NULL, plan, &ops, data, &o, &err);
+    const bool built = st == LOOM_OK;
+    if (!built) {
+      ck_assert_int_ge(rec.count, k);
+      const tu_allocation *x = &rec.rows[k - 1];
+      char want[160];
+      snprintf(want, sizeof want, "out of memory for %s (%zu bytes) ", x->what, x->bytes);
+      ck_assert_msg(st == LOOM_ERR_NOMEM && strncmp(err.msg, want, strlen(want)) == 0,
+                    "allocation %d (%s, %zu bytes) failing gave status %d: %s", k, x->what, x->bytes, (int)st, err.msg);
+      failed++;
+    }
+    loom_trainer_free(&tr);
+    for (int i = 0; i < rec.count; i++)
+      ck_assert_msg(!rec.rows[i].held, "allocation %d (%s) still held after allocation %d failed", i + 1, rec.rows[i].what, k);
+    tu_recorder_free(&rec);
+    if (built) break;
+  }
+  ck_assert_int_ge(failed, 10); /* parameters, grads, bf16 weights, Adam, slots and their tokens, scratch, transfers */
+  loom_dataset_free(data);
+  loom_plan_free(plan);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("optim");
   TCase *tc = tcase_create("optim");
@@ -225,6 +272,7 @@ int main(void) {
   tcase_add_test(tc, lr_wsd_phases);
   tcase_add_test(tc, clipping_and_decay_follow_metadata);
   tcase_add_test(tc, accumulation_is_split_invariant);
+  tcase_add_test(tc, allocation_failures_are_statuses);
   tcase_add_test_raise_signal(tc, executor_keeps_to_its_events, SIGABRT);
   suite_add_tcase(s, tc);
   return tu_run(s);

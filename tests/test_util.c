@@ -270,14 +270,13 @@ static const loom_allocator *inner_of(const loom_allocator *mem) { return record
 
 static void *rec_zalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   tu_recorder *r = recorder_of(mem);
-  void *p = r->inner->zalloc(r->inner, bytes, what);
-  if (!p) return NULL;
+  void *p = r->count + 1 == r->fail_at ? NULL : r->inner->zalloc(r->inner, bytes, what);
   if (r->count == r->cap) {
     r->cap = r->cap ? 2 * r->cap : 256;
     r->rows = realloc(r->rows, (size_t)r->cap * sizeof *r->rows);
     ck_assert_ptr_nonnull(r->rows);
   }
-  r->rows[r->count++] = (tu_allocation){.what = what ? what : "unnamed", .bytes = bytes, .p = p, .held = 1};
+  r->rows[r->count++] = (tu_allocation){.what = what ? what : "unnamed", .bytes = bytes, .p = p, .held = p != NULL};
   return p;
 }
 static void rec_release(const loom_allocator *mem, void *p) {

@@ -43,6 +43,7 @@ typedef struct {
   const loom_allocator *inner;
   tu_allocation *rows;
   int count, cap;
+  int fail_at; /* the allocation (1, 2, ...) that fails, recorded with p NULL; 0: none */
 } tu_recorder;
 /* Points ops at a copy of base with its memory the recorder's; free with tu_recorder_free. */
 void tu_recorder_init(tu_recorder *r, const loom_ops *base, loom_ops *ops);

@@ -1,5 +1,7 @@
 /* Tensor specs and contiguous buffers of named views. */
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +131,26 @@ const loom_allocator loom_host_memory = {.name = "host",
 
 const loom_allocator *loom_allocator_host(void) { return &loom_host_memory; }
 
+static _Thread_local loom_alloc_failed g_alloc_failed;
+
+void *loom_zalloc(const loom_allocator *mem, size_t bytes, const char *what) {
+  void *p = mem->zalloc(mem, bytes, what);
+  if (!p) g_alloc_failed = (loom_alloc_failed){.what = what ? what : "a buffer", .bytes = bytes};
+  return p;
+}
+
+loom_alloc_failed loom_alloc_failure(void) { return g_alloc_failed; }
+
+loom_status loom_fail_nomem(loom_error *err, const char *where, ...) {
+  char place[256];
+  va_list ap;
+  va_start(ap, where);
+  vsnprintf(place, sizeof place, where, ap);
+  va_end(ap);
+  const loom_alloc_failed f = g_alloc_failed;
+  return loom_fail(err, LOOM_ERR_NOMEM, "out of memory for %s (%zu bytes) %s", f.what ? f.what : "a buffer", f.bytes, place);
+}
+
 void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what) {
   void *p = mem->zalloc(mem, bytes, what);
   LOOM_CHECK(p, what);
@@ -150,7 +172,7 @@ static loom_status place(loom_buffer *buf, const loom_tensor *specs, int count, 
   buf->device = mem->device;
   buf->views = malloc((size_t)count * sizeof *buf->views);
   const size_t capacity = (total + multiple - 1) / multiple * multiple;
-  buf->base = storage ? buf->alloc->zalloc(buf->alloc, (capacity ? capacity : 1) * esize, what) : NULL;
+  buf->base = storage ? loom_zalloc(buf->alloc, (capacity ? capacity : 1) * esize, what) : NULL;
   if (!buf->views || (storage && !buf->base)) {
     free(buf->views);
     if (buf->base) buf->alloc->release(buf->alloc, buf->base);

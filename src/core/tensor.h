@@ -91,7 +91,20 @@ typedef struct loom_allocator {
 extern const loom_allocator loom_host_memory;
 const loom_allocator *loom_allocator_host(void);
 
-/* Zeroed memory from `mem`; aborts with `what` named when out of memory. */
+/* Zeroed memory from `mem`, or NULL: a failure is remembered (this thread's
+ * last, loom_alloc_failure) so the status that reports it can name the
+ * buffer and its size (loom_fail_nomem). What a run allocates goes through
+ * here. */
+void *loom_zalloc(const loom_allocator *mem, size_t bytes, const char *what);
+typedef struct {
+  const char *what;
+  size_t bytes;
+} loom_alloc_failed;
+loom_alloc_failed loom_alloc_failure(void);
+/* LOOM_ERR_NOMEM into err: "out of memory for WHAT (N bytes) " and the
+ * caller's where (printf-style). */
+loom_status loom_fail_nomem(loom_error *err, const char *where, ...) __attribute__((format(printf, 2, 3)));
+/* Zeroed memory from `mem`; aborts with `what` named when out of memory (tools' own measurements, not a run). */
 void *loom_xzalloc(const loom_allocator *mem, size_t bytes, const char *what);
 /* Zero-fills n floats (or any 32-bit elements). */
 static inline void loom_mem_zero(const loom_allocator *mem, void *dst, size_t n) { mem->fill32(mem, dst, 0, n); }

@@ -174,9 +174,9 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   for (int i = 0; i < slots && st == LOOM_OK; i++) {
     loom_gpt_slot *s = &m->slots[i];
     const char *tokens = loom_run_buffer_name(LOOM_BUF_SLOT_TOKENS);
-    s->tokens = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
-    s->targets = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
-    s->pred = m->ops->mem->zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
+    s->tokens = loom_zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens);
+    s->targets = s->tokens ? loom_zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens) : NULL;
+    s->pred = s->targets ? loom_zalloc(m->ops->mem, (size_t)d.N * sizeof(int), tokens) : NULL;
     if (!s->tokens || !s->targets || !s->pred) {
       st = LOOM_ERR_NOMEM;
       break;

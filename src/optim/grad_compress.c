@@ -40,10 +40,10 @@ loom_status loom_grad_compress_init(loom_grad_compress *s, const loom_compressio
     s->error_floats += (size_t)st.error, s->a_words += (size_t)st.a;
     s->b_words += (size_t)st.b; /* PowerSGD's Q; signs: every replica's messages, in rank order */
   }
-  s->error = s->mem->zalloc(s->mem, (s->error_floats ? s->error_floats : 1) * sizeof(float),
-                            loom_run_buffer_name(LOOM_BUF_COMPRESS_ERROR));
-  s->a = s->mem->zalloc(s->mem, (s->a_words ? s->a_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_A));
-  s->b = s->mem->zalloc(s->mem, (s->b_words ? s->b_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_B));
+  s->error = loom_zalloc(s->mem, (s->error_floats ? s->error_floats : 1) * sizeof(float),
+                         loom_run_buffer_name(LOOM_BUF_COMPRESS_ERROR));
+  s->a = s->error ? loom_zalloc(s->mem, (s->a_words ? s->a_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_A)) : NULL;
+  s->b = s->a ? loom_zalloc(s->mem, (s->b_words ? s->b_words : 1) * sizeof(float), loom_run_buffer_name(LOOM_BUF_COMPRESS_B)) : NULL;
   if (!s->error || !s->a || !s->b) {
     loom_grad_compress_free(s);
     return LOOM_ERR_NOMEM;

@@ -64,7 +64,7 @@ loom_comm *loom_zero_comm(const loom_zero *z, int b) { return z->group[z->bucket
 int loom_zero_group_size(const loom_zero *z, int b) { return z->group[z->buckets[b].group].size; }
 
 static void *state(loom_zero *z, size_t n, loom_run_buffer name) {
-  return z->mem->zalloc(z->mem, (n ? n : 1) * sizeof(float), loom_run_buffer_name(name));
+  return loom_zalloc(z->mem, (n ? n : 1) * sizeof(float), loom_run_buffer_name(name));
 }
 
 loom_status loom_zero_init(loom_zero *z, const loom_gpt_params *p, const loom_zero_group groups[LOOM_ZERO_GROUPS],

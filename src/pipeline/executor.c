@@ -53,10 +53,8 @@ static loom_status build_dp(loom_pipeline *pipe, const loom_rank_sheet *sheet, c
     pipe->grad16 = loom_xcalloc((size_t)pipe->v, sizeof *pipe->grad16, "bf16 grads");
     for (int c = 0; c < pipe->v; c++) { /* ZeRO-1 pads */
       const size_t bytes = pipe->chunks[c].p.grads.capacity * sizeof(uint16_t);
-      pipe->grad16[c] = ops->mem->zalloc(ops->mem, bytes, loom_run_buffer_name(LOOM_BUF_GRAD_BF16));
-      if (!pipe->grad16[c])
-        return loom_fail(err, LOOM_ERR_NOMEM, "out of memory: %s of %zu bytes on pipeline stage %d",
-                         loom_run_buffer_name(LOOM_BUF_GRAD_BF16), bytes, pipe->ps->pp_rank);
+      pipe->grad16[c] = loom_zalloc(ops->mem, bytes, loom_run_buffer_name(LOOM_BUF_GRAD_BF16));
+      if (!pipe->grad16[c]) return loom_fail_nomem(err, "on pipeline stage %d", pipe->ps->pp_rank);
     }
   }
   if (sheet->compression.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) return LOOM_OK;
@@ -64,7 +62,7 @@ static loom_status build_dp(loom_pipeline *pipe, const loom_rank_sheet *sheet, c
   loom_status st = LOOM_OK;
   for (int c = 0; c < pipe->v && st == LOOM_OK; c++)
     st = loom_grad_compress_init(&pipe->compress[c], &sheet->compression, &pipe->chunks[c].p, seed, ops);
-  if (st != LOOM_OK) return loom_fail(err, st, "out of memory for grad compression's state on pipeline stage %d", pipe->ps->pp_rank);
+  if (st != LOOM_OK) return loom_fail_nomem(err, "on pipeline stage %d", pipe->ps->pp_rank);
   return LOOM_OK;
 }
 
@@ -92,16 +90,15 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
     loom_pool_init(&pipe->slots, pipe->v, nslots, pipe->m);
     loom_pool_init(&pipe->wstates, pipe->v, nwstates, pipe->m);
   }
-  if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building pipeline stage %d", ps->pp_rank);
+  if (st == LOOM_OK) {
+    pipe->mem = ops->mem;
+    st = loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), sheet->model.bf16, ps->pp, pipe->v,
+                       pipe->sched->v_shape, pipe->m, sheet->sends);
+  }
+  if (st == LOOM_OK && !(pipe->dout = loom_zalloc(ops->mem, act_floats(pipe) * sizeof(float), loom_run_buffer_name(LOOM_BUF_DOUT))))
+    st = LOOM_ERR_NOMEM;
+  if (st == LOOM_ERR_NOMEM) return loom_fail_nomem(err, "building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
-  pipe->mem = ops->mem;
-  loom_p2p_init(&pipe->p2p, ps->pp_group, ops, act_floats(pipe), sheet->model.bf16, ps->pp, pipe->v, pipe->sched->v_shape,
-                pipe->m, sheet->sends);
-  const size_t dout = act_floats(pipe) * sizeof(float);
-  pipe->dout = ops->mem->zalloc(ops->mem, dout, loom_run_buffer_name(LOOM_BUF_DOUT));
-  if (!pipe->dout)
-    return loom_fail(err, LOOM_ERR_NOMEM, "out of memory: %s of %zu bytes on pipeline stage %d",
-                     loom_run_buffer_name(LOOM_BUF_DOUT), dout, ps->pp_rank);
   pipe->bucket_req = loom_xcalloc(3 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_req, "bucket requests");
   pipe->bucket_at = loom_xcalloc(12 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
   st = build_dp(pipe, sheet, ops, seed, err);

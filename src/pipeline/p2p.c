@@ -35,18 +35,21 @@ static void open_channels(loom_p2p *x) {
   free(made);
 }
 
-void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v, bool v_shape,
-                   int m, int n) {
+loom_status loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v,
+                          bool v_shape, int m, int n) {
   *x = (loom_p2p){.group = group, .ops = ops, .floats = floats, .bf16 = bf16, .p = p, .v = v, .v_shape = v_shape, .n = n,
                   .words = bf16 ? loom_bf16_words(floats) : floats};
-  x->buf = loom_xmalloc((size_t)(n > 0 ? n : 1) * sizeof *x->buf, "send buffers");
+  x->buf = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->buf, "send buffers");
   x->req = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->req, "send buffers");
   x->sent = loom_xcalloc((size_t)(n > 0 ? n : 1), sizeof *x->sent, "send buffers");
-  for (int i = 0; i < n; i++) x->buf[i] = loom_xzalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_SEND));
-  if (bf16 && p > 1) x->staging = loom_xzalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_RECEIVE));
   x->m = m;
   loom_pool_init(&x->pool, 1, &x->n, 2 * v * m);
-  open_channels(x);
+  open_channels(x); /* collective over the group: before anything here can fail */
+  for (int i = 0; i < n; i++)
+    if (!(x->buf[i] = loom_zalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_SEND)))) return LOOM_ERR_NOMEM;
+  if (bf16 && p > 1 && !(x->staging = loom_zalloc(x->ops->mem, x->words * sizeof(float), loom_run_buffer_name(LOOM_BUF_RECEIVE))))
+    return LOOM_ERR_NOMEM;
+  return LOOM_OK;
 }
 
 void loom_p2p_widen(loom_p2p *x, int m) {

@@ -50,8 +50,8 @@ typedef struct {
 /* n send buffers of `floats` values each (fp32, or bf16 when bf16), for m
  * micro-batches over v chunks laid out looped or as a V; and the channels
  * between the stages, split from the pipeline group (collective over it). */
-void loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v, bool v_shape,
-                   int m, int n);
+loom_status loom_p2p_init(loom_p2p *x, loom_comm *group, const loom_ops *ops, size_t floats, bool bf16, int p, int v,
+                          bool v_shape, int m, int n);
 /* Room in the map for m micro-batches (an evaluation's schedule); the buffers stay as they are. */
 void loom_p2p_widen(loom_p2p *x, int m);
 void loom_p2p_free(loom_p2p *x);

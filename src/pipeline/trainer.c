@@ -72,7 +72,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
     if (st == LOOM_OK && tr->zero) loom_zero_randomize(&tr->zero[c], p, o->seed); /* each replica draws its own pieces */
   }
   if (st == LOOM_OK && tr->zero) st = loom_pipeline_use_zero(tr->pipe, tr->zero);
-  if (st == LOOM_ERR_NOMEM) return loom_fail(err, st, "out of memory building the optimizer of pipeline stage %d", tr->ps.pp_rank);
+  if (st == LOOM_ERR_NOMEM) return loom_fail_nomem(err, "building the optimizer of pipeline stage %d", tr->ps.pp_rank);
   if (st == LOOM_OK) loom_trainer_publish_weights(tr);
   return st;
 }

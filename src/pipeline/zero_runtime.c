@@ -12,9 +12,12 @@ static bool is_edge(const loom_zero *z, const loom_gpt_params *p, int b) {
 }
 
 static void *take(loom_zero_runtime *rt, size_t elements, size_t esize, loom_run_buffer name) {
+  if (rt->short_of_memory) return NULL; /* the first buffer short is the one reported */
   const size_t bytes = (elements ? elements : 1) * esize;
   rt->transient_bytes += bytes;
-  return loom_xzalloc(rt->mem, bytes, loom_run_buffer_name(name));
+  void *p = loom_zalloc(rt->mem, bytes, loom_run_buffer_name(name));
+  rt->short_of_memory |= !p;
+  return p;
 }
 
 /* Where bucket b of local layer l starts in a layer's buffers: padded elements before it, or (pieces) its pieces'. */
@@ -72,7 +75,7 @@ loom_status loom_zero_runtime_init(loom_zero_runtime *rt, loom_zero *z, loom_gpt
     }
     rt->edge_w = take(rt, z->cut.edges, w, LOOM_BUF_ZERO_EDGE_WEIGHTS);
   }
-  return LOOM_OK;
+  return rt->short_of_memory ? LOOM_ERR_NOMEM : LOOM_OK; /* loom_alloc_failure names the buffer */
 }
 
 void loom_zero_runtime_free(loom_zero_runtime *rt) {

@@ -48,6 +48,7 @@ typedef struct {
   int glayer[2];             /* the layer whose grads buffer i is reducing, or -1 */
   loom_request **greq[2];    /* [most] its buckets' reduce-scatters under way */
   size_t transient_bytes;    /* what the buffers above take */
+  bool short_of_memory;      /* a buffer above could not be allocated (loom_zero_runtime_init fails) */
 } loom_zero_runtime;
 
 /* Buffers for ZeRO z (stage 2 or 3) of chunk m, whose hooks then call
