@@ -21,6 +21,7 @@
 #include "layers/moe_dispatch.h"
 #include "layers/moe_router.h"
 #include "optim/adamw.h"
+#include "cli/names.h"
 #include "test_util.h"
 
 enum { GPT2, LLAMA, MIXED, MOE, FAMILIES };
@@ -169,7 +170,7 @@ END_TEST
  * the grads' scratch. */
 START_TEST(bf16_activations_are_smaller) {
   loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, "gpt2-small");
+  loom_cli_preset("gpt2-small", &cfg);
   cfg.seq = 256;
   const double fp32 = (double)loom_gpt_activation_bytes(&cfg, 256, 4, 1, false, NULL, (loom_recompute){0}, 1, 0);
   cfg.bf16 = true;
@@ -184,7 +185,7 @@ END_TEST
 START_TEST(initial_loss_is_log_vocab) {
   enum { T = 32, B = 4 };
   loom_gpt_config cfg;
-  loom_gpt_config_preset(&cfg, _i == LLAMA ? "llama-tiny" : _i == MOE ? "moe-tiny" : "gpt-tiny");
+  loom_cli_preset(_i == LLAMA ? "llama-tiny" : _i == MOE ? "moe-tiny" : "gpt-tiny", &cfg);
   if (_i == MIXED) as_family(&cfg, MIXED);
   loom_gpt m;
   ck_assert_int_eq(loom_gpt_init(&m, &cfg, loom_ops_cpu(), 1, NULL), LOOM_OK);
@@ -264,7 +265,7 @@ END_TEST
  * separate q, k and v of kv_heads heads, gate and up, no biases, an LM head. */
 START_TEST(llama_names_and_shapes) {
   loom_gpt_config c;
-  loom_gpt_config_preset(&c, "llama-tiny");
+  loom_cli_preset("llama-tiny", &c);
   loom_gpt_params p;
   ck_assert_int_eq(loom_gpt_params_init_weights(&p, &c, 0, 1, NULL, &loom_host_memory), LOOM_OK);
   const struct {
@@ -296,7 +297,7 @@ END_TEST
  * tensor by tensor. */
 START_TEST(dense_layers_among_moe_layers_count_by_kind) {
   loom_gpt_config c;
-  ck_assert_int_eq(loom_gpt_config_preset(&c, "moe-tiny"), 0);
+  ck_assert_int_eq(loom_cli_preset("moe-tiny", &c), 0);
   c.layers = 5;
   loom_gpt_config_finish(&c);
   const loom_gpt_config all_moe = c;
@@ -501,7 +502,7 @@ START_TEST(flops_follow_megatron) {
   const char *const names[] = {"gpt2-small", "llama3-8b", "llama3-70b", "llama-tiny"};
   for (int i = 0; i < 4; i++) {
     loom_gpt_config c;
-    ck_assert_int_eq(loom_gpt_config_preset(&c, names[i]), 0);
+    ck_assert_int_eq(loom_cli_preset(names[i], &c), 0);
     const double L = c.layers, h = c.hidden, f = c.ffn, V = c.vocab, T = c.seq, G = loom_gpt_kv_heads(&c), H = c.heads;
     const double gated = c.mlp == LOOM_MLP_SWIGLU ? 1.5 : 1.0;
     /* Megatron's current code: causal attention halved (s / 2h). */
@@ -511,7 +512,7 @@ START_TEST(flops_follow_megatron) {
   }
   /* Llama 3 8B at 8192 tokens: 6 x 7.5B matmul parameters (of 8.0B) plus causal attention. */
   loom_gpt_config c;
-  loom_gpt_config_preset(&c, "llama3-8b");
+  loom_cli_preset("llama3-8b", &c);
   ck_assert_double_eq_tol(loom_gpt_train_flops(&c, 8192, 1.0, LOOM_FLOPS_MEGATRON) / 1e9,
                           6.0 * 7.50 + 6.0 * 32 * 4096 * 8192 / 1e9, 0.2);
   /* SC21's formula for Table 1's 145.6B row: 96 B s l h^2 (1 + s/6h + V/16lh) per step. */
@@ -531,7 +532,7 @@ END_TEST
  * layer's MLP: its top-k experts', 3 x 2 x h x (k x fe) x 3/2 under SwiGLU. */
 START_TEST(mixtral_counts_as_published) {
   loom_gpt_config c;
-  ck_assert_int_eq(loom_gpt_config_preset(&c, "mixtral-8x7b"), 0);
+  ck_assert_int_eq(loom_cli_preset("mixtral-8x7b", &c), 0);
   ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), 46702792704u);
   ck_assert_uint_eq(loom_gpt_active_param_count(&c), 12879925248u);
   const double L = c.layers, h = c.hidden, V = c.vocab, T = 4096, G = loom_gpt_kv_heads(&c), H = c.heads;
@@ -544,11 +545,11 @@ START_TEST(mixtral_counts_as_published) {
    * its gate, 2,048; 24 layers, an untied head and embedding of 151,936 x 2048 each and the final norm: 14,315,784,192
    * (Qwen's "14.3B"), of which 4 of the 60 experts active: 2,689,173,504 (Qwen's "2.7B activated"). */
   loom_gpt_config qwen;
-  ck_assert_int_eq(loom_gpt_config_preset(&qwen, "qwen1.5-moe-a2.7b"), 0);
+  ck_assert_int_eq(loom_cli_preset("qwen1.5-moe-a2.7b", &qwen), 0);
   ck_assert_uint_eq(loom_gpt_param_count(&qwen, NULL, 1), 14315784192u);
   ck_assert_uint_eq(loom_gpt_active_param_count(&qwen), 2689173504u);
   loom_gpt_config dense;
-  ck_assert_int_eq(loom_gpt_config_preset(&dense, "llama-tiny"), 0);
+  ck_assert_int_eq(loom_cli_preset("llama-tiny", &dense), 0);
   ck_assert_uint_eq(loom_gpt_active_param_count(&dense), loom_gpt_param_count(&dense, NULL, 1));
 }
 END_TEST

@@ -11,6 +11,7 @@
 #include "plan/textformat.h"
 #include "schedule/verify.h"
 #include "core/fault.h"
+#include "cli/names.h"
 #include "test_util.h"
 
 static const char *g_protoc, *g_proto_dir, *g_gpt50b, *g_tiny;
@@ -94,7 +95,7 @@ START_TEST(bytes_equal_protoc) {
   protoc_agrees(p, "plan_b");
   loom_plan_free(p);
   /* The Llama family's fields: kv heads, norm, MLP, positions, RoPE's base, no biases, untied. */
-  loom_gpt_config_preset(&spec.model, "llama-tiny");
+  loom_cli_preset("llama-tiny", &spec.model);
   spec.model.seq = 32;
   p = build(&spec);
   ck_assert(p->model->has_kv_heads && p->model->has_rope_theta && p->model->has_bias && p->model->has_tied_embeddings);

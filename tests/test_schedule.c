@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "schedule/verify.h"
+#include "cli/names.h"
 #include "test_util.h"
 
 START_TEST(every_schedule_verifies) {
@@ -375,7 +376,7 @@ START_TEST(every_schedule_verifies_with_rendezvous_sends) {
   int nkinds = 0;
   for (; kinds[nkinds]; nkinds++) {
     loom_schedule_kind kind;
-    ck_assert_int_eq(loom_schedule_kind_parse(kinds[nkinds], &kind), 0);
+    ck_assert_int_eq(loom_cli_schedule_kind(kinds[nkinds], &kind), 0);
     char why[512] = "";
     int shapes;
     ck_assert_msg(failures(kind, &LOOM_SENDS_RENDEZVOUS, NULL, why, sizeof why, &shapes) == 0, "%s %s", kinds[nkinds], why);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "schedule/timeline.h"
 #include "sim/search.h"
+#include "cli/names.h"
 #include "test_util.h"
 
 static loom_profile *builtin(const char *name) {
@@ -733,7 +734,7 @@ START_TEST(search_prunes_what_cannot_fit) {
   loom_plan_free(base);
   loom_profile_free(prof);
   prof = builtin("h100-sxm");
-  ck_assert_int_eq(loom_gpt_config_preset(&model, "mixtral-8x22b"), 0);
+  ck_assert_int_eq(loom_cli_preset("mixtral-8x22b", &model), 0);
   model.layers = 64, model.moe.experts = 64, model.moe.topk = 8;
   loom_gpt_config_finish(&model);
   base = plan_of((loom_plan_spec){.model = model, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1,

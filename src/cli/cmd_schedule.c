@@ -1,6 +1,7 @@
 /* `loom schedule show`: builds a pipeline schedule, verifies it and draws it
  * as a rank x time grid, with its peak activations and bubble. */
 #include <string.h>
+#include "cli/names.h"
 #include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
@@ -13,7 +14,8 @@ static loom_status show(loom_schedule_kind kind, int p, int v, int m, const char
   loom_status st = loom_error_prefix(err, loom_schedule_build(&s, kind, p, v, m, err), "loom schedule show");
   if (st != LOOM_OK) return st;
   loom_schedule_report rep;
-  const loom_send_model *model = sends ? loom_send_model_named(sends) : NULL;
+  const loom_send_model *model = NULL;
+  if (sends) loom_cli_send_model(sends, &model); /* the flag's choices guarantee a known model */
   st = model ? loom_schedule_verify_sends(&s, model, &rep) : loom_schedule_verify(&s, &rep);
   printf("schedule %s: pp %d, micro-batches %d, vpp %d: %s%s%s\n", loom_schedule_kind_name(kind), p, m, v,
          rep.ok ? "verified deadlock-free, every forward before its backward, with " : rep.why,
@@ -58,7 +60,7 @@ int loom_cmd_schedule(int argc, char **argv) {
   if (npos != 1 || strcmp(pos[0], "show") != 0)
     st = loom_fail(&err, LOOM_ERR_USAGE, "loom schedule: expected 'show'");
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
-  loom_schedule_kind_parse(kind_name, &kind); /* the flag's choices guarantee a known kind */
+  loom_cli_schedule_kind(kind_name, &kind); /* the flag's choices guarantee a known kind */
   if (kind == LOOM_SCHEDULE_ZB_V && !loom_flags_find(table, n, "--vpp")->set) v = 2; /* a V's two chunks */
   if (st == LOOM_OK) st = show(kind, p, v, m, sends, &err);
   if (st != LOOM_OK) { /* the schedule's rules name the plan's fields: say this command's flags */

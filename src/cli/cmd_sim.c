@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/decimal.h"
+#include "cli/names.h"
 #include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
@@ -34,7 +35,7 @@ loom_flag loom_sim_imbalance_flag(float *dst) {
 loom_status loom_sim_flag_values(const char *cluster, const char *flops, float imbalance, loom_profile **prof,
                                  loom_sim_assumptions *assume, loom_error *err) {
   *assume = LOOM_SIM_ASSUME_BALANCED;
-  loom_flops_formula_parse(flops, &assume->formula); /* the flag's choices guarantee a known name */
+  loom_cli_flops_formula(flops, &assume->formula); /* the flag's choices guarantee a known name */
   assume->moe_rank_imbalance = imbalance;
   return loom_profile_load(cluster, prof, err);
 }

@@ -1,6 +1,7 @@
 /* Model-shape flags and their resolution. */
 #include <string.h>
 #include "ckpt/export.h"
+#include "cli/names.h"
 #include "cli/model_flags.h"
 #include "plan/plan.h"
 
@@ -144,7 +145,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                        cmd, *T, cfg->seq);
     return LOOM_OK;
   }
-  loom_gpt_config_preset(cfg, mf->preset); /* the flag's choices guarantee a known preset */
+  loom_cli_preset(mf->preset, cfg); /* the flag's choices guarantee a known preset */
   const bool multi_head = cfg->kv_heads == cfg->heads; /* then kv heads follow --heads */
   const int overrides[] = {mf->layers, mf->hidden, mf->heads, mf->ffn, mf->vocab, mf->seq, mf->kv_heads};
   int *fields[] = {&cfg->layers, &cfg->hidden, &cfg->heads, &cfg->ffn, &cfg->vocab, &cfg->seq, &cfg->kv_heads};

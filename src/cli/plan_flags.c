@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "cli/names.h"
 #include "cli/flag_defs.h"
 #include "cli/plan_flags.h"
 #include "core/decimal.h"
@@ -156,7 +157,7 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
   st = parse_compression(cmd, f->grad_compression, &compression, &compression_rank, err);
   if (st != LOOM_OK) return st;
   loom_schedule_kind kind = LOOM_SCHEDULE_1F1B;
-  loom_schedule_kind_parse(f->schedule, &kind); /* the flag's choices guarantee a known kind */
+  loom_cli_schedule_kind(f->schedule, &kind); /* the flag's choices guarantee a known kind */
   /* ZB-V runs two chunks per rank: what --vpp means when not given. */
   const bool vpp_given = loom_flags_find(table, LOOM_PLAN_FLAG_COUNT, "--vpp")->set;
   int vpp = kind == LOOM_SCHEDULE_ZB_V && !vpp_given ? 2 : f->vpp;

@@ -68,15 +68,11 @@ static const loom_gpt_config PRESETS[] = {
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
                "every preset has its name in the list");
 
-int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name) {
-  for (size_t i = 0; i < NPRESETS; i++) {
-    if (strcmp(LOOM_GPT_PRESET_NAMES[i], name) == 0) {
-      *cfg = PRESETS[i];
-      loom_gpt_config_finish(cfg);
-      return 0;
-    }
-  }
-  return -1;
+int loom_gpt_config_preset(loom_gpt_config *cfg, int i) {
+  if (i < 0 || (size_t)i >= NPRESETS) return -1;
+  *cfg = PRESETS[i];
+  loom_gpt_config_finish(cfg);
+  return 0;
 }
 
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
@@ -187,15 +183,6 @@ const char *const LOOM_FLOPS_FORMULA_NAMES[] = {"megatron", "sc21", "nemo", NULL
 
 const char *loom_flops_formula_name(loom_flops_formula f) {
   return LOOM_FLOPS_FORMULA_NAMES[f == LOOM_FLOPS_SC21 || f == LOOM_FLOPS_NEMO ? f : LOOM_FLOPS_MEGATRON];
-}
-
-int loom_flops_formula_parse(const char *name, loom_flops_formula *f) {
-  for (int i = 0; LOOM_FLOPS_FORMULA_NAMES[i]; i++)
-    if (strcmp(name, LOOM_FLOPS_FORMULA_NAMES[i]) == 0) {
-      *f = (loom_flops_formula)i;
-      return 0;
-    }
-  return -1;
 }
 
 /* ---- --moe-layer-freq ---- */

@@ -115,8 +115,10 @@ typedef struct {
 #define LOOM_VOCAB_ALIGN 128
 #define LOOM_ROPE_THETA_DEFAULT 10000.0f
 
-/* Fills cfg from a preset name ("gpt-tiny", "llama3-8b"); 0 on success, -1 if unknown. */
-int loom_gpt_config_preset(loom_gpt_config *cfg, const char *name);
+/* Fills cfg from preset i (LOOM_GPT_PRESET_NAMES[i] names it: "gpt-tiny",
+ * "llama3-8b"; cli/names.h finds a name's); 0 on success, -1 if there is
+ * no such preset. */
+int loom_gpt_config_preset(loom_gpt_config *cfg, int i);
 /* The preset names, NULL-terminated, for flag choices, help and errors. */
 extern const char *const LOOM_GPT_PRESET_NAMES[];
 /* Recomputes derived fields (ffn, kv_heads and RoPE's theta if 0, padded_vocab). */
@@ -206,10 +208,9 @@ static inline int loom_gpt_local_kv_heads(const loom_gpt_config *c, int tp) {
  *   flops_formulas.py): MEGATRON's with attention counted whole, not causal. */
 typedef enum { LOOM_FLOPS_MEGATRON = 0, LOOM_FLOPS_SC21, LOOM_FLOPS_NEMO } loom_flops_formula;
 /* "megatron", "sc21", "nemo", by enum value, NULL-terminated (flag choices); a
- * formula's name, and back (0 on success, -1 for an unknown name). */
+ * formula's name. */
 extern const char *const LOOM_FLOPS_FORMULA_NAMES[];
 const char *loom_flops_formula_name(loom_flops_formula f);
-int loom_flops_formula_parse(const char *name, loom_flops_formula *f);
 
 /* Model FLOPs of one training step on `tokens` tokens of length T (see
  * loom_gpt_stage_train_flops in gpt_params.h, over the whole model). */

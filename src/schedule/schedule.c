@@ -36,16 +36,6 @@ static bool known(loom_schedule_kind kind) {
 
 const char *loom_schedule_kind_name(loom_schedule_kind kind) { return known(kind) ? g_names[kind] : "unknown"; }
 
-int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind) {
-  load_names();
-  for (int k = 0; k < MAX_KINDS; k++)
-    if (g_names[k][0] && strcmp(name, g_names[k]) == 0) {
-      *kind = (loom_schedule_kind)k;
-      return 0;
-    }
-  return -1;
-}
-
 bool loom_schedule_kind_trains(loom_schedule_kind kind) { return kind != LOOM_SCHEDULE_FORWARD_ONLY; }
 bool loom_schedule_kind_splits_backward(loom_schedule_kind kind) {
   return kind == LOOM_SCHEDULE_ZB_H1 || kind == LOOM_SCHEDULE_ZB_V;

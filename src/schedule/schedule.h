@@ -115,8 +115,6 @@ void loom_schedule_untie(loom_schedule *s);
 /* "1f1b", "gpipe", "interleaved", "forward_only": the enum's value names,
  * read from the proto descriptor, without SCHEDULE_ and in lower case. */
 const char *loom_schedule_kind_name(loom_schedule_kind kind);
-/* 0 and *kind set if name is a kind's name; else -1. */
-int loom_schedule_kind_parse(const char *name, loom_schedule_kind *kind);
 /* Whether a kind trains (every kind but forward-only). */
 bool loom_schedule_kind_trains(loom_schedule_kind kind);
 /* Whether a kind splits each backward into B and W (the zero-bubble kinds). */

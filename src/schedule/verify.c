@@ -10,18 +10,12 @@
 const loom_send_model LOOM_SENDS_BUFFERED = {.name = LOOM_SENDS_BUFFERED_NAME};
 const loom_send_model LOOM_SENDS_RENDEZVOUS = {.name = LOOM_SENDS_RENDEZVOUS_NAME, .rendezvous = true, .by_kind = true};
 
-static const loom_send_model *const SEND_MODELS[] = {&LOOM_SENDS_BUFFERED, &LOOM_SENDS_RENDEZVOUS};
-enum { SEND_MODEL_COUNT = sizeof SEND_MODELS / sizeof SEND_MODELS[0] };
-
-const loom_send_model *loom_send_model_named(const char *name) {
-  for (int i = 0; i < SEND_MODEL_COUNT; i++)
-    if (strcmp(SEND_MODELS[i]->name, name) == 0) return SEND_MODELS[i];
-  return NULL;
-}
+const loom_send_model *const LOOM_SEND_MODELS[] = {&LOOM_SENDS_BUFFERED, &LOOM_SENDS_RENDEZVOUS, NULL};
+enum { SEND_MODEL_COUNT = sizeof LOOM_SEND_MODELS / sizeof LOOM_SEND_MODELS[0] - 1 };
 
 const char *const *loom_send_model_names(void) {
   static const char *names[SEND_MODEL_COUNT + 1];
-  for (int i = 0; i < SEND_MODEL_COUNT; i++) names[i] = SEND_MODELS[i]->name;
+  for (int i = 0; i < SEND_MODEL_COUNT; i++) names[i] = LOOM_SEND_MODELS[i]->name;
   return names;
 }
 

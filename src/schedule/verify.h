@@ -44,8 +44,8 @@ extern const loom_send_model LOOM_SENDS_BUFFERED, LOOM_SENDS_RENDEZVOUS;
 static inline bool loom_send_travels(const loom_send_model *m, int r, int peer) {
   return peer != r || (m->rendezvous && m->shared_stream);
 }
-/* The model of this name, or NULL; and every model's name, NULL-terminated (flag choices). */
-const loom_send_model *loom_send_model_named(const char *name);
+/* Every model, and every model's name in the same order, NULL-terminated (flag choices). */
+extern const loom_send_model *const LOOM_SEND_MODELS[];
 const char *const *loom_send_model_names(void);
 
 typedef struct {
