@@ -21,7 +21,7 @@ void loom_train_describe(const loom_trainer *tr) {
   if (ps->cp > 1) snprintf(cp, sizeof cp, " x cp %d", ps->cp);
   loom_log_info("parallel: %d ranks, tp %d%s%s x pp %d%s | schedule %s, vpp %d, %d micro-batches | bubble in theory %.1f%%",
                 ps->world, ps->tp, ps->sequence_parallel ? " (sequence parallel)" : "", cp, ps->pp, dp,
-                loom_schedule_kind_name(tr->plan->schedule), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
+                loom_schedule_kind_name(tr->sheet.schedule.kind), loom_pipeline_chunk_count(p), loom_pipeline_micro_batches(p),
                 100.0 * loom_schedule_theory_bubble(loom_pipeline_schedule(p)));
   if (ps->ep > 1) {
     const loom_gpt_config *c = &loom_pipeline_chunk(p, 0)->p.cfg;
@@ -29,7 +29,7 @@ void loom_train_describe(const loom_trainer *tr) {
                   "cross the ep group in all-to-alls, their grads the expert-data-parallel group", ps->ep,
                   ps->edp, loom_gpt_local_experts(c), c->moe.experts);
   }
-  const loom_plan_overlap overlap = loom_plan_overlaps(tr->plan);
+  const loom_plan_overlap overlap = tr->sheet.overlap;
   if (overlap.tp_comm)
     loom_log_info("overlap: --tp-comm-overlap is what `loom sim` costs; this runtime runs each tensor-parallel collective "
                   "between its GEMMs (it does not split them beside the GEMMs yet)");
@@ -50,8 +50,9 @@ void loom_train_describe(const loom_trainer *tr) {
   if (ps->etp > 1)
     loom_log_info("experts: each split over the tp group (etp %d), every rank's rows gathered for them and their outputs "
                   "reduce-scattered back", ps->etp);
-  const double mib = 1048576.0, kept = loom_plan_rank_activations(tr->plan, ps->pp_rank, LOOM_RECOMPUTE_PLAN),
-               full = loom_plan_rank_activations(tr->plan, ps->pp_rank, 0);
+  const loom_memory held = loom_trainer_memory(tr);
+  const double mib = 1048576.0, kept = held.bytes[LOOM_MEM_ACTIVATIONS] + held.bytes[LOOM_MEM_WEIGHT_GRAD_STATES],
+               full = tr->sheet.activations_unrecomputed;
   const loom_gpt *c0 = loom_pipeline_chunk(p, 0);
   char which[64] = "full recompute";
   if (c0->recompute_layers < c0->p.layers)

@@ -63,6 +63,7 @@ loom_status loom_rank_sheet_fill(loom_rank_sheet *s, const loom_plan *plan, int 
   if (s->grad_replicas < 2) s->compression.kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
   chunks(s, plan);
   buffers(s, plan);
+  s->activations_unrecomputed = loom_plan_rank_activations(plan, s->at.pp, 0);
   loom_status st = loom_plan_schedule(plan, &s->schedule, err);
   if (st != LOOM_OK) return st;
   loom_schedule_report rep;

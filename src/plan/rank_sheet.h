@@ -40,6 +40,7 @@ typedef struct {
   loom_schedule schedule;     /* the training schedule, built and verified */
   loom_buffer_row *buffers;   /* the buffer list, chunk by chunk (the transfers with chunk 0's) */
   int nbuffers;
+  double activations_unrecomputed; /* the activations and weight-grad states it would hold recomputing nothing */
 } loom_rank_sheet;
 
 /* Fills the sheet of world rank `rank` of a validated plan. */
