@@ -35,9 +35,11 @@ static void expert_bias_init(loom_trainer *tr) {
 
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
-  *tr = (loom_trainer){.plan = plan, .data = data, .lr = o->lr, .mem = ops->mem};
-  /* Everything resolved about this rank's part, once. */
+  *tr = (loom_trainer){.data = data, .lr = o->lr, .mem = ops->mem};
+  /* Everything resolved about this rank's part, once: what follows reads the sheet, not the plan (kept for the
+   * checkpoints' manifests alone). */
   loom_status st = loom_rank_sheet_fill(&tr->sheet, plan, loom_comm_rank(world), err);
+  tr->plan = plan;
   if (st != LOOM_OK) return st;
   const loom_rank_sheet *sh = &tr->sheet;
   tr->T = sh->seq, tr->micro_batch = sh->micro_batch, tr->global_batch = sh->global_batch;
