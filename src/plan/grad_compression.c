@@ -74,13 +74,18 @@ loom_compression_cost loom_plan_compression_cost(const loom_plan *p, const loom_
   const loom_compression gc = loom_plan_compression(p);
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
-  const int tp = p->parallel->tp;
-  cfg = loom_gpt_config_for_tp(&cfg, tp);
+  return loom_range_compression_cost(&cfg, p->parallel->tp, p->parallel->etp, p->parallel->ep, &gc, range);
+}
+
+loom_compression_cost loom_range_compression_cost(const loom_gpt_config *model, int tp, int etp, int ep,
+                                                  const loom_compression *compression, const loom_stage_range *range) {
+  const loom_compression gc = *compression;
+  const loom_gpt_config cfg = loom_gpt_config_for_tp(model, tp);
   if (gc.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) { /* everything crosses whole, with no state */
     /* but the experts of an expert-parallel run, which cross their expert-data-parallel group instead */
-    const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, p->parallel->etp, p->parallel->ep, 0);
+    const loom_gpt_config placed = loom_gpt_config_for_ep(&cfg, etp, ep, 0);
     const double whole = (double)loom_gpt_param_count(&placed, range, tp) -
-                         (p->parallel->ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
+                         (ep > 1 ? (double)loom_gpt_expert_param_count(&placed, range) : 0.0);
     return (loom_compression_cost){.sent_words = whole, .whole_words = whole};
   }
   loom_stage_range edges, one[LOOM_LAYER_KINDS];

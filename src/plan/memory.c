@@ -3,7 +3,7 @@
 #include <string.h>
 #include "core/check.h"
 #include "layers/gpt.h"
-#include "plan/memory.h"
+#include "plan/rank_sheet.h"
 
 const char *loom_memory_kind_name(loom_memory_kind kind) {
   static const char *const NAMES[LOOM_MEM_KINDS] = {"weights", "master weights", "grads", "Adam", "activations",
@@ -52,10 +52,8 @@ static void memo_clear(void) {
   g_memo_shapes = 0, g_memo_counts = 0;
 }
 
-/* The plan's shape's peaks, counted once; NULL if the schedule cannot be built. */
-static const shape_memo *shape_peaks(const loom_plan *p) {
-  const int pp = p->parallel->pp, vpp = p->parallel->virtual_chunks, m = loom_plan_micro_batches(p);
-  const int kind = (int)p->schedule;
+/* The shape's peaks, counted once; NULL if the schedule cannot be built. */
+static const shape_memo *shape_peaks(int kind, int pp, int vpp, int m) {
   shape_memo *e = memo_slot(kind, pp, vpp, m);
   if (e->pp) return e;
   const int64_t counts = 2 * (int64_t)pp * (1 + vpp);
@@ -67,7 +65,7 @@ static const shape_memo *shape_peaks(const loom_plan *p) {
   shape_memo x = {.kind = kind, .pp = pp, .vpp = vpp, .m = m, .live = all, .slots = all + pp,
                   .deferred = all + pp + (size_t)pp * vpp, .sends = all + pp + 2 * (size_t)pp * vpp};
   loom_error err;
-  if (loom_schedule_shape_peaks(p->schedule, pp, vpp, m, x.live, x.slots, x.deferred, x.sends, &err) != LOOM_OK) {
+  if (loom_schedule_shape_peaks((loom_schedule_kind)kind, pp, vpp, m, x.live, x.slots, x.deferred, x.sends, &err) != LOOM_OK) {
     free(all);
     return NULL;
   }
@@ -76,15 +74,26 @@ static const shape_memo *shape_peaks(const loom_plan *p) {
   return e;
 }
 
-int loom_plan_rank_buffers(const loom_plan *p, int pp_rank, int *slots, int *deferred, int *sends) {
-  const int vpp = p->parallel->virtual_chunks;
-  const shape_memo *e = shape_peaks(p);
+int loom_schedule_rank_buffers(loom_schedule_kind kind, int pp, int vpp, int m, int pp_rank, int *slots, int *deferred,
+                               int *sends) {
+  const shape_memo *e = shape_peaks((int)kind, pp, vpp, m);
   for (int c = 0; c < vpp; c++) {
     slots[c] = e && e->slots[pp_rank * vpp + c] > 0 ? e->slots[pp_rank * vpp + c] : 1;
     deferred[c] = e ? e->deferred[pp_rank * vpp + c] : 0;
   }
   *sends = e ? e->sends[pp_rank] : 0;
   return e ? e->live[pp_rank] : 0;
+}
+
+int loom_plan_rank_buffers(const loom_plan *p, int pp_rank, int *slots, int *deferred, int *sends) {
+  return loom_schedule_rank_buffers(p->schedule, p->parallel->pp, p->parallel->virtual_chunks, loom_plan_micro_batches(p),
+                                    pp_rank, slots, deferred, sends);
+}
+
+void loom_sheet_count_buffers(loom_rank_sheet *s) {
+  int slots[LOOM_PLAN_MAX_CHUNKS], deferred[LOOM_PLAN_MAX_CHUNKS];
+  loom_schedule_rank_buffers(s->kind, s->size.pp, s->chunks, s->micro_batches, s->at.pp, slots, deferred, &s->sends);
+  for (int c = 0; c < s->chunks; c++) s->chunk[c].slots = slots[c], s->chunk[c].weight_states = deferred[c];
 }
 
 /* ---- ZeRO's cut ---- */
@@ -130,11 +139,12 @@ static void add_held(row_list *l, loom_memory_kind kind, loom_run_buffer name, i
  * (loom_gpt_params_stored_elements), and as the optimizers (optim/adamw.c,
  * optim/zero.c) and ZeRO-2/3's runtime (pipeline/zero_runtime.c) allocate
  * them by ZeRO's cut (loom_gpt_zero_cut). */
-static void add_state(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
-  const int zero = p->parallel->zero_stage;
-  const size_t dp = (size_t)loom_plan_grad_replicas(p), n = (size_t)loom_gpt_param_count(cfg, range, p->parallel->tp);
+static void add_state(row_list *l, const loom_rank_sheet *s, const loom_stage_range *range) {
+  const loom_gpt_config *cfg = &s->rank_model;
+  const int zero = s->zero_stage, tp = s->size.tp, dp = s->grad_replicas;
+  const size_t n = (size_t)loom_gpt_param_count(cfg, range, tp);
   const loom_dtype f32 = LOOM_DTYPE_F32, bf16 = LOOM_DTYPE_BF16;
-  const loom_gpt_params_elements kept = loom_gpt_params_stored_elements(cfg, range, p->parallel->tp, (int)dp, zero);
+  const loom_gpt_params_elements kept = loom_gpt_params_stored_elements(cfg, range, tp, dp, zero);
   /* The fp32 weights are the master beside a bf16 copy, else what the layers compute with. */
   add_held(l, cfg->bf16 ? LOOM_MEM_MASTER : LOOM_MEM_WEIGHTS, LOOM_BUF_PARAMS, kept.params > 0, kept.params, f32);
   add_held(l, LOOM_MEM_GRADS, LOOM_BUF_GRADS, kept.grads > 0, kept.grads, f32);
@@ -145,7 +155,7 @@ static void add_state(row_list *l, const loom_plan *p, const loom_gpt_config *cf
     return;
   }
   /* The optimizer's pieces. */
-  const loom_zero_cut z = loom_plan_zero_cut(p, range);
+  const loom_zero_cut z = loom_gpt_zero_cut(cfg, range, tp, dp, zero);
   add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_M, 1, z.shard, f32);
   add_held(l, LOOM_MEM_OPTIMIZER, LOOM_BUF_ADAM_V, 1, z.shard, f32);
   add_held(l, LOOM_MEM_ZERO_TRANSIENT, LOOM_BUF_ZERO_SLICE, 1, z.slice, f32);
@@ -161,23 +171,22 @@ static void add_state(row_list *l, const loom_plan *p, const loom_gpt_config *cf
   add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE, 2, z.layer_shard, f32);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS, 1, z.edges, f32);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE, 1, z.edge_shard, f32);
-  const int twins = loom_plan_grad_reduce_dtype(p) == LOOM_DTYPE_BF16 && dp > 1;
+  const int twins = s->grad_dtype == LOOM_DTYPE_BF16;
   add_held(l, t, LOOM_BUF_ZERO_LAYER_GRADS_BF16, 2 * twins, z.layer_max, bf16);
   add_held(l, t, LOOM_BUF_ZERO_LAYER_PIECE_BF16, 2 * twins, z.layer_shard, bf16);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_GRADS_BF16, twins, z.edges, bf16);
   add_held(l, t, LOOM_BUF_ZERO_EDGE_PIECE_BF16, twins, z.edge_shard, bf16);
   const int three = zero == 3;
-  add_held(l, t, LOOM_BUF_ZERO_LAYER_WEIGHTS, 2 * three, z.layer_max, loom_plan_compute_dtype(p));
+  add_held(l, t, LOOM_BUF_ZERO_LAYER_WEIGHTS, 2 * three, z.layer_max, s->compute_dtype);
   add_held(l, t, LOOM_BUF_ZERO_LAYER_SEND, 2 * three, z.layer_shard, f32);
-  add_held(l, t, LOOM_BUF_ZERO_EDGE_WEIGHTS, three, z.edges, loom_plan_compute_dtype(p));
+  add_held(l, t, LOOM_BUF_ZERO_EDGE_WEIGHTS, three, z.edges, s->compute_dtype);
 }
 
 /* Activation slots, weight-grad states and the chunk's scratch, as the layers list them. */
-static void add_activations(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range,
-                            loom_recompute recompute, int slots, int deferred) {
-  const Loom__Parallel *x = p->parallel;
-  const loom_gpt_activation_sizes a = loom_gpt_activation_sizes_of(cfg, loom_plan_train_seq(p), p->batch->micro_batch,
-                                                                   x->tp, x->sequence_parallel, range, recompute);
+static void add_activations(row_list *l, const loom_rank_sheet *s, const loom_stage_range *range, loom_recompute recompute,
+                            int slots, int deferred) {
+  const loom_gpt_activation_sizes a = loom_gpt_activation_sizes_of(&s->rank_model, s->seq, s->micro_batch, s->size.tp,
+                                                                   s->sequence_parallel, range, recompute);
   const loom_memory_kind act = LOOM_MEM_ACTIVATIONS, ws = LOOM_MEM_WEIGHT_GRAD_STATES;
   add(l, act, LOOM_BUF_SLOT, slots, a.slot, LOOM_DTYPE_F32, LOOM_LIFE_SLOT);
   add(l, act, LOOM_BUF_SLOT_BF16, slots, a.slot16, LOOM_DTYPE_BF16, LOOM_LIFE_SLOT);
@@ -190,61 +199,53 @@ static void add_activations(row_list *l, const loom_plan *p, const loom_gpt_conf
 
 /* The rank's transfers (chunk -1): its send buffers, the received grad (fp32), and with bf16 messages to receive
  * their staging. */
-static void add_transfers(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, int sends) {
-  const Loom__Parallel *x = p->parallel;
-  const int chunk = l->chunk;
+static void add_transfers(row_list *l, const loom_rank_sheet *s) {
+  const loom_gpt_config *cfg = &s->rank_model;
+  const int chunk = l->chunk, T = s->seq, B = s->micro_batch, tp = s->size.tp;
   l->chunk = -1;
-  const int T = loom_plan_train_seq(p), B = p->batch->micro_batch;
-  const size_t words = loom_gpt_boundary_words(cfg, T, B, x->tp, x->sequence_parallel);
-  add(l, LOOM_MEM_P2P, LOOM_BUF_SEND, sends, words, LOOM_DTYPE_F32, LOOM_LIFE_SEND);
-  add(l, LOOM_MEM_P2P, LOOM_BUF_RECEIVE, cfg->bf16 && x->pp > 1, words, LOOM_DTYPE_F32, LOOM_LIFE_RUN);
-  add(l, LOOM_MEM_P2P, LOOM_BUF_DOUT, 1, loom_gpt_boundary_floats(cfg, T, B, x->tp, x->sequence_parallel), LOOM_DTYPE_F32,
+  const size_t words = loom_gpt_boundary_words(cfg, T, B, tp, s->sequence_parallel);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_SEND, s->sends, words, LOOM_DTYPE_F32, LOOM_LIFE_SEND);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_RECEIVE, cfg->bf16 && s->size.pp > 1, words, LOOM_DTYPE_F32, LOOM_LIFE_RUN);
+  add(l, LOOM_MEM_P2P, LOOM_BUF_DOUT, 1, loom_gpt_boundary_floats(cfg, T, B, tp, s->sequence_parallel), LOOM_DTYPE_F32,
       LOOM_LIFE_RUN);
   l->chunk = chunk;
 }
 
 /* What crosses data parallelism: the grads as bf16 (padded as ZeRO-1 pads them; ZeRO-2/3's are transient) and
  * grad compression's state. */
-static void add_dp(row_list *l, const loom_plan *p, const loom_gpt_config *cfg, const loom_stage_range *range) {
-  const Loom__Parallel *x = p->parallel;
-  if (loom_plan_grad_replicas(p) < 2) return;
-  const size_t n = (size_t)loom_gpt_param_count(cfg, range, x->tp);
-  if (loom_plan_grad_reduce_dtype(p) == LOOM_DTYPE_BF16 && x->zero_stage < 2)
+static void add_dp(row_list *l, const loom_rank_sheet *s, const loom_stage_range *range) {
+  const loom_gpt_config *cfg = &s->rank_model;
+  const int tp = s->size.tp, dp = s->grad_replicas;
+  if (dp < 2) return;
+  if (s->grad_dtype == LOOM_DTYPE_BF16 && s->zero_stage < 2)
     add_held(l, LOOM_MEM_GRAD_REDUCE, LOOM_BUF_GRAD_BF16, 1,
-             loom_gpt_zero_in_place(cfg, x->zero_stage)
-                 ? loom_plan_zero_cut(p, range).shard * (size_t)loom_plan_grad_replicas(p) : n,
+             loom_gpt_zero_in_place(cfg, s->zero_stage) ? loom_gpt_zero_cut(cfg, range, tp, dp, s->zero_stage).shard * (size_t)dp
+                                                        : (size_t)loom_gpt_param_count(cfg, range, tp),
              LOOM_DTYPE_BF16);
-  if (loom_plan_compression(p).kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) return;
-  const loom_compression_cost c = loom_plan_compression_cost(p, range);
+  if (s->compression.kind == LOOM__COMPRESSION_KIND__COMPRESSION_NONE) return;
+  const loom_compression_cost c = loom_range_compression_cost(&s->model, tp, s->etp, s->ep, &s->compression, range);
   add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_ERROR, 1, (size_t)c.error_words, LOOM_DTYPE_F32);
   add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_A, 1, (size_t)c.a_words, LOOM_DTYPE_F32);
   add_held(l, LOOM_MEM_COMPRESSION, LOOM_BUF_COMPRESS_B, 1, (size_t)c.b_words, LOOM_DTYPE_F32);
 }
 
-int loom_plan_chunk_rows(const loom_plan *p, int pp_rank, int chunk, int recompute_layers,
-                         loom_buffer_row rows[LOOM_CHUNK_ROWS]) {
-  const int vpp = p->parallel->virtual_chunks;
-  loom_gpt_config cfg;
-  loom_plan_rank_config(p, &cfg);
-  const int stage = loom_plan_stage_index(p, pp_rank, chunk);
-  const loom_stage_range range = loom_plan_stage_range(p, stage);
-  const loom_recompute recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? loom_plan_stage_recompute(p, stage)
-                                                                          : (loom_recompute){recompute_layers, 1};
-  int *slots = loom_xmalloc(2 * (size_t)vpp * sizeof *slots, "schedule peaks"), *deferred = slots + vpp, sends;
-  loom_plan_rank_buffers(p, pp_rank, slots, deferred, &sends);
+int loom_sheet_chunk_rows(const loom_rank_sheet *s, int chunk, int recompute_layers, loom_buffer_row rows[LOOM_CHUNK_ROWS]) {
+  const loom_sheet_chunk *k = &s->chunk[chunk];
+  const loom_recompute recompute = recompute_layers == LOOM_RECOMPUTE_PLAN ? k->recompute : (loom_recompute){recompute_layers, 1};
   row_list l = {.rows = rows, .chunk = chunk};
-  add_state(&l, p, &cfg, &range);
-  add_activations(&l, p, &cfg, &range, recompute, slots[chunk], deferred[chunk]);
-  if (chunk == 0) add_transfers(&l, p, &cfg, sends);
-  add_dp(&l, p, &cfg, &range);
-  free(slots);
+  add_state(&l, s, &k->range);
+  add_activations(&l, s, &k->range, recompute, k->slots, k->weight_states);
+  if (chunk == 0) add_transfers(&l, s);
+  add_dp(&l, s, &k->range);
   return l.count;
 }
 
 loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
+  loom_rank_sheet s; /* resolved and counted: no schedule, no list */
+  loom_plan_resolve(p, pp_rank * (int)(loom_plan_ranks(p) / p->parallel->pp), &s);
+  loom_sheet_count_buffers(&s);
   loom_buffer_row rows[LOOM_CHUNK_ROWS];
-  const int n = loom_plan_chunk_rows(p, pp_rank, chunk, recompute_layers, rows);
-  return loom_buffer_rows_memory(rows, n);
+  return loom_buffer_rows_memory(rows, loom_sheet_chunk_rows(&s, chunk, recompute_layers, rows));
 }
 
 loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {

@@ -39,12 +39,17 @@ typedef struct {
 const char *loom_memory_kind_name(loom_memory_kind kind);
 double loom_memory_total(const loom_memory *m);
 
-/* The buffers rank pp_rank's schedule events hold at their peak:
- * activation slots and weight-grad states per chunk (slots[v],
- * deferred[v]; a chunk keeps at least one slot, its scratch's shape) and
- * send buffers. Returns the rank's peak of live micro-batches over all
- * its chunks (the verifier's peak_live). From the schedule of the plan's
- * shape (loom_schedule_shape_peaks); zeros if it cannot be built. */
+/* The buffers pipeline rank pp_rank's schedule events hold at their peak
+ * under a schedule of this shape (kind, pp ranks, vpp chunks, m
+ * micro-batches): activation slots and weight-grad states per chunk
+ * (slots[vpp], deferred[vpp]; a chunk keeps at least one slot, its
+ * scratch's shape) and send buffers. Returns the rank's peak of live
+ * micro-batches over all its chunks (the verifier's peak_live). From
+ * loom_schedule_shape_peaks, each shape counted once; zeros if it cannot
+ * be built. */
+int loom_schedule_rank_buffers(loom_schedule_kind kind, int pp, int vpp, int m, int pp_rank, int *slots, int *deferred,
+                               int *sends);
+/* The same for the plan's shape. */
 int loom_plan_rank_buffers(const loom_plan *plan, int pp_rank, int *slots, int *deferred, int *sends);
 
 /* The buffer list: one row per kind of buffer a rank allocates, `count`
@@ -72,12 +77,10 @@ loom_memory loom_buffer_rows_memory(const loom_buffer_row *rows, int n);
  * recompute: the plan's own (LOOM_RECOMPUTE_PLAN), or a count (0: none,
  * LOOM_RECOMPUTE_ALL: every one). */
 #define LOOM_RECOMPUTE_PLAN (-1)
-/* The rows of chunk `chunk` of rank pp_rank (the rank's transfers with
- * chunk 0's), with its stage's first recompute_layers layers recomputed,
- * into rows; returns their number. For a plan that passes the rules. */
-int loom_plan_chunk_rows(const loom_plan *plan, int pp_rank, int chunk, int recompute_layers,
-                         loom_buffer_row rows[LOOM_CHUNK_ROWS]);
-/* Their bytes by kind: the tensor memory the chunk allocates. */
+/* The tensor memory chunk `chunk` of rank pp_rank allocates, with its
+ * stage's first recompute_layers layers recomputed: the sum by kind of
+ * its rows (loom_sheet_chunk_rows, rank_sheet.h; the rank's transfers
+ * with chunk 0's). For a plan that passes the rules. */
 loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk, int recompute_layers);
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);

@@ -12,6 +12,7 @@
 #include "plan/grad_compression.h"
 #include "plan/memory.h"
 #include "plan/plan.h"
+#include "plan/rank_sheet.h"
 #include "schedule/verify.h"
 #include "tensor_parallel/parallel_state.h"
 
@@ -127,10 +128,13 @@ void loom_plan_context_config(const loom_plan *p, loom_gpt_config *cfg) {
   cfg->cp_all_gather = p->parallel->cp_comm_type == LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER;
 }
 
+/* The head is untied: the schedule has no tied-embedding reduction. */
+static bool untied(const loom_plan *p) { return p->model->has_tied_embeddings && !p->model->tied_embeddings; }
+
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {
   const loom_status st = loom_schedule_build(s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks,
                                              loom_plan_micro_batches(p), err);
-  if (st == LOOM_OK && p->model->has_tied_embeddings && !p->model->tied_embeddings) loom_schedule_untie(s);
+  if (st == LOOM_OK && untied(p)) loom_schedule_untie(s);
   return st;
 }
 
@@ -203,4 +207,41 @@ int loom_plan_layer_counts(const loom_plan *plan, int *counts) {
     counts[loom_plan_stage_index(plan, s->pp_rank, s->chunk)] = s->layer_end - s->layer_begin;
   }
   return (int)plan->n_stages;
+}
+
+/* ---- one rank's part, resolved ---- */
+
+void loom_plan_resolve(const loom_plan *p, int rank, loom_rank_sheet *s) {
+  const Loom__Parallel *l = p->parallel;
+  LOOM_CHECK(rank >= 0 && rank < loom_plan_ranks(p), "a rank of the plan");
+  memset(s, 0, sizeof *s);
+  s->rank = rank;
+  s->size = (loom_grid_coords){.tp = l->tp, .cp = l->cp, .dp = l->dp, .pp = l->pp};
+  s->at = loom_parallel_coords(rank, s->size);
+  s->etp = l->etp > 1 ? l->etp : 1, s->ep = l->ep > 1 ? l->ep : 1;
+  LOOM_CHECK(loom_expert_coords_of(rank, l->tp, l->cp * l->dp, s->etp, s->ep, &s->expert) == 0,
+             "etp x ep divides the stage's ranks (the plan's rule)");
+  s->grad_replicas = loom_plan_grad_replicas(p);
+  s->sequence_parallel = l->sequence_parallel;
+  loom_plan_model_config(p, &s->model);
+  loom_plan_context_config(p, &s->model);
+  loom_plan_rank_config(p, &s->rank_model);
+  s->seq = loom_plan_train_seq(p);
+  s->micro_batch = p->batch->micro_batch, s->global_batch = p->batch->global_batch;
+  s->micro_batches = loom_plan_micro_batches(p);
+  s->compute_dtype = loom_plan_compute_dtype(p);
+  s->grad_dtype = s->grad_replicas > 1 ? loom_plan_grad_reduce_dtype(p) : LOOM_DTYPE_F32;
+  s->zero_stage = l->zero_stage;
+  s->overlap = loom_plan_overlaps(p);
+  s->compression = loom_plan_compression(p);
+  if (s->grad_replicas < 2) s->compression.kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
+  s->kind = p->schedule;
+  s->untied = untied(p);
+  s->chunks = l->virtual_chunks;
+  for (int c = 0; c < s->chunks; c++) {
+    loom_sheet_chunk *k = &s->chunk[c];
+    k->stage = loom_plan_stage_index(p, s->at.pp, c);
+    k->range = loom_plan_stage_range(p, k->stage);
+    k->recompute = loom_plan_stage_recompute(p, k->stage);
+  }
 }

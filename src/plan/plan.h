@@ -150,6 +150,9 @@ typedef struct {
   double message_words; /* the part of sent_words that is compressed tensors' messages (the rest crosses whole) */
 } loom_compression_cost;
 loom_compression_cost loom_plan_compression_cost(const loom_plan *plan, const loom_stage_range *range);
+/* The same for a model (as the plan holds it whole) split tp ways, experts over etp x ep, compressed by compression. */
+loom_compression_cost loom_range_compression_cost(const loom_gpt_config *model, int tp, int etp, int ep,
+                                                  const loom_compression *compression, const loom_stage_range *range);
 
 /* Parameters of the whole model, from the layers' parameter table. */
 int64_t loom_plan_total_parameters(const loom_plan *plan);

@@ -5,72 +5,45 @@
 #include "plan/rank_sheet.h"
 #include "schedule/verify.h"
 
-/* The grid, the experts' grid and this rank's places in them. */
-static void place(loom_rank_sheet *s, const loom_plan *plan, int rank) {
-  const Loom__Parallel *l = plan->parallel;
-  s->rank = rank;
-  s->size = (loom_grid_coords){.tp = l->tp, .cp = l->cp, .dp = l->dp, .pp = l->pp};
-  s->at = loom_parallel_coords(rank, s->size);
-  s->etp = l->etp > 1 ? l->etp : 1, s->ep = l->ep > 1 ? l->ep : 1;
-  LOOM_CHECK(loom_expert_coords_of(rank, l->tp, l->cp * l->dp, s->etp, s->ep, &s->expert) == 0,
-             "etp x ep divides the stage's ranks (the plan's rule)");
-  s->grad_replicas = loom_plan_grad_replicas(plan);
-  s->sequence_parallel = l->sequence_parallel;
-}
-
-/* Every pipeline rank's buffer counts (the memory model's), this rank's chunks and their stages. */
-static void chunks(loom_rank_sheet *s, const loom_plan *plan) {
-  const int pp = s->size.pp, v = plan->parallel->virtual_chunks;
-  s->chunks = v;
+/* Every pipeline rank's buffer counts, for evaluation's rounds (the executor picks rounds every rank agrees on). */
+static void every_rank_counts(loom_rank_sheet *s) {
+  const int pp = s->size.pp, v = s->chunks;
   s->rank_slots = loom_xcalloc((size_t)pp * v, sizeof *s->rank_slots, "slot counts");
   s->rank_sends = loom_xcalloc((size_t)pp, sizeof *s->rank_sends, "send buffer counts");
-  int *deferred = loom_xcalloc((size_t)v, sizeof *deferred, "weight-grad state counts");
-  for (int r = 0; r < pp; r++) {
-    loom_plan_rank_buffers(plan, r, &s->rank_slots[r * v], deferred, &s->rank_sends[r]);
-    for (int c = 0; r == s->at.pp && c < v; c++) {
-      loom_sheet_chunk *k = &s->chunk[c];
-      k->stage = loom_plan_stage_index(plan, r, c);
-      k->range = loom_plan_stage_range(plan, k->stage);
-      k->recompute = loom_plan_stage_recompute(plan, k->stage);
-      k->slots = s->rank_slots[r * v + c], k->weight_states = deferred[c];
-    }
-  }
-  s->sends = s->rank_sends[s->at.pp];
-  free(deferred);
+  int deferred[LOOM_PLAN_MAX_CHUNKS];
+  for (int r = 0; r < pp; r++)
+    loom_schedule_rank_buffers(s->kind, pp, v, s->micro_batches, r, &s->rank_slots[r * v], deferred, &s->rank_sends[r]);
 }
 
-/* The buffer list: each chunk's rows, as the memory model makes them. */
-static void buffers(loom_rank_sheet *s, const loom_plan *plan) {
+/* The buffer list: each chunk's rows, as the memory model makes them, and what they would be recomputing nothing. */
+static void buffers(loom_rank_sheet *s) {
   s->buffers = loom_xmalloc((size_t)s->chunks * LOOM_CHUNK_ROWS * sizeof *s->buffers, "buffer list");
-  for (int c = 0; c < s->chunks; c++)
-    s->nbuffers += loom_plan_chunk_rows(plan, s->at.pp, c, LOOM_RECOMPUTE_PLAN, s->buffers + s->nbuffers);
+  loom_buffer_row whole[LOOM_CHUNK_ROWS];
+  for (int c = 0; c < s->chunks; c++) {
+    s->nbuffers += loom_sheet_chunk_rows(s, c, LOOM_RECOMPUTE_PLAN, s->buffers + s->nbuffers);
+    const loom_memory m = loom_buffer_rows_memory(whole, loom_sheet_chunk_rows(s, c, 0, whole));
+    s->activations_unrecomputed += m.bytes[LOOM_MEM_ACTIVATIONS] + m.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
+  }
 }
 
-loom_status loom_rank_sheet_fill(loom_rank_sheet *s, const loom_plan *plan, int rank, loom_error *err) {
-  memset(s, 0, sizeof *s);
-  LOOM_CHECK(rank >= 0 && rank < loom_plan_ranks(plan), "a rank of the plan");
-  place(s, plan, rank);
-  loom_plan_model_config(plan, &s->model);
-  loom_plan_context_config(plan, &s->model);
-  s->seq = loom_plan_train_seq(plan);
-  s->micro_batch = plan->batch->micro_batch, s->global_batch = plan->batch->global_batch;
-  s->micro_batches = loom_plan_micro_batches(plan);
-  s->compute_dtype = loom_plan_compute_dtype(plan);
-  s->grad_dtype = s->grad_replicas > 1 ? loom_plan_grad_reduce_dtype(plan) : LOOM_DTYPE_F32;
-  s->zero_stage = plan->parallel->zero_stage;
-  s->overlap = loom_plan_overlaps(plan);
-  s->compression = loom_plan_compression(plan);
-  if (s->grad_replicas < 2) s->compression.kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
-  chunks(s, plan);
-  buffers(s, plan);
-  s->activations_unrecomputed = loom_plan_rank_activations(plan, s->at.pp, 0);
-  loom_status st = loom_plan_schedule(plan, &s->schedule, err);
+/* The schedule, built from the sheet's shape and verified. */
+static loom_status schedule(loom_rank_sheet *s, loom_error *err) {
+  loom_status st = loom_schedule_build(&s->schedule, s->kind, s->size.pp, s->chunks, s->micro_batches, err);
   if (st != LOOM_OK) return st;
+  if (s->untied) loom_schedule_untie(&s->schedule);
   loom_schedule_report rep;
   st = loom_schedule_verify(&s->schedule, &rep);
   if (st != LOOM_OK) st = loom_fail(err, st, "the plan's schedule failed verification: %s", rep.why);
   loom_schedule_report_free(&rep);
   return st;
+}
+
+loom_status loom_rank_sheet_fill(loom_rank_sheet *s, const loom_plan *plan, int rank, loom_error *err) {
+  loom_plan_resolve(plan, rank, s);
+  loom_sheet_count_buffers(s);
+  every_rank_counts(s);
+  buffers(s);
+  return schedule(s, err);
 }
 
 void loom_rank_sheet_free(loom_rank_sheet *s) {

@@ -1,11 +1,14 @@
 /* The rank sheet: everything resolved about one rank's part of a validated
- * plan, filled once and read-only after. The runtime builds this rank's
- * part of the run from it and from nothing else of the plan: its grid
- * coordinates, its chunks (stage, layers, recompute, buffer counts), the
- * micro-batch shape and count, its dtypes, the built and verified schedule,
- * and the buffer list the memory model makes (plan/memory.h), which is what
- * the rank allocates. The estimates, `plan show` and the sim read the same
- * functions underneath (loom_plan_chunk_rows, loom_plan_rank_buffers). */
+ * plan, filled once and read-only after. The plan is read in one place
+ * (loom_plan_resolve, plan/plan.c); the memory model's counts and buffer
+ * list are computed from the sheet (plan/memory.c), the schedule is built
+ * from it and verified. The runtime builds this rank's part of the run from
+ * the sheet and from nothing else of the plan: its grid coordinates, its
+ * chunks (stage, layers, recompute, buffer counts), the micro-batch shape
+ * and count, its dtypes, the built and verified schedule, and the buffer
+ * list, which is what the rank allocates. `plan show`, resharding, the
+ * estimates and the sim read sheets too (the estimates and the sim one per
+ * pipeline rank, through plan/memory.h's functions of a plan). */
 #ifndef LOOM_RANK_SHEET_H
 #define LOOM_RANK_SHEET_H
 
@@ -27,12 +30,15 @@ typedef struct {
   int grad_replicas;          /* ranks summing its grads and sharding ZeRO: dp x cp */
   bool sequence_parallel;
   loom_gpt_config model;      /* the whole model with its context split, as the layers take it */
+  loom_gpt_config rank_model; /* as one rank holds it: its experts placed over ep (loom_plan_rank_config) */
   int seq, micro_batch, micro_batches, global_batch;
   loom_dtype compute_dtype;   /* the layers' weights and activations */
   loom_dtype grad_dtype;      /* grads as they cross dp (the plan's grad_reduce; fp32 with one replica) */
   int zero_stage;
   loom_plan_overlap overlap;
   loom_compression compression; /* NONE with one replica */
+  loom_schedule_kind kind;    /* the schedule's */
+  bool untied;                /* the head is untied: the schedule has no tied-embedding reduction */
   int chunks;
   loom_sheet_chunk chunk[LOOM_PLAN_MAX_CHUNKS];
   int sends;                  /* this rank's send buffers */
@@ -48,5 +54,16 @@ loom_status loom_rank_sheet_fill(loom_rank_sheet *s, const loom_plan *plan, int 
 void loom_rank_sheet_free(loom_rank_sheet *s);
 /* The bytes its buffer list sums to, by kind. */
 loom_memory loom_rank_sheet_memory(const loom_rank_sheet *s);
+
+/* The plan's part of a sheet: everything but the buffer counts, the
+ * schedule and the buffer list, read from the plan (plan/plan.c). */
+void loom_plan_resolve(const loom_plan *plan, int rank, loom_rank_sheet *s);
+/* The memory model on a resolved sheet (plan/memory.c): this rank's
+ * chunks' slot and weight-grad state counts and its send buffers, from the
+ * schedule's shape; and the rows of chunk `chunk`, with its stage's first
+ * recompute_layers layers recomputed (LOOM_RECOMPUTE_PLAN: the sheet's),
+ * into rows, returning their number. */
+void loom_sheet_count_buffers(loom_rank_sheet *s);
+int loom_sheet_chunk_rows(const loom_rank_sheet *s, int chunk, int recompute_layers, loom_buffer_row rows[LOOM_CHUNK_ROWS]);
 
 #endif
