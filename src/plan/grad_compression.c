@@ -43,12 +43,6 @@ loom_compression_state loom_compression_state_of(const loom_compression *c, cons
 
 /* ---- the plan's compression and its cost, from the layers' table ---- */
 
-loom_compression loom_plan_compression(const loom_plan *p) {
-  const Loom__GradCompression *gc = p->grad_compression;
-  return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
-                            .rank = gc ? gc->rank : 0, .dp = loom_plan_grad_replicas(p)};
-}
-
 /* The compression cost of one range's tensors, walked one by one. */
 static loom_compression_cost table_compression_cost(const loom_gpt_config *cfg, const loom_compression *gc,
                                                     const loom_stage_range *range, int tp) {

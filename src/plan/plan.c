@@ -161,6 +161,12 @@ loom_plan_overlap loom_plan_overlaps(const loom_plan *p) {
 
 int loom_plan_grad_replicas(const loom_plan *p) { return p->parallel->dp * p->parallel->cp; }
 
+loom_compression loom_plan_compression(const loom_plan *p) {
+  const Loom__GradCompression *gc = p->grad_compression;
+  return (loom_compression){.kind = gc ? gc->kind : LOOM__COMPRESSION_KIND__COMPRESSION_NONE,
+                            .rank = gc ? gc->rank : 0, .dp = loom_plan_grad_replicas(p)};
+}
+
 int64_t loom_plan_ranks(const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
   return (int64_t)l->tp * l->cp * l->dp * l->pp;
@@ -213,19 +219,12 @@ int loom_plan_layer_counts(const loom_plan *plan, int *counts) {
 
 void loom_plan_resolve(const loom_plan *p, int rank, loom_rank_sheet *s) {
   const Loom__Parallel *l = p->parallel;
-  LOOM_CHECK(rank >= 0 && rank < loom_plan_ranks(p), "a rank of the plan");
   memset(s, 0, sizeof *s);
-  s->rank = rank;
+  /* The batch, the dtypes and what crosses dp: the plan's own fields. */
   s->size = (loom_grid_coords){.tp = l->tp, .cp = l->cp, .dp = l->dp, .pp = l->pp};
-  s->at = loom_parallel_coords(rank, s->size);
   s->etp = l->etp > 1 ? l->etp : 1, s->ep = l->ep > 1 ? l->ep : 1;
-  LOOM_CHECK(loom_expert_coords_of(rank, l->tp, l->cp * l->dp, s->etp, s->ep, &s->expert) == 0,
-             "etp x ep divides the stage's ranks (the plan's rule)");
   s->grad_replicas = loom_plan_grad_replicas(p);
   s->sequence_parallel = l->sequence_parallel;
-  loom_plan_model_config(p, &s->model);
-  loom_plan_context_config(p, &s->model);
-  loom_plan_rank_config(p, &s->rank_model);
   s->seq = loom_plan_train_seq(p);
   s->micro_batch = p->batch->micro_batch, s->global_batch = p->batch->global_batch;
   s->micro_batches = loom_plan_micro_batches(p);
@@ -237,6 +236,11 @@ void loom_plan_resolve(const loom_plan *p, int rank, loom_rank_sheet *s) {
   if (s->grad_replicas < 2) s->compression.kind = LOOM__COMPRESSION_KIND__COMPRESSION_NONE;
   s->kind = p->schedule;
   s->untied = untied(p);
+  /* Where the rank sits in the grids (tensor_parallel/'s one rule), and its chunks' stages. */
+  const int64_t ranks = loom_plan_ranks(p);
+  s->rank = rank;
+  s->at = loom_parallel_coords(rank, s->size);
+  const int placed = loom_expert_coords_of(rank, l->tp, l->cp * l->dp, s->etp, s->ep, &s->expert);
   s->chunks = l->virtual_chunks;
   for (int c = 0; c < s->chunks; c++) {
     loom_sheet_chunk *k = &s->chunk[c];
@@ -244,4 +248,10 @@ void loom_plan_resolve(const loom_plan *p, int rank, loom_rank_sheet *s) {
     k->range = loom_plan_stage_range(p, k->stage);
     k->recompute = loom_plan_stage_recompute(p, k->stage);
   }
+  /* The model, whole (with the context split) and as one rank holds it: the layers' configs. */
+  loom_plan_model_config(p, &s->model);
+  s->rank_model = loom_gpt_config_for_ep(&s->model, s->etp, s->ep, 0);
+  loom_plan_context_config(p, &s->model);
+  loom_plan_context_config(p, &s->rank_model);
+  LOOM_CHECK(rank >= 0 && rank < ranks && placed == 0, "a rank of the plan, its experts' grid dividing its stage");
 }
