@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include "core/check.h"
 #include "layers/gpt.h"
+#include "plan/rank_sheet.h"
 #include "sim/cost.h"
 
 int loom_group_per_node(int n, int stride, int devices_per_node) {
@@ -376,14 +377,14 @@ static double gather_exposed(const layout *L, const double *forward, int v, doub
   return wait + L->slowdown * fmax(gather - wait, 0.0);
 }
 
-/* Parameters one tp rank of pipeline rank q holds, over its chunks. */
-static double rank_params(const layout *L, int q, double *layers) {
+/* Parameters one tp rank of a pipeline rank (its sheet) holds, over its chunks. */
+static double rank_params(const layout *L, const loom_rank_sheet *s, double *layers) {
   double n = 0.0;
   *layers = 0.0;
-  for (int c = 0; c < L->plan->parallel->virtual_chunks; c++) {
-    const loom_stage_range range = loom_plan_stage_range(L->plan, loom_plan_stage_index(L->plan, q, c));
-    n += (double)loom_gpt_param_count(&L->cfg, &range, L->tp);
-    *layers += range.layer_end - range.layer_begin;
+  for (int c = 0; c < s->chunks; c++) {
+    const loom_stage_range *range = &s->chunk[c].range;
+    n += (double)loom_gpt_param_count(&L->cfg, range, L->tp);
+    *layers += range->layer_end - range->layer_begin;
   }
   return n;
 }
@@ -394,28 +395,27 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
   loom_sim_costs_build_assuming(plan, prof, &LOOM_SIM_ASSUME_BALANCED, c);
 }
 
-/* What a layout puts where, for the plan on the profile's cluster. */
-static layout layout_of(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a) {
-  const Loom__Parallel *l = plan->parallel;
-  layout L = {.plan = plan, .prof = prof, .tp = l->tp, .dp = loom_plan_grad_replicas(plan), .pp = l->pp, .sp = l->sequence_parallel && l->tp > 1,
-              .precision = plan->precision,
+/* What a layout puts where, for the plan (a rank's sheet of it) on the profile's cluster. */
+static layout layout_of(const loom_plan *plan, const loom_rank_sheet *sh, const loom_profile *prof, const loom_sim_assumptions *a) {
+  layout L = {.plan = plan, .prof = prof, .tp = sh->size.tp, .dp = sh->grad_replicas, .pp = sh->size.pp,
+              .sp = sh->sequence_parallel && sh->size.tp > 1, .precision = plan->precision,
               .linear = plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? LOOM__PRECISION__PRECISION_FP8 : plan->precision};
-  loom_plan_rank_config(plan, &L.cfg);
-  L.e = (double)loom_dtype_size(loom_plan_compute_dtype(plan));
+  L.cfg = sh->rank_model;
+  L.e = (double)loom_dtype_size(sh->compute_dtype);
   L.f32 = (double)loom_dtype_size(LOOM_DTYPE_F32);
-  L.s = loom_plan_train_seq(plan);
+  L.s = sh->seq;
   L.sq = loom_gpt_local_seq(&L.cfg, (int)L.s);
-  L.b = plan->batch->micro_batch;
+  L.b = sh->micro_batch;
   L.tokens = L.sq * L.b;
   L.rows = L.sp ? L.tokens / L.tp : L.tokens;
   const int dpn = prof->devices_per_node;
   L.tp_per_node = loom_group_per_node(L.tp, 1, dpn);
   L.dp_per_node = loom_group_per_node(L.dp, L.tp, dpn);
-  L.ep = l->ep > 1 ? l->ep : 1;
+  L.ep = sh->ep;
   L.ep_per_node = loom_group_per_node(L.ep, 1, dpn);
   L.etp = loom_gpt_expert_tp(&L.cfg);
-  L.cp = l->cp;
-  L.tp_overlap = loom_plan_overlaps(plan).tp_comm;
+  L.cp = sh->size.cp;
+  L.tp_overlap = sh->overlap.tp_comm;
   const double share = prof->has_overlap_sm_share ? prof->overlap_sm_share : 0.0;
   L.slowdown = share / (1.0 - share);
   L.moe_imbalance = a->moe_rank_imbalance;
@@ -427,7 +427,7 @@ static layout layout_of(const loom_plan *plan, const loom_profile *prof, const l
 
 /* The costs' arrays, zeroed, and the links each group's traffic crosses. */
 static void costs_init(const layout *L, loom_sim_costs *c) {
-  const int p = L->pp, v = L->plan->parallel->virtual_chunks, m = loom_plan_micro_batches(L->plan);
+  const int p = L->pp, v = L->plan->parallel->virtual_chunks, m = loom_plan_micro_batches(L->plan); /* the plan's shape */
   const int dpn = L->prof->devices_per_node;
   *c = (loom_sim_costs){.p = p, .v = v, .m = m};
   c->forward = zeros(p * v), c->backward = zeros(p * v), c->forward_comm = zeros(p * v), c->backward_comm = zeros(p * v);
@@ -450,12 +450,11 @@ static void add_layers(pass *to, const pass *x, double n) {
 /* Chunk k of pipeline rank q: its forward, backward (with what it recomputes) and weight grads of one
  * micro-batch from its layers' (lf, lg, lw: a dense layer's and a MoE layer's) and edges' costs, and what it sends
  * over tp, etp, cp and p2p and streams through memory in a step. */
-static void chunk_costs(const layout *L, loom_sim_costs *c, int q, int k, const pass lf[2], const pass lg[2],
-                        const pass lw[2], double message) {
-  const loom_plan *plan = L->plan;
-  const int p = c->p, v = c->v, m = c->m, stage = loom_plan_stage_index(plan, q, k);
-  const loom_stage_range r = loom_plan_stage_range(plan, stage);
-  const int count = r.layer_end - r.layer_begin, redone = loom_plan_stage_recompute(plan, stage).layers;
+static void chunk_costs(const layout *L, loom_sim_costs *c, const loom_rank_sheet *s, int k, const pass lf[2],
+                        const pass lg[2], const pass lw[2], double message) {
+  const int p = c->p, v = c->v, m = c->m, q = s->at.pp, stage = s->chunk[k].stage;
+  const loom_stage_range r = s->chunk[k].range;
+  const int count = r.layer_end - r.layer_begin, redone = s->chunk[k].recompute.layers;
   const int redo_end = r.layer_begin + (redone < count ? redone : count); /* the first ones: forward runs again in backward */
   const double moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, r.layer_end), redo_moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, redo_end);
   const double layers[2] = {count - moe, moe}, redo[2] = {redo_end - r.layer_begin - redo_moe, redo_moe};
@@ -475,7 +474,7 @@ static void chunk_costs(const layout *L, loom_sim_costs *c, int q, int k, const 
   c->etp_bytes[q] += m * (f.etp_bytes + g.etp_bytes);
   c->cp_bytes[q] += m * (f.cp_bytes + g.cp_bytes);
   c->memory_bytes[q] += m * (f.bytes + g.bytes);
-  const bool v_shape = loom_schedule_kind_v_shape(plan->schedule);
+  const bool v_shape = loom_schedule_kind_v_shape(s->kind);
   int up_rank = -1, down_rank = -1, chunk;
   if (stage < p * v - 1) loom_stage_place(v_shape, p, stage + 1, &up_rank, &chunk);
   if (stage > 0) loom_stage_place(v_shape, p, stage - 1, &down_rank, &chunk);
@@ -532,18 +531,15 @@ static void dp_costs(const layout *L, loom_sim_costs *c, int q, double layers) {
  * local parameter's fp32 state: grad, master weight and two moments read, those three written, and the bf16 copy
  * written in bf16 runs. Under sequence parallelism, before the step, the fp32 grads of the parameters every tp rank
  * holds alike are summed over tp: all of them, or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
-static void optimizer_costs(const layout *L, loom_sim_costs *c, int q, double params) {
-  const int zero = L->plan->parallel->zero_stage;
+static void optimizer_costs(const layout *L, loom_sim_costs *c, const loom_rank_sheet *s, double params) {
+  const int zero = s->zero_stage, q = s->at.pp;
   const double f32 = L->f32, per_param = 7.0 * f32 + (L->e < f32 ? L->e : 0.0);
   const double shard = zero >= 1 ? params / L->dp : params;
   c->optimizer[q] = loom_profile_memory_seconds(L->prof, per_param * shard) + 4.0 * L->overhead;
   c->memory_bytes[q] += per_param * shard;
   if (!L->sp) return;
   double replicated = 0.0;
-  for (int k = 0; k < c->v; k++) {
-    const loom_stage_range r = loom_plan_stage_range(L->plan, loom_plan_stage_index(L->plan, q, k));
-    replicated += (double)loom_gpt_replicated_param_count(&L->cfg, &r, L->tp);
-  }
+  for (int k = 0; k < s->chunks; k++) replicated += (double)loom_gpt_replicated_param_count(&L->cfg, &s->chunk[k].range, L->tp);
   pass sum = {0};
   tp_collective(L, &sum, LOOM_COLL_ALLREDUCE, replicated * f32 / (zero >= 2 ? L->dp : 1));
   c->optimizer[q] += sum.comm;
@@ -552,22 +548,27 @@ static void optimizer_costs(const layout *L, loom_sim_costs *c, int q, double pa
 
 void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
                                    loom_sim_costs *c) {
-  const layout L = layout_of(plan, prof, a);
+  /* Each pipeline rank's part of the plan, resolved as its runtime would be (plan/rank_sheet.h). */
+  const int p = plan->parallel->pp, stage_ranks = (int)(loom_plan_ranks(plan) / p);
+  loom_rank_sheet *sheets = loom_xmalloc((size_t)p * sizeof *sheets, "rank sheets");
+  for (int q = 0; q < p; q++) loom_plan_resolve(plan, q * stage_ranks, &sheets[q]);
+  const layout L = layout_of(plan, &sheets[0], prof, a);
   costs_init(&L, c);
-  const int p = c->p, v = c->v;
+  const int v = c->v;
   /* One activation (or its grad) between stages, as the executor sends it. */
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
-  c->p2p_waited = !loom_plan_overlaps(plan).p2p;
+  c->p2p_waited = !sheets[0].overlap.p2p;
   pass lf[2] = {{0}}, lg[2] = {{0}}, lw[2] = {{0}}; /* a dense layer's and a MoE layer's */
   for (int kind = 0; kind < 2; kind++) layer_costs(&L, kind == 1 && loom_gpt_is_moe(&L.cfg), &lf[kind], &lg[kind], &lw[kind]);
   for (int q = 0; q < p; q++) {
-    for (int k = 0; k < v; k++) chunk_costs(&L, c, q, k, lf, lg, lw, message);
+    for (int k = 0; k < v; k++) chunk_costs(&L, c, &sheets[q], k, lf, lg, lw, message);
     double layers;
-    const double params = rank_params(&L, q, &layers);
+    const double params = rank_params(&L, &sheets[q], &layers);
     dp_costs(&L, c, q, layers);
-    optimizer_costs(&L, c, q, params);
+    optimizer_costs(&L, c, &sheets[q], params);
   }
+  free(sheets);
   /* The tied embedding's fp32 grads between the first and last stage. */
   const int tied_per_node = (p - 1) * L.tp * L.dp < prof->devices_per_node ? 2 : 1;
   c->tied = loom_collective_seconds(prof, LOOM_COLL_ALLREDUCE, (double)loom_gpt_vocab_shard(&L.cfg, L.tp) * L.cfg.hidden * L.f32, 2,
