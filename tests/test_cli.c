@@ -362,6 +362,21 @@ START_TEST(bad_flags) {
   ck_assert_int_eq(rp->code, 0);
   ck_assert_ptr_nonnull(strstr(rp->out, "layout: tp 2 x pp 1 x dp 1 = 2 ranks"));
   ck_assert_ptr_nonnull(strstr(rp->out, "[0,4)EH"));
+  /* --buffers lists the rank sheet's rows: they add up to the rank's total (each row printed to 0.001 MiB). */
+  rp = run("plan", "show", plan, "--buffers", NULL);
+  ck_assert_int_eq(rp->code, 0);
+  const char *rank = strstr(rp->out, "  pp_rank 0 ");
+  double total = -1.0, rows = 0.0, mib;
+  int nrows = 0;
+  ck_assert_msg(rank && sscanf(rank, "  pp_rank 0 %lf", &total) == 1, "%s", rp->out);
+  for (const char *at = strchr(rank, '\n'); at && strncmp(at + 1, "    ", 4) == 0; at = strchr(at + 1, '\n')) {
+    const char *eq = strstr(at + 1, " = ");
+    ck_assert_msg(eq && sscanf(eq, " = %lf", &mib) == 1, "a row without its size: %.80s", at + 1);
+    rows += mib, nrows++;
+  }
+  ck_assert_msg(nrows >= 8 && total > 0 && fabs(rows - total) <= 0.005 + 0.0005 * nrows, "%d rows sum to %g, the rank %g",
+                nrows, rows, total);
+  ck_assert_ptr_nonnull(strstr(rp->out, "transfers received grad"));
   rp = run("plan", "check", plan, "--world", "2", NULL);
   ck_assert_int_eq(rp->code, 0);
   /* An fp8 plan: shown as what the sim costs and the runtime refuses, its field in the plan text. */

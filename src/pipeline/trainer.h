@@ -1,5 +1,5 @@
-/* A training run built from a plan, and nothing else: this rank's grid
- * coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO's
+/* A training run built from a plan's rank sheet (plan/rank_sheet.h), and
+ * nothing else: this rank's grid coordinates, its pipeline chunks, their optimizers (AdamW, or ZeRO's
  * pieces of it, with the fp32 master weights' pieces where the model holds
  * none), the step over one global batch (grad accumulation through the
  * plan's schedule, the grad norm over every stage, the NaN skip, clipping and
@@ -78,7 +78,9 @@ typedef struct {
 } loom_eval_stats;
 
 /* Builds this rank's part of a validated plan (loom_plan_validate) over the
- * world communicator; the plan and data must outlive the trainer. */
+ * world communicator: fills its rank sheet, once, and builds the chunks,
+ * buffers and optimizers from it; the plan and data must outlive the
+ * trainer. */
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err);
 void loom_trainer_free(loom_trainer *tr);
