@@ -61,12 +61,11 @@ static loom_status build_rank(const loom_ckpt_run *to, const loom_rank_sheet *sh
 static loom_status reshard_rank(const char *sub, const Loom__CheckpointManifest *mf, const loom_ckpt_run *to,
                                 const loom_plan *plan, int rank, const char *out_dir, uint64_t save_id,
                                 loom_shard_written *written, loom_error *err) {
-  loom_rank_sheet sheet;
-  loom_status st = loom_rank_sheet_fill(&sheet, plan, rank, err);
+  loom_rank_sheet sheet; /* its coordinates and chunks' layers: resolved, no schedule or buffers needed */
+  loom_plan_resolve(plan, rank, &sheet);
   offline_rank r = {0};
-  if (st == LOOM_OK) st = build_rank(to, &sheet, &r);
+  loom_status st = build_rank(to, &sheet, &r);
   const int dp_rank = sheet.at.dp; /* the layout written holds every expert on every rank: ep 1 */
-  loom_rank_sheet_free(&sheet);
   if (st != LOOM_OK) {
     free_rank(&r);
     return loom_fail(err, st, "loom ckpt reshard: out of memory building rank %d", rank);

@@ -41,16 +41,17 @@ static loom_status show(loom_schedule_kind kind, int p, int v, int m, const char
 int loom_cmd_schedule(int argc, char **argv) {
   int p = 4, v = 1, m = 8;
   const char *kind_name = "1f1b", *sends = NULL;
+  loom_flag micro = loom_flag_def_as("--micro-batches", &m, "micro-batches per step");
+  micro.field = "micro-batches"; /* the schedule's own rules name it so */
   loom_flag table[] = {
       loom_flag_def_as("--pp", &p, "pipeline stages (ranks)"),
       loom_flag_def_as("--vpp", &v, "model chunks per rank (interleaved; zb_v: 2, its default)"),
-      loom_flag_def_as("--micro-batches", &m, "micro-batches per step"),
+      micro,
       loom_flag_def_as("--schedule", &kind_name, "schedule kind"),
       {"--sends", FLAG_STRING, &sends, "verify under one send model: buffered (MPI's) or rendezvous (NCCL's: a send "
        "completes when its recv is posted, matched in issue order); default both", LOOM_NO_RANGE, loom_send_model_names(), false, NULL},
   };
   const int n = sizeof table / sizeof table[0];
-  table[2].field = "micro-batches"; /* the schedule's own rules name it so */
   loom_error err = {0};
   bool help;
   const char *pos[1];

@@ -161,10 +161,9 @@ loom_status loom_plan_show(const loom_plan *p, bool buffers, loom_error *err) {
   show_stages(p);
   printf("\nper pipeline rank, all its chunks (its rank sheet's buffer list: what `loom train` allocates and reports, and "
          "what --device-memory checks)%s:\n", buffers ? ", row by row" : "");
-  const int stage_ranks = (int)(loom_plan_ranks(p) / p->parallel->pp); /* rank q x this is pipeline rank q's first */
   for (int q = 0; q < p->parallel->pp; q++) {
     loom_rank_sheet sheet;
-    const loom_status st = loom_rank_sheet_fill(&sheet, p, q * stage_ranks, err);
+    const loom_status st = loom_rank_sheet_fill(&sheet, p, loom_plan_pipeline_rank(p, q), err);
     if (st == LOOM_OK) show_rank(&sheet, buffers);
     loom_rank_sheet_free(&sheet);
     if (st != LOOM_OK) return st;

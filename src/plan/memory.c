@@ -240,28 +240,43 @@ int loom_sheet_chunk_rows(const loom_rank_sheet *s, int chunk, int recompute_lay
   return l.count;
 }
 
+double loom_sheet_activations(const loom_rank_sheet *s, int recompute_layers) {
+  double bytes = 0.0;
+  loom_buffer_row rows[LOOM_CHUNK_ROWS];
+  for (int c = 0; c < s->chunks; c++) {
+    const loom_memory one = loom_buffer_rows_memory(rows, loom_sheet_chunk_rows(s, c, recompute_layers, rows));
+    bytes += one.bytes[LOOM_MEM_ACTIVATIONS] + one.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
+  }
+  return bytes;
+}
+
+/* Pipeline rank pp_rank's sheet, resolved and counted: no schedule, no list. */
+static void stage_sheet(const loom_plan *p, int pp_rank, loom_rank_sheet *s) {
+  loom_plan_resolve(p, loom_plan_pipeline_rank(p, pp_rank), s);
+  loom_sheet_count_buffers(s);
+}
+
 loom_memory loom_plan_chunk_memory(const loom_plan *p, int pp_rank, int chunk, int recompute_layers) {
-  loom_rank_sheet s; /* resolved and counted: no schedule, no list */
-  loom_plan_resolve(p, pp_rank * (int)(loom_plan_ranks(p) / p->parallel->pp), &s);
-  loom_sheet_count_buffers(&s);
+  loom_rank_sheet s;
+  stage_sheet(p, pp_rank, &s);
   loom_buffer_row rows[LOOM_CHUNK_ROWS];
   return loom_buffer_rows_memory(rows, loom_sheet_chunk_rows(&s, chunk, recompute_layers, rows));
 }
 
 loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {
+  loom_rank_sheet s;
+  stage_sheet(p, pp_rank, &s);
   loom_memory out = {0};
-  for (int c = 0; c < p->parallel->virtual_chunks; c++) {
-    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, LOOM_RECOMPUTE_PLAN);
+  loom_buffer_row rows[LOOM_CHUNK_ROWS];
+  for (int c = 0; c < s.chunks; c++) {
+    const loom_memory one = loom_buffer_rows_memory(rows, loom_sheet_chunk_rows(&s, c, LOOM_RECOMPUTE_PLAN, rows));
     for (int k = 0; k < LOOM_MEM_KINDS; k++) out.bytes[k] += one.bytes[k];
   }
   return out;
 }
 
 double loom_plan_rank_activations(const loom_plan *p, int pp_rank, int recompute_layers) {
-  double bytes = 0.0;
-  for (int c = 0; c < p->parallel->virtual_chunks; c++) {
-    const loom_memory one = loom_plan_chunk_memory(p, pp_rank, c, recompute_layers);
-    bytes += one.bytes[LOOM_MEM_ACTIVATIONS] + one.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
-  }
-  return bytes;
+  loom_rank_sheet s;
+  stage_sheet(p, pp_rank, &s);
+  return loom_sheet_activations(&s, recompute_layers);
 }

@@ -167,6 +167,11 @@ loom_compression loom_plan_compression(const loom_plan *p) {
                             .rank = gc ? gc->rank : 0, .dp = loom_plan_grad_replicas(p)};
 }
 
+int loom_plan_pipeline_rank(const loom_plan *p, int pp_rank) {
+  const Loom__Parallel *l = p->parallel;
+  return loom_parallel_rank((loom_grid_coords){.pp = pp_rank}, (loom_grid_coords){l->tp, l->cp, l->dp, l->pp});
+}
+
 int64_t loom_plan_ranks(const loom_plan *p) {
   const Loom__Parallel *l = p->parallel;
   return (int64_t)l->tp * l->cp * l->dp * l->pp;

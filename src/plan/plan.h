@@ -119,6 +119,8 @@ typedef struct {
 loom_plan_overlap loom_plan_overlaps(const loom_plan *plan);
 /* Ranks the plan runs on: tp x cp x dp x pp. */
 int64_t loom_plan_ranks(const loom_plan *plan);
+/* The world rank of pipeline rank pp_rank's first member (tp, cp and dp 0): whose sheet stands for its stage. */
+int loom_plan_pipeline_rank(const loom_plan *plan, int pp_rank);
 /* The ranks holding the same parameters, over which grads sum and ZeRO
  * shards: dp x cp (Megatron-Core's data-parallel group with cp). */
 int loom_plan_grad_replicas(const loom_plan *plan);

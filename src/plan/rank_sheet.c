@@ -18,12 +18,8 @@ static void every_rank_counts(loom_rank_sheet *s) {
 /* The buffer list: each chunk's rows, as the memory model makes them, and what they would be recomputing nothing. */
 static void buffers(loom_rank_sheet *s) {
   s->buffers = loom_xmalloc((size_t)s->chunks * LOOM_CHUNK_ROWS * sizeof *s->buffers, "buffer list");
-  loom_buffer_row whole[LOOM_CHUNK_ROWS];
-  for (int c = 0; c < s->chunks; c++) {
-    s->nbuffers += loom_sheet_chunk_rows(s, c, LOOM_RECOMPUTE_PLAN, s->buffers + s->nbuffers);
-    const loom_memory m = loom_buffer_rows_memory(whole, loom_sheet_chunk_rows(s, c, 0, whole));
-    s->activations_unrecomputed += m.bytes[LOOM_MEM_ACTIVATIONS] + m.bytes[LOOM_MEM_WEIGHT_GRAD_STATES];
-  }
+  for (int c = 0; c < s->chunks; c++) s->nbuffers += loom_sheet_chunk_rows(s, c, LOOM_RECOMPUTE_PLAN, s->buffers + s->nbuffers);
+  s->activations_unrecomputed = loom_sheet_activations(s, 0);
 }
 
 /* The schedule, built from the sheet's shape and verified. */

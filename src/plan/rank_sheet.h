@@ -65,5 +65,7 @@ void loom_plan_resolve(const loom_plan *plan, int rank, loom_rank_sheet *s);
  * into rows, returning their number. */
 void loom_sheet_count_buffers(loom_rank_sheet *s);
 int loom_sheet_chunk_rows(const loom_rank_sheet *s, int chunk, int recompute_layers, loom_buffer_row rows[LOOM_CHUNK_ROWS]);
+/* The activations and weight-grad states of its chunks, recomputing as asked. */
+double loom_sheet_activations(const loom_rank_sheet *s, int recompute_layers);
 
 #endif

@@ -549,9 +549,9 @@ static void optimizer_costs(const layout *L, loom_sim_costs *c, const loom_rank_
 void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *a,
                                    loom_sim_costs *c) {
   /* Each pipeline rank's part of the plan, resolved as its runtime would be (plan/rank_sheet.h). */
-  const int p = plan->parallel->pp, stage_ranks = (int)(loom_plan_ranks(plan) / p);
+  const int p = plan->parallel->pp;
   loom_rank_sheet *sheets = loom_xmalloc((size_t)p * sizeof *sheets, "rank sheets");
-  for (int q = 0; q < p; q++) loom_plan_resolve(plan, q * stage_ranks, &sheets[q]);
+  for (int q = 0; q < p; q++) loom_plan_resolve(plan, loom_plan_pipeline_rank(plan, q), &sheets[q]);
   const layout L = layout_of(plan, &sheets[0], prof, a);
   costs_init(&L, c);
   const int v = c->v;

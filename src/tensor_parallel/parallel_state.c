@@ -15,6 +15,10 @@ loom_grid_coords loom_parallel_coords(int rank, loom_grid_coords n) {
                             .pp = rank / (n.tp * n.cp * n.dp)};
 }
 
+int loom_parallel_rank(loom_grid_coords at, loom_grid_coords n) {
+  return at.tp + n.tp * (at.cp + n.cp * (at.dp + n.dp * at.pp));
+}
+
 int loom_expert_data_size(int tp, int dp, int etp, int ep) {
   const int stage = tp * dp;
   return etp < 1 || ep < 1 || stage % (etp * ep) ? 0 : stage / (etp * ep);

@@ -69,6 +69,8 @@ typedef struct {
   int tp, cp, dp, pp;
 } loom_grid_coords;
 loom_grid_coords loom_parallel_coords(int rank, loom_grid_coords sizes);
+/* And back: the rank at coordinates `at`. */
+int loom_parallel_rank(loom_grid_coords at, loom_grid_coords sizes);
 /* Where a rank sits among a Mixture-of-Experts layer's groups, as
  * Megatron-Core's expert rank generator places it: its pipeline stage's
  * tp x dp ranks regrouped with expert-tensor-parallel fastest, then
