@@ -1,7 +1,8 @@
 /* The whole model, in each family (the loop index: GPT-2; Llama's RMSNorm,
  * SwiGLU, RoPE, grouped-query attention without biases and an untied head;
- * and a mix of the switches: LayerNorm with biases, SwiGLU, learned
- * positions, multi-query attention, untied): every parameter's gradient
+ * a mix of the switches: LayerNorm with biases, SwiGLU, learned
+ * positions, multi-query attention, untied; Llama's MoE; Qwen3's heads of
+ * their own width with QK-norm): every parameter's gradient
  * against central finite differences (with and without dropout), the CPU
  * backend against the reference backend end to end, the loss at init, and
  * overfitting one batch.
@@ -24,7 +25,7 @@
 #include "cli/names.h"
 #include "test_util.h"
 
-enum { GPT2, LLAMA, MIXED, MOE, FAMILIES };
+enum { GPT2, LLAMA, MIXED, MOE, QWEN3, FAMILIES };
 
 /* Sets the architecture switches of a family on c (its sizes stay). */
 static void as_family(loom_gpt_config *c, int family) {
@@ -41,6 +42,9 @@ static void as_family(loom_gpt_config *c, int family) {
     c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .shared_gate = true, .aux_loss_coeff = 0.1f,
                                .z_loss_coeff = 0.01f};
     if (c->layers > 1) loom_gpt_set_dense_layer(c, 0, true);
+  } else if (family == QWEN3) { /* Llama's, its heads 6 wide whatever hidden / heads is (--kv-channels), QK-norm on */
+    as_family(c, LLAMA);
+    c->head_dim = 6, c->qk_norm = true;
   }
   loom_gpt_config_finish(c);
 }

@@ -73,6 +73,10 @@ typedef struct {
   int total_heads;   /* global heads (dropout keys) */
 } loom_attn_shape;
 
+/* The widest head the attention takes on every backend: the fused CUDA
+ * kernel's tiles in a block's shared memory, and FlashAttention's bound. */
+#define LOOM_ATTN_MAX_HEAD_DIM 256
+
 /* Floats in one [t, b] row of qkv: q of every query head | k | v of every key/value head. */
 static inline size_t loom_attn_qkv_width(const loom_attn_shape *s) {
   return (size_t)(s->heads + 2 * s->kv_heads) * s->head_dim;

@@ -18,6 +18,10 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--dropout", FLAG_FLOAT, &mf->dropout, "dropout probability", 0, 0.99, NULL, false, "model.dropout"},
       {"--kv-heads", FLAG_INT, &mf->kv_heads, "key/value heads: fewer than --heads for grouped-query attention, 1 for multi-query",
        1, LOOM_PLAN_MAX_HEADS, NULL, false, "model.kv_heads"},
+      {"--kv-channels", FLAG_INT, &mf->kv_channels, "each attention head's width (unset: hidden / heads; Qwen3's 128)", 1,
+       LOOM_ATTN_MAX_HEAD_DIM, NULL, false, "model.kv_channels"},
+      {"--qk-layernorm", FLAG_BOOL, &mf->qk_layernorm, "RMSNorm over each head's q and k before RoPE (Qwen3)", LOOM_NO_RANGE,
+       NULL, false, "model.qk_layernorm"},
       {"--norm", FLAG_STRING, &mf->norm, "the blocks' and final norm", LOOM_NO_RANGE, LOOM_NORM_NAMES, false, "model.norm"},
       {"--mlp", FLAG_STRING, &mf->mlp, "the MLP's activation (swiglu: gated, gate and up each --ffn wide)", LOOM_NO_RANGE,
        LOOM_MLP_NAMES, false, "model.mlp"},
@@ -120,7 +124,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
-                                      "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--kv-channels", "--qk-layernorm", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
@@ -147,10 +151,11 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   }
   loom_cli_preset(mf->preset, cfg); /* the flag's choices guarantee a known preset */
   const bool multi_head = cfg->kv_heads == cfg->heads; /* then kv heads follow --heads */
-  const int overrides[] = {mf->layers, mf->hidden, mf->heads, mf->ffn, mf->vocab, mf->seq, mf->kv_heads};
-  int *fields[] = {&cfg->layers, &cfg->hidden, &cfg->heads, &cfg->ffn, &cfg->vocab, &cfg->seq, &cfg->kv_heads};
-  static const char *const NAMES[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq", "--kv-heads"};
-  for (int i = 0; i < 7; i++)
+  const int overrides[] = {mf->layers, mf->hidden, mf->heads, mf->ffn, mf->vocab, mf->seq, mf->kv_heads, mf->kv_channels};
+  int *fields[] = {&cfg->layers, &cfg->hidden, &cfg->heads, &cfg->ffn, &cfg->vocab, &cfg->seq, &cfg->kv_heads, &cfg->head_dim};
+  static const char *const NAMES[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--seq", "--kv-heads",
+                                      "--kv-channels"};
+  for (int i = 0; i < 8; i++)
     if (flag_set(table, NAMES[i])) *fields[i] = overrides[i];
   if (!flag_set(table, "--ffn") && flag_set(table, "--hidden"))
     cfg->ffn = 0; /* follow the new hidden size */
@@ -168,6 +173,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                      "model has biases on every linear; add --no-bias", cmd);
   if (flag_set(table, "--qkv-bias")) cfg->qkv_bias = mf->qkv_bias;
   if (flag_set(table, "--untied")) cfg->untied = mf->untied;
+  if (flag_set(table, "--qk-layernorm")) cfg->qk_norm = mf->qk_layernorm;
   loom_status st = resolve_moe(cmd, mf, table, cfg, err);
   if (st != LOOM_OK) return st;
   cfg->dropout = mf->dropout;

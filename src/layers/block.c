@@ -69,6 +69,58 @@ static void rope(const loom_block_shape *s, const loom_tp *tp, const loom_ops *o
          runs[i].pos, s->rope);
 }
 
+/* QK-norm: RMSNorm over each head's q and k, with the weights of each
+ * (Qwen3's q_norm and k_norm, eps the model's). The heads lie in qkv's
+ * rows; the norm runs over the rows of D they make once gathered side by
+ * side (q's, then k's), its input and statistics kept for backward. */
+typedef struct {
+  size_t rows, q, k, width; /* [t, b] rows; floats of a row's q heads, k heads, and the whole qkv row */
+} qk_layout;
+
+static qk_layout qk_layout_of(const loom_block_shape *s) {
+  return (qk_layout){.rows = (size_t)s->T * s->B, .q = (size_t)s->heads * s->head_dim,
+                     .k = (size_t)s->kv_heads * s->head_dim, .width = (size_t)loom_block_qkv_width(s)};
+}
+
+/* Moves the q and k heads between qkv's rows and the gathered layout, either way. */
+static void qk_gather(const loom_ops *ops, const qk_layout *L, float *gathered, const float *qkv) {
+  const size_t f = sizeof(float);
+  ops->mem->copy_2d(ops->mem, gathered, L->q * f, qkv, L->width * f, L->q * f, L->rows);
+  ops->mem->copy_2d(ops->mem, gathered + L->rows * L->q, L->k * f, qkv + L->q, L->width * f, L->k * f, L->rows);
+}
+
+static void qk_scatter(const loom_ops *ops, const qk_layout *L, float *qkv, const float *gathered) {
+  const size_t f = sizeof(float);
+  ops->mem->copy_2d(ops->mem, qkv, L->width * f, gathered, L->q * f, L->q * f, L->rows);
+  ops->mem->copy_2d(ops->mem, qkv + L->q, L->width * f, gathered + L->rows * L->q, L->k * f, L->k * f, L->rows);
+}
+
+static void qk_norm_forward(loom_block_acts *a, loom_block_scratch *s, const loom_block_weights *v,
+                            const loom_block_shape *shape, const loom_ops *ops) {
+  const qk_layout L = qk_layout_of(shape);
+  const int D = shape->head_dim, qh = (int)L.rows * shape->heads, kh = (int)L.rows * shape->kv_heads;
+  qk_gather(ops, &L, a->qk_raw, a->qkv);
+  ops->rmsnorm_forward(ops, s->qk_norm, a->qk_rstd, a->qk_raw, v->q_norm_w, qh, D, shape->norm_eps);
+  ops->rmsnorm_forward(ops, s->qk_norm + L.rows * L.q, a->qk_rstd + qh, a->qk_raw + L.rows * L.q, v->k_norm_w, kh, D,
+                       shape->norm_eps);
+  to_bf16_values(shape, ops, s->qk_norm, L.rows * (L.q + L.k));
+  qk_scatter(ops, &L, a->qkv, s->qk_norm);
+}
+
+/* dqkv's q and k columns, the grads of the norm's output, become its input's; its weights' grads are added. */
+static void qk_norm_backward(float *dqkv, loom_block_weights *g, loom_block_scratch *s, const loom_block_acts *a,
+                             const loom_block_weights *v, const loom_block_shape *shape, const loom_ops *ops) {
+  const qk_layout L = qk_layout_of(shape);
+  const int D = shape->head_dim, qh = (int)L.rows * shape->heads, kh = (int)L.rows * shape->kv_heads;
+  const size_t n = L.rows * (L.q + L.k), kq = L.rows * L.q;
+  float *d_out = s->qk_norm, *d_in = s->qk_norm + n;
+  qk_gather(ops, &L, d_out, dqkv);
+  loom_mem_zero(ops->mem, d_in, n);
+  ops->rmsnorm_backward(ops, d_in, g->q_norm_w, d_out, a->qk_raw, v->q_norm_w, a->qk_rstd, qh, D);
+  ops->rmsnorm_backward(ops, d_in + kq, g->k_norm_w, d_out + kq, a->qk_raw + kq, v->k_norm_w, a->qk_rstd + qh, kh, D);
+  qk_scatter(ops, &L, dqkv, d_in);
+}
+
 /* Attention of the rank's queries, alone or round the cp group's ring
  * (whose calls see the whole sequence's length, for dropout's keys). */
 static void attention_forward(loom_block_acts *a, loom_block_scratch *s, const loom_attn_shape *as, const loom_dropout *d,
@@ -137,6 +189,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
                                w->v->c_attn_b, N, n, h, qkv);
   to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
+  if (shape->qk_norm) qk_norm_forward(a, s, w->v, shape, ops);
   rope(shape, tp, ops, a->qkv, false);
   to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
   attention_forward(a, s, &as, &d_probs, ops);
@@ -282,6 +335,10 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
     to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
     rope(shape, tp, ops, ws->d_qkv, true);
+  }
+  if (shape->qk_norm) { /* and so does QK-norm's backward */
+    to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+    qk_norm_backward(ws->d_qkv, g, s, a, w->v, shape, ops);
   }
   pack(ops, ws->d_qkv_bits, ws->d_qkv, (size_t)N * qkv);
   qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);

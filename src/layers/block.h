@@ -40,6 +40,7 @@ typedef struct {
   loom_norm_kind norm;
   loom_mlp_kind mlp;
   loom_rope rope;   /* rotary positions (theta 0: none, the embedding added positions) */
+  bool qk_norm;     /* RMSNorm over each q and k head before RoPE (its weights: q_norm_w, k_norm_w) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
   const loom_moe_shape *moe; /* a Mixture-of-Experts MLP (with the shared expert's, if any, beside it); NULL: dense */
   float moe_loss_weight;     /* backward: the router losses' weight in the step's loss */
@@ -72,6 +73,9 @@ typedef struct {
    * packs and every GEMM reads (ln_1, atty, ln_2 and fc_gelu above are then
    * scratch, and backward reads only atty of them); NULL in fp32 runs. */
   uint16_t *ln_1_bits, *atty_bits, *ln_2_bits, *fc_gelu_bits;
+  /* QK-norm (fp32 in every run): q and k before it, [N H D] then [N K D]
+   * (every row's heads side by side), and each head row's rstd, [N H] then [N K]. */
+  float *qk_raw, *qk_rstd;
   loom_moe_acts moe;                   /* a MoE layer's (fp32 in every run) */
 } loom_block_acts;
 
@@ -85,6 +89,7 @@ typedef struct {
   float *d_fc;           /* [N, ffn] (SwiGLU: [N, 2 ffn]) */
   float *d_fc2;          /* [N, ffn] */
   float *d_qkv_w;        /* replicated key/value heads: this rank's q|k|v weight and bias grads, [qkv rows, h + 1] */
+  float *qk_norm;        /* QK-norm: [2, N (H + K) D] its output in forward; its output's and input's grads in backward */
   float *d_attn_out, *d_mlp_out; /* [N, h] a whole backward's output grads of the two row-parallel linears */
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
   float *moe_out;                /* [n, h] a MoE layer's experts' output beside a shared expert's (else unused); in backward, a gated shared expert's output grad */

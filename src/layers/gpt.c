@@ -259,7 +259,8 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
                             .ffn = (moe ? c->moe.shared_ffn : c->ffn) / m->tp.size, .norm_eps = c->norm_eps,
                             .norm = c->norm, .mlp = c->mlp,
-                            .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .bf16 = c->bf16,
+                            .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .qk_norm = c->qk_norm,
+                            .bf16 = c->bf16,
                             .moe = moe ? &m->moe : NULL, .moe_loss_weight = dloss * (float)m->T * (float)m->B};
 }
 
@@ -400,6 +401,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
     a.ln_1_mean = s->blocks[k].ln_1_mean, a.ln_1_rstd = s->blocks[k].ln_1_rstd;
     a.ln_2_mean = s->blocks[k].ln_2_mean, a.ln_2_rstd = s->blocks[k].ln_2_rstd;
     a.att_lse = s->blocks[k].att_lse;
+    a.qk_raw = s->blocks[k].qk_raw, a.qk_rstd = s->blocks[k].qk_rstd;
     a.moe = s->blocks[k].moe;
     const loom_block_packed *p = &s->packed[k]; /* the linears' inputs: read and written in place */
     a.ln_1_bits = p->ln_1, a.atty_bits = p->atty, a.ln_2_bits = p->ln_2, a.fc_gelu_bits = p->fc_gelu;
@@ -717,7 +719,8 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
 }
 
 void loom_gpt_sum_replicated_grad(const loom_gpt_params *p, const loom_tp *tp, int k, float *g, size_t n) {
-  if (tp && tp->sequence_parallel && p->meta[k].tp_replicated) loom_comm_allreduce(tp->group, g, n, LOOM_REDUCE_SUM);
+  if (tp && tp->size > 1 && p->meta[k].tp_replicated && (tp->sequence_parallel || p->meta[k].per_head))
+    loom_comm_allreduce(tp->group, g, n, LOOM_REDUCE_SUM);
 }
 
 void loom_gpt_sync_replicated_grads(loom_gpt *m) {

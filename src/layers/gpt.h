@@ -224,12 +224,13 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
 /* Clears the routing statistics (a MoE model's; a no-op for a dense one). */
 void loom_gpt_moe_stats_reset(loom_gpt *m);
 /* Under sequence parallelism each rank's grads of TP-replicated parameters
- * (norms, wpe, row-parallel biases) cover only its positions: sums them over
+ * (norms, wpe, row-parallel biases) cover only its positions, and a
+ * per-head one's (QK-norm's) only its heads under any tp: sums them over
  * the TP group. Call once per step after the last backward. */
 void loom_gpt_sync_replicated_grads(loom_gpt *m);
 /* The one rule behind it, for n values at g of tensor k's grad (a whole
  * tensor, or a ZeRO piece of one): summed over tp's group when the tensor
- * is TP-replicated under sequence parallelism, else left alone. */
+ * is TP-replicated under sequence parallelism or per head, else left alone. */
 void loom_gpt_sum_replicated_grad(const loom_gpt_params *p, const loom_tp *tp, int k, float *g, size_t n);
 void loom_gpt_zero_grad(loom_gpt *m);
 /* Flat range [lo, hi) of local layers [l0, l1)'s tensors in the stage's

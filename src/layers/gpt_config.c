@@ -78,6 +78,7 @@ int loom_gpt_config_preset(loom_gpt_config *cfg, int i) {
 void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
   if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
+  if (cfg->heads > 0 && cfg->head_dim * cfg->heads == cfg->hidden) cfg->head_dim = 0; /* hidden / heads: one way to say it */
   if (!cfg->no_bias) cfg->qkv_bias = false; /* every linear's bias already: one way to say it */
   if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope.theta > 0.0f)) cfg->rope.theta = LOOM_ROPE_THETA_DEFAULT;
   if (cfg->moe.experts > 0 && cfg->moe.ffn <= 0) cfg->moe.ffn = cfg->ffn;
@@ -103,11 +104,13 @@ loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int 
 
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
-         !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c);
+         !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c) && loom_gpt_attn_width(c) == c->hidden &&
+         !c->qk_norm;
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
+         loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
@@ -139,7 +142,10 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
            LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
-  const size_t used = strlen(buf);
+  size_t used = strlen(buf);
+  if (loom_gpt_attn_width(c) != c->hidden && used < n)
+    snprintf(buf + used, n - used, ", head dim %d", loom_gpt_head_dim(c)), used = strlen(buf);
+  if (c->qk_norm && used < n) snprintf(buf + used, n - used, ", qk norm"), used = strlen(buf);
   if (loom_gpt_is_moe(c) && used < n)
     snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
              c->moe.shared_ffn ? ", shared" : "");
@@ -160,6 +166,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
     if (loom_gpt_kv_replicas(c, tp) > 1) PUT(" (each replicated on %d tp ranks)", loom_gpt_kv_replicas(c, tp));
     else if (tp > 1) PUT(" (%d per tp rank)", loom_gpt_local_kv_heads(c, tp));
   }
+  if (loom_gpt_attn_width(c) != c->hidden) PUT("%sheads of %d", used ? ", " : "", loom_gpt_head_dim(c));
+  if (c->qk_norm) PUT("%sqk-layernorm", used ? ", " : "");
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);

@@ -88,6 +88,8 @@ typedef struct {
   int hidden;
   int heads;
   int kv_heads;     /* key/value heads: heads (multi-head), fewer (grouped-query), 1 (multi-query); 0 means heads */
+  int head_dim;     /* each attention head's width (Megatron's --kv-channels), for q, k, v and the output projection's
+                     * input; 0 means hidden / heads (loom_gpt_head_dim) */
   int ffn;          /* MLP inner width: 4*hidden for GPT-2; SwiGLU's gate and up projections are each this wide */
   int vocab;        /* real vocabulary size V */
   int padded_vocab; /* V rounded up to a multiple of 128 (Megatron, llm.c) */
@@ -101,6 +103,7 @@ typedef struct {
   bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */
   bool qkv_bias;    /* with no_bias: q, k and v keep their biases (Qwen2; Megatron's --add-qkv-bias) */
   bool untied;      /* an LM head of its own instead of the input embedding */
+  bool qk_norm;     /* RMSNorm over each head's q and k before RoPE, weights [head_dim] each (--qk-layernorm; Qwen3) */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Where the sequence is, not what the model is: split over a context-
@@ -152,7 +155,10 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
 const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char *buf, size_t n);
 
 static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
-static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->hidden / c->heads; }
+/* Each head's width: the explicit one, else hidden / heads. */
+static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->head_dim > 0 ? c->head_dim : c->hidden / c->heads; }
+/* The attention's width, q's and the output projection's input: heads times their width. */
+static inline int loom_gpt_attn_width(const loom_gpt_config *c) { return c->heads * loom_gpt_head_dim(c); }
 /* The context-parallel split (1: none), and the rows of a sequence of T one rank holds. */
 static inline int loom_gpt_cp(const loom_gpt_config *c) { return c->cp > 1 ? c->cp : 1; }
 static inline int loom_gpt_local_seq(const loom_gpt_config *c, int T) { return T / loom_gpt_cp(c); }

@@ -36,6 +36,8 @@ static void add(table *t, loom_param_role role, const char *name, int ndim, int6
 }
 
 static const loom_param_meta NORM_W = {.init = LOOM_INIT_ONES, .layout = {.partition_dim = -1}, .tp_replicated = true};
+static const loom_param_meta HEAD_NORM_W = {.init = LOOM_INIT_ONES, .layout = {.partition_dim = -1}, .tp_replicated = true,
+                                            .per_head = true};
 static const loom_param_meta ZERO_B = {.init = LOOM_INIT_ZEROS, .layout = {.partition_dim = -1}, .tp_replicated = true};
 
 /* A weight with GPT-2's normal init, split along `dim` (in `parts` row blocks) under TP. */
@@ -173,6 +175,10 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
            named(&m, "model.layers.", i, "input_layernorm.bias"));
   add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3, loom_gpt_qkv_biased(c));
   add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
+  if (c->qk_norm) { /* Qwen3's names, after o_proj as its attention registers them */
+    add(t, LOOM_ROLE_Q_NORM_W, named(&n, "model.layers.", i, "self_attn.q_norm.weight"), 1, D, 0, HEAD_NORM_W);
+    add(t, LOOM_ROLE_K_NORM_W, named(&n, "model.layers.", i, "self_attn.k_norm.weight"), 1, D, 0, HEAD_NORM_W);
+  }
   add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
            named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
   if (loom_gpt_layer_is_moe(c, i)) {
@@ -658,7 +664,9 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
   const double widths = moe_layers * moe_width + (layers - moe_layers) * f; /* the layers' MLPs' widths summed */
   const double mlp = loom_mlp_matrices(cfg->mlp) * h * widths;
   const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
-  const double attention = layers * h * (double)T; /* scores and values: 4 T h FLOPs per token and layer, one pass */
+  /* scores and values: 4 T q FLOPs per token and layer, one pass (q = heads x head dim: hidden unless --kv-channels
+   * sets another width, as Megatron's query_projection_to_hidden_size_ratio scales it) */
+  const double attention = layers * q * (double)T;
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
   return (6.0 * (layer_matmul + head) + (formula == LOOM_FLOPS_NEMO ? 12.0 : 6.0) * attention) * tokens;
 }

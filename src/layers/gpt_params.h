@@ -20,6 +20,7 @@ typedef enum {
   LOOM_ROLE_LN_1_W, LOOM_ROLE_LN_1_B, LOOM_ROLE_QKV_W, LOOM_ROLE_QKV_B, LOOM_ROLE_ATTN_PROJ_W, LOOM_ROLE_ATTN_PROJ_B,
   LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
   LOOM_ROLE_ROUTER_W, LOOM_ROLE_EXPERTS_FC_W, LOOM_ROLE_EXPERTS_PROJ_W, LOOM_ROLE_SHARED_GATE_W,
+  LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
   LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
@@ -35,6 +36,8 @@ typedef struct {
   bool weight_decay;         /* decoupled AdamW decay applies */
   loom_shard_layout layout;  /* global shape and how tensor parallelism splits it */
   bool tp_replicated;        /* identical on every TP rank (norms, wpe, row-parallel biases) */
+  bool per_head;             /* tp_replicated, but applied to each head (QK-norm's weights): a rank's grad is its
+                              * heads' share, summed over the TP group with or without sequence parallelism */
   bool shared;               /* lives on more than one pipeline stage (tied wte) */
   bool expert;               /* a MoE expert's: under expert parallelism its grads sum over the expert-data-parallel
                               * group, and the expert-parallel group's ranks hold different ones */
@@ -70,6 +73,7 @@ typedef struct {
   float *experts_fc_w;              /* [E][fe, h] (SwiGLU: [E][2fe, h], each expert's rows gate|up) */
   float *experts_proj_w;            /* [E][h, fe] */
   float *shared_gate_w;             /* [1, h] the shared expert's gate (NULL: none) */
+  float *q_norm_w, *k_norm_w;       /* [D], [D] QK-norm's, over each q and k head (NULL: none) */
 } loom_block_weights;
 
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),
@@ -105,9 +109,10 @@ void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *
  * length T, by a formula of gpt_config.h. Megatron's: 6 x its matmul
  * parameters (q, k and v with the config's key/value heads, the output
  * projection, two MLP matrices or SwiGLU's three, and the LM head's on the
- * last stage) x tokens, plus 6 x its layers x hidden x T x tokens for causal
- * attention's scores and values (12, halved). SC21's: 8 x the layers'
- * matmul parameters and 16 x layers x hidden x T, per token, and 6 x the
+ * last stage) x tokens, plus 6 x its layers x q x T x tokens for causal
+ * attention's scores and values (12, halved; q = heads x head dim, the
+ * hidden size unless --kv-channels sets it). SC21's: 8 x the layers'
+ * matmul parameters and 16 x layers x q x T, per token, and 6 x the
  * head's. Over the whole model, loom_gpt_train_flops. */
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
                                   loom_flops_formula formula);

@@ -35,7 +35,7 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = loom_mlp_fc_factor(c->mlp);
   const int64_t taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0, rows = moe ? loom_moe_expert_rows(c, n, sp ? tp : 1) : 0;
-  return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = c->hidden / tp,
+  return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = (c->heads / tp) * D,
                 .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = taken, .X = rows,
                 .ep = c->moe.ep > 1 ? c->moe.ep : 1, .etp = loom_gpt_expert_tp(c),
@@ -45,6 +45,7 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
                 .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0, .cp = loom_gpt_cp(c),
                 .cp_all_gather = c->cp_all_gather,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
+                .qk_rows = c->qk_norm ? N * (c->heads / tp + loom_gpt_local_kv_heads(c, tp)) : 0, .D = D,
                 .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
 }
@@ -127,6 +128,10 @@ static void want_stats(act_list *l, layer_views *v, const dims *d, span s) {
   want(l, &v->ln1r, "ln_1_rstd", L * d->n);
   want(l, &v->ln2m, "ln_2_mean", L * d->n);
   want(l, &v->ln2r, "ln_2_rstd", L * d->n);
+  if (d->qk_rows) {
+    want(l, &v->qk_raw, "qk_raw", L * d->qk_rows * d->D);
+    want(l, &v->qk_rstd, "qk_rstd", L * d->qk_rows);
+  }
   want_moe(l, &v->moe, d, moe_before(d, s, L));
 }
 
@@ -192,7 +197,8 @@ void loom_tables_bind_layers(loom_block_acts *b, const layer_views *v, const dim
         .ln_2_rstd = at(v->ln2r, j * d->n), .att_lse = at(v->lse, j * d->lse), .ln_1 = at(v->ln1, o[0]),
         .qkv = at(v->qkv, o[1]), .atty = at(v->atty, o[2]), .res_attn = at(v->resa, o[3]),
         .ln_2 = at(v->ln2, o[4]), .fc = at(v->fc, o[5]), .fc_gelu = at(v->fcg, o[6]),
-        .out = at(v->out, o[7]), .moe = moe ? moe_layer(&v->moe, d, moe_before(d, s, j)) : (loom_moe_acts){0}};
+        .out = at(v->out, o[7]), .qk_raw = at(v->qk_raw, j * d->qk_rows * d->D), .qk_rstd = at(v->qk_rstd, j * d->qk_rows),
+        .moe = moe ? moe_layer(&v->moe, d, moe_before(d, s, j)) : (loom_moe_acts){0}};
     for (int k = 0; k < WEIGHT_INPUTS; k++) *loom_tables_act_bits_field(&b[j], k) = at16(v->bits[k], o[WEIGHT_INPUT[k]]);
   }
 }
@@ -341,6 +347,7 @@ void loom_tables_list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_v
     want(l, &s->d_mlp_out, "d_mlp_out", d->N * d->h);
   }
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
+  if (d->qk_rows) want(l, &s->qk_norm, "qk_norm", 2 * d->qk_rows * d->D); /* q and k side by side, and their grads */
   if (d->E) {
     if (d->f) want(l, &s->moe_out, "moe_out", d->n * d->h); /* beside a shared expert's output */
     want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);

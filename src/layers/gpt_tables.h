@@ -35,6 +35,8 @@ typedef struct {
   int64_t cp;             /* its group's size */
   bool cp_all_gather;     /* every rank's blocks gathered, not passed round a ring */
   bool gate;              /* a MoE model's shared expert is gated */
+  int64_t qk_rows;        /* QK-norm: the rows of D it normalises, each [t, b] row's local q and k heads (0: none) */
+  int64_t D;              /* a head's width */
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
   int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
@@ -51,6 +53,7 @@ static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
  * keeps them. */
 typedef struct {
   float *ln1m, *ln1r, *lse, *ln1, *qkv, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
+  float *qk_raw, *qk_rstd; /* QK-norm's input and statistics */
   uint16_t *bits[WEIGHT_INPUTS];
   loom_moe_acts moe; /* a MoE model's, for every layer */
 } layer_views;

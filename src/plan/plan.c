@@ -34,7 +34,8 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .dropout = m->dropout, .norm_eps = m->norm_eps, .norm = (loom_norm_kind)m->norm,
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
                            .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias,
-                           .untied = !m->tied_embeddings};
+                           .untied = !m->tied_embeddings, .head_dim = m->has_kv_channels ? m->kv_channels : 0,
+                           .qk_norm = m->qk_layernorm};
   if (m->moe)
     cfg->moe = (loom_moe_config){.experts = m->moe->experts, .topk = m->moe->topk, .ffn = m->moe->ffn,
                                  .shared_ffn = m->moe->shared_ffn, .shared_gate = m->moe->shared_gate, .score = (loom_moe_score)m->moe->score,
@@ -88,6 +89,9 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->qkv_bias = m->has_qkv_bias;
   m->has_tied_embeddings = c->untied;
   m->tied_embeddings = !c->untied;
+  m->has_kv_channels = loom_gpt_head_dim(c) * c->heads != c->hidden; /* only where it leaves hidden / heads */
+  m->kv_channels = loom_gpt_head_dim(c);
+  m->has_qk_layernorm = m->qk_layernorm = c->qk_norm;
   if (!loom_gpt_is_moe(c)) return;
   const loom_moe_config *e = &c->moe;
   loom__moe__init(moe_room);

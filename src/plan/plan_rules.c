@@ -91,8 +91,13 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
 
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
-  if (m->hidden % m->heads)
-    violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden", m->hidden, m->heads);
+  if (!m->has_kv_channels && m->hidden % m->heads)
+    violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden, or set "
+              "model.kv_channels (each head's width)", m->hidden, m->heads);
+  const int head_dim = m->has_kv_channels ? m->kv_channels : m->hidden / m->heads;
+  if (m->has_kv_channels && !(m->kv_channels >= 1 && m->kv_channels <= LOOM_ATTN_MAX_HEAD_DIM))
+    violation(r, "model.kv_channels = %d: must be from 1 to %d, the head widths flash attention's kernels take",
+              m->kv_channels, LOOM_ATTN_MAX_HEAD_DIM);
   if (m->heads % tp)
     violation(r, "model.heads = %d: must be divisible by parallel.tp (%d) so each rank holds whole heads; pick a tp that divides heads",
               m->heads, tp);
@@ -109,9 +114,11 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   else if (kv != m->heads && kv % tp && tp % kv) /* multi-head attention: the heads' rule says it */
     violation(r, "model.kv_heads = %d with parallel.tp = %d: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
               "multiple of it (each head replicated over tp / kv_heads ranks); pick such a tp", kv, tp);
-  if (m->position == LOOM__POSITION__POSITION_ROPE && (m->hidden / m->heads) % 2)
-    violation(r, "model.position = POSITION_ROPE: needs an even head size, but hidden %d / heads %d = %d", m->hidden,
-              m->heads, m->hidden / m->heads);
+  if (m->position == LOOM__POSITION__POSITION_ROPE && head_dim % 2)
+    violation(r, "model.position = POSITION_ROPE: needs an even head size, but the heads are %d wide", head_dim);
+  if (m->qk_layernorm && m->norm != LOOM__NORM__NORM_RMSNORM)
+    violation(r, "model.qk_layernorm = true: normalises q and k with RMSNorm, as the model's other norms; set "
+              "model.norm = NORM_RMSNORM (Qwen3's and Megatron-Core's pairing)");
   if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
     violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
               (double)m->rope_theta);

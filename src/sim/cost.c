@@ -290,7 +290,8 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   if (!fused) bytes += 2.0 * probs * e + drop * probs * (2.0 * e + 1.0);
   bytes += loom_mlp_matrices(c->mlp) * T * ffn * e; /* the fc outputs read, the activation written */
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
-  const double ops = 14.0;
+  if (c->qk_norm) bytes += 2.0 * T * (heads + kv) * hd * e; /* QK-norm's read and write of q and k */
+  const double ops = c->qk_norm ? 16.0 : 14.0;
   stream(L, f, bytes);
   stream(L, g, 2.0 * bytes);
   f->compute += ops * L->overhead;

@@ -21,7 +21,7 @@ namespace {
 constexpr int TILE = 32;                      // rows of a tile: one per lane
 constexpr int WARPS = 4;                      // per block
 constexpr int ROWS_PER_WARP = TILE / WARPS;   // the rows (or keys) each warp owns
-constexpr int MAX_HEAD_DIM = 256;             // what fits a block's shared memory
+constexpr int MAX_HEAD_DIM = LOOM_ATTN_MAX_HEAD_DIM; // what fits a block's shared memory
 constexpr unsigned FULL = 0xffffffffu;
 
 // Where things are: qkv rows [t, b] of q (H heads) | k (K) | v (K); out rows [t, b] of H heads; lse [b, h, t].
