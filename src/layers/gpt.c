@@ -719,7 +719,7 @@ void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss) {
 }
 
 void loom_gpt_sum_replicated_grad(const loom_gpt_params *p, const loom_tp *tp, int k, float *g, size_t n) {
-  if (tp && tp->size > 1 && p->meta[k].tp_replicated && (tp->sequence_parallel || p->meta[k].per_head))
+  if (tp && tp->size > 1 && loom_param_tp_summed(&p->meta[k], tp->sequence_parallel))
     loom_comm_allreduce(tp->group, g, n, LOOM_REDUCE_SUM);
 }
 

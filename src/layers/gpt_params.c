@@ -530,7 +530,8 @@ int loom_gpt_params_find(const loom_gpt_params *p, const char *name) {
 /* Which tensors a count takes. */
 typedef bool (*count_filter)(const loom_param_meta *m);
 static bool every_tensor(const loom_param_meta *m) { return true; }
-static bool tp_replicated(const loom_param_meta *m) { return m->tp_replicated; }
+static bool summed_under_sp(const loom_param_meta *m) { return loom_param_tp_summed(m, true); }
+static bool summed_without_sp(const loom_param_meta *m) { return loom_param_tp_summed(m, false); }
 
 static size_t table_count(const loom_gpt_config *c, const loom_stage_range *range, int tp_size, count_filter keep) {
   const int n = loom_gpt_param_table(c, range, 0, tp_size, NULL, NULL);
@@ -597,9 +598,10 @@ size_t loom_gpt_active_param_count(const loom_gpt_config *cfg) {
   return total - loom_gpt_expert_param_count(&whole, NULL) / (size_t)cfg->moe.experts * (size_t)(cfg->moe.experts - cfg->moe.topk);
 }
 
-size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {
+size_t loom_gpt_tp_summed_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size,
+                                      bool sequence_parallel) {
   const loom_stage_range whole = loom_stage_whole(cfg);
-  return uncached_count(cfg, range ? range : &whole, tp_size, tp_replicated);
+  return uncached_count(cfg, range ? range : &whole, tp_size, sequence_parallel ? summed_under_sp : summed_without_sp);
 }
 
 size_t loom_gpt_vocab_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size) {

@@ -246,10 +246,16 @@ size_t loom_gpt_active_param_count(const loom_gpt_config *cfg);
  * experts' on one rank (those of loom_gpt_local_experts, their slices under
  * expert tensor parallelism). */
 size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range);
-/* Of those, the ones every TP rank holds alike (tp_replicated: norms, wpe,
- * row-parallel biases), whose grads sequence parallelism sums over the TP
- * group each step (loom_gpt_sum_replicated_grad). */
-size_t loom_gpt_replicated_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size);
+/* Whether a tensor's grad is summed over the TP group each step
+ * (loom_gpt_sum_replicated_grad): one every TP rank holds alike (norms,
+ * wpe, row-parallel biases) whose grad a rank computes from its positions
+ * alone under sequence parallelism, or from its heads alone (per_head). */
+static inline bool loom_param_tp_summed(const loom_param_meta *m, bool sequence_parallel) {
+  return m->tp_replicated && (sequence_parallel || m->per_head);
+}
+/* Of those, the ones whose grads are so summed (tp > 1). */
+size_t loom_gpt_tp_summed_param_count(const loom_gpt_config *cfg, const loom_stage_range *range, int tp_size,
+                                      bool sequence_parallel);
 /* Whether a tensor is a vocabulary table: the embedding, or an untied LM head. */
 static inline bool loom_param_is_vocab_table(const loom_param_meta *m) {
   return m->role == LOOM_ROLE_WTE || m->role == LOOM_ROLE_LM_HEAD;

@@ -300,9 +300,10 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   /* Attention's and the MLP's exits forward and entries backward (all-reduces, or SP's reduce-scatters); under
    * SP also their entries forward and exits backward (all-gathers), which are identities without it. Each beside
    * its linear's GEMM under --tp-comm-overlap: an exit's the row-parallel linear's (proj, fc2), an entry's the
-   * column-parallel one's (qkv, fc1). */
+   * column-parallel one's (qkv, fc1). A MoE layer without a shared expert has no MLP region: its experts move
+   * their own rows (moe_costs). */
   static const int exits[2] = {3, 5}, entries[2] = {0, 4};
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < (ffn > 0.0 ? 2 : 1); i++) {
     tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER, fw[exits[i]]);
     tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, bw[entries[i]]);
     if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, fw[entries[i]]), tp_exchange(L, g, LOOM_COLL_ALLGATHER, bw[exits[i]]);
@@ -530,17 +531,19 @@ static void dp_costs(const layout *L, loom_sim_costs *c, int q, double layers) {
 
 /* The optimizer step of pipeline rank q (`params`: one tp rank's parameters over its chunks). AdamW streams each
  * local parameter's fp32 state: grad, master weight and two moments read, those three written, and the bf16 copy
- * written in bf16 runs. Under sequence parallelism, before the step, the fp32 grads of the parameters every tp rank
- * holds alike are summed over tp: all of them, or under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
+ * written in bf16 runs. Before the step the fp32 grads each tp rank computes a part of are summed over tp (under
+ * sequence parallelism those of every parameter the ranks hold alike, else QK-norm's, per head): all of them, or
+ * under ZeRO-2/3 the replica's pieces (1/dp of them on the mean). */
 static void optimizer_costs(const layout *L, loom_sim_costs *c, const loom_rank_sheet *s, double params) {
   const int zero = s->zero_stage, q = s->at.pp;
   const double f32 = L->f32, per_param = 7.0 * f32 + (L->e < f32 ? L->e : 0.0);
   const double shard = zero >= 1 ? params / L->dp : params;
   c->optimizer[q] = loom_profile_memory_seconds(L->prof, per_param * shard) + 4.0 * L->overhead;
   c->memory_bytes[q] += per_param * shard;
-  if (!L->sp) return;
   double replicated = 0.0;
-  for (int k = 0; k < s->chunks; k++) replicated += (double)loom_gpt_replicated_param_count(&L->cfg, &s->chunk[k].range, L->tp);
+  for (int k = 0; k < s->chunks && L->tp > 1; k++)
+    replicated += (double)loom_gpt_tp_summed_param_count(&L->cfg, &s->chunk[k].range, L->tp, L->sp);
+  if (replicated == 0.0) return;
   pass sum = {0};
   tp_collective(L, &sum, LOOM_COLL_ALLREDUCE, replicated * f32 / (zero >= 2 ? L->dp : 1));
   c->optimizer[q] += sum.comm;
