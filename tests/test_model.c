@@ -558,6 +558,49 @@ START_TEST(mixtral_counts_as_published) {
 }
 END_TEST
 
+/* Qwen3's counts by hand from the Qwen team's config.json files (heads 128
+ * wide, QK-norm's two [128] weights per layer, untied, vocab 151936):
+ * - Qwen3-8B: per layer q and o 2 x 4096 x 4096, k and v 2 x 4096 x 1024,
+ *   QK-norm 256, two norms 8,192, the MLP 3 x 4096 x 12288: 192,946,432;
+ *   36 layers, the embedding and head 2 x 151936 x 4096 and the final norm:
+ *   8,190,735,360 (Qwen's "8.2B");
+ * - Qwen3-32B: q and o 2 x 5120 x 8192 (64 heads of 128 over hidden
+ *   5120), k and v 2 x 5120 x 1024, QK-norm 256, norms 10,240, the MLP
+ *   3 x 5120 x 25600: 487,598,336 per layer, 64 layers: 32,762,123,264
+ *   ("32.8B");
+ * - Qwen3-30B-A3B: attention 18,874,368 per layer, QK-norm and norms 4,352,
+ *   the router 128 x 2048 and 128 experts of 3 x 2048 x 768: 623,120,640;
+ *   48 layers: 30,532,122,624 ("30.5B"), of which 8 experts a token:
+ *   3,353,032,704 active ("3.3B");
+ * - Qwen3-235B-A22B: 2,487,755,008 per layer (64 heads of 128 over hidden
+ *   4096, 4 kv heads, 128 experts of 1536), 94 layers: 235,093,634,560
+ *   ("235B"), 22,190,763,520 active ("22B").
+ * Megatron's FLOPs scale the attention's terms by heads x kv_channels / hidden. */
+START_TEST(qwen3_counts_as_published) {
+  static const struct {
+    const char *name;
+    uint64_t total, active;
+  } published[] = {{"qwen3-8b", 8190735360u, 8190735360u},
+                   {"qwen3-32b", 32762123264u, 32762123264u},
+                   {"qwen3-30b-a3b", 30532122624u, 3353032704u},
+                   {"qwen3-235b-a22b", 235093634560u, 22190763520u}};
+  for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+    loom_gpt_config c;
+    ck_assert_int_eq(loom_cli_preset(published[i].name, &c), 0);
+    ck_assert_int_eq(loom_gpt_head_dim(&c), 128);
+    ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), published[i].total);
+    ck_assert_uint_eq(loom_gpt_active_param_count(&c), published[i].active);
+  }
+  loom_gpt_config c;
+  ck_assert_int_eq(loom_cli_preset("qwen3-32b", &c), 0);
+  const double L = c.layers, h = c.hidden, f = c.ffn, V = c.vocab, T = 4096, G = loom_gpt_kv_heads(&c), H = c.heads;
+  const double ratio = H * 128.0 / h; /* Megatron's query_projection_to_hidden_size_ratio: 1.6 */
+  const double want = 12.0 * L * h * h * ((1.0 + G / H + T / h / 2.0) * ratio + f / h * 1.5) + 6.0 * V * h;
+  const double got = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
+  ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%g FLOPs per token, want %g", got, want);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
@@ -572,6 +615,7 @@ int main(void) {
   tcase_add_test(tc, llama_names_and_shapes);
   tcase_add_test(tc, flops_follow_megatron);
   tcase_add_test(tc, mixtral_counts_as_published);
+  tcase_add_test(tc, qwen3_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   tcase_add_test(tc, moe_expert_bias_steps_toward_the_mean_load);

@@ -29,12 +29,16 @@
  * Qwen2's with each MLP a Mixture of Experts beside a gated shared expert.
  * A MoE model without a shared expert is Mixtral's, one with it Qwen2-MoE's
  * (whose tensor names are loom's own). */
-enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, FAMILIES };
-static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM",
-                                                    "Qwen2ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"};
-static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe"};
+enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3, QWEN3_MOE, FAMILIES };
+static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel",    "LlamaForCausalLM",    "MistralForCausalLM",
+                                                    "Qwen2ForCausalLM",   "MixtralForCausalLM",  "Qwen2MoeForCausalLM",
+                                                    "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"};
 
-static int moe_family(const loom_gpt_config *c) { return c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
+/* The family whose class writes a model: QK-norm makes it Qwen3's; a MoE
+ * model with a shared expert is Qwen2-MoE's, one without Mixtral's. */
+static int moe_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
+static int dense_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3 : c->qkv_bias ? QWEN2 : LLAMA; }
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -61,6 +65,12 @@ static const char *const QWEN2_MOE_FIELDS[] = {
     "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "qkv_bias", "num_experts",
     "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size", "norm_topk_prob",
     "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef", "output_router_logits", NULL};
+/* Qwen3's is Qwen2's windows; Qwen3-MoE's adds its experts (no shared one). */
+static const char *const QWEN3_FIELDS[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types", NULL};
+static const char *const QWEN3_MOE_FIELDS[] = {
+    "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
+    "output_router_logits", NULL};
 
 const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n) {
   static const char *const LOOM[] = {"mlp.gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
@@ -206,7 +216,7 @@ static loom_status family_of(const config_reader *c, int *family) {
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
                    "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM",
+                   "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -311,17 +321,14 @@ static loom_status no_bias_fields(const config_reader *c, const char *why) {
   return LOOM_OK;
 }
 
-static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
-  cfg->no_bias = true, cfg->qkv_bias = true;
-  bool sliding = false, mrope = false;
+/* The Qwen families' attention windows: one only where use_sliding_window
+ * turns it on (then as Mistral's), of one kind in every layer_types entry. */
+static loom_status read_qwen_windows(const config_reader *c, const loom_gpt_config *cfg) {
+  bool sliding = false;
   int layers = 0;
-  loom_status st = no_bias_fields(c, "is not Qwen2's: its q, k and v projections always have biases and its other "
-                                  "linears never (transformers' Qwen2 reads no such field)");
-  if (st == LOOM_OK) st = bool_field(c, "use_sliding_window", false, &sliding);
+  loom_status st = bool_field(c, "use_sliding_window", false, &sliding);
   if (st == LOOM_OK && sliding) st = read_sliding_window(c, cfg);
   if (st == LOOM_OK) st = int_field(c, "max_window_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &layers);
-  if (st == LOOM_OK) st = bool_field(c, "use_mrope", false, &mrope);
-  if (st == LOOM_OK && mrope) st = bad_field(c, "use_mrope", "must be false: loom computes RoPE over one position axis");
   const loom_json *types = loom_json_get(c->root, "layer_types");
   if (st != LOOM_OK || !types) return st;
   if (types->kind != LOOM_JSON_ARRAY || types->count != (size_t)cfg->layers)
@@ -334,6 +341,34 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
     if (!full && (st = read_sliding_window(c, cfg)) != LOOM_OK) return st;
   }
   return LOOM_OK;
+}
+
+static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
+  cfg->no_bias = true, cfg->qkv_bias = true;
+  bool mrope = false;
+  loom_status st = no_bias_fields(c, "is not Qwen2's: its q, k and v projections always have biases and its other "
+                                  "linears never (transformers' Qwen2 reads no such field)");
+  if (st == LOOM_OK) st = read_qwen_windows(c, cfg);
+  if (st == LOOM_OK) st = bool_field(c, "use_mrope", false, &mrope);
+  if (st == LOOM_OK && mrope) st = bad_field(c, "use_mrope", "must be false: loom computes RoPE over one position axis");
+  return st;
+}
+
+/* Qwen3's: Qwen2's attention without biases, each head's q and k
+ * RMSNorm-ed before RoPE, heads head_dim wide (required: transformers'
+ * default for it differs between its Qwen3 classes), no linear biases
+ * (attention_bias, on q, k, v and o together, must be false). */
+static loom_status read_qwen3(const config_reader *c, loom_gpt_config *cfg) {
+  cfg->no_bias = true, cfg->qk_norm = true;
+  bool attention_bias = false;
+  loom_status st = loom_json_get(c->root, "head_dim") ? LOOM_OK : bad_field(c, "head_dim", "is missing (each head's width)");
+  if (st == LOOM_OK) st = bool_field(c, "attention_bias", false, &attention_bias);
+  if (st == LOOM_OK && attention_bias)
+    st = bad_field(c, "attention_bias", "must be false: loom computes Qwen3's attention without biases on q, k, v and o");
+  if (st == LOOM_OK && loom_json_get(c->root, "mlp_bias"))
+    st = bad_field(c, "mlp_bias", "is not Qwen3's: its MLPs never have biases (transformers' Qwen3 reads no such field)");
+  if (st == LOOM_OK) st = read_qwen_windows(c, cfg);
+  return st;
 }
 
 /* A MoE family's load-balancing loss as transformers trains it: its
@@ -369,25 +404,19 @@ static loom_status read_mixtral(const config_reader *c, loom_gpt_config *cfg) {
   return st;
 }
 
-/* Qwen2-MoE's: Qwen2's attention (biases on q, k and v unless qkv_bias is
- * false), and in every layer a softmax router's top num_experts_per_tok of
- * num_experts experts of moe_intermediate_size, the probabilities
- * renormalised over them with norm_topk_prob (loom's softmax over the chosen
- * logits) or taken as they are (loom's pre-softmax order), beside a shared
- * expert of shared_expert_intermediate_size under its sigmoid gate. Dense
- * layers among them (decoder_sparse_step, mlp_only_layers) are refused. */
-static loom_status read_qwen2_moe(const config_reader *c, loom_gpt_config *cfg) {
+/* The Qwen MoE families' experts: a softmax router's top
+ * num_experts_per_tok (default `topk`) of num_experts experts of
+ * moe_intermediate_size, the probabilities renormalised over them with
+ * norm_topk_prob (loom's softmax over the chosen logits) or taken as they
+ * are (loom's pre-softmax order); the layers without experts; the router's loss. */
+static loom_status read_qwen_experts(const config_reader *c, loom_gpt_config *cfg, int topk) {
   loom_moe_config *e = &cfg->moe;
-  loom_status st = read_qwen2(c, cfg);
-  bool qkv = true, renormalised = false;
-  if (st == LOOM_OK) st = bool_field(c, "qkv_bias", true, &qkv);
-  cfg->qkv_bias = qkv;
-  if (st == LOOM_OK) st = int_field(c, "num_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
-  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 4, &e->topk);
+  bool renormalised = false;
+  loom_status st = int_field(c, "num_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, topk, &e->topk);
   if (st == LOOM_OK) st = int_field(c, "moe_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->ffn);
-  if (st == LOOM_OK) st = int_field(c, "shared_expert_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->shared_ffn);
   if (st == LOOM_OK) st = bool_field(c, "norm_topk_prob", false, &renormalised);
-  e->pre_softmax = !renormalised, e->shared_gate = true;
+  e->pre_softmax = !renormalised;
   /* Layer l is a MoE layer where (l + 1) % decoder_sparse_step == 0 and l is not in mlp_only_layers. */
   int step = 1;
   if (st == LOOM_OK) st = int_field(c, "decoder_sparse_step", 1, LOOM_PLAN_MAX_LAYERS, 1, &step);
@@ -402,6 +431,27 @@ static loom_status read_qwen2_moe(const config_reader *c, loom_gpt_config *cfg) 
     else loom_gpt_set_dense_layer(cfg, (int)l, true);
   }
   if (st == LOOM_OK) st = read_router_fields(c, e);
+  return st;
+}
+
+/* Qwen2-MoE's: Qwen2's attention (biases on q, k and v unless qkv_bias is
+ * false), the Qwen experts (top 4 by default) beside a shared expert of
+ * shared_expert_intermediate_size under its sigmoid gate. */
+static loom_status read_qwen2_moe(const config_reader *c, loom_gpt_config *cfg) {
+  loom_status st = read_qwen2(c, cfg);
+  bool qkv = true;
+  if (st == LOOM_OK) st = bool_field(c, "qkv_bias", true, &qkv);
+  cfg->qkv_bias = qkv;
+  if (st == LOOM_OK) st = read_qwen_experts(c, cfg, 4);
+  if (st == LOOM_OK) st = int_field(c, "shared_expert_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &cfg->moe.shared_ffn);
+  cfg->moe.shared_gate = true;
+  return st;
+}
+
+/* Qwen3-MoE's: Qwen3's attention, and the Qwen experts without a shared one. */
+static loom_status read_qwen3_moe(const config_reader *c, loom_gpt_config *cfg) {
+  loom_status st = read_qwen3(c, cfg);
+  if (st == LOOM_OK) st = read_qwen_experts(c, cfg, 8);
   return st;
 }
 
@@ -424,9 +474,8 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = bool_field(c, "tie_word_embeddings", false, &tied);
   cfg->untied = !tied;
   int head_dim = 0, tp = 1;
-  if (st == LOOM_OK) st = int_field(c, "head_dim", 1, LOOM_PLAN_MAX_HIDDEN, 0, &head_dim);
-  if (st == LOOM_OK && head_dim && head_dim * cfg->heads != cfg->hidden)
-    st = bad_field(c, "head_dim", "must be hidden_size / num_attention_heads (loom's head size)");
+  if (st == LOOM_OK) st = int_field(c, "head_dim", 1, LOOM_ATTN_MAX_HEAD_DIM, 0, &head_dim);
+  cfg->head_dim = head_dim; /* 0 (absent): hidden_size / num_attention_heads, as transformers' Llama */
   if (st == LOOM_OK) st = int_field(c, "pretraining_tp", 1, 1, 1, &tp);
   if (st == LOOM_OK) st = read_rope_scaling(c, &cfg->rope);
   return st;
@@ -458,13 +507,16 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   if (root.kind != LOOM_JSON_OBJECT) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a JSON object", path);
   if (st == LOOM_OK) st = family_of(&c, &family);
   static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS,
-                                                     [MIXTRAL] = MIXTRAL_FIELDS, [QWEN2_MOE] = QWEN2_MOE_FIELDS};
+                                                     [MIXTRAL] = MIXTRAL_FIELDS, [QWEN2_MOE] = QWEN2_MOE_FIELDS,
+                                                     [QWEN3] = QWEN3_FIELDS, [QWEN3_MOE] = QWEN3_MOE_FIELDS};
   if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
   if (st == LOOM_OK && family != GPT2)
     st = family == QWEN2       ? read_qwen2(&c, cfg)
          : family == MIXTRAL   ? read_mixtral(&c, cfg)
          : family == QWEN2_MOE ? read_qwen2_moe(&c, cfg)
+         : family == QWEN3     ? read_qwen3(&c, cfg)
+         : family == QWEN3_MOE ? read_qwen3_moe(&c, cfg)
                                : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
   loom_json_free(&root);
@@ -502,18 +554,40 @@ static const char *not_qwen2_moe(const loom_gpt_config *c) {
   return NULL;
 }
 
+/* Why Qwen3-MoE's class cannot hold a MoE model with QK-norm, or NULL where it can. */
+static const char *not_qwen3_moe(const loom_gpt_config *c) {
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
+      c->qkv_bias)
+    return "its layers are not Qwen3-MoE's (rmsnorm, swiglu experts, rope, no biases)";
+  if (c->moe.shared_ffn > 0) return "it has a shared expert, which Qwen3-MoE has not";
+  if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX) return "its router is not Qwen3-MoE's (a softmax over every expert)";
+  return NULL;
+}
+
+/* Why the dense family's class cannot hold the model, or NULL where it can. */
+static const char *not_dense(const loom_gpt_config *c, int family) {
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE)
+    return "a Hugging Face directory holds GPT-2's architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope "
+           "(LlamaForCausalLM; Qwen2ForCausalLM with --qkv-bias; Qwen3ForCausalLM with --qk-layernorm)";
+  if (family == QWEN3 && c->qkv_bias) return "Qwen3's attention has biases on q, k, v and o together or none, not on q, k and v alone";
+  return NULL;
+}
+
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
-  const char *why = !loom_gpt_is_moe(c) ? NULL : moe_family(c) == MIXTRAL ? not_mixtral(c) : not_qwen2_moe(c);
-  if (why)
-    return loom_fail(err, LOOM_ERR_USAGE, "this Mixture of Experts has no Hugging Face class (%s): %s; save it as a loom "
-                     "checkpoint or a safetensors file", ARCHITECTURES[moe_family(c)], why);
-  if (loom_gpt_config_is_gpt2(c) ||
-      (c->norm == LOOM_NORM_RMSNORM && c->mlp == LOOM_MLP_SWIGLU && c->position == LOOM_POSITION_ROPE))
-    return LOOM_OK;
+  if (loom_gpt_config_is_gpt2(c)) return LOOM_OK;
+  const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
+  const char *why = family == MIXTRAL     ? not_mixtral(c)
+                    : family == QWEN2_MOE ? not_qwen2_moe(c)
+                    : family == QWEN3_MOE ? not_qwen3_moe(c)
+                                          : not_dense(c, family);
+  /* Qwen2's classes size their heads hidden / heads: no config.json field of theirs says another width. */
+  if (!why && (family == QWEN2 || family == QWEN2_MOE) && loom_gpt_attn_width(c) != c->hidden)
+    why = "its heads are not hidden / heads wide, which Qwen2's classes take (--kv-channels: LlamaForCausalLM, or Qwen3's "
+          "with --qk-layernorm)";
+  if (!why) return LOOM_OK;
   char arch[256];
-  return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class: a Hugging Face directory holds GPT-2's "
-                   "architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope (LlamaForCausalLM; Qwen2ForCausalLM with --qkv-bias)",
-                   loom_gpt_config_architecture(c, 1, arch, sizeof arch));
+  return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class (%s): %s; save it as a loom checkpoint or "
+                   "a safetensors file", loom_gpt_config_architecture(c, 1, arch, sizeof arch), ARCHITECTURES[family], why);
 }
 
 /* config.json for the source's model, or an error if no transformers class holds it. */
@@ -542,12 +616,23 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",
              (double)c->rope.factor, (double)c->rope.low_freq_factor, (double)c->rope.high_freq_factor,
              c->rope.original_max_position);
-  /* Qwen2 (biases on q, k and v alone) and the MoE families have no bias fields, Llama its two. */
-  const int family = loom_gpt_is_moe(c) ? moe_family(c) : c->qkv_bias ? QWEN2 : LLAMA;
+  /* Qwen2 (biases on q, k and v alone) and the MoE families have no bias fields, Llama its two, Qwen3 its one. */
+  const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
   char own[768 + 6 * LOOM_GPT_MAX_LAYERS], dense[6 * LOOM_GPT_MAX_LAYERS] = "";
   for (int l = 0, used = 0; l < c->layers; l++) /* Qwen2-MoE's dense layers, by index */
     if (!loom_gpt_layer_is_moe(c, l)) used += snprintf(dense + used, sizeof dense - (size_t)used, "%s%d", used ? ", " : "", l);
-  if (family == QWEN2_MOE)
+  if (family == QWEN3_MOE)
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n  \"use_sliding_window\": false,\n"
+             "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+             "  \"moe_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
+             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n",
+             loom_gpt_head_dim(c), c->layers, c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c),
+             c->moe.pre_softmax ? "false" : "true", dense, (double)c->moe.aux_loss_coeff,
+             c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
+  else if (family == QWEN3)
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n  \"use_sliding_window\": false,\n"
+             "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n", loom_gpt_head_dim(c), c->layers);
+  else if (family == QWEN2_MOE)
     snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n"
              "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
              "  \"shared_expert_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"

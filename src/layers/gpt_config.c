@@ -27,7 +27,8 @@ const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
  * heads of 8 for most (measured with seeds 1, 2, 5 and 1337). */
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
-                                             "mixtral-8x7b", "mixtral-8x22b", "qwen1.5-moe-a2.7b", NULL};
+                                             "mixtral-8x7b", "mixtral-8x22b", "qwen1.5-moe-a2.7b", "qwen3-8b",
+                                             "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -63,6 +64,22 @@ static const loom_gpt_config PRESETS[] = {
      .norm_eps = 1e-6f, .rope = {.theta = 1000000.0f},
      .moe = {.experts = 60, .topk = 4, .ffn = 1408, .shared_ffn = 5632, .shared_gate = true, .pre_softmax = true,
              .aux_loss_coeff = 1e-3f}},
+    /* Qwen3 (the Qwen team's config.json files, Qwen3ForCausalLM and
+     * Qwen3MoeForCausalLM): heads 128 wide whatever hidden / heads is, QK-norm,
+     * no biases, untied, vocab 151936, 40960 positions, rope_theta 1e6,
+     * rms_norm_eps 1e-6. The MoE models' every layer has 128 experts, top 8
+     * renormalised (norm_topk_prob), no shared expert; router_aux_loss_coef
+     * 0.001. */
+#define QWEN3 .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, \
+              .untied = true, .norm_eps = 1e-6f, .head_dim = 128, .qk_norm = true, .vocab = 151936, .seq = 40960, \
+              .rope = {.theta = 1000000.0f}
+    {.layers = 36, .hidden = 4096, .heads = 32, .kv_heads = 8, .ffn = 12288, QWEN3},
+    {.layers = 64, .hidden = 5120, .heads = 64, .kv_heads = 8, .ffn = 25600, QWEN3},
+    {.layers = 48, .hidden = 2048, .heads = 32, .kv_heads = 4, .ffn = 6144, QWEN3,
+     .moe = {.experts = 128, .topk = 8, .ffn = 768, .aux_loss_coeff = 1e-3f}},
+    {.layers = 94, .hidden = 4096, .heads = 64, .kv_heads = 4, .ffn = 12288, QWEN3,
+     .moe = {.experts = 128, .topk = 8, .ffn = 1536, .aux_loss_coeff = 1e-3f}},
+#undef QWEN3
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
