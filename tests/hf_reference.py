@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Hugging Face directories against an independent reference: for GPT-2,
 for the Llama family (grouped-query attention, RMSNorm, SwiGLU, RoPE, an
-untied head) and for Mixtral and Qwen2-MoE (their MLPs Mixtures of Experts), this script takes the config.json loom writes, fills
+untied head) and for Mixtral and Qwen2-MoE (their MLPs Mixtures of Experts), this script takes the config.json loom writes
+(for Qwen3 and Qwen3-MoE, heads of their own width with QK-norm, one it writes itself as the Hub's are), fills
 model.safetensors with its own random weights (large enough that a wrong
 layout, a transposed matrix or RoPE pairing adjacent dimensions instead of
 halves moves the loss by far more than the bound), computes the loss of a
@@ -125,6 +126,9 @@ def llama_weights(c):
             for name, rows in (("q", q), ("k", kv), ("v", kv)):
                 w[p + f"self_attn.{name}_proj.bias"] = weight(rows, scale=0.5)
         w[p + "self_attn.o_proj.weight"] = weight(h, q, scale=0.1)
+        if c["model_type"] in ("qwen3", "qwen3_moe"):  # QK-norm: an RMSNorm weight over each head's width, q's and k's
+            w[p + "self_attn.q_norm.weight"] = norm_weight(d)
+            w[p + "self_attn.k_norm.weight"] = norm_weight(d)
         w[p + "post_attention_layernorm.weight"] = norm_weight(h)
         w[p + "mlp.gate_proj.weight"] = weight(f, h)
         w[p + "mlp.up_proj.weight"] = weight(f, h)
@@ -172,6 +176,9 @@ def llama_loss(c, w, tokens, mlp=None):
         q = linear(a, "self_attn.q_proj").view(n, H, d).transpose(0, 1)
         k = linear(a, "self_attn.k_proj").view(n, K, d).transpose(0, 1)
         v = linear(a, "self_attn.v_proj").view(n, K, d).transpose(0, 1)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3's q_norm and k_norm over each head, before RoPE
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], c["rms_norm_eps"])
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], c["rms_norm_eps"])
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
@@ -261,6 +268,87 @@ def qwen2_moe_loss(c, w, tokens):
     dense = lambda p, m: swiglu(m, w, *(p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")))
     return llama_loss(c, w, tokens, mlp=lambda p, m: (dense if int(p.split(".")[2]) in c["mlp_only_layers"] else
                                                       lambda p, m: moe(p + "mlp.", m))(p, m))
+
+
+def qwen3_moe_weights(c):
+    """Qwen3's attention, each MLP but those of mlp_only_layers Qwen3-MoE's: a router over num_experts experts of
+    moe_intermediate_size (gate_proj, up_proj, down_proj each), no shared expert. The router's weights are large, so no
+    two of a token's scores nearly tie."""
+    dense = set(c["mlp_only_layers"])
+    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k or int(k.split(".")[2]) in dense}
+    h, f, E = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"]
+    for i in (i for i in range(c["num_hidden_layers"]) if i not in dense):
+        p = f"model.layers.{i}.mlp."
+        w[p + "gate.weight"] = weight(E, h, scale=1.0)
+        for e in range(E):
+            w[p + f"experts.{e}.gate_proj.weight"] = weight(f, h)
+            w[p + f"experts.{e}.up_proj.weight"] = weight(f, h)
+            w[p + f"experts.{e}.down_proj.weight"] = weight(h, f, scale=0.1)
+    return w
+
+
+def qwen3_moe_loss(c, w, tokens):
+    """transformers' Qwen3MoeSparseMoeBlock: softmax over every expert, the top k (renormalised with norm_topk_prob),
+    each token's experts' SwiGLU outputs weighted and summed; the layers of mlp_only_layers keep Qwen3's dense MLP."""
+    def mlp(p, m):
+        if int(p.split(".")[2]) in c["mlp_only_layers"]:
+            return swiglu(m, w, *(p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")))
+        expert = lambda x, e: swiglu(x, w, *(p + f"mlp.experts.{e}.{n}_proj.weight" for n in ("gate", "up", "down")))
+        return top_k_mixture(m, w[p + "mlp.gate.weight"], c["num_experts_per_tok"], c["num_experts"], c["norm_topk_prob"],
+                             expert)
+    return llama_loss(c, w, tokens, mlp=mlp)
+
+
+# Qwen3 and Qwen3-MoE config.json files as the Qwen team's are written (their fields, small sizes): heads 24 wide where
+# hidden / heads is 16, so a reader that ignores head_dim fails.
+QWEN3_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 256, "hidden_size": 64,
+                "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "head_dim": 24, "max_position_embeddings": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                "rope_scaling": None, "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
+                "use_sliding_window": False, "sliding_window": None, "max_window_layers": 2, "tie_word_embeddings": False,
+                "torch_dtype": "float32", "bos_token_id": 151643, "eos_token_id": 151645, "initializer_range": 0.02,
+                "use_cache": True, "transformers_version": "4.51.0"}
+QWEN3_MOE_CONFIG = {**QWEN3_CONFIG, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+                    "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                    "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [0], "router_aux_loss_coef": 0.001,
+                    "output_router_logits": False}
+
+
+def check_written(name, config, weights_of, loss_of, layouts):
+    """A directory this script writes whole, config.json included (as the Hub ships one, not as loom's export
+    writes it), evaluates to the reference's loss under each layout; loom's export of it gives every tensor back bit
+    for bit, and a config.json whose every field that transformers reads is the original's."""
+    global failures
+    d = os.path.join(work, name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    w = weights_of(config)
+    write_safetensors(os.path.join(d, "model.safetensors"), w)
+    want = loss_of(config, w, tokens)
+    for ranks, layout in layouts:
+        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
+                  + layout, ranks)
+        got = float(out.split("mean loss ")[1].split()[0])
+        ok = abs(got - want) <= 1e-5 * abs(want)
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    again = os.path.join(work, name + "_again")
+    run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
+    with open(os.path.join(again, "config.json")) as f:
+        back_config = json.load(f)
+    ids = ("bos_token_id", "eos_token_id", "initializer_range", "use_cache", "transformers_version")  # not the model
+    # transformers adds the router's loss only with output_router_logits: the coefficient it trains with is 0 without.
+    router_loss = lambda c: c["router_aux_loss_coef"] if c.get("output_router_logits") else 0.0
+    changed = [k for k in config if k not in ids + ("router_aux_loss_coef",) and back_config.get(k, "absent") != config[k]]
+    if "router_aux_loss_coef" in config and router_loss(back_config) != router_loss(config):
+        changed.append("router_aux_loss_coef")
+    back = read_safetensors(os.path.join(again, "model.safetensors"))
+    same = back.keys() == w.keys() and all(torch.equal(back[k], w[k]) for k in w)
+    failures += not same or bool(changed)
+    print(f"{'ok' if same and not changed else 'FAIL'}: {name}: re-exported, {len(back)} tensors "
+          f"{'the same' if same else 'CHANGED'}, config.json {'the same' if not changed else 'CHANGED: ' + str(changed)}")
 
 
 def gpt2_weights(c):
@@ -494,6 +582,30 @@ for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"),
     failures += not ok
     print(f"{'ok' if ok else 'FAIL'}: a Mixtral config with {field} {value}: exit {res.returncode}, {lines}")
 check_sharded()
+check_written("qwen3", QWEN3_CONFIG, llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
+check_written("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_weights, qwen3_moe_loss,
+              [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
+# A Qwen3 config.json loom cannot compute is refused by name: biases on the attention, no head width, a shared expert.
+for family, field, value in (("qwen3", "attention_bias", True), ("qwen3", "head_dim", None),
+                             ("qwen3_moe", "shared_expert_intermediate_size", 64)):
+    bad = os.path.join(work, family + "_bad")
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(os.path.join(work, family), bad)
+    with open(os.path.join(bad, "config.json")) as f:
+        config = json.load(f)
+    if value is None:
+        del config[field]
+    else:
+        config[field] = value
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump(config, f)
+    res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
+                         capture_output=True, text=True)
+    lines = res.stderr.strip().splitlines()
+    ok = res.returncode == 2 and len(lines) == 1 and f'field "{field}"' in lines[0]
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: a {family} config with {field} {'absent' if value is None else value}: exit "
+          f"{res.returncode}, {lines}")
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])

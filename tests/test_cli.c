@@ -137,7 +137,7 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, got 'gpt-huge'");
+  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, got 'gpt-huge'");
   /* Mixture of Experts: its flags need one, its experts no biases, its rules by flag name. */
   refusal_row(&t, run("train", "--moe-router-topk", "2", NULL), 2,
               "loom train: --moe-router-topk configures a Mixture of Experts, but this model is dense; add --num-experts");
@@ -246,7 +246,20 @@ START_TEST(bad_flags) {
               "loom train: --overlap-grad-reduce and --no-overlap-grad-reduce contradict; give one");
   refusal_row(&t, run("train", "--data-order", "random", NULL), 2, "loom train: --data-order must be one of sequential, shuffled, got 'random'");
   refusal_row(&t, run("train", "--hidden", "100", "--heads", "3", NULL), 2,
-              "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden");
+              "loom train: --hidden 100: must be divisible by --heads (3); pick heads that divide hidden, or set --kv-channels (each head's width)");
+  /* Qwen3's attention pieces, each refused where it cannot run. */
+  refusal_row(&t, run("train", "--kv-channels", "300", NULL), 2, "loom train: --kv-channels must be in [1, 256], got 300");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--kv-channels", "15", NULL), 2,
+              "loom train: --position POSITION_ROPE: needs an even head size, but the heads are 15 wide");
+  refusal_row(&t, run("train", "--qk-layernorm", NULL), 2,
+              "loom train: --qk-layernorm true: normalises q and k with RMSNorm, as the model's other norms; set --norm "
+              "NORM_RMSNORM (Qwen3's and Megatron-Core's pairing)");
+  refusal_row(&t, run("ckpt", "export", "--model", "llama-tiny", "--kv-channels", "24", "--qkv-bias", "--format", "hf", "-o",
+                      tu_tmp_path("qwen2_hf"), NULL), 2,
+              "loom: -o: this model (grouped-query attention, 2 kv heads, heads of 24, rmsnorm, swiglu, rope theta 10000, biases "
+              "on q, k and v only, untied head) has no Hugging Face class (Qwen2ForCausalLM): its heads are not hidden / heads "
+              "wide, which Qwen2's classes take (--kv-channels: LlamaForCausalLM, or Qwen3's with --qk-layernorm); save it as a "
+              "loom checkpoint or a safetensors file");
   refusal_row(&t, run("train", "--micro-batch", "4", "--global-batch", "10", NULL), 2,
               "loom train: --global-batch 10: must be a positive multiple of --micro-batch x --dp (4); round it to a multiple");
   refusal_row(&t, run("train", "--data", "x.bin", "--synthetic", "addition", NULL), 2, "loom train: give --data or --synthetic, not both");

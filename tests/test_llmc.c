@@ -100,7 +100,7 @@ START_TEST(malformed_files_are_refused) {
   expect_load_error("version.bin", bad, n, "unsupported model version 5 (expected 3: fp32 with padded vocab)");
   memcpy(bad, good, n);
   h[5] = 5; /* 16 hidden is not divisible by 5 heads */
-  expect_load_error("heads.bin", bad, n, "bad model header: model.hidden = 16: must be divisible by model.heads (5); pick heads that divide hidden");
+  expect_load_error("heads.bin", bad, n, "bad model header: model.hidden = 16: must be divisible by model.heads (5); pick heads that divide hidden, or set model.kv_channels (each head's width)");
   memcpy(bad, good, n);
   h[3] = 2147483647; /* rounding it up to the padded vocab would overflow */
   expect_load_error("vocab.bin", bad, n, "bad model header: model.vocab = 2147483647: must be 2 to 16777216");

@@ -305,8 +305,24 @@ START_TEST(each_rule_has_its_message) {
   p->model->has_kv_heads = 0;
   p->model->position = LOOM__POSITION__POSITION_ROPE;
   p->model->hidden = 60; /* head size 15 */
-  expect_rule(p, "model.position = POSITION_ROPE: needs an even head size, but hidden 60 / heads 4 = 15");
+  expect_rule(p, "model.position = POSITION_ROPE: needs an even head size, but the heads are 15 wide");
+  /* An explicit head width (--kv-channels): hidden need not divide by heads then, and it is the one RoPE turns. */
+  p->model->has_kv_channels = 1, p->model->kv_channels = 24;
+  char fine[4096];
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, fine, sizeof fine) == 0, "%s", fine);
+  p->model->kv_channels = 25;
+  expect_rule(p, "model.position = POSITION_ROPE: needs an even head size, but the heads are 25 wide");
+  p->model->kv_channels = 258;
+  expect_rule(p, "model.kv_channels = 258: must be from 1 to 256, the head widths flash attention's kernels take");
+  p->model->has_kv_channels = 0, p->model->kv_channels = 0;
   p->model->hidden = 64;
+  /* QK-norm is RMSNorm, as the model's norms must be. */
+  p->model->has_qk_layernorm = p->model->qk_layernorm = 1;
+  expect_rule(p, "model.qk_layernorm = true: normalises q and k with RMSNorm, as the model's other norms; set model.norm = NORM_RMSNORM");
+  p->model->has_norm = 1, p->model->norm = LOOM__NORM__NORM_RMSNORM;
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, fine, sizeof fine) == 0, "%s", fine);
+  p->model->has_qk_layernorm = p->model->qk_layernorm = 0;
+  p->model->has_norm = 0, p->model->norm = LOOM__NORM__NORM_LAYERNORM;
   p->model->rope_theta = 1.0f;
   expect_rule(p, "model.rope_theta = 1: must be a finite number above 1");
   p->model->rope_theta = NAN;

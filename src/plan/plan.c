@@ -89,8 +89,8 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->qkv_bias = m->has_qkv_bias;
   m->has_tied_embeddings = c->untied;
   m->tied_embeddings = !c->untied;
-  m->has_kv_channels = loom_gpt_head_dim(c) * c->heads != c->hidden; /* only where it leaves hidden / heads */
-  m->kv_channels = loom_gpt_head_dim(c);
+  m->has_kv_channels = c->head_dim > 0; /* only where it leaves hidden / heads (loom_gpt_config_finish) */
+  m->kv_channels = c->head_dim;
   m->has_qk_layernorm = m->qk_layernorm = c->qk_norm;
   if (!loom_gpt_is_moe(c)) return;
   const loom_moe_config *e = &c->moe;
