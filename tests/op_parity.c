@@ -457,6 +457,52 @@ static void attention_blocks(const op_backend *b, op_report *r) {
   attention_blocks_at(b, r, 0.3f, 4, 1);
 }
 
+/* Attention sinks over a whole attention (learnable logits, and NULL:
+ * Megatron's off-by-one), then the attention's backward through them;
+ * and over a ring block whose rows 0 and 3 see none of its keys (their
+ * lse -inf: the sink's logit alone, the output 0). */
+static void attention_sinks_at(const op_backend *b, op_report *r, bool learnable) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const loom_attn_shape s = {.T = 17, .B = 2, .heads = 6, .kv_heads = 2, .head_dim = 8, .head_offset = 1, .total_heads = 12};
+  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
+               lses = (size_t)s.B * s.heads * s.T;
+  mirror qkv = make(b, rows * w3, -1, 1), out = make(b, rows * width, 0, 0), lse = make(b, lses, 0, 0);
+  mirror sinks = make(b, (size_t)s.heads, -2, 2), dsinks = make(b, (size_t)s.heads, -1, 1);
+  ref->attention_forward(ref, out.host, lse.host, qkv.host, &s, NULL);
+  op->attention_forward(op, out.dev, lse.dev, qkv.dev, &s, NULL);
+  ref->attention_sink_forward(ref, out.host, lse.host, learnable ? sinks.host : NULL, &s);
+  op->attention_sink_forward(op, out.dev, lse.dev, learnable ? sinks.dev : NULL, &s);
+  expect(r, learnable ? "attention_sink_forward out" : "attention_sink_forward out (off by one)", &out, b->fp32_nmse);
+  expect(r, learnable ? "attention_sink_forward log-sum-exps" : "attention_sink_forward log-sum-exps (off by one)", &lse,
+         b->fp32_nmse);
+  mirror dout = make(b, rows * width, -1, 1), dqkv = make(b, rows * w3, -1, 1);
+  ref->attention_sink_backward(ref, dsinks.host, dout.host, out.host, lse.host, learnable ? sinks.host : NULL, &s);
+  op->attention_sink_backward(op, dsinks.dev, dout.dev, out.dev, lse.dev, learnable ? sinks.dev : NULL, &s);
+  expect(r, "attention_sink_backward dsinks", &dsinks, b->fp32_nmse);
+  ref->attention_backward(ref, dqkv.host, dout.host, out.host, qkv.host, lse.host, &s, NULL);
+  op->attention_backward(op, dqkv.dev, dout.dev, out.dev, qkv.dev, lse.dev, &s, NULL);
+  expect(r, "attention_backward dqkv after sinks", &dqkv, b->fp32_nmse);
+  enum { TQ = 6, TK = 4 };
+  const int q_pos[TQ] = {4, 8, 9, 5, 12, 13}, k_pos[TK] = {6, 7, 8, 9};
+  mirror q = make(b, (size_t)TQ * s.B * w3, -1, 1), kv = make(b, (size_t)TK * s.B * 2 * s.kv_heads * s.head_dim, -1, 1);
+  mirror bout = make(b, (size_t)TQ * s.B * width, 0, 0), blse = make(b, (size_t)s.B * s.heads * TQ, 0, 0);
+  loom_attn_shape block = s;
+  block.T = TQ;
+  ref->attention_block_forward(ref, bout.host, blse.host, q.host, kv.host, TQ, TK, q_pos, k_pos, &s, NULL, true);
+  op->attention_block_forward(op, bout.dev, blse.dev, q.dev, kv.dev, TQ, TK, q_pos, k_pos, &s, NULL, true);
+  ref->attention_sink_forward(ref, bout.host, blse.host, learnable ? sinks.host : NULL, &block);
+  op->attention_sink_forward(op, bout.dev, blse.dev, learnable ? sinks.dev : NULL, &block);
+  expect(r, "attention_sink_forward out (rows that see no key)", &bout, b->fp32_nmse);
+  expect(r, "attention_sink_forward log-sum-exps (rows that see no key)", &blse, b->fp32_nmse);
+  mirror *all[] = {&qkv, &out, &lse, &sinks, &dsinks, &dout, &dqkv, &q, &kv, &bout, &blse};
+  drop_all(all, sizeof all / sizeof *all);
+}
+
+static void attention_sinks(const op_backend *b, op_report *r) {
+  attention_sinks_at(b, r, true);
+  attention_sinks_at(b, r, false);
+}
+
 static void embedding(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   enum { T = 7, B = 3, C = 19, N = T * B };
@@ -738,6 +784,7 @@ const op_case OP_CASES[] = {
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention blocks", attention_blocks, {AT(attention_block_forward), AT(attention_block_backward)}, 2},
+    {"attention sinks", attention_sinks, {AT(attention_sink_forward), AT(attention_sink_backward)}, 2},
     {"embedding and positions", embedding,
      {AT(embedding_forward), AT(embedding_backward), AT(position_forward), AT(position_backward), AT(embedding_forward_bf16)}, 5},
     {"vocab-parallel loss pieces", loss,

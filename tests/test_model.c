@@ -1,8 +1,9 @@
 /* The whole model, in each family (the loop index: GPT-2; Llama's RMSNorm,
  * SwiGLU, RoPE, grouped-query attention without biases and an untied head;
  * a mix of the switches: LayerNorm with biases, SwiGLU, learned
- * positions, multi-query attention, untied; Llama's MoE; Qwen3's heads of
- * their own width with QK-norm): every parameter's gradient
+ * positions, multi-query attention, untied, the off-by-one softmax;
+ * Llama's MoE; Qwen3's heads of their own width with QK-norm; GPT-OSS's
+ * attention sinks): every parameter's gradient
  * against central finite differences (with and without dropout), the CPU
  * backend against the reference backend end to end, the loss at init, and
  * overfitting one batch.
@@ -25,7 +26,7 @@
 #include "cli/names.h"
 #include "test_util.h"
 
-enum { GPT2, LLAMA, MIXED, MOE, QWEN3, FAMILIES };
+enum { GPT2, LLAMA, MIXED, MOE, QWEN3, OSS, FAMILIES };
 
 /* Sets the architecture switches of a family on c (its sizes stay). */
 static void as_family(loom_gpt_config *c, int family) {
@@ -34,8 +35,8 @@ static void as_family(loom_gpt_config *c, int family) {
     c->norm = LOOM_NORM_RMSNORM, c->mlp = LOOM_MLP_SWIGLU, c->position = LOOM_POSITION_ROPE;
     c->rope.theta = 100.0f; /* turns quickly enough to matter over a few positions */
     c->no_bias = c->untied = true;
-  } else if (family == MIXED) {
-    c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true;
+  } else if (family == MIXED) { /* with Megatron's off-by-one softmax: a logit 0 in every row's denominator */
+    c->kv_heads = 1, c->ffn = 12, c->mlp = LOOM_MLP_SWIGLU, c->untied = true, c->softmax = LOOM_SOFTMAX_OFF_BY_ONE;
   } else if (family == MOE) { /* Llama's, its MLPs 4 experts (top 2) and a gated shared expert, both router losses on,
                                 * but for the first layer's, which stays dense (--moe-layer-freq ([0]+[1]*(L-1))) */
     as_family(c, LLAMA);
@@ -45,6 +46,9 @@ static void as_family(loom_gpt_config *c, int family) {
   } else if (family == QWEN3) { /* Llama's, its heads 6 wide whatever hidden / heads is (--kv-channels), QK-norm on */
     as_family(c, LLAMA);
     c->head_dim = 6, c->qk_norm = true;
+  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width and learned sinks */
+    as_family(c, LLAMA);
+    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE;
   }
   loom_gpt_config_finish(c);
 }

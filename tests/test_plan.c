@@ -313,7 +313,7 @@ START_TEST(each_rule_has_its_message) {
   p->model->kv_channels = 25;
   expect_rule(p, "model.position = POSITION_ROPE: needs an even head size, but the heads are 25 wide");
   p->model->kv_channels = 258;
-  expect_rule(p, "model.kv_channels = 258: must be from 1 to 256, the head widths flash attention's kernels take");
+  expect_rule(p, "model.kv_channels = 258: must be 1 to 256");
   p->model->has_kv_channels = 0, p->model->kv_channels = 0;
   p->model->hidden = 64;
   /* QK-norm is RMSNorm, as the model's norms must be. */

@@ -11,7 +11,8 @@
  * DeepSeek-V3's expert bias, which each step moves by every rank's loads,
  * and Qwen2-MoE's gate on the shared expert), qwen3 (llama's with heads 4
  * wide, twice hidden / heads, and QK-norm) or qwen3_moe (qwen3's attention,
- * moe's experts without the shared one)): for every
+ * moe's experts without the shared one) or oss (llama's with heads 4
+ * wide and GPT-OSS's learned attention sinks)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -56,6 +57,8 @@ static loom_gpt_config tiny(void) {
   }
   if (strncmp(g_model, "qwen3", 5) == 0) /* Qwen3's attention: heads 4 wide (hidden / heads is 2), QK-norm */
     c.head_dim = 4, c.qk_norm = true;
+  if (strncmp(g_model, "oss", 3) == 0) /* GPT-OSS's attention: heads 4 wide, learned sinks */
+    c.head_dim = 4, c.softmax = LOOM_SOFTMAX_LEARNABLE;
   if (is_moe()) { /* the llama model's MLPs 4 experts (top 2) beside a shared expert, but layers 0, 1 and 5 dense
                    * (interleaved chunks of two layers: the first chunk is dense alone) */
     c.moe = (loom_moe_config){.experts = 4, .topk = 2, .ffn = 16, .shared_ffn = 8, .aux_loss_coeff = 1e-2f,

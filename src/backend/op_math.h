@@ -45,6 +45,14 @@ LOOM_HD double loom_rope_frequency(int i, int D, loom_rope r) {
  * formed in double so every backend turns by the same cos and sin. */
 LOOM_HD double loom_rope_angle(int pos, int i, int D, loom_rope r) { return (double)pos * loom_rope_frequency(i, D, r); }
 
+/* Attention sinks: a row's log-sum-exp with the sink's logit joined (a row
+ * that saw no key, lse -inf, has the sink's alone), formed stably. */
+LOOM_HD float loom_sink_joined_lse(float lse, float sink) {
+  if (lse == -INFINITY) return sink;
+  const float hi = lse > sink ? lse : sink, lo = lse > sink ? sink : lse;
+  return hi + log1pf(expf(lo - hi));
+}
+
 /* 1 if dropout element `index` survives. */
 LOOM_HD int loom_dropout_keep_at(float p, uint64_t seed, uint64_t stream, uint64_t index) {
   return loom_rng_uniform_at(seed, stream, index) >= p;

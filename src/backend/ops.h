@@ -181,6 +181,21 @@ struct loom_ops {
                                    const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos,
                                    const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
 
+  /* Attention sinks (GPT-OSS's; Megatron-Core's learnable softmax offset):
+   * each local head h's logit sinks[h] joins every row's softmax
+   * denominator and takes no value. Applied after an attention's every
+   * block (once, however many a ring merged), in place on its out[T,B,H*D]
+   * and lse[B,H,T]: lse' = log(exp(lse) + exp(sink)) and out *= exp(lse -
+   * lse'), so the backward above, given out' and lse', computes the
+   * attention's grads with the sink in every row (its sum_k p dp is dout .
+   * out' still: the sink adds no value). sinks NULL: logit 0 for every
+   * head (Megatron's off-by-one softmax). */
+  void (*attention_sink_forward)(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s);
+  /* dsinks[h] += the sinks' grads: minus the sum over head h's rows of
+   * exp(sinks[h] - lse') (dout . out'), from the forward's out' and lse'. */
+  void (*attention_sink_backward)(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
+                                  const float *sinks, const loom_attn_shape *s);
+
   /* out[T,B,C] = wte[tokens[t,b] - vocab_start] for tokens this call owns
    * (vocab_start <= token < vocab_start + rows), 0 for the rest: under
    * tensor parallelism each rank holds one vocab range. */
@@ -326,6 +341,10 @@ void loom_host_log_shifted(const loom_ops *be, float *x, const float *shift, siz
 /* sumsq_batch by the backend's own sumsq, one array at a time (host backends). */
 void loom_host_sumsq_batch(const loom_ops *be, const float *const *x, const size_t *n, int count, double *out);
 void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
+/* attention_sink_forward and _backward on host memory (the reference and CPU backends'). */
+void loom_host_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s);
+void loom_host_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
+                                       const float *sinks, const loom_attn_shape *s);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
 /* Column of the first largest of z[0..V), -1 when V == 0. */

@@ -63,3 +63,35 @@ void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r) {
     for (int k = 0; k < n; k++) x[(size_t)k * r + j] = (float)(x[(size_t)k * r + j] * scale);
   }
 }
+
+/* Row (b, h, t) of out[T,B,H*D] and lse[B,H,T]. */
+static float *sink_out_row(float *out, const loom_attn_shape *s, int b, int h, int t) {
+  return out + ((size_t)t * s->B + b) * (size_t)s->heads * s->head_dim + (size_t)h * s->head_dim;
+}
+
+void loom_host_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s) {
+  for (int b = 0; b < s->B; b++)
+    for (int h = 0; h < s->heads; h++)
+      for (int t = 0; t < s->T; t++) {
+        float *l = lse + ((size_t)b * s->heads + h) * s->T + t, *o = sink_out_row(out, s, b, h, t);
+        const float joined = loom_sink_joined_lse(*l, sinks ? sinks[h] : 0.0f);
+        const float scale = *l == -INFINITY ? 0.0f : expf(*l - joined);
+        for (int d = 0; d < s->head_dim; d++) o[d] *= scale;
+        *l = joined;
+      }
+}
+
+void loom_host_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
+                                       const float *sinks, const loom_attn_shape *s) {
+  for (int h = 0; h < s->heads; h++) {
+    double grad = 0.0;
+    for (int b = 0; b < s->B; b++)
+      for (int t = 0; t < s->T; t++) {
+        const float *dy = sink_out_row((float *)dout, s, b, h, t), *o = sink_out_row((float *)out, s, b, h, t);
+        double dot = 0.0;
+        for (int d = 0; d < s->head_dim; d++) dot += (double)dy[d] * o[d];
+        grad -= exp((double)(sinks ? sinks[h] : 0.0f) - lse[((size_t)b * s->heads + h) * s->T + t]) * dot;
+      }
+    dsinks[h] += (float)grad;
+  }
+}

@@ -576,7 +576,9 @@ static const char *not_dense(const loom_gpt_config *c, int family) {
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
   if (loom_gpt_config_is_gpt2(c)) return LOOM_OK;
   const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
-  const char *why = family == MIXTRAL     ? not_mixtral(c)
+  const char *why = c->softmax != LOOM_SOFTMAX_VANILLA ? "its attention's softmax has a sink (--softmax-type), which no "
+                                                         "config.json field of this class says"
+                    : family == MIXTRAL     ? not_mixtral(c)
                     : family == QWEN2_MOE ? not_qwen2_moe(c)
                     : family == QWEN3_MOE ? not_qwen3_moe(c)
                                           : not_dense(c, family);

@@ -22,6 +22,9 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
        LOOM_ATTN_MAX_HEAD_DIM, NULL, false, "model.kv_channels"},
       {"--qk-layernorm", FLAG_BOOL, &mf->qk_layernorm, "RMSNorm over each head's q and k before RoPE (Qwen3)", LOOM_NO_RANGE,
        NULL, false, "model.qk_layernorm"},
+      {"--softmax-type", FLAG_STRING, &mf->softmax_type,
+       "the attention's softmax: learnable gives each head a logit in every row's denominator (GPT-OSS's attention sinks)",
+       LOOM_NO_RANGE, LOOM_SOFTMAX_NAMES, false, "model.softmax_type"},
       {"--norm", FLAG_STRING, &mf->norm, "the blocks' and final norm", LOOM_NO_RANGE, LOOM_NORM_NAMES, false, "model.norm"},
       {"--mlp", FLAG_STRING, &mf->mlp, "the MLP's activation (swiglu: gated, gate and up each --ffn wide)", LOOM_NO_RANGE,
        LOOM_MLP_NAMES, false, "model.mlp"},
@@ -124,7 +127,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
-                                      "--kv-channels", "--qk-layernorm", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--kv-channels", "--qk-layernorm", "--softmax-type", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
@@ -174,6 +177,8 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (flag_set(table, "--qkv-bias")) cfg->qkv_bias = mf->qkv_bias;
   if (flag_set(table, "--untied")) cfg->untied = mf->untied;
   if (flag_set(table, "--qk-layernorm")) cfg->qk_norm = mf->qk_layernorm;
+  if (flag_set(table, "--softmax-type"))
+    cfg->softmax = (loom_softmax_kind)loom_flag_choice_index(LOOM_SOFTMAX_NAMES, mf->softmax_type);
   loom_status st = resolve_moe(cmd, mf, table, cfg, err);
   if (st != LOOM_OK) return st;
   cfg->dropout = mf->dropout;

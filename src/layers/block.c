@@ -193,6 +193,8 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   rope(shape, tp, ops, a->qkv, false);
   to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
   attention_forward(a, s, &as, &d_probs, ops);
+  if (shape->softmax != LOOM_SOFTMAX_VANILLA) /* once, after every block of a ring */
+    ops->attention_sink_forward(ops, a->atty, a->att_lse, shape->softmax == LOOM_SOFTMAX_LEARNABLE ? w->v->sinks : NULL, &as);
   to_bf16_values(shape, ops, a->atty, (size_t)N * width);
   pack(ops, a->atty_bits, a->atty, (size_t)N * width);
   loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, w->v->attn_proj_b,
@@ -331,6 +333,8 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
                              loom_bf16_kept(a->atty, a->atty_bits), w->attn_proj, N, n, width, h);
   to_bf16_values(shape, ops, s->d_atty, (size_t)N * width);
   loom_mem_zero(ops->mem, ws->d_qkv, (size_t)N * qkv);
+  if (shape->softmax == LOOM_SOFTMAX_LEARNABLE) /* the attention's own backward needs nothing else: out and lse hold the sinks */
+    ops->attention_sink_backward(ops, g->sinks, s->d_atty, a->atty, a->att_lse, w->v->sinks, &as);
   attention_backward(ws->d_qkv, a, s, &as, &d_probs, ops);
   if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
     to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);

@@ -9,6 +9,7 @@ const char *const LOOM_NORM_NAMES[] = {"layernorm", "rmsnorm", NULL};
 const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
 const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
 const char *const LOOM_MOE_SCORE_NAMES[] = {"softmax", "sigmoid", NULL};
+const char *const LOOM_SOFTMAX_NAMES[] = {"vanilla", "off-by-one", "learnable", NULL};
 const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
 
 /* The Llama family's settings; the sizes are Meta's published configs
@@ -122,12 +123,12 @@ loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int 
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
          !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c) && loom_gpt_attn_width(c) == c->hidden &&
-         !c->qk_norm;
+         !c->qk_norm && c->softmax == LOOM_SOFTMAX_VANILLA;
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
-         loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm &&
+         loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm && a->softmax == b->softmax &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
@@ -163,6 +164,7 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
   if (loom_gpt_attn_width(c) != c->hidden && used < n)
     snprintf(buf + used, n - used, ", head dim %d", loom_gpt_head_dim(c)), used = strlen(buf);
   if (c->qk_norm && used < n) snprintf(buf + used, n - used, ", qk norm"), used = strlen(buf);
+  if (c->softmax && used < n) snprintf(buf + used, n - used, ", softmax %s", LOOM_SOFTMAX_NAMES[c->softmax % 3]), used = strlen(buf);
   if (loom_gpt_is_moe(c) && used < n)
     snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
              c->moe.shared_ffn ? ", shared" : "");
@@ -185,6 +187,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   }
   if (loom_gpt_attn_width(c) != c->hidden) PUT("%sheads of %d", used ? ", " : "", loom_gpt_head_dim(c));
   if (c->qk_norm) PUT("%sqk-layernorm", used ? ", " : "");
+  if (c->softmax == LOOM_SOFTMAX_LEARNABLE) PUT("%sattention sinks", used ? ", " : "");
+  if (c->softmax == LOOM_SOFTMAX_OFF_BY_ONE) PUT("%soff-by-one softmax", used ? ", " : "");
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);

@@ -33,12 +33,16 @@ static inline int loom_mlp_fc_factor(loom_mlp_kind mlp) { return mlp == LOOM_MLP
 static inline int loom_mlp_matrices(loom_mlp_kind mlp) { return loom_mlp_fc_factor(mlp) + 1; }
 typedef enum { LOOM_POSITION_LEARNED = 0, LOOM_POSITION_ROPE = 1 } loom_position_kind;
 typedef enum { LOOM_MOE_SCORE_SOFTMAX = 0, LOOM_MOE_SCORE_SIGMOID = 1 } loom_moe_score;
+/* The attention's softmax: plain; a logit 0 in every row's denominator; each head's learned logit there (attention
+ * sinks, ops.h's attention_sink_forward). */
+typedef enum { LOOM_SOFTMAX_VANILLA = 0, LOOM_SOFTMAX_OFF_BY_ONE = 1, LOOM_SOFTMAX_LEARNABLE = 2 } loom_softmax_kind;
 
 /* Their names, indexed by value and NULL-terminated (flags, messages). */
 extern const char *const LOOM_NORM_NAMES[];
 extern const char *const LOOM_MLP_NAMES[];
 extern const char *const LOOM_POSITION_NAMES[];
 extern const char *const LOOM_MOE_SCORE_NAMES[];
+extern const char *const LOOM_SOFTMAX_NAMES[];
 extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
 
 /* A Mixture-of-Experts model's MLPs, with Megatron-Core's settings (its
@@ -104,6 +108,7 @@ typedef struct {
   bool qkv_bias;    /* with no_bias: q, k and v keep their biases (Qwen2; Megatron's --add-qkv-bias) */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool qk_norm;     /* RMSNorm over each head's q and k before RoPE, weights [head_dim] each (--qk-layernorm; Qwen3) */
+  loom_softmax_kind softmax; /* --softmax-type: learnable is GPT-OSS's attention sinks, a [heads] logit per layer */
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Where the sequence is, not what the model is: split over a context-

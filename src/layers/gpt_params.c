@@ -179,6 +179,11 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
     add(t, LOOM_ROLE_Q_NORM_W, named(&n, "model.layers.", i, "self_attn.q_norm.weight"), 1, D, 0, HEAD_NORM_W);
     add(t, LOOM_ROLE_K_NORM_W, named(&n, "model.layers.", i, "self_attn.k_norm.weight"), 1, D, 0, HEAD_NORM_W);
   }
+  if (c->softmax == LOOM_SOFTMAX_LEARNABLE) { /* GPT-OSS's name; split with the heads, undecayed as a 1-D parameter */
+    loom_param_meta sinks = weight(0.02f, 0, 1);
+    sinks.weight_decay = false;
+    add(t, LOOM_ROLE_SINKS, named(&n, "model.layers.", i, "self_attn.sinks"), 1, c->heads, 0, sinks);
+  }
   add_norm(t, c, LOOM_ROLE_LN_2_W, named(&n, "model.layers.", i, "post_attention_layernorm.weight"),
            named(&m, "model.layers.", i, "post_attention_layernorm.bias"));
   if (loom_gpt_layer_is_moe(c, i)) {

@@ -24,6 +24,10 @@ _Static_assert(LOOM_MLP_GELU == (int)LOOM__MLP__MLP_GELU && LOOM_MLP_SWIGLU == (
 _Static_assert(LOOM_MOE_SCORE_SOFTMAX == (int)LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX &&
                    LOOM_MOE_SCORE_SIGMOID == (int)LOOM__MOE_SCORE__MOE_SCORE_SIGMOID,
                "loom_moe_score follows loom.proto's MoeScore");
+_Static_assert(LOOM_SOFTMAX_VANILLA == (int)LOOM__SOFTMAX_TYPE__SOFTMAX_VANILLA &&
+                   LOOM_SOFTMAX_OFF_BY_ONE == (int)LOOM__SOFTMAX_TYPE__SOFTMAX_OFF_BY_ONE &&
+                   LOOM_SOFTMAX_LEARNABLE == (int)LOOM__SOFTMAX_TYPE__SOFTMAX_LEARNABLE,
+               "loom_softmax_kind follows loom.proto's SoftmaxType");
 _Static_assert(LOOM_POSITION_LEARNED == (int)LOOM__POSITION__POSITION_LEARNED &&
                    LOOM_POSITION_ROPE == (int)LOOM__POSITION__POSITION_ROPE,
                "loom_position_kind follows loom.proto's Position");
@@ -35,7 +39,7 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
                            .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias,
                            .untied = !m->tied_embeddings, .head_dim = m->has_kv_channels ? m->kv_channels : 0,
-                           .qk_norm = m->qk_layernorm};
+                           .qk_norm = m->qk_layernorm, .softmax = (loom_softmax_kind)m->softmax_type};
   if (m->moe)
     cfg->moe = (loom_moe_config){.experts = m->moe->experts, .topk = m->moe->topk, .ffn = m->moe->ffn,
                                  .shared_ffn = m->moe->shared_ffn, .shared_gate = m->moe->shared_gate, .score = (loom_moe_score)m->moe->score,
@@ -92,6 +96,8 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_kv_channels = c->head_dim > 0; /* only where it leaves hidden / heads (loom_gpt_config_finish) */
   m->kv_channels = c->head_dim;
   m->has_qk_layernorm = m->qk_layernorm = c->qk_norm;
+  m->has_softmax_type = c->softmax != LOOM_SOFTMAX_VANILLA;
+  m->softmax_type = (Loom__SoftmaxType)c->softmax;
   if (!loom_gpt_is_moe(c)) return;
   const loom_moe_config *e = &c->moe;
   loom__moe__init(moe_room);

@@ -95,9 +95,6 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
     violation(r, "model.hidden = %d: must be divisible by model.heads (%d); pick heads that divide hidden, or set "
               "model.kv_channels (each head's width)", m->hidden, m->heads);
   const int head_dim = m->has_kv_channels ? m->kv_channels : m->hidden / m->heads;
-  if (m->has_kv_channels && !(m->kv_channels >= 1 && m->kv_channels <= LOOM_ATTN_MAX_HEAD_DIM))
-    violation(r, "model.kv_channels = %d: must be from 1 to %d, the head widths flash attention's kernels take",
-              m->kv_channels, LOOM_ATTN_MAX_HEAD_DIM);
   if (m->heads % tp)
     violation(r, "model.heads = %d: must be divisible by parallel.tp (%d) so each rank holds whole heads; pick a tp that divides heads",
               m->heads, tp);
@@ -435,6 +432,9 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     check_size(r, "model.norm", (int)m->norm, 0, LOOM__NORM__NORM_RMSNORM);
     check_size(r, "model.mlp", (int)m->mlp, 0, LOOM__MLP__MLP_SWIGLU);
     check_size(r, "model.position", (int)m->position, 0, LOOM__POSITION__POSITION_ROPE);
+    /* A head's width: the widths every backend's attention takes (LOOM_ATTN_MAX_HEAD_DIM: flash attention's). */
+    if (m->has_kv_channels) check_size(r, "model.kv_channels", m->kv_channels, 1, LOOM_ATTN_MAX_HEAD_DIM);
+    check_size(r, "model.softmax_type", (int)m->softmax_type, 0, LOOM__SOFTMAX_TYPE__SOFTMAX_LEARNABLE);
     if (m->moe) {
       check_size(r, "model.moe.experts", m->moe->experts, 1, LOOM_PLAN_MAX_EXPERTS);
       check_size(r, "model.moe.topk", m->moe->topk, 1, LOOM_PLAN_MAX_EXPERTS);

@@ -291,7 +291,8 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
   bytes += loom_mlp_matrices(c->mlp) * T * ffn * e; /* the fc outputs read, the activation written */
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
   if (c->qk_norm) bytes += 2.0 * T * (heads + kv) * hd * e; /* QK-norm's read and write of q and k */
-  const double ops = c->qk_norm ? 16.0 : 14.0;
+  if (c->softmax != LOOM_SOFTMAX_VANILLA) bytes += 2.0 * T * heads * hd * e; /* the sinks rescale the output */
+  const double ops = 14.0 + (c->qk_norm ? 2.0 : 0.0) + (c->softmax != LOOM_SOFTMAX_VANILLA ? 1.0 : 0.0);
   stream(L, f, bytes);
   stream(L, g, 2.0 * bytes);
   f->compute += ops * L->overhead;

@@ -145,6 +145,56 @@ void cuda_attention_block_backward(const loom_ops *be, float *dq, float *dkv, co
   launched("attention_block_backward");
 }
 
+// ---- attention sinks ---------------------------------------------------------------
+// ops.h's contract on out[T,B,H*D] and lse[B,H,T]: a block per row, a
+// thread per dimension, forward; a block per head summing its rows in a
+// fixed order, backward (deterministic, no atomics).
+
+__device__ inline size_t sink_row(const loom_attn_shape &s, int b, int h, int t) {
+  return ((size_t)t * s.B + b) * (size_t)s.heads * s.head_dim + (size_t)h * s.head_dim;
+}
+
+__global__ void attention_sink_forward_kernel(float *out, float *lse, const float *sinks, loom_attn_shape s) {
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
+  float *l = lse + ((size_t)b * s.heads + h) * s.T + t;
+  const float old = *l, joined = loom_sink_joined_lse(old, sinks ? sinks[h] : 0.0f);
+  __syncthreads(); // every thread has read *l before thread 0 writes it
+  if (d < s.head_dim) out[sink_row(s, b, h, t) + d] *= old == -INFINITY ? 0.0f : expf(old - joined);
+  if (d == 0) *l = joined;
+}
+
+__global__ void attention_sink_backward_kernel(float *dsinks, const float *dout, const float *out, const float *lse,
+                                               const float *sinks, loom_attn_shape s) {
+  const int h = blockIdx.x;
+  const float sink = sinks ? sinks[h] : 0.0f;
+  float grad = 0.0f;
+  for (int r = threadIdx.x; r < s.B * s.T; r += blockDim.x) {
+    const int b = r / s.T, t = r % s.T;
+    const float *dy = dout + sink_row(s, b, h, t), *o = out + sink_row(s, b, h, t);
+    float dot = 0.0f;
+    for (int d = 0; d < s.head_dim; d++) dot += dy[d] * o[d];
+    grad -= expf(sink - lse[((size_t)b * s.heads + h) * s.T + t]) * dot;
+  }
+  grad = block_sum(grad);
+  if (threadIdx.x == 0) dsinks[h] += grad;
+}
+
+void cuda_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s) {
+  Backend &g = ctx(be);
+  if (s->T == 0 || s->B == 0) return;
+  LAUNCH(attention_sink_forward_kernel, dim3((unsigned)s->T, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+         g.stream, out, lse, sinks, *s);
+  launched("attention_sink_forward");
+}
+
+void cuda_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
+                                  const float *sinks, const loom_attn_shape *s) {
+  Backend &g = ctx(be);
+  if (s->T == 0 || s->B == 0) return;
+  LAUNCH(attention_sink_backward_kernel, s->heads, 256, 0, g.stream, dsinks, dout, out, lse, sinks, *s);
+  launched("attention_sink_backward");
+}
+
 // ---- attention -------------------------------------------------------------------
 // Two implementations of the flash contract (ops.h: out and each row's
 // log-sum-exp are kept, nothing T x T): the fused, tiled kernels of

@@ -62,6 +62,8 @@ loom_ops make_ops() {
   o.attention_backward = cuda_attention_backward;
   o.attention_block_forward = cuda_attention_block_forward;
   o.attention_block_backward = cuda_attention_block_backward;
+  o.attention_sink_forward = cuda_attention_sink_forward;
+  o.attention_sink_backward = cuda_attention_sink_backward;
   o.embedding_forward = cuda_embedding_forward;
   o.embedding_forward_bf16 = cuda_embedding_forward_bf16;
   o.embedding_backward = cuda_embedding_backward;
@@ -137,6 +139,8 @@ loom_ops make_synced_ops() {
   o.attention_backward = SYNCED(cuda_attention_backward);
   o.attention_block_forward = SYNCED(cuda_attention_block_forward);
   o.attention_block_backward = SYNCED(cuda_attention_block_backward);
+  o.attention_sink_forward = SYNCED(cuda_attention_sink_forward);
+  o.attention_sink_backward = SYNCED(cuda_attention_sink_backward);
   o.embedding_forward = SYNCED(cuda_embedding_forward);
   o.embedding_forward_bf16 = SYNCED(cuda_embedding_forward_bf16);
   o.embedding_backward = SYNCED(cuda_embedding_backward);

@@ -67,6 +67,8 @@ void cuda_from_bf16(const loom_ops *be, float *out, const uint16_t *in, size_t n
 void cuda_matmul_forward_bf16(const loom_ops *be, float *out, loom_bf16_operand inp, const uint16_t *weight, const float *bias, int N, int C, int OC);
 void cuda_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout, loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC);
 void cuda_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s, const loom_dropout *drop, bool first);
+void cuda_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s);
+void cuda_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse, const float *sinks, const loom_attn_shape *s);
 void cuda_attention_block_backward(const loom_ops *be, float *dq, float *dkv, const float *dout, const float *out, const float *q, const float *kv, int Tq, int Tk, const int *q_pos, const int *k_pos, const float *lse, const loom_attn_shape *s, const loom_dropout *drop);
 void cuda_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv, const loom_attn_shape *s, const loom_dropout *drop);
 void cuda_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv, const float *lse, const loom_attn_shape *s, const loom_dropout *drop);

@@ -164,6 +164,13 @@ static void g_attention_block_backward(const loom_ops *be, float *dq, float *dkv
                                        const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   CPU->attention_block_backward(CPU, U(dq), U(dkv), U(dout), U(out), U(q), U(kv), Tq, Tk, q_pos, k_pos, U(lse), s, drop);
 }
+static void g_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s) {
+  CPU->attention_sink_forward(CPU, U(out), U(lse), U(sinks), s);
+}
+static void g_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
+                                      const float *sinks, const loom_attn_shape *s) {
+  CPU->attention_sink_backward(CPU, U(dsinks), U(dout), U(out), U(lse), U(sinks), s);
+}
 static void g_embedding_forward(const loom_ops *be, float *out, const int *tokens, const float *wte, int vocab_start, int rows, int T,
                                 int B, int C) {
   CPU->embedding_forward(CPU, U(out), U(tokens), U(wte), vocab_start, rows, T, B, C);
@@ -290,6 +297,8 @@ static const loom_ops GUARDED_OPS = {
     .sumsq_batch = loom_host_sumsq_batch,
     .gemm = g_gemm,
     .orthonormalize = g_orthonormalize,
+    .attention_sink_forward = g_attention_sink_forward,
+    .attention_sink_backward = g_attention_sink_backward,
     .sign_pack = g_sign_pack,
     .sign_unpack_add = g_sign_unpack_add,
     .grouped_matmul_forward = loom_grouped_matmul_by_expert,
