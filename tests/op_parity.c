@@ -386,11 +386,12 @@ static void bias(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
-/* Multi-head (3 heads), or grouped-query (6 query heads over 2 key/value heads). */
-static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads) {
+/* Multi-head (3 heads), or grouped-query (6 query heads over 2 key/value
+ * heads); under a sliding window of `window` keys back (0: none). */
+static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const loom_attn_shape s = {.T = 17, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
-                             .total_heads = 2 * heads};
+                             .total_heads = 2 * heads, .window = window};
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
   const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
                lses = (size_t)s.B * s.heads * s.T;
@@ -408,23 +409,30 @@ static void attention_at(const op_backend *b, op_report *r, float p, int heads, 
 }
 
 static void attention(const op_backend *b, op_report *r) {
-  attention_at(b, r, 0.0f, 3, 3);
-  attention_at(b, r, 0.0f, 6, 2);
-  attention_at(b, r, 0.0f, 4, 1);
+  attention_at(b, r, 0.0f, 3, 3, 0);
+  attention_at(b, r, 0.0f, 6, 2, 0);
+  attention_at(b, r, 0.0f, 4, 1, 0);
 }
 static void attention_dropout(const op_backend *b, op_report *r) {
-  attention_at(b, r, 0.3f, 3, 3);
-  attention_at(b, r, 0.3f, 6, 2);
+  attention_at(b, r, 0.3f, 3, 3, 0);
+  attention_at(b, r, 0.3f, 6, 2, 0);
+}
+/* Sliding windows: 4 keys back (shorter than a tile of the fused kernels' 32 rows), 40 (past T: every key), and
+ * under dropout. */
+static void attention_windows(const op_backend *b, op_report *r) {
+  attention_at(b, r, 0.0f, 6, 2, 4);
+  attention_at(b, r, 0.0f, 3, 3, 40);
+  attention_at(b, r, 0.3f, 4, 1, 4);
 }
 
 /* Context-parallel attention's blocks: 6 query rows (two chunks of a
  * longer sequence) against two blocks of 4 keys, the second merged into
  * the first; three rows see none of the first block's keys. */
-static void attention_blocks_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads) {
+static void attention_blocks_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   enum { TQ = 6, TK = 4 };
   const loom_attn_shape s = {.T = 16, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
-                             .total_heads = 2 * heads};
+                             .total_heads = 2 * heads, .window = window};
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
   const int q_pos[TQ] = {4, 5, 6, 9, 10, 11}, k_pos[2][TK] = {{7, 8, 14, 15}, {0, 1, 2, 3}};
   const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), kvw = 2 * (size_t)kv_heads * s.head_dim;
@@ -452,9 +460,13 @@ static void attention_blocks_at(const op_backend *b, op_report *r, float p, int 
 }
 
 static void attention_blocks(const op_backend *b, op_report *r) {
-  attention_blocks_at(b, r, 0.0f, 3, 3);
-  attention_blocks_at(b, r, 0.0f, 6, 2);
-  attention_blocks_at(b, r, 0.3f, 4, 1);
+  attention_blocks_at(b, r, 0.0f, 3, 3, 0);
+  attention_blocks_at(b, r, 0.0f, 6, 2, 0);
+  attention_blocks_at(b, r, 0.3f, 4, 1, 0);
+  /* A window of 3 keys back, smaller than a block of 4: rows see stretches of a block (the row at 6 only key 3),
+   * the rows at 9 to 11 none of the second block's keys (0..3) */
+  attention_blocks_at(b, r, 0.0f, 6, 2, 3);
+  attention_blocks_at(b, r, 0.3f, 4, 1, 3);
 }
 
 /* Attention sinks over a whole attention (learnable logits, and NULL:
@@ -783,6 +795,7 @@ const op_case OP_CASES[] = {
     {"bias", bias, {AT(bias_forward), AT(bias_backward)}, 2},
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
+    {"attention with sliding windows", attention_windows, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention blocks", attention_blocks, {AT(attention_block_forward), AT(attention_block_backward)}, 2},
     {"attention sinks", attention_sinks, {AT(attention_sink_forward), AT(attention_sink_backward)}, 2},
     {"embedding and positions", embedding,

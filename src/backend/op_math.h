@@ -45,6 +45,12 @@ LOOM_HD double loom_rope_frequency(int i, int D, loom_rope r) {
  * formed in double so every backend turns by the same cos and sin. */
 LOOM_HD double loom_rope_angle(int pos, int i, int D, loom_rope r) { return (double)pos * loom_rope_frequency(i, D, r); }
 
+/* Whether a query at position q sees the key at position k: causally, and
+ * under a window (> 0) only the keys at most `window` positions back
+ * (Megatron's and Transformer Engine's left window; Hugging Face's
+ * sliding_window is one more: the keys it counts include the query's own). */
+LOOM_HD int loom_attn_sees(int window, int q, int k) { return k <= q && (window <= 0 || q - k <= window); }
+
 /* Attention sinks: a row's log-sum-exp with the sink's logit joined (a row
  * that saw no key, lse -inf, has the sink's alone), formed stably. */
 LOOM_HD float loom_sink_joined_lse(float lse, float sink) {

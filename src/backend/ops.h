@@ -71,6 +71,8 @@ typedef struct {
   int head_dim;
   int head_offset;   /* global index of local head 0 (dropout keys) */
   int total_heads;   /* global heads (dropout keys) */
+  int window;        /* sliding-window attention (Megatron's --window-size left): a query sees the keys at most this many
+                      * positions before it (loom_attn_sees); 0: every earlier key */
 } loom_attn_shape;
 
 /* The widest head the attention takes on every backend: the fused CUDA
@@ -148,7 +150,8 @@ struct loom_ops {
   void (*gelu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, size_t n);
 
   /* Causal softmax attention, flash attention's contract: nothing of size
-   * T x T is kept. qkv[T,B,(H+2K)*D] rows are q of the H local query heads |
+   * T x T is kept; a query sees the keys loom_attn_sees says (its own and
+   * every earlier one's, or under a window the latest window + 1). qkv[T,B,(H+2K)*D] rows are q of the H local query heads |
    * k | v of the K local key/value heads (loom_attn_qkv_width);
    * out[T,B,H*D] = softmax(q k^T / sqrt(D)) (dropped out) v; lse[B,H,T]
    * saves each query row's log-sum-exp of its scaled scores, from which the
@@ -164,8 +167,8 @@ struct loom_ops {
    * over blocks of keys: the local queries q (Tq rows [t, b] of the qkv
    * layout, loom_attn_qkv_width apart, q first) against a block of keys
    * and values kv (Tk rows [t, b] of k | v of the K key/value heads, 2 K D
-   * apart), a key seen by a query where its global position is at most
-   * the query's (q_pos[Tq] and k_pos[Tk], host memory), dropout keyed by
+   * apart), a key seen by a query where loom_attn_sees says so of their
+   * global positions (q_pos[Tq] and k_pos[Tk], host memory), dropout keyed by
    * the global positions (s->T: the whole sequence). The block's softmax
    * joins out[Tq, B, H D] and lse[B, H, Tq] by their log-sum-exps (first:
    * it is the first block, whose rows are written; a row that sees none of

@@ -24,60 +24,76 @@ static inline float keep_scale(const loom_dropout *d, const loom_attn_shape *s, 
                                                                             : 0.0f;
 }
 
-/* The rows of the attention ops' blocks are vectorised: keys 0..tq of query
- * row tq are computed in branch-free loops (dropout's mask in a loop of its
- * own, only when there is one), and the keys past tq, which the causal mask
- * zeroes, are filled apart. */
+/* The rows of the attention ops' blocks are vectorised: the keys query
+ * row tq sees, a run [a, m) of the block's columns (columns 0.. are keys
+ * lo.., loom_attn_sees), are computed in branch-free loops (dropout's mask
+ * in a loop of its own, only when there is one), and the columns it does
+ * not see, which the mask zeroes, are filled apart. */
 static bool dropping(const loom_dropout *d) { return d && d->p > 0.0f; }
 
-/* Row tq of a block: its scores pr[0..n) become the probabilities that
- * multiply v (dropout's mask and scale applied, 0 past tq); returns the
- * row's log-sum-exp. */
-static float softmax_row(float *pr, int tq, int n, const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
-  const int m = tq + 1;
+/* The columns [*a, *m) of a block whose column 0 is key lo that query row tq sees. */
+static void seen_columns(const loom_attn_shape *s, int tq, int lo, int *a, int *m) {
+  const int first = s->window > 0 && tq - s->window > 0 ? tq - s->window : 0;
+  *a = first > lo ? first - lo : 0, *m = tq + 1 - lo;
+}
+
+/* Zeroes the columns of a row of n outside [a, m). */
+static void zero_outside(float *x, int a, int m, int n) {
+  if (a > 0) memset(x, 0, (size_t)a * sizeof(float));
+  if (n > m) memset(x + m, 0, (size_t)(n - m) * sizeof(float));
+}
+
+/* Row tq of a block (column 0: key lo): its scores pr[0..n) become the
+ * probabilities that multiply v (dropout's mask and scale applied, 0 where
+ * the row does not see the key); returns the row's log-sum-exp. */
+static float softmax_row(float *pr, int tq, int lo, int n, const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
+  int a, m;
+  seen_columns(s, tq, lo, &a, &m);
   float maxv = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : maxv)
-  for (int tk = 0; tk < m; tk++) maxv = pr[tk] > maxv ? pr[tk] : maxv;
+  for (int tk = a; tk < m; tk++) maxv = pr[tk] > maxv ? pr[tk] : maxv;
 #pragma omp simd reduction(+ : sum)
-  for (int tk = 0; tk < m; tk++) {
+  for (int tk = a; tk < m; tk++) {
     pr[tk] = loom_fast_expf(pr[tk] - maxv);
     sum += pr[tk];
   }
   const float inv = 1.0f / sum;
 #pragma omp simd
-  for (int tk = 0; tk < m; tk++) pr[tk] *= inv;
+  for (int tk = a; tk < m; tk++) pr[tk] *= inv;
   if (dropping(drop))
-    for (int tk = 0; tk < m; tk++) pr[tk] *= keep_scale(drop, s, b, h, tq, tk);
-  if (n > m) memset(pr + m, 0, (size_t)(n - m) * sizeof(float));
+    for (int tk = a; tk < m; tk++) pr[tk] *= keep_scale(drop, s, b, h, tq, lo + tk);
+  zero_outside(pr, a, m, n);
   return maxv + logf(sum);
 }
 
-/* Row tq of a backward block: its scores pr and dp = dout v^T become the
- * probabilities that multiplied v (p rebuilt from the saved log-sum-exp,
- * dropout's mask and scale applied) and dS = p (dp keep - delta) scale, 0
- * past tq. */
-static void softmax_grad_row(float *pr, float *dpr, int tq, int n, float lse, float delta, float scale,
+/* Row tq of a backward block (column 0: key lo): its scores pr and dp =
+ * dout v^T become the probabilities that multiplied v (p rebuilt from the
+ * saved log-sum-exp, dropout's mask and scale applied) and dS = p (dp keep
+ * - delta) scale, 0 where the row does not see the key. */
+static void softmax_grad_row(float *pr, float *dpr, int tq, int lo, int n, float lse, float delta, float scale,
                              const loom_dropout *drop, const loom_attn_shape *s, int b, int h) {
-  const int m = tq + 1;
+  int a, m;
+  seen_columns(s, tq, lo, &a, &m);
   if (!dropping(drop)) {
 #pragma omp simd
-    for (int tk = 0; tk < m; tk++) {
+    for (int tk = a; tk < m; tk++) {
       const float prob = loom_fast_expf(pr[tk] - lse);
       pr[tk] = prob;
       dpr[tk] = prob * (dpr[tk] - delta) * scale;
     }
   } else {
-    for (int tk = 0; tk < m; tk++) {
-      const float prob = loom_fast_expf(pr[tk] - lse), keep = keep_scale(drop, s, b, h, tq, tk);
+    for (int tk = a; tk < m; tk++) {
+      const float prob = loom_fast_expf(pr[tk] - lse), keep = keep_scale(drop, s, b, h, tq, lo + tk);
       pr[tk] = prob * keep;                              /* what multiplied v */
       dpr[tk] = prob * (dpr[tk] * keep - delta) * scale; /* dS */
     }
   }
-  if (n > m) {
-    memset(pr + m, 0, (size_t)(n - m) * sizeof(float));
-    memset(dpr + m, 0, (size_t)(n - m) * sizeof(float));
-  }
+  zero_outside(pr, a, m, n);
+  zero_outside(dpr, a, m, n);
 }
+
+/* The first key a tile of query rows from i0 reaches (under a window its first row's window's first, else 0). */
+static int tile_first_key(const loom_attn_shape *s, int i0) { return s->window > 0 && i0 - s->window > 0 ? i0 - s->window : 0; }
 
 /* Rows t of one head's k or v (stride `stride` floats in qkv) copied to a
  * packed [T, D] block and back: qkv's rows lie 3 x hidden x B floats apart,
@@ -117,11 +133,13 @@ void loom_cpu_attention_forward(const loom_ops *be, float *out, float *lse, cons
         pack_rows(k, base + width + kv, row3, T, D);
         pack_rows(v, base + width + (size_t)s->kv_heads * D + kv, row3, T, D);
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
-          const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, n = i0 + R; /* keys 0..n-1 reach its last row */
-          loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, q + (size_t)i0 * D, D, k, D, 0.0f, p, n);
+          /* keys lo..i0+R-1 reach its rows: n of them */
+          const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, lo = tile_first_key(s, i0), n = i0 + R - lo;
+          const float *kt = k + (size_t)lo * D, *vt = v + (size_t)lo * D;
+          loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, q + (size_t)i0 * D, D, kt, D, 0.0f, p, n);
           for (int r = 0; r < R; r++)
-            lse[((size_t)b * H + h) * T + i0 + r] = softmax_row(p + (size_t)r * n, i0 + r, n, drop, s, b, h);
-          loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, p, n, v, D, 0.0f, o + (size_t)i0 * D, D);
+            lse[((size_t)b * H + h) * T + i0 + r] = softmax_row(p + (size_t)r * n, i0 + r, lo, n, drop, s, b, h);
+          loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, p, n, vt, D, 0.0f, o + (size_t)i0 * D, D);
         }
         unpack_rows(out + (size_t)b * width + (size_t)h * D, row, o, T, D);
       }
@@ -164,16 +182,17 @@ void loom_cpu_attention_backward(const loom_ops *be, float *dqkv, const float *d
           pack_rows(dy, dout + at, row, T, D);
           for (int t = 0; t < T; t++) delta[t] = dot(dy + (size_t)t * D, out + t * row + at, D);
           for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
-            const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, n = i0 + R; /* keys 0..n-1 reach its last row */
-            const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
-            loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, qi, D, k, D, 0.0f, p, n);
-            loom_cpu_sgemm_with(lib, false, true, R, n, D, 1.0f, dyi, D, v, D, 0.0f, dp, n);
+            /* keys lo..i0+R-1 reach its rows: n of them */
+            const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, lo = tile_first_key(s, i0), n = i0 + R - lo;
+            const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D, *kt = k + (size_t)lo * D, *vt = v + (size_t)lo * D;
+            loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, qi, D, kt, D, 0.0f, p, n);
+            loom_cpu_sgemm_with(lib, false, true, R, n, D, 1.0f, dyi, D, vt, D, 0.0f, dp, n);
             for (int r = 0; r < R; r++)
-              softmax_grad_row(p + (size_t)r * n, dp + (size_t)r * n, i0 + r, n, l[i0 + r], delta[i0 + r], scale, drop,
+              softmax_grad_row(p + (size_t)r * n, dp + (size_t)r * n, i0 + r, lo, n, l[i0 + r], delta[i0 + r], scale, drop,
                                s, b, h);
-            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, p, n, dyi, D, 1.0f, dv, D);
-            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, dp, n, qi, D, 1.0f, dk, D);
-            loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, dp, n, k, D, 1.0f, dq + (size_t)i0 * D, D);
+            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, p, n, dyi, D, 1.0f, dv + (size_t)lo * D, D);
+            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, dp, n, qi, D, 1.0f, dk + (size_t)lo * D, D);
+            loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, dp, n, kt, D, 1.0f, dq + (size_t)i0 * D, D);
           }
           unpack_rows(dqkv + head, row3, dq, T, D);
         }
@@ -188,7 +207,7 @@ void loom_cpu_attention_backward(const loom_ops *be, float *dqkv, const float *d
 
 /* A block's keys as runs of consecutive positions (a ring's blocks are
  * two): run r is keys [at, at + len) at positions first, first + 1, ...;
- * a query at pos sees a prefix of each (key_prefix). */
+ * a query at pos sees a stretch of each (key_span). */
 typedef struct {
   int at, len, first;
 } key_run;
@@ -204,16 +223,22 @@ static int key_runs(const int *k_pos, int n, key_run *runs) {
   return count;
 }
 
-/* The keys of run u that a query at pos sees: a prefix of it. */
-static int key_prefix(const key_run *u, int pos) {
-  const int m = pos - u->first + 1;
-  return m < 0 ? 0 : m > u->len ? u->len : m;
+/* The keys [*a, *m) of run u that a query at pos sees (loom_attn_sees): a
+ * prefix of it, or under a window a stretch; empty where *m <= *a. */
+static void key_span(const key_run *u, int pos, int window, int *a, int *m) {
+  const int end = pos - u->first + 1, start = window > 0 ? pos - window - u->first : 0;
+  *m = end < 0 ? 0 : end > u->len ? u->len : end;
+  *a = start < 0 ? 0 : start > *m ? *m : start;
 }
 
-/* Whether any key of the runs is at or before pos. */
-static bool sees_any(const key_run *runs, int nruns, int pos) {
-  for (int i = 0; i < nruns; i++)
-    if (runs[i].first <= pos) return true;
+/* Whether any of the queries at pos[0..R) sees any key of the runs (a tile none of whose rows does is skipped). */
+static bool sees_any(const key_run *runs, int nruns, const int *pos, int R, int window) {
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < nruns; i++) {
+      int a, m;
+      key_span(&runs[i], pos[r], window, &a, &m);
+      if (m > a) return true;
+    }
   return false;
 }
 
@@ -226,25 +251,25 @@ static void block_softmax_grad_row(float *pr, float *dpr, int pos, const key_run
                                    int b, int h) {
   for (int i = 0; i < nruns; i++) {
     float *x = pr + runs[i].at, *dx = dpr + runs[i].at;
-    const int m = lse == -INFINITY ? 0 : key_prefix(&runs[i], pos);
+    int a, m;
+    key_span(&runs[i], pos, s->window, &a, &m);
+    if (lse == -INFINITY) a = m = 0;
     if (!dropping(drop)) {
 #pragma omp simd
-      for (int t = 0; t < m; t++) {
+      for (int t = a; t < m; t++) {
         const float prob = loom_fast_expf(x[t] - lse);
         x[t] = prob;
         dx[t] = prob * (dx[t] - delta) * scale;
       }
     } else {
-      for (int t = 0; t < m; t++) {
+      for (int t = a; t < m; t++) {
         const float prob = loom_fast_expf(x[t] - lse), keep = keep_scale(drop, s, b, h, pos, k_pos[runs[i].at + t]);
         x[t] = prob * keep;
         dx[t] = prob * (dx[t] * keep - delta) * scale;
       }
     }
-    if (runs[i].len > m) {
-      memset(x + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
-      memset(dx + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
-    }
+    zero_outside(x, a, m, runs[i].len);
+    zero_outside(dx, a, m, runs[i].len);
   }
 }
 
@@ -258,9 +283,10 @@ static float block_softmax_row(float *pr, int n, int pos, const key_run *runs, i
   float maxv = -INFINITY, sum = 0.0f;
   for (int i = 0; i < nruns; i++) {
     const float *x = pr + runs[i].at;
-    const int m = key_prefix(&runs[i], pos);
+    int a, m;
+    key_span(&runs[i], pos, s->window, &a, &m);
 #pragma omp simd reduction(max : maxv)
-    for (int t = 0; t < m; t++) maxv = x[t] > maxv ? x[t] : maxv;
+    for (int t = a; t < m; t++) maxv = x[t] > maxv ? x[t] : maxv;
   }
   if (maxv == -INFINITY) {
     memset(pr, 0, (size_t)n * sizeof(float));
@@ -268,13 +294,14 @@ static float block_softmax_row(float *pr, int n, int pos, const key_run *runs, i
   }
   for (int i = 0; i < nruns; i++) {
     float *x = pr + runs[i].at;
-    const int m = key_prefix(&runs[i], pos);
+    int a, m;
+    key_span(&runs[i], pos, s->window, &a, &m);
 #pragma omp simd reduction(+ : sum)
-    for (int t = 0; t < m; t++) {
+    for (int t = a; t < m; t++) {
       x[t] = loom_fast_expf(x[t] - maxv);
       sum += x[t];
     }
-    if (runs[i].len > m) memset(x + m, 0, (size_t)(runs[i].len - m) * sizeof(float));
+    zero_outside(x, a, m, runs[i].len);
   }
   const float inv = 1.0f / sum;
 #pragma omp simd
@@ -329,9 +356,7 @@ void loom_cpu_attention_block_forward(const loom_ops *be, float *out, float *lse
         for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
           const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
           float blk[ATT_ROWS];
-          int last = q_pos[i0]; /* the tile's latest query: where no key is at or before it, no row sees any */
-          for (int r = 1; r < R; r++) last = q_pos[i0 + r] > last ? q_pos[i0 + r] : last;
-          if (sees_any(runs, nruns, last)) {
+          if (sees_any(runs, nruns, q_pos + i0, R, s->window)) {
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, x + (size_t)i0 * D, D, k, D, 0.0f, p, Tk);
             for (int r = 0; r < R; r++)
               blk[r] = block_softmax_row(p + (size_t)r * Tk, Tk, q_pos[i0 + r], runs, nruns, k_pos, drop, s, b, h);
@@ -392,9 +417,7 @@ void loom_cpu_attention_block_backward(const loom_ops *be, float *dq, float *dkv
           for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
             const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
             const float *xi = x + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
-            int last = q_pos[i0]; /* a tile none of whose rows sees a key adds nothing */
-            for (int r = 1; r < R; r++) last = q_pos[i0 + r] > last ? q_pos[i0 + r] : last;
-            if (!sees_any(runs, nruns, last)) continue;
+            if (!sees_any(runs, nruns, q_pos + i0, R, s->window)) continue; /* a tile none of whose rows sees a key adds nothing */
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, xi, D, k, D, 0.0f, p, Tk);
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, 1.0f, dyi, D, v, D, 0.0f, dp, Tk);
             for (int r = 0; r < R; r++) {

@@ -177,6 +177,13 @@ static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, i
   return loom_dropout_keep(d, loom_attn_dropout_index(d, s, b, h, tq, tk)) ? p / (1.0f - d->p) : 0.0f;
 }
 
+/* The first key query row tq sees (loom_attn_sees: 0, or under a window the window's first). */
+static int first_key(const loom_attn_shape *s, int tq) {
+  int k = 0;
+  while (!loom_attn_sees(s->window, tq, k)) k++;
+  return k;
+}
+
 static void ref_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
@@ -186,17 +193,18 @@ static void ref_attention_forward(const loom_ops *be, float *out, float *lse, co
     for (int h = 0; h < s->heads; h++)
       for (int tq = 0; tq < T; tq++) {
         double maxv = -INFINITY, sum = 0.0;
-        for (int tk = 0; tk <= tq; tk++) {
+        const int first = first_key(s, tq);
+        for (int tk = first; tk <= tq; tk++) {
           p[tk] = score(qkv, s, b, h, tq, tk);
           if (p[tk] > maxv) maxv = p[tk];
         }
-        for (int tk = 0; tk <= tq; tk++) sum += exp(p[tk] - maxv);
-        for (int tk = 0; tk <= tq; tk++) p[tk] = exp(p[tk] - maxv) / sum;
+        for (int tk = first; tk <= tq; tk++) sum += exp(p[tk] - maxv);
+        for (int tk = first; tk <= tq; tk++) p[tk] = exp(p[tk] - maxv) / sum;
         lse[lse_at(s, b, h, tq)] = (float)(maxv + log(sum));
         float *o = out + out_at(s, tq, b, h);
         for (int d = 0; d < D; d++) {
           double acc = 0.0;
-          for (int tk = 0; tk <= tq; tk++)
+          for (int tk = first; tk <= tq; tk++)
             acc += (double)dropped(drop, s, (float)p[tk], b, h, tq, tk) * qkv[qkv_at(s, tk, b, 2, h) + d];
           o[d] = (float)acc;
         }
@@ -235,7 +243,7 @@ static void ref_attention_block_forward(const loom_ops *be, float *out, float *l
         float *o = out + out_at(s, tq, b, h), *l = lse + ((size_t)b * s->heads + h) * Tq + tq;
         double maxv = -INFINITY, sum = 0.0;
         for (int tk = 0; tk < Tk; tk++)
-          if (k_pos[tk] <= q_pos[tq]) {
+          if (loom_attn_sees(s->window, q_pos[tq], k_pos[tk])) {
             p[tk] = block_score(q, kv, s, b, h, tq, tk);
             if (p[tk] > maxv) maxv = p[tk];
           }
@@ -244,11 +252,11 @@ static void ref_attention_block_forward(const loom_ops *be, float *out, float *l
           continue;
         }
         for (int tk = 0; tk < Tk; tk++)
-          if (k_pos[tk] <= q_pos[tq]) sum += exp(p[tk] - maxv);
+          if (loom_attn_sees(s->window, q_pos[tq], k_pos[tk])) sum += exp(p[tk] - maxv);
         const double block_lse = maxv + log(sum);
         for (int d = 0; d < D; d++) acc[d] = 0.0;
         for (int tk = 0; tk < Tk; tk++) {
-          if (k_pos[tk] > q_pos[tq]) continue;
+          if (!loom_attn_sees(s->window, q_pos[tq], k_pos[tk])) continue;
           const double w = dropped(drop, s, (float)exp(p[tk] - block_lse), b, h, q_pos[tq], k_pos[tk]);
           const float *v = kv + block_kv_at(s, tk, b, 1, h);
           for (int d = 0; d < D; d++) acc[d] += w * v[d];
@@ -281,7 +289,7 @@ static void ref_attention_block_backward(const loom_ops *be, float *dq, float *d
         for (int d = 0; d < D; d++) dot += (double)dy[d] * o[d];
         float *dx = dq + block_q_at(s, tq, b, h);
         for (int tk = 0; tk < Tk; tk++) {
-          if (k_pos[tk] > q_pos[tq]) continue;
+          if (!loom_attn_sees(s->window, q_pos[tq], k_pos[tk])) continue;
           const double p = exp(block_score(q, kv, s, b, h, tq, tk) - l);
           const float keep = dropped(drop, s, 1.0f, b, h, q_pos[tq], k_pos[tk]);
           const float *k = kv + block_kv_at(s, tk, b, 0, h), *v = kv + block_kv_at(s, tk, b, 1, h);
@@ -315,7 +323,8 @@ static void ref_attention_backward(const loom_ops *be, float *dqkv, const float 
       for (int tq = 0; tq < T; tq++) {
         const float *dy = dout + out_at(s, tq, b, h);
         double dot_pdp = 0.0;
-        for (int tk = 0; tk <= tq; tk++) {
+        const int first = first_key(s, tq);
+        for (int tk = first; tk <= tq; tk++) {
           p[tk] = exp(score(qkv, s, b, h, tq, tk) - lse[lse_at(s, b, h, tq)]);
           const float *v = qkv + qkv_at(s, tk, b, 2, h);
           float *dv = dqkv + qkv_at(s, tk, b, 2, h);
@@ -330,7 +339,7 @@ static void ref_attention_backward(const loom_ops *be, float *dqkv, const float 
         }
         const float *q = qkv + qkv_at(s, tq, b, 0, h);
         float *dq = dqkv + qkv_at(s, tq, b, 0, h);
-        for (int tk = 0; tk <= tq; tk++) {
+        for (int tk = first; tk <= tq; tk++) {
           const float ds = (float)(p[tk] * (dp[tk] - dot_pdp)) * scale;
           const float *k = qkv + qkv_at(s, tk, b, 1, h);
           float *dk = dqkv + qkv_at(s, tk, b, 1, h);
