@@ -388,9 +388,9 @@ static void bias(const op_backend *b, op_report *r) {
 
 /* Multi-head (3 heads), or grouped-query (6 query heads over 2 key/value
  * heads); under a sliding window of `window` keys back (0: none). */
-static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
+static void attention_of(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window, int T) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
-  const loom_attn_shape s = {.T = 17, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
+  const loom_attn_shape s = {.T = T, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
                              .total_heads = 2 * heads, .window = window};
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
   const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
@@ -408,6 +408,10 @@ static void attention_at(const op_backend *b, op_report *r, float p, int heads, 
   drop_all(all, sizeof all / sizeof *all);
 }
 
+static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
+  attention_of(b, r, p, heads, kv_heads, window, 17);
+}
+
 static void attention(const op_backend *b, op_report *r) {
   attention_at(b, r, 0.0f, 3, 3, 0);
   attention_at(b, r, 0.0f, 6, 2, 0);
@@ -418,11 +422,14 @@ static void attention_dropout(const op_backend *b, op_report *r) {
   attention_at(b, r, 0.3f, 6, 2, 0);
 }
 /* Sliding windows: 4 keys back (shorter than a tile of the fused kernels' 32 rows), 40 (past T: every key), and
- * under dropout. */
+ * under dropout; over 80 rows, windows of 20 and 40, whose later query tiles start past key tile 0 and whose early
+ * key tiles end before the last query tile. */
 static void attention_windows(const op_backend *b, op_report *r) {
   attention_at(b, r, 0.0f, 6, 2, 4);
   attention_at(b, r, 0.0f, 3, 3, 40);
   attention_at(b, r, 0.3f, 4, 1, 4);
+  attention_of(b, r, 0.0f, 2, 1, 20, 80);
+  attention_of(b, r, 0.3f, 2, 2, 40, 80);
 }
 
 /* Context-parallel attention's blocks: 6 query rows (two chunks of a

@@ -53,17 +53,17 @@ __global__ void attention_block_forward_kernel(float *out, float *lse, const flo
   __syncthreads(); // every thread has read *l before thread 0 writes it
   float maxv = -INFINITY, sum = 0.0f, acc = 0.0f;
   for (int tk = 0; tk < r.Tk; tk++)
-    if (k_pos[tk] <= qp) maxv = fmaxf(maxv, row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale);
+    if (loom_attn_sees(a.window, qp, k_pos[tk])) maxv = fmaxf(maxv, row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale);
   if (maxv == -INFINITY) { // no key of this block is before the query
     if (first && d < D) o[d] = 0.0f;
     if (first && d == 0) *l = -INFINITY;
     return;
   }
   for (int tk = 0; tk < r.Tk; tk++)
-    if (k_pos[tk] <= qp) sum += expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - maxv);
+    if (loom_attn_sees(a.window, qp, k_pos[tk])) sum += expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - maxv);
   const float blk = maxv + logf(sum);
   for (int tk = 0; tk < r.Tk; tk++) {
-    if (k_pos[tk] > qp) continue;
+    if (!loom_attn_sees(a.window, qp, k_pos[tk])) continue;
     const float p = expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - blk) * keep_factor(a, b, h, qp, k_pos[tk]);
     if (d < D) acc += p * r.kv(kv, a, tk, b, 1, g)[d];
   }
@@ -85,7 +85,7 @@ __global__ void attention_block_dq_kernel(float *dq, const float *dout, const fl
   const float delta = row_dot(dout + at, out + at, D);
   float acc = 0.0f;
   for (int tk = 0; tk < r.Tk; tk++) {
-    if (k_pos[tk] > qp) continue;
+    if (!loom_attn_sees(a.window, qp, k_pos[tk])) continue;
     const float *k = r.kv(kv, a, tk, b, 0, g);
     const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, qp, k_pos[tk]);
     const float ds = p * (row_dot(dout + at, r.kv(kv, a, tk, b, 1, g), D) * keep - delta) * scale;
@@ -104,7 +104,7 @@ __global__ void attention_block_dkv_kernel(float *dkv, const float *dout, const 
   for (int h = g * group; h < (g + 1) * group; h++)
     for (int t = 0; t < r.Tq; t++) {
       const float l = lse[((size_t)b * a.H + h) * r.Tq + t];
-      if (pos[t] < kp || l == -INFINITY) continue;
+      if (!loom_attn_sees(a.window, pos[t], kp) || l == -INFINITY) continue;
       const float *x = r.q(q, a, t, b, h);
       const size_t at = ((size_t)t * a.B + b) * a.H * D + (size_t)h * D;
       const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, pos[t], kp);
@@ -211,14 +211,16 @@ __global__ void softmax_kernel(float *att, float *lse, float *dropped, AttnArgs 
   const int row = blockIdx.x, tq = row % a.T, h = row / a.T % a.H, b = row / (a.T * a.H);
   float *p = att + (size_t)row * a.T;
   float m = -INFINITY;
-  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) m = fmaxf(m, p[tk]);
+  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x)
+    if (loom_attn_sees(a.window, tq, tk)) m = fmaxf(m, p[tk]);
   m = block_max(m);
   float s = 0.0f;
-  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) s += expf(p[tk] - m);
+  for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x)
+    if (loom_attn_sees(a.window, tq, tk)) s += expf(p[tk] - m);
   s = block_sum(s);
   if (threadIdx.x == 0) lse[row] = m + logf(s);
   for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) {
-    const float prob = tk <= tq ? expf(p[tk] - m) / s : 0.0f;
+    const float prob = loom_attn_sees(a.window, tq, tk) ? expf(p[tk] - m) / s : 0.0f;
     p[tk] = prob;
     if (dropped) dropped[(size_t)row * a.T + tk] = prob * keep_factor(a, b, h, tq, tk);
   }
@@ -230,7 +232,7 @@ __global__ void probs_kernel(float *att, const float *lse, float *dropped, AttnA
   float *p = att + (size_t)row * a.T;
   const float l = lse[row];
   for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) {
-    const float prob = tk <= tq ? expf(p[tk] - l) : 0.0f;
+    const float prob = loom_attn_sees(a.window, tq, tk) ? expf(p[tk] - l) : 0.0f;
     p[tk] = prob;
     if (dropped) dropped[(size_t)row * a.T + tk] = prob * keep_factor(a, b, h, tq, tk);
   }
@@ -244,10 +246,11 @@ __global__ void softmax_backward_kernel(float *datt, const float *att, AttnArgs 
   float dot = 0.0f;
   for (int tk = threadIdx.x; tk <= tq; tk += blockDim.x) {
     dp[tk] *= keep_factor(a, b, h, tq, tk);
-    dot += p[tk] * dp[tk];
+    dot += p[tk] * dp[tk]; // p is 0 outside the window
   }
   dot = block_sum(dot);
-  for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x) dp[tk] = tk <= tq ? p[tk] * (dp[tk] - dot) * scale : 0.0f;
+  for (int tk = threadIdx.x; tk < a.T; tk += blockDim.x)
+    dp[tk] = loom_attn_sees(a.window, tq, tk) ? p[tk] * (dp[tk] - dot) * scale : 0.0f;
 }
 
 unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 * 32); }

@@ -102,10 +102,11 @@ struct AttnArgs {
   int head_offset, total_heads;
   float p;
   uint64_t seed, stream;
+  int window; // loom_attn_sees's (0: none)
 };
 
 inline AttnArgs attn_args(const loom_attn_shape *s, const loom_dropout *d) {
-  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0};
+  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0, s->window};
   if (d && d->p > 0.0f) {
     a.p = d->p;
     a.seed = d->seed;

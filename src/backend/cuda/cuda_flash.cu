@@ -4,7 +4,7 @@
 // shared memory.
 //
 // Forward: a block owns 32 query rows of one head and walks the key tiles
-// up to the diagonal with the online softmax (running max m, sum l, output
+// up to the diagonal (from its window's first under a sliding window) with the online softmax (running max m, sum l, output
 // rescaled by exp(m_old - m_new)); it writes out = o / l and lse = m + log l.
 // Backward, deterministic (no atomics): delta = dout . out per row first;
 // then one kernel per key tile of one key/value head accumulates dk and dv
@@ -83,6 +83,12 @@ __device__ void add_weighted_rows(float *acc, float scale, const float *w, const
   }
 }
 
+// The first key tile (aligned) a query tile from t0 reaches: 0, or under a window its first row's window's first.
+__device__ int first_key_tile(const AttnArgs &a, int t0) { return a.window > 0 ? max(0, t0 - a.window) / TILE * TILE : 0; }
+
+// The query tiles a key tile from k0 reaches end before this: T, or under a window past its last key's window.
+__device__ int query_tiles_end(const AttnArgs &a, int k0) { return a.window > 0 ? min(a.T, k0 + TILE + a.window) : a.T; }
+
 __global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout L) {
   LOOM_DYNAMIC_SHARED(float, smem);
   const int D = L.a.D, P = D + 1, T = L.a.T;
@@ -94,16 +100,17 @@ __global__ void forward_kernel(float *out, float *lse, const float *qkv, Layout 
   for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) o[i] = 0.0f;
   if (threadIdx.x < TILE) m_row[threadIdx.x] = -INFINITY, l_row[threadIdx.x] = 0.0f;
   const int last = min(t0 + TILE, T) - 1;
-  for (int k0 = 0; k0 <= last; k0 += TILE) { // tiles are aligned: every row sees key k0 at least
+  for (int k0 = first_key_tile(L.a, t0); k0 <= last; k0 += TILE) {
     next_kv_tile(k, v, qkv, L, b, g, k0);
     for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
       const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
       if (tq >= T) break; // the same for the whole warp
       const float m_old = m_row[r];
-      const bool seen = tk <= tq;
+      const bool seen = loom_attn_sees(L.a.window, tq, tk);
       const float s = seen ? dot_rows(q + r * P, k + lane * P, D) * L.scale : -INFINITY;
       const float m_new = fmaxf(m_old, warp_max(s));
-      const float p = seen ? expf(s - m_new) : 0.0f, alpha = expf(m_old - m_new);
+      // a row that has seen no key yet (a tile before its window) keeps nothing: alpha 1, every p 0
+      const float p = seen ? expf(s - m_new) : 0.0f, alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
       const float sum = warp_sum(p);
       weights[warp][lane] = seen ? p * keep_factor(L.a, b, h, tq, tk) : 0.0f;
       __syncwarp();
@@ -146,13 +153,13 @@ __global__ void dq_kernel(float *dqkv, const float *dout, const float *qkv, cons
   load_tile(dy, dout, [&](int t) { return L.o(t, b, h); }, t0, T, D);
   for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) dq[i] = 0.0f;
   const int last = min(t0 + TILE, T) - 1;
-  for (int k0 = 0; k0 <= last; k0 += TILE) {
+  for (int k0 = first_key_tile(L.a, t0); k0 <= last; k0 += TILE) {
     next_kv_tile(k, v, qkv, L, b, g, k0);
     for (int rr = 0; rr < ROWS_PER_WARP; rr++) {
       const int r = warp * ROWS_PER_WARP + rr, tq = t0 + r, tk = k0 + lane;
       if (tq >= T) break;
       float ds = 0.0f;
-      if (tk <= tq) {
+      if (loom_attn_sees(L.a.window, tq, tk)) {
         const float p = expf(dot_rows(q + r * P, k + lane * P, D) * L.scale - lse[L.row(b, h, tq)]);
         const float dp = dot_rows(dy + r * P, v + lane * P, D) * keep_factor(L.a, b, h, tq, tk);
         ds = p * (dp - delta[L.row(b, h, tq)]) * L.scale;
@@ -184,7 +191,7 @@ __global__ void dkv_kernel(float *dqkv, const float *dout, const float *qkv, con
   load_tile(v, qkv, [&](int t) { return L.v(t, b, g); }, k0, T, D);
   for (int i = threadIdx.x; i < TILE * D; i += blockDim.x) dk[i] = dv[i] = 0.0f;
   for (int h = g * L.group; h < (g + 1) * L.group; h++)
-    for (int q0 = k0; q0 < T; q0 += TILE) {
+    for (int q0 = k0; q0 < query_tiles_end(L.a, k0); q0 += TILE) {
       __syncthreads();
       load_tile(q, qkv, [&](int t) { return L.q(t, b, h); }, q0, T, D);
       load_tile(dy, dout, [&](int t) { return L.o(t, b, h); }, q0, T, D);
@@ -198,7 +205,7 @@ __global__ void dkv_kernel(float *dqkv, const float *dout, const float *qkv, con
         const int j = warp * ROWS_PER_WARP + kk, tk = k0 + j, tq = q0 + lane;
         if (tk >= T) break;
         float pz = 0.0f, ds = 0.0f;
-        if (tq < T && tk <= tq) {
+        if (tq < T && loom_attn_sees(L.a.window, tq, tk)) {
           const float p = expf(dot_rows(q + lane * P, k + j * P, D) * L.scale - row_lse[lane]);
           const float keep = keep_factor(L.a, b, h, tq, tk);
           const float dp = dot_rows(dy + lane * P, v + j * P, D) * keep;
