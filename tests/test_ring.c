@@ -3,8 +3,9 @@
  * chunks of one sequence (Megatron's load-balanced split); its outputs,
  * log-sum-exps and grads (its own k and v's coming home from every rank's
  * queries) equal one-rank attention's over the whole sequence at its rows,
- * with grouped-query heads and dropout keyed by global position; and the
- * same of Megatron's all-gather variant behind the same calls. */
+ * with grouped-query heads and dropout keyed by global position, and under
+ * a sliding window shorter than a chunk; and the same of Megatron's
+ * all-gather variant behind the same calls. */
 #include <check.h>
 #include <math.h>
 #include <stdlib.h>
@@ -17,11 +18,11 @@ static loom_comm *g_world;
 
 enum { B = 2, D = 8, C = 5 }; /* micro-batch, head width, rows of a chunk */
 
-static void check_ring(int heads, int kv_heads, float dropout, bool all_gather) {
+static void check_ring(int heads, int kv_heads, float dropout, bool all_gather, int window) {
   const loom_ops *ops = loom_ops_cpu();
   const int cp = loom_comm_size(g_world), me = loom_comm_rank(g_world), T = 2 * cp * C, L = 2 * C;
   const loom_attn_shape s = {.T = T, .B = B, .heads = heads, .kv_heads = kv_heads, .head_dim = D, .head_offset = 0,
-                             .total_heads = heads};
+                             .total_heads = heads, .window = window};
   const size_t W = loom_attn_qkv_width(&s), HD = (size_t)heads * D, KV = 2 * (size_t)kv_heads * D;
   const loom_dropout drop = {.p = dropout, .seed = 5, .stream = 9, .seq_total = T};
   /* The whole sequence on every rank (the same draws), and one-rank attention over it. */
@@ -73,8 +74,14 @@ static void check_ring(int heads, int kv_heads, float dropout, bool all_gather) 
 
 START_TEST(ring_equals_one_rank) {
   for (int gather = 0; gather < 2; gather++) {
-    check_ring(4, 2, 0.0f, gather); /* grouped-query: two key/value heads travel */
-    check_ring(2, 2, 0.2f, gather); /* multi-head, dropout by global position */
+    check_ring(4, 2, 0.0f, gather, 0); /* grouped-query: two key/value heads travel */
+    check_ring(2, 2, 0.2f, gather, 0); /* multi-head, dropout by global position */
+    /* A window of 3 keys back, shorter than a chunk of 5: from cp 3 on a rank's queries see none of some ranks'
+     * blocks, which it skips (and whose grads it sends on untouched); and of 6, where a block one chunk away is
+     * seen by one query alone (chunk 7's first row, chunk 5's last key, at cp 4). */
+    check_ring(4, 2, 0.0f, gather, 3);
+    check_ring(2, 2, 0.2f, gather, 3);
+    check_ring(4, 2, 0.0f, gather, 6);
   }
 }
 END_TEST

@@ -1,5 +1,7 @@
 /* Model-shape flags and their resolution. */
+#include <stdint.h>
 #include <string.h>
+#include "core/decimal.h"
 #include "ckpt/export.h"
 #include "cli/names.h"
 #include "cli/model_flags.h"
@@ -25,6 +27,12 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--softmax-type", FLAG_STRING, &mf->softmax_type,
        "the attention's softmax: learnable gives each head a logit in every row's denominator (GPT-OSS's attention sinks)",
        LOOM_NO_RANGE, LOOM_SOFTMAX_NAMES, false, "model.softmax_type"},
+      {"--window-size", FLAG_STRING, &mf->window_size,
+       "sliding-window attention: LEFT,0, a query seeing the keys at most LEFT positions back (Hugging Face's "
+       "sliding_window is LEFT + 1)", LOOM_NO_RANGE, NULL, false, "model.window_size"},
+      {"--window-attn-skip-freq", FLAG_STRING, &mf->window_skip_freq,
+       "which layers attend in full under --window-size: N (one after every N - 1 windowed) or a list such as "
+       "([1,0]*12) (1: windowed)", LOOM_NO_RANGE, NULL, false, "model.window_pattern"},
       {"--norm", FLAG_STRING, &mf->norm, "the blocks' and final norm", LOOM_NO_RANGE, LOOM_NORM_NAMES, false, "model.norm"},
       {"--mlp", FLAG_STRING, &mf->mlp, "the MLP's activation (swiglu: gated, gate and up each --ffn wide)", LOOM_NO_RANGE,
        LOOM_MLP_NAMES, false, "model.mlp"},
@@ -124,10 +132,53 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   return LOOM_OK;
 }
 
+/* Megatron's --window-size, a (left, right) tuple ("128,0", "(128, 0)"): the left half, right 0 (loom's attention is
+ * causal); a left of -1 is no window. */
+static loom_status parse_window_size(const char *cmd, const char *text, int *window, loom_error *err) {
+  char body[64];
+  size_t n = 0;
+  for (const char *c = text; *c && n + 1 < sizeof body; c++)
+    if (*c != '(' && *c != ')' && *c != ' ') body[n++] = *c;
+  body[n] = '\0';
+  int64_t left = 0, right = 0;
+  const char *at = body;
+  loom_decimal d = loom_parse_decimal(body, &at, -1, LOOM_PLAN_MAX_SEQ, &left);
+  if (d == LOOM_DECIMAL_OK && *at == ',') d = loom_parse_decimal(at + 1, &at, INT32_MIN, INT32_MAX, &right);
+  if (d != LOOM_DECIMAL_OK || *at != '\0' || left == 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --window-size " LOOM_QUOTE_FMT ": give LEFT,RIGHT as Megatron does (128,0: "
+                     "each query sees the 128 keys before it), LEFT from 1 to %d or -1 for none", cmd, LOOM_QUOTE(text),
+                     LOOM_PLAN_MAX_SEQ);
+  if (right != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --window-size " LOOM_QUOTE_FMT ": the right half must be 0: loom's attention "
+                     "is causal, no query sees a later key", cmd, LOOM_QUOTE(text));
+  *window = left < 0 ? 0 : (int)left;
+  return LOOM_OK;
+}
+
+/* The window's flags on cfg (whose layers are set). */
+static loom_status resolve_window(const char *cmd, const loom_model_flags *mf, const loom_flag *table, loom_gpt_config *cfg,
+                                  loom_error *err) {
+  if (flag_set(table, "--window-size")) {
+    const loom_status st = parse_window_size(cmd, mf->window_size, &cfg->window, err);
+    if (st != LOOM_OK) return st;
+  }
+  if (!flag_set(table, "--window-attn-skip-freq")) return LOOM_OK;
+  if (cfg->window <= 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --window-attn-skip-freq says which layers skip the window, but there is no "
+                     "window; add --window-size", cmd);
+  char why[160];
+  if (loom_gpt_parse_window_skip_freq(cfg, mf->window_skip_freq, why, sizeof why) != 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --window-attn-skip-freq " LOOM_QUOTE_FMT ": %s (give N, one full-attention "
+                     "layer after N - 1 windowed ones, or a list such as ([1,0]*12), 1 for a windowed layer)", cmd,
+                     LOOM_QUOTE(mf->window_skip_freq), why);
+  return LOOM_OK;
+}
+
 loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf, const loom_flag *table,
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
-                                      "--kv-channels", "--qk-layernorm", "--softmax-type", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--kv-channels", "--qk-layernorm", "--softmax-type", "--window-size",
+                                      "--window-attn-skip-freq", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
@@ -180,6 +231,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (flag_set(table, "--softmax-type"))
     cfg->softmax = (loom_softmax_kind)loom_flag_choice_index(LOOM_SOFTMAX_NAMES, mf->softmax_type);
   loom_status st = resolve_moe(cmd, mf, table, cfg, err);
+  if (st == LOOM_OK) st = resolve_window(cmd, mf, table, cfg, err);
   if (st != LOOM_OK) return st;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */

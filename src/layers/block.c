@@ -17,7 +17,7 @@ loom_dropout loom_dropout_for(const loom_block_dropout *d, int site, int T, cons
 
 static loom_attn_shape attn_shape(const loom_block_shape *s) {
   return (loom_attn_shape){.T = s->T, .B = s->B, .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
-                           .head_offset = s->head_offset, .total_heads = s->total_heads};
+                           .head_offset = s->head_offset, .total_heads = s->total_heads, .window = s->window};
 }
 
 /* bf16 runs keep every activation and activation grad as bf16 values: each

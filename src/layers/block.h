@@ -42,6 +42,7 @@ typedef struct {
   loom_rope rope;   /* rotary positions (theta 0: none, the embedding added positions) */
   bool qk_norm;     /* RMSNorm over each q and k head before RoPE (its weights: q_norm_w, k_norm_w) */
   loom_softmax_kind softmax; /* attention sinks: a logit in every row's denominator (learnable: the weights' sinks) */
+  int window;       /* this layer's sliding window (loom_attn_shape's; 0: none) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
   const loom_moe_shape *moe; /* a Mixture-of-Experts MLP (with the shared expert's, if any, beside it); NULL: dense */
   float moe_loss_weight;     /* backward: the router losses' weight in the step's loss */

@@ -260,6 +260,7 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .ffn = (moe ? c->moe.shared_ffn : c->ffn) / m->tp.size, .norm_eps = c->norm_eps,
                             .norm = c->norm, .mlp = c->mlp,
                             .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .qk_norm = c->qk_norm, .softmax = c->softmax,
+                            .window = loom_gpt_layer_window(c, m->p.range.layer_begin + l),
                             .bf16 = c->bf16,
                             .moe = moe ? &m->moe : NULL, .moe_loss_weight = dloss * (float)m->T * (float)m->B};
 }

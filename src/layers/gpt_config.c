@@ -123,12 +123,13 @@ loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int 
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
          !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c) && loom_gpt_attn_width(c) == c->hidden &&
-         !c->qk_norm && c->softmax == LOOM_SOFTMAX_VANILLA;
+         !c->qk_norm && c->softmax == LOOM_SOFTMAX_VANILLA && c->window == 0;
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
          loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm && a->softmax == b->softmax &&
+         a->window == b->window && memcmp(a->full_attention, b->full_attention, sizeof a->full_attention) == 0 &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
@@ -165,6 +166,9 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
     snprintf(buf + used, n - used, ", head dim %d", loom_gpt_head_dim(c)), used = strlen(buf);
   if (c->qk_norm && used < n) snprintf(buf + used, n - used, ", qk norm"), used = strlen(buf);
   if (c->softmax && used < n) snprintf(buf + used, n - used, ", softmax %s", LOOM_SOFTMAX_NAMES[c->softmax % 3]), used = strlen(buf);
+  if (c->window > 0 && used < n)
+    snprintf(buf + used, n - used, ", window %d%s", c->window, loom_gpt_has_full_attention_layers(c) ? " (some layers full)" : ""),
+        used = strlen(buf);
   if (loom_gpt_is_moe(c) && used < n)
     snprintf(buf + used, n - used, ", %d experts of %d, top %d%s", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
              c->moe.shared_ffn ? ", shared" : "");
@@ -189,6 +193,11 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->qk_norm) PUT("%sqk-layernorm", used ? ", " : "");
   if (c->softmax == LOOM_SOFTMAX_LEARNABLE) PUT("%sattention sinks", used ? ", " : "");
   if (c->softmax == LOOM_SOFTMAX_OFF_BY_ONE) PUT("%soff-by-one softmax", used ? ", " : "");
+  if (c->window > 0) {
+    int windowed = 0;
+    for (int l = 0; l < c->layers; l++) windowed += loom_gpt_layer_window(c, l) > 0;
+    PUT("%ssliding window of %d keys back in %d of %d layers", used ? ", " : "", c->window, windowed, c->layers);
+  }
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
@@ -217,7 +226,7 @@ const char *loom_flops_formula_name(loom_flops_formula f) {
 /* ---- --moe-layer-freq ---- */
 
 bool loom_gpt_has_dense_layers(const loom_gpt_config *c) {
-  for (int w = 0; loom_gpt_is_moe(c) && w < LOOM_MOE_PATTERN_WORDS; w++)
+  for (int w = 0; loom_gpt_is_moe(c) && w < LOOM_LAYER_PATTERN_WORDS; w++)
     if (c->moe.dense[w]) return true;
   return false;
 }
@@ -313,7 +322,11 @@ static bool freq_expr(freq_parser *p) {
   return true;
 }
 
-int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
+/* Megatron's layer pattern (moe_freq_type): an integer N, or the list
+ * form, read into on[layers] (1 or 0 per layer); the integer N is left to
+ * the caller (*every = N; on untouched), whose meaning differs per flag.
+ * 0 on success, else -1 with why filled. */
+static int parse_layer_pattern(const char *text, int layers, uint8_t *on, int64_t *every, char *why, size_t n) {
   char body[4096];
   size_t len = strlen(text);
   if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0]) text++, len -= 2;
@@ -323,18 +336,16 @@ int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *wh
   }
   memcpy(body, text, len);
   body[len] = '\0';
-  uint8_t moe[LOOM_GPT_MAX_LAYERS] = {0};
-  int64_t every = 0;
-  const loom_decimal whole = loom_parse_decimal(body, NULL, 1, LOOM_GPT_MAX_LAYERS, &every);
-  freq_parser p = {.at = body, .out = moe, .cap = c->layers < LOOM_GPT_MAX_LAYERS ? c->layers : LOOM_GPT_MAX_LAYERS};
-  if (whole != LOOM_DECIMAL_NONE) { /* an integer: one MoE layer in every N */
-    if (whole == LOOM_DECIMAL_RANGE) {
-      snprintf(why, n, "an integer must be in [1, %d] (1: every layer a Mixture of Experts)", LOOM_GPT_MAX_LAYERS);
-      return -1;
-    }
-    for (int l = 0; l < p.cap; l++) moe[l] = l % every == 0;
-    p.len = p.cap;
-  } else if (freq_expr(&p)) {
+  *every = 0;
+  const loom_decimal whole = loom_parse_decimal(body, NULL, 1, LOOM_GPT_MAX_LAYERS, every);
+  freq_parser p = {.at = body, .out = on, .cap = layers < LOOM_GPT_MAX_LAYERS ? layers : LOOM_GPT_MAX_LAYERS};
+  if (whole == LOOM_DECIMAL_RANGE) {
+    snprintf(why, n, "an integer must be in [1, %d]", LOOM_GPT_MAX_LAYERS);
+    return -1;
+  }
+  if (whole != LOOM_DECIMAL_NONE) return 0;
+  *every = 0;
+  if (freq_expr(&p)) {
     skip_spaces(&p);
     if (*p.at != '\0') p.why = "unexpected text after the list";
   }
@@ -342,10 +353,36 @@ int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *wh
     snprintf(why, n, "%s", p.why);
     return -1;
   }
-  if (p.len != c->layers) {
-    snprintf(why, n, "gives %d entries for the model's %d layers", p.len, c->layers);
+  if (p.len != layers) {
+    snprintf(why, n, "gives %d entries for the model's %d layers", p.len, layers);
     return -1;
   }
-  for (int l = 0; l < c->layers; l++) loom_gpt_set_dense_layer(c, l, !moe[l]);
   return 0;
+}
+
+int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
+  uint8_t moe[LOOM_GPT_MAX_LAYERS] = {0};
+  int64_t every;
+  if (parse_layer_pattern(text, c->layers, moe, &every, why, n) != 0) return -1;
+  for (int l = 0; l < c->layers; l++) loom_gpt_set_dense_layer(c, l, every ? l % every != 0 : !moe[l]);
+  return 0;
+}
+
+void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full) {
+  const uint64_t bit = (uint64_t)1 << (l & 63);
+  c->full_attention[l >> 6] = full ? c->full_attention[l >> 6] | bit : c->full_attention[l >> 6] & ~bit;
+}
+
+int loom_gpt_parse_window_skip_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
+  uint8_t windowed[LOOM_GPT_MAX_LAYERS] = {0};
+  int64_t every;
+  if (parse_layer_pattern(text, c->layers, windowed, &every, why, n) != 0) return -1;
+  for (int l = 0; l < c->layers; l++) loom_gpt_set_full_attention_layer(c, l, every ? (l + 1) % every == 0 : !windowed[l]);
+  return 0;
+}
+
+bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c) {
+  for (int w = 0; c->window > 0 && w < LOOM_LAYER_PATTERN_WORDS; w++)
+    if (c->full_attention[w]) return true;
+  return false;
 }

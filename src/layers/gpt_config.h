@@ -53,7 +53,7 @@ extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
  * The first group of fields is the architecture; the rest are training's. */
 #define LOOM_MOE_BIAS_UPDATE_RATE 1e-3f /* Megatron-Core's default --moe-router-bias-update-rate */
 #define LOOM_GPT_MAX_LAYERS 4096        /* a model's layers at most (the plan's bound) */
-#define LOOM_MOE_PATTERN_WORDS (LOOM_GPT_MAX_LAYERS / 64)
+#define LOOM_LAYER_PATTERN_WORDS (LOOM_GPT_MAX_LAYERS / 64)
 typedef struct {
   int experts;            /* --num-experts */
   int topk;               /* --moe-router-topk */
@@ -78,7 +78,7 @@ typedef struct {
    * every other one); all clear: every layer a Mixture of Experts. The
    * plan's rules refuse dense layers so far: every layer computes as a MoE
    * layer (loom_gpt_is_moe). */
-  uint64_t dense[LOOM_MOE_PATTERN_WORDS];
+  uint64_t dense[LOOM_LAYER_PATTERN_WORDS];
   /* Where the experts are, not what they are: a rank of an expert-parallel
    * group of ep (0 or 1: every expert here) holds experts
    * [ep_rank E / ep, (ep_rank + 1) E / ep) (loom_gpt_config_for_ep),
@@ -109,6 +109,13 @@ typedef struct {
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool qk_norm;     /* RMSNorm over each head's q and k before RoPE, weights [head_dim] each (--qk-layernorm; Qwen3) */
   loom_softmax_kind softmax; /* --softmax-type: learnable is GPT-OSS's attention sinks, a [heads] logit per layer */
+  /* Sliding-window attention (Megatron's --window-size, its left half): a
+   * windowed layer's query sees the keys at most `window` positions back
+   * (0: every layer attends in full); bit l of full_attention (l / 64,
+   * l % 64) set makes layer l attend in full (--window-attn-skip-freq;
+   * GPT-OSS alternates, from a windowed first layer). */
+  int window;
+  uint64_t full_attention[LOOM_LAYER_PATTERN_WORDS];
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Where the sequence is, not what the model is: split over a context-
@@ -179,6 +186,19 @@ static inline int loom_gpt_local_expert_ffn(const loom_gpt_config *c) { return l
 static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
   return loom_gpt_is_moe(c) && !((c->moe.dense[l >> 6] >> (l & 63)) & 1u);
 }
+/* Layer l's attention window (loom_attn_shape's: 0, every earlier key). */
+static inline int loom_gpt_layer_window(const loom_gpt_config *c, int l) {
+  return c->window > 0 && !((c->full_attention[l >> 6] >> (l & 63)) & 1u) ? c->window : 0;
+}
+/* Whether a windowed model has layers that attend in full; makes layer l one (or a windowed one again). */
+bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c);
+void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full);
+/* Parses Megatron-LM's --window-attn-skip-freq for c's layers into
+ * c->full_attention: an integer N (one full-attention layer after N - 1
+ * windowed ones: layer l full where (l + 1) % N == 0), or the list form of
+ * --moe-layer-freq with 1 for a windowed layer and 0 for a full one; 0 on
+ * success, else -1 with why filled. */
+int loom_gpt_parse_window_skip_freq(loom_gpt_config *c, const char *text, char *why, size_t n);
 /* Whether a MoE model has dense layers among its MoE layers. */
 bool loom_gpt_has_dense_layers(const loom_gpt_config *c);
 /* Layers of [begin, end) whose MLP is a Mixture of Experts. */

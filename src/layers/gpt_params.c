@@ -660,6 +660,10 @@ void loom_gpt_params_copy_shards(loom_gpt_params *p, loom_gpt_params *full, int 
                to_local);
 }
 
+double loom_attention_keys(int T, int window) {
+  return window > 0 && window < T ? 2.0 * window - (double)window * window / T : (double)T;
+}
+
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
                                   loom_flops_formula formula) {
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
@@ -672,8 +676,9 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
   const double mlp = loom_mlp_matrices(cfg->mlp) * h * widths;
   const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
   /* scores and values: 4 T q FLOPs per token and layer, one pass (q = heads x head dim: hidden unless --kv-channels
-   * sets another width, as Megatron's query_projection_to_hidden_size_ratio scales it) */
-  const double attention = layers * q * (double)T;
+   * sets another width, as Megatron's query_projection_to_hidden_size_ratio scales it), T the keys a window leaves */
+  double attention = 0.0;
+  for (int l = range->layer_begin; l < range->layer_end; l++) attention += q * loom_attention_keys(T, loom_gpt_layer_window(cfg, l));
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
   return (6.0 * (layer_matmul + head) + (formula == LOOM_FLOPS_NEMO ? 12.0 : 6.0) * attention) * tokens;
 }

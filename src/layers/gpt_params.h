@@ -112,11 +112,17 @@ void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *
  * projection, two MLP matrices or SwiGLU's three, and the LM head's on the
  * last stage) x tokens, plus 6 x its layers x q x T x tokens for causal
  * attention's scores and values (12, halved; q = heads x head dim, the
- * hidden size unless --kv-channels sets it). SC21's: 8 x the layers'
+ * hidden size unless --kv-channels sets it; a windowed layer's T is
+ * loom_attention_keys'). SC21's: 8 x the layers'
  * matmul parameters and 16 x layers x q x T, per token, and 6 x the
  * head's. Over the whole model, loom_gpt_train_flops. */
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
                                   loom_flops_formula formula);
+/* The keys causal attention over T rows counts per query, as Megatron's
+ * formula does: T (half the T x T pairs, twice per query over 2), or
+ * under a window of W < T keys back its pairs T W - W^2 / 2, per query
+ * 2 W - W^2 / T: what a window saves. */
+double loom_attention_keys(int T, int window);
 
 typedef struct {
   loom_gpt_config cfg;

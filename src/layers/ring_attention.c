@@ -77,6 +77,27 @@ static void settle(const loom_ring *r, loom_request *recv, loom_request *send) {
   loom_comm_wait(r->group, recv);
 }
 
+/* Whether any of the n queries at q_pos sees any of the n keys at k_pos
+ * (loom_attn_sees): under a sliding window a block wholly outside every
+ * query's window is skipped. Each side is a few runs of consecutive
+ * positions (a cp rank's chunks): a query run [qa, qb] sees a key run
+ * [ka, kb] where ka <= qb and qa - kb <= window. */
+static bool block_seen(const loom_attn_shape *s, const int *q_pos, const int *k_pos, int n) {
+  if (s->window <= 0) return true;
+  for (int i = 0; i < n;) {
+    int qe = i + 1;
+    while (qe < n && q_pos[qe] == q_pos[qe - 1] + 1) qe++;
+    for (int j = 0; j < n;) {
+      int ke = j + 1;
+      while (ke < n && k_pos[ke] == k_pos[ke - 1] + 1) ke++;
+      if (k_pos[j] <= q_pos[qe - 1] && q_pos[i] - k_pos[ke - 1] <= s->window) return true;
+      j = ke;
+    }
+    i = qe;
+  }
+  return false;
+}
+
 /* The all-gather variant: every rank's block at once into kv[1]; returns a block's floats. */
 static size_t gather_blocks(const loom_ring *r, const loom_attn_shape *s) {
   const size_t n = (size_t)r->rows * s->B * kv_width(s);
@@ -92,9 +113,12 @@ static void gathered_forward(const loom_ops *ops, const loom_ring *r, float *out
   const int cp = loom_comm_size(r->group);
   const size_t n = gather_blocks(r, s);
   const double t = tick(r);
+  bool first = true; /* the first block computed writes the rows, whichever it is */
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
-    ops->attention_block_forward(ops, out, lse, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
+    if (!block_seen(s, r->pos, r->peer_pos, r->rows)) continue;
+    ops->attention_block_forward(ops, out, lse, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos, r->peer_pos, s, drop, first);
+    first = false;
   }
   note(r, LOOM_RING_BLOCK, t);
 }
@@ -107,8 +131,9 @@ static void gathered_backward(const loom_ops *ops, const loom_ring *r, float *dq
   loom_mem_zero(ops->mem, r->dkv[1], (size_t)cp * n);
   for (int j = 0; j < cp; j++) {
     loom_cp_positions(cp, j, s->T, r->peer_pos);
-    ops->attention_block_backward(ops, dqkv, r->dkv[1] + j * n, dout, out, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos,
-                                  r->peer_pos, lse, s, drop);
+    if (block_seen(s, r->pos, r->peer_pos, r->rows))
+      ops->attention_block_backward(ops, dqkv, r->dkv[1] + j * n, dout, out, qkv, r->kv[1] + j * n, r->rows, r->rows, r->pos,
+                                    r->peer_pos, lse, s, drop);
   }
   note(r, LOOM_RING_BLOCK, t);
   t = tick(r);
@@ -131,7 +156,8 @@ void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float 
     double t = tick(r);
     if (j + 1 < cp) pass_on(r, r->kv[1 - cur], r->kv[cur], n, RING_TAG_KV, &recv, &send);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
-    ops->attention_block_forward(ops, out, lse, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
+    if (j == 0 || block_seen(s, r->pos, r->peer_pos, r->rows)) /* step 0, its own keys: every query sees itself */
+      ops->attention_block_forward(ops, out, lse, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos, s, drop, j == 0);
     note(r, LOOM_RING_BLOCK, t);
     t = tick(r);
     settle(r, recv, send);
@@ -170,8 +196,9 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
     else loom_comm_flush(r->group);
     loom_mem_zero(ops->mem, mine, n);
     loom_cp_positions(cp, (me - j + cp) % cp, s->T, r->peer_pos);
-    ops->attention_block_backward(ops, dqkv, mine, dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
-                                  lse, s, drop);
+    if (block_seen(s, r->pos, r->peer_pos, r->rows))
+      ops->attention_block_backward(ops, dqkv, mine, dout, out, qkv, r->kv[cur], r->rows, r->rows, r->pos, r->peer_pos,
+                                    lse, s, drop);
     note(r, LOOM_RING_BLOCK, t);
     t = tick(r);
     settle(r, recv, send);

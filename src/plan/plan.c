@@ -48,6 +48,9 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                                  .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
                                  .bias_update_rate = m->moe->has_bias_update_rate ? m->moe->bias_update_rate
                                                                                   : LOOM_MOE_BIAS_UPDATE_RATE};
+  cfg->window = m->window_size;
+  for (size_t l = 0; l < m->n_window_pattern && l < (size_t)LOOM_GPT_MAX_LAYERS; l++)
+    if (m->window_pattern[l] == 0) loom_gpt_set_full_attention_layer(cfg, (int)l, true);
   for (size_t l = 0; m->moe && l < m->moe->n_layer_pattern && l < (size_t)LOOM_GPT_MAX_LAYERS; l++)
     if (m->moe->layer_pattern[l] == 0) loom_gpt_set_dense_layer(cfg, (int)l, true);
   if (m->rope_scaling)
@@ -98,6 +101,11 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_qk_layernorm = m->qk_layernorm = c->qk_norm;
   m->has_softmax_type = c->softmax != LOOM_SOFTMAX_VANILLA;
   m->softmax_type = (Loom__SoftmaxType)c->softmax;
+  m->has_window_size = c->window > 0, m->window_size = c->window;
+  if (loom_gpt_has_full_attention_layers(c)) {
+    for (int l = 0; l < c->layers; l++) rooms->window_pattern[l] = loom_gpt_layer_window(c, l) > 0;
+    m->n_window_pattern = (size_t)c->layers, m->window_pattern = rooms->window_pattern;
+  }
   if (!loom_gpt_is_moe(c)) return;
   const loom_moe_config *e = &c->moe;
   loom__moe__init(moe_room);

@@ -96,7 +96,8 @@ void loom_plan_context_config(const loom_plan *plan, loom_gpt_config *cfg);
 typedef struct {
   Loom__RopeScaling scaling;
   Loom__Moe moe;
-  int32_t pattern[LOOM_GPT_MAX_LAYERS];
+  int32_t pattern[LOOM_GPT_MAX_LAYERS];        /* the MoE layers */
+  int32_t window_pattern[LOOM_GPT_MAX_LAYERS]; /* the windowed layers */
 } loom_model_rooms;
 void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg);
 void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_rooms *rooms);

@@ -67,6 +67,8 @@ static Loom__Model *model_of(const loom_plan_spec *sp) {
   loom_model_rooms *rooms = loom_xmalloc(sizeof *rooms, "plan model");
   loom_model_proto_fill(m, &sp->model, rooms);
   if (m->rope_scaling) m->rope_scaling = plan_copy(&rooms->scaling, sizeof rooms->scaling, "plan model");
+  if (m->n_window_pattern)
+    m->window_pattern = plan_copy(rooms->window_pattern, m->n_window_pattern * sizeof *rooms->window_pattern, "plan model");
   if (m->moe) {
     Loom__Moe *moe = plan_copy(&rooms->moe, sizeof rooms->moe, "plan model");
     if (moe->n_layer_pattern)

@@ -89,6 +89,24 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
     violation(r, "model.moe.pre_softmax = true: orders a softmax before the top-k, but model.moe.score is sigmoid");
 }
 
+/* Sliding windows: shorter than the sequence (a longer one changes nothing), and a pattern of one entry per layer. */
+static void check_window(report *r, const Loom__Model *m) {
+  if (m->has_window_size && m->window_size >= m->seq)
+    violation(r, "model.window_size = %d: a query's window must be shorter than the sequence (model.seq %d), past which it "
+              "changes nothing; drop it or make it shorter", m->window_size, m->seq);
+  if (m->n_window_pattern && !m->has_window_size)
+    violation(r, "model.window_pattern: says which layers are windowed, but model.window_size sets no window");
+  size_t bad = m->n_window_pattern;
+  for (size_t l = 0; l < m->n_window_pattern; l++)
+    if (m->window_pattern[l] != 0 && m->window_pattern[l] != 1 && bad == m->n_window_pattern) bad = l;
+  if (m->n_window_pattern && m->n_window_pattern != (size_t)m->layers)
+    violation(r, "model.window_pattern: %zu entries, but model.layers = %d; give one per layer (1: windowed, 0: full)",
+              m->n_window_pattern, m->layers);
+  else if (bad < m->n_window_pattern)
+    violation(r, "model.window_pattern[%zu] = %d: must be 1 (a windowed layer) or 0 (full attention)", bad,
+              m->window_pattern[bad]);
+}
+
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (!m->has_kv_channels && m->hidden % m->heads)
@@ -123,6 +141,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
     violation(r, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is "
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
   if (m->moe) check_moe(r, m, tp);
+  check_window(r, m);
   const Loom__RopeScaling *sc = m->rope_scaling;
   if (sc && m->position != LOOM__POSITION__POSITION_ROPE)
     violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
@@ -435,6 +454,7 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     /* A head's width: the widths every backend's attention takes (LOOM_ATTN_MAX_HEAD_DIM: flash attention's). */
     if (m->has_kv_channels) check_size(r, "model.kv_channels", m->kv_channels, 1, LOOM_ATTN_MAX_HEAD_DIM);
     check_size(r, "model.softmax_type", (int)m->softmax_type, 0, LOOM__SOFTMAX_TYPE__SOFTMAX_LEARNABLE);
+    if (m->has_window_size) check_size(r, "model.window_size", m->window_size, 1, LOOM_PLAN_MAX_SEQ);
     if (m->moe) {
       check_size(r, "model.moe.experts", m->moe->experts, 1, LOOM_PLAN_MAX_EXPERTS);
       check_size(r, "model.moe.topk", m->moe->topk, 1, LOOM_PLAN_MAX_EXPERTS);

@@ -242,10 +242,16 @@ static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double a
   g->cp_bytes += (2.0 * cp - 1.0) * block;
 }
 
-/* One transformer layer for one micro-batch, a MoE layer or a dense one:
+/* The kinds of layer whose costs differ: dense or MoE (bit 0), attending in full or windowed (bit 1). */
+enum { SIM_LAYER_KINDS = 4 };
+static int sim_layer_kind(const loom_gpt_config *c, int l) {
+  return (loom_gpt_layer_is_moe(c, l) ? 1 : 0) + (loom_gpt_layer_window(c, l) > 0 ? 2 : 0);
+}
+
+/* One transformer layer for one micro-batch, a MoE layer or a dense one, windowed or not (window 0):
  * forward into f, backward (without recompute) into g; w: the part of g
  * that is its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
-static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
+static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
   const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
@@ -271,10 +277,12 @@ static void layer_costs(const layout *L, bool moe, pass *f, pass *g, pass *w) {
     if (!attention) w->compute += fw[i];
     else att_f += fw[i], att_g += bw[i];
   }
-  if (fused) { /* a causal kernel skips the masked half of the score tiles (FlashAttention's, cuDNN's) */
+  if (fused) { /* a causal kernel skips the masked half of the score tiles (FlashAttention's, cuDNN's), and a windowed
+                * one every tile outside the window */
     const double keys = L->cp > 1 && !L->cp_all_gather ? s / L->cp : s; /* what one kernel's queries meet */
     const double length = dev->has_attention_half_seq ? keys / (keys + dev->attention_half_seq) : 1.0;
-    const double flops = 2.0 * L->b * heads * sq * s * hd;
+    const double share = loom_attention_keys((int)s, window) / s; /* the window's share of the causal pairs */
+    const double flops = 2.0 * L->b * heads * sq * s * hd * share;
     const double rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency * length;
     att_f += flops / rate, att_g += 2.0 * flops / rate;
     f->compute += flops / rate;
@@ -453,22 +461,25 @@ static void add_layers(pass *to, const pass *x, double n) {
 /* Chunk k of pipeline rank q: its forward, backward (with what it recomputes) and weight grads of one
  * micro-batch from its layers' (lf, lg, lw: a dense layer's and a MoE layer's) and edges' costs, and what it sends
  * over tp, etp, cp and p2p and streams through memory in a step. */
-static void chunk_costs(const layout *L, loom_sim_costs *c, const loom_rank_sheet *s, int k, const pass lf[2],
-                        const pass lg[2], const pass lw[2], double message) {
+static void chunk_costs(const layout *L, loom_sim_costs *c, const loom_rank_sheet *s, int k, const pass lf[SIM_LAYER_KINDS],
+                        const pass lg[SIM_LAYER_KINDS], const pass lw[SIM_LAYER_KINDS], double message) {
   const int p = c->p, v = c->v, m = c->m, q = s->at.pp, stage = s->chunk[k].stage;
   const loom_stage_range r = s->chunk[k].range;
   const int count = r.layer_end - r.layer_begin, redone = s->chunk[k].recompute.layers;
   const int redo_end = r.layer_begin + (redone < count ? redone : count); /* the first ones: forward runs again in backward */
-  const double moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, r.layer_end), redo_moe = loom_gpt_moe_layers(&L->cfg, r.layer_begin, redo_end);
-  const double layers[2] = {count - moe, moe}, redo[2] = {redo_end - r.layer_begin - redo_moe, redo_moe};
+  double layers[SIM_LAYER_KINDS] = {0}, redo[SIM_LAYER_KINDS] = {0};
+  for (int l = r.layer_begin; l < r.layer_end; l++) {
+    layers[sim_layer_kind(&L->cfg, l)]++;
+    if (l < redo_end) redo[sim_layer_kind(&L->cfg, l)]++;
+  }
   pass f = {0}, g = {0}, w = {0};
-  for (int kind = 0; kind < 2; kind++) {
+  for (int kind = 0; kind < SIM_LAYER_KINDS; kind++) {
     add_layers(&f, &lf[kind], layers[kind]);
     add_layers(&g, &lg[kind], layers[kind]);
     w.compute += layers[kind] * lw[kind].compute;
   }
   edge_costs(L, &r, &f, &g, &w);
-  for (int kind = 0; kind < 2; kind++) add_layers(&g, &lf[kind], redo[kind]);
+  for (int kind = 0; kind < SIM_LAYER_KINDS; kind++) add_layers(&g, &lf[kind], redo[kind]);
   const int i = q * v + k;
   c->forward[i] = f.compute + f.comm, c->forward_comm[i] = f.comm;
   c->backward[i] = g.compute + g.comm, c->backward_comm[i] = g.comm;
@@ -564,8 +575,9 @@ void loom_sim_costs_build_assuming(const loom_plan *plan, const loom_profile *pr
   const double message = loom_gpt_boundary_bytes(&L.cfg, (int)L.s, (int)L.b, L.tp, L.sp);
   c->p2p = p > 1 ? loom_collective_seconds(prof, LOOM_COLL_SENDRECV, message, 2, c->p2p_link == LOOM_LINK_INTER ? 1 : 2, NULL) : 0.0;
   c->p2p_waited = !sheets[0].overlap.p2p;
-  pass lf[2] = {{0}}, lg[2] = {{0}}, lw[2] = {{0}}; /* a dense layer's and a MoE layer's */
-  for (int kind = 0; kind < 2; kind++) layer_costs(&L, kind == 1 && loom_gpt_is_moe(&L.cfg), &lf[kind], &lg[kind], &lw[kind]);
+  pass lf[SIM_LAYER_KINDS] = {{0}}, lg[SIM_LAYER_KINDS] = {{0}}, lw[SIM_LAYER_KINDS] = {{0}};
+  for (int kind = 0; kind < SIM_LAYER_KINDS; kind++)
+    layer_costs(&L, (kind & 1) && loom_gpt_is_moe(&L.cfg), kind & 2 ? L.cfg.window : 0, &lf[kind], &lg[kind], &lw[kind]);
   for (int q = 0; q < p; q++) {
     for (int k = 0; k < v; k++) chunk_costs(&L, c, &sheets[q], k, lf, lg, lw, message);
     double layers;
