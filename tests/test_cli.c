@@ -251,6 +251,19 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--kv-channels", "300", NULL), 2, "loom train: --kv-channels must be in [1, 256], got 300");
   refusal_row(&t, run("train", "--model", "llama-tiny", "--kv-channels", "15", NULL), 2,
               "loom train: --position POSITION_ROPE: needs an even head size, but the heads are 15 wide");
+  refusal_row(&t, run("train", "--window-size", "8,1", NULL), 2,
+              "loom train: --window-size '8,1': the right half must be 0: loom's attention is causal, no query sees a later key");
+  refusal_row(&t, run("train", "--window-size", "abc", NULL), 2,
+              "loom train: --window-size 'abc': give LEFT,RIGHT as Megatron does (128,0: each query sees the 128 keys before "
+              "it), LEFT from 1 to 1048576 or -1 for none");
+  refusal_row(&t, run("train", "--window-size", "64", NULL), 2,
+              "loom train: --window-size 64: a query's window must be shorter than the sequence (--seq 64), past which it "
+              "changes nothing; drop it or make it shorter");
+  refusal_row(&t, run("train", "--window-attn-skip-freq", "2", NULL), 2,
+              "loom train: --window-attn-skip-freq says which layers skip the window, but there is no window; add --window-size");
+  refusal_row(&t, run("train", "--window-size", "16,0", "--window-attn-skip-freq", "[1,0,1]", NULL), 2,
+              "loom train: --window-attn-skip-freq '[1,0,1]': more entries than the model's layers (give N, one "
+              "full-attention layer after N - 1 windowed ones, or a list such as ([1,0]*12), 1 for a windowed layer)");
   refusal_row(&t, run("train", "--qk-layernorm", NULL), 2,
               "loom train: --qk-layernorm true: normalises q and k with RMSNorm, as the model's other norms; set --norm "
               "NORM_RMSNORM (Qwen3's and Megatron-Core's pairing)");

@@ -3,7 +3,7 @@
  * a mix of the switches: LayerNorm with biases, SwiGLU, learned
  * positions, multi-query attention, untied, the off-by-one softmax;
  * Llama's MoE; Qwen3's heads of their own width with QK-norm; GPT-OSS's
- * attention sinks): every parameter's gradient
+ * attention sinks and alternating sliding windows): every parameter's gradient
  * against central finite differences (with and without dropout), the CPU
  * backend against the reference backend end to end, the loss at init, and
  * overfitting one batch.
@@ -46,9 +46,11 @@ static void as_family(loom_gpt_config *c, int family) {
   } else if (family == QWEN3) { /* Llama's, its heads 6 wide whatever hidden / heads is (--kv-channels), QK-norm on */
     as_family(c, LLAMA);
     c->head_dim = 6, c->qk_norm = true;
-  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width and learned sinks */
+  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width, learned sinks, and a
+                                * window of 2 keys back in its first layer, the second attending in full */
     as_family(c, LLAMA);
-    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE;
+    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2;
+    if (c->layers > 1) loom_gpt_set_full_attention_layer(c, 1, true);
   }
   loom_gpt_config_finish(c);
 }
@@ -595,6 +597,10 @@ START_TEST(qwen3_counts_as_published) {
     ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), published[i].total);
     ck_assert_uint_eq(loom_gpt_active_param_count(&c), published[i].active);
   }
+  /* A sliding window of W keys back counts T W - W^2 / 2 of causal attention's pairs, T^2 / 2 at W = T. */
+  ck_assert_double_eq(loom_attention_keys(4096, 0), 4096.0);
+  ck_assert_double_eq(loom_attention_keys(4096, 4096), 4096.0);
+  ck_assert_double_eq(loom_attention_keys(4096, 128), 2.0 * 128 - 128.0 * 128 / 4096);
   loom_gpt_config c;
   ck_assert_int_eq(loom_cli_preset("qwen3-32b", &c), 0);
   const double L = c.layers, h = c.hidden, f = c.ffn, V = c.vocab, T = 4096, G = loom_gpt_kv_heads(&c), H = c.heads;
