@@ -162,15 +162,30 @@ def llama3_scaled(inv, scaling):
     return torch.where(medium, smoothed, llama)
 
 
+def sliding_window(c, i):
+    """Layer i's window as transformers builds its mask (a key is seen where query - key < window), or None:
+    Mistral's and Mixtral's every layer; the Qwen families' only with use_sliding_window, in the layers layer_types names
+    sliding_attention (without it, from max_window_layers on)."""
+    if c["model_type"] in ("mistral", "mixtral"):
+        return c.get("sliding_window")
+    if not c.get("use_sliding_window"):
+        return None
+    types = c.get("layer_types") or ["sliding_attention" if j >= c["max_window_layers"] else "full_attention"
+                                     for j in range(c["num_hidden_layers"])]
+    return c["sliding_window"] if types[i] == "sliding_attention" else None
+
+
 def llama_loss(c, w, tokens, mlp=None):
     x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
     n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
     inv = llama3_scaled(1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), c.get("rope_scaling"))
     ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
     cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
-    mask = torch.full((n, n), float("-inf")).triu(1)
+    causal = torch.full((n, n), float("-inf")).triu(1)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
+        window = sliding_window(c, i)
+        mask = causal if not window else causal + torch.full((n, n), float("-inf")).tril(-window)
         a = rms_norm(x, w[p + "input_layernorm.weight"], c["rms_norm_eps"])
         linear = lambda x, name: x @ w[p + name + ".weight"].T + w.get(p + name + ".bias", 0)  # nn.Linear
         q = linear(a, "self_attn.q_proj").view(n, H, d).transpose(0, 1)
@@ -583,6 +598,13 @@ for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"),
     print(f"{'ok' if ok else 'FAIL'}: a Mixtral config with {field} {value}: exit {res.returncode}, {lines}")
 check_sharded()
 check_written("qwen3", QWEN3_CONFIG, llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
+# Sliding windows of 8 keys (a query's own and the 7 before it) over the 48-token window: Qwen3's second layer alone
+# (layer_types, max_window_layers 1), and Mistral's every layer (loom's --window-size 7,0 written as sliding_window 8).
+check_written("qwen3_window", {**QWEN3_CONFIG, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
+                               "layer_types": ["full_attention", "sliding_attention"]}, llama_weights, llama_loss,
+              [(1, []), (2, ["--tp", "2"]), (2, ["--cp", "2"])])
+check("mistral_window", ["--model", "llama-tiny", "--layers", "2", "--window-size", "7,0"], llama_weights, llama_loss,
+      [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 check_written("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_weights, qwen3_moe_loss,
               [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
 # A Qwen3 config.json loom cannot compute is refused by name: biases on the attention, no head width, a shared expert.

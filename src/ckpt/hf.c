@@ -38,7 +38,9 @@ static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "q
 /* The family whose class writes a model: QK-norm makes it Qwen3's; a MoE
  * model with a shared expert is Qwen2-MoE's, one without Mixtral's. */
 static int moe_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
-static int dense_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3 : c->qkv_bias ? QWEN2 : LLAMA; }
+static int dense_family(const loom_gpt_config *c) {
+  return c->qk_norm ? QWEN3 : c->qkv_bias ? QWEN2 : c->window > 0 ? MISTRAL : LLAMA;
+}
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -286,16 +288,25 @@ static loom_status read_rope_scaling(const config_reader *c, loom_rope *rope) {
   return st;
 }
 
-/* Mistral's sliding_window: null (none), or at least the model's sequence,
- * where every query sees every earlier key as in full causal attention. */
-static loom_status read_sliding_window(const config_reader *c, const loom_gpt_config *cfg) {
-  int window = 0;
-  const loom_status st = int_field(c, "sliding_window", 1, INT_MAX, 0, &window);
-  if (st != LOOM_OK || window == 0 || window >= cfg->seq) return st;
-  char why[200];
-  snprintf(why, sizeof why, "is %d, shorter than max_position_embeddings %d: loom's attention sees the whole causal "
-           "past, so it computes a sliding window only as long as the sequence", window, cfg->seq);
-  return bad_field(c, "sliding_window", why);
+/* A sliding_window of S (null: none) as loom's window: a query sees its
+ * own key and the S - 1 before it (transformers' mask: key > query - S),
+ * loom's window of S - 1 keys back; one at least the sequence changes
+ * nothing (0). S = 1, a query seeing itself alone, is refused. */
+static loom_status read_sliding_window(const config_reader *c, const loom_gpt_config *cfg, int *window) {
+  int size = 0;
+  *window = 0;
+  const loom_status st = int_field(c, "sliding_window", 1, INT_MAX, 0, &size);
+  if (st != LOOM_OK || size == 0 || size >= cfg->seq) return st;
+  if (size == 1)
+    return bad_field(c, "sliding_window", "is 1: a query would see its own key alone; loom's windows reach at least one "
+                     "key back");
+  *window = size - 1;
+  return LOOM_OK;
+}
+
+/* Mistral's and Mixtral's: every layer windowed. */
+static loom_status read_every_layer_window(const config_reader *c, loom_gpt_config *cfg) {
+  return read_sliding_window(c, cfg, &cfg->window);
 }
 
 /* Llama's and Mistral's biases: on every linear or none. */
@@ -321,25 +332,33 @@ static loom_status no_bias_fields(const config_reader *c, const char *why) {
   return LOOM_OK;
 }
 
-/* The Qwen families' attention windows: one only where use_sliding_window
- * turns it on (then as Mistral's), of one kind in every layer_types entry. */
-static loom_status read_qwen_windows(const config_reader *c, const loom_gpt_config *cfg) {
+/* The Qwen families' attention windows: only where use_sliding_window
+ * turns them on, in the layers layer_types names sliding_attention, or
+ * without it from layer max_window_layers on (transformers' default). */
+static loom_status read_qwen_windows(const config_reader *c, loom_gpt_config *cfg) {
   bool sliding = false;
-  int layers = 0;
+  int from = 0, window = 0;
   loom_status st = bool_field(c, "use_sliding_window", false, &sliding);
-  if (st == LOOM_OK && sliding) st = read_sliding_window(c, cfg);
-  if (st == LOOM_OK) st = int_field(c, "max_window_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &layers);
+  if (st == LOOM_OK && sliding) st = read_sliding_window(c, cfg, &window);
+  if (st == LOOM_OK) st = int_field(c, "max_window_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &from);
   const loom_json *types = loom_json_get(c->root, "layer_types");
-  if (st != LOOM_OK || !types) return st;
-  if (types->kind != LOOM_JSON_ARRAY || types->count != (size_t)cfg->layers)
+  if (st != LOOM_OK) return st;
+  if (types && (types->kind != LOOM_JSON_ARRAY || types->count != (size_t)cfg->layers))
     return bad_field(c, "layer_types", "must be a list of one attention kind per layer");
-  for (size_t i = 0; i < types->count; i++) {
-    const loom_json *t = &types->items[i];
-    const bool full = t->kind == LOOM_JSON_STRING && strcmp(t->string, "full_attention") == 0;
-    if (!full && !(t->kind == LOOM_JSON_STRING && strcmp(t->string, "sliding_attention") == 0))
-      return bad_field(c, "layer_types", "must hold \"full_attention\" or \"sliding_attention\" per layer");
-    if (!full && (st = read_sliding_window(c, cfg)) != LOOM_OK) return st;
+  int windowed = 0;
+  for (int l = 0; l < cfg->layers; l++) {
+    bool full = l < from;
+    if (types) {
+      const loom_json *t = &types->items[l];
+      full = t->kind == LOOM_JSON_STRING && strcmp(t->string, "full_attention") == 0;
+      if (!full && !(t->kind == LOOM_JSON_STRING && strcmp(t->string, "sliding_attention") == 0))
+        return bad_field(c, "layer_types", "must hold \"full_attention\" or \"sliding_attention\" per layer");
+    }
+    loom_gpt_set_full_attention_layer(cfg, l, full);
+    windowed += !full;
   }
+  cfg->window = windowed ? window : 0;
+  if (!cfg->window) memset(cfg->full_attention, 0, sizeof cfg->full_attention);
   return LOOM_OK;
 }
 
@@ -399,7 +418,7 @@ static loom_status read_mixtral(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK && jitter && !(jitter->kind == LOOM_JSON_NUMBER && jitter->number == 0.0))
     st = bad_field(c, "router_jitter_noise", "must be 0: loom's router is a function of its inputs alone (no noise)");
   if (st == LOOM_OK) st = read_router_fields(c, e);
-  if (st == LOOM_OK) st = read_sliding_window(c, cfg);
+  if (st == LOOM_OK) st = read_every_layer_window(c, cfg);
   e->ffn = cfg->ffn;
   return st;
 }
@@ -518,7 +537,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
          : family == QWEN3     ? read_qwen3(&c, cfg)
          : family == QWEN3_MOE ? read_qwen3_moe(&c, cfg)
                                : read_llama_biases(&c, cfg);
-  if (st == LOOM_OK && family == MISTRAL) st = read_sliding_window(&c, cfg);
+  if (st == LOOM_OK && family == MISTRAL) st = read_every_layer_window(&c, cfg);
   loom_json_free(&root);
   if (st != LOOM_OK) return st;
   loom_gpt_config_finish(cfg);
@@ -568,8 +587,28 @@ static const char *not_qwen3_moe(const loom_gpt_config *c) {
 static const char *not_dense(const loom_gpt_config *c, int family) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE)
     return "a Hugging Face directory holds GPT-2's architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope "
-           "(LlamaForCausalLM; Qwen2ForCausalLM with --qkv-bias; Qwen3ForCausalLM with --qk-layernorm)";
+           "(LlamaForCausalLM; MistralForCausalLM with --window-size; Qwen2ForCausalLM with --qkv-bias; Qwen3ForCausalLM "
+           "with --qk-layernorm)";
   if (family == QWEN3 && c->qkv_bias) return "Qwen3's attention has biases on q, k, v and o together or none, not on q, k and v alone";
+  if (family == MISTRAL && !c->no_bias) return "Mistral's linears have no biases";
+  return NULL;
+}
+
+/* Why the family's config.json cannot say the model's sliding windows, or NULL where it can: Mistral and Mixtral
+ * window every layer; the Qwen families the layers from max_window_layers on. */
+static const char *not_windows(const loom_gpt_config *c, int family) {
+  if (c->window <= 0) return NULL;
+  if ((family == MISTRAL || family == MIXTRAL) && loom_gpt_has_full_attention_layers(c))
+    return "some of its layers attend in full, and Mistral's and Mixtral's sliding_window covers every layer";
+  if (family != MISTRAL && family != MIXTRAL && family != QWEN2 && family != QWEN3 && family != QWEN2_MOE &&
+      family != QWEN3_MOE)
+    return "its class has no sliding window";
+  bool windowed = false;
+  for (int l = 0; l < c->layers; l++) {
+    if (windowed && loom_gpt_layer_window(c, l) == 0)
+      return "a full-attention layer follows a windowed one, and the Qwen classes window the layers from max_window_layers on";
+    windowed = windowed || loom_gpt_layer_window(c, l) > 0;
+  }
   return NULL;
 }
 
@@ -582,6 +621,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
                     : family == QWEN2_MOE ? not_qwen2_moe(c)
                     : family == QWEN3_MOE ? not_qwen3_moe(c)
                                           : not_dense(c, family);
+  if (!why) why = not_windows(c, family);
   /* Qwen2's classes size their heads hidden / heads: no config.json field of theirs says another width. */
   if (!why && (family == QWEN2 || family == QWEN2_MOE) && loom_gpt_attn_width(c) != c->hidden)
     why = "its heads are not hidden / heads wide, which Qwen2's classes take (--kv-channels: LlamaForCausalLM, or Qwen3's "
@@ -593,6 +633,31 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
   char arch[256];
   return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class (%s): %s; save it as a loom checkpoint or "
                    "a safetensors file", loom_gpt_config_architecture(c, 1, arch, sizeof arch), ARCHITECTURES[family], why);
+}
+
+/* Bytes per layer the per-layer lists of a config.json take at most (mlp_only_layers, layer_types). */
+#define LOOM_HF_LAYER_LIST_BYTES 28
+
+/* sliding_window's value: null, or the keys a query sees, its own among them (loom's window + 1). */
+static const char *sliding_window_json(const loom_gpt_config *c, char *buf, size_t n) {
+  if (c->window > 0) snprintf(buf, n, "%d", c->window + 1);
+  else snprintf(buf, n, "null");
+  return buf;
+}
+
+/* The Qwen families' window fields: use_sliding_window, sliding_window, max_window_layers (the first windowed
+ * layer; not_windows: every later one windowed) and layer_types. */
+static const char *qwen_windows_json(const loom_gpt_config *c, char *buf, size_t n) {
+  char size[32];
+  int from = c->layers;
+  while (c->window > 0 && from > 0 && loom_gpt_layer_window(c, from - 1) > 0) from--;
+  size_t used = (size_t)snprintf(buf, n, "  \"use_sliding_window\": %s,\n  \"sliding_window\": %s,\n  \"max_window_layers\": %d,\n",
+                                 c->window > 0 ? "true" : "false", sliding_window_json(c, size, sizeof size), from);
+  for (int l = 0; c->window > 0 && l < c->layers && used < n; l++)
+    used += (size_t)snprintf(buf + used, n - used, "%s\"%s\"%s", l ? ", " : "  \"layer_types\": [",
+                             loom_gpt_layer_window(c, l) > 0 ? "sliding_attention" : "full_attention",
+                             l + 1 == c->layers ? "],\n" : "");
+  return buf;
 }
 
 /* config.json for the source's model, or an error if no transformers class holds it. */
@@ -623,35 +688,41 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              c->rope.original_max_position);
   /* Qwen2 (biases on q, k and v alone) and the MoE families have no bias fields, Llama its two, Qwen3 its one. */
   const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
-  char own[768 + 6 * LOOM_GPT_MAX_LAYERS], dense[6 * LOOM_GPT_MAX_LAYERS] = "";
+  /* room for every layer in mlp_only_layers (6 bytes each) and layer_types (22) */
+  char own[1024 + LOOM_HF_LAYER_LIST_BYTES * LOOM_GPT_MAX_LAYERS], dense[6 * LOOM_GPT_MAX_LAYERS] = "";
+  char windows[256 + 22 * LOOM_GPT_MAX_LAYERS];
+  char size[32];
+  qwen_windows_json(c, windows, sizeof windows);
   for (int l = 0, used = 0; l < c->layers; l++) /* Qwen2-MoE's dense layers, by index */
     if (!loom_gpt_layer_is_moe(c, l)) used += snprintf(dense + used, sizeof dense - (size_t)used, "%s%d", used ? ", " : "", l);
   if (family == QWEN3_MOE)
-    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n  \"use_sliding_window\": false,\n"
-             "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n%s  \"num_experts\": %d,\n"
+             "  \"num_experts_per_tok\": %d,\n"
              "  \"moe_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
              "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n",
-             loom_gpt_head_dim(c), c->layers, c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c),
+             loom_gpt_head_dim(c), windows, c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c),
              c->moe.pre_softmax ? "false" : "true", dense, (double)c->moe.aux_loss_coeff,
              c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
   else if (family == QWEN3)
-    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n  \"use_sliding_window\": false,\n"
-             "  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n", loom_gpt_head_dim(c), c->layers);
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n%s", loom_gpt_head_dim(c), windows);
   else if (family == QWEN2_MOE)
-    snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n"
+    snprintf(own, sizeof own, "%s"
              "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
              "  \"shared_expert_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
-             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n", c->layers,
+             "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n", windows,
              c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c), c->moe.shared_ffn, c->moe.pre_softmax ? "false" : "true",
              dense, (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
   else if (family == MIXTRAL)
-    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": null,\n  \"num_local_experts\": %d,\n"
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": %s,\n  \"num_local_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n  \"router_aux_loss_coef\": %.7g,\n  \"router_jitter_noise\": 0.0,\n"
-             "  \"output_router_logits\": %s,\n", loom_gpt_head_dim(c), c->moe.experts, c->moe.topk,
+             "  \"output_router_logits\": %s,\n", loom_gpt_head_dim(c), sliding_window_json(c, size, sizeof size),
+             c->moe.experts, c->moe.topk,
              (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false"); /* transformers adds the loss only then */
   else if (family == QWEN2)
-    snprintf(own, sizeof own, "  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n  \"max_window_layers\": %d,\n",
-             c->layers);
+    snprintf(own, sizeof own, "%s", windows);
+  else if (family == MISTRAL)
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"sliding_window\": %s,\n", loom_gpt_head_dim(c),
+             sliding_window_json(c, size, sizeof size));
   else
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n  \"mlp_bias\": %s,\n",
              loom_gpt_head_dim(c), c->no_bias ? "false" : "true", c->no_bias ? "false" : "true");
@@ -772,7 +843,7 @@ static loom_status swap_in(const char *stage, const char *dir, loom_error *err) 
 
 loom_status loom_hf_write(const char *out_dir, const loom_model_source *src, loom_dtype dtype, uint64_t max_shard_bytes,
                           const loom_hf_tokenizer *tok, loom_error *err) {
-  char json[4096 + 6 * LOOM_GPT_MAX_LAYERS], path[4200], target[4096], dir[4120]; /* room for every layer in mlp_only_layers */
+  char json[4096 + LOOM_HF_LAYER_LIST_BYTES * LOOM_GPT_MAX_LAYERS], path[4200], target[4096], dir[4120]; /* config_json's */
   snprintf(target, sizeof target, "%s", out_dir);
   for (size_t n = strlen(target); n > 1 && target[n - 1] == '/'; n--) target[n - 1] = '\0';
   snprintf(dir, sizeof dir, "%s.partial-%d", target, (int)getpid());
