@@ -899,13 +899,12 @@ START_TEST(hf_directories_refuse_bad_input) {
   } CASES[] = {
       {"config.json", "LlamaForCausalLM", "GemmaForCausalLM",
        "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-       "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM"},
+       "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM"},
       {"config.json", "[\"LlamaForCausalLM\"]", "[\"Qwen2ForCausalLM\"]",
        "field \"attention_bias\" is not Qwen2's: its q, k and v projections always have biases and its other linears never "
        "(transformers' Qwen2 reads no such field)"},
-      {"config.json", "[\"LlamaForCausalLM\"]", "[\"MistralForCausalLM\"], \"sliding_window\": 16",
-       "field \"sliding_window\" is 16, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
-       "so it computes a sliding window only as long as the sequence"},
+      {"config.json", "[\"LlamaForCausalLM\"]", "[\"MistralForCausalLM\"], \"sliding_window\": 1",
+       "field \"sliding_window\" is 1: a query would see its own key alone; loom's windows reach at least one key back"},
       {"config.json", "\"vocab_size\"", "\"sliding_window\": 4096, \"vocab_size\"",
        "field \"sliding_window\" is unknown to loom; remove it if it does not change the model"},
       {"config.json", "\"hidden_size\"", "\"hidden_sizes\"",
@@ -948,7 +947,7 @@ START_TEST(hf_directories_refuse_bad_input) {
   };
   for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
     expect_hf_refused(good, CASES[i].file, CASES[i].from, CASES[i].with, CASES[i].why);
-  /* Qwen2's own fields: a sliding window only as long as the sequence, one position axis, an attention kind per layer. */
+  /* Qwen2's own fields: a window reaching back at least one key, one position axis, an attention kind per layer. */
   char qwen[1024];
   snprintf(qwen, sizeof qwen, "%s", tu_tmp_path("hf_qwen2"));
   r = run("ckpt", "export", "--model", "llama-tiny", "--layers", "1", "--qkv-bias", "--format", "hf", "-o", qwen, NULL);
@@ -956,18 +955,17 @@ START_TEST(hf_directories_refuse_bad_input) {
   static const struct {
     const char *from, *with, *why;
   } QWEN2[] = {
-      {"\"use_sliding_window\": false,\n  \"sliding_window\": null", "\"use_sliding_window\": true,\n  \"sliding_window\": 16",
-       "field \"sliding_window\" is 16, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
-       "so it computes a sliding window only as long as the sequence"},
+      {"\"use_sliding_window\": false,\n  \"sliding_window\": null", "\"use_sliding_window\": true,\n  \"sliding_window\": 1",
+       "field \"sliding_window\" is 1: a query would see its own key alone; loom's windows reach at least one key back"},
       {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"use_mrope\": true",
        "field \"use_mrope\" must be false: loom computes RoPE over one position axis"},
       {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"layer_types\": [\"full_attention\", \"full_attention\"]",
        "field \"layer_types\" must be a list of one attention kind per layer"},
       {"\"max_window_layers\": 1", "\"max_window_layers\": 1, \"layer_types\": [\"chunked_attention\"]",
        "field \"layer_types\" must hold \"full_attention\" or \"sliding_attention\" per layer"},
-      {"\"sliding_window\": null", "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\"]",
-       "field \"sliding_window\" is 8, shorter than max_position_embeddings 64: loom's attention sees the whole causal past, "
-       "so it computes a sliding window only as long as the sequence"},
+      {"\"use_sliding_window\": false,\n  \"sliding_window\": null",
+       "\"use_sliding_window\": true,\n  \"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", \"full_attention\"]",
+       "field \"layer_types\" must be a list of one attention kind per layer"},
   };
   for (size_t i = 0; i < sizeof QWEN2 / sizeof QWEN2[0]; i++)
     expect_hf_refused(qwen, "config.json", QWEN2[i].from, QWEN2[i].with, QWEN2[i].why);
