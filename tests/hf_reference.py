@@ -175,12 +175,34 @@ def sliding_window(c, i):
     return c["sliding_window"] if types[i] == "sliding_attention" else None
 
 
+def yarn_scaled(inv, scaling, d, theta, positions):
+    """YaRN's frequencies and attention factor as transformers' _compute_yarn_parameters computes them: dims between
+    the correction dims of beta_fast and beta_slow rotations ramp from kept to divided by factor."""
+    factor = scaling["factor"]
+    old = scaling.get("original_max_position_embeddings") or positions
+    mscale = lambda s, m=1.0: 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+    attention = scaling.get("attention_factor") or mscale(factor)
+    dim = lambda rot: (d * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(theta))
+    low, high = dim(scaling.get("beta_fast") or 32), dim(scaling.get("beta_slow") or 1)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp), attention
+
+
 def llama_loss(c, w, tokens, mlp=None):
     x = w["model.embed_tokens.weight"][tokens[:-1]]  # [T, h]
     n, H, K, d = len(tokens) - 1, c["num_attention_heads"], c["num_key_value_heads"], head_dim(c)
-    inv = llama3_scaled(1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), c.get("rope_scaling"))
-    ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)
-    cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
+    inv, attention = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)), 1.0
+    scaling = c.get("rope_scaling")
+    if scaling and scaling.get("rope_type") == "yarn":
+        inv, attention = yarn_scaled(inv, scaling, d, c["rope_theta"], c["max_position_embeddings"])
+    else:
+        inv = llama3_scaled(inv, scaling)
+    ang = torch.outer(torch.arange(n, dtype=torch.float64), inv)  # cos and sin scaled by YaRN's attention factor
+    cos, sin = (torch.cat((ang, ang), -1).cos() * attention).float(), (torch.cat((ang, ang), -1).sin() * attention).float()
     causal = torch.full((n, n), float("-inf")).triu(1)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -542,6 +564,14 @@ check("mqa", ["--model", "llama-tiny", "--kv-heads", "1", "--rope-theta", "500"]
       [(1, []), (2, ["--tp", "2"])])
 check("llama31", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
       {"rope_scaling": LLAMA31_HUB_FIELDS["rope_scaling"]})
+# YaRN as GPT-OSS configures it (no truncation; 64 positions from 16 original, factor 4, so the ramp spans a 16-wide
+# head's dims), its attention factor 0.1 ln 4 + 1 on cos and sin; and truncated with an explicit attention factor.
+check("llama_yarn", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
+      {"rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "truncate": False, "rope_type": "yarn"}, "rope_theta": 150000.0})
+check("llama_yarn_truncated", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--pp", "2"])],
+      {"rope_scaling": {"factor": 4.0, "original_max_position_embeddings": 16, "beta_fast": 16.0, "beta_slow": 2.0,
+                        "attention_factor": 1.25, "rope_type": "yarn"}})
 # Mistral: Llama's model under another name, with a sliding window as long as the sequence.
 check("mistral", ["--model", "llama-tiny", "--layers", "2"], llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"])],
       {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "sliding_window": 64})

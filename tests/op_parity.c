@@ -171,6 +171,16 @@ static void rope(const op_backend *b, op_report *r) {
   ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, llama31);
   op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, llama31);
   expect(r, "rope_backward, llama3 scaling", &x, b->fp32_nmse);
+  /* YaRN as GPT-OSS's (its 4096 original positions shrunk to 64: the ramp spans a 16-wide head's dims), with its
+   * attention factor. */
+  const loom_rope yarn = {.theta = 150000.0f, .factor = 32.0f, .original_max_position = 64, .yarn = 1, .beta_fast = 32.0f,
+                          .beta_slow = 1.0f, .attention_factor = 1.3466f};
+  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, yarn);
+  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, yarn);
+  expect(r, "rope_forward, yarn scaling", &x, b->fp32_nmse);
+  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, yarn);
+  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, yarn);
+  expect(r, "rope_backward, yarn scaling", &x, b->fp32_nmse);
   drop(&x);
 }
 

@@ -474,6 +474,42 @@ START_TEST(rope_scaling_frequencies) {
 }
 END_TEST
 
+/* YaRN's frequencies as GPT-OSS configures them (theta 150000, head 64,
+ * factor 32, 4096 original positions, beta_fast 32, beta_slow 1, no
+ * truncation), worked out here: the correction dims of 32 and 1 rotations
+ * over 4096 positions, D ln(4096 / (rotations 2 pi)) / (2 ln theta), are
+ * 8.09 and 17.40; dims below the first keep f, those past the second take
+ * f / 32, and a linear ramp mixes the two between; truncated (DeepSeek's
+ * default) the range is [8, 18]. The attention factor, 0.1 ln 32 + 1,
+ * scales cos and sin. */
+START_TEST(yarn_frequencies) {
+  const int D = 64;
+  const double pi = 3.14159265358979323846, theta = 150000.0;
+  const double low = D * log(4096.0 / (32.0 * 2.0 * pi)) / (2.0 * log(theta)), high = D * log(4096.0 / (2.0 * pi)) / (2.0 * log(theta));
+  ck_assert_double_eq_tol(low, 8.09, 0.01);
+  ck_assert_double_eq_tol(high, 17.40, 0.01);
+  loom_rope yarn = {.theta = 150000.0f, .factor = 32.0f, .original_max_position = 4096, .yarn = 1, .beta_fast = 32.0f,
+                    .beta_slow = 1.0f, .attention_factor = (float)(0.1 * log(32.0) + 1.0)};
+  for (int truncate = 0; truncate < 2; truncate++) {
+    yarn.truncate = truncate;
+    const double lo = truncate ? 8.0 : low, hi = truncate ? 18.0 : high;
+    for (int i = 0; i < D / 2; i++) {
+      const double f = pow(theta, -2.0 * i / D), ramp = i <= lo ? 0.0 : i >= hi ? 1.0 : (i - lo) / (hi - lo);
+      const double want = (1.0 - ramp) * f + ramp * f / 32.0;
+      ck_assert_msg(fabs(loom_rope_frequency(i, D, yarn) - want) <= 1e-12 * f, "dim %d (truncate %d): %g, want %g", i, truncate,
+                    loom_rope_frequency(i, D, yarn), want);
+    }
+  }
+  ck_assert_double_eq(loom_rope_frequency(5, D, yarn), pow(theta, -10.0 / D)); /* below the range: kept */
+  ck_assert_double_eq_tol(loom_rope_frequency(30, D, yarn), pow(theta, -60.0 / D) / 32.0, 1e-18); /* past it: / 32 */
+  float c, sn;
+  loom_rope_turn(7, 30, D, yarn, 1.0, &c, &sn);
+  const double a = 7.0 * loom_rope_frequency(30, D, yarn), m = 0.1 * log(32.0) + 1.0;
+  ck_assert_float_eq_tol(c, (float)(m * cos(a)), 1e-7f);
+  ck_assert_float_eq_tol(sn, (float)(m * sin(a)), 1e-7f);
+}
+END_TEST
+
 START_TEST(op_parity) {
   const op_backend b = _i < OP_CASE_COUNT ? op_backend_cpu() : op_backend_guarded();
   const op_case *c = &OP_CASES[_i % OP_CASE_COUNT];
@@ -692,6 +728,7 @@ int main(void) {
   tcase_add_test(tc, swiglu);
   tcase_add_test(tc, rope);
   tcase_add_test(tc, rope_scaling_frequencies);
+  tcase_add_test(tc, yarn_frequencies);
   tcase_add_test(tc, gelu);
   tcase_add_loop_test(tc, attention, 0, 3);
   tcase_add_loop_test(tc, attention_with_dropout, 0, 3);

@@ -30,10 +30,32 @@ LOOM_HD float loom_silu_grad_at(float x) {
   return s * (1.0f + x * (1.0f - s));
 }
 
+/* YaRN's defaults (transformers' and Megatron-Core's): the ramp between 32 and 1 rotations. */
+#define LOOM_YARN_BETA_FAST 32.0f
+#define LOOM_YARN_BETA_SLOW 1.0f
+
+/* YaRN's attention factor for a scaling factor, transformers' get_mscale:
+ * 0.1 mscale ln(factor) + 1 (1 where factor <= 1). */
+LOOM_HD double loom_yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0; }
+
+/* YaRN's correction dim: the dim of D whose frequency turns `rotations` times over `positions`. */
+LOOM_HD double loom_yarn_correction_dim(double rotations, int D, double theta, double positions) {
+  return (double)D * log(positions / (rotations * 2.0 * 3.14159265358979323846)) / (2.0 * log(theta));
+}
+
 /* The frequency of dims i and i + D/2 of a head: theta^(-2i/D), scaled as above. */
 LOOM_HD double loom_rope_frequency(int i, int D, loom_rope r) {
   const double f = pow((double)r.theta, -2.0 * (double)i / (double)D);
   if (!(r.factor > 0.0f)) return f;
+  if (r.yarn) { /* dims below low keep f, above high take f / factor, a linear ramp between */
+    const double old = (double)r.original_max_position;
+    double low = loom_yarn_correction_dim(r.beta_fast, D, r.theta, old), high = loom_yarn_correction_dim(r.beta_slow, D, r.theta, old);
+    if (r.truncate) low = floor(low), high = ceil(high);
+    low = low > 0.0 ? low : 0.0, high = high < D - 1 ? high : D - 1;
+    if (low == high) high += 0.001;
+    const double ramp = fmin(fmax(((double)i - low) / (high - low), 0.0), 1.0);
+    return f / r.factor * ramp + f * (1.0 - ramp);
+  }
   const double wavelength = 2.0 * 3.14159265358979323846 / f, old = (double)r.original_max_position;
   if (wavelength > old / r.low_freq_factor) return f / r.factor;
   if (wavelength < old / r.high_freq_factor) return f;
@@ -44,6 +66,13 @@ LOOM_HD double loom_rope_frequency(int i, int D, loom_rope r) {
 /* The angle RoPE turns dims i and i + D/2 of a head at position pos by,
  * formed in double so every backend turns by the same cos and sin. */
 LOOM_HD double loom_rope_angle(int pos, int i, int D, loom_rope r) { return (double)pos * loom_rope_frequency(i, D, r); }
+
+/* The cos and sin RoPE turns dims i and i + D/2 by at position pos (sign -1: the transpose, backward), each
+ * scaled by YaRN's attention factor where it has one. */
+LOOM_HD void loom_rope_turn(int pos, int i, int D, loom_rope r, double sign, float *c, float *s) {
+  const double a = sign * loom_rope_angle(pos, i, D, r), m = r.yarn && r.attention_factor > 0.0f ? r.attention_factor : 1.0;
+  *c = (float)(m * cos(a)), *s = (float)(m * sin(a));
+}
 
 /* Whether a query at position q sees the key at position k: causally, and
  * under a window (> 0) only the keys at most `window` positions back

@@ -49,7 +49,7 @@ static inline loom_bf16_operand loom_bf16_kept(const float *values, const uint16
   return bits ? loom_bf16_bits(bits) : loom_bf16_values(values);
 }
 
-/* RoPE's frequencies: the base theta, and where factor > 0 Llama 3.1's
+/* RoPE's frequencies: the base theta, and where factor > 0 (and not yarn) Llama 3.1's
  * rope_scaling ("rope_type": "llama3", as transformers computes it): the
  * frequencies whose wavelength exceeds original_max_position /
  * low_freq_factor are divided by factor, those shorter than
@@ -60,6 +60,17 @@ typedef struct {
   float factor; /* 0: no scaling */
   float low_freq_factor, high_freq_factor;
   int original_max_position;
+  /* yarn (1): the factor is YaRN's ("rope_type": "yarn", as transformers
+   * computes it for GPT-OSS and DeepSeek): the frequencies below the
+   * correction range (dims that turn fewer than beta_slow times over
+   * original_max_position) divided by factor, those above it (beta_fast)
+   * kept, a linear ramp between, its ends rounded outward to whole dims
+   * where truncate is 1; and cos and sin scaled by attention_factor (each
+   * of q and k, so the scores by its square; 0 means 1). */
+  int yarn;
+  float beta_fast, beta_slow;
+  int truncate;
+  float attention_factor;
 } loom_rope;
 
 /* Shapes of a causal self-attention call on the local heads. */

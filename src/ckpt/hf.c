@@ -260,12 +260,43 @@ static loom_status known_fields(const config_reader *c, const char *const *field
   return LOOM_OK;
 }
 
+/* YaRN's rope_scaling ("rope_type": "yarn", as transformers reads it):
+ * factor required; original_max_position_embeddings (absent:
+ * max_position_embeddings), which where given must make factor the ratio
+ * of the two (transformers takes the ratio); beta_fast and beta_slow
+ * (absent: 32 and 1); truncate (absent: true); the attention factor given,
+ * or mscale / mscale_all_dim's ratio of get_mscale, or get_mscale(factor). */
+static loom_status read_yarn(const config_reader *sc, int seq, loom_rope *rope) {
+  rope->yarn = 1, rope->beta_fast = LOOM_YARN_BETA_FAST, rope->beta_slow = LOOM_YARN_BETA_SLOW, rope->truncate = 1;
+  bool truncate = true;
+  float mscale = 0.0f, mscale_all = 0.0f;
+  loom_status st = loom_json_get(sc->root, "factor") ? float_field(sc, "factor", 0.0, &rope->factor) : bad_field(sc, "factor", "is missing");
+  if (st == LOOM_OK) st = int_field(sc, "original_max_position_embeddings", 1, LOOM_PLAN_MAX_SEQ, seq, &rope->original_max_position);
+  if (st == LOOM_OK && loom_json_get(sc->root, "original_max_position_embeddings") &&
+      fabs((double)seq / rope->original_max_position - rope->factor) > 1e-6 * rope->factor)
+    st = bad_field(sc, "factor", "must be max_position_embeddings / original_max_position_embeddings, which transformers "
+                   "takes in its place");
+  if (st == LOOM_OK) st = float_field(sc, "beta_fast", LOOM_YARN_BETA_FAST, &rope->beta_fast);
+  if (st == LOOM_OK) st = float_field(sc, "beta_slow", LOOM_YARN_BETA_SLOW, &rope->beta_slow);
+  if (st == LOOM_OK) st = bool_field(sc, "truncate", true, &truncate);
+  rope->truncate = truncate;
+  if (st == LOOM_OK && loom_json_get(sc->root, "mscale")) st = float_field(sc, "mscale", 0.0, &mscale);
+  if (st == LOOM_OK && loom_json_get(sc->root, "mscale_all_dim")) st = float_field(sc, "mscale_all_dim", 0.0, &mscale_all);
+  rope->attention_factor = mscale > 0.0f && mscale_all > 0.0f
+                               ? (float)(loom_yarn_mscale(rope->factor, mscale) / loom_yarn_mscale(rope->factor, mscale_all))
+                               : (float)loom_yarn_mscale(rope->factor, 1.0);
+  if (st == LOOM_OK && loom_json_get(sc->root, "attention_factor")) st = float_field(sc, "attention_factor", 1.0, &rope->attention_factor);
+  return st;
+}
+
 /* rope_scaling: null, or Llama 3.1's ("rope_type": "llama3", older files'
- * "type"), its four numbers required; any other kind refused by name. The
- * numbers' ranges are the plan's rules (loom_plan_check_model). */
-static loom_status read_rope_scaling(const config_reader *c, loom_rope *rope) {
+ * "type"), its four numbers required, or YaRN's; any other kind refused by
+ * name. The numbers' ranges are the plan's rules (loom_plan_check_model). */
+static loom_status read_rope_scaling(const config_reader *c, int seq, loom_rope *rope) {
   static const char *const FIELDS[] = {"rope_type", "type", "factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings", NULL};
+  static const char *const YARN[] = {"rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
+                                     "beta_slow", "truncate", "mscale", "mscale_all_dim", "attention_factor", NULL};
   const loom_json *s = loom_json_get(c->root, "rope_scaling");
   if (!s || s->kind == LOOM_JSON_NULL) return LOOM_OK;
   if (s->kind != LOOM_JSON_OBJECT) return bad_field(c, "rope_scaling", "must be null or an object");
@@ -273,13 +304,15 @@ static loom_status read_rope_scaling(const config_reader *c, loom_rope *rope) {
   if (!type) type = loom_json_get(s, "type");
   if (!type || type->kind != LOOM_JSON_STRING) return bad_field(c, "rope_scaling", "must name its rope_type");
   if (strcmp(type->string, "default") == 0) return LOOM_OK; /* transformers' name for none */
-  if (strcmp(type->string, "llama3") != 0)
+  const bool yarn = strcmp(type->string, "yarn") == 0;
+  if (strcmp(type->string, "llama3") != 0 && !yarn)
     return loom_fail(c->err, LOOM_ERR_FORMAT, "%s: rope_scaling's rope_type \"%s\": loom computes Llama 3.1's \"llama3\" "
-                     "scaling only (not linear, dynamic, yarn, longrope or su)", c->path, type->string);
+                     "and \"yarn\" scaling only (not linear, dynamic, longrope or su)", c->path, type->string);
   char path[4300];
   snprintf(path, sizeof path, "%s: rope_scaling", c->path);
   const config_reader sc = {s, path, c->err};
-  loom_status st = known_fields(&sc, FIELDS, NULL);
+  loom_status st = known_fields(&sc, yarn ? YARN : FIELDS, NULL);
+  if (st == LOOM_OK && yarn) return read_yarn(&sc, seq, rope);
   static const char *const NUMBERS[] = {"factor", "low_freq_factor", "high_freq_factor"};
   float *into[] = {&rope->factor, &rope->low_freq_factor, &rope->high_freq_factor};
   for (int i = 0; i < 3 && st == LOOM_OK; i++)
@@ -496,7 +529,7 @@ static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   if (st == LOOM_OK) st = int_field(c, "head_dim", 1, LOOM_ATTN_MAX_HEAD_DIM, 0, &head_dim);
   cfg->head_dim = head_dim; /* 0 (absent): hidden_size / num_attention_heads, as transformers' Llama */
   if (st == LOOM_OK) st = int_field(c, "pretraining_tp", 1, 1, 1, &tp);
-  if (st == LOOM_OK) st = read_rope_scaling(c, &cfg->rope);
+  if (st == LOOM_OK) st = read_rope_scaling(c, cfg->seq, &cfg->rope);
   return st;
 }
 
@@ -679,8 +712,18 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   }
   const loom_status st = loom_hf_check_class(c, err);
   if (st != LOOM_OK) return st;
-  char scaling[256] = "null";
-  if (c->rope.factor > 0.0f)
+  char scaling[384] = "null";
+  const loom_rope *r = &c->rope;
+  char attention[64] = "";
+  if (r->yarn && r->attention_factor != (float)loom_yarn_mscale(r->factor, 1.0))
+    snprintf(attention, sizeof attention, "\n    \"attention_factor\": %.9g,", (double)r->attention_factor);
+  if (r->factor > 0.0f && r->yarn) /* the defaults of truncate and the attention factor left out, as a Hub config leaves them */
+    snprintf(scaling, sizeof scaling,
+             "{\n    \"factor\": %.9g,\n    \"original_max_position_embeddings\": %d,\n    \"beta_fast\": %.9g,\n"
+             "    \"beta_slow\": %.9g,%s%s\n    \"rope_type\": \"yarn\"\n  }",
+             (double)r->factor, r->original_max_position, (double)r->beta_fast, (double)r->beta_slow,
+             r->truncate ? "" : "\n    \"truncate\": false,", attention);
+  else if (c->rope.factor > 0.0f)
     snprintf(scaling, sizeof scaling,
              "{\n    \"factor\": %.9g,\n    \"low_freq_factor\": %.9g,\n    \"high_freq_factor\": %.9g,\n"
              "    \"original_max_position_embeddings\": %d,\n    \"rope_type\": \"llama3\"\n  }",

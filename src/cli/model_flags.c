@@ -2,6 +2,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "core/decimal.h"
+#include "backend/op_math.h"
 #include "ckpt/export.h"
 #include "cli/names.h"
 #include "cli/model_flags.h"
@@ -40,6 +41,11 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
        LOOM_POSITION_NAMES, false, "model.position"},
       {"--rope-theta", FLAG_FLOAT, &mf->rope_theta, "RoPE's base (10000; Llama 3: 500000)", 1.0001, 1e12, NULL, false,
        "model.rope_theta"},
+      {"--rope-type", FLAG_STRING, &mf->rope_type,
+       "RoPE's kind: rope, or yarn (YaRN's scaling by --rotary-scaling-factor from seq / factor original positions)",
+       LOOM_NO_RANGE, LOOM_ROPE_TYPE_NAMES, false, "model.rope_scaling.yarn"},
+      {"--rotary-scaling-factor", FLAG_FLOAT, &mf->rotary_scaling_factor, "YaRN's factor (GPT-OSS's 32, DeepSeek-V3's 40)",
+       1.0, 1e6, NULL, false, "model.rope_scaling.factor"},
       {"--no-bias", FLAG_BOOL, &mf->no_bias, "linears without biases (Llama)", LOOM_NO_RANGE, NULL, false, "model.bias"},
       {"--qkv-bias", FLAG_BOOL, &mf->qkv_bias, "with --no-bias: q, k and v keep their biases (Qwen2)", LOOM_NO_RANGE, NULL,
        false, "model.qkv_bias"},
@@ -178,7 +184,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
                                       "--kv-channels", "--qk-layernorm", "--softmax-type", "--window-size",
-                                      "--window-attn-skip-freq", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
@@ -221,6 +227,17 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (flag_set(table, "--rope-theta") && cfg->position != LOOM_POSITION_ROPE)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --rope-theta sets RoPE's base, but this model has learned positions; add "
                      "--position rope", cmd);
+  if (flag_set(table, "--rope-type") || flag_set(table, "--rotary-scaling-factor")) {
+    const bool yarn = flag_set(table, "--rope-type") ? loom_flag_choice_index(LOOM_ROPE_TYPE_NAMES, mf->rope_type) == 1
+                                                     : cfg->rope.yarn != 0;
+    if (!yarn || cfg->position != LOOM_POSITION_ROPE || !flag_set(table, "--rotary-scaling-factor"))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: --rope-type yarn and --rotary-scaling-factor go together, on a model with "
+                       "--position rope", cmd);
+    const float factor = mf->rotary_scaling_factor;
+    cfg->rope = (loom_rope){.theta = cfg->rope.theta, .factor = factor, .original_max_position = (int)(cfg->seq / factor),
+                            .yarn = 1, .beta_fast = LOOM_YARN_BETA_FAST, .beta_slow = LOOM_YARN_BETA_SLOW, .truncate = 1,
+                            .attention_factor = (float)loom_yarn_mscale(factor, 1.0)};
+  }
   if (flag_set(table, "--no-bias")) cfg->no_bias = mf->no_bias;
   if (flag_set(table, "--qkv-bias") && !cfg->no_bias)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --qkv-bias keeps q, k and v's biases where the others are dropped, but this "

@@ -10,6 +10,7 @@ const char *const LOOM_MLP_NAMES[] = {"gelu", "swiglu", NULL};
 const char *const LOOM_POSITION_NAMES[] = {"learned", "rope", NULL};
 const char *const LOOM_MOE_SCORE_NAMES[] = {"softmax", "sigmoid", NULL};
 const char *const LOOM_SOFTMAX_NAMES[] = {"vanilla", "off-by-one", "learnable", NULL};
+const char *const LOOM_ROPE_TYPE_NAMES[] = {"rope", "yarn", NULL};
 const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
 
 /* The Llama family's settings; the sizes are Meta's published configs
@@ -157,7 +158,8 @@ static const char *layer_freq(const loom_gpt_config *c, char *buf, size_t n) {
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n) {
   char rope[48] = "learned positions";
   if (c->position == LOOM_POSITION_ROPE)
-    snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta, c->rope.factor > 0.0f ? " scaled (llama3)" : "");
+    snprintf(rope, sizeof rope, "rope %g%s", (double)c->rope.theta,
+             c->rope.factor > 0.0f ? (c->rope.yarn ? " scaled (yarn)" : " scaled (llama3)") : "");
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
            LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
@@ -201,6 +203,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
+  if (c->position == LOOM_POSITION_ROPE && c->rope.factor > 0.0f)
+    PUT(" scaled by %g (%s)", (double)c->rope.factor, c->rope.yarn ? "yarn" : "llama3");
   if (c->no_bias) PUT("%s%s", used ? ", " : "", c->qkv_bias ? "biases on q, k and v only" : "no biases");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
   if (loom_gpt_is_moe(c)) {

@@ -43,6 +43,7 @@ extern const char *const LOOM_MLP_NAMES[];
 extern const char *const LOOM_POSITION_NAMES[];
 extern const char *const LOOM_MOE_SCORE_NAMES[];
 extern const char *const LOOM_SOFTMAX_NAMES[];
+extern const char *const LOOM_ROPE_TYPE_NAMES[]; /* "rope", "yarn": loom_rope's yarn 0 and 1 (Megatron's --rope-type) */
 extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
 
 /* A Mixture-of-Experts model's MLPs, with Megatron-Core's settings (its

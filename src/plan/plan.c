@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/op_math.h"
 #include "core/check.h"
 #include "layers/gpt.h"
 #include "plan/grad_compression.h"
@@ -53,11 +54,14 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
     if (m->window_pattern[l] == 0) loom_gpt_set_full_attention_layer(cfg, (int)l, true);
   for (size_t l = 0; m->moe && l < m->moe->n_layer_pattern && l < (size_t)LOOM_GPT_MAX_LAYERS; l++)
     if (m->moe->layer_pattern[l] == 0) loom_gpt_set_dense_layer(cfg, (int)l, true);
-  if (m->rope_scaling)
-    cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = m->rope_scaling->factor,
-                            .low_freq_factor = m->rope_scaling->low_freq_factor,
-                            .high_freq_factor = m->rope_scaling->high_freq_factor,
-                            .original_max_position = m->rope_scaling->original_max_position_embeddings};
+  const Loom__RopeScaling *sc = m->rope_scaling;
+  if (sc)
+    cfg->rope = (loom_rope){.theta = m->rope_theta, .factor = sc->factor, .low_freq_factor = sc->low_freq_factor,
+                            .high_freq_factor = sc->high_freq_factor, .original_max_position = sc->original_max_position_embeddings,
+                            .yarn = sc->yarn, .beta_fast = sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST,
+                            .beta_slow = sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW, .truncate = sc->truncate,
+                            .attention_factor = sc->has_attention_factor ? sc->attention_factor : loom_yarn_mscale(sc->factor, 1.0)};
+  if (sc && !sc->yarn) cfg->rope.beta_fast = cfg->rope.beta_slow = cfg->rope.attention_factor = 0.0f, cfg->rope.truncate = 0;
   loom_gpt_config_finish(cfg);
 }
 
@@ -83,11 +87,18 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_rope_theta = c->position == LOOM_POSITION_ROPE;
   if (m->has_rope_theta) m->rope_theta = c->rope.theta > 0.0f ? c->rope.theta : LOOM_ROPE_THETA_DEFAULT;
   if (c->position == LOOM_POSITION_ROPE && c->rope.factor > 0.0f) {
+    const loom_rope *r = &c->rope;
     loom__rope_scaling__init(room);
-    room->has_factor = room->has_low_freq_factor = room->has_high_freq_factor = 1;
-    room->has_original_max_position_embeddings = 1;
-    room->factor = c->rope.factor, room->low_freq_factor = c->rope.low_freq_factor;
-    room->high_freq_factor = c->rope.high_freq_factor, room->original_max_position_embeddings = c->rope.original_max_position;
+    room->has_factor = room->has_original_max_position_embeddings = 1;
+    room->factor = r->factor, room->original_max_position_embeddings = r->original_max_position;
+    room->has_low_freq_factor = room->has_high_freq_factor = !r->yarn;
+    room->low_freq_factor = r->low_freq_factor, room->high_freq_factor = r->high_freq_factor;
+    room->has_yarn = room->yarn = r->yarn;
+    room->has_beta_fast = r->yarn && r->beta_fast != LOOM_YARN_BETA_FAST, room->beta_fast = r->beta_fast;
+    room->has_beta_slow = r->yarn && r->beta_slow != LOOM_YARN_BETA_SLOW, room->beta_slow = r->beta_slow;
+    room->has_attention_factor = r->yarn && r->attention_factor != (float)loom_yarn_mscale(r->factor, 1.0);
+    room->attention_factor = r->attention_factor;
+    room->has_truncate = r->yarn && !r->truncate, room->truncate = r->truncate;
     m->rope_scaling = room;
   }
   m->has_bias = c->no_bias;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/op_math.h"
 #include "core/check.h"
 #include "layers/gpt.h"
 #include "plan/grad_compression.h"
@@ -147,7 +148,17 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
     violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
   else if (sc && !(isfinite(sc->factor) && sc->factor >= 1.0f))
     violation(r, "model.rope_scaling.factor = %g: must be a finite number of at least 1 (Llama 3.1's is 8)", (double)sc->factor);
-  else if (sc && !(isfinite(sc->low_freq_factor) && isfinite(sc->high_freq_factor) && sc->low_freq_factor > 0.0f &&
+  else if (sc && sc->yarn && !((!sc->has_beta_fast || isfinite(sc->beta_fast)) && (!sc->has_beta_slow || isfinite(sc->beta_slow)) &&
+                                (sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST) >
+                                    (sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW) &&
+                                (sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW) > 0.0f))
+    violation(r, "model.rope_scaling: YaRN's beta_fast %g and beta_slow %g must be finite with beta_fast > beta_slow > 0 "
+              "(GPT-OSS's and DeepSeek's: 32 and 1)", (double)(sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST),
+              (double)(sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW));
+  else if (sc && sc->yarn && sc->has_attention_factor && !(isfinite(sc->attention_factor) && sc->attention_factor > 0.0f))
+    violation(r, "model.rope_scaling.attention_factor = %g: must be a finite number above 0 (YaRN's default: 0.1 ln(factor) "
+              "+ 1)", (double)sc->attention_factor);
+  else if (sc && !sc->yarn && !(isfinite(sc->low_freq_factor) && isfinite(sc->high_freq_factor) && sc->low_freq_factor > 0.0f &&
                    sc->high_freq_factor > sc->low_freq_factor))
     violation(r, "model.rope_scaling: low_freq_factor %g and high_freq_factor %g must be finite with 0 < low < high "
               "(Llama 3.1's: 1 and 4)", (double)sc->low_freq_factor, (double)sc->high_freq_factor);

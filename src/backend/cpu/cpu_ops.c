@@ -203,9 +203,7 @@ static void cpu_rope(float *x, int T, int B, int stride, int heads, int D, int p
   float *cs = loom_xmalloc((size_t)T * half * 2 * sizeof(float), "RoPE table");
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      const double a = sign * loom_rope_angle(pos_offset + t, i, D, rope);
-      cs[((size_t)t * half + i) * 2] = (float)cos(a);
-      cs[((size_t)t * half + i) * 2 + 1] = (float)sin(a);
+      loom_rope_turn(pos_offset + t, i, D, rope, sign, &cs[((size_t)t * half + i) * 2], &cs[((size_t)t * half + i) * 2 + 1]);
     }
 #pragma omp parallel for schedule(static) if ((size_t)T * B * heads * D > PAR_MIN)
   for (int row = 0; row < T * B; row++) {

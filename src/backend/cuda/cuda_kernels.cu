@@ -165,8 +165,8 @@ __global__ void rope_kernel(float *x, int T, int B, int stride, int heads, int D
   const int p = (int)(i % half);
   const size_t rh = i / half, row = rh / heads;
   const int t = (int)(row / B);
-  const double a = sign * loom_rope_angle(pos_offset + t, p, D, rope);
-  const float c = (float)cos(a), s = (float)sin(a);
+  float c, s;
+  loom_rope_turn(pos_offset + t, p, D, rope, sign, &c, &s);
   float *x1 = x + row * stride + (rh % heads) * D + p, *x2 = x1 + half;
   const float u = *x1, v = *x2;
   *x1 = u * c - v * s;

@@ -123,8 +123,8 @@ static void ref_rope(float *x, int T, int B, int stride, int heads, int D, int p
   const int half = D / 2;
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      const double a = sign * loom_rope_angle(pos_offset + t, i, D, rope);
-      const float c = (float)cos(a), s = (float)sin(a);
+      float c, s;
+      loom_rope_turn(pos_offset + t, i, D, rope, sign, &c, &s);
       for (int b = 0; b < B; b++)
         for (int h = 0; h < heads; h++) {
           float *head = x + ((size_t)t * B + b) * stride + (size_t)h * D;
