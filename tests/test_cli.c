@@ -264,6 +264,10 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--window-size", "16,0", "--window-attn-skip-freq", "[1,0,1]", NULL), 2,
               "loom train: --window-attn-skip-freq '[1,0,1]': more entries than the model's layers (give N, one "
               "full-attention layer after N - 1 windowed ones, or a list such as ([1,0]*12), 1 for a windowed layer)");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--rope-type", "yarn", NULL), 2,
+              "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
+  refusal_row(&t, run("train", "--rope-type", "yarn", "--rotary-scaling-factor", "4", NULL), 2,
+              "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
   refusal_row(&t, run("train", "--qk-layernorm", NULL), 2,
               "loom train: --qk-layernorm true: normalises q and k with RMSNorm, as the model's other norms; set --norm "
               "NORM_RMSNORM (Qwen3's and Megatron-Core's pairing)");
