@@ -235,15 +235,20 @@ def mixtral_weights(c):
     """Llama's attention, each MLP Mixtral's: a router over num_local_experts experts, each SwiGLU's w1 (gate),
     w3 (up) and w2 (down). The router's weights are large, so no two of a token's scores nearly tie."""
     w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k}
-    h, f, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
     for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}.block_sparse_moe."
-        w[p + "gate.weight"] = weight(E, h, scale=1.0)
-        for e in range(E):
-            w[p + f"experts.{e}.w1.weight"] = weight(f, h)
-            w[p + f"experts.{e}.w3.weight"] = weight(f, h)
-            w[p + f"experts.{e}.w2.weight"] = weight(h, f, scale=0.1)
+        add_experts(w, f"model.layers.{i}.block_sparse_moe.", c["num_local_experts"], c["hidden_size"],
+                    c["intermediate_size"], ("w1", "w3", "w2"))
     return w
+
+
+def add_experts(w, p, E, h, f, names):
+    """A router (p + gate.weight, large, so no two of a token's scores nearly tie) and E SwiGLU experts, each its
+    gate, up and down projection under `names`."""
+    w[p + "gate.weight"] = weight(E, h, scale=1.0)
+    for e in range(E):
+        w[p + f"experts.{e}.{names[0]}.weight"] = weight(f, h)
+        w[p + f"experts.{e}.{names[1]}.weight"] = weight(f, h)
+        w[p + f"experts.{e}.{names[2]}.weight"] = weight(h, f, scale=0.1)
 
 
 def swiglu(x, w, gate, up, down):
@@ -313,14 +318,9 @@ def qwen3_moe_weights(c):
     two of a token's scores nearly tie."""
     dense = set(c["mlp_only_layers"])
     w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k or int(k.split(".")[2]) in dense}
-    h, f, E = c["hidden_size"], c["moe_intermediate_size"], c["num_experts"]
     for i in (i for i in range(c["num_hidden_layers"]) if i not in dense):
-        p = f"model.layers.{i}.mlp."
-        w[p + "gate.weight"] = weight(E, h, scale=1.0)
-        for e in range(E):
-            w[p + f"experts.{e}.gate_proj.weight"] = weight(f, h)
-            w[p + f"experts.{e}.up_proj.weight"] = weight(f, h)
-            w[p + f"experts.{e}.down_proj.weight"] = weight(h, f, scale=0.1)
+        add_experts(w, f"model.layers.{i}.mlp.", c["num_experts"], c["hidden_size"], c["moe_intermediate_size"],
+                    ("gate_proj", "up_proj", "down_proj"))
     return w
 
 
@@ -363,14 +363,7 @@ def check_written(name, config, weights_of, loss_of, layouts):
         json.dump(config, f, indent=2)
     w = weights_of(config)
     write_safetensors(os.path.join(d, "model.safetensors"), w)
-    want = loss_of(config, w, tokens)
-    for ranks, layout in layouts:
-        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
-                  + layout, ranks)
-        got = float(out.split("mean loss ")[1].split()[0])
-        ok = abs(got - want) <= 1e-5 * abs(want)
-        failures += not ok
-        print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    evaluate(name, d, loss_of(config, w, tokens), layouts)
     again = os.path.join(work, name + "_again")
     run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
     with open(os.path.join(again, "config.json")) as f:
@@ -422,6 +415,22 @@ def gpt2_loss(c, w, tokens):
     return torch.nn.functional.cross_entropy(logits, tokens[1:]).item()
 
 
+def evaluate(name, d, want, layouts):
+    """loom's loss of directory d under each (ranks, flags) layout against the reference's, to relative 1e-5;
+    returns the first layout's."""
+    global failures
+    first = None
+    for ranks, layout in layouts:
+        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
+                  + layout, ranks)
+        got = float(out.split("mean loss ")[1].split()[0])
+        first = got if first is None else first
+        ok = abs(got - want) <= 1e-5 * abs(want)
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    return first
+
+
 def check(name, model_flags, weights_of, loss_of, layouts, config_edit=None):
     global failures
     d = os.path.join(work, name)
@@ -434,16 +443,7 @@ def check(name, model_flags, weights_of, loss_of, layouts, config_edit=None):
             json.dump(config, f, indent=2)
     w = weights_of(config)
     write_safetensors(os.path.join(d, "model.safetensors"), w)
-    want = loss_of(config, w, tokens)
-    serial = None
-    for ranks, layout in layouts:
-        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
-                  + layout, ranks)
-        got = float(out.split("mean loss ")[1].split()[0])
-        serial = got if serial is None else serial
-        ok = abs(got - want) <= 1e-5 * abs(want)
-        failures += not ok
-        print(f"{'ok' if ok else 'FAIL'}: {name} {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    serial = evaluate(name, d, loss_of(config, w, tokens), layouts)
     again = os.path.join(work, name + "_again")
     run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
     with open(os.path.join(d, "config.json"), "rb") as a, open(os.path.join(again, "config.json"), "rb") as b:
@@ -544,6 +544,29 @@ def check_sharded():
         print(f"{'ok' if ok else 'FAIL'}: {what}: exit {res.returncode}, {lines}")
 
 
+def expect_config_refused(name, field, value):
+    """Directory `name` with one config.json field set to value (None: removed) is refused in one line naming it."""
+    global failures
+    bad = os.path.join(work, name + "_bad")
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(os.path.join(work, name), bad)
+    with open(os.path.join(bad, "config.json")) as f:
+        config = json.load(f)
+    if value is None:
+        del config[field]
+    else:
+        config[field] = value
+    with open(os.path.join(bad, "config.json"), "w") as f:
+        json.dump(config, f)
+    res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
+                         capture_output=True, text=True)
+    lines = res.stderr.strip().splitlines()
+    ok = res.returncode == 2 and len(lines) == 1 and f'field "{field}"' in lines[0]
+    failures += not ok
+    print(f"{'ok' if ok else 'FAIL'}: a {name} config with {field} {'absent' if value is None else value}: exit "
+          f"{res.returncode}, {lines}")
+
+
 def edit_index(d, change):
     path = os.path.join(d, "model.safetensors.index.json")
     with open(path) as f:
@@ -611,21 +634,8 @@ ok = abs(got - want) <= 1e-5 * abs(want)
 failures += not ok
 print(f"{'ok' if ok else 'FAIL'}: a Qwen2-MoE config with decoder_sparse_step 2: loom {got:.6f}, reference {want:.6f}")
 # A Mixtral config.json loom cannot compute is refused by name: router noise, a bias field.
-for field, value, words in (("router_jitter_noise", 0.1, "router_jitter_noise"), ("attention_bias", False, "attention_bias")):
-    bad = os.path.join(work, "mixtral_bad")
-    shutil.rmtree(bad, ignore_errors=True)
-    shutil.copytree(os.path.join(work, "mixtral"), bad)
-    with open(os.path.join(bad, "config.json")) as f:
-        config = json.load(f)
-    config[field] = value
-    with open(os.path.join(bad, "config.json"), "w") as f:
-        json.dump(config, f)
-    res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
-                         capture_output=True, text=True)
-    lines = res.stderr.strip().splitlines()
-    ok = res.returncode == 2 and len(lines) == 1 and f'field "{words}"' in lines[0]
-    failures += not ok
-    print(f"{'ok' if ok else 'FAIL'}: a Mixtral config with {field} {value}: exit {res.returncode}, {lines}")
+for field, value in (("router_jitter_noise", 0.1), ("attention_bias", False)):
+    expect_config_refused("mixtral", field, value)
 check_sharded()
 check_written("qwen3", QWEN3_CONFIG, llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 # Sliding windows of 8 keys (a query's own and the 7 before it) over the 48-token window: Qwen3's second layer alone
@@ -640,24 +650,7 @@ check_written("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_weights, qwen3_moe_loss,
 # A Qwen3 config.json loom cannot compute is refused by name: biases on the attention, no head width, a shared expert.
 for family, field, value in (("qwen3", "attention_bias", True), ("qwen3", "head_dim", None),
                              ("qwen3_moe", "shared_expert_intermediate_size", 64)):
-    bad = os.path.join(work, family + "_bad")
-    shutil.rmtree(bad, ignore_errors=True)
-    shutil.copytree(os.path.join(work, family), bad)
-    with open(os.path.join(bad, "config.json")) as f:
-        config = json.load(f)
-    if value is None:
-        del config[field]
-    else:
-        config[field] = value
-    with open(os.path.join(bad, "config.json"), "w") as f:
-        json.dump(config, f)
-    res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
-                         capture_output=True, text=True)
-    lines = res.stderr.strip().splitlines()
-    ok = res.returncode == 2 and len(lines) == 1 and f'field "{field}"' in lines[0]
-    failures += not ok
-    print(f"{'ok' if ok else 'FAIL'}: a {family} config with {field} {'absent' if value is None else value}: exit "
-          f"{res.returncode}, {lines}")
+    expect_config_refused(family, field, value)
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])

@@ -151,36 +151,31 @@ static void swiglu(const op_backend *b, op_report *r) {
 }
 
 /* q and k of 6 + 2 heads turned in a qkv row of 6 + 2 * 2 heads (grouped-query), v left alone; positions from 40. */
-static void rope(const op_backend *b, op_report *r) {
+/* RoPE forward then backward under one scaling, each against the reference. */
+static void rope_turns(const op_backend *b, op_report *r, mirror *x, int T, int B, int stride, int heads, int D,
+                       loom_rope forward, loom_rope backward, const char *forward_name, const char *backward_name) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  ref->rope_forward(ref, x->host, T, B, stride, heads, D, 40, forward);
+  op->rope_forward(op, x->dev, T, B, stride, heads, D, 40, forward);
+  expect(r, forward_name, x, b->fp32_nmse);
+  ref->rope_backward(ref, x->host, T, B, stride, heads, D, 40, backward);
+  op->rope_backward(op, x->dev, T, B, stride, heads, D, 40, backward);
+  expect(r, backward_name, x, b->fp32_nmse);
+}
+
+static void rope(const op_backend *b, op_report *r) {
   const int T = 33, B = 3, D = 16, heads = 6 + 2, stride = (6 + 2 * 2) * D;
-  const size_t n = (size_t)T * B * stride;
-  mirror x = make(b, n, -2, 2);
+  mirror x = make(b, (size_t)T * B * stride, -2, 2);
   const loom_rope plain = {.theta = 10000.0f}, llama31 = {.theta = 500000.0f, .factor = 8.0f, .low_freq_factor = 1.0f,
                                                          .high_freq_factor = 4.0f, .original_max_position = 64};
-  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, plain);
-  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, plain);
-  expect(r, "rope_forward", &x, b->fp32_nmse);
-  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, (loom_rope){.theta = 500000.0f});
-  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, (loom_rope){.theta = 500000.0f});
-  expect(r, "rope_backward", &x, b->fp32_nmse);
+  rope_turns(b, r, &x, T, B, stride, heads, D, plain, (loom_rope){.theta = 500000.0f}, "rope_forward", "rope_backward");
   /* Scaled as Llama 3.1 (its 8192 original positions shrunk to 64, so a 16-wide head has all three bands). */
-  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, llama31);
-  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, llama31);
-  expect(r, "rope_forward, llama3 scaling", &x, b->fp32_nmse);
-  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, llama31);
-  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, llama31);
-  expect(r, "rope_backward, llama3 scaling", &x, b->fp32_nmse);
+  rope_turns(b, r, &x, T, B, stride, heads, D, llama31, llama31, "rope_forward, llama3 scaling", "rope_backward, llama3 scaling");
   /* YaRN as GPT-OSS's (its 4096 original positions shrunk to 64: the ramp spans a 16-wide head's dims), with its
    * attention factor. */
   const loom_rope yarn = {.theta = 150000.0f, .factor = 32.0f, .original_max_position = 64, .yarn = 1, .beta_fast = 32.0f,
                           .beta_slow = 1.0f, .attention_factor = 1.3466f};
-  ref->rope_forward(ref, x.host, T, B, stride, heads, D, 40, yarn);
-  op->rope_forward(op, x.dev, T, B, stride, heads, D, 40, yarn);
-  expect(r, "rope_forward, yarn scaling", &x, b->fp32_nmse);
-  ref->rope_backward(ref, x.host, T, B, stride, heads, D, 40, yarn);
-  op->rope_backward(op, x.dev, T, B, stride, heads, D, 40, yarn);
-  expect(r, "rope_backward, yarn scaling", &x, b->fp32_nmse);
+  rope_turns(b, r, &x, T, B, stride, heads, D, yarn, yarn, "rope_forward, yarn scaling", "rope_backward, yarn scaling");
   drop(&x);
 }
 
