@@ -122,10 +122,12 @@ def llama_weights(c):
         w[p + "self_attn.q_proj.weight"] = weight(q, h)
         w[p + "self_attn.k_proj.weight"] = weight(kv, h)
         w[p + "self_attn.v_proj.weight"] = weight(kv, h)
-        if c["model_type"] in ("qwen2", "qwen2_moe"):  # biases on q, k and v, none elsewhere
+        if c["model_type"] in ("qwen2", "qwen2_moe") or c.get("attention_bias"):  # biases on q, k and v (and o)
             for name, rows in (("q", q), ("k", kv), ("v", kv)):
                 w[p + f"self_attn.{name}_proj.bias"] = weight(rows, scale=0.5)
         w[p + "self_attn.o_proj.weight"] = weight(h, q, scale=0.1)
+        if c.get("attention_bias"):  # transformers' attention_bias: o's too
+            w[p + "self_attn.o_proj.bias"] = weight(h, scale=0.5)
         if c["model_type"] in ("qwen3", "qwen3_moe"):  # QK-norm: an RMSNorm weight over each head's width, q's and k's
             w[p + "self_attn.q_norm.weight"] = norm_weight(d)
             w[p + "self_attn.k_norm.weight"] = norm_weight(d)
@@ -219,7 +221,7 @@ def llama_loss(c, w, tokens, mlp=None):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
-        x = x + (att @ v).transpose(0, 1).reshape(n, H * d) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + linear((att @ v).transpose(0, 1).reshape(n, H * d), "self_attn.o_proj")
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
         if mlp:  # a Mixture of Experts
             x = x + mlp(p, m)
@@ -638,6 +640,12 @@ for field, value in (("router_jitter_noise", 0.1), ("attention_bias", False)):
     expect_config_refused("mixtral", field, value)
 check_sharded()
 check_written("qwen3", QWEN3_CONFIG, llama_weights, llama_loss, [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
+# Biases on q, k, v and o, none on the MLPs: Qwen3's attention_bias, and Llama's attention_bias without mlp_bias
+# (loom's --qkv-bias --out-bias, written back as Llama's).
+check_written("qwen3_attention_bias", {**QWEN3_CONFIG, "attention_bias": True}, llama_weights, llama_loss,
+              [(1, []), (2, ["--tp", "2"])])
+check("llama_attention_bias", ["--model", "llama-tiny", "--layers", "2", "--qkv-bias", "--out-bias"], llama_weights,
+      llama_loss, [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 # Sliding windows of 8 keys (a query's own and the 7 before it) over the 48-token window: Qwen3's second layer alone
 # (layer_types, max_window_layers 1), and Mistral's every layer (loom's --window-size 7,0 written as sliding_window 8).
 check_written("qwen3_window", {**QWEN3_CONFIG, "use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1,
@@ -647,8 +655,8 @@ check("mistral_window", ["--model", "llama-tiny", "--layers", "2", "--window-siz
       [(1, []), (2, ["--tp", "2"]), (2, ["--pp", "2"])])
 check_written("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_weights, qwen3_moe_loss,
               [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"])])
-# A Qwen3 config.json loom cannot compute is refused by name: biases on the attention, no head width, a shared expert.
-for family, field, value in (("qwen3", "attention_bias", True), ("qwen3", "head_dim", None),
+# A Qwen3 config.json loom cannot compute is refused by name: biases on the MLPs, no head width, a shared expert.
+for family, field, value in (("qwen3", "mlp_bias", True), ("qwen3", "head_dim", None),
                              ("qwen3_moe", "shared_expert_intermediate_size", 64)):
     expect_config_refused(family, field, value)
 # GPT-2's directory holds the same safetensors file as the single-file export.

@@ -268,6 +268,9 @@ START_TEST(bad_flags) {
               "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
   refusal_row(&t, run("train", "--rope-type", "yarn", "--rotary-scaling-factor", "4", NULL), 2,
               "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
+  refusal_row(&t, run("train", "--out-bias", NULL), 2,
+              "loom train: --out-bias keeps the attention output's bias where the others are dropped, but this model has "
+              "biases on every linear; add --no-bias");
   refusal_row(&t, run("train", "--qk-layernorm", NULL), 2,
               "loom train: --qk-layernorm true: normalises q and k with RMSNorm, as the model's other norms; set --norm "
               "NORM_RMSNORM (Qwen3's and Megatron-Core's pairing)");

@@ -46,10 +46,10 @@ static void as_family(loom_gpt_config *c, int family) {
   } else if (family == QWEN3) { /* Llama's, its heads 6 wide whatever hidden / heads is (--kv-channels), QK-norm on */
     as_family(c, LLAMA);
     c->head_dim = 6, c->qk_norm = true;
-  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width, learned sinks, and a
-                                * window of 2 keys back in its first layer, the second attending in full */
+  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width, biases on q, k, v and o,
+                                * learned sinks, and a window of 2 keys back in its first layer, the second in full */
     as_family(c, LLAMA);
-    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2;
+    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2, c->qkv_bias = c->out_bias = true;
     if (c->layers > 1) loom_gpt_set_full_attention_layer(c, 1, true);
   }
   loom_gpt_config_finish(c);

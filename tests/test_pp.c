@@ -12,8 +12,8 @@
  * and Qwen2-MoE's gate on the shared expert), qwen3 (llama's with heads 4
  * wide, twice hidden / heads, and QK-norm) or qwen3_moe (qwen3's attention,
  * moe's experts without the shared one) or oss (llama's with heads 4
- * wide, GPT-OSS's learned attention sinks and a window of 3 keys back in
- * alternate layers)): for every
+ * wide, biases on q, k, v and o, GPT-OSS's learned attention sinks and a
+ * window of 3 keys back in alternate layers)): for every
  * schedule and micro-batch count, 10 training steps of the model split into
  * stages give the serial losses (relative 1e-5) and the same final weights
  * (NMSE <= 1e-9, every element within 1e-4), including uneven layer splits
@@ -60,7 +60,7 @@ static loom_gpt_config tiny(void) {
     c.head_dim = 4, c.qk_norm = true;
   if (strncmp(g_model, "oss", 3) == 0) { /* GPT-OSS's attention: heads 4 wide, learned sinks, a window of 3 keys back
                                           * (shorter than the sequence) in every other layer from the first */
-    c.head_dim = 4, c.softmax = LOOM_SOFTMAX_LEARNABLE, c.window = 3;
+    c.head_dim = 4, c.softmax = LOOM_SOFTMAX_LEARNABLE, c.window = 3, c.qkv_bias = c.out_bias = true;
     for (int l = 1; l < LAYERS; l += 2) loom_gpt_set_full_attention_layer(&c, l, true);
   }
   if (is_moe()) { /* the llama model's MLPs 4 experts (top 2) beside a shared expert, but layers 0, 1 and 5 dense

@@ -39,8 +39,11 @@ static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "q
  * model with a shared expert is Qwen2-MoE's, one without Mixtral's. */
 static int moe_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
 static int dense_family(const loom_gpt_config *c) {
-  return c->qk_norm ? QWEN3 : c->qkv_bias ? QWEN2 : c->window > 0 ? MISTRAL : LLAMA;
+  return c->qk_norm ? QWEN3 : c->qkv_bias && !c->out_bias ? QWEN2 : c->window > 0 ? MISTRAL : LLAMA;
 }
+
+/* Hugging Face's attention_bias: q, k, v and o biased together (every linear, or the attention's alone). */
+static bool attention_biased(const loom_gpt_config *c) { return loom_gpt_qkv_biased(c) && loom_gpt_out_biased(c); }
 
 /* Every field each family's config.json may hold: what loom reads, then
  * what does not change the model's math (ids, caches, init, versions). */
@@ -342,14 +345,17 @@ static loom_status read_every_layer_window(const config_reader *c, loom_gpt_conf
   return read_sliding_window(c, cfg, &cfg->window);
 }
 
-/* Llama's and Mistral's biases: on every linear or none. */
+/* Llama's and Mistral's biases: on every linear, none, or on the
+ * attention's alone (attention_bias without mlp_bias: q, k, v and o). */
 static loom_status read_llama_biases(const config_reader *c, loom_gpt_config *cfg) {
   bool attention_bias = false, mlp_bias = false;
   loom_status st = bool_field(c, "attention_bias", false, &attention_bias);
   if (st == LOOM_OK) st = bool_field(c, "mlp_bias", false, &mlp_bias);
-  if (st == LOOM_OK && attention_bias != mlp_bias)
-    st = bad_field(c, "mlp_bias", "must equal attention_bias (loom's biases are on or off for every linear)");
-  cfg->no_bias = !attention_bias;
+  if (st == LOOM_OK && mlp_bias && !attention_bias)
+    st = bad_field(c, "mlp_bias", "is true where attention_bias is false: loom's MLPs have biases only where every linear "
+                   "does");
+  cfg->no_bias = !mlp_bias;
+  cfg->qkv_bias = cfg->out_bias = attention_bias && !mlp_bias;
   return st;
 }
 
@@ -406,17 +412,17 @@ static loom_status read_qwen2(const config_reader *c, loom_gpt_config *cfg) {
   return st;
 }
 
-/* Qwen3's: Qwen2's attention without biases, each head's q and k
- * RMSNorm-ed before RoPE, heads head_dim wide (required: transformers'
- * default for it differs between its Qwen3 classes), no linear biases
- * (attention_bias, on q, k, v and o together, must be false). */
+/* Qwen3's: Qwen2's attention, each head's q and k RMSNorm-ed before
+ * RoPE, heads head_dim wide (required: transformers' default for it
+ * differs between its Qwen3 classes), biases on q, k, v and o together
+ * where attention_bias says so (loom's --qkv-bias with --out-bias), none
+ * on the MLPs. */
 static loom_status read_qwen3(const config_reader *c, loom_gpt_config *cfg) {
   cfg->no_bias = true, cfg->qk_norm = true;
   bool attention_bias = false;
   loom_status st = loom_json_get(c->root, "head_dim") ? LOOM_OK : bad_field(c, "head_dim", "is missing (each head's width)");
   if (st == LOOM_OK) st = bool_field(c, "attention_bias", false, &attention_bias);
-  if (st == LOOM_OK && attention_bias)
-    st = bad_field(c, "attention_bias", "must be false: loom computes Qwen3's attention without biases on q, k, v and o");
+  cfg->qkv_bias = cfg->out_bias = attention_bias;
   if (st == LOOM_OK && loom_json_get(c->root, "mlp_bias"))
     st = bad_field(c, "mlp_bias", "is not Qwen3's: its MLPs never have biases (transformers' Qwen3 reads no such field)");
   if (st == LOOM_OK) st = read_qwen_windows(c, cfg);
@@ -588,7 +594,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
 /* Why Mixtral's class cannot hold a MoE model, or NULL where it can. */
 static const char *not_mixtral(const loom_gpt_config *c) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
-      c->qkv_bias)
+      c->qkv_bias || c->out_bias)
     return "its experts' layers are not Mixtral's (rmsnorm, swiglu experts, rope, no biases)";
   if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX || c->moe.pre_softmax)
     return "its router is not Mixtral's (a softmax over every expert, its top-k renormalised)";
@@ -599,7 +605,7 @@ static const char *not_mixtral(const loom_gpt_config *c) {
 /* Why Qwen2-MoE's class cannot hold a MoE model with a shared expert, or NULL where it can. */
 static const char *not_qwen2_moe(const loom_gpt_config *c) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
-      !c->qkv_bias)
+      !c->qkv_bias || c->out_bias)
     return "its layers are not Qwen2-MoE's (rmsnorm, swiglu experts, rope, biases on q, k and v alone)";
   if (!c->moe.shared_gate) return "its shared expert has no gate, which Qwen2-MoE's has (--moe-shared-expert-gate)";
   if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX) return "its router is not Qwen2-MoE's (a softmax over every expert)";
@@ -609,8 +615,8 @@ static const char *not_qwen2_moe(const loom_gpt_config *c) {
 /* Why Qwen3-MoE's class cannot hold a MoE model with QK-norm, or NULL where it can. */
 static const char *not_qwen3_moe(const loom_gpt_config *c) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
-      c->qkv_bias)
-    return "its layers are not Qwen3-MoE's (rmsnorm, swiglu experts, rope, no biases)";
+      c->qkv_bias != c->out_bias)
+    return "its layers are not Qwen3-MoE's (rmsnorm, swiglu experts, rope, biases on q, k, v and o together or none)";
   if (c->moe.shared_ffn > 0) return "it has a shared expert, which Qwen3-MoE has not";
   if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX) return "its router is not Qwen3-MoE's (a softmax over every expert)";
   return NULL;
@@ -622,8 +628,9 @@ static const char *not_dense(const loom_gpt_config *c, int family) {
     return "a Hugging Face directory holds GPT-2's architecture (GPT2LMHeadModel) or rmsnorm + swiglu + rope "
            "(LlamaForCausalLM; MistralForCausalLM with --window-size; Qwen2ForCausalLM with --qkv-bias; Qwen3ForCausalLM "
            "with --qk-layernorm)";
-  if (family == QWEN3 && c->qkv_bias) return "Qwen3's attention has biases on q, k, v and o together or none, not on q, k and v alone";
-  if (family == MISTRAL && !c->no_bias) return "Mistral's linears have no biases";
+  if ((family == QWEN3 || family == LLAMA) && loom_gpt_qkv_biased(c) != loom_gpt_out_biased(c))
+    return "its attention_bias puts biases on q, k, v and o together or on none";
+  if (family == MISTRAL && (!c->no_bias || c->qkv_bias || c->out_bias)) return "Mistral's linears have no biases";
   return NULL;
 }
 
@@ -739,15 +746,16 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   for (int l = 0, used = 0; l < c->layers; l++) /* Qwen2-MoE's dense layers, by index */
     if (!loom_gpt_layer_is_moe(c, l)) used += snprintf(dense + used, sizeof dense - (size_t)used, "%s%d", used ? ", " : "", l);
   if (family == QWEN3_MOE)
-    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n%s  \"num_experts\": %d,\n"
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n%s  \"num_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n"
              "  \"moe_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
              "  \"mlp_only_layers\": [%s],\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n",
-             loom_gpt_head_dim(c), windows, c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c),
+             loom_gpt_head_dim(c), attention_biased(c) ? "true" : "false", windows, c->moe.experts, c->moe.topk, loom_gpt_expert_ffn(c),
              c->moe.pre_softmax ? "false" : "true", dense, (double)c->moe.aux_loss_coeff,
              c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
   else if (family == QWEN3)
-    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": false,\n%s", loom_gpt_head_dim(c), windows);
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n%s", loom_gpt_head_dim(c),
+             attention_biased(c) ? "true" : "false", windows);
   else if (family == QWEN2_MOE)
     snprintf(own, sizeof own, "%s"
              "  \"qkv_bias\": true,\n  \"num_experts\": %d,\n  \"num_experts_per_tok\": %d,\n  \"moe_intermediate_size\": %d,\n"
@@ -768,7 +776,7 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              sliding_window_json(c, size, sizeof size));
   else
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n  \"mlp_bias\": %s,\n",
-             loom_gpt_head_dim(c), c->no_bias ? "false" : "true", c->no_bias ? "false" : "true");
+             loom_gpt_head_dim(c), attention_biased(c) ? "true" : "false", c->no_bias ? "false" : "true");
   snprintf(out, n,
            "{\n  \"architectures\": [\"%s\"],\n  \"model_type\": \"%s\",\n  \"vocab_size\": %d,\n"
            "  \"hidden_size\": %d,\n  \"intermediate_size\": %d,\n  \"num_hidden_layers\": %d,\n"

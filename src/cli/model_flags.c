@@ -49,6 +49,9 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--no-bias", FLAG_BOOL, &mf->no_bias, "linears without biases (Llama)", LOOM_NO_RANGE, NULL, false, "model.bias"},
       {"--qkv-bias", FLAG_BOOL, &mf->qkv_bias, "with --no-bias: q, k and v keep their biases (Qwen2)", LOOM_NO_RANGE, NULL,
        false, "model.qkv_bias"},
+      {"--out-bias", FLAG_BOOL, &mf->out_bias,
+       "with --no-bias: the attention's output projection keeps its bias (with --qkv-bias: q, k, v and o, GPT-OSS's)",
+       LOOM_NO_RANGE, NULL, false, "model.out_bias"},
       {"--untied", FLAG_BOOL, &mf->untied, "an LM head of its own, not the input embedding", LOOM_NO_RANGE, NULL, false,
        "model.tied_embeddings"},
       {"--num-experts", FLAG_INT, &mf->experts, "experts in each layer's MLP: a Mixture of Experts (0: dense)", 0,
@@ -184,7 +187,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
                                       "--kv-channels", "--qk-layernorm", "--softmax-type", "--window-size",
-                                      "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--untied",
+                                      "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--out-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
@@ -243,6 +246,10 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --qkv-bias keeps q, k and v's biases where the others are dropped, but this "
                      "model has biases on every linear; add --no-bias", cmd);
   if (flag_set(table, "--qkv-bias")) cfg->qkv_bias = mf->qkv_bias;
+  if (flag_set(table, "--out-bias") && !cfg->no_bias)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --out-bias keeps the attention output's bias where the others are dropped, "
+                     "but this model has biases on every linear; add --no-bias", cmd);
+  if (flag_set(table, "--out-bias")) cfg->out_bias = mf->out_bias;
   if (flag_set(table, "--untied")) cfg->untied = mf->untied;
   if (flag_set(table, "--qk-layernorm")) cfg->qk_norm = mf->qk_layernorm;
   if (flag_set(table, "--softmax-type"))

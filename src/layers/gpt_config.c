@@ -98,7 +98,7 @@ void loom_gpt_config_finish(loom_gpt_config *cfg) {
   if (cfg->ffn <= 0) cfg->ffn = 4 * cfg->hidden;
   if (cfg->kv_heads <= 0) cfg->kv_heads = cfg->heads;
   if (cfg->heads > 0 && cfg->head_dim * cfg->heads == cfg->hidden) cfg->head_dim = 0; /* hidden / heads: one way to say it */
-  if (!cfg->no_bias) cfg->qkv_bias = false; /* every linear's bias already: one way to say it */
+  if (!cfg->no_bias) cfg->qkv_bias = cfg->out_bias = false; /* every linear's bias already: one way to say it */
   if (cfg->position == LOOM_POSITION_ROPE && !(cfg->rope.theta > 0.0f)) cfg->rope.theta = LOOM_ROPE_THETA_DEFAULT;
   if (cfg->moe.experts > 0 && cfg->moe.ffn <= 0) cfg->moe.ffn = cfg->ffn;
   if (cfg->vocab > 0) {
@@ -134,7 +134,8 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
-         loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && a->untied == b->untied && a->moe.experts == b->moe.experts &&
+         loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && loom_gpt_out_biased(a) == loom_gpt_out_biased(b) &&
+         a->untied == b->untied && a->moe.experts == b->moe.experts &&
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
                                   a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate &&
@@ -162,7 +163,7 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
              c->rope.factor > 0.0f ? (c->rope.yarn ? " scaled (yarn)" : " scaled (llama3)") : "");
   snprintf(buf, n, "layers %d, hidden %d, heads %d, kv heads %d, ffn %d, vocab %d, seq %d, %s, %s, %s, %s, %s",
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
-           LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias ? "qkv bias only" : "no bias", c->untied ? "untied" : "tied");
+           LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias && c->out_bias ? "attention biases only" : c->qkv_bias ? "qkv bias only" : c->out_bias ? "output bias only" : "no bias", c->untied ? "untied" : "tied");
   size_t used = strlen(buf);
   if (loom_gpt_attn_width(c) != c->hidden && used < n)
     snprintf(buf + used, n - used, ", head dim %d", loom_gpt_head_dim(c)), used = strlen(buf);
@@ -205,7 +206,11 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
   if (c->position == LOOM_POSITION_ROPE && c->rope.factor > 0.0f)
     PUT(" scaled by %g (%s)", (double)c->rope.factor, c->rope.yarn ? "yarn" : "llama3");
-  if (c->no_bias) PUT("%s%s", used ? ", " : "", c->qkv_bias ? "biases on q, k and v only" : "no biases");
+  if (c->no_bias)
+    PUT("%s%s", used ? ", " : "", c->qkv_bias && c->out_bias ? "biases on q, k, v and o only"
+                                  : c->qkv_bias              ? "biases on q, k and v only"
+                                  : c->out_bias              ? "a bias on o only"
+                                                             : "no biases");
   if (c->untied) PUT("%suntied head", used ? ", " : "");
   if (loom_gpt_is_moe(c)) {
     PUT("%s%d experts of %d, top %d (%s%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,

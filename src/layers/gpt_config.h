@@ -107,6 +107,8 @@ typedef struct {
   loom_rope rope;   /* RoPE's base (0 means 10000) and Llama 3.1's scaling (factor 0: none) */
   bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */
   bool qkv_bias;    /* with no_bias: q, k and v keep their biases (Qwen2; Megatron's --add-qkv-bias) */
+  bool out_bias;    /* with no_bias: the attention's output projection keeps its bias (with qkv_bias: Hugging Face's
+                     * attention_bias, GPT-OSS's) */
   bool untied;      /* an LM head of its own instead of the input embedding */
   bool qk_norm;     /* RMSNorm over each head's q and k before RoPE, weights [head_dim] each (--qk-layernorm; Qwen3) */
   loom_softmax_kind softmax; /* --softmax-type: learnable is GPT-OSS's attention sinks, a [heads] logit per layer */
@@ -177,6 +179,8 @@ static inline int loom_gpt_cp(const loom_gpt_config *c) { return c->cp > 1 ? c->
 static inline int loom_gpt_local_seq(const loom_gpt_config *c, int T) { return T / loom_gpt_cp(c); }
 /* Whether q, k and v have biases: every linear's, or theirs alone (qkv_bias). */
 static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no_bias || c->qkv_bias; }
+/* Whether the attention's output projection has a bias: every linear's, or its own (out_bias). */
+static inline bool loom_gpt_out_biased(const loom_gpt_config *c) { return !c->no_bias || c->out_bias; }
 /* Whether the model's MLPs are Mixtures of Experts, and its experts' width. */
 static inline bool loom_gpt_is_moe(const loom_gpt_config *c) { return c->moe.experts > 0; }
 static inline int loom_gpt_expert_ffn(const loom_gpt_config *c) { return c->moe.ffn > 0 ? c->moe.ffn : c->ffn; }

@@ -109,14 +109,15 @@ static void add_fused(table *t, const loom_gpt_config *c, int i, loom_param_role
   }
 }
 
-/* A row-parallel output projection and its bias. */
-static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const char *suffix, int64_t in) {
+/* A row-parallel output projection and, where biased, its bias. */
+static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_role w_role, const char *suffix, int64_t in,
+                       bool biased) {
   name n;
   char what[64];
   snprintf(what, sizeof what, "%s.weight", suffix);
   add(t, w_role, named(&n, "model.layers.", i, what), 2, c->hidden, in, weight(0.02f / sqrtf(2.0f * (float)c->layers), 1, 1));
   snprintf(what, sizeof what, "%s.bias", suffix);
-  if (!c->no_bias) add(t, w_role + 1, named(&n, "model.layers.", i, what), 1, c->hidden, 0, ZERO_B);
+  if (biased) add(t, w_role + 1, named(&n, "model.layers.", i, what), 1, c->hidden, 0, ZERO_B);
 }
 
 /* A Mixture-of-Experts MLP, in Hugging Face's Qwen2-MoE names: the router
@@ -155,7 +156,7 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
   const projection gate_up[2] = {{"mlp.shared_expert.gate_proj", fs, weight(0.02f, 0, 1)},
                                  {"mlp.shared_expert.up_proj", fs, weight(0.02f, 0, 1)}};
   add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), false);
-  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs);
+  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs, !c->no_bias);
   if (c->moe.shared_gate) add(t, LOOM_ROLE_SHARED_GATE_W, named(&n, "model.layers.", i, "mlp.shared_expert_gate.weight"), 2, 1, h, whole);
 }
 
@@ -174,7 +175,7 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   add_norm(t, c, LOOM_ROLE_LN_1_W, named(&n, "model.layers.", i, "input_layernorm.weight"),
            named(&m, "model.layers.", i, "input_layernorm.bias"));
   add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3, loom_gpt_qkv_biased(c));
-  add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D);
+  add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D, loom_gpt_out_biased(c));
   if (c->qk_norm) { /* Qwen3's names, after o_proj as its attention registers them */
     add(t, LOOM_ROLE_Q_NORM_W, named(&n, "model.layers.", i, "self_attn.q_norm.weight"), 1, D, 0, HEAD_NORM_W);
     add(t, LOOM_ROLE_K_NORM_W, named(&n, "model.layers.", i, "self_attn.k_norm.weight"), 1, D, 0, HEAD_NORM_W);
@@ -191,7 +192,7 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
     return;
   }
   add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), !c->no_bias);
-  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f);
+  add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f, !c->no_bias);
 }
 
 static void add_block(table *t, int i, const loom_gpt_config *c) {

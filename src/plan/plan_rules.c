@@ -138,6 +138,9 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (m->position == LOOM__POSITION__POSITION_ROPE && !(isfinite(m->rope_theta) && m->rope_theta > 1.0f))
     violation(r, "model.rope_theta = %g: must be a finite number above 1 (10000 is RoPE's, 500000 Llama 3's)",
               (double)m->rope_theta);
+  if (m->out_bias && m->bias)
+    violation(r, "model.out_bias = true: keeps the attention output's bias where the other linears have none, but "
+              "model.bias is true; set bias = false or drop out_bias");
   if (m->qkv_bias && m->bias)
     violation(r, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is "
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
