@@ -319,6 +319,10 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-router-pre-softmax", "--format", "hf", "-o", tu_tmp_path("moe_hf"), NULL),
               2, "loom: -o: this Mixture of Experts has no Hugging Face class (MixtralForCausalLM): its router is not Mixtral's (a "
               "softmax over every expert, its top-k renormalised); save it as a loom checkpoint or a safetensors file");
+  refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--moe-router-bias", "--format", "hf", "-o",
+                      tu_tmp_path("moe_hf"), NULL),
+              2, "loom: -o: this Mixture of Experts has no Hugging Face class (MixtralForCausalLM): its router has a bias "
+              "(--moe-router-bias), which this class's has not; save it as a loom checkpoint or a safetensors file");
   refusal_row(&t, run("ckpt", "export", "--model", "moe-tiny", "--format", "llmc", "-o", "moe.bin", NULL), 2,
               "loom: moe.bin: llm.c's format holds GPT-2 models only (LayerNorm, GELU, learned positions, biases, tied "
               "embeddings, dense MLPs)");

@@ -9,7 +9,8 @@
  * for layers 0, 1 and 5, whose MLPs stay dense; EP its
  * expert-parallel size, ETP its expert-tensor-parallel size, 1 or TP) or moe_bias (moe's with sigmoid scores,
  * DeepSeek-V3's expert bias, which each step moves by every rank's loads,
- * and Qwen2-MoE's gate on the shared expert), qwen3 (llama's with heads 4
+ * Qwen2-MoE's gate on the shared expert and GPT-OSS's learned bias on the
+ * router's logits), qwen3 (llama's with heads 4
  * wide, twice hidden / heads, and QK-norm) or qwen3_moe (qwen3's attention,
  * moe's experts without the shared one) or oss (llama's with heads 4
  * wide, biases on q, k, v and o, GPT-OSS's learned attention sinks and a
@@ -71,7 +72,8 @@ static loom_gpt_config tiny(void) {
   }
   if (strcmp(g_model, "qwen3_moe") == 0) c.moe.shared_ffn = 0; /* Qwen3-MoE's experts have no shared one beside them */
   if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run; the shared expert gated */
-    c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f, c.moe.shared_gate = true;
+    c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f, c.moe.shared_gate = true,
+    c.moe.router_bias = true;
   loom_gpt_config_finish(&c);
   return c;
 }

@@ -622,6 +622,11 @@ static const char *not_qwen3_moe(const loom_gpt_config *c) {
   return NULL;
 }
 
+/* Why a MoE family's class cannot hold the model's router, or NULL where it can: none of them has a bias on it. */
+static const char *not_router(const loom_gpt_config *c) {
+  return c->moe.router_bias ? "its router has a bias (--moe-router-bias), which this class's has not" : NULL;
+}
+
 /* Why the dense family's class cannot hold the model, or NULL where it can. */
 static const char *not_dense(const loom_gpt_config *c, int family) {
   if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE)
@@ -662,6 +667,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
                     : family == QWEN3_MOE ? not_qwen3_moe(c)
                                           : not_dense(c, family);
   if (!why) why = not_windows(c, family);
+  if (!why && loom_gpt_is_moe(c)) why = not_router(c);
   /* Qwen2's classes size their heads hidden / heads: no config.json field of theirs says another width. */
   if (!why && (family == QWEN2 || family == QWEN2_MOE) && loom_gpt_attn_width(c) != c->hidden)
     why = "its heads are not hidden / heads wide, which Qwen2's classes take (--kv-channels: LlamaForCausalLM, or Qwen3's "

@@ -66,6 +66,9 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--moe-layer-freq", FLAG_STRING, &mf->moe_layer_freq,
        "which layers are MoE layers: N (one in every N) or Megatron's list form, such as ([0]*3+[1]*58) (1: every layer)",
        LOOM_NO_RANGE, NULL, false, "model.moe.layer_pattern"},
+      {"--moe-router-bias", FLAG_BOOL, &mf->moe_router_bias,
+       "a learned bias on the router's logits (GPT-OSS's router.bias; not --moe-router-enable-expert-bias)", LOOM_NO_RANGE,
+       NULL, false, "model.moe.router_bias"},
       {"--moe-shared-expert-gate", FLAG_BOOL, &mf->moe_shared_gate,
        "the shared expert's output times a sigmoid gate of the token (Qwen2-MoE's shared_expert_gate)", LOOM_NO_RANGE, NULL,
        false, "model.moe.shared_gate"},
@@ -105,7 +108,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
                                          "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
                                          "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
                                          "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
-                                         "--moe-shared-expert-gate", "--moe-layer-freq"};
+                                         "--moe-shared-expert-gate", "--moe-layer-freq", "--moe-router-bias"};
   loom_moe_config *e = &cfg->moe;
   if (flag_set(table, "--num-experts")) {
     if (mf->experts == 0) *e = (loom_moe_config){0};
@@ -120,6 +123,7 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-ffn-hidden-size")) e->ffn = mf->moe_ffn;
   if (flag_set(table, "--moe-shared-expert-intermediate-size")) e->shared_ffn = mf->moe_shared_ffn;
   if (flag_set(table, "--moe-shared-expert-gate")) e->shared_gate = mf->moe_shared_gate;
+  if (flag_set(table, "--moe-router-bias")) e->router_bias = mf->moe_router_bias;
   char why[160];
   if (flag_set(table, "--moe-layer-freq") && loom_gpt_parse_moe_layer_freq(cfg, mf->moe_layer_freq, why, sizeof why) != 0)
     return loom_fail(err, LOOM_ERR_USAGE, "%s: --moe-layer-freq %.*s%s: %s (give N, one MoE layer in every N, or Megatron's list "
@@ -190,7 +194,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                                       "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--out-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
-                                      "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate"};
+                                      "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate", "--moe-router-bias"};
   if (mf->init_from) {
     for (size_t i = 0; i < sizeof SHAPE / sizeof SHAPE[0]; i++)
       if (loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, SHAPE[i])->set)

@@ -16,11 +16,11 @@ typedef struct {
   /* Mixture of Experts, in Megatron-Core's flag names */
   int experts, moe_topk, moe_ffn, moe_shared_ffn;
   const char *moe_score, *moe_drop_policy, *moe_layer_freq;
-  bool moe_pre_softmax, moe_expert_bias, moe_shared_gate;
+  bool moe_pre_softmax, moe_expert_bias, moe_shared_gate, moe_router_bias;
   float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 39
+#define LOOM_MODEL_FLAG_COUNT 40
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

@@ -327,8 +327,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
     return (loom_block_compute_weights){.v = v, .c_attn = loom_linear_fp32(v->c_attn_w),
                                         .attn_proj = loom_linear_fp32(v->attn_proj_w),
                                         .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w),
-                                        .moe = {.router = v->router_w, .expert_bias = expert_bias(m, l),
-                                                .fc = loom_linear_fp32(v->experts_fc_w),
+                                        .moe = {.router = v->router_w, .router_b = v->router_b,
+                                                .expert_bias = expert_bias(m, l), .fc = loom_linear_fp32(v->experts_fc_w),
                                                 .proj = loom_linear_fp32(v->experts_proj_w)}};
   }
   const int first = m->p.layer_tensor[l], count = m->p.layer_tensor[l + 1] - first;
@@ -345,7 +345,7 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
 #define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
                                       .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
-                                      .moe = {.router = v->router_w, .expert_bias = expert_bias(m, l),
+                                      .moe = {.router = v->router_w, .router_b = v->router_b, .expert_bias = expert_bias(m, l),
                                               .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w)}};
 #undef BITS
 }

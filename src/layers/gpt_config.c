@@ -139,6 +139,7 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
                                   a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate &&
+                                  a->moe.router_bias == b->moe.router_bias &&
                                   memcmp(a->moe.dense, b->moe.dense, sizeof a->moe.dense) == 0));
 }
 
@@ -216,6 +217,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
     PUT("%s%d experts of %d, top %d (%s%s%s)", used ? ", " : "", c->moe.experts, loom_gpt_expert_ffn(c), c->moe.topk,
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
+    if (c->moe.router_bias) PUT(", a router bias");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
     char freq[160];
     if (loom_gpt_has_dense_layers(c))

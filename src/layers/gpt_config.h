@@ -74,6 +74,7 @@ typedef struct {
    * (loom_moe_expert_bias_update); the trainer keeps it, checkpoints too. */
   bool expert_bias;
   float bias_update_rate;
+  bool router_bias;       /* a learned bias on the router's logits (GPT-OSS's router.bias; not the expert bias above) */
   /* --moe-layer-freq: bit l of dense (l / 64, l % 64) set makes layer l a
    * dense MLP of the model's ffn (DeepSeek-V3's first layers, Llama 4's
    * every other one); all clear: every layer a Mixture of Experts. The

@@ -142,6 +142,7 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
   name n;
   char what[96];
   add(t, LOOM_ROLE_ROUTER_W, named(&n, "model.layers.", i, "mlp.gate.weight"), 2, c->moe.experts, h, whole);
+  if (c->moe.router_bias) add(t, LOOM_ROLE_ROUTER_B, named(&n, "model.layers.", i, "mlp.gate.bias"), 1, c->moe.experts, 0, ZERO_B);
   for (int e = first; e < end; e++)
     for (int j = swiglu ? 0 : 1; j < 2; j++) {
       snprintf(what, sizeof what, "mlp.experts.%d.%s.weight", e, j ? "up_proj" : "gate_proj");

@@ -20,7 +20,7 @@ typedef enum {
   LOOM_ROLE_LN_1_W, LOOM_ROLE_LN_1_B, LOOM_ROLE_QKV_W, LOOM_ROLE_QKV_B, LOOM_ROLE_ATTN_PROJ_W, LOOM_ROLE_ATTN_PROJ_B,
   LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
   LOOM_ROLE_ROUTER_W, LOOM_ROLE_EXPERTS_FC_W, LOOM_ROLE_EXPERTS_PROJ_W, LOOM_ROLE_SHARED_GATE_W,
-  LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W, LOOM_ROLE_SINKS,
+  LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W, LOOM_ROLE_SINKS, LOOM_ROLE_ROUTER_B,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
   LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
@@ -75,6 +75,7 @@ typedef struct {
   float *shared_gate_w;             /* [1, h] the shared expert's gate (NULL: none) */
   float *q_norm_w, *k_norm_w;       /* [D], [D] QK-norm's, over each q and k head (NULL: none) */
   float *sinks;                     /* [H] each head's attention sink logit (NULL: none) */
+  float *router_b;                  /* [E] the router's bias (NULL: none) */
 } loom_block_weights;
 
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),

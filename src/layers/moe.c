@@ -264,7 +264,7 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   loom_moe_host *host = a->host;
   if (a->x != x) mem->copy(mem, a->x, x, (size_t)n * h * sizeof(float));
   /* The router, in fp32; its choices and the dispatch on the host. */
-  ops->matmul_forward(ops, a->logits, a->x, w->router, NULL, n, h, E);
+  ops->matmul_forward(ops, a->logits, a->x, w->router, w->router_b, n, h, E);
   mem->to_host(mem, host->logits, a->logits, (size_t)n * E * sizeof(float));
   loom_moe_routing *r = &host->routing;
   loom_moe_router router = shape->router;
@@ -322,17 +322,17 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   to_bf16_values(shape, ops, out, (size_t)n * h);
 }
 
-void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,
+void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, const loom_moe_wgrad *ws,
                               const loom_moe_shape *shape, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
   const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
   const expert_rows rows = rows_of(a->host, shape);
-  experts_backward(ops, NULL, d_proj, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
-  experts_backward(ops, NULL, d_fc, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
-  ops->matmul_backward(ops, NULL, d_router, NULL, ws->d_logits, a->x, NULL, n, h, E);
+  experts_backward(ops, NULL, dw->proj, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, NULL, dw->fc, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
+  ops->matmul_backward(ops, NULL, dw->router, dw->router_b, ws->d_logits, a->x, NULL, n, h, E);
 }
 
-void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
+void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
                        float loss_weight, loom_moe_groups g, const loom_moe_wgrad *ws, const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, k = shape->router.topk, f = shape->ffn;
@@ -362,7 +362,7 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   }
   /* The experts, down then up (a split backward leaves their weight grads for the weight half). */
   loom_mem_zero(mem, s->d_act, X * f);
-  experts_backward(ops, s->d_act, ws ? NULL : d_proj, d_y, a->act, w->proj, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, s->d_act, ws ? NULL : dw->proj, d_y, a->act, w->proj, &rows, El, f, h, shape->bf16);
   round_blocks(shape, ops, s->d_act, &rows, f);
   float *d_up = ws ? ws->d_fc : s->d_fc;
   loom_mem_zero(mem, d_up, X * fc);
@@ -373,7 +373,7 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   }
   round_blocks(shape, ops, d_up, &rows, fc);
   loom_mem_zero(mem, s->d_perm, X * h);
-  experts_backward(ops, s->d_perm, ws ? NULL : d_fc, d_up, a->perm, w->fc, &rows, El, h, fc, shape->bf16);
+  experts_backward(ops, s->d_perm, ws ? NULL : dw->fc, d_up, a->perm, w->fc, &rows, El, h, fc, shape->bf16);
   float *d_perm = s->d_perm; /* split: the partial sums reduce-scattered home */
   if (split) loom_comm_reduce_scatter(g.etp, s->d_perm, d_perm = s->mine, (size_t)rows.stride * h);
   to_bf16_values(shape, ops, d_perm, (size_t)R * h);
@@ -386,13 +386,13 @@ void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, c
   }
   ops->rows_combine(ops, s->d_x, d_rows, a->slots, NULL, n, k, h);
   /* The router: the weights' grads and the losses' through its backward, on the host. */
-  float *dw = s->host, *dlogits = s->host + (size_t)n * k;
-  mem->to_host(mem, dw, s->d_weights, (size_t)n * k * sizeof(float));
-  loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * loom_comm_size(g.seq), &host->routing, dw,
+  float *d_choice = s->host, *dlogits = s->host + (size_t)n * k;
+  mem->to_host(mem, d_choice, s->d_weights, (size_t)n * k * sizeof(float));
+  loom_moe_route_backward(&shape->router, host->logits, n, (int64_t)n * loom_comm_size(g.seq), &host->routing, d_choice,
                           loss_weight, loss_weight, dlogits);
   float *d_logits = ws ? ws->d_logits : s->d_logits;
   mem->from_host(mem, d_logits, dlogits, (size_t)n * E * sizeof(float));
-  ops->matmul_backward(ops, s->d_x, ws ? NULL : d_router, NULL, d_logits, a->x, w->router, n, h, E);
+  ops->matmul_backward(ops, s->d_x, ws ? NULL : dw->router, ws ? NULL : dw->router_b, d_logits, a->x, w->router, n, h, E);
   to_bf16_values(shape, ops, s->d_x, (size_t)n * h);
   ops->add(ops, dx, dx, s->d_x, (size_t)n * h);
 }

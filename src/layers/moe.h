@@ -145,9 +145,15 @@ typedef struct {
  * [E][fc width, h] and [E][h, ffn] matrices. */
 typedef struct {
   const float *router;
+  const float *router_b;    /* [E] a learned bias on the router's logits (GPT-OSS's; NULL: none) */
   const float *expert_bias; /* [E] host memory: the sigmoid router's bias for choosing (NULL: none) */
   loom_linear_weight fc, proj;
 } loom_moe_weights;
+
+/* A layer's weight grads, the weights' views' shapes (router_b NULL: none). */
+typedef struct {
+  float *router, *router_b, *fc, *proj;
+} loom_moe_grads;
 
 /* The groups a call talks to (NULL: none): the ranks sharing the
  * micro-batch along the sequence, the expert-parallel group, and the group
@@ -171,16 +177,15 @@ typedef struct {
 } loom_moe_wgrad;
 
 /* dx[n, h] += the grad of x, from dout[n, h] and the router losses weighted
- * by loss_weight (their share of the step's loss). The weight grads
- * (d_router [E, h], d_fc and d_proj as the experts' views) are added to
- * now, or with ws not NULL (a split backward) left in ws for
- * loom_moe_backward_weight (d_router, d_fc and d_proj unused). */
-void loom_moe_backward(float *dx, float *d_router, float *d_fc, float *d_proj, const float *dout, const loom_moe_acts *a,
+ * by loss_weight (their share of the step's loss). The weight grads (dw)
+ * are added to now, or with ws not NULL (a split backward) left in ws for
+ * loom_moe_backward_weight (dw unused). */
+void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, const loom_moe_acts *a,
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
                        float loss_weight, loom_moe_groups g, const loom_moe_wgrad *ws, const loom_ops *ops);
 /* The weight half: the router's and the experts' weight grads from ws and
  * a's activations (zero-bubble schedules' W work). */
-void loom_moe_backward_weight(float *d_router, float *d_fc, float *d_proj, const loom_moe_acts *a, const loom_moe_wgrad *ws,
+void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, const loom_moe_wgrad *ws,
                               const loom_moe_shape *shape, const loom_ops *ops);
 
 /* The shared expert's gate (Qwen2-MoE's shared_expert_gate, Megatron-Core's

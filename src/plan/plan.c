@@ -47,6 +47,7 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                                  .pre_softmax = m->moe->pre_softmax, .aux_loss_coeff = m->moe->aux_loss_coeff,
                                  .z_loss_coeff = m->moe->z_loss_coeff, .capacity_factor = m->moe->capacity_factor,
                                  .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
+                                 .router_bias = m->moe->router_bias,
                                  .bias_update_rate = m->moe->has_bias_update_rate ? m->moe->bias_update_rate
                                                                                   : LOOM_MOE_BIAS_UPDATE_RATE};
   cfg->window = m->window_size;
@@ -133,6 +134,7 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   moe_room->has_capacity_factor = e->capacity_factor != 0.0, moe_room->capacity_factor = e->capacity_factor;
   moe_room->has_drop_by_position = e->drop_by_position, moe_room->drop_by_position = e->drop_by_position;
   moe_room->has_expert_bias = e->expert_bias, moe_room->expert_bias = e->expert_bias;
+  moe_room->has_router_bias = e->router_bias, moe_room->router_bias = e->router_bias;
   moe_room->has_bias_update_rate = e->expert_bias && e->bias_update_rate != LOOM_MOE_BIAS_UPDATE_RATE;
   moe_room->bias_update_rate = e->bias_update_rate;
   if (loom_gpt_has_dense_layers(c)) {
