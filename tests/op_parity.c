@@ -140,12 +140,16 @@ static void swiglu(const op_backend *b, op_report *r) {
   const int N = 37, F = 611; /* past the CPU backend's threshold for threads */
   const size_t n = (size_t)N * F;
   mirror x = make(b, 2 * n, -6, 6), out = make(b, n, 0, 0), dy = make(b, n, -1, 1), dx = make(b, 2 * n, -1, 1);
-  ref->swiglu_forward(ref, out.host, x.host, N, F);
-  op->swiglu_forward(op, out.dev, x.dev, N, F);
-  expect(r, "swiglu_forward", &out, b->fp32_nmse);
-  ref->swiglu_backward(ref, dx.host, dy.host, x.host, N, F);
-  op->swiglu_backward(op, dx.dev, dy.dev, x.dev, N, F);
-  expect(r, "swiglu_backward", &dx, b->fp32_nmse);
+  /* SwiGLU, then GPT-OSS's unit: alpha 1.702, clamp 0.7 (inside the inputs' range, so both clamps bite), offset 1 */
+  const loom_glu units[2] = {{0}, {.alpha = 1.702f, .clamp = 0.7f, .offset = 1.0f}};
+  for (int u = 0; u < 2; u++) {
+    ref->swiglu_forward(ref, out.host, x.host, N, F, units[u]);
+    op->swiglu_forward(op, out.dev, x.dev, N, F, units[u]);
+    expect(r, u ? "swiglu_forward, GPT-OSS's clamped unit" : "swiglu_forward", &out, b->fp32_nmse);
+    ref->swiglu_backward(ref, dx.host, dy.host, x.host, N, F, units[u]);
+    op->swiglu_backward(op, dx.dev, dy.dev, x.dev, N, F, units[u]);
+    expect(r, u ? "swiglu_backward, GPT-OSS's clamped unit" : "swiglu_backward", &dx, b->fp32_nmse);
+  }
   mirror *all[] = {&x, &out, &dy, &dx};
   drop_all(all, sizeof all / sizeof *all);
 }
@@ -733,8 +737,8 @@ static void empty_shapes(const op_backend *b, op_report *r) {
     o->layernorm_backward(o, x, pdv, pdv, x, x, pv, x, x, 0, OC);
     o->rmsnorm_forward(o, x, x, x, pv, 0, OC, 1e-5f);
     o->rmsnorm_backward(o, x, pdv, x, x, pv, x, 0, OC);
-    o->swiglu_forward(o, x, x, 0, 3);
-    o->swiglu_backward(o, x, x, x, 0, 3);
+    o->swiglu_forward(o, x, x, 0, 3, (loom_glu){0});
+    o->swiglu_backward(o, x, x, x, 0, 3, (loom_glu){0});
     o->rope_forward(o, x, 0, 2, 8, 2, 4, 0, (loom_rope){.theta = 10000.0f});
     o->rope_backward(o, x, 0, 2, 8, 2, 4, 0, (loom_rope){.theta = 10000.0f});
     o->gelu_forward(o, x, x, 0);

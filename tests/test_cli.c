@@ -268,6 +268,9 @@ START_TEST(bad_flags) {
               "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
   refusal_row(&t, run("train", "--rope-type", "yarn", "--rotary-scaling-factor", "4", NULL), 2,
               "loom train: --rope-type yarn and --rotary-scaling-factor go together, on a model with --position rope");
+  refusal_row(&t, run("train", "--quick-geglu", NULL), 2,
+              "loom train: --quick-geglu, --activation-func-clamp-value, --glu-linear-offset: shape SwiGLU's gated unit, but "
+              "--mlp is not MLP_SWIGLU");
   refusal_row(&t, run("train", "--out-bias", NULL), 2,
               "loom train: --out-bias keeps the attention output's bias where the others are dropped, but this model has "
               "biases on every linear; add --no-bias");

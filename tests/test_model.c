@@ -50,6 +50,7 @@ static void as_family(loom_gpt_config *c, int family) {
                                 * learned sinks, and a window of 2 keys back in its first layer, the second in full */
     as_family(c, LLAMA);
     c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2, c->qkv_bias = c->out_bias = true;
+    c->glu = (loom_glu){.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f}; /* GPT-OSS's experts' unit */
     if (c->layers > 1) loom_gpt_set_full_attention_layer(c, 1, true);
   }
   loom_gpt_config_finish(c);

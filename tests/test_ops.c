@@ -400,23 +400,36 @@ START_TEST(rmsnorm) {
 END_TEST
 
 enum { SN = 4, SF = 9 };
-typedef struct { float *out, *inp, *r; } swiglu_ctx;
+typedef struct {
+  float *out, *inp, *r;
+  loom_glu glu;
+} swiglu_ctx;
 static double swiglu_loss(void *p) {
   swiglu_ctx *c = p;
-  loom_ops_ref()->swiglu_forward(loom_ops_ref(), c->out, c->inp, SN, SF);
+  loom_ops_ref()->swiglu_forward(loom_ops_ref(), c->out, c->inp, SN, SF, c->glu);
   return dot_loss(c->out, c->r, SN * SF);
 }
 
+/* SwiGLU, and GPT-OSS's unit with a clamp of 2.5 that the inputs in [-4, 4] cross both ways (none within the
+ * differences' step of it, where the clamp's kink would leave them nothing to agree on: at 2 one is). */
 START_TEST(swiglu) {
   const loom_ops *ref = loom_ops_ref();
-  swiglu_ctx c = {guarded(SN * SF), random_buf(SN * 2 * SF, 17, -4, 4), random_buf(SN * SF, 18, -1, 1)};
-  swiglu_loss(&c);
-  /* silu(g) * u, at one element worked by hand: silu(2) = 2 / (1 + e^-2) */
-  const float g = c.inp[1], u = c.inp[SF + 1];
-  ck_assert_double_eq_tol(c.out[1], g / (1.0 + exp(-g)) * u, 1e-5);
-  float *di = guarded(SN * 2 * SF);
-  ref->swiglu_backward(ref, di, c.r, c.inp, SN, SF);
-  fd_check(c.inp, SN * 2 * SF, di, swiglu_loss, &c, "swiglu dinp");
+  const loom_glu units[2] = {{0}, {.alpha = 1.702f, .clamp = 2.5f, .offset = 1.0f}};
+  for (int u = 0; u < 2; u++) {
+    swiglu_ctx c = {guarded(SN * SF), random_buf(SN * 2 * SF, 17, -4, 4), random_buf(SN * SF, 18, -1, 1), units[u]};
+    swiglu_loss(&c);
+    /* silu(g) * u, at one element worked by hand: silu(2) = 2 / (1 + e^-2); GPT-OSS's: (clamp(u) + 1) g' sigmoid(1.702 g'),
+     * g' = min(g, 2.5) */
+    for (int i = 0; i < SN * SF; i++) {
+      const double g = c.inp[(i / SF) * 2 * SF + i % SF], x = c.inp[(i / SF) * 2 * SF + SF + i % SF];
+      const double want = u ? (fmin(fmax(x, -2.5), 2.5) + 1.0) * fmin(g, 2.5) / (1.0 + exp(-1.702 * fmin(g, 2.5)))
+                            : g / (1.0 + exp(-g)) * x;
+      ck_assert_msg(fabs(c.out[i] - want) <= 1e-5 * (1.0 + fabs(want)), "unit %d element %d: %g, want %g", u, i, c.out[i], want);
+    }
+    float *di = guarded(SN * 2 * SF);
+    ref->swiglu_backward(ref, di, c.r, c.inp, SN, SF, c.glu);
+    fd_check(c.inp, SN * 2 * SF, di, swiglu_loss, &c, u ? "GPT-OSS's unit dinp" : "swiglu dinp");
+  }
 }
 END_TEST
 

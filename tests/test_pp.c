@@ -62,6 +62,7 @@ static loom_gpt_config tiny(void) {
   if (strncmp(g_model, "oss", 3) == 0) { /* GPT-OSS's attention: heads 4 wide, learned sinks, a window of 3 keys back
                                           * (shorter than the sequence) in every other layer from the first */
     c.head_dim = 4, c.softmax = LOOM_SOFTMAX_LEARNABLE, c.window = 3, c.qkv_bias = c.out_bias = true;
+    c.glu = (loom_glu){.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f}; /* GPT-OSS's SwiGLU unit */
     for (int l = 1; l < LAYERS; l += 2) loom_gpt_set_full_attention_layer(&c, l, true);
   }
   if (is_moe()) { /* the llama model's MLPs 4 experts (top 2) beside a shared expert, but layers 0, 1 and 5 dense

@@ -22,13 +22,22 @@ LOOM_HD float loom_gelu_grad_at(float x) {
   return 0.5f * (1.0f + tanh_out) + 0.5f * x * sech2 * LOOM_GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-/* SiLU, x * sigmoid(x), and its derivative: SwiGLU's gate. */
-LOOM_HD float loom_silu_at(float x) { return x / (1.0f + expf(-x)); }
-
-LOOM_HD float loom_silu_grad_at(float x) {
-  const float s = 1.0f / (1.0f + expf(-x));
-  return s * (1.0f + x * (1.0f - s));
+/* A gated linear unit's pieces (loom_glu): the gate and up values as the
+ * clamp leaves them, the activation g sigmoid(alpha g) and its derivative
+ * (with alpha 1, SiLU's, bit for bit), and whether a value passed the
+ * clamp (its grad flows). */
+LOOM_HD float loom_glu_gate(float g, loom_glu u) { return u.clamp > 0.0f && g > u.clamp ? u.clamp : g; }
+LOOM_HD float loom_glu_up(float x, loom_glu u) {
+  const float c = u.clamp > 0.0f ? fminf(fmaxf(x, -u.clamp), u.clamp) : x;
+  return u.offset != 0.0f ? c + u.offset : c;
 }
+LOOM_HD float loom_glu_act(float g, loom_glu u) { return g / (1.0f + expf(-(u.alpha > 0.0f ? u.alpha : 1.0f) * g)); }
+LOOM_HD float loom_glu_act_grad(float g, loom_glu u) {
+  const float a = u.alpha > 0.0f ? u.alpha : 1.0f, s = 1.0f / (1.0f + expf(-a * g));
+  return s * (1.0f + a * g * (1.0f - s));
+}
+LOOM_HD float loom_glu_gate_passes(float g, loom_glu u) { return u.clamp > 0.0f && g > u.clamp ? 0.0f : 1.0f; }
+LOOM_HD float loom_glu_up_passes(float x, loom_glu u) { return u.clamp > 0.0f && (x > u.clamp || x < -u.clamp) ? 0.0f : 1.0f; }
 
 /* YaRN's defaults (transformers' and Megatron-Core's): the ramp between 32 and 1 rotations. */
 #define LOOM_YARN_BETA_FAST 32.0f

@@ -73,6 +73,17 @@ typedef struct {
   float attention_factor;
 } loom_rope;
 
+/* A gated linear unit's activation over gate | up: out = (up' + offset)
+ * g' sigmoid(alpha g'), g' the gate capped at clamp and up' the up value
+ * clamped to [-clamp, clamp] (clamp 0: neither). SwiGLU is alpha 1 (0
+ * means 1), no clamp, no offset; GPT-OSS's experts alpha 1.702, clamp 7,
+ * offset 1 (Megatron's --quick-geglu, --activation-func-clamp-value 7,
+ * --glu-linear-offset 1). */
+typedef struct {
+  float alpha, clamp, offset;
+} loom_glu;
+#define LOOM_QUICK_GELU_ALPHA 1.702f /* quick GELU's: g sigmoid(1.702 g) */
+
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {
   int T, B;          /* sequence length, micro-batch */
@@ -141,10 +152,11 @@ struct loom_ops {
   void (*rmsnorm_backward)(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp,
                            const float *weight, const float *rstd, int N, int C);
 
-  /* SwiGLU over the rows of inp[N, 2F], each its gate | up halves: out[N,F] = silu(gate) * up */
-  void (*swiglu_forward)(const loom_ops *be, float *out, const float *inp, int N, int F);
-  /* dinp[N, 2F] += the grads of both halves */
-  void (*swiglu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F);
+  /* SwiGLU over the rows of inp[N, 2F], each its gate | up halves: out[N,F] = silu(gate) * up, or the gated unit glu
+   * says (loom_glu) */
+  void (*swiglu_forward)(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu);
+  /* dinp[N, 2F] += the grads of both halves (0 where a clamp held the value) */
+  void (*swiglu_backward)(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F, loom_glu glu);
 
   /* Rotary position embedding in place. x holds T*B rows [t, b] of `stride`
    * floats; the first `heads` heads of D of each row are turned: dims i and

@@ -37,6 +37,13 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--norm", FLAG_STRING, &mf->norm, "the blocks' and final norm", LOOM_NO_RANGE, LOOM_NORM_NAMES, false, "model.norm"},
       {"--mlp", FLAG_STRING, &mf->mlp, "the MLP's activation (swiglu: gated, gate and up each --ffn wide)", LOOM_NO_RANGE,
        LOOM_MLP_NAMES, false, "model.mlp"},
+      {"--quick-geglu", FLAG_BOOL, &mf->quick_geglu, "with --mlp swiglu: the gate's activation g sigmoid(1.702 g) (GPT-OSS's)",
+       LOOM_NO_RANGE, NULL, false, "model.glu_alpha"},
+      {"--activation-func-clamp-value", FLAG_FLOAT, &mf->glu_clamp,
+       "with --mlp swiglu: the gate capped at it and the up value clamped to it both ways (GPT-OSS's 7)", 0, 1e6, NULL, false,
+       "model.glu_clamp"},
+      {"--glu-linear-offset", FLAG_FLOAT, &mf->glu_offset, "with --mlp swiglu: added to the up value (GPT-OSS's 1)", -1e6, 1e6,
+       NULL, false, "model.glu_offset"},
       {"--position", FLAG_STRING, &mf->position, "positions: a learned table, or rotary (RoPE) on q and k", LOOM_NO_RANGE,
        LOOM_POSITION_NAMES, false, "model.position"},
       {"--rope-theta", FLAG_FLOAT, &mf->rope_theta, "RoPE's base (10000; Llama 3: 500000)", 1.0001, 1e12, NULL, false,
@@ -191,7 +198,8 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
                                      loom_gpt_config *cfg, int *T, loom_error *err) {
   static const char *const SHAPE[] = {"--layers", "--hidden", "--heads", "--ffn", "--vocab", "--model", "--kv-heads",
                                       "--kv-channels", "--qk-layernorm", "--softmax-type", "--window-size",
-                                      "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--out-bias", "--untied",
+                                      "--window-attn-skip-freq", "--rope-type", "--rotary-scaling-factor", "--quick-geglu",
+                                      "--activation-func-clamp-value", "--glu-linear-offset", "--norm", "--mlp", "--position", "--rope-theta", "--no-bias", "--qkv-bias", "--out-bias", "--untied",
                                       "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                                       "--moe-shared-expert-intermediate-size", "--moe-router-score-function",
                                       "--moe-router-pre-softmax", "--moe-layer-freq", "--moe-shared-expert-gate", "--moe-router-bias"};
@@ -229,6 +237,9 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (!flag_set(table, "--kv-heads") && flag_set(table, "--heads") && multi_head) cfg->kv_heads = 0;
   if (flag_set(table, "--norm")) cfg->norm = (loom_norm_kind)loom_flag_choice_index(LOOM_NORM_NAMES, mf->norm);
   if (flag_set(table, "--mlp")) cfg->mlp = (loom_mlp_kind)loom_flag_choice_index(LOOM_MLP_NAMES, mf->mlp);
+  if (flag_set(table, "--quick-geglu")) cfg->glu.alpha = mf->quick_geglu ? LOOM_QUICK_GELU_ALPHA : 0.0f;
+  if (flag_set(table, "--activation-func-clamp-value")) cfg->glu.clamp = mf->glu_clamp;
+  if (flag_set(table, "--glu-linear-offset")) cfg->glu.offset = mf->glu_offset;
   if (flag_set(table, "--position")) cfg->position = (loom_position_kind)loom_flag_choice_index(LOOM_POSITION_NAMES, mf->position);
   if (flag_set(table, "--rope-theta")) cfg->rope.theta = mf->rope_theta;
   if (flag_set(table, "--rope-theta") && cfg->position != LOOM_POSITION_ROPE)

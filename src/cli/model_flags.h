@@ -10,9 +10,9 @@ typedef struct {
   const char *preset;
   const char *init_from;
   int layers, hidden, heads, vocab, seq, ffn, kv_heads, kv_channels;
-  float dropout, rope_theta, rotary_scaling_factor;
+  float dropout, rope_theta, rotary_scaling_factor, glu_clamp, glu_offset;
   const char *norm, *mlp, *position, *softmax_type, *window_size, *window_skip_freq, *rope_type;
-  bool no_bias, qkv_bias, out_bias, untied, qk_layernorm;
+  bool no_bias, qkv_bias, out_bias, untied, qk_layernorm, quick_geglu;
   /* Mixture of Experts, in Megatron-Core's flag names */
   int experts, moe_topk, moe_ffn, moe_shared_ffn;
   const char *moe_score, *moe_drop_policy, *moe_layer_freq;
@@ -20,7 +20,7 @@ typedef struct {
   float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 40
+#define LOOM_MODEL_FLAG_COUNT 43
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

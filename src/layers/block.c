@@ -218,7 +218,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
     loom_column_parallel_forward(tp, ops, a->fc, a->ln_2, normed ? normed : a->ln_2, a->ln_2_bits, w->c_fc, w->v->c_fc_b,
                                  N, n, h, fc);
     to_bf16_values(shape, ops, a->fc, (size_t)N * fc);
-    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, a->fc_gelu, a->fc, N, f, shape->glu);
     else ops->gelu_forward(ops, a->fc_gelu, a->fc, (size_t)N * f);
     pack(ops, a->fc_gelu_bits, a->fc_gelu, (size_t)N * f);
     loom_row_parallel_forward(tp, ops, branch, s->full, loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj,
@@ -307,7 +307,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
                                loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), w->mlp_proj, N, n, f, h);
     to_bf16_values(shape, ops, s->d_fc2, Nf);
     loom_mem_zero(ops->mem, ws->d_fc, (size_t)N * fc);
-    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, ws->d_fc, s->d_fc2, a->fc, N, f, shape->glu);
     else ops->gelu_backward(ops, ws->d_fc, s->d_fc2, a->fc, Nf);
     pack(ops, ws->d_fc_bits, ws->d_fc, (size_t)N * fc);
     loom_column_parallel_backward(tp, ops, d_normed, s->d_ln, NULL, g->c_fc_b, ws->d_fc, ws->d_fc_bits,

@@ -39,6 +39,7 @@ typedef struct {
   float norm_eps;
   loom_norm_kind norm;
   loom_mlp_kind mlp;
+  loom_glu glu;     /* SwiGLU's gated unit */
   loom_rope rope;   /* rotary positions (theta 0: none, the embedding added positions) */
   bool qk_norm;     /* RMSNorm over each q and k head before RoPE (its weights: q_norm_w, k_norm_w) */
   loom_softmax_kind softmax; /* attention sinks: a logit in every row's denominator (learnable: the weights' sinks) */

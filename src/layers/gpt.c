@@ -258,7 +258,7 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
                             .ffn = (moe ? c->moe.shared_ffn : c->ffn) / m->tp.size, .norm_eps = c->norm_eps,
-                            .norm = c->norm, .mlp = c->mlp,
+                            .norm = c->norm, .mlp = c->mlp, .glu = c->glu,
                             .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .qk_norm = c->qk_norm, .softmax = c->softmax,
                             .window = loom_gpt_layer_window(c, m->p.range.layer_begin + l),
                             .bf16 = c->bf16,

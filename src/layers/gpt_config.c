@@ -130,6 +130,7 @@ bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
          loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm && a->softmax == b->softmax &&
+         memcmp(&a->glu, &b->glu, sizeof a->glu) == 0 &&
          a->window == b->window && memcmp(a->full_attention, b->full_attention, sizeof a->full_attention) == 0 &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
@@ -204,6 +205,9 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   }
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
+  if (c->glu.alpha > 0.0f || c->glu.clamp > 0.0f || c->glu.offset != 0.0f)
+    PUT(" (gate sigmoid(%g gate), clamp %g, offset %g)", (double)(c->glu.alpha > 0.0f ? c->glu.alpha : 1.0f),
+        (double)c->glu.clamp, (double)c->glu.offset);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
   if (c->position == LOOM_POSITION_ROPE && c->rope.factor > 0.0f)
     PUT(" scaled by %g (%s)", (double)c->rope.factor, c->rope.yarn ? "yarn" : "llama3");

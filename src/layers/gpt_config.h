@@ -104,6 +104,7 @@ typedef struct {
   float norm_eps;
   loom_norm_kind norm;
   loom_mlp_kind mlp;
+  loom_glu glu;     /* SwiGLU's unit: all 0 SwiGLU itself; GPT-OSS's quick-GeGLU with its clamp and offset (loom_glu) */
   loom_position_kind position;
   loom_rope rope;   /* RoPE's base (0 means 10000) and Llama 3.1's scaling (factor 0: none) */
   bool no_bias;     /* linears without biases (Llama); a LayerNorm keeps its own */

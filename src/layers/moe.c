@@ -23,7 +23,7 @@ int64_t loom_moe_expert_rows(const loom_gpt_config *cfg, int64_t n, int seq) {
 loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq) {
   const loom_moe_config *m = &cfg->moe;
   return (loom_moe_shape){
-      .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_local_expert_ffn(cfg), .mlp = cfg->mlp,
+      .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_local_expert_ffn(cfg), .mlp = cfg->mlp, .glu = cfg->glu,
       .router = {.experts = m->experts, .topk = m->topk, .score = m->score, .pre_softmax = m->pre_softmax,
                  .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff},
       .dispatch = {.experts = m->experts, .topk = m->topk, .capacity_factor = m->capacity_factor,
@@ -143,7 +143,7 @@ static void experts_activation(const loom_moe_shape *shape, const loom_ops *ops,
   for (int q = 0; q < r->blocks; q++) {
     const int rows = block_len(r, q, shape->local_experts);
     float *out = act + q * r->stride * f;
-    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, out, fc + q * r->stride * fc_w, rows, f);
+    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_forward(ops, out, fc + q * r->stride * fc_w, rows, f, shape->glu);
     else ops->gelu_forward(ops, out, fc + q * r->stride * fc_w, (size_t)rows * f);
     to_bf16_values(shape, ops, out, (size_t)rows * f);
   }
@@ -368,7 +368,8 @@ void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, c
   loom_mem_zero(mem, d_up, X * fc);
   for (int q = 0; q < rows.blocks; q++) {
     const size_t at = (size_t)(q * rows.stride), n_q = (size_t)block_len(&rows, q, El);
-    if (shape->mlp == LOOM_MLP_SWIGLU) ops->swiglu_backward(ops, d_up + at * fc, s->d_act + at * f, a->fc + at * fc, (int)n_q, f);
+    if (shape->mlp == LOOM_MLP_SWIGLU)
+      ops->swiglu_backward(ops, d_up + at * fc, s->d_act + at * f, a->fc + at * fc, (int)n_q, f, shape->glu);
     else ops->gelu_backward(ops, d_up + at * fc, s->d_act + at * f, a->fc + at * fc, n_q * f);
   }
   round_blocks(shape, ops, d_up, &rows, fc);

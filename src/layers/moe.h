@@ -46,6 +46,7 @@ typedef struct {
   int n;             /* tokens this rank routes (rows of x) */
   int hidden, ffn;   /* ffn: each expert's width on this rank (its slice under expert tensor parallelism) */
   loom_mlp_kind mlp;
+  loom_glu glu;  /* SwiGLU's gated unit */
   loom_moe_router router;
   loom_moe_dispatch_config dispatch;
   bool bf16;         /* round every activation and activation grad to bf16 values; the experts' GEMMs run in bf16 */

@@ -39,6 +39,7 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .dropout = m->dropout, .norm_eps = m->norm_eps, .norm = (loom_norm_kind)m->norm,
                            .mlp = (loom_mlp_kind)m->mlp, .position = (loom_position_kind)m->position,
                            .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias, .out_bias = m->out_bias,
+                           .glu = {.alpha = m->glu_alpha, .clamp = m->glu_clamp, .offset = m->glu_offset},
                            .untied = !m->tied_embeddings, .head_dim = m->has_kv_channels ? m->kv_channels : 0,
                            .qk_norm = m->qk_layernorm, .softmax = (loom_softmax_kind)m->softmax_type};
   if (m->moe)
@@ -107,6 +108,9 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_qkv_bias = c->no_bias && c->qkv_bias;
   m->qkv_bias = m->has_qkv_bias;
   m->has_out_bias = m->out_bias = c->no_bias && c->out_bias;
+  m->has_glu_alpha = c->glu.alpha != 0.0f, m->glu_alpha = c->glu.alpha;
+  m->has_glu_clamp = c->glu.clamp != 0.0f, m->glu_clamp = c->glu.clamp;
+  m->has_glu_offset = c->glu.offset != 0.0f, m->glu_offset = c->glu.offset;
   m->has_tied_embeddings = c->untied;
   m->tied_embeddings = !c->untied;
   m->has_kv_channels = c->head_dim > 0; /* only where it leaves hidden / heads (loom_gpt_config_finish) */

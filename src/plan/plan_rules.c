@@ -108,6 +108,20 @@ static void check_window(report *r, const Loom__Model *m) {
               m->window_pattern[bad]);
 }
 
+/* SwiGLU's gated unit: a finite positive alpha, a finite clamp of at least 0, a finite offset, on a SwiGLU MLP. */
+static void check_glu(report *r, const Loom__Model *m) {
+  if (!m->has_glu_alpha && !m->has_glu_clamp && !m->has_glu_offset) return;
+  if (m->mlp != LOOM__MLP__MLP_SWIGLU)
+    violation(r, "model.glu_alpha, model.glu_clamp, model.glu_offset: shape SwiGLU's gated unit, but model.mlp is not "
+              "MLP_SWIGLU");
+  else if (!(isfinite(m->glu_alpha) && m->glu_alpha >= 0.0f))
+    violation(r, "model.glu_alpha = %g: must be a finite number above 0 (1.702: --quick-geglu's)", (double)m->glu_alpha);
+  else if (!(isfinite(m->glu_clamp) && m->glu_clamp >= 0.0f))
+    violation(r, "model.glu_clamp = %g: must be a finite number of at least 0 (0: none; GPT-OSS's 7)", (double)m->glu_clamp);
+  else if (!isfinite(m->glu_offset))
+    violation(r, "model.glu_offset = %g: must be a finite number (GPT-OSS's 1)", (double)m->glu_offset);
+}
+
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (!m->has_kv_channels && m->hidden % m->heads)
@@ -146,6 +160,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
   if (m->moe) check_moe(r, m, tp);
   check_window(r, m);
+  check_glu(r, m);
   const Loom__RopeScaling *sc = m->rope_scaling;
   if (sc && m->position != LOOM__POSITION__POSITION_ROPE)
     violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");

@@ -174,25 +174,27 @@ static void cpu_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight
   free(partial);
 }
 
-static void cpu_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+static void cpu_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu) {
 #pragma omp parallel for schedule(static) if ((size_t)N * F > PAR_MIN)
   for (int n = 0; n < N; n++) {
     const float *gate = inp + (size_t)n * 2 * F, *up = gate + F;
     float *y = out + (size_t)n * F;
 #pragma omp simd
-    for (int f = 0; f < F; f++) y[f] = loom_silu_at(gate[f]) * up[f];
+    for (int f = 0; f < F; f++) y[f] = loom_glu_act(loom_glu_gate(gate[f], glu), glu) * loom_glu_up(up[f], glu);
   }
 }
 
-static void cpu_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+static void cpu_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F,
+                                loom_glu glu) {
 #pragma omp parallel for schedule(static) if ((size_t)N * F > PAR_MIN)
   for (int n = 0; n < N; n++) {
     const float *gate = inp + (size_t)n * 2 * F, *up = gate + F, *dy = dout + (size_t)n * F;
     float *dgate = dinp + (size_t)n * 2 * F, *dup = dgate + F;
 #pragma omp simd
     for (int f = 0; f < F; f++) {
-      dgate[f] += dy[f] * up[f] * loom_silu_grad_at(gate[f]);
-      dup[f] += dy[f] * loom_silu_at(gate[f]);
+      const float g = loom_glu_gate(gate[f], glu);
+      dgate[f] += dy[f] * loom_glu_up(up[f], glu) * loom_glu_act_grad(g, glu) * loom_glu_gate_passes(gate[f], glu);
+      dup[f] += dy[f] * loom_glu_act(g, glu) * loom_glu_up_passes(up[f], glu);
     }
   }
 }

@@ -127,33 +127,34 @@ void cuda_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, cons
   norm_param_grads(g, dweight, nullptr, dout, inp, nullptr, rstd, N, C, "rmsnorm_backward weight grads");
 }
 
-__global__ void swiglu_forward_kernel(float *out, const float *inp, int N, int F) {
+__global__ void swiglu_forward_kernel(float *out, const float *inp, int N, int F, loom_glu glu) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * F) return;
   const size_t n = i / F, f = i % F;
   const float *row = inp + n * 2 * F;
-  out[i] = loom_silu_at(row[f]) * row[F + f];
+  out[i] = loom_glu_act(loom_glu_gate(row[f], glu), glu) * loom_glu_up(row[F + f], glu);
 }
 
-__global__ void swiglu_backward_kernel(float *dinp, const float *dout, const float *inp, int N, int F) {
+__global__ void swiglu_backward_kernel(float *dinp, const float *dout, const float *inp, int N, int F, loom_glu glu) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (size_t)N * F) return;
   const size_t n = i / F, f = i % F;
   const float *row = inp + n * 2 * F;
   float *drow = dinp + n * 2 * F;
-  drow[f] += dout[i] * row[F + f] * loom_silu_grad_at(row[f]);
-  drow[F + f] += dout[i] * loom_silu_at(row[f]);
+  const float g = loom_glu_gate(row[f], glu);
+  drow[f] += dout[i] * loom_glu_up(row[F + f], glu) * loom_glu_act_grad(g, glu) * loom_glu_gate_passes(row[f], glu);
+  drow[F + f] += dout[i] * loom_glu_act(g, glu) * loom_glu_up_passes(row[F + f], glu);
 }
 
-void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu) {
   Backend &g = ctx(be);
-  LAUNCH(swiglu_forward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, out, inp, N, F);
+  LAUNCH(swiglu_forward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, out, inp, N, F, glu);
   launched("swiglu_forward");
 }
 
-void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F, loom_glu glu) {
   Backend &g = ctx(be);
-  LAUNCH(swiglu_backward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, dinp, dout, inp, N, F);
+  LAUNCH(swiglu_backward_kernel, blocks_for((size_t)N * F), THREADS, 0, g.stream, dinp, dout, inp, N, F, glu);
   launched("swiglu_backward");
 }
 

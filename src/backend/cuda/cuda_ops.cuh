@@ -76,8 +76,8 @@ void cuda_layernorm_forward(const loom_ops *be, float *out, float *mean, float *
 void cuda_layernorm_backward(const loom_ops *be, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp, const float *weight, const float *mean, const float *rstd, int N, int C);
 void cuda_rmsnorm_forward(const loom_ops *be, float *out, float *rstd, const float *inp, const float *weight, int N, int C, float eps);
 void cuda_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, const float *dout, const float *inp, const float *weight, const float *rstd, int N, int C);
-void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F);
-void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F);
+void cuda_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu);
+void cuda_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F, loom_glu glu);
 void cuda_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope);
 void cuda_rope_backward(const loom_ops *be, float *dx, int T, int B, int stride, int heads, int D, int pos_offset, loom_rope rope);
 void cuda_gelu_forward(const loom_ops *be, float *out, const float *inp, size_t n);

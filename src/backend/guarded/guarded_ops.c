@@ -128,11 +128,12 @@ static void g_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight, 
                                const float *weight, const float *rstd, int N, int C) {
   CPU->rmsnorm_backward(CPU, U(dinp), U(dweight), U(dout), U(inp), U(weight), U(rstd), N, C);
 }
-static void g_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
-  CPU->swiglu_forward(CPU, U(out), U(inp), N, F);
+static void g_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu) {
+  CPU->swiglu_forward(CPU, U(out), U(inp), N, F, glu);
 }
-static void g_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
-  CPU->swiglu_backward(CPU, U(dinp), U(dout), U(inp), N, F);
+static void g_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F,
+                              loom_glu glu) {
+  CPU->swiglu_backward(CPU, U(dinp), U(dout), U(inp), N, F, glu);
 }
 static void g_rope_forward(const loom_ops *be, float *x, int T, int B, int stride, int heads, int D, int pos_offset,
                            loom_rope rope) {

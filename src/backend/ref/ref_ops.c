@@ -100,21 +100,22 @@ static void ref_rmsnorm_backward(const loom_ops *be, float *dinp, float *dweight
   }
 }
 
-static void ref_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F) {
+static void ref_swiglu_forward(const loom_ops *be, float *out, const float *inp, int N, int F, loom_glu glu) {
   for (int n = 0; n < N; n++)
     for (int f = 0; f < F; f++) {
       const float *row = inp + (size_t)n * 2 * F;
-      out[(size_t)n * F + f] = loom_silu_at(row[f]) * row[F + f];
+      out[(size_t)n * F + f] = loom_glu_act(loom_glu_gate(row[f], glu), glu) * loom_glu_up(row[F + f], glu);
     }
 }
 
-static void ref_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F) {
+static void ref_swiglu_backward(const loom_ops *be, float *dinp, const float *dout, const float *inp, int N, int F,
+                                loom_glu glu) {
   for (int n = 0; n < N; n++)
     for (int f = 0; f < F; f++) {
-      const float *row = inp + (size_t)n * 2 * F, dy = dout[(size_t)n * F + f];
+      const float *row = inp + (size_t)n * 2 * F, dy = dout[(size_t)n * F + f], g = loom_glu_gate(row[f], glu);
       float *drow = dinp + (size_t)n * 2 * F;
-      drow[f] += dy * row[F + f] * loom_silu_grad_at(row[f]);
-      drow[F + f] += dy * loom_silu_at(row[f]);
+      drow[f] += dy * loom_glu_up(row[F + f], glu) * loom_glu_act_grad(g, glu) * loom_glu_gate_passes(row[f], glu);
+      drow[F + f] += dy * loom_glu_act(g, glu) * loom_glu_up_passes(row[F + f], glu);
     }
 }
 
