@@ -929,9 +929,13 @@ START_TEST(hf_directories_refuse_bad_input) {
        "field \"num_hidden_layers\" must be an integer from 1 to 4096"},
       {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 8}",
        "field \"rope_scaling\" must name its rope_type"},
-      {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8}",
-       "rope_scaling's rope_type \"yarn\": loom computes Llama 3.1's \"llama3\" scaling only (not linear, dynamic, yarn, "
-       "longrope or su)"},
+      {"config.json", "\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 8}",
+       "rope_scaling's rope_type \"longrope\": loom computes Llama 3.1's \"llama3\" and \"yarn\" scaling only (not linear, "
+       "dynamic, longrope or su)"},
+      {"config.json", "\"rope_scaling\": null",
+       "\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 8, \"original_max_position_embeddings\": 16}",
+       "rope_scaling: field \"factor\" must be max_position_embeddings / original_max_position_embeddings, which "
+       "transformers takes in its place"},
       {"config.json", "\"rope_scaling\": null",
        "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, \"high_freq_factor\": 4}",
        "rope_scaling: field \"original_max_position_embeddings\" is missing"},

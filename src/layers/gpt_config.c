@@ -341,7 +341,8 @@ static bool freq_expr(freq_parser *p) {
  * form, read into on[layers] (1 or 0 per layer); the integer N is left to
  * the caller (*every = N; on untouched), whose meaning differs per flag.
  * 0 on success, else -1 with why filled. */
-static int parse_layer_pattern(const char *text, int layers, uint8_t *on, int64_t *every, char *why, size_t n) {
+static int parse_layer_pattern(const char *text, int layers, const char *one_means, uint8_t *on, int64_t *every, char *why,
+                               size_t n) {
   char body[4096];
   size_t len = strlen(text);
   if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0]) text++, len -= 2;
@@ -355,7 +356,7 @@ static int parse_layer_pattern(const char *text, int layers, uint8_t *on, int64_
   const loom_decimal whole = loom_parse_decimal(body, NULL, 1, LOOM_GPT_MAX_LAYERS, every);
   freq_parser p = {.at = body, .out = on, .cap = layers < LOOM_GPT_MAX_LAYERS ? layers : LOOM_GPT_MAX_LAYERS};
   if (whole == LOOM_DECIMAL_RANGE) {
-    snprintf(why, n, "an integer must be in [1, %d]", LOOM_GPT_MAX_LAYERS);
+    snprintf(why, n, "an integer must be in [1, %d] (1: %s)", LOOM_GPT_MAX_LAYERS, one_means);
     return -1;
   }
   if (whole != LOOM_DECIMAL_NONE) return 0;
@@ -378,7 +379,7 @@ static int parse_layer_pattern(const char *text, int layers, uint8_t *on, int64_
 int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
   uint8_t moe[LOOM_GPT_MAX_LAYERS] = {0};
   int64_t every;
-  if (parse_layer_pattern(text, c->layers, moe, &every, why, n) != 0) return -1;
+  if (parse_layer_pattern(text, c->layers, "every layer a Mixture of Experts", moe, &every, why, n) != 0) return -1;
   for (int l = 0; l < c->layers; l++) loom_gpt_set_dense_layer(c, l, every ? l % every != 0 : !moe[l]);
   return 0;
 }
@@ -391,7 +392,7 @@ void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full) {
 int loom_gpt_parse_window_skip_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
   uint8_t windowed[LOOM_GPT_MAX_LAYERS] = {0};
   int64_t every;
-  if (parse_layer_pattern(text, c->layers, windowed, &every, why, n) != 0) return -1;
+  if (parse_layer_pattern(text, c->layers, "every layer attends in full", windowed, &every, why, n) != 0) return -1;
   for (int l = 0; l < c->layers; l++) loom_gpt_set_full_attention_layer(c, l, every ? (l + 1) % every == 0 : !windowed[l]);
   return 0;
 }
