@@ -342,7 +342,45 @@ START_TEST(each_rule_has_its_message) {
   p->model->position = LOOM__POSITION__POSITION_LEARNED;
   expect_rule(p, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
   p->model->position = LOOM__POSITION__POSITION_ROPE;
+  /* YaRN's betas (absent: 32 and 1) and attention factor. */
+  sc.yarn = 1, sc.has_beta_slow = 1, sc.beta_slow = 40.0f;
+  expect_rule(p, "model.rope_scaling: YaRN's beta_fast 32 and beta_slow 40 must be finite with beta_fast > beta_slow > 0");
+  sc.has_beta_fast = 1, sc.beta_fast = INFINITY, sc.beta_slow = 1.0f;
+  expect_rule(p, "model.rope_scaling: YaRN's beta_fast inf and beta_slow 1 must be finite with beta_fast > beta_slow > 0");
+  sc.beta_fast = 32.0f, sc.has_attention_factor = 1, sc.attention_factor = 0.0f;
+  expect_rule(p, "model.rope_scaling.attention_factor = 0: must be a finite number above 0");
+  sc.attention_factor = 1.2f;
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, fine, sizeof fine) == 0, "%s", fine);
   p->model->rope_scaling = NULL;
+  /* Sliding windows: shorter than the sequence, one 1-or-0 entry per layer, the pattern only beside a window. */
+  int32_t windowed[9] = {1, 0, 1, 0, 1, 0, 1, 0, 1};
+  p->model->window_pattern = windowed, p->model->n_window_pattern = 8;
+  expect_rule(p, "model.window_pattern: says which layers are windowed, but model.window_size sets no window");
+  p->model->has_window_size = 1, p->model->window_size = p->model->seq;
+  expect_rule(p, "model.window_size = 32: a query's window must be shorter than the sequence (model.seq 32)");
+  p->model->window_size = 16, p->model->n_window_pattern = 9;
+  expect_rule(p, "model.window_pattern: 9 entries, but model.layers = 8; give one per layer (1: a windowed layer, 0: full "
+              "attention)");
+  p->model->n_window_pattern = 8, windowed[5] = -1;
+  expect_rule(p, "model.window_pattern[5] = -1: must be 1 (a windowed layer) or 0 (full attention)");
+  windowed[5] = 0;
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, fine, sizeof fine) == 0, "%s", fine);
+  p->model->has_window_size = 0, p->model->window_pattern = NULL, p->model->n_window_pattern = 0;
+  /* SwiGLU's gated unit. */
+  p->model->has_glu_alpha = 1, p->model->glu_alpha = 1.702f;
+  expect_rule(p, "model.glu_alpha, model.glu_clamp, model.glu_offset: shape SwiGLU's gated unit, but model.mlp is not "
+              "MLP_SWIGLU");
+  const Loom__Mlp mlp = p->model->mlp;
+  p->model->mlp = LOOM__MLP__MLP_SWIGLU, p->model->glu_alpha = -1.0f;
+  expect_rule(p, "model.glu_alpha = -1: must be a finite number of at least 0");
+  p->model->glu_alpha = 1.702f, p->model->has_glu_clamp = 1, p->model->glu_clamp = NAN;
+  expect_rule(p, "model.glu_clamp = nan: must be a finite number of at least 0");
+  p->model->glu_clamp = 7.0f, p->model->has_glu_offset = 1, p->model->glu_offset = INFINITY;
+  expect_rule(p, "model.glu_offset = inf: must be a finite number");
+  p->model->glu_offset = 1.0f;
+  ck_assert_msg(loom_plan_check_rules(p, 0, 0, fine, sizeof fine) == 0, "%s", fine);
+  p->model->has_glu_alpha = p->model->has_glu_clamp = p->model->has_glu_offset = 0;
+  p->model->mlp = mlp;
   /* Qwen2's biases on q, k and v alone mean something only without the others. */
   p->model->has_qkv_bias = p->model->qkv_bias = 1;
   expect_rule(p, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is true");
@@ -381,7 +419,7 @@ START_TEST(each_rule_has_its_message) {
   moe.expert_bias = 0, moe.has_bias_update_rate = 0;
   int32_t pattern[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
   moe.layer_pattern = pattern, moe.n_layer_pattern = 9; /* 8 layers */
-  expect_rule(p, "model.moe.layer_pattern: 9 entries, but model.layers = 8; give one per layer (1: MoE, 0: dense)");
+  expect_rule(p, "model.moe.layer_pattern: 9 entries, but model.layers = 8; give one per layer (1: a Mixture of Experts, 0: the dense MLP)");
   moe.n_layer_pattern = 8, pattern[3] = 2;
   expect_rule(p, "model.moe.layer_pattern[3] = 2: must be 1 (a Mixture of Experts) or 0 (the dense MLP)");
   for (int l = 0; l < 8; l++) pattern[l] = 0;

@@ -83,6 +83,8 @@ typedef struct {
   float alpha, clamp, offset;
 } loom_glu;
 #define LOOM_QUICK_GELU_ALPHA 1.702f /* quick GELU's: g sigmoid(1.702 g) */
+/* Whether a unit is SwiGLU itself (alpha 1 or its 0, no clamp, no offset). */
+static inline int loom_glu_is_swiglu(loom_glu u) { return (u.alpha == 0.0f || u.alpha == 1.0f) && u.clamp == 0.0f && u.offset == 0.0f; }
 
 /* Shapes of a causal self-attention call on the local heads. */
 typedef struct {

@@ -668,7 +668,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
                                           : not_dense(c, family);
   if (!why) why = not_windows(c, family);
   if (!why && loom_gpt_is_moe(c)) why = not_router(c);
-  if (!why && (c->glu.alpha > 0.0f || c->glu.clamp > 0.0f || c->glu.offset != 0.0f))
+  if (!why && !loom_glu_is_swiglu(c->glu))
     why = "its SwiGLU unit is clamped or shifted (--quick-geglu, --activation-func-clamp-value, --glu-linear-offset), which "
           "this class's is not";
   /* Qwen2's classes size their heads hidden / heads: no config.json field of theirs says another width. */

@@ -205,7 +205,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
   }
   if (c->norm != LOOM_NORM_LAYERNORM) PUT("%s%s", used ? ", " : "", LOOM_NORM_NAMES[c->norm & 1]);
   if (c->mlp != LOOM_MLP_GELU) PUT("%s%s", used ? ", " : "", LOOM_MLP_NAMES[c->mlp & 1]);
-  if (c->glu.alpha > 0.0f || c->glu.clamp > 0.0f || c->glu.offset != 0.0f)
+  if (!loom_glu_is_swiglu(c->glu))
     PUT(" (gate sigmoid(%g gate), clamp %g, offset %g)", (double)(c->glu.alpha > 0.0f ? c->glu.alpha : 1.0f),
         (double)c->glu.clamp, (double)c->glu.offset);
   if (c->position == LOOM_POSITION_ROPE) PUT("%srope theta %g", used ? ", " : "", (double)c->rope.theta);
@@ -240,21 +240,10 @@ const char *loom_flops_formula_name(loom_flops_formula f) {
 
 /* ---- --moe-layer-freq ---- */
 
-bool loom_gpt_has_dense_layers(const loom_gpt_config *c) {
-  for (int w = 0; loom_gpt_is_moe(c) && w < LOOM_LAYER_PATTERN_WORDS; w++)
-    if (c->moe.dense[w]) return true;
-  return false;
-}
-
 int loom_gpt_moe_layers(const loom_gpt_config *c, int begin, int end) {
   int n = 0;
   for (int l = begin; l < end; l++) n += loom_gpt_layer_is_moe(c, l);
   return n;
-}
-
-void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense) {
-  const uint64_t bit = (uint64_t)1 << (l & 63);
-  c->moe.dense[l >> 6] = dense ? c->moe.dense[l >> 6] | bit : c->moe.dense[l >> 6] & ~bit;
 }
 
 /* Python's list form, read into out[cap]: expr = term ('+' term)*, term =
@@ -360,7 +349,6 @@ static int parse_layer_pattern(const char *text, int layers, const char *one_mea
     return -1;
   }
   if (whole != LOOM_DECIMAL_NONE) return 0;
-  *every = 0;
   if (freq_expr(&p)) {
     skip_spaces(&p);
     if (*p.at != '\0') p.why = "unexpected text after the list";
@@ -384,21 +372,10 @@ int loom_gpt_parse_moe_layer_freq(loom_gpt_config *c, const char *text, char *wh
   return 0;
 }
 
-void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full) {
-  const uint64_t bit = (uint64_t)1 << (l & 63);
-  c->full_attention[l >> 6] = full ? c->full_attention[l >> 6] | bit : c->full_attention[l >> 6] & ~bit;
-}
-
 int loom_gpt_parse_window_skip_freq(loom_gpt_config *c, const char *text, char *why, size_t n) {
   uint8_t windowed[LOOM_GPT_MAX_LAYERS] = {0};
   int64_t every;
   if (parse_layer_pattern(text, c->layers, "every layer attends in full", windowed, &every, why, n) != 0) return -1;
   for (int l = 0; l < c->layers; l++) loom_gpt_set_full_attention_layer(c, l, every ? (l + 1) % every == 0 : !windowed[l]);
   return 0;
-}
-
-bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c) {
-  for (int w = 0; c->window > 0 && w < LOOM_LAYER_PATTERN_WORDS; w++)
-    if (c->full_attention[w]) return true;
-  return false;
 }

@@ -55,6 +55,17 @@ extern const char *const LOOM_MOE_DROP_POLICY_NAMES[]; /* by drop_by_position */
 #define LOOM_MOE_BIAS_UPDATE_RATE 1e-3f /* Megatron-Core's default --moe-router-bias-update-rate */
 #define LOOM_GPT_MAX_LAYERS 4096        /* a model's layers at most (the plan's bound) */
 #define LOOM_LAYER_PATTERN_WORDS (LOOM_GPT_MAX_LAYERS / 64)
+/* A per-layer bit set (bit l in word l / 64): layer l's bit, set or cleared, and whether any is set. */
+static inline bool loom_layer_bit(const uint64_t *bits, int l) { return (bits[l >> 6] >> (l & 63)) & 1u; }
+static inline void loom_layer_bit_set(uint64_t *bits, int l, bool on) {
+  const uint64_t bit = (uint64_t)1 << (l & 63);
+  bits[l >> 6] = on ? bits[l >> 6] | bit : bits[l >> 6] & ~bit;
+}
+static inline bool loom_layer_bits_any(const uint64_t *bits) {
+  for (int w = 0; w < LOOM_LAYER_PATTERN_WORDS; w++)
+    if (bits[w]) return true;
+  return false;
+}
 typedef struct {
   int experts;            /* --num-experts */
   int topk;               /* --moe-router-topk */
@@ -191,15 +202,19 @@ static inline int loom_gpt_expert_tp(const loom_gpt_config *c) { return c->moe.e
 static inline int loom_gpt_local_expert_ffn(const loom_gpt_config *c) { return loom_gpt_expert_ffn(c) / loom_gpt_expert_tp(c); }
 /* Whether layer l's MLP is a Mixture of Experts (else the dense MLP). */
 static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
-  return loom_gpt_is_moe(c) && !((c->moe.dense[l >> 6] >> (l & 63)) & 1u);
+  return loom_gpt_is_moe(c) && !loom_layer_bit(c->moe.dense, l);
 }
 /* Layer l's attention window (loom_attn_shape's: 0, every earlier key). */
 static inline int loom_gpt_layer_window(const loom_gpt_config *c, int l) {
-  return c->window > 0 && !((c->full_attention[l >> 6] >> (l & 63)) & 1u) ? c->window : 0;
+  return c->window > 0 && !loom_layer_bit(c->full_attention, l) ? c->window : 0;
 }
 /* Whether a windowed model has layers that attend in full; makes layer l one (or a windowed one again). */
-bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c);
-void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full);
+static inline bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c) {
+  return c->window > 0 && loom_layer_bits_any(c->full_attention);
+}
+static inline void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full) {
+  loom_layer_bit_set(c->full_attention, l, full);
+}
 /* Parses Megatron-LM's --window-attn-skip-freq for c's layers into
  * c->full_attention: an integer N (one full-attention layer after N - 1
  * windowed ones: layer l full where (l + 1) % N == 0), or the list form of
@@ -207,11 +222,13 @@ void loom_gpt_set_full_attention_layer(loom_gpt_config *c, int l, bool full);
  * success, else -1 with why filled. */
 int loom_gpt_parse_window_skip_freq(loom_gpt_config *c, const char *text, char *why, size_t n);
 /* Whether a MoE model has dense layers among its MoE layers. */
-bool loom_gpt_has_dense_layers(const loom_gpt_config *c);
+static inline bool loom_gpt_has_dense_layers(const loom_gpt_config *c) {
+  return loom_gpt_is_moe(c) && loom_layer_bits_any(c->moe.dense);
+}
 /* Layers of [begin, end) whose MLP is a Mixture of Experts. */
 int loom_gpt_moe_layers(const loom_gpt_config *c, int begin, int end);
 /* Makes layer l of a MoE model dense (or a MoE layer again). */
-void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense);
+static inline void loom_gpt_set_dense_layer(loom_gpt_config *c, int l, bool dense) { loom_layer_bit_set(c->moe.dense, l, dense); }
 /* Parses Megatron-LM's --moe-layer-freq for a model of `layers` layers
  * into c->moe.dense: an integer N (layer l a MoE layer where l % N == 0),
  * or Python's list form of 1 (MoE) and 0 (dense) per layer, with its

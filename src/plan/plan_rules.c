@@ -44,6 +44,26 @@ static void violation(report *r, const char *fmt, ...) {
   r->out[r->used] = '\0';
 }
 
+/* A per-layer pattern (MoE layers, windowed layers): one entry per layer, each 1 or 0 (named `one` and `zero`).
+ * Returns how many entries are 1, or -1 when the pattern is absent or broke a rule (said). */
+static long check_layer_bits(report *r, const char *field, const int32_t *bits, size_t n, int layers, const char *one,
+                             const char *zero) {
+  if (n == 0) return -1;
+  if (n != (size_t)layers) {
+    violation(r, "%s: %zu entries, but model.layers = %d; give one per layer (1: %s, 0: %s)", field, n, layers, one, zero);
+    return -1;
+  }
+  long ones = 0;
+  for (size_t l = 0; l < n; l++) {
+    if (bits[l] != 0 && bits[l] != 1) {
+      violation(r, "%s[%zu] = %d: must be 1 (%s) or 0 (%s)", field, l, bits[l], one, zero);
+      return -1;
+    }
+    ones += bits[l];
+  }
+  return ones;
+}
+
 /* A Mixture-of-Experts model's rules (its sizes already in bounds). */
 static void check_moe(report *r, const Loom__Model *m, int tp) {
   const Loom__Moe *e = m->moe;
@@ -55,22 +75,10 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
   if (e->shared_ffn % tp)
     violation(r, "model.moe.shared_ffn = %d: must be divisible by parallel.tp (%d), the shared expert split as the dense "
               "MLP is; pick a tp that divides it", e->shared_ffn, tp);
-  if (e->n_layer_pattern) {
-    size_t moe_layers = 0, bad = e->n_layer_pattern;
-    for (size_t l = 0; l < e->n_layer_pattern; l++) {
-      moe_layers += e->layer_pattern[l] == 1;
-      if (e->layer_pattern[l] != 0 && e->layer_pattern[l] != 1 && bad == e->n_layer_pattern) bad = l;
-    }
-    if (e->n_layer_pattern != (size_t)m->layers)
-      violation(r, "model.moe.layer_pattern: %zu entries, but model.layers = %d; give one per layer (1: MoE, 0: dense)",
-                e->n_layer_pattern, m->layers);
-    else if (bad < e->n_layer_pattern)
-      violation(r, "model.moe.layer_pattern[%zu] = %d: must be 1 (a Mixture of Experts) or 0 (the dense MLP)", bad,
-                e->layer_pattern[bad]);
-    else if (moe_layers == 0)
-      violation(r, "model.moe.layer_pattern: no layer is a Mixture of Experts; make one a MoE layer, or give the model no "
-                "experts");
-  }
+  if (check_layer_bits(r, "model.moe.layer_pattern", e->layer_pattern, e->n_layer_pattern, m->layers,
+                       "a Mixture of Experts", "the dense MLP") == 0)
+    violation(r, "model.moe.layer_pattern: no layer is a Mixture of Experts; make one a MoE layer, or give the model no "
+              "experts");
   if (e->shared_gate && e->shared_ffn == 0)
     violation(r, "model.moe.shared_gate = true: gates the shared expert, but model.moe.shared_ffn is 0 (no shared expert)");
   if (e->has_capacity_factor && !(isfinite(e->capacity_factor) && e->capacity_factor > 0.0 &&
@@ -97,25 +105,18 @@ static void check_window(report *r, const Loom__Model *m) {
               "changes nothing; drop it or make it shorter", m->window_size, m->seq);
   if (m->n_window_pattern && !m->has_window_size)
     violation(r, "model.window_pattern: says which layers are windowed, but model.window_size sets no window");
-  size_t bad = m->n_window_pattern;
-  for (size_t l = 0; l < m->n_window_pattern; l++)
-    if (m->window_pattern[l] != 0 && m->window_pattern[l] != 1 && bad == m->n_window_pattern) bad = l;
-  if (m->n_window_pattern && m->n_window_pattern != (size_t)m->layers)
-    violation(r, "model.window_pattern: %zu entries, but model.layers = %d; give one per layer (1: windowed, 0: full)",
-              m->n_window_pattern, m->layers);
-  else if (bad < m->n_window_pattern)
-    violation(r, "model.window_pattern[%zu] = %d: must be 1 (a windowed layer) or 0 (full attention)", bad,
-              m->window_pattern[bad]);
+  check_layer_bits(r, "model.window_pattern", m->window_pattern, m->n_window_pattern, m->layers, "a windowed layer",
+                   "full attention");
 }
 
-/* SwiGLU's gated unit: a finite positive alpha, a finite clamp of at least 0, a finite offset, on a SwiGLU MLP. */
+/* SwiGLU's gated unit: a finite alpha of at least 0, a finite clamp of at least 0, a finite offset, on a SwiGLU MLP. */
 static void check_glu(report *r, const Loom__Model *m) {
   if (!m->has_glu_alpha && !m->has_glu_clamp && !m->has_glu_offset) return;
   if (m->mlp != LOOM__MLP__MLP_SWIGLU)
     violation(r, "model.glu_alpha, model.glu_clamp, model.glu_offset: shape SwiGLU's gated unit, but model.mlp is not "
               "MLP_SWIGLU");
   else if (!(isfinite(m->glu_alpha) && m->glu_alpha >= 0.0f))
-    violation(r, "model.glu_alpha = %g: must be a finite number above 0 (1.702: --quick-geglu's)", (double)m->glu_alpha);
+    violation(r, "model.glu_alpha = %g: must be a finite number of at least 0 (0 or 1: SwiGLU's; 1.702: --quick-geglu's)", (double)m->glu_alpha);
   else if (!(isfinite(m->glu_clamp) && m->glu_clamp >= 0.0f))
     violation(r, "model.glu_clamp = %g: must be a finite number of at least 0 (0: none; GPT-OSS's 7)", (double)m->glu_clamp);
   else if (!isfinite(m->glu_offset))
@@ -162,17 +163,15 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   check_window(r, m);
   check_glu(r, m);
   const Loom__RopeScaling *sc = m->rope_scaling;
+  const float beta_fast = sc && sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST;
+  const float beta_slow = sc && sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW;
   if (sc && m->position != LOOM__POSITION__POSITION_ROPE)
     violation(r, "model.rope_scaling: scales RoPE's frequencies, but model.position is not POSITION_ROPE");
   else if (sc && !(isfinite(sc->factor) && sc->factor >= 1.0f))
     violation(r, "model.rope_scaling.factor = %g: must be a finite number of at least 1 (Llama 3.1's is 8)", (double)sc->factor);
-  else if (sc && sc->yarn && !((!sc->has_beta_fast || isfinite(sc->beta_fast)) && (!sc->has_beta_slow || isfinite(sc->beta_slow)) &&
-                                (sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST) >
-                                    (sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW) &&
-                                (sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW) > 0.0f))
+  else if (sc && sc->yarn && !(isfinite(beta_fast) && isfinite(beta_slow) && beta_fast > beta_slow && beta_slow > 0.0f))
     violation(r, "model.rope_scaling: YaRN's beta_fast %g and beta_slow %g must be finite with beta_fast > beta_slow > 0 "
-              "(GPT-OSS's and DeepSeek's: 32 and 1)", (double)(sc->has_beta_fast ? sc->beta_fast : LOOM_YARN_BETA_FAST),
-              (double)(sc->has_beta_slow ? sc->beta_slow : LOOM_YARN_BETA_SLOW));
+              "(GPT-OSS's and DeepSeek's: 32 and 1)", (double)beta_fast, (double)beta_slow);
   else if (sc && sc->yarn && sc->has_attention_factor && !(isfinite(sc->attention_factor) && sc->attention_factor > 0.0f))
     violation(r, "model.rope_scaling.attention_factor = %g: must be a finite number above 0 (YaRN's default: 0.1 ln(factor) "
               "+ 1)", (double)sc->attention_factor);
