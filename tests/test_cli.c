@@ -138,12 +138,9 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
   refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, got 'gpt-huge'");
-  /* Mixture of Experts: its flags need one, its experts no biases, its rules by flag name. */
+  /* Mixture of Experts: its flags need one, its rules by flag name. */
   refusal_row(&t, run("train", "--moe-router-topk", "2", NULL), 2,
               "loom train: --moe-router-topk configures a Mixture of Experts, but this model is dense; add --num-experts");
-  refusal_row(&t, run("train", "--num-experts", "4", NULL), 2,
-              "loom train: --num-experts: the experts have no biases, but this model has biases on its linears; add --no-bias "
-              "(Megatron's --disable-bias-linear)");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-topk", "9", NULL), 2,
               "loom train: --moe-router-topk 9: a token's experts must be at most --num-experts (8)");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-shared-expert-intermediate-size", "3", "--tp", "2", NULL), 2,

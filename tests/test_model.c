@@ -3,7 +3,7 @@
  * a mix of the switches: LayerNorm with biases, SwiGLU, learned
  * positions, multi-query attention, untied, the off-by-one softmax;
  * Llama's MoE; Qwen3's heads of their own width with QK-norm; GPT-OSS's
- * attention sinks and alternating sliding windows): every parameter's gradient
+ * attention sinks, alternating sliding windows and biased experts): every parameter's gradient
  * against central finite differences (with and without dropout), the CPU
  * backend against the reference backend end to end, the loss at init, and
  * overfitting one batch.
@@ -11,7 +11,9 @@
  * Gradient check: h = 3e-3 on fp32 parameters of a tiny model (1e-2 left
  * RoPE and SwiGLU under dropout 0.006 off: truncation, not the grads); each
  * tensor's analytic gradient must match with relative L2 error <= 1e-2 and
- * every element within 5e-4 + 5e-2 * |fd|. A key projection's bias has a
+ * every element within 5e-4 + 5e-2 * |fd| (a tensor whose grads are under
+ * 1e-2 per element in RMS: an error under 1e-4 per element, the differences'
+ * fp32 noise). A key projection's bias has a
  * true grad of zero (softmax ignores a shift every key shares): there the
  * analytic one must be rounding noise, under 1e-6. */
 #include <math.h>
@@ -46,11 +48,13 @@ static void as_family(loom_gpt_config *c, int family) {
   } else if (family == QWEN3) { /* Llama's, its heads 6 wide whatever hidden / heads is (--kv-channels), QK-norm on */
     as_family(c, LLAMA);
     c->head_dim = 6, c->qk_norm = true;
-  } else if (family == OSS) { /* GPT-OSS's attention: Llama's with heads of their own width, biases on q, k, v and o,
-                                * learned sinks, and a window of 2 keys back in its first layer, the second in full */
+  } else if (family == OSS) { /* GPT-OSS: Llama's with heads of their own width, biases on every linear (q, k, v, o and
+                                * the experts'), learned sinks, a window of 2 keys back in its first layer, the second
+                                * in full, and every MLP 4 experts (top 2) with GPT-OSS's clamped unit and a router bias */
     as_family(c, LLAMA);
-    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2, c->qkv_bias = c->out_bias = true;
+    c->head_dim = 6, c->softmax = LOOM_SOFTMAX_LEARNABLE, c->window = 2, c->no_bias = false;
     c->glu = (loom_glu){.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f}; /* GPT-OSS's experts' unit */
+    c->moe = (loom_moe_config){.experts = 4, .topk = 2, .router_bias = true, .aux_loss_coeff = 0.1f};
     if (c->layers > 1) loom_gpt_set_full_attention_layer(c, 1, true);
   }
   loom_gpt_config_finish(c);
@@ -132,8 +136,11 @@ static void grad_check_of(const loom_gpt_config cfg, int family, const char *onl
       num += (g[k] - fd) * (g[k] - fd);
       den += fd * fd;
     }
-    ck_assert_msg(den == 0.0 ? sqrt(num) <= 1e-6 : sqrt(num / den) <= 1e-2, "%s: relative L2 error %g (error norm %g)",
-                  t->name, sqrt(num / den), sqrt(num));
+    /* A tensor whose grads are near the differences' fp32 noise (an expert a token or two reach) is held to that
+     * noise instead: 1e-4 per element in RMS, a few ulps of a loss near 3 over 2h (measured: halving h doubles it). */
+    const bool at_noise = sqrt(num) <= 1e-4 * sqrt((double)n) && sqrt(den) <= 1e-2 * sqrt((double)n);
+    ck_assert_msg(den == 0.0 ? sqrt(num) <= 1e-6 : sqrt(num / den) <= 1e-2 || at_noise,
+                  "%s: relative L2 error %g (error norm %g)", t->name, sqrt(num / den), sqrt(num));
   }
   /* Padded vocab rows never reach the loss, through the embedding or the head. */
   for (size_t k = (size_t)cfg.vocab * cfg.hidden; k < (size_t)cfg.padded_vocab * cfg.hidden; k++) {

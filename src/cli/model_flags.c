@@ -146,9 +146,6 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-router-enable-expert-bias")) e->expert_bias = mf->moe_expert_bias;
   if (e->expert_bias && e->bias_update_rate == 0.0f) e->bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE;
   if (flag_set(table, "--moe-router-bias-update-rate")) e->bias_update_rate = mf->moe_bias_update_rate;
-  if (e->experts > 0 && !cfg->no_bias)
-    return loom_fail(err, LOOM_ERR_USAGE, "%s: --num-experts: the experts have no biases, but this model has biases on its "
-                     "linears; add --no-bias (Megatron's --disable-bias-linear)", cmd);
   return LOOM_OK;
 }
 

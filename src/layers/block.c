@@ -319,7 +319,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   }
   /* The router's and experts' weight grads: here, or in the weight half where ws keeps what they need. */
   if (shape->moe)
-    loom_moe_backward(d_normed, &(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w}, d_out,
+    loom_moe_backward(d_normed, &(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w, g->experts_fc_b, g->experts_proj_b}, d_out,
                       &a->moe, &s->moe, &w->moe,
                       shape->moe, shape->moe_loss_weight, moe_groups(tp), ws->moe.d_fc ? &ws->moe : NULL, ops);
   to_bf16_values(shape, ops, d_normed, nh);
@@ -359,7 +359,7 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
   const bool bf16 = shape->bf16;
   if (shape->moe && ws->moe.d_fc)
-    loom_moe_backward_weight(&(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w}, &a->moe,
+    loom_moe_backward_weight(&(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w, g->experts_fc_b, g->experts_proj_b}, &a->moe,
                              &ws->moe, shape->moe, ops);
   if (shape->ffn > 0) {
     loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits),

@@ -222,6 +222,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   m->B = B;
   m->a = &m->slots[0];
   m->moe = loom_moe_shape_of(c, (int)d.n, m->tp.sequence_parallel ? m->tp.size : 1);
+  m->moe.etp_rank = m->tp.etp_group ? loom_comm_rank(m->tp.etp_group) : 0;
   return LOOM_OK;
 }
 
@@ -329,7 +330,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
                                         .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w),
                                         .moe = {.router = v->router_w, .router_b = v->router_b,
                                                 .expert_bias = expert_bias(m, l), .fc = loom_linear_fp32(v->experts_fc_w),
-                                                .proj = loom_linear_fp32(v->experts_proj_w)}};
+                                                .proj = loom_linear_fp32(v->experts_proj_w), .fc_b = v->experts_fc_b,
+                                                .proj_b = v->experts_proj_b}};
   }
   const int first = m->p.layer_tensor[l], count = m->p.layer_tensor[l + 1] - first;
   const loom_tensor *t = &m->p.compute.views[first];
@@ -346,7 +348,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
                                       .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
                                       .moe = {.router = v->router_w, .router_b = v->router_b, .expert_bias = expert_bias(m, l),
-                                              .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w)}};
+                                              .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w),
+                                              .fc_b = v->experts_fc_b, .proj_b = v->experts_proj_b}};
 #undef BITS
 }
 

@@ -200,6 +200,8 @@ static inline int loom_gpt_expert_ffn(const loom_gpt_config *c) { return c->moe.
 /* The experts' split over the tp group (1: whole), and an expert's width on one rank of it. */
 static inline int loom_gpt_expert_tp(const loom_gpt_config *c) { return c->moe.etp > 1 ? c->moe.etp : 1; }
 static inline int loom_gpt_local_expert_ffn(const loom_gpt_config *c) { return loom_gpt_expert_ffn(c) / loom_gpt_expert_tp(c); }
+/* Whether the experts' linears have biases: as every other linear's (Megatron's --add-bias-linear; GPT-OSS's). */
+static inline bool loom_gpt_experts_biased(const loom_gpt_config *c) { return loom_gpt_is_moe(c) && !c->no_bias; }
 /* Whether layer l's MLP is a Mixture of Experts (else the dense MLP). */
 static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
   return loom_gpt_is_moe(c) && !loom_layer_bit(c->moe.dense, l);

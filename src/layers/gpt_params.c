@@ -123,12 +123,15 @@ static void add_output(table *t, const loom_gpt_config *c, int i, loom_param_rol
 /* A Mixture-of-Experts MLP, in Hugging Face's Qwen2-MoE names: the router
  * (mlp.gate), each expert's gate and up projections, expert after expert,
  * then their down projections, so that every expert's matrices lie back to
- * back (one view each, the grouped GEMMs' operands), and the shared
- * expert's MLP, split across tp as the dense MLP is. Every expert is whole
- * on the ranks that hold it, or under expert tensor parallelism split over
- * tp as the dense MLP is (gate and up by rows, down by columns): drawn from
- * its global name, it is the same under every split. The experts have no
- * biases (the rules refuse them). */
+ * back (one view each, the grouped GEMMs' operands), their biases the same
+ * way where the linears have biases (GPT-OSS's), and the shared expert's
+ * MLP, split across tp as the dense MLP is. Every expert is whole on the
+ * ranks that hold it, or under expert tensor parallelism split over tp as
+ * the dense MLP is (gate and up by rows, down by columns): drawn from its
+ * global name, it is the same under every split. The down projection's bias
+ * is then whole on every rank of the group: one rank adds it and computes
+ * its grad, which the group sums (a row-parallel bias under sequence
+ * parallelism, which expert tensor parallelism requires). */
 static void add_experts(table *t, const loom_gpt_config *c, int i) {
   const int64_t h = c->hidden, fe = loom_gpt_expert_ffn(c), fs = c->moe.shared_ffn;
   const bool swiglu = c->mlp == LOOM_MLP_SWIGLU, split = loom_gpt_expert_tp(c) > 1;
@@ -138,25 +141,33 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
    * different slices of them: none is the same on every tp rank. */
   expert.expert = resid.expert = true;
   expert.tp_replicated = resid.tp_replicated = c->moe.ep <= 1 && !split;
+  loom_param_meta fc_bias = column_bias(expert), proj_bias = ZERO_B;
+  fc_bias.expert = proj_bias.expert = true;
+  fc_bias.tp_replicated = expert.tp_replicated;
+  proj_bias.tp_replicated = c->moe.ep <= 1 || split;
   const int first = loom_gpt_first_expert(c), end = first + loom_gpt_local_experts(c);
   name n;
   char what[96];
   add(t, LOOM_ROLE_ROUTER_W, named(&n, "model.layers.", i, "mlp.gate.weight"), 2, c->moe.experts, h, whole);
   if (c->moe.router_bias) add(t, LOOM_ROLE_ROUTER_B, named(&n, "model.layers.", i, "mlp.gate.bias"), 1, c->moe.experts, 0, ZERO_B);
-  for (int e = first; e < end; e++)
-    for (int j = swiglu ? 0 : 1; j < 2; j++) {
-      snprintf(what, sizeof what, "mlp.experts.%d.%s.weight", e, j ? "up_proj" : "gate_proj");
-      add(t, e == first && j == (swiglu ? 0 : 1) ? LOOM_ROLE_EXPERTS_FC_W : LOOM_ROLE_FUSED, named(&n, "model.layers.", i, what),
-          2, fe, h, expert);
+  for (int b = 0; b < (loom_gpt_experts_biased(c) ? 2 : 1); b++) { /* the weights, then the biases */
+    for (int e = first; e < end; e++)
+      for (int j = swiglu ? 0 : 1; j < 2; j++) {
+        snprintf(what, sizeof what, "mlp.experts.%d.%s.%s", e, j ? "up_proj" : "gate_proj", b ? "bias" : "weight");
+        const bool head = e == first && j == (swiglu ? 0 : 1);
+        add(t, head ? (b ? LOOM_ROLE_EXPERTS_FC_B : LOOM_ROLE_EXPERTS_FC_W) : LOOM_ROLE_FUSED, named(&n, "model.layers.", i, what),
+            b ? 1 : 2, fe, b ? 0 : h, b ? fc_bias : expert);
+      }
+    for (int e = first; e < end; e++) {
+      snprintf(what, sizeof what, "mlp.experts.%d.down_proj.%s", e, b ? "bias" : "weight");
+      add(t, e > first ? LOOM_ROLE_FUSED : b ? LOOM_ROLE_EXPERTS_PROJ_B : LOOM_ROLE_EXPERTS_PROJ_W,
+          named(&n, "model.layers.", i, what), b ? 1 : 2, h, b ? 0 : fe, b ? proj_bias : resid);
     }
-  for (int e = first; e < end; e++) {
-    snprintf(what, sizeof what, "mlp.experts.%d.down_proj.weight", e);
-    add(t, e > first ? LOOM_ROLE_FUSED : LOOM_ROLE_EXPERTS_PROJ_W, named(&n, "model.layers.", i, what), 2, h, fe, resid);
   }
   if (fs == 0) return;
   const projection gate_up[2] = {{"mlp.shared_expert.gate_proj", fs, weight(0.02f, 0, 1)},
                                  {"mlp.shared_expert.up_proj", fs, weight(0.02f, 0, 1)}};
-  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), false);
+  add_fused(t, c, i, LOOM_ROLE_FC_W, swiglu ? gate_up : gate_up + 1, loom_mlp_fc_factor(c->mlp), !c->no_bias);
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.shared_expert.down_proj", fs, !c->no_bias);
   if (c->moe.shared_gate) add(t, LOOM_ROLE_SHARED_GATE_W, named(&n, "model.layers.", i, "mlp.shared_expert_gate.weight"), 2, 1, h, whole);
 }
@@ -594,7 +605,9 @@ size_t loom_gpt_param_count(const loom_gpt_config *cfg, const loom_stage_range *
 size_t loom_gpt_expert_param_count(const loom_gpt_config *cfg, const loom_stage_range *range) {
   if (!loom_gpt_is_moe(cfg)) return 0;
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  const size_t expert = (size_t)loom_mlp_matrices(cfg->mlp) * (size_t)cfg->hidden * (size_t)loom_gpt_local_expert_ffn(cfg);
+  const size_t f = (size_t)loom_gpt_local_expert_ffn(cfg), h = (size_t)cfg->hidden;
+  const size_t biases = loom_gpt_experts_biased(cfg) ? (size_t)loom_mlp_fc_factor(cfg->mlp) * f + h : 0;
+  const size_t expert = (size_t)loom_mlp_matrices(cfg->mlp) * h * f + biases;
   return (size_t)loom_gpt_moe_layers(cfg, r.layer_begin, r.layer_end) * (size_t)loom_gpt_local_experts(cfg) * expert;
 }
 

@@ -20,7 +20,8 @@ typedef enum {
   LOOM_ROLE_LN_1_W, LOOM_ROLE_LN_1_B, LOOM_ROLE_QKV_W, LOOM_ROLE_QKV_B, LOOM_ROLE_ATTN_PROJ_W, LOOM_ROLE_ATTN_PROJ_B,
   LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
   LOOM_ROLE_ROUTER_W, LOOM_ROLE_EXPERTS_FC_W, LOOM_ROLE_EXPERTS_PROJ_W, LOOM_ROLE_SHARED_GATE_W,
-  LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W, LOOM_ROLE_SINKS, LOOM_ROLE_ROUTER_B,
+  LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W, LOOM_ROLE_SINKS, LOOM_ROLE_ROUTER_B, LOOM_ROLE_EXPERTS_FC_B,
+  LOOM_ROLE_EXPERTS_PROJ_B,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
   LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
@@ -45,11 +46,13 @@ typedef struct {
 
 /* Where a tensor's grad enters the squared grad norm on this TP rank: 0 in
  * the part summed over the TP group, 1 in the part every rank holds alike
- * (counted once), 3 in the part summed over the expert-parallel group, -1
- * nowhere (a replicated key/value head that its first replica counts). */
+ * (counted once), 3 in the part summed over the expert-parallel group (and
+ * the TP group where it splits the experts), 4 in the part summed over the
+ * expert-parallel group alone (an expert's tensor every TP rank holds
+ * alike), -1 nowhere (a replicated key/value head that its first replica
+ * counts). */
 static inline int loom_param_norm_part(const loom_param_meta *m, int tp_rank, int tp_size) {
-  if (m->expert && !m->tp_replicated) return 3; /* an expert-parallel rank's own experts (or slices of them): summed over
-                                                 * the EP group (and the tp group that splits them) */
+  if (m->expert) return m->tp_replicated ? 4 : 3; /* an expert-parallel rank's own experts (or slices of them) */
   if (m->tp_replicated) return 1;
   return loom_shard_primary(&m->layout, tp_rank, tp_size) ? 0 : -1;
 }
@@ -76,6 +79,8 @@ typedef struct {
   float *q_norm_w, *k_norm_w;       /* [D], [D] QK-norm's, over each q and k head (NULL: none) */
   float *sinks;                     /* [H] each head's attention sink logit (NULL: none) */
   float *router_b;                  /* [E] the router's bias (NULL: none) */
+  float *experts_fc_b;              /* [E][fe] (SwiGLU: [E][2fe], gate|up) the experts' biases (NULL: none) */
+  float *experts_proj_b;            /* [E][h] */
 } loom_block_weights;
 
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),

@@ -91,50 +91,65 @@ static int block_len(const expert_rows *r, int q, int E) {
 }
 
 /* The experts' linear over one block's rows: out[M, OC] = each expert's
- * rows of inp[M, C] times its [OC, C] matrix (bf16 runs: the bf16 copy's,
- * one of the backend's bf16 GEMMs per expert with rows). */
-static void block_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const int *counts, int E,
-                          int C, int OC) {
-  if (w.f32) {
+ * rows of inp[M, C] times its [OC, C] matrix, plus its bias[OC] where bias
+ * is not NULL (bf16 runs: the bf16 copy's matrices, one of the backend's
+ * bf16 GEMMs per expert with rows; with biases one GEMM per expert too). */
+static void block_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const float *bias,
+                          const int *counts, int E, int C, int OC) {
+  if (w.f32 && !bias) {
     ops->grouped_matmul_forward(ops, out, inp, w.f32, counts, E, C, OC);
     return;
   }
   size_t row = 0;
-  for (int e = 0; e < E; row += (size_t)counts[e], e++)
-    if (counts[e] > 0)
-      ops->matmul_forward_bf16(ops, out + row * OC, loom_bf16_values(inp + row * C), w.bf16 + (size_t)e * OC * C, NULL,
-                               counts[e], C, OC);
+  for (int e = 0; e < E; row += (size_t)counts[e], e++) {
+    if (counts[e] == 0) continue;
+    const float *b = bias ? bias + (size_t)e * OC : NULL;
+    if (w.f32) ops->matmul_forward(ops, out + row * OC, inp + row * C, w.f32 + (size_t)e * OC * C, b, counts[e], C, OC);
+    else ops->matmul_forward_bf16(ops, out + row * OC, loom_bf16_values(inp + row * C), w.bf16 + (size_t)e * OC * C, b,
+                                  counts[e], C, OC);
+  }
 }
 
-/* Its backward: dinp[M, C] += and dweight[E][OC, C] += (either NULL: not
- * computed; without dinp the weights are not read and may be absent). */
-static void block_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
+/* Its backward: dinp[M, C] +=, dweight[E][OC, C] += and dbias[E][OC] +=
+ * (any NULL: not computed; without dinp the weights are not read and may be
+ * absent). */
+static void block_backward(const loom_ops *ops, float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                            loom_linear_weight w, const int *counts, int E, int C, int OC, bool bf16) {
-  if (!bf16) {
+  if (!bf16 && !dbias) {
     ops->grouped_matmul_backward(ops, dinp, dweight, dout, inp, w.f32, counts, E, C, OC);
     return;
   }
   size_t row = 0;
-  for (int e = 0; e < E; row += (size_t)counts[e], e++)
-    if (counts[e] > 0)
-      ops->matmul_backward_bf16(ops, dinp ? dinp + row * C : NULL, dweight ? dweight + (size_t)e * OC * C : NULL, NULL,
-                                loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
+  for (int e = 0; e < E; row += (size_t)counts[e], e++) {
+    if (counts[e] == 0) continue;
+    float *di = dinp ? dinp + row * C : NULL, *dw = dweight ? dweight + (size_t)e * OC * C : NULL;
+    float *db = dbias ? dbias + (size_t)e * OC : NULL;
+    if (!bf16)
+      ops->matmul_backward(ops, di, dw, db, dout + row * OC, inp + row * C, w.f32 ? w.f32 + (size_t)e * OC * C : NULL,
+                           counts[e], C, OC);
+    else
+      ops->matmul_backward_bf16(ops, di, dw, db, loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
                                 w.bf16 ? w.bf16 + (size_t)e * OC * C : NULL, counts[e], C, OC);
+  }
 }
 
 /* The same over every block. */
-static void experts_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const expert_rows *r,
-                            int E, int C, int OC) {
+static void experts_forward(const loom_ops *ops, float *out, const float *inp, loom_linear_weight w, const float *bias,
+                            const expert_rows *r, int E, int C, int OC) {
   for (int q = 0; q < r->blocks; q++)
-    block_forward(ops, out + q * r->stride * OC, inp + q * r->stride * C, w, r->counts + (size_t)q * E, E, C, OC);
+    block_forward(ops, out + q * r->stride * OC, inp + q * r->stride * C, w, bias, r->counts + (size_t)q * E, E, C, OC);
 }
 
-static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, const float *dout, const float *inp,
-                             loom_linear_weight w, const expert_rows *r, int E, int C, int OC, bool bf16) {
+static void experts_backward(const loom_ops *ops, float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, loom_linear_weight w, const expert_rows *r, int E, int C, int OC, bool bf16) {
   for (int q = 0; q < r->blocks; q++)
-    block_backward(ops, dinp ? dinp + q * r->stride * C : NULL, dweight, dout + q * r->stride * OC, inp + q * r->stride * C,
-                   w, r->counts + (size_t)q * E, E, C, OC, bf16);
+    block_backward(ops, dinp ? dinp + q * r->stride * C : NULL, dweight, dbias, dout + q * r->stride * OC,
+                   inp + q * r->stride * C, w, r->counts + (size_t)q * E, E, C, OC, bf16);
 }
+
+/* Whether this rank adds the down projection's bias: split over a group, its partial sums reduced, only the
+ * group's first rank adds it (and takes its grad), as a row-parallel linear's. */
+static bool adds_proj_bias(const loom_moe_shape *shape) { return shape->etp_rank == 0; }
 
 /* The activation (and its bf16 rounding) over every block's rows of fc[., fc width] into act[., f]. */
 static void experts_activation(const loom_moe_shape *shape, const loom_ops *ops, float *act, const float *fc,
@@ -308,10 +323,10 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
   const expert_rows rows = rows_of(host, shape);
   float *y = shape->ep == 1 ? a->y : s->recv, *partial = split ? s->part : y;
   if (split) loom_mem_zero(mem, s->part, (size_t)(rows.blocks * rows.stride) * h);
-  experts_forward(ops, a->fc, a->perm, w->fc, &rows, El, h, fc);
+  experts_forward(ops, a->fc, a->perm, w->fc, w->fc_b, &rows, El, h, fc);
   round_blocks(shape, ops, a->fc, &rows, fc);
   experts_activation(shape, ops, a->act, a->fc, &rows);
-  experts_forward(ops, partial, a->act, w->proj, &rows, El, f, h);
+  experts_forward(ops, partial, a->act, w->proj, adds_proj_bias(shape) ? w->proj_b : NULL, &rows, El, f, h);
   if (split) loom_comm_reduce_scatter(g.etp, s->part, y, (size_t)rows.stride * h);
   to_bf16_values(shape, ops, y, (size_t)R * h);
   if (shape->ep > 1) { /* back in arrival order, and home */
@@ -327,8 +342,8 @@ void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, 
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
   const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
   const expert_rows rows = rows_of(a->host, shape);
-  experts_backward(ops, NULL, dw->proj, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
-  experts_backward(ops, NULL, dw->fc, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
+  experts_backward(ops, NULL, dw->proj, adds_proj_bias(shape) ? dw->proj_b : NULL, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, NULL, dw->fc, dw->fc_b, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
   ops->matmul_backward(ops, NULL, dw->router, dw->router_b, ws->d_logits, a->x, NULL, n, h, E);
 }
 
@@ -362,7 +377,8 @@ void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, c
   }
   /* The experts, down then up (a split backward leaves their weight grads for the weight half). */
   loom_mem_zero(mem, s->d_act, X * f);
-  experts_backward(ops, s->d_act, ws ? NULL : dw->proj, d_y, a->act, w->proj, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, s->d_act, ws ? NULL : dw->proj, ws || !adds_proj_bias(shape) ? NULL : dw->proj_b, d_y, a->act, w->proj,
+                   &rows, El, f, h, shape->bf16);
   round_blocks(shape, ops, s->d_act, &rows, f);
   float *d_up = ws ? ws->d_fc : s->d_fc;
   loom_mem_zero(mem, d_up, X * fc);
@@ -374,7 +390,8 @@ void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, c
   }
   round_blocks(shape, ops, d_up, &rows, fc);
   loom_mem_zero(mem, s->d_perm, X * h);
-  experts_backward(ops, s->d_perm, ws ? NULL : dw->fc, d_up, a->perm, w->fc, &rows, El, h, fc, shape->bf16);
+  experts_backward(ops, s->d_perm, ws ? NULL : dw->fc, ws ? NULL : dw->fc_b, d_up, a->perm, w->fc, &rows, El, h, fc,
+                   shape->bf16);
   float *d_perm = s->d_perm; /* split: the partial sums reduce-scattered home */
   if (split) loom_comm_reduce_scatter(g.etp, s->d_perm, d_perm = s->mine, (size_t)rows.stride * h);
   to_bf16_values(shape, ops, d_perm, (size_t)R * h);

@@ -54,6 +54,7 @@ typedef struct {
   int local_experts; /* E / ep, experts [ep_rank x local_experts, ...) */
   int64_t recv_rows; /* the most rows this rank's experts take (loom_moe_recv_rows) */
   int etp;           /* the group splitting each expert (1: whole) */
+  int etp_rank;      /* this rank's place in it: rank 0 adds the down projection's bias and takes its grad */
 } loom_moe_shape;
 
 /* The most rows one rank's experts take in a micro-batch of cfg's model
@@ -142,18 +143,19 @@ typedef struct {
 } loom_moe_scratch;
 
 /* The weights a layer computes with: the router's fp32 values (in bf16 runs
- * the bf16 copy's, widened: the router runs in fp32), its expert bias, and the experts'
- * [E][fc width, h] and [E][h, ffn] matrices. */
+ * the bf16 copy's, widened: the router runs in fp32), its expert bias, the experts'
+ * [E][fc width, h] and [E][h, ffn] matrices and their biases (fp32 values, as the router's). */
 typedef struct {
   const float *router;
   const float *router_b;    /* [E] a learned bias on the router's logits (GPT-OSS's; NULL: none) */
   const float *expert_bias; /* [E] host memory: the sigmoid router's bias for choosing (NULL: none) */
   loom_linear_weight fc, proj;
+  const float *fc_b, *proj_b; /* [E][fc width], [E][h] the experts' biases (GPT-OSS's; NULL: none) */
 } loom_moe_weights;
 
-/* A layer's weight grads, the weights' views' shapes (router_b NULL: none). */
+/* A layer's weight grads, the weights' views' shapes (router_b, fc_b, proj_b NULL: none). */
 typedef struct {
-  float *router, *router_b, *fc, *proj;
+  float *router, *router_b, *fc, *proj, *fc_b, *proj_b;
 } loom_moe_grads;
 
 /* The groups a call talks to (NULL: none): the ranks sharing the

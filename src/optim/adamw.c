@@ -53,17 +53,17 @@ double loom_norm_sum_total(loom_norm_sum *s, const loom_tp *tp) {
     s->ops->sumsq_batch(s->ops, s->piece, s->len, s->count, sq);
     for (int i = 0; i < s->count; i++) /* in the order added, as one sumsq at a time summed them */
       if (s->into[i] == 2) s->uncounted += sq[i];
-      else s->sums[s->into[i] == 3 ? 2 : s->into[i]] += sq[i];
+      else s->sums[s->into[i] >= 3 ? s->into[i] - 1 : s->into[i]] += sq[i];
     free(sq);
   }
   free(s->piece), free(s->len), free(s->into);
   s->piece = NULL, s->len = NULL, s->into = NULL;
   s->count = s->cap = 0;
   if (tp) loom_comm_allreduce_typed(tp->group, &s->sums[0], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
-  if (tp) loom_comm_allreduce_typed(tp->ep_group, &s->sums[2], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  if (tp) loom_comm_allreduce_typed(tp->ep_group, &s->sums[2], 2, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   if (tp && tp->etp_group) /* the experts' slices: over the tp group's ranks (the scalar with tp's traffic) */
     loom_comm_allreduce_typed(tp->group, &s->sums[2], 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
-  return s->sums[0] + s->sums[1] + s->sums[2];
+  return s->sums[0] + s->sums[1] + s->sums[2] + s->sums[3];
 }
 
 double loom_grad_sumsq(const loom_gpt_params *p, const loom_ops *ops, const loom_tp *tp, bool skip_shared, double *uncounted) {

@@ -34,14 +34,15 @@ double loom_grad_norm(const loom_gpt_params *p, const loom_ops *ops, const loom_
  * in the copy is still seen. The pieces are summed together at the total
  * (the backend's sumsq_batch: a device waits once, not once a piece). */
 typedef struct {
-  double sums[3];   /* [0] sharded over TP, summed over the group; [1] replicated, the same everywhere; [2] experts,
-                     * summed over the expert-parallel group (and over TP where it splits them) */
+  double sums[4];   /* [0] sharded over TP, summed over the group; [1] replicated, the same everywhere; [2] experts,
+                     * summed over the expert-parallel group (and over TP where it splits them); [3] experts' tensors
+                     * every TP rank holds alike, summed over the expert-parallel group */
   double uncounted; /* skipped shared copies (known after the total) */
   bool skip_shared;
   const loom_ops *ops;        /* the pieces' backend */
   const float **piece;        /* [count] the pieces queued */
   size_t *len;                /* [count] */
-  signed char *into;          /* [count] 0, 1: sums[into]; 2: uncounted; 3: sums[2] */
+  signed char *into;          /* [count] 0, 1: sums[into]; 2: uncounted; 3, 4: sums[into - 1] */
   int count, cap;
 } loom_norm_sum;
 void loom_norm_sum_add(loom_norm_sum *s, const loom_gpt_params *p, int k, const float *g, size_t n, const loom_ops *ops);

@@ -223,7 +223,7 @@ double loom_zero_reduce(loom_zero *z, loom_gpt_params *p, const loom_ops *ops, c
   double total = loom_norm_sum_total(&s, tp);
   *uncounted = s.uncounted;
   if (loom_gpt_zero_experts_apart(&p->cfg)) { /* the experts' pieces, summed over ep already, and over their replicas */
-    double experts = s.sums[2];
+    double experts = s.sums[2] + s.sums[3];
     total -= experts;
     loom_comm_allreduce_typed(z->group[LOOM_ZERO_EXPERTS].comm, &experts, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
     loom_comm_allreduce_typed(dp, &total, 1, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);

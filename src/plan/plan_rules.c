@@ -69,9 +69,6 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
   const Loom__Moe *e = m->moe;
   if (e->topk > e->experts)
     violation(r, "model.moe.topk = %d: a token's experts must be at most model.moe.experts (%d)", e->topk, e->experts);
-  if (m->bias)
-    violation(r, "model.moe: the experts have no biases (as Megatron-Core's grouped experts), but model.bias is true; set "
-              "bias = false (--disable-bias-linear)");
   if (e->shared_ffn % tp)
     violation(r, "model.moe.shared_ffn = %d: must be divisible by parallel.tp (%d), the shared expert split as the dense "
               "MLP is; pick a tp that divides it", e->shared_ffn, tp);
