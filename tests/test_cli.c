@@ -137,7 +137,7 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, got 'gpt-huge'");
+  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-20b, gpt-oss-120b, got 'gpt-huge'");
   /* Mixture of Experts: its flags need one, its rules by flag name. */
   refusal_row(&t, run("train", "--moe-router-topk", "2", NULL), 2,
               "loom train: --moe-router-topk configures a Mixture of Experts, but this model is dense; add --num-experts");

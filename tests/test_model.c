@@ -641,6 +641,38 @@ START_TEST(qwen3_counts_as_published) {
 }
 END_TEST
 
+/* GPT-OSS's presets against OpenAI's model card (116.83B and 20.91B total;
+ * 5.13B and 3.61B active, which leave out the embedding table), by hand:
+ * - attention: q and o 2 x 2880 x 4096 (64 heads of 64), k and v
+ *   2 x 2880 x 512, their biases 4096 + 2 x 512 + 2880, sinks 64:
+ *   26,550,144 per layer; norms 2 x 2880;
+ * - an expert: gate and up 2 x 2880 x 2880 and down 2880 x 2880, biases
+ *   5760 + 2880: 24,891,840; the router E x 2880 + E;
+ * - gpt-oss-20b: 24 layers of 32 experts (823,186,976 each), the embedding
+ *   and head 2 x 201088 x 2880 and the final norm: 20,914,757,184, of
+ *   which 4 experts a token: 4,187,440,704 active (3,608,307,264 without
+ *   the embedding table: the card's 3.61B);
+ * - gpt-oss-120b: 36 layers of 128 experts (3,213,080,192 each):
+ *   116,829,156,672, 5,711,982,912 active (5,132,849,472 without the
+ *   embedding table: the card's 5.13B). */
+START_TEST(gpt_oss_counts_as_published) {
+  static const struct {
+    const char *name;
+    uint64_t total, active;
+    int layers;
+  } published[] = {{"gpt-oss-20b", 20914757184u, 4187440704u, 24}, {"gpt-oss-120b", 116829156672u, 5711982912u, 36}};
+  for (size_t i = 0; i < sizeof published / sizeof published[0]; i++) {
+    loom_gpt_config c;
+    ck_assert_int_eq(loom_cli_preset(published[i].name, &c), 0);
+    ck_assert_int_eq(c.layers, published[i].layers);
+    ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), published[i].total);
+    ck_assert_uint_eq(loom_gpt_active_param_count(&c), published[i].active);
+    /* windowed from the first layer, alternating: Hugging Face's layer_types */
+    for (int l = 0; l < c.layers; l++) ck_assert_int_eq(loom_gpt_layer_window(&c, l), l % 2 ? 0 : 127);
+  }
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
@@ -656,6 +688,7 @@ int main(void) {
   tcase_add_test(tc, flops_follow_megatron);
   tcase_add_test(tc, mixtral_counts_as_published);
   tcase_add_test(tc, qwen3_counts_as_published);
+  tcase_add_test(tc, gpt_oss_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   tcase_add_test(tc, router_bias_gradients_match_finite_differences);

@@ -679,7 +679,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
   if (loom_gpt_is_moe(c))
     return loom_fail(err, LOOM_ERR_USAGE, "this Mixture of Experts has no Hugging Face class (%s): %s; save it as a loom "
                      "checkpoint or a safetensors file", ARCHITECTURES[family], why);
-  char arch[256];
+  char arch[LOOM_ARCHITECTURE_LEN];
   return loom_fail(err, LOOM_ERR_USAGE, "this model (%s) has no Hugging Face class (%s): %s; save it as a loom checkpoint or "
                    "a safetensors file", loom_gpt_config_architecture(c, 1, arch, sizeof arch), ARCHITECTURES[family], why);
 }

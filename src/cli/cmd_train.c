@@ -72,7 +72,7 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   if (loom_gpt_is_moe(&cfg)) snprintf(active, sizeof active, " (%zu active per token)", loom_gpt_active_param_count(&cfg));
   loom_log_info("model: %d layers, hidden %d, heads %d, vocab %d (padded %d), seq %d: %zu parameters%s", cfg.layers,
                 cfg.hidden, cfg.heads, cfg.vocab, cfg.padded_vocab, cfg.seq, loom_plan_total_parameters(tr->plan), active);
-  char arch[256];
+  char arch[LOOM_ARCHITECTURE_LEN];
   if (*loom_gpt_config_architecture(&cfg, tr->ps.tp, arch, sizeof arch)) loom_log_info("architecture: %s", arch);
   if (tr->ps.world > 1) loom_train_describe(tr);
   loom_log_info("device: %s", device);

@@ -23,7 +23,7 @@ static void show_model(const loom_plan *p, const loom_gpt_config *cfg) {
   if (l->ep > 1 || etp > 1)
     printf("experts: %sep %d x expert-data-parallel %d in each MoE layer, %d of %d experts on each rank%s\n", split, l->ep,
            loom_plan_expert_replicas(p), cfg->moe.experts / l->ep, cfg->moe.experts, etp > 1 ? ", each split over the tp group" : "");
-  char arch[256];
+  char arch[LOOM_ARCHITECTURE_LEN];
   if (*loom_gpt_config_architecture(cfg, l->tp, arch, sizeof arch)) printf("architecture: %s\n", arch);
 }
 

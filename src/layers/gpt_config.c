@@ -30,7 +30,8 @@ const char *const LOOM_MOE_DROP_POLICY_NAMES[] = {"probs", "position", NULL};
 const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b", "gpt-13b", "gpt50b",
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
                                              "mixtral-8x7b", "mixtral-8x22b", "qwen1.5-moe-a2.7b", "qwen3-8b",
-                                             "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", NULL};
+                                             "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
+                                             "gpt-oss-120b", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -82,6 +83,26 @@ static const loom_gpt_config PRESETS[] = {
     {.layers = 94, .hidden = 4096, .heads = 64, .kv_heads = 4, .ffn = 12288, QWEN3,
      .moe = {.experts = 128, .topk = 8, .ffn = 1536, .aux_loss_coeff = 1e-3f}},
 #undef QWEN3
+    /* GPT-OSS (OpenAI's config.json files, GptOssForCausalLM): hidden 2880,
+     * 64 query heads of 64 sharing 8 key/value heads, biases on every linear,
+     * learned attention sinks, a sliding window of 128 (loom's 127 keys
+     * back) in the even layers and full attention in the odd ones, YaRN
+     * (factor 32 over 4096 positions, beta_fast 32, beta_slow 1, not
+     * truncated; its attention factor 0.1 ln 32 + 1) on rope_theta 150000,
+     * every MLP 32 or 128 experts of 2880, top 4, with the clamped unit
+     * (swiglu_limit 7) and a router bias; rms_norm_eps 1e-5, untied, vocab
+     * 201088, router_aux_loss_coef 0.9. */
+#define GPT_OSS .hidden = 2880, .heads = 64, .kv_heads = 8, .head_dim = 64, .ffn = 2880, .vocab = 201088, .seq = 131072, \
+                .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .untied = true, \
+                .norm_eps = 1e-5f, .softmax = LOOM_SOFTMAX_LEARNABLE, .window = 127, \
+                .glu = {.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f}, \
+                .rope = {.theta = 150000.0f, .factor = 32.0f, .original_max_position = 4096, .yarn = 1, .beta_fast = 32.0f, \
+                         .beta_slow = 1.0f, .attention_factor = 1.34657359f}
+    {.layers = 24, GPT_OSS, .full_attention = {0xAAAAAAull},
+     .moe = {.experts = 32, .topk = 4, .router_bias = true, .aux_loss_coeff = 0.9f}},
+    {.layers = 36, GPT_OSS, .full_attention = {0xAAAAAAAAAull},
+     .moe = {.experts = 128, .topk = 4, .router_bias = true, .aux_loss_coeff = 0.9f}},
+#undef GPT_OSS
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
@@ -222,6 +243,7 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
     if (c->moe.router_bias) PUT(", a router bias");
+    if (loom_gpt_experts_biased(c)) PUT(", biases on the experts");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
     char freq[160];
     if (loom_gpt_has_dense_layers(c))

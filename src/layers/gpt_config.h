@@ -175,6 +175,7 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
  * rmsnorm, swiglu, rope 10000, no bias, untied": for messages. */
 const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t n);
 
+#define LOOM_ARCHITECTURE_LEN 512 /* loom_gpt_config_architecture's buffer: GPT-OSS's line is some 330 characters */
 /* What sets the architecture apart from GPT-2, for logs and `plan show`
  * ("" for GPT-2): "grouped-query attention, 8 kv heads (1 per tp rank),
  * rmsnorm, swiglu, rope theta 500000, no biases, untied head". tp says
