@@ -170,6 +170,10 @@ def sliding_window(c, i):
     sliding_attention (without it, from max_window_layers on)."""
     if c["model_type"] in ("mistral", "mixtral"):
         return c.get("sliding_window")
+    if c["model_type"] == "gpt_oss":  # GptOssConfig: layer_types, every other layer from the first by default
+        types = c.get("layer_types") or ["full_attention" if j % 2 else "sliding_attention"
+                                         for j in range(c["num_hidden_layers"])]
+        return c.get("sliding_window") if types[i] == "sliding_attention" else None
     if not c.get("use_sliding_window"):
         return None
     types = c.get("layer_types") or ["sliding_attention" if j >= c["max_window_layers"] else "full_attention"
@@ -220,7 +224,12 @@ def llama_loss(c, w, tokens, mlp=None):
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], c["rms_norm_eps"])
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
-        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(d) + mask
+        if p + "self_attn.sinks" in w:  # GPT-OSS's sinks: each head's logit joins every row's softmax, then is dropped
+            sink = w[p + "self_attn.sinks"].view(H, 1, 1).expand(H, n, 1)
+            att = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
+        else:
+            att = torch.softmax(scores, -1)
         x = x + linear((att @ v).transpose(0, 1).reshape(n, H * d), "self_attn.o_proj")
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
         if mlp:  # a Mixture of Experts
@@ -338,6 +347,68 @@ def qwen3_moe_loss(c, w, tokens):
     return llama_loss(c, w, tokens, mlp=mlp)
 
 
+def gpt_oss_weights(c):
+    """Llama's attention with biases on q, k, v and o and each head's sink logit; each MLP GPT-OSS's: a router with
+    a bias, and the experts stacked as its files hold them: gate_up_proj [E, h, 2f] (gate j in column 2j, up j in
+    2j + 1, x @ it) with its bias [E, 2f], down_proj [E, f, h] with its bias [E, h]. The router's weights are large, so
+    no two of a token's logits nearly tie; the experts' are large enough that the clamp at swiglu_limit bites."""
+    w = {k: v for k, v in llama_weights(c).items() if ".mlp." not in k}
+    h, f, E, H = c["hidden_size"], c["intermediate_size"], c["num_local_experts"], c["num_attention_heads"]
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "self_attn.sinks"] = weight(H, scale=1.0)
+        w[p + "mlp.router.weight"], w[p + "mlp.router.bias"] = weight(E, h, scale=1.0), weight(E, scale=0.5)
+        w[p + "mlp.experts.gate_up_proj"] = weight(E, h, 2 * f, scale=0.6)
+        w[p + "mlp.experts.gate_up_proj_bias"] = weight(E, 2 * f, scale=0.5)
+        w[p + "mlp.experts.down_proj"] = weight(E, f, h, scale=0.1)
+        w[p + "mlp.experts.down_proj_bias"] = weight(E, h, scale=0.5)
+    return w
+
+
+def gpt_oss_loss(c, w, tokens):
+    """transformers' GptOssMLP: the router's logits (with its bias), their top k softmaxed, each token's experts'
+    outputs weighted and summed; an expert's unit clamps gate above and up both ways at swiglu_limit, then
+    (up + 1) gate sigmoid(1.702 gate)."""
+    limit, clamped = c["swiglu_limit"], 0
+
+    def moe(p, m):
+        nonlocal clamped
+        p += "mlp."
+        top, chosen = (m @ w[p + "router.weight"].T + w[p + "router.bias"]).topk(c["num_experts_per_tok"], -1)
+        top = torch.softmax(top, -1)
+        out = torch.zeros_like(m)
+        for j in range(chosen.shape[1]):
+            for e in range(c["num_local_experts"]):
+                rows = chosen[:, j] == e
+                if not rows.any():
+                    continue
+                gate_up = m[rows] @ w[p + "experts.gate_up_proj"][e] + w[p + "experts.gate_up_proj_bias"][e]
+                gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+                clamped += int((gate > limit).sum() + (up.abs() > limit).sum())
+                gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+                y = ((up + 1) * gate * torch.sigmoid(gate * 1.702)) @ w[p + "experts.down_proj"][e]
+                out[rows] += top[rows, j:j + 1] * (y + w[p + "experts.down_proj_bias"][e])
+        return out
+    loss = llama_loss(c, w, tokens, mlp=moe)
+    assert clamped > 0, "the reference's weights never reach the clamp"
+    return loss
+
+
+# GPT-OSS's config.json as OpenAI's is written (its fields, OpenAI's experts_per_token and initial_context_length among
+# them; small sizes): heads 24 wide, a window of 8 keys in the first layer, YaRN over 16 original positions.
+GPT_OSS_CONFIG = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 256, "hidden_size": 64,
+                  "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 24, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+                  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 16, "rope_type": "yarn", "truncate": False},
+                  "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0, "sliding_window": 8,
+                  "layer_types": ["sliding_attention", "full_attention"], "num_local_experts": 4,
+                  "num_experts_per_tok": 2, "experts_per_token": 2, "router_aux_loss_coef": 0.9,
+                  "output_router_logits": False, "swiglu_limit": 7.0, "initial_context_length": 16,
+                  "tie_word_embeddings": False, "torch_dtype": "float32", "eos_token_id": 200002, "pad_token_id": 199999,
+                  "initializer_range": 0.02, "use_cache": True, "transformers_version": "4.55.0.dev0"}
+
+
 # Qwen3 and Qwen3-MoE config.json files as the Qwen team's are written (their fields, small sizes): heads 24 wide where
 # hidden / heads is 16, so a reader that ignores head_dim fails.
 QWEN3_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 256, "hidden_size": 64,
@@ -370,7 +441,8 @@ def check_written(name, config, weights_of, loss_of, layouts):
     run(["ckpt", "export", "--init-from", d, "--format", "hf", "-o", again])
     with open(os.path.join(again, "config.json")) as f:
         back_config = json.load(f)
-    ids = ("bos_token_id", "eos_token_id", "initializer_range", "use_cache", "transformers_version")  # not the model
+    ids = ("bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "use_cache", "transformers_version",
+           "experts_per_token", "initial_context_length")  # not the model, or OpenAI's names for fields transformers reads
     # transformers adds the router's loss only with output_router_logits: the coefficient it trains with is 0 without.
     router_loss = lambda c: c["router_aux_loss_coef"] if c.get("output_router_logits") else 0.0
     changed = [k for k in config if k not in ids + ("router_aux_loss_coef",) and back_config.get(k, "absent") != config[k]]
@@ -409,7 +481,12 @@ def gpt2_loss(c, w, tokens):
         p = f"h.{i}."
         q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(h, -1)
         q, k, v = (t.view(n, H, d).transpose(0, 1) for t in (q, k, v))
-        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
+        scores = q @ k.transpose(1, 2) / math.sqrt(d) + mask
+        if p + "self_attn.sinks" in w:  # GPT-OSS's sinks: each head's logit joins every row's softmax, then is dropped
+            sink = w[p + "self_attn.sinks"].view(H, 1, 1).expand(H, n, 1)
+            att = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
+        else:
+            att = torch.softmax(scores, -1)
         x = x + conv1d((att @ v).transpose(0, 1).reshape(n, h), p + "attn.c_proj")
         fc = torch.nn.functional.gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")
         x = x + conv1d(fc, p + "mlp.c_proj")
@@ -659,6 +736,16 @@ check_written("qwen3_moe", QWEN3_MOE_CONFIG, qwen3_moe_weights, qwen3_moe_loss,
 for family, field, value in (("qwen3", "mlp_bias", True), ("qwen3", "head_dim", None),
                              ("qwen3_moe", "shared_expert_intermediate_size", 64)):
     expect_config_refused(family, field, value)
+# GPT-OSS: sinks, a window of 8 keys in its first layer, YaRN, a biased router over 4 biased experts (top 2) with the
+# clamped unit, stacked in the file; serial, tp 2 with SP, pp 2, and ep 2 over dp 2 and over tp 2 with SP.
+check_written("gpt_oss", GPT_OSS_CONFIG, gpt_oss_weights, gpt_oss_loss,
+              [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"]), (2, ["--ep", "2", "--dp", "2"]),
+               (2, ["--ep", "2", "--tp", "2", "--sequence-parallel"])])
+# A GPT-OSS config.json loom cannot compute is refused by name: the released MXFP4 experts, no head width, no biases on
+# the attention, OpenAI's top-k disagreeing with transformers'.
+for field, value in (("quantization_config", {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}),
+                     ("head_dim", None), ("attention_bias", False), ("experts_per_token", 3)):
+    expect_config_refused("gpt_oss", field, value)
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])

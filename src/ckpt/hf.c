@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "backend/op_math.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
 #include "core/fault.h"
 #include "core/json.h"
@@ -28,16 +29,25 @@
  * renormalised: loom's softmax over the chosen logits); Qwen2-MoE's is
  * Qwen2's with each MLP a Mixture of Experts beside a gated shared expert.
  * A MoE model without a shared expert is Mixtral's, one with it Qwen2-MoE's
- * (whose tensor names are loom's own). */
-enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3, QWEN3_MOE, FAMILIES };
+ * (whose tensor names are loom's own). GPT-OSS's is Llama's attention with
+ * biases and learned sinks, windows by layer_types, YaRN, and every MLP a
+ * Mixture of biased experts with its clamped unit, stacked in its files
+ * (hf_stack.h), under a router with a bias. */
+enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3, QWEN3_MOE, GPT_OSS, FAMILIES };
 static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel",    "LlamaForCausalLM",    "MistralForCausalLM",
                                                     "Qwen2ForCausalLM",   "MixtralForCausalLM",  "Qwen2MoeForCausalLM",
-                                                    "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
-static const char *const MODEL_TYPES[FAMILIES] = {"gpt2", "llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"};
+                                                    "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM", "GptOssForCausalLM"};
+static const char *const MODEL_TYPES[FAMILIES] = {"gpt2",  "llama",     "mistral", "qwen2",    "mixtral",
+                                                  "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss"};
 
-/* The family whose class writes a model: QK-norm makes it Qwen3's; a MoE
- * model with a shared expert is Qwen2-MoE's, one without Mixtral's. */
-static int moe_family(const loom_gpt_config *c) { return c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL; }
+/* The family whose class writes a model: attention sinks make a MoE model
+ * GPT-OSS's; QK-norm makes it Qwen3's; a MoE model with a shared expert is
+ * Qwen2-MoE's, one without Mixtral's. */
+static int moe_family(const loom_gpt_config *c) {
+  return c->softmax == LOOM_SOFTMAX_LEARNABLE ? GPT_OSS : c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL;
+}
+
+bool loom_hf_stacks_experts(const loom_gpt_config *c) { return loom_gpt_is_moe(c) && moe_family(c) == GPT_OSS; }
 static int dense_family(const loom_gpt_config *c) {
   return c->qk_norm ? QWEN3 : c->qkv_bias && !c->out_bias ? QWEN2 : c->window > 0 ? MISTRAL : LLAMA;
 }
@@ -76,11 +86,20 @@ static const char *const QWEN3_MOE_FIELDS[] = {
     "use_sliding_window", "sliding_window", "max_window_layers", "layer_types", "num_experts", "num_experts_per_tok",
     "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "router_aux_loss_coef",
     "output_router_logits", NULL};
+/* GPT-OSS's: its windows and experts, and OpenAI's own names for two of them (experts_per_token, initial_context_length:
+ * rope_scaling's original_max_position_embeddings); quantization_config is read to refuse it. */
+static const char *const GPT_OSS_FIELDS[] = {
+    "sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "experts_per_token", "router_aux_loss_coef",
+    "output_router_logits", "swiglu_limit", "swiglu_alpha", "initial_context_length", "quantization_config", NULL};
 
 const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n) {
   static const char *const LOOM[] = {"mlp.gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   static const char *const HF[] = {"block_sparse_moe.gate.weight", "w1.weight", "w3.weight", "w2.weight"};
   const char *mlp = strstr(name, ".mlp.");
+  if (loom_hf_stacks_experts(cfg) && mlp && strncmp(mlp + 1, "mlp.gate.", 9) == 0) { /* GPT-OSS's router */
+    snprintf(buf, n, "%.*s.mlp.router.%s", (int)(mlp - name), name, mlp + 10);
+    return buf;
+  }
   if (!loom_gpt_is_moe(cfg) || moe_family(cfg) != MIXTRAL || !mlp) return name;
   const char *rest = mlp + 1; /* "mlp...." */
   if (strcmp(rest, LOOM[0]) == 0) {
@@ -221,7 +240,8 @@ static loom_status family_of(const config_reader *c, int *family) {
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
                    "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM",
+                   "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and "
+                   "GptOssForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -513,6 +533,62 @@ static loom_status read_qwen3_moe(const config_reader *c, loom_gpt_config *cfg) 
   return st;
 }
 
+/* GPT-OSS's windows: sliding_window in the layers layer_types names sliding_attention (absent: every other layer
+ * from the first, as transformers' default). */
+static loom_status read_gpt_oss_windows(const config_reader *c, loom_gpt_config *cfg) {
+  loom_status st = read_sliding_window(c, cfg, &cfg->window);
+  const loom_json *types = loom_json_get(c->root, "layer_types");
+  if (st == LOOM_OK && types && (types->kind != LOOM_JSON_ARRAY || types->count != (size_t)cfg->layers))
+    return bad_field(c, "layer_types", "must be a list of one attention kind per layer");
+  for (int l = 0; st == LOOM_OK && l < cfg->layers; l++) {
+    const loom_json *t = types ? &types->items[l] : NULL;
+    const bool full = t ? t->kind == LOOM_JSON_STRING && strcmp(t->string, "full_attention") == 0 : l % 2 == 1;
+    if (t && !full && !(t->kind == LOOM_JSON_STRING && strcmp(t->string, "sliding_attention") == 0))
+      return bad_field(c, "layer_types", "must hold \"full_attention\" or \"sliding_attention\" per layer");
+    loom_gpt_set_full_attention_layer(cfg, l, full);
+  }
+  if (st == LOOM_OK && !cfg->window) memset(cfg->full_attention, 0, sizeof cfg->full_attention);
+  return st;
+}
+
+/* GPT-OSS's: biases on every linear (attention_bias true: its experts' and router's always have them), learned
+ * sinks, its experts of intermediate_size under a softmax over the top num_experts_per_tok logits, their unit
+ * clamped at swiglu_limit with swiglu_alpha's gate (1.702) and up + 1; head_dim, rope_theta and rope_scaling
+ * required (its class's defaults differ from Llama's). The released MXFP4 experts are refused by name. */
+static loom_status read_gpt_oss(const config_reader *c, loom_gpt_config *cfg) {
+  const loom_json *q = loom_json_get(c->root, "quantization_config");
+  if (q && q->kind != LOOM_JSON_NULL)
+    return bad_field(c, "quantization_config", "is set: the experts are quantised (MXFP4's mlp.experts.gate_up_proj_blocks "
+                     "and _scales, down_proj_blocks and _scales), which loom does not read; dequantise them to bf16 first "
+                     "(transformers' Mxfp4Config(dequantize=True), then save_pretrained)");
+  static const char *const REQUIRED[] = {"head_dim", "rope_theta", "rope_scaling"};
+  for (int i = 0; i < 3; i++)
+    if (!loom_json_get(c->root, REQUIRED[i]))
+      return bad_field(c, REQUIRED[i], "is missing (transformers' GPT-OSS defaults it otherwise than Llama)");
+  bool attention_bias = true;
+  loom_status st = bool_field(c, "attention_bias", true, &attention_bias);
+  if (st == LOOM_OK && !attention_bias)
+    st = bad_field(c, "attention_bias", "is false: loom's GPT-OSS has biases on every linear, as its experts always have");
+  if (st == LOOM_OK && loom_json_get(c->root, "mlp_bias"))
+    st = bad_field(c, "mlp_bias", "is not GPT-OSS's: its experts always have biases (transformers' GPT-OSS reads no such "
+                   "field)");
+  cfg->no_bias = false, cfg->softmax = LOOM_SOFTMAX_LEARNABLE;
+  loom_moe_config *e = &cfg->moe;
+  if (st == LOOM_OK) st = int_field(c, "num_local_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, 4, &e->topk);
+  int openai_topk = e->topk;
+  if (st == LOOM_OK) st = int_field(c, "experts_per_token", 1, LOOM_PLAN_MAX_EXPERTS, e->topk, &openai_topk);
+  if (st == LOOM_OK && openai_topk != e->topk)
+    st = bad_field(c, "experts_per_token", "differs from num_experts_per_tok, which transformers reads");
+  if (st == LOOM_OK) st = read_router_fields(c, e);
+  e->ffn = cfg->ffn, e->router_bias = true;
+  cfg->glu = (loom_glu){.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f};
+  if (st == LOOM_OK) st = float_field(c, "swiglu_limit", 7.0, &cfg->glu.clamp);
+  if (st == LOOM_OK) st = float_field(c, "swiglu_alpha", LOOM_QUICK_GELU_ALPHA, &cfg->glu.alpha);
+  if (st == LOOM_OK) st = read_gpt_oss_windows(c, cfg);
+  return st;
+}
+
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   static const char *const SILU[] = {"silu", NULL};
   cfg->norm = LOOM_NORM_RMSNORM, cfg->mlp = LOOM_MLP_SWIGLU, cfg->position = LOOM_POSITION_ROPE;
@@ -566,7 +642,8 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   if (st == LOOM_OK) st = family_of(&c, &family);
   static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS,
                                                      [MIXTRAL] = MIXTRAL_FIELDS, [QWEN2_MOE] = QWEN2_MOE_FIELDS,
-                                                     [QWEN3] = QWEN3_FIELDS, [QWEN3_MOE] = QWEN3_MOE_FIELDS};
+                                                     [QWEN3] = QWEN3_FIELDS, [QWEN3_MOE] = QWEN3_MOE_FIELDS,
+                                                     [GPT_OSS] = GPT_OSS_FIELDS};
   if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
   if (st == LOOM_OK && family != GPT2)
@@ -575,6 +652,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
          : family == QWEN2_MOE ? read_qwen2_moe(&c, cfg)
          : family == QWEN3     ? read_qwen3(&c, cfg)
          : family == QWEN3_MOE ? read_qwen3_moe(&c, cfg)
+         : family == GPT_OSS   ? read_gpt_oss(&c, cfg)
                                : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_every_layer_window(&c, cfg);
   loom_json_free(&root);
@@ -622,6 +700,20 @@ static const char *not_qwen3_moe(const loom_gpt_config *c) {
   return NULL;
 }
 
+/* Why GPT-OSS's class cannot hold a MoE model with attention sinks, or NULL where it can. */
+static const char *not_gpt_oss(const loom_gpt_config *c) {
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || c->no_bias ||
+      c->qk_norm)
+    return "its layers are not GPT-OSS's (rmsnorm, swiglu experts, rope, biases on every linear, no QK-norm)";
+  if (c->moe.shared_ffn > 0 || loom_gpt_has_dense_layers(c) || loom_gpt_expert_ffn(c) != c->ffn)
+    return "its MLPs are not GPT-OSS's (experts in every layer, intermediate_size wide, no shared one)";
+  if (c->moe.score != LOOM_MOE_SCORE_SOFTMAX || c->moe.pre_softmax || !c->moe.router_bias)
+    return "its router is not GPT-OSS's (a softmax over the top-k logits, a bias on them: --moe-router-bias)";
+  if (c->glu.alpha != LOOM_QUICK_GELU_ALPHA || c->glu.offset != 1.0f || !(c->glu.clamp > 0.0f))
+    return "its experts' unit is not GPT-OSS's (--quick-geglu, --glu-linear-offset 1, --activation-func-clamp-value)";
+  return NULL;
+}
+
 /* Why a MoE family's class cannot hold the model's router, or NULL where it can: none of them has a bias on it. */
 static const char *not_router(const loom_gpt_config *c) {
   return c->moe.router_bias ? "its router has a bias (--moe-router-bias), which this class's has not" : NULL;
@@ -642,7 +734,7 @@ static const char *not_dense(const loom_gpt_config *c, int family) {
 /* Why the family's config.json cannot say the model's sliding windows, or NULL where it can: Mistral and Mixtral
  * window every layer; the Qwen families the layers from max_window_layers on. */
 static const char *not_windows(const loom_gpt_config *c, int family) {
-  if (c->window <= 0) return NULL;
+  if (c->window <= 0 || family == GPT_OSS) return NULL; /* GPT-OSS's layer_types says each layer's */
   if ((family == MISTRAL || family == MIXTRAL) && loom_gpt_has_full_attention_layers(c))
     return "some of its layers attend in full, and Mistral's and Mixtral's sliding_window covers every layer";
   if (family != MISTRAL && family != MIXTRAL && family != QWEN2 && family != QWEN3 && family != QWEN2_MOE &&
@@ -660,15 +752,16 @@ static const char *not_windows(const loom_gpt_config *c, int family) {
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
   if (loom_gpt_config_is_gpt2(c)) return LOOM_OK;
   const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
-  const char *why = c->softmax != LOOM_SOFTMAX_VANILLA ? "its attention's softmax has a sink (--softmax-type), which no "
-                                                         "config.json field of this class says"
+  const char *why = family == GPT_OSS ? not_gpt_oss(c)
+                    : c->softmax != LOOM_SOFTMAX_VANILLA ? "its attention's softmax has a sink (--softmax-type), which no "
+                                                           "config.json field of this class says"
                     : family == MIXTRAL     ? not_mixtral(c)
                     : family == QWEN2_MOE ? not_qwen2_moe(c)
                     : family == QWEN3_MOE ? not_qwen3_moe(c)
                                           : not_dense(c, family);
   if (!why) why = not_windows(c, family);
-  if (!why && loom_gpt_is_moe(c)) why = not_router(c);
-  if (!why && !loom_glu_is_swiglu(c->glu))
+  if (!why && loom_gpt_is_moe(c) && family != GPT_OSS) why = not_router(c);
+  if (!why && !loom_glu_is_swiglu(c->glu) && family != GPT_OSS)
     why = "its SwiGLU unit is clamped or shifted (--quick-geglu, --activation-func-clamp-value, --glu-linear-offset), which "
           "this class's is not";
   /* Qwen2's classes size their heads hidden / heads: no config.json field of theirs says another width. */
@@ -754,7 +847,17 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   qwen_windows_json(c, windows, sizeof windows);
   for (int l = 0, used = 0; l < c->layers; l++) /* Qwen2-MoE's dense layers, by index */
     if (!loom_gpt_layer_is_moe(c, l)) used += snprintf(dense + used, sizeof dense - (size_t)used, "%s%d", used ? ", " : "", l);
-  if (family == QWEN3_MOE)
+  char types[22 * LOOM_GPT_MAX_LAYERS];
+  for (int l = 0, used = 0; l < c->layers; l++) /* GPT-OSS's layer_types, every layer's */
+    used += snprintf(types + used, sizeof types - (size_t)used, "%s\"%s\"", l ? ", " : "",
+                     loom_gpt_layer_window(c, l) > 0 ? "sliding_attention" : "full_attention");
+  if (family == GPT_OSS)
+    snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": true,\n  \"sliding_window\": %s,\n"
+             "  \"layer_types\": [%s],\n  \"num_local_experts\": %d,\n  \"num_experts_per_tok\": %d,\n"
+             "  \"swiglu_limit\": %.9g,\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n",
+             loom_gpt_head_dim(c), sliding_window_json(c, size, sizeof size), types, c->moe.experts, c->moe.topk,
+             (double)c->glu.clamp, (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
+  else if (family == QWEN3_MOE)
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n%s  \"num_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n"
              "  \"moe_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
@@ -808,9 +911,14 @@ static int plan_shards(const loom_model_source *src, loom_dtype dtype, uint64_t 
   int files = 0;
   uint64_t in_file = 0;
   for (int k = 0; k < src->count; k++) {
-    const uint64_t bytes = loom_safetensors_bytes(src, k, dtype);
+    loom_hf_stack s;
+    const bool stacked = loom_hf_stack_of(src, k, &s);
+    const int end = stacked ? s.first + s.count : k + 1; /* a stacked tensor: its every piece, in one file */
+    uint64_t bytes = 0;
+    for (int j = k; j < end; j++) bytes += loom_safetensors_bytes(src, j, dtype);
     if (files == 0 || (in_file > 0 && in_file + bytes > max)) files++, in_file = 0;
-    shard[k] = files - 1;
+    for (; k < end; k++) shard[k] = files - 1;
+    k--;
     in_file += bytes;
   }
   return files;
@@ -831,17 +939,22 @@ static loom_status write_index(const char *dir, const loom_model_source *src, lo
   uint64_t total = 0;
   char (*hf)[LOOM_NAME_LEN + 32] = malloc(((size_t)src->count + 1) * sizeof *hf);
   if (!hf) return free(names), loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the index", dir);
-  for (int k = 0; k < src->count; k++)
-    names[k] = loom_hf_tensor_name(&src->cfg, src->specs[k].name, hf[k], sizeof hf[k]), total += loom_safetensors_bytes(src, k, dtype);
-  qsort(names, (size_t)src->count, sizeof *names, by_name);
+  int listed = 0; /* a stacked tensor once, at its first piece */
+  for (int k = 0; k < src->count; k++) {
+    loom_hf_stack s;
+    total += loom_safetensors_bytes(src, k, dtype);
+    if (!loom_hf_stack_of(src, k, &s)) names[listed++] = loom_hf_tensor_name(&src->cfg, src->specs[k].name, hf[k], sizeof hf[k]);
+    else if (s.piece == 0) names[listed++] = strcpy(hf[k], s.name);
+  }
+  qsort(names, (size_t)listed, sizeof *names, by_name);
   loom_strbuf_printf(&b, "{\n  \"metadata\": {\n    \"total_size\": %llu\n  },\n  \"weight_map\": {\n",
                      (unsigned long long)total);
-  for (int i = 0; i < src->count; i++) {
+  for (int i = 0; i < listed; i++) {
     int k = 0; /* the tensor whose name this is: each name points at its spec's, or at its hf[k] */
     while (names[i] != src->specs[k].name && names[i] != hf[k]) k++;
     char file[64];
     shard_name(file, sizeof file, shard[k], files);
-    loom_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", names[i], file, i + 1 < src->count ? "," : "");
+    loom_strbuf_printf(&b, "    \"%s\": \"%s\"%s\n", names[i], file, i + 1 < listed ? "," : "");
   }
   loom_strbuf_printf(&b, "  }\n}\n");
   char path[4200];

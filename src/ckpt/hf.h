@@ -8,7 +8,9 @@
  * Qwen2ForCausalLM (Llama's with biases on q, k and v alone),
  * MixtralForCausalLM (Mistral's, each MLP a Mixture of Experts) and
  * Qwen2MoeForCausalLM (Qwen2's, each MLP a Mixture of Experts beside a
- * gated shared expert). The Llama
+ * gated shared expert), Qwen3ForCausalLM and Qwen3MoeForCausalLM (heads of
+ * their own width, QK-norm) and GptOssForCausalLM (sinks, windows by layer,
+ * YaRN, biased experts stacked in its files). The Llama
  * family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
@@ -38,6 +40,8 @@
  * (block_sparse_moe.gate, block_sparse_moe.experts.N.w1 / w3 / w2 for
  * gate, up and down); buf holds it when it differs. */
 const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n);
+/* Whether a Hugging Face directory of cfg's model stacks its experts (GPT-OSS's: hf_stack.h). */
+bool loom_hf_stacks_experts(const loom_gpt_config *cfg);
 /* Whether path is a directory (a Hugging Face model, not an llm.c file). */
 bool loom_hf_is_dir(const char *path);
 /* The model config.json in dir describes. */

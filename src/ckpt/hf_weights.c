@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "backend/op_math.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
 #include "core/fault.h"
 #include "core/json.h"
@@ -62,14 +63,18 @@ static float f16_to_f32(uint16_t h) {
 }
 
 /* Tensor k as loom holds it: read, widened to fp32, transposed back from
- * GPT-2's Conv1D, and its vocab padding zero. */
+ * GPT-2's Conv1D or taken from its expert's slab of a stacked tensor, and
+ * its vocab padding zero. */
 static loom_status fetch_hf(const loom_model_source *s, int k, float *dst, loom_error *err) {
   const hf_source *h = s->state;
   const st_file *f = &h->files[h->file[k]];
-  const loom_safetensors_shape e = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
+  loom_safetensors_shape e = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
+  loom_hf_stack stack;
+  const bool stacked = loom_hf_stack_of(s, k, &stack);
+  if (stacked) e = (loom_safetensors_shape){stack.rows, stack.cols, false};
   const size_t n = (size_t)e.rows * (size_t)(e.cols ? e.cols : 1), esize = ST_SIZES[h->dtype[k]];
   void *raw = malloc(n * esize + 1);
-  float *wide = e.transpose ? malloc(n * sizeof(float) + 1) : dst;
+  float *wide = e.transpose || stacked ? malloc(n * sizeof(float) + 1) : dst;
   loom_status st = LOOM_OK;
   if (!raw || !wide) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory reading %s", f->path, s->specs[k].name);
   else if (fseeko(f->fp, (off_t)(f->data_start + h->at[k]), SEEK_SET) != 0 || fread(raw, esize, n, f->fp) != n)
@@ -86,8 +91,9 @@ static loom_status fetch_hf(const loom_model_source *s, int k, float *dst, loom_
   if (st == LOOM_OK && e.transpose) /* the file's [in, out] into loom's [out, in] */
     for (int64_t i = 0; i < e.rows; i++)
       for (int64_t o = 0; o < e.cols; o++) dst[o * e.rows + i] = wide[i * e.cols + o];
+  if (st == LOOM_OK && stacked) loom_hf_stack_take(&stack, wide, dst);
   const size_t whole = loom_tensor_numel(&s->specs[k]);
-  if (st == LOOM_OK && whole > n) memset(dst + n, 0, (whole - n) * sizeof(float)); /* vocab padding */
+  if (st == LOOM_OK && !stacked && whole > n) memset(dst + n, 0, (whole - n) * sizeof(float)); /* vocab padding */
   free(raw);
   if (wide != dst) free(wide);
   return st;
@@ -97,7 +103,7 @@ static loom_status fetch_hf(const loom_model_source *s, int k, float *dst, loom_
 typedef struct {
   st_dtype dtype;
   int ndim;
-  long long shape[2];
+  long long shape[3];
   uint64_t begin, end;
   bool used;
 } st_entry;
@@ -112,10 +118,10 @@ static loom_status read_entry(const char *path, const char *name, const loom_jso
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has dtype %s; loom reads F32, BF16 and F16", path, name,
                      dt && dt->kind == LOOM_JSON_STRING ? dt->string : "(none)");
   e->dtype = (st_dtype)d;
-  if (!shape || shape->kind != LOOM_JSON_ARRAY || shape->count < 1 || shape->count > 2)
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: its shape must list 1 or 2 sizes", path, name);
+  if (!shape || shape->kind != LOOM_JSON_ARRAY || shape->count < 1 || shape->count > 3)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: its shape must list 1 to 3 sizes", path, name);
   e->ndim = (int)shape->count;
-  e->shape[1] = 1;
+  e->shape[1] = e->shape[2] = 1;
   for (int i = 0; i < e->ndim; i++)
     if (!loom_json_int(&shape->items[i], 0, INT_MAX, &e->shape[i]))
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: a size in its shape is not a count", path, name);
@@ -123,9 +129,11 @@ static loom_status read_entry(const char *path, const char *name, const loom_jso
       !loom_json_int(&off->items[1], begin, (long long)data_len, &end))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: data_offsets must be [begin, end] inside the %llu bytes of data",
                      path, name, (unsigned long long)data_len);
-  if ((uint64_t)(end - begin) != (uint64_t)e->shape[0] * (uint64_t)e->shape[1] * ST_SIZES[e->dtype])
-    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: %lld bytes of data for its shape's %llu", path, name,
-                     end - begin, (unsigned long long)e->shape[0] * (unsigned long long)e->shape[1] * ST_SIZES[e->dtype]);
+  /* each size is below 2^31 and the data below 2^64: the product is checked against the bytes without overflowing */
+  const unsigned __int128 bytes = (unsigned __int128)e->shape[0] * (uint64_t)e->shape[1] * (uint64_t)e->shape[2] * ST_SIZES[e->dtype];
+  if (bytes != (uint64_t)(end - begin))
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s: %lld bytes of data for its shape's %.0f", path, name, end - begin,
+                     (double)bytes);
   e->begin = (uint64_t)begin, e->end = (uint64_t)end;
   return LOOM_OK;
 }
@@ -138,7 +146,7 @@ static bool is_gpt2_buffer(const char *name) {
 
 /* The header entry of canonical tensor k: its own name, or under GPT-2 also with transformers' "transformer." prefix. */
 static int entry_of(const loom_json *header, const char *name, bool gpt2) {
-  char prefixed[LOOM_NAME_LEN + 16];
+  char prefixed[LOOM_NAME_LEN + 48];
   snprintf(prefixed, sizeof prefixed, "transformer.%s", name);
   for (size_t i = 0; i < header->count; i++)
     if (strcmp(header->keys[i], name) == 0 || (gpt2 && strcmp(header->keys[i], prefixed) == 0)) return (int)i;
@@ -224,6 +232,27 @@ static loom_status index_files(hf_source *h, const char *dir, const char *path, 
   return LOOM_OK;
 }
 
+/* "[a, b, c]" */
+static const char *shape_text(const long long *shape, int ndim, char *buf, size_t n) {
+  size_t used = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < ndim && used < n; d++) used += (size_t)snprintf(buf + used, n - used, "%s%lld", d ? ", " : "", shape[d]);
+  if (used < n) snprintf(buf + used, n - used, "]");
+  return buf;
+}
+
+/* The shape canonical tensor k's entry in the file has: its own (transposed for GPT-2's Conv1D, without vocab
+ * padding), or its stacked tensor's ([E, rows, cols], a bias's [E, cols]). */
+static void file_shape(const loom_model_source *s, int k, const loom_hf_stack *stack, long long *shape, int *ndim) {
+  if (stack) {
+    shape[0] = stack->experts, shape[1] = stack->matrix ? stack->rows : stack->cols, shape[2] = stack->cols;
+    *ndim = stack->matrix ? 3 : 2;
+    return;
+  }
+  const loom_safetensors_shape e = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
+  shape[0] = e.rows, shape[1] = e.cols;
+  *ndim = e.cols ? 2 : 1;
+}
+
 /* Every file's entries, checked; then each tensor of the model found in
  * exactly one file, in dtype and shape; none left over. */
 static loom_status match_files(loom_model_source *s, hf_source *h, const char *where, const loom_json *map,
@@ -242,11 +271,16 @@ static loom_status match_files(loom_model_source *s, hf_source *h, const char *w
   const bool gpt2 = loom_gpt_config_is_gpt2(&s->cfg);
   for (int k = 0; k < s->count && st == LOOM_OK; k++) {
     const char *name = s->specs[k].name;
-    const loom_safetensors_shape want = loom_safetensors_shape_of(&s->cfg, &s->specs[k], &s->meta[k]);
+    char hf_name[LOOM_NAME_LEN + 32];
+    long long want[3];
+    int ndim;
+    loom_hf_stack stack;
+    const bool stacked = loom_hf_stack_of(s, k, &stack);
+    const char *file_name = stacked ? stack.name : loom_hf_tensor_name(&s->cfg, name, hf_name, sizeof hf_name);
+    file_shape(s, k, stacked ? &stack : NULL, want, &ndim);
     int found = -1, at = -1;
     for (int f = 0; f < h->nfiles && st == LOOM_OK; f++) {
-      char hf_name[LOOM_NAME_LEN + 32];
-      const int i = entry_of(&h->files[f].header, loom_hf_tensor_name(&s->cfg, name, hf_name, sizeof hf_name), gpt2);
+      const int i = entry_of(&h->files[f].header, file_name, gpt2);
       if (i < 0) continue;
       if (found >= 0)
         st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s is in both %s and %s", where, name, h->files[found].path,
@@ -255,23 +289,27 @@ static loom_status match_files(loom_model_source *s, hf_source *h, const char *w
     }
     if (st != LOOM_OK) break;
     if (found < 0) {
-      char buf[LOOM_NAME_LEN + 32];
-      const char *hf_name = loom_hf_tensor_name(&s->cfg, name, buf, sizeof buf);
-      const loom_json *listed = map ? loom_json_get(map, hf_name) : NULL;
+      const loom_json *listed = map ? loom_json_get(map, file_name) : NULL;
       if (listed && listed->kind == LOOM_JSON_STRING) /* index_files checked every entry names a shard */
-        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the index puts tensor %s in %s, which does not hold it", where, hf_name,
+        st = loom_fail(err, LOOM_ERR_FORMAT, "%s: the index puts tensor %s in %s, which does not hold it", where, file_name,
                        listed->string);
-      else st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing tensor %s", where, name);
+      else st = loom_fail(err, LOOM_ERR_FORMAT, "%s: missing tensor %s", where, stacked ? file_name : name);
       break;
     }
     st_entry *e = &entries[found][at];
-    const int ndim = want.cols ? 2 : 1;
-    if (e->ndim != ndim || e->shape[0] != want.rows || (ndim == 2 && e->shape[1] != want.cols))
-      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has shape [%lld%s%lld]; the config's model needs [%lld%s%lld]",
-                     h->files[found].path, name, e->shape[0], e->ndim == 2 ? ", " : "", e->ndim == 2 ? e->shape[1] : 0LL,
-                     (long long)want.rows, ndim == 2 ? ", " : "", ndim == 2 ? (long long)want.cols : 0LL);
+    bool same = e->ndim == ndim;
+    for (int d = 0; d < ndim && same; d++) same = e->shape[d] == want[d];
+    if (!same) {
+      char has[96], needs[96];
+      st = loom_fail(err, LOOM_ERR_FORMAT, "%s: tensor %s has shape %s; the config's model needs %s", h->files[found].path,
+                     file_name == name ? name : file_name, shape_text(e->shape, e->ndim, has, sizeof has),
+                     shape_text(want, ndim, needs, sizeof needs));
+    }
     e->used = true;
-    h->at[k] = e->begin;
+    /* a stacked piece starts at its expert's slab */
+    h->at[k] = e->begin + (stacked ? (uint64_t)(stack.piece / stack.per_expert) * (uint64_t)(stack.rows * stack.cols) *
+                                         ST_SIZES[e->dtype]
+                                   : 0);
     h->dtype[k] = e->dtype;
     h->file[k] = found;
   }

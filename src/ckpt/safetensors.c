@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/hf.h"
+#include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
+#include "core/check.h"
 #include "core/write_file.h"
 
 loom_safetensors_shape loom_safetensors_shape_of(const loom_gpt_config *cfg, const loom_tensor *spec,
@@ -31,20 +33,41 @@ uint64_t loom_safetensors_bytes(const loom_model_source *src, int k, loom_dtype 
 
 typedef struct {
   const loom_model_source *src;
-  int first, last; /* the tensors written: [first, last) of the table */
+  int last;        /* the tensors written end before it */
+  int k, expert;   /* the next tensor, and where it is stacked (hf), the next expert's slab of it */
+  bool hf;
   const uint64_t *header_len;
   const char *json;
   float *fetched, *out;
   loom_dtype dtype;
 } st_writer;
 
+/* Whether tensor k is a piece of a tensor stacked in the file (hf_stack.h); where, into s. */
+static bool stacked(const st_writer *w, int k, loom_hf_stack *s) { return w->hf && loom_hf_stack_of(w->src, k, s); }
+
+/* The next expert's slab of the stacked tensor at w->k: its pieces fetched and put in their columns. */
+static int next_slab(st_writer *w, const loom_hf_stack *s, loom_chunk *chunk, loom_status *st, loom_error *err) {
+  for (int j = 0; j < s->per_expert; j++) {
+    loom_hf_stack piece = *s;
+    piece.piece = w->expert * s->per_expert + j;
+    *st = w->src->fetch(w->src, s->first + piece.piece, w->fetched, err);
+    if (*st != LOOM_OK) return 0;
+    loom_hf_stack_put(&piece, w->fetched, w->out);
+  }
+  *chunk = (loom_chunk){w->out, loom_export_values(w->out, (size_t)(s->rows * s->cols), w->dtype)};
+  if (++w->expert == s->experts) w->expert = 0, w->k = s->first + s->count;
+  return 1;
+}
+
 static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom_error *err) {
-  const st_writer *w = ctx;
+  st_writer *w = ctx;
   if (i == 0) *chunk = (loom_chunk){w->header_len, 8};
   else if (i == 1) *chunk = (loom_chunk){w->json, (size_t)*w->header_len};
   if (i < 2) return 1;
-  const int k = w->first + i - 2;
-  if (k >= w->last) return 0;
+  if (w->k >= w->last) return 0;
+  loom_hf_stack s;
+  if (stacked(w, w->k, &s)) return next_slab(w, &s, chunk, st, err);
+  const int k = w->k++;
   const exported e = shape_of(w->src, k);
   *st = w->src->fetch(w->src, k, w->fetched, err);
   if (*st != LOOM_OK) return 0;
@@ -63,8 +86,10 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
   size_t cap = 256 + (size_t)(last - first) * 160, len = 0;
   char *json = malloc(cap);
   const size_t most = loom_model_source_max_numel(src) + 1;
-  float *fetched = malloc(most * sizeof(float)), *out = malloc(most * sizeof(float));
+  /* out: a transposed tensor, or a stacked tensor's slab (an expert's gate and up at most) */
+  float *fetched = malloc(most * sizeof(float)), *out = malloc(2 * most * sizeof(float));
   loom_status st = LOOM_OK;
+  st_writer w = {src, last, first, 0, hf, NULL, json, fetched, out, dtype};
   if (!json || !fetched || !out) {
     st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing safetensors", path);
   } else {
@@ -72,19 +97,32 @@ loom_status loom_safetensors_write(const char *path, const loom_model_source *sr
     uint64_t offset = 0;
     for (int k = first; k < last; k++) {
       const exported e = shape_of(src, k);
-      char shape[64];
-      if (e.cols) snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
-      else snprintf(shape, sizeof shape, "%lld", (long long)e.rows);
-      char name[LOOM_NAME_LEN + 32];
+      char shape[96], name[LOOM_NAME_LEN + 32];
+      const char *called = hf ? loom_hf_tensor_name(&src->cfg, src->specs[k].name, name, sizeof name) : src->specs[k].name;
+      uint64_t bytes = bytes_of(e, dtype);
+      loom_hf_stack s;
+      if (stacked(&w, k, &s)) { /* one entry for the run, at its first piece */
+        LOOM_CHECK(s.first >= first && s.first + s.count <= last, "a stacked tensor lies whole in one file");
+        if (s.piece > 0) continue;
+        snprintf(name, sizeof name, "%s", s.name);
+        called = name;
+        if (s.matrix) snprintf(shape, sizeof shape, "%d,%lld,%lld", s.experts, (long long)s.rows, (long long)s.cols);
+        else snprintf(shape, sizeof shape, "%d,%lld", s.experts, (long long)s.cols);
+        bytes = (uint64_t)s.experts * (uint64_t)(s.rows * s.cols) * loom_dtype_size(dtype);
+      } else if (e.cols) {
+        snprintf(shape, sizeof shape, "%lld,%lld", (long long)e.rows, (long long)e.cols);
+      } else {
+        snprintf(shape, sizeof shape, "%lld", (long long)e.rows);
+      }
       len += (size_t)snprintf(json + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%s],\"data_offsets\":[%llu,%llu]}",
-                              hf ? loom_hf_tensor_name(&src->cfg, src->specs[k].name, name, sizeof name) : src->specs[k].name, dtype == LOOM_DTYPE_BF16 ? "BF16" : "F32", shape,
-                              (unsigned long long)offset, (unsigned long long)(offset + bytes_of(e, dtype)));
-      offset += bytes_of(e, dtype);
+                              called, dtype == LOOM_DTYPE_BF16 ? "BF16" : "F32", shape, (unsigned long long)offset,
+                              (unsigned long long)(offset + bytes));
+      offset += bytes;
     }
     len += (size_t)snprintf(json + len, cap - len, "}");
     while (len % 8) json[len++] = ' '; /* the data starts 8-byte aligned */
     const uint64_t header = len;
-    st_writer w = {src, first, last, &header, json, fetched, out, dtype};
+    w.header_len = &header;
     st = loom_write_file_atomic_stream(path, next_chunk, &w, err);
   }
   free(json);
