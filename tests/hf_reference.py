@@ -737,10 +737,11 @@ for family, field, value in (("qwen3", "mlp_bias", True), ("qwen3", "head_dim", 
                              ("qwen3_moe", "shared_expert_intermediate_size", 64)):
     expect_config_refused(family, field, value)
 # GPT-OSS: sinks, a window of 8 keys in its first layer, YaRN, a biased router over 4 biased experts (top 2) with the
-# clamped unit, stacked in the file; serial, tp 2 with SP, pp 2, and ep 2 over dp 2 and over tp 2 with SP.
+# clamped unit, stacked in the file; serial, tp 2 with SP, pp 2, cp 2 (the window shorter than a rank's chunks, the
+# sinks merged once after the ring), and ep 2 over dp 2 and over tp 2 with SP.
 check_written("gpt_oss", GPT_OSS_CONFIG, gpt_oss_weights, gpt_oss_loss,
-              [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"]), (2, ["--ep", "2", "--dp", "2"]),
-               (2, ["--ep", "2", "--tp", "2", "--sequence-parallel"])])
+              [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"]), (2, ["--cp", "2"]),
+               (2, ["--ep", "2", "--dp", "2"]), (2, ["--ep", "2", "--tp", "2", "--sequence-parallel"])])
 # A GPT-OSS config.json loom cannot compute is refused by name: the released MXFP4 experts, no head width, no biases on
 # the attention, OpenAI's top-k disagreeing with transformers'.
 for field, value in (("quantization_config", {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}),

@@ -46,12 +46,11 @@ void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, flo
 }
 
 /* A MoE layer's groups: the ranks its micro-batch is spread over along the
- * sequence, the tensor-parallel group under sequence parallelism (without
- * it every rank of the group routes the same tokens alike), and the
- * expert-parallel group. */
+ * sequence (the tensor-parallel group under sequence parallelism, the
+ * context-parallel group, or both; without them every rank of the tp group
+ * routes the same tokens alike), and the expert-parallel group. */
 static loom_moe_groups moe_groups(const loom_tp *tp) {
-  return (loom_moe_groups){.seq = tp->sequence_parallel ? tp->group : NULL, .ep = tp->ep_group,
-                           .etp = tp->etp_group};
+  return (loom_moe_groups){.seq = tp->seq_group, .ep = tp->ep_group, .etp = tp->etp_group};
 }
 
 /* RoPE over the q and k heads of each qkv row (they lie first, side by

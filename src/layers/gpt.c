@@ -221,7 +221,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   m->T = T;
   m->B = B;
   m->a = &m->slots[0];
-  m->moe = loom_moe_shape_of(c, (int)d.n, m->tp.sequence_parallel ? m->tp.size : 1);
+  m->moe = loom_moe_shape_of(c, (int)d.n, loom_gpt_seq_ranks(c, m->tp.size, m->tp.sequence_parallel));
   m->moe.etp_rank = m->tp.etp_group ? loom_comm_rank(m->tp.etp_group) : 0;
   return LOOM_OK;
 }
@@ -263,7 +263,9 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .qk_norm = c->qk_norm, .softmax = c->softmax,
                             .window = loom_gpt_layer_window(c, m->p.range.layer_begin + l),
                             .bf16 = c->bf16,
-                            .moe = moe ? &m->moe : NULL, .moe_loss_weight = dloss * (float)m->T * (float)m->B};
+                            /* the micro-batch's share of the step's loss: its T rows are 1/cp of its sequence */
+                            .moe = moe ? &m->moe : NULL,
+                            .moe_loss_weight = dloss * (float)m->T * (float)m->B * (float)loom_gpt_cp(c)};
 }
 
 void loom_gpt_moe_stats_reset(loom_gpt *m) {

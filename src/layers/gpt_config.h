@@ -191,6 +191,11 @@ static inline int loom_gpt_attn_width(const loom_gpt_config *c) { return c->head
 /* The context-parallel split (1: none), and the rows of a sequence of T one rank holds. */
 static inline int loom_gpt_cp(const loom_gpt_config *c) { return c->cp > 1 ? c->cp : 1; }
 static inline int loom_gpt_local_seq(const loom_gpt_config *c, int T) { return T / loom_gpt_cp(c); }
+/* The ranks one micro-batch's tokens are spread over, each routing its own through a MoE layer: the tp group's under
+ * sequence parallelism, times the cp group's. */
+static inline int loom_gpt_seq_ranks(const loom_gpt_config *c, int tp, bool sequence_parallel) {
+  return (sequence_parallel ? tp : 1) * loom_gpt_cp(c);
+}
 /* Whether q, k and v have biases: every linear's, or theirs alone (qkv_bias). */
 static inline bool loom_gpt_qkv_biased(const loom_gpt_config *c) { return !c->no_bias || c->qkv_bias; }
 /* Whether the attention's output projection has a bias: every linear's, or its own (out_bias). */

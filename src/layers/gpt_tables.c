@@ -34,7 +34,8 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
   const int64_t N = (int64_t)T * B;
   const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = loom_mlp_fc_factor(c->mlp);
-  const int64_t taken = moe ? loom_moe_recv_rows(c, n, sp ? tp : 1) : 0, rows = moe ? loom_moe_expert_rows(c, n, sp ? tp : 1) : 0;
+  const int seq = loom_gpt_seq_ranks(c, tp, sp);
+  const int64_t taken = moe ? loom_moe_recv_rows(c, n, seq) : 0, rows = moe ? loom_moe_expert_rows(c, n, seq) : 0;
   return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = (c->heads / tp) * D,
                 .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = taken, .X = rows,

@@ -251,9 +251,15 @@ static void check_context(report *r, const loom_plan *p) {
   else if (p->parallel->sequence_parallel && (T / cp) % tp)
     violation(r, "parallel.cp = %d with sequence parallelism: each rank's %d rows (seq / cp) must be divisible by "
               "parallel.tp (%d); pick such a seq, cp or tp", cp, T / cp, tp);
-  if (p->model->moe)
-    violation(r, "parallel.cp = %d: context parallelism with a Mixture of Experts is not supported yet (its routing "
-              "losses over a sequence split across ranks); drop cp or the experts", cp);
+  const Loom__Moe *e = p->model->moe;
+  if (e && (p->parallel->ep > 1 || p->parallel->etp > 1))
+    violation(r, "parallel.cp = %d: context parallelism with the experts split (parallel.ep %d, parallel.etp %d) is not "
+              "supported yet; keep every expert whole on every rank (ep 1, etp 1) or drop cp", cp,
+              p->parallel->ep > 1 ? p->parallel->ep : 1, p->parallel->etp > 1 ? p->parallel->etp : 1);
+  if (e && e->capacity_factor > 0.0)
+    violation(r, "parallel.cp = %d: context parallelism with a capacity factor (model.moe.capacity_factor %g) is not "
+              "supported yet: its ranks hold the sequence's chunks out of order, which decides the drops; run dropless "
+              "(capacity_factor 0) or drop cp", cp, e->capacity_factor);
 }
 
 /* What a run computes in: fp32 or bf16, with fp8 GEMMs only beside bf16. */

@@ -170,8 +170,9 @@ static void ep_exchange(const layout *L, pass *x, double bytes) {
  * every expert to), the rows' gather and combine and the activation between
  * the GEMMs, under expert parallelism the rows' all-to-alls there and back
  * in each pass (a dropless run's busiest rank receiving its load's rows),
- * and under SP the load-balancing counts summed over the group (with a
- * capacity factor also every rank's choices gathered). Under expert tensor
+ * and under SP or cp the load-balancing counts summed over the ranks
+ * sharing the micro-batch (with a capacity factor also every rank's
+ * choices gathered). Under expert tensor
  * parallelism each rank runs every rank's rows through its slice of the
  * experts: the rows (fp32) all-gathered and the partial sums
  * reduce-scattered in each pass, with the counts gathered first. The
@@ -204,9 +205,20 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
       etp_collective(L, x, LOOM_COLL_REDUCE_SCATTER, etp * n * k * h * L->f32);
     }
   }
-  if (!L->sp) return;
+  /* The load-balancing counts summed over the ranks sharing the micro-batch: the tp group's under SP, the cp group's,
+   * or both together (a group of its own, counted in neither's traffic; tp fastest, so its ranks are consecutive). */
+  if (L->cp > 1 && L->sp) {
+    const int ranks = L->tp * L->cp;
+    f->comm += loom_collective_seconds(L->prof, LOOM_COLL_ALLREDUCE, 8.0 * E, ranks,
+                                       loom_group_per_node(ranks, 1, L->prof->devices_per_node), NULL);
+  } else if (L->cp > 1) {
+    double sent;
+    f->comm += loom_collective_seconds(L->prof, LOOM_COLL_ALLREDUCE, 8.0 * E, L->cp, L->cp_per_node, &sent);
+    f->cp_bytes += sent;
+  }
+  if (!L->sp || L->cp > 1) return;
   tp_collective(L, f, LOOM_COLL_ALLREDUCE, 8.0 * E);
-  if (c->moe.capacity_factor > 0.0)
+  if (c->moe.capacity_factor > 0.0) /* every rank's choices (the plan refuses a capacity factor under cp) */
     for (int i = 0; i < 2; i++) tp_collective(L, f, LOOM_COLL_ALLGATHER, L->tokens * k * L->f32);
 }
 

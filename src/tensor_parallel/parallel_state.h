@@ -23,6 +23,9 @@ typedef struct {
    * which grads are summed and ZeRO shards (dp_group itself when cp is 1). */
   loom_comm *cp_group, *dp_cp_group;
   int dp_cp_rank;
+  /* The tp x cp ranks of one (dp, pp): a micro-batch's tokens spread over both under sequence parallelism with
+   * context parallelism (a MoE layer routes its share and sums its load there); NULL unless both split it. */
+  loom_comm *tp_cp_group;
   loom_comm *embed_group;         /* first and last pipeline stage of this (tp, dp); NULL elsewhere */
   /* A MoE model's expert grid (loom_parallel_init_experts; ep 1: every
    * expert on every rank, no groups): the expert-parallel group whose ranks
@@ -51,6 +54,9 @@ typedef struct {
    * rank's place in it. The rows are its chunks (loom_cp_position). */
   loom_comm *cp_group;
   int cp_rank;
+  /* The ranks sharing one micro-batch's tokens, each holding its own: the tp group under sequence parallelism, the
+   * cp group, or both (tp_cp_group); NULL: this rank holds them all. A MoE layer's routing statistics sum there. */
+  loom_comm *seq_group;
 } loom_tp;
 
 /* The cp group's size: 1 without one. */
