@@ -342,7 +342,8 @@ void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, 
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
   const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
   const expert_rows rows = rows_of(a->host, shape);
-  experts_backward(ops, NULL, dw->proj, adds_proj_bias(shape) ? dw->proj_b : NULL, ws->d_y, a->act, none, &rows, El, f, h, shape->bf16);
+  experts_backward(ops, NULL, dw->proj, adds_proj_bias(shape) ? dw->proj_b : NULL, ws->d_y, a->act, none, &rows, El, f, h,
+                   shape->bf16);
   experts_backward(ops, NULL, dw->fc, dw->fc_b, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
   ops->matmul_backward(ops, NULL, dw->router, dw->router_b, ws->d_logits, a->x, NULL, n, h, E);
 }
