@@ -150,6 +150,16 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def softmax_with_sinks(scores, sinks):
+    """Each head's softmax over [H, n, n] scores; GPT-OSS's sinks (one logit per head, or None) join every row's
+    denominator and take no value."""
+    if sinks is None:
+        return torch.softmax(scores, -1)
+    H, n = scores.shape[0], scores.shape[1]
+    sink = sinks.view(H, 1, 1).expand(H, n, 1)
+    return torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
+
+
 def llama3_scaled(inv, scaling):
     """Llama 3.1's rope_scaling as transformers' _compute_llama3_parameters applies it to the inverse frequencies."""
     if not scaling:
@@ -224,12 +234,7 @@ def llama_loss(c, w, tokens, mlp=None):
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], c["rms_norm_eps"])
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // K, 0), v.repeat_interleave(H // K, 0)  # repeat_kv
-        scores = q @ k.transpose(1, 2) / math.sqrt(d) + mask
-        if p + "self_attn.sinks" in w:  # GPT-OSS's sinks: each head's logit joins every row's softmax, then is dropped
-            sink = w[p + "self_attn.sinks"].view(H, 1, 1).expand(H, n, 1)
-            att = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
-        else:
-            att = torch.softmax(scores, -1)
+        att = softmax_with_sinks(q @ k.transpose(1, 2) / math.sqrt(d) + mask, w.get(p + "self_attn.sinks"))
         x = x + linear((att @ v).transpose(0, 1).reshape(n, H * d), "self_attn.o_proj")
         m = rms_norm(x, w[p + "post_attention_layernorm.weight"], c["rms_norm_eps"])
         if mlp:  # a Mixture of Experts
@@ -481,12 +486,7 @@ def gpt2_loss(c, w, tokens):
         p = f"h.{i}."
         q, k, v = conv1d(ln(x, p + "ln_1"), p + "attn.c_attn").split(h, -1)
         q, k, v = (t.view(n, H, d).transpose(0, 1) for t in (q, k, v))
-        scores = q @ k.transpose(1, 2) / math.sqrt(d) + mask
-        if p + "self_attn.sinks" in w:  # GPT-OSS's sinks: each head's logit joins every row's softmax, then is dropped
-            sink = w[p + "self_attn.sinks"].view(H, 1, 1).expand(H, n, 1)
-            att = torch.softmax(torch.cat((scores, sink), -1), -1)[..., :-1]
-        else:
-            att = torch.softmax(scores, -1)
+        att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + mask, -1)
         x = x + conv1d((att @ v).transpose(0, 1).reshape(n, h), p + "attn.c_proj")
         fc = torch.nn.functional.gelu(conv1d(ln(x, p + "ln_2"), p + "mlp.c_fc"), approximate="tanh")
         x = x + conv1d(fc, p + "mlp.c_proj")
