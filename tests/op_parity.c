@@ -395,14 +395,31 @@ static void bias(const op_backend *b, op_report *r) {
   drop_all(all, sizeof all / sizeof *all);
 }
 
+/* Head widths: every head 8 wide under the default scale, or multi-head
+ * latent attention's q and k wider than v (and the other way round, and
+ * past a warp's 32 lanes) under a scale of its own. */
+typedef struct {
+  int head_dim, v_head_dim;
+  float softmax_scale;
+} head_dims;
+static const head_dims EQUAL_HEADS = {8, 0, 0.0f}, MLA_HEADS = {12, 8, 0.37f}, WIDE_V_HEADS = {8, 12, 0.0f},
+                       WIDE_HEADS = {48, 40, 0.11f};
+
+/* An attention's shape over two micro-batches, a sliding window of `window` keys back (0: none). */
+static loom_attn_shape attn_case(int T, int heads, int kv_heads, int window, head_dims dims) {
+  return (loom_attn_shape){.T = T, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = dims.head_dim,
+                           .v_head_dim = dims.v_head_dim, .softmax_scale = dims.softmax_scale, .head_offset = 1,
+                           .total_heads = 2 * heads, .window = window};
+}
+
 /* Multi-head (3 heads), or grouped-query (6 query heads over 2 key/value
  * heads); under a sliding window of `window` keys back (0: none). */
-static void attention_of(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window, int T) {
+static void attention_of(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window, int T,
+                         head_dims dims) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
-  const loom_attn_shape s = {.T = T, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
-                             .total_heads = 2 * heads, .window = window};
+  const loom_attn_shape s = attn_case(T, heads, kv_heads, window, dims);
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
-  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
+  const size_t width = loom_attn_out_width(&s), w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
                lses = (size_t)s.B * s.heads * s.T;
   mirror qkv = make(b, rows * w3, -1, 1), out = make(b, rows * width, 0, 0), lse = make(b, lses, 0, 0);
   ref->attention_forward(ref, out.host, lse.host, qkv.host, &s, &d);
@@ -418,7 +435,7 @@ static void attention_of(const op_backend *b, op_report *r, float p, int heads, 
 }
 
 static void attention_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
-  attention_of(b, r, p, heads, kv_heads, window, 17);
+  attention_of(b, r, p, heads, kv_heads, window, 17, EQUAL_HEADS);
 }
 
 static void attention(const op_backend *b, op_report *r) {
@@ -437,21 +454,29 @@ static void attention_windows(const op_backend *b, op_report *r) {
   attention_at(b, r, 0.0f, 6, 2, 4);
   attention_at(b, r, 0.0f, 3, 3, 40);
   attention_at(b, r, 0.3f, 4, 1, 4);
-  attention_of(b, r, 0.0f, 2, 1, 20, 80);
-  attention_of(b, r, 0.3f, 2, 2, 40, 80);
+  attention_of(b, r, 0.0f, 2, 1, 20, 80, EQUAL_HEADS);
+  attention_of(b, r, 0.3f, 2, 2, 40, 80, EQUAL_HEADS);
+}
+/* Multi-head latent attention's shapes: q and k wider than v under a scale of their own, with dropout and a
+ * window; v wider; both past a warp (48 and 40) over 80 rows. */
+static void attention_head_dims(const op_backend *b, op_report *r) {
+  attention_of(b, r, 0.0f, 3, 3, 0, 17, MLA_HEADS);
+  attention_of(b, r, 0.3f, 6, 2, 4, 17, MLA_HEADS);
+  attention_of(b, r, 0.0f, 4, 1, 0, 17, WIDE_V_HEADS);
+  attention_of(b, r, 0.0f, 2, 2, 20, 80, WIDE_HEADS);
 }
 
 /* Context-parallel attention's blocks: 6 query rows (two chunks of a
  * longer sequence) against two blocks of 4 keys, the second merged into
  * the first; three rows see none of the first block's keys. */
-static void attention_blocks_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
+static void attention_blocks_of(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window,
+                                head_dims dims) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   enum { TQ = 6, TK = 4 };
-  const loom_attn_shape s = {.T = 16, .B = 2, .heads = heads, .kv_heads = kv_heads, .head_dim = 8, .head_offset = 1,
-                             .total_heads = 2 * heads, .window = window};
+  const loom_attn_shape s = attn_case(16, heads, kv_heads, window, dims);
   const loom_dropout d = {.p = p, .seed = 11, .stream = 5, .sample_offset = 4};
   const int q_pos[TQ] = {4, 5, 6, 9, 10, 11}, k_pos[2][TK] = {{7, 8, 14, 15}, {0, 1, 2, 3}};
-  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), kvw = 2 * (size_t)kv_heads * s.head_dim;
+  const size_t width = loom_attn_out_width(&s), w3 = loom_attn_qkv_width(&s), kvw = loom_attn_kv_width(&s);
   mirror q = make(b, (size_t)TQ * s.B * w3, -1, 1), out = make(b, (size_t)TQ * s.B * width, 0, 0);
   mirror lse = make(b, (size_t)s.B * s.heads * TQ, 0, 0), dout = make(b, (size_t)TQ * s.B * width, -1, 1);
   mirror dq = make(b, (size_t)TQ * s.B * w3, -1, 1), kv[2], dkv[2];
@@ -475,6 +500,10 @@ static void attention_blocks_at(const op_backend *b, op_report *r, float p, int 
   drop_all(all, sizeof all / sizeof *all);
 }
 
+static void attention_blocks_at(const op_backend *b, op_report *r, float p, int heads, int kv_heads, int window) {
+  attention_blocks_of(b, r, p, heads, kv_heads, window, EQUAL_HEADS);
+}
+
 static void attention_blocks(const op_backend *b, op_report *r) {
   attention_blocks_at(b, r, 0.0f, 3, 3, 0);
   attention_blocks_at(b, r, 0.0f, 6, 2, 0);
@@ -483,16 +512,20 @@ static void attention_blocks(const op_backend *b, op_report *r) {
    * the rows at 9 to 11 none of the second block's keys (0..3) */
   attention_blocks_at(b, r, 0.0f, 6, 2, 3);
   attention_blocks_at(b, r, 0.3f, 4, 1, 3);
+  /* multi-head latent attention's head widths */
+  attention_blocks_of(b, r, 0.0f, 3, 3, 0, MLA_HEADS);
+  attention_blocks_of(b, r, 0.3f, 6, 2, 3, MLA_HEADS);
+  attention_blocks_of(b, r, 0.0f, 4, 1, 0, WIDE_HEADS);
 }
 
 /* Attention sinks over a whole attention (learnable logits, and NULL:
  * Megatron's off-by-one), then the attention's backward through them;
  * and over a ring block whose rows 0 and 3 see none of its keys (their
  * lse -inf: the sink's logit alone, the output 0). */
-static void attention_sinks_at(const op_backend *b, op_report *r, bool learnable) {
+static void attention_sinks_at(const op_backend *b, op_report *r, bool learnable, head_dims dims) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
-  const loom_attn_shape s = {.T = 17, .B = 2, .heads = 6, .kv_heads = 2, .head_dim = 8, .head_offset = 1, .total_heads = 12};
-  const size_t width = (size_t)s.heads * s.head_dim, w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
+  const loom_attn_shape s = attn_case(17, 6, 2, 0, dims);
+  const size_t width = loom_attn_out_width(&s), w3 = loom_attn_qkv_width(&s), rows = (size_t)s.T * s.B,
                lses = (size_t)s.B * s.heads * s.T;
   mirror qkv = make(b, rows * w3, -1, 1), out = make(b, rows * width, 0, 0), lse = make(b, lses, 0, 0);
   mirror sinks = make(b, (size_t)s.heads, -2, 2), dsinks = make(b, (size_t)s.heads, -1, 1);
@@ -512,7 +545,7 @@ static void attention_sinks_at(const op_backend *b, op_report *r, bool learnable
   expect(r, "attention_backward dqkv after sinks", &dqkv, b->fp32_nmse);
   enum { TQ = 6, TK = 4 };
   const int q_pos[TQ] = {4, 8, 9, 5, 12, 13}, k_pos[TK] = {6, 7, 8, 9};
-  mirror q = make(b, (size_t)TQ * s.B * w3, -1, 1), kv = make(b, (size_t)TK * s.B * 2 * s.kv_heads * s.head_dim, -1, 1);
+  mirror q = make(b, (size_t)TQ * s.B * w3, -1, 1), kv = make(b, (size_t)TK * s.B * loom_attn_kv_width(&s), -1, 1);
   mirror bout = make(b, (size_t)TQ * s.B * width, 0, 0), blse = make(b, (size_t)s.B * s.heads * TQ, 0, 0);
   loom_attn_shape block = s;
   block.T = TQ;
@@ -527,8 +560,9 @@ static void attention_sinks_at(const op_backend *b, op_report *r, bool learnable
 }
 
 static void attention_sinks(const op_backend *b, op_report *r) {
-  attention_sinks_at(b, r, true);
-  attention_sinks_at(b, r, false);
+  attention_sinks_at(b, r, true, EQUAL_HEADS);
+  attention_sinks_at(b, r, false, EQUAL_HEADS);
+  attention_sinks_at(b, r, true, MLA_HEADS);
 }
 
 static void embedding(const op_backend *b, op_report *r) {
@@ -812,6 +846,7 @@ const op_case OP_CASES[] = {
     {"attention", attention, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with dropout", attention_dropout, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention with sliding windows", attention_windows, {AT(attention_forward), AT(attention_backward)}, 2},
+    {"attention with head dims of its own (MLA)", attention_head_dims, {AT(attention_forward), AT(attention_backward)}, 2},
     {"attention blocks", attention_blocks, {AT(attention_block_forward), AT(attention_block_backward)}, 2},
     {"attention sinks", attention_sinks, {AT(attention_sink_forward), AT(attention_sink_backward)}, 2},
     {"embedding and positions", embedding,

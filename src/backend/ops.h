@@ -13,6 +13,7 @@
 #ifndef LOOM_OPS_H
 #define LOOM_OPS_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -92,7 +93,9 @@ typedef struct {
   int heads;         /* local query heads in this call */
   int kv_heads;      /* local key/value heads, dividing heads: each serves heads / kv_heads query heads
                       * (grouped-query attention; = heads for multi-head, 1 for multi-query) */
-  int head_dim;
+  int head_dim;      /* q's and k's */
+  int v_head_dim;    /* v's and the output's, where it differs (multi-head latent attention's); 0: head_dim */
+  float softmax_scale; /* the scores' scale (MLA's with YaRN's attention-scale factor squared); 0: 1 / sqrt(head_dim) */
   int head_offset;   /* global index of local head 0 (dropout keys) */
   int total_heads;   /* global heads (dropout keys) */
   int window;        /* sliding-window attention (Megatron's --window-size left): a query sees the keys at most this many
@@ -103,9 +106,22 @@ typedef struct {
  * kernel's tiles in a block's shared memory, and FlashAttention's bound. */
 #define LOOM_ATTN_MAX_HEAD_DIM 256
 
-/* Floats in one [t, b] row of qkv: q of every query head | k | v of every key/value head. */
+/* The width of each v head and output head. */
+static inline int loom_attn_v_dim(const loom_attn_shape *s) { return s->v_head_dim > 0 ? s->v_head_dim : s->head_dim; }
+/* What multiplies q . k. */
+static inline float loom_attn_scale(const loom_attn_shape *s) {
+  return s->softmax_scale > 0.0f ? s->softmax_scale : 1.0f / sqrtf((float)s->head_dim);
+}
+/* Floats in one [t, b] row of qkv: q of every query head | k | v of every key/value head; q and k
+ * head_dim wide, v loom_attn_v_dim. */
 static inline size_t loom_attn_qkv_width(const loom_attn_shape *s) {
-  return (size_t)(s->heads + 2 * s->kv_heads) * s->head_dim;
+  return (size_t)(s->heads + s->kv_heads) * s->head_dim + (size_t)s->kv_heads * loom_attn_v_dim(s);
+}
+/* Floats in one [t, b] row of the output: every query head's loom_attn_v_dim. */
+static inline size_t loom_attn_out_width(const loom_attn_shape *s) { return (size_t)s->heads * loom_attn_v_dim(s); }
+/* Floats in one [t, b] row of a ring block's keys and values: k | v of every key/value head. */
+static inline size_t loom_attn_kv_width(const loom_attn_shape *s) {
+  return (size_t)s->kv_heads * (s->head_dim + loom_attn_v_dim(s));
 }
 /* The key/value head query head h reads. */
 static inline int loom_attn_kv_head(const loom_attn_shape *s, int h) { return h / (s->heads / s->kv_heads); }
@@ -176,11 +192,11 @@ struct loom_ops {
 
   /* Causal softmax attention, flash attention's contract: nothing of size
    * T x T is kept; a query sees the keys loom_attn_sees says (its own and
-   * every earlier one's, or under a window the latest window + 1). qkv[T,B,(H+2K)*D] rows are q of the H local query heads |
-   * k | v of the K local key/value heads (loom_attn_qkv_width);
-   * out[T,B,H*D] = softmax(q k^T / sqrt(D)) (dropped out) v; lse[B,H,T]
+   * every earlier one's, or under a window the latest window + 1). qkv[T,B,H*D+K*(D+Dv)] rows are q of the H local
+   * query heads | k | v of the K local key/value heads (loom_attn_qkv_width; q and k D = head_dim wide, v
+   * Dv = loom_attn_v_dim); out[T,B,H*Dv] = softmax(c q k^T) (dropped out) v, c = loom_attn_scale; lse[B,H,T]
    * saves each query row's log-sum-exp of its scaled scores, from which the
-   * backward rebuilds the probabilities: p = exp(q.k / sqrt(D) - lse). */
+   * backward rebuilds the probabilities: p = exp(c q.k - lse). */
   void (*attention_forward)(const loom_ops *be, float *out, float *lse, const float *qkv, const loom_attn_shape *s,
                             const loom_dropout *drop);
   /* dqkv += the grads of q, k and v, from dout and the forward's out, qkv
@@ -191,11 +207,11 @@ struct loom_ops {
   /* One block of context-parallel (ring) attention, the same contract
    * over blocks of keys: the local queries q (Tq rows [t, b] of the qkv
    * layout, loom_attn_qkv_width apart, q first) against a block of keys
-   * and values kv (Tk rows [t, b] of k | v of the K key/value heads, 2 K D
-   * apart), a key seen by a query where loom_attn_sees says so of their
+   * and values kv (Tk rows [t, b] of k | v of the K key/value heads,
+   * loom_attn_kv_width apart), a key seen by a query where loom_attn_sees says so of their
    * global positions (q_pos[Tq] and k_pos[Tk], host memory), dropout keyed by
    * the global positions (s->T: the whole sequence). The block's softmax
-   * joins out[Tq, B, H D] and lse[B, H, Tq] by their log-sum-exps (first:
+   * joins out[Tq, B, H Dv] and lse[B, H, Tq] by their log-sum-exps (first:
    * it is the first block, whose rows are written; a row that sees none of
    * its keys gets 0 and -inf), so that after every block they are the
    * attention over all the keys. */
@@ -212,7 +228,7 @@ struct loom_ops {
   /* Attention sinks (GPT-OSS's; Megatron-Core's learnable softmax offset):
    * each local head h's logit sinks[h] joins every row's softmax
    * denominator and takes no value. Applied after an attention's every
-   * block (once, however many a ring merged), in place on its out[T,B,H*D]
+   * block (once, however many a ring merged), in place on its out[T,B,H*Dv]
    * and lse[B,H,T]: lse' = log(exp(lse) + exp(sink)) and out *= exp(lse -
    * lse'), so the backward above, given out' and lse', computes the
    * attention's grads with the sink in every row (its sum_k p dp is dout .

@@ -64,9 +64,9 @@ void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r) {
   }
 }
 
-/* Row (b, h, t) of out[T,B,H*D] and lse[B,H,T]. */
+/* Row (b, h, t) of out[T,B,H*Dv] and lse[B,H,T]. */
 static float *sink_out_row(float *out, const loom_attn_shape *s, int b, int h, int t) {
-  return out + ((size_t)t * s->B + b) * (size_t)s->heads * s->head_dim + (size_t)h * s->head_dim;
+  return out + ((size_t)t * s->B + b) * loom_attn_out_width(s) + (size_t)h * loom_attn_v_dim(s);
 }
 
 void loom_host_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s) {
@@ -76,7 +76,7 @@ void loom_host_attention_sink_forward(const loom_ops *be, float *out, float *lse
         float *l = lse + ((size_t)b * s->heads + h) * s->T + t, *o = sink_out_row(out, s, b, h, t);
         const float joined = loom_sink_joined_lse(*l, sinks ? sinks[h] : 0.0f);
         const float scale = *l == -INFINITY ? 0.0f : expf(*l - joined);
-        for (int d = 0; d < s->head_dim; d++) o[d] *= scale;
+        for (int d = 0; d < loom_attn_v_dim(s); d++) o[d] *= scale;
         *l = joined;
       }
 }
@@ -89,7 +89,7 @@ void loom_host_attention_sink_backward(const loom_ops *be, float *dsinks, const 
       for (int t = 0; t < s->T; t++) {
         const float *dy = sink_out_row((float *)dout, s, b, h, t), *o = sink_out_row((float *)out, s, b, h, t);
         double dot = 0.0;
-        for (int d = 0; d < s->head_dim; d++) dot += (double)dy[d] * o[d];
+        for (int d = 0; d < loom_attn_v_dim(s); d++) dot += (double)dy[d] * o[d];
         grad -= exp((double)(sinks ? sinks[h] : 0.0f) - lse[((size_t)b * s->heads + h) * s->T + t]) * dot;
       }
     dsinks[h] += (float)grad;

@@ -46,16 +46,14 @@ int loom_cp_runs(int cp, int rank, int T, int first, int rows, loom_cp_run runs[
   return n;
 }
 
-/* Floats in one [t, b] row of a packed block: k | v of the key/value heads. */
-static size_t kv_width(const loom_attn_shape *s) { return 2 * (size_t)s->kv_heads * s->head_dim; }
 
 void loom_ring_pack_kv(const loom_ops *ops, float *kv, const float *qkv, int rows, const loom_attn_shape *s) {
-  const size_t w3 = loom_attn_qkv_width(s), w = kv_width(s), q = (size_t)s->heads * s->head_dim;
+  const size_t w3 = loom_attn_qkv_width(s), w = loom_attn_kv_width(s), q = (size_t)s->heads * s->head_dim;
   for (size_t i = 0; i < (size_t)rows * s->B; i++) ops->mem->copy(ops->mem, kv + i * w, qkv + i * w3 + q, w * sizeof(float));
 }
 
 void loom_ring_unpack_dkv(const loom_ops *ops, float *dqkv, const float *dkv, int rows, const loom_attn_shape *s) {
-  const size_t w3 = loom_attn_qkv_width(s), w = kv_width(s), q = (size_t)s->heads * s->head_dim;
+  const size_t w3 = loom_attn_qkv_width(s), w = loom_attn_kv_width(s), q = (size_t)s->heads * s->head_dim;
   for (size_t i = 0; i < (size_t)rows * s->B; i++) {
     float *d = dqkv + i * w3 + q;
     ops->add(ops, d, d, dkv + i * w, w);
@@ -100,7 +98,7 @@ static bool block_seen(const loom_attn_shape *s, const int *q_pos, const int *k_
 
 /* The all-gather variant: every rank's block at once into kv[1]; returns a block's floats. */
 static size_t gather_blocks(const loom_ring *r, const loom_attn_shape *s) {
-  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  const size_t n = (size_t)r->rows * s->B * loom_attn_kv_width(s);
   const double t = tick(r);
   loom_comm_allgather(r->group, r->kv[0], r->kv[1], n);
   note(r, LOOM_RING_GATHER, t);
@@ -149,7 +147,7 @@ void loom_ring_attention_forward(const loom_ops *ops, const loom_ring *r, float 
     return;
   }
   const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group);
-  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  const size_t n = (size_t)r->rows * s->B * loom_attn_kv_width(s);
   for (int j = 0; j < cp; j++) { /* step j: the block of the rank j back */
     const int cur = j & 1;
     loom_request *recv = NULL, *send = NULL;
@@ -172,7 +170,7 @@ void loom_ring_attention_backward(const loom_ops *ops, const loom_ring *r, float
     return;
   }
   const int cp = loom_comm_size(r->group), me = loom_comm_rank(r->group), prev = (me - 1 + cp) % cp, next = (me + 1) % cp;
-  const size_t n = (size_t)r->rows * s->B * kv_width(s);
+  const size_t n = (size_t)r->rows * s->B * loom_attn_kv_width(s);
   /* The grads of the block in hand travel with it: at step j this rank receives what the ranks before it summed
    * for the block (into dkv[j & 1]) while its own queries' share computes (in dkv[2]), adds it, and passes the
    * sum on at the start of the next step; one more hop brings each block's sum home. Each step's transfers go

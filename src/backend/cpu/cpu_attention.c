@@ -116,32 +116,33 @@ enum { ATT_ROWS = 64 }; /* query rows per block of the attention ops */
 void loom_cpu_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
-  const int T = s->T, B = s->B, H = s->heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int T = s->T, B = s->B, H = s->heads, D = s->head_dim, Dv = loom_attn_v_dim(s);
+  const size_t width = loom_attn_out_width(s), w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B;
+  const size_t block = (size_t)T * D, vblock = (size_t)T * Dv;
+  const float scale = loom_attn_scale(s);
   const loom_gemm_library lib = loom_cpu_gemm_library();
 #pragma omp parallel
   {
-    float *k = loom_xmalloc((4 * block + (size_t)ATT_ROWS * T) * sizeof(float), "attention scratch");
-    float *v = k + block, *q = v + block, *o = q + block, *p = o + block;
+    float *k = loom_xmalloc((2 * block + 2 * vblock + (size_t)ATT_ROWS * T) * sizeof(float), "attention scratch");
+    float *q = k + block, *v = q + block, *o = v + vblock, *p = o + vblock;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
         const float *base = qkv + (size_t)b * w3;
-        const size_t kv = (size_t)loom_attn_kv_head(s, h) * D;
+        const size_t g = (size_t)loom_attn_kv_head(s, h);
         pack_rows(q, base + (size_t)h * D, row3, T, D);
-        pack_rows(k, base + width + kv, row3, T, D);
-        pack_rows(v, base + width + (size_t)s->kv_heads * D + kv, row3, T, D);
+        pack_rows(k, base + ((size_t)H + g) * D, row3, T, D);
+        pack_rows(v, base + ((size_t)H + s->kv_heads) * D + g * Dv, row3, T, Dv);
         for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
           /* keys lo..i0+R-1 reach its rows: n of them */
           const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, lo = tile_first_key(s, i0), n = i0 + R - lo;
-          const float *kt = k + (size_t)lo * D, *vt = v + (size_t)lo * D;
+          const float *kt = k + (size_t)lo * D, *vt = v + (size_t)lo * Dv;
           loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, q + (size_t)i0 * D, D, kt, D, 0.0f, p, n);
           for (int r = 0; r < R; r++)
             lse[((size_t)b * H + h) * T + i0 + r] = softmax_row(p + (size_t)r * n, i0 + r, lo, n, drop, s, b, h);
-          loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, p, n, vt, D, 0.0f, o + (size_t)i0 * D, D);
+          loom_cpu_sgemm_with(lib, false, false, R, Dv, n, 1.0f, p, n, vt, Dv, 0.0f, o + (size_t)i0 * Dv, Dv);
         }
-        unpack_rows(out + (size_t)b * width + (size_t)h * D, row, o, T, D);
+        unpack_rows(out + (size_t)b * width + (size_t)h * Dv, row, o, T, Dv);
       }
     free(k);
   }
@@ -155,49 +156,50 @@ void loom_cpu_attention_forward(const loom_ops *be, float *out, float *lse, cons
 void loom_cpu_attention_backward(const loom_ops *be, float *dqkv, const float *dout, const float *out, const float *qkv,
                                    const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
-  const int T = s->T, B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
-  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B, block = (size_t)T * D;
-  const size_t tile = (size_t)ATT_ROWS * T;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int T = s->T, B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, Dv = loom_attn_v_dim(s), group = H / K;
+  const size_t width = loom_attn_out_width(s), w3 = loom_attn_qkv_width(s), row3 = w3 * B, row = width * B;
+  const size_t block = (size_t)T * D, vblock = (size_t)T * Dv, tile = (size_t)ATT_ROWS * T;
+  const float scale = loom_attn_scale(s);
   const loom_gemm_library lib = loom_cpu_gemm_library();
   /* Each (b, kv head) touches only its own columns of dqkv: its k and v, and the q of the heads it serves. */
 #pragma omp parallel
   {
-    float *k = loom_xmalloc((7 * block + 2 * tile + (size_t)T) * sizeof(float), "attention scratch");
-    float *v = k + block, *dk = v + block, *dv = dk + block, *q = dv + block, *dy = q + block, *dq = dy + block;
-    float *p = dq + block, *dp = p + tile, *delta = dp + tile;
+    float *k = loom_xmalloc((4 * block + 3 * vblock + 2 * tile + (size_t)T) * sizeof(float), "attention scratch");
+    float *dk = k + block, *q = dk + block, *dq = q + block, *v = dq + block, *dv = v + vblock, *dy = dv + vblock;
+    float *p = dy + vblock, *dp = p + tile, *delta = dp + tile;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int g = 0; g < K; g++) {
-        const size_t kat = (size_t)b * w3 + width + (size_t)g * D, vat = kat + (size_t)K * D;
+        const size_t kat = (size_t)b * w3 + ((size_t)H + g) * D, vat = (size_t)b * w3 + ((size_t)H + K) * D + (size_t)g * Dv;
         pack_rows(k, qkv + kat, row3, T, D);
-        pack_rows(v, qkv + vat, row3, T, D);
+        pack_rows(v, qkv + vat, row3, T, Dv);
         pack_rows(dk, dqkv + kat, row3, T, D); /* accumulated into, as in place */
-        pack_rows(dv, dqkv + vat, row3, T, D);
+        pack_rows(dv, dqkv + vat, row3, T, Dv);
         for (int h = g * group; h < (g + 1) * group; h++) {
-          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * D;
+          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * Dv;
           const float *l = lse + ((size_t)b * H + h) * T;
           pack_rows(q, qkv + head, row3, T, D);
           pack_rows(dq, dqkv + head, row3, T, D);
-          pack_rows(dy, dout + at, row, T, D);
-          for (int t = 0; t < T; t++) delta[t] = dot(dy + (size_t)t * D, out + t * row + at, D);
+          pack_rows(dy, dout + at, row, T, Dv);
+          for (int t = 0; t < T; t++) delta[t] = dot(dy + (size_t)t * Dv, out + t * row + at, Dv);
           for (int i0 = 0; i0 < T; i0 += ATT_ROWS) {
             /* keys lo..i0+R-1 reach its rows: n of them */
             const int R = T - i0 < ATT_ROWS ? T - i0 : ATT_ROWS, lo = tile_first_key(s, i0), n = i0 + R - lo;
-            const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D, *kt = k + (size_t)lo * D, *vt = v + (size_t)lo * D;
+            const float *qi = q + (size_t)i0 * D, *dyi = dy + (size_t)i0 * Dv, *kt = k + (size_t)lo * D,
+                        *vt = v + (size_t)lo * Dv;
             loom_cpu_sgemm_with(lib, false, true, R, n, D, scale, qi, D, kt, D, 0.0f, p, n);
-            loom_cpu_sgemm_with(lib, false, true, R, n, D, 1.0f, dyi, D, vt, D, 0.0f, dp, n);
+            loom_cpu_sgemm_with(lib, false, true, R, n, Dv, 1.0f, dyi, Dv, vt, Dv, 0.0f, dp, n);
             for (int r = 0; r < R; r++)
               softmax_grad_row(p + (size_t)r * n, dp + (size_t)r * n, i0 + r, lo, n, l[i0 + r], delta[i0 + r], scale, drop,
                                s, b, h);
-            loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, p, n, dyi, D, 1.0f, dv + (size_t)lo * D, D);
+            loom_cpu_sgemm_with(lib, true, false, n, Dv, R, 1.0f, p, n, dyi, Dv, 1.0f, dv + (size_t)lo * Dv, Dv);
             loom_cpu_sgemm_with(lib, true, false, n, D, R, 1.0f, dp, n, qi, D, 1.0f, dk + (size_t)lo * D, D);
             loom_cpu_sgemm_with(lib, false, false, R, D, n, 1.0f, dp, n, kt, D, 1.0f, dq + (size_t)i0 * D, D);
           }
           unpack_rows(dqkv + head, row3, dq, T, D);
         }
         unpack_rows(dqkv + kat, row3, dk, T, D);
-        unpack_rows(dqkv + vat, row3, dv, T, D);
+        unpack_rows(dqkv + vat, row3, dv, T, Dv);
       }
     free(k);
   }
@@ -335,24 +337,24 @@ void loom_cpu_attention_block_forward(const loom_ops *be, float *out, float *lse
                                         int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
                                         const loom_dropout *drop, bool first) {
   loom_attn_shape_check(s);
-  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim;
-  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), kvw = 2 * (size_t)K * D;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, Dv = loom_attn_v_dim(s);
+  const size_t width = loom_attn_out_width(s), w3 = loom_attn_qkv_width(s), kvw = loom_attn_kv_width(s);
+  const float scale = loom_attn_scale(s);
   const loom_gemm_library lib = loom_cpu_gemm_library();
   key_run *runs = loom_xmalloc((size_t)Tk * sizeof *runs, "attention key runs");
   const int nruns = key_runs(k_pos, Tk, runs);
 #pragma omp parallel
   {
-    float *k = loom_xmalloc((2 * (size_t)Tk * D + 2 * (size_t)Tq * D + (size_t)ATT_ROWS * Tk) * sizeof(float),
+    float *k = loom_xmalloc(((size_t)Tk * (D + Dv) + (size_t)Tq * (D + Dv) + (size_t)ATT_ROWS * Tk) * sizeof(float),
                             "attention scratch");
-    float *v = k + (size_t)Tk * D, *x = v + (size_t)Tk * D, *o = x + (size_t)Tq * D, *p = o + (size_t)Tq * D;
+    float *v = k + (size_t)Tk * D, *x = v + (size_t)Tk * Dv, *o = x + (size_t)Tq * D, *p = o + (size_t)Tq * Dv;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int h = 0; h < H; h++) {
-        const size_t g = (size_t)loom_attn_kv_head(s, h) * D;
+        const size_t g = (size_t)loom_attn_kv_head(s, h);
         pack_rows(x, q + (size_t)b * w3 + (size_t)h * D, w3 * B, Tq, D);
-        pack_rows(k, kv + (size_t)b * kvw + g, kvw * B, Tk, D);
-        pack_rows(v, kv + (size_t)b * kvw + (size_t)K * D + g, kvw * B, Tk, D);
+        pack_rows(k, kv + (size_t)b * kvw + g * D, kvw * B, Tk, D);
+        pack_rows(v, kv + (size_t)b * kvw + (size_t)K * D + g * Dv, kvw * B, Tk, Dv);
         for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
           const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
           float blk[ATT_ROWS];
@@ -360,15 +362,15 @@ void loom_cpu_attention_block_forward(const loom_ops *be, float *out, float *lse
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, x + (size_t)i0 * D, D, k, D, 0.0f, p, Tk);
             for (int r = 0; r < R; r++)
               blk[r] = block_softmax_row(p + (size_t)r * Tk, Tk, q_pos[i0 + r], runs, nruns, k_pos, drop, s, b, h);
-            loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, p, Tk, v, D, 0.0f, o + (size_t)i0 * D, D);
+            loom_cpu_sgemm_with(lib, false, false, R, Dv, Tk, 1.0f, p, Tk, v, Dv, 0.0f, o + (size_t)i0 * Dv, Dv);
           } else {
             for (int r = 0; r < R; r++) blk[r] = -INFINITY;
-            memset(o + (size_t)i0 * D, 0, (size_t)R * D * sizeof(float));
+            memset(o + (size_t)i0 * Dv, 0, (size_t)R * Dv * sizeof(float));
           }
           for (int r = 0; r < R; r++) {
             const int t = i0 + r;
-            merge_row(out + ((size_t)t * B + b) * width + (size_t)h * D, lse + ((size_t)b * H + h) * Tq + t,
-                      o + (size_t)t * D, blk[r], D, first);
+            merge_row(out + ((size_t)t * B + b) * width + (size_t)h * Dv, lse + ((size_t)b * H + h) * Tq + t,
+                      o + (size_t)t * Dv, blk[r], Dv, first);
           }
         }
       }
@@ -386,56 +388,57 @@ void loom_cpu_attention_block_backward(const loom_ops *be, float *dq, float *dkv
                                          const int *k_pos, const float *lse, const loom_attn_shape *s,
                                          const loom_dropout *drop) {
   loom_attn_shape_check(s);
-  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, group = H / K;
-  const size_t width = (size_t)H * D, w3 = loom_attn_qkv_width(s), kvw = 2 * (size_t)K * D;
-  const size_t keys = (size_t)Tk * D, rows = (size_t)Tq * D, tile = (size_t)ATT_ROWS * Tk;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int B = s->B, H = s->heads, K = s->kv_heads, D = s->head_dim, Dv = loom_attn_v_dim(s), group = H / K;
+  const size_t width = loom_attn_out_width(s), w3 = loom_attn_qkv_width(s), kvw = loom_attn_kv_width(s);
+  const size_t keys = (size_t)Tk * D, vkeys = (size_t)Tk * Dv, rows = (size_t)Tq * D, vrows = (size_t)Tq * Dv;
+  const size_t tile = (size_t)ATT_ROWS * Tk;
+  const float scale = loom_attn_scale(s);
   const loom_gemm_library lib = loom_cpu_gemm_library();
   key_run *runs = loom_xmalloc((size_t)Tk * sizeof *runs, "attention key runs");
   const int nruns = key_runs(k_pos, Tk, runs);
   /* Each (b, kv head) touches only its own columns: its k and v, and the q of the heads it serves. */
 #pragma omp parallel
   {
-    float *k = loom_xmalloc((4 * keys + 3 * rows + 2 * tile + (size_t)Tq) * sizeof(float), "attention scratch");
-    float *v = k + keys, *dk = v + keys, *dv = dk + keys, *x = dv + keys, *dx = x + rows, *dy = dx + rows;
-    float *p = dy + rows, *dp = p + tile, *delta = dp + tile;
+    float *k = loom_xmalloc((2 * keys + 2 * vkeys + 2 * rows + vrows + 2 * tile + (size_t)Tq) * sizeof(float),
+                            "attention scratch");
+    float *dk = k + keys, *v = dk + keys, *dv = v + vkeys, *x = dv + vkeys, *dx = x + rows, *dy = dx + rows;
+    float *p = dy + vrows, *dp = p + tile, *delta = dp + tile;
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++)
       for (int g = 0; g < K; g++) {
-        const size_t kat = (size_t)b * kvw + (size_t)g * D, vat = kat + (size_t)K * D;
+        const size_t kat = (size_t)b * kvw + (size_t)g * D, vat = (size_t)b * kvw + (size_t)K * D + (size_t)g * Dv;
         pack_rows(k, kv + kat, kvw * B, Tk, D);
-        pack_rows(v, kv + vat, kvw * B, Tk, D);
+        pack_rows(v, kv + vat, kvw * B, Tk, Dv);
         pack_rows(dk, dkv + kat, kvw * B, Tk, D);
-        pack_rows(dv, dkv + vat, kvw * B, Tk, D);
+        pack_rows(dv, dkv + vat, kvw * B, Tk, Dv);
         for (int h = g * group; h < (g + 1) * group; h++) {
-          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * D;
+          const size_t head = (size_t)b * w3 + (size_t)h * D, at = (size_t)b * width + (size_t)h * Dv;
           const float *l = lse + ((size_t)b * H + h) * Tq;
           pack_rows(x, q + head, w3 * B, Tq, D);
           pack_rows(dx, dq + head, w3 * B, Tq, D);
-          pack_rows(dy, dout + at, width * B, Tq, D);
-          for (int t = 0; t < Tq; t++) delta[t] = dot(dy + (size_t)t * D, out + (size_t)t * width * B + at, D);
+          pack_rows(dy, dout + at, width * B, Tq, Dv);
+          for (int t = 0; t < Tq; t++) delta[t] = dot(dy + (size_t)t * Dv, out + (size_t)t * width * B + at, Dv);
           for (int i0 = 0; i0 < Tq; i0 += ATT_ROWS) {
             const int R = Tq - i0 < ATT_ROWS ? Tq - i0 : ATT_ROWS;
-            const float *xi = x + (size_t)i0 * D, *dyi = dy + (size_t)i0 * D;
+            const float *xi = x + (size_t)i0 * D, *dyi = dy + (size_t)i0 * Dv;
             if (!sees_any(runs, nruns, q_pos + i0, R, s->window)) continue; /* a tile none of whose rows sees a key adds nothing */
             loom_cpu_sgemm_with(lib, false, true, R, Tk, D, scale, xi, D, k, D, 0.0f, p, Tk);
-            loom_cpu_sgemm_with(lib, false, true, R, Tk, D, 1.0f, dyi, D, v, D, 0.0f, dp, Tk);
+            loom_cpu_sgemm_with(lib, false, true, R, Tk, Dv, 1.0f, dyi, Dv, v, Dv, 0.0f, dp, Tk);
             for (int r = 0; r < R; r++) {
               const int t = i0 + r;
               float *pr = p + (size_t)r * Tk, *dpr = dp + (size_t)r * Tk;
               block_softmax_grad_row(pr, dpr, q_pos[t], runs, nruns, k_pos, l[t], delta[t], scale, drop, s, b, h);
             }
-            loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, p, Tk, dyi, D, 1.0f, dv, D);
+            loom_cpu_sgemm_with(lib, true, false, Tk, Dv, R, 1.0f, p, Tk, dyi, Dv, 1.0f, dv, Dv);
             loom_cpu_sgemm_with(lib, true, false, Tk, D, R, 1.0f, dp, Tk, xi, D, 1.0f, dk, D);
             loom_cpu_sgemm_with(lib, false, false, R, D, Tk, 1.0f, dp, Tk, k, D, 1.0f, dx + (size_t)i0 * D, D);
           }
           unpack_rows(dq + head, w3 * B, dx, Tq, D);
         }
         unpack_rows(dkv + kat, kvw * B, dk, Tk, D);
-        unpack_rows(dkv + vat, kvw * B, dv, Tk, D);
+        unpack_rows(dkv + vat, kvw * B, dv, Tk, Dv);
       }
     free(k);
   }
   free(runs);
 }
-

@@ -26,14 +26,20 @@ struct BlockRows {
   __device__ const float *q(const float *base, const AttnArgs &a, int t, int b, int h) const {
     return base + ((size_t)t * a.B + b) * w3 + (size_t)h * a.D;
   }
+  __device__ size_t kv_at(const AttnArgs &a, int t, int b, int part, int g) const {
+    return ((size_t)t * a.B + b) * kvw + (part == 0 ? (size_t)g * a.D : (size_t)K * a.D + (size_t)g * a.Dv);
+  }
   __device__ const float *kv(const float *base, const AttnArgs &a, int t, int b, int part, int g) const {
-    return base + ((size_t)t * a.B + b) * kvw + ((size_t)part * K + g) * a.D;
+    return base + kv_at(a, t, b, part, g);
   }
 };
 
 inline BlockRows block_rows(const loom_attn_shape *s, int Tq, int Tk) {
-  return BlockRows{Tq, Tk, s->kv_heads, loom_attn_qkv_width(s), 2 * (size_t)s->kv_heads * s->head_dim};
+  return BlockRows{Tq, Tk, s->kv_heads, loom_attn_qkv_width(s), loom_attn_kv_width(s)};
 }
+
+// The wider of a call's head widths: a block's threads cover both.
+inline int widest_head(const loom_attn_shape *s) { return s->head_dim > loom_attn_v_dim(s) ? s->head_dim : loom_attn_v_dim(s); }
 
 // A thread per dimension, rounded up to whole warps.
 inline unsigned dim_threads(int D) { return (unsigned)((D + 31) / 32 * 32); }
@@ -45,17 +51,17 @@ __device__ inline float row_dot(const float *x, const float *y, int D) {
 
 __global__ void attention_block_forward_kernel(float *out, float *lse, const float *q, const float *kv, const int *pos,
                                                BlockRows r, AttnArgs a, bool first) {
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, g = h / (a.H / r.K);
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, Dv = a.Dv, g = h / (a.H / r.K);
   const int *k_pos = pos + r.Tq, qp = pos[t];
-  const float scale = rsqrtf((float)D), *x = r.q(q, a, t, b, h);
-  float *o = out + ((size_t)t * a.B + b) * a.H * D + (size_t)h * D, *l = lse + ((size_t)b * a.H + h) * r.Tq + t;
+  const float scale = a.scale, *x = r.q(q, a, t, b, h);
+  float *o = out + ((size_t)t * a.B + b) * a.H * Dv + (size_t)h * Dv, *l = lse + ((size_t)b * a.H + h) * r.Tq + t;
   const float old = first ? -INFINITY : *l;
   __syncthreads(); // every thread has read *l before thread 0 writes it
   float maxv = -INFINITY, sum = 0.0f, acc = 0.0f;
   for (int tk = 0; tk < r.Tk; tk++)
     if (loom_attn_sees(a.window, qp, k_pos[tk])) maxv = fmaxf(maxv, row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale);
   if (maxv == -INFINITY) { // no key of this block is before the query
-    if (first && d < D) o[d] = 0.0f;
+    if (first && d < Dv) o[d] = 0.0f;
     if (first && d == 0) *l = -INFINITY;
     return;
   }
@@ -65,30 +71,30 @@ __global__ void attention_block_forward_kernel(float *out, float *lse, const flo
   for (int tk = 0; tk < r.Tk; tk++) {
     if (!loom_attn_sees(a.window, qp, k_pos[tk])) continue;
     const float p = expf(row_dot(x, r.kv(kv, a, tk, b, 0, g), D) * scale - blk) * keep_factor(a, b, h, qp, k_pos[tk]);
-    if (d < D) acc += p * r.kv(kv, a, tk, b, 1, g)[d];
+    if (d < Dv) acc += p * r.kv(kv, a, tk, b, 1, g)[d];
   }
   const float merged = old > blk ? old + log1pf(expf(blk - old)) : blk + log1pf(expf(old - blk));
   const float keep = old == -INFINITY ? 0.0f : expf(old - merged), add = expf(blk - merged);
-  if (d < D) o[d] = old == -INFINITY ? add * acc : keep * o[d] + add * acc; /* o unread first: it may hold a NaN */
+  if (d < Dv) o[d] = old == -INFINITY ? add * acc : keep * o[d] + add * acc; /* o unread first: it may hold a NaN */
   if (d == 0) *l = merged;
 }
 
 // dq of one query row and head: its block's keys, p from the merged log-sum-exp, dS = p (dP keep - dout . out) scale.
 __global__ void attention_block_dq_kernel(float *dq, const float *dout, const float *out, const float *q, const float *kv,
                                           const float *lse, const int *pos, BlockRows r, AttnArgs a) {
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, g = h / (a.H / r.K);
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, Dv = a.Dv, g = h / (a.H / r.K);
   const int *k_pos = pos + r.Tq, qp = pos[t];
   const float l = lse[((size_t)b * a.H + h) * r.Tq + t];
   if (l == -INFINITY) return;
-  const float scale = rsqrtf((float)D), *x = r.q(q, a, t, b, h);
-  const size_t at = ((size_t)t * a.B + b) * a.H * D + (size_t)h * D;
-  const float delta = row_dot(dout + at, out + at, D);
+  const float scale = a.scale, *x = r.q(q, a, t, b, h);
+  const size_t at = ((size_t)t * a.B + b) * a.H * Dv + (size_t)h * Dv;
+  const float delta = row_dot(dout + at, out + at, Dv);
   float acc = 0.0f;
   for (int tk = 0; tk < r.Tk; tk++) {
     if (!loom_attn_sees(a.window, qp, k_pos[tk])) continue;
     const float *k = r.kv(kv, a, tk, b, 0, g);
     const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, qp, k_pos[tk]);
-    const float ds = p * (row_dot(dout + at, r.kv(kv, a, tk, b, 1, g), D) * keep - delta) * scale;
+    const float ds = p * (row_dot(dout + at, r.kv(kv, a, tk, b, 1, g), Dv) * keep - delta) * scale;
     if (d < D) acc += ds * k[d];
   }
   if (d < D) dq[((size_t)t * a.B + b) * r.w3 + (size_t)h * D + d] += acc;
@@ -97,24 +103,23 @@ __global__ void attention_block_dq_kernel(float *dq, const float *dout, const fl
 // dk and dv of one key row and key/value head: every query row of the heads it serves that sees it.
 __global__ void attention_block_dkv_kernel(float *dkv, const float *dout, const float *out, const float *q, const float *kv,
                                            const float *lse, const int *pos, BlockRows r, AttnArgs a) {
-  const int tk = blockIdx.x, g = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, group = a.H / r.K;
+  const int tk = blockIdx.x, g = blockIdx.y, b = blockIdx.z, d = threadIdx.x, D = a.D, Dv = a.Dv, group = a.H / r.K;
   const int kp = pos[r.Tq + tk];
-  const float scale = rsqrtf((float)D), *k = r.kv(kv, a, tk, b, 0, g), *v = r.kv(kv, a, tk, b, 1, g);
+  const float scale = a.scale, *k = r.kv(kv, a, tk, b, 0, g), *v = r.kv(kv, a, tk, b, 1, g);
   float dk = 0.0f, dv = 0.0f;
   for (int h = g * group; h < (g + 1) * group; h++)
     for (int t = 0; t < r.Tq; t++) {
       const float l = lse[((size_t)b * a.H + h) * r.Tq + t];
       if (!loom_attn_sees(a.window, pos[t], kp) || l == -INFINITY) continue;
       const float *x = r.q(q, a, t, b, h);
-      const size_t at = ((size_t)t * a.B + b) * a.H * D + (size_t)h * D;
+      const size_t at = ((size_t)t * a.B + b) * a.H * Dv + (size_t)h * Dv;
       const float p = expf(row_dot(x, k, D) * scale - l), keep = keep_factor(a, b, h, pos[t], kp);
-      const float ds = p * (row_dot(dout + at, v, D) * keep - row_dot(dout + at, out + at, D)) * scale;
-      if (d < D) dv += p * keep * dout[at + d], dk += ds * x[d];
+      const float ds = p * (row_dot(dout + at, v, Dv) * keep - row_dot(dout + at, out + at, Dv)) * scale;
+      if (d < Dv) dv += p * keep * dout[at + d];
+      if (d < D) dk += ds * x[d];
     }
-  if (d < D) {
-    dkv[((size_t)tk * a.B + b) * r.kvw + (size_t)g * D + d] += dk;
-    dkv[((size_t)tk * a.B + b) * r.kvw + ((size_t)r.K + g) * D + d] += dv;
-  }
+  if (d < D) dkv[r.kv_at(a, tk, b, 0, g) + d] += dk;
+  if (d < Dv) dkv[r.kv_at(a, tk, b, 1, g) + d] += dv;
 }
 
 void cuda_attention_block_forward(const loom_ops *be, float *out, float *lse, const float *q, const float *kv, int Tq, int Tk,
@@ -124,7 +129,7 @@ void cuda_attention_block_forward(const loom_ops *be, float *out, float *lse, co
   check_shape(s);
   if (Tq == 0) return;
   const int *pos = device_positions(g, q_pos, Tq, k_pos, Tk);
-  LAUNCH(attention_block_forward_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+  LAUNCH(attention_block_forward_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(widest_head(s)), 0,
          g.stream, out, lse, q, kv, pos, block_rows(s, Tq, Tk), attn_args(s, drop), first);
   launched("attention_block_forward");
 }
@@ -138,41 +143,41 @@ void cuda_attention_block_backward(const loom_ops *be, float *dq, float *dkv, co
   const int *pos = device_positions(g, q_pos, Tq, k_pos, Tk);
   const BlockRows r = block_rows(s, Tq, Tk);
   const AttnArgs a = attn_args(s, drop);
-  LAUNCH(attention_block_dq_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+  LAUNCH(attention_block_dq_kernel, dim3((unsigned)Tq, (unsigned)s->heads, (unsigned)s->B), dim_threads(widest_head(s)), 0,
          g.stream, dq, dout, out, q, kv, lse, pos, r, a);
-  LAUNCH(attention_block_dkv_kernel, dim3((unsigned)Tk, (unsigned)s->kv_heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
+  LAUNCH(attention_block_dkv_kernel, dim3((unsigned)Tk, (unsigned)s->kv_heads, (unsigned)s->B), dim_threads(widest_head(s)), 0,
          g.stream, dkv, dout, out, q, kv, lse, pos, r, a);
   launched("attention_block_backward");
 }
 
 // ---- attention sinks ---------------------------------------------------------------
-// ops.h's contract on out[T,B,H*D] and lse[B,H,T]: a block per row, a
+// ops.h's contract on out[T,B,H*Dv] and lse[B,H,T]: a block per row, a
 // thread per dimension, forward; a block per head summing its rows in a
 // fixed order, backward (deterministic, no atomics).
 
-__device__ inline size_t sink_row(const loom_attn_shape &s, int b, int h, int t) {
-  return ((size_t)t * s.B + b) * (size_t)s.heads * s.head_dim + (size_t)h * s.head_dim;
+__device__ inline size_t sink_row(const loom_attn_shape &s, int Dv, int b, int h, int t) {
+  return ((size_t)t * s.B + b) * (size_t)s.heads * Dv + (size_t)h * Dv;
 }
 
-__global__ void attention_sink_forward_kernel(float *out, float *lse, const float *sinks, loom_attn_shape s) {
+__global__ void attention_sink_forward_kernel(float *out, float *lse, const float *sinks, loom_attn_shape s, int Dv) {
   const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = threadIdx.x;
   float *l = lse + ((size_t)b * s.heads + h) * s.T + t;
   const float old = *l, joined = loom_sink_joined_lse(old, sinks ? sinks[h] : 0.0f);
   __syncthreads(); // every thread has read *l before thread 0 writes it
-  if (d < s.head_dim) out[sink_row(s, b, h, t) + d] *= old == -INFINITY ? 0.0f : expf(old - joined);
+  if (d < Dv) out[sink_row(s, Dv, b, h, t) + d] *= old == -INFINITY ? 0.0f : expf(old - joined);
   if (d == 0) *l = joined;
 }
 
 __global__ void attention_sink_backward_kernel(float *dsinks, const float *dout, const float *out, const float *lse,
-                                               const float *sinks, loom_attn_shape s) {
+                                               const float *sinks, loom_attn_shape s, int Dv) {
   const int h = blockIdx.x;
   const float sink = sinks ? sinks[h] : 0.0f;
   float grad = 0.0f;
   for (int r = threadIdx.x; r < s.B * s.T; r += blockDim.x) {
     const int b = r / s.T, t = r % s.T;
-    const float *dy = dout + sink_row(s, b, h, t), *o = out + sink_row(s, b, h, t);
+    const float *dy = dout + sink_row(s, Dv, b, h, t), *o = out + sink_row(s, Dv, b, h, t);
     float dot = 0.0f;
-    for (int d = 0; d < s.head_dim; d++) dot += dy[d] * o[d];
+    for (int d = 0; d < Dv; d++) dot += dy[d] * o[d];
     grad -= expf(sink - lse[((size_t)b * s.heads + h) * s.T + t]) * dot;
   }
   grad = block_sum(grad);
@@ -182,8 +187,8 @@ __global__ void attention_sink_backward_kernel(float *dsinks, const float *dout,
 void cuda_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s) {
   Backend &g = ctx(be);
   if (s->T == 0 || s->B == 0) return;
-  LAUNCH(attention_sink_forward_kernel, dim3((unsigned)s->T, (unsigned)s->heads, (unsigned)s->B), dim_threads(s->head_dim), 0,
-         g.stream, out, lse, sinks, *s);
+  LAUNCH(attention_sink_forward_kernel, dim3((unsigned)s->T, (unsigned)s->heads, (unsigned)s->B), dim_threads(loom_attn_v_dim(s)), 0,
+         g.stream, out, lse, sinks, *s, loom_attn_v_dim(s));
   launched("attention_sink_forward");
 }
 
@@ -191,7 +196,7 @@ void cuda_attention_sink_backward(const loom_ops *be, float *dsinks, const float
                                   const float *sinks, const loom_attn_shape *s) {
   Backend &g = ctx(be);
   if (s->T == 0 || s->B == 0) return;
-  LAUNCH(attention_sink_backward_kernel, s->heads, 256, 0, g.stream, dsinks, dout, out, lse, sinks, *s);
+  LAUNCH(attention_sink_backward_kernel, s->heads, 256, 0, g.stream, dsinks, dout, out, lse, sinks, *s, loom_attn_v_dim(s));
   launched("attention_sink_backward");
 }
 
@@ -262,7 +267,7 @@ unsigned row_threads(int T) { return T >= 256 ? 256u : (unsigned)((T + 31) / 32 
 void attention_scores(Backend &g, float *att, const float *qkv, const loom_attn_shape *s) {
   const int T = s->T, H = s->heads, D = s->head_dim, K = s->kv_heads, group = H / K;
   const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)s->B * w3, TT = (long long)T * T;
-  const float scale = 1.0f / sqrtf((float)D), zero = 0.0f;
+  const float scale = loom_attn_scale(s), zero = 0.0f;
   for (int b = 0; b < s->B; b++)
     for (int j = 0; j < group; j++) {
       const float *q = qkv + (size_t)b * w3 + (size_t)j * D, *k = qkv + (size_t)b * w3 + (size_t)H * D;
@@ -279,8 +284,8 @@ void cublas_attention_forward(Backend &g, float *out, float *lse, const float *q
                               const loom_dropout *drop) {
   if (no_rows(s)) return;
   const AttnArgs a = attn_args(s, drop);
-  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
-  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
+  const int T = a.T, H = a.H, D = a.D, Dv = a.Dv, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * Dv,
                   TT = (long long)T * T;
   const size_t probs_n = (size_t)a.B * H * TT;
   float *att = scratch(g, (a.p > 0.0f ? 2 : 1) * probs_n), *dropped = a.p > 0.0f ? att + probs_n : nullptr;
@@ -291,9 +296,9 @@ void cublas_attention_forward(Backend &g, float *out, float *lse, const float *q
   for (int b = 0; b < a.B; b++) // out[b, h] = P v
     for (int j = 0; j < group; j++) {
       const float *v = qkv + (size_t)b * w3 + (size_t)(H + K) * D;
-      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, T, &one, v, (int)ldq, D,
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_N, Dv, T, T, &one, v, (int)ldq, Dv,
                                            probs + ((size_t)b * H + j) * TT, T, group * TT, &zero,
-                                           out + (size_t)b * H * D + (size_t)j * D, (int)ldo, (long long)group * D, K),
+                                           out + (size_t)b * H * Dv + (size_t)j * Dv, (int)ldo, (long long)group * Dv, K),
                  "attention output");
     }
 }
@@ -302,9 +307,9 @@ void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const
                                const loom_attn_shape *s, const loom_dropout *drop) {
   if (no_rows(s)) return;
   const AttnArgs a = attn_args(s, drop);
-  const int T = a.T, H = a.H, D = a.D, K = s->kv_heads, group = H / K;
-  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * D,
-                  TT = (long long)T * T, qstride = (long long)group * D;
+  const int T = a.T, H = a.H, D = a.D, Dv = a.Dv, K = s->kv_heads, group = H / K;
+  const long long w3 = (long long)loom_attn_qkv_width(s), ldq = (long long)a.B * w3, ldo = (long long)a.B * H * Dv,
+                  TT = (long long)T * T, qstride = (long long)group * D, ostride = (long long)group * Dv;
   const size_t probs_n = (size_t)a.B * H * TT;
   float *att = scratch(g, (a.p > 0.0f ? 3 : 2) * probs_n), *datt = att + probs_n;
   float *dropped = a.p > 0.0f ? datt + probs_n : nullptr;
@@ -315,18 +320,18 @@ void cublas_attention_backward(Backend &g, float *dqkv, const float *dout, const
   for (int b = 0; b < a.B; b++)
     for (int j = 0; j < group; j++) {
       const size_t vat = (size_t)b * w3 + (size_t)(H + K) * D;
-      const float *v = qkv + vat, *dy = dout + (size_t)b * H * D + (size_t)j * D;
+      const float *v = qkv + vat, *dy = dout + (size_t)b * H * Dv + (size_t)j * Dv;
       float *dv = dqkv + vat, *dp = datt + ((size_t)b * H + j) * TT;
       // dP' = dy v^T (column-major: v^T-view x dy)
-      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, D, &one, v, (int)ldq, D, dy, (int)ldo,
-                                           qstride, &zero, dp, T, group * TT, K),
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_T, CUBLAS_OP_N, T, T, Dv, &one, v, (int)ldq, Dv, dy, (int)ldo,
+                                           ostride, &zero, dp, T, group * TT, K),
                  "attention dP");
       // dv += P'^T dy
-      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, D, T, T, &one, dy, (int)ldo, qstride,
-                                           probs + ((size_t)b * H + j) * TT, T, group * TT, &one, dv, (int)ldq, D, K),
+      check_blas(g.lib.sgemm_strided_batched(g.blas, CUBLAS_OP_N, CUBLAS_OP_T, Dv, T, T, &one, dy, (int)ldo, ostride,
+                                           probs + ((size_t)b * H + j) * TT, T, group * TT, &one, dv, (int)ldq, Dv, K),
                  "attention dv");
     }
-  LAUNCH(softmax_backward_kernel, a.B * H * T, row_threads(T), 0, g.stream, datt, att, a, 1.0f / sqrtf((float)D));
+  LAUNCH(softmax_backward_kernel, a.B * H * T, row_threads(T), 0, g.stream, datt, att, a, a.scale);
   launched("attention softmax backward");
   for (int b = 0; b < a.B; b++)
     for (int j = 0; j < group; j++) {
@@ -353,7 +358,7 @@ void cuda_attention_forward(const loom_ops *be, float *out, float *lse, const fl
                             const loom_dropout *drop) {
   check_shape(s);
   Backend &g = ctx(be);
-  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim))
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim, loom_attn_v_dim(s)))
     cublas_attention_forward(g, out, lse, qkv, s, drop);
   else flash_attention_forward(g, out, lse, qkv, attn_args(s, drop), s->kv_heads);
 }
@@ -362,7 +367,7 @@ void cuda_attention_backward(const loom_ops *be, float *dqkv, const float *dout,
                              const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   check_shape(s);
   Backend &g = ctx(be);
-  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim))
+  if (g.attention == LOOM_CUDA_ATTENTION_CUBLAS || !flash_attention_fits(g, s->head_dim, loom_attn_v_dim(s)))
     cublas_attention_backward(g, dqkv, dout, qkv, lse, s, drop);
   else flash_attention_backward(g, dqkv, dout, out, qkv, lse, attn_args(s, drop), s->kv_heads);
 }

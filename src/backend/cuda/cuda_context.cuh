@@ -97,7 +97,9 @@ inline void launched(const char *what) { check(cudaGetLastError(), what); }
 
 // A causal attention call's shape and dropout keys, as kernels take them.
 struct AttnArgs {
-  int T, B, H, D;
+  int T, B, H, D; // D: q's and k's head width
+  int Dv;         // v's and the output's (loom_attn_v_dim)
+  float scale;    // loom_attn_scale
   int64_t sample_offset;
   int head_offset, total_heads;
   float p;
@@ -106,7 +108,8 @@ struct AttnArgs {
 };
 
 inline AttnArgs attn_args(const loom_attn_shape *s, const loom_dropout *d) {
-  AttnArgs a{s->T, s->B, s->heads, s->head_dim, 0, s->head_offset, s->total_heads, 0.0f, 0, 0, s->window};
+  AttnArgs a{s->T,         s->B, s->heads, s->head_dim, loom_attn_v_dim(s), loom_attn_scale(s), 0, s->head_offset,
+             s->total_heads, 0.0f, 0,        0,           s->window};
   if (d && d->p > 0.0f) {
     a.p = d->p;
     a.seed = d->seed;
@@ -125,9 +128,10 @@ __device__ inline float keep_factor(const AttnArgs &a, int b, int h, int tq, int
 
 // The fused attention kernels (cuda_flash.cu) under ops.h's flash contract;
 // K is the local key/value heads. They run where flash_attention_fits: the
-// head dim within theirs and their shared memory within the device's (head
-// dim 256 needs about 193 KiB, which an H100 has and an A100 does not).
-bool flash_attention_fits(Backend &g, int D);
+// head dims (q/k's D, v's Dv) within theirs and their shared memory within
+// the device's (head dim 256 needs about 193 KiB, which an H100 has and an
+// A100 does not; MLA's 192 and 128 about 121 KiB).
+bool flash_attention_fits(Backend &g, int D, int Dv);
 void flash_attention_forward(Backend &g, float *out, float *lse, const float *qkv, const AttnArgs &a, int K);
 void flash_attention_backward(Backend &g, float *dqkv, const float *dout, const float *out, const float *qkv,
                               const float *lse, const AttnArgs &a, int K);

@@ -156,12 +156,14 @@ static void ref_gelu_backward(const loom_ops *be, float *dinp, const float *dout
 
 /* Offsets of query head h's q, and its key/value head's k and v (part 0, 1, 2), for token (t, b). */
 static size_t qkv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
-  const size_t D = (size_t)s->head_dim, row = ((size_t)t * s->B + b) * loom_attn_qkv_width(s);
+  const size_t D = (size_t)s->head_dim, K = (size_t)s->kv_heads, g = (size_t)loom_attn_kv_head(s, h);
+  const size_t row = ((size_t)t * s->B + b) * loom_attn_qkv_width(s);
   if (part == 0) return row + (size_t)h * D;
-  return row + ((size_t)s->heads + (size_t)(part - 1) * s->kv_heads + (size_t)loom_attn_kv_head(s, h)) * D;
+  if (part == 1) return row + ((size_t)s->heads + g) * D;
+  return row + ((size_t)s->heads + K) * D + g * (size_t)loom_attn_v_dim(s);
 }
 static size_t out_at(const loom_attn_shape *s, int t, int b, int h) {
-  return ((size_t)t * s->B + b) * s->heads * s->head_dim + (size_t)h * s->head_dim;
+  return ((size_t)t * s->B + b) * loom_attn_out_width(s) + (size_t)h * loom_attn_v_dim(s);
 }
 static size_t lse_at(const loom_attn_shape *s, int b, int h, int tq) { return ((size_t)b * s->heads + h) * s->T + tq; }
 /* The scaled score of query row tq against key tk, in double. */
@@ -169,7 +171,7 @@ static double score(const float *qkv, const loom_attn_shape *s, int b, int h, in
   const float *q = qkv + qkv_at(s, tq, b, 0, h), *k = qkv + qkv_at(s, tk, b, 1, h);
   double dot = 0.0;
   for (int d = 0; d < s->head_dim; d++) dot += (double)q[d] * k[d];
-  return dot / sqrt((double)s->head_dim);
+  return dot * loom_attn_scale(s);
 }
 /* Probability after dropout (what multiplies v). */
 static float dropped(const loom_dropout *d, const loom_attn_shape *s, float p, int b, int h,
@@ -188,7 +190,7 @@ static int first_key(const loom_attn_shape *s, int tq) {
 static void ref_attention_forward(const loom_ops *be, float *out, float *lse, const float *qkv,
                                   const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
-  const int T = s->T, D = s->head_dim;
+  const int T = s->T, D = loom_attn_v_dim(s);
   double *p = loom_xmalloc((size_t)T * sizeof(double), "attention row");
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
@@ -220,14 +222,14 @@ static size_t block_q_at(const loom_attn_shape *s, int t, int b, int h) {
   return ((size_t)t * s->B + b) * loom_attn_qkv_width(s) + (size_t)h * s->head_dim;
 }
 static size_t block_kv_at(const loom_attn_shape *s, int t, int b, int part, int h) {
-  const size_t D = (size_t)s->head_dim, K = (size_t)s->kv_heads;
-  return ((size_t)t * s->B + b) * 2 * K * D + ((size_t)part * K + (size_t)loom_attn_kv_head(s, h)) * D;
+  const size_t D = (size_t)s->head_dim, K = (size_t)s->kv_heads, g = (size_t)loom_attn_kv_head(s, h);
+  return ((size_t)t * s->B + b) * loom_attn_kv_width(s) + (part == 0 ? g * D : K * D + g * (size_t)loom_attn_v_dim(s));
 }
 static double block_score(const float *q, const float *kv, const loom_attn_shape *s, int b, int h, int tq, int tk) {
   const float *x = q + block_q_at(s, tq, b, h), *k = kv + block_kv_at(s, tk, b, 0, h);
   double dot = 0.0;
   for (int d = 0; d < s->head_dim; d++) dot += (double)x[d] * k[d];
-  return dot / sqrt((double)s->head_dim);
+  return dot * loom_attn_scale(s);
 }
 
 /* Each row's softmax over the keys it sees in the block, its output, and
@@ -236,7 +238,7 @@ static void ref_attention_block_forward(const loom_ops *be, float *out, float *l
                                         int Tk, const int *q_pos, const int *k_pos, const loom_attn_shape *s,
                                         const loom_dropout *drop, bool first) {
   loom_attn_shape_check(s);
-  const int D = s->head_dim;
+  const int D = loom_attn_v_dim(s);
   double *p = loom_xmalloc(((size_t)Tk + (size_t)D + 1) * sizeof(double), "attention row"), *acc = p + Tk;
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
@@ -278,8 +280,8 @@ static void ref_attention_block_backward(const loom_ops *be, float *dq, float *d
                                          const int *k_pos, const float *lse, const loom_attn_shape *s,
                                          const loom_dropout *drop) {
   loom_attn_shape_check(s);
-  const int D = s->head_dim;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int D = s->head_dim, Dv = loom_attn_v_dim(s);
+  const float scale = loom_attn_scale(s);
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
       for (int tq = 0; tq < Tq; tq++) {
@@ -287,7 +289,7 @@ static void ref_attention_block_backward(const loom_ops *be, float *dq, float *d
         if (l == -INFINITY) continue;
         const float *dy = dout + out_at(s, tq, b, h), *o = out + out_at(s, tq, b, h), *x = q + block_q_at(s, tq, b, h);
         double dot = 0.0;
-        for (int d = 0; d < D; d++) dot += (double)dy[d] * o[d];
+        for (int d = 0; d < Dv; d++) dot += (double)dy[d] * o[d];
         float *dx = dq + block_q_at(s, tq, b, h);
         for (int tk = 0; tk < Tk; tk++) {
           if (!loom_attn_sees(s->window, q_pos[tq], k_pos[tk])) continue;
@@ -296,7 +298,7 @@ static void ref_attention_block_backward(const loom_ops *be, float *dq, float *d
           const float *k = kv + block_kv_at(s, tk, b, 0, h), *v = kv + block_kv_at(s, tk, b, 1, h);
           float *dk = dkv + block_kv_at(s, tk, b, 0, h), *dv = dkv + block_kv_at(s, tk, b, 1, h);
           double g = 0.0;
-          for (int d = 0; d < D; d++) {
+          for (int d = 0; d < Dv; d++) {
             g += (double)dy[d] * v[d];
             dv[d] += (float)p * keep * dy[d];
           }
@@ -316,8 +318,8 @@ static void ref_attention_backward(const loom_ops *be, float *dqkv, const float 
                                    const float *lse, const loom_attn_shape *s, const loom_dropout *drop) {
   loom_attn_shape_check(s);
   (void)out;
-  const int T = s->T, D = s->head_dim;
-  const float scale = 1.0f / sqrtf((float)D);
+  const int T = s->T, D = s->head_dim, Dv = loom_attn_v_dim(s);
+  const float scale = loom_attn_scale(s);
   double *p = loom_xmalloc(2 * (size_t)T * sizeof(double), "attention row"), *dp = p + T;
   for (int b = 0; b < s->B; b++)
     for (int h = 0; h < s->heads; h++)
@@ -331,7 +333,7 @@ static void ref_attention_backward(const loom_ops *be, float *dqkv, const float 
           float *dv = dqkv + qkv_at(s, tk, b, 2, h);
           const float keep = dropped(drop, s, 1.0f, b, h, tq, tk);
           double g = 0.0;
-          for (int d = 0; d < D; d++) {
+          for (int d = 0; d < Dv; d++) {
             g += (double)dy[d] * v[d];
             dv[d] += (float)p[tk] * keep * dy[d];
           }
