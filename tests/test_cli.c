@@ -150,6 +150,21 @@ START_TEST(bad_flags) {
               "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
               2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
+  /* group-limited routing's counts */
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "3", "--moe-router-group-topk", "1", NULL), 2,
+              "loom train: --moe-router-num-groups 3: must divide the experts (8) into equal groups");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "4", "--moe-router-group-topk", "5", NULL), 2,
+              "loom train: --moe-router-group-topk 5: a token's experts come from that many of the 4 groups; give 1 to 4");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "4", NULL), 2,
+              "loom train: --moe-router-num-groups 4: needs --moe-router-group-topk, how many of the groups a token's "
+              "experts come from (DeepSeek-V3's 8 groups, 4 of them)");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "8", "--moe-router-group-topk", "1", NULL), 2,
+              "loom train: --moe-router-topk 2: more experts than the 1 chosen groups of 1 hold");
+  refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "4", "--moe-router-group-topk", "3", NULL), 2,
+              "loom train: --moe-router-group-topk 3: each chosen group is scored by its best topk / group_topk scores, but "
+              "topk is 2; give at most 2");
+  refusal_row(&t, run("train", "--moe-router-num-groups", "2", NULL), 2,
+              "loom train: --moe-router-num-groups configures a Mixture of Experts, but this model is dense; add --num-experts");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-layer-freq", "([1]*1)", NULL), 2,
               "loom train: --moe-layer-freq ([1]*1): gives 1 entries for the model's 2 layers (give N, one MoE layer in every "
               "N, or Megatron's list form such as ([0]*3+[1]*58))");

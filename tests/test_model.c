@@ -424,6 +424,38 @@ START_TEST(moe_router_routes_as_megatron) {
 }
 END_TEST
 
+/* Group-limited routing (DeepSeek-V3's, Megatron-Core's
+ * group_limited_topk) worked by hand: 8 experts in 4 groups, top 4 from
+ * the best 2 groups, each group scored by the sum of its best 4 / 2 = 2
+ * logits: {3, -2} 1.0, {1.5, 1.4} 2.9, {1, 0.9} 1.9, {2.5, -3} -0.5. The
+ * groups 1 and 2 win, so experts 2, 3, 4, 5, where the plain top 4 is 0,
+ * 6, 2, 3; their weights (a softmax over the chosen) times 2.5. */
+START_TEST(moe_router_limits_the_groups) {
+  enum { E = 8, K = 4 };
+  const float logits[E] = {3.0f, -2.0f, 1.5f, 1.4f, 1.0f, 0.9f, 2.5f, -3.0f};
+  int experts[K];
+  float weights[K];
+  int64_t load[E], aux_load[E];
+  double score_sum[E];
+  loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load, .score_sum = score_sum};
+  loom_moe_router c = {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX};
+  loom_moe_route(&c, logits, 1, &r);
+  ck_assert(experts[0] == 0 && experts[1] == 6 && experts[2] == 2 && experts[3] == 3);
+  c.groups = 4, c.group_topk = 2, c.topk_scaling = 2.5f;
+  loom_moe_route(&c, logits, 1, &r);
+  ck_assert(experts[0] == 2 && experts[1] == 3 && experts[2] == 4 && experts[3] == 5);
+  const double sum = exp(1.5) + exp(1.4) + exp(1.0) + exp(0.9);
+  for (int j = 0; j < K; j++) ck_assert_double_eq_tol(weights[j], 2.5 * exp(logits[experts[j]]) / sum, 1e-6);
+  /* sigmoid scores plus the expert bias choose the groups too: +2 on expert 7 makes group 3 the best (0.92 + 2.05),
+   * group 1 next (0.82 + 0.80, over group 0's 0.95 + 0.12); the top 4 of experts 2, 3, 6, 7 by score plus bias */
+  const float bias[E] = {0, 0, 0, 0, 0, 0, 0, 2.0f};
+  c = (loom_moe_router){.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .groups = 4,
+                        .group_topk = 2};
+  loom_moe_route(&c, logits, 1, &r);
+  ck_assert(experts[0] == 7 && experts[1] == 6 && experts[2] == 2 && experts[3] == 3);
+}
+END_TEST
+
 /* The router's backward against central differences of
  * sum(dw . weights) + daux * aux + dz * z over random logits (apart enough
  * that a step of h moves no choice), in every score mode. */
@@ -433,16 +465,24 @@ START_TEST(moe_router_gradients_match_finite_differences) {
   for (int i = 0; i < N * E; i++) logits[i] = (float)(i % E) * 0.37f + (float)((i * 7919) % 13) * 0.11f - 1.5f;
   for (int i = 0; i < N * K; i++) dw[i] = 0.1f * (float)((i * 31) % 7) - 0.3f;
   const float bias[E] = {0.05f, -0.02f, 0.0f, 0.03f, 0.0f, -0.04f, 0.01f, 0.0f};
-  const loom_moe_router modes[3] = {
+  enum { MODES = 6 };
+  const loom_moe_router modes[MODES] = {
       {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f},
       {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .pre_softmax = true, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f},
-      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f}};
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f},
+      /* group-limited, the weights scaled (DeepSeek-V3's routing) */
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = bias, .aux_loss_coeff = 0.5f,
+       .z_loss_coeff = 0.2f, .groups = 4, .group_topk = 2, .topk_scaling = 2.5f},
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .aux_loss_coeff = 0.5f, .z_loss_coeff = 0.2f, .groups = 4,
+       .group_topk = 2, .topk_scaling = 0.7f},
+      {.experts = E, .topk = K, .score = LOOM_MOE_SCORE_SOFTMAX, .pre_softmax = true, .aux_loss_coeff = 0.5f,
+       .z_loss_coeff = 0.2f, .groups = 2, .group_topk = 1, .topk_scaling = 1.5f}};
   int experts[N * K];
   float weights[N * K];
   int64_t load[E], aux_load[E];
   double score_sum[E];
   loom_moe_routing r = {.experts = experts, .weights = weights, .load = load, .aux_load = aux_load, .score_sum = score_sum};
-  for (int m = 0; m < 3; m++) {
+  for (int m = 0; m < MODES; m++) {
     const loom_moe_router *c = &modes[m];
     loom_moe_route(c, logits, N, &r);
     loom_moe_route_backward(c, logits, N, N, &r, dw, 1.5f, 2.0f, dlogits);
@@ -690,6 +730,7 @@ int main(void) {
   tcase_add_test(tc, qwen3_counts_as_published);
   tcase_add_test(tc, gpt_oss_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
+  tcase_add_test(tc, moe_router_limits_the_groups);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);
   tcase_add_test(tc, router_bias_gradients_match_finite_differences);
   tcase_add_test(tc, moe_expert_bias_steps_toward_the_mean_load);

@@ -80,6 +80,11 @@ static loom_gpt_config tiny(void) {
   if (strcmp(g_model, "moe_bias") == 0) /* a rate that moves routing within the run; the shared expert gated */
     c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f, c.moe.shared_gate = true,
     c.moe.router_bias = true;
+  if (strcmp(g_model, "dsv3_moe") == 0) /* DeepSeek-V3's routing: sigmoid scores and the expert bias, 8 experts in 2
+                                          * groups of 4 (a token's top 2 from the group whose best 2 score more), the
+                                          * weights scaled */
+    c.moe.experts = 8, c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f,
+    c.moe.router_groups = 2, c.moe.router_group_topk = 1, c.moe.topk_scaling = 2.5f;
   loom_gpt_config_finish(&c);
   return c;
 }

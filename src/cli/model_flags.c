@@ -99,6 +99,16 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
        "loaded experts", LOOM_NO_RANGE, NULL, false, "model.moe.expert_bias"},
       {"--moe-router-bias-update-rate", FLAG_FLOAT, &mf->moe_bias_update_rate,
        "the expert bias's step each training step (1e-3)", 0, 1, NULL, false, "model.moe.bias_update_rate"},
+      {"--moe-router-num-groups", FLAG_INT, &mf->moe_router_groups,
+       "group-limited routing: the experts in this many equal groups, a token's top-k from the best "
+       "--moe-router-group-topk of them (DeepSeek-V3's 8; 0: none)", 0, LOOM_PLAN_MAX_EXPERTS, NULL, false,
+       "model.moe.router_groups"},
+      {"--moe-router-group-topk", FLAG_INT, &mf->moe_router_group_topk,
+       "the groups a token's experts come from, each scored by its best topk / group-topk scores (DeepSeek-V3's 4)", 0,
+       LOOM_PLAN_MAX_EXPERTS, NULL, false, "model.moe.router_group_topk"},
+      {"--moe-router-topk-scaling-factor", FLAG_FLOAT, &mf->moe_topk_scaling,
+       "the chosen experts' weights times this (DeepSeek-V3's 2.5; unset: 1)", 1e-6, 1e6, NULL, false,
+       "model.moe.topk_scaling"},
   };
   memcpy(out, table, sizeof table);
 }
@@ -115,7 +125,9 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
                                          "--moe-router-score-function", "--moe-router-pre-softmax", "--moe-aux-loss-coeff",
                                          "--moe-z-loss-coeff", "--moe-expert-capacity-factor", "--moe-token-drop-policy",
                                          "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
-                                         "--moe-shared-expert-gate", "--moe-layer-freq", "--moe-router-bias"};
+                                         "--moe-shared-expert-gate", "--moe-layer-freq", "--moe-router-bias",
+                                         "--moe-router-num-groups", "--moe-router-group-topk",
+                                         "--moe-router-topk-scaling-factor"};
   loom_moe_config *e = &cfg->moe;
   if (flag_set(table, "--num-experts")) {
     if (mf->experts == 0) *e = (loom_moe_config){0};
@@ -146,6 +158,9 @@ static loom_status resolve_moe(const char *cmd, const loom_model_flags *mf, cons
   if (flag_set(table, "--moe-router-enable-expert-bias")) e->expert_bias = mf->moe_expert_bias;
   if (e->expert_bias && e->bias_update_rate == 0.0f) e->bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE;
   if (flag_set(table, "--moe-router-bias-update-rate")) e->bias_update_rate = mf->moe_bias_update_rate;
+  if (flag_set(table, "--moe-router-num-groups")) e->router_groups = mf->moe_router_groups;
+  if (flag_set(table, "--moe-router-group-topk")) e->router_group_topk = mf->moe_router_group_topk;
+  if (flag_set(table, "--moe-router-topk-scaling-factor")) e->topk_scaling = mf->moe_topk_scaling;
   return LOOM_OK;
 }
 

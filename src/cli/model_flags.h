@@ -14,13 +14,13 @@ typedef struct {
   const char *norm, *mlp, *position, *softmax_type, *window_size, *window_skip_freq, *rope_type;
   bool no_bias, qkv_bias, out_bias, untied, qk_layernorm, quick_geglu;
   /* Mixture of Experts, in Megatron-Core's flag names */
-  int experts, moe_topk, moe_ffn, moe_shared_ffn;
+  int experts, moe_topk, moe_ffn, moe_shared_ffn, moe_router_groups, moe_router_group_topk;
   const char *moe_score, *moe_drop_policy, *moe_layer_freq;
   bool moe_pre_softmax, moe_expert_bias, moe_shared_gate, moe_router_bias;
-  float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate;
+  float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate, moe_topk_scaling;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 43
+#define LOOM_MODEL_FLAG_COUNT 46
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

@@ -161,7 +161,9 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
                                   a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate &&
-                                  a->moe.router_bias == b->moe.router_bias &&
+                                  a->moe.router_bias == b->moe.router_bias && a->moe.router_groups == b->moe.router_groups &&
+                                  a->moe.router_group_topk == b->moe.router_group_topk &&
+                                  a->moe.topk_scaling == b->moe.topk_scaling &&
                                   memcmp(a->moe.dense, b->moe.dense, sizeof a->moe.dense) == 0));
 }
 
@@ -243,6 +245,8 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
         LOOM_MOE_SCORE_NAMES[c->moe.score & 1], c->moe.pre_softmax ? ", pre-softmax" : "",
         c->moe.expert_bias ? ", expert bias" : "");
     if (c->moe.router_bias) PUT(", a router bias");
+    if (c->moe.router_groups > 1) PUT(", from the best %d of %d groups", c->moe.router_group_topk, c->moe.router_groups);
+    if (c->moe.topk_scaling > 0.0f) PUT(", weights scaled by %g", (double)c->moe.topk_scaling);
     if (loom_gpt_experts_biased(c)) PUT(", biases on the experts");
     if (c->moe.shared_ffn) PUT(", a shared expert of %d%s", c->moe.shared_ffn, c->moe.shared_gate ? " (gated)" : "");
     char freq[160];

@@ -86,6 +86,12 @@ typedef struct {
   bool expert_bias;
   float bias_update_rate;
   bool router_bias;       /* a learned bias on the router's logits (GPT-OSS's router.bias; not the expert bias above) */
+  /* Group-limited selection (--moe-router-num-groups, --moe-router-group-topk;
+   * DeepSeek-V3's 8 and 4; 0: none): a token's top-k come from the best
+   * router_group_topk of router_groups equal groups of experts, each group
+   * scored by its best topk / router_group_topk scores (moe_router.h). */
+  int router_groups, router_group_topk;
+  float topk_scaling;     /* --moe-router-topk-scaling-factor: the chosen weights' factor (DeepSeek-V3's 2.5; 0: 1) */
   /* --moe-layer-freq: bit l of dense (l / 64, l % 64) set makes layer l a
    * dense MLP of the model's ffn (DeepSeek-V3's first layers, Llama 4's
    * every other one); all clear: every layer a Mixture of Experts. The

@@ -25,7 +25,8 @@ loom_moe_shape loom_moe_shape_of(const loom_gpt_config *cfg, int n, int seq) {
   return (loom_moe_shape){
       .n = n, .hidden = cfg->hidden, .ffn = loom_gpt_local_expert_ffn(cfg), .mlp = cfg->mlp, .glu = cfg->glu,
       .router = {.experts = m->experts, .topk = m->topk, .score = m->score, .pre_softmax = m->pre_softmax,
-                 .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff},
+                 .aux_loss_coeff = m->aux_loss_coeff, .z_loss_coeff = m->z_loss_coeff, .groups = m->router_groups,
+                 .group_topk = m->router_group_topk, .topk_scaling = m->topk_scaling},
       .dispatch = {.experts = m->experts, .topk = m->topk, .capacity_factor = m->capacity_factor,
                    .drop_by_position = m->drop_by_position},
       .bf16 = cfg->bf16, .ep = m->ep > 1 ? m->ep : 1, .ep_rank = m->ep > 1 ? m->ep_rank : 0,

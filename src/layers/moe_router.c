@@ -31,6 +31,35 @@ static void top_k(const double *s, int E, int k, int *idx) {
   }
 }
 
+/* The top k of s[E] as top_k orders them, under group-limited selection
+ * among the experts of the best groups alone (ties between equal group
+ * scores going to the lower group); s is scratch, its other experts set to
+ * -inf. gscore[groups] and gidx[group_topk] are scratch. */
+static void choose(const loom_moe_router *c, double *s, int *idx, double *gscore, int *gidx) {
+  const int E = c->experts, k = c->topk;
+  if (c->groups <= 1) {
+    top_k(s, E, k, idx);
+    return;
+  }
+  const int per = E / c->groups, best = k / c->group_topk;
+  for (int g = 0; g < c->groups; g++) {
+    top_k(s + (size_t)g * per, per, best, idx);
+    gscore[g] = 0.0;
+    for (int j = 0; j < best; j++) gscore[g] += s[(size_t)g * per + idx[j]];
+  }
+  top_k(gscore, c->groups, c->group_topk, gidx);
+  for (int g = 0; g < c->groups; g++) {
+    bool kept = false;
+    for (int j = 0; j < c->group_topk && !kept; j++) kept = gidx[j] == g;
+    if (!kept)
+      for (int e = g * per; e < (g + 1) * per; e++) s[e] = -INFINITY;
+  }
+  top_k(s, E, k, idx);
+}
+
+/* What multiplies the chosen weights. */
+static double weight_scale(const loom_moe_router *c) { return c->topk_scaling > 0.0f ? c->topk_scaling : 1.0; }
+
 /* The scores the load-balancing loss reads: softmax over every expert, or
  * sigmoids normalised to sum to one. */
 static void aux_scores(const loom_moe_router *c, const float *x, double *q) {
@@ -47,9 +76,12 @@ static void aux_scores(const loom_moe_router *c, const float *x, double *q) {
 void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_moe_routing *r) {
   const int E = c->experts, k = c->topk;
   LOOM_CHECK(E >= 1 && k >= 1 && k <= E && N >= 0, "router shape out of range");
+  const int G = c->groups > 1 ? c->groups : 1;
   double *s = malloc((size_t)E * sizeof *s), *q = malloc((size_t)E * sizeof *q), *psum = r->score_sum;
-  int *idx = malloc((size_t)k * sizeof *idx);
-  LOOM_CHECK(s && q && idx, "out of memory routing");
+  double *gscore = malloc((size_t)G * sizeof *gscore);
+  int *idx = malloc((size_t)k * sizeof *idx), *gidx = malloc((size_t)G * sizeof *gidx);
+  LOOM_CHECK(s && q && idx && gscore && gidx, "out of memory routing");
+  const double scale = weight_scale(c);
   memset(psum, 0, (size_t)E * sizeof *psum);
   memset(r->load, 0, (size_t)E * sizeof *r->load);
   memset(r->aux_load, 0, (size_t)E * sizeof *r->aux_load);
@@ -61,20 +93,22 @@ void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_m
     const double lse = softmax(x, E, q);
     z += lse * lse;
     if (c->score == LOOM_MOE_SCORE_SOFTMAX && c->pre_softmax) {
-      top_k(q, E, k, chosen);
-      for (int j = 0; j < k; j++) w[j] = (float)q[chosen[j]];
+      for (int e = 0; e < E; e++) s[e] = q[e];
+      choose(c, s, chosen, gscore, gidx);
+      for (int j = 0; j < k; j++) w[j] = (float)(scale * q[chosen[j]]);
     } else if (c->score == LOOM_MOE_SCORE_SOFTMAX) {
       for (int e = 0; e < E; e++) s[e] = x[e];
-      top_k(s, E, k, chosen);
+      choose(c, s, chosen, gscore, gidx);
       double most = x[chosen[0]], sum = 0.0; /* the first is the largest */
       for (int j = 0; j < k; j++) sum += exp((double)x[chosen[j]] - most);
-      for (int j = 0; j < k; j++) w[j] = (float)(exp((double)x[chosen[j]] - most) / sum);
+      for (int j = 0; j < k; j++) w[j] = (float)(scale * exp((double)x[chosen[j]] - most) / sum);
     } else {
       for (int e = 0; e < E; e++) s[e] = sigmoid(x[e]) + (c->expert_bias ? c->expert_bias[e] : 0.0);
-      top_k(s, E, k, chosen);
+      choose(c, s, chosen, gscore, gidx);
       double sum = 0.0;
       for (int j = 0; j < k; j++) sum += sigmoid(x[chosen[j]]);
-      for (int j = 0; j < k; j++) w[j] = (float)(k > 1 ? sigmoid(x[chosen[j]]) / (sum + SIGMOID_EPS) : sigmoid(x[chosen[j]]));
+      for (int j = 0; j < k; j++)
+        w[j] = (float)(scale * (k > 1 ? sigmoid(x[chosen[j]]) / (sum + SIGMOID_EPS) : sigmoid(x[chosen[j]])));
     }
     for (int j = 0; j < k; j++) r->load[chosen[j]]++;
     aux_scores(c, x, q);
@@ -84,7 +118,7 @@ void loom_moe_route(const loom_moe_router *c, const float *logits, int N, loom_m
   }
   r->z_sum = z;
   loom_moe_route_losses(c, N, r);
-  free(s), free(q), free(idx);
+  free(s), free(q), free(idx), free(gscore), free(gidx);
 }
 
 void loom_moe_route_losses(const loom_moe_router *c, int64_t tokens, loom_moe_routing *r) {
@@ -98,29 +132,39 @@ void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int 
                              const loom_moe_routing *r, const float *dweights, float daux, float dz, float *dlogits) {
   const int E = c->experts, k = c->topk;
   double *p = malloc((size_t)E * sizeof *p), *q = malloc((size_t)E * sizeof *q), *dq = malloc((size_t)E * sizeof *dq);
-  LOOM_CHECK(p && q && dq, "out of memory routing");
+  double *u = malloc((size_t)k * sizeof *u), *du = malloc((size_t)k * sizeof *du);
+  LOOM_CHECK(p && q && dq && u && du, "out of memory routing");
+  const double scale = weight_scale(c);
   const double aux_scale = tokens ? (double)daux * c->aux_loss_coeff * E / ((double)tokens * (double)tokens * k) : 0.0;
   for (int n = 0; n < N; n++) {
     const float *x = logits + (size_t)n * E;
     const int *chosen = r->experts + (size_t)n * k;
-    const float *w = r->weights + (size_t)n * k, *dw = dweights + (size_t)n * k;
+    const float *dw = dweights + (size_t)n * k;
     float *dx = dlogits + (size_t)n * E;
     const double lse = softmax(x, E, p);
     for (int e = 0; e < E; e++) dx[e] = (float)(tokens ? dz * c->z_loss_coeff * 2.0 * lse / (double)tokens * p[e] : 0.0);
-    double wdw = 0.0;
-    for (int j = 0; j < k; j++) wdw += (double)w[j] * dw[j];
-    if (c->score == LOOM_MOE_SCORE_SOFTMAX && c->pre_softmax) { /* w = p at the chosen: through the whole softmax */
-      double pd = 0.0;
-      for (int j = 0; j < k; j++) pd += p[chosen[j]] * dw[j];
-      for (int e = 0; e < E; e++) dx[e] -= (float)(p[e] * pd);
-      for (int j = 0; j < k; j++) dx[chosen[j]] += (float)(p[chosen[j]] * dw[j]);
-    } else if (c->score == LOOM_MOE_SCORE_SOFTMAX) { /* a softmax over the chosen logits */
-      for (int j = 0; j < k; j++) dx[chosen[j]] += (float)(w[j] * (dw[j] - wdw));
-    } else { /* normalised sigmoids of the chosen */
-      double sum = 0.0;
+    /* The weights before their scale, u, rebuilt from the logits; du the grads of u. */
+    double udu = 0.0, sum = 0.0;
+    for (int j = 0; j < k; j++) du[j] = scale * dw[j];
+    if (c->score == LOOM_MOE_SCORE_SOFTMAX && c->pre_softmax) {
+      for (int j = 0; j < k; j++) u[j] = p[chosen[j]];
+    } else if (c->score == LOOM_MOE_SCORE_SOFTMAX) {
+      const double most = x[chosen[0]];
+      for (int j = 0; j < k; j++) sum += u[j] = exp((double)x[chosen[j]] - most);
+      for (int j = 0; j < k; j++) u[j] /= sum;
+    } else {
       for (int j = 0; j < k; j++) sum += sigmoid(x[chosen[j]]);
+      for (int j = 0; j < k; j++) u[j] = k > 1 ? sigmoid(x[chosen[j]]) / (sum + SIGMOID_EPS) : sigmoid(x[chosen[j]]);
+    }
+    for (int j = 0; j < k; j++) udu += u[j] * du[j];
+    if (c->score == LOOM_MOE_SCORE_SOFTMAX && c->pre_softmax) { /* u = p at the chosen: through the whole softmax */
+      for (int e = 0; e < E; e++) dx[e] -= (float)(p[e] * udu);
+      for (int j = 0; j < k; j++) dx[chosen[j]] += (float)(u[j] * du[j]);
+    } else if (c->score == LOOM_MOE_SCORE_SOFTMAX) { /* a softmax over the chosen logits */
+      for (int j = 0; j < k; j++) dx[chosen[j]] += (float)(u[j] * (du[j] - udu));
+    } else { /* normalised sigmoids of the chosen */
       for (int j = 0; j < k; j++) {
-        const double sj = sigmoid(x[chosen[j]]), ds = k > 1 ? (dw[j] - wdw) / (sum + SIGMOID_EPS) : dw[j];
+        const double sj = sigmoid(x[chosen[j]]), ds = k > 1 ? (du[j] - udu) / (sum + SIGMOID_EPS) : du[j];
         dx[chosen[j]] += (float)(ds * sj * (1.0 - sj));
       }
     }
@@ -132,15 +176,15 @@ void loom_moe_route_backward(const loom_moe_router *c, const float *logits, int 
     if (c->score == LOOM_MOE_SCORE_SOFTMAX) {
       for (int e = 0; e < E; e++) dx[e] += (float)(q[e] * (dq[e] - qdq));
     } else {
-      double sum = 0.0;
-      for (int e = 0; e < E; e++) sum += sigmoid(x[e]);
+      double all = 0.0;
+      for (int e = 0; e < E; e++) all += sigmoid(x[e]);
       for (int e = 0; e < E; e++) {
         const double se = sigmoid(x[e]);
-        dx[e] += (float)((dq[e] - qdq) / (sum + SIGMOID_EPS) * se * (1.0 - se));
+        dx[e] += (float)((dq[e] - qdq) / (all + SIGMOID_EPS) * se * (1.0 - se));
       }
     }
   }
-  free(p), free(q), free(dq);
+  free(p), free(q), free(dq), free(u), free(du);
 }
 
 void loom_moe_expert_bias_update(float *bias, const int64_t *load, int experts, float rate) {

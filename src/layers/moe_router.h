@@ -25,6 +25,12 @@ typedef struct {
    * aux-loss-free balancing); NULL: none. */
   const float *expert_bias;
   float aux_loss_coeff, z_loss_coeff;
+  /* Group-limited selection (DeepSeek-V3's; 0: none): the experts in
+   * `groups` equal groups, each scored by the sum of its best topk /
+   * group_topk scores, the top k chosen among the best group_topk groups
+   * (Megatron-Core's group_limited_topk, on the scores the top-k reads). */
+  int groups, group_topk;
+  float topk_scaling; /* the chosen weights' factor (--moe-router-topk-scaling-factor; 0: 1) */
 } loom_moe_router;
 
 /* The routing of N tokens: a micro-batch's, or (sequence parallelism) one

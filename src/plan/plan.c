@@ -48,7 +48,8 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                                  .pre_softmax = m->moe->pre_softmax, .aux_loss_coeff = m->moe->aux_loss_coeff,
                                  .z_loss_coeff = m->moe->z_loss_coeff, .capacity_factor = m->moe->capacity_factor,
                                  .drop_by_position = m->moe->drop_by_position, .expert_bias = m->moe->expert_bias,
-                                 .router_bias = m->moe->router_bias,
+                                 .router_bias = m->moe->router_bias, .router_groups = m->moe->router_groups,
+                                 .router_group_topk = m->moe->router_group_topk, .topk_scaling = m->moe->topk_scaling,
                                  .bias_update_rate = m->moe->has_bias_update_rate ? m->moe->bias_update_rate
                                                                                   : LOOM_MOE_BIAS_UPDATE_RATE};
   cfg->window = m->window_size;
@@ -139,6 +140,9 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   moe_room->has_drop_by_position = e->drop_by_position, moe_room->drop_by_position = e->drop_by_position;
   moe_room->has_expert_bias = e->expert_bias, moe_room->expert_bias = e->expert_bias;
   moe_room->has_router_bias = e->router_bias, moe_room->router_bias = e->router_bias;
+  moe_room->has_router_groups = e->router_groups > 0, moe_room->router_groups = e->router_groups;
+  moe_room->has_router_group_topk = e->router_group_topk > 0, moe_room->router_group_topk = e->router_group_topk;
+  moe_room->has_topk_scaling = e->topk_scaling > 0.0f, moe_room->topk_scaling = e->topk_scaling;
   moe_room->has_bias_update_rate = e->expert_bias && e->bias_update_rate != LOOM_MOE_BIAS_UPDATE_RATE;
   moe_room->bias_update_rate = e->bias_update_rate;
   if (loom_gpt_has_dense_layers(c)) {

@@ -64,6 +64,37 @@ static long check_layer_bits(report *r, const char *field, const int32_t *bits, 
   return ones;
 }
 
+/* Group-limited routing: both counts or neither; groups that divide the
+ * experts, no more chosen than there are, each scored by at least one of
+ * its experts (topk / group_topk), and room in the chosen groups for the
+ * top-k. */
+static void check_router_groups(report *r, const Loom__Moe *e) {
+  if (!e->has_router_groups && !e->has_router_group_topk) return;
+  if (!e->has_router_group_topk) {
+    violation(r, "model.moe.router_groups = %d: needs model.moe.router_group_topk, how many of the groups a token's "
+              "experts come from (DeepSeek-V3's 8 groups, 4 of them)", e->router_groups);
+    return;
+  }
+  if (!e->has_router_groups) {
+    violation(r, "model.moe.router_group_topk = %d: needs model.moe.router_groups, the groups the experts are in "
+              "(DeepSeek-V3's 8 groups, 4 of them)", e->router_group_topk);
+    return;
+  }
+  const int G = e->router_groups, g = e->router_group_topk;
+  if (G < 1 || e->experts < 1 || e->experts % G != 0) {
+    violation(r, "model.moe.router_groups = %d: must divide the experts (%d) into equal groups", G, e->experts);
+    return;
+  }
+  if (g < 1 || g > G)
+    violation(r, "model.moe.router_group_topk = %d: a token's experts come from that many of the %d groups; give 1 to %d",
+              g, G, G);
+  else if (g > e->topk)
+    violation(r, "model.moe.router_group_topk = %d: each chosen group is scored by its best topk / group_topk scores, "
+              "but topk is %d; give at most %d", g, e->topk, e->topk);
+  else if (e->topk > g * (e->experts / G))
+    violation(r, "model.moe.topk = %d: more experts than the %d chosen groups of %d hold", e->topk, g, e->experts / G);
+}
+
 /* A Mixture-of-Experts model's rules (its sizes already in bounds). */
 static void check_moe(report *r, const Loom__Model *m, int tp) {
   const Loom__Moe *e = m->moe;
@@ -93,6 +124,10 @@ static void check_moe(report *r, const Loom__Model *m, int tp) {
               (double)e->bias_update_rate);
   if (e->pre_softmax && e->score != LOOM__MOE_SCORE__MOE_SCORE_SOFTMAX)
     violation(r, "model.moe.pre_softmax = true: orders a softmax before the top-k, but model.moe.score is sigmoid");
+  check_router_groups(r, e);
+  if (e->has_topk_scaling && !(isfinite(e->topk_scaling) && e->topk_scaling > 0.0f))
+    violation(r, "model.moe.topk_scaling = %g: the chosen weights' factor must be finite and above 0 (DeepSeek-V3's 2.5)",
+              (double)e->topk_scaling);
 }
 
 /* Sliding windows: shorter than the sequence (a longer one changes nothing), and a pattern of one entry per layer. */
