@@ -137,7 +137,7 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--bogus", NULL), 2, "loom train: unknown flag --bogus (see loom train --help)");
   refusal_row(&t, run("train", "--lr", "1", "--lr", "2", NULL), 2, "loom train: --lr given more than once");
   refusal_row(&t, run("train", "extra", NULL), 2, "loom train: unexpected argument 'extra' (see loom train --help)");
-  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-20b, gpt-oss-120b, got 'gpt-huge'");
+  refusal_row(&t, run("train", "--model", "gpt-huge", NULL), 2, "loom train: --model must be one of gpt-tiny, gpt2-small, gpt-1.3b, gpt-13b, gpt50b, gpt-175b, llama-tiny, llama3-8b, llama3-70b, moe-tiny, mixtral-8x7b, mixtral-8x22b, qwen1.5-moe-a2.7b, qwen3-8b, qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b, gpt-oss-20b, gpt-oss-120b, deepseek-v3, deepseek-v3-tiny, got 'gpt-huge'");
   /* Mixture of Experts: its flags need one, its rules by flag name. */
   refusal_row(&t, run("train", "--moe-router-topk", "2", NULL), 2,
               "loom train: --moe-router-topk configures a Mixture of Experts, but this model is dense; add --num-experts");
@@ -150,6 +150,21 @@ START_TEST(bad_flags) {
               "loom train: --moe-expert-capacity-factor must be in [1e-06, 1024], got 0");
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-score-function", "sigmoid", "--moe-router-pre-softmax", NULL),
               2, "loom train: --moe-router-pre-softmax true: orders a softmax before the top-k, but --moe-router-score-function is sigmoid");
+  /* multi-head latent attention's sizes and companions */
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--kv-lora-rank", "100", NULL), 2,
+              "loom train: --kv-lora-rank 100: the compressed keys and values must be narrower than the hidden state "
+              "(--hidden 64); DeepSeek-V3's is 512 of 7168");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--qk-pos-emb-head-dim", "5", NULL), 2,
+              "loom train: --qk-pos-emb-head-dim 5: RoPE turns pairs of dims, so it must be even (DeepSeek-V3's 64)");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--kv-lora-rank", "8", NULL), 2,
+              "loom train: --kv-lora-rank sizes multi-head latent attention, but this model's attention is not; add "
+              "--multi-latent-attention");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--kv-heads", "2", NULL), 2,
+              "loom train: --multi-latent-attention: every head has its own key and value, of the widths --qk-head-dim "
+              "and --v-head-dim, its latents normalised; drop --kv-heads, --kv-channels and --qk-layernorm");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--precision", "bf16", NULL), 2,
+              "loom train: --precision PRECISION_BF16: multi-head latent attention (--multi-latent-attention) computes in "
+              "fp32 so far; set --precision PRECISION_FP32");
   /* group-limited routing's counts */
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "3", "--moe-router-group-topk", "1", NULL), 2,
               "loom train: --moe-router-num-groups 3: must divide the experts (8) into equal groups");

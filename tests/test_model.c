@@ -28,7 +28,7 @@
 #include "cli/names.h"
 #include "test_util.h"
 
-enum { GPT2, LLAMA, MIXED, MOE, QWEN3, OSS, FAMILIES };
+enum { GPT2, LLAMA, MIXED, MOE, QWEN3, OSS, DSV3, MLA_DIRECT, FAMILIES };
 
 /* Sets the architecture switches of a family on c (its sizes stay). */
 static void as_family(loom_gpt_config *c, int family) {
@@ -56,6 +56,23 @@ static void as_family(loom_gpt_config *c, int family) {
     c->glu = (loom_glu){.alpha = LOOM_QUICK_GELU_ALPHA, .clamp = 7.0f, .offset = 1.0f}; /* GPT-OSS's experts' unit */
     c->moe = (loom_moe_config){.experts = 4, .topk = 2, .router_bias = true, .aux_loss_coeff = 0.1f};
     if (c->layers > 1) loom_gpt_set_full_attention_layer(c, 1, true);
+  } else if (family == DSV3) { /* DeepSeek-V3: multi-head latent attention with q through its latent, YaRN with its
+                                * softmax factor (mscale_all_dim), the MLPs 4 experts beside a shared one routed by
+                                * sigmoid scores from the better of 2 groups, the weights scaled, the first layer dense */
+    as_family(c, LLAMA);
+    c->kv_heads = 0;
+    c->mla = (loom_mla_config){.q_lora_rank = 4, .kv_lora_rank = 6, .qk_head_dim = 4, .qk_pos_emb_head_dim = 2,
+                               .v_head_dim = 3, .mscale_all_dim = 1.0f};
+    c->rope = (loom_rope){.theta = 100.0f, .factor = 4.0f, .original_max_position = 2, .yarn = 1, .beta_fast = 32.0f,
+                          .beta_slow = 1.0f, .truncate = 1, .attention_factor = 1.0f};
+    c->moe = (loom_moe_config){.experts = 4, .topk = 2, .shared_ffn = 4, .score = LOOM_MOE_SCORE_SIGMOID, .router_groups = 2,
+                               .router_group_topk = 1, .topk_scaling = 2.5f, .aux_loss_coeff = 0.1f};
+    if (c->layers > 1) loom_gpt_set_dense_layer(c, 0, true);
+  } else if (family == MLA_DIRECT) { /* MLA with q straight from the hidden state (DeepSeek-V2-Lite's), q and k heads 2
+                                      * + 4 RoPE dims wide, v heads 5 */
+    as_family(c, LLAMA);
+    c->kv_heads = 0;
+    c->mla = (loom_mla_config){.kv_lora_rank = 5, .qk_head_dim = 2, .qk_pos_emb_head_dim = 4, .v_head_dim = 5};
   }
   loom_gpt_config_finish(c);
 }
@@ -713,6 +730,39 @@ START_TEST(gpt_oss_counts_as_published) {
 }
 END_TEST
 
+/* DeepSeek-V3 counted by hand from its config.json: the embedding and the
+ * untied head, 129280 x 7168 each (926,679,040); a layer's attention
+ * q_a_proj 1536 x 7168 (11,010,048), q_a_layernorm 1536, q_b_proj
+ * 128 x 192 x 1536 (37,748,736), kv_a_proj_with_mqa 576 x 7168 (4,128,768),
+ * kv_a_layernorm 512, kv_b_proj 128 x 256 x 512 (16,777,216), o_proj
+ * 7168 x 16384 (117,440,512): 187,107,328, and its two norms 14,336; the
+ * first 3 layers' dense MLP 3 x 7168 x 18432 (396,361,728); the other 58
+ * layers' router 256 x 7168 (1,835,008), 256 experts of 3 x 7168 x 2048
+ * (11,274,289,152) and the shared one (44,040,192); the final norm 7168.
+ * 2 x 926,679,040 + 7168 + 3 x 583,483,392 + 58 x 11,507,286,016 =
+ * 671,026,404,352: the published 671,026,419,200 less the routers'
+ * e_score_correction_bias (58 x 256), which loom keeps as routing state
+ * (model.moe.expert_bias), not a parameter. Active, 8 experts of the 256:
+ * 58 x 585,318,400 in place of the MoE layers', 37,552,282,624 (the
+ * published 37B). */
+START_TEST(deepseek_v3_counts_as_published) {
+  loom_gpt_config c;
+  ck_assert_int_eq(loom_cli_preset("deepseek-v3", &c), 0);
+  ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), 671026404352u);
+  ck_assert_uint_eq(loom_gpt_active_param_count(&c), 37552282624u);
+  ck_assert_int_eq(loom_gpt_moe_layers(&c, 0, c.layers), 58);
+  ck_assert(!loom_gpt_layer_is_moe(&c, 2) && loom_gpt_layer_is_moe(&c, 3));
+  /* FLOPs per token as Megatron-LM's formula counts MLA (its q term with the q latent's norm, the kv latent's, the RoPE
+   * key's and o's, and the core attention's q and v halves per key) and the MLPs (3 matrices each, top 8 and shared) */
+  const double L = 61, h = 7168, H = 128, T = 4096, V = 129280;
+  const double attention = 1536 * (h + H * 192 + 1) + 512 * (h + H * 256 + 1) + h * 64 + H * 128 * h;
+  const double core = T * H * 192 / 2 + T * H * 128 / 2, mlp = 3 * h * (3 * 18432 + 58 * (8 * 2048 + 2048));
+  const double want = 6 * L * (attention + core) + 6 * mlp + 6 * V * h;
+  const double got = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
+  ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%g FLOPs per token, want %g", got, want);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("model");
   TCase *tc = tcase_create("model");
@@ -729,6 +779,7 @@ int main(void) {
   tcase_add_test(tc, mixtral_counts_as_published);
   tcase_add_test(tc, qwen3_counts_as_published);
   tcase_add_test(tc, gpt_oss_counts_as_published);
+  tcase_add_test(tc, deepseek_v3_counts_as_published);
   tcase_add_test(tc, moe_router_routes_as_megatron);
   tcase_add_test(tc, moe_router_limits_the_groups);
   tcase_add_test(tc, moe_router_gradients_match_finite_differences);

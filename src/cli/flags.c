@@ -53,7 +53,7 @@ static loom_status parse_float(const char *cmd, const loom_flag *f, const char *
 
 static loom_status check_choice(const char *cmd, const loom_flag *f, const char *text, loom_error *err) {
   if (!f->choices) return LOOM_OK;
-  char list[256] = "";
+  char list[400] = ""; /* the presets' names, the longest list, with room to grow: the message holds 512 */
   for (const char *const *c = f->choices; *c; c++) {
     if (strcmp(*c, text) == 0) return LOOM_OK;
     if (c != f->choices) strncat(list, ", ", sizeof list - strlen(list) - 1);

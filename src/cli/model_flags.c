@@ -25,6 +25,25 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
        LOOM_ATTN_MAX_HEAD_DIM, NULL, false, "model.kv_channels"},
       {"--qk-layernorm", FLAG_BOOL, &mf->qk_layernorm, "RMSNorm over each head's q and k before RoPE (Qwen3)", LOOM_NO_RANGE,
        NULL, false, "model.qk_layernorm"},
+      {"--multi-latent-attention", FLAG_BOOL, &mf->mla,
+       "multi-head latent attention (DeepSeek-V3's): q from a low-rank latent, keys and values from one compressed "
+       "latent and a shared RoPE key", LOOM_NO_RANGE, NULL, false, "model.mla"},
+      {"--q-lora-rank", FLAG_INT, &mf->q_lora_rank, "MLA: q's latent width (unset: q from the hidden state; DeepSeek-V3's "
+       "1536)", 1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.mla.q_lora_rank"},
+      {"--kv-lora-rank", FLAG_INT, &mf->kv_lora_rank, "MLA: the compressed keys and values' width (32; DeepSeek-V3's 512)",
+       1, LOOM_PLAN_MAX_HIDDEN, NULL, false, "model.mla.kv_lora_rank"},
+      {"--qk-head-dim", FLAG_INT, &mf->qk_head_dim, "MLA: a q or k head's part without RoPE (128)", 1,
+       LOOM_ATTN_MAX_HEAD_DIM, NULL, false, "model.mla.qk_head_dim"},
+      {"--qk-pos-emb-head-dim", FLAG_INT, &mf->qk_pos_emb_head_dim,
+       "MLA: a q or k head's RoPE part, the key's shared by every head (64)", 2, LOOM_ATTN_MAX_HEAD_DIM, NULL, false,
+       "model.mla.qk_pos_emb_head_dim"},
+      {"--v-head-dim", FLAG_INT, &mf->v_head_dim, "MLA: a v head's width (128)", 1, LOOM_ATTN_MAX_HEAD_DIM, NULL, false,
+       "model.mla.v_head_dim"},
+      {"--mscale", FLAG_FLOAT, &mf->mscale, "YaRN: cos and sin times get_mscale(factor, this) / get_mscale(factor, "
+       "--mscale-all-dim) (1)", 0, 1e3, NULL, false, "model.rope_scaling.attention_factor"},
+      {"--mscale-all-dim", FLAG_FLOAT, &mf->mscale_all_dim,
+       "YaRN with MLA: the softmax scale times get_mscale(factor, this)^2 (DeepSeek-V3's 1; unset: none)", 1e-6, 1e3, NULL,
+       false, "model.mla.mscale_all_dim"},
       {"--softmax-type", FLAG_STRING, &mf->softmax_type,
        "the attention's softmax: learnable gives each head a logit in every row's denominator (GPT-OSS's attention sinks)",
        LOOM_NO_RANGE, LOOM_SOFTMAX_NAMES, false, "model.softmax_type"},
@@ -115,6 +134,43 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
 
 static bool flag_set(const loom_flag *table, const char *name) {
   return loom_flags_find(table, LOOM_MODEL_FLAG_COUNT, name)->set;
+}
+
+/* The MLA flags onto cfg: --multi-latent-attention makes the attention MLA
+ * with Megatron's default sizes unless told (off: the q, k and v
+ * projections again), and its sizes need it; --mscale and --mscale-all-dim
+ * set YaRN's two factors, as Megatron's YarnRotaryEmbedding and DeepSeek's
+ * attention take them. */
+static loom_status resolve_mla(const char *cmd, const loom_model_flags *mf, const loom_flag *table, loom_gpt_config *cfg,
+                               loom_error *err) {
+  static const char *const SIZES[] = {"--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+                                      "--v-head-dim", "--mscale-all-dim"};
+  loom_mla_config *a = &cfg->mla;
+  if (flag_set(table, "--multi-latent-attention")) {
+    if (!mf->mla) *a = (loom_mla_config){0};
+    else if (!loom_gpt_is_mla(cfg)) *a = (loom_mla_config){.kv_lora_rank = 32, .qk_head_dim = 128, .qk_pos_emb_head_dim = 64,
+                                                           .v_head_dim = 128};
+    /* every head its own key and value, of MLA's widths: the preset's grouping and head width go (unless given) */
+    if (mf->mla && !flag_set(table, "--kv-heads")) cfg->kv_heads = 0;
+    if (mf->mla && !flag_set(table, "--kv-channels")) cfg->head_dim = 0;
+  }
+  for (size_t i = 0; i < sizeof SIZES / sizeof SIZES[0]; i++)
+    if (flag_set(table, SIZES[i]) && !loom_gpt_is_mla(cfg))
+      return loom_fail(err, LOOM_ERR_USAGE, "%s: %s sizes multi-head latent attention, but this model's attention is "
+                       "not; add --multi-latent-attention", cmd, SIZES[i]);
+  if (flag_set(table, "--q-lora-rank")) a->q_lora_rank = mf->q_lora_rank;
+  if (flag_set(table, "--kv-lora-rank")) a->kv_lora_rank = mf->kv_lora_rank;
+  if (flag_set(table, "--qk-head-dim")) a->qk_head_dim = mf->qk_head_dim;
+  if (flag_set(table, "--qk-pos-emb-head-dim")) a->qk_pos_emb_head_dim = mf->qk_pos_emb_head_dim;
+  if (flag_set(table, "--v-head-dim")) a->v_head_dim = mf->v_head_dim;
+  if (flag_set(table, "--mscale-all-dim")) a->mscale_all_dim = mf->mscale_all_dim;
+  if ((flag_set(table, "--mscale") || flag_set(table, "--mscale-all-dim")) && !cfg->rope.yarn)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --mscale and --mscale-all-dim are YaRN's; add --rope-type yarn and "
+                     "--rotary-scaling-factor", cmd);
+  if (flag_set(table, "--mscale") || flag_set(table, "--mscale-all-dim"))
+    cfg->rope.attention_factor = (float)(loom_yarn_mscale(cfg->rope.factor, flag_set(table, "--mscale") ? mf->mscale : 1.0) /
+                                         loom_yarn_mscale(cfg->rope.factor, a->mscale_all_dim));
+  return LOOM_OK;
 }
 
 /* The MoE flags onto cfg: --num-experts makes a dense preset a Mixture of
@@ -283,6 +339,7 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
     cfg->softmax = (loom_softmax_kind)loom_flag_choice_index(LOOM_SOFTMAX_NAMES, mf->softmax_type);
   loom_status st = resolve_moe(cmd, mf, table, cfg, err);
   if (st == LOOM_OK) st = resolve_window(cmd, mf, table, cfg, err);
+  if (st == LOOM_OK) st = resolve_mla(cmd, mf, table, cfg, err);
   if (st != LOOM_OK) return st;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */

@@ -13,6 +13,10 @@ typedef struct {
   float dropout, rope_theta, rotary_scaling_factor, glu_clamp, glu_offset;
   const char *norm, *mlp, *position, *softmax_type, *window_size, *window_skip_freq, *rope_type;
   bool no_bias, qkv_bias, out_bias, untied, qk_layernorm, quick_geglu;
+  /* Multi-head latent attention, in Megatron's flag names */
+  bool mla;
+  int q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim;
+  float mscale, mscale_all_dim;
   /* Mixture of Experts, in Megatron-Core's flag names */
   int experts, moe_topk, moe_ffn, moe_shared_ffn, moe_router_groups, moe_router_group_topk;
   const char *moe_score, *moe_drop_policy, *moe_layer_freq;
@@ -20,7 +24,7 @@ typedef struct {
   float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate, moe_topk_scaling;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 46
+#define LOOM_MODEL_FLAG_COUNT 54
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

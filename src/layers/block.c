@@ -17,6 +17,7 @@ loom_dropout loom_dropout_for(const loom_block_dropout *d, int site, int T, cons
 
 static loom_attn_shape attn_shape(const loom_block_shape *s) {
   return (loom_attn_shape){.T = s->T, .B = s->B, .heads = s->heads, .kv_heads = s->kv_heads, .head_dim = s->head_dim,
+                           .v_head_dim = s->v_head_dim, .softmax_scale = s->softmax_scale,
                            .head_offset = s->head_offset, .total_heads = s->total_heads, .window = s->window};
 }
 
@@ -53,19 +54,20 @@ static loom_moe_groups moe_groups(const loom_tp *tp) {
   return (loom_moe_groups){.seq = tp->seq_group, .ep = tp->ep_group, .etp = tp->etp_group};
 }
 
-/* RoPE over the q and k heads of each qkv row (they lie first, side by
- * side), each run of rows at its global positions (under context
- * parallelism the rank's two chunks). */
-static void rope(const loom_block_shape *s, const loom_tp *tp, const loom_ops *ops, float *qkv, bool backward) {
-  if (s->rope.theta <= 0.0f) return;
+void loom_rope_rows(const loom_tp *tp, const loom_ops *ops, float *x, int T, int Bx, int stride, int heads, int D,
+                    loom_rope rope, bool backward) {
   void (*turn)(const loom_ops *, float *, int, int, int, int, int, int, loom_rope) =
       backward ? ops->rope_backward : ops->rope_forward;
-  const int cp = loom_tp_cp(tp), width = loom_block_qkv_width(s);
+  const int cp = loom_tp_cp(tp);
   loom_cp_run runs[2];
-  const int n = loom_cp_runs(cp, tp->cp_rank, s->T * cp, 0, s->T, runs);
-  for (int i = 0; i < n; i++)
-    turn(ops, qkv + (size_t)runs[i].row * s->B * width, runs[i].rows, s->B, width, s->heads + s->kv_heads, s->head_dim,
-         runs[i].pos, s->rope);
+  const int n = loom_cp_runs(cp, tp->cp_rank, T * cp, 0, T, runs);
+  for (int i = 0; i < n; i++) turn(ops, x + (size_t)runs[i].row * Bx * stride, runs[i].rows, Bx, stride, heads, D, runs[i].pos, rope);
+}
+
+/* RoPE over the q and k heads of each qkv row (they lie first, side by side). */
+static void rope(const loom_block_shape *s, const loom_tp *tp, const loom_ops *ops, float *qkv, bool backward) {
+  if (s->rope.theta > 0.0f)
+    loom_rope_rows(tp, ops, qkv, s->T, s->B, loom_block_qkv_width(s), s->heads + s->kv_heads, s->head_dim, s->rope, backward);
 }
 
 /* QK-norm: RMSNorm over each head's q and k, with the weights of each
@@ -165,7 +167,7 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
                         const loom_block_compute_weights *w, const loom_block_shape *shape,
                         const loom_block_dropout *drop, const loom_tp *tp, const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
-  const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
+  const int width = loom_block_attn_width(shape), qkv = loom_block_qkv_width(shape), f = shape->ffn;
   const int fc = loom_block_fc_width(shape);
   const loom_attn_shape as = attn_shape(shape);
   const loom_dropout d_probs = loom_dropout_for(drop, LOOM_SITE_ATTN_PROBS, T, tp);
@@ -185,12 +187,17 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   const size_t nh = (size_t)n * h;
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x,
                     w->v->ln_1_w, w->v->ln_1_b, n, h);
-  loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
-                               w->v->c_attn_b, N, n, h, qkv);
-  to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
-  if (shape->qk_norm) qk_norm_forward(a, s, w->v, shape, ops);
-  rope(shape, tp, ops, a->qkv, false);
-  to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
+  if (shape->mla) {
+    loom_mla_forward(a->qkv, &a->mla, &s->mla, a->ln_1, normed ? normed : a->ln_1, w->v, shape->mla, T, B, h, shape->heads,
+                     shape->norm_eps, shape->rope, tp, ops);
+  } else {
+    loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
+                                 w->v->c_attn_b, N, n, h, qkv);
+    to_bf16_values(shape, ops, a->qkv, (size_t)N * qkv);
+    if (shape->qk_norm) qk_norm_forward(a, s, w->v, shape, ops);
+    rope(shape, tp, ops, a->qkv, false);
+    to_bf16_values_if(shape->rope.theta > 0.0f, shape, ops, a->qkv, (size_t)N * qkv);
+  }
   attention_forward(a, s, &as, &d_probs, ops);
   if (shape->softmax != LOOM_SOFTMAX_VANILLA) /* once, after every block of a ring */
     ops->attention_sink_forward(ops, a->atty, a->att_lse, shape->softmax == LOOM_SOFTMAX_LEARNABLE ? w->v->sinks : NULL, &as);
@@ -278,7 +285,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
                                const loom_block_shape *shape, const loom_block_dropout *drop, const loom_tp *tp,
                                const loom_ops *ops) {
   const int T = shape->T, B = shape->B, N = T * B, n = loom_tp_local_rows(tp, T) * B, h = shape->hidden;
-  const int width = shape->heads * shape->head_dim, qkv = loom_block_qkv_width(shape), f = shape->ffn;
+  const int width = loom_block_attn_width(shape), qkv = loom_block_qkv_width(shape), f = shape->ffn;
   const int fc = loom_block_fc_width(shape);
   const size_t Nf = (size_t)N * f;
   const loom_attn_shape as = attn_shape(shape);
@@ -336,16 +343,21 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
   if (shape->softmax == LOOM_SOFTMAX_LEARNABLE) /* the attention's own backward needs nothing else: out and lse hold the sinks */
     ops->attention_sink_backward(ops, g->sinks, s->d_atty, a->atty, a->att_lse, w->v->sinks, &as);
   attention_backward(ws->d_qkv, a, s, &as, &d_probs, ops);
-  if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
-    to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
-    rope(shape, tp, ops, ws->d_qkv, true);
+  if (shape->mla) {
+    loom_mla_backward(d_normed, s->d_ln, g, &s->mla, &a->mla, ws->d_qkv, a->ln_1, w->v, shape->mla, T, B, h, shape->heads,
+                      shape->rope, tp, ops);
+  } else {
+    if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
+      to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+      rope(shape, tp, ops, ws->d_qkv, true);
+    }
+    if (shape->qk_norm) { /* and so does QK-norm's backward */
+      to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
+      qk_norm_backward(ws->d_qkv, g, s, a, w->v, shape, ops);
+    }
+    pack(ops, ws->d_qkv_bits, ws->d_qkv, (size_t)N * qkv);
+    qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   }
-  if (shape->qk_norm) { /* and so does QK-norm's backward */
-    to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);
-    qk_norm_backward(ws->d_qkv, g, s, a, w->v, shape, ops);
-  }
-  pack(ops, ws->d_qkv_bits, ws->d_qkv, (size_t)N * qkv);
-  qkv_backward_input(d_normed, g, s, ws, a, w, shape, tp, ops);
   to_bf16_values(shape, ops, d_normed, nh);
   loom_norm_backward(ops, shape->norm, dres, g->ln_1_w, g->ln_1_b, d_normed, x, w->v->ln_1_w, a->ln_1_mean, a->ln_1_rstd,
                      n, h);
@@ -355,7 +367,7 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
 void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
                                 const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
                                 const loom_ops *ops) {
-  const int N = shape->T * shape->B, h = shape->hidden, width = shape->heads * shape->head_dim;
+  const int N = shape->T * shape->B, h = shape->hidden, width = loom_block_attn_width(shape);
   const bool bf16 = shape->bf16;
   if (shape->moe && ws->moe.d_fc)
     loom_moe_backward_weight(&(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w, g->experts_fc_b, g->experts_proj_b}, &a->moe,
@@ -368,7 +380,7 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   }
   loom_linear_weight_grad(ops, g->attn_proj_w, loom_bf16_kept(ws->d_attn, ws->d_attn_bits), loom_bf16_kept(a->atty, a->atty_bits), N,
                           width, h, bf16);
-  qkv_backward_weight(g, s, ws, a, shape, tp, ops);
+  if (!shape->mla) qkv_backward_weight(g, s, ws, a, shape, tp, ops); /* MLA's weight grads are all the input half's */
 }
 
 void loom_block_backward(float *dres, loom_block_weights *g, loom_block_scratch *s,

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "layers/mla.h"
 #include "layers/moe.h"
 #include "layers/ring_attention.h"
 #include "tensor_parallel/linear.h"
@@ -31,7 +32,9 @@ typedef struct {
   int T, B;        /* this rank's sequence length (its chunks' rows under context parallelism) and micro-batch */
   int hidden;
   int heads;       /* this rank's heads */
-  int head_dim;
+  int head_dim;    /* q's and k's */
+  int v_head_dim;  /* v's and the attention output's (0: head_dim) */
+  float softmax_scale; /* loom_attn_shape's (0: 1 / sqrt(head_dim)) */
   int head_offset; /* global index of this rank's first head */
   int total_heads;
   int kv_heads;    /* this rank's key/value heads */
@@ -45,6 +48,7 @@ typedef struct {
   loom_softmax_kind softmax; /* attention sinks: a logit in every row's denominator (learnable: the weights' sinks) */
   int window;       /* this layer's sliding window (loom_attn_shape's; 0: none) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
+  const loom_mla_shape *mla; /* multi-head latent attention's projections in place of q|k|v (mla.h); NULL: none */
   const loom_moe_shape *moe; /* a Mixture-of-Experts MLP (with the shared expert's, if any, beside it); NULL: dense */
   float moe_loss_weight;     /* backward: the router losses' weight in the step's loss */
 } loom_block_shape;
@@ -80,6 +84,7 @@ typedef struct {
    * (every row's heads side by side), and each head row's rstd, [N H] then [N K]. */
   float *qk_raw, *qk_rstd;
   loom_moe_acts moe;                   /* a MoE layer's (fp32 in every run) */
+  loom_mla_acts mla;                   /* multi-head latent attention's */
 } loom_block_acts;
 
 /* Scratch shared by all blocks of a model; contents never outlive a call. */
@@ -97,6 +102,7 @@ typedef struct {
   uint16_t *d_qkv_bits, *d_attn_bits, *d_fc_bits, *d_mlp_bits; /* bf16 runs: a whole backward's four, as bits */
   float *moe_out;                /* [n, h] a MoE layer's experts' output beside a shared expert's (else unused); in backward, a gated shared expert's output grad */
   loom_moe_scratch moe;
+  loom_mla_scratch mla;
   loom_ring ring; /* context parallelism: attention's ring over the cp group (group NULL: none) */
 } loom_block_scratch;
 
@@ -123,9 +129,19 @@ void loom_norm_forward(const loom_ops *ops, loom_norm_kind kind, float eps, floa
 void loom_norm_backward(const loom_ops *ops, loom_norm_kind kind, float *dx, float *dw, float *db, const float *dout,
                         const float *x, const float *w, const float *mean, const float *rstd, int n, int h);
 
-/* Floats in one row of qkv and of fc, the column-parallel outputs. */
-static inline int loom_block_qkv_width(const loom_block_shape *s) { return (s->heads + 2 * s->kv_heads) * s->head_dim; }
+/* A v head's width, the attention output's row (atty's), and qkv's and fc's rows (the column-parallel outputs). */
+static inline int loom_block_v_dim(const loom_block_shape *s) { return s->v_head_dim > 0 ? s->v_head_dim : s->head_dim; }
+static inline int loom_block_attn_width(const loom_block_shape *s) { return s->heads * loom_block_v_dim(s); }
+static inline int loom_block_qkv_width(const loom_block_shape *s) {
+  return (s->heads + s->kv_heads) * s->head_dim + s->kv_heads * loom_block_v_dim(s);
+}
 static inline int loom_block_fc_width(const loom_block_shape *s) { return loom_mlp_fc_factor(s->mlp) * s->ffn; }
+
+/* RoPE in place over the rows [t, b'] (b' < Bx) of x, `stride` floats each,
+ * turning the first `heads` heads of D of each: each run of t at its global
+ * positions (under context parallelism the rank's two chunks). */
+void loom_rope_rows(const loom_tp *tp, const loom_ops *ops, float *x, int T, int Bx, int stride, int heads, int D,
+                    loom_rope rope, bool backward);
 
 /* Dropout keys of one block in one step; p == 0 disables dropout. */
 typedef struct {

@@ -223,6 +223,8 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   m->a = &m->slots[0];
   m->moe = loom_moe_shape_of(c, (int)d.n, loom_gpt_seq_ranks(c, m->tp.size, m->tp.sequence_parallel));
   m->moe.etp_rank = m->tp.etp_group ? loom_comm_rank(m->tp.etp_group) : 0;
+  m->mla = (loom_mla_shape){.q_rank = c->mla.q_lora_rank, .kv_rank = c->mla.kv_lora_rank, .nope = c->mla.qk_head_dim,
+                            .rope = c->mla.qk_pos_emb_head_dim, .v = c->mla.v_head_dim};
   return LOOM_OK;
 }
 
@@ -256,7 +258,9 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
   const int heads = c->heads / m->tp.size;
   const bool moe = loom_gpt_layer_is_moe(c, m->p.range.layer_begin + l);
   return (loom_block_shape){.T = m->T, .B = m->B, .hidden = c->hidden, .heads = heads,
-                            .head_dim = loom_gpt_head_dim(c), .head_offset = m->tp.rank * heads,
+                            .head_dim = loom_gpt_qk_head_dim(c), .v_head_dim = loom_gpt_v_head_dim(c),
+                            .softmax_scale = loom_gpt_softmax_scale(c), .mla = loom_gpt_is_mla(c) ? &m->mla : NULL,
+                            .head_offset = m->tp.rank * heads,
                             .total_heads = c->heads, .kv_heads = loom_gpt_local_kv_heads(c, m->tp.size),
                             .ffn = (moe ? c->moe.shared_ffn : c->ffn) / m->tp.size, .norm_eps = c->norm_eps,
                             .norm = c->norm, .mlp = c->mlp, .glu = c->glu,

@@ -123,6 +123,7 @@ typedef struct loom_gpt_s {
   loom_gpt_work w;
   loom_gpt_hooks hooks;
   loom_moe_shape moe;           /* a MoE model's layer shape (set with the slots) */
+  loom_mla_shape mla;           /* multi-head latent attention's, where the model has it */
   loom_gpt_moe_stats moe_stats; /* a MoE model's routing since the last reset */
   /* [layers * experts] host memory: the expert bias of this stage's layers
    * (model.moe.expert_bias), owned by whoever trains the model (the

@@ -2,6 +2,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
+#include "backend/op_math.h"
 #include "core/decimal.h"
 #include "layers/gpt_config.h"
 
@@ -31,7 +33,7 @@ const char *const LOOM_GPT_PRESET_NAMES[] = {"gpt-tiny", "gpt2-small", "gpt-1.3b
                                              "gpt-175b", "llama-tiny", "llama3-8b", "llama3-70b", "moe-tiny",
                                              "mixtral-8x7b", "mixtral-8x22b", "qwen1.5-moe-a2.7b", "qwen3-8b",
                                              "qwen3-32b", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
-                                             "gpt-oss-120b", NULL};
+                                             "gpt-oss-120b", "deepseek-v3", "deepseek-v3-tiny", NULL};
 static const loom_gpt_config PRESETS[] = {
     {.layers = 2, .hidden = 64, .heads = 4, .vocab = 256, .seq = 64, .norm_eps = 1e-5f},
     {.layers = 12, .hidden = 768, .heads = 12, .vocab = 50257, .seq = 1024, .norm_eps = 1e-5f},
@@ -103,6 +105,36 @@ static const loom_gpt_config PRESETS[] = {
     {.layers = 36, GPT_OSS, .full_attention = {0xAAAAAAAAAull},
      .moe = {.experts = 128, .topk = 4, .router_bias = true, .aux_loss_coeff = 0.9f}},
 #undef GPT_OSS
+    /* DeepSeek-V3 (its config.json, DeepseekV3ForCausalLM): 61 layers, hidden
+     * 7168, 128 heads under multi-head latent attention (q latent 1536, kv
+     * latent 512, heads 128 + 64 RoPE dims, v 128), YaRN (factor 40 over 4096
+     * positions, mscale and mscale_all_dim 1) on rope_theta 10000, the first
+     * 3 layers dense (first_k_dense_replace, ffn 18432), the rest 256 experts
+     * of 2048 beside one shared, top 8 from the best 4 of 8 groups
+     * (noaux_tc), sigmoid scores with the expert bias, weights normalised and
+     * scaled by 2.5; rms_norm_eps 1e-6, untied, vocab 129280; the
+     * sequence-wise balance loss's coefficient (aux_loss_alpha 1e-4) on
+     * loom's per-micro-batch one. */
+#define DEEPSEEK_V3 .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, \
+                    .untied = true, .norm_eps = 1e-6f
+    {.layers = 61, .hidden = 7168, .heads = 128, .ffn = 18432, .vocab = 129280, .seq = 163840, DEEPSEEK_V3,
+     .rope = {.theta = 10000.0f, .factor = 40.0f, .original_max_position = 4096, .yarn = 1, .beta_fast = 32.0f,
+              .beta_slow = 1.0f, .truncate = 1, .attention_factor = 1.0f},
+     .mla = {.q_lora_rank = 1536, .kv_lora_rank = 512, .qk_head_dim = 128, .qk_pos_emb_head_dim = 64, .v_head_dim = 128,
+             .mscale_all_dim = 1.0f},
+     .moe = {.experts = 256, .topk = 8, .ffn = 2048, .shared_ffn = 2048, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = true,
+             .bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE, .router_groups = 8, .router_group_topk = 4, .topk_scaling = 2.5f,
+             .aux_loss_coeff = 1e-4f, .dense = {0x7}}},
+    /* deepseek-v3-tiny: its architecture at llama-tiny's scale for tests: 4
+     * layers (the first dense), hidden 64, 4 heads (q latent 32, kv latent
+     * 16, heads 16 + 8 RoPE dims, v 16), 16 experts of 32 beside a shared
+     * one, top 4 from the best 2 of 4 groups. */
+    {.layers = 4, .hidden = 64, .heads = 4, .ffn = 128, .vocab = 256, .seq = 64, DEEPSEEK_V3, .rope = {.theta = 10000.0f},
+     .mla = {.q_lora_rank = 32, .kv_lora_rank = 16, .qk_head_dim = 16, .qk_pos_emb_head_dim = 8, .v_head_dim = 16},
+     .moe = {.experts = 16, .topk = 4, .ffn = 32, .shared_ffn = 32, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = true,
+             .bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE, .router_groups = 4, .router_group_topk = 2, .topk_scaling = 2.5f,
+             .aux_loss_coeff = 1e-4f, .dense = {0x1}}},
+#undef DEEPSEEK_V3
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])
 _Static_assert(sizeof LOOM_GPT_PRESET_NAMES / sizeof LOOM_GPT_PRESET_NAMES[0] == NPRESETS + 1,
@@ -145,12 +177,20 @@ loom_gpt_config loom_gpt_config_for_ep(const loom_gpt_config *cfg, int etp, int 
 bool loom_gpt_config_is_gpt2(const loom_gpt_config *c) {
   return c->norm == LOOM_NORM_LAYERNORM && c->mlp == LOOM_MLP_GELU && c->position == LOOM_POSITION_LEARNED &&
          !c->no_bias && loom_gpt_kv_heads(c) == c->heads && !loom_gpt_is_moe(c) && loom_gpt_attn_width(c) == c->hidden &&
-         !c->qk_norm && c->softmax == LOOM_SOFTMAX_VANILLA && c->window == 0;
+         !c->qk_norm && c->softmax == LOOM_SOFTMAX_VANILLA && c->window == 0 && !loom_gpt_is_mla(c);
+}
+
+/* DeepSeek's: 1 / sqrt(q's head width), times YaRN's get_mscale(factor, mscale_all_dim) squared. */
+float loom_gpt_softmax_scale(const loom_gpt_config *c) {
+  if (!loom_gpt_is_mla(c) || c->mla.mscale_all_dim <= 0.0f || !c->rope.yarn || c->position != LOOM_POSITION_ROPE) return 0.0f;
+  const double m = loom_yarn_mscale(c->rope.factor, c->mla.mscale_all_dim);
+  return (float)(m * m / sqrt((double)loom_gpt_qk_head_dim(c)));
 }
 
 bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config *b) {
   return a->layers == b->layers && a->hidden == b->hidden && a->heads == b->heads &&
          loom_gpt_head_dim(a) == loom_gpt_head_dim(b) && a->qk_norm == b->qk_norm && a->softmax == b->softmax &&
+         memcmp(&a->mla, &b->mla, sizeof a->mla) == 0 &&
          memcmp(&a->glu, &b->glu, sizeof a->glu) == 0 &&
          a->window == b->window && memcmp(a->full_attention, b->full_attention, sizeof a->full_attention) == 0 &&
          loom_gpt_kv_heads(a) == loom_gpt_kv_heads(b) && a->ffn == b->ffn && a->vocab == b->vocab && a->seq == b->seq &&
@@ -190,7 +230,11 @@ const char *loom_gpt_config_describe(const loom_gpt_config *c, char *buf, size_t
            c->layers, c->hidden, c->heads, loom_gpt_kv_heads(c), c->ffn, c->vocab, c->seq, LOOM_NORM_NAMES[c->norm & 1],
            LOOM_MLP_NAMES[c->mlp & 1], rope, !c->no_bias ? "biases" : c->qkv_bias && c->out_bias ? "attention biases only" : c->qkv_bias ? "qkv bias only" : c->out_bias ? "output bias only" : "no bias", c->untied ? "untied" : "tied");
   size_t used = strlen(buf);
-  if (loom_gpt_attn_width(c) != c->hidden && used < n)
+  if (loom_gpt_is_mla(c) && used < n)
+    snprintf(buf + used, n - used, ", mla q rank %d, kv rank %d, heads %d+%d, v %d", c->mla.q_lora_rank, c->mla.kv_lora_rank,
+             c->mla.qk_head_dim, c->mla.qk_pos_emb_head_dim, c->mla.v_head_dim),
+        used = strlen(buf);
+  else if (loom_gpt_attn_width(c) != c->hidden && used < n)
     snprintf(buf + used, n - used, ", head dim %d", loom_gpt_head_dim(c)), used = strlen(buf);
   if (c->qk_norm && used < n) snprintf(buf + used, n - used, ", qk norm"), used = strlen(buf);
   if (c->softmax && used < n) snprintf(buf + used, n - used, ", softmax %s", LOOM_SOFTMAX_NAMES[c->softmax % 3]), used = strlen(buf);
@@ -217,7 +261,12 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
     if (loom_gpt_kv_replicas(c, tp) > 1) PUT(" (each replicated on %d tp ranks)", loom_gpt_kv_replicas(c, tp));
     else if (tp > 1) PUT(" (%d per tp rank)", loom_gpt_local_kv_heads(c, tp));
   }
-  if (loom_gpt_attn_width(c) != c->hidden) PUT("%sheads of %d", used ? ", " : "", loom_gpt_head_dim(c));
+  if (loom_gpt_is_mla(c)) {
+    PUT("%smulti-head latent attention (", used ? ", " : "");
+    if (c->mla.q_lora_rank) PUT("q rank %d, ", c->mla.q_lora_rank);
+    PUT("kv rank %d, q and k heads of %d + %d RoPE, v heads of %d)", c->mla.kv_lora_rank, c->mla.qk_head_dim,
+        c->mla.qk_pos_emb_head_dim, c->mla.v_head_dim);
+  } else if (loom_gpt_attn_width(c) != c->hidden) PUT("%sheads of %d", used ? ", " : "", loom_gpt_head_dim(c));
   if (c->qk_norm) PUT("%sqk-layernorm", used ? ", " : "");
   if (c->softmax == LOOM_SOFTMAX_LEARNABLE) PUT("%sattention sinks", used ? ", " : "");
   if (c->softmax == LOOM_SOFTMAX_OFF_BY_ONE) PUT("%soff-by-one softmax", used ? ", " : "");

@@ -106,6 +106,23 @@ typedef struct {
   int ep, ep_rank, etp;
 } loom_moe_config;
 
+/* Multi-head latent attention (DeepSeek-V2 and V3's; Megatron's
+ * --multi-latent-attention), where kv_lora_rank > 0: each token's q from a
+ * low-rank latent (x W_qa, RMSNorm, W_qb; or x W_q where q_lora_rank is 0),
+ * its keys and values from one compressed latent (x W_kva's first
+ * kv_lora_rank, RMSNorm, W_kvb: each head's k without RoPE and its v)
+ * beside a RoPE key every head shares (W_kva's last qk_pos_emb_head_dim).
+ * q and k heads are qk_head_dim + qk_pos_emb_head_dim wide, RoPE turning
+ * their last qk_pos_emb_head_dim; v heads v_head_dim. */
+typedef struct {
+  int q_lora_rank;         /* --q-lora-rank (0: none) */
+  int kv_lora_rank;        /* --kv-lora-rank */
+  int qk_head_dim;         /* --qk-head-dim: a q or k head's part without RoPE */
+  int qk_pos_emb_head_dim; /* --qk-pos-emb-head-dim: its RoPE part */
+  int v_head_dim;          /* --v-head-dim */
+  float mscale_all_dim;    /* --mscale-all-dim: with YaRN the softmax scale times get_mscale(factor, it)^2 (0: none) */
+} loom_mla_config;
+
 typedef struct {
   int layers;
   int hidden;
@@ -139,6 +156,7 @@ typedef struct {
   int window;
   uint64_t full_attention[LOOM_LAYER_PATTERN_WORDS];
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
+  loom_mla_config mla; /* multi-head latent attention (kv_lora_rank > 0) in place of the q, k and v projections */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Where the sequence is, not what the model is: split over a context-
    * parallel group of cp ranks (0 or 1: whole), each holding T / cp rows of
@@ -192,8 +210,19 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
 static inline int loom_gpt_kv_heads(const loom_gpt_config *c) { return c->kv_heads > 0 ? c->kv_heads : c->heads; }
 /* Each head's width: the explicit one, else hidden / heads. */
 static inline int loom_gpt_head_dim(const loom_gpt_config *c) { return c->head_dim > 0 ? c->head_dim : c->hidden / c->heads; }
-/* The attention's width, q's and the output projection's input: heads times their width. */
-static inline int loom_gpt_attn_width(const loom_gpt_config *c) { return c->heads * loom_gpt_head_dim(c); }
+/* Whether the attention is multi-head latent attention. */
+static inline bool loom_gpt_is_mla(const loom_gpt_config *c) { return c->mla.kv_lora_rank > 0; }
+/* A q or k head's width (MLA's two parts), and a v head's: each head's width elsewhere. */
+static inline int loom_gpt_qk_head_dim(const loom_gpt_config *c) {
+  return loom_gpt_is_mla(c) ? c->mla.qk_head_dim + c->mla.qk_pos_emb_head_dim : loom_gpt_head_dim(c);
+}
+static inline int loom_gpt_v_head_dim(const loom_gpt_config *c) {
+  return loom_gpt_is_mla(c) ? c->mla.v_head_dim : loom_gpt_head_dim(c);
+}
+/* The attention's softmax scale (loom_attn_shape's; 0: 1 / sqrt of a q head's width). */
+float loom_gpt_softmax_scale(const loom_gpt_config *c);
+/* The attention's output width, the output projection's input: heads times a v head's width. */
+static inline int loom_gpt_attn_width(const loom_gpt_config *c) { return c->heads * loom_gpt_v_head_dim(c); }
 /* The context-parallel split (1: none), and the rows of a sequence of T one rank holds. */
 static inline int loom_gpt_cp(const loom_gpt_config *c) { return c->cp > 1 ? c->cp : 1; }
 static inline int loom_gpt_local_seq(const loom_gpt_config *c, int T) { return T / loom_gpt_cp(c); }

@@ -172,6 +172,30 @@ static void add_experts(table *t, const loom_gpt_config *c, int i) {
   if (c->moe.shared_gate) add(t, LOOM_ROLE_SHARED_GATE_W, named(&n, "model.layers.", i, "mlp.shared_expert_gate.weight"), 2, 1, h, whole);
 }
 
+/* Multi-head latent attention, in DeepSeek-V3's Hugging Face names: the
+ * down projections q_a_proj and kv_a_proj_with_mqa (one view, one GEMM's
+ * rows), replicated over tp as the norms are, the latents' norms, then the
+ * up projections split by heads (column-parallel) and o_proj. Under
+ * sequence parallelism a replicated projection's grad is this rank's rows'
+ * share, summed over tp with the norms'. */
+static void add_mla(table *t, const loom_gpt_config *c, int i) {
+  const loom_mla_config *a = &c->mla;
+  const int64_t D = loom_gpt_qk_head_dim(c), P = a->qk_pos_emb_head_dim;
+  const loom_param_meta down = weight(0.02f, -1, 1), up = weight(0.02f, 0, 1);
+  loom_param_meta norm = NORM_W;
+  name n;
+  if (a->q_lora_rank) add(t, LOOM_ROLE_MLA_DOWN_W, named(&n, "model.layers.", i, "self_attn.q_a_proj.weight"), 2, a->q_lora_rank, c->hidden, down);
+  add(t, a->q_lora_rank ? LOOM_ROLE_FUSED : LOOM_ROLE_MLA_DOWN_W, named(&n, "model.layers.", i, "self_attn.kv_a_proj_with_mqa.weight"), 2,
+      a->kv_lora_rank + P, c->hidden, down);
+  if (a->q_lora_rank) add(t, LOOM_ROLE_MLA_Q_NORM_W, named(&n, "model.layers.", i, "self_attn.q_a_layernorm.weight"), 1, a->q_lora_rank, 0, norm);
+  add(t, LOOM_ROLE_MLA_KV_NORM_W, named(&n, "model.layers.", i, "self_attn.kv_a_layernorm.weight"), 1, a->kv_lora_rank, 0, norm);
+  add(t, LOOM_ROLE_MLA_Q_UP_W, named(&n, "model.layers.", i, a->q_lora_rank ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"), 2,
+      c->heads * D, a->q_lora_rank ? a->q_lora_rank : c->hidden, up);
+  add(t, LOOM_ROLE_MLA_KV_UP_W, named(&n, "model.layers.", i, "self_attn.kv_b_proj.weight"), 2,
+      c->heads * (int64_t)(a->qk_head_dim + a->v_head_dim), a->kv_lora_rank, up);
+  add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", loom_gpt_attn_width(c), false);
+}
+
 /* The Llama family's block, in Hugging Face's names: separate q, k and v
  * projections (k and v of kv_heads heads, whole heads per rank, replicated
  * when tp exceeds them), and SwiGLU's gate and up projections. */
@@ -186,8 +210,9 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   name n, m;
   add_norm(t, c, LOOM_ROLE_LN_1_W, named(&n, "model.layers.", i, "input_layernorm.weight"),
            named(&m, "model.layers.", i, "input_layernorm.bias"));
-  add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3, loom_gpt_qkv_biased(c));
-  add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D, loom_gpt_out_biased(c));
+  if (loom_gpt_is_mla(c)) add_mla(t, c, i);
+  else add_fused(t, c, i, LOOM_ROLE_QKV_W, qkv, 3, loom_gpt_qkv_biased(c));
+  if (!loom_gpt_is_mla(c)) add_output(t, c, i, LOOM_ROLE_ATTN_PROJ_W, "self_attn.o_proj", c->heads * D, loom_gpt_out_biased(c));
   if (c->qk_norm) { /* Qwen3's names, after o_proj as its attention registers them */
     add(t, LOOM_ROLE_Q_NORM_W, named(&n, "model.layers.", i, "self_attn.q_norm.weight"), 1, D, 0, HEAD_NORM_W);
     add(t, LOOM_ROLE_K_NORM_W, named(&n, "model.layers.", i, "self_attn.k_norm.weight"), 1, D, 0, HEAD_NORM_W);
@@ -684,16 +709,26 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
   const double h = cfg->hidden, f = cfg->ffn, layers = range->layer_end - range->layer_begin;
   const double moe_layers = loom_gpt_moe_layers(cfg, range->layer_begin, range->layer_end);
   const double q = (double)cfg->heads * loom_gpt_head_dim(cfg), kv = 2.0 * loom_gpt_kv_heads(cfg) * loom_gpt_head_dim(cfg);
+  /* a layer's attention projections, and the width its scores and values take per key (q's; MLA's q and v halved,
+   * as Megatron's formula counts them, its latents' norms counted with their projections) */
+  double projections = h * (q + kv) + q * h, core = q;
+  if (loom_gpt_is_mla(cfg)) {
+    const loom_mla_config *a = &cfg->mla;
+    const double H = cfg->heads, D = loom_gpt_qk_head_dim(cfg), v = a->v_head_dim, rq = a->q_lora_rank, rkv = a->kv_lora_rank;
+    projections = (rq > 0 ? rq * (h + H * D + 1.0) : h * H * D) + rkv * (h + H * (a->qk_head_dim + v) + 1.0) +
+                  h * a->qk_pos_emb_head_dim + H * v * h;
+    core = H * (D + v) / 2.0;
+  }
   /* gate, up and down; or up and down. A MoE layer's: its top-k experts' and its shared expert's (the router's
    * E x h, as Megatron, left out). */
   const double moe_width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : 0.0;
   const double widths = moe_layers * moe_width + (layers - moe_layers) * f; /* the layers' MLPs' widths summed */
   const double mlp = loom_mlp_matrices(cfg->mlp) * h * widths;
-  const double layer_matmul = layers * (h * (q + kv) + q * h) + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
+  const double layer_matmul = layers * projections + mlp, head = range->last ? (double)cfg->vocab * h : 0.0;
   /* scores and values: 4 T q FLOPs per token and layer, one pass (q = heads x head dim: hidden unless --kv-channels
    * sets another width, as Megatron's query_projection_to_hidden_size_ratio scales it), T the keys a window leaves */
   double attention = 0.0;
-  for (int l = range->layer_begin; l < range->layer_end; l++) attention += q * loom_attention_keys(T, loom_gpt_layer_window(cfg, l));
+  for (int l = range->layer_begin; l < range->layer_end; l++) attention += core * loom_attention_keys(T, loom_gpt_layer_window(cfg, l));
   if (formula == LOOM_FLOPS_SC21) return (8.0 * layer_matmul + 16.0 * attention + 6.0 * head) * tokens;
   return (6.0 * (layer_matmul + head) + (formula == LOOM_FLOPS_NEMO ? 12.0 : 6.0) * attention) * tokens;
 }

@@ -21,7 +21,8 @@ typedef enum {
   LOOM_ROLE_LN_2_W, LOOM_ROLE_LN_2_B, LOOM_ROLE_FC_W, LOOM_ROLE_FC_B, LOOM_ROLE_MLP_PROJ_W, LOOM_ROLE_MLP_PROJ_B,
   LOOM_ROLE_ROUTER_W, LOOM_ROLE_EXPERTS_FC_W, LOOM_ROLE_EXPERTS_PROJ_W, LOOM_ROLE_SHARED_GATE_W,
   LOOM_ROLE_Q_NORM_W, LOOM_ROLE_K_NORM_W, LOOM_ROLE_SINKS, LOOM_ROLE_ROUTER_B, LOOM_ROLE_EXPERTS_FC_B,
-  LOOM_ROLE_EXPERTS_PROJ_B,
+  LOOM_ROLE_EXPERTS_PROJ_B, LOOM_ROLE_MLA_DOWN_W, LOOM_ROLE_MLA_Q_NORM_W, LOOM_ROLE_MLA_KV_NORM_W, LOOM_ROLE_MLA_Q_UP_W,
+  LOOM_ROLE_MLA_KV_UP_W,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
   LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
@@ -81,6 +82,13 @@ typedef struct {
   float *router_b;                  /* [E] the router's bias (NULL: none) */
   float *experts_fc_b;              /* [E][fe] (SwiGLU: [E][2fe], gate|up) the experts' biases (NULL: none) */
   float *experts_proj_b;            /* [E][h] */
+  /* Multi-head latent attention's (NULL: none; c_attn_w then none), rq the
+   * q rank (0: none), rkv the kv rank, P the RoPE part, D = nope + P: */
+  float *mla_down_w;                /* [rq + rkv + P, h] rows q_a | kv_a (its latent, then the RoPE key), every tp rank's */
+  float *mla_q_norm_w;              /* [rq] (NULL: no q latent) */
+  float *mla_kv_norm_w;             /* [rkv] */
+  float *mla_q_up_w;                /* [H D, rq] (no q latent: [H D, h]) this rank's heads' rows, each head nope | RoPE */
+  float *mla_kv_up_w;               /* [H (nope + v), rkv] this rank's heads' rows, each head k's nope | v */
 } loom_block_weights;
 
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),

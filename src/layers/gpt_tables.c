@@ -31,22 +31,28 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
   const bool moe = moe_layers > 0, dense = moe_layers < L;
   const int64_t fk[LOOM_LAYER_KINDS] = {c->ffn / tp, loom_gpt_is_moe(c) ? c->moe.shared_ffn / tp : 0};
   const int64_t f = dense && fk[0] > (moe ? fk[1] : 0) ? fk[0] : moe ? fk[1] : 0, D = loom_gpt_head_dim(c);
-  const int64_t N = (int64_t)T * B;
-  const int64_t qkv = (c->heads / tp + 2 * loom_gpt_local_kv_heads(c, tp)) * D, n = sp ? N / tp : N;
+  const int64_t N = (int64_t)T * B, H = c->heads / tp, K = loom_gpt_local_kv_heads(c, tp);
+  const int64_t Dq = loom_gpt_qk_head_dim(c), Dv = loom_gpt_v_head_dim(c);
+  const int64_t qkv = (H + K) * Dq + K * Dv, n = sp ? N / tp : N;
+  const loom_mla_config *mla = &c->mla;
+  const loom_mla_shape ms = {.q_rank = mla->q_lora_rank, .kv_rank = mla->kv_lora_rank, .rope = mla->qk_pos_emb_head_dim};
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = loom_mlp_fc_factor(c->mlp);
   const int seq = loom_gpt_seq_ranks(c, tp, sp);
   const int64_t taken = moe ? loom_moe_recv_rows(c, n, seq) : 0, rows = moe ? loom_moe_expert_rows(c, n, seq) : 0;
-  return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = (c->heads / tp) * D,
+  return (dims){.N = N, .n = n, .h = c->hidden, .f = L ? f : fk[0], .w = H * Dv,
                 .fk = {fk[0], fk[1]}, .fck = {wide * fk[0], wide * fk[1]}, .cfg = c, .layer0 = r->layer_begin,
                 .E = moe ? c->moe.experts : 0, .k = k, .M = n * k, .taken = taken, .X = rows,
                 .ep = c->moe.ep > 1 ? c->moe.ep : 1, .etp = loom_gpt_expert_tp(c),
                 .fe = fe, .fce = loom_mlp_fc_factor(c->mlp) * fe, .gate = moe && c->moe.shared_gate,
                 .lse = (int64_t)B * (c->heads / tp) * T, .V = c->padded_vocab / tp, .qkv = qkv,
                 .fc = wide * (L ? f : fk[0]),
-                .ring = loom_gpt_cp(c) > 1 ? N * 2 * loom_gpt_local_kv_heads(c, tp) * D : 0, .cp = loom_gpt_cp(c),
+                .ring = loom_gpt_cp(c) > 1 ? N * K * (Dq + Dv) : 0, .cp = loom_gpt_cp(c),
                 .cp_all_gather = c->cp_all_gather,
                 .d_qkv_w = loom_gpt_kv_replicas(c, tp) > 1 ? qkv * (c->hidden + 1) : 0,
                 .qk_rows = c->qk_norm ? N * (c->heads / tp + loom_gpt_local_kv_heads(c, tp)) : 0, .D = D,
+                .mla_q = mla->q_lora_rank, .mla_kv = mla->kv_lora_rank, .mla_pe = mla->qk_pos_emb_head_dim,
+                .mla_q_up = H * Dq, .mla_kv_up = loom_gpt_is_mla(c) ? H * (mla->qk_head_dim + mla->v_head_dim) : 0,
+                .mla_widest = loom_gpt_is_mla(c) ? loom_mla_widest(&ms) : 0,
                 .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
 }
@@ -133,6 +139,12 @@ static void want_stats(act_list *l, layer_views *v, const dims *d, span s) {
     want(l, &v->qk_raw, "qk_raw", L * d->qk_rows * d->D);
     want(l, &v->qk_rstd, "qk_rstd", L * d->qk_rows);
   }
+  if (d->mla_kv) {
+    if (d->mla_q) want(l, &v->mla.q_raw, "mla_q_raw", L * d->n * d->mla_q), want(l, &v->mla.q_in, "mla_q_in", L * d->N * d->mla_q);
+    want(l, &v->mla.kv_raw, "mla_kv_raw", L * d->n * d->mla_kv);
+    want(l, &v->mla.kv_in, "mla_kv_in", L * d->N * d->mla_kv);
+    want(l, &v->mla.rstd, "mla_rstd", L * 2 * d->n);
+  }
   want_moe(l, &v->moe, d, moe_before(d, s, L));
 }
 
@@ -199,6 +211,9 @@ void loom_tables_bind_layers(loom_block_acts *b, const layer_views *v, const dim
         .qkv = at(v->qkv, o[1]), .atty = at(v->atty, o[2]), .res_attn = at(v->resa, o[3]),
         .ln_2 = at(v->ln2, o[4]), .fc = at(v->fc, o[5]), .fc_gelu = at(v->fcg, o[6]),
         .out = at(v->out, o[7]), .qk_raw = at(v->qk_raw, j * d->qk_rows * d->D), .qk_rstd = at(v->qk_rstd, j * d->qk_rows),
+        .mla = {.q_raw = at(v->mla.q_raw, j * d->n * d->mla_q), .q_in = at(v->mla.q_in, j * d->N * d->mla_q),
+                .kv_raw = at(v->mla.kv_raw, j * d->n * d->mla_kv), .kv_in = at(v->mla.kv_in, j * d->N * d->mla_kv),
+                .rstd = at(v->mla.rstd, j * 2 * d->n)},
         .moe = moe ? moe_layer(&v->moe, d, moe_before(d, s, j)) : (loom_moe_acts){0}};
     for (int k = 0; k < WEIGHT_INPUTS; k++) *loom_tables_act_bits_field(&b[j], k) = at16(v->bits[k], o[WEIGHT_INPUT[k]]);
   }
@@ -349,6 +364,16 @@ void loom_tables_list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_v
   }
   if (d->d_qkv_w) want(l, &s->d_qkv_w, "d_qkv_w", d->d_qkv_w);
   if (d->qk_rows) want(l, &s->qk_norm, "qk_norm", 2 * d->qk_rows * d->D); /* q and k side by side, and their grads */
+  if (d->mla_kv) {
+    loom_mla_scratch *m = &s->mla;
+    want(l, &m->q, "mla_q", d->N * d->mla_q_up);
+    want(l, &m->kv, "mla_kv", d->N * d->mla_kv_up);
+    want(l, &m->pe, "mla_pe", d->N * d->mla_pe);
+    want(l, &m->pe_head, "mla_pe_head", d->N * d->mla_pe);
+    want(l, &m->local, "mla_local", d->n * d->mla_widest);
+    want(l, &m->local2, "mla_local2", d->n * d->mla_widest);
+    want(l, &m->full, "mla_full", d->N * d->mla_widest);
+  }
   if (d->E) {
     if (d->f) want(l, &s->moe_out, "moe_out", d->n * d->h); /* beside a shared expert's output */
     want(l, &s->moe.d_x, "moe_d_x", d->n * d->h);

@@ -37,6 +37,9 @@ typedef struct {
   bool gate;              /* a MoE model's shared expert is gated */
   int64_t qk_rows;        /* QK-norm: the rows of D it normalises, each [t, b] row's local q and k heads (0: none) */
   int64_t D;              /* a head's width */
+  /* multi-head latent attention (mla_kv 0: none): its latents' widths (q's 0: none), the RoPE key's, and the rows
+   * of its up projections' outputs on this rank */
+  int64_t mla_q, mla_kv, mla_pe, mla_q_up, mla_kv_up, mla_widest;
   int L, tp;
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
   int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
@@ -54,6 +57,7 @@ static const int WEIGHT_INPUT[WEIGHT_INPUTS] = {0, 2, 4, 6};
 typedef struct {
   float *ln1m, *ln1r, *lse, *ln1, *qkv, *atty, *resa, *ln2m, *ln2r, *ln2, *fc, *fcg, *out;
   float *qk_raw, *qk_rstd; /* QK-norm's input and statistics */
+  loom_mla_acts mla;       /* multi-head latent attention's, for every layer */
   uint16_t *bits[WEIGHT_INPUTS];
   loom_moe_acts moe; /* a MoE model's, for every layer */
 } layer_views;

@@ -42,6 +42,10 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .glu = {.alpha = m->glu_alpha, .clamp = m->glu_clamp, .offset = m->glu_offset},
                            .untied = !m->tied_embeddings, .head_dim = m->has_kv_channels ? m->kv_channels : 0,
                            .qk_norm = m->qk_layernorm, .softmax = (loom_softmax_kind)m->softmax_type};
+  if (m->mla)
+    cfg->mla = (loom_mla_config){.q_lora_rank = m->mla->q_lora_rank, .kv_lora_rank = m->mla->kv_lora_rank,
+                                 .qk_head_dim = m->mla->qk_head_dim, .qk_pos_emb_head_dim = m->mla->qk_pos_emb_head_dim,
+                                 .v_head_dim = m->mla->v_head_dim, .mscale_all_dim = m->mla->mscale_all_dim};
   if (m->moe)
     cfg->moe = (loom_moe_config){.experts = m->moe->experts, .topk = m->moe->topk, .ffn = m->moe->ffn,
                                  .shared_ffn = m->moe->shared_ffn, .shared_gate = m->moe->shared_gate, .score = (loom_moe_score)m->moe->score,
@@ -120,6 +124,16 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_softmax_type = c->softmax != LOOM_SOFTMAX_VANILLA;
   m->softmax_type = (Loom__SoftmaxType)c->softmax;
   m->has_window_size = c->window > 0, m->window_size = c->window;
+  if (loom_gpt_is_mla(c)) {
+    Loom__Mla *mla = &rooms->mla;
+    loom__mla__init(mla);
+    mla->has_q_lora_rank = c->mla.q_lora_rank > 0, mla->q_lora_rank = c->mla.q_lora_rank;
+    mla->has_kv_lora_rank = mla->has_qk_head_dim = mla->has_qk_pos_emb_head_dim = mla->has_v_head_dim = 1;
+    mla->kv_lora_rank = c->mla.kv_lora_rank, mla->qk_head_dim = c->mla.qk_head_dim;
+    mla->qk_pos_emb_head_dim = c->mla.qk_pos_emb_head_dim, mla->v_head_dim = c->mla.v_head_dim;
+    mla->has_mscale_all_dim = c->mla.mscale_all_dim > 0.0f, mla->mscale_all_dim = c->mla.mscale_all_dim;
+    m->mla = mla;
+  }
   if (loom_gpt_has_full_attention_layers(c)) {
     for (int l = 0; l < c->layers; l++) rooms->window_pattern[l] = loom_gpt_layer_window(c, l) > 0;
     m->n_window_pattern = (size_t)c->layers, m->window_pattern = rooms->window_pattern;

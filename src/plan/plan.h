@@ -95,6 +95,7 @@ void loom_plan_context_config(const loom_plan *plan, loom_gpt_config *cfg);
  * alive as long as m, or to copy where m outlives them. */
 typedef struct {
   Loom__RopeScaling scaling;
+  Loom__Mla mla;
   Loom__Moe moe;
   int32_t pattern[LOOM_GPT_MAX_LAYERS];        /* the MoE layers */
   int32_t window_pattern[LOOM_GPT_MAX_LAYERS]; /* the windowed layers */

@@ -67,6 +67,7 @@ static Loom__Model *model_of(const loom_plan_spec *sp) {
   loom_model_rooms *rooms = loom_xmalloc(sizeof *rooms, "plan model");
   loom_model_proto_fill(m, &sp->model, rooms);
   if (m->rope_scaling) m->rope_scaling = plan_copy(&rooms->scaling, sizeof rooms->scaling, "plan model");
+  if (m->mla) m->mla = plan_copy(&rooms->mla, sizeof rooms->mla, "plan model");
   if (m->n_window_pattern)
     m->window_pattern = plan_copy(rooms->window_pattern, m->n_window_pattern * sizeof *rooms->window_pattern, "plan model");
   if (m->moe) {

@@ -155,6 +155,36 @@ static void check_glu(report *r, const Loom__Model *m) {
     violation(r, "model.glu_offset = %g: must be a finite number (GPT-OSS's 1)", (double)m->glu_offset);
 }
 
+/* Multi-head latent attention: low ranks below the hidden size, an even RoPE part on a RoPE model, and none of the
+ * other attention's settings (its keys and values come per head from the latent). */
+static void check_mla(report *r, const Loom__Model *m) {
+  const Loom__Mla *a = m->mla;
+  if (!a) return;
+  if (a->kv_lora_rank > m->hidden)
+    violation(r, "model.mla.kv_lora_rank = %d: the compressed keys and values must be narrower than the hidden state "
+              "(model.hidden %d); DeepSeek-V3's is 512 of 7168", a->kv_lora_rank, m->hidden);
+  if (a->q_lora_rank > m->hidden)
+    violation(r, "model.mla.q_lora_rank = %d: q's latent must be narrower than the hidden state (model.hidden %d); "
+              "DeepSeek-V3's is 1536 of 7168", a->q_lora_rank, m->hidden);
+  if (a->qk_pos_emb_head_dim % 2)
+    violation(r, "model.mla.qk_pos_emb_head_dim = %d: RoPE turns pairs of dims, so it must be even (DeepSeek-V3's 64)",
+              a->qk_pos_emb_head_dim);
+  if (m->position != LOOM__POSITION__POSITION_ROPE)
+    violation(r, "model.mla: turns its decoupled q and k parts with RoPE; set model.position = POSITION_ROPE");
+  if (m->norm != LOOM__NORM__NORM_RMSNORM)
+    violation(r, "model.mla: its latents are normalised with RMSNorm, as the model's other norms; set model.norm = "
+              "NORM_RMSNORM");
+  if (m->bias || m->qkv_bias)
+    violation(r, "model.mla: its projections have no biases (DeepSeek's attention_bias false); set model.bias = false "
+              "and drop qkv_bias");
+  if ((m->has_kv_heads && m->kv_heads != m->heads) || m->has_kv_channels || m->qk_layernorm)
+    violation(r, "model.mla: every head has its own key and value, of the widths model.mla.qk_head_dim and "
+              "model.mla.v_head_dim, its latents normalised; drop model.kv_heads, model.kv_channels and "
+              "model.qk_layernorm");
+  if (a->has_mscale_all_dim && !(isfinite(a->mscale_all_dim) && a->mscale_all_dim > 0.0f))
+    violation(r, "model.mla.mscale_all_dim = %g: must be finite and above 0 (DeepSeek-V3's 1)", (double)a->mscale_all_dim);
+}
+
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (!m->has_kv_channels && m->hidden % m->heads)
@@ -177,7 +207,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   else if (kv != m->heads && kv % tp && tp % kv) /* multi-head attention: the heads' rule says it */
     violation(r, "model.kv_heads = %d with parallel.tp = %d: tp must divide kv_heads (each rank holds kv_heads / tp) or be a "
               "multiple of it (each head replicated over tp / kv_heads ranks); pick such a tp", kv, tp);
-  if (m->position == LOOM__POSITION__POSITION_ROPE && head_dim % 2)
+  if (m->position == LOOM__POSITION__POSITION_ROPE && head_dim % 2 && !m->mla)
     violation(r, "model.position = POSITION_ROPE: needs an even head size, but the heads are %d wide", head_dim);
   if (m->qk_layernorm && m->norm != LOOM__NORM__NORM_RMSNORM)
     violation(r, "model.qk_layernorm = true: normalises q and k with RMSNorm, as the model's other norms; set "
@@ -192,6 +222,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
     violation(r, "model.qkv_bias = true: keeps q, k and v's biases where the other linears have none, but model.bias is "
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
   if (m->moe) check_moe(r, m, tp);
+  check_mla(r, m);
   check_window(r, m);
   check_glu(r, m);
   const Loom__RopeScaling *sc = m->rope_scaling;
@@ -306,6 +337,9 @@ static void check_precision(report *r, const loom_plan *p) {
     violation(r, "grad_reduce = %d: grads cross data parallelism in PRECISION_FP32 or PRECISION_BF16", (int)p->grad_reduce);
   if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->fp8 != LOOM__FP8_FORMAT__FP8_HYBRID && p->fp8 != LOOM__FP8_FORMAT__FP8_E4M3)
     violation(r, "fp8 = %d: not an fp8 format (FP8_NONE, FP8_HYBRID, FP8_E4M3)", (int)p->fp8);
+  else if (p->model && p->model->mla && p->precision == LOOM__PRECISION__PRECISION_BF16)
+    violation(r, "precision = PRECISION_BF16: multi-head latent attention (model.mla) computes in fp32 so far; set "
+              "precision = PRECISION_FP32");
   else if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->precision != LOOM__PRECISION__PRECISION_BF16)
     violation(r, "fp8 = %s: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set precision "
               "PRECISION_BF16", p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "FP8_HYBRID" : "FP8_E4M3");
@@ -521,6 +555,14 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     if (m->has_kv_channels) check_size(r, "model.kv_channels", m->kv_channels, 1, LOOM_ATTN_MAX_HEAD_DIM);
     check_size(r, "model.softmax_type", (int)m->softmax_type, 0, LOOM__SOFTMAX_TYPE__SOFTMAX_LEARNABLE);
     if (m->has_window_size) check_size(r, "model.window_size", m->window_size, 1, LOOM_PLAN_MAX_SEQ);
+    if (m->mla) { /* a q or k head: its two parts together within what the attention takes */
+      check_size(r, "model.mla.q_lora_rank", m->mla->q_lora_rank, 0, LOOM_PLAN_MAX_HIDDEN);
+      check_size(r, "model.mla.kv_lora_rank", m->mla->kv_lora_rank, 1, LOOM_PLAN_MAX_HIDDEN);
+      check_size(r, "model.mla.qk_head_dim", m->mla->qk_head_dim, 1, LOOM_ATTN_MAX_HEAD_DIM);
+      check_size(r, "model.mla.qk_pos_emb_head_dim", m->mla->qk_pos_emb_head_dim, 2,
+                 LOOM_ATTN_MAX_HEAD_DIM - (m->mla->qk_head_dim > 0 ? m->mla->qk_head_dim : 0));
+      check_size(r, "model.mla.v_head_dim", m->mla->v_head_dim, 1, LOOM_ATTN_MAX_HEAD_DIM);
+    }
     if (m->moe) {
       check_size(r, "model.moe.experts", m->moe->experts, 1, LOOM_PLAN_MAX_EXPERTS);
       check_size(r, "model.moe.topk", m->moe->topk, 1, LOOM_PLAN_MAX_EXPERTS);

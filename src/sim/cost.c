@@ -235,7 +235,8 @@ static void moe_costs(const layout *L, pass *f, pass *g, pass *w) {
  * gathered in each pass and, backward, for the grads' reduce-scatter. */
 static void ring_costs(const layout *L, pass *f, pass *g, double att_f, double att_g) {
   if (L->cp < 2) return;
-  const double block = L->tokens * 2.0 * loom_gpt_local_kv_heads(&L->cfg, L->tp) * loom_gpt_head_dim(&L->cfg) * L->f32;
+  const double block = L->tokens * loom_gpt_local_kv_heads(&L->cfg, L->tp) *
+                       (loom_gpt_qk_head_dim(&L->cfg) + loom_gpt_v_head_dim(&L->cfg)) * L->f32;
   if (L->cp_all_gather) {
     double gathered, scattered;
     const double gather = loom_collective_seconds(L->prof, LOOM_COLL_ALLGATHER, L->cp * block, L->cp, L->cp_per_node, &gathered);
@@ -265,14 +266,22 @@ static int sim_layer_kind(const loom_gpt_config *c, int l) {
  * that is its weight-grad GEMMs (each the FLOPs of its forward GEMM). */
 static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g, pass *w) {
   const loom_gpt_config *c = &L->cfg;
-  const double t = L->tp, h = c->hidden, hd = loom_gpt_head_dim(c), heads = c->heads / t;
+  const double t = L->tp, h = c->hidden, hd = loom_gpt_qk_head_dim(c), vd = loom_gpt_v_head_dim(c), heads = c->heads / t;
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
   const double sq = L->sq; /* a rank's queries meet every key of the sequence */
   const double up = loom_mlp_fc_factor(c->mlp) * ffn, e = L->e;
+  /* The projections into the attention: q|k|v's columns; MLA's down projections (every tp rank's whole), q's and
+   * kv's up projections (this rank's heads) as one GEMM of the same FLOPs over h. */
+  double in_cols = (heads + kv) * hd + kv * vd;
+  if (loom_gpt_is_mla(c)) {
+    const loom_mla_config *a = &c->mla;
+    in_cols = a->q_lora_rank + a->kv_lora_rank + a->qk_pos_emb_head_dim +
+              (heads * hd * (a->q_lora_rank ? a->q_lora_rank : h) + heads * (a->qk_head_dim + vd) * a->kv_lora_rank) / h;
+  }
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
   const double shapes[][4] = {
-      {T, (heads + 2.0 * kv) * hd, h, 1}, {sq, s, hd, L->b * heads}, {sq, hd, s, L->b * heads},
-      {T, h, heads * hd, 1},              {T, up, h, 1},            {T, h, ffn, 1},
+      {T, in_cols, h, 1},    {sq, s, hd, L->b * heads}, {sq, vd, s, L->b * heads},
+      {T, h, heads * vd, 1}, {T, up, h, 1},             {T, h, ffn, 1},
   };
   const Loom__DeviceProfile *dev = L->prof->device;
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
@@ -294,7 +303,7 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
     const double keys = L->cp > 1 && !L->cp_all_gather ? s / L->cp : s; /* what one kernel's queries meet */
     const double length = dev->has_attention_half_seq ? keys / (keys + dev->attention_half_seq) : 1.0;
     const double share = loom_attention_keys((int)s, window) / s; /* the window's share of the causal pairs */
-    const double flops = 2.0 * L->b * heads * sq * s * hd * share;
+    const double flops = L->b * heads * sq * s * (hd + vd) * share; /* scores over q's width, values over v's */
     const double rate = loom_profile_peak_flops(L->prof, L->precision) * dev->attention_efficiency * length;
     att_f += flops / rate, att_g += 2.0 * flops / rate;
     f->compute += flops / rate;
@@ -311,7 +320,7 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
   bytes += loom_mlp_matrices(c->mlp) * T * ffn * e; /* the fc outputs read, the activation written */
   if (c->position == LOOM_POSITION_ROPE) bytes += 2.0 * T * (heads + kv) * hd * e;
   if (c->qk_norm) bytes += 2.0 * T * (heads + kv) * hd * e; /* QK-norm's read and write of q and k */
-  if (c->softmax != LOOM_SOFTMAX_VANILLA) bytes += 2.0 * T * heads * hd * e; /* the sinks rescale the output */
+  if (c->softmax != LOOM_SOFTMAX_VANILLA) bytes += 2.0 * T * heads * vd * e; /* the sinks rescale the output */
   const double ops = 14.0 + (c->qk_norm ? 2.0 : 0.0) + (c->softmax != LOOM_SOFTMAX_VANILLA ? 1.0 : 0.0);
   stream(L, f, bytes);
   stream(L, g, 2.0 * bytes);
