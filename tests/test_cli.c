@@ -162,9 +162,6 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--kv-heads", "2", NULL), 2,
               "loom train: --multi-latent-attention: every head has its own key and value, of the widths --qk-head-dim "
               "and --v-head-dim, its latents normalised; drop --kv-heads, --kv-channels and --qk-layernorm");
-  refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--precision", "bf16", NULL), 2,
-              "loom train: --precision PRECISION_BF16: multi-head latent attention (--multi-latent-attention) computes in "
-              "fp32 so far; set --precision PRECISION_FP32");
   /* group-limited routing's counts */
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "3", "--moe-router-group-topk", "1", NULL), 2,
               "loom train: --moe-router-num-groups 3: must divide the experts (8) into equal groups");

@@ -641,11 +641,13 @@ START_TEST(bf16_matches_serial_bf16) {
    * way), and over STEPS = 10 steps a weight's grad flips in a few of them at most: measured 6.0 lr at worst
    * (MoE, ZeRO-3 at tp 2 x dp 2 with SP), 4.5 lr at tp 2 x pp 2 x dp 2, 3.5 lr at dp 2. The bound is four
    * flips, 8 lr, where a run apart by a step's worth every step (2 STEPS lr) would fail it. */
-  if (strstr(g_model, "mla")) return; /* multi-head latent attention computes in fp32 so far (the plan's rules refuse bf16) */
+  /* Multi-head latent attention rounds more small tensors to bf16 (its latents, the RoPE key's grad summed over
+   * the heads), each of which the ring's reordered merge can flip: measured at cp 2, losses 2.4e-3 apart by step
+   * 10 while the weights stay within cp's bounds (NMSE 6.9e-6, the worst 0.46 lr). So MLA under cp gets 5e-3. */
   const double flips_lr = 8 * g_lr;
-  const bool bf16_sums = g_tp > 1, moe = is_moe(), ring = g_cp > 1;
+  const bool bf16_sums = g_tp > 1, moe = is_moe(), ring = g_cp > 1, mla = strstr(g_model, "mla") != NULL;
   if (getenv("LOOM_TEST_BF16")) check_bf16(false, 1, 1, 1);
-  check_bf16(false, bf16_sums ? 1e-2 : 1e-3, bf16_sums ? (moe ? 1e-2 : 1e-3) : ring ? 1e-4 : 1e-5,
+  check_bf16(false, bf16_sums ? 1e-2 : ring && mla ? 5e-3 : 1e-3, bf16_sums ? (moe ? 1e-2 : 1e-3) : ring ? 1e-4 : 1e-5,
              bf16_sums ? flips_lr : ring ? 4 * g_lr : 2 * g_lr);
   /* Grads summed over the replicas as bf16 (--grad-reduce-dtype bf16): each
    * partial sum rounds to 2^-8 of its value, so the bounds are wider; the

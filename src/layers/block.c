@@ -188,8 +188,8 @@ void loom_block_forward(loom_block_acts *a, loom_block_scratch *s, const float *
   loom_norm_forward(ops, shape->norm, shape->norm_eps, normed ? normed : a->ln_1, a->ln_1_mean, a->ln_1_rstd, x,
                     w->v->ln_1_w, w->v->ln_1_b, n, h);
   if (shape->mla) {
-    loom_mla_forward(a->qkv, &a->mla, &s->mla, a->ln_1, normed ? normed : a->ln_1, w->v, shape->mla, T, B, h, shape->heads,
-                     shape->norm_eps, shape->rope, tp, ops);
+    loom_mla_forward(a->qkv, &a->mla, &s->mla, (loom_mla_input){a->ln_1, a->ln_1_bits}, normed ? normed : a->ln_1, w->v,
+                     &w->mla, shape->mla, T, B, h, shape->heads, shape->norm_eps, shape->rope, tp, ops);
   } else {
     loom_column_parallel_forward(tp, ops, a->qkv, a->ln_1, normed ? normed : a->ln_1, a->ln_1_bits, w->c_attn,
                                  w->v->c_attn_b, N, n, h, qkv);
@@ -344,8 +344,8 @@ void loom_block_backward_input(float *dres, loom_block_weights *g, loom_block_sc
     ops->attention_sink_backward(ops, g->sinks, s->d_atty, a->atty, a->att_lse, w->v->sinks, &as);
   attention_backward(ws->d_qkv, a, s, &as, &d_probs, ops);
   if (shape->mla) {
-    loom_mla_backward(d_normed, s->d_ln, g, &s->mla, &a->mla, ws->d_qkv, a->ln_1, w->v, shape->mla, T, B, h, shape->heads,
-                      shape->rope, tp, ops);
+    loom_mla_backward(d_normed, s->d_ln, g, &s->mla, &a->mla, ws->d_qkv, (loom_mla_input){a->ln_1, a->ln_1_bits}, w->v,
+                      &w->mla, shape->mla, T, B, h, shape->heads, shape->rope, tp, ops);
   } else {
     if (shape->rope.theta > 0.0f) { /* RoPE's turn reads bf16 values */
       to_bf16_values(shape, ops, ws->d_qkv, (size_t)N * qkv);

@@ -59,6 +59,7 @@ typedef struct {
 typedef struct {
   const loom_block_weights *v;
   loom_linear_weight c_attn, attn_proj, c_fc, mlp_proj;
+  loom_mla_weights mla; /* multi-head latent attention's linears */
   loom_moe_weights moe;
 } loom_block_compute_weights;
 

@@ -224,7 +224,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   m->moe = loom_moe_shape_of(c, (int)d.n, loom_gpt_seq_ranks(c, m->tp.size, m->tp.sequence_parallel));
   m->moe.etp_rank = m->tp.etp_group ? loom_comm_rank(m->tp.etp_group) : 0;
   m->mla = (loom_mla_shape){.q_rank = c->mla.q_lora_rank, .kv_rank = c->mla.kv_lora_rank, .nope = c->mla.qk_head_dim,
-                            .rope = c->mla.qk_pos_emb_head_dim, .v = c->mla.v_head_dim};
+                            .rope = c->mla.qk_pos_emb_head_dim, .v = c->mla.v_head_dim, .bf16 = c->bf16};
   return LOOM_OK;
 }
 
@@ -334,6 +334,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
     return (loom_block_compute_weights){.v = v, .c_attn = loom_linear_fp32(v->c_attn_w),
                                         .attn_proj = loom_linear_fp32(v->attn_proj_w),
                                         .c_fc = loom_linear_fp32(v->c_fc_w), .mlp_proj = loom_linear_fp32(v->mlp_proj_w),
+                                        .mla = {.down = loom_linear_fp32(v->mla_down_w), .q_up = loom_linear_fp32(v->mla_q_up_w),
+                                                .kv_up = loom_linear_fp32(v->mla_kv_up_w)},
                                         .moe = {.router = v->router_w, .router_b = v->router_b,
                                                 .expert_bias = expert_bias(m, l), .fc = loom_linear_fp32(v->experts_fc_w),
                                                 .proj = loom_linear_fp32(v->experts_proj_w), .fc_b = v->experts_fc_b,
@@ -353,6 +355,7 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
 #define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
   return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
                                       .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
+                                      .mla = {.down = BITS(mla_down_w), .q_up = BITS(mla_q_up_w), .kv_up = BITS(mla_kv_up_w)},
                                       .moe = {.router = v->router_w, .router_b = v->router_b, .expert_bias = expert_bias(m, l),
                                               .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w),
                                               .fc_b = v->experts_fc_b, .proj_b = v->experts_proj_b}};
@@ -412,6 +415,7 @@ static loom_block_acts layer_acts(const loom_gpt *m, const loom_gpt_slot *s, int
     a.ln_2_mean = s->blocks[k].ln_2_mean, a.ln_2_rstd = s->blocks[k].ln_2_rstd;
     a.att_lse = s->blocks[k].att_lse;
     a.qk_raw = s->blocks[k].qk_raw, a.qk_rstd = s->blocks[k].qk_rstd;
+    a.mla = s->blocks[k].mla;
     a.moe = s->blocks[k].moe;
     const loom_block_packed *p = &s->packed[k]; /* the linears' inputs: read and written in place */
     a.ln_1_bits = p->ln_1, a.atty_bits = p->atty, a.ln_2_bits = p->ln_2, a.fc_gelu_bits = p->fc_gelu;

@@ -23,6 +23,7 @@
 
 #include "backend/ops.h"
 #include "layers/gpt_params.h"
+#include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
 typedef struct {
@@ -31,7 +32,15 @@ typedef struct {
   int nope;    /* a q or k head's part without RoPE */
   int rope;    /* its RoPE part */
   int v;       /* a v head's width */
+  bool bf16;   /* round every activation and activation grad to bf16 values; the linears run in bf16 */
 } loom_mla_shape;
+
+/* The weights its three linears compute with: fp32, or the bf16 copy's bits
+ * (gpt_params.h's mla views: down, q's up, kv's up); the norms' from the
+ * block's views. */
+typedef struct {
+  loom_linear_weight down, q_up, kv_up;
+} loom_mla_weights;
 
 /* A q or k head's width, and the widest latent (the scratch's rows). */
 static inline int loom_mla_qk_head(const loom_mla_shape *m) { return m->nope + m->rope; }
@@ -57,17 +66,26 @@ typedef struct {
   float *full;           /* [N, loom_mla_widest]: a latent's grad in the region */
 } loom_mla_scratch;
 
+/* Where backward finds x: x_full[N, h] (fp32 runs), or x_bits[N, h] (bf16
+ * runs: bits alone); without a q latent x brought into the region (q's
+ * input), else this rank's rows first. */
+typedef struct {
+  float *full;
+  uint16_t *bits;
+} loom_mla_input;
+
 /* qkv[N, heads (2 (nope + rope) + v)], the attention's rows (q and k turned),
- * from x[n, h], this rank's normed rows; x_full[N, h] keeps what backward
- * reads of x (without a q latent, x brought into the region: q's input). */
-void loom_mla_forward(float *qkv, loom_mla_acts *a, loom_mla_scratch *s, float *x_full, const float *x,
-                      const loom_block_weights *w, const loom_mla_shape *m, int T, int B, int h, int heads, float eps,
-                      loom_rope rope, const loom_tp *tp, const loom_ops *ops);
+ * from x[n, h], this rank's normed rows, kept in `kept`; v: the norms'
+ * weights, cw the linears' as they compute. */
+void loom_mla_forward(float *qkv, loom_mla_acts *a, loom_mla_scratch *s, loom_mla_input kept, const float *x,
+                      const loom_block_weights *v, const loom_mla_weights *cw, const loom_mla_shape *m, int T, int B,
+                      int h, int heads, float eps, loom_rope rope, const loom_tp *tp, const loom_ops *ops);
 /* dx[n, h] = the grad of x (written), from dqkv, the grad of the attention's
  * rows (read, turned back in place); every MLA weight's grad added to g.
  * dfull[N, h] is scratch (may alias dx without SP). */
 void loom_mla_backward(float *dx, float *dfull, loom_block_weights *g, loom_mla_scratch *s, const loom_mla_acts *a,
-                       float *dqkv, const float *x_full, const loom_block_weights *w, const loom_mla_shape *m, int T,
-                       int B, int h, int heads, loom_rope rope, const loom_tp *tp, const loom_ops *ops);
+                       float *dqkv, loom_mla_input kept, const loom_block_weights *v, const loom_mla_weights *cw,
+                       const loom_mla_shape *m, int T, int B, int h, int heads, loom_rope rope, const loom_tp *tp,
+                       const loom_ops *ops);
 
 #endif

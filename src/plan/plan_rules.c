@@ -337,9 +337,6 @@ static void check_precision(report *r, const loom_plan *p) {
     violation(r, "grad_reduce = %d: grads cross data parallelism in PRECISION_FP32 or PRECISION_BF16", (int)p->grad_reduce);
   if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->fp8 != LOOM__FP8_FORMAT__FP8_HYBRID && p->fp8 != LOOM__FP8_FORMAT__FP8_E4M3)
     violation(r, "fp8 = %d: not an fp8 format (FP8_NONE, FP8_HYBRID, FP8_E4M3)", (int)p->fp8);
-  else if (p->model && p->model->mla && p->precision == LOOM__PRECISION__PRECISION_BF16)
-    violation(r, "precision = PRECISION_BF16: multi-head latent attention (model.mla) computes in fp32 so far; set "
-              "precision = PRECISION_FP32");
   else if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->precision != LOOM__PRECISION__PRECISION_BF16)
     violation(r, "fp8 = %s: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set precision "
               "PRECISION_BF16", p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "FP8_HYBRID" : "FP8_E4M3");
