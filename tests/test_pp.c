@@ -86,7 +86,8 @@ static loom_gpt_config tiny(void) {
                                               .qk_pos_emb_head_dim = 2, .v_head_dim = 3};
   if (strncmp(g_model, "dsv3", 4) == 0) /* DeepSeek-V3's routing: sigmoid scores and the expert bias, 8 experts in 2
                                           * groups of 4 (a token's top 2 from the group whose best 2 score more), the
-                                          * weights scaled */
+                                          * weights scaled (8 in 4 groups of 2, top 2 from 2, could not fail: the top
+                                          * 2's groups are then always the best 2) */
     c.moe.experts = 8, c.moe.score = LOOM_MOE_SCORE_SIGMOID, c.moe.expert_bias = true, c.moe.bias_update_rate = 0.02f,
     c.moe.router_groups = 2, c.moe.router_group_topk = 1, c.moe.topk_scaling = 2.5f;
   loom_gpt_config_finish(&c);
