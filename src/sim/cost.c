@@ -1,5 +1,6 @@
 /* The cost model's per-action costs. */
 #include <math.h>
+#include <string.h>
 #include <stdlib.h>
 #include "core/check.h"
 #include "layers/gpt.h"
@@ -270,19 +271,23 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
   const double kv = loom_gpt_local_kv_heads(c, L->tp), ffn = (moe ? c->moe.shared_ffn : c->ffn) / t, T = L->tokens, s = L->s;
   const double sq = L->sq; /* a rank's queries meet every key of the sequence */
   const double up = loom_mlp_fc_factor(c->mlp) * ffn, e = L->e;
-  /* The projections into the attention: q|k|v's columns; MLA's down projections (every tp rank's whole), q's and
-   * kv's up projections (this rank's heads) as one GEMM of the same FLOPs over h. */
-  double in_cols = (heads + kv) * hd + kv * vd;
-  if (loom_gpt_is_mla(c)) {
-    const loom_mla_config *a = &c->mla;
-    in_cols = a->q_lora_rank + a->kv_lora_rank + a->qk_pos_emb_head_dim +
-              (heads * hd * (a->q_lora_rank ? a->q_lora_rank : h) + heads * (a->qk_head_dim + vd) * a->kv_lora_rank) / h;
-  }
   /* GEMMs: q|k|v, scores and values per head, the output projection, the MLP's two. */
   const double shapes[][4] = {
-      {T, in_cols, h, 1},    {sq, s, hd, L->b * heads}, {sq, vd, s, L->b * heads},
-      {T, h, heads * vd, 1}, {T, up, h, 1},             {T, h, ffn, 1},
+      {T, (heads + kv) * hd + kv * vd, h, 1}, {sq, s, hd, L->b * heads}, {sq, vd, s, L->b * heads},
+      {T, h, heads * vd, 1},                  {T, up, h, 1},             {T, h, ffn, 1},
   };
+  /* MLA's projections in q|k|v's place, each its own GEMM: the down projections (every tp rank's whole, on its rows:
+   * its sequence shard under SP), then q's and kv's up projections (this rank's heads). */
+  double mla[3][4] = {{0}};
+  const int mla_gemms = loom_gpt_is_mla(c) ? 3 : 0;
+  if (mla_gemms) {
+    const loom_mla_config *a = &c->mla;
+    const double rows = L->sp ? T / t : T, down = a->q_lora_rank + a->kv_lora_rank + a->qk_pos_emb_head_dim;
+    const double gemms[3][4] = {{rows, down, h, 1},
+                                {T, heads * hd, a->q_lora_rank ? a->q_lora_rank : h, 1},
+                                {T, heads * (a->qk_head_dim + vd), a->kv_lora_rank, 1}};
+    memcpy(mla, gemms, sizeof mla);
+  }
   const Loom__DeviceProfile *dev = L->prof->device;
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
   double att_f = 0.0, att_g = 0.0; /* the attention's own compute (what the ring's hops hide behind) */
@@ -291,9 +296,13 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
     const bool attention = i == 1 || i == 2; /* the scores and values: never fp8 (nor are they under Transformer Engine) */
     const Loom__Precision dtype = attention ? L->precision : L->linear;
-    fw[i] = gemm(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    bw[i] = gemm_backward(L, dtype, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3]);
-    if (!attention) fp8_casts(L, f, g, shapes[i][0], shapes[i][1], shapes[i][2], shapes[i][3], i == 0 || i == 4);
+    const int parts = i == 0 && mla_gemms ? mla_gemms : 1;
+    for (int j = 0; j < parts; j++) {
+      const double *x = parts > 1 ? mla[j] : shapes[i];
+      fw[i] += gemm(L, dtype, x[0], x[1], x[2], x[3]);
+      bw[i] += gemm_backward(L, dtype, x[0], x[1], x[2], x[3]);
+      if (!attention) fp8_casts(L, f, g, x[0], x[1], x[2], x[3], (i == 0 && j == 0) || i == 4);
+    }
     f->compute += fw[i], g->compute += bw[i];
     if (!attention) w->compute += fw[i];
     else att_f += fw[i], att_g += bw[i];
