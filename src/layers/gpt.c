@@ -223,8 +223,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   m->a = &m->slots[0];
   m->moe = loom_moe_shape_of(c, (int)d.n, loom_gpt_seq_ranks(c, m->tp.size, m->tp.sequence_parallel));
   m->moe.etp_rank = m->tp.etp_group ? loom_comm_rank(m->tp.etp_group) : 0;
-  m->mla = (loom_mla_shape){.q_rank = c->mla.q_lora_rank, .kv_rank = c->mla.kv_lora_rank, .nope = c->mla.qk_head_dim,
-                            .rope = c->mla.qk_pos_emb_head_dim, .v = c->mla.v_head_dim, .bf16 = c->bf16};
+  m->mla = loom_mla_shape_of(c);
   return LOOM_OK;
 }
 

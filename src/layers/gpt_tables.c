@@ -35,7 +35,7 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
   const int64_t Dq = loom_gpt_qk_head_dim(c), Dv = loom_gpt_v_head_dim(c);
   const int64_t qkv = (H + K) * Dq + K * Dv, n = sp ? N / tp : N;
   const loom_mla_config *mla = &c->mla;
-  const loom_mla_shape ms = {.q_rank = mla->q_lora_rank, .kv_rank = mla->kv_lora_rank, .rope = mla->qk_pos_emb_head_dim};
+  const loom_mla_shape ms = loom_mla_shape_of(c);
   const int64_t k = moe ? c->moe.topk : 0, fe = moe ? loom_gpt_local_expert_ffn(c) : 0, wide = loom_mlp_fc_factor(c->mlp);
   const int seq = loom_gpt_seq_ranks(c, tp, sp);
   const int64_t taken = moe ? loom_moe_recv_rows(c, n, seq) : 0, rows = moe ? loom_moe_expert_rows(c, n, seq) : 0;

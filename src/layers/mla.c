@@ -28,19 +28,6 @@ static loom_linear_weight rows_from(loom_linear_weight w, int first, int h) {
   return w.bf16 ? (loom_linear_weight){.bf16 = w.bf16 + at} : (loom_linear_weight){.f32 = w.f32 + at};
 }
 
-/* out[n, OC] = x[n, h] @ W^T, W a linear's fp32 or bf16 rows. */
-static void linear(const loom_ops *ops, float *out, loom_bf16_operand x, loom_linear_weight w, int n, int h, int OC) {
-  if (w.bf16) ops->matmul_forward_bf16(ops, out, x, w.bf16, NULL, n, h, OC);
-  else ops->matmul_forward(ops, out, x.f32, w.f32, NULL, n, h, OC);
-}
-
-/* dx[n, h] += dout @ W and dw += dout^T x. */
-static void linear_backward(const loom_ops *ops, float *dx, float *dw, const float *dout, loom_bf16_operand x,
-                            loom_linear_weight w, int n, int h, int OC) {
-  if (w.bf16) ops->matmul_backward_bf16(ops, dx, dw, NULL, loom_bf16_values(dout), x, w.bf16, n, h, OC);
-  else ops->matmul_backward(ops, dx, dw, NULL, dout, x.f32, w.f32, n, h, OC);
-}
-
 /* The W_kva rows, after W_qa's q_rank: the kv latent's, then the RoPE key's. */
 static int kv_row(const loom_mla_shape *m) { return m->q_rank; }
 static int pe_row(const loom_mla_shape *m) { return m->q_rank + m->kv_rank; }
@@ -62,7 +49,7 @@ void loom_mla_forward(float *qkv, loom_mla_acts *a, loom_mla_scratch *s, loom_ml
   if (m->q_rank) {
     if (kept.bits) ops->to_bf16(ops, kept.bits, x, (size_t)z.n * h);
     else if (x != kept.full) ops->mem->copy(ops->mem, kept.full, x, (size_t)z.n * h * z.f);
-    linear(ops, a->q_raw, xv, cw->down, z.n, h, m->q_rank);
+    loom_linear_forward(ops, a->q_raw, xv, cw->down, NULL, z.n, h, m->q_rank);
     round_values(m, ops, a->q_raw, (size_t)z.n * m->q_rank);
     ops->rmsnorm_forward(ops, s->local, a->rstd, a->q_raw, v->mla_q_norm_w, z.n, m->q_rank, eps);
     round_values(m, ops, s->local, (size_t)z.n * m->q_rank);
@@ -72,13 +59,13 @@ void loom_mla_forward(float *qkv, loom_mla_acts *a, loom_mla_scratch *s, loom_ml
   }
   round_values(m, ops, s->q, (size_t)z.N * heads * z.D);
   /* keys and values through their latent; the RoPE key beside it */
-  linear(ops, a->kv_raw, xv, rows_from(cw->down, kv_row(m), h), z.n, h, m->kv_rank);
+  loom_linear_forward(ops, a->kv_raw, xv, rows_from(cw->down, kv_row(m), h), NULL, z.n, h, m->kv_rank);
   round_values(m, ops, a->kv_raw, (size_t)z.n * m->kv_rank);
   ops->rmsnorm_forward(ops, s->local, a->rstd + z.n, a->kv_raw, v->mla_kv_norm_w, z.n, m->kv_rank, eps);
   round_values(m, ops, s->local, (size_t)z.n * m->kv_rank);
   loom_column_parallel_forward(tp, ops, s->kv, a->kv_in, s->local, NULL, cw->kv_up, NULL, z.N, z.n, m->kv_rank, heads * z.KV);
   round_values(m, ops, s->kv, (size_t)z.N * heads * z.KV);
-  linear(ops, s->local, xv, rows_from(cw->down, pe_row(m), h), z.n, h, m->rope);
+  loom_linear_forward(ops, s->local, xv, rows_from(cw->down, pe_row(m), h), NULL, z.n, h, m->rope);
   round_values(m, ops, s->local, (size_t)z.n * m->rope);
   loom_tp_enter_forward(tp, ops, s->local, s->pe, (size_t)z.n * m->rope);
   /* RoPE on each q head's last rope dims (rows [t, b * heads + head]) and on the shared key */
@@ -133,7 +120,7 @@ void loom_mla_backward(float *dx, float *dfull, loom_block_weights *g, loom_mla_
     ops->rmsnorm_backward(ops, s->local2, g->mla_q_norm_w, s->local, a->q_raw, v->mla_q_norm_w, a->rstd, z.n, m->q_rank);
     round_values(m, ops, s->local2, (size_t)z.n * m->q_rank);
     loom_mem_zero(ops->mem, dx, (size_t)z.n * h);
-    linear_backward(ops, dx, g->mla_down_w, s->local2, x, cw->down, z.n, h, m->q_rank);
+    loom_linear_backward(ops, dx, g->mla_down_w, NULL, loom_bf16_values(s->local2), x, cw->down, z.n, h, m->q_rank);
   } else {
     loom_column_parallel_backward(tp, ops, dx, dfull, g->mla_q_up_w, NULL, s->q, NULL,
                                   kept.bits ? loom_bf16_bits(kept.bits) : loom_bf16_values(kept.full), cw->q_up, z.N, z.n,
@@ -147,11 +134,11 @@ void loom_mla_backward(float *dx, float *dfull, loom_block_weights *g, loom_mla_
   ops->rmsnorm_backward(ops, s->local2, g->mla_kv_norm_w, s->local, a->kv_raw, v->mla_kv_norm_w, a->rstd + z.n, z.n,
                         m->kv_rank);
   round_values(m, ops, s->local2, (size_t)z.n * m->kv_rank);
-  linear_backward(ops, dx, g->mla_down_w + (size_t)kv_row(m) * h, s->local2, x, rows_from(cw->down, kv_row(m), h), z.n, h,
-                  m->kv_rank);
+  loom_linear_backward(ops, dx, g->mla_down_w + (size_t)kv_row(m) * h, NULL, loom_bf16_values(s->local2), x,
+                       rows_from(cw->down, kv_row(m), h), z.n, h, m->kv_rank);
   /* the RoPE key's: every rank's heads' parts summed, then its down projection */
   loom_tp_enter_backward(tp, ops, s->pe, s->local, (size_t)z.n * m->rope);
   round_values(m, ops, s->local, (size_t)z.n * m->rope);
-  linear_backward(ops, dx, g->mla_down_w + (size_t)pe_row(m) * h, s->local, x, rows_from(cw->down, pe_row(m), h), z.n, h,
-                  m->rope);
+  loom_linear_backward(ops, dx, g->mla_down_w + (size_t)pe_row(m) * h, NULL, loom_bf16_values(s->local), x,
+                       rows_from(cw->down, pe_row(m), h), z.n, h, m->rope);
 }

@@ -42,6 +42,12 @@ typedef struct {
   loom_linear_weight down, q_up, kv_up;
 } loom_mla_weights;
 
+/* A config's MLA shape (every size 0 where it has none). */
+static inline loom_mla_shape loom_mla_shape_of(const loom_gpt_config *c) {
+  return (loom_mla_shape){.q_rank = c->mla.q_lora_rank, .kv_rank = c->mla.kv_lora_rank, .nope = c->mla.qk_head_dim,
+                          .rope = c->mla.qk_pos_emb_head_dim, .v = c->mla.v_head_dim, .bf16 = c->bf16};
+}
+
 /* A q or k head's width, and the widest latent (the scratch's rows). */
 static inline int loom_mla_qk_head(const loom_mla_shape *m) { return m->nope + m->rope; }
 static inline int loom_mla_widest(const loom_mla_shape *m) {

@@ -30,6 +30,15 @@ typedef struct {
 } loom_linear_weight;
 static inline loom_linear_weight loom_linear_fp32(const float *w) { return (loom_linear_weight){.f32 = w}; }
 
+/* One local linear, no region: out[N, OC] = inp @ w^T + b through the op
+ * table's fp32 or bf16 matmuls, as w is (fp32 linears read the operands'
+ * values); its backward adds dinp += dout @ w, dw += dout^T inp, db += sum
+ * dout (any of them NULL). */
+void loom_linear_forward(const loom_ops *ops, float *out, loom_bf16_operand inp, loom_linear_weight w, const float *b,
+                         int N, int C, int OC);
+void loom_linear_backward(const loom_ops *ops, float *dinp, float *dw, float *db, loom_bf16_operand dout,
+                          loom_bf16_operand inp, loom_linear_weight w, int N, int C, int OC);
+
 /* bf16 runs keep a linear's inputs and output grads as bf16 bits where the
  * GEMMs read them in place (the `bits` arguments below; NULL: none, the
  * GEMMs then read the fp32 values). A linear that brings such a tensor into
