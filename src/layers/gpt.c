@@ -79,6 +79,8 @@ static void slots_free(loom_gpt *m) {
   moe_hosts_free(m->w.redo, m->w.redo_count);
   free(m->w.redo);
   free(m->w.block.moe.host);
+  free(m->w.mtp_w);
+  free(m->w.mtp_host);
   free(m->cp_pos);
   m->cp_pos = NULL;
   loom_buffer_free(&m->w.mem);
@@ -130,7 +132,7 @@ static void bind_weights(loom_gpt *m) {
   const loom_buffer *b = stored_layout(m);
   const int count = b->count, first = loom_gpt_first_block_tensor(&m->p), end = m->p.layer_tensor[m->p.layers];
   float **addr = loom_xmalloc(((size_t)count + 1) * sizeof *addr, "weight views");
-  m->w.weights_of = (loom_gpt_weights){.h = m->w.layer_w};
+  m->w.weights_of = (loom_gpt_weights){.h = m->w.layer_w, .mtp = m->w.mtp_w};
   size_t widest = 0;
   bool bound[LOOM_LAYER_KINDS] = {false, false};
   for (int l = 0; l < m->p.layers; l++) { /* the first layer of each kind lays its kind's views out */
@@ -205,6 +207,15 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
     if (st == LOOM_OK && d.E)
       m->w.block.moe.host = loom_xmalloc((size_t)(d.n * (d.k + d.E)) * sizeof(float), "router grads");
     if (st == LOOM_OK) m->tp.staging = m->w.tp_staging;
+    if (st == LOOM_OK && d.mtp) { /* the combination's row orders, and host room for the tokens ahead */
+      int *orders = loom_xmalloc(4 * (size_t)d.n * sizeof(int), "MTP row orders");
+      loom_mtp_orders((int)d.n, orders, orders + 2 * d.n);
+      m->ops->mem->from_host(m->ops->mem, m->w.mtp.interleave, orders, 2 * (size_t)d.n * sizeof(int));
+      m->ops->mem->from_host(m->ops->mem, m->w.mtp.split, orders + 2 * d.n, 2 * (size_t)d.n * sizeof(int));
+      free(orders);
+      m->w.mtp_host = loom_xmalloc(2 * (size_t)d.mtp * (size_t)d.N * sizeof(int), "MTP tokens");
+    }
+    if (st == LOOM_OK) m->w.mtp_w = loom_xcalloc((size_t)d.mtp + 1, sizeof *m->w.mtp_w, "MTP weight views");
     if (st == LOOM_OK && cp > 1) { /* the ring's positions, host memory */
       loom_ring *r = &m->w.block.ring;
       r->group = m->tp.cp_group, r->rows = T, r->all_gather = c->cp_all_gather;
@@ -270,6 +281,8 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .moe = moe ? &m->moe : NULL,
                             .moe_loss_weight = dloss * (float)m->T * (float)m->B * (float)loom_gpt_cp(c)};
 }
+
+void loom_gpt_mtp_stats_reset(loom_gpt *m) { m->mtp_stats = (loom_gpt_mtp_stats){0}; }
 
 void loom_gpt_moe_stats_reset(loom_gpt *m) {
   loom_gpt_moe_stats *st = &m->moe_stats;
@@ -392,6 +405,13 @@ static loom_linear_weight vocab_weight(const loom_gpt *m, const loom_gpt_weights
   return (loom_linear_weight){0};
 }
 
+/* The MTP depths this stage predicts (the last stage's), and the depth whose block local layer l is (-1: none). */
+static int mtp_depths(const loom_gpt *m) { return m->p.range.last ? m->p.cfg.mtp_layers : 0; }
+static int mtp_depth_of(const loom_gpt *m, int l) {
+  const int g = m->p.range.layer_begin + l;
+  return loom_gpt_layer_is_mtp(&m->p.cfg, g) ? g - m->p.cfg.layers : -1;
+}
+
 /* Whether local layer l recomputes in backward: the first recompute_layers do. */
 static bool redone(const loom_gpt *m, int l) { return l < m->recompute_layers; }
 /* Whether a recomputed layer starts its group (its input kept in the slot). */
@@ -457,6 +477,8 @@ static void pack_layer(loom_gpt *m, loom_gpt_slot *s, int l, loom_block_acts *a,
  * in w.xin (during forward, where it was left; in backward, unpacked from
  * the slot). */
 static const float *layer_input(loom_gpt *m, const loom_gpt_slot *s, int l, bool backward) {
+  const int k = mtp_depth_of(m, l);
+  if (k >= 0) return s->mtp_x + (size_t)k * local_rows(m) * m->p.cfg.hidden; /* the depth's combination */
   if (l == 0) return s->x0;
   const int R = m->recompute_layers, G = m->recompute_group;
   const size_t nh = (size_t)local_rows(m) * m->p.cfg.hidden;
@@ -517,57 +539,209 @@ static void embed_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *
   loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, dres, dfull, s->tokens, vocab_range(m), T, B, h);
 }
 
-/* Final norm, then the LM head (wte when tied): a column-parallel linear over this
- * rank's vocab rows, whose logits stay split into the vocab-parallel loss.
- * In bf16 runs the logits stay fp32, as the loss is: the head's GEMM
- * accumulates in fp32 and feeds the loss directly (as PaLM and T5X keep
- * them). Rounding them to bf16 first held the default addition run at 20%
- * exact match where fp32 reaches 100% (docs/training.md). */
-static float head_forward(loom_gpt *m, loom_gpt_slot *s, const float *x) {
+/* ---- the heads: the main one (head 0) and each MTP depth's (head k + 1 after depth k's block) ---- */
+
+/* Head j's part of the slot's head tables, its targets and its final norm's weights and grads. */
+typedef struct {
+  float *mean, *rstd, *ln_f, *logits, *losses, *lse, *picked;
+  uint16_t *bits;
+  const int *targets;
+  const float *norm_w, *norm_b;
+  float *dnorm_w, *dnorm_b;
+} head_view;
+
+static head_view head_at(const loom_gpt *m, const loom_gpt_slot *s, const loom_gpt_weights *w, int j) {
+  const size_t N = (size_t)m->T * m->B, n = (size_t)local_rows(m), h = (size_t)m->p.cfg.hidden, V = vocab_range(m).rows;
+  const loom_mtp_weights *mw = j ? &w->mtp[j - 1] : NULL, *mg = j ? &m->p.g.mtp[j - 1] : NULL;
+  return (head_view){.mean = s->ln_f_mean + j * n, .rstd = s->ln_f_rstd + j * n, .ln_f = s->ln_f ? s->ln_f + j * N * h : NULL,
+                     .bits = s->ln_f_bits ? s->ln_f_bits + j * N * h : NULL, .logits = s->logits + j * N * V,
+                     .losses = s->losses + j * N, .lse = s->lse + j * N, .picked = s->picked + j * N,
+                     .targets = j ? s->mtp_targets + (j - 1) * N : s->targets, .norm_w = j ? mw->norm_w : w->ln_f_w,
+                     .norm_b = j ? mw->norm_b : w->ln_f_b, .dnorm_w = j ? mg->norm_w : m->p.g.ln_f_w,
+                     .dnorm_b = j ? mg->norm_b : m->p.g.ln_f_b};
+}
+
+/* Head j's input: the output of the layer before depth j's block (the stage input where that layer is an earlier
+ * stage's), the last head's the stage output. */
+static const float *head_x(const loom_gpt *m, int slot, int j) {
+  const loom_gpt_slot *s = &m->slots[slot];
+  if (j == mtp_depths(m)) return loom_gpt_stage_output(m, slot);
+  if (m->p.range.layer_begin > m->p.cfg.layers - 1 + j) return s->x0;
+  return s->mtp_y + (size_t)j * local_rows(m) * m->p.cfg.hidden;
+}
+
+/* Head j's final norm, then the LM head (wte when tied): a column-parallel
+ * linear over this rank's vocab rows, whose logits stay split into the
+ * vocab-parallel loss. In bf16 runs the logits stay fp32, as the loss is:
+ * the head's GEMM accumulates in fp32 and feeds the loss directly (as PaLM
+ * and T5X keep them). Rounding them to bf16 first held the default addition
+ * run at 20% exact match where fp32 reaches 100% (docs/training.md). Before
+ * an MTP depth, its normed output is the depth's hidden input. */
+static float head_forward(loom_gpt *m, loom_gpt_slot *s, int j, const float *x) {
   const loom_gpt_config *c = &m->p.cfg;
   const int N = m->T * m->B, n = local_rows(m), h = c->hidden;
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m, false);
-  float *normed = m->tp.sequence_parallel || c->bf16 ? m->w.block.local : s->ln_f;
-  loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, s->ln_f_mean, s->ln_f_rstd, x, w.ln_f_w, w.ln_f_b, n, h);
-  loom_column_parallel_forward(&m->tp, m->ops, s->logits, s->ln_f, normed, s->ln_f_bits,
-                               vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), NULL, N, n, h, v.rows);
-  return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, s->losses, s->lse, s->picked, m->w.lse_scratch, s->logits,
-                                           s->targets, v, N);
+  const head_view hv = head_at(m, s, &w, j);
+  float *normed = m->tp.sequence_parallel || c->bf16 ? m->w.block.local : hv.ln_f;
+  loom_norm_forward(m->ops, c->norm, c->norm_eps, normed, hv.mean, hv.rstd, x, hv.norm_w, hv.norm_b, n, h);
+  loom_column_parallel_forward(&m->tp, m->ops, hv.logits, hv.ln_f, normed, hv.bits, vocab_weight(m, &w, LOOM_ROLE_LM_HEAD),
+                               NULL, N, n, h, v.rows);
+  if (j < mtp_depths(m)) {
+    float *hin = s->mtp_hin + (size_t)j * n * h;
+    m->ops->mem->copy(m->ops->mem, hin, normed, (size_t)n * h * sizeof(float));
+    to_bf16_values(m, hin, (size_t)n * h);
+  }
+  return loom_vocab_parallel_cross_entropy(&m->tp, m->ops, hv.losses, hv.lse, hv.picked, m->w.lse_scratch, hv.logits,
+                                           hv.targets, v, N);
 }
 
-/* The head's input as its GEMMs read it: ln_f, or in bf16 runs its bits. */
-static loom_bf16_operand head_input(const loom_gpt_slot *s) { return loom_bf16_kept(s->ln_f, s->ln_f_bits); }
+/* Head j's input to its GEMMs: its ln_f, or in bf16 runs its bits. */
+static loom_bf16_operand head_input(const head_view *hv) { return loom_bf16_kept(hv->ln_f, hv->bits); }
 
-/* Starts backward from the loss: leaves the grad of the head's input in
- * w.dres, and the grad of the logits in their place for head_weight_grad,
- * or adds the head's weight grad now (weight_grad: one op reads dlogits
- * for both of its GEMMs). */
-static void head_backward(loom_gpt *m, loom_gpt_slot *s, const float *x, float dloss, bool weight_grad) {
+/* Head j's share of the loss per scored target: the main head's dloss, an MTP depth's its weight of it. */
+static float head_dloss(const loom_gpt *m, int j, float dloss) { return j ? dloss * loom_mtp_depth_weight(&m->p.cfg) : dloss; }
+
+/* Head j's backward from its loss: leaves the grad of its input in w.dres,
+ * and the grad of the logits in their place for head_weight_grad, or adds
+ * the head's weight grad now (weight_grad: one op reads dlogits for both of
+ * its GEMMs). dhin (NULL: none) is the grad its normed output gets from the
+ * next MTP depth. */
+static void head_backward(loom_gpt *m, loom_gpt_slot *s, int j, const float *x, float dloss, bool weight_grad,
+                          const float *dhin) {
   const int N = m->T * m->B, n = local_rows(m), h = m->p.cfg.hidden;
   const loom_vocab_range v = vocab_range(m);
   const loom_gpt_weights w = edge_weights(m, false);
-  loom_vocab_parallel_cross_entropy_backward(m->ops, s->logits, s->logits, s->lse, s->targets, v, dloss, N);
-  to_bf16_values(m, s->logits, (size_t)N * v.rows);
+  const head_view hv = head_at(m, s, &w, j);
+  loom_vocab_parallel_cross_entropy_backward(m->ops, hv.logits, hv.logits, hv.lse, hv.targets, v, head_dloss(m, j, dloss), N);
+  to_bf16_values(m, hv.logits, (size_t)N * v.rows);
   float *d_local = m->tp.sequence_parallel ? m->w.block.local : m->w.d_ln_f;
   loom_column_parallel_backward(&m->tp, m->ops, d_local, m->w.d_ln_f, weight_grad ? m->p.g.lm_head : NULL, NULL,
-                                s->logits, NULL, head_input(s), vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), N, n, h, v.rows);
+                                hv.logits, NULL, head_input(&hv), vocab_weight(m, &w, LOOM_ROLE_LM_HEAD), N, n, h, v.rows);
   to_bf16_values(m, d_local, (size_t)n * h);
+  if (dhin) {
+    m->ops->accumulate(m->ops, d_local, dhin, (size_t)n * h);
+    to_bf16_values(m, d_local, (size_t)n * h);
+  }
   loom_mem_zero(m->ops->mem, m->w.dres, (size_t)n * h);
-  loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, m->p.g.ln_f_w, m->p.g.ln_f_b, d_local, x, w.ln_f_w, s->ln_f_mean,
-                             s->ln_f_rstd, n, h);
+  loom_norm_backward(m->ops, m->p.cfg.norm, m->w.dres, hv.dnorm_w, hv.dnorm_b, d_local, x, hv.norm_w, hv.mean, hv.rstd, n, h);
   to_bf16_values(m, m->w.dres, (size_t)n * h);
 }
 
+/* Every head's weight grad, from its logits' grads. */
 static void head_weight_grad(loom_gpt *m, loom_gpt_slot *s) {
-  loom_linear_weight_grad(m->ops, m->p.g.lm_head, loom_bf16_values(s->logits), head_input(s), m->T * m->B,
-                          m->p.cfg.hidden, vocab_range(m).rows, m->p.cfg.bf16);
+  const loom_gpt_weights w = edge_weights(m, false);
+  for (int j = 0; j <= mtp_depths(m); j++) {
+    const head_view hv = head_at(m, s, &w, j);
+    loom_linear_weight_grad(m->ops, m->p.g.lm_head, loom_bf16_values(hv.logits), head_input(&hv), m->T * m->B,
+                            m->p.cfg.hidden, vocab_range(m).rows, m->p.cfg.bf16);
+  }
+}
+
+/* ---- multi-token prediction's combination ---- */
+
+static loom_mtp_acts mtp_acts(const loom_gpt *m, const loom_gpt_slot *s, int k) {
+  const size_t n = (size_t)local_rows(m), nh = n * m->p.cfg.hidden;
+  return (loom_mtp_acts){.emb = s->mtp_emb + k * nh, .hin = s->mtp_hin + k * nh, .stats = s->mtp_stats + k * 4 * n,
+                         .cat = s->mtp_cat + k * 2 * nh, .x = s->mtp_x + k * nh};
+}
+
+static loom_mtp_shape mtp_shape(const loom_gpt *m) {
+  const loom_gpt_config *c = &m->p.cfg;
+  return (loom_mtp_shape){.norm = c->norm, .eps = c->norm_eps, .n = local_rows(m), .h = c->hidden, .bf16 = c->bf16};
+}
+
+/* Depth k's eh_proj as it computes: its fp32 weight, or the bf16 copy's bits. */
+static loom_mtp_compute_weights mtp_weights(loom_gpt *m, int k) {
+  const loom_gpt_weights w = edge_weights(m, false);
+  loom_mtp_compute_weights out = {.v = &w.mtp[k], .eh_proj = loom_linear_fp32(m->p.w.mtp[k].eh_proj_w)};
+  if (!m->p.cfg.bf16) return out;
+  const loom_buffer *c = &m->p.compute;
+  for (int i = 0, seen = 0; i < c->count; i++)
+    if (m->p.meta[i].role == LOOM_ROLE_MTP_EH_PROJ_W && seen++ == k) out.eh_proj = (loom_linear_weight){.bf16 = c->views[i].data};
+  return out;
+}
+
+/* The tokens ahead and their targets of every depth into the slot (host
+ * copies left in w.mtp_host), and this forward's main scored targets counted. */
+static void mtp_prepare(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch) {
+  const int D = mtp_depths(m), N = m->T * m->B;
+  int *tokens = m->w.mtp_host, *targets = tokens + (size_t)D * N;
+  if (batch->mtp_tokens) {
+    memcpy(tokens, batch->mtp_tokens, (size_t)D * N * sizeof(int));
+    memcpy(targets, batch->mtp_targets, (size_t)D * N * sizeof(int));
+  } else {
+    LOOM_CHECK(loom_tp_cp(&m->tp) == 1 && batch->tokens, "under context parallelism the caller shifts the tokens ahead");
+    for (int k = 0; k < D; k++) loom_mtp_shift(batch->tokens, batch->targets, m->T, m->B, k, tokens + (size_t)k * N, targets + (size_t)k * N);
+  }
+  m->ops->mem->from_host(m->ops->mem, s->mtp_tokens, tokens, (size_t)D * N * sizeof(int));
+  m->ops->mem->from_host(m->ops->mem, s->mtp_targets, targets, (size_t)D * N * sizeof(int));
+  for (int i = 0; i < N; i++) m->mtp_stats.scored += batch->targets[i] >= 0;
+}
+
+/* Depth k's scored targets (host: w.mtp_host, as the last mtp_prepare left them). */
+static int64_t mtp_scored(const loom_gpt *m, int k) {
+  const int N = m->T * m->B;
+  const int *targets = m->w.mtp_host + ((size_t)mtp_depths(m) + k) * N;
+  int64_t n = 0;
+  for (int i = 0; i < N; i++) n += targets[i] >= 0;
+  return n;
+}
+
+/* Depth k's embedding dropout: the embedding's site, keyed by the depth's block. */
+static loom_dropout mtp_dropout(const loom_gpt *m, const loom_gpt_batch *batch, int k) {
+  const loom_block_dropout d = block_dropout(m, batch, m->p.cfg.layers + k);
+  return loom_dropout_for(&d, LOOM_SITE_EMBED, m->T, &m->tp);
+}
+
+/* Depth k's block input from the embedding of its tokens ahead and its hidden input (head k's normed output). */
+static void mtp_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int k) {
+  const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
+  const size_t nh = (size_t)local_rows(m) * h, N = (size_t)T * B;
+  loom_mtp_acts a = mtp_acts(m, s, k);
+  const loom_gpt_weights w = edge_weights(m, false);
+  float *full = m->tp.size > 1 ? m->w.embed_full : a.emb;
+  loom_vocab_parallel_embedding_forward(&m->tp, m->ops, a.emb, full, s->mtp_tokens + k * N, vocab_weight(m, &w, LOOM_ROLE_WTE),
+                                        vocab_range(m), T, B, h);
+  to_bf16_values(m, a.emb, nh);
+  const loom_dropout drop = mtp_dropout(m, batch, k);
+  m->ops->dropout_forward(m->ops, a.emb, local_T, B, h, &drop);
+  if (drop.p > 0.0f) to_bf16_values(m, a.emb, nh);
+  const loom_mtp_compute_weights cw = mtp_weights(m, k);
+  const loom_mtp_shape shape = mtp_shape(m);
+  loom_mtp_combine_forward(m->ops, &a, &m->w.mtp, &cw, &shape);
+}
+
+/* Its backward from w.dres (the block input's grad): the combination's and the embedding's grads, then head k's
+ * backward with the hidden input's grad, which leaves the grad of head k's input in w.dres. */
+static void mtp_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *batch, int slot, int k, float dloss,
+                         bool split) {
+  const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
+  const loom_mtp_acts a = mtp_acts(m, s, k);
+  const loom_mtp_compute_weights cw = mtp_weights(m, k);
+  const loom_mtp_shape shape = mtp_shape(m);
+  loom_mtp_combine_backward(m->ops, &a, &m->w.mtp, &cw, &m->p.g.mtp[k], &shape, m->w.dres, m->w.mtp_dcat, m->w.mtp_demb,
+                            m->w.mtp_dhin);
+  const loom_dropout drop = mtp_dropout(m, batch, k);
+  m->ops->dropout_backward(m->ops, m->w.mtp_demb, local_T, B, h, &drop);
+  if (drop.p > 0.0f) to_bf16_values(m, m->w.mtp_demb, (size_t)local_rows(m) * h);
+  float *dfull = m->tp.sequence_parallel ? m->w.embed_full : m->w.mtp_demb;
+  loom_vocab_parallel_embedding_backward(&m->tp, m->ops, m->p.g.wte, m->w.mtp_demb, dfull, s->mtp_tokens + (size_t)k * T * B,
+                                         vocab_range(m), T, B, h);
+  head_backward(m, s, k, head_x(m, slot, k), dloss, !split, m->w.mtp_dhin);
 }
 
 /* Calls the runtime's hook before or after a layer's (or the edges') part of a pass. */
 static void hook(loom_gpt *m, bool backward, int layer, bool before) {
   void (*fn)(void *, loom_gpt *, bool, int) = before ? m->hooks.before : m->hooks.after;
   if (fn) fn(m->hooks.ctx, m, backward, layer);
+}
+
+/* Runs head j on its input and counts its loss: returns the main head's, adds an MTP depth's to the statistics. */
+static float run_head(loom_gpt *m, loom_gpt_slot *s, int slot, int j) {
+  const float loss = head_forward(m, s, j, head_x(m, slot, j));
+  if (j) m->mtp_stats.loss_sum += (double)loss * (double)mtp_scored(m, j - 1);
+  return j ? 0.0f : loss;
 }
 
 float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch, const float *input) {
@@ -580,10 +754,22 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
   else mem->fill32(mem, s->tokens, 0, (size_t)N);
   if (batch->targets) mem->from_host(mem, s->targets, batch->targets, (size_t)N * sizeof(int));
   else mem->fill32(mem, s->targets, (uint32_t)-1, (size_t)N); /* -1: no target */
+  /* Multi-token prediction where there are targets to predict; without (inference), the main head alone. */
+  const bool predict = mtp_depths(m) > 0 && batch->targets;
+  if (predict) mtp_prepare(m, s, batch);
   hook(m, false, LOOM_GPT_EDGES, true);
   if (m->p.range.first) embed_forward(m, s, batch);
   else if (input != s->x0) mem->copy(mem, s->x0, input, nh * sizeof(float));
-  for (int l = 0; l < L; l++) {
+  float loss = 0.0f;
+  bool headed = false; /* the last head ran (inference: the main head, before the MTP blocks) */
+  for (int l = 0; l < L && !headed; l++) {
+    const int k = mtp_depth_of(m, l);
+    if (k >= 0) { /* before depth k's block: head k, then the block's input */
+      loss += run_head(m, s, slot, k);
+      headed = !predict;
+      if (headed) break;
+      mtp_forward(m, s, batch, k);
+    }
     const loom_block_shape shape = block_shape(m, l, 0.0f);
     hook(m, false, l, true);
     const loom_block_dropout d = block_dropout(m, batch, m->p.range.layer_begin + l);
@@ -593,15 +779,19 @@ float loom_gpt_stage_forward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     loom_block_forward(&a, &m->w.block, x, &w, &shape, &d, &m->tp, m->ops);
     if (shape.moe) moe_count(m, l, a.moe.host);
     hook(m, false, l, false);
+    const int next_depth = l + 1 < L ? mtp_depth_of(m, l + 1) : -1;
+    if (next_depth >= 0) /* the output is the next head's input, not the next block's */
+      mem->copy(mem, s->mtp_y + (size_t)next_depth * nh, a.out, nh * sizeof(float));
     if (!redone(m, l) && !m->p.cfg.bf16) continue;
     /* A recomputed layer keeps only its output, as the next layer's input;
      * bf16 runs keep a layer packed and pass its output on in w.xin. */
     if (!redone(m, l)) pack_layer(m, s, l, &a, true, PACKED_AFTER_LAYER, PACKED_AFTER);
+    if (next_depth >= 0) continue;
     if (redone(m, l) && l + 1 < m->recompute_layers && !group_start(m, l + 1)) continue; /* read from the scratch */
     float *next = l + 1 == L ? s->out : redone(m, l) ? (float *)layer_input(m, s, l + 1, false) : m->w.xin;
     mem->copy(mem, next, a.out, nh * sizeof(float));
   }
-  const float loss = m->p.range.last ? head_forward(m, s, loom_gpt_stage_output(m, slot)) : 0.0f;
+  if (m->p.range.last && !headed) loss += run_head(m, s, slot, predict ? mtp_depths(m) : 0);
   hook(m, false, LOOM_GPT_EDGES, false);
   return loss;
 }
@@ -635,7 +825,8 @@ static layer_pass layer_for_backward(loom_gpt *m, loom_gpt_slot *s, const loom_g
 /* Starts a stage's backward: from the loss on the last stage (with the
  * head's weight grad unless the backward is split), else from dout. */
 static void backward_begin(loom_gpt *m, loom_gpt_slot *s, int slot, const float *dout, float dloss, bool split) {
-  if (m->p.range.last) head_backward(m, s, loom_gpt_stage_output(m, slot), dloss, !split);
+  const int j = mtp_depths(m); /* the last head */
+  if (m->p.range.last) head_backward(m, s, j, head_x(m, slot, j), dloss, !split, NULL);
   else m->ops->mem->copy(m->ops->mem, m->w.dres, dout, (size_t)local_rows(m) * m->p.cfg.hidden * sizeof(float));
 }
 
@@ -649,6 +840,7 @@ void loom_gpt_stage_backward(loom_gpt *m, int slot, const loom_gpt_batch *batch,
     hook(m, true, l, true);
     const layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward(m->w.dres, &m->p.g.h[l], &m->w.block, &p.a, p.x, &p.w, &shape, &p.d, &m->tp, m->ops);
+    if (mtp_depth_of(m, l) >= 0) mtp_backward(m, s, batch, slot, mtp_depth_of(m, l), dloss, false);
     hook(m, true, l, false);
   }
   if (m->p.range.first) embed_backward(m, s, batch, m->w.dres);
@@ -684,6 +876,7 @@ void loom_gpt_stage_backward_input(loom_gpt *m, int slot, int wstate, const loom
     layer_pass p = layer_for_backward(m, s, batch, l);
     loom_block_backward_input(m->w.dres, &m->p.g.h[l], &m->w.block, &ws->wgrad[l], &p.a, p.x, &p.w, &shape, &p.d, &m->tp,
                               m->ops);
+    if (mtp_depth_of(m, l) >= 0) mtp_backward(m, s, batch, slot, mtp_depth_of(m, l), dloss, true);
     /* The weight half finds no activations in a recompute slot: keep the linears' inputs (bf16 runs: their bits),
      * and a MoE layer's router input, expert rows and activations, with its experts' row counts. */
     if (redone(m, l) && shape.moe) keep_moe_inputs(m, &ws->winputs[l].moe, &p.a.moe);

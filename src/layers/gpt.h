@@ -24,6 +24,7 @@
 #include "backend/ops.h"
 #include "layers/block.h"
 #include "layers/gpt_params.h"
+#include "layers/mtp.h"
 
 /* A kept layer's big activations as bf16 (bf16 runs);
  * its norm statistics stay fp32 in the slot's blocks. */
@@ -44,11 +45,16 @@ typedef struct {
                              * first layer (group 0's is x0), then the first kept layer's */
   float *out;               /* [n, h] stage output (when every layer recomputes, or bf16, or an empty stage) */
   float *dx0;               /* [n, h] grad of the stage input, kept until its send completes */
-  float *ln_f_mean, *ln_f_rstd; /* [n] (last stage) */
+  /* The last stage's heads: the main one's, then each MTP depth's (1 + mtp_layers of each, one after another) */
+  float *ln_f_mean, *ln_f_rstd; /* [n] */
   float *ln_f;              /* [N, h] (gathered under SP; fp32 runs) */
   uint16_t *ln_f_bits;      /* [N, h] bf16 runs: ln_f packed, all the head's GEMMs read */
   float *logits;            /* [N, Vp/tp]; backward overwrites it with dlogits */
   float *losses, *lse, *picked; /* [N] */
+  /* Multi-token prediction (the last stage of a model with it), per depth */
+  int *mtp_tokens, *mtp_targets; /* [N] the tokens ahead and their targets */
+  float *mtp_emb, *mtp_hin, *mtp_stats, *mtp_cat, *mtp_x; /* loom_mtp_acts' */
+  float *mtp_y;             /* [n, h] the output of the layer before the depth's block: its head's input */
 } loom_gpt_slot;
 
 /* A split backward's state, from its input half to its weight half: the
@@ -76,6 +82,10 @@ typedef struct {
   loom_gpt_weights weights_of; /* views of weights: the embedding's and head's, and h = layer_w */
   float *edges;             /* where the embedding's and head's weights start in weights */
   float *embed_full;        /* [N, h] */
+  loom_mtp_scratch mtp;     /* multi-token prediction's combination */
+  float *mtp_dcat, *mtp_demb, *mtp_dhin; /* [n, 2h], [n, h], [n, h] its grads */
+  loom_mtp_weights *mtp_w;  /* bf16 runs: views of weights, the MTP depths' (weights_of.mtp) */
+  int *mtp_host;            /* host [2 mtp_layers N]: the tokens ahead and targets, shifted here */
   float *dres;              /* [n, h] running residual grad */
   float *d_ln_f;            /* [N, h] */
   float *lse_scratch;       /* [N] */
@@ -107,6 +117,18 @@ typedef struct {
   int64_t *load;           /* [layers * experts] tokens routed to each expert of each local layer */
 } loom_gpt_moe_stats;
 
+/* What multi-token prediction came to over the forwards since the last
+ * loom_gpt_mtp_stats_reset: this rank's shares. */
+typedef struct {
+  double loss_sum; /* every depth's losses, summed over their scored targets */
+  int64_t scored;  /* the main head's scored targets */
+} loom_gpt_mtp_stats;
+
+/* The depths' mean loss they came to (each depth's over the main head's count). */
+static inline double loom_gpt_mtp_loss(const loom_gpt_mtp_stats *s, int depths) {
+  return depths > 0 && s->scored > 0 ? s->loss_sum / (double)s->scored / depths : 0.0;
+}
+
 typedef struct loom_gpt_s {
   loom_gpt_params p;
   const loom_ops *ops;
@@ -125,6 +147,7 @@ typedef struct loom_gpt_s {
   loom_moe_shape moe;           /* a MoE model's layer shape (set with the slots) */
   loom_mla_shape mla;           /* multi-head latent attention's, where the model has it */
   loom_gpt_moe_stats moe_stats; /* a MoE model's routing since the last reset */
+  loom_gpt_mtp_stats mtp_stats; /* multi-token prediction's losses since the last reset */
   /* [layers * experts] host memory: the expert bias of this stage's layers
    * (model.moe.expert_bias), owned by whoever trains the model (the
    * trainer keeps the whole model's); NULL: routing without one. */
@@ -135,6 +158,10 @@ typedef struct loom_gpt_s {
 typedef struct {
   const int *tokens;      /* read on the first stage (and saved for its backward) */
   const int *targets;     /* read on the last stage; may be NULL for inference; < 0 masks a position */
+  /* Multi-token prediction: [mtp_layers][T, B] each depth's tokens ahead and targets at this rank's rows
+   * (loom_mtp_shift of the whole sequence, then its rows under context parallelism); NULL: shifted here from
+   * tokens and targets (no context parallelism) */
+  const int *mtp_tokens, *mtp_targets;
   int64_t sample_offset;  /* global index of this micro-batch's sample 0 */
   int64_t step;           /* dropout key */
   bool train;             /* enables dropout */
@@ -224,6 +251,7 @@ float loom_gpt_forward(loom_gpt *m, const loom_gpt_batch *batch);
 void loom_gpt_backward(loom_gpt *m, const loom_gpt_batch *batch, float dloss);
 /* Clears the routing statistics (a MoE model's; a no-op for a dense one). */
 void loom_gpt_moe_stats_reset(loom_gpt *m);
+void loom_gpt_mtp_stats_reset(loom_gpt *m);
 /* Under sequence parallelism each rank's grads of TP-replicated parameters
  * (norms, wpe, row-parallel biases) cover only its positions, and a
  * per-head one's (QK-norm's) only its heads under any tp: sums them over

@@ -158,6 +158,16 @@ typedef struct {
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
   loom_mla_config mla; /* multi-head latent attention (kv_lora_rank > 0) in place of the q, k and v projections */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
+  /* Multi-token prediction (DeepSeek-V3's; Megatron's --mtp-num-layers,
+   * --mtp-loss-scaling-factor): mtp_layers modules after the model's
+   * layers, module k (0-based) predicting the token k + 2 ahead from the
+   * previous depth's normed hidden states and the embedding of the token
+   * k + 1 ahead, each one transformer block (global layer layers + k, of
+   * the model's last layer's kind) with its own final norm, sharing the
+   * embedding and the head. The loss is the main loss plus mtp_loss_scale
+   * times the depths' mean loss (loom_mtp.h). 0: none. */
+  int mtp_layers;
+  float mtp_loss_scale;
   /* Where the sequence is, not what the model is: split over a context-
    * parallel group of cp ranks (0 or 1: whole), each holding T / cp rows of
    * a micro-batch's sequence of T (loom_cp_position); its attention meets
@@ -243,13 +253,17 @@ static inline int loom_gpt_expert_tp(const loom_gpt_config *c) { return c->moe.e
 static inline int loom_gpt_local_expert_ffn(const loom_gpt_config *c) { return loom_gpt_expert_ffn(c) / loom_gpt_expert_tp(c); }
 /* Whether the experts' linears have biases: as every other linear's (Megatron's --add-bias-linear; GPT-OSS's). */
 static inline bool loom_gpt_experts_biased(const loom_gpt_config *c) { return loom_gpt_is_moe(c) && !c->no_bias; }
-/* Whether layer l's MLP is a Mixture of Experts (else the dense MLP). */
+/* The blocks of the model's table: its layers, then the MTP modules' (global layers [layers, blocks)). */
+static inline int loom_gpt_blocks(const loom_gpt_config *c) { return c->layers + c->mtp_layers; }
+/* Whether global layer l is an MTP module's block. */
+static inline bool loom_gpt_layer_is_mtp(const loom_gpt_config *c, int l) { return l >= c->layers; }
+/* Whether layer l's MLP is a Mixture of Experts (else the dense MLP); an MTP block's is the model's last layer's. */
 static inline bool loom_gpt_layer_is_moe(const loom_gpt_config *c, int l) {
-  return loom_gpt_is_moe(c) && !loom_layer_bit(c->moe.dense, l);
+  return loom_gpt_is_moe(c) && !loom_layer_bit(c->moe.dense, l < c->layers ? l : c->layers - 1);
 }
-/* Layer l's attention window (loom_attn_shape's: 0, every earlier key). */
+/* Layer l's attention window (loom_attn_shape's: 0, every earlier key); an MTP block's is the last layer's. */
 static inline int loom_gpt_layer_window(const loom_gpt_config *c, int l) {
-  return c->window > 0 && !loom_layer_bit(c->full_attention, l) ? c->window : 0;
+  return c->window > 0 && !loom_layer_bit(c->full_attention, l < c->layers ? l : c->layers - 1) ? c->window : 0;
 }
 /* Whether a windowed model has layers that attend in full; makes layer l one (or a windowed one again). */
 static inline bool loom_gpt_has_full_attention_layers(const loom_gpt_config *c) {

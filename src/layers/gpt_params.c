@@ -232,6 +232,19 @@ static void add_llama_block(table *t, int i, const loom_gpt_config *c) {
   add_output(t, c, i, LOOM_ROLE_MLP_PROJ_W, "mlp.down_proj", f, !c->no_bias);
 }
 
+/* An MTP module's own tensors, in DeepSeek-V3's names for its layer i:
+ * enorm, hnorm, eh_proj (replicated over tp, as the norms are: under
+ * sequence parallelism its grad is summed with theirs) and the final norm. */
+static void add_mtp(table *t, const loom_gpt_config *c, int i) {
+  name n, m;
+  add_norm(t, c, LOOM_ROLE_MTP_ENORM_W, named(&n, "model.layers.", i, "enorm.weight"), named(&m, "model.layers.", i, "enorm.bias"));
+  add_norm(t, c, LOOM_ROLE_MTP_HNORM_W, named(&n, "model.layers.", i, "hnorm.weight"), named(&m, "model.layers.", i, "hnorm.bias"));
+  add(t, LOOM_ROLE_MTP_EH_PROJ_W, named(&n, "model.layers.", i, "eh_proj.weight"), 2, c->hidden, 2 * (int64_t)c->hidden,
+      weight(0.02f, -1, 1));
+  add_norm(t, c, LOOM_ROLE_MTP_NORM_W, named(&n, "model.layers.", i, "shared_head.norm.weight"),
+           named(&m, "model.layers.", i, "shared_head.norm.bias"));
+}
+
 static void add_block(table *t, int i, const loom_gpt_config *c) {
   if (loom_gpt_config_is_gpt2(c)) add_gpt2_block(t, i, c);
   else add_llama_block(t, i, c);
@@ -244,7 +257,7 @@ int loom_gpt_block_tensors(const loom_gpt_config *cfg, int layer) {
 }
 
 loom_stage_range loom_stage_whole(const loom_gpt_config *cfg) {
-  return (loom_stage_range){.layer_begin = 0, .layer_end = cfg->layers, .first = true, .last = true};
+  return (loom_stage_range){.layer_begin = 0, .layer_end = loom_gpt_blocks(cfg), .first = true, .last = true};
 }
 
 void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *r, loom_stage_range *edges,
@@ -257,8 +270,14 @@ void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *
   }
 }
 
+/* Whether a stage holds the embedding: the first, and the last where the head is tied to it or the MTP modules
+ * embed the tokens ahead with it. */
+static bool holds_wte(const loom_gpt_config *cfg, const loom_stage_range *r) {
+  return r->first || (r->last && (!cfg->untied || cfg->mtp_layers > 0));
+}
+
 int loom_gpt_tensors_before_blocks(const loom_gpt_config *cfg, const loom_stage_range *r) {
-  const bool wte = r->first || (r->last && !cfg->untied);
+  const bool wte = holds_wte(cfg, r);
   return wte + (r->first && cfg->position == LOOM_POSITION_LEARNED);
 }
 
@@ -321,7 +340,7 @@ int loom_gpt_zero_buckets(const loom_gpt_config *cfg, const loom_stage_range *ra
 /* Points w's views at tensors [k0, k1): at addr[k - k0], or (addr NULL) at views[k].data. */
 static void bind_range(const loom_gpt_params *p, int k0, int k1, float *const *addr, const loom_tensor *views,
                        loom_gpt_weights *w) {
-  int block = -1;
+  int block = -1, depth = -1;
   float *prev = NULL;
   size_t prev_len = 0;
   for (int k = k0; k < k1; k++) {
@@ -337,6 +356,10 @@ static void bind_range(const loom_gpt_params *p, int k0, int k1, float *const *a
     else if (role == LOOM_ROLE_LN_F_W) w->ln_f_w = at;
     else if (role == LOOM_ROLE_LN_F_B) w->ln_f_b = at;
     else if (role == LOOM_ROLE_LM_HEAD) w->lm_head = at;
+    else if (role >= LOOM_ROLE_MTP_ENORM_W) {
+      if (role == LOOM_ROLE_MTP_ENORM_W) depth++;
+      ((float **)&w->mtp[depth])[role - LOOM_ROLE_MTP_ENORM_W] = at;
+    }
     prev = at, prev_len = len;
   }
   if (p->range.last && !p->cfg.untied) w->lm_head = w->wte;
@@ -348,7 +371,7 @@ void loom_gpt_bind_views(const loom_gpt_params *p, int k0, int k1, float *const 
 
 /* Points a struct of views at a buffer's tensors (views a config lacks stay NULL). */
 static void bind(const loom_gpt_params *p, loom_gpt_weights *w, const loom_buffer *b) {
-  *w = (loom_gpt_weights){.h = w->h};
+  *w = (loom_gpt_weights){.h = w->h, .mtp = w->mtp};
   bind_range(p, 0, b->count, NULL, b->views, w);
 }
 
@@ -360,8 +383,8 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
   loom_param_meta vocab = weight(0.02f, 0, 1);
   vocab.init_rows = cfg->vocab; /* padded rows stay zero and never reach the loss */
   loom_param_meta wte = vocab;
-  wte.shared = !cfg->untied; /* the embedding is the LM head too: on the first and the last stage */
-  if (r.first || (r.last && !cfg->untied)) add(&t, LOOM_ROLE_WTE, gpt2 ? "wte.weight" : "model.embed_tokens.weight", 2,
+  wte.shared = !cfg->untied || cfg->mtp_layers > 0; /* on the first and the last stage */
+  if (holds_wte(cfg, &r)) add(&t, LOOM_ROLE_WTE, gpt2 ? "wte.weight" : "model.embed_tokens.weight", 2,
                                                cfg->padded_vocab, cfg->hidden, wte);
   if (r.first && cfg->position == LOOM_POSITION_LEARNED)
     add(&t, LOOM_ROLE_WPE, gpt2 ? "wpe.weight" : "model.embed_positions.weight", 2, cfg->seq, cfg->hidden,
@@ -372,6 +395,7 @@ int loom_gpt_param_table(const loom_gpt_config *cfg, const loom_stage_range *ran
     if (cfg->norm == LOOM_NORM_LAYERNORM)
       add(&t, LOOM_ROLE_LN_F_B, gpt2 ? "ln_f.bias" : "model.norm.bias", 1, cfg->hidden, 0, ZERO_B);
     if (cfg->untied) add(&t, LOOM_ROLE_LM_HEAD, "lm_head.weight", 2, cfg->padded_vocab, cfg->hidden, vocab);
+    for (int k = 0; k < cfg->mtp_layers; k++) add_mtp(&t, cfg, cfg->layers + k);
   }
   return t.count;
 }
@@ -393,7 +417,8 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
                                const loom_stage_range *range, keeps kept, size_t pad, const loom_allocator *mem) {
   memset(p, 0, sizeof *p);
   const loom_stage_range r = range ? *range : loom_stage_whole(cfg);
-  LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= cfg->layers, "stage layer range");
+  LOOM_CHECK(r.layer_begin >= 0 && r.layer_begin <= r.layer_end && r.layer_end <= loom_gpt_blocks(cfg), "stage layer range");
+  LOOM_CHECK(r.layer_end <= cfg->layers || r.last, "the MTP modules are on the last stage");
   const int kv = loom_gpt_kv_heads(cfg);
   LOOM_CHECK(cfg->padded_vocab % tp_size == 0 && cfg->heads % tp_size == 0 && cfg->ffn % tp_size == 0 &&
                  (kv % tp_size == 0 || tp_size % kv == 0),
@@ -413,6 +438,8 @@ static loom_status init_params(loom_gpt_params *p, const loom_gpt_config *cfg, i
   p->meta = t.meta;
   p->w.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
   p->g.h = loom_xcalloc((size_t)p->layers + 1, sizeof(loom_block_weights), "block views");
+  p->w.mtp = loom_xcalloc((size_t)cfg->mtp_layers + 1, sizeof(loom_mtp_weights), "MTP views");
+  p->g.mtp = loom_xcalloc((size_t)cfg->mtp_layers + 1, sizeof(loom_mtp_weights), "MTP views");
   loom_status st = make_buffer(&p->params, kept.params, t.specs, count, mem, pad, LOOM_BUF_PARAMS);
   if (st == LOOM_OK) st = make_buffer(&p->grads, kept.grads, t.specs, count, mem, pad, LOOM_BUF_GRADS);
   if (st == LOOM_OK && cfg->bf16 && kept.compute != NONE) { /* the bf16 copy that runs; params are the fp32 master */
@@ -495,6 +522,8 @@ void loom_gpt_params_free(loom_gpt_params *p) {
   free(p->layer_tensor);
   free(p->w.h);
   free(p->g.h);
+  free(p->w.mtp);
+  free(p->g.mtp);
   memset(p, 0, sizeof *p);
 }
 

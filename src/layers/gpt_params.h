@@ -25,7 +25,10 @@ typedef enum {
   LOOM_ROLE_MLA_KV_UP_W,
   LOOM_BLOCK_VIEWS, /* views of a block */
   LOOM_ROLE_FUSED = LOOM_BLOCK_VIEWS,
-  LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD
+  LOOM_ROLE_WTE, LOOM_ROLE_WPE, LOOM_ROLE_LN_F_W, LOOM_ROLE_LN_F_B, LOOM_ROLE_LM_HEAD,
+  /* an MTP module's, one run per depth after the head (loom_mtp_weights' views, in order) */
+  LOOM_ROLE_MTP_ENORM_W, LOOM_ROLE_MTP_ENORM_B, LOOM_ROLE_MTP_HNORM_W, LOOM_ROLE_MTP_HNORM_B, LOOM_ROLE_MTP_EH_PROJ_W,
+  LOOM_ROLE_MTP_NORM_W, LOOM_ROLE_MTP_NORM_B
 } loom_param_role;
 
 /* Metadata one place decides and everything else reads (grad norm, grad
@@ -94,13 +97,28 @@ typedef struct {
 _Static_assert(sizeof(loom_block_weights) == LOOM_BLOCK_VIEWS * sizeof(float *),
                "loom_block_weights must be exactly its views, in role order");
 
+/* Views of one multi-token prediction module's own tensors (its block is a
+ * layer of the table): the norms of the token embedding and of the previous
+ * depth's hidden states, the projection of the two side by side, and its
+ * final norm (DeepSeek-V3's shared_head.norm). */
+typedef struct {
+  float *enorm_w, *enorm_b;   /* [h], [h] (LayerNorm's shift, else NULL) */
+  float *hnorm_w, *hnorm_b;   /* [h], [h] */
+  float *eh_proj_w;           /* [h, 2h] columns enorm(e) | hnorm(h), every tp rank's */
+  float *norm_w, *norm_b;     /* [h], [h] */
+} loom_mtp_weights;
+
+_Static_assert(sizeof(loom_mtp_weights) == (LOOM_ROLE_MTP_NORM_B - LOOM_ROLE_MTP_ENORM_W + 1) * sizeof(float *),
+               "loom_mtp_weights must be exactly its views, in role order");
+
 /* Views of a stage's parameters (or grads); NULL where the stage lacks them. */
 typedef struct {
-  float *wte;             /* [Vp, h] on the first stage (and the last, when tied) */
+  float *wte;             /* [Vp, h] on the first stage (and the last, when tied or predicting more tokens) */
   float *wpe;             /* [S, h] on the first stage, with learned positions */
   loom_block_weights *h;  /* [layer_end - layer_begin], local index */
   float *ln_f_w, *ln_f_b; /* [h], [h] on the last stage */
   float *lm_head;         /* [Vp, h] on the last stage: wte when tied */
+  loom_mtp_weights *mtp;  /* [cfg.mtp_layers] on the last stage */
 } loom_gpt_weights;
 
 /* The part of the model a pipeline stage (or one chunk of it) holds. */

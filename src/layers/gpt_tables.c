@@ -9,7 +9,7 @@
 
 
 static void want_as(act_list *l, void *slot, const char *name, int64_t numel) {
-  LOOM_CHECK(l->count < 64, "too many activation views");
+  LOOM_CHECK(l->count < (int)(sizeof l->specs / sizeof l->specs[0]), "too many activation views");
   l->specs[l->count] = loom_tensor_spec(name, l->dtype, 1, &numel);
   l->slots[l->count++] = slot;
 }
@@ -53,7 +53,7 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
                 .mla_q = mla->q_lora_rank, .mla_kv = mla->kv_lora_rank, .mla_pe = mla->qk_pos_emb_head_dim,
                 .mla_q_up = H * Dq, .mla_kv_up = loom_gpt_is_mla(c) ? H * (mla->qk_head_dim + mla->v_head_dim) : 0,
                 .mla_widest = loom_gpt_is_mla(c) ? loom_mla_widest(&ms) : 0,
-                .L = L, .tp = tp, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
+                .L = L, .tp = tp, .mtp = r->last ? c->mtp_layers : 0, .R = R, .K = L - R, .G = rc.group > 1 ? rc.group : 1, .first = r->first, .last = r->last,
                 .bf16 = c->bf16};
 }
 
@@ -328,15 +328,27 @@ void loom_tables_list_slot(act_list *l, act_list *l16, loom_gpt_slot *s, layer_v
   } else if (d->K > 0) {
     want_layers(l, v, d, kept);
   }
-  if (d->last) {
-    want(l, &s->ln_f_mean, "ln_f_mean", d->n);
-    want(l, &s->ln_f_rstd, "ln_f_rstd", d->n);
-    if (d->bf16) want16(l16, &s->ln_f_bits, "ln_f_bits", d->N * d->h); /* bits alone, as the layers' */
-    else want(l, &s->ln_f, "ln_f", d->N * d->h);
-    want(l, &s->logits, "logits", d->N * d->V);
-    want(l, &s->losses, "losses", d->N);
-    want(l, &s->lse, "lse", d->N);
-    want(l, &s->picked, "picked", d->N);
+  if (d->last) { /* the main head's, then each MTP depth's */
+    const int64_t heads = 1 + d->mtp;
+    want(l, &s->ln_f_mean, "ln_f_mean", heads * d->n);
+    want(l, &s->ln_f_rstd, "ln_f_rstd", heads * d->n);
+    if (d->bf16) want16(l16, &s->ln_f_bits, "ln_f_bits", heads * d->N * d->h); /* bits alone, as the layers' */
+    else want(l, &s->ln_f, "ln_f", heads * d->N * d->h);
+    want(l, &s->logits, "logits", heads * d->N * d->V);
+    want(l, &s->losses, "losses", heads * d->N);
+    want(l, &s->lse, "lse", heads * d->N);
+    want(l, &s->picked, "picked", heads * d->N);
+  }
+  if (d->mtp) { /* each depth's tokens ahead and targets, the combination's activations, and the blocks' outputs but
+                 * the last's (the stage output) */
+    want_ints(l, &s->mtp_tokens, "mtp_tokens", d->mtp * d->N);
+    want_ints(l, &s->mtp_targets, "mtp_targets", d->mtp * d->N);
+    want(l, &s->mtp_emb, "mtp_emb", d->mtp * d->n * d->h);
+    want(l, &s->mtp_hin, "mtp_hin", d->mtp * d->n * d->h);
+    want(l, &s->mtp_stats, "mtp_stats", d->mtp * 4 * d->n);
+    want(l, &s->mtp_cat, "mtp_cat", d->mtp * d->n * 2 * d->h);
+    want(l, &s->mtp_x, "mtp_x", d->mtp * d->n * d->h);
+    want(l, &s->mtp_y, "mtp_y", d->mtp * d->n * d->h);
   }
 }
 
@@ -405,6 +417,14 @@ void loom_tables_list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_v
     if (loom_ring_buffer_blocks(cp, gather, 2)) want(l, &r->dkv[2], "ring_dkv3", loom_ring_buffer_blocks(cp, gather, 2) * d->ring);
   }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
+  if (d->mtp) { /* the combination's scratch and row orders, and its grads */
+    want(l, &w->mtp.pair, "mtp_pair", 2 * d->n * d->h);
+    want_ints(l, &w->mtp.interleave, "mtp_interleave", 2 * d->n);
+    want_ints(l, &w->mtp.split, "mtp_split", 2 * d->n);
+    want(l, &w->mtp_dcat, "mtp_dcat", 2 * d->n * d->h);
+    want(l, &w->mtp_demb, "mtp_demb", d->n * d->h);
+    want(l, &w->mtp_dhin, "mtp_dhin", d->n * d->h);
+  }
   want(l, &w->dres, "dres", d->n * d->h);
   want(l, &w->d_ln_f, "d_ln_f", d->N * d->h);
   want(l, &w->lse_scratch, "lse_scratch", d->N);

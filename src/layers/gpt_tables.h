@@ -11,8 +11,8 @@
 
 /* Builder for activation tables of one dtype: specs are appended, then pointers bound. */
 typedef struct {
-  loom_tensor specs[64];
-  void *slots[64]; /* float ** (F32) or uint16_t ** (BF16) */
+  loom_tensor specs[96];
+  void *slots[96]; /* float ** (F32) or uint16_t ** (BF16) */
   loom_dtype dtype;
   int count;
 } act_list;
@@ -41,6 +41,7 @@ typedef struct {
    * of its up projections' outputs on this rank */
   int64_t mla_q, mla_kv, mla_pe, mla_q_up, mla_kv_up, mla_widest;
   int L, tp;
+  int mtp;  /* the MTP depths whose heads the stage computes (the last stage's: the model's), else 0 */
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */
   int G;    /* the recomputed layers' groups: G layers each (the last may be short), the first one's input kept */
   bool first, last, bf16;
