@@ -44,6 +44,10 @@ void loom_model_flags_table(loom_model_flags *mf, loom_flag *out) {
       {"--mscale-all-dim", FLAG_FLOAT, &mf->mscale_all_dim,
        "YaRN with MLA: the softmax scale times get_mscale(factor, this)^2 (DeepSeek-V3's 1; unset: none)", 1e-6, 1e3, NULL,
        false, "model.mla.mscale_all_dim"},
+      {"--mtp-num-layers", FLAG_INT, &mf->mtp_layers, "multi-token prediction modules after the layers, each predicting one "
+       "token further ahead (DeepSeek-V3's 1; 0: none)", 0, LOOM_PLAN_MAX_LAYERS, NULL, false, "model.mtp_num_layers"},
+      {"--mtp-loss-scaling-factor", FLAG_FLOAT, &mf->mtp_loss_scale, "multi-token prediction: the weight of the modules' "
+       "mean loss in the training loss (0.1)", 0, 1e3, NULL, false, "model.mtp_loss_scaling_factor"},
       {"--softmax-type", FLAG_STRING, &mf->softmax_type,
        "the attention's softmax: learnable gives each head a logit in every row's denominator (GPT-OSS's attention sinks)",
        LOOM_NO_RANGE, LOOM_SOFTMAX_NAMES, false, "model.softmax_type"},
@@ -341,6 +345,13 @@ loom_status loom_model_flags_resolve(const char *cmd, const loom_model_flags *mf
   if (st == LOOM_OK) st = resolve_window(cmd, mf, table, cfg, err);
   if (st == LOOM_OK) st = resolve_mla(cmd, mf, table, cfg, err);
   if (st != LOOM_OK) return st;
+  if (flag_set(table, "--mtp-num-layers")) cfg->mtp_layers = mf->mtp_layers;
+  if (flag_set(table, "--mtp-num-layers") && !flag_set(table, "--mtp-loss-scaling-factor") && cfg->mtp_loss_scale == 0.0f)
+    cfg->mtp_loss_scale = LOOM_MTP_LOSS_SCALE_DEFAULT;
+  if (flag_set(table, "--mtp-loss-scaling-factor") && cfg->mtp_layers == 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --mtp-loss-scaling-factor weighs the multi-token prediction loss, but this "
+                     "model has no MTP modules; add --mtp-num-layers", cmd);
+  if (flag_set(table, "--mtp-loss-scaling-factor")) cfg->mtp_loss_scale = mf->mtp_loss_scale;
   cfg->dropout = mf->dropout;
   loom_gpt_config_finish(cfg); /* the plan's rules check the shape */
   *T = cfg->seq;

@@ -17,6 +17,9 @@ typedef struct {
   bool mla;
   int q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim;
   float mscale, mscale_all_dim;
+  /* Multi-token prediction */
+  int mtp_layers;
+  float mtp_loss_scale;
   /* Mixture of Experts, in Megatron-Core's flag names */
   int experts, moe_topk, moe_ffn, moe_shared_ffn, moe_router_groups, moe_router_group_topk;
   const char *moe_score, *moe_drop_policy, *moe_layer_freq;
@@ -24,7 +27,7 @@ typedef struct {
   float moe_aux_loss_coeff, moe_z_loss_coeff, moe_capacity_factor, moe_bias_update_rate, moe_topk_scaling;
 } loom_model_flags;
 
-#define LOOM_MODEL_FLAG_COUNT 54
+#define LOOM_MODEL_FLAG_COUNT 56
 /* Writes the model flags' table entries into out[LOOM_MODEL_FLAG_COUNT]. */
 void loom_model_flags_table(loom_model_flags *mf, loom_flag *out);
 /* Builds the config: a preset (default gpt-tiny) or the --init-from file's

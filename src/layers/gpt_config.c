@@ -197,7 +197,7 @@ bool loom_gpt_config_same_model(const loom_gpt_config *a, const loom_gpt_config 
          a->norm == b->norm && a->mlp == b->mlp && a->position == b->position &&
          (a->position != LOOM_POSITION_ROPE || memcmp(&a->rope, &b->rope, sizeof a->rope) == 0) && a->no_bias == b->no_bias &&
          loom_gpt_qkv_biased(a) == loom_gpt_qkv_biased(b) && loom_gpt_out_biased(a) == loom_gpt_out_biased(b) &&
-         a->untied == b->untied && a->moe.experts == b->moe.experts &&
+         a->untied == b->untied && a->mtp_layers == b->mtp_layers && a->moe.experts == b->moe.experts &&
          (!loom_gpt_is_moe(a) || (a->moe.topk == b->moe.topk && loom_gpt_expert_ffn(a) == loom_gpt_expert_ffn(b) &&
                                   a->moe.shared_ffn == b->moe.shared_ffn && a->moe.score == b->moe.score &&
                                   a->moe.pre_softmax == b->moe.pre_softmax && a->moe.shared_gate == b->moe.shared_gate &&
@@ -301,8 +301,10 @@ const char *loom_gpt_config_architecture(const loom_gpt_config *c, int tp, char 
     char freq[160];
     if (loom_gpt_has_dense_layers(c))
       PUT(", in %d of %d layers %s", loom_gpt_moe_layers(c, 0, c->layers), c->layers, layer_freq(c, freq, sizeof freq));
-
   }
+  if (c->mtp_layers > 0)
+    PUT("%smulti-token prediction: %d module%s, loss scale %g", used ? ", " : "", c->mtp_layers, c->mtp_layers == 1 ? "" : "s",
+        (double)c->mtp_loss_scale);
 #undef PUT
   return buf;
 }

@@ -178,6 +178,7 @@ typedef struct {
 } loom_gpt_config;
 
 #define LOOM_VOCAB_ALIGN 128
+#define LOOM_MTP_LOSS_SCALE_DEFAULT 0.1f /* Megatron's --mtp-loss-scaling-factor */
 #define LOOM_ROPE_THETA_DEFAULT 10000.0f
 
 /* Fills cfg from preset i (LOOM_GPT_PRESET_NAMES[i] names it: "gpt-tiny",

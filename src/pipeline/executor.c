@@ -99,8 +99,9 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
     st = LOOM_ERR_NOMEM;
   if (st == LOOM_ERR_NOMEM) return loom_fail_nomem(err, "building pipeline stage %d", ps->pp_rank);
   if (st != LOOM_OK) return st;
-  pipe->bucket_req = loom_xcalloc(3 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_req, "bucket requests");
-  pipe->bucket_at = loom_xcalloc(12 * ((size_t)sheet->model.layers + 1), sizeof *pipe->bucket_at, "bucket ranges");
+  const size_t blocks = (size_t)loom_gpt_blocks(&sheet->model);
+  pipe->bucket_req = loom_xcalloc(3 * (blocks + 1), sizeof *pipe->bucket_req, "bucket requests");
+  pipe->bucket_at = loom_xcalloc(12 * (blocks + 1), sizeof *pipe->bucket_at, "bucket ranges");
   st = build_dp(pipe, sheet, ops, seed, err);
   if (st != LOOM_OK) return st;
   pipe->tokens = loom_xmalloc((size_t)T * B * sizeof(int), "tokens");
@@ -111,6 +112,9 @@ static loom_status build(loom_pipeline *pipe, const loom_parallel *ps, const loo
     pipe->local_tokens = loom_xmalloc(rows * B * sizeof(int), "tokens");
     pipe->local_targets = loom_xmalloc(rows * B * sizeof(int), "targets");
     pipe->local_pred = loom_xmalloc(rows * B * sizeof(int), "predictions");
+    /* multi-token prediction: each depth's tokens ahead and targets, shifted along the whole sequence, then this rank's rows */
+    const size_t D = (size_t)sheet->model.mtp_layers;
+    pipe->mtp = D ? loom_xmalloc(2 * D * ((size_t)T + rows) * B * sizeof(int), "MTP tokens") : NULL;
   }
   return LOOM_OK;
 }
@@ -174,6 +178,7 @@ void loom_pipeline_free(loom_pipeline *pipe) {
   free(pipe->local_tokens);
   free(pipe->local_targets);
   free(pipe->local_pred);
+  free(pipe->mtp);
   free(pipe->pred);
   free(pipe->trace);
   loom_ring_log_free(&pipe->ring_log);
@@ -271,8 +276,12 @@ static const int *row_positions(const loom_pipeline *pipe) { return pipe->chunks
  * sequence's row at row_positions[t]); returns how many of their targets
  * are scored. */
 static int64_t take_local_rows(loom_pipeline *pipe) {
-  const int rows = pipe->T / pipe->ps->cp, B = pipe->B;
+  const int rows = pipe->T / pipe->ps->cp, B = pipe->B, D = pipe->chunks[0].p.cfg.mtp_layers;
   const int *pos = row_positions(pipe);
+  const size_t whole = (size_t)pipe->T * B, local = (size_t)rows * B;
+  int *mtp_whole = pipe->mtp ? pipe->mtp + 2 * (size_t)D * local : NULL; /* [D] tokens ahead, then [D] targets */
+  for (int k = 0; k < D; k++)
+    loom_mtp_shift(pipe->tokens, pipe->targets, pipe->T, B, k, mtp_whole + k * whole, mtp_whole + (D + k) * whole);
   int64_t scored = 0;
   for (int t = 0; t < rows; t++)
     for (int b = 0; b < B; b++) {
@@ -280,6 +289,7 @@ static int64_t take_local_rows(loom_pipeline *pipe) {
       pipe->local_tokens[to] = pipe->tokens[from];
       pipe->local_targets[to] = pipe->targets[from];
       scored += pipe->targets[from] >= 0;
+      for (int k = 0; k < 2 * D; k++) pipe->mtp[k * local + to] = mtp_whole[k * whole + from];
     }
   return scored;
 }
@@ -387,8 +397,10 @@ static void run_actions(loom_pipeline *pipe, const loom_pipeline_hooks *hooks, c
     const loom_action *a = &sched->actions[r][i];
     const double t0 = loom_now_s() - start;
     apply_events(pipe, sched, i, true);
+    const size_t local_mtp = (size_t)pipe->chunks[0].p.cfg.mtp_layers * (pipe->T / pipe->ps->cp) * pipe->B;
     const loom_gpt_batch batch = {.tokens = split_sequence(pipe) ? pipe->local_tokens : pipe->tokens,
                                   .targets = split_sequence(pipe) ? pipe->local_targets : pipe->targets,
+                                  .mtp_tokens = pipe->mtp, .mtp_targets = pipe->mtp ? pipe->mtp + local_mtp : NULL,
                                   .sample_offset = spec->sample_offset + (int64_t)a->mb * pipe->B, .step = spec->step,
                                   .train = spec->train};
     act x = {.pipe = pipe, .hooks = hooks, .spec = spec, .a = a, .m = a->chunk >= 0 ? &pipe->chunks[a->chunk] : NULL,

@@ -30,6 +30,8 @@ struct loom_pipeline {
   /* Context parallelism: this rank's rows of those, [T / cp * B] (what
    * the model sees, at its chunks' cp_pos); else NULL. */
   int *local_tokens, *local_targets, *local_pred;
+  int *mtp; /* context parallelism with multi-token prediction: [2 D] this rank's rows of each depth's tokens ahead, then
+             * targets (the batch's), then [2 D] the whole sequence's (NULL: none, the model shifts its own) */
   int zero_stage;          /* the plan's: 0 (none) to 3 */
   bool grads_bf16;         /* grad_reduce bf16 with dp x cp > 1: grads cross dp as bf16 */
   loom_zero_runtime *zero; /* [v] under ZeRO-2/3 once loom_pipeline_use_zero attached them, else NULL */

@@ -238,6 +238,8 @@ static void show_progress(const loom_train_loop *loop, int step, const loom_step
                   "MFU %4.1f%% | max alloc %.1f MiB | skipped %d",
                   done, loop->steps, (double)s->loss, (double)s->lr, s->grad_norm, n->ms, n->tokens_per_s,
                   n->tflops_per_device, 100.0 * n->mfu, n->max_allocated / 1048576.0, n->skipped_iterations);
+  if ((done % every == 0 || step == first || done == loop->steps) && s->mtp_loss > 0.0)
+    loom_log_info("step %5d/%d | mtp loss %.4f", done, loop->steps, s->mtp_loss);
   if ((done % every == 0 || step == first || done == loop->steps) && n->moe)
     loom_log_info("step %5d/%d | load_balancing_loss %.4e | z_loss %.4e | expert load max/mean %.2f | dropped %lld", done,
                   loop->steps, s->moe_aux_loss, s->moe_z_loss, s->moe_load_imbalance, (long long)s->moe_dropped);
@@ -248,6 +250,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
   loom_metrics *mx = loop->metrics;
   loom_metrics_begin(mx, step + 1);
   loom_metrics_num(mx, "loss", s->loss);
+  if (loom_pipeline_chunk(tr->pipe, 0)->p.cfg.mtp_layers) loom_metrics_num(mx, "mtp_loss", s->mtp_loss);
   loom_metrics_num(mx, "lr", s->lr);
   loom_metrics_num(mx, "grad_norm", s->grad_norm);
   loom_metrics_num(mx, "ms", n->ms);
@@ -266,7 +269,7 @@ static void record_step(const loom_trainer *tr, const loom_train_loop *loop, str
     loom_metrics_num(mx, "moe_dropped_tokens", (double)s->moe_dropped);
     loom_metrics_num(mx, "moe_load_imbalance", s->moe_load_imbalance);
     loom_metrics_num(mx, "moe_expert_rows_max", (double)s->moe_rows);
-    loom_metrics_list(mx, "moe_tokens_per_expert", tr->moe_load, c->layers, c->moe.experts);
+    loom_metrics_list(mx, "moe_tokens_per_expert", tr->moe_load, loom_gpt_blocks(c), c->moe.experts);
   }
   if (tr->ps.world > 1) report_stragglers(tr, loop, w, s, step);
   if (loom_pipeline_compression(tr->pipe)) {

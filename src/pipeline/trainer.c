@@ -25,7 +25,7 @@ static void free_optimizers(loom_trainer *tr) {
 static void expert_bias_init(loom_trainer *tr) {
   const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
   if (!loom_gpt_is_moe(c) || !c->moe.expert_bias) return;
-  tr->expert_bias_count = (size_t)c->layers * (size_t)c->moe.experts;
+  tr->expert_bias_count = (size_t)loom_gpt_blocks(c) * (size_t)c->moe.experts;
   tr->expert_bias = loom_xcalloc(tr->expert_bias_count, sizeof *tr->expert_bias, "expert bias");
   for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
     loom_gpt *m = loom_pipeline_chunk(tr->pipe, k);
@@ -195,7 +195,7 @@ static double moe_imbalance(const loom_trainer *tr, int l) {
 static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
   if (!loom_gpt_is_moe(c)) return;
-  const int L = c->layers, E = c->moe.experts;
+  const int L = loom_gpt_blocks(c), E = c->moe.experts;
   const bool counts = tr->ps.sequence_parallel || tr->ps.tp_rank == 0;
   double sums[3] = {0.0, 0.0, 0.0};
   if (!tr->moe_load) tr->moe_load = loom_xmalloc((size_t)L * E * sizeof *tr->moe_load, "expert load");
@@ -224,9 +224,28 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   }
 }
 
+/* Multi-token prediction's loss over the step: every last stage's sums (collective over the world), each tp group's
+ * once (its ranks compute the same losses). */
+static void mtp_step(loom_trainer *tr, loom_step_stats *s) {
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  if (c->mtp_layers == 0) return;
+  loom_gpt_mtp_stats sum = {0};
+  for (int k = 0; tr->ps.tp_rank == 0 && k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    const loom_gpt_mtp_stats *m = &loom_pipeline_chunk(tr->pipe, k)->mtp_stats;
+    sum.loss_sum += m->loss_sum, sum.scored += m->scored;
+  }
+  double sums[2] = {sum.loss_sum, (double)sum.scored};
+  loom_comm_allreduce_typed(tr->ps.world_group, sums, 2, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
+  sum = (loom_gpt_mtp_stats){.loss_sum = sums[0], .scored = (int64_t)sums[1]};
+  s->mtp_loss = loom_gpt_mtp_loss(&sum, c->mtp_layers);
+}
+
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   tr->split = LOOM_SPLIT_TRAIN;
-  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) loom_gpt_moe_stats_reset(loom_pipeline_chunk(tr->pipe, k));
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    loom_gpt_moe_stats_reset(loom_pipeline_chunk(tr->pipe, k));
+    loom_gpt_mtp_stats_reset(loom_pipeline_chunk(tr->pipe, k));
+  }
   /* Replica d takes its own m micro-batches of the global batch. */
   tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * loom_pipeline_micro_batches(tr->pipe) * tr->micro_batch;
   tr->step_lr = loom_lr_at(&tr->lr, step);
@@ -236,6 +255,7 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   loom_step_stats s = {.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm, .skipped = !isfinite(ps.grad_norm),
                        .compute_s = ps.compute_s, .wait_s = ps.wait_s, .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
   moe_step(tr, &s);
+  mtp_step(tr, &s);
   return s;
 }
 

@@ -54,7 +54,8 @@ typedef struct {
 } loom_trainer;
 
 typedef struct {
-  float loss;       /* mean over the global batch */
+  float loss;       /* mean over the global batch (the main head's: Megatron's lm loss) */
+  double mtp_loss;  /* multi-token prediction's: its modules' mean loss, the same on every rank (0: none) */
   float lr;
   double grad_norm; /* before clipping */
   bool skipped;     /* the grads held an inf or NaN somewhere: no rank stepped */

@@ -41,7 +41,9 @@ void loom_model_proto_config(const Loom__Model *m, loom_gpt_config *cfg) {
                            .rope = {.theta = m->rope_theta}, .no_bias = !m->bias, .qkv_bias = m->qkv_bias, .out_bias = m->out_bias,
                            .glu = {.alpha = m->glu_alpha, .clamp = m->glu_clamp, .offset = m->glu_offset},
                            .untied = !m->tied_embeddings, .head_dim = m->has_kv_channels ? m->kv_channels : 0,
-                           .qk_norm = m->qk_layernorm, .softmax = (loom_softmax_kind)m->softmax_type};
+                           .qk_norm = m->qk_layernorm, .softmax = (loom_softmax_kind)m->softmax_type,
+                           .mtp_layers = m->mtp_num_layers,
+                           .mtp_loss_scale = m->has_mtp_loss_scaling_factor ? m->mtp_loss_scaling_factor : LOOM_MTP_LOSS_SCALE_DEFAULT};
   if (m->mla)
     cfg->mla = (loom_mla_config){.q_lora_rank = m->mla->q_lora_rank, .kv_lora_rank = m->mla->kv_lora_rank,
                                  .qk_head_dim = m->mla->qk_head_dim, .qk_pos_emb_head_dim = m->mla->qk_pos_emb_head_dim,
@@ -121,6 +123,8 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->has_kv_channels = c->head_dim > 0; /* only where it leaves hidden / heads (loom_gpt_config_finish) */
   m->kv_channels = c->head_dim;
   m->has_qk_layernorm = m->qk_layernorm = c->qk_norm;
+  m->has_mtp_num_layers = c->mtp_layers > 0, m->mtp_num_layers = c->mtp_layers;
+  m->has_mtp_loss_scaling_factor = c->mtp_layers > 0, m->mtp_loss_scaling_factor = c->mtp_loss_scale;
   m->has_softmax_type = c->softmax != LOOM_SOFTMAX_VANILLA;
   m->softmax_type = (Loom__SoftmaxType)c->softmax;
   m->has_window_size = c->window > 0, m->window_size = c->window;
@@ -182,8 +186,10 @@ void loom_plan_context_config(const loom_plan *p, loom_gpt_config *cfg) {
   cfg->cp_all_gather = p->parallel->cp_comm_type == LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER;
 }
 
-/* The head is untied: the schedule has no tied-embedding reduction. */
-static bool untied(const loom_plan *p) { return p->model->has_tied_embeddings && !p->model->tied_embeddings; }
+/* The head is untied and no MTP module embeds on the last stage: the schedule has no tied-embedding reduction. */
+static bool untied(const loom_plan *p) {
+  return p->model->has_tied_embeddings && !p->model->tied_embeddings && p->model->mtp_num_layers == 0;
+}
 
 loom_status loom_plan_schedule(const loom_plan *p, loom_schedule *s, loom_error *err) {
   const loom_status st = loom_schedule_build(s, p->schedule, p->parallel->pp, p->parallel->virtual_chunks,

@@ -140,15 +140,17 @@ static loom_status layer_counts(const loom_plan_spec *sp, const loom_plan *p, in
   /* Sizes and FLOPs of a layer and of the edges, from the layers' table and FLOPs count. */
   loom_gpt_config cfg;
   loom_plan_model_config(p, &cfg);
-  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, head = {.last = true}, embed = {.first = true};
-  double layer = 1.0, first = 0.0, last = 0.0;
+  /* The last stage's own part: the final norm and the head (the tied copy of wte), and the MTP modules after the layers */
+  const loom_stage_range one = {.layer_begin = 0, .layer_end = 1}, embed = {.first = true},
+                         head = {.layer_begin = cfg.layers, .layer_end = loom_gpt_blocks(&cfg), .last = true};
+  double layer = 1.0, first = 0.0, last = (double)cfg.mtp_layers;
   if (sp->balance == LOOM__BALANCE__BALANCE_PARAMS) {
     layer = (double)loom_gpt_param_count(&cfg, &one, 1);
     first = (double)loom_gpt_param_count(&cfg, &embed, 1);
-    last = (double)loom_gpt_param_count(&cfg, &head, 1); /* the final norm and the head (the tied copy of wte) */
+    last = (double)loom_gpt_param_count(&cfg, &head, 1);
   } else if (sp->balance == LOOM__BALANCE__BALANCE_COMPUTE) {
     layer = loom_gpt_stage_train_flops(&cfg, &one, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON);
-    last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM head's matmul */
+    last = loom_gpt_stage_train_flops(&cfg, &head, cfg.seq, 1.0, LOOM_FLOPS_MEGATRON); /* the LM heads' matmuls */
   }
   balance(p->model->layers, S, layer, first, last, counts);
   return LOOM_OK;
@@ -177,6 +179,7 @@ loom_status loom_plan_build(const loom_plan_spec *sp, loom_plan **out, loom_erro
   }
   p->n_stages = (size_t)S;
   p->stages = loom_xcalloc((size_t)S, sizeof *p->stages, "plan stages");
+  counts[S - 1] += p->model->mtp_num_layers; /* the MTP modules' blocks: on the last stage, with the head */
   for (int v = 0, begin = 0; v < S; begin += counts[v++]) {
     int rank, chunk;
     loom_stage_place(loom_schedule_kind_v_shape(sp->schedule), sp->pp, v, &rank, &chunk);

@@ -185,6 +185,22 @@ static void check_mla(report *r, const Loom__Model *m) {
     violation(r, "model.mla.mscale_all_dim = %g: must be finite and above 0 (DeepSeek-V3's 1)", (double)a->mscale_all_dim);
 }
 
+/* Multi-token prediction: a sequence long enough for the deepest module to have a token to predict, rotary
+ * positions (the tokens ahead are embedded without a position table), a finite loss scale of at least 0. */
+static void check_mtp(report *r, const Loom__Model *m) {
+  const int D = m->mtp_num_layers;
+  if (D == 0) return;
+  if (m->seq <= D + 1)
+    violation(r, "model.mtp_num_layers = %d: module %d predicts the token %d ahead, which a sequence of model.seq = %d "
+              "never has; the model is too short for it (seq must exceed mtp_num_layers + 1)", D, D, D + 1, m->seq);
+  if (m->position != LOOM__POSITION__POSITION_ROPE)
+    violation(r, "model.mtp_num_layers = %d: the modules embed the tokens ahead without a learned position table; set "
+              "model.position = POSITION_ROPE (DeepSeek-V3's)", D);
+  if (m->has_mtp_loss_scaling_factor && !(isfinite(m->mtp_loss_scaling_factor) && m->mtp_loss_scaling_factor >= 0.0f))
+    violation(r, "model.mtp_loss_scaling_factor = %g: must be a finite number of at least 0 (Megatron's default 0.1, "
+              "DeepSeek-V3's 0.3 then 0.1)", (double)m->mtp_loss_scaling_factor);
+}
+
 /* The model's own rules, split tp ways (its sizes already in bounds). */
 static void check_model_shape(report *r, const Loom__Model *m, int tp) {
   if (!m->has_kv_channels && m->hidden % m->heads)
@@ -223,6 +239,7 @@ static void check_model_shape(report *r, const Loom__Model *m, int tp) {
               "true; set bias = false (Qwen2's layout) or drop qkv_bias");
   if (m->moe) check_moe(r, m, tp);
   check_mla(r, m);
+  check_mtp(r, m);
   check_window(r, m);
   check_glu(r, m);
   const Loom__RopeScaling *sc = m->rope_scaling;
@@ -420,9 +437,15 @@ static void check_stages(report *r, const loom_plan *p) {
       violation(r, "stages (pp_rank %d chunk %d): head = %s; only the last stage holds the head", s->pp_rank, s->chunk,
                 s->head ? "true" : "false");
   }
-  if (r->count == 0 && next != p->model->layers)
-    violation(r, "stages: cover layers [0, %d) but model.layers = %d; every layer must be covered exactly once", next,
-              p->model->layers);
+  const int blocks = p->model->layers + p->model->mtp_num_layers;
+  if (r->count == 0 && next != blocks)
+    violation(r, "stages: cover layers [0, %d) but model.layers = %d%s; every layer must be covered exactly once", next,
+              p->model->layers, p->model->mtp_num_layers ? " and its MTP modules after them" : "");
+  for (int v = 0; v + 1 < S && r->count == 0; v++)
+    if (at[v]->layer_end > p->model->layers)
+      violation(r, "stages (pp_rank %d chunk %d): layers [%d, %d) hold MTP modules (layers %d on), which live on the "
+                "last stage with the head; end this stage by layer %d", at[v]->pp_rank, at[v]->chunk, at[v]->layer_begin,
+                at[v]->layer_end, p->model->layers, p->model->layers);
   free(at);
 }
 
@@ -552,6 +575,8 @@ static int check_sizes(report *r, const Loom__Model *m, const Loom__Parallel *l,
     if (m->has_kv_channels) check_size(r, "model.kv_channels", m->kv_channels, 1, LOOM_ATTN_MAX_HEAD_DIM);
     check_size(r, "model.softmax_type", (int)m->softmax_type, 0, LOOM__SOFTMAX_TYPE__SOFTMAX_LEARNABLE);
     if (m->has_window_size) check_size(r, "model.window_size", m->window_size, 1, LOOM_PLAN_MAX_SEQ);
+    if (m->has_mtp_num_layers) /* the blocks after the layers within the table's bound */
+      check_size(r, "model.mtp_num_layers", m->mtp_num_layers, 0, m->layers < LOOM_PLAN_MAX_LAYERS ? LOOM_PLAN_MAX_LAYERS - m->layers : 0);
     if (m->mla) { /* a q or k head: its two parts together within what the attention takes */
       check_size(r, "model.mla.q_lora_rank", m->mla->q_lora_rank, 0, LOOM_PLAN_MAX_HIDDEN);
       check_size(r, "model.mla.kv_lora_rank", m->mla->kv_lora_rank, 1, LOOM_PLAN_MAX_HIDDEN);
