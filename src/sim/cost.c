@@ -349,31 +349,52 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
   }
 }
 
-/* The embedding (first stage) and the final norm, LM head and loss (last). */
+/* A vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP, whose backward
+ * all-gathers the grads): the first stage's embedding, and each MTP module's of the tokens ahead. */
+static void embedding_costs(const layout *L, pass *f, pass *g, pass *w) {
+  const double h = L->cfg.hidden, T = L->tokens, e = L->e, f32 = L->f32;
+  stream(L, f, 3.0 * T * h * e);
+  f->compute += 2.0 * L->overhead;
+  const double grad_bytes = 3.0 * T * h * f32; /* all of it weight grads */
+  stream(L, g, grad_bytes);
+  g->compute += 2.0 * L->overhead;
+  w->compute += loom_profile_memory_seconds(L->prof, grad_bytes) + 2.0 * L->overhead;
+  tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER, 0.0); /* no GEMM beside them */
+  if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER, 0.0);
+}
+
+/* A final norm, the logits over the vocab shard and fp32 cross-entropy's passes over them: the main head's, and each
+ * MTP module's through the same head. */
+static void head_costs(const layout *L, pass *f, pass *g, pass *w) {
+  const double h = L->cfg.hidden, T = L->tokens, e = L->e, vocab = loom_gpt_vocab_shard(&L->cfg, L->tp), f32 = L->f32;
+  gemm_costs(L, L->precision, f, g, w, T, vocab, h, 1);
+  f->compute += 6.0 * L->overhead;
+  g->compute += 6.0 * L->overhead;
+  stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * f32);
+  stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * f32);
+  if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, 0.0); /* not split beside the head's GEMM (nor is Megatron's) */
+  tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, 0.0);
+  for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * f32); /* max, sum, target logit */
+}
+
+/* An MTP module's combination on the rank's rows: enorm and hnorm, eh_proj's [2h -> h] GEMM (replicated over tp:
+ * no collective), with the lookup of the tokens ahead and its own head (its block is a layer's). */
+static void mtp_costs(const layout *L, pass *f, pass *g, pass *w) {
+  const double h = L->cfg.hidden, e = L->e;
+  embedding_costs(L, f, g, w);
+  gemm_costs(L, L->linear, f, g, w, L->rows, h, 2.0 * h, 1);
+  stream(L, f, 6.0 * L->rows * h * e); /* the norms and the interleave */
+  stream(L, g, 10.0 * L->rows * h * e);
+  f->compute += 4.0 * L->overhead;
+  g->compute += 4.0 * L->overhead;
+  head_costs(L, f, g, w);
+}
+
+/* The embedding (first stage) and the final norm, LM head and loss (last), with the MTP modules' own parts. */
 static void edge_costs(const layout *L, const loom_stage_range *r, pass *f, pass *g, pass *w) {
-  const loom_gpt_config *c = &L->cfg;
-  const double h = c->hidden, T = L->tokens, e = L->e, vocab = loom_gpt_vocab_shard(c, L->tp), f32 = L->f32;
-  if (r->first) { /* a vocab-parallel lookup whose partial rows meet in an all-reduce (reduce-scatter under SP,
-                    * whose backward all-gathers the grads) */
-    stream(L, f, 3.0 * T * h * e);
-    f->compute += 2.0 * L->overhead;
-    const double grad_bytes = 3.0 * T * h * f32; /* all of it weight grads */
-    stream(L, g, grad_bytes);
-    g->compute += 2.0 * L->overhead;
-    w->compute += loom_profile_memory_seconds(L->prof, grad_bytes) + 2.0 * L->overhead;
-    tp_exchange(L, f, LOOM_COLL_REDUCE_SCATTER, 0.0); /* no GEMM beside them */
-    if (L->sp) tp_exchange(L, g, LOOM_COLL_ALLGATHER, 0.0);
-  }
-  if (r->last) { /* norm, logits over the vocab shard, fp32 cross-entropy's passes over them */
-    gemm_costs(L, L->precision, f, g, w, T, vocab, h, 1);
-    f->compute += 6.0 * L->overhead;
-    g->compute += 6.0 * L->overhead;
-    stream(L, f, 2.0 * L->rows * h * e + 3.0 * T * vocab * f32);
-    stream(L, g, 4.0 * L->rows * h * e + 2.0 * T * vocab * f32);
-    if (L->sp) tp_exchange(L, f, LOOM_COLL_ALLGATHER, 0.0); /* not split beside the head's GEMM (nor is Megatron's) */
-    tp_exchange(L, g, LOOM_COLL_REDUCE_SCATTER, 0.0);
-    for (int i = 0; i < 3; i++) tp_collective(L, f, LOOM_COLL_ALLREDUCE, T * f32); /* max, sum, target logit */
-  }
+  if (r->first) embedding_costs(L, f, g, w);
+  if (r->last) head_costs(L, f, g, w);
+  for (int k = 0; r->last && k < L->cfg.mtp_layers; k++) mtp_costs(L, f, g, w);
 }
 
 /* One micro-batch's mean forward or backward of a rank's v chunks. */
