@@ -162,6 +162,18 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--model", "llama-tiny", "--multi-latent-attention", "--kv-heads", "2", NULL), 2,
               "loom train: --multi-latent-attention: every head has its own key and value, of the widths --qk-head-dim "
               "and --v-head-dim, its latents normalised; drop --kv-heads, --kv-channels and --qk-layernorm");
+  /* multi-token prediction's */
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--mtp-num-layers", "4", "--seq", "4", NULL), 2,
+              "loom train: --mtp-num-layers 4: module 4 predicts the token 5 ahead, which a sequence of --seq 4 never has; the "
+              "model is too short for it (seq must exceed mtp_num_layers)");
+  refusal_row(&t, run("train", "--mtp-num-layers", "1", NULL), 2,
+              "loom train: --mtp-num-layers 1: the modules embed the tokens ahead without a learned position table; set "
+              "--position POSITION_ROPE (DeepSeek-V3's)");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--mtp-loss-scaling-factor", "0.2", NULL), 2,
+              "loom train: --mtp-loss-scaling-factor weighs the multi-token prediction loss, but this model has no MTP "
+              "modules; add --mtp-num-layers");
+  refusal_row(&t, run("train", "--model", "llama-tiny", "--mtp-num-layers", "5000", NULL), 2,
+              "loom train: --mtp-num-layers must be in [0, 4096], got 5000");
   /* group-limited routing's counts */
   refusal_row(&t, run("train", "--model", "moe-tiny", "--moe-router-num-groups", "3", "--moe-router-group-topk", "1", NULL), 2,
               "loom train: --moe-router-num-groups 3: must divide the experts (8) into equal groups");

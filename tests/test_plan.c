@@ -442,6 +442,17 @@ START_TEST(each_rule_has_its_message) {
   p->stages[1]->layer_end = 7;
   expect_rule(p, "stages: cover layers [0, 7) but model.layers = 8; every layer must be covered exactly once");
   p->stages[1]->layer_end = 8;
+  /* Multi-token prediction: its modules' blocks after the layers, on the last stage alone. */
+  p->model->mtp_num_layers = 1, p->model->has_mtp_num_layers = 1, p->model->position = LOOM__POSITION__POSITION_ROPE;
+  expect_rule(p, "stages: cover layers [0, 8) but model.layers = 8 and its MTP modules after them; every layer must be "
+              "covered exactly once");
+  p->stages[0]->layer_end = 5, p->stages[1]->layer_begin = 5, p->stages[1]->layer_end = 9;
+  tu_row(&g_rules, loom_plan_check_rules(p, 0, 0, none, sizeof none) == 0, "the MTP block on the last stage: %s", none);
+  p->stages[0]->layer_end = 9, p->stages[1]->layer_begin = 9;
+  expect_rule(p, "stages (pp_rank 0 chunk 0): layers [0, 9) hold MTP modules (layers 8 on), which live on the last stage "
+              "with the head; end this stage by layer 8");
+  p->stages[0]->layer_end = 4, p->stages[1]->layer_begin = 4, p->stages[1]->layer_end = 8;
+  p->model->mtp_num_layers = 0, p->model->has_mtp_num_layers = 0, p->model->position = LOOM__POSITION__POSITION_LEARNED;
   p->stages[1]->embedding = 1;
   expect_rule(p, "stages (pp_rank 1 chunk 0): embedding = true; only the first stage holds the embedding");
   p->stages[1]->embedding = 0;

@@ -190,9 +190,9 @@ static void check_mla(report *r, const Loom__Model *m) {
 static void check_mtp(report *r, const Loom__Model *m) {
   const int D = m->mtp_num_layers;
   if (D == 0) return;
-  if (m->seq <= D + 1)
+  if (m->seq <= D)
     violation(r, "model.mtp_num_layers = %d: module %d predicts the token %d ahead, which a sequence of model.seq = %d "
-              "never has; the model is too short for it (seq must exceed mtp_num_layers + 1)", D, D, D + 1, m->seq);
+              "never has; the model is too short for it (seq must exceed mtp_num_layers)", D, D, D + 1, m->seq);
   if (m->position != LOOM__POSITION__POSITION_ROPE)
     violation(r, "model.mtp_num_layers = %d: the modules embed the tokens ahead without a learned position table; set "
               "model.position = POSITION_ROPE (DeepSeek-V3's)", D);
