@@ -172,11 +172,12 @@ same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep42.jsonl" || fail "ep 4 resumed at ep
 same_losses "$WORK/ep_oneb.jsonl" "$WORK/ep41.jsonl" || fail "ep 2 resumed on one rank (expert bias): losses"
 [ "$(losses "$WORK/ep41.jsonl" | wc -l)" = 3 ] || fail "the one-rank resume should train steps 7-9"
 
-# DeepSeek-V3's architecture (multi-head latent attention, group-limited sigmoid routing with its expert bias)
-# reshards: tp 2 with SP for 3 steps, resumed on one rank to 6, the losses the one-rank run's.
+# DeepSeek-V3's architecture (multi-head latent attention, group-limited sigmoid routing with its expert bias, one
+# MTP module) reshards: tp 2 with SP for 3 steps, resumed on one rank to 6, the losses the one-rank run's.
 DSV3="--norm rmsnorm --mlp swiglu --position rope --no-bias --multi-latent-attention --q-lora-rank 16 --kv-lora-rank 8
   --qk-head-dim 8 --qk-pos-emb-head-dim 4 --v-head-dim 8 --num-experts 8 --moe-router-score-function sigmoid
-  --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-router-topk-scaling-factor 2.5"
+  --moe-router-enable-expert-bias --moe-router-num-groups 2 --moe-router-group-topk 1 --moe-router-topk-scaling-factor 2.5
+  --mtp-num-layers 1"
 np 2 --tp 2 --sequence-parallel $DSV3 --steps 3 --ckpt "$WORK/mla" > "$WORK/mla0.txt" 2>&1 || fail "MLA on tp 2: $(cat "$WORK/mla0.txt")"
 np 1 $DSV3 --steps 6 --ckpt "$WORK/mla" --resume --metrics "$WORK/mla_res.jsonl" > "$WORK/mla1.txt" 2>&1 ||
   fail "MLA resumed on one rank: $(cat "$WORK/mla1.txt")"

@@ -764,10 +764,19 @@ END_TEST
  * e_score_correction_bias (58 x 256), which loom keeps as routing state
  * (model.moe.expert_bias), not a parameter. Active, 8 experts of the 256:
  * 58 x 585,318,400 in place of the MoE layers', 37,552,282,624 (the
- * published 37B). */
+ * published 37B). Its MTP module (num_nextn_predict_layers 1): a MoE
+ * layer's 11,507,286,016, enorm, hnorm and shared_head.norm 3 x 7168 and
+ * eh_proj 7168 x 14336 (102,760,448): 11,610,067,968, 682,636,472,320 in
+ * all (the published 685B also counts the module's copies of the
+ * embedding and the head, 1,853,358,080); active 585,318,400 +
+ * 102,781,952, 38,240,382,976. */
 START_TEST(deepseek_v3_counts_as_published) {
   loom_gpt_config c;
   ck_assert_int_eq(loom_cli_preset("deepseek-v3", &c), 0);
+  ck_assert_int_eq(c.mtp_layers, 1);
+  ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), 682636472320u);
+  ck_assert_uint_eq(loom_gpt_active_param_count(&c), 38240382976u);
+  c.mtp_layers = 0;
   ck_assert_uint_eq(loom_gpt_param_count(&c, NULL, 1), 671026404352u);
   ck_assert_uint_eq(loom_gpt_active_param_count(&c), 37552282624u);
   ck_assert_int_eq(loom_gpt_moe_layers(&c, 0, c.layers), 58);
@@ -780,6 +789,11 @@ START_TEST(deepseek_v3_counts_as_published) {
   const double want = 6 * L * (attention + core) + 6 * mlp + 6 * V * h;
   const double got = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
   ck_assert_msg(fabs(got - want) <= 1e-12 * want, "%g FLOPs per token, want %g", got, want);
+  /* with its MTP module: a MoE layer more, Megatron's 3h + 2h^2 for the module's norms and eh_proj, the head again */
+  c.mtp_layers = 1;
+  const double mtp = 6 * (attention + core) + 6 * 3 * h * (8 * 2048 + 2048) + 6 * (3 * h + 2 * h * h) + 6 * V * h;
+  const double got_mtp = loom_gpt_train_flops(&c, (int)T, 1.0, LOOM_FLOPS_MEGATRON);
+  ck_assert_msg(fabs(got_mtp - (want + mtp)) <= 1e-12 * want, "%g FLOPs per token with MTP, want %g", got_mtp, want + mtp);
 }
 END_TEST
 

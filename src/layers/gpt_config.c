@@ -114,7 +114,8 @@ static const loom_gpt_config PRESETS[] = {
      * (noaux_tc), sigmoid scores with the expert bias, weights normalised and
      * scaled by 2.5; rms_norm_eps 1e-6, untied, vocab 129280; the
      * sequence-wise balance loss's coefficient (aux_loss_alpha 1e-4) on
-     * loom's per-micro-batch one. */
+     * loom's per-micro-batch one; one MTP module (num_nextn_predict_layers)
+     * at Megatron's loss scale 0.1 (DeepSeek's 0.3 for its first 10T tokens). */
 #define DEEPSEEK_V3 .norm = LOOM_NORM_RMSNORM, .mlp = LOOM_MLP_SWIGLU, .position = LOOM_POSITION_ROPE, .no_bias = true, \
                     .untied = true, .norm_eps = 1e-6f
     {.layers = 61, .hidden = 7168, .heads = 128, .ffn = 18432, .vocab = 129280, .seq = 163840, DEEPSEEK_V3,
@@ -124,16 +125,18 @@ static const loom_gpt_config PRESETS[] = {
              .mscale_all_dim = 1.0f},
      .moe = {.experts = 256, .topk = 8, .ffn = 2048, .shared_ffn = 2048, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = true,
              .bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE, .router_groups = 8, .router_group_topk = 4, .topk_scaling = 2.5f,
-             .aux_loss_coeff = 1e-4f, .dense = {0x7}}},
+             .aux_loss_coeff = 1e-4f, .dense = {0x7}},
+     .mtp_layers = 1, .mtp_loss_scale = LOOM_MTP_LOSS_SCALE_DEFAULT},
     /* deepseek-v3-tiny: its architecture at llama-tiny's scale for tests: 4
      * layers (the first dense), hidden 64, 4 heads (q latent 32, kv latent
      * 16, heads 16 + 8 RoPE dims, v 16), 16 experts of 32 beside a shared
-     * one, top 4 from the best 2 of 4 groups. */
+     * one, top 4 from the best 2 of 4 groups, and one MTP module. */
     {.layers = 4, .hidden = 64, .heads = 4, .ffn = 128, .vocab = 256, .seq = 64, DEEPSEEK_V3, .rope = {.theta = 10000.0f},
      .mla = {.q_lora_rank = 32, .kv_lora_rank = 16, .qk_head_dim = 16, .qk_pos_emb_head_dim = 8, .v_head_dim = 16},
      .moe = {.experts = 16, .topk = 4, .ffn = 32, .shared_ffn = 32, .score = LOOM_MOE_SCORE_SIGMOID, .expert_bias = true,
              .bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE, .router_groups = 4, .router_group_topk = 2, .topk_scaling = 2.5f,
-             .aux_loss_coeff = 1e-4f, .dense = {0x1}}},
+             .aux_loss_coeff = 1e-4f, .dense = {0x1}},
+     .mtp_layers = 1, .mtp_loss_scale = LOOM_MTP_LOSS_SCALE_DEFAULT},
 #undef DEEPSEEK_V3
 };
 #define NPRESETS (sizeof PRESETS / sizeof PRESETS[0])

@@ -753,9 +753,10 @@ double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_r
   const double moe_width = loom_gpt_is_moe(cfg) ? (double)cfg->moe.topk * loom_gpt_expert_ffn(cfg) + cfg->moe.shared_ffn : 0.0;
   const double widths = moe_layers * moe_width + (layers - moe_layers) * f; /* the layers' MLPs' widths summed */
   const double mlp = loom_mlp_matrices(cfg->mlp) * h * widths;
-  /* an MTP module: its block counted with the layers, eh_proj's 2h x h, and its own pass through the head */
+  /* an MTP module: its block counted with the layers, eh_proj's 2h x h and its three norms (Megatron's 3h + 2h^2),
+   * and its own pass through the head */
   const double mtp = range->layer_end > cfg->layers ? range->layer_end - (range->layer_begin > cfg->layers ? range->layer_begin : cfg->layers) : 0.0;
-  const double layer_matmul = layers * projections + mlp + mtp * 2.0 * h * h;
+  const double layer_matmul = layers * projections + mlp + mtp * (3.0 * h + 2.0 * h * h);
   const double head = range->last ? (1.0 + cfg->mtp_layers) * (double)cfg->vocab * h : 0.0;
   /* scores and values: 4 T q FLOPs per token and layer, one pass (q = heads x head dim: hidden unless --kv-channels
    * sets another width, as Megatron's query_projection_to_hidden_size_ratio scales it), T the keys a window leaves */

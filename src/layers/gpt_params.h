@@ -145,7 +145,9 @@ void loom_stage_range_kinds(const loom_gpt_config *cfg, const loom_stage_range *
  * last stage) x tokens, plus 6 x its layers x q x T x tokens for causal
  * attention's scores and values (12, halved; q = heads x head dim, the
  * hidden size unless --kv-channels sets it; a windowed layer's T is
- * loom_attention_keys'). SC21's: 8 x the layers'
+ * loom_attention_keys'). An MTP module adds its block as a layer, 3h +
+ * 2h^2 for its norms and eh_proj, and the head's matmul again, as
+ * Megatron's formula does. SC21's: 8 x the layers'
  * matmul parameters and 16 x layers x q x T, per token, and 6 x the
  * head's. Over the whole model, loom_gpt_train_flops. */
 double loom_gpt_stage_train_flops(const loom_gpt_config *cfg, const loom_stage_range *range, int T, double tokens,
