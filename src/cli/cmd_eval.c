@@ -40,6 +40,7 @@ static loom_status eval_run(const loom_plan *plan, const eval_flags *f, const lo
   if (st == LOOM_OK) st = loom_trainer_eval(&tr, f->batches, 0, &e, err);
   if (st == LOOM_OK)
     loom_log_info("eval: mean loss %.6f over %d batches of %d x %d tokens", (double)e.loss, f->batches, B, T);
+  if (st == LOOM_OK && e.mtp_loss > 0.0) loom_log_info("eval: mtp loss %.6f (its modules' mean)", e.mtp_loss);
   loom_run_files_free(&files);
   loom_trainer_free(&tr);
   loom_dataset_free(data);

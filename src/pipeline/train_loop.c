@@ -184,6 +184,7 @@ static loom_status run_eval(loom_trainer *tr, const loom_train_loop *loop, int s
   const loom_status st = loom_trainer_eval(tr, loop->eval_batches, loop->digits, &e, err);
   if (st != LOOM_OK) return st;
   if (record) loom_metrics_num(loop->metrics, "eval_loss", e.loss);
+  if (record && e.mtp_loss > 0.0) loom_metrics_num(loop->metrics, "eval_mtp_loss", e.mtp_loss);
   if (loop->digits > 0 && e.problems > 0) {
     const double acc = (double)e.correct / e.problems;
     loom_log_info("eval  step %5d | held-out loss %.4f | exact match %5.1f%% (%d/%d held-out sums)", step,
@@ -192,6 +193,7 @@ static loom_status run_eval(loom_trainer *tr, const loom_train_loop *loop, int s
   } else {
     loom_log_info("eval  step %5d | held-out loss %.4f", step, (double)e.loss);
   }
+  if (e.mtp_loss > 0.0) loom_log_info("eval  step %5d | held-out mtp loss %.4f", step, e.mtp_loss);
   return LOOM_OK;
 }
 

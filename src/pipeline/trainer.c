@@ -224,11 +224,19 @@ static void moe_step(loom_trainer *tr, loom_step_stats *s) {
   }
 }
 
-/* Multi-token prediction's loss over the step: every last stage's sums (collective over the world), each tp group's
- * once (its ranks compute the same losses). */
-static void mtp_step(loom_trainer *tr, loom_step_stats *s) {
+/* Clears every chunk's routing and multi-token prediction statistics. */
+static void stats_reset(loom_trainer *tr) {
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
+    loom_gpt_moe_stats_reset(loom_pipeline_chunk(tr->pipe, k));
+    loom_gpt_mtp_stats_reset(loom_pipeline_chunk(tr->pipe, k));
+  }
+}
+
+/* Multi-token prediction's loss over the forwards since stats_reset: every last stage's sums (collective over the
+ * world), each tp group's once (its ranks compute the same losses); 0 without MTP. */
+static double mtp_loss(loom_trainer *tr) {
   const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
-  if (c->mtp_layers == 0) return;
+  if (c->mtp_layers == 0) return 0.0;
   loom_gpt_mtp_stats sum = {0};
   for (int k = 0; tr->ps.tp_rank == 0 && k < loom_pipeline_chunk_count(tr->pipe); k++) {
     const loom_gpt_mtp_stats *m = &loom_pipeline_chunk(tr->pipe, k)->mtp_stats;
@@ -237,15 +245,12 @@ static void mtp_step(loom_trainer *tr, loom_step_stats *s) {
   double sums[2] = {sum.loss_sum, (double)sum.scored};
   loom_comm_allreduce_typed(tr->ps.world_group, sums, 2, LOOM_DTYPE_F64, LOOM_REDUCE_SUM);
   sum = (loom_gpt_mtp_stats){.loss_sum = sums[0], .scored = (int64_t)sums[1]};
-  s->mtp_loss = loom_gpt_mtp_loss(&sum, c->mtp_layers);
+  return loom_gpt_mtp_loss(&sum, c->mtp_layers);
 }
 
 loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   tr->split = LOOM_SPLIT_TRAIN;
-  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++) {
-    loom_gpt_moe_stats_reset(loom_pipeline_chunk(tr->pipe, k));
-    loom_gpt_mtp_stats_reset(loom_pipeline_chunk(tr->pipe, k));
-  }
+  stats_reset(tr);
   /* Replica d takes its own m micro-batches of the global batch. */
   tr->first_sample = (int64_t)step * tr->global_batch + (int64_t)tr->ps.dp_rank * loom_pipeline_micro_batches(tr->pipe) * tr->micro_batch;
   tr->step_lr = loom_lr_at(&tr->lr, step);
@@ -255,7 +260,7 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   loom_step_stats s = {.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm, .skipped = !isfinite(ps.grad_norm),
                        .compute_s = ps.compute_s, .wait_s = ps.wait_s, .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
   moe_step(tr, &s);
-  mtp_step(tr, &s);
+  s.mtp_loss = mtp_loss(tr);
   return s;
 }
 
@@ -266,7 +271,9 @@ loom_status loom_trainer_eval(loom_trainer *tr, int batches, int addition_digits
   tr->digits = addition_digits;
   const loom_pipeline_hooks hooks = hooks_of(tr, addition_digits > 0);
   int64_t tally[2] = {0, 0};
+  stats_reset(tr);
   const loom_status st = loom_pipeline_eval(tr->pipe, &hooks, batches, &out->loss, tally, err);
+  out->mtp_loss = st == LOOM_OK ? mtp_loss(tr) : 0.0;
   out->problems = (int)tally[0];
   out->correct = (int)tally[1];
   return st;

@@ -74,7 +74,8 @@ typedef struct {
 } loom_step_stats;
 
 typedef struct {
-  float loss;
+  float loss;            /* the main head's */
+  double mtp_loss;       /* multi-token prediction's modules' mean loss (0: none) */
   int problems, correct; /* exact match, when the data is the addition task */
 } loom_eval_stats;
 
