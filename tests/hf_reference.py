@@ -26,6 +26,8 @@ import struct
 import subprocess
 import sys
 
+from hf_reference_deepseek import DEEPSEEK_V3_CONFIG, deepseek_v3_losses, deepseek_v3_weights
+
 try:
     import torch
 except ImportError:
@@ -747,6 +749,34 @@ check_written("gpt_oss", GPT_OSS_CONFIG, gpt_oss_weights, gpt_oss_loss,
 for field, value in (("quantization_config", {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}),
                      ("head_dim", None), ("attention_bias", False), ("experts_per_token", 3)):
     expect_config_refused("gpt_oss", field, value)
+
+
+def check_deepseek_v3():
+    """A DeepSeek-V3 directory as DeepSeek's are written (hf_reference_deepseek.py): the main loss under each layout,
+    the re-export (its correction biases and the MTP module's copies of the embedding and head among the tensors), and
+    the MTP module's loss, which loom eval reports apart, against the paper's objective, serial and with the module on
+    pp 2's last stage; a config loom cannot compute refused by name."""
+    global failures
+    weights = lambda c: deepseek_v3_weights(c, weight, norm_weight)
+    check_written("deepseek_v3", DEEPSEEK_V3_CONFIG, weights, lambda c, w, t: deepseek_v3_losses(c, w, t, yarn_scaled)[0],
+                  [(1, []), (2, ["--tp", "2", "--sequence-parallel"]), (2, ["--pp", "2"]), (2, ["--cp", "2"]),
+                   (2, ["--ep", "2", "--dp", "2"])])
+    d = os.path.join(work, "deepseek_v3")
+    want = deepseek_v3_losses(DEEPSEEK_V3_CONFIG, read_safetensors(os.path.join(d, "model.safetensors")), tokens,
+                              yarn_scaled)[1]
+    for ranks, layout in ((1, []), (2, ["--pp", "2"]), (2, ["--cp", "2"])):
+        out = run(["eval", "--init-from", d, "--data", data, "--batches", "1", "--micro-batch", "1", "--seq", str(T)]
+                  + layout, ranks)
+        got = float(out.split("mtp loss ")[1].split()[0]) if "mtp loss " in out else float("nan")
+        ok = abs(got - want) <= 1e-5 * abs(want)
+        failures += not ok
+        print(f"{'ok' if ok else 'FAIL'}: deepseek_v3 MTP {' '.join(layout) or 'serial'}: loom {got:.6f}, reference {want:.6f}")
+    for field, value in (("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                         ("rope_interleave", False), ("topk_group", 1), ("scoring_func", "softmax")):
+        expect_config_refused("deepseek_v3", field, value)
+
+
+check_deepseek_v3()
 # GPT-2's directory holds the same safetensors file as the single-file export.
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "hf", "-o", os.path.join(work, "gpt2_hf")])
 run(["ckpt", "export", "--model", "gpt-tiny", "--format", "safetensors", "-o", os.path.join(work, "gpt2.safetensors")])

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include "ckpt/export.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_deepseek.h"
 #include "ckpt/llmc_model.h"
 #include "ckpt/safetensors.h"
 #include "core/strbuf.h"
@@ -57,8 +58,10 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
 }
 
 loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
-                                    const char *out, bool force, loom_error *err) {
-  if (loom_gpt_is_moe(cfg) && cfg->moe.expert_bias)
+                                    const char *out, bool force, bool expert_bias_written, loom_error *err) {
+  /* DeepSeek-V3's directories hold the expert bias (e_score_correction_bias); no other file does */
+  const bool written = expert_bias_written && format == LOOM_FORMAT_HF && loom_hf_deepseek(cfg);
+  if (loom_gpt_is_moe(cfg) && cfg->moe.expert_bias && !written)
     return loom_fail(err, LOOM_ERR_USAGE, "%s %s: this model routes with an expert bias (--moe-router-enable-expert-bias), "
                      "which only a loom checkpoint holds so far; keep its checkpoint (--ckpt) and evaluate or sample from "
                      "that (--init-from DIR)", flag, out);

@@ -25,12 +25,15 @@ loom_status loom_model_source_open(loom_model_source *s, const char *dir, const 
  * a Hugging Face directory, else an llm.c file. */
 loom_status loom_model_file_source(loom_model_source *s, const char *path, loom_error *err);
 /* Before any work: whether cfg's model can be written to out (named by
- * `flag`) in format: a transformers class for hf; a name that does not
- * contradict the format (safetensors ends in .safetensors, llm.c's does not,
- * a directory's is no file name); and the output itself
- * (loom_output_check: nothing there unless force, and writable). */
+ * `flag`) in format: a transformers class for hf; a model routed with an
+ * expert bias only where the file holds it (a DeepSeek-V3 directory) and
+ * the source gives it (expert_bias_written: a checkpoint's, a directory's,
+ * a fresh model's zeros); a name that does not contradict the format
+ * (safetensors ends in .safetensors, llm.c's does not, a directory's is no
+ * file name); and the output itself (loom_output_check: nothing there
+ * unless force, and writable). */
 loom_status loom_model_export_check(const loom_gpt_config *cfg, loom_model_format format, const char *flag,
-                                    const char *out, bool force, loom_error *err);
+                                    const char *out, bool force, bool expert_bias_written, loom_error *err);
 /* How a model is written: values in dtype (LOOM_DTYPE_F32, or
  * LOOM_DTYPE_BF16 rounded to nearest even: llm.c's version 5, safetensors'
  * "BF16"); a Hugging Face directory's weights in shards of at most

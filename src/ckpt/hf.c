@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "backend/op_math.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_deepseek.h"
 #include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
 #include "core/fault.h"
@@ -33,17 +34,19 @@
  * biases and learned sinks, windows by layer_types, YaRN, and every MLP a
  * Mixture of biased experts with its clamped unit, stacked in its files
  * (hf_stack.h), under a router with a bias. */
-enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3, QWEN3_MOE, GPT_OSS, FAMILIES };
+enum { GPT2, LLAMA, MISTRAL, QWEN2, MIXTRAL, QWEN2_MOE, QWEN3, QWEN3_MOE, GPT_OSS, DEEPSEEK_V3, FAMILIES };
 static const char *const ARCHITECTURES[FAMILIES] = {"GPT2LMHeadModel",    "LlamaForCausalLM",    "MistralForCausalLM",
                                                     "Qwen2ForCausalLM",   "MixtralForCausalLM",  "Qwen2MoeForCausalLM",
-                                                    "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM", "GptOssForCausalLM"};
+                                                    "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM", "GptOssForCausalLM",
+                                                    "DeepseekV3ForCausalLM"};
 static const char *const MODEL_TYPES[FAMILIES] = {"gpt2",  "llama",     "mistral", "qwen2",    "mixtral",
-                                                  "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss"};
+                                                  "qwen2_moe", "qwen3", "qwen3_moe", "gpt_oss", "deepseek_v3"};
 
 /* The family whose class writes a model: attention sinks make a MoE model
  * GPT-OSS's; QK-norm makes it Qwen3's; a MoE model with a shared expert is
  * Qwen2-MoE's, one without Mixtral's. */
 static int moe_family(const loom_gpt_config *c) {
+  if (loom_gpt_is_mla(c)) return DEEPSEEK_V3;
   return c->softmax == LOOM_SOFTMAX_LEARNABLE ? GPT_OSS : c->qk_norm ? QWEN3_MOE : c->moe.shared_ffn > 0 ? QWEN2_MOE : MIXTRAL;
 }
 
@@ -92,7 +95,22 @@ static const char *const GPT_OSS_FIELDS[] = {
     "sliding_window", "layer_types", "num_local_experts", "num_experts_per_tok", "experts_per_token", "router_aux_loss_coef",
     "output_router_logits", "swiglu_limit", "swiglu_alpha", "initial_context_length", "quantization_config", NULL};
 
+/* DeepSeek-V3's: its attention's sizes, its MoE (n_routed_experts beside n_shared_experts of
+ * moe_intermediate_size, the first first_k_dense_replace layers dense, noaux_tc's group-limited sigmoid
+ * routing), its MTP modules and its RoPE's interleaved rows; ep_size, auto_map and the balance loss's
+ * fields do not change the model's math; quantization_config is read to refuse it. */
+static const char *const DEEPSEEK_V3_FIELDS[] = {
+    "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "num_experts_per_tok", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+    "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob", "scoring_func", "topk_method", "aux_loss_alpha",
+    "seq_aux", "ep_size", "num_nextn_predict_layers", "rope_interleave", "quantization_config", "auto_map", NULL};
+
 const char *loom_hf_tensor_name(const loom_gpt_config *cfg, const char *name, char *buf, size_t n) {
+  const char *shared = strstr(name, ".mlp.shared_expert.");
+  if (loom_gpt_is_moe(cfg) && moe_family(cfg) == DEEPSEEK_V3 && shared) { /* DeepSeek's plural */
+    snprintf(buf, n, "%.*s.mlp.shared_experts.%s", (int)(shared - name), name, shared + strlen(".mlp.shared_expert."));
+    return buf;
+  }
   static const char *const LOOM[] = {"mlp.gate.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
   static const char *const HF[] = {"block_sparse_moe.gate.weight", "w1.weight", "w3.weight", "w2.weight"};
   const char *mlp = strstr(name, ".mlp.");
@@ -240,8 +258,8 @@ static loom_status family_of(const config_reader *c, int *family) {
     }
   return loom_fail(c->err, LOOM_ERR_FORMAT,
                    "%s: unknown architecture %s%s%s: loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and "
-                   "GptOssForCausalLM",
+                   "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+                   "GptOssForCausalLM and DeepseekV3ForCausalLM",
                    c->path, name ? "\"" : "", name ? name : "(no \"architectures\" or \"model_type\")", name ? "\"" : "");
 }
 
@@ -589,6 +607,74 @@ static loom_status read_gpt_oss(const config_reader *c, loom_gpt_config *cfg) {
   return st;
 }
 
+/* DeepSeek-V3's: multi-head latent attention (every head its own key and
+ * value, q through a latent unless q_lora_rank is null, RoPE's rows in
+ * interleaved pairs: rope_interleave), YaRN's softmax factor
+ * (rope_scaling's mscale_all_dim), the experts beside n_shared_experts
+ * shared ones after first_k_dense_replace dense layers, routed by
+ * noaux_tc: sigmoid scores with the correction bias (loom's expert bias)
+ * choosing, the best topk_group of n_group groups by their best two
+ * scores, the chosen scores normalised (norm_topk_prob, as loom does for a
+ * top-k above 1) and scaled by routed_scaling_factor; and
+ * num_nextn_predict_layers MTP modules. The released fp8 weights
+ * (quantization_config) are refused by name. */
+static loom_status read_deepseek_v3(const config_reader *c, loom_gpt_config *cfg) {
+  const loom_json *q = loom_json_get(c->root, "quantization_config");
+  if (q && q->kind != LOOM_JSON_NULL)
+    return bad_field(c, "quantization_config", "is set: the weights are fp8 with 128 x 128 block scales (weight_scale_inv), "
+                     "which loom does not read; dequantise them to bf16 first (DeepSeek's fp8_cast_bf16.py)");
+  static const char *const SIGMOID[] = {"sigmoid", NULL}, *const NOAUX[] = {"noaux_tc", NULL};
+  loom_mla_config *a = &cfg->mla;
+  loom_moe_config *e = &cfg->moe;
+  bool attention_bias = false, interleave = true, normalised = true;
+  int shared = 0, dense = 0, freq = 1, groups = 1, group_topk = 1;
+  if (cfg->kv_heads != cfg->heads)
+    return bad_field(c, "num_key_value_heads", "must be num_attention_heads: multi-head latent attention gives every "
+                     "head its own key and value");
+  cfg->kv_heads = 0, cfg->head_dim = 0, cfg->no_bias = true;
+  loom_status st = bool_field(c, "attention_bias", false, &attention_bias);
+  if (st == LOOM_OK && attention_bias) st = bad_field(c, "attention_bias", "must be false: DeepSeek-V3's projections have no biases");
+  if (st == LOOM_OK) st = int_field(c, "q_lora_rank", 1, LOOM_PLAN_MAX_HIDDEN, 0, &a->q_lora_rank);
+  if (st == LOOM_OK) st = int_field(c, "kv_lora_rank", 1, LOOM_PLAN_MAX_HIDDEN, -1, &a->kv_lora_rank);
+  if (st == LOOM_OK) st = int_field(c, "qk_nope_head_dim", 1, LOOM_ATTN_MAX_HEAD_DIM, -1, &a->qk_head_dim);
+  if (st == LOOM_OK) st = int_field(c, "qk_rope_head_dim", 2, LOOM_ATTN_MAX_HEAD_DIM, -1, &a->qk_pos_emb_head_dim);
+  if (st == LOOM_OK) st = int_field(c, "v_head_dim", 1, LOOM_ATTN_MAX_HEAD_DIM, -1, &a->v_head_dim);
+  if (st == LOOM_OK) st = bool_field(c, "rope_interleave", true, &interleave);
+  if (st == LOOM_OK && !interleave)
+    st = bad_field(c, "rope_interleave", "must be true, as DeepSeek's checkpoints store RoPE's rows (loom reorders them)");
+  const loom_json *scaling = loom_json_get(c->root, "rope_scaling"), *all = scaling ? loom_json_get(scaling, "mscale_all_dim") : NULL;
+  if (st == LOOM_OK && all && !(all->kind == LOOM_JSON_NUMBER && isfinite(all->number) && all->number >= 0.0))
+    st = bad_field(c, "rope_scaling", "its mscale_all_dim must be a finite number of at least 0");
+  a->mscale_all_dim = all && cfg->rope.yarn ? (float)all->number : 0.0f;
+  if (st == LOOM_OK) st = int_field(c, "n_routed_experts", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->experts);
+  if (st == LOOM_OK) st = int_field(c, "num_experts_per_tok", 1, LOOM_PLAN_MAX_EXPERTS, -1, &e->topk);
+  if (st == LOOM_OK) st = int_field(c, "moe_intermediate_size", 1, LOOM_PLAN_MAX_FFN, -1, &e->ffn);
+  if (st == LOOM_OK) st = int_field(c, "n_shared_experts", 1, LOOM_PLAN_MAX_EXPERTS, 0, &shared);
+  if (st == LOOM_OK) st = int_field(c, "first_k_dense_replace", 0, cfg->layers - 1, 0, &dense);
+  if (st == LOOM_OK) st = int_field(c, "moe_layer_freq", 1, 1, 1, &freq);
+  if (st == LOOM_OK) st = int_field(c, "n_group", 1, LOOM_PLAN_MAX_EXPERTS, 1, &groups);
+  if (st == LOOM_OK) st = int_field(c, "topk_group", 1, LOOM_PLAN_MAX_EXPERTS, 1, &group_topk);
+  if (st == LOOM_OK) st = float_field(c, "routed_scaling_factor", 1.0, &e->topk_scaling);
+  if (st == LOOM_OK) st = bool_field(c, "norm_topk_prob", true, &normalised);
+  if (st == LOOM_OK) st = string_field(c, "scoring_func", SIGMOID);
+  if (st == LOOM_OK) st = string_field(c, "topk_method", NOAUX);
+  if (st == LOOM_OK) st = float_field(c, "aux_loss_alpha", 0.0, &e->aux_loss_coeff);
+  if (st == LOOM_OK) st = int_field(c, "num_nextn_predict_layers", 0, LOOM_PLAN_MAX_LAYERS, 0, &cfg->mtp_layers);
+  if (st == LOOM_OK && normalised != (e->topk > 1))
+    st = bad_field(c, "norm_topk_prob", "must be true exactly where num_experts_per_tok exceeds 1: loom normalises the chosen "
+                   "sigmoid scores then (Megatron-Core's rule)");
+  /* noaux_tc scores a group by its best 2 experts; loom's by its best topk / topk_group */
+  if (st == LOOM_OK && groups > 1 && e->topk != 2 * group_topk)
+    st = bad_field(c, "topk_group", "must be num_experts_per_tok / 2: noaux_tc scores each group by its best 2 experts, and "
+                   "loom by its best num_experts_per_tok / topk_group");
+  e->shared_ffn = shared * e->ffn;
+  e->score = LOOM_MOE_SCORE_SIGMOID, e->expert_bias = true, e->bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE;
+  e->router_groups = groups > 1 ? groups : 0, e->router_group_topk = groups > 1 ? group_topk : 0;
+  for (int l = 0; l < dense; l++) loom_gpt_set_dense_layer(cfg, l, true);
+  cfg->mtp_loss_scale = LOOM_MTP_LOSS_SCALE_DEFAULT;
+  return st;
+}
+
 static loom_status read_llama(const config_reader *c, loom_gpt_config *cfg) {
   static const char *const SILU[] = {"silu", NULL};
   cfg->norm = LOOM_NORM_RMSNORM, cfg->mlp = LOOM_MLP_SWIGLU, cfg->position = LOOM_POSITION_ROPE;
@@ -643,7 +729,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
   static const char *const *const EXTRA[FAMILIES] = {[MISTRAL] = MISTRAL_FIELDS, [QWEN2] = QWEN2_FIELDS,
                                                      [MIXTRAL] = MIXTRAL_FIELDS, [QWEN2_MOE] = QWEN2_MOE_FIELDS,
                                                      [QWEN3] = QWEN3_FIELDS, [QWEN3_MOE] = QWEN3_MOE_FIELDS,
-                                                     [GPT_OSS] = GPT_OSS_FIELDS};
+                                                     [GPT_OSS] = GPT_OSS_FIELDS, [DEEPSEEK_V3] = DEEPSEEK_V3_FIELDS};
   if (st == LOOM_OK) st = known_fields(&c, family == GPT2 ? GPT2_FIELDS : LLAMA_FIELDS, EXTRA[family]);
   if (st == LOOM_OK) st = family == GPT2 ? read_gpt2(&c, cfg) : read_llama(&c, cfg);
   if (st == LOOM_OK && family != GPT2)
@@ -653,6 +739,7 @@ loom_status loom_hf_parse_config(const char *text, size_t len, const char *path,
          : family == QWEN3     ? read_qwen3(&c, cfg)
          : family == QWEN3_MOE ? read_qwen3_moe(&c, cfg)
          : family == GPT_OSS   ? read_gpt_oss(&c, cfg)
+         : family == DEEPSEEK_V3 ? read_deepseek_v3(&c, cfg)
                                : read_llama_biases(&c, cfg);
   if (st == LOOM_OK && family == MISTRAL) st = read_every_layer_window(&c, cfg);
   loom_json_free(&root);
@@ -714,6 +801,24 @@ static const char *not_gpt_oss(const loom_gpt_config *c) {
   return NULL;
 }
 
+/* Why DeepSeek-V3's class cannot hold an MLA model, or NULL where it can. */
+static const char *not_deepseek_v3(const loom_gpt_config *c) {
+  if (!loom_gpt_is_moe(c)) return "it has no Mixture of Experts, which DeepSeek-V3's class holds MLA with";
+  if (c->norm != LOOM_NORM_RMSNORM || c->mlp != LOOM_MLP_SWIGLU || c->position != LOOM_POSITION_ROPE || !c->no_bias ||
+      c->qkv_bias || c->out_bias || !c->untied)
+    return "its layers are not DeepSeek-V3's (rmsnorm, swiglu experts, rope, no biases, an untied head)";
+  if (c->moe.score != LOOM_MOE_SCORE_SIGMOID || c->moe.pre_softmax || c->moe.router_bias || c->moe.shared_gate)
+    return "its router is not DeepSeek-V3's (sigmoid scores, no router bias, no gate on the shared expert)";
+  if (c->moe.shared_ffn % loom_gpt_expert_ffn(c)) return "its shared expert is not a whole number of experts wide";
+  if (c->moe.router_groups > 1 && c->moe.topk != 2 * c->moe.router_group_topk)
+    return "its groups are scored by their best topk / group-topk experts, and DeepSeek-V3's class by their best 2";
+  int dense = 0; /* the dense layers: a run from the first (first_k_dense_replace) */
+  while (dense < c->layers && !loom_gpt_layer_is_moe(c, dense)) dense++;
+  if (loom_gpt_moe_layers(c, dense, c->layers) != c->layers - dense || dense == c->layers)
+    return "its dense layers are not its first ones alone (first_k_dense_replace)";
+  return NULL;
+}
+
 /* Why a MoE family's class cannot hold the model's router, or NULL where it can: none of them has a bias on it. */
 static const char *not_router(const loom_gpt_config *c) {
   return c->moe.router_bias ? "its router has a bias (--moe-router-bias), which this class's has not" : NULL;
@@ -752,8 +857,8 @@ static const char *not_windows(const loom_gpt_config *c, int family) {
 loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
   if (loom_gpt_config_is_gpt2(c)) return LOOM_OK;
   const int family = loom_gpt_is_moe(c) ? moe_family(c) : dense_family(c);
-  const char *why = loom_gpt_is_mla(c) ? "its attention is multi-head latent attention, whose class "
-                                         "(DeepseekV3ForCausalLM) loom does not read or write yet"
+  const char *why = loom_gpt_is_mla(c) ? not_deepseek_v3(c)
+                    : c->mtp_layers > 0 ? "it predicts more tokens (--mtp-num-layers), which only DeepSeek-V3's class holds"
                     : family == GPT_OSS ? not_gpt_oss(c)
                     : c->softmax != LOOM_SOFTMAX_VANILLA ? "its attention's softmax has a sink (--softmax-type), which no "
                                                            "config.json field of this class says"
@@ -762,7 +867,7 @@ loom_status loom_hf_check_class(const loom_gpt_config *c, loom_error *err) {
                     : family == QWEN3_MOE ? not_qwen3_moe(c)
                                           : not_dense(c, family);
   if (!why) why = not_windows(c, family);
-  if (!why && loom_gpt_is_moe(c) && family != GPT_OSS) why = not_router(c);
+  if (!why && loom_gpt_is_moe(c) && family != GPT_OSS && family != DEEPSEEK_V3) why = not_router(c);
   if (!why && !loom_glu_is_swiglu(c->glu) && family != GPT_OSS)
     why = "its SwiGLU unit is clamped or shifted (--quick-geglu, --activation-func-clamp-value, --glu-linear-offset), which "
           "this class's is not";
@@ -828,7 +933,15 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
   char attention[64] = "";
   if (r->yarn && r->attention_factor != (float)loom_yarn_mscale(r->factor, 1.0))
     snprintf(attention, sizeof attention, "\n    \"attention_factor\": %.9g,", (double)r->attention_factor);
-  if (r->factor > 0.0f && r->yarn) /* the defaults of truncate and the attention factor left out, as a Hub config leaves them */
+  const float all = c->mla.mscale_all_dim;
+  if (loom_gpt_is_mla(c) && r->yarn && r->factor > 1.0f && all > 0.0f && r->truncate) {
+    /* DeepSeek's own form: the attention factor as mscale against mscale_all_dim (get_mscale's ratio), "type" */
+    const double mscale = ((double)r->attention_factor * loom_yarn_mscale(r->factor, all) - 1.0) / (0.1 * log((double)r->factor));
+    snprintf(scaling, sizeof scaling,
+             "{\n    \"beta_fast\": %.9g,\n    \"beta_slow\": %.9g,\n    \"factor\": %.9g,\n    \"mscale\": %.9g,\n"
+             "    \"mscale_all_dim\": %.9g,\n    \"original_max_position_embeddings\": %d,\n    \"type\": \"yarn\"\n  }",
+             (double)r->beta_fast, (double)r->beta_slow, (double)r->factor, mscale, (double)all, r->original_max_position);
+  } else if (r->factor > 0.0f && r->yarn) /* the defaults of truncate and the attention factor left out, as a Hub config leaves them */
     snprintf(scaling, sizeof scaling,
              "{\n    \"factor\": %.9g,\n    \"original_max_position_embeddings\": %d,\n    \"beta_fast\": %.9g,\n"
              "    \"beta_slow\": %.9g,%s%s\n    \"rope_type\": \"yarn\"\n  }",
@@ -859,7 +972,25 @@ static loom_status config_json(const loom_model_source *src, loom_dtype dtype, c
              "  \"swiglu_limit\": %.9g,\n  \"router_aux_loss_coef\": %.7g,\n  \"output_router_logits\": %s,\n",
              loom_gpt_head_dim(c), sliding_window_json(c, size, sizeof size), types, c->moe.experts, c->moe.topk,
              (double)c->glu.clamp, (double)c->moe.aux_loss_coeff, c->moe.aux_loss_coeff > 0.0f ? "true" : "false");
-  else if (family == QWEN3_MOE)
+  else if (family == DEEPSEEK_V3) {
+    int dense_layers = 0;
+    while (!loom_gpt_layer_is_moe(c, dense_layers)) dense_layers++;
+    const loom_mla_config *a = &c->mla;
+    char q_rank[32] = "null", shared[32] = "null";
+    if (a->q_lora_rank) snprintf(q_rank, sizeof q_rank, "%d", a->q_lora_rank);
+    if (c->moe.shared_ffn) snprintf(shared, sizeof shared, "%d", c->moe.shared_ffn / loom_gpt_expert_ffn(c));
+    snprintf(own, sizeof own, "  \"kv_lora_rank\": %d,\n  \"q_lora_rank\": %s,\n  \"qk_nope_head_dim\": %d,\n"
+             "  \"qk_rope_head_dim\": %d,\n  \"v_head_dim\": %d,\n  \"rope_interleave\": true,\n  \"attention_bias\": false,\n"
+             "  \"n_routed_experts\": %d,\n  \"n_shared_experts\": %s,\n  \"num_experts_per_tok\": %d,\n"
+             "  \"moe_intermediate_size\": %d,\n  \"first_k_dense_replace\": %d,\n  \"moe_layer_freq\": 1,\n"
+             "  \"n_group\": %d,\n  \"topk_group\": %d,\n  \"routed_scaling_factor\": %.9g,\n  \"norm_topk_prob\": %s,\n"
+             "  \"scoring_func\": \"sigmoid\",\n  \"topk_method\": \"noaux_tc\",\n  \"aux_loss_alpha\": %.7g,\n"
+             "  \"seq_aux\": true,\n  \"ep_size\": 1,\n  \"num_nextn_predict_layers\": %d,\n",
+             a->kv_lora_rank, q_rank, a->qk_head_dim, a->qk_pos_emb_head_dim, a->v_head_dim, c->moe.experts, shared, c->moe.topk,
+             loom_gpt_expert_ffn(c), dense_layers, c->moe.router_groups > 1 ? c->moe.router_groups : 1,
+             c->moe.router_groups > 1 ? c->moe.router_group_topk : 1, (double)(c->moe.topk_scaling > 0.0f ? c->moe.topk_scaling : 1.0f),
+             c->moe.topk > 1 ? "true" : "false", (double)c->moe.aux_loss_coeff, c->mtp_layers);
+  } else if (family == QWEN3_MOE)
     snprintf(own, sizeof own, "  \"head_dim\": %d,\n  \"attention_bias\": %s,\n%s  \"num_experts\": %d,\n"
              "  \"num_experts_per_tok\": %d,\n"
              "  \"moe_intermediate_size\": %d,\n  \"norm_topk_prob\": %s,\n  \"decoder_sparse_step\": 1,\n"
@@ -1026,7 +1157,14 @@ loom_status loom_hf_write(const char *out_dir, const loom_model_source *src, loo
   bool made = false; /* the staging directory, removed again with what is in it if the write fails */
   if (st == LOOM_OK && !(made = mkdir(dir, 0755) == 0))
     st = loom_fail(err, LOOM_ERR_WRITE, "%s: cannot create the model directory: %s", dir, strerror(errno));
-  if (st == LOOM_OK) st = write_weights(dir, src, dtype, max_shard_bytes ? max_shard_bytes : LOOM_HF_MAX_SHARD_DEFAULT, err);
+  /* DeepSeek-V3's tensors beyond loom's table, unless the source (an opened directory) lists them already */
+  loom_model_source extended = {0};
+  const bool extend = st == LOOM_OK && loom_hf_deepseek_extras(&src->cfg, NULL, NULL) > 0 &&
+                      src->count == loom_gpt_param_table(&src->cfg, NULL, 0, 1, NULL, NULL);
+  if (extend) st = loom_hf_deepseek_writer_source(src, &extended, err);
+  if (st == LOOM_OK)
+    st = write_weights(dir, extend ? &extended : src, dtype, max_shard_bytes ? max_shard_bytes : LOOM_HF_MAX_SHARD_DEFAULT, err);
+  if (extend) loom_model_source_free(&extended);
   if (st == LOOM_OK) st = loom_hf_write_tokenizer(dir, tok, src->cfg.seq, err);
   if (st == LOOM_OK) {
     join(path, sizeof path, dir, LOOM_HF_CONFIG);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "backend/op_math.h"
 #include "ckpt/hf.h"
+#include "ckpt/hf_deepseek.h"
 #include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
 #include "core/fault.h"
@@ -94,6 +95,7 @@ static loom_status fetch_hf(const loom_model_source *s, int k, float *dst, loom_
   if (st == LOOM_OK && stacked) loom_hf_stack_take(&stack, wide, dst);
   const size_t whole = loom_tensor_numel(&s->specs[k]);
   if (st == LOOM_OK && !stacked && whole > n) memset(dst + n, 0, (whole - n) * sizeof(float)); /* vocab padding */
+  if (st == LOOM_OK) loom_hf_deepseek_rows(&s->cfg, s->specs[k].name, dst, true);
   free(raw);
   if (wide != dst) free(wide);
   return st;
@@ -414,6 +416,7 @@ loom_status loom_hf_source(loom_model_source *s, const char *dir, loom_error *er
   s->free_state = free_hf;
   s->fetch = fetch_hf;
   st = loom_model_source_make_table(s, dir, err);
+  if (st == LOOM_OK) st = loom_hf_deepseek_extend_table(s, dir, err); /* DeepSeek-V3's tensors beyond loom's table */
   h->at = loom_fault_calloc((size_t)s->count + 1, sizeof *h->at);
   h->dtype = loom_fault_calloc((size_t)s->count + 1, sizeof *h->dtype);
   h->file = loom_fault_calloc((size_t)s->count + 1, sizeof *h->file);

@@ -52,6 +52,11 @@ static loom_status fetch_ckpt(const loom_model_source *s, int k, float *dst, loo
   return st;
 }
 
+static loom_status ckpt_expert_bias(const loom_model_source *s, float *bias, size_t count, loom_error *err) {
+  const ckpt_state *c = s->state;
+  return loom_manifest_expert_bias(c->step_dir, c->mf, bias, count, err);
+}
+
 static void free_ckpt_state(void *state) {
   ckpt_state *c = state;
   loom__checkpoint_manifest__free_unpacked(c->mf, NULL);
@@ -71,6 +76,7 @@ loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loo
   loom_manifest_run(c->mf, &run);
   s->cfg = run.cfg;
   s->fetch = fetch_ckpt;
+  s->expert_bias = ckpt_expert_bias;
   s->free_state = free_ckpt_state;
   s->state = c;
   st = loom_model_source_make_table(s, dir, err);
@@ -80,13 +86,10 @@ loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loo
 
 loom_status loom_model_source_expert_bias(const loom_model_source *s, const char *where, float *bias, size_t count,
                                           loom_error *err) {
-  if (s->fetch == fetch_ckpt) {
-    const ckpt_state *c = s->state;
-    return loom_manifest_expert_bias(c->step_dir, c->mf, bias, count, err);
-  }
+  if (s->expert_bias) return s->expert_bias(s, bias, count, err);
   if (count) {
     memset(bias, 0, count * sizeof *bias);
-    loom_log_info("%s: a model file holds no expert bias (only a loom checkpoint does); it starts from 0", where);
+    loom_log_info("%s: a model file holds no expert bias (only a loom checkpoint or a DeepSeek-V3 directory does); it starts from 0", where);
   }
   return LOOM_OK;
 }

@@ -17,6 +17,9 @@ typedef struct loom_model_source {
   const loom_param_meta *meta;
   /* Fills dst (specs[k]'s elements) with tensor k. */
   loom_status (*fetch)(const struct loom_model_source *s, int k, float *dst, loom_error *err);
+  /* Fills bias[count] with the model's expert bias (layers x experts), where the source holds one (a checkpoint's
+   * routing state, a DeepSeek-V3 directory's e_score_correction_bias); NULL: it holds none. */
+  loom_status (*expert_bias)(const struct loom_model_source *s, float *bias, size_t count, loom_error *err);
   void (*free_state)(void *state); /* NULL: nothing to free */
   void *state;
   loom_tensor *own_specs;     /* the table loom_model_source_make_table made (specs, meta point at it), or NULL */
@@ -33,8 +36,8 @@ void loom_model_source_of_params(loom_model_source *s, const loom_gpt_params *p)
 loom_status loom_model_source_of_ckpt(loom_model_source *s, const char *dir, loom_error *err);
 void loom_model_source_free(loom_model_source *s);
 /* Fills bias[count] with the model's expert bias (model.moe.expert_bias,
- * layers x experts) as loom_manifest_expert_bias does: a checkpoint's, else
- * all 0 with a line saying so (a model file holds none). */
+ * layers x experts): the source's (s->expert_bias), else all 0 with a line
+ * saying so (a model file other than DeepSeek-V3's holds none). */
 loom_status loom_model_source_expert_bias(const loom_model_source *s, const char *where, float *bias, size_t count,
                                           loom_error *err);
 /* The source's tensors as whole pieces ("param/<name>"), to fill a rank's

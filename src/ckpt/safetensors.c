@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ckpt/hf.h"
+#include "ckpt/hf_deepseek.h"
 #include "ckpt/hf_stack.h"
 #include "ckpt/safetensors.h"
 #include "core/check.h"
@@ -71,6 +72,7 @@ static int next_chunk(void *ctx, int i, loom_chunk *chunk, loom_status *st, loom
   const exported e = shape_of(w->src, k);
   *st = w->src->fetch(w->src, k, w->fetched, err);
   if (*st != LOOM_OK) return 0;
+  if (w->hf) loom_hf_deepseek_rows(&w->src->cfg, w->src->specs[k].name, w->fetched, false);
   float *data = w->fetched;
   if (e.transpose) {
     for (int64_t i_out = 0; i_out < e.cols; i_out++) /* loom's [cols of e][rows of e] */

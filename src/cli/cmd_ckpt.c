@@ -118,7 +118,8 @@ static loom_status export_model(const char *dir, const loom_gpt_config *cfg, con
   loom_hf_tokenizer tok = {0};
   const loom_export_options o = {.format = loom_model_format_of(x->format), .dtype = bf16 ? LOOM_DTYPE_BF16 : LOOM_DTYPE_F32,
                                  .max_shard_bytes = max_shard, .tok = x->tokenizer ? &tok : NULL};
-  st = loom_model_export_check(&src.cfg, o.format, "-o", x->out, x->force, err);
+  const bool fresh = !dir && !init_from; /* a fresh model's expert bias is its zeros */
+  st = loom_model_export_check(&src.cfg, o.format, "-o", x->out, x->force, fresh || src.expert_bias, err);
   if (st == LOOM_OK && x->tokenizer) st = loom_hf_tokenizer_open(&tok, x->tokenizer, src.cfg.vocab, err);
   if (st == LOOM_OK) st = loom_model_export(&src, &o, x->out, err);
   if (st == LOOM_OK)

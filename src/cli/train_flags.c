@@ -134,7 +134,7 @@ loom_status loom_train_flags_check_outputs(const loom_train_flags *f, const loom
   if (f->save) {
     loom_gpt_config cfg;
     loom_plan_model_config(plan, &cfg);
-    st = loom_model_export_check(&cfg, loom_run_save_format(&cfg), "--save", f->save, f->force, err);
+    st = loom_model_export_check(&cfg, loom_run_save_format(&cfg), "--save", f->save, f->force, false, err);
   }
   if (st == LOOM_OK && f->metrics) st = loom_output_check("--metrics", f->metrics, false, f->force || f->resume, err);
   if (st == LOOM_OK && f->trace) st = loom_output_check("--trace", f->trace, false, f->force, err);
