@@ -15,7 +15,8 @@ relative 1e-5 (fp32 sums in another order), under tp 1 and, through
 mpirun, tp 2 (with one key/value head replicated on both ranks) and pp 2.
 Re-exporting the directory gives every tensor back bit for bit and the same
 serial loss (as printed, to 6 decimals), and GPT-2's
-directory holds the file `--format safetensors` writes. Exits 77 (skipped) without
+directory holds the file `--format safetensors` writes. DeepSeek-V3's directory (MLA, noaux_tc routing, an MTP
+module) is checked against hf_reference_deepseek.py's reference, its MTP loss too. Exits 77 (skipped) without
 Debian's python3-torch.
 Usage: tests/hf_reference.py MPIEXEC LOOM WORKDIR"""
 import json

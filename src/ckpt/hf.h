@@ -9,8 +9,9 @@
  * MixtralForCausalLM (Mistral's, each MLP a Mixture of Experts) and
  * Qwen2MoeForCausalLM (Qwen2's, each MLP a Mixture of Experts beside a
  * gated shared expert), Qwen3ForCausalLM and Qwen3MoeForCausalLM (heads of
- * their own width, QK-norm) and GptOssForCausalLM (sinks, windows by layer,
- * YaRN, biased experts stacked in its files). The Llama
+ * their own width, QK-norm), GptOssForCausalLM (sinks, windows by layer,
+ * YaRN, biased experts stacked in its files) and DeepseekV3ForCausalLM
+ * (multi-head latent attention, noaux_tc routing, MTP: hf_deepseek.h). The Llama
  * family's canonical names are transformers' own,
  * and its RoPE pairs dimension i of a head with i + head_dim/2 as
  * transformers' rotate_half does, so q and k need no permutation.
