@@ -27,8 +27,6 @@ import struct
 import subprocess
 import sys
 
-from hf_reference_deepseek import DEEPSEEK_V3_CONFIG, deepseek_v3_losses, deepseek_v3_weights
-
 try:
     import torch
 except ImportError:
@@ -37,6 +35,9 @@ except ImportError:
     print("%s: no torch (Debian's python3-torch) for the reference model%s"
           % (("FAIL", " (required: LOOM_REQUIRE_REFERENCES=1)") if required else ("SKIP", "")))
     sys.exit(1 if required else 77)
+
+from hf_reference_deepseek import DEEPSEEK_V3_CONFIG, deepseek_v3_losses, deepseek_v3_weights
+from hf_reference_ops import rms_norm, rotate_half  # noqa: E402 (after torch is known to be there)
 
 mpiexec, loom, work = sys.argv[1], sys.argv[2], sys.argv[3]
 shutil.rmtree(work, ignore_errors=True)
@@ -142,15 +143,6 @@ def llama_weights(c):
     if not c["tie_word_embeddings"]:
         w["lm_head.weight"] = weight(c["vocab_size"], h)
     return w
-
-
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def softmax_with_sinks(scores, sinks):

@@ -19,6 +19,8 @@ import math
 
 import torch
 
+from hf_reference_ops import rms_norm, rotate_half
+
 
 def get_mscale(scale, mscale=1.0):
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
@@ -69,15 +71,6 @@ def deepseek_v3_weights(c, weight, norm_weight):
         w[p + "embed_tokens.weight"] = w["model.embed_tokens.weight"].clone()
         w[p + "shared_head.head.weight"] = w["lm_head.weight"].clone()
     return w
-
-
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def interleaved(x):
