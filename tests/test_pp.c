@@ -94,8 +94,10 @@ static loom_gpt_config tiny(void) {
                                                 * etp 2 at scales 0.1 and 0.3 a token near a routing tie flips once
                                                 * (0.1: the losses equal, the grad norm 0.3% off at step 9 of 10 alone;
                                                 * 0.3: one expert few tokens reach 1.3e-4 off), the expert bias's
-                                                * sign steps making it a different routing from then on; dense and
-                                                * moe models with 2 depths match at 0.3 under tp 2, SP, etp 2, ep 2 */
+                                                * sign steps making it a different routing from then on; at 0.3 the
+                                                * mla and llama models with 2 depths match under tp 2 (with and
+                                                * without SP), and moe and qwen3_moe with one under etp 2 + SP and
+                                                * ep 2 x dp 2 */
   loom_gpt_config_finish(&c);
   return c;
 }
