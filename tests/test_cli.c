@@ -953,8 +953,8 @@ START_TEST(hf_directories_refuse_bad_input) {
   } CASES[] = {
       {"config.json", "LlamaForCausalLM", "GemmaForCausalLM",
        "unknown architecture \"GemmaForCausalLM\": loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, "
-       "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and "
-       "GptOssForCausalLM"},
+       "Qwen2ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, "
+       "GptOssForCausalLM and DeepseekV3ForCausalLM"},
       {"config.json", "[\"LlamaForCausalLM\"]", "[\"Qwen2ForCausalLM\"]",
        "field \"attention_bias\" is not Qwen2's: its q, k and v projections always have biases and its other linears never "
        "(transformers' Qwen2 reads no such field)"},
