@@ -618,8 +618,9 @@ def check_sharded():
         print(f"{'ok' if ok else 'FAIL'}: {what}: exit {res.returncode}, {lines}")
 
 
-def expect_config_refused(name, field, value):
-    """Directory `name` with one config.json field set to value (None: removed) is refused in one line naming it."""
+def expect_config_refused(name, field, value, also=None):
+    """Directory `name` with one config.json field set to value (None: removed), and the fields `also` sets, is refused
+    in one line naming the first."""
     global failures
     bad = os.path.join(work, name + "_bad")
     shutil.rmtree(bad, ignore_errors=True)
@@ -630,6 +631,7 @@ def expect_config_refused(name, field, value):
         del config[field]
     else:
         config[field] = value
+    config.update(also or {})
     with open(os.path.join(bad, "config.json"), "w") as f:
         json.dump(config, f)
     res = subprocess.run([loom, "eval", "--init-from", bad, "--data", data, "--batches", "1", "--micro-batch", "1"],
@@ -767,6 +769,7 @@ def check_deepseek_v3():
     for field, value in (("quantization_config", {"quant_method": "fp8", "weight_block_size": [128, 128]}),
                          ("rope_interleave", False), ("topk_group", 1), ("scoring_func", "softmax")):
         expect_config_refused("deepseek_v3", field, value)
+    expect_config_refused("deepseek_v3", "n_shared_experts", 4096, {"moe_intermediate_size": 4096})  # 2^24 wide
 
 
 check_deepseek_v3()

@@ -667,7 +667,11 @@ static loom_status read_deepseek_v3(const config_reader *c, loom_gpt_config *cfg
   if (st == LOOM_OK && groups > 1 && e->topk != 2 * group_topk)
     st = bad_field(c, "topk_group", "must be num_experts_per_tok / 2: noaux_tc scores each group by its best 2 experts, and "
                    "loom by its best num_experts_per_tok / topk_group");
-  e->shared_ffn = shared * e->ffn;
+  const int64_t shared_ffn = (int64_t)shared * e->ffn; /* each factor in bounds, their product checked */
+  char why[128];
+  snprintf(why, sizeof why, "times moe_intermediate_size, the shared experts' width, must be at most %d", LOOM_PLAN_MAX_FFN);
+  if (st == LOOM_OK && shared_ffn > LOOM_PLAN_MAX_FFN) st = bad_field(c, "n_shared_experts", why);
+  e->shared_ffn = st == LOOM_OK ? (int)shared_ffn : 0;
   e->score = LOOM_MOE_SCORE_SIGMOID, e->expert_bias = true, e->bias_update_rate = LOOM_MOE_BIAS_UPDATE_RATE;
   e->router_groups = groups > 1 ? groups : 0, e->router_group_topk = groups > 1 ? group_topk : 0;
   for (int l = 0; l < dense; l++) loom_gpt_set_dense_layer(cfg, l, true);
