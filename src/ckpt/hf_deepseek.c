@@ -92,23 +92,34 @@ static loom_status read_bias(const loom_model_source *s, float *bias, size_t cou
   return st;
 }
 
-loom_status loom_hf_deepseek_extend_table(loom_model_source *s, const char *where, loom_error *err) {
-  const int n = loom_hf_deepseek_extras(&s->cfg, NULL, NULL);
-  if (n == 0) return LOOM_OK;
-  loom_tensor *specs = loom_fault_calloc((size_t)(s->count + n) + 1, sizeof *specs);
-  loom_param_meta *meta = loom_fault_calloc((size_t)(s->count + n) + 1, sizeof *meta);
-  if (!specs || !meta) {
-    free(specs);
-    free(meta);
-    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", where);
+/* specs and meta [count] followed by cfg's extras, in fresh allocations (*specs, *meta; count + extras of them). */
+static loom_status table_with_extras(const loom_gpt_config *cfg, const loom_tensor *specs, const loom_param_meta *meta,
+                                     int count, loom_tensor **out_specs, loom_param_meta **out_meta, int *out_count) {
+  const int n = loom_hf_deepseek_extras(cfg, NULL, NULL);
+  *out_specs = loom_fault_calloc((size_t)(count + n) + 1, sizeof **out_specs);
+  *out_meta = loom_fault_calloc((size_t)(count + n) + 1, sizeof **out_meta);
+  if (!*out_specs || !*out_meta) {
+    free(*out_specs), free(*out_meta);
+    *out_specs = NULL, *out_meta = NULL;
+    return LOOM_ERR_NOMEM;
   }
-  memcpy(specs, s->specs, (size_t)s->count * sizeof *specs);
-  memcpy(meta, s->meta, (size_t)s->count * sizeof *meta);
-  loom_hf_deepseek_extras(&s->cfg, specs + s->count, meta + s->count);
+  memcpy(*out_specs, specs, (size_t)count * sizeof **out_specs);
+  memcpy(*out_meta, meta, (size_t)count * sizeof **out_meta);
+  loom_hf_deepseek_extras(cfg, *out_specs + count, *out_meta + count);
+  *out_count = count + n;
+  return LOOM_OK;
+}
+
+loom_status loom_hf_deepseek_extend_table(loom_model_source *s, const char *where, loom_error *err) {
+  if (loom_hf_deepseek_extras(&s->cfg, NULL, NULL) == 0) return LOOM_OK;
+  loom_tensor *specs;
+  loom_param_meta *meta;
+  int count;
+  if (table_with_extras(&s->cfg, s->specs, s->meta, s->count, &specs, &meta, &count) != LOOM_OK)
+    return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory", where);
   free(s->own_specs);
   free(s->own_meta);
-  s->own_specs = specs, s->own_meta = meta, s->specs = specs, s->meta = meta;
-  s->count += n;
+  s->own_specs = specs, s->own_meta = meta, s->specs = specs, s->meta = meta, s->count = count;
   if (loom_gpt_is_moe(&s->cfg)) s->expert_bias = read_bias;
   return LOOM_OK;
 }
@@ -142,21 +153,16 @@ static loom_status fetch_writer(const loom_model_source *s, int k, float *dst, l
 loom_status loom_hf_deepseek_writer_source(const loom_model_source *src, loom_model_source *out, loom_error *err) {
   memset(out, 0, sizeof *out);
   out->cfg = src->cfg;
-  const int n = loom_hf_deepseek_extras(&src->cfg, NULL, NULL);
   writer_state *w = loom_fault_calloc(1, sizeof *w);
   const size_t bias = loom_gpt_is_moe(&src->cfg) ? (size_t)loom_gpt_blocks(&src->cfg) * (size_t)src->cfg.moe.experts : 0;
-  out->own_specs = loom_fault_calloc((size_t)(src->count + n) + 1, sizeof *out->own_specs);
-  out->own_meta = loom_fault_calloc((size_t)(src->count + n) + 1, sizeof *out->own_meta);
   if (w) w->bias = loom_fault_calloc(bias + 1, sizeof *w->bias);
   out->state = w, out->free_state = free_writer;
-  if (!w || !w->bias || !out->own_specs || !out->own_meta) {
+  if (!w || !w->bias ||
+      table_with_extras(&src->cfg, src->specs, src->meta, src->count, &out->own_specs, &out->own_meta, &out->count) != LOOM_OK) {
     loom_model_source_free(out);
     return loom_fail(err, LOOM_ERR_NOMEM, "out of memory writing DeepSeek-V3's tensors");
   }
-  memcpy(out->own_specs, src->specs, (size_t)src->count * sizeof *out->own_specs);
-  memcpy(out->own_meta, src->meta, (size_t)src->count * sizeof *out->own_meta);
-  loom_hf_deepseek_extras(&src->cfg, out->own_specs + src->count, out->own_meta + src->count);
-  out->specs = out->own_specs, out->meta = out->own_meta, out->count = src->count + n;
+  out->specs = out->own_specs, out->meta = out->own_meta;
   out->fetch = fetch_writer;
   w->inner = src, w->wte = w->head = -1;
   for (int k = 0; k < src->count; k++) {

@@ -651,10 +651,10 @@ static loom_mtp_shape mtp_shape(const loom_gpt *m) {
   return (loom_mtp_shape){.norm = c->norm, .eps = c->norm_eps, .n = local_rows(m), .h = c->hidden, .bf16 = c->bf16};
 }
 
-/* Depth k's eh_proj as it computes: its fp32 weight, or the bf16 copy's bits. */
-static loom_mtp_compute_weights mtp_weights(loom_gpt *m, int k) {
-  const loom_gpt_weights w = edge_weights(m, false);
-  loom_mtp_compute_weights out = {.v = &w.mtp[k], .eh_proj = loom_linear_fp32(m->p.w.mtp[k].eh_proj_w)};
+/* Depth k's weights as it computes with them: its norms' from w (edge_weights'), eh_proj's fp32 weight or the bf16
+ * copy's bits. */
+static loom_mtp_compute_weights mtp_weights(const loom_gpt *m, const loom_gpt_weights *w, int k) {
+  loom_mtp_compute_weights out = {.v = &w->mtp[k], .eh_proj = loom_linear_fp32(m->p.w.mtp[k].eh_proj_w)};
   if (!m->p.cfg.bf16) return out;
   const loom_buffer *c = &m->p.compute;
   for (int i = 0, seen = 0; i < c->count; i++)
@@ -707,7 +707,7 @@ static void mtp_forward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *bat
   const loom_dropout drop = mtp_dropout(m, batch, k);
   m->ops->dropout_forward(m->ops, a.emb, local_T, B, h, &drop);
   if (drop.p > 0.0f) to_bf16_values(m, a.emb, nh);
-  const loom_mtp_compute_weights cw = mtp_weights(m, k);
+  const loom_mtp_compute_weights cw = mtp_weights(m, &w, k);
   const loom_mtp_shape shape = mtp_shape(m);
   loom_mtp_combine_forward(m->ops, &a, &m->w.mtp, &cw, &shape);
 }
@@ -718,7 +718,8 @@ static void mtp_backward(loom_gpt *m, loom_gpt_slot *s, const loom_gpt_batch *ba
                          bool split) {
   const int T = m->T, B = m->B, h = m->p.cfg.hidden, local_T = loom_tp_local_rows(&m->tp, T);
   const loom_mtp_acts a = mtp_acts(m, s, k);
-  const loom_mtp_compute_weights cw = mtp_weights(m, k);
+  const loom_gpt_weights w = edge_weights(m, false);
+  const loom_mtp_compute_weights cw = mtp_weights(m, &w, k);
   const loom_mtp_shape shape = mtp_shape(m);
   loom_mtp_combine_backward(m->ops, &a, &m->w.mtp, &cw, &m->p.g.mtp[k], &shape, m->w.dres, m->w.mtp_dcat, m->w.mtp_demb,
                             m->w.mtp_dhin);
