@@ -135,6 +135,30 @@ typedef struct {
   int step; /* 1-based, for bias correction */
 } loom_adamw_args;
 
+/* FP8 GEMMs (fp8_math.h's formats and scales). An operand: codes [rows, K]
+ * row-major, K (the contracted dimension) contiguous, as cuBLASLt takes
+ * both operands of an FP8 matmul on Hopper ("TN"); and the fp32 factors
+ * that dequantise them, one per block of block_rows x block_k codes,
+ * scale_inv[(r / block_rows) * loom_fp8_k_blocks(K, block_k) + k / block_k]. */
+typedef struct {
+  const uint8_t *codes;
+  const float *scale_inv;
+  int format; /* loom_fp8_format */
+  int block_rows, block_k;
+} loom_fp8_matrix;
+static inline int loom_fp8_k_blocks(int K, int block_k) { return block_k > 0 ? (K + block_k - 1) / block_k : 0; }
+
+/* How fp8_quantize casts: into codes of `format`, under one scale for the
+ * whole tensor (scale > 0: tensorwise and delayed scaling), or each block of
+ * block_rows x block_k codes (in the output's layout) under its own, from its
+ * amax: fp32 (loom_fp8_scale, blockwise) or E8M0 (loom_mx_scale, MXFP8). */
+typedef struct {
+  int format; /* loom_fp8_format */
+  float scale;
+  int block_rows, block_k;
+  bool mx;
+} loom_fp8_quant;
+
 typedef struct loom_ops loom_ops;
 struct loom_ops {
   const char *name;
@@ -361,6 +385,23 @@ struct loom_ops {
   void (*matmul_backward_bf16)(const loom_ops *be, float *dinp, float *dweight, float *dbias, loom_bf16_operand dout,
                                loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC);
 
+  /* FP8 (fp8_math.h). fp8_amax: the largest magnitude of x[n] (NaN where
+   * one is NaN), as a host value. */
+  float (*fp8_amax)(const loom_ops *be, loom_bf16_operand x, size_t n);
+  /* codes and scale_inv (loom_fp8_matrix's layout) of x[R,C], or of its
+   * transpose [C,R] when transpose, cast under q with fp8_math.h's
+   * loom_fp8_encode. */
+  void (*fp8_quantize)(const loom_ops *be, uint8_t *codes, float *scale_inv, loom_bf16_operand x, int R, int C,
+                       bool transpose, const loom_fp8_quant *q);
+  /* c[M,N] = (c +, when accumulate) the FP8 product of a [M,K] and b [N,K]
+   * by its definition: for each block of block_k columns (a's and b's
+   * alike), in order, the fp32 sum of the products of the codes' values
+   * (each exact in fp32) times a's and b's scale_inv for the block
+   * (multiplied first), added in fp32. Backends differ by the order of the
+   * sums within a block alone. */
+  void (*fp8_gemm)(const loom_ops *be, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b,
+                   int M, int N, int K);
+
   /* AdamW with decoupled weight decay, over n elements. compute (NULL: none)
    * gets each updated parameter rounded to bf16 in the same pass: a bf16
    * run's compute copy, as to_bf16 would write it. */
@@ -389,6 +430,13 @@ void loom_host_orthonormalize(const loom_ops *be, float *x, int n, int r);
 void loom_host_attention_sink_forward(const loom_ops *be, float *out, float *lse, const float *sinks, const loom_attn_shape *s);
 void loom_host_attention_sink_backward(const loom_ops *be, float *dsinks, const float *dout, const float *out, const float *lse,
                                        const float *sinks, const loom_attn_shape *s);
+/* The FP8 ops on host memory: amax and quantize (the reference and CPU
+ * backends'), and the GEMM's definition as loops (the reference's). */
+float loom_host_fp8_amax(const loom_ops *be, loom_bf16_operand x, size_t n);
+void loom_host_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv, loom_bf16_operand x, int R, int C,
+                            bool transpose, const loom_fp8_quant *q);
+void loom_host_fp8_gemm(const loom_ops *be, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b,
+                        int M, int N, int K);
 float loom_gelu_value(float x);
 float loom_gelu_grad(float x);
 /* Column of the first largest of z[0..V), -1 when V == 0. */

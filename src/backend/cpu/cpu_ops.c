@@ -9,6 +9,7 @@
 #include <string.h>
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cpu/cpu_bf16_gemm.h"
+#include "backend/cpu/cpu_fp8.h"
 #include "backend/cpu/cpu_gemm.h"
 #include "backend/cpu/cpu_math.h"
 #include "backend/op_math.h"
@@ -579,6 +580,9 @@ static const loom_ops CPU_OPS = {
     .round_bf16 = cpu_round_bf16,
     .matmul_forward_bf16 = cpu_matmul_forward_bf16,
     .matmul_backward_bf16 = cpu_matmul_backward_bf16,
+    .fp8_amax = loom_host_fp8_amax,
+    .fp8_quantize = loom_host_fp8_quantize,
+    .fp8_gemm = loom_cpu_fp8_gemm,
     .adamw = cpu_adamw,
 };
 

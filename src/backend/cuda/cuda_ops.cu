@@ -98,6 +98,9 @@ loom_ops make_ops() {
   o.round_bf16 = cuda_round_bf16;
   o.matmul_forward_bf16 = cuda_matmul_forward_bf16;
   o.matmul_backward_bf16 = cuda_matmul_backward_bf16;
+  o.fp8_amax = cuda_fp8_amax;
+  o.fp8_quantize = cuda_fp8_quantize;
+  o.fp8_gemm = cuda_fp8_gemm;
   o.adamw = cuda_adamw;
   return o;
 }
@@ -175,6 +178,9 @@ loom_ops make_synced_ops() {
   o.round_bf16 = SYNCED(cuda_round_bf16);
   o.matmul_forward_bf16 = SYNCED(cuda_matmul_forward_bf16);
   o.matmul_backward_bf16 = SYNCED(cuda_matmul_backward_bf16);
+  o.fp8_amax = cuda_fp8_amax; // waits already
+  o.fp8_quantize = SYNCED(cuda_fp8_quantize);
+  o.fp8_gemm = SYNCED(cuda_fp8_gemm);
   o.adamw = SYNCED(cuda_adamw);
   return o;
 }

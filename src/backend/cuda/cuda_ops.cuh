@@ -105,6 +105,10 @@ void cuda_crossentropy_losses(const loom_ops *be, float *losses, const float *ls
 void cuda_exp_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
 void cuda_log_shifted(const loom_ops *be, float *x, const float *shift, size_t n);
 void cuda_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n, const loom_adamw_args *a);
+float cuda_fp8_amax(const loom_ops *be, loom_bf16_operand x, size_t n);
+void cuda_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv, loom_bf16_operand x, int R, int C, bool transpose, const loom_fp8_quant *q);
+void cuda_fp8_gemm(const loom_ops *be, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b, int M, int N, int K);
+unsigned sumsq_blocks(size_t n);
 float *scratch(Backend &g, size_t floats);
 double *partials(Backend &g);
 

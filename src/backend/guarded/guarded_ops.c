@@ -254,6 +254,22 @@ static void g_matmul_backward_bf16(const loom_ops *be, float *dinp, float *dweig
                                    loom_bf16_operand inp, const uint16_t *weight, int N, int C, int OC) {
   CPU->matmul_backward_bf16(CPU, U(dinp), U(dweight), U(dbias), UO(dout), UO(inp), U(weight), N, C, OC);
 }
+static float g_fp8_amax(const loom_ops *be, loom_bf16_operand x, size_t n) { return CPU->fp8_amax(CPU, UO(x), n); }
+static void g_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv, loom_bf16_operand x, int R, int C,
+                           bool transpose, const loom_fp8_quant *q) {
+  CPU->fp8_quantize(CPU, U(codes), U(scale_inv), UO(x), R, C, transpose, q);
+}
+/* An FP8 operand's pointers made usable by the CPU kernels. */
+static loom_fp8_matrix UF(const loom_fp8_matrix *m) {
+  loom_fp8_matrix out = *m;
+  out.codes = U(m->codes), out.scale_inv = U(m->scale_inv);
+  return out;
+}
+static void g_fp8_gemm(const loom_ops *be, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b,
+                       int M, int N, int K) {
+  const loom_fp8_matrix ua = UF(a), ub = UF(b);
+  CPU->fp8_gemm(CPU, U(c), accumulate, &ua, &ub, M, N, K);
+}
 static void g_adamw(const loom_ops *be, float *param, const float *grad, float *m, float *v, uint16_t *compute, size_t n,
                     const loom_adamw_args *args) {
   CPU->adamw(CPU, U(param), U(grad), U(m), U(v), U(compute), n, args);
@@ -314,6 +330,9 @@ static const loom_ops GUARDED_OPS = {
     .round_bf16 = g_round_bf16,
     .matmul_forward_bf16 = g_matmul_forward_bf16,
     .matmul_backward_bf16 = g_matmul_backward_bf16,
+    .fp8_amax = g_fp8_amax,
+    .fp8_quantize = g_fp8_quantize,
+    .fp8_gemm = g_fp8_gemm,
     .adamw = g_adamw,
 };
 

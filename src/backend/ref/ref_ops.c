@@ -663,6 +663,9 @@ static const loom_ops REF_OPS = {
     .round_bf16 = ref_round_bf16,
     .matmul_forward_bf16 = ref_matmul_forward_bf16,
     .matmul_backward_bf16 = ref_matmul_backward_bf16,
+    .fp8_amax = loom_host_fp8_amax,
+    .fp8_quantize = loom_host_fp8_quantize,
+    .fp8_gemm = loom_host_fp8_gemm,
     .adamw = ref_adamw,
 };
 
