@@ -3,8 +3,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/fp8_math.h"
 #include "backend/op_math.h"
 #include "op_parity.h"
+#include "tensor_parallel/fp8_linear.h"
 #include "test_util.h"
 
 enum { SENTINELS = 16 };
@@ -705,6 +707,137 @@ static void bf16(const op_backend *b, op_report *r) {
   free(got);
 }
 
+/* One FP8 operand cast on the backend and on the reference: the same codes
+ * and scales (the cast is exact), kept on both sides. */
+typedef struct {
+  uint8_t *dev_codes, *host_codes;
+  float *dev_scales, *host_scales;
+  loom_fp8_matrix dev, host;
+} fp8_operand;
+
+static fp8_operand fp8_cast(const op_backend *b, op_report *r, const char *what, const loom_fp8_config *c,
+                            loom_fp8_operand role, const mirror *x, int R, int C, bool transpose) {
+  const loom_ops *ref = loom_ops_ref(), *op = b->ops;
+  const int rows = transpose ? C : R, K = transpose ? R : C;
+  /* a whole-tensor scale: tensorwise's from the amax (both backends' amax must agree), delayed's a stale one
+   * (1.5 times the fitting one: the values above amax / 1.5, a third of them, saturate) */
+  float scale = 0.0f;
+  const float amax = ref->fp8_amax(ref, loom_bf16_values(x->host), x->n);
+  r->checks++;
+  if (op->fp8_amax(op, loom_bf16_values(x->dev), x->n) != amax) failed(r, "%s: fp8_amax differs (%g, %g)", what, 0, 0);
+  if (c->recipe == LOOM_FP8_RECIPE_TENSORWISE) scale = loom_fp8_scale(amax, loom_fp8_format_of(c, role), 0, 1.0f);
+  if (c->recipe == LOOM_FP8_RECIPE_DELAYED) scale = 1.5f * loom_fp8_scale(amax, loom_fp8_format_of(c, role), 0, 1.0f);
+  const loom_fp8_quant q = loom_fp8_quant_of(c, role, scale);
+  const size_t n = (size_t)rows * K, ns = loom_fp8_scale_count(&q, rows, K);
+  fp8_operand o = {.dev_codes = op->mem->zalloc(op->mem, n, "test"), .host_codes = malloc(n),
+                   .dev_scales = op->mem->zalloc(op->mem, ns * sizeof(float), "test"), .host_scales = malloc(ns * sizeof(float))};
+  ref->fp8_quantize(ref, o.host_codes, o.host_scales, loom_bf16_values(x->host), R, C, transpose, &q);
+  op->fp8_quantize(op, o.dev_codes, o.dev_scales, loom_bf16_values(x->dev), R, C, transpose, &q);
+  uint8_t *codes = malloc(n);
+  float *scales = malloc(ns * sizeof(float));
+  op->mem->to_host(op->mem, codes, o.dev_codes, n);
+  op->mem->to_host(op->mem, scales, o.dev_scales, ns * sizeof(float));
+  r->checks++;
+  if (memcmp(codes, o.host_codes, n) || memcmp(scales, o.host_scales, ns * sizeof(float)))
+    failed(r, "%s: fp8_quantize's codes or scales differ from the reference's (%g, %g)", what, 0, 0);
+  size_t saturated = 0, nonzero = 0; /* something to compare: most codes nonzero, only the stale scale saturating many */
+  for (size_t i = 0; i < n; i++)
+    saturated += (codes[i] & 0x7f) == loom_fp8_max_code((loom_fp8_format)q.format), nonzero += (codes[i] & 0x7f) != 0;
+  r->checks++;
+  if (nonzero < n / 2 || (c->recipe == LOOM_FP8_RECIPE_DELAYED) != (saturated > n / 5))
+    failed(r, "%s: the cast's codes are not what its scale makes (%g nonzero, %g saturated)", what, (double)nonzero,
+           (double)saturated);
+  free(codes), free(scales);
+  o.dev = loom_fp8_matrix_of(&q, o.dev_codes, o.dev_scales, rows, K);
+  o.host = loom_fp8_matrix_of(&q, o.host_codes, o.host_scales, rows, K);
+  return o;
+}
+
+static void fp8_drop(const op_backend *b, fp8_operand *o) {
+  b->ops->mem->release(b->ops->mem, o->dev_codes), b->ops->mem->release(b->ops->mem, o->dev_scales);
+  free(o->host_codes), free(o->host_scales);
+}
+
+/* c (accumulated onto c0) against the definition in fp64 from the same codes and scales: each element within
+ * fp32's summation bound, (terms in a block + blocks + 2) ulps of the sum of the magnitudes. */
+static void fp8_expect(const op_backend *b, op_report *r, const char *what, const float *c_dev, const float *c0,
+                       const fp8_operand *A, const fp8_operand *B, int M, int N, int K) {
+  float *got = malloc((size_t)M * N * sizeof(float));
+  b->ops->mem->to_host(b->ops->mem, got, c_dev, (size_t)M * N * sizeof(float));
+  const loom_fp8_matrix *a = &A->host, *bm = &B->host;
+  const int bk = a->block_k, kb = loom_fp8_k_blocks(K, bk);
+  double worst = 0.0, largest = 0.0;
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      double want = c0[(size_t)m * N + n], mag = fabs(want);
+      for (int j = 0; j < kb; j++) {
+        const double s = (double)a->scale_inv[(size_t)(m / a->block_rows) * kb + j] *
+                         (double)bm->scale_inv[(size_t)(n / bm->block_rows) * kb + j];
+        for (int k = j * bk; k < K && k < (j + 1) * bk; k++) {
+          const double p = (double)loom_fp8_decode(a->codes[(size_t)m * K + k], (loom_fp8_format)a->format) *
+                           (double)loom_fp8_decode(bm->codes[(size_t)n * K + k], (loom_fp8_format)bm->format) * s;
+          want += p, mag += fabs(p);
+        }
+      }
+      const double bound = (double)(bk + kb + 2) * ldexp(1.0, -24) * mag, err = fabs(got[(size_t)m * N + n] - want);
+      worst = err / (bound > 0 ? bound : 1) > worst ? err / (bound > 0 ? bound : 1) : worst;
+      largest = fabs(want) > largest ? fabs(want) : largest;
+    }
+  r->checks++;
+  if (!(worst <= 1.0) || !(largest > 0.0))
+    failed(r, "%s: fp8_gemm off its fp64 definition by %.3g of the fp32 bound (largest %g)", what, worst, largest);
+  free(got);
+}
+
+/* Each recipe's three GEMMs (forward x W^T, input grad dy W, weight grad dy^T x), E4M3 and hybrid, K spanning
+ * whole and partial 128- and 32-blocks, on the backend and on the reference, each against fp64. */
+static void fp8(const op_backend *b, op_report *r) {
+  const loom_ops *ref = loom_ops_ref();
+  const int N = 70, C = 260, OC = 136;
+  mirror x = make(b, (size_t)N * C, -3, 3), w = make(b, (size_t)OC * C, -0.1f, 0.1f), dy = make(b, (size_t)N * OC, -1e-3f, 1e-3f);
+  mirror *rounded[] = {&x, &w, &dy}; /* the operands a bf16 run gives an FP8 cast: bf16 values */
+  for (int i = 0; i < 3; i++) ref->round_bf16(ref, rounded[i]->host, rounded[i]->n), b->ops->round_bf16(b->ops, rounded[i]->dev, rounded[i]->n);
+  static const char *const RECIPES[] = {"delayed", "tensorwise", "blockwise", "mxfp8"};
+  for (int recipe = 0; recipe < 4; recipe++)
+    for (int hybrid = 0; hybrid < 2; hybrid++) {
+      const loom_fp8_config c = {.on = true, .hybrid = hybrid, .recipe = (loom_fp8_recipe)recipe, .history = 1};
+      char what[96];
+      struct {
+        const char *name;
+        const mirror *a, *bb;
+        int aR, aC, bR, bC;
+        bool at, bt;
+        loom_fp8_operand ar, br;
+        int M, Nn, K;
+      } L[3] = {{"forward", &x, &w, N, C, OC, C, false, false, LOOM_FP8_INPUT, LOOM_FP8_WEIGHT, N, OC, C},
+                {"input grad", &dy, &w, N, OC, OC, C, false, true, LOOM_FP8_GRAD, LOOM_FP8_WEIGHT, N, C, OC},
+                {"weight grad", &dy, &x, N, OC, N, C, true, true, LOOM_FP8_GRAD, LOOM_FP8_INPUT, OC, C, N}};
+      for (int l = 0; l < 3; l++) {
+        snprintf(what, sizeof what, "fp8 %s%s %s", RECIPES[recipe], hybrid ? " hybrid" : "", L[l].name);
+        fp8_operand A = fp8_cast(b, r, what, &c, L[l].ar, L[l].a, L[l].aR, L[l].aC, L[l].at);
+        fp8_operand B = fp8_cast(b, r, what, &c, L[l].br, L[l].bb, L[l].bR, L[l].bC, L[l].bt);
+        const size_t n = (size_t)L[l].M * L[l].Nn;
+        mirror out = make(b, n, -1, 1); /* accumulated onto */
+        float *c0 = malloc(n * sizeof(float));
+        memcpy(c0, out.host, n * sizeof(float));
+        ref->fp8_gemm(ref, out.host, true, &A.host, &B.host, L[l].M, L[l].Nn, L[l].K);
+        b->ops->fp8_gemm(b->ops, out.dev, true, &A.dev, &B.dev, L[l].M, L[l].Nn, L[l].K);
+        fp8_expect(b, r, what, out.dev, c0, &A, &B, L[l].M, L[l].Nn, L[l].K);
+        float *href = ref->mem->zalloc(ref->mem, n * sizeof(float), "test"); /* the reference's own loops, written fresh */
+        ref->fp8_gemm(ref, href, false, &A.host, &B.host, L[l].M, L[l].Nn, L[l].K);
+        memset(c0, 0, n * sizeof(float));
+        fp8_expect(&(op_backend){"ref", ref, 0}, r, what, href, c0, &A, &B, L[l].M, L[l].Nn, L[l].K);
+        ref->mem->release(ref->mem, href);
+        expect(r, what, &out, b->fp32_nmse); /* and against the reference's loops: sentinels intact, values finite */
+        free(c0);
+        drop(&out);
+        fp8_drop(b, &A), fp8_drop(b, &B);
+      }
+    }
+  mirror *all[] = {&x, &w, &dy};
+  drop_all(all, 3);
+}
+
 static void adamw(const op_backend *b, op_report *r) {
   const loom_ops *ref = loom_ops_ref(), *op = b->ops;
   const size_t n = 20001;
@@ -855,6 +988,7 @@ const op_case OP_CASES[] = {
      {AT(logsumexp), AT(pick_targets), AT(crossentropy_backward), AT(argmax), AT(crossentropy_losses), AT(exp_shifted),
       AT(log_shifted)}, 7},
     {"bf16 casts and linears", bf16, {AT(to_bf16), AT(from_bf16), AT(round_bf16), AT(matmul_forward_bf16), AT(matmul_backward_bf16)}, 5},
+    {"fp8 casts and GEMMs", fp8, {AT(fp8_amax), AT(fp8_quantize), AT(fp8_gemm)}, 3},
     {"adamw", adamw, {AT(adamw)}, 1},
     {"empty shapes", empty_shapes, {AT(matmul_forward), AT(attention_forward), AT(argmax)}, 3},
 };

@@ -28,6 +28,9 @@ LOOM_HD float loom_fp8_max(loom_fp8_format f) { return f == LOOM_FP8_E4M3 ? LOOM
 LOOM_HD uint8_t loom_fp8_max_code(loom_fp8_format f) { return f == LOOM_FP8_E4M3 ? 0x7e : 0x7b; }
 LOOM_HD uint8_t loom_fp8_nan_code(loom_fp8_format f) { return 0x7f; }
 
+/* Blocks of block_k along K (a partial last one included). */
+LOOM_HD int loom_fp8_k_blocks(int K, int block_k) { return block_k > 0 ? (K + block_k - 1) / block_k : 0; }
+
 /* The nearest code to x, ties to even, saturating. */
 LOOM_HD uint8_t loom_fp8_encode(float x, loom_fp8_format f) {
   const uint8_t sign = signbit(x) ? 0x80 : 0x00;

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "backend/fp8_math.h"
 #include "core/tensor.h"
 
 /* Keyed dropout: element index i of a site is kept iff
@@ -139,14 +140,13 @@ typedef struct {
  * row-major, K (the contracted dimension) contiguous, as cuBLASLt takes
  * both operands of an FP8 matmul on Hopper ("TN"); and the fp32 factors
  * that dequantise them, one per block of block_rows x block_k codes,
- * scale_inv[(r / block_rows) * loom_fp8_k_blocks(K, block_k) + k / block_k]. */
+ * scale_inv[(r / block_rows) * loom_fp8_k_blocks(K, block_k) + k / block_k] (fp8_math.h). */
 typedef struct {
   const uint8_t *codes;
   const float *scale_inv;
   int format; /* loom_fp8_format */
   int block_rows, block_k;
 } loom_fp8_matrix;
-static inline int loom_fp8_k_blocks(int K, int block_k) { return block_k > 0 ? (K + block_k - 1) / block_k : 0; }
 
 /* How fp8_quantize casts: into codes of `format`, under one scale for the
  * whole tensor (scale > 0: tensorwise and delayed scaling), or each block of

@@ -57,7 +57,7 @@ void loom_parallel_init(loom_parallel *ps, loom_comm *world, int tp, int pp, int
   } else {
     ps->dp_cp_group = ps->dp_group;
   }
-  if (cp > 1 && tp > 1 && sequence_parallel)
+  if (cp > 1 && tp > 1)
     ps->tp_cp_group = loom_comm_split(world, at.dp + dp * at.pp, at.tp + tp * at.cp, "tp x cp");
   const bool edge = at.pp == 0 || at.pp == pp - 1;
   loom_comm *embed = loom_comm_split(world, edge ? at.tp + tp * (at.cp + cp * at.dp) : tcd + ps->rank, at.pp, "embedding");
@@ -98,7 +98,8 @@ loom_tp loom_tp_of(const loom_parallel *ps) {
   return (loom_tp){.group = ps->tp > 1 ? ps->tp_group : NULL, .rank = ps->tp_rank, .size = ps->tp,
                    .sequence_parallel = ps->sequence_parallel && ps->tp > 1, .ep_group = ps->ep_group,
                    .etp_group = ps->etp_group, .cp_group = ps->cp_group, .cp_rank = ps->cp_rank,
-                   .seq_group = ps->tp_cp_group                         ? ps->tp_cp_group
-                                : ps->sequence_parallel && ps->tp > 1 ? ps->tp_group
-                                                                        : ps->cp_group};
+                   .seq_group = !(ps->sequence_parallel && ps->tp > 1) ? ps->cp_group
+                                : ps->tp_cp_group                      ? ps->tp_cp_group
+                                                                       : ps->tp_group,
+                   .shard_group = ps->tp_cp_group ? ps->tp_cp_group : ps->tp > 1 ? ps->tp_group : ps->cp_group};
 }

@@ -23,8 +23,8 @@ typedef struct {
    * which grads are summed and ZeRO shards (dp_group itself when cp is 1). */
   loom_comm *cp_group, *dp_cp_group;
   int dp_cp_rank;
-  /* The tp x cp ranks of one (dp, pp): a micro-batch's tokens spread over both under sequence parallelism with
-   * context parallelism (a MoE layer routes its share and sums its load there); NULL unless both split it. */
+  /* The tp x cp ranks of one (dp, pp), where tp > 1 and cp > 1 (else NULL): a micro-batch's layer spread over
+   * both (its tokens too under sequence parallelism, where a MoE layer routes its share and sums its load there). */
   loom_comm *tp_cp_group;
   loom_comm *embed_group;         /* first and last pipeline stage of this (tp, dp); NULL elsewhere */
   /* A MoE model's expert grid (loom_parallel_init_experts; ep 1: every
@@ -57,6 +57,9 @@ typedef struct {
   /* The ranks sharing one micro-batch's tokens, each holding its own: the tp group under sequence parallelism, the
    * cp group, or both (tp_cp_group); NULL: this rank holds them all. A MoE layer's routing statistics sum there. */
   loom_comm *seq_group;
+  /* Every rank holding a part of one micro-batch's layer, its weights' or its rows': tp x cp (NULL: this rank
+   * alone). An FP8 operand's tensorwise amax is the max over it (the max of a replicated part is its own). */
+  loom_comm *shard_group;
 } loom_tp;
 
 /* The cp group's size: 1 without one. */
