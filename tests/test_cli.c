@@ -266,7 +266,7 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--dp", "2", "--zero", "1", "--overlap-param-gather", "--no-overlap-grad-reduce", NULL), 2,
               "loom train: --overlap-param-gather true: needs the grads reduced during backward too (as Megatron-Core "
               "requires); drop --no-overlap-grad-reduce or param_gather");
-  /* fp8 GEMMs: costed by the sim beside bf16, never trained. */
+  /* fp8 GEMMs: beside bf16 only; the recipe's settings range-checked. */
   refusal_row(&t, run("train", "--model", "moe-tiny", "--dp", "2", "--ep", "2", "--zero", "1", "--precision", "bf16",
                       "--grad-reduce-dtype", "bf16", NULL), 2,
               "loom train: --grad-reduce-dtype PRECISION_BF16: ZeRO-1 with the experts apart (--ep 2) reduce-scatters bucket by "
@@ -277,9 +277,10 @@ START_TEST(bad_flags) {
   refusal_row(&t, run("train", "--fp8-format", "hybrid", NULL), 2,
               "loom train: --fp8-format FP8_HYBRID: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set "
               "precision PRECISION_BF16");
-  refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e4m3", NULL), 2,
-              "loom train: the plan asks for fp8 GEMMs (--fp8-format), which `loom sim` costs but this runtime does not run "
-              "(its GEMMs are bf16 or fp32); drop --fp8-format to train in bf16");
+  refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e4m3", "--fp8-amax-history-len", "0", NULL), 2,
+              "loom train: --fp8-amax-history-len 0: delayed scaling keeps 1 to 1048576 steps of amax");
+  refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e4m3", "--fp8-recipe", "current", NULL), 2,
+              "loom train: --fp8-recipe must be one of delayed, tensorwise, blockwise, mxfp8, got 'current'");
   refusal_row(&t, run("train", "--precision", "bf16", "--fp8-format", "e5m2", NULL), 2,
               "loom train: --fp8-format must be one of none, hybrid, e4m3, got 'e5m2'");
   refusal_row(&t, run("train", "--overlap-grad-reduce", "--no-overlap-grad-reduce", NULL), 2,
@@ -459,12 +460,13 @@ START_TEST(bad_flags) {
   ck_assert_ptr_nonnull(strstr(rp->out, "transfers received grad"));
   rp = run("plan", "check", plan, "--world", "2", NULL);
   ck_assert_int_eq(rp->code, 0);
-  /* An fp8 plan: shown as what the sim costs and the runtime refuses, its field in the plan text. */
+  /* An fp8 plan: shown as what runs in FP8 and how it is scaled, its fields in the plan text. */
   const char *fp8 = tu_tmp_path("fp8.txtpb");
   rp = run("plan", "new", "--precision", "bf16", "--fp8-format", "hybrid", "-o", fp8, NULL);
   ck_assert_msg(rp->code == 0, "%s", rp->err);
   rp = run("plan", "show", fp8, NULL);
-  ck_assert_ptr_nonnull(strstr(rp->out, "fp8: the linear layers' GEMMs in fp8 (hybrid: e4m3 forward, e5m2 grads, --fp8-format)"));
+  ck_assert_ptr_nonnull(strstr(rp->out, "fp8: the layers' linears in hybrid FP8 (E4M3 forward, E5M2 grads), delayed scaling "
+                                        "(amax history 1, most_recent, margin 0)"));
   rp = run("plan", "new", "--precision", "bf16", "--fp8-format", "hybrid", "-o", "-", NULL);
   ck_assert_ptr_nonnull(strstr(rp->out, "fp8: FP8_HYBRID"));
   unlink(fp8);

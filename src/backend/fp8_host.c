@@ -28,20 +28,22 @@ void loom_host_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv
 #define AT(r, k) operand_at(x, transpose ? (size_t)(k) * C + (size_t)(r) : (size_t)(r) * C + (size_t)(k))
   if (q->scale > 0.0f) { /* one scale for the whole tensor */
     scale_inv[0] = 1.0f / q->scale;
+#pragma omp parallel for schedule(static) if ((size_t)rows * K > 16384)
     for (int r = 0; r < rows; r++)
       for (int k = 0; k < K; k++) codes[(size_t)r * K + k] = loom_fp8_encode(AT(r, k) * q->scale, f);
     return;
   }
-  const int br = q->block_rows, bk = q->block_k, kb = loom_fp8_k_blocks(K, bk);
-  for (int r0 = 0; r0 < rows; r0 += br)
-    for (int k0 = 0; k0 < K; k0 += bk) {
+  const int br = q->block_rows, bk = q->block_k, kb = loom_fp8_k_blocks(K, bk), rb = loom_fp8_k_blocks(rows, br);
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)rows * K > 16384)
+  for (int i = 0; i < rb; i++)
+    for (int j = 0; j < kb; j++) {
+      const int r0 = i * br, k0 = j * bk;
       const int r1 = r0 + br < rows ? r0 + br : rows, k1 = k0 + bk < K ? k0 + bk : K;
       float amax = 0.0f;
       for (int r = r0; r < r1; r++)
         for (int k = k0; k < k1; k++) {
           const float a = fabsf(AT(r, k));
-          amax = isnan(a) || a > amax ? a : amax;
-          if (isnan(amax)) break;
+          amax = isnan(amax) ? amax : !(a <= amax) ? a : amax; /* a NaN, once seen, stays */
         }
       float scale, inv;
       if (q->mx) {
@@ -50,7 +52,7 @@ void loom_host_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv
       } else {
         scale = loom_fp8_scale(amax, f, 0, 1.0f), inv = 1.0f / scale;
       }
-      scale_inv[(size_t)(r0 / br) * kb + k0 / bk] = inv;
+      scale_inv[(size_t)i * kb + j] = inv;
       for (int r = r0; r < r1; r++)
         for (int k = k0; k < k1; k++) codes[(size_t)r * K + k] = loom_fp8_encode(AT(r, k) * scale, f);
     }

@@ -76,6 +76,11 @@ static void log_run(const loom_trainer *tr, const loom_train_flags *f, const cha
   if (*loom_gpt_config_architecture(&cfg, tr->ps.tp, arch, sizeof arch)) loom_log_info("architecture: %s", arch);
   if (tr->ps.world > 1) loom_train_describe(tr);
   loom_log_info("device: %s", device);
+  if (cfg.fp8.on) {
+    char line[512];
+    loom_fp8_describe(&cfg.fp8, cfg.layers, line, sizeof line);
+    loom_log_info("%s", line);
+  }
   loom_log_info("data: %s | batch %d x %d tokens (micro-batch %d) | %d steps | %d threads x %d ranks",
                 f->data ? f->data : "synthetic addition", tr->global_batch, tr->T, tr->micro_batch, f->steps,
                 loom_cpu_threads(), tr->ps.world);

@@ -15,9 +15,11 @@ static const char *const RECOMPUTE_METHODS[] = {"uniform", "block", NULL};
 static const char *const PRECISION_CHOICES[] = {"fp32", "bf16", NULL}; /* in Loom__Precision's order */
 static const char *const CP_COMM_CHOICES[] = {"p2p", "all_gather", NULL}; /* in Loom__CpCommType's order (Megatron's names) */
 static const char *const FP8_CHOICES[] = {"none", "hybrid", "e4m3", NULL}; /* in Loom__Fp8Format's order (Megatron's names) */
+static const char *const FP8_RECIPE_CHOICES[] = {"delayed", "tensorwise", "blockwise", "mxfp8", NULL}; /* Loom__Fp8Recipe's order */
+static const char *const FP8_AMAX_CHOICES[] = {"most_recent", "max", NULL}; /* Loom__Fp8AmaxAlgo's order */
 
 loom_plan_flags loom_plan_flags_defaults(void) {
-  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .cp_comm_type = "p2p", .fp8_format = "none", .micro_batch = 16,
+  return (loom_plan_flags){.model = {.preset = "gpt-tiny"}, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .ep = 1, .etp = 1, .cp = 1, .cp_comm_type = "p2p", .fp8_format = "none", .fp8_recipe = "delayed", .fp8_amax_compute_algo = "most_recent", .fp8_amax_history_len = 1, .layers_at_start_in_bf16 = 1, .layers_at_end_in_bf16 = 1, .micro_batch = 16,
                            .schedule = "1f1b", .recompute = "none", .balance = "uniform", .precision = "fp32",
                            .grad_reduce = "fp32", .grad_compression = "none"};
 }
@@ -75,9 +77,25 @@ void loom_plan_flags_table(loom_plan_flags *f, loom_flag *out) {
       {"--no-overlap-p2p-communication", FLAG_BOOL, &f->no_overlap_p2p, "wait for each pipeline send before going on, "
        "as Megatron's 1F1B does without overlap: `loom sim` costs it; this runtime posts its transfers as it makes them "
        "and says so", LOOM_NO_RANGE, NULL, false, "overlap.p2p"},
-      {"--fp8-format", FLAG_STRING, &f->fp8_format, "the linear layers' GEMMs in fp8 as Transformer Engine runs them "
-       "(hybrid: e4m3 forward, e5m2 grads; needs --precision bf16): `loom sim` costs it; this runtime's GEMMs are bf16 or "
-       "fp32, so `loom train` refuses it", LOOM_NO_RANGE, FP8_CHOICES, false, "fp8"},
+      {"--fp8-format", FLAG_STRING, &f->fp8_format, "the linear layers' GEMMs in FP8 as Megatron-Core runs them "
+       "(hybrid: e4m3 forward, e5m2 grads; needs --precision bf16); the embedding, the head, attention, norms and routers "
+       "stay bf16/fp32", LOOM_NO_RANGE, FP8_CHOICES, false, "fp8"},
+      {"--fp8-recipe", FLAG_STRING, &f->fp8_recipe, "how FP8 operands are scaled: delayed (an amax history a tensor), "
+       "tensorwise (each tensor's amax as it is cast), blockwise (DeepSeek-V3's 1 x 128 and 128 x 128 tiles) or mxfp8 "
+       "(32-element blocks, E8M0 scales)", LOOM_NO_RANGE, FP8_RECIPE_CHOICES, false, "fp8_scaling.recipe"},
+      {"--fp8-amax-history-len", FLAG_INT, &f->fp8_amax_history_len, "delayed scaling: steps of amax each tensor keeps",
+       0, LOOM_FP8_MAX_HISTORY, NULL, false, "fp8_scaling.amax_history_len"},
+      {"--fp8-amax-compute-algo", FLAG_STRING, &f->fp8_amax_compute_algo, "delayed scaling: a tensor's scale from the "
+       "latest amax (most_recent) or its history's max", LOOM_NO_RANGE, FP8_AMAX_CHOICES, false,
+       "fp8_scaling.amax_compute_algo"},
+      {"--fp8-margin", FLAG_INT, &f->fp8_margin, "delayed scaling: scales divided by 2^margin", 0, LOOM_FP8_MAX_MARGIN, NULL, false,
+       "fp8_scaling.margin"},
+      {"--first-last-layers-bf16", FLAG_BOOL, &f->first_last_layers_bf16, "keep the first and last layers' GEMMs in bf16 "
+       "under --fp8-format (how many: the two flags below)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--num-layers-at-start-in-bf16", FLAG_INT, &f->layers_at_start_in_bf16, "with --first-last-layers-bf16: the "
+       "first layers kept in bf16", 0, LOOM_PLAN_MAX_LAYERS, NULL, false, "fp8_scaling.bf16_first_layers"},
+      {"--num-layers-at-end-in-bf16", FLAG_INT, &f->layers_at_end_in_bf16, "with --first-last-layers-bf16: the last "
+       "layers kept in bf16", 0, LOOM_PLAN_MAX_LAYERS, NULL, false, "fp8_scaling.bf16_last_layers"},
       loom_flag_def_as("--name", &f->name, "a name for the plan"),
   };
   _Static_assert(sizeof rest / sizeof rest[0] == LOOM_PLAN_FLAG_COUNT - LOOM_MODEL_FLAG_COUNT, "LOOM_PLAN_FLAG_COUNT");
@@ -187,6 +205,11 @@ loom_status loom_plan_flags_build(const char *cmd, const loom_plan_flags *f, con
       .tp_comm_overlap = f->tp_comm_overlap, .no_grad_reduce_overlap = f->no_overlap_grad_reduce,
       .param_gather_overlap = f->overlap_param_gather, .no_p2p_overlap = f->no_overlap_p2p,
       .fp8 = (Loom__Fp8Format)loom_flag_choice_index(FP8_CHOICES, f->fp8_format),
+      .fp8_scaling = {.recipe = (loom_fp8_recipe)loom_flag_choice_index(FP8_RECIPE_CHOICES, f->fp8_recipe),
+                      .history = f->fp8_amax_history_len, .margin = f->fp8_margin,
+                      .most_recent = loom_flag_choice_index(FP8_AMAX_CHOICES, f->fp8_amax_compute_algo) == 0,
+                      .bf16_first = f->first_last_layers_bf16 ? f->layers_at_start_in_bf16 : 0,
+                      .bf16_last = f->first_last_layers_bf16 ? f->layers_at_end_in_bf16 : 0},
       .sequence_parallel = f->sequence_parallel, .recompute = full, .recompute_layers = block ? f->recompute_num_layers : 0,
       .recompute_group = block ? 1 : f->recompute_num_layers,
       .micro_batch = f->micro_batch,

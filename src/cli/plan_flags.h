@@ -16,10 +16,13 @@ typedef struct {
   const char *schedule, *recompute, *recompute_method, *balance, *precision, *grad_reduce, *grad_compression, *layer_split, *name;
   const char *cp_comm_type; /* --cp-comm-type: p2p or all_gather */
   const char *fp8_format;   /* --fp8-format: none, hybrid or e4m3 */
+  const char *fp8_recipe, *fp8_amax_compute_algo; /* --fp8-recipe, --fp8-amax-compute-algo */
+  int fp8_amax_history_len, fp8_margin, layers_at_start_in_bf16, layers_at_end_in_bf16;
+  bool first_last_layers_bf16;
   bool tp_comm_overlap, overlap_grad_reduce, no_overlap_grad_reduce, overlap_param_gather, no_overlap_p2p;
 } loom_plan_flags;
 
-#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 30)
+#define LOOM_PLAN_FLAG_COUNT (LOOM_MODEL_FLAG_COUNT + 37)
 
 loom_plan_flags loom_plan_flags_defaults(void);
 /* Writes the table's entries into out[LOOM_PLAN_FLAG_COUNT], pointing into f. */

@@ -40,9 +40,12 @@ static void show_layout(const loom_plan *p) {
          overlap.grad_reduce ? "reduced in buckets during backward" : "reduced after backward",
          overlap.param_gather ? ", ZeRO's weight gather beside the next forward (--overlap-param-gather)" : "",
          overlap.p2p ? "" : ", each pipeline send waited for (--no-overlap-p2p-communication)");
-  if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE)
-    printf("fp8: the linear layers' GEMMs in fp8 (%s, --fp8-format), as `loom sim` costs them; `loom train` refuses it\n",
-           p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "hybrid: e4m3 forward, e5m2 grads" : "e4m3");
+  if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE) {
+    char line[512];
+    const loom_fp8_config c = loom_plan_fp8(p);
+    loom_fp8_describe(&c, (int)p->model->layers, line, sizeof line);
+    printf("%s\n", line);
+  }
   if (l->cp > 1)
     printf("context: each sequence of %d split over cp %d, %d rows per rank (chunks r and %d - r), keys and values %s\n",
            loom_plan_train_seq(p), l->cp, loom_plan_train_seq(p) / l->cp, 2 * l->cp - 1,

@@ -96,9 +96,6 @@ loom_lr_schedule loom_train_flags_lr(const loom_train_flags *f) {
 loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t, const loom_plan *plan,
                                    loom_error *err) {
   const bool wsd = strcmp(f->lr_decay, "WSD") == 0;
-  if (plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE)
-    return loom_fail(err, LOOM_ERR_USAGE, "loom train: the plan asks for fp8 GEMMs (--fp8-format), which `loom sim` costs but "
-                     "this runtime does not run (its GEMMs are bf16 or fp32); drop --fp8-format to train in bf16");
   if (wsd && !f->wsd_decay_steps)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --lr-decay-style WSD needs --lr-wsd-decay-iters, the steps that anneal");
   if (!wsd && (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--lr-wsd-decay-iters")->set ||

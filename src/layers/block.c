@@ -262,6 +262,9 @@ static void qkv_backward_input(float *d_normed, loom_block_weights *g, loom_bloc
   ops->add(ops, g->c_attn_b, g->c_attn_b, db, (size_t)rows);
 }
 
+/* Linear k's FP8 state, NULL where the layer's GEMMs are bf16. */
+static loom_fp8_site *fp8_of(const loom_block_shape *shape, int k) { return shape->fp8 ? &shape->fp8[k] : NULL; }
+
 /* Its weight half, with the same sum for replicated key/value heads. */
 static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, const loom_block_wgrad *ws,
                                 const loom_block_acts *a, const loom_block_shape *shape, const loom_tp *tp,
@@ -270,12 +273,12 @@ static void qkv_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   const int rows = loom_block_qkv_width(shape), q_rows = shape->heads * shape->head_dim;
   const loom_bf16_operand dout = loom_bf16_kept(ws->d_qkv, ws->d_qkv_bits), inp = loom_bf16_kept(a->ln_1, a->ln_1_bits);
   if (!tp->kv_group) {
-    loom_linear_weight_grad(ops, g->c_attn_w, dout, inp, N, h, rows, shape->bf16);
+    loom_linear_weight_grad(ops, g->c_attn_w, dout, inp, N, h, rows, shape->bf16, fp8_of(shape, LOOM_FP8_QKV));
     return;
   }
   float *dw = s->d_qkv_w;
   loom_mem_zero(ops->mem, dw, (size_t)rows * h);
-  loom_linear_weight_grad(ops, dw, dout, inp, N, h, rows, shape->bf16);
+  loom_linear_weight_grad(ops, dw, dout, inp, N, h, rows, shape->bf16, fp8_of(shape, LOOM_FP8_QKV));
   loom_comm_allreduce(tp->kv_group, dw + (size_t)q_rows * h, (size_t)(rows - q_rows) * h, LOOM_REDUCE_SUM);
   ops->add(ops, g->c_attn_w, g->c_attn_w, dw, (size_t)rows * h);
 }
@@ -374,12 +377,13 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
                              &ws->moe, shape->moe, ops);
   if (shape->ffn > 0) {
     loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits),
-                            loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N, shape->ffn, h, bf16);
+                            loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N, shape->ffn, h, bf16,
+                            fp8_of(shape, LOOM_FP8_MLP_PROJ));
     loom_linear_weight_grad(ops, g->c_fc_w, loom_bf16_kept(ws->d_fc, ws->d_fc_bits), loom_bf16_kept(a->ln_2, a->ln_2_bits),
-                            N, h, loom_block_fc_width(shape), bf16);
+                            N, h, loom_block_fc_width(shape), bf16, fp8_of(shape, LOOM_FP8_FC));
   }
   loom_linear_weight_grad(ops, g->attn_proj_w, loom_bf16_kept(ws->d_attn, ws->d_attn_bits), loom_bf16_kept(a->atty, a->atty_bits), N,
-                          width, h, bf16);
+                          width, h, bf16, fp8_of(shape, LOOM_FP8_ATTN_PROJ));
   if (!shape->mla) qkv_backward_weight(g, s, ws, a, shape, tp, ops); /* MLA's weight grads are all the input half's */
 }
 

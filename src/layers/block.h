@@ -27,6 +27,11 @@
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
+/* The FP8 linears of a layer (their state's order in loom_block_shape's fp8): the four dense linears and MLA's
+ * three. The experts, the router and everything outside the layers keep bf16. */
+enum { LOOM_FP8_QKV, LOOM_FP8_ATTN_PROJ, LOOM_FP8_FC, LOOM_FP8_MLP_PROJ, LOOM_FP8_MLA_DOWN, LOOM_FP8_MLA_Q_UP,
+       LOOM_FP8_MLA_KV_UP, LOOM_FP8_LINEARS };
+
 /* Shapes of a block call on this rank. */
 typedef struct {
   int T, B;        /* this rank's sequence length (its chunks' rows under context parallelism) and micro-batch */
@@ -48,6 +53,8 @@ typedef struct {
   loom_softmax_kind softmax; /* attention sinks: a logit in every row's denominator (learnable: the weights' sinks) */
   int window;       /* this layer's sliding window (loom_attn_shape's; 0: none) */
   bool bf16;       /* round every activation and activation grad to bf16 values; the linears run in bf16 */
+  loom_fp8_site *fp8; /* the layer's FP8 linears' state [LOOM_FP8_LINEARS] (NULL: bf16 GEMMs), what the weight-grad
+                       * pass casts under (the forward's and input grads' come with the weights) */
   const loom_mla_shape *mla; /* multi-head latent attention's projections in place of q|k|v (mla.h); NULL: none */
   const loom_moe_shape *moe; /* a Mixture-of-Experts MLP (with the shared expert's, if any, beside it); NULL: dense */
   float moe_loss_weight;     /* backward: the router losses' weight in the step's loss */

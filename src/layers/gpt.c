@@ -83,6 +83,8 @@ static void slots_free(loom_gpt *m) {
   free(m->w.mtp_host);
   free(m->cp_pos);
   m->cp_pos = NULL;
+  free(m->fp8_sites);
+  m->fp8_sites = NULL;
   loom_buffer_free(&m->w.mem);
   loom_buffer_free(&m->w.mem16);
   wstates_free(m);
@@ -157,6 +159,31 @@ static void bind_weights(loom_gpt *m) {
   free(addr);
 }
 
+bool loom_gpt_layer_fp8(const loom_gpt_config *c, int g) {
+  return c->fp8.on && c->bf16 && g >= c->fp8.bf16_first && g < c->layers - c->fp8.bf16_last;
+}
+
+/* Every local layer's FP8 state, on the workspace; delayed scaling's scales come with loom_gpt_fp8_bind. */
+static void fp8_sites_init(loom_gpt *m) {
+  const loom_gpt_work *w = &m->w;
+  m->fp8_ws = loom_fp8_workspace_at(w->fp8_space, (size_t)w->fp8_elems, (size_t)w->fp8_dim);
+  m->fp8_sites = loom_xcalloc((size_t)m->p.layers * LOOM_FP8_LINEARS, sizeof *m->fp8_sites, "FP8 linears");
+  for (size_t i = 0; i < (size_t)m->p.layers * LOOM_FP8_LINEARS; i++)
+    m->fp8_sites[i] = (loom_fp8_site){.cfg = &m->p.cfg.fp8, .ws = &m->fp8_ws, .amax_group = m->tp.shard_group};
+}
+
+void loom_gpt_fp8_bind(loom_gpt *m, const float *scale, float *step_amax) {
+  const size_t per = LOOM_FP8_OPERANDS, first = (size_t)m->p.range.layer_begin * LOOM_FP8_LINEARS;
+  for (size_t i = 0; m->fp8_sites && i < (size_t)m->p.layers * LOOM_FP8_LINEARS; i++)
+    m->fp8_sites[i].scale = scale + (first + i) * per, m->fp8_sites[i].step_amax = step_amax + (first + i) * per;
+}
+
+/* Local layer l's FP8 state, NULL where its GEMMs are bf16. */
+static loom_fp8_site *fp8_layer(const loom_gpt *m, int l) {
+  return m->fp8_sites && loom_gpt_layer_fp8(&m->p.cfg, m->p.range.layer_begin + l) ? m->fp8_sites + (size_t)l * LOOM_FP8_LINEARS
+                                                                                    : NULL;
+}
+
 loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
   const loom_gpt_config *c = &m->p.cfg;
   const int cp = loom_gpt_cp(c), T = loom_gpt_local_seq(c, seq); /* this rank's rows of each sequence */
@@ -224,6 +251,7 @@ loom_status loom_gpt_set_slots(loom_gpt *m, int seq, int B, int slots) {
       r->pos = m->cp_pos, r->peer_pos = m->cp_pos + T;
     }
     if (st == LOOM_OK && d.bf16) bind_weights(m);
+    if (st == LOOM_OK && d.fp8_elems) fp8_sites_init(m);
   }
   if (st != LOOM_OK) {
     slots_free(m);
@@ -276,7 +304,7 @@ static loom_block_shape block_shape(const loom_gpt *m, int l, float dloss) {
                             .norm = c->norm, .mlp = c->mlp, .glu = c->glu,
                             .rope = c->position == LOOM_POSITION_ROPE ? c->rope : (loom_rope){0}, .qk_norm = c->qk_norm, .softmax = c->softmax,
                             .window = loom_gpt_layer_window(c, m->p.range.layer_begin + l),
-                            .bf16 = c->bf16,
+                            .bf16 = c->bf16, .fp8 = fp8_layer(m, l),
                             /* the micro-batch's share of the step's loss: its T rows are 1/cp of its sequence */
                             .moe = moe ? &m->moe : NULL,
                             .moe_loss_weight = dloss * (float)m->T * (float)m->B * (float)loom_gpt_cp(c)};
@@ -364,13 +392,17 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
     const uint16_t *at = t[j].data;
     m->ops->from_bf16(m->ops, scratch + (at - bits), at, loom_tensor_numel(&t[j]));
   }
+  loom_fp8_site *f8 = fp8_layer(m, l);
 #define BITS(view) ((loom_linear_weight){.bf16 = v->view ? bits + (v->view - scratch) : NULL})
-  return (loom_block_compute_weights){.v = v, .c_attn = BITS(c_attn_w), .attn_proj = BITS(attn_proj_w),
-                                      .c_fc = BITS(c_fc_w), .mlp_proj = BITS(mlp_proj_w),
-                                      .mla = {.down = BITS(mla_down_w), .q_up = BITS(mla_q_up_w), .kv_up = BITS(mla_kv_up_w)},
+#define FP8(view, k) ((loom_linear_weight){.bf16 = BITS(view).bf16, .fp8 = f8 ? &f8[k] : NULL})
+  return (loom_block_compute_weights){.v = v, .c_attn = FP8(c_attn_w, LOOM_FP8_QKV), .attn_proj = FP8(attn_proj_w, LOOM_FP8_ATTN_PROJ),
+                                      .c_fc = FP8(c_fc_w, LOOM_FP8_FC), .mlp_proj = FP8(mlp_proj_w, LOOM_FP8_MLP_PROJ),
+                                      .mla = {.down = FP8(mla_down_w, LOOM_FP8_MLA_DOWN), .q_up = FP8(mla_q_up_w, LOOM_FP8_MLA_Q_UP),
+                                              .kv_up = FP8(mla_kv_up_w, LOOM_FP8_MLA_KV_UP)},
                                       .moe = {.router = v->router_w, .router_b = v->router_b, .expert_bias = expert_bias(m, l),
                                               .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w),
                                               .fc_b = v->experts_fc_b, .proj_b = v->experts_proj_b}};
+#undef FP8
 #undef BITS
 }
 
@@ -634,7 +666,7 @@ static void head_weight_grad(loom_gpt *m, loom_gpt_slot *s) {
   for (int j = 0; j <= mtp_depths(m); j++) {
     const head_view hv = head_at(m, s, &w, j);
     loom_linear_weight_grad(m->ops, m->p.g.lm_head, loom_bf16_values(hv.logits), head_input(&hv), m->T * m->B,
-                            m->p.cfg.hidden, vocab_range(m).rows, m->p.cfg.bf16);
+                            m->p.cfg.hidden, vocab_range(m).rows, m->p.cfg.bf16, NULL);
   }
 }
 

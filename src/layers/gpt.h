@@ -90,6 +90,8 @@ typedef struct {
   float *d_ln_f;            /* [N, h] */
   float *lse_scratch;       /* [N] */
   uint16_t *tp_staging;     /* bf16 runs with tp > 1: the regions' collectives (loom_tp.staging) */
+  float *fp8_space;         /* FP8 linears: the casts' workspace, fp8_elems codes by fp8_dim (fp8_linear.h) */
+  int64_t fp8_elems, fp8_dim;
 } loom_gpt_work;
 
 struct loom_gpt_s;
@@ -152,7 +154,18 @@ typedef struct loom_gpt_s {
    * (model.moe.expert_bias), owned by whoever trains the model (the
    * trainer keeps the whole model's); NULL: routing without one. */
   const float *expert_bias;
+  /* FP8 linears (cfg.fp8.on): each local layer's state [layers x LOOM_FP8_LINEARS] (set with the slots; a layer
+   * left in bf16 has none: fp8_on), and the workspace its casts write */
+  loom_fp8_site *fp8_sites;
+  loom_fp8_workspace fp8_ws;
 } loom_gpt;
+
+/* Whether global layer g's linears run in FP8: the run's on, and g is not among the first or last layers it keeps
+ * in bf16, nor an MTP module's. */
+bool loom_gpt_layer_fp8(const loom_gpt_config *c, int g);
+/* Delayed scaling: points each local layer's FP8 state at the run's scales and step amaxes, [blocks x
+ * LOOM_FP8_LINEARS x LOOM_FP8_OPERANDS] for the whole model (the trainer's). */
+void loom_gpt_fp8_bind(loom_gpt *m, const float *scale, float *step_amax);
 
 /* What one forward pass sees. tokens/targets are [T, B] sequence-major. */
 typedef struct {

@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "tensor_parallel/fp8_linear.h"
 #include "backend/ops.h"
 
 /* What a stage recomputes in backward: its first `layers` layers (0: none;
@@ -156,6 +157,7 @@ typedef struct {
   int window;
   uint64_t full_attention[LOOM_LAYER_PATTERN_WORDS];
   bool bf16;        /* mixed precision: bf16 weights and activations, fp32 master weights and grads */
+  loom_fp8_config fp8; /* beside bf16: the linears' GEMMs in FP8 (fp8.on) */
   loom_mla_config mla; /* multi-head latent attention (kv_lora_rank > 0) in place of the q, k and v projections */
   loom_moe_config moe; /* every layer's MLP a Mixture of Experts (experts > 0) */
   /* Multi-token prediction (DeepSeek-V3's; Megatron's --mtp-num-layers,

@@ -57,7 +57,20 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
                 .bf16 = c->bf16};
 }
 
+/* The FP8 casts' workspace: operands of at most N rows (or the widest linear's rows, for its weight) by the widest
+ * linear's width. The MLA down projection's widest output, q's latent, is at most mla_widest. */
+static void fp8_workspace_of(dims *d, const loom_gpt_config *c) {
+  if (!c->fp8.on || !c->bf16 || d->L == 0) return;
+  const int64_t widths[] = {d->h, d->qkv, d->w, d->fc, d->f, d->mla_q_up, d->mla_kv_up, d->mla_widest,
+                            d->mla_q + d->mla_kv + d->mla_pe};
+  int64_t width = 0;
+  for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) width = widths[i] > width ? widths[i] : width;
+  d->fp8_dim = d->N > width ? d->N : width;
+  d->fp8_elems = d->fp8_dim * width;
+}
+
 dims loom_tables_with_weight_scratch(dims d, const loom_gpt_config *c, int tp) {
+  fp8_workspace_of(&d, c);
   if (!d.bf16) return d;
   const loom_stage_range range = {d.layer0, d.layer0 + d.L, false, false}, edges = {.first = d.first, .last = d.last};
   loom_stage_range unused, one[LOOM_LAYER_KINDS];
@@ -417,6 +430,8 @@ void loom_tables_list_work(act_list *l, act_list *l16, loom_gpt_work *w, layer_v
     if (loom_ring_buffer_blocks(cp, gather, 2)) want(l, &r->dkv[2], "ring_dkv3", loom_ring_buffer_blocks(cp, gather, 2) * d->ring);
   }
   want(l, &w->embed_full, "embed_full", d->N * d->h);
+  if (d->fp8_elems) want(l, &w->fp8_space, "fp8", (int64_t)loom_fp8_workspace_floats((size_t)d->fp8_elems, (size_t)d->fp8_dim));
+  w->fp8_elems = d->fp8_elems, w->fp8_dim = d->fp8_dim;
   if (d->mtp) { /* the combination's scratch and row orders, and its grads */
     want(l, &w->mtp.pair, "mtp_pair", 2 * d->n * d->h);
     want_ints(l, &w->mtp.interleave, "mtp_interleave", 2 * d->n);

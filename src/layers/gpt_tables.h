@@ -40,6 +40,7 @@ typedef struct {
   /* multi-head latent attention (mla_kv 0: none): its latents' widths (q's 0: none), the RoPE key's, and the rows
    * of its up projections' outputs on this rank */
   int64_t mla_q, mla_kv, mla_pe, mla_q_up, mla_kv_up, mla_widest;
+  int64_t fp8_elems, fp8_dim; /* FP8 linears: the casts' workspace (loom_fp8_workspace_floats; 0: none) */
   int L, tp;
   int mtp;  /* the MTP depths whose heads the stage computes (the last stage's: the model's), else 0 */
   int R, K; /* layers recomputed in backward (the first R), and kept whole (the other K) */

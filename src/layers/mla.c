@@ -25,7 +25,7 @@ static void round_values(const loom_mla_shape *m, const loom_ops *ops, float *x,
 /* The rows [0, rows) of W [.., h] from row `first`: a sub-block of a weight, fp32 or bits. */
 static loom_linear_weight rows_from(loom_linear_weight w, int first, int h) {
   const size_t at = (size_t)first * h;
-  return w.bf16 ? (loom_linear_weight){.bf16 = w.bf16 + at} : (loom_linear_weight){.f32 = w.f32 + at};
+  return w.bf16 ? (loom_linear_weight){.bf16 = w.bf16 + at, .fp8 = w.fp8} : (loom_linear_weight){.f32 = w.f32 + at};
 }
 
 /* The W_kva rows, after W_qa's q_rank: the kv latent's, then the RoPE key's. */

@@ -33,6 +33,28 @@ static void expert_bias_init(loom_trainer *tr) {
   }
 }
 
+/* FP8 delayed scaling's state: every operand's scale 1 (Transformer Engine's first), its history 0. */
+static void fp8_init(loom_trainer *tr) {
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  if (!c->fp8.on || c->fp8.recipe != LOOM_FP8_RECIPE_DELAYED) return;
+  tr->fp8_count = (size_t)loom_gpt_blocks(c) * LOOM_FP8_LINEARS * LOOM_FP8_OPERANDS;
+  tr->fp8_scale = loom_xmalloc(tr->fp8_count * sizeof *tr->fp8_scale, "FP8 scales");
+  tr->fp8_step_amax = loom_xcalloc(tr->fp8_count, sizeof *tr->fp8_step_amax, "FP8 amaxes");
+  tr->fp8_history = loom_xcalloc(tr->fp8_count * (size_t)c->fp8.history, sizeof *tr->fp8_history, "FP8 amax history");
+  for (size_t i = 0; i < tr->fp8_count; i++) tr->fp8_scale[i] = 1.0f;
+  for (int k = 0; k < loom_pipeline_chunk_count(tr->pipe); k++)
+    loom_gpt_fp8_bind(loom_pipeline_chunk(tr->pipe, k), tr->fp8_scale, tr->fp8_step_amax);
+}
+
+/* After a step: every operand's amax the max over every rank (collective over the world: a stage's layers' are
+ * 0 elsewhere), pushed onto its history, its scale stepped (every rank alike). */
+static void fp8_step(loom_trainer *tr) {
+  if (!tr->fp8_count) return;
+  const loom_gpt_config *c = &loom_pipeline_chunk(tr->pipe, 0)->p.cfg;
+  loom_comm_allreduce_typed(tr->ps.world_group, tr->fp8_step_amax, tr->fp8_count, LOOM_DTYPE_F32, LOOM_REDUCE_MAX);
+  loom_fp8_history_step(&c->fp8, tr->fp8_history, tr->fp8_scale, tr->fp8_step_amax, tr->fp8_count);
+}
+
 loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_plan *plan, const loom_ops *ops,
                               loom_dataset *data, const loom_trainer_options *o, loom_error *err) {
   *tr = (loom_trainer){.data = data, .lr = o->lr, .mem = ops->mem};
@@ -55,7 +77,7 @@ loom_status loom_trainer_init(loom_trainer *tr, loom_comm *world, const loom_pla
   /* The plan's --overlap-grad-reduce: grads reduced in buckets during backward, else all after it. */
   const size_t buckets = sh->overlap.grad_reduce ? o->bucket_bytes : 0;
   st = loom_pipeline_new(&tr->pipe, &tr->ps, sh, ops, o->seed, buckets, zero_dp, err);
-  if (st == LOOM_OK) expert_bias_init(tr);
+  if (st == LOOM_OK) expert_bias_init(tr), fp8_init(tr);
   if (st != LOOM_OK || o->forward_only) return st;
   loom_adamw_config oc = loom_adamw_defaults();
   oc.weight_decay = o->weight_decay;
@@ -171,6 +193,8 @@ static loom_pipeline_hooks hooks_of(loom_trainer *tr, bool score) {
 void loom_trainer_free(loom_trainer *tr) {
   free(tr->moe_load);
   free(tr->expert_bias);
+  free(tr->fp8_scale), free(tr->fp8_step_amax), free(tr->fp8_history);
+  tr->fp8_scale = tr->fp8_step_amax = tr->fp8_history = NULL, tr->fp8_count = 0;
   tr->moe_load = NULL;
   tr->expert_bias = NULL;
   free_optimizers(tr);
@@ -256,7 +280,9 @@ loom_step_stats loom_trainer_step(loom_trainer *tr, int step) {
   tr->step_lr = loom_lr_at(&tr->lr, step);
   tr->step = step;
   const loom_pipeline_hooks hooks = hooks_of(tr, false);
+  if (tr->fp8_count) memset(tr->fp8_step_amax, 0, tr->fp8_count * sizeof *tr->fp8_step_amax); /* this step's casts alone */
   const loom_pipeline_stats ps = loom_pipeline_step(tr->pipe, &hooks, step, tr->first_sample);
+  fp8_step(tr);
   loom_step_stats s = {.loss = ps.loss, .lr = tr->step_lr, .grad_norm = ps.grad_norm, .skipped = !isfinite(ps.grad_norm),
                        .compute_s = ps.compute_s, .wait_s = ps.wait_s, .dp_overlap = ps.dp_overlap, .dp_wait_s = ps.dp_wait_s};
   moe_step(tr, &s);

@@ -50,6 +50,10 @@ typedef struct {
    * the same on every rank (the chunks route with their rows); NULL: none. */
   float *expert_bias;
   size_t expert_bias_count;
+  /* FP8 delayed scaling: every FP8 operand's scale, its amax this step (this rank's until the step's end), and its
+   * amax history (oldest first, fp8.history each), [fp8_count] ([fp8_count x history]) over the whole model */
+  float *fp8_scale, *fp8_step_amax, *fp8_history;
+  size_t fp8_count;
   int64_t moe_rows_peak; /* the most rows any rank's experts took in one layer's forward, over the run's steps */
 } loom_trainer;
 

@@ -170,9 +170,25 @@ void loom_model_proto_fill(Loom__Model *m, const loom_gpt_config *c, loom_model_
   m->moe = moe_room;
 }
 
+_Static_assert((int)LOOM__FP8_RECIPE__FP8_MXFP8 == (int)LOOM_FP8_RECIPE_MXFP8 &&
+                   (int)LOOM__FP8_RECIPE__FP8_BLOCKWISE == (int)LOOM_FP8_RECIPE_BLOCKWISE &&
+                   (int)LOOM__FP8_RECIPE__FP8_TENSORWISE == (int)LOOM_FP8_RECIPE_TENSORWISE,
+               "Fp8Recipe in loom_fp8_recipe's order");
+
+loom_fp8_config loom_plan_fp8(const loom_plan *p) {
+  const Loom__Fp8Scaling *f = p->fp8_scaling;
+  const Loom__Fp8Scaling none = LOOM__FP8_SCALING__INIT;
+  if (!f) f = &none;
+  return (loom_fp8_config){.on = p->fp8 != LOOM__FP8_FORMAT__FP8_NONE, .hybrid = p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID,
+                           .recipe = (loom_fp8_recipe)f->recipe, .history = (int)f->amax_history_len,
+                           .most_recent = f->amax_compute_algo == LOOM__FP8_AMAX_ALGO__FP8_AMAX_MOST_RECENT,
+                           .margin = f->margin, .bf16_first = (int)f->bf16_first_layers, .bf16_last = (int)f->bf16_last_layers};
+}
+
 void loom_plan_model_config(const loom_plan *p, loom_gpt_config *cfg) {
   loom_model_proto_config(p->model, cfg);
   cfg->bf16 = p->precision == LOOM__PRECISION__PRECISION_BF16;
+  cfg->fp8 = loom_plan_fp8(p);
 }
 
 void loom_plan_rank_config(const loom_plan *p, loom_gpt_config *cfg) {

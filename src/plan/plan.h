@@ -29,6 +29,7 @@ typedef struct {
   bool param_gather_overlap;   /* --overlap-param-gather */
   bool no_p2p_overlap;         /* --no-overlap-p2p-communication: each pipeline send waited for */
   Loom__Fp8Format fp8;         /* --fp8-format */
+  loom_fp8_config fp8_scaling; /* the FP8 recipe's settings (its on and hybrid aside: fp8 says them) */
   bool sequence_parallel, recompute;
   int recompute_layers; /* with recompute: each stage's first N layers (Megatron's block method; capped at the stage's); 0: all */
   int recompute_group;  /* with recompute: layers per recomputed group (Megatron's uniform method); 0 or 1: each alone */
@@ -76,6 +77,8 @@ loom_status loom_plan_build(const loom_plan_spec *spec, loom_plan **out, loom_er
  * micro-batches), without the tied-embedding reduction when the model's
  * head is untied: what the executor runs and the verifier proves. */
 loom_status loom_plan_schedule(const loom_plan *plan, loom_schedule *s, loom_error *err);
+/* The FP8 settings a plan runs with (fp8 and fp8_scaling; Megatron-Core's defaults where absent). */
+loom_fp8_config loom_plan_fp8(const loom_plan *p);
 /* The model the plan describes, as the layers take it. */
 void loom_plan_model_config(const loom_plan *plan, loom_gpt_config *cfg);
 /* The same as one rank holds it: a MoE model's experts placed over its

@@ -114,6 +114,18 @@ static void settings_of(const loom_plan_spec *sp, loom_plan *p) {
     p->grad_compression->kind = sp->compression, p->grad_compression->rank = sp->compression_rank;
   }
   p->has_fp8 = sp->fp8 != LOOM__FP8_FORMAT__FP8_NONE, p->fp8 = sp->fp8;
+  if (p->has_fp8) {
+    const loom_fp8_config *c = &sp->fp8_scaling;
+    Loom__Fp8Scaling *f = p->fp8_scaling = loom_xmalloc(sizeof *p->fp8_scaling, "plan fp8 scaling");
+    loom__fp8_scaling__init(f);
+    f->has_recipe = 1, f->recipe = (Loom__Fp8Recipe)c->recipe;
+    f->has_amax_history_len = 1, f->amax_history_len = (uint32_t)c->history;
+    f->has_amax_compute_algo = 1, f->amax_compute_algo = c->most_recent ? LOOM__FP8_AMAX_ALGO__FP8_AMAX_MOST_RECENT
+                                                                      : LOOM__FP8_AMAX_ALGO__FP8_AMAX_MAX;
+    f->has_margin = c->margin != 0, f->margin = c->margin;
+    f->has_bf16_first_layers = c->bf16_first != 0, f->bf16_first_layers = (uint32_t)c->bf16_first;
+    f->has_bf16_last_layers = c->bf16_last != 0, f->bf16_last_layers = (uint32_t)c->bf16_last;
+  }
   if (sp->tp_comm_overlap || sp->no_grad_reduce_overlap || sp->param_gather_overlap || sp->no_p2p_overlap) { /* else absent: the runtime's own */
     p->overlap = loom_xmalloc(sizeof *p->overlap, "plan overlap");
     loom__overlap__init(p->overlap);

@@ -357,6 +357,23 @@ static void check_precision(report *r, const loom_plan *p) {
   else if (p->fp8 != LOOM__FP8_FORMAT__FP8_NONE && p->precision != LOOM__PRECISION__PRECISION_BF16)
     violation(r, "fp8 = %s: fp8 GEMMs run beside bf16 mixed precision (as Transformer Engine's); set precision "
               "PRECISION_BF16", p->fp8 == LOOM__FP8_FORMAT__FP8_HYBRID ? "FP8_HYBRID" : "FP8_E4M3");
+  const Loom__Fp8Scaling *f = p->fp8_scaling;
+  if (!f) return;
+  if (p->fp8 == LOOM__FP8_FORMAT__FP8_NONE)
+    violation(r, "fp8_scaling is set but fp8 = FP8_NONE: an FP8 recipe scales FP8 GEMMs; set fp8 or drop fp8_scaling");
+  if (f->recipe < LOOM__FP8_RECIPE__FP8_DELAYED || f->recipe > LOOM__FP8_RECIPE__FP8_MXFP8)
+    violation(r, "fp8_scaling.recipe = %d: not an FP8 recipe (FP8_DELAYED, FP8_TENSORWISE, FP8_BLOCKWISE, FP8_MXFP8)",
+              (int)f->recipe);
+  if (f->amax_history_len < 1 || f->amax_history_len > LOOM_FP8_MAX_HISTORY)
+    violation(r, "fp8_scaling.amax_history_len = %u: delayed scaling keeps 1 to %d steps of amax", f->amax_history_len,
+              LOOM_FP8_MAX_HISTORY);
+  if (f->amax_compute_algo != LOOM__FP8_AMAX_ALGO__FP8_AMAX_MOST_RECENT && f->amax_compute_algo != LOOM__FP8_AMAX_ALGO__FP8_AMAX_MAX)
+    violation(r, "fp8_scaling.amax_compute_algo = %d: FP8_AMAX_MOST_RECENT or FP8_AMAX_MAX", (int)f->amax_compute_algo);
+  if (f->margin < 0 || f->margin > LOOM_FP8_MAX_MARGIN)
+    violation(r, "fp8_scaling.margin = %d: a scale's margin is 0 to %d binades", f->margin, LOOM_FP8_MAX_MARGIN);
+  if (p->model && (int64_t)f->bf16_first_layers + f->bf16_last_layers > (int64_t)p->model->layers)
+    violation(r, "fp8_scaling.bf16_first_layers + bf16_last_layers = %lld: more than the model's %u layers",
+              (long long)f->bf16_first_layers + f->bf16_last_layers, p->model->layers);
 }
 
 /* The overlap switches' rules. */

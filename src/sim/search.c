@@ -12,7 +12,7 @@ loom_status loom_candidate_plan(const loom_plan *base, const loom_candidate *c, 
       .zero_stage = c->zero, .ep = c->ep, .etp = c->etp, .cp = c->cp,
       .cp_comm = c->cp_all_gather ? LOOM__CP_COMM_TYPE__CP_COMM_ALL_GATHER : LOOM__CP_COMM_TYPE__CP_COMM_P2P,
       .tp_comm_overlap = c->tp_comm_overlap, .no_grad_reduce_overlap = !loom_plan_overlaps(base).grad_reduce, /* as asked */
-      .param_gather_overlap = c->param_gather_overlap, .no_p2p_overlap = !loom_plan_overlaps(base).p2p, .fp8 = base->fp8,
+      .param_gather_overlap = c->param_gather_overlap, .no_p2p_overlap = !loom_plan_overlaps(base).p2p, .fp8 = base->fp8, .fp8_scaling = loom_plan_fp8(base),
       .sequence_parallel = c->sequence_parallel, .recompute = c->recompute,
       .recompute_layers = c->recompute_layers,
       .micro_batch = c->micro_batch, .global_batch = base->batch->global_batch, .schedule = c->schedule,

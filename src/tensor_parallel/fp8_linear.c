@@ -1,5 +1,6 @@
 /* FP8 linears: the recipes' casts and the three GEMMs (fp8_linear.h). */
 #include "tensor_parallel/fp8_linear.h"
+#include <stdio.h>
 #include "core/check.h"
 
 loom_fp8_quant loom_fp8_quant_of(const loom_fp8_config *c, loom_fp8_operand role, float scale) {
@@ -105,4 +106,18 @@ void loom_fp8_history_step(const loom_fp8_config *c, float *history, float *scal
     scale[k] = loom_fp8_scale(amax, loom_fp8_format_at(c, k), c->margin, scale[k]);
     step_amax[k] = 0.0f;
   }
+}
+
+void loom_fp8_describe(const loom_fp8_config *c, int layers, char *out, size_t cap) {
+  static const char *const RECIPES[] = {"delayed", "tensorwise", "blockwise (1 x 128 tiles, 128 x 128 weight blocks)",
+                                        "mxfp8 (1 x 32 blocks, E8M0 scales)"};
+  char scaling[160] = "", kept[96] = "";
+  if (c->recipe == LOOM_FP8_RECIPE_DELAYED)
+    snprintf(scaling, sizeof scaling, " (amax history %d, %s, margin %d)", c->history, c->most_recent ? "most_recent" : "max",
+             c->margin);
+  if (c->bf16_first || c->bf16_last)
+    snprintf(kept, sizeof kept, "; the first %d and last %d of %d layers' too", c->bf16_first, c->bf16_last, layers);
+  snprintf(out, cap, "fp8: the layers' linears in %s, %s scaling%s; the embedding, head, attention, norms, routers and "
+           "experts in bf16/fp32%s", c->hybrid ? "hybrid FP8 (E4M3 forward, E5M2 grads)" : "E4M3", RECIPES[c->recipe],
+           scaling, kept);
 }

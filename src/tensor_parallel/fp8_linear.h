@@ -29,6 +29,8 @@ typedef enum { LOOM_FP8_RECIPE_DELAYED, LOOM_FP8_RECIPE_TENSORWISE, LOOM_FP8_REC
 typedef enum { LOOM_FP8_INPUT, LOOM_FP8_WEIGHT, LOOM_FP8_GRAD, LOOM_FP8_OPERANDS } loom_fp8_operand;
 #define LOOM_FP8_TILE 128 /* blockwise's tiles and blocks */
 #define LOOM_MX_BLOCK 32  /* MXFP8's blocks */
+#define LOOM_FP8_MAX_HISTORY (1 << 20) /* delayed scaling's longest amax history */
+#define LOOM_FP8_MAX_MARGIN 64
 
 /* A run's FP8 settings (the plan's fp8 and fp8_scaling). on false: bf16 GEMMs. */
 typedef struct {
@@ -50,6 +52,9 @@ loom_fp8_quant loom_fp8_quant_of(const loom_fp8_config *c, loom_fp8_operand role
 loom_fp8_matrix loom_fp8_matrix_of(const loom_fp8_quant *q, const uint8_t *codes, const float *scale_inv, int rows, int K);
 /* Scales a cast of [rows, K] under q writes. */
 size_t loom_fp8_scale_count(const loom_fp8_quant *q, int rows, int K);
+
+/* One line saying what runs in FP8 and how it is scaled ("fp8: ..."), for a model of `layers` layers, into out. */
+void loom_fp8_describe(const loom_fp8_config *c, int layers, char *out, size_t cap);
 
 /* The backend memory the casts write: two operands' codes and scales. */
 typedef struct {

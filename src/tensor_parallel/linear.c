@@ -4,13 +4,15 @@
 
 void loom_linear_forward(const loom_ops *ops, float *out, loom_bf16_operand inp, loom_linear_weight w, const float *b,
                          int N, int C, int OC) {
-  if (w.bf16) ops->matmul_forward_bf16(ops, out, inp, w.bf16, b, N, C, OC);
+  if (w.fp8) loom_fp8_linear_forward(ops, w.fp8, out, inp, w.bf16, b, N, C, OC);
+  else if (w.bf16) ops->matmul_forward_bf16(ops, out, inp, w.bf16, b, N, C, OC);
   else ops->matmul_forward(ops, out, inp.f32, w.f32, b, N, C, OC);
 }
 
 void loom_linear_backward(const loom_ops *ops, float *dinp, float *dw, float *db, loom_bf16_operand dout,
                           loom_bf16_operand inp, loom_linear_weight w, int N, int C, int OC) {
-  if (w.bf16) ops->matmul_backward_bf16(ops, dinp, dw, db, dout, inp, w.bf16, N, C, OC);
+  if (w.fp8) loom_fp8_linear_backward(ops, w.fp8, dinp, dw, db, dout, inp, w.bf16, N, C, OC);
+  else if (w.bf16) ops->matmul_backward_bf16(ops, dinp, dw, db, dout, inp, w.bf16, N, C, OC);
   else ops->matmul_backward(ops, dinp, dw, db, dout.f32, inp.f32, w.f32, N, C, OC);
 }
 
@@ -63,7 +65,8 @@ void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *d
 }
 
 void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,
-                             int out, bool bf16) {
-  if (bf16) ops->matmul_backward_bf16(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+                             int out, bool bf16, loom_fp8_site *fp8) {
+  if (fp8) loom_fp8_linear_backward(ops, fp8, NULL, dw, NULL, dout, inp, NULL, N, in, out);
+  else if (bf16) ops->matmul_backward_bf16(ops, NULL, dw, NULL, dout, inp, NULL, N, in, out);
   else ops->matmul_backward(ops, NULL, dw, NULL, dout.f32, inp.f32, NULL, N, in, out);
 }

@@ -19,6 +19,7 @@
 #define LOOM_TP_LINEAR_H
 
 #include "backend/ops.h"
+#include "tensor_parallel/fp8_linear.h"
 #include "tensor_parallel/parallel_state.h"
 
 /* A linear's weight [out, in] as it computes: fp32, or in bf16 runs the bf16
@@ -27,6 +28,7 @@
 typedef struct {
   const float *f32;
   const uint16_t *bf16;
+  loom_fp8_site *fp8; /* beside bf16: the GEMMs in FP8 under this linear's state (fp8_linear.h); NULL: bf16 */
 } loom_linear_weight;
 static inline loom_linear_weight loom_linear_fp32(const float *w) { return (loom_linear_weight){.f32 = w}; }
 
@@ -86,8 +88,8 @@ void loom_row_parallel_backward(const loom_tp *tp, const loom_ops *ops, float *d
  * with the region's row-complete tensors (column-parallel: its output grad and
  * gathered input; row-parallel: its gathered output grad and split input);
  * bf16: they hold bf16 values or are bits, for the bf16 linear's GEMM (fp32
- * runs pass values). */
+ * runs pass values); fp8 (not NULL): the FP8 GEMM under that state. */
 void loom_linear_weight_grad(const loom_ops *ops, float *dw, loom_bf16_operand dout, loom_bf16_operand inp, int N, int in,
-                             int out, bool bf16);
+                             int out, bool bf16, loom_fp8_site *fp8);
 
 #endif
