@@ -18,6 +18,8 @@
 #   serial run's losses within 1e-3 relative over 4 steps (the GEMMs' sums
 #   split over tp round differently in fp32, which can move a value across
 #   an FP8 rounding boundary now and then: measured 5.7e-5 at most);
+# - delayed scaling resumes bit for bit from a checkpoint taken mid-run (its
+#   amax history and scales in the manifest), and reshards onto tp 2;
 # - refusals, one line and exit 2: FP8 in an fp32 run, an amax history of 0.
 # Usage: tests/fp8.sh MPIEXEC LOOM WORKDIR
 set -u
@@ -84,6 +86,29 @@ for recipe in delayed tensorwise; do
       fail "${layout}_$recipe differs from the serial run"
   done
 done
+
+# Delayed scaling resumes bit for bit: its amax history (4 steps, their max) and scales travel in the checkpoint.
+# Resharded onto tp 2 it gives the uninterrupted serial run's losses within the tp bound above.
+DELAYED="--fp8-format hybrid --fp8-recipe delayed --fp8-amax-history-len 4 --fp8-amax-compute-algo max"
+ck_run() { # ck_run NAME RANKS FLAGS...
+  name=$1 ranks=$2
+  shift 2
+  # shellcheck disable=SC2086 # one word per flag
+  "$MPIEXEC" --oversubscribe --bind-to none -np "$ranks" -x OMP_NUM_THREADS=1 "$LOOM" train --precision bf16 $DELAYED \
+    --eval-every 0 --micro-batches 2 --metrics "$WORK/$name.jsonl" "$@" > "$WORK/$name.txt" 2>&1 || fail "$name: $(tail -3 "$WORK/$name.txt")"
+}
+ck_run ck_ref 1 --steps 6
+ck_run ck_first 1 --steps 3 --ckpt "$WORK/ck"
+rm -rf "$WORK/ck2" && cp -r "$WORK/ck" "$WORK/ck2"
+ck_run ck_resumed 1 --steps 6 --ckpt "$WORK/ck" --resume
+grep -q "resumed from .*/latest at step 3" "$WORK/ck_resumed.txt" || fail "no resume line: $(head -5 "$WORK/ck_resumed.txt")"
+exact_losses "$WORK/ck_resumed.jsonl" "$WORK/ck_ref.jsonl" 3 || fail "delayed scaling's resumed losses differ from the uninterrupted run's"
+ck_run ck_tp2 2 --steps 6 --tp 2 --ckpt "$WORK/ck2" --resume
+losses "$WORK/ck_tp2.jsonl" > "$WORK/ck_tp2.losses"
+losses "$WORK/ck_ref.jsonl" | tail -n 3 | paste - "$WORK/ck_tp2.losses" | awk '
+  { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
+  END { printf "delayed scaling resumed at tp 2: worst relative loss difference %.2g over %d steps\n", worst, NR; exit !(NR == 3 && worst <= 1e-3) }' ||
+  fail "delayed scaling resharded onto tp 2 leaves the serial run"
 
 # Refusals: one line, exit 2.
 refused() { # refused WHAT FLAGS...: loom train refuses with exit 2 and one line naming what

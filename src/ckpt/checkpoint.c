@@ -46,6 +46,8 @@ struct loom_ckpt_async {
 
 static void free_save(loom_ckpt_async *a) {
   free(a->run.expert_bias);
+  free(a->run.fp8_scale);
+  free(a->run.fp8_history);
   free(a->pieces);
   free(a->all);
   free(a);
@@ -65,6 +67,16 @@ static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, cons
     a->run.expert_bias = run->expert_bias_count ? loom_fault_malloc(run->expert_bias_count * sizeof(float)) : NULL;
     if (a->run.expert_bias) memcpy(a->run.expert_bias, run->expert_bias, run->expert_bias_count * sizeof(float));
     else a->run.expert_bias_count = 0;
+    /* FP8 delayed scaling's state as of this step, likewise */
+    const size_t hist = run->fp8_count * (size_t)run->cfg.fp8.history;
+    a->run.fp8_scale = run->fp8_count ? loom_fault_malloc(run->fp8_count * sizeof(float)) : NULL;
+    a->run.fp8_history = run->fp8_count ? loom_fault_malloc(hist * sizeof(float)) : NULL;
+    if (a->run.fp8_scale && a->run.fp8_history) {
+      memcpy(a->run.fp8_scale, run->fp8_scale, run->fp8_count * sizeof(float));
+      memcpy(a->run.fp8_history, run->fp8_history, hist * sizeof(float));
+    } else if (run->fp8_count) {
+      st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", dir);
+    }
     snprintf(a->dir, sizeof a->dir, "%s", dir);
     loom_ckpt_step_dir(dir, step, a->sub, sizeof a->sub);
     a->pieces = loom_fault_calloc((size_t)loom_ckpt_max_pieces(chunks, n) + 1, sizeof *a->pieces);
@@ -317,6 +329,7 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
   loom_manifest_run(mf, from);
   st = check_run(sub, from, run, err);
   if (st == LOOM_OK) st = loom_manifest_expert_bias(sub, mf, run->expert_bias, run->expert_bias_count, err);
+  if (st == LOOM_OK) st = loom_manifest_fp8(sub, mf, run, err);
   /* Grad compression's state loads only into the layout and method that saved it; otherwise the chunks load without it. */
   loom_ckpt_chunk *fresh = NULL;
   if (st == LOOM_OK && !compression_resumes(sub, mf->step, from, run)) {
@@ -328,6 +341,7 @@ loom_status loom_ckpt_resume(const char *dir, const loom_ckpt_chunk *chunks, int
   free(fresh);
   *step = mf->step;
   from->data = NULL, from->expert_bias = NULL, from->compression_layout = NULL; /* they pointed into mf */
+  from->fp8_scale = from->fp8_history = NULL, from->fp8_count = 0;
   loom__checkpoint_manifest__free_unpacked(mf, NULL);
   return st;
 }

@@ -29,6 +29,10 @@ typedef struct {
    * records and a resume fills (NULL, 0: none) */
   float *expert_bias;
   size_t expert_bias_count;
+  /* FP8 delayed scaling: the trainer's scales [fp8_count] and amax histories [fp8_count x cfg.fp8.history], which a
+   * save records and a resume fills (NULL, 0: none) */
+  float *fp8_scale, *fp8_history;
+  size_t fp8_count;
   /* Grad compression: its method (kind NONE: none) and the layout whose
    * ranks hold its state in the shards ("tp 2 cp 1 dp 2 ..."), which only
    * the same layout and method resume; NULL: no state saved. */

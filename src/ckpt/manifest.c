@@ -180,6 +180,8 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   ts.lr_decay = (int32_t)run->lr.decay, ts.wsd_decay_steps = run->lr.wsd_decay_steps, ts.wsd_shape = (int32_t)run->lr.wsd_shape;
   ts.data = (char *)(run->data ? run->data : "");
   ts.n_expert_bias = run->expert_bias_count, ts.expert_bias = run->expert_bias;
+  ts.n_fp8_scale = run->fp8_count, ts.fp8_scale = run->fp8_scale;
+  ts.n_fp8_amax_history = run->fp8_count * (size_t)run->cfg.fp8.history, ts.fp8_amax_history = run->fp8_history;
   Loom__GradCompression gc = LOOM__GRAD_COMPRESSION__INIT;
   if (run->compression_layout) {
     gc.has_kind = gc.has_rank = 1, gc.kind = run->compression_kind, gc.rank = run->compression_rank;
@@ -357,6 +359,37 @@ loom_status loom_manifest_expert_bias(const char *where, const Loom__CheckpointM
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: expert-bias value %zu is %g; the checkpoint is damaged", where, i,
                        (double)mf->state->expert_bias[i]);
   memcpy(bias, mf->state->expert_bias, count * sizeof *bias);
+  return LOOM_OK;
+}
+
+loom_status loom_manifest_fp8(const char *where, const Loom__CheckpointManifest *mf, const loom_ckpt_run *run,
+                              loom_error *err) {
+  const Loom__TrainState *ts = mf->state;
+  const size_t scales = ts ? ts->n_fp8_scale : 0, history = ts ? ts->n_fp8_amax_history : 0;
+  const size_t count = run->fp8_count, len = (size_t)run->cfg.fp8.history;
+  if (!count) return LOOM_OK; /* a run without delayed scaling: nothing to fill (a saved history goes unused) */
+  if (!scales) {
+    loom_log_info("%s: holds no FP8 delayed-scaling state (saved without it); the scales start from 1", where);
+    return LOOM_OK;
+  }
+  if (scales != count || history % scales != 0)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: holds %zu FP8 scales with %zu amax history values, but this run's model "
+                     "has blocks x linears x operands = %zu FP8 operands", where, scales, history, count);
+  for (size_t i = 0; i < scales; i++)
+    if (!(ts->fp8_scale[i] > 0.0f) || !isfinite(ts->fp8_scale[i]))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: FP8 scale %zu is %g; the checkpoint is damaged", where, i,
+                       (double)ts->fp8_scale[i]);
+  for (size_t i = 0; i < history; i++)
+    if (!(ts->fp8_amax_history[i] >= 0.0f))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: FP8 amax history value %zu is %g; the checkpoint is damaged", where, i,
+                       (double)ts->fp8_amax_history[i]);
+  memcpy(run->fp8_scale, ts->fp8_scale, count * sizeof(float));
+  const size_t saved = history / scales; /* the saved history's length */
+  if (saved != len) /* another --fp8-amax-history-len: the scales carry on, the history starts again */
+    loom_log_info("%s: its FP8 amax history is %zu steps long, this run's %zu: the scales carry on, the history starts "
+                  "empty", where, saved, len);
+  memset(run->fp8_history, 0, count * len * sizeof(float));
+  if (saved == len) memcpy(run->fp8_history, ts->fp8_amax_history, count * len * sizeof(float));
   return LOOM_OK;
 }
 

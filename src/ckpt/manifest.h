@@ -48,6 +48,12 @@ void loom_manifest_run(const Loom__CheckpointManifest *mf, loom_ckpt_run *run);
  * without it), refused when it holds another count or a value not finite. */
 loom_status loom_manifest_expert_bias(const char *where, const Loom__CheckpointManifest *mf, float *bias, size_t count,
                                       loom_error *err);
+/* FP8 delayed scaling's state into run's fp8_scale and fp8_history (fp8_count operands, cfg.fp8.history each)
+ * from the manifest's: the scales 1 and the history empty where it holds none (a line says so), the history
+ * empty under another history length (likewise), refused for another operand count or a scale not positive and
+ * finite or an amax below 0. A run without delayed scaling (fp8_count 0) takes nothing. */
+loom_status loom_manifest_fp8(const char *where, const Loom__CheckpointManifest *mf, const loom_ckpt_run *run,
+                              loom_error *err);
 /* A fresh id for a save (random bits; a save shares rank 0's). */
 uint64_t loom_ckpt_fresh_save_id(void);
 /* The paths of a manifest's shard files that hold a piece `wants` needs

@@ -35,7 +35,8 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
   const loom_plan *plan = tr->plan;
   f->run = (loom_ckpt_run){.tp = tr->ps.tp, .pp = tr->ps.pp, .dp = tr->ps.dp, .vpp = v, .zero = plan->parallel->zero_stage,
                            .micro_batch = tr->micro_batch, .global_batch = tr->global_batch, .seed = seed, .lr = tr->lr,
-                           .data = data, .expert_bias = tr->expert_bias, .expert_bias_count = tr->expert_bias_count};
+                           .data = data, .expert_bias = tr->expert_bias, .expert_bias_count = tr->expert_bias_count,
+                           .fp8_scale = tr->fp8_scale, .fp8_history = tr->fp8_history, .fp8_count = tr->fp8_count};
   loom_plan_model_config(plan, &f->run.cfg);
   const loom_compression *gc = loom_pipeline_compression(tr->pipe);
   if (gc) { /* every coordinate that says which rank holds which state */
