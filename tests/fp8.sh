@@ -20,6 +20,8 @@
 #   an FP8 rounding boundary now and then: measured 5.7e-5 at most);
 # - delayed scaling resumes bit for bit from a checkpoint taken mid-run (its
 #   amax history and scales in the manifest), and reshards onto tp 2;
+# - DeepSeek-V3's MLA projections and experts in FP8 (delayed) at tp 2 with
+#   SP and etp 2, and at cp 2, give the serial run's losses within 1e-3;
 # - refusals, one line and exit 2: FP8 in an fp32 run, an amax history of 0.
 # Usage: tests/fp8.sh MPIEXEC LOOM WORKDIR
 set -u
@@ -85,6 +87,21 @@ for recipe in delayed tensorwise; do
       END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1e-3) }' ||
       fail "${layout}_$recipe differs from the serial run"
   done
+done
+
+# DeepSeek-V3's pieces in FP8 (MLA's projections, the experts' GEMMs), delayed scaling: tp 2 with SP and the experts
+# split over it, and cp 2, against the serial run.
+tp_run dsv3_serial 1 --model deepseek-v3-tiny --fp8-recipe delayed
+for grid in "tp2 --tp 2 --sequence-parallel --etp 2" "cp2 --cp 2"; do
+  # shellcheck disable=SC2086 # one word per flag
+  set -- $grid
+  layout=$1
+  shift
+  tp_run "dsv3_$layout" 2 --model deepseek-v3-tiny --fp8-recipe delayed "$@"
+  paste "$WORK/dsv3_serial.losses" "$WORK/dsv3_$layout.losses" | awk -v name="dsv3_$layout" '
+    { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
+    END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1e-3) }' ||
+    fail "dsv3_$layout differs from the serial run"
 done
 
 # Delayed scaling resumes bit for bit: its amax history (4 steps, their max) and scales travel in the checkpoint.

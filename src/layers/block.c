@@ -374,7 +374,7 @@ void loom_block_backward_weight(loom_block_weights *g, loom_block_scratch *s, co
   const bool bf16 = shape->bf16;
   if (shape->moe && ws->moe.d_fc)
     loom_moe_backward_weight(&(loom_moe_grads){g->router_w, g->router_b, g->experts_fc_w, g->experts_proj_w, g->experts_fc_b, g->experts_proj_b}, &a->moe,
-                             &ws->moe, shape->moe, ops);
+                             &ws->moe, shape->moe, fp8_of(shape, LOOM_FP8_EXPERTS_FC), fp8_of(shape, LOOM_FP8_EXPERTS_PROJ), ops);
   if (shape->ffn > 0) {
     loom_linear_weight_grad(ops, g->mlp_proj_w, loom_bf16_kept(ws->d_mlp, ws->d_mlp_bits),
                             loom_bf16_kept(a->fc_gelu, a->fc_gelu_bits), N, shape->ffn, h, bf16,

@@ -27,10 +27,11 @@
 #include "tensor_parallel/linear.h"
 #include "tensor_parallel/parallel_state.h"
 
-/* The FP8 linears of a layer (their state's order in loom_block_shape's fp8): the four dense linears and MLA's
- * three. The experts, the router and everything outside the layers keep bf16. */
+/* The FP8 linears of a layer (their state's order in loom_block_shape's fp8): the four dense linears, MLA's three
+ * and the experts' two (one state for all of a layer's experts, each expert's GEMM cast on its own). The router
+ * and everything outside the layers keep bf16/fp32. */
 enum { LOOM_FP8_QKV, LOOM_FP8_ATTN_PROJ, LOOM_FP8_FC, LOOM_FP8_MLP_PROJ, LOOM_FP8_MLA_DOWN, LOOM_FP8_MLA_Q_UP,
-       LOOM_FP8_MLA_KV_UP, LOOM_FP8_LINEARS };
+       LOOM_FP8_MLA_KV_UP, LOOM_FP8_EXPERTS_FC, LOOM_FP8_EXPERTS_PROJ, LOOM_FP8_LINEARS };
 
 /* Shapes of a block call on this rank. */
 typedef struct {

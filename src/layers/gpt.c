@@ -168,8 +168,12 @@ static void fp8_sites_init(loom_gpt *m) {
   const loom_gpt_work *w = &m->w;
   m->fp8_ws = loom_fp8_workspace_at(w->fp8_space, (size_t)w->fp8_elems, (size_t)w->fp8_dim);
   m->fp8_sites = loom_xcalloc((size_t)m->p.layers * LOOM_FP8_LINEARS, sizeof *m->fp8_sites, "FP8 linears");
-  for (size_t i = 0; i < (size_t)m->p.layers * LOOM_FP8_LINEARS; i++)
-    m->fp8_sites[i] = (loom_fp8_site){.cfg = &m->p.cfg.fp8, .ws = &m->fp8_ws, .amax_group = m->tp.shard_group};
+  for (size_t i = 0; i < (size_t)m->p.layers * LOOM_FP8_LINEARS; i++) {
+    /* An expert's GEMM runs where it has rows, which the tp x cp ranks need not share: its tensorwise amax is its
+     * own (no collective a rank without rows would miss). */
+    const bool expert = i % LOOM_FP8_LINEARS >= LOOM_FP8_EXPERTS_FC;
+    m->fp8_sites[i] = (loom_fp8_site){.cfg = &m->p.cfg.fp8, .ws = &m->fp8_ws, .amax_group = expert ? NULL : m->tp.shard_group};
+  }
 }
 
 void loom_gpt_fp8_bind(loom_gpt *m, const float *scale, float *step_amax) {
@@ -400,7 +404,8 @@ static loom_block_compute_weights layer_weights(loom_gpt *m, int l) {
                                       .mla = {.down = FP8(mla_down_w, LOOM_FP8_MLA_DOWN), .q_up = FP8(mla_q_up_w, LOOM_FP8_MLA_Q_UP),
                                               .kv_up = FP8(mla_kv_up_w, LOOM_FP8_MLA_KV_UP)},
                                       .moe = {.router = v->router_w, .router_b = v->router_b, .expert_bias = expert_bias(m, l),
-                                              .fc = BITS(experts_fc_w), .proj = BITS(experts_proj_w),
+                                              .fc = FP8(experts_fc_w, LOOM_FP8_EXPERTS_FC),
+                                              .proj = FP8(experts_proj_w, LOOM_FP8_EXPERTS_PROJ),
                                               .fc_b = v->experts_fc_b, .proj_b = v->experts_proj_b}};
 #undef FP8
 #undef BITS

@@ -57,15 +57,16 @@ dims loom_tables_dims_of(const loom_gpt_config *c, int T, int B, int tp, bool sp
                 .bf16 = c->bf16};
 }
 
-/* The FP8 casts' workspace: operands of at most N rows (or the widest linear's rows, for its weight) by the widest
- * linear's width. The MLA down projection's widest output, q's latent, is at most mla_widest. */
+/* The FP8 casts' workspace: operands of at most N rows (the experts': X) or the widest linear's rows (its
+ * weight) by the widest linear's width. */
 static void fp8_workspace_of(dims *d, const loom_gpt_config *c) {
   if (!c->fp8.on || !c->bf16 || d->L == 0) return;
   const int64_t widths[] = {d->h, d->qkv, d->w, d->fc, d->f, d->mla_q_up, d->mla_kv_up, d->mla_widest,
-                            d->mla_q + d->mla_kv + d->mla_pe};
+                            d->mla_q + d->mla_kv + d->mla_pe, d->fe, d->fce};
   int64_t width = 0;
   for (size_t i = 0; i < sizeof widths / sizeof *widths; i++) width = widths[i] > width ? widths[i] : width;
-  d->fp8_dim = d->N > width ? d->N : width;
+  const int64_t rows = d->N > d->X ? d->N : d->X; /* an expert's rows: at most the rows the rank's experts take */
+  d->fp8_dim = rows > width ? rows : width;
   d->fp8_elems = d->fp8_dim * width;
 }
 

@@ -106,8 +106,8 @@ static void block_forward(const loom_ops *ops, float *out, const float *inp, loo
     if (counts[e] == 0) continue;
     const float *b = bias ? bias + (size_t)e * OC : NULL;
     if (w.f32) ops->matmul_forward(ops, out + row * OC, inp + row * C, w.f32 + (size_t)e * OC * C, b, counts[e], C, OC);
-    else ops->matmul_forward_bf16(ops, out + row * OC, loom_bf16_values(inp + row * C), w.bf16 + (size_t)e * OC * C, b,
-                                  counts[e], C, OC);
+    else loom_linear_forward(ops, out + row * OC, loom_bf16_values(inp + row * C),
+                             (loom_linear_weight){.bf16 = w.bf16 + (size_t)e * OC * C, .fp8 = w.fp8}, b, counts[e], C, OC);
   }
 }
 
@@ -129,8 +129,9 @@ static void block_backward(const loom_ops *ops, float *dinp, float *dweight, flo
       ops->matmul_backward(ops, di, dw, db, dout + row * OC, inp + row * C, w.f32 ? w.f32 + (size_t)e * OC * C : NULL,
                            counts[e], C, OC);
     else
-      ops->matmul_backward_bf16(ops, di, dw, db, loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
-                                w.bf16 ? w.bf16 + (size_t)e * OC * C : NULL, counts[e], C, OC);
+      loom_linear_backward(ops, di, dw, db, loom_bf16_values(dout + row * OC), loom_bf16_values(inp + row * C),
+                           (loom_linear_weight){.bf16 = w.bf16 ? w.bf16 + (size_t)e * OC * C : NULL, .fp8 = w.fp8},
+                           counts[e], C, OC);
   }
 }
 
@@ -339,13 +340,15 @@ void loom_moe_forward(loom_moe_acts *a, const loom_moe_scratch *s, float *out, c
 }
 
 void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, const loom_moe_wgrad *ws,
-                              const loom_moe_shape *shape, const loom_ops *ops) {
+                              const loom_moe_shape *shape, loom_fp8_site *fp8_fc, loom_fp8_site *fp8_proj,
+                              const loom_ops *ops) {
   const int n = shape->n, h = shape->hidden, E = shape->router.experts, f = shape->ffn, El = shape->local_experts;
-  const loom_linear_weight none = {.f32 = NULL}; /* the input grads are done: no weights read */
+  /* the input grads are done: no weights read */
+  const loom_linear_weight fc = {.fp8 = fp8_fc}, proj = {.fp8 = fp8_proj};
   const expert_rows rows = rows_of(a->host, shape);
-  experts_backward(ops, NULL, dw->proj, adds_proj_bias(shape) ? dw->proj_b : NULL, ws->d_y, a->act, none, &rows, El, f, h,
+  experts_backward(ops, NULL, dw->proj, adds_proj_bias(shape) ? dw->proj_b : NULL, ws->d_y, a->act, proj, &rows, El, f, h,
                    shape->bf16);
-  experts_backward(ops, NULL, dw->fc, dw->fc_b, ws->d_fc, a->perm, none, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
+  experts_backward(ops, NULL, dw->fc, dw->fc_b, ws->d_fc, a->perm, fc, &rows, El, h, loom_moe_fc_width(shape), shape->bf16);
   ops->matmul_backward(ops, NULL, dw->router, dw->router_b, ws->d_logits, a->x, NULL, n, h, E);
 }
 

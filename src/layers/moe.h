@@ -187,9 +187,11 @@ void loom_moe_backward(float *dx, const loom_moe_grads *dw, const float *dout, c
                        const loom_moe_scratch *s, const loom_moe_weights *w, const loom_moe_shape *shape,
                        float loss_weight, loom_moe_groups g, const loom_moe_wgrad *ws, const loom_ops *ops);
 /* The weight half: the router's and the experts' weight grads from ws and
- * a's activations (zero-bubble schedules' W work). */
+ * a's activations (zero-bubble schedules' W work); fp8_fc, fp8_proj: the
+ * experts' FP8 state (NULL: bf16 GEMMs). */
 void loom_moe_backward_weight(const loom_moe_grads *dw, const loom_moe_acts *a, const loom_moe_wgrad *ws,
-                              const loom_moe_shape *shape, const loom_ops *ops);
+                              const loom_moe_shape *shape, loom_fp8_site *fp8_fc, loom_fp8_site *fp8_proj,
+                              const loom_ops *ops);
 
 /* The shared expert's gate (Qwen2-MoE's shared_expert_gate, Megatron-Core's
  * moe_shared_expert_gate): shared[n, h], the shared expert's output on this
