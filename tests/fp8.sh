@@ -15,13 +15,16 @@
 #   the bf16 curve by more than the bound: the check can fail;
 # - delayed and tensorwise scaling with amaxes reduced over tp are
 #   partition-invariant: tp 2 (and tp 2 with sequence parallelism) gives the
-#   serial run's losses within 1e-3 relative over 4 steps (the GEMMs' sums
-#   split over tp round differently in fp32, which can move a value across
-#   an FP8 rounding boundary now and then: measured 5.7e-5 at most);
+#   serial run's losses within 1.5e-4 relative over 4 steps. The bf16 run
+#   alone differs by 2.9e-5 there (fp32 sums split over tp), which now and
+#   then moves a value across an FP8 rounding boundary: measured 5.7e-5
+#   (delayed) and 4.6e-5 (tensorwise); with the tensorwise amaxes left
+#   unreduced, 2.2e-4, which the bound catches;
+# - DeepSeek-V3's MLA projections and experts in FP8 (delayed) at tp 2 with
+#   SP and etp 2, and at cp 2, give the serial run's losses within the same
+#   bound (measured 3.8e-5 and 9.8e-6);
 # - delayed scaling resumes bit for bit from a checkpoint taken mid-run (its
 #   amax history and scales in the manifest), and reshards onto tp 2;
-# - DeepSeek-V3's MLA projections and experts in FP8 (delayed) at tp 2 with
-#   SP and etp 2, and at cp 2, give the serial run's losses within 1e-3;
 # - refusals, one line and exit 2: FP8 in an fp32 run, an amax history of 0.
 # Usage: tests/fp8.sh MPIEXEC LOOM WORKDIR
 set -u
@@ -84,7 +87,7 @@ for recipe in delayed tensorwise; do
     tp_run "${layout}_$recipe" 2 --fp8-recipe $recipe "$@"
     paste "$WORK/serial_$recipe.losses" "$WORK/${layout}_$recipe.losses" | awk -v name="${layout}_$recipe" '
       { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-      END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1e-3) }' ||
+      END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1.5e-4) }' ||
       fail "${layout}_$recipe differs from the serial run"
   done
 done
@@ -100,7 +103,7 @@ for grid in "tp2 --tp 2 --sequence-parallel --etp 2" "cp2 --cp 2"; do
   tp_run "dsv3_$layout" 2 --model deepseek-v3-tiny --fp8-recipe delayed "$@"
   paste "$WORK/dsv3_serial.losses" "$WORK/dsv3_$layout.losses" | awk -v name="dsv3_$layout" '
     { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-    END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1e-3) }' ||
+    END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1.5e-4) }' ||
     fail "dsv3_$layout differs from the serial run"
 done
 
@@ -124,7 +127,7 @@ ck_run ck_tp2 2 --steps 6 --tp 2 --ckpt "$WORK/ck2" --resume
 losses "$WORK/ck_tp2.jsonl" > "$WORK/ck_tp2.losses"
 losses "$WORK/ck_ref.jsonl" | tail -n 3 | paste - "$WORK/ck_tp2.losses" | awk '
   { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-  END { printf "delayed scaling resumed at tp 2: worst relative loss difference %.2g over %d steps\n", worst, NR; exit !(NR == 3 && worst <= 1e-3) }' ||
+  END { printf "delayed scaling resumed at tp 2: worst relative loss difference %.2g over %d steps\n", worst, NR; exit !(NR == 3 && worst <= 1.5e-4) }' ||
   fail "delayed scaling resharded onto tp 2 leaves the serial run"
 
 # Refusals: one line, exit 2.
