@@ -6,7 +6,8 @@
 # both: summation order only). MODE cuda runs them with --device cuda on the
 # emulated GPU (a -DLOOM_CUDA_EMU=ON build), its ranks talking through the
 # emulated NCCL; MODE rendezvous runs them on the CPU under
-# LOOM_P2P=rendezvous, MPI with NCCL's rules.
+# LOOM_P2P=rendezvous, MPI with NCCL's rules. In cuda mode FP8 runs on the
+# emulated GPU against the CPU too (below).
 # Usage: tests/nccl_layouts.sh MPIEXEC LOOM WORKDIR MODE
 set -u
 MPIEXEC=$1 LOOM=$2 WORK=$3 MODE=$4
@@ -43,7 +44,7 @@ layout() {
   for i in 1 2 3; do
     a=$(grep "\"step\": $i," "$WORK/$base.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
     b=$(grep "\"step\": $i," "$WORK/$name.jsonl" | sed 's/.*"loss": \([0-9.e+-]*\).*/\1/')
-    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && b > 0 && d <= 1e-5 * a) }' ||
+    awk -v a="$a" -v b="$b" -v bound="${BOUND:-1e-5}" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && b > 0 && d <= bound * a) }' ||
       fail "$name step $i: $MODE '$b', serial CPU '$a'"
   done
   echo "ok: $name ($np ranks, $MODE) equals the serial run"
@@ -69,4 +70,19 @@ layout ep2 2 moe "$MOE" --dp 2 --ep 2
 layout pp2_wide 2 wide "$WIDE" --pp 2 --micro-batches 2
 layout cp2_wide 2 wide "$WIDE" --cp 2
 layout main_job 4 main "$MAIN" --tp 2 --pp 2
+# FP8 on the emulated GPU (its casts and its GEMM kernel) against the CPU's: the bf16 run's GEMM sums in another
+# order, now and then moving a value across an FP8 rounding boundary, so tests/fp8.sh's bound for tp 2 against
+# serial (1.5e-4) rather than 1e-5. MXFP8 is refused on the emulated sm_90, as on an H100.
+if [ $MODE = cuda ]; then
+  for recipe in delayed tensorwise blockwise; do
+    FP8="$GPT --precision bf16 --fp8-format hybrid --fp8-recipe $recipe"
+    serial "fp8_$recipe" "$FP8"
+    BOUND=1.5e-4 layout "fp8_${recipe}_gpu" 1 "fp8_$recipe" "$FP8"
+  done
+  "$LOOM" train $GPT --device cuda --precision bf16 --fp8-format hybrid --fp8-recipe mxfp8 > "$WORK/mxfp8.txt" 2>&1
+  rc=$?
+  [ $rc = 2 ] && grep -q "mxfp8 needs MXFP8 tensor cores (Blackwell, sm_100 on).* is sm_90" "$WORK/mxfp8.txt" ||
+    fail "MXFP8 on the emulated sm_90: exit $rc, $(cat "$WORK/mxfp8.txt")"
+  echo "ok: FP8 on the emulated GPU equals the CPU's, MXFP8 refused on sm_90"
+fi
 echo "nccl_layouts ($MODE): ok"

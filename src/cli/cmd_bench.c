@@ -360,7 +360,7 @@ static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err)
   for (int i = 0; i < count; i++) {
     loom_plan *plan;
     loom_status st = plan_at(f, table, seqs[i], false, 1, &plan, err);
-    if (st == LOOM_OK) loom_device_match_plan(f->ops, plan);
+    if (st == LOOM_OK) st = loom_device_match_plan("loom bench", f->ops, plan, err);
     double estimate = 0.0;
     const double dt = st == LOOM_OK ? time_steps(plan, f, NULL, &st, err, &estimate) : 0.0;
     const double tflops = st == LOOM_OK ? step_gflops(plan, dt) * 1e-3 : 0.0;

@@ -76,7 +76,7 @@ int loom_cmd_eval(int argc, char **argv) {
   const loom_ops *ops = NULL;
   char device[160];
   if (st == LOOM_OK) st = loom_device_setup("loom eval", f.device, &ops, device, sizeof device, &err);
-  if (st == LOOM_OK) loom_device_match_plan(ops, plan);
+  if (st == LOOM_OK) st = loom_device_match_plan("loom eval", ops, plan, &err);
   if (st != LOOM_OK) {
     loom_plan_free(plan);
     return loom_report(st, &err);

@@ -205,7 +205,7 @@ int loom_cmd_train(int argc, char **argv) {
   const loom_ops *ops = NULL;
   char device[160];
   if (st == LOOM_OK && !f.print_plan) st = loom_device_setup("loom train", f.device, &ops, device, sizeof device, &err);
-  if (st == LOOM_OK && !f.print_plan) loom_device_match_plan(ops, plan);
+  if (st == LOOM_OK && !f.print_plan) st = loom_device_match_plan("loom train", ops, plan, &err);
   if (st != LOOM_OK || f.print_plan) {
     loom_plan_free(plan);
     return loom_report(st, &err);

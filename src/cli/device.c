@@ -33,12 +33,21 @@ int loom_device_gpu(void) { return g_gpu; }
 static bool on_cuda(const loom_ops *ops) { return g_gpu >= 0 && ops && ops->mem->device == LOOM_DEVICE_CUDA; }
 #endif
 
-void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan) {
+loom_status loom_device_match_plan(const char *cmd, const loom_ops *ops, const loom_plan *plan, loom_error *err) {
 #ifdef LOOM_HAVE_CUDA
-  if (on_cuda(ops)) loom_cuda_set_bf16_gemms(ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
+  if (!on_cuda(ops)) return LOOM_OK;
+  loom_cuda_set_bf16_gemms(ops, plan->precision == LOOM__PRECISION__PRECISION_BF16);
+  const int sm = loom_cuda_compute_capability(ops);
+  if (loom_plan_fp8(plan).on && loom_plan_fp8(plan).recipe == LOOM_FP8_RECIPE_MXFP8 && sm < 100) {
+    char name[256];
+    loom_cuda_device_name(ops, name, sizeof name);
+    return loom_fail(err, LOOM_ERR_USAGE, "%s: --fp8-recipe mxfp8 needs MXFP8 tensor cores (Blackwell, sm_100 on); "
+                     "this GPU, %s, is sm_%d: use --fp8-recipe blockwise or tensorwise", cmd, name, sm);
+  }
 #else
-  (void)ops, (void)plan;
+  (void)cmd, (void)ops, (void)plan, (void)err;
 #endif
+  return LOOM_OK;
 }
 
 double loom_device_peak_gflops(const loom_ops *ops, bool bf16, char *what, size_t n) {

@@ -25,8 +25,10 @@ loom_status loom_device_setup(const char *cmd, const char *device, const loom_op
 
 /* Matches the backend to a run's precision once its plan is known: in bf16
  * runs the CUDA backend multiplies on bf16 tensor cores (the operands are
- * bf16 values already); the CPU backends need nothing. */
-void loom_device_match_plan(const loom_ops *ops, const loom_plan *plan);
+ * bf16 values already); the CPU backends need nothing. Refuses (usage) what
+ * the device cannot run: MXFP8 on a GPU before Blackwell (sm_100), as
+ * Transformer Engine does. */
+loom_status loom_device_match_plan(const char *cmd, const loom_ops *ops, const loom_plan *plan, loom_error *err);
 
 /* The group a run's collectives go through. On GPUs with NCCL built in and
  * one GPU per rank: an NCCL communicator over world (every group split from

@@ -47,6 +47,8 @@ void loom_cuda_close(const loom_ops *be);
 /* The context's device, and its name (the driver's) into out[len]. */
 int loom_cuda_device(const loom_ops *be);
 void loom_cuda_device_name(const loom_ops *be, char *out, size_t len);
+/* The device's compute capability as major x 10 + minor (90: Hopper, 100: Blackwell); 0 unknown. */
+int loom_cuda_compute_capability(const loom_ops *be);
 /* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */
 void loom_cuda_set_tf32(const loom_ops *be, bool on);
 /* bf16 runs: every matmul's operands are converted to bf16 (exactly, for

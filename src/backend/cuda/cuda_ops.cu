@@ -346,6 +346,11 @@ void loom_cuda_device_name(const loom_ops *be, char *out, size_t len) {
   else snprintf(out, len, "%s", prop.name);
 }
 
+int loom_cuda_compute_capability(const loom_ops *be) {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, ctx(be).device) == cudaSuccess ? prop.major * 10 + prop.minor : 0;
+}
+
 double loom_cuda_bf16_peak_tflops(const loom_ops *be) {
   char name[256];
   loom_cuda_device_name(be, name, sizeof name);
