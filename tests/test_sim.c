@@ -21,6 +21,7 @@ static loom_profile *builtin(const char *name) {
 
 static loom_plan *plan_of(loom_plan_spec spec) {
   loom_gpt_config_finish(&spec.model);
+  if (!spec.fp8_scaling.history) spec.fp8_scaling.history = 1; /* Megatron-Core's default */
   if (!spec.schedule) spec.schedule = LOOM_SCHEDULE_1F1B;
   loom_plan *p = NULL;
   loom_error err = {0};
@@ -429,6 +430,43 @@ START_TEST(fp8_is_costed) {
   ck_assert_double_eq_tol(c[0].backward[0] - c[1].backward[0], bw[0] - bw[1] - cast_g, 1e-12);
   ck_assert_double_eq_tol(c[0].weight[0] - c[1].weight[0], fw[0] - fw[1], 1e-12);
   for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
+  loom_profile_free(prof);
+}
+END_TEST
+
+/* Each FP8 recipe's casts, on the same layer as above: tensorwise reads
+ * every operand once more for its amax (forward and backward dearer than
+ * delayed's), blockwise writes the input twice (forward dearer, backward
+ * as delayed's), the GEMMs alike; MXFP8 refused on an H100, and costed as
+ * blockwise on a profile whose device has it. A sim that prices the
+ * recipes alike fails. */
+START_TEST(fp8_recipes_are_costed) {
+  loom_profile *prof = builtin("h100-sxm");
+  const loom_gpt_config one = {.layers = 1, .hidden = 1024, .heads = 16, .vocab = 1024, .seq = 1024};
+  loom_sim_costs c[4];
+  loom_plan *plans[4];
+  for (int r = 0; r < 4; r++) {
+    plans[r] = plan_of((loom_plan_spec){.model = one, .tp = 1, .pp = 1, .dp = 1, .vpp = 1, .micro_batch = 1, .global_batch = 1,
+                                        .precision = LOOM__PRECISION__PRECISION_BF16, .fp8 = LOOM__FP8_FORMAT__FP8_HYBRID,
+                                        .fp8_scaling = {.recipe = (loom_fp8_recipe)r, .history = 1}});
+    loom_sim_costs_build(plans[r], prof, &c[r]);
+  }
+  const int D = LOOM_FP8_RECIPE_DELAYED, TW = LOOM_FP8_RECIPE_TENSORWISE, BW = LOOM_FP8_RECIPE_BLOCKWISE,
+            MX = LOOM_FP8_RECIPE_MXFP8;
+  ck_assert(c[TW].forward[0] > c[D].forward[0] && c[TW].backward[0] > c[D].backward[0]);
+  ck_assert(c[BW].forward[0] > c[D].forward[0]);
+  ck_assert_double_eq_tol(c[BW].backward[0], c[D].backward[0], 1e-15);
+  for (int r = 0; r < 4; r++) ck_assert_double_eq_tol(c[r].weight[0], c[D].weight[0], 1e-15);
+  ck_assert_double_eq_tol(c[MX].forward[0], c[BW].forward[0], 1e-15);
+  loom_sim_result res;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_sim_run(plans[MX], prof, &LOOM_SIM_ASSUME_BALANCED, &res, &err), LOOM_ERR_USAGE);
+  ck_assert_str_eq(err.msg, "--fp8-recipe mxfp8: the profile h100-sxm's device has no MXFP8 GEMMs (Blackwell's block-scaled "
+                            "tensor cores, device.mxfp8); use --fp8-recipe blockwise or tensorwise, or a profile that gives them");
+  prof->device->has_mxfp8 = prof->device->mxfp8 = 1;
+  ck_assert_int_eq(loom_sim_run(plans[MX], prof, &LOOM_SIM_ASSUME_BALANCED, &res, &err), LOOM_OK);
+  loom_sim_result_free(&res);
+  for (int r = 0; r < 4; r++) loom_sim_costs_free(&c[r]), loom_plan_free(plans[r]);
   loom_profile_free(prof);
 }
 END_TEST
@@ -1006,6 +1044,7 @@ int main(void) {
   tcase_add_test(tc, search_tries_context_parallelism);
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
+  tcase_add_test(tc, fp8_recipes_are_costed);
   tcase_add_test(tc, attention_follows_its_length);
   tcase_add_test(tc, expert_load_is_costed);
   tcase_add_test(tc, rank_imbalance_is_costed);

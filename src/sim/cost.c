@@ -56,6 +56,7 @@ typedef struct {
   loom_gpt_config cfg;
   Loom__Precision precision;
   Loom__Precision linear; /* the linear layers' GEMMs: the precision's, or fp8 under --fp8-format */
+  loom_fp8_recipe fp8_recipe; /* and how fp8 scales them */
   double e;            /* bytes of an activation value */
   double f32;          /* bytes of an fp32 value (grads, the loss's statistics, what crosses ranks in fp32) */
   double s, b, tokens; /* sequence, micro-batch, tokens of a micro-batch one rank holds (s / cp of each sequence) */
@@ -97,12 +98,20 @@ static double gemm_backward(const layout *L, Loom__Precision dtype, double m, do
 }
 
 /* Under --fp8-format, the passes Transformer Engine adds to a linear layer's fp8 GEMMs (m rows, n outputs, k
- * inputs): forward, its bf16 input read (2 bytes) and written in fp8 (1), unless the kernel before it writes fp8
- * itself (a norm fused with the linear, as TE's LayerNormLinear: `fused_input`); backward, its output's grad read
- * and written in fp8 twice, as it is and transposed for the weight grad. */
+ * inputs), by recipe. Delayed scaling: forward, its bf16 input read (2 bytes) and written in fp8 (1), unless the
+ * kernel before it writes fp8 itself (a norm fused with the linear, as TE's LayerNormLinear: `fused_input`);
+ * backward, its output's grad read and written in fp8 twice, as it is and transposed for the weight grad.
+ * Tensorwise (current) scaling reads each operand once more first, for its amax (2 bytes an element), and a
+ * fused norm cannot cast before the amax is known. Blockwise and MXFP8 scale each block as they cast (no amax
+ * pass) but write the input twice, tiled along each of its dimensions (the weight grad's copy is not the
+ * transpose of the forward's); their scales, a 32nd of the codes at most, are left out. */
 static void fp8_casts(const layout *L, pass *f, pass *g, double m, double n, double k, double batch, bool fused_input) {
   if (L->linear != LOOM__PRECISION__PRECISION_FP8) return;
-  if (!fused_input) stream(L, f, 3.0 * m * k * batch);
+  const bool current = L->fp8_recipe == LOOM_FP8_RECIPE_TENSORWISE;
+  const bool blocks = L->fp8_recipe == LOOM_FP8_RECIPE_BLOCKWISE || L->fp8_recipe == LOOM_FP8_RECIPE_MXFP8;
+  if (!fused_input || current) stream(L, f, 3.0 * m * k * batch);
+  if (current) stream(L, f, 2.0 * m * k * batch), stream(L, g, 2.0 * m * n * batch);
+  if (blocks) stream(L, f, 1.0 * m * k * batch);
   stream(L, g, 4.0 * m * n * batch); /* one byte each: read and written twice */
 }
 
@@ -461,7 +470,8 @@ void loom_sim_costs_build(const loom_plan *plan, const loom_profile *prof, loom_
 static layout layout_of(const loom_plan *plan, const loom_rank_sheet *sh, const loom_profile *prof, const loom_sim_assumptions *a) {
   layout L = {.plan = plan, .prof = prof, .tp = sh->size.tp, .dp = sh->grad_replicas, .pp = sh->size.pp,
               .sp = sh->sequence_parallel && sh->size.tp > 1, .precision = plan->precision,
-              .linear = plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? LOOM__PRECISION__PRECISION_FP8 : plan->precision};
+              .linear = plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE ? LOOM__PRECISION__PRECISION_FP8 : plan->precision,
+              .fp8_recipe = loom_plan_fp8(plan).recipe};
   L.cfg = sh->rank_model;
   L.e = (double)loom_dtype_size(sh->compute_dtype);
   L.f32 = (double)loom_dtype_size(LOOM_DTYPE_F32);

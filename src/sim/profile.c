@@ -94,6 +94,9 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm gives dtype %s twice", what,
                        protobuf_c_enum_descriptor_get_value(&loom__precision__descriptor, g->dtype)->name);
   }
+  if (d->has_mxfp8 && d->mxfp8 && !d->has_peak_tflops_fp8)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.mxfp8 is set but the device prices no fp8 GEMMs "
+                     "(device.peak_tflops_fp8): MXFP8 runs at the fp8 rate", what);
   if (d->has_peak_tflops_fp8 != (gemm_of(d, LOOM__PRECISION__PRECISION_FP8) != NULL))
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.peak_tflops_fp8 and a PRECISION_FP8 device.gemm entry come together "
                      "(a device's fp8 figures are both or neither)", what);

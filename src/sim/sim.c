@@ -33,6 +33,11 @@ loom_status loom_sim_run(const loom_plan *plan, const loom_profile *prof, const 
   if (assume->moe_rank_imbalance > ep)
     return loom_fail(err, LOOM_ERR_USAGE, "--moe-rank-imbalance %g: the busiest of ep %d ranks takes at most %d times an even "
                      "share of the rows (every row of its group)", assume->moe_rank_imbalance, ep, ep);
+  if (plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE && loom_plan_fp8(plan).recipe == LOOM_FP8_RECIPE_MXFP8 &&
+      !(prof->device->has_mxfp8 && prof->device->mxfp8))
+    return loom_fail(err, LOOM_ERR_USAGE, "--fp8-recipe mxfp8: the profile %s's device has no MXFP8 GEMMs (Blackwell's "
+                     "block-scaled tensor cores, device.mxfp8); use --fp8-recipe blockwise or tensorwise, or a profile "
+                     "that gives them", prof->name);
   if (plan->fp8 != LOOM__FP8_FORMAT__FP8_NONE && !loom_profile_has_fp8(prof))
     return loom_fail(err, LOOM_ERR_USAGE, "--fp8-format: the profile %s prices no fp8 GEMMs (device.peak_tflops_fp8 and a "
                      "PRECISION_FP8 gemm entry); drop --fp8-format or use a profile that gives them", prof->name);
