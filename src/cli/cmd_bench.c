@@ -372,8 +372,8 @@ static loom_status bench_cuda(bench_flags *f, loom_flag *table, loom_error *err)
            " | memory peak %.2f GiB, plan's estimate %.2f GiB (%+.1f%%)\n",
            seqs[i], dt * 1e3, tflops, peak > 0 ? 100.0 * tflops / peak : 0.0, 100.0 * tflops / gemm, used / gib,
            estimate / gib, 100.0 * (estimate - used) / used);
-    printf("RESULT seq%d_mfu=%.4f seq%d_memory_estimate_over_peak=%.4f\n", seqs[i], peak > 0 ? tflops / peak : 0.0, seqs[i],
-           estimate / used);
+    printf("RESULT seq%d_mfu=%.4f seq%d_memory_estimate_over_peak=%.4f seq%d_step_s=%.6f\n", seqs[i],
+           peak > 0 ? tflops / peak : 0.0, seqs[i], estimate / used, seqs[i], dt);
   }
   return LOOM_OK;
 }
