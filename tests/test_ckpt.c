@@ -541,6 +541,47 @@ START_TEST(manifest_sizes_are_bounded) {
 }
 END_TEST
 
+/* FP8 delayed scaling's state from a manifest: copied where it fits the run
+ * (its scales, and its history under the same length), the history
+ * restarted under another length, the run's scales kept where none was
+ * saved, and refused (one line naming what) for another operand count, a
+ * scale not positive and finite, or a negative amax. */
+START_TEST(fp8_state_is_checked) {
+  enum { COUNT = 3, LEN = 2 };
+  float saved_scale[COUNT] = {2.0f, 0.5f, 448.0f}, saved_hist[COUNT * LEN] = {1, 2, 3, 4, 5, 6};
+  Loom__TrainState ts = LOOM__TRAIN_STATE__INIT;
+  ts.n_fp8_scale = COUNT, ts.fp8_scale = saved_scale, ts.n_fp8_amax_history = COUNT * LEN, ts.fp8_amax_history = saved_hist;
+  Loom__CheckpointManifest mf = LOOM__CHECKPOINT_MANIFEST__INIT;
+  mf.state = &ts;
+  float scale[COUNT], hist[COUNT * 4];
+  loom_ckpt_run run = {.fp8_scale = scale, .fp8_history = hist, .fp8_count = COUNT};
+  run.cfg.fp8 = (loom_fp8_config){.on = true, .history = LEN};
+  loom_error err = {0};
+  for (int i = 0; i < COUNT * 4; i++) hist[i] = -1.0f;
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_OK);
+  ck_assert(memcmp(scale, saved_scale, sizeof saved_scale) == 0 && memcmp(hist, saved_hist, sizeof saved_hist) == 0);
+  run.cfg.fp8.history = 4; /* another length: the scales carry on, the history starts empty */
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_OK);
+  ck_assert(scale[2] == 448.0f && hist[0] == 0.0f && hist[COUNT * 4 - 1] == 0.0f);
+  run.cfg.fp8.history = LEN;
+  run.fp8_count = COUNT - 1;
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_ERR_FORMAT);
+  ck_assert_str_eq(err.msg, "ck: holds 3 FP8 scales with 6 amax history values, but this run's model has blocks x linears x "
+                            "operands = 2 FP8 operands");
+  run.fp8_count = COUNT;
+  saved_scale[1] = NAN;
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_ERR_FORMAT);
+  ck_assert_str_eq(err.msg, "ck: FP8 scale 1 is nan; the checkpoint is damaged");
+  saved_scale[1] = 0.5f, saved_hist[4] = -1.0f;
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_ERR_FORMAT);
+  ck_assert_str_eq(err.msg, "ck: FP8 amax history value 4 is -1; the checkpoint is damaged");
+  ts.n_fp8_scale = ts.n_fp8_amax_history = 0; /* saved without it: the run's scales stand */
+  scale[0] = 1.0f;
+  ck_assert_int_eq(loom_manifest_fp8("ck", &mf, &run, &err), LOOM_OK);
+  ck_assert(scale[0] == 1.0f);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("ckpt");
   TCase *tc = tcase_create("ckpt");
@@ -548,6 +589,7 @@ int main(void) {
   tcase_add_test(tc, crc32c_known_answers);
   tcase_add_test(tc, manifest_sizes_are_bounded);
   tcase_add_test(tc, round_trip);
+  tcase_add_test(tc, fp8_state_is_checked);
   tcase_add_test(tc, corruption_is_refused);
   tcase_add_loop_test(tc, loads_onto_other_plans, 0, 2);
   tcase_add_test(tc, writer_survives_allocation_failure);
