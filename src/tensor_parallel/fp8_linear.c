@@ -25,9 +25,11 @@ size_t loom_fp8_scale_count(const loom_fp8_quant *q, int rows, int K) {
 }
 
 /* A cast of at most elems codes, neither side over dim, has at most elems / 32 + dim scales (a partial block per
- * row); the codes take a quarter float each. */
-static size_t code_floats(size_t elems) { return (elems + 3) / 4; }
-static size_t scale_floats(size_t elems, size_t dim) { return elems / LOOM_MX_BLOCK + dim + 1; }
+ * row); the codes take a quarter float each. Each part a multiple of 16 bytes, so that the codes stay as aligned
+ * as the workspace (cuBLASLt's FP8 matmuls want 16). */
+static size_t round4(size_t floats) { return (floats + 3) / 4 * 4; }
+static size_t code_floats(size_t elems) { return round4((elems + 3) / 4); }
+static size_t scale_floats(size_t elems, size_t dim) { return round4(elems / LOOM_MX_BLOCK + dim + 1); }
 
 size_t loom_fp8_workspace_floats(size_t elems, size_t dim) { return 2 * (code_floats(elems) + scale_floats(elems, dim)); }
 

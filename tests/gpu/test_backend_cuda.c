@@ -148,6 +148,12 @@ int main(void) {
   loom_cuda_set_bf16_gemms(cu, true);
   parity(cu, "bf16 GEMMs", 1e-4);
   loom_cuda_set_bf16_gemms(cu, false);
+  /* The FP8 case's per-tensor GEMMs of shapes cuBLASLt takes ran on its FP8 matmul (each held to the fp64
+   * definition above); the others on the kernel. On a GPU before sm_89 none can. */
+  const long lt = loom_cuda_fp8_lt_matmuls(cu);
+  const int lt_ok = loom_cuda_compute_capability(cu) < 89 || lt > 0;
+  printf("  %-44s %s  %ld of them\n", "fp8 GEMMs on cuBLASLt's FP8 matmul", lt_ok ? "OK  " : "FAIL", lt);
+  g_failures += !lt_ok;
   allocator(cu);
   reduced_precision(cu, ref);
   two_contexts(cu, ref);

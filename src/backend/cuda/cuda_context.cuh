@@ -4,6 +4,7 @@
 #ifndef LOOM_CUDA_CONTEXT_CUH
 #define LOOM_CUDA_CONTEXT_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -35,6 +36,25 @@ inline void check_blas(cublasStatus_t s, const char *what) {
 #ifndef LOOM_CUBLAS_LIBRARY // the emulated GPU's cublas_v2.h names its own
 #define LOOM_CUBLAS_LIBRARY "libcublas.so." LOOM_STR(CUBLAS_VER_MAJOR)
 #endif
+#ifndef LOOM_CUBLASLT_LIBRARY // and its cublasLt.h
+#define LOOM_CUBLASLT_LIBRARY "libcublasLt.so." LOOM_STR(CUBLAS_VER_MAJOR)
+#endif
+// cuBLASLt's entry points for FP8 matmuls; ok false where it cannot be opened (FP8 GEMMs then run as kernels).
+struct BlasLt {
+  bool ok = false;
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtDestroy) destroy;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
 struct Blas {
   bool ok = false;
   char error[256] = "";
@@ -49,6 +69,7 @@ struct Blas {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
   // cuBLAS 12.5's grouped GEMM, the experts' GEMMs in one call; nullptr in an older cuBLAS (they go one by one).
   decltype(&cublasGemmGroupedBatchedEx) gemm_grouped = nullptr;
+  BlasLt lt;
 };
 
 // One CUDA context: what every op and transfer of its table runs on. Its op
@@ -58,6 +79,8 @@ struct Backend {
   cudaStream_t stream = nullptr;
   Blas lib;
   cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr; // FP8 matmuls (nullptr: cuBLASLt absent, or a GPU before sm_89)
+  long lt_matmuls = 0;           // FP8 GEMMs cuBLASLt ran (loom_cuda_fp8_lt_matmuls)
   // Work buffers the context owns, grown on demand (grow()): attention
   // probabilities after dropout, sumsq's block sums, a GEMM's bf16 operands,
   // a grouped GEMM's operand pointers, attention blocks' row positions.

@@ -1,9 +1,15 @@
 // The FP8 ops on the GPU (ops.h's fp8_amax, fp8_quantize, fp8_gemm), by
-// fp8_math.h's one definition of the formats and scales. The GEMM here is
-// the definition's loops, one thread per output (each block of columns
-// summed in order, its scales applied as the reference applies them): it
-// is what the emulated GPU checks against the CPU, and on a GPU a correct
-// fallback, not a fast one; cuBLASLt's FP8 matmuls are not wired yet.
+// fp8_math.h's one definition of the formats and scales. A GEMM under
+// per-tensor scales (tensorwise and delayed scaling) runs on cuBLASLt's FP8
+// matmul where the device has FP8 tensor cores (sm_89 on) and the shapes
+// meet its rules (K a multiple of 16, N of 4, every operand 16-byte
+// aligned, not both operands E5M2), with
+// the scales as its A and B scale pointers and split accumulation (fast
+// accumulation off); every other one (blockwise's and MXFP8's block scales,
+// other shapes) runs the definition's loops, one thread per output (each
+// block of columns summed in order, its scales applied as the reference
+// applies them): correct, not fast. The emulated GPU checks both against
+// the CPU.
 #include "backend/cuda/cuda_ops.cuh"
 extern "C" {
 #include "backend/fp8_math.h"
@@ -115,9 +121,55 @@ __global__ void fp8_gemm_kernel(float *c, bool accumulate, loom_fp8_matrix a, lo
   c[i] = out;
 }
 
+cudaDataType lt_type(int format) { return format == LOOM_FP8_E5M2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+// c[M,N] row-major is column-major N x M: c^T = b a^T, so cuBLASLt's A is our b (K x N column-major, transposed:
+// "T") and its B our a (K x M, not transposed: "N"), its A scale b's and its B scale a's. True if it ran.
+bool lt_gemm(Backend &g, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b, int M, int N, int K) {
+  const BlasLt &t = g.lib.lt;
+  const bool whole = a->block_rows >= M && a->block_k >= K && b->block_rows >= N && b->block_k >= K;
+  const auto aligned = [](const void *p) { return ((uintptr_t)p & 15) == 0; }; // cuBLASLt's FP8 rule for every operand
+  if (!g.lt || !whole || M == 0 || N == 0 || K == 0 || K % 16 || N % 4 || !aligned(a->codes) || !aligned(b->codes) ||
+      !aligned(c) || (a->format == LOOM_FP8_E5M2 && b->format == LOOM_FP8_E5M2))
+    return false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  const int32_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int8_t fast = 0;
+  const float *sa = b->scale_inv, *sb = a->scale_inv;
+  const uint64_t workspace = 0;
+  bool ok = t.desc_create(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+            t.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
+            t.desc_set(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
+            t.desc_set(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa) == CUBLAS_STATUS_SUCCESS &&
+            t.desc_set(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb) == CUBLAS_STATUS_SUCCESS &&
+            t.desc_set(desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast) == CUBLAS_STATUS_SUCCESS &&
+            t.layout_create(&la, lt_type(b->format), K, N, K) == CUBLAS_STATUS_SUCCESS &&
+            t.layout_create(&lb, lt_type(a->format), K, M, K) == CUBLAS_STATUS_SUCCESS &&
+            t.layout_create(&lc, CUDA_R_32F, N, M, N) == CUBLAS_STATUS_SUCCESS &&
+            t.pref_create(&pref) == CUBLAS_STATUS_SUCCESS &&
+            t.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof workspace) == CUBLAS_STATUS_SUCCESS;
+  cublasLtMatmulHeuristicResult_t found;
+  int count = 0;
+  ok = ok && t.heuristic(g.lt, desc, la, lb, lc, lc, pref, 1, &found, &count) == CUBLAS_STATUS_SUCCESS && count > 0;
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (ok)
+    check_blas(t.matmul(g.lt, desc, &one, b->codes, la, a->codes, lb, &beta, c, lc, c, lc, &found.algo, nullptr, 0, g.stream),
+               "cublasLtMatmul (fp8_gemm)");
+  if (pref) t.pref_destroy(pref);
+  if (lc) t.layout_destroy(lc);
+  if (lb) t.layout_destroy(lb);
+  if (la) t.layout_destroy(la);
+  if (desc) t.desc_destroy(desc);
+  g.lt_matmuls += ok;
+  return ok;
+}
+
 void cuda_fp8_gemm(const loom_ops *be, float *c, bool accumulate, const loom_fp8_matrix *a, const loom_fp8_matrix *b,
                    int M, int N, int K) {
   Backend &g = ctx(be);
+  if (lt_gemm(g, c, accumulate, a, b, M, N, K)) return;
   LAUNCH(fp8_gemm_kernel, blocks_for((size_t)M * N), THREADS, 0, g.stream, c, accumulate, *a, *b, M, N, K);
   launched("fp8_gemm");
 }

@@ -13,6 +13,23 @@ template <typename F> bool load(Blas &b, void *lib, const char *name, F *out) {
   return *out != nullptr;
 }
 
+// cuBLASLt's FP8 entry points (optional: ok false without them).
+BlasLt load_lt() {
+  BlasLt t;
+  void *lib = dlopen(LOOM_CUBLASLT_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+  if (!lib) lib = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) return t;
+#define LT(field, name) (t.field = (decltype(t.field))dlsym(lib, name)) != nullptr
+  t.ok = LT(create, "cublasLtCreate") && LT(destroy, "cublasLtDestroy") && LT(desc_create, "cublasLtMatmulDescCreate") &&
+         LT(desc_destroy, "cublasLtMatmulDescDestroy") && LT(desc_set, "cublasLtMatmulDescSetAttribute") &&
+         LT(layout_create, "cublasLtMatrixLayoutCreate") && LT(layout_destroy, "cublasLtMatrixLayoutDestroy") &&
+         LT(pref_create, "cublasLtMatmulPreferenceCreate") && LT(pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
+         LT(pref_set, "cublasLtMatmulPreferenceSetAttribute") && LT(heuristic, "cublasLtMatmulAlgoGetHeuristic") &&
+         LT(matmul, "cublasLtMatmul");
+#undef LT
+  return t;
+}
+
 // cuBLAS's entry points, or ok false and error saying why. dlopen counts
 // references, so each context loading its own costs nothing after the first.
 Blas load_blas() {
@@ -31,6 +48,7 @@ Blas load_blas() {
          load(b, lib, "cublasSgemmStridedBatched", &b.sgemm_strided_batched) &&
          load(b, lib, "cublasGemmEx", &b.gemm_ex);
   b.gemm_grouped = (decltype(b.gemm_grouped))dlsym(lib, "cublasGemmGroupedBatchedEx"); /* optional */
+  b.lt = load_lt();
   return b;
 }
 
@@ -200,6 +218,9 @@ Backend *open_backend(bool synced) {
   check_blas(lib.create(&g->blas), "cublasCreate");
   check_blas(lib.set_stream(g->blas, g->stream), "cublasSetStream");
   check_blas(lib.set_math_mode(g->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  cudaDeviceProp prop;
+  const int sm = cudaGetDeviceProperties(&prop, g->device) == cudaSuccess ? prop.major * 10 + prop.minor : 0;
+  if (lib.lt.ok && sm >= 89 && lib.lt.create(&g->lt) != CUBLAS_STATUS_SUCCESS) g->lt = nullptr; // FP8 tensor cores: sm_89 on
   g->mem = make_allocator(*g, synced);
   g->ops = synced ? make_synced_ops() : make_ops();
   g->ops.mem = &g->mem;
@@ -251,6 +272,7 @@ void loom_cuda_close(const loom_ops *be) {
   Backend *g = &ctx(be);
   check(cudaStreamSynchronize(g->stream), "close"); // not host_wait: its hook's communicators may be gone
   g->lib.destroy(g->blas);
+  if (g->lt) g->lib.lt.destroy(g->lt);
   loom_block_cache_delete(g->cache); // the scratch buffers, and any block still handed out
   cudaStreamDestroy(g->stream);
   delete g;
@@ -345,6 +367,8 @@ void loom_cuda_device_name(const loom_ops *be, char *out, size_t len) {
   if (cudaGetDeviceProperties(&prop, ctx(be).device) != cudaSuccess) snprintf(out, len, "unknown CUDA device");
   else snprintf(out, len, "%s", prop.name);
 }
+
+long loom_cuda_fp8_lt_matmuls(const loom_ops *be) { return ctx(be).lt_matmuls; }
 
 int loom_cuda_compute_capability(const loom_ops *be) {
   cudaDeviceProp prop;
