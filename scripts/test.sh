@@ -3,7 +3,7 @@
 # tiers (ctest labels, tests/CMakeLists.txt): the quick and gpu tiers as
 # built, then a second build by clang under AddressSanitizer and UBSan
 # running the sanitized tier and every libFuzzer harness (tests/fuzz) for a
-# bounded time. What .ci/run runs; under 20 minutes on 2 cores.
+# bounded time. What .ci/run runs; under 25 minutes on 2 cores.
 # --full runs every tier in both builds: the whole multi-rank matrix, the
 # long runs, and all of it again under the sanitizers.
 # Usage: scripts/test.sh [--full] [extra cmake -D options]
