@@ -31,20 +31,35 @@ LOOM_HD uint8_t loom_fp8_nan_code(loom_fp8_format f) { return 0x7f; }
 /* Blocks of block_k along K (a partial last one included). */
 LOOM_HD int loom_fp8_k_blocks(int K, int block_k) { return block_k > 0 ? (K + block_k - 1) / block_k : 0; }
 
+/* 2^k as an fp32, for k in [-126, 127] (its exponent field alone: no libm call). */
+LOOM_HD float loom_fp8_pow2(int k) {
+  union {
+    uint32_t u;
+    float f;
+  } v;
+  v.u = (uint32_t)(k + 127) << 23;
+  return v.f;
+}
+
 /* The nearest code to x, ties to even, saturating. */
 LOOM_HD uint8_t loom_fp8_encode(float x, loom_fp8_format f) {
-  const uint8_t sign = signbit(x) ? 0x80 : 0x00;
+  union {
+    float f;
+    uint32_t u;
+  } v;
+  v.f = x;
+  const uint8_t sign = v.u >> 31 ? 0x80 : 0x00;
   if (isnan(x)) return (uint8_t)(sign | loom_fp8_nan_code(f));
   const float a = fabsf(x);
   if (!(a < loom_fp8_max(f))) return (uint8_t)(sign | loom_fp8_max_code(f)); /* saturates, infinity too */
   const int M = loom_fp8_mantissa_bits(f), emin = 1 - loom_fp8_bias(f);
   if (a == 0.0f) return sign;
-  int e = 0;
-  frexpf(a, &e), e -= 1; /* a = 1.m x 2^e */
-  if (e < emin) e = emin;              /* subnormal: the quantum of the smallest normal binade */
+  /* a = 1.m x 2^e, from the exponent field; an fp32 subnormal lies far below emin, which a subnormal code takes:
+   * the quantum of the smallest normal binade */
+  const int field = (int)((v.u >> 23) & 0xff), e = field - 127 > emin ? field - 127 : emin;
   /* a / quantum is exact (a power of two apart); rintf rounds it to nearest even. q <= 2^(M+1): a carry
    * into the next binade (or from the subnormals to the normals) lands on the right code by the sum below. */
-  const int q = (int)rintf(ldexpf(a, M - e));
+  const int q = (int)rintf(a * loom_fp8_pow2(M - e));
   int code = ((e + loom_fp8_bias(f)) << M) + q - (1 << M); /* = q in the subnormals (e = emin) */
   if (code > loom_fp8_max_code(f)) code = loom_fp8_max_code(f);
   return (uint8_t)(sign | code);
@@ -57,8 +72,8 @@ LOOM_HD float loom_fp8_decode(uint8_t c, loom_fp8_format f) {
   const float sign = c & 0x80 ? -1.0f : 1.0f;
   if (f == LOOM_FP8_E4M3 && (c & 0x7f) == 0x7f) return NAN;
   if (f == LOOM_FP8_E5M2 && e == 31) return m ? NAN : sign * INFINITY;
-  if (e == 0) return sign * ldexpf((float)m, 1 - bias - M);
-  return sign * ldexpf((float)((1 << M) + m), e - bias - M);
+  if (e == 0) return sign * (float)m * loom_fp8_pow2(1 - bias - M);
+  return sign * (float)((1 << M) + m) * loom_fp8_pow2(e - bias - M);
 }
 
 /* E8M0, the MX formats' block scale: 2^(c - 127), c = 255 NaN. */
