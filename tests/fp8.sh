@@ -68,6 +68,13 @@ done
 gpl broken --fp8-format hybrid --fp8-recipe delayed --fp8-margin 40
 tracks broken && fail "a run with its scales broken (--fp8-margin 40) tracks bf16: the check cannot fail"
 
+# near_serial NAME SERIAL OTHER STEPS: OTHER's losses (a losses file) within 1.5e-4 relative of SERIAL's, STEPS of them.
+near_serial() {
+  paste "$2" "$3" | awk -v name="$1" -v steps="$4" '
+    { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
+    END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == steps && worst <= 1.5e-4) }'
+}
+
 # Partition invariance: tp 2, and tp 2 with SP, against the serial run.
 tp_run() { # tp_run NAME RANKS FLAGS...
   name=$1 ranks=$2
@@ -91,9 +98,7 @@ tp2sp --tp 2 --sequence-parallel"
     layout=$1
     shift
     tp_run "${layout}_$recipe" 2 --fp8-recipe $recipe "$@"
-    paste "$WORK/serial_$recipe.losses" "$WORK/${layout}_$recipe.losses" | awk -v name="${layout}_$recipe" '
-      { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-      END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1.5e-4) }' ||
+    near_serial "${layout}_$recipe" "$WORK/serial_$recipe.losses" "$WORK/${layout}_$recipe.losses" 4 ||
       fail "${layout}_$recipe differs from the serial run"
   done << GRIDS
 $grids
@@ -112,9 +117,7 @@ while read -r grid; do
   layout=$1
   shift
   tp_run "dsv3_$layout" 2 --model deepseek-v3-tiny --fp8-recipe delayed "$@"
-  paste "$WORK/dsv3_serial.losses" "$WORK/dsv3_$layout.losses" | awk -v name="dsv3_$layout" '
-    { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-    END { printf "%s against serial: worst relative loss difference %.2g over %d steps\n", name, worst, NR; exit !(NR == 4 && worst <= 1.5e-4) }' ||
+  near_serial "dsv3_$layout" "$WORK/dsv3_serial.losses" "$WORK/dsv3_$layout.losses" 4 ||
     fail "dsv3_$layout differs from the serial run"
 done << GRIDS
 $grids
@@ -138,9 +141,8 @@ grep -q "resumed from .*/latest at step 3" "$WORK/ck_resumed.txt" || fail "no re
 exact_losses "$WORK/ck_resumed.jsonl" "$WORK/ck_ref.jsonl" 3 || fail "delayed scaling's resumed losses differ from the uninterrupted run's"
 ck_run ck_tp2 2 --steps 6 --tp 2 --ckpt "$WORK/ck2" --resume
 losses "$WORK/ck_tp2.jsonl" > "$WORK/ck_tp2.losses"
-losses "$WORK/ck_ref.jsonl" | tail -n 3 | paste - "$WORK/ck_tp2.losses" | awk '
-  { d = ($1 > $2 ? $1 - $2 : $2 - $1) / $1; worst = d > worst ? d : worst }
-  END { printf "delayed scaling resumed at tp 2: worst relative loss difference %.2g over %d steps\n", worst, NR; exit !(NR == 3 && worst <= 1.5e-4) }' ||
+losses "$WORK/ck_ref.jsonl" | tail -n 3 > "$WORK/ck_ref.last"
+near_serial "delayed scaling resumed at tp 2" "$WORK/ck_ref.last" "$WORK/ck_tp2.losses" 3 ||
   fail "delayed scaling resharded onto tp 2 leaves the serial run"
 
 # Refusals: one line, exit 2.

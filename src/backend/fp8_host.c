@@ -11,11 +11,7 @@ static inline float operand_at(loom_bf16_operand x, size_t i) { return x.bf16 ? 
 float loom_host_fp8_amax(const loom_ops *be, loom_bf16_operand x, size_t n) {
   (void)be;
   float amax = 0.0f;
-  for (size_t i = 0; i < n; i++) {
-    const float a = fabsf(operand_at(x, i));
-    if (isnan(a)) return NAN;
-    amax = a > amax ? a : amax;
-  }
+  for (size_t i = 0; i < n && !isnan(amax); i++) amax = loom_fp8_amax_join(amax, fabsf(operand_at(x, i)));
   return amax;
 }
 
@@ -41,17 +37,9 @@ void loom_host_fp8_quantize(const loom_ops *be, uint8_t *codes, float *scale_inv
       const int r1 = r0 + br < rows ? r0 + br : rows, k1 = k0 + bk < K ? k0 + bk : K;
       float amax = 0.0f;
       for (int r = r0; r < r1; r++)
-        for (int k = k0; k < k1; k++) {
-          const float a = fabsf(AT(r, k));
-          amax = isnan(amax) ? amax : !(a <= amax) ? a : amax; /* a NaN, once seen, stays */
-        }
+        for (int k = k0; k < k1; k++) amax = loom_fp8_amax_join(amax, fabsf(AT(r, k)));
       float scale, inv;
-      if (q->mx) {
-        const uint8_t e = loom_mx_scale(amax, f);
-        inv = loom_e8m0_decode(e), scale = e == LOOM_E8M0_NAN ? NAN : loom_e8m0_decode((uint8_t)(254 - e));
-      } else {
-        scale = loom_fp8_scale(amax, f, 0, 1.0f), inv = 1.0f / scale;
-      }
+      loom_fp8_block_scale(amax, f, q->mx, &scale, &inv);
       scale_inv[(size_t)i * kb + j] = inv;
       for (int r = r0; r < r1; r++)
         for (int k = k0; k < k1; k++) codes[(size_t)r * K + k] = loom_fp8_encode(AT(r, k) * scale, f);

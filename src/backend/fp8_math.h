@@ -13,6 +13,7 @@
 #define LOOM_FP8_MATH_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include "core/rng_math.h" /* LOOM_HD */
 
@@ -108,5 +109,19 @@ LOOM_HD float loom_fp8_scale(float amax, loom_fp8_format f, int margin, float pr
   const float s = ldexpf(loom_fp8_max(f) / amax, -margin);
   return isinf(s) ? 3.40282347e+38f : s;
 }
+
+/* A block's cast from its amax (blockwise: fp32, loom_fp8_scale; MXFP8: E8M0, loom_mx_scale): *scale multiplies
+ * each value before its cast, *inv dequantises the codes. */
+LOOM_HD void loom_fp8_block_scale(float amax, loom_fp8_format f, bool mx, float *scale, float *inv) {
+  if (mx) {
+    const uint8_t e = loom_mx_scale(amax, f);
+    *inv = loom_e8m0_decode(e), *scale = e == LOOM_E8M0_NAN ? NAN : loom_e8m0_decode((uint8_t)(254 - e));
+  } else {
+    *scale = loom_fp8_scale(amax, f, 0, 1.0f), *inv = 1.0f / *scale;
+  }
+}
+
+/* A running amax joined with the next magnitude: the larger, and NaN once one was NaN (fmaxf would drop it). */
+LOOM_HD float loom_fp8_amax_join(float amax, float a) { return isnan(amax) ? amax : !(a <= amax) ? a : amax; }
 
 #endif

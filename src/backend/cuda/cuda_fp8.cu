@@ -17,9 +17,9 @@ extern "C" {
 
 namespace loom_cuda {
 
-// A max that keeps NaN (fmaxf would drop it).
+// A max that keeps NaN (fp8_math.h's join).
 struct NanMax {
-  __device__ float operator()(float a, float b) const { return isnan(a) || a > b ? a : b; }
+  __device__ float operator()(float a, float b) const { return loom_fp8_amax_join(a, b); }
 };
 
 __device__ inline float operand_at(const uint16_t *bits, const float *f32, size_t i) {
@@ -44,7 +44,7 @@ float cuda_fp8_amax(const loom_ops *be, loom_bf16_operand x, size_t n) {
   float host[SUMSQ_BLOCKS];
   copy_to_host(g, host, parts, blocks * sizeof(float), "fp8_amax");
   float m = 0.0f;
-  for (unsigned b = 0; b < blocks; b++) m = isnan(host[b]) || host[b] > m ? host[b] : m;
+  for (unsigned b = 0; b < blocks; b++) m = loom_fp8_amax_join(m, host[b]);
   return m;
 }
 
@@ -77,12 +77,7 @@ __global__ void fp8_block_kernel(uint8_t *codes, float *scale_inv, QuantArgs a) 
   for (int i = threadIdx.x; i < h * w; i += blockDim.x) m = NanMax()(m, fabsf(quant_at(a, r0 + i / w, k0 + i % w)));
   const float amax = block_reduce(m, NanMax(), 0.0f);
   float scale, inv;
-  if (a.q.mx) {
-    const uint8_t e = loom_mx_scale(amax, f);
-    inv = loom_e8m0_decode(e), scale = e == LOOM_E8M0_NAN ? NAN : loom_e8m0_decode((uint8_t)(254 - e));
-  } else {
-    scale = loom_fp8_scale(amax, f, 0, 1.0f), inv = 1.0f / scale;
-  }
+  loom_fp8_block_scale(amax, f, a.q.mx, &scale, &inv);
   if (threadIdx.x == 0) scale_inv[(size_t)blockIdx.y * kb + blockIdx.x] = inv;
   for (int i = threadIdx.x; i < h * w; i += blockDim.x) {
     const int r = r0 + i / w, k = k0 + i % w;
