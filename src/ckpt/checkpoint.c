@@ -7,6 +7,7 @@
 #include <string.h>
 #include "ckpt/assemble.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/local_ckpt.h"
 #include "ckpt/manifest.h"
 #include "core/check.h"
 #include "core/log.h"
@@ -30,6 +31,7 @@ struct loom_ckpt_async {
   int64_t step;
   int keep;
   const loom_parallel *ps;
+  loom_local_ckpt *local;    /* a save into host memory (local_ckpt.h), or NULL */
   loom_ckpt_run run;
   int64_t *all;              /* [world * 3] every rank's report */
   loom_shard_binding binding;
@@ -57,12 +59,14 @@ static void free_save(loom_ckpt_async *a) {
  * vote, before anything is written), the step directory, one save id
  * (rank 0's, which every shard and the manifest carry) and this rank's
  * pieces. NULL on failure, every rank alike. */
-static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
-                                   const loom_parallel *ps, const loom_ckpt_run *run, loom_status *out, loom_error *err) {
+static loom_ckpt_async *begin_save(const char *dir, loom_local_ckpt *local, int64_t step, int keep,
+                                   const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
+                                   loom_status *out, loom_error *err) {
+  if (local) dir = local->host_dir;
   loom_ckpt_async *a = loom_fault_calloc(1, sizeof *a);
   loom_status st = a ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", dir);
   if (a) {
-    *a = (loom_ckpt_async){.step = step, .keep = keep, .ps = ps, .run = *run};
+    *a = (loom_ckpt_async){.step = step, .keep = keep, .ps = ps, .local = local, .run = *run};
     /* The bias as of this step (training moves it on while the shard is written). */
     a->run.expert_bias = run->expert_bias_count ? loom_fault_malloc(run->expert_bias_count * sizeof(float)) : NULL;
     if (a->run.expert_bias) memcpy(a->run.expert_bias, run->expert_bias, run->expert_bias_count * sizeof(float));
@@ -83,12 +87,13 @@ static loom_ckpt_async *begin_save(const char *dir, int64_t step, int keep, cons
     a->all = loom_fault_calloc((size_t)ps->world * 3, sizeof(int64_t));
     if (!a->pieces || !a->all || a->run.expert_bias_count != run->expert_bias_count) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory saving a checkpoint", a->sub);
   }
-  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(dir, err);
-  if (st == LOOM_OK && ps->rank == 0) st = loom_ckpt_make_dir(a->sub, err);
+  /* A persistent checkpoint's directory is shared, made by rank 0; a local one is each host's own. */
+  if (st == LOOM_OK && (ps->rank == 0 || local)) st = loom_ckpt_make_dir(dir, err);
+  if (st == LOOM_OK && (ps->rank == 0 || local)) st = loom_ckpt_make_dir(a->sub, err);
   int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX); /* the directory exists before anyone writes */
   if (bad) {
-    if (a && ps->rank == 0) discard_partial(dir, a->sub, step);
+    if (a && ps->rank == 0 && !local) discard_partial(dir, a->sub, step);
     if (a) free_save(a);
     *out = st != LOOM_OK ? st : loom_fail_elsewhere(err, LOOM_ERR_WRITE, 0, "start the checkpoint");
     return NULL;
@@ -116,6 +121,11 @@ static loom_status end_save(loom_ckpt_async *a, int64_t *total_bytes, loom_error
   const loom_parallel *ps = a->ps;
   loom_status st = a->st;
   if (st != LOOM_OK) *err = a->err;
+  if (a->local) {
+    st = loom_local_ckpt_record(a->local, a->sub, a->step, a->binding.save_id, &a->run, st, a->mine, total_bytes, err);
+    free_save(a);
+    return st;
+  }
   /* A test fault: this rank dies here, its shard written and the manifest
    * not, as a node lost mid-save would. */
   if (loom_fault_fires(LOOM_FAULT_KILL_IN_SAVE, a->step, NULL)) abort();
@@ -149,7 +159,7 @@ static loom_status end_save(loom_ckpt_async *a, int64_t *total_bytes, loom_error
 loom_status loom_ckpt_save(const char *dir, int64_t step, int keep, const loom_ckpt_chunk *chunks, int n,
                            const loom_parallel *ps, const loom_ckpt_run *run, int64_t *total_bytes, loom_error *err) {
   loom_status st;
-  loom_ckpt_async *a = begin_save(dir, step, keep, chunks, n, ps, run, &st, err);
+  loom_ckpt_async *a = begin_save(dir, NULL, step, keep, chunks, n, ps, run, &st, err);
   if (!a) return st;
   loom_ckpt_staging staging;
   a->st = loom_ckpt_stage(&staging, chunks[0].p->params.alloc, a->pieces, sizeof *a->pieces, a->count, true, &a->err);
@@ -203,12 +213,12 @@ static loom_status snapshot(loom_ckpt_async *a, const loom_allocator *mem, loom_
   return LOOM_OK;
 }
 
-loom_status loom_ckpt_async_begin(loom_ckpt_async **out, const char *dir, int64_t step, int keep,
-                                  const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
-                                  loom_ckpt_arena *arena, loom_error *err) {
+static loom_status async_begin(loom_ckpt_async **out, const char *dir, loom_local_ckpt *local, int64_t step, int keep,
+                               const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
+                               loom_ckpt_arena *arena, loom_error *err) {
   loom_status st;
   *out = NULL;
-  loom_ckpt_async *a = begin_save(dir, step, keep, chunks, n, ps, run, &st, err);
+  loom_ckpt_async *a = begin_save(dir, local, step, keep, chunks, n, ps, run, &st, err);
   if (!a) return st;
   a->st = snapshot(a, chunks[0].p->params.alloc, arena, &a->err);
   if (a->st == LOOM_OK && pthread_create(&a->writer, NULL, writer_main, a) == 0) a->writing = true;
@@ -216,6 +226,18 @@ loom_status loom_ckpt_async_begin(loom_ckpt_async **out, const char *dir, int64_
   if (!a->writing) atomic_store(&a->written, true); /* nothing to wait for: the end reports the failure */
   *out = a;
   return LOOM_OK;
+}
+
+loom_status loom_ckpt_async_begin(loom_ckpt_async **out, const char *dir, int64_t step, int keep,
+                                  const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
+                                  loom_ckpt_arena *arena, loom_error *err) {
+  return async_begin(out, dir, NULL, step, keep, chunks, n, ps, run, arena, err);
+}
+
+loom_status loom_ckpt_async_begin_local(loom_ckpt_async **out, loom_local_ckpt *local, int64_t step,
+                                        const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps,
+                                        const loom_ckpt_run *run, loom_ckpt_arena *arena, loom_error *err) {
+  return async_begin(out, NULL, local, step, 0, chunks, n, ps, run, arena, err);
 }
 
 void loom_ckpt_async_abandon(loom_ckpt_async **pa) {

@@ -69,6 +69,11 @@ void loom_ckpt_arena_free(loom_ckpt_arena *arena);
 loom_status loom_ckpt_async_begin(loom_ckpt_async **out, const char *dir, int64_t step, int keep,
                                   const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps, const loom_ckpt_run *run,
                                   loom_ckpt_arena *arena, loom_error *err);
+/* The same into host memory with a replica on a peer (local_ckpt.h), finished by loom_ckpt_async_finish. */
+typedef struct loom_local_ckpt loom_local_ckpt;
+loom_status loom_ckpt_async_begin_local(loom_ckpt_async **out, loom_local_ckpt *local, int64_t step,
+                                        const loom_ckpt_chunk *chunks, int n, const loom_parallel *ps,
+                                        const loom_ckpt_run *run, loom_ckpt_arena *arena, loom_error *err);
 /* What a finished save did: its step, bytes over every rank, and this
  * rank's seconds copying to host (the step loop's stall) and writing. */
 typedef struct {

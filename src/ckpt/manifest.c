@@ -160,8 +160,8 @@ bool loom_manifest_seal(Loom__CheckpointManifest *mf) {
   return true;
 }
 
-loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
-                                  const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
+loom_status loom_manifest_encode(int64_t step, uint64_t save_id, const loom_ckpt_run *run, Loom__ShardFileInfo **shards,
+                                 int nshards, const char *where, uint8_t **out, size_t *len, loom_error *err) {
   const loom_gpt_config *c = &run->cfg;
   Loom__Model m = LOOM__MODEL__INIT;
   loom_model_rooms rooms;
@@ -191,6 +191,31 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   mf.has_format_version = mf.has_step = mf.has_seed = mf.has_save_id = 1;
   mf.format_version = MANIFEST_VERSION, mf.step = step, mf.seed = run->seed, mf.save_id = save_id;
   mf.model = &m, mf.parallel = &l, mf.batch = &b, mf.state = &ts;
+  mf.n_shards = (size_t)nshards;
+  mf.shards = shards;
+  *out = NULL, *len = 0;
+  if (!loom_manifest_seal(&mf)) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", where);
+  const size_t n = loom__checkpoint_manifest__get_packed_size(&mf);
+  uint8_t *buf = loom_fault_malloc(n + 1);
+  if (!buf) return loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", where);
+  loom__checkpoint_manifest__pack(&mf, buf);
+  *out = buf, *len = n;
+  return LOOM_OK;
+}
+
+loom_status loom_manifest_shard_info(const char *path, int rank, loom_shard_written w, Loom__ShardFileInfo *info,
+                                     char file[32], loom_error *err) {
+  loom__shard_file_info__init(info);
+  snprintf(file, 32, "rank_%05d.shard", rank);
+  info->has_rank = info->has_bytes = info->has_crc32c = 1;
+  info->rank = rank, info->file = file, info->bytes = w.bytes, info->crc32c = w.crc32c;
+  return list_pieces(path, info, err);
+}
+
+void loom_manifest_shard_info_free(Loom__ShardFileInfo *info) { free_pieces(info); }
+
+loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
+                                  const loom_shard_written *shards, int nshards, int keep, loom_error *err) {
   Loom__ShardFileInfo *infos = loom_fault_calloc((size_t)nshards + 1, sizeof *infos);
   Loom__ShardFileInfo **ptrs = loom_fault_calloc((size_t)nshards + 1, sizeof *ptrs);
   char (*files)[32] = loom_fault_calloc((size_t)nshards + 1, 32);
@@ -199,21 +224,13 @@ loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_i
   loom_status st = infos && ptrs && files ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
   const int listed = st == LOOM_OK ? nshards : 0;
   for (int r = 0; r < listed && st == LOOM_OK; r++) {
-    loom__shard_file_info__init(&infos[r]);
-    snprintf(files[r], 32, "rank_%05d.shard", r);
-    infos[r].has_rank = infos[r].has_bytes = infos[r].has_crc32c = 1;
-    infos[r].rank = r, infos[r].file = files[r], infos[r].bytes = shards[r].bytes, infos[r].crc32c = shards[r].crc32c;
     ptrs[r] = &infos[r];
     loom_ckpt_shard_path(sub, r, path, sizeof path);
-    st = list_pieces(path, &infos[r], err);
+    st = loom_manifest_shard_info(path, r, shards[r], &infos[r], files[r], err);
   }
-  mf.n_shards = (size_t)nshards;
-  mf.shards = ptrs;
-  if (st == LOOM_OK && !loom_manifest_seal(&mf)) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
-  const size_t len = st == LOOM_OK ? loom__checkpoint_manifest__get_packed_size(&mf) : 0;
-  uint8_t *buf = st == LOOM_OK ? loom_fault_malloc(len + 1) : NULL;
-  if (st == LOOM_OK && !buf) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory writing the manifest", sub);
-  if (st == LOOM_OK) loom__checkpoint_manifest__pack(&mf, buf);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if (st == LOOM_OK) st = loom_manifest_encode(step, save_id, run, ptrs, nshards, sub, &buf, &len, err);
   snprintf(path, sizeof path, "%s/manifest.pb", sub);
   const loom_chunk chunk = {buf, len};
   if (st == LOOM_OK) st = loom_write_file_atomic(path, &chunk, 1, err);
@@ -394,7 +411,7 @@ loom_status loom_manifest_fp8(const char *where, const Loom__CheckpointManifest 
 }
 
 /* Whether shard info holds a piece the index wants (every shard when there is no index). */
-static bool shard_needed(const Loom__ShardFileInfo *info, const loom_want_index *wants) {
+bool loom_manifest_shard_needed(const Loom__ShardFileInfo *info, const loom_want_index *wants) {
   if (!wants) return true;
   for (size_t k = 0; k < info->n_pieces; k++) {
     const Loom__ShardPiece *p = info->pieces[k];
@@ -440,7 +457,7 @@ loom_status loom_manifest_paths(const char *step_dir, const Loom__CheckpointMani
   loom_status st = LOOM_OK;
   for (size_t i = 0; st == LOOM_OK && i < mf->n_shards; i++) {
     const Loom__ShardFileInfo *info = mf->shards[i];
-    if (!shard_needed(info, wants)) continue;
+    if (!loom_manifest_shard_needed(info, wants)) continue;
     const size_t len = strlen(step_dir) + (info->file ? strlen(info->file) : 1) + 2;
     char *path = (*paths)[(*npaths)++] = malloc(len);
     snprintf(path, len, "%s/%s", step_dir, info->file ? info->file : "?");

@@ -29,6 +29,17 @@ void loom_ckpt_remove(const char *dir);
  * but the newest `keep` steps (0 keeps all). */
 loom_status loom_manifest_publish(const char *dir, int64_t step, uint64_t save_id, const loom_ckpt_run *run,
                                   const loom_shard_written *shards, int nshards, int keep, loom_error *err);
+/* The sealed manifest of step `step` as bytes (*out malloc'd): the run and the shards' infos (where names the step in
+ * messages). */
+loom_status loom_manifest_encode(int64_t step, uint64_t save_id, const loom_ckpt_run *run, Loom__ShardFileInfo **shards,
+                                 int nshards, const char *where, uint8_t **out, size_t *len, loom_error *err);
+/* A written shard's entry in a manifest: its file name (into file), size, checksum and pieces, read from the file at
+ * path. Free the pieces with loom_manifest_shard_info_free. */
+loom_status loom_manifest_shard_info(const char *path, int rank, loom_shard_written w, Loom__ShardFileInfo *info,
+                                     char file[32], loom_error *err);
+void loom_manifest_shard_info_free(Loom__ShardFileInfo *info);
+/* Whether the shard holds a piece `wants` needs (every shard when wants is NULL). */
+bool loom_manifest_shard_needed(const Loom__ShardFileInfo *info, const loom_want_index *wants);
 /* The step DIR/latest names (one step_NNNNNNNN line in a regular file). */
 loom_status loom_ckpt_latest_step(const char *dir, int64_t *step, loom_error *err);
 /* Sets mf's own checksum (CRC-32C of it packed without the field), as the

@@ -8,6 +8,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 #include "ckpt/llmc_model.h"
+#include "ckpt/local_ckpt.h"
 #include "ckpt/manifest.h"
 #include "ckpt/model_source.h"
 #include "ckpt/run_files.h"
@@ -49,6 +50,11 @@ void loom_run_files_init(loom_run_files *f, loom_trainer *tr, const char *dir, i
 
 void loom_run_files_free(loom_run_files *f) {
   loom_ckpt_async_abandon(&f->pending);
+  loom_ckpt_async_abandon(&f->local_pending);
+  if (f->local) loom_local_ckpt_free(f->local, f->finished);
+  free(f->local);
+  f->local = NULL;
+  loom_ckpt_arena_free(&f->local_arena);
   if (f->locked) {
     char path[4200];
     snprintf(path, sizeof path, "%s/%s", f->dir, LOCK_FILE);
@@ -177,11 +183,49 @@ loom_status loom_run_check_dir(loom_run_files *f, loom_error *err) {
   return agree(f, st, "reach the checkpoint directory", err);
 }
 
+loom_status loom_run_local_init(loom_run_files *f, const char *root, loom_error *err) {
+  f->local = loom_fault_calloc(1, sizeof *f->local);
+  loom_status st = agree(f, f->local ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "--local-dir: out of memory"),
+                         "set up local checkpoints", err);
+  if (st == LOOM_OK) st = loom_local_ckpt_init(f->local, root, &f->tr->ps, err);
+  return st;
+}
+
+/* Where a resume loads from: the persistent checkpoint's step and, with
+ * local checkpoints, the newest complete in-memory set's (-1: none). */
+static loom_status choose_source(loom_run_files *f, int64_t *persistent, int64_t *local, loom_error *err) {
+  loom_error none;
+  *persistent = *local = -1;
+  if (loom_ckpt_latest_step(f->dir, persistent, &none) != LOOM_OK) *persistent = -1;
+  int64_t lowest = *persistent; /* every rank must see the same latest */
+  loom_comm_allreduce_typed(f->tr->ps.world_group, &lowest, 1, LOOM_DTYPE_I64, LOOM_REDUCE_MAX);
+  *persistent = lowest;
+  return f->local ? loom_local_ckpt_newest(f->local, &f->run, local, err) : LOOM_OK;
+}
+
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) {
   const double t0 = loom_now_s();
   loom_ckpt_run from;
   const int v = loom_pipeline_chunk_count(f->tr->pipe);
-  loom_status st = agree(f, loom_ckpt_resume(f->dir, f->chunks, v, &f->run, &from, first, err), "load the checkpoint", err);
+  int64_t persistent = -1, local = -1;
+  loom_status st = choose_source(f, &persistent, &local, err);
+  if (st != LOOM_OK) return st;
+  const bool from_memory = local >= 0 && local >= persistent;
+  if (f->local && !from_memory && persistent >= 0)
+    loom_log_info("resume: %s; loading the persistent checkpoint at step %lld", local < 0 ? "no complete set of in-memory "
+                  "copies at this layout" : "the in-memory copies are older", (long long)persistent);
+  if (f->local && local < 0 && persistent < 0) {
+    loom_log_info("resume: no checkpoint yet, in memory or in %s: training starts at step 1", f->dir);
+    *first = 0;
+    return LOOM_OK;
+  }
+  if (from_memory) {
+    st = loom_local_ckpt_restore(f->local, local, f->chunks, v, &f->run, &from, err);
+    *first = local;
+    if (st == LOOM_OK) loom_local_ckpt_log_sources(f->local, local, persistent);
+  } else {
+    st = agree(f, loom_ckpt_resume(f->dir, f->chunks, v, &f->run, &from, first, err), "load the checkpoint", err);
+  }
   if (st != LOOM_OK) return st;
   loom_trainer_publish_weights(f->tr);
   const double dt = loom_now_s() - t0;
@@ -191,8 +235,8 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
   if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
     loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
                   from.tp, from.pp, from.dp, from.vpp, from.zero);
-  loom_log_info("resumed from %s/latest at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)", f->dir,
-                (long long)*first, gb, dt, gb / dt);
+  loom_log_info("resumed from %s at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)",
+                from_memory ? "the in-memory copies" : f->dir, (long long)*first, gb, dt, gb / dt);
   const loom_lr_schedule *was = &from.lr, *now = &ck->lr;
   if (was->total_steps != now->total_steps && *first < now->total_steps)
     loom_log_info("--steps %d where the checkpoint's run had %d: the cosine schedule now ends at step %d, so the learning "
@@ -205,9 +249,33 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
   return LOOM_OK;
 }
 
+/* Records the local save in flight once every rank's shard is written. */
+static loom_status settle_local(loom_run_files *f, bool blocking, loom_error *err) {
+  if (!f->local_pending) return LOOM_OK;
+  loom_ckpt_async_report r;
+  const loom_status st = loom_ckpt_async_finish(&f->local_pending, blocking, &r, err);
+  if (st == LOOM_OK && r.done)
+    loom_log_info("local checkpoint step %lld: %.3f GB in host memory (%s/HOST), each shard also on a peer; the step loop "
+                  "stalled %.1f ms for it (copying %.1f ms of it to host memory)", (long long)r.step, (double)r.bytes / 1e9,
+                  f->local->root, 1e3 * f->local_stall_s, 1e3 * r.staged_s);
+  return st;
+}
+
+loom_status loom_run_local_save(void *ctx, int64_t step, loom_error *err) {
+  loom_run_files *f = ctx;
+  loom_status st = settle_local(f, true, err); /* one local save in flight at a time */
+  const double t0 = loom_now_s();
+  if (st == LOOM_OK)
+    st = loom_ckpt_async_begin_local(&f->local_pending, f->local, step, f->chunks, loom_pipeline_chunk_count(f->tr->pipe),
+                                     &f->tr->ps, &f->run, &f->local_arena, err);
+  f->local_stall_s = loom_now_s() - t0;
+  return st;
+}
+
 loom_status loom_run_settle(void *ctx, bool blocking, loom_error *err) {
   loom_run_files *f = ctx;
-  if (!f->pending) return LOOM_OK;
+  const loom_status local = settle_local(f, blocking, err);
+  if (local != LOOM_OK || !f->pending) return local;
   loom_ckpt_async_report r;
   const loom_status st = loom_ckpt_async_finish(&f->pending, blocking, &r, err);
   if (st == LOOM_OK && r.done)

@@ -22,6 +22,11 @@ typedef struct {
   loom_ckpt_async *pending; /* the asynchronous save in flight, or NULL */
   double pending_stall_s;   /* the step loop's stall starting it */
   loom_ckpt_arena arena;    /* the host copy of this rank's shard, kept between saves */
+  loom_local_ckpt *local;        /* --local-save-every: checkpoints in host memory with peer replicas, or NULL */
+  loom_ckpt_async *local_pending; /* the local save in flight, or NULL */
+  double local_stall_s;
+  loom_ckpt_arena local_arena;
+  bool finished;                 /* the run ended with a persistent checkpoint: the local copies may go */
   char compression_layout[160]; /* run.compression_layout's text */
   bool locked;              /* rank 0 holds dir/.lock (lock_fd) for the run's life */
   int lock_fd;
@@ -37,14 +42,21 @@ loom_status loom_run_init_from(loom_run_files *f, const char *path, loom_error *
  * rank 0 locks it (flock on dir/.lock, which names the holder) until
  * loom_run_files_free. */
 loom_status loom_run_check_dir(loom_run_files *f, loom_error *err);
-/* Loads dir/latest, from whatever plan wrote it; *first gets its step. */
+/* Keeps checkpoints in host memory under root/HOST too, replicated to a peer (ckpt/local_ckpt.h). Collective. */
+loom_status loom_run_local_init(loom_run_files *f, const char *root, loom_error *err);
+/* The loop's hook for an in-memory checkpoint of `step` (asynchronous as --async-save; recorded by loom_run_settle). */
+loom_status loom_run_local_save(void *ctx, int64_t step, loom_error *err);
+/* Loads dir/latest, from whatever plan wrote it; *first gets its step.
+ * With local checkpoints, the newest complete in-memory set instead when
+ * it is at least as new (with neither, *first is 0 and a line says so). */
 loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err);
 /* The training loop's save hook (ctx: the loom_run_files): checkpoint `step`
  * under dir; with async_save, once an earlier save in flight is recorded,
  * start this one and return when its pieces are in host memory. */
 loom_status loom_run_save(void *ctx, int64_t step, loom_error *err);
 /* The loop's hook after each step (blocking: at the end of the run): record
- * an asynchronous save once every rank's shard is written. Collective. */
+ * an asynchronous save, and a local one, once every rank's shard is written.
+ * Collective. */
 loom_status loom_run_settle(void *ctx, bool blocking, loom_error *err);
 /* The format --save writes: llm.c's file for GPT-2 (which it holds), a safetensors file for a Mixture of Experts
  * (its tensors by their Hugging Face names), else a Hugging Face directory. */

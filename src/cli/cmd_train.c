@@ -137,6 +137,7 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, f->ckpt, f->keep, (uint64_t)f->seed, f->data);
   if (st == LOOM_OK && f->ckpt) st = loom_run_check_dir(&files, err);
   files.async_save = f->async_save;
+  if (st == LOOM_OK && f->local_every) st = loom_run_local_init(&files, f->local_dir, err);
   if (st == LOOM_OK && f->layout.model.init_from) st = loom_run_init_from(&files, f->layout.model.init_from, err);
   if (st == LOOM_OK) log_run(&tr, f, device, peak, peak_what);
   if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
@@ -152,10 +153,12 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
                                 .digits = f->data ? 0 : f->digits, .straggler_factor = f->straggler_factor,
                                 .trace = f->trace, .metrics = &metrics, .peak_gflops = peak, .stop = &g_stop,
                                 .save_every = f->save_every, .save_ctx = &files, .save = f->ckpt ? loom_run_save : NULL,
-                                .settle = f->ckpt && f->async_save ? loom_run_settle : NULL};
+                                .settle = f->ckpt && (f->async_save || f->local_every) ? loom_run_settle : NULL,
+                                .local_every = f->local_every, .local_save = f->local_every ? loom_run_local_save : NULL};
   bool stopped = false;
   if (st == LOOM_OK) st = loom_train_run(&tr, &loop, &stopped, err);
   if (st == LOOM_OK && !stopped && f->save) st = loom_run_export(&files, f->steps, f->save, err);
+  files.finished = st == LOOM_OK; /* its last step is in --ckpt: the in-memory copies are no longer needed */
   loom_run_files_free(&files);
   loom_trainer_free(&tr);
   loom_metrics_close(&metrics);

@@ -59,6 +59,11 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false, NULL},
       {"--async-save", FLAG_BOOL, &f->async_save, "write checkpoints on a thread while training goes on: the step loop "
        "stalls only to copy the shard to host memory (Megatron-LM's --async-save)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--local-save-every", FLAG_INT, &f->local_every, "also checkpoint every N steps into host memory (--local-dir), "
+       "each shard replicated on a rank of the next host: a restart loads the newest complete set from there, else "
+       "--ckpt's (0: never)", 0, 1e9, NULL, false, NULL},
+      {"--local-dir", FLAG_STRING, &f->local_dir, "where the in-memory checkpoints live, as DIR/HOST on each host (default "
+       "/dev/shm/loom-local)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--resume", FLAG_BOOL, &f->resume, "continue from the checkpoint --ckpt/latest names; --steps counts from the start", LOOM_NO_RANGE, NULL, false, NULL},
       loom_flag_def_as("--force", &f->force, "replace outputs that exist (--save, --metrics, --trace) and train afresh over --ckpt's checkpoints"),
       {"--elastic", FLAG_BOOL, &f->elastic, "on fewer ranks than the plan's, lower dp to world / (tp x pp), keeping the global batch (a restart after a lost host)", LOOM_NO_RANGE, NULL, false, NULL},
@@ -82,7 +87,7 @@ loom_train_flags loom_train_flags_defaults(void) {
                             .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
                             .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f, .grad_clip = 1.0f,
                             .split = LOOM_DEFAULT_SPLIT, .synthetic = "addition", .device = "auto", .lr_decay = "cosine",
-                            .wsd_shape = "exponential"};
+                            .wsd_shape = "exponential", .local_dir = LOOM_LOCAL_DIR_DEFAULT};
 }
 
 loom_lr_schedule loom_train_flags_lr(const loom_train_flags *f) {
@@ -111,6 +116,11 @@ loom_status loom_train_flags_check(const loom_train_flags *f, const loom_flag *t
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --eval-data needs --data");
   if (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--split")->set && !(f->data && loom_data_is_indexed(f->data)))
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --split applies to indexed datasets (--data PREFIX or a blend)");
+  if (f->local_every && !f->ckpt)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --local-save-every needs --ckpt DIR: the persistent checkpoint is "
+                     "what a restart falls back to when no complete in-memory set is left");
+  if (loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--local-dir")->set && !f->local_every)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom train: --local-dir names where --local-save-every's copies go; add it");
   if ((f->resume || f->async_save || loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--save-every")->set ||
        loom_flags_find(t, LOOM_TRAIN_FLAG_COUNT, "--keep")->set) && !f->ckpt)
     return loom_fail(err, LOOM_ERR_USAGE, "loom train: --resume, --async-save, --save-every and --keep need --ckpt DIR");

@@ -17,6 +17,7 @@ static const char *const g_names[LOOM_FAULT_COUNT] = {
     [LOOM_FAULT_NAN_GRAD] = "nan_grad", [LOOM_FAULT_SLOW] = "slow",
     [LOOM_FAULT_KILL_IN_SAVE] = "kill_in_save", [LOOM_FAULT_KILL_IN_STAGE] = "kill_in_stage",
     [LOOM_FAULT_KILL_IN_WRITE] = "kill_in_write", [LOOM_FAULT_ALLOC] = "alloc",
+    [LOOM_FAULT_KILL] = "kill",       [LOOM_FAULT_SKIP_COLLECTIVE] = "skip_collective",
 };
 
 static armed_fault g_armed[MAX_FAULTS];

@@ -343,6 +343,7 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
   for (int step = first; step < loop->steps && st == LOOM_OK; step++) {
     if (loom_fault_fires(LOOM_FAULT_STALL, step + 1, NULL))
       for (;;) sleep(1);
+    if (loom_fault_fires(LOOM_FAULT_KILL, step + 1, NULL)) raise(SIGKILL);
     loom_pipeline_set_tracing(tr->pipe, loop->trace && step + 1 == loop->steps);
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(tr, step);
@@ -362,6 +363,8 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
     *stopped = stop_requested(tr, loop);
     const bool due = (loop->save_every && (step + 1) % loop->save_every == 0) || step + 1 == loop->steps;
     if (st == LOOM_OK && loop->save && (*stopped || due)) st = loop->save(loop->save_ctx, step + 1, err);
+    else if (st == LOOM_OK && loop->local_save && (step + 1) % loop->local_every == 0)
+      st = loop->local_save(loop->save_ctx, step + 1, err);
     if (st == LOOM_OK && loop->settle) st = loop->settle(loop->save_ctx, *stopped || step + 1 == loop->steps, err);
     if (*stopped) {
       loom_log_status_end();

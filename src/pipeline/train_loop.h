@@ -27,6 +27,9 @@ typedef struct {
   /* After each step, and blocking at the end or a stop: record a save that
    * was written in the background (NULL: saves are synchronous). */
   loom_status (*settle)(void *ctx, bool blocking, loom_error *err);
+  /* In-memory checkpoints every local_every steps (0: never), between the persistent ones. */
+  int local_every;
+  loom_status (*local_save)(void *ctx, int64_t step, loom_error *err);
 } loom_train_loop;
 
 /* Logs the layout, the schedule's bubble, what recompute saves and what each rank holds. */
