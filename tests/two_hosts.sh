@@ -18,13 +18,19 @@ rm -rf "$WORK" && mkdir -p "$WORK" "$TMPDIR" # a down.HOST left by an earlier ru
 skip() { echo "SKIP: $*"; exit 77; }
 command -v ip > /dev/null || skip "no ip command (apt-get install iproute2)"
 command -v unshare > /dev/null || skip "no unshare command (util-linux)"
-A=lh$$a B=lh$$b NET=10.78.$(($$ % 200 + 20))
+# Hosts A and B, and C held as a spare, each joined to a bridge by a veth pair.
+A=lh$$a B=lh$$b C=lh$$c BR=blh$$ NET=10.78.$(($$ % 200 + 20))
 ip netns add $A 2> "$WORK/ns.err" || skip "cannot create network namespaces here: $(cat "$WORK/ns.err")"
-trap 'ip netns del $A 2> /dev/null; ip netns del $B 2> /dev/null' EXIT INT TERM
-ip netns add $B || fail "second namespace"
-ip link add v$A type veth peer name v$B && ip link set v$A netns $A && ip link set v$B netns $B || fail "veth pair"
-ip -n $A addr add $NET.1/24 dev v$A && ip -n $B addr add $NET.2/24 dev v$B || fail "addresses"
-for ns in $A $B; do ip -n $ns link set lo up; ip -n $ns link set v$ns up; done
+trap 'ip netns del $A 2> /dev/null; ip netns del $B 2> /dev/null; ip netns del $C 2> /dev/null; ip link del $BR 2> /dev/null' EXIT INT TERM
+ip netns add $B && ip netns add $C || fail "more namespaces"
+ip link add $BR type bridge && ip link set $BR up || fail "bridge"
+i=1
+for ns in $A $B $C; do
+  ip link add v$ns type veth peer name p$ns && ip link set v$ns netns $ns && ip link set p$ns master $BR &&
+    ip link set p$ns up && ip -n $ns addr add $NET.$i/24 dev v$ns && ip -n $ns link set lo up && ip -n $ns link set v$ns up ||
+    fail "veth pair of $ns"
+  i=$((i + 1))
+done
 
 # The rsh agent Open MPI calls as "agent [options] HOST COMMAND...". A host
 # with a file down.HOST is unreachable, as ssh finds a lost node.
@@ -33,7 +39,7 @@ cat > "$WORK/agent" << AGENT
 while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done
 host=\$1; shift
 [ ! -e "$WORK/down.\$host" ] || { echo "agent: connect to host \$host: No route to host" >&2; exit 255; }
-case \$host in $NET.1) ns=$A ;; $NET.2) ns=$B ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
+case \$host in $NET.1) ns=$A ;; $NET.2) ns=$B ;; $NET.3) ns=$C ;; *) echo "agent: unknown host \$host" >&2; exit 1 ;; esac
 exec ip netns exec \$ns unshare --uts sh -c "hostname host-\$ns; exec sh -c \\"\\\$0\\"" "\$*"
 AGENT
 chmod +x "$WORK/agent"
@@ -82,4 +88,30 @@ losses "$WORK/lost.jsonl" > "$WORK/lost_losses.txt"
 [ "$(wc -l < "$WORK/lost_losses.txt")" = 16 ] || fail "expected 16 losses after the restart: $(cat "$WORK/lost_losses.txt")"
 paste "$WORK/one_lost.txt" "$WORK/lost_losses.txt" | awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) { print "step " NR ": " $2 " vs serial " $1; bad = 1 } } END { exit bad }' ||
   fail "losses after the lost host differ from the serial run"
-echo "ok: $((after - before)) bytes over the veth link; losses equal the serial run, and after a lost host too"
+
+# A hot spare: host B is lost mid-run (its processes killed, its in-memory
+# copies wiped, no longer reachable); C takes its place, the job resumes at
+# its own layout (dp 2) from the in-memory copies, B's shards sent from A's
+# replicas, and ends with an uninterrupted run's losses and weights, bit for bit.
+printf '%s slots=2\n' $NET.3 > "$WORK/spares"
+SPARE="$LOST --tp 2 --dp 2 --local-save-every 2 --local-dir $WORK/shm"
+rm -f "$WORK/down.$NET.2" # B is back for the uninterrupted run
+ip netns exec $A "$LOOM_RUN" --hostfile "$WORK/hosts" -n 4 --bind none train $LOST --tp 2 --dp 2 \
+  --metrics "$WORK/whole.jsonl" --save "$WORK/whole.bin" > "$WORK/whole.txt" 2>&1 || fail "uninterrupted two-host run: $(tail -5 "$WORK/whole.txt")"
+rm -rf "$WORK/spare" "$WORK/down.$NET.2" "$WORK/shm"
+ip netns exec $A env LOOM_FAULT=slow:*:*:40 "$LOOM_RUN" --hostfile "$WORK/hosts" --spare-hosts "$WORK/spares" -n 4 --bind none \
+  --max-restarts 1 train $SPARE --ckpt "$WORK/spare" --metrics "$WORK/spare.jsonl" --save "$WORK/spare.bin" > "$WORK/spare.txt" 2>&1 &
+job=$!
+wait_for "$WORK/spare.jsonl" '"step": 7,' 180
+touch "$WORK/down.$NET.2"
+ip netns pids $B | xargs -r kill -KILL
+rm -rf "$WORK/shm/host-$B"
+wait $job || fail "run with a spare host: $(tail -5 "$WORK/spare.txt")"
+grep -q "^loom-run: restart 1 of 1 after .*$NET.2.*: replacing $NET.2 by spare $NET.3; resuming from the newest complete in-memory set" "$WORK/spare.txt" ||
+  fail "no restart on the spare: $(grep 'loom-run' "$WORK/spare.txt")"
+grep -q "^resume: step [0-9]* from the in-memory copies (the persistent checkpoint holds none): .* 2 sent by peers holding replicas (.*shard 2: a peer's replica, sent by rank [01] on " "$WORK/spare.txt" ||
+  fail "no in-memory resume from the peers' replicas: $(grep 'resume\|local' "$WORK/spare.txt")"
+grep -q "^elastic" "$WORK/spare.txt" && fail "the spare's run shrank dp"
+[ "$(losses "$WORK/spare.jsonl")" = "$(losses "$WORK/whole.jsonl")" ] || fail "losses with a spare differ from the uninterrupted run's"
+cmp -s "$WORK/whole.bin" "$WORK/spare.bin" || fail "final weights with a spare differ from the uninterrupted run's"
+echo "ok: $((after - before)) bytes over the veth link; losses equal the serial run, after a lost host too; a spare resumes bit for bit"
