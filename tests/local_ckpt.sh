@@ -46,6 +46,22 @@ untouched() { :; }
 resume memory untouched
 said memory "^resume: step 9 from the in-memory copies (the persistent checkpoint holds step 8): .*shard 0: its own copy"
 
+# The goodput ledger against a hand count: attempt 1 reached step 10 (rank 1 was killed before step 11) and attempt 2
+# resumed from step 9, so 1 step was lost; the kept step time is attempt 1's up to its save of step 9 and all of
+# attempt 2's, the lost time attempt 1's after that save.
+g=$(grep '^{"goodput": ' "$WORK/memory/run.jsonl")
+[ -n "$g" ] || fail "memory: no goodput line in the metrics file"
+echo "$g" | grep -q '"attempts": 2, .*"lost_steps": 1, ' || fail "memory: expected 2 attempts and 1 lost step: $g"
+field() { echo "$g" | sed "s/.*\"$1\": \([0-9.e+-]*\).*/\1/"; }
+ledger=$WORK/memory/ck/goodput.jsonl
+at() { grep "\"attempt\": $1, \"event\": \"$2\", \"step\": $3," "$ledger" | sed 's/.*"step_s": \([0-9.]*\).*/\1/'; }
+saved9=$(at 1 save 9) last1=$(at 1 last 10) end2=$(at 2 end 12)
+[ -n "$saved9" ] && [ -n "$last1" ] && [ -n "$end2" ] || fail "memory: the ledger lacks attempt 1's save of step 9, its last step 10 or attempt 2's end: $(cat "$ledger")"
+awk -v k="$(field kept_s)" -v l="$(field lost_s)" -v s="$saved9" -v a="$last1" -v e="$end2" \
+  'BEGIN { dk = k - (s + e); dl = l - (a - s); exit !(dk < 1e-5 && dk > -1e-5 && dl < 1e-5 && dl > -1e-5 && k > 0 && l > 0) }' ||
+  fail "memory: kept $(field kept_s) s and lost $(field lost_s) s, by hand $saved9 + $end2 and $last1 - $saved9"
+said memory "^goodput: [0-9.]*% of [0-9.]* s wall over 2 attempts kept as training steps"
+
 flip() { printf '\377' | dd of="$1" bs=1 seek="$2" conv=notrunc status=none; }
 flipped() { flip "$1/step_00000009/rank_00000.shard" 200; } # shard 0: rank 0 writes every weight at dp 2
 resume flipped flipped

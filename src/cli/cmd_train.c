@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "pipeline/preflight.h"
 #include "core/sysinfo.h"
+#include "core/timer.h"
 #include "pipeline/train_loop.h"
 
 /* SIGTERM, SIGINT or SIGHUP (Slurm preemption, Ctrl-C, a closed terminal), or SIGUSR1 (what
@@ -23,6 +24,7 @@
  * where it would end the job on the others): finish the step, checkpoint,
  * exit 0. */
 static volatile sig_atomic_t g_stop;
+static double g_launched; /* when this attempt's process started (the goodput ledger's clock) */
 static void on_signal(int sig) { g_stop = sig; }
 
 static void catch_signals(void) {
@@ -142,7 +144,11 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   if (st == LOOM_OK) log_run(&tr, f, device, peak, peak_what);
   if (st == LOOM_OK && f->preflight) st = preflight(&tr, ops, err);
   int64_t first = 0;
+  const double restore_t0 = loom_now_s();
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
+  loom_goodput ledger;
+  const bool ledgered = st == LOOM_OK && f->ckpt && loom_comm_rank(world) == 0 &&
+                        loom_goodput_open(&ledger, f->ckpt, g_launched, f->resume, first, loom_now_s() - restore_t0, err) == LOOM_OK;
   if (st == LOOM_OK)
     st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, f->resume ? (long)first : -1, err);
   if (st == LOOM_OK)
@@ -154,11 +160,20 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
                                 .trace = f->trace, .metrics = &metrics, .peak_gflops = peak, .stop = &g_stop,
                                 .save_every = f->save_every, .save_ctx = &files, .save = f->ckpt ? loom_run_save : NULL,
                                 .settle = f->ckpt && (f->async_save || f->local_every) ? loom_run_settle : NULL,
-                                .local_every = f->local_every, .local_save = f->local_every ? loom_run_local_save : NULL};
+                                .local_every = f->local_every, .local_save = f->local_every ? loom_run_local_save : NULL,
+                                .goodput = ledgered ? &ledger : NULL};
   bool stopped = false;
   if (st == LOOM_OK) st = loom_train_run(&tr, &loop, &stopped, err);
   if (st == LOOM_OK && !stopped && f->save) st = loom_run_export(&files, f->steps, f->save, err);
   files.finished = st == LOOM_OK; /* its last step is in --ckpt: the in-memory copies are no longer needed */
+  loom_goodput_summary goodput;
+  loom_error ignored;
+  if (ledgered && st == LOOM_OK && loom_goodput_close(&ledger, &goodput, &ignored) == LOOM_OK) {
+    char line[512];
+    loom_goodput_describe(&goodput, line, sizeof line);
+    loom_log_info("%s", line);
+    loom_metrics_goodput(&metrics, &goodput);
+  }
   loom_run_files_free(&files);
   loom_trainer_free(&tr);
   loom_metrics_close(&metrics);
@@ -180,6 +195,7 @@ static loom_status fit_world(loom_plan *plan, int world, loom_error *err) {
 }
 
 int loom_cmd_train(int argc, char **argv) {
+  g_launched = loom_goodput_clock();
   loom_train_flags f = loom_train_flags_defaults();
   loom_flag table[LOOM_TRAIN_FLAG_COUNT];
   loom_train_flags_table(&f, table);

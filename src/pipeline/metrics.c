@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include "core/log.h"
 #include "core/read_file.h"
+#include "pipeline/goodput.h"
 #include "pipeline/metrics.h"
 
 /* Rewrites path with only its lines of steps up to keep_through (a missing
@@ -153,6 +154,17 @@ void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak
   errno = 0;
   if (fprintf(m->fp, "{\"memory\": {\"rank\": %d, \"estimate_bytes\": %.0f, \"peak_bytes\": %.0f, \"resident_peak_bytes\": %.0f, "
               "\"activation_estimate_bytes\": %.0f}}\n", rank, estimate, peak, resident, activations) < 0 ||
+      fflush(m->fp) != 0 || ferror(m->fp))
+    failed(m);
+}
+
+void loom_metrics_goodput(loom_metrics *m, const loom_goodput_summary *s) {
+  if (!m || !m->fp) return;
+  errno = 0;
+  if (fprintf(m->fp, "{\"goodput\": {\"share\": %.6f, \"wall_s\": %.6f, \"attempts\": %d, \"kept_s\": %.6f, "
+              "\"save_s\": %.6f, \"restore_s\": %.6f, \"lost_steps\": %lld, \"lost_s\": %.6f, \"relaunch_s\": %.6f, "
+              "\"other_s\": %.6f}}\n", s->goodput, s->wall_s, s->attempts, s->kept_s, s->save_s, s->restore_s,
+              (long long)s->lost_steps, s->lost_s, s->relaunch_s, s->other_s) < 0 ||
       fflush(m->fp) != 0 || ferror(m->fp))
     failed(m);
 }

@@ -4,6 +4,7 @@
 #ifndef LOOM_METRICS_H
 #define LOOM_METRICS_H
 
+#include "pipeline/goodput.h"
 #include <stdint.h>
 #include <stdio.h>
 #include "core/status.h"
@@ -44,5 +45,8 @@ void loom_metrics_end(loom_metrics *m);
  * activations and weight-grad states (what the batch and sequence set;
  * P - (E - A) is then the counted peak of what they took). */
 void loom_metrics_memory(loom_metrics *m, int rank, double estimate, double peak, double resident, double activations);
+/* The goodput over every attempt so far, one line of its own: {"goodput": {"share": G, "wall_s": ..., "attempts": N,
+ * "kept_s", "save_s", "restore_s", "lost_steps", "lost_s", "relaunch_s", "other_s"}} (pipeline/goodput.h). */
+void loom_metrics_goodput(loom_metrics *m, const loom_goodput_summary *s);
 
 #endif

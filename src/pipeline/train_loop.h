@@ -7,6 +7,7 @@
 #define LOOM_TRAIN_LOOP_H
 
 #include <signal.h>
+#include "pipeline/goodput.h"
 #include "pipeline/metrics.h"
 #include "pipeline/trainer.h"
 
@@ -30,6 +31,7 @@ typedef struct {
   /* In-memory checkpoints every local_every steps (0: never), between the persistent ones. */
   int local_every;
   loom_status (*local_save)(void *ctx, int64_t step, loom_error *err);
+  loom_goodput *goodput; /* rank 0's ledger (NULL: none): each step's time and each save's stall go in */
 } loom_train_loop;
 
 /* Logs the layout, the schedule's bubble, what recompute saves and what each rank holds. */
