@@ -219,6 +219,21 @@ code=$?
 [ "$code" != 0 ] || fail "a stalled rank must fail the job"
 grep -q "\[rank 0\] loom: watchdog: all-reduce on the tp group did not complete in 2 s (--watchdog-timeout); not waiting in any collective, so stalled or dead: rank 1; waiting: ranks 0, 2, 3" \
   "$WORK/stall.txt" || fail "watchdog message: $(cat "$WORK/stall.txt")"
+# A collective one rank skips (a test fault: rank 1 skips the 5th collective of step 3, a small all-reduce on the
+# world group, and waits in its next, on the dp group): every rank waits, the watchdog ends the job, and the flight
+# recorder's line, the job's last from loom, names that rank and that collective; every rank dumps its ring.
+mkdir -p "$WORK/flight"
+LOOM_FAULT=skip_collective:1:3:5 "$MPIEXEC" --oversubscribe --bind-to none -np 2 -x LOOM_FAULT -x OMP_NUM_THREADS=1 \
+  "$LOOM" train --layers 2 --hidden 32 --heads 4 --seq 16 --micro-batch 2 --global-batch 8 --dp 2 --steps 6 \
+  --eval-every 0 --watchdog-timeout 2 --flight-recorder-dir "$WORK/flight" > "$WORK/skip.txt" 2>&1 &&
+  fail "a skipped collective must fail the job"
+[ "$(grep '^\[rank [0-9]*\] loom: ' "$WORK/skip.txt" | tail -1 | grep -c "loom: flight recorder: the ranks disagree first on the world group (leader rank 0, 2 ranks) operation #[0-9]*, all-reduce of 4 B at step 3: posted by rank 0; never by rank 1 (whose last posted #[0-9]* there)")" = 1 ] ||
+  fail "flight recorder line: $(grep 'loom:' "$WORK/skip.txt")"
+# Each ring ends in the operation its rank waits in, unfinished: rank 0's on the world group, rank 1's on dp.
+for r in "0 world" "1 dp"; do
+  tail -2 "$WORK/flight/flight_rank_0000${r% *}.json" | grep -q "\"group\": \"${r#* }\", \"leader\": 0, \"size\": 2, \"seq\": [0-9]*, \"kind\": \"all-reduce\", \"bytes\": 4, \"peer\": -1, \"step\": 3, \"start\": [0-9.]*, \"end\": null}" ||
+    fail "rank ${r% *}'s ring: $(tail -3 "$WORK/flight/flight_rank_0000${r% *}.json" 2>&1)"
+done
 # Progress as a person sees it. On a terminal (script(1) gives loom a pty): one
 # status line rewritten in place (carriage return, erase line) with step,
 # loss, tokens/s, elapsed and ETA, and the eval lines printed above it; in a

@@ -10,6 +10,7 @@
 #include "cli/device.h"
 #include "cli/launch.h"
 #include "cli/train_flags.h"
+#include "comm/flight_recorder.h"
 #include "comm/mpi/comm_mpi.h"
 #include "core/fault.h"
 #include "data/addition.h"
@@ -232,6 +233,7 @@ int loom_cmd_train(int argc, char **argv) {
   loom_cpu_set_threads(f.threads ? f.threads : loom_launch_default_threads());
   catch_signals();
   loom_comm_mpi_set_watchdog(f.watchdog_timeout);
+  loom_flight_configure(f.flight_entries, f.flight_dir ? f.flight_dir : f.ckpt);
   loom_launch launch;
   st = loom_launch_init(&launch, &err);
   loom_log_set_quiet(launch.rank != 0);

@@ -56,6 +56,10 @@ void loom_train_flags_table(loom_train_flags *f, loom_flag *t) {
       {"--ckpt", FLAG_STRING, &f->ckpt, "checkpoint directory (sharded, one file per rank)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--save-every", FLAG_INT, &f->save_every, "checkpoint every N steps (0: only at the end)", 0, 1e9, NULL, false, NULL},
       {"--watchdog-timeout", FLAG_FLOAT, &f->watchdog_timeout, "abort, naming the stalled ranks, when a collective waits this many seconds (0: never)", 0, 1e6, NULL, false, NULL},
+      {"--flight-recorder", FLAG_INT, &f->flight_entries, "keep each rank's last N collectives and transfers; when the "
+       "watchdog fires, name the first one the ranks disagree on (0: off)", 0, 1e7, NULL, false, NULL},
+      {"--flight-recorder-dir", FLAG_STRING, &f->flight_dir, "where each rank's ring is written when the watchdog fires "
+       "(default: --ckpt's directory; none without it)", LOOM_NO_RANGE, NULL, false, NULL},
       {"--keep", FLAG_INT, &f->keep, "keep the newest N checkpoints, removing older ones (0: keep all)", 0, 1e9, NULL, false, NULL},
       {"--async-save", FLAG_BOOL, &f->async_save, "write checkpoints on a thread while training goes on: the step loop "
        "stalls only to copy the shard to host memory (Megatron-LM's --async-save)", LOOM_NO_RANGE, NULL, false, NULL},
@@ -84,7 +88,7 @@ loom_status loom_train_plan(loom_train_flags *f, const loom_flag *t, loom_plan *
 loom_train_flags loom_train_flags_defaults(void) {
   return (loom_train_flags){.layout = loom_plan_flags_defaults(), .steps = 2000, .warmup = 30,
                             .digits = LOOM_ADDITION_DEFAULT_DIGITS, .eval_every = 250, .eval_batches = 8, .threads = 0,
-                            .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f,
+                            .log_every = 0, .straggler_factor = 1.5f, .bucket_mb = 4.0f, .watchdog_timeout = 600.0f, .flight_entries = 2048,
                             .seed = 1337, .lr = 3e-3f, .min_lr_frac = 0.1f, .weight_decay = 0.1f, .grad_clip = 1.0f,
                             .split = LOOM_DEFAULT_SPLIT, .synthetic = "addition", .device = "auto", .lr_decay = "cosine",
                             .wsd_shape = "exponential", .local_dir = LOOM_LOCAL_DIR_DEFAULT};

@@ -11,9 +11,10 @@
 
 typedef struct {
   loom_plan_flags layout;
-  int steps, warmup, wsd_decay_steps, digits, eval_every, eval_batches, threads, log_every, save_every, keep, local_every;
+  int steps, warmup, wsd_decay_steps, digits, eval_every, eval_batches, threads, log_every, save_every, keep, local_every,
+      flight_entries;
   bool resume, async_save, print_plan, elastic, preflight, force;
-  const char *ckpt, *local_dir;
+  const char *ckpt, *local_dir, *flight_dir;
   int64_t seed;
   float lr, min_lr_frac, weight_decay, grad_clip, straggler_factor, bucket_mb, watchdog_timeout;
   const char *data, *eval_data, *split, *data_order, *synthetic, *metrics, *save, *tensorboard_dir;
@@ -22,7 +23,7 @@ typedef struct {
 
 /* Where --local-save-every's copies go unless --local-dir says: tmpfs, host memory. */
 #define LOOM_LOCAL_DIR_DEFAULT "/dev/shm/loom-local"
-#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 40)
+#define LOOM_TRAIN_FLAG_COUNT (LOOM_PLAN_FLAG_COUNT + 42)
 
 loom_train_flags loom_train_flags_defaults(void);
 /* The learning-rate schedule the flags ask for. */

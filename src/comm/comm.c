@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 #include "comm/comm.h"
+#include "comm/flight_recorder.h"
 #include "core/check.h"
 
 static int single(const loom_comm *c) { return !c || c->size == 1; }
@@ -26,6 +27,12 @@ static void count(loom_comm *c, size_t n, loom_dtype type, bool reduce) {
   c->ring_bytes += reduce ? 2.0 * (d - 1.0) / d * bytes : (d - 1.0) * bytes;
 }
 
+/* A non-blocking operation's request, noted with its flight recorder slot until it completes. */
+static loom_request *pending(loom_request *r, int64_t slot) {
+  loom_flight_pending(r, slot);
+  return r;
+}
+
 int loom_comm_rank(const loom_comm *c) { return c ? c->rank : 0; }
 int loom_comm_size(const loom_comm *c) { return c ? c->size : 1; }
 
@@ -33,8 +40,11 @@ void loom_comm_allreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype typ
   LOOM_CHECK(type != LOOM_DTYPE_BYTE && (type != LOOM_DTYPE_BF16 || op == LOOM_REDUCE_SUM),
              "all-reduce of bytes, or a bf16 max, is not defined");
   if (single(c)) return;
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_ALLREDUCE, n * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
   count(c, n, type, true);
   c->ops->allreduce(c, buf, n, type, op);
+  loom_flight_end(slot);
 }
 
 void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) {
@@ -44,8 +54,10 @@ void loom_comm_allreduce(loom_comm *c, float *buf, size_t n, loom_reduce_op op) 
 loom_request *loom_comm_iallreduce_typed(loom_comm *c, void *buf, size_t n, loom_dtype type) {
   LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "non-blocking all-reduce sums f32 or bf16");
   if (single(c)) return NULL;
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_ALLREDUCE, n * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return NULL;
   count(c, n, type, true);
-  return c->ops->iallreduce(c, buf, n, type);
+  return pending(c->ops->iallreduce(c, buf, n, type), slot);
 }
 
 loom_request *loom_comm_iallreduce(loom_comm *c, float *buf, size_t n) {
@@ -57,8 +69,11 @@ void loom_comm_allgather_typed(loom_comm *c, const void *send, void *recv, size_
     local_copy(c, recv, send, n * loom_dtype_size(type));
     return;
   }
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_ALLGATHER, n * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
   count(c, n, type, false);
   c->ops->allgather(c, send, recv, n, type);
+  loom_flight_end(slot);
 }
 
 void loom_comm_allgather(loom_comm *c, const float *send, float *recv, size_t n) {
@@ -71,8 +86,11 @@ void loom_comm_reduce_scatter_typed(loom_comm *c, const void *send, void *recv, 
     local_copy(c, recv, send, n * loom_dtype_size(type));
     return;
   }
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_REDUCE_SCATTER, n * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
   count(c, n, type, false);
   c->ops->reduce_scatter(c, send, recv, n, type);
+  loom_flight_end(slot);
 }
 
 void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size_t n) {
@@ -81,8 +99,10 @@ void loom_comm_reduce_scatter(loom_comm *c, const float *send, float *recv, size
 
 loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   if (!single(c)) {
+    const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_ALLGATHER, n * loom_dtype_size(type), -1);
+    if (slot == LOOM_FLIGHT_SKIP) return NULL;
     count(c, n, type, false);
-    return c->ops->iallgather(c, send, recv, n, type);
+    return pending(c->ops->iallgather(c, send, recv, n, type), slot);
   }
   local_copy(c, recv, send, n * loom_dtype_size(type));
   return NULL;
@@ -91,8 +111,10 @@ loom_request *loom_comm_iallgather_typed(loom_comm *c, const void *send, void *r
 loom_request *loom_comm_ireduce_scatter_typed(loom_comm *c, const void *send, void *recv, size_t n, loom_dtype type) {
   LOOM_CHECK(type == LOOM_DTYPE_F32 || type == LOOM_DTYPE_BF16, "reduce-scatter sums f32 or bf16");
   if (!single(c)) {
+    const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_REDUCE_SCATTER, n * loom_dtype_size(type), -1);
+    if (slot == LOOM_FLIGHT_SKIP) return NULL;
     count(c, n, type, false);
-    return c->ops->ireduce_scatter(c, send, recv, n, type);
+    return pending(c->ops->ireduce_scatter(c, send, recv, n, type), slot);
   }
   local_copy(c, recv, send, n * loom_dtype_size(type));
   return NULL;
@@ -103,7 +125,11 @@ loom_request *loom_comm_ireduce_scatter(loom_comm *c, const float *send, float *
 }
 
 void loom_comm_broadcast_typed(loom_comm *c, void *buf, size_t n, loom_dtype type, int root) {
-  if (!single(c)) c->ops->broadcast(c, buf, n, type, root);
+  if (single(c)) return;
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_BROADCAST, n * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
+  c->ops->broadcast(c, buf, n, type, root);
+  loom_flight_end(slot);
 }
 
 void loom_comm_alltoall_counts(loom_comm *c, const size_t *send_counts, size_t *recv_counts) {
@@ -125,7 +151,12 @@ void loom_comm_alltoallv_typed(loom_comm *c, const void *send, const size_t *sen
   }
   for (int r = 0; r < c->size; r++)
     if (r != c->rank) c->ring_bytes += (double)send_counts[r] * (double)loom_dtype_size(type);
+  size_t total = 0;
+  for (int r = 0; r < c->size; r++) total += send_counts[r];
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_ALLTOALLV, total * loom_dtype_size(type), -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
   c->ops->alltoallv(c, send, send_counts, recv, recv_counts, type);
+  loom_flight_end(slot);
 }
 
 void loom_comm_broadcast(loom_comm *c, float *buf, size_t n, int root) {
@@ -147,19 +178,27 @@ void loom_comm_recv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
 loom_request *loom_comm_isend(loom_comm *c, const float *buf, size_t n, int peer, int tag) {
   LOOM_CHECK(!single(c), "send needs a group of two or more ranks");
   c->sent_bytes += (double)n * sizeof(float);
-  return c->ops->isend(c, buf, n, peer, tag);
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_SEND, n * sizeof(float), peer);
+  return pending(c->ops->isend(c, buf, n, peer, tag), slot);
 }
 
 loom_request *loom_comm_irecv(loom_comm *c, float *buf, size_t n, int peer, int tag) {
   LOOM_CHECK(!single(c), "recv needs a group of two or more ranks");
-  return c->ops->irecv(c, buf, n, peer, tag);
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_RECV, n * sizeof(float), peer);
+  return pending(c->ops->irecv(c, buf, n, peer, tag), slot);
 }
 
 void loom_comm_wait(loom_comm *c, loom_request *r) {
-  if (r) c->ops->wait(r);
+  if (!r) return;
+  c->ops->wait(r);
+  loom_flight_completed(r); /* (the request is freed: its address only finds its slot) */
 }
 
-int loom_comm_test(loom_comm *c, loom_request *r) { return c->ops->test(r); }
+int loom_comm_test(loom_comm *c, loom_request *r) {
+  const int done = c->ops->test(r);
+  if (done) loom_flight_completed(r);
+  return done;
+}
 
 void loom_comm_idle_barrier(loom_comm *c, int root) {
   if (single(c)) return;
@@ -175,7 +214,11 @@ void loom_comm_idle_barrier(loom_comm *c, int root) {
 }
 
 void loom_comm_barrier(loom_comm *c) {
-  if (!single(c)) c->ops->barrier(c);
+  if (single(c)) return;
+  const int64_t slot = loom_flight_begin(c, LOOM_FLIGHT_BARRIER, 0, -1);
+  if (slot == LOOM_FLIGHT_SKIP) return;
+  c->ops->barrier(c);
+  loom_flight_end(slot);
 }
 
 loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name) {
@@ -183,6 +226,10 @@ loom_comm *loom_comm_split(loom_comm *c, int color, int key, const char *name) {
   if (sub) {
     snprintf(sub->name, sizeof sub->name, "%s", name);
     sub->mem = c->mem;
+    sub->world_rank = c->world_rank;
+    int32_t lead = -c->world_rank; /* the lowest world rank, as a max (outside the flight recorder's count) */
+    if (sub->size > 1) sub->ops->allreduce(sub, &lead, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
+    sub->leader = -lead;
   }
   return sub;
 }

@@ -73,6 +73,9 @@ struct loom_comm {
   const loom_comm_ops *ops;
   int rank, size;
   char name[16]; /* "world", "tp", "dp", "pp", "embedding": for error messages */
+  /* This rank's world rank, and the world rank of the group's rank 0: what
+   * tells two groups of one name apart (the flight recorder's names). */
+  int world_rank, leader;
   /* The compute backend's memory, whose buffers the f32 calls may be
    * given (NULL: host memory only). A comm backend that cannot reach it
    * stages through the host; sub-groups inherit it. */

@@ -26,7 +26,8 @@ typedef enum {
   LOOM_FAULT_KILL_IN_WRITE, /* the rank dies halfway through writing its shard file (its .tmp half written) */
   LOOM_FAULT_ALLOC,        /* the allocation fails (loom_fault_malloc and friends) */
   LOOM_FAULT_KILL,         /* the rank dies (SIGKILL) before the step, as a lost process or node */
-  LOOM_FAULT_SKIP_COLLECTIVE, /* the rank skips its first collective of the step, as a bug on one rank would (a hang) */
+  LOOM_FAULT_SKIP_COLLECTIVE, /* the rank skips its arg-th collective of the step (1 without arg), as a bug on one
+                                 rank would: a hang (comm/flight_recorder.h) */
   LOOM_FAULT_COUNT
 } loom_fault_point;
 

@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
+#include "comm/flight_recorder.h"
 #include "core/check.h"
 #include "core/fault.h"
 #include "core/log.h"
@@ -344,6 +345,7 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
     if (loom_fault_fires(LOOM_FAULT_STALL, step + 1, NULL))
       for (;;) sleep(1);
     if (loom_fault_fires(LOOM_FAULT_KILL, step + 1, NULL)) raise(SIGKILL);
+    loom_flight_set_step(step + 1);
     loom_pipeline_set_tracing(tr->pipe, loop->trace && step + 1 == loop->steps);
     const double t0 = loom_now_s();
     const loom_step_stats s = loom_trainer_step(tr, step);

@@ -342,6 +342,7 @@ static loom_comm *wrap(MPI_Comm comm) {
   c->mem = NULL;
   MPI_Comm_rank(comm, &c->rank);
   MPI_Comm_size(comm, &c->size);
+  MPI_Comm_rank(MPI_COMM_WORLD, &c->world_rank); /* a split's leader is set by loom_comm_split */
   snprintf(c->name, sizeof c->name, "%s", comm == MPI_COMM_WORLD ? "world" : "split");
   return c;
 }

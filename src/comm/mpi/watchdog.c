@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "comm/flight_recorder.h"
 #include "comm/mpi/watchdog.h"
 
 enum { REPORT_TAG = 0x3d09, MAX_LISTED = 16 };
@@ -13,6 +14,7 @@ typedef struct {
   int rank;
   float waited_s;
   char what[80];
+  loom_flight_summary flight; /* its last operations on each group (comm/flight_recorder.h) */
 } report;
 
 static double g_timeout;
@@ -58,8 +60,10 @@ static void survey_and_abort(const char *what, double waited) {
   int world, me;
   MPI_Comm_size(g_watch, &world);
   MPI_Comm_rank(g_watch, &me);
-  report mine = {me, (float)waited, ""};
+  report mine = {me, (float)waited, "", {0}};
   snprintf(mine.what, sizeof mine.what, "%s", what);
+  loom_flight_summarize(&mine.flight);
+  const bool dumped = loom_flight_dump(me); /* every rank still in communication writes its ring */
   MPI_Request *sent = calloc((size_t)world, sizeof *sent);
   for (int r = 0; r < world; r++)
     if (r != me) MPI_Isend(&mine, sizeof mine, MPI_BYTE, r, REPORT_TAG, g_watch, &sent[r]);
@@ -103,6 +107,17 @@ static void survey_and_abort(const char *what, double waited) {
         n += snprintf(line + n, sizeof line - (size_t)n, "%s rank %d in %s", r ? ";" : "", r, heard[r].what);
     }
     fprintf(stderr, "%s\n", line);
+    /* Last: the first operation the ranks that answered disagree on. */
+    loom_flight_summary *all = calloc((size_t)world, sizeof *all);
+    for (int r = 0; all && r < world; r++) {
+      all[r] = heard[r].flight;
+      if (!waiting[r]) all[r].groups = 0;
+    }
+    char first[1200];
+    if (all && loom_flight_disagreement(all, world, first, sizeof first))
+      fprintf(stderr, "[rank %d] loom: flight recorder: the ranks disagree first on the %s%s\n", me, first,
+              dumped ? "; each answering rank's last operations are in its flight_rank_NNNNN.json" : "");
+    free(all);
     fflush(stderr);
   } else {
     nap_ms((long)(grace * 1000)); /* the lowest waiting rank speaks and aborts */

@@ -378,6 +378,7 @@ static loom_comm *make(loom_comm *mpi, bool owns_mpi, cudaStream_t compute) {
   c->ops = &NCCL_OPS;
   c->rank = rank;
   c->size = size;
+  c->world_rank = mpi ? mpi->world_rank : rank, c->leader = mpi ? mpi->leader : 0;
   snprintf(c->name, sizeof c->name, "%s", mpi ? mpi->name : "world");
   m->name = c->name;
   c->impl = m;
