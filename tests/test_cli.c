@@ -790,6 +790,13 @@ START_TEST(sim_and_search_refuse_bad_input) {
               "drop one of them");
   expect_fail_with(run("sim", "--cluster", "a100-80gb", "--model", "moe-tiny", "--moe-rank-imbalance", "0.5", NULL), 2,
                    "--moe-rank-imbalance");
+  /* Goodput needs the profile's reliability figures: the A100 profile states none. */
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--goodput", NULL), 2,
+              "loom sim: a100-80gb: reliability.mtbf_node_hours (or --mtbf-hours) is missing; goodput (--mtbf-hours) needs it "
+              "(docs/launching.md)");
+  expect_fail(run("sim", "--cluster", "a100-80gb", "--mtbf-hours", "5000", NULL), 2,
+              "loom sim: a100-80gb: reliability.relaunch_s is missing; goodput (--mtbf-hours) needs it (docs/launching.md)");
+  expect_fail_with(run("sim", "--cluster", "h100-sxm", "--mtbf-hours", "0", NULL), 2, "--mtbf-hours");
   expect_fail(run("plan", "search", "--gpus", "8", "--cluster", "a100-80gb", "--global-batch", "64", "--moe-rank-imbalance",
                   "1.5", NULL), 2, "loom plan search: --moe-rank-imbalance 1.5: the plan's model has no experts");
   expect_fail_with(run("sim", "--cluster", "a100-80gb", "--hidden", "100", "--heads", "3", NULL), 2, "--hidden 100: must be divisible by --heads (3)");

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "schedule/timeline.h"
+#include "sim/goodput_model.h"
 #include "sim/search.h"
 #include "cli/names.h"
 #include "test_util.h"
@@ -121,6 +122,10 @@ START_TEST(profiles_refuse_bad_figures) {
       {"gemm { dtype: PRECISION_FP32", "gemm { dtype: PRECISION_FP8 max_efficiency: 0.5 half_dim: 8 } gemm { dtype: PRECISION_FP32",
        "t.txtpb: device.peak_tflops_fp8 and a PRECISION_FP8 device.gemm entry come together"},
       {"peak_tflops_fp32: 10 ", "peak_tflops_fp32: 10 peak_tflops_fp8: -3 ", "device.peak_tflops_fp8 = -3 must be >= 1e-06"},
+      {"devices_per_node: 8", "devices_per_node: 8 reliability { mtbf_node_hours: 0 }",
+       "reliability.mtbf_node_hours = 0 must be >= 0.001"},
+      {"devices_per_node: 8", "devices_per_node: 8 reliability { unrecoverable_share: 1.5 }",
+       "reliability.unrecoverable_share = 1.5 must be >= 0 and at most 1"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ck_assert_int_eq(parse_with(cases[i].from, cases[i].to, &err), LOOM_ERR_FORMAT);
@@ -1029,6 +1034,67 @@ START_TEST(mpi_tags_bound_micro_batches_per_chunk) {
 }
 END_TEST
 
+/* Goodput against the closed forms and the failure process simulated: a save stall of 20 s, a restart of 10 min and
+ * a job MTBF of 8 h, steps of 5 s. */
+START_TEST(goodput_optimum_is_dalys) {
+  const loom_goodput_model m = {.step_s = 5, .mtbf_s = 8 * 3600, .relaunch_s = 540, .save_stall_s = 20, .restore_s = 60};
+  loom_goodput_prediction g;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_goodput_predict(&m, 20000, &g, &err), LOOM_OK);
+  const loom_goodput_level *p = &g.persistent;
+  const double d = m.save_stall_s, M = m.mtbf_s;
+  /* Daly's higher-order estimate of the optimum (2006, eq. 37), for delta < 2M: within 0.5% of the exact optimum. */
+  const double daly2 = sqrt(2 * d * M) * (1 + sqrt(d / (2 * M)) / 3 + d / (18 * M)) - d;
+  ck_assert_msg(fabs(p->optimum_s - daly2) < 5e-3 * daly2, "optimum %g s, Daly's estimate %g s", p->optimum_s, daly2);
+  ck_assert_msg(fabs(p->young_s - sqrt(2 * d * M)) < 1e-9 * p->young_s && fabs(p->optimum_s - p->young_s) < 0.03 * p->young_s,
+                "Young %g s against the optimum %g s", p->young_s, p->optimum_s);
+  ck_assert_msg(fabs((double)p->interval_steps * m.step_s - p->optimum_s) <= m.step_s, "%lld steps of %g s for %g s",
+                (long long)p->interval_steps, m.step_s, p->optimum_s);
+  /* At the optimum the expectation is a maximum: a tenth either side is worse. */
+  const double R = m.restore_s + m.relaunch_s, tau = (double)p->interval_steps * m.step_s;
+  ck_assert(loom_goodput_daly(tau, d, R, M) > loom_goodput_daly(0.9 * tau, d, R, M));
+  ck_assert(loom_goodput_daly(tau, d, R, M) > loom_goodput_daly(1.1 * tau, d, R, M));
+  /* The failure process, simulated, agrees with Daly's expectation within three standard errors and 0.1%. */
+  ck_assert_msg(p->simulated_se > 0 && p->simulated_se < 2e-3, "standard error %g", p->simulated_se);
+  ck_assert_msg(fabs(p->simulated - p->goodput) < 3 * p->simulated_se + 1e-3, "simulated %g, Daly %g (se %g)", p->simulated,
+                p->goodput, p->simulated_se);
+  /* A slower failure rate, a higher goodput and a longer interval. */
+  loom_goodput_model rarer = m;
+  rarer.mtbf_s *= 4;
+  loom_goodput_prediction h;
+  ck_assert_int_eq(loom_goodput_predict(&rarer, 2000, &h, &err), LOOM_OK);
+  ck_assert(h.persistent.goodput > p->goodput && h.persistent.interval_steps > p->interval_steps);
+}
+END_TEST
+
+/* Two levels: in-memory saves (stall 2 s, restore 5 s) between persistent ones (stall 60 s: a slow store), 5% of
+ * failures beyond the replicas. The first-order expectation against the simulated process, and the gain. */
+START_TEST(goodput_in_memory_pays) {
+  const loom_goodput_model m = {.step_s = 5, .mtbf_s = 4 * 3600, .relaunch_s = 120, .save_stall_s = 60, .restore_s = 300,
+                                .local_stall_s = 2, .local_restore_s = 5, .unrecoverable = 0.05};
+  loom_goodput_prediction g;
+  loom_error err = {0};
+  ck_assert_int_eq(loom_goodput_predict(&m, 20000, &g, &err), LOOM_OK);
+  ck_assert_msg(g.persistent_every > 1 && g.local_steps < g.persistent.interval_steps, "in memory every %lld, persistent "
+                "every %lld of them; persistent alone every %lld", (long long)g.local_steps, (long long)g.persistent_every,
+                (long long)g.persistent.interval_steps);
+  ck_assert_msg(g.local_goodput > g.persistent.goodput + 0.01, "in memory %g, persistent alone %g", g.local_goodput,
+                g.persistent.goodput);
+  /* First order: within 0.5% of the simulated process (its second-order terms, (tau / M)^2, are that small here). */
+  ck_assert_msg(fabs(g.local_simulated - g.local_goodput) < 3 * g.local_simulated_se + 5e-3, "simulated %g, expected %g (se %g)",
+                g.local_simulated, g.local_goodput, g.local_simulated_se);
+  /* With every failure beyond the replicas and every save persistent, the two levels are Daly's one, to first order. */
+  loom_goodput_model one = m;
+  one.unrecoverable = 1, one.local_stall_s = m.save_stall_s;
+  const double tau = (double)g.persistent.interval_steps * m.step_s;
+  ck_assert(fabs(loom_goodput_two_level(&one, tau, 1) - loom_goodput_daly(tau, m.save_stall_s, m.restore_s + m.relaunch_s,
+                                                                              m.mtbf_s)) < 5e-3);
+  loom_goodput_model bad = m;
+  bad.unrecoverable = 2;
+  ck_assert_int_eq(loom_goodput_predict(&bad, 100, &g, &err), LOOM_ERR_USAGE);
+}
+END_TEST
+
 int main(void) {
   Suite *s = suite_create("sim");
   TCase *tc = tcase_create("sim");
@@ -1045,6 +1111,8 @@ int main(void) {
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
   tcase_add_test(tc, fp8_recipes_are_costed);
+  tcase_add_test(tc, goodput_optimum_is_dalys);
+  tcase_add_test(tc, goodput_in_memory_pays);
   tcase_add_test(tc, attention_follows_its_length);
   tcase_add_test(tc, expert_load_is_costed);
   tcase_add_test(tc, rank_imbalance_is_costed);

@@ -13,6 +13,7 @@
 #include "cli/plan_flags.h"
 #include "cli/sim_cli.h"
 #include "core/log.h"
+#include "sim/ckpt_costs.h"
 #include "sim/sim.h"
 
 loom_flag loom_sim_cluster_flag(const char **dst) {
@@ -105,6 +106,56 @@ static void print_json(const loom_plan *plan, const loom_profile *prof, const lo
            "\"dp_link\": \"%s\"}", q ? ", " : "", q, r->costs.tp_bytes[q], link_name(r->costs.tp_link), r->costs.p2p_bytes[q],
            link_name(r->costs.p2p_link), r->costs.dp_bytes[q], link_name(r->costs.dp_link));
   printf("]}\n");
+}
+
+/* ---- --goodput: failures, checkpoints and restarts ---- */
+
+/* The failure simulation's length: about this many failures, enough for a standard error near 0.1% of goodput. */
+#define GOODPUT_FAILURES 20000
+
+typedef struct {
+  loom_goodput_model m;
+  loom_ckpt_costs c;
+  loom_goodput_prediction g;
+} goodput_report;
+
+static loom_status predict_goodput(const loom_plan *plan, const loom_profile *prof, const loom_sim_result *r,
+                                   double mtbf_hours, goodput_report *out, loom_error *err) {
+  loom_status st = loom_ckpt_costs_model(plan, prof, r->gpus, r->step_s, mtbf_hours, &out->m, &out->c, err);
+  if (st == LOOM_OK) st = loom_goodput_predict(&out->m, GOODPUT_FAILURES, &out->g, err);
+  return loom_error_prefix(err, st, "loom sim");
+}
+
+static void print_goodput(const goodput_report *report, bool json) {
+  const loom_goodput_model m = report->m;
+  const loom_ckpt_costs c = report->c;
+  const loom_goodput_prediction g = report->g;
+  const loom_goodput_level *p = &g.persistent;
+  if (json) {
+    printf("{\"goodput\": {\"nodes\": %d, \"mtbf_node_hours\": %.9g, \"job_mtbf_s\": %.9g, \"checkpoint_bytes\": %.9g, "
+           "\"rank_bytes\": %.9g, \"save_stall_s\": %.9g, \"restore_s\": %.9g, \"relaunch_s\": %.9g, \"store_write_s\": %.9g, "
+           "\"persistent\": {\"save_every_steps\": %lld, \"young_s\": %.9g, \"daly_s\": %.9g, \"optimum_s\": %.9g, "
+           "\"goodput\": %.9g, \"simulated\": %.9g, \"simulated_se\": %.9g}",
+           c.nodes, c.mtbf_node_hours, m.mtbf_s, c.total_bytes, c.rank_bytes, m.save_stall_s, m.restore_s, m.relaunch_s,
+           c.write_s, (long long)p->interval_steps, p->young_s, p->daly_s, p->optimum_s, p->goodput, p->simulated,
+           p->simulated_se);
+    printf(", \"in_memory\": {\"local_stall_s\": %.9g, \"local_restore_s\": %.9g, \"unrecoverable_share\": %.9g, "
+           "\"local_save_every_steps\": %lld, \"save_every_steps\": %lld, \"goodput\": %.9g, \"simulated\": %.9g, "
+           "\"simulated_se\": %.9g}}}\n", m.local_stall_s, m.local_restore_s, m.unrecoverable, (long long)g.local_steps,
+           (long long)(g.local_steps * g.persistent_every), g.local_goodput, g.local_simulated, g.local_simulated_se);
+    return;
+  }
+  printf("  goodput          a node fails every %.4g h, so this job of %d node%s every %.4g h; a checkpoint is %.4g GB (12 "
+         "bytes a parameter), %.4g GB on the busiest rank, written to the store in %.3g s\n", c.mtbf_node_hours, c.nodes,
+         c.nodes == 1 ? "" : "s", m.mtbf_s / 3600.0, c.total_bytes / 1e9, c.rank_bytes / 1e9, c.write_s);
+  printf("    persistent     stall %.3g s (--async-save), restore %.3g s, relaunch %.4g s: save every %lld steps (%.4g h; "
+         "Young %.4g h, Daly %.4g h): goodput %.2f%% (simulated %.2f%% +- %.2f%%)\n", m.save_stall_s, m.restore_s,
+         m.relaunch_s, (long long)p->interval_steps, (double)p->interval_steps * m.step_s / 3600.0, p->young_s / 3600.0,
+         p->daly_s / 3600.0, 100.0 * p->goodput, 100.0 * p->simulated, 100.0 * p->simulated_se);
+  printf("    in memory      stall %.3g s, restore %.3g s, %.3g%% of failures beyond the replicas: --local-save-every %lld "
+         "--save-every %lld: goodput %.2f%% (simulated %.2f%% +- %.2f%%)\n", m.local_stall_s, m.local_restore_s,
+         100.0 * m.unrecoverable, (long long)g.local_steps, (long long)(g.local_steps * g.persistent_every),
+         100.0 * g.local_goodput, 100.0 * g.local_simulated, 100.0 * g.local_simulated_se);
 }
 
 /* ---- --sweep-gpus: one plan's scaling curve at its global batch ---- */
@@ -208,20 +259,25 @@ int loom_cmd_sim(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron", *gpus = NULL, *svg = NULL;
-  float imbalance = 1.0f;
-  bool json = false;
-  enum { EXTRA = 8 };
+  float imbalance = 1.0f, mtbf_hours = 0.0f;
+  bool json = false, with_goodput = false;
+  enum { EXTRA = 10 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
       loom_flag_def_as("--plan", &file, "a partition plan (.txtpb or .pb) instead of the model and layout flags"),
       loom_sim_cluster_flag(&cluster),
-      {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--json", FLAG_BOOL, &json, "print the prediction as one JSON object (with --goodput, a second line holds its own)",
+       LOOM_NO_RANGE, NULL, false, NULL},
       loom_flag_def_as("--trace", &trace, "write the predicted timeline as Chrome-trace JSON (loom trace svg draws it)"),
       loom_sim_flops_flag(&flops),
       loom_sim_imbalance_flag(&imbalance),
       {"--sweep-gpus", FLAG_STRING, &gpus, "predict the plan on each of these GPU counts (dp scaled, the global batch kept): 64,128,256", LOOM_NO_RANGE, NULL, false, NULL},
       loom_flag_def_as("--svg", &svg, "with --sweep-gpus: draw the scaling curve"),
+      {"--goodput", FLAG_BOOL, &with_goodput, "also predict goodput under the profile's failure rate, with the checkpoint "
+       "intervals that maximise it (persistent alone, and with in-memory copies)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--mtbf-hours", FLAG_FLOAT, &mtbf_hours, "with --goodput, or alone: a node's mean time between failures, in place "
+       "of the profile's reliability.mtbf_node_hours", 1e-3f, 1e9f, NULL, false, NULL},
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};
@@ -246,10 +302,15 @@ int loom_cmd_sim(int argc, char **argv) {
   } else if (st == LOOM_OK) {
     loom_plan_estimate(plan); /* a plan file's own estimates may be stale */
     st = loom_error_prefix(&err, loom_sim_run(plan, prof, &assume, &res, &err), "loom sim");
+    goodput_report report;
+    const bool failures = with_goodput || mtbf_hours > 0;
+    if (st == LOOM_OK && failures && (st = predict_goodput(plan, prof, &res, mtbf_hours, &report, &err)) != LOOM_OK)
+      loom_sim_result_free(&res);
     if (st == LOOM_OK) {
       if (json) print_json(plan, prof, &res);
       else print_text(plan, prof, &res);
-      if (trace) st = loom_sim_write_trace(&res, trace, &err);
+      if (failures) print_goodput(&report, json);
+      if (st == LOOM_OK && trace) st = loom_sim_write_trace(&res, trace, &err);
       if (st == LOOM_OK && trace) loom_log_info("wrote %s", trace);
       loom_sim_result_free(&res);
     }

@@ -109,6 +109,15 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   if (st != LOOM_OK) return st;
   CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6);
   if (p->has_overlap_sm_share) CHECK("overlap_sm_share", 1, p->overlap_sm_share, 0.0, 0.9);
+  const Loom__Reliability *r = p->reliability;
+  if (r) { /* each figure is optional here; loom sim --mtbf-hours asks for those it uses */
+    if (r->has_mtbf_node_hours) CHECK("reliability.mtbf_node_hours", 1, r->mtbf_node_hours, 1e-3, 1e9);
+    if (r->has_relaunch_s) CHECK("reliability.relaunch_s", 1, r->relaunch_s, 0.0, 1e6);
+    if (r->has_store_write_gbs) CHECK("reliability.store_write_gbs", 1, r->store_write_gbs, MIN_RATE, 1e9);
+    if (r->has_store_read_gbs) CHECK("reliability.store_read_gbs", 1, r->store_read_gbs, MIN_RATE, 1e9);
+    if (r->has_host_copy_gbs) CHECK("reliability.host_copy_gbs", 1, r->host_copy_gbs, MIN_RATE, 1e6);
+    if (r->has_unrecoverable_share) CHECK("reliability.unrecoverable_share", 1, r->unrecoverable_share, 0.0, 1.0);
+  }
   return LOOM_OK;
 }
 
