@@ -78,4 +78,16 @@ said both "^local checkpoint: step 9, the copy of shard 0 on .* refused: .*(a st
 said both "^local checkpoint: step 9, the replica of shard 0 on .* (rank 1) refused: .*(truncated or overwritten)"
 said both "^resume: the in-memory copies are older; loading the persistent checkpoint at step 8"
 grep -q "from the in-memory copies" "$WORK/both.txt" && fail "both: loaded in-memory copies after both holders failed"
+# A --local-dir without room for the copies is refused before the first step, in one line.
+mkdir -p "$WORK/small"
+if mount -t tmpfs -o size=64k tmpfs "$WORK/small" 2> /dev/null; then
+  np --ckpt "$WORK/smallck" $SAVES --local-dir "$WORK/small" > "$WORK/small.txt" 2>&1
+  code=$?
+  umount "$WORK/small"
+  [ $code = 2 ] || fail "a --local-dir without room: exit $code, expected 2: $(tail -3 "$WORK/small.txt")"
+  grep -q "^loom: --local-dir $WORK/small: the in-memory checkpoints need [0-9.e+-]* GB on this host (2 ranks x 7 copies of a [0-9.e+-]* GB shard) and it has [0-9.e+-]* GB free" "$WORK/small.txt" ||
+    grep -q "\] loom: --local-dir $WORK/small: the in-memory checkpoints need" "$WORK/small.txt" || fail "no refusal line: $(grep loom: "$WORK/small.txt")"
+else
+  echo "note: no tmpfs mount here (not root?): the --local-dir space check did not run"
+fi
 echo "ok: in-memory resume bit for bit; a damaged copy gives way to its replica, both to the persistent checkpoint"

@@ -251,7 +251,7 @@ static loom_status write_manifests(loom_local_ckpt *l, const char *sub, int64_t 
   return st;
 }
 
-/* The host's leader keeps the newest two steps (this one and the one before). */
+/* The host's leader keeps the newest LOOM_LOCAL_KEEP complete steps (this one and the one before). */
 static void prune_local(const loom_local_ckpt *l, int64_t step) {
   if (!(l->ps->rank == 0 || l->host_of[l->ps->rank - 1] != l->host)) return;
   int64_t steps[64];
@@ -263,7 +263,7 @@ static void prune_local(const loom_local_ckpt *l, int64_t step) {
     snprintf(manifest, sizeof manifest, "%s/manifest.pb", sub);
     const bool complete = access(manifest, F_OK) == 0;
     if (steps[i] > step) continue; /* (none: steps only grow) */
-    if (complete && kept < 2) kept++;
+    if (complete && kept < LOOM_LOCAL_KEEP) kept++;
     else remove_local_step(sub);
   }
 }

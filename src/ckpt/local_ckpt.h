@@ -37,6 +37,12 @@ struct loom_local_ckpt {
   int64_t *held;   /* after a survey: [world * LOOM_LOCAL_HELD * 4] every rank's valid copies (step, save id, shard, kind) */
 };
 
+/* Complete steps each host keeps; while a save is written, one more. */
+#define LOOM_LOCAL_KEEP 2
+/* Host memory the copies take per rank, for a shard of shard_bytes: its own and one replica for each step kept and
+ * the one being written, and the staging copy the save is taken from. */
+static inline double loom_local_ckpt_host_bytes(double shard_bytes) { return shard_bytes * (2.0 * (LOOM_LOCAL_KEEP + 1) + 1.0); }
+
 /* Copies a rank reports in a survey: its own shard and its replicas, of the newest steps. */
 #define LOOM_LOCAL_STEPS 3
 #define LOOM_LOCAL_SOURCES 4

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/statvfs.h>
+#include <math.h>
 #include <unistd.h>
 #include "ckpt/llmc_model.h"
 #include "ckpt/local_ckpt.h"
@@ -18,6 +20,7 @@
 #include "core/log.h"
 #include "core/read_file.h"
 #include "core/timer.h"
+#include "plan/memory.h"
 
 #define LOCK_FILE ".lock"
 
@@ -183,11 +186,33 @@ loom_status loom_run_check_dir(loom_run_files *f, loom_error *err) {
   return agree(f, st, "reach the checkpoint directory", err);
 }
 
+/* The in-memory copies of this host's ranks against the space free where they go (tmpfs: host memory). */
+static loom_status check_local_space(const loom_run_files *f, loom_error *err) {
+  const loom_local_ckpt *l = f->local;
+  int ranks = 0;
+  for (int r = 0; r < f->tr->ps.world; r++) ranks += l->host_of[r] == l->host;
+  double shard = 0.0;
+  for (int q = 0; q < f->tr->ps.pp; q++) shard = fmax(shard, loom_plan_rank_checkpoint_bytes(f->tr->plan, q));
+  const double need = ranks * loom_local_ckpt_host_bytes(shard);
+  struct statvfs fs;
+  if (statvfs(l->host_dir, &fs) != 0) return LOOM_OK; /* nothing to judge by */
+  const double free_bytes = (double)fs.f_bavail * (double)fs.f_frsize;
+  if (f->tr->ps.rank == 0)
+    loom_log_info("local checkpoints: %.3g GB of host memory on each host (%d ranks x %.0f copies of a shard of %.3g GB: "
+                  "its own and a peer's for %d steps kept and one being written, and the staging copy); %.3g GB free in %s",
+                  need / 1e9, ranks, loom_local_ckpt_host_bytes(1.0), shard / 1e9, LOOM_LOCAL_KEEP, free_bytes / 1e9, l->root);
+  if (need <= free_bytes) return LOOM_OK;
+  return loom_fail(err, LOOM_ERR_USAGE, "--local-dir %s: the in-memory checkpoints need %.3g GB on this host (%d ranks x "
+                   "%.0f copies of a %.3g GB shard) and it has %.3g GB free; name a --local-dir with room for them", l->root, need / 1e9, ranks, loom_local_ckpt_host_bytes(1.0),
+                   shard / 1e9, free_bytes / 1e9);
+}
+
 loom_status loom_run_local_init(loom_run_files *f, const char *root, loom_error *err) {
   f->local = loom_fault_calloc(1, sizeof *f->local);
   loom_status st = agree(f, f->local ? LOOM_OK : loom_fail(err, LOOM_ERR_NOMEM, "--local-dir: out of memory"),
                          "set up local checkpoints", err);
   if (st == LOOM_OK) st = loom_local_ckpt_init(f->local, root, &f->tr->ps, err);
+  if (st == LOOM_OK) st = agree(f, check_local_space(f, err), "fit its in-memory checkpoints", err);
   return st;
 }
 

@@ -275,6 +275,11 @@ loom_memory loom_plan_rank_memory(const loom_plan *p, int pp_rank) {
   return out;
 }
 
+double loom_plan_rank_checkpoint_bytes(const loom_plan *plan, int pp_rank) {
+  const loom_memory m = loom_plan_rank_memory(plan, pp_rank);
+  return (m.bytes[LOOM_MEM_MASTER] > 0 ? m.bytes[LOOM_MEM_MASTER] : m.bytes[LOOM_MEM_WEIGHTS]) + m.bytes[LOOM_MEM_OPTIMIZER];
+}
+
 double loom_plan_rank_activations(const loom_plan *p, int pp_rank, int recompute_layers) {
   loom_rank_sheet s;
   stage_sheet(p, pp_rank, &s);

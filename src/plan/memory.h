@@ -85,6 +85,10 @@ loom_memory loom_plan_chunk_memory(const loom_plan *plan, int pp_rank, int chunk
 /* Over every chunk of the rank, recomputing as the plan says. */
 loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
 /* The rank's activations and weight-grad states, recomputing as asked. */
+/* The fp32 weights and Adam state pipeline rank pp_rank holds (its master
+ * weights, or its fp32 weights, and its optimizer state): what its
+ * checkpoint shard holds at most, and the host memory one copy of it takes. */
+double loom_plan_rank_checkpoint_bytes(const loom_plan *plan, int pp_rank);
 double loom_plan_rank_activations(const loom_plan *plan, int pp_rank, int recompute_layers);
 
 /* The plan's ZeRO cut of one chunk (loom_gpt_zero_cut at its tp, dp and stage). */

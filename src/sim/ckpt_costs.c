@@ -31,9 +31,7 @@ loom_status loom_ckpt_costs_model(const loom_plan *plan, const loom_profile *pro
   loom_plan_model_config(plan, &cfg);
   c->total_bytes = CKPT_BYTES_PER_PARAM * (double)loom_gpt_param_count(&cfg, NULL, 1);
   for (int q = 0; q < l->pp; q++) {
-    const loom_memory mem = loom_plan_rank_memory(plan, q);
-    const double held = (mem.bytes[LOOM_MEM_MASTER] > 0 ? mem.bytes[LOOM_MEM_MASTER] : mem.bytes[LOOM_MEM_WEIGHTS]) +
-                        mem.bytes[LOOM_MEM_OPTIMIZER];
+    const double held = loom_plan_rank_checkpoint_bytes(plan, q);
     c->rank_bytes = fmax(c->rank_bytes, held);
     c->read_bytes += held * l->tp * l->cp * l->dp;
   }
