@@ -817,6 +817,22 @@ START_TEST(sim_and_search_refuse_bad_input) {
               "loom plan search: --gpus, --cluster and --global-batch are required");
   expect_fail(run("plan", "search", "--gpus", "0", "--cluster", "a100-80gb", "--global-batch", "64", NULL), 2,
               "loom plan search: --gpus must be in [1, 1048576], got 0");
+  /* Ranked by tokens/s kept under a failure rate: a goodput column, the kept tokens/s never rising down the table. */
+  const result *kept = run("plan", "search", "--gpus", "8", "--cluster", "h100-sxm", "--global-batch", "64", "--mtbf-hours",
+                           "2", "--top", "6", NULL);
+  ck_assert_msg(kept->code == 0 && strstr(kept->out, "  goodput     kept/s\n"), "%s%s", kept->out, kept->err);
+  double last = INFINITY;
+  int rows = 0;
+  for (const char *line = strstr(kept->out, "kept/s\n"); line && (line = strchr(line, '\n')) && line[1] == ' '; line++) {
+    const char *eol = strchr(line + 1, '\n'), *pct = NULL;
+    for (const char *c = line + 1; c < eol; c++)
+      if (*c == '%') pct = c; /* the last % on the row: the goodput's */
+    if (!pct || !strchr(" 0123456789", line[5])) break;
+    const double g = strtod(pct - 7, NULL), value = strtod(pct + 1, NULL);
+    ck_assert_msg(g > 0 && g <= 100 && value <= last * (1 + 1e-9), "row %d: goodput %g%%, kept %g after %g", rows, g, value, last);
+    last = value, rows++;
+  }
+  ck_assert_int_ge(rows, 2);
   /* A model too big for any layout of one GPU: a clear refusal, not an empty table. */
   expect_fail_with(run("plan", "search", "--model", "gpt-175b", "--gpus", "1", "--cluster", "a100-80gb", "--global-batch", "8", NULL),
                    1, "no layout fits: the leanest layout of every grid of 1 GPUs needs at least 2615.1 GiB of the device's "

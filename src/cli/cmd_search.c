@@ -3,11 +3,13 @@
  * a plan, and draws the candidates' throughput against memory. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "cli/flag_defs.h"
 #include "cli/commands.h"
 #include "cli/plan_flags.h"
+#include "sim/ckpt_costs.h"
 #include "cli/sim_cli.h"
 #include "core/log.h"
 #include "core/timer.h"
@@ -22,16 +24,46 @@ static const char *const CHOSEN[] = {"--tp", "--pp", "--dp", "--ep", "--etp", "-
 
 /* A MoE model's rows have ep and etp columns after dp; a search that tried context parallelism a cp column
  * ("ag": the all-gather variant). */
-static void print_row(int rank, const loom_candidate *c, bool moe, bool cp) {
-  char rc[32], ep[24] = "", ring[16] = "";
+static void print_row(int rank, const loom_candidate *c, bool moe, bool cp, bool goodput) {
+  char rc[32], ep[24] = "", ring[16] = "", kept[48] = "";
   if (moe) snprintf(ep, sizeof ep, " %3d %3d", c->ep > 1 ? c->ep : 1, c->etp > 1 ? c->etp : 1);
   if (cp) snprintf(ring, sizeof ring, " %3d%s", c->cp > 1 ? c->cp : 1, c->cp_all_gather ? " ag" : "   ");
+  if (goodput) snprintf(kept, sizeof kept, " %7.2f%% %10.4g", 100.0 * c->goodput, c->goodput * c->tokens_per_s);
   char zero[8];
   snprintf(zero, sizeof zero, "%d%s", c->zero, c->param_gather_overlap ? " pg" : "");
-  printf("  %4d %3d %4d %5d%s%s %4d %6d %-12s %-9s %3s %5s %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f\n", rank, c->tp, c->pp,
+  printf("  %4d %3d %4d %5d%s%s %4d %6d %-12s %-9s %3s %5s %10.4g %10.4g %8.1f %6.1f%% %6.1f%% %9.2f%s\n", rank, c->tp, c->pp,
          c->dp, ep, ring, c->vpp, c->micro_batch, loom_schedule_kind_name(c->schedule), loom_candidate_recompute(c, rc, sizeof rc),
          c->sequence_parallel ? (c->tp_comm_overlap ? "ov" : "yes") : "no", zero, c->step_s, c->tokens_per_s, c->tflops_per_gpu, 100.0 * c->mfu,
-         100.0 * c->bubble, (double)c->memory / 1073741824.0);
+         100.0 * c->bubble, (double)c->memory / 1073741824.0, kept);
+}
+
+/* --mtbf-hours: each predicted layout's goodput (the better of persistent checkpoints alone and with in-memory
+ * copies, each at its best interval), and the ranking by tokens/s kept. */
+static int more_kept_first(const void *a, const void *b) {
+  const loom_candidate *x = a, *y = b;
+  const double kx = x->goodput * x->tokens_per_s, ky = y->goodput * y->tokens_per_s;
+  if (kx != ky) return kx < ky ? 1 : -1;
+  return x->order - y->order;
+}
+
+static loom_status rank_by_goodput(const loom_plan *base, const loom_profile *prof, double mtbf_hours,
+                                   loom_search_result *r, loom_error *err) {
+  for (int i = 0; i < r->nranked; i++) {
+    loom_candidate *c = &r->ranked[i];
+    loom_plan *plan = NULL;
+    loom_goodput_model m;
+    loom_ckpt_costs costs;
+    loom_goodput_prediction g;
+    loom_status st = loom_candidate_plan(base, c, &plan, err);
+    if (st == LOOM_OK) st = loom_ckpt_costs_model(plan, prof, c->tp * c->pp * c->dp * (c->cp > 1 ? c->cp : 1), c->step_s,
+                                                  mtbf_hours, &m, &costs, err);
+    if (st == LOOM_OK) st = loom_goodput_predict(&m, 0, &g, err);
+    loom_plan_free(plan);
+    if (st != LOOM_OK) return loom_error_prefix(err, st, "loom plan search");
+    c->goodput = fmax(g.persistent.goodput, g.local_goodput);
+  }
+  if (r->nranked > 1) qsort(r->ranked, (size_t)r->nranked, sizeof *r->ranked, more_kept_first);
+  return LOOM_OK;
 }
 
 /* Throughput (TFLOP/s per GPU) against the most memory a rank needs, every
@@ -91,7 +123,8 @@ static void show_progress(const loom_search_result *r, void *ctx) {
 /* The search's report: what was considered and dropped, the ranked table, and why nothing fits where nothing
  * does (an error). */
 static loom_status report(const loom_plan *base, const loom_profile *prof, const char *cluster, int gpus,
-                          const loom_sim_assumptions *assume, const loom_search_result *res, int top, loom_error *err) {
+                          const loom_sim_assumptions *assume, const loom_search_result *res, int top, bool goodput,
+                          loom_error *err) {
   const loom_search_result r = *res;
   loom_status st = LOOM_OK;
   printf("loom plan search: %s (%lld parameters) on %d GPUs of %s, global batch %d, %s: %d layouts considered, %d fit "
@@ -107,12 +140,15 @@ static loom_status report(const loom_plan *base, const loom_profile *prof, const
   for (int i = 0; i < r.ndropped; i++) printf("%s %d (%s)", i ? "," : "", r.dropped[i].count, r.dropped[i].reason);
   printf("%s\n", r.ndropped ? "" : " none");
   const bool moe = base->model->moe != NULL, cp = !moe && loom_plan_train_seq(base) / 2 >= LOOM_SEARCH_CP_MIN_ROWS;
-  printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s\n", "rank", "tp", "pp", "dp",
+  if (goodput)
+    printf("  ranked by tokens/s kept: tokens/s x the goodput under the failure rate (--mtbf-hours), the better of "
+           "persistent checkpoints alone and with in-memory copies, each at its best interval\n");
+  printf("  %4s %3s %4s %5s%s%s %4s %6s %-12s %-9s %3s %5s %10s %10s %8s %7s %7s %9s%s\n", "rank", "tp", "pp", "dp",
          moe ? "  ep etp" : "", cp ? "  cp   " : "", "vpp", "micro", "schedule", "recompute", "sp", "zero", "step (s)", "tokens/s", "TFLOP/s", "MFU",
-         "bubble", "mem GiB");
+         "bubble", "mem GiB", goodput ? "  goodput     kept/s" : "");
   bool overlapped = false, gathered = false;
   for (int i = 0; i < r.nranked && i < top; i++)
-    print_row(i + 1, &r.ranked[i], moe, cp), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
+    print_row(i + 1, &r.ranked[i], moe, cp, goodput), overlapped |= r.ranked[i].tp_comm_overlap, gathered |= r.ranked[i].param_gather_overlap;
   if (overlapped) printf("  (sp ov: sequence parallel with --tp-comm-overlap)\n");
   if (gathered) printf("  (zero pg: with --overlap-param-gather)\n");
   if (r.pruned)
@@ -135,9 +171,9 @@ static loom_status report(const loom_plan *base, const loom_profile *prof, const
 int loom_cmd_plan_search(int argc, char **argv) {
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *cluster = NULL, *out = NULL, *svg = NULL, *flops = "megatron";
-  float imbalance = 1.0f;
+  float imbalance = 1.0f, mtbf_hours = 0.0f;
   int gpus = 0, top = 10;
-  enum { EXTRA = 7 };
+  enum { EXTRA = 8 };
   loom_flag table[LOOM_PLAN_FLAG_COUNT + EXTRA];
   loom_plan_flags_table(&pf, table);
   const loom_flag extra[EXTRA] = {
@@ -148,6 +184,8 @@ int loom_cmd_plan_search(int argc, char **argv) {
       loom_flag_def_as("--svg", &svg, "draw the predicted layouts' throughput against their memory"),
       loom_sim_flops_flag(&flops),
       loom_sim_imbalance_flag(&imbalance),
+      {"--mtbf-hours", FLAG_FLOAT, &mtbf_hours, "rank by tokens/s kept under this failure rate (a node's mean time between "
+       "failures; the profile's reliability section gives what a restart costs)", 1e-3f, 1e9f, NULL, false, NULL},
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};
@@ -175,7 +213,8 @@ int loom_cmd_plan_search(int argc, char **argv) {
   const loom_search_options opt = {.keep = top, .progress = show_progress, .ctx = &line};
   if (st == LOOM_OK) st = loom_plan_search(base, gpus, prof, &assume, &opt, &r, &err);
   if (line.shown && line.tty) fputs("\n", stderr);
-  if (st == LOOM_OK) st = report(base, prof, cluster, gpus, &assume, &r, top, &err);
+  if (st == LOOM_OK && mtbf_hours > 0) st = rank_by_goodput(base, prof, mtbf_hours, &r, &err);
+  if (st == LOOM_OK) st = report(base, prof, cluster, gpus, &assume, &r, top, mtbf_hours > 0, &err);
   if (st == LOOM_OK && out) {
     loom_plan *best = NULL;
     st = loom_candidate_plan(base, &r.ranked[0], &best, &err);

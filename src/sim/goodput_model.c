@@ -109,7 +109,9 @@ loom_status loom_goodput_predict(const loom_goodput_model *m, int64_t failures, 
   p->interval_steps = whole_steps(p->optimum_s, m->step_s, daly_at, &one);
   while ((double)p->interval_steps * m->step_s < m->min_persistent_s) p->interval_steps++;
   p->goodput = daly_at(&one, (double)p->interval_steps * m->step_s);
-  p->simulated = loom_goodput_simulate(&alone, (double)p->interval_steps * m->step_s, 1, failures, 1, &p->simulated_se);
+  p->simulated = failures > 0 ? loom_goodput_simulate(&alone, (double)p->interval_steps * m->step_s, 1, failures, 1,
+                                                      &p->simulated_se)
+                              : NAN;
   if (!(m->local_stall_s > 0)) return LOOM_OK;
   /* With in-memory copies: the best (tau, k), k persistent-every counted in saves. */
   double best = -1.0;
@@ -123,7 +125,8 @@ loom_status loom_goodput_predict(const loom_goodput_model *m, int64_t failures, 
     if (g > best) best = g, out->local_steps = steps, out->persistent_every = k;
   }
   out->local_goodput = best;
-  out->local_simulated = loom_goodput_simulate(m, (double)out->local_steps * m->step_s, out->persistent_every, failures, 2,
-                                               &out->local_simulated_se);
+  out->local_simulated = failures > 0 ? loom_goodput_simulate(m, (double)out->local_steps * m->step_s, out->persistent_every,
+                                                              failures, 2, &out->local_simulated_se)
+                                      : NAN;
   return LOOM_OK;
 }

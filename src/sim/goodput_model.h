@@ -58,7 +58,7 @@ double loom_goodput_two_level(const loom_goodput_model *m, double tau, int64_t k
  * its standard error over 20 batches. k: every k-th save persistent (1 with local_stall_s 0: persistent only). */
 double loom_goodput_simulate(const loom_goodput_model *m, double tau, int64_t k, int64_t failures, uint64_t seed,
                              double *se);
-/* The optima and their simulated check. */
+/* The optima and their simulated check (failures 0: no simulation, simulated NaN). */
 loom_status loom_goodput_predict(const loom_goodput_model *m, int64_t failures, loom_goodput_prediction *out,
                                  loom_error *err);
 

@@ -23,6 +23,7 @@ typedef struct {
   double step_s, tokens_per_s, tflops_per_gpu, mfu, bubble;
   double bound_s; /* the cost model's lower bound on step_s, known before any replay */
   int64_t memory; /* the most one rank needs */
+  double goodput; /* with a failure rate (loom plan search --mtbf-hours): the better level's expected goodput; else 0 */
   int order;      /* when it was enumerated: equal candidates rank in this order */
 } loom_candidate;
 /* "none", "full" or "block N": a candidate's recompute, for tables. */
