@@ -1270,7 +1270,8 @@ START_TEST(meaningful_nonsense_is_refused) {
   tu_row(&t, r->code == 0 && strstr(r->out, "RESULT seq32_fp32_peak_frac=") && strstr(r->out, "seq32_fp32_roofline_frac=") &&
              strstr(r->out, "    roofline: GEMMs ") && !strstr(r->out, "seq256") && !strstr(r->out, "=0.000"),
          "bench step --seq 32: exit %d, '%s'", r->code, r->out);
-  /* bench ckpt saves both ways, trains during the asynchronous write, and leaves nothing in $TMPDIR. */
+  /* bench ckpt saves three ways, trains during the asynchronous and in-memory writes, restores from the store and from
+   * memory, and leaves nothing in $TMPDIR. */
   r = run("bench", "ckpt", "--model", "gpt-tiny", "--steps", "1", NULL);
   const char *tmpdir = getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
   bool left = false;
@@ -1278,7 +1279,9 @@ START_TEST(meaningful_nonsense_is_refused) {
   for (struct dirent *e; d && (e = readdir(d));) left |= strncmp(e->d_name, "loom_bench_ckpt_", 16) == 0;
   if (d) closedir(d);
   tu_row(&t, r->code == 0 && strstr(r->out, "RESULT ckpt_sync_stall_s=") && strstr(r->out, " ckpt_async_over_sync=") &&
-             strstr(r->out, "asynchronous save: the step loop stalled ") && !left,
+             strstr(r->out, "asynchronous save: the step loop stalled ") && strstr(r->out, " ckpt_local_stall_s=") &&
+             strstr(r->out, "in-memory save (--local-save-every, into ") && strstr(r->out, " ckpt_local_restore_s=") &&
+             strstr(r->out, " ckpt_setup_s=") && !left,
          "bench ckpt: exit %d, '%s', %s left in %s", r->code, r->out, left ? "a directory" : "nothing", tmpdir);
   tu_rows_done(&t);
 }

@@ -275,11 +275,14 @@ static loom_status bench_serial(bench_flags *f, loom_flag *table, loom_error *er
 }
 
 /* `loom bench ckpt`: the step loop's stall for one checkpoint of the
- * model, synchronous against asynchronous, measured in one run: the same
- * process saves the same trained state both ways, alternating, --steps
- * times each, into fresh directories under $TMPDIR; while the asynchronous
- * save's shard is written, training steps go on, and the background write
- * is timed too. Best of each (a shared machine's noise only slows). */
+ * model, synchronous against asynchronous against in memory (--local-save-
+ * every), measured in one run: the same process saves the same trained
+ * state each way, in turn, --steps times each, into fresh directories under
+ * $TMPDIR; while an asynchronous or in-memory save's shard is written,
+ * training steps go on, and the background write is timed too. Then the
+ * restores: from the persistent checkpoint and from the in-memory copies,
+ * and the setup a relaunch repeats (the model built, its first step). Best
+ * of each (a shared machine's noise only slows). */
 static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err) {
   loom_plan *plan = NULL;
   loom_status st = plan_at(f, table, seq_flag(table) ? f->layout.model.seq : 64, false, 1, &plan, err);
@@ -288,20 +291,24 @@ static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err)
       .seed = 1, .weight_decay = loom_adamw_defaults().weight_decay, .grad_clip = loom_adamw_defaults().grad_clip,
       .lr = {.max_lr = 6e-4f, .min_lr = 6e-5f, .total_steps = 1000}};
   loom_trainer tr = {0};
+  const double setup_t0 = loom_now_s();
   if (st == LOOM_OK) st = loom_trainer_init(&tr, NULL, plan, f->ops, &data, &o, err);
   const char *tmp = getenv("TMPDIR");
   char root[4096];
   snprintf(root, sizeof root, "%s/loom_bench_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (st == LOOM_OK && !mkdtemp(root)) st = loom_fail(err, LOOM_ERR_IO, "loom bench ckpt: cannot make %s", root);
   const bool made = st == LOOM_OK;
-  char dirs[2][4200];
+  char dirs[2][4200], local[4200];
   snprintf(dirs[0], sizeof dirs[0], "%s/sync", root);
   snprintf(dirs[1], sizeof dirs[1], "%s/async", root);
+  snprintf(local, sizeof local, "%s/local", root);
   loom_run_files files = {0};
   if (st == LOOM_OK) loom_run_files_init(&files, &tr, dirs[0], 1, 1, NULL);
   int step = 0;
   if (st == LOOM_OK) loom_trainer_step(&tr, step++); /* the Adam state exists, pages are touched */
-  double sync_s = 0.0, stall_s = 0.0, write_s = 0.0;
+  const double setup_s = loom_now_s() - setup_t0;
+  if (st == LOOM_OK) st = loom_run_local_init(&files, local, err);
+  double sync_s = 0.0, stall_s = 0.0, write_s = 0.0, local_s = 0.0;
   int during = 0;
   for (int i = 0; i < f->steps && st == LOOM_OK; i++) {
     files.async_save = false, files.dir = dirs[0];
@@ -322,7 +329,37 @@ static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err)
     }
     const double written = loom_now_s() - t0;
     if (i == 0 || written < write_s) write_s = written, during = steps;
+    /* In memory: the copy to host memory, then (recorded at a later step) the replica and the manifest. */
+    t0 = loom_now_s();
+    if (st == LOOM_OK) st = loom_run_local_save(&files, step, err);
+    double local = loom_now_s() - t0;
+    while (st == LOOM_OK && files.local_pending) {
+      loom_trainer_step(&tr, step++);
+      t0 = loom_now_s();
+      st = loom_run_settle(&files, false, err);
+      local += loom_now_s() - t0;
+    }
+    local_s = i == 0 || local < local_s ? local : local_s;
   }
+  /* The restores: the in-memory copies hold the newer step; without them, the persistent checkpoint. */
+  double restore_s = 0.0, local_restore_s = 0.0;
+  loom_log_set_quiet(true); /* each resume's own lines */
+  for (int i = 0; i < f->steps && st == LOOM_OK; i++) {
+    int64_t first;
+    files.dir = dirs[0];
+    double t0 = loom_now_s();
+    st = loom_run_resume(&files, &first, err);
+    const double from_memory = loom_now_s() - t0;
+    loom_local_ckpt *kept = files.local;
+    files.local = NULL;
+    t0 = loom_now_s();
+    if (st == LOOM_OK) st = loom_run_resume(&files, &first, err);
+    const double from_store = loom_now_s() - t0;
+    files.local = kept;
+    local_restore_s = i == 0 || from_memory < local_restore_s ? from_memory : local_restore_s;
+    restore_s = i == 0 || from_store < restore_s ? from_store : restore_s;
+  }
+  loom_log_set_quiet(false);
   if (st == LOOM_OK) {
     const double gb = (double)loom_ckpt_load_bytes(files.chunks, loom_pipeline_chunk_count(tr.pipe)) / 1e9;
     char cpu[256];
@@ -332,9 +369,16 @@ static loom_status bench_ckpt(bench_flags *f, loom_flag *table, loom_error *err)
     printf("asynchronous save: the step loop stalled %.3f s (best of %d), %.3fx the synchronous stall; its shard was "
            "written in the background in %.2f s, while %d training step%s ran\n", stall_s, f->steps, stall_s / sync_s,
            write_s, during, during == 1 ? "" : "s");
-    printf("RESULT ckpt_sync_stall_s=%.4f ckpt_async_stall_s=%.4f ckpt_async_over_sync=%.4f ckpt_gb=%.3f\n", sync_s, stall_s,
-           stall_s / sync_s, gb);
+    printf("in-memory save (--local-save-every, into %s): the step loop stalled %.3f s (best of %d: the copy to host "
+           "memory, then the replica and the manifest), %.3fx the asynchronous save's stall\n", local, local_s, f->steps,
+           local_s / stall_s);
+    printf("restore: %.3f s from the persistent checkpoint, %.3f s from the in-memory copies (best of %d); setup a "
+           "relaunch repeats (the model built, its first step): %.3f s\n", restore_s, local_restore_s, f->steps, setup_s);
+    printf("RESULT ckpt_sync_stall_s=%.4f ckpt_async_stall_s=%.4f ckpt_async_over_sync=%.4f ckpt_local_stall_s=%.4f "
+           "ckpt_restore_s=%.4f ckpt_local_restore_s=%.4f ckpt_setup_s=%.4f ckpt_gb=%.3f\n", sync_s, stall_s,
+           stall_s / sync_s, local_s, restore_s, local_restore_s, setup_s, gb);
   }
+  files.finished = true; /* the in-memory copies go with the rest */
   loom_run_files_free(&files);
   for (int k = 0; made && k < 2; k++) loom_ckpt_remove(dirs[k]);
   if (made) rmdir(root);
