@@ -184,8 +184,8 @@ int loom_cmd_plan_search(int argc, char **argv) {
       loom_flag_def_as("--svg", &svg, "draw the predicted layouts' throughput against their memory"),
       loom_sim_flops_flag(&flops),
       loom_sim_imbalance_flag(&imbalance),
-      {"--mtbf-hours", FLAG_FLOAT, &mtbf_hours, "rank by tokens/s kept under this failure rate (a node's mean time between "
-       "failures; the profile's reliability section gives what a restart costs)", 1e-3f, 1e9f, NULL, false, NULL},
+      loom_flag_def_as("--mtbf-hours", &mtbf_hours, "rank by tokens/s kept under this failure rate (a node's mean time "
+                       "between failures; the profile's reliability section gives what a restart costs)"),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};

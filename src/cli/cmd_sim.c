@@ -276,8 +276,8 @@ int loom_cmd_sim(int argc, char **argv) {
       loom_flag_def_as("--svg", &svg, "with --sweep-gpus: draw the scaling curve"),
       {"--goodput", FLAG_BOOL, &with_goodput, "also predict goodput under the profile's failure rate, with the checkpoint "
        "intervals that maximise it (persistent alone, and with in-memory copies)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--mtbf-hours", FLAG_FLOAT, &mtbf_hours, "with --goodput, or alone: a node's mean time between failures, in place "
-       "of the profile's reliability.mtbf_node_hours", 1e-3f, 1e9f, NULL, false, NULL},
+      loom_flag_def_as("--mtbf-hours", &mtbf_hours, "with --goodput, or alone: a node's mean time between failures, in "
+                       "place of the profile's reliability.mtbf_node_hours"),
   };
   memcpy(table + LOOM_PLAN_FLAG_COUNT, extra, sizeof extra);
   loom_error err = {0};

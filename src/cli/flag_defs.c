@@ -48,6 +48,8 @@ static const loom_flag DEFS[] = {
     {"--trace", FLAG_STRING, NULL, "write the timeline as Chrome-trace JSON (loom trace svg draws it)", LOOM_NO_RANGE, NULL,
      false, NULL},
     {"--svg", FLAG_STRING, NULL, "draw it as an SVG file", LOOM_NO_RANGE, NULL, false, NULL},
+    {"--mtbf-hours", FLAG_FLOAT, NULL, "a node's mean time between failures that end a job, in hours", 1e-3, 1e9, NULL,
+     false, NULL},
 };
 
 loom_flag loom_flag_def_as(const char *name, void *dst, const char *help) {
