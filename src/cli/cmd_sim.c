@@ -152,10 +152,14 @@ static void print_goodput(const goodput_report *report, bool json) {
          "Young %.4g h, Daly %.4g h): goodput %.2f%% (simulated %.2f%% +- %.2f%%)\n", m.save_stall_s, m.restore_s,
          m.relaunch_s, (long long)p->interval_steps, (double)p->interval_steps * m.step_s / 3600.0, p->young_s / 3600.0,
          p->daly_s / 3600.0, 100.0 * p->goodput, 100.0 * p->simulated, 100.0 * p->simulated_se);
-  printf("    in memory      stall %.3g s, restore %.3g s, %.3g%% of failures beyond the replicas: --local-save-every %lld "
-         "--save-every %lld: goodput %.2f%% (simulated %.2f%% +- %.2f%%)\n", m.local_stall_s, m.local_restore_s,
-         100.0 * m.unrecoverable, (long long)g.local_steps, (long long)(g.local_steps * g.persistent_every),
-         100.0 * g.local_goodput, 100.0 * g.local_simulated, 100.0 * g.local_simulated_se);
+  if (g.persistent_every == 1) /* every save best made persistent: the copies in memory buy nothing */
+    printf("    in memory      stall %.3g s, restore %.3g s: no gain here, every save is best made persistent (the store "
+           "takes one in %.3g s, a restore from it %.3g s)\n", m.local_stall_s, m.local_restore_s, c.write_s, m.restore_s);
+  else
+    printf("    in memory      stall %.3g s, restore %.3g s, %.3g%% of failures beyond the replicas: --local-save-every %lld "
+           "--save-every %lld: goodput %.2f%% (simulated %.2f%% +- %.2f%%)\n", m.local_stall_s, m.local_restore_s,
+           100.0 * m.unrecoverable, (long long)g.local_steps, (long long)(g.local_steps * g.persistent_every),
+           100.0 * g.local_goodput, 100.0 * g.local_simulated, 100.0 * g.local_simulated_se);
 }
 
 /* ---- --sweep-gpus: one plan's scaling curve at its global batch ---- */
