@@ -290,10 +290,10 @@ for fault in kill_in_stage:1:4 kill_in_write:2:4 kill_in_save:3:4; do
   exact_losses "$WORK/akill.jsonl" "$WORK/full.jsonl" 7 || fail "$fault: losses after the kill differ"
 done
 
-# --keep 2 leaves the two newest steps.
+# --keep 2 leaves the two newest steps (beside latest and the goodput ledger).
 rm -rf "$WORK/keep"
 np 2 --dp 2 --steps 4 --save-every 1 --keep 2 --ckpt "$WORK/keep" > /dev/null 2>&1 || fail "--keep run"
-[ "$(ls "$WORK/keep" | tr '\n' ' ')" = "latest step_00000003 step_00000004 " ] || fail "--keep 2 left $(ls "$WORK/keep")"
+[ "$(ls "$WORK/keep" | tr '\n' ' ')" = "goodput.jsonl latest step_00000003 step_00000004 " ] || fail "--keep 2 left $(ls "$WORK/keep")"
 
 # Damaged or mismatched checkpoints: refused, the file named, never loaded.
 C="$WORK/ck/step_00000009"

@@ -58,21 +58,30 @@ loom_status loom_local_ckpt_init(loom_local_ckpt *l, const char *root, const loo
     l->host_of[r] = h;
     local[r] = count[h]++;
   }
-  /* The partner: the same local index on the next host (modulo its ranks); on one host, the next rank. */
-  if (world > 1) {
-    for (int r = 0; r < world; r++) {
-      int partner;
-      if (l->hosts == 1) {
-        partner = (r + 1) % world;
-      } else {
-        const int next = (l->host_of[r] + 1) % l->hosts, want = local[r] % count[next];
-        partner = 0;
-        while (l->host_of[partner] != next || local[partner] != want) partner++;
-      }
-      if (r == ps->rank) l->partner = partner;
-      if (partner == ps->rank && l->nsources < LOOM_LOCAL_SOURCES) l->sources[l->nsources++] = r;
+  /* The partner: the same local index on the next host (modulo its ranks); on one host, the next rank. A rank
+   * holds at most LOOM_LOCAL_SOURCES replicas (hosts of unequal rank counts): a rank whose partner is full has none. */
+  int *held_by = calloc((size_t)world, sizeof *held_by), unreplicated = 0;
+  for (int r = 0; world > 1 && r < world; r++) {
+    int partner;
+    if (l->hosts == 1) {
+      partner = (r + 1) % world;
+    } else {
+      const int next = (l->host_of[r] + 1) % l->hosts, want = local[r] % count[next];
+      partner = 0;
+      while (l->host_of[partner] != next || local[partner] != want) partner++;
     }
+    if (held_by[partner] == LOOM_LOCAL_SOURCES) {
+      unreplicated++;
+      continue;
+    }
+    held_by[partner]++;
+    if (r == ps->rank) l->partner = partner;
+    if (partner == ps->rank) l->sources[l->nsources++] = r;
   }
+  free(held_by);
+  if (unreplicated && ps->rank == 0)
+    loom_log_info("local checkpoints: %d rank%s keep no replica: the next host has too few ranks to hold them (at most %d "
+                  "each); put as many ranks on every host", unreplicated, unreplicated == 1 ? "" : "s", LOOM_LOCAL_SOURCES);
   l->host = l->host_of[ps->rank];
   free(first_rank);
   free(local);

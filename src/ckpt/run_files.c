@@ -260,8 +260,8 @@ loom_status loom_run_resume(loom_run_files *f, int64_t *first, loom_error *err) 
   if (from.tp != ck->tp || from.pp != ck->pp || from.dp != ck->dp || from.vpp != ck->vpp || from.zero != ck->zero)
     loom_log_info("resharding: the checkpoint was written by tp %d x pp %d x dp %d (vpp %d, zero %d); loaded by global offsets",
                   from.tp, from.pp, from.dp, from.vpp, from.zero);
-  loom_log_info("resumed from %s at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)",
-                from_memory ? "the in-memory copies" : f->dir, (long long)*first, gb, dt, gb / dt);
+  loom_log_info("resumed from %s%s at step %lld: %.3f GB into all ranks in %.2f s (%.2f GB/s)",
+                from_memory ? "the in-memory copies" : f->dir, from_memory ? "" : "/latest", (long long)*first, gb, dt, gb / dt);
   const loom_lr_schedule *was = &from.lr, *now = &ck->lr;
   if (was->total_steps != now->total_steps && *first < now->total_steps)
     loom_log_info("--steps %d where the checkpoint's run had %d: the cosine schedule now ends at step %d, so the learning "

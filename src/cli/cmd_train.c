@@ -148,8 +148,11 @@ static loom_status run(const loom_plan *plan, const loom_train_flags *f, const l
   const double restore_t0 = loom_now_s();
   if (st == LOOM_OK && f->resume) st = loom_run_resume(&files, &first, err);
   loom_goodput ledger;
+  /* A restart by loom-run (LOOM_ATTEMPT 2 and on) continues the ledger even when there was nothing to resume. */
+  const char *attempt = getenv("LOOM_ATTEMPT");
+  const bool continued = f->resume || (attempt && atoi(attempt) > 1);
   const bool ledgered = st == LOOM_OK && f->ckpt && loom_comm_rank(world) == 0 &&
-                        loom_goodput_open(&ledger, f->ckpt, g_launched, f->resume, first, loom_now_s() - restore_t0, err) == LOOM_OK;
+                        loom_goodput_open(&ledger, f->ckpt, g_launched, continued, first, loom_now_s() - restore_t0, err) == LOOM_OK;
   if (st == LOOM_OK)
     st = loom_metrics_open(&metrics, loom_comm_rank(world) == 0 ? f->metrics : NULL, f->resume ? (long)first : -1, err);
   if (st == LOOM_OK)

@@ -5,7 +5,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/fault.h"
-#include "core/write_file.h"
 #include "pipeline/goodput.h"
 
 /* Every line has one shape, so that reading it back is one scan. */
@@ -89,9 +88,15 @@ void loom_goodput_step(loom_goodput *g, int64_t step, double seconds) {
   char line[512];
   const int len = snprintf(line, sizeof line, LINE_FORMAT, g->attempt, "last", (long long)step, loom_goodput_clock(),
                            g->launched, g->step_s, g->stall_s);
-  const loom_chunk chunk = {line, (size_t)len};
-  loom_error ignored;
-  loom_write_file_atomic(g->progress, &chunk, 1, &ignored);
+  /* A heartbeat, rewritten whole by a rename; not synced to disk (a step's fsync on a shared file system costs more
+   * than the line is worth). */
+  char tmp[4300];
+  snprintf(tmp, sizeof tmp, "%s.tmp", g->progress);
+  FILE *fp = fopen(tmp, "w");
+  if (!fp) return;
+  const bool ok = fwrite(line, 1, (size_t)len, fp) == (size_t)len;
+  if (fclose(fp) == 0 && ok) rename(tmp, g->progress);
+  else unlink(tmp);
 }
 
 void loom_goodput_saved(loom_goodput *g, int64_t step, double stall_s) {
