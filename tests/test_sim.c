@@ -1111,8 +1111,6 @@ int main(void) {
   tcase_add_test(tc, overlaps_are_costed);
   tcase_add_test(tc, fp8_is_costed);
   tcase_add_test(tc, fp8_recipes_are_costed);
-  tcase_add_test(tc, goodput_optimum_is_dalys);
-  tcase_add_test(tc, goodput_in_memory_pays);
   tcase_add_test(tc, attention_follows_its_length);
   tcase_add_test(tc, expert_load_is_costed);
   tcase_add_test(tc, rank_imbalance_is_costed);
@@ -1128,5 +1126,10 @@ int main(void) {
   tcase_add_test(tc, search_bounds_only_what_cannot_matter);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
   suite_add_tcase(s, tc);
+  TCase *failures = tcase_create("goodput");
+  tcase_set_timeout(failures, 120);
+  tcase_add_test(failures, goodput_optimum_is_dalys);
+  tcase_add_test(failures, goodput_in_memory_pays);
+  suite_add_tcase(s, failures);
   return tu_run(s);
 }
