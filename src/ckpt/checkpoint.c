@@ -441,11 +441,7 @@ loom_status loom_ckpt_verify(const char *dir, int *shards, int *tensors, loom_er
     loom_shard_file f;
     st = loom_shard_file_read(paths[i], &f, err);
     if (st != LOOM_OK) break;
-    uint32_t crc = 0;
-    FILE *fp = fopen(paths[i], "rb");
-    char buf[65536];
-    for (size_t got; fp && (got = fread(buf, 1, sizeof buf, fp)) > 0;) crc = loom_crc32c(crc, buf, got);
-    if (fp) fclose(fp);
+    const uint32_t crc = loom_crc32c_file(paths[i]);
     if (crc != mf->shards[i]->crc32c)
       st = loom_fail(err, LOOM_ERR_FORMAT, "%s: checksum %08x, the manifest says %08x: the shard is damaged", paths[i], crc,
                      mf->shards[i]->crc32c);

@@ -44,7 +44,8 @@ loom_status loom_local_ckpt_init(loom_local_ckpt *l, const char *root, const loo
   l->host_of = loom_fault_calloc((size_t)world, sizeof *l->host_of);
   l->sources = loom_fault_calloc(LOOM_LOCAL_SOURCES, sizeof *l->sources);
   l->held = loom_fault_calloc((size_t)world * LOOM_LOCAL_HELD * 4, sizeof *l->held);
-  int32_t bad = !l->host_names || !l->host_of || !l->sources || !l->held;
+  l->holders = loom_fault_calloc((size_t)world * 2, sizeof *l->holders);
+  int32_t bad = !l->host_names || !l->host_of || !l->sources || !l->held || !l->holders;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
   if (bad) return loom_fail(err, LOOM_ERR_NOMEM, "--local-dir %s: out of memory for the host map", root);
   loom_comm_allgather_typed(ps->world_group, name, l->host_names, sizeof name, LOOM_DTYPE_BYTE);
@@ -83,6 +84,7 @@ loom_status loom_local_ckpt_init(loom_local_ckpt *l, const char *root, const loo
     loom_log_info("local checkpoints: %d rank%s keep no replica: the next host has too few ranks to hold them (at most %d "
                   "each); put as many ranks on every host", unreplicated, unreplicated == 1 ? "" : "s", LOOM_LOCAL_SOURCES);
   l->host = l->host_of[ps->rank];
+  l->host_leader = first_rank[l->host] == ps->rank;
   free(first_rank);
   free(local);
   free(count);
@@ -127,8 +129,7 @@ static int list_steps(const char *dir, int64_t *steps, int max) {
 }
 
 void loom_local_ckpt_free(loom_local_ckpt *l, bool remove) {
-  const bool leader = l->host_of && l->ps && (l->ps->rank == 0 || l->host_of[l->ps->rank - 1] != l->host);
-  if (remove && leader && l->host_dir[0]) {
+  if (remove && l->host_leader && l->host_dir[0]) {
     int64_t steps[64];
     const int n = list_steps(l->host_dir, steps, 64);
     for (int i = 0; i < n; i++) {
@@ -143,6 +144,7 @@ void loom_local_ckpt_free(loom_local_ckpt *l, bool remove) {
   free(l->host_of);
   free(l->sources);
   free(l->held);
+  free(l->holders);
   *l = (loom_local_ckpt){0};
 }
 
@@ -236,7 +238,7 @@ static loom_status write_manifests(loom_local_ckpt *l, const char *sub, int64_t 
     return st != LOOM_OK ? st : loom_fail_elsewhere(err, LOOM_ERR_NOMEM, 0, "list its shard's pieces");
   }
   loom_comm_allgather_typed(ps->world_group, mine, every, (size_t)most + 8, LOOM_DTYPE_BYTE);
-  const bool leader = ps->rank == 0 || l->host_of[ps->rank - 1] != l->host;
+  const bool leader = l->host_leader;
   Loom__ShardFileInfo **infos = leader ? loom_fault_calloc((size_t)world, sizeof *infos) : NULL;
   if (leader && !infos) st = loom_fail(err, LOOM_ERR_NOMEM, "%s: out of memory for the manifest", sub);
   for (int r = 0; leader && r < world && st == LOOM_OK; r++) {
@@ -262,7 +264,7 @@ static loom_status write_manifests(loom_local_ckpt *l, const char *sub, int64_t 
 
 /* The host's leader keeps the newest LOOM_LOCAL_KEEP complete steps (this one and the one before). */
 static void prune_local(const loom_local_ckpt *l, int64_t step) {
-  if (!(l->ps->rank == 0 || l->host_of[l->ps->rank - 1] != l->host)) return;
+  if (!l->host_leader) return;
   int64_t steps[64];
   const int n = list_steps(l->host_dir, steps, 64);
   int kept = 0;
@@ -335,12 +337,18 @@ static int check_copy(const char *path, const Loom__CheckpointManifest *mf, int 
   if (loom_shard_read_binding(path, &b, &ignored) != LOOM_OK || b.save_id != mf->save_id || b.step != (int64_t)mf->step ||
       b.rank != shard)
     return REFUSED_BINDING;
-  uint32_t crc = 0;
-  FILE *fp = fopen(path, "rb");
-  char buf[1 << 16];
-  for (size_t got; fp && (got = fread(buf, 1, sizeof buf, fp)) > 0;) crc = loom_crc32c(crc, buf, got);
-  if (fp) fclose(fp);
-  return crc == info->crc32c ? 0 : REFUSED_CHECKSUM;
+  return loom_crc32c_file(path) == info->crc32c ? 0 : REFUSED_CHECKSUM;
+}
+
+/* l->holders for the save (step, save_id): who holds each shard's own copy and its replica. */
+static void index_holders(loom_local_ckpt *l, int64_t step, int64_t save_id) {
+  const int world = l->ps->world;
+  for (int i = 0; i < 2 * world; i++) l->holders[i] = -1;
+  for (int d = 0; d < world * LOOM_LOCAL_HELD; d++) {
+    const int64_t *o = &l->held[d * 4];
+    if (o[0] == step && o[1] == save_id && o[3] <= KIND_REPLICA && o[2] >= 0 && o[2] < world)
+      l->holders[2 * o[2] + o[3]] = d / LOOM_LOCAL_HELD;
+  }
 }
 
 loom_status loom_local_ckpt_newest(loom_local_ckpt *l, const loom_ckpt_run *run, int64_t *step, loom_error *err) {
@@ -378,36 +386,34 @@ loom_status loom_local_ckpt_newest(loom_local_ckpt *l, const loom_ckpt_run *run,
         loom_log_info("local checkpoint: step %lld, %s of shard %lld on %s (rank %d) refused: %s", (long long)e[0],
                       e[2] == r ? "the copy" : "the replica", (long long)e[2], l->host_names[r], r, REFUSED_WHY[e[3]]);
     }
-  /* The newest (step, save) with every shard held by some rank. */
+  /* The newest (step, save) with every shard held by some rank: each distinct pair counted once. */
   *step = -1;
-  bool *covered = loom_fault_calloc((size_t)world, sizeof *covered);
-  if (!covered) return loom_fail(err, LOOM_ERR_NOMEM, "local checkpoints: out of memory");
   const int entries = world * LOOM_LOCAL_HELD;
   for (int c = 0; c < entries; c++) {
     const int64_t *cand = &l->held[c * 4];
     if (cand[0] <= *step || cand[3] > KIND_REPLICA) continue;
-    memset(covered, 0, (size_t)world * sizeof *covered);
+    bool seen = false; /* an earlier entry of the same pair: counted already */
+    for (int d = 0; d < c && !seen; d++)
+      seen = l->held[d * 4] == cand[0] && l->held[d * 4 + 1] == cand[1] && l->held[d * 4 + 3] <= KIND_REPLICA;
+    if (seen) continue;
+    index_holders(l, cand[0], cand[1]);
     int count = 0;
-    for (int d = 0; d < entries; d++) {
-      const int64_t *o = &l->held[d * 4];
-      if (o[0] == cand[0] && o[1] == cand[1] && o[3] <= KIND_REPLICA && o[2] >= 0 && o[2] < world && !covered[o[2]])
-        covered[o[2]] = true, count++;
-    }
+    for (int s = 0; s < world; s++) count += l->holders[2 * s] >= 0 || l->holders[2 * s + 1] >= 0;
     if (count == world) *step = cand[0], l->save_id = cand[1];
   }
-  free(covered);
+  if (*step >= 0) index_holders(l, *step, l->save_id);
   return LOOM_OK;
 }
 
 /* The rank that serves shard s of the chosen save to rank q: q itself if it holds it, else one on q's host (read in
- * place), else the lowest that holds it; *kind gets whether it holds it as its own or as a replica. -1: nobody. */
-static int holder_for(const loom_local_ckpt *l, int64_t step, int q, int s, int *kind) {
+ * place), else the other; *kind gets whether it holds it as its own or as a replica. -1: nobody. */
+static int holder_for(const loom_local_ckpt *l, int q, int s, int *kind) {
   int best = -1, rank_of_best = 3; /* 0: q, 1: q's host, 2: elsewhere */
-  for (int d = 0; d < l->ps->world * LOOM_LOCAL_HELD; d++) {
-    const int64_t *o = &l->held[d * 4];
-    if (o[0] != step || o[1] != l->save_id || o[2] != s || o[3] > KIND_REPLICA) continue;
-    const int r = d / LOOM_LOCAL_HELD, how = r == q ? 0 : l->host_of[r] == l->host_of[q] ? 1 : 2;
-    if (how < rank_of_best) best = r, rank_of_best = how, *kind = (int)o[3];
+  for (int k = KIND_OWN; k <= KIND_REPLICA; k++) {
+    const int r = l->holders[2 * s + k];
+    if (r < 0) continue;
+    const int how = r == q ? 0 : l->host_of[r] == l->host_of[q] ? 1 : 2;
+    if (how < rank_of_best) best = r, rank_of_best = how, *kind = k;
   }
   return best;
 }
@@ -433,7 +439,7 @@ static void log_sources(const loom_local_ckpt *l, int64_t step, int64_t persiste
   size_t at = 0;
   for (int s = 0; s < world; s++) {
     int kind = KIND_OWN;
-    const int h = holder_for(l, step, s, s, &kind);
+    const int h = holder_for(l, s, s, &kind);
     const bool here = l->host_of[h] == l->host_of[s];
     in_place += here && kind == KIND_OWN, replicas_here += here && kind == KIND_REPLICA, sent += !here;
     if (s < 16 && at < sizeof sources)
@@ -483,12 +489,12 @@ static loom_status gather_needed(loom_local_ckpt *l, int64_t step, const Loom__C
   /* Every transfer, in one order that every rank computes alike: receives, then sends, then the waits. */
   float **bufs = loom_xcalloc((size_t)world * (size_t)most + 1, sizeof *bufs, "restore buffers");
   loom_request **reqs = loom_xcalloc((size_t)world * (size_t)most + 1, sizeof *reqs, "restore requests");
-  int32_t bad = st != LOOM_OK;
+  int *holder = loom_xcalloc((size_t)world * (size_t)most + 1, sizeof *holder, "restore holders");
   for (int q = 0; q < world; q++)
     for (int i = 0; i < most; i++) {
       const int s = needs[q * most + i];
       int kind = KIND_OWN;
-      const int h = s < 0 ? -1 : holder_for(l, step, q, s, &kind);
+      const int h = holder[q * most + i] = s < 0 ? -1 : holder_for(l, q, s, &kind);
       const size_t bytes = s < 0 ? 0 : (size_t)mf->shards[s]->bytes, floats = bytes / sizeof(float) + 1;
       if (h < 0 || (q != me && h != me) || l->host_of[h] == l->host_of[q]) {
         if (q == me && h >= 0 && st == LOOM_OK) { /* on this host: read in place */
@@ -508,17 +514,16 @@ static loom_status gather_needed(loom_local_ckpt *l, int64_t step, const Loom__C
         if (!*b) st = loom_fail(err, LOOM_ERR_IO, "%s: cannot read it to send to rank %d", from, q);
       }
     }
-  bad = st != LOOM_OK;
+  int32_t bad = st != LOOM_OK;
   loom_comm_allreduce_typed(ps->world_group, &bad, 1, LOOM_DTYPE_I32, LOOM_REDUCE_MAX);
   for (int pass = 0; pass < 2 && !bad; pass++)
     for (int q = 0; q < world; q++)
       for (int i = 0; i < most; i++) {
         const int s = needs[q * most + i];
-        int kind;
-        const int h = s < 0 ? -1 : holder_for(l, step, q, s, &kind);
         if (!bufs[q * most + i] || (pass == 0) != (q == me)) continue;
         const size_t floats = (size_t)mf->shards[s]->bytes / sizeof(float) + 1;
-        reqs[q * most + i] = q == me ? loom_comm_irecv(ps->world_group, bufs[q * most + i], floats, h, RESTORE_TAG)
+        reqs[q * most + i] = q == me ? loom_comm_irecv(ps->world_group, bufs[q * most + i], floats, holder[q * most + i],
+                                                       RESTORE_TAG)
                                      : loom_comm_isend(ps->world_group, bufs[q * most + i], floats, q, RESTORE_TAG);
       }
   for (int k = 0; k < world * most; k++)
@@ -536,6 +541,7 @@ static loom_status gather_needed(loom_local_ckpt *l, int64_t step, const Loom__C
   for (int k = 0; k < world * most; k++) free(bufs[k]);
   free(bufs);
   free(reqs);
+  free(holder);
   if (bad && st == LOOM_OK) st = loom_fail_elsewhere(err, LOOM_ERR_IO, 0, "prepare the in-memory restore");
   return st;
 }
@@ -546,10 +552,8 @@ loom_status loom_local_ckpt_restore(loom_local_ckpt *l, int64_t step, const loom
   const int world = ps->world;
   /* The manifest, from the lowest rank whose host holds it. */
   int source = -1;
-  for (int d = 0; d < world * LOOM_LOCAL_HELD && source < 0; d++) {
-    const int64_t *o = &l->held[d * 4];
-    if (o[0] == step && o[1] == l->save_id && o[3] <= KIND_REPLICA) source = d / LOOM_LOCAL_HELD;
-  }
+  for (int i = 0; i < 2 * world; i++)
+    if (l->holders[i] >= 0 && (source < 0 || l->holders[i] < source)) source = l->holders[i];
   if (source < 0) return loom_fail(err, LOOM_ERR_FORMAT, "local checkpoints: no rank holds step %lld", (long long)step);
   char sub[4400], *bytes = NULL;
   size_t len = 0;

@@ -28,6 +28,7 @@ struct loom_local_ckpt {
   char root[2048], host_dir[2200];
   const loom_parallel *ps;
   int host, hosts; /* this rank's host (in the order of their lowest ranks), and their number */
+  bool host_leader; /* the lowest rank of its host: it writes, prunes and removes the host's copies */
   int *host_of;    /* [world] each rank's host */
   char (*host_names)[64];
   int partner;     /* the rank holding this rank's replica (-1: a world of one) */
@@ -35,6 +36,7 @@ struct loom_local_ckpt {
   int nsources;
   int64_t save_id; /* the save loom_local_ckpt_newest chose */
   int64_t *held;   /* after a survey: [world * LOOM_LOCAL_HELD * 4] every rank's valid copies (step, save id, shard, kind) */
+  int *holders;    /* of the chosen save: [world * 2] the rank holding each shard's own copy, and its replica (-1: none) */
 };
 
 /* Complete steps each host keeps; while a save is written, one more. */

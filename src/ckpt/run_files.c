@@ -7,7 +7,6 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/statvfs.h>
-#include <math.h>
 #include <unistd.h>
 #include "ckpt/llmc_model.h"
 #include "ckpt/local_ckpt.h"
@@ -191,8 +190,7 @@ static loom_status check_local_space(const loom_run_files *f, loom_error *err) {
   const loom_local_ckpt *l = f->local;
   int ranks = 0;
   for (int r = 0; r < f->tr->ps.world; r++) ranks += l->host_of[r] == l->host;
-  double shard = 0.0;
-  for (int q = 0; q < f->tr->ps.pp; q++) shard = fmax(shard, loom_plan_rank_checkpoint_bytes(f->tr->plan, q));
+  const double shard = loom_plan_checkpoint_shard_bytes(f->tr->plan);
   const double need = ranks * loom_local_ckpt_host_bytes(shard);
   struct statvfs fs;
   if (statvfs(l->host_dir, &fs) != 0) return LOOM_OK; /* nothing to judge by */

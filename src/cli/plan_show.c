@@ -1,5 +1,4 @@
 /* `loom plan show`'s report, section by section. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "ckpt/local_ckpt.h"
@@ -65,8 +64,7 @@ static void show_batch(const loom_plan *p, const loom_gpt_config *cfg) {
   printf("precision: %s, grads reduced over %s in %s\n",
          loom_plan_compute_dtype(p) == LOOM_DTYPE_BF16 ? "bf16 mixed precision (fp32 master weights)" : "fp32",
          p->parallel->cp > 1 ? "dp x cp" : "dp", loom_plan_grad_reduce_dtype(p) == LOOM_DTYPE_BF16 ? "bf16" : "fp32");
-  double shard = 0.0;
-  for (int q = 0; q < p->parallel->pp; q++) shard = fmax(shard, loom_plan_rank_checkpoint_bytes(p, q));
+  const double shard = loom_plan_checkpoint_shard_bytes(p);
   printf("checkpoint: a rank's shard up to %.2f GiB (its fp32 weights and Adam state); in host memory, "
          "--local-save-every keeps %.0f such copies a rank (%.2f GiB)\n", shard / 1073741824.0,
          loom_local_ckpt_host_bytes(1.0), loom_local_ckpt_host_bytes(shard) / 1073741824.0);

@@ -73,7 +73,7 @@ struct loom_comm {
   const loom_comm_ops *ops;
   int rank, size;
   char name[16]; /* "world", "tp", "dp", "pp", "embedding": for error messages */
-  /* This rank's world rank, and the world rank of the group's rank 0: what
+  /* This rank's world rank, and the lowest world rank of the group (its leader): what
    * tells two groups of one name apart (the flight recorder's names). */
   int world_rank, leader;
   /* The compute backend's memory, whose buffers the f32 calls may be

@@ -196,59 +196,80 @@ static void consider(finding *best, double start, const char *line) {
   snprintf(best->line, sizeof best->line, "%s", line);
 }
 
+/* One group as one rank reported it: the groups of every rank, sorted, put each group's members side by side. */
+typedef struct {
+  const loom_flight_group *g;
+  int rank;
+} membership;
+
+static int by_group(const loom_flight_group *x, const loom_flight_group *y) {
+  const int name = strcmp(x->name, y->name);
+  return name ? name : (x->leader > y->leader) - (x->leader < y->leader);
+}
+
+static int by_group_then_rank(const void *a, const void *b) {
+  const membership *x = a, *y = b;
+  const int group = by_group(x->g, y->g);
+  return group ? group : x->rank - y->rank;
+}
+
 bool loom_flight_disagreement(const loom_flight_summary *all, int world, char *line, size_t len) {
   finding best = {0};
-  int *posted = malloc((size_t)world * sizeof *posted), *never = malloc((size_t)world * sizeof *never);
-  for (int r = 0; r < world; r++)
-    for (int k = 0; k < all[r].groups; k++) {
-      const loom_flight_group *g = &all[r].g[k];
-      /* Each group once: at its lowest reporting rank. */
-      bool seen = false;
-      for (int q = 0; q < r && !seen; q++)
-        for (int j = 0; j < all[q].groups && !seen; j++)
-          seen = strcmp(all[q].g[j].name, g->name) == 0 && all[q].g[j].leader == g->leader;
-      if (seen) continue;
-      const loom_flight_group *member[1024];
-      int ranks[1024], m = 0;
-      for (int q = r; q < world && m < 1024; q++)
-        for (int j = 0; j < all[q].groups; j++)
-          if (strcmp(all[q].g[j].name, g->name) == 0 && all[q].g[j].leader == g->leader) member[m] = &all[q].g[j], ranks[m++] = q;
-      int64_t lowest = member[0]->posted;
-      for (int i = 1; i < m; i++) lowest = member[i]->posted < lowest ? member[i]->posted : lowest;
-      char text[1024], what[256];
-      /* Operations posted by some and not by others: the first such is one past the fewest posted. */
-      const loom_flight_op *op = NULL;
-      int np = 0, nn = 0;
-      for (int i = 0; i < m; i++) {
-        if (member[i]->posted > lowest) posted[np++] = ranks[i];
-        else never[nn++] = ranks[i];
-        if (!op && member[i]->posted > lowest) op = op_at(member[i], lowest + 1);
-      }
-      if (np && op) {
-        describe_op(what, sizeof what, op);
-        size_t at = (size_t)snprintf(text, sizeof text, "%s group (leader rank %d, %d ranks) operation #%lld, %s: posted by ",
-                                     g->name, g->leader, g->size, (long long)(lowest + 1), what);
-        at += list(text + at, sizeof text - at, posted, np);
-        at += (size_t)snprintf(text + at, sizeof text - at, "; never by ");
-        at += list(text + at, sizeof text - at, never, nn);
-        snprintf(text + at, sizeof text - at, " (%s last posted #%lld there)", nn == 1 ? "whose" : "which", (long long)lowest);
-        consider(&best, op->start, text);
-      }
-      /* The same place in the sequence, different operations. */
-      for (int64_t seq = lowest; seq > 0 && seq > lowest - LOOM_FLIGHT_LAST; seq--) {
-        const loom_flight_op *a = op_at(member[0], seq);
-        for (int i = 1; a && i < m; i++) {
-          const loom_flight_op *b = op_at(member[i], seq);
-          if (!b || (a->kind == b->kind && a->bytes == b->bytes)) continue;
-          char wa[256], wb[256];
-          describe_op(wa, sizeof wa, a);
-          describe_op(wb, sizeof wb, b);
-          snprintf(text, sizeof text, "%s group (leader rank %d, %d ranks) operation #%lld: rank %d posted %s, rank %d %s",
-                   g->name, g->leader, g->size, (long long)seq, ranks[0], wa, ranks[i], wb);
-          consider(&best, a->start < b->start ? a->start : b->start, text);
-        }
+  size_t total = 0;
+  for (int r = 0; r < world; r++) total += all[r].groups > 0 ? (size_t)all[r].groups : 0;
+  membership *every = malloc((total + 1) * sizeof *every);
+  const loom_flight_group **member = malloc((total + 1) * sizeof *member);
+  int *ranks = malloc((total + 1) * sizeof *ranks), *posted = malloc((total + 1) * sizeof *posted),
+      *never = malloc((total + 1) * sizeof *never);
+  size_t n = 0;
+  for (int r = 0; every && r < world; r++)
+    for (int k = 0; k < all[r].groups; k++) every[n++] = (membership){&all[r].g[k], r};
+  if (every && member && ranks && posted && never) qsort(every, n, sizeof *every, by_group_then_rank);
+  else n = 0;
+  for (size_t at = 0, next; at < n; at = next) {
+    const loom_flight_group *g = every[at].g;
+    int m = 0;
+    for (next = at; next < n && by_group(g, every[next].g) == 0; next++)
+      member[m] = every[next].g, ranks[m++] = every[next].rank;
+    int64_t lowest = member[0]->posted;
+    for (int i = 1; i < m; i++) lowest = member[i]->posted < lowest ? member[i]->posted : lowest;
+    char text[1024], what[256];
+    /* Operations posted by some and not by others: the first such is one past the fewest posted. */
+    const loom_flight_op *op = NULL;
+    int np = 0, nn = 0;
+    for (int i = 0; i < m; i++) {
+      if (member[i]->posted > lowest) posted[np++] = ranks[i];
+      else never[nn++] = ranks[i];
+      if (!op && member[i]->posted > lowest) op = op_at(member[i], lowest + 1);
+    }
+    if (np && op) {
+      describe_op(what, sizeof what, op);
+      size_t at = (size_t)snprintf(text, sizeof text, "%s group (leader rank %d, %d ranks) operation #%lld, %s: posted by ",
+                                   g->name, g->leader, g->size, (long long)(lowest + 1), what);
+      at += list(text + at, sizeof text - at, posted, np);
+      at += (size_t)snprintf(text + at, sizeof text - at, "; never by ");
+      at += list(text + at, sizeof text - at, never, nn);
+      snprintf(text + at, sizeof text - at, " (%s last posted #%lld there)", nn == 1 ? "whose" : "which", (long long)lowest);
+      consider(&best, op->start, text);
+    }
+    /* The same place in the sequence, different operations. */
+    for (int64_t seq = lowest; seq > 0 && seq > lowest - LOOM_FLIGHT_LAST; seq--) {
+      const loom_flight_op *a = op_at(member[0], seq);
+      for (int i = 1; a && i < m; i++) {
+        const loom_flight_op *b = op_at(member[i], seq);
+        if (!b || (a->kind == b->kind && a->bytes == b->bytes)) continue;
+        char wa[256], wb[256];
+        describe_op(wa, sizeof wa, a);
+        describe_op(wb, sizeof wb, b);
+        snprintf(text, sizeof text, "%s group (leader rank %d, %d ranks) operation #%lld: rank %d posted %s, rank %d %s",
+                 g->name, g->leader, g->size, (long long)seq, ranks[0], wa, ranks[i], wb);
+        consider(&best, a->start < b->start ? a->start : b->start, text);
       }
     }
+  }
+  free(every);
+  free(member);
+  free(ranks);
   free(posted);
   free(never);
   if (best.found) snprintf(line, len, "%s", best.line);

@@ -7,8 +7,8 @@
  * the first operation on which the ranks disagree: who posted it and who
  * never did, or who posted another operation at the same place.
  *
- * A group is named by its kind ("dp", "tp", ...) and its leader, the world
- * rank of its rank 0, so two dp groups of one job are told apart. Every
+ * A group is named by its kind ("dp", "tp", ...) and its leader, its lowest
+ * world rank, so two dp groups of one job are told apart. Every
  * call of comm.h records through here; with no ring, a call costs a branch. */
 #ifndef LOOM_FLIGHT_RECORDER_H
 #define LOOM_FLIGHT_RECORDER_H
@@ -58,14 +58,14 @@ typedef struct {
   loom_flight_op last[LOOM_FLIGHT_LAST]; /* oldest first; seq 0: none */
 } loom_flight_group;
 typedef struct {
-  int32_t groups; /* -1: this rank sent none */
+  int32_t groups; /* 0: none (or this rank sent none) */
   loom_flight_group g[LOOM_FLIGHT_GROUPS];
 } loom_flight_summary;
 
 void loom_flight_summarize(loom_flight_summary *out);
 /* Writes this rank's ring to its dump file (when a directory was given); false when it could not. */
 bool loom_flight_dump(int world_rank);
-/* From every rank's summary (world of them; groups -1 where a rank sent none), the first operation the ranks
+/* From every rank's summary (world of them; groups 0 where a rank sent none), the first operation the ranks
  * disagree on, as a line; false when they agree on every one they report. */
 bool loom_flight_disagreement(const loom_flight_summary *all, int world, char *line, size_t len);
 

@@ -365,11 +365,12 @@ static loom_status run_loop(loom_trainer *tr, const loom_train_loop *loop, strag
     *stopped = stop_requested(tr, loop);
     if (loop->goodput) loom_goodput_step(loop->goodput, step + 1, dt);
     const bool due = (loop->save_every && (step + 1) % loop->save_every == 0) || step + 1 == loop->steps;
-    const bool local = loop->local_save && (step + 1) % loop->local_every == 0;
+    const bool persistent = loop->save && (*stopped || due); /* else, when due, one in memory */
+    const bool local = !persistent && loop->local_save && (step + 1) % loop->local_every == 0;
     double t1 = loom_now_s();
-    if (st == LOOM_OK && loop->save && (*stopped || due)) st = loop->save(loop->save_ctx, step + 1, err);
-    else if (st == LOOM_OK && local) st = loop->local_save(loop->save_ctx, step + 1, err);
-    if (loop->goodput && ((loop->save && (*stopped || due)) || local)) loom_goodput_saved(loop->goodput, step + 1, loom_now_s() - t1);
+    if (st == LOOM_OK && persistent) st = loop->save(loop->save_ctx, step + 1, err);
+    if (st == LOOM_OK && local) st = loop->local_save(loop->save_ctx, step + 1, err);
+    if (loop->goodput && (persistent || local)) loom_goodput_saved(loop->goodput, step + 1, loom_now_s() - t1);
     t1 = loom_now_s();
     if (st == LOOM_OK && loop->settle) st = loop->settle(loop->save_ctx, *stopped || step + 1 == loop->steps, err);
     if (loop->goodput && loop->settle) loom_goodput_stalled(loop->goodput, loom_now_s() - t1);

@@ -280,6 +280,15 @@ double loom_plan_rank_checkpoint_bytes(const loom_plan *plan, int pp_rank) {
   return (m.bytes[LOOM_MEM_MASTER] > 0 ? m.bytes[LOOM_MEM_MASTER] : m.bytes[LOOM_MEM_WEIGHTS]) + m.bytes[LOOM_MEM_OPTIMIZER];
 }
 
+double loom_plan_checkpoint_shard_bytes(const loom_plan *plan) {
+  double most = 0.0;
+  for (int q = 0; q < plan->parallel->pp; q++) {
+    const double bytes = loom_plan_rank_checkpoint_bytes(plan, q);
+    most = bytes > most ? bytes : most;
+  }
+  return most;
+}
+
 double loom_plan_rank_activations(const loom_plan *p, int pp_rank, int recompute_layers) {
   loom_rank_sheet s;
   stage_sheet(p, pp_rank, &s);

@@ -89,6 +89,8 @@ loom_memory loom_plan_rank_memory(const loom_plan *plan, int pp_rank);
  * weights, or its fp32 weights, and its optimizer state): what its
  * checkpoint shard holds at most, and the host memory one copy of it takes. */
 double loom_plan_rank_checkpoint_bytes(const loom_plan *plan, int pp_rank);
+/* The most of any pipeline rank: the busiest rank's shard. */
+double loom_plan_checkpoint_shard_bytes(const loom_plan *plan);
 double loom_plan_rank_activations(const loom_plan *plan, int pp_rank, int recompute_layers);
 
 /* The plan's ZeRO cut of one chunk (loom_gpt_zero_cut at its tp, dp and stage). */

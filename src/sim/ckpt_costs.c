@@ -30,11 +30,8 @@ loom_status loom_ckpt_costs_model(const loom_plan *plan, const loom_profile *pro
   loom_gpt_config cfg;
   loom_plan_model_config(plan, &cfg);
   c->total_bytes = CKPT_BYTES_PER_PARAM * (double)loom_gpt_param_count(&cfg, NULL, 1);
-  for (int q = 0; q < l->pp; q++) {
-    const double held = loom_plan_rank_checkpoint_bytes(plan, q);
-    c->rank_bytes = fmax(c->rank_bytes, held);
-    c->read_bytes += held * l->tp * l->cp * l->dp;
-  }
+  c->rank_bytes = loom_plan_checkpoint_shard_bytes(plan);
+  for (int q = 0; q < l->pp; q++) c->read_bytes += loom_plan_rank_checkpoint_bytes(plan, q) * l->tp * l->cp * l->dp;
   const double host = r->host_copy_gbs * 1e9, link = prof->inter_node->bandwidth_gbs * prof->inter_node->efficiency * 1e9;
   c->write_s = c->total_bytes / (r->store_write_gbs * 1e9);
   *m = (loom_goodput_model){

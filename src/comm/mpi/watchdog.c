@@ -7,14 +7,13 @@
 #include "comm/flight_recorder.h"
 #include "comm/mpi/watchdog.h"
 
-enum { REPORT_TAG = 0x3d09, MAX_LISTED = 16 };
+enum { REPORT_TAG = 0x3d09, FLIGHT_TAG = 0x3d0a, MAX_LISTED = 16 };
 
 /* What a waiting rank tells the others. */
 typedef struct {
   int rank;
   float waited_s;
   char what[80];
-  loom_flight_summary flight; /* its last operations on each group (comm/flight_recorder.h) */
 } report;
 
 static double g_timeout;
@@ -60,9 +59,8 @@ static void survey_and_abort(const char *what, double waited) {
   int world, me;
   MPI_Comm_size(g_watch, &world);
   MPI_Comm_rank(g_watch, &me);
-  report mine = {me, (float)waited, "", {0}};
+  report mine = {me, (float)waited, ""};
   snprintf(mine.what, sizeof mine.what, "%s", what);
-  loom_flight_summarize(&mine.flight);
   const bool dumped = loom_flight_dump(me); /* every rank still in communication writes its ring */
   MPI_Request *sent = calloc((size_t)world, sizeof *sent);
   for (int r = 0; r < world; r++)
@@ -89,6 +87,11 @@ static void survey_and_abort(const char *what, double waited) {
   }
   int lowest = 0;
   while (!waiting[lowest]) lowest++;
+  /* The flight recorder's summaries go to the speaker alone (its last operations on each group: comm/flight_recorder.h). */
+  loom_flight_summary *flights = calloc((size_t)world, sizeof *flights);
+  MPI_Request flight_sent = MPI_REQUEST_NULL;
+  if (flights) loom_flight_summarize(&flights[me]);
+  if (flights && me != lowest) MPI_Isend(&flights[me], sizeof *flights, MPI_BYTE, lowest, FLIGHT_TAG, g_watch, &flight_sent);
   if (me == lowest) {
     char line[2048];
     int n = snprintf(line, sizeof line, "[rank %d] loom: watchdog: %s did not complete in %.0f s (--watchdog-timeout); ", me,
@@ -107,17 +110,25 @@ static void survey_and_abort(const char *what, double waited) {
         n += snprintf(line + n, sizeof line - (size_t)n, "%s rank %d in %s", r ? ";" : "", r, heard[r].what);
     }
     fprintf(stderr, "%s\n", line);
-    /* Last: the first operation the ranks that answered disagree on. */
-    loom_flight_summary *all = calloc((size_t)world, sizeof *all);
-    for (int r = 0; all && r < world; r++) {
-      all[r] = heard[r].flight;
-      if (!waiting[r]) all[r].groups = 0;
+    /* Last: the first operation the ranks that answered disagree on, from their summaries (each sent once its own
+     * grace ended; half a grace more for the last of them). */
+    int expected = 0, got = 0;
+    for (int r = 0; r < world; r++) expected += waiting[r] && r != me;
+    for (const double until = MPI_Wtime() + grace / 2; flights && got < expected && MPI_Wtime() < until;) {
+      int flag;
+      MPI_Status st;
+      MPI_Iprobe(MPI_ANY_SOURCE, FLIGHT_TAG, g_watch, &flag, &st);
+      if (!flag) {
+        nap_ms(1);
+        continue;
+      }
+      MPI_Recv(&flights[st.MPI_SOURCE], sizeof *flights, MPI_BYTE, st.MPI_SOURCE, FLIGHT_TAG, g_watch, MPI_STATUS_IGNORE);
+      got++;
     }
     char first[1200];
-    if (all && loom_flight_disagreement(all, world, first, sizeof first))
+    if (flights && loom_flight_disagreement(flights, world, first, sizeof first))
       fprintf(stderr, "[rank %d] loom: flight recorder: the ranks disagree first on the %s%s\n", me, first,
               dumped ? "; each answering rank's last operations are in its flight_rank_NNNNN.json" : "");
-    free(all);
     fflush(stderr);
   } else {
     nap_ms((long)(grace * 1000)); /* the lowest waiting rank speaks and aborts */
