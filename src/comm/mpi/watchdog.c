@@ -53,6 +53,17 @@ static void list_ranks(char *out, size_t len, const bool *in, int world, bool wa
   if (more) snprintf(out + at, at < len ? len - at : 0, " and %d more", more);
 }
 
+/* Waits until a message with `tag` is there (true, its status in *st) or the clock passes `until` (false). */
+static bool next_message(int tag, double until, MPI_Status *st) {
+  while (MPI_Wtime() < until) {
+    int flag;
+    MPI_Iprobe(MPI_ANY_SOURCE, tag, g_watch, &flag, st);
+    if (flag) return true;
+    nap_ms(1);
+  }
+  return false;
+}
+
 /* This rank's operation has waited too long, or another rank said so: tell
  * everyone, hear who else is waiting, and end the job with one message. */
 static void survey_and_abort(const char *what, double waited) {
@@ -71,14 +82,8 @@ static void survey_and_abort(const char *what, double waited) {
   waiting[me] = true;
   /* Ranks reach their own deadline at slightly different times; wait for them. */
   const double grace = g_timeout / 2 < 1.0 ? 1.0 : g_timeout / 2 > 10.0 ? 10.0 : g_timeout / 2;
-  for (const double until = MPI_Wtime() + grace; MPI_Wtime() < until;) {
-    int flag;
-    MPI_Status st;
-    MPI_Iprobe(MPI_ANY_SOURCE, REPORT_TAG, g_watch, &flag, &st);
-    if (!flag) {
-      nap_ms(1);
-      continue;
-    }
+  MPI_Status st;
+  for (const double until = MPI_Wtime() + grace; next_message(REPORT_TAG, until, &st);) {
     report got;
     MPI_Recv(&got, sizeof got, MPI_BYTE, st.MPI_SOURCE, REPORT_TAG, g_watch, MPI_STATUS_IGNORE);
     got.what[sizeof got.what - 1] = '\0';
@@ -114,14 +119,7 @@ static void survey_and_abort(const char *what, double waited) {
      * grace ended; half a grace more for the last of them). */
     int expected = 0, got = 0;
     for (int r = 0; r < world; r++) expected += waiting[r] && r != me;
-    for (const double until = MPI_Wtime() + grace / 2; flights && got < expected && MPI_Wtime() < until;) {
-      int flag;
-      MPI_Status st;
-      MPI_Iprobe(MPI_ANY_SOURCE, FLIGHT_TAG, g_watch, &flag, &st);
-      if (!flag) {
-        nap_ms(1);
-        continue;
-      }
+    for (const double until = MPI_Wtime() + grace / 2; flights && got < expected && next_message(FLIGHT_TAG, until, &st);) {
       MPI_Recv(&flights[st.MPI_SOURCE], sizeof *flights, MPI_BYTE, st.MPI_SOURCE, FLIGHT_TAG, g_watch, MPI_STATUS_IGNORE);
       got++;
     }
