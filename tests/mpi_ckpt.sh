@@ -37,10 +37,12 @@ fi
 # pieces of the weights), in fp32 and in bf16 (whose checkpoints hold the
 # fp32 master weights; the bf16 copy is made again from them), ZeRO-2 in bf16,
 # and under the zero-bubble schedules (ZB-V's rank 0 holds the first and last stage).
-# The quick tier resumes five of these layouts, the full tier's part (mpi_ckpt_more) the other three.
-quick_layouts='"--tp 2 --pp 2 --schedule zb_v --vpp 2" "--pp 2 --dp 2 --zero 1 --schedule zb_h1" "--tp 2 --pp 2 --precision bf16"
-  "--pp 2 --dp 2 --zero 3" "--pp 2 --dp 2 --zero 2 --precision bf16"'
-more_layouts='"--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--pp 2 --dp 2 --zero 1 --precision bf16"'
+# The quick tier resumes three of these layouts (ZeRO-3's resume is also the resharding chain's below),
+# the full tier's part (mpi_ckpt_more) the other five.
+quick_layouts='"--tp 2 --pp 2 --schedule zb_v --vpp 2" "--pp 2 --dp 2 --zero 1 --schedule zb_h1"
+  "--pp 2 --dp 2 --zero 2 --precision bf16"'
+more_layouts='"--tp 2 --pp 2" "--pp 2 --dp 2 --zero 1" "--pp 2 --dp 2 --zero 1 --precision bf16" "--tp 2 --pp 2 --precision bf16"
+  "--pp 2 --dp 2 --zero 3"'
 layouts=""
 part quick && layouts="$quick_layouts"
 part more && layouts="$layouts $more_layouts"

@@ -14,6 +14,7 @@
 #include "cli/sim_cli.h"
 #include "core/log.h"
 #include "sim/ckpt_costs.h"
+#include "sim/profile_report.h"
 #include "sim/sim.h"
 
 loom_flag loom_sim_cluster_flag(const char **dst) {
@@ -229,18 +230,11 @@ static loom_status draw_sweep(const char *path, const sweep_point *pts, int n, c
 static loom_status sweep(loom_plan *plan, const loom_profile *prof, const loom_sim_assumptions *assume, const char *list,
                          const char *svg, loom_error *err) {
   sweep_point pts[64];
-  int counts[64], n = 0;
-  if (!*list) return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus '': expected up to 64 rising GPU counts like 64,128,256");
-  for (const char *p = list; *p; n++) {
-    const char *end;
-    int64_t g;
-    if (n == 64 || loom_parse_decimal(p, &end, 1, 1L << 24, &g) != LOOM_DECIMAL_OK || (*end && *end != ',') ||
-        (n && g <= counts[n - 1]))
-      return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus " LOOM_QUOTE_FMT ": expected up to 64 rising GPU counts like "
-                       "64,128,256", LOOM_QUOTE(list));
-    counts[n] = (int)g;
-    p = *end ? end + 1 : end;
-  }
+  int counts[64];
+  const int n = loom_parse_rising_list(list, 1, 1L << 24, counts, 64);
+  if (n < 0)
+    return loom_fail(err, LOOM_ERR_USAGE, "loom sim: --sweep-gpus " LOOM_QUOTE_FMT ": expected up to 64 rising GPU counts like "
+                     "64,128,256", LOOM_QUOTE(list));
   for (int i = 0; i < n; i++) {
     const loom_status st = predict_at(plan, prof, assume, counts[i], &pts[i], err);
     if (st != LOOM_OK) return st;
@@ -259,8 +253,29 @@ static loom_status sweep(loom_plan *plan, const loom_profile *prof, const loom_s
   return st;
 }
 
+/* `loom sim profile --cluster NAME|FILE`: the profile as the cost model reads it, its fits beside their measurements. */
+static int sim_profile(int argc, char **argv) {
+  const char *cluster = NULL;
+  loom_flag table[1] = {loom_sim_cluster_flag(&cluster)};
+  loom_error err = {0};
+  bool help;
+  int npos;
+  loom_status st = loom_cli_parse("loom sim profile", "loom sim profile --cluster NAME|FILE", table, 1, argc, argv, NULL, 0,
+                                  &npos, &help, &err);
+  if (st != LOOM_OK || help) return loom_report(st, &err);
+  if (!cluster)
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim profile: --cluster is required (built in: %s)",
+                                 loom_profile_builtin_names()), &err);
+  loom_profile *prof = NULL;
+  if ((st = loom_profile_load(cluster, &prof, &err)) != LOOM_OK) return loom_report(st, &err);
+  loom_profile_report(prof, stdout);
+  loom_profile_free(prof);
+  return 0;
+}
+
 int loom_cmd_sim(int argc, char **argv) {
   if (argc >= 1 && strcmp(argv[0], "calibrate") == 0) return loom_cmd_sim_calibrate(argc - 1, argv + 1);
+  if (argc >= 1 && strcmp(argv[0], "profile") == 0) return sim_profile(argc - 1, argv + 1);
   loom_plan_flags pf = loom_plan_flags_defaults();
   const char *file = NULL, *cluster = NULL, *trace = NULL, *flops = "megatron", *gpus = NULL, *svg = NULL;
   float imbalance = 1.0f, mtbf_hours = 0.0f;
@@ -289,7 +304,8 @@ int loom_cmd_sim(int argc, char **argv) {
   const char *pos[1];
   int npos;
   loom_status st = loom_cli_parse("loom sim", "loom sim --cluster NAME|FILE (--plan PLAN | [model and layout flags]) [--json] [--trace FILE]\n"
-                                  "       mpirun -np N loom sim calibrate -o PROFILE.txtpb   (measures this machine)",
+                                  "       loom sim profile --cluster NAME|FILE   (the profile's curves and their measurements)\n"
+                                  "       mpirun -np N loom sim calibrate -o PROFILE.txtpb [--device cuda]   (measures this machine)",
                                   table, LOOM_PLAN_FLAG_COUNT + EXTRA, argc, argv, pos, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!cluster) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim: --cluster is required (built in: %s)", loom_profile_builtin_names()), &err);

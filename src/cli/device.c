@@ -148,3 +148,19 @@ loom_comm *loom_device_world(loom_comm *world, const loom_ops *ops, char *desc, 
 void loom_device_world_free(loom_comm *device_world, loom_comm *world) {
   if (device_world != world) loom_comm_free(device_world);
 }
+
+void loom_device_facts_of(const loom_ops *ops, loom_device_facts *f) {
+  memset(f, 0, sizeof *f);
+#ifdef LOOM_HAVE_CUDA
+  if (!on_cuda(ops)) return;
+  f->gpu = true;
+  f->emulated = loom_cuda_emulated();
+  loom_cuda_device_name(ops, f->name, sizeof f->name);
+  f->memory_bytes = (int64_t)loom_cuda_memory_bytes(ops);
+  f->peak_bf16_tflops = loom_cuda_bf16_peak_tflops(ops);
+  f->fp8 = loom_cuda_compute_capability(ops) >= 89;
+  f->set_tf32 = loom_cuda_set_tf32;
+#else
+  (void)ops;
+#endif
+}

@@ -47,6 +47,19 @@ void loom_device_world_free(loom_comm *device_world, loom_comm *world);
  * this rank now (so every rank measures at once, on the cores they share). */
 double loom_device_peak_gflops(const loom_ops *ops, bool bf16, char *what, size_t n);
 
+/* What measuring a device needs to know of it (`loom sim calibrate`): on a
+ * GPU its name, memory, datasheet bf16 peak (0 unknown), whether it has fp8
+ * tensor cores (sm_89 on), whether it is the emulated one, and the switch of
+ * its fp32 GEMMs onto TF32; on the CPU gpu is false and the rest empty. */
+typedef struct {
+  bool gpu, emulated, fp8;
+  char name[256];
+  int64_t memory_bytes;
+  double peak_bf16_tflops;
+  void (*set_tf32)(const loom_ops *ops, bool on);
+} loom_device_facts;
+void loom_device_facts_of(const loom_ops *ops, loom_device_facts *f);
+
 /* The GPU (CUDA ordinal) setup chose for this rank, or -1 on the CPU. NVML
  * numbers devices by PCI order, CUDA fastest first unless
  * CUDA_DEVICE_ORDER=PCI_BUS_ID: set that where a node mixes GPU models. */

@@ -45,6 +45,8 @@ typedef struct {
   loom_collective kind;
   float *send, *recv;
   size_t count; /* floats of the whole buffer */
+  void (*wait)(void *arg, const float *result);
+  void *wait_arg;
 } collective_ctx;
 
 static void collective_once(collective_ctx *x) {
@@ -61,15 +63,16 @@ static void collective_once(collective_ctx *x) {
     break;
   }
   }
+  if (x->wait) x->wait(x->wait_arg, x->recv);
 }
 
 double loom_measure_collective_seconds(loom_comm *group, const loom_allocator *mem, loom_collective kind, size_t bytes,
-                                       double seconds) {
+                                       double seconds, void (*wait)(void *arg, const float *result), void *wait_arg) {
   const int n = group ? loom_comm_size(group) : 1;
   if (n < 2) return -1.0;
   const size_t count = (bytes / sizeof(float) + n - 1) / n * n; /* whole shares for the gathers and scatters */
   collective_ctx x = {group, kind, loom_xzalloc(mem, count * sizeof(float), "measured collective"),
-                      loom_xzalloc(mem, count * sizeof(float), "measured collective"), count};
+                      loom_xzalloc(mem, count * sizeof(float), "measured collective"), count, wait, wait_arg};
   loom_comm_barrier(group);
   /* Every member must run the same collectives: the count comes from the first one's time, agreed on. */
   const double t0 = loom_now_s();

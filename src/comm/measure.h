@@ -15,8 +15,10 @@ double loom_measure_memory_gbs(size_t bytes, double seconds);
  * all-reduce's buffer, an all-gather's output, a reduce-scatter's input; a
  * send/recv exchanges bytes with the next rank of a ring): the slowest
  * member's shortest time, agreed on by every member (collective over
- * group); -1 for a group of one. Buffers come from mem. */
+ * group); -1 for a group of one. Buffers come from mem. wait (NULL when the
+ * group's calls return done, as MPI's do) waits for a queued collective
+ * (NCCL's, on a stream): it gets wait_arg and the result buffer. */
 double loom_measure_collective_seconds(loom_comm *group, const loom_allocator *mem, loom_collective kind, size_t bytes,
-                                       double seconds);
+                                       double seconds, void (*wait)(void *arg, const float *result), void *wait_arg);
 
 #endif

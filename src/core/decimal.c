@@ -23,3 +23,18 @@ loom_decimal loom_parse_decimal(const char *text, const char **end, int64_t lo, 
   *out = v;
   return LOOM_DECIMAL_OK;
 }
+
+int loom_parse_rising_list(const char *text, int64_t lo, int64_t hi, int *out, int max) {
+  int n = 0;
+  if (!*text) return -1;
+  for (const char *p = text; *p; n++) {
+    const char *end;
+    int64_t v;
+    if (n == max || loom_parse_decimal(p, &end, lo, hi, &v) != LOOM_DECIMAL_OK || (*end && *end != ',') ||
+        (n && v <= out[n - 1]) || (*end == ',' && !end[1]))
+      return -1;
+    out[n] = (int)v;
+    p = *end ? end + 1 : end;
+  }
+  return n;
+}

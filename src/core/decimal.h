@@ -16,5 +16,8 @@ typedef enum {
  * whole text must be the integer; otherwise *end is set past its digits.
  * *out is set only on LOOM_DECIMAL_OK. */
 loom_decimal loom_parse_decimal(const char *text, const char **end, int64_t lo, int64_t hi, int64_t *out);
+/* A comma-separated list of at most max rising integers in [lo, hi] ("64,128,256") into out; their count, or -1 when
+ * the text is not one (empty, a gap, a repeat or fall, too many). */
+int loom_parse_rising_list(const char *text, int64_t lo, int64_t hi, int *out, int max);
 
 #endif

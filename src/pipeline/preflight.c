@@ -64,7 +64,7 @@ static double gemm_gflops(const loom_ops *ops, int n, double seconds) {
 /* NCCL-tests' bus bandwidth of the group's all-reduce: bytes x 2(n-1)/n per
  * second, the rate each rank's link carries; -1 for a group of one. */
 static double allreduce_busbw(loom_comm *group, const loom_allocator *mem, size_t bytes, double seconds) {
-  const double t = loom_measure_collective_seconds(group, mem, LOOM_COLL_ALLREDUCE, bytes, seconds);
+  const double t = loom_measure_collective_seconds(group, mem, LOOM_COLL_ALLREDUCE, bytes, seconds, NULL, NULL);
   if (t < 0) return -1.0;
   const int n = loom_comm_size(group);
   return (double)bytes * loom_collective_factor(LOOM_COLL_ALLREDUCE, n) / t / 1e9;

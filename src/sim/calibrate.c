@@ -1,4 +1,4 @@
-/* Calibration: measure, fit, and write the profile. */
+/* Calibration: measure the device and its links into a profile of measurements. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,66 +10,90 @@
 #include "comm/measure.h"
 #include "sim/calibrate.h"
 
-/* The grid: every (N, C, OC) of these sizes, and the large GEMM that gives the peak. */
-static const int GRID[] = {64, 256, 1024};
-enum { GRID_N = sizeof GRID / sizeof GRID[0], SHAPES = GRID_N * GRID_N * GRID_N, PEAK_N = 2048 };
+/* The GEMM dtypes measured, in the profile's order (fp8 only where the device has it). */
+typedef enum { GEMM_FP32, GEMM_BF16, GEMM_FP8, GEMM_KINDS } gemm_kind;
+static const Loom__Precision GEMM_PRECISION[GEMM_KINDS] = {LOOM__PRECISION__PRECISION_FP32, LOOM__PRECISION__PRECISION_BF16,
+                                                           LOOM__PRECISION__PRECISION_FP8};
+static const char *const GEMM_NAME[GEMM_KINDS] = {"fp32", "bf16", "fp8"};
+
+/* A GPU's queued work, waited for: sumsq is the one op that returns a host value. */
+static void wait_for(const loom_ops *ops, bool gpu, const float *x) {
+  if (gpu) (void)ops->sumsq(ops, x, 1);
+}
 
 typedef struct {
   const loom_ops *ops;
-  bool bf16;
-  float *a, *b, *c, *da, *db;
+  gemm_kind kind;
+  bool gpu;
+  int reps; /* products queued before the wait (a GPU's launches overlap) */
+  float *a, *b, *c, *da, *db, *scale;
   uint16_t *ah, *bh, *ch; /* bf16: the input, the weight and the output grad, as bits */
+  uint8_t *a8, *b8;       /* fp8: the input and the weight, as codes under one scale each */
   int N, C, OC;
 } gemm_ctx;
 
 /* A linear layer's GEMMs as the runtime runs them: the forward and both
- * grads (the cost model's three passes), in bf16 from bits: the weight, the
- * input and the output grad, as a bf16 block keeps them. */
+ * grads (the cost model's three passes; in bf16 from bits, as a bf16 block
+ * keeps them); fp8: the forward's product, as Transformer Engine runs it. */
 static void gemm_once(void *p) {
   gemm_ctx *g = p;
-  if (g->bf16) {
-    g->ops->matmul_forward_bf16(g->ops, g->c, loom_bf16_bits(g->ah), g->bh, NULL, g->N, g->C, g->OC);
-    g->ops->matmul_backward_bf16(g->ops, g->da, g->db, NULL, loom_bf16_bits(g->ch), loom_bf16_bits(g->ah), g->bh, g->N,
-                                 g->C, g->OC);
-    return;
+  for (int r = 0; r < g->reps; r++) {
+    if (g->kind == GEMM_BF16) {
+      g->ops->matmul_forward_bf16(g->ops, g->c, loom_bf16_bits(g->ah), g->bh, NULL, g->N, g->C, g->OC);
+      g->ops->matmul_backward_bf16(g->ops, g->da, g->db, NULL, loom_bf16_bits(g->ch), loom_bf16_bits(g->ah), g->bh, g->N,
+                                   g->C, g->OC);
+    } else if (g->kind == GEMM_FP8) {
+      const loom_fp8_matrix a = {g->a8, g->scale, LOOM_FP8_E4M3, g->N, g->C}, b = {g->b8, g->scale, LOOM_FP8_E4M3, g->OC, g->C};
+      g->ops->fp8_gemm(g->ops, g->c, false, &a, &b, g->N, g->OC, g->C);
+    } else {
+      g->ops->matmul_forward(g->ops, g->c, g->a, g->b, NULL, g->N, g->C, g->OC);
+      g->ops->matmul_backward(g->ops, g->da, g->db, NULL, g->c, g->a, g->b, g->N, g->C, g->OC);
+    }
   }
-  g->ops->matmul_forward(g->ops, g->c, g->a, g->b, NULL, g->N, g->C, g->OC);
-  g->ops->matmul_backward(g->ops, g->da, g->db, NULL, g->c, g->a, g->b, g->N, g->C, g->OC);
+  wait_for(g->ops, g->gpu, g->c);
 }
 
 /* FLOP/s of one linear's GEMMs through the backend (operands zero: speed does not depend on values). */
-static double gemm_flops(const loom_ops *ops, bool bf16, int N, int C, int OC, double seconds) {
+static double gemm_flops(const loom_ops *ops, bool gpu, gemm_kind kind, int N, int C, int OC, int reps, double seconds) {
   const loom_allocator *mem = ops->mem;
-  gemm_ctx g = {.ops = ops, .bf16 = bf16, .N = N, .C = C, .OC = OC};
+  gemm_ctx g = {.ops = ops, .kind = kind, .gpu = gpu, .reps = reps, .N = N, .C = C, .OC = OC};
   g.c = loom_xzalloc(mem, (size_t)N * OC * sizeof(float), "calibration GEMM");
-  g.a = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
-  g.da = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
-  g.db = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
-  if (bf16) {
+  if (kind == GEMM_FP8) {
+    g.a8 = loom_xzalloc(mem, (size_t)N * C, "calibration GEMM");
+    g.b8 = loom_xzalloc(mem, (size_t)OC * C, "calibration GEMM");
+    g.scale = loom_xzalloc(mem, sizeof(float), "calibration GEMM");
+  } else {
+    g.da = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
+    g.db = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
+  }
+  if (kind == GEMM_BF16) {
     g.ah = loom_xzalloc(mem, (size_t)N * C * sizeof(uint16_t), "calibration GEMM");
     g.bh = loom_xzalloc(mem, (size_t)OC * C * sizeof(uint16_t), "calibration GEMM");
     g.ch = loom_xzalloc(mem, (size_t)N * OC * sizeof(uint16_t), "calibration GEMM");
-  } else {
+  } else if (kind == GEMM_FP32) {
+    g.a = loom_xzalloc(mem, (size_t)N * C * sizeof(float), "calibration GEMM");
     g.b = loom_xzalloc(mem, (size_t)OC * C * sizeof(float), "calibration GEMM");
   }
   gemm_once(&g); /* warm-up */
   const double t = loom_measure_best_time(gemm_once, &g, seconds);
-  void *all[] = {g.a, g.b, g.c, g.da, g.db, g.ah, g.bh, g.ch};
-  for (int i = 0; i < 8; i++)
+  void *all[] = {g.a, g.b, g.c, g.da, g.db, g.scale, g.ah, g.bh, g.ch, g.a8, g.b8};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (all[i]) mem->release(mem, all[i]);
-  return 6.0 * N * (double)C * OC / t;
+  return (kind == GEMM_FP8 ? 2.0 : 6.0) * N * (double)C * OC * reps / t;
 }
 
 /* Attention and elementwise ops through the backend, timed and expressed in
- * the cost model's own units (cost.c): attention as the share of the fp32
- * peak its 4 B H T^2 D forward FLOPs (twice that backward) reach; the norm
- * and the activation as the share of the triad's bandwidth their bytes
- * (read and write, twice backward) reach. */
+ * the cost model's own units (cost.c): attention as the share of the peak
+ * its 4 B H T^2 D forward FLOPs (twice that backward) reach; the norm and
+ * the activation as the share of the memory bandwidth their bytes (read and
+ * written, twice backward) reach. */
 typedef struct {
   const loom_ops *ops;
+  bool gpu;
   float *out, *lse, *qkv, *dqkv, *dout, *mean, *rstd, *w, *dw, *b, *db;
   loom_attn_shape shape;
   int N, C;
+  size_t stream_n; /* the bandwidth pass's floats */
 } op_ctx;
 
 static void attention_once(void *p) {
@@ -77,6 +101,7 @@ static void attention_once(void *p) {
   const loom_dropout none = {0};
   x->ops->attention_forward(x->ops, x->out, x->lse, x->qkv, &x->shape, &none);
   x->ops->attention_backward(x->ops, x->dqkv, x->dout, x->out, x->qkv, x->lse, &x->shape, &none);
+  wait_for(x->ops, x->gpu, x->dqkv);
 }
 
 static void elementwise_once(void *p) {
@@ -86,12 +111,32 @@ static void elementwise_once(void *p) {
   x->ops->layernorm_backward(x->ops, x->dqkv, x->dw, x->db, x->dout, x->qkv, x->w, x->mean, x->rstd, x->N, x->C);
   x->ops->gelu_forward(x->ops, x->out, x->qkv, n);
   x->ops->gelu_backward(x->ops, x->dqkv, x->dout, x->qkv, n);
+  wait_for(x->ops, x->gpu, x->dqkv);
 }
 
-static void measure_ops(const loom_ops *ops, double seconds, double peak_flops, double stream_gbs, double *attention_eff,
-                        double *memory_eff) {
+/* A GPU's memory bandwidth: a GELU over stream_n floats, read once and written once. */
+static void stream_once(void *p) {
+  op_ctx *x = p;
+  x->ops->gelu_forward(x->ops, x->dout, x->out, x->stream_n);
+  wait_for(x->ops, x->gpu, x->dout);
+}
+
+static double device_stream_gbs(const loom_ops *ops, size_t bytes, double seconds) {
+  op_ctx x = {.ops = ops, .gpu = true, .stream_n = bytes / 2 / sizeof(float)};
+  x.out = loom_xzalloc(ops->mem, x.stream_n * sizeof(float), "calibration stream");
+  x.dout = loom_xzalloc(ops->mem, x.stream_n * sizeof(float), "calibration stream");
+  stream_once(&x);
+  const double gbs = 2.0 * x.stream_n * sizeof(float) / loom_measure_best_time(stream_once, &x, seconds) / 1e9;
+  ops->mem->release(ops->mem, x.out);
+  ops->mem->release(ops->mem, x.dout);
+  return gbs;
+}
+
+static void measure_ops(const loom_ops *ops, bool gpu, double seconds, double peak_flops, double stream_gbs,
+                        double *attention_eff, double *memory_eff) {
   const loom_allocator *mem = ops->mem;
-  op_ctx x = {.ops = ops, .shape = {.T = 256, .B = 4, .heads = 4, .kv_heads = 4, .head_dim = 64, .total_heads = 4}, .N = 8192, .C = 1024};
+  op_ctx x = {.ops = ops, .gpu = gpu, .shape = {.T = 256, .B = 4, .heads = 4, .kv_heads = 4, .head_dim = 64, .total_heads = 4},
+              .N = 8192, .C = 1024};
   const size_t rows = (size_t)x.shape.T * x.shape.B, width = loom_attn_qkv_width(&x.shape);
   const size_t rows_lse = (size_t)x.shape.B * x.shape.heads * x.shape.T, n = (size_t)x.N * x.C;
   const size_t big = n > rows * width ? n : rows * width;
@@ -119,48 +164,6 @@ static double best_of_ranks(loom_comm *world, double mine) {
   return mine;
 }
 
-static int by_value(const void *a, const void *b) {
-  const double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Fits max_efficiency x g(N) g(C) g(OC), g(x) = x / (x + half), to measured
- * efficiencies, robustly (a shared machine only ever slows a measurement
- * down, now and then a lot): for each half on a grid, max_efficiency is the
- * median of measured / g(N) g(C) g(OC), and the error the sum of absolute
- * log residuals; the half with the least error wins. */
-static void fit_gemm(const double *eff, Loom__GemmEfficiency *g) {
-  static const double HALVES[] = {0, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512};
-  double best_err = INFINITY;
-  for (size_t h = 0; h < sizeof HALVES / sizeof HALVES[0]; h++) {
-    double ratio[SHAPES], sorted[SHAPES];
-    for (int i = 0; i < SHAPES; i++) {
-      const double d[3] = {GRID[i / (GRID_N * GRID_N)], GRID[i / GRID_N % GRID_N], GRID[i % GRID_N]};
-      double shape = 1.0;
-      for (int k = 0; k < 3; k++) shape *= d[k] / (d[k] + HALVES[h]);
-      ratio[i] = sorted[i] = eff[i] / shape;
-    }
-    qsort(sorted, SHAPES, sizeof sorted[0], by_value);
-    const double median = sorted[SHAPES / 2];
-    double err = 0.0;
-    for (int i = 0; i < SHAPES; i++) err += fabs(log(ratio[i] / median));
-    if (err < best_err) best_err = err, g->half_dim = HALVES[h], g->max_efficiency = fmin(median, 1.0);
-  }
-  g->has_half_dim = g->has_max_efficiency = 1;
-}
-
-/* A link from one kind's times t(S) = a + b S over sizes: latency per step, bus bandwidth (GB/s). */
-static void fit_link(const double *sizes, const double *times, int n, loom_collective kind, int ranks, double *latency_us,
-                     double *busbw_gbs) {
-  double ms = 0, mt = 0, sst = 0, sss = 0;
-  for (int i = 0; i < n; i++) ms += sizes[i] / n, mt += times[i] / n;
-  for (int i = 0; i < n; i++) sst += (sizes[i] - ms) * (times[i] - mt), sss += (sizes[i] - ms) * (sizes[i] - ms);
-  const double b = sst / sss, a = fmax(mt - b * ms, 0.0);
-  const double steps = kind == LOOM_COLL_ALLREDUCE ? 2.0 * (ranks - 1) : kind == LOOM_COLL_SENDRECV ? 1.0 : ranks - 1.0;
-  *latency_us = a / steps * 1e6;
-  *busbw_gbs = loom_collective_factor(kind, ranks) / b / 1e9;
-}
-
 static Loom__Link *new_link(double gbs, double latency_us, double efficiency) {
   Loom__Link *l = loom_xmalloc(sizeof *l, "profile link");
   loom__link__init(l);
@@ -176,31 +179,62 @@ static Loom__Link *copy_link(const Loom__Link *from) {
   return l;
 }
 
-/* The GEMMs' peaks and efficiency fits, fp32 and bf16: the peak from the large shape, then the grid's efficiencies
- * against it. */
-static void calibrate_gemms(loom_comm *world, const loom_ops *ops, double seconds, Loom__DeviceProfile *d, loom_strbuf *t) {
-  d->n_gemm = 2;
-  d->gemm = loom_xcalloc(2, sizeof *d->gemm, "profile GEMMs");
-  for (int k = 0; k < 2; k++) {
-    const bool bf16 = k == 1;
-    double peak = best_of_ranks(world, gemm_flops(ops, bf16, PEAK_N, PEAK_N, PEAK_N, seconds)), eff[SHAPES];
-    loom_strbuf_printf(t, "# %s GEMMs (%s), GFLOP/s per rank (N x C x OC): %dx%dx%d %.1f", bf16 ? "bf16" : "fp32", bf16 ? "forward" : "a linear's forward and both grads", PEAK_N, PEAK_N, PEAK_N, peak / 1e9);
-    double flops[SHAPES];
-    for (int i = 0; i < SHAPES; i++) {
-      const int N = GRID[i / (GRID_N * GRID_N)], C = GRID[i / GRID_N % GRID_N], OC = GRID[i % GRID_N];
-      flops[i] = best_of_ranks(world, gemm_flops(ops, bf16, N, C, OC, seconds / 2));
-      peak = fmax(peak, flops[i]);
-      loom_strbuf_printf(t, "%s %dx%dx%d %.1f", i % 9 == 0 ? "\n#  " : ",", N, C, OC, flops[i] / 1e9);
-    }
-    for (int i = 0; i < SHAPES; i++) eff[i] = flops[i] / peak;
-    loom_strbuf_printf(t, "\n");
-    Loom__GemmEfficiency *g = d->gemm[k] = loom_xmalloc(sizeof *g, "profile GEMM");
-    loom__gemm_efficiency__init(g);
-    g->has_dtype = 1, g->dtype = bf16 ? LOOM__PRECISION__PRECISION_BF16 : LOOM__PRECISION__PRECISION_FP32;
-    fit_gemm(eff, g);
-    if (bf16) d->has_peak_tflops_bf16 = 1, d->peak_tflops_bf16 = peak / 1e12;
-    else d->has_peak_tflops_fp32 = 1, d->peak_tflops_fp32 = peak / 1e12;
+/* One GEMM dtype over every m x n x k of the grid and a cube twice its largest size, into a measured entry; returns
+ * the best rate (TFLOP/s). */
+static double calibrate_gemm(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, gemm_kind kind,
+                             Loom__GemmEfficiency *g, loom_strbuf *t) {
+  loom__gemm_efficiency__init(g);
+  g->has_dtype = 1, g->dtype = GEMM_PRECISION[kind];
+  const int nd = o->n_dims, shapes = nd * nd * nd + 1;
+  g->n_measured = (size_t)shapes;
+  g->measured = loom_xcalloc((size_t)shapes, sizeof *g->measured, "profile GEMM measurements");
+  loom_strbuf_printf(t, "# %s GEMMs (%s), TFLOP/s per rank (m x n x k):", GEMM_NAME[kind],
+                     kind == GEMM_FP8 ? "the forward's product" : "a linear's forward and both grads");
+  double best = 0.0;
+  for (int i = 0; i < shapes; i++) {
+    const int top = 2 * o->dims[nd - 1];
+    const int m = i < shapes - 1 ? o->dims[i / (nd * nd)] : top, k = i < shapes - 1 ? o->dims[i / nd % nd] : top,
+              n = i < shapes - 1 ? o->dims[i % nd] : top;
+    const double tflops =
+        best_of_ranks(world, gemm_flops(ops, o->gpu, kind, m, k, n, o->gpu ? 4 : 1, o->seconds / 2)) / 1e12;
+    Loom__GemmMeasurement *x = g->measured[i] = loom_xmalloc(sizeof *x, "profile GEMM measurement");
+    loom__gemm_measurement__init(x);
+    x->has_m = x->has_n = x->has_k = x->has_tflops = 1;
+    x->m = m, x->n = n, x->k = k, x->tflops = tflops, x->source = strdup("loom sim calibrate");
+    best = fmax(best, tflops);
+    loom_strbuf_printf(t, "%s %dx%dx%d %.4g", i % 9 == 0 ? "\n#  " : ",", m, n, k, tflops);
   }
+  loom_strbuf_printf(t, "\n");
+  return best;
+}
+
+/* The GEMMs: every dtype's measurements and peaks. A GPU's peaks are its datasheet's where known (TF32 half the
+ * bf16 peak, fp8 twice it, as on A100, H100 and B200), never below what was measured; else the best measured. */
+static void calibrate_gemms(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, Loom__DeviceProfile *d,
+                            loom_strbuf *t) {
+  const int kinds = o->fp8 ? 3 : 2;
+  d->n_gemm = (size_t)kinds;
+  d->gemm = loom_xcalloc((size_t)kinds, sizeof *d->gemm, "profile GEMMs");
+  double best[GEMM_KINDS] = {0};
+  if (o->set_tf32) o->set_tf32(ops, true);
+  for (int k = 0; k < kinds; k++) {
+    d->gemm[k] = loom_xmalloc(sizeof *d->gemm[k], "profile GEMM");
+    best[k] = calibrate_gemm(world, ops, o, (gemm_kind)k, d->gemm[k], t);
+  }
+  const double sheet = o->peak_bf16_tflops;
+  d->has_peak_tflops_bf16 = d->has_peak_tflops_fp32 = 1;
+  d->peak_tflops_bf16 = fmax(sheet, best[GEMM_BF16]);
+  if (o->set_tf32) { /* fp32 GEMMs run on TF32; the fp32 peak is a cube's with TF32 off */
+    d->fp32_uses_tf32 = d->has_fp32_uses_tf32 = d->has_peak_tflops_tf32 = 1;
+    d->peak_tflops_tf32 = fmax(sheet / 2.0, best[GEMM_FP32]);
+    o->set_tf32(ops, false);
+    const int top = 2 * o->dims[o->n_dims - 1];
+    d->peak_tflops_fp32 = best_of_ranks(world, gemm_flops(ops, o->gpu, GEMM_FP32, top, top, top, 1, o->seconds)) / 1e12;
+    o->set_tf32(ops, true);
+  } else {
+    d->peak_tflops_fp32 = best[GEMM_FP32];
+  }
+  if (o->fp8) d->has_peak_tflops_fp8 = 1, d->peak_tflops_fp8 = fmax(2.0 * sheet, best[GEMM_FP8]);
 }
 
 /* Memory bandwidth, the memory-bound ops' and attention's efficiencies, memory per rank and an op's fixed cost. */
@@ -208,24 +242,36 @@ static void calibrate_memory(loom_comm *world, const loom_ops *ops, const loom_c
                              loom_profile *p, loom_strbuf *t) {
   Loom__DeviceProfile *d = p->device;
   d->has_memory_bandwidth_gbs = d->has_memory_efficiency = 1;
-  d->memory_bandwidth_gbs = best_of_ranks(world, loom_measure_memory_gbs(o->mem_bytes, o->seconds));
+  d->memory_bandwidth_gbs = best_of_ranks(world, o->gpu ? device_stream_gbs(ops, o->mem_bytes, o->seconds)
+                                                        : loom_measure_memory_gbs(o->mem_bytes, o->seconds));
+  /* Attention's share of the peak its run's GEMMs use: bf16's on a GPU, fp32's on the CPU. */
+  const double attention_peak = (o->gpu ? d->peak_tflops_bf16 : d->peak_tflops_fp32) * 1e12;
   double attention_eff, memory_eff;
-  measure_ops(ops, o->seconds, d->peak_tflops_fp32 * 1e12, d->memory_bandwidth_gbs, &attention_eff, &memory_eff);
+  measure_ops(ops, o->gpu, o->seconds, attention_peak, d->memory_bandwidth_gbs, &attention_eff, &memory_eff);
   d->has_attention_efficiency = 1;
   d->attention_efficiency = best_of_ranks(world, attention_eff);
   d->memory_efficiency = best_of_ranks(world, memory_eff);
-  /* Memory per rank: the host's, shared among the launched ranks. */
+  /* Memory per rank: the device's, or the host's shared among the launched ranks. */
   d->has_memory_bytes = 1;
-  d->memory_bytes = (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
+  d->memory_bytes = o->memory_bytes > 0 ? o->memory_bytes : (int64_t)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE) / ranks;
   p->has_op_overhead_us = 1;
-  /* An 8x8x8 linear is all overhead: its three GEMMs' time, per GEMM. */
-  p->op_overhead_us = 2.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, false, 8, 8, 8, o->seconds / 4)) * 1e6;
-  loom_strbuf_printf(t, "# memory: %.1f GB/s per rank (STREAM triad, every rank at once); the norm and GELU reach %.0f%% of it; "
-      "attention %.0f%% of the fp32 peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
-      d->memory_bandwidth_gbs, 100.0 * d->memory_efficiency, 100.0 * d->attention_efficiency, p->op_overhead_us);
+  /* An 8x8x8 linear is all overhead: its three GEMMs' time, per GEMM (on a GPU, 64 queued before one wait). */
+  const int reps = o->gpu ? 64 : 1;
+  p->op_overhead_us =
+      2.0 * 8 * 8 * 8 / best_of_ranks(world, gemm_flops(ops, o->gpu, GEMM_FP32, 8, 8, 8, reps, o->seconds / 4)) * 1e6;
+  loom_strbuf_printf(t, "# memory: %.1f GB/s per rank (%s, every rank at once); the norm and GELU reach %.0f%% of it; "
+      "attention %.0f%% of the %s peak; an op's fixed cost %.2f us (an 8x8x8 linear's GEMM)\n",
+      d->memory_bandwidth_gbs, o->gpu ? "a GELU over device memory" : "STREAM triad", 100.0 * d->memory_efficiency,
+      100.0 * d->attention_efficiency, o->gpu ? "bf16" : "fp32", p->op_overhead_us);
 }
 
-/* The links: each collective timed over the ranks at several sizes and fitted; or, on one rank, --links-from's. */
+static void wait_gpu(void *ops, const float *result) {
+  const loom_ops *be = ops;
+  (void)be->sumsq(be, result, 1);
+}
+
+/* The links: each collective timed over the ranks at message sizes from 64 KiB by fours, as measurements of the node's
+ * link (the profile's loading fits them); or, on one rank, --links-from's. */
 static void calibrate_links(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, int ranks,
                             loom_profile *p, loom_strbuf *t) {
   if (ranks < 2) {
@@ -235,25 +281,61 @@ static void calibrate_links(loom_comm *world, const loom_ops *ops, const loom_ca
     loom_strbuf_printf(t, "# links: copied from --links-from (one rank measures none)\n");
     return;
   }
-  static const double SIZES[] = {65536, 262144, 1048576, 4194304, 16777216};
-  enum { NS = sizeof SIZES / sizeof SIZES[0] };
-  double latency[LOOM_COLL_KINDS], busbw[LOOM_COLL_KINDS];
+  enum { MAX_SIZES = 16 };
+  int sizes = 0;
+  double size[MAX_SIZES];
+  for (double s = 65536; s <= o->max_bytes && sizes < MAX_SIZES; s *= 4) size[sizes++] = s;
   static const char *const NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
+  /* Both links' own figures are set from the fitted curves (link_figures). */
+  p->intra_node = new_link(1.0, 0.0, 1.0);
+  p->inter_node = new_link(1.0, 0.0, 1.0);
+  Loom__Link *l = p->intra_node;
+  l->n_collective = LOOM_COLL_KINDS;
+  l->collective = loom_xcalloc(LOOM_COLL_KINDS, sizeof *l->collective, "profile collectives");
   for (int k = 0; k < LOOM_COLL_KINDS; k++) {
-    double times[NS];
+    Loom__CollectiveCurve *c = l->collective[k] = loom_xmalloc(sizeof *c, "profile collective");
+    loom__collective_curve__init(c);
+    c->has_kind = 1, c->kind = (Loom__CollectiveKind)k;
+    c->n_measured = (size_t)sizes;
+    c->measured = loom_xcalloc((size_t)sizes, sizeof *c->measured, "profile collective measurements");
     loom_strbuf_printf(t, "# %s over %d ranks, us (bytes):", NAMES[k], ranks);
-    for (int i = 0; i < NS; i++) {
-      times[i] = loom_measure_collective_seconds(world, ops->mem, (loom_collective)k, (size_t)SIZES[i], o->seconds / 4);
-      loom_strbuf_printf(t, " %.0f (%.0f)", times[i] * 1e6, SIZES[i]);
+    for (int i = 0; i < sizes; i++) {
+      const double s = loom_measure_collective_seconds(world, ops->mem, (loom_collective)k, (size_t)size[i], o->seconds / 4,
+                                                       o->gpu ? wait_gpu : NULL, (void *)ops);
+      Loom__BusBandwidthMeasurement *x = c->measured[i] = loom_xmalloc(sizeof *x, "profile collective measurement");
+      loom__bus_bandwidth_measurement__init(x);
+      x->has_ranks = x->has_ranks_per_node = x->has_bytes = x->has_busbw_gbs = 1;
+      x->ranks = x->ranks_per_node = ranks, x->bytes = size[i];
+      x->busbw_gbs = loom_collective_factor((loom_collective)k, ranks) * size[i] / s / 1e9;
+      x->source = strdup("loom sim calibrate");
+      loom_strbuf_printf(t, " %.0f (%.0f)", s * 1e6, size[i]);
     }
-    fit_link(SIZES, times, NS, (loom_collective)k, ranks, &latency[k], &busbw[k]);
-    loom_strbuf_printf(t, "; fitted %.2f us per step, bus bandwidth %.2f GB/s\n", latency[k], busbw[k]);
+    loom_strbuf_printf(t, "\n");
   }
-  /* The link runs at send/recv's rate; a collective reaches the all-reduce's share of it. */
-  const double link = busbw[LOOM_COLL_SENDRECV];
-  p->intra_node = new_link(link, latency[LOOM_COLL_ALLREDUCE], fmin(busbw[LOOM_COLL_ALLREDUCE] / link, 1.0));
-  p->inter_node = copy_link(p->intra_node);
-  loom_strbuf_printf(t, "# inter_node: this is one host, so it repeats intra_node\n");
+}
+
+/* The link's own figures from its fitted curves: it runs at send/recv's rate; a collective reaches the all-reduce's
+ * share of it. One host: inter_node repeats intra_node. */
+static void link_figures(loom_profile *p, loom_strbuf *t) {
+  Loom__Link *l = p->intra_node;
+  if (!l->n_collective) return;
+  const Loom__CollectiveCurve *all_reduce = l->collective[LOOM_COLL_ALLREDUCE], *sendrecv = l->collective[LOOM_COLL_SENDRECV];
+  l->bandwidth_gbs = sendrecv->bus_gbs, l->latency_us = all_reduce->latency_us;
+  l->efficiency = fmin(all_reduce->bus_gbs / sendrecv->bus_gbs, 1.0);
+  for (size_t k = 0; k < l->n_collective; k++)
+    loom_strbuf_printf(t, "# fitted: %s %.4g us per step, bus bandwidth %.4g GB/s\n",
+                       protobuf_c_enum_descriptor_get_value(&loom__collective_kind__descriptor, l->collective[k]->kind)->name,
+                       l->collective[k]->latency_us, l->collective[k]->bus_gbs);
+  loom__link__free_unpacked(p->inter_node, NULL);
+  p->inter_node = copy_link(l);
+  loom_strbuf_printf(t, "# inter_node: this is one host, so it repeats intra_node (without the curves)\n");
+}
+
+static void note_gemm_fits(const Loom__DeviceProfile *d, loom_strbuf *t) {
+  for (size_t k = 0; k < d->n_gemm; k++)
+    loom_strbuf_printf(t, "# fitted: %s GEMMs %.4g of the peak x g(m) g(n) h(k), half_dim %g, half_k %g\n",
+                       protobuf_c_enum_descriptor_get_value(&loom__precision__descriptor, d->gemm[k]->dtype)->name,
+                       d->gemm[k]->max_efficiency, d->gemm[k]->half_dim, d->gemm[k]->half_k);
 }
 
 loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom_calibrate_options *o, loom_profile **out,
@@ -269,19 +351,30 @@ loom_status loom_sim_calibrate(loom_comm *world, const loom_ops *ops, const loom
   Loom__DeviceProfile *d = loom_xmalloc(sizeof *d, "profile device");
   loom__device_profile__init(d);
   p->device = d;
-  loom_strbuf_printf(&t, "# Measured by `loom sim calibrate` on %d rank%s of this machine, each with its threads (one rank is one device).\n",
-      ranks, ranks > 1 ? "s" : "");
-  calibrate_gemms(world, ops, o->seconds, d, &t);
+  loom_strbuf_printf(&t, "# Measured by `loom sim calibrate` on %d rank%s, one device each: %s.\n", ranks,
+                     ranks > 1 ? "s" : "", o->device_name ? o->device_name : "this machine's rank");
+  calibrate_gemms(world, ops, o, d, &t);
   calibrate_memory(world, ops, o, ranks, p, &t);
   p->has_devices_per_node = 1;
   p->devices_per_node = ranks;
+  /* MPI on CPUs progresses only inside its calls, on the cores that compute; NCCL on GPUs runs beside compute. */
   p->has_comm_overlaps_compute = 1;
-  p->comm_overlaps_compute = false; /* MPI on CPUs progresses only inside its calls, on the cores that compute */
+  p->comm_overlaps_compute = o->gpu;
   calibrate_links(world, ops, o, ranks, p, &t);
   p->name = strdup(o->name ? o->name : "calibrated");
   p->source = strdup("loom sim calibrate");
-  d->name = strdup("this machine's rank");
-  *out = p;
-  *notes = t.buf;
-  return LOOM_OK;
+  d->name = strdup(o->device_name ? o->device_name : "this machine's rank");
+  /* Fit the measurements as loading will, for the link's own figures and the notes; then print them alone. */
+  loom_status st = loom_profile_check(p, "the calibrated profile", err);
+  if (st == LOOM_OK) {
+    note_gemm_fits(d, &t);
+    link_figures(p, &t);
+    loom_profile_unfit(p);
+    *out = p;
+    *notes = t.buf;
+  } else {
+    loom_profile_free(p);
+    free(t.buf);
+  }
+  return st;
 }

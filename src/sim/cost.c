@@ -13,23 +13,35 @@ int loom_group_per_node(int n, int stride, int devices_per_node) {
   return n < fit ? n : fit;
 }
 
-/* The bus bandwidth (bytes/s) and per-step latency (s) of a group of n ranks, per_node in each node. */
-static void group_link(const loom_profile *prof, int n, int per_node, double *bw, double *latency) {
-  const Loom__Link *intra = prof->intra_node, *inter = prof->inter_node;
-  const double intra_bw = intra->bandwidth_gbs * intra->efficiency * 1e9;
-  *bw = intra_bw, *latency = intra->latency_us * 1e-6;
+/* A link's curve for a kind of collective, or NULL (LOOM_COLL_KINDS: none asked). */
+static const Loom__CollectiveCurve *curve_of(const Loom__Link *l, loom_collective kind) {
+  for (size_t i = 0; i < l->n_collective; i++)
+    if ((int)l->collective[i]->kind == (int)kind) return l->collective[i];
+  return NULL;
+}
+
+/* A link's bus bandwidth (bytes/s per device) and latency step (s) for a kind: its curve's, else its own. */
+static void link_rate(const Loom__Link *l, loom_collective kind, double *bw, double *latency) {
+  const Loom__CollectiveCurve *c = curve_of(l, kind);
+  *bw = (c ? c->bus_gbs : l->bandwidth_gbs * l->efficiency) * 1e9;
+  *latency = (c ? c->latency_us : l->latency_us) * 1e-6;
+}
+
+/* The bus bandwidth (bytes/s) and per-step latency (s) of a kind of
+ * collective over a group of n ranks, per_node in each node. */
+static void group_link(const loom_profile *prof, loom_collective kind, int n, int per_node, double *bw, double *latency) {
+  link_rate(prof->intra_node, kind, bw, latency);
   if (per_node < n) {
     /* Between nodes each member of a node sends through its own adapter (one per
      * device, each on its rail), so a node's members add their bandwidth, up to
      * what the intra-node link can feed them. */
-    const double inter_bw = inter->bandwidth_gbs * inter->efficiency * 1e9 * per_node;
-    *bw = inter_bw < intra_bw ? inter_bw : intra_bw;
-    *latency = inter->latency_us * 1e-6;
+    const double intra_bw = *bw;
+    link_rate(prof->inter_node, kind, bw, latency);
+    *bw = fmin(*bw * per_node, intra_bw);
   }
 }
 
-/* Steps of latency: rings, or a tree's 2 log2 n for an all-reduce when shorter (NCCL picks it for small messages). */
-static double latency_steps(loom_collective kind, int n) {
+double loom_collective_latency_steps(loom_collective kind, int n) {
   switch (kind) {
   case LOOM_COLL_ALLREDUCE: return fmin(2.0 * (n - 1), 2.0 * ceil(log2(n)));
   case LOOM_COLL_ALLGATHER:
@@ -43,10 +55,10 @@ double loom_collective_seconds(const loom_profile *prof, loom_collective kind, d
   if (sent) *sent = 0.0;
   if (n < 2 || bytes <= 0.0) return 0.0;
   double bw, latency;
-  group_link(prof, n, per_node, &bw, &latency);
+  group_link(prof, kind, n, per_node, &bw, &latency);
   const double factor = loom_collective_factor(kind, n);
   if (sent) *sent = factor * bytes;
-  return factor * bytes / bw + latency_steps(kind, n) * latency;
+  return factor * bytes / bw + loom_collective_latency_steps(kind, n) * latency;
 }
 
 /* What a layout puts where: the sizes one rank works on. */
@@ -166,7 +178,7 @@ static void tp_exchange(const layout *L, pass *x, loom_collective sp_kind, doubl
 static void ep_exchange(const layout *L, pass *x, double bytes) {
   if (L->ep < 2) return;
   double bw, latency;
-  group_link(L->prof, L->ep, L->ep_per_node, &bw, &latency);
+  group_link(L->prof, LOOM_COLL_KINDS, L->ep, L->ep_per_node, &bw, &latency); /* no curve for all-to-all: the link's own */
   x->comm += bytes * (L->ep - 1.0) / L->ep / bw + (L->ep - 1.0) * latency;
 }
 
@@ -575,17 +587,22 @@ static void dp_costs(const layout *L, loom_sim_costs *c, int q, double layers) {
   c->dp_bytes[q] = dp_sent, c->edp_bytes[q] = edp_sent;
   if (L->dp < 2 && edp_sent <= 0.0) return;
   const double buckets = zero >= 2 ? m * fmax(layers, 1.0) : fmax(layers, 1.0);
-  double bw, latency, gather = 0.0; /* ZeRO-1/2's all-gather of the stepped weights, which runs after the step */
+  /* The grads all-reduced, or reduce-scattered under ZeRO; the stepped weights all-gathered. */
+  const loom_collective reduce_kind = zero >= 1 ? LOOM_COLL_REDUCE_SCATTER : LOOM_COLL_ALLREDUCE;
+  double bw, latency, gather_bw, gather = 0.0; /* ZeRO-1/2's all-gather of the stepped weights, which runs after the step */
   if (L->dp > 1) {
-    group_link(prof, L->dp, L->dp_per_node, &bw, &latency);
-    c->dp[q] = dp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, L->dp) * latency;
-    gather = gather_sent / bw;
+    group_link(prof, reduce_kind, L->dp, L->dp_per_node, &bw, &latency);
+    group_link(prof, LOOM_COLL_ALLGATHER, L->dp, L->dp_per_node, &gather_bw, &(double){0});
+    gather = gather_sent / gather_bw; /* dp_sent counts the gather's bytes too */
+    c->dp[q] = (dp_sent - gather_sent) / bw + gather + buckets * loom_collective_latency_steps(reduce_kind, L->dp) * latency;
   }
   if (edp_sent > 0.0) { /* ranks etp x ep apart in the stage */
-    const int edp = loom_plan_expert_replicas(plan);
-    group_link(prof, edp, loom_group_per_node(edp, L->ep * L->etp, prof->devices_per_node), &bw, &latency);
-    c->dp[q] += edp_sent / bw + buckets * latency_steps(LOOM_COLL_ALLREDUCE, edp) * latency;
-    gather += edp_gather_sent / bw; /* the experts' own, on their group's link */
+    const int edp = loom_plan_expert_replicas(plan), edp_per_node = loom_group_per_node(edp, L->ep * L->etp, prof->devices_per_node);
+    group_link(prof, reduce_kind, edp, edp_per_node, &bw, &latency);
+    group_link(prof, LOOM_COLL_ALLGATHER, edp, edp_per_node, &gather_bw, &(double){0});
+    const double edp_gather = edp_gather_sent / gather_bw; /* the experts' own, on their group's link */
+    c->dp[q] += (edp_sent - edp_gather_sent) / bw + edp_gather + buckets * loom_collective_latency_steps(reduce_kind, edp) * latency;
+    gather += edp_gather;
   }
   /* With --overlap-grad-reduce (loom's default) buckets go as their layers' grads are ready: once a step
    * (reduce_exposed), or under ZeRO-2/3 behind every micro-batch's backward, the last bucket waited for.

@@ -90,6 +90,9 @@ double loom_sim_step_lower_bound(const loom_sim_costs *c, bool splits_backward);
  * output); *sent (if not NULL) gets the bytes each rank sends. */
 double loom_collective_seconds(const loom_profile *prof, loom_collective kind, double bytes, int n, int per_node,
                                double *sent);
+/* The latency steps of a collective over n ranks: a ring's, or a tree's
+ * 2 log2 n for an all-reduce when fewer (NCCL picks it for small messages). */
+double loom_collective_latency_steps(loom_collective kind, int n);
 /* Members in one node of a group of n ranks spaced stride apart, nodes of
  * devices_per_node (groups start on a node's first device). */
 int loom_group_per_node(int n, int stride, int devices_per_node);

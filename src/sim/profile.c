@@ -7,6 +7,7 @@
 #include "plan/plan.h"
 #include "plan/plan_io.h"
 #include "plan/textformat.h"
+#include "sim/cost.h"
 #include "sim/profile.h"
 #include "sim/profile_builtin.h"
 
@@ -15,6 +16,9 @@
  * them a prediction would be days per step, not a figure of a real machine. */
 #define MIN_RATE 1e-6
 #define MIN_EFFICIENCY 1e-3
+/* Measurements a GEMM entry or a collective curve may hold, and the largest half_dim the GEMM fit tries. */
+#define MAX_MEASUREMENTS 1024
+#define MAX_HALF_DIM 8192
 
 const char *loom_profile_builtin_names(void) {
   static char names[512];
@@ -65,8 +69,145 @@ static loom_status check_name(const char *what, const char *field, const char *n
   return LOOM_OK;
 }
 
-static loom_status check_profile(const loom_profile *p, const char *what, loom_error *err) {
-  const Loom__DeviceProfile *d = p->device;
+static const char *precision_name(Loom__Precision precision) {
+  const ProtobufCEnumValue *v = protobuf_c_enum_descriptor_get_value(&loom__precision__descriptor, precision);
+  return v ? v->name : "?";
+}
+
+/* A dtype's dense peak in TFLOP/s (fp32: TF32's when the device runs fp32 GEMMs on it). */
+static double peak_tflops(const Loom__DeviceProfile *d, Loom__Precision precision) {
+  if (precision == LOOM__PRECISION__PRECISION_BF16) return d->peak_tflops_bf16;
+  if (precision == LOOM__PRECISION__PRECISION_FP8) return d->peak_tflops_fp8;
+  return d->fp32_uses_tf32 ? d->peak_tflops_tf32 : d->peak_tflops_fp32;
+}
+
+/* A GEMM's share of its dtype's peak by an entry's curve. */
+static double gemm_curve(const Loom__GemmEfficiency *g, double m, double n, double k) {
+  const double h = g->half_dim, hk = g->has_half_k ? g->half_k : h;
+  return g->max_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + hk));
+}
+
+/* A GEMM entry's constants from its measurements. For each (half_dim,
+ * half_k) on a grid (0, then 16 by steps of 10% to MAX_HALF_DIM) the
+ * max_efficiency of least squared log error has a closed form,
+ * exp(mean(log(efficiency / shape))); the triple of least error whose
+ * max_efficiency is at most 1 wins. */
+static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom__GemmEfficiency *g, loom_error *err) {
+  const char *dtype = precision_name(g->dtype);
+  if (g->has_max_efficiency || g->has_half_dim || g->has_half_k)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm %s gives measurements and constants; give one or the other "
+                     "(the constants are fitted to the measurements)", what, dtype);
+  if (g->n_measured > MAX_MEASUREMENTS)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm %s holds %zu measurements, more than %d", what, dtype,
+                     g->n_measured, MAX_MEASUREMENTS);
+  const double peak = peak_tflops(d, g->dtype);
+  for (size_t i = 0; i < g->n_measured; i++) {
+    const Loom__GemmMeasurement *x = g->measured[i];
+    CHECK("device.gemm.measured.m", x->has_m, x->m, 1.0, 1e7);
+    CHECK("device.gemm.measured.n", x->has_n, x->n, 1.0, 1e7);
+    CHECK("device.gemm.measured.k", x->has_k, x->k, 1.0, 1e7);
+    CHECK("device.gemm.measured.tflops", x->has_tflops, x->tflops, MIN_RATE, peak);
+  }
+  enum { HALVES = 80 };
+  double halves[HALVES];
+  halves[0] = 0.0;
+  for (int i = 1; i < HALVES; i++) halves[i] = i == 1 ? 16.0 : fmin(halves[i - 1] * 1.1, MAX_HALF_DIM);
+  Loom__GemmEfficiency trial = *g;
+  trial.has_half_k = 1, trial.max_efficiency = 1.0;
+  double best_err = INFINITY;
+  for (int a = 0; a < HALVES; a++)
+    for (int b = 0; b < HALVES; b++) {
+      trial.half_dim = halves[a], trial.half_k = halves[b];
+      double mean = 0.0, sq = 0.0;
+      for (size_t i = 0; i < g->n_measured; i++) {
+        const Loom__GemmMeasurement *x = g->measured[i];
+        mean += log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k)) / (double)g->n_measured;
+      }
+      for (size_t i = 0; i < g->n_measured; i++) {
+        const Loom__GemmMeasurement *x = g->measured[i];
+        const double r = log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k)) - mean;
+        sq += r * r;
+      }
+      if (mean <= 0.0 && sq < best_err - 1e-12)
+        best_err = sq, g->max_efficiency = exp(mean), g->half_dim = trial.half_dim, g->half_k = trial.half_k;
+    }
+  g->has_max_efficiency = g->has_half_dim = g->has_half_k = 1;
+  return LOOM_OK;
+}
+
+_Static_assert((int)LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_REDUCE == (int)LOOM_COLL_ALLREDUCE &&
+                   (int)LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_GATHER == (int)LOOM_COLL_ALLGATHER &&
+                   (int)LOOM__COLLECTIVE_KIND__COLLECTIVE_REDUCE_SCATTER == (int)LOOM_COLL_REDUCE_SCATTER &&
+                   (int)LOOM__COLLECTIVE_KIND__COLLECTIVE_SEND_RECV == (int)LOOM_COLL_SENDRECV,
+               "proto CollectiveKind follows loom_collective");
+
+/* A collective curve's constants from nccl-tests measurements: the time of
+ * each, factor x bytes / busbw, is latency steps x latency + factor x bytes
+ * / (bus bandwidth per device x the node's members between nodes); the two
+ * are the least squares of the relative time error. */
+static loom_status fit_collective(const char *what, const char *link, bool between_nodes, Loom__CollectiveCurve *c,
+                                  loom_error *err) {
+  char field[96];
+  if (c->has_bus_gbs || c->has_latency_us)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective gives measurements and constants; give one or the other "
+                     "(the constants are fitted to the measurements)", what, link);
+  if (c->n_measured < 2 || c->n_measured > MAX_MEASUREMENTS)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective holds %zu measurements; a curve takes 2 to %d message sizes",
+                     what, link, c->n_measured, MAX_MEASUREMENTS);
+  const loom_collective kind = (loom_collective)c->kind;
+  double sxx = 0.0, sxy = 0.0, syy = 0.0, sx = 0.0, sy = 0.0;
+  for (size_t i = 0; i < c->n_measured; i++) {
+    const Loom__BusBandwidthMeasurement *x = c->measured[i];
+    snprintf(field, sizeof field, "%s.collective.measured.ranks", link);
+    CHECK(field, x->has_ranks, x->ranks, 2.0, 1e6);
+    const int per_node = x->has_ranks_per_node ? x->ranks_per_node : x->ranks;
+    snprintf(field, sizeof field, "%s.collective.measured.ranks_per_node", link);
+    CHECK(field, 1, per_node, 1.0, x->ranks);
+    if (between_nodes == (per_node == x->ranks))
+      return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective measures %d ranks with %d in a node: %s", what, link,
+                       x->ranks, per_node, between_nodes ? "the link between nodes needs ranks in two or more nodes"
+                                                         : "the link in a node needs every rank in one node");
+    snprintf(field, sizeof field, "%s.collective.measured.bytes", link);
+    CHECK(field, x->has_bytes, x->bytes, 1.0, 1e13);
+    snprintf(field, sizeof field, "%s.collective.measured.busbw_gbs", link);
+    CHECK(field, x->has_busbw_gbs, x->busbw_gbs, MIN_RATE, 1e6);
+    const double bus_bytes = loom_collective_factor(kind, x->ranks) * x->bytes;
+    const double t = bus_bytes / (x->busbw_gbs * 1e9);
+    const double xi = loom_collective_latency_steps(kind, x->ranks) / t, yi = bus_bytes / (per_node < x->ranks ? per_node : 1) / t;
+    sxx += xi * xi, sxy += xi * yi, syy += yi * yi, sx += xi, sy += yi;
+  }
+  const double det = sxx * syy - sxy * sxy;
+  double latency = det > 1e-12 * sxx * syy ? (sx * syy - sy * sxy) / det : -1.0;
+  double inverse_bw = latency >= 0.0 ? (sxx * sy - sxy * sx) / det : 0.0;
+  if (latency < 0.0 || inverse_bw <= 0.0) latency = 0.0, inverse_bw = sy / syy; /* no latency the sizes can tell */
+  c->bus_gbs = 1e-9 / inverse_bw, c->latency_us = latency * 1e6;
+  c->has_bus_gbs = c->has_latency_us = 1;
+  return LOOM_OK;
+}
+
+static loom_status check_curves(const char *what, const char *name, bool between_nodes, Loom__Link *l, loom_error *err) {
+  char field[96];
+  for (size_t i = 0; i < l->n_collective; i++) {
+    Loom__CollectiveCurve *c = l->collective[i];
+    snprintf(field, sizeof field, "%s.collective.kind", name);
+    CHECK(field, c->has_kind, c->kind, 0.0, LOOM__COLLECTIVE_KIND__COLLECTIVE_SEND_RECV);
+    for (size_t j = 0; j < i; j++)
+      if (l->collective[j]->kind == c->kind)
+        return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective gives kind %d twice", what, name, (int)c->kind);
+    if (c->n_measured) {
+      const loom_status st = fit_collective(what, name, between_nodes, c, err);
+      if (st != LOOM_OK) return st;
+    }
+    snprintf(field, sizeof field, "%s.collective.bus_gbs", name);
+    CHECK(field, c->has_bus_gbs, c->bus_gbs, MIN_RATE, 1e6);
+    snprintf(field, sizeof field, "%s.collective.latency_us", name);
+    CHECK(field, c->has_latency_us, c->latency_us, 0.0, 1e6);
+  }
+  return LOOM_OK;
+}
+
+loom_status loom_profile_check(loom_profile *p, const char *what, loom_error *err) {
+  Loom__DeviceProfile *d = p->device;
   loom_status named = check_name(what, "name", p->name, err);
   if (named == LOOM_OK && d) named = check_name(what, "device.name", d->name, err);
   if (named != LOOM_OK) return named;
@@ -86,13 +227,19 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
                        "absent; give both or neither", what);
   }
   for (size_t i = 0; i < d->n_gemm; i++) {
-    const Loom__GemmEfficiency *g = d->gemm[i];
+    Loom__GemmEfficiency *g = d->gemm[i];
     CHECK("device.gemm.dtype", g->has_dtype, g->dtype, 0.0, 2.0);
+    if (g->n_measured) {
+      if (g->dtype == LOOM__PRECISION__PRECISION_FP8 && !d->has_peak_tflops_fp8) continue; /* refused below, by name */
+      const loom_status st = fit_gemm(what, d, g, err);
+      if (st != LOOM_OK) return st;
+    }
     CHECK("device.gemm.max_efficiency", g->has_max_efficiency, g->max_efficiency, MIN_EFFICIENCY, 1.0);
     CHECK("device.gemm.half_dim", g->has_half_dim, g->half_dim, 0.0, 1e6);
+    if (g->has_half_k) CHECK("device.gemm.half_k", 1, g->half_k, 0.0, 1e6);
     if (gemm_of(d, g->dtype) != g)
       return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm gives dtype %s twice", what,
-                       protobuf_c_enum_descriptor_get_value(&loom__precision__descriptor, g->dtype)->name);
+                       precision_name(g->dtype));
   }
   if (d->has_mxfp8 && d->mxfp8 && !d->has_peak_tflops_fp8)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.mxfp8 is set but the device prices no fp8 GEMMs "
@@ -106,6 +253,8 @@ static loom_status check_profile(const loom_profile *p, const char *what, loom_e
   CHECK("devices_per_node", p->has_devices_per_node, p->devices_per_node, 1.0, LOOM_PLAN_MAX_DEVICES_PER_NODE);
   loom_status st = check_link(what, "intra_node", p->intra_node, err);
   if (st == LOOM_OK) st = check_link(what, "inter_node", p->inter_node, err);
+  if (st == LOOM_OK) st = check_curves(what, "intra_node", false, p->intra_node, err);
+  if (st == LOOM_OK) st = check_curves(what, "inter_node", true, p->inter_node, err);
   if (st != LOOM_OK) return st;
   CHECK("op_overhead_us", 1, p->op_overhead_us, 0.0, 1e6);
   if (p->has_overlap_sm_share) CHECK("overlap_sm_share", 1, p->overlap_sm_share, 0.0, 0.9);
@@ -127,7 +276,7 @@ loom_status loom_profile_parse(const char *text, size_t len, const char *what, l
   if (loom_text_parse(&loom__cluster_profile__descriptor, text, len, &msg, &perr) != LOOM_OK)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: not a cluster profile: %s", what, perr.msg);
   loom_profile *p = (loom_profile *)msg;
-  const loom_status st = check_profile(p, what, err);
+  const loom_status st = loom_profile_check(p, what, err);
   if (st != LOOM_OK) {
     loom_profile_free(p);
     return st;
@@ -152,11 +301,24 @@ loom_status loom_profile_load(const char *name_or_path, loom_profile **out, loom
   } else {
     loom_profile *p = loom__cluster_profile__unpack(NULL, len, (const uint8_t *)data);
     if (!p) st = loom_fail(err, LOOM_ERR_FORMAT, "%s: not a binary cluster profile (text profiles end in .txtpb)", name_or_path);
-    else if ((st = check_profile(p, name_or_path, err)) != LOOM_OK) loom_profile_free(p);
+    else if ((st = loom_profile_check(p, name_or_path, err)) != LOOM_OK) loom_profile_free(p);
     else *out = p;
   }
   free(data);
   return st;
+}
+
+static void unfit_link(Loom__Link *l) {
+  for (size_t i = 0; l && i < l->n_collective; i++)
+    if (l->collective[i]->n_measured) l->collective[i]->has_bus_gbs = l->collective[i]->has_latency_us = 0;
+}
+
+void loom_profile_unfit(loom_profile *p) {
+  for (size_t i = 0; p->device && i < p->device->n_gemm; i++)
+    if (p->device->gemm[i]->n_measured)
+      p->device->gemm[i]->has_max_efficiency = p->device->gemm[i]->has_half_dim = p->device->gemm[i]->has_half_k = 0;
+  unfit_link(p->intra_node);
+  unfit_link(p->inter_node);
 }
 
 void loom_profile_free(loom_profile *p) {
@@ -164,19 +326,13 @@ void loom_profile_free(loom_profile *p) {
 }
 
 double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision) {
-  const Loom__DeviceProfile *d = p->device;
-  if (precision == LOOM__PRECISION__PRECISION_BF16) return d->peak_tflops_bf16 * 1e12;
-  if (precision == LOOM__PRECISION__PRECISION_FP8) return d->peak_tflops_fp8 * 1e12;
-  return (d->fp32_uses_tf32 ? d->peak_tflops_tf32 : d->peak_tflops_fp32) * 1e12;
+  return peak_tflops(p->device, precision) * 1e12;
 }
 
 double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
                                  double batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
-  const Loom__GemmEfficiency *g = gemm_of(p->device, precision);
-  const double h = g->half_dim;
-  const double efficiency = g->max_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + h));
-  return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * efficiency);
+  return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * gemm_curve(gemm_of(p->device, precision), m, n, k));
 }
 
 bool loom_profile_has_fp8(const loom_profile *p) { return p->device->has_peak_tflops_fp8; }

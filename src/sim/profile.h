@@ -18,6 +18,13 @@ loom_status loom_profile_load(const char *name_or_path, loom_profile **out, loom
 /* The same checks on a profile's text, from `what` (a name or path). */
 loom_status loom_profile_parse(const char *text, size_t len, const char *what, loom_profile **out, loom_error *err);
 void loom_profile_free(loom_profile *p);
+/* The checks loading makes, on a profile built in memory (`what` names it
+ * in errors), fitting the constants of each GEMM entry and collective curve
+ * that gives measurements (proto/loom.proto) in place. */
+loom_status loom_profile_check(loom_profile *p, const char *what, loom_error *err);
+/* Clears the constants fitted to measurements, so that the profile, printed,
+ * holds the measurements alone and loads again (the loader refits them). */
+void loom_profile_unfit(loom_profile *p);
 /* The built-in names, comma-separated, for help and errors. */
 const char *loom_profile_builtin_names(void);
 

@@ -50,6 +50,8 @@ void loom_cuda_device_name(const loom_ops *be, char *out, size_t len);
 /* FP8 GEMMs this context ran on cuBLASLt's FP8 matmuls so far (per-tensor scales, where the shapes allow); the
  * rest run as the definition's kernel. */
 long loom_cuda_fp8_lt_matmuls(const loom_ops *be);
+/* The device's memory in bytes (0 unknown). */
+size_t loom_cuda_memory_bytes(const loom_ops *be);
 /* The device's compute capability as major x 10 + minor (90: Hopper, 100: Blackwell); 0 unknown. */
 int loom_cuda_compute_capability(const loom_ops *be);
 /* fp32 matmuls on TF32 tensor cores (10-bit mantissa inputs) when on; exact fp32 when off (default). */

@@ -370,6 +370,11 @@ void loom_cuda_device_name(const loom_ops *be, char *out, size_t len) {
 
 long loom_cuda_fp8_lt_matmuls(const loom_ops *be) { return ctx(be).lt_matmuls; }
 
+size_t loom_cuda_memory_bytes(const loom_ops *be) {
+  cudaDeviceProp prop;
+  return cudaGetDeviceProperties(&prop, ctx(be).device) == cudaSuccess ? prop.totalGlobalMem : 0;
+}
+
 int loom_cuda_compute_capability(const loom_ops *be) {
   cudaDeviceProp prop;
   return cudaGetDeviceProperties(&prop, ctx(be).device) == cudaSuccess ? prop.major * 10 + prop.minor : 0;
