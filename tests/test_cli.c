@@ -811,6 +811,24 @@ START_TEST(sim_and_search_refuse_bad_input) {
               "loom sim calibrate: one rank measures no link; launch 2 or more ranks with mpirun, or give "
               "--links-from PROFILE for a one-rank device");
   ck_assert_int_ne(access(cal, F_OK), 0); /* nothing written */
+  /* --device cuda without a GPU: refused with the reason (on the emulated GPU of a sanitized build, one rank is refused
+   * for its links instead); a device it cannot measure, refused by name. */
+  const result *gpu = run("sim", "calibrate", "-o", cal, "--device", "cuda", NULL);
+  ck_assert_int_eq(gpu->code, 2);
+  ck_assert_msg(strncmp(gpu->err, "loom sim calibrate: --device cuda: ", 35) == 0 || strstr(gpu->err, "one rank measures no link"),
+                "%s", gpu->err);
+  expect_fail(run("sim", "calibrate", "-o", cal, "--device", "guarded", NULL), 2,
+              "loom sim calibrate: --device guarded: it measures cpu or cuda");
+  expect_fail(run("sim", "calibrate", "-o", cal, "--gemm-dims", "64,32", NULL), 2,
+              "loom sim calibrate: --gemm-dims 64,32: expected 1 to 6 rising sizes from 1 to 65536, like 64,256,1024");
+  ck_assert_int_ne(access(cal, F_OK), 0);
+  /* loom sim profile: each fitted curve beside the measurements it was fitted to, with their sources. */
+  const result *prof = run("sim", "profile", "--cluster", "h100-sxm", NULL);
+  ck_assert_msg(prof->code == 0, "%s", prof->err);
+  ck_assert_msg(strstr(prof->out, "gemm PRECISION_BF16: ") && strstr(prof->out, "fitted to 10 measurements") &&
+                    strstr(prof->out, "torch-perf#79") && strstr(prof->out, "COLLECTIVE_ALL_GATHER: 370 GB/s"),
+                "%s", prof->out);
+  expect_fail(run("sim", "profile", NULL), 2, "loom sim profile: --cluster is required (built in: a100-80gb, h100-sxm, h200)");
   expect_fail(run("plan", "search", "--gpus", "8", "--cluster", "a100-80gb", "--global-batch", "64", "--tp", "2", NULL), 2,
               "loom plan search: --tp is what the search chooses; leave it out");
   expect_fail(run("plan", "search", "--cluster", "a100-80gb", "--global-batch", "64", NULL), 2,

@@ -9,6 +9,8 @@
 #include <unistd.h>
 #include "schedule/timeline.h"
 #include "sim/goodput_model.h"
+#include "plan/textformat.h"
+#include "sim/profile_report.h"
 #include "sim/search.h"
 #include "cli/names.h"
 #include "test_util.h"
@@ -18,6 +20,13 @@ static loom_profile *builtin(const char *name) {
   loom_error err = {0};
   ck_assert_msg(loom_profile_load(name, &p, &err) == LOOM_OK, "%s", err.msg);
   return p;
+}
+
+/* The bus bandwidth (bytes/s) a kind of collective reaches inside a node: its curve's, else the link's share. */
+static double intra_bus(const loom_profile *p, Loom__CollectiveKind kind) {
+  for (size_t i = 0; i < p->intra_node->n_collective; i++)
+    if (p->intra_node->collective[i]->kind == kind) return p->intra_node->collective[i]->bus_gbs * 1e9;
+  return p->intra_node->bandwidth_gbs * p->intra_node->efficiency * 1e9;
 }
 
 static loom_plan *plan_of(loom_plan_spec spec) {
@@ -134,6 +143,143 @@ START_TEST(profiles_refuse_bad_figures) {
   loom_profile *p = NULL;
   ck_assert_int_eq(loom_profile_load("tpu-v9", &p, &err), LOOM_ERR_USAGE);
   ck_assert_int_eq(loom_profile_load("/nonexistent/x.txtpb", &p, &err), LOOM_ERR_IO);
+}
+END_TEST
+
+/* A profile of GOOD's whose bf16 entry and intra-node all-gather hold measurements made from known constants
+ * (efficiency 0.7 x g(m) g(n) h(k), halves 100 and 300; 5 us a step, 300 GB/s), and an inter-node all-reduce over 2
+ * nodes of 8 at 40 GB/s an adapter: loading fits them back. */
+static void measured_profile(char *text, size_t len) {
+  char gemm[4096] = "", gather[2048] = "", reduce[2048] = "";
+  static const double SHAPES[][3] = {{64, 4096, 4096}, {256, 8192, 1024}, {1024, 1024, 256}, {4096, 4096, 4096},
+                                     {8192, 512, 8192}, {128, 2048, 64}, {2048, 128, 16384}};
+  for (size_t i = 0; i < sizeof SHAPES / sizeof SHAPES[0]; i++) {
+    const double m = SHAPES[i][0], n = SHAPES[i][1], k = SHAPES[i][2];
+    const double tflops = 100.0 * 0.7 * m / (m + 100) * n / (n + 100) * k / (k + 300);
+    snprintf(gemm + strlen(gemm), sizeof gemm - strlen(gemm), "measured { m: %g n: %g k: %g tflops: %.17g source: \"t\" } ", m,
+             n, k, tflops);
+  }
+  for (double bytes = 65536; bytes <= 1 << 30; bytes *= 16) {
+    const double bus = 7.0 / 8 * bytes, t = 7 * 5e-6 + bus / 300e9; /* 8 ranks: 7 steps */
+    snprintf(gather + strlen(gather), sizeof gather - strlen(gather), "measured { ranks: 8 bytes: %g busbw_gbs: %.17g } ",
+             bytes, bus / t / 1e9);
+    const double bus16 = 2.0 * 15 / 16 * bytes, t16 = 8 * 2e-6 + bus16 / (8 * 40e9); /* 16 ranks: a tree's 8 steps */
+    snprintf(reduce + strlen(reduce), sizeof reduce - strlen(reduce),
+             "measured { ranks: 16 ranks_per_node: 8 bytes: %g busbw_gbs: %.17g } ", bytes, bus16 / t16 / 1e9);
+  }
+  snprintf(text, len,
+           "name: \"t\"\n"
+           "device { peak_tflops_bf16: 100 peak_tflops_fp32: 10 memory_bytes: 1000000000 memory_bandwidth_gbs: 1000\n"
+           "  memory_efficiency: 0.8\n"
+           "  gemm { dtype: PRECISION_BF16 %s }\n"
+           "  gemm { dtype: PRECISION_FP32 max_efficiency: 0.7 half_dim: 64 } }\n"
+           "devices_per_node: 8\n"
+           "intra_node { bandwidth_gbs: 100 latency_us: 1 efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER %s } }\n"
+           "inter_node { bandwidth_gbs: 10 latency_us: 5 efficiency: 1 collective { kind: COLLECTIVE_ALL_REDUCE %s } }\n",
+           gemm, gather, reduce);
+}
+
+/* Measurements become the curves they came from: the GEMM's three constants (on the fit's grid, 10% steps) and the
+ * collective's latency and bus bandwidth (exactly, from exact times), which the cost model then prices with. */
+START_TEST(curves_fit_their_measurements) {
+  static char text[16384];
+  measured_profile(text, sizeof text);
+  loom_profile *p = NULL;
+  loom_error err = {0};
+  ck_assert_msg(loom_profile_parse(text, strlen(text), "t", &p, &err) == LOOM_OK, "%s", err.msg);
+  const Loom__GemmEfficiency *g = p->device->gemm[0];
+  ck_assert(g->has_max_efficiency && g->has_half_dim && g->has_half_k);
+  ck_assert_msg(fabs(g->max_efficiency - 0.7) < 0.03 && fabs(g->half_dim / 100 - 1) < 0.1 && fabs(g->half_k / 300 - 1) < 0.1,
+                "fitted %g, %g, %g", g->max_efficiency, g->half_dim, g->half_k);
+  /* A shape no measurement had, read within 2% of the generating curve. */
+  const double want = 0.7 * 512 / 612.0 * 3000 / 3100.0 * 700 / 1000.0;
+  ck_assert_double_eq_tol(loom_profile_gemm_efficiency(p, LOOM__PRECISION__PRECISION_BF16, 512, 3000, 700) / want, 1.0, 0.02);
+  const Loom__CollectiveCurve *c = p->intra_node->collective[0];
+  ck_assert_double_eq_tol(c->latency_us, 5.0, 5e-4); /* the normal equations over sizes 65536 to 1 GiB: 1e-4 relative */
+  ck_assert_double_eq_tol(c->bus_gbs, 300.0, 3e-2);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLGATHER, 1e9, 8, 8, NULL), 7.0 / 8 * 1e9 / 300e9 + 7 * 5e-6, 1e-8);
+  /* Without a curve of their own the other kinds keep the link's figures. */
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_REDUCE_SCATTER, 1e9, 8, 8, NULL), 7.0 / 8 * 1e9 / 100e9 + 7e-6, 1e-12);
+  /* Between nodes the curve is an adapter's: 40 GB/s each, 8 members of a node together, the intra-node link's rate
+   * (100 GB/s, no all-reduce curve there) the cap; one member a node gets one adapter's. */
+  const Loom__CollectiveCurve *r = p->inter_node->collective[0];
+  ck_assert_double_eq_tol(r->latency_us, 2.0, 2e-4);
+  ck_assert_double_eq_tol(r->bus_gbs, 40.0, 4e-3);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, 1e9, 16, 8, NULL), 2.0 * 15 / 16 * 1e9 / 100e9 + 8 * 2e-6,
+                          1e-8);
+  ck_assert_double_eq_tol(loom_collective_seconds(p, LOOM_COLL_ALLREDUCE, 1e9, 16, 1, NULL), 2.0 * 15 / 16 * 1e9 / 40e9 + 8 * 2e-6,
+                          1e-8);
+  /* Printed without the fitted constants, it loads again to the same curves. */
+  loom_profile_unfit(p);
+  char *again = loom_text_print(&p->base);
+  loom_profile *q = NULL;
+  ck_assert_msg(loom_profile_parse(again, strlen(again), "again", &q, &err) == LOOM_OK, "%s", err.msg);
+  ck_assert_double_eq(q->device->gemm[0]->max_efficiency, g->max_efficiency);
+  ck_assert_double_eq(q->intra_node->collective[0]->bus_gbs, c->bus_gbs);
+  free(again);
+  loom_profile_free(q);
+  loom_profile_free(p);
+}
+END_TEST
+
+/* The built-in profiles read against points of their cited sources, by hand: H100 SXM bf16 at the 8192 cube
+ * (torch-performance-test-data #79: 797.51 TFLOP/s) and at MAMF's best shape (792.1), fp8 at 4096 x 7168 x 16384
+ * (DeepGEMM's README: 1358), within the fit's 10%; A100 bf16 at MAMF's shape (267.9); and the H100's tp-8 all-gather
+ * at NCCL's ~370 GB/s of NVLink bus bandwidth (nccl-tests #212). */
+START_TEST(profiles_read_their_sources) {
+  loom_profile *h = builtin("h100-sxm"), *a = builtin("a100-80gb");
+  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16, fp8 = LOOM__PRECISION__PRECISION_FP8;
+  const struct {
+    loom_profile *p;
+    Loom__Precision dtype;
+    double m, n, k, peak, tflops;
+  } points[] = {{h, bf16, 8192, 8192, 8192, 989, 797.51}, {h, bf16, 6144, 17920, 2816, 989, 792.1},
+                {h, fp8, 4096, 7168, 16384, 1979, 1358}, {a, bf16, 6912, 16384, 2048, 312, 267.9}};
+  for (size_t i = 0; i < sizeof points / sizeof points[0]; i++) {
+    const double got = loom_profile_gemm_efficiency(points[i].p, points[i].dtype, points[i].m, points[i].n, points[i].k) * points[i].peak;
+    ck_assert_msg(fabs(got / points[i].tflops - 1.0) < 0.1, "point %zu: %g TFLOP/s, the source %g", i, got, points[i].tflops);
+  }
+  const double bytes = 1 << 30, t = loom_collective_seconds(h, LOOM_COLL_ALLGATHER, bytes, 8, 8, NULL);
+  ck_assert_double_eq_tol(7.0 / 8 * bytes / t / 1e9, 370.0, 3.7); /* 1%: the 7 latency steps of 3 us */
+  loom_profile_free(h);
+  loom_profile_free(a);
+}
+END_TEST
+
+/* Measurements that cannot make a curve are refused, each with one line naming what. */
+START_TEST(curves_refuse_bad_measurements) {
+  loom_error err = {0};
+  const struct {
+    const char *from, *to, *why;
+  } cases[] = {
+      {"gemm { dtype: PRECISION_BF16 max_efficiency: 0.7 half_dim: 64 }",
+       "gemm { dtype: PRECISION_BF16 max_efficiency: 0.7 measured { m: 64 n: 64 k: 64 tflops: 10 } }",
+       "t.txtpb: device.gemm PRECISION_BF16 gives measurements and constants; give one or the other"},
+      {"gemm { dtype: PRECISION_BF16 max_efficiency: 0.7 half_dim: 64 }",
+       "gemm { dtype: PRECISION_BF16 measured { m: 64 n: 64 k: 64 tflops: 101 } }",
+       "device.gemm.measured.tflops = 101 must be >= 1e-06 and at most 100"},
+      {"gemm { dtype: PRECISION_BF16 max_efficiency: 0.7 half_dim: 64 }",
+       "gemm { dtype: PRECISION_BF16 measured { m: 0 n: 64 k: 64 tflops: 1 } }", "device.gemm.measured.m = 0 must be >= 1"},
+      {"efficiency: 1 }\ninter", "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER measured { ranks: 8 bytes: 1e6 busbw_gbs: 50 } } }\ninter",
+       "t.txtpb: intra_node.collective holds 1 measurements; a curve takes 2 to 1024 message sizes"},
+      {"efficiency: 1 }\ninter",
+       "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER measured { ranks: 16 ranks_per_node: 8 bytes: 1e6 busbw_gbs: 50 } "
+       "measured { ranks: 16 ranks_per_node: 8 bytes: 1e8 busbw_gbs: 90 } } }\ninter",
+       "t.txtpb: intra_node.collective measures 16 ranks with 8 in a node: the link in a node needs every rank in one node"},
+      {"efficiency: 1 }\ninter",
+       "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER bus_gbs: 50 latency_us: 1 measured { ranks: 8 bytes: 1e6 busbw_gbs: 5 } "
+       "measured { ranks: 8 bytes: 1e8 busbw_gbs: 40 } } }\ninter",
+       "t.txtpb: intra_node.collective gives measurements and constants; give one or the other"},
+      {"efficiency: 1 }\ninter", "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER bus_gbs: 50 latency_us: 1 } "
+       "collective { kind: COLLECTIVE_ALL_GATHER bus_gbs: 60 latency_us: 1 } }\ninter",
+       "t.txtpb: intra_node.collective gives kind 1 twice"},
+      {"efficiency: 1 }\ninter", "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER latency_us: 1 } }\ninter",
+       "t.txtpb: intra_node.collective.bus_gbs is missing"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ck_assert_int_eq(parse_with(cases[i].from, cases[i].to, &err), LOOM_ERR_FORMAT);
+    ck_assert_msg(strstr(err.msg, cases[i].why) != NULL, "case %zu: '%s' lacks '%s'", i, err.msg, cases[i].why);
+  }
 }
 END_TEST
 
@@ -388,7 +534,7 @@ START_TEST(overlaps_are_costed) {
     gathered = (double)plan->estimates->stages[0]->dp_gather_bytes_sent;
     loom_plan_free(plan);
   }
-  const double bw = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
+  const double bw = intra_bus(prof, LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_GATHER);
   const double gather = gathered / bw, forward = c[0].forward[0];
   ck_assert(gathered > 0 && gather < forward);
   const double first = gather / GPT.layers;
@@ -430,7 +576,7 @@ START_TEST(fp8_is_costed) {
     }
   const double cast_f = loom_profile_memory_seconds(prof, 3.0 * T * (h + f));
   const double cast_g = loom_profile_memory_seconds(prof, 4.0 * T * (3 * h + h + f + h));
-  ck_assert(fw[1] > 0 && fw[1] < 0.6 * fw[0] && cast_f > 0 && cast_g > 0);
+  ck_assert(fw[1] > 0 && fw[1] < fw[0] && cast_f > 0 && cast_g > 0);
   ck_assert_double_eq_tol(c[0].forward[0] - c[1].forward[0], fw[0] - fw[1] - cast_f, 1e-12);
   ck_assert_double_eq_tol(c[0].backward[0] - c[1].backward[0], bw[0] - bw[1] - cast_g, 1e-12);
   ck_assert_double_eq_tol(c[0].weight[0] - c[1].weight[0], fw[0] - fw[1], 1e-12);
@@ -642,7 +788,7 @@ START_TEST(expert_gathers_are_split) {
     experts = (double)plan->estimates->stages[0]->edp_gather_bytes_sent;
     loom_plan_free(plan);
   }
-  const double bw = prof->intra_node->bandwidth_gbs * prof->intra_node->efficiency * 1e9;
+  const double bw = intra_bus(prof, LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_GATHER);
   const double gather = (dense + experts) / bw, first = gather / moe.layers, forward = c[0].forward[0];
   ck_assert(dense > 0 && experts > 0 && gather < forward);
   ck_assert_double_eq_tol(c[0].dp_exposed[0] - c[1].dp_exposed[0], gather - first - beside_by_hand(gather - first, forward, share),
@@ -1125,6 +1271,9 @@ int main(void) {
   tcase_add_test(tc, partial_recompute_is_costed);
   tcase_add_test(tc, search_bounds_only_what_cannot_matter);
   tcase_add_test(tc, mpi_tags_bound_micro_batches_per_chunk);
+  tcase_add_test(tc, curves_fit_their_measurements);
+  tcase_add_test(tc, profiles_read_their_sources);
+  tcase_add_test(tc, curves_refuse_bad_measurements);
   suite_add_tcase(s, tc);
   TCase *failures = tcase_create("goodput");
   tcase_set_timeout(failures, 120);

@@ -19,6 +19,8 @@
 /* Measurements a GEMM entry or a collective curve may hold, and the largest half_dim the GEMM fit tries. */
 #define MAX_MEASUREMENTS 1024
 #define MAX_HALF_DIM 8192
+/* How much worse than the least (an RMS log error, ~1%) a GEMM fit with smaller halves may be and still win. */
+#define FIT_SLACK 0.01
 
 const char *loom_profile_builtin_names(void) {
   static char names[512];
@@ -90,8 +92,10 @@ static double gemm_curve(const Loom__GemmEfficiency *g, double m, double n, doub
 /* A GEMM entry's constants from its measurements. For each (half_dim,
  * half_k) on a grid (0, then 16 by steps of 10% to MAX_HALF_DIM) the
  * max_efficiency of least squared log error has a closed form,
- * exp(mean(log(efficiency / shape))); the triple of least error whose
- * max_efficiency is at most 1 wins. */
+ * exp(mean(log(efficiency / shape))). Of the triples whose max_efficiency
+ * is at most 1, the one with the smallest halves whose error is within
+ * FIT_SLACK of the least wins: few or only large measurements cannot tell
+ * the halves apart, and then they stay as small as the data allows. */
 static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom__GemmEfficiency *g, loom_error *err) {
   const char *dtype = precision_name(g->dtype);
   if (g->has_max_efficiency || g->has_half_dim || g->has_half_k)
@@ -112,6 +116,7 @@ static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom
   double halves[HALVES];
   halves[0] = 0.0;
   for (int i = 1; i < HALVES; i++) halves[i] = i == 1 ? 16.0 : fmin(halves[i - 1] * 1.1, MAX_HALF_DIM);
+  static double err_of[HALVES][HALVES], mean_of[HALVES][HALVES];
   Loom__GemmEfficiency trial = *g;
   trial.has_half_k = 1, trial.max_efficiency = 1.0;
   double best_err = INFINITY;
@@ -128,9 +133,17 @@ static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom
         const double r = log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k)) - mean;
         sq += r * r;
       }
-      if (mean <= 0.0 && sq < best_err - 1e-12)
-        best_err = sq, g->max_efficiency = exp(mean), g->half_dim = trial.half_dim, g->half_k = trial.half_k;
+      err_of[a][b] = mean <= 0.0 ? sq : INFINITY, mean_of[a][b] = mean;
+      best_err = fmin(best_err, err_of[a][b]);
     }
+  /* The smallest halves (by their sum's grid steps) within the slack: an RMS log error FIT_SLACK above the least. */
+  const double slack = best_err + FIT_SLACK * FIT_SLACK * (double)g->n_measured;
+  for (int steps = 0, found = 0; steps <= 2 * (HALVES - 1) && !found; steps++)
+    for (int a = steps < HALVES ? steps : HALVES - 1; a >= 0 && steps - a < HALVES && !found; a--)
+      if (err_of[a][steps - a] <= slack) {
+        found = 1;
+        g->max_efficiency = exp(mean_of[a][steps - a]), g->half_dim = halves[a], g->half_k = halves[steps - a];
+      }
   g->has_max_efficiency = g->has_half_dim = g->has_half_k = 1;
   return LOOM_OK;
 }
