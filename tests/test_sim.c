@@ -482,7 +482,9 @@ static double beside_by_hand(double c, double g, double share) {
  * weights' all-gather (the plan's dp_gather_bytes_sent over the node's
  * link) is waited for after the step, or with --overlap-param-gather runs
  * beside the next first forward, its first bucket (one a layer) waited for.
- * A model without the slowdown fails all three. */
+ * A model without the slowdown fails all three; one that runs the
+ * overlapped GEMMs whole, as if their exchanges came free of chunking,
+ * fails the compute's count. */
 START_TEST(overlaps_are_costed) {
   loom_profile *prof = builtin("h100-sxm");
   const double share = prof->overlap_sm_share;
@@ -499,17 +501,27 @@ START_TEST(overlaps_are_costed) {
   const double T = 1024, h = 1024, q = 8 * 64, qkv = 3 * q, f = 2048; /* a rank's: 8 heads, ffn 4096 / 2 */
   const double comm = loom_collective_seconds(prof, LOOM_COLL_ALLGATHER, T * h * 2.0, 2, 2, NULL);
   const double shapes[4][3] = {{T, qkv, h}, {T, h, q}, {T, f, h}, {T, h, f}}; /* qkv, proj, fc1, fc2 */
-  double saved_f = 0.0, saved_g = 0.0;
+  /* Overlapped, the GEMMs run in chunks of rows (Transformer Engine's userbuffers): q|k|v's and fc1's forwards in tp
+   * (2), the projection's and fc2's in 4; backward, the projection's and fc2's input grads in tp, the rest whole. */
+  const double split_f[4] = {2, 4, 2, 4}, split_g[4] = {1, 2, 1, 2};
+  const Loom__Precision bf16 = LOOM__PRECISION__PRECISION_BF16;
+  double saved_f = 0.0, saved_g = 0.0, chunked_f = 0.0, chunked_g = 0.0;
   for (int i = 0; i < 4; i++) {
     const double m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
-    const double fw = loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, m, n, k, 1);
-    const double bw = loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, m, k, n, 1) +
-                      loom_profile_gemm_seconds(prof, LOOM__PRECISION__PRECISION_BF16, n, k, m, 1);
+    const double fw = split_f[i] * loom_profile_gemm_seconds(prof, bf16, m / split_f[i], n, k, 1);
+    const double bw = split_g[i] * loom_profile_gemm_seconds(prof, bf16, m / split_g[i], k, n, 1) +
+                      loom_profile_gemm_seconds(prof, bf16, n, k, m, 1);
     saved_f += comm - beside_by_hand(comm, fw, share), saved_g += comm - beside_by_hand(comm, bw, share);
+    chunked_f += fw - loom_profile_gemm_seconds(prof, bf16, m, n, k, 1);
+    chunked_g += bw - loom_profile_gemm_seconds(prof, bf16, m, k, n, 1) - loom_profile_gemm_seconds(prof, bf16, n, k, m, 1);
   }
-  ck_assert(comm > 0 && saved_f > 0 && saved_g > 0);
+  ck_assert(comm > 0 && saved_f > 0 && saved_g > 0 && chunked_f > 0 && chunked_g > 0);
   ck_assert_double_eq_tol(c[0].forward_comm[0] - c[1].forward_comm[0], saved_f, 1e-12);
   ck_assert_double_eq_tol(c[0].backward_comm[0] - c[1].backward_comm[0], saved_g, 1e-12);
+  /* A pass's time is its compute and its exposed communication: the chunks cost compute, the overlap saves comm. */
+  ck_assert_double_eq_tol(c[1].forward[0] - c[0].forward[0], chunked_f - saved_f, 1e-12);
+  ck_assert_double_eq_tol(c[1].backward[0] - c[0].backward[0], chunked_g - saved_g, 1e-12);
+  ck_assert_double_eq_tol(c[1].weight[0], c[0].weight[0], 1e-15); /* the weight grads overlap in bulk, whole */
   ck_assert_double_eq(c[0].tp_bytes[0], c[1].tp_bytes[0]); /* the same bytes, hidden */
   for (int o = 0; o < 2; o++) loom_sim_costs_free(&c[o]);
   /* dp 2 over 32 layers: the buckets (one a layer) but the last beside backward's window, or none. */

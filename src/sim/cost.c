@@ -313,19 +313,27 @@ static void layer_costs(const layout *L, bool moe, int window, pass *f, pass *g,
   const bool fused = dev->has_attention_efficiency; /* a fused kernel: scores, softmax, dropout and values at its own rate */
   double att_f = 0.0, att_g = 0.0; /* the attention's own compute (what the ring's hops hide behind) */
   double fw[6] = {0}, bw[6] = {0};  /* each GEMM's, forward and backward (what --tp-comm-overlap hides behind) */
+  /* Under --tp-comm-overlap Transformer Engine's userbuffers split the GEMMs beside an exchange along their rows
+   * (its defaults): ring exchange in tp chunks for q|k|v's and fc1's forwards and the projection's and fc2's input
+   * grads; a pipeline of 4 for the projection's and fc2's forwards; q|k|v's and fc1's grads overlap in bulk, whole.
+   * Each chunk is a GEMM of its own rows, at the curve's rate for them. MLA's projections are left whole. */
+  const int tp = L->tp_overlap && !mla_gemms ? L->tp : 1, pipeline = L->tp_overlap && !mla_gemms ? 4 : 1;
+  const int split_f[6] = {tp, 1, 1, pipeline, tp, pipeline}, split_g[6] = {1, 1, 1, tp, 1, tp};
   for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
     if ((fused && (i == 1 || i == 2)) || (i >= 4 && ffn == 0.0)) continue; /* a MoE layer without a shared expert */
     const bool attention = i == 1 || i == 2; /* the scores and values: never fp8 (nor are they under Transformer Engine) */
     const Loom__Precision dtype = attention ? L->precision : L->linear;
     const int parts = i == 0 && mla_gemms ? mla_gemms : 1;
+    double whole = 0.0; /* the forward unsplit: the weight grad's share */
     for (int j = 0; j < parts; j++) {
       const double *x = parts > 1 ? mla[j] : shapes[i];
-      fw[i] += gemm(L, dtype, x[0], x[1], x[2], x[3]);
-      bw[i] += gemm_backward(L, dtype, x[0], x[1], x[2], x[3]);
+      fw[i] += split_f[i] * gemm(L, dtype, x[0] / split_f[i], x[1], x[2], x[3]);
+      whole += gemm(L, dtype, x[0], x[1], x[2], x[3]);
+      bw[i] += split_g[i] * gemm(L, dtype, x[0] / split_g[i], x[2], x[1], x[3]) + gemm(L, dtype, x[1], x[2], x[0], x[3]);
       if (!attention) fp8_casts(L, f, g, x[0], x[1], x[2], x[3], (i == 0 && j == 0) || i == 4);
     }
     f->compute += fw[i], g->compute += bw[i];
-    if (!attention) w->compute += fw[i];
+    if (!attention) w->compute += whole;
     else att_f += fw[i], att_g += bw[i];
   }
   if (fused) { /* a causal kernel skips the masked half of the score tiles (FlashAttention's, cuDNN's), and a windowed
