@@ -239,6 +239,11 @@ START_TEST(profiles_read_their_sources) {
     const double got = loom_profile_gemm_efficiency(points[i].p, points[i].dtype, points[i].m, points[i].n, points[i].k) * points[i].peak;
     ck_assert_msg(fabs(got / points[i].tflops - 1.0) < 0.1, "point %zu: %g TFLOP/s, the source %g", i, got, points[i].tflops);
   }
+  /* FlashAttention-3 at 8K keys, head dim 128 (Shah et al. 2024, Figures 5 and 6): forward 602, backward 559 TFLOP/s,
+   * 572.6 weighted 1:2 as their FLOPs are; the fitted curve reads it within 3%. */
+  const Loom__DeviceProfile *d = h->device;
+  const double fa3 = 3.0 / (1.0 / 602 + 2.0 / 559), curve = 989.0 * d->attention_efficiency * 8192 / (8192 + d->attention_half_seq);
+  ck_assert_msg(d->n_attention_measured == 6 && fabs(curve / fa3 - 1.0) < 0.03, "attention at 8K: %g, FA3 %g", curve, fa3);
   const double bytes = 1 << 30, t = loom_collective_seconds(h, LOOM_COLL_ALLGATHER, bytes, 8, 8, NULL);
   ck_assert_double_eq_tol(7.0 / 8 * bytes / t / 1e9, 370.0, 3.7); /* 1%: the 7 latency steps of 3 us */
   loom_profile_free(h);
@@ -275,6 +280,11 @@ START_TEST(curves_refuse_bad_measurements) {
        "t.txtpb: intra_node.collective gives kind 1 twice"},
       {"efficiency: 1 }\ninter", "efficiency: 1 collective { kind: COLLECTIVE_ALL_GATHER latency_us: 1 } }\ninter",
        "t.txtpb: intra_node.collective.bus_gbs is missing"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_efficiency: 0.5 "
+       "attention_measured { seq: 1024 head_dim: 128 forward_tflops: 50 backward_tflops: 40 }",
+       "t.txtpb: device.attention_measured and device.attention_efficiency or attention_half_seq: give one or the other"},
+      {"memory_efficiency: 0.8", "memory_efficiency: 0.8 attention_measured { seq: 1024 head_dim: 128 forward_tflops: 150 "
+       "backward_tflops: 40 }", "device.attention_measured.forward_tflops = 150 must be >= 1e-06 and at most 100"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     ck_assert_int_eq(parse_with(cases[i].from, cases[i].to, &err), LOOM_ERR_FORMAT);

@@ -148,6 +148,51 @@ static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom
   return LOOM_OK;
 }
 
+double loom_profile_attention_rate(const Loom__AttentionMeasurement *x) {
+  return 3.0 / (1.0 / x->forward_tflops + 2.0 / x->backward_tflops);
+}
+
+/* A fused attention's rate from its measurements: each one's over a step's passes, as a share of the bf16 peak, fitted to attention_efficiency x s / (s + attention_half_seq)
+ * as the GEMMs are (least squares in log; the smallest half within FIT_SLACK of the best). */
+static loom_status fit_attention(const char *what, Loom__DeviceProfile *d, loom_error *err) {
+  if (d->has_attention_efficiency || d->has_attention_half_seq)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.attention_measured and device.attention_efficiency or "
+                     "attention_half_seq: give one or the other (the constants are fitted to the measurements)", what);
+  if (d->n_attention_measured > MAX_MEASUREMENTS)
+    return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.attention_measured holds %zu measurements, more than %d", what,
+                     d->n_attention_measured, MAX_MEASUREMENTS);
+  const double peak = d->peak_tflops_bf16;
+  for (size_t i = 0; i < d->n_attention_measured; i++) {
+    const Loom__AttentionMeasurement *x = d->attention_measured[i];
+    CHECK("device.attention_measured.seq", x->has_seq, x->seq, 1.0, 1e8);
+    CHECK("device.attention_measured.head_dim", x->has_head_dim, x->head_dim, 1.0, 4096.0);
+    CHECK("device.attention_measured.forward_tflops", x->has_forward_tflops, x->forward_tflops, MIN_RATE, peak);
+    CHECK("device.attention_measured.backward_tflops", x->has_backward_tflops, x->backward_tflops, MIN_RATE, peak);
+  }
+  enum { HALVES = 120 };
+  double err_of[HALVES], mean_of[HALVES], half[HALVES], best = INFINITY;
+  for (int a = 0; a < HALVES; a++) {
+    half[a] = a == 0 ? 0.0 : a == 1 ? 16.0 : half[a - 1] * 1.1;
+    double mean = 0.0, sq = 0.0;
+    for (int pass = 0; pass < 2; pass++)
+      for (size_t i = 0; i < d->n_attention_measured; i++) {
+        const Loom__AttentionMeasurement *x = d->attention_measured[i];
+        const double r = log(loom_profile_attention_rate(x) / peak * (x->seq + half[a]) / x->seq);
+        if (pass == 0) mean += r / (double)d->n_attention_measured;
+        else sq += (r - mean) * (r - mean);
+      }
+    err_of[a] = mean <= 0.0 ? sq : INFINITY, mean_of[a] = mean;
+    best = fmin(best, err_of[a]);
+  }
+  for (int a = 0; a < HALVES; a++)
+    if (err_of[a] <= best + FIT_SLACK * FIT_SLACK * (double)d->n_attention_measured) {
+      d->attention_efficiency = exp(mean_of[a]), d->attention_half_seq = half[a];
+      break;
+    }
+  d->has_attention_efficiency = d->has_attention_half_seq = 1;
+  return LOOM_OK;
+}
+
 _Static_assert((int)LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_REDUCE == (int)LOOM_COLL_ALLREDUCE &&
                    (int)LOOM__COLLECTIVE_KIND__COLLECTIVE_ALL_GATHER == (int)LOOM_COLL_ALLGATHER &&
                    (int)LOOM__COLLECTIVE_KIND__COLLECTIVE_REDUCE_SCATTER == (int)LOOM_COLL_REDUCE_SCATTER &&
@@ -232,6 +277,10 @@ loom_status loom_profile_check(loom_profile *p, const char *what, loom_error *er
   CHECK("device.memory_bandwidth_gbs", d->has_memory_bandwidth_gbs, d->memory_bandwidth_gbs, MIN_RATE, 1e6);
   CHECK("device.memory_efficiency", d->has_memory_efficiency, d->memory_efficiency, MIN_EFFICIENCY, 1.0);
   if (d->has_peak_tflops_fp8) CHECK("device.peak_tflops_fp8", 1, d->peak_tflops_fp8, MIN_RATE, 1e6);
+  if (d->n_attention_measured) {
+    const loom_status st = fit_attention(what, d, err);
+    if (st != LOOM_OK) return st;
+  }
   if (d->has_attention_efficiency) CHECK("device.attention_efficiency", 1, d->attention_efficiency, MIN_EFFICIENCY, 1.0);
   if (d->has_attention_half_seq) {
     CHECK("device.attention_half_seq", 1, d->attention_half_seq, 0.0, 1e7);
@@ -327,6 +376,8 @@ static void unfit_link(Loom__Link *l) {
 }
 
 void loom_profile_unfit(loom_profile *p) {
+  if (p->device && p->device->n_attention_measured)
+    p->device->has_attention_efficiency = p->device->has_attention_half_seq = 0;
   for (size_t i = 0; p->device && i < p->device->n_gemm; i++)
     if (p->device->gemm[i]->n_measured)
       p->device->gemm[i]->has_max_efficiency = p->device->gemm[i]->has_half_dim = p->device->gemm[i]->has_half_k = 0;

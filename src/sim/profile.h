@@ -36,6 +36,9 @@ bool loom_profile_has_fp8(const loom_profile *p);
 /* Seconds for `batch` GEMMs of m x n x k, through the efficiency model. */
 double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
                                  double batch);
+/* A measured fused attention's TFLOP/s over a training step's passes: forward and backward weighted 1:2, as their FLOPs
+ * are (the rate its fit and its report compare). */
+double loom_profile_attention_rate(const Loom__AttentionMeasurement *x);
 /* Seconds to stream `bytes` through memory, at the elementwise efficiency. */
 double loom_profile_memory_seconds(const loom_profile *p, double bytes);
 

@@ -86,6 +86,32 @@ static void report_link(const char *name, const Loom__Link *l, FILE *out) {
   }
 }
 
+/* The attention fit against its measurements, forward and backward weighted 1:2. */
+static void report_attention(const Loom__DeviceProfile *d, FILE *out) {
+  double sum = 0.0, worst = 0.0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < d->n_attention_measured; i++) {
+      const Loom__AttentionMeasurement *x = d->attention_measured[i];
+      const double measured = loom_profile_attention_rate(x);
+      const double curve = d->peak_tflops_bf16 * d->attention_efficiency * x->seq / (x->seq + d->attention_half_seq);
+      const double e = curve / measured - 1.0;
+      if (pass == 0) {
+        sum += fabs(e);
+        if (fabs(e) > fabs(worst)) worst = e;
+      } else {
+        fprintf(out, "    %8g %8g %10.4g %10.4g %10.4g %10.4g %+6.1f%%  %s\n", x->seq, x->head_dim, x->forward_tflops,
+                x->backward_tflops, measured, curve, 100.0 * e, x->source ? x->source : "");
+      }
+    }
+    if (pass == 0) {
+      fprintf(out, "; fitted to %zu measurements, ", d->n_attention_measured);
+      errors_line(out, sum, worst, d->n_attention_measured);
+      fprintf(out, "    %8s %8s %10s %10s %10s %10s %7s  %s\n", "seq", "head dim", "forward", "backward", "1:2", "curve",
+              "error", "source");
+    }
+  }
+}
+
 void loom_profile_report(const loom_profile *p, FILE *out) {
   const Loom__DeviceProfile *d = p->device;
   fprintf(out, "loom sim profile: %s (%s), %d per node\n", p->name ? p->name : "profile", d->name ? d->name : "device",
@@ -101,7 +127,8 @@ void loom_profile_report(const loom_profile *p, FILE *out) {
   if (d->has_attention_efficiency) {
     fprintf(out, "  fused attention: %.4g of the run's peak", d->attention_efficiency);
     if (d->has_attention_half_seq) fprintf(out, " x s / (s + %g) over the keys s a query meets", d->attention_half_seq);
-    fprintf(out, "\n");
+    if (d->n_attention_measured) report_attention(d, out);
+    else fprintf(out, " (stated)\n");
   } else {
     fprintf(out, "  attention: unfused, its products as GEMMs, its softmax as memory-bound passes\n");
   }
