@@ -819,6 +819,8 @@ START_TEST(sim_and_search_refuse_bad_input) {
                 "%s", gpu->err);
   expect_fail(run("sim", "calibrate", "-o", cal, "--device", "guarded", NULL), 2,
               "loom sim calibrate: --device guarded: it measures cpu or cuda");
+  expect_fail(run("sim", "calibrate", "-o", cal, "--max-mb", "0.1", NULL), 2,
+              "loom sim calibrate: --max-mb 0.1: at least 0.25 (two message sizes, 64 and 256 KiB), or 0 for the device's default");
   expect_fail(run("sim", "calibrate", "-o", cal, "--gemm-dims", "64,32", NULL), 2,
               "loom sim calibrate: --gemm-dims 64,32: expected 1 to 6 rising sizes from 1 to 65536, like 64,256,1024");
   ck_assert_int_ne(access(cal, F_OK), 0);

@@ -34,9 +34,9 @@ int loom_cmd_sim_calibrate(int argc, char **argv) {
       loom_flag_def("--seconds", &seconds),
       loom_flag_def("--mem-mb", &mem_mb),
       {"--gemm-dims", FLAG_STRING, &dims_text, "the GEMM grid's rising sizes, every m x n x k of them and a cube of twice "
-       "the largest (cpu: 64,256,1024; cuda: 1024,4096,8192)", LOOM_NO_RANGE, NULL, false, NULL},
-      {"--max-mb", FLAG_FLOAT, &max_mb, "the largest collective measured, MiB, from 64 KiB by fours (cpu: 16; cuda: 1024)", 0.0625,
-       65536, NULL, false, NULL},
+       "the largest; unset: by the device (cpu 64,256,1024; cuda 1024,4096,8192)", LOOM_NO_RANGE, NULL, false, NULL},
+      {"--max-mb", FLAG_FLOAT, &max_mb, "the largest collective measured, MiB, from 64 KiB by fours; 0: by the device (cpu 16, "
+       "cuda 1024)", 0, 65536, NULL, false, NULL},
       {"--links-from", FLAG_STRING, &links, "a profile whose links a one-rank calibration takes (one rank measures none)", LOOM_NO_RANGE, NULL, false, NULL},
       loom_flag_def_as("--name", &name, "the profile's name"),
       loom_flag_def("--threads", &threads),
@@ -48,6 +48,9 @@ int loom_cmd_sim_calibrate(int argc, char **argv) {
                                   CALIBRATE_FLAGS, argc, argv, NULL, 0, &npos, &help, &err);
   if (st != LOOM_OK || help) return loom_report(st, &err);
   if (!out) return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim calibrate: -o PROFILE.txtpb is required"), &err);
+  if (max_mb > 0.0f && max_mb < 0.25f) /* a curve takes two sizes at least: 64 and 256 KiB */
+    return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim calibrate: --max-mb %g: at least 0.25 (two message sizes, "
+                                 "64 and 256 KiB), or 0 for the device's default", max_mb), &err);
   if (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
     return loom_report(loom_fail(&err, LOOM_ERR_USAGE, "loom sim calibrate: --device %s: it measures cpu or cuda", device), &err);
   const loom_ops *ops;
