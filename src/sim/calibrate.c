@@ -265,10 +265,8 @@ static void calibrate_memory(loom_comm *world, const loom_ops *ops, const loom_c
       100.0 * d->attention_efficiency, o->gpu ? "bf16" : "fp32", p->op_overhead_us);
 }
 
-static void wait_gpu(void *ops, const float *result) {
-  const loom_ops *be = ops;
-  (void)be->sumsq(be, result, 1);
-}
+/* wait_for as loom_measure_collective_seconds calls it. */
+static void wait_gpu(void *ops, const float *result) { wait_for(ops, true, result); }
 
 /* The links: each collective timed over the ranks at message sizes from 64 KiB by fours, as measurements of the node's
  * link (the profile's loading fits them); or, on one rank, --links-from's. */

@@ -16,10 +16,9 @@
  * them a prediction would be days per step, not a figure of a real machine. */
 #define MIN_RATE 1e-6
 #define MIN_EFFICIENCY 1e-3
-/* Measurements a GEMM entry or a collective curve may hold, and the largest half_dim the GEMM fit tries. */
-#define MAX_MEASUREMENTS 1024
+/* The largest half the fits try. */
 #define MAX_HALF_DIM 8192
-/* How much worse than the least (an RMS log error, ~1%) a GEMM fit with smaller halves may be and still win. */
+/* How much worse than the least (an RMS log error, ~1%) a fit with smaller halves may be and still win. */
 #define FIT_SLACK 0.01
 
 const char *loom_profile_builtin_names(void) {
@@ -89,21 +88,54 @@ static double gemm_curve(const Loom__GemmEfficiency *g, double m, double n, doub
   return g->max_efficiency * (m / (m + h)) * (n / (n + h)) * (k / (k + hk));
 }
 
+/* The halves the fits try: 0, then 16 by steps of 10% up to MAX_HALF_DIM. */
+enum { FIT_HALVES = 80 };
+static double fit_half(int i) {
+  double h = i ? 16.0 : 0.0;
+  for (int k = 1; k < i; k++) h = fmin(h * 1.1, MAX_HALF_DIM);
+  return h;
+}
+
+/* Least squares in log of measured = scale x shape: the log residuals r[n] (log(measured / peak / shape)) give the
+ * scale's log, their mean, in *mean, and the squared error; INFINITY where the scale would pass the peak. */
+static double log_fit(const double *r, size_t n, double *mean) {
+  double m = 0.0, sq = 0.0;
+  for (size_t i = 0; i < n; i++) m += r[i] / (double)n;
+  for (size_t i = 0; i < n; i++) sq += (r[i] - m) * (r[i] - m);
+  *mean = m;
+  return m <= 0.0 ? sq : INFINITY;
+}
+
+/* How much worse than the least squared error a fit with smaller halves may be and still win: FIT_SLACK of RMS. */
+static double fit_slack(double best, size_t n) { return best + FIT_SLACK * FIT_SLACK * (double)n; }
+
+/* A GEMM entry's fit at halves a (output) and b (contracted) of the grid: its squared log error, *mean its scale. */
+static double gemm_fit_error(const Loom__GemmEfficiency *g, double peak, int a, int b, double *mean) {
+  double r[LOOM_PROFILE_MAX_MEASUREMENTS];
+  Loom__GemmEfficiency trial = *g;
+  trial.has_half_k = 1, trial.max_efficiency = 1.0, trial.half_dim = fit_half(a), trial.half_k = fit_half(b);
+  for (size_t i = 0; i < g->n_measured; i++) {
+    const Loom__GemmMeasurement *x = g->measured[i];
+    r[i] = log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k));
+  }
+  return log_fit(r, g->n_measured, mean);
+}
+
 /* A GEMM entry's constants from its measurements. For each (half_dim,
- * half_k) on a grid (0, then 16 by steps of 10% to MAX_HALF_DIM) the
- * max_efficiency of least squared log error has a closed form,
- * exp(mean(log(efficiency / shape))). Of the triples whose max_efficiency
- * is at most 1, the one with the smallest halves whose error is within
- * FIT_SLACK of the least wins: few or only large measurements cannot tell
- * the halves apart, and then they stay as small as the data allows. */
+ * half_k) on the grid the max_efficiency of least squared log error has a
+ * closed form, exp(mean(log(efficiency / shape))). Of the triples whose
+ * max_efficiency is at most 1, the one with the smallest halves (by their
+ * grid steps together) whose error is within FIT_SLACK of the least wins:
+ * few or only large measurements cannot tell the halves apart, and then
+ * they stay as small as the data allows. */
 static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom__GemmEfficiency *g, loom_error *err) {
   const char *dtype = precision_name(g->dtype);
   if (g->has_max_efficiency || g->has_half_dim || g->has_half_k)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm %s gives measurements and constants; give one or the other "
                      "(the constants are fitted to the measurements)", what, dtype);
-  if (g->n_measured > MAX_MEASUREMENTS)
+  if (g->n_measured > LOOM_PROFILE_MAX_MEASUREMENTS)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.gemm %s holds %zu measurements, more than %d", what, dtype,
-                     g->n_measured, MAX_MEASUREMENTS);
+                     g->n_measured, LOOM_PROFILE_MAX_MEASUREMENTS);
   const double peak = peak_tflops(d, g->dtype);
   for (size_t i = 0; i < g->n_measured; i++) {
     const Loom__GemmMeasurement *x = g->measured[i];
@@ -112,38 +144,21 @@ static loom_status fit_gemm(const char *what, const Loom__DeviceProfile *d, Loom
     CHECK("device.gemm.measured.k", x->has_k, x->k, 1.0, 1e7);
     CHECK("device.gemm.measured.tflops", x->has_tflops, x->tflops, MIN_RATE, peak);
   }
-  enum { HALVES = 80 };
-  double halves[HALVES];
-  halves[0] = 0.0;
-  for (int i = 1; i < HALVES; i++) halves[i] = i == 1 ? 16.0 : fmin(halves[i - 1] * 1.1, MAX_HALF_DIM);
-  static double err_of[HALVES][HALVES], mean_of[HALVES][HALVES];
-  Loom__GemmEfficiency trial = *g;
-  trial.has_half_k = 1, trial.max_efficiency = 1.0;
-  double best_err = INFINITY;
-  for (int a = 0; a < HALVES; a++)
-    for (int b = 0; b < HALVES; b++) {
-      trial.half_dim = halves[a], trial.half_k = halves[b];
-      double mean = 0.0, sq = 0.0;
-      for (size_t i = 0; i < g->n_measured; i++) {
-        const Loom__GemmMeasurement *x = g->measured[i];
-        mean += log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k)) / (double)g->n_measured;
-      }
-      for (size_t i = 0; i < g->n_measured; i++) {
-        const Loom__GemmMeasurement *x = g->measured[i];
-        const double r = log(x->tflops / peak / gemm_curve(&trial, x->m, x->n, x->k)) - mean;
-        sq += r * r;
-      }
-      err_of[a][b] = mean <= 0.0 ? sq : INFINITY, mean_of[a][b] = mean;
-      best_err = fmin(best_err, err_of[a][b]);
+  /* The least error's halves (at 0 and 0 the scale is at most 1: every measurement is under the peak), then any with
+   * fewer grid steps together within the slack. */
+  double best = INFINITY, mean;
+  int ca = 0, cb = 0;
+  for (int a = 0; a < FIT_HALVES; a++)
+    for (int b = 0; b < FIT_HALVES; b++) {
+      const double e = gemm_fit_error(g, peak, a, b, &mean);
+      if (e < best) best = e, ca = a, cb = b;
     }
-  /* The smallest halves (by their sum's grid steps) within the slack: an RMS log error FIT_SLACK above the least. */
-  const double slack = best_err + FIT_SLACK * FIT_SLACK * (double)g->n_measured;
-  for (int steps = 0, found = 0; steps <= 2 * (HALVES - 1) && !found; steps++)
-    for (int a = steps < HALVES ? steps : HALVES - 1; a >= 0 && steps - a < HALVES && !found; a--)
-      if (err_of[a][steps - a] <= slack) {
-        found = 1;
-        g->max_efficiency = exp(mean_of[a][steps - a]), g->half_dim = halves[a], g->half_k = halves[steps - a];
-      }
+  const double slack = fit_slack(best, g->n_measured);
+  for (int steps = 0; steps < ca + cb; steps++)
+    for (int a = steps < FIT_HALVES ? steps : FIT_HALVES - 1; a >= 0 && steps - a < FIT_HALVES && steps < ca + cb; a--)
+      if (gemm_fit_error(g, peak, a, steps - a, &mean) <= slack) ca = a, cb = steps - a;
+  gemm_fit_error(g, peak, ca, cb, &mean);
+  g->max_efficiency = exp(mean), g->half_dim = fit_half(ca), g->half_k = fit_half(cb);
   g->has_max_efficiency = g->has_half_dim = g->has_half_k = 1;
   return LOOM_OK;
 }
@@ -152,15 +167,27 @@ double loom_profile_attention_rate(const Loom__AttentionMeasurement *x) {
   return 3.0 / (1.0 / x->forward_tflops + 2.0 / x->backward_tflops);
 }
 
-/* A fused attention's rate from its measurements: each one's over a step's passes, as a share of the bf16 peak, fitted to attention_efficiency x s / (s + attention_half_seq)
- * as the GEMMs are (least squares in log; the smallest half within FIT_SLACK of the best). */
+/* A fused attention's fit at half a of the grid: its squared log error, *mean its scale. */
+static double attention_fit_error(const Loom__DeviceProfile *d, int a, double *mean) {
+  double r[LOOM_PROFILE_MAX_MEASUREMENTS];
+  const double half = fit_half(a);
+  for (size_t i = 0; i < d->n_attention_measured; i++) {
+    const Loom__AttentionMeasurement *x = d->attention_measured[i];
+    r[i] = log(loom_profile_attention_rate(x) / d->peak_tflops_bf16 * (x->seq + half) / x->seq);
+  }
+  return log_fit(r, d->n_attention_measured, mean);
+}
+
+/* A fused attention's constants from its measurements: each one's rate over a step's passes, as a share of the bf16
+ * peak, fitted to attention_efficiency x s / (s + attention_half_seq) as the GEMMs are (the smallest half within
+ * FIT_SLACK of the least error). */
 static loom_status fit_attention(const char *what, Loom__DeviceProfile *d, loom_error *err) {
   if (d->has_attention_efficiency || d->has_attention_half_seq)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.attention_measured and device.attention_efficiency or "
                      "attention_half_seq: give one or the other (the constants are fitted to the measurements)", what);
-  if (d->n_attention_measured > MAX_MEASUREMENTS)
+  if (d->n_attention_measured > LOOM_PROFILE_MAX_MEASUREMENTS)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: device.attention_measured holds %zu measurements, more than %d", what,
-                     d->n_attention_measured, MAX_MEASUREMENTS);
+                     d->n_attention_measured, LOOM_PROFILE_MAX_MEASUREMENTS);
   const double peak = d->peak_tflops_bf16;
   for (size_t i = 0; i < d->n_attention_measured; i++) {
     const Loom__AttentionMeasurement *x = d->attention_measured[i];
@@ -169,26 +196,17 @@ static loom_status fit_attention(const char *what, Loom__DeviceProfile *d, loom_
     CHECK("device.attention_measured.forward_tflops", x->has_forward_tflops, x->forward_tflops, MIN_RATE, peak);
     CHECK("device.attention_measured.backward_tflops", x->has_backward_tflops, x->backward_tflops, MIN_RATE, peak);
   }
-  enum { HALVES = 120 };
-  double err_of[HALVES], mean_of[HALVES], half[HALVES], best = INFINITY;
-  for (int a = 0; a < HALVES; a++) {
-    half[a] = a == 0 ? 0.0 : a == 1 ? 16.0 : half[a - 1] * 1.1;
-    double mean = 0.0, sq = 0.0;
-    for (int pass = 0; pass < 2; pass++)
-      for (size_t i = 0; i < d->n_attention_measured; i++) {
-        const Loom__AttentionMeasurement *x = d->attention_measured[i];
-        const double r = log(loom_profile_attention_rate(x) / peak * (x->seq + half[a]) / x->seq);
-        if (pass == 0) mean += r / (double)d->n_attention_measured;
-        else sq += (r - mean) * (r - mean);
-      }
-    err_of[a] = mean <= 0.0 ? sq : INFINITY, mean_of[a] = mean;
-    best = fmin(best, err_of[a]);
+  double best = INFINITY, mean;
+  int chosen = 0;
+  for (int a = 0; a < FIT_HALVES; a++) {
+    const double e = attention_fit_error(d, a, &mean);
+    if (e < best) best = e, chosen = a;
   }
-  for (int a = 0; a < HALVES; a++)
-    if (err_of[a] <= best + FIT_SLACK * FIT_SLACK * (double)d->n_attention_measured) {
-      d->attention_efficiency = exp(mean_of[a]), d->attention_half_seq = half[a];
-      break;
-    }
+  const double slack = fit_slack(best, d->n_attention_measured);
+  for (int a = 0; a < chosen; a++)
+    if (attention_fit_error(d, a, &mean) <= slack) chosen = a;
+  attention_fit_error(d, chosen, &mean);
+  d->attention_efficiency = exp(mean), d->attention_half_seq = fit_half(chosen);
   d->has_attention_efficiency = d->has_attention_half_seq = 1;
   return LOOM_OK;
 }
@@ -209,9 +227,9 @@ static loom_status fit_collective(const char *what, const char *link, bool betwe
   if (c->has_bus_gbs || c->has_latency_us)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective gives measurements and constants; give one or the other "
                      "(the constants are fitted to the measurements)", what, link);
-  if (c->n_measured < 2 || c->n_measured > MAX_MEASUREMENTS)
+  if (c->n_measured < 2 || c->n_measured > LOOM_PROFILE_MAX_MEASUREMENTS)
     return loom_fail(err, LOOM_ERR_FORMAT, "%s: %s.collective holds %zu measurements; a curve takes 2 to %d message sizes",
-                     what, link, c->n_measured, MAX_MEASUREMENTS);
+                     what, link, c->n_measured, LOOM_PROFILE_MAX_MEASUREMENTS);
   const loom_collective kind = (loom_collective)c->kind;
   double sxx = 0.0, sxy = 0.0, syy = 0.0, sx = 0.0, sy = 0.0;
   for (size_t i = 0; i < c->n_measured; i++) {
@@ -393,10 +411,14 @@ double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision)
   return peak_tflops(p->device, precision) * 1e12;
 }
 
+double loom_profile_gemm_efficiency(const loom_profile *p, Loom__Precision precision, double m, double n, double k) {
+  return gemm_curve(gemm_of(p->device, precision), m, n, k);
+}
+
 double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
                                  double batch) {
   if (m <= 0 || n <= 0 || k <= 0 || batch <= 0) return 0.0;
-  return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * gemm_curve(gemm_of(p->device, precision), m, n, k));
+  return 2.0 * m * n * k * batch / (loom_profile_peak_flops(p, precision) * loom_profile_gemm_efficiency(p, precision, m, n, k));
 }
 
 bool loom_profile_has_fp8(const loom_profile *p) { return p->device->has_peak_tflops_fp8; }

@@ -12,6 +12,9 @@
 
 typedef Loom__ClusterProfile loom_profile;
 
+/* The most measurements a GEMM entry, a collective curve or the attention may hold. */
+#define LOOM_PROFILE_MAX_MEASUREMENTS 1024
+
 /* A built-in name ("a100-80gb") or a .txtpb/.pb file; refused with one line
  * naming the field and its rule. Free with loom_profile_free. */
 loom_status loom_profile_load(const char *name_or_path, loom_profile **out, loom_error *err);
@@ -33,6 +36,8 @@ const char *loom_profile_builtin_names(void);
 double loom_profile_peak_flops(const loom_profile *p, Loom__Precision precision);
 /* Whether the device's fp8 GEMMs are priced (its fp8 peak and gemm entry). */
 bool loom_profile_has_fp8(const loom_profile *p);
+/* The share of a dtype's peak a GEMM of m x n x k reaches (its entry's curve). */
+double loom_profile_gemm_efficiency(const loom_profile *p, Loom__Precision precision, double m, double n, double k);
 /* Seconds for `batch` GEMMs of m x n x k, through the efficiency model. */
 double loom_profile_gemm_seconds(const loom_profile *p, Loom__Precision precision, double m, double n, double k,
                                  double batch);

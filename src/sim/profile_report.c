@@ -4,11 +4,6 @@
 #include "sim/cost.h"
 #include "sim/profile_report.h"
 
-double loom_profile_gemm_efficiency(const loom_profile *p, Loom__Precision precision, double m, double n, double k) {
-  const double flops = 2.0 * m * n * k;
-  return flops / loom_profile_gemm_seconds(p, precision, m, n, k, 1.0) / loom_profile_peak_flops(p, precision);
-}
-
 double loom_profile_curve_busbw(const Loom__CollectiveCurve *c, int ranks, int per_node, double bytes) {
   const loom_collective kind = (loom_collective)c->kind;
   const double bus_bytes = loom_collective_factor(kind, ranks) * bytes;
@@ -22,9 +17,17 @@ static const char *enum_name(const ProtobufCEnumDescriptor *d, int value) {
   return v ? v->name : "?";
 }
 
-/* Mean and worst relative error of a fit over its points, into *mean and *worst (signed). */
-static void errors_line(FILE *out, double sum_abs, double worst, size_t n) {
-  fprintf(out, "mean |error| %.1f%%, worst %+.1f%%\n", 100.0 * sum_abs / (double)n, 100.0 * worst);
+/* A fit's line against its n measurements (measured[i], the curve's curve[i]): their count, the mean absolute and
+ * the worst relative error; then the table's header. */
+static void fit_line(FILE *out, const double *measured, const double *curve, size_t n, const char *header) {
+  double sum = 0.0, worst = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    const double e = curve[i] / measured[i] - 1.0;
+    sum += fabs(e);
+    if (fabs(e) > fabs(worst)) worst = e;
+  }
+  fprintf(out, "; fitted to %zu measurements, mean |error| %.1f%%, worst %+.1f%%\n%s\n", n, 100.0 * sum / (double)n,
+          100.0 * worst, header);
 }
 
 static void report_gemm(const loom_profile *p, const Loom__GemmEfficiency *g, FILE *out) {
@@ -36,21 +39,18 @@ static void report_gemm(const loom_profile *p, const Loom__GemmEfficiency *g, FI
     fprintf(out, " (stated)\n");
     return;
   }
-  double sum = 0.0, worst = 0.0;
+  double measured[LOOM_PROFILE_MAX_MEASUREMENTS], curve[LOOM_PROFILE_MAX_MEASUREMENTS];
   for (size_t i = 0; i < g->n_measured; i++) {
     const Loom__GemmMeasurement *x = g->measured[i];
-    const double e = loom_profile_gemm_efficiency(p, g->dtype, x->m, x->n, x->k) * peak / x->tflops - 1.0;
-    sum += fabs(e);
-    if (fabs(e) > fabs(worst)) worst = e;
+    measured[i] = x->tflops, curve[i] = loom_profile_gemm_efficiency(p, g->dtype, x->m, x->n, x->k) * peak;
   }
-  fprintf(out, "; fitted to %zu measurements, ", g->n_measured);
-  errors_line(out, sum, worst, g->n_measured);
-  fprintf(out, "    %8s %8s %8s %10s %10s %7s  %s\n", "m", "n", "k", "measured", "curve", "error", "source");
+  char header[128];
+  snprintf(header, sizeof header, "    %8s %8s %8s %10s %10s %7s  %s", "m", "n", "k", "measured", "curve", "error", "source");
+  fit_line(out, measured, curve, g->n_measured, header);
   for (size_t i = 0; i < g->n_measured; i++) {
     const Loom__GemmMeasurement *x = g->measured[i];
-    const double curve = loom_profile_gemm_efficiency(p, g->dtype, x->m, x->n, x->k) * peak;
-    fprintf(out, "    %8g %8g %8g %10.4g %10.4g %+6.1f%%  %s\n", x->m, x->n, x->k, x->tflops, curve,
-            100.0 * (curve / x->tflops - 1.0), x->source ? x->source : "");
+    fprintf(out, "    %8g %8g %8g %10.4g %10.4g %+6.1f%%  %s\n", x->m, x->n, x->k, measured[i], curve[i],
+            100.0 * (curve[i] / measured[i] - 1.0), x->source ? x->source : "");
   }
 }
 
@@ -65,50 +65,41 @@ static void report_link(const char *name, const Loom__Link *l, FILE *out) {
       fprintf(out, " (stated)\n");
       continue;
     }
-    double sum = 0.0, worst = 0.0;
+    double measured[LOOM_PROFILE_MAX_MEASUREMENTS], curve[LOOM_PROFILE_MAX_MEASUREMENTS];
     for (size_t i = 0; i < k->n_measured; i++) {
       const Loom__BusBandwidthMeasurement *x = k->measured[i];
-      const int per_node = x->has_ranks_per_node ? x->ranks_per_node : x->ranks;
-      const double e = loom_profile_curve_busbw(k, x->ranks, per_node, x->bytes) / x->busbw_gbs - 1.0;
-      sum += fabs(e);
-      if (fabs(e) > fabs(worst)) worst = e;
+      measured[i] = x->busbw_gbs;
+      curve[i] = loom_profile_curve_busbw(k, x->ranks, x->has_ranks_per_node ? x->ranks_per_node : x->ranks, x->bytes);
     }
-    fprintf(out, "; fitted to %zu measurements, ", k->n_measured);
-    errors_line(out, sum, worst, k->n_measured);
-    fprintf(out, "      %6s %8s %12s %10s %10s %7s  %s\n", "ranks", "per node", "bytes", "busbw", "curve", "error", "source");
+    char header[128];
+    snprintf(header, sizeof header, "      %6s %8s %12s %10s %10s %7s  %s", "ranks", "per node", "bytes", "busbw", "curve",
+             "error", "source");
+    fit_line(out, measured, curve, k->n_measured, header);
     for (size_t i = 0; i < k->n_measured; i++) {
       const Loom__BusBandwidthMeasurement *x = k->measured[i];
-      const int per_node = x->has_ranks_per_node ? x->ranks_per_node : x->ranks;
-      const double curve = loom_profile_curve_busbw(k, x->ranks, per_node, x->bytes);
-      fprintf(out, "      %6d %8d %12.0f %10.4g %10.4g %+6.1f%%  %s\n", x->ranks, per_node, x->bytes, x->busbw_gbs, curve,
-              100.0 * (curve / x->busbw_gbs - 1.0), x->source ? x->source : "");
+      fprintf(out, "      %6d %8d %12.0f %10.4g %10.4g %+6.1f%%  %s\n", x->ranks,
+              x->has_ranks_per_node ? x->ranks_per_node : x->ranks, x->bytes, measured[i], curve[i],
+              100.0 * (curve[i] / measured[i] - 1.0), x->source ? x->source : "");
     }
   }
 }
 
 /* The attention fit against its measurements, forward and backward weighted 1:2. */
 static void report_attention(const Loom__DeviceProfile *d, FILE *out) {
-  double sum = 0.0, worst = 0.0;
-  for (int pass = 0; pass < 2; pass++) {
-    for (size_t i = 0; i < d->n_attention_measured; i++) {
-      const Loom__AttentionMeasurement *x = d->attention_measured[i];
-      const double measured = loom_profile_attention_rate(x);
-      const double curve = d->peak_tflops_bf16 * d->attention_efficiency * x->seq / (x->seq + d->attention_half_seq);
-      const double e = curve / measured - 1.0;
-      if (pass == 0) {
-        sum += fabs(e);
-        if (fabs(e) > fabs(worst)) worst = e;
-      } else {
-        fprintf(out, "    %8g %8g %10.4g %10.4g %10.4g %10.4g %+6.1f%%  %s\n", x->seq, x->head_dim, x->forward_tflops,
-                x->backward_tflops, measured, curve, 100.0 * e, x->source ? x->source : "");
-      }
-    }
-    if (pass == 0) {
-      fprintf(out, "; fitted to %zu measurements, ", d->n_attention_measured);
-      errors_line(out, sum, worst, d->n_attention_measured);
-      fprintf(out, "    %8s %8s %10s %10s %10s %10s %7s  %s\n", "seq", "head dim", "forward", "backward", "1:2", "curve",
-              "error", "source");
-    }
+  double measured[LOOM_PROFILE_MAX_MEASUREMENTS], curve[LOOM_PROFILE_MAX_MEASUREMENTS];
+  for (size_t i = 0; i < d->n_attention_measured; i++) {
+    const Loom__AttentionMeasurement *x = d->attention_measured[i];
+    measured[i] = loom_profile_attention_rate(x);
+    curve[i] = d->peak_tflops_bf16 * d->attention_efficiency * x->seq / (x->seq + d->attention_half_seq);
+  }
+  char header[128];
+  snprintf(header, sizeof header, "    %8s %8s %10s %10s %10s %10s %7s  %s", "seq", "head dim", "forward", "backward", "1:2",
+           "curve", "error", "source");
+  fit_line(out, measured, curve, d->n_attention_measured, header);
+  for (size_t i = 0; i < d->n_attention_measured; i++) {
+    const Loom__AttentionMeasurement *x = d->attention_measured[i];
+    fprintf(out, "    %8g %8g %10.4g %10.4g %10.4g %10.4g %+6.1f%%  %s\n", x->seq, x->head_dim, x->forward_tflops,
+            x->backward_tflops, measured[i], curve[i], 100.0 * (curve[i] / measured[i] - 1.0), x->source ? x->source : "");
   }
 }
 

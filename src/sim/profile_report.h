@@ -8,8 +8,6 @@
 #include <stdio.h>
 #include "sim/profile.h"
 
-/* The share of a dtype's peak a GEMM of m x n x k reaches (its entry's curve). */
-double loom_profile_gemm_efficiency(const loom_profile *p, Loom__Precision precision, double m, double n, double k);
 /* The bus bandwidth (GB/s, nccl-tests' convention) a collective curve gives a measurement's shape: ranks, per_node of
  * them in a node (ranks: one node), bytes. */
 double loom_profile_curve_busbw(const Loom__CollectiveCurve *c, int ranks, int per_node, double bytes);
